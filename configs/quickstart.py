@@ -1,0 +1,43 @@
+r"""Quickstart: FedAvg vs HierFAVG vs per-group FedAvg on the grouped synthetic task.
+
+  python -m fedtree.main --config=configs/quickstart.py --workdir=/tmp/fedtree_quickstart
+
+48 clients in 4 groups of very different sizes (24, 12, 8, 4), each group with its own
+distribution; a 3-level tree root -> 4 edge servers -> clients. About a minute on a 2-core CPU.
+Expected: the group (level-1) models of the runs that keep them beat the single global model
+on their own groups, most visibly on the small groups that FedAvg underweights.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.rounds = 200
+  c.eval_every = 25
+  c.rounds_per_call = 25      # rounds fused into one compiled call between reports
+  c.chunk_size = None         # clients trained at once (None: the whole cohort)
+  c.progress = True
+
+  c.data = ml_collections.ConfigDict(dict(
+    name="grouped_synthetic", group_sizes=(24, 12, 8, 4), dim=32, num_classes=10,
+    group_spread=1.5, client_spread=0.25, feature_shift=1.0, mean_examples=40.0,
+    min_examples=8, max_examples=160, test_examples=40, seed=0,
+  ))
+  c.topology = ml_collections.ConfigDict(dict(kind="groups"))   # root -> data groups -> clients
+  c.model = ml_collections.ConfigDict(dict(name="mlp", hidden=(64,)))
+  c.local = ml_collections.ConfigDict(dict(
+    optimizer="sgd", learning_rate=0.05, batch_size=16, epochs=1, steps=None,
+  ))
+
+  c.runs = ml_collections.ConfigDict()
+  c.runs.fedavg = ml_collections.ConfigDict(dict(algorithm="fedavg", cohort_size=16))
+  c.runs.hierfavg = ml_collections.ConfigDict(dict(
+    algorithm="hierfavg", cohort_size=4, periods=(10,),   # cloud every 10 edge rounds
+  ))
+  c.runs.fedadam = ml_collections.ConfigDict(dict(
+    algorithm="fedopt", cohort_size=16,
+    server=ml_collections.ConfigDict(dict(name="fedadam", learning_rate=0.01, tau=1e-3)),
+  ))
+  return c

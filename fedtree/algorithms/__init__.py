@@ -1,0 +1,21 @@
+"""Every algorithm fedtree simulates, and the builders that make them from a run config.
+
+``BUILDERS[name](run_config, context)`` returns a
+:class:`~fedtree.algorithms.base.FederatedAlgorithm` or a
+:class:`~fedtree.experiment.Pipeline`. The dict is written out here, in one place, on
+purpose: no registry filled by import side effects.
+"""
+
+from __future__ import annotations
+
+from fedtree.algorithms import builders
+from fedtree.algorithms.base import FederatedAlgorithm, NodeModels, TreeState
+from fedtree.algorithms.hierfavg import fedavg, hierfavg
+
+BUILDERS = {
+  "fedavg": builders.build_fedavg,
+  "fedopt": builders.build_fedavg,
+  "hierfavg": builders.build_hierfavg,
+}
+
+__all__ = ["BUILDERS", "FederatedAlgorithm", "NodeModels", "TreeState", "fedavg", "hierfavg"]

@@ -1,0 +1,86 @@
+"""The algorithm interface every method implements, and the tree state they share.
+
+An algorithm is a :class:`FederatedAlgorithm`: pure ``init(key) -> state`` and
+``round(state, data, key) -> (state, metrics)`` (jittable; ``key`` is already the round's
+key), plus ``models(state)``, the models to evaluate and which client each one scores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+from fedtree.data import FederatedData
+from fedtree.topology import Topology
+
+PyTree = Any
+
+
+class NodeModels(NamedTuple):
+  """Stacked models ``params [N, ...]`` and ``model_of_client int32[C]`` (row scoring client c)."""
+
+  params: PyTree
+  model_of_client: np.ndarray | jax.Array
+
+
+class FederatedAlgorithm(NamedTuple):
+  """``init(key) -> state``; ``round(state, data, key) -> (state, metrics)``;
+  ``models(state) -> {name: NodeModels}``. ``name`` labels reports."""
+
+  init: Callable[[jax.Array], Any]
+  round: Callable[[Any, FederatedData, jax.Array], tuple[Any, dict[str, jax.Array]]]
+  models: Callable[[Any], dict[str, NodeModels]]
+  name: str = "algorithm"
+
+
+@struct.dataclass
+class TreeState:
+  """Models and server-optimizer states of every server level of a tree.
+
+  Attributes:
+    round: ``int32[]`` rounds completed.
+    params: per server level ``l = 0 .. depth-1``, stacked models ``[N_l, ...]``.
+    opt_state: per server level, stacked optimizer states ``[N_l, ...]``.
+    client_state: persistent per-client state ``[C, ...]`` (``()`` if none).
+  """
+
+  round: jax.Array
+  params: tuple
+  opt_state: tuple
+  client_state: Any = ()
+
+
+def per_level(value, depth: int, name: str) -> tuple:
+  """``value`` for every server level ``0 .. depth-1``: one value, or a sequence of ``depth``."""
+  if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):  # NamedTuples are values
+    if len(value) != depth:
+      raise ValueError(f"{name} has {len(value)} entries for {depth} server levels (0..{depth - 1})")
+    return tuple(value)
+  return (value,) * depth
+
+
+def broadcast_tree(init_params: PyTree, topology: Topology) -> tuple:
+  """The same model at every node of every server level: ``params[l]`` is ``[N_l, ...]``."""
+  return tuple(
+    jax.tree.map(lambda p, n=topology.num_nodes(lv): jnp.broadcast_to(p, (n,) + p.shape), init_params)
+    for lv in range(topology.depth)
+  )
+
+
+def init_opt_states(optimizers: Sequence[optax.GradientTransformation], params: tuple) -> tuple:
+  return tuple(jax.vmap(opt.init)(p) for opt, p in zip(optimizers, params, strict=True))
+
+
+def client_weights(n_train: jax.Array, weighting: str) -> jax.Array:
+  """Aggregation weight of every client: its number of examples, or 1."""
+  if weighting == "examples":
+    return n_train.astype(jnp.float32)
+  if weighting == "uniform":
+    return jnp.ones(n_train.shape, jnp.float32)
+  raise ValueError(f"weighting={weighting!r}; choose 'examples' or 'uniform'")

@@ -1,0 +1,183 @@
+"""HierFAVG (Liu et al. 2020, "Client-edge-cloud hierarchical federated learning") on trees
+of any depth, with FedAvg and FedOpt (Reddi et al. 2021) as its one-tier case.
+
+One round: the cohort of every leaf-parent node trains from that node's model; each
+leaf-parent applies its server optimizer to the mean pseudo-gradient of its cohort. Every
+``periods[l]`` rounds level ``l`` aggregates its children's models the same way (weighted by
+the examples under each child, or uniformly) and sends its model down its whole subtree,
+which adopts it. With ``sgd(1.0)`` at every level this is HierFAVG exactly: a client's
+``κ1`` local steps are the local schedule, the edge period is one round and the cloud
+period is ``κ2 = periods[0]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedtree.aggregation import pseudo_gradient_from_children
+from fedtree.algorithms.base import (
+  FederatedAlgorithm,
+  NodeModels,
+  TreeState,
+  broadcast_tree,
+  client_weights,
+  init_opt_states,
+  per_level,
+)
+from fedtree.data import FederatedData
+from fedtree.local import ClientUpdate, LocalSchedule, sgd_client_update
+from fedtree.models import Model
+from fedtree.rng import stream
+from fedtree.sampling import cohort_sampler
+from fedtree.server import select_nodes, update_nodes
+from fedtree.tier import train_cohort
+from fedtree.topology import Topology
+
+
+def check_periods(periods, depth: int) -> tuple[int, ...]:
+  """Validates aggregation periods of server levels ``0 .. depth-2`` (leaf parents: every round)."""
+  if periods is None:
+    periods = (1,) * (depth - 1)
+  periods = tuple(int(p) for p in (periods if isinstance(periods, (list, tuple)) else [periods] * (depth - 1)))
+  if len(periods) != depth - 1:
+    raise ValueError(
+      f"periods={periods} needs {depth - 1} entries (levels 0..{depth - 2}; the leaf parents "
+      f"at level {depth - 1} aggregate every round)"
+    )
+  full = periods + (1,)
+  for lv, p in enumerate(periods):
+    if p < 1:
+      raise ValueError(f"periods[{lv}]={p} must be >= 1")
+    if p % full[lv + 1]:
+      raise ValueError(
+        f"periods[{lv}]={p} is not a multiple of periods[{lv + 1}]={full[lv + 1]}: a level can "
+        f"only aggregate in rounds where its children do"
+      )
+  return periods
+
+
+def hierfavg(
+  *,
+  model: Model,
+  topology: Topology,
+  data: FederatedData,
+  local_optimizer: optax.GradientTransformation,
+  schedule: LocalSchedule,
+  server_optimizers: optax.GradientTransformation | Sequence[optax.GradientTransformation] = None,
+  periods: int | Sequence[int] | None = None,
+  cohort_size: int | Sequence[int] | None = None,
+  chunk_size: int | None = None,
+  weighting: str = "examples",
+  client_update: ClientUpdate | None = None,
+  name: str = "hierfavg",
+) -> FederatedAlgorithm:
+  """HierFAVG / hierarchical FedOpt on ``topology``.
+
+  Args:
+    model: the model every node holds.
+    topology: the tree; clients are its leaves, rows of ``data``.
+    data: the federated data (for static shapes and validation).
+    local_optimizer: the clients' optax optimizer.
+    schedule: local epochs or steps, and batch size.
+    server_optimizers: one optax optimizer for every server level, or one per level
+      ``0 .. depth-1`` (default FedAvg, ``sgd(1.0)``).
+    periods: rounds between aggregations of levels ``0 .. depth-2``.
+    cohort_size: clients sampled per leaf-parent node each round (``None``: all).
+    chunk_size: clients trained at once (memory bound); ``None``: the whole cohort.
+    weighting: ``"examples"`` or ``"uniform"`` aggregation weights.
+    client_update: override the local training (default plain SGD by ``local_optimizer``).
+    name: label for reports.
+  """
+  data.validate(topology)
+  depth = topology.depth
+  server_optimizers = per_level(
+    optax.sgd(1.0) if server_optimizers is None else server_optimizers, depth, "server_optimizers"
+  )
+  periods = check_periods(periods, depth)
+  client_weights(jnp.zeros(1), weighting)  # validates the name early
+  sampler = cohort_sampler(topology.parent(depth), cohort_size, chunk_size=chunk_size)
+  max_steps = schedule.max_steps(data.max_train)
+  if client_update is None:
+    client_update = sgd_client_update(
+      model, local_optimizer, batch_size=schedule.batch_size, max_steps=max_steps
+    )
+  parents = [None] + [jnp.asarray(topology.parent(lv)) for lv in range(1, depth + 1)]
+  ancestors = [jnp.asarray(topology.ancestor(lv)) for lv in range(depth)]
+
+  def init(key):
+    params = broadcast_tree(model.init(key), topology)
+    return TreeState(
+      round=jnp.zeros((), jnp.int32), params=params,
+      opt_state=init_opt_states(server_optimizers, params),
+    )
+
+  def round_fn(state: TreeState, data: FederatedData, key):
+    r = state.round + 1
+    params, opt_state = list(state.params), list(state.opt_state)
+    w_client = client_weights(data.n_train, weighting)
+    cohort = sampler(stream(key, "cohort"))
+    res = train_cohort(
+      client_update, params[depth - 1], cohort, data,
+      num_steps=schedule.num_steps(data.n_train), weights=w_client,
+      key=stream(key, "train"), chunk_size=sampler.chunk_size,
+    )
+    params[depth - 1], opt_state[depth - 1] = update_nodes(
+      server_optimizers[depth - 1], params[depth - 1], opt_state[depth - 1],
+      res.pseudo_gradient(), res.weight_sum > 0,
+    )
+    # Upper levels, bottom-up, in the rounds their period says.
+    active = [None] * depth
+    for lv in range(depth - 2, -1, -1):
+      active[lv] = (r % periods[lv]) == 0
+      n = topology.num_nodes(lv + 1)
+      w_child = jax.ops.segment_sum(w_client, ancestors[lv + 1], num_segments=n)
+      delta, total = pseudo_gradient_from_children(params[lv], params[lv + 1], w_child, parents[lv + 1])
+      new_p, new_s = update_nodes(server_optimizers[lv], params[lv], opt_state[lv], delta, total > 0)
+      params[lv] = select_nodes(jnp.broadcast_to(active[lv], total.shape), new_p, params[lv])
+      opt_state[lv] = select_nodes(jnp.broadcast_to(active[lv], total.shape), new_s, opt_state[lv])
+    # Top-down: a level that aggregated sends its model to its whole subtree.
+    for lv in range(depth - 1):
+      if active[lv] is None:
+        continue
+      down = jax.tree.map(lambda p: p[parents[lv + 1]], params[lv])
+      params[lv + 1] = jax.tree.map(lambda d, o: jnp.where(active[lv], d, o), down, params[lv + 1])
+    metrics = {
+      "train_loss": res.loss_sum / jnp.maximum(res.num_trained, 1).astype(jnp.float32),
+      "clients_trained": res.num_trained,
+    }
+    return state.replace(round=r, params=tuple(params), opt_state=tuple(opt_state)), metrics
+
+  def models(state: TreeState):
+    out = {"global": NodeModels(state.params[0], np.zeros(topology.num_clients, np.int32))}
+    for lv in range(1, depth):
+      out[f"level{lv}"] = NodeModels(state.params[lv], topology.ancestor(lv))
+    return out
+
+  return FederatedAlgorithm(init=init, round=round_fn, models=models, name=name)
+
+
+def fedavg(
+  *,
+  model: Model,
+  data: FederatedData,
+  local_optimizer: optax.GradientTransformation,
+  schedule: LocalSchedule,
+  server_optimizer: optax.GradientTransformation | None = None,
+  cohort_size: int | None = None,
+  chunk_size: int | None = None,
+  weighting: str = "examples",
+  client_update: ClientUpdate | None = None,
+  name: str = "fedavg",
+) -> FederatedAlgorithm:
+  """FedAvg (McMahan et al. 2017), or FedOpt with ``server_optimizer``: one server, one tier."""
+  return hierfavg(
+    model=model, topology=Topology.flat(data.num_clients), data=data,
+    local_optimizer=local_optimizer, schedule=schedule,
+    server_optimizers=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size,
+    weighting=weighting, client_update=client_update, name=name,
+  )

@@ -1,0 +1,45 @@
+"""Datasets: generated ones (no download) and TFDS loaders, behind one :func:`load`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from fedtree.data import FederatedData
+from fedtree.datasets.synthetic import grouped_synthetic, synthetic_alpha_beta
+
+DATASETS = ("grouped_synthetic", "synthetic", "tfds")
+
+
+def load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, Any]:
+  """``(data, group labels [C], central test (x, y) or None)`` from ``config.data``.
+
+  ``cfg.name`` picks the dataset; the other fields are its keyword arguments.
+  ``synthetic`` (FedProx/pFedMe) forms groups of ``cfg.team_size`` consecutive clients
+  (pFedMT's teams) when given, else one group.
+  """
+  kwargs = {k: _plain(v) for k, v in cfg.items() if k not in ("name", "team_size")}
+  name = cfg.name
+  if name == "grouped_synthetic":
+    data, groups = grouped_synthetic(**kwargs)
+    return data, groups, None
+  if name == "synthetic":
+    data = synthetic_alpha_beta(**kwargs)
+    team = cfg.get("team_size", None)
+    groups = np.arange(data.num_clients) // int(team) if team else np.zeros(data.num_clients, np.int32)
+    return data, groups.astype(np.int32), None
+  if name == "tfds":
+    from fedtree.datasets.tfds_loader import load_tfds
+
+    return load_tfds(**kwargs)
+  raise ValueError(f"config.data.name={name!r} is unknown; choose one of {DATASETS}")
+
+
+def _plain(v):
+  if isinstance(v, ml_collections.ConfigDict):
+    return {k: _plain(x) for k, x in v.items()}
+  if isinstance(v, list):
+    return tuple(v)
+  return v

@@ -1,0 +1,239 @@
+"""From a config to results: data, tree, model, every run of the config, reports.
+
+``train_and_evaluate(config, workdir)`` is what ``python -m fedtree.main`` calls. A config
+names the data, the tree, the model, the local training and one or more *runs*
+(``config.runs.<label>``), each an algorithm from :data:`fedtree.algorithms.BUILDERS` with
+its hyperparameters; all runs see the same data, tree, initial model and seed, and the
+final table compares them.
+
+A builder returns either a :class:`~fedtree.algorithms.base.FederatedAlgorithm` (run here
+round by round, with periodic evaluation) or a :class:`Pipeline`, an object with its own
+``run(context, key, reporter) -> {model_name: summary}`` (multi-stage methods such as
+GroupPerFL).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from fedtree import simulation
+from fedtree.algorithms.base import FederatedAlgorithm
+from fedtree.data import FederatedData, as_device
+from fedtree.local import LocalSchedule
+from fedtree.models import Model, build_model
+from fedtree.reporting import Reporter
+from fedtree.server import optimizer_by_name
+from fedtree.topology import Topology
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+  """Everything a builder needs, shared by all runs of a config.
+
+  Attributes:
+    config: the whole config.
+    data: device-resident federated data.
+    groups: ``int[C]`` group (level-1 node) of every client, for per-group reports.
+    topology: the tree.
+    model: the model.
+    local_optimizer: the clients' optax optimizer (``config.local``).
+    schedule: local epochs/steps and batch size (``config.local``).
+    central_test: ``(x, y)`` of a central test set when the data has one, else ``None``.
+  """
+
+  config: ml_collections.ConfigDict
+  data: FederatedData
+  groups: np.ndarray
+  topology: Topology
+  model: Model
+  local_optimizer: optax.GradientTransformation
+  schedule: LocalSchedule
+  central_test: tuple[np.ndarray, np.ndarray] | None = None
+
+
+class Pipeline(Protocol):
+  """A multi-stage method that runs itself."""
+
+  def run(self, ctx: Context, key: jax.Array, reporter: Reporter) -> dict[str, dict[str, Any]]: ...
+
+
+# ------------------------------------------------------------------------ building blocks
+def local_optimizer_from_config(local: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """``config.local.optimizer`` (an optax name) with ``learning_rate`` and extra ``hparams``."""
+  hparams = dict(local.get("hparams", {}) or {})
+  if local.learning_rate <= 0:
+    raise ValueError(f"config.local.learning_rate={local.learning_rate} must be > 0")
+  return optimizer_by_name(local.optimizer, learning_rate=local.learning_rate, **hparams)
+
+
+def schedule_from_config(local: ml_collections.ConfigDict) -> LocalSchedule:
+  steps = local.get("steps", None)
+  epochs = None if steps is not None else local.get("epochs", 1)
+  return LocalSchedule(batch_size=int(local.batch_size), epochs=epochs, steps=steps)
+
+
+def load_data(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, Any]:
+  """``(data, group labels, central test or None)`` from ``config.data``."""
+  from fedtree.datasets import load
+
+  return load(cfg)
+
+
+def build_topology(cfg: ml_collections.ConfigDict, groups: np.ndarray, num_clients: int) -> Topology:
+  """``config.topology.kind``: ``groups`` (root -> data groups -> clients), ``flat``, or
+  ``sizes`` (``config.topology.sizes``, nested)."""
+  kind = cfg.kind
+  if kind == "groups":
+    return Topology.from_labels(groups)
+  if kind == "flat":
+    return Topology.flat(num_clients)
+  if kind == "sizes":
+    topo = Topology.from_sizes(_to_nested(cfg.sizes))
+    if topo.num_clients != num_clients:
+      raise ValueError(
+        f"config.topology.sizes describes {topo.num_clients} clients but the data has {num_clients}"
+      )
+    return topo
+  raise ValueError(f"config.topology.kind={kind!r}; choose 'groups', 'flat' or 'sizes'")
+
+
+def _to_nested(v):
+  if isinstance(v, (list, tuple)):
+    return [_to_nested(x) for x in v]
+  return int(v)
+
+
+def make_context(config: ml_collections.ConfigDict) -> Context:
+  data, groups, central = load_data(config.data)
+  topology = build_topology(config.topology, groups, data.num_clients)
+  data.validate(topology)
+  model_cfg = dict(config.model)
+  name = model_cfg.pop("name")
+  model = build_model(name, example_shape=data.example_shape, num_classes=data.num_classes, **model_cfg)
+  return Context(
+    config=config, data=as_device(data), groups=np.asarray(groups), topology=topology, model=model,
+    local_optimizer=local_optimizer_from_config(config.local),
+    schedule=schedule_from_config(config.local), central_test=central,
+  )
+
+
+# ------------------------------------------------------------------------ running
+def run_algorithm(
+  algorithm: FederatedAlgorithm, ctx: Context, key: jax.Array, reporter: Reporter, *,
+  num_rounds: int, eval_every: int, rounds_per_call: int, label: str,
+) -> tuple[Any, dict[str, dict[str, Any]]]:
+  """Rounds with evaluation every ``eval_every`` rounds; returns (state, final summaries)."""
+  if eval_every < 1:
+    raise ValueError(f"eval_every={eval_every} must be >= 1")
+  fuse = max(1, min(rounds_per_call, eval_every))
+  if eval_every % fuse:
+    raise ValueError(f"eval_every={eval_every} must be a multiple of rounds_per_call={fuse}")
+  evaluator = simulation.make_evaluator(ctx.model, ctx.config.get("eval_chunk_size", None))
+  state = algorithm.init(jax.random.fold_in(key, 0x5EED))
+  step = simulation.compile_rounds(algorithm, fuse)
+  summaries: dict[str, dict[str, Any]] = {}
+  reporter.start_run(label, num_rounds)
+  t0 = time.perf_counter()
+  while int(state.round) < num_rounds:
+    todo = min(fuse, num_rounds - int(state.round))
+    if todo != fuse:
+      step = simulation.compile_rounds(algorithm, todo)
+    state, metrics = step(state, ctx.data, key)
+    r = int(state.round)
+    losses = np.asarray(metrics["train_loss"])
+    if not np.all(np.isfinite(losses)):
+      raise simulation.NonFiniteLossError(
+        f"run {label!r}: training loss is {losses[~np.isfinite(losses)][0]} by round {r}; lower "
+        f"config.local.learning_rate ({ctx.config.local.learning_rate}) or check the data"
+      )
+    host = {k: float(np.asarray(v)[-1]) for k, v in metrics.items()}
+    if r % eval_every == 0 or r == num_rounds:
+      summaries = simulation.evaluate_models(
+        algorithm, state, ctx.model, ctx.data, groups=ctx.groups, evaluator=evaluator
+      )
+      for name, s in summaries.items():
+        host[f"{name}/accuracy"] = s["accuracy"]
+        host[f"{name}/loss"] = s["loss"]
+    host["elapsed_s"] = time.perf_counter() - t0
+    reporter.log(label, r, host)
+  reporter.end_run(label)
+  return state, summaries
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None) -> dict[str, Any]:
+  """Runs every run of ``config``; writes ``metrics.jsonl`` and ``summary.json`` to ``workdir``.
+
+  Returns ``{run label: {model name: summary}}``.
+  """
+  from fedtree.algorithms import BUILDERS
+
+  validate_config(config)
+  if workdir:
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2))
+  ctx = make_context(config)
+  reporter = Reporter(workdir, show_progress=config.get("progress", True))
+  root = jax.random.key(int(config.seed))
+  results: dict[str, Any] = {}
+  for label, run_cfg in config.runs.items():
+    builder = BUILDERS[run_cfg.algorithm]
+    built = builder(run_cfg, ctx)
+    if isinstance(built, FederatedAlgorithm):
+      _, summaries = run_algorithm(
+        built, ctx, root, reporter, num_rounds=int(run_cfg.get("rounds", config.rounds)),
+        eval_every=int(config.eval_every), rounds_per_call=int(config.rounds_per_call), label=label,
+      )
+    else:
+      summaries = built.run(ctx, root, reporter)
+    results[label] = summaries
+  reporter.summary_table(results, groups=ctx.groups)
+  if workdir:
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+      json.dump(_jsonable(results), f, indent=2)
+  reporter.close()
+  return results
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Early, named errors for the common config mistakes."""
+  from fedtree.algorithms import BUILDERS
+
+  for field in ("seed", "rounds", "eval_every", "data", "topology", "model", "local", "runs"):
+    if field not in config:
+      raise ValueError(f"config has no field {field!r}; see configs/quickstart.py for a full config")
+  if int(config.rounds) < 0:
+    raise ValueError(f"config.rounds={config.rounds} must be >= 0")
+  if len(config.runs) == 0:
+    raise ValueError("config.runs is empty: name at least one run")
+  for label, run_cfg in config.runs.items():
+    if "algorithm" not in run_cfg:
+      raise ValueError(f"config.runs.{label} has no 'algorithm' field; choose one of {sorted(BUILDERS)}")
+    if run_cfg.algorithm not in BUILDERS:
+      raise ValueError(
+        f"config.runs.{label}.algorithm={run_cfg.algorithm!r} is unknown; choose one of {sorted(BUILDERS)}"
+      )
+
+
+def _jsonable(obj):
+  if isinstance(obj, dict):
+    return {str(k): _jsonable(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [_jsonable(v) for v in obj]
+  if isinstance(obj, (np.ndarray, jnp.ndarray)):
+    return _jsonable(np.asarray(obj).tolist())
+  if isinstance(obj, (np.floating, float)):
+    return None if not np.isfinite(obj) else float(obj)
+  if isinstance(obj, np.integer):
+    return int(obj)
+  return obj

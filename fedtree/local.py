@@ -1,0 +1,225 @@
+"""Local training of one client, written for ``vmap`` over a cohort.
+
+Every client runs the same ``lax.scan`` over ``max_steps`` steps; step ``t`` is active only
+while ``t < num_steps`` (its own count), so clients with fewer examples, or fewer assigned
+steps, take fewer steps and inactive steps leave the state untouched.
+
+Batching happens inside jit. Client ``c`` with ``n`` examples has ``ceil(n / B)`` batches per
+epoch; step ``t`` reads batch ``t mod ceil(n/B)`` of epoch ``t // ceil(n/B)``, whose order is
+a fresh permutation of the ``n`` real examples (padding sorts last and is never read). The
+last batch of an epoch may be partial: its missing entries are masked out of the loss (and
+zeroed, so even NaN padding cannot leak into a gradient). Epoch-based training is therefore
+``num_steps = epochs · ceil(n / B)``, and a fixed step count is just another ``num_steps``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+from fedtree.models import Model, masked_cross_entropy
+
+PyTree = Any
+
+
+class Batch(NamedTuple):
+  """One client's minibatch: ``x: [B, ...]``, ``y: int32[B]``, ``mask: bool[B]``."""
+
+  x: jax.Array
+  y: jax.Array
+  mask: jax.Array
+
+
+class ClientData(NamedTuple):
+  """One client's padded training data: ``x: [M, ...]``, ``y: [M]``, ``n`` real examples."""
+
+  x: jax.Array
+  y: jax.Array
+  n: jax.Array
+
+
+# ------------------------------------------------------------------------ schedule
+def steps_per_epoch(n, batch_size: int):
+  """``ceil(n / batch_size)`` for numpy or jax integer arrays."""
+  return (n + batch_size - 1) // batch_size
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSchedule:
+  """How long each client trains: ``epochs`` over its own data, or a fixed ``steps`` count.
+
+  With epochs, client ``c`` takes ``ceil(epochs · ceil(n_c / B))`` steps, so clients with
+  fewer examples take fewer steps. Exactly one of ``epochs`` and ``steps`` is set.
+  """
+
+  batch_size: int
+  epochs: float | None = 1.0
+  steps: int | None = None
+
+  def __post_init__(self):
+    if int(self.batch_size) < 1:
+      raise ValueError(f"batch_size={self.batch_size} must be >= 1")
+    if (self.epochs is None) == (self.steps is None):
+      raise ValueError(
+        f"give exactly one of local epochs ({self.epochs}) and local steps ({self.steps})"
+      )
+    if self.epochs is not None and not self.epochs > 0:
+      raise ValueError(f"local epochs={self.epochs} must be > 0")
+    if self.steps is not None and int(self.steps) < 0:
+      raise ValueError(f"local steps={self.steps} must be >= 0")
+
+  def num_steps(self, n_train):
+    """Per-client step counts (numpy in, numpy out; jax in, jax out)."""
+    xp = jnp if isinstance(n_train, jax.Array) else np
+    if self.epochs is not None:
+      spe = steps_per_epoch(n_train, self.batch_size)
+      return xp.ceil(self.epochs * spe).astype(xp.int32)
+    return xp.full(xp.shape(n_train), int(self.steps), dtype=xp.int32)
+
+  def max_steps(self, max_examples: int) -> int:
+    """Static scan length: the step count of a client with ``max_examples`` examples."""
+    return int(self.num_steps(np.asarray([max_examples]))[0])
+
+
+def batch_at(key: jax.Array, data: ClientData, t: jax.Array, batch_size: int) -> Batch:
+  """The minibatch of step ``t`` (see the module docstring)."""
+  m = data.x.shape[0]
+  spe = jnp.maximum(steps_per_epoch(data.n, batch_size), 1)
+  epoch, j = t // spe, t % spe
+  u = jax.random.uniform(jax.random.fold_in(key, epoch), (m,))
+  perm = jnp.argsort(jnp.where(jnp.arange(m) < data.n, u, 2.0))
+  pos = j * batch_size + jnp.arange(batch_size)
+  mask = pos < data.n
+  idx = perm[jnp.minimum(pos, m - 1)]
+  x = data.x[idx]
+  x = jnp.where(mask.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
+  y = jnp.where(mask, data.y[idx], 0)
+  return Batch(x=x, y=y, mask=mask)
+
+
+# ------------------------------------------------------------------------ the scan
+StepFn = Callable[[Any, Batch, jax.Array], tuple[Any, jax.Array]]
+
+
+def run_local_steps(
+  step: StepFn,
+  carry: Any,
+  data: ClientData,
+  num_steps: jax.Array,
+  key: jax.Array,
+  *,
+  batch_size: int,
+  max_steps: int,
+) -> tuple[Any, jax.Array]:
+  """Runs ``step(carry, batch, rng) -> (carry, loss)`` for ``num_steps`` (<= ``max_steps``).
+
+  Returns the final carry and the mean loss over the active steps (0 if none).
+  """
+  batch_key, step_key = jax.random.split(key)
+
+  def body(state, t):
+    carry, loss_sum = state
+    batch = batch_at(batch_key, data, t, batch_size)
+    new_carry, loss = step(carry, batch, jax.random.fold_in(step_key, t))
+    active = t < num_steps
+    carry = jax.tree.map(lambda a, b: jnp.where(active, a, b), new_carry, carry)
+    return (carry, loss_sum + jnp.where(active, loss, 0.0)), None
+
+  (carry, loss_sum), _ = jax.lax.scan(
+    body, (carry, jnp.zeros((), jnp.float32)), jnp.arange(max_steps)
+  )
+  return carry, loss_sum / jnp.maximum(jnp.minimum(num_steps, max_steps), 1).astype(jnp.float32)
+
+
+# ------------------------------------------------------------------------ objectives
+Regularizer = Callable[[PyTree, PyTree], jax.Array]
+
+
+@struct.dataclass
+class SGDCarry:
+  """State of plain local training: ``params``, local optimizer state, and the ``anchor``
+  (the model the client downloaded; regularizers such as FedProx's pull towards it)."""
+
+  params: PyTree
+  opt_state: PyTree
+  anchor: PyTree
+
+
+def data_loss(model: Model, params: PyTree, batch: Batch, rng: jax.Array) -> jax.Array:
+  """Masked cross-entropy of ``model`` on ``batch`` (training mode: dropout on)."""
+  logits = model.apply(params, batch.x, train=True, rng=rng)
+  return masked_cross_entropy(logits, batch.y, batch.mask)
+
+
+def make_sgd_step(
+  model: Model, optimizer: optax.GradientTransformation, regularizer: Regularizer | None = None
+) -> StepFn:
+  """A step of ``optimizer`` on ``loss(params) + regularizer(params, anchor)``.
+
+  The returned loss is the data loss alone (what users compare across methods).
+  """
+
+  def objective(params, anchor, batch, rng):
+    loss = data_loss(model, params, batch, rng)
+    total = loss if regularizer is None else loss + regularizer(params, anchor)
+    return total, loss
+
+  def step(carry: SGDCarry, batch: Batch, rng: jax.Array):
+    grads, loss = jax.grad(objective, has_aux=True)(carry.params, carry.anchor, batch, rng)
+    updates, opt_state = optimizer.update(grads, carry.opt_state, carry.params)
+    params = optax.apply_updates(carry.params, updates)
+    return carry.replace(params=params, opt_state=opt_state), loss
+
+  return step
+
+
+def proximal(mu: float) -> Regularizer:
+  """FedProx's ``(μ/2)‖θ - Θ‖²`` towards the anchor."""
+  if mu < 0:
+    raise ValueError(f"proximal mu={mu} must be >= 0")
+
+  def reg(params, anchor):
+    sq = jax.tree.map(lambda p, a: jnp.sum(jnp.square(p - a)), params, anchor)
+    return 0.5 * mu * sum(jax.tree.leaves(sq))
+
+  return reg
+
+
+# ------------------------------------------------------------------------ client updates
+class ClientUpdate(NamedTuple):
+  """What one client does in a round, vmapped over a cohort by :mod:`fedtree.tier`.
+
+  ``apply(anchor, state, data, num_steps, key) -> (params, state, loss)``: ``anchor`` is the
+  model received from the parent, ``state`` the client's persistent state (any pytree, ``()``
+  when stateless), ``params`` the model sent up, ``loss`` the mean local training loss.
+  """
+
+  apply: Callable[..., tuple[PyTree, PyTree, jax.Array]]
+
+
+def sgd_client_update(
+  model: Model,
+  optimizer: optax.GradientTransformation,
+  *,
+  batch_size: int,
+  max_steps: int,
+  regularizer: Regularizer | None = None,
+) -> ClientUpdate:
+  """Plain local training from the anchor (FedAvg; FedProx with ``regularizer=proximal(mu)``)."""
+  step = make_sgd_step(model, optimizer, regularizer)
+
+  def apply(anchor, state, data: ClientData, num_steps, key):
+    carry = SGDCarry(params=anchor, opt_state=optimizer.init(anchor), anchor=anchor)
+    carry, loss = run_local_steps(
+      step, carry, data, num_steps, key, batch_size=batch_size, max_steps=max_steps
+    )
+    return carry.params, state, loss
+
+  return ClientUpdate(apply=apply)

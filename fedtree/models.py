@@ -1,0 +1,117 @@
+"""Flax models and the :class:`Model` pair every algorithm trains.
+
+A :class:`Model` is ``init(key) -> params`` plus ``apply(params, x, *, train, rng) -> logits``:
+pure functions, so a whole tier of clients is ``vmap(apply)`` over stacked params.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Params = Any
+
+
+class Model(NamedTuple):
+  """A pure model: ``init(key) -> params`` and ``apply(params, x, train=, rng=) -> logits``."""
+
+  init: Callable[[jax.Array], Params]
+  apply: Callable[..., jax.Array]
+  num_classes: int
+
+
+class LogisticRegression(nn.Module):
+  """Multinomial logistic regression (MLR) on flattened inputs."""
+
+  num_classes: int
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    return nn.Dense(self.num_classes)(x.reshape((x.shape[0], -1)))
+
+
+class MLP(nn.Module):
+  """ReLU MLP on flattened inputs."""
+
+  num_classes: int
+  hidden: Sequence[int] = (200, 200)
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    x = x.reshape((x.shape[0], -1))
+    for h in self.hidden:
+      x = nn.relu(nn.Dense(h)(x))
+    return nn.Dense(self.num_classes)(x)
+
+
+class CNN(nn.Module):
+  """A small CNN: [conv3x3 - ReLU]* - maxpool2 - dropout - dense - ReLU - dropout - dense.
+
+  With the defaults ``features=(32, 64)``, ``dense=128``, ``dropout=(0.25, 0.5)`` this is the
+  CNN of the pfl-research cross-framework benchmark (and of the Keras MNIST example).
+  """
+
+  num_classes: int
+  features: Sequence[int] = (32, 64)
+  dense: int = 128
+  dropout: tuple[float, float] = (0.25, 0.5)
+  pool_every_conv: bool = False
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    if x.ndim == 3:  # [B, H, W] grey images
+      x = x[..., None]
+    for f in self.features:
+      x = nn.relu(nn.Conv(f, (3, 3), padding="VALID")(x))
+      if self.pool_every_conv:
+        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+    if not self.pool_every_conv:
+      x = nn.max_pool(x, (2, 2), strides=(2, 2))
+    x = nn.Dropout(self.dropout[0], deterministic=not train)(x)
+    x = x.reshape((x.shape[0], -1))
+    x = nn.relu(nn.Dense(self.dense)(x))
+    x = nn.Dropout(self.dropout[1], deterministic=not train)(x)
+    return nn.Dense(self.num_classes)(x)
+
+
+def from_flax(module: nn.Module, example_shape: Sequence[int], num_classes: int) -> Model:
+  """Wraps a flax module taking ``[B, *example_shape]`` into a :class:`Model`."""
+  example_shape = tuple(int(s) for s in example_shape)
+
+  def init(key):
+    return module.init(key, jnp.zeros((1,) + example_shape, jnp.float32), train=False)["params"]
+
+  def apply(params, x, *, train: bool = False, rng: jax.Array | None = None):
+    rngs = {"dropout": rng} if (train and rng is not None) else None
+    return module.apply({"params": params}, x, train=train, rngs=rngs)
+
+  return Model(init=init, apply=apply, num_classes=int(num_classes))
+
+
+MODELS = ("logreg", "mlp", "cnn")
+
+
+def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **kwargs) -> Model:
+  """A model by name: ``logreg``, ``mlp`` (``hidden=``) or ``cnn`` (``features=``, ``dense=``,
+  ``dropout=``, ``pool_every_conv=``)."""
+  if name == "logreg":
+    module = LogisticRegression(num_classes=num_classes, **kwargs)
+  elif name == "mlp":
+    module = MLP(num_classes=num_classes, **{k: tuple(v) if k == "hidden" else v for k, v in kwargs.items()})
+  elif name == "cnn":
+    module = CNN(num_classes=num_classes, **{k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()})
+  else:
+    raise ValueError(f"model name {name!r} is unknown; choose one of {MODELS}")
+  return from_flax(module, example_shape, num_classes)
+
+
+def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
+  """Mean softmax cross-entropy over the entries where ``mask`` is true (0 if none)."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+  nll = -jnp.take_along_axis(logp, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  m = mask.astype(jnp.float32)
+  return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)

@@ -1,0 +1,96 @@
+"""Metric reporting: a live progress bar, JSON lines in the workdir, a final summary table."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+
+class Reporter:
+  """Writes every logged metric dict to ``workdir/metrics.jsonl`` and shows progress.
+
+  One line per report: ``{"run": label, "round": r, ...metrics}``.
+  """
+
+  def __init__(self, workdir: str | None, *, show_progress: bool = True, stream=None):
+    self._stream = stream or sys.stderr
+    self._file = open(os.path.join(workdir, "metrics.jsonl"), "a") if workdir else None
+    self._show = show_progress
+    self._bar = None
+    self._last_round = 0
+
+  def start_run(self, label: str, total_rounds: int) -> None:
+    self._last_round = 0
+    if self._show:
+      from tqdm.auto import tqdm
+
+      self._bar = tqdm(total=total_rounds, desc=label, unit="round", file=self._stream,
+                       dynamic_ncols=True, leave=True)
+
+  def log(self, label: str, round_: int, metrics: dict[str, Any]) -> None:
+    record = {"run": label, "round": int(round_)}
+    record.update({k: _scalar(v) for k, v in metrics.items()})
+    if self._file:
+      self._file.write(json.dumps(record) + "\n")
+      self._file.flush()
+    if self._bar is not None:
+      self._bar.update(max(0, int(round_) - self._last_round))
+      shown = {k: f"{v:.4g}" for k, v in record.items()
+               if k in ("train_loss",) or k.endswith("/accuracy")}
+      self._bar.set_postfix(shown, refresh=True)
+    self._last_round = int(round_)
+
+  def end_run(self, label: str) -> None:
+    if self._bar is not None:
+      self._bar.close()
+      self._bar = None
+
+  def print(self, text: str) -> None:
+    print(text, file=self._stream, flush=True)
+
+  def summary_table(self, results: dict[str, dict[str, dict[str, Any]]], groups=None) -> str:
+    """A table with one row per (run, model): overall and mean-per-client accuracy, loss, and
+    accuracy per group."""
+    text = format_summary(results)
+    self.print(text)
+    return text
+
+  def close(self) -> None:
+    if self._file:
+      self._file.close()
+      self._file = None
+
+
+def _scalar(v):
+  v = np.asarray(v)
+  if v.ndim == 0:
+    f = float(v)
+    return f if math.isfinite(f) else None
+  return v.tolist()
+
+
+def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
+  num_groups = 0
+  for models in results.values():
+    for s in models.values():
+      if "group_accuracy" in s:
+        num_groups = max(num_groups, len(s["group_accuracy"]))
+  header = ["run", "model", "accuracy", "client mean", "loss"] + [f"g{g}" for g in range(num_groups)]
+  rows = [header]
+  for label, models in results.items():
+    for name, s in models.items():
+      row = [label, name, f"{s.get('accuracy', float('nan')):.4f}",
+             f"{s.get('client_mean_accuracy', float('nan')):.4f}", f"{s.get('loss', float('nan')):.4f}"]
+      ga = s.get("group_accuracy")
+      row += [f"{a:.3f}" for a in ga] if ga is not None else []
+      row += [""] * (len(header) - len(row))
+      rows.append(row)
+  widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+  lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+  lines.insert(1, "  ".join("-" * w for w in widths))
+  return "\n".join(["", "Final evaluation (test data of every client; gN = accuracy on group N)"] + lines)

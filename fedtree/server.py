@@ -1,0 +1,164 @@
+"""Server optimizers: optax transformations applied to a node's pseudo-gradient.
+
+A node's pseudo-gradient is ``Δ = Θ - Σ_i p_i θ_i`` (it points away from the children), so
+any optax optimizer treats it as a gradient and FedAvg is exactly ``optax.sgd(1.0)``.
+:func:`fedopt` is the FedAdagrad/FedAdam/FedYogi family of Reddi et al. 2021 in the paper's
+form (``m_0 = 0``, ``v_0 = τ²``, no bias correction, τ outside the square root), with the
+initial accumulator and the bias correction as explicit options.
+
+Every node of a level keeps its own optimizer state: states are stacked ``[N, ...]`` and
+:func:`update_nodes` ``vmap``s the update over the nodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+PyTree = Any
+
+
+class FedOptState(NamedTuple):
+  """State of :func:`fedopt`."""
+
+  count: jax.Array  # int32[], number of updates so far
+  m: PyTree         # first moment, like params
+  v: PyTree         # second moment / accumulator, like params
+
+
+FEDOPT_KINDS = ("adagrad", "adam", "yogi")
+
+
+def fedopt(
+  kind: str,
+  *,
+  learning_rate: float,
+  b1: float = 0.9,
+  b2: float = 0.99,
+  tau: float = 1e-3,
+  initial_accumulator: float | None = None,
+  bias_correction: bool = False,
+) -> optax.GradientTransformation:
+  """FedAdagrad / FedAdam / FedYogi (Reddi et al. 2021, Algorithm 2).
+
+  ``m ← β1 m + (1-β1) Δ``; Adagrad ``v ← v + Δ²``; Adam ``v ← β2 v + (1-β2) Δ²``; Yogi
+  ``v ← v - (1-β2) Δ² sign(v - Δ²)``; step ``-η m / (√v + τ)``.
+
+  Args:
+    kind: ``"adagrad"``, ``"adam"`` or ``"yogi"``.
+    learning_rate: server learning rate η.
+    b1: β1 (FedAdagrad uses it too, as in the paper).
+    b2: β2 (Adam, Yogi).
+    tau: adaptivity τ.
+    initial_accumulator: ``v_0``; default ``τ²`` as in the paper (0 reproduces simulators
+      that start from zero).
+    bias_correction: multiply the step by ``√(1-β2^t) / (1-β1^t)`` (Adam-style, t from 1).
+  """
+  if kind not in FEDOPT_KINDS:
+    raise ValueError(f"fedopt kind={kind!r}; choose one of {FEDOPT_KINDS}")
+  for name, val in (("b1", b1), ("b2", b2)):
+    if not 0.0 <= val < 1.0:
+      raise ValueError(f"fedopt {name}={val} must be in [0, 1)")
+  if tau < 0:
+    raise ValueError(f"fedopt tau={tau} must be >= 0")
+  v0 = tau**2 if initial_accumulator is None else float(initial_accumulator)
+  if v0 < 0:
+    raise ValueError(f"fedopt initial_accumulator={initial_accumulator} must be >= 0")
+
+  def init(params):
+    return FedOptState(
+      count=jnp.zeros((), jnp.int32),
+      m=jax.tree.map(jnp.zeros_like, params),
+      v=jax.tree.map(lambda p: jnp.full_like(p, v0), params),
+    )
+
+  def update(delta, state, params=None):
+    del params
+    m = jax.tree.map(lambda m, d: b1 * m + (1 - b1) * d, state.m, delta)
+    if kind == "adagrad":
+      v = jax.tree.map(lambda v, d: v + d * d, state.v, delta)
+    elif kind == "adam":
+      v = jax.tree.map(lambda v, d: b2 * v + (1 - b2) * d * d, state.v, delta)
+    else:
+      v = jax.tree.map(lambda v, d: v - (1 - b2) * d * d * jnp.sign(v - d * d), state.v, delta)
+    count = state.count + 1
+    lr = jnp.asarray(learning_rate, jnp.float32)
+    if bias_correction:
+      t = count.astype(jnp.float32)
+      lr = lr * jnp.sqrt(1 - b2**t) / (1 - b1**t)
+    updates = jax.tree.map(lambda m, v: -lr * m / (jnp.sqrt(v) + tau), m, v)
+    return updates, FedOptState(count=count, m=m, v=v)
+
+  return optax.GradientTransformation(init, update)
+
+
+SERVER_OPTIMIZERS = ("fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi")
+
+
+def server_optimizer(name: str, **hparams) -> optax.GradientTransformation:
+  """A server optimizer by name.
+
+  * ``fedavg``: ``sgd(learning_rate=1.0)``;
+  * ``fedavgm``: ``sgd(learning_rate=1.0, momentum=0.9)`` (heavy ball on Δ);
+  * ``fedadagrad`` / ``fedadam`` / ``fedyogi``: :func:`fedopt` (paper form by default);
+  * any other name is an optax optimizer, e.g. ``("adam", learning_rate=1e-2)``.
+  """
+  hparams = dict(hparams)
+  if name == "fedavg":
+    return optax.sgd(hparams.pop("learning_rate", 1.0), **hparams)
+  if name == "fedavgm":
+    return optax.sgd(hparams.pop("learning_rate", 1.0), momentum=hparams.pop("momentum", 0.9), **hparams)
+  if name in ("fedadagrad", "fedadam", "fedyogi"):
+    if "learning_rate" not in hparams:
+      raise ValueError(f"server optimizer {name!r} needs a learning_rate")
+    return fedopt(name[3:], **hparams)
+  return optimizer_by_name(name, **hparams)
+
+
+def optimizer_by_name(name: str, **hparams) -> optax.GradientTransformation:
+  """Any optax optimizer factory by name (``sgd``, ``adam``, ``adamw``, ...)."""
+  factory = getattr(optax, name, None)
+  if factory is None or not callable(factory):
+    raise ValueError(
+      f"optimizer {name!r} is neither one of {SERVER_OPTIMIZERS} nor an optax optimizer"
+    )
+  try:
+    return factory(**hparams)
+  except TypeError as e:
+    raise ValueError(f"optimizer {name!r} rejected hyperparameters {hparams}: {e}") from e
+
+
+def init_nodes(opt: optax.GradientTransformation, params: PyTree) -> PyTree:
+  """Stacked optimizer states for stacked node params ``[N, ...]``."""
+  return jax.vmap(opt.init)(params)
+
+
+def update_nodes(
+  opt: optax.GradientTransformation,
+  params: PyTree,
+  opt_state: PyTree,
+  pseudo_grad: PyTree,
+  active: jax.Array,
+) -> tuple[PyTree, PyTree]:
+  """One server step on every node where ``active[N]`` holds; others keep params and state."""
+
+  def one(p, s, g):
+    updates, s = opt.update(g, s, p)
+    return optax.apply_updates(p, updates), s
+
+  new_params, new_state = jax.vmap(one)(params, opt_state, pseudo_grad)
+  return select_nodes(active, new_params, params), select_nodes(active, new_state, opt_state)
+
+
+def select_nodes(mask: jax.Array, new: PyTree, old: PyTree) -> PyTree:
+  """Per-node ``where``: rows of ``new`` where ``mask[N]`` holds, else rows of ``old``."""
+
+  def sel(a, b):
+    if not hasattr(a, "ndim") or a.ndim == 0:
+      return a
+    return jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+
+  return jax.tree.map(sel, new, old)
