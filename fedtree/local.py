@@ -56,16 +56,19 @@ class LocalSchedule:
   """How long each client trains: ``epochs`` over its own data, or a fixed ``steps`` count.
 
   With epochs, client ``c`` takes ``ceil(epochs · ceil(n_c / B))`` steps, so clients with
-  fewer examples take fewer steps. Exactly one of ``epochs`` and ``steps`` is set.
+  fewer examples take fewer steps. At most one of ``epochs`` and ``steps`` is given; with
+  neither, one epoch.
   """
 
   batch_size: int
-  epochs: float | None = 1.0
+  epochs: float | None = None
   steps: int | None = None
 
   def __post_init__(self):
     if int(self.batch_size) < 1:
       raise ValueError(f"batch_size={self.batch_size} must be >= 1")
+    if self.epochs is None and self.steps is None:
+      object.__setattr__(self, "epochs", 1.0)
     if (self.epochs is None) == (self.steps is None):
       raise ValueError(
         f"give exactly one of local epochs ({self.epochs}) and local steps ({self.steps})"

@@ -101,9 +101,11 @@ def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **
   if name == "logreg":
     module = LogisticRegression(num_classes=num_classes, **kwargs)
   elif name == "mlp":
-    module = MLP(num_classes=num_classes, **{k: tuple(v) if k == "hidden" else v for k, v in kwargs.items()})
+    kwargs = {k: tuple(v) if k == "hidden" else v for k, v in kwargs.items()}
+    module = MLP(num_classes=num_classes, **kwargs)
   elif name == "cnn":
-    module = CNN(num_classes=num_classes, **{k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()})
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}
+    module = CNN(num_classes=num_classes, **kwargs)
   else:
     raise ValueError(f"model name {name!r} is unknown; choose one of {MODELS}")
   return from_flax(module, example_shape, num_classes)

@@ -67,10 +67,10 @@ def per_level(value, depth: int, name: str) -> tuple:
 
 def broadcast_tree(init_params: PyTree, topology: Topology) -> tuple:
   """The same model at every node of every server level: ``params[l]`` is ``[N_l, ...]``."""
-  return tuple(
-    jax.tree.map(lambda p, n=topology.num_nodes(lv): jnp.broadcast_to(p, (n,) + p.shape), init_params)
-    for lv in range(topology.depth)
-  )
+  def stack(n):
+    return jax.tree.map(lambda p: jnp.broadcast_to(p, (n,) + p.shape), init_params)
+
+  return tuple(stack(topology.num_nodes(lv)) for lv in range(topology.depth))
 
 
 def init_opt_states(optimizers: Sequence[optax.GradientTransformation], params: tuple) -> tuple:

@@ -43,7 +43,9 @@ def check_periods(periods, depth: int) -> tuple[int, ...]:
   """Validates aggregation periods of server levels ``0 .. depth-2`` (leaf parents: every round)."""
   if periods is None:
     periods = (1,) * (depth - 1)
-  periods = tuple(int(p) for p in (periods if isinstance(periods, (list, tuple)) else [periods] * (depth - 1)))
+  if not isinstance(periods, (list, tuple)):
+    periods = [periods] * (depth - 1)
+  periods = tuple(int(p) for p in periods)
   if len(periods) != depth - 1:
     raise ValueError(
       f"periods={periods} needs {depth - 1} entries (levels 0..{depth - 2}; the leaf parents "
@@ -144,8 +146,10 @@ def hierfavg(
     for lv in range(depth - 1):
       if active[lv] is None:
         continue
-      down = jax.tree.map(lambda p: p[parents[lv + 1]], params[lv])
-      params[lv + 1] = jax.tree.map(lambda d, o: jnp.where(active[lv], d, o), down, params[lv + 1])
+      down = jax.tree.map(lambda p, idx=parents[lv + 1]: p[idx], params[lv])
+      params[lv + 1] = select_nodes(
+        jnp.broadcast_to(active[lv], (topology.num_nodes(lv + 1),)), down, params[lv + 1]
+      )
     metrics = {
       "train_loss": res.loss_sum / jnp.maximum(res.num_trained, 1).astype(jnp.float32),
       "clients_trained": res.num_trained,

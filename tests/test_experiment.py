@@ -1,0 +1,82 @@
+"""The launch path: configs, absl flag overrides, metrics files, and early config errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import ml_collections
+import numpy as np
+import pytest
+
+from fedtree import experiment
+from fedtree.simulation import NonFiniteLossError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def quickstart(rounds=4):
+  sys.path.insert(0, os.path.join(ROOT, "configs"))
+  import quickstart as q
+
+  c = q.get_config()
+  c.rounds, c.eval_every, c.rounds_per_call, c.progress = rounds, 2, 2, False
+  c.data.group_sizes = (4, 2, 2)
+  c.runs.fedavg.cohort_size = c.runs.fedadam.cohort_size = 4
+  c.runs.hierfavg.cohort_size = 2
+  return c
+
+
+def test_quickstart_end_to_end(tmp_path):
+  results = experiment.train_and_evaluate(quickstart(), str(tmp_path))
+  assert set(results) == {"fedavg", "hierfavg", "fedadam"}
+  assert {"global", "level1"} <= set(results["hierfavg"])
+  lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+  assert {ln["run"] for ln in lines} == set(results)
+  assert all(np.isfinite(ln["train_loss"]) for ln in lines)
+  assert any("global/accuracy" in ln for ln in lines)
+  summary = json.load(open(tmp_path / "summary.json"))
+  assert 0.0 <= summary["fedavg"]["global"]["accuracy"] <= 1.0
+  assert len(summary["hierfavg"]["level1"]["group_accuracy"]) == 3
+
+
+def test_main_flag_overrides(tmp_path):
+  cmd = [sys.executable, "-m", "fedtree.main", "--config=configs/quickstart.py",
+         f"--workdir={tmp_path}", "--config.rounds=2", "--config.eval_every=1",
+         "--config.rounds_per_call=1", "--config.progress=False",
+         "--config.data.group_sizes=(3,2)", "--config.runs.fedavg.cohort_size=3",
+         "--config.runs.fedadam.cohort_size=3", "--config.runs.hierfavg.cohort_size=2"]
+  out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "Final evaluation" in out.stderr
+  rounds = {json.loads(x)["round"] for x in open(tmp_path / "metrics.jsonl")}
+  assert rounds == {1, 2}
+
+
+@pytest.mark.parametrize("mutate,match", [
+  (lambda c: c.runs.fedavg.__setattr__("algorithm", "fedbogus"), r"algorithm='fedbogus' is unknown"),
+  (lambda c: c.__delattr__("model"), "config has no field 'model'"),
+  (lambda c: c.topology.__setattr__("kind", "ring"), "topology.kind='ring'"),
+  (lambda c: c.model.__setattr__("name", "vgg"), "model name 'vgg' is unknown"),
+  (lambda c: c.runs.fedavg.__setattr__("cohort_size", 99), "cohort_size=99 exceeds group 0"),
+  (lambda c: c.runs.hierfavg.__setattr__("periods", (0,)), r"periods\[0\]=0 must be >= 1"),
+  (lambda c: c.data.__setattr__("name", "imagenet22k"), "data.name='imagenet22k' is unknown"),
+  (lambda c: c.local.__setattr__("learning_rate", -0.1), "learning_rate=-0.1 must be > 0"),
+  (lambda c: c.topology.__setattr__("kind", "sizes") or c.topology.__setattr__("sizes", [3, 3]),
+   "describes 6 clients but the data has 8"),
+])
+def test_bad_config_raises_a_clear_error(tmp_path, mutate, match):
+  c = quickstart()
+  c.unlock() if hasattr(c, "unlock") else None
+  mutate(c)
+  with pytest.raises(ValueError, match=match):
+    experiment.train_and_evaluate(c, str(tmp_path))
+
+
+def test_nan_loss_stops_the_run_with_the_round(tmp_path):
+  c = quickstart()
+  c.local.learning_rate = 1e12
+  c.runs = ml_collections.ConfigDict({"fedavg": c.runs.fedavg})
+  with pytest.raises(NonFiniteLossError, match="run 'fedavg': training loss is nan"):
+    experiment.train_and_evaluate(c, str(tmp_path))
