@@ -1,11 +1,13 @@
-r"""Quickstart: FedAvg vs HierFAVG vs per-group FedAvg on the grouped synthetic task.
+r"""Quickstart: FedAvg vs FedAdam vs HierFAVG vs per-group FedAvg on the grouped synthetic task.
 
   python -m fedtree.main --config=configs/quickstart.py --workdir=/tmp/fedtree_quickstart
 
 48 clients in 4 groups of very different sizes (24, 12, 8, 4), each group with its own
 distribution; a 3-level tree root -> 4 edge servers -> clients. About a minute on a 2-core CPU.
-Expected: the group (level-1) models of the runs that keep them beat the single global model
-on their own groups, most visibly on the small groups that FedAvg underweights.
+Runs: ``fedavg`` and ``fedadam`` (one server over all clients), ``hierfavg`` (edges aggregate
+every round, the cloud every 10), ``edges_only`` (the same tree whose cloud never aggregates:
+one FedAvg per group). Expected: the per-group models (``level1`` of ``edges_only``) beat the
+global models on their own groups, since the groups' distributions differ.
 """
 
 import ml_collections
@@ -35,6 +37,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.runs.fedavg = ml_collections.ConfigDict(dict(algorithm="fedavg", cohort_size=16))
   c.runs.hierfavg = ml_collections.ConfigDict(dict(
     algorithm="hierfavg", cohort_size=4, periods=(10,),   # cloud every 10 edge rounds
+  ))
+  c.runs.edges_only = ml_collections.ConfigDict(dict(
+    algorithm="hierfavg", cohort_size=4, periods=(1_000_000,),   # the cloud never aggregates
   ))
   c.runs.fedadam = ml_collections.ConfigDict(dict(
     algorithm="fedopt", cohort_size=16,

@@ -23,13 +23,13 @@ def quickstart(rounds=4):
   c.rounds, c.eval_every, c.rounds_per_call, c.progress = rounds, 2, 2, False
   c.data.group_sizes = (4, 2, 2)
   c.runs.fedavg.cohort_size = c.runs.fedadam.cohort_size = 4
-  c.runs.hierfavg.cohort_size = 2
+  c.runs.hierfavg.cohort_size = c.runs.edges_only.cohort_size = 2
   return c
 
 
 def test_quickstart_end_to_end(tmp_path):
   results = experiment.train_and_evaluate(quickstart(), str(tmp_path))
-  assert set(results) == {"fedavg", "hierfavg", "fedadam"}
+  assert set(results) == {"fedavg", "hierfavg", "fedadam", "edges_only"}
   assert {"global", "level1"} <= set(results["hierfavg"])
   lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
   assert {ln["run"] for ln in lines} == set(results)
@@ -45,7 +45,8 @@ def test_main_flag_overrides(tmp_path):
          f"--workdir={tmp_path}", "--config.rounds=2", "--config.eval_every=1",
          "--config.rounds_per_call=1", "--config.progress=False",
          "--config.data.group_sizes=(3,2)", "--config.runs.fedavg.cohort_size=3",
-         "--config.runs.fedadam.cohort_size=3", "--config.runs.hierfavg.cohort_size=2"]
+         "--config.runs.fedadam.cohort_size=3", "--config.runs.hierfavg.cohort_size=2",
+         "--config.runs.edges_only.cohort_size=2"]
   out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert out.returncode == 0, out.stderr[-3000:]

@@ -1,0 +1,135 @@
+"""Real datasets through TensorFlow Datasets' ``data_source`` (ArrayRecord, no TensorFlow).
+
+:func:`load_tfds` reads a TFDS dataset's train split, partitions it into clients (IID,
+Dirichlet label skew, label shards, or by a natural id feature such as the writer), splits
+every client's examples into train and test, and keeps the dataset's test split as the
+*central* test set (B-HFL evaluates the root on it). Images become float32 in ``[0, 1]``.
+
+Datasets must already be prepared in ``data_dir`` (``tfds build mnist`` or
+``tfds.builder("mnist").download_and_prepare()`` on a machine with internet); nothing is
+downloaded at run time. Tests run this code under ``tfds.testing.mock_data``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fedtree.data import (
+  FederatedData,
+  partition_by_id,
+  partition_dirichlet,
+  partition_iid,
+  partition_shards,
+  split_train_test,
+)
+
+PARTITIONS = ("iid", "dirichlet", "shards", "by_id")
+
+
+def _read_split(name: str, split: str, data_dir: str | None, keys: tuple[str, ...], limit: int | None):
+  import tensorflow_datasets as tfds
+
+  try:
+    source = tfds.data_source(name, split=split, data_dir=data_dir)
+  except Exception as e:  # noqa: BLE001 - re-raised with what to do
+    raise FileNotFoundError(
+      f"TFDS dataset {name!r} (split {split!r}) is not prepared in data_dir={data_dir!r}: {e}. "
+      f"Prepare it once where internet is available (`tfds build {name}`) and point "
+      f"config.data.data_dir at it."
+    ) from e
+  n = len(source) if limit is None else min(int(limit), len(source))
+  cols: dict[str, list] = {k: [] for k in keys}
+  for i in range(n):
+    ex = source[i]
+    for k in keys:
+      if k not in ex:
+        raise KeyError(f"TFDS dataset {name!r} has no feature {k!r}; it has {sorted(ex)}")
+      cols[k].append(np.asarray(ex[k]))
+  return {k: np.stack(v) for k, v in cols.items()}
+
+
+def _to_float(x: np.ndarray) -> np.ndarray:
+  if x.dtype == np.uint8:
+    return (x.astype(np.float32) / 255.0)
+  return x.astype(np.float32)
+
+
+def load_tfds(
+  *,
+  name: str = "mnist",
+  num_clients: int = 100,
+  partition: str = "dirichlet",
+  alpha: float = 0.5,
+  shards_per_client: int = 2,
+  id_feature: str | None = None,
+  image_key: str = "image",
+  label_key: str = "label",
+  train_split: str = "train",
+  test_split: str | None = "test",
+  test_fraction: float = 0.2,
+  team_size: int | None = None,
+  num_groups: int | None = None,
+  max_examples: int | None = None,
+  data_dir: str | None = None,
+  seed: int = 0,
+) -> tuple[FederatedData, np.ndarray, Any]:
+  """A federated version of a TFDS classification dataset.
+
+  Args:
+    name: TFDS name (``mnist``, ``emnist/byclass``, ``cifar10``, ``fashion_mnist``, ...).
+    num_clients: number of clients (ignored by ``partition="by_id"``).
+    partition: ``iid``, ``dirichlet`` (``alpha``), ``shards`` (``shards_per_client``) or
+      ``by_id`` (one client per value of ``id_feature``).
+    test_fraction: share of each client's examples held out as its test data.
+    team_size: groups of this many consecutive clients (pFedMT's teams); or
+    num_groups: that many groups of consecutive clients; default one group.
+    max_examples: read at most this many training examples (quick experiments).
+    data_dir: where the prepared dataset lives (TFDS default if ``None``).
+    seed: partition and split randomness.
+
+  Returns:
+    ``(data, group labels [C], central test (x, y) or None)``.
+  """
+  if partition not in PARTITIONS:
+    raise ValueError(f"config.data.partition={partition!r}; choose one of {PARTITIONS}")
+  if partition == "by_id" and not id_feature:
+    raise ValueError("partition='by_id' needs config.data.id_feature (e.g. 'speaker_id')")
+  keys = (image_key, label_key) + ((id_feature,) if partition == "by_id" else ())
+  train = _read_split(name, train_split, data_dir, keys, max_examples)
+  x, y = _to_float(train[image_key]), train[label_key].astype(np.int32)
+  rng = np.random.default_rng(seed)
+  if partition == "iid":
+    parts = partition_iid(len(y), num_clients, rng)
+  elif partition == "dirichlet":
+    parts = partition_dirichlet(y, num_clients, alpha, rng, min_size=2)
+  elif partition == "shards":
+    parts = partition_shards(y, num_clients, shards_per_client, rng)
+  else:
+    parts, _ = partition_by_id(train[id_feature])
+  num_classes = _num_classes(name, label_key, data_dir, y)
+  data = split_train_test(x, y, parts, test_fraction=test_fraction, rng=rng, num_classes=num_classes)
+  c = data.num_clients
+  if team_size:
+    groups = np.arange(c) // int(team_size)
+  elif num_groups:
+    if not 1 <= int(num_groups) <= c:
+      raise ValueError(f"num_groups={num_groups} must be in [1, {c}] (the number of clients)")
+    groups = np.arange(c) * int(num_groups) // c
+  else:
+    groups = np.zeros(c, np.int64)
+  central = None
+  if test_split:
+    test = _read_split(name, test_split, data_dir, (image_key, label_key), None)
+    central = (_to_float(test[image_key]), test[label_key].astype(np.int32))
+  return data, groups.astype(np.int32), central
+
+
+def _num_classes(name: str, label_key: str, data_dir: str | None, y: np.ndarray) -> int:
+  try:
+    import tensorflow_datasets as tfds
+
+    return int(tfds.builder(name, data_dir=data_dir).info.features[label_key].num_classes)
+  except Exception:  # noqa: BLE001 - fall back to the labels seen
+    return int(y.max()) + 1

@@ -1,0 +1,39 @@
+"""The TFDS loader, on data mocked by ``tfds.testing.mock_data`` (no download, no TensorFlow)."""
+
+import numpy as np
+import pytest
+
+tfds = pytest.importorskip("tensorflow_datasets")
+
+from fedtree.datasets.tfds_loader import load_tfds  # noqa: E402
+from fedtree.topology import Topology  # noqa: E402
+
+
+def test_mnist_dirichlet_with_teams_and_central_test():
+  with tfds.testing.mock_data(num_examples=120, policy=tfds.testing.MockPolicy.USE_CODE):
+    data, groups, central = load_tfds(name="mnist", num_clients=6, partition="dirichlet",
+                                      alpha=1.0, test_fraction=0.25, team_size=3, seed=0)
+  assert data.num_clients == 6 and data.example_shape == (28, 28, 1) and data.num_classes == 10
+  assert int(np.asarray(data.n_train).sum() + np.asarray(data.n_test).sum()) == 120
+  assert float(np.asarray(data.x_train).max()) <= 1.0
+  np.testing.assert_array_equal(groups, [0, 0, 0, 1, 1, 1])
+  data.validate(Topology.from_labels(groups))
+  x, y = central
+  assert x.shape == (120, 28, 28, 1) and y.shape == (120,)
+
+
+@pytest.mark.parametrize("partition", ["iid", "shards"])
+def test_other_partitions(partition):
+  with tfds.testing.mock_data(num_examples=60, policy=tfds.testing.MockPolicy.USE_CODE):
+    data, groups, _ = load_tfds(name="mnist", num_clients=5, partition=partition, num_groups=2,
+                                test_split=None)
+  assert data.num_clients == 5 and sorted(set(groups.tolist())) == [0, 1]
+
+
+def test_loader_errors():
+  with pytest.raises(ValueError, match="partition='ring'"):
+    load_tfds(partition="ring")
+  with pytest.raises(ValueError, match="needs config.data.id_feature"):
+    load_tfds(partition="by_id")
+  with pytest.raises(FileNotFoundError, match="not prepared"):
+    load_tfds(name="mnist", data_dir="/nonexistent/tfds")
