@@ -21,6 +21,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rounds_per_call = 25      # rounds fused into one compiled call between reports
   c.chunk_size = None         # clients trained at once (None: the whole cohort)
   c.progress = True
+  c.checkpoint_every = 100    # rounds between orbax checkpoints in <workdir>/checkpoints (0: off)
 
   c.data = ml_collections.ConfigDict(dict(
     name="grouped_synthetic", group_sizes=(24, 12, 8, 4), dim=32, num_classes=10,

@@ -131,8 +131,14 @@ def make_context(config: ml_collections.ConfigDict) -> Context:
 def run_algorithm(
   algorithm: FederatedAlgorithm, ctx: Context, key: jax.Array, reporter: Reporter, *,
   num_rounds: int, eval_every: int, rounds_per_call: int, label: str,
+  checkpoint_dir: str | None = None, checkpoint_every: int = 0,
 ) -> tuple[Any, dict[str, dict[str, Any]]]:
-  """Rounds with evaluation every ``eval_every`` rounds; returns (state, final summaries)."""
+  """Rounds with evaluation every ``eval_every`` rounds; returns (state, final summaries).
+
+  With ``checkpoint_dir`` and ``checkpoint_every > 0`` the state is saved every
+  ``checkpoint_every`` rounds and at the end, and a run finds and resumes its latest
+  checkpoint there.
+  """
   if eval_every < 1:
     raise ValueError(f"eval_every={eval_every} must be >= 1")
   fuse = max(1, min(rounds_per_call, eval_every))
@@ -140,6 +146,14 @@ def run_algorithm(
     raise ValueError(f"eval_every={eval_every} must be a multiple of rounds_per_call={fuse}")
   evaluator = simulation.make_evaluator(ctx.model, ctx.config.get("eval_chunk_size", None))
   state = algorithm.init(jax.random.fold_in(key, 0x5EED))
+  ckpt = None
+  if checkpoint_dir and checkpoint_every:
+    from fedtree.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(checkpoint_dir, every=checkpoint_every)
+    if ckpt.latest_round() is not None:
+      state = ckpt.restore(state)
+      reporter.print(f"{label}: resumed from the checkpoint of round {int(state.round)} in {checkpoint_dir}")
   step = simulation.compile_rounds(algorithm, fuse)
   summaries: dict[str, dict[str, Any]] = {}
   reporter.start_run(label, num_rounds)
@@ -166,6 +180,14 @@ def run_algorithm(
         host[f"{name}/loss"] = s["loss"]
     host["elapsed_s"] = time.perf_counter() - t0
     reporter.log(label, r, host)
+    if ckpt is not None:
+      ckpt.maybe_save(state, force=r == num_rounds)
+  if ckpt is not None:
+    ckpt.close()
+  if not summaries:  # resumed a finished run: evaluate once
+    summaries = simulation.evaluate_models(
+      algorithm, state, ctx.model, ctx.data, groups=ctx.groups, evaluator=evaluator
+    )
   reporter.end_run(label)
   return state, summaries
 
@@ -193,6 +215,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None) -
       _, summaries = run_algorithm(
         built, ctx, root, reporter, num_rounds=int(run_cfg.get("rounds", config.rounds)),
         eval_every=int(config.eval_every), rounds_per_call=int(config.rounds_per_call), label=label,
+        checkpoint_dir=os.path.join(workdir, "checkpoints", label) if workdir else None,
+        checkpoint_every=int(config.get("checkpoint_every", 0) or 0),
       )
     else:
       summaries = built.run(ctx, root, reporter)

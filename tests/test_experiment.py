@@ -81,3 +81,18 @@ def test_nan_loss_stops_the_run_with_the_round(tmp_path):
   c.runs = ml_collections.ConfigDict({"fedavg": c.runs.fedavg})
   with pytest.raises(NonFiniteLossError, match="run 'fedavg': training loss is nan"):
     experiment.train_and_evaluate(c, str(tmp_path))
+
+
+def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path):
+  c = quickstart(rounds=4)
+  c.checkpoint_every = 2
+  c.runs = ml_collections.ConfigDict({"fedavg": c.runs.fedavg})
+  full = experiment.train_and_evaluate(c, str(tmp_path / "full"))
+  c.rounds = 2
+  experiment.train_and_evaluate(c, str(tmp_path / "resumed"))       # "stops" after round 2
+  c.rounds = 4
+  resumed = experiment.train_and_evaluate(c, str(tmp_path / "resumed"))
+  rounds = [json.loads(x)["round"] for x in open(tmp_path / "resumed" / "metrics.jsonl")]
+  assert rounds == [2, 4], f"the resumed run must continue at round 3, logged {rounds}"
+  np.testing.assert_allclose(resumed["fedavg"]["global"]["accuracy"], full["fedavg"]["global"]["accuracy"])
+  np.testing.assert_allclose(resumed["fedavg"]["global"]["loss"], full["fedavg"]["global"]["loss"], rtol=1e-6)
