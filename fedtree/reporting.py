@@ -1,4 +1,9 @@
-"""Metric reporting: a live progress bar, JSON lines in the workdir, a final summary table."""
+"""Metric reporting: a live progress bar, JSON lines and TensorBoard events in the workdir, a
+final summary table.
+
+TensorBoard events are written (under ``<workdir>/tensorboard/<run>``) when ``tensorboardX``
+is installed (``pip install -e ".[tensorboard]"``); everything else needs nothing extra.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +28,8 @@ class Reporter:
     self._show = show_progress
     self._bar = None
     self._last_round = 0
+    self._workdir = workdir
+    self._tb: dict[str, Any] = {}
 
   def start_run(self, label: str, total_rounds: int) -> None:
     self._last_round = 0
@@ -38,6 +45,12 @@ class Reporter:
     if self._file:
       self._file.write(json.dumps(record) + "\n")
       self._file.flush()
+    writer = self._tensorboard(label)
+    if writer is not None:
+      for k, v in record.items():
+        if isinstance(v, float):
+          writer.add_scalar(k, v, int(round_))
+      writer.flush()
     if self._bar is not None:
       self._bar.update(max(0, int(round_) - self._last_round))
       shown = {k: f"{v:.4g}" for k, v in record.items()
@@ -60,7 +73,23 @@ class Reporter:
     self.print(text)
     return text
 
+  def _tensorboard(self, label: str):
+    if not self._workdir:
+      return None
+    if label not in self._tb:
+      try:
+        from tensorboardX import SummaryWriter
+      except ImportError:
+        self._tb[label] = None
+      else:
+        self._tb[label] = SummaryWriter(os.path.join(self._workdir, "tensorboard", label))
+    return self._tb[label]
+
   def close(self) -> None:
+    for w in self._tb.values():
+      if w is not None:
+        w.close()
+    self._tb = {}
     if self._file:
       self._file.close()
       self._file = None

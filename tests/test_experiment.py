@@ -38,6 +38,7 @@ def test_quickstart_end_to_end(tmp_path):
   summary = json.load(open(tmp_path / "summary.json"))
   assert 0.0 <= summary["fedavg"]["global"]["accuracy"] <= 1.0
   assert len(summary["hierfavg"]["level1"]["group_accuracy"]) == 3
+  assert list((tmp_path / "tensorboard" / "fedavg").glob("events.out.tfevents.*"))
 
 
 def test_main_flag_overrides(tmp_path):
