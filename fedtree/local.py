@@ -57,12 +57,13 @@ class LocalSchedule:
 
   With epochs, client ``c`` takes ``ceil(epochs · ceil(n_c / B))`` steps, so clients with
   fewer examples take fewer steps. At most one of ``epochs`` and ``steps`` is given; with
-  neither, one epoch.
+  neither, one epoch. ``steps`` is one count for every client or a tuple with one count per
+  client (e.g. FedKWS-UI's adaptive local training).
   """
 
   batch_size: int
   epochs: float | None = None
-  steps: int | None = None
+  steps: int | tuple[int, ...] | None = None
 
   def __post_init__(self):
     if int(self.batch_size) < 1:
@@ -75,7 +76,11 @@ class LocalSchedule:
       )
     if self.epochs is not None and not self.epochs > 0:
       raise ValueError(f"local epochs={self.epochs} must be > 0")
-    if self.steps is not None and int(self.steps) < 0:
+    if isinstance(self.steps, (list, tuple, np.ndarray)):
+      object.__setattr__(self, "steps", tuple(int(s) for s in self.steps))
+      if not self.steps or min(self.steps) < 0:
+        raise ValueError(f"per-client local steps must be non-empty and >= 0, got {self.steps[:10]}")
+    elif self.steps is not None and int(self.steps) < 0:
       raise ValueError(f"local steps={self.steps} must be >= 0")
 
   def num_steps(self, n_train):
@@ -84,10 +89,17 @@ class LocalSchedule:
     if self.epochs is not None:
       spe = steps_per_epoch(n_train, self.batch_size)
       return xp.ceil(self.epochs * spe).astype(xp.int32)
+    if isinstance(self.steps, tuple):
+      if len(self.steps) != xp.shape(n_train)[0]:
+        raise ValueError(f"{len(self.steps)} per-client local steps for {xp.shape(n_train)[0]} clients")
+      return xp.asarray(self.steps, dtype=xp.int32)
     return xp.full(xp.shape(n_train), int(self.steps), dtype=xp.int32)
 
   def max_steps(self, max_examples: int) -> int:
-    """Static scan length: the step count of a client with ``max_examples`` examples."""
+    """Static scan length: the step count of a client with ``max_examples`` examples (the
+    largest per-client count when they are explicit)."""
+    if isinstance(self.steps, tuple):
+      return max(self.steps)
     return int(self.num_steps(np.asarray([max_examples]))[0])
 
 

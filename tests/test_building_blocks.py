@@ -124,9 +124,15 @@ def test_schedule_counts_and_errors():
   np.testing.assert_array_equal(s.num_steps(np.array([1, 4, 5, 9])), [2, 2, 4, 6])
   assert s.max_steps(9) == 6
   np.testing.assert_array_equal(LocalSchedule(batch_size=4, steps=3).num_steps(np.array([1, 9])), [3, 3])
+  per_client = LocalSchedule(batch_size=4, steps=[0, 5, 2])
+  np.testing.assert_array_equal(per_client.num_steps(jnp.array([1, 9, 3])), [0, 5, 2])
+  assert per_client.max_steps(9) == 5
+  with pytest.raises(ValueError, match="3 per-client local steps for 2 clients"):
+    per_client.num_steps(np.array([1, 2]))
   for kwargs, match in [(dict(batch_size=0), "batch_size=0"), (dict(batch_size=2, epochs=0), "epochs=0"),
                         (dict(batch_size=2, epochs=1, steps=2), "exactly one"),
-                        (dict(batch_size=2, steps=-1), "steps=-1")]:
+                        (dict(batch_size=2, steps=-1), "steps=-1"),
+                        (dict(batch_size=2, steps=(1, -2)), "must be non-empty and >= 0")]:
     with pytest.raises(ValueError, match=match):
       LocalSchedule(**kwargs)
 

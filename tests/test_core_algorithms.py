@@ -253,3 +253,20 @@ def test_same_seed_same_result_other_seed_other_cohort(problem):
   cohorts = {tuple(np.asarray(sampler(jax.random.key(s)).clients)) for s in range(6)}
   assert len(cohorts) > 1
   assert not np.allclose(np.asarray(jax.tree.leaves(a.params)[0]), np.asarray(jax.tree.leaves(c.params)[0]))
+
+
+def test_explicit_per_client_steps_match_the_loop(problem):
+  """Clients take exactly their own step count (0 means: sends back the model unchanged)."""
+  data, _, model = problem
+  steps = tuple(int(s) for s in np.arange(data.num_clients) % 4)
+  sched = LocalSchedule(batch_size=B, steps=steps)
+  alg = fedavg(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched, cohort_size=-1)
+  key = jax.random.key(8)
+  state = _run(alg, data, 1, key)
+  theta = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
+  rk = jax.random.fold_in(key, 0)
+  models = ref.client_models(model, {0: theta}, data, [(c, 0) for c in range(data.num_clients)], rk,
+                             lr=LR, batch_size=B, num_steps=np.asarray(steps))
+  chex.assert_trees_all_equal(models[0], theta)
+  mean = ref.weighted_average([models[c] for c in range(data.num_clients)], np.asarray(data.n_train, float))
+  _params_close(jax.tree.map(lambda p: p[0], state.params[0]), mean)
