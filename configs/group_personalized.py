@@ -49,7 +49,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.runs.grouppfl = ml_collections.ConfigDict(dict(
     algorithm="grouppfl",
     group_rounds=50,                                        # T_g
-    cohort_size=20,                                         # |I_t| = |I_{g,t}| (capped by group size)
+    cohort_size=20,                    # |I_t| = |I_{g,t}| (capped by the group size)
     global_server=ml_collections.ConfigDict(dict(name="fedadam", learning_rate=0.01, tau=1e-3)),
     group_server=ml_collections.ConfigDict(dict(name="fedadam", learning_rate=0.01, tau=1e-3)),
     finetune=ml_collections.ConfigDict(dict(

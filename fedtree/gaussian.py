@@ -40,12 +40,14 @@ def _groups(sigmas: Sequence[Sequence[float]]) -> list[np.ndarray]:
   if not out or any(s.size == 0 for s in out):
     raise ValueError("need at least one group and at least one client per group")
   if any(np.any(s <= 0) for s in out):
-    raise ValueError(f"client noise standard deviations must be > 0; got {[s.tolist() for s in out]}")
+    got = [s.tolist() for s in out]
+    raise ValueError(f"client noise standard deviations must be > 0; got {got}")
   return out
 
 
 def sample(rng: np.random.Generator, *, theta0: float, sigma0: float,
-           sigmas: Sequence[Sequence[float]], num_draws: int) -> tuple[np.ndarray, list[np.ndarray]]:
+           sigmas: Sequence[Sequence[float]],
+           num_draws: int) -> tuple[np.ndarray, list[np.ndarray]]:
   """``num_draws`` independent draws of the model with a fixed ``θ_0``.
 
   Returns:
@@ -56,7 +58,8 @@ def sample(rng: np.random.Generator, *, theta0: float, sigma0: float,
   if sigma0 < 0:
     raise ValueError(f"sigma0={sigma0} must be >= 0")
   theta = theta0 + sigma0 * rng.standard_normal((num_draws, len(groups)))
-  x = [theta[:, m : m + 1] + s * rng.standard_normal((num_draws, s.size)) for m, s in enumerate(groups)]
+  x = [theta[:, m : m + 1] + s * rng.standard_normal((num_draws, s.size))
+       for m, s in enumerate(groups)]
   return theta, x
 
 

@@ -149,7 +149,9 @@ def ditto_update(
 MoreauSolver = Callable[[PyTree, PyTree, Batch, jax.Array], tuple[PyTree, jax.Array]]
 
 
-def moreau_solver(model: Model, *, lam: float, inner_steps: int, personal_lr: float) -> MoreauSolver:
+def moreau_solver(
+  model: Model, *, lam: float, inner_steps: int, personal_lr: float
+) -> MoreauSolver:
   """Approximate prox of the minibatch loss: ``θ̂ ≈ argmin_θ f(θ; batch) + (λ/2)‖θ - w‖²``.
 
   Returns ``solve(theta, w, batch, rng) -> (θ̂, mean data loss over the inner steps)``, which
@@ -165,7 +167,9 @@ def moreau_solver(model: Model, *, lam: float, inner_steps: int, personal_lr: fl
 
   def solve(theta, w, batch: Batch, rng):
     def body(th, k):
-      loss, g = jax.value_and_grad(data_loss, argnums=1)(model, th, batch, jax.random.fold_in(rng, k))
+      loss, g = jax.value_and_grad(data_loss, argnums=1)(
+        model, th, batch, jax.random.fold_in(rng, k)
+      )
       th = jax.tree.map(lambda t, gg, ww: t - personal_lr * (gg + lam * (t - ww)), th, g, w)
       return th, loss
 
@@ -284,7 +288,8 @@ def perfedavg_update(
                  batch_size=batch_size)  # validates now, not at trace time
 
   def apply(anchor, state, data: ClientData, num_steps, key):
-    step = perfedavg_step(model, data, alpha=alpha, beta=beta, variant=variant, batch_size=batch_size)
+    step = perfedavg_step(model, data, alpha=alpha, beta=beta, variant=variant,
+                          batch_size=batch_size)
     w, loss = run_local_steps(step, anchor, data, num_steps, key, batch_size=batch_size,
                               max_steps=max_steps)
     return w, state, loss

@@ -60,7 +60,9 @@ def relative_change(before: np.ndarray, after: np.ndarray) -> np.ndarray:
   return np.where(ok, (after - np.where(ok, before, 1.0)) / np.where(ok, before, 1.0), np.nan)
 
 
-def save_histogram(path: str, values: np.ndarray, *, title: str, xlabel: str, bins: int = 30) -> None:
+def save_histogram(
+  path: str, values: np.ndarray, *, title: str, xlabel: str, bins: int = 30
+) -> None:
   """A histogram of the finite ``values`` with a line at 0, saved as a PNG at ``path``."""
   import matplotlib
 
@@ -90,7 +92,8 @@ def cost_table(results: dict[str, dict[str, Any]], groups: np.ndarray,
   for scope, mask in [("all", np.ones_like(groups, bool))] + [
     (n, groups == g) for g, n in enumerate(group_names)
   ]:
-    for what, field in (("communication (models)", "transfers"), ("computation (epochs)", "epochs")):
+    for what, field in (("communication (models)", "transfers"),
+                        ("computation (epochs)", "epochs")):
       vals = [float(np.mean(np.asarray(results[m]["client_costs"][field])[mask])) for m in methods]
       rows.append([scope, what] + [f"{v:.2f}" for v in vals])
   return ("mean cost per client (communication in model sizes, computation in local epochs)\n\n"
@@ -113,10 +116,11 @@ def write_reports(workdir: str | None, results: dict[str, dict[str, Any]], *, gr
     change = relative_change(results["PerFL"][key], results["GroupPerFL"][key])
     finite = change[np.isfinite(change)]
     better = (finite < 0) if histogram_metric == "perplexity" else (finite > 0)
+    share = 100 * better.mean() if finite.size else float("nan")
+    median = 100 * np.median(finite) if finite.size else float("nan")
     parts.append(
-      f"GroupPerFL vs PerFL, per client: {100 * better.mean() if finite.size else float('nan'):.1f}% "
-      f"of {finite.size} clients improve {histogram_metric}; median relative change "
-      f"{100 * np.median(finite) if finite.size else float('nan'):+.2f}%"
+      f"GroupPerFL vs PerFL, per client: {share:.1f}% of {finite.size} clients improve "
+      f"{histogram_metric}; median relative change {median:+.2f}%"
     )
     if workdir:
       save_histogram(

@@ -28,12 +28,12 @@ def loss_fn(model, params, batch):
   return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _grad_fn(model):
   return jax.jit(jax.grad(lambda p, b: loss_fn(model, p, b)))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hessian_fn(model, unravel):
   return jax.jit(jax.hessian(lambda f, b: loss_fn(model, unravel(f), b)))
 

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
 import reference_personalization as ref
+
 from fedtree import objectives, simulation
 from fedtree.algorithms.ditto import ditto
 from fedtree.algorithms.fedprox import fedprox
@@ -150,7 +150,8 @@ def test_fedprox_mu0_is_fedavg(setup):
   key = jax.random.key(1)
   a = simulation.run(fedprox(mu=0.0, **_kw(data, model, schedule, cohort_size=3)), data,
                      num_rounds=3, key=key)
-  b = simulation.run(fedavg(**_kw(data, model, schedule, cohort_size=3)), data, num_rounds=3, key=key)
+  b = simulation.run(fedavg(**_kw(data, model, schedule, cohort_size=3)), data, num_rounds=3,
+                     key=key)
   _close(a.params, b.params, tol=1e-6)
   # ... and on a tree too.
   topo = Topology.from_labels(groups)
@@ -163,7 +164,8 @@ def test_fedprox_mu0_is_fedavg(setup):
 
 def test_ditto_personal_models_untouched_for_unsampled_clients(setup):
   data, groups, model, schedule = setup
-  alg = ditto(lam=0.3, topology=Topology.from_labels(groups), **_kw(data, model, schedule, cohort_size=1))
+  alg = ditto(lam=0.3, topology=Topology.from_labels(groups),
+              **_kw(data, model, schedule, cohort_size=1))
   state = alg.init(jax.random.key(0))
   step = jax.jit(alg.round)
   for r in range(3):
@@ -172,8 +174,9 @@ def test_ditto_personal_models_untouched_for_unsampled_clients(setup):
     state, _ = step(state, data, key)
     trained = np.asarray(alg_cohort(groups, key))
     for c in range(data.num_clients):
-      same = all(np.array_equal(np.asarray(x[c]), np.asarray(y[c])) for x, y in
-                 zip(jax.tree.leaves(before), jax.tree.leaves(state.client_state.personal), strict=True))
+      after = jax.tree.leaves(state.client_state.personal)
+      same = all(np.array_equal(np.asarray(x[c]), np.asarray(y[c]))
+                 for x, y in zip(jax.tree.leaves(before), after, strict=True))
       assert same == (c not in trained), (r, c, trained)
   assert set(alg.models(state)) == {"global", "level1", "personal"}
 
@@ -201,7 +204,9 @@ def test_pfedme_server_step_matches_reference(setup):
   ws = [ref.pfedme(model, theta, _client(data, c), _steps(schedule, data, c),
                    jax.random.fold_in(tkey, c), lr=lr, batch_size=B, **hp)[0]
         for c in range(data.num_clients)]
-  mean_w = jax.tree.map(lambda *a: sum(float(ni) * ai for ni, ai in zip(n, a, strict=True)) / n.sum(), *ws)
+  mean_w = jax.tree.map(
+    lambda *a: sum(float(ni) * ai for ni, ai in zip(n, a, strict=True)) / n.sum(), *ws
+  )
   want = jax.tree.map(lambda t, m: (1 - beta) * t + beta * m, theta, mean_w)
   _close(_row(new.params[0], 0), want)
 
@@ -220,8 +225,9 @@ def test_pfedme_with_one_inner_step_and_eta_lambda_one_is_fedavg(setup):
   data, _, model, schedule = setup
   lam, p = 4.0, 0.07
   key = jax.random.key(11)
-  a = simulation.run(pfedme(lam=lam, inner_steps=1, personal_lr=p, learning_rate=1 / lam, beta=1.0,
-                            **_kw(data, model, schedule, cohort_size=3)), data, num_rounds=3, key=key)
+  alg = pfedme(lam=lam, inner_steps=1, personal_lr=p, learning_rate=1 / lam, beta=1.0,
+               **_kw(data, model, schedule, cohort_size=3))
+  a = simulation.run(alg, data, num_rounds=3, key=key)
   kw = _kw(data, model, schedule, cohort_size=3)
   kw["local_optimizer"] = optax.sgd(p)
   b = simulation.run(fedavg(**kw), data, num_rounds=3, key=key)
@@ -235,7 +241,8 @@ def test_beta_mixing_is_sgd_beta_on_the_pseudo_gradient():
   opt = optax.sgd(beta)
   delta = jax.tree.map(jnp.subtract, theta, mean_w)
   upd, _ = opt.update(delta, opt.init(theta), theta)
-  _close(optax.apply_updates(theta, upd), jax.tree.map(lambda t, m: (1 - beta) * t + beta * m, theta, mean_w))
+  mixed = jax.tree.map(lambda t, m: (1 - beta) * t + beta * m, theta, mean_w)
+  _close(optax.apply_updates(theta, upd), mixed)
 
 
 def test_perfedavg_adapted_model_is_one_alpha_step(setup):
@@ -251,14 +258,16 @@ def test_perfedavg_adapted_model_is_one_alpha_step(setup):
     from fedtree.rng import stream
 
     key = jax.random.fold_in(stream(jax.random.key(0), "perfedavg_adapt"), 0)
-    want = ref.sgd(model, glob, _client(data, c), 1, jax.random.fold_in(key, c), lr=alpha, batch_size=B)
+    want = ref.sgd(model, glob, _client(data, c), 1, jax.random.fold_in(key, c), lr=alpha,
+                   batch_size=B)
     _close(_row(adapted, c), want)
 
 
 def test_rounds_compile_once(setup):
   data, groups, model, schedule = setup
   for make in (lambda kw: ditto(lam=0.1, **kw),
-               lambda kw: pfedme(lam=2.0, inner_steps=2, personal_lr=0.05, learning_rate=0.05, **kw),
+               lambda kw: pfedme(lam=2.0, inner_steps=2, personal_lr=0.05, learning_rate=0.05,
+                                 **kw),
                lambda kw: perfedavg(alpha=0.1, beta=0.1, variant="hf", **kw)):
     alg = make(_kw(data, model, schedule, cohort_size=2))
     traces = []
@@ -272,20 +281,30 @@ def test_rounds_compile_once(setup):
     assert len(traces) == 1, alg.name
 
 
+def _pfedme(m, **kw):
+  hp = dict(lam=1.0, inner_steps=2, personal_lr=0.1, learning_rate=0.1)
+  hp.update(kw)
+  return objectives.pfedme_update(m, batch_size=B, max_steps=2, **hp)
+
+
+def _perfedavg(m, **kw):
+  hp = dict(alpha=0.1, beta=0.1)
+  hp.update(kw)
+  return objectives.perfedavg_update(m, batch_size=B, max_steps=2, **hp)
+
+
 @pytest.mark.parametrize("bad,match", [
-  (lambda m: objectives.fedprox_update(m, optax.sgd(0.1), mu=-1.0, batch_size=B, max_steps=2), "mu=-1.0"),
-  (lambda m: objectives.ditto_update(m, optax.sgd(0.1), lam=-0.1, batch_size=B, max_steps=2), "lam=-0.1"),
-  (lambda m: objectives.pfedme_update(m, lam=-1.0, inner_steps=2, personal_lr=0.1, learning_rate=0.1,
-                                      batch_size=B, max_steps=2), "lam=-1.0"),
-  (lambda m: objectives.pfedme_update(m, lam=1.0, inner_steps=2, personal_lr=-0.1, learning_rate=0.1,
-                                      batch_size=B, max_steps=2), "personal_lr=-0.1"),
-  (lambda m: objectives.pfedme_update(m, lam=1.0, inner_steps=2, personal_lr=0.1, learning_rate=0.0,
-                                      batch_size=B, max_steps=2), "learning_rate=0.0"),
-  (lambda m: objectives.pfedme_update(m, lam=1.0, inner_steps=0, personal_lr=0.1, learning_rate=0.1,
-                                      batch_size=B, max_steps=2), "inner_steps=0"),
-  (lambda m: objectives.perfedavg_update(m, alpha=-0.1, beta=0.1, batch_size=B, max_steps=2), "alpha=-0.1"),
-  (lambda m: objectives.perfedavg_update(m, alpha=0.1, beta=0.1, variant="so", batch_size=B,
-                                         max_steps=2), "variant='so'"),
+  (lambda m: objectives.fedprox_update(m, optax.sgd(0.1), mu=-1.0, batch_size=B, max_steps=2),
+   "mu=-1.0"),
+  (lambda m: objectives.ditto_update(m, optax.sgd(0.1), lam=-0.1, batch_size=B, max_steps=2),
+   "lam=-0.1"),
+  (lambda m: _pfedme(m, lam=-1.0), "lam=-1.0"),
+  (lambda m: _pfedme(m, personal_lr=-0.1), "personal_lr=-0.1"),
+  (lambda m: _pfedme(m, learning_rate=0.0), "learning_rate=0.0"),
+  (lambda m: _pfedme(m, inner_steps=0), "inner_steps=0"),
+  (lambda m: _perfedavg(m, alpha=-0.1), "alpha=-0.1"),
+  (lambda m: _perfedavg(m, beta=float("nan")), "beta=nan"),
+  (lambda m: _perfedavg(m, variant="so"), "variant='so'"),
 ])
 def test_bad_hyperparameters_raise(setup, bad, match):
   with pytest.raises(ValueError, match=match):

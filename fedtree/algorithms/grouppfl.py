@@ -92,7 +92,9 @@ def group_fedopt(
   """
   groups = np.asarray(groups, np.int32)
   if groups.shape != (data.num_clients,):
-    raise ValueError(f"groups has shape {groups.shape}; need one label per client ({data.num_clients})")
+    raise ValueError(
+      f"groups has shape {groups.shape}; need one label per client ({data.num_clients})"
+    )
   num_groups = int(groups.max()) + 1
   sampler = cohort_sampler(groups, group_cohort_sizes(groups, cohort_size), chunk_size=chunk_size)
   max_steps = schedule.max_steps(data.max_train)
@@ -284,7 +286,9 @@ class GroupPersonalizedFL:
     if self.select_by not in ("loss", "accuracy"):
       raise ValueError(f"select_by={self.select_by!r}; choose 'loss' or 'accuracy'")
     if self.histogram_metric not in ("perplexity", "accuracy"):
-      raise ValueError(f"histogram_metric={self.histogram_metric!r}; choose 'perplexity' or 'accuracy'")
+      raise ValueError(
+        f"histogram_metric={self.histogram_metric!r}; choose 'perplexity' or 'accuracy'"
+      )
 
   def run(self, ctx, key, reporter) -> dict[str, dict[str, Any]]:
     """Runs the stages; returns ``{method: summary}`` (with ``costs`` and, for fine-tuned

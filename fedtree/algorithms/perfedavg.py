@@ -25,7 +25,8 @@ from fedtree.topology import Topology
 
 
 def perfedavg(*, alpha: float, beta: float, variant: str = "fo", topology: Topology | None = None,
-              adapt_seed: int = 0, name: str = "perfedavg", **hierfavg_kwargs) -> FederatedAlgorithm:
+              adapt_seed: int = 0, name: str = "perfedavg",
+              **hierfavg_kwargs) -> FederatedAlgorithm:
   """Per-FedAvg on ``topology`` (default flat).
 
   Args:

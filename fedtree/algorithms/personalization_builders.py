@@ -100,8 +100,11 @@ def _fedadam_default(cfg):
 def build_grouppfl(run, ctx):
   """GroupPerFL (paper 000), a pipeline that reports FL, PerFL, GroupFL and GroupPerFL."""
   ft = run.get("finetune", ml_collections.ConfigDict())
+  epochs = ft.get("epochs", 5)
+  if not epochs > 0:
+    raise ValueError(f"run {run.algorithm}: finetune.epochs={epochs} (K_l) must be > 0")
   schedule = LocalSchedule(batch_size=int(ft.get("batch_size", ctx.schedule.batch_size)),
-                           epochs=ft.get("epochs", 5), steps=None)
+                           epochs=epochs, steps=None)
   cohort = run.get("cohort_size", None)
   names = run.get("group_names", None)
   return GroupPersonalizedFL(
