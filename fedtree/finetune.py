@@ -92,6 +92,7 @@ def make_finetuner(
   Raises ``ValueError`` for a schedule with no training.
   """
   check_finetune(schedule, [1.0])
+  optimizer_by_name(optimizer, learning_rate=0.1)  # an unknown name fails here, not in jit
   max_steps = schedule.max_steps(max_train)
   one = _finetune_one(model, optimizer, schedule, max_steps)
   over_rates = jax.vmap(one, in_axes=(None, None, None, None, 0))

@@ -174,7 +174,15 @@ def test_group_stage_costs_count_sampled_clients_only(small):
   alg = group_fedopt(model=model, groups=groups, data=data, local_optimizer=optax.sgd(0.1),
                      schedule=LocalSchedule(batch_size=B, epochs=2), cohort_size=1,
                      server_optimizer=fedopt("adam", learning_rate=0.01))
-  state = simulation.run(alg, data, num_rounds=5, key=jax.random.key(0), rounds_per_call=5)
+  traces = []
+
+  def counted(s, d, k):
+    traces.append(1)
+    return alg.round(s, d, k)
+
+  state = simulation.run(alg._replace(round=counted), data, num_rounds=5, key=jax.random.key(0),
+                         rounds_per_call=1)
+  assert len(traces) == 1  # the group round compiles once
   costs = state.client_state[1]
   # One client per group per round: 2 groups x 5 rounds participations in all.
   assert int(np.sum(np.asarray(costs.rounds))) == 10

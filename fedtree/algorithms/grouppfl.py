@@ -229,15 +229,24 @@ def finetune_stage(ctx, key, start: StageResult, *, schedule: LocalSchedule,
 
 
 def summarize_stats(stats: EvalStats, groups: np.ndarray) -> dict[str, Any]:
-  """:func:`fedtree.evaluation.summarize` plus perplexities and per-client losses."""
+  """:func:`fedtree.evaluation.summarize` plus perplexities (``exp`` of the mean
+  cross-entropy; ``inf`` where a diverged model's loss overflows) and per-client losses."""
   s = summarize(stats, groups)
   count = np.asarray(stats.count, np.float64)
   client_loss = np.where(count > 0, np.asarray(stats.loss_sum) / np.maximum(count, 1.0), np.nan)
   s["client_loss"] = client_loss
-  s["client_perplexity"] = np.exp(client_loss)
-  s["perplexity"] = float(np.exp(s["loss"]))
-  s["group_perplexity"] = np.exp(s["group_loss"])
+  with np.errstate(over="ignore", invalid="ignore"):
+    s["client_perplexity"] = np.exp(client_loss)
+    s["perplexity"] = float(np.exp(s["loss"]))
+    s["group_perplexity"] = np.exp(s["group_loss"])
   return s
+
+
+def overall(stats: EvalStats) -> dict[str, float]:
+  """Example-weighted accuracy and loss over all clients."""
+  count = max(float(np.sum(np.asarray(stats.count, np.float64))), 1.0)
+  return {"accuracy": float(np.sum(np.asarray(stats.correct, np.float64)) / count),
+          "loss": float(np.sum(np.asarray(stats.loss_sum, np.float64)) / count)}
 
 
 # ------------------------------------------------------------------------ the pipeline
@@ -312,8 +321,7 @@ class GroupPersonalizedFL:
       out[method] = summarize_stats(stats[method], groups)
       out[method]["rate"] = self.finetune_rates[i]
       out[method]["rate_sweep"] = {
-        str(r): summarize_stats(take_rate(sweep, j), groups)["accuracy"]
-        for j, r in enumerate(self.finetune_rates)
+        str(r): overall(take_rate(sweep, j)) for j, r in enumerate(self.finetune_rates)
       }
 
     g = global_stage(ctx, key, rounds=self.global_rounds, server_optimizer=self.global_server,
