@@ -66,5 +66,6 @@ def get_config() -> ml_collections.ConfigDict:
     select_by="loss",
     stages=("global", "group", "finetune"),
     histogram_metric="perplexity",
+    histogram_group=None,              # Fig. 1 over all clients (the paper: its largest group)
   ))
   return c

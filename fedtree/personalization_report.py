@@ -1,5 +1,6 @@
 """Reports of group personalized FL in the form of paper 000's tables and figure.
 
+* :func:`data_table`: clients and examples per group (the paper's Tables 1 and 2).
 * :func:`group_table`: one row per group (and ``all``), one column per method, accuracy or
   perplexity (Tables 3 and 6 report perplexity of a language model; for a classifier the
   perplexity is ``exp`` of the mean cross-entropy, reported beside the accuracy).
@@ -33,6 +34,23 @@ def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
   lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
   lines += ["| " + " | ".join(r) + " |" for r in rows]
   return "\n".join(lines)
+
+
+def data_table(n_train: np.ndarray, n_test: np.ndarray, groups: np.ndarray,
+               group_names: Sequence[str]) -> str:
+  """Markdown table of clients, training and test examples per group, and the median number
+  of training examples per client (the paper's point: most clients have few)."""
+  groups = np.asarray(groups)
+  n_train, n_test = np.asarray(n_train), np.asarray(n_test)
+  rows = []
+  for scope, mask in [(n, groups == g) for g, n in enumerate(group_names)] + [
+    ("all", np.ones_like(groups, bool))
+  ]:
+    rows.append([scope, str(int(mask.sum())), str(int(n_train[mask].sum())),
+                 str(int(n_test[mask].sum())), f"{np.median(n_train[mask]):g}"])
+  return "data per group\n\n" + _markdown(
+    ["group", "#clients", "#train examples", "#test examples", "median train/client"], rows
+  )
 
 
 def group_table(results: dict[str, dict[str, Any]], groups: np.ndarray,
@@ -102,11 +120,15 @@ def cost_table(results: dict[str, dict[str, Any]], groups: np.ndarray,
 
 def write_reports(workdir: str | None, results: dict[str, dict[str, Any]], *, groups: np.ndarray,
                   group_names: Sequence[str], histogram_metric: str = "perplexity",
-                  prefix: str = "grouppfl") -> str:
-  """Tables (accuracy, perplexity, costs) and, when PerFL and GroupPerFL both ran, the Fig. 1
-  histogram; written to ``workdir/<prefix>_report.md`` and ``<prefix>_fig1.png``."""
-  parts = [group_table(results, groups, group_names, "accuracy"),
-           group_table(results, groups, group_names, "perplexity")]
+                  histogram_group: int | None = None, prefix: str = "grouppfl",
+                  data_counts: tuple[np.ndarray, np.ndarray] | None = None) -> str:
+  """Tables (data, accuracy, perplexity, costs) and, when PerFL and GroupPerFL both ran, the
+  Fig. 1 histogram over the clients of ``histogram_group`` (``None``: all clients; the paper
+  shows its largest group); written to ``workdir/<prefix>_report.md`` and
+  ``<prefix>_fig1.png``. ``data_counts`` is ``(n_train [C], n_test [C])``."""
+  parts = [] if data_counts is None else [data_table(*data_counts, groups, group_names)]
+  parts += [group_table(results, groups, group_names, "accuracy"),
+            group_table(results, groups, group_names, "perplexity")]
   rates = {m: r["rate"] for m, r in results.items() if "rate" in r}
   if rates:
     parts.append("fine-tune rate selected: " + ", ".join(f"{m}: {r:g}" for m, r in rates.items()))
@@ -114,18 +136,22 @@ def write_reports(workdir: str | None, results: dict[str, dict[str, Any]], *, gr
   if "PerFL" in results and "GroupPerFL" in results:
     key = "client_perplexity" if histogram_metric == "perplexity" else "client_accuracy"
     change = relative_change(results["PerFL"][key], results["GroupPerFL"][key])
+    scope = "all clients"
+    if histogram_group is not None:
+      change = change[np.asarray(groups) == int(histogram_group)]
+      scope = f"clients of group {group_names[int(histogram_group)]}"
     finite = change[np.isfinite(change)]
     better = (finite < 0) if histogram_metric == "perplexity" else (finite > 0)
     share = 100 * better.mean() if finite.size else float("nan")
     median = 100 * np.median(finite) if finite.size else float("nan")
     parts.append(
-      f"GroupPerFL vs PerFL, per client: {share:.1f}% of {finite.size} clients improve "
+      f"GroupPerFL vs PerFL, {scope}: {share:.1f}% of {finite.size} clients improve "
       f"{histogram_metric}; median relative change {median:+.2f}%"
     )
     if workdir:
       save_histogram(
         os.path.join(workdir, f"{prefix}_fig1.png"), change,
-        title=f"GroupPerFL vs PerFL: per-client relative {histogram_metric} change",
+        title=f"GroupPerFL vs PerFL: relative {histogram_metric} change ({scope})",
         xlabel=f"relative {histogram_metric} change (%)",
       )
   text = "\n\n".join(parts)

@@ -256,3 +256,26 @@ def test_group_personalized_config_end_to_end(tmp_path):
   text = (tmp_path / "grouppfl_report.md").read_text()
   assert "perplexity per group" in text and "communication (models)" in text
   assert (tmp_path / "grouppfl_fig1.png").stat().st_size > 1000
+
+
+# ------------------------------------------------------------------------ reports
+def test_report_pieces(tmp_path):
+  from fedtree import personalization_report as pr
+
+  change = pr.relative_change(np.array([2.0, 0.0, np.nan, 4.0]), np.array([1.0, 1.0, 1.0, 5.0]))
+  np.testing.assert_allclose(change, [-0.5, np.nan, np.nan, 0.25])
+  groups = np.array([0, 0, 1])
+  summary = {
+    "accuracy": 0.5, "perplexity": 2.0, "group_accuracy": np.array([0.25, 1.0]),
+    "group_perplexity": np.array([3.0, 1.5]), "client_perplexity": np.array([2.0, 4.0, 1.0]),
+    "client_costs": {"transfers": np.array([2.0, 4.0, 6.0]), "epochs": np.array([1.0, 2.0, 3.0])},
+  }
+  better = dict(summary, client_perplexity=np.array([1.0, 5.0, 0.5]))
+  text = pr.write_reports(str(tmp_path), {"PerFL": summary, "GroupPerFL": better}, groups=groups,
+                          group_names=("big", "small"), histogram_group=0,
+                          data_counts=(np.array([5, 7, 2]), np.array([1, 1, 1])))
+  assert "| big | 2 | 12 | 2 | 6 |" in text            # data table: clients, train, test, median
+  assert "| big | 2 | 25.00 | 25.00 |" in text          # accuracy in %
+  assert "| small | communication (models) | 6.00 | 6.00 |" in text
+  assert "group big: 50.0% of 2 clients improve perplexity" in text
+  assert (tmp_path / "grouppfl_fig1.png").exists()

@@ -267,6 +267,8 @@ class GroupPersonalizedFL:
     stages: which of ``global``, ``group``, ``finetune`` run (in that order).
     group_names: names of the groups for the tables (default ``g0, g1, ...``).
     histogram_metric: ``perplexity`` or ``accuracy``, the metric of the Fig. 1 histogram.
+    histogram_group: the group whose clients the histogram shows (``None``: all clients;
+      the paper shows its largest group, "general").
     label: run label.
   """
 
@@ -282,6 +284,7 @@ class GroupPersonalizedFL:
   stages: tuple[str, ...] = STAGES
   group_names: tuple[str, ...] | None = None
   histogram_metric: str = "perplexity"
+  histogram_group: int | None = None
   label: str = "grouppfl"
 
   def __post_init__(self):
@@ -294,6 +297,8 @@ class GroupPersonalizedFL:
     check_finetune(self.finetune_schedule, self.finetune_rates)
     if self.select_by not in ("loss", "accuracy"):
       raise ValueError(f"select_by={self.select_by!r}; choose 'loss' or 'accuracy'")
+    if self.histogram_group is not None and int(self.histogram_group) < 0:
+      raise ValueError(f"histogram_group={self.histogram_group} must be a group index >= 0")
     if self.histogram_metric not in ("perplexity", "accuracy"):
       raise ValueError(
         f"histogram_metric={self.histogram_metric!r}; choose 'perplexity' or 'accuracy'"
@@ -345,7 +350,13 @@ class GroupPersonalizedFL:
     from fedtree import personalization_report as pr
 
     names = self.group_names or tuple(f"g{i}" for i in range(int(groups.max()) + 1))
+    if self.histogram_group is not None and not 0 <= self.histogram_group < len(names):
+      raise ValueError(
+        f"histogram_group={self.histogram_group} is not a group (0..{len(names) - 1})"
+      )
     text = pr.write_reports(workdir, out, groups=groups, group_names=names,
-                            histogram_metric=self.histogram_metric, prefix=self.label)
+                            histogram_metric=self.histogram_metric,
+                            histogram_group=self.histogram_group, prefix=self.label,
+                            data_counts=(np.asarray(d.n_train), np.asarray(d.n_test)))
     reporter.print(text)
     return out

@@ -15,7 +15,8 @@ objective runs on any tree. Method fields:
 * ``grouppfl``: ``global_rounds`` (default ``config.rounds``), ``group_rounds``,
   ``cohort_size``, ``global_server`` and ``group_server`` (default FedAdam, lr 1e-3 as the
   paper), ``finetune`` (``epochs``, ``learning_rates``, optional ``batch_size``,
-  ``optimizer``), ``select_by``, ``stages``, ``group_names``, ``histogram_metric``.
+  ``optimizer``), ``select_by``, ``stages``, ``group_names``, ``histogram_metric``,
+  ``histogram_group``.
 """
 
 from __future__ import annotations
@@ -120,5 +121,6 @@ def build_grouppfl(run, ctx):
     stages=tuple(run.get("stages", STAGES)),
     group_names=tuple(names) if names is not None else None,
     histogram_metric=run.get("histogram_metric", "perplexity"),
+    histogram_group=run.get("histogram_group", None),
     label=run.get("label", run.algorithm),
   )
