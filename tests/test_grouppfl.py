@@ -190,6 +190,18 @@ def test_group_stage_costs_count_sampled_clients_only(small):
   np.testing.assert_allclose(np.asarray(costs.epochs), 2.0 * np.asarray(costs.rounds))
 
 
+def test_group_stage_does_not_depend_on_chunking(small):
+  data, groups, model = small
+  out = []
+  for chunk in (None, 2):
+    alg = group_fedopt(model=model, groups=groups, data=data, local_optimizer=optax.sgd(0.1),
+                       schedule=LocalSchedule(batch_size=B, epochs=1), cohort_size=2,
+                       chunk_size=chunk, server_optimizer=fedopt("adam", learning_rate=0.01))
+    out.append(simulation.run(alg, data, num_rounds=2, key=jax.random.key(3), rounds_per_call=2))
+  _close(out[0].params, out[1].params, tol=1e-6)
+  _close(out[0].client_state, out[1].client_state)
+
+
 # ------------------------------------------------------------------------ the pipeline
 def _run(config, workdir=None):
   ctx = experiment.make_context(config)
