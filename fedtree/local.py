@@ -214,9 +214,12 @@ class ClientUpdate(NamedTuple):
   ``apply(anchor, state, data, num_steps, key) -> (params, state, loss)``: ``anchor`` is the
   model received from the parent, ``state`` the client's persistent state (any pytree, ``()``
   when stateless), ``params`` the model sent up, ``loss`` the mean local training loss.
+  ``init_state(init_params, num_clients) -> state [C, ...]`` builds the stacked persistent
+  state of every client (``None``: stateless, the state is ``()``).
   """
 
   apply: Callable[..., tuple[PyTree, PyTree, jax.Array]]
+  init_state: Callable[[PyTree, int], PyTree] | None = None
 
 
 def sgd_client_update(

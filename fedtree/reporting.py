@@ -24,6 +24,7 @@ class Reporter:
 
   def __init__(self, workdir: str | None, *, show_progress: bool = True, stream=None):
     self._stream = stream or sys.stderr
+    self.workdir = workdir  # where multi-stage pipelines write their own reports
     self._file = open(os.path.join(workdir, "metrics.jsonl"), "a") if workdir else None
     self._show = show_progress
     self._bar = None

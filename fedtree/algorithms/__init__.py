@@ -8,7 +8,7 @@ purpose: no registry filled by import side effects.
 
 from __future__ import annotations
 
-from fedtree.algorithms import builders
+from fedtree.algorithms import builders, personalization_builders
 from fedtree.algorithms.base import FederatedAlgorithm, NodeModels, TreeState
 from fedtree.algorithms.hierfavg import fedavg, hierfavg
 
@@ -16,6 +16,11 @@ BUILDERS = {
   "fedavg": builders.build_fedavg,
   "fedopt": builders.build_fedavg,
   "hierfavg": builders.build_hierfavg,
+  "fedprox": personalization_builders.build_fedprox,
+  "ditto": personalization_builders.build_ditto,
+  "pfedme": personalization_builders.build_pfedme,
+  "perfedavg": personalization_builders.build_perfedavg,
+  "grouppfl": personalization_builders.build_grouppfl,
 }
 
 __all__ = ["BUILDERS", "FederatedAlgorithm", "NodeModels", "TreeState", "fedavg", "hierfavg"]

@@ -92,7 +92,9 @@ def hierfavg(
     cohort_size: clients sampled per leaf-parent node each round (``None``: all).
     chunk_size: clients trained at once (memory bound); ``None``: the whole cohort.
     weighting: ``"examples"`` or ``"uniform"`` aggregation weights.
-    client_update: override the local training (default plain SGD by ``local_optimizer``).
+    client_update: override the local training (default plain SGD by ``local_optimizer``);
+      its persistent per-client state (``client_update.init_state``) lives in
+      ``TreeState.client_state`` and only the clients that trained update it.
     name: label for reports.
   """
   data.validate(topology)
@@ -112,10 +114,14 @@ def hierfavg(
   ancestors = [jnp.asarray(topology.ancestor(lv)) for lv in range(depth)]
 
   def init(key):
-    params = broadcast_tree(model.init(key), topology)
+    init_params = model.init(key)
+    params = broadcast_tree(init_params, topology)
+    client_state = ()
+    if client_update.init_state is not None:
+      client_state = client_update.init_state(init_params, topology.num_clients)
     return TreeState(
       round=jnp.zeros((), jnp.int32), params=params,
-      opt_state=init_opt_states(server_optimizers, params),
+      opt_state=init_opt_states(server_optimizers, params), client_state=client_state,
     )
 
   def round_fn(state: TreeState, data: FederatedData, key):
@@ -126,7 +132,7 @@ def hierfavg(
     res = train_cohort(
       client_update, params[depth - 1], cohort, data,
       num_steps=schedule.num_steps(data.n_train), weights=w_client,
-      key=stream(key, "train"), chunk_size=sampler.chunk_size,
+      key=stream(key, "train"), chunk_size=sampler.chunk_size, client_state=state.client_state,
     )
     params[depth - 1], opt_state[depth - 1] = update_nodes(
       server_optimizers[depth - 1], params[depth - 1], opt_state[depth - 1],
@@ -154,7 +160,10 @@ def hierfavg(
       "train_loss": res.loss_sum / jnp.maximum(res.num_trained, 1).astype(jnp.float32),
       "clients_trained": res.num_trained,
     }
-    return state.replace(round=r, params=tuple(params), opt_state=tuple(opt_state)), metrics
+    new_state = state.replace(
+      round=r, params=tuple(params), opt_state=tuple(opt_state), client_state=res.client_state
+    )
+    return new_state, metrics
 
   def models(state: TreeState):
     out = {"global": NodeModels(state.params[0], np.zeros(topology.num_clients, np.int32))}

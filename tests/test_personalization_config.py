@@ -1,0 +1,39 @@
+"""End-to-end run of configs/personalization.py, shrunk."""
+
+import importlib.util
+import os
+
+from fedtree import experiment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_config(name):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config()
+
+
+def test_personalization_config_end_to_end(tmp_path):
+  c = load_config("personalization")
+  c.rounds = 2
+  c.eval_every = 2
+  c.rounds_per_call = 2
+  c.progress = False
+  c.data.group_sizes = (3, 2)
+  c.data.dim = 4
+  c.data.num_classes = 3
+  c.data.mean_examples = 6.0
+  c.data.max_examples = 10
+  c.data.test_examples = 3
+  c.model.hidden = (4,)
+  for run in c.runs.values():
+    run.cohort_size = 2
+  results = experiment.train_and_evaluate(c, str(tmp_path))
+  assert set(results["ditto"]) == {"global", "personal"}
+  assert set(results["pfedme"]) == {"global", "personal"}
+  assert set(results["perfedavg_hf"]) == {"global", "adapted"}
+  for models in results.values():
+    for s in models.values():
+      assert 0.0 <= s["accuracy"] <= 1.0
