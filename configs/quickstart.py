@@ -46,4 +46,5 @@ def get_config() -> ml_collections.ConfigDict:
     algorithm="fedopt", cohort_size=16,
     server=ml_collections.ConfigDict(dict(name="fedadam", learning_rate=0.01, tau=1e-3)),
   ))
+  c.run_order = ("fedavg", "fedadam", "hierfavg", "edges_only")
   return c

@@ -28,7 +28,8 @@ class EvalStats(NamedTuple):
   count: jax.Array
 
 
-def _client_sums(model: Model, params, x, y, n):
+def client_sums(model: Model, params, x, y, n):
+  """``(loss sum, correct, count)`` of one model on one client's padded data ``x[:n]``."""
   logits = model.apply(params, x, train=False).astype(jnp.float32)
   mask = jnp.arange(x.shape[0]) < n
   logp = jax.nn.log_softmax(logits)
@@ -74,7 +75,7 @@ def evaluate(
   def one(args):
     xc, yc, nc, m = args
     p = jax.tree.map(lambda a: a[m], params)
-    return _client_sums(model, p, xc, yc, nc)
+    return client_sums(model, p, xc, yc, nc)
 
   batch = num_clients if chunk_size is None else max(1, min(int(chunk_size), num_clients))
   loss, correct, count = jax.lax.map(one, (x, y, n, model_of_client), batch_size=batch)

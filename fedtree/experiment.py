@@ -145,7 +145,7 @@ def run_algorithm(
   if eval_every % fuse:
     raise ValueError(f"eval_every={eval_every} must be a multiple of rounds_per_call={fuse}")
   evaluator = simulation.make_evaluator(ctx.model, ctx.config.get("eval_chunk_size", None))
-  state = algorithm.init(jax.random.fold_in(key, 0x5EED))
+  state = algorithm.init(simulation.init_key(key))
   ckpt = None
   if checkpoint_dir and checkpoint_every:
     from fedtree.checkpoint import Checkpointer
@@ -208,7 +208,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None) -
   reporter = Reporter(workdir, show_progress=config.get("progress", True))
   root = jax.random.key(int(config.seed))
   results: dict[str, Any] = {}
-  for label, run_cfg in config.runs.items():
+  for label, run_cfg in ordered_runs(config):
     builder = BUILDERS[run_cfg.algorithm]
     built = builder(run_cfg, ctx)
     if isinstance(built, FederatedAlgorithm):
@@ -229,6 +229,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None) -
   return results
 
 
+def ordered_runs(config: ml_collections.ConfigDict) -> list[tuple[str, ml_collections.ConfigDict]]:
+  """``config.runs`` in ``config.run_order`` (a sequence of labels), else alphabetically (a
+  ConfigDict does not keep insertion order)."""
+  order = config.get("run_order", None)
+  if not order:
+    return list(config.runs.items())
+  order = [str(o) for o in order]
+  unknown = [o for o in order if o not in config.runs]
+  if unknown:
+    raise ValueError(f"config.run_order names {unknown}, not among config.runs {sorted(config.runs)}")
+  return [(o, config.runs[o]) for o in order] + [(k, v) for k, v in config.runs.items() if k not in order]
+
+
 def validate_config(config: ml_collections.ConfigDict) -> None:
   """Early, named errors for the common config mistakes."""
   from fedtree.algorithms import BUILDERS
@@ -240,6 +253,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.rounds={config.rounds} must be >= 0")
   if len(config.runs) == 0:
     raise ValueError("config.runs is empty: name at least one run")
+  ordered_runs(config)
   for label, run_cfg in config.runs.items():
     if "algorithm" not in run_cfg:
       raise ValueError(f"config.runs.{label} has no 'algorithm' field; choose one of {sorted(BUILDERS)}")

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedtree.data import FederatedData
-from fedtree.evaluation import EvalStats, _client_sums
+from fedtree.evaluation import EvalStats, client_sums
 from fedtree.local import (
   ClientData,
   LocalSchedule,
@@ -108,7 +108,7 @@ def make_finetuner(
       personal = over_rates(start, ClientData(x, y, n), steps, k, rates)
       if not evaluate:
         return personal
-      return jax.vmap(lambda p: _client_sums(model, p, xt, yt, nt))(personal)
+      return jax.vmap(lambda p: client_sums(model, p, xt, yt, nt))(personal)
 
     args = (jnp.asarray(model_of_client, jnp.int32), data.x_train, data.y_train, data.n_train,
             num_steps, keys, data.x_test, data.y_test, data.n_test)

@@ -19,10 +19,17 @@ from fedtree.algorithms.base import FederatedAlgorithm
 from fedtree.data import FederatedData
 from fedtree.evaluation import EvalStats, evaluate, summarize
 from fedtree.models import Model
+from fedtree.rng import stream
 
 
 class NonFiniteLossError(FloatingPointError):
   """Raised when a round's training loss is NaN or infinite."""
+
+
+def init_key(key: jax.Array) -> jax.Array:
+  """The key an algorithm's initial state is drawn from, given a run's root key (one rule
+  for every entry point, so the same seed gives the same initial model everywhere)."""
+  return stream(key, "init")
 
 
 def make_multi_round(algorithm: FederatedAlgorithm, rounds_per_call: int) -> Callable:
@@ -86,7 +93,7 @@ def run(
   """
   if num_rounds < 0:
     raise ValueError(f"num_rounds={num_rounds} must be >= 0")
-  state = algorithm.init(jax.random.fold_in(key, -1 & 0x7FFFFFFF)) if state is None else state
+  state = algorithm.init(init_key(key)) if state is None else state
   step = compile_rounds(algorithm, rounds_per_call)
   calls = math.ceil(num_rounds / rounds_per_call) if rounds_per_call else 0
   done = int(state.round)

@@ -80,6 +80,7 @@ def test_nan_loss_stops_the_run_with_the_round(tmp_path):
   c = quickstart()
   c.local.learning_rate = 1e12
   c.runs = ml_collections.ConfigDict({"fedavg": c.runs.fedavg})
+  c.run_order = ("fedavg",)
   with pytest.raises(NonFiniteLossError, match="run 'fedavg': training loss is nan"):
     experiment.train_and_evaluate(c, str(tmp_path))
 
@@ -88,6 +89,7 @@ def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path):
   c = quickstart(rounds=4)
   c.checkpoint_every = 2
   c.runs = ml_collections.ConfigDict({"fedavg": c.runs.fedavg})
+  c.run_order = ("fedavg",)
   full = experiment.train_and_evaluate(c, str(tmp_path / "full"))
   c.rounds = 2
   experiment.train_and_evaluate(c, str(tmp_path / "resumed"))       # "stops" after round 2
@@ -97,3 +99,11 @@ def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path):
   assert rounds == [2, 4], f"the resumed run must continue at round 3, logged {rounds}"
   np.testing.assert_allclose(resumed["fedavg"]["global"]["accuracy"], full["fedavg"]["global"]["accuracy"])
   np.testing.assert_allclose(resumed["fedavg"]["global"]["loss"], full["fedavg"]["global"]["loss"], rtol=1e-6)
+
+
+def test_run_order_is_kept_and_checked(tmp_path):
+  c = quickstart()
+  assert [label for label, _ in experiment.ordered_runs(c)] == ["fedavg", "fedadam", "hierfavg", "edges_only"]
+  c.run_order = ("fedavg", "typo")
+  with pytest.raises(ValueError, match=r"run_order names \['typo'\]"):
+    experiment.train_and_evaluate(c, str(tmp_path))

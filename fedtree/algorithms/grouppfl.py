@@ -189,7 +189,7 @@ def global_stage(ctx, key, *, rounds: int, server_optimizer, cohort_size, report
                      server_optimizer=server_optimizer, cohort_size=cohort_size,
                      chunk_size=ctx.config.get("chunk_size", None), start_params=init_params,
                      name=label)
-  state = alg.init(jax.random.fold_in(key, 0x5EED))
+  state = alg.init(simulation.init_key(key))
   state = run_rounds(alg, state, ctx.data, stream(key, "global_stage"), rounds=rounds,
                      rounds_per_call=int(ctx.config.get("rounds_per_call", 1)), reporter=reporter,
                      label=label)
