@@ -16,6 +16,7 @@ BUILDERS = {
   "fedavg": builders.build_fedavg,
   "fedopt": builders.build_fedavg,
   "hierfavg": builders.build_hierfavg,
+  "pfedmt": builders.build_pfedmt,
 }
 
 __all__ = ["BUILDERS", "FederatedAlgorithm", "NodeModels", "TreeState", "fedavg", "hierfavg"]

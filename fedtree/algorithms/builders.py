@@ -48,3 +48,22 @@ def build_hierfavg(run, ctx):
   return hierfavg(topology=ctx.topology, server_optimizers=servers,
                   periods=tuple(periods) if isinstance(periods, (list, tuple)) else periods,
                   name=run.algorithm, **common(run, ctx))
+
+
+def build_pfedmt(run, ctx):
+  """pFedMT (paper 003) on the config's root -> teams -> devices tree.
+
+  Run fields: ``lam`` (λ), ``gamma`` (γ), ``eta`` (η), ``beta`` (β), ``team_iters`` (K),
+  ``learning_rate`` (α; default ``config.local.learning_rate``), ``weighting``. ``L`` and the
+  minibatch size are ``config.local.steps`` / ``batch_size``.
+  """
+  from fedtree.algorithms.pfedmt import pfedmt
+
+  return pfedmt(
+    model=ctx.model, topology=ctx.topology, data=ctx.data, schedule=ctx.schedule,
+    learning_rate=float(run.get("learning_rate", ctx.config.local.learning_rate)),
+    lam=float(run.get("lam", 15.0)), gamma=float(run.get("gamma", 0.1)),
+    eta=float(run.get("eta", 0.03)), beta=float(run.get("beta", 1.0)),
+    team_iters=int(run.get("team_iters", 30)), weighting=run.get("weighting", "examples"),
+    chunk_size=run.get("chunk_size", ctx.config.get("chunk_size", None)), name=run.algorithm,
+  )
