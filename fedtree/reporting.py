@@ -19,6 +19,7 @@ class Reporter:
 
   def __init__(self, workdir: str | None, *, show_progress: bool = True, stream=None):
     self._stream = stream or sys.stderr
+    self.workdir = workdir  # for pipelines that write their own files (e.g. B-HFL's level table)
     self._file = open(os.path.join(workdir, "metrics.jsonl"), "a") if workdir else None
     self._show = show_progress
     self._bar = None

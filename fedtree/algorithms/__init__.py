@@ -17,6 +17,7 @@ BUILDERS = {
   "fedopt": builders.build_fedavg,
   "hierfavg": builders.build_hierfavg,
   "pfedmt": builders.build_pfedmt,
+  "bhfl": builders.build_bhfl,
 }
 
 __all__ = ["BUILDERS", "FederatedAlgorithm", "NodeModels", "TreeState", "fedavg", "hierfavg"]
