@@ -159,8 +159,8 @@ def test_level_table_scores_every_node_on_its_subtree_and_on_the_central_set():
   topo, data, model = _setup()
   keys = jax.random.split(jax.random.key(0), topo.num_clients)
   client = jax.vmap(model.init)(keys)                       # distinct models everywhere
-  by_level = [jax.tree.map(lambda p, n=topo.num_nodes(lv): p[:n], client)
-              for lv in range(topo.depth + 1)]
+  sizes = [topo.num_nodes(lv) for lv in range(topo.depth + 1)]
+  by_level = [jax.tree.map(lambda p, n=n: p[:n], client) for n in sizes]
   rows = level_table(model, by_level, topo, data)
   assert [r["nodes"] for r in rows] == [1, 2, 3, 7]
   x, y, n = (np.asarray(a) for a in (data.x_test, data.y_test, data.n_test))

@@ -584,17 +584,19 @@ def level_table(model: Model, params_by_level: Sequence[PyTree], topology: Topol
   """
   xc, yc = central_test_set(data, central_test)
   xc, yc = jnp.asarray(xc), jnp.asarray(yc)
+  score = jax.jit(lambda p, x, y, n, m: evaluate(model, p, x, y, n, model_of_client=m,
+                                                 chunk_size=chunk_size))
   rows = []
   for lv, params in enumerate(params_by_level):
-    stats = evaluate(model, params, data.x_test, data.y_test, data.n_test,
-                     model_of_client=jnp.asarray(topology.ancestor(lv)), chunk_size=chunk_size)
+    stats = score(params, data.x_test, data.y_test, data.n_test,
+                  jnp.asarray(topology.ancestor(lv)))
     correct, count = np.asarray(stats.correct), np.asarray(stats.count)
     has = count > 0
     n_nodes = topology.num_nodes(lv)
     cx = jnp.broadcast_to(xc[None], (n_nodes,) + xc.shape)
     cy = jnp.broadcast_to(yc[None], (n_nodes,) + yc.shape)
     cn = jnp.full((n_nodes,), xc.shape[0], jnp.int32)
-    cstats = evaluate(model, params, cx, cy, cn, chunk_size=chunk_size)
+    cstats = score(params, cx, cy, cn, jnp.arange(n_nodes, dtype=jnp.int32))
     cacc = np.asarray(cstats.correct) / np.maximum(np.asarray(cstats.count), 1)
     closs = np.asarray(cstats.loss_sum) / np.maximum(np.asarray(cstats.count), 1)
     rows.append(dict(
