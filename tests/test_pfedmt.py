@@ -94,6 +94,8 @@ def _reference_round(model, x, data, team_of, key, *, L, K, B, weighting, hp):
   n = np.asarray(data.n_train)
   wts = n.astype(np.float64) if weighting == "examples" else np.ones_like(n, np.float64)
   step = moreau_step(model, learning_rate=a, lam=lam)
+  train = jax.jit(lambda carry, cd, k: run_local_steps(step, carry, cd, jnp.int32(L), k,
+                                                       batch_size=B, max_steps=L)[0])
   w = [x for _ in range(num_teams)]
   pm = [None] * len(n)
   for k in range(K):
@@ -101,8 +103,7 @@ def _reference_round(model, x, data, team_of, key, *, L, K, B, weighting, hp):
     thetas = []
     for c in range(len(n)):
       cd = ClientData(data.x_train[c], data.y_train[c], data.n_train[c])
-      carry, _ = run_local_steps(step, MoreauCarry(w[team_of[c]], w[team_of[c]]), cd, jnp.int32(L),
-                                 jax.random.fold_in(kk, c), batch_size=B, max_steps=L)
+      carry = train(MoreauCarry(w[team_of[c]], w[team_of[c]]), cd, jax.random.fold_in(kk, c))
       thetas.append(carry.params)
       pm[c] = carry.params
     new_w = []

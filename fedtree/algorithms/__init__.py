@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from fedtree.algorithms import builders
 from fedtree.algorithms.base import FederatedAlgorithm, NodeModels, TreeState
+from fedtree.algorithms.bhfl import bhfl
 from fedtree.algorithms.hierfavg import fedavg, hierfavg
+from fedtree.algorithms.pfedmt import pfedmt
 
 BUILDERS = {
   "fedavg": builders.build_fedavg,
@@ -20,4 +22,7 @@ BUILDERS = {
   "bhfl": builders.build_bhfl,
 }
 
-__all__ = ["BUILDERS", "FederatedAlgorithm", "NodeModels", "TreeState", "fedavg", "hierfavg"]
+__all__ = [
+  "BUILDERS", "FederatedAlgorithm", "NodeModels", "TreeState", "bhfl", "fedavg", "hierfavg",
+  "pfedmt",
+]
