@@ -41,11 +41,12 @@ def _sched(batch, steps):
 HP = dict(learning_rate=0.1, lam=2.0, gamma=0.5, eta=0.1, beta=0.8)
 
 
-@pytest.mark.parametrize("weighting", ["examples", "uniform"])
-def test_one_device_per_team_by_hand(weighting):
-  sizes = [5, 7]   # 2 teams x 1 device; full-batch gradients (batch >= n)
+@pytest.mark.parametrize("sizes,weighting", [([5], "examples"), ([5, 7], "examples"),
+                                             ([5, 7], "uniform")])
+def test_one_device_per_team_by_hand(sizes, weighting):
+  """1 or 2 teams of one device each; full-batch gradients (batch >= n), so exact."""
   data = _data(sizes)
-  topo = Topology.from_labels([0, 1])
+  topo = Topology.from_labels(list(range(len(sizes))))
   model = build_model("logreg", example_shape=(3,), num_classes=3)
   L, K = 3, 2
   alg = pfedmt(model=model, topology=topo, data=data, schedule=_sched(8, L),
@@ -54,7 +55,8 @@ def test_one_device_per_team_by_hand(weighting):
   p0 = state.params["Dense_0"]
   x_k, x_b = np.asarray(p0["kernel"], np.float64), np.asarray(p0["bias"], np.float64)
   a, lam, g, eta, beta = HP["learning_rate"], HP["lam"], HP["gamma"], HP["eta"], HP["beta"]
-  tau = np.asarray(sizes, float) / sum(sizes) if weighting == "examples" else np.full(2, 0.5)
+  m = len(sizes)
+  tau = np.asarray(sizes, float) / sum(sizes) if weighting == "examples" else np.full(m, 1.0 / m)
   step = jax.jit(alg.round)
   for t in range(3):
     state, _ = step(state, data, jax.random.fold_in(jax.random.key(2), t))
@@ -74,14 +76,14 @@ def test_one_device_per_team_by_hand(weighting):
         new_w.append(tuple((1 - eta * lam - eta * g) * wv + eta * g * xv + eta * lam * tv
                            for wv, xv, tv in zip(w[i], (x_k, x_b), (th_k, th_b), strict=True)))
       w = new_w
-    wbar = [sum(tau[i] * w[i][j] for i in range(2)) for j in range(2)]
+    wbar = [sum(tau[i] * w[i][j] for i in range(m)) for j in range(2)]
     x_k = (1 - beta * g) * x_k + beta * g * wbar[0]
     x_b = (1 - beta * g) * x_b + beta * g * wbar[1]
     got = state.params["Dense_0"]
     np.testing.assert_allclose(got["kernel"], x_k, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["bias"], x_b, rtol=1e-5, atol=1e-6)
     close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    for i in range(2):
+    for i in range(m):
       close(state.team_params["Dense_0"]["kernel"][i], w[i][0])
       close(state.client_state["Dense_0"]["kernel"][i], pm[i][0])
       close(state.client_state["Dense_0"]["bias"][i], pm[i][1])
