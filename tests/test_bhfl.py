@@ -122,11 +122,12 @@ def test_sync_matches_per_node_loop_with_everything_on():
   assert int(metrics[0]["aggregated_l1"]) == 1  # node 0 of level 1 has period 2
 
 
-def test_async_matches_per_node_loop():
+@pytest.mark.parametrize("cohort,buffers", [([2, 1, 1], (1, 1, 1)), ([2, 2, 2], (None, 1, 2))])
+def test_async_matches_per_node_loop(cohort, buffers):
   topo, data, alg, ref = _pair(
     latencies=(Latency("uniform", low=0.0, high=1.5), Latency("constant", mean=0.4),
                Latency("exponential", mean=0.7)),
-    buffers=(1, 1, 1), staleness_exponent=0.5, residual_k=1,
+    buffers=buffers, staleness_exponent=0.5, residual_k=1, cohort=cohort,
   )
   state, metrics = _compare(topo, data, alg, ref, rounds=6)
   stale = sum(float(m[f"staleness_l{lv}"]) for m in metrics for lv in range(3))
