@@ -77,7 +77,7 @@ def test_pfedmt_synthetic_config_end_to_end(tmp_path, variant):
   c.local.steps = 2
   c.runs.pfedmt.team_iters = 2
   if variant == "dnn":
-    c.model.hidden = (8, 8)
+    assert tuple(c.model.hidden) == (20,)
   results = train_and_evaluate(c, str(tmp_path))
   assert set(results["pfedmt"]) == {"global", "team", "personal"}
   assert set(results["fedavg"]) == {"global"}
