@@ -24,12 +24,11 @@ class Reporter:
 
   def __init__(self, workdir: str | None, *, show_progress: bool = True, stream=None):
     self._stream = stream or sys.stderr
-    self.workdir = workdir  # where multi-stage pipelines write their own reports
+    self.workdir = workdir  # where pipelines write their own reports (GroupPerFL, B-HFL)
     self._file = open(os.path.join(workdir, "metrics.jsonl"), "a") if workdir else None
     self._show = show_progress
     self._bar = None
     self._last_round = 0
-    self._workdir = workdir
     self._tb: dict[str, Any] = {}
 
   def start_run(self, label: str, total_rounds: int) -> None:
@@ -75,7 +74,7 @@ class Reporter:
     return text
 
   def _tensorboard(self, label: str):
-    if not self._workdir:
+    if not self.workdir:
       return None
     if label not in self._tb:
       try:
@@ -83,7 +82,7 @@ class Reporter:
       except ImportError:
         self._tb[label] = None
       else:
-        self._tb[label] = SummaryWriter(os.path.join(self._workdir, "tensorboard", label))
+        self._tb[label] = SummaryWriter(os.path.join(self.workdir, "tensorboard", label))
     return self._tb[label]
 
   def close(self) -> None:

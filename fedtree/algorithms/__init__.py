@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from fedtree.algorithms import builders, personalization_builders
 from fedtree.algorithms.base import FederatedAlgorithm, NodeModels, TreeState
+from fedtree.algorithms.bhfl import bhfl
 from fedtree.algorithms.hierfavg import fedavg, hierfavg
+from fedtree.algorithms.pfedmt import pfedmt
 
 BUILDERS = {
   "fedavg": builders.build_fedavg,
@@ -21,6 +23,11 @@ BUILDERS = {
   "pfedme": personalization_builders.build_pfedme,
   "perfedavg": personalization_builders.build_perfedavg,
   "grouppfl": personalization_builders.build_grouppfl,
+  "pfedmt": builders.build_pfedmt,
+  "bhfl": builders.build_bhfl,
 }
 
-__all__ = ["BUILDERS", "FederatedAlgorithm", "NodeModels", "TreeState", "fedavg", "hierfavg"]
+__all__ = [
+  "BUILDERS", "FederatedAlgorithm", "NodeModels", "TreeState", "bhfl", "fedavg", "hierfavg",
+  "pfedmt",
+]

@@ -48,3 +48,95 @@ def build_hierfavg(run, ctx):
   return hierfavg(topology=ctx.topology, server_optimizers=servers,
                   periods=tuple(periods) if isinstance(periods, (list, tuple)) else periods,
                   name=run.algorithm, **common(run, ctx))
+
+
+def build_pfedmt(run, ctx):
+  """pFedMT (paper 003) on the config's root -> teams -> devices tree.
+
+  Run fields: ``lam`` (λ), ``gamma`` (γ), ``eta`` (η), ``beta`` (β), ``team_iters`` (K),
+  ``learning_rate`` (α; default ``config.local.learning_rate``), ``weighting``. ``L`` and the
+  minibatch size are ``config.local.steps`` / ``batch_size``.
+  """
+  from fedtree.algorithms.pfedmt import pfedmt
+
+  return pfedmt(
+    model=ctx.model, topology=ctx.topology, data=ctx.data, schedule=ctx.schedule,
+    learning_rate=float(run.get("learning_rate", ctx.config.local.learning_rate)),
+    lam=float(run.get("lam", 15.0)), gamma=float(run.get("gamma", 0.1)),
+    eta=float(run.get("eta", 0.03)), beta=float(run.get("beta", 1.0)),
+    team_iters=int(run.get("team_iters", 30)), weighting=run.get("weighting", "examples"),
+    chunk_size=run.get("chunk_size", ctx.config.get("chunk_size", None)), name=run.algorithm,
+  )
+
+
+def _run_label(run, ctx) -> str:
+  for label, cfg in ctx.config.runs.items():
+    if cfg is run:
+      return label
+  return run.get("label", run.algorithm)
+
+
+def _per_level_servers(run, plural: str, single: str, default):
+  if plural in run:
+    return [server_from_config(s) for s in run[plural]]
+  if single in run:
+    return server_from_config(run[single])
+  return default
+
+
+def build_bhfl(run, ctx):
+  """B-HFL (paper 001) on the config's tree; returns a pipeline that also reports the table
+  by level.
+
+  Run fields (all optional): ``up`` / ``ups`` (server config for every level / a list per
+  level 0..depth-1; default FedAvg), ``down`` / ``downs`` (down optimizer for levels
+  1..depth) or ``eta_down`` (``sgd(η↓)`` at every level; default 1.0 = replacement),
+  ``periods`` (int, per level, or per node lists), ``proxy_examples`` (0: none),
+  ``proxy_levels`` (default ``(0,)``: the root), ``proxy_steps``, ``proxy_batch_size``,
+  ``residual_k``, ``residual`` (server config of every residual link, default ``sgd(1.0)``),
+  ``residual_down`` (bool), ``residual_down_eta``, ``buffer_sizes`` (per server level, ``None``
+  = synchronous), ``latency`` (a config ``{kind, mean, sigma, low, high}`` or a list per level
+  1..depth), ``staleness_exponent``.
+  """
+  import optax
+
+  from fedtree.algorithms.bhfl import BHFLPipeline, bhfl, proxy_from_clients
+  from fedtree.asynchrony import latency_from_config
+  from fedtree.local import LocalSchedule
+
+  ups = _per_level_servers(run, "ups", "up", None)
+  downs = _per_level_servers(run, "downs", "down", None)
+  if downs is None:
+    downs = optax.sgd(float(run.get("eta_down", 1.0)))
+  periods = run.get("periods", None)
+  if isinstance(periods, (list, tuple)):
+    periods = [tuple(p) if isinstance(p, (list, tuple)) else int(p) for p in periods]
+  proxy = {}
+  n_proxy = int(run.get("proxy_examples", 0))
+  if n_proxy:
+    for lv in run.get("proxy_levels", (0,)):
+      proxy[int(lv)] = proxy_from_clients(ctx.data, ctx.topology, int(lv), n_proxy,
+                                          seed=int(ctx.config.seed) + int(lv))
+  proxy_schedule = LocalSchedule(
+    batch_size=int(run.get("proxy_batch_size", ctx.schedule.batch_size)), epochs=None,
+    steps=int(run.get("proxy_steps", 5)),
+  )
+  lat = run.get("latency", None)
+  if isinstance(lat, (list, tuple)):
+    lat = [latency_from_config(v) for v in lat]
+  else:
+    lat = latency_from_config(lat)
+  buffers = run.get("buffer_sizes", None)
+  buffers = list(buffers) if isinstance(buffers, (list, tuple)) else buffers
+  alg = bhfl(
+    topology=ctx.topology, up_optimizers=ups, down_optimizers=downs, periods=periods,
+    client_update=None, proxy=proxy, proxy_schedule=proxy_schedule,
+    residual_k=int(run.get("residual_k", 0)),
+    residual_optimizer=server_from_config(run.get("residual", None)),
+    residual_down=bool(run.get("residual_down", False)),
+    residual_down_optimizer=optax.sgd(float(run.get("residual_down_eta", 0.5))),
+    buffer_sizes=buffers, latencies=lat,
+    staleness_exponent=float(run.get("staleness_exponent", 0.0)), name=run.algorithm,
+    **common(run, ctx),
+  )
+  return BHFLPipeline(alg, _run_label(run, ctx), int(run.get("rounds", ctx.config.rounds)))

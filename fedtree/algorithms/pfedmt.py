@@ -1,0 +1,174 @@
+"""pFedMT: personalized multi-tier FL with Moreau envelopes (paper 003, Algorithm 1).
+
+Global server → M teams → devices. One call of ``round`` is one global iteration ``t``:
+
+.. code-block:: text
+
+  w_i ← x                                            (teams restart from x)
+  for k in 0..K-1:                                   (team iterations, lax.scan)
+    θ_ij ← w_i                                       (devices restart from their team)
+    L × θ_ij ← θ_ij - α ∇f_ij(θ_ij) - α λ (θ_ij - w_i)   (all devices of all teams: one vmap)
+    θ̄_i ← Σ_j δ_j θ_ij                              (δ_j ∝ examples within team i)
+    w_i ← (1 - η λ - η γ) w_i + η γ x + η λ θ̄_i
+  w̄ ← Σ_i τ_i w_i                                   (τ_i ∝ examples of team i)
+  x ← (1 - β γ) x + β γ w̄                            (eq. (4), see below)
+
+**(choice)** The global step is the paper's eq. (4), ``x ← (1-βγ)x + βγ w̄`` (a gradient step
+on the Moreau envelope, as in the authors' code); the printed Algorithm 1 line 12 writes
+``β w̄``, which coincides only for γ = 1 (see ``ALGORITHMS.md``).
+
+**(choice)** As the paper's section 3.1 states, devices restart from their team model at
+every team iteration and teams from ``x`` at every global round. The device update is
+:func:`fedtree.moreau.moreau_step` on minibatches of the local schedule (``L`` =
+``schedule.steps``, or epochs). Every device of every team trains in every team iteration
+(the paper samples no devices). Weights ``δ`` and ``τ`` are by examples (the paper) or
+uniform (the authors' code): ``weighting=``.
+
+Models: ``personal`` (PM: every device's model after its last local step of the last team
+iteration), ``team`` (``w_i`` after the last team iteration) and ``global`` (GM, ``x``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from fedtree.algorithms.base import FederatedAlgorithm, NodeModels, client_weights
+from fedtree.data import FederatedData
+from fedtree.local import ClientUpdate, LocalSchedule
+from fedtree.models import Model
+from fedtree.moreau import moreau_client_update
+from fedtree.rng import stream
+from fedtree.sampling import cohort_sampler
+from fedtree.tier import train_cohort
+from fedtree.topology import Topology
+
+
+@struct.dataclass
+class PFedMTState:
+  """State of pFedMT.
+
+  Attributes:
+    round: ``int32[]`` global iterations done.
+    params: the global model ``x`` (one model pytree, no node axis).
+    team_params: ``[M, ...]`` team models ``w_i`` after the last team iteration.
+    client_state: ``[C, ...]`` personalized device models ``θ_ij`` (PM).
+  """
+
+  round: jax.Array
+  params: object
+  team_params: object
+  client_state: object
+
+
+def pfedmt(
+  *,
+  model: Model,
+  topology: Topology,
+  data: FederatedData,
+  schedule: LocalSchedule,
+  learning_rate: float = 0.01,
+  lam: float = 15.0,
+  gamma: float = 0.1,
+  eta: float = 0.03,
+  beta: float = 1.0,
+  team_iters: int = 30,
+  weighting: str = "examples",
+  chunk_size: int | None = None,
+  client_update: ClientUpdate | None = None,
+  name: str = "pfedmt",
+) -> FederatedAlgorithm:
+  """pFedMT on a root → teams → devices ``topology`` (depth 2).
+
+  Args:
+    model: the model of every device, team and the server.
+    topology: root → teams (level 1) → devices (clients).
+    data: the federated data (static shapes, validation).
+    schedule: the device's local steps ``L`` (``steps=L``) and minibatch size.
+    learning_rate: the device step ``α``.
+    lam: ``λ``, device-to-team Moreau regularization.
+    gamma: ``γ``, team-to-global Moreau regularization.
+    eta: ``η``, the team learning rate.
+    beta: ``β``, the global learning rate.
+    team_iters: ``K`` team iterations per global round.
+    weighting: ``"examples"`` (paper) or ``"uniform"`` (authors' code) for ``δ`` and ``τ``.
+    chunk_size: devices trained at once (memory bound); ``None``: all.
+    client_update: override the device step (default :func:`fedtree.moreau.moreau_client_update`).
+    name: label for reports.
+
+  Raises:
+    ValueError: a tree that is not two tiers deep, or out-of-range hyperparameters.
+  """
+  data.validate(topology)
+  if topology.depth != 2:
+    raise ValueError(
+      f"pFedMT needs a root -> teams -> devices tree (depth 2), got depth {topology.depth} "
+      f"({topology!r}); use config.topology.kind='groups' with team labels"
+    )
+  if int(team_iters) < 1:
+    raise ValueError(f"team_iters (K)={team_iters} must be >= 1")
+  for nm, v in (("lam", lam), ("gamma", gamma), ("eta", eta), ("beta", beta)):
+    if v < 0:
+      raise ValueError(f"pFedMT {nm}={v} must be >= 0")
+  client_weights(jnp.zeros(1), weighting)
+  num_teams = topology.num_nodes(1)
+  team_of = jnp.asarray(topology.parent(2))
+  sampler = cohort_sampler(topology.parent(2), None, chunk_size=chunk_size)
+  if client_update is None:
+    client_update = moreau_client_update(
+      model, learning_rate=learning_rate, lam=lam, batch_size=schedule.batch_size,
+      max_steps=schedule.max_steps(data.max_train),
+    )
+  team_iters = int(team_iters)
+
+  def init(key):
+    x = model.init(key)
+    stack = lambda n: jax.tree.map(lambda p: jnp.broadcast_to(p, (n,) + p.shape), x)
+    return PFedMTState(round=jnp.zeros((), jnp.int32), params=x, team_params=stack(num_teams),
+                       client_state=stack(topology.num_clients))
+
+  def round_fn(state: PFedMTState, data: FederatedData, key):
+    x = state.params
+    w_dev = client_weights(data.n_train, weighting)
+    tau = jax.ops.segment_sum(w_dev, team_of, num_segments=num_teams)
+    tau = tau / jnp.sum(tau)
+    num_steps = schedule.num_steps(data.n_train)
+    cohort = sampler(stream(key, "cohort"))
+    train_key = stream(key, "train")
+    w0 = jax.tree.map(lambda p: jnp.broadcast_to(p, (num_teams,) + p.shape), x)
+
+    def team_iteration(carry, k):
+      w, pm = carry
+      res = train_cohort(
+        client_update, w, cohort, data, num_steps=num_steps, weights=w_dev,
+        key=jax.random.fold_in(train_key, k), client_state=pm, chunk_size=sampler.chunk_size,
+      )
+      # θ̄_i = w_i - (w_i - Σ_j δ_j θ_ij): the cohort's mean pseudo-gradient, undone.
+      theta_bar = jax.tree.map(jnp.subtract, w, res.pseudo_gradient())
+      w = jax.tree.map(
+        lambda wi, xi, tb: (1.0 - eta * lam - eta * gamma) * wi + eta * gamma * xi[None]
+        + eta * lam * tb,
+        w, x, theta_bar,
+      )
+      loss = res.loss_sum / jnp.maximum(res.num_trained, 1).astype(jnp.float32)
+      return (w, res.client_state), loss
+
+    (w, pm), losses = jax.lax.scan(
+      team_iteration, (w0, state.client_state), jnp.arange(team_iters)
+    )
+    w_bar = jax.tree.map(lambda wi: jnp.tensordot(tau, wi, axes=1), w)
+    x = jax.tree.map(lambda xi, wb: (1.0 - beta * gamma) * xi + beta * gamma * wb, x, w_bar)
+    metrics = {"train_loss": jnp.mean(losses), "last_team_iter_loss": losses[-1]}
+    return PFedMTState(round=state.round + 1, params=x, team_params=w, client_state=pm), metrics
+
+  def models(state: PFedMTState):
+    c = topology.num_clients
+    return {
+      "global": NodeModels(jax.tree.map(lambda p: p[None], state.params), np.zeros(c, np.int32)),
+      "team": NodeModels(state.team_params, topology.ancestor(1)),
+      "personal": NodeModels(state.client_state, np.arange(c, dtype=np.int32)),
+    }
+
+  return FederatedAlgorithm(init=init, round=round_fn, models=models, name=name)

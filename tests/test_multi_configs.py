@@ -1,0 +1,97 @@
+"""End-to-end runs of configs/bhfl.py and configs/pfedmt_*.py, shrunk by overrides."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+from fedtree.experiment import train_and_evaluate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(name, *args):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config(*args)
+
+
+def _small_bhfl():
+  c = _config("bhfl")
+  c.rounds, c.eval_every, c.rounds_per_call, c.progress = 4, 4, 4, False
+  c.data.group_sizes = (6, 3, 2, 2)
+  c.data.test_examples = 10
+  c.topology.sizes = ((3, 3), (3, 2, 2))
+  c.model.hidden = (8,)
+  for run in c.runs.values():
+    run.cohort_size = 2
+    if "proxy_examples" in run:
+      run.proxy_examples = 10
+      run.periods = (2, 2, 1)
+  c.runs.hierfavg.periods = (2, 2)
+  c.runs.bhfl_async.buffer_sizes = (None, 1, 1)
+  return c
+
+
+def _check_bhfl_results(c, results, tmp_path):
+  assert set(results) == set(c.runs.keys())
+  for label in c.runs.keys():
+    if label == "hierfavg":
+      continue
+    assert {"root", "level1", "level2", "client", "root@central"} <= set(results[label])
+    rows = json.loads((tmp_path / f"bhfl_levels_{label}.json").read_text())
+    assert [r["level"] for r in rows] == [0, 1, 2, 3]
+    assert all(0.0 <= r["central_accuracy"] <= 1.0 for r in rows)
+    assert (tmp_path / f"bhfl_levels_{label}.md").exists()
+
+
+@pytest.mark.slow
+def test_bhfl_config_end_to_end(tmp_path):
+  c = _small_bhfl()
+  _check_bhfl_results(c, train_and_evaluate(c, str(tmp_path)), tmp_path)
+
+
+def test_bhfl_config_one_combined_run(tmp_path):
+  """Fast variant: one run combining the async, residual and adaptive ablations' fields."""
+  import ml_collections
+
+  c = _small_bhfl()
+  combined = ml_collections.ConfigDict(c.runs.bhfl_async.to_dict())
+  for src in (c.runs.bhfl_residual, c.runs.bhfl_adaptive):
+    for k, v in src.items():
+      if k not in combined:
+        combined[k] = v
+  combined.residual_k = 1                      # the edges' buffer holds 1 update
+  c.runs = ml_collections.ConfigDict({"combined": combined})
+  _check_bhfl_results(c, train_and_evaluate(c, str(tmp_path)), tmp_path)
+
+
+@pytest.mark.parametrize("variant", ["mlr", "dnn"])
+def test_pfedmt_synthetic_config_end_to_end(tmp_path, variant):
+  c = _config("pfedmt_synthetic", variant)
+  assert c.runs.pfedmt.gamma == (0.1 if variant == "mlr" else 1.0)
+  c.rounds, c.eval_every, c.rounds_per_call, c.progress = 2, 2, 2, False
+  c.data.num_clients, c.data.team_size, c.data.max_examples = 6, 3, 60
+  c.local.steps = 2
+  c.runs.pfedmt.team_iters = 2
+  if variant == "dnn":
+    assert tuple(c.model.hidden) == (20,)
+  results = train_and_evaluate(c, str(tmp_path))
+  assert set(results["pfedmt"]) == {"global", "team", "personal"}
+  assert set(results["fedavg"]) == {"global"}
+  for s in results["pfedmt"].values():
+    assert 0.0 <= s["accuracy"] <= 1.0
+
+
+def test_pfedmt_mnist_config_is_well_formed():
+  from fedtree.algorithms import BUILDERS
+  from fedtree.experiment import validate_config
+
+  for variant in ("mlr", "cnn"):
+    c = _config("pfedmt_mnist", variant)
+    validate_config(c)
+    assert c.data.name == "tfds" and c.data.num_clients == 20 and c.data.team_size == 10
+    assert all(r.algorithm in BUILDERS for r in c.runs.values())
+  assert _config("pfedmt_mnist", "cnn").runs.pfedmt.lam == 3.0

@@ -1,0 +1,189 @@
+"""pFedMT (paper 003): hand-checked equations, vectorized vs per-device loop, compile once."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedtree.algorithms.pfedmt import pfedmt
+from fedtree.data import as_device, from_client_arrays
+from fedtree.local import ClientData, LocalSchedule, run_local_steps
+from fedtree.models import build_model
+from fedtree.moreau import MoreauCarry, moreau_step
+from fedtree.rng import stream
+from fedtree.topology import Topology
+
+
+def _data(sizes, dim=3, classes=3, seed=0):
+  rng = np.random.default_rng(seed)
+  train, test = [], []
+  for n in sizes:
+    x = rng.normal(size=(n, dim)).astype(np.float32)
+    y = rng.integers(0, classes, n).astype(np.int32)
+    train.append((x, y))
+    test.append((x[:2], y[:2]))
+  return as_device(from_client_arrays(train, test, num_classes=classes))
+
+
+def _np_grad(kernel, bias, x, y):
+  """Gradient of the mean softmax cross-entropy of ``x @ kernel + bias``, by hand."""
+  z = x @ kernel + bias
+  p = np.exp(z - z.max(1, keepdims=True))
+  p /= p.sum(1, keepdims=True)
+  p[np.arange(len(y)), y] -= 1.0
+  return x.T @ p / len(y), p.mean(0)
+
+
+def _sched(batch, steps):
+  return LocalSchedule(batch_size=batch, epochs=None, steps=steps)
+
+
+HP = dict(learning_rate=0.1, lam=2.0, gamma=0.5, eta=0.1, beta=0.8)
+
+
+@pytest.mark.parametrize("sizes,weighting", [([5], "examples"), ([5, 7], "examples"),
+                                             ([5, 7], "uniform")])
+def test_one_device_per_team_by_hand(sizes, weighting):
+  """1 or 2 teams of one device each; full-batch gradients (batch >= n), so exact."""
+  data = _data(sizes)
+  topo = Topology.from_labels(list(range(len(sizes))))
+  model = build_model("logreg", example_shape=(3,), num_classes=3)
+  L, K = 3, 2
+  alg = pfedmt(model=model, topology=topo, data=data, schedule=_sched(8, L),
+               team_iters=K, weighting=weighting, **HP)
+  state = alg.init(jax.random.key(1))
+  p0 = state.params["Dense_0"]
+  x_k, x_b = np.asarray(p0["kernel"], np.float64), np.asarray(p0["bias"], np.float64)
+  a, lam, g, eta, beta = HP["learning_rate"], HP["lam"], HP["gamma"], HP["eta"], HP["beta"]
+  m = len(sizes)
+  tau = np.asarray(sizes, float) / sum(sizes) if weighting == "examples" else np.full(m, 1.0 / m)
+  step = jax.jit(alg.round)
+  for t in range(3):
+    state, _ = step(state, data, jax.random.fold_in(jax.random.key(2), t))
+    w = [(x_k.copy(), x_b.copy()) for _ in sizes]
+    for _ in range(K):
+      new_w, pm = [], []
+      for i, n in enumerate(sizes):
+        xs = np.asarray(data.x_train[i, :n], np.float64)
+        ys = np.asarray(data.y_train[i, :n])
+        th_k, th_b = w[i][0].copy(), w[i][1].copy()
+        for _ in range(L):
+          gk, gb = _np_grad(th_k, th_b, xs, ys)
+          th_k, th_b = (th_k - a * gk - a * lam * (th_k - w[i][0]),
+                        th_b - a * gb - a * lam * (th_b - w[i][1]))
+        pm.append((th_k, th_b))
+        # one device per team: θ̄_i = θ_i1
+        new_w.append(tuple((1 - eta * lam - eta * g) * wv + eta * g * xv + eta * lam * tv
+                           for wv, xv, tv in zip(w[i], (x_k, x_b), (th_k, th_b), strict=True)))
+      w = new_w
+    wbar = [sum(tau[i] * w[i][j] for i in range(m)) for j in range(2)]
+    x_k = (1 - beta * g) * x_k + beta * g * wbar[0]
+    x_b = (1 - beta * g) * x_b + beta * g * wbar[1]
+    got = state.params["Dense_0"]
+    np.testing.assert_allclose(got["kernel"], x_k, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["bias"], x_b, rtol=1e-5, atol=1e-6)
+    close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for i in range(m):
+      close(state.team_params["Dense_0"]["kernel"][i], w[i][0])
+      close(state.client_state["Dense_0"]["kernel"][i], pm[i][0])
+      close(state.client_state["Dense_0"]["bias"][i], pm[i][1])
+
+
+def _reference_round(model, x, data, team_of, key, *, L, K, B, weighting, hp):
+  """Per-device Python loop of one global round (same keys as the vectorized program)."""
+  a, lam, g, eta, beta = hp["learning_rate"], hp["lam"], hp["gamma"], hp["eta"], hp["beta"]
+  num_teams = int(team_of.max()) + 1
+  n = np.asarray(data.n_train)
+  wts = n.astype(np.float64) if weighting == "examples" else np.ones_like(n, np.float64)
+  step = moreau_step(model, learning_rate=a, lam=lam)
+  train = jax.jit(lambda carry, cd, k: run_local_steps(step, carry, cd, jnp.int32(L), k,
+                                                       batch_size=B, max_steps=L)[0])
+  w = [x for _ in range(num_teams)]
+  pm = [None] * len(n)
+  for k in range(K):
+    kk = jax.random.fold_in(stream(key, "train"), k)
+    thetas = []
+    for c in range(len(n)):
+      cd = ClientData(data.x_train[c], data.y_train[c], data.n_train[c])
+      carry = train(MoreauCarry(w[team_of[c]], w[team_of[c]]), cd, jax.random.fold_in(kk, c))
+      thetas.append(carry.params)
+      pm[c] = carry.params
+    new_w = []
+    for i in range(num_teams):
+      mem = [c for c in range(len(n)) if team_of[c] == i]
+      tot = sum(wts[c] for c in mem)
+      tbar = jax.tree.map(
+        lambda *ts, mem=mem, tot=tot: sum(wts[c] * t for c, t in zip(mem, ts, strict=True)) / tot,
+        *[thetas[c] for c in mem])
+      new_w.append(jax.tree.map(
+        lambda wi, xi, tb: (1 - eta * lam - eta * g) * wi + eta * g * xi + eta * lam * tb,
+        w[i], x, tbar))
+    w = new_w
+  team_w = np.array([sum(wts[c] for c in range(len(n)) if team_of[c] == i)
+                     for i in range(num_teams)])
+  tau = team_w / team_w.sum()
+  wbar = jax.tree.map(lambda *ws: sum(t * wi for t, wi in zip(tau, ws, strict=True)), *w)
+  x = jax.tree.map(lambda xi, wb: (1 - beta * g) * xi + beta * g * wb, x, wbar)
+  return x, w, pm
+
+
+@pytest.mark.parametrize("weighting,chunk", [("examples", None), ("uniform", 2)])
+def test_vectorized_matches_per_device_loop(weighting, chunk):
+  sizes = [6, 9, 4, 11, 5]
+  labels = np.array([0, 0, 0, 1, 1])
+  data = _data(sizes, dim=4, classes=3, seed=3)
+  topo = Topology.from_labels(labels)
+  model = build_model("mlp", example_shape=(4,), num_classes=3, hidden=(5,))
+  L, K, B = 3, 2, 4
+  alg = pfedmt(model=model, topology=topo, data=data, schedule=_sched(B, L),
+               team_iters=K, weighting=weighting, chunk_size=chunk, **HP)
+  state = alg.init(jax.random.key(0))
+  key = jax.random.key(7)
+  x_ref, w_ref, pm_ref = _reference_round(model, state.params, data, labels, key, L=L, K=K, B=B,
+                                          weighting=weighting, hp=HP)
+  state, metrics = jax.jit(alg.round)(state, data, key)
+  close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  jax.tree.map(close, state.params, x_ref)
+  for i in range(2):
+    jax.tree.map(close, jax.tree.map(lambda p, i=i: p[i], state.team_params), w_ref[i])
+  for c in range(len(sizes)):
+    jax.tree.map(close, jax.tree.map(lambda p, c=c: p[c], state.client_state), pm_ref[c])
+  assert np.isfinite(float(metrics["train_loss"]))
+  models = alg.models(state)
+  assert set(models) == {"global", "team", "personal"}
+  np.testing.assert_array_equal(models["team"].model_of_client, labels)
+
+
+def test_round_compiles_once():
+  from fedtree import simulation
+
+  data = _data([4, 5, 6, 3])
+  topo = Topology.from_labels([0, 0, 1, 1])
+  model = build_model("logreg", example_shape=(3,), num_classes=3)
+  traces = []
+  alg = pfedmt(model=model, topology=topo, data=data, schedule=_sched(2, 2),
+               team_iters=2, **HP)
+  counted = alg._replace(round=lambda s, d, k: (traces.append(1), alg.round(s, d, k))[1])
+  state = alg.init(jax.random.key(0))
+  step = simulation.compile_rounds(counted, 2)
+  for _ in range(3):
+    state, _ = step(state, data, jax.random.key(0))
+  assert len(traces) == 1
+  assert int(state.round) == 6
+
+
+def test_rejects_bad_trees_and_hyperparameters():
+  data = _data([4, 5, 6, 3])
+  model = build_model("logreg", example_shape=(3,), num_classes=3)
+  sched = LocalSchedule(batch_size=2, epochs=None, steps=1)
+  with pytest.raises(ValueError, match="depth 2"):
+    pfedmt(model=model, topology=Topology.from_sizes([[2], [2]]), data=data, schedule=sched)
+  with pytest.raises(ValueError, match="depth 2"):
+    pfedmt(model=model, topology=Topology.flat(4), data=data, schedule=sched)
+  topo = Topology.from_labels([0, 0, 1, 1])
+  with pytest.raises(ValueError, match="team_iters"):
+    pfedmt(model=model, topology=topo, data=data, schedule=sched, team_iters=0)
+  with pytest.raises(ValueError, match="lam"):
+    pfedmt(model=model, topology=topo, data=data, schedule=sched, lam=-1.0)
+  with pytest.raises(ValueError, match="weighting"):
+    pfedmt(model=model, topology=topo, data=data, schedule=sched, weighting="size")
