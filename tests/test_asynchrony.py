@@ -77,10 +77,11 @@ def test_latency_distributions():
 
 
 def _async_run(seed):
+  from test_bhfl import _setup
+
   from fedtree.algorithms.bhfl import bhfl
   from fedtree.local import LocalSchedule
   from fedtree.simulation import run
-  from test_bhfl import _setup
 
   topo, data, model = _setup()
   alg = bhfl(model=model, topology=topo, data=data, local_optimizer=optax.sgd(0.1),

@@ -64,8 +64,9 @@ def test_reduces_to_hierfavg(cohort, periods):
 
 def _pair(**kw):
   """The vectorized algorithm and the per-node reference with the same settings."""
-  from fedtree.sampling import cohort_sampler
   from reference_bhfl import ReferenceBHFL
+
+  from fedtree.sampling import cohort_sampler
 
   topo, data, model = _setup()
   d = topo.depth
