@@ -13,9 +13,9 @@ of the batch), written as a :data:`fedtree.local.StepFn` so that
 :func:`moreau_client_update` wraps it into a :class:`fedtree.local.ClientUpdate` for
 :func:`fedtree.tier.train_cohort`.
 
-(choice) The step is written out explicitly instead of as ``optax.sgd(α)`` plus
-:func:`fedtree.local.proximal` so that the equation above is visible and exact in float
-arithmetic (``θ - α g - α λ (θ - w)``); the two are mathematically identical.
+The step is one inner step of pFedMe's Moreau solver
+(:func:`fedtree.objectives.moreau_solver` with ``inner_steps=1`` and ``personal_lr = α``):
+both methods share one implementation of the equation.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax import struct
 
-from fedtree.local import Batch, ClientData, ClientUpdate, data_loss, run_local_steps
+from fedtree.local import Batch, ClientData, ClientUpdate, data_loss, proximal, run_local_steps
 from fedtree.models import Model
+from fedtree.objectives import moreau_solver
 
 PyTree = Any
 
@@ -59,17 +59,10 @@ def moreau_step(model: Model, *, learning_rate: float, lam: float):
   Raises:
     ValueError: ``learning_rate <= 0`` or ``lam < 0``.
   """
-  if not learning_rate > 0:
-    raise ValueError(f"moreau learning_rate={learning_rate} must be > 0")
-  if lam < 0:
-    raise ValueError(f"moreau lam={lam} must be >= 0")
+  solve = moreau_solver(model, lam=lam, inner_steps=1, personal_lr=learning_rate)
 
   def step(carry: MoreauCarry, batch: Batch, rng: jax.Array):
-    loss, grads = jax.value_and_grad(lambda p: data_loss(model, p, batch, rng))(carry.params)
-    params = jax.tree.map(
-      lambda p, g, w: p - learning_rate * g - learning_rate * lam * (p - w),
-      carry.params, grads, carry.anchor,
-    )
+    params, loss = solve(carry.params, carry.anchor, batch, rng)
     return carry.replace(params=params), loss
 
   return step
@@ -99,5 +92,4 @@ def moreau_client_update(
 def moreau_objective(model: Model, params: PyTree, anchor: PyTree, batch: Batch, *, lam: float,
                      rng: jax.Array | None = None) -> jax.Array:
   """``f(θ; batch) + (λ/2)‖θ - w‖²`` (for tests and diagnostics)."""
-  sq = jax.tree.map(lambda p, a: jnp.sum(jnp.square(p - a)), params, anchor)
-  return data_loss(model, params, batch, rng) + 0.5 * lam * sum(jax.tree.leaves(sq))
+  return data_loss(model, params, batch, rng) + proximal(lam)(params, anchor)
