@@ -8,12 +8,9 @@ non-IID over 20 devices (label shards, 2 labels per device as in pFedMe's MNIST)
 train/test split per device, and two teams of 10 consecutive devices. Paper
 hyperparameters: α = 0.01, η = 0.03, λ = 15 (MLR) or 3 (CNN), γ = 0.1 (MLR) or 1 (CNN),
 β = 1, K = 30, L = 20, batch 20, T = 100/600 (``rounds`` shrunk to 20 here; override with
-``--config.rounds=100``). Per-FedAvg and pFedMe runs are to be enabled once merged (see
-``configs/pfedmt_synthetic.py``).
-
-(choice) The loader fields below follow the planned signature
-``load_tfds(name="mnist", num_clients=..., partition=..., ...)``; the partition keyword
-arguments may need renaming once the loader lands.
+``--config.rounds=100``). FedAvg, Per-FedAvg, pFedMe and pFedMT as in the synthetic config.
+The data fields are :func:`fedtree.datasets.tfds_loader.load_tfds`'s (``dataset`` is the
+TFDS name); ``--config.data.data_dir=...`` points at a prepared TFDS directory.
 """
 
 import ml_collections
@@ -44,10 +41,16 @@ def get_config(variant: str = "mlr") -> ml_collections.ConfigDict:
 
   c.runs = ml_collections.ConfigDict()
   c.runs.fedavg = ml_collections.ConfigDict(dict(algorithm="fedavg"))
-  # c.runs.perfedavg = ml_collections.ConfigDict(dict(algorithm="perfedavg", beta=0.001))
-  # c.runs.pfedme = ml_collections.ConfigDict(dict(algorithm="pfedme", lam=15.0, beta=0.5))
+  # Baselines with the same α and λ (paper 003, section 5): Per-FedAvg adapts with α and takes
+  # its meta step with β = α (choice: the paper does not list Per-FedAvg's β); pFedMe solves
+  # its Moreau problem with K = 5 inner steps at the personal rate α and mixes with β = 1.
+  c.runs.perfedavg = ml_collections.ConfigDict(dict(algorithm="perfedavg", alpha=0.01, beta=0.01))
+  c.runs.pfedme = ml_collections.ConfigDict(dict(
+    algorithm="pfedme", lam=15.0 if convex else 3.0, inner_steps=5, personal_lr=0.01, beta=1.0,
+  ))
   c.runs.pfedmt = ml_collections.ConfigDict(dict(
     algorithm="pfedmt", lam=15.0 if convex else 3.0, gamma=0.1 if convex else 1.0, eta=0.03,
     beta=1.0, team_iters=30, weighting="examples",
   ))
+  c.run_order = ("fedavg", "perfedavg", "pfedme", "pfedmt")
   return c

@@ -18,8 +18,8 @@ padded length (the recipe's largest user has ~10,500 examples); ``--config.data.
 restores the exact recipe.
 
 Models reported: FedAvg ``global``; pFedMT ``global`` (GM), ``team`` and ``personal`` (PM).
-Per-FedAvg and pFedMe are built on another branch (``fedtree/objectives.py``): their runs are
-written below, commented out, to be enabled when those builders are merged.
+Per-FedAvg ``global`` and ``adapted`` (after one step at α on each device's data); pFedMe
+``global`` (GM) and ``personal`` (PM).
 """
 
 import ml_collections
@@ -50,12 +50,16 @@ def get_config(variant: str = "mlr") -> ml_collections.ConfigDict:
 
   c.runs = ml_collections.ConfigDict()
   c.runs.fedavg = ml_collections.ConfigDict(dict(algorithm="fedavg"))
-  # To be enabled once Per-FedAvg and pFedMe are merged (paper: β = 0.5 for pFedMe, λ = 15):
-  # c.runs.perfedavg = ml_collections.ConfigDict(dict(algorithm="perfedavg", beta=0.001))
-  # c.runs.pfedme = ml_collections.ConfigDict(dict(algorithm="pfedme", lam=15.0, beta=0.5,
-  #                                                personal_steps=5, personal_learning_rate=0.01))
+  # Baselines with the same α and λ (paper 003, section 5): Per-FedAvg adapts with α and takes
+  # its meta step with β = α (choice: the paper does not list Per-FedAvg's β); pFedMe solves
+  # its Moreau problem with K = 5 inner steps at the personal rate α and mixes with β = 1.
+  c.runs.perfedavg = ml_collections.ConfigDict(dict(algorithm="perfedavg", alpha=0.01, beta=0.01))
+  c.runs.pfedme = ml_collections.ConfigDict(dict(
+    algorithm="pfedme", lam=15.0, inner_steps=5, personal_lr=0.01, beta=1.0,
+  ))
   c.runs.pfedmt = ml_collections.ConfigDict(dict(
     algorithm="pfedmt", lam=15.0, gamma=0.1 if convex else 1.0, eta=0.03, beta=1.0,
     team_iters=30, weighting="examples",
   ))
+  c.run_order = ("fedavg", "perfedavg", "pfedme", "pfedmt")
   return c

@@ -76,11 +76,14 @@ def test_pfedmt_synthetic_config_end_to_end(tmp_path, variant):
   c.data.num_clients, c.data.team_size, c.data.max_examples = 6, 3, 60
   c.local.steps = 2
   c.runs.pfedmt.team_iters = 2
+  c.runs.pfedme.inner_steps = 2
   if variant == "dnn":
     assert tuple(c.model.hidden) == (20,)
   results = train_and_evaluate(c, str(tmp_path))
   assert set(results["pfedmt"]) == {"global", "team", "personal"}
   assert set(results["fedavg"]) == {"global"}
+  assert {"global", "personal"} <= set(results["pfedme"])
+  assert {"global", "adapted"} <= set(results["perfedavg"])
   for s in results["pfedmt"].values():
     assert 0.0 <= s["accuracy"] <= 1.0
 
@@ -95,3 +98,20 @@ def test_pfedmt_mnist_config_is_well_formed():
     assert c.data.name == "tfds" and c.data.num_clients == 20 and c.data.team_size == 10
     assert all(r.algorithm in BUILDERS for r in c.runs.values())
   assert _config("pfedmt_mnist", "cnn").runs.pfedmt.lam == 3.0
+
+
+@pytest.mark.parametrize("variant", ["mlr", "cnn"])
+def test_pfedmt_mnist_config_runs_on_mocked_tfds(tmp_path, variant):
+  tfds = pytest.importorskip("tensorflow_datasets")
+  c = _config("pfedmt_mnist", variant)
+  c.rounds, c.eval_every, c.rounds_per_call, c.progress = 1, 1, 1, False
+  c.data.num_clients, c.data.team_size = 4, 2
+  c.local.steps = 1
+  c.runs.pfedmt.team_iters = 1
+  c.runs.pfedme.inner_steps = 1
+  if variant == "cnn":
+    c.model.features, c.model.dense = (2,), 4
+  with tfds.testing.mock_data(num_examples=80, policy=tfds.testing.MockPolicy.USE_CODE):
+    results = train_and_evaluate(c, str(tmp_path))
+  assert list(results) == ["fedavg", "perfedavg", "pfedme", "pfedmt"]
+  assert set(results["pfedmt"]) == {"global", "team", "personal"}

@@ -18,7 +18,8 @@ def load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, Any
 
   ``cfg.name`` picks the dataset; the other fields are its keyword arguments.
   ``synthetic`` (FedProx/pFedMe) forms groups of ``cfg.team_size`` consecutive clients
-  (pFedMT's teams) when given, else one group.
+  (pFedMT's teams) when given, else one group. ``tfds`` reads the TFDS dataset named by
+  ``cfg.dataset`` (the other fields are :func:`fedtree.datasets.tfds_loader.load_tfds`'s).
   """
   kwargs = {k: _plain(v) for k, v in cfg.items() if k not in ("name", "team_size")}
   name = cfg.name
@@ -33,7 +34,8 @@ def load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, Any
   if name == "tfds":
     from fedtree.datasets.tfds_loader import load_tfds
 
-    return load_tfds(**kwargs)
+    kwargs["name"] = kwargs.pop("dataset", "mnist")
+    return load_tfds(team_size=cfg.get("team_size", None), **kwargs)
   raise ValueError(f"config.data.name={name!r} is unknown; choose one of {DATASETS}")
 
 
