@@ -291,3 +291,21 @@ def test_report_pieces(tmp_path):
   assert "| small | communication (models) | 6.00 | 6.00 |" in text
   assert "group big: 50.0% of 2 clients improve perplexity" in text
   assert (tmp_path / "grouppfl_fig1.png").exists()
+
+
+def test_group_personalized_config_accepts_a_tfds_dataset(tmp_path):
+  """The same config on a real dataset (MNIST through the TFDS loader, mocked): only
+  config.data (and the model) change; groups come from the loader."""
+  tfds = pytest.importorskip("tensorflow_datasets")
+  import ml_collections
+
+  c = tiny_config()
+  c.data = ml_collections.ConfigDict(dict(
+    name="tfds", dataset="mnist", num_clients=6, partition="dirichlet", alpha=1.0,
+    num_groups=3, test_fraction=0.25, test_split=None, seed=0,
+  ))
+  with tfds.testing.mock_data(num_examples=90, policy=tfds.testing.MockPolicy.USE_CODE):
+    results = experiment.train_and_evaluate(c, str(tmp_path))
+  out = results["grouppfl"]
+  assert list(out) == ["FL", "PerFL", "GroupFL", "GroupPerFL"]
+  assert out["GroupPerFL"]["group_accuracy"].shape == (3,)
