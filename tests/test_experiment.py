@@ -8,6 +8,7 @@ import sys
 import ml_collections
 import numpy as np
 import pytest
+from config_files import load_config
 
 from fedtree import experiment
 from fedtree.simulation import NonFiniteLossError
@@ -16,10 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def quickstart(rounds=4):
-  sys.path.insert(0, os.path.join(ROOT, "configs"))
-  import quickstart as q
-
-  c = q.get_config()
+  c = load_config("quickstart")
   c.rounds, c.eval_every, c.rounds_per_call, c.progress = rounds, 2, 2, False
   c.data.group_sizes = (4, 2, 2)
   c.runs.fedavg.cohort_size = c.runs.fedadam.cohort_size = 4

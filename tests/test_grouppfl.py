@@ -1,8 +1,6 @@
 """GroupPerFL (paper 000): fine-tuning sweep, group stage, costs, pipeline and its config."""
 
-import importlib.util
 import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 import reference_personalization as ref
+from config_files import load_config
 
 from fedtree import experiment, finetune, simulation
 from fedtree.algorithms import BUILDERS
@@ -23,14 +22,8 @@ from fedtree.rng import stream
 from fedtree.server import fedopt
 
 B = 4
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def load_config(name):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod.get_config()
 
 
 def tiny_config(**run_overrides):

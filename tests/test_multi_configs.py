@@ -1,25 +1,15 @@
 """End-to-end runs of configs/bhfl.py and configs/pfedmt_*.py, shrunk by overrides."""
 
-import importlib.util
 import json
-import os
 
 import pytest
+from config_files import load_config
 
 from fedtree.experiment import train_and_evaluate
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _config(name, *args):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod.get_config(*args)
-
 
 def _small_bhfl():
-  c = _config("bhfl")
+  c = load_config("bhfl")
   c.rounds, c.eval_every, c.rounds_per_call, c.progress = 4, 4, 4, False
   c.data.group_sizes = (6, 3, 2, 2)
   c.data.test_examples = 10
@@ -70,7 +60,7 @@ def test_bhfl_config_one_combined_run(tmp_path):
 
 @pytest.mark.parametrize("variant", ["mlr", "dnn"])
 def test_pfedmt_synthetic_config_end_to_end(tmp_path, variant):
-  c = _config("pfedmt_synthetic", variant)
+  c = load_config("pfedmt_synthetic", variant)
   assert c.runs.pfedmt.gamma == (0.1 if variant == "mlr" else 1.0)
   c.rounds, c.eval_every, c.rounds_per_call, c.progress = 2, 2, 2, False
   c.data.num_clients, c.data.team_size, c.data.max_examples = 6, 3, 60
@@ -93,17 +83,17 @@ def test_pfedmt_mnist_config_is_well_formed():
   from fedtree.experiment import validate_config
 
   for variant in ("mlr", "cnn"):
-    c = _config("pfedmt_mnist", variant)
+    c = load_config("pfedmt_mnist", variant)
     validate_config(c)
     assert c.data.name == "tfds" and c.data.num_clients == 20 and c.data.team_size == 10
     assert all(r.algorithm in BUILDERS for r in c.runs.values())
-  assert _config("pfedmt_mnist", "cnn").runs.pfedmt.lam == 3.0
+  assert load_config("pfedmt_mnist", "cnn").runs.pfedmt.lam == 3.0
 
 
 @pytest.mark.parametrize("variant", ["mlr", "cnn"])
 def test_pfedmt_mnist_config_runs_on_mocked_tfds(tmp_path, variant):
   tfds = pytest.importorskip("tensorflow_datasets")
-  c = _config("pfedmt_mnist", variant)
+  c = load_config("pfedmt_mnist", variant)
   c.rounds, c.eval_every, c.rounds_per_call, c.progress = 1, 1, 1, False
   c.data.num_clients, c.data.team_size = 4, 2
   c.local.steps = 1

@@ -1,18 +1,9 @@
 """End-to-end run of configs/personalization.py, shrunk."""
 
-import importlib.util
-import os
+
+from config_files import load_config
 
 from fedtree import experiment
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_config(name):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod.get_config()
 
 
 def test_personalization_config_end_to_end(tmp_path):

@@ -84,3 +84,15 @@ def client_weights(n_train: jax.Array, weighting: str) -> jax.Array:
   if weighting == "uniform":
     return jnp.ones(n_train.shape, jnp.float32)
   raise ValueError(f"weighting={weighting!r}; choose 'examples' or 'uniform'")
+
+
+def with_personal_models(algorithm: FederatedAlgorithm, name: str, params_of_state) -> FederatedAlgorithm:
+  """``algorithm`` whose ``models()`` also returns ``name``: one model per client, read from
+  the state by ``params_of_state(state) -> [C, ...]`` (Ditto's and pFedMe's personal models)."""
+
+  def models(state):
+    personal = params_of_state(state)
+    num_clients = jax.tree.leaves(personal)[0].shape[0]
+    return {**algorithm.models(state), name: NodeModels(personal, np.arange(num_clients, dtype=np.int32))}
+
+  return algorithm._replace(models=models)

@@ -11,10 +11,9 @@ Models evaluated: the tree's models and ``personal`` (client ``c`` scored with `
 
 from __future__ import annotations
 
-import numpy as np
 import optax
 
-from fedtree.algorithms.base import FederatedAlgorithm, NodeModels
+from fedtree.algorithms.base import FederatedAlgorithm, with_personal_models
 from fedtree.algorithms.hierfavg import hierfavg
 from fedtree.objectives import ditto_update
 from fedtree.topology import Topology
@@ -39,11 +38,4 @@ def ditto(*, lam: float, topology: Topology | None = None,
     max_steps=schedule.max_steps(data.max_train), personal_optimizer=personal_optimizer,
   )
   inner = hierfavg(topology=topology, client_update=update, name=name, **hierfavg_kwargs)
-  clients = np.arange(topology.num_clients, dtype=np.int32)
-
-  def models(state):
-    out = dict(inner.models(state))
-    out["personal"] = NodeModels(state.client_state.personal, clients)
-    return out
-
-  return inner._replace(models=models)
+  return with_personal_models(inner, "personal", lambda state: state.client_state.personal)

@@ -13,10 +13,9 @@ models and ``personal``.
 
 from __future__ import annotations
 
-import numpy as np
 import optax
 
-from fedtree.algorithms.base import FederatedAlgorithm, NodeModels
+from fedtree.algorithms.base import FederatedAlgorithm, with_personal_models
 from fedtree.algorithms.hierfavg import hierfavg
 from fedtree.objectives import check_positive, pfedme_update
 from fedtree.topology import Topology
@@ -50,11 +49,4 @@ def pfedme(*, lam: float, inner_steps: int, personal_lr: float, beta: float = 1.
     server_optimizers = (optax.sgd(1.0),) * (topology.depth - 1) + (optax.sgd(beta),)
   inner = hierfavg(topology=topology, client_update=update, server_optimizers=server_optimizers,
                    name=name, **hierfavg_kwargs)
-  clients = np.arange(topology.num_clients, dtype=np.int32)
-
-  def models(state):
-    out = dict(inner.models(state))
-    out["personal"] = NodeModels(state.client_state.personal, clients)
-    return out
-
-  return inner._replace(models=models)
+  return with_personal_models(inner, "personal", lambda state: state.client_state.personal)
