@@ -6,7 +6,8 @@ steps, take fewer steps and inactive steps leave the state untouched.
 
 Batching happens inside jit. Client ``c`` with ``n`` examples has ``ceil(n / B)`` batches per
 epoch; step ``t`` reads batch ``t mod ceil(n/B)`` of epoch ``t // ceil(n/B)``, whose order is
-a fresh permutation of the ``n`` real examples (padding sorts last and is never read). The
+a fresh pseudo-random permutation of the ``n`` real examples (:func:`shuffled_positions`;
+padding is never read). The
 last batch of an epoch may be partial: its missing entries are masked out of the loss (and
 zeroed, so even NaN padding cannot leak into a gradient). Epoch-based training is therefore
 ``num_steps = epochs · ceil(n / B)``, and a fixed step count is just another ``num_steps``.
@@ -103,16 +104,50 @@ class LocalSchedule:
     return int(self.num_steps(np.asarray([max_examples]))[0])
 
 
+_FEISTEL_ROUNDS = 4
+
+
+def _mix32(x: jax.Array) -> jax.Array:
+  """murmur3's 32-bit finalizer: a fast, well-mixing hash of uint32 values."""
+  x = x ^ (x >> 16)
+  x = x * jnp.uint32(0x85EBCA6B)
+  x = x ^ (x >> 13)
+  x = x * jnp.uint32(0xC2B2AE35)
+  return x ^ (x >> 16)
+
+
+def shuffled_positions(key: jax.Array, pos: jax.Array, n: jax.Array) -> jax.Array:
+  """``perm[pos]`` for a pseudo-random permutation ``perm`` of ``[0, n)`` chosen by ``key``.
+
+  A keyed 4-round Feistel network is a bijection of ``[0, 4^h)`` with ``4^h >= n``; walking
+  its cycle until the value falls inside ``[0, n)`` restricts it to a bijection of
+  ``[0, n)`` (Black and Rogaway's cycle walking). Each batch thus costs O(B), whatever the
+  client's padded length, instead of sorting ``M`` keys at every step.
+  """
+  n = jnp.asarray(n).astype(jnp.uint32)
+  bits = jnp.uint32(32) - jax.lax.clz(jnp.maximum(n, 1) - 1)       # ceil(log2 n)
+  half = (bits + 1) // 2
+  low = (jnp.uint32(1) << half) - 1
+  round_keys = jax.random.bits(key, (_FEISTEL_ROUNDS,), jnp.uint32)
+
+  def feistel(x):
+    left, right = x >> half, x & low
+    for i in range(_FEISTEL_ROUNDS):
+      left, right = right, left ^ (_mix32(right ^ round_keys[i]) & low)
+    return (left << half) | right
+
+  start = feistel(jnp.minimum(pos.astype(jnp.uint32), jnp.maximum(n, 1) - 1))
+  out = jax.lax.while_loop(lambda y: jnp.any(y >= n), lambda y: jnp.where(y >= n, feistel(y), y), start)
+  return out.astype(jnp.int32)
+
+
 def batch_at(key: jax.Array, data: ClientData, t: jax.Array, batch_size: int) -> Batch:
   """The minibatch of step ``t`` (see the module docstring)."""
-  m = data.x.shape[0]
   spe = jnp.maximum(steps_per_epoch(data.n, batch_size), 1)
   epoch, j = t // spe, t % spe
-  u = jax.random.uniform(jax.random.fold_in(key, epoch), (m,))
-  perm = jnp.argsort(jnp.where(jnp.arange(m) < data.n, u, 2.0))
   pos = j * batch_size + jnp.arange(batch_size)
   mask = pos < data.n
-  idx = perm[jnp.minimum(pos, m - 1)]
+  idx = shuffled_positions(jax.random.fold_in(key, epoch), pos, data.n)
   x = data.x[idx]
   x = jnp.where(mask.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
   y = jnp.where(mask, data.y[idx], 0)

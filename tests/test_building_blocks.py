@@ -228,3 +228,16 @@ def test_model_names():
   logits = cnn.apply(cnn.init(jax.random.key(0)), jnp.zeros((2, 8, 8, 3)), train=True, rng=jax.random.key(1))
   assert logits.shape == (2, 4)
   assert isinstance(FederatedData, type)
+
+
+def test_shuffled_positions_is_a_uniform_looking_permutation():
+  from fedtree.local import shuffled_positions
+
+  for n in (1, 2, 3, 5, 17, 64, 1000):
+    perm = np.asarray(shuffled_positions(jax.random.key(n), jnp.arange(n), jnp.asarray(n)))
+    assert sorted(perm.tolist()) == list(range(n)), n
+  # Where position 0 lands, over many keys, is close to uniform over [0, 10).
+  firsts = np.asarray(jax.vmap(lambda k: shuffled_positions(k, jnp.zeros(1, jnp.int32), jnp.asarray(10)))(
+    jax.random.split(jax.random.key(0), 4000)))[:, 0]
+  counts = np.bincount(firsts, minlength=10)
+  assert counts.min() > 300 and counts.max() < 500, counts
