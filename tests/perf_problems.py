@@ -66,7 +66,8 @@ def make_hierfavg(data, sizes, *, chunk_size=None, cohort_size=None):
 
 
 def flat_params(state) -> np.ndarray:
-  return np.concatenate([np.ravel(np.asarray(a, np.float64)) for a in jax.tree.leaves(state.params)])
+  leaves = jax.tree.leaves(state.params)
+  return np.concatenate([np.ravel(np.asarray(a, np.float64)) for a in leaves])
 
 
 def as_f32(tree):
