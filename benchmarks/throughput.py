@@ -359,8 +359,11 @@ def main(argv=None) -> list[dict]:
                  help="fedtree: shard clients over N host devices (XLA_FLAGS device count)")
   p.add_argument("--flower-max-clients", type=int, default=1000)
   p.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
+  p.add_argument("--rounds", type=int, default=None, help="timed rounds per job (override)")
+  p.add_argument("--repeats", type=int, default=None, help="timed calls per JAX job (best kept)")
   p.add_argument("--in-process", action="store_true", help="no subprocesses (tests)")
   p.add_argument("--tag", default=None, help="results file name (default from the flags)")
+  p.add_argument("--out-dir", default=RESULTS, help="where the JSON and PNG go")
   p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
 
@@ -373,6 +376,9 @@ def main(argv=None) -> list[dict]:
     return [res]
 
   jobs = plan(args)
+  if args.rounds or args.repeats:
+    jobs = [dataclasses.replace(j, rounds=args.rounds or j.rounds,
+                                repeats=args.repeats or j.repeats) for j in jobs]
   results = []
   t0 = time.perf_counter()
   for job in jobs:
@@ -394,15 +400,15 @@ def main(argv=None) -> list[dict]:
   print(text)
   tag = args.tag or ("quick" if args.quick else "all" if args.all else
                      f"{args.workload}_{args.clients or 'default'}")
-  os.makedirs(RESULTS, exist_ok=True)
-  with open(os.path.join(RESULTS, f"{tag}.json"), "w") as f:
+  os.makedirs(args.out_dir, exist_ok=True)
+  with open(os.path.join(args.out_dir, f"{tag}.json"), "w") as f:
     json.dump(dict(machine=machine(), argv=sys.argv[1:] if argv is None else list(argv),
                    results=results, table=text), f, indent=1)
   try:
-    plot(results, os.path.join(RESULTS, f"{tag}.png"))
+    plot(results, os.path.join(args.out_dir, f"{tag}.png"))
   except Exception as e:  # noqa: BLE001 - the table and JSON are the results; the plot is extra
     print(f"(no plot: {e})")
-  print(f"\nwrote {os.path.join(RESULTS, tag)}.json/.png ({time.perf_counter() - t0:.0f}s)")
+  print(f"\nwrote {os.path.join(args.out_dir, tag)}.json/.png ({time.perf_counter() - t0:.0f}s)")
   return results
 
 
