@@ -17,10 +17,12 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-# Clients per chunk where speed levels off, per backend (measured: benchmarks/README.md).
-# CPU: the MLP of workload (a) runs within noise of its best from 16 to 128 clients per chunk
-# and slows down past ~200 (cache); accelerators want large chunks to fill the device.
-DEFAULT_CHUNK = {"cpu": 64, "gpu": 1024, "cuda": 1024, "rocm": 1024, "tpu": 2048}
+# Clients per chunk, per backend (measured: benchmarks/README.md). On CPU the per-client
+# models of a chunk must stay in cache: for the MLP of workload (a) (210 KB of params per
+# client) 1-4 clients per chunk ran at ~2,100 client-updates/s, 32 at ~1,800, 128 at ~1,100
+# and 250 at ~550; vmap buys nothing there. Accelerators want large chunks to fill the device
+# (not measured here: no GPU was available).
+DEFAULT_CHUNK = {"cpu": 4, "gpu": 1024, "cuda": 1024, "rocm": 1024, "tpu": 2048}
 
 
 def balanced_chunk(cohort_size: int, target: int, multiple_of: int = 1) -> int:

@@ -91,7 +91,8 @@ def test_balanced_chunks():
   assert tuning.balanced_chunk(1000, 64) == 63            # 16 chunks, 8 padded slots
   assert tuning.balanced_chunk(10, 64) == 10
   assert tuning.balanced_chunk(1000, 64 * 8, 8) % 8 == 0
-  assert tuning.default_chunk_size(1000, backend="cpu") == 63
+  assert tuning.default_chunk_size(1000, backend="cpu") == tuning.DEFAULT_CHUNK["cpu"]
+  assert tuning.default_chunk_size(3000, backend="gpu") == 1000     # 3 equal chunks
   assert tuning.default_chunk_size(1000, backend="cpu", num_devices=8) % 8 == 0
   assert tuning.candidate_chunks(100) == sorted(set(tuning.candidate_chunks(100)))
   with pytest.raises(ValueError, match="must be >= 1"):
