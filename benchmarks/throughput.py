@@ -121,7 +121,7 @@ def run_job(job: Job) -> dict:
       elif job.framework == "torch":
         from benchmarks.peers import run_torch_loop
 
-        res = run_torch_loop(w, rounds=job.rounds)
+        res = run_torch_loop(w, rounds=job.rounds, **opts)
       elif job.framework == "flower":
         try:
           import flwr  # noqa: F401
@@ -193,7 +193,7 @@ def peer_rounds(w: Workload) -> int:
 
 
 def jobs_for(w: Workload, frameworks, *, flower_max_clients: int, fedtree_opts=(),
-             variants=()) -> list[Job]:
+             variants=(), torch_opts=()) -> list[Job]:
   jobs = []
   for fw in frameworks:
     if fw == "fedtree":
@@ -203,7 +203,7 @@ def jobs_for(w: Workload, frameworks, *, flower_max_clients: int, fedtree_opts=(
     elif fw == "central":
       jobs.append(Job(w, "central", fedtree_rounds(w)))
     elif fw == "torch":
-      jobs.append(Job(w, "torch", peer_rounds(w)))
+      jobs.append(Job(w, "torch", peer_rounds(w), options=tuple(torch_opts)))
     elif fw == "flower":
       if w.num_clients > flower_max_clients:
         jobs.append(Job(w, "flower", 0, options=(("skip", f"{w.num_clients} clients > "
@@ -358,6 +358,8 @@ def main(argv=None) -> list[dict]:
   p.add_argument("--cpu-devices", type=int, default=1,
                  help="fedtree: shard clients over N host devices (XLA_FLAGS device count)")
   p.add_argument("--flower-max-clients", type=int, default=1000)
+  p.add_argument("--torch-threads", type=int, default=None,
+                 help="intra-op threads of the PyTorch loop (default 1, see benchmarks/peers.py)")
   p.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
   p.add_argument("--rounds", type=int, default=None, help="timed rounds per job (override)")
   p.add_argument("--repeats", type=int, default=None, help="timed calls per JAX job (best kept)")
@@ -376,6 +378,9 @@ def main(argv=None) -> list[dict]:
     return [res]
 
   jobs = plan(args)
+  if args.torch_threads:
+    jobs = [dataclasses.replace(j, options=(("threads", args.torch_threads),))
+            if j.framework == "torch" else j for j in jobs]
   if args.rounds or args.repeats:
     jobs = [dataclasses.replace(j, rounds=args.rounds or j.rounds,
                                 repeats=args.repeats or j.repeats) for j in jobs]
