@@ -271,9 +271,9 @@ def table(results: list[dict]) -> str:
   lines = []
   hdr = (f"{'framework':<18}{'rounds/s':>10}{'client-upd/s':>14}{'examples/s':>13}"
          f"{'peak MB':>10}{'compile s':>11}  fedtree/this")
-  settings = list(dict.fromkeys(r["setting"] for r in results))
+  settings = list(dict.fromkeys(_group(r) for r in results))
   for s in settings:
-    rows = [r for r in results if r["setting"] == s]
+    rows = [r for r in results if _group(r) == s]
     base = next((r for r in rows if r["framework"] == "fedtree" and "skipped" not in r
                  and r["variant"] in ("", "flat", "persistent")), None)
     lines += ["", s, hdr, "-" * len(hdr)]
@@ -294,6 +294,13 @@ def table(results: list[dict]) -> str:
       lines.append(f"{r['label']:<18}{r['rounds_per_s']:>10.3f}{r['client_updates_per_s']:>14.0f}"
                    f"{r['examples_per_s']:>13.0f}{r['peak_rss_mb']:>10.0f}{comp:>11}  {ratio}")
   return "\n".join(lines)
+
+
+def _group(r: dict) -> str:
+  """Table block of a result: its setting, with the flat and 3-tier rounds of (c) together."""
+  if r.get("variant") in ("flat", "3-tier"):
+    return r["setting"].split(", tree")[0] + " (flat vs 3-tier tree 10x100)"
+  return r["setting"]
 
 
 def plot(results: list[dict], path: str) -> None:
@@ -373,7 +380,8 @@ def main(argv=None) -> list[dict]:
     job = _job_from_json(json.loads(args.worker))
     skip = dict(job.options).get("skip")
     res = (dict(label=job.label, framework=job.framework, variant=job.variant,
-                setting=job.workload.label(), skipped=skip) if skip else run_job(job))
+                setting=job.workload.label(), workload=dataclasses.asdict(job.workload),
+                skipped=skip) if skip else run_job(job))
     print("RESULT " + json.dumps(res), flush=True)
     return [res]
 
@@ -392,7 +400,8 @@ def main(argv=None) -> list[dict]:
           flush=True)
     if skip:
       res = dict(label=job.label, framework=job.framework, variant=job.variant,
-                 setting=job.workload.label(), skipped=skip)
+                 setting=job.workload.label(), workload=dataclasses.asdict(job.workload),
+                 skipped=skip)
     else:
       res = run_job(job) if args.in_process else run_job_subprocess(job, args.timeout)
     if "skipped" in res:
