@@ -63,7 +63,7 @@ def tree_topology(num_clients: int, depth: int, fanout: int = 10) -> Topology:
     return [build(level + 1, per) for _ in range(2)]
 
   per = num_clients // leaves
-  return Topology.from_sizes([build(2, per) if depth > 2 else per for _ in range(fanout)])
+  return Topology.from_sizes([build(1, per) for _ in range(fanout)])
 
 
 def personal_head_update(model: Model, optimizer, *, batch_size: int, max_steps: int,

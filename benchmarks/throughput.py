@@ -291,7 +291,8 @@ def table(results: list[dict]) -> str:
           ratio = (f"3-tier round = {r['seconds_per_round'] / base['seconds_per_round']:.2f}x "
                    "the flat round")
       comp = f"{r['compile_s']:.1f}" if "compile_s" in r else "-"
-      lines.append(f"{r['label']:<18}{r['rounds_per_s']:>10.3f}{r['client_updates_per_s']:>14.0f}"
+      cu = r["client_updates_per_s"]
+      lines.append(f"{r['label']:<18}{r['rounds_per_s']:>10.3f}{cu:>14.{0 if cu >= 10 else 2}f}"
                    f"{r['examples_per_s']:>13.0f}{r['peak_rss_mb']:>10.0f}{comp:>11}  {ratio}")
   return "\n".join(lines)
 

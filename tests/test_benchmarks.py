@@ -40,3 +40,12 @@ def test_flower_job_skips_with_a_reason_when_too_large():
 
   jobs = throughput.jobs_for(workloads.mlp(50), ["flower"], flower_max_clients=10)
   assert "--flower-max-clients=10" in dict(jobs[0].options)["skip"]
+
+
+def test_depth_sweep_trees_hold_every_client():
+  from benchmarks.jax_runners import tree_topology
+
+  for depth, nodes in [(1, [1, 1000]), (2, [1, 10, 1000]), (3, [1, 10, 20, 1000]),
+                       (4, [1, 10, 20, 40, 1000])]:
+    t = tree_topology(1000, depth)
+    assert [t.num_nodes(lv) for lv in range(t.depth + 1)] == nodes
