@@ -300,7 +300,7 @@ def table(results: list[dict]) -> str:
 def _group(r: dict) -> str:
   """Table block of a result: its setting, with the flat and 3-tier rounds of (c) together."""
   if r.get("variant") in ("flat", "3-tier"):
-    return r["setting"].split(", tree")[0] + " (flat vs 3-tier tree 10x100)"
+    return r["setting"].split(", tree")[0] + " (flat vs 3-tier tree of 10 edges)"
   return r["setting"]
 
 
