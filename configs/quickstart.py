@@ -19,7 +19,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rounds = 200
   c.eval_every = 25
   c.rounds_per_call = 25      # rounds fused into one compiled call between reports
-  c.chunk_size = None         # clients trained at once (None: the whole cohort)
+  c.chunk_size = "auto"       # clients trained at once: an int, None (whole cohort), "auto", "tune"
   c.progress = True
   c.checkpoint_every = 100    # rounds between orbax checkpoints in <workdir>/checkpoints (0: off)
 

@@ -14,6 +14,7 @@ GroupPerFL).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -205,21 +206,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None) -
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write(config.to_json_best_effort(indent=2))
   ctx = make_context(config)
+  mesh = None
+  if config.get("mesh_shape", None) is not None:  # the client axis over devices (fedtree.sharding)
+    from fedtree.sharding import client_mesh, shard_data
+
+    mesh = client_mesh(config.mesh_shape)
+    ctx = dataclasses.replace(ctx, data=shard_data(ctx.data, mesh))
   reporter = Reporter(workdir, show_progress=config.get("progress", True))
   root = jax.random.key(int(config.seed))
   results: dict[str, Any] = {}
   for label, run_cfg in ordered_runs(config):
-    builder = BUILDERS[run_cfg.algorithm]
-    built = builder(run_cfg, ctx)
-    if isinstance(built, FederatedAlgorithm):
-      _, summaries = run_algorithm(
-        built, ctx, root, reporter, num_rounds=int(run_cfg.get("rounds", config.rounds)),
-        eval_every=int(config.eval_every), rounds_per_call=int(config.rounds_per_call), label=label,
-        checkpoint_dir=os.path.join(workdir, "checkpoints", label) if workdir else None,
-        checkpoint_every=int(config.get("checkpoint_every", 0) or 0),
-      )
-    else:
-      summaries = built.run(ctx, root, reporter)
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+      builder = BUILDERS[run_cfg.algorithm]
+      built = builder(run_cfg, ctx)
+      if isinstance(built, FederatedAlgorithm):
+        _, summaries = run_algorithm(
+          built, ctx, root, reporter, num_rounds=int(run_cfg.get("rounds", config.rounds)),
+          eval_every=int(config.eval_every), rounds_per_call=int(config.rounds_per_call),
+          label=label,
+          checkpoint_dir=os.path.join(workdir, "checkpoints", label) if workdir else None,
+          checkpoint_every=int(config.get("checkpoint_every", 0) or 0),
+        )
+      else:
+        summaries = built.run(ctx, root, reporter)
     results[label] = summaries
   reporter.summary_table(results, groups=ctx.groups)
   if workdir:

@@ -208,16 +208,48 @@ def data_loss(model: Model, params: PyTree, batch: Batch, rng: jax.Array) -> jax
   return masked_cross_entropy(logits, batch.y, batch.mask)
 
 
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_compute_dtype(compute_dtype) -> jnp.dtype | None:
+  """``None`` (train in the params' own dtype) or a floating dtype named in ``COMPUTE_DTYPES``."""
+  if compute_dtype is None:
+    return None
+  name = jnp.dtype(compute_dtype).name if not isinstance(compute_dtype, str) else compute_dtype
+  if name not in COMPUTE_DTYPES:
+    raise ValueError(f"compute_dtype={compute_dtype!r}; choose None or one of {COMPUTE_DTYPES}")
+  return jnp.dtype(name)
+
+
+def cast_floating(tree: PyTree, dtype) -> PyTree:
+  """Casts every floating leaf of ``tree`` to ``dtype`` (integer leaves are left alone)."""
+  if dtype is None:
+    return tree
+  return jax.tree.map(
+    lambda a: a.astype(dtype) if jnp.issubdtype(jnp.result_type(a), jnp.floating) else a, tree
+  )
+
+
 def make_sgd_step(
-  model: Model, optimizer: optax.GradientTransformation, regularizer: Regularizer | None = None
+  model: Model, optimizer: optax.GradientTransformation, regularizer: Regularizer | None = None,
+  *, compute_dtype=None,
 ) -> StepFn:
   """A step of ``optimizer`` on ``loss(params) + regularizer(params, anchor)``.
 
-  The returned loss is the data loss alone (what users compare across methods).
+  The returned loss is the data loss alone (what users compare across methods). With
+  ``compute_dtype`` (e.g. ``"bfloat16"``) the forward and backward passes run on params and
+  inputs cast to that dtype, while the carried params, the optimizer state, the gradients
+  the optimizer sees and the loss stay in the params' dtype (mixed precision; the cast's
+  gradient brings the update back to float32).
   """
+  dtype = check_compute_dtype(compute_dtype)
 
   def objective(params, anchor, batch, rng):
-    loss = data_loss(model, params, batch, rng)
+    if dtype is not None:
+      low = batch._replace(x=cast_floating(batch.x, dtype))
+      loss = data_loss(model, cast_floating(params, dtype), low, rng).astype(jnp.float32)
+    else:
+      loss = data_loss(model, params, batch, rng)
     total = loss if regularizer is None else loss + regularizer(params, anchor)
     return total, loss
 
@@ -264,9 +296,13 @@ def sgd_client_update(
   batch_size: int,
   max_steps: int,
   regularizer: Regularizer | None = None,
+  compute_dtype=None,
 ) -> ClientUpdate:
-  """Plain local training from the anchor (FedAvg; FedProx with ``regularizer=proximal(mu)``)."""
-  step = make_sgd_step(model, optimizer, regularizer)
+  """Plain local training from the anchor (FedAvg; FedProx with ``regularizer=proximal(mu)``).
+
+  ``compute_dtype`` (e.g. ``"bfloat16"``): mixed-precision local steps, see :func:`make_sgd_step`.
+  """
+  step = make_sgd_step(model, optimizer, regularizer, compute_dtype=compute_dtype)
 
   def apply(anchor, state, data: ClientData, num_steps, key):
     carry = SGDCarry(params=anchor, opt_state=optimizer.init(anchor), anchor=anchor)

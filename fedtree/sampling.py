@@ -90,7 +90,8 @@ def cohort_sampler(parent, cohort_size, *, chunk_size: int | None = None) -> Coh
     parent: parent index of every child.
     cohort_size: children per parent: an int for every parent, ``None`` or ``-1`` for all of
       them, or a sequence with one entry per parent.
-    chunk_size: pad the cohort to a multiple of this (``None``: no padding).
+    chunk_size: pad the cohort to a multiple of this: an int, ``None`` (the whole cohort, no
+      padding) or ``"auto"`` (the per-backend default of :mod:`fedtree.tuning`).
 
   Raises:
     ValueError: a cohort larger than its group, or non-positive sizes.
@@ -116,6 +117,15 @@ def cohort_sampler(parent, cohort_size, *, chunk_size: int | None = None) -> Coh
       f"(smallest group: {int(counts.min())}); use cohort_size <= {int(counts.min())} or -1 for all"
     )
   total = int(k.sum())
+  if isinstance(chunk_size, str):
+    if chunk_size != "auto":
+      raise ValueError(
+        f"chunk_size={chunk_size!r}; choose an int >= 1, None (whole cohort) or 'auto' "
+        f"('tune' is resolved by the fedavg/fedopt/hierfavg builders)"
+      )
+    from fedtree.tuning import default_chunk_size
+
+    chunk_size = default_chunk_size(total)
   chunk = total if chunk_size is None else int(chunk_size)
   if chunk < 1:
     raise ValueError(f"chunk_size={chunk_size} must be >= 1")

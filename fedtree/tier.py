@@ -22,6 +22,7 @@ from fedtree.aggregation import weighted_segment_sum
 from fedtree.data import FederatedData
 from fedtree.local import ClientData, ClientUpdate
 from fedtree.sampling import Cohort
+from fedtree.sharding import constrain_clients
 
 PyTree = Any
 
@@ -98,16 +99,20 @@ def train_cohort(
 
   def body(carry, ch: Cohort):
     delta_sum, weight_sum, state, loss_sum, count = carry
-    start = _take(parent_params, ch.parent)
-    cdata = ClientData(
+    # Under a ``jax.set_mesh`` with a ``clients`` axis, each device trains its slice of the
+    # chunk (identity otherwise; see fedtree.sharding).
+    start = constrain_clients(_take(parent_params, ch.parent))
+    cdata = constrain_clients(ClientData(
       x=jnp.take(data.x_train, ch.clients, axis=0),
       y=jnp.take(data.y_train, ch.clients, axis=0),
       n=jnp.take(data.n_train, ch.clients, axis=0),
-    )
+    ))
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ch.clients)
     params, new_state, loss = jax.vmap(update.apply)(
-      start, _take(state, ch.clients), cdata, jnp.take(num_steps, ch.clients), keys
+      start, constrain_clients(_take(state, ch.clients)), cdata, jnp.take(num_steps, ch.clients),
+      keys,
     )
+    params = constrain_clients(params)
     w = jnp.where(ch.valid, jnp.take(weights, ch.clients).astype(jnp.float32), 0.0)
     anchor = start if anchor_params is parent_params else _take(anchor_params, ch.parent)
     delta = jax.tree.map(jnp.subtract, anchor, params)

@@ -241,3 +241,13 @@ def test_shuffled_positions_is_a_uniform_looking_permutation():
     jax.random.split(jax.random.key(0), 4000)))[:, 0]
   counts = np.bincount(firsts, minlength=10)
   assert counts.min() > 300 and counts.max() < 500, counts
+
+
+def test_chunk_size_choices():
+  from fedtree.tuning import default_chunk_size
+
+  parent = np.zeros(10, int)
+  assert cohort_sampler(parent, 10, chunk_size="auto").chunk_size == default_chunk_size(10)
+  assert cohort_sampler(parent, 10, chunk_size=None).chunk_size == 10
+  with pytest.raises(ValueError, match="chunk_size='fast'; choose an int"):
+    cohort_sampler(parent, 10, chunk_size="fast")

@@ -187,7 +187,7 @@ def global_stage(ctx, key, *, rounds: int, server_optimizer, cohort_size, report
   alg = group_fedopt(model=ctx.model, groups=np.zeros(c, np.int32), data=ctx.data,
                      local_optimizer=ctx.local_optimizer, schedule=ctx.schedule,
                      server_optimizer=server_optimizer, cohort_size=cohort_size,
-                     chunk_size=ctx.config.get("chunk_size", None), start_params=init_params,
+                     chunk_size=ctx.config.get("chunk_size", "auto"), start_params=init_params,
                      name=label)
   state = alg.init(simulation.init_key(key))
   state = run_rounds(alg, state, ctx.data, stream(key, "global_stage"), rounds=rounds,
@@ -204,7 +204,7 @@ def group_stage(ctx, key, start: StageResult, groups: np.ndarray, *, rounds: int
   alg = group_fedopt(model=ctx.model, groups=groups, data=ctx.data,
                      local_optimizer=ctx.local_optimizer, schedule=ctx.schedule,
                      server_optimizer=server_optimizer, cohort_size=cohort_size,
-                     chunk_size=ctx.config.get("chunk_size", None), start_params=seed, name=label)
+                     chunk_size=ctx.config.get("chunk_size", "auto"), start_params=seed, name=label)
   state = alg.init(key)
   state = run_rounds(alg, state, ctx.data, stream(key, "group_stage"), rounds=rounds,
                      rounds_per_call=int(ctx.config.get("rounds_per_call", 1)), reporter=reporter,

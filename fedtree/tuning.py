@@ -1,0 +1,106 @@
+"""Choosing the chunk size: how many clients one ``vmap`` trains at once (see fedtree.tier).
+
+The chunk decides peak memory (it grows with the chunk, not the cohort) and, on CPU, speed
+as well: a chunk that is too large spills the per-client models out of cache, one that is
+too small pays per-chunk overhead. :func:`default_chunk_size` is a per-backend default found
+by measurement (benchmarks/README.md); :func:`autotune_chunk_size` times a few candidates
+on the actual round at start-up and keeps the fastest. Both return a chunk that splits the
+cohort into near-equal chunks (little padding) and is a multiple of the number of devices
+of the client mesh, so every device gets the same share.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+
+# Clients per chunk, per backend (measured: benchmarks/README.md). On CPU the per-client
+# models of a chunk must stay in cache: for the MLP of workload (a) (210 KB of params per
+# client) 1-4 clients per chunk ran at ~2,100 client-updates/s, 32 at ~1,800, 128 at ~1,100
+# and 250 at ~550; vmap buys nothing there. Accelerators want large chunks to fill the device
+# (not measured here: no GPU was available).
+DEFAULT_CHUNK = {"cpu": 4, "gpu": 1024, "cuda": 1024, "rocm": 1024, "tpu": 2048}
+
+
+def balanced_chunk(cohort_size: int, target: int, multiple_of: int = 1) -> int:
+  """The smallest chunk, a multiple of ``multiple_of``, splitting ``cohort_size`` slots into
+  ``ceil(cohort_size / target)`` chunks (so padding is under one chunk's ``num_chunks``)."""
+  if cohort_size < 1 or target < 1 or multiple_of < 1:
+    raise ValueError(
+      f"balanced_chunk(cohort_size={cohort_size}, target={target}, multiple_of={multiple_of}): "
+      "all must be >= 1"
+    )
+  target = min(target, cohort_size)
+  num_chunks = math.ceil(cohort_size / target)
+  chunk = math.ceil(cohort_size / num_chunks)
+  return math.ceil(chunk / multiple_of) * multiple_of
+
+
+def default_chunk_size(
+  cohort_size: int, *, backend: str | None = None, num_devices: int = 1
+) -> int:
+  """The per-backend default chunk for a cohort of ``cohort_size`` slots.
+
+  With ``num_devices`` devices on the client mesh each device gets ``DEFAULT_CHUNK`` clients.
+  """
+  backend = backend or jax.default_backend()
+  per_device = DEFAULT_CHUNK.get(backend, DEFAULT_CHUNK["gpu"])
+  return balanced_chunk(cohort_size, per_device * num_devices, num_devices)
+
+
+def candidate_chunks(cohort_size: int, *, num_devices: int = 1,
+                     targets: Sequence[int] = (16, 32, 64, 128, 256)) -> list[int]:
+  """Distinct balanced chunks for ``targets`` (per device), for :func:`autotune_chunk_size`."""
+  out = {balanced_chunk(cohort_size, t * num_devices, num_devices) for t in targets}
+  return sorted(out)
+
+
+def autotune_chunk_size(
+  time_round: Callable[[int], float], candidates: Sequence[int], *, repeats: int = 2,
+  log: Callable[[str], None] | None = None,
+) -> tuple[int, dict[int, float]]:
+  """Times ``time_round(chunk) -> seconds`` for every candidate; returns (fastest, timings).
+
+  ``time_round`` should build and compile the round for that chunk, then return the wall time
+  of a compiled call (see :func:`round_timer`). Each candidate is timed ``repeats`` times
+  and its best time kept (the machine may be busy).
+  """
+  if not candidates:
+    raise ValueError("autotune_chunk_size needs at least one candidate chunk")
+  timings = {}
+  for c in candidates:
+    timings[int(c)] = min(time_round(int(c)) for _ in range(max(1, repeats)))
+    if log:
+      log(f"chunk_size={c}: {timings[int(c)] * 1e3:.1f} ms per round")
+  best = min(timings, key=timings.get)
+  return best, timings
+
+
+def round_timer(
+  build_algorithm: Callable[[int], object], data, key: jax.Array
+) -> Callable[[int], float]:
+  """A ``time_round`` for :func:`autotune_chunk_size` from ``build_algorithm(chunk)``.
+
+  Compiles one round per chunk (cached across repeats) and returns the time of a compiled
+  call from the initial state; the first (compiling) call is not timed.
+  """
+  from fedtree.simulation import compile_rounds
+
+  cache: dict[int, tuple] = {}
+
+  def time_round(chunk: int) -> float:
+    if chunk not in cache:
+      alg = build_algorithm(chunk)
+      step = compile_rounds(alg, 1, donate=False)
+      state = alg.init(key)
+      jax.block_until_ready(step(state, data, key))
+      cache[chunk] = (step, state)
+    step, state = cache[chunk]
+    t = time.perf_counter()
+    jax.block_until_ready(step(state, data, key))
+    return time.perf_counter() - t
+
+  return time_round

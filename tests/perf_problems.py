@@ -1,0 +1,74 @@
+"""Tiny federated problems shared by the performance tests (chunking, sharding, precision)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedtree.algorithms.hierfavg import fedavg, hierfavg
+from fedtree.data import FederatedData, as_device
+from fedtree.local import LocalSchedule
+from fedtree.models import build_model
+from fedtree.simulation import compile_rounds
+from fedtree.topology import Topology
+
+
+def tiny_data(num_clients: int = 10, max_examples: int = 12, dim: int = 6, seed: int = 0,
+              equal: bool = False) -> FederatedData:
+  """Clients with 3..max_examples examples (NaN padding, so any use of padding shows)."""
+  rng = np.random.default_rng(seed)
+  n = (np.full(num_clients, max_examples) if equal
+       else rng.integers(3, max_examples + 1, num_clients))
+  x = rng.normal(size=(num_clients, max_examples, dim)).astype(np.float32)
+  y = rng.integers(0, 3, (num_clients, max_examples)).astype(np.int32)
+  pad = np.arange(max_examples)[None, :] >= n[:, None]
+  x[pad] = np.nan
+  return as_device(FederatedData(
+    x_train=x, y_train=y, n_train=n.astype(np.int32), x_test=x[:, :2], y_test=y[:, :2],
+    n_test=np.minimum(n, 2).astype(np.int32), num_classes=3,
+  ))
+
+
+def tiny_model(dim: int = 6):
+  return build_model("mlp", example_shape=(dim,), num_classes=3, hidden=(8,))
+
+
+def run_rounds(alg, data, rounds: int = 3, seed: int = 0):
+  """Final state after ``rounds`` rounds (one fused call) and the per-round metrics."""
+  step = compile_rounds(alg, rounds)
+  state = alg.init(jax.random.key(seed))
+  return step(state, data, jax.random.key(seed + 1))
+
+
+def make_fedavg(data, *, chunk_size=None, cohort_size=None, steps=None, compute_dtype=None,
+                lr: float = 0.1):
+  from fedtree.local import sgd_client_update
+
+  model = tiny_model(data.x_train.shape[-1])
+  schedule = LocalSchedule(batch_size=4, epochs=None if steps else 1.0, steps=steps)
+  update = None
+  if compute_dtype is not None:
+    update = sgd_client_update(model, optax.sgd(lr), batch_size=4,
+                               max_steps=schedule.max_steps(data.max_train),
+                               compute_dtype=compute_dtype)
+  return fedavg(model=model, data=data, local_optimizer=optax.sgd(lr), schedule=schedule,
+                chunk_size=chunk_size, cohort_size=cohort_size, client_update=update)
+
+
+def make_hierfavg(data, sizes, *, chunk_size=None, cohort_size=None):
+  model = tiny_model(data.x_train.shape[-1])
+  return hierfavg(model=model, topology=Topology.from_sizes(sizes), data=data,
+                  local_optimizer=optax.sgd(0.1),
+                  schedule=LocalSchedule(batch_size=4, epochs=1.0),
+                  chunk_size=chunk_size, cohort_size=cohort_size, periods=2)
+
+
+def flat_params(state) -> np.ndarray:
+  leaves = jax.tree.leaves(state.params)
+  return np.concatenate([np.ravel(np.asarray(a, np.float64)) for a in leaves])
+
+
+def as_f32(tree):
+  return jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), tree)

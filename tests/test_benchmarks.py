@@ -1,0 +1,51 @@
+"""Smoke test of the benchmark scripts at tiny sizes, in-process (no timing is asserted)."""
+
+import json
+import os
+
+import pytest
+
+
+def test_throughput_smallest_setting_runs(tmp_path):
+  pytest.importorskip("torch")
+  from benchmarks import throughput
+
+  results = throughput.main(["--workload=a", "--clients=8", "--frameworks=fedtree,central,torch",
+                             "--in-process", "--rounds=1", "--repeats=1", "--tag=smoke",
+                             f"--out-dir={tmp_path}"])
+  by = {r["label"]: r for r in results}
+  assert set(by) == {"fedtree", "central", "torch"}
+  for r in results:
+    assert "skipped" not in r, r.get("traceback", r.get("skipped"))
+    assert r["client_updates_per_s"] > 0 and r["peak_rss_mb"] > 0
+  saved = json.load(open(tmp_path / "smoke.json"))
+  assert "fedtree/this" in saved["table"] and len(saved["results"]) == 3
+  assert os.path.getsize(tmp_path / "smoke.png") > 0
+
+
+def test_tree_and_scale_modes_run(tmp_path):
+  from benchmarks import throughput
+
+  res = throughput.main(["--workload=c", "--clients=20", "--in-process", "--rounds=1",
+                         "--repeats=1", "--tag=c", f"--out-dir={tmp_path}"])
+  assert [r["variant"] for r in res] == ["flat", "3-tier"] and all("skipped" not in r for r in res)
+  res = throughput.main(["--workload=scale", "--clients=16", "--cohort=8", "--in-process",
+                         "--rounds=1", "--tag=s", f"--out-dir={tmp_path}"])
+  assert "skipped" not in res[0], res[0].get("traceback")
+  assert res[0]["client_state_mb"] > 0       # the persistent per-client heads exist
+
+
+def test_flower_job_skips_with_a_reason_when_too_large():
+  from benchmarks import throughput, workloads
+
+  jobs = throughput.jobs_for(workloads.mlp(50), ["flower"], flower_max_clients=10)
+  assert "--flower-max-clients=10" in dict(jobs[0].options)["skip"]
+
+
+def test_depth_sweep_trees_hold_every_client():
+  from benchmarks.jax_runners import tree_topology
+
+  for depth, nodes in [(1, [1, 1000]), (2, [1, 10, 1000]), (3, [1, 10, 20, 1000]),
+                       (4, [1, 10, 20, 40, 1000])]:
+    t = tree_topology(1000, depth)
+    assert [t.num_nodes(lv) for lv in range(t.depth + 1)] == nodes

@@ -1,0 +1,109 @@
+"""Chunked cohorts (fedtree.tier) give the unchunked result; a round compiles once; tuning."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from perf_problems import flat_params, make_fedavg, make_hierfavg, run_rounds, tiny_data
+
+from fedtree import tuning
+from fedtree.local import ClientUpdate
+from fedtree.sampling import cohort_sampler
+from fedtree.simulation import compile_rounds
+from fedtree.tier import train_cohort
+
+
+@pytest.mark.parametrize("cohort_size", [None, 7])
+def test_fedavg_chunked_equals_unchunked(cohort_size):
+  data = tiny_data(10)
+  ref_state, ref_m = run_rounds(make_fedavg(data, cohort_size=cohort_size), data)
+  ref = flat_params(ref_state)
+  assert np.all(np.isfinite(ref))  # NaN padding was never read
+  for chunk in (1, 3, 4, 10):  # 3 and 4 do not divide the cohort: padded slots
+    state, m = run_rounds(make_fedavg(data, cohort_size=cohort_size, chunk_size=chunk), data)
+    np.testing.assert_allclose(flat_params(state), ref, rtol=2e-5, atol=2e-6,
+                               err_msg=f"chunk={chunk}")
+    np.testing.assert_allclose(np.asarray(m["train_loss"]), np.asarray(ref_m["train_loss"]),
+                               rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(m["clients_trained"]),
+                                  np.asarray(ref_m["clients_trained"]))
+
+
+def test_hierfavg_chunked_equals_unchunked():
+  data = tiny_data(10, seed=1)
+  sizes = [[3, 2], [5]]
+  ref = flat_params(run_rounds(make_hierfavg(data, sizes), data, rounds=4)[0])
+  for chunk in (2, 3):
+    got = flat_params(run_rounds(make_hierfavg(data, sizes, chunk_size=chunk), data, rounds=4)[0])
+    np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-6, err_msg=f"chunk={chunk}")
+
+
+def test_persistent_state_scattered_back_by_client_for_any_chunk():
+  """Client state: trained clients get their own update, others and padding write nothing."""
+  data = tiny_data(9)
+
+  def apply(anchor, state, cdata, num_steps, key):
+    # state counts visits and remembers n; params move by the client's own n
+    moved = jax.tree.map(lambda a: a - cdata.n.astype(a.dtype), anchor)
+    return moved, {"visits": state["visits"] + 1, "n": cdata.n}, cdata.n.astype(jnp.float32)
+
+  params = {"w": jnp.zeros((1, 2))}
+  sampler_full = cohort_sampler(np.zeros(9, np.int64), 5)
+  out = []
+  for chunk in (None, 2, 5):
+    sampler = cohort_sampler(np.zeros(9, np.int64), 5, chunk_size=chunk)
+    cohort = sampler(jax.random.key(3))
+    state0 = {"visits": jnp.zeros(9, jnp.int32), "n": jnp.full(9, -1, jnp.int32)}
+    res = train_cohort(ClientUpdate(apply), params, cohort, data, num_steps=data.n_train,
+                       weights=jnp.ones(9), key=jax.random.key(0), client_state=state0,
+                       chunk_size=sampler.chunk_size)
+    chosen = np.asarray(cohort.clients)[np.asarray(cohort.valid)]
+    full = np.asarray(sampler_full(jax.random.key(3)).clients)
+    np.testing.assert_array_equal(np.sort(chosen), np.sort(full))
+    visits = np.asarray(res.client_state["visits"])
+    assert visits.sum() == 5 and set(np.flatnonzero(visits)) == set(chosen.tolist())
+    n_state = np.asarray(res.client_state["n"])
+    np.testing.assert_array_equal(n_state[chosen], np.asarray(data.n_train)[chosen])
+    assert np.all(n_state[visits == 0] == -1)
+    assert int(res.num_trained) == 5
+    np.testing.assert_allclose(float(res.weight_sum[0]), 5.0)
+    np.testing.assert_allclose(np.asarray(res.delta_sum["w"])[0],
+                               np.asarray(data.n_train)[chosen].sum())
+    out.append(float(res.loss_sum))
+  assert out[0] == out[1] == out[2]
+
+
+def test_round_compiles_once():
+  data = tiny_data(8)
+  alg = make_fedavg(data, chunk_size=3, cohort_size=5)
+  traces = []
+  counted = alg._replace(round=lambda s, d, k: (traces.append(1), alg.round(s, d, k))[1])
+  step = compile_rounds(counted, 2)
+  state = counted.init(jax.random.key(0))
+  for _ in range(5):
+    state, _ = step(state, data, jax.random.key(1))
+  jax.block_until_ready(state)
+  assert len(traces) == 1 and int(state.round) == 10
+  assert step._cache_size() == 1
+
+
+def test_balanced_chunks():
+  assert tuning.balanced_chunk(1000, 64) == 63            # 16 chunks, 8 padded slots
+  assert tuning.balanced_chunk(10, 64) == 10
+  assert tuning.balanced_chunk(1000, 64 * 8, 8) % 8 == 0
+  assert tuning.default_chunk_size(1000, backend="cpu") == tuning.DEFAULT_CHUNK["cpu"]
+  assert tuning.default_chunk_size(3000, backend="gpu") == 1000     # 3 equal chunks
+  assert tuning.default_chunk_size(1000, backend="cpu", num_devices=8) % 8 == 0
+  assert tuning.candidate_chunks(100) == sorted(set(tuning.candidate_chunks(100)))
+  with pytest.raises(ValueError, match="must be >= 1"):
+    tuning.balanced_chunk(0, 4)
+
+
+def test_autotune_picks_fastest_and_times_real_rounds():
+  best, timings = tuning.autotune_chunk_size(lambda c: 1.0 / c, [2, 8, 4])
+  assert best == 8 and set(timings) == {2, 4, 8}
+  data = tiny_data(6, equal=True)
+  timer = tuning.round_timer(lambda c: make_fedavg(data, chunk_size=c, steps=1), data,
+                             jax.random.key(0))
+  best, timings = tuning.autotune_chunk_size(timer, [2, 6], repeats=1)
+  assert best in (2, 6) and all(t > 0 for t in timings.values())
