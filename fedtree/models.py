@@ -48,11 +48,55 @@ class MLP(nn.Module):
     return nn.Dense(self.num_classes)(x)
 
 
+CONV_IMPLS = ("auto", "xla", "matmul")
+
+
+def im2col_conv(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
+  """A VALID, stride-1 convolution as one matmul over shifted slices (im2col by slicing).
+
+  ``x: [B, H, W, C]``, ``kernel: [kh, kw, C, F]`` (flax's ``nn.Conv`` layout), ``bias: [F]``.
+  Its gradients are pads, adds and matmuls, with no convolution op.
+  """
+  kh, kw, cin, cout = kernel.shape
+  h, w = x.shape[1] - kh + 1, x.shape[2] - kw + 1
+  cols = jnp.concatenate([x[:, i:i + h, j:j + w, :] for i in range(kh) for j in range(kw)], axis=-1)
+  return cols @ kernel.reshape(kh * kw * cin, cout) + bias.reshape((1, 1, 1, cout))
+
+
+class Conv(nn.Module):
+  """A VALID, stride-1 2-D convolution with ``nn.Conv``'s parameters (``kernel``, ``bias``).
+
+  ``impl="xla"`` is ``lax.conv``; ``"matmul"`` is :func:`im2col_conv`; ``"auto"`` picks
+  ``"matmul"`` on CPU, where XLA compiles the weight gradient of a convolution inside a loop
+  (our local-step ``scan``) into a slow generic loop (jax-ml/jax#12868: 33x slower for the
+  benchmark CNN, measured), and ``"xla"`` elsewhere. Both give the same function.
+  """
+
+  features: int
+  kernel_size: tuple[int, int] = (3, 3)
+  impl: str = "auto"
+
+  @nn.compact
+  def __call__(self, x):
+    if self.impl not in CONV_IMPLS:
+      raise ValueError(f"conv impl={self.impl!r}; choose one of {CONV_IMPLS}")
+    kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                        tuple(self.kernel_size) + (x.shape[-1], self.features))
+    bias = self.param("bias", nn.initializers.zeros, (self.features,))
+    impl = self.impl if self.impl != "auto" else ("matmul" if jax.default_backend() == "cpu" else "xla")
+    if impl == "matmul":
+      return im2col_conv(x, kernel.astype(x.dtype), bias.astype(x.dtype))
+    y = jax.lax.conv_general_dilated(x, kernel.astype(x.dtype), (1, 1), "VALID",
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return y + bias.astype(x.dtype).reshape((1, 1, 1, -1))
+
+
 class CNN(nn.Module):
   """A small CNN: [conv3x3 - ReLU]* - maxpool2 - dropout - dense - ReLU - dropout - dense.
 
   With the defaults ``features=(32, 64)``, ``dense=128``, ``dropout=(0.25, 0.5)`` this is the
   CNN of the pfl-research cross-framework benchmark (and of the Keras MNIST example).
+  ``conv_impl`` chooses how convolutions are computed (:class:`Conv`).
   """
 
   num_classes: int
@@ -60,13 +104,14 @@ class CNN(nn.Module):
   dense: int = 128
   dropout: tuple[float, float] = (0.25, 0.5)
   pool_every_conv: bool = False
+  conv_impl: str = "auto"
 
   @nn.compact
   def __call__(self, x, train: bool = False):
     if x.ndim == 3:  # [B, H, W] grey images
       x = x[..., None]
-    for f in self.features:
-      x = nn.relu(nn.Conv(f, (3, 3), padding="VALID")(x))
+    for i, f in enumerate(self.features):
+      x = nn.relu(Conv(f, (3, 3), impl=self.conv_impl, name=f"Conv_{i}")(x))
       if self.pool_every_conv:
         x = nn.max_pool(x, (2, 2), strides=(2, 2))
     if not self.pool_every_conv:

@@ -251,3 +251,20 @@ def test_chunk_size_choices():
   assert cohort_sampler(parent, 10, chunk_size=None).chunk_size == 10
   with pytest.raises(ValueError, match="chunk_size='fast'; choose an int"):
     cohort_sampler(parent, 10, chunk_size="fast")
+
+
+def test_matmul_conv_equals_xla_conv_in_value_and_gradient():
+  from fedtree.models import CNN
+
+  x = jax.random.normal(jax.random.key(0), (2, 10, 10, 3))
+  a = CNN(num_classes=4, features=(5, 6), dense=8, conv_impl="matmul")
+  b = CNN(num_classes=4, features=(5, 6), dense=8, conv_impl="xla")
+  params = a.init(jax.random.key(1), x)["params"]
+  assert jax.tree.structure(params) == jax.tree.structure(b.init(jax.random.key(1), x)["params"])
+  np.testing.assert_allclose(a.apply({"params": params}, x), b.apply({"params": params}, x),
+                             rtol=1e-4, atol=1e-5)
+  ga = jax.grad(lambda p: jnp.sum(a.apply({"params": p}, x) ** 2))(params)
+  gb = jax.grad(lambda p: jnp.sum(b.apply({"params": p}, x) ** 2))(params)
+  jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-3, atol=1e-4), ga, gb)
+  with pytest.raises(ValueError, match="conv impl='fft'"):
+    CNN(num_classes=4, conv_impl="fft").init(jax.random.key(1), x)
