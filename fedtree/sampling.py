@@ -123,9 +123,10 @@ def cohort_sampler(parent, cohort_size, *, chunk_size: int | None = None) -> Coh
         f"chunk_size={chunk_size!r}; choose an int >= 1, None (whole cohort) or 'auto' "
         f"('tune' is resolved by the fedavg/fedopt/hierfavg builders)"
       )
+    from fedtree.sharding import mesh_size
     from fedtree.tuning import default_chunk_size
 
-    chunk_size = default_chunk_size(total)
+    chunk_size = default_chunk_size(total, num_devices=mesh_size())
   chunk = total if chunk_size is None else int(chunk_size)
   if chunk < 1:
     raise ValueError(f"chunk_size={chunk_size} must be >= 1")

@@ -107,3 +107,8 @@ def test_autotune_picks_fastest_and_times_real_rounds():
                              jax.random.key(0))
   best, timings = tuning.autotune_chunk_size(timer, [2, 6], repeats=1)
   assert best in (2, 6) and all(t > 0 for t in timings.values())
+
+
+def test_sharded_cpu_default_chunk_is_larger_per_device():
+  assert tuning.default_chunk_size(1000, backend="cpu", num_devices=2) == 2 * tuning.SHARDED_CPU_CHUNK
+  assert tuning.default_chunk_size(1000, backend="cpu", num_devices=1) == tuning.DEFAULT_CHUNK["cpu"]
