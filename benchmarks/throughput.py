@@ -363,11 +363,13 @@ def main(argv=None) -> list[dict]:
   p.add_argument("--chunk-size", default="auto", help="auto | none | an int")
   p.add_argument("--compute-dtype", default=None, help="e.g. bfloat16 (fedtree local training)")
   p.add_argument("--variants", action="store_true", help="also time fedtree with bf16")
-  p.add_argument("--cpu-devices", type=int, default=1,
-                 help="fedtree: shard clients over N host devices (XLA_FLAGS device count)")
+  p.add_argument("--cpu-devices", type=int, default=0,
+                 help="fedtree: shard clients over N host devices (XLA_FLAGS device count); "
+                      "0 (default): one per CPU core (1 with --in-process)")
   p.add_argument("--flower-max-clients", type=int, default=1000)
-  p.add_argument("--torch-threads", type=int, default=None,
-                 help="intra-op threads of the PyTorch loop (default 1, see benchmarks/peers.py)")
+  p.add_argument("--torch-threads", type=int, default=0,
+                 help="intra-op threads of the PyTorch loop; 0 (default): one per CPU core, "
+                      "the same cores fedtree uses")
   p.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
   p.add_argument("--rounds", type=int, default=None, help="timed rounds per job (override)")
   p.add_argument("--repeats", type=int, default=None, help="timed calls per JAX job (best kept)")
@@ -386,6 +388,10 @@ def main(argv=None) -> list[dict]:
     print("RESULT " + json.dumps(res), flush=True)
     return [res]
 
+  if args.cpu_devices == 0:
+    args.cpu_devices = 1 if args.in_process else (os.cpu_count() or 1)
+  if args.torch_threads == 0:
+    args.torch_threads = os.cpu_count() or 1
   jobs = plan(args)
   if args.torch_threads:
     jobs = [dataclasses.replace(j, options=(("threads", args.torch_threads),))
