@@ -9,8 +9,8 @@ on a run to put the same local objective under the root -> groups -> clients tre
 reported per run: ``global`` (and ``personal`` for Ditto/pFedMe, ``adapted`` for Per-FedAvg:
 one step of rate α on the client's own data). About 40 s on a 2-core CPU.
 
-Measured (seed 0, overall test accuracy): FedAvg 0.567, FedProx 0.566, Ditto personal 0.580
-(global 0.564), pFedMe personal 0.556, Per-FedAvg adapted 0.568 (FO) / 0.571 (HF). Clients
+Measured (seed 0, overall test accuracy): FedAvg 0.562, FedProx 0.563, Ditto personal 0.583
+(global 0.558), pFedMe personal 0.556, Per-FedAvg adapted 0.559 (FO) / 0.563 (HF). Clients
 differ strongly (``client_spread=1``) but have few examples, so personal models gain little
 over the global one at this scale.
 

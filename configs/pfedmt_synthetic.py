@@ -11,11 +11,16 @@ of pFedMe's public code for Synthetic, 60 → 20 (ReLU) → 10, as pFedMT does n
 
 The paper's hyperparameters: α = 0.01 (local learning rate of every method), η = 0.03,
 λ = 15, β = 1, K = 30 team iterations, L = 20 local steps, minibatch 20, and T = 100 or 600
-global iterations. Here ``rounds`` (= T) is shrunk to 20 so that the default run finishes in a
-few minutes on a 2-core CPU; the paper's numbers need ``--config.rounds=100`` (or 600).
+global iterations. Here ``rounds`` (= T) is shrunk to 20 so that the default run finishes in well under a
+minute on a 2-core CPU; the paper's numbers need ``--config.rounds=100`` (or 600).
 ``data.max_examples`` caps the heavy-tailed per-user example count at 1500 to bound the
 padded length (the recipe's largest user has ~10,500 examples); ``--config.data.max_examples=None``
 restores the exact recipe.
+
+Measured (seed 0, ``:dnn``, T = 20, about 25 s of training on a 2-core CPU): FedAvg 63.7 %;
+Per-FedAvg 62.6 % (adapted 78.5 %); pFedMe GM 56.0 %, PM 88.8 %; pFedMT GM 84.6 %, team
+85.3 %, PM 89.7 %: Table 1's ordering (pFedMT PM best, pFedMT's GM far above pFedMe's).
+The paper's T = 100 (``--config.rounds=100``) takes about 2 minutes.
 
 Models reported: FedAvg ``global``; pFedMT ``global`` (GM), ``team`` and ``personal`` (PM).
 Per-FedAvg ``global`` and ``adapted`` (after one step at α on each device's data); pFedMe
