@@ -105,3 +105,19 @@ def test_run_order_is_kept_and_checked(tmp_path):
   c.run_order = ("fedavg", "typo")
   with pytest.raises(ValueError, match=r"run_order names \['typo'\]"):
     experiment.train_and_evaluate(c, str(tmp_path))
+
+
+def test_main_cpu_devices_shards_the_clients(tmp_path):
+  cmd = [sys.executable, "-m", "fedtree.main", "--config=configs/quickstart.py", f"--workdir={tmp_path}",
+         "--cpu_devices=2", "--config.rounds=1", "--config.eval_every=1", "--config.rounds_per_call=1",
+         "--config.progress=False", "--config.data.group_sizes=(4,2)", "--config.runs.fedavg.cohort_size=4",
+         "--config.runs.fedadam.cohort_size=4", "--config.runs.hierfavg.cohort_size=2",
+         "--config.runs.edges_only.cohort_size=2"]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+  out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "CpuDevice(id=1)" in out.stderr
+  assert json.load(open(tmp_path / "config.json"))["mesh_shape"] == 2
+  bad = subprocess.run(cmd[:4] + ["--cpu_devices=-1"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env=env)
+  assert bad.returncode != 0 and "--cpu_devices=-1 must be >= 0" in bad.stderr
