@@ -297,18 +297,24 @@ def sgd_client_update(
   max_steps: int,
   regularizer: Regularizer | None = None,
   compute_dtype=None,
+  persistent: bool = False,
 ) -> ClientUpdate:
-  """Plain local training from the anchor (FedAvg; FedProx with ``regularizer=proximal(mu)``).
+  """Plain local training (FedAvg; FedProx with ``regularizer=proximal(mu)``).
 
-  ``compute_dtype`` (e.g. ``"bfloat16"``): mixed-precision local steps, see :func:`make_sgd_step`.
+  By default a client starts from the anchor (its parent's model) and keeps no state. With
+  ``persistent=True`` its state is its own model: it starts from it, the anchor is only what
+  ``regularizer`` pulls towards, and the trained model is both sent up and kept (B-HFL's
+  clients). ``compute_dtype`` (e.g. ``"bfloat16"``): mixed-precision local steps, see
+  :func:`make_sgd_step`.
   """
   step = make_sgd_step(model, optimizer, regularizer, compute_dtype=compute_dtype)
 
   def apply(anchor, state, data: ClientData, num_steps, key):
-    carry = SGDCarry(params=anchor, opt_state=optimizer.init(anchor), anchor=anchor)
+    start = state if persistent else anchor
+    carry = SGDCarry(params=start, opt_state=optimizer.init(start), anchor=anchor)
     carry, loss = run_local_steps(
       step, carry, data, num_steps, key, batch_size=batch_size, max_steps=max_steps
     )
-    return carry.params, state, loss
+    return carry.params, (carry.params if persistent else state), loss
 
   return ClientUpdate(apply=apply)

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedtree.aggregation import weighted_segment_sum
+from fedtree.aggregation import divide_by_weight, weighted_segment_sum
 from fedtree.data import FederatedData
 from fedtree.local import ClientData, ClientUpdate
 from fedtree.sampling import Cohort
@@ -49,8 +49,6 @@ class TierResult(NamedTuple):
 
   def pseudo_gradient(self) -> PyTree:
     """The mean pseudo-gradient ``Θ - Σ p_i θ_i`` of every parent (0 where none reported)."""
-    from fedtree.aggregation import divide_by_weight
-
     return divide_by_weight(self.delta_sum, self.weight_sum)
 
 

@@ -268,3 +268,24 @@ def test_matmul_conv_equals_xla_conv_in_value_and_gradient():
   jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-3, atol=1e-4), ga, gb)
   with pytest.raises(ValueError, match="conv impl='fft'"):
     CNN(num_classes=4, conv_impl="fft").init(jax.random.key(1), x)
+
+
+def test_persistent_sgd_update_starts_from_and_keeps_the_client_model():
+  import optax
+
+  from fedtree.local import sgd_client_update
+
+  model = build_model("logreg", example_shape=(3,), num_classes=2)
+  anchor, own = model.init(jax.random.key(0)), model.init(jax.random.key(1))
+  cd = ClientData(x=jax.random.normal(jax.random.key(2), (6, 3)), y=jnp.arange(6) % 2, n=jnp.asarray(6))
+  key = jax.random.key(3)
+  plain = sgd_client_update(model, optax.sgd(0.1), batch_size=3, max_steps=2)
+  kept = sgd_client_update(model, optax.sgd(0.1), batch_size=3, max_steps=2, persistent=True)
+  p_plain, s_plain, _ = plain.apply(anchor, own, cd, jnp.asarray(2), key)
+  p_kept, s_kept, _ = kept.apply(anchor, own, cd, jnp.asarray(2), key)
+  chex_equal = lambda a, b: jax.tree.map(np.testing.assert_array_equal, a, b)  # noqa: E731
+  chex_equal(s_plain, own)                       # stateless: state passes through
+  chex_equal(s_kept, p_kept)                     # persistent: the trained model is kept
+  chex_equal(kept.apply(own, own, cd, jnp.asarray(2), key)[0], p_kept)   # it started from `own`
+  chex_equal(plain.apply(anchor, anchor, cd, jnp.asarray(2), key)[0], p_plain)
+  assert not np.allclose(p_plain["Dense_0"]["kernel"], p_kept["Dense_0"]["kernel"])

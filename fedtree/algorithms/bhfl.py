@@ -80,10 +80,10 @@ from fedtree.local import (
   ClientData,
   ClientUpdate,
   LocalSchedule,
-  Regularizer,
   SGDCarry,
   make_sgd_step,
   run_local_steps,
+  sgd_client_update,
 )
 from fedtree.models import Model
 from fedtree.rng import stream
@@ -96,31 +96,6 @@ PyTree = Any
 
 
 # ------------------------------------------------------------------------ pieces
-def persistent_client_update(
-  model: Model,
-  optimizer: optax.GradientTransformation,
-  *,
-  batch_size: int,
-  max_steps: int,
-  regularizer: Regularizer | None = None,
-) -> ClientUpdate:
-  """Local training that starts from the client's own model (its state), not the anchor.
-
-  The anchor (the parent's model) is what ``regularizer`` pulls towards (e.g. FedProx's
-  ``proximal(mu)``). The new model is both sent up and kept as the client's state.
-  """
-  step = make_sgd_step(model, optimizer, regularizer)
-
-  def apply(anchor, state, data: ClientData, num_steps, key):
-    carry = SGDCarry(params=state, opt_state=optimizer.init(state), anchor=anchor)
-    carry, loss = run_local_steps(
-      step, carry, data, num_steps, key, batch_size=batch_size, max_steps=max_steps
-    )
-    return carry.params, carry.params, loss
-
-  return ClientUpdate(apply=apply)
-
-
 def down_nodes(
   opt: optax.GradientTransformation, params: PyTree, opt_state: PyTree, target: PyTree,
   active: jax.Array,
@@ -321,7 +296,7 @@ def bhfl(
     chunk_size: clients trained at once; ``None``: the whole cohort.
     weighting: ``"examples"`` or ``"uniform"`` weights of children (by their subtrees).
     client_update: must start from the client state (default
-      :func:`persistent_client_update` with ``local_optimizer``).
+      :func:`fedtree.local.sgd_client_update` with ``persistent=True``).
     proxy: ``{level: ProxyData}`` for internal nodes holding data.
     proxy_optimizer: optimizer of proxy training (default ``local_optimizer``).
     proxy_schedule: steps/batch of proxy training (default ``schedule``).
@@ -388,8 +363,8 @@ def bhfl(
   proxy_step = make_sgd_step(model, proxy_opt)
   max_steps = schedule.max_steps(data.max_train)
   if client_update is None:
-    client_update = persistent_client_update(
-      model, local_optimizer, batch_size=schedule.batch_size, max_steps=max_steps
+    client_update = sgd_client_update(
+      model, local_optimizer, batch_size=schedule.batch_size, max_steps=max_steps, persistent=True
     )
   parents = [None] + [np.asarray(topology.parent(lv)) for lv in range(1, depth + 1)]
   ancestors = [np.asarray(topology.ancestor(lv)) for lv in range(depth + 1)]
