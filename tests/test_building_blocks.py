@@ -247,7 +247,7 @@ def test_chunk_size_choices():
   from fedtree.tuning import default_chunk_size
 
   parent = np.zeros(10, int)
-  assert cohort_sampler(parent, 10, chunk_size="auto").chunk_size == default_chunk_size(10)
+  assert cohort_sampler(parent, 10, chunk_size="auto").chunk_size == default_chunk_size(10, group_sizes=[10])
   assert cohort_sampler(parent, 10, chunk_size=None).chunk_size == 10
   with pytest.raises(ValueError, match="chunk_size='fast'; choose an int"):
     cohort_sampler(parent, 10, chunk_size="fast")
@@ -268,6 +268,20 @@ def test_matmul_conv_equals_xla_conv_in_value_and_gradient():
   jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-3, atol=1e-4), ga, gb)
   with pytest.raises(ValueError, match="conv impl='fft'"):
     CNN(num_classes=4, conv_impl="fft").init(jax.random.key(1), x)
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 6, 3), (2, 7, 9, 4)])
+def test_reshape_max_pool_equals_flax_max_pool_in_value_and_gradient(shape):
+  import flax.linen as nn
+
+  from fedtree.models import max_pool
+
+  x = jax.random.normal(jax.random.key(0), shape)  # continuous: no tied maxima
+  np.testing.assert_array_equal(max_pool(x), nn.max_pool(x, (2, 2), strides=(2, 2)))
+  ga = jax.grad(lambda v: jnp.sum(jnp.sin(max_pool(v))))(x)
+  gb = jax.grad(lambda v: jnp.sum(jnp.sin(nn.max_pool(v, (2, 2), strides=(2, 2)))))(x)
+  np.testing.assert_allclose(ga, gb, rtol=1e-6)
+  assert int(jnp.sum(ga != 0)) == x.shape[0] * (shape[1] // 2) * (shape[2] // 2) * shape[3]
 
 
 def test_persistent_sgd_update_starts_from_and_keeps_the_client_model():
