@@ -88,24 +88,33 @@ def build_fedtree(w: Workload, data: FederatedData, *, chunk_size: Any = "auto",
   """The fedtree algorithm of ``w`` (FedAvg, or HierFAVG when ``w.edges``/``depth``) and chunk."""
   model = jax_model(w)
   schedule = LocalSchedule(batch_size=w.batch_size, epochs=None, steps=w.local_steps)
-  if chunk_size == "auto":
-    chunk_size = tuning.default_chunk_size(w.cohort_size, num_devices=sharding.mesh_size())
   opt = optax.sgd(w.lr)
+  depth = depth or (2 if w.edges else 1)
+  topo = None
+  if depth > 1:
+    topo = (Topology.from_sizes([w.num_clients // w.edges] * w.edges) if w.edges and depth == 2
+            else tree_topology(w.num_clients, depth))
+  cohort = w.cohort
+  if topo is not None and cohort is not None:
+    cohort = max(1, w.cohort // topo.num_nodes(topo.depth - 1))
+  if chunk_size == "auto":  # what the experiment runner does: sized for the model on CPU
+    policy = tuning.chunk_policy(model, opt, w.example_shape, w.batch_size)
+    groups = [w.cohort_size]
+    if topo is not None:
+      counts = topo.leaf_counts(topo.depth - 1)
+      groups = counts if cohort is None else np.minimum(cohort, counts)
+    chunk_size = policy(w.cohort_size, sharding.mesh_size(), groups)
   update = None
   if persistent_state:
     update = personal_head_update(model, opt, batch_size=w.batch_size, max_steps=w.local_steps)
   elif compute_dtype is not None:
     update = sgd_client_update(model, opt, batch_size=w.batch_size, max_steps=w.local_steps,
                                compute_dtype=compute_dtype)
-  depth = depth or (2 if w.edges else 1)
   if depth == 1:
     alg = fedavg(model=model, data=data, local_optimizer=opt, schedule=schedule,
                  server_optimizer=optax.sgd(w.server_lr), cohort_size=w.cohort,
                  chunk_size=chunk_size, client_update=update)
   else:
-    topo = (Topology.from_sizes([w.num_clients // w.edges] * w.edges) if w.edges and depth == 2
-            else tree_topology(w.num_clients, depth))
-    cohort = None if w.cohort is None else max(1, w.cohort // topo.num_nodes(topo.depth - 1))
     alg = hierfavg(model=model, topology=topo, data=data, local_optimizer=opt, schedule=schedule,
                    server_optimizers=optax.sgd(w.server_lr), periods=1, cohort_size=cohort,
                    chunk_size=chunk_size, client_update=update)

@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from fedtree import simulation
+from fedtree import simulation, tuning
 from fedtree.algorithms.base import FederatedAlgorithm
 from fedtree.data import FederatedData, as_device
 from fedtree.local import LocalSchedule
@@ -50,6 +50,8 @@ class Context:
     local_optimizer: the clients' optax optimizer (``config.local``).
     schedule: local epochs/steps and batch size (``config.local``).
     central_test: ``(x, y)`` of a central test set when the data has one, else ``None``.
+    auto_chunk: what ``chunk_size="auto"`` means for this model (a
+      :func:`fedtree.tuning.chunk_policy`; ``None``: the per-backend default).
   """
 
   config: ml_collections.ConfigDict
@@ -60,6 +62,15 @@ class Context:
   local_optimizer: optax.GradientTransformation
   schedule: LocalSchedule
   central_test: tuple[np.ndarray, np.ndarray] | None = None
+  auto_chunk: tuning.ChunkPolicy | None = None
+
+  def chunk_size(self, run: ml_collections.ConfigDict | None = None):
+    """The chunk size of ``run`` (its ``chunk_size``, else the config's, else ``"auto"``),
+    with ``"auto"`` sized for this model."""
+    value = self.config.get("chunk_size", "auto")
+    if run is not None:
+      value = run.get("chunk_size", value)
+    return self.auto_chunk if value == "auto" and self.auto_chunk is not None else value
 
 
 class Pipeline(Protocol):
@@ -121,10 +132,12 @@ def make_context(config: ml_collections.ConfigDict) -> Context:
   model_cfg = dict(config.model)
   name = model_cfg.pop("name")
   model = build_model(name, example_shape=data.example_shape, num_classes=data.num_classes, **model_cfg)
+  local_optimizer = local_optimizer_from_config(config.local)
+  schedule = schedule_from_config(config.local)
   return Context(
     config=config, data=as_device(data), groups=np.asarray(groups), topology=topology, model=model,
-    local_optimizer=local_optimizer_from_config(config.local),
-    schedule=schedule_from_config(config.local), central_test=central,
+    local_optimizer=local_optimizer, schedule=schedule, central_test=central,
+    auto_chunk=tuning.chunk_policy(model, local_optimizer, data.example_shape, schedule.batch_size),
   )
 
 

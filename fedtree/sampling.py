@@ -57,6 +57,12 @@ class CohortSampler:
     return dict(order=order, slot_parent=slot_parent, slot_pos=slot_pos, total=total, pad=pad, full=full)
 
   @property
+  def parent_aligned(self) -> bool:
+    """Whether every chunk holds children of a single parent (one parent, or every
+    parent's cohort a multiple of the chunk): ``train_cohort(parent_aligned=...)``."""
+    return len(self.sizes) == 1 or all(k % self.chunk_size == 0 for k in self.sizes)
+
+  @property
   def cohort_size(self) -> int:
     """Number of real (non-padding) slots."""
     return self._static["total"]
@@ -91,7 +97,8 @@ def cohort_sampler(parent, cohort_size, *, chunk_size: int | None = None) -> Coh
     cohort_size: children per parent: an int for every parent, ``None`` or ``-1`` for all of
       them, or a sequence with one entry per parent.
     chunk_size: pad the cohort to a multiple of this: an int, ``None`` (the whole cohort, no
-      padding) or ``"auto"`` (the per-backend default of :mod:`fedtree.tuning`).
+      padding), ``"auto"`` (the per-backend default of :mod:`fedtree.tuning`) or a
+      :func:`fedtree.tuning.chunk_policy` (the default sized for a model).
 
   Raises:
     ValueError: a cohort larger than its group, or non-positive sizes.
@@ -117,6 +124,10 @@ def cohort_sampler(parent, cohort_size, *, chunk_size: int | None = None) -> Coh
       f"(smallest group: {int(counts.min())}); use cohort_size <= {int(counts.min())} or -1 for all"
     )
   total = int(k.sum())
+  if callable(chunk_size):  # a policy (fedtree.tuning.chunk_policy): slots, devices -> chunk
+    from fedtree.sharding import mesh_size
+
+    chunk_size = int(chunk_size(total, mesh_size(), tuple(int(v) for v in k)))
   if isinstance(chunk_size, str):
     if chunk_size != "auto":
       raise ValueError(
@@ -126,7 +137,7 @@ def cohort_sampler(parent, cohort_size, *, chunk_size: int | None = None) -> Coh
     from fedtree.sharding import mesh_size
     from fedtree.tuning import default_chunk_size
 
-    chunk_size = default_chunk_size(total, num_devices=mesh_size())
+    chunk_size = default_chunk_size(total, num_devices=mesh_size(), group_sizes=tuple(int(v) for v in k))
   chunk = total if chunk_size is None else int(chunk_size)
   if chunk < 1:
     raise ValueError(f"chunk_size={chunk_size} must be >= 1")

@@ -9,6 +9,11 @@ gathered and scattered back by client index (clients outside the cohort are unto
 
 Each client's randomness is ``fold_in(key, client_index)``, so results do not depend on the
 chunk size nor on where a client sits in the cohort.
+
+With the client axis sharded over ``D`` devices (:mod:`fedtree.sharding`), every device adds
+its slice of each chunk into its own row of ``[D, P, ...]`` partial sums, and the rows are
+summed once, after the last chunk: one cross-device reduction per tier and round instead of
+one per chunk (which would cost a tree with many parents more than a flat round).
 """
 
 from __future__ import annotations
@@ -17,12 +22,13 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from fedtree.aggregation import divide_by_weight, weighted_segment_sum
 from fedtree.data import FederatedData
 from fedtree.local import ClientData, ClientUpdate
 from fedtree.sampling import Cohort
-from fedtree.sharding import constrain_clients
+from fedtree.sharding import CLIENT_AXIS, constrain_clients, mesh_size
 
 PyTree = Any
 
@@ -69,6 +75,7 @@ def train_cohort(
   chunk_size: int | None = None,
   anchor_params: PyTree | None = None,
   keep_client_params: bool = False,
+  parent_aligned: bool = False,
 ) -> TierResult:
   """Trains every client of ``cohort`` from its parent's model and aggregates per parent.
 
@@ -85,6 +92,10 @@ def train_cohort(
     anchor_params: ``[P, ...]`` models the pseudo-gradient is taken against, when they differ
       from the models clients start from (default ``parent_params``).
     keep_client_params: also return every slot's trained model ``[K, ...]``.
+    parent_aligned: every chunk holds children of one parent only (static; see
+      ``CohortSampler.parent_aligned``). Each chunk then broadcasts that parent's model
+      instead of gathering one copy per client, which XLA fuses into its consumers rather
+      than writing ``[chunk, ...]`` models to memory.
   """
   k = cohort.clients.shape[0]
   chunk = k if chunk_size is None else min(int(chunk_size), k)
@@ -94,12 +105,33 @@ def train_cohort(
   num_clients = data.x_train.shape[0]
   anchor_params = parent_params if anchor_params is None else anchor_params
   chunks = jax.tree.map(lambda a: a.reshape((k // chunk, chunk) + a.shape[1:]), cohort)
+  # Per-device partial sums: ``[D, P, ...]`` rows, row d owned by device d (D = 1 unsharded).
+  devices = mesh_size()
+  devices = devices if devices > 1 and chunk % devices == 0 else 1
+
+  def per_device(a):
+    """``[chunk, ...]`` -> ``[D, chunk / D, ...]``: device d's slice of the chunk in row d."""
+    return a.reshape((devices, chunk // devices) + a.shape[1:])
+
+  def on_devices(tree):
+    if devices == 1:
+      return tree
+    return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, P(CLIENT_AXIS)), tree)
+
+  segment_sums = jax.vmap(weighted_segment_sum, in_axes=(0, 0, 0, None))
 
   def body(carry, ch: Cohort):
     delta_sum, weight_sum, state, loss_sum, count = carry
     # Under a ``jax.set_mesh`` with a ``clients`` axis, each device trains its slice of the
     # chunk (identity otherwise; see fedtree.sharding).
-    start = constrain_clients(_take(parent_params, ch.parent))
+    if parent_aligned:
+      start = jax.tree.map(
+        lambda a: jnp.broadcast_to(a, (chunk,) + a.shape[1:]),
+        _take(parent_params, ch.parent[:1]),
+      )
+    else:
+      start = _take(parent_params, ch.parent)
+    start = constrain_clients(start)
     cdata = constrain_clients(ClientData(
       x=jnp.take(data.x_train, ch.clients, axis=0),
       y=jnp.take(data.y_train, ch.clients, axis=0),
@@ -112,12 +144,22 @@ def train_cohort(
     )
     params = constrain_clients(params)
     w = jnp.where(ch.valid, jnp.take(weights, ch.clients).astype(jnp.float32), 0.0)
-    anchor = start if anchor_params is parent_params else _take(anchor_params, ch.parent)
+    if anchor_params is parent_params:
+      anchor = start
+    elif parent_aligned:
+      anchor = jax.tree.map(lambda a: jnp.broadcast_to(a, (chunk,) + a.shape[1:]),
+                            _take(anchor_params, ch.parent[:1]))
+    else:
+      anchor = _take(anchor_params, ch.parent)
     delta = jax.tree.map(jnp.subtract, anchor, params)
-    delta_sum = jax.tree.map(
-      jnp.add, delta_sum, weighted_segment_sum(delta, w, ch.parent, num_parents)
-    )
-    weight_sum = weight_sum + jax.ops.segment_sum(w, ch.parent, num_segments=num_parents)
+    parent = per_device(ch.parent)
+    delta_sum = on_devices(jax.tree.map(
+      jnp.add, delta_sum,
+      segment_sums(jax.tree.map(per_device, delta), per_device(w), parent, num_parents),
+    ))
+    weight_sum = on_devices(weight_sum + jax.vmap(
+      lambda v, i: jax.ops.segment_sum(v, i, num_segments=num_parents)
+    )(per_device(w), parent))
     scatter_idx = jnp.where(ch.valid, ch.clients, num_clients)  # padding slots write nowhere
     state = jax.tree.map(lambda s, v: s.at[scatter_idx].set(v, mode="drop"), state, new_state)
     loss_sum = loss_sum + jnp.sum(jnp.where(ch.valid, loss, 0.0))
@@ -125,13 +167,15 @@ def train_cohort(
     return (delta_sum, weight_sum, state, loss_sum, count), (params if keep_client_params else None)
 
   init = (
-    jax.tree.map(lambda p: jnp.zeros_like(p), parent_params),
-    jnp.zeros((num_parents,), jnp.float32),
+    on_devices(jax.tree.map(lambda p: jnp.zeros((devices,) + p.shape, p.dtype), parent_params)),
+    on_devices(jnp.zeros((devices, num_parents), jnp.float32)),
     client_state,
     jnp.zeros((), jnp.float32),
     jnp.zeros((), jnp.int32),
   )
   (delta_sum, weight_sum, state, loss_sum, count), per_chunk = jax.lax.scan(body, init, chunks)
+  delta_sum = jax.tree.map(lambda a: jnp.sum(a, axis=0), delta_sum)  # the one reduction
+  weight_sum = jnp.sum(weight_sum, axis=0)
   client_params = None
   if keep_client_params:
     client_params = jax.tree.map(lambda a: a.reshape((k,) + a.shape[2:]), per_chunk)

@@ -112,3 +112,79 @@ def test_autotune_picks_fastest_and_times_real_rounds():
 def test_sharded_cpu_default_chunk_is_larger_per_device():
   assert tuning.default_chunk_size(1000, backend="cpu", num_devices=2) == 2 * tuning.SHARDED_CPU_CHUNK
   assert tuning.default_chunk_size(1000, backend="cpu", num_devices=1) == tuning.DEFAULT_CHUNK["cpu"]
+
+
+def test_auto_chunk_is_sized_for_the_model_on_cpu():
+  import optax
+
+  from fedtree.models import build_model
+
+  small = build_model("mlp", example_shape=(6,), num_classes=3, hidden=(8,))
+  big = build_model("mlp", example_shape=(2048,), num_classes=3, hidden=(2048,))  # 8 MB/step+
+  opt = optax.sgd(0.1)
+  assert tuning.client_step_bytes(small, opt, (6,), 4) < 2**16
+  assert tuning.client_step_bytes(big, opt, (2048,), 4) > tuning.CPU_CHUNK_BUDGET_BYTES // 2
+  # a client that fills the cache trains alone on its device; small ones keep the default
+  assert tuning.default_chunk_size(100, backend="cpu", num_devices=2,
+                                   client_bytes=tuning.CPU_CHUNK_BUDGET_BYTES) == 2
+  assert tuning.default_chunk_size(100, backend="cpu", client_bytes=1) == tuning.DEFAULT_CHUNK["cpu"]
+  assert tuning.default_chunk_size(100, backend="gpu", client_bytes=2**40) == 100
+  policy = tuning.chunk_policy(small, opt, (6,), 4)
+  assert policy(1000, 1) == tuning.default_chunk_size(1000, num_devices=1, client_bytes=1)
+  parent = np.zeros(10, np.int64)
+  assert cohort_sampler(parent, 10, chunk_size=lambda slots, devices, groups: slots // 5).chunk_size == 2
+
+
+def test_context_resolves_auto_with_the_model_policy():
+  import ml_collections
+
+  from fedtree import experiment
+  from fedtree.algorithms import builders
+
+  cfg = ml_collections.ConfigDict({"chunk_size": "auto"})
+  ctx = experiment.Context(config=cfg, data=None, groups=None, topology=None, model=None,
+                           local_optimizer=None, schedule=None,
+                           auto_chunk=lambda slots, devices, groups=None: 3)
+  assert ctx.chunk_size()(10, 1) == 3
+  assert ctx.chunk_size(ml_collections.ConfigDict({"chunk_size": 5})) == 5
+  assert ctx.chunk_size(ml_collections.ConfigDict({"chunk_size": None})) is None
+  kw = builders.resolve_chunk_size({"chunk_size": ctx.chunk_size()}, 10, None, ctx)
+  assert cohort_sampler(np.zeros(10, np.int64), 10, chunk_size=kw["chunk_size"]).chunk_size == 3
+
+
+def test_auto_chunk_prefers_chunks_aligned_with_parents():
+  # 10 parents x 100 clients on 2 devices: 64 would straddle parents; 50 divides every cohort
+  assert tuning.default_chunk_size(1000, backend="cpu", num_devices=2) == 64
+  assert tuning.default_chunk_size(1000, backend="cpu", num_devices=2, group_sizes=[100] * 10) == 50
+  assert tuning.default_chunk_size(1000, backend="cpu", num_devices=2, group_sizes=[1000]) == 50
+  # nothing aligned within a factor 2: the balanced chunk
+  assert tuning.default_chunk_size(1000, backend="cpu", num_devices=2, group_sizes=[97, 903]) == 64
+  parent = np.repeat(np.arange(3), 4)
+  assert cohort_sampler(parent, None, chunk_size=2).parent_aligned
+  assert not cohort_sampler(parent, None, chunk_size=3).parent_aligned
+  assert cohort_sampler(np.zeros(7, np.int64), None, chunk_size=3).parent_aligned  # one parent
+
+
+def test_parent_aligned_chunks_train_like_gathered_ones():
+  """The broadcast of a chunk's one parent gives what per-client gathers give, and a tree
+  whose chunks are parent-aligned trains like the unchunked (gathered) tree."""
+  data = tiny_data(8, seed=2)
+
+  def apply(anchor, state, cdata, num_steps, key):  # params move by the client's own n
+    return jax.tree.map(lambda a: a * 0.5 - cdata.n.astype(a.dtype), anchor), state, jnp.zeros(())
+
+  params = {"w": jnp.arange(6.0).reshape(3, 2)}
+  parent = np.repeat(np.arange(3), [2, 4, 2])
+  sampler = cohort_sampler(parent, None, chunk_size=2)
+  assert sampler.parent_aligned
+  cohort = sampler(jax.random.key(0))
+  kw = dict(num_steps=data.n_train, weights=jnp.arange(1.0, 9.0), key=jax.random.key(0),
+            chunk_size=2, anchor_params={"w": jnp.ones((3, 2))})
+  a = train_cohort(ClientUpdate(apply), params, cohort, data, parent_aligned=True, **kw)
+  b = train_cohort(ClientUpdate(apply), params, cohort, data, parent_aligned=False, **kw)
+  np.testing.assert_array_equal(a.delta_sum["w"], b.delta_sum["w"])
+  np.testing.assert_array_equal(a.weight_sum, b.weight_sum)
+  sizes = [[4, 4]]
+  ref = flat_params(run_rounds(make_hierfavg(data, sizes), data, rounds=3)[0])  # one chunk: gathers
+  got = flat_params(run_rounds(make_hierfavg(data, sizes, chunk_size=4), data, rounds=3)[0])
+  np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-6)

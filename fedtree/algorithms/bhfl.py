@@ -438,7 +438,7 @@ def bhfl(
     res = train_cohort(
       client_update, params[depth - 1], cohort, data,
       num_steps=schedule.num_steps(data.n_train), weights=w_client, key=stream(key, "train"),
-      client_state=params[depth], chunk_size=sampler.chunk_size,
+      client_state=params[depth], chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned,
     )
     params[depth] = res.client_state
     trained = jnp.zeros((num_clients,), bool).at[

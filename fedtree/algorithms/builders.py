@@ -34,7 +34,7 @@ def common(run, ctx) -> dict:
   cohort = None if cohort in (None, -1) else cohort
   out = dict(
     model=ctx.model, data=ctx.data, local_optimizer=ctx.local_optimizer, schedule=ctx.schedule,
-    cohort_size=cohort, chunk_size=run.get("chunk_size", ctx.config.get("chunk_size", "auto")),
+    cohort_size=cohort, chunk_size=ctx.chunk_size(run),
     weighting=run.get("weighting", "examples"),
   )
   compute_dtype = run.get("compute_dtype", ctx.config.get("compute_dtype", None))
@@ -50,16 +50,17 @@ CHUNK_CHOICES = ("an int >= 1", "None", "'auto'", "'tune'")
 
 
 def resolve_chunk_size(kwargs: dict, cohort_slots: int, build, ctx) -> dict:
-  """Replaces ``chunk_size="auto"``/``"tune"`` in ``kwargs`` by a number (see fedtree.tuning).
+  """Replaces ``chunk_size="tune"`` in ``kwargs`` by a number (see fedtree.tuning); ``"auto"``
+  and policies (:meth:`Context.chunk_size`) are left to the cohort sampler.
 
   ``build(**kwargs)`` makes the algorithm (for ``"tune"``, which times one round per candidate).
   """
   chunk = kwargs["chunk_size"]
   if chunk is None or (isinstance(chunk, (int, np.integer)) and not isinstance(chunk, bool)):
     return kwargs
+  if callable(chunk) or chunk == "auto":
+    return kwargs  # the cohort sampler sizes it, knowing every parent's cohort
   devices = sharding.mesh_size()
-  if chunk == "auto":
-    return {**kwargs, "chunk_size": tuning.default_chunk_size(cohort_slots, num_devices=devices)}
   if chunk == "tune":
     timer = tuning.round_timer(
       lambda c: build(**{**kwargs, "chunk_size": c}), ctx.data, jax.random.key(0)
@@ -116,7 +117,7 @@ def build_pfedmt(run, ctx):
     lam=float(run.get("lam", 15.0)), gamma=float(run.get("gamma", 0.1)),
     eta=float(run.get("eta", 0.03)), beta=float(run.get("beta", 1.0)),
     team_iters=int(run.get("team_iters", 30)), weighting=run.get("weighting", "examples"),
-    chunk_size=run.get("chunk_size", ctx.config.get("chunk_size", "auto")), name=run.algorithm,
+    chunk_size=ctx.chunk_size(run), name=run.algorithm,
   )
 
 

@@ -119,7 +119,7 @@ def group_fedopt(
     res = train_cohort(
       update, state.params[0], cohort, data, num_steps=schedule.num_steps(data.n_train),
       weights=client_weights(data.n_train, weighting), key=stream(key, "train"),
-      chunk_size=sampler.chunk_size, client_state=state.client_state,
+      chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned, client_state=state.client_state,
     )
     params, opt_state = update_nodes(
       server_optimizer, state.params[0], state.opt_state[0], res.pseudo_gradient(),
@@ -187,7 +187,7 @@ def global_stage(ctx, key, *, rounds: int, server_optimizer, cohort_size, report
   alg = group_fedopt(model=ctx.model, groups=np.zeros(c, np.int32), data=ctx.data,
                      local_optimizer=ctx.local_optimizer, schedule=ctx.schedule,
                      server_optimizer=server_optimizer, cohort_size=cohort_size,
-                     chunk_size=ctx.config.get("chunk_size", "auto"), start_params=init_params,
+                     chunk_size=ctx.chunk_size(), start_params=init_params,
                      name=label)
   state = alg.init(simulation.init_key(key))
   state = run_rounds(alg, state, ctx.data, stream(key, "global_stage"), rounds=rounds,
@@ -204,7 +204,7 @@ def group_stage(ctx, key, start: StageResult, groups: np.ndarray, *, rounds: int
   alg = group_fedopt(model=ctx.model, groups=groups, data=ctx.data,
                      local_optimizer=ctx.local_optimizer, schedule=ctx.schedule,
                      server_optimizer=server_optimizer, cohort_size=cohort_size,
-                     chunk_size=ctx.config.get("chunk_size", "auto"), start_params=seed, name=label)
+                     chunk_size=ctx.chunk_size(), start_params=seed, name=label)
   state = alg.init(key)
   state = run_rounds(alg, state, ctx.data, stream(key, "group_stage"), rounds=rounds,
                      rounds_per_call=int(ctx.config.get("rounds_per_call", 1)), reporter=reporter,

@@ -133,6 +133,7 @@ def hierfavg(
       client_update, params[depth - 1], cohort, data,
       num_steps=schedule.num_steps(data.n_train), weights=w_client,
       key=stream(key, "train"), chunk_size=sampler.chunk_size, client_state=state.client_state,
+      parent_aligned=sampler.parent_aligned,
     )
     params[depth - 1], opt_state[depth - 1] = update_nodes(
       server_optimizers[depth - 1], params[depth - 1], opt_state[depth - 1],

@@ -144,6 +144,7 @@ def pfedmt(
       res = train_cohort(
         client_update, w, cohort, data, num_steps=num_steps, weights=w_dev,
         key=jax.random.fold_in(train_key, k), client_state=pm, chunk_size=sampler.chunk_size,
+        parent_aligned=sampler.parent_aligned,
       )
       # θ̄_i = w_i - (w_i - Σ_j δ_j θ_ij): the cohort's mean pseudo-gradient, undone.
       theta_bar = jax.tree.map(jnp.subtract, w, res.pseudo_gradient())
