@@ -77,7 +77,7 @@ def kmeans_plusplus(key: jax.Array, x: jax.Array, k: int, mask: jax.Array | None
   keys = jax.random.split(key, k)
   first = jax.random.categorical(keys[0], jnp.where(mask, 0.0, -jnp.inf))
   cents = jnp.zeros((k, x.shape[1]), x.dtype).at[0].set(x[first])
-  d2 = jnp.where(mask, jnp.sum((x - x[first]) ** 2, axis=1), 0.0)
+  d2 = jnp.where(mask, jnp.sum((x - x[first][None, :]) ** 2, axis=1), 0.0)
 
   def body(i, carry):
     cents, d2 = carry
@@ -86,7 +86,7 @@ def kmeans_plusplus(key: jax.Array, x: jax.Array, k: int, mask: jax.Array | None
     logits = jnp.where(mask & ((d2 > 0) | (total <= 0)), logits, -jnp.inf)
     pick = jax.random.categorical(keys[i], logits)
     cents = cents.at[i].set(x[pick])
-    d2 = jnp.minimum(d2, jnp.where(mask, jnp.sum((x - x[pick]) ** 2, axis=1), 0.0))
+    d2 = jnp.minimum(d2, jnp.where(mask, jnp.sum((x - x[pick][None, :]) ** 2, axis=1), 0.0))
     return cents, d2
 
   cents, _ = jax.lax.fori_loop(1, k, body, (cents, d2))
