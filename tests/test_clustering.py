@@ -2,6 +2,8 @@
 MCFL against plain per-client loops (``reference_clustering.py``), their reductions, config
 errors, one compile per round, the data transforms and the shipped config end to end."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -295,7 +297,7 @@ def test_transforms():
 
 def _small_config():
   c = load_config("clustered")
-  c.rounds, c.eval_every, c.rounds_per_call, c.progress = 4, 4, 4, False
+  c.rounds, c.eval_every, c.rounds_per_call, c.progress = 4, 2, 2, False   # evaluates mid-run too
   c.data.num_examples, c.data.image_size = 300, 6
   c.model.hidden = (8,)
   for run in c.runs.values():
@@ -319,6 +321,9 @@ def test_clustered_config_end_to_end(tmp_path):
   assert 0.0 <= s["intra_cluster_accuracy"] <= 1.0 and s["num_clusters"] >= 1
   assert "intra_cluster_accuracy" not in results["fedavg"]["global"]
   assert (tmp_path / "summary.json").exists()
+  lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+  assert [ln["round"] for ln in lines if ln["run"] == "mcfl"] == [2, 4]
+  assert all("selected/inter_cluster_accuracy" in ln for ln in lines if ln["run"] == "mcfl")
 
 
 @pytest.mark.slow

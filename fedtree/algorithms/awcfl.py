@@ -44,6 +44,7 @@ from fedtree.algorithms.base import FederatedAlgorithm, NodeModels, client_weigh
 from fedtree.clustering import (
   ClusterFeatures,
   ClusterState,
+  KMeansResult,
   check_num_clusters,
   flatten_rows,
   sample_mean,
@@ -166,8 +167,12 @@ def awcfl(
       weights=w_client, key=stream(key, "train"), chunk_size=sampler.chunk_size, keep_client_params=True,
     )
     w = jnp.where(cohort.valid, jnp.take(w_client, cohort.clients), 0.0)
-    km = stable_kmeans(stream(key, "kmeans"), flatten_rows(res.client_params), flatten_rows(state.params),
-                       iters=iters, mask=cohort.valid)
+    points, previous = flatten_rows(res.client_params), flatten_rows(state.params)
+    km = jax.lax.cond(  # no K-means before clustering starts
+      clustering,
+      lambda: stable_kmeans(stream(key, "kmeans"), points, previous, iters=iters, mask=cohort.valid),
+      lambda: KMeansResult(previous, jnp.zeros(cohort.valid.shape, jnp.int32), jnp.zeros((), jnp.float32)),
+    )
     assign = jnp.where(clustering, km.assignment, 0)
     means, total = weighted_mean(res.client_params, w, assign, k)
     means = select_nodes(total > 0, means, state.params)  # no report: keep the model
