@@ -152,11 +152,10 @@ def test_cluster_accuracy_by_hand():
 
 
 # ------------------------------------------------------------------ algorithms vs loops
-@pytest.mark.parametrize("beta", [0.0, 0.3])
-def test_awcfl_matches_reference(problem, beta):
-  """Round 1 without clustering (FedAvg into every cluster), round 2 clustered and mixed;
-  beta = 0 is plain K-means clustered FL (the reference's per-cluster mean)."""
-  p, k = problem, 2
+def test_awcfl_matches_reference(problem):
+  """Round 1 without clustering (FedAvg into every cluster), round 2 clustered and mixed
+  (beta = 0, plain K-means clustered FL, is checked through MCFL below)."""
+  p, k, beta = problem, 2, 0.3
   alg, traces = _counted(awcfl(num_clusters=k, beta=beta, cluster_start_round=1, kmeans_iters=5, **p["kw"]))
   step = jax.jit(alg.round)
   state = alg.init(jax.random.key(0))
@@ -228,12 +227,25 @@ def test_cfl_matches_reference_and_splits_flipped_clients(problem):
   assert len(traces) == 1
 
 
-def test_mcfl_picks_the_nearest_cluster_feature_and_reports_intra_inter(problem):
-  p = problem
+def test_mcfl_is_awcfl_beta0_and_picks_the_nearest_cluster_feature(problem):
+  """MCFL trains as AWCFL with beta = 0, i.e. plain K-means clustered FL: checked against the
+  reference's per-cluster means; then its picks, and the intra/inter report."""
+  p, k = problem, 2
   big = int(max(p["data"].max_train, p["data"].x_test.shape[1]))   # n >= every client: whole-data means
-  alg, traces = _counted(mcfl(num_clusters=2, cluster_start_round=1, feature_examples=big, **p["kw"]))
-  state = simulation.run(alg, p["data"], num_rounds=3, key=jax.random.key(5))
-  assert len(traces) == 1
+  alg, traces = _counted(mcfl(num_clusters=k, cluster_start_round=1, kmeans_iters=5, feature_examples=big,
+                              **p["kw"]))
+  step = jax.jit(alg.round)
+  state = alg.init(jax.random.key(5))
+  params, cluster_of = _rows(state.params, k), np.zeros(6, np.int64)
+  for r in (1, 2, 3):
+    key = jax.random.key(50 + r)
+    state, _ = step(state, p["data"], key)
+    params, cluster_of = ref.awcfl_round(
+      p["model"], params, cluster_of, p["data"], key, r=r, beta=0.0, start=1, iters=5, weights=p["weights"],
+      lr=LR, batch_size=BATCH, num_steps=p["steps"])
+    np.testing.assert_array_equal(np.asarray(state.cluster_of), cluster_of)
+    _close(state.params, ref.stack(params))
+  assert len(traces) == 1 and len(set(cluster_of.tolist())) == 2
   cl = np.asarray(state.cluster_of)
   first = np.asarray(p["data"].x_train[0][: int(p["data"].n_train[0])]).reshape(-1, 16)
   np.testing.assert_allclose(np.asarray(state.features.client_mean)[0], first.mean(0), atol=1e-5)
