@@ -192,6 +192,9 @@ def run_algorithm(
       for name, s in summaries.items():
         host[f"{name}/accuracy"] = s["accuracy"]
         host[f"{name}/loss"] = s["loss"]
+        for field in ("intra_cluster_accuracy", "inter_cluster_accuracy", "num_clusters"):
+          if field in s:
+            host[f"{name}/{field}"] = s[field]
     host["elapsed_s"] = time.perf_counter() - t0
     reporter.log(label, r, host)
     if ckpt is not None:

@@ -109,12 +109,18 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
     for s in models.values():
       if "group_accuracy" in s:
         num_groups = max(num_groups, len(s["group_accuracy"]))
-  header = ["run", "model", "accuracy", "client mean", "loss"] + [f"g{g}" for g in range(num_groups)]
+  clustered = any("intra_cluster_accuracy" in s for models in results.values() for s in models.values())
+  header = ["run", "model", "accuracy", "client mean", "loss"]
+  header += ["intra", "inter", "clusters"] if clustered else []
+  header += [f"g{g}" for g in range(num_groups)]
   rows = [header]
   for label, models in results.items():
     for name, s in models.items():
       row = [label, name, f"{s.get('accuracy', float('nan')):.4f}",
              f"{s.get('client_mean_accuracy', float('nan')):.4f}", f"{s.get('loss', float('nan')):.4f}"]
+      if clustered:
+        row += ([f"{s['intra_cluster_accuracy']:.4f}", f"{s['inter_cluster_accuracy']:.4f}",
+                 str(s["num_clusters"])] if "intra_cluster_accuracy" in s else ["", "", ""])
       ga = s.get("group_accuracy")
       row += [f"{a:.3f}" for a in ga] if ga is not None else []
       row += [""] * (len(header) - len(row))
@@ -122,4 +128,6 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
   widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
   lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
   lines.insert(1, "  ".join("-" * w for w in widths))
-  return "\n".join(["", "Final evaluation (test data of every client; gN = accuracy on group N)"] + lines)
+  title = "Final evaluation (test data of every client; gN = accuracy on group N"
+  title += "; intra/inter = intra-/inter-cluster accuracy)" if clustered else ")"
+  return "\n".join(["", title] + lines)

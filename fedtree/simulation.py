@@ -61,6 +61,26 @@ def evaluate_models(
   for name, nm in algorithm.models(state).items():
     stats = evaluator(nm.params, data.x_test, data.y_test, data.n_test, jnp.asarray(nm.model_of_client))
     out[name] = summarize(stats, groups)
+    if getattr(nm, "cluster_of_client", None) is not None:
+      out[name].update(cluster_summary(nm, data, evaluator))
+  return out
+
+
+def cluster_summary(nm, data: FederatedData, evaluator) -> dict[str, Any]:
+  """Intra- and inter-cluster accuracy of clustered models ``nm`` (every row scored on every
+  client's test data; see :func:`fedtree.clustering.cluster_accuracy`)."""
+  from fedtree.clustering import cluster_accuracy
+
+  num_models = jax.tree.leaves(nm.params)[0].shape[0]
+  correct, count = [], []
+  for k in range(num_models):
+    s = evaluator(nm.params, data.x_test, data.y_test, data.n_test,
+                  jnp.full((data.num_clients,), k, jnp.int32))
+    correct.append(np.asarray(s.correct))
+    count.append(np.asarray(s.count))
+  out = cluster_accuracy(np.stack(correct), np.stack(count), np.asarray(nm.cluster_of_client),
+                         np.asarray(nm.model_of_client), chosen_by_data=nm.chosen_by_data)
+  out["cluster_of_client"] = np.asarray(nm.cluster_of_client)
   return out
 
 

@@ -8,10 +8,14 @@ purpose: no registry filled by import side effects.
 
 from __future__ import annotations
 
-from fedtree.algorithms import builders, personalization_builders
+from fedtree.algorithms import builders, clustered_builders, personalization_builders
+from fedtree.algorithms.awcfl import awcfl
 from fedtree.algorithms.base import FederatedAlgorithm, NodeModels, TreeState
 from fedtree.algorithms.bhfl import bhfl
+from fedtree.algorithms.cfl import cfl
 from fedtree.algorithms.hierfavg import fedavg, hierfavg
+from fedtree.algorithms.ifca import ifca
+from fedtree.algorithms.mcfl import mcfl
 from fedtree.algorithms.pfedmt import pfedmt
 
 BUILDERS = {
@@ -25,9 +29,13 @@ BUILDERS = {
   "grouppfl": personalization_builders.build_grouppfl,
   "pfedmt": builders.build_pfedmt,
   "bhfl": builders.build_bhfl,
+  "cfl": clustered_builders.build_cfl,
+  "ifca": clustered_builders.build_ifca,
+  "awcfl": clustered_builders.build_awcfl,
+  "mcfl": clustered_builders.build_mcfl,
 }
 
 __all__ = [
-  "BUILDERS", "FederatedAlgorithm", "NodeModels", "TreeState", "bhfl", "fedavg", "hierfavg",
-  "pfedmt",
+  "BUILDERS", "FederatedAlgorithm", "NodeModels", "TreeState", "awcfl", "bhfl", "cfl", "fedavg",
+  "hierfavg", "ifca", "mcfl", "pfedmt",
 ]

@@ -23,10 +23,19 @@ PyTree = Any
 
 
 class NodeModels(NamedTuple):
-  """Stacked models ``params [N, ...]`` and ``model_of_client int32[C]`` (row scoring client c)."""
+  """Stacked models ``params [N, ...]`` and ``model_of_client int32[C]`` (row scoring client c).
+
+  Clustered methods also give ``cluster_of_client int32[C]`` (row ``k`` is cluster ``k``'s
+  model): the evaluation then scores every row on every client and adds intra- and
+  inter-cluster accuracy (:func:`fedtree.clustering.cluster_accuracy`). ``chosen_by_data``:
+  a device picks its model from the data it is given (MCFL), so on another cluster's data it
+  uses ``model_of_client`` of that data rather than its own cluster's model.
+  """
 
   params: PyTree
   model_of_client: np.ndarray | jax.Array
+  cluster_of_client: np.ndarray | jax.Array | None = None
+  chosen_by_data: bool = False
 
 
 class FederatedAlgorithm(NamedTuple):

@@ -10,10 +10,26 @@ import numpy as np
 from fedtree.data import FederatedData
 from fedtree.datasets.synthetic import grouped_synthetic, synthetic_alpha_beta
 
-DATASETS = ("grouped_synthetic", "synthetic", "tfds")
+DATASETS = ("grouped_synthetic", "synthetic", "tfds", "prototype_images")
 
 
 def load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, Any]:
+  """``(data, group labels [C], central test (x, y) or None)`` from ``config.data``; with a
+  ``cfg.transform`` (``{kind, num_transformed, seed}``, see
+  :func:`fedtree.datasets.transforms.transform_random_clients`) that many random clients'
+  inputs are flipped or rotated, and the groups become 0 (unchanged) / 1 (transformed)."""
+  transform = cfg.get("transform", None)
+  if transform is None:
+    return _load(cfg)
+  from fedtree.datasets.transforms import transform_random_clients
+
+  cfg = ml_collections.ConfigDict({k: v for k, v in cfg.items() if k != "transform"})
+  data, _, central = _load(cfg)
+  data, flags = transform_random_clients(data, **{k: _plain(v) for k, v in transform.items()})
+  return data, flags, central
+
+
+def _load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, Any]:
   """``(data, group labels [C], central test (x, y) or None)`` from ``config.data``.
 
   ``cfg.name`` picks the dataset; the other fields are its keyword arguments.
@@ -31,6 +47,11 @@ def load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, Any
     team = cfg.get("team_size", None)
     groups = np.arange(data.num_clients) // int(team) if team else np.zeros(data.num_clients, np.int32)
     return data, groups.astype(np.int32), None
+  if name == "prototype_images":
+    from fedtree.datasets.prototypes import prototype_images
+
+    data = prototype_images(**kwargs)
+    return data, np.zeros(data.num_clients, np.int32), None
   if name == "tfds":
     from fedtree.datasets.tfds_loader import load_tfds
 

@@ -1,0 +1,223 @@
+"""Plain per-client references for the clustered-FL family (CFL, IFCA, AWCFL, MCFL).
+
+Python loops over clients and clusters, numpy float64 arithmetic. Shared with the engine:
+local SGD (``reference.local_sgd``, itself hand-written), the round's key streams, and the
+k-means++ *seeding* (``fedtree.clustering.kmeans_plusplus``: the only random draw; the
+Lloyd iterations, the label matching, the bipartition and every aggregation are written
+out here).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedtree.clustering import kmeans_plusplus
+from fedtree.local import ClientData, batch_at
+from fedtree.models import masked_cross_entropy
+from fedtree.rng import stream
+
+
+@functools.cache
+def _grad_fn(model):
+  return jax.jit(jax.grad(lambda p, b: masked_cross_entropy(model.apply(p, b.x), b.y, b.mask)))
+
+
+def local_sgd(model, params, data, client, num_steps, key, *, lr, batch_size):
+  """Plain SGD by hand (as ``reference.local_sgd``, with the gradient compiled once per model)."""
+  cd = ClientData(x=jnp.asarray(data.x_train[client]), y=jnp.asarray(data.y_train[client]),
+                  n=jnp.asarray(data.n_train[client]))
+  batch_key, _ = jax.random.split(key)
+  p = params
+  for t in range(int(num_steps)):
+    g = _grad_fn(model)(p, batch_at(batch_key, cd, jnp.asarray(t), batch_size))
+    p = jax.tree.map(lambda w, gw: w - lr * gw, p, g)
+  return p
+
+
+def flat(tree) -> np.ndarray:
+  return np.concatenate([np.asarray(a, np.float64).ravel() for a in jax.tree.leaves(tree)])
+
+
+def row(tree, i):
+  return jax.tree.map(lambda a: np.asarray(a)[i], tree)
+
+
+def stack(trees):
+  return jax.tree.map(lambda *a: np.stack([np.asarray(x, np.float64) for x in a]), *trees)
+
+
+def wavg(trees, weights):
+  total = float(sum(weights))
+  def avg(*a):
+    return sum(w * np.asarray(x, np.float64) for w, x in zip(weights, a, strict=True)) / total
+
+  return jax.tree.map(avg, *trees)
+
+
+def lloyd(x: np.ndarray, init: np.ndarray, iters: int) -> tuple[np.ndarray, np.ndarray]:
+  """Lloyd's K-means, one point at a time; empty clusters keep their centroid."""
+  cents = np.array(init, np.float64)
+  x = np.asarray(x, np.float64)
+
+  def assign(c):
+    out = []
+    for p in x:
+      d = [float(np.sum((p - ci) ** 2)) for ci in c]
+      out.append(int(np.argmin(d)))
+    return np.array(out)
+
+  for _ in range(iters):
+    a = assign(cents)
+    for j in range(len(cents)):
+      members = [x[i] for i in range(len(x)) if a[i] == j]
+      if members:
+        cents[j] = np.mean(members, axis=0)
+  return cents, assign(cents)
+
+
+def greedy_match(new: np.ndarray, prev: np.ndarray) -> np.ndarray:
+  """labels[i] = previous id of new centroid i: repeatedly match the closest free pair."""
+  k = len(new)
+  cost = {(i, j): float(np.sum((new[i] - prev[j]) ** 2)) for i in range(k) for j in range(k)}
+  labels = np.zeros(k, np.int64)
+  free_i, free_j = set(range(k)), set(range(k))
+  for _ in range(k):
+    i, j = min(((i, j) for i in free_i for j in free_j), key=lambda p: (cost[p], p))
+    labels[i] = j
+    free_i.remove(i)
+    free_j.remove(j)
+  return labels
+
+
+def complete_linkage_bipartition(sim: np.ndarray, members: list[int]) -> set[int]:
+  """The members of the second group (the one without the lowest-index member)."""
+  groups = [[m] for m in members]
+  while len(groups) > 2:
+    best = None
+    for a in range(len(groups)):
+      for b in range(a + 1, len(groups)):
+        d = max(-sim[i, j] for i in groups[a] for j in groups[b])
+        if best is None or d < best[0] - 1e-6:
+          best = (d, a, b)
+    _, a, b = best
+    groups[a] = groups[a] + groups[b]
+    del groups[b]
+  if len(groups) < 2:
+    return set()
+  first = min(groups, key=min)
+  return {m for g in groups if g is not first for m in g}
+
+
+def train_all(model, params_of_client, data, round_key, *, lr, batch_size, num_steps):
+  """Every client's trained model from ``params_of_client[c]``."""
+  train_key = stream(round_key, "train")
+  return [local_sgd(model, params_of_client[c], data, c, num_steps[c], jax.random.fold_in(train_key, c),
+                    lr=lr, batch_size=batch_size) for c in range(data.num_clients)]
+
+
+def awcfl_round(model, cluster_params, cluster_of, data, round_key, *, r, beta, start, iters, weights,
+                lr, batch_size, num_steps):
+  """One AWCFL round, every client taking part. Returns (new cluster params, new cluster_of)."""
+  k = len(cluster_params)
+  c = data.num_clients
+  trained = train_all(model, [cluster_params[cluster_of[i]] for i in range(c)], data, round_key,
+                      lr=lr, batch_size=batch_size, num_steps=num_steps)
+  if r <= start:
+    g = wavg(trained, weights)
+    return [g] * k, np.zeros(c, np.int64)
+  x = np.stack([flat(t) for t in trained])
+  init = np.asarray(kmeans_plusplus(stream(round_key, "kmeans"), jnp.asarray(x, jnp.float32), k))
+  cents, assign = lloyd(x, init, iters)
+  labels = greedy_match(cents, np.stack([flat(p) for p in cluster_params]))
+  assign = labels[assign]
+  means = []
+  for j in range(k):
+    members = [i for i in range(c) if assign[i] == j]
+    means.append(wavg([trained[i] for i in members], [weights[i] for i in members]) if members
+                 else cluster_params[j])
+  if k == 1:
+    return means, assign
+  new = []
+  for j in range(k):
+    others = [means[i] for i in range(k) if i != j]
+    other_mean = jax.tree.map(lambda *a: sum(a) / (k - 1), *others)
+    new.append(jax.tree.map(lambda o, m: beta * o + (1 - beta) * m, other_mean, means[j]))
+  return new, assign
+
+
+def cluster_loss(model, params, data, c) -> float:
+  n = int(data.n_train[c])
+  logits = np.asarray(model.apply(params, jnp.asarray(data.x_train[c][:n])), np.float64)
+  logp = logits - np.log(np.sum(np.exp(logits - logits.max(1, keepdims=True)), 1, keepdims=True)) \
+    - logits.max(1, keepdims=True)
+  return float(-np.mean([logp[i, int(data.y_train[c][i])] for i in range(n)]))
+
+
+def ifca_round(model, cluster_params, data, round_key, *, weights, lr, batch_size, num_steps):
+  """One IFCA round, every client taking part. Returns (new params, picks, losses [C, K])."""
+  k, c = len(cluster_params), data.num_clients
+  losses = np.array([[cluster_loss(model, cluster_params[j], data, i) for j in range(k)] for i in range(c)])
+  picks = losses.argmin(1)
+  trained = train_all(model, [cluster_params[picks[i]] for i in range(c)], data, round_key,
+                      lr=lr, batch_size=batch_size, num_steps=num_steps)
+  new = []
+  for j in range(k):
+    members = [i for i in range(c) if picks[i] == j]
+    new.append(wavg([trained[i] for i in members], [weights[i] for i in members]) if members
+               else cluster_params[j])
+  return new, picks, losses
+
+
+def cfl_round(model, cluster_params, cluster_of, num_clusters, data, round_key, *, eps1, eps2, weights,
+              lr, batch_size, num_steps, min_split_size=2):
+  """One CFL round, every client taking part. Returns (params, cluster_of, num_clusters)."""
+  k, c = len(cluster_params), data.num_clients
+  trained = train_all(model, [cluster_params[cluster_of[i]] for i in range(c)], data, round_key,
+                      lr=lr, batch_size=batch_size, num_steps=num_steps)
+  upd = np.stack([flat(trained[i]) - flat(cluster_params[cluster_of[i]]) for i in range(c)])
+  norms = np.linalg.norm(upd, axis=1)
+  unit = upd / np.where(norms > 0, norms, 1.0)[:, None]
+  sim = unit @ unit.T
+  new_of = np.array(cluster_of, np.int64)
+  origin = list(range(k))
+  n_used = num_clusters
+  for j in range(num_clusters):
+    members = [i for i in range(c) if cluster_of[i] == j]
+    if len(members) < min_split_size:
+      continue
+    mean = sum(weights[i] * upd[i] for i in members) / sum(weights[i] for i in members)
+    if np.linalg.norm(mean) < eps1 and max(norms[i] for i in members) > eps2 and n_used < k:
+      second = complete_linkage_bipartition(sim, members)
+      for i in second:
+        new_of[i] = n_used
+      origin[n_used] = j
+      n_used += 1
+  new = []
+  for j in range(k):
+    members = [i for i in range(c) if new_of[i] == j]
+    new.append(wavg([trained[i] for i in members], [weights[i] for i in members]) if members
+               else cluster_params[origin[j]])
+  return new, new_of, n_used
+
+
+def feature_choice(data, cluster_of, metric: str) -> np.ndarray:
+  """MCFL's pick with every client's whole training / test data as its feature sample."""
+  c = data.num_clients
+  def mean_of(x, n):
+    rows = np.asarray(x, np.float64)[: int(n)]
+    return rows.reshape(int(n), -1).mean(axis=0)
+
+  means = [mean_of(data.x_train[i], data.n_train[i]) for i in range(c)]
+  query = [mean_of(data.x_test[i], data.n_test[i]) for i in range(c)]
+  clusters = sorted(set(int(v) for v in cluster_of))
+  feats = {j: np.mean([means[i] for i in range(c) if cluster_of[i] == j], axis=0) for j in clusters}
+  out = []
+  for i in range(c):
+    d = {j: (np.sum(np.abs(query[i] - f)) if metric == "l1" else np.sqrt(np.sum((query[i] - f) ** 2)))
+         for j, f in feats.items()}
+    out.append(min(d, key=lambda j: (d[j], j)))
+  return np.array(out)

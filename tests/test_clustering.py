@@ -1,0 +1,356 @@
+"""Clustered FL (paper 004 and its baselines): the clustering pieces, CFL, IFCA, AWCFL and
+MCFL against plain per-client loops (``reference_clustering.py``), their reductions, config
+errors, one compile per round, the data transforms and the shipped config end to end."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import reference_clustering as ref
+from config_files import load_config
+
+from fedtree import clustering, simulation
+from fedtree.algorithms import awcfl, cfl, fedavg, ifca, mcfl
+from fedtree.algorithms.mcfl import select_clusters
+from fedtree.data import as_device
+from fedtree.datasets.prototypes import prototype_images
+from fedtree.datasets.transforms import transform_clients, transform_random_clients
+from fedtree.experiment import train_and_evaluate
+from fedtree.local import LocalSchedule
+from fedtree.models import build_model
+
+LR, BATCH = 0.2, 8
+
+
+@pytest.fixture(scope="module")
+def problem():
+  """6 clients of 4x4 images, 3 of them flipped; a tiny MLP."""
+  data = prototype_images(num_clients=6, num_examples=150, num_classes=3, image_size=4, blobs=2,
+                          noise=0.2, alpha=1.0, test_fraction=0.25, seed=0)
+  data, flags = transform_random_clients(data, num_transformed=3, kind="hflip", seed=0)
+  data = as_device(data)
+  model = build_model("mlp", example_shape=data.example_shape, num_classes=data.num_classes, hidden=(5,))
+  sched = LocalSchedule(batch_size=BATCH, steps=3)
+  kw = dict(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched, weighting="examples")
+  weights = np.asarray(data.n_train, np.float64)
+  steps = np.full(data.num_clients, 3)
+  return dict(data=data, flags=flags, model=model, kw=kw, weights=weights, steps=steps)
+
+
+def _counted(alg):
+  """``alg`` whose round counts its traces (a round must compile once)."""
+  traces = []
+
+  def round_fn(state, data, key):
+    traces.append(1)
+    return alg.round(state, data, key)
+
+  return alg._replace(round=round_fn), traces
+
+
+def _rows(tree, k):
+  return [ref.row(tree, j) for j in range(k)]
+
+
+def _close(a, b, tol=2e-5):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), atol=tol, rtol=tol)
+
+
+# ------------------------------------------------------------------ clustering pieces
+def _blobs(seed=0, per=6):
+  rng = np.random.default_rng(seed)
+  centers = np.array([[0.0, 0.0, 0.0], [8.0, 0.0, 1.0], [0.0, 9.0, -2.0]])
+  x = np.concatenate([c + 0.2 * rng.normal(size=(per, 3)) for c in centers])
+  return x.astype(np.float32), np.repeat(np.arange(3), per), centers
+
+
+def test_kmeans_recovers_separated_clusters_and_ignores_masked_points():
+  x, truth, _ = _blobs()
+  x_bad = np.concatenate([x, np.full((2, 3), 1e3, np.float32)])
+  mask = np.arange(len(x_bad)) < len(x)
+  km = jax.jit(clustering.kmeans, static_argnums=2)
+  for seed in range(3):
+    res = km(jax.random.key(seed), jnp.asarray(x_bad), 3, mask=jnp.asarray(mask))
+    a = np.asarray(res.assignment)[: len(x)]
+    # same partition as the truth, whatever the labels
+    assert len({(int(t), int(p)) for t, p in zip(truth, a, strict=True)}) == 3
+    assert np.abs(np.asarray(res.centroids)).max() < 20   # the masked far points pulled nothing
+
+
+def test_kmeans_lloyd_matches_reference():
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=(15, 4)).astype(np.float32)
+  init = x[[0, 5, 9]]
+  res = clustering.kmeans(jax.random.key(0), jnp.asarray(x), 3, iters=7, init=jnp.asarray(init))
+  cents, assign = ref.lloyd(x, init, 7)
+  np.testing.assert_array_equal(np.asarray(res.assignment), assign)
+  np.testing.assert_allclose(np.asarray(res.centroids), cents, atol=1e-5)
+
+
+def test_cluster_ids_are_stable_under_permutation():
+  x, truth, centers = _blobs()
+  stable = jax.jit(clustering.stable_kmeans)
+  for perm in ([0, 1, 2], [2, 0, 1], [1, 2, 0]):
+    previous = jnp.asarray(centers[perm], jnp.float32)
+    for seed in range(3):   # different k-means++ draws, same ids
+      res = stable(jax.random.key(seed), jnp.asarray(x), previous)
+      expected = np.argsort(perm)[truth]           # truth cluster t sits at slot perm.index(t)
+      np.testing.assert_array_equal(np.asarray(res.assignment), expected)
+      np.testing.assert_allclose(np.asarray(res.centroids), centers[perm], atol=0.3)
+  new = np.random.default_rng(2).normal(size=(4, 5))
+  labels = clustering.match_labels(jnp.asarray(new), jnp.asarray(new[[3, 1, 0, 2]]))
+  np.testing.assert_array_equal(np.asarray(labels), [2, 1, 3, 0])
+  np.testing.assert_array_equal(np.asarray(clustering.match_labels(jnp.asarray(new), jnp.asarray(new))),
+                                ref.greedy_match(new, new))
+
+
+def test_cosine_bipartition_matches_reference():
+  rng = np.random.default_rng(3)
+  shift = np.eye(6)[0] * 5
+  u = np.concatenate([rng.normal(size=(4, 6)) + shift, rng.normal(size=(3, 6)) - shift,
+                      rng.normal(size=(2, 6))])
+  sim = np.asarray(clustering.cosine_similarity_matrix(jnp.asarray(u, jnp.float32)))
+  mask = np.array([1, 1, 1, 1, 1, 1, 1, 0, 0], bool)
+  got = np.asarray(clustering.cosine_bipartition(jnp.asarray(sim), jnp.asarray(mask)))
+  np.testing.assert_array_equal(np.flatnonzero(got), [4, 5, 6])        # the obvious split
+  for seed in range(4):   # random similarities: same groups as the plain loop
+    v = np.random.default_rng(seed).normal(size=(7, 3))
+    s = np.asarray(clustering.cosine_similarity_matrix(jnp.asarray(v, jnp.float32)))
+    m = np.array([1, 0, 1, 1, 1, 1, 1], bool)
+    got = np.flatnonzero(np.asarray(clustering.cosine_bipartition(jnp.asarray(s), jnp.asarray(m))))
+    expected = ref.complete_linkage_bipartition(s.astype(np.float64), list(np.flatnonzero(m)))
+    assert set(got.tolist()) == expected
+  one = clustering.cosine_bipartition(jnp.asarray(sim), jnp.asarray(np.eye(9, dtype=bool)[0]))
+  assert not np.asarray(one).any()
+
+
+def test_sample_mean_draws_without_replacement_from_real_rows():
+  x = jnp.arange(12.0).reshape(6, 2)
+  np.testing.assert_allclose(clustering.sample_mean(jax.random.key(0), x, jnp.int32(4), 10), [3.0, 4.0])
+  for seed in range(5):
+    m = np.asarray(clustering.sample_mean(jax.random.key(seed), x, jnp.int32(4), 2))
+    rows = np.asarray(x)[:4]
+    pairs = [(rows[i] + rows[j]) / 2 for i in range(4) for j in range(i + 1, 4)]
+    assert any(np.allclose(m, p) for p in pairs)
+
+
+def test_cluster_accuracy_by_hand():
+  correct = np.array([[9, 1, 8, 0], [2, 7, 1, 6]], float)   # model k on client c
+  count = np.full((2, 4), 10.0)
+  out = clustering.cluster_accuracy(correct, count, np.array([0, 1, 0, 1]))
+  assert out["intra_cluster_accuracy"] == pytest.approx((9 + 7 + 8 + 6) / 40)
+  assert out["inter_cluster_accuracy"] == pytest.approx((1 + 0 + 2 + 1) / 40)
+  assert out["num_clusters"] == 2
+  chosen = clustering.cluster_accuracy(correct, count, np.array([0, 1, 0, 1]), np.array([0, 1, 0, 1]),
+                                       chosen_by_data=True)
+  assert chosen["inter_cluster_accuracy"] == pytest.approx(chosen["intra_cluster_accuracy"])
+  assert np.isnan(clustering.cluster_accuracy(correct, count, np.zeros(4, int))["inter_cluster_accuracy"])
+
+
+# ------------------------------------------------------------------ algorithms vs loops
+def test_awcfl_matches_reference(problem):
+  """Round 1 without clustering (FedAvg into every cluster), round 2 clustered and mixed
+  (beta = 0, plain K-means clustered FL, is checked through MCFL below)."""
+  p, k, beta = problem, 2, 0.3
+  alg, traces = _counted(awcfl(num_clusters=k, beta=beta, cluster_start_round=1, kmeans_iters=5, **p["kw"]))
+  step = jax.jit(alg.round)
+  state = alg.init(jax.random.key(0))
+  params, cluster_of = _rows(state.params, k), np.zeros(6, np.int64)
+  for r in (1, 2):
+    key = jax.random.key(10 + r)
+    state, _ = step(state, p["data"], key)
+    params, cluster_of = ref.awcfl_round(
+      p["model"], params, cluster_of, p["data"], key, r=r, beta=beta, start=1, iters=5, weights=p["weights"],
+      lr=LR, batch_size=BATCH, num_steps=p["steps"])
+    np.testing.assert_array_equal(np.asarray(state.cluster_of), cluster_of)
+    _close(state.params, ref.stack(params))
+  assert len(set(cluster_of.tolist())) == 2
+  assert len(traces) == 1   # one compile for the unclustered and the clustered round
+
+
+def test_awcfl_one_cluster_beta0_is_fedavg(problem):
+  p = problem
+  a = awcfl(num_clusters=1, beta=0.0, cluster_start_round=0, **p["kw"])
+  b = fedavg(**p["kw"])
+  sa = simulation.run(a, p["data"], num_rounds=3, key=jax.random.key(4))
+  sb = simulation.run(b, p["data"], num_rounds=3, key=jax.random.key(4))
+  _close(sa.params, sb.params[0])
+
+
+def test_ifca_matches_reference_and_picks_min_loss(problem):
+  p, k = problem, 3
+  alg, traces = _counted(ifca(num_clusters=k, **p["kw"]))
+  step = jax.jit(alg.round)
+  state = alg.init(jax.random.key(1))
+  params = _rows(state.params, k)
+  for r in (1, 2):
+    key = jax.random.key(20 + r)
+    state, _ = step(state, p["data"], key)
+    params, picks, losses = ref.ifca_round(p["model"], params, p["data"], key, weights=p["weights"], lr=LR,
+                                           batch_size=BATCH, num_steps=p["steps"])
+    np.testing.assert_array_equal(np.asarray(state.cluster_of), picks)
+    _close(state.params, ref.stack(params))
+  # the one sane model is picked by every client; the unpicked ones stay put
+  fresh = alg.init(jax.random.key(2))
+  start = jax.tree.map(lambda a: a.at[0].multiply(30.0).at[2].multiply(30.0), fresh.params)
+  state, _ = step(fresh.replace(params=start), p["data"], jax.random.key(3))
+  np.testing.assert_array_equal(np.asarray(state.cluster_of), np.ones(6))
+  assert len(traces) == 1
+  _close(ref.row(state.params, 0), ref.row(start, 0), tol=0)
+  _close(ref.row(state.params, 2), ref.row(start, 2), tol=0)
+
+
+def test_cfl_matches_reference_and_splits_flipped_clients(problem):
+  p, k = problem, 3
+  alg, traces = _counted(cfl(max_clusters=k, eps1=1e3, eps2=1e-4, **p["kw"]))   # split whenever possible
+  step = jax.jit(alg.round)
+  state = alg.init(jax.random.key(0))
+  params, cluster_of, used = _rows(state.params, k), np.zeros(6, np.int64), 1
+  for r in (1, 2):
+    key = jax.random.key(30 + r)
+    state, _ = step(state, p["data"], key)
+    params, cluster_of, used = ref.cfl_round(p["model"], params, cluster_of, used, p["data"], key, eps1=1e3,
+                                             eps2=1e-4, weights=p["weights"], lr=LR, batch_size=BATCH,
+                                             num_steps=p["steps"])
+    np.testing.assert_array_equal(np.asarray(state.cluster_of), cluster_of)
+    assert int(state.num_clusters) == used == min(k, 2 ** r)
+    _close(state.params, ref.stack(params))
+  # no split while the criterion is not met (same compiled round: eps are static, so a fresh
+  # algorithm; one round suffices)
+  never = cfl(max_clusters=k, eps1=1e-6, eps2=1e-4, **p["kw"])
+  s, _ = jax.jit(never.round)(never.init(jax.random.key(0)), p["data"], jax.random.key(1))
+  assert int(s.num_clusters) == 1 and not np.asarray(s.cluster_of).any()
+  assert len(traces) == 1
+
+
+def test_mcfl_is_awcfl_beta0_and_picks_the_nearest_cluster_feature(problem):
+  """MCFL trains as AWCFL with beta = 0, i.e. plain K-means clustered FL: checked against the
+  reference's per-cluster means; then its picks, and the intra/inter report."""
+  p, k = problem, 2
+  big = int(max(p["data"].max_train, p["data"].x_test.shape[1]))   # n >= every client: whole-data means
+  alg, traces = _counted(mcfl(num_clusters=k, cluster_start_round=1, kmeans_iters=5, feature_examples=big,
+                              **p["kw"]))
+  step = jax.jit(alg.round)
+  state = alg.init(jax.random.key(5))
+  params, cluster_of = _rows(state.params, k), np.zeros(6, np.int64)
+  for r in (1, 2, 3):
+    key = jax.random.key(50 + r)
+    state, _ = step(state, p["data"], key)
+    params, cluster_of = ref.awcfl_round(
+      p["model"], params, cluster_of, p["data"], key, r=r, beta=0.0, start=1, iters=5, weights=p["weights"],
+      lr=LR, batch_size=BATCH, num_steps=p["steps"])
+    np.testing.assert_array_equal(np.asarray(state.cluster_of), cluster_of)
+    _close(state.params, ref.stack(params))
+  assert len(traces) == 1 and len(set(cluster_of.tolist())) == 2
+  cl = np.asarray(state.cluster_of)
+  first = np.asarray(p["data"].x_train[0][: int(p["data"].n_train[0])]).reshape(-1, 16)
+  np.testing.assert_allclose(np.asarray(state.features.client_mean)[0], first.mean(0), atol=1e-5)
+  for metric in ("l1", "l2"):
+    np.testing.assert_array_equal(np.asarray(select_clusters(state, metric)),
+                                  ref.feature_choice(p["data"], cl, metric))
+  models = alg.models(state)
+  assert set(models) == {"cluster", "selected"} and models["selected"].chosen_by_data
+  out = simulation.evaluate_models(alg, state, p["model"], p["data"])
+  for name in ("cluster", "selected"):
+    assert 0.0 <= out[name]["intra_cluster_accuracy"] <= 1.0
+    assert out[name]["num_clusters"] == len(set(cl.tolist()))
+  # intra by hand: each client's own cluster model on its own test data
+  stats = simulation.make_evaluator(p["model"])(state.params, p["data"].x_test, p["data"].y_test,
+                                                p["data"].n_test, jnp.asarray(cl))
+  assert out["cluster"]["intra_cluster_accuracy"] == pytest.approx(
+    float(np.sum(stats.correct) / np.sum(stats.count)))
+
+
+# ------------------------------------------------------------------ errors
+def test_bad_configs_raise_naming_the_value(problem):
+  kw = problem["kw"]
+  for beta in (-0.1, 1.5):
+    with pytest.raises(ValueError, match=f"beta={beta}"):
+      awcfl(num_clusters=2, beta=beta, **kw)
+  for build in (awcfl, mcfl, ifca):
+    for k in (0, 7):
+      with pytest.raises(ValueError, match=f"num_clusters={k}"):
+        build(num_clusters=k, **kw)
+  with pytest.raises(ValueError, match="max_clusters=7"):
+    cfl(max_clusters=7, **kw)
+  with pytest.raises(ValueError, match="metric='l3'"):
+    mcfl(num_clusters=2, metric="l3", **kw)
+  with pytest.raises(ValueError, match="init='kmeans'"):
+    ifca(num_clusters=2, init="kmeans", **kw)
+  with pytest.raises(ValueError, match="min_split_size=1"):
+    cfl(max_clusters=2, min_split_size=1, **kw)
+
+
+# ------------------------------------------------------------------ data and config
+def test_transforms():
+  data = prototype_images(num_clients=4, num_examples=60, image_size=5, alpha=10.0, seed=1)
+  x = np.asarray(data.x_train)
+  h = transform_clients(data, [1], "hflip")
+  np.testing.assert_array_equal(np.asarray(h.x_train)[1], x[1][:, :, ::-1])
+  np.testing.assert_array_equal(np.asarray(h.x_train)[0], x[0])
+  rot = transform_clients(data, [2], "rot180")
+  np.testing.assert_array_equal(np.asarray(rot.x_test)[2], np.asarray(data.x_test)[2][:, ::-1, ::-1])
+  twice = transform_clients(transform_clients(data, [0, 3], "vflip"), [0, 3], "vflip")
+  np.testing.assert_array_equal(np.asarray(twice.x_train), x)
+  vec = data.replace(x_train=x.reshape(4, x.shape[1], -1), x_test=np.asarray(data.x_test).reshape(4, -1, 25))
+  np.testing.assert_array_equal(np.asarray(transform_clients(vec, [0], "hflip").x_train)[0],
+                                x.reshape(4, x.shape[1], -1)[0][:, ::-1])
+  out, flags = transform_random_clients(data, num_transformed=2, kind="rot180", seed=3)
+  assert flags.sum() == 2 and set(np.flatnonzero(flags)) <= {0, 1, 2, 3}
+  with pytest.raises(ValueError, match="num_transformed=5"):
+    transform_random_clients(data, num_transformed=5)
+  with pytest.raises(ValueError, match="kind='rot90'"):
+    transform_clients(data, [0], "rot90")
+
+
+def _small_config():
+  c = load_config("clustered")
+  c.rounds, c.eval_every, c.rounds_per_call, c.progress = 4, 2, 2, False   # evaluates mid-run too
+  c.data.num_examples, c.data.image_size = 300, 6
+  c.model.hidden = (8,)
+  for run in c.runs.values():
+    if "cluster_start_round" in run:
+      run.cluster_start_round = 2
+    if "split_start_round" in run:
+      run.split_start_round = 2
+  return c
+
+
+def test_clustered_config_end_to_end(tmp_path):
+  """Fast: the config's MCFL run (the others are covered above and by the slow test)."""
+  c = _small_config()
+  keep = ("mcfl",)
+  c.runs = {k: v for k, v in c.runs.items() if k in keep}
+  c.run_order = keep
+  results = train_and_evaluate(c, str(tmp_path))
+  assert set(results) == set(keep)
+  assert set(results["mcfl"]) == {"cluster", "selected"}
+  s = results["mcfl"]["selected"]
+  assert 0.0 <= s["intra_cluster_accuracy"] <= 1.0 and s["num_clusters"] >= 1
+  assert (tmp_path / "summary.json").exists()
+  lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+  assert [ln["round"] for ln in lines if ln["run"] == "mcfl"] == [2, 4]
+  assert all("selected/inter_cluster_accuracy" in ln for ln in lines if ln["run"] == "mcfl")
+
+
+@pytest.mark.slow
+def test_clustered_config_all_runs_and_tfds_variant(tmp_path):
+  tfds = pytest.importorskip("tensorflow_datasets")
+  results = train_and_evaluate(_small_config(), str(tmp_path / "all"))
+  assert len(results) == 9
+  assert "intra_cluster_accuracy" not in results["fedavg"]["global"]
+  assert all(0.0 <= results[k]["cluster"]["intra_cluster_accuracy"] <= 1.0 for k in results if k != "fedavg")
+  c = load_config("clustered", "mnist")
+  c.rounds, c.eval_every, c.rounds_per_call, c.progress = 2, 2, 2, False
+  c.model = {"name": "mlp", "hidden": (8,)}
+  c.runs = {"awcfl_b050": c.runs.awcfl_b050, "mcfl": c.runs.mcfl}
+  c.run_order = ("awcfl_b050", "mcfl")
+  for run in c.runs.values():
+    run.cluster_start_round = 1
+  with tfds.testing.mock_data(num_examples=120, policy=tfds.testing.MockPolicy.USE_CODE):
+    results = train_and_evaluate(c, str(tmp_path / "mnist"))
+  assert set(results["mcfl"]) == {"cluster", "selected"}
