@@ -109,12 +109,17 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
     for s in models.values():
       if "group_accuracy" in s:
         num_groups = max(num_groups, len(s["group_accuracy"]))
-  header = ["run", "model", "accuracy", "client mean", "loss"] + [f"g{g}" for g in range(num_groups)]
+  kws = any("false_accept_rate" in s for models in results.values() for s in models.values())
+  extra = ["FA", "FR"] if kws else []
+  header = ["run", "model", "accuracy", "client mean", "loss"] + extra + [f"g{g}" for g in range(num_groups)]
   rows = [header]
   for label, models in results.items():
     for name, s in models.items():
       row = [label, name, f"{s.get('accuracy', float('nan')):.4f}",
              f"{s.get('client_mean_accuracy', float('nan')):.4f}", f"{s.get('loss', float('nan')):.4f}"]
+      if kws:
+        row += [f"{s.get('false_accept_rate', float('nan')):.4f}",
+                f"{s.get('false_reject_rate', float('nan')):.4f}"]
       ga = s.get("group_accuracy")
       row += [f"{a:.3f}" for a in ga] if ga is not None else []
       row += [""] * (len(header) - len(row))

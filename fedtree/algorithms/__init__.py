@@ -8,7 +8,7 @@ purpose: no registry filled by import side effects.
 
 from __future__ import annotations
 
-from fedtree.algorithms import builders, personalization_builders
+from fedtree.algorithms import builders, kws_builders, personalization_builders
 from fedtree.algorithms.base import FederatedAlgorithm, NodeModels, TreeState
 from fedtree.algorithms.bhfl import bhfl
 from fedtree.algorithms.hierfavg import fedavg, hierfavg
@@ -25,6 +25,7 @@ BUILDERS = {
   "grouppfl": personalization_builders.build_grouppfl,
   "pfedmt": builders.build_pfedmt,
   "bhfl": builders.build_bhfl,
+  "fedkws": kws_builders.build_fedkws,
 }
 
 __all__ = [
