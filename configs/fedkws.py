@@ -4,18 +4,33 @@ a synthetic keyword-spotting task shaped like federated Google Speech Commands.
   python -m fedtree.main --config=configs/fedkws.py --workdir=/tmp/fedtree_fedkws
 
 Data: :func:`fedtree.datasets.synthetic_kws.synthetic_kws`, 12 classes (10 keywords,
-``_silence_``, ``_unknown_``), ``[32 frames, 40 MFCC]`` maps, 100 speakers as clients with
+``_silence_``, ``_unknown_``), ``[24 frames, 16 features]`` maps (smaller than the real
+``[98, 40]`` MFCC, for speed), 100 speakers as clients with
 lognormal sizes and Dirichlet(0.5) label skew, a global test set of 40 unseen speakers.
-Model: DS-CNN (:class:`fedtree.models.DSCNN`) at a reduced width. Paper settings scaled
-down: SGD with momentum 0.9, batch 16, E = 10 local steps, 20 clients per round; ALO
+Model: DS-CNN (:class:`fedtree.models.DSCNN`) at a reduced size (width 16, one block).
+Paper settings scaled down: SGD (lr 0.05, momentum 0.9), batch 16, E = 10 local steps,
+10 of the 100 clients per round, 30 rounds; ALO
 μ = 0.2, λ = 0.001 (the paper's values); ALT with ``r_0 = K / Σ r̄_k`` (work conserved).
 ``config.metrics`` makes every run report false-accept / false-reject rates (silence and
 unknown negative). For the real data pass ``data.name="speech_commands"`` and
 ``data.root=<dir>`` (``fedtree.datasets.speech_commands``; 98 frames), and the paper-size
 model ``model.width=172, model.blocks=5`` (169K parameters).
 
-Measured (2-core CPU shared with other jobs, seed 0, 40 rounds; FA/FR in %):
-see the table filled in below by the author.
+Measured (seed 0, 30 rounds; about 95 s of CPU time in all, so 1-2 minutes of wall time on
+a 2-core CPU, more when it is shared; FA and FR are the per-keyword averaged rates of
+:func:`fedtree.evaluation.keyword_rates`, in %):
+
+  run          accuracy   FA     FR
+  fedavg       0.770      1.65   13.3
+  fedprox      0.765      1.58   13.6     (μ = 0.001)
+  fedavg_alt   0.874      1.52    5.0
+  fedavg_alo   0.732      3.61   12.5
+  fedkws_ui    0.747      1.77   10.6
+
+On this synthetic task ALT helps a lot (clients with few, one-sided examples take fewer
+steps), while ALO's label smoothing (μ = 0.2) slows the early rounds: ALO alone is below
+FedAvg after 30 rounds, and ALO+ALT below ALT alone. The paper reports gains from both on
+the real data over 300 rounds; this short synthetic run does not reproduce the ALO gain.
 """
 
 import ml_collections
@@ -33,12 +48,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.progress = True
 
   c.data = ml_collections.ConfigDict(dict(
-    name="synthetic_kws", num_speakers=100, num_classes=12, frames=32, features=20,
+    name="synthetic_kws", num_speakers=100, num_classes=12, frames=24, features=16,
     mean_examples=20.0, max_examples=120, label_alpha=0.5, test_speakers=40, test_examples=24,
     seed=0,
   ))
   c.topology = ml_collections.ConfigDict(dict(kind="flat"))
-  c.model = ml_collections.ConfigDict(dict(name="dscnn", width=16, blocks=2))
+  c.model = ml_collections.ConfigDict(dict(name="dscnn", width=16, blocks=1))
   c.local = ml_collections.ConfigDict(dict(
     optimizer="sgd", learning_rate=0.05, hparams=dict(momentum=0.9), batch_size=16, epochs=None,
     steps=10,

@@ -145,7 +145,7 @@ def run_algorithm(
   fuse = max(1, min(rounds_per_call, eval_every))
   if eval_every % fuse:
     raise ValueError(f"eval_every={eval_every} must be a multiple of rounds_per_call={fuse}")
-  positive = positive_classes_from_config(ctx.config)
+  positive = positive_classes_from_config(ctx.config, ctx.data.num_classes)
   evaluator = simulation.make_evaluator(ctx.model, ctx.config.get("eval_chunk_size", None),
                                         confusion=positive is not None)
   state = algorithm.init(simulation.init_key(key))
@@ -198,7 +198,7 @@ def run_algorithm(
   return state, summaries
 
 
-def positive_classes_from_config(config: ml_collections.ConfigDict):
+def positive_classes_from_config(config: ml_collections.ConfigDict, num_classes: int | None = None):
   """The keyword (positive) class mask of ``config.metrics`` (``class_names`` and
   ``negative_classes``, e.g. FedKWS-UI's silence and unknown), or ``None`` when the config
   asks for no false-accept/reject rates."""
@@ -209,7 +209,12 @@ def positive_classes_from_config(config: ml_collections.ConfigDict):
 
   if metrics.get("class_names", None) is None:
     raise ValueError("config.metrics.negative_classes needs config.metrics.class_names")
-  return keyword_split(tuple(metrics.class_names), tuple(metrics.negative_classes))
+  mask = keyword_split(tuple(metrics.class_names), tuple(metrics.negative_classes))
+  if num_classes is not None and len(mask) != num_classes:
+    raise ValueError(
+      f"config.metrics.class_names has {len(mask)} names but the data has {num_classes} classes"
+    )
+  return mask
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None) -> dict[str, Any]:

@@ -31,26 +31,27 @@ def alo_client(model, anchor, private, data: ClientData, num_steps, key, *, lr, 
     m = b.mask.astype(jnp.float32)
     return jnp.sum(per * m) / jnp.maximum(jnp.sum(m), 1.0)
 
+  ce_grad = jax.jit(jax.grad(ce))
   p = private
   for b in _batches(data, stream(key, "private"), num_steps, batch_size):
-    g = jax.grad(ce)(p, b)
+    g = ce_grad(p, b)
     p = jax.tree.map(lambda w, gw: w - lr * gw, p, g)
 
-  def alo(w, b):
+  def alo(w, p, b):
     logp = jax.nn.log_softmax(model.apply(w, b.x))
     q = jax.nn.softmax(model.apply(p, b.x))
     total, count = 0.0, 0.0
     for i in range(b.x.shape[0]):
-      if not bool(b.mask[i]):
-        continue
+      m = b.mask[i].astype(jnp.float32)
       smooth = -sum(((1 - mu) * (b.y[i] == k) + mu / c) * logp[i, k] for k in range(c))
       adv = sum(q[i, k] * logp[i, k] for k in range(c))          # = -CE(q, softmax)
-      total, count = total + smooth + lam * adv, count + 1.0
-    return total / max(count, 1.0)
+      total, count = total + m * (smooth + lam * adv), count + m
+    return total / jnp.maximum(count, 1.0)
 
+  alo_grad = jax.jit(jax.grad(alo))
   w = anchor
   for b in _batches(data, key, num_steps, batch_size):
-    g = jax.grad(alo)(w, b)
+    g = alo_grad(w, p, b)
     w = jax.tree.map(lambda a, ga: a - lr * ga, w, g)
   return w, p
 

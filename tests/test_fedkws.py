@@ -295,11 +295,12 @@ def test_dscnn_paper_size_and_shapes():
   params = jax.eval_shape(model.init, jax.random.key(0))
   assert 160_000 < sum(p.size for p in jax.tree.leaves(params)) < 180_000     # the paper's 169K
   small = build_model("dscnn", example_shape=(16, 10), num_classes=5, width=8, blocks=1)
-  p = small.init(jax.random.key(0))
+  p = jax.jit(small.init)(jax.random.key(0))
   x = jax.random.normal(jax.random.key(1), (3, 16, 10))
-  assert small.apply(p, x).shape == (3, 5)
+  out = jax.jit(small.apply)(p, x)
+  assert out.shape == (3, 5)
   xla = build_model("dscnn", example_shape=(16, 10), num_classes=5, width=8, blocks=1, conv_impl="xla")
-  np.testing.assert_allclose(small.apply(p, x), xla.apply(p, x), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(out, jax.jit(xla.apply)(p, x), rtol=1e-4, atol=1e-5)
 
 
 def _kws_kw(data, model):
@@ -351,8 +352,17 @@ def test_bad_settings_raise(setup, speech_dir):
     sc.load_speech_commands(speech_dir, unknown_keep=1.5)
   with pytest.raises(ValueError, match="fixed local step count"):
     fedkws(**{**_kws_kw(data, model), "schedule": LocalSchedule(batch_size=4, epochs=1)})
+  from fedtree.experiment import positive_classes_from_config
+
+  c = load_config("fedkws")
+  with pytest.raises(ValueError, match="12 names but the data has 35"):
+    positive_classes_from_config(c, 35)
+  c.metrics.negative_classes = ("_silence_", "silence")
+  with pytest.raises(ValueError, match="'silence'"):
+    positive_classes_from_config(c, 12)
   with pytest.raises(ValueError, match="norm='batch'"):
-    build_model("dscnn", example_shape=(16, 10), num_classes=3, norm="batch").init(jax.random.key(0))
+    jax.eval_shape(build_model("dscnn", example_shape=(16, 10), num_classes=3, norm="batch").init,
+                   jax.random.key(0))
 
 
 # ------------------------------------------------------------------------ the config
