@@ -199,6 +199,42 @@ class DSCNN(nn.Module):
     return nn.Dense(self.num_classes)(x)
 
 
+class KWT(nn.Module):
+  """Keyword Transformer (Berg et al. 2021, "Keyword transformer"), small, as FedKWS-UI
+  (paper 002) uses it: every time frame of a ``[T, F]`` MFCC map is a token (a linear
+  embedding to ``dim``), a learned class token and position embeddings, ``depth`` pre-norm
+  encoder blocks (``heads``-head self-attention, GELU MLP of width ``mlp_dim``), and a dense
+  classifier on the class token. The defaults (``dim=96, depth=4``) give about 0.25M
+  parameters for ``[98, 40]`` inputs (the paper's 4-layer, 96-wide model has 232K).
+  """
+
+  num_classes: int
+  dim: int = 96
+  depth: int = 4
+  heads: int = 4
+  mlp_dim: int = 128
+  dropout: float = 0.0
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    if x.ndim == 4:  # [B, T, F, 1]
+      x = x[..., 0]
+    b, t = x.shape[0], x.shape[1]
+    x = nn.Dense(self.dim, name="Embed")(x)
+    cls = self.param("cls", nn.initializers.zeros, (1, 1, self.dim))
+    x = jnp.concatenate([jnp.broadcast_to(cls, (b, 1, self.dim)).astype(x.dtype), x], axis=1)
+    pos = self.param("pos", nn.initializers.normal(0.02), (1, t + 1, self.dim))
+    x = x + pos.astype(x.dtype)
+    for i in range(self.depth):
+      h = nn.LayerNorm(name=f"Norm1_{i}")(x)
+      h = nn.MultiHeadDotProductAttention(num_heads=self.heads, name=f"Attention_{i}")(h, h)
+      x = x + nn.Dropout(self.dropout, deterministic=not train)(h)
+      h = nn.LayerNorm(name=f"Norm2_{i}")(x)
+      h = nn.Dense(self.dim, name=f"Mlp2_{i}")(nn.gelu(nn.Dense(self.mlp_dim, name=f"Mlp1_{i}")(h)))
+      x = x + nn.Dropout(self.dropout, deterministic=not train)(h)
+    return nn.Dense(self.num_classes)(nn.LayerNorm(name="NormOut")(x[:, 0]))
+
+
 def from_flax(module: nn.Module, example_shape: Sequence[int], num_classes: int) -> Model:
   """Wraps a flax module taking ``[B, *example_shape]`` into a :class:`Model`."""
   example_shape = tuple(int(s) for s in example_shape)
@@ -213,13 +249,14 @@ def from_flax(module: nn.Module, example_shape: Sequence[int], num_classes: int)
   return Model(init=init, apply=apply, num_classes=int(num_classes))
 
 
-MODELS = ("logreg", "mlp", "cnn", "dscnn")
+MODELS = ("logreg", "mlp", "cnn", "dscnn", "kwt")
 
 
 def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **kwargs) -> Model:
   """A model by name: ``logreg``, ``mlp`` (``hidden=``) or ``cnn`` (``features=``, ``dense=``,
   ``dropout=``, ``pool_every_conv=``) or ``dscnn`` (``width=``, ``blocks=``, ``first_kernel=``,
-  ``first_stride=``, ``norm=``; :class:`DSCNN`)."""
+  ``first_stride=``, ``norm=``; :class:`DSCNN`) or ``kwt`` (``dim=``, ``depth=``, ``heads=``,
+  ``mlp_dim=``, ``dropout=``; :class:`KWT`)."""
   if name == "logreg":
     module = LogisticRegression(num_classes=num_classes, **kwargs)
   elif name == "mlp":
@@ -231,6 +268,8 @@ def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **
   elif name == "dscnn":
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}
     module = DSCNN(num_classes=num_classes, **kwargs)
+  elif name == "kwt":
+    module = KWT(num_classes=num_classes, **kwargs)
   else:
     raise ValueError(f"model name {name!r} is unknown; choose one of {MODELS}")
   return from_flax(module, example_shape, num_classes)

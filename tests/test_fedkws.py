@@ -303,6 +303,19 @@ def test_dscnn_paper_size_and_shapes():
   np.testing.assert_allclose(out, jax.jit(xla.apply)(p, x), rtol=1e-4, atol=1e-5)
 
 
+def test_kwt_size_and_shapes():
+  model = build_model("kwt", example_shape=(98, 40), num_classes=12)
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  assert 200_000 < sum(p.size for p in jax.tree.leaves(params)) < 300_000
+  small = build_model("kwt", example_shape=(12, 8), num_classes=5, dim=8, depth=1, heads=2, mlp_dim=8)
+  p = jax.jit(small.init)(jax.random.key(0))
+  x = jax.random.normal(jax.random.key(1), (3, 12, 8))
+  assert jax.jit(small.apply)(p, x).shape == (3, 5)
+  # Each example is classified on its own (no mixing across the batch).
+  np.testing.assert_allclose(jax.jit(small.apply)(p, x[:1]), jax.jit(small.apply)(p, x)[:1], rtol=1e-5,
+                             atol=1e-6)
+
+
 def _kws_kw(data, model):
   return dict(model=model, data=data, local_optimizer=optax.sgd(0.05),
               schedule=LocalSchedule(batch_size=4, steps=3), cohort_size=3)
