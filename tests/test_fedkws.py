@@ -270,6 +270,8 @@ def test_loader_one_client_per_speaker(speech_dir):
   plain, _, (xc3, _) = sc.load_speech_commands(speech_dir, task=12, seed=1, augmentation=False)
   assert not np.allclose(plain.x_train[:, :8], data.x_train[:, :8])
   np.testing.assert_array_equal(xc3[:8], xc[:8])
+  capped, _, _ = sc.load_speech_commands(speech_dir, task=12, max_examples=3, augmentation=False)
+  np.testing.assert_array_equal(capped.n_train, [4, 4])          # 3 clips + 1 silence
   # The 35-class option: every word is a class, no silence.
   d35, _, _ = sc.load_speech_commands(speech_dir, task=35, augmentation=False)
   assert d35.num_classes == 4 and np.asarray(d35.n_train).tolist() == [8, 8]

@@ -157,6 +157,7 @@ def load_speech_commands(
   noise_volume: float = 0.1,
   noise_prob: float = 0.8,
   max_clients: int | None = None,
+  max_examples: int | None = None,
   seed: int = 0,
   mfcc: dict | None = None,
 ) -> tuple[FederatedData, np.ndarray, tuple[np.ndarray, np.ndarray]]:
@@ -170,6 +171,9 @@ def load_speech_commands(
     augmentation: time shift and background noise on training clips.
     shift_ms, noise_volume, noise_prob: the augmentation (paper: 100 ms, 0.1, 0.8).
     max_clients: keep only the first speakers (sorted ids); ``None``: all.
+    max_examples: keep at most this many word clips per speaker (bounds the padded length
+      ``M``: the data is stored ``[C, M, 98, 40]``, and the full 12-class task's largest
+      client has 141 clips, i.e. about 5 GB of float32); ``None``: all.
     seed: seeds the augmentation, silence cuts and unknown subsampling.
     mfcc: keyword arguments of :class:`~fedtree.datasets.mfcc.MFCC`.
 
@@ -209,7 +213,7 @@ def load_speech_commands(
   silence = classes.index(SILENCE) if int(task) == 12 else None
   xs, ys = [], []
   for speaker in speakers:
-    clips = train[speaker]
+    clips = train[speaker][: None if max_examples is None else int(max_examples)]
     sig = [augment(s, rng, noises, shift_ms=shift_ms, noise_volume=noise_volume, noise_prob=noise_prob)
            if augmentation else s for s, _ in clips]
     lab = [y for _, y in clips]
