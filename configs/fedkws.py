@@ -12,9 +12,10 @@ Paper settings scaled down: SGD (lr 0.05, momentum 0.9), batch 16, E = 10 local 
 10 of the 100 clients per round, 30 rounds; ALO
 μ = 0.2, λ = 0.001 (the paper's values); ALT with ``r_0 = K / Σ r̄_k`` (work conserved).
 ``config.metrics`` makes every run report false-accept / false-reject rates (silence and
-unknown negative). For the real data pass ``data.name="speech_commands"`` and
-``data.root=<dir>`` (``fedtree.datasets.speech_commands``; 98 frames), and the paper-size
-model ``model.width=172, model.blocks=5`` (169K parameters).
+unknown negative). For the real data replace ``config.data`` by
+``ConfigDict(dict(name="speech_commands", root=<dir>))`` (plus the options of
+:func:`fedtree.datasets.speech_commands.load_speech_commands`; 98 x 40 MFCC), and use the
+paper-size model ``model.width=172, model.blocks=5`` (169K parameters).
 
 Measured (seed 0, 30 rounds; about 95 s of CPU time in all, some 40 % of it compiling the
 five runs, so 1-2 minutes of wall time on a 2-core CPU, more when it is shared; FA and FR
