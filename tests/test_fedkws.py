@@ -418,3 +418,17 @@ def test_fedkws_config_fedkws_ui_run(tmp_path):
   results = train_and_evaluate(c, str(tmp_path))
   _check_results(c, results, tmp_path)
   assert math.isfinite(results["fedkws_ui"]["global"]["loss"])
+
+
+def test_fedkws_config_on_a_speech_commands_directory(tmp_path, speech_dir):
+  """The config's FedKWS-UI run on the raw-directory loader (the generated tiny directory)."""
+  import ml_collections
+
+  c = _small_config()
+  c.data = ml_collections.ConfigDict(dict(name="speech_commands", root=speech_dir, task=12, seed=0))
+  c.runs = ml_collections.ConfigDict({"fedkws_ui": c.runs.fedkws_ui})
+  c.run_order = ("fedkws_ui",)
+  c.runs.fedkws_ui.cohort_size = 2
+  results = train_and_evaluate(c, str(tmp_path))
+  s = results["fedkws_ui"]["global"]
+  assert 0.0 <= s["accuracy"] <= 1.0 and 0.0 <= s["false_reject_rate"] <= 1.0
