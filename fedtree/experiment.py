@@ -158,7 +158,9 @@ def run_algorithm(
   fuse = max(1, min(rounds_per_call, eval_every))
   if eval_every % fuse:
     raise ValueError(f"eval_every={eval_every} must be a multiple of rounds_per_call={fuse}")
-  evaluator = simulation.make_evaluator(ctx.model, ctx.config.get("eval_chunk_size", None))
+  positive = positive_classes_from_config(ctx.config, ctx.data.num_classes)
+  evaluator = simulation.make_evaluator(ctx.model, ctx.config.get("eval_chunk_size", None),
+                                        confusion=positive is not None)
   state = algorithm.init(simulation.init_key(key))
   ckpt = None
   if checkpoint_dir and checkpoint_every:
@@ -187,14 +189,14 @@ def run_algorithm(
     host = {k: float(np.asarray(v)[-1]) for k, v in metrics.items()}
     if r % eval_every == 0 or r == num_rounds:
       summaries = simulation.evaluate_models(
-        algorithm, state, ctx.model, ctx.data, groups=ctx.groups, evaluator=evaluator
+        algorithm, state, ctx.model, ctx.data, groups=ctx.groups, evaluator=evaluator,
+        positive_classes=positive,
       )
       for name, s in summaries.items():
-        host[f"{name}/accuracy"] = s["accuracy"]
-        host[f"{name}/loss"] = s["loss"]
-        for field in ("intra_cluster_accuracy", "inter_cluster_accuracy", "num_clusters"):
-          if field in s:
-            host[f"{name}/{field}"] = s[field]
+        for metric in ("accuracy", "loss", "false_accept_rate", "false_reject_rate",
+                       "intra_cluster_accuracy", "inter_cluster_accuracy", "num_clusters"):
+          if metric in s:
+            host[f"{name}/{metric}"] = s[metric]
     host["elapsed_s"] = time.perf_counter() - t0
     reporter.log(label, r, host)
     if ckpt is not None:
@@ -203,10 +205,30 @@ def run_algorithm(
     ckpt.close()
   if not summaries:  # resumed a finished run: evaluate once
     summaries = simulation.evaluate_models(
-      algorithm, state, ctx.model, ctx.data, groups=ctx.groups, evaluator=evaluator
+      algorithm, state, ctx.model, ctx.data, groups=ctx.groups, evaluator=evaluator,
+      positive_classes=positive,
     )
   reporter.end_run(label)
   return state, summaries
+
+
+def positive_classes_from_config(config: ml_collections.ConfigDict, num_classes: int | None = None):
+  """The keyword (positive) class mask of ``config.metrics`` (``class_names`` and
+  ``negative_classes``, e.g. FedKWS-UI's silence and unknown), or ``None`` when the config
+  asks for no false-accept/reject rates."""
+  metrics = config.get("metrics", None)
+  if metrics is None or metrics.get("negative_classes", None) is None:
+    return None
+  from fedtree.evaluation import keyword_split
+
+  if metrics.get("class_names", None) is None:
+    raise ValueError("config.metrics.negative_classes needs config.metrics.class_names")
+  mask = keyword_split(tuple(metrics.class_names), tuple(metrics.negative_classes))
+  if num_classes is not None and len(mask) != num_classes:
+    raise ValueError(
+      f"config.metrics.class_names has {len(mask)} names but the data has {num_classes} classes"
+    )
+  return mask
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None) -> dict[str, Any]:

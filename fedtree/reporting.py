@@ -110,8 +110,10 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
       if "group_accuracy" in s:
         num_groups = max(num_groups, len(s["group_accuracy"]))
   clustered = any("intra_cluster_accuracy" in s for models in results.values() for s in models.values())
+  kws = any("false_accept_rate" in s for models in results.values() for s in models.values())
   header = ["run", "model", "accuracy", "client mean", "loss"]
   header += ["intra", "inter", "clusters"] if clustered else []
+  header += ["FA", "FR"] if kws else []
   header += [f"g{g}" for g in range(num_groups)]
   rows = [header]
   for label, models in results.items():
@@ -121,6 +123,9 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
       if clustered:
         row += ([f"{s['intra_cluster_accuracy']:.4f}", f"{s['inter_cluster_accuracy']:.4f}",
                  str(s["num_clusters"])] if "intra_cluster_accuracy" in s else ["", "", ""])
+      if kws:
+        row += [f"{s.get('false_accept_rate', float('nan')):.4f}",
+                f"{s.get('false_reject_rate', float('nan')):.4f}"]
       ga = s.get("group_accuracy")
       row += [f"{a:.3f}" for a in ga] if ga is not None else []
       row += [""] * (len(header) - len(row))

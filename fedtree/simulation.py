@@ -54,13 +54,16 @@ def compile_rounds(algorithm: FederatedAlgorithm, rounds_per_call: int = 1, *, d
 def evaluate_models(
   algorithm: FederatedAlgorithm, state, model: Model, data: FederatedData, *,
   groups: np.ndarray | None = None, chunk_size: int | None = None, evaluator=None,
+  positive_classes=None,
 ) -> dict[str, dict[str, Any]]:
-  """Summaries of every model ``algorithm.models(state)`` names, on every client's test data."""
-  evaluator = evaluator or make_evaluator(model, chunk_size)
+  """Summaries of every model ``algorithm.models(state)`` names, on every client's test data
+  (with ``positive_classes``, also keyword-spotting false-accept/reject rates; the evaluator
+  must then be ``make_evaluator(..., confusion=True)``)."""
+  evaluator = evaluator or make_evaluator(model, chunk_size, confusion=positive_classes is not None)
   out = {}
   for name, nm in algorithm.models(state).items():
     stats = evaluator(nm.params, data.x_test, data.y_test, data.n_test, jnp.asarray(nm.model_of_client))
-    out[name] = summarize(stats, groups)
+    out[name] = summarize(stats, groups, positive_classes=positive_classes)
     if getattr(nm, "cluster_of_client", None) is not None:
       out[name].update(cluster_summary(nm, data, evaluator))
   return out
@@ -84,12 +87,14 @@ def cluster_summary(nm, data: FederatedData, evaluator) -> dict[str, Any]:
   return out
 
 
-def make_evaluator(model: Model, chunk_size: int | None = None):
-  """A jitted ``(params, x, y, n, model_of_client) -> EvalStats``."""
+def make_evaluator(model: Model, chunk_size: int | None = None, *, confusion: bool = False):
+  """A jitted ``(params, x, y, n, model_of_client) -> EvalStats`` (with per-client confusion
+  matrices when ``confusion``)."""
 
   @jax.jit
   def run(params, x, y, n, moc) -> EvalStats:
-    return evaluate(model, params, x, y, n, model_of_client=moc, chunk_size=chunk_size)
+    return evaluate(model, params, x, y, n, model_of_client=moc, chunk_size=chunk_size,
+                    confusion=confusion)
 
   return run
 

@@ -8,7 +8,7 @@ purpose: no registry filled by import side effects.
 
 from __future__ import annotations
 
-from fedtree.algorithms import builders, clustered_builders, personalization_builders
+from fedtree.algorithms import builders, clustered_builders, kws_builders, personalization_builders
 from fedtree.algorithms.awcfl import awcfl
 from fedtree.algorithms.base import FederatedAlgorithm, NodeModels, TreeState
 from fedtree.algorithms.bhfl import bhfl
@@ -33,6 +33,7 @@ BUILDERS = {
   "ifca": clustered_builders.build_ifca,
   "awcfl": clustered_builders.build_awcfl,
   "mcfl": clustered_builders.build_mcfl,
+  "fedkws": kws_builders.build_fedkws,
 }
 
 __all__ = [

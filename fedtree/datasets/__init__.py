@@ -10,7 +10,8 @@ import numpy as np
 from fedtree.data import FederatedData
 from fedtree.datasets.synthetic import grouped_synthetic, synthetic_alpha_beta
 
-DATASETS = ("grouped_synthetic", "synthetic", "tfds", "prototype_images")
+DATASETS = ("grouped_synthetic", "synthetic", "tfds", "prototype_images", "synthetic_kws",
+            "speech_commands")
 
 
 def load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, Any]:
@@ -57,6 +58,15 @@ def _load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, An
 
     kwargs["name"] = kwargs.pop("dataset", "mnist")
     return load_tfds(team_size=cfg.get("team_size", None), **kwargs)
+  if name == "synthetic_kws":
+    from fedtree.datasets.synthetic_kws import synthetic_kws
+
+    data = synthetic_kws(**kwargs)
+    return data, np.zeros(data.num_clients, np.int32), None
+  if name == "speech_commands":
+    from fedtree.datasets.speech_commands import load_speech_commands
+
+    return load_speech_commands(**kwargs)
   raise ValueError(f"config.data.name={name!r} is unknown; choose one of {DATASETS}")
 
 

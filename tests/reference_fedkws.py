@@ -1,0 +1,125 @@
+"""Plain per-client references for FedKWS-UI (paper 002): ALO local training written out by
+hand, ALT step counts with Python loops, false accept/reject by counting, and MFCC by the
+direct DFT / mel / DCT sums. They share with the engine only the minibatch order
+(``batch_at``, tested on its own) and the model's forward pass."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedtree.local import ClientData, batch_at
+from fedtree.rng import stream
+
+
+def _batches(data: ClientData, key, num_steps, batch_size):
+  batch_key, _ = jax.random.split(key)
+  return [batch_at(batch_key, data, jnp.asarray(t), batch_size) for t in range(int(num_steps))]
+
+
+def alo_client(model, anchor, private, data: ClientData, num_steps, key, *, lr, mu, lam, batch_size):
+  """One client's ALO round by hand: private SGD on cross-entropy, then SGD of the anchor on
+  label-smoothed CE + λ · (−CE(softmax(private), softmax(global))). Returns (sent, private)."""
+  c = model.num_classes
+
+  def ce(p, b):
+    logp = jax.nn.log_softmax(model.apply(p, b.x))
+    per = jnp.array([-logp[i, b.y[i]] for i in range(b.x.shape[0])])
+    m = b.mask.astype(jnp.float32)
+    return jnp.sum(per * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+  ce_grad = jax.jit(jax.grad(ce))
+  p = private
+  for b in _batches(data, stream(key, "private"), num_steps, batch_size):
+    g = ce_grad(p, b)
+    p = jax.tree.map(lambda w, gw: w - lr * gw, p, g)
+
+  def alo(w, p, b):
+    logp = jax.nn.log_softmax(model.apply(w, b.x))
+    q = jax.nn.softmax(model.apply(p, b.x))
+    total, count = 0.0, 0.0
+    for i in range(b.x.shape[0]):
+      m = b.mask[i].astype(jnp.float32)
+      smooth = -sum(((1 - mu) * (b.y[i] == k) + mu / c) * logp[i, k] for k in range(c))
+      adv = sum(q[i, k] * logp[i, k] for k in range(c))          # = -CE(q, softmax)
+      total, count = total + m * (smooth + lam * adv), count + m
+    return total / jnp.maximum(count, 1.0)
+
+  alo_grad = jax.jit(jax.grad(alo))
+  w = anchor
+  for b in _batches(data, key, num_steps, batch_size):
+    g = alo_grad(w, p, b)
+    w = jax.tree.map(lambda a, ga: a - lr * ga, w, g)
+  return w, p
+
+
+def alt_steps(n_train, y_train, num_classes, base_steps, r0=None, min_steps=1):
+  """ALT by loops: n̄, ē (entropy / log C), harmonic mean, r_0 = K / Σ r̄ (or given)."""
+  k = len(n_train)
+  n_max = max(int(n) for n in n_train)
+  r = []
+  for i in range(k):
+    n = int(n_train[i])
+    counts = [0] * num_classes
+    for j in range(n):
+      counts[int(y_train[i][j])] += 1
+    h = -sum(cnt / n * math.log(cnt / n) for cnt in counts if cnt)
+    e = h / math.log(num_classes)
+    nb = n / n_max
+    r.append(0.0 if nb + e == 0 else 2 * nb * e / (nb + e))
+  r0 = k / sum(r) if r0 is None else r0
+  return [max(int(round(r0 * ri * base_steps)), min_steps) for ri in r], [r0 * ri * base_steps for ri in r]
+
+
+def fa_fr(y_true, y_pred, positive):
+  """Per-keyword-averaged false accept / reject rates by counting example by example."""
+  negatives = [i for i, y in enumerate(y_true) if y not in positive]
+  fa = []
+  fr = []
+  for k in positive:
+    fa.append(sum(1 for i in negatives if y_pred[i] == k) / len(negatives))
+    mine = [i for i, y in enumerate(y_true) if y == k]
+    if mine:
+      fr.append(sum(1 for i in mine if y_pred[i] not in positive) / len(mine))
+  return sum(fa) / len(fa), sum(fr) / len(fr)
+
+
+def mfcc_direct(signal, *, sample_rate=16000, window=480, stride=160, n_fft=512, num_mel=40,
+                num_coef=40, low_hz=20.0, high_hz=7600.0, log_offset=1e-6):
+  """MFCC of one signal frame by frame with the direct DFT sum, triangle formula and DCT sum."""
+  signal = np.asarray(signal, np.float64)
+  frames = 1 + (len(signal) - window) // stride
+  n = np.arange(window)
+  hann = 0.5 - 0.5 * np.cos(2 * np.pi * n / window)
+  bins = np.arange(n_fft // 2 + 1)
+  dft = np.exp(-2j * np.pi * np.outer(bins, n) / n_fft)     # [bins, window] (zero padding implied)
+
+  def mel(f):
+    return 2595.0 * math.log10(1.0 + f / 700.0)
+
+  def hz(m):
+    return 700.0 * (10 ** (m / 2595.0) - 1.0)
+
+  lo_m, hi_m = mel(low_hz), mel(high_hz)
+  edges = [hz(lo_m + (hi_m - lo_m) * i / (num_mel + 1)) for i in range(num_mel + 2)]
+  out = np.zeros((frames, num_coef))
+  for t in range(frames):
+    seg = signal[t * stride: t * stride + window] * hann
+    power = np.abs(dft @ seg) ** 2
+    energies = []
+    for m in range(num_mel):
+      lo, ce, hi = edges[m], edges[m + 1], edges[m + 2]
+      e = 0.0
+      for b in bins:
+        f = b * sample_rate / n_fft
+        if lo < f < hi:
+          e += power[b] * ((f - lo) / (ce - lo) if f <= ce else (hi - f) / (hi - ce))
+      energies.append(math.log(e + log_offset))
+    for k in range(num_coef):
+      s = math.sqrt((1.0 if k == 0 else 2.0) / num_mel)
+      out[t, k] = s * sum(energies[m] * math.cos(math.pi * k * (2 * m + 1) / (2 * num_mel))
+                          for m in range(num_mel))
+  return out

@@ -1,0 +1,434 @@
+"""FedKWS-UI (paper 002): ALO vs a per-client loop, ALT step counts, false accept/reject
+rates, MFCC, the Speech Commands directory loader, the DS-CNN, compile-once, bad
+hyperparameters, and configs/fedkws.py end to end (shrunk)."""
+
+import math
+import os
+import wave
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import reference_fedkws as ref
+from config_files import load_config
+
+from fedtree import simulation
+from fedtree.algorithms.fedkws import fedkws
+from fedtree.alo import alo_loss, alo_update
+from fedtree.alt import alt_schedule, alt_steps, client_utility
+from fedtree.data import FederatedData, as_device
+from fedtree.datasets import speech_commands as sc
+from fedtree.datasets.mfcc import MFCC
+from fedtree.datasets.synthetic import grouped_synthetic
+from fedtree.datasets.synthetic_kws import synthetic_kws
+from fedtree.evaluation import evaluate, keyword_rates, keyword_split, summarize
+from fedtree.experiment import train_and_evaluate
+from fedtree.local import ClientData, LocalSchedule, sgd_client_update
+from fedtree.models import build_model
+from fedtree.sampling import cohort_sampler
+from fedtree.tier import train_cohort
+
+B = 4
+LR = 0.1
+
+
+@pytest.fixture(scope="module")
+def setup():
+  data, _ = grouped_synthetic(group_sizes=(3, 2), dim=4, num_classes=3, mean_examples=8,
+                              min_examples=3, max_examples=11, test_examples=4, seed=1)
+  data = as_device(data)
+  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(4,))
+  return data, model, LocalSchedule(batch_size=B, epochs=1)
+
+
+def _tier(update, data, start, key, schedule, client_state=()):
+  sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), None)
+  return train_cohort(update, jax.tree.map(lambda a: a[None], start), sampler(key), data,
+                      num_steps=schedule.num_steps(data.n_train),
+                      weights=data.n_train.astype(jnp.float32), key=key,
+                      client_state=client_state, keep_client_params=True)
+
+
+def _close(a, b, tol=1e-5):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
+
+
+def _row(tree, i):
+  return jax.tree.map(lambda a: a[i], tree)
+
+
+# ------------------------------------------------------------------------ ALO
+def test_alo_update_matches_per_client_loop(setup):
+  data, model, schedule = setup
+  start = model.init(jax.random.key(0))
+  mu, lam = 0.3, 0.5            # a large λ so that the adversarial term shows
+  upd = alo_update(model, optax.sgd(LR), mu=mu, lam=lam, batch_size=B,
+                   max_steps=schedule.max_steps(data.max_train))
+  state0 = upd.init_state(model.init(jax.random.key(7)), data.num_clients)   # private != global
+  key = jax.random.key(3)
+  res = _tier(upd, data, start, key, schedule, client_state=state0)
+  steps = schedule.num_steps(np.asarray(data.n_train))
+  sampled = cohort_sampler(np.zeros(data.num_clients, np.int32), None)(key).clients
+  for slot, c in enumerate(np.asarray(sampled)):
+    cd = ClientData(data.x_train[c], data.y_train[c], data.n_train[c])
+    sent, private = ref.alo_client(model, start, _row(state0.private, c), cd, steps[c],
+                                   jax.random.fold_in(key, c), lr=LR, mu=mu, lam=lam, batch_size=B)
+    _close(_row(res.client_params, slot), sent)
+    _close(_row(res.client_state.private, c), private)
+
+
+def test_alo_with_zero_mu_and_lambda_is_plain_local_training(setup):
+  data, model, schedule = setup
+  start = model.init(jax.random.key(1))
+  max_steps = schedule.max_steps(data.max_train)
+  upd = alo_update(model, optax.sgd(LR), mu=0.0, lam=0.0, batch_size=B, max_steps=max_steps)
+  plain = sgd_client_update(model, optax.sgd(LR), batch_size=B, max_steps=max_steps)
+  key = jax.random.key(5)
+  a = _tier(upd, data, start, key, schedule, upd.init_state(start, data.num_clients))
+  b = _tier(plain, data, start, key, schedule)
+  _close(a.client_params, b.client_params, tol=1e-6)
+  _close(a.delta_sum, b.delta_sum, tol=1e-6)
+
+
+def test_alo_loss_terms():
+  logits = jnp.array([[2.0, 0.0, -1.0], [0.5, 0.5, 0.0]])
+  private = jnp.array([[0.0, 3.0, 0.0], [1.0, 0.0, 0.0]])
+  y, mask = jnp.array([0, 2]), jnp.array([True, False])
+  logp = np.asarray(jax.nn.log_softmax(logits))[0]
+  q = np.asarray(jax.nn.softmax(private))[0]
+  mu, lam = 0.2, 0.01
+  want = -((1 - mu) * logp[0] + mu / 3 * logp.sum()) + lam * np.sum(q * logp)
+  np.testing.assert_allclose(float(alo_loss(logits, private, y, mask, mu=mu, lam=lam)), want, rtol=1e-6)
+  # The private model gets no gradient.
+  g = jax.grad(lambda p: alo_loss(logits, p, y, mask, mu=mu, lam=lam))(private)
+  assert float(jnp.abs(g).max()) == 0.0
+
+
+def test_alo_private_models_of_unsampled_clients_are_untouched(setup):
+  data, model, schedule = setup
+  start = model.init(jax.random.key(0))
+  upd = alo_update(model, optax.sgd(LR), mu=0.2, lam=0.1, batch_size=B,
+                   max_steps=schedule.max_steps(data.max_train))
+  state0 = upd.init_state(start, data.num_clients)
+  sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), 2)
+  cohort = sampler(jax.random.key(2))
+  res = train_cohort(upd, jax.tree.map(lambda a: a[None], start), cohort, data,
+                     num_steps=schedule.num_steps(data.n_train),
+                     weights=data.n_train.astype(jnp.float32), key=jax.random.key(2),
+                     client_state=state0)
+  trained = set(np.asarray(cohort.clients)[np.asarray(cohort.valid)].tolist())
+  for c in range(data.num_clients):
+    moved = any(float(jnp.abs(a[c] - b[c]).max()) > 0 for a, b in
+                zip(jax.tree.leaves(res.client_state.private), jax.tree.leaves(state0.private), strict=True))
+    assert moved == (c in trained), c
+
+
+# ------------------------------------------------------------------------ ALT
+def _label_data(labels, num_classes):
+  m = max(len(y) for y in labels)
+  y = np.zeros((len(labels), m), np.int32)
+  for i, lab in enumerate(labels):
+    y[i, : len(lab)] = lab
+  n = np.asarray([len(lab) for lab in labels], np.int32)
+  x = np.zeros((len(labels), m, 1), np.float32)
+  return FederatedData(x_train=x, y_train=y, n_train=n, x_test=x[:, :1], y_test=y[:, :1],
+                       n_test=np.ones(len(labels), np.int32), num_classes=num_classes)
+
+
+def test_alt_steps_match_hand_computation():
+  # Client 0: 4 examples, labels {0,0,1,1}: n̄ = 1, ē = log2/log4 = 1/2, r̄ = 2/3.
+  # Client 1: 2 examples, labels {2,2}: n̄ = 1/2, ē = 0, r̄ = 0.
+  # Client 2: 4 examples, labels {0,1,2,3}: n̄ = 1, ē = 1, r̄ = 1.
+  data = _label_data([[0, 0, 1, 1], [2, 2], [0, 1, 2, 3]], 4)
+  np.testing.assert_allclose(client_utility(data.n_train, data.y_train, 4), [2 / 3, 0.0, 1.0])
+  # r_0 = 3 / (5/3) = 9/5; E = 10: 9/5 · 2/3 · 10 = 12, 0 -> floor 1, 9/5 · 10 = 18.
+  assert alt_steps(data, 10) == (12, 1, 18)
+  assert alt_steps(data, 10, r0=3.5) == (23, 1, 35)
+  assert alt_steps(data, 10, min_steps=0) == (12, 0, 18)
+  assert sum(alt_steps(data, 10, min_steps=0)) == 3 * 10        # work conserved
+
+
+def test_alt_steps_match_loop_and_conserve_work():
+  data = synthetic_kws(num_speakers=30, frames=4, features=4, test_speakers=1, test_examples=2, seed=3)
+  want, exact = ref.alt_steps(np.asarray(data.n_train), np.asarray(data.y_train), 12, 50)
+  got = alt_steps(data, 50)
+  assert list(got) == want
+  np.testing.assert_allclose(sum(exact), 30 * 50, rtol=1e-9)
+  assert abs(sum(got) - 30 * 50) <= 30 / 2 + sum(1 for e in exact if e < 0.5)
+  sched = alt_schedule(LocalSchedule(batch_size=8, steps=50), data)
+  assert sched.steps == got and sched.max_steps(data.max_train) == max(got)
+
+
+# ------------------------------------------------------------------------ FA / FR
+def test_false_accept_reject_match_direct_count():
+  rng = np.random.default_rng(0)
+  k, n = 5, 60
+  y = rng.integers(k, size=n)
+  pred = np.where(rng.random(n) < 0.6, y, rng.integers(k, size=n))
+  conf = np.zeros((k, k))
+  np.add.at(conf, (y, pred), 1)
+  positive = [0, 1, 2]
+  rates = keyword_rates(conf, positive)
+  fa, fr = ref.fa_fr(y.tolist(), pred.tolist(), positive)
+  assert rates["false_accept_rate"] == pytest.approx(fa)
+  assert rates["false_reject_rate"] == pytest.approx(fr)
+  neg = ~np.isin(y, positive)
+  assert rates["binary_false_accept_rate"] == pytest.approx(np.mean(np.isin(pred[neg], positive)))
+  assert rates["binary_false_reject_rate"] == pytest.approx(np.mean(~np.isin(pred[~neg], positive)))
+  mask = keyword_split(["a", "b", "c", "_silence_", "_unknown_"], ["_silence_", "_unknown_"])
+  assert keyword_rates(conf, mask) == rates
+
+
+def test_evaluator_confusion_matches_per_example_predictions(setup):
+  data, model, _ = setup
+  params = jax.tree.map(lambda a: a[None], model.init(jax.random.key(4)))
+  stats = evaluate(model, params, data.x_test, data.y_test, data.n_test,
+                   model_of_client=jnp.zeros(data.num_clients, jnp.int32), confusion=True)
+  plain = evaluate(model, params, data.x_test, data.y_test, data.n_test,
+                   model_of_client=jnp.zeros(data.num_clients, jnp.int32))
+  np.testing.assert_allclose(stats.correct, plain.correct)
+  ys, preds = [], []
+  for c in range(data.num_clients):
+    n = int(data.n_test[c])
+    logits = model.apply(_row(params, 0), data.x_test[c, :n])
+    ys += np.asarray(data.y_test[c, :n]).tolist()
+    preds += np.asarray(jnp.argmax(logits, -1)).tolist()
+    want = np.zeros((3, 3))
+    np.add.at(want, (np.asarray(data.y_test[c, :n]), np.asarray(jnp.argmax(logits, -1))), 1)
+    np.testing.assert_allclose(stats.confusion[c], want)
+  s = summarize(stats, positive_classes=[0, 1])
+  fa, fr = ref.fa_fr(ys, preds, [0, 1])
+  assert s["false_accept_rate"] == pytest.approx(fa) and s["false_reject_rate"] == pytest.approx(fr)
+  assert "false_accept_rate" not in summarize(plain)
+
+
+# ------------------------------------------------------------------------ MFCC and the loader
+def test_mfcc_matches_direct_computation_on_a_sine():
+  t = np.arange(4000) / 16000.0
+  signal = 0.5 * np.sin(2 * np.pi * 1000.0 * t) + 0.1 * np.sin(2 * np.pi * 300.0 * t)
+  mfcc = MFCC()
+  got = mfcc(signal)
+  assert got.shape == (1 + (4000 - 480) // 160, 40)
+  want = ref.mfcc_direct(signal[:480 + 160 * 2])              # the first 3 frames
+  np.testing.assert_allclose(got[:3], want, rtol=1e-4, atol=1e-3)
+  # The power spectrum of a 1 kHz tone peaks at bin 1000 / (16000 / 512) = 32.
+  frame = mfcc.frames(signal)[0] * (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(480) / 480))
+  assert int(np.argmax(np.abs(np.fft.rfft(0.5 * frame / 0.5, 512)))) == 32
+
+
+def _write_wav(path, signal):
+  pcm = (np.clip(signal, -1, 1 - 1 / 32768) * 32768).astype("<i2")
+  with wave.open(str(path), "wb") as f:
+    f.setnchannels(1)
+    f.setsampwidth(2)
+    f.setframerate(16000)
+    f.writeframes(pcm.tobytes())
+
+
+@pytest.fixture(scope="module")
+def speech_dir(tmp_path_factory):
+  root = tmp_path_factory.mktemp("speech_commands")
+  rng = np.random.default_rng(0)
+  words = {"yes": 440.0, "no": 660.0, "cat": 880.0, "dog": 1200.0}
+  tests = []
+  for w, freq in words.items():
+    os.makedirs(root / w)
+    for spk in ("aaa111", "bbb222", "ccc333"):
+      for i in range(2):
+        n = int(rng.integers(8000, 16001))                 # 0.5 - 1 s clips
+        sig = 0.3 * np.sin(2 * np.pi * freq * np.arange(n) / 16000) + 0.01 * rng.normal(size=n)
+        _write_wav(root / w / f"{spk}_nohash_{i}.wav", sig)
+        if spk == "ccc333":
+          tests.append(f"{w}/{spk}_nohash_{i}.wav")
+  os.makedirs(root / sc.BACKGROUND)
+  for j in range(2):
+    _write_wav(root / sc.BACKGROUND / f"noise{j}.wav", 0.2 * rng.normal(size=32000))
+  (root / "testing_list.txt").write_text("\n".join(tests) + "\n")
+  return str(root)
+
+
+def test_loader_one_client_per_speaker(speech_dir):
+  data, groups, (xc, yc) = sc.load_speech_commands(speech_dir, task=12, seed=1)
+  data.validate()
+  assert data.num_clients == 2 and groups.shape == (2,)          # aaa111, bbb222 (ccc333 is test)
+  assert data.example_shape == (98, 40) and data.num_classes == 12
+  # 8 word clips each (2 per word) + ceil(0.1 · 8) = 1 silence clip.
+  np.testing.assert_array_equal(data.n_train, [9, 9])
+  yes, no, unk, sil = 0, 1, sc.CLASSES_12.index(sc.UNKNOWN), sc.CLASSES_12.index(sc.SILENCE)
+  for c in range(2):
+    want = sorted([yes] * 2 + [no] * 2 + [unk] * 4 + [sil])
+    assert sorted(np.asarray(data.y_train[c, :9]).tolist()) == want
+  # Global test set: 8 clips + 1 silence, dealt round-robin over the 2 client rows.
+  assert len(yc) == 9 and xc.shape == (9, 98, 40)
+  np.testing.assert_array_equal(data.n_test, [5, 4])
+  # Deterministic from the seed; augmentation changes the training features only.
+  again, _, (xc2, _) = sc.load_speech_commands(speech_dir, task=12, seed=1)
+  np.testing.assert_array_equal(again.x_train, data.x_train)
+  plain, _, (xc3, _) = sc.load_speech_commands(speech_dir, task=12, seed=1, augmentation=False)
+  assert not np.allclose(plain.x_train[:, :8], data.x_train[:, :8])
+  np.testing.assert_array_equal(xc3[:8], xc[:8])
+  capped, _, _ = sc.load_speech_commands(speech_dir, task=12, max_examples=3, augmentation=False)
+  np.testing.assert_array_equal(capped.n_train, [4, 4])          # 3 clips + 1 silence
+  # The 35-class option: every word is a class, no silence.
+  d35, _, _ = sc.load_speech_commands(speech_dir, task=35, augmentation=False)
+  assert d35.num_classes == 4 and np.asarray(d35.n_train).tolist() == [8, 8]
+
+
+def test_loader_pieces():
+  assert sc.speaker_of("abc123_nohash_4.wav") == "abc123"
+  splits = {sc.which_set(f"spk{i}_nohash_{j}.wav") for i in range(3) for j in range(5)}
+  assert splits <= {"training", "validation", "testing"}
+  for i in range(20):
+    assert len({sc.which_set(f"spk{i}_nohash_{j}.wav") for j in range(5)}) == 1   # by speaker
+  rng = np.random.default_rng(0)
+  sig = np.arange(1, 16001, dtype=np.float32) / 16000
+  out = sc.augment(sig, rng, [], shift_ms=100.0, noise_volume=0.1, noise_prob=0.8)
+  shift = int(np.argmax(out > 0)) if out[0] == 0 else -int(round(out[0] * 16000 - 1))
+  assert abs(shift) <= 1600
+  np.testing.assert_allclose(np.roll(out, -shift)[1600:-1600], sig[1600:-1600])
+
+
+# ------------------------------------------------------------------------ model, rounds, errors
+def test_dscnn_paper_size_and_shapes():
+  model = build_model("dscnn", example_shape=(98, 40), num_classes=12)
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  assert 160_000 < sum(p.size for p in jax.tree.leaves(params)) < 180_000     # the paper's 169K
+  small = build_model("dscnn", example_shape=(16, 10), num_classes=5, width=8, blocks=1)
+  p = jax.jit(small.init)(jax.random.key(0))
+  x = jax.random.normal(jax.random.key(1), (3, 16, 10))
+  out = jax.jit(small.apply)(p, x)
+  assert out.shape == (3, 5)
+  xla = build_model("dscnn", example_shape=(16, 10), num_classes=5, width=8, blocks=1, conv_impl="xla")
+  np.testing.assert_allclose(out, jax.jit(xla.apply)(p, x), rtol=1e-4, atol=1e-5)
+
+
+def test_kwt_size_and_shapes():
+  model = build_model("kwt", example_shape=(98, 40), num_classes=12)
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  assert 200_000 < sum(p.size for p in jax.tree.leaves(params)) < 300_000
+  small = build_model("kwt", example_shape=(12, 8), num_classes=5, dim=8, depth=1, heads=2, mlp_dim=8)
+  p = jax.jit(small.init)(jax.random.key(0))
+  x = jax.random.normal(jax.random.key(1), (3, 12, 8))
+  assert jax.jit(small.apply)(p, x).shape == (3, 5)
+  # Each example is classified on its own (no mixing across the batch).
+  np.testing.assert_allclose(jax.jit(small.apply)(p, x[:1]), jax.jit(small.apply)(p, x)[:1], rtol=1e-5,
+                             atol=1e-6)
+
+
+def _kws_kw(data, model):
+  return dict(model=model, data=data, local_optimizer=optax.sgd(0.05),
+              schedule=LocalSchedule(batch_size=4, steps=3), cohort_size=3)
+
+
+def test_fedkws_round_compiles_once(setup):
+  data, model, _ = setup
+  alg = fedkws(mu=0.2, lam=0.001, **_kws_kw(data, model))
+  traces = []
+
+  def counted(state, d, key):
+    traces.append(1)
+    return alg.round(state, d, key)
+
+  state = simulation.run(alg._replace(round=counted), data, num_rounds=4, key=jax.random.key(0),
+                         rounds_per_call=2)
+  assert len(traces) == 1 and int(state.round) == 4
+
+
+def test_fedkws_without_alo_and_alt_is_fedavg(setup):
+  from fedtree.algorithms.hierfavg import fedavg
+
+  data, model, _ = setup
+  a = simulation.run(fedkws(alo=False, alt=False, **_kws_kw(data, model)), data, num_rounds=2,
+                     key=jax.random.key(1))
+  b = simulation.run(fedavg(**_kws_kw(data, model)), data, num_rounds=2, key=jax.random.key(1))
+  _close(a.params, b.params, tol=1e-6)
+
+
+@pytest.mark.parametrize("kw,match", [
+  (dict(mu=1.0), "mu=1.0"), (dict(mu=-0.1), "mu=-0.1"), (dict(lam=-1.0), "lam=-1.0"),
+  (dict(lam=float("nan")), "lam=nan"), (dict(r0=-2.0), "r0=-2.0"),
+])
+def test_bad_hyperparameters_raise(setup, kw, match):
+  data, model, _ = setup
+  with pytest.raises(ValueError, match=match):
+    fedkws(**kw, **_kws_kw(data, model))
+
+
+def test_bad_settings_raise(setup, speech_dir):
+  data, model, _ = setup
+  with pytest.raises(ValueError, match="'_noise_'"):
+    keyword_split(sc.CLASSES_12, ["_silence_", "_noise_"])
+  with pytest.raises(ValueError, match="task=13"):
+    sc.load_speech_commands(speech_dir, task=13)
+  with pytest.raises(ValueError, match="unknown_keep=1.5"):
+    sc.load_speech_commands(speech_dir, unknown_keep=1.5)
+  with pytest.raises(ValueError, match="fixed local step count"):
+    fedkws(**{**_kws_kw(data, model), "schedule": LocalSchedule(batch_size=4, epochs=1)})
+  from fedtree.experiment import positive_classes_from_config
+
+  c = load_config("fedkws")
+  with pytest.raises(ValueError, match="12 names but the data has 35"):
+    positive_classes_from_config(c, 35)
+  c.metrics.negative_classes = ("_silence_", "silence")
+  with pytest.raises(ValueError, match="'silence'"):
+    positive_classes_from_config(c, 12)
+  with pytest.raises(ValueError, match="norm='batch'"):
+    jax.eval_shape(build_model("dscnn", example_shape=(16, 10), num_classes=3, norm="batch").init,
+                   jax.random.key(0))
+
+
+# ------------------------------------------------------------------------ the config
+def _small_config():
+  c = load_config("fedkws")
+  c.rounds, c.eval_every, c.rounds_per_call, c.progress = 2, 2, 2, False
+  c.data.update(dict(num_speakers=6, test_speakers=2, test_examples=6, frames=12, features=8,
+                     max_examples=16))
+  c.model.update(dict(width=4, blocks=1, first_kernel=(3, 3)))
+  c.local.steps = 2
+  for run in c.runs.values():
+    run.cohort_size = 3
+  return c
+
+
+def _check_results(c, results, tmp_path):
+  assert list(results) == list(c.run_order)
+  for label in c.run_order:
+    s = results[label]["global"]
+    assert 0.0 <= s["accuracy"] <= 1.0
+    assert 0.0 <= s["false_accept_rate"] <= 1.0 and 0.0 <= s["false_reject_rate"] <= 1.0
+  assert (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_fedkws_config_end_to_end(tmp_path):
+  c = _small_config()
+  _check_results(c, train_and_evaluate(c, str(tmp_path)), tmp_path)
+
+
+def test_fedkws_config_fedkws_ui_run(tmp_path):
+  """Fast variant: the config's FedKWS-UI run alone."""
+  import ml_collections
+
+  c = _small_config()
+  c.runs = ml_collections.ConfigDict({"fedkws_ui": c.runs.fedkws_ui})
+  c.run_order = ("fedkws_ui",)
+  results = train_and_evaluate(c, str(tmp_path))
+  _check_results(c, results, tmp_path)
+  assert math.isfinite(results["fedkws_ui"]["global"]["loss"])
+
+
+def test_fedkws_config_on_a_speech_commands_directory(tmp_path, speech_dir):
+  """The config's FedKWS-UI run on the raw-directory loader (the generated tiny directory)."""
+  import ml_collections
+
+  c = _small_config()
+  c.data = ml_collections.ConfigDict(dict(name="speech_commands", root=speech_dir, task=12, seed=0))
+  c.runs = ml_collections.ConfigDict({"fedkws_ui": c.runs.fedkws_ui})
+  c.run_order = ("fedkws_ui",)
+  c.runs.fedkws_ui.cohort_size = 2
+  results = train_and_evaluate(c, str(tmp_path))
+  s = results["fedkws_ui"]["global"]
+  assert 0.0 <= s["accuracy"] <= 1.0 and 0.0 <= s["false_reject_rate"] <= 1.0
