@@ -1,8 +1,8 @@
 """Local training of one client, written for ``vmap`` over a cohort.
 
-Every client runs the same ``lax.scan`` over ``max_steps`` steps; step ``t`` is active only
-while ``t < num_steps`` (its own count), so clients with fewer examples, or fewer assigned
-steps, take fewer steps and inactive steps leave the state untouched.
+Every client runs a ``while_loop`` over its own ``num_steps`` (at most ``max_steps``), so
+clients with fewer examples, or fewer assigned steps, take fewer steps; vmapped, a chunk of
+clients loops to its largest count and clients that are done are left untouched.
 
 Batching happens inside jit. Client ``c`` with ``n`` examples has ``ceil(n / B)`` batches per
 epoch; step ``t`` reads batch ``t mod ceil(n/B)`` of epoch ``t // ceil(n/B)``, whose order is
@@ -171,21 +171,27 @@ def run_local_steps(
   """Runs ``step(carry, batch, rng) -> (carry, loss)`` for ``num_steps`` (<= ``max_steps``).
 
   Returns the final carry and the mean loss over the active steps (0 if none).
+
+  The loop is a ``while_loop`` to ``min(num_steps, max_steps)``. Vmapped over a chunk of
+  clients, JAX runs it to the chunk's largest count and leaves every client that is done
+  unchanged (a select per step), so clients with different step counts (epochs over
+  unequal data, FedKWS-UI's ALT) cost the chunk's maximum, not the population's.
   """
   batch_key, step_key = jax.random.split(key)
+  steps = jnp.minimum(num_steps, max_steps)
 
-  def body(state, t):
-    carry, loss_sum = state
+  def cond(state):
+    return state[0] < steps
+
+  def body(state):
+    t, carry, loss_sum = state
     batch = batch_at(batch_key, data, t, batch_size)
-    new_carry, loss = step(carry, batch, jax.random.fold_in(step_key, t))
-    active = t < num_steps
-    carry = jax.tree.map(lambda a, b: jnp.where(active, a, b), new_carry, carry)
-    return (carry, loss_sum + jnp.where(active, loss, 0.0)), None
+    carry, loss = step(carry, batch, jax.random.fold_in(step_key, t))
+    return t + 1, carry, loss_sum + loss
 
-  (carry, loss_sum), _ = jax.lax.scan(
-    body, (carry, jnp.zeros((), jnp.float32)), jnp.arange(max_steps)
-  )
-  return carry, loss_sum / jnp.maximum(jnp.minimum(num_steps, max_steps), 1).astype(jnp.float32)
+  init = (jnp.zeros((), jnp.int32), carry, jnp.zeros((), jnp.float32))
+  _, carry, loss_sum = jax.lax.while_loop(cond, body, init)
+  return carry, loss_sum / jnp.maximum(steps, 1).astype(jnp.float32)
 
 
 # ------------------------------------------------------------------------ objectives

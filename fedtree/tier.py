@@ -104,7 +104,15 @@ def train_cohort(
   num_parents = jax.tree.leaves(parent_params)[0].shape[0]
   num_clients = data.x_train.shape[0]
   anchor_params = parent_params if anchor_params is None else anchor_params
-  chunks = jax.tree.map(lambda a: a.reshape((k // chunk, chunk) + a.shape[1:]), cohort)
+  # Slots sorted by (parent, step count): a chunk loops to its largest step count (see
+  # fedtree.local.run_local_steps), so clients with similar counts share chunks; padding
+  # slots take no step. Parent groups, and hence parent-aligned chunks, are kept.
+  slot_steps = jnp.where(cohort.valid, jnp.take(num_steps, cohort.clients), 0)
+  order = jnp.lexsort((slot_steps, cohort.parent))
+  sorted_cohort = jax.tree.map(lambda a: jnp.take(a, order, axis=0), cohort)
+  slot_steps = jnp.take(slot_steps, order)
+  chunks = jax.tree.map(lambda a: a.reshape((k // chunk, chunk) + a.shape[1:]),
+                        (sorted_cohort, slot_steps))
   # Per-device partial sums: ``[D, P, ...]`` rows, row d owned by device d (D = 1 unsharded).
   devices = mesh_size()
   devices = devices if devices > 1 and chunk % devices == 0 else 1
@@ -120,7 +128,8 @@ def train_cohort(
 
   segment_sums = jax.vmap(weighted_segment_sum, in_axes=(0, 0, 0, None))
 
-  def body(carry, ch: Cohort):
+  def body(carry, chunk_slots):
+    ch, ch_steps = chunk_slots
     delta_sum, weight_sum, state, loss_sum, count = carry
     # Under a ``jax.set_mesh`` with a ``clients`` axis, each device trains its slice of the
     # chunk (identity otherwise; see fedtree.sharding).
@@ -139,7 +148,7 @@ def train_cohort(
     ))
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ch.clients)
     params, new_state, loss = jax.vmap(update.apply)(
-      start, constrain_clients(_take(state, ch.clients)), cdata, jnp.take(num_steps, ch.clients),
+      start, constrain_clients(_take(state, ch.clients)), cdata, ch_steps,
       keys,
     )
     params = constrain_clients(params)
@@ -178,5 +187,8 @@ def train_cohort(
   weight_sum = jnp.sum(weight_sum, axis=0)
   client_params = None
   if keep_client_params:
-    client_params = jax.tree.map(lambda a: a.reshape((k,) + a.shape[2:]), per_chunk)
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(k, dtype=order.dtype))
+    client_params = jax.tree.map(
+      lambda a: jnp.take(a.reshape((k,) + a.shape[2:]), inverse, axis=0), per_chunk
+    )
   return TierResult(delta_sum, weight_sum, state, client_params, loss_sum, count)

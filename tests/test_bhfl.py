@@ -42,7 +42,10 @@ def _close(a, b, tol=1e-5):
 
 @pytest.mark.parametrize("cohort,periods", [(None, (3, 1)), ([2, 1, 1], (4, 2))])
 def test_reduces_to_hierfavg(cohort, periods):
-  """η↓ = 1 SGD down, FedAvg up, no proxy, no residuals, synchronous: HierFAVG bit for bit."""
+  """η↓ = 1 SGD down, FedAvg up, no proxy, no residuals, synchronous: HierFAVG.
+
+  Equal to float rounding: HierFAVG's tier sums its clients in chunks sorted by step count,
+  B-HFL's edges sum their arrived updates in client order."""
   topo, data, model = _setup()
   common = dict(model=model, topology=topo, data=data, local_optimizer=optax.sgd(0.1),
                 schedule=LocalSchedule(batch_size=3, epochs=1.0), cohort_size=cohort)
@@ -56,8 +59,8 @@ def test_reduces_to_hierfavg(cohort, periods):
     s_ref, m_ref = step_ref(s_ref, data, k)
     s, m = step(s, data, k)
     for lv in range(topo.depth):
-      jax.tree.map(np.testing.assert_array_equal, s.params[lv], s_ref.params[lv])
-    np.testing.assert_array_equal(m["train_loss"], m_ref["train_loss"])
+      _close(s.params[lv], s_ref.params[lv], tol=1e-6)
+    np.testing.assert_allclose(m["train_loss"], m_ref["train_loss"], rtol=1e-6)
   # clients hold their edge's model after the full-replacement down phase
   _close(s.params[3], jax.tree.map(lambda p: p[topo.parent(3)], s.params[2]))
 

@@ -188,3 +188,22 @@ def test_parent_aligned_chunks_train_like_gathered_ones():
   ref = flat_params(run_rounds(make_hierfavg(data, sizes), data, rounds=3)[0])  # one chunk: gathers
   got = flat_params(run_rounds(make_hierfavg(data, sizes, chunk_size=4), data, rounds=3)[0])
   np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-6)
+
+
+def test_slots_sorted_by_steps_return_in_cohort_order_and_padding_takes_no_step():
+  data = tiny_data(7, seed=3)
+
+  def apply(anchor, state, cdata, num_steps, key):  # the model records its own step count
+    return jax.tree.map(lambda a: a + num_steps.astype(a.dtype), anchor), state, jnp.zeros(())
+
+  params = {"w": jnp.zeros((1, 3))}
+  steps = jnp.asarray([5, 1, 4, 1, 3, 2, 0], jnp.int32)
+  sampler = cohort_sampler(np.zeros(7, np.int64), None, chunk_size=3)  # 7 clients + 2 padding
+  cohort = sampler(jax.random.key(0))
+  res = train_cohort(ClientUpdate(apply), params, cohort, data, num_steps=steps,
+                     weights=jnp.ones(7), key=jax.random.key(0), chunk_size=3,
+                     keep_client_params=True)
+  got = np.asarray(res.client_params["w"])[:, 0]
+  want = np.where(np.asarray(cohort.valid), np.asarray(steps)[np.asarray(cohort.clients)], 0)
+  np.testing.assert_array_equal(got, want)  # slot order kept; padding slots ran 0 steps
+  np.testing.assert_allclose(np.asarray(res.delta_sum["w"])[0], -float(steps.sum()))

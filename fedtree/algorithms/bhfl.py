@@ -25,7 +25,8 @@ second down state. All are stacked per level (``[N_l, ...]``) and updated with `
 
 With ``sgd(1.0)`` downwards, FedAvg (``sgd(1.0)``) upwards, no proxy data, no residual
 links and synchronous aggregation this is HierFAVG (:mod:`fedtree.algorithms.hierfavg`)
-exactly, bit for bit; a test checks it over several rounds on a 4-level tree with periods.
+exactly (to float rounding: the two sum their clients in different orders); a test checks it
+over several rounds on a 4-level tree with periods.
 
 Choices where the paper is vague, each marked **(choice)** below:
 
