@@ -17,22 +17,23 @@ unknown negative). For the real data replace ``config.data`` by
 :func:`fedtree.datasets.speech_commands.load_speech_commands`; 98 x 40 MFCC), and use the
 paper-size model ``model.width=172, model.blocks=5`` (169K parameters).
 
-Measured (seed 0, 30 rounds; about 95 s of CPU time in all, some 40 % of it compiling the
-five runs, so 1-2 minutes of wall time on a 2-core CPU, more when it is shared; FA and FR
-are the per-keyword averaged rates of :func:`fedtree.evaluation.keyword_rates`, in %):
+Measured (seed 0, 30 rounds; 69 s wall on a quiet 2-core CPU, about 40 % of it compiling
+the five runs; FA and FR are the per-keyword averaged rates of
+:func:`fedtree.evaluation.keyword_rates`, in %):
 
   run          accuracy   FA     FR
-  fedavg       0.770      1.65   13.3
-  fedprox      0.765      1.58   13.6     (μ = 0.001)
-  fedavg_alt   0.874      1.52    5.0
-  fedavg_alo   0.732      3.61   12.5
-  fedkws_ui    0.747      1.77   10.6
+  fedavg       0.766      1.77   13.0
+  fedprox      0.767      1.71   13.4     (μ = 0.001)
+  fedavg_alt   0.867      1.46    6.1
+  fedavg_alo   0.733      3.54   12.5
+  fedkws_ui    0.753      1.71   10.7
 
 On this synthetic task ALT helps a lot (clients with few, one-sided examples take fewer
 steps), while ALO does not: ALO alone is below FedAvg after 30 rounds, and ALO+ALT below ALT
 alone. ALO's parts, same setting (``fedkws`` with ``alt=False``): label smoothing alone
 (μ = 0.2, λ = 0) 0.733; negative distillation alone (μ = 0, λ = 0.001) 0.755, λ = 0.01
-0.752; μ = 0.1, λ = 0.001 0.767. Since μ = λ = 0 gives FedAvg's exact trajectory, the
+0.752; μ = 0.1, λ = 0.001 0.767 (these five measured before a change of summation order
+moved every figure by up to 0.7 points). Since μ = λ = 0 gives FedAvg's exact trajectory, the
 0.770 vs 0.755 gap of a λ = 0.001 term shows the run-to-run spread here is about ±2 points:
 only the ALT gain stands out of it. The paper reports gains from both on the real data over
 300 rounds; this short synthetic run does not reproduce the ALO gain. (With
