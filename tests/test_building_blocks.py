@@ -303,3 +303,24 @@ def test_persistent_sgd_update_starts_from_and_keeps_the_client_model():
   chex_equal(kept.apply(own, own, cd, jnp.asarray(2), key)[0], p_kept)   # it started from `own`
   chex_equal(plain.apply(anchor, anchor, cd, jnp.asarray(2), key)[0], p_plain)
   assert not np.allclose(p_plain["Dense_0"]["kernel"], p_kept["Dense_0"]["kernel"])
+
+
+def test_local_training_defaults_to_sgd_and_refuses_state_where_asked():
+  import optax
+
+  from fedtree.algorithms.base import local_training
+  from fedtree.local import ClientUpdate, LocalSchedule
+
+  data = FederatedData(
+    x_train=np.zeros((2, 5, 3), np.float32), y_train=np.zeros((2, 5), np.int32),
+    n_train=np.asarray([5, 3], np.int32), x_test=np.zeros((2, 1, 3), np.float32),
+    y_test=np.zeros((2, 1), np.int32), n_test=np.ones(2, np.int32), num_classes=2,
+  )
+  model = build_model("logreg", example_shape=(3,), num_classes=2)
+  update = local_training(None, model, optax.sgd(0.1), LocalSchedule(batch_size=2), data)
+  assert update.init_state is None
+  stateful = ClientUpdate(apply=update.apply, init_state=lambda params, n: ())
+  assert local_training(stateful, model, optax.sgd(0.1), LocalSchedule(batch_size=2), data) is stateful
+  with pytest.raises(ValueError, match="ifca: the client update must be stateless"):
+    local_training(stateful, model, optax.sgd(0.1), LocalSchedule(batch_size=2), data,
+                   stateless_for="ifca")

@@ -40,7 +40,7 @@ import numpy as np
 import optax
 
 from fedtree.aggregation import weighted_mean
-from fedtree.algorithms.base import FederatedAlgorithm, NodeModels, client_weights
+from fedtree.algorithms.base import FederatedAlgorithm, NodeModels, client_weights, local_training
 from fedtree.clustering import (
   ClusterFeatures,
   ClusterState,
@@ -51,7 +51,7 @@ from fedtree.clustering import (
   stable_kmeans,
 )
 from fedtree.data import FederatedData
-from fedtree.local import ClientUpdate, LocalSchedule, sgd_client_update
+from fedtree.local import ClientUpdate, LocalSchedule
 from fedtree.models import Model
 from fedtree.rng import stream
 from fedtree.sampling import cohort_sampler
@@ -133,12 +133,8 @@ def awcfl(
   start_round, iters = int(cluster_start_round), int(kmeans_iters)
   opt = optax.sgd(1.0) if server_optimizer is None else server_optimizer
   sampler = cohort_sampler(np.zeros(num_clients, np.int32), cohort_size, chunk_size=chunk_size)
-  if client_update is None:
-    client_update = sgd_client_update(
-      model, local_optimizer, batch_size=schedule.batch_size, max_steps=schedule.max_steps(data.max_train)
-    )
-  if client_update.init_state is not None:
-    raise ValueError("awcfl: the client update must be stateless (clients hold their cluster's model)")
+  client_update = local_training(client_update, model, local_optimizer, schedule, data,
+                                 stateless_for="awcfl")
   test_data = (jnp.asarray(data.x_test), jnp.asarray(data.n_test))
 
   def init(key):

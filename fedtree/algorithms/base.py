@@ -17,6 +17,8 @@ import optax
 from flax import struct
 
 from fedtree.data import FederatedData
+from fedtree.local import ClientUpdate, LocalSchedule, sgd_client_update
+from fedtree.models import Model
 from fedtree.topology import Topology
 
 PyTree = Any
@@ -84,6 +86,25 @@ def broadcast_tree(init_params: PyTree, topology: Topology) -> tuple:
 
 def init_opt_states(optimizers: Sequence[optax.GradientTransformation], params: tuple) -> tuple:
   return tuple(jax.vmap(opt.init)(p) for opt, p in zip(optimizers, params, strict=True))
+
+
+def local_training(
+  client_update: ClientUpdate | None, model: Model, local_optimizer: optax.GradientTransformation,
+  schedule: LocalSchedule, data: FederatedData, *, stateless_for: str | None = None,
+) -> ClientUpdate:
+  """``client_update``, or by default plain SGD local training for ``schedule`` on ``data``.
+
+  With ``stateless_for`` (the algorithm's name), an update that keeps per-client state is
+  refused: in those algorithms clients hold nothing but the model they receive.
+  """
+  if client_update is None:
+    client_update = sgd_client_update(
+      model, local_optimizer, batch_size=schedule.batch_size,
+      max_steps=schedule.max_steps(data.max_train),
+    )
+  if stateless_for is not None and client_update.init_state is not None:
+    raise ValueError(f"{stateless_for}: the client update must be stateless")
+  return client_update
 
 
 def client_weights(n_train: jax.Array, weighting: str) -> jax.Array:

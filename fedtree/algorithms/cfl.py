@@ -35,7 +35,7 @@ import numpy as np
 import optax
 
 from fedtree.aggregation import weighted_mean
-from fedtree.algorithms.base import FederatedAlgorithm, NodeModels, client_weights
+from fedtree.algorithms.base import FederatedAlgorithm, NodeModels, client_weights, local_training
 from fedtree.clustering import (
   ClusterState,
   check_num_clusters,
@@ -44,7 +44,7 @@ from fedtree.clustering import (
   flatten_rows,
 )
 from fedtree.data import FederatedData
-from fedtree.local import ClientUpdate, LocalSchedule, sgd_client_update
+from fedtree.local import ClientUpdate, LocalSchedule
 from fedtree.models import Model
 from fedtree.rng import stream
 from fedtree.sampling import cohort_sampler
@@ -135,12 +135,8 @@ def cfl(
   client_weights(jnp.zeros(1), weighting)
   opt = optax.sgd(1.0) if server_optimizer is None else server_optimizer
   sampler = cohort_sampler(np.zeros(num_clients, np.int32), cohort_size, chunk_size=chunk_size)
-  if client_update is None:
-    client_update = sgd_client_update(
-      model, local_optimizer, batch_size=schedule.batch_size, max_steps=schedule.max_steps(data.max_train)
-    )
-  if client_update.init_state is not None:
-    raise ValueError("cfl: the client update must be stateless")
+  client_update = local_training(client_update, model, local_optimizer, schedule, data,
+                                 stateless_for="cfl")
 
   def init(key):
     params = jax.tree.map(lambda p: jnp.broadcast_to(p, (k,) + p.shape), model.init(key))

@@ -27,10 +27,11 @@ from fedtree.algorithms.base import (
   broadcast_tree,
   client_weights,
   init_opt_states,
+  local_training,
   per_level,
 )
 from fedtree.data import FederatedData
-from fedtree.local import ClientUpdate, LocalSchedule, sgd_client_update
+from fedtree.local import ClientUpdate, LocalSchedule
 from fedtree.models import Model
 from fedtree.rng import stream
 from fedtree.sampling import cohort_sampler
@@ -105,11 +106,7 @@ def hierfavg(
   periods = check_periods(periods, depth)
   client_weights(jnp.zeros(1), weighting)  # validates the name early
   sampler = cohort_sampler(topology.parent(depth), cohort_size, chunk_size=chunk_size)
-  max_steps = schedule.max_steps(data.max_train)
-  if client_update is None:
-    client_update = sgd_client_update(
-      model, local_optimizer, batch_size=schedule.batch_size, max_steps=max_steps
-    )
+  client_update = local_training(client_update, model, local_optimizer, schedule, data)
   parents = [None] + [jnp.asarray(topology.parent(lv)) for lv in range(1, depth + 1)]
   ancestors = [jnp.asarray(topology.ancestor(lv)) for lv in range(depth)]
 
