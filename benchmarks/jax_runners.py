@@ -1,6 +1,6 @@
 """fedtree and the centralized JAX bound on a :class:`~benchmarks.workloads.Workload`.
 
-Both fuse ``rounds`` rounds into one compiled call (``fedtree.simulation.compile_rounds``):
+Both fuse ``rounds`` rounds into one compiled call (``fedtree.core.loop.compile_rounds``):
 the first call compiles and is timed apart; later calls are the measurement. Nothing leaves
 the device inside a call: sampling, batching, training, aggregation and the server update
 are one XLA program.
@@ -17,11 +17,11 @@ import numpy as np
 import optax
 
 from benchmarks.workloads import Workload, make_arrays
-from fedtree import sharding, tuning
-from fedtree.algorithms.base import TreeState
 from fedtree.algorithms.hierfavg import fedavg, hierfavg
-from fedtree.data import FederatedData
-from fedtree.local import (
+from fedtree.core import sharding, tuning
+from fedtree.core.algorithm import TreeState
+from fedtree.core.data import FederatedData
+from fedtree.core.local import (
   ClientUpdate,
   LocalSchedule,
   SGDCarry,
@@ -29,9 +29,9 @@ from fedtree.local import (
   run_local_steps,
   sgd_client_update,
 )
+from fedtree.core.loop import compile_rounds
+from fedtree.core.topology import Topology
 from fedtree.models import Model, build_model
-from fedtree.simulation import compile_rounds
-from fedtree.topology import Topology
 
 
 def jax_model(w: Workload) -> Model:
@@ -135,10 +135,10 @@ def build_fedtree(w: Workload, data: FederatedData, *, chunk_size: Any = "auto",
 
 def _with_client_state(alg, data, model, w, chunk_size, update):
   """FedAvg round threading per-client state through ``train_cohort`` (scale demo)."""
-  from fedtree.rng import stream
-  from fedtree.sampling import cohort_sampler
-  from fedtree.server import update_nodes
-  from fedtree.tier import train_cohort
+  from fedtree.core.rng import stream
+  from fedtree.core.sampling import cohort_sampler
+  from fedtree.core.server import update_nodes
+  from fedtree.core.tier import train_cohort
 
   sampler = cohort_sampler(np.zeros(w.num_clients, np.int64), w.cohort, chunk_size=chunk_size)
   server = optax.sgd(w.server_lr)

@@ -24,7 +24,7 @@ import jax
 from benchmarks import workloads
 from benchmarks.jax_runners import build_fedtree, federated_data, time_fused
 from benchmarks.throughput import RESULTS, machine
-from fedtree.simulation import compile_rounds
+from fedtree.core.loop import compile_rounds
 
 
 def _rss_mb() -> float:

@@ -19,7 +19,7 @@ paper-size model ``model.width=172, model.blocks=5`` (169K parameters).
 
 Measured (seed 0, 30 rounds; 69 s wall on a quiet 2-core CPU, about 40 % of it compiling
 the five runs; FA and FR are the per-keyword averaged rates of
-:func:`fedtree.evaluation.keyword_rates`, in %):
+:func:`fedtree.core.metrics.keyword_rates`, in %):
 
   run          accuracy   FA     FR
   fedavg       0.766      1.77   13.0

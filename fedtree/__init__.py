@@ -3,25 +3,54 @@
 Every client of a tier is a slice of one stacked parameter pytree; a whole tier trains in one
 jitted ``vmap``; aggregation is ``segment_sum`` over parent indices; every server node keeps
 its own optax optimizer state. See README.md for a tour.
+
+The names below are imported on first use, so ``import fedtree.core.algorithm`` (or any
+engine module) imports no algorithm.
 """
 
-from fedtree import algorithms, datasets, simulation
-from fedtree.algorithms import BUILDERS, FederatedAlgorithm, NodeModels, TreeState, fedavg, hierfavg
-from fedtree.data import FederatedData, as_device, from_client_arrays
-from fedtree.evaluation import EvalStats, evaluate, summarize
-from fedtree.local import ClientUpdate, LocalSchedule, proximal, sgd_client_update
-from fedtree.models import Model, build_model
-from fedtree.sampling import Cohort, cohort_sampler
-from fedtree.server import fedopt, server_optimizer
-from fedtree.tier import TierResult, train_cohort
-from fedtree.topology import Topology
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-  "BUILDERS", "ClientUpdate", "Cohort", "EvalStats", "FederatedAlgorithm", "FederatedData",
-  "LocalSchedule", "Model", "NodeModels", "TierResult", "Topology", "TreeState", "algorithms",
-  "as_device", "build_model", "cohort_sampler", "datasets", "evaluate", "fedavg", "fedopt",
-  "from_client_arrays", "hierfavg", "proximal", "server_optimizer", "sgd_client_update",
-  "simulation", "summarize", "train_cohort",
-]
+# public name -> module that defines it
+_EXPORTS = {
+  "FederatedAlgorithm": "fedtree.core.algorithm", "NodeModels": "fedtree.core.algorithm",
+  "TreeState": "fedtree.core.algorithm",
+  "Topology": "fedtree.core.topology",
+  "FederatedData": "fedtree.core.data", "as_device": "fedtree.core.data",
+  "from_client_arrays": "fedtree.core.data",
+  "ClientUpdate": "fedtree.core.local", "LocalSchedule": "fedtree.core.local",
+  "proximal": "fedtree.core.local", "sgd_client_update": "fedtree.core.local",
+  "Cohort": "fedtree.core.sampling", "cohort_sampler": "fedtree.core.sampling",
+  "fedopt": "fedtree.core.server", "server_optimizer": "fedtree.core.server",
+  "TierResult": "fedtree.core.tier", "train_cohort": "fedtree.core.tier",
+  "EvalStats": "fedtree.core.metrics", "evaluate": "fedtree.core.metrics",
+  "summarize": "fedtree.core.metrics",
+  "run": "fedtree.core.loop", "NonFiniteLossError": "fedtree.core.loop",
+  "Model": "fedtree.core.model", "build_model": "fedtree.models",
+  "evaluate_models": "fedtree.evaluation",
+  "train_and_evaluate": "fedtree.experiment",
+  **{name: "fedtree.algorithms" for name in (
+    "awcfl", "bhfl", "cfl", "ditto", "fedavg", "fedkws", "fedprox", "hierfavg", "ifca", "mcfl",
+    "perfedavg", "pfedme", "pfedmt",
+  )},
+}
+_SUBMODULES = ("algorithms", "core", "datasets", "evaluation", "experiment", "models", "objectives")
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES])
+
+
+def __getattr__(name: str):
+  if name in _SUBMODULES:
+    return importlib.import_module(f"fedtree.{name}")
+  if name in _EXPORTS:
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+  raise AttributeError(f"module 'fedtree' has no attribute {name!r}")
+
+
+def __dir__():
+  return __all__

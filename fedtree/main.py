@@ -51,7 +51,7 @@ def main(argv):
     )
   if _MULTIHOST.value:
     jax.distributed.initialize()
-  from fedtree.experiment import train_and_evaluate
+  from fedtree.experiment.runner import train_and_evaluate
 
   logging.info("JAX devices: %s", jax.devices())
   train_and_evaluate(config, _WORKDIR.value)

@@ -8,11 +8,11 @@ import numpy as np
 import optax
 
 from fedtree.algorithms.hierfavg import fedavg, hierfavg
-from fedtree.data import FederatedData, as_device
-from fedtree.local import LocalSchedule
+from fedtree.core.data import FederatedData, as_device
+from fedtree.core.local import LocalSchedule
+from fedtree.core.loop import compile_rounds
+from fedtree.core.topology import Topology
 from fedtree.models import build_model
-from fedtree.simulation import compile_rounds
-from fedtree.topology import Topology
 
 
 def tiny_data(num_clients: int = 10, max_examples: int = 12, dim: int = 6, seed: int = 0,
@@ -44,7 +44,7 @@ def run_rounds(alg, data, rounds: int = 3, seed: int = 0):
 
 def make_fedavg(data, *, chunk_size=None, cohort_size=None, steps=None, compute_dtype=None,
                 lr: float = 0.1):
-  from fedtree.local import sgd_client_update
+  from fedtree.core.local import sgd_client_update
 
   model = tiny_model(data.x_train.shape[-1])
   schedule = LocalSchedule(batch_size=4, epochs=None if steps else 1.0, steps=steps)

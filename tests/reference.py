@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedtree.local import ClientData, batch_at
+from fedtree.core.local import ClientData, batch_at
+from fedtree.core.rng import stream
 from fedtree.models import masked_cross_entropy
-from fedtree.rng import stream
 
 
 def to_np(tree):

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedtree.local import ClientData, SGDCarry, make_sgd_step, run_local_steps
-from fedtree.rng import stream
+from fedtree.core.local import ClientData, SGDCarry, make_sgd_step, run_local_steps
+from fedtree.core.rng import stream
 
 tmap = jax.tree.map
 

@@ -2,7 +2,7 @@
 
 Python loops over clients and clusters, numpy float64 arithmetic. Shared with the engine:
 local SGD (``reference.local_sgd``, itself hand-written), the round's key streams, and the
-k-means++ *seeding* (``fedtree.clustering.kmeans_plusplus``: the only random draw; the
+k-means++ *seeding* (``fedtree.algorithms.clustering.ops.kmeans_plusplus``: the only random draw; the
 Lloyd iterations, the label matching, the bipartition and every aggregation are written
 out here).
 """
@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedtree.clustering import kmeans_plusplus
-from fedtree.local import ClientData, batch_at
+from fedtree.algorithms.clustering.ops import kmeans_plusplus
+from fedtree.core.local import ClientData, batch_at
+from fedtree.core.rng import stream
 from fedtree.models import masked_cross_entropy
-from fedtree.rng import stream
 
 
 @functools.cache

@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedtree.local import ClientData, batch_at
-from fedtree.rng import stream
+from fedtree.core.local import ClientData, batch_at
+from fedtree.core.rng import stream
 
 
 def _batches(data: ClientData, key, num_steps, batch_size):

@@ -1,5 +1,5 @@
 """Plain per-client loops of the personalization objectives: the obviously-correct versions
-the vectorized code in :mod:`fedtree.objectives` and :mod:`fedtree.finetune` is tested against.
+the vectorized code in :mod:`fedtree.objectives` and :mod:`fedtree.core.finetune` is tested against.
 
 Each function trains ONE client with explicit Python loops over steps and inner steps and
 explicit update formulas. They draw the same minibatches as the engine (same keys through
@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from fedtree.local import batch_at as _batch_at
-from fedtree.rng import stream
+from fedtree.core.local import batch_at as _batch_at
+from fedtree.core.rng import stream
 
 # The loops stay in Python; only the primitives (one batch, one gradient) are jitted, so the
 # reference runs in reasonable time.

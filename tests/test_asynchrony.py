@@ -1,11 +1,11 @@
-"""Simulated latencies and buffered asynchronous aggregation (fedtree.asynchrony, B-HFL)."""
+"""Simulated latencies and buffered asynchronous aggregation (fedtree.algorithms.bhfl.asynchrony, B-HFL)."""
 
 import jax
 import numpy as np
 import optax
 import pytest
 
-from fedtree.asynchrony import (
+from fedtree.algorithms.bhfl.asynchrony import (
   Latency,
   first_arrivals,
   latency_from_config,
@@ -79,9 +79,9 @@ def test_latency_distributions():
 def _async_run(seed):
   from test_bhfl import _setup
 
-  from fedtree.algorithms.bhfl import bhfl
-  from fedtree.local import LocalSchedule
-  from fedtree.simulation import run
+  from fedtree.algorithms.bhfl.bhfl import bhfl
+  from fedtree.core.local import LocalSchedule
+  from fedtree.core.loop import run
 
   topo, data, model = _setup()
   alg = bhfl(model=model, topology=topo, data=data, local_optimizer=optax.sgd(0.1),

@@ -6,13 +6,13 @@ import numpy as np
 import optax
 import pytest
 
-from fedtree.algorithms.bhfl import bhfl, level_table, proxy_from_clients
+from fedtree.algorithms.bhfl.asynchrony import Latency
+from fedtree.algorithms.bhfl.bhfl import bhfl, level_table, proxy_from_clients
 from fedtree.algorithms.hierfavg import hierfavg
-from fedtree.asynchrony import Latency
-from fedtree.data import as_device, from_client_arrays
-from fedtree.local import LocalSchedule
+from fedtree.core.data import as_device, from_client_arrays
+from fedtree.core.local import LocalSchedule
+from fedtree.core.topology import Topology
 from fedtree.models import build_model
-from fedtree.topology import Topology
 
 SIZES = [[3, 2], [2]]   # root -> 2 regions -> 3 edges -> 7 clients
 
@@ -69,7 +69,7 @@ def _pair(**kw):
   """The vectorized algorithm and the per-node reference with the same settings."""
   from reference_bhfl import ReferenceBHFL
 
-  from fedtree.sampling import cohort_sampler
+  from fedtree.core.sampling import cohort_sampler
 
   topo, data, model = _setup()
   d = topo.depth
@@ -85,7 +85,7 @@ def _pair(**kw):
              schedule=sched, up_optimizers=up, down_optimizers=down, cohort_size=cohort,
              proxy=proxy, proxy_schedule=LocalSchedule(batch_size=4, epochs=None, steps=2),
              latencies=lats, buffer_sizes=buffers, **kw)
-  from fedtree.algorithms.bhfl import check_node_periods
+  from fedtree.algorithms.bhfl.bhfl import check_node_periods
 
   ref = ReferenceBHFL(
     model=model, topology=topo, schedule=sched, local_opt=optax.sgd(0.1), up_opts=up,
@@ -139,7 +139,7 @@ def test_async_matches_per_node_loop(cohort, buffers):
 
 
 def test_round_compiles_once_and_models_by_level():
-  from fedtree import simulation
+  from fedtree.core import loop
 
   topo, data, model = _setup()
   traces = []
@@ -150,7 +150,7 @@ def test_round_compiles_once_and_models_by_level():
              proxy={0: proxy_from_clients(data, topo, 0, 5)})
   counted = alg._replace(round=lambda s, d, k: (traces.append(1), alg.round(s, d, k))[1])
   state = alg.init(jax.random.key(0))
-  step = simulation.compile_rounds(counted, 3)
+  step = loop.compile_rounds(counted, 3)
   for _ in range(3):
     state, metrics = step(state, data, jax.random.key(0))
   assert len(traces) == 1 and int(state.round) == 9

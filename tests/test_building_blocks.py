@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedtree.aggregation import weighted_mean
-from fedtree.data import (
+from fedtree.core.aggregation import weighted_mean
+from fedtree.core.data import (
   FederatedData,
   from_client_arrays,
   partition_by_id,
@@ -15,13 +15,13 @@ from fedtree.data import (
   partition_iid,
   partition_shards,
 )
+from fedtree.core.local import ClientData, LocalSchedule, batch_at
+from fedtree.core.metrics import evaluate, summarize
+from fedtree.core.sampling import cohort_sampler
+from fedtree.core.server import server_optimizer
+from fedtree.core.topology import Topology
 from fedtree.datasets.synthetic import grouped_synthetic, synthetic_alpha_beta
-from fedtree.evaluation import evaluate, summarize
-from fedtree.local import ClientData, LocalSchedule, batch_at
 from fedtree.models import build_model
-from fedtree.sampling import cohort_sampler
-from fedtree.server import server_optimizer
-from fedtree.topology import Topology
 
 
 # ------------------------------------------------------------------ topology
@@ -231,7 +231,7 @@ def test_model_names():
 
 
 def test_shuffled_positions_is_a_uniform_looking_permutation():
-  from fedtree.local import shuffled_positions
+  from fedtree.core.local import shuffled_positions
 
   for n in (1, 2, 3, 5, 17, 64, 1000):
     perm = np.asarray(shuffled_positions(jax.random.key(n), jnp.arange(n), jnp.asarray(n)))
@@ -244,7 +244,7 @@ def test_shuffled_positions_is_a_uniform_looking_permutation():
 
 
 def test_chunk_size_choices():
-  from fedtree.tuning import default_chunk_size
+  from fedtree.core.tuning import default_chunk_size
 
   parent = np.zeros(10, int)
   assert cohort_sampler(parent, 10, chunk_size="auto").chunk_size == default_chunk_size(10, group_sizes=[10])
@@ -287,7 +287,7 @@ def test_reshape_max_pool_equals_flax_max_pool_in_value_and_gradient(shape):
 def test_persistent_sgd_update_starts_from_and_keeps_the_client_model():
   import optax
 
-  from fedtree.local import sgd_client_update
+  from fedtree.core.local import sgd_client_update
 
   model = build_model("logreg", example_shape=(3,), num_classes=2)
   anchor, own = model.init(jax.random.key(0)), model.init(jax.random.key(1))
@@ -308,8 +308,8 @@ def test_persistent_sgd_update_starts_from_and_keeps_the_client_model():
 def test_local_training_defaults_to_sgd_and_refuses_state_where_asked():
   import optax
 
-  from fedtree.algorithms.base import local_training
-  from fedtree.local import ClientUpdate, LocalSchedule
+  from fedtree.core.algorithm import local_training
+  from fedtree.core.local import ClientUpdate, LocalSchedule
 
   data = FederatedData(
     x_train=np.zeros((2, 5, 3), np.float32), y_train=np.zeros((2, 5), np.int32),

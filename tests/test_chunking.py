@@ -1,4 +1,4 @@
-"""Chunked cohorts (fedtree.tier) give the unchunked result; a round compiles once; tuning."""
+"""Chunked cohorts (fedtree.core.tier) give the unchunked result; a round compiles once; tuning."""
 
 import jax
 import jax.numpy as jnp
@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from perf_problems import flat_params, make_fedavg, make_hierfavg, run_rounds, tiny_data
 
-from fedtree import tuning
-from fedtree.local import ClientUpdate
-from fedtree.sampling import cohort_sampler
-from fedtree.simulation import compile_rounds
-from fedtree.tier import train_cohort
+from fedtree.core import tuning
+from fedtree.core.local import ClientUpdate
+from fedtree.core.loop import compile_rounds
+from fedtree.core.sampling import cohort_sampler
+from fedtree.core.tier import train_cohort
 
 
 @pytest.mark.parametrize("cohort_size", [None, 7])
@@ -139,7 +139,7 @@ def test_context_resolves_auto_with_the_model_policy():
   import ml_collections
 
   from fedtree import experiment
-  from fedtree.algorithms import builders
+  from fedtree.experiment import builders
 
   cfg = ml_collections.ConfigDict({"chunk_size": "auto"})
   ctx = experiment.Context(config=cfg, data=None, groups=None, topology=None, model=None,

@@ -12,14 +12,16 @@ import pytest
 import reference_clustering as ref
 from config_files import load_config
 
-from fedtree import clustering, simulation
+from fedtree import evaluation
 from fedtree.algorithms import awcfl, cfl, fedavg, ifca, mcfl
-from fedtree.algorithms.mcfl import select_clusters
-from fedtree.data import as_device
+from fedtree.algorithms.clustering import ops as clustering
+from fedtree.algorithms.clustering.mcfl import select_clusters
+from fedtree.core import loop, metrics
+from fedtree.core.data import as_device
+from fedtree.core.local import LocalSchedule
 from fedtree.datasets.prototypes import prototype_images
 from fedtree.datasets.transforms import transform_clients, transform_random_clients
-from fedtree.experiment import train_and_evaluate
-from fedtree.local import LocalSchedule
+from fedtree.experiment.runner import train_and_evaluate
 from fedtree.models import build_model
 
 LR, BATCH = 0.2, 8
@@ -176,8 +178,8 @@ def test_awcfl_one_cluster_beta0_is_fedavg(problem):
   p = problem
   a = awcfl(num_clusters=1, beta=0.0, cluster_start_round=0, **p["kw"])
   b = fedavg(**p["kw"])
-  sa = simulation.run(a, p["data"], num_rounds=3, key=jax.random.key(4))
-  sb = simulation.run(b, p["data"], num_rounds=3, key=jax.random.key(4))
+  sa = loop.run(a, p["data"], num_rounds=3, key=jax.random.key(4))
+  sb = loop.run(b, p["data"], num_rounds=3, key=jax.random.key(4))
   _close(sa.params, sb.params[0])
 
 
@@ -254,12 +256,12 @@ def test_mcfl_is_awcfl_beta0_and_picks_the_nearest_cluster_feature(problem):
                                   ref.feature_choice(p["data"], cl, metric))
   models = alg.models(state)
   assert set(models) == {"cluster", "selected"} and models["selected"].chosen_by_data
-  out = simulation.evaluate_models(alg, state, p["model"], p["data"])
+  out = evaluation.evaluate_models(alg, state, p["model"], p["data"])
   for name in ("cluster", "selected"):
     assert 0.0 <= out[name]["intra_cluster_accuracy"] <= 1.0
     assert out[name]["num_clusters"] == len(set(cl.tolist()))
   # intra by hand: each client's own cluster model on its own test data
-  stats = simulation.make_evaluator(p["model"])(state.params, p["data"].x_test, p["data"].y_test,
+  stats = metrics.make_evaluator(p["model"])(state.params, p["data"].x_test, p["data"].y_test,
                                                 p["data"].n_test, jnp.asarray(cl))
   assert out["cluster"]["intra_cluster_accuracy"] == pytest.approx(
     float(np.sum(stats.correct) / np.sum(stats.count)))

@@ -10,15 +10,15 @@ import pytest
 import reference as ref
 
 from fedtree.algorithms.hierfavg import fedavg, hierfavg
-from fedtree.data import as_device
+from fedtree.core.data import as_device
+from fedtree.core.local import LocalSchedule
+from fedtree.core.loop import compile_rounds
+from fedtree.core.rng import stream
+from fedtree.core.sampling import cohort_sampler
+from fedtree.core.server import fedopt, server_optimizer
+from fedtree.core.topology import Topology
 from fedtree.datasets.synthetic import grouped_synthetic
-from fedtree.local import LocalSchedule
 from fedtree.models import build_model
-from fedtree.rng import stream
-from fedtree.sampling import cohort_sampler
-from fedtree.server import fedopt, server_optimizer
-from fedtree.simulation import compile_rounds
-from fedtree.topology import Topology
 
 LR, B = 0.1, 4
 
@@ -156,14 +156,14 @@ def test_fedavg_is_sgd_one_on_the_pseudo_gradient(problem):
   by_name = _run(fedavg(server_optimizer=server_optimizer("sgd", learning_rate=1.0), **common), data, 2, key)
   _params_close(default.params[0], by_name.params[0], atol=0)
   # And sgd(1.0) on Δ = Θ - mean θ lands exactly on the weighted mean of the client models.
-  from fedtree.tier import train_cohort
+  from fedtree.core.tier import train_cohort
 
   alg = fedavg(**common)
   s0 = alg.init(jax.random.key(7))
   rk = jax.random.fold_in(key, 0)
   cohort = cohort_sampler(np.zeros(data.num_clients, int), 5)(stream(rk, "cohort"))
   res = train_cohort(
-    __import__("fedtree.local", fromlist=["x"]).sgd_client_update(
+    __import__("fedtree.core.local", fromlist=["x"]).sgd_client_update(
       model, optax.sgd(LR), batch_size=B, max_steps=sched.max_steps(data.max_train)),
     s0.params[0], cohort, data, num_steps=sched.num_steps(data.n_train),
     weights=data.n_train.astype(jnp.float32), key=stream(rk, "train"), keep_client_params=True,

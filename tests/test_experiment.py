@@ -11,7 +11,7 @@ import pytest
 from config_files import load_config
 
 from fedtree import experiment
-from fedtree.simulation import NonFiniteLossError
+from fedtree.core.loop import NonFiniteLossError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -14,21 +14,21 @@ import pytest
 import reference_fedkws as ref
 from config_files import load_config
 
-from fedtree import simulation
-from fedtree.algorithms.fedkws import fedkws
-from fedtree.alo import alo_loss, alo_update
-from fedtree.alt import alt_schedule, alt_steps, client_utility
-from fedtree.data import FederatedData, as_device
+from fedtree.algorithms.fedkws.alt import alt_schedule, alt_steps, client_utility
+from fedtree.algorithms.fedkws.fedkws import fedkws
+from fedtree.core import loop
+from fedtree.core.data import FederatedData, as_device
+from fedtree.core.local import ClientData, LocalSchedule, sgd_client_update
+from fedtree.core.metrics import evaluate, keyword_rates, keyword_split, summarize
+from fedtree.core.sampling import cohort_sampler
+from fedtree.core.tier import train_cohort
 from fedtree.datasets import speech_commands as sc
 from fedtree.datasets.mfcc import MFCC
 from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.datasets.synthetic_kws import synthetic_kws
-from fedtree.evaluation import evaluate, keyword_rates, keyword_split, summarize
-from fedtree.experiment import train_and_evaluate
-from fedtree.local import ClientData, LocalSchedule, sgd_client_update
+from fedtree.experiment.runner import train_and_evaluate
 from fedtree.models import build_model
-from fedtree.sampling import cohort_sampler
-from fedtree.tier import train_cohort
+from fedtree.objectives.alo import alo_loss, alo_update
 
 B = 4
 LR = 0.1
@@ -332,7 +332,7 @@ def test_fedkws_round_compiles_once(setup):
     traces.append(1)
     return alg.round(state, d, key)
 
-  state = simulation.run(alg._replace(round=counted), data, num_rounds=4, key=jax.random.key(0),
+  state = loop.run(alg._replace(round=counted), data, num_rounds=4, key=jax.random.key(0),
                          rounds_per_call=2)
   assert len(traces) == 1 and int(state.round) == 4
 
@@ -341,9 +341,9 @@ def test_fedkws_without_alo_and_alt_is_fedavg(setup):
   from fedtree.algorithms.hierfavg import fedavg
 
   data, model, _ = setup
-  a = simulation.run(fedkws(alo=False, alt=False, **_kws_kw(data, model)), data, num_rounds=2,
+  a = loop.run(fedkws(alo=False, alt=False, **_kws_kw(data, model)), data, num_rounds=2,
                      key=jax.random.key(1))
-  b = simulation.run(fedavg(**_kws_kw(data, model)), data, num_rounds=2, key=jax.random.key(1))
+  b = loop.run(fedavg(**_kws_kw(data, model)), data, num_rounds=2, key=jax.random.key(1))
   _close(a.params, b.params, tol=1e-6)
 
 
@@ -367,7 +367,7 @@ def test_bad_settings_raise(setup, speech_dir):
     sc.load_speech_commands(speech_dir, unknown_keep=1.5)
   with pytest.raises(ValueError, match="fixed local step count"):
     fedkws(**{**_kws_kw(data, model), "schedule": LocalSchedule(batch_size=4, epochs=1)})
-  from fedtree.experiment import positive_classes_from_config
+  from fedtree.experiment.runner import positive_classes_from_config
 
   c = load_config("fedkws")
   with pytest.raises(ValueError, match="12 names but the data has 35"):

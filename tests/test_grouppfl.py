@@ -10,16 +10,17 @@ import pytest
 import reference_personalization as ref
 from config_files import load_config
 
-from fedtree import experiment, finetune, simulation
-from fedtree.algorithms import BUILDERS
-from fedtree.algorithms.grouppfl import GroupPersonalizedFL, group_fedopt
-from fedtree.data import as_device
+from fedtree import experiment
+from fedtree.algorithms.grouppfl.grouppfl import GroupPersonalizedFL, group_fedopt
+from fedtree.core import finetune, loop
+from fedtree.core.data import as_device
+from fedtree.core.local import ClientData, LocalSchedule
+from fedtree.core.metrics import evaluate
+from fedtree.core.rng import stream
+from fedtree.core.server import fedopt
 from fedtree.datasets.synthetic import grouped_synthetic
-from fedtree.evaluation import evaluate
-from fedtree.local import ClientData, LocalSchedule
-from fedtree.reporting import Reporter
-from fedtree.rng import stream
-from fedtree.server import fedopt
+from fedtree.experiment.registry import BUILDERS
+from fedtree.experiment.reporting import Reporter
 
 B = 4
 
@@ -173,7 +174,7 @@ def test_group_stage_costs_count_sampled_clients_only(small):
     traces.append(1)
     return alg.round(s, d, k)
 
-  state = simulation.run(alg._replace(round=counted), data, num_rounds=5, key=jax.random.key(0),
+  state = loop.run(alg._replace(round=counted), data, num_rounds=5, key=jax.random.key(0),
                          rounds_per_call=1)
   assert len(traces) == 1  # the group round compiles once
   costs = state.client_state[1]
@@ -190,7 +191,7 @@ def test_group_stage_does_not_depend_on_chunking(small):
     alg = group_fedopt(model=model, groups=groups, data=data, local_optimizer=optax.sgd(0.1),
                        schedule=LocalSchedule(batch_size=B, epochs=1), cohort_size=2,
                        chunk_size=chunk, server_optimizer=fedopt("adam", learning_rate=0.01))
-    out.append(simulation.run(alg, data, num_rounds=2, key=jax.random.key(3), rounds_per_call=2))
+    out.append(loop.run(alg, data, num_rounds=2, key=jax.random.key(3), rounds_per_call=2))
   _close(out[0].params, out[1].params, tol=1e-6)
   _close(out[0].client_state, out[1].client_state)
 
@@ -265,7 +266,7 @@ def test_group_personalized_config_end_to_end(tmp_path):
 
 # ------------------------------------------------------------------------ reports
 def test_report_pieces(tmp_path):
-  from fedtree import personalization_report as pr
+  from fedtree.algorithms.grouppfl import report as pr
 
   change = pr.relative_change(np.array([2.0, 0.0, np.nan, 4.0]), np.array([1.0, 1.0, 1.0, 5.0]))
   np.testing.assert_allclose(change, [-0.5, np.nan, np.nan, 0.25])

@@ -5,7 +5,7 @@ import json
 import pytest
 from config_files import load_config
 
-from fedtree.experiment import train_and_evaluate
+from fedtree.experiment.runner import train_and_evaluate
 
 
 def _small_bhfl():
@@ -79,8 +79,8 @@ def test_pfedmt_synthetic_config_end_to_end(tmp_path, variant):
 
 
 def test_pfedmt_mnist_config_is_well_formed():
-  from fedtree.algorithms import BUILDERS
-  from fedtree.experiment import validate_config
+  from fedtree.experiment.registry import BUILDERS
+  from fedtree.experiment.runner import validate_config
 
   for variant in ("mlr", "cnn"):
     c = load_config("pfedmt_mnist", variant)

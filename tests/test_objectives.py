@@ -8,19 +8,20 @@ import optax
 import pytest
 import reference_personalization as ref
 
-from fedtree import objectives, simulation
+from fedtree import objectives
 from fedtree.algorithms.ditto import ditto
 from fedtree.algorithms.fedprox import fedprox
 from fedtree.algorithms.hierfavg import fedavg, hierfavg
 from fedtree.algorithms.perfedavg import perfedavg
 from fedtree.algorithms.pfedme import pfedme
-from fedtree.data import as_device
+from fedtree.core import loop
+from fedtree.core.data import as_device
+from fedtree.core.local import ClientData, LocalSchedule
+from fedtree.core.sampling import cohort_sampler
+from fedtree.core.tier import train_cohort
+from fedtree.core.topology import Topology
 from fedtree.datasets.synthetic import grouped_synthetic
-from fedtree.local import ClientData, LocalSchedule
 from fedtree.models import build_model
-from fedtree.sampling import cohort_sampler
-from fedtree.tier import train_cohort
-from fedtree.topology import Topology
 
 B = 4
 LR = 0.1
@@ -148,16 +149,16 @@ def _kw(data, model, schedule, **extra):
 def test_fedprox_mu0_is_fedavg(setup):
   data, groups, model, schedule = setup
   key = jax.random.key(1)
-  a = simulation.run(fedprox(mu=0.0, **_kw(data, model, schedule, cohort_size=3)), data,
+  a = loop.run(fedprox(mu=0.0, **_kw(data, model, schedule, cohort_size=3)), data,
                      num_rounds=3, key=key)
-  b = simulation.run(fedavg(**_kw(data, model, schedule, cohort_size=3)), data, num_rounds=3,
+  b = loop.run(fedavg(**_kw(data, model, schedule, cohort_size=3)), data, num_rounds=3,
                      key=key)
   _close(a.params, b.params, tol=1e-6)
   # ... and on a tree too.
   topo = Topology.from_labels(groups)
-  a = simulation.run(fedprox(mu=0.0, topology=topo, **_kw(data, model, schedule, periods=2)), data,
+  a = loop.run(fedprox(mu=0.0, topology=topo, **_kw(data, model, schedule, periods=2)), data,
                      num_rounds=2, key=key)
-  b = simulation.run(hierfavg(topology=topo, **_kw(data, model, schedule, periods=2)), data,
+  b = loop.run(hierfavg(topology=topo, **_kw(data, model, schedule, periods=2)), data,
                      num_rounds=2, key=key)
   _close(a.params, b.params, tol=1e-6)
 
@@ -182,7 +183,7 @@ def test_ditto_personal_models_untouched_for_unsampled_clients(setup):
 
 
 def alg_cohort(groups, key):
-  from fedtree.rng import stream
+  from fedtree.core.rng import stream
 
   return cohort_sampler(groups, 1)(stream(key, "cohort")).clients
 
@@ -197,7 +198,7 @@ def test_pfedme_server_step_matches_reference(setup):
   theta = _row(state.params[0], 0)
   key = jax.random.key(7)
   new, _ = jax.jit(alg.round)(state, data, key)
-  from fedtree.rng import stream
+  from fedtree.core.rng import stream
 
   tkey = stream(key, "train")
   n = np.asarray(data.n_train, np.float64)
@@ -227,10 +228,10 @@ def test_pfedme_with_one_inner_step_and_eta_lambda_one_is_fedavg(setup):
   key = jax.random.key(11)
   alg = pfedme(lam=lam, inner_steps=1, personal_lr=p, learning_rate=1 / lam, beta=1.0,
                **_kw(data, model, schedule, cohort_size=3))
-  a = simulation.run(alg, data, num_rounds=3, key=key)
+  a = loop.run(alg, data, num_rounds=3, key=key)
   kw = _kw(data, model, schedule, cohort_size=3)
   kw["local_optimizer"] = optax.sgd(p)
-  b = simulation.run(fedavg(**kw), data, num_rounds=3, key=key)
+  b = loop.run(fedavg(**kw), data, num_rounds=3, key=key)
   _close(a.params, b.params)
 
 
@@ -255,7 +256,7 @@ def test_perfedavg_adapted_model_is_one_alpha_step(setup):
   adapted = models["adapted"].params
   for c in range(data.num_clients):
     # One step, batch B, from the client's training data, rate α.
-    from fedtree.rng import stream
+    from fedtree.core.rng import stream
 
     key = jax.random.fold_in(stream(jax.random.key(0), "perfedavg_adapt"), 0)
     want = ref.sgd(model, glob, _client(data, c), 1, jax.random.fold_in(key, c), lr=alpha,
@@ -277,7 +278,7 @@ def test_rounds_compile_once(setup):
       return alg.round(state, d, key)
 
     alg2 = alg._replace(round=counted)
-    simulation.run(alg2, data, num_rounds=4, key=jax.random.key(0), rounds_per_call=2)
+    loop.run(alg2, data, num_rounds=4, key=jax.random.key(0), rounds_per_call=2)
     assert len(traces) == 1, alg.name
 
 

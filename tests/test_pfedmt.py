@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from fedtree.algorithms.pfedmt import pfedmt
-from fedtree.data import as_device, from_client_arrays
-from fedtree.local import ClientData, LocalSchedule, run_local_steps
+from fedtree.core.data import as_device, from_client_arrays
+from fedtree.core.local import ClientData, LocalSchedule, run_local_steps
+from fedtree.core.rng import stream
+from fedtree.core.topology import Topology
 from fedtree.models import build_model
-from fedtree.moreau import MoreauCarry, moreau_step
-from fedtree.rng import stream
-from fedtree.topology import Topology
+from fedtree.objectives.moreau import MoreauCarry, moreau_step
 
 
 def _data(sizes, dim=3, classes=3, seed=0):
@@ -155,7 +155,7 @@ def test_vectorized_matches_per_device_loop(weighting, chunk):
 
 
 def test_round_compiles_once():
-  from fedtree import simulation
+  from fedtree.core import loop
 
   data = _data([4, 5, 6, 3])
   topo = Topology.from_labels([0, 0, 1, 1])
@@ -165,7 +165,7 @@ def test_round_compiles_once():
                team_iters=2, **HP)
   counted = alg._replace(round=lambda s, d, k: (traces.append(1), alg.round(s, d, k))[1])
   state = alg.init(jax.random.key(0))
-  step = simulation.compile_rounds(counted, 2)
+  step = loop.compile_rounds(counted, 2)
   for _ in range(3):
     state, _ = step(state, data, jax.random.key(0))
   assert len(traces) == 1

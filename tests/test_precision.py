@@ -7,7 +7,7 @@ import optax
 import pytest
 from perf_problems import flat_params, make_fedavg, run_rounds, tiny_data, tiny_model
 
-from fedtree.local import Batch, SGDCarry, check_compute_dtype, make_sgd_step
+from fedtree.core.local import Batch, SGDCarry, check_compute_dtype, make_sgd_step
 
 
 def test_bf16_round_keeps_float32_state_and_tracks_float32():

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from perf_problems import flat_params, make_fedavg, make_hierfavg, run_rounds, tiny_data
 
-from fedtree import sharding
+from fedtree.core import sharding
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -24,7 +24,7 @@ WORKER = textwrap.dedent("""
   import json, sys
   import jax, numpy as np
   from perf_problems import flat_params, make_fedavg, make_hierfavg, run_rounds, tiny_data
-  from fedtree import sharding
+  from fedtree.core import sharding
   assert jax.device_count() == 8, jax.devices()
   mesh = sharding.client_mesh()
   data = sharding.shard_data(tiny_data(16, seed=2), mesh)
@@ -87,7 +87,7 @@ def test_config_fields_mesh_auto_chunk_and_bf16(tmp_path):
   """``mesh_shape``, ``chunk_size="auto"`` and ``compute_dtype`` run end to end from a config."""
   from config_files import load_config
 
-  from fedtree.experiment import train_and_evaluate
+  from fedtree.experiment.runner import train_and_evaluate
 
   cfg = load_config("quickstart")
   cfg.rounds, cfg.eval_every, cfg.rounds_per_call, cfg.progress = 2, 2, 2, False

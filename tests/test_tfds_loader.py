@@ -5,8 +5,8 @@ import pytest
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
+from fedtree.core.topology import Topology  # noqa: E402
 from fedtree.datasets.tfds_loader import load_tfds  # noqa: E402
-from fedtree.topology import Topology  # noqa: E402
 
 
 def test_mnist_dirichlet_with_teams_and_central_test():

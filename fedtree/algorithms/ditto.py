@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import optax
 
-from fedtree.algorithms.base import FederatedAlgorithm, with_personal_models
 from fedtree.algorithms.hierfavg import hierfavg
+from fedtree.core.algorithm import FederatedAlgorithm, with_personal_models
+from fedtree.core.topology import Topology
 from fedtree.objectives import ditto_update
-from fedtree.topology import Topology
 
 
 def ditto(*, lam: float, topology: Topology | None = None,

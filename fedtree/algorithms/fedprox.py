@@ -8,10 +8,10 @@ optimizers (a flat tree and FedAvg servers give the original method). ``μ = 0``
 
 from __future__ import annotations
 
-from fedtree.algorithms.base import FederatedAlgorithm
 from fedtree.algorithms.hierfavg import hierfavg
+from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.topology import Topology
 from fedtree.objectives import fedprox_update
-from fedtree.topology import Topology
 
 
 def fedprox(*, mu: float, topology: Topology | None = None, name: str = "fedprox",

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedtree.aggregation import pseudo_gradient_from_children
-from fedtree.algorithms.base import (
+from fedtree.core.aggregation import pseudo_gradient_from_children
+from fedtree.core.algorithm import (
   FederatedAlgorithm,
   NodeModels,
   TreeState,
@@ -30,14 +30,14 @@ from fedtree.algorithms.base import (
   local_training,
   per_level,
 )
-from fedtree.data import FederatedData
-from fedtree.local import ClientUpdate, LocalSchedule
-from fedtree.models import Model
-from fedtree.rng import stream
-from fedtree.sampling import cohort_sampler
-from fedtree.server import select_nodes, update_nodes
-from fedtree.tier import train_cohort
-from fedtree.topology import Topology
+from fedtree.core.data import FederatedData
+from fedtree.core.local import ClientUpdate, LocalSchedule
+from fedtree.core.model import Model
+from fedtree.core.rng import stream
+from fedtree.core.sampling import cohort_sampler
+from fedtree.core.server import select_nodes, update_nodes
+from fedtree.core.tier import train_cohort
+from fedtree.core.topology import Topology
 
 
 def check_periods(periods, depth: int) -> tuple[int, ...]:

@@ -6,7 +6,7 @@ Hessian-free variant ``"hf"`` (:func:`fedtree.objectives.perfedavg_update`); the
 is :func:`~fedtree.algorithms.hierfavg.hierfavg`. Evaluation follows the paper: each client
 adapts the model it would download (its leaf-parent's) with one step of SGD at rate ``α``
 on a minibatch of its own training data, vectorized over all clients
-(:func:`fedtree.finetune.finetune`), and is scored with the adapted model (``adapted``).
+(:func:`fedtree.core.finetune.finetune`), and is scored with the adapted model (``adapted``).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedtree.algorithms.base import FederatedAlgorithm, NodeModels
 from fedtree.algorithms.hierfavg import hierfavg
-from fedtree.finetune import make_finetuner
-from fedtree.local import LocalSchedule
+from fedtree.core.algorithm import FederatedAlgorithm, NodeModels
+from fedtree.core.finetune import make_finetuner
+from fedtree.core.local import LocalSchedule
+from fedtree.core.rng import stream
+from fedtree.core.topology import Topology
 from fedtree.objectives import perfedavg_update
-from fedtree.rng import stream
-from fedtree.topology import Topology
 
 
 def perfedavg(*, alpha: float, beta: float, variant: str = "fo", topology: Topology | None = None,

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import optax
 
-from fedtree.algorithms.base import FederatedAlgorithm, with_personal_models
 from fedtree.algorithms.hierfavg import hierfavg
-from fedtree.objectives import check_positive, pfedme_update
-from fedtree.topology import Topology
+from fedtree.core.algorithm import FederatedAlgorithm, with_personal_models
+from fedtree.core.checks import check_positive
+from fedtree.core.topology import Topology
+from fedtree.objectives.moreau import pfedme_update
 
 
 def pfedme(*, lam: float, inner_steps: int, personal_lr: float, beta: float = 1.0,

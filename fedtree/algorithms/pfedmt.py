@@ -19,7 +19,7 @@ on the Moreau envelope, as in the authors' code); the printed Algorithm 1 line 1
 
 **(choice)** As the paper's section 3.1 states, devices restart from their team model at
 every team iteration and teams from ``x`` at every global round. The device update is
-:func:`fedtree.moreau.moreau_step` on minibatches of the local schedule (``L`` =
+:func:`fedtree.objectives.moreau.moreau_step` on minibatches of the local schedule (``L`` =
 ``schedule.steps``, or epochs). Every device of every team trains in every team iteration
 (the paper samples no devices). Weights ``δ`` and ``τ`` are by examples (the paper) or
 uniform (the authors' code): ``weighting=``.
@@ -35,15 +35,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from fedtree.algorithms.base import FederatedAlgorithm, NodeModels, client_weights
-from fedtree.data import FederatedData
-from fedtree.local import ClientUpdate, LocalSchedule
-from fedtree.models import Model
-from fedtree.moreau import moreau_client_update
-from fedtree.rng import stream
-from fedtree.sampling import cohort_sampler
-from fedtree.tier import train_cohort
-from fedtree.topology import Topology
+from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, client_weights
+from fedtree.core.data import FederatedData
+from fedtree.core.local import ClientUpdate, LocalSchedule
+from fedtree.core.model import Model
+from fedtree.core.rng import stream
+from fedtree.core.sampling import cohort_sampler
+from fedtree.core.tier import train_cohort
+from fedtree.core.topology import Topology
+from fedtree.objectives.moreau import moreau_client_update
 
 
 @struct.dataclass
@@ -95,7 +95,7 @@ def pfedmt(
     team_iters: ``K`` team iterations per global round.
     weighting: ``"examples"`` (paper) or ``"uniform"`` (authors' code) for ``δ`` and ``τ``.
     chunk_size: devices trained at once (memory bound); ``None``: all.
-    client_update: override the device step (default :func:`fedtree.moreau.moreau_client_update`).
+    client_update: override the device step (default :func:`fedtree.objectives.moreau.moreau_client_update`).
     name: label for reports.
 
   Raises:

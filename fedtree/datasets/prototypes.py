@@ -6,14 +6,14 @@ clustered-FL setup (10 clients by Dirichlet(α = 0.1), images of some clients fl
 spots, so prototypes are not mirror-symmetric and a flipped image is a new distribution.
 An example of class ``k`` is ``clip(P_k shifted by up to ``max_shift`` pixels + noise · N(0, 1), 0, 1)``
 with shape ``[H, W, 1]``. Examples are dealt to clients by
-:func:`fedtree.data.partition_dirichlet` and each client's are split into train and test.
+:func:`fedtree.core.data.partition_dirichlet` and each client's are split into train and test.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from fedtree.data import FederatedData, partition_dirichlet, partition_iid, split_train_test
+from fedtree.core.data import FederatedData, partition_dirichlet, partition_iid, split_train_test
 
 
 def _prototypes(rng, num_classes: int, size: int, blobs: int) -> np.ndarray:

@@ -33,7 +33,7 @@ import wave
 
 import numpy as np
 
-from fedtree.data import FederatedData
+from fedtree.core.data import FederatedData
 from fedtree.datasets.mfcc import MFCC
 
 KEYWORDS = ("yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go")

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fedtree.data import FederatedData, from_client_arrays
+from fedtree.core.data import FederatedData, from_client_arrays
 
 
 def _split(x, y, test_fraction, rng):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedtree.data import FederatedData
+from fedtree.core.data import FederatedData
 from fedtree.datasets.speech_commands import CLASSES_12, SILENCE, UNKNOWN, federate
 
 

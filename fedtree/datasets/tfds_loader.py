@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fedtree.data import (
+from fedtree.core.data import (
   FederatedData,
   partition_by_id,
   partition_dirichlet,

@@ -3,7 +3,7 @@
 Paper 004 (Li & Yan 2023, Sec. 4.1) builds its clustered-FL benchmarks this way: MNIST over
 10 clients by Dirichlet(0.1) with the images of 5 random clients flipped, EMNIST over 20
 clients with 10 clients' images rotated by 180°. :func:`transform_random_clients` does that
-to any :class:`~fedtree.data.FederatedData` (TFDS or generated), on the train and test data
+to any :class:`~fedtree.core.data.FederatedData` (TFDS or generated), on the train and test data
 of the chosen clients alike, and returns which clients were transformed (the ground-truth
 "distribution" of every client, used as the report groups).
 
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fedtree.data import FederatedData
+from fedtree.core.data import FederatedData
 
 KINDS = ("hflip", "vflip", "rot180")
 

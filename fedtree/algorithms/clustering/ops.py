@@ -1,0 +1,321 @@
+"""Clustering clients inside jit: K-means on flattened models, stable cluster labels,
+cosine bipartition, feature means, and intra/inter-cluster accuracy.
+
+The shared layer of the clustered-FL family (paper 004, Li & Yan 2023, "Inter-cluster
+optimization for clustered federated learning", and its baselines CFL, Sattler et al. 2020,
+and IFCA, Ghosh et al. 2020). Cluster membership is a persistent ``int32[C]`` per-client
+array: a cluster is a *dynamic parent index*, so cluster models are aggregated with the same
+``segment_sum`` as any tree level (:mod:`fedtree.core.aggregation`).
+
+* :func:`kmeans`: Lloyd's algorithm with a fixed number of iterations after a k-means++
+  initialization drawn from an explicit key; masked points (padding slots of a cohort) are
+  ignored; a cluster that loses all its points keeps its centroid. Distances are one
+  ``[N, K]`` matrix (``‖x‖² - 2 x·c + ‖c‖²``), assignments an ``argmin`` (lowest index on ties).
+* :func:`match_labels`: relabels new centroids to the nearest previous ones (greedy minimum
+  matching, K steps), so cluster ids do not permute between rounds.
+* :func:`cosine_bipartition`: CFL's split of one cluster's clients in two by complete-linkage
+  agglomerative clustering of the cosine similarities of their updates (fixed ``N - 2``
+  merge steps, masked).
+* :func:`sample_mean`: the mean of ``n`` inputs drawn without replacement from a client's
+  real examples (MCFL's feature mean).
+* :func:`cluster_accuracy`: intra- and inter-cluster accuracy from the ``[N, C]`` matrix of
+  every cluster model scored on every client's test data (host side).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+PyTree = Any
+
+
+# ------------------------------------------------------------------------ vectors
+def flatten_rows(tree: PyTree) -> jax.Array:
+  """Stacked pytree ``[N, ...]`` -> ``float32[N, D]`` (leaves raveled and concatenated)."""
+  leaves = jax.tree.leaves(tree)
+  n = leaves[0].shape[0]
+  return jnp.concatenate([jnp.reshape(a, (n, -1)).astype(jnp.float32) for a in leaves], axis=1)
+
+
+def squared_distances(x: jax.Array, c: jax.Array) -> jax.Array:
+  """``[N, K]`` squared Euclidean distances between rows of ``x [N, D]`` and ``c [K, D]``."""
+  xx = jnp.sum(x * x, axis=1)[:, None]
+  cc = jnp.sum(c * c, axis=1)[None, :]
+  return jnp.maximum(xx - 2.0 * x @ c.T + cc, 0.0)
+
+
+def pairwise_distances(x: jax.Array, c: jax.Array, metric: str = "l2") -> jax.Array:
+  """``[N, K]`` distances: ``"l2"`` (Euclidean) or ``"l1"`` (sum of absolute differences)."""
+  if metric == "l2":
+    return jnp.sqrt(squared_distances(x, c))
+  if metric == "l1":
+    return jax.vmap(lambda xi: jnp.sum(jnp.abs(xi[None, :] - c), axis=1))(x)
+  raise ValueError(f"metric={metric!r}; choose 'l1' or 'l2'")
+
+
+# ------------------------------------------------------------------------ K-means
+class KMeansResult(NamedTuple):
+  """``centroids: float32[K, D]``; ``assignment: int32[N]`` (0 for masked points);
+  ``inertia: float32[]`` sum of squared distances of the unmasked points to their centroid."""
+
+  centroids: jax.Array
+  assignment: jax.Array
+  inertia: jax.Array
+
+
+def kmeans_plusplus(key: jax.Array, x: jax.Array, k: int, mask: jax.Array | None = None) -> jax.Array:
+  """k-means++ seeding (Arthur & Vassilvitskii 2007): ``k`` rows of ``x [N, D]``, the first
+  uniform among unmasked points, each next one with probability ``∝ D²`` (uniform among the
+  unmasked points when every ``D²`` is 0). Deterministic for a key."""
+  n = x.shape[0]
+  mask = jnp.ones((n,), bool) if mask is None else mask.astype(bool)
+  keys = jax.random.split(key, k)
+  first = jax.random.categorical(keys[0], jnp.where(mask, 0.0, -jnp.inf))
+  cents = jnp.zeros((k, x.shape[1]), x.dtype).at[0].set(x[first])
+  d2 = jnp.where(mask, jnp.sum((x - x[first][None, :]) ** 2, axis=1), 0.0)
+
+  def body(i, carry):
+    cents, d2 = carry
+    total = jnp.sum(d2)
+    logits = jnp.where(total > 0, jnp.log(jnp.where(d2 > 0, d2, 1.0)), 0.0)
+    logits = jnp.where(mask & ((d2 > 0) | (total <= 0)), logits, -jnp.inf)
+    pick = jax.random.categorical(keys[i], logits)
+    cents = cents.at[i].set(x[pick])
+    d2 = jnp.minimum(d2, jnp.where(mask, jnp.sum((x - x[pick][None, :]) ** 2, axis=1), 0.0))
+    return cents, d2
+
+  cents, _ = jax.lax.fori_loop(1, k, body, (cents, d2))
+  return cents
+
+
+def kmeans(
+  key: jax.Array, x: jax.Array, k: int, *, iters: int = 20, mask: jax.Array | None = None,
+  init: jax.Array | None = None,
+) -> KMeansResult:
+  """K-means of the rows of ``x [N, D]`` (those where ``mask[N]`` holds) into ``k`` clusters.
+
+  Args:
+    key: seeds the k-means++ initialization (unused when ``init`` is given).
+    x: points.
+    k: number of clusters (static).
+    iters: Lloyd iterations (static; no early stop, so the cost is fixed).
+    mask: ``bool[N]`` points to cluster (default all).
+    init: ``[k, D]`` initial centroids instead of k-means++.
+  """
+  if k < 1:
+    raise ValueError(f"kmeans: k={k} must be >= 1")
+  x = x.astype(jnp.float32)
+  n = x.shape[0]
+  mask = jnp.ones((n,), bool) if mask is None else mask.astype(bool)
+  cents = kmeans_plusplus(key, x, k, mask) if init is None else init.astype(jnp.float32)
+  w = mask.astype(jnp.float32)
+
+  def assign(c):
+    return jnp.argmin(squared_distances(x, c), axis=1).astype(jnp.int32)
+
+  def step(c, _):
+    a = assign(c)
+    sums = jax.ops.segment_sum(x * w[:, None], a, num_segments=k)
+    counts = jax.ops.segment_sum(w, a, num_segments=k)
+    c = jnp.where(counts[:, None] > 0, sums / jnp.maximum(counts, 1.0)[:, None], c)
+    return c, None
+
+  cents, _ = jax.lax.scan(step, cents, None, length=iters)
+  a = assign(cents)
+  d2 = jnp.take_along_axis(squared_distances(x, cents), a[:, None], axis=1)[:, 0]
+  return KMeansResult(cents, jnp.where(mask, a, 0), jnp.sum(jnp.where(mask, d2, 0.0)))
+
+
+def match_labels(new: jax.Array, previous: jax.Array) -> jax.Array:
+  """``int32[K]``: the label each new centroid takes so that ids stay put between rounds.
+
+  Greedy minimum matching on the ``[K, K]`` squared distances between ``new`` and
+  ``previous`` centroids: K times, the closest unmatched (new, previous) pair is matched
+  (ties: lowest index). ``labels[i]`` is the previous id of new centroid ``i``; relabel an
+  assignment with ``labels[assignment]`` and centroids with ``centroids[argsort(labels)]``.
+  A permutation of well-separated centroids is undone exactly.
+  """
+  k = new.shape[0]
+  cost = squared_distances(new.astype(jnp.float32), previous.astype(jnp.float32))
+
+  def body(_, carry):
+    cost, labels = carry
+    flat = jnp.argmin(cost)
+    i, j = flat // k, flat % k
+    labels = labels.at[i].set(j.astype(jnp.int32))
+    cost = cost.at[i, :].set(jnp.inf).at[:, j].set(jnp.inf)
+    return cost, labels
+
+  _, labels = jax.lax.fori_loop(0, k, body, (cost, jnp.zeros((k,), jnp.int32)))
+  return labels
+
+
+def stable_kmeans(
+  key: jax.Array, x: jax.Array, previous: jax.Array, *, iters: int = 20, mask: jax.Array | None = None,
+) -> KMeansResult:
+  """:func:`kmeans` into ``K = len(previous)`` clusters whose ids are matched to the previous
+  centroids ``previous [K, D]`` (:func:`match_labels`)."""
+  res = kmeans(key, x, previous.shape[0], iters=iters, mask=mask)
+  labels = match_labels(res.centroids, previous)
+  assignment = labels[res.assignment]
+  if mask is not None:
+    assignment = jnp.where(mask, assignment, 0)
+  return KMeansResult(res.centroids[jnp.argsort(labels)], assignment, res.inertia)
+
+
+# ------------------------------------------------------------------------ CFL bipartition
+def cosine_similarity_matrix(x: jax.Array) -> jax.Array:
+  """``[N, N]`` cosine similarities of the rows of ``x`` (0 for a zero row)."""
+  norm = jnp.linalg.norm(x, axis=1, keepdims=True)
+  u = x / jnp.where(norm > 0, norm, 1.0)
+  return u @ u.T
+
+
+def cosine_bipartition(similarity: jax.Array, mask: jax.Array) -> jax.Array:
+  """Splits the points where ``mask[N]`` holds into two groups: ``bool[N]``, true for the
+  second group (false outside ``mask``).
+
+  Complete-linkage agglomerative clustering on the distance ``-similarity`` (Sattler et
+  al.'s choice), stopped at two groups: every step merges the two groups whose farthest
+  members are closest. The first group is the one holding the lowest-index point. With
+  fewer than two points nothing is split (all false).
+  """
+  n = similarity.shape[0]
+  mask = mask.astype(bool)
+  big = jnp.float32(1e9)
+  dist = -similarity.astype(jnp.float32)
+  both = mask[:, None] & mask[None, :]
+  eye = jnp.eye(n, dtype=bool)
+  # group-to-group complete-linkage distances; rows of merged-away groups are inactive
+  d = jnp.where(both & ~eye, dist, big)
+  label = jnp.arange(n, dtype=jnp.int32)
+  alive = mask
+
+  def body(_, carry):
+    d, label, alive = carry
+    do = jnp.sum(alive.astype(jnp.int32)) > 2
+    dm = jnp.where(alive[:, None] & alive[None, :] & ~eye, d, big)
+    flat = jnp.argmin(dm)
+    i, j = jnp.minimum(flat // n, flat % n), jnp.maximum(flat // n, flat % n)
+    merged = jnp.maximum(d[i], d[j])  # complete linkage: the farther of the two
+    new_d = d.at[i, :].set(merged).at[:, i].set(merged).at[i, i].set(big)
+    new_label = jnp.where(label == j, i, label)
+    new_alive = alive.at[j].set(False)
+    return (jnp.where(do, new_d, d), jnp.where(do, new_label, label), jnp.where(do, new_alive, alive))
+
+  _, label, alive = jax.lax.fori_loop(0, max(n - 2, 0), body, (d, label, alive))
+  first = jnp.min(jnp.where(mask, label, n))
+  return mask & (label != first) & (jnp.sum(alive.astype(jnp.int32)) >= 2)
+
+
+# ------------------------------------------------------------------------ feature means
+def sample_mean(key: jax.Array, x: jax.Array, count: jax.Array, n: int) -> jax.Array:
+  """Mean of ``min(n, count)`` inputs drawn without replacement from the real rows
+  ``x[:count]`` of one client's padded ``x [M, ...]``; returned flattened ``float32[F]``."""
+  m = x.shape[0]
+  u = jax.random.uniform(key, (m,))
+  u = jnp.where(jnp.arange(m) < count, u, 2.0)  # padding sorts last
+  rank = jnp.argsort(jnp.argsort(u))
+  take = (rank < jnp.minimum(n, count)).astype(jnp.float32)
+  flat = jnp.reshape(x, (m, -1)).astype(jnp.float32)
+  return jnp.sum(flat * take[:, None], axis=0) / jnp.maximum(jnp.sum(take), 1.0)
+
+
+def segment_mean_rows(
+  values: jax.Array, weights: jax.Array, ids: jax.Array, k: int
+) -> tuple[jax.Array, jax.Array]:
+  """Weighted mean of the rows ``values [N, F]`` per id (``k`` ids), and the total weight."""
+  total = jax.ops.segment_sum(weights, ids, num_segments=k)
+  sums = jax.ops.segment_sum(values * weights[:, None], ids, num_segments=k)
+  return sums / jnp.maximum(total, 1e-30)[:, None], total
+
+
+# ------------------------------------------------------------------------ reports
+def cluster_accuracy(
+  correct: np.ndarray, count: np.ndarray, cluster_of_client: np.ndarray,
+  model_of_client: np.ndarray | None = None, *, chosen_by_data: bool = False,
+) -> dict[str, float]:
+  """Intra- and inter-cluster accuracy (paper 004's metrics), example-weighted.
+
+  Args:
+    correct, count: ``[N, C]`` sums of cluster model ``k`` on client ``c``'s test data.
+    cluster_of_client: ``int[C]`` cluster of every client.
+    model_of_client: ``int[C]`` the model a device holding client ``c``'s test data uses,
+      when it chooses by its data (MCFL).
+    chosen_by_data: on a foreign client's data, a device of cluster ``k`` uses the model
+      chosen from that data (``model_of_client[c]``) instead of its cluster's model ``k``.
+
+  Returns:
+    ``intra_cluster_accuracy`` (cluster model ``k`` on the test data of its members) and
+    ``inter_cluster_accuracy`` (cluster model ``k`` on the test data of the clients of every
+    *other* non-empty cluster, pooled over all ``k``; NaN with a single non-empty cluster),
+    and ``num_clusters`` (non-empty ones).
+  """
+  correct, count = np.asarray(correct, np.float64), np.asarray(count, np.float64)
+  cl = np.asarray(cluster_of_client, np.int64)
+  num_models, c = correct.shape
+  cols = np.arange(c)
+  intra = correct[cl, cols].sum() / max(count[cl, cols].sum(), 1.0)
+  nonempty = np.unique(cl)
+  used = np.asarray(model_of_client, np.int64) if chosen_by_data else None
+  inter_c, inter_n = 0.0, 0.0
+  for k in nonempty:
+    foreign = cols[cl != k]
+    rows = used[foreign] if chosen_by_data else np.full(foreign.shape, k)
+    inter_c += correct[rows, foreign].sum()
+    inter_n += count[rows, foreign].sum()
+  inter = inter_c / inter_n if inter_n > 0 else float("nan")
+  return {"intra_cluster_accuracy": float(intra), "inter_cluster_accuracy": float(inter),
+          "num_clusters": int(nonempty.size)}
+
+
+# ------------------------------------------------------------------------ state
+@struct.dataclass
+class ClusterFeatures:
+  """MCFL's feature means (paper 004, Sec. 3.2).
+
+  Attributes:
+    client_mean: ``float32[C, F]`` mean of ``n`` training inputs each client last uploaded.
+    seen: ``bool[C]`` the client has uploaded at least once.
+    query_mean: ``float32[C, F]`` mean of ``n`` test inputs of every client (computed on the
+      device at inference; drawn once at ``init``).
+  """
+
+  client_mean: jax.Array
+  seen: jax.Array
+  query_mean: jax.Array
+
+
+@struct.dataclass
+class ClusterState:
+  """State of a clustered-FL algorithm: one model per cluster and every client's cluster.
+
+  Attributes:
+    round: ``int32[]`` rounds completed.
+    params: ``[K, ...]`` the cluster models (K: the static number of cluster slots).
+    opt_state: ``[K, ...]`` per-cluster server optimizer states.
+    cluster_of: ``int32[C]`` cluster of every client (the dynamic parent index).
+    num_clusters: ``int32[]`` cluster slots in use (CFL grows it; K for the others).
+    features: :class:`ClusterFeatures` (MCFL) or ``()``.
+  """
+
+  round: jax.Array
+  params: PyTree
+  opt_state: PyTree
+  cluster_of: jax.Array
+  num_clusters: jax.Array
+  features: Any = ()
+
+
+def check_num_clusters(num_clusters, num_clients: int, name: str = "num_clusters") -> int:
+  """``num_clusters`` as an int in ``[1, num_clients]``, else a ``ValueError`` naming it."""
+  if isinstance(num_clusters, bool) or not isinstance(num_clusters, (int, np.integer)):
+    raise ValueError(f"{name}={num_clusters!r} must be an int in [1, {num_clients}] (the number of clients)")
+  if not 1 <= int(num_clusters) <= num_clients:
+    raise ValueError(f"{name}={num_clusters} must be in [1, {num_clients}] (the number of clients)")
+  return int(num_clusters)

@@ -1,0 +1,79 @@
+"""ALT, adaptive local training (FedKWS-UI, paper 002: Li et al. 2022, "Avoid overfitting
+user specific information in federated keyword spotting"): clients with more data and more
+uniform labels take more local steps.
+
+For client ``k`` with ``n_k`` examples and label distribution ``q_k`` over ``C`` classes:
+``n̄_k = n_k / max_j n_j``, ``ē_k = H(q_k) / log C`` (``H`` the entropy, ``0 log 0 = 0``),
+``r̄_k = 2 n̄_k ē_k / (n̄_k + ē_k)`` (0 when both are 0), and client ``k`` takes
+``round(r_0 · r̄_k · E)`` local steps, at least ``min_steps``, with
+``r_0 = K / Σ_k r̄_k`` by default so that ``Σ_k r_0 r̄_k E = K E`` (the total work of plain
+training with ``E`` steps is conserved, up to the rounding and the floor). The paper's
+experiments fix ``r_0`` (3.5 and 5.0) instead: pass ``r0``.
+
+The counts plug into ``LocalSchedule(batch_size, steps=tuple(counts))``: heterogeneous
+step counts are masked inside one scan (:func:`fedtree.core.local.run_local_steps`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedtree.core.data import FederatedData
+from fedtree.core.local import LocalSchedule
+
+
+def label_entropy(y: np.ndarray, n: np.ndarray, num_classes: int) -> np.ndarray:
+  """Normalized label entropy ``H(q_k) / log C`` of every client: ``y [C, M]``, ``n [C]``."""
+  y, n = np.asarray(y), np.asarray(n)
+  valid = np.arange(y.shape[1])[None, :] < n[:, None]
+  counts = np.stack([np.bincount(y[k][valid[k]], minlength=num_classes) for k in range(y.shape[0])])
+  q = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    h = -np.sum(np.where(q > 0, q * np.log(q), 0.0), axis=1)
+  return h / np.log(num_classes)
+
+
+def client_utility(n_train: np.ndarray, y_train: np.ndarray, num_classes: int) -> np.ndarray:
+  """``r̄_k``: the harmonic mean of ``n̄_k`` and ``ē_k`` (float64 ``[C]``)."""
+  n = np.asarray(n_train, np.float64)
+  n_bar = n / max(n.max(), 1.0)
+  e_bar = label_entropy(y_train, n_train, num_classes)
+  s = n_bar + e_bar
+  return np.where(s > 0, 2.0 * n_bar * e_bar / np.where(s > 0, s, 1.0), 0.0)
+
+
+def alt_steps(data: FederatedData, base_steps: int, *, r0: float | None = None,
+              min_steps: int = 1) -> tuple[int, ...]:
+  """Per-client local step counts of ALT (see the module docstring).
+
+  Args:
+    data: the federated data (its training labels and counts are read on the host).
+    base_steps: ``E``, the steps every client would take without ALT.
+    r0: ``r_0``; ``None``: ``K / Σ_k r̄_k`` (work conserved).
+    min_steps: the floor of every count.
+  """
+  if int(base_steps) < 1:
+    raise ValueError(f"ALT base_steps={base_steps} must be >= 1")
+  if int(min_steps) < 0:
+    raise ValueError(f"ALT min_steps={min_steps} must be >= 0")
+  r = client_utility(np.asarray(data.n_train), np.asarray(data.y_train), data.num_classes)
+  if r0 is None:
+    if r.sum() <= 0:
+      raise ValueError("ALT: every client has utility 0 (one label each); pass r0 explicitly")
+    r0 = len(r) / r.sum()
+  elif not float(r0) > 0:
+    raise ValueError(f"ALT r0={r0} must be > 0")
+  steps = np.maximum(np.rint(float(r0) * r * int(base_steps)), int(min_steps)).astype(int)
+  return tuple(int(s) for s in steps)
+
+
+def alt_schedule(schedule: LocalSchedule, data: FederatedData, *, r0: float | None = None,
+                 min_steps: int = 1) -> LocalSchedule:
+  """``schedule`` (a fixed ``steps`` count E) with ALT's per-client counts."""
+  if not isinstance(schedule.steps, int) or isinstance(schedule.steps, bool):
+    raise ValueError(
+      f"ALT needs a fixed local step count E (config.local.steps), got steps={schedule.steps!r} "
+      f"epochs={schedule.epochs!r}"
+    )
+  return LocalSchedule(batch_size=schedule.batch_size, epochs=None,
+                       steps=alt_steps(data, schedule.steps, r0=r0, min_steps=min_steps))

@@ -1,0 +1,64 @@
+"""FedKWS-UI (paper 002: Li et al. 2022, "Avoid overfitting user specific information in
+federated keyword spotting") on any tree, with any server optimizers.
+
+Two switches on top of :func:`~fedtree.algorithms.hierfavg.hierfavg`:
+
+* ``alo``: the clients' local objective is ALO (:func:`fedtree.objectives.alo.alo_update`): label
+  smoothing μ plus λ × negative distillation from a persistent, overfitted private model
+  ``ψ_p`` per client (``TreeState.client_state.private [C, ...]``).
+* ``alt``: the local step counts are ALT's (:func:`fedtree.algorithms.fedkws.alt.alt_schedule`): clients with
+  more data and more uniform labels take more steps, the total conserved.
+
+Both on is FedKWS-UI; ``alo=False`` gives FedAvg+ALT and ``alt=False`` FedAvg+ALO; both off
+is plain HierFAVG/FedAvg. The model evaluated is the tree's (``global``, and ``levelN`` on
+deeper trees), as in the paper (the private models are not scored).
+"""
+
+from __future__ import annotations
+
+import optax
+
+from fedtree.algorithms.fedkws.alt import alt_schedule
+from fedtree.algorithms.hierfavg import hierfavg
+from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.topology import Topology
+from fedtree.objectives.alo import alo_update, check_alo
+
+
+def fedkws(*, mu: float = 0.2, lam: float = 0.001, alo: bool = True, alt: bool = True,
+           r0: float | None = None, min_steps: int = 1, topology: Topology | None = None,
+           private_optimizer: optax.GradientTransformation | None = None,
+           private_steps: int | None = None, name: str = "fedkws",
+           **hierfavg_kwargs) -> FederatedAlgorithm:
+  """FedKWS-UI (or one of its ablations) on ``topology`` (default flat).
+
+  Args:
+    mu: ALO label smoothing μ in ``[0, 1)`` (paper 0.2).
+    lam: ALO adversarial weight λ >= 0 (paper 0.001).
+    alo: use ALO as the local objective.
+    alt: use ALT step counts; the schedule must then be a fixed step count E.
+    r0: ALT's ``r_0`` (``None``: ``K / Σ r̄_k``, the work conserved).
+    min_steps: ALT's floor on every client's step count.
+    topology: the tree (``None``: one server over all clients).
+    private_optimizer: optimizer of the private models (default the local optimizer).
+    private_steps: steps of a private model per round (default: the client's own count).
+    name: label for reports.
+    **hierfavg_kwargs: ``model, data, local_optimizer, schedule, server_optimizers, periods,
+      cohort_size, chunk_size, weighting`` as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+  """
+  check_alo(mu, lam)
+  data = hierfavg_kwargs["data"]
+  topology = Topology.flat(data.num_clients) if topology is None else topology
+  if alt:
+    hierfavg_kwargs["schedule"] = alt_schedule(hierfavg_kwargs["schedule"], data, r0=r0,
+                                               min_steps=min_steps)
+  if alo:
+    schedule = hierfavg_kwargs["schedule"]
+    hierfavg_kwargs["client_update"] = alo_update(
+      hierfavg_kwargs["model"], hierfavg_kwargs["local_optimizer"], mu=mu, lam=lam,
+      batch_size=schedule.batch_size, max_steps=schedule.max_steps(data.max_train),
+      private_optimizer=private_optimizer, private_steps=private_steps,
+    )
+  elif alt:
+    hierfavg_kwargs.pop("client_update", None)   # rebuilt by hierfavg for the new max_steps
+  return hierfavg(topology=topology, name=name, **hierfavg_kwargs)

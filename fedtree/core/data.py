@@ -1,0 +1,234 @@
+"""Federated data as padded, stacked arrays, and the partitioners that build them.
+
+Every client is a row: ``x: [C, M, ...]``, ``y: [C, M]`` and ``count: int32[C]``; rows are
+padded to ``M`` and entries ``>= count[c]`` are padding that is never trained on nor
+evaluated. Train and test splits are kept side by side.
+
+Partitioners map a centralized ``(x, y)`` to per-client index lists (IID, Dirichlet label
+skew, label shards, by a natural id such as the writer or speaker); :func:`from_client_arrays`
+pads the lists into a :class:`FederatedData`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from fedtree.core.topology import Topology
+
+
+@struct.dataclass
+class FederatedData:
+  """Padded per-client train and test data.
+
+  Attributes:
+    x_train: ``[C, M, ...]`` features; rows past ``n_train[c]`` are padding.
+    y_train: ``int32[C, M]`` labels.
+    n_train: ``int32[C]`` number of real training examples per client.
+    x_test: ``[C, M_test, ...]``.
+    y_test: ``int32[C, M_test]``.
+    n_test: ``int32[C]``.
+    num_classes: number of label values (static).
+  """
+
+  x_train: jax.Array
+  y_train: jax.Array
+  n_train: jax.Array
+  x_test: jax.Array
+  y_test: jax.Array
+  n_test: jax.Array
+  num_classes: int = struct.field(pytree_node=False, default=0)
+
+  @property
+  def num_clients(self) -> int:
+    return int(self.x_train.shape[0])
+
+  @property
+  def max_train(self) -> int:
+    return int(self.x_train.shape[1])
+
+  @property
+  def example_shape(self) -> tuple[int, ...]:
+    return tuple(self.x_train.shape[2:])
+
+  def validate(self, topology: Topology | None = None) -> FederatedData:
+    """Checks shapes and counts (and agreement with ``topology``); returns ``self``."""
+    c = self.x_train.shape[0]
+    for name in ("y_train", "n_train", "x_test", "y_test", "n_test"):
+      if getattr(self, name).shape[0] != c:
+        raise ValueError(
+          f"FederatedData.{name} has {getattr(self, name).shape[0]} clients, x_train has {c}"
+        )
+    if self.y_train.shape != self.x_train.shape[:2]:
+      raise ValueError(f"y_train shape {self.y_train.shape} != x_train.shape[:2] {self.x_train.shape[:2]}")
+    if self.y_test.shape != self.x_test.shape[:2]:
+      raise ValueError(f"y_test shape {self.y_test.shape} != x_test.shape[:2] {self.x_test.shape[:2]}")
+    if self.x_train.shape[2:] != self.x_test.shape[2:]:
+      raise ValueError(
+        f"train examples have shape {self.x_train.shape[2:]}, test {self.x_test.shape[2:]}"
+      )
+    n_train, n_test = np.asarray(self.n_train), np.asarray(self.n_test)
+    for name, n, m in (("n_train", n_train, self.x_train.shape[1]), ("n_test", n_test, self.x_test.shape[1])):
+      bad = np.flatnonzero((n < 0) | (n > m))
+      if bad.size:
+        raise ValueError(f"{name}[{int(bad[0])}]={int(n[bad[0]])} is outside [0, {m}] (the padded length)")
+    empty = np.flatnonzero(n_train == 0)
+    if empty.size:
+      raise ValueError(f"client(s) {empty[:10].tolist()} have no training examples (n_train == 0)")
+    if self.num_classes <= 0:
+      raise ValueError(f"num_classes={self.num_classes} must be positive")
+    if topology is not None and topology.num_clients != c:
+      raise ValueError(
+        f"the tree has {topology.num_clients} clients but the data has {c}: "
+        f"{topology!r} vs x_train{tuple(self.x_train.shape)}"
+      )
+    return self
+
+  def take(self, clients) -> FederatedData:
+    """The data of a subset of clients (host-side; for references and analysis)."""
+    idx = np.asarray(clients)
+    return self.replace(**{f: getattr(self, f)[idx] for f in _ARRAY_FIELDS})
+
+
+_ARRAY_FIELDS = ("x_train", "y_train", "n_train", "x_test", "y_test", "n_test")
+
+
+def _pad_stack(arrays: Sequence[np.ndarray], length: int, dtype) -> np.ndarray:
+  first = np.asarray(arrays[0])
+  out = np.zeros((len(arrays), length) + first.shape[1:], dtype=dtype)
+  for i, a in enumerate(arrays):
+    out[i, : len(a)] = a
+  return out
+
+
+def from_client_arrays(
+  train: Sequence[tuple[np.ndarray, np.ndarray]],
+  test: Sequence[tuple[np.ndarray, np.ndarray]],
+  *,
+  num_classes: int,
+  dtype=np.float32,
+) -> FederatedData:
+  """Pads per-client ``(x, y)`` lists into a :class:`FederatedData`."""
+  if len(train) != len(test):
+    raise ValueError(f"{len(train)} clients have train data but {len(test)} have test data")
+  if len(train) == 0:
+    raise ValueError("from_client_arrays needs at least one client")
+  n_train = np.array([len(y) for _, y in train], dtype=np.int32)
+  n_test = np.array([len(y) for _, y in test], dtype=np.int32)
+  m_train, m_test = max(1, int(n_train.max())), max(1, int(n_test.max()))
+  data = FederatedData(
+    x_train=_pad_stack([x for x, _ in train], m_train, dtype),
+    y_train=_pad_stack([y for _, y in train], m_train, np.int32),
+    n_train=n_train,
+    x_test=_pad_stack([x for x, _ in test] if n_test.max() else [x[:0] for x, _ in train], m_test, dtype),
+    y_test=_pad_stack([y for _, y in test] if n_test.max() else [y[:0] for _, y in train], m_test, np.int32),
+    n_test=n_test,
+    num_classes=int(num_classes),
+  )
+  return data.validate()
+
+
+def split_train_test(
+  x: np.ndarray, y: np.ndarray, client_indices: Sequence[np.ndarray], *, test_fraction: float,
+  rng: np.random.Generator, num_classes: int,
+) -> FederatedData:
+  """Splits every client's examples into train and test, then pads.
+
+  Each client keeps at least one training example; ``test_fraction`` of the rest (rounded
+  down) go to its test split.
+  """
+  if not 0.0 <= test_fraction < 1.0:
+    raise ValueError(f"test_fraction={test_fraction} must be in [0, 1)")
+  train, test = [], []
+  for c, idx in enumerate(client_indices):
+    idx = rng.permutation(np.asarray(idx))
+    if idx.size == 0:
+      raise ValueError(f"client {c} received no examples from the partitioner")
+    n_test = min(int(np.floor(test_fraction * idx.size)), idx.size - 1)
+    test_idx, train_idx = idx[:n_test], idx[n_test:]
+    train.append((x[train_idx], y[train_idx]))
+    test.append((x[test_idx], y[test_idx]))
+  return from_client_arrays(train, test, num_classes=num_classes, dtype=x.dtype)
+
+
+# ------------------------------------------------------------------ partitioners
+def partition_iid(num_examples: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+  """Shuffles the examples and deals them into ``num_clients`` near-equal parts."""
+  _check_partition_args(num_examples, num_clients)
+  return [np.sort(p) for p in np.array_split(rng.permutation(num_examples), num_clients)]
+
+
+def partition_dirichlet(
+  labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator, *, min_size: int = 1,
+  max_tries: int = 100,
+) -> list[np.ndarray]:
+  """Label skew: for every class, the share of each client is ``Dirichlet(alpha)``.
+
+  Smaller ``alpha`` gives more skew. Redraws (up to ``max_tries``) until every client holds at
+  least ``min_size`` examples, as in Hsu et al. 2019 and most simulators.
+  """
+  labels = np.asarray(labels)
+  _check_partition_args(labels.size, num_clients)
+  if alpha <= 0:
+    raise ValueError(f"alpha={alpha} must be > 0")
+  if min_size * num_clients > labels.size:
+    raise ValueError(f"min_size={min_size} x {num_clients} clients > {labels.size} examples")
+  classes = np.unique(labels)
+  for _ in range(max_tries):
+    parts: list[list[int]] = [[] for _ in range(num_clients)]
+    for k in classes:
+      idx = rng.permutation(np.flatnonzero(labels == k))
+      shares = rng.dirichlet(np.full(num_clients, alpha))
+      cuts = (np.cumsum(shares)[:-1] * idx.size).astype(int)
+      for c, chunk in enumerate(np.split(idx, cuts)):
+        parts[c].extend(chunk.tolist())
+    if min(len(p) for p in parts) >= min_size:
+      return [np.sort(np.array(p, dtype=np.int64)) for p in parts]
+  raise ValueError(
+    f"partition_dirichlet: no draw in {max_tries} tries gave every one of {num_clients} clients "
+    f">= {min_size} examples at alpha={alpha}; raise alpha or lower num_clients"
+  )
+
+
+def partition_shards(
+  labels: np.ndarray, num_clients: int, shards_per_client: int, rng: np.random.Generator,
+) -> list[np.ndarray]:
+  """McMahan et al.'s pathological non-IID split: sort by label, cut into shards, deal them."""
+  labels = np.asarray(labels)
+  _check_partition_args(labels.size, num_clients)
+  num_shards = num_clients * shards_per_client
+  if shards_per_client < 1 or num_shards > labels.size:
+    raise ValueError(
+      f"shards_per_client={shards_per_client} x {num_clients} clients needs <= {labels.size} shards"
+    )
+  order = np.argsort(labels, kind="stable")
+  shards = np.array_split(order, num_shards)
+  assignment = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
+  return [np.sort(np.concatenate([shards[s] for s in row])) for row in assignment]
+
+
+def partition_by_id(ids: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+  """One client per distinct natural id (writer, speaker, user); returns (parts, id of each)."""
+  ids = np.asarray(ids)
+  if ids.ndim != 1 or ids.size == 0:
+    raise ValueError(f"partition_by_id needs a non-empty 1-D id array, got shape {ids.shape}")
+  uniq, inverse = np.unique(ids, return_inverse=True)
+  order = np.argsort(inverse, kind="stable")
+  cuts = np.cumsum(np.bincount(inverse))[:-1]
+  return list(np.split(order, cuts)), uniq
+
+
+def _check_partition_args(num_examples: int, num_clients: int) -> None:
+  if num_clients < 1:
+    raise ValueError(f"num_clients={num_clients} must be >= 1")
+  if num_examples < num_clients:
+    raise ValueError(f"{num_examples} examples cannot give {num_clients} clients one each")
+
+
+def as_device(data: FederatedData) -> FederatedData:
+  """Moves the arrays to the default device (``jnp`` arrays)."""
+  return data.replace(**{f: jnp.asarray(getattr(data, f)) for f in _ARRAY_FIELDS})

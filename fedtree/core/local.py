@@ -1,0 +1,326 @@
+"""Local training of one client, written for ``vmap`` over a cohort.
+
+Every client runs a ``while_loop`` over its own ``num_steps`` (at most ``max_steps``), so
+clients with fewer examples, or fewer assigned steps, take fewer steps; vmapped, a chunk of
+clients loops to its largest count and clients that are done are left untouched.
+
+Batching happens inside jit. Client ``c`` with ``n`` examples has ``ceil(n / B)`` batches per
+epoch; step ``t`` reads batch ``t mod ceil(n/B)`` of epoch ``t // ceil(n/B)``, whose order is
+a fresh pseudo-random permutation of the ``n`` real examples (:func:`shuffled_positions`;
+padding is never read). The
+last batch of an epoch may be partial: its missing entries are masked out of the loss (and
+zeroed, so even NaN padding cannot leak into a gradient). Epoch-based training is therefore
+``num_steps = epochs · ceil(n / B)``, and a fixed step count is just another ``num_steps``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+from fedtree.core.model import Model, masked_cross_entropy
+
+PyTree = Any
+
+
+class Batch(NamedTuple):
+  """One client's minibatch: ``x: [B, ...]``, ``y: int32[B]``, ``mask: bool[B]``."""
+
+  x: jax.Array
+  y: jax.Array
+  mask: jax.Array
+
+
+class ClientData(NamedTuple):
+  """One client's padded training data: ``x: [M, ...]``, ``y: [M]``, ``n`` real examples."""
+
+  x: jax.Array
+  y: jax.Array
+  n: jax.Array
+
+
+# ------------------------------------------------------------------------ schedule
+def steps_per_epoch(n, batch_size: int):
+  """``ceil(n / batch_size)`` for numpy or jax integer arrays."""
+  return (n + batch_size - 1) // batch_size
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSchedule:
+  """How long each client trains: ``epochs`` over its own data, or a fixed ``steps`` count.
+
+  With epochs, client ``c`` takes ``ceil(epochs · ceil(n_c / B))`` steps, so clients with
+  fewer examples take fewer steps. At most one of ``epochs`` and ``steps`` is given; with
+  neither, one epoch. ``steps`` is one count for every client or a tuple with one count per
+  client (e.g. FedKWS-UI's adaptive local training).
+  """
+
+  batch_size: int
+  epochs: float | None = None
+  steps: int | tuple[int, ...] | None = None
+
+  def __post_init__(self):
+    if int(self.batch_size) < 1:
+      raise ValueError(f"batch_size={self.batch_size} must be >= 1")
+    if self.epochs is None and self.steps is None:
+      object.__setattr__(self, "epochs", 1.0)
+    if (self.epochs is None) == (self.steps is None):
+      raise ValueError(
+        f"give exactly one of local epochs ({self.epochs}) and local steps ({self.steps})"
+      )
+    if self.epochs is not None and not self.epochs > 0:
+      raise ValueError(f"local epochs={self.epochs} must be > 0")
+    if isinstance(self.steps, (list, tuple, np.ndarray)):
+      object.__setattr__(self, "steps", tuple(int(s) for s in self.steps))
+      if not self.steps or min(self.steps) < 0:
+        raise ValueError(f"per-client local steps must be non-empty and >= 0, got {self.steps[:10]}")
+    elif self.steps is not None and int(self.steps) < 0:
+      raise ValueError(f"local steps={self.steps} must be >= 0")
+
+  def num_steps(self, n_train):
+    """Per-client step counts (numpy in, numpy out; jax in, jax out)."""
+    xp = jnp if isinstance(n_train, jax.Array) else np
+    if self.epochs is not None:
+      spe = steps_per_epoch(n_train, self.batch_size)
+      return xp.ceil(self.epochs * spe).astype(xp.int32)
+    if isinstance(self.steps, tuple):
+      if len(self.steps) != xp.shape(n_train)[0]:
+        raise ValueError(f"{len(self.steps)} per-client local steps for {xp.shape(n_train)[0]} clients")
+      return xp.asarray(self.steps, dtype=xp.int32)
+    return xp.full(xp.shape(n_train), int(self.steps), dtype=xp.int32)
+
+  def max_steps(self, max_examples: int) -> int:
+    """Static scan length: the step count of a client with ``max_examples`` examples (the
+    largest per-client count when they are explicit)."""
+    if isinstance(self.steps, tuple):
+      return max(self.steps)
+    return int(self.num_steps(np.asarray([max_examples]))[0])
+
+
+_FEISTEL_ROUNDS = 4
+
+
+def _mix32(x: jax.Array) -> jax.Array:
+  """murmur3's 32-bit finalizer: a fast, well-mixing hash of uint32 values."""
+  x = x ^ (x >> 16)
+  x = x * jnp.uint32(0x85EBCA6B)
+  x = x ^ (x >> 13)
+  x = x * jnp.uint32(0xC2B2AE35)
+  return x ^ (x >> 16)
+
+
+def shuffled_positions(key: jax.Array, pos: jax.Array, n: jax.Array) -> jax.Array:
+  """``perm[pos]`` for a pseudo-random permutation ``perm`` of ``[0, n)`` chosen by ``key``.
+
+  A keyed 4-round Feistel network is a bijection of ``[0, 4^h)`` with ``4^h >= n``; walking
+  its cycle until the value falls inside ``[0, n)`` restricts it to a bijection of
+  ``[0, n)`` (Black and Rogaway's cycle walking). Each batch thus costs O(B), whatever the
+  client's padded length, instead of sorting ``M`` keys at every step.
+  """
+  n = jnp.asarray(n).astype(jnp.uint32)
+  bits = jnp.uint32(32) - jax.lax.clz(jnp.maximum(n, 1) - 1)       # ceil(log2 n)
+  half = (bits + 1) // 2
+  low = (jnp.uint32(1) << half) - 1
+  round_keys = jax.random.bits(key, (_FEISTEL_ROUNDS,), jnp.uint32)
+
+  def feistel(x):
+    left, right = x >> half, x & low
+    for i in range(_FEISTEL_ROUNDS):
+      left, right = right, left ^ (_mix32(right ^ round_keys[i]) & low)
+    return (left << half) | right
+
+  start = feistel(jnp.minimum(pos.astype(jnp.uint32), jnp.maximum(n, 1) - 1))
+  out = jax.lax.while_loop(lambda y: jnp.any(y >= n), lambda y: jnp.where(y >= n, feistel(y), y), start)
+  return out.astype(jnp.int32)
+
+
+def batch_at(key: jax.Array, data: ClientData, t: jax.Array, batch_size: int) -> Batch:
+  """The minibatch of step ``t`` (see the module docstring)."""
+  spe = jnp.maximum(steps_per_epoch(data.n, batch_size), 1)
+  epoch, j = t // spe, t % spe
+  pos = j * batch_size + jnp.arange(batch_size)
+  mask = pos < data.n
+  idx = shuffled_positions(jax.random.fold_in(key, epoch), pos, data.n)
+  x = data.x[idx]
+  x = jnp.where(mask.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
+  y = jnp.where(mask, data.y[idx], 0)
+  return Batch(x=x, y=y, mask=mask)
+
+
+# ------------------------------------------------------------------------ the scan
+StepFn = Callable[[Any, Batch, jax.Array], tuple[Any, jax.Array]]
+
+
+def run_local_steps(
+  step: StepFn,
+  carry: Any,
+  data: ClientData,
+  num_steps: jax.Array,
+  key: jax.Array,
+  *,
+  batch_size: int,
+  max_steps: int,
+) -> tuple[Any, jax.Array]:
+  """Runs ``step(carry, batch, rng) -> (carry, loss)`` for ``num_steps`` (<= ``max_steps``).
+
+  Returns the final carry and the mean loss over the active steps (0 if none).
+
+  The loop is a ``while_loop`` to ``min(num_steps, max_steps)``. Vmapped over a chunk of
+  clients, JAX runs it to the chunk's largest count and leaves every client that is done
+  unchanged (a select per step), so clients with different step counts (epochs over
+  unequal data, FedKWS-UI's ALT) cost the chunk's maximum, not the population's.
+  """
+  batch_key, step_key = jax.random.split(key)
+  steps = jnp.minimum(num_steps, max_steps)
+
+  def cond(state):
+    return state[0] < steps
+
+  def body(state):
+    t, carry, loss_sum = state
+    batch = batch_at(batch_key, data, t, batch_size)
+    carry, loss = step(carry, batch, jax.random.fold_in(step_key, t))
+    return t + 1, carry, loss_sum + loss
+
+  init = (jnp.zeros((), jnp.int32), carry, jnp.zeros((), jnp.float32))
+  _, carry, loss_sum = jax.lax.while_loop(cond, body, init)
+  return carry, loss_sum / jnp.maximum(steps, 1).astype(jnp.float32)
+
+
+# ------------------------------------------------------------------------ objectives
+Regularizer = Callable[[PyTree, PyTree], jax.Array]
+
+
+@struct.dataclass
+class SGDCarry:
+  """State of plain local training: ``params``, local optimizer state, and the ``anchor``
+  (the model the client downloaded; regularizers such as FedProx's pull towards it)."""
+
+  params: PyTree
+  opt_state: PyTree
+  anchor: PyTree
+
+
+def data_loss(model: Model, params: PyTree, batch: Batch, rng: jax.Array) -> jax.Array:
+  """Masked cross-entropy of ``model`` on ``batch`` (training mode: dropout on)."""
+  logits = model.apply(params, batch.x, train=True, rng=rng)
+  return masked_cross_entropy(logits, batch.y, batch.mask)
+
+
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_compute_dtype(compute_dtype) -> jnp.dtype | None:
+  """``None`` (train in the params' own dtype) or a floating dtype named in ``COMPUTE_DTYPES``."""
+  if compute_dtype is None:
+    return None
+  name = jnp.dtype(compute_dtype).name if not isinstance(compute_dtype, str) else compute_dtype
+  if name not in COMPUTE_DTYPES:
+    raise ValueError(f"compute_dtype={compute_dtype!r}; choose None or one of {COMPUTE_DTYPES}")
+  return jnp.dtype(name)
+
+
+def cast_floating(tree: PyTree, dtype) -> PyTree:
+  """Casts every floating leaf of ``tree`` to ``dtype`` (integer leaves are left alone)."""
+  if dtype is None:
+    return tree
+  return jax.tree.map(
+    lambda a: a.astype(dtype) if jnp.issubdtype(jnp.result_type(a), jnp.floating) else a, tree
+  )
+
+
+def make_sgd_step(
+  model: Model, optimizer: optax.GradientTransformation, regularizer: Regularizer | None = None,
+  *, compute_dtype=None,
+) -> StepFn:
+  """A step of ``optimizer`` on ``loss(params) + regularizer(params, anchor)``.
+
+  The returned loss is the data loss alone (what users compare across methods). With
+  ``compute_dtype`` (e.g. ``"bfloat16"``) the forward and backward passes run on params and
+  inputs cast to that dtype, while the carried params, the optimizer state, the gradients
+  the optimizer sees and the loss stay in the params' dtype (mixed precision; the cast's
+  gradient brings the update back to float32).
+  """
+  dtype = check_compute_dtype(compute_dtype)
+
+  def objective(params, anchor, batch, rng):
+    if dtype is not None:
+      low = batch._replace(x=cast_floating(batch.x, dtype))
+      loss = data_loss(model, cast_floating(params, dtype), low, rng).astype(jnp.float32)
+    else:
+      loss = data_loss(model, params, batch, rng)
+    total = loss if regularizer is None else loss + regularizer(params, anchor)
+    return total, loss
+
+  def step(carry: SGDCarry, batch: Batch, rng: jax.Array):
+    grads, loss = jax.grad(objective, has_aux=True)(carry.params, carry.anchor, batch, rng)
+    updates, opt_state = optimizer.update(grads, carry.opt_state, carry.params)
+    params = optax.apply_updates(carry.params, updates)
+    return carry.replace(params=params, opt_state=opt_state), loss
+
+  return step
+
+
+def proximal(mu: float) -> Regularizer:
+  """FedProx's ``(μ/2)‖θ - Θ‖²`` towards the anchor."""
+  if mu < 0:
+    raise ValueError(f"proximal mu={mu} must be >= 0")
+
+  def reg(params, anchor):
+    sq = jax.tree.map(lambda p, a: jnp.sum(jnp.square(p - a)), params, anchor)
+    return 0.5 * mu * sum(jax.tree.leaves(sq))
+
+  return reg
+
+
+# ------------------------------------------------------------------------ client updates
+class ClientUpdate(NamedTuple):
+  """What one client does in a round, vmapped over a cohort by :mod:`fedtree.core.tier`.
+
+  ``apply(anchor, state, data, num_steps, key) -> (params, state, loss)``: ``anchor`` is the
+  model received from the parent, ``state`` the client's persistent state (any pytree, ``()``
+  when stateless), ``params`` the model sent up, ``loss`` the mean local training loss.
+  ``init_state(init_params, num_clients) -> state [C, ...]`` builds the stacked persistent
+  state of every client (``None``: stateless, the state is ``()``).
+  """
+
+  apply: Callable[..., tuple[PyTree, PyTree, jax.Array]]
+  init_state: Callable[[PyTree, int], PyTree] | None = None
+
+
+def sgd_client_update(
+  model: Model,
+  optimizer: optax.GradientTransformation,
+  *,
+  batch_size: int,
+  max_steps: int,
+  regularizer: Regularizer | None = None,
+  compute_dtype=None,
+  persistent: bool = False,
+) -> ClientUpdate:
+  """Plain local training (FedAvg; FedProx with ``regularizer=proximal(mu)``).
+
+  By default a client starts from the anchor (its parent's model) and keeps no state. With
+  ``persistent=True`` its state is its own model: it starts from it, the anchor is only what
+  ``regularizer`` pulls towards, and the trained model is both sent up and kept (B-HFL's
+  clients). ``compute_dtype`` (e.g. ``"bfloat16"``): mixed-precision local steps, see
+  :func:`make_sgd_step`.
+  """
+  step = make_sgd_step(model, optimizer, regularizer, compute_dtype=compute_dtype)
+
+  def apply(anchor, state, data: ClientData, num_steps, key):
+    start = state if persistent else anchor
+    carry = SGDCarry(params=start, opt_state=optimizer.init(start), anchor=anchor)
+    carry, loss = run_local_steps(
+      step, carry, data, num_steps, key, batch_size=batch_size, max_steps=max_steps
+    )
+    return carry.params, (carry.params if persistent else state), loss
+
+  return ClientUpdate(apply=apply)

@@ -1,0 +1,145 @@
+"""Cohort sampling with static shapes: a fixed number of children per parent node.
+
+For every parent node ``g`` with ``size_g`` children the cohort holds ``k_g`` of them, drawn
+uniformly without replacement; ``k_g == size_g`` takes them all. The cohort is a flat,
+static-length array of client indices grouped by parent, padded with invalid slots to a
+multiple of the chunk size; where each slot's parent lies is static, only which child fills
+it is random. Shapes therefore never change between rounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class Cohort(NamedTuple):
+  """A sampled cohort, padded to ``K = num_chunks · chunk_size`` slots.
+
+  Attributes:
+    clients: ``int32[K]`` child index of each slot (a valid index even in padding slots).
+    parent: ``int32[K]`` parent node of each slot.
+    valid: ``bool[K]``, false for padding slots.
+  """
+
+  clients: jax.Array
+  parent: jax.Array
+  valid: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class CohortSampler:
+  """Samples ``k_g`` children of every parent ``g``; build with :func:`cohort_sampler`."""
+
+  parent: tuple[int, ...]        # parent of every child (static)
+  sizes: tuple[int, ...]         # k_g per parent
+  chunk_size: int                # padded length is a multiple of this
+
+  @functools.cached_property
+  def _static(self):
+    parent = np.asarray(self.parent, dtype=np.int32)
+    num_parents = len(self.sizes)
+    counts = np.bincount(parent, minlength=num_parents)
+    order = np.argsort(parent, kind="stable").astype(np.int32)
+    start = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
+    k = np.asarray(self.sizes, dtype=np.int32)
+    slot_parent = np.repeat(np.arange(num_parents, dtype=np.int32), k)
+    slot_pos = np.concatenate([start[g] + np.arange(k[g]) for g in range(num_parents)]).astype(np.int32)
+    total = int(k.sum())
+    padded = -(-total // self.chunk_size) * self.chunk_size
+    pad = padded - total
+    full = bool(np.all(k == counts))
+    return dict(order=order, slot_parent=slot_parent, slot_pos=slot_pos, total=total, pad=pad, full=full)
+
+  @property
+  def parent_aligned(self) -> bool:
+    """Whether every chunk holds children of a single parent (one parent, or every
+    parent's cohort a multiple of the chunk): ``train_cohort(parent_aligned=...)``."""
+    return len(self.sizes) == 1 or all(k % self.chunk_size == 0 for k in self.sizes)
+
+  @property
+  def cohort_size(self) -> int:
+    """Number of real (non-padding) slots."""
+    return self._static["total"]
+
+  @property
+  def padded_size(self) -> int:
+    return self._static["total"] + self._static["pad"]
+
+  def __call__(self, key: jax.Array) -> Cohort:
+    s = self._static
+    parent = jnp.asarray(np.asarray(self.parent, dtype=np.int32))
+    if s["full"]:
+      clients = jnp.asarray(s["order"])[s["slot_pos"]]
+    else:
+      u = jax.random.uniform(key, (len(self.parent),))
+      shuffled = jnp.lexsort((u, parent))  # grouped by parent, random order inside a group
+      clients = shuffled[s["slot_pos"]]
+    slot_parent = jnp.asarray(s["slot_parent"])
+    valid = jnp.ones((s["total"],), bool)
+    if s["pad"]:
+      clients = jnp.concatenate([clients, jnp.zeros((s["pad"],), jnp.int32)])
+      slot_parent = jnp.concatenate([slot_parent, jnp.zeros((s["pad"],), jnp.int32)])
+      valid = jnp.concatenate([valid, jnp.zeros((s["pad"],), bool)])
+    return Cohort(clients=clients.astype(jnp.int32), parent=slot_parent, valid=valid)
+
+
+def cohort_sampler(parent, cohort_size, *, chunk_size: int | None = None) -> CohortSampler:
+  """Builds a sampler for children with parents ``parent`` (numpy ``int[N]``).
+
+  Args:
+    parent: parent index of every child.
+    cohort_size: children per parent: an int for every parent, ``None`` or ``-1`` for all of
+      them, or a sequence with one entry per parent.
+    chunk_size: pad the cohort to a multiple of this: an int, ``None`` (the whole cohort, no
+      padding), ``"auto"`` (the per-backend default of :mod:`fedtree.core.tuning`) or a
+      :func:`fedtree.core.tuning.chunk_policy` (the default sized for a model).
+
+  Raises:
+    ValueError: a cohort larger than its group, or non-positive sizes.
+  """
+  parent = np.asarray(parent, dtype=np.int64)
+  num_parents = int(parent.max()) + 1
+  counts = np.bincount(parent, minlength=num_parents)
+  if cohort_size is None or (np.isscalar(cohort_size) and int(cohort_size) == -1):
+    k = counts.copy()
+  elif np.isscalar(cohort_size):
+    k = np.full(num_parents, int(cohort_size))
+  else:
+    k = np.asarray(cohort_size, dtype=np.int64)
+    if k.shape != (num_parents,):
+      raise ValueError(f"cohort_size has {k.size} entries for {num_parents} parent nodes")
+  if k.min() < 1:
+    raise ValueError(f"cohort_size={k.min()} must be >= 1 (or -1 for the whole group)")
+  too_big = np.flatnonzero(k > counts)
+  if too_big.size:
+    g = int(too_big[0])
+    raise ValueError(
+      f"cohort_size={int(k[g])} exceeds group {g}, which has {int(counts[g])} clients "
+      f"(smallest group: {int(counts.min())}); use cohort_size <= {int(counts.min())} or -1 for all"
+    )
+  total = int(k.sum())
+  if callable(chunk_size):  # a policy (fedtree.core.tuning.chunk_policy): slots, devices -> chunk
+    from fedtree.core.sharding import mesh_size
+
+    chunk_size = int(chunk_size(total, mesh_size(), tuple(int(v) for v in k)))
+  if isinstance(chunk_size, str):
+    if chunk_size != "auto":
+      raise ValueError(
+        f"chunk_size={chunk_size!r}; choose an int >= 1, None (whole cohort) or 'auto' "
+        f"('tune' is resolved by the fedavg/fedopt/hierfavg builders)"
+      )
+    from fedtree.core.sharding import mesh_size
+    from fedtree.core.tuning import default_chunk_size
+
+    chunk_size = default_chunk_size(total, num_devices=mesh_size(), group_sizes=tuple(int(v) for v in k))
+  chunk = total if chunk_size is None else int(chunk_size)
+  if chunk < 1:
+    raise ValueError(f"chunk_size={chunk_size} must be >= 1")
+  return CohortSampler(parent=tuple(int(p) for p in parent), sizes=tuple(int(v) for v in k),
+                       chunk_size=min(chunk, total))

@@ -1,0 +1,194 @@
+"""Training a whole tier of clients in one program, chunk by chunk.
+
+:func:`train_cohort` broadcasts every parent's model to its sampled children
+(``take(parent_params, parent_index)``), runs the :class:`~fedtree.core.local.ClientUpdate` of all
+of them with ``vmap``, and sums their weighted pseudo-gradients into their parents with
+``segment_sum``. The cohort is processed in chunks by a ``lax.scan`` that accumulates those
+sums, so memory grows with the chunk, not the cohort; per-client persistent state is
+gathered and scattered back by client index (clients outside the cohort are untouched).
+
+Each client's randomness is ``fold_in(key, client_index)``, so results do not depend on the
+chunk size nor on where a client sits in the cohort.
+
+With the client axis sharded over ``D`` devices (:mod:`fedtree.core.sharding`), every device adds
+its slice of each chunk into its own row of ``[D, P, ...]`` partial sums, and the rows are
+summed once, after the last chunk: one cross-device reduction per tier and round instead of
+one per chunk (which would cost a tree with many parents more than a flat round).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from fedtree.core.aggregation import divide_by_weight, weighted_segment_sum
+from fedtree.core.data import FederatedData
+from fedtree.core.local import ClientData, ClientUpdate
+from fedtree.core.sampling import Cohort
+from fedtree.core.sharding import CLIENT_AXIS, constrain_clients, mesh_size
+
+PyTree = Any
+
+
+class TierResult(NamedTuple):
+  """What a tier sends up.
+
+  Attributes:
+    delta_sum: ``[P, ...]`` ``Σ_i w_i (Θ_parent(i) - θ_i)`` over the cohort of each parent.
+    weight_sum: ``[P]`` ``Σ_i w_i``; 0 for a parent none of whose children reported.
+    client_state: ``[C, ...]`` persistent client state, updated where clients trained.
+    client_params: ``[K, ...]`` the trained model of every cohort slot (only with
+      ``keep_client_params=True``, else ``None``).
+    loss_sum: ``[]`` sum over the cohort of each client's mean local loss.
+    num_trained: ``[]`` number of clients that trained.
+  """
+
+  delta_sum: PyTree
+  weight_sum: jax.Array
+  client_state: PyTree
+  client_params: PyTree | None
+  loss_sum: jax.Array
+  num_trained: jax.Array
+
+  def pseudo_gradient(self) -> PyTree:
+    """The mean pseudo-gradient ``Θ - Σ p_i θ_i`` of every parent (0 where none reported)."""
+    return divide_by_weight(self.delta_sum, self.weight_sum)
+
+
+def _take(tree: PyTree, idx: jax.Array) -> PyTree:
+  return jax.tree.map(lambda a: jnp.take(a, idx, axis=0), tree)
+
+
+def train_cohort(
+  update: ClientUpdate,
+  parent_params: PyTree,
+  cohort: Cohort,
+  data: FederatedData,
+  *,
+  num_steps: jax.Array,
+  weights: jax.Array,
+  key: jax.Array,
+  client_state: PyTree = (),
+  chunk_size: int | None = None,
+  anchor_params: PyTree | None = None,
+  keep_client_params: bool = False,
+  parent_aligned: bool = False,
+) -> TierResult:
+  """Trains every client of ``cohort`` from its parent's model and aggregates per parent.
+
+  Args:
+    update: the client update, vmapped over each chunk.
+    parent_params: stacked ``[P, ...]`` models of the parent nodes.
+    cohort: sampled slots (length a multiple of ``chunk_size``).
+    data: the federated data (training split is used).
+    num_steps: ``int32[C]`` local steps of every client.
+    weights: ``[C]`` aggregation weight of every client (examples or ones).
+    key: randomness of this tier's round; client ``c`` uses ``fold_in(key, c)``.
+    client_state: ``[C, ...]`` persistent per-client state, or ``()``.
+    chunk_size: clients trained at once; ``None`` trains the whole cohort in one ``vmap``.
+    anchor_params: ``[P, ...]`` models the pseudo-gradient is taken against, when they differ
+      from the models clients start from (default ``parent_params``).
+    keep_client_params: also return every slot's trained model ``[K, ...]``.
+    parent_aligned: every chunk holds children of one parent only (static; see
+      ``CohortSampler.parent_aligned``). Each chunk then broadcasts that parent's model
+      instead of gathering one copy per client, which XLA fuses into its consumers rather
+      than writing ``[chunk, ...]`` models to memory.
+  """
+  k = cohort.clients.shape[0]
+  chunk = k if chunk_size is None else min(int(chunk_size), k)
+  if k % chunk:
+    raise ValueError(f"cohort of {k} slots is not a multiple of chunk_size={chunk}")
+  num_parents = jax.tree.leaves(parent_params)[0].shape[0]
+  num_clients = data.x_train.shape[0]
+  anchor_params = parent_params if anchor_params is None else anchor_params
+  # Slots sorted by (parent, step count): a chunk loops to its largest step count (see
+  # fedtree.core.local.run_local_steps), so clients with similar counts share chunks; padding
+  # slots take no step. Parent groups, and hence parent-aligned chunks, are kept.
+  slot_steps = jnp.where(cohort.valid, jnp.take(num_steps, cohort.clients), 0)
+  order = jnp.lexsort((slot_steps, cohort.parent))
+  sorted_cohort = jax.tree.map(lambda a: jnp.take(a, order, axis=0), cohort)
+  slot_steps = jnp.take(slot_steps, order)
+  chunks = jax.tree.map(lambda a: a.reshape((k // chunk, chunk) + a.shape[1:]),
+                        (sorted_cohort, slot_steps))
+  # Per-device partial sums: ``[D, P, ...]`` rows, row d owned by device d (D = 1 unsharded).
+  devices = mesh_size()
+  devices = devices if devices > 1 and chunk % devices == 0 else 1
+
+  def per_device(a):
+    """``[chunk, ...]`` -> ``[D, chunk / D, ...]``: device d's slice of the chunk in row d."""
+    return a.reshape((devices, chunk // devices) + a.shape[1:])
+
+  def on_devices(tree):
+    if devices == 1:
+      return tree
+    return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, P(CLIENT_AXIS)), tree)
+
+  segment_sums = jax.vmap(weighted_segment_sum, in_axes=(0, 0, 0, None))
+
+  def body(carry, chunk_slots):
+    ch, ch_steps = chunk_slots
+    delta_sum, weight_sum, state, loss_sum, count = carry
+    # Under a ``jax.set_mesh`` with a ``clients`` axis, each device trains its slice of the
+    # chunk (identity otherwise; see fedtree.core.sharding).
+    if parent_aligned:
+      start = jax.tree.map(
+        lambda a: jnp.broadcast_to(a, (chunk,) + a.shape[1:]),
+        _take(parent_params, ch.parent[:1]),
+      )
+    else:
+      start = _take(parent_params, ch.parent)
+    start = constrain_clients(start)
+    cdata = constrain_clients(ClientData(
+      x=jnp.take(data.x_train, ch.clients, axis=0),
+      y=jnp.take(data.y_train, ch.clients, axis=0),
+      n=jnp.take(data.n_train, ch.clients, axis=0),
+    ))
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ch.clients)
+    params, new_state, loss = jax.vmap(update.apply)(
+      start, constrain_clients(_take(state, ch.clients)), cdata, ch_steps,
+      keys,
+    )
+    params = constrain_clients(params)
+    w = jnp.where(ch.valid, jnp.take(weights, ch.clients).astype(jnp.float32), 0.0)
+    if anchor_params is parent_params:
+      anchor = start
+    elif parent_aligned:
+      anchor = jax.tree.map(lambda a: jnp.broadcast_to(a, (chunk,) + a.shape[1:]),
+                            _take(anchor_params, ch.parent[:1]))
+    else:
+      anchor = _take(anchor_params, ch.parent)
+    delta = jax.tree.map(jnp.subtract, anchor, params)
+    parent = per_device(ch.parent)
+    delta_sum = on_devices(jax.tree.map(
+      jnp.add, delta_sum,
+      segment_sums(jax.tree.map(per_device, delta), per_device(w), parent, num_parents),
+    ))
+    weight_sum = on_devices(weight_sum + jax.vmap(
+      lambda v, i: jax.ops.segment_sum(v, i, num_segments=num_parents)
+    )(per_device(w), parent))
+    scatter_idx = jnp.where(ch.valid, ch.clients, num_clients)  # padding slots write nowhere
+    state = jax.tree.map(lambda s, v: s.at[scatter_idx].set(v, mode="drop"), state, new_state)
+    loss_sum = loss_sum + jnp.sum(jnp.where(ch.valid, loss, 0.0))
+    count = count + jnp.sum(ch.valid.astype(jnp.int32))
+    return (delta_sum, weight_sum, state, loss_sum, count), (params if keep_client_params else None)
+
+  init = (
+    on_devices(jax.tree.map(lambda p: jnp.zeros((devices,) + p.shape, p.dtype), parent_params)),
+    on_devices(jnp.zeros((devices, num_parents), jnp.float32)),
+    client_state,
+    jnp.zeros((), jnp.float32),
+    jnp.zeros((), jnp.int32),
+  )
+  (delta_sum, weight_sum, state, loss_sum, count), per_chunk = jax.lax.scan(body, init, chunks)
+  delta_sum = jax.tree.map(lambda a: jnp.sum(a, axis=0), delta_sum)  # the one reduction
+  weight_sum = jnp.sum(weight_sum, axis=0)
+  client_params = None
+  if keep_client_params:
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(k, dtype=order.dtype))
+    client_params = jax.tree.map(
+      lambda a: jnp.take(a.reshape((k,) + a.shape[2:]), inverse, axis=0), per_chunk
+    )
+  return TierResult(delta_sum, weight_sum, state, client_params, loss_sum, count)

@@ -1,0 +1,25 @@
+"""The experiment layer: config -> data, tree, model and algorithms; the runner; checkpoints;
+metric writers; the CLI's ``train_and_evaluate``. Nothing below this layer reads a config or
+writes a file.
+"""
+
+from fedtree.experiment.builders import local_optimizer_from_config, schedule_from_config
+from fedtree.experiment.registry import BUILDERS
+from fedtree.experiment.runner import (
+  Context,
+  Pipeline,
+  build_topology,
+  load_data,
+  make_context,
+  ordered_runs,
+  positive_classes_from_config,
+  run_algorithm,
+  train_and_evaluate,
+  validate_config,
+)
+
+__all__ = [
+  "BUILDERS", "Context", "Pipeline", "build_topology", "load_data", "local_optimizer_from_config",
+  "make_context", "ordered_runs", "positive_classes_from_config", "run_algorithm",
+  "schedule_from_config", "train_and_evaluate", "validate_config",
+]

@@ -1,0 +1,78 @@
+"""``config.data`` -> ``(data, group labels, central test)``: the config side of :mod:`fedtree.datasets`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from fedtree.core.data import FederatedData
+from fedtree.datasets.synthetic import grouped_synthetic, synthetic_alpha_beta
+
+DATASETS = ("grouped_synthetic", "synthetic", "tfds", "prototype_images", "synthetic_kws",
+            "speech_commands")
+
+
+def load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, Any]:
+  """``(data, group labels [C], central test (x, y) or None)`` from ``config.data``; with a
+  ``cfg.transform`` (``{kind, num_transformed, seed}``, see
+  :func:`fedtree.datasets.transforms.transform_random_clients`) that many random clients'
+  inputs are flipped or rotated, and the groups become 0 (unchanged) / 1 (transformed)."""
+  transform = cfg.get("transform", None)
+  if transform is None:
+    return _load(cfg)
+  from fedtree.datasets.transforms import transform_random_clients
+
+  cfg = ml_collections.ConfigDict({k: v for k, v in cfg.items() if k != "transform"})
+  data, _, central = _load(cfg)
+  data, flags = transform_random_clients(data, **{k: _plain(v) for k, v in transform.items()})
+  return data, flags, central
+
+
+def _load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, Any]:
+  """``(data, group labels [C], central test (x, y) or None)`` from ``config.data``.
+
+  ``cfg.name`` picks the dataset; the other fields are its keyword arguments.
+  ``synthetic`` (FedProx/pFedMe) forms groups of ``cfg.team_size`` consecutive clients
+  (pFedMT's teams) when given, else one group. ``tfds`` reads the TFDS dataset named by
+  ``cfg.dataset`` (the other fields are :func:`fedtree.datasets.tfds_loader.load_tfds`'s).
+  """
+  kwargs = {k: _plain(v) for k, v in cfg.items() if k not in ("name", "team_size")}
+  name = cfg.name
+  if name == "grouped_synthetic":
+    data, groups = grouped_synthetic(**kwargs)
+    return data, groups, None
+  if name == "synthetic":
+    data = synthetic_alpha_beta(**kwargs)
+    team = cfg.get("team_size", None)
+    groups = np.arange(data.num_clients) // int(team) if team else np.zeros(data.num_clients, np.int32)
+    return data, groups.astype(np.int32), None
+  if name == "prototype_images":
+    from fedtree.datasets.prototypes import prototype_images
+
+    data = prototype_images(**kwargs)
+    return data, np.zeros(data.num_clients, np.int32), None
+  if name == "tfds":
+    from fedtree.datasets.tfds_loader import load_tfds
+
+    kwargs["name"] = kwargs.pop("dataset", "mnist")
+    return load_tfds(team_size=cfg.get("team_size", None), **kwargs)
+  if name == "synthetic_kws":
+    from fedtree.datasets.synthetic_kws import synthetic_kws
+
+    data = synthetic_kws(**kwargs)
+    return data, np.zeros(data.num_clients, np.int32), None
+  if name == "speech_commands":
+    from fedtree.datasets.speech_commands import load_speech_commands
+
+    return load_speech_commands(**kwargs)
+  raise ValueError(f"config.data.name={name!r} is unknown; choose one of {DATASETS}")
+
+
+def _plain(v):
+  if isinstance(v, ml_collections.ConfigDict):
+    return {k: _plain(x) for k, x in v.items()}
+  if isinstance(v, list):
+    return tuple(v)
+  return v

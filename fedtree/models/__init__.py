@@ -1,0 +1,45 @@
+"""Flax models by name (:func:`build_model`); any flax module works through
+:func:`~fedtree.core.model.from_flax`.
+
+* :mod:`fedtree.models.classifiers`: logistic regression, MLP, CNN.
+* :mod:`fedtree.models.kws`: DS-CNN and KWT for keyword spotting (paper 002).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fedtree.core.model import Model, from_flax, masked_cross_entropy
+from fedtree.models.classifiers import CNN, MLP, Conv, LogisticRegression, im2col_conv, max_pool
+from fedtree.models.kws import DSCNN, KWT, depthwise_conv, same_padding
+
+MODELS = ("logreg", "mlp", "cnn", "dscnn", "kwt")
+
+
+def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **kwargs) -> Model:
+  """A model by name: ``logreg``, ``mlp`` (``hidden=``) or ``cnn`` (``features=``, ``dense=``,
+  ``dropout=``, ``pool_every_conv=``) or ``dscnn`` (``width=``, ``blocks=``, ``first_kernel=``,
+  ``first_stride=``, ``norm=``; :class:`DSCNN`) or ``kwt`` (``dim=``, ``depth=``, ``heads=``,
+  ``mlp_dim=``, ``dropout=``; :class:`KWT`)."""
+  if name == "logreg":
+    module = LogisticRegression(num_classes=num_classes, **kwargs)
+  elif name == "mlp":
+    kwargs = {k: tuple(v) if k == "hidden" else v for k, v in kwargs.items()}
+    module = MLP(num_classes=num_classes, **kwargs)
+  elif name == "cnn":
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}
+    module = CNN(num_classes=num_classes, **kwargs)
+  elif name == "dscnn":
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}
+    module = DSCNN(num_classes=num_classes, **kwargs)
+  elif name == "kwt":
+    module = KWT(num_classes=num_classes, **kwargs)
+  else:
+    raise ValueError(f"model name {name!r} is unknown; choose one of {MODELS}")
+  return from_flax(module, example_shape, num_classes)
+
+
+__all__ = [
+  "CNN", "DSCNN", "KWT", "MLP", "MODELS", "Conv", "LogisticRegression", "Model", "build_model",
+  "depthwise_conv", "from_flax", "im2col_conv", "masked_cross_entropy", "max_pool", "same_padding",
+]

@@ -1,0 +1,131 @@
+"""Image and tabular classifiers: multinomial logistic regression, MLP, CNN (flax)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+class LogisticRegression(nn.Module):
+  """Multinomial logistic regression (MLR) on flattened inputs."""
+
+  num_classes: int
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    return nn.Dense(self.num_classes)(x.reshape((x.shape[0], -1)))
+
+
+class MLP(nn.Module):
+  """ReLU MLP on flattened inputs."""
+
+  num_classes: int
+  hidden: Sequence[int] = (200, 200)
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    x = x.reshape((x.shape[0], -1))
+    for h in self.hidden:
+      x = nn.relu(nn.Dense(h)(x))
+    return nn.Dense(self.num_classes)(x)
+
+
+CONV_IMPLS = ("auto", "xla", "matmul")
+
+
+def im2col_conv(x: jax.Array, kernel: jax.Array, bias: jax.Array,
+                strides: tuple[int, int] = (1, 1)) -> jax.Array:
+  """A VALID convolution as one matmul over shifted (strided) slices (im2col by slicing).
+
+  ``x: [B, H, W, C]``, ``kernel: [kh, kw, C, F]`` (flax's ``nn.Conv`` layout), ``bias: [F]``.
+  Its gradients are pads, adds and matmuls, with no convolution op.
+  """
+  kh, kw, cin, cout = kernel.shape
+  sh, sw = strides
+  h, w = (x.shape[1] - kh) // sh + 1, (x.shape[2] - kw) // sw + 1
+  cols = jnp.concatenate(
+    [x[:, i:i + (h - 1) * sh + 1:sh, j:j + (w - 1) * sw + 1:sw, :] for i in range(kh) for j in range(kw)],
+    axis=-1,
+  )
+  return cols @ kernel.reshape(kh * kw * cin, cout) + bias.reshape((1, 1, 1, cout))
+
+
+class Conv(nn.Module):
+  """A VALID 2-D convolution (stride 1 unless ``strides``) with ``nn.Conv``'s parameters
+  (``kernel``, ``bias``).
+
+  ``impl="xla"`` is ``lax.conv``; ``"matmul"`` is :func:`im2col_conv`; ``"auto"`` picks
+  ``"matmul"`` on CPU, where XLA compiles the weight gradient of a convolution inside a loop
+  (our local-step ``scan``) into a slow generic loop (jax-ml/jax#12868: 33x slower for the
+  benchmark CNN, measured), and ``"xla"`` elsewhere. Both give the same function.
+  """
+
+  features: int
+  kernel_size: tuple[int, int] = (3, 3)
+  impl: str = "auto"
+  strides: tuple[int, int] = (1, 1)
+
+  @nn.compact
+  def __call__(self, x):
+    if self.impl not in CONV_IMPLS:
+      raise ValueError(f"conv impl={self.impl!r}; choose one of {CONV_IMPLS}")
+    kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                        tuple(self.kernel_size) + (x.shape[-1], self.features))
+    bias = self.param("bias", nn.initializers.zeros, (self.features,))
+    impl = self.impl if self.impl != "auto" else ("matmul" if jax.default_backend() == "cpu" else "xla")
+    if impl == "matmul":
+      return im2col_conv(x, kernel.astype(x.dtype), bias.astype(x.dtype), tuple(self.strides))
+    y = jax.lax.conv_general_dilated(x, kernel.astype(x.dtype), tuple(self.strides), "VALID",
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return y + bias.astype(x.dtype).reshape((1, 1, 1, -1))
+
+
+def max_pool(x: jax.Array, window: tuple[int, int] = (2, 2)) -> jax.Array:
+  """Non-overlapping VALID max pooling of ``[B, H, W, C]`` (stride = window), as a reshape
+  and a max; trailing rows and columns that fill no window are dropped, as ``nn.max_pool``
+  does.
+
+  Same values as ``nn.max_pool(x, window, strides=window)``; its gradient is an elementwise
+  mask, where ``reduce_window``'s is a ``select_and_scatter`` that XLA:CPU runs 5x slower
+  (measured on the benchmark CNN). Where a window has tied maxima the gradient is shared
+  between them (a valid subgradient; after a ReLU the usual tie is at 0, whose gradient the
+  ReLU zeroes anyway).
+  """
+  (wh, ww), (b, h, w, c) = window, x.shape
+  x = x[:, : h // wh * wh, : w // ww * ww, :]
+  return x.reshape(b, h // wh, wh, w // ww, ww, c).max(axis=(2, 4))
+
+
+class CNN(nn.Module):
+  """A small CNN: [conv3x3 - ReLU]* - maxpool2 - dropout - dense - ReLU - dropout - dense.
+
+  With the defaults ``features=(32, 64)``, ``dense=128``, ``dropout=(0.25, 0.5)`` this is the
+  CNN of the pfl-research cross-framework benchmark (and of the Keras MNIST example).
+  ``conv_impl`` chooses how convolutions are computed (:class:`Conv`).
+  """
+
+  num_classes: int
+  features: Sequence[int] = (32, 64)
+  dense: int = 128
+  dropout: tuple[float, float] = (0.25, 0.5)
+  pool_every_conv: bool = False
+  conv_impl: str = "auto"
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    if x.ndim == 3:  # [B, H, W] grey images
+      x = x[..., None]
+    for i, f in enumerate(self.features):
+      x = nn.relu(Conv(f, (3, 3), impl=self.conv_impl, name=f"Conv_{i}")(x))
+      if self.pool_every_conv:
+        x = max_pool(x, (2, 2))
+    if not self.pool_every_conv:
+      x = max_pool(x, (2, 2))
+    x = nn.Dropout(self.dropout[0], deterministic=not train)(x)
+    x = x.reshape((x.shape[0], -1))
+    x = nn.relu(nn.Dense(self.dense)(x))
+    x = nn.Dropout(self.dropout[1], deterministic=not train)(x)
+    return nn.Dense(self.num_classes)(x)
