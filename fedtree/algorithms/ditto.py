@@ -6,36 +6,65 @@ Each sampled client trains the downloaded model as usual (sent up, aggregated by
 persistent personal model ``v_i`` on ``f_i(v) + (λ/2)‖v - Θ‖²``
 (:func:`fedtree.objectives.ditto_update`). ``v_i`` lives in ``TreeState.client_state`` as
 ``DittoState.personal [C, ...]``; clients that are not sampled keep theirs untouched.
-Models evaluated: the tree's models and ``personal`` (client ``c`` scored with ``v_c``).
+Models evaluated: the tree's models and ``personal`` (client ``c`` scored with ``v_c``; the
+objective declares them, :attr:`fedtree.core.local.ClientUpdate.personal_models`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import optax
 
 from fedtree.algorithms.hierfavg import hierfavg
-from fedtree.core.algorithm import FederatedAlgorithm, with_personal_models
+from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.data import FederatedData
+from fedtree.core.local import LocalSchedule
+from fedtree.core.model import Model
 from fedtree.core.topology import Topology
 from fedtree.objectives import ditto_update
 
 
-def ditto(*, lam: float, topology: Topology | None = None,
-          personal_optimizer: optax.GradientTransformation | None = None, name: str = "ditto",
-          **hierfavg_kwargs) -> FederatedAlgorithm:
+def ditto(
+  *,
+  model: Model,
+  data: FederatedData,
+  local_optimizer: optax.GradientTransformation,
+  schedule: LocalSchedule,
+  lam: float,
+  personal_optimizer: optax.GradientTransformation | None = None,
+  topology: Topology | None = None,
+  server_optimizers: optax.GradientTransformation | Sequence[optax.GradientTransformation] | None = None,
+  periods: int | Sequence[int] | None = None,
+  cohort_size: int | Sequence[int] | None = None,
+  chunk_size: int | str | None = "auto",
+  weighting: str = "examples",
+  compute_dtype: str | None = None,
+  init_params: Any = None,
+  name: str = "ditto",
+) -> FederatedAlgorithm:
   """Ditto with regularization ``lam`` (λ >= 0) on ``topology`` (default flat).
 
   Args:
+    model, data, local_optimizer, schedule: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     lam: Ditto's λ.
-    topology: the tree (``None``: one server over all clients).
     personal_optimizer: optimizer of the personal models (default the local optimizer).
+    topology: the tree (``None``: one server over all clients).
+    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params: as for
+      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    compute_dtype: mixed-precision local steps (``None``: the params' dtype).
     name: label for reports.
-    **hierfavg_kwargs: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
   """
-  model, data, schedule = (hierfavg_kwargs[k] for k in ("model", "data", "schedule"))
   topology = Topology.flat(data.num_clients) if topology is None else topology
   update = ditto_update(
-    model, hierfavg_kwargs["local_optimizer"], lam=lam, batch_size=schedule.batch_size,
+    model, local_optimizer, lam=lam, batch_size=schedule.batch_size,
     max_steps=schedule.max_steps(data.max_train), personal_optimizer=personal_optimizer,
+    compute_dtype=compute_dtype,
   )
-  inner = hierfavg(topology=topology, client_update=update, name=name, **hierfavg_kwargs)
-  return with_personal_models(inner, "personal", lambda state: state.client_state.personal)
+  return hierfavg(
+    model=model, topology=topology, data=data, local_optimizer=local_optimizer, schedule=schedule,
+    server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
+    chunk_size=chunk_size, weighting=weighting, client_update=update, init_params=init_params,
+    name=name,
+  )

@@ -8,27 +8,56 @@ optimizers (a flat tree and FedAvg servers give the original method). ``μ = 0``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+import optax
+
 from fedtree.algorithms.hierfavg import hierfavg
 from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.data import FederatedData
+from fedtree.core.local import LocalSchedule
+from fedtree.core.model import Model
 from fedtree.core.topology import Topology
 from fedtree.objectives import fedprox_update
 
 
-def fedprox(*, mu: float, topology: Topology | None = None, name: str = "fedprox",
-            **hierfavg_kwargs) -> FederatedAlgorithm:
+def fedprox(
+  *,
+  model: Model,
+  data: FederatedData,
+  local_optimizer: optax.GradientTransformation,
+  schedule: LocalSchedule,
+  mu: float,
+  topology: Topology | None = None,
+  server_optimizers: optax.GradientTransformation | Sequence[optax.GradientTransformation] | None = None,
+  periods: int | Sequence[int] | None = None,
+  cohort_size: int | Sequence[int] | None = None,
+  chunk_size: int | str | None = "auto",
+  weighting: str = "examples",
+  compute_dtype: str | None = None,
+  init_params: Any = None,
+  name: str = "fedprox",
+) -> FederatedAlgorithm:
   """FedProx with proximal weight ``mu`` on ``topology`` (default flat).
 
   Args:
+    model, data, local_optimizer, schedule: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     mu: μ >= 0.
     topology: the tree (``None``: one server over all clients).
+    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params: as for
+      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    compute_dtype: mixed-precision local steps (``None``: the params' dtype).
     name: label for reports.
-    **hierfavg_kwargs: ``model, data, local_optimizer, schedule, server_optimizers, periods,
-      cohort_size, chunk_size, weighting`` as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
   """
-  model, data, schedule = (hierfavg_kwargs[k] for k in ("model", "data", "schedule"))
   topology = Topology.flat(data.num_clients) if topology is None else topology
   update = fedprox_update(
-    model, hierfavg_kwargs["local_optimizer"], mu=mu, batch_size=schedule.batch_size,
-    max_steps=schedule.max_steps(data.max_train),
+    model, local_optimizer, mu=mu, batch_size=schedule.batch_size,
+    max_steps=schedule.max_steps(data.max_train), compute_dtype=compute_dtype,
   )
-  return hierfavg(topology=topology, client_update=update, name=name, **hierfavg_kwargs)
+  return hierfavg(
+    model=model, topology=topology, data=data, local_optimizer=local_optimizer, schedule=schedule,
+    server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
+    chunk_size=chunk_size, weighting=weighting, client_update=update, init_params=init_params,
+    name=name,
+  )

@@ -13,6 +13,7 @@ period is ``κ2 = periods[0]``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +28,10 @@ from fedtree.core.algorithm import (
   broadcast_tree,
   client_weights,
   init_opt_states,
+  initial_params,
   local_training,
   per_level,
+  personal_models,
 )
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
@@ -38,6 +41,8 @@ from fedtree.core.sampling import cohort_sampler
 from fedtree.core.server import select_nodes, update_nodes
 from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
+
+PyTree = Any
 
 
 def check_periods(periods, depth: int) -> tuple[int, ...]:
@@ -74,9 +79,11 @@ def hierfavg(
   server_optimizers: optax.GradientTransformation | Sequence[optax.GradientTransformation] = None,
   periods: int | Sequence[int] | None = None,
   cohort_size: int | Sequence[int] | None = None,
-  chunk_size: int | None = None,
+  chunk_size: int | str | None = "auto",
   weighting: str = "examples",
+  compute_dtype: str | None = None,
   client_update: ClientUpdate | None = None,
+  init_params: PyTree | None = None,
   name: str = "hierfavg",
 ) -> FederatedAlgorithm:
   """HierFAVG / hierarchical FedOpt on ``topology``.
@@ -91,11 +98,15 @@ def hierfavg(
       ``0 .. depth-1`` (default FedAvg, ``sgd(1.0)``).
     periods: rounds between aggregations of levels ``0 .. depth-2``.
     cohort_size: clients sampled per leaf-parent node each round (``None``: all).
-    chunk_size: clients trained at once (memory bound); ``None``: the whole cohort.
+    chunk_size: clients trained at once (memory bound): an int, ``None`` (the whole cohort)
+      or ``"auto"`` (the per-backend default, :mod:`fedtree.core.tuning`).
     weighting: ``"examples"`` or ``"uniform"`` aggregation weights.
-    client_update: override the local training (default plain SGD by ``local_optimizer``);
-      its persistent per-client state (``client_update.init_state``) lives in
-      ``TreeState.client_state`` and only the clients that trained update it.
+    compute_dtype: mixed-precision default local training (``None``: the params' dtype).
+    client_update: the local objective (default plain SGD by ``local_optimizer``; see
+      :mod:`fedtree.objectives`); its persistent per-client state (``init_state``) lives in
+      ``TreeState.client_state``, only the clients that trained update it, and its
+      ``personal_models`` are scored as ``personal``.
+    init_params: the model to start every node from (default ``model.init(key)``).
     name: label for reports.
   """
   data.validate(topology)
@@ -106,16 +117,17 @@ def hierfavg(
   periods = check_periods(periods, depth)
   client_weights(jnp.zeros(1), weighting)  # validates the name early
   sampler = cohort_sampler(topology.parent(depth), cohort_size, chunk_size=chunk_size)
-  client_update = local_training(client_update, model, local_optimizer, schedule, data)
+  client_update = local_training(client_update, model, local_optimizer, schedule, data,
+                                 compute_dtype=compute_dtype)
   parents = [None] + [jnp.asarray(topology.parent(lv)) for lv in range(1, depth + 1)]
   ancestors = [jnp.asarray(topology.ancestor(lv)) for lv in range(depth)]
 
   def init(key):
-    init_params = model.init(key)
-    params = broadcast_tree(init_params, topology)
+    p0 = initial_params(model, key, init_params)
+    params = broadcast_tree(p0, topology)
     client_state = ()
     if client_update.init_state is not None:
-      client_state = client_update.init_state(init_params, topology.num_clients)
+      client_state = client_update.init_state(p0, topology.num_clients)
     return TreeState(
       round=jnp.zeros((), jnp.int32), params=params,
       opt_state=init_opt_states(server_optimizers, params), client_state=client_state,
@@ -167,7 +179,7 @@ def hierfavg(
     out = {"global": NodeModels(state.params[0], np.zeros(topology.num_clients, np.int32))}
     for lv in range(1, depth):
       out[f"level{lv}"] = NodeModels(state.params[lv], topology.ancestor(lv))
-    return out
+    return {**out, **personal_models(client_update, state.client_state)}
 
   return FederatedAlgorithm(init=init, round=round_fn, models=models, name=name)
 
@@ -180,15 +192,19 @@ def fedavg(
   schedule: LocalSchedule,
   server_optimizer: optax.GradientTransformation | None = None,
   cohort_size: int | None = None,
-  chunk_size: int | None = None,
+  chunk_size: int | str | None = "auto",
   weighting: str = "examples",
+  compute_dtype: str | None = None,
   client_update: ClientUpdate | None = None,
+  init_params: PyTree | None = None,
   name: str = "fedavg",
 ) -> FederatedAlgorithm:
-  """FedAvg (McMahan et al. 2017), or FedOpt with ``server_optimizer``: one server, one tier."""
+  """FedAvg (McMahan et al. 2017), or FedOpt with ``server_optimizer``: one server, one tier
+  (the arguments as :func:`hierfavg`'s)."""
   return hierfavg(
     model=model, topology=Topology.flat(data.num_clients), data=data,
     local_optimizer=local_optimizer, schedule=schedule,
     server_optimizers=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size,
-    weighting=weighting, client_update=client_update, name=name,
+    weighting=weighting, compute_dtype=compute_dtype, client_update=client_update,
+    init_params=init_params, name=name,
   )

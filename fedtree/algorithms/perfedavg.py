@@ -11,40 +11,71 @@ on a minibatch of its own training data, vectorized over all clients
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from fedtree.algorithms.hierfavg import hierfavg
 from fedtree.core.algorithm import FederatedAlgorithm, NodeModels
+from fedtree.core.data import FederatedData
 from fedtree.core.finetune import make_finetuner
 from fedtree.core.local import LocalSchedule
+from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.topology import Topology
 from fedtree.objectives import perfedavg_update
 
 
-def perfedavg(*, alpha: float, beta: float, variant: str = "fo", topology: Topology | None = None,
-              adapt_seed: int = 0, name: str = "perfedavg",
-              **hierfavg_kwargs) -> FederatedAlgorithm:
+def perfedavg(
+  *,
+  model: Model,
+  data: FederatedData,
+  schedule: LocalSchedule,
+  alpha: float,
+  beta: float,
+  variant: str = "fo",
+  adapt_seed: int = 0,
+  local_optimizer: optax.GradientTransformation | None = None,
+  topology: Topology | None = None,
+  server_optimizers: optax.GradientTransformation | Sequence[optax.GradientTransformation] | None = None,
+  periods: int | Sequence[int] | None = None,
+  cohort_size: int | Sequence[int] | None = None,
+  chunk_size: int | str | None = "auto",
+  weighting: str = "examples",
+  compute_dtype: str | None = None,
+  init_params: Any = None,
+  name: str = "perfedavg",
+) -> FederatedAlgorithm:
   """Per-FedAvg on ``topology`` (default flat).
 
   Args:
+    model, data, schedule: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     alpha: α > 0, the inner (adaptation) rate.
     beta: β > 0, the outer (meta) rate.
     variant: ``"fo"`` or ``"hf"``.
-    topology: the tree (``None``: flat).
     adapt_seed: seed of the evaluation-time adaptation minibatches (folded with the round).
+    local_optimizer: unused (Per-FedAvg's steps are its own); accepted so that every
+      HierFAVG-based factory takes the same arguments.
+    topology: the tree (``None``: flat).
+    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params: as for
+      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    compute_dtype: mixed-precision MAML steps (``None``: the params' dtype).
     name: label for reports.
-    **hierfavg_kwargs: as for :func:`~fedtree.algorithms.hierfavg.hierfavg` (the
-      ``local_optimizer`` is unused).
   """
-  model, data, schedule = (hierfavg_kwargs[k] for k in ("model", "data", "schedule"))
   topology = Topology.flat(data.num_clients) if topology is None else topology
   update = perfedavg_update(model, alpha=alpha, beta=beta, variant=variant,
                             batch_size=schedule.batch_size,
-                            max_steps=schedule.max_steps(data.max_train))
-  inner = hierfavg(topology=topology, client_update=update, name=name, **hierfavg_kwargs)
+                            max_steps=schedule.max_steps(data.max_train), compute_dtype=compute_dtype)
+  inner = hierfavg(
+    model=model, topology=topology, data=data, local_optimizer=local_optimizer, schedule=schedule,
+    server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
+    chunk_size=chunk_size, weighting=weighting, client_update=update, init_params=init_params,
+    name=name,
+  )
   adapt = make_finetuner(model, LocalSchedule(batch_size=schedule.batch_size, epochs=None, steps=1),
                          max_train=data.max_train, evaluate=False)
   leaf_parent = jnp.asarray(topology.ancestor(topology.depth - 1), jnp.int32)

@@ -13,41 +13,72 @@ models and ``personal``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import optax
 
 from fedtree.algorithms.hierfavg import hierfavg
-from fedtree.core.algorithm import FederatedAlgorithm, with_personal_models
+from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.checks import check_positive
+from fedtree.core.data import FederatedData
+from fedtree.core.local import LocalSchedule
+from fedtree.core.model import Model
 from fedtree.core.topology import Topology
 from fedtree.objectives.moreau import pfedme_update
 
 
-def pfedme(*, lam: float, inner_steps: int, personal_lr: float, beta: float = 1.0,
-           learning_rate: float, topology: Topology | None = None, server_optimizers=None,
-           name: str = "pfedme", **hierfavg_kwargs) -> FederatedAlgorithm:
+def pfedme(
+  *,
+  model: Model,
+  data: FederatedData,
+  schedule: LocalSchedule,
+  lam: float,
+  inner_steps: int,
+  personal_lr: float,
+  learning_rate: float,
+  beta: float = 1.0,
+  local_optimizer: optax.GradientTransformation | None = None,
+  topology: Topology | None = None,
+  server_optimizers: optax.GradientTransformation | Sequence[optax.GradientTransformation] | None = None,
+  periods: int | Sequence[int] | None = None,
+  cohort_size: int | Sequence[int] | None = None,
+  chunk_size: int | str | None = "auto",
+  weighting: str = "examples",
+  compute_dtype: str | None = None,
+  init_params: Any = None,
+  name: str = "pfedme",
+) -> FederatedAlgorithm:
   """pFedMe on ``topology`` (default flat).
 
   Args:
+    model, data, schedule: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     lam: λ > 0 of the Moreau envelope.
     inner_steps: K inner steps per local round.
     personal_lr: rate of the inner steps.
-    beta: β > 0, the server's mixing (``β = 1``: FedAvg of the ``w_i``).
     learning_rate: η, the clients' rate of ``w``.
+    beta: β > 0, the server's mixing (``β = 1``: FedAvg of the ``w_i``).
+    local_optimizer: unused (pFedMe's steps are its own); accepted so that every
+      HierFAVG-based factory takes the same arguments.
     topology: the tree (``None``: flat).
     server_optimizers: override (default FedAvg above, ``sgd(β)`` at the leaf parents).
+    periods, cohort_size, chunk_size, weighting, init_params: as for
+      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    compute_dtype: mixed-precision inner steps (``None``: the params' dtype).
     name: label for reports.
-    **hierfavg_kwargs: as for :func:`~fedtree.algorithms.hierfavg.hierfavg` (the
-      ``local_optimizer`` is unused: pFedMe's steps are its own).
   """
   check_positive(beta=beta)
-  model, data, schedule = (hierfavg_kwargs[k] for k in ("model", "data", "schedule"))
   topology = Topology.flat(data.num_clients) if topology is None else topology
   update = pfedme_update(
     model, lam=lam, inner_steps=inner_steps, personal_lr=personal_lr, learning_rate=learning_rate,
     batch_size=schedule.batch_size, max_steps=schedule.max_steps(data.max_train),
+    compute_dtype=compute_dtype,
   )
   if server_optimizers is None:
     server_optimizers = (optax.sgd(1.0),) * (topology.depth - 1) + (optax.sgd(beta),)
-  inner = hierfavg(topology=topology, client_update=update, server_optimizers=server_optimizers,
-                   name=name, **hierfavg_kwargs)
-  return with_personal_models(inner, "personal", lambda state: state.client_state.personal)
+  return hierfavg(
+    model=model, topology=topology, data=data, local_optimizer=local_optimizer, schedule=schedule,
+    server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
+    chunk_size=chunk_size, weighting=weighting, client_update=update, init_params=init_params,
+    name=name,
+  )

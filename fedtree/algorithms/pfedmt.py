@@ -30,12 +30,14 @@ iteration), ``team`` (``w_i`` after the last team iteration) and ``global`` (GM,
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, client_weights
+from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, client_weights, initial_params
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
@@ -76,8 +78,10 @@ def pfedmt(
   beta: float = 1.0,
   team_iters: int = 30,
   weighting: str = "examples",
-  chunk_size: int | None = None,
+  chunk_size: int | str | None = "auto",
+  compute_dtype: str | None = None,
   client_update: ClientUpdate | None = None,
+  init_params: Any = None,
   name: str = "pfedmt",
 ) -> FederatedAlgorithm:
   """pFedMT on a root → teams → devices ``topology`` (depth 2).
@@ -94,8 +98,14 @@ def pfedmt(
     beta: ``β``, the global learning rate.
     team_iters: ``K`` team iterations per global round.
     weighting: ``"examples"`` (paper) or ``"uniform"`` (authors' code) for ``δ`` and ``τ``.
-    chunk_size: devices trained at once (memory bound); ``None``: all.
-    client_update: override the device step (default :func:`fedtree.objectives.moreau.moreau_client_update`).
+    chunk_size: devices trained at once (memory bound); ``None``: all; ``"auto"``: the
+      per-backend default.
+    compute_dtype: mixed-precision device steps (``None``: the params' dtype).
+    client_update: override the device step (default
+      :func:`fedtree.objectives.moreau.moreau_client_update`); its state must be the device's
+      personalized model (``personal_models`` is the identity), so Ditto's, pFedMe's and ALO's
+      structured states are refused.
+    init_params: the model to start from (default ``model.init(key)``).
     name: label for reports.
 
   Raises:
@@ -119,12 +129,23 @@ def pfedmt(
   if client_update is None:
     client_update = moreau_client_update(
       model, learning_rate=learning_rate, lam=lam, batch_size=schedule.batch_size,
-      max_steps=schedule.max_steps(data.max_train),
+      max_steps=schedule.max_steps(data.max_train), compute_dtype=compute_dtype,
+    )
+  elif compute_dtype is not None:
+    raise ValueError(
+      f"compute_dtype={compute_dtype!r} configures pFedMT's default device step; with an explicit "
+      f"client_update, pass compute_dtype to the objective's factory instead"
+    )
+  elif client_update.init_state is not None and client_update.personal_models is None:
+    raise ValueError(
+      "pfedmt: the client update keeps a state that is not a model (it declares no personal_models), "
+      "but pFedMT's device state is the personalized model it reports; use a stateless objective, "
+      "moreau_client_update, or one built with persistent=True"
     )
   team_iters = int(team_iters)
 
   def init(key):
-    x = model.init(key)
+    x = initial_params(model, key, init_params)
     stack = lambda n: jax.tree.map(lambda p: jnp.broadcast_to(p, (n,) + p.shape), x)
     return PFedMTState(round=jnp.zeros((), jnp.int32), params=x, team_params=stack(num_teams),
                        client_state=stack(topology.num_clients))

@@ -18,7 +18,7 @@ import optax
 from flax import struct
 
 from fedtree.core.data import FederatedData
-from fedtree.core.local import ClientUpdate, LocalSchedule, sgd_client_update
+from fedtree.core.local import ClientUpdate, LocalSchedule, check_client_update, sgd_client_update, stack
 from fedtree.core.model import Model
 from fedtree.core.topology import Topology
 
@@ -77,11 +77,6 @@ def per_level(value, depth: int, name: str) -> tuple:
   return (value,) * depth
 
 
-def stack(params: PyTree, n: int) -> PyTree:
-  """``params`` repeated for ``n`` nodes or clients: every leaf ``[n, ...]``."""
-  return jax.tree.map(lambda p: jnp.broadcast_to(p, (n,) + jnp.shape(p)), params)
-
-
 def broadcast_tree(init_params: PyTree, topology: Topology) -> tuple:
   """The same model at every node of every server level: ``params[l]`` is ``[N_l, ...]``."""
   return tuple(stack(init_params, topology.num_nodes(lv)) for lv in range(topology.depth))
@@ -93,21 +88,43 @@ def init_opt_states(optimizers: Sequence[optax.GradientTransformation], params: 
 
 def local_training(
   client_update: ClientUpdate | None, model: Model, local_optimizer: optax.GradientTransformation,
-  schedule: LocalSchedule, data: FederatedData, *, stateless_for: str | None = None,
+  schedule: LocalSchedule, data: FederatedData, *, compute_dtype=None, stateless_for: str | None = None,
 ) -> ClientUpdate:
-  """``client_update``, or by default plain SGD local training for ``schedule`` on ``data``.
+  """``client_update``, or by default plain SGD local training for ``schedule`` on ``data``
+  (mixed precision in ``compute_dtype`` when given).
 
-  With ``stateless_for`` (the algorithm's name), an update that keeps per-client state is
+  ``compute_dtype`` configures the default update only: an explicit ``client_update`` with a
+  ``compute_dtype`` is refused (build the objective with its own ``compute_dtype``). With
+  ``stateless_for`` (the algorithm's name), an update that keeps per-client state is
   refused: in those algorithms clients hold nothing but the model they receive.
   """
   if client_update is None:
     client_update = sgd_client_update(
       model, local_optimizer, batch_size=schedule.batch_size,
-      max_steps=schedule.max_steps(data.max_train),
+      max_steps=schedule.max_steps(data.max_train), compute_dtype=compute_dtype,
     )
-  if stateless_for is not None and client_update.init_state is not None:
-    raise ValueError(f"{stateless_for}: the client update must be stateless")
+  elif compute_dtype is not None:
+    raise ValueError(
+      f"compute_dtype={compute_dtype!r} configures the default local training; with an explicit "
+      f"client_update, pass compute_dtype to the objective's factory instead"
+    )
+  if stateless_for is not None:
+    check_client_update(client_update, stateless_for, own_model=False, stateless=True)
   return client_update
+
+
+def initial_params(model: Model, key: jax.Array, init_params: PyTree | None) -> PyTree:
+  """``init_params`` when given (a pytree to start from), else ``model.init(key)``."""
+  return model.init(key) if init_params is None else init_params
+
+
+def personal_models(client_update: ClientUpdate, client_state) -> dict[str, NodeModels]:
+  """``{"personal": NodeModels}`` when ``client_update`` declares personal models, else ``{}``."""
+  if client_update.personal_models is None:
+    return {}
+  personal = client_update.personal_models(client_state)
+  num_clients = jax.tree.leaves(personal)[0].shape[0]
+  return {"personal": NodeModels(personal, np.arange(num_clients, dtype=np.int32))}
 
 
 def client_weights(n_train: jax.Array, weighting: str) -> jax.Array:

@@ -236,6 +236,24 @@ def cast_floating(tree: PyTree, dtype) -> PyTree:
   )
 
 
+def make_data_loss(model: Model, compute_dtype=None) -> Callable[[PyTree, Batch, jax.Array], jax.Array]:
+  """``loss(params, batch, rng)``: :func:`data_loss`, in ``compute_dtype`` when given.
+
+  With ``compute_dtype`` (e.g. ``"bfloat16"``) the forward and backward passes run on params
+  and inputs cast to that dtype while the loss (and so every gradient taken through the
+  cast) stays in the params' dtype: the mixed precision every objective shares.
+  """
+  dtype = check_compute_dtype(compute_dtype)
+  if dtype is None:
+    return lambda params, batch, rng: data_loss(model, params, batch, rng)
+
+  def loss(params, batch: Batch, rng):
+    low = batch._replace(x=cast_floating(batch.x, dtype))
+    return data_loss(model, cast_floating(params, dtype), low, rng).astype(jnp.float32)
+
+  return loss
+
+
 def make_sgd_step(
   model: Model, optimizer: optax.GradientTransformation, regularizer: Regularizer | None = None,
   *, compute_dtype=None,
@@ -248,14 +266,10 @@ def make_sgd_step(
   the optimizer sees and the loss stay in the params' dtype (mixed precision; the cast's
   gradient brings the update back to float32).
   """
-  dtype = check_compute_dtype(compute_dtype)
+  loss_fn = make_data_loss(model, compute_dtype)
 
   def objective(params, anchor, batch, rng):
-    if dtype is not None:
-      low = batch._replace(x=cast_floating(batch.x, dtype))
-      loss = data_loss(model, cast_floating(params, dtype), low, rng).astype(jnp.float32)
-    else:
-      loss = data_loss(model, params, batch, rng)
+    loss = loss_fn(params, batch, rng)
     total = loss if regularizer is None else loss + regularizer(params, anchor)
     return total, loss
 
@@ -282,17 +296,70 @@ def proximal(mu: float) -> Regularizer:
 
 # ------------------------------------------------------------------------ client updates
 class ClientUpdate(NamedTuple):
-  """What one client does in a round, vmapped over a cohort by :mod:`fedtree.core.tier`.
+  """What one client does in a round, vmapped over a cohort by :mod:`fedtree.core.tier`,
+  and the contract it offers the algorithm that runs it.
 
   ``apply(anchor, state, data, num_steps, key) -> (params, state, loss)``: ``anchor`` is the
   model received from the parent, ``state`` the client's persistent state (any pytree, ``()``
   when stateless), ``params`` the model sent up, ``loss`` the mean local training loss.
   ``init_state(init_params, num_clients) -> state [C, ...]`` builds the stacked persistent
   state of every client (``None``: stateless, the state is ``()``).
+
+  The contract (checked by the algorithms at construction, :func:`check_client_update`):
+
+  * ``starts_from_own_model``: the persistent state *is* the client's own model (a params
+    pytree) and training starts from it, the anchor being only what a regularizer pulls
+    towards. B-HFL needs exactly this (its clients keep their models across rounds); the
+    algorithms whose clients hold nothing but the model they receive refuse it.
+  * ``personal_models``: ``state [C, ...] -> params [C, ...]``, the personal models the
+    objective adds to the algorithm's ``models()`` (as ``"personal"``; ``None``: none).
   """
 
   apply: Callable[..., tuple[PyTree, PyTree, jax.Array]]
   init_state: Callable[[PyTree, int], PyTree] | None = None
+  starts_from_own_model: bool = False
+  personal_models: Callable[[PyTree], PyTree] | None = None
+
+
+def stack(params: PyTree, n: int) -> PyTree:
+  """``params`` repeated for ``n`` nodes or clients: every leaf ``[n, ...]``."""
+  return jax.tree.map(lambda p: jnp.broadcast_to(p, (n,) + jnp.shape(p)), params)
+
+
+def check_client_update(
+  client_update: ClientUpdate, algorithm: str, *, own_model: bool | None = None, stateless: bool = False,
+) -> ClientUpdate:
+  """``client_update`` if ``algorithm`` can run it, else a ``ValueError`` that says why.
+
+  Args:
+    client_update: the objective.
+    algorithm: the algorithm's name (for the message).
+    own_model: ``True``: the algorithm's clients keep their own models, so the update must
+      start from it (``starts_from_own_model``); ``False``: clients start from the model they
+      receive, so it must not; ``None``: either.
+    stateless: the algorithm's clients keep no state at all.
+  """
+  if stateless and client_update.init_state is not None:
+    raise ValueError(
+      f"{algorithm}: the client update must be stateless: it keeps per-client state (a personal, "
+      f"private or own model), but {algorithm}'s clients hold nothing but the model they receive; "
+      f"use a stateless objective (plain SGD, FedProx, Per-FedAvg)"
+    )
+  own = bool(client_update.starts_from_own_model)
+  if own_model is True and not own:
+    raise ValueError(
+      f"{algorithm}: the client update starts from the downloaded model, but {algorithm}'s clients "
+      f"train their own persistent models; use an objective built with persistent=True "
+      f"(sgd_client_update / fedprox_update); Ditto, pFedMe, Per-FedAvg, ALO and the Moreau step "
+      f"start from the downloaded model and cannot run under {algorithm}"
+    )
+  if own_model is False and own:
+    raise ValueError(
+      f"{algorithm}: the client update starts from the client's own persistent model "
+      f"(persistent=True), but {algorithm}'s clients start from the model they receive; "
+      f"build it with persistent=False"
+    )
+  return client_update
 
 
 def sgd_client_update(
@@ -308,9 +375,10 @@ def sgd_client_update(
   """Plain local training (FedAvg; FedProx with ``regularizer=proximal(mu)``).
 
   By default a client starts from the anchor (its parent's model) and keeps no state. With
-  ``persistent=True`` its state is its own model: it starts from it, the anchor is only what
-  ``regularizer`` pulls towards, and the trained model is both sent up and kept (B-HFL's
-  clients). ``compute_dtype`` (e.g. ``"bfloat16"``): mixed-precision local steps, see
+  ``persistent=True`` its state is its own model (``starts_from_own_model``, also its
+  ``personal_models``): it starts from it, the anchor is only what ``regularizer`` pulls
+  towards, and the trained model is both sent up and kept (B-HFL's clients).
+  ``compute_dtype`` (e.g. ``"bfloat16"``): mixed-precision local steps, see
   :func:`make_sgd_step`.
   """
   step = make_sgd_step(model, optimizer, regularizer, compute_dtype=compute_dtype)
@@ -323,4 +391,7 @@ def sgd_client_update(
     )
     return carry.params, (carry.params if persistent else state), loss
 
-  return ClientUpdate(apply=apply)
+  if not persistent:
+    return ClientUpdate(apply=apply)
+  return ClientUpdate(apply=apply, init_state=stack, starts_from_own_model=True,
+                      personal_models=lambda state: state)

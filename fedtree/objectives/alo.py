@@ -32,15 +32,17 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from fedtree.core.algorithm import stack
 from fedtree.core.checks import check_nonnegative
 from fedtree.core.local import (
   Batch,
   ClientData,
   ClientUpdate,
   SGDCarry,
+  cast_floating,
+  check_compute_dtype,
   make_sgd_step,
   run_local_steps,
+  stack,
 )
 from fedtree.core.model import Model, masked_cross_entropy
 from fedtree.core.rng import stream
@@ -81,15 +83,21 @@ class ALOCarry:
   private: PyTree
 
 
-def make_alo_step(model: Model, optimizer: optax.GradientTransformation, *, mu: float, lam: float):
-  """A step of ``optimizer`` on :func:`alo_loss`: ``step(ALOCarry, batch, rng) -> (carry, CE)``."""
+def make_alo_step(model: Model, optimizer: optax.GradientTransformation, *, mu: float, lam: float,
+                  compute_dtype=None):
+  """A step of ``optimizer`` on :func:`alo_loss`: ``step(ALOCarry, batch, rng) -> (carry, CE)``
+  (both models' forward passes in ``compute_dtype`` when given; the loss in float32)."""
   check_alo(mu, lam)
+  dtype = check_compute_dtype(compute_dtype)
 
   def objective(params, private, batch: Batch, rng):
+    if dtype is not None:
+      params, private = cast_floating(params, dtype), cast_floating(private, dtype)
+      batch = batch._replace(x=cast_floating(batch.x, dtype))
     logits = model.apply(params, batch.x, train=True, rng=rng)
     private_logits = model.apply(private, batch.x, train=False)
     total = alo_loss(logits, private_logits, batch.y, batch.mask, mu=mu, lam=lam)
-    return total, masked_cross_entropy(logits, batch.y, batch.mask)
+    return total, masked_cross_entropy(logits.astype(jnp.float32), batch.y, batch.mask)
 
   def step(carry: ALOCarry, batch: Batch, rng):
     grads, ce = jax.grad(objective, has_aux=True)(carry.params, carry.private, batch, rng)
@@ -120,6 +128,7 @@ def alo_update(
   max_steps: int,
   private_optimizer: optax.GradientTransformation | None = None,
   private_steps: int | None = None,
+  compute_dtype=None,
 ) -> ClientUpdate:
   """ALO's client: train the private model ``ψ_p`` with cross-entropy, then the downloaded
   model on ``L_ls + λ L_adv`` against it; send the latter up (see the module docstring).
@@ -133,13 +142,17 @@ def alo_update(
     max_steps: static scan length of the global-model training.
     private_optimizer: optimizer of ``ψ_p`` (default ``optimizer``).
     private_steps: steps of ``ψ_p`` per round (default: the client's own step count).
+    compute_dtype: mixed-precision local steps (``None``: the params' dtype).
+
+  The private models are adversaries, not personalized models: the update declares no
+  ``personal_models`` (FedKWS-UI scores the global model only, as the paper).
   """
   check_alo(mu, lam)
   if private_steps is not None and int(private_steps) < 0:
     raise ValueError(f"ALO private_steps={private_steps} must be >= 0")
   private_optimizer = optimizer if private_optimizer is None else private_optimizer
-  private_step = make_sgd_step(model, private_optimizer)
-  global_step = make_alo_step(model, optimizer, mu=mu, lam=lam)
+  private_step = make_sgd_step(model, private_optimizer, compute_dtype=compute_dtype)
+  global_step = make_alo_step(model, optimizer, mu=mu, lam=lam, compute_dtype=compute_dtype)
   private_max = max_steps if private_steps is None else int(private_steps)
 
   def apply(anchor, state: ALOState, data: ClientData, num_steps, key):

@@ -11,9 +11,16 @@ from typing import Any
 import optax
 from flax import struct
 
-from fedtree.core.algorithm import stack
 from fedtree.core.checks import check_nonnegative
-from fedtree.core.local import ClientData, ClientUpdate, SGDCarry, make_sgd_step, proximal, run_local_steps
+from fedtree.core.local import (
+  ClientData,
+  ClientUpdate,
+  SGDCarry,
+  make_sgd_step,
+  proximal,
+  run_local_steps,
+  stack,
+)
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
 
@@ -39,6 +46,7 @@ def ditto_update(
   batch_size: int,
   max_steps: int,
   personal_optimizer: optax.GradientTransformation | None = None,
+  compute_dtype=None,
 ) -> ClientUpdate:
   """Ditto: plain local training of the model sent up, and the personal model ``v_i`` trained
   on ``f_i(v) + (λ/2)‖v - Θ‖²`` towards the downloaded ``Θ`` (same number of steps).
@@ -50,11 +58,14 @@ def ditto_update(
     batch_size: minibatch size.
     max_steps: static scan length.
     personal_optimizer: optimizer of ``v_i`` (default ``optimizer``).
+    compute_dtype: mixed-precision local steps of both models (``None``: the params' dtype).
+
+  The personal models ``v_i`` are the update's ``personal_models``.
   """
   check_nonnegative(lam=lam)
   personal_optimizer = optimizer if personal_optimizer is None else personal_optimizer
-  global_step = make_sgd_step(model, optimizer)
-  personal_step = make_sgd_step(model, personal_optimizer, proximal(lam))
+  global_step = make_sgd_step(model, optimizer, compute_dtype=compute_dtype)
+  personal_step = make_sgd_step(model, personal_optimizer, proximal(lam), compute_dtype=compute_dtype)
 
   def apply(anchor, state: DittoState, data: ClientData, num_steps, key):
     carry = SGDCarry(params=anchor, opt_state=optimizer.init(anchor), anchor=anchor)
@@ -73,4 +84,4 @@ def ditto_update(
   def init_state(params, num_clients):
     return DittoState(personal=stack(params, num_clients))
 
-  return ClientUpdate(apply=apply, init_state=init_state)
+  return ClientUpdate(apply=apply, init_state=init_state, personal_models=lambda state: state.personal)

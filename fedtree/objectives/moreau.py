@@ -24,9 +24,17 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fedtree.core.algorithm import stack
 from fedtree.core.checks import check_nonnegative, check_positive
-from fedtree.core.local import Batch, ClientData, ClientUpdate, data_loss, proximal, run_local_steps
+from fedtree.core.local import (
+  Batch,
+  ClientData,
+  ClientUpdate,
+  data_loss,
+  make_data_loss,
+  proximal,
+  run_local_steps,
+  stack,
+)
 from fedtree.core.model import Model
 
 PyTree = Any
@@ -36,7 +44,7 @@ MoreauSolver = Callable[[PyTree, PyTree, Batch, jax.Array], tuple[PyTree, jax.Ar
 
 
 def moreau_solver(
-  model: Model, *, lam: float, inner_steps: int, personal_lr: float
+  model: Model, *, lam: float, inner_steps: int, personal_lr: float, compute_dtype=None
 ) -> MoreauSolver:
   """Approximate prox of the minibatch loss: ``θ̂ ≈ argmin_θ f(θ; batch) + (λ/2)‖θ - w‖²``.
 
@@ -44,7 +52,9 @@ def moreau_solver(
   runs ``inner_steps`` gradient steps ``θ ← θ - personal_lr (∇f(θ; batch) + λ (θ - w))``
   from ``theta`` on one minibatch. pFedMe calls it with ``K`` inner steps; pFedMT's device
   step ``θ ← θ - α∇f(θ) - αλ(θ - w)`` is exactly one inner step with ``personal_lr = α``.
+  ``compute_dtype``: the loss's forward/backward in that dtype (mixed precision).
   """
+  loss_fn = make_data_loss(model, compute_dtype)
   check_nonnegative(lam=lam)
   check_positive(personal_lr=personal_lr)
   if int(inner_steps) < 1:
@@ -53,9 +63,7 @@ def moreau_solver(
 
   def solve(theta, w, batch: Batch, rng):
     def body(th, k):
-      loss, g = jax.value_and_grad(data_loss, argnums=1)(
-        model, th, batch, jax.random.fold_in(rng, k)
-      )
+      loss, g = jax.value_and_grad(loss_fn)(th, batch, jax.random.fold_in(rng, k))
       th = jax.tree.map(lambda t, gg, ww: t - personal_lr * (gg + lam * (t - ww)), th, g, w)
       return th, loss
 
@@ -92,6 +100,7 @@ def pfedme_update(
   learning_rate: float,
   batch_size: int,
   max_steps: int,
+  compute_dtype=None,
 ) -> ClientUpdate:
   """pFedMe's client: every local round (a step of the schedule) solves the Moreau problem
   on a minibatch with :func:`moreau_solver`, then ``w ← w - η λ (w - θ̂)``; sends ``w`` up.
@@ -104,9 +113,13 @@ def pfedme_update(
     learning_rate: η, the local learning rate of ``w``.
     batch_size: minibatch size.
     max_steps: static scan length (the schedule gives R local rounds).
+    compute_dtype: mixed-precision inner steps (``None``: the params' dtype).
+
+  The personal models ``θ̂_i`` are the update's ``personal_models``.
   """
   check_positive(lam=lam, learning_rate=learning_rate)
-  solve = moreau_solver(model, lam=lam, inner_steps=inner_steps, personal_lr=personal_lr)
+  solve = moreau_solver(model, lam=lam, inner_steps=inner_steps, personal_lr=personal_lr,
+                        compute_dtype=compute_dtype)
 
   def step(carry: PFedMeCarry, batch: Batch, rng):
     theta, loss = solve(carry.theta, carry.w, batch, rng)
@@ -127,7 +140,7 @@ def pfedme_update(
   def init_state(params, num_clients):
     return PFedMeState(personal=stack(params, num_clients))
 
-  return ClientUpdate(apply=apply, init_state=init_state)
+  return ClientUpdate(apply=apply, init_state=init_state, personal_models=lambda state: state.personal)
 
 
 @struct.dataclass
@@ -143,13 +156,14 @@ class MoreauCarry:
   anchor: PyTree
 
 
-def moreau_step(model: Model, *, learning_rate: float, lam: float):
+def moreau_step(model: Model, *, learning_rate: float, lam: float, compute_dtype=None):
   """``θ ← θ - α ∇f(θ; batch) - α λ (θ - w)`` as a :data:`fedtree.core.local.StepFn`.
 
   Args:
     model: the model whose masked cross-entropy is ``f``.
     learning_rate: ``α`` (> 0).
     lam: ``λ`` (>= 0), the Moreau-envelope regularization.
+    compute_dtype: mixed-precision steps (``None``: the params' dtype).
 
   Returns:
     ``step(carry: MoreauCarry, batch, rng) -> (carry, data loss)``.
@@ -157,7 +171,8 @@ def moreau_step(model: Model, *, learning_rate: float, lam: float):
   Raises:
     ValueError: ``learning_rate <= 0`` or ``lam < 0``.
   """
-  solve = moreau_solver(model, lam=lam, inner_steps=1, personal_lr=learning_rate)
+  solve = moreau_solver(model, lam=lam, inner_steps=1, personal_lr=learning_rate,
+                        compute_dtype=compute_dtype)
 
   def step(carry: MoreauCarry, batch: Batch, rng: jax.Array):
     params, loss = solve(carry.params, carry.anchor, batch, rng)
@@ -167,14 +182,16 @@ def moreau_step(model: Model, *, learning_rate: float, lam: float):
 
 
 def moreau_client_update(
-  model: Model, *, learning_rate: float, lam: float, batch_size: int, max_steps: int
+  model: Model, *, learning_rate: float, lam: float, batch_size: int, max_steps: int,
+  compute_dtype=None,
 ) -> ClientUpdate:
   """A device that starts from the received model ``w`` and takes :func:`moreau_step` steps.
 
-  The client state is the device's personalized model (PM): it is overwritten by the model
-  after the last local step (pass ``client_state=`` stacked params to ``train_cohort``).
+  The client state is the device's personalized model (PM, stacked ``[C, ...]`` by
+  ``init_state``, and the update's ``personal_models``): it is overwritten by the model after
+  the last local step.
   """
-  step = moreau_step(model, learning_rate=learning_rate, lam=lam)
+  step = moreau_step(model, learning_rate=learning_rate, lam=lam, compute_dtype=compute_dtype)
 
   def apply(anchor, state, data: ClientData, num_steps, key):
     del state
@@ -184,7 +201,7 @@ def moreau_client_update(
     )
     return carry.params, carry.params, loss
 
-  return ClientUpdate(apply=apply)
+  return ClientUpdate(apply=apply, init_state=stack, personal_models=lambda state: state)
 
 
 def moreau_objective(model: Model, params: PyTree, anchor: PyTree, batch: Batch, *, lam: float,

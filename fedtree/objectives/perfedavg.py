@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from fedtree.core.checks import check_positive
-from fedtree.core.local import Batch, ClientData, ClientUpdate, batch_at, data_loss, run_local_steps
+from fedtree.core.local import Batch, ClientData, ClientUpdate, batch_at, make_data_loss, run_local_steps
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
 
@@ -29,28 +29,31 @@ PERFEDAVG_VARIANTS = ("fo", "hf")
 
 
 def perfedavg_step(
-  model: Model, data: ClientData, *, alpha: float, beta: float, variant: str, batch_size: int
+  model: Model, data: ClientData, *, alpha: float, beta: float, variant: str, batch_size: int,
+  compute_dtype=None,
 ) -> Callable:
   """One Per-FedAvg step on client ``data``: ``step(w, batch, rng) -> (w, loss)``.
 
   ``w̃ = w - α ∇f(w; batch)``; FO: ``w ← w - β ∇f(w̃; D')``; HF: ``w ← w - β (∇f(w̃; D') -
   α ∇²f(w; D'') ∇f(w̃; D'))``. ``D'`` and ``D''`` are fresh random minibatches of ``data``.
+  ``compute_dtype``: every loss in that dtype (mixed precision).
   """
   if variant not in PERFEDAVG_VARIANTS:
     raise ValueError(f"Per-FedAvg variant={variant!r}; choose one of {PERFEDAVG_VARIANTS}")
   check_positive(alpha=alpha, beta=beta)
+  loss_fn = make_data_loss(model, compute_dtype)
 
   def step(w, batch: Batch, rng):
-    loss, g1 = jax.value_and_grad(data_loss, argnums=1)(model, w, batch, stream(rng, "inner"))
+    loss, g1 = jax.value_and_grad(loss_fn)(w, batch, stream(rng, "inner"))
     w_tilde = tree_sub_scaled(w, g1, alpha)
     b2 = batch_at(stream(rng, "outer_batch"), data, jnp.zeros((), jnp.int32), batch_size)
-    g2 = jax.grad(data_loss, argnums=1)(model, w_tilde, b2, stream(rng, "outer"))
+    g2 = jax.grad(loss_fn)(w_tilde, b2, stream(rng, "outer"))
     if variant == "hf":
       b3 = batch_at(stream(rng, "hessian_batch"), data, jnp.zeros((), jnp.int32), batch_size)
       h_rng = stream(rng, "hessian")
 
       def grad_at(p):
-        return jax.grad(data_loss, argnums=1)(model, p, b3, h_rng)
+        return jax.grad(loss_fn)(p, b3, h_rng)
 
       _, hvp = jax.jvp(grad_at, (w,), (g2,))
       g2 = tree_sub_scaled(g2, hvp, alpha)
@@ -60,16 +63,17 @@ def perfedavg_step(
 
 
 def perfedavg_update(
-  model: Model, *, alpha: float, beta: float, variant: str = "fo", batch_size: int, max_steps: int
+  model: Model, *, alpha: float, beta: float, variant: str = "fo", batch_size: int, max_steps: int,
+  compute_dtype=None,
 ) -> ClientUpdate:
   """Per-FedAvg's client: ``num_steps`` MAML steps (:func:`perfedavg_step`) from the
-  downloaded model; the result is sent up."""
+  downloaded model; the result is sent up (``compute_dtype``: mixed precision)."""
   perfedavg_step(model, ClientData(None, None, None), alpha=alpha, beta=beta, variant=variant,
-                 batch_size=batch_size)  # validates now, not at trace time
+                 batch_size=batch_size, compute_dtype=compute_dtype)  # validates now, not at trace time
 
   def apply(anchor, state, data: ClientData, num_steps, key):
     step = perfedavg_step(model, data, alpha=alpha, beta=beta, variant=variant,
-                          batch_size=batch_size)
+                          batch_size=batch_size, compute_dtype=compute_dtype)
     w, loss = run_local_steps(step, anchor, data, num_steps, key, batch_size=batch_size,
                               max_steps=max_steps)
     return w, state, loss

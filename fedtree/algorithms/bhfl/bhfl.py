@@ -71,6 +71,7 @@ from fedtree.core.algorithm import (
   FederatedAlgorithm,
   NodeModels,
   client_weights,
+  initial_params,
   per_level,
 )
 from fedtree.core.data import FederatedData
@@ -79,6 +80,7 @@ from fedtree.core.local import (
   ClientUpdate,
   LocalSchedule,
   SGDCarry,
+  check_client_update,
   make_sgd_step,
   run_local_steps,
   sgd_client_update,
@@ -263,9 +265,11 @@ def bhfl(
   down_optimizers: optax.GradientTransformation | Sequence | None = None,
   periods=None,
   cohort_size: int | Sequence[int] | None = None,
-  chunk_size: int | None = None,
+  chunk_size: int | str | None = "auto",
   weighting: str = "examples",
+  compute_dtype: str | None = None,
   client_update: ClientUpdate | None = None,
+  init_params: PyTree | None = None,
   proxy: Mapping[int, ProxyData] | None = None,
   proxy_optimizer: optax.GradientTransformation | None = None,
   proxy_schedule: LocalSchedule | None = None,
@@ -292,10 +296,15 @@ def bhfl(
       ``1..depth`` (clients last; default ``sgd(1.0)``, full replacement).
     periods: ``T_n`` (see :func:`check_node_periods`); default 1.
     cohort_size: clients sampled per edge server each round (``None``: all).
-    chunk_size: clients trained at once; ``None``: the whole cohort.
+    chunk_size: clients trained at once; ``None``: the whole cohort; ``"auto"``: the
+      per-backend default.
     weighting: ``"examples"`` or ``"uniform"`` weights of children (by their subtrees).
-    client_update: must start from the client state (default
-      :func:`fedtree.core.local.sgd_client_update` with ``persistent=True``).
+    compute_dtype: mixed-precision default local training (``None``: the params' dtype).
+    client_update: must start from the client's own model (``starts_from_own_model``, e.g.
+      ``fedprox_update(..., persistent=True)``; default
+      :func:`fedtree.core.local.sgd_client_update` with ``persistent=True``); an objective
+      that starts from the downloaded model is refused.
+    init_params: the model every node starts from (default ``model.init(key)``).
     proxy: ``{level: ProxyData}`` for internal nodes holding data.
     proxy_optimizer: optimizer of proxy training (default ``local_optimizer``).
     proxy_schedule: steps/batch of proxy training (default ``schedule``).
@@ -363,8 +372,15 @@ def bhfl(
   max_steps = schedule.max_steps(data.max_train)
   if client_update is None:
     client_update = sgd_client_update(
-      model, local_optimizer, batch_size=schedule.batch_size, max_steps=max_steps, persistent=True
+      model, local_optimizer, batch_size=schedule.batch_size, max_steps=max_steps, persistent=True,
+      compute_dtype=compute_dtype,
     )
+  elif compute_dtype is not None:
+    raise ValueError(
+      f"compute_dtype={compute_dtype!r} configures B-HFL's default local training; with an explicit "
+      f"client_update, pass compute_dtype to the objective's factory instead"
+    )
+  check_client_update(client_update, "bhfl", own_model=True)
   parents = [None] + [np.asarray(topology.parent(lv)) for lv in range(1, depth + 1)]
   ancestors = [np.asarray(topology.ancestor(lv)) for lv in range(depth + 1)]
   nums = [topology.num_nodes(lv) for lv in range(depth + 1)]
@@ -375,7 +391,7 @@ def bhfl(
     return jax.tree.map(lambda p: jnp.broadcast_to(p, (n,) + p.shape), tree)
 
   def init(key):
-    p0 = model.init(key)
+    p0 = initial_params(model, key, init_params)
     params = tuple(stack(p0, nums[lv]) for lv in range(depth + 1))
     pending = tuple(
       Pending(update=jax.tree.map(jnp.zeros_like, params[lv]), has=jnp.zeros((nums[lv],), bool),

@@ -34,6 +34,8 @@ Choices where the paper is silent or vague (marked):
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -49,7 +51,13 @@ from fedtree.algorithms.clustering.ops import (
   stable_kmeans,
 )
 from fedtree.core.aggregation import weighted_mean
-from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, client_weights, local_training
+from fedtree.core.algorithm import (
+  FederatedAlgorithm,
+  NodeModels,
+  client_weights,
+  initial_params,
+  local_training,
+)
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
@@ -90,9 +98,11 @@ def awcfl(
   kmeans_iters: int = 20,
   server_optimizer: optax.GradientTransformation | None = None,
   cohort_size: int | None = None,
-  chunk_size: int | None = None,
+  chunk_size: int | str | None = "auto",
   weighting: str = "examples",
+  compute_dtype: str | None = None,
   client_update: ClientUpdate | None = None,
+  init_params: Any = None,
   feature_examples: int | None = None,
   name: str = "awcfl",
 ) -> FederatedAlgorithm:
@@ -109,9 +119,12 @@ def awcfl(
     kmeans_iters: Lloyd iterations of the K-means.
     server_optimizer: applied per cluster to ``c_k - target_k`` (default ``sgd(1.0)``).
     cohort_size: clients sampled per round (``None``: all).
-    chunk_size: clients trained at once.
+    chunk_size: clients trained at once (an int, ``None``: all, ``"auto"``: the per-backend default).
     weighting: ``"examples"`` or ``"uniform"`` (the paper's plain mean).
-    client_update: override the local training (stateless).
+    compute_dtype: mixed-precision default local training (``None``: the params' dtype).
+    client_update: override the local training (a stateless objective that starts from the
+      cluster's model; others are refused).
+    init_params: the model every cluster starts from (default ``model.init(key)``).
     feature_examples: when set, clients also upload the mean of this many training inputs
       and the state keeps MCFL's :class:`~fedtree.algorithms.clustering.ops.ClusterFeatures`.
     name: label for reports.
@@ -134,11 +147,11 @@ def awcfl(
   opt = optax.sgd(1.0) if server_optimizer is None else server_optimizer
   sampler = cohort_sampler(np.zeros(num_clients, np.int32), cohort_size, chunk_size=chunk_size)
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
-                                 stateless_for="awcfl")
+                                 compute_dtype=compute_dtype, stateless_for="awcfl")
   test_data = (jnp.asarray(data.x_test), jnp.asarray(data.n_test))
 
   def init(key):
-    p0 = model.init(key)
+    p0 = initial_params(model, key, init_params)
     params = jax.tree.map(lambda p: jnp.broadcast_to(p, (k,) + p.shape), p0)
     features = ()
     if feature_examples is not None:

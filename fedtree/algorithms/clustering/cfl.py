@@ -29,6 +29,8 @@ cross-similarity is low (``α_max < γ_max``) is left out, ``eps1``/``eps2`` and
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,7 +44,13 @@ from fedtree.algorithms.clustering.ops import (
   flatten_rows,
 )
 from fedtree.core.aggregation import weighted_mean
-from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, client_weights, local_training
+from fedtree.core.algorithm import (
+  FederatedAlgorithm,
+  NodeModels,
+  client_weights,
+  initial_params,
+  local_training,
+)
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
@@ -107,9 +115,11 @@ def cfl(
   split_start_round: int = 0,
   server_optimizer: optax.GradientTransformation | None = None,
   cohort_size: int | None = None,
-  chunk_size: int | None = None,
+  chunk_size: int | str | None = "auto",
   weighting: str = "examples",
+  compute_dtype: str | None = None,
   client_update: ClientUpdate | None = None,
+  init_params: Any = None,
   name: str = "cfl",
 ) -> FederatedAlgorithm:
   """CFL (module docstring).
@@ -122,7 +132,10 @@ def cfl(
     min_split_size: reporting members a cluster needs to split (>= 2).
     split_start_round: no split in rounds ``<= split_start_round``.
     server_optimizer: per-cluster server optimizer (default ``sgd(1.0)``).
-    cohort_size, chunk_size, weighting, client_update, name: as in FedAvg.
+    cohort_size, chunk_size, weighting, compute_dtype, name: as in FedAvg.
+    client_update: override the local training (a stateless objective that starts from the
+      cluster's model; others are refused).
+    init_params: the model every cluster starts from (default ``model.init(key)``).
   """
   num_clients = data.num_clients
   k = check_num_clusters(max_clusters, num_clients, "max_clusters")
@@ -136,10 +149,11 @@ def cfl(
   opt = optax.sgd(1.0) if server_optimizer is None else server_optimizer
   sampler = cohort_sampler(np.zeros(num_clients, np.int32), cohort_size, chunk_size=chunk_size)
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
-                                 stateless_for="cfl")
+                                 compute_dtype=compute_dtype, stateless_for="cfl")
 
   def init(key):
-    params = jax.tree.map(lambda p: jnp.broadcast_to(p, (k,) + p.shape), model.init(key))
+    params = jax.tree.map(lambda p: jnp.broadcast_to(p, (k,) + p.shape),
+                          initial_params(model, key, init_params))
     return ClusterState(
       round=jnp.zeros((), jnp.int32), params=params, opt_state=jax.vmap(opt.init)(params),
       cluster_of=jnp.zeros((num_clients,), jnp.int32), num_clusters=jnp.ones((), jnp.int32),

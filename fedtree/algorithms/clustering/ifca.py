@@ -15,13 +15,21 @@ round) and is the model it is evaluated with.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from fedtree.algorithms.clustering.ops import ClusterState, check_num_clusters
-from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, client_weights, local_training
+from fedtree.core.algorithm import (
+  FederatedAlgorithm,
+  NodeModels,
+  client_weights,
+  initial_params,
+  local_training,
+)
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.metrics import client_sums
@@ -56,9 +64,11 @@ def ifca(
   init: str = "random",
   server_optimizer: optax.GradientTransformation | None = None,
   cohort_size: int | None = None,
-  chunk_size: int | None = None,
+  chunk_size: int | str | None = "auto",
   weighting: str = "examples",
+  compute_dtype: str | None = None,
   client_update: ClientUpdate | None = None,
+  init_params: Any = None,
   name: str = "ifca",
 ) -> FederatedAlgorithm:
   """IFCA (module docstring).
@@ -68,23 +78,29 @@ def ifca(
     num_clusters: ``k``, in ``[1, num_clients]``.
     init: ``"random"`` (independent initial models) or ``"same"``.
     server_optimizer: per-cluster server optimizer (default ``sgd(1.0)``).
-    cohort_size, chunk_size, weighting, client_update, name: as in FedAvg.
+    cohort_size, chunk_size, weighting, compute_dtype, name: as in FedAvg.
+    client_update: override the local training (a stateless objective that starts from the
+      cluster's model; others are refused).
+    init_params: the model every cluster starts from (default ``model.init(key)``); needs ``init='same'``.
   """
   num_clients = data.num_clients
   k = check_num_clusters(num_clusters, num_clients)
   if init not in INITS:
     raise ValueError(f"init={init!r}; choose one of {INITS}")
+  if init_params is not None and init == "random":
+    raise ValueError("ifca: init='random' draws k independent models; with init_params use init='same'")
   client_weights(jnp.zeros(1), weighting)
   opt = optax.sgd(1.0) if server_optimizer is None else server_optimizer
   sampler = cohort_sampler(np.zeros(num_clients, np.int32), cohort_size, chunk_size=chunk_size)
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
-                                 stateless_for="ifca")
+                                 compute_dtype=compute_dtype, stateless_for="ifca")
 
   def init_fn(key):
     if init == "random":
       params = jax.vmap(lambda j: model.init(jax.random.fold_in(key, j)))(jnp.arange(k))
     else:
-      params = jax.tree.map(lambda p: jnp.broadcast_to(p, (k,) + p.shape), model.init(key))
+      params = jax.tree.map(lambda p: jnp.broadcast_to(p, (k,) + p.shape),
+                          initial_params(model, key, init_params))
     return ClusterState(
       round=jnp.zeros((), jnp.int32), params=params, opt_state=jax.vmap(opt.init)(params),
       cluster_of=jnp.zeros((num_clients,), jnp.int32), num_clusters=jnp.asarray(k, jnp.int32),

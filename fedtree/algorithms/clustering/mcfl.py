@@ -20,13 +20,19 @@ sample ``μ`` is drawn once per client at ``init`` from the run's key.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from fedtree.algorithms.clustering.awcfl import awcfl
 from fedtree.algorithms.clustering.ops import ClusterState, pairwise_distances, segment_mean_rows
 from fedtree.core.algorithm import FederatedAlgorithm, NodeModels
+from fedtree.core.data import FederatedData
+from fedtree.core.local import ClientUpdate, LocalSchedule
+from fedtree.core.model import Model
 
 METRICS = ("l1", "l2")
 
@@ -41,24 +47,48 @@ def select_clusters(state: ClusterState, metric: str = "l2") -> jax.Array:
   return jnp.argmin(dist, axis=1).astype(jnp.int32)
 
 
-def mcfl(*, num_clusters: int, feature_examples: int = 10, metric: str = "l2", name: str = "mcfl",
-         **kwargs) -> FederatedAlgorithm:
+def mcfl(
+  *,
+  model: Model,
+  data: FederatedData,
+  local_optimizer: optax.GradientTransformation,
+  schedule: LocalSchedule,
+  num_clusters: int,
+  feature_examples: int = 10,
+  metric: str = "l2",
+  cluster_start_round: int = 20,
+  kmeans_iters: int = 20,
+  server_optimizer: optax.GradientTransformation | None = None,
+  cohort_size: int | None = None,
+  chunk_size: int | str | None = "auto",
+  weighting: str = "examples",
+  compute_dtype: str | None = None,
+  client_update: ClientUpdate | None = None,
+  init_params: Any = None,
+  name: str = "mcfl",
+) -> FederatedAlgorithm:
   """MCFL (module docstring).
 
   Args:
+    model, data, local_optimizer, schedule: as in :func:`fedtree.algorithms.fedavg`.
     num_clusters: number of clusters, in ``[1, num_clients]``.
     feature_examples: ``n``, inputs averaged into a feature mean (train upload and test query).
     metric: ``"l1"`` or ``"l2"`` distance between feature means.
+    cluster_start_round, kmeans_iters, server_optimizer, cohort_size, chunk_size, weighting,
+      compute_dtype, client_update, init_params: as in
+      :func:`fedtree.algorithms.clustering.awcfl.awcfl` (MCFL is AWCFL with β = 0).
     name: label for reports.
-    **kwargs: the rest of :func:`fedtree.algorithms.clustering.awcfl.awcfl`'s arguments (``model``,
-      ``data``, ``local_optimizer``, ``schedule``, ``cluster_start_round``, ...; not ``beta``).
   """
   if metric not in METRICS:
     raise ValueError(f"metric={metric!r}; choose one of {METRICS}")
-  if "beta" in kwargs:
-    raise ValueError(f"mcfl takes no beta (got beta={kwargs['beta']}): its clusters are not mixed")
-  inner = awcfl(num_clusters=num_clusters, beta=0.0, feature_examples=int(feature_examples), name=name,
-                **kwargs)
+  inner = awcfl(
+    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule,
+    num_clusters=num_clusters, beta=0.0, cluster_start_round=cluster_start_round,
+    kmeans_iters=kmeans_iters, server_optimizer=server_optimizer, cohort_size=cohort_size,
+    chunk_size=chunk_size, weighting=weighting, compute_dtype=compute_dtype,
+    client_update=client_update, feature_examples=int(feature_examples), init_params=init_params,
+    name=name,
+  )
 
   def models(state: ClusterState):
     cl = np.asarray(state.cluster_of)

@@ -16,49 +16,77 @@ deeper trees), as in the paper (the private models are not scored).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import optax
 
 from fedtree.algorithms.fedkws.alt import alt_schedule
 from fedtree.algorithms.hierfavg import hierfavg
 from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.data import FederatedData
+from fedtree.core.local import LocalSchedule
+from fedtree.core.model import Model
 from fedtree.core.topology import Topology
 from fedtree.objectives.alo import alo_update, check_alo
 
 
-def fedkws(*, mu: float = 0.2, lam: float = 0.001, alo: bool = True, alt: bool = True,
-           r0: float | None = None, min_steps: int = 1, topology: Topology | None = None,
-           private_optimizer: optax.GradientTransformation | None = None,
-           private_steps: int | None = None, name: str = "fedkws",
-           **hierfavg_kwargs) -> FederatedAlgorithm:
+def fedkws(
+  *,
+  model: Model,
+  data: FederatedData,
+  local_optimizer: optax.GradientTransformation,
+  schedule: LocalSchedule,
+  mu: float = 0.2,
+  lam: float = 0.001,
+  alo: bool = True,
+  alt: bool = True,
+  r0: float | None = None,
+  min_steps: int = 1,
+  private_optimizer: optax.GradientTransformation | None = None,
+  private_steps: int | None = None,
+  topology: Topology | None = None,
+  server_optimizers: optax.GradientTransformation | Sequence[optax.GradientTransformation] | None = None,
+  periods: int | Sequence[int] | None = None,
+  cohort_size: int | Sequence[int] | None = None,
+  chunk_size: int | str | None = "auto",
+  weighting: str = "examples",
+  compute_dtype: str | None = None,
+  init_params: Any = None,
+  name: str = "fedkws",
+) -> FederatedAlgorithm:
   """FedKWS-UI (or one of its ablations) on ``topology`` (default flat).
 
   Args:
+    model, data, local_optimizer, schedule: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     mu: ALO label smoothing μ in ``[0, 1)`` (paper 0.2).
     lam: ALO adversarial weight λ >= 0 (paper 0.001).
     alo: use ALO as the local objective.
     alt: use ALT step counts; the schedule must then be a fixed step count E.
     r0: ALT's ``r_0`` (``None``: ``K / Σ r̄_k``, the work conserved).
     min_steps: ALT's floor on every client's step count.
-    topology: the tree (``None``: one server over all clients).
     private_optimizer: optimizer of the private models (default the local optimizer).
     private_steps: steps of a private model per round (default: the client's own count).
+    topology: the tree (``None``: one server over all clients).
+    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params: as for
+      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    compute_dtype: mixed-precision local steps, ALO's or plain ones (``None``: the params' dtype).
     name: label for reports.
-    **hierfavg_kwargs: ``model, data, local_optimizer, schedule, server_optimizers, periods,
-      cohort_size, chunk_size, weighting`` as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
   """
   check_alo(mu, lam)
-  data = hierfavg_kwargs["data"]
   topology = Topology.flat(data.num_clients) if topology is None else topology
   if alt:
-    hierfavg_kwargs["schedule"] = alt_schedule(hierfavg_kwargs["schedule"], data, r0=r0,
-                                               min_steps=min_steps)
+    schedule = alt_schedule(schedule, data, r0=r0, min_steps=min_steps)
+  client_update = None
   if alo:
-    schedule = hierfavg_kwargs["schedule"]
-    hierfavg_kwargs["client_update"] = alo_update(
-      hierfavg_kwargs["model"], hierfavg_kwargs["local_optimizer"], mu=mu, lam=lam,
-      batch_size=schedule.batch_size, max_steps=schedule.max_steps(data.max_train),
-      private_optimizer=private_optimizer, private_steps=private_steps,
+    client_update = alo_update(
+      model, local_optimizer, mu=mu, lam=lam, batch_size=schedule.batch_size,
+      max_steps=schedule.max_steps(data.max_train), private_optimizer=private_optimizer,
+      private_steps=private_steps, compute_dtype=compute_dtype,
     )
-  elif alt:
-    hierfavg_kwargs.pop("client_update", None)   # rebuilt by hierfavg for the new max_steps
-  return hierfavg(topology=topology, name=name, **hierfavg_kwargs)
+  return hierfavg(
+    model=model, topology=topology, data=data, local_optimizer=local_optimizer, schedule=schedule,
+    server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
+    chunk_size=chunk_size, weighting=weighting, client_update=client_update,
+    compute_dtype=None if alo else compute_dtype, init_params=init_params, name=name,
+  )

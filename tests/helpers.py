@@ -1,0 +1,41 @@
+"""Test helpers shared by several test files (import as ``from helpers import ...``; the tests
+directory is on ``sys.path`` under pytest's default rootdir-relative imports)."""
+
+import jax
+import numpy as np
+
+
+def close(a, b, tol=1e-5):
+  """Every leaf of ``a`` within ``tol`` (absolute and relative) of ``b``'s."""
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
+
+
+def trees_equal(a, b):
+  """``a`` and ``b`` have the same structure and bitwise equal leaves."""
+  assert jax.tree.structure(a) == jax.tree.structure(b), (jax.tree.structure(a), jax.tree.structure(b))
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x, y = jax.random.key_data(x), jax.random.key_data(y)
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def row(tree, *idx):
+  """Row ``idx`` of every leaf of a stacked ``tree``."""
+  return jax.tree.map(lambda a: a[idx], tree)
+
+
+def count_traces(alg):
+  """``(alg with a counting round, traces)``: ``len(traces)`` is how often ``round`` was traced."""
+  traces = []
+  counted = alg._replace(round=lambda s, d, k: (traces.append(1), alg.round(s, d, k))[1])
+  return counted, traces
+
+
+def host_copy(tree):
+  """``tree`` through host memory and back (what a checkpoint round trip does to a state)."""
+  return jax.tree.map(lambda a: jax.device_put(np.asarray(a)) if not _is_key(a) else a, tree)
+
+
+def _is_key(a) -> bool:
+  return isinstance(a, jax.Array) and jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key)

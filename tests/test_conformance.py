@@ -1,0 +1,253 @@
+"""Every registered algorithm through the same invariants (as optax's common optimizer tests):
+built from a run config by the registry on one tiny shared problem, its round compiles once
+over several rounds, its metrics are finite, ``models()`` has the promised shapes, a seed
+fixes the result, and a run resumed from a host copy of the state equals an unbroken one.
+Then every objective x algorithm composition either traces or is refused with a
+``ValueError`` that names the algorithm.
+"""
+
+import jax
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from helpers import count_traces, host_copy, trees_equal
+
+from fedtree import algorithms
+from fedtree.core.data import as_device
+from fedtree.core.local import LocalSchedule, sgd_client_update
+from fedtree.core.topology import Topology
+from fedtree.datasets.synthetic import grouped_synthetic
+from fedtree.experiment import registry
+from fedtree.experiment.runner import Context
+from fedtree.models import build_model
+from fedtree.objectives import (
+  alo_update,
+  ditto_update,
+  fedprox_update,
+  moreau_client_update,
+  perfedavg_update,
+  pfedme_update,
+)
+
+LR, B, STEPS = 0.05, 4, 2
+
+# The smallest run of every registered algorithm (the required fields; short warm-ups).
+CASES = {
+  "fedavg": {}, "fedopt": {"server": {"name": "fedadam", "learning_rate": 0.01}},
+  "hierfavg": {"periods": (2,)}, "fedprox": {"mu": 0.1}, "ditto": {"lam": 0.5},
+  "pfedme": {"lam": 5.0, "inner_steps": 2, "personal_lr": 0.05},
+  "perfedavg": {"alpha": 0.05, "beta": 0.05}, "pfedmt": {"team_iters": 2},
+  "bhfl": {"eta_down": 0.5, "cohort_size": 2}, "cfl": {"max_clusters": 2, "eps1": 5.0, "eps2": 0.01},
+  "ifca": {"num_clusters": 2}, "awcfl": {"num_clusters": 2, "cluster_start_round": 1},
+  "mcfl": {"num_clusters": 2, "cluster_start_round": 1, "feature_examples": 3},
+  "fedkws": {"cohort_size": 4},
+}
+# Registered algorithms that are still multi-stage pipelines with their own loop (GroupPerFL's
+# stages become a composition of algorithms with the round-loop rewrite; it then joins CASES).
+PIPELINES = {"grouppfl"}
+
+
+@pytest.fixture(scope="module")
+def ctx():
+  data, groups = grouped_synthetic(group_sizes=(3, 3), dim=4, num_classes=3, mean_examples=8,
+                                   min_examples=3, max_examples=12, test_examples=4, seed=5)
+  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(4,))
+  config = ml_collections.ConfigDict(dict(
+    seed=0, rounds=4, local=dict(optimizer="sgd", learning_rate=LR, batch_size=B, steps=STEPS),
+    runs={},
+  ))
+  return Context(config=config, data=as_device(data), groups=np.asarray(groups),
+                 topology=Topology.from_labels(groups), model=model, local_optimizer=optax.sgd(LR),
+                 schedule=LocalSchedule(batch_size=B, steps=STEPS))
+
+
+def _build(ctx, name, **fields):
+  run = ml_collections.ConfigDict({"algorithm": name, "chunk_size": 3, **CASES[name], **fields})
+  built = registry.build_algorithm(name, run, ctx)
+  return getattr(built, "algorithm", built)   # B-HFL's pipeline holds its algorithm
+
+
+def test_every_registered_algorithm_has_a_case():
+  assert set(CASES) | PIPELINES == set(registry.SPECS)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_conformance(ctx, name):
+  alg = _build(ctx, name)
+  assert isinstance(alg, algorithms.FederatedAlgorithm)
+  counted, traces = count_traces(alg)
+  step = jax.jit(counted.round)
+  root = jax.random.key(3)
+
+  def run(state, rounds):
+    for _ in range(rounds):
+      state, metrics = step(state, ctx.data, jax.random.fold_in(root, state.round))
+      for k, v in metrics.items():
+        assert np.all(np.isfinite(np.asarray(v))), f"{name}: metric {k}={v}"
+    return state
+
+  straight = run(alg.init(jax.random.key(0)), 4)
+  assert len(traces) == 1, f"{name}: round traced {len(traces)} times in 4 rounds"
+  assert int(straight.round) == 4
+
+  # deterministic for a seed; resumable from a host copy of the state (a checkpoint)
+  trees_equal(run(alg.init(jax.random.key(0)), 4), straight)
+  half = host_copy(run(alg.init(jax.random.key(0)), 2))
+  trees_equal(run(half, 2), straight)
+  assert len(traces) == 1, f"{name}: a resumed state re-traced the round ({len(traces)} traces)"
+
+  # models(): [N, ...] params, int32[C] model_of_client in range
+  c = ctx.data.num_clients
+  models = alg.models(straight)
+  assert models, f"{name}: models() is empty"
+  for model_name, m in models.items():
+    n = {np.shape(p)[0] for p in jax.tree.leaves(m.params)}
+    assert len(n) == 1, f"{name}/{model_name}: leaves disagree on N: {n}"
+    moc = np.asarray(m.model_of_client)
+    assert moc.shape == (c,) and np.issubdtype(moc.dtype, np.integer), (model_name, moc)
+    assert moc.min() >= 0 and moc.max() < n.pop(), f"{name}/{model_name}: model_of_client out of range"
+    for p in jax.tree.leaves(m.params):
+      assert np.all(np.isfinite(np.asarray(p))), f"{name}/{model_name}: non-finite params"
+
+
+def test_misspelled_field_names_the_run_and_the_allowed_fields(ctx):
+  run = ml_collections.ConfigDict({"algorithm": "fedprox", "mu": 0.1, "cohrt_size": 2})
+  with pytest.raises(ValueError, match=r"config.runs.prox \(algorithm='fedprox'\): unknown field "
+                                       r"'cohrt_size' \(did you mean 'cohort_size'\?\); allowed fields: "):
+    registry.build_algorithm("prox", run, ctx)
+  config = ml_collections.ConfigDict({"runs": {"x": {"algorithm": "ifca", "num_clusters": 2,
+                                                     "nm_clusters": 2}}})
+  with pytest.raises(ValueError, match="did you mean 'num_clusters'"):
+    registry.validate_runs(config)
+
+
+def test_fields_are_coerced_and_required_ones_named(ctx):
+  kw = registry.factory_kwargs("a", ml_collections.ConfigDict(
+    {"algorithm": "awcfl", "num_clusters": 2.0, "beta": 1, "cohort_size": -1}), ctx)
+  assert kw["num_clusters"] == 2 and isinstance(kw["num_clusters"], int)
+  assert kw["beta"] == 1.0 and isinstance(kw["beta"], float)
+  assert kw["cohort_size"] is None
+  with pytest.raises(ValueError, match=r"num_clusters=2.5; it must be an integer"):
+    registry.factory_kwargs("a", ml_collections.ConfigDict({"algorithm": "ifca", "num_clusters": 2.5}), ctx)
+  with pytest.raises(ValueError, match=r"config.runs.d \(algorithm='ditto'\) needs field\(s\) \['lam'\]"):
+    registry.factory_kwargs("d", ml_collections.ConfigDict({"algorithm": "ditto"}), ctx)
+  with pytest.raises(ValueError, match="tree='deep'; choose one of"):
+    registry.factory_kwargs("p", ml_collections.ConfigDict({"algorithm": "fedprox", "mu": 0.1,
+                                                            "tree": "deep"}), ctx)
+
+
+# ------------------------------------------------------------------------ compositions
+def _objectives(ctx, compute_dtype=None):
+  m, opt, mx = ctx.model, ctx.local_optimizer, ctx.schedule.max_steps(ctx.data.max_train)
+  kw = dict(batch_size=B, max_steps=mx, compute_dtype=compute_dtype)
+  return {
+    "plain": sgd_client_update(m, opt, **kw),
+    "plain_own": sgd_client_update(m, opt, persistent=True, **kw),
+    "fedprox": fedprox_update(m, opt, mu=0.1, **kw),
+    "fedprox_own": fedprox_update(m, opt, mu=0.1, persistent=True, **kw),
+    "ditto": ditto_update(m, opt, lam=0.5, **kw),
+    "pfedme": pfedme_update(m, lam=5.0, inner_steps=2, personal_lr=0.05, learning_rate=LR, **kw),
+    "perfedavg": perfedavg_update(m, alpha=0.05, beta=0.05, **kw),
+    "alo": alo_update(m, opt, mu=0.2, lam=0.001, **kw),
+    "moreau": moreau_client_update(m, learning_rate=LR, lam=5.0, **kw),
+  }
+
+
+HOSTS = ("fedavg", "hierfavg", "bhfl", "cfl", "ifca", "awcfl", "mcfl", "pfedmt")
+STATEFUL = ("plain_own", "fedprox_own", "ditto", "pfedme", "alo", "moreau")
+# What must be refused, and why (the message must name the algorithm).
+REFUSED = {
+  **{("bhfl", o): "starts from the downloaded model" for o in
+     ("plain", "fedprox", "ditto", "pfedme", "perfedavg", "alo", "moreau")},
+  **{(a, o): "must be stateless" for a in ("cfl", "ifca", "awcfl", "mcfl") for o in STATEFUL},
+  **{("pfedmt", o): "not a model" for o in ("ditto", "pfedme", "alo")},
+}
+
+
+def _factory_kwargs(ctx, name):
+  return registry.factory_kwargs(name, ml_collections.ConfigDict({"algorithm": name, **CASES[name]}), ctx)
+
+
+def _host(ctx, name, update):
+  """Algorithm ``name`` (its conformance case) with ``update`` as the clients' objective."""
+  return registry.SPECS[name].factory(**_factory_kwargs(ctx, name), client_update=update)
+
+
+def _traces(alg, ctx):
+  """The round traces (abstractly: no compile) and keeps the state's structure."""
+  state = jax.eval_shape(alg.init, jax.random.key(0))
+  new, metrics = jax.eval_shape(alg.round, state, ctx.data, jax.random.key(1))
+  assert jax.tree.structure(new) == jax.tree.structure(state)
+  for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(state), strict=True):
+    assert (a.shape, a.dtype) == (b.shape, b.dtype)
+  return metrics
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_every_objective_runs_or_is_refused(ctx, host):
+  for obj, update in _objectives(ctx).items():
+    why = REFUSED.get((host, obj))
+    if why is not None:
+      with pytest.raises(ValueError, match=why) as err:
+        _host(ctx, host, update)
+      assert host in str(err.value), err.value
+    else:
+      _traces(_host(ctx, host, update), ctx)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "hierfavg", "fedprox", "ditto", "pfedme", "perfedavg",
+                                  "pfedmt", "bhfl", "cfl", "ifca", "awcfl", "mcfl", "fedkws"])
+def test_compute_dtype_combines_with_every_algorithm(ctx, name):
+  """``compute_dtype`` reaches every objective: the round traces with bfloat16 in it."""
+  alg = _build(ctx, name, compute_dtype="bfloat16")
+  state = alg.init(jax.random.key(0))
+  jaxpr = str(jax.make_jaxpr(alg.round)(state, ctx.data, jax.random.key(1)))
+  assert "bf16" in jaxpr, f"{name}: compute_dtype did not reach local training"
+
+
+def test_objectives_with_compute_dtype_compose():
+  """An explicit objective plus an algorithm-level compute_dtype is refused, not ignored."""
+  data, groups = grouped_synthetic(group_sizes=(2,), dim=3, num_classes=2, mean_examples=4,
+                                   min_examples=2, max_examples=5, test_examples=2, seed=0)
+  model = build_model("logreg", example_shape=data.example_shape, num_classes=2)
+  sched = LocalSchedule(batch_size=2, steps=1)
+  update = fedprox_update(model, optax.sgd(0.1), mu=0.1, batch_size=2, max_steps=1)
+  with pytest.raises(ValueError, match="pass compute_dtype to the objective's factory"):
+    algorithms.fedavg(model=model, data=data, local_optimizer=optax.sgd(0.1), schedule=sched,
+                      client_update=update, compute_dtype="bfloat16")
+
+
+def test_fedprox_clients_learn_under_bhfl(ctx):
+  """DESIGN.md's example: FedProx clients under B-HFL (they start from their own models)."""
+  mx = ctx.schedule.max_steps(ctx.data.max_train)
+  update = fedprox_update(ctx.model, ctx.local_optimizer, mu=0.1, batch_size=B, max_steps=mx,
+                          persistent=True)
+  alg = algorithms.bhfl(model=ctx.model, topology=ctx.topology, data=ctx.data,
+                        local_optimizer=ctx.local_optimizer, schedule=ctx.schedule,
+                        client_update=update, chunk_size=None)
+  s0 = alg.init(jax.random.key(0))
+  s = s0
+  for r in range(2):
+    s, _ = alg.round(s, ctx.data, jax.random.key(r))
+  moved = [float(np.abs(np.asarray(a) - np.asarray(b)).max())
+           for a, b in zip(jax.tree.leaves(s.params), jax.tree.leaves(s0.params), strict=True)]
+  assert min(moved) > 0.0, moved
+
+
+def test_personal_models_come_from_the_objective(ctx):
+  """``models()`` shows ``personal`` exactly when the objective declares personal models."""
+  for obj, update in _objectives(ctx).items():
+    alg = _host(ctx, "hierfavg", update)
+    names = set(alg.models(alg.init(jax.random.key(0))))
+    assert ("personal" in names) == (update.personal_models is not None), (obj, names)
+
+
+def test_init_params_is_the_start(ctx):
+  p = ctx.model.init(jax.random.key(42))
+  for name in ("fedavg", "bhfl", "pfedmt", "cfl"):
+    alg = registry.SPECS[name].factory(**_factory_kwargs(ctx, name), init_params=p)
+    state = alg.init(jax.random.key(0))
+    first = next(iter(alg.models(state).values())).params
+    trees_equal(jax.tree.map(lambda a: a[0], first), p)
+
