@@ -162,3 +162,22 @@ def select_nodes(mask: jax.Array, new: PyTree, old: PyTree) -> PyTree:
     return jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
 
   return jax.tree.map(sel, new, old)
+
+
+def down_nodes(
+  opt: optax.GradientTransformation, params: PyTree, opt_state: PyTree, target: PyTree,
+  active: jax.Array,
+) -> tuple[PyTree, PyTree]:
+  """Every active node pulls towards ``target`` (B-HFL's down step, paper 001): it applies
+  ``opt`` to ``Δ = θ - Θ_target``.
+
+  Computed as ``Θ_target + (Δ + update)``, so ``sgd(1.0)`` yields ``Θ_target`` bit for bit.
+  """
+
+  def one(p, s, t):
+    d = jax.tree.map(jnp.subtract, p, t)
+    upd, s = opt.update(d, s, p)
+    return jax.tree.map(lambda t_, d_, u_: t_ + (d_ + u_), t, d, upd), s
+
+  new_p, new_s = jax.vmap(one)(params, opt_state, target)
+  return select_nodes(active, new_p, params), select_nodes(active, new_s, opt_state)
