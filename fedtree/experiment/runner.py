@@ -181,7 +181,7 @@ def run_algorithm(
         positive_classes=positive,
       )
       for name, s in summaries.items():
-        for metric in ("accuracy", "loss", "false_accept_rate", "false_reject_rate",
+        for metric in ("accuracy", "loss", "perplexity", "false_accept_rate", "false_reject_rate",
                        "intra_cluster_accuracy", "inter_cluster_accuracy", "num_clusters"):
           if metric in s:
             host[f"{name}/{metric}"] = s[metric]
