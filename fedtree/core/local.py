@@ -45,7 +45,8 @@ PyTree = Any
 
 
 class Batch(NamedTuple):
-  """One client's minibatch: ``x: [B, ...]``, ``y: int32[B]``, ``mask: bool[B]``."""
+  """One client's minibatch: ``x: [B, ...]``, ``y: int32[B]`` (``[B, T]`` next tokens of a
+  language model), ``mask: bool[B]``."""
 
   x: jax.Array
   y: jax.Array
@@ -205,7 +206,8 @@ def batch_at(key: jax.Array, data: ClientData, t: jax.Array, batch_size: int) ->
   idx = jnp.where(data.shuffle, shuffled, jnp.minimum(pos, jnp.maximum(data.n, 1) - 1))
   x = data.x[idx]
   x = jnp.where(mask.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
-  y = jnp.where(mask, data.y[idx], 0)
+  y = data.y[idx]
+  y = jnp.where(mask.reshape((-1,) + (1,) * (y.ndim - 1)), y, 0)
   return Batch(x=x, y=y, mask=mask)
 
 
