@@ -41,13 +41,13 @@ import numpy as np
 import optax
 
 from fedtree import algorithms
-from fedtree.algorithms.bhfl import proxy_from_clients
+from fedtree.algorithms.bhfl import proxy_from_clients, with_level_report
 from fedtree.algorithms.bhfl.asynchrony import latency_from_config
+from fedtree.algorithms.clustering.clustered import clustered
 from fedtree.algorithms.grouppfl.grouppfl import GroupPersonalizedFL
 from fedtree.core.local import LocalSchedule
 from fedtree.core.topology import Topology
 from fedtree.experiment.builders import (
-  BHFLPipeline,
   cohort_slots,
   local_optimizer_from_config,
   resolve_chunk_size,
@@ -84,13 +84,17 @@ class AlgorithmSpec:
     fields: converters of the config-only fields.
     defaults: ``defaults(ctx) -> kwargs`` for parameters whose default comes from the config
       (e.g. a rate that defaults to ``config.local.learning_rate``).
-    wrap: ``wrap(built, label, run, ctx)``, what the runner gets (B-HFL's pipeline).
+    wrap: ``wrap(built, label, run, ctx)``, what the runner gets (B-HFL's report hook,
+      GroupPerFL's stages).
+    extends: a function whose keyword parameters ``factory`` forwards through ``**kwargs``
+      (they are part of the schema too).
   """
 
   factory: Callable[..., Any]
   fields: tuple[Fields, ...] = ()
   defaults: Callable[[Any], dict[str, Any]] | None = None
   wrap: Callable[..., Any] | None = None
+  extends: Callable[..., Any] | None = None
 
 
 # ------------------------------------------------------------------------ converters
@@ -193,8 +197,17 @@ def _bhfl_residual(v, ctx):
   }
 
 
-def _bhfl_pipeline(alg, label, run, ctx):
-  return BHFLPipeline(alg, label, int(run.get("rounds", ctx.config.rounds)))
+def _bhfl_report(alg, label, run, ctx):
+  return with_level_report(alg, ctx.model, ctx.topology, central_test=ctx.central_test,
+                           chunk_size=ctx.config.get("eval_chunk_size", None), label=label)
+
+
+def _grouppfl_stages(spec, label, run, ctx):
+  return spec.algorithm(
+    model=ctx.model, data=ctx.data, groups=ctx.groups, local_optimizer=ctx.local_optimizer,
+    schedule=ctx.schedule, chunk_size=ctx.chunk_size(run),
+    eval_chunk_size=ctx.config.get("eval_chunk_size", None),
+  )
 
 
 def _fedadam(cfg):
@@ -226,6 +239,10 @@ def _grouppfl_servers(v, ctx):
           "group_server": _fedadam(v.get("group_server", None))}
 
 
+def _clustering_start(ctx):
+  return {"cluster_start_round": 20}
+
+
 def _local_rate(ctx):
   return {"learning_rate": float(ctx.config.local.learning_rate)}
 
@@ -251,11 +268,11 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "pfedme": AlgorithmSpec(algorithms.pfedme, defaults=_local_rate),
   "perfedavg": AlgorithmSpec(algorithms.perfedavg),
   "pfedmt": AlgorithmSpec(algorithms.pfedmt, defaults=_local_rate),
-  "bhfl": AlgorithmSpec(algorithms.bhfl, fields=_BHFL_FIELDS, wrap=_bhfl_pipeline),
+  "bhfl": AlgorithmSpec(algorithms.bhfl, fields=_BHFL_FIELDS, wrap=_bhfl_report),
   "cfl": AlgorithmSpec(algorithms.cfl),
   "ifca": AlgorithmSpec(algorithms.ifca),
-  "awcfl": AlgorithmSpec(algorithms.awcfl),
-  "mcfl": AlgorithmSpec(algorithms.mcfl),
+  "awcfl": AlgorithmSpec(algorithms.awcfl, defaults=_clustering_start),
+  "mcfl": AlgorithmSpec(algorithms.mcfl, defaults=_clustering_start, extends=clustered),
   "fedkws": AlgorithmSpec(algorithms.fedkws,
                           fields=(_rate_optimizer("private_learning_rate", "private_optimizer"),)),
   "grouppfl": AlgorithmSpec(
@@ -265,6 +282,7 @@ SPECS: Mapping[str, AlgorithmSpec] = {
             Fields(("global_server", "group_server"), _grouppfl_servers)),
     defaults=lambda ctx: {"global_rounds": int(ctx.config.rounds), "group_rounds": 0,
                           "cohort_size": None},
+    wrap=_grouppfl_stages,
   ),
 }
 
@@ -367,8 +385,12 @@ def _hints(factory) -> dict[str, Any]:
 
 def schema(spec: AlgorithmSpec) -> Schema:
   """The run fields of ``spec`` (see the module docstring)."""
-  params = dict(inspect.signature(spec.factory).parameters)
-  hints = _hints(spec.factory)
+  params, hints = {}, {}
+  for f in (spec.extends, spec.factory):
+    if f is not None:
+      params.update(inspect.signature(f).parameters)
+      hints.update(_hints(f))
+  params = {n: p for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
   fields = list(spec.fields)
   converted = {n for f in fields for n in f.names}
   common = []
