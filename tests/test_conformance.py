@@ -161,7 +161,6 @@ REFUSED = {
   **{("bhfl", o): "starts from the downloaded model" for o in
      ("plain", "fedprox", "ditto", "pfedme", "perfedavg", "alo", "moreau")},
   **{(a, o): "must be stateless" for a in ("cfl", "ifca", "awcfl", "mcfl") for o in STATEFUL},
-  **{("pfedmt", o): "not a model" for o in ("ditto", "pfedme", "alo")},
 }
 
 

@@ -88,6 +88,7 @@ class AlgorithmSpec:
       GroupPerFL's stages).
     extends: a function whose keyword parameters ``factory`` forwards through ``**kwargs``
       (they are part of the schema too).
+    exclude: parameters of ``extends`` that ``factory`` sets itself (not run fields).
   """
 
   factory: Callable[..., Any]
@@ -95,6 +96,7 @@ class AlgorithmSpec:
   defaults: Callable[[Any], dict[str, Any]] | None = None
   wrap: Callable[..., Any] | None = None
   extends: Callable[..., Any] | None = None
+  exclude: tuple[str, ...] = ()
 
 
 # ------------------------------------------------------------------------ converters
@@ -239,10 +241,6 @@ def _grouppfl_servers(v, ctx):
           "group_server": _fedadam(v.get("group_server", None))}
 
 
-def _clustering_start(ctx):
-  return {"cluster_start_round": 20}
-
-
 def _local_rate(ctx):
   return {"learning_rate": float(ctx.config.local.learning_rate)}
 
@@ -271,8 +269,8 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "bhfl": AlgorithmSpec(algorithms.bhfl, fields=_BHFL_FIELDS, wrap=_bhfl_report),
   "cfl": AlgorithmSpec(algorithms.cfl),
   "ifca": AlgorithmSpec(algorithms.ifca),
-  "awcfl": AlgorithmSpec(algorithms.awcfl, defaults=_clustering_start),
-  "mcfl": AlgorithmSpec(algorithms.mcfl, defaults=_clustering_start, extends=clustered),
+  "awcfl": AlgorithmSpec(algorithms.awcfl),
+  "mcfl": AlgorithmSpec(algorithms.mcfl, extends=clustered, exclude=("beta", "inter_cluster")),
   "fedkws": AlgorithmSpec(algorithms.fedkws,
                           fields=(_rate_optimizer("private_learning_rate", "private_optimizer"),)),
   "grouppfl": AlgorithmSpec(
@@ -390,7 +388,8 @@ def schema(spec: AlgorithmSpec) -> Schema:
     if f is not None:
       params.update(inspect.signature(f).parameters)
       hints.update(_hints(f))
-  params = {n: p for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+  params = {n: p for n, p in params.items()
+            if p.kind is not inspect.Parameter.VAR_KEYWORD and n not in spec.exclude}
   fields = list(spec.fields)
   converted = {n for f in fields for n in f.names}
   common = []

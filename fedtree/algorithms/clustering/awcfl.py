@@ -41,7 +41,7 @@ from __future__ import annotations
 import optax
 
 from fedtree.algorithms.clustering.clustered import check_beta, clustered, mix_clusters
-from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.algorithm import FederatedAlgorithm, PyTree
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
@@ -64,6 +64,8 @@ def awcfl(
   chunk_size: int | None = None,
   weighting: str = "examples",
   client_update: ClientUpdate | None = None,
+  compute_dtype: str | None = None,
+  init_params: PyTree | None = None,
   feature_examples: int | None = None,
   clustering: str = "kmeans",
   eps1: float = 0.4,
@@ -91,6 +93,7 @@ def awcfl(
     chunk_size: clients trained at once.
     weighting: ``"examples"`` or ``"uniform"`` (the paper's plain mean).
     client_update: override the local training (stateless).
+    compute_dtype, init_params: as in :func:`~fedtree.algorithms.clustering.clustered.clustered`.
     feature_examples: when set, clients also upload the mean of this many training inputs
       and the state keeps MCFL's :class:`~fedtree.algorithms.clustering.ops.ClusterFeatures`.
     clustering: ``"kmeans"`` (the paper's AWCFL), ``"cfl"`` (AWCFL_CFL) or ``"ifca"``
@@ -111,5 +114,5 @@ def awcfl(
     kmeans_iters=kmeans_iters, eps1=eps1, eps2=eps2, min_split_size=min_split_size,
     similarity_check=similarity_check, init=init, feature_examples=feature_examples,
     server_optimizer=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size, weighting=weighting,
-    client_update=client_update, name=name,
+    client_update=client_update, compute_dtype=compute_dtype, init_params=init_params, name=name,
   )

@@ -35,7 +35,7 @@ from __future__ import annotations
 import optax
 
 from fedtree.algorithms.clustering.clustered import clustered, split_clusters
-from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.algorithm import FederatedAlgorithm, PyTree
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
@@ -59,6 +59,8 @@ def cfl(
   chunk_size: int | None = None,
   weighting: str = "examples",
   client_update: ClientUpdate | None = None,
+  compute_dtype: str | None = None,
+  init_params: PyTree | None = None,
   similarity_check: bool = True,
   inter_cluster: str = "none",
   beta: float = 0.5,
@@ -77,6 +79,7 @@ def cfl(
     split_start_round: no split in rounds ``<= split_start_round``.
     server_optimizer: per-cluster server optimizer (default ``sgd(1.0)``).
     cohort_size, chunk_size, weighting, client_update, name: as in FedAvg.
+    compute_dtype, init_params: as in :func:`~fedtree.algorithms.clustering.clustered.clustered`.
     similarity_check: Sattler's ``γ_max < √((1 - α_max^cross)/2)`` before a split.
     inter_cluster: ``"none"`` (CFL), ``"awcfl"`` (β-mixing) or ``"mcfl"`` (selection).
     beta, feature_examples, metric: AWCFL's β; MCFL's ``n`` and distance.
@@ -89,5 +92,5 @@ def cfl(
     eps1=eps1, eps2=eps2, min_split_size=min_split_size, similarity_check=similarity_check,
     feature_examples=feature_examples, metric=metric, server_optimizer=server_optimizer,
     cohort_size=cohort_size, chunk_size=chunk_size, weighting=weighting, client_update=client_update,
-    name=name,
+    compute_dtype=compute_dtype, init_params=init_params, name=name,
   )

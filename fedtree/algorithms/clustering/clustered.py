@@ -64,7 +64,14 @@ from fedtree.algorithms.clustering.ops import (
   stable_kmeans,
 )
 from fedtree.core.aggregation import weighted_mean
-from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, client_weights, local_training
+from fedtree.core.algorithm import (
+  FederatedAlgorithm,
+  NodeModels,
+  PyTree,
+  client_weights,
+  initial_params,
+  local_training,
+)
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.metrics import client_sums
@@ -216,6 +223,8 @@ def clustered(
   chunk_size: int | None = None,
   weighting: str = "examples",
   client_update: ClientUpdate | None = None,
+  compute_dtype: str | None = None,
+  init_params: PyTree | None = None,
   name: str = "clustered",
 ) -> FederatedAlgorithm:
   """A clustered-FL algorithm (module docstring): ``clustering`` × ``inter_cluster``.
@@ -236,6 +245,9 @@ def clustered(
     metric: MCFL's distance between feature means, ``"l1"`` or ``"l2"``.
     server_optimizer: per-cluster server optimizer (default ``sgd(1.0)``).
     cohort_size, chunk_size, weighting, client_update, name: as in FedAvg.
+    compute_dtype: mixed-precision local steps of the default local training.
+    init_params: the model every cluster starts from (default ``model.init``; IFCA's
+      ``init="random"`` then still draws independent models).
 
   Raises:
     ValueError: naming the bad value, for each argument above.
@@ -271,15 +283,17 @@ def clustered(
   iters = int(kmeans_iters)
   opt = optax.sgd(1.0) if server_optimizer is None else server_optimizer
   sampler = cohort_sampler(np.zeros(num_clients, np.int32), cohort_size, chunk_size=chunk_size)
-  client_update = local_training(client_update, model, local_optimizer, schedule, data, stateless_for=name)
+  client_update = local_training(client_update, model, local_optimizer, schedule, data,
+                                 compute_dtype=compute_dtype, stateless_for=name)
   test_data = (jnp.asarray(data.x_test), jnp.asarray(data.n_test))
   mixing = inter_cluster == "awcfl" and beta > 0.0 and k > 1
 
   def init_fn(key):
-    if clustering == "ifca" and init == "random":
+    if clustering == "ifca" and init == "random" and init_params is None:
       params = jax.vmap(lambda j: model.init(jax.random.fold_in(key, j)))(jnp.arange(k))
     else:
-      params = jax.tree.map(lambda p: jnp.broadcast_to(p, (k,) + p.shape), model.init(key))
+      params = jax.tree.map(lambda p: jnp.broadcast_to(p, (k,) + p.shape),
+                            initial_params(model, key, init_params))
     features = ()
     if feature_examples is not None:
       keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(stream(key, "query"), jnp.arange(num_clients))

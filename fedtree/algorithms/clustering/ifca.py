@@ -20,7 +20,7 @@ from __future__ import annotations
 import optax
 
 from fedtree.algorithms.clustering.clustered import INITS, cluster_losses, clustered
-from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.algorithm import FederatedAlgorithm, PyTree
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
@@ -41,6 +41,8 @@ def ifca(
   chunk_size: int | None = None,
   weighting: str = "examples",
   client_update: ClientUpdate | None = None,
+  compute_dtype: str | None = None,
+  init_params: PyTree | None = None,
   inter_cluster: str = "none",
   beta: float = 0.5,
   feature_examples: int | None = None,
@@ -55,6 +57,7 @@ def ifca(
     init: ``"random"`` (independent initial models) or ``"same"``.
     server_optimizer: per-cluster server optimizer (default ``sgd(1.0)``).
     cohort_size, chunk_size, weighting, client_update, name: as in FedAvg.
+    compute_dtype, init_params: as in :func:`~fedtree.algorithms.clustering.clustered.clustered`.
     inter_cluster: ``"none"`` (IFCA), ``"awcfl"`` (β-mixing) or ``"mcfl"`` (selection).
     beta, feature_examples, metric: AWCFL's β; MCFL's ``n`` and distance.
   """
@@ -62,5 +65,6 @@ def ifca(
     model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, num_clusters=num_clusters,
     clustering="ifca", inter_cluster=inter_cluster, beta=beta, init=init, feature_examples=feature_examples,
     metric=metric, server_optimizer=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size,
-    weighting=weighting, client_update=client_update, name=name,
+    weighting=weighting, client_update=client_update, compute_dtype=compute_dtype, init_params=init_params,
+    name=name,
   )
