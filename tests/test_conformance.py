@@ -137,6 +137,24 @@ def test_fields_are_coerced_and_required_ones_named(ctx):
                                                             "tree": "deep"}), ctx)
 
 
+def test_swept_jax_values_pass_through_unchecked_when_traced(ctx):
+  """Sweeps (vmap over a hyperparameter) hand the registry jax scalars, possibly tracers."""
+  from fedtree.core.checks import check_positive
+
+  mu = jax.numpy.float32(0.25)
+  kw = registry.factory_kwargs("p", ml_collections.ConfigDict({"algorithm": "fedprox", "mu": mu}), ctx)
+  assert kw["mu"] is mu
+
+  def traced(v):
+    assert registry.coerce(v, float, "mu") is v
+    check_positive(mu=v)  # a tracer is skipped (it was checked concretely before tracing)
+    return v
+
+  np.testing.assert_allclose(jax.vmap(traced)(jax.numpy.asarray([-1.0, 2.0])), [-1.0, 2.0])
+  with pytest.raises(ValueError, match="mu=-1.0 must be a finite number > 0"):
+    check_positive(mu=-1.0)
+
+
 # ------------------------------------------------------------------------ compositions
 def _objectives(ctx, compute_dtype=None):
   m, opt, mx = ctx.model, ctx.local_optimizer, ctx.schedule.max_steps(ctx.data.max_train)

@@ -53,6 +53,7 @@ import numpy as np
 from flax import struct
 
 from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, client_weights, initial_params
+from fedtree.core.checks import is_traced
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
@@ -149,7 +150,7 @@ def pfedmt(
   device_lam = lam if device_lam is None else device_lam
   for nm, v in (("lam", lam), ("gamma", gamma), ("eta", eta), ("beta", beta),
                 ("device_lam", device_lam)):
-    if v < 0:
+    if not is_traced(v) and v < 0:
       raise ValueError(f"pFedMT {nm}={v} must be >= 0")
   client_weights(jnp.zeros(1), weighting)
   if team_weighting is None:

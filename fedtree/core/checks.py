@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import jax
+
+
+def is_traced(value) -> bool:
+  """Whether ``value`` is a JAX tracer (a hyperparameter swept inside ``jax.vmap``/``jit``):
+  the checks below skip it, its concrete values having been checked before tracing."""
+  return isinstance(value, jax.core.Tracer)
+
 
 def check_nonnegative(**values) -> None:
   """``ValueError`` naming the first negative (or non-finite) hyperparameter."""
   for name, v in values.items():
+    if is_traced(v):
+      continue
     if not (float(v) >= 0 and float(v) < float("inf")):
       raise ValueError(f"{name}={v} must be a finite number >= 0")
 
@@ -13,5 +23,7 @@ def check_nonnegative(**values) -> None:
 def check_positive(**values) -> None:
   """``ValueError`` naming the first hyperparameter that is not > 0."""
   for name, v in values.items():
+    if is_traced(v):
+      continue
     if not (float(v) > 0 and float(v) < float("inf")):
       raise ValueError(f"{name}={v} must be a finite number > 0")

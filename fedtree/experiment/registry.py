@@ -36,6 +36,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
 import ml_collections
 import numpy as np
 import optax
@@ -315,7 +316,13 @@ def is_scalar(hint) -> bool:
 
 
 def coerce(value, hint, where: str):
-  """``value`` (from an ml_collections config) as the annotated type ``hint``."""
+  """``value`` (from an ml_collections config) as the annotated type ``hint``.
+
+  A ``jax.Array`` (a swept hyperparameter, possibly a tracer inside ``jax.vmap``) passes
+  through unchanged: its concrete values are checked before tracing.
+  """
+  if isinstance(value, jax.Array):
+    return value
   args = _union_args(hint)
   if value is None:
     if type(None) in args:
