@@ -29,6 +29,7 @@ def hierfavg_config(rounds=4):
   c.data.dim, c.data.max_examples, c.data.test_examples = 8, 20, 8
   c.model.hidden = (8,)
   c.runs = ml_collections.ConfigDict({"hierfavg": c.runs.hierfavg})
+  c.run_order = ("hierfavg",)
   c.runs.hierfavg.cohort_size, c.runs.hierfavg.periods = 2, (2,)
   return c
 
@@ -157,6 +158,7 @@ def test_a_server_diverging_in_the_last_round_is_not_written(tmp_path):
   c = hierfavg_config(rounds=1)
   c.runs = ml_collections.ConfigDict({"fedadam": ml_collections.ConfigDict(dict(
     algorithm="fedavg", cohort_size=4, server=dict(name="fedadam", learning_rate=1e30)))})
+  c.run_order = ("fedadam",)
   with pytest.raises(FloatingPointError, match="run 'fedadam' diverged at round 1"):
     _one_run(c, tmp_path)
   assert not (tmp_path / "summary.json").exists()
