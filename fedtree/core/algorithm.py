@@ -82,12 +82,15 @@ class TreeState:
     params: per server level ``l = 0 .. depth-1``, stacked models ``[N_l, ...]``.
     opt_state: per server level, stacked optimizer states ``[N_l, ...]``.
     client_state: persistent per-client state ``[C, ...]`` (``()`` if none).
+    cursor: ``int32[C]`` every client's batch cursor under ``batch_order="cyclic"``
+      (:meth:`fedtree.core.local.LocalSchedule.init_cursor`; ``()`` for the other orders).
   """
 
   round: jax.Array
   params: tuple
   opt_state: tuple
   client_state: Any = ()
+  cursor: Any = ()
 
 
 def per_level(value, depth: int, name: str) -> tuple:

@@ -20,7 +20,7 @@ from fedtree.algorithms.bhfl import with_level_report
 from fedtree.algorithms.hierfavg import fedavg, hierfavg
 from fedtree.core import sharding, tuning
 from fedtree.core.local import LocalSchedule, sgd_client_update
-from fedtree.core.server import optimizer_by_name, server_optimizer
+from fedtree.core.server import optimizer_by_name, optimizer_from_config, server_optimizer
 
 
 def local_optimizer_from_config(local: ml_collections.ConfigDict) -> optax.GradientTransformation:
@@ -38,11 +38,12 @@ def schedule_from_config(local: ml_collections.ConfigDict) -> LocalSchedule:
 
 
 def server_from_config(cfg: ml_collections.ConfigDict | None):
-  """A server optimizer from ``{name: ..., **hparams}`` (default FedAvg)."""
+  """A server optimizer from ``{name: ..., **hparams}`` (default FedAvg), an optax chain
+  ``{name: "chain", transforms: [...]}``, schedules as ``learning_rate`` (see
+  :func:`fedtree.core.server.optimizer_from_config`)."""
   if cfg is None:
     return server_optimizer("fedavg")
-  hp = {k: v for k, v in cfg.items() if k != "name"}
-  return server_optimizer(cfg.get("name", "fedavg"), **hp)
+  return optimizer_from_config(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg))
 
 
 def common(run, ctx) -> dict:
