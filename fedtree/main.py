@@ -101,7 +101,8 @@ def main(argv):
       raise
     from fedtree.experiment.runner import RunStopped
 
-    print(f"fedtree: {'stopped' if isinstance(e, RunStopped) else 'error'}: {e}", file=sys.stderr)
+    print(f"fedtree: {'stopped' if isinstance(e, RunStopped) else 'error'}: {_one_line(e)}",
+          file=sys.stderr)
     if not isinstance(e, RunStopped):
       print("fedtree: (run with --verbose for the traceback)", file=sys.stderr)
     sys.exit(EXIT_STOPPED if isinstance(e, RunStopped) else 1)
@@ -116,9 +117,32 @@ def quiet_logs() -> None:
     pylogging.getLogger(name).setLevel(pylogging.WARNING)
 
 
+def _one_line(e: BaseException) -> str:
+  """The message of a flag-parsing error on one line (ml_collections wraps a ``KeyError``
+  naming a mistyped field, with its "Did you mean" hint, in an ``AttributeError``)."""
+  while e.args and isinstance(e.args[0], BaseException):
+    e = e.args[0]
+  text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+  return " ".join(str(text).split())
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's parse, with every refused flag (a mistyped config field, a bad value, a missing or
+  broken config file) reported as one line; ``--verbose`` keeps the traceback."""
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # noqa: BLE001
+    if "--verbose" in argv[1:]:
+      raise
+    print(f"fedtree: error: {_one_line(e)}", file=sys.stderr)
+    print("fedtree: (run with --verbose for the traceback; --helpfull lists the flags)",
+          file=sys.stderr)
+    sys.exit(1)
+
+
 def run():
   flags.mark_flags_as_required(["config"])
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ def _slots(cohort, sizes) -> int:
 def build_fedavg(run, ctx):
   """FedAvg / FedOpt: one server over all clients (the tree is flattened)."""
   kw = dict(server_optimizer=server_from_config(run.get("server", None)), name=run.algorithm,
-            **common(run, ctx))
+            skip_nonfinite=bool(run.get("skip_nonfinite", False)), **common(run, ctx))
   kw = resolve_chunk_size(kw, _slots(kw["cohort_size"], [ctx.data.num_clients]), fedavg, ctx)
   return fedavg(**kw)
 
@@ -113,7 +113,8 @@ def build_hierfavg(run, ctx):
   periods = run.get("periods", None)
   kw = dict(topology=ctx.topology, server_optimizers=servers,
             periods=tuple(periods) if isinstance(periods, (list, tuple)) else periods,
-            name=run.algorithm, **common(run, ctx))
+            skip_nonfinite=bool(run.get("skip_nonfinite", False)), name=run.algorithm,
+            **common(run, ctx))
   leaf_sizes = ctx.topology.leaf_counts(ctx.topology.depth - 1)
   kw = resolve_chunk_size(kw, _slots(kw["cohort_size"], leaf_sizes), hierfavg, ctx)
   return hierfavg(**kw)
