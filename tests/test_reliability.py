@@ -332,3 +332,56 @@ def test_fedavg_skip_nonfinite_counts_skipped_clients_and_stays_finite():
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.params))
   with pytest.raises(loop.NonFiniteLossError, match="diverged at round 1"):
     loop.run(fedavg(**kw), bad, num_rounds=2, key=jax.random.key(0))
+
+
+# ------------------------------------------------------------------------ stop and resume, per family
+def _family_config(family):
+  """A tiny config with one run of ``family``'s state kind (persistent per-client state,
+  team models, async buffers, cluster assignments, private models)."""
+  if family in ("pfedme", "pfedmt"):
+    c = load_config("pfedmt_synthetic", "mlr")
+    c.data.num_clients, c.data.team_size, c.data.max_examples = 6, 3, 60
+    c.local.steps = 2
+    c.runs.pfedmt.team_iters = 2
+    c.runs.pfedme.inner_steps = 2
+  elif family == "bhfl_async":
+    from test_multi_configs import _small_bhfl
+
+    c = _small_bhfl()
+  elif family in ("ifca", "awcfl_b050"):
+    from test_clustering import _small_config
+
+    c = _small_config()
+  elif family == "fedkws_ui":
+    from test_fedkws import _small_config
+
+    c = _small_config()
+  else:
+    raise ValueError(family)
+  c.runs = ml_collections.ConfigDict({family: c.runs[family]})
+  c.run_order = (family,)
+  c.rounds, c.eval_every, c.rounds_per_call, c.checkpoint_every, c.progress = 4, 2, 1, 1, False
+  return c
+
+
+@pytest.mark.parametrize("family", [
+  "pfedme",
+  pytest.param("pfedmt", marks=pytest.mark.slow),
+  pytest.param("bhfl_async", marks=pytest.mark.slow),
+  pytest.param("ifca", marks=pytest.mark.slow),
+  pytest.param("awcfl_b050", marks=pytest.mark.slow),
+  pytest.param("fedkws_ui", marks=pytest.mark.slow),
+])
+def test_stopped_and_resumed_run_equals_an_uninterrupted_one(tmp_path, family):
+  """Stopped after round 3 (between evaluations, a checkpoint every round), then rerun: the
+  rows and the summary equal an uninterrupted run's bit for bit."""
+  c = _family_config(family)
+  _one_run(c, tmp_path / "full")
+  calls = []
+  with pytest.raises(experiment.runner.RunStopped, match="stopped at round 3 of 4"):
+    experiment.train_and_evaluate(c, str(tmp_path / "w"),
+                                  should_stop=lambda: calls.append(1) or len(calls) >= 3)
+  _one_run(c, tmp_path / "w")
+  assert _rows(tmp_path / "w") == _rows(tmp_path / "full")
+  assert (json.loads((tmp_path / "w" / "summary.json").read_text())
+          == json.loads((tmp_path / "full" / "summary.json").read_text()))
