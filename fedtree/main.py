@@ -34,6 +34,12 @@ _CPU_DEVICES = flags.DEFINE_integer(
 _MULTIHOST = flags.DEFINE_bool(
   "multihost", False, "Call jax.distributed.initialize() first (several hosts, one program)."
 )
+_COORDINATOR = flags.DEFINE_string(
+  "coordinator", None, "With --multihost: host:port of process 0 (default: detected on SLURM, "
+  "Open MPI, Kubernetes and Cloud TPU, or JAX_COORDINATOR_ADDRESS)."
+)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "With --multihost: number of processes.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "With --multihost: this process's id.")
 _OVERWRITE = flags.DEFINE_bool(
   "overwrite", False, "Delete the workdir's metrics, checkpoints and summary first (start fresh)."
 )
@@ -86,7 +92,11 @@ def main(argv):
       f"devices): the JAX backend was started before the flag was read"
     )
   if _MULTIHOST.value:
-    jax.distributed.initialize()
+    if os.environ.get("JAX_PLATFORMS", "") == "cpu":  # CPU collectives across processes
+      jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    given = dict(coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
+                 process_id=_PROCESS_ID.value)
+    jax.distributed.initialize(**{k: v for k, v in given.items() if v is not None})
   from fedtree.experiment.runner import train_and_evaluate
 
   if not _VERBOSE.value:
