@@ -34,6 +34,12 @@ _CPU_DEVICES = flags.DEFINE_integer(
 _MULTIHOST = flags.DEFINE_bool(
   "multihost", False, "Call jax.distributed.initialize() first (several hosts, one program)."
 )
+_COORDINATOR = flags.DEFINE_string(
+  "coordinator", None, "With --multihost: host:port of process 0 (default: detected on SLURM, "
+  "Open MPI, Kubernetes and Cloud TPU, or JAX_COORDINATOR_ADDRESS)."
+)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "With --multihost: number of processes.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "With --multihost: this process's id.")
 _OVERWRITE = flags.DEFINE_bool(
   "overwrite", False, "Delete the workdir's metrics, checkpoints and summary first (start fresh)."
 )
@@ -86,7 +92,11 @@ def main(argv):
       f"devices): the JAX backend was started before the flag was read"
     )
   if _MULTIHOST.value:
-    jax.distributed.initialize()
+    if os.environ.get("JAX_PLATFORMS", "") == "cpu":  # CPU collectives across processes
+      jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    given = dict(coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
+                 process_id=_PROCESS_ID.value)
+    jax.distributed.initialize(**{k: v for k, v in given.items() if v is not None})
   from fedtree.experiment.runner import train_and_evaluate
 
   if not _VERBOSE.value:
@@ -101,7 +111,8 @@ def main(argv):
       raise
     from fedtree.experiment.runner import RunStopped
 
-    print(f"fedtree: {'stopped' if isinstance(e, RunStopped) else 'error'}: {e}", file=sys.stderr)
+    print(f"fedtree: {'stopped' if isinstance(e, RunStopped) else 'error'}: {_one_line(e)}",
+          file=sys.stderr)
     if not isinstance(e, RunStopped):
       print("fedtree: (run with --verbose for the traceback)", file=sys.stderr)
     sys.exit(EXIT_STOPPED if isinstance(e, RunStopped) else 1)
@@ -116,9 +127,32 @@ def quiet_logs() -> None:
     pylogging.getLogger(name).setLevel(pylogging.WARNING)
 
 
+def _one_line(e: BaseException) -> str:
+  """The message of a flag-parsing error on one line (ml_collections wraps a ``KeyError``
+  naming a mistyped field, with its "Did you mean" hint, in an ``AttributeError``)."""
+  while e.args and isinstance(e.args[0], BaseException):
+    e = e.args[0]
+  text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+  return " ".join(str(text).split())
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's parse, with every refused flag (a mistyped config field, a bad value, a missing or
+  broken config file) reported as one line; ``--verbose`` keeps the traceback."""
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # noqa: BLE001
+    if "--verbose" in argv[1:]:
+      raise
+    print(f"fedtree: error: {_one_line(e)}", file=sys.stderr)
+    print("fedtree: (run with --verbose for the traceback; --helpfull lists the flags)",
+          file=sys.stderr)
+    sys.exit(1)
+
+
 def run():
   flags.mark_flags_as_required(["config"])
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ def hierfavg_config(rounds=4):
   c.data.dim, c.data.max_examples, c.data.test_examples = 8, 20, 8
   c.model.hidden = (8,)
   c.runs = ml_collections.ConfigDict({"hierfavg": c.runs.hierfavg})
+  c.run_order = ("hierfavg",)
   c.runs.hierfavg.cohort_size, c.runs.hierfavg.periods = 2, (2,)
   return c
 
@@ -157,6 +158,7 @@ def test_a_server_diverging_in_the_last_round_is_not_written(tmp_path):
   c = hierfavg_config(rounds=1)
   c.runs = ml_collections.ConfigDict({"fedadam": ml_collections.ConfigDict(dict(
     algorithm="fedavg", cohort_size=4, server=dict(name="fedadam", learning_rate=1e30)))})
+  c.run_order = ("fedadam",)
   with pytest.raises(FloatingPointError, match="run 'fedadam' diverged at round 1"):
     _one_run(c, tmp_path)
   assert not (tmp_path / "summary.json").exists()
@@ -257,8 +259,129 @@ def test_cli_refusal_is_one_line_and_results_go_to_stdout(tmp_path):
   assert bad.returncode == 1
   assert "Traceback" not in bad.stderr
   assert "fedtree: error: config.local.learning_rate=-1" in bad.stderr
+  typo = subprocess.run(base + ["--config.rnds=3"], cwd=ROOT, env=ENV, capture_output=True,
+                        text=True, timeout=300)
+  assert typo.returncode == 1 and "Traceback" not in typo.stderr
+  assert 'Did you mean "rounds"' in typo.stderr.splitlines()[0]
   ok = subprocess.run(base, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
   assert ok.returncode == 0, ok.stderr[-3000:]
   assert "Final evaluation" in ok.stdout
   assert "no workdir given" in ok.stderr
   assert "orbax" not in ok.stderr.lower()
+
+
+# ------------------------------------------------------------------------ skipping bad clients
+def _poisoned_problem():
+  from fedtree.core.data import as_device
+  from fedtree.datasets.synthetic import grouped_synthetic
+  from fedtree.models import build_model
+
+  data, _ = grouped_synthetic(group_sizes=(3, 3), dim=4, num_classes=3, mean_examples=6,
+                              min_examples=3, max_examples=8, test_examples=3, seed=1)
+  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(4,))
+  data = as_device(data)
+  bad = data.replace(x_train=data.x_train.at[1].set(jnp.nan))  # client 1 diverges
+  return model, data, bad
+
+
+def test_skip_nonfinite_gives_a_bad_client_weight_zero():
+  """train_cohort(skip_nonfinite=True) on data where client 1 is NaN = the weighted mean of
+  the other clients' deltas from a clean run (clients are keyed by index, so they match)."""
+  import optax
+
+  from fedtree.core.algorithm import local_training
+  from fedtree.core.local import LocalSchedule
+  from fedtree.core.sampling import cohort_sampler
+  from fedtree.core.tier import train_cohort
+
+  model, data, bad = _poisoned_problem()
+  sched = LocalSchedule(batch_size=2, epochs=1)
+  update = local_training(None, model, optax.sgd(0.1), sched, data)
+  theta = jax.tree.map(lambda p: p[None], model.init(jax.random.key(0)))
+  cohort = cohort_sampler(np.zeros(data.num_clients, np.int32), None)(jax.random.key(1))
+  kw = dict(num_steps=sched.num_steps(data.n_train), weights=data.n_train.astype(jnp.float32),
+            key=jax.random.key(2), chunk_size=2)
+  clean = train_cohort(update, theta, cohort, data, keep_client_params=True, **kw)
+  skipped = train_cohort(update, theta, cohort, bad, skip_nonfinite=True, **kw)
+  assert int(skipped.num_skipped) == 1 and int(skipped.num_trained) == data.num_clients - 1
+  slot = {int(c): i for i, c in enumerate(np.asarray(cohort.clients))}
+  w = np.asarray(data.n_train, np.float64)
+  w[1] = 0.0
+  expect = jax.tree.map(
+    lambda t, cp: sum(w[c] * (np.asarray(t[0]) - np.asarray(cp[slot[c]])) for c in range(len(w)))
+    / w.sum(), theta, clean.client_params)
+  for a, b in zip(jax.tree.leaves(skipped.pseudo_gradient()), jax.tree.leaves(expect), strict=True):
+    np.testing.assert_allclose(np.asarray(a)[0], b, atol=1e-6)
+  unskipped = train_cohort(update, theta, cohort, bad, **kw)
+  assert not all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(unskipped.pseudo_gradient()))
+
+
+def test_fedavg_skip_nonfinite_counts_skipped_clients_and_stays_finite():
+  import optax
+
+  from fedtree.algorithms.hierfavg import fedavg
+  from fedtree.core.local import LocalSchedule
+
+  model, _, bad = _poisoned_problem()
+  kw = dict(model=model, data=bad, local_optimizer=optax.sgd(0.1),
+            schedule=LocalSchedule(batch_size=2, epochs=1))
+  rows = []
+  state = loop.run(fedavg(skip_nonfinite=True, **kw), bad, num_rounds=2, key=jax.random.key(0),
+                   on_metrics=lambda r, m: rows.append(m))
+  assert [m["clients_skipped"] for m in rows] == [1, 1]
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.params))
+  with pytest.raises(loop.NonFiniteLossError, match="diverged at round 1"):
+    loop.run(fedavg(**kw), bad, num_rounds=2, key=jax.random.key(0))
+
+
+# ------------------------------------------------------------------------ stop and resume, per family
+def _family_config(family):
+  """A tiny config with one run of ``family``'s state kind (persistent per-client state,
+  team models, async buffers, cluster assignments, private models)."""
+  if family in ("pfedme", "pfedmt"):
+    c = load_config("pfedmt_synthetic", "mlr")
+    c.data.num_clients, c.data.team_size, c.data.max_examples = 6, 3, 60
+    c.local.steps = 2
+    c.runs.pfedmt.team_iters = 2
+    c.runs.pfedme.inner_steps = 2
+  elif family == "bhfl_async":
+    from test_multi_configs import _small_bhfl
+
+    c = _small_bhfl()
+  elif family in ("ifca", "awcfl_b050"):
+    from test_clustering import _small_config
+
+    c = _small_config()
+  elif family == "fedkws_ui":
+    from test_fedkws import _small_config
+
+    c = _small_config()
+  else:
+    raise ValueError(family)
+  c.runs = ml_collections.ConfigDict({family: c.runs[family]})
+  c.run_order = (family,)
+  c.rounds, c.eval_every, c.rounds_per_call, c.checkpoint_every, c.progress = 4, 2, 1, 1, False
+  return c
+
+
+@pytest.mark.parametrize("family", [
+  "pfedme",
+  pytest.param("pfedmt", marks=pytest.mark.slow),
+  pytest.param("bhfl_async", marks=pytest.mark.slow),
+  pytest.param("ifca", marks=pytest.mark.slow),
+  pytest.param("awcfl_b050", marks=pytest.mark.slow),
+  pytest.param("fedkws_ui", marks=pytest.mark.slow),
+])
+def test_stopped_and_resumed_run_equals_an_uninterrupted_one(tmp_path, family):
+  """Stopped after round 3 (between evaluations, a checkpoint every round), then rerun: the
+  rows and the summary equal an uninterrupted run's bit for bit."""
+  c = _family_config(family)
+  _one_run(c, tmp_path / "full")
+  calls = []
+  with pytest.raises(experiment.runner.RunStopped, match="stopped at round 3 of 4"):
+    experiment.train_and_evaluate(c, str(tmp_path / "w"),
+                                  should_stop=lambda: calls.append(1) or len(calls) >= 3)
+  _one_run(c, tmp_path / "w")
+  assert _rows(tmp_path / "w") == _rows(tmp_path / "full")
+  assert (json.loads((tmp_path / "w" / "summary.json").read_text())
+          == json.loads((tmp_path / "full" / "summary.json").read_text()))

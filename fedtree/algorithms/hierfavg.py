@@ -84,6 +84,7 @@ def hierfavg(
   compute_dtype: str | None = None,
   client_update: ClientUpdate | None = None,
   init_params: PyTree | None = None,
+  skip_nonfinite: bool = False,
   name: str = "hierfavg",
 ) -> FederatedAlgorithm:
   """HierFAVG / hierarchical FedOpt on ``topology``.
@@ -109,6 +110,9 @@ def hierfavg(
       ``TreeState.client_state``, only the clients that trained update it, and its
       ``personal_models`` are scored as ``personal``.
     init_params: the model to start every node from (default ``model.init(key)``).
+    skip_nonfinite: leave out clients whose update is not finite (weight 0) instead of
+      letting them poison the mean; their count is the ``clients_skipped`` metric (see
+      :func:`fedtree.core.tier.train_cohort`).
     name: label for reports.
   """
   data.validate(topology)
@@ -146,7 +150,7 @@ def hierfavg(
       num_steps=schedule.num_steps(data.n_train), weights=w_client,
       key=stream(key, "train"), chunk_size=sampler.chunk_size, client_state=state.client_state,
       parent_aligned=sampler.parent_aligned, batch_order=schedule.batch_order,
-      batch_size=schedule.batch_size, cursor=state.cursor,
+      batch_size=schedule.batch_size, cursor=state.cursor, skip_nonfinite=skip_nonfinite,
     )
     params[depth - 1], opt_state[depth - 1] = update_nodes(
       server_optimizers[depth - 1], params[depth - 1], opt_state[depth - 1],
@@ -174,6 +178,8 @@ def hierfavg(
       "train_loss": res.loss_sum / jnp.maximum(res.num_trained, 1).astype(jnp.float32),
       "clients_trained": res.num_trained,
     }
+    if skip_nonfinite:
+      metrics["clients_skipped"] = res.num_skipped
     new_state = state.replace(
       round=r, params=tuple(params), opt_state=tuple(opt_state), client_state=res.client_state,
       cursor=res.cursor,
@@ -202,6 +208,7 @@ def fedavg(
   compute_dtype: str | None = None,
   client_update: ClientUpdate | None = None,
   init_params: PyTree | None = None,
+  skip_nonfinite: bool = False,
   name: str = "fedavg",
 ) -> FederatedAlgorithm:
   """FedAvg (McMahan et al. 2017), or FedOpt with ``server_optimizer``: one server, one tier
@@ -211,5 +218,5 @@ def fedavg(
     local_optimizer=local_optimizer, schedule=schedule,
     server_optimizers=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size,
     weighting=weighting, compute_dtype=compute_dtype, client_update=client_update,
-    init_params=init_params, name=name,
+    init_params=init_params, skip_nonfinite=skip_nonfinite, name=name,
   )

@@ -43,7 +43,7 @@ class TierResult(NamedTuple):
     client_params: ``[K, ...]`` the trained model of every cohort slot (only with
       ``keep_client_params=True``, else ``None``).
     loss_sum: ``[]`` sum over the cohort of each client's mean local loss.
-    num_trained: ``[]`` number of clients that trained.
+    num_trained: ``[]`` number of clients that trained (skipped ones excluded).
     cursor: ``int32[C]`` the ``"cyclic"`` batch cursors, advanced where clients trained
       (``()`` for the other batch orders).
   """
@@ -55,6 +55,7 @@ class TierResult(NamedTuple):
   loss_sum: jax.Array
   num_trained: jax.Array
   cursor: jax.Array | tuple = ()
+  num_skipped: jax.Array | int = 0
 
   def pseudo_gradient(self) -> PyTree:
     """The mean pseudo-gradient ``Θ - Σ p_i θ_i`` of every parent (0 where none reported)."""
@@ -82,6 +83,7 @@ def train_cohort(
   batch_order: str = "shuffled",
   batch_size: int | None = None,
   cursor: jax.Array | tuple = (),
+  skip_nonfinite: bool = False,
 ) -> TierResult:
   """Trains every client of ``cohort`` from its parent's model and aggregates per parent.
 
@@ -108,6 +110,10 @@ def train_cohort(
     cursor: ``int32[C]`` every client's batch cursor (``"cyclic"`` only: from
       ``LocalSchedule.init_cursor``, then the previous ``TierResult.cursor``); each trained
       client's cursor advances by its ``num_steps``.
+    skip_nonfinite: a client whose update (model delta or loss) is not finite is left out
+      instead of poisoning its parent's mean, as production FL systems do: weight 0, its
+      persistent state unchanged, its loss not averaged, counted in ``num_skipped``. Off by
+      default, so that divergence stops a run (``fedtree.core.loop``) rather than hiding.
   """
   check_batch_order(batch_order)
   cyclic = batch_order == "cyclic"
@@ -149,7 +155,7 @@ def train_cohort(
 
   def body(carry, chunk_slots):
     ch, ch_steps = chunk_slots
-    delta_sum, weight_sum, state, loss_sum, count = carry
+    delta_sum, weight_sum, state, loss_sum, count, skipped = carry
     # Under a ``jax.set_mesh`` with a ``clients`` axis, each device trains its slice of the
     # chunk (identity otherwise; see fedtree.core.sharding).
     if parent_aligned:
@@ -182,6 +188,17 @@ def train_cohort(
     else:
       anchor = _take(anchor_params, ch.parent)
     delta = jax.tree.map(jnp.subtract, anchor, params)
+    trained = ch.valid
+    if skip_nonfinite:
+      ok = jnp.isfinite(loss)
+      for d in jax.tree.leaves(delta):
+        ok = ok & jnp.isfinite(d).reshape(chunk, -1).all(axis=1)
+      delta = jax.tree.map(
+        lambda d: jnp.where(ok.reshape((chunk,) + (1,) * (d.ndim - 1)), d, 0), delta)
+      loss = jnp.where(ok, loss, 0.0)
+      skipped = skipped + jnp.sum((ch.valid & ~ok).astype(jnp.int32))
+      trained = ch.valid & ok
+      w = jnp.where(ok, w, 0.0)
     parent = per_device(ch.parent)
     delta_sum = on_devices(jax.tree.map(
       jnp.add, delta_sum,
@@ -190,11 +207,13 @@ def train_cohort(
     weight_sum = on_devices(weight_sum + jax.vmap(
       lambda v, i: jax.ops.segment_sum(v, i, num_segments=num_parents)
     )(per_device(w), parent))
-    scatter_idx = jnp.where(ch.valid, ch.clients, num_clients)  # padding slots write nowhere
+    # Padding (and skipped) slots write nowhere.
+    scatter_idx = jnp.where(trained, ch.clients, num_clients)
     state = jax.tree.map(lambda s, v: s.at[scatter_idx].set(v, mode="drop"), state, new_state)
-    loss_sum = loss_sum + jnp.sum(jnp.where(ch.valid, loss, 0.0))
-    count = count + jnp.sum(ch.valid.astype(jnp.int32))
-    return (delta_sum, weight_sum, state, loss_sum, count), (params if keep_client_params else None)
+    loss_sum = loss_sum + jnp.sum(jnp.where(trained, loss, 0.0))
+    count = count + jnp.sum(trained.astype(jnp.int32))
+    return ((delta_sum, weight_sum, state, loss_sum, count, skipped),
+            (params if keep_client_params else None))
 
   init = (
     on_devices(jax.tree.map(lambda p: jnp.zeros((devices,) + p.shape, p.dtype), parent_params)),
@@ -202,8 +221,10 @@ def train_cohort(
     client_state,
     jnp.zeros((), jnp.float32),
     jnp.zeros((), jnp.int32),
+    jnp.zeros((), jnp.int32),
   )
-  (delta_sum, weight_sum, state, loss_sum, count), per_chunk = jax.lax.scan(body, init, chunks)
+  (delta_sum, weight_sum, state, loss_sum, count, skipped), per_chunk = jax.lax.scan(
+    body, init, chunks)
   delta_sum = jax.tree.map(lambda a: jnp.sum(a, axis=0), delta_sum)  # the one reduction
   weight_sum = jnp.sum(weight_sum, axis=0)
   client_params = None
@@ -217,4 +238,4 @@ def train_cohort(
     moved = advance_cursor(jnp.take(cursor, cohort.clients), jnp.take(num_steps, cohort.clients),
                            jnp.take(data.n_train, cohort.clients), batch_size)
     cursor = cursor.at[scatter_idx].set(moved, mode="drop")
-  return TierResult(delta_sum, weight_sum, state, client_params, loss_sum, count, cursor)
+  return TierResult(delta_sum, weight_sum, state, client_params, loss_sum, count, cursor, skipped)
