@@ -123,8 +123,11 @@ def build_pfedmt(run, ctx):
   """pFedMT (paper 003) on the config's root -> teams -> devices tree.
 
   Run fields: ``lam`` (λ), ``gamma`` (γ), ``eta`` (η), ``beta`` (β), ``team_iters`` (K),
-  ``learning_rate`` (α; default ``config.local.learning_rate``), ``weighting``. ``L`` and the
-  minibatch size are ``config.local.steps`` / ``batch_size``.
+  ``learning_rate`` (α; default ``config.local.learning_rate``), ``weighting``; for reproducing
+  other code: ``device_lam`` (the device step's λ, default ``lam``), ``cohort_size`` (devices
+  sampled per team per team iteration, default all), ``team_weighting`` (``"examples"``,
+  ``"devices"`` or ``"uniform"``). ``L``, the minibatch size and the batch order are
+  ``config.local.steps`` / ``batch_size`` / ``batch_order``.
   """
   from fedtree.algorithms.pfedmt import pfedmt
 
@@ -135,6 +138,9 @@ def build_pfedmt(run, ctx):
     eta=float(run.get("eta", 0.03)), beta=float(run.get("beta", 1.0)),
     team_iters=int(run.get("team_iters", 30)), weighting=run.get("weighting", "examples"),
     chunk_size=ctx.chunk_size(run), name=run.algorithm,
+    device_lam=None if run.get("device_lam", None) is None else float(run.device_lam),
+    cohort_size=None if run.get("cohort_size", None) is None else int(run.cohort_size),
+    team_weighting=run.get("team_weighting", None),
   )
 
 
