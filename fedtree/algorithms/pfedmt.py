@@ -177,6 +177,7 @@ def pfedmt(
     )
     if team_weighting == "uniform":
       tau = jnp.ones_like(tau)
+    tau = tau.astype(jnp.result_type(jnp.float32, *jax.tree.leaves(x)))  # float64 state: float64 τ
     tau = tau / jnp.sum(tau)
     num_steps = schedule.num_steps(data.n_train)
     cohort_key = stream(key, "cohort")
@@ -198,7 +199,7 @@ def pfedmt(
         + eta * lam * tb,
         w, x, theta_bar,
       )
-      loss = res.loss_sum / jnp.maximum(res.num_trained, 1).astype(jnp.float32)
+      loss = res.loss_sum / jnp.maximum(res.num_trained, 1)
       return (w, res.client_state, res.cursor), loss
 
     (w, pm, cursor), losses = jax.lax.scan(
