@@ -28,6 +28,7 @@ def _x64(*names: str) -> dict:
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a fresh process (import + compile) takes over 10 s here
 def test_fedavg_float64_matches_reference_loop_and_compiles_once():
   out = _x64("fedavg", "compiles")
   assert out["fedavg"]["dtypes"] == ["float64"]
