@@ -9,6 +9,7 @@ from fedtree.algorithms.pfedmt import pfedmt
 from fedtree.core.data import as_device, from_client_arrays
 from fedtree.core.local import ClientData, LocalSchedule, run_local_steps
 from fedtree.core.rng import stream
+from fedtree.core.sampling import cohort_sampler
 from fedtree.core.topology import Topology
 from fedtree.models import build_model
 from fedtree.objectives.moreau import MoreauCarry, moreau_step
@@ -89,28 +90,33 @@ def test_one_device_per_team_by_hand(sizes, weighting):
       close(state.client_state["Dense_0"]["bias"][i], pm[i][1])
 
 
-def _reference_round(model, x, data, team_of, key, *, L, K, B, weighting, hp):
-  """Per-device Python loop of one global round (same keys as the vectorized program)."""
+def _reference_round(model, x, data, team_of, key, *, L, K, B, weighting, hp, device_lam=None,
+                     team_weighting=None, cohort_size=None, pm=None):
+  """Per-device Python loop of one global round (same keys, and the same sampled devices, as
+  the vectorized program)."""
   a, lam, g, eta, beta = hp["learning_rate"], hp["lam"], hp["gamma"], hp["eta"], hp["beta"]
   num_teams = int(team_of.max()) + 1
   n = np.asarray(data.n_train)
   wts = n.astype(np.float64) if weighting == "examples" else np.ones_like(n, np.float64)
-  step = moreau_step(model, learning_rate=a, lam=lam)
+  step = moreau_step(model, learning_rate=a, lam=lam if device_lam is None else device_lam)
   train = jax.jit(lambda carry, cd, k: run_local_steps(step, carry, cd, jnp.int32(L), k,
                                                        batch_size=B, max_steps=L)[0])
+  sampler = cohort_sampler(team_of, cohort_size)
   w = [x for _ in range(num_teams)]
-  pm = [None] * len(n)
+  pm = [x for _ in range(len(n))] if pm is None else list(pm)
   for k in range(K):
     kk = jax.random.fold_in(stream(key, "train"), k)
-    thetas = []
-    for c in range(len(n)):
+    cohort = sampler(jax.random.fold_in(stream(key, "cohort"), k))
+    sampled = set(np.asarray(cohort.clients)[np.asarray(cohort.valid)].tolist())
+    thetas = {}
+    for c in sorted(sampled):
       cd = ClientData(data.x_train[c], data.y_train[c], data.n_train[c])
       carry = train(MoreauCarry(w[team_of[c]], w[team_of[c]]), cd, jax.random.fold_in(kk, c))
-      thetas.append(carry.params)
+      thetas[c] = carry.params
       pm[c] = carry.params
     new_w = []
     for i in range(num_teams):
-      mem = [c for c in range(len(n)) if team_of[c] == i]
+      mem = [c for c in range(len(n)) if team_of[c] == i and c in sampled]
       tot = sum(wts[c] for c in mem)
       tbar = jax.tree.map(
         lambda *ts, mem=mem, tot=tot: sum(wts[c] * t for c, t in zip(mem, ts, strict=True)) / tot,
@@ -119,8 +125,11 @@ def _reference_round(model, x, data, team_of, key, *, L, K, B, weighting, hp):
         lambda wi, xi, tb: (1 - eta * lam - eta * g) * wi + eta * g * xi + eta * lam * tb,
         w[i], x, tbar))
     w = new_w
-  team_w = np.array([sum(wts[c] for c in range(len(n)) if team_of[c] == i)
-                     for i in range(num_teams)])
+  if team_weighting is None:
+    team_weighting = "examples" if weighting == "examples" else "devices"
+  by = {"examples": n.astype(np.float64), "devices": np.ones(len(n)), "uniform": None}[team_weighting]
+  team_w = (np.ones(num_teams) if by is None else
+            np.array([sum(by[c] for c in range(len(n)) if team_of[c] == i) for i in range(num_teams)]))
   tau = team_w / team_w.sum()
   wbar = jax.tree.map(lambda *ws: sum(t * wi for t, wi in zip(tau, ws, strict=True)), *w)
   x = jax.tree.map(lambda xi, wb: (1 - beta * g) * xi + beta * g * wb, x, wbar)
@@ -152,6 +161,83 @@ def test_vectorized_matches_per_device_loop(weighting, chunk):
   models = alg.models(state)
   assert set(models) == {"global", "team", "personal"}
   np.testing.assert_array_equal(models["team"].model_of_client, labels)
+
+
+@pytest.mark.parametrize("opts", [
+  dict(device_lam=0.5),
+  dict(team_weighting="uniform"),
+  dict(team_weighting="devices"),
+  dict(cohort_size=2, chunk_size=2),
+  dict(cohort_size=1, device_lam=4.0, team_weighting="uniform"),
+])
+def test_reproduction_options_match_per_device_loop(opts):
+  """Device λ apart from the team's, device sampling per team and team weights by examples,
+  devices or 1/M, over two rounds (the second starts from sampled devices' state)."""
+  sizes = [6, 9, 4, 11, 5]
+  labels = np.array([0, 0, 0, 1, 1])
+  data = _data(sizes, dim=4, classes=3, seed=3)
+  model = build_model("logreg", example_shape=(4,), num_classes=3)
+  L, K, B = 2, 3, 4
+  alg = pfedmt(model=model, topology=Topology.from_labels(labels), data=data,
+               schedule=_sched(B, L), team_iters=K, **HP, **opts)
+  state = alg.init(jax.random.key(0))
+  x, pm = state.params, [jax.tree.map(lambda p, c=c: p[c], state.client_state) for c in range(5)]
+  ref_opts = {k: v for k, v in opts.items() if k != "chunk_size"}
+  close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  step = jax.jit(alg.round)
+  for r in range(2):
+    key = jax.random.key(7 + r)
+    x, w, pm = _reference_round(model, x, data, labels, key, L=L, K=K, B=B, weighting="examples",
+                                hp=HP, pm=pm, **ref_opts)
+    state, _ = step(state, data, key)
+    jax.tree.map(close, state.params, x)
+    for c in range(len(sizes)):
+      jax.tree.map(close, jax.tree.map(lambda p, c=c: p[c], state.client_state), pm[c])
+  if opts.get("device_lam") or opts.get("team_weighting") == "uniform":  # the option matters
+    plain = pfedmt(model=model, topology=Topology.from_labels(labels), data=data,
+                   schedule=_sched(B, L), team_iters=K, **HP,
+                   cohort_size=opts.get("cohort_size"))
+    s0, _ = plain.round(plain.init(jax.random.key(0)), data, jax.random.key(7))
+    s1, _ = alg.round(alg.init(jax.random.key(0)), data, jax.random.key(7))
+    assert not np.allclose(s0.params["Dense_0"]["kernel"], s1.params["Dense_0"]["kernel"])
+
+
+def test_custom_client_update_init_state_is_honoured():
+  from flax import struct
+
+  from fedtree.core.algorithm import stack
+  from fedtree.core.local import ClientUpdate
+  from fedtree.objectives.moreau import moreau_client_update
+
+  @struct.dataclass
+  class Counted:
+    personal: object  # [C, ...] personalized models
+    trained: jax.Array  # int32[C] team iterations each device trained in
+
+  data = _data([4, 5, 6, 3])
+  topo = Topology.from_labels([0, 0, 1, 1])
+  model = build_model("logreg", example_shape=(3,), num_classes=3)
+  sched, K = _sched(2, 2), 3
+  base = moreau_client_update(model, learning_rate=HP["learning_rate"], lam=HP["lam"],
+                              batch_size=2, max_steps=2)
+
+  def apply(anchor, state, cd, num_steps, key):
+    params, _, loss = base.apply(anchor, state.personal, cd, num_steps, key)
+    return params, Counted(personal=params, trained=state.trained + 1), loss
+
+  update = ClientUpdate(apply=apply, init_state=lambda p, c: Counted(
+    personal=stack(p, c), trained=jnp.zeros((c,), jnp.int32)))
+  alg = pfedmt(model=model, topology=topo, data=data, schedule=sched, team_iters=K,
+               client_update=update, **HP)
+  plain = pfedmt(model=model, topology=topo, data=data, schedule=sched, team_iters=K, **HP)
+  state = alg.init(jax.random.key(0))
+  assert isinstance(state.client_state, Counted)
+  state, _ = jax.jit(alg.round)(state, data, jax.random.key(3))
+  ref, _ = jax.jit(plain.round)(plain.init(jax.random.key(0)), data, jax.random.key(3))
+  np.testing.assert_array_equal(state.client_state.trained, K)
+  close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  jax.tree.map(close, state.client_state.personal, ref.client_state)
+  jax.tree.map(close, alg.models(state)["personal"].params, ref.client_state)
 
 
 def test_round_compiles_once():
@@ -187,3 +273,7 @@ def test_rejects_bad_trees_and_hyperparameters():
     pfedmt(model=model, topology=topo, data=data, schedule=sched, lam=-1.0)
   with pytest.raises(ValueError, match="weighting"):
     pfedmt(model=model, topology=topo, data=data, schedule=sched, weighting="size")
+  with pytest.raises(ValueError, match="team_weighting='teams'; choose one of"):
+    pfedmt(model=model, topology=topo, data=data, schedule=sched, team_weighting="teams")
+  with pytest.raises(ValueError, match="device_lam"):
+    pfedmt(model=model, topology=topo, data=data, schedule=sched, device_lam=-1.0)

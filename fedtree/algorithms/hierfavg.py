@@ -175,7 +175,7 @@ def hierfavg(
         jnp.broadcast_to(active[lv], (topology.num_nodes(lv + 1),)), down, params[lv + 1]
       )
     metrics = {
-      "train_loss": res.loss_sum / jnp.maximum(res.num_trained, 1).astype(jnp.float32),
+      "train_loss": res.loss_sum / jnp.maximum(res.num_trained, 1),
       "clients_trained": res.num_trained,
     }
     if skip_nonfinite:

@@ -20,9 +20,9 @@ on the Moreau envelope, as in the authors' code); the printed Algorithm 1 line 1
 **(choice)** As the paper's section 3.1 states, devices restart from their team model at
 every team iteration and teams from ``x`` at every global round. The device update is
 :func:`fedtree.objectives.moreau.moreau_step` on minibatches of the local schedule (``L`` =
-``schedule.steps``, or epochs). Every device of every team trains in every team iteration
-(the paper samples no devices). Weights ``δ`` and ``τ`` are by examples (the paper) or
-uniform (the authors' code): ``weighting=``.
+``schedule.steps``, or epochs). By default every device of every team trains in every team
+iteration (the paper samples no devices; ``cohort_size`` below). Weights ``δ`` and ``τ`` are
+by examples (the paper) or uniform (the authors' code): ``weighting=``.
 
 Options for reproducing other code exactly (the paper's form is every default):
 
@@ -191,6 +191,7 @@ def pfedmt(
     )
     if team_weighting == "uniform":
       tau = jnp.ones_like(tau)
+    tau = tau.astype(jnp.result_type(jnp.float32, *jax.tree.leaves(x)))  # float64 state: float64 τ
     tau = tau / jnp.sum(tau)
     num_steps = schedule.num_steps(data.n_train)
     cohort_key = stream(key, "cohort")
@@ -212,7 +213,7 @@ def pfedmt(
         + eta * lam * tb,
         w, x, theta_bar,
       )
-      loss = res.loss_sum / jnp.maximum(res.num_trained, 1).astype(jnp.float32)
+      loss = res.loss_sum / jnp.maximum(res.num_trained, 1)
       return (w, res.client_state, res.cursor), loss
 
     (w, pm, cursor), losses = jax.lax.scan(

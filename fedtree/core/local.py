@@ -244,11 +244,14 @@ def run_local_steps(
     t, carry, loss_sum = state
     batch = batch_at(batch_key, data, t, batch_size)
     carry, loss = step(carry, batch, jax.random.fold_in(step_key, t))
-    return t + 1, carry, loss_sum + loss
+    return t + 1, carry, loss_sum + loss.astype(loss_sum.dtype)
 
-  init = (jnp.zeros((), jnp.int32), carry, jnp.zeros((), jnp.float32))
+  # The loss sum in the carry's float dtype (float32, or float64 under jax_enable_x64).
+  floats = [a for a in jax.tree.leaves(carry) if jnp.issubdtype(jnp.result_type(a), jnp.floating)]
+  loss_dtype = jnp.result_type(jnp.float32, *floats)
+  init = (jnp.zeros((), jnp.int32), carry, jnp.zeros((), loss_dtype))
   _, carry, loss_sum = jax.lax.while_loop(cond, body, init)
-  return carry, loss_sum / jnp.maximum(steps, 1).astype(jnp.float32)
+  return carry, loss_sum / jnp.maximum(steps, 1).astype(loss_dtype)
 
 
 # ------------------------------------------------------------------------ objectives

@@ -66,7 +66,7 @@ def token_mask(labels: jax.Array, mask: jax.Array) -> jax.Array:
 def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
   """Mean softmax cross-entropy over the entries where ``mask`` is true (0 if none); for
   sequence labels the mean is over real tokens (:func:`token_mask`)."""
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+  logp = jax.nn.log_softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)))
   nll = -jnp.take_along_axis(logp, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
-  m = token_mask(labels, mask).astype(jnp.float32)
+  m = token_mask(labels, mask).astype(logp.dtype)
   return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)

@@ -105,12 +105,14 @@ def fedopt(
     else:
       v = jax.tree.map(lambda v, d: v - (1 - b2) * d * d * jnp.sign(v - d * d), state.v, delta)
     count = state.count + 1
+    # Hyperparameters in the state's float dtype: float64 state is not stepped at float32.
+    dtype = jnp.result_type(jnp.float32, *jax.tree.leaves(state.m))
     if callable(learning_rate):
-      lr = jnp.asarray(learning_rate(state.count), jnp.float32)
+      lr = jnp.asarray(learning_rate(state.count), dtype)
     else:
-      lr = jnp.asarray(learning_rate, jnp.float32)
+      lr = jnp.asarray(learning_rate, dtype)
     if bias_correction:
-      t = (count + offset).astype(jnp.float32)
+      t = (count + offset).astype(dtype)
       lr = lr * jnp.sqrt(1 - b2**t) / (1 - b1**t)
     updates = jax.tree.map(lambda m, v: -lr * m / (jnp.sqrt(v) + tau), m, v)
     return updates, FedOptState(count=count, m=m, v=v)

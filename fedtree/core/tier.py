@@ -152,6 +152,8 @@ def train_cohort(
     return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, P(CLIENT_AXIS)), tree)
 
   segment_sums = jax.vmap(weighted_segment_sum, in_axes=(0, 0, 0, None))
+  # Weights and loss sums in the parameters' float dtype (float64 state keeps float64 sums).
+  fdtype = jnp.result_type(jnp.float32, *jax.tree.leaves(parent_params))
 
   def body(carry, chunk_slots):
     ch, ch_steps = chunk_slots
@@ -179,7 +181,7 @@ def train_cohort(
       keys,
     )
     params = constrain_clients(params)
-    w = jnp.where(ch.valid, jnp.take(weights, ch.clients).astype(jnp.float32), 0.0)
+    w = jnp.where(ch.valid, jnp.take(weights, ch.clients).astype(fdtype), 0.0)
     if anchor_params is parent_params:
       anchor = start
     elif parent_aligned:
@@ -210,16 +212,16 @@ def train_cohort(
     # Padding (and skipped) slots write nowhere.
     scatter_idx = jnp.where(trained, ch.clients, num_clients)
     state = jax.tree.map(lambda s, v: s.at[scatter_idx].set(v, mode="drop"), state, new_state)
-    loss_sum = loss_sum + jnp.sum(jnp.where(trained, loss, 0.0))
-    count = count + jnp.sum(trained.astype(jnp.int32))
+    loss_sum = loss_sum + jnp.sum(jnp.where(trained, loss, 0.0)).astype(fdtype)
+    count = count + jnp.sum(trained, dtype=jnp.int32)
     return ((delta_sum, weight_sum, state, loss_sum, count, skipped),
             (params if keep_client_params else None))
 
   init = (
     on_devices(jax.tree.map(lambda p: jnp.zeros((devices,) + p.shape, p.dtype), parent_params)),
-    on_devices(jnp.zeros((devices, num_parents), jnp.float32)),
+    on_devices(jnp.zeros((devices, num_parents), fdtype)),
     client_state,
-    jnp.zeros((), jnp.float32),
+    jnp.zeros((), fdtype),
     jnp.zeros((), jnp.int32),
     jnp.zeros((), jnp.int32),
   )

@@ -243,7 +243,7 @@ def cosine_bipartition(similarity: jax.Array, mask: jax.Array) -> jax.Array:
     d, label, alive = carry
     do = jnp.sum(alive.astype(jnp.int32)) > 2
     dm = jnp.where(alive[:, None] & alive[None, :] & ~eye, d, big)
-    flat = jnp.argmin(dm)
+    flat = jnp.argmin(dm).astype(jnp.int32)  # int64 under jax_enable_x64
     i, j = jnp.minimum(flat // n, flat % n), jnp.maximum(flat // n, flat % n)
     merged = jnp.maximum(d[i], d[j])  # complete linkage: the farther of the two
     new_d = d.at[i, :].set(merged).at[:, i].set(merged).at[i, i].set(big)

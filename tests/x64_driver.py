@@ -1,0 +1,165 @@
+"""Run under ``JAX_ENABLE_X64=1`` by tests/test_float64.py (x64 is process-global, so it gets
+its own process): ``python x64_driver.py NAME...`` with NAME among ``fedavg``, ``fedadam``,
+``pfedme`` (largest deviation from the reference loop), ``compiles`` (traces of the fused x64
+round over three calls) and :data:`OTHERS` (dtypes after one round, or the error). Prints one
+JSON line."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+assert jax.config.jax_enable_x64, "run with JAX_ENABLE_X64=1"
+
+import reference as ref  # noqa: E402
+import reference_personalization as pref  # noqa: E402
+
+from fedtree import algorithms as A  # noqa: E402
+from fedtree.core import loop  # noqa: E402
+from fedtree.core.data import as_device  # noqa: E402
+from fedtree.core.local import ClientData, LocalSchedule  # noqa: E402
+from fedtree.core.rng import stream  # noqa: E402
+from fedtree.core.sampling import cohort_sampler  # noqa: E402
+from fedtree.core.server import fedopt  # noqa: E402
+from fedtree.core.topology import Topology  # noqa: E402
+from fedtree.datasets.synthetic import grouped_synthetic  # noqa: E402
+from fedtree.models import build_model  # noqa: E402
+
+LR, B = 0.1, 4
+
+
+def f64_model(model):
+  """``model`` whose parameters start in float64 (the state of every algorithm follows)."""
+  return model._replace(init=lambda k: jax.tree.map(lambda p: p.astype(jnp.float64), model.init(k)))
+
+
+def maxdiff(a, b):
+  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+def row0(tree):
+  return jax.tree.map(lambda p: p[0], tree)
+
+
+def main():
+  data, groups = grouped_synthetic(group_sizes=(3, 2, 3), dim=5, num_classes=3, mean_examples=8,
+                                   min_examples=3, max_examples=11, test_examples=3, seed=3)
+  data = as_device(data)
+  data = data.replace(x_train=data.x_train.astype(jnp.float64), x_test=data.x_test.astype(jnp.float64))
+  model = f64_model(build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(4,)))
+  out = {}
+  key = jax.random.key(11)
+
+  # FedAvg (epochs, sampled cohort, chunks) and FedAdam (paper form), 2 rounds each.
+  sched = LocalSchedule(batch_size=B, epochs=1)
+  steps = sched.num_steps(np.asarray(data.n_train))
+  server = fedopt("adam", learning_rate=0.05, b1=0.9, b2=0.99, tau=1e-3)
+  want = set(sys.argv[1:])
+  for name, kw in (("fedavg", {}), ("fedadam", dict(server_optimizer=server, weighting="uniform"))):
+    if name not in want:
+      continue
+    alg = A.fedavg(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched,
+                   cohort_size=4, chunk_size=2, **kw)
+    state = alg.init(jax.random.key(7))
+    theta = row0(state.params[0])
+    adam = ref.PaperFedAdam(theta, lr=0.05, b1=0.9, b2=0.99, tau=1e-3) if kw else None
+    sampler = cohort_sampler(np.zeros(data.num_clients, int), 4)
+    for r in range(2):
+      rk = jax.random.fold_in(key, r)
+      state, _ = alg.round(state, data, rk)
+      cohort = [int(c) for c in np.asarray(sampler(stream(rk, "cohort")).clients)]
+      models = ref.client_models(model, {0: theta}, data, [(c, 0) for c in cohort], rk,
+                                 lr=LR, batch_size=B, num_steps=steps)
+      w = [1.0] * len(cohort) if kw else [float(data.n_train[c]) for c in cohort]
+      mean = ref.weighted_average([models[c] for c in cohort], w)
+      theta = adam.step(ref.to_np(theta), jax.tree.map(lambda t, m: t - m, ref.to_np(theta), mean)) \
+        if kw else mean
+      theta = jax.tree.map(jnp.asarray, theta)
+    out[name] = {"maxdiff": maxdiff(row0(state.params[0]), theta),
+                 "dtypes": sorted({str(a.dtype) for a in jax.tree.leaves(state.params)})}
+
+  # pFedMe: one round, every client.
+  if "pfedme" in want:
+    pfedme_vs_reference(model, data, key, sched, steps, out)
+
+  # The x64 round compiles once over three calls of the fused loop.
+  if "compiles" in want:
+    traces = []
+    alg = A.fedavg(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched, cohort_size=4)
+    counted = alg._replace(round=lambda s, d, k: (traces.append(1), alg.round(s, d, k))[1])
+    step = loop.compile_rounds(counted, 2)
+    state = alg.init(jax.random.key(0))
+    for i in range(3):
+      state, _ = step(state, data, jax.random.key(i))
+    out["compiles"] = len(traces)
+  others_run_one_round(model, data, groups, key, [n for n in sys.argv[1:] if n in OTHERS], out)
+  print(json.dumps(out))
+
+
+def pfedme_vs_reference(model, data, key, sched, steps, out):
+  hp = dict(lam=2.0, inner_steps=2, personal_lr=0.05)
+  beta, lr = 0.6, 0.03
+  alg = A.pfedme(beta=beta, learning_rate=lr, model=model, data=data, schedule=sched,
+                 local_optimizer=optax.sgd(LR), **hp)
+  state = alg.init(jax.random.key(0))
+  theta = row0(state.params[0])
+  new, _ = jax.jit(alg.round)(state, data, key)
+  tkey = stream(key, "train")
+  n = np.asarray(data.n_train, np.float64)
+  ws = [pref.pfedme(model, theta, ClientData(data.x_train[c], data.y_train[c], data.n_train[c]),
+                    int(steps[c]), jax.random.fold_in(tkey, c), lr=lr, batch_size=B, **hp)[0]
+        for c in range(data.num_clients)]
+  mean = jax.tree.map(lambda *a: sum(ni * np.asarray(ai) for ni, ai in zip(n, a, strict=True)) / n.sum(), *ws)
+  want = jax.tree.map(lambda t, m: (1 - beta) * np.asarray(t) + beta * m, theta, mean)
+  out["pfedme"] = {"maxdiff": maxdiff(row0(new.params[0]), want),
+                   "dtypes": sorted({str(a.dtype) for a in jax.tree.leaves(new.params)})}
+
+
+
+OTHERS = ("hierfavg", "fedprox", "ditto", "perfedavg", "perfedavg_hf", "pfedmt", "fedkws", "ifca",
+          "cfl", "mcfl", "awcfl", "bhfl")
+
+
+def others_run_one_round(model, data, groups, key, names, out):
+  """Every other algorithm: one round; its models' dtypes, finiteness and loss dtype."""
+  topo = Topology.from_labels(groups)
+  base = dict(model=model, data=data, local_optimizer=optax.sgd(LR),
+              schedule=LocalSchedule(batch_size=B, steps=2))
+  others = {
+    "hierfavg": lambda: A.hierfavg(topology=topo, periods=(2,), **base),
+    "fedprox": lambda: A.fedprox(mu=0.1, **base),
+    "ditto": lambda: A.ditto(lam=0.1, **base),
+    "perfedavg": lambda: A.perfedavg(alpha=0.05, beta=0.1, **base),
+    "perfedavg_hf": lambda: A.perfedavg(alpha=0.05, beta=0.1, variant="hf", **base),
+    "pfedmt": lambda: A.pfedmt(model=model, topology=topo, data=data, schedule=base["schedule"],
+                               team_iters=2, cohort_size=2),
+    "fedkws": lambda: A.fedkws(**base),
+    "ifca": lambda: A.ifca(num_clusters=2, **base),
+    "cfl": lambda: A.cfl(max_clusters=2, eps1=1e3, eps2=1e-4, **base),
+    "mcfl": lambda: A.mcfl(num_clusters=2, cluster_start_round=0, kmeans_iters=2, **base),
+    "awcfl": lambda: A.awcfl(num_clusters=2, beta=0.5, cluster_start_round=0, kmeans_iters=2, **base),
+    "bhfl": lambda: A.bhfl(topology=topo, periods=(2, 1), **base),
+  }
+  assert set(others) == set(OTHERS)
+  for name in names:
+    try:
+      alg = others[name]()
+      state = alg.init(jax.random.key(0))
+      state, metrics = jax.jit(alg.round)(state, data, key)
+      leaves = [a for a in jax.tree.leaves(alg.models(state)) if hasattr(a, "dtype")
+                and jnp.issubdtype(a.dtype, jnp.floating)]
+      out[name] = {"dtypes": sorted({str(a.dtype) for a in leaves}),
+                   "finite": bool(all(np.all(np.isfinite(np.asarray(a))) for a in leaves)),
+                   "loss_dtype": str(jnp.asarray(metrics["train_loss"]).dtype)}
+    except Exception as e:  # noqa: BLE001 -- reported to the test, which names the algorithm
+      out[name] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"}
+
+
+if __name__ == "__main__":
+  main()
