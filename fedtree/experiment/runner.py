@@ -182,7 +182,8 @@ def run_algorithm(
       )
       for name, s in summaries.items():
         for metric in ("accuracy", "loss", "false_accept_rate", "false_reject_rate",
-                       "intra_cluster_accuracy", "inter_cluster_accuracy", "num_clusters"):
+                       "intra_cluster_accuracy", "inter_cluster_accuracy", "num_clusters",
+                       "adjusted_rand_index"):
           if metric in s:
             host[f"{name}/{metric}"] = s[metric]
     host["elapsed_s"] = time.perf_counter() - t0
