@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedtree.algorithms.clustering.ops import cluster_accuracy
+from fedtree.algorithms.clustering.ops import adjusted_rand_index, cluster_accuracy
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.data import FederatedData
 from fedtree.core.metrics import make_evaluator, summarize
@@ -36,13 +36,15 @@ def evaluate_models(
     out[name] = summarize(stats, groups, positive_classes=positive_classes,
                           perplexity=bool(model.label_shape))
     if getattr(nm, "cluster_of_client", None) is not None:
-      out[name].update(cluster_summary(nm, data, evaluator))
+      out[name].update(cluster_summary(nm, data, evaluator, true_clusters=groups))
   return out
 
 
-def cluster_summary(nm, data: FederatedData, evaluator) -> dict[str, Any]:
+def cluster_summary(nm, data: FederatedData, evaluator, true_clusters=None) -> dict[str, Any]:
   """Intra- and inter-cluster accuracy of clustered models ``nm`` (every row scored on every
-  client's test data; see :func:`fedtree.algorithms.clustering.ops.cluster_accuracy`)."""
+  client's test data; see :func:`fedtree.algorithms.clustering.ops.cluster_accuracy`), and
+  with ``true_clusters`` (``int[C]``, at least two distinct values: e.g. the flipped/rotated
+  clients of paper 004's setups) the adjusted Rand index of the clustering against them."""
   num_models = jax.tree.leaves(nm.params)[0].shape[0]
   correct, count = [], []
   for k in range(num_models):
@@ -53,4 +55,6 @@ def cluster_summary(nm, data: FederatedData, evaluator) -> dict[str, Any]:
   out = cluster_accuracy(np.stack(correct), np.stack(count), np.asarray(nm.cluster_of_client),
                          np.asarray(nm.model_of_client), chosen_by_data=nm.chosen_by_data)
   out["cluster_of_client"] = np.asarray(nm.cluster_of_client)
+  if true_clusters is not None and np.unique(np.asarray(true_clusters)).size > 1:
+    out["adjusted_rand_index"] = adjusted_rand_index(true_clusters, nm.cluster_of_client)
   return out

@@ -161,7 +161,9 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
   clustered = any("intra_cluster_accuracy" in s for models in results.values() for s in models.values())
   kws = any("false_accept_rate" in s for models in results.values() for s in models.values())
   header = ["run", "model", "accuracy", "client mean", "loss"]
+  ari = any("adjusted_rand_index" in s for models in results.values() for s in models.values())
   header += ["intra", "inter", "clusters"] if clustered else []
+  header += ["ARI"] if ari else []
   header += ["FA", "FR"] if kws else []
   header += [f"g{g}" for g in range(num_groups)]
   rows = [header]
@@ -172,6 +174,8 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
       if clustered:
         row += ([f"{s['intra_cluster_accuracy']:.4f}", f"{s['inter_cluster_accuracy']:.4f}",
                  str(s["num_clusters"])] if "intra_cluster_accuracy" in s else ["", "", ""])
+      if ari:
+        row += [f"{s['adjusted_rand_index']:.3f}" if "adjusted_rand_index" in s else ""]
       if kws:
         row += [f"{s.get('false_accept_rate', float('nan')):.4f}",
                 f"{s.get('false_reject_rate', float('nan')):.4f}"]
@@ -183,5 +187,6 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
   lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
   lines.insert(1, "  ".join("-" * w for w in widths))
   title = "Final evaluation (test data of every client; gN = accuracy on group N"
-  title += "; intra/inter = intra-/inter-cluster accuracy)" if clustered else ")"
+  title += "; intra/inter = intra-/inter-cluster accuracy" if clustered else ""
+  title += "; ARI = adjusted Rand index against the true clusters)" if ari else ")"
   return "\n".join(["", title] + lines)

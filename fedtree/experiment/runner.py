@@ -146,7 +146,8 @@ class DivergedError(FloatingPointError):
 
 
 SUMMARY_METRICS = ("accuracy", "loss", "perplexity", "false_accept_rate", "false_reject_rate",
-                   "intra_cluster_accuracy", "inter_cluster_accuracy", "num_clusters")
+                   "intra_cluster_accuracy", "inter_cluster_accuracy", "num_clusters",
+                   "adjusted_rand_index")
 
 
 def run_algorithm(

@@ -21,6 +21,16 @@ Ditto's personal model); its predictions are taken in inference mode (dropout of
 global-model training uses the round key itself, so with μ = λ = 0 the model sent up is
 exactly plain local training (:func:`fedtree.core.local.sgd_client_update`) with the same key.
 The reported loss is the plain cross-entropy of the global model (comparable across methods).
+
+Compared with the authors' public code (lxcnju/FedKWS-UI, ``fedkwsui.py``; read, not copied):
+the sign of the negative distillation (``L_ls - λ CE(f_p, f)``) and the target (the private
+predictions, detached) agree with this module. It differs in (not yet changed here): (a) the
+private "model" is a second classifier head on the shared encoder, part of the global model and
+averaged by the server, re-started from the downloaded model every round rather than a
+persistent per-client model; (b) it trains for ``int(0.2 * steps) + 1`` steps with the encoder
+frozen; (c) μ is per client, ``μ (1 - w)``, and the global-model step count is scaled by
+``ratio * w``, with ``w`` the harmonic mean of ``min(n / n_max, 1)`` and the normalized label
+entropy (the "user-specific information" weighting); (d) gradients are clipped by norm.
 """
 
 from __future__ import annotations
