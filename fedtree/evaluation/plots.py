@@ -1,0 +1,474 @@
+"""Pictures of results: metrics over rounds, per-client distributions, clusters, throughput.
+
+Pure functions from data to a PNG file whose path the caller gives; each returns that path.
+matplotlib is imported when a picture is drawn (with the non-interactive ``Agg`` backend when no
+backend was chosen yet), never when this module is imported, so nothing in fedtree needs it to
+train. Install it with ``pip install -e ".[plot]"``.
+
+The inputs are what a run writes: ``<workdir>/metrics.jsonl`` (one JSON object a report:
+``{"run": label, "round": r, "train_loss": ..., "<model>/<metric>": ...}``, where ``<model>``
+is a name from ``algorithm.models(state)``: ``global``, ``level1``, ... for the levels of a
+tree, ``personal``, ``cluster``, ...) and ``<workdir>/summary.json`` (``{run: {model:
+summary}}`` with ``client_accuracy`` per client), and the benchmark results
+``benchmarks/results/*.json``. :func:`write_run_plots` draws every picture a workdir allows:
+
+>>> import json, os, tempfile
+>>> workdir = tempfile.mkdtemp()
+>>> with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+...   for r in (10, 20, 30):
+...     _ = f.write(json.dumps({"run": "fedavg", "round": r, "train_loss": 1 / r,
+...                             "global/accuracy": 0.5 + r / 100}) + "\\n")
+>>> [os.path.basename(p) for p in write_run_plots(workdir)]
+['plot_accuracy.png']
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+Curve = tuple[np.ndarray, np.ndarray]  # (rounds int[R], values float[R])
+
+# ------------------------------------------------------------------------ reading
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+  """The records of a ``metrics.jsonl`` file (or of ``<path>/metrics.jsonl`` for a directory).
+
+  A resumed run appends to the file; where a ``(run, round)`` pair repeats, the last record wins.
+  Blank or truncated lines (a run killed while writing) are skipped.
+  """
+  if os.path.isdir(path):
+    path = os.path.join(path, "metrics.jsonl")
+  records: dict[tuple[str, int], dict[str, Any]] = {}
+  with open(path) as f:
+    for line in f:
+      line = line.strip()
+      if not line:
+        continue
+      try:
+        rec = json.loads(line)
+      except json.JSONDecodeError:
+        continue
+      if "run" in rec and "round" in rec:
+        records[(str(rec["run"]), int(rec["round"]))] = rec
+  return list(records.values())
+
+
+def runs(records: Iterable[Mapping[str, Any]]) -> list[str]:
+  """Run labels in order of first appearance."""
+  return list(dict.fromkeys(str(r["run"]) for r in records))
+
+
+def models_of(records: Iterable[Mapping[str, Any]], metric: str = "accuracy") -> list[str]:
+  """Model names that report ``metric`` (keys ``<model>/<metric>``), in order of appearance."""
+  suffix = "/" + metric
+  return list(dict.fromkeys(k[: -len(suffix)] for r in records for k in r if k.endswith(suffix)))
+
+
+def curve(records: Iterable[Mapping[str, Any]], run: str, key: str) -> Curve:
+  """``(rounds, values)`` of ``key`` (e.g. ``"global/accuracy"`` or ``"train_loss"``) in ``run``,
+  sorted by round; reports without the key (or with ``null``) are left out."""
+  pts = sorted((int(r["round"]), float(r[key])) for r in records
+               if str(r["run"]) == run and r.get(key) is not None and not isinstance(r[key], list))
+  if not pts:
+    return np.zeros(0, np.int64), np.zeros(0)
+  rounds, values = zip(*pts, strict=True)
+  return np.asarray(rounds), np.asarray(values)
+
+
+# ------------------------------------------------------------------------ drawing helpers
+
+
+def _pyplot():
+  import matplotlib
+
+  if "matplotlib.pyplot" not in __import__("sys").modules:
+    matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  return plt
+
+
+def _save(fig, path: str) -> str:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  _pyplot().close(fig)
+  return path
+
+
+def _grid(plt, n: int, width: float = 4.2, height: float = 3.0, max_cols: int = 3):
+  cols = min(n, max_cols)
+  rows = math.ceil(n / cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+  for ax in axes.flat[n:]:
+    ax.set_visible(False)
+  return fig, list(axes.flat[:n])
+
+
+def _label_metric(metric: str) -> str:
+  return {"accuracy": "test accuracy", "loss": "test loss", "train_loss": "training loss",
+          "false_accept_rate": "false-accept rate", "false_reject_rate": "false-reject rate",
+          "intra_cluster_accuracy": "intra-cluster accuracy",
+          "inter_cluster_accuracy": "inter-cluster accuracy"}.get(metric, metric.replace("_", " "))
+
+
+# ------------------------------------------------------------------------ metrics over rounds
+
+
+def plot_runs(records: Sequence[Mapping[str, Any]], path: str, *, metric: str = "accuracy",
+              models: Sequence[str] | None = None, title: str | None = None,
+              train_loss: bool = True, skip_frozen: bool = True) -> str:
+  """Every run's ``metric`` over rounds in one panel (a line per run and model), and the training
+  loss of every run beside it when ``train_loss``.
+
+  Args:
+    records: from :func:`read_metrics`.
+    path: the PNG to write.
+    metric: the evaluated metric, reported as ``<model>/<metric>``.
+    models: the models to draw (default: every model that reports ``metric``).
+    title: the figure title.
+    train_loss: add a panel with the clients' mean training loss per round.
+    skip_frozen: leave out a model whose metric never changed over several reports (e.g. the
+      root of a tree whose root never aggregates), which would only squash the other curves.
+
+  Returns:
+    ``path``.
+  """
+  plt = _pyplot()
+  models = list(models) if models is not None else models_of(records, metric)
+  frozen = 0
+  fig, axes = plt.subplots(1, 2 if train_loss else 1, figsize=(11 if train_loss else 6.5, 3.8),
+                           squeeze=False)
+  ax = axes[0, 0]
+  for run in runs(records):
+    for m in models:
+      x, y = curve(records, run, f"{m}/{metric}")
+      if skip_frozen and y.size > 1 and np.all(y == y[0]):
+        frozen += 1
+        continue
+      if x.size:
+        ax.plot(x, y, marker="o", ms=3, label=run if len(models) == 1 else f"{run} · {m}")
+  ax.set_xlabel("round")
+  ax.set_ylabel(_label_metric(metric))
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7, ncol=2 if len(ax.lines) > 6 else 1,
+            title=f"({frozen} model(s) that never changed left out)" if frozen else None,
+            title_fontsize=7)
+  if train_loss:
+    ax2 = axes[0, 1]
+    for run in runs(records):
+      x, y = curve(records, run, "train_loss")
+      if x.size:
+        ax2.plot(x, y, label=run)
+    ax2.set_xlabel("round")
+    ax2.set_ylabel(_label_metric("train_loss"))
+    ax2.grid(alpha=0.3)
+    ax2.legend(fontsize=7)
+  if title:
+    fig.suptitle(title)
+  return _save(fig, path)
+
+
+def plot_models_per_run(records: Sequence[Mapping[str, Any]], path: str, *, metric: str = "accuracy",
+                        title: str | None = None) -> str:
+  """A panel per run with a line per model it reports (the levels of a tree: ``global``,
+  ``level1``, ...; or global, team and personal models; or cluster models), on a shared y axis."""
+  plt = _pyplot()
+  labels = runs(records)
+  fig, axes = _grid(plt, len(labels))
+  for ax, run in zip(axes, labels, strict=True):
+    for m in models_of([r for r in records if str(r["run"]) == run], metric):
+      x, y = curve(records, run, f"{m}/{metric}")
+      ax.plot(x, y, marker="o", ms=3, label=m)
+    ax.set_title(run, fontsize=10)
+    ax.set_xlabel("round")
+    ax.set_ylabel(_label_metric(metric))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  _share_y(axes)
+  if title:
+    fig.suptitle(title)
+  return _save(fig, path)
+
+
+def plot_clusters(records: Sequence[Mapping[str, Any]], path: str, *, title: str | None = None) -> str:
+  """Intra- vs inter-cluster accuracy over rounds (paper 004): a panel per run that reports
+  them, solid intra, dashed inter, a colour per clustered model."""
+  plt = _pyplot()
+  labels = [r for r in runs(records) if models_of([x for x in records if x["run"] == r],
+                                                  "intra_cluster_accuracy")]
+  fig, axes = _grid(plt, max(1, len(labels)))
+  for ax, run in zip(axes, labels, strict=False):
+    mine = [r for r in records if str(r["run"]) == run]
+    for i, m in enumerate(models_of(mine, "intra_cluster_accuracy")):
+      color = f"C{i}"
+      for metric, style in (("intra_cluster_accuracy", "-"), ("inter_cluster_accuracy", "--")):
+        x, y = curve(mine, run, f"{m}/{metric}")
+        ax.plot(x, y, style, color=color, marker="o", ms=3,
+                label=f"{m}: {metric.split('_')[0]}")
+    ax.set_title(run, fontsize=10)
+    ax.set_xlabel("round")
+    ax.set_ylabel("accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  _share_y(axes)
+  fig.suptitle(title or "intra-cluster (solid) vs inter-cluster (dashed) accuracy")
+  return _save(fig, path)
+
+
+def plot_cluster_tradeoff(points: Mapping[str, tuple[float, float]], path: str, *,
+                          title: str | None = None) -> str:
+  """Final intra- against inter-cluster accuracy, a labelled point per run (paper 004's Table 1
+  β sweep as a picture). ``points``: ``{label: (intra, inter)}``."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(5.2, 4.2))
+  for i, (label, (intra, inter)) in enumerate(points.items()):
+    ax.scatter([inter], [intra], color=f"C{i % 10}", s=40)
+    ax.annotate(label, (inter, intra), textcoords="offset points", xytext=(5, 4), fontsize=8)
+  ax.set_xlabel("inter-cluster accuracy")
+  ax.set_ylabel("intra-cluster accuracy")
+  ax.grid(alpha=0.3)
+  ax.set_title(title or "intra- vs inter-cluster accuracy")
+  return _save(fig, path)
+
+
+def plot_keyword_rates(records: Sequence[Mapping[str, Any]], path: str, *, model: str = "global",
+                       title: str | None = None) -> str:
+  """False-accept and false-reject rates of ``model`` over rounds, a line per run (paper 002)."""
+  plt = _pyplot()
+  fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+  for ax, metric in zip(axes, ("false_accept_rate", "false_reject_rate"), strict=True):
+    for run in runs(records):
+      x, y = curve(records, run, f"{model}/{metric}")
+      if x.size:
+        ax.plot(x, 100 * y, marker="o", ms=3, label=run)
+    ax.set_xlabel("round")
+    ax.set_ylabel(_label_metric(metric) + " (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  if title:
+    fig.suptitle(title)
+  return _save(fig, path)
+
+
+# ------------------------------------------------------------------------ per-client distributions
+
+
+def plot_client_histograms(values: Mapping[str, Sequence[float]], path: str, *,
+                           xlabel: str = "test accuracy of a client", bins: int = 20,
+                           title: str | None = None) -> str:
+  """Per-client distributions, one step histogram per label, on shared bins (NaN entries, i.e.
+  clients without test data, are dropped). ``values``: ``{label: float[C]}``."""
+  plt = _pyplot()
+  arrays = {k: np.asarray(v, np.float64) for k, v in values.items()}
+  arrays = {k: v[np.isfinite(v)] for k, v in arrays.items()}
+  pooled = np.concatenate([v for v in arrays.values() if v.size] or [np.zeros(1)])
+  lo, hi = float(pooled.min()), float(pooled.max())
+  edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
+  fig, ax = plt.subplots(figsize=(6.5, 3.8))
+  for label, v in arrays.items():
+    ax.hist(v, bins=edges, histtype="step", linewidth=1.6,
+            label=f"{label} (mean {v.mean():.3f})" if v.size else label)
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel("clients")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  if title:
+    ax.set_title(title)
+  return _save(fig, path)
+
+
+def plot_relative_change(baseline: Sequence[float], new: Sequence[float], path: str, *,
+                         lower_is_better: bool = True, names: tuple[str, str] = ("PerFL", "GroupPerFL"),
+                         metric: str = "perplexity", bins: int = 30) -> str:
+  """Histogram of the per-client relative change ``(new - baseline) / baseline`` in % (paper
+  000's Fig. 1: GroupPerFL vs PerFL perplexity), with the share of clients that improve."""
+  plt = _pyplot()
+  base = np.asarray(baseline, np.float64)
+  new = np.asarray(new, np.float64)
+  ok = np.isfinite(base) & np.isfinite(new) & (base != 0)
+  change = 100.0 * (new[ok] - base[ok]) / np.abs(base[ok])
+  better = np.mean(change < 0 if lower_is_better else change > 0) if change.size else float("nan")
+  fig, ax = plt.subplots(figsize=(6.5, 3.8))
+  ax.hist(change, bins=bins, color="C0", alpha=0.8)
+  ax.axvline(0.0, color="k", linewidth=1)
+  ax.set_xlabel(f"relative change of a client's {metric}, {names[1]} vs {names[0]} (%)")
+  ax.set_ylabel("clients")
+  ax.set_title(f"{100 * better:.1f} % of {change.size} clients improve with {names[1]}")
+  ax.grid(alpha=0.3)
+  return _save(fig, path)
+
+
+def plot_group_bars(values: Mapping[str, Sequence[float]], path: str, *,
+                    group_names: Sequence[str] | None = None, ylabel: str = "test accuracy",
+                    title: str | None = None) -> str:
+  """Grouped bars: a bar per label within every group (e.g. accuracy by group per method, or
+  accuracy by tree level on clients' and central data). ``values``: ``{label: float[G]}``."""
+  plt = _pyplot()
+  labels = list(values)
+  num = max(len(v) for v in values.values())
+  names = list(group_names) if group_names is not None else [f"group {g}" for g in range(num)]
+  width = 0.8 / max(1, len(labels))
+  fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * num + 2), 3.8))
+  for i, label in enumerate(labels):
+    v = np.asarray(values[label], np.float64)
+    ax.bar(np.arange(v.size) + i * width, v, width, label=label)
+  ax.set_xticks(np.arange(num) + 0.4 - width / 2, names, fontsize=8)
+  ax.set_ylabel(ylabel)
+  ax.grid(alpha=0.3, axis="y")
+  ax.legend(fontsize=7)
+  if title:
+    ax.set_title(title)
+  return _save(fig, path)
+
+
+# ------------------------------------------------------------------------ throughput
+
+
+def plot_throughput(results: Sequence[Mapping[str, Any]], path: str, *, title: str | None = None) -> str:
+  """Client updates per second against the number of clients, a line per framework label, a
+  panel per benchmark workload (the ``results`` list of ``benchmarks/results/<tag>.json``;
+  skipped entries are left out)."""
+  plt = _pyplot()
+  ok = [r for r in results if "skipped" not in r and r.get("client_updates_per_s")]
+  workloads = list(dict.fromkeys(r["workload"]["name"] for r in ok))
+  fig, axes = _grid(plt, max(1, len(workloads)), width=4.6, height=3.6)
+  for ax, w in zip(axes, workloads, strict=False):
+    mine = [r for r in ok if r["workload"]["name"] == w]
+    labels = list(dict.fromkeys(r["label"] for r in mine))
+    sizes = sorted({r["workload"]["num_clients"] for r in mine})
+    model = mine[0]["workload"]["model"]
+    if len(sizes) == 1:  # one size: a bar per framework
+      ys = [next(r["client_updates_per_s"] for r in mine if r["label"] == lab) for lab in labels]
+      ax.bar(range(len(labels)), ys, color=[f"C{i % 10}" for i in range(len(labels))])
+      ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=20)
+      ax.set_xlabel(f"{sizes[0]:,} clients per round")
+    else:
+      for label in labels:
+        pts = sorted((r["workload"]["num_clients"], r["client_updates_per_s"]) for r in mine
+                     if r["label"] == label)
+        xs, ys = zip(*pts, strict=True)
+        ax.plot(xs, ys, marker="o", label=label)
+      ax.set_xscale("log")
+      ax.set_yscale("log")
+      ax.set_xlabel("clients per round")
+      ax.legend(fontsize=7)
+    ax.set_ylabel("client updates / s")
+    ax.set_title(f"workload {w}: {model}", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+  fig.suptitle(title or "throughput (higher is better)")
+  return _save(fig, path)
+
+
+def plot_scaling(scaling: Mapping[str, Any], path: str, *, title: str | None = None) -> str:
+  """``benchmarks/results/scaling.json``: seconds per round against the cohort size (log-log,
+  with the linear reference) and against the tree depth."""
+  plt = _pyplot()
+  fig, (a, b) = plt.subplots(1, 2, figsize=(10.5, 3.8))
+  cs = sorted(scaling.get("cohort_sweep", []), key=lambda r: r["cohort"])
+  if cs:
+    k = np.asarray([r["cohort"] for r in cs], np.float64)
+    t = np.asarray([r["seconds_per_round"] for r in cs])
+    a.loglog(k, t, "o-", label="fedtree")
+    a.loglog(k, t[0] * k / k[0], "k:", label="linear in the cohort")
+    a.legend(fontsize=8)
+  a.set_xlabel("cohort size (clients per round)")
+  a.set_ylabel("seconds per round")
+  a.set_title(f"population {scaling.get('population', '?'):,}" if isinstance(
+    scaling.get("population"), int) else "cohort sweep", fontsize=10)
+  a.grid(alpha=0.3, which="both")
+  ds = sorted(scaling.get("depth_sweep", []), key=lambda r: r["depth"])
+  b.bar([str(r["depth"]) for r in ds], [1e3 * r["seconds_per_round"] for r in ds])
+  b.set_xlabel("server levels above the clients")
+  b.set_ylabel("ms per round")
+  b.set_title("tree depth", fontsize=10)
+  b.grid(alpha=0.3, axis="y")
+  fig.suptitle(title or "scaling")
+  return _save(fig, path)
+
+
+def plot_benchmark_file(json_path: str, path: str) -> str:
+  """Draws a ``benchmarks/results/*.json`` file: :func:`plot_scaling` for a scaling sweep,
+  :func:`plot_throughput` for a throughput comparison."""
+  with open(json_path) as f:
+    data = json.load(f)
+  if "cohort_sweep" in data or "depth_sweep" in data:
+    return plot_scaling(data, path)
+  return plot_throughput(data["results"], path, title=os.path.basename(json_path))
+
+
+# ------------------------------------------------------------------------ a workdir
+
+
+def write_run_plots(workdir: str) -> list[str]:
+  """Every picture ``<workdir>/metrics.jsonl`` (and ``summary.json`` where present) allows,
+  written into ``workdir``; returns the paths written.
+
+  * ``plot_accuracy.png``: every run's test accuracy over rounds (a line per run and model) and
+    its training loss;
+  * ``plot_models.png``: a panel per run, a line per model (tree levels, team/personal models,
+    clusters), when some run reports more than one model;
+  * ``plot_clusters.png``: intra- vs inter-cluster accuracy, when reported;
+  * ``plot_keyword_rates.png``: false-accept/false-reject rates, when reported;
+  * ``plot_client_accuracy.png``: the distribution of the final per-client test accuracy of
+    every run's models (from ``summary.json``).
+
+  The CLI calls it at the end of a run; it needs matplotlib (``pip install -e ".[plot]"``).
+  """
+  records = read_metrics(workdir)
+  written = []
+  if not records:
+    return written
+  if models_of(records, "accuracy"):
+    written.append(plot_runs(records, os.path.join(workdir, "plot_accuracy.png")))
+    if any(len(models_of([r for r in records if r["run"] == run], "accuracy")) > 1
+           for run in runs(records)):
+      written.append(plot_models_per_run(records, os.path.join(workdir, "plot_models.png")))
+  if models_of(records, "intra_cluster_accuracy"):
+    written.append(plot_clusters(records, os.path.join(workdir, "plot_clusters.png")))
+  for m in models_of(records, "false_accept_rate")[:1]:
+    written.append(plot_keyword_rates(records, os.path.join(workdir, "plot_keyword_rates.png"), model=m))
+  summary_path = os.path.join(workdir, "summary.json")
+  if os.path.exists(summary_path):
+    with open(summary_path) as f:
+      summary = json.load(f)
+    values = client_accuracies(summary)
+    if values:
+      written.append(plot_client_histograms(values, os.path.join(workdir, "plot_client_accuracy.png"),
+                                            title="final test accuracy per client"))
+  return written
+
+
+def client_accuracies(summary: Mapping[str, Any], max_series: int = 8) -> dict[str, np.ndarray]:
+  """``{"run · model": float[C]}`` per-client accuracies of a ``summary.json``; of a run's
+  models only those whose accuracy differs from an earlier one's (e.g. not ``level1`` of a
+  HierFAVG run when it equals ``global``), at most ``max_series`` in all."""
+  out: dict[str, np.ndarray] = {}
+  for run, models in summary.items():
+    if not isinstance(models, Mapping):
+      continue
+    seen: list[np.ndarray] = []
+    for name, s in models.items():
+      if not isinstance(s, Mapping) or not isinstance(s.get("client_accuracy"), list):
+        continue
+      v = np.asarray([np.nan if a is None else a for a in s["client_accuracy"]], np.float64)
+      if any(v.shape == u.shape and np.allclose(v, u, equal_nan=True) for u in seen):
+        continue
+      seen.append(v)
+      out[f"{run} · {name}" if len(models) > 1 else run] = v
+  return dict(list(out.items())[:max_series])
+
+
+def _share_y(axes) -> None:
+  lims = [ax.get_ylim() for ax in axes if ax.lines]
+  if lims:
+    lo, hi = min(a for a, _ in lims), max(b for _, b in lims)
+    for ax in axes:
+      ax.set_ylim(lo, hi)

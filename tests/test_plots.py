@@ -1,0 +1,92 @@
+"""fedtree.evaluation.plots: every picture from a workdir, the benchmark files, and no
+matplotlib import until a picture is drawn."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("matplotlib")
+from fedtree.evaluation import plots  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _is_png(path):
+  with open(path, "rb") as f:
+    return f.read(8) == PNG
+
+
+def _workdir(tmp_path):
+  lines = []
+  for run in ("fedavg", "cfl"):
+    for r in (5, 10, 15):
+      rec = {"run": run, "round": r, "train_loss": 1.0 / r, "global/accuracy": 0.4 + r / 100}
+      if run == "cfl":
+        rec.update({"cluster/accuracy": 0.5 + r / 100, "cluster/intra_cluster_accuracy": 0.6,
+                    "cluster/inter_cluster_accuracy": 0.2 + r / 100,
+                    "global/false_accept_rate": 0.02, "global/false_reject_rate": 0.1})
+      lines.append(json.dumps(rec))
+  lines.append(json.dumps({"run": "fedavg", "round": 15, "train_loss": 0.0, "global/accuracy": 0.9}))
+  lines.append('{"run": "fedavg", "rou')  # a line cut short by a killed run
+  (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+  summary = {"fedavg": {"global": {"accuracy": 0.5, "client_accuracy": [0.5, 0.6, None]}},
+             "cfl": {"global": {"client_accuracy": [0.5, 0.6, 0.7]},
+                     "cluster": {"client_accuracy": [0.5, 0.6, 0.7]}}}
+  (tmp_path / "summary.json").write_text(json.dumps(summary))
+  return str(tmp_path)
+
+
+def test_read_metrics_keeps_the_last_report_of_a_round(tmp_path):
+  records = plots.read_metrics(_workdir(tmp_path))
+  assert plots.runs(records) == ["fedavg", "cfl"]
+  rounds, acc = plots.curve(records, "fedavg", "global/accuracy")
+  np.testing.assert_array_equal(rounds, [5, 10, 15])
+  np.testing.assert_allclose(acc, [0.45, 0.5, 0.9])
+  assert plots.models_of(records) == ["global", "cluster"]
+
+
+def test_write_run_plots_writes_every_picture_the_metrics_allow(tmp_path):
+  written = plots.write_run_plots(_workdir(tmp_path))
+  names = sorted(os.path.basename(p) for p in written)
+  assert names == ["plot_accuracy.png", "plot_client_accuracy.png", "plot_clusters.png",
+                   "plot_keyword_rates.png", "plot_models.png"]
+  assert all(_is_png(p) for p in written)
+
+
+def test_client_accuracies_drop_duplicate_models():
+  summary = json.loads(json.dumps({"r": {"global": {"client_accuracy": [0.1, 0.2]},
+                                         "level1": {"client_accuracy": [0.1, 0.2]},
+                                         "personal": {"client_accuracy": [0.3, None]}}}))
+  out = plots.client_accuracies(summary)
+  assert list(out) == ["r · global", "r · personal"]
+  assert np.isnan(out["r · personal"][1])
+
+
+def test_distribution_pictures(tmp_path):
+  rng = np.random.default_rng(0)
+  base = rng.uniform(2, 5, 50)
+  paths = [
+    plots.plot_relative_change(base, base * rng.uniform(0.8, 1.1, 50), str(tmp_path / "fig1.png")),
+    plots.plot_client_histograms({"a": base, "b": base + 1}, str(tmp_path / "h.png")),
+    plots.plot_group_bars({"a": [0.1, 0.2], "b": [0.3, 0.4]}, str(tmp_path / "g.png")),
+    plots.plot_cluster_tradeoff({"β=0": (0.9, 0.1), "β=1": (0.4, 0.6)}, str(tmp_path / "t.png")),
+  ]
+  assert all(_is_png(p) for p in paths)
+
+
+@pytest.mark.parametrize("name", ["all.json", "scaling.json"])
+def test_benchmark_results_draw(tmp_path, name):
+  path = plots.plot_benchmark_file(os.path.join(ROOT, "benchmarks", "results", name), str(tmp_path / "b.png"))
+  assert _is_png(path)
+
+
+def test_importing_plots_imports_no_matplotlib():
+  code = "import sys, fedtree.evaluation.plots, fedtree.evaluation; print('matplotlib' in sys.modules)"
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}, check=True)
+  assert out.stdout.strip() == "False"
