@@ -163,3 +163,36 @@ def test_uniform_logits_have_perplexity_equal_to_vocabulary_size():
   np.testing.assert_allclose(s["client_perplexity"], v, rtol=1e-5)
   np.testing.assert_allclose(s["group_perplexity"], v, rtol=1e-5)
   assert "perplexity" not in summarize(stats)
+
+
+def test_perplexity_is_exp_of_total_nll_over_total_tokens():
+  v, t = 7, 4
+  rng = np.random.default_rng(1)
+  table = rng.normal(size=(v, v)).astype(np.float32)          # logits depend on the input token
+  model = Model(init=lambda key: {"w": jnp.asarray(table)},
+                apply=lambda p, x, train=False, rng=None: p["w"][x],
+                num_classes=v, input_dtype="int32", label_shape=(t,))
+  x = rng.integers(1, v, (2, 3, t)).astype(np.int32)
+  y = rng.integers(1, v, (2, 3, t)).astype(np.int32)
+  y[0, 1, 2:] = 0
+  y[1, 0, 1:] = 0
+  n = np.array([2, 3])
+  params = {"w": jnp.stack([jnp.asarray(table)] * 2)}
+  stats = evaluate(model, params, jnp.asarray(x), jnp.asarray(y), jnp.asarray(n))
+  logp = table - np.log(np.exp(table).sum(-1, keepdims=True))
+  nll, tok, right = np.zeros(2), np.zeros(2), np.zeros(2)
+  for c in range(2):
+    for m in range(n[c]):
+      for i in range(t):
+        if y[c, m, i]:
+          nll[c] -= logp[x[c, m, i], y[c, m, i]]
+          tok[c] += 1
+          right[c] += int(np.argmax(table[x[c, m, i]]) == y[c, m, i])
+  np.testing.assert_allclose(np.asarray(stats.loss_sum), nll, rtol=1e-5)
+  np.testing.assert_array_equal(np.asarray(stats.count), tok)
+  np.testing.assert_array_equal(np.asarray(stats.correct), right)
+  s = summarize(stats, np.array([0, 0]), perplexity=True)
+  assert s["perplexity"] == pytest.approx(np.exp(nll.sum() / tok.sum()), rel=1e-5)
+  np.testing.assert_allclose(s["client_perplexity"], np.exp(nll / tok), rtol=1e-5)
+  # per group: total NLL over total tokens, not a mean of the clients' perplexities
+  assert s["group_perplexity"][0] == pytest.approx(np.exp(nll.sum() / tok.sum()), rel=1e-5)
