@@ -39,7 +39,8 @@ def stackoverflow_like(num_clients: int = 100_000, seq_len: int = 20, seed: int 
   example = 2 * 4 * seq_len
   return dict(name=f"lognormal sentences x {seq_len} tokens", clients=num_clients, min=int(counts.min()),
               max=int(counts.max()), examples=int(counts.sum()),
-              padded_bytes=ragged.padded_bytes(counts, example), ragged_bytes=ragged.ragged_bytes(counts, example))
+              padded_bytes=ragged.padded_bytes(counts, example),
+              ragged_bytes=ragged.ragged_bytes(counts, example))
 
 
 def main() -> None:

@@ -50,8 +50,8 @@ def test_ragged_batches_and_training_equal_padded(shuffle):
   rdata = ragged.client_data(r, cohort, shuffle=jnp.full((3,), shuffle))
   axes = ragged.client_axes(shuffle_batched=True)
   for t in range(5):
-    bp = jax.vmap(lambda d: batch_at(key, d, t, 4))(pdata)
-    br = jax.vmap(lambda d: batch_at(key, d, t, 4), in_axes=(axes,))(rdata)
+    bp = jax.vmap(lambda d, t=t: batch_at(key, d, t, 4))(pdata)
+    br = jax.vmap(lambda d, t=t: batch_at(key, d, t, 4), in_axes=(axes,))(rdata)
     for a, b in zip(bp, br, strict=True):
       np.testing.assert_array_equal(a, b)
 
