@@ -89,3 +89,39 @@ def test_char_embedding_and_errors():
     build_model("lstm_lm", example_shape=(4,), num_classes=6, embedding="bytes")
   with pytest.raises(ValueError, match="example_shape"):
     build_model("transformer_lm", example_shape=(4, 2), num_classes=6)
+
+
+def _tiny_lm_config(group_rounds):
+  from config_files import load_config
+
+  c = load_config("group_personalized_lm")
+  c.rounds, c.rounds_per_call, c.eval_every, c.progress = 2, 2, 2, False
+  c.data.packages = ("json", "wsgiref")
+  c.data.min_sentences, c.data.max_sentences = 2, 6
+  c.data.seq_len, c.data.vocab_size = 8, 120
+  c.model.embed, c.model.hidden = 4, 8
+  c.local.batch_size = 4
+  g = c.runs.grouppfl
+  g.group_rounds, g.cohort_size = group_rounds, 2
+  g.finetune.epochs, g.finetune.learning_rates = 1, (0.1, 0.5)
+  g.group_names = ("json", "wsgiref")
+  return c
+
+
+@pytest.mark.slow
+def test_group_personalized_lm_config_end_to_end_and_tg0_equals_perfl(tmp_path):
+  """The shipped LM config, shrunk, with T_g = 0: GroupPerFL = PerFL and GroupFL = FL on the
+  LM (perplexity per client identical), and the reports carry perplexity per group."""
+  from fedtree import experiment
+
+  results = experiment.train_and_evaluate(_tiny_lm_config(0), str(tmp_path))["grouppfl"]
+  assert list(results) == ["FL", "PerFL", "GroupFL", "GroupPerFL"]
+  for a, b in (("GroupFL", "FL"), ("GroupPerFL", "PerFL")):
+    np.testing.assert_allclose(results[a]["client_perplexity"], results[b]["client_perplexity"],
+                               rtol=1e-6)
+  r = results["PerFL"]
+  assert r["group_perplexity"].shape == (2,) and np.all(np.isfinite(r["group_perplexity"]))
+  assert 1.0 < r["perplexity"] < 120 * 1.5
+  text = (tmp_path / "grouppfl_report.md").read_text()
+  assert "perplexity per group" in text and "| json |" in text
+  assert (tmp_path / "grouppfl_fig1.png").stat().st_size > 1000
