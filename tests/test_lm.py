@@ -125,3 +125,22 @@ def test_group_personalized_lm_config_end_to_end_and_tg0_equals_perfl(tmp_path):
   text = (tmp_path / "grouppfl_report.md").read_text()
   assert "perplexity per group" in text and "| json |" in text
   assert (tmp_path / "grouppfl_fig1.png").stat().st_size > 1000
+
+
+def test_chunk_policy_keeps_a_paper_sized_lstm_in_memory():
+  """Paper 000's LSTM (2x512, embeddings of 100, 20K words: 15.6M parameters per client copy):
+  one client per chunk on CPU, and on an 80 GB accelerator at most half of it per chunk."""
+  import optax
+
+  from fedtree.core import tuning
+
+  model = build_model("lstm_lm", example_shape=(20,), num_classes=20_000, embed=100, hidden=512, layers=2)
+  shapes = jax.eval_shape(model.init, jax.random.key(0))
+  assert sum(int(np.prod(p.shape)) for p in jax.tree.leaves(shapes)) == 15_614_624
+  b = tuning.client_step_bytes(model, optax.sgd(0.1), (20,), 16)
+  assert b > 4 * 15_614_624                       # at least the params it writes
+  assert tuning.default_chunk_size(1000, backend="cpu", client_bytes=b) == 1
+  gpu = 80 * 2**30
+  chunk = tuning.default_chunk_size(4096, backend="gpu", client_bytes=b, device_bytes=gpu)
+  assert 1 <= chunk and chunk * b <= gpu // 2
+  assert tuning.default_chunk_size(4096, backend="gpu") == 1024      # unmeasured: as before
