@@ -27,7 +27,28 @@ at 48 sentences so that the whole config runs in minutes on a 2-core CPU.
 LEAF's Shakespeare JSON, roles grouped by play (``group_key="hierarchies"``), character
 level. Both cache their converted arrays in ``config.data.cache_dir``.
 
-Measured: see the end of this docstring (filled in from a run of the default variant).
+Measured (default variant, Python 3.11 stdlib: 88 clients, 1,953 train / 615 evaluation
+sentences; 13 min 19 s wall for the 30 rounds + fine-tuning on the shared 2-core machine at
+load ~15-19, niced; expect a few minutes on a quiet one). Word perplexity per group (Table 3/6
+style; lower is better):
+
+| group | #clients | FL | PerFL | GroupFL | GroupPerFL |
+|---|---|---|---|---|---|
+| asyncio | 18 | 221.0 | 150.7 | 153.8 | 123.4 |
+| email | 21 | 280.9 | 218.8 | 194.2 | 172.2 |
+| multiprocessing | 10 | 273.7 | 196.9 | 174.5 | 155.1 |
+| xml | 11 | 256.5 | 192.5 | 188.0 | 163.4 |
+| importlib | 11 | 229.4 | 165.9 | 141.8 | 126.7 |
+| tkinter | 9 | 247.6 | 161.6 | 173.6 | 131.0 |
+| unittest | 8 | 273.2 | 210.0 | 193.6 | 170.8 |
+| all | 88 | 252.0 | 182.9 | 173.1 | 146.9 |
+
+GroupPerFL beats PerFL on all 7 groups and GroupFL beats FL on all 7 (the paper's expected
+result holds here). Fig. 1: 94.3% of the 88 clients have lower perplexity with GroupPerFL
+than with PerFL, median relative change -19.5%. Next-token accuracy 11.1% (FL), 11.8%
+(PerFL), 11.1% (GroupFL), 12.3% (GroupPerFL). Table 4 costs per client: communication 4.55
+(FL, PerFL) vs 19.77 models (GroupFL, GroupPerFL); computation 2.27 / 4.27 / 9.89 / 11.89
+local epochs. The selected fine-tuning rate was 0.5 for both PerFL and GroupPerFL.
 """
 
 import ml_collections

@@ -64,6 +64,8 @@ class ClientData(NamedTuple):
       step ``t`` reads batch ``cursor + t`` of the stream.
     shuffle: ``bool[]`` each epoch is a keyed permutation (``"shuffled"``) or the stored
       order (``"fixed"``, ``"cyclic"``).
+    offset: ``int32[]`` row of ``x`` where the client's examples start in flat storage shared
+      by all clients (:mod:`fedtree.core.ragged`); ``None`` for padded rows (start 0).
   """
 
   x: jax.Array
@@ -71,6 +73,7 @@ class ClientData(NamedTuple):
   n: jax.Array
   cursor: jax.Array | int = 0
   shuffle: jax.Array | bool = True
+  offset: jax.Array | None = None
 
 
 # ------------------------------------------------------------------------ schedule
@@ -204,6 +207,8 @@ def batch_at(key: jax.Array, data: ClientData, t: jax.Array, batch_size: int) ->
   mask = pos < data.n
   shuffled = shuffled_positions(jax.random.fold_in(key, epoch), pos, data.n)
   idx = jnp.where(data.shuffle, shuffled, jnp.minimum(pos, jnp.maximum(data.n, 1) - 1))
+  if data.offset is not None:
+    idx = idx + data.offset
   x = data.x[idx]
   x = jnp.where(mask.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
   y = data.y[idx]

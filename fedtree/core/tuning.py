@@ -39,6 +39,11 @@ SHARDED_CPU_CHUNK = 32
 # ~37 MB (im2col columns, activations, 1.6 M params), for which 1 client per device ran
 # 1.4x faster than 25 (benchmarks/README.md).
 CPU_CHUNK_BUDGET_BYTES = 16 * 2**20
+# On an accelerator a chunk's clients must fit in device memory together: their local steps
+# may use at most this fraction of it (the rest holds the data, the models of every node and
+# XLA's buffers). Paper 000's LSTM (2x512, 20K words, 15.6M params) touches ~185 MB per
+# client step at B = 16, T = 20: 1,024 clients per chunk would need ~185 GB.
+ACCELERATOR_CHUNK_MEMORY_FRACTION = 0.5
 
 
 def balanced_chunk(cohort_size: int, target: int, multiple_of: int = 1) -> int:
@@ -58,13 +63,15 @@ def balanced_chunk(cohort_size: int, target: int, multiple_of: int = 1) -> int:
 def default_chunk_size(
   cohort_size: int, *, backend: str | None = None, num_devices: int = 1,
   client_bytes: int | None = None, group_sizes: Sequence[int] | None = None,
+  device_bytes: int | None = None,
 ) -> int:
   """The per-backend default chunk for a cohort of ``cohort_size`` slots.
 
   With ``num_devices`` devices on the client mesh each device gets ``DEFAULT_CHUNK`` clients
   (``SHARDED_CPU_CHUNK`` on CPU devices). On CPU, ``client_bytes`` (what one client's local
   step touches, :func:`client_step_bytes`) caps a device's share of a chunk at
-  ``CPU_CHUNK_BUDGET_BYTES`` (at least one client). With ``group_sizes`` (the cohort of
+  ``CPU_CHUNK_BUDGET_BYTES`` (at least one client); on an accelerator with ``device_bytes``
+  of memory, at ``ACCELERATOR_CHUNK_MEMORY_FRACTION`` of it. With ``group_sizes`` (the cohort of
   every parent), a chunk down to half that size that divides every parent's cohort is
   preferred: no slot is padding, and chunks hold one parent each
   (``CohortSampler.parent_aligned``), so they train from a broadcast of its model instead of
@@ -76,6 +83,9 @@ def default_chunk_size(
     per_device = SHARDED_CPU_CHUNK
   if backend == "cpu" and client_bytes:
     per_device = max(1, min(per_device, CPU_CHUNK_BUDGET_BYTES // int(client_bytes)))
+  elif client_bytes and device_bytes:
+    budget = int(ACCELERATOR_CHUNK_MEMORY_FRACTION * int(device_bytes))
+    per_device = max(1, min(per_device, budget // int(client_bytes)))
   chunk = balanced_chunk(cohort_size, per_device * num_devices, num_devices)
   if group_sizes is not None:
     for c in range(chunk, max(1, chunk // 2) - 1, -1):
@@ -109,25 +119,38 @@ def client_step_bytes(model, optimizer, example_shape: Sequence[int], batch_size
   return int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
 
 
+def device_memory_bytes(device=None) -> int | None:
+  """The memory limit of ``device`` (the first device by default) in bytes, or ``None`` where
+  the backend does not report it (CPU)."""
+  try:
+    stats = (device or jax.devices()[0]).memory_stats()
+  except Exception:  # backends without memory statistics raise or return None
+    return None
+  return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
+
 ChunkPolicy = Callable[..., int]
 
 
 def chunk_policy(model, optimizer, example_shape: Sequence[int], batch_size: int) -> ChunkPolicy:
   """``"auto"`` for this model: ``policy(cohort_slots, num_devices, group_sizes=None) -> chunk``.
 
-  :func:`default_chunk_size`, with ``client_bytes`` measured on CPU (once, on first use:
-  one small compile); algorithms accept the policy wherever they accept ``chunk_size``.
+  :func:`default_chunk_size`, with ``client_bytes`` measured (once, on first use: one
+  small compile) on CPU and on accelerators that report their memory
+  (:func:`device_memory_bytes`); algorithms accept the policy wherever they accept
+  ``chunk_size``.
   """
   measured: list[int] = []
 
   def policy(cohort_slots: int, num_devices: int, group_sizes: Sequence[int] | None = None) -> int:
+    device_bytes = None if jax.default_backend() == "cpu" else device_memory_bytes()
     client_bytes = None
-    if jax.default_backend() == "cpu":
+    if jax.default_backend() == "cpu" or device_bytes:
       if not measured:
         measured.append(client_step_bytes(model, optimizer, example_shape, batch_size))
       client_bytes = measured[0]
     return default_chunk_size(cohort_slots, num_devices=num_devices, client_bytes=client_bytes,
-                              group_sizes=group_sizes)
+                              group_sizes=group_sizes, device_bytes=device_bytes)
 
   return policy
 

@@ -32,7 +32,7 @@ def lstm_cell(params: dict, carry: tuple[jax.Array, jax.Array], x: jax.Array):
   """One LSTM step. ``params``: ``w_x [E, 4H]``, ``w_h [H, 4H]``, ``b [4H]``; ``carry = (h, c)``
   each ``[B, H]``; ``x [B, E]``. Returns ``((h, c), h)``."""
   h, c = carry
-  z = x @ params["w_x"] + h @ params["w_h"] + params["b"]
+  z = x @ params["w_x"] + h @ params["w_h"] + params["b"][None]
   i, f, g, o = jnp.split(z, 4, axis=-1)
   c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
   h = jax.nn.sigmoid(o) * jnp.tanh(c)
@@ -140,7 +140,7 @@ class TransformerLM(nn.Module):
     tokens = tokens.astype(jnp.int32)
     t = tokens.shape[-1]
     x = nn.Embed(self.vocab_size, self.dim, name="embed")(tokens)
-    x = x + self.param("pos", nn.initializers.normal(0.02), (self.max_len, self.dim))[:t]
+    x = x + self.param("pos", nn.initializers.normal(0.02), (self.max_len, self.dim))[None, :t]
     mask = nn.make_causal_mask(tokens)
     for i in range(self.depth):
       y = nn.LayerNorm(name=f"ln_a{i}")(x)
