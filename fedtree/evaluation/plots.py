@@ -96,6 +96,11 @@ def _pyplot():
 
 
 def _save(fig, path: str) -> str:
+  from matplotlib.ticker import MaxNLocator
+
+  for ax in fig.axes:
+    if ax.get_xlabel() == "round":
+      ax.xaxis.set_major_locator(MaxNLocator(integer=True))
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
@@ -231,7 +236,8 @@ def plot_cluster_tradeoff(points: Mapping[str, tuple[float, float]], path: str, 
   fig, ax = plt.subplots(figsize=(5.2, 4.2))
   for i, (label, (intra, inter)) in enumerate(points.items()):
     ax.scatter([inter], [intra], color=f"C{i % 10}", s=40)
-    ax.annotate(label, (inter, intra), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.annotate(label, (inter, intra), textcoords="offset points", xytext=(5, 4 - 11 * (i % 3)),
+                fontsize=8)
   ax.set_xlabel("inter-cluster accuracy")
   ax.set_ylabel("intra-cluster accuracy")
   ax.grid(alpha=0.3)
