@@ -10,6 +10,7 @@ out here).
 from __future__ import annotations
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -93,6 +94,27 @@ def greedy_match(new: np.ndarray, prev: np.ndarray) -> np.ndarray:
   return labels
 
 
+def optimal_match(new: np.ndarray, prev: np.ndarray) -> np.ndarray:
+  """labels[i] = previous id of new centroid i, minimizing the total squared distance over
+  every permutation (brute force; lexicographically first on ties)."""
+  k = len(new)
+  cost = np.array([[float(np.sum((new[i] - prev[j]) ** 2)) for j in range(k)] for i in range(k)])
+  best = min(itertools.permutations(range(k)), key=lambda p: sum(cost[i, p[i]] for i in range(k)))
+  return np.array(best, np.int64)
+
+
+def adjusted_rand_index(a, b) -> float:
+  """ARI from the pair counts: over all pairs of points, how often the labelings agree."""
+  n = len(a)
+  same_a = [(i, j) for i in range(n) for j in range(i + 1, n) if a[i] == a[j]]
+  same_b = [(i, j) for i in range(n) for j in range(i + 1, n) if b[i] == b[j]]
+  both = len(set(same_a) & set(same_b))
+  pairs = n * (n - 1) / 2
+  expected = len(same_a) * len(same_b) / pairs
+  top = (len(same_a) + len(same_b)) / 2
+  return 1.0 if top == expected else (both - expected) / (top - expected)
+
+
 def complete_linkage_bipartition(sim: np.ndarray, members: list[int]) -> set[int]:
   """The members of the second group (the one without the lowest-index member)."""
   groups = [[m] for m in members]
@@ -132,7 +154,7 @@ def awcfl_round(model, cluster_params, cluster_of, data, round_key, *, r, beta, 
   x = np.stack([flat(t) for t in trained])
   init = np.asarray(kmeans_plusplus(stream(round_key, "kmeans"), jnp.asarray(x, jnp.float32), k))
   cents, assign = lloyd(x, init, iters)
-  labels = greedy_match(cents, np.stack([flat(p) for p in cluster_params]))
+  labels = optimal_match(cents, np.stack([flat(p) for p in cluster_params]))
   assign = labels[assign]
   means = []
   for j in range(k):
@@ -173,7 +195,7 @@ def ifca_round(model, cluster_params, data, round_key, *, weights, lr, batch_siz
 
 
 def cfl_round(model, cluster_params, cluster_of, num_clusters, data, round_key, *, eps1, eps2, weights,
-              lr, batch_size, num_steps, min_split_size=2):
+              lr, batch_size, num_steps, min_split_size=2, similarity_check=False):
   """One CFL round, every client taking part. Returns (params, cluster_of, num_clusters)."""
   k, c = len(cluster_params), data.num_clients
   trained = train_all(model, [cluster_params[cluster_of[i]] for i in range(c)], data, round_key,
@@ -192,6 +214,18 @@ def cfl_round(model, cluster_params, cluster_of, num_clusters, data, round_key, 
     mean = sum(weights[i] * upd[i] for i in members) / sum(weights[i] for i in members)
     if np.linalg.norm(mean) < eps1 and max(norms[i] for i in members) > eps2 and n_used < k:
       second = complete_linkage_bipartition(sim, members)
+      if not second:
+        continue
+      if similarity_check:   # Sattler: gamma_max < sqrt((1 - alpha_cross_max) / 2)
+        first = [i for i in members if i not in second]
+        cross = max(sim[i, j] for i in first for j in second)
+        gamma = 0.0
+        for half in (first, sorted(second)):
+          m = sum(weights[i] * upd[i] for i in half) / sum(weights[i] for i in half)
+          for i in half:
+            gamma = max(gamma, np.linalg.norm(upd[i] - m) / np.linalg.norm(m))
+        if not gamma < np.sqrt((1 - cross) / 2):
+          continue
       for i in second:
         new_of[i] = n_used
       origin[n_used] = j

@@ -11,7 +11,7 @@ import reference_personalization as ref
 from config_files import load_config
 
 from fedtree import experiment
-from fedtree.algorithms.grouppfl.grouppfl import GroupPersonalizedFL, group_fedopt
+from fedtree.algorithms.grouppfl.grouppfl import group_fedopt
 from fedtree.core import finetune, loop
 from fedtree.core.data import as_device
 from fedtree.core.local import ClientData, LocalSchedule
@@ -199,9 +199,12 @@ def test_group_stage_does_not_depend_on_chunking(small):
 # ------------------------------------------------------------------------ the pipeline
 def _run(config, workdir=None):
   ctx = experiment.make_context(config)
-  pipe = BUILDERS["grouppfl"](config.runs.grouppfl, ctx)
-  assert isinstance(pipe, GroupPersonalizedFL)
-  return pipe.run(ctx, jax.random.key(0), Reporter(workdir, show_progress=False)), ctx
+  alg = BUILDERS["grouppfl"](config.runs.grouppfl, ctx)
+  assert alg.report is not None and alg.rounds is not None  # one algorithm: stages + report
+  _, out = experiment.run_algorithm(alg, ctx, jax.random.key(0), Reporter(workdir, show_progress=False),
+                                    num_rounds=alg.rounds, eval_every=1, rounds_per_call=1,
+                                    label="grouppfl")
+  return out, ctx
 
 
 def _same_stats(a, b):

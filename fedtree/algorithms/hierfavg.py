@@ -86,7 +86,9 @@ def hierfavg(
     topology: the tree; clients are its leaves, rows of ``data``.
     data: the federated data (for static shapes and validation).
     local_optimizer: the clients' optax optimizer.
-    schedule: local epochs or steps, and batch size.
+    schedule: local epochs or steps, batch size and batch order (``"shuffled"``, the
+      default; ``"fixed"``; ``"cyclic"``, a per-client cursor kept in ``TreeState.cursor``:
+      see :mod:`fedtree.core.local`).
     server_optimizers: one optax optimizer for every server level, or one per level
       ``0 .. depth-1`` (default FedAvg, ``sgd(1.0)``).
     periods: rounds between aggregations of levels ``0 .. depth-2``.
@@ -119,6 +121,7 @@ def hierfavg(
     return TreeState(
       round=jnp.zeros((), jnp.int32), params=params,
       opt_state=init_opt_states(server_optimizers, params), client_state=client_state,
+      cursor=schedule.init_cursor(topology.num_clients),
     )
 
   def round_fn(state: TreeState, data: FederatedData, key):
@@ -130,7 +133,8 @@ def hierfavg(
       client_update, params[depth - 1], cohort, data,
       num_steps=schedule.num_steps(data.n_train), weights=w_client,
       key=stream(key, "train"), chunk_size=sampler.chunk_size, client_state=state.client_state,
-      parent_aligned=sampler.parent_aligned,
+      parent_aligned=sampler.parent_aligned, batch_order=schedule.batch_order,
+      batch_size=schedule.batch_size, cursor=state.cursor,
     )
     params[depth - 1], opt_state[depth - 1] = update_nodes(
       server_optimizers[depth - 1], params[depth - 1], opt_state[depth - 1],
@@ -159,7 +163,8 @@ def hierfavg(
       "clients_trained": res.num_trained,
     }
     new_state = state.replace(
-      round=r, params=tuple(params), opt_state=tuple(opt_state), client_state=res.client_state
+      round=r, params=tuple(params), opt_state=tuple(opt_state), client_state=res.client_state,
+      cursor=res.cursor,
     )
     return new_state, metrics
 

@@ -7,8 +7,8 @@ Global server → M teams → devices. One call of ``round`` is one global itera
   w_i ← x                                            (teams restart from x)
   for k in 0..K-1:                                   (team iterations, lax.scan)
     θ_ij ← w_i                                       (devices restart from their team)
-    L × θ_ij ← θ_ij - α ∇f_ij(θ_ij) - α λ (θ_ij - w_i)   (all devices of all teams: one vmap)
-    θ̄_i ← Σ_j δ_j θ_ij                              (δ_j ∝ examples within team i)
+    L × θ_ij ← θ_ij - α ∇f_ij(θ_ij) - α λ_d (θ_ij - w_i)  (every sampled device: one vmap)
+    θ̄_i ← Σ_j δ_j θ_ij                              (δ_j ∝ examples, over i's sampled devices)
     w_i ← (1 - η λ - η γ) w_i + η γ x + η λ θ̄_i
   w̄ ← Σ_i τ_i w_i                                   (τ_i ∝ examples of team i)
   x ← (1 - β γ) x + β γ w̄                            (eq. (4), see below)
@@ -23,6 +23,21 @@ every team iteration and teams from ``x`` at every global round. The device upda
 ``schedule.steps``, or epochs). Every device of every team trains in every team iteration
 (the paper samples no devices). Weights ``δ`` and ``τ`` are by examples (the paper) or
 uniform (the authors' code): ``weighting=``.
+
+Options for reproducing other code exactly (the paper's form is every default):
+
+* ``device_lam``: the device step's proximal coefficient ``λ_d``, separate from the team
+  update's ``λ`` (default ``λ_d = λ``, the paper's one λ).
+* ``cohort_size``: devices sampled per team at every team iteration (default all, the
+  paper); ``δ`` is then normalized over the sampled devices, and unsampled devices keep their
+  personalized model.
+* ``team_weighting``: ``τ_i`` by the team's ``"examples"`` (paper), by its number of
+  ``"devices"``, or ``"uniform"`` ``1/M`` (default: ``"examples"`` with ``weighting="examples"``,
+  ``"devices"`` with ``weighting="uniform"``).
+* the schedule's ``batch_order`` (``"cyclic"``: a device's batch cursor persists across
+  team iterations and global rounds, ``PFedMTState.cursor``).
+* ``client_update`` with an ``init_state``: the device state is built by it (and ``personal``
+  is its ``.personal`` field when it has one) instead of a copy of ``x`` per device.
 
 Models: ``personal`` (PM: every device's model after its last local step of the last team
 iteration), ``team`` (``w_i`` after the last team iteration) and ``global`` (GM, ``x``).
@@ -45,6 +60,8 @@ from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
 from fedtree.objectives.moreau import moreau_client_update
 
+TEAM_WEIGHTINGS = ("examples", "devices", "uniform")
+
 
 @struct.dataclass
 class PFedMTState:
@@ -54,13 +71,16 @@ class PFedMTState:
     round: ``int32[]`` global iterations done.
     params: the global model ``x`` (one model pytree, no node axis).
     team_params: ``[M, ...]`` team models ``w_i`` after the last team iteration.
-    client_state: ``[C, ...]`` personalized device models ``θ_ij`` (PM).
+    client_state: ``[C, ...]`` personalized device models ``θ_ij`` (PM), or the state of a
+      custom ``client_update``.
+    cursor: ``int32[C]`` batch cursors under ``batch_order="cyclic"`` (else ``()``).
   """
 
   round: jax.Array
   params: object
   team_params: object
   client_state: object
+  cursor: object = ()
 
 
 def pfedmt(
@@ -79,6 +99,9 @@ def pfedmt(
   chunk_size: int | None = None,
   client_update: ClientUpdate | None = None,
   name: str = "pfedmt",
+  device_lam: float | None = None,
+  cohort_size: int | None = None,
+  team_weighting: str | None = None,
 ) -> FederatedAlgorithm:
   """pFedMT on a root → teams → devices ``topology`` (depth 2).
 
@@ -86,17 +109,23 @@ def pfedmt(
     model: the model of every device, team and the server.
     topology: root → teams (level 1) → devices (clients).
     data: the federated data (static shapes, validation).
-    schedule: the device's local steps ``L`` (``steps=L``) and minibatch size.
+    schedule: the device's local steps ``L`` (``steps=L``), minibatch size and batch order.
     learning_rate: the device step ``α``.
-    lam: ``λ``, device-to-team Moreau regularization.
+    lam: ``λ``, device-to-team Moreau regularization (the team update's, and by default the
+      device step's).
     gamma: ``γ``, team-to-global Moreau regularization.
     eta: ``η``, the team learning rate.
     beta: ``β``, the global learning rate.
     team_iters: ``K`` team iterations per global round.
-    weighting: ``"examples"`` (paper) or ``"uniform"`` (authors' code) for ``δ`` and ``τ``.
+    weighting: ``"examples"`` (paper) or ``"uniform"`` (authors' code) for ``δ`` (and ``τ``
+      unless ``team_weighting`` is given).
     chunk_size: devices trained at once (memory bound); ``None``: all.
-    client_update: override the device step (default :func:`fedtree.objectives.moreau.moreau_client_update`).
+    client_update: override the device step (default :func:`fedtree.objectives.moreau.moreau_client_update`);
+      its ``init_state``, when given, builds the device state.
     name: label for reports.
+    device_lam: ``λ_d``, the device step's proximal coefficient (default ``lam``).
+    cohort_size: devices sampled per team at every team iteration (``None``: all).
+    team_weighting: ``τ``: ``"examples"``, ``"devices"`` or ``"uniform"`` (``1/M``).
 
   Raises:
     ValueError: a tree that is not two tiers deep, or out-of-range hyperparameters.
@@ -109,16 +138,22 @@ def pfedmt(
     )
   if int(team_iters) < 1:
     raise ValueError(f"team_iters (K)={team_iters} must be >= 1")
-  for nm, v in (("lam", lam), ("gamma", gamma), ("eta", eta), ("beta", beta)):
+  device_lam = lam if device_lam is None else device_lam
+  for nm, v in (("lam", lam), ("gamma", gamma), ("eta", eta), ("beta", beta),
+                ("device_lam", device_lam)):
     if v < 0:
       raise ValueError(f"pFedMT {nm}={v} must be >= 0")
   client_weights(jnp.zeros(1), weighting)
+  if team_weighting is None:
+    team_weighting = "examples" if weighting == "examples" else "devices"
+  if team_weighting not in TEAM_WEIGHTINGS:
+    raise ValueError(f"pFedMT team_weighting={team_weighting!r}; choose one of {TEAM_WEIGHTINGS}")
   num_teams = topology.num_nodes(1)
   team_of = jnp.asarray(topology.parent(2))
-  sampler = cohort_sampler(topology.parent(2), None, chunk_size=chunk_size)
+  sampler = cohort_sampler(topology.parent(2), cohort_size, chunk_size=chunk_size)
   if client_update is None:
     client_update = moreau_client_update(
-      model, learning_rate=learning_rate, lam=lam, batch_size=schedule.batch_size,
+      model, learning_rate=learning_rate, lam=device_lam, batch_size=schedule.batch_size,
       max_steps=schedule.max_steps(data.max_train),
     )
   team_iters = int(team_iters)
@@ -126,25 +161,35 @@ def pfedmt(
   def init(key):
     x = model.init(key)
     stack = lambda n: jax.tree.map(lambda p: jnp.broadcast_to(p, (n,) + p.shape), x)
+    if client_update.init_state is not None:
+      client_state = client_update.init_state(x, topology.num_clients)
+    else:
+      client_state = stack(topology.num_clients)
     return PFedMTState(round=jnp.zeros((), jnp.int32), params=x, team_params=stack(num_teams),
-                       client_state=stack(topology.num_clients))
+                       client_state=client_state, cursor=schedule.init_cursor(topology.num_clients))
 
   def round_fn(state: PFedMTState, data: FederatedData, key):
     x = state.params
     w_dev = client_weights(data.n_train, weighting)
-    tau = jax.ops.segment_sum(w_dev, team_of, num_segments=num_teams)
+    tau = jax.ops.segment_sum(
+      client_weights(data.n_train, "uniform" if team_weighting == "devices" else "examples"),
+      team_of, num_segments=num_teams,
+    )
+    if team_weighting == "uniform":
+      tau = jnp.ones_like(tau)
     tau = tau / jnp.sum(tau)
     num_steps = schedule.num_steps(data.n_train)
-    cohort = sampler(stream(key, "cohort"))
+    cohort_key = stream(key, "cohort")
     train_key = stream(key, "train")
     w0 = jax.tree.map(lambda p: jnp.broadcast_to(p, (num_teams,) + p.shape), x)
 
     def team_iteration(carry, k):
-      w, pm = carry
+      w, pm, cursor = carry
       res = train_cohort(
-        client_update, w, cohort, data, num_steps=num_steps, weights=w_dev,
-        key=jax.random.fold_in(train_key, k), client_state=pm, chunk_size=sampler.chunk_size,
-        parent_aligned=sampler.parent_aligned,
+        client_update, w, sampler(jax.random.fold_in(cohort_key, k)), data, num_steps=num_steps,
+        weights=w_dev, key=jax.random.fold_in(train_key, k), client_state=pm,
+        chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned,
+        batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=cursor,
       )
       # θ̄_i = w_i - (w_i - Σ_j δ_j θ_ij): the cohort's mean pseudo-gradient, undone.
       theta_bar = jax.tree.map(jnp.subtract, w, res.pseudo_gradient())
@@ -154,22 +199,29 @@ def pfedmt(
         w, x, theta_bar,
       )
       loss = res.loss_sum / jnp.maximum(res.num_trained, 1).astype(jnp.float32)
-      return (w, res.client_state), loss
+      return (w, res.client_state, res.cursor), loss
 
-    (w, pm), losses = jax.lax.scan(
-      team_iteration, (w0, state.client_state), jnp.arange(team_iters)
+    (w, pm, cursor), losses = jax.lax.scan(
+      team_iteration, (w0, state.client_state, state.cursor), jnp.arange(team_iters)
     )
     w_bar = jax.tree.map(lambda wi: jnp.tensordot(tau, wi, axes=1), w)
     x = jax.tree.map(lambda xi, wb: (1.0 - beta * gamma) * xi + beta * gamma * wb, x, w_bar)
     metrics = {"train_loss": jnp.mean(losses), "last_team_iter_loss": losses[-1]}
-    return PFedMTState(round=state.round + 1, params=x, team_params=w, client_state=pm), metrics
+    new_state = PFedMTState(round=state.round + 1, params=x, team_params=w, client_state=pm,
+                            cursor=cursor)
+    return new_state, metrics
 
   def models(state: PFedMTState):
     c = topology.num_clients
-    return {
+    out = {
       "global": NodeModels(jax.tree.map(lambda p: p[None], state.params), np.zeros(c, np.int32)),
       "team": NodeModels(state.team_params, topology.ancestor(1)),
-      "personal": NodeModels(state.client_state, np.arange(c, dtype=np.int32)),
     }
+    personal = state.client_state
+    if client_update.init_state is not None:
+      personal = getattr(personal, "personal", None)
+    if personal is not None:
+      out["personal"] = NodeModels(personal, np.arange(c, dtype=np.int32))
+    return out
 
   return FederatedAlgorithm(init=init, round=round_fn, models=models, name=name)

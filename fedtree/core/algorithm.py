@@ -41,14 +41,36 @@ class NodeModels(NamedTuple):
   chosen_by_data: bool = False
 
 
+class Report(NamedTuple):
+  """What an algorithm's ``report`` hook returns (pure: the experiment layer prints and writes).
+
+  Attributes:
+    summaries: the final ``{model name: summary}`` of the run (the standard summaries it was
+      given, extended or replaced, in the order to report them).
+    text: printed after the run (a table); ``""`` for none.
+    files: ``{file name: str | bytes}`` written into the workdir when there is one.
+  """
+
+  summaries: dict[str, dict[str, Any]]
+  text: str = ""
+  files: dict[str, str | bytes] = {}
+
+
 class FederatedAlgorithm(NamedTuple):
   """``init(key) -> state``; ``round(state, data, key) -> (state, metrics)``;
-  ``models(state) -> {name: NodeModels}``. ``name`` labels reports."""
+  ``models(state) -> {name: NodeModels}``. ``name`` labels reports.
+
+  ``report`` (optional): ``report(state, data, key, summaries) -> Report``, called once on the
+  final state with the run's root key and the standard summaries of ``models(state)``, for
+  extra tables such as B-HFL's accuracy by level or GroupPerFL's four methods and costs.
+  """
 
   init: Callable[[jax.Array], Any]
   round: Callable[[Any, FederatedData, jax.Array], tuple[Any, dict[str, jax.Array]]]
   models: Callable[[Any], dict[str, NodeModels]]
   name: str = "algorithm"
+  report: Callable[[Any, FederatedData, jax.Array, dict], Report] | None = None
+  rounds: int | None = None  # a composition of fixed length (sequential): its number of rounds
 
 
 @struct.dataclass
@@ -60,12 +82,15 @@ class TreeState:
     params: per server level ``l = 0 .. depth-1``, stacked models ``[N_l, ...]``.
     opt_state: per server level, stacked optimizer states ``[N_l, ...]``.
     client_state: persistent per-client state ``[C, ...]`` (``()`` if none).
+    cursor: ``int32[C]`` every client's batch cursor under ``batch_order="cyclic"``
+      (:meth:`fedtree.core.local.LocalSchedule.init_cursor`; ``()`` for the other orders).
   """
 
   round: jax.Array
   params: tuple
   opt_state: tuple
   client_state: Any = ()
+  cursor: Any = ()
 
 
 def per_level(value, depth: int, name: str) -> tuple:
@@ -129,3 +154,71 @@ def with_personal_models(algorithm: FederatedAlgorithm, name: str, params_of_sta
     return {**algorithm.models(state), name: NodeModels(personal, np.arange(num_clients, dtype=np.int32))}
 
   return algorithm._replace(models=models)
+
+
+# ------------------------------------------------------------------------ compositions
+@struct.dataclass
+class StagesState:
+  """State of a :func:`sequential` composition.
+
+  Attributes:
+    round: ``int32[]`` rounds completed over all stages.
+    stages: every stage's own state (a stage not started yet holds its start state).
+  """
+
+  round: jax.Array
+  stages: tuple
+
+
+def sequential(
+  stages: Sequence[tuple[FederatedAlgorithm, int]],
+  handoffs: Sequence[Callable[[Any, Any], Any]],
+  models: Callable[[tuple], dict[str, NodeModels]],
+  *, name: str = "sequential",
+) -> FederatedAlgorithm:
+  """Stages run one after the other as one algorithm: ``stages[i] = (algorithm, rounds)``.
+
+  ``handoffs[i](state_i, state_{i+1}) -> state_{i+1}`` starts stage ``i+1`` from stage ``i``
+  (e.g. its model). While stage ``i`` runs, the later stages' states are re-derived from it
+  after every round, so each stage starts from its predecessor's final state; the round runs
+  the current stage's round under ``lax.switch`` (one compiled program, checkpoints and
+  resume across stage boundaries for free). Every stage's ``round`` must return metrics of
+  the same structure; the composite adds ``stage`` (``int32[]``). ``models(stage_states)``
+  names the models to evaluate. The composite has ``rounds`` = the sum of the stages'.
+  """
+  stages = tuple(stages)
+  if not stages:
+    raise ValueError("sequential needs at least one stage")
+  if len(handoffs) != len(stages) - 1:
+    raise ValueError(f"{len(stages)} stages need {len(stages) - 1} handoffs, got {len(handoffs)}")
+  for alg, n in stages:
+    if int(n) < 0:
+      raise ValueError(f"stage {alg.name!r}: rounds={n} must be >= 0")
+  ends = np.cumsum([int(n) for _, n in stages])
+
+  def cascade(states: list, start: int) -> list:
+    for j in range(start, len(stages) - 1):
+      states[j + 1] = handoffs[j](states[j], states[j + 1])
+    return states
+
+  def init(key):
+    keys = jax.random.split(key, len(stages))
+    states = [alg.init(k) for (alg, _), k in zip(stages, keys, strict=True)]
+    return StagesState(round=jnp.zeros((), jnp.int32), stages=tuple(cascade(states, 0)))
+
+  def round_fn(state: StagesState, data: FederatedData, key):
+    def branch(i):
+      def run(st):
+        states = list(st)
+        states[i], metrics = stages[i][0].round(states[i], data, key)
+        return tuple(cascade(states, i)), metrics
+
+      return run
+
+    index = jnp.minimum(jnp.sum(state.round >= jnp.asarray(ends[:-1])), len(stages) - 1)
+    states, metrics = jax.lax.switch(index, [branch(i) for i in range(len(stages))], state.stages)
+    metrics = {**metrics, "stage": index.astype(jnp.int32)}
+    return StagesState(round=state.round + 1, stages=states), metrics
+
+  return FederatedAlgorithm(init=init, round=round_fn, models=lambda st: models(st.stages), name=name,
+                            rounds=int(ends[-1]))

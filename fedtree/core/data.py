@@ -27,7 +27,9 @@ class FederatedData:
 
   Attributes:
     x_train: ``[C, M, ...]`` features; rows past ``n_train[c]`` are padding.
-    y_train: ``int32[C, M]`` labels.
+    y_train: ``int32[C, M]`` labels, or ``int32[C, M, T]`` next tokens of a language model
+      (``x_train`` then holds ``int32[C, M, T]`` token ids; id 0 is padding, see
+      :func:`fedtree.core.model.token_mask`).
     n_train: ``int32[C]`` number of real training examples per client.
     x_test: ``[C, M_test, ...]``.
     y_test: ``int32[C, M_test]``.
@@ -63,10 +65,10 @@ class FederatedData:
         raise ValueError(
           f"FederatedData.{name} has {getattr(self, name).shape[0]} clients, x_train has {c}"
         )
-    if self.y_train.shape != self.x_train.shape[:2]:
-      raise ValueError(f"y_train shape {self.y_train.shape} != x_train.shape[:2] {self.x_train.shape[:2]}")
-    if self.y_test.shape != self.x_test.shape[:2]:
-      raise ValueError(f"y_test shape {self.y_test.shape} != x_test.shape[:2] {self.x_test.shape[:2]}")
+    for name, y, x in (("y_train", self.y_train, self.x_train), ("y_test", self.y_test, self.x_test)):
+      if y.shape != x.shape[:2] and y.shape != x.shape:  # class labels, or next tokens [C, M, T]
+        raise ValueError(f"{name} shape {y.shape} is neither x.shape[:2] {x.shape[:2]} (class "
+                         f"labels) nor x.shape {x.shape} (next tokens)")
     if self.x_train.shape[2:] != self.x_test.shape[2:]:
       raise ValueError(
         f"train examples have shape {self.x_train.shape[2:]}, test {self.x_test.shape[2:]}"

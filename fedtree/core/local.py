@@ -5,12 +5,26 @@ clients with fewer examples, or fewer assigned steps, take fewer steps; vmapped,
 clients loops to its largest count and clients that are done are left untouched.
 
 Batching happens inside jit. Client ``c`` with ``n`` examples has ``ceil(n / B)`` batches per
-epoch; step ``t`` reads batch ``t mod ceil(n/B)`` of epoch ``t // ceil(n/B)``, whose order is
-a fresh pseudo-random permutation of the ``n`` real examples (:func:`shuffled_positions`;
-padding is never read). The
-last batch of an epoch may be partial: its missing entries are masked out of the loss (and
-zeroed, so even NaN padding cannot leak into a gradient). Epoch-based training is therefore
-``num_steps = epochs · ceil(n / B)``, and a fixed step count is just another ``num_steps``.
+epoch; step ``t`` reads batch ``t mod ceil(n/B)`` of epoch ``t // ceil(n/B)``. The last batch
+of an epoch may be partial: its missing entries are masked out of the loss (and zeroed, so
+even NaN padding cannot leak into a gradient); padding is never read. Epoch-based training
+is therefore ``num_steps = epochs · ceil(n / B)``, and a fixed step count is just another
+``num_steps``.
+
+The order of the examples is the schedule's ``batch_order`` (:data:`BATCH_ORDERS`):
+
+* ``"shuffled"`` (default): every epoch is a fresh pseudo-random permutation of the ``n``
+  real examples (:func:`shuffled_positions`), drawn from the client's key of the round.
+* ``"fixed"``: the examples as stored, the same batches every epoch and every round
+  (a PyTorch ``DataLoader(shuffle=False)`` rebuilt every round).
+* ``"cyclic"``: the examples as stored, read on from a per-client cursor that persists
+  across local and global rounds (a ``DataLoader(shuffle=False)`` iterator kept by each
+  client and restarted when exhausted, as pFedMe's and PerMFL's code read their data). The
+  cursor is a stacked ``int32[C]`` that the algorithm keeps beside the client state and
+  :func:`fedtree.core.tier.train_cohort` advances by each trained client's step count.
+
+The order reaches every local objective through :class:`ClientData` (``cursor`` and
+``shuffle``), which :func:`batch_at` reads: objectives need no change of their own.
 """
 
 from __future__ import annotations
@@ -31,7 +45,8 @@ PyTree = Any
 
 
 class Batch(NamedTuple):
-  """One client's minibatch: ``x: [B, ...]``, ``y: int32[B]``, ``mask: bool[B]``."""
+  """One client's minibatch: ``x: [B, ...]``, ``y: int32[B]`` (``[B, T]`` next tokens of a
+  language model), ``mask: bool[B]``."""
 
   x: jax.Array
   y: jax.Array
@@ -39,17 +54,45 @@ class Batch(NamedTuple):
 
 
 class ClientData(NamedTuple):
-  """One client's padded training data: ``x: [M, ...]``, ``y: [M]``, ``n`` real examples."""
+  """One client's padded training data and where its batch stream stands.
+
+  Attributes:
+    x: ``[M, ...]`` features; rows ``>= n`` are padding.
+    y: ``int32[M]`` labels.
+    n: ``int32[]`` number of real examples.
+    cursor: ``int32[]`` batches already read from the stream (``"cyclic"`` order; else 0):
+      step ``t`` reads batch ``cursor + t`` of the stream.
+    shuffle: ``bool[]`` each epoch is a keyed permutation (``"shuffled"``) or the stored
+      order (``"fixed"``, ``"cyclic"``).
+  """
 
   x: jax.Array
   y: jax.Array
   n: jax.Array
+  cursor: jax.Array | int = 0
+  shuffle: jax.Array | bool = True
 
 
 # ------------------------------------------------------------------------ schedule
 def steps_per_epoch(n, batch_size: int):
   """``ceil(n / batch_size)`` for numpy or jax integer arrays."""
   return (n + batch_size - 1) // batch_size
+
+
+BATCH_ORDERS = ("shuffled", "fixed", "cyclic")
+
+
+def check_batch_order(batch_order: str) -> str:
+  """``batch_order`` if it names one of :data:`BATCH_ORDERS`."""
+  if batch_order not in BATCH_ORDERS:
+    raise ValueError(f"batch_order={batch_order!r}; choose one of {BATCH_ORDERS}")
+  return batch_order
+
+
+def advance_cursor(cursor: jax.Array, num_steps: jax.Array, n: jax.Array, batch_size: int) -> jax.Array:
+  """The ``"cyclic"`` cursor after ``num_steps`` more batches, kept in ``[0, ceil(n / B))``."""
+  spe = jnp.maximum(steps_per_epoch(n, batch_size), 1)
+  return ((cursor + num_steps) % spe).astype(jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,16 +102,20 @@ class LocalSchedule:
   With epochs, client ``c`` takes ``ceil(epochs · ceil(n_c / B))`` steps, so clients with
   fewer examples take fewer steps. At most one of ``epochs`` and ``steps`` is given; with
   neither, one epoch. ``steps`` is one count for every client or a tuple with one count per
-  client (e.g. FedKWS-UI's adaptive local training).
+  client (e.g. FedKWS-UI's adaptive local training). ``batch_order`` is one of
+  :data:`BATCH_ORDERS` (see the module docstring): ``"shuffled"`` (default), ``"fixed"`` or
+  ``"cyclic"``.
   """
 
   batch_size: int
   epochs: float | None = None
   steps: int | tuple[int, ...] | None = None
+  batch_order: str = "shuffled"
 
   def __post_init__(self):
     if int(self.batch_size) < 1:
       raise ValueError(f"batch_size={self.batch_size} must be >= 1")
+    check_batch_order(self.batch_order)
     if self.epochs is None and self.steps is None:
       object.__setattr__(self, "epochs", 1.0)
     if (self.epochs is None) == (self.steps is None):
@@ -95,6 +142,12 @@ class LocalSchedule:
         raise ValueError(f"{len(self.steps)} per-client local steps for {xp.shape(n_train)[0]} clients")
       return xp.asarray(self.steps, dtype=xp.int32)
     return xp.full(xp.shape(n_train), int(self.steps), dtype=xp.int32)
+
+  def init_cursor(self, num_clients: int) -> jax.Array | tuple:
+    """The stacked ``int32[C]`` stream cursors of ``"cyclic"`` order (all 0), else ``()``."""
+    if self.batch_order == "cyclic":
+      return jnp.zeros((num_clients,), jnp.int32)
+    return ()
 
   def max_steps(self, max_examples: int) -> int:
     """Static scan length: the step count of a client with ``max_examples`` examples (the
@@ -142,15 +195,19 @@ def shuffled_positions(key: jax.Array, pos: jax.Array, n: jax.Array) -> jax.Arra
 
 
 def batch_at(key: jax.Array, data: ClientData, t: jax.Array, batch_size: int) -> Batch:
-  """The minibatch of step ``t`` (see the module docstring)."""
+  """The minibatch of step ``t``: batch ``data.cursor + t`` of the client's stream, in the
+  order ``data.shuffle`` says (see the module docstring)."""
   spe = jnp.maximum(steps_per_epoch(data.n, batch_size), 1)
+  t = t + jnp.asarray(data.cursor, jnp.int32)
   epoch, j = t // spe, t % spe
   pos = j * batch_size + jnp.arange(batch_size)
   mask = pos < data.n
-  idx = shuffled_positions(jax.random.fold_in(key, epoch), pos, data.n)
+  shuffled = shuffled_positions(jax.random.fold_in(key, epoch), pos, data.n)
+  idx = jnp.where(data.shuffle, shuffled, jnp.minimum(pos, jnp.maximum(data.n, 1) - 1))
   x = data.x[idx]
   x = jnp.where(mask.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
-  y = jnp.where(mask, data.y[idx], 0)
+  y = data.y[idx]
+  y = jnp.where(mask.reshape((-1,) + (1,) * (y.ndim - 1)), y, 0)
   return Batch(x=x, y=y, mask=mask)
 
 

@@ -1,16 +1,33 @@
-"""Running an algorithm: jitted rounds (fused with ``lax.scan``) and the round loop.
+"""Running an algorithm: jitted rounds (fused with ``lax.scan``) and the one round loop.
 
 The round key is ``fold_in(key, state.round)``, so a run is a pure function of the seed and
-resumes bit-identically from a checkpoint. ``rounds_per_call`` rounds run in one compiled
-call between host visits; the state buffers are donated.
+resumes bit-identically from a checkpoint, whatever the fusion. ``rounds_per_call`` rounds
+run in one compiled call between host visits; the state buffers are donated.
+
+:func:`run` is the only round loop of the package (the library, the experiment runner,
+GroupPerFL's stages and the tests use it). Everything the caller wants done between calls
+is an argument: the evaluation cadence (``eval_every`` + ``on_eval``), a checkpoint hook
+(``on_call``), a metrics/progress hook (``on_metrics``), a stop request (``should_stop``,
+e.g. set by a signal handler). Nothing here reads a config or writes a file.
+
+Compiled fused-round functions are cached per ``(algorithm, rounds per call)``
+(:func:`compile_rounds`), so calling :func:`run` again with ``state=...`` (stepping through
+rounds from Python) or running stage after stage compiles once per distinct fuse length.
+
+Divergence is checked inside the round: every fused round also returns whether the new
+state is finite and, if not, the first state leaf and row where it is not (a server level's
+node or a client), so the loop stops after that call naming run, round, level, node or client.
 """
 
 from __future__ import annotations
 
-import math
+import collections
+import threading
 from collections.abc import Callable
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedtree.core.algorithm import FederatedAlgorithm
@@ -19,7 +36,7 @@ from fedtree.core.rng import stream
 
 
 class NonFiniteLossError(FloatingPointError):
-  """Raised when a round's training loss is NaN or infinite."""
+  """Raised when a round's training loss, or the state it produced, is NaN or infinite."""
 
 
 def init_key(key: jax.Array) -> jax.Array:
@@ -28,23 +45,121 @@ def init_key(key: jax.Array) -> jax.Array:
   return stream(key, "init")
 
 
-def make_multi_round(algorithm: FederatedAlgorithm, rounds_per_call: int) -> Callable:
-  """``(state, data, key) -> (state, metrics stacked [rounds_per_call])``, for ``jax.jit``."""
-  if rounds_per_call < 1:
+# ------------------------------------------------------------------------ finite checks
+def _float_leaves(state) -> list[tuple[str, jax.Array]]:
+  leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+  return [(jax.tree_util.keystr(p), x) for p, x in leaves
+          if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
+
+
+def finite_flags(state) -> dict[str, jax.Array]:
+  """In-jit: ``state_finite`` (``bool[]``), ``bad_leaf`` (``int32[]``, index of the first
+  non-finite float leaf of ``state``, -1 if none) and ``bad_row`` (``int32[]``, its first
+  non-finite row along axis 0: the node of a stacked server level, the client of per-client
+  state; 0 for a scalar leaf)."""
+  leaves = _float_leaves(state)
+  if not leaves:
+    return {"state_finite": jnp.array(True), "bad_leaf": jnp.int32(-1), "bad_row": jnp.int32(-1)}
+  rows = []
+  for _, x in leaves:
+    ok = jnp.isfinite(x)
+    rows.append(ok.reshape(ok.shape[0], -1).all(axis=1) if x.ndim else ok.reshape(1))
+  leaf_ok = jnp.stack([r.all() for r in rows])
+  bad_leaf = jnp.where(leaf_ok.all(), -1, jnp.argmin(leaf_ok)).astype(jnp.int32)
+  first_bad_row = jnp.stack([jnp.argmin(r) for r in rows]).astype(jnp.int32)
+  bad_row = jnp.where(bad_leaf < 0, -1, first_bad_row[jnp.maximum(bad_leaf, 0)])
+  return {"state_finite": leaf_ok.all(), "bad_leaf": bad_leaf, "bad_row": bad_row}
+
+
+def describe_leaf(path: str, row: int) -> str:
+  """``state.params[1]...``, row 3 -> ``server level 1, node 3 (state.params[1]...)``."""
+  import re
+
+  m = re.match(r"\.params\[(\d+)\]", path) or re.match(r"\.(?:opt_state|up_state)\[(\d+)\]", path)
+  if m:
+    return f"server level {m.group(1)}, node {row} (state{path})"
+  if path.startswith(".client_state"):
+    return f"client {row} (state{path})"
+  return f"row {row} of state{path}"
+
+
+# ------------------------------------------------------------------------ compiled rounds
+def make_multi_round(algorithm: FederatedAlgorithm, rounds_per_call: int,
+                     check_state: bool = True) -> Callable:
+  """``(state, data, key) -> (state, metrics stacked [rounds_per_call])``, for ``jax.jit``.
+
+  With ``check_state`` the metrics also hold :func:`finite_flags` of every round's new state.
+  """
+  if int(rounds_per_call) < 1:
     raise ValueError(f"rounds_per_call={rounds_per_call} must be >= 1")
 
   def multi(state, data, key):
     def body(s, _):
-      return algorithm.round(s, data, jax.random.fold_in(key, s.round))
+      new, metrics = algorithm.round(s, data, jax.random.fold_in(key, s.round))
+      if check_state:
+        metrics = {**metrics, **finite_flags(new)}
+      return new, metrics
 
-    return jax.lax.scan(body, state, None, length=rounds_per_call)
+    return jax.lax.scan(body, state, None, length=int(rounds_per_call))
 
   return multi
 
 
-def compile_rounds(algorithm: FederatedAlgorithm, rounds_per_call: int = 1, *, donate: bool = True):
-  """The jitted fused-round function (state buffers donated)."""
-  return jax.jit(make_multi_round(algorithm, rounds_per_call), donate_argnums=(0,) if donate else ())
+class CompileCache:
+  """Jitted fused-round functions by ``(algorithm, rounds per call, donate, check)``; keeps
+  the ``maxsize`` most recently used (each holds its algorithm's closures alive)."""
+
+  def __init__(self, maxsize: int = 32):
+    self.maxsize = int(maxsize)
+    self._fns: collections.OrderedDict = collections.OrderedDict()
+    self._lock = threading.Lock()
+
+  def get(self, algorithm: FederatedAlgorithm, rounds_per_call: int, donate: bool = True,
+          check_state: bool = True):
+    key = (algorithm, int(rounds_per_call), bool(donate), bool(check_state))
+    with self._lock:
+      try:
+        fn = self._fns.pop(key)
+      except TypeError:  # an algorithm with an unhashable field: no caching
+        return _jit(algorithm, rounds_per_call, donate, check_state)
+      except KeyError:
+        fn = _jit(algorithm, rounds_per_call, donate, check_state)
+      self._fns[key] = fn
+      while len(self._fns) > self.maxsize:
+        self._fns.popitem(last=False)
+      return fn
+
+  def clear(self) -> None:
+    with self._lock:
+      self._fns.clear()
+
+
+def _jit(algorithm, rounds_per_call, donate, check_state):
+  return jax.jit(make_multi_round(algorithm, rounds_per_call, check_state),
+                 donate_argnums=(0,) if donate else ())
+
+
+COMPILED = CompileCache()
+"""The process-wide cache :func:`compile_rounds` and :func:`run` use (``COMPILED.clear()``
+frees it)."""
+
+
+def compile_rounds(algorithm: FederatedAlgorithm, rounds_per_call: int = 1, *, donate: bool = True,
+                   check_state: bool = False, cache: CompileCache | None = COMPILED):
+  """The jitted fused-round function (state buffers donated), from ``cache`` when given."""
+  if cache is None:
+    return _jit(algorithm, rounds_per_call, donate, check_state)
+  return cache.get(algorithm, rounds_per_call, donate, check_state)
+
+
+# ------------------------------------------------------------------------ the loop
+def _call_lengths(start: int, num_rounds: int, fuse: int, eval_every: int | None) -> int:
+  """Rounds of the next call from round ``start``: ``fuse``, cut at the next evaluation
+  round (a multiple of ``eval_every``) and at ``num_rounds``."""
+  n = min(fuse, num_rounds - start)
+  if eval_every:
+    n = min(n, eval_every - start % eval_every)
+  return n
 
 
 def run(
@@ -57,35 +172,89 @@ def run(
   state=None,
   on_metrics: Callable[[int, dict[str, float]], None] | None = None,
   check_finite: bool = True,
+  eval_every: int | None = None,
+  on_eval: Callable[[Any, int], dict[str, float] | None] | None = None,
+  on_call: Callable[[Any, int], None] | None = None,
+  should_stop: Callable[[], bool] | None = None,
+  label: str | None = None,
+  cache: CompileCache | None = COMPILED,
 ):
-  """Runs ``num_rounds`` rounds; returns the final state.
+  """Runs rounds until ``state.round == num_rounds``; returns the final state.
 
-  ``on_metrics(round, metrics)`` is called after every fused call with the last round's
-  metrics (host floats). Raises :class:`NonFiniteLossError` naming the round when the
-  training loss stops being finite (``check_finite``).
+  Args:
+    algorithm: what to run.
+    data: the federated data (device arrays).
+    num_rounds: the round to stop at (a resumed ``state`` continues from its own round).
+    key: the run's root key; round ``r`` uses ``fold_in(key, r)``.
+    rounds_per_call: rounds fused into one compiled call.
+    state: where to start (default ``algorithm.init(init_key(key))``).
+    on_metrics: ``on_metrics(round, metrics)`` after every call with the last round's
+      metrics as host floats (plus whatever ``on_eval`` returned at that round).
+    check_finite: stop with :class:`NonFiniteLossError` after a call in which the training
+      loss or the state (client and server models, optimizer states) stopped being finite.
+    eval_every: calls end at every multiple of this round (and at ``num_rounds``), where
+      ``on_eval(state, round)`` is called; its dict joins the metrics.
+    on_call: ``on_call(state, round)`` after every call and its checks (a checkpoint hook).
+    should_stop: polled after every call; ``True`` ends the loop there (a signal handler's
+      flag), returning the state reached.
+    label: names the run in errors (default ``algorithm.name``).
+    cache: the compiled-function cache (``None``: compile afresh).
   """
   if num_rounds < 0:
     raise ValueError(f"num_rounds={num_rounds} must be >= 0")
+  if int(rounds_per_call) < 1:
+    raise ValueError(f"rounds_per_call={rounds_per_call} must be >= 1")
+  if eval_every is not None and int(eval_every) < 1:
+    raise ValueError(f"eval_every={eval_every} must be >= 1")
+  label = label or algorithm.name
   state = algorithm.init(init_key(key)) if state is None else state
-  step = compile_rounds(algorithm, rounds_per_call)
-  calls = math.ceil(num_rounds / rounds_per_call) if rounds_per_call else 0
+  paths = None
   done = int(state.round)
-  for _ in range(calls):
-    if done >= num_rounds:
-      break
-    if num_rounds - done < rounds_per_call:  # a short tail: its own (one-off) compile
-      step = compile_rounds(algorithm, num_rounds - done)
+  while done < num_rounds:
+    todo = _call_lengths(done, num_rounds, int(rounds_per_call), eval_every)
+    step = compile_rounds(algorithm, todo, check_state=check_finite, cache=cache)
     state, metrics = step(state, data, key)
     done = int(state.round)
-    host = {k: np.asarray(v)[-1].item() for k, v in metrics.items()}
-    if check_finite and "train_loss" in metrics:
-      losses = np.asarray(metrics["train_loss"])
-      if not np.all(np.isfinite(losses)):
-        bad = done - len(losses) + int(np.argmin(np.isfinite(losses))) + 1
-        raise NonFiniteLossError(
-          f"{algorithm.name}: training loss became {losses[~np.isfinite(losses)][0]} at round "
-          f"{bad}; lower the local learning rate or check the data"
-        )
+    if check_finite:
+      if paths is None:
+        paths = [p for p, _ in _float_leaves(state)]
+      check_metrics(metrics, done, label, paths)
+    host = {k: np.asarray(v)[-1].item() for k, v in metrics.items()
+            if k not in ("state_finite", "bad_leaf", "bad_row")}
+    if on_eval is not None and (done == num_rounds or (eval_every and done % eval_every == 0)):
+      host.update(on_eval(state, done) or {})
     if on_metrics is not None:
       on_metrics(done, host)
+    if on_call is not None:
+      on_call(state, done)
+    if should_stop is not None and should_stop():
+      break
   return state
+
+
+def check_metrics(metrics: dict[str, Any], done: int, label: str, paths: list[str]) -> None:
+  """Raises :class:`NonFiniteLossError` for the first round of a call whose training loss or
+  new state is not finite (``metrics`` stacked over the call's rounds, ``done`` its last)."""
+  n = len(np.asarray(next(iter(metrics.values()))))
+  bad_rounds = np.zeros(n, bool)
+  if "train_loss" in metrics:
+    bad_rounds |= ~np.isfinite(np.asarray(metrics["train_loss"], np.float64))
+  if "state_finite" in metrics:
+    bad_rounds |= ~np.asarray(metrics["state_finite"])
+  if not bad_rounds.any():
+    return
+  i = int(np.argmax(bad_rounds))
+  r = done - n + i + 1
+  parts = []
+  if "train_loss" in metrics and not np.isfinite(float(np.asarray(metrics["train_loss"])[i])):
+    parts.append(f"training loss is {float(np.asarray(metrics['train_loss'])[i])}")
+  if "state_finite" in metrics and not bool(np.asarray(metrics["state_finite"])[i]):
+    leaf = int(np.asarray(metrics["bad_leaf"])[i])
+    row = int(np.asarray(metrics["bad_row"])[i])
+    where = describe_leaf(paths[leaf], row) if 0 <= leaf < len(paths) else "the state"
+    parts.append(f"non-finite values in {where}")
+  raise NonFiniteLossError(
+    f"run {label!r} diverged at round {r}: {'; '.join(parts)}; lower the learning rates "
+    "(local or server) or check the data"
+  )
+

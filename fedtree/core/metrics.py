@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedtree.core.model import Model
+from fedtree.core.model import Model, token_mask
 
 PyTree = Any
 
@@ -40,11 +40,17 @@ class EvalStats(NamedTuple):
 
 def client_sums(model: Model, params, x, y, n, *, confusion: bool = False):
   """``(loss sum, correct, count)`` of one model on one client's padded data ``x[:n]``, and
-  with ``confusion`` its ``[K, K]`` (true, predicted) count matrix as a fourth entry."""
+  with ``confusion`` its ``[K, K]`` (true, predicted) count matrix as a fourth entry.
+
+  For a language model (``y: [M, T]`` next tokens) the sums run over real tokens
+  (:func:`~fedtree.core.model.token_mask`): ``loss_sum`` is the total NLL, ``correct`` the
+  correctly predicted next tokens and ``count`` the number of tokens, so
+  ``exp(loss_sum / count)`` is the perplexity.
+  """
   logits = model.apply(params, x, train=False).astype(jnp.float32)
-  mask = jnp.arange(x.shape[0]) < n
+  mask = token_mask(y, jnp.arange(x.shape[0]) < n)
   logp = jax.nn.log_softmax(logits)
-  nll = -jnp.take_along_axis(logp, y[:, None], axis=-1)[:, 0]
+  nll = -jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0]
   pred = jnp.argmax(logits, -1)
   correct = (pred == y) & mask
   out = (
@@ -54,8 +60,8 @@ def client_sums(model: Model, params, x, y, n, *, confusion: bool = False):
   )
   if confusion:
     k = logits.shape[-1]
-    true = jax.nn.one_hot(y, k, dtype=jnp.float32) * mask[:, None].astype(jnp.float32)
-    out = out + (true.T @ jax.nn.one_hot(pred, k, dtype=jnp.float32),)
+    true = jax.nn.one_hot(y, k, dtype=jnp.float32) * mask[..., None].astype(jnp.float32)
+    out = out + (true.reshape(-1, k).T @ jax.nn.one_hot(pred, k, dtype=jnp.float32).reshape(-1, k),)
   return out
 
 
@@ -101,9 +107,12 @@ def evaluate(
 
 
 def summarize(stats: EvalStats, groups: np.ndarray | None = None, prefix: str = "",
-              positive_classes=None) -> dict[str, Any]:
+              positive_classes=None, perplexity: bool = False) -> dict[str, Any]:
   """Host-side summary: overall (example-weighted) and mean-per-client accuracy and loss,
   per-client accuracy, and per-group accuracy/loss when ``groups[c]`` is given. With
+  ``perplexity`` (language models: the sums are over tokens) also ``perplexity`` =
+  ``exp(total NLL / total tokens)`` overall, per client and per group; ``accuracy`` is then
+  next-token accuracy. With
   ``positive_classes`` (a ``bool[K]`` mask or class indices) and ``stats.confusion``, also
   the keyword-spotting rates of :func:`keyword_rates` over all clients."""
   loss = np.asarray(stats.loss_sum, np.float64)
@@ -118,6 +127,11 @@ def summarize(stats: EvalStats, groups: np.ndarray | None = None, prefix: str = 
     f"{prefix}client_mean_accuracy": float(np.nanmean(client_acc)) if has.any() else float("nan"),
     f"{prefix}client_accuracy": client_acc,
   }
+  if perplexity:
+    client_loss = np.where(has, loss / np.maximum(count, 1.0), np.nan)
+    with np.errstate(over="ignore", invalid="ignore"):
+      out[f"{prefix}perplexity"] = float(np.exp(loss.sum() / total))
+      out[f"{prefix}client_perplexity"] = np.exp(client_loss)
   if groups is not None:
     groups = np.asarray(groups)
     g = int(groups.max()) + 1
@@ -126,6 +140,9 @@ def summarize(stats: EvalStats, groups: np.ndarray | None = None, prefix: str = 
     gl = np.bincount(groups, weights=loss, minlength=g)
     out[f"{prefix}group_accuracy"] = gc / np.maximum(gn, 1.0)
     out[f"{prefix}group_loss"] = gl / np.maximum(gn, 1.0)
+    if perplexity:
+      with np.errstate(over="ignore", invalid="ignore"):
+        out[f"{prefix}group_perplexity"] = np.exp(out[f"{prefix}group_loss"])
   if positive_classes is not None:
     if stats.confusion is None:
       raise ValueError("positive_classes needs stats with a confusion matrix: evaluate(..., confusion=True)")

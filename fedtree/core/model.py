@@ -18,11 +18,18 @@ Params = Any
 
 
 class Model(NamedTuple):
-  """A pure model: ``init(key) -> params`` and ``apply(params, x, train=, rng=) -> logits``."""
+  """A pure model: ``init(key) -> params`` and ``apply(params, x, train=, rng=) -> logits``.
+
+  ``input_dtype`` is the dtype of ``x`` (``"int32"`` for token ids) and ``label_shape`` the
+  shape of one example's label: ``()`` for a classifier, ``(T,)`` for a language model whose
+  label is the next token at every position (see :func:`token_mask`).
+  """
 
   init: Callable[[jax.Array], Params]
   apply: Callable[..., jax.Array]
   num_classes: int
+  input_dtype: str = "float32"
+  label_shape: tuple[int, ...] = ()
 
 
 def from_flax(module: nn.Module, example_shape: Sequence[int], num_classes: int) -> Model:
@@ -39,9 +46,27 @@ def from_flax(module: nn.Module, example_shape: Sequence[int], num_classes: int)
   return Model(init=init, apply=apply, num_classes=int(num_classes))
 
 
+PAD_ID = 0  # the padding token of sequence labels (fedtree.datasets.text reserves it)
+
+
+def token_mask(labels: jax.Array, mask: jax.Array) -> jax.Array:
+  """``mask`` broadcast to the shape of ``labels``.
+
+  ``mask`` marks real examples (``[B]``). Labels with more axes than the mask are token
+  sequences (``[B, T]``, a language model's next tokens): there a position counts only if its
+  label is not :data:`PAD_ID`, so padded tokens of a short sentence are never trained on nor
+  evaluated. Class labels (same shape as the mask) are returned unchanged: class 0 is a class.
+  """
+  if labels.ndim == mask.ndim:
+    return mask
+  mask = mask.reshape(mask.shape + (1,) * (labels.ndim - mask.ndim))
+  return mask & (labels != PAD_ID)
+
+
 def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
-  """Mean softmax cross-entropy over the entries where ``mask`` is true (0 if none)."""
+  """Mean softmax cross-entropy over the entries where ``mask`` is true (0 if none); for
+  sequence labels the mean is over real tokens (:func:`token_mask`)."""
   logp = jax.nn.log_softmax(logits.astype(jnp.float32))
   nll = -jnp.take_along_axis(logp, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
-  m = mask.astype(jnp.float32)
+  m = token_mask(labels, mask).astype(jnp.float32)
   return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)

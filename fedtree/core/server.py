@@ -4,7 +4,18 @@ A node's pseudo-gradient is ``Δ = Θ - Σ_i p_i θ_i`` (it points away from the
 any optax optimizer treats it as a gradient and FedAvg is exactly ``optax.sgd(1.0)``.
 :func:`fedopt` is the FedAdagrad/FedAdam/FedYogi family of Reddi et al. 2021 in the paper's
 form (``m_0 = 0``, ``v_0 = τ²``, no bias correction, τ outside the square root), with the
-initial accumulator and the bias correction as explicit options.
+initial accumulator, the bias correction and its exponent offset as explicit options, and a
+learning rate that may be an optax schedule. :func:`optimizer_from_config` builds any server
+optimizer, optax optimizer or optax chain from a plain dict (a run config's ``server``).
+
+Other codebases' FedAdam, as options of :func:`fedopt` (``kind="adam"``):
+
+* Reddi et al. 2021 (the paper; FedML's and APPFL's FedAdam): the defaults.
+* Flower (``flwr.server.strategy.FedAdam``, recent versions): ``initial_accumulator=0``,
+  ``tau=1e-9``, ``bias_correction=True``, ``bias_correction_offset=1`` (Flower scales η by
+  ``√(1-β2^(r+1)) / (1-β1^(r+1))`` with rounds ``r`` counted from 1, one power ahead of Adam).
+* Kingma and Ba's Adam step size ``α_t`` (Keras' ``Adam`` as TFF's server optimizer):
+  ``initial_accumulator=0``, ``bias_correction=True``, ``bias_correction_offset=0``.
 
 Every node of a level keeps its own optimizer state: states are stacked ``[N, ...]`` and
 :func:`update_nodes` ``vmap``s the update over the nodes.
@@ -12,6 +23,7 @@ Every node of a level keeps its own optimizer state: states are stacked ``[N, ..
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -35,12 +47,13 @@ FEDOPT_KINDS = ("adagrad", "adam", "yogi")
 def fedopt(
   kind: str,
   *,
-  learning_rate: float,
+  learning_rate: float | Callable[[jax.Array], jax.Array],
   b1: float = 0.9,
   b2: float = 0.99,
   tau: float = 1e-3,
   initial_accumulator: float | None = None,
   bias_correction: bool = False,
+  bias_correction_offset: int = 0,
 ) -> optax.GradientTransformation:
   """FedAdagrad / FedAdam / FedYogi (Reddi et al. 2021, Algorithm 2).
 
@@ -49,13 +62,17 @@ def fedopt(
 
   Args:
     kind: ``"adagrad"``, ``"adam"`` or ``"yogi"``.
-    learning_rate: server learning rate η.
+    learning_rate: server learning rate η, or an optax schedule ``η(count)`` of the number of
+      server steps already taken (0 at the first step), as optax's optimizers call theirs.
     b1: β1 (FedAdagrad uses it too, as in the paper).
     b2: β2 (Adam, Yogi).
     tau: adaptivity τ.
     initial_accumulator: ``v_0``; default ``τ²`` as in the paper (0 reproduces simulators
       that start from zero).
-    bias_correction: multiply the step by ``√(1-β2^t) / (1-β1^t)`` (Adam-style, t from 1).
+    bias_correction: multiply the step by ``√(1-β2^e) / (1-β1^e)`` with ``e = t + offset``
+      and ``t`` the step count from 1 (Adam-style).
+    bias_correction_offset: the exponent's offset: 0 (Kingma and Ba's Adam, default) or 1
+      (Flower's FedAdam, see the module docstring).
   """
   if kind not in FEDOPT_KINDS:
     raise ValueError(f"fedopt kind={kind!r}; choose one of {FEDOPT_KINDS}")
@@ -67,6 +84,9 @@ def fedopt(
   v0 = tau**2 if initial_accumulator is None else float(initial_accumulator)
   if v0 < 0:
     raise ValueError(f"fedopt initial_accumulator={initial_accumulator} must be >= 0")
+  if int(bias_correction_offset) != bias_correction_offset or bias_correction_offset < 0:
+    raise ValueError(f"fedopt bias_correction_offset={bias_correction_offset!r} must be an int >= 0")
+  offset = int(bias_correction_offset)
 
   def init(params):
     return FedOptState(
@@ -85,9 +105,12 @@ def fedopt(
     else:
       v = jax.tree.map(lambda v, d: v - (1 - b2) * d * d * jnp.sign(v - d * d), state.v, delta)
     count = state.count + 1
-    lr = jnp.asarray(learning_rate, jnp.float32)
+    if callable(learning_rate):
+      lr = jnp.asarray(learning_rate(state.count), jnp.float32)
+    else:
+      lr = jnp.asarray(learning_rate, jnp.float32)
     if bias_correction:
-      t = count.astype(jnp.float32)
+      t = (count + offset).astype(jnp.float32)
       lr = lr * jnp.sqrt(1 - b2**t) / (1 - b1**t)
     updates = jax.tree.map(lambda m, v: -lr * m / (jnp.sqrt(v) + tau), m, v)
     return updates, FedOptState(count=count, m=m, v=v)
@@ -120,15 +143,67 @@ def server_optimizer(name: str, **hparams) -> optax.GradientTransformation:
 
 def optimizer_by_name(name: str, **hparams) -> optax.GradientTransformation:
   """Any optax optimizer factory by name (``sgd``, ``adam``, ``adamw``, ...)."""
-  factory = getattr(optax, name, None)
+  factory = getattr(optax, name, None) if isinstance(name, str) else None
   if factory is None or not callable(factory):
     raise ValueError(
-      f"optimizer {name!r} is neither one of {SERVER_OPTIMIZERS} nor an optax optimizer"
+      f"optimizer {name!r} is neither one of {SERVER_OPTIMIZERS}, {CHAIN!r} (in a config) nor "
+      f"an optax optimizer or transformation (e.g. 'adam', 'clip_by_global_norm')"
     )
   try:
     return factory(**hparams)
   except TypeError as e:
     raise ValueError(f"optimizer {name!r} rejected hyperparameters {hparams}: {e}") from e
+
+
+CHAIN = "chain"
+
+
+def schedule_from_config(cfg: Mapping[str, Any]) -> Callable[[jax.Array], jax.Array]:
+  """An optax schedule from ``{"name": <optax schedule>, **its arguments}``, e.g.
+  ``{"name": "exponential_decay", "init_value": 0.1, "transition_steps": 10, "decay_rate": 0.5}``."""
+  cfg = dict(cfg)
+  name = cfg.pop("name", None)
+  factory = getattr(optax.schedules, name, None) if isinstance(name, str) else None
+  if factory is None or not callable(factory) or name.startswith("_") or not name.endswith(
+    ("schedule", "decay")
+  ):
+    known = sorted(n for n in dir(optax.schedules)
+                   if n.endswith(("schedule", "decay")) and not n.startswith("_"))
+    raise ValueError(f"learning-rate schedule name={name!r}; choose one of {known}")
+  try:
+    return factory(**cfg)
+  except TypeError as e:
+    raise ValueError(f"schedule {name!r} rejected arguments {cfg}: {e}") from e
+
+
+def optimizer_from_config(cfg: Mapping[str, Any] | None) -> optax.GradientTransformation:
+  """A server optimizer from a plain dict (a run config's ``server``; ``None``: FedAvg).
+
+  ``{"name": n, **hparams}`` is :func:`server_optimizer` ``(n, **hparams)``: one of
+  :data:`SERVER_OPTIMIZERS` or any optax optimizer or transformation (``adam``,
+  ``clip_by_global_norm``, ``add_decayed_weights``, ...). ``{"name": "chain", "transforms":
+  [cfg, ...]}`` is ``optax.chain`` of each transform's optimizer, in order, e.g.
+  ``{"name": "chain", "transforms": [{"name": "clip_by_global_norm", "max_norm": 1.0},
+  {"name": "adam", "learning_rate": 0.01}]}``. A hyperparameter given as a dict with a
+  ``name`` (e.g. ``learning_rate``) is an optax schedule (:func:`schedule_from_config`).
+  """
+  if cfg is None:
+    return server_optimizer("fedavg")
+  if not isinstance(cfg, Mapping):
+    raise ValueError(f"server optimizer config {cfg!r} must be a dict with a 'name'")
+  hparams = dict(cfg)
+  name = hparams.pop("name", "fedavg")
+  if name == CHAIN:
+    transforms = hparams.pop("transforms", None)
+    if hparams or not isinstance(transforms, (list, tuple)) or not transforms:
+      raise ValueError(
+        f"server optimizer 'chain' takes one field, a non-empty list 'transforms'; got "
+        f"transforms={transforms!r} and {sorted(hparams)}"
+      )
+    return optax.chain(*(optimizer_from_config(t) for t in transforms))
+  hparams = {k: schedule_from_config(v) if isinstance(v, Mapping) and "name" in v else v
+             for k, v in hparams.items()}
+  return server_optimizer(name, **hparams)
 
 
 def init_nodes(opt: optax.GradientTransformation, params: PyTree) -> PyTree:
@@ -162,3 +237,22 @@ def select_nodes(mask: jax.Array, new: PyTree, old: PyTree) -> PyTree:
     return jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
 
   return jax.tree.map(sel, new, old)
+
+
+def down_nodes(
+  opt: optax.GradientTransformation, params: PyTree, opt_state: PyTree, target: PyTree,
+  active: jax.Array,
+) -> tuple[PyTree, PyTree]:
+  """Every active node pulls towards ``target`` (B-HFL's down step, paper 001): it applies
+  ``opt`` to ``Δ = θ - Θ_target``.
+
+  Computed as ``Θ_target + (Δ + update)``, so ``sgd(1.0)`` yields ``Θ_target`` bit for bit.
+  """
+
+  def one(p, s, t):
+    d = jax.tree.map(jnp.subtract, p, t)
+    upd, s = opt.update(d, s, p)
+    return jax.tree.map(lambda t_, d_, u_: t_ + (d_ + u_), t, d, upd), s
+
+  new_p, new_s = jax.vmap(one)(params, opt_state, target)
+  return select_nodes(active, new_p, params), select_nodes(active, new_s, opt_state)

@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from fedtree.core.aggregation import divide_by_weight, weighted_segment_sum
 from fedtree.core.data import FederatedData
-from fedtree.core.local import ClientData, ClientUpdate
+from fedtree.core.local import ClientData, ClientUpdate, advance_cursor, check_batch_order
 from fedtree.core.sampling import Cohort
 from fedtree.core.sharding import CLIENT_AXIS, constrain_clients, mesh_size
 
@@ -44,6 +44,8 @@ class TierResult(NamedTuple):
       ``keep_client_params=True``, else ``None``).
     loss_sum: ``[]`` sum over the cohort of each client's mean local loss.
     num_trained: ``[]`` number of clients that trained.
+    cursor: ``int32[C]`` the ``"cyclic"`` batch cursors, advanced where clients trained
+      (``()`` for the other batch orders).
   """
 
   delta_sum: PyTree
@@ -52,6 +54,7 @@ class TierResult(NamedTuple):
   client_params: PyTree | None
   loss_sum: jax.Array
   num_trained: jax.Array
+  cursor: jax.Array | tuple = ()
 
   def pseudo_gradient(self) -> PyTree:
     """The mean pseudo-gradient ``Θ - Σ p_i θ_i`` of every parent (0 where none reported)."""
@@ -76,6 +79,9 @@ def train_cohort(
   anchor_params: PyTree | None = None,
   keep_client_params: bool = False,
   parent_aligned: bool = False,
+  batch_order: str = "shuffled",
+  batch_size: int | None = None,
+  cursor: jax.Array | tuple = (),
 ) -> TierResult:
   """Trains every client of ``cohort`` from its parent's model and aggregates per parent.
 
@@ -96,7 +102,20 @@ def train_cohort(
       ``CohortSampler.parent_aligned``). Each chunk then broadcasts that parent's model
       instead of gathering one copy per client, which XLA fuses into its consumers rather
       than writing ``[chunk, ...]`` models to memory.
+    batch_order: the order of local minibatches (``LocalSchedule.batch_order``, see
+      :mod:`fedtree.core.local`): ``"shuffled"``, ``"fixed"`` or ``"cyclic"``.
+    batch_size: the local batch size; needed by ``"cyclic"`` to wrap the cursors.
+    cursor: ``int32[C]`` every client's batch cursor (``"cyclic"`` only: from
+      ``LocalSchedule.init_cursor``, then the previous ``TierResult.cursor``); each trained
+      client's cursor advances by its ``num_steps``.
   """
+  check_batch_order(batch_order)
+  cyclic = batch_order == "cyclic"
+  if cyclic and (batch_size is None or isinstance(cursor, tuple)):
+    raise ValueError(
+      "batch_order='cyclic' needs batch_size= and cursor= (int32[C], LocalSchedule.init_cursor); "
+      f"got batch_size={batch_size!r}, cursor={cursor!r}"
+    )
   k = cohort.clients.shape[0]
   chunk = k if chunk_size is None else min(int(chunk_size), k)
   if k % chunk:
@@ -145,6 +164,8 @@ def train_cohort(
       x=jnp.take(data.x_train, ch.clients, axis=0),
       y=jnp.take(data.y_train, ch.clients, axis=0),
       n=jnp.take(data.n_train, ch.clients, axis=0),
+      cursor=jnp.take(cursor, ch.clients) if cyclic else jnp.zeros((chunk,), jnp.int32),
+      shuffle=jnp.full((chunk,), batch_order == "shuffled"),
     ))
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ch.clients)
     params, new_state, loss = jax.vmap(update.apply)(
@@ -191,4 +212,9 @@ def train_cohort(
     client_params = jax.tree.map(
       lambda a: jnp.take(a.reshape((k,) + a.shape[2:]), inverse, axis=0), per_chunk
     )
-  return TierResult(delta_sum, weight_sum, state, client_params, loss_sum, count)
+  if cyclic:  # each trained client read ``num_steps`` more batches of its stream
+    scatter_idx = jnp.where(cohort.valid, cohort.clients, num_clients)
+    moved = advance_cursor(jnp.take(cursor, cohort.clients), jnp.take(num_steps, cohort.clients),
+                           jnp.take(data.n_train, cohort.clients), batch_size)
+    cursor = cursor.at[scatter_idx].set(moved, mode="drop")
+  return TierResult(delta_sum, weight_sum, state, client_params, loss_sum, count, cursor)

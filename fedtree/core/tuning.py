@@ -97,8 +97,8 @@ def client_step_bytes(model, optimizer, example_shape: Sequence[int], batch_size
     lambda p: SGDCarry(params=p, opt_state=optimizer.init(p), anchor=p), params
   )
   batch = Batch(
-    x=jax.ShapeDtypeStruct((batch_size,) + tuple(example_shape), jnp.float32),
-    y=jax.ShapeDtypeStruct((batch_size,), jnp.int32),
+    x=jax.ShapeDtypeStruct((batch_size,) + tuple(example_shape), getattr(model, "input_dtype", "float32")),
+    y=jax.ShapeDtypeStruct((batch_size,) + tuple(getattr(model, "label_shape", ())), jnp.int32),
     mask=jax.ShapeDtypeStruct((batch_size,), jnp.bool_),
   )
   key = jax.eval_shape(lambda: jax.random.key(0))

@@ -33,7 +33,8 @@ def evaluate_models(
   out = {}
   for name, nm in algorithm.models(state).items():
     stats = evaluator(nm.params, data.x_test, data.y_test, data.n_test, jnp.asarray(nm.model_of_client))
-    out[name] = summarize(stats, groups, positive_classes=positive_classes)
+    out[name] = summarize(stats, groups, positive_classes=positive_classes,
+                          perplexity=bool(model.label_shape))
     if getattr(nm, "cluster_of_client", None) is not None:
       out[name].update(cluster_summary(nm, data, evaluator))
   return out

@@ -7,7 +7,6 @@ from fedtree.experiment.builders import local_optimizer_from_config, schedule_fr
 from fedtree.experiment.registry import BUILDERS
 from fedtree.experiment.runner import (
   Context,
-  Pipeline,
   build_topology,
   load_data,
   make_context,
@@ -19,7 +18,7 @@ from fedtree.experiment.runner import (
 )
 
 __all__ = [
-  "BUILDERS", "Context", "Pipeline", "build_topology", "load_data", "local_optimizer_from_config",
+  "BUILDERS", "Context", "build_topology", "load_data", "local_optimizer_from_config",
   "make_context", "ordered_runs", "positive_classes_from_config", "run_algorithm",
   "schedule_from_config", "train_and_evaluate", "validate_config",
 ]

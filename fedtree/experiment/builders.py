@@ -11,21 +11,16 @@ hyperparameters, see :func:`fedtree.core.server.server_optimizer`). ``chunk_size
 
 from __future__ import annotations
 
-import json
-import os
-from typing import Any
-
 import jax
 import ml_collections
 import numpy as np
 import optax
 
-from fedtree.algorithms.bhfl import format_level_table, level_table
+from fedtree.algorithms.bhfl import with_level_report
 from fedtree.algorithms.hierfavg import fedavg, hierfavg
 from fedtree.core import sharding, tuning
-from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.local import LocalSchedule, sgd_client_update
-from fedtree.core.server import optimizer_by_name, server_optimizer
+from fedtree.core.server import optimizer_by_name, optimizer_from_config, server_optimizer
 
 
 def local_optimizer_from_config(local: ml_collections.ConfigDict) -> optax.GradientTransformation:
@@ -43,11 +38,12 @@ def schedule_from_config(local: ml_collections.ConfigDict) -> LocalSchedule:
 
 
 def server_from_config(cfg: ml_collections.ConfigDict | None):
-  """A server optimizer from ``{name: ..., **hparams}`` (default FedAvg)."""
+  """A server optimizer from ``{name: ..., **hparams}`` (default FedAvg), an optax chain
+  ``{name: "chain", transforms: [...]}``, schedules as ``learning_rate`` (see
+  :func:`fedtree.core.server.optimizer_from_config`)."""
   if cfg is None:
     return server_optimizer("fedavg")
-  hp = {k: v for k, v in cfg.items() if k != "name"}
-  return server_optimizer(cfg.get("name", "fedavg"), **hp)
+  return optimizer_from_config(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg))
 
 
 def common(run, ctx) -> dict:
@@ -158,8 +154,8 @@ def _per_level_servers(run, plural: str, single: str, default):
 
 
 def build_bhfl(run, ctx):
-  """B-HFL (paper 001) on the config's tree; returns a pipeline that also reports the table
-  by level.
+  """B-HFL (paper 001) on the config's tree, with a report hook giving the table by level
+  (printed and written to ``<workdir>/bhfl_levels_<label>.{json,md}``).
 
   Run fields (all optional): ``up`` / ``ups`` (server config for every level / a list per
   level 0..depth-1; default FedAvg), ``down`` / ``downs`` (down optimizer for levels
@@ -212,39 +208,5 @@ def build_bhfl(run, ctx):
     staleness_exponent=float(run.get("staleness_exponent", 0.0)), name=run.algorithm,
     **common(run, ctx),
   )
-  return BHFLPipeline(alg, _run_label(run, ctx), int(run.get("rounds", ctx.config.rounds)))
-
-
-class BHFLPipeline:
-  """Runs a B-HFL algorithm with the standard loop, then reports the table by level.
-
-  The table goes to the reporter (stdout) and to ``<workdir>/bhfl_levels_<label>.{json,md}``;
-  its central accuracies are also returned as ``<level>@central`` summaries.
-  """
-
-  def __init__(self, algorithm: FederatedAlgorithm, label: str, num_rounds: int):
-    self.algorithm, self.label, self.num_rounds = algorithm, label, num_rounds
-
-  def run(self, ctx, key, reporter) -> dict[str, dict[str, Any]]:
-    from fedtree.experiment.runner import run_algorithm
-
-    cfg = ctx.config
-    state, summaries = run_algorithm(
-      self.algorithm, ctx, key, reporter, num_rounds=self.num_rounds,
-      eval_every=int(cfg.eval_every), rounds_per_call=int(cfg.rounds_per_call), label=self.label,
-    )
-    rows = level_table(ctx.model, state.params, ctx.topology, ctx.data, ctx.central_test,
-                       cfg.get("eval_chunk_size", None))
-    text = format_level_table(self.label, rows)
-    reporter.print("\n" + text)
-    workdir = getattr(reporter, "workdir", None)
-    if workdir:
-      with open(os.path.join(workdir, f"bhfl_levels_{self.label}.json"), "w") as f:
-        json.dump(rows, f, indent=2)
-      with open(os.path.join(workdir, f"bhfl_levels_{self.label}.md"), "w") as f:
-        f.write(text + "\n")
-    out = dict(summaries)
-    for r in rows:
-      out[f"{r['name']}@central"] = dict(accuracy=r["central_accuracy"], loss=r["central_loss"],
-                                         client_mean_accuracy=float("nan"))
-    return out
+  return with_level_report(alg, ctx.model, ctx.topology, central_test=ctx.central_test,
+                           chunk_size=ctx.config.get("eval_chunk_size", None), label=_run_label(run, ctx))

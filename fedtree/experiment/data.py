@@ -10,8 +10,9 @@ import numpy as np
 from fedtree.core.data import FederatedData
 from fedtree.datasets.synthetic import grouped_synthetic, synthetic_alpha_beta
 
+TEXT_DATASETS = ("stdlib_text", "text_dir", "tfds_text", "leaf", "tff_h5")
 DATASETS = ("grouped_synthetic", "synthetic", "tfds", "prototype_images", "synthetic_kws",
-            "speech_commands")
+            "speech_commands") + TEXT_DATASETS
 
 
 def load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, Any]:
@@ -67,7 +68,75 @@ def _load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, An
     from fedtree.datasets.speech_commands import load_speech_commands
 
     return load_speech_commands(**kwargs)
+  if name in TEXT_DATASETS:
+    data, groups = load_natural(name, **kwargs)
+    return data, groups, None
   raise ValueError(f"config.data.name={name!r} is unknown; choose one of {DATASETS}")
+
+
+_CORPUS_OPTIONS = ("seq_len", "vocab_size", "level", "lowercase", "test_fraction", "min_count", "seed")
+
+
+def load_natural(name: str, *, cache_dir: str | None = None, **kwargs) -> tuple[FederatedData, np.ndarray]:
+  """``(data, groups)`` of a text corpus or natural split, converted once and cached in
+  ``cache_dir`` under a fingerprint of the source files and options
+  (:mod:`fedtree.datasets.cache`; ``None``: no cache).
+
+  * ``stdlib_text``: :func:`fedtree.datasets.text.stdlib_corpus` (``packages=``,
+    ``min_sentences=``, ...) then :func:`~fedtree.datasets.text.to_federated` (``seq_len=``,
+    ``vocab_size=``, ``level=``, ``test_fraction=``, ...);
+  * ``text_dir``: ``root=`` of ``<group>/<client>.txt`` files, same options;
+  * ``tfds_text``: :func:`~fedtree.datasets.text.tfds_text_corpus` options, same options;
+  * ``leaf``: :func:`fedtree.datasets.leaf.load_leaf` (``root=``, ``kind=``, ``group_key=``);
+  * ``tff_h5``: :func:`fedtree.datasets.tff_h5.load_tff_h5` (``train_path=``, ``test_path=``,
+    ``kind=``, ...).
+  """
+  import sys
+
+  from fedtree.datasets import cache, text
+
+  def corpus_build(make_corpus):
+    opts = {k: kwargs.pop(k) for k in _CORPUS_OPTIONS if k in kwargs}
+
+    def build():
+      data, groups, vocab = text.to_federated(make_corpus(**kwargs), **opts)
+      return data, {"groups": groups, "vocab": np.asarray(vocab.tokens)}
+
+    return build, opts
+
+  if name == "stdlib_text":
+    build, opts = corpus_build(text.stdlib_corpus)
+    source = [sys.version, kwargs]
+  elif name == "text_dir":
+    build, opts = corpus_build(text.text_dir_corpus)
+    source = cache.source_fingerprint(kwargs["root"]) if cache_dir else None
+  elif name == "tfds_text":
+    build, opts = corpus_build(text.tfds_text_corpus)
+    source = kwargs
+  elif name == "leaf":
+    from fedtree.datasets.leaf import load_leaf
+
+    opts = {}
+
+    def build():
+      data, groups, extras = load_leaf(**kwargs)
+      return data, dict(extras, groups=groups)
+
+    source = cache.source_fingerprint(kwargs["root"]) if cache_dir else None
+  else:
+    from fedtree.datasets.tff_h5 import load_tff_h5
+
+    opts = {}
+
+    def build():
+      data, groups, extras = load_tff_h5(**kwargs)
+      return data, dict(extras, groups=groups)
+
+    source = (cache.source_fingerprint(kwargs["train_path"], kwargs["test_path"]) if cache_dir
+              else None)
+  key = cache.fingerprint(source, dict(kwargs, name=name, **opts)) if cache_dir else ""
+  data, extras, _ = cache.cached(cache_dir, f"{name}-{key}", build)
+  return data.validate(), np.asarray(extras["groups"], np.int32)
 
 
 def _plain(v):

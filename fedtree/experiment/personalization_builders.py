@@ -97,7 +97,8 @@ def _fedadam_default(cfg):
 
 
 def build_grouppfl(run, ctx):
-  """GroupPerFL (paper 000), a pipeline that reports FL, PerFL, GroupFL and GroupPerFL."""
+  """GroupPerFL (paper 000): its two federated stages as one algorithm whose report hook
+  fine-tunes and reports FL, PerFL, GroupFL and GroupPerFL."""
   ft = run.get("finetune", ml_collections.ConfigDict())
   epochs = ft.get("epochs", 5)
   if not epochs > 0:
@@ -121,4 +122,8 @@ def build_grouppfl(run, ctx):
     histogram_metric=run.get("histogram_metric", "perplexity"),
     histogram_group=run.get("histogram_group", None),
     label=run.get("label", run.algorithm),
+  ).algorithm(
+    model=ctx.model, data=ctx.data, groups=ctx.groups, local_optimizer=ctx.local_optimizer,
+    schedule=ctx.schedule, chunk_size=ctx.chunk_size(),
+    eval_chunk_size=ctx.config.get("eval_chunk_size", None),
   )

@@ -1,7 +1,8 @@
 """Every algorithm a run config can name, and the builder that makes it from the run config.
 
 ``BUILDERS[name](run_config, context)`` returns a
-:class:`~fedtree.core.algorithm.FederatedAlgorithm` or a :class:`~fedtree.experiment.runner.Pipeline`.
+:class:`~fedtree.core.algorithm.FederatedAlgorithm` (a composition such as GroupPerFL's stages is
+one too, :func:`fedtree.core.algorithm.sequential`).
 """
 
 from __future__ import annotations

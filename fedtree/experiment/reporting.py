@@ -19,25 +19,58 @@ import numpy as np
 class Reporter:
   """Writes every logged metric dict to ``workdir/metrics.jsonl`` and shows progress.
 
-  One line per report: ``{"run": label, "round": r, ...metrics}``.
+  One line per report: ``{"run": label, "round": r, ...metrics}``. The file is idempotent by
+  (run, round): :meth:`start_run` drops the rows of that run after the round it starts from
+  (rows logged after the last checkpoint of a killed run), and TensorBoard purges its events
+  there too, so a resumed run leaves exactly the rows of an uninterrupted one. Results
+  (tables) go to ``out`` (stdout), progress and messages to ``stream`` (stderr).
   """
 
-  def __init__(self, workdir: str | None, *, show_progress: bool = True, stream=None):
+  def __init__(self, workdir: str | None, *, show_progress: bool = True, stream=None, out=None):
     self._stream = stream or sys.stderr
-    self.workdir = workdir  # where pipelines write their own reports (GroupPerFL, B-HFL)
-    self._file = open(os.path.join(workdir, "metrics.jsonl"), "a") if workdir else None
+    self._out = out or sys.stdout
+    self.workdir = workdir
+    self._path = os.path.join(workdir, "metrics.jsonl") if workdir else None
+    self._file = open(self._path, "a") if self._path else None
     self._show = show_progress
     self._bar = None
     self._last_round = 0
     self._tb: dict[str, Any] = {}
+    self._purge: dict[str, int] = {}
 
-  def start_run(self, label: str, total_rounds: int) -> None:
-    self._last_round = 0
+  def start_run(self, label: str, total_rounds: int, from_round: int = 0) -> None:
+    """A run starts (or resumes) at ``from_round``: its rows after that round are dropped."""
+    self._drop_rows(label, from_round)
+    self._purge[label] = int(from_round) + 1
+    self._last_round = int(from_round)
     if self._show:
       from tqdm.auto import tqdm
 
-      self._bar = tqdm(total=total_rounds, desc=label, unit="round", file=self._stream,
-                       dynamic_ncols=True, leave=True)
+      self._bar = tqdm(total=total_rounds, initial=int(from_round), desc=label, unit="round",
+                       file=self._stream, dynamic_ncols=True, leave=True)
+
+  def _drop_rows(self, label: str, after: int) -> None:
+    if self._path is None or not os.path.exists(self._path):
+      return
+    self._file.close()
+    kept, dropped = [], 0
+    with open(self._path) as f:
+      for line in f:
+        try:
+          row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a kill
+          dropped += 1
+          continue
+        if row.get("run") == label and int(row.get("round", 0)) > after:
+          dropped += 1
+          continue
+        kept.append(line if line.endswith("\n") else line + "\n")
+    if dropped:
+      tmp = self._path + ".tmp"
+      with open(tmp, "w") as f:
+        f.writelines(kept)
+      os.replace(tmp, self._path)
+    self._file = open(self._path, "a")
 
   def log(self, label: str, round_: int, metrics: dict[str, Any]) -> None:
     record = {"run": label, "round": int(round_)}
@@ -64,13 +97,28 @@ class Reporter:
       self._bar = None
 
   def print(self, text: str) -> None:
+    """A message (stderr)."""
     print(text, file=self._stream, flush=True)
+
+  def result(self, text: str) -> None:
+    """A result (stdout): tables, reports."""
+    print(text, file=self._out, flush=True)
+
+  def write_files(self, files: dict[str, str | bytes]) -> None:
+    """Writes ``{name: content}`` into the workdir (nothing without one)."""
+    if not self.workdir:
+      return
+    for name, content in files.items():
+      path = os.path.join(self.workdir, name)
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, "wb" if isinstance(content, bytes) else "w") as f:
+        f.write(content)
 
   def summary_table(self, results: dict[str, dict[str, dict[str, Any]]], groups=None) -> str:
     """A table with one row per (run, model): overall and mean-per-client accuracy, loss, and
     accuracy per group."""
     text = format_summary(results)
-    self.print(text)
+    self.result(text)
     return text
 
   def _tensorboard(self, label: str):
@@ -82,7 +130,8 @@ class Reporter:
       except ImportError:
         self._tb[label] = None
       else:
-        self._tb[label] = SummaryWriter(os.path.join(self.workdir, "tensorboard", label))
+        self._tb[label] = SummaryWriter(os.path.join(self.workdir, "tensorboard", label),
+                                        purge_step=self._purge.get(label))
     return self._tb[label]
 
   def close(self) -> None:

@@ -6,10 +6,11 @@ names the data, the tree, the model, the local training and one or more *runs*
 its hyperparameters; all runs see the same data, tree, initial model and seed, and the
 final table compares them.
 
-A builder returns either a :class:`~fedtree.core.algorithm.FederatedAlgorithm` (run here
-round by round, with periodic evaluation) or a :class:`Pipeline`, an object with its own
-``run(context, key, reporter) -> {model_name: summary}`` (multi-stage methods such as
-GroupPerFL).
+A builder returns a :class:`~fedtree.core.algorithm.FederatedAlgorithm` (multi-stage
+methods such as GroupPerFL are one too, composed by :func:`fedtree.core.algorithm.sequential`),
+run here by the one round loop :func:`fedtree.core.loop.run` with periodic evaluation,
+checkpoints and exact resume; its optional ``report`` hook returns extra tables and files,
+which this layer prints (stdout) and writes (workdir).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -72,13 +73,19 @@ class Context:
     value = self.config.get("chunk_size", "auto")
     if run is not None:
       value = run.get("chunk_size", value)
+    value = number_or_name(value)
     return self.auto_chunk if value == "auto" and self.auto_chunk is not None else value
 
 
-class Pipeline(Protocol):
-  """A multi-stage method that runs itself."""
-
-  def run(self, ctx: Context, key: jax.Array, reporter: Reporter) -> dict[str, dict[str, Any]]: ...
+def number_or_name(value):
+  """A field that takes a number or a name, as the command line gives it: ``"8"`` -> 8,
+  ``"None"``/``"none"`` -> ``None``; anything else unchanged."""
+  if isinstance(value, str):
+    if value.strip().lstrip("+-").isdigit():
+      return int(value)
+    if value.strip().lower() == "none":
+      return None
+  return value
 
 
 # ------------------------------------------------------------------------ building blocks
@@ -130,22 +137,38 @@ def make_context(config: ml_collections.ConfigDict) -> Context:
 
 
 # ------------------------------------------------------------------------ running
+class RunStopped(RuntimeError):
+  """A run was asked to stop (SIGINT/SIGTERM) and did so after a compiled call."""
+
+
+class DivergedError(FloatingPointError):
+  """A final model scores a non-finite loss: it is not written as a result."""
+
+
+SUMMARY_METRICS = ("accuracy", "loss", "perplexity", "false_accept_rate", "false_reject_rate",
+                   "intra_cluster_accuracy", "inter_cluster_accuracy", "num_clusters")
+
+
 def run_algorithm(
   algorithm: FederatedAlgorithm, ctx: Context, key: jax.Array, reporter: Reporter, *,
   num_rounds: int, eval_every: int, rounds_per_call: int, label: str,
-  checkpoint_dir: str | None = None, checkpoint_every: int = 0,
+  checkpoint_dir: str | None = None, checkpoint_every: int = 0, keep_checkpoints: int = 2,
+  should_stop=None,
 ) -> tuple[Any, dict[str, dict[str, Any]]]:
-  """Rounds with evaluation every ``eval_every`` rounds; returns (state, final summaries).
+  """Rounds with evaluation every ``eval_every`` rounds (:func:`fedtree.core.loop.run`);
+  returns (state, final summaries), the summaries passed through ``algorithm.report`` when
+  the algorithm has one (its text printed, its files written into the workdir).
 
   With ``checkpoint_dir`` and ``checkpoint_every > 0`` the state is saved every
-  ``checkpoint_every`` rounds and at the end, and a run finds and resumes its latest
-  checkpoint there.
+  ``checkpoint_every`` rounds and at the end (the last ``keep_checkpoints`` kept), and a run
+  resumes the newest checkpoint there that restores. ``should_stop()`` is polled after every
+  compiled call; when it returns ``True`` the run raises :class:`RunStopped` with the last
+  checkpoint kept.
   """
   if eval_every < 1:
     raise ValueError(f"eval_every={eval_every} must be >= 1")
-  fuse = max(1, min(rounds_per_call, eval_every))
-  if eval_every % fuse:
-    raise ValueError(f"eval_every={eval_every} must be a multiple of rounds_per_call={fuse}")
+  if rounds_per_call < 1:
+    raise ValueError(f"rounds_per_call={rounds_per_call} must be >= 1")
   positive = positive_classes_from_config(ctx.config, ctx.data.num_classes)
   evaluator = make_evaluator(ctx.model, ctx.config.get("eval_chunk_size", None),
                              confusion=positive is not None)
@@ -154,50 +177,64 @@ def run_algorithm(
   if checkpoint_dir and checkpoint_every:
     from fedtree.experiment.checkpoint import Checkpointer
 
-    ckpt = Checkpointer(checkpoint_dir, every=checkpoint_every)
-    if ckpt.latest_round() is not None:
-      state = ckpt.restore(state)
+    ckpt = Checkpointer(checkpoint_dir, every=checkpoint_every, keep=keep_checkpoints)
+    restored = ckpt.restore(state, warn=reporter.print)
+    if restored is not None:
+      state = restored
       reporter.print(f"{label}: resumed from the checkpoint of round {int(state.round)} in {checkpoint_dir}")
-  step = loop.compile_rounds(algorithm, fuse)
   summaries: dict[str, dict[str, Any]] = {}
-  reporter.start_run(label, num_rounds)
-  t0 = time.perf_counter()
-  while int(state.round) < num_rounds:
-    todo = min(fuse, num_rounds - int(state.round))
-    if todo != fuse:
-      step = loop.compile_rounds(algorithm, todo)
-    state, metrics = step(state, ctx.data, key)
-    r = int(state.round)
-    losses = np.asarray(metrics["train_loss"])
-    if not np.all(np.isfinite(losses)):
-      raise loop.NonFiniteLossError(
-        f"run {label!r}: training loss is {losses[~np.isfinite(losses)][0]} by round {r}; lower "
-        f"config.local.learning_rate ({ctx.config.local.learning_rate}) or check the data"
-      )
-    host = {k: float(np.asarray(v)[-1]) for k, v in metrics.items()}
-    if r % eval_every == 0 or r == num_rounds:
-      summaries = evaluation.evaluate_models(
-        algorithm, state, ctx.model, ctx.data, groups=ctx.groups, evaluator=evaluator,
-        positive_classes=positive,
-      )
-      for name, s in summaries.items():
-        for metric in ("accuracy", "loss", "false_accept_rate", "false_reject_rate",
-                       "intra_cluster_accuracy", "inter_cluster_accuracy", "num_clusters"):
-          if metric in s:
-            host[f"{name}/{metric}"] = s[metric]
-    host["elapsed_s"] = time.perf_counter() - t0
-    reporter.log(label, r, host)
-    if ckpt is not None:
-      ckpt.maybe_save(state, force=r == num_rounds)
-  if ckpt is not None:
-    ckpt.close()
-  if not summaries:  # resumed a finished run: evaluate once
+
+  def evaluate(s, r):
+    nonlocal summaries
     summaries = evaluation.evaluate_models(
-      algorithm, state, ctx.model, ctx.data, groups=ctx.groups, evaluator=evaluator,
+      algorithm, s, ctx.model, ctx.data, groups=ctx.groups, evaluator=evaluator,
       positive_classes=positive,
     )
-  reporter.end_run(label)
+    check_summaries(label, r, summaries)
+    return {f"{name}/{m}": sm[m] for name, sm in summaries.items() for m in SUMMARY_METRICS if m in sm}
+
+  t0 = time.perf_counter()
+
+  def log(r, host):
+    reporter.log(label, r, {**host, "elapsed_s": time.perf_counter() - t0})
+
+  def save(s, r):
+    ckpt.maybe_save(s, force=r == num_rounds)
+
+  reporter.start_run(label, num_rounds, from_round=int(state.round))
+  try:
+    state = loop.run(
+      algorithm, ctx.data, num_rounds=num_rounds, key=key, rounds_per_call=rounds_per_call,
+      state=state, eval_every=eval_every, on_eval=evaluate, on_metrics=log,
+      on_call=save if ckpt is not None else None, should_stop=should_stop, label=label,
+    )
+  finally:
+    if ckpt is not None:
+      ckpt.close()
+    reporter.end_run(label)
+  if int(state.round) < num_rounds:
+    kept = f"; its checkpoints are kept in {checkpoint_dir}" if ckpt is not None else ""
+    raise RunStopped(f"run {label!r} stopped at round {int(state.round)} of {num_rounds}{kept}")
+  if not summaries:  # resumed a finished run: evaluate once
+    evaluate(state, int(state.round))
+  if algorithm.report is not None:
+    rep = algorithm.report(state, ctx.data, key, summaries)
+    if rep.text:
+      reporter.result(rep.text)
+    reporter.write_files(rep.files)
+    summaries = rep.summaries
   return state, summaries
+
+
+def check_summaries(label: str, round_: int, summaries: dict[str, dict[str, Any]]) -> None:
+  """Raises :class:`DivergedError` when a model's evaluation loss is not finite."""
+  for name, s in summaries.items():
+    loss = s.get("loss", 0.0)
+    if loss is not None and not np.isfinite(loss):
+      raise DivergedError(
+        f"run {label!r} diverged at round {round_}: model {name!r} has a test loss of {loss} "
+        "(a server or local learning rate too large?); nothing is written for this run"
+      )
 
 
 def positive_classes_from_config(config: ml_collections.ConfigDict, num_classes: int | None = None):
@@ -219,18 +256,25 @@ def positive_classes_from_config(config: ml_collections.ConfigDict, num_classes:
   return mask
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None) -> dict[str, Any]:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *,
+                       overwrite: bool = False, should_stop=None) -> dict[str, Any]:
   """Runs every run of ``config``; writes ``metrics.jsonl`` and ``summary.json`` to ``workdir``.
 
-  Returns ``{run label: {model name: summary}}``.
+  A workdir remembers the fingerprint of its config (``fingerprint.json``; fields that do not
+  change results, such as ``rounds`` or ``progress``, are left out, so a run can be extended):
+  a different config is refused unless ``overwrite``, which clears the workdir's metrics,
+  checkpoints and summaries first. ``should_stop`` (polled after every compiled call) stops
+  the run cleanly (:class:`RunStopped`). Returns ``{run label: {model name: summary}}``.
   """
   from fedtree.experiment.registry import build_algorithm
 
   validate_config(config)
   if workdir:
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2))
+    prepare_workdir(workdir, config, overwrite=overwrite)
+  reporter = Reporter(workdir, show_progress=config.get("progress", True))
+  if not workdir:
+    reporter.print("warning: no workdir given: metrics, checkpoints and the summary are not saved "
+                   "(pass --workdir=DIR)")
   ctx = make_context(config)
   mesh = None
   if config.get("mesh_shape", None) is not None:  # the client axis over devices (fedtree.core.sharding)
@@ -238,29 +282,86 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None) -
 
     mesh = client_mesh(config.mesh_shape)
     ctx = dataclasses.replace(ctx, data=shard_data(ctx.data, mesh))
-  reporter = Reporter(workdir, show_progress=config.get("progress", True))
   root = jax.random.key(int(config.seed))
   results: dict[str, Any] = {}
-  for label, run_cfg in ordered_runs(config):
-    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-      built = build_algorithm(label, run_cfg, ctx)
-      if isinstance(built, FederatedAlgorithm):
+  try:
+    for label, run_cfg in ordered_runs(config):
+      with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        algorithm = build_algorithm(label, run_cfg, ctx)
+        rounds = algorithm.rounds if algorithm.rounds is not None else run_cfg.get("rounds", config.rounds)
         _, summaries = run_algorithm(
-          built, ctx, root, reporter, num_rounds=int(run_cfg.get("rounds", config.rounds)),
+          algorithm, ctx, root, reporter, num_rounds=int(rounds),
           eval_every=int(config.eval_every), rounds_per_call=int(config.rounds_per_call),
           label=label,
           checkpoint_dir=os.path.join(workdir, "checkpoints", label) if workdir else None,
           checkpoint_every=int(config.get("checkpoint_every", 0) or 0),
+          keep_checkpoints=int(config.get("keep_checkpoints", 2)), should_stop=should_stop,
         )
-      else:
-        summaries = built.run(ctx, root, reporter)
-    results[label] = summaries
-  reporter.summary_table(results, groups=ctx.groups)
-  if workdir:
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-      json.dump(_jsonable(results), f, indent=2)
-  reporter.close()
+      results[label] = summaries
+    reporter.summary_table(results, groups=ctx.groups)
+    if workdir:
+      tmp = os.path.join(workdir, "summary.json.tmp")
+      with open(tmp, "w") as f:
+        json.dump(_jsonable(results), f, indent=2)
+      os.replace(tmp, os.path.join(workdir, "summary.json"))
+  finally:
+    reporter.close()
   return results
+
+
+FINGERPRINT_IGNORES = ("rounds", "progress", "checkpoint_every", "keep_checkpoints", "eval_chunk_size",
+                       "rounds_per_call", "run_order")
+"""Top-level config fields that do not change a run's results (left out of its fingerprint)."""
+
+
+def config_fingerprint(config: ml_collections.ConfigDict) -> str:
+  """A hash of everything in ``config`` that changes results."""
+  import hashlib
+
+  d = json.loads(config.to_json_best_effort(sort_keys=True))
+  for k in FINGERPRINT_IGNORES:
+    d.pop(k, None)
+  return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+WORKDIR_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints", "tensorboard", "fingerprint.json")
+
+
+def prepare_workdir(workdir: str, config: ml_collections.ConfigDict, *, overwrite: bool) -> None:
+  """Creates ``workdir``, refuses one that holds a different config's run (unless
+  ``overwrite``: its outputs are removed), and records the config and its fingerprint."""
+  import shutil
+
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f"--workdir={workdir} is a file, not a folder")
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, "fingerprint.json")
+  new = config_fingerprint(config)
+  old = None
+  if os.path.exists(path):
+    try:
+      with open(path) as f:
+        old = json.load(f).get("fingerprint")
+    except (OSError, ValueError):
+      old = "unreadable"
+  if old is not None and old != new:
+    if not overwrite:
+      raise ValueError(
+        f"--workdir={workdir} holds a run of a different config (fingerprint {old}, this config "
+        f"{new}; see its config.json); resuming would mix the two. Use another --workdir, or "
+        "--overwrite to delete its results and start fresh"
+      )
+  if overwrite:
+    for name in WORKDIR_OUTPUTS:
+      p = os.path.join(workdir, name)
+      if os.path.isdir(p):
+        shutil.rmtree(p)
+      elif os.path.exists(p):
+        os.remove(p)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json_best_effort(indent=2))
+  with open(path, "w") as f:
+    json.dump({"fingerprint": new, "ignored_fields": list(FINGERPRINT_IGNORES)}, f)
 
 
 def ordered_runs(config: ml_collections.ConfigDict) -> list[tuple[str, ml_collections.ConfigDict]]:
@@ -285,6 +386,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f"config has no field {field!r}; see configs/quickstart.py for a full config")
   if int(config.rounds) < 0:
     raise ValueError(f"config.rounds={config.rounds} must be >= 0")
+  for field, low in (("eval_every", 1), ("rounds_per_call", 1), ("checkpoint_every", 0),
+                     ("keep_checkpoints", 1)):
+    value = config.get(field, low)
+    if value is None or int(value) < low:
+      raise ValueError(f"config.{field}={value!r} must be an int >= {low}")
   if len(config.runs) == 0:
     raise ValueError("config.runs is empty: name at least one run")
   ordered_runs(config)

@@ -3,6 +3,8 @@
 
 * :mod:`fedtree.models.classifiers`: logistic regression, MLP, CNN.
 * :mod:`fedtree.models.kws`: DS-CNN and KWT for keyword spotting (paper 002).
+* :mod:`fedtree.models.lm`: LSTM (optionally character-aware) and causal Transformer language
+  models (paper 000).
 """
 
 from __future__ import annotations
@@ -12,15 +14,19 @@ from collections.abc import Sequence
 from fedtree.core.model import Model, from_flax, masked_cross_entropy
 from fedtree.models.classifiers import CNN, MLP, Conv, LogisticRegression, im2col_conv, max_pool
 from fedtree.models.kws import DSCNN, KWT, depthwise_conv, same_padding
+from fedtree.models.lm import LSTMLM, TransformerLM, build_lm, lm_model
 
-MODELS = ("logreg", "mlp", "cnn", "dscnn", "kwt")
+MODELS = ("logreg", "mlp", "cnn", "dscnn", "kwt", "lstm_lm", "transformer_lm")
 
 
 def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **kwargs) -> Model:
   """A model by name: ``logreg``, ``mlp`` (``hidden=``) or ``cnn`` (``features=``, ``dense=``,
   ``dropout=``, ``pool_every_conv=``) or ``dscnn`` (``width=``, ``blocks=``, ``first_kernel=``,
   ``first_stride=``, ``norm=``; :class:`DSCNN`) or ``kwt`` (``dim=``, ``depth=``, ``heads=``,
-  ``mlp_dim=``, ``dropout=``; :class:`KWT`)."""
+  ``mlp_dim=``, ``dropout=``; :class:`KWT`), or a language model ``lstm_lm`` /
+  ``transformer_lm`` (:func:`fedtree.models.lm.build_lm`)."""
+  if name in ("lstm_lm", "transformer_lm"):
+    return build_lm(name, example_shape=example_shape, num_classes=num_classes, **kwargs)
   if name == "logreg":
     module = LogisticRegression(num_classes=num_classes, **kwargs)
   elif name == "mlp":
@@ -40,6 +46,7 @@ def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **
 
 
 __all__ = [
-  "CNN", "DSCNN", "KWT", "MLP", "MODELS", "Conv", "LogisticRegression", "Model", "build_model",
-  "depthwise_conv", "from_flax", "im2col_conv", "masked_cross_entropy", "max_pool", "same_padding",
+  "CNN", "DSCNN", "KWT", "LSTMLM", "MLP", "MODELS", "Conv", "LogisticRegression", "Model",
+  "TransformerLM", "build_lm", "build_model", "depthwise_conv", "from_flax", "im2col_conv",
+  "lm_model", "masked_cross_entropy", "max_pool", "same_padding",
 ]

@@ -1,7 +1,8 @@
 """Per-FedAvg (Fallah et al. 2020): MAML steps ``w ← w - β ∇f(w - α∇f(w; D); D')``,
 first-order (``"fo"``) or Hessian-free (``"hf"``: ``- β (I - α∇²f(w; D''))∇f(w̃; D')`` with an
 exact Hessian-vector product). The extra batches ``D', D''`` are drawn with
-:func:`~fedtree.core.local.batch_at` under their own keys.
+:func:`~fedtree.core.local.batch_at` under their own keys, shuffled whatever the schedule's
+``batch_order`` (which orders ``D``): fresh random minibatches, as the paper says.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def perfedavg_step(
   if variant not in PERFEDAVG_VARIANTS:
     raise ValueError(f"Per-FedAvg variant={variant!r}; choose one of {PERFEDAVG_VARIANTS}")
   check_positive(alpha=alpha, beta=beta)
+
+  data = data._replace(cursor=0, shuffle=True)  # D', D'': fresh random minibatches
 
   def step(w, batch: Batch, rng):
     loss, g1 = jax.value_and_grad(data_loss, argnums=1)(model, w, batch, stream(rng, "inner"))

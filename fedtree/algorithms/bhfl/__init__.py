@@ -9,9 +9,10 @@ from fedtree.algorithms.bhfl.bhfl import (
   level_name,
   level_table,
   proxy_from_clients,
+  with_level_report,
 )
 
 __all__ = [
   "BHFLState", "ProxyData", "bhfl", "central_test_set", "format_level_table", "level_name",
-  "level_table", "proxy_from_clients",
+  "level_table", "proxy_from_clients", "with_level_report",
 ]

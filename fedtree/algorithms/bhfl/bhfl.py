@@ -56,6 +56,7 @@ Choices where the paper is vague, each marked **(choice)** below:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -70,6 +71,7 @@ from fedtree.core.aggregation import weighted_mean, weighted_segment_sum
 from fedtree.core.algorithm import (
   FederatedAlgorithm,
   NodeModels,
+  Report,
   client_weights,
   per_level,
 )
@@ -87,7 +89,7 @@ from fedtree.core.metrics import evaluate
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
-from fedtree.core.server import select_nodes, update_nodes
+from fedtree.core.server import down_nodes, select_nodes, update_nodes
 from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
 
@@ -95,24 +97,6 @@ PyTree = Any
 
 
 # ------------------------------------------------------------------------ pieces
-def down_nodes(
-  opt: optax.GradientTransformation, params: PyTree, opt_state: PyTree, target: PyTree,
-  active: jax.Array,
-) -> tuple[PyTree, PyTree]:
-  """Every active node applies ``opt`` to ``Δ = θ - Θ_target`` (its pull towards ``target``).
-
-  Computed as ``Θ_target + (Δ + update)``, so ``sgd(1.0)`` yields ``Θ_target`` bit for bit.
-  """
-
-  def one(p, s, t):
-    d = jax.tree.map(jnp.subtract, p, t)
-    upd, s = opt.update(d, s, p)
-    return jax.tree.map(lambda t_, d_, u_: t_ + (d_ + u_), t, d, upd), s
-
-  new_p, new_s = jax.vmap(one)(params, opt_state, target)
-  return select_nodes(active, new_p, params), select_nodes(active, new_s, opt_state)
-
-
 @struct.dataclass
 class ProxyData:
   """Proxy (public) training data held by some nodes of one level.
@@ -600,3 +584,26 @@ def format_level_table(label: str, rows: Sequence[dict]) -> str:
       f"{r['central_min']:.4f}..{r['central_max']:.4f} | {r['central_loss']:.4f} |"
     )
   return "\n".join(lines)
+
+
+def with_level_report(algorithm: FederatedAlgorithm, model: Model, topology: Topology, *,
+                      central_test=None, chunk_size: int | None = None,
+                      label: str | None = None) -> FederatedAlgorithm:
+  """``algorithm`` with a ``report`` hook giving the table by level (:func:`level_table`):
+  printed, written as ``bhfl_levels_<label>.{json,md}``, and its central accuracies added to
+  the summaries as ``<level>@central``."""
+  label = label or algorithm.name
+
+  def report(state, data, key, summaries):
+    del key
+    rows = level_table(model, state.params, topology, data, central_test, chunk_size)
+    text = format_level_table(label, rows)
+    out = dict(summaries)
+    for r in rows:
+      out[f"{r['name']}@central"] = dict(accuracy=r["central_accuracy"], loss=r["central_loss"],
+                                         client_mean_accuracy=float("nan"))
+    files = {f"bhfl_levels_{label}.json": json.dumps(rows, indent=2),
+             f"bhfl_levels_{label}.md": text + "\n"}
+    return Report(out, "\n" + text, files)
+
+  return algorithm._replace(report=report)

@@ -30,52 +30,23 @@ Choices where the paper is silent or vague (marked):
   ``c_k - target_k`` (default ``sgd(1.0)``: exactly ``c_k ← target_k``), so FedAvgM/FedAdam
   per cluster are one argument away;
 * with one cluster, β is irrelevant (there are no other clusters).
+
+``clustering="cfl"`` or ``"ifca"`` applies the same β-mixing to CFL's or IFCA's clusters
+(paper 004's AWCFL_CFL and AWCFL_IFCA, Figs. 5, 7, 8): see
+:mod:`fedtree.algorithms.clustering.clustered`, where the round lives.
 """
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 import optax
 
-from fedtree.algorithms.clustering.ops import (
-  ClusterFeatures,
-  ClusterState,
-  KMeansResult,
-  check_num_clusters,
-  flatten_rows,
-  sample_mean,
-  stable_kmeans,
-)
-from fedtree.core.aggregation import weighted_mean
-from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, client_weights, local_training
+from fedtree.algorithms.clustering.clustered import check_beta, clustered, mix_clusters
+from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
-from fedtree.core.rng import stream
-from fedtree.core.sampling import cohort_sampler
-from fedtree.core.server import select_nodes, update_nodes
-from fedtree.core.tier import train_cohort
 
-
-def check_beta(beta) -> float:
-  """β in ``[0, 1]``."""
-  if not 0.0 <= float(beta) <= 1.0:
-    raise ValueError(f"beta={beta} must be in [0, 1] (0: plain clustered FL, 1: other clusters only)")
-  return float(beta)
-
-
-def mix_clusters(means, beta: float, num_clusters: int):
-  """``β/(n-1) · Σ_{i≠k} m_i + (1-β) · m_k`` for every row ``k`` of ``means [n, ...]``."""
-  if num_clusters == 1 or beta == 0.0:
-    return means
-
-  def mix(m):
-    others = (jnp.sum(m, axis=0, keepdims=True) - m) / (num_clusters - 1)
-    return beta * others + (1.0 - beta) * m
-
-  return jax.tree.map(mix, means)
+__all__ = ["awcfl", "check_beta", "mix_clusters"]
 
 
 def awcfl(
@@ -86,7 +57,7 @@ def awcfl(
   schedule: LocalSchedule,
   num_clusters: int,
   beta: float = 0.5,
-  cluster_start_round: int = 20,
+  cluster_start_round: int | None = None,
   kmeans_iters: int = 20,
   server_optimizer: optax.GradientTransformation | None = None,
   cohort_size: int | None = None,
@@ -94,18 +65,26 @@ def awcfl(
   weighting: str = "examples",
   client_update: ClientUpdate | None = None,
   feature_examples: int | None = None,
+  clustering: str = "kmeans",
+  eps1: float = 0.4,
+  eps2: float = 1.6,
+  min_split_size: int = 2,
+  similarity_check: bool = True,
+  init: str = "random",
   name: str = "awcfl",
 ) -> FederatedAlgorithm:
-  """AWCFL (module docstring); β = 0 is K-means clustered FL.
+  """AWCFL (module docstring); β = 0 is plain clustered FL.
 
   Args:
     model: the model every cluster holds.
     data: the federated data (static shapes; MCFL's test-feature means).
     local_optimizer: the clients' optax optimizer.
     schedule: local epochs or steps, and batch size.
-    num_clusters: ``n``, the number of clusters (static), in ``[1, num_clients]``.
+    num_clusters: ``n``, the number of clusters (static), in ``[1, num_clients]`` (with
+      ``clustering="cfl"``: the most clusters CFL may form).
     beta: β in ``[0, 1]``, the weight of the other clusters.
-    cluster_start_round: rounds of plain FedAvg before clustering starts.
+    cluster_start_round: rounds of plain FedAvg before clustering starts (default 20; 0 and
+      nothing else with ``clustering="ifca"``).
     kmeans_iters: Lloyd iterations of the K-means.
     server_optimizer: applied per cluster to ``c_k - target_k`` (default ``sgd(1.0)``).
     cohort_size: clients sampled per round (``None``: all).
@@ -114,98 +93,23 @@ def awcfl(
     client_update: override the local training (stateless).
     feature_examples: when set, clients also upload the mean of this many training inputs
       and the state keeps MCFL's :class:`~fedtree.algorithms.clustering.ops.ClusterFeatures`.
+    clustering: ``"kmeans"`` (the paper's AWCFL), ``"cfl"`` (AWCFL_CFL) or ``"ifca"``
+      (AWCFL_IFCA).
+    eps1, eps2, min_split_size, similarity_check: CFL's split criterion (``clustering="cfl"``).
+    init: IFCA's initial models (``clustering="ifca"``): ``"random"`` or ``"same"``.
     name: label for reports.
 
   Raises:
     ValueError: ``num_clusters`` outside ``[1, C]``, β outside ``[0, 1]``, negative
-      ``cluster_start_round``, ``kmeans_iters < 1``.
+      ``cluster_start_round``, ``kmeans_iters < 1``, an unknown ``clustering``.
   """
-  num_clients = data.num_clients
-  k = check_num_clusters(num_clusters, num_clients)
-  beta = check_beta(beta)
-  if int(cluster_start_round) < 0:
-    raise ValueError(f"cluster_start_round={cluster_start_round} must be >= 0")
-  if int(kmeans_iters) < 1:
-    raise ValueError(f"kmeans_iters={kmeans_iters} must be >= 1")
-  if feature_examples is not None and int(feature_examples) < 1:
-    raise ValueError(f"feature_examples={feature_examples} must be >= 1")
-  client_weights(jnp.zeros(1), weighting)
-  start_round, iters = int(cluster_start_round), int(kmeans_iters)
-  opt = optax.sgd(1.0) if server_optimizer is None else server_optimizer
-  sampler = cohort_sampler(np.zeros(num_clients, np.int32), cohort_size, chunk_size=chunk_size)
-  client_update = local_training(client_update, model, local_optimizer, schedule, data,
-                                 stateless_for="awcfl")
-  test_data = (jnp.asarray(data.x_test), jnp.asarray(data.n_test))
-
-  def init(key):
-    p0 = model.init(key)
-    params = jax.tree.map(lambda p: jnp.broadcast_to(p, (k,) + p.shape), p0)
-    features = ()
-    if feature_examples is not None:
-      keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(stream(key, "query"), jnp.arange(num_clients))
-      query = jax.vmap(sample_mean, in_axes=(0, 0, 0, None))(keys, *test_data, int(feature_examples))
-      features = ClusterFeatures(client_mean=jnp.zeros_like(query), seen=jnp.zeros((num_clients,), bool),
-                                 query_mean=query)
-    return ClusterState(
-      round=jnp.zeros((), jnp.int32), params=params, opt_state=jax.vmap(opt.init)(params),
-      cluster_of=jnp.zeros((num_clients,), jnp.int32), num_clusters=jnp.asarray(k, jnp.int32),
-      features=features,
-    )
-
-  def round_fn(state: ClusterState, data: FederatedData, key):
-    r = state.round + 1
-    clustering = r > start_round
-    w_client = client_weights(data.n_train, weighting)
-    cohort = sampler(stream(key, "cohort"))
-    cohort = cohort._replace(parent=jnp.take(state.cluster_of, cohort.clients))
-    res = train_cohort(
-      client_update, state.params, cohort, data, num_steps=schedule.num_steps(data.n_train),
-      weights=w_client, key=stream(key, "train"), chunk_size=sampler.chunk_size, keep_client_params=True,
-    )
-    w = jnp.where(cohort.valid, jnp.take(w_client, cohort.clients), 0.0)
-    points, previous = flatten_rows(res.client_params), flatten_rows(state.params)
-    km = jax.lax.cond(  # no K-means before clustering starts
-      clustering,
-      lambda: stable_kmeans(stream(key, "kmeans"), points, previous, iters=iters, mask=cohort.valid),
-      lambda: KMeansResult(previous, jnp.zeros(cohort.valid.shape, jnp.int32), jnp.zeros((), jnp.float32)),
-    )
-    assign = jnp.where(clustering, km.assignment, 0)
-    means, total = weighted_mean(res.client_params, w, assign, k)
-    means = select_nodes(total > 0, means, state.params)  # no report: keep the model
-    mixed = mix_clusters(means, beta, k)
-    global_mean = jax.tree.map(lambda m: jnp.broadcast_to(m[:1], m.shape), means)
-    target = select_nodes(jnp.broadcast_to(clustering, (k,)), mixed, global_mean)
-    pseudo_grad = jax.tree.map(jnp.subtract, state.params, target)
-    if beta > 0.0 and k > 1:
-      active = jnp.broadcast_to(total.sum() > 0, (k,))
-    else:
-      active = jnp.where(clustering, total > 0, total.sum() > 0)
-    params, opt_state = update_nodes(opt, state.params, state.opt_state, pseudo_grad, active)
-    slot_client = jnp.where(cohort.valid, cohort.clients, num_clients)  # padding writes nowhere
-    cluster_of = state.cluster_of.at[slot_client].set(assign, mode="drop")
-    features = state.features
-    if feature_examples is not None:
-      fkey = stream(key, "features")
-      keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(fkey, cohort.clients)
-      xs = jnp.take(data.x_train, cohort.clients, axis=0)
-      ns = jnp.take(data.n_train, cohort.clients)
-      up = jax.vmap(sample_mean, in_axes=(0, 0, 0, None))(keys, xs, ns, int(feature_examples))
-      features = features.replace(
-        client_mean=features.client_mean.at[slot_client].set(up, mode="drop"),
-        seen=features.seen.at[slot_client].set(True, mode="drop"),
-      )
-    metrics = {
-      "train_loss": res.loss_sum / jnp.maximum(res.num_trained, 1).astype(jnp.float32),
-      "clients_trained": res.num_trained,
-      "kmeans_inertia": jnp.where(clustering, km.inertia, 0.0),
-      "clusters_nonempty": jnp.sum((jax.ops.segment_sum(jnp.ones_like(cluster_of), cluster_of,
-                                                        num_segments=k) > 0).astype(jnp.int32)),
-    }
-    return state.replace(round=r, params=params, opt_state=opt_state, cluster_of=cluster_of,
-                         features=features), metrics
-
-  def models(state: ClusterState):
-    cl = np.asarray(state.cluster_of)
-    return {"cluster": NodeModels(state.params, cl, cluster_of_client=cl)}
-
-  return FederatedAlgorithm(init=init, round=round_fn, models=models, name=name)
+  if cluster_start_round is None:
+    cluster_start_round = 0 if clustering == "ifca" else 20
+  return clustered(
+    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, num_clusters=num_clusters,
+    clustering=clustering, inter_cluster="awcfl", beta=beta, cluster_start_round=cluster_start_round,
+    kmeans_iters=kmeans_iters, eps1=eps1, eps2=eps2, min_split_size=min_split_size,
+    similarity_check=similarity_check, init=init, feature_examples=feature_examples,
+    server_optimizer=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size, weighting=weighting,
+    client_update=client_update, name=name,
+  )

@@ -16,56 +16,41 @@ and ``selected`` (the model each device picks from its test inputs; on another c
 data a device picks from that data, so its inter-cluster accuracy uses the pick). Choices
 (marked): clusters none of whose members has uploaded are never picked; the test-input
 sample ``μ`` is drawn once per client at ``init`` from the run's key.
+
+``clustering="cfl"`` or ``"ifca"`` (paper 004's MCFL_CFL, MCFL_IFCA) trains CFL's or IFCA's
+clusters instead of K-means' and selects among them the same way
+(:mod:`fedtree.algorithms.clustering.clustered`).
 """
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+from fedtree.algorithms.clustering.clustered import METRICS, clustered, select_clusters
+from fedtree.core.algorithm import FederatedAlgorithm
 
-from fedtree.algorithms.clustering.awcfl import awcfl
-from fedtree.algorithms.clustering.ops import ClusterState, pairwise_distances, segment_mean_rows
-from fedtree.core.algorithm import FederatedAlgorithm, NodeModels
-
-METRICS = ("l1", "l2")
+__all__ = ["METRICS", "mcfl", "select_clusters"]
 
 
-def select_clusters(state: ClusterState, metric: str = "l2") -> jax.Array:
-  """``int32[C]``: the cluster model each client's device picks from its test-input mean."""
-  f = state.features
-  k = jax.tree.leaves(state.params)[0].shape[0]
-  cluster_mean, total = segment_mean_rows(f.client_mean, f.seen.astype(jnp.float32), state.cluster_of, k)
-  dist = pairwise_distances(f.query_mean, cluster_mean, metric)
-  dist = jnp.where(total[None, :] > 0, dist, jnp.inf)
-  return jnp.argmin(dist, axis=1).astype(jnp.int32)
-
-
-def mcfl(*, num_clusters: int, feature_examples: int = 10, metric: str = "l2", name: str = "mcfl",
-         **kwargs) -> FederatedAlgorithm:
+def mcfl(*, num_clusters: int, feature_examples: int = 10, metric: str = "l2", clustering: str = "kmeans",
+         cluster_start_round: int | None = None, name: str = "mcfl", **kwargs) -> FederatedAlgorithm:
   """MCFL (module docstring).
 
   Args:
-    num_clusters: number of clusters, in ``[1, num_clients]``.
+    num_clusters: number of clusters, in ``[1, num_clients]`` (CFL: the most).
     feature_examples: ``n``, inputs averaged into a feature mean (train upload and test query).
     metric: ``"l1"`` or ``"l2"`` distance between feature means.
+    clustering: ``"kmeans"`` (the paper's MCFL), ``"cfl"`` or ``"ifca"``.
+    cluster_start_round: rounds before clustering starts (default 20; 0 for IFCA).
     name: label for reports.
-    **kwargs: the rest of :func:`fedtree.algorithms.clustering.awcfl.awcfl`'s arguments (``model``,
-      ``data``, ``local_optimizer``, ``schedule``, ``cluster_start_round``, ...; not ``beta``).
+    **kwargs: the rest of :func:`fedtree.algorithms.clustering.clustered.clustered`'s
+      arguments (``model``, ``data``, ``local_optimizer``, ``schedule``, ``kmeans_iters``,
+      ``eps1``, ...; not ``beta``).
   """
   if metric not in METRICS:
     raise ValueError(f"metric={metric!r}; choose one of {METRICS}")
   if "beta" in kwargs:
     raise ValueError(f"mcfl takes no beta (got beta={kwargs['beta']}): its clusters are not mixed")
-  inner = awcfl(num_clusters=num_clusters, beta=0.0, feature_examples=int(feature_examples), name=name,
-                **kwargs)
-
-  def models(state: ClusterState):
-    cl = np.asarray(state.cluster_of)
-    picked = np.asarray(select_clusters(state, metric))
-    return {
-      "cluster": NodeModels(state.params, cl, cluster_of_client=cl),
-      "selected": NodeModels(state.params, picked, cluster_of_client=cl, chosen_by_data=True),
-    }
-
-  return inner._replace(models=models)
+  if cluster_start_round is None:
+    cluster_start_round = 0 if clustering == "ifca" else 20
+  return clustered(num_clusters=num_clusters, clustering=clustering, inter_cluster="mcfl",
+                   feature_examples=int(feature_examples), metric=metric,
+                   cluster_start_round=cluster_start_round, name=name, **kwargs)

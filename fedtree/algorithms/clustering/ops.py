@@ -11,19 +11,21 @@ array: a cluster is a *dynamic parent index*, so cluster models are aggregated w
   initialization drawn from an explicit key; masked points (padding slots of a cohort) are
   ignored; a cluster that loses all its points keeps its centroid. Distances are one
   ``[N, K]`` matrix (``‖x‖² - 2 x·c + ‖c‖²``), assignments an ``argmin`` (lowest index on ties).
-* :func:`match_labels`: relabels new centroids to the nearest previous ones (greedy minimum
-  matching, K steps), so cluster ids do not permute between rounds.
+* :func:`match_labels`: relabels new centroids to the previous ones by an optimal
+  (Hungarian) assignment, so cluster ids do not permute between rounds.
 * :func:`cosine_bipartition`: CFL's split of one cluster's clients in two by complete-linkage
   agglomerative clustering of the cosine similarities of their updates (fixed ``N - 2``
   merge steps, masked).
 * :func:`sample_mean`: the mean of ``n`` inputs drawn without replacement from a client's
   real examples (MCFL's feature mean).
 * :func:`cluster_accuracy`: intra- and inter-cluster accuracy from the ``[N, C]`` matrix of
-  every cluster model scored on every client's test data (host side).
+  every cluster model scored on every client's test data (host side);
+  :func:`adjusted_rand_index` of the clustering against the true clusters when known.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, NamedTuple
 
 import jax
@@ -131,15 +133,56 @@ def kmeans(
   return KMeansResult(cents, jnp.where(mask, a, 0), jnp.sum(jnp.where(mask, d2, 0.0)))
 
 
+EXACT_MATCH_MAX = 7  # up to 7! = 5,040 permutations are scored inside jit
+
+
+def _permutations(k: int) -> np.ndarray:
+  """``int32[k!, k]``: every permutation of ``range(k)``, in lexicographic order."""
+  return np.asarray(list(itertools.permutations(range(k))), np.int32).reshape(-1, k)
+
+
+def _host_assignment(cost: np.ndarray) -> np.ndarray:
+  from scipy.optimize import linear_sum_assignment
+
+  rows, cols = linear_sum_assignment(np.asarray(cost, np.float64))
+  labels = np.zeros(cost.shape[0], np.int32)
+  labels[rows] = cols
+  return labels
+
+
+def optimal_assignment(cost: jax.Array) -> jax.Array:
+  """``int32[K]``: the permutation ``p`` minimizing ``Σ_i cost[i, p[i]]`` (the linear
+  assignment problem, solved exactly).
+
+  For ``K <= EXACT_MATCH_MAX`` every permutation is scored inside jit (ties: the
+  lexicographically first); larger ``K`` calls scipy's ``linear_sum_assignment`` (the
+  Hungarian method, Kuhn 1955 / Jonker-Volgenant) on the host through ``jax.pure_callback``.
+  """
+  k = cost.shape[0]
+  if k <= EXACT_MATCH_MAX:
+    perms = jnp.asarray(_permutations(k))
+    totals = jnp.sum(cost[jnp.arange(k)[None, :], perms], axis=1)
+    return perms[jnp.argmin(totals)]
+  out = jax.ShapeDtypeStruct((k,), jnp.int32)
+  return jax.pure_callback(_host_assignment, out, cost, vmap_method="sequential")
+
+
 def match_labels(new: jax.Array, previous: jax.Array) -> jax.Array:
   """``int32[K]``: the label each new centroid takes so that ids stay put between rounds.
 
-  Greedy minimum matching on the ``[K, K]`` squared distances between ``new`` and
-  ``previous`` centroids: K times, the closest unmatched (new, previous) pair is matched
-  (ties: lowest index). ``labels[i]`` is the previous id of new centroid ``i``; relabel an
-  assignment with ``labels[assignment]`` and centroids with ``centroids[argsort(labels)]``.
-  A permutation of well-separated centroids is undone exactly.
+  The optimal (Hungarian) matching of new to previous centroids on their ``[K, K]`` squared
+  distances (:func:`optimal_assignment`): ``labels[i]`` is the previous id of new centroid
+  ``i``; relabel an assignment with ``labels[assignment]`` and centroids with
+  ``centroids[argsort(labels)]``. Invariant to relabelling: permuting ``previous`` permutes
+  the labels the same way, so a permutation of centroids is undone exactly.
   """
+  cost = squared_distances(new.astype(jnp.float32), previous.astype(jnp.float32))
+  return optimal_assignment(cost)
+
+
+def greedy_match_labels(new: jax.Array, previous: jax.Array) -> jax.Array:
+  """The earlier greedy matching (K times, the closest unmatched pair; ties: lowest index),
+  kept for comparison: it is not optimal when centroids are close (:func:`match_labels`)."""
   k = new.shape[0]
   cost = squared_distances(new.astype(jnp.float32), previous.astype(jnp.float32))
 
@@ -272,6 +315,34 @@ def cluster_accuracy(
   inter = inter_c / inter_n if inter_n > 0 else float("nan")
   return {"intra_cluster_accuracy": float(intra), "inter_cluster_accuracy": float(inter),
           "num_clusters": int(nonempty.size)}
+
+
+def adjusted_rand_index(labels_true, labels_pred) -> float:
+  """Adjusted Rand index (Hubert & Arabie 1985) of two labelings of the same points.
+
+  ``(Σ_ij C(n_ij,2) - E) / (½(Σ_i C(a_i,2) + Σ_j C(b_j,2)) - E)`` with ``n_ij`` the
+  contingency table, ``a``/``b`` its row/column sums and ``E = Σ_i C(a_i,2) Σ_j C(b_j,2) /
+  C(n,2)``: 1 for the same partition whatever the labels, about 0 for a random one. When
+  both labelings put every point in one cluster, or every point alone, it is 1.
+  """
+  t, p = np.asarray(labels_true).ravel(), np.asarray(labels_pred).ravel()
+  if t.shape != p.shape:
+    raise ValueError(f"labels_true has {t.size} points but labels_pred has {p.size}")
+  _, ti = np.unique(t, return_inverse=True)
+  _, pi = np.unique(p, return_inverse=True)
+  table = np.zeros((ti.max(initial=-1) + 1, pi.max(initial=-1) + 1), np.float64)
+  np.add.at(table, (ti, pi), 1.0)
+
+  def pairs(v):
+    return float(np.sum(v * (v - 1) / 2.0))
+
+  index, a, b = pairs(table), pairs(table.sum(1)), pairs(table.sum(0))
+  n = pairs(np.asarray([t.size], np.float64))
+  expected = a * b / n if n > 0 else 0.0
+  top = (a + b) / 2.0
+  if top == expected:
+    return 1.0
+  return float((index - expected) / (top - expected))
 
 
 # ------------------------------------------------------------------------ state

@@ -6,17 +6,14 @@ from fedtree.algorithms.grouppfl.grouppfl import (
   METHODS,
   STAGES,
   GroupPersonalizedFL,
-  StageResult,
   finetune_stage,
-  global_stage,
   group_cohort_sizes,
   group_fedopt,
-  group_stage,
+  start_from,
   summarize_stats,
 )
 
 __all__ = [
-  "METHODS", "STAGES", "ClientCosts", "GroupPersonalizedFL", "StageResult", "counting",
-  "finetune_stage", "global_stage", "group_cohort_sizes", "group_fedopt", "group_stage",
-  "summarize_stats",
+  "METHODS", "STAGES", "ClientCosts", "GroupPersonalizedFL", "counting", "finetune_stage",
+  "group_cohort_sizes", "group_fedopt", "start_from", "summarize_stats",
 ]

@@ -1,24 +1,27 @@
 """Group personalized FL (Liu, Hui, Peng 2022, "Group personalized federated learning",
 paper 000): global FL → group FL fine-tuning → local personalization.
 
-Three composable stages, each a vectorized federated process:
+A documented composition of algorithms, run by the ordinary round loop:
 
-1. :func:`global_stage` (Algorithm 1): ``T`` rounds of FedAdam over all clients, cohorts of
+1. Global stage (Algorithm 1): ``T`` rounds of FedAdam over all clients, cohorts of
    ``|I_t|`` clients, ``K`` local epochs of SGD (the config's local schedule).
-2. :func:`group_stage` (Algorithm 2): every group starts from the global model and runs
-   ``T_g`` rounds of the same process restricted to its clients, **all groups at once**: the
-   groups are the parents of one tier (:func:`group_fedopt`), each with its own FedAdam
-   state, one jitted step per round, and no cross-group mixing (a group's model only ever
-   sees its own clients' pseudo-gradients).
-3. :func:`finetune_stage` (Algorithm 3): every client fine-tunes ``K_l`` epochs from a seed
-   model at each rate of a sweep in one program (:mod:`fedtree.core.finetune`).
+2. Group stage (Algorithm 2): every group starts from the global model (:func:`start_from`)
+   and runs ``T_g`` rounds of the same process restricted to its clients, **all groups at
+   once**: the groups are the parents of one tier (:func:`group_fedopt`), each with its own
+   FedAdam state, one jitted step per round, and no cross-group mixing (a group's model only
+   ever sees its own clients' pseudo-gradients).
+3. Fine-tune stage (Algorithm 3, :func:`finetune_stage`): every client fine-tunes ``K_l``
+   epochs from a seed model at each rate of a sweep in one program (:mod:`fedtree.core.finetune`).
 
-:class:`GroupPersonalizedFL` chains them as the config says (``stages``) and reads the four
-compared methods off one run: FL (global model), PerFL (global + fine-tune), GroupFL (group
-models) and GroupPerFL (group + fine-tune), each evaluated per client and per group. It
-writes the paper's per-group table (Tables 3/6), the histogram of per-client relative change
-GroupPerFL vs PerFL (Fig. 1) and the cost table (Table 4) into the workdir; the costs are the
-counters the simulation kept (:mod:`fedtree.algorithms.grouppfl.costs`), not formulas.
+Stages 1 and 2 are one :class:`~fedtree.core.algorithm.FederatedAlgorithm` built by
+:func:`fedtree.core.algorithm.sequential` (:meth:`GroupPersonalizedFL.algorithm`), so they
+share the loop's evaluation, checkpoints and exact resume; stage 3 is its ``report`` hook,
+which reads the four compared methods off the final state: FL (global model), PerFL (global
++ fine-tune), GroupFL (group models) and GroupPerFL (group + fine-tune), each evaluated per
+client and per group. It returns the paper's per-group table (Tables 3/6), the histogram of
+per-client relative change GroupPerFL vs PerFL (Fig. 1) and the cost table (Table 4), which
+the experiment layer writes into the workdir; the costs are the counters the simulation kept
+(:mod:`fedtree.algorithms.grouppfl.costs`), not formulas.
 
 Global FL is :func:`group_fedopt` with a single group, so the stages share one code path.
 Cohorts: ``min(cohort_size, |g|)`` clients of every group per round (paper: 100).
@@ -27,7 +30,6 @@ Cohorts: ``min(cohort_size, |g|)`` clients of every group per round (paper: 100)
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,8 +39,16 @@ import numpy as np
 import optax
 
 from fedtree.algorithms.grouppfl.costs import ClientCosts, counting
-from fedtree.core import loop, metrics
-from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, TreeState, client_weights
+from fedtree.core import metrics
+from fedtree.core.algorithm import (
+  FederatedAlgorithm,
+  NodeModels,
+  Report,
+  TreeState,
+  client_weights,
+  sequential,
+  stack,
+)
 from fedtree.core.data import FederatedData
 from fedtree.core.finetune import best_rate, check_finetune, finetune_evaluate, take_rate
 from fedtree.core.local import LocalSchedule, sgd_client_update
@@ -139,93 +149,31 @@ def group_fedopt(
 
 
 # ------------------------------------------------------------------------ stages
-def run_rounds(alg: FederatedAlgorithm, state, data: FederatedData, key, *, rounds: int,
-               rounds_per_call: int = 1, reporter=None, label: str = ""):
-  """``rounds`` rounds of ``alg`` from ``state`` (fused ``rounds_per_call`` at a time)."""
-  if rounds < 0:
-    raise ValueError(f"{label or alg.name}: rounds={rounds} must be >= 0")
-  if rounds == 0:
-    return state
-  fuse = max(1, min(int(rounds_per_call), rounds))
-  step = loop.compile_rounds(alg, fuse)
-  if reporter is not None:
-    reporter.start_run(label, rounds)
-  target = int(state.round) + rounds
-  t0 = time.perf_counter()
-  while int(state.round) < target:
-    todo = min(fuse, target - int(state.round))
-    if todo != fuse:
-      step = loop.compile_rounds(alg, todo)
-    state, metrics = step(state, data, key)
-    losses = np.asarray(metrics["train_loss"])
-    if not np.all(np.isfinite(losses)):
-      raise loop.NonFiniteLossError(
-        f"{label or alg.name}: training loss is {losses[~np.isfinite(losses)][0]} by round "
-        f"{int(state.round)}; lower the local learning rate or check the data"
-      )
-    if reporter is not None:
-      reporter.log(label, int(state.round), {"train_loss": float(losses[-1]),
-                                             "elapsed_s": time.perf_counter() - t0})
-  if reporter is not None:
-    reporter.end_run(label)
-  return state
+def start_from(previous: TreeState, fresh: TreeState, server_optimizer) -> TreeState:
+  """A stage's state started from ``previous``'s first model (the global one), every group
+  getting a copy, a fresh server state per group and zero costs (a :func:`sequential`
+  handoff; costs of the stages are added in the report)."""
+  num_groups = jax.tree.leaves(fresh.params[0])[0].shape[0]
+  p = jax.tree.map(lambda a: a[0], previous.params[0])
+  params = stack(p, num_groups)
+  return fresh.replace(round=jnp.zeros((), jnp.int32), params=(params,),
+                       opt_state=(jax.vmap(server_optimizer.init)(params),),
+                       client_state=jax.tree.map(jnp.zeros_like, fresh.client_state))
 
 
-@dataclasses.dataclass(frozen=True)
-class StageResult:
-  """Models ``params [N, ...]`` with ``model_of_client [C]``, and the costs paid so far."""
-
-  params: PyTree
-  model_of_client: np.ndarray
-  costs: ClientCosts
-
-
-def global_stage(ctx, key, *, rounds: int, server_optimizer, cohort_size, reporter=None,
-                 label="global", init_params=None) -> StageResult:
-  """Algorithm 1: FedOpt over all clients (one group) for ``rounds`` rounds."""
-  c = ctx.data.num_clients
-  alg = group_fedopt(model=ctx.model, groups=np.zeros(c, np.int32), data=ctx.data,
-                     local_optimizer=ctx.local_optimizer, schedule=ctx.schedule,
-                     server_optimizer=server_optimizer, cohort_size=cohort_size,
-                     chunk_size=ctx.chunk_size(), start_params=init_params,
-                     name=label)
-  state = alg.init(loop.init_key(key))
-  state = run_rounds(alg, state, ctx.data, stream(key, "global_stage"), rounds=rounds,
-                     rounds_per_call=int(ctx.config.get("rounds_per_call", 1)), reporter=reporter,
-                     label=label)
-  return StageResult(state.params[0], np.zeros(c, np.int32), state.client_state[1])
-
-
-def group_stage(ctx, key, start: StageResult, groups: np.ndarray, *, rounds: int,
-                server_optimizer, cohort_size, reporter=None, label="group") -> StageResult:
-  """Algorithm 2: every group fine-tunes the (single) model of ``start`` by FedOpt, in
-  parallel, for ``rounds`` rounds; costs add to ``start``'s."""
-  seed = jax.tree.map(lambda a: a[0], start.params)
-  alg = group_fedopt(model=ctx.model, groups=groups, data=ctx.data,
-                     local_optimizer=ctx.local_optimizer, schedule=ctx.schedule,
-                     server_optimizer=server_optimizer, cohort_size=cohort_size,
-                     chunk_size=ctx.chunk_size(), start_params=seed, name=label)
-  state = alg.init(key)
-  state = run_rounds(alg, state, ctx.data, stream(key, "group_stage"), rounds=rounds,
-                     rounds_per_call=int(ctx.config.get("rounds_per_call", 1)), reporter=reporter,
-                     label=label)
-  return StageResult(state.params[0], np.asarray(groups, np.int32),
-                     start.costs + state.client_state[1])
-
-
-def finetune_stage(ctx, key, start: StageResult, *, schedule: LocalSchedule,
-                   learning_rates: Sequence[float], optimizer: str = "sgd"):
-  """Algorithm 3: every client fine-tunes its model of ``start`` at every rate (one
-  program). Returns ``(EvalStats [L, C], costs)``, costs = ``start``'s plus the epochs."""
+def finetune_stage(model: Model, params, model_of_client, costs: ClientCosts, data: FederatedData,
+                   key, *, schedule: LocalSchedule, learning_rates: Sequence[float],
+                   optimizer: str = "sgd", chunk_size: int | None = None):
+  """Algorithm 3: every client fine-tunes its model (``params[model_of_client[c]]``) at every
+  rate (one program). Returns ``(EvalStats [L, C], costs)``, costs = ``costs`` plus the epochs."""
   stats, epochs = finetune_evaluate(
-    ctx.model, start.params, start.model_of_client, ctx.data, learning_rates=learning_rates,
-    schedule=schedule, key=stream(key, "finetune"), optimizer=optimizer,
-    chunk_size=ctx.config.get("eval_chunk_size", None),
+    model, params, model_of_client, data, learning_rates=learning_rates, schedule=schedule,
+    key=stream(key, "finetune"), optimizer=optimizer, chunk_size=chunk_size,
   )
-  c = ctx.data.num_clients
+  c = data.num_clients
   extra = ClientCosts(transfers=jnp.zeros((c,), jnp.float32), epochs=epochs,
                       rounds=jnp.zeros((c,), jnp.int32))
-  return stats, start.costs + extra
+  return stats, costs + extra
 
 
 def summarize_stats(stats: EvalStats, groups: np.ndarray) -> dict[str, Any]:
@@ -249,10 +197,10 @@ def overall(stats: EvalStats) -> dict[str, float]:
           "loss": float(np.sum(np.asarray(stats.loss_sum, np.float64)) / count)}
 
 
-# ------------------------------------------------------------------------ the pipeline
+# ------------------------------------------------------------------------ the composition
 @dataclasses.dataclass(frozen=True)
 class GroupPersonalizedFL:
-  """The GroupPerFL pipeline (see the module docstring); a :class:`fedtree.experiment.runner.Pipeline`.
+  """GroupPerFL's hyperparameters (see the module docstring); :meth:`algorithm` composes it.
 
   Attributes:
     global_rounds: T.
@@ -269,7 +217,7 @@ class GroupPersonalizedFL:
     histogram_metric: ``perplexity`` or ``accuracy``, the metric of the Fig. 1 histogram.
     histogram_group: the group whose clients the histogram shows (``None``: all clients;
       the paper shows its largest group, "general").
-    label: run label.
+    label: run label (prefix of the report files).
   """
 
   global_rounds: int
@@ -304,59 +252,76 @@ class GroupPersonalizedFL:
         f"histogram_metric={self.histogram_metric!r}; choose 'perplexity' or 'accuracy'"
       )
 
-  def run(self, ctx, key, reporter) -> dict[str, dict[str, Any]]:
-    """Runs the stages; returns ``{method: summary}`` (with ``costs`` and, for fine-tuned
-    methods, ``rate`` and ``rate_sweep``) and writes the reports when there is a workdir."""
-    groups = np.asarray(ctx.groups, np.int32)
-    evaluator = metrics.make_evaluator(ctx.model, ctx.config.get("eval_chunk_size", None))
-    d = ctx.data
-    out: dict[str, dict[str, Any]] = {}
-    stats: dict[str, EvalStats] = {}
-    costs: dict[str, ClientCosts] = {}
-
-    def score(res: StageResult) -> EvalStats:
-      return evaluator(res.params, d.x_test, d.y_test, d.n_test, jnp.asarray(res.model_of_client))
-
-    def fine(res: StageResult, method: str):
-      sweep, cost = finetune_stage(ctx, key, res, schedule=self.finetune_schedule,
-                                   learning_rates=self.finetune_rates,
-                                   optimizer=self.finetune_optimizer)
-      i = best_rate(sweep, self.select_by)
-      stats[method], costs[method] = take_rate(sweep, i), cost
-      out[method] = summarize_stats(stats[method], groups)
-      out[method]["rate"] = self.finetune_rates[i]
-      out[method]["rate_sweep"] = {
-        str(r): overall(take_rate(sweep, j)) for j, r in enumerate(self.finetune_rates)
-      }
-
-    g = global_stage(ctx, key, rounds=self.global_rounds, server_optimizer=self.global_server,
-                     cohort_size=self.cohort_size, reporter=reporter, label=f"{self.label}/global")
-    stats["FL"], costs["FL"] = score(g), g.costs
-    out["FL"] = summarize_stats(stats["FL"], groups)
-    if "finetune" in self.stages:
-      fine(g, "PerFL")
-    if "group" in self.stages:
-      gr = group_stage(ctx, key, g, groups, rounds=self.group_rounds,
-                       server_optimizer=self.group_server, cohort_size=self.cohort_size,
-                       reporter=reporter, label=f"{self.label}/group")
-      stats["GroupFL"], costs["GroupFL"] = score(gr), gr.costs
-      out["GroupFL"] = summarize_stats(stats["GroupFL"], groups)
-      if "finetune" in self.stages:
-        fine(gr, "GroupPerFL")
-    for m in out:
-      out[m]["costs"] = {k: float(v.mean()) for k, v in costs[m].host().items()}
-      out[m]["client_costs"] = costs[m].host()
-    workdir = getattr(reporter, "workdir", None)
-    from fedtree.algorithms.grouppfl import report as pr
-
+  def algorithm(self, *, model: Model, data: FederatedData, groups: np.ndarray,
+                local_optimizer: optax.GradientTransformation, schedule: LocalSchedule,
+                chunk_size: int | None = None, eval_chunk_size: int | None = None) -> FederatedAlgorithm:
+    """GroupPerFL as one algorithm: the global stage (:func:`group_fedopt` with one group, T
+    rounds) then the group stage (every group from the global model, T_g rounds) composed
+    by :func:`fedtree.core.algorithm.sequential`, so the ordinary round loop runs, evaluates,
+    checkpoints and resumes both; ``models()`` gives ``FL`` and ``GroupFL``. Its ``report``
+    hook runs the fine-tune stage (vectorized over clients and rates) and returns the four
+    methods' summaries with costs, the tables and the Fig. 1 histogram."""
+    groups = np.asarray(groups, np.int32)
     names = self.group_names or tuple(f"g{i}" for i in range(int(groups.max()) + 1))
     if self.histogram_group is not None and not 0 <= self.histogram_group < len(names):
-      raise ValueError(
-        f"histogram_group={self.histogram_group} is not a group (0..{len(names) - 1})"
+      raise ValueError(f"histogram_group={self.histogram_group} is not a group (0..{len(names) - 1})")
+    c = data.num_clients
+    kw = dict(model=model, data=data, local_optimizer=local_optimizer, schedule=schedule,
+              cohort_size=self.cohort_size, chunk_size=chunk_size)
+    with_group = "group" in self.stages
+    glob = group_fedopt(groups=np.zeros(c, np.int32), server_optimizer=self.global_server,
+                        name=f"{self.label}/global", **kw)
+    grp = group_fedopt(groups=groups, server_optimizer=self.group_server,
+                       name=f"{self.label}/group", **kw)
+    zeros = np.zeros(c, np.int32)
+
+    def models(states):
+      out = {"FL": NodeModels(states[0].params[0], zeros)}
+      if with_group:
+        out["GroupFL"] = NodeModels(states[1].params[0], groups)
+      return out
+
+    composed = sequential(
+      [(glob, int(self.global_rounds)), (grp, int(self.group_rounds) if with_group else 0)],
+      [lambda prev, fresh: start_from(prev, fresh, self.group_server)], models, name=self.label,
+    )
+    evaluator = metrics.make_evaluator(model, eval_chunk_size)
+
+    def report(state, data, key, summaries):
+      del summaries  # re-scored below with perplexities
+      g_state, gr_state = state.stages
+      costs_fl = g_state.client_state[1]
+      stages = [("FL", "PerFL", g_state.params[0], zeros, costs_fl)]
+      if with_group:
+        stages.append(("GroupFL", "GroupPerFL", gr_state.params[0], groups,
+                       costs_fl + gr_state.client_state[1]))
+      out: dict[str, dict[str, Any]] = {}
+      costs: dict[str, ClientCosts] = {}
+      for plain, fine, params, moc, cost in stages:
+        stats = evaluator(params, data.x_test, data.y_test, data.n_test, jnp.asarray(moc))
+        out[plain], costs[plain] = summarize_stats(stats, groups), cost
+        if "finetune" in self.stages:
+          sweep, costs[fine] = finetune_stage(
+            model, params, moc, cost, data, key, schedule=self.finetune_schedule,
+            learning_rates=self.finetune_rates, optimizer=self.finetune_optimizer,
+            chunk_size=eval_chunk_size,
+          )
+          i = best_rate(sweep, self.select_by)
+          out[fine] = summarize_stats(take_rate(sweep, i), groups)
+          out[fine]["rate"] = self.finetune_rates[i]
+          out[fine]["rate_sweep"] = {
+            str(r): overall(take_rate(sweep, j)) for j, r in enumerate(self.finetune_rates)
+          }
+      for m in out:
+        out[m]["costs"] = {k: float(v.mean()) for k, v in costs[m].host().items()}
+        out[m]["client_costs"] = costs[m].host()
+      from fedtree.algorithms.grouppfl import report as pr
+
+      text, files = pr.render_reports(
+        out, groups=groups, group_names=names, histogram_metric=self.histogram_metric,
+        histogram_group=self.histogram_group, prefix=self.label,
+        data_counts=(np.asarray(data.n_train), np.asarray(data.n_test)),
       )
-    text = pr.write_reports(workdir, out, groups=groups, group_names=names,
-                            histogram_metric=self.histogram_metric,
-                            histogram_group=self.histogram_group, prefix=self.label,
-                            data_counts=(np.asarray(d.n_train), np.asarray(d.n_test)))
-    reporter.print(text)
-    return out
+      return Report(out, text, files)
+
+    return composed._replace(report=report)

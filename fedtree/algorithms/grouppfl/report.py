@@ -79,9 +79,10 @@ def relative_change(before: np.ndarray, after: np.ndarray) -> np.ndarray:
 
 
 def save_histogram(
-  path: str, values: np.ndarray, *, title: str, xlabel: str, bins: int = 30
+  path, values: np.ndarray, *, title: str, xlabel: str, bins: int = 30
 ) -> None:
-  """A histogram of the finite ``values`` with a line at 0, saved as a PNG at ``path``."""
+  """A histogram of the finite ``values`` with a line at 0, saved as a PNG at ``path`` (a
+  file name or a binary file object)."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -96,7 +97,7 @@ def save_histogram(
   ax.set_ylabel("number of clients")
   ax.set_title(title)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, format="png")
   plt.close(fig)
 
 
@@ -118,14 +119,18 @@ def cost_table(results: dict[str, dict[str, Any]], groups: np.ndarray,
           + _markdown(["clients", "cost"] + methods, rows))
 
 
-def write_reports(workdir: str | None, results: dict[str, dict[str, Any]], *, groups: np.ndarray,
-                  group_names: Sequence[str], histogram_metric: str = "perplexity",
-                  histogram_group: int | None = None, prefix: str = "grouppfl",
-                  data_counts: tuple[np.ndarray, np.ndarray] | None = None) -> str:
+def render_reports(results: dict[str, dict[str, Any]], *, groups: np.ndarray,
+                   group_names: Sequence[str], histogram_metric: str = "perplexity",
+                   histogram_group: int | None = None, prefix: str = "grouppfl",
+                   data_counts: tuple[np.ndarray, np.ndarray] | None = None
+                   ) -> tuple[str, dict[str, str | bytes]]:
   """Tables (data, accuracy, perplexity, costs) and, when PerFL and GroupPerFL both ran, the
   Fig. 1 histogram over the clients of ``histogram_group`` (``None``: all clients; the paper
-  shows its largest group); written to ``workdir/<prefix>_report.md`` and
-  ``<prefix>_fig1.png``. ``data_counts`` is ``(n_train [C], n_test [C])``."""
+  shows its largest group). Pure: returns ``(text, {file name: content})`` with
+  ``<prefix>_report.md`` and ``<prefix>_fig1.png``. ``data_counts`` is ``(n_train [C], n_test [C])``."""
+  import io
+
+  files: dict[str, str | bytes] = {}
   parts = [] if data_counts is None else [data_table(*data_counts, groups, group_names)]
   parts += [group_table(results, groups, group_names, "accuracy"),
             group_table(results, groups, group_names, "perplexity")]
@@ -148,15 +153,22 @@ def write_reports(workdir: str | None, results: dict[str, dict[str, Any]], *, gr
       f"GroupPerFL vs PerFL, {scope}: {share:.1f}% of {finite.size} clients improve "
       f"{histogram_metric}; median relative change {median:+.2f}%"
     )
-    if workdir:
-      save_histogram(
-        os.path.join(workdir, f"{prefix}_fig1.png"), change,
-        title=f"GroupPerFL vs PerFL: relative {histogram_metric} change ({scope})",
-        xlabel=f"relative {histogram_metric} change (%)",
-      )
+    png = io.BytesIO()
+    save_histogram(png, change, title=f"GroupPerFL vs PerFL: relative {histogram_metric} change ({scope})",
+                   xlabel=f"relative {histogram_metric} change (%)")
+    files[f"{prefix}_fig1.png"] = png.getvalue()
   text = "\n\n".join(parts)
+  files[f"{prefix}_report.md"] = text + "\n"
+  return text, files
+
+
+def write_reports(workdir: str | None, results: dict[str, dict[str, Any]], **kwargs) -> str:
+  """:func:`render_reports`, its files written into ``workdir`` (nothing without one);
+  returns the text."""
+  text, files = render_reports(results, **kwargs)
   if workdir:
     os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, f"{prefix}_report.md"), "w") as f:
-      f.write(text + "\n")
+    for name, content in files.items():
+      with open(os.path.join(workdir, name), "wb" if isinstance(content, bytes) else "w") as f:
+        f.write(content)
   return text

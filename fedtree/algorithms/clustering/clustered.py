@@ -1,0 +1,392 @@
+"""Clustered FL as two independent choices: how clients are clustered, and what crosses
+between clusters (paper 004: Li & Yan 2023, "Inter-cluster optimization for clustered
+federated learning", Computer Science 50(11A); Figs. 5, 7, 8 apply its two optimizations to
+CFL and to IFCA).
+
+``clustering`` (how a client's cluster is decided):
+
+* ``"kmeans"``: clients train from their cluster's model; the server K-means-clusters the
+  trained weights (:func:`~fedtree.algorithms.clustering.ops.stable_kmeans`, ids matched to
+  the current cluster models by an optimal assignment); before round
+  ``cluster_start_round + 1`` all clients form one cluster and every slot gets their mean
+  (paper 004's AWCFL/MCFL, Algorithm 1).
+* ``"cfl"``: Sattler, Müller & Samek 2020 (IEEE TNNLS), recursive bipartition: all clients
+  start in one cluster; a cluster whose mean update is small (``‖Σ p_i Δθ_i‖ < eps1``) while
+  some member's is large (``max ‖Δθ_i‖ > eps2``) is split in two by complete-linkage
+  clustering of the cosine similarities of its members' updates, and (``similarity_check``,
+  Sattler's Algorithm 2) only when the split separates: ``γ_max < √((1 - α_max^cross)/2)``
+  with ``α_max^cross`` the largest cosine similarity across the two halves and ``γ_max`` the
+  largest ``‖Δθ_i - m_s‖ / ‖m_s‖`` over members (``m_s``: the weighted mean update of the
+  member's half; **(choice)** the estimate of Sattler's ``‖∇r_i‖/‖∇R_i‖`` from the round's
+  updates). ``num_clusters`` static slots, ``int32[]`` in use; no split before round
+  ``cluster_start_round + 1``; a new cluster starts from its origin's model and optimizer
+  state.
+* ``"ifca"``: Ghosh et al. 2020, every client picks the model with the lowest loss on its
+  training data before training (``init``: ``"random"`` independent models or ``"same"``).
+
+``inter_cluster`` (what crosses between clusters):
+
+* ``"none"``: each cluster model is its members' (weighted) mean.
+* ``"awcfl"``: ``c_k ← β/(n-1) · Σ_{i≠k} m_i + (1-β) · m_k`` over the ``n`` clusters in use
+  (paper 004 Eq. (2)); β = 0 is ``"none"``.
+* ``"mcfl"``: plain cluster means, but every model goes to every client: participating
+  clients upload the mean of ``feature_examples`` training inputs, each cluster keeps the
+  mean of its members' means, and a device uses the cluster model whose feature mean is
+  nearest (``metric``) to the mean of its test inputs (``models()["selected"]``).
+
+So AWCFL = (kmeans, awcfl), MCFL = (kmeans, mcfl), CFL = (cfl, none), IFCA = (ifca, none),
+and paper 004's AWCFL_CFL, MCFL_CFL, AWCFL_IFCA, MCFL_IFCA are the other pairs.
+
+Every cluster model is then a server-optimizer step on ``base_k - target_k`` (``base_k``:
+the model cluster ``k`` came from, ``target_k``: its mean after the inter-cluster step;
+default ``sgd(1.0)``: ``c_k ← target_k``). A cluster none of whose members reported keeps
+its model as its mean (and, with β > 0, is still mixed with the others).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedtree.algorithms.clustering.ops import (
+  ClusterFeatures,
+  ClusterState,
+  KMeansResult,
+  check_num_clusters,
+  cosine_bipartition,
+  cosine_similarity_matrix,
+  flatten_rows,
+  pairwise_distances,
+  sample_mean,
+  segment_mean_rows,
+  stable_kmeans,
+)
+from fedtree.core.aggregation import weighted_mean
+from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, client_weights, local_training
+from fedtree.core.data import FederatedData
+from fedtree.core.local import ClientUpdate, LocalSchedule
+from fedtree.core.metrics import client_sums
+from fedtree.core.model import Model
+from fedtree.core.rng import stream
+from fedtree.core.sampling import cohort_sampler
+from fedtree.core.server import select_nodes, update_nodes
+from fedtree.core.tier import train_cohort
+
+CLUSTERINGS = ("kmeans", "cfl", "ifca")
+INTER_CLUSTER = ("none", "awcfl", "mcfl")
+INITS = ("random", "same")
+METRICS = ("l1", "l2")
+
+
+def check_beta(beta) -> float:
+  """β in ``[0, 1]``."""
+  if not 0.0 <= float(beta) <= 1.0:
+    raise ValueError(f"beta={beta} must be in [0, 1] (0: plain clustered FL, 1: other clusters only)")
+  return float(beta)
+
+
+def mix_clusters(means, beta: float, num_clusters, in_use: jax.Array | None = None):
+  """``β/(n-1) · Σ_{i≠k} m_i + (1-β) · m_k`` for every row ``k`` of ``means [K, ...]``.
+
+  Args:
+    means: stacked cluster means.
+    beta: β.
+    num_clusters: ``n``, the clusters in use (an int, or ``int32[]`` when it changes: CFL).
+    in_use: ``bool[K]`` rows in use (default: all); the others are returned unchanged.
+  """
+  if beta == 0.0 or (isinstance(num_clusters, int) and num_clusters == 1):
+    return means
+  k = jax.tree.leaves(means)[0].shape[0]
+  in_use = jnp.ones((k,), bool) if in_use is None else in_use
+  n = jnp.asarray(num_clusters, jnp.float32)
+
+  def mix(m):
+    u = in_use.reshape((-1,) + (1,) * (m.ndim - 1))
+    others = (jnp.sum(jnp.where(u, m, 0), axis=0, keepdims=True) - m) / jnp.maximum(n - 1.0, 1.0)
+    return jnp.where(u & (n > 1), beta * others + (1.0 - beta) * m, m)
+
+  return jax.tree.map(mix, means)
+
+
+def cluster_losses(model: Model, params, x, y, n, *, batch_size: int | None = None) -> jax.Array:
+  """``float32[S, K]``: mean training loss of each of the ``K`` models on each of ``S``
+  clients' padded data ``x [S, M, ...]``, ``y [S, M]``, ``n [S]`` (IFCA's choice)."""
+
+  def one(args):
+    xc, yc, nc = args
+    loss, _, count = jax.vmap(lambda p: client_sums(model, p, xc, yc, nc))(params)
+    return loss / jnp.maximum(count, 1.0)
+
+  return jax.lax.map(one, (x, y, n), batch_size=batch_size)
+
+
+def split_clusters(
+  updates: jax.Array, weights: jax.Array, parent: jax.Array, valid: jax.Array, num_clusters: jax.Array, *,
+  max_clusters: int, eps1: float, eps2: float, min_split_size: int, allow: jax.Array,
+  similarity_check: bool = True,
+):
+  """CFL's split decision for one round, as masked array operations (module docstring).
+
+  Args:
+    updates: ``float32[S, D]`` flattened updates of the cohort slots.
+    weights: ``[S]`` aggregation weights (0 for padding).
+    parent: ``int32[S]`` cluster each slot trained in.
+    valid: ``bool[S]`` real slots.
+    num_clusters: ``int32[]`` slots in use.
+    max_clusters: static number of slots.
+    eps1, eps2, min_split_size: the split criterion.
+    allow: ``bool[]``, false to forbid splitting this round.
+    similarity_check: also require Sattler's ``γ_max < √((1 - α_max^cross)/2)``.
+
+  Returns:
+    ``(new_parent int32[S], origin int32[K], split bool[K], mean_norm [K], max_norm [K],
+    cross [K])``: the cluster of every slot after the splits, the cluster every slot's model
+    comes from (itself, or the cluster it was split from), which clusters split, the norms,
+    and ``α_max^cross`` of every cluster's bipartition (-1 where there is none).
+  """
+  k = max_clusters
+  s = parent.shape[0]
+  norms = jnp.linalg.norm(updates, axis=1)
+  mean_upd, total = weighted_mean(updates, weights, parent, k)
+  mean_norm = jnp.linalg.norm(mean_upd, axis=1)
+  max_norm = jax.ops.segment_max(jnp.where(valid, norms, 0.0), parent, num_segments=k)
+  size = jax.ops.segment_sum(valid.astype(jnp.int32), parent, num_segments=k)
+  ids = jnp.arange(k)
+  sim = cosine_similarity_matrix(updates)
+  member = valid[None, :] & (parent[None, :] == ids[:, None])                       # [K, S]
+  second = jax.vmap(lambda c: cosine_bipartition(sim, valid & (parent == c)))(ids)   # [K, S]
+  first = member & ~second
+  pair = first[:, :, None] & second[:, None, :]
+  cross = jnp.max(jnp.where(pair, sim[None], -1.0), axis=(1, 2))
+  eligible = (
+    allow & (ids < num_clusters) & (size >= min_split_size) & (total > 0)
+    & (mean_norm < eps1) & (max_norm > eps2) & jnp.any(second, axis=1)
+  )
+  if similarity_check:
+    half = 2 * parent + second[parent, jnp.arange(s)].astype(parent.dtype)
+    half_mean, _ = weighted_mean(updates, weights, half, 2 * k)
+    m = jnp.take(half_mean, half, axis=0)
+    m_norm = jnp.linalg.norm(m, axis=1)
+    dev = jnp.where(m_norm > 0, jnp.linalg.norm(updates - m, axis=1) / jnp.where(m_norm > 0, m_norm, 1.0),
+                    jnp.inf)
+    gamma_max = jax.ops.segment_max(jnp.where(valid, dev, 0.0), parent, num_segments=k)
+    eligible = eligible & (gamma_max < jnp.sqrt((1.0 - cross) / 2.0))
+  new_id = num_clusters + jnp.cumsum(eligible.astype(jnp.int32)) - 1
+  split = eligible & (new_id < k)
+  moves = jnp.take(split, parent) & second[parent, jnp.arange(s)]
+  new_parent = jnp.where(moves, jnp.take(new_id, parent), parent).astype(jnp.int32)
+  origin = ids.at[jnp.where(split, new_id, k)].set(ids, mode="drop").astype(jnp.int32)
+  return new_parent, origin, split, mean_norm, max_norm, cross
+
+
+def select_clusters(state: ClusterState, metric: str = "l2") -> jax.Array:
+  """``int32[C]``: the cluster model each client's device picks from its test-input mean
+  (MCFL: the nearest cluster feature mean among clusters whose members have uploaded)."""
+  f = state.features
+  k = jax.tree.leaves(state.params)[0].shape[0]
+  cluster_mean, total = segment_mean_rows(f.client_mean, f.seen.astype(jnp.float32), state.cluster_of, k)
+  dist = pairwise_distances(f.query_mean, cluster_mean, metric)
+  dist = jnp.where(total[None, :] > 0, dist, jnp.inf)
+  return jnp.argmin(dist, axis=1).astype(jnp.int32)
+
+
+def clustered(
+  *,
+  model: Model,
+  data: FederatedData,
+  local_optimizer: optax.GradientTransformation,
+  schedule: LocalSchedule,
+  num_clusters: int,
+  clustering: str = "kmeans",
+  inter_cluster: str = "none",
+  beta: float = 0.5,
+  cluster_start_round: int = 0,
+  kmeans_iters: int = 20,
+  eps1: float = 0.4,
+  eps2: float = 1.6,
+  min_split_size: int = 2,
+  similarity_check: bool = True,
+  init: str = "random",
+  feature_examples: int | None = None,
+  metric: str = "l2",
+  server_optimizer: optax.GradientTransformation | None = None,
+  cohort_size: int | None = None,
+  chunk_size: int | None = None,
+  weighting: str = "examples",
+  client_update: ClientUpdate | None = None,
+  name: str = "clustered",
+) -> FederatedAlgorithm:
+  """A clustered-FL algorithm (module docstring): ``clustering`` × ``inter_cluster``.
+
+  Args:
+    model, data, local_optimizer, schedule: as in :func:`fedtree.algorithms.fedavg`.
+    num_clusters: cluster slots (static), in ``[1, num_clients]`` (CFL: the most clusters).
+    clustering: ``"kmeans"``, ``"cfl"`` or ``"ifca"``.
+    inter_cluster: ``"none"``, ``"awcfl"`` or ``"mcfl"``.
+    beta: AWCFL's β in ``[0, 1]`` (``inter_cluster="awcfl"`` only).
+    cluster_start_round: rounds before clustering starts (K-means: one cluster; CFL: no
+      split); must be 0 for IFCA.
+    kmeans_iters: Lloyd iterations (K-means).
+    eps1, eps2, min_split_size, similarity_check: CFL's split criterion.
+    init: IFCA's initial models, ``"random"`` or ``"same"`` (the others start all equal).
+    feature_examples: MCFL's ``n`` (default 10 with ``inter_cluster="mcfl"``); with another
+      strategy, set it to keep the feature means in the state anyway.
+    metric: MCFL's distance between feature means, ``"l1"`` or ``"l2"``.
+    server_optimizer: per-cluster server optimizer (default ``sgd(1.0)``).
+    cohort_size, chunk_size, weighting, client_update, name: as in FedAvg.
+
+  Raises:
+    ValueError: naming the bad value, for each argument above.
+  """
+  num_clients = data.num_clients
+  if clustering not in CLUSTERINGS:
+    raise ValueError(f"clustering={clustering!r}; choose one of {CLUSTERINGS}")
+  if inter_cluster not in INTER_CLUSTER:
+    raise ValueError(f"inter_cluster={inter_cluster!r}; choose one of {INTER_CLUSTER}")
+  k = check_num_clusters(num_clusters, num_clients, "max_clusters" if clustering == "cfl" else "num_clusters")
+  beta = check_beta(beta) if inter_cluster == "awcfl" else 0.0
+  start = int(cluster_start_round)
+  if start < 0:
+    raise ValueError(f"cluster_start_round={cluster_start_round} must be >= 0")
+  if clustering == "ifca" and start != 0:
+    raise ValueError(f"cluster_start_round={cluster_start_round}: IFCA picks clusters from round 1; set 0")
+  if clustering == "kmeans" and int(kmeans_iters) < 1:
+    raise ValueError(f"kmeans_iters={kmeans_iters} must be >= 1")
+  if clustering == "cfl":
+    if not (float(eps1) > 0 and float(eps2) > 0):
+      raise ValueError(f"eps1={eps1} and eps2={eps2} must be > 0")
+    if int(min_split_size) < 2:
+      raise ValueError(f"min_split_size={min_split_size} must be >= 2 (a split needs two halves)")
+  if init not in INITS:
+    raise ValueError(f"init={init!r}; choose one of {INITS}")
+  if metric not in METRICS:
+    raise ValueError(f"metric={metric!r}; choose one of {METRICS}")
+  if inter_cluster == "mcfl" and feature_examples is None:
+    feature_examples = 10
+  if feature_examples is not None and int(feature_examples) < 1:
+    raise ValueError(f"feature_examples={feature_examples} must be >= 1")
+  client_weights(jnp.zeros(1), weighting)
+  iters = int(kmeans_iters)
+  opt = optax.sgd(1.0) if server_optimizer is None else server_optimizer
+  sampler = cohort_sampler(np.zeros(num_clients, np.int32), cohort_size, chunk_size=chunk_size)
+  client_update = local_training(client_update, model, local_optimizer, schedule, data, stateless_for=name)
+  test_data = (jnp.asarray(data.x_test), jnp.asarray(data.n_test))
+  mixing = inter_cluster == "awcfl" and beta > 0.0 and k > 1
+
+  def init_fn(key):
+    if clustering == "ifca" and init == "random":
+      params = jax.vmap(lambda j: model.init(jax.random.fold_in(key, j)))(jnp.arange(k))
+    else:
+      params = jax.tree.map(lambda p: jnp.broadcast_to(p, (k,) + p.shape), model.init(key))
+    features = ()
+    if feature_examples is not None:
+      keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(stream(key, "query"), jnp.arange(num_clients))
+      query = jax.vmap(sample_mean, in_axes=(0, 0, 0, None))(keys, *test_data, int(feature_examples))
+      features = ClusterFeatures(client_mean=jnp.zeros_like(query), seen=jnp.zeros((num_clients,), bool),
+                                 query_mean=query)
+    return ClusterState(
+      round=jnp.zeros((), jnp.int32), params=params, opt_state=jax.vmap(opt.init)(params),
+      cluster_of=jnp.zeros((num_clients,), jnp.int32),
+      num_clusters=jnp.asarray(1 if clustering == "cfl" else k, jnp.int32), features=features,
+    )
+
+  def round_fn(state: ClusterState, data: FederatedData, key):
+    r = state.round + 1
+    active_clustering = r > start
+    w_client = client_weights(data.n_train, weighting)
+    cohort = sampler(stream(key, "cohort"))
+    if clustering == "ifca":
+      losses = cluster_losses(
+        model, state.params, jnp.take(data.x_train, cohort.clients, axis=0),
+        jnp.take(data.y_train, cohort.clients, axis=0), jnp.take(data.n_train, cohort.clients),
+        batch_size=sampler.chunk_size,
+      )
+      cohort = cohort._replace(parent=jnp.argmin(losses, axis=1).astype(jnp.int32))
+    else:
+      cohort = cohort._replace(parent=jnp.take(state.cluster_of, cohort.clients))
+    res = train_cohort(
+      client_update, state.params, cohort, data, num_steps=schedule.num_steps(data.n_train),
+      weights=w_client, key=stream(key, "train"), chunk_size=sampler.chunk_size, keep_client_params=True,
+    )
+    w = jnp.where(cohort.valid, jnp.take(w_client, cohort.clients), 0.0)
+    extra = {}
+    origin = jnp.arange(k, dtype=jnp.int32)
+    num_in_use = state.num_clusters
+    if clustering == "kmeans":
+      points, previous = flatten_rows(res.client_params), flatten_rows(state.params)
+      km = jax.lax.cond(  # no K-means before clustering starts
+        active_clustering,
+        lambda: stable_kmeans(stream(key, "kmeans"), points, previous, iters=iters, mask=cohort.valid),
+        lambda: KMeansResult(previous, jnp.zeros(cohort.valid.shape, jnp.int32), jnp.zeros((), jnp.float32)),
+      )
+      assign = jnp.where(active_clustering, km.assignment, 0)
+      extra["kmeans_inertia"] = jnp.where(active_clustering, km.inertia, 0.0)
+    elif clustering == "cfl":
+      start_params = jax.tree.map(lambda p: jnp.take(p, cohort.parent, axis=0), state.params)
+      delta = jax.tree.map(jnp.subtract, start_params, res.client_params)   # θ_c - θ_i = -Δθ_i
+      assign, origin, split, mean_norm, max_norm, cross = split_clusters(
+        flatten_rows(delta), w, cohort.parent, cohort.valid, state.num_clusters, max_clusters=k,
+        eps1=float(eps1), eps2=float(eps2), min_split_size=int(min_split_size), allow=active_clustering,
+        similarity_check=bool(similarity_check),
+      )
+      num_in_use = state.num_clusters + jnp.sum(split.astype(jnp.int32))
+      in_use_before = jnp.arange(k) < state.num_clusters
+      extra.update(
+        max_mean_update_norm=jnp.max(jnp.where(in_use_before, mean_norm, 0.0)),
+        max_update_norm=jnp.max(jnp.where(in_use_before, max_norm, 0.0)),
+        max_cross_similarity=jnp.max(jnp.where(in_use_before, cross, -1.0)),
+      )
+    else:
+      assign = cohort.parent
+    base = jax.tree.map(lambda p: jnp.take(p, origin, axis=0), state.params)
+    base_opt = jax.tree.map(lambda s: jnp.take(s, origin, axis=0), state.opt_state)
+    means, total = weighted_mean(res.client_params, w, assign, k)
+    means = select_nodes(total > 0, means, base)   # no report: keep the model
+    in_use = jnp.arange(k) < num_in_use
+    target = mix_clusters(means, beta, num_in_use, in_use) if mixing else means
+    if clustering == "kmeans":   # before clustering: every slot gets the one cluster's mean
+      global_mean = jax.tree.map(lambda m: jnp.broadcast_to(m[:1], m.shape), means)
+      target = select_nodes(jnp.broadcast_to(active_clustering, (k,)), target, global_mean)
+    pseudo_grad = jax.tree.map(jnp.subtract, base, target)
+    if mixing:
+      active = in_use & (total.sum() > 0)
+    elif clustering == "kmeans":
+      active = jnp.where(active_clustering, total > 0, total.sum() > 0)
+    else:
+      active = total > 0
+    params, opt_state = update_nodes(opt, base, base_opt, pseudo_grad, active)
+    slot_client = jnp.where(cohort.valid, cohort.clients, num_clients)   # padding writes nowhere
+    cluster_of = state.cluster_of.at[slot_client].set(assign, mode="drop")
+    features = state.features
+    if feature_examples is not None:
+      keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(stream(key, "features"), cohort.clients)
+      xs = jnp.take(data.x_train, cohort.clients, axis=0)
+      ns = jnp.take(data.n_train, cohort.clients)
+      up = jax.vmap(sample_mean, in_axes=(0, 0, 0, None))(keys, xs, ns, int(feature_examples))
+      features = features.replace(
+        client_mean=features.client_mean.at[slot_client].set(up, mode="drop"),
+        seen=features.seen.at[slot_client].set(True, mode="drop"),
+      )
+    metrics = {
+      "train_loss": res.loss_sum / jnp.maximum(res.num_trained, 1).astype(jnp.float32),
+      "clients_trained": res.num_trained,
+      "num_clusters": num_in_use,
+      "clusters_nonempty": jnp.sum((jax.ops.segment_sum(jnp.ones_like(cluster_of), cluster_of,
+                                                        num_segments=k) > 0).astype(jnp.int32)),
+      "clusters_picked": jnp.sum((total > 0).astype(jnp.int32)),
+      **extra,
+    }
+    return state.replace(round=r, params=params, opt_state=opt_state, cluster_of=cluster_of,
+                         num_clusters=num_in_use, features=features), metrics
+
+  def models(state: ClusterState):
+    cl = np.asarray(state.cluster_of)
+    out = {"cluster": NodeModels(state.params, cl, cluster_of_client=cl)}
+    if inter_cluster == "mcfl":
+      picked = np.asarray(select_clusters(state, metric))
+      out["selected"] = NodeModels(state.params, picked, cluster_of_client=cl, chosen_by_data=True)
+    return out
+
+  return FederatedAlgorithm(init=init_fn, round=round_fn, models=models, name=name)

@@ -1,0 +1,264 @@
+"""Reliability (issue 15): exact resume after SIGKILL, corrupted checkpoints, reused
+workdirs, in-jit divergence, the compiled-function cache, command-line refusals."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from config_files import load_config
+
+from fedtree import experiment
+from fedtree.core import loop
+from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, TreeState
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DRIVER = os.path.join(ROOT, "tests", "kill_resume_driver.py")
+ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+
+
+def hierfavg_config(rounds=4):
+  c = load_config("quickstart")
+  c.rounds, c.eval_every, c.rounds_per_call, c.checkpoint_every, c.progress = rounds, 2, 1, 2, False
+  c.data.group_sizes = (4, 2, 2)
+  c.data.dim, c.data.max_examples, c.data.test_examples = 8, 20, 8
+  c.model.hidden = (8,)
+  c.runs = ml_collections.ConfigDict({"hierfavg": c.runs.hierfavg})
+  c.runs.hierfavg.cohort_size, c.runs.hierfavg.periods = 2, (2,)
+  return c
+
+
+def _rows(workdir):
+  out = []
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    for line in f:
+      row = json.loads(line)
+      row.pop("elapsed_s", None)
+      out.append(row)
+  return out
+
+
+def _drive(config_path, workdir, *kill):
+  return subprocess.run([sys.executable, DRIVER, str(config_path), str(workdir), *map(str, kill)],
+                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+
+
+def _kill_and_resume(tmp_path, config, kill_round, where):
+  path = tmp_path / "config.json"
+  path.write_text(config.to_json())
+  full = _drive(path, tmp_path / "full")
+  assert full.returncode == 0, full.stderr[-3000:]
+  killed = _drive(path, tmp_path / "resumed", kill_round, where)
+  assert killed.returncode == -9, killed.stderr[-3000:]
+  resumed = _drive(path, tmp_path / "resumed")
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert _rows(tmp_path / "resumed") == _rows(tmp_path / "full")
+  assert (json.loads((tmp_path / "resumed" / "summary.json").read_text())
+          == json.loads((tmp_path / "full" / "summary.json").read_text()))
+  return resumed
+
+
+def test_sigkill_between_checkpoints_resumes_bit_equal_without_duplicate_rows(tmp_path):
+  """Killed after round 3's row (checkpoint at 2): the rerun drops row 3, redoes 3 and 4."""
+  resumed = _kill_and_resume(tmp_path, hierfavg_config(), 3, "after_log")
+  assert "resumed from the checkpoint of round 2" in resumed.stderr
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_checkpoint_write_resumes_bit_equal(tmp_path):
+  _kill_and_resume(tmp_path, hierfavg_config(), 4, "during_save")
+
+
+@pytest.mark.slow
+def test_sigkill_grouppfl_across_its_stages(tmp_path):
+  from test_grouppfl import tiny_config
+
+  c = tiny_config()
+  c.checkpoint_every, c.eval_every, c.rounds_per_call = 1, 1, 1
+  _kill_and_resume(tmp_path, c, 3, "after_log")  # round 3 = the group stage's first
+
+
+# ------------------------------------------------------------------------ in process
+def _one_run(c, workdir):
+  return experiment.train_and_evaluate(c, str(workdir))
+
+
+def test_resumed_rows_are_not_duplicated_in_process(tmp_path):
+  c = hierfavg_config(rounds=4)
+  c.rounds = 3
+  _one_run(c, tmp_path)                       # checkpoint at 2 and (final) 3, rows 2 and 3
+  import shutil
+
+  shutil.rmtree(tmp_path / "checkpoints" / "hierfavg" / "3")   # as if killed before saving 3
+  c.rounds = 4
+  _one_run(c, tmp_path)
+  assert [r["round"] for r in _rows(tmp_path)] == [1, 2, 3, 4]
+
+
+def _corrupt(step_dir):
+  files = [os.path.join(d, f) for d, _, fs in os.walk(step_dir) for f in fs]
+  data = [f for f in files if "ocdbt" in f or f.endswith(".data") or "/d/" in f]
+  assert data, files
+  for f in data:
+    with open(f, "r+b") as fh:
+      fh.truncate(max(0, os.path.getsize(f) // 2))
+
+
+def test_a_corrupted_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
+  c = hierfavg_config(rounds=4)
+  c.checkpoint_every, c.keep_checkpoints = 1, 3
+  full = _one_run(c, tmp_path / "full")
+  c.rounds = 3
+  _one_run(c, tmp_path / "w")
+  _corrupt(tmp_path / "w" / "checkpoints" / "hierfavg" / "3")
+  c.rounds = 4
+  capsys.readouterr()
+  got = _one_run(c, tmp_path / "w")
+  err = capsys.readouterr().err
+  assert "checkpoints/hierfavg/3 does not restore" in err
+  assert "resumed from the checkpoint of round 2" in err
+  assert got["hierfavg"]["global"]["loss"] == full["hierfavg"]["global"]["loss"]
+  assert [r["round"] for r in _rows(tmp_path / "w")] == [1, 2, 3, 4]
+  kept = sorted(int(d) for d in os.listdir(tmp_path / "w" / "checkpoints" / "hierfavg") if d.isdigit())
+  assert kept == [2, 3, 4]  # keep_checkpoints=3
+
+
+def test_no_restorable_checkpoint_is_a_clear_error(tmp_path):
+  from fedtree.experiment.checkpoint import CheckpointError
+
+  c = hierfavg_config(rounds=2)
+  c.checkpoint_every, c.keep_checkpoints = 1, 1
+  _one_run(c, tmp_path)
+  _corrupt(tmp_path / "checkpoints" / "hierfavg" / "2")
+  c.rounds = 3
+  with pytest.raises(CheckpointError, match=r"no checkpoint .* restores: .*/2 .*--overwrite"):
+    _one_run(c, tmp_path)
+
+
+def test_a_workdir_of_another_config_is_refused_unless_overwrite(tmp_path):
+  c = hierfavg_config(rounds=2)
+  _one_run(c, tmp_path)
+  c.local.learning_rate = 0.5
+  with pytest.raises(ValueError, match="holds a run of a different config.*--overwrite"):
+    _one_run(c, tmp_path)
+  out = experiment.train_and_evaluate(c, str(tmp_path), overwrite=True)
+  assert [r["round"] for r in _rows(tmp_path)] == [1, 2]
+  assert np.isfinite(out["hierfavg"]["global"]["loss"])
+  c.rounds = 3  # more rounds: the same run, extended
+  _one_run(c, tmp_path)
+
+
+def test_a_server_diverging_in_the_last_round_is_not_written(tmp_path):
+  c = hierfavg_config(rounds=1)
+  c.runs = ml_collections.ConfigDict({"fedadam": ml_collections.ConfigDict(dict(
+    algorithm="fedavg", cohort_size=4, server=dict(name="fedadam", learning_rate=1e30)))})
+  with pytest.raises(FloatingPointError, match="run 'fedadam' diverged at round 1"):
+    _one_run(c, tmp_path)
+  assert not (tmp_path / "summary.json").exists()
+  assert _rows(tmp_path) == []
+
+
+def test_stop_request_keeps_the_last_checkpoint(tmp_path):
+  c = hierfavg_config(rounds=4)
+  c.checkpoint_every = 1
+  calls = []
+
+  def stop():
+    calls.append(1)
+    return len(calls) >= 2
+
+  with pytest.raises(experiment.runner.RunStopped, match="stopped at round 2 of 4"):
+    experiment.train_and_evaluate(c, str(tmp_path), should_stop=stop)
+  assert sorted(os.listdir(tmp_path / "checkpoints" / "hierfavg"))[-1] == "2"
+
+
+# ------------------------------------------------------------------------ the loop itself
+def _toy(bad_round=None, bad_level=1, bad_node=2):
+  """A model-free algorithm on a 2-level state; puts a NaN at ``bad_node`` of ``bad_level``
+  in round ``bad_round``."""
+  traces = []
+
+  def init(key):
+    del key
+    return TreeState(round=jnp.zeros((), jnp.int32), params=(jnp.zeros((1, 3)), jnp.zeros((4, 3))),
+                     opt_state=((), ()))
+
+  def round_fn(state, data, key):
+    traces.append(1)
+    params = [p + jax.random.normal(key, p.shape) for p in state.params]
+    if bad_round is not None:
+      hit = state.round + 1 == bad_round
+      params[bad_level] = params[bad_level].at[bad_node, 1].set(
+        jnp.where(hit, jnp.nan, params[bad_level][bad_node, 1]))
+    return state.replace(round=state.round + 1, params=tuple(params)), {"train_loss": jnp.float32(1.0)}
+
+  alg = FederatedAlgorithm(init=init, round=round_fn,
+                           models=lambda s: {"root": NodeModels(s.params[0], np.zeros(1, np.int32))},
+                           name="toy")
+  return alg, traces
+
+
+def test_repeated_runs_with_state_compile_once():
+  alg, traces = _toy()
+  state = loop.run(alg, None, num_rounds=2, key=jax.random.key(0), rounds_per_call=2)
+  for target in (4, 6, 8):
+    state = loop.run(alg, None, num_rounds=target, key=jax.random.key(0), rounds_per_call=2, state=state)
+  assert int(state.round) == 8 and len(traces) == 1
+  ref = loop.run(alg, None, num_rounds=8, key=jax.random.key(0), rounds_per_call=4)
+  np.testing.assert_allclose(np.asarray(state.params[1]), np.asarray(ref.params[1]), rtol=1e-6)
+
+
+def test_eval_cadence_cuts_fused_calls_and_each_length_compiles_once():
+  alg, traces = _toy()
+  seen = []
+  loop.run(alg, None, num_rounds=10, key=jax.random.key(0), rounds_per_call=4, eval_every=3,
+           on_eval=lambda s, r: seen.append(r) or {"x": 1.0})
+  assert seen == [3, 6, 9, 10]
+  assert len(traces) == 2  # calls of 3, 3, 3, 1 rounds: two distinct lengths
+
+
+@pytest.mark.parametrize("level,node,where", [(1, 2, "server level 1, node 2"),
+                                              (0, 0, "server level 0, node 0")])
+def test_divergence_in_a_fused_call_names_round_level_and_node(level, node, where):
+  alg, _ = _toy(bad_round=3, bad_level=level, bad_node=node)
+  with pytest.raises(loop.NonFiniteLossError, match=f"run 'toy' diverged at round 3: .*{where}"):
+    loop.run(alg, None, num_rounds=4, key=jax.random.key(0), rounds_per_call=4)
+
+
+def test_number_or_name_fields_from_the_command_line():
+  from fedtree.experiment.runner import number_or_name
+
+  assert number_or_name("8") == 8 and number_or_name("None") is None
+  assert number_or_name("auto") == "auto" and number_or_name(4) == 4
+
+
+@pytest.mark.parametrize("field,value", [("rounds_per_call", 0), ("eval_every", 0),
+                                         ("keep_checkpoints", 0)])
+def test_zero_counts_are_refused(tmp_path, field, value):
+  c = hierfavg_config()
+  c[field] = value
+  with pytest.raises(ValueError, match=f"config.{field}={value}"):
+    experiment.validate_config(c)
+
+
+def test_cli_refusal_is_one_line_and_results_go_to_stdout(tmp_path):
+  base = [sys.executable, "-m", "fedtree.main", "--config=configs/quickstart.py",
+          "--config.rounds=1", "--config.eval_every=1", "--config.rounds_per_call=1",
+          "--config.progress=False", "--config.data.group_sizes=(3,2)", "--config.chunk_size=8",
+          "--config.runs.fedavg.cohort_size=3", "--config.runs.fedadam.cohort_size=3",
+          "--config.runs.hierfavg.cohort_size=2", "--config.runs.edges_only.cohort_size=2"]
+  bad = subprocess.run(base + ["--config.local.learning_rate=-1"], cwd=ROOT, env=ENV,
+                       capture_output=True, text=True, timeout=300)
+  assert bad.returncode == 1
+  assert "Traceback" not in bad.stderr
+  assert "fedtree: error: config.local.learning_rate=-1" in bad.stderr
+  ok = subprocess.run(base, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+  assert ok.returncode == 0, ok.stderr[-3000:]
+  assert "Final evaluation" in ok.stdout
+  assert "no workdir given" in ok.stderr
+  assert "orbax" not in ok.stderr.lower()
