@@ -90,3 +90,18 @@ def test_importing_plots_imports_no_matplotlib():
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}, check=True)
   assert out.stdout.strip() == "False"
+
+
+@pytest.mark.slow  # the quickstart's four runs in a subprocess: ~45 s on 2 shared cores
+def test_quickstart_cli_writes_the_pictures(tmp_path):
+  cmd = [sys.executable, "-m", "fedtree.main", "--config=configs/quickstart.py", f"--workdir={tmp_path}",
+         "--config.rounds=2", "--config.eval_every=1", "--config.rounds_per_call=1",
+         "--config.progress=False", "--config.data.group_sizes=(3,2)",
+         "--config.runs.fedavg.cohort_size=3", "--config.runs.fedadam.cohort_size=3",
+         "--config.runs.hierfavg.cohort_size=2", "--config.runs.edges_only.cohort_size=2"]
+  out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "plots: plot_accuracy.png" in out.stderr
+  for name in ("plot_accuracy.png", "plot_models.png", "plot_client_accuracy.png"):
+    assert _is_png(str(tmp_path / name)), name
