@@ -12,14 +12,15 @@ tree, ``personal``, ``cluster``, ...) and ``<workdir>/summary.json`` (``{run: {m
 summary}}`` with ``client_accuracy`` per client), and the benchmark results
 ``benchmarks/results/*.json``. :func:`write_run_plots` draws every picture a workdir allows:
 
->>> import json, os, tempfile
->>> workdir = tempfile.mkdtemp()
->>> with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
-...   for r in (10, 20, 30):
-...     _ = f.write(json.dumps({"run": "fedavg", "round": r, "train_loss": 1 / r,
-...                             "global/accuracy": 0.5 + r / 100}) + "\\n")
->>> [os.path.basename(p) for p in write_run_plots(workdir)]
-['plot_accuracy.png']
+Examples:
+  >>> import json, os, tempfile
+  >>> workdir = tempfile.mkdtemp()
+  >>> with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+  ...   for r in (10, 20, 30):
+  ...     _ = f.write(json.dumps({"run": "fedavg", "round": r, "train_loss": 1 / r,
+  ...                             "global/accuracy": 0.5 + r / 100}) + "\\n")
+  >>> [os.path.basename(p) for p in write_run_plots(workdir)]
+  ['plot_accuracy.png']
 """
 
 from __future__ import annotations
