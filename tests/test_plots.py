@@ -67,6 +67,14 @@ def test_client_accuracies_drop_duplicate_models():
   assert np.isnan(out["r · personal"][1])
 
 
+def test_models_that_never_changed_are_left_out_of_the_histograms():
+  records = [{"run": "edges", "round": r, "global/accuracy": 0.05, "level1/accuracy": 0.5 + r / 10}
+             for r in (1, 2, 3)]
+  assert plots.frozen_models(records) == {("edges", "global")}
+  summary = {"edges": {"global": {"client_accuracy": [0.0, 0.1]}, "level1": {"client_accuracy": [0.7, 0.9]}}}
+  assert list(plots.client_accuracies(summary, skip=plots.frozen_models(records))) == ["edges · level1"]
+
+
 def test_distribution_pictures(tmp_path):
   rng = np.random.default_rng(0)
   base = rng.uniform(2, 5, 50)
