@@ -15,11 +15,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The public entry points whose docstrings carry a runnable example.
 DOCTEST_MODULES = [
+  "fedtree.core.algorithm",    # FederatedAlgorithm
   "fedtree.core.topology",     # Topology
   "fedtree.core.data",         # FederatedData
   "fedtree.core.tier",         # train_cohort
   "fedtree.core.loop",         # loop.run
   "fedtree.evaluation.plots",  # write_run_plots
+]
+# Algorithm factories with an example: a two-round run each (~3 s of CPU apiece, so -m slow).
+SLOW_DOCTEST_MODULES = [
+  "fedtree.algorithms.pfedmt",
+  "fedtree.algorithms.bhfl.bhfl",
+  "fedtree.algorithms.clustering.clustered",
+  "fedtree.algorithms.clustering.cfl",
+  "fedtree.algorithms.clustering.awcfl",
+  "fedtree.algorithms.clustering.mcfl",
 ]
 
 
@@ -36,7 +46,8 @@ def test_site_builds_in_strict_mode(tmp_path):
   assert "train_cohort" in api and "Topology" in api
 
 
-@pytest.mark.parametrize("name", DOCTEST_MODULES)
+@pytest.mark.parametrize("name", DOCTEST_MODULES + [pytest.param(m, marks=pytest.mark.slow)
+                                                    for m in SLOW_DOCTEST_MODULES])
 def test_docstring_examples_run(name):
   if name == "fedtree.evaluation.plots":
     pytest.importorskip("matplotlib")
