@@ -67,6 +67,14 @@ def test_client_accuracies_drop_duplicate_models():
   assert np.isnan(out["r · personal"][1])
 
 
+def test_models_that_never_changed_are_left_out_of_the_histograms():
+  records = [{"run": "edges", "round": r, "global/accuracy": 0.05, "level1/accuracy": 0.5 + r / 10}
+             for r in (1, 2, 3)]
+  assert plots.frozen_models(records) == {("edges", "global")}
+  summary = {"edges": {"global": {"client_accuracy": [0.0, 0.1]}, "level1": {"client_accuracy": [0.7, 0.9]}}}
+  assert list(plots.client_accuracies(summary, skip=plots.frozen_models(records))) == ["edges · level1"]
+
+
 def test_distribution_pictures(tmp_path):
   rng = np.random.default_rng(0)
   base = rng.uniform(2, 5, 50)
@@ -90,3 +98,18 @@ def test_importing_plots_imports_no_matplotlib():
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}, check=True)
   assert out.stdout.strip() == "False"
+
+
+@pytest.mark.slow  # the quickstart's four runs in a subprocess: ~45 s on 2 shared cores
+def test_quickstart_cli_writes_the_pictures(tmp_path):
+  cmd = [sys.executable, "-m", "fedtree.main", "--config=configs/quickstart.py", f"--workdir={tmp_path}",
+         "--config.rounds=2", "--config.eval_every=1", "--config.rounds_per_call=1",
+         "--config.progress=False", "--config.data.group_sizes=(3,2)",
+         "--config.runs.fedavg.cohort_size=3", "--config.runs.fedadam.cohort_size=3",
+         "--config.runs.hierfavg.cohort_size=2", "--config.runs.edges_only.cohort_size=2"]
+  out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "plots: plot_accuracy.png" in out.stderr
+  for name in ("plot_accuracy.png", "plot_models.png", "plot_client_accuracy.png"):
+    assert _is_png(str(tmp_path / name)), name

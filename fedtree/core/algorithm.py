@@ -63,6 +63,23 @@ class FederatedAlgorithm(NamedTuple):
   ``report`` (optional): ``report(state, data, key, summaries) -> Report``, called once on the
   final state with the run's root key and the standard summaries of ``models(state)``, for
   extra tables such as B-HFL's accuracy by level or GroupPerFL's four methods and costs.
+
+  Example:
+    The smallest algorithm: a round counter and one scalar, one gradient step a round:
+
+    >>> import jax, jax.numpy as jnp
+    >>> from typing import NamedTuple
+    >>> from fedtree.core import loop
+    >>> class Toy(NamedTuple):
+    ...   round: jax.Array  # int32[]
+    ...   w: jax.Array      # []
+    >>> def one_round(state, data, key):   # a step of gradient descent on (w - 3)^2
+    ...   return Toy(state.round + 1, state.w - 0.25 * (state.w - 3.0)), {"train_loss": (state.w - 3.0) ** 2}
+    >>> toy = FederatedAlgorithm(init=lambda key: Toy(jnp.zeros((), jnp.int32), jnp.zeros(())),
+    ...                          round=one_round, models=lambda state: {}, name="toy")
+    >>> state = loop.run(toy, None, num_rounds=2, key=jax.random.key(0))
+    >>> int(state.round), float(state.w)
+    (2, 1.3125)
   """
 
   init: Callable[[jax.Array], Any]

@@ -35,6 +35,13 @@ class FederatedData:
     y_test: ``int32[C, M_test]``.
     n_test: ``int32[C]``.
     num_classes: number of label values (static).
+
+  Example:
+    >>> import numpy as np
+    >>> train = [(np.ones((n, 4)), np.zeros(n, np.int32)) for n in (3, 1)]   # 2 clients
+    >>> data = from_client_arrays(train, [(x[:1], y[:1]) for x, y in train], num_classes=2)
+    >>> data.x_train.shape, data.n_train.tolist(), data.num_clients
+    ((2, 3, 4), [3, 1], 2)
   """
 
   x_train: jax.Array

@@ -12,14 +12,15 @@ tree, ``personal``, ``cluster``, ...) and ``<workdir>/summary.json`` (``{run: {m
 summary}}`` with ``client_accuracy`` per client), and the benchmark results
 ``benchmarks/results/*.json``. :func:`write_run_plots` draws every picture a workdir allows:
 
->>> import json, os, tempfile
->>> workdir = tempfile.mkdtemp()
->>> with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
-...   for r in (10, 20, 30):
-...     _ = f.write(json.dumps({"run": "fedavg", "round": r, "train_loss": 1 / r,
-...                             "global/accuracy": 0.5 + r / 100}) + "\\n")
->>> [os.path.basename(p) for p in write_run_plots(workdir)]
-['plot_accuracy.png']
+Examples:
+  >>> import json, os, tempfile
+  >>> workdir = tempfile.mkdtemp()
+  >>> with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+  ...   for r in (10, 20, 30):
+  ...     _ = f.write(json.dumps({"run": "fedavg", "round": r, "train_loss": 1 / r,
+  ...                             "global/accuracy": 0.5 + r / 100}) + "\\n")
+  >>> [os.path.basename(p) for p in write_run_plots(workdir)]
+  ['plot_accuracy.png']
 """
 
 from __future__ import annotations
@@ -96,6 +97,11 @@ def _pyplot():
 
 
 def _save(fig, path: str) -> str:
+  from matplotlib.ticker import MaxNLocator
+
+  for ax in fig.axes:
+    if ax.get_xlabel() == "round":
+      ax.xaxis.set_major_locator(MaxNLocator(integer=True))
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
@@ -231,7 +237,8 @@ def plot_cluster_tradeoff(points: Mapping[str, tuple[float, float]], path: str, 
   fig, ax = plt.subplots(figsize=(5.2, 4.2))
   for i, (label, (intra, inter)) in enumerate(points.items()):
     ax.scatter([inter], [intra], color=f"C{i % 10}", s=40)
-    ax.annotate(label, (inter, intra), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.annotate(label, (inter, intra), textcoords="offset points", xytext=(5, 4 - 11 * (i % 3)),
+                fontsize=8)
   ax.set_xlabel("inter-cluster accuracy")
   ax.set_ylabel("intra-cluster accuracy")
   ax.grid(alpha=0.3)
@@ -418,7 +425,7 @@ def write_run_plots(workdir: str) -> list[str]:
   * ``plot_clusters.png``: intra- vs inter-cluster accuracy, when reported;
   * ``plot_keyword_rates.png``: false-accept/false-reject rates, when reported;
   * ``plot_client_accuracy.png``: the distribution of the final per-client test accuracy of
-    every run's models (from ``summary.json``).
+    every run's models (from ``summary.json``; models whose accuracy never changed left out).
 
   The CLI calls it at the end of a run; it needs matplotlib (``pip install -e ".[plot]"``).
   """
@@ -439,17 +446,32 @@ def write_run_plots(workdir: str) -> list[str]:
   if os.path.exists(summary_path):
     with open(summary_path) as f:
       summary = json.load(f)
-    values = client_accuracies(summary)
+    values = client_accuracies(summary, skip=frozen_models(records))
     if values:
       written.append(plot_client_histograms(values, os.path.join(workdir, "plot_client_accuracy.png"),
                                             title="final test accuracy per client"))
   return written
 
 
-def client_accuracies(summary: Mapping[str, Any], max_series: int = 8) -> dict[str, np.ndarray]:
+def frozen_models(records: Sequence[Mapping[str, Any]], metric: str = "accuracy") -> set[tuple[str, str]]:
+  """``(run, model)`` pairs whose ``metric`` never changed over several reports (e.g. the root
+  of a tree whose root never aggregates: an untrained model, not a result)."""
+  out = set()
+  for run in runs(records):
+    for m in models_of([r for r in records if r["run"] == run], metric):
+      _, y = curve(records, run, f"{m}/{metric}")
+      if y.size > 1 and np.all(y == y[0]):
+        out.add((run, m))
+  return out
+
+
+def client_accuracies(summary: Mapping[str, Any], max_series: int = 8,
+                      skip: Iterable[tuple[str, str]] = ()) -> dict[str, np.ndarray]:
   """``{"run · model": float[C]}`` per-client accuracies of a ``summary.json``; of a run's
   models only those whose accuracy differs from an earlier one's (e.g. not ``level1`` of a
-  HierFAVG run when it equals ``global``), at most ``max_series`` in all."""
+  HierFAVG run when it equals ``global``) and that are not in ``skip`` (``(run, model)``
+  pairs, e.g. :func:`frozen_models`), at most ``max_series`` in all."""
+  skip = set(skip)
   out: dict[str, np.ndarray] = {}
   for run, models in summary.items():
     if not isinstance(models, Mapping):
@@ -457,6 +479,8 @@ def client_accuracies(summary: Mapping[str, Any], max_series: int = 8) -> dict[s
     seen: list[np.ndarray] = []
     for name, s in models.items():
       if not isinstance(s, Mapping) or not isinstance(s.get("client_accuracy"), list):
+        continue
+      if (run, name) in skip:
         continue
       v = np.asarray([np.nan if a is None else a for a in s["client_accuracy"]], np.float64)
       if any(v.shape == u.shape and np.allclose(v, u, equal_nan=True) for u in seen):

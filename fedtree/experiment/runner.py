@@ -305,13 +305,31 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
       with open(tmp, "w") as f:
         json.dump(_jsonable(results), f, indent=2)
       os.replace(tmp, os.path.join(workdir, "summary.json"))
+      _write_plots(workdir, config, reporter)
   finally:
     reporter.close()
   return results
 
 
+def _write_plots(workdir: str, config: ml_collections.ConfigDict, reporter: Reporter) -> None:
+  """The run's pictures (``plot_*.png``, :func:`fedtree.evaluation.plots.write_run_plots`) in
+  ``workdir``; skipped with a message when matplotlib is absent or ``config.plots`` is False."""
+  import importlib.util
+
+  if not config.get("plots", True):
+    return
+  if importlib.util.find_spec("matplotlib") is None:
+    reporter.print('note: matplotlib is not installed, so no plot_*.png (pip install -e ".[plot]")')
+    return
+  from fedtree.evaluation.plots import write_run_plots
+
+  written = write_run_plots(workdir)
+  if written:
+    reporter.print("plots: " + ", ".join(os.path.basename(p) for p in written))
+
+
 FINGERPRINT_IGNORES = ("rounds", "progress", "checkpoint_every", "keep_checkpoints", "eval_chunk_size",
-                       "rounds_per_call", "run_order")
+                       "rounds_per_call", "run_order", "plots")
 """Top-level config fields that do not change a run's results (left out of its fingerprint)."""
 
 
