@@ -10,8 +10,10 @@ of the client mesh, so every device gets the same share.
 
 On CPU the best chunk also depends on the model: a client whose local step touches more
 than the cache holds gains nothing from sharing a ``vmap`` with others and loses locality.
-:func:`chunk_policy` sizes ``"auto"`` chunks from what one client's compiled step touches
-(:func:`client_step_bytes`); the experiment runner uses it for every algorithm.
+On a GPU the largest chunk wins (measured on an H100: benchmarks/README.md, "On a GPU"), up
+to what device memory holds. :func:`chunk_policy` sizes ``"auto"`` chunks from what one
+client's compiled step touches (:func:`client_step_bytes`) on every backend; the experiment
+runner uses it for every algorithm.
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ import jax
 # Clients per chunk, per backend (measured: benchmarks/README.md). On CPU the per-client
 # models of a chunk must stay in cache: for the MLP of workload (a) (210 KB of params per
 # client) 1-4 clients per chunk ran at ~2,100 client-updates/s, 32 at ~1,800, 128 at ~1,100
-# and 250 at ~550; vmap buys nothing there. Accelerators want large chunks to fill the device
-# (not measured here: no GPU was available).
-DEFAULT_CHUNK = {"cpu": 4, "gpu": 1024, "cuda": 1024, "rocm": 1024, "tpu": 2048}
+# and 250 at ~550; vmap buys nothing there. Accelerators want large chunks to fill the device:
+# workload (a) at 10,000 clients on an H100 (jax 0.11.2) ran at ~222k client-updates/s with
+# chunks of 256, ~287k with 1,000, ~305k with 2,500, ~321k with 5,000 and ~326k with the
+# whole cohort in one chunk, so on GPUs a chunk is the cohort up to 16,384 clients (and what
+# ACCEL_CHUNK_BUDGET_BYTES allows). TPUs: not measured.
+DEFAULT_CHUNK = {"cpu": 4, "gpu": 16384, "cuda": 16384, "rocm": 16384, "tpu": 2048}
 # With the clients sharded over several CPU devices (one per core, XLA_FLAGS=
 # --xla_force_host_platform_device_count=N), every chunk pays a cross-device step, so larger
 # chunks win: workload (a) at 1,000 clients on 2 devices ran at ~1,060 client-updates/s with 1
@@ -39,6 +44,11 @@ SHARDED_CPU_CHUNK = 32
 # ~37 MB (im2col columns, activations, 1.6 M params), for which 1 client per device ran
 # 1.4x faster than 25 (benchmarks/README.md).
 CPU_CHUNK_BUDGET_BYTES = 16 * 2**20
+# On an accelerator a device's chunk may touch at most this many bytes per local step (a
+# share of device memory that leaves room for the data, the server state and XLA's
+# buffers on a 16 GB card): ~16k clients of the MLP of workload (a), a few hundred of the CNN
+# of workload (b). Beyond it a chunk gains nothing measurable and risks running out of memory.
+ACCEL_CHUNK_BUDGET_BYTES = 4 * 2**30
 
 
 def balanced_chunk(cohort_size: int, target: int, multiple_of: int = 1) -> int:
@@ -62,9 +72,10 @@ def default_chunk_size(
   """The per-backend default chunk for a cohort of ``cohort_size`` slots.
 
   With ``num_devices`` devices on the client mesh each device gets ``DEFAULT_CHUNK`` clients
-  (``SHARDED_CPU_CHUNK`` on CPU devices). On CPU, ``client_bytes`` (what one client's local
-  step touches, :func:`client_step_bytes`) caps a device's share of a chunk at
-  ``CPU_CHUNK_BUDGET_BYTES`` (at least one client). With ``group_sizes`` (the cohort of
+  (``SHARDED_CPU_CHUNK`` on CPU devices). ``client_bytes`` (what one client's local step
+  touches, :func:`client_step_bytes`) caps a device's share of a chunk at
+  ``CPU_CHUNK_BUDGET_BYTES`` on CPU (cache) and ``ACCEL_CHUNK_BUDGET_BYTES`` elsewhere
+  (device memory), at least one client. With ``group_sizes`` (the cohort of
   every parent), a chunk down to half that size that divides every parent's cohort is
   preferred: no slot is padding, and chunks hold one parent each
   (``CohortSampler.parent_aligned``), so they train from a broadcast of its model instead of
@@ -74,8 +85,9 @@ def default_chunk_size(
   per_device = DEFAULT_CHUNK.get(backend, DEFAULT_CHUNK["gpu"])
   if backend == "cpu" and num_devices > 1:
     per_device = SHARDED_CPU_CHUNK
-  if backend == "cpu" and client_bytes:
-    per_device = max(1, min(per_device, CPU_CHUNK_BUDGET_BYTES // int(client_bytes)))
+  if client_bytes:
+    budget = CPU_CHUNK_BUDGET_BYTES if backend == "cpu" else ACCEL_CHUNK_BUDGET_BYTES
+    per_device = max(1, min(per_device, budget // int(client_bytes)))
   chunk = balanced_chunk(cohort_size, per_device * num_devices, num_devices)
   if group_sizes is not None:
     for c in range(chunk, max(1, chunk // 2) - 1, -1):
@@ -115,17 +127,15 @@ ChunkPolicy = Callable[..., int]
 def chunk_policy(model, optimizer, example_shape: Sequence[int], batch_size: int) -> ChunkPolicy:
   """``"auto"`` for this model: ``policy(cohort_slots, num_devices, group_sizes=None) -> chunk``.
 
-  :func:`default_chunk_size`, with ``client_bytes`` measured on CPU (once, on first use:
-  one small compile); algorithms accept the policy wherever they accept ``chunk_size``.
+  :func:`default_chunk_size`, with ``client_bytes`` measured (once, on first use: one small
+  compile); algorithms accept the policy wherever they accept ``chunk_size``.
   """
   measured: list[int] = []
 
   def policy(cohort_slots: int, num_devices: int, group_sizes: Sequence[int] | None = None) -> int:
-    client_bytes = None
-    if jax.default_backend() == "cpu":
-      if not measured:
-        measured.append(client_step_bytes(model, optimizer, example_shape, batch_size))
-      client_bytes = measured[0]
+    if not measured:
+      measured.append(client_step_bytes(model, optimizer, example_shape, batch_size))
+    client_bytes = measured[0]
     return default_chunk_size(cohort_slots, num_devices=num_devices, client_bytes=client_bytes,
                               group_sizes=group_sizes)
 
