@@ -34,8 +34,9 @@ from fedtree.core.topology import Topology
 from fedtree.models import Model, build_model
 
 
-def jax_model(w: Workload) -> Model:
-  kwargs = {"hidden": (200, 200)} if w.model == "mlp" else {}
+def jax_model(w: Workload, conv_impl: str = "auto") -> Model:
+  """The JAX model of ``w``; ``conv_impl`` picks the CNN's convolution (``fedtree.models.Conv``)."""
+  kwargs = {"hidden": (200, 200)} if w.model == "mlp" else {"conv_impl": conv_impl}
   return build_model(w.model, example_shape=w.example_shape, num_classes=w.num_classes, **kwargs)
 
 
@@ -84,9 +85,10 @@ def personal_head_update(model: Model, optimizer, *, batch_size: int, max_steps:
 
 
 def build_fedtree(w: Workload, data: FederatedData, *, chunk_size: Any = "auto",
-                  compute_dtype=None, depth: int | None = None, persistent_state: bool = False):
+                  compute_dtype=None, depth: int | None = None, persistent_state: bool = False,
+                  conv_impl: str = "auto"):
   """The fedtree algorithm of ``w`` (FedAvg, or HierFAVG when ``w.edges``/``depth``) and chunk."""
-  model = jax_model(w)
+  model = jax_model(w, conv_impl)
   schedule = LocalSchedule(batch_size=w.batch_size, epochs=None, steps=w.local_steps)
   opt = optax.sgd(w.lr)
   depth = depth or (2 if w.edges else 1)
@@ -176,27 +178,47 @@ def time_fused(step, state, data, key, repeats: int) -> tuple[Any, float, float,
 
 def run_fedtree(w: Workload, *, rounds: int, repeats: int = 2, chunk_size: Any = "auto",
                 compute_dtype=None, depth: int | None = None, persistent_state: bool = False,
-                mesh_devices: int | None = None) -> dict:
-  """Throughput of fedtree on ``w``: ``rounds`` rounds fused per call, best of ``repeats``."""
+                mesh_devices: int | None = None, conv_impl: str = "auto") -> dict:
+  """Throughput of fedtree on ``w``: ``rounds`` rounds fused per call, best of ``repeats``.
+
+  ``mesh_devices`` shards the clients over that many host devices on CPU; on an accelerator
+  backend it is ignored (one device). Besides the timings the result records what the GPU
+  defaults promise: ``compiles`` (entries in the fused step's jit cache after all calls: 1
+  means nothing recompiled), ``server_dtypes`` (the server state's float dtypes: float32
+  also when local training runs in bfloat16) and ``warnings`` (e.g. unusable donations).
+  """
+  import warnings
+
+  if jax.default_backend() != "cpu":
+    mesh_devices = None
   mesh = sharding.client_mesh(mesh_devices) if mesh_devices else None
   ctx = jax.set_mesh(mesh) if mesh is not None else _null()
-  with ctx:
+  with ctx, warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
     data = federated_data(w, mesh)
     alg, chunk = build_fedtree(w, data, chunk_size=chunk_size, compute_dtype=compute_dtype,
-                               depth=depth, persistent_state=persistent_state)
+                               depth=depth, persistent_state=persistent_state, conv_impl=conv_impl)
     step = compile_rounds(alg, rounds)
     state = alg.init(jax.random.key(w.seed))
     state, first, best, loss = time_fused(step, state, data, jax.random.key(w.seed + 1), repeats)
+  cache_size = getattr(step, "_cache_size", None)
+  client_bytes = tuning.client_step_bytes(jax_model(w, conv_impl), optax.sgd(w.lr), w.example_shape,
+                                          w.batch_size)
   return dict(seconds_per_round=best / rounds, compile_s=first - best, final_loss=loss,
               chunk_size=chunk, rounds_timed=rounds, devices=mesh_devices or 1,
-              compute_dtype=compute_dtype or "float32",
+              compute_dtype=compute_dtype or "float32", conv_impl=conv_impl,
+              backend=jax.default_backend(), device_kind=jax.devices()[0].device_kind,
+              compiles=cache_size() if callable(cache_size) else None, client_step_bytes=client_bytes,
+              server_dtypes=sorted({str(a.dtype) for a in jax.tree.leaves(state.params)
+                                    if jnp.issubdtype(a.dtype, jnp.floating)}),
+              warnings=sorted({str(c.message)[:200] for c in caught}),
               client_state_mb=sum(a.nbytes for a in jax.tree.leaves(state.client_state)) / 2**20)
 
 
-def run_central(w: Workload, *, rounds: int, repeats: int = 2) -> dict:
+def run_central(w: Workload, *, rounds: int, repeats: int = 2, conv_impl: str = "auto") -> dict:
   """The zero-overhead bound: one model trained on the same examples of a round, batch
   ``cohort x batch_size``, ``local_steps`` steps per round (same sampling, same gathers)."""
-  model = jax_model(w)
+  model = jax_model(w, conv_impl)
   x, y = make_arrays(w)
   x, y = jnp.asarray(x), jnp.asarray(y)
   opt = optax.sgd(w.lr)
@@ -236,7 +258,7 @@ def run_central(w: Workload, *, rounds: int, repeats: int = 2) -> dict:
   carry = (params, opt.init(params), jax.random.key(w.seed + 1))
   _, first, best, loss = time_fused(step, carry, None, None, repeats)
   return dict(seconds_per_round=best / rounds, compile_s=first - best, final_loss=loss,
-              rounds_timed=rounds)
+              rounds_timed=rounds, backend=jax.default_backend(), conv_impl=conv_impl)
 
 
 class _null:

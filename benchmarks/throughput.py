@@ -117,7 +117,8 @@ def run_job(job: Job) -> dict:
       elif job.framework == "central":
         from benchmarks.jax_runners import run_central
 
-        res = run_central(w, rounds=job.rounds, repeats=job.repeats)
+        res = run_central(w, rounds=job.rounds, repeats=job.repeats,
+                          **{k: v for k, v in opts.items() if k == "conv_impl"})
       elif job.framework == "torch":
         from benchmarks.peers import run_torch_loop
 
@@ -194,7 +195,7 @@ def peer_rounds(w: Workload) -> int:
 
 
 def jobs_for(w: Workload, frameworks, *, flower_max_clients: int, fedtree_opts=(),
-             variants=(), torch_opts=()) -> list[Job]:
+             variants=(), torch_opts=(), torch_max_clients: int | None = None) -> list[Job]:
   jobs = []
   for fw in frameworks:
     reps = 2 if w.model == "mlp" else 1
@@ -204,8 +205,15 @@ def jobs_for(w: Workload, frameworks, *, flower_max_clients: int, fedtree_opts=(
         jobs.append(Job(w, "fedtree", fedtree_rounds(w), reps, options=tuple(opts), variant=name))
     elif fw == "central":
       jobs.append(Job(w, "central", fedtree_rounds(w), reps))
+      for name, opts in variants:   # the convolution path changes the bound too
+        if "conv_impl" in dict(opts):
+          jobs.append(Job(w, "central", fedtree_rounds(w), reps, options=tuple(opts), variant=name))
     elif fw == "torch":
-      jobs.append(Job(w, "torch", peer_rounds(w), options=tuple(torch_opts)))
+      if torch_max_clients is not None and w.cohort_size > torch_max_clients:
+        jobs.append(Job(w, "torch", 0, options=(("skip", f"cohort {w.cohort_size} > "
+                                                 f"--torch-max-clients={torch_max_clients}"),)))
+      else:
+        jobs.append(Job(w, "torch", peer_rounds(w), options=tuple(torch_opts)))
     elif fw == "flower":
       if w.num_clients > flower_max_clients:
         jobs.append(Job(w, "flower", 0, options=(("skip", f"{w.num_clients} clients > "
@@ -230,7 +238,12 @@ def plan(args) -> list[Job]:
   variants = []
   if args.variants:
     variants = [("bf16", (("compute_dtype", "bfloat16"),))]
+    if args.workload == "b" or args.all:   # the convolution path: lax.conv vs im2col matmuls
+      variants += [(f"conv={c}", (("conv_impl", c),)) for c in ("xla", "matmul")]
+  for c in (int(v) for v in args.chunk_sweep.split(",") if v):
+    variants.append((f"chunk={c}", (("chunk_size", c),)))
   fm = args.flower_max_clients
+  tm = args.torch_max_clients
   if args.quick:  # (b) is left out: its CPU round takes minutes (README, workload (b))
     return (jobs_for(workloads.mlp(100), fws, flower_max_clients=fm, fedtree_opts=opts)
             + tree_jobs(workloads.tree(100, edges=10), opts))
@@ -243,10 +256,10 @@ def plan(args) -> list[Job]:
     return jobs + tree_jobs(workloads.tree(1000), opts)
   if args.workload == "a":
     return jobs_for(workloads.mlp(args.clients or 1000), fws, flower_max_clients=fm,
-                    fedtree_opts=opts, variants=variants)
+                    fedtree_opts=opts, variants=variants, torch_max_clients=tm)
   if args.workload == "b":
     return jobs_for(workloads.cnn(args.clients or 1000), fws, flower_max_clients=fm,
-                    fedtree_opts=opts, variants=variants)
+                    fedtree_opts=opts, variants=variants, torch_max_clients=tm)
   if args.workload == "c":
     return tree_jobs(workloads.tree(args.clients or 1000), opts)
   if args.workload == "scale":
@@ -269,7 +282,7 @@ def tree_jobs(w: Workload, opts) -> list[Job]:
 def table(results: list[dict]) -> str:
   """The printed comparison: one block per setting, ratios of fedtree to every peer."""
   lines = []
-  hdr = (f"{'framework':<18}{'rounds/s':>10}{'client-upd/s':>14}{'examples/s':>13}"
+  hdr = (f"{'framework':<22}{'rounds/s':>10}{'client-upd/s':>14}{'examples/s':>13}"
          f"{'peak MB':>10}{'compile s':>11}  fedtree/this")
   settings = list(dict.fromkeys(_group(r) for r in results))
   for s in settings:
@@ -279,7 +292,7 @@ def table(results: list[dict]) -> str:
     lines += ["", s, hdr, "-" * len(hdr)]
     for r in rows:
       if "skipped" in r:
-        lines.append(f"{r['label']:<18}  skipped: {r['skipped']}")
+        lines.append(f"{r['label']:<22}  skipped: {r['skipped']}")
         continue
       ratio = ""
       if base is not None and r is not base:
@@ -292,7 +305,7 @@ def table(results: list[dict]) -> str:
                    "the flat round")
       comp = f"{r['compile_s']:.1f}" if "compile_s" in r else "-"
       cu = r["client_updates_per_s"]
-      lines.append(f"{r['label']:<18}{r['rounds_per_s']:>10.3f}{cu:>14.{0 if cu >= 10 else 2}f}"
+      lines.append(f"{r['label']:<22}{r['rounds_per_s']:>10.3f}{cu:>14.{0 if cu >= 10 else 2}f}"
                    f"{r['examples_per_s']:>13.0f}{r['peak_rss_mb']:>10.0f}{comp:>11}  {ratio}")
   return "\n".join(lines)
 
@@ -346,6 +359,14 @@ def machine() -> dict:
   except Exception:  # noqa: BLE001
     pass
   try:
+    import torch
+
+    info["torch"] = torch.__version__
+    if torch.cuda.is_available():
+      info["gpu"] = torch.cuda.get_device_name()
+  except Exception:  # noqa: BLE001
+    pass
+  try:
     info["load_avg"] = os.getloadavg()
   except OSError:
     pass
@@ -370,6 +391,14 @@ def main(argv=None) -> list[dict]:
   p.add_argument("--torch-threads", type=int, default=0,
                  help="intra-op threads of the PyTorch loop; 0 (default): one per CPU core, "
                       "the same cores fedtree uses")
+  p.add_argument("--torch-device", default="auto",
+                 help="the PyTorch loop's device: auto (cuda when available) | cpu | cuda")
+  p.add_argument("--torch-max-clients", type=int, default=None,
+                 help="skip the PyTorch loop above this cohort (its per-client rate is constant)")
+  p.add_argument("--chunk-sweep", default="",
+                 help="comma-separated chunk sizes: one fedtree[chunk=N] variant each")
+  p.add_argument("--fused-rounds", type=int, default=None,
+                 help="rounds fused per call of the JAX jobs (fedtree, central; override)")
   p.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
   p.add_argument("--rounds", type=int, default=None, help="timed rounds per job (override)")
   p.add_argument("--repeats", type=int, default=None, help="timed calls per JAX job (best kept)")
@@ -394,8 +423,12 @@ def main(argv=None) -> list[dict]:
     args.torch_threads = os.cpu_count() or 1
   jobs = plan(args)
   if args.torch_threads:
-    jobs = [dataclasses.replace(j, options=(("threads", args.torch_threads),))
-            if j.framework == "torch" else j for j in jobs]
+    jobs = [dataclasses.replace(j, options=(("threads", args.torch_threads),
+                                            ("device", args.torch_device)))
+            if j.framework == "torch" and not dict(j.options).get("skip") else j for j in jobs]
+  if args.fused_rounds:
+    jobs = [dataclasses.replace(j, rounds=args.fused_rounds)
+            if j.framework in ("fedtree", "central") else j for j in jobs]
   if args.rounds or args.repeats:
     jobs = [dataclasses.replace(j, rounds=args.rounds or j.rounds,
                                 repeats=args.repeats or j.repeats) for j in jobs]

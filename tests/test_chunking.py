@@ -92,7 +92,8 @@ def test_balanced_chunks():
   assert tuning.balanced_chunk(10, 64) == 10
   assert tuning.balanced_chunk(1000, 64 * 8, 8) % 8 == 0
   assert tuning.default_chunk_size(1000, backend="cpu") == tuning.DEFAULT_CHUNK["cpu"]
-  assert tuning.default_chunk_size(3000, backend="gpu") == 1000     # 3 equal chunks
+  assert tuning.default_chunk_size(3000, backend="gpu") == 3000     # a GPU takes the cohort
+  assert tuning.default_chunk_size(40000, backend="gpu") == 13334   # 3 equal chunks
   assert tuning.default_chunk_size(1000, backend="cpu", num_devices=8) % 8 == 0
   assert tuning.candidate_chunks(100) == sorted(set(tuning.candidate_chunks(100)))
   with pytest.raises(ValueError, match="must be >= 1"):
@@ -128,7 +129,10 @@ def test_auto_chunk_is_sized_for_the_model_on_cpu():
   assert tuning.default_chunk_size(100, backend="cpu", num_devices=2,
                                    client_bytes=tuning.CPU_CHUNK_BUDGET_BYTES) == 2
   assert tuning.default_chunk_size(100, backend="cpu", client_bytes=1) == tuning.DEFAULT_CHUNK["cpu"]
-  assert tuning.default_chunk_size(100, backend="gpu", client_bytes=2**40) == 100
+  assert tuning.default_chunk_size(100, backend="gpu", client_bytes=1) == 100
+  # on a GPU the budget is device memory: 4 GiB of clients of 64 MiB each
+  assert tuning.default_chunk_size(1000, backend="gpu", client_bytes=2**26) == 63
+  assert tuning.default_chunk_size(100, backend="gpu", client_bytes=2**40) == 1
   policy = tuning.chunk_policy(small, opt, (6,), 4)
   assert policy(1000, 1) == tuning.default_chunk_size(1000, num_devices=1, client_bytes=1)
   parent = np.zeros(10, np.int64)
@@ -207,3 +211,12 @@ def test_slots_sorted_by_steps_return_in_cohort_order_and_padding_takes_no_step(
   want = np.where(np.asarray(cohort.valid), np.asarray(steps)[np.asarray(cohort.clients)], 0)
   np.testing.assert_array_equal(got, want)  # slot order kept; padding slots ran 0 steps
   np.testing.assert_allclose(np.asarray(res.delta_sum["w"])[0], -float(steps.sum()))
+
+
+def test_backend_defaults_for_convolutions():
+  from fedtree.models.classifiers import auto_conv_impl
+
+  # im2col matmuls on CPU (jax-ml/jax#12868) and GPU (grouped cuDNN convs under vmap were
+  # slower on an H100, benchmarks/README.md); lax.conv on TPU and unknown backends
+  assert [auto_conv_impl(b) for b in ("cpu", "gpu", "cuda", "tpu", "other")] == [
+    "matmul", "matmul", "matmul", "xla", "xla"]

@@ -10,8 +10,10 @@ of the client mesh, so every device gets the same share.
 
 On CPU the best chunk also depends on the model: a client whose local step touches more
 than the cache holds gains nothing from sharing a ``vmap`` with others and loses locality.
-:func:`chunk_policy` sizes ``"auto"`` chunks from what one client's compiled step touches
-(:func:`client_step_bytes`); the experiment runner uses it for every algorithm.
+On a GPU the largest chunk wins (measured on an H100: benchmarks/README.md, "On a GPU"), up
+to what device memory holds. :func:`chunk_policy` sizes ``"auto"`` chunks from what one
+client's compiled step touches (:func:`client_step_bytes`) on every backend; the experiment
+runner uses it for every algorithm.
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ import jax
 # Clients per chunk, per backend (measured: benchmarks/README.md). On CPU the per-client
 # models of a chunk must stay in cache: for the MLP of workload (a) (210 KB of params per
 # client) 1-4 clients per chunk ran at ~2,100 client-updates/s, 32 at ~1,800, 128 at ~1,100
-# and 250 at ~550; vmap buys nothing there. Accelerators want large chunks to fill the device
-# (not measured here: no GPU was available).
-DEFAULT_CHUNK = {"cpu": 4, "gpu": 1024, "cuda": 1024, "rocm": 1024, "tpu": 2048}
+# and 250 at ~550; vmap buys nothing there. Accelerators want large chunks to fill the device:
+# workload (a) at 10,000 clients on an H100 (jax 0.11.2) ran at ~222k client-updates/s with
+# chunks of 256, ~287k with 1,000, ~305k with 2,500, ~321k with 5,000 and ~326k with the
+# whole cohort in one chunk, so on GPUs a chunk is the cohort up to 16,384 clients (and what
+# ACCEL_CHUNK_BUDGET_BYTES allows). TPUs: not measured.
+DEFAULT_CHUNK = {"cpu": 4, "gpu": 16384, "cuda": 16384, "rocm": 16384, "tpu": 2048}
 # With the clients sharded over several CPU devices (one per core, XLA_FLAGS=
 # --xla_force_host_platform_device_count=N), every chunk pays a cross-device step, so larger
 # chunks win: workload (a) at 1,000 clients on 2 devices ran at ~1,060 client-updates/s with 1
@@ -39,10 +44,18 @@ SHARDED_CPU_CHUNK = 32
 # ~37 MB (im2col columns, activations, 1.6 M params), for which 1 client per device ran
 # 1.4x faster than 25 (benchmarks/README.md).
 CPU_CHUNK_BUDGET_BYTES = 16 * 2**20
-# On an accelerator a chunk's clients must fit in device memory together: their local steps
-# may use at most this fraction of it (the rest holds the data, the models of every node and
-# XLA's buffers). Paper 000's LSTM (2x512, 20K words, 15.6M params) touches ~185 MB per
-# client step at B = 16, T = 20: 1,024 clients per chunk would need ~185 GB.
+# On an accelerator a device's chunk may touch at most this many bytes per local step (a
+# share of device memory that leaves room for the data, the server state and XLA's
+# buffers on a 16 GB card). Measured on an H100 (Compiled.memory_analysis() of one step):
+# 0.8 MB per client for the MLP of workload (a) (5,320 clients: a 10,000-client cohort
+# trains in 2 chunks of 5,000, as fast as 1 of 10,000 within the run-to-run spread), 25 MB
+# for the CNN of workload (b) (172 clients). Beyond it a chunk gains little and risks running
+# out of memory.
+ACCEL_CHUNK_BUDGET_BYTES = 4 * 2**30
+# And never more than this fraction of a device that reports its memory (the rest holds the
+# data, the models of every node and XLA's buffers). Paper 000's LSTM (2x512, 20K words,
+# 15.6M params) touches ~185 MB per client step at B = 16, T = 20: 1,024 clients per chunk
+# would need ~185 GB; the budget gives 23.
 ACCELERATOR_CHUNK_MEMORY_FRACTION = 0.5
 
 
@@ -68,10 +81,11 @@ def default_chunk_size(
   """The per-backend default chunk for a cohort of ``cohort_size`` slots.
 
   With ``num_devices`` devices on the client mesh each device gets ``DEFAULT_CHUNK`` clients
-  (``SHARDED_CPU_CHUNK`` on CPU devices). On CPU, ``client_bytes`` (what one client's local
-  step touches, :func:`client_step_bytes`) caps a device's share of a chunk at
-  ``CPU_CHUNK_BUDGET_BYTES`` (at least one client); on an accelerator with ``device_bytes``
-  of memory, at ``ACCELERATOR_CHUNK_MEMORY_FRACTION`` of it. With ``group_sizes`` (the cohort of
+  (``SHARDED_CPU_CHUNK`` on CPU devices). ``client_bytes`` (what one client's local step
+  touches, :func:`client_step_bytes`) caps a device's share of a chunk at
+  ``CPU_CHUNK_BUDGET_BYTES`` on CPU (cache) and ``ACCEL_CHUNK_BUDGET_BYTES`` elsewhere
+  (device memory; and at most ``ACCELERATOR_CHUNK_MEMORY_FRACTION`` of ``device_bytes``
+  where the device reports it), at least one client. With ``group_sizes`` (the cohort of
   every parent), a chunk down to half that size that divides every parent's cohort is
   preferred: no slot is padding, and chunks hold one parent each
   (``CohortSampler.parent_aligned``), so they train from a broadcast of its model instead of
@@ -81,10 +95,10 @@ def default_chunk_size(
   per_device = DEFAULT_CHUNK.get(backend, DEFAULT_CHUNK["gpu"])
   if backend == "cpu" and num_devices > 1:
     per_device = SHARDED_CPU_CHUNK
-  if backend == "cpu" and client_bytes:
-    per_device = max(1, min(per_device, CPU_CHUNK_BUDGET_BYTES // int(client_bytes)))
-  elif client_bytes and device_bytes:
-    budget = int(ACCELERATOR_CHUNK_MEMORY_FRACTION * int(device_bytes))
+  if client_bytes:
+    budget = CPU_CHUNK_BUDGET_BYTES if backend == "cpu" else ACCEL_CHUNK_BUDGET_BYTES
+    if backend != "cpu" and device_bytes:
+      budget = min(budget, int(ACCELERATOR_CHUNK_MEMORY_FRACTION * int(device_bytes)))
     per_device = max(1, min(per_device, budget // int(client_bytes)))
   chunk = balanced_chunk(cohort_size, per_device * num_devices, num_devices)
   if group_sizes is not None:
@@ -135,8 +149,8 @@ ChunkPolicy = Callable[..., int]
 def chunk_policy(model, optimizer, example_shape: Sequence[int], batch_size: int) -> ChunkPolicy:
   """``"auto"`` for this model: ``policy(cohort_slots, num_devices, group_sizes=None) -> chunk``.
 
-  :func:`default_chunk_size`, with ``client_bytes`` measured (once, on first use: one
-  small compile) on CPU and on accelerators that report their memory
+  :func:`default_chunk_size`, with ``client_bytes`` measured (once, on first use: one small
+  compile) and, on accelerators that report it, the device's memory
   (:func:`device_memory_bytes`); algorithms accept the policy wherever they accept
   ``chunk_size``.
   """
@@ -144,11 +158,9 @@ def chunk_policy(model, optimizer, example_shape: Sequence[int], batch_size: int
 
   def policy(cohort_slots: int, num_devices: int, group_sizes: Sequence[int] | None = None) -> int:
     device_bytes = None if jax.default_backend() == "cpu" else device_memory_bytes()
-    client_bytes = None
-    if jax.default_backend() == "cpu" or device_bytes:
-      if not measured:
-        measured.append(client_step_bytes(model, optimizer, example_shape, batch_size))
-      client_bytes = measured[0]
+    if not measured:
+      measured.append(client_step_bytes(model, optimizer, example_shape, batch_size))
+    client_bytes = measured[0]
     return default_chunk_size(cohort_slots, num_devices=num_devices, client_bytes=client_bytes,
                               group_sizes=group_sizes, device_bytes=device_bytes)
 

@@ -53,14 +53,28 @@ def im2col_conv(x: jax.Array, kernel: jax.Array, bias: jax.Array,
   return cols @ kernel.reshape(kh * kw * cin, cout) + bias.reshape((1, 1, 1, cout))
 
 
+AUTO_CONV_IMPL = {"cpu": "matmul", "gpu": "matmul", "cuda": "matmul", "rocm": "matmul", "tpu": "xla"}
+
+
+def auto_conv_impl(backend: str | None = None) -> str:
+  """The convolution path of ``impl="auto"`` on ``backend`` (default: JAX's default backend):
+  ``"matmul"`` (im2col) on CPU and GPU, where it was measured faster for per-client training,
+  ``"xla"`` (``lax.conv``) on TPU and any other backend (not measured)."""
+  return AUTO_CONV_IMPL.get(backend or jax.default_backend(), "xla")
+
+
 class Conv(nn.Module):
   """A VALID 2-D convolution (stride 1 unless ``strides``) with ``nn.Conv``'s parameters
   (``kernel``, ``bias``).
 
-  ``impl="xla"`` is ``lax.conv``; ``"matmul"`` is :func:`im2col_conv`; ``"auto"`` picks
-  ``"matmul"`` on CPU, where XLA compiles the weight gradient of a convolution inside a loop
-  (our local-step ``scan``) into a slow generic loop (jax-ml/jax#12868: 33x slower for the
-  benchmark CNN, measured), and ``"xla"`` elsewhere. Both give the same function.
+  ``impl="xla"`` is ``lax.conv``; ``"matmul"`` is :func:`im2col_conv`; ``"auto"``
+  (:func:`auto_conv_impl`) picks ``"matmul"`` on CPU and GPU and ``"xla"`` on TPU. On CPU,
+  XLA compiles the weight gradient of a convolution inside a loop (our local-step ``scan``)
+  into a slow generic loop (jax-ml/jax#12868: 33x slower for the benchmark CNN, measured).
+  On a GPU, a convolution vmapped over clients (each with its own kernel) becomes a grouped
+  convolution, which cuDNN ran 2.1x slower than the batched im2col matmuls (workload (b) on
+  an H100: 1,732 vs 3,713 client-updates/s; benchmarks/README.md). Both give the same
+  function.
   """
 
   features: int
@@ -75,7 +89,7 @@ class Conv(nn.Module):
     kernel = self.param("kernel", nn.initializers.lecun_normal(),
                         tuple(self.kernel_size) + (x.shape[-1], self.features))
     bias = self.param("bias", nn.initializers.zeros, (self.features,))
-    impl = self.impl if self.impl != "auto" else ("matmul" if jax.default_backend() == "cpu" else "xla")
+    impl = self.impl if self.impl != "auto" else auto_conv_impl()
     if impl == "matmul":
       return im2col_conv(x, kernel.astype(x.dtype), bias.astype(x.dtype), tuple(self.strides))
     y = jax.lax.conv_general_dilated(x, kernel.astype(x.dtype), tuple(self.strides), "VALID",
