@@ -67,7 +67,7 @@ def swept(config, label):
 def assert_same(a, b, rtol=2e-5, atol=2e-6):
   la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
   assert len(la) == len(lb)
-  for x, y in zip(la, lb):
+  for x, y in zip(la, lb, strict=True):
     if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
       continue
     np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), rtol=rtol, atol=atol)
@@ -141,7 +141,7 @@ def test_chunks_give_the_same_results(tmp_path):
   c = tiny()
   c.sweep.seeds = 3
   whole = experiment.train_and_evaluate(c, None)["fedavg"]["sweep"]["settings"]
-  c.sweep.chunk = 2
+  c.sweep.chunk = "2"  # a string field: "all", "auto" or a number
   chunked = experiment.train_and_evaluate(c, None)["fedavg"]["sweep"]["settings"]
   np.testing.assert_allclose(whole[0]["mean"]["global/accuracy"], chunked[0]["mean"]["global/accuracy"])
   np.testing.assert_allclose(whole[0]["std"]["global/loss"], chunked[0]["std"]["global/loss"], rtol=1e-5)
@@ -188,3 +188,32 @@ def test_reporter_keeps_setting_dicts(tmp_path):
   r.close()
   row = json.loads(open(tmp_path / "metrics.jsonl").read())
   assert row["setting"] == {"a.b": 0.5} and row["seed"] == 3.0
+
+
+EVERY_ALGORITHM = {
+  "fedprox": dict(mu=0.1), "ditto": dict(lam=0.1), "perfedavg": dict(alpha=0.01, beta=0.01),
+  "pfedme": dict(lam=15.0, inner_steps=2, personal_lr=0.01), "pfedmt": dict(team_iters=2),
+  "bhfl": dict(), "cfl": dict(), "ifca": dict(num_clusters=2),
+  "awcfl": dict(num_clusters=2, cluster_start_round=1, kmeans_iters=2),
+  "mcfl": dict(num_clusters=2, cluster_start_round=1, kmeans_iters=2),
+  "grouppfl": dict(group_rounds=1, global_rounds=2), "fedkws": dict(),
+}
+REFUSED = {"grouppfl": "fixed-length composition of stages"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", sorted(EVERY_ALGORITHM))
+def test_every_algorithm_sweeps_seeds_or_is_refused(algorithm):
+  import ml_collections
+
+  c = tiny(rounds=2)
+  c.runs = ml_collections.ConfigDict({"x": dict(algorithm=algorithm, cohort_size=2,
+                                               **EVERY_ALGORITHM[algorithm])})
+  c.run_order = ("x",)
+  c.sweep.seeds = 2
+  if algorithm in REFUSED:
+    with pytest.raises(ValueError, match=REFUSED[algorithm]):
+      experiment.train_and_evaluate(c, None)
+    return
+  exps, st = swept(c, "x")
+  assert_same(sweep.experiment(st, 1), alone(c, "x", 1), rtol=1e-4, atol=1e-5)

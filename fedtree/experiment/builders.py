@@ -31,6 +31,11 @@ def local_optimizer_from_config(local: ml_collections.ConfigDict) -> optax.Gradi
   return optimizer_by_name(local.optimizer, learning_rate=local.learning_rate, **hparams)
 
 
+def num(x):
+  """``float(x)``, except a ``jax.Array`` (a sweep's traced value, fedtree.experiment.sweep) unchanged."""
+  return x if isinstance(x, jax.Array) else float(x)
+
+
 def schedule_from_config(local: ml_collections.ConfigDict) -> LocalSchedule:
   steps = local.get("steps", None)
   epochs = None if steps is not None else local.get("epochs", 1)
@@ -130,9 +135,9 @@ def build_pfedmt(run, ctx):
 
   return pfedmt(
     model=ctx.model, topology=ctx.topology, data=ctx.data, schedule=ctx.schedule,
-    learning_rate=float(run.get("learning_rate", ctx.config.local.learning_rate)),
-    lam=float(run.get("lam", 15.0)), gamma=float(run.get("gamma", 0.1)),
-    eta=float(run.get("eta", 0.03)), beta=float(run.get("beta", 1.0)),
+    learning_rate=num(run.get("learning_rate", ctx.config.local.learning_rate)),
+    lam=num(run.get("lam", 15.0)), gamma=num(run.get("gamma", 0.1)),
+    eta=num(run.get("eta", 0.03)), beta=num(run.get("beta", 1.0)),
     team_iters=int(run.get("team_iters", 30)), weighting=run.get("weighting", "examples"),
     chunk_size=ctx.chunk_size(run), name=run.algorithm,
   )

@@ -30,7 +30,7 @@ from fedtree.algorithms.perfedavg import perfedavg
 from fedtree.algorithms.pfedme import pfedme
 from fedtree.core.local import LocalSchedule
 from fedtree.core.topology import Topology
-from fedtree.experiment.builders import common, local_optimizer_from_config, server_from_config
+from fedtree.experiment.builders import common, local_optimizer_from_config, num, server_from_config
 
 TREES = ("flat", "config")
 
@@ -61,7 +61,7 @@ def _required(run, *names):
 
 def build_fedprox(run, ctx):
   (mu,) = _required(run, "mu")
-  return fedprox(mu=float(mu), name=run.algorithm, **tree_kwargs(run, ctx), **common(run, ctx))
+  return fedprox(mu=num(mu), name=run.algorithm, **tree_kwargs(run, ctx), **common(run, ctx))
 
 
 def build_ditto(run, ctx):
@@ -71,22 +71,22 @@ def build_ditto(run, ctx):
     local = ml_collections.ConfigDict(ctx.config.local.to_dict())
     local.learning_rate = float(run.personal_learning_rate)
     personal = local_optimizer_from_config(local)
-  return ditto(lam=float(lam), personal_optimizer=personal, name=run.algorithm,
+  return ditto(lam=num(lam), personal_optimizer=personal, name=run.algorithm,
                **tree_kwargs(run, ctx), **common(run, ctx))
 
 
 def build_pfedme(run, ctx):
   lam, inner, plr = _required(run, "lam", "inner_steps", "personal_lr")
   kw = tree_kwargs(run, ctx)
-  return pfedme(lam=float(lam), inner_steps=int(inner), personal_lr=float(plr),
-                beta=float(run.get("beta", 1.0)),
-                learning_rate=float(run.get("learning_rate", ctx.config.local.learning_rate)),
+  return pfedme(lam=num(lam), inner_steps=int(inner), personal_lr=num(plr),
+                beta=num(run.get("beta", 1.0)),
+                learning_rate=num(run.get("learning_rate", ctx.config.local.learning_rate)),
                 name=run.algorithm, **kw, **common(run, ctx))
 
 
 def build_perfedavg(run, ctx):
   alpha, beta = _required(run, "alpha", "beta")
-  return perfedavg(alpha=float(alpha), beta=float(beta), variant=run.get("variant", "fo"),
+  return perfedavg(alpha=num(alpha), beta=num(beta), variant=run.get("variant", "fo"),
                    name=run.algorithm, **tree_kwargs(run, ctx), **common(run, ctx))
 
 

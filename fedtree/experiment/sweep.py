@@ -189,10 +189,10 @@ def settings_of(config: ml_collections.ConfigDict, label: str) -> list[dict[str,
     return [{}]
   paths = sorted(mine)
   if (sw.get("mode", "product") if sw is not None else "product") == "zip":
-    combos = zip(*(mine[p] for p in paths))
+    combos = zip(*(mine[p] for p in paths), strict=True)
   else:
     combos = itertools.product(*(mine[p] for p in paths))
-  return [{p: float(v) for p, v in zip(paths, combo)} for combo in combos]
+  return [{p: float(v) for p, v in zip(paths, combo, strict=True)} for combo in combos]
 
 
 def setting_name(setting: dict[str, float]) -> str:
@@ -342,7 +342,7 @@ def aggregate(settings: list[dict], per_exp: list[list[dict]]) -> list[dict[str,
   """Mean and std over seeds of every final metric, per setting: ``per_exp[i][j]`` is setting
   ``i``'s seed ``j``'s ``{model/metric: value}``. Rows ``{setting, name, mean: {..}, std: {..}}``."""
   rows = []
-  for s, runs in zip(settings, per_exp):
+  for s, runs in zip(settings, per_exp, strict=True):
     keys = sorted({k for r in runs for k in r})
     mean, std = {}, {}
     for k in keys:
@@ -370,7 +370,7 @@ def format_table(label: str, rows: list[dict], metrics: Sequence[str] | None = N
            *(f"{r['mean'][m]:.4f} ± {r['std'][m]:.4f}" if m in r["mean"] else "-" for m in metrics)]
           for r in rows]
   widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-  line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+  line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
   sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
   return "\n".join([f"sweep of run {label!r} (mean ± std over seeds)", line(head), sep,
                     *(line(b) for b in body)])
@@ -486,7 +486,7 @@ def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should
         stacked, ctx.data, num_rounds=num_rounds, key=jax.random.key(0), state=state,
         rounds_per_call=int(config.rounds_per_call), eval_every=int(config.eval_every),
         on_eval=evaluate, on_metrics=log, should_stop=should_stop, label=name,
-        on_call=(lambda s, r: ckpt.maybe_save(s, force=r == num_rounds)) if ckpt else None,
+        on_call=(lambda s, r, c=ckpt: c.maybe_save(s, force=r == num_rounds)) if ckpt else None,
       )
     finally:
       if ckpt is not None:
