@@ -217,3 +217,15 @@ def test_every_algorithm_sweeps_seeds_or_is_refused(algorithm):
     return
   exps, st = swept(c, "x")
   assert_same(sweep.experiment(st, 1), alone(c, "x", 1), rtol=1e-4, atol=1e-5)
+
+
+def test_awcfl_beta_sweep_equals_separate_runs():
+  c = load_config("clustered", "beta_sweep")
+  c.rounds, c.eval_every, c.rounds_per_call, c.progress = 3, 3, 3, False
+  c.data.num_examples, c.data.num_clients, c.data.transform.num_transformed = 200, 4, 2
+  c.model.hidden = (8,)
+  c.runs.awcfl.cluster_start_round = 1
+  c.sweep.params = "runs.awcfl.beta=0,0.5"
+  exps, st = swept(c, "awcfl")
+  for e, (setting, seed) in enumerate(exps):
+    assert_same(sweep.experiment(st, e), alone(c, "awcfl", seed, setting), rtol=1e-4, atol=1e-5)
