@@ -14,7 +14,7 @@ from __future__ import annotations
 import ml_collections
 
 from fedtree.algorithms.fedkws.fedkws import fedkws
-from fedtree.experiment.builders import common, local_optimizer_from_config
+from fedtree.experiment.builders import common, local_optimizer_from_config, num
 from fedtree.experiment.personalization_builders import tree_kwargs
 
 
@@ -27,7 +27,7 @@ def build_fedkws(run, ctx):
   r0 = run.get("r0", None)
   private_steps = run.get("private_steps", None)
   return fedkws(
-    mu=float(run.get("mu", 0.2)), lam=float(run.get("lam", 0.001)), alo=bool(run.get("alo", True)),
+    mu=num(run.get("mu", 0.2)), lam=num(run.get("lam", 0.001)), alo=bool(run.get("alo", True)),
     alt=bool(run.get("alt", True)), r0=None if r0 is None else float(r0),
     min_steps=int(run.get("min_steps", 1)), private_optimizer=private,
     private_steps=None if private_steps is None else int(private_steps), name=run.algorithm,
