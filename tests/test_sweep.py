@@ -229,3 +229,24 @@ def test_awcfl_beta_sweep_equals_separate_runs():
   exps, st = swept(c, "awcfl")
   for e, (setting, seed) in enumerate(exps):
     assert_same(sweep.experiment(st, e), alone(c, "awcfl", seed, setting), rtol=1e-4, atol=1e-5)
+
+
+def test_builder_needing_a_concrete_value_is_refused_by_name():
+  def build(hp):
+    if hp["runs.x.eps1"] > 0.15:  # Python control flow on a swept value
+      raise AssertionError("unreachable under a trace")
+
+  with pytest.raises(ValueError, match=r"run 'x' \(algorithm 'cfl'\) cannot sweep \['runs.x.eps1'\]"):
+    sweep.init_state(build, {"runs.x.eps1": np.array([0.1, 0.2])}, [0, 1], label="x", algorithm="cfl")
+
+
+def test_settings_product_and_zip():
+  c = tiny(runs=("fedavg", "fedadam"))
+  c.sweep.params = "local.learning_rate=0.1,0.2;runs.fedadam.server.learning_rate=1,2"
+  assert len(sweep.settings_of(c, "fedadam")) == 4 and len(sweep.settings_of(c, "fedavg")) == 2
+  c.sweep.mode = "zip"
+  assert sweep.settings_of(c, "fedadam") == [
+    {"local.learning_rate": 0.1, "runs.fedadam.server.learning_rate": 1.0},
+    {"local.learning_rate": 0.2, "runs.fedadam.server.learning_rate": 2.0}]
+  name = sweep.setting_name(sweep.settings_of(c, "fedadam")[0])  # shared leaf names: full paths
+  assert name == "local.learning_rate=0.1,runs.fedadam.server.learning_rate=1"
