@@ -27,6 +27,14 @@ A field that changes shapes or Python control flow (:data:`SHAPE_FIELDS`, anythi
 ``data``, ``topology``, ``model``) is refused up front by name; a builder that needs a concrete
 value of a swept field (a ``ConcretizationTypeError`` or ``TracerBoolConversionError`` while
 tracing) is turned into a ``ValueError`` naming the field and the algorithm.
+
+Support (tests/test_sweep.py): seeds of FedAvg, FedOpt, HierFAVG, FedProx, Ditto, pFedMe,
+Per-FedAvg, pFedMT, B-HFL, CFL, IFCA, AWCFL, MCFL and FedKWS-UI stack (each experiment equals
+its run done alone); swept hyperparameters tested: ``local.learning_rate``, a server optimizer's
+``learning_rate``, AWCFL's ``beta``. GroupPerFL is refused: it is a fixed-length composition
+of stages (:func:`fedtree.core.algorithm.sequential`) whose per-stage fine-tuning and
+selection report run on the host after the rounds; sweep it as separate runs. An algorithm's
+``report`` hook (e.g. B-HFL's table by level) is not called for a sweep's experiments.
 """
 
 from __future__ import annotations
