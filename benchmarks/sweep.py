@@ -55,8 +55,8 @@ def mlp_problem(clients: int):
 def measure(make, data, n: int, rounds: int) -> dict:
   t = time.perf_counter()
   for seed in range(n):  # the runner: one build (and compile) per run
-    _block(loop.run(make(), data, num_rounds=rounds, key=jax.random.key(seed), cache=None,
-                    check_finite=False))
+    _block(loop.run(make(), data, num_rounds=rounds, key=jax.random.key(seed),
+                    cache=loop.CompileCache(), check_finite=False))
   seq = time.perf_counter() - t
   alg, cache = make(), loop.CompileCache()
   _block(loop.run(alg, data, num_rounds=rounds, key=jax.random.key(0), cache=cache, check_finite=False))

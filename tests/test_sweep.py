@@ -250,3 +250,16 @@ def test_settings_product_and_zip():
     {"local.learning_rate": 0.2, "runs.fedadam.server.learning_rate": 2.0}]
   name = sweep.setting_name(sweep.settings_of(c, "fedadam")[0])  # shared leaf names: full paths
   assert name == "local.learning_rate=0.1,runs.fedadam.server.learning_rate=1"
+
+
+def test_resume_after_a_stop_mid_sweep_gives_the_same_table(tmp_path):
+  c = tiny(rounds=4)
+  c.eval_every, c.rounds_per_call, c.checkpoint_every = 2, 2, 2
+  c.sweep.seeds = 2
+  full = experiment.train_and_evaluate(c, str(tmp_path / "a"))["fedavg"]["sweep"]["settings"]
+  with pytest.raises(runner.RunStopped):  # stops after round 2, its checkpoint kept
+    experiment.train_and_evaluate(c, str(tmp_path / "b"), should_stop=lambda: True)
+  resumed = experiment.train_and_evaluate(c, str(tmp_path / "b"))["fedavg"]["sweep"]["settings"]
+  assert resumed == full
+  rows = [json.loads(x) for x in open(tmp_path / "b" / "metrics.jsonl")]
+  assert sorted((r["round"], r["seed"]) for r in rows) == [(2, 0), (2, 1), (4, 0), (4, 1)]

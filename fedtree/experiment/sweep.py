@@ -40,6 +40,7 @@ selection report run on the host after the rounds; sweep it as separate runs. An
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -296,16 +297,22 @@ def init_state(build: Callable[[dict], FederatedAlgorithm], hparams: dict, seeds
   and seeds (``int[E]``): experiment ``e`` starts from ``init(init_key(key(seeds[e])))``."""
   key_data = jnp.stack([jax.random.key_data(jax.random.key(int(s))) for s in seeds])
   hp = {p: jnp.asarray(v, jnp.float32) for p, v in hparams.items()}
+  inner = _jitted_init(build, label, algorithm, tuple(sorted(hparams)))(hp, key_data)
+  return SweepState(round=jnp.zeros((), jnp.int32), inner=inner, keys=key_data, hparams=hp)
+
+
+@functools.lru_cache(maxsize=16)
+def _jitted_init(build, label: str, algorithm: str, paths: tuple):
+  """The jitted, vmapped ``init`` of ``build`` (one compile per build function and shape)."""
 
   def one(h, kd):
     try:
       return build(h).init(loop.init_key(jax.random.wrap_key_data(kd)))
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
             jax.errors.TracerIntegerConversionError) as e:
-      raise _explain(e, label, algorithm, list(hparams)) from e
+      raise _explain(e, label, algorithm, list(paths)) from e
 
-  inner = jax.jit(jax.vmap(one))(hp, key_data)
-  return SweepState(round=jnp.zeros((), jnp.int32), inner=inner, keys=key_data, hparams=hp)
+  return jax.jit(jax.vmap(one))
 
 
 def experiment(st: SweepState, e: int):
