@@ -73,7 +73,8 @@ def assert_same(a, b, rtol=2e-5, atol=2e-6):
     np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("label", ["fedavg", "fedadam", "hierfavg"])
+@pytest.mark.parametrize("label", ["fedavg", pytest.param("fedadam", marks=pytest.mark.slow),
+                                   pytest.param("hierfavg", marks=pytest.mark.slow)])
 def test_seeds_equal_separate_runs(label):
   c = tiny(runs=(label,))
   c.sweep.seeds = 2
@@ -87,7 +88,7 @@ def test_seeds_equal_separate_runs(label):
 
 @pytest.mark.parametrize("label,params", [
   ("fedavg", "local.learning_rate=0.02,0.1"),
-  ("fedadam", "runs.fedadam.server.learning_rate=0.003,0.03"),
+  pytest.param("fedadam", "runs.fedadam.server.learning_rate=0.003,0.03", marks=pytest.mark.slow),
 ])
 def test_hyperparameter_sweep_equals_separate_runs(label, params):
   c = tiny(runs=(label,))
@@ -137,6 +138,7 @@ def test_runner_table_rows_summary_and_resume(tmp_path, capsys):
   assert again["fedavg"]["sweep"]["settings"] == results["fedavg"]["sweep"]["settings"]
 
 
+@pytest.mark.slow
 def test_chunks_give_the_same_results(tmp_path):
   c = tiny()
   c.sweep.seeds = 3
@@ -164,6 +166,7 @@ def test_clear_errors(params, mode, match):
     runner.validate_config(c)
 
 
+@pytest.mark.slow
 def test_quickstart_seeds_variant_and_command_line(tmp_path):
   assert load_config("quickstart", "seeds").sweep.seeds == 8
   cmd = [sys.executable, "-m", "fedtree.main", "--config=configs/quickstart.py",
@@ -254,6 +257,7 @@ def test_settings_product_and_zip():
   assert name == "local.learning_rate=0.1,runs.fedadam.server.learning_rate=1"
 
 
+@pytest.mark.slow
 def test_resume_after_a_stop_mid_sweep_gives_the_same_table(tmp_path):
   c = tiny(rounds=4)
   c.eval_every, c.rounds_per_call, c.checkpoint_every = 2, 2, 2
