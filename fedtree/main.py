@@ -91,7 +91,7 @@ def main(argv):
 
   if not _VERBOSE.value:
     quiet_logs()
-  logging.info("JAX devices: %s", jax.devices())
+  print(f"fedtree: devices {jax.devices()}", file=sys.stderr, flush=True)
   stop = _StopFlag()
   stop.install()
   try:
