@@ -52,7 +52,17 @@ BETAS = (("awcfl_b0", 0.0), ("awcfl_b010", 0.1), ("awcfl_b025", 0.25), ("awcfl_b
          ("awcfl_b100", 1.0))
 
 
+SWEEPS = ("beta_sweep", "seeds")
+"""Sweep variants (fedtree.experiment.sweep), alone (synthetic data) or after a data variant
+(``mnist+seeds``): ``beta_sweep`` is Table 1 as one run whose β is an experiment axis (one
+compiled program for the 5 β values instead of 5 runs), ``seeds`` is Table 2's mean ± std over
+10 seeds of every run (each run's 10 seeds in one compiled program)."""
+
+
 def get_config(variant: str = "synthetic") -> ml_collections.ConfigDict:
+  variant, _, sweep = variant.partition("+")
+  if variant in SWEEPS:
+    variant, sweep = "synthetic", variant
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.rounds = 30
@@ -107,4 +117,21 @@ def get_config(variant: str = "synthetic") -> ml_collections.ConfigDict:
     weighting="uniform",
   ))
   c.run_order = ("fedavg", "cfl", "ifca") + tuple(label for label, _ in BETAS) + ("mcfl",)
+  c.sweep = ml_collections.ConfigDict(dict(
+    seeds=1, params="", mode="product", select="cluster/accuracy", chunk="all",
+  ))
+  if sweep == "beta_sweep":  # Table 1: one AWCFL run, β an experiment axis
+    for label, _ in BETAS:
+      del c.runs[label]
+    c.runs.awcfl = ml_collections.ConfigDict(dict(
+      algorithm="awcfl", num_clusters=2, beta=0.5, cluster_start_round=start, weighting="uniform",
+    ))
+    c.run_order = ("awcfl",)
+    for label in ("fedavg", "cfl", "ifca", "mcfl"):
+      del c.runs[label]
+    c.sweep.params = "runs.awcfl.beta=" + ",".join(f"{b:g}" for _, b in BETAS)
+  elif sweep == "seeds":  # Table 2: mean ± std over 10 seeds
+    c.sweep.seeds = 10
+  elif sweep:
+    raise ValueError(f"sweep variant {sweep!r}; choose one of {SWEEPS}")
   return c

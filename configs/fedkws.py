@@ -46,7 +46,20 @@ import ml_collections
 from fedtree.datasets.speech_commands import CLASSES_12, NEGATIVE_12
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
+  """``variant``: ``None``, or ``ablation``: paper 002's μ/λ ablation of FedKWS-UI as one sweep
+  (fedtree.experiment.sweep): μ ∈ {0, 0.1, 0.2, 0.5} × λ ∈ {0, 1e-3, 1e-2}, one program."""
+  if variant is not None:
+    if variant != "ablation":
+      raise ValueError(f"variant={variant!r}; choose None or 'ablation'")
+    c = get_config()
+    c.runs = ml_collections.ConfigDict({"fedkws_ui": c.runs.fedkws_ui})
+    c.run_order = ("fedkws_ui",)
+    c.sweep = ml_collections.ConfigDict(dict(
+      seeds=1, params="runs.fedkws_ui.mu=0,0.1,0.2,0.5;runs.fedkws_ui.lam=0,0.001,0.01",
+      mode="product", select="global/accuracy", chunk="all",
+    ))
+    return c
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.rounds = 30

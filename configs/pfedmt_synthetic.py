@@ -31,6 +31,20 @@ import ml_collections
 
 
 def get_config(variant: str = "mlr") -> ml_collections.ConfigDict:
+  """``mlr`` / ``dnn``; ``+grid`` (e.g. ``mlr+grid``): paper 003's λ/γ grid of pFedMT as one
+  sweep (fedtree.experiment.sweep): λ ∈ {5, 15, 30} × γ ∈ {0.1, 0.5, 1}, one compiled program."""
+  variant, _, extra = variant.partition("+")
+  if extra:
+    if extra != "grid":
+      raise ValueError(f"variant suffix {extra!r}; choose '+grid'")
+    c = get_config(variant)
+    c.runs = ml_collections.ConfigDict({"pfedmt": c.runs.pfedmt})
+    c.run_order = ("pfedmt",)
+    c.sweep = ml_collections.ConfigDict(dict(
+      seeds=1, params="runs.pfedmt.lam=5,15,30;runs.pfedmt.gamma=0.1,0.5,1", mode="product",
+      select="personal/accuracy", chunk="all",
+    ))
+    return c
   if variant not in ("mlr", "dnn"):
     raise ValueError(f"variant={variant!r}; choose 'mlr' or 'dnn'")
   convex = variant == "mlr"

@@ -13,7 +13,9 @@ global models on their own groups, since the groups' distributions differ.
 import ml_collections
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
+  """``variant``: ``None`` (the four runs once) or ``"seeds"`` (every run over 8 seeds in one
+  compiled program per run, mean ± std table; ``configs/quickstart.py:seeds``)."""
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.rounds = 200
@@ -47,4 +49,13 @@ def get_config() -> ml_collections.ConfigDict:
     server=ml_collections.ConfigDict(dict(name="fedadam", learning_rate=0.01, tau=1e-3)),
   ))
   c.run_order = ("fedavg", "fedadam", "hierfavg", "edges_only")
+  # Experiments as an array axis (fedtree.experiment.sweep): seeds x settings of every run in
+  # one compiled program, e.g. --config.sweep.seeds=4 --config.sweep.params="local.learning_rate=0.02,0.05"
+  c.sweep = ml_collections.ConfigDict(dict(
+    seeds=1, params="", mode="product", select="global/accuracy", chunk="all",
+  ))
+  if variant == "seeds":
+    c.sweep.seeds = 8
+  elif variant is not None:
+    raise ValueError(f"configs/quickstart.py:{variant}; choose no variant or 'seeds'")
   return c

@@ -496,3 +496,35 @@ def _share_y(axes) -> None:
     lo, hi = min(a for a, _ in lims), max(b for _, b in lims)
     for ax in axes:
       ax.set_ylim(lo, hi)
+
+
+def plot_sweep(records: Sequence[Mapping[str, Any]], path: str, *, run: str,
+               metric: str = "global/accuracy", title: str | None = None) -> str:
+  """A sweep's ``metric`` over rounds: a line per setting (the mean over seeds) and a shaded
+  ±std band. ``records`` are every ``metrics.jsonl`` row of the sweep (several per round: one
+  per experiment, with ``setting`` and ``seed``; read them all, not :func:`read_metrics`)."""
+  plt = _pyplot()
+  by: dict[str, dict[int, list[float]]] = {}
+  for r in records:
+    if not (str(r.get("run", "")) == run or str(r.get("run", "")).startswith(run + "#chunk")):
+      continue
+    if r.get(metric) is None or "setting" not in r:
+      continue
+    name = ",".join(f"{k.rsplit('.', 1)[-1]}={v:g}" for k, v in sorted(r["setting"].items())) or "default"
+    by.setdefault(name, {}).setdefault(int(r["round"]), []).append(float(r[metric]))
+  if not by:
+    raise ValueError(f"no rows of run {run!r} report {metric!r}")
+  fig, ax = plt.subplots(figsize=(6.5, 3.8))
+  for name, pts in by.items():
+    x = np.asarray(sorted(pts))
+    ys = [np.asarray(pts[i]) for i in x]
+    mean = np.asarray([y.mean() for y in ys])
+    std = np.asarray([y.std() for y in ys])
+    (line,) = ax.plot(x, mean, marker="o", ms=3, label=name)
+    ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+  ax.set_xlabel("round")
+  ax.set_ylabel(_label_metric(metric))
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7, ncol=2 if len(by) > 6 else 1)
+  ax.set_title(title or f"{run}: mean ± std over seeds")
+  return _save(fig, path)

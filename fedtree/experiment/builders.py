@@ -20,7 +20,7 @@ from fedtree.core.server import optimizer_by_name, optimizer_from_config, server
 def local_optimizer_from_config(local: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """``config.local.optimizer`` (an optax name) with ``learning_rate`` and extra ``hparams``."""
   hparams = dict(local.get("hparams", {}) or {})
-  if local.learning_rate <= 0:
+  if not isinstance(local.learning_rate, jax.Array) and local.learning_rate <= 0:  # a sweep traces it
     raise ValueError(f"config.local.learning_rate={local.learning_rate} must be > 0")
   return optimizer_by_name(local.optimizer, learning_rate=local.learning_rate, **hparams)
 

@@ -145,6 +145,8 @@ class Reporter:
 
 
 def _scalar(v):
+  if isinstance(v, dict):  # a sweep's setting
+    return {str(k): _scalar(x) for k, x in v.items()}
   v = np.asarray(v)
   if v.ndim == 0:
     f = float(v)

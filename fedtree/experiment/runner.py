@@ -267,9 +267,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
   checkpoints and summaries first. ``should_stop`` (polled after every compiled call) stops
   the run cleanly (:class:`RunStopped`). Returns ``{run label: {model name: summary}}``.
   """
+  from fedtree.experiment import sweep
   from fedtree.experiment.registry import build_algorithm
 
   validate_config(config)
+  swept = sweep.sweep_config(config) is not None
   if workdir:
     prepare_workdir(workdir, config, overwrite=overwrite)
   reporter = Reporter(workdir, show_progress=config.get("progress", True))
@@ -287,6 +289,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
   results: dict[str, Any] = {}
   try:
     for label, run_cfg in ordered_runs(config):
+      if swept:  # settings x seeds of this run as one program (fedtree.experiment.sweep)
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+          results[label] = sweep.run_sweep(label, run_cfg, ctx, reporter, workdir=workdir,
+                                           should_stop=should_stop)
+        continue
       with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         algorithm = build_algorithm(label, run_cfg, ctx)
         rounds = algorithm.rounds if algorithm.rounds is not None else run_cfg.get("rounds", config.rounds)
@@ -299,7 +306,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
           keep_checkpoints=int(config.get("keep_checkpoints", 2)), should_stop=should_stop,
         )
       results[label] = summaries
-    reporter.summary_table(results, groups=ctx.groups)
+    if not swept:
+      reporter.summary_table(results, groups=ctx.groups)
     if workdir:
       tmp = os.path.join(workdir, "summary.json.tmp")
       with open(tmp, "w") as f:
@@ -414,6 +422,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError("config.runs is empty: name at least one run")
   ordered_runs(config)
   validate_runs(config)
+  from fedtree.experiment.sweep import validate as validate_sweep
+
+  validate_sweep(config)
 
 
 def _jsonable(obj):

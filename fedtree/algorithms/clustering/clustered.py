@@ -88,7 +88,9 @@ METRICS = ("l1", "l2")
 
 
 def check_beta(beta) -> float:
-  """β in ``[0, 1]``."""
+  """β in ``[0, 1]`` (a ``jax.Array``, a sweep's traced β, passes unchecked)."""
+  if isinstance(beta, jax.Array):
+    return beta
   if not 0.0 <= float(beta) <= 1.0:
     raise ValueError(f"beta={beta} must be in [0, 1] (0: plain clustered FL, 1: other clusters only)")
   return float(beta)
@@ -103,7 +105,8 @@ def mix_clusters(means, beta: float, num_clusters, in_use: jax.Array | None = No
     num_clusters: ``n``, the clusters in use (an int, or ``int32[]`` when it changes: CFL).
     in_use: ``bool[K]`` rows in use (default: all); the others are returned unchanged.
   """
-  if beta == 0.0 or (isinstance(num_clusters, int) and num_clusters == 1):
+  if (not isinstance(beta, jax.Array) and beta == 0.0) or (
+      isinstance(num_clusters, int) and num_clusters == 1):
     return means
   k = jax.tree.leaves(means)[0].shape[0]
   in_use = jnp.ones((k,), bool) if in_use is None else in_use
@@ -304,7 +307,7 @@ def clustered(
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
                                  compute_dtype=compute_dtype, stateless_for=name)
   test_data = (jnp.asarray(data.x_test), jnp.asarray(data.n_test))
-  mixing = inter_cluster == "awcfl" and beta > 0.0 and k > 1
+  mixing = inter_cluster == "awcfl" and (isinstance(beta, jax.Array) or beta > 0.0) and k > 1
 
   def init_fn(key):
     if clustering == "ifca" and init == "random" and init_params is None:

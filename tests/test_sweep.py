@@ -1,0 +1,271 @@
+"""Sweeps (fedtree.experiment.sweep): settings x seeds of a run as one compiled program equal
+the same runs done alone; clear errors for what cannot be an experiment axis."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from config_files import load_config
+
+from fedtree import experiment
+from fedtree.core import loop
+from fedtree.experiment import runner, sweep
+from fedtree.experiment.registry import build_algorithm
+from fedtree.experiment.reporting import Reporter
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny(runs=("fedavg",), rounds=3):
+  c = load_config("quickstart")
+  c.rounds, c.eval_every, c.rounds_per_call, c.progress = rounds, rounds, 1, False
+  c.data.group_sizes = (3, 2)
+  c.data.max_examples = 24
+  c.model.hidden = (8,)
+  c.checkpoint_every = 0
+  c.runs.fedavg.cohort_size = c.runs.fedadam.cohort_size = 3
+  c.runs.hierfavg.cohort_size = c.runs.edges_only.cohort_size = 2
+  for label in list(c.runs):
+    if label not in runs:
+      del c.runs[label]
+  c.run_order = tuple(runs)
+  return c
+
+
+def alone(config, label, seed, setting=()):
+  """The run ``label`` done alone with ``config.seed = seed`` and ``setting`` applied: its
+  final state."""
+  c = config.copy_and_resolve_references()
+  c.seed = seed
+  for path, value in dict(setting).items():
+    sweep._set_path(c, path, value)
+  ctx = runner.make_context(c)
+  alg = build_algorithm(label, c.runs[label], ctx)
+  return loop.run(alg, ctx.data, num_rounds=int(c.rounds), key=jax.random.key(seed), cache=None)
+
+
+def swept(config, label):
+  """``(settings x seeds experiments, final SweepState)`` through the same path as the runner."""
+  ctx = runner.make_context(config)
+  settings = sweep.settings_of(config, label)
+  seeds = int(config.sweep.seeds)
+  exps = [(s, config.seed + j) for s in settings for j in range(seeds)]
+  paths = sorted(settings[0])
+  build = sweep.config_builder(config, label, ctx, build_algorithm)
+  hp = {p: np.asarray([s[p] for s, _ in exps], np.float32) for p in paths}
+  state = sweep.init_state(build, hp, [j for _, j in exps], label=label, algorithm="x")
+  stacked = sweep.stacked_algorithm(build, label=label, algorithm="x", paths=paths)
+  state = loop.run(stacked, ctx.data, num_rounds=int(config.rounds), key=jax.random.key(0),
+                   state=state, cache=None)
+  return exps, state
+
+
+def assert_same(a, b, rtol=2e-5, atol=2e-6):
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(la) == len(lb)
+  for x, y in zip(la, lb, strict=True):
+    if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
+      continue
+    np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("label", ["fedavg", pytest.param("fedadam", marks=pytest.mark.slow),
+                                   pytest.param("hierfavg", marks=pytest.mark.slow)])
+def test_seeds_equal_separate_runs(label):
+  c = tiny(runs=(label,))
+  c.sweep.seeds = 2
+  exps, st = swept(c, label)
+  finals = [sweep.experiment(st, e) for e in range(len(exps))]
+  for e, (_, seed) in enumerate(exps):
+    assert_same(finals[e], alone(c, label, seed))
+  a, b = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(f.params)]) for f in finals)
+  assert not np.allclose(a, b)  # different seeds, different results
+
+
+@pytest.mark.parametrize("label,params", [
+  ("fedavg", "local.learning_rate=0.02,0.1"),
+  pytest.param("fedadam", "runs.fedadam.server.learning_rate=0.003,0.03", marks=pytest.mark.slow),
+])
+def test_hyperparameter_sweep_equals_separate_runs(label, params):
+  c = tiny(runs=(label,))
+  c.sweep.params = params
+  exps, st = swept(c, label)
+  assert len(exps) == 2
+  for e, (setting, seed) in enumerate(exps):
+    assert_same(sweep.experiment(st, e), alone(c, label, seed, setting))
+
+
+def test_compiles_once():
+  c = tiny()
+  c.sweep.seeds = 3
+  ctx = runner.make_context(c)
+  build = sweep.config_builder(c, "fedavg", ctx, build_algorithm)
+  traces = []
+
+  def counting(hp):
+    traces.append(1)
+    return build(hp)
+
+  stacked = sweep.stacked_algorithm(counting, label="fedavg", algorithm="fedavg", paths=[])
+  state = sweep.init_state(build, {}, [0, 1, 2], label="fedavg", algorithm="fedavg")
+  cache = loop.CompileCache()
+  state = loop.run(stacked, ctx.data, num_rounds=4, key=jax.random.key(0), state=state, cache=cache)
+  assert int(state.round) == 4 and len(traces) == 1
+
+
+def test_runner_table_rows_summary_and_resume(tmp_path, capsys):
+  c = tiny(rounds=4)
+  c.eval_every, c.checkpoint_every = 2, 2
+  c.sweep.seeds = 2
+  c.sweep.params = "local.learning_rate=0.02,0.1"
+  results = experiment.train_and_evaluate(c, str(tmp_path))
+  out = capsys.readouterr().out
+  assert "mean ± std" in out and "learning_rate=0.02" in out and "learning_rate=0.1" in out
+  rows = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+  assert {(r["setting"]["local.learning_rate"], r["seed"]) for r in rows} == {
+    (0.02, 0), (0.02, 1), (0.1, 0), (0.1, 1)}
+  summary = json.load(open(tmp_path / "summary.json"))
+  entry = summary["fedavg"]["sweep"]
+  assert entry["best"]["name"] in ("learning_rate=0.02", "learning_rate=0.1")
+  assert len(entry["settings"]) == 2 and entry["settings"][0]["seeds"] == 2
+  assert (tmp_path / "sweep_fedavg.png").exists()
+  # resume: a finished sweep restores its checkpoint and gives the same table
+  again = experiment.train_and_evaluate(c, str(tmp_path))
+  assert again["fedavg"]["sweep"]["settings"] == results["fedavg"]["sweep"]["settings"]
+
+
+@pytest.mark.slow
+def test_chunks_give_the_same_results(tmp_path):
+  c = tiny()
+  c.sweep.seeds = 3
+  whole = experiment.train_and_evaluate(c, None)["fedavg"]["sweep"]["settings"]
+  c.sweep.chunk = "2"  # a string field: "all", "auto" or a number
+  chunked = experiment.train_and_evaluate(c, None)["fedavg"]["sweep"]["settings"]
+  np.testing.assert_allclose(whole[0]["mean"]["global/accuracy"], chunked[0]["mean"]["global/accuracy"])
+  np.testing.assert_allclose(whole[0]["std"]["global/loss"], chunked[0]["std"]["global/loss"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("params,mode,match", [
+  ("local.bogus=0.1,0.2", "product", "not a config field"),
+  ("runs.fedavg.cohort_size=2,3", "product", "changes array shapes"),
+  ("model.hidden=2,3", "product", "changes array shapes"),
+  ("local.optimizer=1,2", "product", "not a number"),
+  ("local.learning_rate=", "product", "is empty"),
+  ("local.learning_rate=0.1,0.2;runs.fedadam.server.learning_rate=0.1", "zip", "lists of one length"),
+  ("local.learning_rate=0.1", "grid", "sweep.mode='grid'"),
+  ("local.learning_rate=a,b", "product", "non-numeric"),
+])
+def test_clear_errors(params, mode, match):
+  c = tiny(runs=("fedavg", "fedadam"))
+  c.sweep.params, c.sweep.mode = params, mode
+  with pytest.raises(ValueError, match=match):
+    runner.validate_config(c)
+
+
+@pytest.mark.slow
+def test_quickstart_seeds_variant_and_command_line(tmp_path):
+  assert load_config("quickstart", "seeds").sweep.seeds == 8
+  cmd = [sys.executable, "-m", "fedtree.main", "--config=configs/quickstart.py",
+         f"--workdir={tmp_path}", "--config.rounds=2", "--config.eval_every=2",
+         "--config.rounds_per_call=2", "--config.progress=False", "--config.checkpoint_every=0",
+         "--config.data.group_sizes=(3,2)", "--config.runs.fedavg.cohort_size=3",
+         "--config.runs.fedadam.cohort_size=3", "--config.runs.hierfavg.cohort_size=2",
+         "--config.runs.edges_only.cohort_size=2", "--config.model.hidden=(8,)",
+         "--config.sweep.seeds=2", "--config.sweep.params=local.learning_rate=0.02,0.05"]
+  out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.count("mean ± std") == 4
+  rows = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+  assert {r["seed"] for r in rows} == {0, 1}
+  assert {r["setting"]["local.learning_rate"] for r in rows} == {0.02, 0.05}
+
+
+def test_reporter_keeps_setting_dicts(tmp_path):
+  r = Reporter(str(tmp_path), show_progress=False)
+  r.log("x", 1, {"setting": {"a.b": np.float32(0.5)}, "seed": 3})
+  r.close()
+  row = json.loads(open(tmp_path / "metrics.jsonl").read())
+  assert row["setting"] == {"a.b": 0.5} and row["seed"] == 3.0
+
+
+EVERY_ALGORITHM = {
+  "fedprox": dict(mu=0.1), "ditto": dict(lam=0.1), "perfedavg": dict(alpha=0.01, beta=0.01),
+  "pfedme": dict(lam=15.0, inner_steps=2, personal_lr=0.01), "pfedmt": dict(team_iters=2),
+  "bhfl": dict(), "cfl": dict(), "ifca": dict(num_clusters=2),
+  "awcfl": dict(num_clusters=2, cluster_start_round=1, kmeans_iters=2),
+  "mcfl": dict(num_clusters=2, cluster_start_round=1, kmeans_iters=2),
+  "grouppfl": dict(group_rounds=1, global_rounds=2), "fedkws": dict(),
+}
+REFUSED = {"grouppfl": "fixed-length composition of stages"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", sorted(EVERY_ALGORITHM))
+def test_every_algorithm_sweeps_seeds_or_is_refused(algorithm):
+  import ml_collections
+
+  c = tiny(rounds=2)
+  c.runs = ml_collections.ConfigDict({"x": dict(algorithm=algorithm, cohort_size=2,
+                                               **EVERY_ALGORITHM[algorithm])})
+  c.run_order = ("x",)
+  c.sweep.seeds = 2
+  if algorithm == "fedkws":
+    c.local.steps = 2  # ALT needs a fixed local step count
+  if algorithm in REFUSED:
+    with pytest.raises(ValueError, match=REFUSED[algorithm]):
+      experiment.train_and_evaluate(c, None)
+    return
+  exps, st = swept(c, "x")
+  assert_same(sweep.experiment(st, 1), alone(c, "x", 1), rtol=1e-4, atol=1e-5)
+
+
+def test_awcfl_beta_sweep_equals_separate_runs():
+  c = load_config("clustered", "beta_sweep")
+  c.rounds, c.eval_every, c.rounds_per_call, c.progress = 3, 3, 3, False
+  c.data.num_examples, c.data.num_clients, c.data.transform.num_transformed = 200, 4, 2
+  c.model.hidden = (8,)
+  c.runs.awcfl.cluster_start_round = 1
+  c.sweep.params = "runs.awcfl.beta=0,0.5"
+  exps, st = swept(c, "awcfl")
+  for e, (setting, seed) in enumerate(exps):
+    assert_same(sweep.experiment(st, e), alone(c, "awcfl", seed, setting), rtol=1e-4, atol=1e-5)
+
+
+def test_builder_needing_a_concrete_value_is_refused_by_name():
+  def build(hp):
+    if hp["runs.x.eps1"] > 0.15:  # Python control flow on a swept value
+      raise AssertionError("unreachable under a trace")
+
+  with pytest.raises(ValueError, match=r"run 'x' \(algorithm 'cfl'\) cannot sweep \['runs.x.eps1'\]"):
+    sweep.init_state(build, {"runs.x.eps1": np.array([0.1, 0.2])}, [0, 1], label="x", algorithm="cfl")
+
+
+def test_settings_product_and_zip():
+  c = tiny(runs=("fedavg", "fedadam"))
+  c.sweep.params = "local.learning_rate=0.1,0.2;runs.fedadam.server.learning_rate=1,2"
+  assert len(sweep.settings_of(c, "fedadam")) == 4 and len(sweep.settings_of(c, "fedavg")) == 2
+  c.sweep.mode = "zip"
+  assert sweep.settings_of(c, "fedadam") == [
+    {"local.learning_rate": 0.1, "runs.fedadam.server.learning_rate": 1.0},
+    {"local.learning_rate": 0.2, "runs.fedadam.server.learning_rate": 2.0}]
+  name = sweep.setting_name(sweep.settings_of(c, "fedadam")[0])  # shared leaf names: full paths
+  assert name == "local.learning_rate=0.1,runs.fedadam.server.learning_rate=1"
+
+
+@pytest.mark.slow
+def test_resume_after_a_stop_mid_sweep_gives_the_same_table(tmp_path):
+  c = tiny(rounds=4)
+  c.eval_every, c.rounds_per_call, c.checkpoint_every = 2, 2, 2
+  c.sweep.seeds = 2
+  full = experiment.train_and_evaluate(c, str(tmp_path / "a"))["fedavg"]["sweep"]["settings"]
+  with pytest.raises(runner.RunStopped):  # stops after round 2, its checkpoint kept
+    experiment.train_and_evaluate(c, str(tmp_path / "b"), should_stop=lambda: True)
+  resumed = experiment.train_and_evaluate(c, str(tmp_path / "b"))["fedavg"]["sweep"]["settings"]
+  assert resumed == full
+  rows = [json.loads(x) for x in open(tmp_path / "b" / "metrics.jsonl")]
+  assert sorted((r["round"], r["seed"]) for r in rows) == [(2, 0), (2, 1), (4, 0), (4, 1)]
