@@ -109,7 +109,7 @@ def main(argv):
   except Exception as e:  # noqa: BLE001 (one clear line; the traceback behind --verbose)
     if _VERBOSE.value:
       raise
-    from fedtree.experiment.runner import RunStopped
+    from fedtree.experiment.results import RunStopped
 
     print(f"fedtree: {'stopped' if isinstance(e, RunStopped) else 'error'}: {_one_line(e)}",
           file=sys.stderr)

@@ -37,6 +37,13 @@ from fedtree.core.metrics import make_evaluator
 from fedtree.core.topology import Topology
 from fedtree.experiment.builders import local_optimizer_from_config, schedule_from_config
 from fedtree.experiment.reporting import Reporter
+from fedtree.experiment.results import (  # noqa: F401  (re-exported: runner.RunStopped, ...)
+  SUMMARY_METRICS,
+  DivergedError,
+  RunStopped,
+  check_summaries,
+  positive_classes_from_config,
+)
 from fedtree.models import Model, build_model
 
 
@@ -137,19 +144,6 @@ def make_context(config: ml_collections.ConfigDict) -> Context:
 
 
 # ------------------------------------------------------------------------ running
-class RunStopped(RuntimeError):
-  """A run was asked to stop (SIGINT/SIGTERM) and did so after a compiled call."""
-
-
-class DivergedError(FloatingPointError):
-  """A final model scores a non-finite loss: it is not written as a result."""
-
-
-SUMMARY_METRICS = ("accuracy", "loss", "perplexity", "false_accept_rate", "false_reject_rate",
-                   "intra_cluster_accuracy", "inter_cluster_accuracy", "num_clusters",
-                   "adjusted_rand_index")
-
-
 def run_algorithm(
   algorithm: FederatedAlgorithm, ctx: Context, key: jax.Array, reporter: Reporter, *,
   num_rounds: int, eval_every: int, rounds_per_call: int, label: str,
@@ -225,36 +219,6 @@ def run_algorithm(
     reporter.write_files(rep.files)
     summaries = rep.summaries
   return state, summaries
-
-
-def check_summaries(label: str, round_: int, summaries: dict[str, dict[str, Any]]) -> None:
-  """Raises :class:`DivergedError` when a model's evaluation loss is not finite."""
-  for name, s in summaries.items():
-    loss = s.get("loss", 0.0)
-    if loss is not None and not np.isfinite(loss):
-      raise DivergedError(
-        f"run {label!r} diverged at round {round_}: model {name!r} has a test loss of {loss} "
-        "(a server or local learning rate too large?); nothing is written for this run"
-      )
-
-
-def positive_classes_from_config(config: ml_collections.ConfigDict, num_classes: int | None = None):
-  """The keyword (positive) class mask of ``config.metrics`` (``class_names`` and
-  ``negative_classes``, e.g. FedKWS-UI's silence and unknown), or ``None`` when the config
-  asks for no false-accept/reject rates."""
-  metrics = config.get("metrics", None)
-  if metrics is None or metrics.get("negative_classes", None) is None:
-    return None
-  from fedtree.core.metrics import keyword_split
-
-  if metrics.get("class_names", None) is None:
-    raise ValueError("config.metrics.negative_classes needs config.metrics.class_names")
-  mask = keyword_split(tuple(metrics.class_names), tuple(metrics.negative_classes))
-  if num_classes is not None and len(mask) != num_classes:
-    raise ValueError(
-      f"config.metrics.class_names has {len(mask)} names but the data has {num_classes} classes"
-    )
-  return mask
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *,

@@ -432,7 +432,7 @@ def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should
   run's ``summary.json`` entry (rows per setting and the best by ``config.sweep.select``)."""
   from fedtree import evaluation
   from fedtree.core.metrics import make_evaluator
-  from fedtree.experiment import runner
+  from fedtree.experiment import results
 
   if build_algorithm is None:
     from fedtree.experiment.registry import build_algorithm
@@ -453,7 +453,7 @@ def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should
     )
   stacked = stacked_algorithm(build, label=label, algorithm=algo_name, paths=paths)
   num_rounds = int(run_cfg.get("rounds", config.rounds))
-  positive = runner.positive_classes_from_config(config, ctx.data.num_classes)
+  positive = results.positive_classes_from_config(config, ctx.data.num_classes)
   evaluator = make_evaluator(ctx.model, config.get("eval_chunk_size", None), confusion=positive is not None)
   size = chunk_size(config, len(exps), ctx)
   chunks = [exps[k:k + size] for k in range(0, len(exps), size)]
@@ -483,9 +483,9 @@ def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should
         summaries = evaluation.evaluate_models(
           concrete[i], experiment(st, e), ctx.model, ctx.data, groups=ctx.groups,
           evaluator=evaluator, positive_classes=positive)
-        runner.check_summaries(f"{label}[{setting_name(settings[i])},seed={seed}]", r, summaries)
+        results.check_summaries(f"{label}[{setting_name(settings[i])},seed={seed}]", r, summaries)
         evals[r][e] = {f"{m}/{s}": sm[s] for m, sm in summaries.items()
-                       for s in runner.SUMMARY_METRICS if s in sm}
+                       for s in results.SUMMARY_METRICS if s in sm}
       return {}
 
     def log(r, host, chunk=chunk, evals=evals, name=name, base=k * size):
@@ -508,7 +508,7 @@ def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should
         ckpt.close()
       reporter.end_run(name)
     if int(state.round) < num_rounds:
-      raise runner.RunStopped(f"sweep {name!r} stopped at round {int(state.round)} of {num_rounds}")
+      raise results.RunStopped(f"sweep {name!r} stopped at round {int(state.round)} of {num_rounds}")
     if num_rounds not in evals:
       evaluate(state, num_rounds)
     for e in range(real):

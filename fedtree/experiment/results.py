@@ -1,0 +1,57 @@
+"""What a run ends with: the summary metrics kept, the divergence check on final models, the
+errors a stopped or diverged run raises, and the keyword classes of FA/FR metrics.
+
+Shared by the single-run path (:mod:`fedtree.experiment.runner`) and the sweep path
+(:mod:`fedtree.experiment.sweep`), which the runner calls: both import this module, neither
+imports the other's internals.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+
+class RunStopped(RuntimeError):
+  """A run was asked to stop (SIGINT/SIGTERM) and did so after a compiled call."""
+
+
+class DivergedError(FloatingPointError):
+  """A final model scores a non-finite loss: it is not written as a result."""
+
+
+SUMMARY_METRICS = ("accuracy", "loss", "perplexity", "false_accept_rate", "false_reject_rate",
+                   "intra_cluster_accuracy", "inter_cluster_accuracy", "num_clusters",
+                   "adjusted_rand_index")
+
+
+def check_summaries(label: str, round_: int, summaries: dict[str, dict[str, Any]]) -> None:
+  """Raises :class:`DivergedError` when a model's evaluation loss is not finite."""
+  for name, s in summaries.items():
+    loss = s.get("loss", 0.0)
+    if loss is not None and not np.isfinite(loss):
+      raise DivergedError(
+        f"run {label!r} diverged at round {round_}: model {name!r} has a test loss of {loss} "
+        "(a server or local learning rate too large?); nothing is written for this run"
+      )
+
+
+def positive_classes_from_config(config: ml_collections.ConfigDict, num_classes: int | None = None):
+  """The keyword (positive) class mask of ``config.metrics`` (``class_names`` and
+  ``negative_classes``, e.g. FedKWS-UI's silence and unknown), or ``None`` when the config
+  asks for no false-accept/reject rates."""
+  metrics = config.get("metrics", None)
+  if metrics is None or metrics.get("negative_classes", None) is None:
+    return None
+  from fedtree.core.metrics import keyword_split
+
+  if metrics.get("class_names", None) is None:
+    raise ValueError("config.metrics.negative_classes needs config.metrics.class_names")
+  mask = keyword_split(tuple(metrics.class_names), tuple(metrics.negative_classes))
+  if num_classes is not None and len(mask) != num_classes:
+    raise ValueError(
+      f"config.metrics.class_names has {len(mask)} names but the data has {num_classes} classes"
+    )
+  return mask
