@@ -172,6 +172,7 @@ class BHFLState:
     version: per server level, ``int32[N_l]`` aggregations done.
     residual_state: ``[E·K, ...]`` the root's optimizer state per residual link, or ``()``.
     direct_state: ``[E, ...]`` the edges' down state of the root→edge link, or ``()``.
+    cursor: ``int32[C]`` the clients' batch cursors under ``batch_order="cyclic"`` (else ``()``).
   """
 
   round: jax.Array
@@ -182,6 +183,7 @@ class BHFLState:
   version: tuple
   residual_state: Any = ()
   direct_state: Any = ()
+  cursor: Any = ()
 
 
 # ------------------------------------------------------------------------ validation
@@ -273,7 +275,8 @@ def bhfl(
     topology: the tree; its leaves are the clients (rows of ``data``).
     data: the federated data (static shapes, validation).
     local_optimizer: the clients' optax optimizer.
-    schedule: local epochs or steps, and batch size.
+    schedule: local epochs or steps, batch size and batch order (``"cyclic"``: every client's
+      cursor lives in ``BHFLState.cursor``).
     up_optimizers: ``η↑`` optimizer of every server level, or one per level ``0..depth-1``
       (default FedAvg, ``sgd(1.0)``).
     down_optimizers: ``η↓`` optimizer of every non-root level, or one per level
@@ -408,6 +411,7 @@ def bhfl(
       pending=pending, version=tuple(jnp.zeros((nums[lv],), jnp.int32) for lv in range(depth)),
       residual_state=jax.vmap(residual_opt.init)(stack(p0, num_links)) if num_links else (),
       direct_state=jax.vmap(direct_opt.init)(params[depth - 1]) if residual_down else (),
+      cursor=schedule.init_cursor(num_clients),
     )
 
   def take(tree, idx):
@@ -456,6 +460,7 @@ def bhfl(
       client_update, params[depth - 1], cohort, data,
       num_steps=schedule.num_steps(data.n_train), weights=w_client, key=stream(key, "train"),
       client_state=params[depth], chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned,
+      batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=state.cursor,
     )
     params[depth] = res.client_state
     trained = jnp.zeros((num_clients,), bool).at[
@@ -542,7 +547,7 @@ def bhfl(
     new_state = BHFLState(
       round=r, params=tuple(params), up_state=tuple(up), down_state=tuple(down),
       pending=tuple(pend), version=tuple(version), residual_state=residual_state,
-      direct_state=direct_state,
+      direct_state=direct_state, cursor=res.cursor,
     )
     return new_state, metrics
 

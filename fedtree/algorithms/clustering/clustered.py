@@ -223,7 +223,7 @@ def clustered(
   metric: str = "l2",
   server_optimizer: optax.GradientTransformation | None = None,
   cohort_size: int | None = None,
-  chunk_size: int | None = None,
+  chunk_size: int | str | None = "auto",
   weighting: str = "examples",
   client_update: ClientUpdate | None = None,
   compute_dtype: str | None = None,
@@ -325,6 +325,7 @@ def clustered(
       round=jnp.zeros((), jnp.int32), params=params, opt_state=jax.vmap(opt.init)(params),
       cluster_of=jnp.zeros((num_clients,), jnp.int32),
       num_clusters=jnp.asarray(1 if clustering == "cfl" else k, jnp.int32), features=features,
+      cursor=schedule.init_cursor(num_clients),
     )
 
   def round_fn(state: ClusterState, data: FederatedData, key):
@@ -344,6 +345,7 @@ def clustered(
     res = train_cohort(
       client_update, state.params, cohort, data, num_steps=schedule.num_steps(data.n_train),
       weights=w_client, key=stream(key, "train"), chunk_size=sampler.chunk_size, keep_client_params=True,
+      batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=state.cursor,
     )
     w = jnp.where(cohort.valid, jnp.take(w_client, cohort.clients), 0.0)
     extra = {}
@@ -414,7 +416,7 @@ def clustered(
       **extra,
     }
     return state.replace(round=r, params=params, opt_state=opt_state, cluster_of=cluster_of,
-                         num_clusters=num_in_use, features=features), metrics
+                         num_clusters=num_in_use, features=features, cursor=res.cursor), metrics
 
   def models(state: ClusterState):
     cl = np.asarray(state.cluster_of)

@@ -86,7 +86,7 @@ def group_fedopt(
   schedule: LocalSchedule,
   server_optimizer: optax.GradientTransformation,
   cohort_size: int | None = None,
-  chunk_size: int | None = None,
+  chunk_size: int | str | None = "auto",
   weighting: str = "examples",
   start_params: PyTree | None = None,
   name: str = "group_fedopt",
@@ -122,6 +122,7 @@ def group_fedopt(
       round=jnp.zeros((), jnp.int32), params=(params,),
       opt_state=(jax.vmap(server_optimizer.init)(params),),
       client_state=update.init_state(p, data.num_clients),
+      cursor=schedule.init_cursor(data.num_clients),
     )
 
   def round_fn(state: TreeState, data: FederatedData, key):
@@ -130,6 +131,7 @@ def group_fedopt(
       update, state.params[0], cohort, data, num_steps=schedule.num_steps(data.n_train),
       weights=client_weights(data.n_train, weighting), key=stream(key, "train"),
       chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned, client_state=state.client_state,
+      batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=state.cursor,
     )
     params, opt_state = update_nodes(
       server_optimizer, state.params[0], state.opt_state[0], res.pseudo_gradient(),
@@ -140,7 +142,7 @@ def group_fedopt(
       "clients_trained": res.num_trained,
     }
     return state.replace(round=state.round + 1, params=(params,), opt_state=(opt_state,),
-                         client_state=res.client_state), metrics
+                         client_state=res.client_state, cursor=res.cursor), metrics
 
   def models(state):
     return {"group": NodeModels(state.params[0], groups_j)}
@@ -152,13 +154,15 @@ def group_fedopt(
 def start_from(previous: TreeState, fresh: TreeState, server_optimizer) -> TreeState:
   """A stage's state started from ``previous``'s first model (the global one), every group
   getting a copy, a fresh server state per group and zero costs (a :func:`sequential`
-  handoff; costs of the stages are added in the report)."""
+  handoff; costs of the stages are added in the report). Under ``batch_order="cyclic"`` every
+  client's batch stream goes on where the previous stage left it."""
   num_groups = jax.tree.leaves(fresh.params[0])[0].shape[0]
   p = jax.tree.map(lambda a: a[0], previous.params[0])
   params = stack(p, num_groups)
   return fresh.replace(round=jnp.zeros((), jnp.int32), params=(params,),
                        opt_state=(jax.vmap(server_optimizer.init)(params),),
-                       client_state=jax.tree.map(jnp.zeros_like, fresh.client_state))
+                       client_state=jax.tree.map(jnp.zeros_like, fresh.client_state),
+                       cursor=previous.cursor)
 
 
 def finetune_stage(model: Model, params, model_of_client, costs: ClientCosts, data: FederatedData,
@@ -254,7 +258,8 @@ class GroupPersonalizedFL:
 
   def algorithm(self, *, model: Model, data: FederatedData, groups: np.ndarray,
                 local_optimizer: optax.GradientTransformation, schedule: LocalSchedule,
-                chunk_size: int | None = None, eval_chunk_size: int | None = None) -> FederatedAlgorithm:
+                chunk_size: int | str | None = "auto",
+                eval_chunk_size: int | None = None) -> FederatedAlgorithm:
     """GroupPerFL as one algorithm: the global stage (:func:`group_fedopt` with one group, T
     rounds) then the group stage (every group from the global model, T_g rounds) composed
     by :func:`fedtree.core.algorithm.sequential`, so the ordinary round loop runs, evaluates,
