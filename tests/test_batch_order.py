@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import np_grad
 
 from fedtree.algorithms.hierfavg import fedavg
 from fedtree.algorithms.pfedmt import pfedmt
@@ -142,15 +143,6 @@ def test_fixed_is_identical_across_rounds_and_shuffled_is_not():
   assert any(not np.array_equal(s, seen[0]) for s in seen[1:])
 
 
-def _np_grad(kernel, bias, x, y):
-  """Gradient of the mean softmax cross-entropy of ``x @ kernel + bias``, by hand."""
-  z = x @ kernel + bias
-  p = np.exp(z - z.max(1, keepdims=True))
-  p /= p.sum(1, keepdims=True)
-  p[np.arange(len(y)), y] -= 1.0
-  return x.T @ p / len(y), p.mean(0)
-
-
 def _logreg_data(sizes, dim=3, classes=3, seed=0):
   rng = np.random.default_rng(seed)
   train = [(rng.normal(size=(n, dim)).astype(np.float32), rng.integers(0, classes, n).astype(np.int32))
@@ -180,7 +172,7 @@ def test_fedavg_by_hand(order):
       ck, cb = k.copy(), bias.copy()
       for t in range(steps):
         j = (cursor[c] + t) % spe if order == "cyclic" else t % spe
-        gk, gb = _np_grad(ck, cb, xs[j * b:(j + 1) * b], ys[j * b:(j + 1) * b])
+        gk, gb = np_grad(ck, cb, xs[j * b:(j + 1) * b], ys[j * b:(j + 1) * b])
         ck, cb = ck - lr * gk, cb - lr * gb
       if order == "cyclic":
         cursor[c] = (cursor[c] + steps) % spe

@@ -61,6 +61,18 @@ class TierResult(NamedTuple):
     """The mean pseudo-gradient ``Θ - Σ p_i θ_i`` of every parent (0 where none reported)."""
     return divide_by_weight(self.delta_sum, self.weight_sum)
 
+  def mean_loss(self) -> jax.Array:
+    """``[]`` the mean local loss of the clients that trained (0 when none did)."""
+    return self.loss_sum / jnp.maximum(self.num_trained, 1).astype(self.loss_sum.dtype)
+
+  def metrics(self, skip_nonfinite: bool = False) -> dict[str, jax.Array]:
+    """A round's metrics of this tier: ``train_loss`` (:meth:`mean_loss`), ``clients_trained``
+    and, when clients are skipped (``skip_nonfinite``), ``clients_skipped``."""
+    out = {"train_loss": self.mean_loss(), "clients_trained": self.num_trained}
+    if skip_nonfinite:
+      out["clients_skipped"] = jnp.asarray(self.num_skipped)
+    return out
+
 
 def _take(tree: PyTree, idx: jax.Array) -> PyTree:
   return jax.tree.map(lambda a: jnp.take(a, idx, axis=0), tree)

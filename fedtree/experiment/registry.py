@@ -482,8 +482,9 @@ def _tune_slots(kw: dict, ctx) -> int:
 
 
 def build_algorithm(label: str, run_cfg, ctx):
-  """The algorithm of run ``label`` (its ``config.runs.<label>``) on the shared context: a
-  :class:`~fedtree.core.algorithm.FederatedAlgorithm` or a pipeline (B-HFL, GroupPerFL)."""
+  """The :class:`~fedtree.core.algorithm.FederatedAlgorithm` of run ``label`` (its
+  ``config.runs.<label>``) on the shared context (with its ``report`` hook where the spec's
+  ``wrap`` adds one: B-HFL's table by level, GroupPerFL's fine-tune stage and tables)."""
   spec = _spec(label, run_cfg)
   kw = factory_kwargs(label, run_cfg, ctx)
   if kw.get("chunk_size") == "tune":

@@ -45,18 +45,18 @@ from fedtree.core.algorithm import (
   NodeModels,
   Report,
   TreeState,
+  check_weighting,
   client_weights,
   sequential,
-  stack,
 )
 from fedtree.core.data import FederatedData
 from fedtree.core.finetune import best_rate, check_finetune, finetune_evaluate, take_rate
-from fedtree.core.local import LocalSchedule, sgd_client_update
+from fedtree.core.local import LocalSchedule, sgd_client_update, stack
 from fedtree.core.metrics import EvalStats, summarize
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
-from fedtree.core.server import update_nodes
+from fedtree.core.server import init_nodes, update_nodes
 from fedtree.core.tier import train_cohort
 
 PyTree = Any
@@ -112,15 +112,15 @@ def group_fedopt(
     sgd_client_update(model, local_optimizer, batch_size=schedule.batch_size, max_steps=max_steps),
     batch_size=schedule.batch_size, max_steps=max_steps,
   )
-  client_weights(jnp.zeros(1), weighting)
+  check_weighting(weighting)
   groups_j = jnp.asarray(groups)
 
   def init(key):
     p = model.init(key) if start_params is None else start_params
-    params = jax.tree.map(lambda a: jnp.broadcast_to(a, (num_groups,) + a.shape), p)
+    params = stack(p, num_groups)
     return TreeState(
       round=jnp.zeros((), jnp.int32), params=(params,),
-      opt_state=(jax.vmap(server_optimizer.init)(params),),
+      opt_state=(init_nodes(server_optimizer, params),),
       client_state=update.init_state(p, data.num_clients),
       cursor=schedule.init_cursor(data.num_clients),
     )
@@ -137,12 +137,8 @@ def group_fedopt(
       server_optimizer, state.params[0], state.opt_state[0], res.pseudo_gradient(),
       res.weight_sum > 0,
     )
-    metrics = {
-      "train_loss": res.loss_sum / jnp.maximum(res.num_trained, 1).astype(jnp.float32),
-      "clients_trained": res.num_trained,
-    }
     return state.replace(round=state.round + 1, params=(params,), opt_state=(opt_state,),
-                         client_state=res.client_state, cursor=res.cursor), metrics
+                         client_state=res.client_state, cursor=res.cursor), res.metrics()
 
   def models(state):
     return {"group": NodeModels(state.params[0], groups_j)}
@@ -160,7 +156,7 @@ def start_from(previous: TreeState, fresh: TreeState, server_optimizer) -> TreeS
   p = jax.tree.map(lambda a: a[0], previous.params[0])
   params = stack(p, num_groups)
   return fresh.replace(round=jnp.zeros((), jnp.int32), params=(params,),
-                       opt_state=(jax.vmap(server_optimizer.init)(params),),
+                       opt_state=(init_nodes(server_optimizer, params),),
                        client_state=jax.tree.map(jnp.zeros_like, fresh.client_state),
                        cursor=previous.cursor)
 
