@@ -267,3 +267,34 @@ def test_init_params_is_the_start(ctx):
     first = next(iter(alg.models(state).values())).params
     trees_equal(jax.tree.map(lambda a: a[0], first), p)
 
+
+
+def test_objective_is_selectable_from_a_run_config(ctx):
+  """``objective: {name, **hyperparameters}`` puts a local objective under any host that takes a
+  ``client_update``: the same algorithm as building it by hand (FedProx under FedAvg and B-HFL)."""
+  mx = ctx.schedule.max_steps(ctx.data.max_train)
+  common = dict(model=ctx.model, data=ctx.data, local_optimizer=ctx.local_optimizer, schedule=ctx.schedule,
+                chunk_size=3)
+  cases = [
+    ({"algorithm": "fedavg", "objective": {"name": "fedprox", "mu": 0.1}},
+     algorithms.fedprox(mu=0.1, **common)),
+    ({"algorithm": "bhfl", "objective": {"name": "fedprox", "mu": 0.1, "persistent": True}},
+     algorithms.bhfl(topology=ctx.topology, **common, client_update=fedprox_update(
+       ctx.model, ctx.local_optimizer, mu=0.1, batch_size=B, max_steps=mx, persistent=True))),
+  ]
+  for fields, direct in cases:
+    built = registry.build_algorithm("x", ml_collections.ConfigDict({"chunk_size": 3, **fields}), ctx)
+    state = built.init(jax.random.key(0))
+    a, _ = jax.jit(built.round)(state, ctx.data, jax.random.key(1))
+    b, _ = jax.jit(direct.round)(direct.init(jax.random.key(0)), ctx.data, jax.random.key(1))
+    trees_equal(a.params, b.params)
+  for fields, match in [
+    ({"algorithm": "fedavg", "objective": {"name": "prox"}}, r"objective name='prox'; choose one of \['alo'"),
+    ({"algorithm": "fedavg", "objective": {"name": "fedprox", "muu": 0.1}}, "did you mean 'mu'"),
+    ({"algorithm": "fedavg", "objective": {"name": "fedprox"}},
+     r"objective 'fedprox' needs field\(s\) \['mu'\]"),
+    ({"algorithm": "fedprox", "mu": 0.1, "objective": {"name": "ditto"}}, "unknown field 'objective'"),
+    ({"algorithm": "bhfl", "objective": {"name": "fedprox", "mu": 0.1}}, "starts from the downloaded model"),
+  ]:
+    with pytest.raises(ValueError, match=match):
+      registry.build_algorithm("x", ml_collections.ConfigDict(fields), ctx)

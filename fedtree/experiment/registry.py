@@ -19,7 +19,9 @@ Common run fields, for every algorithm whose factory takes the parameter: ``coho
 ``"tune"``; default the config's, else ``"auto"``), ``compute_dtype`` (default the
 config's), ``weighting``, ``server`` (one server optimizer config ``{name, **hparams}``) /
 ``servers`` (one per server level), ``periods``, ``tree`` (``"flat"`` or ``"config"``, for
-the methods whose tree is optional), and the runner's ``rounds`` and ``label``.
+the methods whose tree is optional), ``objective`` (for the algorithms that take a
+``client_update``: the local objective, ``{name, **hyperparameters}``, see
+:func:`objective_from_config`), and the runner's ``rounds`` and ``label``.
 
 Adding an algorithm: its factory (one file) and one :class:`AlgorithmSpec` line in
 :data:`SPECS` (see ``CONTRIBUTING.md``).
@@ -41,7 +43,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from fedtree import algorithms
+from fedtree import algorithms, objectives
 from fedtree.algorithms.bhfl import proxy_from_clients, with_level_report
 from fedtree.algorithms.bhfl.asynchrony import latency_from_config
 from fedtree.algorithms.grouppfl.grouppfl import GroupPersonalizedFL
@@ -281,6 +283,41 @@ SPECS: Mapping[str, AlgorithmSpec] = {
 }
 
 
+# ------------------------------------------------------------------------ objectives
+OBJECTIVES: Mapping[str, Callable[..., Any]] = {
+  "alo": objectives.alo_update, "ditto": objectives.ditto_update, "fedprox": objectives.fedprox_update,
+  "moreau": objectives.moreau_client_update, "perfedavg": objectives.perfedavg_update,
+  "pfedme": objectives.pfedme_update,
+}
+"""Local objectives a run can select with ``objective: {name: <key>, **hyperparameters}``."""
+OBJECTIVE_CONTEXT = ("model", "optimizer", "batch_size", "max_steps", "compute_dtype")
+
+
+def objective_from_config(cfg, ctx, *, compute_dtype: str | None = None):
+  """The :class:`~fedtree.core.local.ClientUpdate` of a run's ``objective`` field:
+  ``{name: one of OBJECTIVES, **its scalar hyperparameters}`` (e.g. ``{name: "fedprox", mu:
+  0.01, persistent: True}`` for FedProx clients under B-HFL). The context supplies the model,
+  the local optimizer, the schedule's batch size and step count, and ``compute_dtype`` (the
+  run's, unless the objective sets its own)."""
+  cfg = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+  name = cfg.pop("name", None)
+  if name not in OBJECTIVES:
+    raise ValueError(f"objective name={name!r}; choose one of {sorted(OBJECTIVES)}")
+  factory = OBJECTIVES[name]
+  params, hints = inspect.signature(factory).parameters, _hints(factory)
+  supplied = {"model": ctx.model, "optimizer": ctx.local_optimizer, "batch_size": ctx.schedule.batch_size,
+              "max_steps": ctx.schedule.max_steps(ctx.data.max_train),
+              "compute_dtype": cfg.pop("compute_dtype", compute_dtype)}
+  allowed = [n for n in params if n not in OBJECTIVE_CONTEXT and is_scalar(hints.get(n, object))]
+  check_fields(f"objective {name!r}", list(cfg), allowed)
+  kw = {n: v for n, v in supplied.items() if n in params}
+  kw.update({n: coerce(v, hints[n], f"objective.{n}") for n, v in cfg.items()})
+  missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty and n not in kw]
+  if missing:
+    raise ValueError(f"objective {name!r} needs field(s) {missing}")
+  return factory(**kw)
+
+
 # ------------------------------------------------------------------------ the schema
 def _union_args(hint) -> tuple:
   if typing.get_origin(hint) in (typing.Union, types.UnionType):
@@ -370,6 +407,8 @@ class Schema:
   @property
   def allowed(self) -> list[str]:
     names = set(RUNNER_FIELDS) | {"chunk_size"} | set(self.scalars)
+    if "client_update" in self.params:
+      names.add("objective")
     for f in self.fields:
       names |= set(f.names)
     return sorted(names)
@@ -459,6 +498,12 @@ def factory_kwargs(label: str, run, ctx) -> dict[str, Any]:
   for f in sch.fields:
     try:
       kw.update(f.convert({n: run[n] for n in f.names if n in run}, ctx))
+    except ValueError as e:
+      raise ValueError(f"{where} (algorithm={run.algorithm!r}): {e}") from e
+  if "objective" in run:   # the objective is built with the run's compute_dtype, the host without
+    try:
+      dtype = kw.pop("compute_dtype", None)
+      kw["client_update"] = objective_from_config(run.objective, ctx, compute_dtype=dtype)
     except ValueError as e:
       raise ValueError(f"{where} (algorithm={run.algorithm!r}): {e}") from e
   missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty and n not in kw]

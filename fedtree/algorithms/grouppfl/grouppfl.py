@@ -350,3 +350,46 @@ class GroupPersonalizedFL:
       return Report(out, text, files)
 
     return composed._replace(report=report)
+
+
+def grouppfl(
+  *,
+  model: Model,
+  data: FederatedData,
+  groups: np.ndarray,
+  local_optimizer: optax.GradientTransformation,
+  schedule: LocalSchedule,
+  global_rounds: int,
+  chunk_size: int | str | None = "auto",
+  eval_chunk_size: int | None = None,
+  **hyperparameters,
+) -> FederatedAlgorithm:
+  """GroupPerFL (paper 000) as one algorithm, like every other method's factory:
+  ``GroupPersonalizedFL(global_rounds=..., **hyperparameters).algorithm(...)``.
+
+  Args:
+    model, data, local_optimizer, schedule: as for :func:`~fedtree.algorithms.hierfavg.fedavg`.
+    groups: ``int[C]`` group label of every client (0..G-1).
+    global_rounds: T, the rounds of the global stage.
+    chunk_size: clients trained at once in stages 1 and 2.
+    eval_chunk_size: clients evaluated and fine-tuned at once (``None``: all).
+    **hyperparameters: the other fields of :class:`GroupPersonalizedFL` (its schema:
+      ``group_rounds``, ``global_server``, ``finetune_epochs``, ``compute_dtype``, ...).
+
+  Example:
+    >>> import jax, optax
+    >>> from fedtree.core import loop
+    >>> from fedtree.core.local import LocalSchedule
+    >>> from fedtree.datasets.synthetic import grouped_synthetic
+    >>> from fedtree.models import build_model
+    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
+    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
+    >>> alg = grouppfl(model=model, data=data, groups=groups, local_optimizer=optax.sgd(0.1),
+    ...                schedule=LocalSchedule(batch_size=8, steps=2), global_rounds=1, group_rounds=1)
+    >>> state = loop.run(alg, data, num_rounds=alg.rounds, key=jax.random.key(0))
+    >>> sorted(alg.models(state))
+    ['FL', 'GroupFL']
+  """
+  spec = GroupPersonalizedFL(global_rounds=global_rounds, **hyperparameters)
+  return spec.algorithm(model=model, data=data, groups=groups, local_optimizer=local_optimizer,
+                        schedule=schedule, chunk_size=chunk_size, eval_chunk_size=eval_chunk_size)
