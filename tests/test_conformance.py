@@ -271,23 +271,22 @@ def test_init_params_is_the_start(ctx):
 
 def test_objective_is_selectable_from_a_run_config(ctx):
   """``objective: {name, **hyperparameters}`` puts a local objective under any host that takes a
-  ``client_update``: the same algorithm as building it by hand (FedProx under FedAvg and B-HFL)."""
-  mx = ctx.schedule.max_steps(ctx.data.max_train)
+  ``client_update``: FedProx under FedAvg from a config is FedProx; under B-HFL the objective
+  is built from the client's own model and with the run's compute_dtype (the host gets none)."""
   common = dict(model=ctx.model, data=ctx.data, local_optimizer=ctx.local_optimizer, schedule=ctx.schedule,
                 chunk_size=3)
-  cases = [
-    ({"algorithm": "fedavg", "objective": {"name": "fedprox", "mu": 0.1}},
-     algorithms.fedprox(mu=0.1, **common)),
-    ({"algorithm": "bhfl", "objective": {"name": "fedprox", "mu": 0.1, "persistent": True}},
-     algorithms.bhfl(topology=ctx.topology, **common, client_update=fedprox_update(
-       ctx.model, ctx.local_optimizer, mu=0.1, batch_size=B, max_steps=mx, persistent=True))),
-  ]
-  for fields, direct in cases:
-    built = registry.build_algorithm("x", ml_collections.ConfigDict({"chunk_size": 3, **fields}), ctx)
-    state = built.init(jax.random.key(0))
-    a, _ = jax.jit(built.round)(state, ctx.data, jax.random.key(1))
-    b, _ = jax.jit(direct.round)(direct.init(jax.random.key(0)), ctx.data, jax.random.key(1))
-    trees_equal(a.params, b.params)
+  built = registry.build_algorithm("x", ml_collections.ConfigDict(
+    {"algorithm": "fedavg", "chunk_size": 3, "objective": {"name": "fedprox", "mu": 0.1}}), ctx)
+  direct = algorithms.fedprox(mu=0.1, **common)
+  a, _ = jax.jit(built.round)(built.init(jax.random.key(0)), ctx.data, jax.random.key(1))
+  b, _ = jax.jit(direct.round)(direct.init(jax.random.key(0)), ctx.data, jax.random.key(1))
+  trees_equal(a.params, b.params)
+  kw = registry.factory_kwargs("x", ml_collections.ConfigDict(
+    {"algorithm": "bhfl", "compute_dtype": "bfloat16",
+     "objective": {"name": "fedprox", "mu": 0.1, "persistent": True}}), ctx)
+  assert kw["client_update"].starts_from_own_model and kw.get("compute_dtype") is None
+  state = jax.eval_shape(algorithms.bhfl(**kw).init, jax.random.key(0))
+  assert "bf16" in str(jax.make_jaxpr(algorithms.bhfl(**kw).round)(state, ctx.data, jax.random.key(1)))
   for fields, match in [
     ({"algorithm": "fedavg", "objective": {"name": "prox"}}, r"objective name='prox'; choose one of \['alo'"),
     ({"algorithm": "fedavg", "objective": {"name": "fedprox", "muu": 0.1}}, "did you mean 'mu'"),
@@ -298,3 +297,24 @@ def test_objective_is_selectable_from_a_run_config(ctx):
   ]:
     with pytest.raises(ValueError, match=match):
       registry.build_algorithm("x", ml_collections.ConfigDict(fields), ctx)
+
+
+def test_registry_restates_no_factory_default(ctx):
+  """A run that sets nothing gets the factory's (or GroupPersonalizedFL's) defaults: the
+  converters pass only what the run gives."""
+  kw = registry.factory_kwargs("b", ml_collections.ConfigDict({"algorithm": "bhfl"}), ctx)
+  assert not {"down_optimizers", "proxy", "proxy_schedule", "residual_optimizer", "residual_down_optimizer",
+              "latencies", "buffer_sizes"} & set(kw)
+  kw = registry.factory_kwargs("b", ml_collections.ConfigDict(
+    {"algorithm": "bhfl", "proxy_examples": 4, "proxy_levels": (0,), "proxy_steps": 3}), ctx)
+  assert set(kw["proxy"]) == {0} and kw["proxy_schedule"].steps == 3
+  assert kw["proxy_schedule"].batch_size == ctx.schedule.batch_size
+  with pytest.raises(ValueError, match="proxy_examples=4 needs proxy_levels"):
+    registry.factory_kwargs("b", ml_collections.ConfigDict({"algorithm": "bhfl", "proxy_examples": 4}), ctx)
+  spec = registry.SPECS["grouppfl"].factory(**registry.factory_kwargs(
+    "g", ml_collections.ConfigDict({"algorithm": "grouppfl", "finetune": {"epochs": 2}}), ctx))
+  assert (spec.group_rounds, spec.cohort_size, spec.finetune_epochs) == (0, None, 2)
+  assert spec.finetune_rates == (0.001, 0.01, 0.1, 1.0) and spec.finetune_optimizer == "sgd"
+  with pytest.raises(ValueError, match="finetune_epochs=0 .K_l. must be > 0"):
+    registry.build_algorithm("g", ml_collections.ConfigDict({"algorithm": "grouppfl",
+                                                             "finetune": {"epochs": 0}}), ctx)

@@ -234,7 +234,7 @@ FINETUNE_FIELDS = {"epochs": "finetune_epochs", "learning_rates": "finetune_rate
 def _grouppfl_finetune(v, ctx):
   ft = v.get("finetune", None) or {}
   check_fields("finetune", list(ft.keys()), FINETUNE_FIELDS)
-  return {FINETUNE_FIELDS[k]: tuple(ft[k]) if k == "learning_rates" else ft[k] for k in ft}
+  return {FINETUNE_FIELDS[k]: ft[k] for k in ft}   # GroupPersonalizedFL validates them
 
 
 def _grouppfl_servers(v, ctx):
