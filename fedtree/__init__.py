@@ -33,8 +33,8 @@ _EXPORTS = {
   "evaluate_models": "fedtree.evaluation",
   "train_and_evaluate": "fedtree.experiment",
   **{name: "fedtree.algorithms" for name in (
-    "awcfl", "bhfl", "cfl", "ditto", "fedavg", "fedkws", "fedprox", "hierfavg", "ifca", "mcfl",
-    "perfedavg", "pfedme", "pfedmt",
+    "awcfl", "bhfl", "cfl", "ditto", "fedavg", "fedkws", "fedprox", "grouppfl", "hierfavg", "ifca",
+    "mcfl", "perfedavg", "pfedme", "pfedmt",
   )},
 }
 _SUBMODULES = ("algorithms", "core", "datasets", "evaluation", "experiment", "models", "objectives")

@@ -6,9 +6,9 @@ import numpy as np
 
 
 def close(a, b, tol=1e-5):
-  """Every leaf of ``a`` within ``tol`` (absolute and relative) of ``b``'s."""
+  """Every leaf of ``a`` within ``tol`` (absolute and relative) of ``b``'s (compared in float64)."""
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
+    np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), rtol=tol, atol=tol)
 
 
 def trees_equal(a, b):
@@ -18,6 +18,15 @@ def trees_equal(a, b):
     if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
       x, y = jax.random.key_data(x), jax.random.key_data(y)
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def np_grad(kernel, bias, x, y):
+  """Gradient of the mean softmax cross-entropy of ``x @ kernel + bias``, by hand (numpy)."""
+  z = x @ kernel + bias
+  p = np.exp(z - z.max(1, keepdims=True))
+  p /= p.sum(1, keepdims=True)
+  p[np.arange(len(y)), y] -= 1.0
+  return x.T @ p / len(y), p.mean(0)
 
 
 def row(tree, *idx):

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import np_grad
 
 from fedtree.algorithms.hierfavg import fedavg
 from fedtree.algorithms.pfedmt import pfedmt
@@ -142,15 +143,6 @@ def test_fixed_is_identical_across_rounds_and_shuffled_is_not():
   assert any(not np.array_equal(s, seen[0]) for s in seen[1:])
 
 
-def _np_grad(kernel, bias, x, y):
-  """Gradient of the mean softmax cross-entropy of ``x @ kernel + bias``, by hand."""
-  z = x @ kernel + bias
-  p = np.exp(z - z.max(1, keepdims=True))
-  p /= p.sum(1, keepdims=True)
-  p[np.arange(len(y)), y] -= 1.0
-  return x.T @ p / len(y), p.mean(0)
-
-
 def _logreg_data(sizes, dim=3, classes=3, seed=0):
   rng = np.random.default_rng(seed)
   train = [(rng.normal(size=(n, dim)).astype(np.float32), rng.integers(0, classes, n).astype(np.int32))
@@ -180,7 +172,7 @@ def test_fedavg_by_hand(order):
       ck, cb = k.copy(), bias.copy()
       for t in range(steps):
         j = (cursor[c] + t) % spe if order == "cyclic" else t % spe
-        gk, gb = _np_grad(ck, cb, xs[j * b:(j + 1) * b], ys[j * b:(j + 1) * b])
+        gk, gb = np_grad(ck, cb, xs[j * b:(j + 1) * b], ys[j * b:(j + 1) * b])
         ck, cb = ck - lr * gk, cb - lr * gb
       if order == "cyclic":
         cursor[c] = (cursor[c] + steps) % spe
@@ -210,3 +202,59 @@ def test_pfedmt_cursor_persists_across_team_iterations_and_rounds():
     state, _ = step(state, data, jax.random.key(r))
     spe = -(-np.asarray(sizes) // b)
     np.testing.assert_array_equal(state.cursor, ((r + 1) * K * L) % spe)
+
+
+# ------------------------------------------------------------------------ the other hosts
+def _other_hosts():
+  from fedtree.algorithms.bhfl import bhfl
+  from fedtree.algorithms.clustering import cfl
+  from fedtree.algorithms.grouppfl import group_fedopt
+
+  groups = np.array([0, 0, 1, 1])
+  return {
+    "bhfl": lambda common: bhfl(topology=Topology.from_labels(groups), **common),
+    "cfl": lambda common: cfl(max_clusters=2, **common),
+    "group_fedopt": lambda common: group_fedopt(groups=groups, server_optimizer=optax.sgd(1.0), **common),
+  }
+
+
+def _host_round(host, order, keys):
+  sizes, b, steps = [5, 3, 4, 6], 2, 2
+  data = _logreg_data(sizes)
+  common = dict(model=build_model("logreg", example_shape=(3,), num_classes=3), data=data,
+                local_optimizer=optax.sgd(0.5),
+                schedule=LocalSchedule(batch_size=b, steps=steps, batch_order=order))
+  alg = _other_hosts()[host](common)
+  state = alg.init(jax.random.key(0))
+  step = jax.jit(alg.round)
+  return [step(state, data, k)[0] for k in keys], -(-np.asarray(sizes) // b), steps
+
+
+@pytest.mark.parametrize("host", ["bhfl", "cfl", "group_fedopt"])
+def test_fixed_order_under_other_hosts_ignores_the_batch_key(host):
+  """B-HFL, the clustered methods and GroupPerFL's stages pass the schedule's batch order to
+  train_cohort: under "fixed" a round (full cohorts, no latency) does not depend on its key
+  (under the default "shuffled" order, which they used before, it does)."""
+  (a, b), _, _ = _host_round(host, "fixed", (jax.random.key(1), jax.random.key(2)))
+  for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
+    np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("host", ["bhfl", "cfl", "group_fedopt"])
+def test_cyclic_cursor_under_other_hosts(host):
+  (state,), spe, steps = _host_round(host, "cyclic", (jax.random.key(1),))
+  np.testing.assert_array_equal(state.cursor, steps % spe)
+
+
+def test_config_batch_order_is_honoured():
+  import ml_collections
+
+  from fedtree.experiment.builders import schedule_from_config
+
+  local = ml_collections.ConfigDict(dict(batch_size=4, epochs=1, batch_order="cyclic"))
+  assert schedule_from_config(local).batch_order == "cyclic"
+  del local.batch_order
+  assert schedule_from_config(local).batch_order == "shuffled"
+  local.batch_order = "sorted"
+  with pytest.raises(ValueError, match="batch_order='sorted'; choose one of"):
+    schedule_from_config(local)

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import close
 
 from fedtree.algorithms.bhfl.asynchrony import Latency
 from fedtree.algorithms.bhfl.bhfl import bhfl, level_table, proxy_from_clients
@@ -36,10 +37,6 @@ def _setup():
   return topo, data, model
 
 
-def _close(a, b, tol=1e-5):
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=tol, atol=tol), a, b)
-
-
 @pytest.mark.parametrize("cohort,periods", [(None, (3, 1)), ([2, 1, 1], (4, 2))])
 def test_reduces_to_hierfavg(cohort, periods):
   """η↓ = 1 SGD down, FedAvg up, no proxy, no residuals, synchronous: HierFAVG.
@@ -59,10 +56,10 @@ def test_reduces_to_hierfavg(cohort, periods):
     s_ref, m_ref = step_ref(s_ref, data, k)
     s, m = step(s, data, k)
     for lv in range(topo.depth):
-      _close(s.params[lv], s_ref.params[lv], tol=1e-6)
+      close(s.params[lv], s_ref.params[lv], tol=1e-6)
     np.testing.assert_allclose(m["train_loss"], m_ref["train_loss"], rtol=1e-6)
   # clients hold their edge's model after the full-replacement down phase
-  _close(s.params[3], jax.tree.map(lambda p: p[topo.parent(3)], s.params[2]))
+  close(s.params[3], jax.tree.map(lambda p: p[topo.parent(3)], s.params[2]))
 
 
 def _pair(**kw):
@@ -111,7 +108,7 @@ def _compare(topo, data, alg, ref, rounds):
     ref.round_(k, data)
     metrics.append(m)
     for lv in range(topo.depth + 1):
-      _close(state.params[lv], ref.stacked(lv), tol=2e-5)
+      close(state.params[lv], ref.stacked(lv), tol=2e-5)
   return state, metrics
 
 

@@ -11,6 +11,7 @@ import optax
 import pytest
 import reference_clustering as ref
 from config_files import load_config
+from helpers import close
 
 from fedtree import evaluation
 from fedtree.algorithms import awcfl, cfl, fedavg, ifca, mcfl
@@ -56,11 +57,6 @@ def _counted(alg):
 
 def _rows(tree, k):
   return [ref.row(tree, j) for j in range(k)]
-
-
-def _close(a, b, tol=2e-5):
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), atol=tol, rtol=tol)
 
 
 # ------------------------------------------------------------------ clustering pieces
@@ -170,7 +166,7 @@ def test_awcfl_matches_reference(problem):
       p["model"], params, cluster_of, p["data"], key, r=r, beta=beta, start=1, iters=5, weights=p["weights"],
       lr=LR, batch_size=BATCH, num_steps=p["steps"])
     np.testing.assert_array_equal(np.asarray(state.cluster_of), cluster_of)
-    _close(state.params, ref.stack(params))
+    close(state.params, ref.stack(params), tol=2e-5)
   assert len(set(cluster_of.tolist())) == 2
   assert len(traces) == 1   # one compile for the unclustered and the clustered round
 
@@ -181,7 +177,7 @@ def test_awcfl_one_cluster_beta0_is_fedavg(problem):
   b = fedavg(**p["kw"])
   sa = loop.run(a, p["data"], num_rounds=3, key=jax.random.key(4))
   sb = loop.run(b, p["data"], num_rounds=3, key=jax.random.key(4))
-  _close(sa.params, sb.params[0])
+  close(sa.params, sb.params[0], tol=2e-5)
 
 
 def test_ifca_matches_reference_and_picks_min_loss(problem):
@@ -196,15 +192,15 @@ def test_ifca_matches_reference_and_picks_min_loss(problem):
     params, picks, losses = ref.ifca_round(p["model"], params, p["data"], key, weights=p["weights"], lr=LR,
                                            batch_size=BATCH, num_steps=p["steps"])
     np.testing.assert_array_equal(np.asarray(state.cluster_of), picks)
-    _close(state.params, ref.stack(params))
+    close(state.params, ref.stack(params), tol=2e-5)
   # the one sane model is picked by every client; the unpicked ones stay put
   fresh = alg.init(jax.random.key(2))
   start = jax.tree.map(lambda a: a.at[0].multiply(30.0).at[2].multiply(30.0), fresh.params)
   state, _ = step(fresh.replace(params=start), p["data"], jax.random.key(3))
   np.testing.assert_array_equal(np.asarray(state.cluster_of), np.ones(6))
   assert len(traces) == 1
-  _close(ref.row(state.params, 0), ref.row(start, 0), tol=0)
-  _close(ref.row(state.params, 2), ref.row(start, 2), tol=0)
+  close(ref.row(state.params, 0), ref.row(start, 0), tol=0)
+  close(ref.row(state.params, 2), ref.row(start, 2), tol=0)
 
 
 def test_cfl_matches_reference_and_splits_flipped_clients(problem):
@@ -221,7 +217,7 @@ def test_cfl_matches_reference_and_splits_flipped_clients(problem):
                                              num_steps=p["steps"])
     np.testing.assert_array_equal(np.asarray(state.cluster_of), cluster_of)
     assert int(state.num_clusters) == used == min(k, 2 ** r)
-    _close(state.params, ref.stack(params))
+    close(state.params, ref.stack(params), tol=2e-5)
   # no split while the criterion is not met (same compiled round: eps are static, so a fresh
   # algorithm; one round suffices)
   never = cfl(max_clusters=k, eps1=1e-6, eps2=1e-4, **p["kw"])
@@ -247,7 +243,7 @@ def test_mcfl_is_awcfl_beta0_and_picks_the_nearest_cluster_feature(problem):
       p["model"], params, cluster_of, p["data"], key, r=r, beta=0.0, start=1, iters=5, weights=p["weights"],
       lr=LR, batch_size=BATCH, num_steps=p["steps"])
     np.testing.assert_array_equal(np.asarray(state.cluster_of), cluster_of)
-    _close(state.params, ref.stack(params))
+    close(state.params, ref.stack(params), tol=2e-5)
   assert len(traces) == 1 and len(set(cluster_of.tolist())) == 2
   cl = np.asarray(state.cluster_of)
   first = np.asarray(p["data"].x_train[0][: int(p["data"].n_train[0])]).reshape(-1, 16)
@@ -443,7 +439,7 @@ def test_cfl_with_similarity_check_matches_reference(problem):
                                              num_steps=p["steps"], similarity_check=True)
     np.testing.assert_array_equal(np.asarray(state.cluster_of), cluster_of)
     assert int(state.num_clusters) == used
-    _close(state.params, ref.stack(params))
+    close(state.params, ref.stack(params), tol=2e-5)
 
 
 def test_awcfl_ifca_beta0_is_ifca_and_beta_mixes_ifca_clusters(problem):
@@ -456,7 +452,7 @@ def test_awcfl_ifca_beta0_is_ifca_and_beta_mixes_ifca_clusters(problem):
     sp, _ = jax.jit(plain.round)(sp, p["data"], jax.random.key(20 + r))
     sz, _ = jax.jit(zero.round)(sz, p["data"], jax.random.key(20 + r))
   np.testing.assert_array_equal(np.asarray(sz.cluster_of), np.asarray(sp.cluster_of))
-  _close(sz.params, sp.params, tol=0)
+  close(sz.params, sp.params, tol=0)
   # beta > 0: IFCA's per-cluster means, then Eq. (2) over the k clusters (reference loop)
   mixed = awcfl(num_clusters=k, beta=beta, clustering="ifca", **p["kw"])
   state = mixed.init(key0)
@@ -470,7 +466,7 @@ def test_awcfl_ifca_beta0_is_ifca_and_beta_mixes_ifca_clusters(problem):
     others = jax.tree.map(lambda *a: sum(a) / (k - 1), *[means[i] for i in range(k) if i != j])
     expected.append(jax.tree.map(lambda o, m: beta * o + (1 - beta) * m, others, means[j]))
   np.testing.assert_array_equal(np.asarray(state.cluster_of), picks)
-  _close(state.params, ref.stack(expected))
+  close(state.params, ref.stack(expected), tol=2e-5)
 
 
 def _separated_problem():

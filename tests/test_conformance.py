@@ -42,10 +42,9 @@ CASES = {
   "ifca": {"num_clusters": 2}, "awcfl": {"num_clusters": 2, "cluster_start_round": 1},
   "mcfl": {"num_clusters": 2, "cluster_start_round": 1, "feature_examples": 3},
   "fedkws": {"cohort_size": 4},
+  # two rounds of each stage: the 4-round run crosses the boundary, the resume starts on it
+  "grouppfl": {"global_rounds": 2, "group_rounds": 2},
 }
-# Registered algorithms that are still multi-stage pipelines with their own loop (GroupPerFL's
-# stages become a composition of algorithms with the round-loop rewrite; it then joins CASES).
-PIPELINES = {"grouppfl"}
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +64,11 @@ def ctx():
 def _build(ctx, name, **fields):
   run = ml_collections.ConfigDict({"algorithm": name, "chunk_size": 3, **CASES[name], **fields})
   built = registry.build_algorithm(name, run, ctx)
-  return getattr(built, "algorithm", built)   # B-HFL's pipeline holds its algorithm
+  return built
 
 
 def test_every_registered_algorithm_has_a_case():
-  assert set(CASES) | PIPELINES == set(registry.SPECS)
+  assert set(CASES) == set(registry.SPECS)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -214,7 +213,7 @@ def test_every_objective_runs_or_is_refused(ctx, host):
 
 
 @pytest.mark.parametrize("name", ["fedavg", "hierfavg", "fedprox", "ditto", "pfedme", "perfedavg",
-                                  "pfedmt", "bhfl", "cfl", "ifca", "awcfl", "mcfl", "fedkws"])
+                                  "pfedmt", "bhfl", "cfl", "ifca", "awcfl", "mcfl", "fedkws", "grouppfl"])
 def test_compute_dtype_combines_with_every_algorithm(ctx, name):
   """``compute_dtype`` reaches every objective: the round traces with bfloat16 in it."""
   alg = _build(ctx, name, compute_dtype="bfloat16")
@@ -268,3 +267,54 @@ def test_init_params_is_the_start(ctx):
     first = next(iter(alg.models(state).values())).params
     trees_equal(jax.tree.map(lambda a: a[0], first), p)
 
+
+
+def test_objective_is_selectable_from_a_run_config(ctx):
+  """``objective: {name, **hyperparameters}`` puts a local objective under any host that takes a
+  ``client_update``: FedProx under FedAvg from a config is FedProx; under B-HFL the objective
+  is built from the client's own model and with the run's compute_dtype (the host gets none)."""
+  common = dict(model=ctx.model, data=ctx.data, local_optimizer=ctx.local_optimizer, schedule=ctx.schedule,
+                chunk_size=3)
+  built = registry.build_algorithm("x", ml_collections.ConfigDict(
+    {"algorithm": "fedavg", "chunk_size": 3, "objective": {"name": "fedprox", "mu": 0.1}}), ctx)
+  direct = algorithms.fedprox(mu=0.1, **common)
+  a, _ = jax.jit(built.round)(built.init(jax.random.key(0)), ctx.data, jax.random.key(1))
+  b, _ = jax.jit(direct.round)(direct.init(jax.random.key(0)), ctx.data, jax.random.key(1))
+  trees_equal(a.params, b.params)
+  kw = registry.factory_kwargs("x", ml_collections.ConfigDict(
+    {"algorithm": "bhfl", "compute_dtype": "bfloat16",
+     "objective": {"name": "fedprox", "mu": 0.1, "persistent": True}}), ctx)
+  assert kw["client_update"].starts_from_own_model and kw.get("compute_dtype") is None
+  state = jax.eval_shape(algorithms.bhfl(**kw).init, jax.random.key(0))
+  assert "bf16" in str(jax.make_jaxpr(algorithms.bhfl(**kw).round)(state, ctx.data, jax.random.key(1)))
+  for fields, match in [
+    ({"algorithm": "fedavg", "objective": {"name": "prox"}}, r"objective name='prox'; choose one of \['alo'"),
+    ({"algorithm": "fedavg", "objective": {"name": "fedprox", "muu": 0.1}}, "did you mean 'mu'"),
+    ({"algorithm": "fedavg", "objective": {"name": "fedprox"}},
+     r"objective 'fedprox' needs field\(s\) \['mu'\]"),
+    ({"algorithm": "fedprox", "mu": 0.1, "objective": {"name": "ditto"}}, "unknown field 'objective'"),
+    ({"algorithm": "bhfl", "objective": {"name": "fedprox", "mu": 0.1}}, "starts from the downloaded model"),
+  ]:
+    with pytest.raises(ValueError, match=match):
+      registry.build_algorithm("x", ml_collections.ConfigDict(fields), ctx)
+
+
+def test_registry_restates_no_factory_default(ctx):
+  """A run that sets nothing gets the factory's (or GroupPersonalizedFL's) defaults: the
+  converters pass only what the run gives."""
+  kw = registry.factory_kwargs("b", ml_collections.ConfigDict({"algorithm": "bhfl"}), ctx)
+  assert not {"down_optimizers", "proxy", "proxy_schedule", "residual_optimizer", "residual_down_optimizer",
+              "latencies", "buffer_sizes"} & set(kw)
+  kw = registry.factory_kwargs("b", ml_collections.ConfigDict(
+    {"algorithm": "bhfl", "proxy_examples": 4, "proxy_levels": (0,), "proxy_steps": 3}), ctx)
+  assert set(kw["proxy"]) == {0} and kw["proxy_schedule"].steps == 3
+  assert kw["proxy_schedule"].batch_size == ctx.schedule.batch_size
+  with pytest.raises(ValueError, match="proxy_examples=4 needs proxy_levels"):
+    registry.factory_kwargs("b", ml_collections.ConfigDict({"algorithm": "bhfl", "proxy_examples": 4}), ctx)
+  spec = registry.SPECS["grouppfl"].factory(**registry.factory_kwargs(
+    "g", ml_collections.ConfigDict({"algorithm": "grouppfl", "finetune": {"epochs": 2}}), ctx))
+  assert (spec.group_rounds, spec.cohort_size, spec.finetune_epochs) == (0, None, 2)
+  assert spec.finetune_rates == (0.001, 0.01, 0.1, 1.0) and spec.finetune_optimizer == "sgd"
+  with pytest.raises(ValueError, match="finetune_epochs=0 .K_l. must be > 0"):
+    registry.build_algorithm("g", ml_collections.ConfigDict({"algorithm": "grouppfl",
+                                                             "finetune": {"epochs": 0}}), ctx)

@@ -9,6 +9,7 @@ import optax
 import pytest
 import reference_personalization as ref
 from config_files import load_config
+from helpers import close, row
 
 from fedtree import experiment
 from fedtree.algorithms.grouppfl.grouppfl import group_fedopt
@@ -23,8 +24,6 @@ from fedtree.experiment.registry import BUILDERS
 from fedtree.experiment.reporting import Reporter
 
 B = 4
-
-
 
 
 def tiny_config(**run_overrides):
@@ -60,15 +59,6 @@ def small():
   return data, groups, model
 
 
-def _close(a, b, tol=1e-5):
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
-
-
-def _row(tree, *idx):
-  return jax.tree.map(lambda a: a[idx], tree)
-
-
 # ------------------------------------------------------------------------ fine-tuning
 def test_finetune_sweep_matches_per_client_per_rate_loop(small):
   data, groups, model = small
@@ -83,16 +73,16 @@ def test_finetune_sweep_matches_per_client_per_rate_loop(small):
   for c in range(data.num_clients):
     cd = ClientData(data.x_train[c], data.y_train[c], data.n_train[c])
     for i, lr in enumerate(rates):
-      want = ref.sgd(model, _row(params, groups[c]), cd, int(steps[c]), jax.random.fold_in(key, c),
+      want = ref.sgd(model, row(params, groups[c]), cd, int(steps[c]), jax.random.fold_in(key, c),
                      lr=lr, batch_size=B)
-      _close(_row(personal, i, c), want)
+      close(row(personal, i, c), want)
   np.testing.assert_allclose(np.asarray(epochs), 2.0)  # K_l epochs, counted from the steps run
   # Evaluating inside the program equals evaluating the returned models.
   stats, _ = finetune.finetune_evaluate(model, params, groups, data, learning_rates=rates,
                                         schedule=schedule, key=key, chunk_size=2)
   for i in range(len(rates)):
-    direct = evaluate(model, _row(personal, i), data.x_test, data.y_test, data.n_test)
-    _close(finetune.take_rate(stats, i), direct, tol=1e-4)
+    direct = evaluate(model, row(personal, i), data.x_test, data.y_test, data.n_test)
+    close(finetune.take_rate(stats, i), direct, tol=1e-4)
 
 
 def test_finetune_sweep_compiles_once(small):
@@ -155,7 +145,7 @@ def test_group_stage_is_fedadam_per_group_without_mixing(small):
       lambda s, *t, w=w: s - sum(wi * ti for wi, ti in zip(w, t, strict=True)), start, *thetas
     )
     upd, _ = server.update(delta, server.init(start), start)
-    _close(_row(new.params[0], g), optax.apply_updates(start, upd))
+    close(row(new.params[0], g), optax.apply_updates(start, upd))
   # Costs: every client trained once (cohort = whole group): 2 transfers, 1 epoch.
   costs = new.client_state[1]
   np.testing.assert_array_equal(np.asarray(costs.transfers), 2.0)
@@ -192,8 +182,8 @@ def test_group_stage_does_not_depend_on_chunking(small):
                        schedule=LocalSchedule(batch_size=B, epochs=1), cohort_size=2,
                        chunk_size=chunk, server_optimizer=fedopt("adam", learning_rate=0.01))
     out.append(loop.run(alg, data, num_rounds=2, key=jax.random.key(3), rounds_per_call=2))
-  _close(out[0].params, out[1].params, tol=1e-6)
-  _close(out[0].client_state, out[1].client_state)
+  close(out[0].params, out[1].params, tol=1e-6)
+  close(out[0].client_state, out[1].client_state)
 
 
 # ------------------------------------------------------------------------ the pipeline

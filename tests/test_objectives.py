@@ -7,6 +7,7 @@ import numpy as np
 import optax
 import pytest
 import reference_personalization as ref
+from helpers import close, row
 
 from fedtree import objectives
 from fedtree.algorithms.ditto import ditto
@@ -49,15 +50,6 @@ def _run_tier(update, data, start, key, schedule, client_state=()):
                       client_state=client_state, keep_client_params=True)
 
 
-def _close(a, b, tol=1e-5):
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
-
-
-def _row(tree, i):
-  return jax.tree.map(lambda a: a[i], tree)
-
-
 def _steps(schedule, data, c):
   return int(schedule.num_steps(np.asarray(data.n_train))[c])
 
@@ -73,7 +65,7 @@ def test_fedprox_update_matches_reference(setup):
   for slot, c in enumerate(np.asarray(_sampled(data))):
     want = ref.sgd(model, start, _client(data, c), _steps(schedule, data, c),
                    jax.random.fold_in(key, c), lr=LR, batch_size=B, mu=mu)
-    _close(_row(res.client_params, slot), want)
+    close(row(res.client_params, slot), want)
 
 
 def _sampled(data):
@@ -91,11 +83,11 @@ def test_ditto_update_matches_reference(setup):
   key = jax.random.key(4)
   res = _run_tier(upd, data, start, key, schedule, client_state=personal0)
   for slot, c in enumerate(np.asarray(_sampled(data))):
-    sent, v = ref.ditto(model, start, _row(personal0.personal, c), _client(data, c),
+    sent, v = ref.ditto(model, start, row(personal0.personal, c), _client(data, c),
                         _steps(schedule, data, c), jax.random.fold_in(key, c), lr=LR, lam=lam,
                         batch_size=B)
-    _close(_row(res.client_params, slot), sent)
-    _close(_row(res.client_state.personal, c), v)
+    close(row(res.client_params, slot), sent)
+    close(row(res.client_state.personal, c), v)
 
 
 def test_pfedme_update_matches_reference(setup):
@@ -110,8 +102,8 @@ def test_pfedme_update_matches_reference(setup):
   for slot, c in enumerate(np.asarray(_sampled(data))):
     w, theta = ref.pfedme(model, start, _client(data, c), _steps(schedule, data, c),
                           jax.random.fold_in(key, c), lr=0.02, batch_size=B, **hp)
-    _close(_row(res.client_params, slot), w)
-    _close(_row(res.client_state.personal, c), theta)
+    close(row(res.client_params, slot), w)
+    close(row(res.client_state.personal, c), theta)
 
 
 @pytest.mark.parametrize("variant", ["fo", "hf"])
@@ -126,7 +118,7 @@ def test_perfedavg_update_matches_reference(setup, variant):
     want = ref.perfedavg(model, start, _client(data, c), _steps(schedule, data, c),
                          jax.random.fold_in(key, c), alpha=0.3, beta=0.1, variant=variant,
                          batch_size=B)
-    _close(_row(res.client_params, slot), want)
+    close(row(res.client_params, slot), want)
 
 
 def test_hessian_free_differs_from_first_order(setup):
@@ -153,14 +145,14 @@ def test_fedprox_mu0_is_fedavg(setup):
                      num_rounds=3, key=key)
   b = loop.run(fedavg(**_kw(data, model, schedule, cohort_size=3)), data, num_rounds=3,
                      key=key)
-  _close(a.params, b.params, tol=1e-6)
+  close(a.params, b.params, tol=1e-6)
   # ... and on a tree too.
   topo = Topology.from_labels(groups)
   a = loop.run(fedprox(mu=0.0, topology=topo, **_kw(data, model, schedule, periods=2)), data,
                      num_rounds=2, key=key)
   b = loop.run(hierfavg(topology=topo, **_kw(data, model, schedule, periods=2)), data,
                      num_rounds=2, key=key)
-  _close(a.params, b.params, tol=1e-6)
+  close(a.params, b.params, tol=1e-6)
 
 
 def test_ditto_personal_models_untouched_for_unsampled_clients(setup):
@@ -195,7 +187,7 @@ def test_pfedme_server_step_matches_reference(setup):
   beta, lr = 0.6, 0.03
   alg = pfedme(beta=beta, learning_rate=lr, **hp, **_kw(data, model, schedule))
   state = alg.init(jax.random.key(0))
-  theta = _row(state.params[0], 0)
+  theta = row(state.params[0], 0)
   key = jax.random.key(7)
   new, _ = jax.jit(alg.round)(state, data, key)
   from fedtree.core.rng import stream
@@ -209,7 +201,7 @@ def test_pfedme_server_step_matches_reference(setup):
     lambda *a: sum(float(ni) * ai for ni, ai in zip(n, a, strict=True)) / n.sum(), *ws
   )
   want = jax.tree.map(lambda t, m: (1 - beta) * t + beta * m, theta, mean_w)
-  _close(_row(new.params[0], 0), want)
+  close(row(new.params[0], 0), want)
 
 
 def test_pfedme_with_one_inner_step_and_eta_lambda_one_is_fedavg(setup):
@@ -232,7 +224,7 @@ def test_pfedme_with_one_inner_step_and_eta_lambda_one_is_fedavg(setup):
   kw = _kw(data, model, schedule, cohort_size=3)
   kw["local_optimizer"] = optax.sgd(p)
   b = loop.run(fedavg(**kw), data, num_rounds=3, key=key)
-  _close(a.params, b.params)
+  close(a.params, b.params)
 
 
 def test_beta_mixing_is_sgd_beta_on_the_pseudo_gradient():
@@ -243,7 +235,7 @@ def test_beta_mixing_is_sgd_beta_on_the_pseudo_gradient():
   delta = jax.tree.map(jnp.subtract, theta, mean_w)
   upd, _ = opt.update(delta, opt.init(theta), theta)
   mixed = jax.tree.map(lambda t, m: (1 - beta) * t + beta * m, theta, mean_w)
-  _close(optax.apply_updates(theta, upd), mixed)
+  close(optax.apply_updates(theta, upd), mixed)
 
 
 def test_perfedavg_adapted_model_is_one_alpha_step(setup):
@@ -252,7 +244,7 @@ def test_perfedavg_adapted_model_is_one_alpha_step(setup):
   alg = perfedavg(alpha=alpha, beta=0.05, **_kw(data, model, schedule))
   state = alg.init(jax.random.key(0))
   models = alg.models(state)
-  glob = _row(models["global"].params, 0)
+  glob = row(models["global"].params, 0)
   adapted = models["adapted"].params
   for c in range(data.num_clients):
     # One step, batch B, from the client's training data, rate α.
@@ -261,7 +253,7 @@ def test_perfedavg_adapted_model_is_one_alpha_step(setup):
     key = jax.random.fold_in(stream(jax.random.key(0), "perfedavg_adapt"), 0)
     want = ref.sgd(model, glob, _client(data, c), 1, jax.random.fold_in(key, c), lr=alpha,
                    batch_size=B)
-    _close(_row(adapted, c), want)
+    close(row(adapted, c), want)
 
 
 def test_rounds_compile_once(setup):

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import np_grad
 
 from fedtree.algorithms.pfedmt import pfedmt
 from fedtree.core.data import as_device, from_client_arrays
@@ -24,15 +25,6 @@ def _data(sizes, dim=3, classes=3, seed=0):
     train.append((x, y))
     test.append((x[:2], y[:2]))
   return as_device(from_client_arrays(train, test, num_classes=classes))
-
-
-def _np_grad(kernel, bias, x, y):
-  """Gradient of the mean softmax cross-entropy of ``x @ kernel + bias``, by hand."""
-  z = x @ kernel + bias
-  p = np.exp(z - z.max(1, keepdims=True))
-  p /= p.sum(1, keepdims=True)
-  p[np.arange(len(y)), y] -= 1.0
-  return x.T @ p / len(y), p.mean(0)
 
 
 def _sched(batch, steps):
@@ -69,7 +61,7 @@ def test_one_device_per_team_by_hand(sizes, weighting):
         ys = np.asarray(data.y_train[i, :n])
         th_k, th_b = w[i][0].copy(), w[i][1].copy()
         for _ in range(L):
-          gk, gb = _np_grad(th_k, th_b, xs, ys)
+          gk, gb = np_grad(th_k, th_b, xs, ys)
           th_k, th_b = (th_k - a * gk - a * lam * (th_k - w[i][0]),
                         th_b - a * gb - a * lam * (th_b - w[i][1]))
         pm.append((th_k, th_b))

@@ -12,12 +12,13 @@ objective declares them, :attr:`fedtree.core.local.ClientUpdate.personal_models`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import optax
 
-from fedtree.algorithms.hierfavg import hierfavg
+from fedtree.algorithms.hierfavg import with_objective
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.data import FederatedData
 from fedtree.core.local import LocalSchedule
@@ -42,6 +43,7 @@ def ditto(
   weighting: str = "examples",
   compute_dtype: str | None = None,
   init_params: Any = None,
+  skip_nonfinite: bool = False,
   name: str = "ditto",
 ) -> FederatedAlgorithm:
   """Ditto with regularization ``lam`` (λ >= 0) on ``topology`` (default flat).
@@ -51,20 +53,16 @@ def ditto(
     lam: Ditto's λ.
     personal_optimizer: optimizer of the personal models (default the local optimizer).
     topology: the tree (``None``: one server over all clients).
-    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params: as for
-      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params,
+      skip_nonfinite: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     compute_dtype: mixed-precision local steps (``None``: the params' dtype).
     name: label for reports.
   """
-  topology = Topology.flat(data.num_clients) if topology is None else topology
-  update = ditto_update(
-    model, local_optimizer, lam=lam, batch_size=schedule.batch_size,
-    max_steps=schedule.max_steps(data.max_train), personal_optimizer=personal_optimizer,
-    compute_dtype=compute_dtype,
-  )
-  return hierfavg(
-    model=model, topology=topology, data=data, local_optimizer=local_optimizer, schedule=schedule,
+  return with_objective(
+    functools.partial(ditto_update, model, local_optimizer, lam=lam, personal_optimizer=personal_optimizer,
+                      compute_dtype=compute_dtype),
+    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, topology=topology,
     server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
-    chunk_size=chunk_size, weighting=weighting, client_update=update, init_params=init_params,
-    name=name,
+    chunk_size=chunk_size, weighting=weighting, init_params=init_params,
+    skip_nonfinite=skip_nonfinite, name=name,
   )

@@ -12,7 +12,7 @@ period is ``κ2 = periods[0]``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -26,8 +26,8 @@ from fedtree.core.algorithm import (
   NodeModels,
   TreeState,
   broadcast_tree,
+  check_weighting,
   client_weights,
-  init_opt_states,
   initial_params,
   local_training,
   per_level,
@@ -38,7 +38,7 @@ from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
-from fedtree.core.server import select_nodes, update_nodes
+from fedtree.core.server import init_nodes, select_nodes, update_nodes
 from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
 
@@ -121,7 +121,7 @@ def hierfavg(
     optax.sgd(1.0) if server_optimizers is None else server_optimizers, depth, "server_optimizers"
   )
   periods = check_periods(periods, depth)
-  client_weights(jnp.zeros(1), weighting)  # validates the name early
+  check_weighting(weighting)
   sampler = cohort_sampler(topology.parent(depth), cohort_size, chunk_size=chunk_size)
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
                                  compute_dtype=compute_dtype)
@@ -136,7 +136,8 @@ def hierfavg(
       client_state = client_update.init_state(p0, topology.num_clients)
     return TreeState(
       round=jnp.zeros((), jnp.int32), params=params,
-      opt_state=init_opt_states(server_optimizers, params), client_state=client_state,
+      opt_state=tuple(init_nodes(opt, p) for opt, p in zip(server_optimizers, params, strict=True)),
+      client_state=client_state,
       cursor=schedule.init_cursor(topology.num_clients),
     )
 
@@ -174,12 +175,7 @@ def hierfavg(
       params[lv + 1] = select_nodes(
         jnp.broadcast_to(active[lv], (topology.num_nodes(lv + 1),)), down, params[lv + 1]
       )
-    metrics = {
-      "train_loss": res.loss_sum / jnp.maximum(res.num_trained, 1),
-      "clients_trained": res.num_trained,
-    }
-    if skip_nonfinite:
-      metrics["clients_skipped"] = res.num_skipped
+    metrics = res.metrics(skip_nonfinite)
     new_state = state.replace(
       round=r, params=tuple(params), opt_state=tuple(opt_state), client_state=res.client_state,
       cursor=res.cursor,
@@ -220,3 +216,27 @@ def fedavg(
     weighting=weighting, compute_dtype=compute_dtype, client_update=client_update,
     init_params=init_params, skip_nonfinite=skip_nonfinite, name=name,
   )
+
+
+def with_objective(
+  objective: Callable[..., ClientUpdate],
+  *,
+  model: Model,
+  data: FederatedData,
+  local_optimizer: optax.GradientTransformation | None,
+  schedule: LocalSchedule,
+  topology: Topology | None = None,
+  **kwargs,
+) -> FederatedAlgorithm:
+  """:func:`hierfavg` on ``topology`` (``None``: one server over all clients) whose clients run
+  the objective ``objective(batch_size=..., max_steps=...)``, sized by ``schedule`` on ``data``.
+
+  The shared body of the methods that are a local objective under HierFAVG (FedProx, Ditto,
+  pFedMe, Per-FedAvg): each binds its hyperparameters into ``objective`` (e.g.
+  ``functools.partial(fedprox_update, model, local_optimizer, mu=mu)``) and forwards
+  :func:`hierfavg`'s other arguments as ``kwargs``.
+  """
+  topology = Topology.flat(data.num_clients) if topology is None else topology
+  update = objective(batch_size=schedule.batch_size, max_steps=schedule.max_steps(data.max_train))
+  return hierfavg(model=model, topology=topology, data=data, local_optimizer=local_optimizer,
+                  schedule=schedule, client_update=update, **kwargs)

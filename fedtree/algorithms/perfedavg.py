@@ -11,6 +11,7 @@ on a minibatch of its own training data, vectorized over all clients
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedtree.algorithms.hierfavg import hierfavg
+from fedtree.algorithms.hierfavg import with_objective
 from fedtree.core.algorithm import FederatedAlgorithm, NodeModels
 from fedtree.core.data import FederatedData
 from fedtree.core.finetune import make_finetuner
@@ -48,6 +49,7 @@ def perfedavg(
   weighting: str = "examples",
   compute_dtype: str | None = None,
   init_params: Any = None,
+  skip_nonfinite: bool = False,
   name: str = "perfedavg",
 ) -> FederatedAlgorithm:
   """Per-FedAvg on ``topology`` (default flat).
@@ -61,20 +63,19 @@ def perfedavg(
     local_optimizer: unused (Per-FedAvg's steps are its own); accepted so that every
       HierFAVG-based factory takes the same arguments.
     topology: the tree (``None``: flat).
-    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params: as for
-      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params,
+      skip_nonfinite: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     compute_dtype: mixed-precision MAML steps (``None``: the params' dtype).
     name: label for reports.
   """
   topology = Topology.flat(data.num_clients) if topology is None else topology
-  update = perfedavg_update(model, alpha=alpha, beta=beta, variant=variant,
-                            batch_size=schedule.batch_size,
-                            max_steps=schedule.max_steps(data.max_train), compute_dtype=compute_dtype)
-  inner = hierfavg(
-    model=model, topology=topology, data=data, local_optimizer=local_optimizer, schedule=schedule,
+  inner = with_objective(
+    functools.partial(perfedavg_update, model, alpha=alpha, beta=beta, variant=variant,
+                      compute_dtype=compute_dtype),
+    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, topology=topology,
     server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
-    chunk_size=chunk_size, weighting=weighting, client_update=update, init_params=init_params,
-    name=name,
+    chunk_size=chunk_size, weighting=weighting, init_params=init_params,
+    skip_nonfinite=skip_nonfinite, name=name,
   )
   adapt = make_finetuner(model, LocalSchedule(batch_size=schedule.batch_size, epochs=None, steps=1),
                          max_train=data.max_train, evaluate=False)

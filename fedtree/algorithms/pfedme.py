@@ -13,12 +13,13 @@ models and ``personal``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import optax
 
-from fedtree.algorithms.hierfavg import hierfavg
+from fedtree.algorithms.hierfavg import with_objective
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.checks import check_positive
 from fedtree.core.data import FederatedData
@@ -47,6 +48,7 @@ def pfedme(
   weighting: str = "examples",
   compute_dtype: str | None = None,
   init_params: Any = None,
+  skip_nonfinite: bool = False,
   name: str = "pfedme",
 ) -> FederatedAlgorithm:
   """pFedMe on ``topology`` (default flat).
@@ -62,23 +64,20 @@ def pfedme(
       HierFAVG-based factory takes the same arguments.
     topology: the tree (``None``: flat).
     server_optimizers: override (default FedAvg above, ``sgd(β)`` at the leaf parents).
-    periods, cohort_size, chunk_size, weighting, init_params: as for
+    periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite: as for
       :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     compute_dtype: mixed-precision inner steps (``None``: the params' dtype).
     name: label for reports.
   """
   check_positive(beta=beta)
-  topology = Topology.flat(data.num_clients) if topology is None else topology
-  update = pfedme_update(
-    model, lam=lam, inner_steps=inner_steps, personal_lr=personal_lr, learning_rate=learning_rate,
-    batch_size=schedule.batch_size, max_steps=schedule.max_steps(data.max_train),
-    compute_dtype=compute_dtype,
-  )
   if server_optimizers is None:
-    server_optimizers = (optax.sgd(1.0),) * (topology.depth - 1) + (optax.sgd(beta),)
-  return hierfavg(
-    model=model, topology=topology, data=data, local_optimizer=local_optimizer, schedule=schedule,
+    depth = 1 if topology is None else topology.depth
+    server_optimizers = (optax.sgd(1.0),) * (depth - 1) + (optax.sgd(beta),)
+  return with_objective(
+    functools.partial(pfedme_update, model, lam=lam, inner_steps=inner_steps, personal_lr=personal_lr,
+                      learning_rate=learning_rate, compute_dtype=compute_dtype),
+    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, topology=topology,
     server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
-    chunk_size=chunk_size, weighting=weighting, client_update=update, init_params=init_params,
-    name=name,
+    chunk_size=chunk_size, weighting=weighting, init_params=init_params,
+    skip_nonfinite=skip_nonfinite, name=name,
   )

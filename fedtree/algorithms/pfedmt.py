@@ -52,10 +52,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, client_weights, initial_params
+from fedtree.core.algorithm import (
+  FederatedAlgorithm,
+  NodeModels,
+  check_weighting,
+  client_weights,
+  initial_params,
+)
 from fedtree.core.checks import is_traced
 from fedtree.core.data import FederatedData
-from fedtree.core.local import ClientUpdate, LocalSchedule
+from fedtree.core.local import ClientUpdate, LocalSchedule, stack
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
@@ -169,7 +175,7 @@ def pfedmt(
                 ("device_lam", device_lam)):
     if not is_traced(v) and v < 0:
       raise ValueError(f"pFedMT {nm}={v} must be >= 0")
-  client_weights(jnp.zeros(1), weighting)
+  check_weighting(weighting)
   if team_weighting is None:
     team_weighting = "examples" if weighting == "examples" else "devices"
   if team_weighting not in TEAM_WEIGHTINGS:
@@ -191,12 +197,11 @@ def pfedmt(
 
   def init(key):
     x = initial_params(model, key, init_params)
-    stack = lambda n: jax.tree.map(lambda p: jnp.broadcast_to(p, (n,) + p.shape), x)
     if client_update.init_state is not None:
       client_state = client_update.init_state(x, topology.num_clients)
     else:
-      client_state = stack(topology.num_clients)
-    return PFedMTState(round=jnp.zeros((), jnp.int32), params=x, team_params=stack(num_teams),
+      client_state = stack(x, topology.num_clients)
+    return PFedMTState(round=jnp.zeros((), jnp.int32), params=x, team_params=stack(x, num_teams),
                        client_state=client_state, cursor=schedule.init_cursor(topology.num_clients))
 
   def round_fn(state: PFedMTState, data: FederatedData, key):
@@ -213,7 +218,7 @@ def pfedmt(
     num_steps = schedule.num_steps(data.n_train)
     cohort_key = stream(key, "cohort")
     train_key = stream(key, "train")
-    w0 = jax.tree.map(lambda p: jnp.broadcast_to(p, (num_teams,) + p.shape), x)
+    w0 = stack(x, num_teams)
 
     def team_iteration(carry, k):
       w, pm, cursor = carry
@@ -230,7 +235,7 @@ def pfedmt(
         + eta * lam * tb,
         w, x, theta_bar,
       )
-      loss = res.loss_sum / jnp.maximum(res.num_trained, 1)
+      loss = res.mean_loss()
       return (w, res.client_state, res.cursor), loss
 
     (w, pm, cursor), losses = jax.lax.scan(

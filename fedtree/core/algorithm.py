@@ -124,10 +124,6 @@ def broadcast_tree(init_params: PyTree, topology: Topology) -> tuple:
   return tuple(stack(init_params, topology.num_nodes(lv)) for lv in range(topology.depth))
 
 
-def init_opt_states(optimizers: Sequence[optax.GradientTransformation], params: tuple) -> tuple:
-  return tuple(jax.vmap(opt.init)(p) for opt, p in zip(optimizers, params, strict=True))
-
-
 def local_training(
   client_update: ClientUpdate | None, model: Model, local_optimizer: optax.GradientTransformation,
   schedule: LocalSchedule, data: FederatedData, *, compute_dtype=None, stateless_for: str | None = None,
@@ -169,25 +165,23 @@ def personal_models(client_update: ClientUpdate, client_state) -> dict[str, Node
   return {"personal": NodeModels(personal, np.arange(num_clients, dtype=np.int32))}
 
 
+WEIGHTINGS = ("examples", "uniform")
+
+
+def check_weighting(weighting: str) -> str:
+  """``weighting`` if it is one of :data:`WEIGHTINGS`, else a ``ValueError`` naming it (a
+  factory calls it at construction)."""
+  if weighting not in WEIGHTINGS:
+    raise ValueError(f"weighting={weighting!r}; choose 'examples' or 'uniform'")
+  return weighting
+
+
 def client_weights(n_train: jax.Array, weighting: str) -> jax.Array:
-  """Aggregation weight of every client: its number of examples, or 1."""
-  if weighting == "examples":
+  """Aggregation weight of every client: its number of examples (``"examples"``), or 1
+  (``"uniform"``)."""
+  if check_weighting(weighting) == "examples":
     return n_train.astype(jnp.float32)
-  if weighting == "uniform":
-    return jnp.ones(n_train.shape, jnp.float32)
-  raise ValueError(f"weighting={weighting!r}; choose 'examples' or 'uniform'")
-
-
-def with_personal_models(algorithm: FederatedAlgorithm, name: str, params_of_state) -> FederatedAlgorithm:
-  """``algorithm`` whose ``models()`` also returns ``name``: one model per client, read from
-  the state by ``params_of_state(state) -> [C, ...]`` (Ditto's and pFedMe's personal models)."""
-
-  def models(state):
-    personal = params_of_state(state)
-    num_clients = jax.tree.leaves(personal)[0].shape[0]
-    return {**algorithm.models(state), name: NodeModels(personal, np.arange(num_clients, dtype=np.int32))}
-
-  return algorithm._replace(models=models)
+  return jnp.ones(n_train.shape, jnp.float32)
 
 
 # ------------------------------------------------------------------------ compositions

@@ -11,7 +11,9 @@ pads the lists into a :class:`FederatedData`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +21,8 @@ import numpy as np
 from flax import struct
 
 from fedtree.core.topology import Topology
+
+Array = jax.Array | np.ndarray  # host (numpy) arrays until as_device
 
 
 @struct.dataclass
@@ -44,12 +48,12 @@ class FederatedData:
     ((2, 3, 4), [3, 1], 2)
   """
 
-  x_train: jax.Array
-  y_train: jax.Array
-  n_train: jax.Array
-  x_test: jax.Array
-  y_test: jax.Array
-  n_test: jax.Array
+  x_train: Array
+  y_train: Array
+  n_train: Array
+  x_test: Array
+  y_test: Array
+  n_test: Array
   num_classes: int = struct.field(pytree_node=False, default=0)
 
   @property
@@ -100,7 +104,7 @@ class FederatedData:
   def take(self, clients) -> FederatedData:
     """The data of a subset of clients (host-side; for references and analysis)."""
     idx = np.asarray(clients)
-    return self.replace(**{f: getattr(self, f)[idx] for f in _ARRAY_FIELDS})
+    return dataclasses.replace(self, **{f: getattr(self, f)[idx] for f in _ARRAY_FIELDS})
 
 
 _ARRAY_FIELDS = ("x_train", "y_train", "n_train", "x_test", "y_test", "n_test")
@@ -240,4 +244,5 @@ def _check_partition_args(num_examples: int, num_clients: int) -> None:
 
 def as_device(data: FederatedData) -> FederatedData:
   """Moves the arrays to the default device (``jnp`` arrays)."""
-  return data.replace(**{f: jnp.asarray(getattr(data, f)) for f in _ARRAY_FIELDS})
+  arrays: dict[str, Any] = {f: jnp.asarray(getattr(data, f)) for f in _ARRAY_FIELDS}
+  return dataclasses.replace(data, **arrays)

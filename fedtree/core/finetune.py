@@ -50,7 +50,7 @@ def check_finetune(schedule: LocalSchedule, learning_rates: Sequence[float]) -> 
   """Validates a fine-tune schedule and rates; returns the rates as a tuple."""
   if schedule.epochs is not None and not schedule.epochs > 0:
     raise ValueError(f"fine-tune epochs={schedule.epochs} must be > 0")
-  if schedule.steps is not None and int(schedule.steps) < 1:
+  if schedule.steps is not None and int(np.min(schedule.steps)) < 1:
     raise ValueError(f"fine-tune steps={schedule.steps} must be >= 1")
   rates = tuple(float(r) for r in np.atleast_1d(np.asarray(learning_rates, dtype=np.float64)))
   if not rates:

@@ -342,7 +342,7 @@ def make_sgd_step(
     grads, loss = jax.grad(objective, has_aux=True)(carry.params, carry.anchor, batch, rng)
     updates, opt_state = optimizer.update(grads, carry.opt_state, carry.params)
     params = optax.apply_updates(carry.params, updates)
-    return carry.replace(params=params, opt_state=opt_state), loss
+    return dataclasses.replace(carry, params=params, opt_state=opt_state), loss
 
   return step
 

@@ -34,7 +34,7 @@ class EvalStats(NamedTuple):
 
   loss_sum: jax.Array
   correct: jax.Array
-  count: jax.Array
+  count: jax.Array  # type: ignore[assignment]  # shadows tuple.count
   confusion: jax.Array | None = None
 
 
@@ -53,7 +53,7 @@ def client_sums(model: Model, params, x, y, n, *, confusion: bool = False):
   nll = -jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0]
   pred = jnp.argmax(logits, -1)
   correct = (pred == y) & mask
-  out = (
+  out: tuple[jax.Array, ...] = (
     jnp.sum(jnp.where(mask, nll, 0.0)),
     jnp.sum(correct.astype(jnp.float32)),
     jnp.sum(mask.astype(jnp.float32)),
@@ -121,7 +121,7 @@ def summarize(stats: EvalStats, groups: np.ndarray | None = None, prefix: str = 
   has = count > 0
   total = max(count.sum(), 1.0)
   client_acc = np.where(has, correct / np.maximum(count, 1.0), np.nan)
-  out = {
+  out: dict[str, Any] = {
     f"{prefix}accuracy": float(correct.sum() / total),
     f"{prefix}loss": float(loss.sum() / total),
     f"{prefix}client_mean_accuracy": float(np.nanmean(client_acc)) if has.any() else float("nan"),

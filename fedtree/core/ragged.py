@@ -45,9 +45,9 @@ class RaggedData:
     num_classes: number of label values (static).
   """
 
-  x: jax.Array
-  y: jax.Array
-  offsets: jax.Array
+  x: jax.Array | np.ndarray  # host arrays until moved to the device
+  y: jax.Array | np.ndarray
+  offsets: jax.Array | np.ndarray
   num_classes: int = struct.field(pytree_node=False, default=0)
 
   @property
@@ -55,7 +55,7 @@ class RaggedData:
     return int(self.offsets.shape[0]) - 1
 
   @property
-  def counts(self) -> jax.Array:
+  def counts(self) -> jax.Array | np.ndarray:
     """``int32[C]`` examples per client."""
     return self.offsets[1:] - self.offsets[:-1]
 
@@ -118,8 +118,9 @@ def client_data(data: RaggedData, clients: jax.Array, *, cursor=0, shuffle=True)
 
 def client_axes(cursor_batched: bool = False, shuffle_batched: bool = False) -> ClientData:
   """``in_axes`` for vmapping over :func:`client_data`'s cohort: flat arrays shared."""
-  return ClientData(x=None, y=None, n=0, cursor=0 if cursor_batched else None,
-                    shuffle=0 if shuffle_batched else None, offset=0)
+  # vmap in_axes in ClientData's shape: axis numbers and None, not data
+  return ClientData(x=None, y=None, n=0, cursor=0 if cursor_batched else None,  # type: ignore[arg-type]
+                    shuffle=0 if shuffle_batched else None, offset=0)  # type: ignore[arg-type]
 
 
 def padded_bytes(counts: np.ndarray, example_bytes: int) -> int:

@@ -31,6 +31,26 @@ class Cohort(NamedTuple):
   parent: jax.Array
   valid: jax.Array
 
+  def scatter(self, base, values, mask: jax.Array | None = None):
+    """``base`` (a pytree of ``[C, ...]`` per-client arrays) with client ``clients[s]``'s row
+    set to ``values[s]`` for every slot ``s`` of ``mask`` (default ``valid``: padding slots
+    write nowhere). ``values`` is a pytree like ``base`` of ``[K, ...]`` slot values, or a
+    scalar broadcast to every written row.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> cohort = Cohort(clients=jnp.array([3, 1, 0]), parent=jnp.zeros(3, jnp.int32),
+      ...                 valid=jnp.array([True, True, False]))
+      >>> cohort.scatter(jnp.zeros(4), jnp.array([5.0, 7.0, 9.0])).tolist()
+      [0.0, 7.0, 0.0, 5.0]
+    """
+    leaves = jax.tree.leaves(base)
+    if not leaves:
+      return base
+    mask = self.valid if mask is None else mask
+    idx = jnp.where(mask, self.clients, leaves[0].shape[0])
+    return jax.tree.map(lambda b, v: b.at[idx].set(v, mode="drop"), base, values)
+
 
 @dataclasses.dataclass(frozen=True)
 class CohortSampler:
@@ -106,10 +126,10 @@ def cohort_sampler(parent, cohort_size, *, chunk_size: int | None = None) -> Coh
   parent = np.asarray(parent, dtype=np.int64)
   num_parents = int(parent.max()) + 1
   counts = np.bincount(parent, minlength=num_parents)
-  if cohort_size is None or (np.isscalar(cohort_size) and int(cohort_size) == -1):
+  if cohort_size is None or (np.isscalar(cohort_size) and int(np.asarray(cohort_size)) == -1):
     k = counts.copy()
   elif np.isscalar(cohort_size):
-    k = np.full(num_parents, int(cohort_size))
+    k = np.full(num_parents, int(np.asarray(cohort_size)))
   else:
     k = np.asarray(cohort_size, dtype=np.int64)
     if k.shape != (num_parents,):

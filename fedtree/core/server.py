@@ -36,7 +36,7 @@ PyTree = Any
 class FedOptState(NamedTuple):
   """State of :func:`fedopt`."""
 
-  count: jax.Array  # int32[], number of updates so far
+  count: jax.Array  # type: ignore[assignment]  # int32[] updates so far (shadows tuple.count)
   m: PyTree         # first moment, like params
   v: PyTree         # second moment / accumulator, like params
 

@@ -16,6 +16,7 @@ first; :func:`client_mesh` then spans the devices of every host.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,7 +53,7 @@ def client_mesh(
     ValueError: more devices asked for than exist, or a shape with more than one axis.
   """
   devices = list(jax.devices() if devices is None else devices)
-  if isinstance(mesh_shape, (list, tuple)):
+  if isinstance(mesh_shape, Sequence):   # a list or tuple
     if len(mesh_shape) != 1:
       raise ValueError(f"mesh_shape={tuple(mesh_shape)}: only a 1-D client mesh is supported")
     mesh_shape = mesh_shape[0]
@@ -89,7 +90,7 @@ def shard_clients(tree: PyTree, mesh: Mesh) -> PyTree:
 
 def shard_data(data: FederatedData, mesh: Mesh) -> FederatedData:
   """The federated data with every per-client array sharded over ``mesh``'s client axis."""
-  return data.replace(**shard_clients({f: getattr(data, f) for f in _ARRAY_FIELDS}, mesh))
+  return dataclasses.replace(data, **shard_clients({f: getattr(data, f) for f in _ARRAY_FIELDS}, mesh))
 
 
 def replicate(tree: PyTree, mesh: Mesh) -> PyTree:

@@ -61,6 +61,18 @@ class TierResult(NamedTuple):
     """The mean pseudo-gradient ``Θ - Σ p_i θ_i`` of every parent (0 where none reported)."""
     return divide_by_weight(self.delta_sum, self.weight_sum)
 
+  def mean_loss(self) -> jax.Array:
+    """``[]`` the mean local loss of the clients that trained (0 when none did)."""
+    return self.loss_sum / jnp.maximum(self.num_trained, 1).astype(self.loss_sum.dtype)
+
+  def metrics(self, skip_nonfinite: bool = False) -> dict[str, jax.Array]:
+    """A round's metrics of this tier: ``train_loss`` (:meth:`mean_loss`), ``clients_trained``
+    and, when clients are skipped (``skip_nonfinite``), ``clients_skipped``."""
+    out = {"train_loss": self.mean_loss(), "clients_trained": self.num_trained}
+    if skip_nonfinite:
+      out["clients_skipped"] = jnp.asarray(self.num_skipped)
+    return out
+
 
 def _take(tree: PyTree, idx: jax.Array) -> PyTree:
   return jax.tree.map(lambda a: jnp.take(a, idx, axis=0), tree)
@@ -148,7 +160,6 @@ def train_cohort(
   if k % chunk:
     raise ValueError(f"cohort of {k} slots is not a multiple of chunk_size={chunk}")
   num_parents = jax.tree.leaves(parent_params)[0].shape[0]
-  num_clients = data.x_train.shape[0]
   anchor_params = parent_params if anchor_params is None else anchor_params
   # Slots sorted by (parent, step count): a chunk loops to its largest step count (see
   # fedtree.core.local.run_local_steps), so clients with similar counts share chunks; padding
@@ -230,9 +241,7 @@ def train_cohort(
     weight_sum = on_devices(weight_sum + jax.vmap(
       lambda v, i: jax.ops.segment_sum(v, i, num_segments=num_parents)
     )(per_device(w), parent))
-    # Padding (and skipped) slots write nowhere.
-    scatter_idx = jnp.where(trained, ch.clients, num_clients)
-    state = jax.tree.map(lambda s, v: s.at[scatter_idx].set(v, mode="drop"), state, new_state)
+    state = ch.scatter(state, new_state, trained)   # padding (and skipped) slots write nowhere
     loss_sum = loss_sum + jnp.sum(jnp.where(trained, loss, 0.0)).astype(fdtype)
     count = count + jnp.sum(trained, dtype=jnp.int32)
     return ((delta_sum, weight_sum, state, loss_sum, count, skipped),
@@ -257,8 +266,8 @@ def train_cohort(
       lambda a: jnp.take(a.reshape((k,) + a.shape[2:]), inverse, axis=0), per_chunk
     )
   if cyclic:  # each trained client read ``num_steps`` more batches of its stream
-    scatter_idx = jnp.where(cohort.valid, cohort.clients, num_clients)
+    assert batch_size is not None and not isinstance(cursor, tuple)  # checked on entry
     moved = advance_cursor(jnp.take(cursor, cohort.clients), jnp.take(num_steps, cohort.clients),
                            jnp.take(data.n_train, cohort.clients), batch_size)
-    cursor = cursor.at[scatter_idx].set(moved, mode="drop")
+    cursor = cohort.scatter(cursor, moved)
   return TierResult(delta_sum, weight_sum, state, client_params, loss_sum, count, cursor, skipped)

@@ -21,8 +21,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import jax
+
+if TYPE_CHECKING:
+  from fedtree.core.algorithm import FederatedAlgorithm
 
 # Clients per chunk, per backend (measured: benchmarks/README.md). On CPU the per-client
 # models of a chunk must stay in cache: for the MLP of workload (a) (210 KB of params per
@@ -120,10 +124,12 @@ def client_step_bytes(model, optimizer, example_shape: Sequence[int], batch_size
   carry = jax.eval_shape(
     lambda p: SGDCarry(params=p, opt_state=optimizer.init(p), anchor=p), params
   )
-  batch = Batch(
-    x=jax.ShapeDtypeStruct((batch_size,) + tuple(example_shape), getattr(model, "input_dtype", "float32")),
-    y=jax.ShapeDtypeStruct((batch_size,) + tuple(getattr(model, "label_shape", ())), jnp.int32),
-    mask=jax.ShapeDtypeStruct((batch_size,), jnp.bool_),
+  batch = Batch(  # abstract values (ShapeDtypeStruct) for lowering, in the batch's structure
+    x=jax.ShapeDtypeStruct((batch_size,) + tuple(example_shape),  # type: ignore[arg-type]
+                           getattr(model, "input_dtype", "float32")),
+    y=jax.ShapeDtypeStruct((batch_size,) + tuple(getattr(model, "label_shape", ())),  # type: ignore[arg-type]
+                           jnp.int32),
+    mask=jax.ShapeDtypeStruct((batch_size,), jnp.bool_),  # type: ignore[arg-type]
   )
   key = jax.eval_shape(lambda: jax.random.key(0))
   compiled = jax.jit(make_sgd_step(model, optimizer)).lower(carry, batch, key).compile()
@@ -191,12 +197,12 @@ def autotune_chunk_size(
     timings[int(c)] = min(time_round(int(c)) for _ in range(max(1, repeats)))
     if log:
       log(f"chunk_size={c}: {timings[int(c)] * 1e3:.1f} ms per round")
-  best = min(timings, key=timings.get)
+  best = min(timings, key=timings.__getitem__)
   return best, timings
 
 
 def round_timer(
-  build_algorithm: Callable[[int], object], data, key: jax.Array
+  build_algorithm: Callable[[int], FederatedAlgorithm], data, key: jax.Array
 ) -> Callable[[int], float]:
   """A ``time_round`` for :func:`autotune_chunk_size` from ``build_algorithm(chunk)``.
 

@@ -26,10 +26,12 @@ def local_optimizer_from_config(local: ml_collections.ConfigDict) -> optax.Gradi
 
 
 def schedule_from_config(local: ml_collections.ConfigDict) -> LocalSchedule:
-  """``config.local``'s ``batch_size`` and ``steps`` (else ``epochs``, default 1)."""
+  """``config.local``'s ``batch_size``, ``steps`` (else ``epochs``, default 1) and
+  ``batch_order`` (absent: :class:`~fedtree.core.local.LocalSchedule`'s default, ``"shuffled"``)."""
   steps = local.get("steps", None)
   epochs = None if steps is not None else local.get("epochs", 1)
-  return LocalSchedule(batch_size=int(local.batch_size), epochs=epochs, steps=steps)
+  order = {"batch_order": local.batch_order} if local.get("batch_order", None) is not None else {}
+  return LocalSchedule(batch_size=int(local.batch_size), epochs=epochs, steps=steps, **order)
 
 
 def server_from_config(cfg: ml_collections.ConfigDict | None):

@@ -19,7 +19,9 @@ Common run fields, for every algorithm whose factory takes the parameter: ``coho
 ``"tune"``; default the config's, else ``"auto"``), ``compute_dtype`` (default the
 config's), ``weighting``, ``server`` (one server optimizer config ``{name, **hparams}``) /
 ``servers`` (one per server level), ``periods``, ``tree`` (``"flat"`` or ``"config"``, for
-the methods whose tree is optional), and the runner's ``rounds`` and ``label``.
+the methods whose tree is optional), ``objective`` (for the algorithms that take a
+``client_update``: the local objective, ``{name, **hyperparameters}``, see
+:func:`objective_from_config`), and the runner's ``rounds`` and ``label``.
 
 Adding an algorithm: its factory (one file) and one :class:`AlgorithmSpec` line in
 :data:`SPECS` (see ``CONTRIBUTING.md``).
@@ -41,12 +43,10 @@ import ml_collections
 import numpy as np
 import optax
 
-from fedtree import algorithms
+from fedtree import algorithms, objectives
 from fedtree.algorithms.bhfl import proxy_from_clients, with_level_report
 from fedtree.algorithms.bhfl.asynchrony import latency_from_config
-from fedtree.algorithms.clustering.clustered import clustered
 from fedtree.algorithms.grouppfl.grouppfl import GroupPersonalizedFL
-from fedtree.core.local import LocalSchedule
 from fedtree.core.topology import Topology
 from fedtree.experiment.builders import (
   cohort_slots,
@@ -87,17 +87,12 @@ class AlgorithmSpec:
       (e.g. a rate that defaults to ``config.local.learning_rate``).
     wrap: ``wrap(built, label, run, ctx)``, what the runner gets (B-HFL's report hook,
       GroupPerFL's stages).
-    extends: a function whose keyword parameters ``factory`` forwards through ``**kwargs``
-      (they are part of the schema too).
-    exclude: parameters of ``extends`` that ``factory`` sets itself (not run fields).
   """
 
   factory: Callable[..., Any]
   fields: tuple[Fields, ...] = ()
   defaults: Callable[[Any], dict[str, Any]] | None = None
   wrap: Callable[..., Any] | None = None
-  extends: Callable[..., Any] | None = None
-  exclude: tuple[str, ...] = ()
 
 
 # ------------------------------------------------------------------------ converters
@@ -152,10 +147,11 @@ def _per_level_servers(plural: str, single: str, target: str):
   return Fields((plural, single), convert)
 
 
+# B-HFL's converters set only what the run gives; the rest is the factory's default.
 def _bhfl_down(v, ctx):
   if "downs" in v or "down" in v:
     return _per_level_servers("downs", "down", "down_optimizers").convert(v, ctx)
-  return {"down_optimizers": optax.sgd(float(v.get("eta_down", 1.0)))}
+  return {"down_optimizers": optax.sgd(v["eta_down"])} if "eta_down" in v else {}
 
 
 def _bhfl_periods(v, ctx):
@@ -168,36 +164,53 @@ def _bhfl_periods(v, ctx):
 
 
 def _bhfl_proxy(v, ctx):
-  proxy = {}
-  n_proxy = int(v.get("proxy_examples", 0))
-  if n_proxy:
-    for lv in v.get("proxy_levels", (0,)):
-      proxy[int(lv)] = proxy_from_clients(ctx.data, ctx.topology, int(lv), n_proxy,
-                                          seed=int(ctx.config.seed) + int(lv))
-  schedule = LocalSchedule(batch_size=int(v.get("proxy_batch_size", ctx.schedule.batch_size)),
-                           epochs=None, steps=int(v.get("proxy_steps", 5)))
-  return {"proxy": proxy, "proxy_schedule": schedule}
+  """``proxy_examples`` per node of every level in ``proxy_levels`` (drawn from its subtree's
+  clients); ``proxy_steps`` / ``proxy_batch_size`` replace those of the local schedule."""
+  out = {}
+  if v.get("proxy_examples", None):
+    if "proxy_levels" not in v:
+      raise ValueError(
+        f"proxy_examples={v['proxy_examples']} needs proxy_levels, the server levels whose nodes "
+        f"hold proxy data (e.g. (0,): the root)"
+      )
+    out["proxy"] = {int(lv): proxy_from_clients(ctx.data, ctx.topology, int(lv), int(v["proxy_examples"]),
+                                                seed=int(ctx.config.seed) + int(lv))
+                    for lv in v["proxy_levels"]}
+  if "proxy_steps" in v or "proxy_batch_size" in v:
+    sched = ctx.schedule
+    if "proxy_steps" in v:
+      sched = dataclasses.replace(sched, epochs=None, steps=int(v["proxy_steps"]))
+    if "proxy_batch_size" in v:
+      sched = dataclasses.replace(sched, batch_size=int(v["proxy_batch_size"]))
+    out["proxy_schedule"] = sched
+  return out
 
 
 def _bhfl_latency(v, ctx):
-  lat = v.get("latency", None)
+  if "latency" not in v:
+    return {}
+  lat = v["latency"]
   if isinstance(lat, (list, tuple)):
     return {"latencies": [latency_from_config(x) for x in lat]}
   return {"latencies": latency_from_config(lat)}
 
 
 def _bhfl_buffers(v, ctx):
-  b = v.get("buffer_sizes", None)
+  if "buffer_sizes" not in v:
+    return {}
+  b = v["buffer_sizes"]
   if isinstance(b, (list, tuple)):
     return {"buffer_sizes": [None if x is None else int(x) for x in b]}
   return {"buffer_sizes": None if b is None else int(b)}
 
 
 def _bhfl_residual(v, ctx):
-  return {
-    "residual_optimizer": server_from_config(v.get("residual", None)),
-    "residual_down_optimizer": optax.sgd(float(v.get("residual_down_eta", 0.5))),
-  }
+  out = {}
+  if "residual" in v:
+    out["residual_optimizer"] = server_from_config(v["residual"])
+  if "residual_down_eta" in v:
+    out["residual_down_optimizer"] = optax.sgd(v["residual_down_eta"])
+  return out
 
 
 def _bhfl_report(alg, label, run, ctx):
@@ -213,33 +226,19 @@ def _grouppfl_stages(spec, label, run, ctx):
   )
 
 
-def _fedadam(cfg):
-  """A server optimizer config, default FedAdam at lr 1e-3 (GroupPerFL's paper)."""
-  if cfg is None:
-    cfg = ml_collections.ConfigDict(dict(name="fedadam", learning_rate=1e-3))
-  return server_from_config(cfg)
-
-
-FINETUNE_FIELDS = ("epochs", "learning_rates", "batch_size", "optimizer")
+# ``finetune.<field>`` -> GroupPersonalizedFL's ``finetune_<field>`` (its defaults: the paper's).
+FINETUNE_FIELDS = {"epochs": "finetune_epochs", "learning_rates": "finetune_rates",
+                   "batch_size": "finetune_batch_size", "optimizer": "finetune_optimizer"}
 
 
 def _grouppfl_finetune(v, ctx):
-  ft = v.get("finetune", None) or ml_collections.ConfigDict()
+  ft = v.get("finetune", None) or {}
   check_fields("finetune", list(ft.keys()), FINETUNE_FIELDS)
-  epochs = ft.get("epochs", 5)
-  if not epochs > 0:
-    raise ValueError(f"finetune.epochs={epochs} (K_l) must be > 0")
-  return {
-    "finetune_schedule": LocalSchedule(batch_size=int(ft.get("batch_size", ctx.schedule.batch_size)),
-                                       epochs=epochs, steps=None),
-    "finetune_rates": tuple(float(r) for r in ft.get("learning_rates", (0.001, 0.01, 0.1, 1.0))),
-    "finetune_optimizer": str(ft.get("optimizer", "sgd")),
-  }
+  return {FINETUNE_FIELDS[k]: ft[k] for k in ft}   # GroupPersonalizedFL validates them
 
 
 def _grouppfl_servers(v, ctx):
-  return {"global_server": _fedadam(v.get("global_server", None)),
-          "group_server": _fedadam(v.get("group_server", None))}
+  return {f: server_from_config(v[f]) for f in ("global_server", "group_server") if f in v}
 
 
 def _local_rate(ctx):
@@ -271,19 +270,52 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "cfl": AlgorithmSpec(algorithms.cfl),
   "ifca": AlgorithmSpec(algorithms.ifca),
   "awcfl": AlgorithmSpec(algorithms.awcfl),
-  "mcfl": AlgorithmSpec(algorithms.mcfl, extends=clustered, exclude=("beta", "inter_cluster")),
+  "mcfl": AlgorithmSpec(algorithms.mcfl),
   "fedkws": AlgorithmSpec(algorithms.fedkws,
                           fields=(_rate_optimizer("private_learning_rate", "private_optimizer"),)),
   "grouppfl": AlgorithmSpec(
     GroupPersonalizedFL,
-    fields=(Fields(("finetune",), _grouppfl_finetune,
-                   ("finetune_schedule", "finetune_rates", "finetune_optimizer")),
+    fields=(Fields(("finetune",), _grouppfl_finetune, ("finetune_schedule", *FINETUNE_FIELDS.values())),
             Fields(("global_server", "group_server"), _grouppfl_servers)),
-    defaults=lambda ctx: {"global_rounds": int(ctx.config.rounds), "group_rounds": 0,
-                          "cohort_size": None},
+    defaults=lambda ctx: {"global_rounds": int(ctx.config.rounds)},
     wrap=_grouppfl_stages,
   ),
 }
+
+
+# ------------------------------------------------------------------------ objectives
+OBJECTIVES: Mapping[str, Callable[..., Any]] = {
+  "alo": objectives.alo_update, "ditto": objectives.ditto_update, "fedprox": objectives.fedprox_update,
+  "moreau": objectives.moreau_client_update, "perfedavg": objectives.perfedavg_update,
+  "pfedme": objectives.pfedme_update,
+}
+"""Local objectives a run can select with ``objective: {name: <key>, **hyperparameters}``."""
+OBJECTIVE_CONTEXT = ("model", "optimizer", "batch_size", "max_steps", "compute_dtype")
+
+
+def objective_from_config(cfg, ctx, *, compute_dtype: str | None = None):
+  """The :class:`~fedtree.core.local.ClientUpdate` of a run's ``objective`` field:
+  ``{name: one of OBJECTIVES, **its scalar hyperparameters}`` (e.g. ``{name: "fedprox", mu:
+  0.01, persistent: True}`` for FedProx clients under B-HFL). The context supplies the model,
+  the local optimizer, the schedule's batch size and step count, and ``compute_dtype`` (the
+  run's, unless the objective sets its own)."""
+  cfg = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+  name = cfg.pop("name", None)
+  if name not in OBJECTIVES:
+    raise ValueError(f"objective name={name!r}; choose one of {sorted(OBJECTIVES)}")
+  factory = OBJECTIVES[name]
+  params, hints = inspect.signature(factory).parameters, _hints(factory)
+  supplied = {"model": ctx.model, "optimizer": ctx.local_optimizer, "batch_size": ctx.schedule.batch_size,
+              "max_steps": ctx.schedule.max_steps(ctx.data.max_train),
+              "compute_dtype": cfg.pop("compute_dtype", compute_dtype)}
+  allowed = [n for n in params if n not in OBJECTIVE_CONTEXT and is_scalar(hints.get(n, object))]
+  check_fields(f"objective {name!r}", list(cfg), allowed)
+  kw = {n: v for n, v in supplied.items() if n in params}
+  kw.update({n: coerce(v, hints[n], f"objective.{n}") for n, v in cfg.items()})
+  missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty and n not in kw]
+  if missing:
+    raise ValueError(f"objective {name!r} needs field(s) {missing}")
+  return factory(**kw)
 
 
 # ------------------------------------------------------------------------ the schema
@@ -375,6 +407,8 @@ class Schema:
   @property
   def allowed(self) -> list[str]:
     names = set(RUNNER_FIELDS) | {"chunk_size"} | set(self.scalars)
+    if "client_update" in self.params:
+      names.add("objective")
     for f in self.fields:
       names |= set(f.names)
     return sorted(names)
@@ -390,13 +424,9 @@ def _hints(factory) -> dict[str, Any]:
 
 def schema(spec: AlgorithmSpec) -> Schema:
   """The run fields of ``spec`` (see the module docstring)."""
-  params, hints = {}, {}
-  for f in (spec.extends, spec.factory):
-    if f is not None:
-      params.update(inspect.signature(f).parameters)
-      hints.update(_hints(f))
-  params = {n: p for n, p in params.items()
-            if p.kind is not inspect.Parameter.VAR_KEYWORD and n not in spec.exclude}
+  params = {n: p for n, p in inspect.signature(spec.factory).parameters.items()
+            if p.kind is not inspect.Parameter.VAR_KEYWORD}
+  hints = _hints(spec.factory)
   fields = list(spec.fields)
   converted = {n for f in fields for n in f.names}
   common = []
@@ -470,6 +500,12 @@ def factory_kwargs(label: str, run, ctx) -> dict[str, Any]:
       kw.update(f.convert({n: run[n] for n in f.names if n in run}, ctx))
     except ValueError as e:
       raise ValueError(f"{where} (algorithm={run.algorithm!r}): {e}") from e
+  if "objective" in run:   # the objective is built with the run's compute_dtype, the host without
+    try:
+      dtype = kw.pop("compute_dtype", None)
+      kw["client_update"] = objective_from_config(run.objective, ctx, compute_dtype=dtype)
+    except ValueError as e:
+      raise ValueError(f"{where} (algorithm={run.algorithm!r}): {e}") from e
   missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty and n not in kw]
   if missing:
     raise ValueError(f"{where} (algorithm={run.algorithm!r}) needs field(s) {missing}")
@@ -482,8 +518,9 @@ def _tune_slots(kw: dict, ctx) -> int:
 
 
 def build_algorithm(label: str, run_cfg, ctx):
-  """The algorithm of run ``label`` (its ``config.runs.<label>``) on the shared context: a
-  :class:`~fedtree.core.algorithm.FederatedAlgorithm` or a pipeline (B-HFL, GroupPerFL)."""
+  """The :class:`~fedtree.core.algorithm.FederatedAlgorithm` of run ``label`` (its
+  ``config.runs.<label>``) on the shared context (with its ``report`` hook where the spec's
+  ``wrap`` adds one: B-HFL's table by level, GroupPerFL's fine-tune stage and tables)."""
   spec = _spec(label, run_cfg)
   kw = factory_kwargs(label, run_cfg, ctx)
   if kw.get("chunk_size") == "tune":

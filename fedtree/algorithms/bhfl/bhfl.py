@@ -72,6 +72,7 @@ from fedtree.core.algorithm import (
   FederatedAlgorithm,
   NodeModels,
   Report,
+  check_weighting,
   client_weights,
   initial_params,
   per_level,
@@ -86,12 +87,13 @@ from fedtree.core.local import (
   make_sgd_step,
   run_local_steps,
   sgd_client_update,
+  stack,
 )
 from fedtree.core.metrics import evaluate
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
-from fedtree.core.server import down_nodes, select_nodes, update_nodes
+from fedtree.core.server import down_nodes, init_nodes, select_nodes, update_nodes
 from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
 
@@ -172,6 +174,7 @@ class BHFLState:
     version: per server level, ``int32[N_l]`` aggregations done.
     residual_state: ``[E·K, ...]`` the root's optimizer state per residual link, or ``()``.
     direct_state: ``[E, ...]`` the edges' down state of the root→edge link, or ``()``.
+    cursor: ``int32[C]`` the clients' batch cursors under ``batch_order="cyclic"`` (else ``()``).
   """
 
   round: jax.Array
@@ -182,6 +185,7 @@ class BHFLState:
   version: tuple
   residual_state: Any = ()
   direct_state: Any = ()
+  cursor: Any = ()
 
 
 # ------------------------------------------------------------------------ validation
@@ -273,7 +277,8 @@ def bhfl(
     topology: the tree; its leaves are the clients (rows of ``data``).
     data: the federated data (static shapes, validation).
     local_optimizer: the clients' optax optimizer.
-    schedule: local epochs or steps, and batch size.
+    schedule: local epochs or steps, batch size and batch order (``"cyclic"``: every client's
+      cursor lives in ``BHFLState.cursor``).
     up_optimizers: ``η↑`` optimizer of every server level, or one per level ``0..depth-1``
       (default FedAvg, ``sgd(1.0)``).
     down_optimizers: ``η↓`` optimizer of every non-root level, or one per level
@@ -330,7 +335,7 @@ def bhfl(
   down_opts = per_level(optax.sgd(1.0) if down_optimizers is None else down_optimizers, depth,
                         "down_optimizers")
   periods = check_node_periods(periods, topology)
-  client_weights(jnp.zeros(1), weighting)
+  check_weighting(weighting)
   sampler = cohort_sampler(topology.parent(depth), cohort_size, chunk_size=chunk_size)
   num_edges = topology.num_nodes(depth - 1)
   cohort_per_edge = np.asarray(sampler.sizes, np.int64)
@@ -389,9 +394,6 @@ def bhfl(
   num_clients = topology.num_clients
   num_links = num_edges * residual_k
 
-  def stack(tree, n):
-    return jax.tree.map(lambda p: jnp.broadcast_to(p, (n,) + p.shape), tree)
-
   def init(key):
     p0 = initial_params(model, key, init_params)
     params = tuple(stack(p0, nums[lv]) for lv in range(depth + 1))
@@ -403,11 +405,12 @@ def bhfl(
     )
     return BHFLState(
       round=jnp.zeros((), jnp.int32), params=params,
-      up_state=tuple(jax.vmap(up_opts[lv].init)(params[lv]) for lv in range(depth)),
-      down_state=tuple(jax.vmap(down_opts[lv - 1].init)(params[lv]) for lv in range(1, depth + 1)),
+      up_state=tuple(init_nodes(up_opts[lv], params[lv]) for lv in range(depth)),
+      down_state=tuple(init_nodes(down_opts[lv - 1], params[lv]) for lv in range(1, depth + 1)),
       pending=pending, version=tuple(jnp.zeros((nums[lv],), jnp.int32) for lv in range(depth)),
-      residual_state=jax.vmap(residual_opt.init)(stack(p0, num_links)) if num_links else (),
-      direct_state=jax.vmap(direct_opt.init)(params[depth - 1]) if residual_down else (),
+      residual_state=init_nodes(residual_opt, stack(p0, num_links)) if num_links else (),
+      direct_state=init_nodes(direct_opt, params[depth - 1]) if residual_down else (),
+      cursor=schedule.init_cursor(num_clients),
     )
 
   def take(tree, idx):
@@ -456,10 +459,10 @@ def bhfl(
       client_update, params[depth - 1], cohort, data,
       num_steps=schedule.num_steps(data.n_train), weights=w_client, key=stream(key, "train"),
       client_state=params[depth], chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned,
+      batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=state.cursor,
     )
     params[depth] = res.client_state
-    trained = jnp.zeros((num_clients,), bool).at[
-      jnp.where(cohort.valid, cohort.clients, num_clients)].set(True, mode="drop")
+    trained = cohort.scatter(jnp.zeros((num_clients,), bool), True)
     u = jax.tree.map(jnp.subtract, take(params[depth - 1], parents[depth]), params[depth])
     arrival = t0 + lats[depth - 1].sample(jax.random.fold_in(lat_key, depth), num_clients)
     pend[depth - 1] = send(pend[depth - 1], trained, u, arrival,
@@ -537,12 +540,11 @@ def bhfl(
       if child < depth:
         sent = aggregated[child] | recv
 
-    metrics["train_loss"] = res.loss_sum / jnp.maximum(res.num_trained, 1).astype(jnp.float32)
-    metrics["clients_trained"] = res.num_trained
+    metrics.update(res.metrics())
     new_state = BHFLState(
       round=r, params=tuple(params), up_state=tuple(up), down_state=tuple(down),
       pending=tuple(pend), version=tuple(version), residual_state=residual_state,
-      direct_state=direct_state,
+      direct_state=direct_state, cursor=res.cursor,
     )
     return new_state, metrics
 

@@ -61,7 +61,7 @@ def awcfl(
   kmeans_iters: int = 20,
   server_optimizer: optax.GradientTransformation | None = None,
   cohort_size: int | None = None,
-  chunk_size: int | None = None,
+  chunk_size: int | str | None = "auto",
   weighting: str = "examples",
   client_update: ClientUpdate | None = None,
   compute_dtype: str | None = None,
@@ -90,7 +90,8 @@ def awcfl(
     kmeans_iters: Lloyd iterations of the K-means.
     server_optimizer: applied per cluster to ``c_k - target_k`` (default ``sgd(1.0)``).
     cohort_size: clients sampled per round (``None``: all).
-    chunk_size: clients trained at once.
+    chunk_size: clients trained at once (an int, ``None``: the whole cohort, ``"auto"``: the
+      per-backend default).
     weighting: ``"examples"`` or ``"uniform"`` (the paper's plain mean).
     client_update: override the local training (stateless).
     compute_dtype, init_params: as in :func:`~fedtree.algorithms.clustering.clustered.clustered`.

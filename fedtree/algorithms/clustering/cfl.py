@@ -56,7 +56,7 @@ def cfl(
   split_start_round: int = 0,
   server_optimizer: optax.GradientTransformation | None = None,
   cohort_size: int | None = None,
-  chunk_size: int | None = None,
+  chunk_size: int | str | None = "auto",
   weighting: str = "examples",
   client_update: ClientUpdate | None = None,
   compute_dtype: str | None = None,

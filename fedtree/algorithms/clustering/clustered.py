@@ -68,17 +68,18 @@ from fedtree.core.algorithm import (
   FederatedAlgorithm,
   NodeModels,
   PyTree,
+  check_weighting,
   client_weights,
   initial_params,
   local_training,
 )
 from fedtree.core.data import FederatedData
-from fedtree.core.local import ClientUpdate, LocalSchedule
+from fedtree.core.local import ClientUpdate, LocalSchedule, stack
 from fedtree.core.metrics import client_sums
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
-from fedtree.core.server import select_nodes, update_nodes
+from fedtree.core.server import init_nodes, select_nodes, update_nodes
 from fedtree.core.tier import train_cohort
 
 CLUSTERINGS = ("kmeans", "cfl", "ifca")
@@ -223,7 +224,7 @@ def clustered(
   metric: str = "l2",
   server_optimizer: optax.GradientTransformation | None = None,
   cohort_size: int | None = None,
-  chunk_size: int | None = None,
+  chunk_size: int | str | None = "auto",
   weighting: str = "examples",
   client_update: ClientUpdate | None = None,
   compute_dtype: str | None = None,
@@ -300,7 +301,7 @@ def clustered(
     feature_examples = 10
   if feature_examples is not None and int(feature_examples) < 1:
     raise ValueError(f"feature_examples={feature_examples} must be >= 1")
-  client_weights(jnp.zeros(1), weighting)
+  check_weighting(weighting)
   iters = int(kmeans_iters)
   opt = optax.sgd(1.0) if server_optimizer is None else server_optimizer
   sampler = cohort_sampler(np.zeros(num_clients, np.int32), cohort_size, chunk_size=chunk_size)
@@ -313,8 +314,7 @@ def clustered(
     if clustering == "ifca" and init == "random" and init_params is None:
       params = jax.vmap(lambda j: model.init(jax.random.fold_in(key, j)))(jnp.arange(k))
     else:
-      params = jax.tree.map(lambda p: jnp.broadcast_to(p, (k,) + p.shape),
-                            initial_params(model, key, init_params))
+      params = stack(initial_params(model, key, init_params), k)
     features = ()
     if feature_examples is not None:
       keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(stream(key, "query"), jnp.arange(num_clients))
@@ -322,9 +322,10 @@ def clustered(
       features = ClusterFeatures(client_mean=jnp.zeros_like(query), seen=jnp.zeros((num_clients,), bool),
                                  query_mean=query)
     return ClusterState(
-      round=jnp.zeros((), jnp.int32), params=params, opt_state=jax.vmap(opt.init)(params),
+      round=jnp.zeros((), jnp.int32), params=params, opt_state=init_nodes(opt, params),
       cluster_of=jnp.zeros((num_clients,), jnp.int32),
       num_clusters=jnp.asarray(1 if clustering == "cfl" else k, jnp.int32), features=features,
+      cursor=schedule.init_cursor(num_clients),
     )
 
   def round_fn(state: ClusterState, data: FederatedData, key):
@@ -344,6 +345,7 @@ def clustered(
     res = train_cohort(
       client_update, state.params, cohort, data, num_steps=schedule.num_steps(data.n_train),
       weights=w_client, key=stream(key, "train"), chunk_size=sampler.chunk_size, keep_client_params=True,
+      batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=state.cursor,
     )
     w = jnp.where(cohort.valid, jnp.take(w_client, cohort.clients), 0.0)
     extra = {}
@@ -392,21 +394,17 @@ def clustered(
     else:
       active = total > 0
     params, opt_state = update_nodes(opt, base, base_opt, pseudo_grad, active)
-    slot_client = jnp.where(cohort.valid, cohort.clients, num_clients)   # padding writes nowhere
-    cluster_of = state.cluster_of.at[slot_client].set(assign, mode="drop")
+    cluster_of = cohort.scatter(state.cluster_of, assign)
     features = state.features
     if feature_examples is not None:
       keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(stream(key, "features"), cohort.clients)
       xs = jnp.take(data.x_train, cohort.clients, axis=0)
       ns = jnp.take(data.n_train, cohort.clients)
       up = jax.vmap(sample_mean, in_axes=(0, 0, 0, None))(keys, xs, ns, int(feature_examples))
-      features = features.replace(
-        client_mean=features.client_mean.at[slot_client].set(up, mode="drop"),
-        seen=features.seen.at[slot_client].set(True, mode="drop"),
-      )
+      features = features.replace(client_mean=cohort.scatter(features.client_mean, up),
+                                  seen=cohort.scatter(features.seen, True))
     metrics = {
-      "train_loss": res.loss_sum / jnp.maximum(res.num_trained, 1).astype(jnp.float32),
-      "clients_trained": res.num_trained,
+      **res.metrics(),
       "num_clusters": num_in_use,
       "clusters_nonempty": jnp.sum((jax.ops.segment_sum(jnp.ones_like(cluster_of), cluster_of,
                                                         num_segments=k) > 0).astype(jnp.int32)),
@@ -414,7 +412,7 @@ def clustered(
       **extra,
     }
     return state.replace(round=r, params=params, opt_state=opt_state, cluster_of=cluster_of,
-                         num_clusters=num_in_use, features=features), metrics
+                         num_clusters=num_in_use, features=features, cursor=res.cursor), metrics
 
   def models(state: ClusterState):
     cl = np.asarray(state.cluster_of)

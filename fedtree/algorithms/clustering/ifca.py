@@ -38,7 +38,7 @@ def ifca(
   init: str = "random",
   server_optimizer: optax.GradientTransformation | None = None,
   cohort_size: int | None = None,
-  chunk_size: int | None = None,
+  chunk_size: int | str | None = "auto",
   weighting: str = "examples",
   client_update: ClientUpdate | None = None,
   compute_dtype: str | None = None,

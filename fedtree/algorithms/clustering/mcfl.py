@@ -24,26 +24,59 @@ clusters instead of K-means' and selects among them the same way
 
 from __future__ import annotations
 
+import optax
+
 from fedtree.algorithms.clustering.clustered import METRICS, clustered, select_clusters
-from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.algorithm import FederatedAlgorithm, PyTree
+from fedtree.core.data import FederatedData
+from fedtree.core.local import ClientUpdate, LocalSchedule
+from fedtree.core.model import Model
 
 __all__ = ["METRICS", "mcfl", "select_clusters"]
 
 
-def mcfl(*, num_clusters: int, feature_examples: int = 10, metric: str = "l2", clustering: str = "kmeans",
-         cluster_start_round: int | None = None, name: str = "mcfl", **kwargs) -> FederatedAlgorithm:
-  """MCFL (module docstring).
+def mcfl(
+  *,
+  model: Model,
+  data: FederatedData,
+  local_optimizer: optax.GradientTransformation,
+  schedule: LocalSchedule,
+  num_clusters: int,
+  feature_examples: int = 10,
+  metric: str = "l2",
+  clustering: str = "kmeans",
+  cluster_start_round: int | None = None,
+  kmeans_iters: int = 20,
+  eps1: float = 0.4,
+  eps2: float = 1.6,
+  min_split_size: int = 2,
+  similarity_check: bool = True,
+  init: str = "random",
+  server_optimizer: optax.GradientTransformation | None = None,
+  cohort_size: int | None = None,
+  chunk_size: int | str | None = "auto",
+  weighting: str = "examples",
+  client_update: ClientUpdate | None = None,
+  compute_dtype: str | None = None,
+  init_params: PyTree | None = None,
+  name: str = "mcfl",
+) -> FederatedAlgorithm:
+  """MCFL (module docstring). Its clusters are never mixed (no ``beta``).
 
   Args:
+    model, data, local_optimizer, schedule: as in :func:`fedtree.algorithms.fedavg`.
     num_clusters: number of clusters, in ``[1, num_clients]`` (CFL: the most).
     feature_examples: ``n``, inputs averaged into a feature mean (train upload and test query).
     metric: ``"l1"`` or ``"l2"`` distance between feature means.
     clustering: ``"kmeans"`` (the paper's MCFL), ``"cfl"`` or ``"ifca"``.
     cluster_start_round: rounds before clustering starts (default 20; 0 for IFCA).
+    kmeans_iters: Lloyd iterations (K-means).
+    eps1, eps2, min_split_size, similarity_check: CFL's split criterion (``clustering="cfl"``).
+    init: IFCA's initial models (``clustering="ifca"``): ``"random"`` or ``"same"``.
+    server_optimizer: per-cluster server optimizer (default ``sgd(1.0)``).
+    cohort_size, chunk_size, weighting, client_update: as in FedAvg.
+    compute_dtype, init_params: as in :func:`~fedtree.algorithms.clustering.clustered.clustered`.
     name: label for reports.
-    **kwargs: the rest of :func:`fedtree.algorithms.clustering.clustered.clustered`'s
-      arguments (``model``, ``data``, ``local_optimizer``, ``schedule``, ``kmeans_iters``,
-      ``eps1``, ...; not ``beta``).
 
   Example:
     >>> import jax, optax
@@ -62,10 +95,13 @@ def mcfl(*, num_clusters: int, feature_examples: int = 10, metric: str = "l2", c
   """
   if metric not in METRICS:
     raise ValueError(f"metric={metric!r}; choose one of {METRICS}")
-  if "beta" in kwargs:
-    raise ValueError(f"mcfl takes no beta (got beta={kwargs['beta']}): its clusters are not mixed")
   if cluster_start_round is None:
     cluster_start_round = 0 if clustering == "ifca" else 20
-  return clustered(num_clusters=num_clusters, clustering=clustering, inter_cluster="mcfl",
-                   feature_examples=int(feature_examples), metric=metric,
-                   cluster_start_round=cluster_start_round, name=name, **kwargs)
+  return clustered(
+    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, num_clusters=num_clusters,
+    clustering=clustering, inter_cluster="mcfl", feature_examples=int(feature_examples), metric=metric,
+    cluster_start_round=cluster_start_round, kmeans_iters=kmeans_iters, eps1=eps1, eps2=eps2,
+    min_split_size=min_split_size, similarity_check=similarity_check, init=init,
+    server_optimizer=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size, weighting=weighting,
+    client_update=client_update, compute_dtype=compute_dtype, init_params=init_params, name=name,
+  )

@@ -373,6 +373,7 @@ class ClusterState:
     cluster_of: ``int32[C]`` cluster of every client (the dynamic parent index).
     num_clusters: ``int32[]`` cluster slots in use (CFL grows it; K for the others).
     features: :class:`ClusterFeatures` (MCFL) or ``()``.
+    cursor: ``int32[C]`` the clients' batch cursors under ``batch_order="cyclic"`` (else ``()``).
   """
 
   round: jax.Array
@@ -381,6 +382,7 @@ class ClusterState:
   cluster_of: jax.Array
   num_clusters: jax.Array
   features: Any = ()
+  cursor: Any = ()
 
 
 def check_num_clusters(num_clusters, num_clients: int, name: str = "num_clusters") -> int:

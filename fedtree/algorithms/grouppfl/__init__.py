@@ -9,11 +9,12 @@ from fedtree.algorithms.grouppfl.grouppfl import (
   finetune_stage,
   group_cohort_sizes,
   group_fedopt,
+  grouppfl,
   start_from,
   summarize_stats,
 )
 
 __all__ = [
   "METHODS", "STAGES", "ClientCosts", "GroupPersonalizedFL", "counting", "finetune_stage",
-  "group_cohort_sizes", "group_fedopt", "start_from", "summarize_stats",
+  "group_cohort_sizes", "group_fedopt", "grouppfl", "start_from", "summarize_stats",
 ]

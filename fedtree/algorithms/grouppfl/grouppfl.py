@@ -45,18 +45,18 @@ from fedtree.core.algorithm import (
   NodeModels,
   Report,
   TreeState,
+  check_weighting,
   client_weights,
   sequential,
-  stack,
 )
 from fedtree.core.data import FederatedData
 from fedtree.core.finetune import best_rate, check_finetune, finetune_evaluate, take_rate
-from fedtree.core.local import LocalSchedule, sgd_client_update
+from fedtree.core.local import LocalSchedule, sgd_client_update, stack
 from fedtree.core.metrics import EvalStats, summarize
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
-from fedtree.core.server import update_nodes
+from fedtree.core.server import init_nodes, server_optimizer, update_nodes
 from fedtree.core.tier import train_cohort
 
 PyTree = Any
@@ -86,9 +86,10 @@ def group_fedopt(
   schedule: LocalSchedule,
   server_optimizer: optax.GradientTransformation,
   cohort_size: int | None = None,
-  chunk_size: int | None = None,
+  chunk_size: int | str | None = "auto",
   weighting: str = "examples",
   start_params: PyTree | None = None,
+  compute_dtype: str | None = None,
   name: str = "group_fedopt",
 ) -> FederatedAlgorithm:
   """FedOpt inside every group at once: one tier whose parents are the groups.
@@ -99,6 +100,7 @@ def group_fedopt(
   model, and each group applies its own server optimizer to its own clients' mean
   pseudo-gradient. ``start_params`` (one model) seeds every group; ``None`` uses
   ``model.init``. With all ``groups`` equal to 0 this is FedOpt (paper 000, Algorithm 1).
+  ``compute_dtype``: mixed-precision local steps (``None``: the params' dtype).
   """
   groups = np.asarray(groups, np.int32)
   if groups.shape != (data.num_clients,):
@@ -109,19 +111,21 @@ def group_fedopt(
   sampler = cohort_sampler(groups, group_cohort_sizes(groups, cohort_size), chunk_size=chunk_size)
   max_steps = schedule.max_steps(data.max_train)
   update = counting(
-    sgd_client_update(model, local_optimizer, batch_size=schedule.batch_size, max_steps=max_steps),
+    sgd_client_update(model, local_optimizer, batch_size=schedule.batch_size, max_steps=max_steps,
+                      compute_dtype=compute_dtype),
     batch_size=schedule.batch_size, max_steps=max_steps,
   )
-  client_weights(jnp.zeros(1), weighting)
+  check_weighting(weighting)
   groups_j = jnp.asarray(groups)
 
   def init(key):
     p = model.init(key) if start_params is None else start_params
-    params = jax.tree.map(lambda a: jnp.broadcast_to(a, (num_groups,) + a.shape), p)
+    params = stack(p, num_groups)
     return TreeState(
       round=jnp.zeros((), jnp.int32), params=(params,),
-      opt_state=(jax.vmap(server_optimizer.init)(params),),
+      opt_state=(init_nodes(server_optimizer, params),),
       client_state=update.init_state(p, data.num_clients),
+      cursor=schedule.init_cursor(data.num_clients),
     )
 
   def round_fn(state: TreeState, data: FederatedData, key):
@@ -130,17 +134,14 @@ def group_fedopt(
       update, state.params[0], cohort, data, num_steps=schedule.num_steps(data.n_train),
       weights=client_weights(data.n_train, weighting), key=stream(key, "train"),
       chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned, client_state=state.client_state,
+      batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=state.cursor,
     )
     params, opt_state = update_nodes(
       server_optimizer, state.params[0], state.opt_state[0], res.pseudo_gradient(),
       res.weight_sum > 0,
     )
-    metrics = {
-      "train_loss": res.loss_sum / jnp.maximum(res.num_trained, 1).astype(jnp.float32),
-      "clients_trained": res.num_trained,
-    }
     return state.replace(round=state.round + 1, params=(params,), opt_state=(opt_state,),
-                         client_state=res.client_state), metrics
+                         client_state=res.client_state, cursor=res.cursor), res.metrics()
 
   def models(state):
     return {"group": NodeModels(state.params[0], groups_j)}
@@ -152,13 +153,15 @@ def group_fedopt(
 def start_from(previous: TreeState, fresh: TreeState, server_optimizer) -> TreeState:
   """A stage's state started from ``previous``'s first model (the global one), every group
   getting a copy, a fresh server state per group and zero costs (a :func:`sequential`
-  handoff; costs of the stages are added in the report)."""
+  handoff; costs of the stages are added in the report). Under ``batch_order="cyclic"`` every
+  client's batch stream goes on where the previous stage left it."""
   num_groups = jax.tree.leaves(fresh.params[0])[0].shape[0]
   p = jax.tree.map(lambda a: a[0], previous.params[0])
   params = stack(p, num_groups)
   return fresh.replace(round=jnp.zeros((), jnp.int32), params=(params,),
-                       opt_state=(jax.vmap(server_optimizer.init)(params),),
-                       client_state=jax.tree.map(jnp.zeros_like, fresh.client_state))
+                       opt_state=(init_nodes(server_optimizer, params),),
+                       client_state=jax.tree.map(jnp.zeros_like, fresh.client_state),
+                       cursor=previous.cursor)
 
 
 def finetune_stage(model: Model, params, model_of_client, costs: ClientCosts, data: FederatedData,
@@ -198,6 +201,11 @@ def overall(stats: EvalStats) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------ the composition
+def _paper_server() -> optax.GradientTransformation:
+  """Paper 000's server optimizer: FedAdam at η = 0.001."""
+  return server_optimizer("fedadam", learning_rate=1e-3)
+
+
 @dataclasses.dataclass(frozen=True)
 class GroupPersonalizedFL:
   """GroupPerFL's hyperparameters (see the module docstring); :meth:`algorithm` composes it.
@@ -205,10 +213,12 @@ class GroupPersonalizedFL:
   Attributes:
     global_rounds: T.
     group_rounds: T_g (0: the group stage leaves every group at the global model).
-    global_server: server optimizer of stage 1 (paper: FedAdam, η_G = 0.001).
-    group_server: server optimizer of every group in stage 2 (paper: FedAdam, η_g).
-    cohort_size: clients per round, per group in stage 2 (paper: 100; -1: all).
-    finetune_schedule: K_l epochs and batch size of stage 3.
+    global_server: server optimizer of stage 1 (default the paper's FedAdam, η_G = 0.001).
+    group_server: server optimizer of every group in stage 2 (default FedAdam, η_g = 0.001).
+    cohort_size: clients per round, per group in stage 2 (paper: 100; ``None`` or -1: all).
+    finetune_epochs: K_l, the epochs of stage 3 (paper: 5).
+    finetune_batch_size: its batch size (``None``: the local schedule's).
+    finetune_schedule: the whole schedule of stage 3 instead (overrides the two above).
     finetune_rates: the swept η_{i,l} (paper: 0.001, 0.01, 0.1, 1.0).
     finetune_optimizer: optax name of the fine-tune optimizer (paper: SGD).
     select_by: how the reported rate of each fine-tuned method is picked (``loss``/``accuracy``).
@@ -217,22 +227,27 @@ class GroupPersonalizedFL:
     histogram_metric: ``perplexity`` or ``accuracy``, the metric of the Fig. 1 histogram.
     histogram_group: the group whose clients the histogram shows (``None``: all clients;
       the paper shows its largest group, "general").
+    compute_dtype: mixed-precision local steps of stages 1 and 2 (``None``: the params'
+      dtype); the fine-tune stage runs in the params' dtype.
     label: run label (prefix of the report files).
   """
 
   global_rounds: int
-  group_rounds: int
-  global_server: optax.GradientTransformation
-  group_server: optax.GradientTransformation
-  cohort_size: int | None
-  finetune_schedule: LocalSchedule
-  finetune_rates: tuple[float, ...]
+  group_rounds: int = 0
+  global_server: optax.GradientTransformation = dataclasses.field(default_factory=_paper_server)
+  group_server: optax.GradientTransformation = dataclasses.field(default_factory=_paper_server)
+  cohort_size: int | None = None
+  finetune_epochs: float = 5.0
+  finetune_batch_size: int | None = None
+  finetune_schedule: LocalSchedule | None = None
+  finetune_rates: tuple[float, ...] = (0.001, 0.01, 0.1, 1.0)
   finetune_optimizer: str = "sgd"
   select_by: str = "loss"
   stages: tuple[str, ...] = STAGES
   group_names: tuple[str, ...] | None = None
   histogram_metric: str = "perplexity"
   histogram_group: int | None = None
+  compute_dtype: str | None = None
   label: str = "grouppfl"
 
   def __post_init__(self):
@@ -242,7 +257,13 @@ class GroupPersonalizedFL:
     bad = [s for s in self.stages if s not in STAGES]
     if bad or "global" not in self.stages:
       raise ValueError(f"stages={self.stages}: choose from {STAGES}, 'global' included")
-    check_finetune(self.finetune_schedule, self.finetune_rates)
+    if self.finetune_schedule is None and not self.finetune_epochs > 0:
+      raise ValueError(f"finetune_epochs={self.finetune_epochs} (K_l) must be > 0")
+    if self.finetune_batch_size is not None and int(self.finetune_batch_size) < 1:
+      raise ValueError(f"finetune_batch_size={self.finetune_batch_size} must be >= 1 (or None)")
+    object.__setattr__(self, "finetune_rates",
+                       check_finetune(self.finetune_schedule or LocalSchedule(batch_size=1),
+                                      self.finetune_rates))
     if self.select_by not in ("loss", "accuracy"):
       raise ValueError(f"select_by={self.select_by!r}; choose 'loss' or 'accuracy'")
     if self.histogram_group is not None and int(self.histogram_group) < 0:
@@ -254,7 +275,8 @@ class GroupPersonalizedFL:
 
   def algorithm(self, *, model: Model, data: FederatedData, groups: np.ndarray,
                 local_optimizer: optax.GradientTransformation, schedule: LocalSchedule,
-                chunk_size: int | None = None, eval_chunk_size: int | None = None) -> FederatedAlgorithm:
+                chunk_size: int | str | None = "auto",
+                eval_chunk_size: int | None = None) -> FederatedAlgorithm:
     """GroupPerFL as one algorithm: the global stage (:func:`group_fedopt` with one group, T
     rounds) then the group stage (every group from the global model, T_g rounds) composed
     by :func:`fedtree.core.algorithm.sequential`, so the ordinary round loop runs, evaluates,
@@ -266,8 +288,11 @@ class GroupPersonalizedFL:
     if self.histogram_group is not None and not 0 <= self.histogram_group < len(names):
       raise ValueError(f"histogram_group={self.histogram_group} is not a group (0..{len(names) - 1})")
     c = data.num_clients
+    ft_schedule = self.finetune_schedule or LocalSchedule(
+      batch_size=schedule.batch_size if self.finetune_batch_size is None else int(self.finetune_batch_size),
+      epochs=self.finetune_epochs)
     kw = dict(model=model, data=data, local_optimizer=local_optimizer, schedule=schedule,
-              cohort_size=self.cohort_size, chunk_size=chunk_size)
+              cohort_size=self.cohort_size, chunk_size=chunk_size, compute_dtype=self.compute_dtype)
     with_group = "group" in self.stages
     glob = group_fedopt(groups=np.zeros(c, np.int32), server_optimizer=self.global_server,
                         name=f"{self.label}/global", **kw)
@@ -302,7 +327,7 @@ class GroupPersonalizedFL:
         out[plain], costs[plain] = summarize_stats(stats, groups), cost
         if "finetune" in self.stages:
           sweep, costs[fine] = finetune_stage(
-            model, params, moc, cost, data, key, schedule=self.finetune_schedule,
+            model, params, moc, cost, data, key, schedule=ft_schedule,
             learning_rates=self.finetune_rates, optimizer=self.finetune_optimizer,
             chunk_size=eval_chunk_size,
           )
@@ -325,3 +350,46 @@ class GroupPersonalizedFL:
       return Report(out, text, files)
 
     return composed._replace(report=report)
+
+
+def grouppfl(
+  *,
+  model: Model,
+  data: FederatedData,
+  groups: np.ndarray,
+  local_optimizer: optax.GradientTransformation,
+  schedule: LocalSchedule,
+  global_rounds: int,
+  chunk_size: int | str | None = "auto",
+  eval_chunk_size: int | None = None,
+  **hyperparameters,
+) -> FederatedAlgorithm:
+  """GroupPerFL (paper 000) as one algorithm, like every other method's factory:
+  ``GroupPersonalizedFL(global_rounds=..., **hyperparameters).algorithm(...)``.
+
+  Args:
+    model, data, local_optimizer, schedule: as for :func:`~fedtree.algorithms.hierfavg.fedavg`.
+    groups: ``int[C]`` group label of every client (0..G-1).
+    global_rounds: T, the rounds of the global stage.
+    chunk_size: clients trained at once in stages 1 and 2.
+    eval_chunk_size: clients evaluated and fine-tuned at once (``None``: all).
+    **hyperparameters: the other fields of :class:`GroupPersonalizedFL` (its schema:
+      ``group_rounds``, ``global_server``, ``finetune_epochs``, ``compute_dtype``, ...).
+
+  Example:
+    >>> import jax, optax
+    >>> from fedtree.core import loop
+    >>> from fedtree.core.local import LocalSchedule
+    >>> from fedtree.datasets.synthetic import grouped_synthetic
+    >>> from fedtree.models import build_model
+    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
+    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
+    >>> alg = grouppfl(model=model, data=data, groups=groups, local_optimizer=optax.sgd(0.1),
+    ...                schedule=LocalSchedule(batch_size=8, steps=2), global_rounds=1, group_rounds=1)
+    >>> state = loop.run(alg, data, num_rounds=alg.rounds, key=jax.random.key(0))
+    >>> sorted(alg.models(state))
+    ['FL', 'GroupFL']
+  """
+  spec = GroupPersonalizedFL(global_rounds=global_rounds, **hyperparameters)
+  return spec.algorithm(model=model, data=data, groups=groups, local_optimizer=local_optimizer,
+                        schedule=schedule, chunk_size=chunk_size, eval_chunk_size=eval_chunk_size)
