@@ -31,6 +31,8 @@ accordingly; nothing else changes.
 
 import ml_collections
 
+from fedtree.experiment.sweep import default_sweep
+
 
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -68,4 +70,5 @@ def get_config() -> ml_collections.ConfigDict:
     histogram_metric="perplexity",
     histogram_group=None,              # Fig. 1 over all clients (the paper: its largest group)
   ))
+  c.sweep = default_sweep()
   return c

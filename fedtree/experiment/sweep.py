@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import itertools
 import json
 import math
@@ -71,6 +72,13 @@ SHAPE_PREFIXES = ("data.", "topology.", "model.", "sweep.", "mesh_shape")
 
 
 # ------------------------------------------------------------------------ config -> settings
+def default_sweep(select: str = "global/accuracy") -> ml_collections.ConfigDict:
+  """The ``config.sweep`` block every shipped config carries: one seed, nothing swept (a plain
+  run), so that ``--config.sweep.seeds=4`` or ``--config.sweep.params=...`` work on the command
+  line of any config. ``select``: the metric that names the best setting."""
+  return ml_collections.ConfigDict(dict(seeds=1, params="", mode="product", select=select, chunk="all"))
+
+
 def params_of(sw) -> dict[str, list]:
   """``config.sweep.params`` as ``{dotted path: [values]}``, from a string
   ``"local.learning_rate=0.01,0.1;runs.fedprox.mu=0,0.1"`` (the command-line form) or a
@@ -127,6 +135,45 @@ def _get_path(config, path: str):
   return node
 
 
+def _swept_field(config, path: str):
+  """The current value of the swept field ``path``: the config's, or for ``runs.<label>.<name>``
+  a parameter of the run's algorithm that the run leaves at its default (its schema,
+  :func:`fedtree.experiment.registry.schema`), the factory's default."""
+  try:
+    return _get_path(config, path)
+  except ValueError:
+    parts = path.split(".")
+    runs = config.get("runs", None)
+    if len(parts) != 3 or parts[0] != "runs" or runs is None or parts[1] not in runs:
+      raise
+    from fedtree.experiment import registry
+
+    algorithm = runs[parts[1]].get("algorithm", None)
+    if algorithm not in registry.SPECS:
+      raise
+    sch = registry.schema(registry.SPECS[algorithm])
+    hint = sch.scalars.get(parts[2], None)
+    if hint is None:
+      numeric = sorted(n for n, h in sch.scalars.items() if _numeric_hint(h))
+      raise ValueError(
+        f"config.sweep.params names {path!r}, which is not a config field nor a numeric parameter of "
+        f"algorithm {algorithm!r} (its numeric parameters: {numeric})"
+      ) from None
+    if not _numeric_hint(hint):
+      raise ValueError(f"config.sweep.params[{path!r}]: {parts[2]!r} of algorithm {algorithm!r} is a "
+                       f"{hint}, not a number; only numeric fields can be swept") from None
+    default = sch.params[parts[2]].default
+    return None if default is inspect.Parameter.empty else default
+
+
+def _numeric_hint(hint) -> bool:
+  import types
+  import typing
+
+  args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+  return any(a in (int, float) for a in args)
+
+
 def _set_path(config, path: str, value) -> None:
   *parents, leaf = path.split(".")
   node = config
@@ -158,7 +205,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if path.startswith("runs.") and path.count(".") < 2:
       raise ValueError(f"config.sweep.params[{path!r}] must name a field of a run, e.g. "
                        f"'runs.<label>.mu'")
-    current = _get_path(config, path)
+    current = _swept_field(config, path)
     if isinstance(current, (bool, str)) or hasattr(current, "keys") or (
         current is not None and not isinstance(current, (int, float, np.number))):
       raise ValueError(f"config.sweep.params[{path!r}]: the field is {current!r}, not a number; "
