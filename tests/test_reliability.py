@@ -385,3 +385,23 @@ def test_stopped_and_resumed_run_equals_an_uninterrupted_one(tmp_path, family):
   assert _rows(tmp_path / "w") == _rows(tmp_path / "full")
   assert (json.loads((tmp_path / "w" / "summary.json").read_text())
           == json.loads((tmp_path / "full" / "summary.json").read_text()))
+
+
+def test_divergence_names_the_client_whose_update_is_not_finite():
+  """Client 1's data are NaN: its update is averaged into the server model, yet the error
+  names client 1 (train_cohort's ``first_nonfinite``), not only the server node."""
+  import optax
+
+  from fedtree.algorithms.hierfavg import fedavg
+  from fedtree.core.local import LocalSchedule
+
+  model, _, bad = _poisoned_problem()
+  alg = fedavg(model=model, data=bad, local_optimizer=optax.sgd(0.1),
+               schedule=LocalSchedule(batch_size=2, epochs=1), chunk_size=2)
+  with pytest.raises(loop.NonFiniteLossError, match=r"round 1: client 1 sent a non-finite update"):
+    loop.run(alg, bad, num_rounds=2, key=jax.random.key(0), cache=None)
+  good = bad.replace(x_train=jnp.nan_to_num(bad.x_train))
+  rows = []
+  loop.run(alg, good, num_rounds=1, key=jax.random.key(0), cache=None,
+           on_metrics=lambda r, m: rows.append(m))
+  assert "nonfinite_client" not in rows[0]  # read by the check, not logged

@@ -379,3 +379,12 @@ def test_every_config_accepts_sweep_seeds(name):
   c.sweep.params = "local.learning_rate=0.01,0.02"
   runner.validate_config(c)
   assert sweep.sweep_config(c) is not None
+
+
+def test_a_diverging_experiment_is_named_by_setting_and_seed():
+  c = tiny(rounds=1)
+  c.sweep.seeds = 2
+  c.sweep.params = "local.learning_rate=0.02,1e30"
+  with pytest.raises(loop.NonFiniteLossError,
+                     match=r"in experiment 2 \(setting learning_rate=1e\+30, seed 0\)"):
+    experiment.train_and_evaluate(c, None)

@@ -177,6 +177,7 @@ def hierfavg(
     metrics = {
       "train_loss": res.loss_sum / jnp.maximum(res.num_trained, 1),
       "clients_trained": res.num_trained,
+      "nonfinite_client": res.first_nonfinite,
     }
     if skip_nonfinite:
       metrics["clients_skipped"] = res.num_skipped

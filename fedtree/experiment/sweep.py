@@ -327,9 +327,18 @@ def stacked_algorithm(build: Callable[[dict], FederatedAlgorithm], *, label: str
 
   def round_(st: SweepState, data, _key):
     inner, metrics = jax.vmap(one, in_axes=(0, 0, None, 0))(st.hparams, st.inner, data, st.keys)
+    client = metrics.pop("nonfinite_client", None)
     out = {f"{k}@{e}": v[e] for k, v in metrics.items() for e in range(v.shape[0])}
-    if "train_loss" in metrics:  # any experiment's non-finite loss stops the sweep (named by row)
+    # Any experiment's non-finite loss or client update stops the sweep, naming the experiment
+    # (the loop maps it to its setting and seed) and the client.
+    bad = jnp.zeros(st.keys.shape[0], bool)
+    if "train_loss" in metrics:
       out["train_loss"] = jnp.sum(metrics["train_loss"])
+      bad = bad | ~jnp.isfinite(metrics["train_loss"])
+    if client is not None:
+      bad = bad | (client >= 0)
+      out["nonfinite_client"] = jnp.where(bad.any(), client[jnp.argmax(bad)], -1)
+    out["nonfinite_experiment"] = jnp.where(bad.any(), jnp.argmax(bad), -1).astype(jnp.int32)
     return SweepState(round=st.round + 1, inner=inner, keys=st.keys, hparams=st.hparams), out
 
   def models(_st):
@@ -542,12 +551,17 @@ def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should
         row.update(setting=settings[i], seed=seed, experiment=base + e)
         reporter.log(name, r, row)
 
+    def name_row(e, chunk=chunk, base=k * size):  # padded rows repeat the chunk's last experiment
+      e = min(e, len(chunk) - 1)
+      i, seed = chunk[e]
+      return f"experiment {base + e} (setting {setting_name(settings[i])}, seed {seed})"
+
     reporter.start_run(name, num_rounds, from_round=int(state.round))
     try:
       state = loop.run(
         stacked, ctx.data, num_rounds=num_rounds, key=jax.random.key(0), state=state,
         rounds_per_call=int(config.rounds_per_call), eval_every=int(config.eval_every),
-        on_eval=evaluate, on_metrics=log, should_stop=should_stop, label=name,
+        on_eval=evaluate, on_metrics=log, should_stop=should_stop, label=name, name_row=name_row,
         on_call=(lambda s, r, c=ckpt: c.maybe_save(s, force=r == num_rounds)) if ckpt else None,
       )
     finally:

@@ -539,6 +539,7 @@ def bhfl(
 
     metrics["train_loss"] = res.loss_sum / jnp.maximum(res.num_trained, 1).astype(jnp.float32)
     metrics["clients_trained"] = res.num_trained
+    metrics["nonfinite_client"] = res.first_nonfinite
     new_state = BHFLState(
       round=r, params=tuple(params), up_state=tuple(up), down_state=tuple(down),
       pending=tuple(pend), version=tuple(version), residual_state=residual_state,

@@ -407,6 +407,7 @@ def clustered(
     metrics = {
       "train_loss": res.loss_sum / jnp.maximum(res.num_trained, 1).astype(jnp.float32),
       "clients_trained": res.num_trained,
+      "nonfinite_client": res.first_nonfinite,
       "num_clusters": num_in_use,
       "clusters_nonempty": jnp.sum((jax.ops.segment_sum(jnp.ones_like(cluster_of), cluster_of,
                                                         num_segments=k) > 0).astype(jnp.int32)),
