@@ -44,6 +44,26 @@ def _rows(workdir):
   return out
 
 
+def tensorboard_steps(folder) -> dict[str, list[int]]:
+  """``{tag: [step, ...]}`` of the scalars in every TensorBoard event file directly in ``folder``
+  (TFRecord framing read by hand, events decoded with tensorboardX's protos), in file order."""
+  import struct
+
+  from tensorboardX.proto import event_pb2
+
+  out: dict[str, list[int]] = {}
+  for path in sorted(folder.glob("events.out.tfevents.*")):
+    data = path.read_bytes()
+    pos = 0
+    while pos + 12 <= len(data):
+      (n,) = struct.unpack("<Q", data[pos:pos + 8])
+      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + n])
+      pos += 12 + n + 4
+      for v in event.summary.value:
+        out.setdefault(v.tag, []).append(int(event.step))
+  return out
+
+
 def _drive(config_path, workdir, *kill):
   return subprocess.run([sys.executable, DRIVER, str(config_path), str(workdir), *map(str, kill)],
                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)

@@ -191,7 +191,7 @@ def test_reporter_keeps_setting_dicts(tmp_path):
   r.log("x", 1, {"setting": {"a.b": np.float32(0.5)}, "seed": 3})
   r.close()
   row = json.loads(open(tmp_path / "metrics.jsonl").read())
-  assert row["setting"] == {"a.b": 0.5} and row["seed"] == 3.0
+  assert row["setting"] == {"a.b": 0.5} and row["seed"] == 3 and isinstance(row["seed"], int)
 
 
 EVERY_ALGORITHM = {
@@ -388,3 +388,24 @@ def test_a_diverging_experiment_is_named_by_setting_and_seed():
   with pytest.raises(loop.NonFiniteLossError,
                      match=r"in experiment 2 \(setting learning_rate=1e\+30, seed 0\)"):
     experiment.train_and_evaluate(c, None)
+
+
+def test_sweep_rows_keep_ints_and_tensorboard_runs_per_experiment(tmp_path):
+  pytest.importorskip("tensorboardX")
+  from test_reliability import tensorboard_steps
+
+  c = tiny(rounds=2)
+  c.eval_every = 1
+  c.sweep.seeds = 2
+  c.sweep.params = "local.learning_rate=0.02,0.1"
+  experiment.train_and_evaluate(c, str(tmp_path))
+  rows = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+  assert all(isinstance(r[k], int) for r in rows for k in ("seed", "round", "experiment", "clients_trained"))
+  tb = tmp_path / "tensorboard" / "fedavg"
+  runs = sorted(str(p.relative_to(tb)) for p in tb.glob("*/*"))
+  assert runs == ["learning_rate=0.02/seed0", "learning_rate=0.02/seed1", "learning_rate=0.1/seed0",
+                  "learning_rate=0.1/seed1"]
+  for run in runs:  # one curve per experiment: each step once
+    steps = tensorboard_steps(tb / run)
+    assert steps["train_loss"] == [1, 2] and steps["global/accuracy"] == [1, 2]
+    assert "seed" not in steps and "round" not in steps

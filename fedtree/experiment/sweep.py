@@ -549,7 +549,7 @@ def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should
         row = {m.split("@")[0]: v for m, v in host.items() if m.endswith(f"@{e}")}
         row.update(evals.get(r, {}).get(e, {}))
         row.update(setting=settings[i], seed=seed, experiment=base + e)
-        reporter.log(name, r, row)
+        reporter.log(name, r, row, tensorboard_run=f"{label}/{setting_name(settings[i])}/seed{seed}")
 
     def name_row(e, chunk=chunk, base=k * size):  # padded rows repeat the chunk's last experiment
       e = min(e, len(chunk) - 1)
