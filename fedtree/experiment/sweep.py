@@ -481,11 +481,13 @@ def dumps(obj) -> str:
 
 # ------------------------------------------------------------------------ running (the runner's part)
 def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should_stop=None,
-              build_algorithm: Callable | None = None) -> dict[str, Any]:
+              build_algorithm: Callable | None = None, budget=None) -> dict[str, Any]:
   """Every experiment of run ``label`` (settings x seeds), chunk after chunk through one
-  compiled function; logs a ``metrics.jsonl`` row per experiment and evaluation round (with
-  ``setting`` and ``seed``), prints the mean ± std table, writes the PNG and returns the
-  run's ``summary.json`` entry (rows per setting and the best by ``config.sweep.select``)."""
+  compiled function (the memory of a chunk of experiments checked first against ``budget``,
+  a :class:`fedtree.experiment.memory.Budget`); logs a ``metrics.jsonl`` row per experiment
+  and evaluation round (with ``setting`` and ``seed``), prints the mean ± std table, writes
+  the PNG and returns the run's ``summary.json`` entry (rows per setting and the best by
+  ``config.sweep.select``)."""
   from fedtree import evaluation
   from fedtree.core.metrics import make_evaluator
   from fedtree.experiment import results
@@ -512,6 +514,10 @@ def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should
   positive = results.positive_classes_from_config(config, ctx.data.num_classes)
   evaluator = make_evaluator(ctx.model, config.get("eval_chunk_size", None), confusion=positive is not None)
   size = chunk_size(config, len(exps), ctx)
+  if budget is not None:  # the stacked state and working set of a chunk of experiments, before compiling
+    shapes = jax.eval_shape(concrete[0].init, loop.init_key(jax.random.key(seed0)))
+    reporter.print(budget.check(label, shapes, ctx.chunk_size(run_cfg), experiments=size,
+                                chunk_name="sweep.chunk" if size > 1 else "chunk_size"))
   chunks = [exps[k:k + size] for k in range(0, len(exps), size)]
   finals: dict[int, dict[str, float]] = {}
   every = int(config.get("checkpoint_every", 0) or 0)
