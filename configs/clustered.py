@@ -119,6 +119,7 @@ def get_config(variant: str = "synthetic") -> ml_collections.ConfigDict:
     weighting="uniform",
   ))
   c.run_order = ("fedavg", "cfl", "ifca") + tuple(label for label, _ in BETAS) + ("mcfl",)
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep(select="cluster/accuracy")
   if sweep == "beta_sweep":  # Table 1: one AWCFL run, β an experiment axis
     for label, _ in BETAS:

@@ -90,5 +90,6 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.runs.fedkws_ui = ml_collections.ConfigDict(dict(
     algorithm="fedkws", alo=True, alt=True, mu=0.2, lam=0.001, cohort_size=cohort))
   c.run_order = ("fedavg", "fedprox", "fedavg_alt", "fedavg_alo", "fedkws_ui")
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
   return c

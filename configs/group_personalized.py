@@ -70,5 +70,6 @@ def get_config() -> ml_collections.ConfigDict:
     histogram_metric="perplexity",
     histogram_group=None,              # Fig. 1 over all clients (the paper: its largest group)
   ))
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
   return c

@@ -110,5 +110,6 @@ def get_config(variant: str = "stdlib") -> ml_collections.ConfigDict:
     histogram_metric="perplexity",
     histogram_group=None,
   ))
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
   return c

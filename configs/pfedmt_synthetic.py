@@ -81,5 +81,6 @@ def get_config(variant: str = "mlr") -> ml_collections.ConfigDict:
     team_iters=30, weighting="examples",
   ))
   c.run_order = ("fedavg", "perfedavg", "pfedme", "pfedmt")
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
   return c

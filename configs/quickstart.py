@@ -53,6 +53,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.run_order = ("fedavg", "fedadam", "hierfavg", "edges_only")
   # Experiments as an array axis (fedtree.experiment.sweep): seeds x settings of every run in
   # one compiled program, e.g. --config.sweep.seeds=4 --config.sweep.params="local.learning_rate=0.02,0.05"
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
   if variant == "seeds":
     c.sweep.seeds = 8

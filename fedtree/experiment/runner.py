@@ -305,7 +305,7 @@ def _write_plots(workdir: str, config: ml_collections.ConfigDict, reporter: Repo
 
 
 FINGERPRINT_IGNORES = ("rounds", "progress", "checkpoint_every", "keep_checkpoints", "eval_chunk_size",
-                       "rounds_per_call", "run_order", "plots", "memory_limit_bytes")
+                       "rounds_per_call", "run_order", "plots", "memory_limit_bytes", "mesh_shape")
 """Top-level config fields that do not change a run's results (left out of its fingerprint)."""
 
 
