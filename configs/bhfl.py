@@ -30,6 +30,8 @@ CPU; shrink with ``--config.rounds=8``.
 
 import ml_collections
 
+from fedtree.experiment.sweep import default_sweep
+
 CD = ml_collections.ConfigDict
 
 
@@ -71,4 +73,6 @@ def get_config() -> ml_collections.ConfigDict:
              CD(dict(kind="uniform", low=0.0, high=0.8)),      # edges -> regions
              CD(dict(kind="exponential", mean=0.6))],          # clients -> edges
   ))
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
+  c.sweep = default_sweep()
   return c

@@ -48,6 +48,8 @@ on weights of Dirichlet(0.1) clients), which is why the clusters are not the fli
 
 import ml_collections
 
+from fedtree.experiment.sweep import default_sweep
+
 BETAS = (("awcfl_b0", 0.0), ("awcfl_b010", 0.1), ("awcfl_b025", 0.25), ("awcfl_b050", 0.5),
          ("awcfl_b100", 1.0))
 
@@ -117,9 +119,8 @@ def get_config(variant: str = "synthetic") -> ml_collections.ConfigDict:
     weighting="uniform",
   ))
   c.run_order = ("fedavg", "cfl", "ifca") + tuple(label for label, _ in BETAS) + ("mcfl",)
-  c.sweep = ml_collections.ConfigDict(dict(
-    seeds=1, params="", mode="product", select="cluster/accuracy", chunk="all",
-  ))
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
+  c.sweep = default_sweep(select="cluster/accuracy")
   if sweep == "beta_sweep":  # Table 1: one AWCFL run, β an experiment axis
     for label, _ in BETAS:
       del c.runs[label]

@@ -44,6 +44,7 @@ is best and ALO alone ties FedAvg; ALT's gain is the only one that holds in both
 import ml_collections
 
 from fedtree.datasets.speech_commands import CLASSES_12, NEGATIVE_12
+from fedtree.experiment.sweep import default_sweep
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
@@ -55,10 +56,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c = get_config()
     c.runs = ml_collections.ConfigDict({"fedkws_ui": c.runs.fedkws_ui})
     c.run_order = ("fedkws_ui",)
-    c.sweep = ml_collections.ConfigDict(dict(
-      seeds=1, params="runs.fedkws_ui.mu=0,0.1,0.2,0.5;runs.fedkws_ui.lam=0,0.001,0.01",
-      mode="product", select="global/accuracy", chunk="all",
-    ))
+    c.sweep.params = "runs.fedkws_ui.mu=0,0.1,0.2,0.5;runs.fedkws_ui.lam=0,0.001,0.01"
     return c
   c = ml_collections.ConfigDict()
   c.seed = 0
@@ -92,4 +90,6 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.runs.fedkws_ui = ml_collections.ConfigDict(dict(
     algorithm="fedkws", alo=True, alt=True, mu=0.2, lam=0.001, cohort_size=cohort))
   c.run_order = ("fedavg", "fedprox", "fedavg_alt", "fedavg_alo", "fedkws_ui")
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
+  c.sweep = default_sweep()
   return c

@@ -31,6 +31,8 @@ accordingly; nothing else changes.
 
 import ml_collections
 
+from fedtree.experiment.sweep import default_sweep
+
 
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -68,4 +70,6 @@ def get_config() -> ml_collections.ConfigDict:
     histogram_metric="perplexity",
     histogram_group=None,              # Fig. 1 over all clients (the paper: its largest group)
   ))
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
+  c.sweep = default_sweep()
   return c

@@ -53,6 +53,8 @@ local epochs. The selected fine-tuning rate was 0.5 for both PerFL and GroupPerF
 
 import ml_collections
 
+from fedtree.experiment.sweep import default_sweep
+
 STDLIB_PACKAGES = ("asyncio", "email", "multiprocessing", "xml", "importlib", "tkinter", "unittest")
 
 
@@ -108,4 +110,6 @@ def get_config(variant: str = "stdlib") -> ml_collections.ConfigDict:
     histogram_metric="perplexity",
     histogram_group=None,
   ))
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
+  c.sweep = default_sweep()
   return c

@@ -21,6 +21,8 @@ with the local rate of the task.
 
 import ml_collections
 
+from fedtree.experiment.sweep import default_sweep
+
 
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -53,4 +55,6 @@ def get_config() -> ml_collections.ConfigDict:
                       learning_rate=0.05, beta=1.0)
   c.runs.perfedavg_fo = run(algorithm="perfedavg", alpha=0.05, beta=0.02, variant="fo")
   c.runs.perfedavg_hf = run(algorithm="perfedavg", alpha=0.05, beta=0.02, variant="hf")
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
+  c.sweep = default_sweep()
   return c

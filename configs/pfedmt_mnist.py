@@ -15,6 +15,8 @@ TFDS name); ``--config.data.data_dir=...`` points at a prepared TFDS directory.
 
 import ml_collections
 
+from fedtree.experiment.sweep import default_sweep
+
 
 def get_config(variant: str = "mlr") -> ml_collections.ConfigDict:
   if variant not in ("mlr", "cnn"):
@@ -53,4 +55,6 @@ def get_config(variant: str = "mlr") -> ml_collections.ConfigDict:
     beta=1.0, team_iters=30, weighting="examples",
   ))
   c.run_order = ("fedavg", "perfedavg", "pfedme", "pfedmt")
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
+  c.sweep = default_sweep()
   return c

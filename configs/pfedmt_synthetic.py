@@ -29,6 +29,8 @@ Per-FedAvg ``global`` and ``adapted`` (after one step at α on each device's dat
 
 import ml_collections
 
+from fedtree.experiment.sweep import default_sweep
+
 
 def get_config(variant: str = "mlr") -> ml_collections.ConfigDict:
   """``mlr`` / ``dnn``; ``+grid`` (e.g. ``mlr+grid``): paper 003's λ/γ grid of pFedMT as one
@@ -40,10 +42,8 @@ def get_config(variant: str = "mlr") -> ml_collections.ConfigDict:
     c = get_config(variant)
     c.runs = ml_collections.ConfigDict({"pfedmt": c.runs.pfedmt})
     c.run_order = ("pfedmt",)
-    c.sweep = ml_collections.ConfigDict(dict(
-      seeds=1, params="runs.pfedmt.lam=5,15,30;runs.pfedmt.gamma=0.1,0.5,1", mode="product",
-      select="personal/accuracy", chunk="all",
-    ))
+    c.sweep.params = "runs.pfedmt.lam=5,15,30;runs.pfedmt.gamma=0.1,0.5,1"
+    c.sweep.select = "personal/accuracy"
     return c
   if variant not in ("mlr", "dnn"):
     raise ValueError(f"variant={variant!r}; choose 'mlr' or 'dnn'")
@@ -81,4 +81,6 @@ def get_config(variant: str = "mlr") -> ml_collections.ConfigDict:
     team_iters=30, weighting="examples",
   ))
   c.run_order = ("fedavg", "perfedavg", "pfedme", "pfedmt")
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
+  c.sweep = default_sweep()
   return c

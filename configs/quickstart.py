@@ -12,6 +12,8 @@ global models on their own groups, since the groups' distributions differ.
 
 import ml_collections
 
+from fedtree.experiment.sweep import default_sweep
+
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   """``variant``: ``None`` (the four runs once) or ``"seeds"`` (every run over 8 seeds in one
@@ -51,9 +53,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.run_order = ("fedavg", "fedadam", "hierfavg", "edges_only")
   # Experiments as an array axis (fedtree.experiment.sweep): seeds x settings of every run in
   # one compiled program, e.g. --config.sweep.seeds=4 --config.sweep.params="local.learning_rate=0.02,0.05"
-  c.sweep = ml_collections.ConfigDict(dict(
-    seeds=1, params="", mode="product", select="global/accuracy", chunk="all",
-  ))
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
+  c.sweep = default_sweep()
   if variant == "seeds":
     c.sweep.seeds = 8
   elif variant is not None:

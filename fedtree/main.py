@@ -32,7 +32,8 @@ _CPU_DEVICES = flags.DEFINE_integer(
   "over them (sets XLA_FLAGS before JAX starts, and config.mesh_shape). 0: leave as is."
 )
 _MULTIHOST = flags.DEFINE_bool(
-  "multihost", False, "Call jax.distributed.initialize() first (several hosts, one program)."
+  "multihost", False, "Call jax.distributed.initialize() first (several hosts, one program); the "
+  "clients are sharded over every device of every process (config.mesh_shape=-1 unless set)."
 )
 _COORDINATOR = flags.DEFINE_string(
   "coordinator", None, "With --multihost: host:port of process 0 (default: detected on SLURM, "
@@ -97,6 +98,9 @@ def main(argv):
     given = dict(coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
                  process_id=_PROCESS_ID.value)
     jax.distributed.initialize(**{k: v for k, v in given.items() if v is not None})
+    if config.get("mesh_shape", None) is None:  # the clients over every device of every process
+      with config.unlocked():
+        config.mesh_shape = -1
   from fedtree.experiment.runner import train_and_evaluate
 
   if not _VERBOSE.value:

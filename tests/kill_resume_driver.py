@@ -30,8 +30,8 @@ def main(argv):
   if where == "after_log":
     log = reporting.Reporter.log
 
-    def killing_log(self, label, round_, metrics):
-      log(self, label, round_, metrics)
+    def killing_log(self, label, round_, metrics, **kw):
+      log(self, label, round_, metrics, **kw)
       if int(round_) == kill_round:
         die()
 

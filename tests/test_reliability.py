@@ -44,6 +44,28 @@ def _rows(workdir):
   return out
 
 
+def tensorboard_steps(folder) -> dict[str, list[int]]:
+  """``{tag: [step, ...]}`` of the scalars in every TensorBoard event file directly in ``folder``
+  (TFRecord framing read by hand, events decoded with tensorboardX's protos), in file order."""
+  import struct
+
+  from tensorboardX.proto import event_pb2
+
+  out: dict[str, list[int]] = {}
+  for path in sorted(folder.glob("events.out.tfevents.*")):
+    data = path.read_bytes()
+    pos = 0
+    while pos + 12 <= len(data):
+      (n,) = struct.unpack("<Q", data[pos:pos + 8])
+      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + n])
+      pos += 12 + n + 4
+      if event.file_version and event.step:  # a resumed writer's purge_step: TensorBoard drops
+        out = {t: [s for s in steps if s < event.step] for t, steps in out.items()}  # steps >= it
+      for v in event.summary.value:
+        out.setdefault(v.tag, []).append(int(event.step))
+  return out
+
+
 def _drive(config_path, workdir, *kill):
   return subprocess.run([sys.executable, DRIVER, str(config_path), str(workdir), *map(str, kill)],
                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
@@ -356,6 +378,11 @@ def _family_config(family):
     from test_fedkws import _small_config
 
     c = _small_config()
+  elif family == "ditto":
+    c = load_config("personalization")
+    c.data.group_sizes, c.data.dim, c.data.max_examples, c.data.test_examples = (3, 3), 6, 20, 6
+    c.model.hidden = (8,)
+    c.runs.ditto.cohort_size = 2
   else:
     raise ValueError(family)
   c.runs = ml_collections.ConfigDict({family: c.runs[family]})
@@ -366,6 +393,7 @@ def _family_config(family):
 
 @pytest.mark.parametrize("family", [
   "pfedme",
+  pytest.param("ditto", marks=pytest.mark.slow),
   pytest.param("pfedmt", marks=pytest.mark.slow),
   pytest.param("bhfl_async", marks=pytest.mark.slow),
   pytest.param("ifca", marks=pytest.mark.slow),
@@ -385,3 +413,134 @@ def test_stopped_and_resumed_run_equals_an_uninterrupted_one(tmp_path, family):
   assert _rows(tmp_path / "w") == _rows(tmp_path / "full")
   assert (json.loads((tmp_path / "w" / "summary.json").read_text())
           == json.loads((tmp_path / "full" / "summary.json").read_text()))
+
+
+def test_divergence_names_the_client_whose_update_is_not_finite():
+  """Client 1's data are NaN: its update is averaged into the server model, yet the error
+  names client 1 (train_cohort's ``first_nonfinite``), not only the server node."""
+  import optax
+
+  from fedtree.algorithms.hierfavg import fedavg
+  from fedtree.core.local import LocalSchedule
+
+  model, _, bad = _poisoned_problem()
+  alg = fedavg(model=model, data=bad, local_optimizer=optax.sgd(0.1),
+               schedule=LocalSchedule(batch_size=2, epochs=1), chunk_size=2)
+  with pytest.raises(loop.NonFiniteLossError, match=r"round 1: client 1 sent a non-finite update"):
+    loop.run(alg, bad, num_rounds=2, key=jax.random.key(0), cache=None)
+  good = bad.replace(x_train=jnp.nan_to_num(bad.x_train))
+  rows = []
+  loop.run(alg, good, num_rounds=1, key=jax.random.key(0), cache=None,
+           on_metrics=lambda r, m: rows.append(m))
+  assert "nonfinite_client" not in rows[0]  # read by the check, not logged
+
+
+# ------------------------------------------------------------------------ memory stated before compiling
+def test_a_run_that_cannot_fit_fails_before_compiling_with_the_largest_chunk_that_fits(capsys):
+  from fedtree.experiment import memory, runner
+
+  c = hierfavg_config(rounds=2)
+  c.checkpoint_every = 0
+  c.runs.hierfavg.chunk_size = 6
+  ctx = runner.make_context(c)
+  alg = experiment.registry.build_algorithm("hierfavg", c.runs.hierfavg, ctx)
+  budget = memory.Budget.of(ctx)
+  state = memory.tree_bytes(jax.eval_shape(alg.init, loop.init_key(jax.random.key(0))))
+  step = budget.step_bytes()
+  assert state > 0 and step > 0
+  c.memory_limit_bytes = state + int(2.5 * step)  # the state and 2 clients' steps fit, not 6
+  with pytest.raises(ValueError, match=rf"run 'hierfavg' does not fit in memory: state {state} bytes "
+                                       rf"\+ chunk working set {6 * step} bytes \(chunk_size=6\).*"
+                                       r"config.memory_limit_bytes\); set chunk_size <= 2"):
+    experiment.train_and_evaluate(c, None)
+  c.memory_limit_bytes = state // 2
+  with pytest.raises(ValueError, match="even the smallest chunk does not fit"):
+    experiment.train_and_evaluate(c, None)
+  line = memory.check_memory("x", state_bytes=state, step_bytes=step, chunk=2, limit=state + 3 * step,
+                             source="test")
+  assert line.startswith("x: memory estimate ") and "chunk working set 2 x" in line
+
+
+def test_a_sweep_that_cannot_fit_names_the_experiments_per_chunk_that_fit():
+  from fedtree.experiment import memory, runner
+
+  c = hierfavg_config(rounds=2)
+  c.checkpoint_every = 0
+  c.runs.hierfavg.chunk_size = 3
+  c.sweep.seeds = 4
+  ctx = runner.make_context(c)
+  alg = experiment.registry.build_algorithm("hierfavg", c.runs.hierfavg, ctx)
+  one = (memory.tree_bytes(jax.eval_shape(alg.init, loop.init_key(jax.random.key(0))))
+         + 3 * memory.Budget.of(ctx).step_bytes())
+  c.memory_limit_bytes = int(2.5 * one)  # 2 experiments of the 4 fit
+  with pytest.raises(ValueError, match=r"\(chunk_size=3, 4 experiments at once\).*; set sweep.chunk <= 2"):
+    experiment.train_and_evaluate(c, None)
+
+
+# ------------------------------------------------------------------------ SIGKILL, per family
+def _assert_tensorboard_steps_once(workdir, rounds):
+  """Every TensorBoard scalar of every run folder has each step once, as TensorBoard reads the
+  files (a resumed writer purges the steps after its checkpoint)."""
+  folders = {p.parent for p in (workdir / "tensorboard").rglob("events.out.tfevents.*")}
+  assert folders
+  for folder in folders:
+    for tag, steps in tensorboard_steps(folder).items():
+      assert steps == sorted(set(steps)) and steps[-1] == rounds, (folder, tag, steps)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["pfedme", "pfedmt", "bhfl_async", "ifca", "fedkws_ui", "ditto"])
+def test_sigkill_resumes_every_state_family_bit_equal(tmp_path, family):
+  """Killed right after round 3's row (a checkpoint every 2 rounds): the rerun resumes round 2's
+  checkpoint and its rows, summary and TensorBoard steps equal an uninterrupted run's."""
+  pytest.importorskip("tensorboardX")
+  c = _family_config(family)
+  c.checkpoint_every = 2
+  resumed = _kill_and_resume(tmp_path, c, 3, "after_log")
+  assert "resumed from the checkpoint of round 2" in resumed.stderr
+  _assert_tensorboard_steps_once(tmp_path / "resumed", 4)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_sweep_resumes_bit_equal(tmp_path):
+  from test_sweep import tiny
+
+  c = tiny(rounds=4)
+  c.eval_every, c.rounds_per_call, c.checkpoint_every = 2, 1, 2
+  c.sweep.seeds = 2
+  c.sweep.params = "local.learning_rate=0.02,0.1"
+  resumed = _kill_and_resume(tmp_path, c, 3, "after_log")
+  assert "resumed from the checkpoint of round 2" in resumed.stderr
+  _assert_tensorboard_steps_once(tmp_path / "resumed", 4)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_main_with_its_exit_code_one_line_and_the_checkpoint_kept(tmp_path):
+  import signal
+  import time
+
+  from fedtree.main import EXIT_STOPPED
+
+  cmd = [sys.executable, "-m", "fedtree.main", "--config=configs/quickstart.py", f"--workdir={tmp_path}",
+         "--config.rounds=100000", "--config.eval_every=100000", "--config.rounds_per_call=1",
+         "--config.checkpoint_every=1", "--config.progress=False", "--config.data.group_sizes=(3,2)",
+         "--config.runs.fedavg.cohort_size=3", "--config.runs.fedadam.cohort_size=3",
+         "--config.runs.hierfavg.cohort_size=2", "--config.runs.edges_only.cohort_size=2",
+         "--config.model.hidden=(8,)", "--config.run_order=('fedavg',)"]
+  proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  try:
+    rows = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (rows.exists() and rows.read_text().count("\n") >= 2):
+      assert proc.poll() is None, proc.communicate()[1][-3000:]
+      time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+  finally:
+    proc.kill()
+  assert proc.returncode == EXIT_STOPPED, err[-3000:]
+  stopped = [line for line in err.splitlines() if line.startswith("fedtree: stopped:")]
+  assert len(stopped) == 1 and "stopped at round" in stopped[0] and "checkpoints are kept" in stopped[0], err
+  assert "Traceback" not in err
+  assert any((tmp_path / "checkpoints" / "fedavg").iterdir())

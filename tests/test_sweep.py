@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 from config_files import load_config
@@ -190,7 +191,7 @@ def test_reporter_keeps_setting_dicts(tmp_path):
   r.log("x", 1, {"setting": {"a.b": np.float32(0.5)}, "seed": 3})
   r.close()
   row = json.loads(open(tmp_path / "metrics.jsonl").read())
-  assert row["setting"] == {"a.b": 0.5} and row["seed"] == 3.0
+  assert row["setting"] == {"a.b": 0.5} and row["seed"] == 3 and isinstance(row["seed"], int)
 
 
 EVERY_ALGORITHM = {
@@ -269,3 +270,142 @@ def test_resume_after_a_stop_mid_sweep_gives_the_same_table(tmp_path):
   assert resumed == full
   rows = [json.loads(x) for x in open(tmp_path / "b" / "metrics.jsonl")]
   assert sorted((r["round"], r["seed"]) for r in rows) == [(2, 0), (2, 1), (4, 0), (4, 1)]
+
+
+def trace_sweep(c, label):
+  """Traces (``jax.eval_shape``, no compile) the init and one round of run ``label``'s sweep
+  with its swept fields as tracers: a builder that needs a concrete value fails here."""
+  runner.validate_config(c)
+  ctx = runner.make_context(c)
+  settings = sweep.settings_of(c, label)
+  paths = sorted(settings[0])
+  build = sweep.config_builder(c, label, ctx, build_algorithm)
+  for s in settings:  # concrete values: checked by the ordinary builder, as run_sweep does
+    build(s)
+  hp = {p: np.asarray([s[p] for s in settings], np.float32) for p in paths}
+  stacked = sweep.stacked_algorithm(build, label=label, algorithm=str(c.runs[label].algorithm), paths=paths)
+  kd = np.stack([jax.random.key_data(jax.random.key(i)) for i in range(len(settings))])
+
+  def go(hp, kd):
+    inner = jax.vmap(lambda h, k: build(h).init(jax.random.wrap_key_data(k)))(hp, kd)
+    st = sweep.SweepState(round=jax.numpy.zeros((), jax.numpy.int32), inner=inner, keys=kd, hparams=hp)
+    return stacked.round(st, ctx.data, None)
+
+  return jax.eval_shape(go, hp, kd)
+
+
+TRACED_PATHS = [
+  ("fedprox", dict(mu=0.1), "runs.x.mu=0,0.1"),
+  ("ditto", dict(lam=0.1), "runs.x.lam=0,0.1"),
+  ("ditto", dict(lam=0.1, personal_learning_rate=0.05), "runs.x.personal_learning_rate=0.01,0.1"),
+  ("fedkws", dict(private_learning_rate=0.05), "runs.x.private_learning_rate=0.01,0.1"),
+  ("fedkws", dict(mu=0.1), "runs.x.mu=0,0.1"),
+  ("bhfl", dict(eta_down=0.5), "runs.x.eta_down=0.5,1"),
+  ("bhfl", dict(staleness_exponent=0.5, latency="exponential"), "runs.x.staleness_exponent=0,0.5"),
+  ("cfl", dict(eps1=0.1, eps2=0.5), "runs.x.eps1=0.1,0.2;runs.x.eps2=0.5,1"),
+  ("awcfl", dict(num_clusters=2, clustering="cfl", eps1=0.1, eps2=0.5), "runs.x.eps1=0.1,0.2"),
+]
+
+
+@pytest.mark.parametrize("algorithm,fields,params", TRACED_PATHS,
+                         ids=[f"{a}-{p.split('=')[0]}" for a, _, p in TRACED_PATHS])
+def test_swept_hyperparameters_trace(algorithm, fields, params):
+  c = tiny(rounds=1)
+  c.runs = ml_collections.ConfigDict({"x": dict(algorithm=algorithm, cohort_size=2, **fields)})
+  c.run_order = ("x",)
+  c.sweep.params = params
+  if algorithm == "fedkws":
+    c.local.steps = 2  # ALT needs a fixed local step count
+  _, metrics = trace_sweep(c, "x")
+  assert metrics["train_loss"].shape == ()
+
+
+def test_swept_negative_value_is_still_refused():
+  c = tiny(rounds=1)
+  c.runs = ml_collections.ConfigDict({"x": dict(algorithm="fedprox", mu=0.1, cohort_size=2)})
+  c.run_order = ("x",)
+  c.sweep.params = "runs.x.mu=0.1,-1"
+  with pytest.raises(ValueError, match="mu=-1"):
+    trace_sweep(c, "x")
+
+
+def test_fedkws_ablation_config_traces():
+  c = load_config("fedkws", "ablation")
+  c.data.num_speakers, c.data.test_speakers, c.data.max_examples = 4, 2, 16
+  c.data.frames, c.data.features = 8, 8
+  c.model = ml_collections.ConfigDict(dict(name="mlp", hidden=(4,)))  # DS-CNN traces for ~15 s
+  c.runs.fedkws_ui.cohort_size = 2
+  c.sweep.params = "runs.fedkws_ui.mu=0,0.5;runs.fedkws_ui.lam=0.01"  # the variant's paths, fewer values
+  _, metrics = trace_sweep(c, "fedkws_ui")
+  assert metrics["train_loss"].shape == ()
+
+
+@pytest.mark.parametrize("variant", ["mlr+grid", "dnn+grid"])
+def test_pfedmt_grid_config_traces(variant):
+  c = load_config("pfedmt_synthetic", variant)
+  c.data.num_clients, c.data.team_size, c.data.max_examples = 4, 2, 16
+  c.runs.pfedmt.team_iters = 2
+  c.local.steps = 2
+  _, metrics = trace_sweep(c, "pfedmt")
+  assert metrics["train_loss"].shape == ()
+
+
+def test_factory_parameter_left_at_its_default_can_be_swept():
+  c = tiny(rounds=1)
+  c.runs = ml_collections.ConfigDict({"x": dict(algorithm="pfedme", lam=15.0, inner_steps=2,
+                                               personal_lr=0.01, cohort_size=2)})
+  c.run_order = ("x",)
+  c.sweep.params = "runs.x.beta=1,2"  # pfedme's beta: a factory parameter the run does not set
+  runner.validate_config(c)
+  _, metrics = trace_sweep(c, "x")
+  assert metrics["train_loss"].shape == ()
+  c.sweep.params = "runs.x.weighting=1,2"  # a factory parameter, but not a number
+  with pytest.raises(ValueError, match="'weighting' of algorithm 'pfedme' is a .*not a number"):
+    runner.validate_config(c)
+  c.sweep.params = "runs.x.betta=1,2"
+  with pytest.raises(ValueError, match=r"not a config field nor a numeric parameter.*'beta'"):
+    runner.validate_config(c)
+
+
+CONFIGS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".py")
+                 and not f.startswith("_"))
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_config_accepts_sweep_seeds(name):
+  c = load_config(name)
+  c.lock()  # as config_flags gives it: an absent field is refused
+  c.sweep.seeds = 4
+  c.sweep.params = "local.learning_rate=0.01,0.02"
+  runner.validate_config(c)
+  assert sweep.sweep_config(c) is not None
+
+
+def test_a_diverging_experiment_is_named_by_setting_and_seed():
+  c = tiny(rounds=1)
+  c.sweep.seeds = 2
+  c.sweep.params = "local.learning_rate=0.02,1e30"
+  with pytest.raises(loop.NonFiniteLossError,
+                     match=r"in experiment 2 \(setting learning_rate=1e\+30, seed 0\)"):
+    experiment.train_and_evaluate(c, None)
+
+
+def test_sweep_rows_keep_ints_and_tensorboard_runs_per_experiment(tmp_path):
+  pytest.importorskip("tensorboardX")
+  from test_reliability import tensorboard_steps
+
+  c = tiny(rounds=2)
+  c.eval_every = 1
+  c.sweep.seeds = 2
+  c.sweep.params = "local.learning_rate=0.02,0.1"
+  experiment.train_and_evaluate(c, str(tmp_path))
+  rows = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+  assert all(isinstance(r[k], int) for r in rows for k in ("seed", "round", "experiment", "clients_trained"))
+  tb = tmp_path / "tensorboard" / "fedavg"
+  runs = sorted(str(p.relative_to(tb)) for p in tb.glob("*/*"))
+  assert runs == ["learning_rate=0.02/seed0", "learning_rate=0.02/seed1", "learning_rate=0.1/seed0",
+                  "learning_rate=0.1/seed1"]
+  for run in runs:  # one curve per experiment: each step once
+    steps = tensorboard_steps(tb / run)
+    assert steps["train_loss"] == [1, 2] and steps["global/accuracy"] == [1, 2]
+    assert "seed" not in steps and "round" not in steps

@@ -39,6 +39,7 @@ import numpy as np
 import optax
 from flax import struct
 
+from fedtree.core.checks import check_nonnegative
 from fedtree.core.model import Model, masked_cross_entropy
 
 PyTree = Any
@@ -349,8 +350,7 @@ def make_sgd_step(
 
 def proximal(mu: float) -> Regularizer:
   """FedProx's ``(μ/2)‖θ - Θ‖²`` towards the anchor."""
-  if mu < 0:
-    raise ValueError(f"proximal mu={mu} must be >= 0")
+  check_nonnegative(mu=mu)
 
   def reg(params, anchor):
     sq = jax.tree.map(lambda p, a: jnp.sum(jnp.square(p - a)), params, anchor)

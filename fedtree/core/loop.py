@@ -17,6 +17,10 @@ rounds from Python) or running stage after stage compiles once per distinct fuse
 Divergence is checked inside the round: every fused round also returns whether the new
 state is finite and, if not, the first state leaf and row where it is not (a server level's
 node or a client), so the loop stops after that call naming run, round, level, node or client.
+An algorithm whose round reports ``nonfinite_client`` (``int32[]``, the lowest id of a client
+whose update was not finite, -1 if none; :class:`fedtree.core.tier.TierResult`) has that
+client named first: a NaN in one client's update is averaged into its parent, where the state
+check alone would only see the parent.
 """
 
 from __future__ import annotations
@@ -71,11 +75,24 @@ def finite_flags(state) -> dict[str, jax.Array]:
   return {"state_finite": leaf_ok.all(), "bad_leaf": bad_leaf, "bad_row": bad_row}
 
 
-def describe_leaf(path: str, row: int) -> str:
-  """``state.params[1]...``, row 3 -> ``server level 1, node 3 (state.params[1]...)``."""
+CHECK_KEYS = ("state_finite", "bad_leaf", "bad_row", "nonfinite_client", "nonfinite_experiment")
+"""Metrics the loop reads for its divergence check and does not pass on to ``on_metrics``."""
+
+
+def describe_leaf(path: str, row: int, name_row: Callable[[int], str] | None = None) -> str:
+  """``state.params[1]...``, row 3 -> ``server level 1, node 3 (state.params[1]...)``.
+
+  With ``name_row`` (a stacked state whose leaves' row is an experiment of a sweep, its
+  algorithm state under ``.inner``): ``<name_row(row)>, server level 1 (state.inner.params[1]...)``.
+  """
   import re
 
-  m = re.match(r"\.params\[(\d+)\]", path) or re.match(r"\.(?:opt_state|up_state)\[(\d+)\]", path)
+  inner = re.sub(r"^\.inner", "", path) if name_row is not None else path
+  m = re.match(r"\.params\[(\d+)\]", inner) or re.match(r"\.(?:opt_state|up_state)\[(\d+)\]", inner)
+  if name_row is not None:
+    part = (f"server level {m.group(1)}" if m else
+            "client state" if inner.startswith(".client_state") else "its state")
+    return f"{name_row(row)}, {part} (state{path})"
   if m:
     return f"server level {m.group(1)}, node {row} (state{path})"
   if path.startswith(".client_state"):
@@ -178,6 +195,7 @@ def run(
   should_stop: Callable[[], bool] | None = None,
   label: str | None = None,
   cache: CompileCache | None = COMPILED,
+  name_row: Callable[[int], str] | None = None,
 ):
   """Runs rounds until ``state.round == num_rounds``; returns the final state.
 
@@ -199,6 +217,9 @@ def run(
       flag), returning the state reached.
     label: names the run in errors (default ``algorithm.name``).
     cache: the compiled-function cache (``None``: compile afresh).
+    name_row: names row ``e`` of every state leaf in divergence errors (a sweep's stacked state:
+      its experiment ``e``, see :func:`describe_leaf`); its round may report
+      ``nonfinite_experiment``, the first experiment whose round was not finite.
 
   Example:
     HierFAVG on root -> 2 groups -> 5 clients, 4 rounds fused 2 per compiled call:
@@ -239,9 +260,8 @@ def run(
     if check_finite:
       if paths is None:
         paths = [p for p, _ in _float_leaves(state)]
-      check_metrics(metrics, done, label, paths)
-    host = {k: np.asarray(v)[-1].item() for k, v in metrics.items()
-            if k not in ("state_finite", "bad_leaf", "bad_row")}
+      check_metrics(metrics, done, label, paths, name_row)
+    host = {k: np.asarray(v)[-1].item() for k, v in metrics.items() if k not in CHECK_KEYS}
     if on_eval is not None and (done == num_rounds or (eval_every and done % eval_every == 0)):
       host.update(on_eval(state, done) or {})
     if on_metrics is not None:
@@ -253,26 +273,38 @@ def run(
   return state
 
 
-def check_metrics(metrics: dict[str, Any], done: int, label: str, paths: list[str]) -> None:
+def check_metrics(metrics: dict[str, Any], done: int, label: str, paths: list[str],
+                  name_row: Callable[[int], str] | None = None) -> None:
   """Raises :class:`NonFiniteLossError` for the first round of a call whose training loss or
-  new state is not finite (``metrics`` stacked over the call's rounds, ``done`` its last)."""
+  new state is not finite, or that reports a ``nonfinite_client`` (``metrics`` stacked over
+  the call's rounds, ``done`` its last), naming the client, server node or state leaf (and,
+  with ``name_row``, the sweep's experiment)."""
   n = len(np.asarray(next(iter(metrics.values()))))
   bad_rounds = np.zeros(n, bool)
   if "train_loss" in metrics:
     bad_rounds |= ~np.isfinite(np.asarray(metrics["train_loss"], np.float64))
   if "state_finite" in metrics:
     bad_rounds |= ~np.asarray(metrics["state_finite"])
+  if "nonfinite_client" in metrics:
+    bad_rounds |= np.asarray(metrics["nonfinite_client"]) >= 0
   if not bad_rounds.any():
     return
   i = int(np.argmax(bad_rounds))
   r = done - n + i + 1
   parts = []
+  at = lambda k: int(np.asarray(metrics[k])[i]) if k in metrics else -1  # noqa: E731
+  experiment, client = at("nonfinite_experiment"), at("nonfinite_client")
+  if name_row is not None and experiment >= 0:
+    parts.append(f"in {name_row(experiment)}")
+  if client >= 0:
+    parts.append(f"client {client} sent a non-finite update (its local training diverged, or its "
+                 "data hold NaN or inf)")
   if "train_loss" in metrics and not np.isfinite(float(np.asarray(metrics["train_loss"])[i])):
     parts.append(f"training loss is {float(np.asarray(metrics['train_loss'])[i])}")
   if "state_finite" in metrics and not bool(np.asarray(metrics["state_finite"])[i]):
     leaf = int(np.asarray(metrics["bad_leaf"])[i])
     row = int(np.asarray(metrics["bad_row"])[i])
-    where = describe_leaf(paths[leaf], row) if 0 <= leaf < len(paths) else "the state"
+    where = describe_leaf(paths[leaf], row, name_row) if 0 <= leaf < len(paths) else "the state"
     parts.append(f"non-finite values in {where}")
   raise NonFiniteLossError(
     f"run {label!r} diverged at round {r}: {'; '.join(parts)}; lower the learning rates "

@@ -46,6 +46,10 @@ class TierResult(NamedTuple):
     num_trained: ``[]`` number of clients that trained (skipped ones excluded).
     cursor: ``int32[C]`` the ``"cyclic"`` batch cursors, advanced where clients trained
       (``()`` for the other batch orders).
+    num_skipped: ``[]`` clients left out for a non-finite update (``skip_nonfinite``).
+    first_nonfinite: ``int32[]`` the lowest id of a cohort client whose update (model delta or
+      loss) is not finite and was aggregated, -1 if none (or all were skipped,
+      ``skip_nonfinite``): the round loop names it when a run diverges.
   """
 
   delta_sum: PyTree
@@ -56,6 +60,7 @@ class TierResult(NamedTuple):
   num_trained: jax.Array
   cursor: jax.Array | tuple = ()
   num_skipped: jax.Array | int = 0
+  first_nonfinite: jax.Array | int = -1
 
   def pseudo_gradient(self) -> PyTree:
     """The mean pseudo-gradient ``Θ - Σ p_i θ_i`` of every parent (0 where none reported)."""
@@ -66,9 +71,12 @@ class TierResult(NamedTuple):
     return self.loss_sum / jnp.maximum(self.num_trained, 1).astype(self.loss_sum.dtype)
 
   def metrics(self, skip_nonfinite: bool = False) -> dict[str, jax.Array]:
-    """A round's metrics of this tier: ``train_loss`` (:meth:`mean_loss`), ``clients_trained``
-    and, when clients are skipped (``skip_nonfinite``), ``clients_skipped``."""
-    out = {"train_loss": self.mean_loss(), "clients_trained": self.num_trained}
+    """A round's metrics of this tier: ``train_loss`` (:meth:`mean_loss`), ``clients_trained``,
+    ``nonfinite_client`` (the lowest id of a client whose update was not finite, else -1; the
+    round loop names it when it stops) and, when clients are skipped (``skip_nonfinite``),
+    ``clients_skipped``."""
+    out = {"train_loss": self.mean_loss(), "clients_trained": self.num_trained,
+           "nonfinite_client": jnp.asarray(self.first_nonfinite, jnp.int32)}
     if skip_nonfinite:
       out["clients_skipped"] = jnp.asarray(self.num_skipped)
     return out
@@ -160,6 +168,7 @@ def train_cohort(
   if k % chunk:
     raise ValueError(f"cohort of {k} slots is not a multiple of chunk_size={chunk}")
   num_parents = jax.tree.leaves(parent_params)[0].shape[0]
+  num_clients = data.num_clients
   anchor_params = parent_params if anchor_params is None else anchor_params
   # Slots sorted by (parent, step count): a chunk loops to its largest step count (see
   # fedtree.core.local.run_local_steps), so clients with similar counts share chunks; padding
@@ -189,7 +198,7 @@ def train_cohort(
 
   def body(carry, chunk_slots):
     ch, ch_steps = chunk_slots
-    delta_sum, weight_sum, state, loss_sum, count, skipped = carry
+    delta_sum, weight_sum, state, loss_sum, count, skipped, first_bad = carry
     # Under a ``jax.set_mesh`` with a ``clients`` axis, each device trains its slice of the
     # chunk (identity otherwise; see fedtree.core.sharding).
     if parent_aligned:
@@ -223,16 +232,18 @@ def train_cohort(
       anchor = _take(anchor_params, ch.parent)
     delta = jax.tree.map(jnp.subtract, anchor, params)
     trained = ch.valid
+    ok = jnp.isfinite(loss)
+    for d in jax.tree.leaves(delta):
+      ok = ok & jnp.isfinite(d).reshape(chunk, -1).all(axis=1)
     if skip_nonfinite:
-      ok = jnp.isfinite(loss)
-      for d in jax.tree.leaves(delta):
-        ok = ok & jnp.isfinite(d).reshape(chunk, -1).all(axis=1)
       delta = jax.tree.map(
         lambda d: jnp.where(ok.reshape((chunk,) + (1,) * (d.ndim - 1)), d, 0), delta)
       loss = jnp.where(ok, loss, 0.0)
       skipped = skipped + jnp.sum((ch.valid & ~ok).astype(jnp.int32))
       trained = ch.valid & ok
       w = jnp.where(ok, w, 0.0)
+    else:
+      first_bad = jnp.minimum(first_bad, jnp.min(jnp.where(ch.valid & ~ok, ch.clients, num_clients)))
     parent = per_device(ch.parent)
     delta_sum = on_devices(jax.tree.map(
       jnp.add, delta_sum,
@@ -244,7 +255,7 @@ def train_cohort(
     state = ch.scatter(state, new_state, trained)   # padding (and skipped) slots write nowhere
     loss_sum = loss_sum + jnp.sum(jnp.where(trained, loss, 0.0)).astype(fdtype)
     count = count + jnp.sum(trained, dtype=jnp.int32)
-    return ((delta_sum, weight_sum, state, loss_sum, count, skipped),
+    return ((delta_sum, weight_sum, state, loss_sum, count, skipped, first_bad),
             (params if keep_client_params else None))
 
   init = (
@@ -254,8 +265,9 @@ def train_cohort(
     jnp.zeros((), fdtype),
     jnp.zeros((), jnp.int32),
     jnp.zeros((), jnp.int32),
+    jnp.full((), num_clients, jnp.int32),
   )
-  (delta_sum, weight_sum, state, loss_sum, count, skipped), per_chunk = jax.lax.scan(
+  (delta_sum, weight_sum, state, loss_sum, count, skipped, first_bad), per_chunk = jax.lax.scan(
     body, init, chunks)
   delta_sum = jax.tree.map(lambda a: jnp.sum(a, axis=0), delta_sum)  # the one reduction
   weight_sum = jnp.sum(weight_sum, axis=0)
@@ -270,4 +282,6 @@ def train_cohort(
     moved = advance_cursor(jnp.take(cursor, cohort.clients), jnp.take(num_steps, cohort.clients),
                            jnp.take(data.n_train, cohort.clients), batch_size)
     cursor = cohort.scatter(cursor, moved)
-  return TierResult(delta_sum, weight_sum, state, client_params, loss_sum, count, cursor, skipped)
+  first_bad = jnp.where(first_bad < num_clients, first_bad, -1).astype(jnp.int32)
+  return TierResult(delta_sum, weight_sum, state, client_params, loss_sum, count, cursor, skipped,
+                    first_bad)

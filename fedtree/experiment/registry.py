@@ -96,6 +96,12 @@ class AlgorithmSpec:
 
 
 # ------------------------------------------------------------------------ converters
+def _number(value):
+  """A float field as a float, or unchanged when it is a ``jax.Array`` (a swept value, possibly a
+  tracer: its concrete values were checked before tracing)."""
+  return value if isinstance(value, jax.Array) else float(value)
+
+
 def _servers(target: str):
   def convert(v, ctx):
     if "servers" in v:
@@ -129,8 +135,8 @@ def _rate_optimizer(field: str, target: str):
   def convert(v, ctx):
     if field not in v:
       return {}
-    local = ml_collections.ConfigDict(ctx.config.local.to_dict())
-    local.learning_rate = float(v[field])
+    local = ml_collections.ConfigDict(ctx.config.local.to_dict(), type_safe=False)
+    local.learning_rate = _number(v[field])
     return {target: local_optimizer_from_config(local)}
 
   return Fields((field,), convert)
@@ -151,7 +157,7 @@ def _per_level_servers(plural: str, single: str, target: str):
 def _bhfl_down(v, ctx):
   if "downs" in v or "down" in v:
     return _per_level_servers("downs", "down", "down_optimizers").convert(v, ctx)
-  return {"down_optimizers": optax.sgd(v["eta_down"])} if "eta_down" in v else {}
+  return {"down_optimizers": optax.sgd(_number(v["eta_down"]))} if "eta_down" in v else {}
 
 
 def _bhfl_periods(v, ctx):

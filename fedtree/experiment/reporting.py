@@ -72,16 +72,20 @@ class Reporter:
       os.replace(tmp, self._path)
     self._file = open(self._path, "a")
 
-  def log(self, label: str, round_: int, metrics: dict[str, Any]) -> None:
+  def log(self, label: str, round_: int, metrics: dict[str, Any], *, tensorboard_run: str | None = None
+          ) -> None:
+    """One ``metrics.jsonl`` row of run ``label`` (integers stay integers) and its TensorBoard
+    scalars, under ``tensorboard/<tensorboard_run>`` (default ``label``; a sweep gives every
+    experiment its own, ``<label>/<setting>/seed<s>``, so their curves do not collide)."""
     record = {"run": label, "round": int(round_)}
     record.update({k: _scalar(v) for k, v in metrics.items()})
     if self._file:
       self._file.write(json.dumps(record) + "\n")
       self._file.flush()
-    writer = self._tensorboard(label)
+    writer = self._tensorboard(tensorboard_run or label, label)
     if writer is not None:
       for k, v in record.items():
-        if isinstance(v, float):
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in TENSORBOARD_SKIP:
           writer.add_scalar(k, v, int(round_))
       writer.flush()
     if self._bar is not None:
@@ -121,18 +125,19 @@ class Reporter:
     self.result(text)
     return text
 
-  def _tensorboard(self, label: str):
+  def _tensorboard(self, name: str, label: str):
+    """The writer of TensorBoard run ``name`` (a folder), purged after where run ``label`` resumed."""
     if not self.workdir:
       return None
-    if label not in self._tb:
+    if name not in self._tb:
       try:
         from tensorboardX import SummaryWriter
       except ImportError:
-        self._tb[label] = None
+        self._tb[name] = None
       else:
-        self._tb[label] = SummaryWriter(os.path.join(self.workdir, "tensorboard", label),
-                                        purge_step=self._purge.get(label))
-    return self._tb[label]
+        self._tb[name] = SummaryWriter(os.path.join(self.workdir, "tensorboard", *name.split("/")),
+                                       purge_step=self._purge.get(label))
+    return self._tb[name]
 
   def close(self) -> None:
     for w in self._tb.values():
@@ -144,10 +149,18 @@ class Reporter:
       self._file = None
 
 
+TENSORBOARD_SKIP = ("run", "round", "seed", "experiment")
+"""Row fields that identify a row rather than measure it: not TensorBoard scalars."""
+
+
 def _scalar(v):
   if isinstance(v, dict):  # a sweep's setting
     return {str(k): _scalar(x) for k, x in v.items()}
+  if isinstance(v, (bool, np.bool_)):
+    return bool(v)
   v = np.asarray(v)
+  if v.ndim == 0 and v.dtype.kind in "iu":
+    return int(v)
   if v.ndim == 0:
     f = float(v)
     return f if math.isfinite(f) else None

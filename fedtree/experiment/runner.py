@@ -35,6 +35,7 @@ from fedtree.core.data import FederatedData, as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.metrics import make_evaluator
 from fedtree.core.topology import Topology
+from fedtree.experiment import memory
 from fedtree.experiment.builders import local_optimizer_from_config, schedule_from_config
 from fedtree.experiment.reporting import Reporter
 from fedtree.experiment.results import (  # noqa: F401  (re-exported: runner.RunStopped, ...)
@@ -251,15 +252,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
     ctx = dataclasses.replace(ctx, data=shard_data(ctx.data, mesh))
   root = jax.random.key(int(config.seed))
   results: dict[str, Any] = {}
+  budget = memory.Budget.of(ctx)
   try:
     for label, run_cfg in ordered_runs(config):
       if swept:  # settings x seeds of this run as one program (fedtree.experiment.sweep)
         with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
           results[label] = sweep.run_sweep(label, run_cfg, ctx, reporter, workdir=workdir,
-                                           should_stop=should_stop)
+                                           should_stop=should_stop, budget=budget)
         continue
       with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         algorithm = build_algorithm(label, run_cfg, ctx)
+        reporter.print(budget.check(label, jax.eval_shape(algorithm.init, loop.init_key(root)),
+                                    ctx.chunk_size(run_cfg)))
         rounds = algorithm.rounds if algorithm.rounds is not None else run_cfg.get("rounds", config.rounds)
         _, summaries = run_algorithm(
           algorithm, ctx, root, reporter, num_rounds=int(rounds),
@@ -301,7 +305,7 @@ def _write_plots(workdir: str, config: ml_collections.ConfigDict, reporter: Repo
 
 
 FINGERPRINT_IGNORES = ("rounds", "progress", "checkpoint_every", "keep_checkpoints", "eval_chunk_size",
-                       "rounds_per_call", "run_order", "plots")
+                       "rounds_per_call", "run_order", "plots", "memory_limit_bytes", "mesh_shape")
 """Top-level config fields that do not change a run's results (left out of its fingerprint)."""
 
 

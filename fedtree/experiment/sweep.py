@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import itertools
 import json
 import math
@@ -71,6 +72,13 @@ SHAPE_PREFIXES = ("data.", "topology.", "model.", "sweep.", "mesh_shape")
 
 
 # ------------------------------------------------------------------------ config -> settings
+def default_sweep(select: str = "global/accuracy") -> ml_collections.ConfigDict:
+  """The ``config.sweep`` block every shipped config carries: one seed, nothing swept (a plain
+  run), so that ``--config.sweep.seeds=4`` or ``--config.sweep.params=...`` work on the command
+  line of any config. ``select``: the metric that names the best setting."""
+  return ml_collections.ConfigDict(dict(seeds=1, params="", mode="product", select=select, chunk="all"))
+
+
 def params_of(sw) -> dict[str, list]:
   """``config.sweep.params`` as ``{dotted path: [values]}``, from a string
   ``"local.learning_rate=0.01,0.1;runs.fedprox.mu=0,0.1"`` (the command-line form) or a
@@ -127,6 +135,45 @@ def _get_path(config, path: str):
   return node
 
 
+def _swept_field(config, path: str):
+  """The current value of the swept field ``path``: the config's, or for ``runs.<label>.<name>``
+  a parameter of the run's algorithm that the run leaves at its default (its schema,
+  :func:`fedtree.experiment.registry.schema`), the factory's default."""
+  try:
+    return _get_path(config, path)
+  except ValueError:
+    parts = path.split(".")
+    runs = config.get("runs", None)
+    if len(parts) != 3 or parts[0] != "runs" or runs is None or parts[1] not in runs:
+      raise
+    from fedtree.experiment import registry
+
+    algorithm = runs[parts[1]].get("algorithm", None)
+    if algorithm not in registry.SPECS:
+      raise
+    sch = registry.schema(registry.SPECS[algorithm])
+    hint = sch.scalars.get(parts[2], None)
+    if hint is None:
+      numeric = sorted(n for n, h in sch.scalars.items() if _numeric_hint(h))
+      raise ValueError(
+        f"config.sweep.params names {path!r}, which is not a config field nor a numeric parameter of "
+        f"algorithm {algorithm!r} (its numeric parameters: {numeric})"
+      ) from None
+    if not _numeric_hint(hint):
+      raise ValueError(f"config.sweep.params[{path!r}]: {parts[2]!r} of algorithm {algorithm!r} is a "
+                       f"{hint}, not a number; only numeric fields can be swept") from None
+    default = sch.params[parts[2]].default
+    return None if default is inspect.Parameter.empty else default
+
+
+def _numeric_hint(hint) -> bool:
+  import types
+  import typing
+
+  args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+  return any(a in (int, float) for a in args)
+
+
 def _set_path(config, path: str, value) -> None:
   *parents, leaf = path.split(".")
   node = config
@@ -158,7 +205,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if path.startswith("runs.") and path.count(".") < 2:
       raise ValueError(f"config.sweep.params[{path!r}] must name a field of a run, e.g. "
                        f"'runs.<label>.mu'")
-    current = _get_path(config, path)
+    current = _swept_field(config, path)
     if isinstance(current, (bool, str)) or hasattr(current, "keys") or (
         current is not None and not isinstance(current, (int, float, np.number))):
       raise ValueError(f"config.sweep.params[{path!r}]: the field is {current!r}, not a number; "
@@ -280,9 +327,18 @@ def stacked_algorithm(build: Callable[[dict], FederatedAlgorithm], *, label: str
 
   def round_(st: SweepState, data, _key):
     inner, metrics = jax.vmap(one, in_axes=(0, 0, None, 0))(st.hparams, st.inner, data, st.keys)
+    client = metrics.pop("nonfinite_client", None)
     out = {f"{k}@{e}": v[e] for k, v in metrics.items() for e in range(v.shape[0])}
-    if "train_loss" in metrics:  # any experiment's non-finite loss stops the sweep (named by row)
+    # Any experiment's non-finite loss or client update stops the sweep, naming the experiment
+    # (the loop maps it to its setting and seed) and the client.
+    bad = jnp.zeros(st.keys.shape[0], bool)
+    if "train_loss" in metrics:
       out["train_loss"] = jnp.sum(metrics["train_loss"])
+      bad = bad | ~jnp.isfinite(metrics["train_loss"])
+    if client is not None:
+      bad = bad | (client >= 0)
+      out["nonfinite_client"] = jnp.where(bad.any(), client[jnp.argmax(bad)], -1)
+    out["nonfinite_experiment"] = jnp.where(bad.any(), jnp.argmax(bad), -1).astype(jnp.int32)
     return SweepState(round=st.round + 1, inner=inner, keys=st.keys, hparams=st.hparams), out
 
   def models(_st):
@@ -425,11 +481,13 @@ def dumps(obj) -> str:
 
 # ------------------------------------------------------------------------ running (the runner's part)
 def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should_stop=None,
-              build_algorithm: Callable | None = None) -> dict[str, Any]:
+              build_algorithm: Callable | None = None, budget=None) -> dict[str, Any]:
   """Every experiment of run ``label`` (settings x seeds), chunk after chunk through one
-  compiled function; logs a ``metrics.jsonl`` row per experiment and evaluation round (with
-  ``setting`` and ``seed``), prints the mean ± std table, writes the PNG and returns the
-  run's ``summary.json`` entry (rows per setting and the best by ``config.sweep.select``)."""
+  compiled function (the memory of a chunk of experiments checked first against ``budget``,
+  a :class:`fedtree.experiment.memory.Budget`); logs a ``metrics.jsonl`` row per experiment
+  and evaluation round (with ``setting`` and ``seed``), prints the mean ± std table, writes
+  the PNG and returns the run's ``summary.json`` entry (rows per setting and the best by
+  ``config.sweep.select``)."""
   from fedtree import evaluation
   from fedtree.core.metrics import make_evaluator
   from fedtree.experiment import results
@@ -456,6 +514,10 @@ def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should
   positive = results.positive_classes_from_config(config, ctx.data.num_classes)
   evaluator = make_evaluator(ctx.model, config.get("eval_chunk_size", None), confusion=positive is not None)
   size = chunk_size(config, len(exps), ctx)
+  if budget is not None:  # the stacked state and working set of a chunk of experiments, before compiling
+    shapes = jax.eval_shape(concrete[0].init, loop.init_key(jax.random.key(seed0)))
+    reporter.print(budget.check(label, shapes, ctx.chunk_size(run_cfg), experiments=size,
+                                chunk_name="sweep.chunk" if size > 1 else "chunk_size"))
   chunks = [exps[k:k + size] for k in range(0, len(exps), size)]
   finals: dict[int, dict[str, float]] = {}
   every = int(config.get("checkpoint_every", 0) or 0)
@@ -493,14 +555,19 @@ def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should
         row = {m.split("@")[0]: v for m, v in host.items() if m.endswith(f"@{e}")}
         row.update(evals.get(r, {}).get(e, {}))
         row.update(setting=settings[i], seed=seed, experiment=base + e)
-        reporter.log(name, r, row)
+        reporter.log(name, r, row, tensorboard_run=f"{label}/{setting_name(settings[i])}/seed{seed}")
+
+    def name_row(e, chunk=chunk, base=k * size):  # padded rows repeat the chunk's last experiment
+      e = min(e, len(chunk) - 1)
+      i, seed = chunk[e]
+      return f"experiment {base + e} (setting {setting_name(settings[i])}, seed {seed})"
 
     reporter.start_run(name, num_rounds, from_round=int(state.round))
     try:
       state = loop.run(
         stacked, ctx.data, num_rounds=num_rounds, key=jax.random.key(0), state=state,
         rounds_per_call=int(config.rounds_per_call), eval_every=int(config.eval_every),
-        on_eval=evaluate, on_metrics=log, should_stop=should_stop, label=name,
+        on_eval=evaluate, on_metrics=log, should_stop=should_stop, label=name, name_row=name_row,
         on_call=(lambda s, r, c=ckpt: c.maybe_save(s, force=r == num_rounds)) if ckpt else None,
       )
     finally:

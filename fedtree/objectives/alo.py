@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from fedtree.core.checks import check_nonnegative
+from fedtree.core.checks import check_nonnegative, is_traced
 from fedtree.core.local import (
   Batch,
   ClientData,
@@ -62,7 +62,7 @@ PyTree = Any
 
 def check_alo(mu: float, lam: float) -> None:
   """``ValueError`` naming μ outside ``[0, 1)`` or a negative / non-finite λ."""
-  if not 0.0 <= float(mu) < 1.0:
+  if not is_traced(mu) and not 0.0 <= float(mu) < 1.0:
     raise ValueError(f"ALO label smoothing mu={mu} must be in [0, 1)")
   check_nonnegative(lam=lam)
 

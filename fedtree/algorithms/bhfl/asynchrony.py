@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedtree.core.checks import is_traced
+
 LATENCY_KINDS = ("none", "constant", "exponential", "lognormal", "uniform")
 
 
@@ -126,6 +128,7 @@ def first_arrivals(arrival: jax.Array, eligible: jax.Array, segment: np.ndarray,
 
 def staleness_weight(staleness: jax.Array, exponent: float) -> jax.Array:
   """``(1 + s)^-a`` (FedBuff's polynomial staleness discount); 1 for ``a = 0``."""
-  if exponent == 0:
+  if not is_traced(exponent) and exponent == 0:
     return jnp.ones(staleness.shape, jnp.float32)
-  return jnp.power(1.0 + jnp.maximum(staleness, 0).astype(jnp.float32), -float(exponent))
+  return jnp.power(1.0 + jnp.maximum(staleness, 0).astype(jnp.float32),
+                   -jnp.asarray(exponent, jnp.float32))

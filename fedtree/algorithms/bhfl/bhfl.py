@@ -77,6 +77,7 @@ from fedtree.core.algorithm import (
   initial_params,
   per_level,
 )
+from fedtree.core.checks import check_nonnegative
 from fedtree.core.data import FederatedData
 from fedtree.core.local import (
   ClientData,
@@ -341,8 +342,7 @@ def bhfl(
   cohort_per_edge = np.asarray(sampler.sizes, np.int64)
   buffers = check_buffer_sizes(buffer_sizes, topology, cohort_per_edge)
   lats = per_level(Latency() if latencies is None else latencies, depth, "latencies")
-  if staleness_exponent < 0:
-    raise ValueError(f"staleness_exponent={staleness_exponent} must be >= 0")
+  check_nonnegative(staleness_exponent=staleness_exponent)
   residual_k = int(residual_k)
   if residual_k < 0:
     raise ValueError(f"residual_k={residual_k} must be >= 0")

@@ -73,6 +73,7 @@ from fedtree.core.algorithm import (
   initial_params,
   local_training,
 )
+from fedtree.core.checks import check_positive
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule, stack
 from fedtree.core.metrics import client_sums
@@ -289,8 +290,7 @@ def clustered(
   if clustering == "kmeans" and int(kmeans_iters) < 1:
     raise ValueError(f"kmeans_iters={kmeans_iters} must be >= 1")
   if clustering == "cfl":
-    if not (float(eps1) > 0 and float(eps2) > 0):
-      raise ValueError(f"eps1={eps1} and eps2={eps2} must be > 0")
+    check_positive(eps1=eps1, eps2=eps2)
     if int(min_split_size) < 2:
       raise ValueError(f"min_split_size={min_split_size} must be >= 2 (a split needs two halves)")
   if init not in INITS:
@@ -365,7 +365,7 @@ def clustered(
       delta = jax.tree.map(jnp.subtract, start_params, res.client_params)   # θ_c - θ_i = -Δθ_i
       assign, origin, split, mean_norm, max_norm, cross = split_clusters(
         flatten_rows(delta), w, cohort.parent, cohort.valid, state.num_clusters, max_clusters=k,
-        eps1=float(eps1), eps2=float(eps2), min_split_size=int(min_split_size), allow=active_clustering,
+        eps1=eps1, eps2=eps2, min_split_size=int(min_split_size), allow=active_clustering,
         similarity_check=bool(similarity_check),
       )
       num_in_use = state.num_clusters + jnp.sum(split.astype(jnp.int32))
