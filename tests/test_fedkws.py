@@ -432,3 +432,36 @@ def test_fedkws_config_on_a_speech_commands_directory(tmp_path, speech_dir):
   results = train_and_evaluate(c, str(tmp_path))
   s = results["fedkws_ui"]["global"]
   assert 0.0 <= s["accuracy"] <= 1.0 and 0.0 <= s["false_reject_rate"] <= 1.0
+
+
+def test_alo_loss_float64_without_smoothing_or_adversary_is_cross_entropy():
+  """Under x64 the loss keeps float64 logits' precision (float32 inside would show as ~1e-8)."""
+  from fedtree.core.model import masked_cross_entropy
+
+  with jax.enable_x64(True):
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(6, 5)) * 3, jnp.float64)
+    private = jnp.asarray(rng.normal(size=(6, 5)), jnp.float64)
+    y, mask = jnp.asarray([0, 4, 2, 2, 1, 3]), jnp.asarray([True] * 5 + [False])
+    got = alo_loss(logits, private, y, mask, mu=0.0, lam=0.0)
+    want = masked_cross_entropy(logits, y, mask)
+    assert got.dtype == jnp.float64
+    assert abs(float(got) - float(want)) < 1e-12
+    # and with μ, λ against a float64 numpy computation
+    lp = np.asarray(jax.nn.log_softmax(logits))
+    q = np.asarray(jax.nn.softmax(private))
+    t = 0.8 * np.eye(5)[np.asarray(y)] + 0.2 / 5
+    per = -(t * lp).sum(-1) + 0.01 * (q * lp).sum(-1)
+    assert abs(float(alo_loss(logits, private, y, mask, mu=0.2, lam=0.01)) - per[:5].mean()) < 1e-12
+
+
+def test_check_alo_skips_traced_mu():
+  from fedtree.objectives.alo import check_alo
+
+  def traced(mu):
+    check_alo(mu, 0.001)
+    return mu
+
+  np.testing.assert_allclose(jax.vmap(traced)(jnp.asarray([0.0, 0.2])), [0.0, 0.2])
+  with pytest.raises(ValueError, match="mu=1.5"):
+    check_alo(1.5, 0.001)

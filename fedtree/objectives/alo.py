@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from fedtree.core.checks import check_nonnegative
+from fedtree.core.checks import check_nonnegative, is_traced
 from fedtree.core.local import (
   Batch,
   ClientData,
@@ -61,8 +61,9 @@ PyTree = Any
 
 
 def check_alo(mu: float, lam: float) -> None:
-  """``ValueError`` naming μ outside ``[0, 1)`` or a negative / non-finite λ."""
-  if not 0.0 <= float(mu) < 1.0:
+  """``ValueError`` naming μ outside ``[0, 1)`` or a negative / non-finite λ (a traced,
+  i.e. swept, value is skipped: its concrete values were checked before tracing)."""
+  if not is_traced(mu) and not 0.0 <= float(mu) < 1.0:
     raise ValueError(f"ALO label smoothing mu={mu} must be in [0, 1)")
   check_nonnegative(lam=lam)
 
@@ -72,14 +73,17 @@ def alo_loss(logits: jax.Array, private_logits: jax.Array, labels: jax.Array, ma
   """``L_ls + λ L_adv`` averaged over the unmasked examples (0 if none).
 
   ``logits``, ``private_logits``: ``[B, C]``; ``labels``: ``int[B]``; ``mask``: ``bool[B]``.
+  Computed in the logits' dtype promoted with float32 (float64 logits under
+  ``jax_enable_x64`` give a float64 loss, as :func:`~fedtree.core.model.masked_cross_entropy`).
   """
   num_classes = logits.shape[-1]
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32))
-  target = (1.0 - mu) * jax.nn.one_hot(labels, num_classes) + mu / num_classes
+  dtype = jnp.promote_types(logits.dtype, jnp.float32)
+  logp = jax.nn.log_softmax(logits.astype(dtype))
+  target = (1.0 - mu) * jax.nn.one_hot(labels, num_classes, dtype=dtype) + mu / num_classes
   smoothed = -jnp.sum(target * logp, axis=-1)
-  teacher = jax.lax.stop_gradient(jax.nn.softmax(private_logits.astype(jnp.float32)))
+  teacher = jax.lax.stop_gradient(jax.nn.softmax(private_logits.astype(dtype)))
   adversarial = jnp.sum(teacher * logp, axis=-1)        # = -CE(f_p, f)
-  m = mask.astype(jnp.float32)
+  m = mask.astype(dtype)
   return jnp.sum((smoothed + lam * adversarial) * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
@@ -96,7 +100,7 @@ class ALOCarry:
 def make_alo_step(model: Model, optimizer: optax.GradientTransformation, *, mu: float, lam: float,
                   compute_dtype=None):
   """A step of ``optimizer`` on :func:`alo_loss`: ``step(ALOCarry, batch, rng) -> (carry, CE)``
-  (both models' forward passes in ``compute_dtype`` when given; the loss in float32)."""
+  (both models' forward passes in ``compute_dtype`` when given; the loss in at least float32)."""
   check_alo(mu, lam)
   dtype = check_compute_dtype(compute_dtype)
 
@@ -107,7 +111,7 @@ def make_alo_step(model: Model, optimizer: optax.GradientTransformation, *, mu: 
     logits = model.apply(params, batch.x, train=True, rng=rng)
     private_logits = model.apply(private, batch.x, train=False)
     total = alo_loss(logits, private_logits, batch.y, batch.mask, mu=mu, lam=lam)
-    return total, masked_cross_entropy(logits.astype(jnp.float32), batch.y, batch.mask)
+    return total, masked_cross_entropy(logits, batch.y, batch.mask)
 
   def step(carry: ALOCarry, batch: Batch, rng):
     grads, ce = jax.grad(objective, has_aux=True)(carry.params, carry.private, batch, rng)
