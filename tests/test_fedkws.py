@@ -421,11 +421,13 @@ def test_fedkws_config_fedkws_ui_run(tmp_path):
 
 
 def test_fedkws_config_on_a_speech_commands_directory(tmp_path, speech_dir):
-  """The config's FedKWS-UI run on the raw-directory loader (the generated tiny directory)."""
+  """The config's FedKWS-UI run on the raw-directory loader (the generated tiny directory),
+  with two augmented views per clip."""
   import ml_collections
 
   c = _small_config()
-  c.data = ml_collections.ConfigDict(dict(name="speech_commands", root=speech_dir, task=12, seed=0))
+  c.data = ml_collections.ConfigDict(dict(name="speech_commands", root=speech_dir, task=12, seed=0, views=2))
+  c.model.views = 2                                   # augmentation redrawn every epoch
   c.runs = ml_collections.ConfigDict({"fedkws_ui": c.runs.fedkws_ui})
   c.run_order = ("fedkws_ui",)
   c.runs.fedkws_ui.cohort_size = 2
@@ -465,3 +467,68 @@ def test_check_alo_skips_traced_mu():
   np.testing.assert_allclose(jax.vmap(traced)(jnp.asarray([0.0, 0.2])), [0.0, 0.2])
   with pytest.raises(ValueError, match="mu=1.5"):
     check_alo(1.5, 0.001)
+
+
+# ------------------------------------------------------------------------ augmentation views
+def test_loader_views_are_independent_augmentations(speech_dir):
+  data, _, (xc, _) = sc.load_speech_commands(speech_dir, task=12, seed=1, views=3)
+  assert data.example_shape == (3, 98, 40) and xc.shape == (9, 3, 98, 40)
+  n = int(data.n_train[0])
+  x = np.asarray(data.x_train[0, :n])
+  for v in range(1, 3):
+    assert not np.allclose(x[:, 0], x[:, v])                   # each view its own augmentation
+  np.testing.assert_array_equal(xc[:, 0], xc[:, 2])             # test clips: clean in every view
+  again, _, _ = sc.load_speech_commands(speech_dir, task=12, seed=1, views=3)
+  np.testing.assert_array_equal(again.x_train, data.x_train)    # same seed, same views
+  one, _, _ = sc.load_speech_commands(speech_dir, task=12, seed=1)
+  np.testing.assert_array_equal(one.x_train[0], data.x_train[0, :, 0])   # first draws: view 0
+  np.testing.assert_array_equal(one.y_train, data.y_train)
+  with pytest.raises(ValueError, match="views=0"):
+    sc.load_speech_commands(speech_dir, views=0)
+
+
+def test_views_are_redrawn_every_epoch_inside_the_local_loop():
+  """A client with one batch per epoch: step t is epoch t. The views each epoch reads (as
+  :func:`with_views` picks them from the step's key) change with the epoch; the same key
+  reads the same views, another key others."""
+  from fedtree.core.local import run_local_steps
+  from fedtree.models.kws import view_indices
+
+  views, n, epochs = 4, 3, 8
+  x = jnp.broadcast_to(jnp.arange(views, dtype=jnp.float32)[None, :, None], (n, views, 1))  # x[m, v] = v
+  data = ClientData(x, jnp.zeros(n, jnp.int32), jnp.asarray(n))
+
+  def step(carry, batch, rng):
+    t, record = carry
+    picked = batch.x[jnp.arange(batch.x.shape[0]), view_indices(rng, batch.x.shape[0], views), 0]
+    return (t + 1, record.at[t].set(jnp.where(batch.mask, picked, -1.0))), jnp.zeros(())
+
+  @jax.jit
+  def read(key):
+    carry = (jnp.zeros((), jnp.int32), jnp.zeros((epochs, 4)))
+    (_, record), _ = run_local_steps(step, carry, data, jnp.asarray(epochs), key, batch_size=4,
+                                    max_steps=epochs)
+    return record
+
+  a, b, c = read(jax.random.key(1)), read(jax.random.key(1)), read(jax.random.key(2))
+  np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(a, c)
+  per_epoch = {tuple(np.sort(row[row >= 0]).tolist()) for row in np.asarray(a)}
+  assert len(per_epoch) > 2, a                                   # epochs read different views
+
+
+def test_with_views_model_picks_per_example_views():
+  from fedtree.models.kws import view_indices
+
+  views = 3
+  model = build_model("mlp", example_shape=(views, 4), num_classes=2, views=views, hidden=(3,))
+  inner = build_model("mlp", example_shape=(4,), num_classes=2, hidden=(3,))
+  p = model.init(jax.random.key(0))
+  x = jax.random.normal(jax.random.key(1), (5, views, 4))
+  np.testing.assert_allclose(model.apply(p, x), inner.apply(p, x[:, 0]), rtol=1e-6)     # evaluation: view 0
+  rng = jax.random.key(7)
+  idx = view_indices(rng, 5, views)
+  np.testing.assert_allclose(model.apply(p, x, train=True, rng=rng),
+                             inner.apply(p, x[jnp.arange(5), idx]), rtol=1e-6)
+  with pytest.raises(ValueError, match="views=3"):
+    build_model("mlp", example_shape=(2, 4), num_classes=2, views=3)

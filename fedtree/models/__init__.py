@@ -13,7 +13,17 @@ from collections.abc import Sequence
 
 from fedtree.core.model import Model, from_flax, masked_cross_entropy
 from fedtree.models.classifiers import CNN, MLP, Conv, LogisticRegression, im2col_conv, max_pool
-from fedtree.models.kws import DSCNN, KWT, MHAttRNN, ResNet15, depthwise_conv, dilated_conv, same_padding
+from fedtree.models.kws import (
+  DSCNN,
+  KWT,
+  MHAttRNN,
+  ResNet15,
+  depthwise_conv,
+  dilated_conv,
+  same_padding,
+  view_indices,
+  with_views,
+)
 from fedtree.models.lm import LSTMLM, TransformerLM, build_lm, lm_model
 
 MODELS = ("logreg", "mlp", "cnn", "dscnn", "kwt", "mhattrnn", "resnet15", "lstm_lm", "transformer_lm")
@@ -26,7 +36,17 @@ def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **
   ``mlp_dim=``, ``dropout=``; :class:`KWT`) or ``mhattrnn`` (``hidden=``, ``heads=``,
   ``layers=``, ``cell=``, ``conv_channels=``, ``norm=``; :class:`MHAttRNN`) or ``resnet15``
   (``width=``, ``blocks=``, ``norm=``, ``conv_impl=``; :class:`ResNet15`), or a language model ``lstm_lm`` /
-  ``transformer_lm`` (:func:`fedtree.models.lm.build_lm`)."""
+  ``transformer_lm`` (:func:`fedtree.models.lm.build_lm`).
+
+  ``views=V`` (any classifier): the inputs are ``[B, V, *example]``, ``V`` pre-drawn
+  augmentations per example, and each training step reads one per example
+  (:func:`fedtree.models.kws.with_views`); ``example_shape`` is then ``(V, *example)``."""
+  views = kwargs.pop("views", None)
+  if views is not None and int(views) > 1:
+    if int(example_shape[0]) != int(views):
+      raise ValueError(f"views={views} but the examples' shape {tuple(example_shape)} does not start with it")
+    inner = build_model(name, example_shape=example_shape[1:], num_classes=num_classes, **kwargs)
+    return with_views(inner, int(views))
   if name in ("lstm_lm", "transformer_lm"):
     return build_lm(name, example_shape=example_shape, num_classes=num_classes, **kwargs)
   if name == "logreg":
@@ -54,5 +74,5 @@ def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **
 __all__ = [
   "CNN", "DSCNN", "KWT", "LSTMLM", "MLP", "MODELS", "Conv", "LogisticRegression", "MHAttRNN", "Model",
   "ResNet15", "TransformerLM", "build_lm", "build_model", "depthwise_conv", "dilated_conv", "from_flax",
-  "im2col_conv", "lm_model", "masked_cross_entropy", "max_pool", "same_padding",
+  "im2col_conv", "lm_model", "masked_cross_entropy", "max_pool", "same_padding", "view_indices", "with_views",
 ]

@@ -9,6 +9,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fedtree.core.model import Model
+from fedtree.core.rng import stream
 from fedtree.models.classifiers import CONV_IMPLS, Conv, auto_conv_impl
 
 
@@ -249,3 +251,36 @@ class ResNet15(nn.Module):
       h = nn.relu(self._norm(self._conv(y, i + 2, 2 ** ((i + 1) // 3))) + h)
     h = self._conv(h, 2 * self.blocks + 1, 2 ** (2 * self.blocks // 3))
     return nn.Dense(self.num_classes)(jnp.mean(h, axis=(1, 2)))
+
+
+def view_indices(rng: jax.Array, batch_size: int, views: int) -> jax.Array:
+  """``int32[B]``: the augmented view each example of a training batch reads, uniform over
+  ``views``, drawn from the step's key (its ``"views"`` stream)."""
+  return jax.random.randint(stream(rng, "views"), (batch_size,), 0, views)
+
+
+def with_views(model: Model, views: int) -> Model:
+  """``model`` on inputs ``[B, views, ...]`` that hold ``views`` pre-drawn augmentations of each
+  example (:func:`fedtree.datasets.speech_commands.load_speech_commands` with ``views``).
+
+  Given a key (``rng``, which every local step passes: the step's own key, a fresh one at
+  every step, so every epoch), each example reads one view drawn uniformly with
+  :func:`view_indices`; without one (evaluation), view 0. The augmentation is thus redrawn
+  every time an example is read, from a pool of ``views`` per clip, inside jit. Objectives
+  that run a second forward pass on the same batch (ALO's private model, FedMMD's global
+  features) pass the same key, so both passes see the same views.
+  """
+  if int(views) < 1:
+    raise ValueError(f"views={views} must be >= 1")
+
+  def apply(params, x, *, train: bool = False, rng: jax.Array | None = None):
+    if x.shape[1] != views:
+      raise ValueError(f"input of shape {x.shape} has no views axis of {views} after the batch axis")
+    if rng is None:
+      picked = x[:, 0]
+    else:
+      picked = x[jnp.arange(x.shape[0]), view_indices(rng, x.shape[0], views)]
+    model_rng = None if rng is None else stream(rng, "model")
+    return model.apply(params, picked, train=train, rng=model_rng)
+
+  return model._replace(apply=apply)

@@ -109,7 +109,7 @@ def make_alo_step(model: Model, optimizer: optax.GradientTransformation, *, mu: 
       params, private = cast_floating(params, dtype), cast_floating(private, dtype)
       batch = batch._replace(x=cast_floating(batch.x, dtype))
     logits = model.apply(params, batch.x, train=True, rng=rng)
-    private_logits = model.apply(private, batch.x, train=False)
+    private_logits = model.apply(private, batch.x, train=False, rng=rng)   # same augmented views
     total = alo_loss(logits, private_logits, batch.y, batch.mask, mu=mu, lam=lam)
     return total, masked_cross_entropy(logits, batch.y, batch.mask)
 

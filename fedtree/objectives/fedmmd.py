@@ -160,7 +160,7 @@ def fedmmd_update(
       params, anchor = cast_floating(params, dtype), cast_floating(anchor, dtype)
       batch = batch._replace(x=cast_floating(batch.x, dtype))
     feats, logits = penultimate(model, params, batch.x, train=True, rng=rng)
-    global_feats, _ = penultimate(model, anchor, batch.x, train=False)
+    global_feats, _ = penultimate(model, anchor, batch.x, train=False, rng=rng)  # same augmented views
     loss = masked_cross_entropy(logits, batch.y, batch.mask)
     penalty = mmd2(feats, jax.lax.stop_gradient(global_feats), batch.mask, kernel=kernel,
                    num_kernels=num_kernels, kernel_mul=kernel_mul, bandwidth=bandwidth)
