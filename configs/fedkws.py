@@ -1,5 +1,6 @@
-r"""FedKWS-UI (paper 002): FedAvg, FedProx, FedAvg+ALT, FedAvg+ALO and FedKWS-UI (ALO+ALT) on
-a synthetic keyword-spotting task shaped like federated Google Speech Commands.
+r"""FedKWS-UI (paper 002): the paper's baselines FedAvg, FedProx, FedMMD and FedOpt (FedAdam,
+FedYogi servers over FedAvg clients), then FedAvg+ALT, FedAvg+ALO and FedKWS-UI (ALO+ALT), on a
+synthetic keyword-spotting task shaped like federated Google Speech Commands.
 
   python -m fedtree.main --config=configs/fedkws.py --workdir=/tmp/fedtree_fedkws
 
@@ -85,11 +86,17 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.runs = ml_collections.ConfigDict()
   c.runs.fedavg = ml_collections.ConfigDict(dict(algorithm="fedavg", cohort_size=cohort))
   c.runs.fedprox = ml_collections.ConfigDict(dict(algorithm="fedprox", mu=0.001, cohort_size=cohort))
+  c.runs.fedmmd = ml_collections.ConfigDict(dict(algorithm="fedmmd", lam=0.01, cohort_size=cohort))
+  c.runs.fedadam = ml_collections.ConfigDict(dict(
+    algorithm="fedavg", server=dict(name="fedadam", learning_rate=0.01), cohort_size=cohort))
+  c.runs.fedyogi = ml_collections.ConfigDict(dict(
+    algorithm="fedavg", server=dict(name="fedyogi", learning_rate=0.01), cohort_size=cohort))
   c.runs.fedavg_alt = ml_collections.ConfigDict(dict(
     algorithm="fedkws", alo=False, alt=True, cohort_size=cohort))
   c.runs.fedavg_alo = ml_collections.ConfigDict(dict(
     algorithm="fedkws", alo=True, alt=False, mu=0.2, lam=0.001, cohort_size=cohort))
   c.runs.fedkws_ui = ml_collections.ConfigDict(dict(
     algorithm="fedkws", alo=True, alt=True, mu=0.2, lam=0.001, cohort_size=cohort))
-  c.run_order = ("fedavg", "fedprox", "fedavg_alt", "fedavg_alo", "fedkws_ui")
+  c.run_order = ("fedavg", "fedprox", "fedmmd", "fedadam", "fedyogi", "fedavg_alt", "fedavg_alo",
+                 "fedkws_ui")
   return c

@@ -532,3 +532,76 @@ def test_with_views_model_picks_per_example_views():
                              inner.apply(p, x[jnp.arange(5), idx]), rtol=1e-6)
   with pytest.raises(ValueError, match="views=3"):
     build_model("mlp", example_shape=(2, 4), num_classes=2, views=3)
+
+
+# ------------------------------------------------------------------------ ALO: the authors' options
+def test_client_utility_with_a_fixed_n_max_by_hand():
+  data = _label_data([[0, 0, 1, 1], [2, 2], [0, 1, 2, 3]], 4)
+  # n_max = 8: n̄ = 1/2, 1/4, 1/2; ē = 1/2, 0, 1; r̄ = 1/2, 0, 2/3.
+  np.testing.assert_allclose(client_utility(data.n_train, data.y_train, 4, n_max=8), [0.5, 0.0, 2 / 3])
+  # n_max below a client's size: n̄ capped at 1 (as the paper's max_j n_j would give).
+  np.testing.assert_allclose(client_utility(data.n_train, data.y_train, 4, n_max=2), [2 / 3, 0.0, 1.0])
+  # r0 = 3.5 as the authors (12 classes): round(3.5 · r̄ · 10) = 18, 0 -> floor 1, 23.
+  assert alt_steps(data, 10, r0=3.5, n_max=8) == (18, 1, 23)
+  with pytest.raises(ValueError, match="n_max=0"):
+    client_utility(data.n_train, data.y_train, 4, n_max=0)
+
+
+def _one_client(data, c):
+  return ClientData(data.x_train[c], data.y_train[c], data.n_train[c])
+
+
+def test_alo_per_client_mu_is_mu_times_one_minus_utility(setup):
+  data, model, _ = setup
+  from fedtree.objectives.alo import ALOState
+
+  start, private = model.init(jax.random.key(0)), model.init(jax.random.key(7))
+  kw = dict(lam=0.5, batch_size=B, max_steps=4)
+  weighted = alo_update(model, optax.sgd(LR), mu=0.4, client_utility=np.array([0.25, 1.0, 0.0, 0.5, 0.5]),
+                        **kw)
+  state = weighted.init_state(private, data.num_clients)
+  np.testing.assert_allclose(state.utility, [0.25, 1.0, 0.0, 0.5, 0.5])
+  key = jax.random.key(4)
+  run = jax.jit(weighted.apply)
+  for c, mu_c in ((0, 0.4 * 0.75), (1, 0.0)):
+    got, _, _ = run(start, _row(state, c), _one_client(data, c), jnp.asarray(3), key)
+    plain = alo_update(model, optax.sgd(LR), mu=mu_c, **kw)
+    want, _, _ = jax.jit(plain.apply)(start, ALOState(private=private), _one_client(data, c), jnp.asarray(3),
+                                      key)
+    _close(got, want, tol=1e-6)
+  with pytest.raises(ValueError, match="client_utility"):
+    alo_update(model, optax.sgd(LR), mu=0.2, client_utility=np.array([1.5]), **kw)
+  with pytest.raises(ValueError, match="3 entries for 5 clients"):
+    alo_update(model, optax.sgd(LR), mu=0.2, client_utility=np.zeros(3), **kw).init_state(start, 5)
+
+
+def test_alo_gradient_clipping_by_hand(setup):
+  data, model, _ = setup
+  from fedtree.objectives.alo import ALOState
+
+  start, private = model.init(jax.random.key(0)), model.init(jax.random.key(7))
+  kw = dict(mu=0.2, lam=0.5, batch_size=B, max_steps=1, private_steps=0)
+  state, cd, key = ALOState(private=private), _one_client(data, 0), jax.random.key(2)
+  free, _, _ = jax.jit(alo_update(model, optax.sgd(LR), **kw).apply)(start, state, cd, jnp.asarray(1), key)
+  delta = jax.tree.map(jnp.subtract, free, start)                      # -lr · g
+  gnorm = float(jnp.sqrt(sum(jnp.sum(d**2) for d in jax.tree.leaves(delta)))) / LR
+  c = 0.1 * gnorm                                                      # clipping active
+  clip, _, _ = jax.jit(alo_update(model, optax.sgd(LR), max_grad_norm=c, **kw).apply)(
+    start, state, cd, jnp.asarray(1), key)
+  _close(clip, jax.tree.map(lambda s, d: s + d * (c / gnorm), start, delta), tol=1e-6)
+  loose, _, _ = jax.jit(alo_update(model, optax.sgd(LR), max_grad_norm=10 * gnorm, **kw).apply)(
+    start, state, cd, jnp.asarray(1), key)
+  _close(loose, free, tol=1e-7)                                        # below the norm: untouched
+  with pytest.raises(ValueError, match="max_grad_norm=0"):
+    alo_update(model, optax.sgd(LR), max_grad_norm=0.0, **kw)
+
+
+def test_fedkws_authors_options_run(setup):
+  data, model, _ = setup
+  alg = fedkws(mu=0.2, lam=0.001, mu_weighting=True, utility_n_max=8, max_grad_norm=1.0, r0=3.5,
+               **_kws_kw(data, model))
+  state = loop.run(alg, data, num_rounds=1, key=jax.random.key(0))
+  assert state.client_state.utility.shape == (data.num_clients,)
+  assert all(bool(jnp.all(jnp.isfinite(p))) for p in jax.tree.leaves(state.params))
+  with pytest.raises(ValueError, match="ALO options"):
+    fedkws(alo=False, max_grad_norm=1.0, **_kws_kw(data, model))
