@@ -46,13 +46,28 @@ import ml_collections
 
 from fedtree.datasets.speech_commands import CLASSES_12, NEGATIVE_12
 
+VARIANTS = ("ablation", "seeds", "seeds_skewed")
+
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  """``variant``: ``None``, or ``ablation``: paper 002's μ/λ ablation of FedKWS-UI as one sweep
-  (fedtree.experiment.sweep): μ ∈ {0, 0.1, 0.2, 0.5} × λ ∈ {0, 1e-3, 1e-2}, one program."""
+  """``variant``: ``None``; ``ablation``: paper 002's μ/λ ablation of FedKWS-UI as one sweep
+  (fedtree.experiment.sweep): μ ∈ {0, 0.1, 0.2, 0.5} × λ ∈ {0, 1e-3, 1e-2}, one program;
+  ``seeds``: FedAvg, FedAvg+ALT, FedAvg+ALO and FedKWS-UI over 4 seeds (one program per run;
+  mean ± std); ``seeds_skewed``: the same with more label skew and fewer examples per client
+  (Dirichlet(0.1), 8 examples on average), where overfitting a client matters more."""
+  if variant is not None and variant not in VARIANTS:
+    raise ValueError(f"variant={variant!r}; choose None or one of {VARIANTS}")
+  if variant in ("seeds", "seeds_skewed"):
+    c = get_config()
+    keep = ("fedavg", "fedavg_alt", "fedavg_alo", "fedkws_ui")
+    c.runs = ml_collections.ConfigDict({k: c.runs[k] for k in keep})
+    c.run_order = keep
+    c.sweep = ml_collections.ConfigDict(dict(seeds=4, params="", mode="product", select="global/accuracy",
+                                             chunk="all"))
+    if variant == "seeds_skewed":
+      c.data.update(dict(label_alpha=0.1, mean_examples=8.0, min_examples=2))
+    return c
   if variant is not None:
-    if variant != "ablation":
-      raise ValueError(f"variant={variant!r}; choose None or 'ablation'")
     c = get_config()
     c.runs = ml_collections.ConfigDict({"fedkws_ui": c.runs.fedkws_ui})
     c.run_order = ("fedkws_ui",)
