@@ -1,5 +1,6 @@
-r"""FedKWS-UI (paper 002): FedAvg, FedProx, FedAvg+ALT, FedAvg+ALO and FedKWS-UI (ALO+ALT) on
-a synthetic keyword-spotting task shaped like federated Google Speech Commands.
+r"""FedKWS-UI (paper 002): the paper's baselines FedAvg, FedProx, FedMMD and FedOpt (FedAdam,
+FedYogi servers over FedAvg clients), then FedAvg+ALT, FedAvg+ALO and FedKWS-UI (ALO+ALT), on a
+synthetic keyword-spotting task shaped like federated Google Speech Commands.
 
   python -m fedtree.main --config=configs/fedkws.py --workdir=/tmp/fedtree_fedkws
 
@@ -46,13 +47,27 @@ import ml_collections
 from fedtree.datasets.speech_commands import CLASSES_12, NEGATIVE_12
 from fedtree.experiment.sweep import default_sweep
 
+VARIANTS = ("ablation", "seeds", "seeds_skewed")
+
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  """``variant``: ``None``, or ``ablation``: paper 002's μ/λ ablation of FedKWS-UI as one sweep
-  (fedtree.experiment.sweep): μ ∈ {0, 0.1, 0.2, 0.5} × λ ∈ {0, 1e-3, 1e-2}, one program."""
+  """``variant``: ``None``; ``ablation``: paper 002's μ/λ ablation of FedKWS-UI as one sweep
+  (fedtree.experiment.sweep): μ ∈ {0, 0.1, 0.2, 0.5} × λ ∈ {0, 1e-3, 1e-2}, one program;
+  ``seeds``: FedAvg, FedAvg+ALT, FedAvg+ALO and FedKWS-UI over 4 seeds (one program per run;
+  mean ± std); ``seeds_skewed``: the same with more label skew and fewer examples per client
+  (Dirichlet(0.1), 8 examples on average), where overfitting a client matters more."""
+  if variant is not None and variant not in VARIANTS:
+    raise ValueError(f"variant={variant!r}; choose None or one of {VARIANTS}")
+  if variant in ("seeds", "seeds_skewed"):
+    c = get_config()
+    keep = ("fedavg", "fedavg_alt", "fedavg_alo", "fedkws_ui")
+    c.runs = ml_collections.ConfigDict({k: c.runs[k] for k in keep})
+    c.run_order = keep
+    c.sweep.seeds = 4
+    if variant == "seeds_skewed":
+      c.data.update(dict(label_alpha=0.1, mean_examples=8.0, min_examples=2))
+    return c
   if variant is not None:
-    if variant != "ablation":
-      raise ValueError(f"variant={variant!r}; choose None or 'ablation'")
     c = get_config()
     c.runs = ml_collections.ConfigDict({"fedkws_ui": c.runs.fedkws_ui})
     c.run_order = ("fedkws_ui",)
@@ -83,13 +98,19 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.runs = ml_collections.ConfigDict()
   c.runs.fedavg = ml_collections.ConfigDict(dict(algorithm="fedavg", cohort_size=cohort))
   c.runs.fedprox = ml_collections.ConfigDict(dict(algorithm="fedprox", mu=0.001, cohort_size=cohort))
+  c.runs.fedmmd = ml_collections.ConfigDict(dict(algorithm="fedmmd", lam=0.01, cohort_size=cohort))
+  c.runs.fedadam = ml_collections.ConfigDict(dict(
+    algorithm="fedavg", server=dict(name="fedadam", learning_rate=0.01), cohort_size=cohort))
+  c.runs.fedyogi = ml_collections.ConfigDict(dict(
+    algorithm="fedavg", server=dict(name="fedyogi", learning_rate=0.01), cohort_size=cohort))
   c.runs.fedavg_alt = ml_collections.ConfigDict(dict(
     algorithm="fedkws", alo=False, alt=True, cohort_size=cohort))
   c.runs.fedavg_alo = ml_collections.ConfigDict(dict(
     algorithm="fedkws", alo=True, alt=False, mu=0.2, lam=0.001, cohort_size=cohort))
   c.runs.fedkws_ui = ml_collections.ConfigDict(dict(
     algorithm="fedkws", alo=True, alt=True, mu=0.2, lam=0.001, cohort_size=cohort))
-  c.run_order = ("fedavg", "fedprox", "fedavg_alt", "fedavg_alo", "fedkws_ui")
+  c.run_order = ("fedavg", "fedprox", "fedmmd", "fedadam", "fedyogi", "fedavg_alt", "fedavg_alo",
+                 "fedkws_ui")
   c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
   return c

@@ -123,3 +123,48 @@ def mfcc_direct(signal, *, sample_rate=16000, window=480, stride=160, n_fft=512,
       out[t, k] = s * sum(energies[m] * math.cos(math.pi * k * (2 * m + 1) / (2 * num_mel))
                           for m in range(num_mel))
   return out
+
+
+def mlp_features(params, x):
+  """The hidden layer of a one-hidden-layer MLP, ``relu(x W + b)``, written out."""
+  x = x.reshape((x.shape[0], -1))
+  return jnp.maximum(x @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"][None, :], 0.0)
+
+
+def gaussian_mmd2_blocks(a, b, rows, *, num_kernels=5, kernel_mul=2.0):
+  """The biased MMD² of the real rows ``rows`` as the four kernel blocks: ``mean K_aa +
+  mean K_bb - mean K_ab - mean K_ba``, ``K = Σ_j exp(-d² / h_j)``, ``h_j = h₀ mul^(j -
+  num//2)``, ``h₀`` the mean squared distance over distinct pairs of the pooled rows (a
+  constant)."""
+  if not rows:
+    return 0.0
+  idx = jnp.asarray(rows)
+  z = jnp.concatenate([a[idx], b[idx]])
+  n = z.shape[0]
+  d2 = jnp.sum((z[:, None, :] - z[None, :, :]) ** 2, axis=-1)
+  h0 = jnp.maximum(jax.lax.stop_gradient(jnp.sum(d2) / (n * n - n)), 1e-12)
+  k = sum(jnp.exp(-d2 / (h0 * kernel_mul ** (q - num_kernels // 2))) for q in range(num_kernels))
+  m = len(rows)
+  return jnp.mean(k[:m, :m]) + jnp.mean(k[m:, m:]) - jnp.mean(k[:m, m:]) - jnp.mean(k[m:, :m])
+
+
+def fedmmd_clients(model, anchor, clients, num_steps, keys, *, lr, lam, batch_size):
+  """FedMMD clients by hand, one after the other (one-hidden-layer MLP): SGD on masked CE +
+  λ · MMD² between the hidden features of the trained and of the downloaded model. Returns
+  the trained models."""
+
+  def loss(w, b, rows):
+    logp = jax.nn.log_softmax(model.apply(w, b.x))
+    ce = -sum(logp[i, b.y[i]] for i in rows) / max(len(rows), 1)
+    g = jax.lax.stop_gradient(mlp_features(anchor, b.x))
+    return ce + lam * gaussian_mmd2_blocks(mlp_features(w, b.x), g, rows)
+
+  grad = jax.jit(jax.grad(loss), static_argnums=2)
+  out = []
+  for data, steps, key in zip(clients, num_steps, keys, strict=True):
+    w = anchor
+    for b in _batches(data, key, steps, batch_size):
+      g = grad(w, b, tuple(int(i) for i in np.nonzero(np.asarray(b.mask))[0]))
+      w = jax.tree.map(lambda a, ga: a - lr * ga, w, g)
+    out.append(w)
+  return out

@@ -41,7 +41,7 @@ CASES = {
   "bhfl": {"eta_down": 0.5, "cohort_size": 2}, "cfl": {"max_clusters": 2, "eps1": 5.0, "eps2": 0.01},
   "ifca": {"num_clusters": 2}, "awcfl": {"num_clusters": 2, "cluster_start_round": 1},
   "mcfl": {"num_clusters": 2, "cluster_start_round": 1, "feature_examples": 3},
-  "fedkws": {"cohort_size": 4},
+  "fedkws": {"cohort_size": 4}, "fedmmd": {"lam": 0.01},
   # two rounds of each stage: the 4-round run crosses the boundary, the resume starts on it
   "grouppfl": {"global_rounds": 2, "group_rounds": 2},
 }
@@ -213,7 +213,8 @@ def test_every_objective_runs_or_is_refused(ctx, host):
 
 
 @pytest.mark.parametrize("name", ["fedavg", "hierfavg", "fedprox", "ditto", "pfedme", "perfedavg",
-                                  "pfedmt", "bhfl", "cfl", "ifca", "awcfl", "mcfl", "fedkws", "grouppfl"])
+                                  "pfedmt", "bhfl", "cfl", "ifca", "awcfl", "mcfl", "fedkws", "grouppfl",
+                                  "fedmmd"])
 def test_compute_dtype_combines_with_every_algorithm(ctx, name):
   """``compute_dtype`` reaches every objective: the round traces with bfloat16 in it."""
   alg = _build(ctx, name, compute_dtype="bfloat16")

@@ -421,14 +421,187 @@ def test_fedkws_config_fedkws_ui_run(tmp_path):
 
 
 def test_fedkws_config_on_a_speech_commands_directory(tmp_path, speech_dir):
-  """The config's FedKWS-UI run on the raw-directory loader (the generated tiny directory)."""
+  """The config's FedKWS-UI run on the raw-directory loader (the generated tiny directory),
+  with two augmented views per clip."""
   import ml_collections
 
   c = _small_config()
-  c.data = ml_collections.ConfigDict(dict(name="speech_commands", root=speech_dir, task=12, seed=0))
+  c.data = ml_collections.ConfigDict(dict(name="speech_commands", root=speech_dir, task=12, seed=0, views=2))
+  c.model.views = 2                                   # augmentation redrawn every epoch
   c.runs = ml_collections.ConfigDict({"fedkws_ui": c.runs.fedkws_ui})
   c.run_order = ("fedkws_ui",)
   c.runs.fedkws_ui.cohort_size = 2
   results = train_and_evaluate(c, str(tmp_path))
   s = results["fedkws_ui"]["global"]
   assert 0.0 <= s["accuracy"] <= 1.0 and 0.0 <= s["false_reject_rate"] <= 1.0
+
+
+def test_alo_loss_float64_without_smoothing_or_adversary_is_cross_entropy():
+  """Under x64 the loss keeps float64 logits' precision (float32 inside would show as ~1e-8)."""
+  from fedtree.core.model import masked_cross_entropy
+
+  with jax.enable_x64(True):
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(6, 5)) * 3, jnp.float64)
+    private = jnp.asarray(rng.normal(size=(6, 5)), jnp.float64)
+    y, mask = jnp.asarray([0, 4, 2, 2, 1, 3]), jnp.asarray([True] * 5 + [False])
+    got = alo_loss(logits, private, y, mask, mu=0.0, lam=0.0)
+    want = masked_cross_entropy(logits, y, mask)
+    assert got.dtype == jnp.float64
+    assert abs(float(got) - float(want)) < 1e-12
+    # and with μ, λ against a float64 numpy computation
+    lp = np.asarray(jax.nn.log_softmax(logits))
+    q = np.asarray(jax.nn.softmax(private))
+    t = 0.8 * np.eye(5)[np.asarray(y)] + 0.2 / 5
+    per = -(t * lp).sum(-1) + 0.01 * (q * lp).sum(-1)
+    assert abs(float(alo_loss(logits, private, y, mask, mu=0.2, lam=0.01)) - per[:5].mean()) < 1e-12
+
+
+def test_check_alo_skips_traced_mu():
+  from fedtree.objectives.alo import check_alo
+
+  def traced(mu):
+    check_alo(mu, 0.001)
+    return mu
+
+  np.testing.assert_allclose(jax.vmap(traced)(jnp.asarray([0.0, 0.2])), [0.0, 0.2])
+  with pytest.raises(ValueError, match="mu=1.5"):
+    check_alo(1.5, 0.001)
+
+
+# ------------------------------------------------------------------------ augmentation views
+def test_loader_views_are_independent_augmentations(speech_dir):
+  data, _, (xc, _) = sc.load_speech_commands(speech_dir, task=12, seed=1, views=3)
+  assert data.example_shape == (3, 98, 40) and xc.shape == (9, 3, 98, 40)
+  n = int(data.n_train[0])
+  x = np.asarray(data.x_train[0, :n])
+  for v in range(1, 3):
+    assert not np.allclose(x[:, 0], x[:, v])                   # each view its own augmentation
+  np.testing.assert_array_equal(xc[:, 0], xc[:, 2])             # test clips: clean in every view
+  again, _, _ = sc.load_speech_commands(speech_dir, task=12, seed=1, views=3)
+  np.testing.assert_array_equal(again.x_train, data.x_train)    # same seed, same views
+  one, _, _ = sc.load_speech_commands(speech_dir, task=12, seed=1)
+  np.testing.assert_array_equal(one.x_train[0], data.x_train[0, :, 0])   # first draws: view 0
+  np.testing.assert_array_equal(one.y_train, data.y_train)
+  with pytest.raises(ValueError, match="views=0"):
+    sc.load_speech_commands(speech_dir, views=0)
+
+
+def test_views_are_redrawn_every_epoch_inside_the_local_loop():
+  """A client with one batch per epoch: step t is epoch t. The views each epoch reads (as
+  :func:`with_views` picks them from the step's key) change with the epoch; the same key
+  reads the same views, another key others."""
+  from fedtree.core.local import run_local_steps
+  from fedtree.models.kws import view_indices
+
+  views, n, epochs = 4, 3, 8
+  x = jnp.broadcast_to(jnp.arange(views, dtype=jnp.float32)[None, :, None], (n, views, 1))  # x[m, v] = v
+  data = ClientData(x, jnp.zeros(n, jnp.int32), jnp.asarray(n))
+
+  def step(carry, batch, rng):
+    t, record = carry
+    picked = batch.x[jnp.arange(batch.x.shape[0]), view_indices(rng, batch.x.shape[0], views), 0]
+    return (t + 1, record.at[t].set(jnp.where(batch.mask, picked, -1.0))), jnp.zeros(())
+
+  @jax.jit
+  def read(key):
+    carry = (jnp.zeros((), jnp.int32), jnp.zeros((epochs, 4)))
+    (_, record), _ = run_local_steps(step, carry, data, jnp.asarray(epochs), key, batch_size=4,
+                                    max_steps=epochs)
+    return record
+
+  a, b, c = read(jax.random.key(1)), read(jax.random.key(1)), read(jax.random.key(2))
+  np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(a, c)
+  per_epoch = {tuple(np.sort(row[row >= 0]).tolist()) for row in np.asarray(a)}
+  assert len(per_epoch) > 2, a                                   # epochs read different views
+
+
+def test_with_views_model_picks_per_example_views():
+  from fedtree.models.kws import view_indices
+
+  views = 3
+  model = build_model("mlp", example_shape=(views, 4), num_classes=2, views=views, hidden=(3,))
+  inner = build_model("mlp", example_shape=(4,), num_classes=2, hidden=(3,))
+  p = model.init(jax.random.key(0))
+  x = jax.random.normal(jax.random.key(1), (5, views, 4))
+  np.testing.assert_allclose(model.apply(p, x), inner.apply(p, x[:, 0]), rtol=1e-6)     # evaluation: view 0
+  rng = jax.random.key(7)
+  idx = view_indices(rng, 5, views)
+  np.testing.assert_allclose(model.apply(p, x, train=True, rng=rng),
+                             inner.apply(p, x[jnp.arange(5), idx]), rtol=1e-6)
+  with pytest.raises(ValueError, match="views=3"):
+    build_model("mlp", example_shape=(2, 4), num_classes=2, views=3)
+
+
+# ------------------------------------------------------------------------ ALO: the authors' options
+def test_client_utility_with_a_fixed_n_max_by_hand():
+  data = _label_data([[0, 0, 1, 1], [2, 2], [0, 1, 2, 3]], 4)
+  # n_max = 8: n̄ = 1/2, 1/4, 1/2; ē = 1/2, 0, 1; r̄ = 1/2, 0, 2/3.
+  np.testing.assert_allclose(client_utility(data.n_train, data.y_train, 4, n_max=8), [0.5, 0.0, 2 / 3])
+  # n_max below a client's size: n̄ capped at 1 (as the paper's max_j n_j would give).
+  np.testing.assert_allclose(client_utility(data.n_train, data.y_train, 4, n_max=2), [2 / 3, 0.0, 1.0])
+  # r0 = 3.5 as the authors (12 classes): round(3.5 · r̄ · 10) = 18, 0 -> floor 1, 23.
+  assert alt_steps(data, 10, r0=3.5, n_max=8) == (18, 1, 23)
+  with pytest.raises(ValueError, match="n_max=0"):
+    client_utility(data.n_train, data.y_train, 4, n_max=0)
+
+
+def _one_client(data, c):
+  return ClientData(data.x_train[c], data.y_train[c], data.n_train[c])
+
+
+def test_alo_per_client_mu_is_mu_times_one_minus_utility(setup):
+  data, model, _ = setup
+  from fedtree.objectives.alo import ALOState
+
+  start, private = model.init(jax.random.key(0)), model.init(jax.random.key(7))
+  kw = dict(lam=0.5, batch_size=B, max_steps=4)
+  weighted = alo_update(model, optax.sgd(LR), mu=0.4, client_utility=np.array([0.25, 1.0, 0.0, 0.5, 0.5]),
+                        **kw)
+  state = weighted.init_state(private, data.num_clients)
+  np.testing.assert_allclose(state.utility, [0.25, 1.0, 0.0, 0.5, 0.5])
+  key = jax.random.key(4)
+  run = jax.jit(weighted.apply)
+  for c, mu_c in ((0, 0.4 * 0.75), (1, 0.0)):
+    got, _, _ = run(start, _row(state, c), _one_client(data, c), jnp.asarray(3), key)
+    plain = alo_update(model, optax.sgd(LR), mu=mu_c, **kw)
+    want, _, _ = jax.jit(plain.apply)(start, ALOState(private=private), _one_client(data, c), jnp.asarray(3),
+                                      key)
+    _close(got, want, tol=1e-6)
+  with pytest.raises(ValueError, match="client_utility"):
+    alo_update(model, optax.sgd(LR), mu=0.2, client_utility=np.array([1.5]), **kw)
+  with pytest.raises(ValueError, match="3 entries for 5 clients"):
+    alo_update(model, optax.sgd(LR), mu=0.2, client_utility=np.zeros(3), **kw).init_state(start, 5)
+
+
+def test_alo_gradient_clipping_by_hand(setup):
+  data, model, _ = setup
+  from fedtree.objectives.alo import ALOState
+
+  start, private = model.init(jax.random.key(0)), model.init(jax.random.key(7))
+  kw = dict(mu=0.2, lam=0.5, batch_size=B, max_steps=1, private_steps=0)
+  state, cd, key = ALOState(private=private), _one_client(data, 0), jax.random.key(2)
+  free, _, _ = jax.jit(alo_update(model, optax.sgd(LR), **kw).apply)(start, state, cd, jnp.asarray(1), key)
+  delta = jax.tree.map(jnp.subtract, free, start)                      # -lr · g
+  gnorm = float(jnp.sqrt(sum(jnp.sum(d**2) for d in jax.tree.leaves(delta)))) / LR
+  c = 0.1 * gnorm                                                      # clipping active
+  clip, _, _ = jax.jit(alo_update(model, optax.sgd(LR), max_grad_norm=c, **kw).apply)(
+    start, state, cd, jnp.asarray(1), key)
+  _close(clip, jax.tree.map(lambda s, d: s + d * (c / gnorm), start, delta), tol=1e-6)
+  loose, _, _ = jax.jit(alo_update(model, optax.sgd(LR), max_grad_norm=10 * gnorm, **kw).apply)(
+    start, state, cd, jnp.asarray(1), key)
+  _close(loose, free, tol=1e-7)                                        # below the norm: untouched
+  with pytest.raises(ValueError, match="max_grad_norm=0"):
+    alo_update(model, optax.sgd(LR), max_grad_norm=0.0, **kw)
+
+
+def test_fedkws_authors_options_run(setup):
+  data, model, _ = setup
+  alg = fedkws(mu=0.2, lam=0.001, mu_weighting=True, utility_n_max=8, max_grad_norm=1.0, r0=3.5,
+               **_kws_kw(data, model))
+  state = loop.run(alg, data, num_rounds=1, key=jax.random.key(0))
+  assert state.client_state.utility.shape == (data.num_clients,)
+  assert all(bool(jnp.all(jnp.isfinite(p))) for p in jax.tree.leaves(state.params))
+  with pytest.raises(ValueError, match="ALO options"):
+    fedkws(alo=False, max_grad_norm=1.0, **_kws_kw(data, model))

@@ -11,6 +11,7 @@ from fedtree.algorithms.bhfl import bhfl
 from fedtree.algorithms.clustering import awcfl, cfl, ifca, mcfl
 from fedtree.algorithms.ditto import ditto
 from fedtree.algorithms.fedkws import fedkws
+from fedtree.algorithms.fedmmd import fedmmd
 from fedtree.algorithms.fedprox import fedprox
 from fedtree.algorithms.grouppfl import grouppfl
 from fedtree.algorithms.hierfavg import fedavg, hierfavg
@@ -21,5 +22,5 @@ from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, TreeState
 
 __all__ = [
   "FederatedAlgorithm", "NodeModels", "TreeState", "awcfl", "bhfl", "cfl", "ditto", "fedavg",
-  "fedkws", "fedprox", "grouppfl", "hierfavg", "ifca", "mcfl", "perfedavg", "pfedme", "pfedmt",
+  "fedkws", "fedmmd", "fedprox", "grouppfl", "hierfavg", "ifca", "mcfl", "perfedavg", "pfedme", "pfedmt",
 ]

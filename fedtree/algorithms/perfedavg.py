@@ -81,7 +81,7 @@ def perfedavg(
                          max_train=data.max_train, evaluate=False)
   leaf_parent = jnp.asarray(topology.ancestor(topology.depth - 1), jnp.int32)
   clients = np.arange(topology.num_clients, dtype=np.int32)
-  rates = jnp.asarray([alpha], jnp.float32)
+  rates = jnp.asarray([alpha])  # the default float dtype: alpha is not rounded to float32 under x64
 
   def models(state):
     out = dict(inner.models(state))

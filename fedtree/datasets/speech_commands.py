@@ -18,9 +18,15 @@ The directory is the dataset's own layout, ``<root>/<word>/<speaker>_nohash_<n>.
   the overall (example-weighted) test accuracy is the global test accuracy.
 * Augmentation of the training clips (paper: as in the dataset's reference pipeline): a
   random time shift in ±``shift_ms`` (zero fill) and, with probability ``noise_prob``,
-  background noise at volume ``noise_volume``. It is drawn once per clip from ``seed``
-  (features are precomputed, so every epoch sees the same augmented clip; the reference
-  pipeline redraws it at each epoch). Test clips are not augmented.
+  background noise at volume ``noise_volume``, drawn from ``seed``. Features are
+  precomputed, so with ``views=1`` (default) it is drawn once per clip and every epoch sees
+  the same augmented clip. With ``views=V > 1`` each training clip gets ``V`` independent
+  augmentations (``x_train [C, M, V, frames, 40]``; a silence clip gets ``V`` noise cuts) and
+  a model built with ``views=V`` (:func:`fedtree.models.kws.with_views`) reads one of them,
+  drawn per example from the step's key, every time it reads the clip: the augmentation is
+  redrawn at every epoch, inside jit, from a pool of ``V`` per clip (the reference pipeline
+  draws a fresh one each time: ``V`` large is that limit, at ``V`` times the memory). Test
+  clips are not augmented (with ``views``, each of their ``V`` views is the clean clip).
 """
 
 from __future__ import annotations
@@ -160,6 +166,7 @@ def load_speech_commands(
   max_examples: int | None = None,
   seed: int = 0,
   mfcc: dict | None = None,
+  views: int = 1,
 ) -> tuple[FederatedData, np.ndarray, tuple[np.ndarray, np.ndarray]]:
   """Federated Speech Commands from ``root`` (see the module docstring).
 
@@ -176,10 +183,15 @@ def load_speech_commands(
       client has 141 clips, i.e. about 5 GB of float32); ``None``: all.
     seed: seeds the augmentation, silence cuts and unknown subsampling.
     mfcc: keyword arguments of :class:`~fedtree.datasets.mfcc.MFCC`.
+    views: augmented views per training clip (see the module docstring); 1: one, no views
+      axis.
 
   Returns:
-    ``(data, groups [C] (zeros), central test (x, y))``; ``x`` is ``float32 [.., frames, 40]``.
+    ``(data, groups [C] (zeros), central test (x, y))``; ``x`` is ``float32 [.., frames, 40]``
+    (``[.., views, frames, 40]`` with ``views > 1``).
   """
+  if int(views) < 1:
+    raise ValueError(f"views={views} must be >= 1")
   for name, v in (("silence_fraction", silence_fraction), ("unknown_keep", unknown_keep),
                   ("noise_prob", noise_prob)):
     if not 0.0 <= float(v) <= 1.0:
@@ -214,14 +226,16 @@ def load_speech_commands(
   xs, ys = [], []
   for speaker in speakers:
     clips = train[speaker][: None if max_examples is None else int(max_examples)]
-    sig = [augment(s, rng, noises, shift_ms=shift_ms, noise_volume=noise_volume, noise_prob=noise_prob)
-           if augmentation else s for s, _ in clips]
-    lab = [y for _, y in clips]
-    if silence is not None:
-      for _ in range(math.ceil(silence_fraction * len(clips))):
-        sig.append(np.float32(rng.random()) * noise_cut(rng, noises, SAMPLE_RATE))
-        lab.append(silence)
-    xs.append(features(np.stack(sig)))
+    per_view = []
+    for _ in range(int(views)):
+      sig = [augment(s, rng, noises, shift_ms=shift_ms, noise_volume=noise_volume, noise_prob=noise_prob)
+             if augmentation else s for s, _ in clips]
+      if silence is not None:
+        for _ in range(math.ceil(silence_fraction * len(clips))):
+          sig.append(np.float32(rng.random()) * noise_cut(rng, noises, SAMPLE_RATE))
+      per_view.append(features(np.stack(sig)))
+    lab = [y for _, y in clips] + [silence] * (len(per_view[0]) - len(clips))
+    xs.append(per_view[0] if int(views) == 1 else np.stack(per_view, axis=1))
     ys.append(np.asarray(lab, np.int32))
   if silence is not None and test:
     for _ in range(math.ceil(silence_fraction * len(test))):
@@ -230,8 +244,9 @@ def load_speech_commands(
     raise ValueError(f"no test clips under {root!r} (check testing_list.txt or the split rule)")
   x_central = features(np.stack([s for s, _ in test]))
   y_central = np.asarray([y for _, y in test], np.int32)
-  data = federate(xs, ys, x_central, y_central, len(classes))
-  return data, np.zeros(data.num_clients, np.int32), (x_central, y_central)
+  x_views = x_central if int(views) == 1 else np.repeat(x_central[:, None], int(views), axis=1)
+  data = federate(xs, ys, x_views, y_central, len(classes))
+  return data, np.zeros(data.num_clients, np.int32), (x_views, y_central)
 
 
 def federate(xs: list[np.ndarray], ys: list[np.ndarray], x_test: np.ndarray, y_test: np.ndarray,

@@ -267,6 +267,7 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "fedopt": AlgorithmSpec(algorithms.fedavg),
   "hierfavg": AlgorithmSpec(algorithms.hierfavg),
   "fedprox": AlgorithmSpec(algorithms.fedprox),
+  "fedmmd": AlgorithmSpec(algorithms.fedmmd),
   "ditto": AlgorithmSpec(algorithms.ditto,
                          fields=(_rate_optimizer("personal_learning_rate", "personal_optimizer"),)),
   "pfedme": AlgorithmSpec(algorithms.pfedme, defaults=_local_rate),

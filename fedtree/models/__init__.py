@@ -2,7 +2,7 @@
 :func:`~fedtree.core.model.from_flax`.
 
 * :mod:`fedtree.models.classifiers`: logistic regression, MLP, CNN.
-* :mod:`fedtree.models.kws`: DS-CNN and KWT for keyword spotting (paper 002).
+* :mod:`fedtree.models.kws`: DS-CNN, MHAttRNN, ResNet-15 and KWT for keyword spotting (paper 002).
 * :mod:`fedtree.models.lm`: LSTM (optionally character-aware) and causal Transformer language
   models (paper 000).
 """
@@ -13,18 +13,40 @@ from collections.abc import Sequence
 
 from fedtree.core.model import Model, from_flax, masked_cross_entropy
 from fedtree.models.classifiers import CNN, MLP, Conv, LogisticRegression, im2col_conv, max_pool
-from fedtree.models.kws import DSCNN, KWT, depthwise_conv, same_padding
+from fedtree.models.kws import (
+  DSCNN,
+  KWT,
+  MHAttRNN,
+  ResNet15,
+  depthwise_conv,
+  dilated_conv,
+  same_padding,
+  view_indices,
+  with_views,
+)
 from fedtree.models.lm import LSTMLM, TransformerLM, build_lm, lm_model
 
-MODELS = ("logreg", "mlp", "cnn", "dscnn", "kwt", "lstm_lm", "transformer_lm")
+MODELS = ("logreg", "mlp", "cnn", "dscnn", "kwt", "mhattrnn", "resnet15", "lstm_lm", "transformer_lm")
 
 
 def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **kwargs) -> Model:
   """A model by name: ``logreg``, ``mlp`` (``hidden=``) or ``cnn`` (``features=``, ``dense=``,
   ``dropout=``, ``pool_every_conv=``) or ``dscnn`` (``width=``, ``blocks=``, ``first_kernel=``,
   ``first_stride=``, ``norm=``; :class:`DSCNN`) or ``kwt`` (``dim=``, ``depth=``, ``heads=``,
-  ``mlp_dim=``, ``dropout=``; :class:`KWT`), or a language model ``lstm_lm`` /
-  ``transformer_lm`` (:func:`fedtree.models.lm.build_lm`)."""
+  ``mlp_dim=``, ``dropout=``; :class:`KWT`) or ``mhattrnn`` (``hidden=``, ``heads=``,
+  ``layers=``, ``cell=``, ``conv_channels=``, ``norm=``; :class:`MHAttRNN`) or ``resnet15``
+  (``width=``, ``blocks=``, ``norm=``, ``conv_impl=``; :class:`ResNet15`), or a language model ``lstm_lm`` /
+  ``transformer_lm`` (:func:`fedtree.models.lm.build_lm`).
+
+  ``views=V`` (any classifier): the inputs are ``[B, V, *example]``, ``V`` pre-drawn
+  augmentations per example, and each training step reads one per example
+  (:func:`fedtree.models.kws.with_views`); ``example_shape`` is then ``(V, *example)``."""
+  views = kwargs.pop("views", None)
+  if views is not None and int(views) > 1:
+    if int(example_shape[0]) != int(views):
+      raise ValueError(f"views={views} but the examples' shape {tuple(example_shape)} does not start with it")
+    inner = build_model(name, example_shape=example_shape[1:], num_classes=num_classes, **kwargs)
+    return with_views(inner, int(views))
   if name in ("lstm_lm", "transformer_lm"):
     return build_lm(name, example_shape=example_shape, num_classes=num_classes, **kwargs)
   if name == "logreg":
@@ -40,13 +62,17 @@ def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **
     module = DSCNN(num_classes=num_classes, **kwargs)
   elif name == "kwt":
     module = KWT(num_classes=num_classes, **kwargs)
+  elif name == "mhattrnn":
+    module = MHAttRNN(num_classes=num_classes, **kwargs)
+  elif name == "resnet15":
+    module = ResNet15(num_classes=num_classes, **kwargs)
   else:
     raise ValueError(f"model name {name!r} is unknown; choose one of {MODELS}")
   return from_flax(module, example_shape, num_classes)
 
 
 __all__ = [
-  "CNN", "DSCNN", "KWT", "LSTMLM", "MLP", "MODELS", "Conv", "LogisticRegression", "Model",
-  "TransformerLM", "build_lm", "build_model", "depthwise_conv", "from_flax", "im2col_conv",
-  "lm_model", "masked_cross_entropy", "max_pool", "same_padding",
+  "CNN", "DSCNN", "KWT", "LSTMLM", "MLP", "MODELS", "Conv", "LogisticRegression", "MHAttRNN", "Model",
+  "ResNet15", "TransformerLM", "build_lm", "build_model", "depthwise_conv", "dilated_conv", "from_flax",
+  "im2col_conv", "lm_model", "masked_cross_entropy", "max_pool", "same_padding", "view_indices", "with_views",
 ]

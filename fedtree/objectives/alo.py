@@ -24,13 +24,16 @@ The reported loss is the plain cross-entropy of the global model (comparable acr
 
 Compared with the authors' public code (lxcnju/FedKWS-UI, ``fedkwsui.py``; read, not copied):
 the sign of the negative distillation (``L_ls - λ CE(f_p, f)``) and the target (the private
-predictions, detached) agree with this module. It differs in (not yet changed here): (a) the
-private "model" is a second classifier head on the shared encoder, part of the global model and
-averaged by the server, re-started from the downloaded model every round rather than a
-persistent per-client model; (b) it trains for ``int(0.2 * steps) + 1`` steps with the encoder
-frozen; (c) μ is per client, ``μ (1 - w)``, and the global-model step count is scaled by
-``ratio * w``, with ``w`` the harmonic mean of ``min(n / n_max, 1)`` and the normalized label
-entropy (the "user-specific information" weighting); (d) gradients are clipped by norm.
+predictions, detached) agree with this module. It differs in: (a) the private "model" is a second
+classifier head on the shared encoder, part of the global model and averaged by the server,
+re-started from the downloaded model every round rather than a persistent per-client model
+(not offered here); (b) it trains for ``int(0.2 * steps) + 1`` steps with the encoder frozen
+(not offered here; ``private_steps`` sets a fixed count); (c) μ is per client, ``μ (1 - w)``,
+and the global-model step count is scaled by ``ratio * w``, with ``w`` the harmonic mean of
+``min(n / n_max, 1)`` and the normalized label entropy (the "user-specific information"
+weighting): option ``client_utility`` (the step scaling is ALT with a fixed ``r0``,
+:mod:`fedtree.algorithms.fedkws.alt`); (d) gradients are clipped by norm: option
+``max_grad_norm``. The defaults are the paper's form.
 """
 
 from __future__ import annotations
@@ -39,10 +42,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import struct
 
-from fedtree.core.checks import check_nonnegative, is_traced
+from fedtree.core.checks import check_nonnegative, check_positive, is_traced
 from fedtree.core.local import (
   Batch,
   ClientData,
@@ -61,7 +65,8 @@ PyTree = Any
 
 
 def check_alo(mu: float, lam: float) -> None:
-  """``ValueError`` naming μ outside ``[0, 1)`` or a negative / non-finite λ."""
+  """``ValueError`` naming μ outside ``[0, 1)`` or a negative / non-finite λ (a traced,
+  i.e. swept, value is skipped: its concrete values were checked before tracing)."""
   if not is_traced(mu) and not 0.0 <= float(mu) < 1.0:
     raise ValueError(f"ALO label smoothing mu={mu} must be in [0, 1)")
   check_nonnegative(lam=lam)
@@ -72,14 +77,17 @@ def alo_loss(logits: jax.Array, private_logits: jax.Array, labels: jax.Array, ma
   """``L_ls + λ L_adv`` averaged over the unmasked examples (0 if none).
 
   ``logits``, ``private_logits``: ``[B, C]``; ``labels``: ``int[B]``; ``mask``: ``bool[B]``.
+  Computed in the logits' dtype promoted with float32 (float64 logits under
+  ``jax_enable_x64`` give a float64 loss, as :func:`~fedtree.core.model.masked_cross_entropy`).
   """
   num_classes = logits.shape[-1]
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32))
-  target = (1.0 - mu) * jax.nn.one_hot(labels, num_classes) + mu / num_classes
+  dtype = jnp.promote_types(logits.dtype, jnp.float32)
+  logp = jax.nn.log_softmax(logits.astype(dtype))
+  target = (1.0 - mu) * jax.nn.one_hot(labels, num_classes, dtype=dtype) + mu / num_classes
   smoothed = -jnp.sum(target * logp, axis=-1)
-  teacher = jax.lax.stop_gradient(jax.nn.softmax(private_logits.astype(jnp.float32)))
+  teacher = jax.lax.stop_gradient(jax.nn.softmax(private_logits.astype(dtype)))
   adversarial = jnp.sum(teacher * logp, axis=-1)        # = -CE(f_p, f)
-  m = mask.astype(jnp.float32)
+  m = mask.astype(dtype)
   return jnp.sum((smoothed + lam * adversarial) * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
@@ -96,7 +104,7 @@ class ALOCarry:
 def make_alo_step(model: Model, optimizer: optax.GradientTransformation, *, mu: float, lam: float,
                   compute_dtype=None):
   """A step of ``optimizer`` on :func:`alo_loss`: ``step(ALOCarry, batch, rng) -> (carry, CE)``
-  (both models' forward passes in ``compute_dtype`` when given; the loss in float32)."""
+  (both models' forward passes in ``compute_dtype`` when given; the loss in at least float32)."""
   check_alo(mu, lam)
   dtype = check_compute_dtype(compute_dtype)
 
@@ -105,9 +113,9 @@ def make_alo_step(model: Model, optimizer: optax.GradientTransformation, *, mu: 
       params, private = cast_floating(params, dtype), cast_floating(private, dtype)
       batch = batch._replace(x=cast_floating(batch.x, dtype))
     logits = model.apply(params, batch.x, train=True, rng=rng)
-    private_logits = model.apply(private, batch.x, train=False)
+    private_logits = model.apply(private, batch.x, train=False, rng=rng)   # same augmented views
     total = alo_loss(logits, private_logits, batch.y, batch.mask, mu=mu, lam=lam)
-    return total, masked_cross_entropy(logits.astype(jnp.float32), batch.y, batch.mask)
+    return total, masked_cross_entropy(logits, batch.y, batch.mask)
 
   def step(carry: ALOCarry, batch: Batch, rng):
     grads, ce = jax.grad(objective, has_aux=True)(carry.params, carry.private, batch, rng)
@@ -123,9 +131,20 @@ class ALOState:
 
   Attributes:
     private: ``[C, ...]`` the private models ``ψ_p`` (one per client when stacked).
+    utility: ``[C]`` each client's utility ``w_k`` in ``[0, 1]`` when μ is weighted per
+      client (``client_utility``; fixed), else ``None``.
   """
 
   private: PyTree
+  utility: Any = None
+
+
+def clipped(optimizer: optax.GradientTransformation,
+            max_grad_norm: float | None) -> optax.GradientTransformation:
+  """``optimizer`` after clipping the gradient to global norm ``max_grad_norm`` (``None``: as is)."""
+  if max_grad_norm is None:
+    return optimizer
+  return optax.chain(optax.clip_by_global_norm(max_grad_norm), optimizer)
 
 
 def alo_update(
@@ -138,6 +157,8 @@ def alo_update(
   max_steps: int,
   private_optimizer: optax.GradientTransformation | None = None,
   private_steps: int | None = None,
+  client_utility: Any = None,
+  max_grad_norm: float | None = None,
   compute_dtype=None,
 ) -> ClientUpdate:
   """ALO's client: train the private model ``ψ_p`` with cross-entropy, then the downloaded
@@ -152,6 +173,13 @@ def alo_update(
     max_steps: static scan length of the global-model training.
     private_optimizer: optimizer of ``ψ_p`` (default ``optimizer``).
     private_steps: steps of ``ψ_p`` per round (default: the client's own step count).
+    client_utility: ``None`` (paper form: one μ for all), or every client's utility ``w_k``
+      in ``[0, 1]`` (``[C]``, e.g. :func:`fedtree.algorithms.fedkws.alt.client_utility`):
+      client ``k`` then smooths its labels with ``μ (1 - w_k)`` (the authors' code, difference
+      (c)); kept in :class:`ALOState`.
+    max_grad_norm: ``None`` (paper form), or clip the gradient of every local step, the
+      private model's and the global model's, to this global norm before the optimizer
+      (the authors' code, difference (d)).
     compute_dtype: mixed-precision local steps (``None``: the params' dtype).
 
   The private models are adversaries, not personalized models: the update declares no
@@ -160,7 +188,14 @@ def alo_update(
   check_alo(mu, lam)
   if private_steps is not None and int(private_steps) < 0:
     raise ValueError(f"ALO private_steps={private_steps} must be >= 0")
-  private_optimizer = optimizer if private_optimizer is None else private_optimizer
+  if max_grad_norm is not None:
+    check_positive(max_grad_norm=max_grad_norm)
+  if client_utility is not None:
+    client_utility = np.asarray(client_utility, np.float64)
+    if client_utility.ndim != 1 or not np.all((client_utility >= 0) & (client_utility <= 1)):
+      raise ValueError(f"ALO client_utility must be a [C] vector in [0, 1], got {client_utility[:10]}")
+  optimizer = clipped(optimizer, max_grad_norm)
+  private_optimizer = optimizer if private_optimizer is None else clipped(private_optimizer, max_grad_norm)
   private_step = make_sgd_step(model, private_optimizer, compute_dtype=compute_dtype)
   global_step = make_alo_step(model, optimizer, mu=mu, lam=lam, compute_dtype=compute_dtype)
   private_max = max_steps if private_steps is None else int(private_steps)
@@ -171,12 +206,21 @@ def alo_update(
     pcarry = SGDCarry(params=private, opt_state=private_optimizer.init(private), anchor=private)
     pcarry, _ = run_local_steps(private_step, pcarry, data, p_steps, stream(key, "private"),
                                 batch_size=batch_size, max_steps=private_max)
+    step = global_step
+    if state.utility is not None:
+      step = make_alo_step(model, optimizer, mu=mu * (1.0 - state.utility), lam=lam,
+                           compute_dtype=compute_dtype)
     carry = ALOCarry(params=anchor, opt_state=optimizer.init(anchor), private=pcarry.params)
-    carry, loss = run_local_steps(global_step, carry, data, num_steps, key, batch_size=batch_size,
+    carry, loss = run_local_steps(step, carry, data, num_steps, key, batch_size=batch_size,
                                   max_steps=max_steps)
-    return carry.params, ALOState(private=pcarry.params), loss
+    return carry.params, state.replace(private=pcarry.params), loss
 
   def init_state(params, num_clients):
-    return ALOState(private=stack(params, num_clients))
+    utility = None
+    if client_utility is not None:
+      if len(client_utility) != num_clients:
+        raise ValueError(f"ALO client_utility has {len(client_utility)} entries for {num_clients} clients")
+      utility = jnp.asarray(client_utility, jnp.result_type(float))
+    return ALOState(private=stack(params, num_clients), utility=utility)
 
   return ClientUpdate(apply=apply, init_state=init_state)

@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import optax
 
-from fedtree.algorithms.fedkws.alt import alt_schedule
+from fedtree.algorithms.fedkws.alt import alt_schedule, client_utility
 from fedtree.algorithms.hierfavg import hierfavg
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.data import FederatedData
@@ -45,6 +46,9 @@ def fedkws(
   min_steps: int = 1,
   private_optimizer: optax.GradientTransformation | None = None,
   private_steps: int | None = None,
+  mu_weighting: bool = False,
+  utility_n_max: float | None = None,
+  max_grad_norm: float | None = None,
   topology: Topology | None = None,
   server_optimizers: optax.GradientTransformation | Sequence[optax.GradientTransformation] | None = None,
   periods: int | Sequence[int] | None = None,
@@ -67,6 +71,13 @@ def fedkws(
     min_steps: ALT's floor on every client's step count.
     private_optimizer: optimizer of the private models (default the local optimizer).
     private_steps: steps of a private model per round (default: the client's own count).
+    mu_weighting: the authors' code (difference (c) in :mod:`fedtree.objectives.alo`): client
+      ``k`` smooths with ``μ (1 - r̄_k)``, ``r̄_k`` its ALT utility; ``False`` (paper): one μ.
+    utility_n_max: the client size that counts as full in the utility ``r̄_k`` of ALT and of
+      ``mu_weighting`` (``None``: the largest client's, the paper's; the authors' code: 100
+      for 12 classes, 300 for 35).
+    max_grad_norm: clip every local gradient to this global norm (the authors' code,
+      difference (d)); ``None`` (paper): no clipping.
     topology: the tree (``None``: one server over all clients).
     server_optimizers, periods, cohort_size, chunk_size, weighting, init_params: as for
       :func:`~fedtree.algorithms.hierfavg.hierfavg`.
@@ -76,14 +87,22 @@ def fedkws(
   check_alo(mu, lam)
   topology = Topology.flat(data.num_clients) if topology is None else topology
   if alt:
-    schedule = alt_schedule(schedule, data, r0=r0, min_steps=min_steps)
+    schedule = alt_schedule(schedule, data, r0=r0, min_steps=min_steps, n_max=utility_n_max)
   client_update = None
   if alo:
+    utility = None
+    if mu_weighting:
+      utility = client_utility(np.asarray(data.n_train), np.asarray(data.y_train), data.num_classes,
+                               utility_n_max)
     client_update = alo_update(
       model, local_optimizer, mu=mu, lam=lam, batch_size=schedule.batch_size,
       max_steps=schedule.max_steps(data.max_train), private_optimizer=private_optimizer,
-      private_steps=private_steps, compute_dtype=compute_dtype,
+      private_steps=private_steps, client_utility=utility, max_grad_norm=max_grad_norm,
+      compute_dtype=compute_dtype,
     )
+  elif mu_weighting or max_grad_norm is not None:
+    raise ValueError(f"fedkws: mu_weighting={mu_weighting} and max_grad_norm={max_grad_norm} are ALO "
+                     f"options; set alo=True or leave them off")
   return hierfavg(
     model=model, topology=topology, data=data, local_optimizer=local_optimizer, schedule=schedule,
     server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,

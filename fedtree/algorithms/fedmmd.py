@@ -1,0 +1,77 @@
+"""FedMMD (Yao et al. 2018, "Two-stream federated learning: reduce the communication costs";
+a baseline of FedKWS-UI, paper 002) on any tree.
+
+Clients minimize ``f_i(θ) + λ MMD²(φ_θ(x), φ_Θ(x))``, an MMD penalty between the features of
+the model trained and of the downloaded ``Θ`` (:func:`fedtree.objectives.fedmmd_update`);
+everything above the clients is :func:`~fedtree.algorithms.hierfavg.hierfavg`, so FedMMD runs
+under any tree and any server optimizers (a flat tree and FedAvg servers give the original
+method). ``λ = 0`` is FedAvg.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import optax
+
+from fedtree.algorithms.hierfavg import hierfavg
+from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.data import FederatedData
+from fedtree.core.local import LocalSchedule
+from fedtree.core.model import Model
+from fedtree.core.topology import Topology
+from fedtree.objectives.fedmmd import check_features, fedmmd_update
+
+
+def fedmmd(
+  *,
+  model: Model,
+  data: FederatedData,
+  local_optimizer: optax.GradientTransformation,
+  schedule: LocalSchedule,
+  lam: float,
+  kernel: str = "gaussian",
+  num_kernels: int = 5,
+  kernel_mul: float = 2.0,
+  bandwidth: float | None = None,
+  topology: Topology | None = None,
+  server_optimizers: optax.GradientTransformation | Sequence[optax.GradientTransformation] | None = None,
+  periods: int | Sequence[int] | None = None,
+  cohort_size: int | Sequence[int] | None = None,
+  chunk_size: int | str | None = "auto",
+  weighting: str = "examples",
+  compute_dtype: str | None = None,
+  init_params: Any = None,
+  name: str = "fedmmd",
+) -> FederatedAlgorithm:
+  """FedMMD with penalty weight ``lam`` on ``topology`` (default flat).
+
+  Args:
+    model, data, local_optimizer, schedule: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`;
+      the model must have features (:func:`fedtree.objectives.fedmmd.check_features`).
+    lam: λ >= 0.
+    kernel, num_kernels, kernel_mul, bandwidth: the MMD kernel
+      (:func:`fedtree.objectives.fedmmd.mmd2`).
+    topology: the tree (``None``: one server over all clients).
+    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params: as for
+      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    compute_dtype: mixed-precision local steps (``None``: the params' dtype).
+    name: label for reports.
+
+  Raises:
+    ValueError: a bad hyperparameter, or a model without features.
+  """
+  topology = Topology.flat(data.num_clients) if topology is None else topology
+  update = fedmmd_update(
+    model, local_optimizer, lam=lam, batch_size=schedule.batch_size,
+    max_steps=schedule.max_steps(data.max_train), kernel=kernel, num_kernels=num_kernels,
+    kernel_mul=kernel_mul, bandwidth=bandwidth, compute_dtype=compute_dtype,
+  )
+  check_features(model, data.example_shape)
+  return hierfavg(
+    model=model, topology=topology, data=data, local_optimizer=local_optimizer, schedule=schedule,
+    server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
+    chunk_size=chunk_size, weighting=weighting, client_update=update, init_params=init_params,
+    name=name,
+  )
