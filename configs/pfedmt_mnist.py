@@ -19,7 +19,12 @@ train/test split per device, two teams of 10:
 
   python -m fedtree.main --config=configs/pfedmt_mnist.py:digits --workdir=/tmp/pfedmt_digits
 
-PFEDMT_DIGITS_RESULTS
+Measured (``:digits``, seed 0, T = 20, 4 runs in 469 s wall / 43 s CPU on the shared 2-core
+CPU under a load of ~15, i.e. well under a minute on an idle one): FedAvg 71.5 %; Per-FedAvg
+70.6 % (adapted 75.3 %); pFedMe GM 67.4 %, PM 85.1 %; pFedMT GM 29.0 %, team 56.6 %, PM
+76.5 %. Personal models beat the global ones as in Table 1, but at T = 20 pFedMT's GM and PM
+trail pFedMe's on this small Dirichlet(0.1) split (Table 1's pFedMT advantage is at T = 100 /
+600 on MNIST's shards; ``--config.rounds=100`` to compare).
 """
 
 import ml_collections
