@@ -11,6 +11,20 @@ hyperparameters: α = 0.01, η = 0.03, λ = 15 (MLR) or 3 (CNN), γ = 0.1 (MLR) 
 ``--config.rounds=100``). FedAvg, Per-FedAvg, pFedMe and pFedMT as in the synthetic config.
 The data fields are :func:`fedtree.datasets.tfds_loader.load_tfds`'s (``dataset`` is the
 TFDS name); ``--config.data.data_dir=...`` points at a prepared TFDS directory.
+
+Without TFDS data, ``:digits`` (MLR) and ``:cnn+digits`` run the same four methods on
+scikit-learn's real handwritten digits (:mod:`fedtree.datasets.digits`, 1,797 images of 8×8,
+no download; the ``digits`` extra), over 20 devices by Dirichlet(α = 0.1) label skew, 75/25
+train/test split per device, two teams of 10:
+
+  python -m fedtree.main --config=configs/pfedmt_mnist.py:digits --workdir=/tmp/pfedmt_digits
+
+Measured (``:digits``, seed 0, T = 20, 4 runs in 469 s wall / 43 s CPU on the shared 2-core
+CPU under a load of ~15, i.e. well under a minute on an idle one): FedAvg 71.5 %; Per-FedAvg
+70.6 % (adapted 75.3 %); pFedMe GM 67.4 %, PM 85.1 %; pFedMT GM 29.0 %, team 56.6 %, PM
+76.5 %. Personal models beat the global ones as in Table 1, but at T = 20 pFedMT's GM and PM
+trail pFedMe's on this small Dirichlet(0.1) split (Table 1's pFedMT advantage is at T = 100 /
+600 on MNIST's shards; ``--config.rounds=100`` to compare).
 """
 
 import ml_collections
@@ -19,8 +33,15 @@ from fedtree.experiment.sweep import default_sweep
 
 
 def get_config(variant: str = "mlr") -> ml_collections.ConfigDict:
+  """``mlr`` / ``cnn`` on MNIST; ``digits`` (= ``mlr+digits``) / ``cnn+digits`` on
+  scikit-learn's real 8×8 digits instead (module docstring)."""
+  variant, _, source = variant.partition("+")
+  if variant == "digits":
+    variant, source = "mlr", "digits"
   if variant not in ("mlr", "cnn"):
-    raise ValueError(f"variant={variant!r}; choose 'mlr' or 'cnn'")
+    raise ValueError(f"variant={variant!r}; choose 'mlr', 'cnn' or 'digits' (optionally 'cnn+digits')")
+  if source not in ("", "digits"):
+    raise ValueError(f"variant suffix {source!r}; choose '+digits'")
   convex = variant == "mlr"
   c = ml_collections.ConfigDict()
   c.seed = 0
@@ -34,6 +55,11 @@ def get_config(variant: str = "mlr") -> ml_collections.ConfigDict:
     name="tfds", dataset="mnist", num_clients=20, partition="shards", shards_per_client=2,
     test_fraction=0.25, team_size=10, seed=0,
   ))
+  if source == "digits":   # 1,797 real digits, Dirichlet(0.1) label skew, 2 teams of 10
+    c.data = ml_collections.ConfigDict(dict(
+      name="sklearn_digits", num_clients=20, partition="dirichlet", alpha=0.1, test_fraction=0.25,
+      team_size=10, seed=0,
+    ))
   c.topology = ml_collections.ConfigDict(dict(kind="groups"))   # root -> 2 teams -> 10 devices
   c.model = (ml_collections.ConfigDict(dict(name="logreg")) if convex
              else ml_collections.ConfigDict(dict(name="cnn", features=(32, 64), dense=128)))

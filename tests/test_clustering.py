@@ -306,13 +306,14 @@ def test_transforms():
     transform_clients(data, [0], "rot90")
 
 
-def _small_config():
-  c = load_config("clustered")
+def _small_config(variant="synthetic"):
+  c = load_config("clustered", variant)
   c.rounds, c.eval_every, c.rounds_per_call, c.progress = 4, 2, 2, False   # evaluates mid-run too
-  c.data.num_examples, c.data.image_size = 300, 6
+  if variant == "synthetic":
+    c.data.num_examples, c.data.image_size = 300, 6
   c.model.hidden = (8,)
   for run in c.runs.values():
-    if "cluster_start_round" in run:
+    if run.get("cluster_start_round", 0):      # IFCA-based runs keep 0
       run.cluster_start_round = 2
     if "split_start_round" in run:
       run.split_start_round = 2
@@ -334,6 +335,72 @@ def test_clustered_config_end_to_end(tmp_path):
   lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
   assert [ln["round"] for ln in lines if ln["run"] == "mcfl"] == [2, 4]
   assert all("selected/inter_cluster_accuracy" in ln for ln in lines if ln["run"] == "mcfl")
+
+
+def test_clustered_config_runs_the_papers_figures_and_tables():
+  """Fig. 5/6 (CFL, AWCFL_CFL, MCFL_CFL), Figs. 7-8 (IFCA, AWCFL_IFCA, MCFL_IFCA), Table 2
+  (FedAvg, CFL, AWCFL, MCFL) in the default; Table 1 (β) as a seeded sweep."""
+  from fedtree.experiment.runner import validate_config
+
+  for variant in ("synthetic", "digits", "mnist", "emnist"):
+    c = load_config("clustered", variant)
+    validate_config(c)
+    assert c.run_order == ("fedavg", "cfl", "awcfl_cfl", "mcfl_cfl", "ifca", "awcfl_ifca", "mcfl_ifca",
+                           "awcfl_b050", "mcfl")
+    want = {"awcfl_cfl": ("awcfl", "cfl"), "mcfl_cfl": ("mcfl", "cfl"), "awcfl_ifca": ("awcfl", "ifca"),
+            "mcfl_ifca": ("mcfl", "ifca"), "awcfl_b050": ("awcfl", "kmeans"), "mcfl": ("mcfl", "kmeans")}
+    for label, (algorithm, how) in want.items():
+      run = c.runs[label]
+      assert (run.algorithm, run.get("clustering", "kmeans")) == (algorithm, how), label
+    assert c.rounds // c.eval_every >= 15      # many points on the accuracy-over-rounds curves
+    assert c.data.transform.num_transformed == c.data.num_clients // 2
+  assert load_config("clustered", "digits").data.name == "sklearn_digits"
+  sweep = load_config("clustered", "digits+beta_sweep")
+  assert sweep.sweep.seeds > 1 and sweep.sweep.params == "runs.awcfl.beta=0,0.1,0.25,0.5,1"
+  with pytest.raises(ValueError, match="variant='cifar'"):
+    load_config("clustered", "cifar")
+
+
+def test_clustered_digits_config_context():
+  """The ``digits`` variant's data: the real digits over 10 clients, 5 of them flipped."""
+  pytest.importorskip("sklearn")
+  from fedtree.experiment.runner import make_context
+
+  ctx = make_context(load_config("clustered", "digits"))
+  assert ctx.data.num_clients == 10 and ctx.data.example_shape == (8, 8, 1)
+  assert int(ctx.data.n_train.sum() + ctx.data.n_test.sum()) == 1797
+  assert sorted(set(ctx.groups.tolist())) == [0, 1] and int(ctx.groups.sum()) == 5
+
+
+@pytest.mark.slow
+def test_clustered_digits_config_end_to_end(tmp_path):
+  """The ``digits`` variant (real digits, 5 of 10 clients flipped), MCFL_IFCA only."""
+  pytest.importorskip("sklearn")
+  c = _small_config("digits")
+  c.rounds, c.local.steps, c.data.alpha = 2, 2, 1.0     # less padding than alpha = 0.1
+  c.runs = {"mcfl_ifca": c.runs.mcfl_ifca}
+  c.run_order = ("mcfl_ifca",)
+  s = train_and_evaluate(c, str(tmp_path))["mcfl_ifca"]["selected"]
+  assert 0.0 <= s["inter_cluster_accuracy"] <= 1.0 and s["num_clusters"] == 2
+
+
+@pytest.mark.slow
+def test_clustered_figure_runs_draw_their_curves(tmp_path):
+  """The Fig. 5 and Figs. 7-8 runs on digits: a cluster panel per run, curves at every evaluation."""
+  pytest.importorskip("sklearn")
+  pytest.importorskip("matplotlib")
+  c = _small_config("digits")
+  keep = ("cfl", "awcfl_cfl", "mcfl_cfl", "ifca", "awcfl_ifca", "mcfl_ifca")
+  c.runs = {k: c.runs[k] for k in keep}
+  c.run_order = keep
+  results = train_and_evaluate(c, str(tmp_path))
+  assert set(results) == set(keep)
+  lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+  for label in keep:
+    rows = [ln for ln in lines if ln["run"] == label]
+    assert [ln["round"] for ln in rows] == [2, 4]
+    assert all("cluster/inter_cluster_accuracy" in ln for ln in rows)
+  assert (tmp_path / "plot_clusters.png").exists()
 
 
 @pytest.mark.slow

@@ -6,6 +6,8 @@ Then every objective x algorithm composition either traces or is refused with a
 ``ValueError`` that names the algorithm.
 """
 
+import dataclasses
+
 import jax
 import ml_collections
 import numpy as np
@@ -260,13 +262,21 @@ def test_personal_models_come_from_the_objective(ctx):
     assert ("personal" in names) == (update.personal_models is not None), (obj, names)
 
 
-def test_init_params_is_the_start(ctx):
+# Their models() compute eagerly at init (adapted models, cluster features, mixed clusters):
+# seconds on a busy CPU, so they run with -m slow.
+INIT_SLOW = ("awcfl", "mcfl", "perfedavg")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in INIT_SLOW else n
+                                  for n in sorted(registry.SPECS)])
+def test_init_params_is_the_start(ctx, name):
+  """Every registered algorithm starts from the context's ``init_params`` (``config.init_params``)."""
   p = ctx.model.init(jax.random.key(42))
-  for name in ("fedavg", "bhfl", "pfedmt", "cfl"):
-    alg = registry.SPECS[name].factory(**_factory_kwargs(ctx, name), init_params=p)
-    state = alg.init(jax.random.key(0))
-    first = next(iter(alg.models(state).values())).params
-    trees_equal(jax.tree.map(lambda a: a[0], first), p)
+  run = ml_collections.ConfigDict({"algorithm": name, **CASES.get(name, {})})
+  built = registry.build_algorithm(name, run, dataclasses.replace(ctx, init_params=p))
+  alg = getattr(built, "algorithm", built)
+  first = next(iter(alg.models(alg.init(jax.random.key(0))).values())).params
+  trees_equal(jax.tree.map(lambda a: a[0], first), p)
 
 
 

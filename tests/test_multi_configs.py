@@ -105,3 +105,34 @@ def test_pfedmt_mnist_config_runs_on_mocked_tfds(tmp_path, variant):
     results = train_and_evaluate(c, str(tmp_path))
   assert list(results) == ["fedavg", "perfedavg", "pfedme", "pfedmt"]
   assert set(results["pfedmt"]) == {"global", "team", "personal"}
+
+
+def test_pfedmt_mnist_digits_variant_is_well_formed():
+  from fedtree.experiment.runner import validate_config
+
+  for variant, model in (("digits", "logreg"), ("cnn+digits", "cnn")):
+    c = load_config("pfedmt_mnist", variant)
+    validate_config(c)
+    assert (c.data.name, c.data.partition, c.data.alpha, c.data.team_size) == ("sklearn_digits", "dirichlet",
+                                                                               0.1, 10)
+    assert c.model.name == model and c.data.num_clients == 20
+  with pytest.raises(ValueError, match="variant suffix 'emnist'"):
+    load_config("pfedmt_mnist", "mlr+emnist")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["digits", "cnn+digits"])
+def test_pfedmt_mnist_digits_config_end_to_end(tmp_path, variant):
+  pytest.importorskip("sklearn")
+  c = load_config("pfedmt_mnist", variant)
+  c.rounds, c.eval_every, c.rounds_per_call, c.progress = 1, 1, 1, False
+  c.data.num_clients, c.data.team_size, c.data.alpha = 4, 2, 1.0
+  c.local.steps = 1
+  c.runs.pfedmt.team_iters = 1
+  c.runs.pfedme.inner_steps = 1
+  if variant == "cnn+digits":
+    c.model.features, c.model.dense = (2,), 4
+  results = train_and_evaluate(c, str(tmp_path))
+  assert list(results) == ["fedavg", "perfedavg", "pfedme", "pfedmt"]
+  assert set(results["pfedmt"]) == {"global", "team", "personal"}
+  assert all(0.0 <= s["accuracy"] <= 1.0 for s in results["pfedmt"].values())

@@ -11,8 +11,8 @@ from fedtree.core.data import FederatedData
 from fedtree.datasets.synthetic import grouped_synthetic, synthetic_alpha_beta
 
 TEXT_DATASETS = ("stdlib_text", "text_dir", "tfds_text", "leaf", "tff_h5")
-DATASETS = ("grouped_synthetic", "synthetic", "tfds", "prototype_images", "synthetic_kws",
-            "speech_commands") + TEXT_DATASETS
+DATASETS = ("grouped_synthetic", "synthetic", "tfds", "prototype_images", "sklearn_digits",
+            "synthetic_kws", "speech_commands") + TEXT_DATASETS
 
 
 def load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, Any]:
@@ -36,8 +36,10 @@ def _load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, An
 
   ``cfg.name`` picks the dataset; the other fields are its keyword arguments.
   ``synthetic`` (FedProx/pFedMe) forms groups of ``cfg.team_size`` consecutive clients
-  (pFedMT's teams) when given, else one group. ``tfds`` reads the TFDS dataset named by
-  ``cfg.dataset`` (the other fields are :func:`fedtree.datasets.tfds_loader.load_tfds`'s).
+  (pFedMT's teams) when given, else one group; so does ``sklearn_digits``
+  (:func:`fedtree.datasets.digits.sklearn_digits`, scikit-learn's real 8x8 digits), which also
+  takes ``cfg.num_groups`` (that many groups of consecutive clients). ``tfds`` reads the TFDS
+  dataset named by ``cfg.dataset`` (the other fields are :func:`fedtree.datasets.tfds_loader.load_tfds`'s).
   """
   kwargs = {k: _plain(v) for k, v in cfg.items() if k not in ("name", "team_size")}
   name = cfg.name
@@ -54,6 +56,12 @@ def _load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, An
 
     data = prototype_images(**kwargs)
     return data, np.zeros(data.num_clients, np.int32), None
+  if name == "sklearn_digits":
+    from fedtree.datasets.digits import sklearn_digits
+
+    num_groups = kwargs.pop("num_groups", None)
+    data = sklearn_digits(**kwargs)
+    return data, consecutive_groups(data.num_clients, cfg.get("team_size", None), num_groups), None
   if name == "tfds":
     from fedtree.datasets.tfds_loader import load_tfds
 
@@ -137,6 +145,24 @@ def load_natural(name: str, *, cache_dir: str | None = None, **kwargs) -> tuple[
   key = cache.fingerprint(source, dict(kwargs, name=name, **opts)) if cache_dir else ""
   data, extras, _ = cache.cached(cache_dir, f"{name}-{key}", build)
   return data.validate(), np.asarray(extras["groups"], np.int32)
+
+
+def consecutive_groups(num_clients: int, team_size: int | None = None,
+                       num_groups: int | None = None) -> np.ndarray:
+  """``int32[C]`` groups of ``team_size`` consecutive clients, else ``num_groups`` groups of
+  consecutive clients (near-equal), else one group."""
+  if team_size and num_groups:
+    raise ValueError(f"team_size={team_size} and num_groups={num_groups}: set one of them")
+  c = int(num_clients)
+  if team_size:
+    if int(team_size) < 1:
+      raise ValueError(f"team_size={team_size} must be >= 1")
+    return (np.arange(c) // int(team_size)).astype(np.int32)
+  if num_groups:
+    if not 1 <= int(num_groups) <= c:
+      raise ValueError(f"num_groups={num_groups} must be in [1, {c}] (the number of clients)")
+    return (np.arange(c) * int(num_groups) // c).astype(np.int32)
+  return np.zeros(c, np.int32)
 
 
 def _plain(v):

@@ -17,7 +17,9 @@ the factory:
 Common run fields, for every algorithm whose factory takes the parameter: ``cohort_size``
 (per leaf parent; -1 or absent: all), ``chunk_size`` (an int, ``None``, ``"auto"`` or
 ``"tune"``; default the config's, else ``"auto"``), ``compute_dtype`` (default the
-config's), ``weighting``, ``server`` (one server optimizer config ``{name, **hparams}``) /
+config's), ``init_params`` (the path of saved parameters to start from, default the config's
+``init_params``: :mod:`fedtree.experiment.params`; every algorithm takes it, GroupPerFL in its
+first stage), ``weighting``, ``server`` (one server optimizer config ``{name, **hparams}``) /
 ``servers`` (one per server level), ``periods``, ``tree`` (``"flat"`` or ``"config"``, for
 the methods whose tree is optional), ``objective`` (for the algorithms that take a
 ``client_update``: the local objective, ``{name, **hyperparameters}``, see
@@ -58,6 +60,8 @@ from fedtree.experiment.builders import (
 RUNNER_FIELDS = ("algorithm", "label", "rounds")
 CONTEXT_PARAMS = ("model", "data", "local_optimizer", "schedule", "name")
 NOT_CONFIGURABLE = ("client_update", "init_params")
+"""Factory parameters that are not run fields of their own name: ``init_params`` is a path
+that the context loads (:meth:`fedtree.experiment.runner.Context.initial_params`)."""
 TREES = ("flat", "config")
 SCALARS = (int, float, bool, str)
 
@@ -228,7 +232,7 @@ def _grouppfl_stages(spec, label, run, ctx):
   return spec.algorithm(
     model=ctx.model, data=ctx.data, groups=ctx.groups, local_optimizer=ctx.local_optimizer,
     schedule=ctx.schedule, chunk_size=ctx.chunk_size(run),
-    eval_chunk_size=ctx.config.get("eval_chunk_size", None),
+    eval_chunk_size=ctx.config.get("eval_chunk_size", None), init_params=ctx.initial_params(run, label),
   )
 
 
@@ -413,7 +417,7 @@ class Schema:
 
   @property
   def allowed(self) -> list[str]:
-    names = set(RUNNER_FIELDS) | {"chunk_size"} | set(self.scalars)
+    names = set(RUNNER_FIELDS) | {"chunk_size", "init_params"} | set(self.scalars)
     if "client_update" in self.params:
       names.add("objective")
     for f in self.fields:
@@ -497,6 +501,10 @@ def factory_kwargs(label: str, run, ctx) -> dict[str, Any]:
     dtype = run.get("compute_dtype", ctx.config.get("compute_dtype", None))
     if dtype is not None:
       kw["compute_dtype"] = dtype
+  if "init_params" in params:
+    init = ctx.initial_params(run, label)
+    if init is not None:
+      kw["init_params"] = init
   if spec.defaults is not None:
     kw.update(spec.defaults(ctx))
   for n, hint in sch.scalars.items():

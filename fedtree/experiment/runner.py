@@ -63,6 +63,8 @@ class Context:
     central_test: ``(x, y)`` of a central test set when the data has one, else ``None``.
     auto_chunk: what ``chunk_size="auto"`` means for this model (a
       :func:`fedtree.core.tuning.chunk_policy`; ``None``: the per-backend default).
+    init_params: the parameters every run starts from (``config.init_params``, loaded and
+      checked by :func:`fedtree.experiment.params.load_params`); ``None``: ``model.init``.
   """
 
   config: ml_collections.ConfigDict
@@ -74,6 +76,18 @@ class Context:
   schedule: LocalSchedule
   central_test: tuple[np.ndarray, np.ndarray] | None = None
   auto_chunk: tuning.ChunkPolicy | None = None
+  init_params: Any = None
+
+  def initial_params(self, run: ml_collections.ConfigDict | None = None, label: str = "<label>"):
+    """The parameters ``run`` (``config.runs.<label>``) starts from: its ``init_params`` path
+    when it sets one (loaded and checked against the model), else the config's
+    (:attr:`init_params`), else ``None``."""
+    path = run.get("init_params", None) if run is not None else None
+    if path is None:
+      return self.init_params
+    from fedtree.experiment.params import load_params
+
+    return load_params(_path(path, f"config.runs.{label}.init_params"), self.model)
 
   def chunk_size(self, run: ml_collections.ConfigDict | None = None):
     """The chunk size of ``run`` (its ``chunk_size``, else the config's, else ``"auto"``),
@@ -83,6 +97,12 @@ class Context:
       value = run.get("chunk_size", value)
     value = number_or_name(value)
     return self.auto_chunk if value == "auto" and self.auto_chunk is not None else value
+
+
+def _path(value, where: str) -> str:
+  if not isinstance(value, (str, os.PathLike)):
+    raise ValueError(f"{where}={value!r}; it must be the path of a .npz file or an orbax directory")
+  return os.fspath(value)
 
 
 def number_or_name(value):
@@ -137,10 +157,16 @@ def make_context(config: ml_collections.ConfigDict) -> Context:
   model = build_model(name, example_shape=data.example_shape, num_classes=data.num_classes, **model_cfg)
   local_optimizer = local_optimizer_from_config(config.local)
   schedule = schedule_from_config(config.local)
+  init_params = None
+  if config.get("init_params", None) is not None:
+    from fedtree.experiment.params import load_params
+
+    init_params = load_params(_path(config.init_params, "config.init_params"), model)
   return Context(
     config=config, data=as_device(data), groups=np.asarray(groups), topology=topology, model=model,
     local_optimizer=local_optimizer, schedule=schedule, central_test=central,
     auto_chunk=tuning.chunk_policy(model, local_optimizer, data.example_shape, schedule.batch_size),
+    init_params=init_params,
   )
 
 

@@ -275,14 +275,16 @@ class GroupPersonalizedFL:
 
   def algorithm(self, *, model: Model, data: FederatedData, groups: np.ndarray,
                 local_optimizer: optax.GradientTransformation, schedule: LocalSchedule,
-                chunk_size: int | str | None = "auto",
-                eval_chunk_size: int | None = None) -> FederatedAlgorithm:
+                chunk_size: int | str | None = "auto", eval_chunk_size: int | None = None,
+                init_params: PyTree | None = None) -> FederatedAlgorithm:
     """GroupPerFL as one algorithm: the global stage (:func:`group_fedopt` with one group, T
     rounds) then the group stage (every group from the global model, T_g rounds) composed
     by :func:`fedtree.core.algorithm.sequential`, so the ordinary round loop runs, evaluates,
     checkpoints and resumes both; ``models()`` gives ``FL`` and ``GroupFL``. Its ``report``
     hook runs the fine-tune stage (vectorized over clients and rates) and returns the four
-    methods' summaries with costs, the tables and the Fig. 1 histogram."""
+    methods' summaries with costs, the tables and the Fig. 1 histogram. ``init_params``
+    (default ``model.init``) is where the global stage starts; the group stage starts from
+    the global stage's result."""
     groups = np.asarray(groups, np.int32)
     names = self.group_names or tuple(f"g{i}" for i in range(int(groups.max()) + 1))
     if self.histogram_group is not None and not 0 <= self.histogram_group < len(names):
@@ -295,7 +297,7 @@ class GroupPersonalizedFL:
               cohort_size=self.cohort_size, chunk_size=chunk_size, compute_dtype=self.compute_dtype)
     with_group = "group" in self.stages
     glob = group_fedopt(groups=np.zeros(c, np.int32), server_optimizer=self.global_server,
-                        name=f"{self.label}/global", **kw)
+                        start_params=init_params, name=f"{self.label}/global", **kw)
     grp = group_fedopt(groups=groups, server_optimizer=self.group_server,
                        name=f"{self.label}/group", **kw)
     zeros = np.zeros(c, np.int32)
