@@ -141,3 +141,29 @@ def test_cache_hits_on_same_source_and_misses_on_change(tmp_path):
   (tmp_path / "src" / "train" / "part0.json").write_text(
     (tmp_path / "src" / "train" / "part0.json").read_text() + " ")
   assert cache.fingerprint(cache.source_fingerprint(str(tmp_path / "src")), {"kind": "femnist"}) != key
+
+
+@pytest.mark.slow
+def test_group_personalized_lm_leaf_shakespeare_end_to_end(tmp_path):
+  """``configs/group_personalized_lm.py:leaf_shakespeare`` shrunk, on generated LEAF JSON:
+  roles grouped by play, the report's tables named by the plays, perplexities finite."""
+  from config_files import load_config
+
+  from fedtree import experiment
+
+  _write_leaf(tmp_path / "leaf", "shakespeare")
+  c = load_config("group_personalized_lm", "leaf_shakespeare")
+  c.rounds, c.rounds_per_call, c.eval_every, c.progress = 1, 1, 1, False
+  c.data.root, c.data.cache_dir, c.data.seq_len = str(tmp_path / "leaf"), str(tmp_path / "cache"), 12
+  c.model.embed, c.model.hidden = 4, 8
+  c.local.batch_size = 2
+  g = c.runs.grouppfl
+  g.group_rounds, g.cohort_size = 1, 2
+  g.finetune.epochs, g.finetune.learning_rates = 1, (0.1,)
+  results = experiment.train_and_evaluate(c, str(tmp_path / "work"))["grouppfl"]
+  assert list(results) == ["FL", "PerFL", "GroupFL", "GroupPerFL"]
+  for r in results.values():
+    assert np.isfinite(r["perplexity"]) and np.isfinite(r["sentence_perplexity"])
+  text = (tmp_path / "work" / "grouppfl_report.md").read_text()
+  assert "| hamlet | 2 |" in text and "| lear | 1 |" in text
+  assert len(list((tmp_path / "cache").glob("leaf-*.npz"))) == 1

@@ -280,7 +280,7 @@ SPECS: Mapping[str, AlgorithmSpec] = {
                    ("finetune_schedule", "finetune_rates", "finetune_optimizer")),
             Fields(("global_server", "group_server"), _grouppfl_servers)),
     defaults=lambda ctx: {"global_rounds": int(ctx.config.rounds), "group_rounds": 0,
-                          "cohort_size": None},
+                          "cohort_size": None, "group_names": ctx.group_names},
     wrap=_grouppfl_stages,
   ),
 }

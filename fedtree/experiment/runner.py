@@ -62,6 +62,7 @@ class Context:
     central_test: ``(x, y)`` of a central test set when the data has one, else ``None``.
     auto_chunk: what ``chunk_size="auto"`` means for this model (a
       :func:`fedtree.core.tuning.chunk_policy`; ``None``: the per-backend default).
+    group_names: the data's name of every group (``None``: unnamed).
   """
 
   config: ml_collections.ConfigDict
@@ -73,6 +74,7 @@ class Context:
   schedule: LocalSchedule
   central_test: tuple[np.ndarray, np.ndarray] | None = None
   auto_chunk: tuning.ChunkPolicy | None = None
+  group_names: tuple[str, ...] | None = None
 
   def chunk_size(self, run: ml_collections.ConfigDict | None = None):
     """The chunk size of ``run`` (its ``chunk_size``, else the config's, else ``"auto"``),
@@ -128,10 +130,12 @@ def _to_nested(v):
 
 
 def make_context(config: ml_collections.ConfigDict) -> Context:
-  data, groups, central = load_data(config.data)
+  from fedtree.experiment.data import load_with_info, model_options
+
+  data, groups, central, info = load_with_info(config.data)
   topology = build_topology(config.topology, groups, data.num_clients)
   data.validate(topology)
-  model_cfg = dict(config.model)
+  model_cfg = model_options(dict(config.model), info)  # e.g. the char table of embedding="chars"
   name = model_cfg.pop("name")
   model = build_model(name, example_shape=data.example_shape, num_classes=data.num_classes, **model_cfg)
   local_optimizer = local_optimizer_from_config(config.local)
@@ -140,6 +144,7 @@ def make_context(config: ml_collections.ConfigDict) -> Context:
     config=config, data=as_device(data), groups=np.asarray(groups), topology=topology, model=model,
     local_optimizer=local_optimizer, schedule=schedule, central_test=central,
     auto_chunk=tuning.chunk_policy(model, local_optimizer, data.example_shape, schedule.batch_size),
+    group_names=info.group_names,
   )
 
 
