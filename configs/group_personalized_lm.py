@@ -13,9 +13,12 @@ on text that ships with Python: the standard-library docstring corpus
 group per package (the paper's wiki setup: a page per client, a topic per group), each
 module's sentences split 75/25 into train and evaluation, a word vocabulary built from the
 training sentences only. Reports (workdir): ``grouppfl_report.md`` with per-group
-perplexity (Tables 3/6; ``exp(total NLL / total tokens)`` of each group's evaluation
-sentences, EOS included) and next-token accuracy, Table 4 costs, and ``grouppfl_fig1.png``
-(Fig. 1: per-client relative perplexity change of GroupPerFL vs PerFL).
+perplexity (Tables 3/6) at token level (``exp(total NLL / total tokens)`` of each group's
+evaluation sentences, EOS included) and at sentence level (the paper's "aggregated at
+sentence level": ``exp`` of the mean over sentences of each sentence's mean token NLL; see
+:func:`fedtree.core.metrics.perplexities`), next-token accuracy, Table 4 costs,
+``grouppfl_fig1.png`` (Fig. 1: per-client relative perplexity change of GroupPerFL vs PerFL)
+and ``plot_perplexity.png`` (both perplexities over rounds).
 
 Paper vs here: LSTM 2x512 with character-aware embeddings of 100 and a 33K vocabulary ->
 1 layer of 128 units, a 1,500-word table embedding of 64 (``model.embedding="chars"`` gives
@@ -33,7 +36,7 @@ the groups as the data does (packages, ``<group>`` folders, plays). ``model.embe
 
 Measured (default variant, Python 3.11 stdlib: 88 clients, 1,953 train / 615 evaluation
 sentences; 13 min 19 s wall for the 30 rounds + fine-tuning on the shared 2-core machine at
-load ~15-19, niced; expect a few minutes on a quiet one). Word perplexity per group (Table 3/6
+load ~15-19, niced; expect a few minutes on a quiet one). Token-level word perplexity per group (Table 3/6
 style; lower is better):
 
 | group | #clients | FL | PerFL | GroupFL | GroupPerFL |
