@@ -104,27 +104,103 @@ def _tiny_lm_config(group_rounds):
   g = c.runs.grouppfl
   g.group_rounds, g.cohort_size = group_rounds, 2
   g.finetune.epochs, g.finetune.learning_rates = 1, (0.1, 0.5)
-  g.group_names = ("json", "wsgiref")
   return c
 
 
-@pytest.mark.slow
-def test_group_personalized_lm_config_end_to_end_and_tg0_equals_perfl(tmp_path):
-  """The shipped LM config, shrunk, with T_g = 0: GroupPerFL = PerFL and GroupFL = FL on the
-  LM (perplexity per client identical), and the reports carry perplexity per group."""
+def _write_text_dir(root):
+  """Two topics of two clients each, a few short sentences per client."""
+  words = {"art": ("paint", "color", "canvas", "brush"), "sci": ("atom", "cell", "force", "mass")}
+  for group, ws in words.items():
+    for c in range(2):
+      (root / group).mkdir(parents=True, exist_ok=True)
+      lines = [f"the {ws[i % 4]} and {ws[(i + c) % 4]} ." for i in range(6)]
+      (root / group / f"page{c}.txt").write_text("\n".join(lines) + "\n")
+
+
+def _tiny_text_dir_config(root, cache_dir, **model):
+  """``configs/group_personalized_lm.py:text_dir`` shrunk to 1 + 1 rounds of tiny models."""
+  from config_files import load_config
+
+  c = load_config("group_personalized_lm", "text_dir")
+  c.rounds, c.rounds_per_call, c.eval_every, c.progress = 1, 1, 1, False
+  c.data.root, c.data.cache_dir = str(root), cache_dir and str(cache_dir)
+  c.data.seq_len, c.data.vocab_size = 8, 40
+  c.model.embed, c.model.hidden = 4, 8
+  c.model.update(model)
+  c.local.batch_size = 4
+  g = c.runs.grouppfl
+  g.group_rounds, g.cohort_size = 1, 2
+  g.finetune.epochs, g.finetune.learning_rates = 1, (0.1,)
+  return c
+
+
+def test_char_table_comes_from_the_data_vocabulary(tmp_path):
+  """``model.embedding="chars"``: the character table is built from the loaded data's
+  vocabulary (one row per word: its bytes + 1, ``char_len`` columns)."""
+  from fedtree.datasets.text import Vocabulary
+  from fedtree.experiment.data import DataInfo, load_with_info, model_options
+
+  _write_text_dir(tmp_path / "corpus")
+  config = _tiny_text_dir_config(tmp_path / "corpus", tmp_path / "cache", embedding="chars", char_len=6)
+  data, _, _, info = load_with_info(config.data)
+  assert info.group_names == ("art", "sci") and len(info.vocab) == data.num_classes
+  opts = model_options(dict(config.model), info)
+  assert "char_len" not in opts and opts["char_ids"].shape == (data.num_classes, 6)
+  word = info.vocab.index("canvas")
+  np.testing.assert_array_equal(opts["char_ids"][word], np.frombuffer(b"canvas", np.uint8) + 1)
+  np.testing.assert_array_equal(opts["char_ids"], Vocabulary(info.vocab).char_table(6))
+  assert model_options({"name": "lstm_lm"}, info) == {"name": "lstm_lm"}
+  with pytest.raises(ValueError, match="no vocabulary"):
+    model_options({"name": "lstm_lm", "embedding": "chars"}, DataInfo())
+
+
+def test_group_personalized_lm_text_dir_end_to_end(tmp_path):
+  """The suite's default LM run: the ``:text_dir`` variant on a generated corpus (global stage
+  only, 1 round). The report names the groups by the corpus's folders, the converted arrays
+  are cached, perplexity is reported at token and sentence level (also per round)."""
   from fedtree import experiment
 
-  results = experiment.train_and_evaluate(_tiny_lm_config(0), str(tmp_path))["grouppfl"]
+  _write_text_dir(tmp_path / "corpus")
+  config = _tiny_text_dir_config(tmp_path / "corpus", tmp_path / "cache")
+  config.runs.grouppfl.stages = ("global",)
+  results = experiment.train_and_evaluate(config, str(tmp_path / "work"))["grouppfl"]
+  fl = results["FL"]
+  assert 1.0 < fl["perplexity"] < 40 * 1.5 and 1.0 < fl["sentence_perplexity"] < 40 * 1.5
+  assert fl["group_sentence_perplexity"].shape == (2,)
+  text = (tmp_path / "work" / "grouppfl_report.md").read_text()
+  assert "| art |" in text and "| sci |" in text and "| g0 |" not in text
+  assert "sentence_perplexity per group" in text
+  assert len(list((tmp_path / "cache").glob("text_dir-*.npz"))) == 1
+  assert "FL/sentence_perplexity" in (tmp_path / "work" / "metrics.jsonl").read_text()
+  assert (tmp_path / "work" / "plot_perplexity.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_char_embedding_from_config_end_to_end(tmp_path):
+  """``model.embedding="chars"`` from a config, end to end (1 round of the global stage)."""
+  from fedtree import experiment
+
+  _write_text_dir(tmp_path / "corpus")
+  config = _tiny_text_dir_config(tmp_path / "corpus", None, embedding="chars", char_len=6)
+  config.runs.grouppfl.stages = ("global",)
+  assert "char_embed" in experiment.make_context(config).model.init(jax.random.key(0))
+  results = experiment.train_and_evaluate(config, None)["grouppfl"]
+  assert np.isfinite(results["FL"]["perplexity"])
+
+
+@pytest.mark.slow
+def test_group_personalized_lm_text_dir_all_methods(tmp_path):
+  """The ``:text_dir`` variant with all three stages: the four methods, each with token- and
+  sentence-level perplexity."""
+  from fedtree import experiment
+
+  _write_text_dir(tmp_path / "corpus")
+  config = _tiny_text_dir_config(tmp_path / "corpus", tmp_path / "cache")
+  results = experiment.train_and_evaluate(config, str(tmp_path / "work"))["grouppfl"]
   assert list(results) == ["FL", "PerFL", "GroupFL", "GroupPerFL"]
-  for a, b in (("GroupFL", "FL"), ("GroupPerFL", "PerFL")):
-    np.testing.assert_allclose(results[a]["client_perplexity"], results[b]["client_perplexity"],
-                               rtol=1e-6)
-  r = results["PerFL"]
-  assert r["group_perplexity"].shape == (2,) and np.all(np.isfinite(r["group_perplexity"]))
-  assert 1.0 < r["perplexity"] < 120 * 1.5
-  text = (tmp_path / "grouppfl_report.md").read_text()
-  assert "perplexity per group" in text and "| json |" in text
-  assert (tmp_path / "grouppfl_fig1.png").stat().st_size > 1000
+  for r in results.values():
+    assert 1.0 < r["perplexity"] < 40 * 1.5 and r["group_perplexity"].shape == (2,)
+    assert 1.0 < r["sentence_perplexity"] < 40 * 1.5
 
 
 def test_chunk_policy_keeps_a_paper_sized_lstm_in_memory():

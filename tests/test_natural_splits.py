@@ -141,3 +141,95 @@ def test_cache_hits_on_same_source_and_misses_on_change(tmp_path):
   (tmp_path / "src" / "train" / "part0.json").write_text(
     (tmp_path / "src" / "train" / "part0.json").read_text() + " ")
   assert cache.fingerprint(cache.source_fingerprint(str(tmp_path / "src")), {"kind": "femnist"}) != key
+
+
+@pytest.mark.slow
+def test_group_personalized_lm_leaf_shakespeare_end_to_end(tmp_path):
+  """``configs/group_personalized_lm.py:leaf_shakespeare`` shrunk, on generated LEAF JSON:
+  roles grouped by play, the report's tables named by the plays, perplexities finite."""
+  from config_files import load_config
+
+  from fedtree import experiment
+
+  _write_leaf(tmp_path / "leaf", "shakespeare")
+  c = load_config("group_personalized_lm", "leaf_shakespeare")
+  c.rounds, c.rounds_per_call, c.eval_every, c.progress = 1, 1, 1, False
+  c.data.root, c.data.cache_dir, c.data.seq_len = str(tmp_path / "leaf"), str(tmp_path / "cache"), 12
+  c.model.embed, c.model.hidden = 4, 8
+  c.local.batch_size = 2
+  g = c.runs.grouppfl
+  g.group_rounds, g.cohort_size = 1, 2
+  g.finetune.epochs, g.finetune.learning_rates = 1, (0.1,)
+  results = experiment.train_and_evaluate(c, str(tmp_path / "work"))["grouppfl"]
+  assert list(results) == ["FL", "PerFL", "GroupFL", "GroupPerFL"]
+  for r in results.values():
+    assert np.isfinite(r["perplexity"]) and np.isfinite(r["sentence_perplexity"])
+  text = (tmp_path / "work" / "grouppfl_report.md").read_text()
+  assert "| hamlet | 2 |" in text and "| lear | 1 |" in text
+  assert len(list((tmp_path / "cache").glob("leaf-*.npz"))) == 1
+
+
+def test_tff_h5_shakespeare_and_file_errors(tmp_path):
+  """Shakespeare snippets -> next-character windows over the training file's characters; an
+  empty client and a file without ``examples`` are named errors."""
+  h5py = pytest.importorskip("h5py")
+  with h5py.File(tmp_path / "tr.h5", "w") as f:
+    f.create_group("examples/b").create_dataset("snippets", data=np.asarray([b"to be", b"or not"]))
+    f.create_group("examples/a").create_dataset("snippets", data=np.asarray([b"abc"]))
+  with h5py.File(tmp_path / "te.h5", "w") as f:
+    f.create_group("examples/b").create_dataset("snippets", data=np.asarray([b"be z"]))
+  data, groups, extras = tff_h5.load_tff_h5(str(tmp_path / "tr.h5"), str(tmp_path / "te.h5"),
+                                            kind="shakespeare", seq_len=4)
+  vocab = leaf.vocabulary_from_extras(extras)
+  assert list(extras["clients"]) == ["a", "b"] and data.num_classes == vocab.size
+  np.testing.assert_array_equal(groups, [0, 0])
+  # "to be" + BOS/EOS = 7 ids -> 2 windows of 4 inputs; "or not" = 8 ids -> 2 windows: 4 in all
+  np.testing.assert_array_equal(data.n_train, [1, 4])
+  np.testing.assert_array_equal(data.n_test, [0, 2])             # "be z": 6 ids -> 2 windows
+  x, y = np.asarray(data.x_train[1, 0]), np.asarray(data.y_train[1, 0])
+  assert x[0] == 2 and "".join(vocab.decode(x[1:])) == "to " and "".join(vocab.decode(y[:3])) == "to "
+  np.testing.assert_array_equal(x[1:], y[:-1])
+  assert "z" not in vocab.tokens and np.asarray(data.y_test[1, 0])[3] == 1   # unseen char -> <oov>
+
+  with h5py.File(tmp_path / "empty.h5", "w") as f:
+    f.create_group("examples/a").create_dataset("snippets", data=np.asarray([], dtype="S1"))
+  with pytest.raises(ValueError, match="empty client"):
+    tff_h5.load_tff_h5(str(tmp_path / "empty.h5"), str(tmp_path / "te.h5"), kind="shakespeare")
+  with h5py.File(tmp_path / "flat.h5", "w") as f:
+    f.create_dataset("snippets", data=np.asarray([b"x"]))
+  with pytest.raises(ValueError, match="no 'examples' group"):
+    tff_h5.load_tff_h5(str(tmp_path / "flat.h5"), str(tmp_path / "te.h5"), kind="shakespeare")
+  with h5py.File(tmp_path / "none.h5", "w") as f:
+    f.create_group("examples")
+  with pytest.raises(ValueError, match="has no client"):
+    tff_h5.load_tff_h5(str(tmp_path / "none.h5"), str(tmp_path / "te.h5"), kind="shakespeare")
+
+
+def test_tfds_text_corpus_groups_clients_from_a_fake_source(monkeypatch):
+  """tfds_text_corpus on a fake TFDS source (no TensorFlow): one client per client id, one
+  group per group feature, each text split into sentences, ``max_examples`` honoured, the
+  dataset opened without downloading."""
+  tfds = pytest.importorskip("tensorflow_datasets")
+  from fedtree.datasets import text
+
+  examples = [
+    {"text": b"Hello there. How are you?", "client_id": b"u2", "topic": b"chat"},
+    {"text": b"Atoms bond.", "client_id": b"u1", "topic": b"sci"},
+    {"text": b"Fine: thanks", "client_id": b"u2", "topic": b"chat"},
+    {"text": b"Never read.", "client_id": b"u3", "topic": b"sci"},
+  ]
+  calls = []
+
+  def fake_load(name, **kwargs):
+    calls.append((name, kwargs))
+    return list(examples)
+
+  monkeypatch.setattr(tfds, "load", fake_load)
+  monkeypatch.setattr(tfds, "as_numpy", lambda ds: iter(ds))
+  corpus = text.tfds_text_corpus("fake_text", group_key="topic", max_examples=3, data_dir="/d")
+  assert calls == [("fake_text", {"split": "train", "data_dir": "/d", "download": False})]
+  assert corpus.clients == ("u1", "u2") and corpus.group_names == ("chat", "sci")
+  assert corpus.groups == (1, 0)
+  assert corpus.sentences == (("Atoms bond.",), ("Hello there.", "How are you?", "Fine:", "thanks"))
+  single = text.tfds_text_corpus("fake_text")
+  assert single.group_names == ("all",) and single.clients == ("u1", "u2", "u3")

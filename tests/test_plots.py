@@ -113,3 +113,19 @@ def test_quickstart_cli_writes_the_pictures(tmp_path):
   assert "plots: plot_accuracy.png" in out.stderr
   for name in ("plot_accuracy.png", "plot_models.png", "plot_client_accuracy.png"):
     assert _is_png(str(tmp_path / name)), name
+
+
+def test_a_language_model_run_gets_a_perplexity_picture(tmp_path):
+  """An LM run's records (``<model>/perplexity`` and ``<model>/sentence_perplexity``) give
+  ``plot_perplexity.png`` beside the accuracy picture; a run without perplexity gets none."""
+  lines = [json.dumps({"run": "grouppfl", "round": r, "train_loss": 5.0 / r, "FL/accuracy": 0.1 * r,
+                       "FL/loss": 5.0 / r, "FL/perplexity": 150.0 / r, "FL/sentence_perplexity": 170.0 / r,
+                       "GroupFL/accuracy": 0.1 * r, "GroupFL/perplexity": 120.0 / r})
+           for r in (1, 2, 3)]
+  (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+  written = [os.path.basename(p) for p in plots.write_run_plots(str(tmp_path))]
+  assert "plot_perplexity.png" in written and "plot_accuracy.png" in written
+  assert _is_png(tmp_path / "plot_perplexity.png")
+  (tmp_path / "plain").mkdir()
+  assert "plot_perplexity.png" not in [os.path.basename(p) for p in
+                                       plots.write_run_plots(_workdir(tmp_path / "plain"))]

@@ -196,3 +196,65 @@ def test_perplexity_is_exp_of_total_nll_over_total_tokens():
   np.testing.assert_allclose(s["client_perplexity"], np.exp(nll / tok), rtol=1e-5)
   # per group: total NLL over total tokens, not a mean of the clients' perplexities
   assert s["group_perplexity"][0] == pytest.approx(np.exp(nll.sum() / tok.sum()), rel=1e-5)
+
+
+def test_sentence_perplexity_against_hand_computation():
+  """``sentence_perplexity`` = exp(mean over sentences of the sentence's mean token NLL),
+  computed by hand; a row without a real token is no sentence; confusion counts still come
+  in their place when both are asked for."""
+  from fedtree.core.metrics import make_evaluator, perplexities
+
+  v, t = 6, 5
+  rng = np.random.default_rng(2)
+  table = rng.normal(size=(v, v)).astype(np.float32)
+  model = Model(init=lambda key: {"w": jnp.asarray(table)},
+                apply=lambda p, x, train=False, rng=None: p["w"][x],
+                num_classes=v, input_dtype="int32", label_shape=(t,))
+  x = rng.integers(1, v, (3, 3, t)).astype(np.int32)
+  y = rng.integers(1, v, (3, 3, t)).astype(np.int32)
+  y[0, 0, 1:] = 0          # a one-token sentence
+  y[1, 1, 3:] = 0
+  y[2, 0, :] = 0           # a real row without a token: not a sentence
+  n = np.array([3, 2, 2])
+  groups = np.array([0, 1, 1])
+  logp = table - np.log(np.exp(table).sum(-1, keepdims=True))
+  sent_nll = [[], [], []]
+  for c in range(3):
+    for m in range(n[c]):
+      toks = [-logp[x[c, m, i], y[c, m, i]] for i in range(t) if y[c, m, i]]
+      if toks:
+        sent_nll[c].append(np.mean(toks))
+  params = {"w": jnp.stack([jnp.asarray(table)] * 3)}
+  stats = make_evaluator(model, confusion=True)(params, jnp.asarray(x), jnp.asarray(y),
+                                                 jnp.asarray(n), jnp.arange(3))
+  np.testing.assert_allclose(np.asarray(stats.sentence_loss), [sum(s) for s in sent_nll], rtol=1e-5)
+  np.testing.assert_array_equal(np.asarray(stats.sentences), [3, 2, 1])
+  assert np.asarray(stats.confusion).shape == (3, v, v)
+  np.testing.assert_array_equal(np.asarray(stats.confusion).sum(axis=(1, 2)), np.asarray(stats.count))
+  s = summarize(stats, groups, perplexity=True)
+  every = [a for c in sent_nll for a in c]
+  assert s["sentence_perplexity"] == pytest.approx(np.exp(np.mean(every)), rel=1e-5)
+  np.testing.assert_allclose(s["client_sentence_perplexity"], [np.exp(np.mean(a)) for a in sent_nll],
+                             rtol=1e-5)
+  np.testing.assert_allclose(s["group_sentence_perplexity"],
+                             [np.exp(np.mean(sent_nll[0])), np.exp(np.mean(sent_nll[1] + sent_nll[2]))],
+                             rtol=1e-5)
+  # sentence level differs from token level here (sentences of different lengths)
+  assert abs(s["sentence_perplexity"] - s["perplexity"]) > 1e-3
+  assert perplexities(stats, "token")[0] == pytest.approx(s["perplexity"])
+  with pytest.raises(ValueError, match="level='word'"):
+    perplexities(stats, "word")
+  plain = make_evaluator(model, sentences=False)(params, jnp.asarray(x), jnp.asarray(y), jnp.asarray(n),
+                                                 jnp.arange(3))
+  assert plain.sentences is None and "sentence_perplexity" not in summarize(plain)
+  with pytest.raises(ValueError, match="sentences=True"):
+    perplexities(plain, "sentence")
+
+
+def test_sentence_sums_refuse_class_labels():
+  from fedtree.core.metrics import client_sums
+
+  clf = Model(init=lambda key: {}, apply=lambda p, x, train=False, rng=None: jnp.zeros((x.shape[0], 3)),
+              num_classes=3, input_dtype="float32")
+  with pytest.raises(ValueError, match="token labels"):
+    client_sums(clf, {}, jnp.zeros((4, 2)), jnp.zeros((4,), jnp.int32), 4, sentences=True)

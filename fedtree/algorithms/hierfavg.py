@@ -114,6 +114,23 @@ def hierfavg(
       letting them poison the mean; their count is the ``clients_skipped`` metric (see
       :func:`fedtree.core.tier.train_cohort`).
     name: label for reports.
+
+  Example:
+    A root over the 2 groups (edge servers) of 3 and 2 clients, one round:
+
+    >>> import jax, optax
+    >>> from fedtree.core import loop
+    >>> from fedtree.core.local import LocalSchedule
+    >>> from fedtree.datasets.synthetic import grouped_synthetic
+    >>> from fedtree.models import build_model
+    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
+    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
+    >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=1))
+    >>> from fedtree.core.topology import Topology
+    >>> alg = hierfavg(topology=Topology.from_labels(groups), local_optimizer=optax.sgd(0.1), **common)
+    >>> state = loop.run(alg, data, num_rounds=1, key=jax.random.key(0))
+    >>> sorted(alg.models(state))
+    ['global', 'level1']
   """
   data.validate(topology)
   depth = topology.depth
@@ -208,7 +225,24 @@ def fedavg(
   name: str = "fedavg",
 ) -> FederatedAlgorithm:
   """FedAvg (McMahan et al. 2017), or FedOpt with ``server_optimizer``: one server, one tier
-  (the arguments as :func:`hierfavg`'s)."""
+  (the arguments as :func:`hierfavg`'s).
+
+  Example:
+    One round of FedAvg over 5 clients:
+
+    >>> import jax, optax
+    >>> from fedtree.core import loop
+    >>> from fedtree.core.local import LocalSchedule
+    >>> from fedtree.datasets.synthetic import grouped_synthetic
+    >>> from fedtree.models import build_model
+    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
+    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
+    >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=1))
+    >>> alg = fedavg(local_optimizer=optax.sgd(0.1), **common)
+    >>> state = loop.run(alg, data, num_rounds=1, key=jax.random.key(0))
+    >>> sorted(alg.models(state))
+    ['global']
+  """
   return hierfavg(
     model=model, topology=Topology.flat(data.num_clients), data=data,
     local_optimizer=local_optimizer, schedule=schedule,

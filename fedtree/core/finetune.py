@@ -95,6 +95,7 @@ def make_finetuner(
   optimizer_by_name(optimizer, learning_rate=0.1)  # an unknown name fails here, not in jit
   max_steps = schedule.max_steps(max_train)
   one = _finetune_one(model, optimizer, schedule, max_steps)
+  lm = bool(model.label_shape)  # token labels: also the sentence sums (sentence-level perplexity)
   over_rates = jax.vmap(one, in_axes=(None, None, None, None, 0))
 
   def run(params, model_of_client, data: FederatedData, rates, key):
@@ -108,7 +109,7 @@ def make_finetuner(
       personal = over_rates(start, ClientData(x, y, n), steps, k, rates)
       if not evaluate:
         return personal
-      return jax.vmap(lambda p: client_sums(model, p, xt, yt, nt))(personal)
+      return jax.vmap(lambda p: client_sums(model, p, xt, yt, nt, sentences=lm))(personal)
 
     args = (jnp.asarray(model_of_client, jnp.int32), data.x_train, data.y_train, data.n_train,
             num_steps, keys, data.x_test, data.y_test, data.n_test)
@@ -117,8 +118,8 @@ def make_finetuner(
     epochs = num_steps.astype(jnp.float32) / jnp.maximum(
       steps_per_epoch(data.n_train, schedule.batch_size), 1).astype(jnp.float32)
     if evaluate:
-      loss, correct, count = (a.T for a in out)
-      return EvalStats(loss_sum=loss, correct=correct, count=count), epochs
+      loss, correct, count, *sentence = (a.T for a in out)     # + sentence sums of an LM
+      return EvalStats(loss, correct, count, None, *sentence), epochs
     return jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1), out), epochs
 
   return jax.jit(run)

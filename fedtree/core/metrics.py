@@ -6,6 +6,11 @@ client itself for personal models) and returns per-client sums (loss, correct, c
 :class:`EvalStats`. Padding is masked out. :func:`summarize` turns the sums into per-client,
 per-group and overall accuracy and loss on the host.
 
+For a language model (``y: [M, T]`` next tokens), ``evaluate(..., sentences=True)`` (the
+default of :func:`make_evaluator` for such a model) also sums each sentence's mean token NLL
+and counts the sentences, so :func:`summarize` reports perplexity aggregated at two levels
+(:func:`perplexities`): ``perplexity`` (token level) and ``sentence_perplexity``.
+
 For keyword spotting (FedKWS-UI, paper 002), ``evaluate(..., confusion=True)`` also counts a
 per-client confusion matrix (``EvalStats.confusion [C, K, K]``: true class x predicted
 class) in the same pass, and ``summarize(..., positive_classes=)`` adds false-accept and
@@ -29,23 +34,32 @@ class EvalStats(NamedTuple):
   """Per-client sums over the evaluated examples: ``[C]`` each. Mergeable by addition.
 
   ``confusion``: ``[C, K, K]`` counts of (true class, predicted class) per client, or ``None``
-  (not requested).
+  (not requested). ``sentence_loss`` and ``sentences`` (language models, ``sentences=True``,
+  else ``None``): the sum over the client's sentences of each sentence's mean token NLL, and
+  the number of sentences (rows with at least one real token).
   """
 
   loss_sum: jax.Array
   correct: jax.Array
   count: jax.Array  # type: ignore[assignment]  # shadows tuple.count
   confusion: jax.Array | None = None
+  sentence_loss: jax.Array | None = None
+  sentences: jax.Array | None = None
 
 
-def client_sums(model: Model, params, x, y, n, *, confusion: bool = False):
+def client_sums(model: Model, params, x, y, n, *, confusion: bool = False, sentences: bool = False):
   """``(loss sum, correct, count)`` of one model on one client's padded data ``x[:n]``, and
   with ``confusion`` its ``[K, K]`` (true, predicted) count matrix as a fourth entry.
 
   For a language model (``y: [M, T]`` next tokens) the sums run over real tokens
   (:func:`~fedtree.core.model.token_mask`): ``loss_sum`` is the total NLL, ``correct`` the
   correctly predicted next tokens and ``count`` the number of tokens, so
-  ``exp(loss_sum / count)`` is the perplexity.
+  ``exp(loss_sum / count)`` is the perplexity. With ``sentences`` (token labels only) two
+  more entries follow: the sum over sentences (rows ``m < n`` with a real token) of the
+  sentence's mean NLL ``sum_t nll[m, t] / n_tokens[m]``, and the number of such sentences.
+
+  Raises:
+    ValueError: ``sentences`` with class labels (``y: [M]``).
   """
   logits = model.apply(params, x, train=False).astype(jnp.float32)
   mask = token_mask(y, jnp.arange(x.shape[0]) < n)
@@ -62,6 +76,14 @@ def client_sums(model: Model, params, x, y, n, *, confusion: bool = False):
     k = logits.shape[-1]
     true = jax.nn.one_hot(y, k, dtype=jnp.float32) * mask[..., None].astype(jnp.float32)
     out = out + (true.reshape(-1, k).T @ jax.nn.one_hot(pred, k, dtype=jnp.float32).reshape(-1, k),)
+  if sentences:
+    if y.ndim < 2:
+      raise ValueError(f"sentences=True needs token labels [M, T]; got labels of shape {y.shape}")
+    axes = tuple(range(1, y.ndim))
+    tokens = jnp.sum(mask.astype(jnp.float32), axis=axes)                       # [M]
+    per_sentence = jnp.sum(jnp.where(mask, nll, 0.0), axis=axes) / jnp.maximum(tokens, 1.0)
+    real = tokens > 0
+    out = out + (jnp.sum(jnp.where(real, per_sentence, 0.0)), jnp.sum(real.astype(jnp.float32)))
   return out
 
 
@@ -75,6 +97,7 @@ def evaluate(
   model_of_client: jax.Array | None = None,
   chunk_size: int | None = None,
   confusion: bool = False,
+  sentences: bool = False,
 ) -> EvalStats:
   """Evaluates client ``c`` with ``params[model_of_client[c]]`` on ``x[c, :n[c]]``.
 
@@ -85,6 +108,8 @@ def evaluate(
     model_of_client: ``int32[C]``; ``None`` means ``N == C`` and client ``c`` uses row ``c``.
     chunk_size: clients evaluated at once (``lax.map`` batch); ``None``: all at once.
     confusion: also count each client's (true, predicted) class matrix.
+    sentences: also sum the sentences' mean NLLs and count the sentences (token labels
+      ``y: [C, M, T]`` only; see :func:`client_sums`).
   """
   num_clients = x.shape[0]
   if model_of_client is None:
@@ -100,10 +125,53 @@ def evaluate(
   def one(args):
     xc, yc, nc, m = args
     p = jax.tree.map(lambda a: a[m], params)
-    return client_sums(model, p, xc, yc, nc, confusion=confusion)
+    return client_sums(model, p, xc, yc, nc, confusion=confusion, sentences=sentences)
 
   batch = num_clients if chunk_size is None else max(1, min(int(chunk_size), num_clients))
-  return EvalStats(*jax.lax.map(one, (x, y, n, model_of_client), batch_size=batch))
+  out = jax.lax.map(one, (x, y, n, model_of_client), batch_size=batch)
+  return EvalStats(*out[:3], confusion=out[3] if confusion else None,
+                   sentence_loss=out[-2] if sentences else None,
+                   sentences=out[-1] if sentences else None)
+
+
+PERPLEXITY_LEVELS = ("token", "sentence")
+
+
+def perplexities(stats: EvalStats, level: str = "token") -> tuple[float, np.ndarray]:
+  """``(overall, per client [C])`` perplexity of language-model statistics, aggregated at
+  ``level``:
+
+  * ``"token"`` (default): ``exp(sum NLL / sum tokens)``, every token weighted alike (the
+    usual corpus perplexity; per client over the client's tokens).
+  * ``"sentence"``: ``exp(mean over sentences s of NLL_s / n_s)``, with ``NLL_s`` the summed
+    NLL of sentence ``s`` and ``n_s`` its number of tokens (EOS included): the exponential of
+    the sentence-averaged cross-entropy, i.e. the geometric mean of the per-sentence
+    perplexities, every sentence weighted alike whatever its length.
+
+  Paper 000 reports Table 3 as perplexity "aggregated at sentence level" and gives no
+  formula. We read it as the token-level form with the average taken over sentences instead
+  of tokens (the only change "aggregated at" names), keeping perplexity the exponential of a
+  mean cross-entropy. The other reading, the arithmetic mean of per-sentence perplexities
+  ``mean_s exp(NLL_s / n_s)``, is not used: it is always >= the geometric mean and is
+  dominated by a few short, badly predicted sentences (one exponential per sentence).
+
+  Raises:
+    ValueError: unknown ``level``, or ``"sentence"`` on statistics without sentence sums
+      (``evaluate(..., sentences=True)``).
+  """
+  if level not in PERPLEXITY_LEVELS:
+    raise ValueError(f"perplexity level={level!r}; choose one of {PERPLEXITY_LEVELS}")
+  if level == "token":
+    loss, count = stats.loss_sum, stats.count
+  elif stats.sentences is None:
+    raise ValueError("sentence-level perplexity needs sentence sums: evaluate(..., sentences=True)")
+  else:
+    loss, count = stats.sentence_loss, stats.sentences
+  loss, count = np.asarray(loss, np.float64), np.asarray(count, np.float64)
+  with np.errstate(over="ignore", invalid="ignore"):
+    overall = float(np.exp(loss.sum() / max(count.sum(), 1.0)))
+    client = np.where(count > 0, np.exp(loss / np.maximum(count, 1.0)), np.nan)
+  return overall, client
 
 
 def summarize(stats: EvalStats, groups: np.ndarray | None = None, prefix: str = "",
@@ -112,7 +180,9 @@ def summarize(stats: EvalStats, groups: np.ndarray | None = None, prefix: str = 
   per-client accuracy, and per-group accuracy/loss when ``groups[c]`` is given. With
   ``perplexity`` (language models: the sums are over tokens) also ``perplexity`` =
   ``exp(total NLL / total tokens)`` overall, per client and per group; ``accuracy`` is then
-  next-token accuracy. With
+  next-token accuracy. When ``stats`` carry sentence sums (``evaluate(..., sentences=True)``)
+  also ``sentence_perplexity`` overall, per client and per group (:func:`perplexities`,
+  ``level="sentence"``). With
   ``positive_classes`` (a ``bool[K]`` mask or class indices) and ``stats.confusion``, also
   the keyword-spotting rates of :func:`keyword_rates` over all clients."""
   loss = np.asarray(stats.loss_sum, np.float64)
@@ -132,6 +202,9 @@ def summarize(stats: EvalStats, groups: np.ndarray | None = None, prefix: str = 
     with np.errstate(over="ignore", invalid="ignore"):
       out[f"{prefix}perplexity"] = float(np.exp(loss.sum() / total))
       out[f"{prefix}client_perplexity"] = np.exp(client_loss)
+  if stats.sentences is not None:
+    out[f"{prefix}sentence_perplexity"], out[f"{prefix}client_sentence_perplexity"] = perplexities(
+      stats, "sentence")
   if groups is not None:
     groups = np.asarray(groups)
     g = int(groups.max()) + 1
@@ -143,6 +216,11 @@ def summarize(stats: EvalStats, groups: np.ndarray | None = None, prefix: str = 
     if perplexity:
       with np.errstate(over="ignore", invalid="ignore"):
         out[f"{prefix}group_perplexity"] = np.exp(out[f"{prefix}group_loss"])
+    if stats.sentences is not None:
+      gs = np.bincount(groups, weights=np.asarray(stats.sentence_loss, np.float64), minlength=g)
+      gm = np.bincount(groups, weights=np.asarray(stats.sentences, np.float64), minlength=g)
+      with np.errstate(over="ignore", invalid="ignore"):
+        out[f"{prefix}group_sentence_perplexity"] = np.exp(gs / np.maximum(gm, 1.0))
   if positive_classes is not None:
     if stats.confusion is None:
       raise ValueError("positive_classes needs stats with a confusion matrix: evaluate(..., confusion=True)")
@@ -210,13 +288,16 @@ def keyword_rates(confusion: np.ndarray, positive_classes) -> dict[str, float]:
     }
 
 
-def make_evaluator(model: Model, chunk_size: int | None = None, *, confusion: bool = False):
+def make_evaluator(model: Model, chunk_size: int | None = None, *, confusion: bool = False,
+                   sentences: bool | None = None):
   """A jitted ``(params, x, y, n, model_of_client) -> EvalStats`` (with per-client confusion
-  matrices when ``confusion``)."""
+  matrices when ``confusion``; with sentence sums when ``sentences``, by default for a
+  model with token labels, ``model.label_shape`` non-empty)."""
+  sentences = bool(model.label_shape) if sentences is None else sentences
 
   @jax.jit
   def run(params, x, y, n, moc) -> EvalStats:
     return evaluate(model, params, x, y, n, model_of_client=moc, chunk_size=chunk_size,
-                    confusion=confusion)
+                    confusion=confusion, sentences=sentences)
 
   return run

@@ -122,7 +122,9 @@ def _label_metric(metric: str) -> str:
   return {"accuracy": "test accuracy", "loss": "test loss", "train_loss": "training loss",
           "false_accept_rate": "false-accept rate", "false_reject_rate": "false-reject rate",
           "intra_cluster_accuracy": "intra-cluster accuracy",
-          "inter_cluster_accuracy": "inter-cluster accuracy"}.get(metric, metric.replace("_", " "))
+          "inter_cluster_accuracy": "inter-cluster accuracy",
+          "perplexity": "test perplexity (token level)",
+          "sentence_perplexity": "test perplexity (sentence level)"}.get(metric, metric.replace("_", " "))
 
 
 # ------------------------------------------------------------------------ metrics over rounds
@@ -164,9 +166,10 @@ def plot_runs(records: Sequence[Mapping[str, Any]], path: str, *, metric: str = 
   ax.set_xlabel("round")
   ax.set_ylabel(_label_metric(metric))
   ax.grid(alpha=0.3)
-  ax.legend(fontsize=7, ncol=2 if len(ax.lines) > 6 else 1,
-            title=f"({frozen} model(s) that never changed left out)" if frozen else None,
-            title_fontsize=7)
+  if ax.lines or frozen:
+    ax.legend(fontsize=7, ncol=2 if len(ax.lines) > 6 else 1,
+              title=f"({frozen} model(s) that never changed left out)" if frozen else None,
+              title_fontsize=7)
   if train_loss:
     ax2 = axes[0, 1]
     for run in runs(records):
@@ -176,9 +179,34 @@ def plot_runs(records: Sequence[Mapping[str, Any]], path: str, *, metric: str = 
     ax2.set_xlabel("round")
     ax2.set_ylabel(_label_metric("train_loss"))
     ax2.grid(alpha=0.3)
-    ax2.legend(fontsize=7)
+    if ax2.lines:
+      ax2.legend(fontsize=7)
   if title:
     fig.suptitle(title)
+  return _save(fig, path)
+
+
+def plot_perplexity(records: Sequence[Mapping[str, Any]], path: str, *, title: str | None = None) -> str:
+  """A language model's test perplexity over rounds, log scale: token level (``<model>/perplexity``)
+  and, when reported, sentence level (``<model>/sentence_perplexity``) in a second panel; a line
+  per run and model."""
+  plt = _pyplot()
+  metrics = [m for m in ("perplexity", "sentence_perplexity") if models_of(records, m)]
+  fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 3.8), squeeze=False)
+  for ax, metric in zip(axes[0], metrics, strict=True):
+    models = models_of(records, metric)
+    for run in runs(records):
+      for m in models:
+        x, y = curve(records, run, f"{m}/{metric}")
+        if x.size:
+          ax.plot(x, y, marker="o", ms=3, label=run if len(models) == 1 else f"{run} · {m}")
+    ax.set_xlabel("round")
+    ax.set_ylabel(_label_metric(metric))
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+    if ax.lines:
+      ax.legend(fontsize=7, ncol=2 if len(ax.lines) > 6 else 1)
+  fig.suptitle(title or "test perplexity (lower is better)")
   return _save(fig, path)
 
 
@@ -422,6 +450,8 @@ def write_run_plots(workdir: str) -> list[str]:
     its training loss;
   * ``plot_models.png``: a panel per run, a line per model (tree levels, team/personal models,
     clusters), when some run reports more than one model;
+  * ``plot_perplexity.png``: a language model's test perplexity over rounds (token level, log
+    scale; the sentence level beside it when reported);
   * ``plot_clusters.png``: intra- vs inter-cluster accuracy, when reported;
   * ``plot_keyword_rates.png``: false-accept/false-reject rates, when reported;
   * ``plot_client_accuracy.png``: the distribution of the final per-client test accuracy of
@@ -438,6 +468,8 @@ def write_run_plots(workdir: str) -> list[str]:
     if any(len(models_of([r for r in records if r["run"] == run], "accuracy")) > 1
            for run in runs(records)):
       written.append(plot_models_per_run(records, os.path.join(workdir, "plot_models.png")))
+  if models_of(records, "perplexity"):
+    written.append(plot_perplexity(records, os.path.join(workdir, "plot_perplexity.png")))
   if models_of(records, "intra_cluster_accuracy"):
     written.append(plot_clusters(records, os.path.join(workdir, "plot_clusters.png")))
   for m in models_of(records, "false_accept_rate")[:1]:

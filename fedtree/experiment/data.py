@@ -1,7 +1,13 @@
-"""``config.data`` -> ``(data, group labels, central test)``: the config side of :mod:`fedtree.datasets`."""
+"""``config.data`` -> ``(data, group labels, central test)``: the config side of :mod:`fedtree.datasets`.
+
+:func:`load_with_info` also returns a :class:`DataInfo`, what a loader knows besides the
+arrays (group names, the vocabulary of a text dataset), and :func:`model_options` uses it to
+complete ``config.model`` (the character table of ``lstm_lm``'s ``embedding="chars"``).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import ml_collections
@@ -15,9 +21,44 @@ DATASETS = ("grouped_synthetic", "synthetic", "tfds", "prototype_images", "sklea
             "synthetic_kws", "speech_commands") + TEXT_DATASETS
 
 
+@dataclasses.dataclass(frozen=True)
+class DataInfo:
+  """What a loader knows besides the arrays.
+
+  Attributes:
+    group_names: the name of every group (``groups == g`` is group ``group_names[g]``), or
+      ``None`` when the data names none.
+    vocab: the token of every id of a text dataset (ids 0-3 the special tokens of
+      :class:`fedtree.datasets.text.Vocabulary`), else ``None``.
+  """
+
+  group_names: tuple[str, ...] | None = None
+  vocab: tuple[str, ...] | None = None
+
+  def char_table(self, max_chars: int = 16) -> np.ndarray:
+    """``int32[V, max_chars]`` spelling of every vocabulary token
+    (:meth:`fedtree.datasets.text.Vocabulary.char_table`).
+
+    Raises:
+      ValueError: the data has no vocabulary.
+    """
+    if self.vocab is None:
+      raise ValueError("this data has no vocabulary, so no character table; embedding='chars' needs a "
+                       f"text dataset (config.data.name one of {TEXT_DATASETS})")
+    from fedtree.datasets.text import Vocabulary
+
+    return Vocabulary(self.vocab).char_table(max_chars)
+
+
 def load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, Any]:
-  """``(data, group labels [C], central test (x, y) or None)`` from ``config.data``; with a
-  ``cfg.transform`` (``{kind, num_transformed, seed}``, see
+  """``(data, group labels [C], central test (x, y) or None)`` from ``config.data``
+  (:func:`load_with_info` without the info)."""
+  return load_with_info(cfg)[:3]
+
+
+def load_with_info(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, Any, DataInfo]:
+  """``(data, group labels [C], central test (x, y) or None, DataInfo)`` from ``config.data``;
+  with a ``cfg.transform`` (``{kind, num_transformed, seed}``, see
   :func:`fedtree.datasets.transforms.transform_random_clients`) that many random clients'
   inputs are flipped or rotated, and the groups become 0 (unchanged) / 1 (transformed)."""
   transform = cfg.get("transform", None)
@@ -26,13 +67,27 @@ def load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, Any
   from fedtree.datasets.transforms import transform_random_clients
 
   cfg = ml_collections.ConfigDict({k: v for k, v in cfg.items() if k != "transform"})
-  data, _, central = _load(cfg)
+  data, _, central, info = _load(cfg)
   data, flags = transform_random_clients(data, **{k: _plain(v) for k, v in transform.items()})
-  return data, flags, central
+  return data, flags, central, dataclasses.replace(info, group_names=("unchanged", "transformed"))
 
 
-def _load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, Any]:
-  """``(data, group labels [C], central test (x, y) or None)`` from ``config.data``.
+def model_options(model_cfg: dict[str, Any], info: DataInfo) -> dict[str, Any]:
+  """``config.model``'s fields completed from the data: ``lstm_lm`` with
+  ``embedding="chars"`` and no ``char_ids`` gets the character table of the data's vocabulary
+  (``char_len`` characters per word, default 16; :meth:`DataInfo.char_table`).
+
+  Raises:
+    ValueError: ``embedding="chars"`` on data without a vocabulary.
+  """
+  out = dict(model_cfg)
+  if out.get("name") == "lstm_lm" and out.get("embedding") == "chars" and out.get("char_ids") is None:
+    out["char_ids"] = info.char_table(int(out.pop("char_len", 16)))
+  return out
+
+
+def _load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, Any, DataInfo]:
+  """``(data, group labels [C], central test (x, y) or None, info)`` from ``config.data``.
 
   ``cfg.name`` picks the dataset; the other fields are its keyword arguments.
   ``synthetic`` (FedProx/pFedMe) forms groups of ``cfg.team_size`` consecutive clients
@@ -45,50 +100,53 @@ def _load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, An
   name = cfg.name
   if name == "grouped_synthetic":
     data, groups = grouped_synthetic(**kwargs)
-    return data, groups, None
+    return data, groups, None, DataInfo()
   if name == "synthetic":
     data = synthetic_alpha_beta(**kwargs)
     team = cfg.get("team_size", None)
     groups = np.arange(data.num_clients) // int(team) if team else np.zeros(data.num_clients, np.int32)
-    return data, groups.astype(np.int32), None
+    return data, groups.astype(np.int32), None, DataInfo()
   if name == "prototype_images":
     from fedtree.datasets.prototypes import prototype_images
 
     data = prototype_images(**kwargs)
-    return data, np.zeros(data.num_clients, np.int32), None
+    return data, np.zeros(data.num_clients, np.int32), None, DataInfo()
   if name == "sklearn_digits":
     from fedtree.datasets.digits import sklearn_digits
 
     num_groups = kwargs.pop("num_groups", None)
     data = sklearn_digits(**kwargs)
-    return data, consecutive_groups(data.num_clients, cfg.get("team_size", None), num_groups), None
+    groups = consecutive_groups(data.num_clients, cfg.get("team_size", None), num_groups)
+    return data, groups, None, DataInfo()
   if name == "tfds":
     from fedtree.datasets.tfds_loader import load_tfds
 
     kwargs["name"] = kwargs.pop("dataset", "mnist")
-    return load_tfds(team_size=cfg.get("team_size", None), **kwargs)
+    return (*load_tfds(team_size=cfg.get("team_size", None), **kwargs), DataInfo())
   if name == "synthetic_kws":
     from fedtree.datasets.synthetic_kws import synthetic_kws
 
     data = synthetic_kws(**kwargs)
-    return data, np.zeros(data.num_clients, np.int32), None
+    return data, np.zeros(data.num_clients, np.int32), None, DataInfo()
   if name == "speech_commands":
     from fedtree.datasets.speech_commands import load_speech_commands
 
-    return load_speech_commands(**kwargs)
+    return (*load_speech_commands(**kwargs), DataInfo())
   if name in TEXT_DATASETS:
-    data, groups = load_natural(name, **kwargs)
-    return data, groups, None
+    data, groups, info = load_natural(name, **kwargs)
+    return data, groups, None, info
   raise ValueError(f"config.data.name={name!r} is unknown; choose one of {DATASETS}")
 
 
 _CORPUS_OPTIONS = ("seq_len", "vocab_size", "level", "lowercase", "test_fraction", "min_count", "seed")
 
 
-def load_natural(name: str, *, cache_dir: str | None = None, **kwargs) -> tuple[FederatedData, np.ndarray]:
-  """``(data, groups)`` of a text corpus or natural split, converted once and cached in
-  ``cache_dir`` under a fingerprint of the source files and options
-  (:mod:`fedtree.datasets.cache`; ``None``: no cache).
+def load_natural(name: str, *, cache_dir: str | None = None, **kwargs,
+                 ) -> tuple[FederatedData, np.ndarray, DataInfo]:
+  """``(data, groups, info)`` of a text corpus or natural split (``info``: group names and
+  the vocabulary, when the source has them), converted once and cached in ``cache_dir``
+  under a fingerprint of the source files and options (:mod:`fedtree.datasets.cache`;
+  ``None``: no cache).
 
   * ``stdlib_text``: :func:`fedtree.datasets.text.stdlib_corpus` (``packages=``,
     ``min_sentences=``, ...) then :func:`~fedtree.datasets.text.to_federated` (``seq_len=``,
@@ -107,8 +165,10 @@ def load_natural(name: str, *, cache_dir: str | None = None, **kwargs) -> tuple[
     opts = {k: kwargs.pop(k) for k in _CORPUS_OPTIONS if k in kwargs}
 
     def build():
-      data, groups, vocab = text.to_federated(make_corpus(**kwargs), **opts)
-      return data, {"groups": groups, "vocab": np.asarray(vocab.tokens)}
+      corpus = make_corpus(**kwargs)
+      data, groups, vocab = text.to_federated(corpus, **opts)
+      return data, {"groups": groups, "vocab": np.asarray(vocab.tokens),
+                    "group_names": np.asarray(corpus.group_names)}
 
     return build, opts
 
@@ -144,7 +204,9 @@ def load_natural(name: str, *, cache_dir: str | None = None, **kwargs) -> tuple[
               else None)
   key = cache.fingerprint(source, dict(kwargs, name=name, **opts)) if cache_dir else ""
   data, extras, _ = cache.cached(cache_dir, f"{name}-{key}", build)
-  return data.validate(), np.asarray(extras["groups"], np.int32)
+  info = DataInfo(*(tuple(str(t) for t in extras[k]) if k in extras else None
+                    for k in ("group_names", "vocab")))
+  return data.validate(), np.asarray(extras["groups"], np.int32), info
 
 
 def consecutive_groups(num_clients: int, team_size: int | None = None,

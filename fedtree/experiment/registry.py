@@ -288,7 +288,7 @@ SPECS: Mapping[str, AlgorithmSpec] = {
     GroupPersonalizedFL,
     fields=(Fields(("finetune",), _grouppfl_finetune, ("finetune_schedule", *FINETUNE_FIELDS.values())),
             Fields(("global_server", "group_server"), _grouppfl_servers)),
-    defaults=lambda ctx: {"global_rounds": int(ctx.config.rounds)},
+    defaults=lambda ctx: {"global_rounds": int(ctx.config.rounds), "group_names": ctx.group_names},
     wrap=_grouppfl_stages,
   ),
 }

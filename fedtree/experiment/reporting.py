@@ -176,6 +176,10 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
   clustered = any("intra_cluster_accuracy" in s for models in results.values() for s in models.values())
   kws = any("false_accept_rate" in s for models in results.values() for s in models.values())
   header = ["run", "model", "accuracy", "client mean", "loss"]
+  ppl = any("perplexity" in s for models in results.values() for s in models.values())
+  sent = any("sentence_perplexity" in s for models in results.values() for s in models.values())
+  header += ["ppl"] if ppl else []
+  header += ["sent ppl"] if sent else []
   ari = any("adjusted_rand_index" in s for models in results.values() for s in models.values())
   header += ["intra", "inter", "clusters"] if clustered else []
   header += ["ARI"] if ari else []
@@ -186,6 +190,8 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
     for name, s in models.items():
       row = [label, name, f"{s.get('accuracy', float('nan')):.4f}",
              f"{s.get('client_mean_accuracy', float('nan')):.4f}", f"{s.get('loss', float('nan')):.4f}"]
+      row += [f"{s.get('perplexity', float('nan')):.2f}"] if ppl else []
+      row += [f"{s.get('sentence_perplexity', float('nan')):.2f}"] if sent else []
       if clustered:
         row += ([f"{s['intra_cluster_accuracy']:.4f}", f"{s['inter_cluster_accuracy']:.4f}",
                  str(s["num_clusters"])] if "intra_cluster_accuracy" in s else ["", "", ""])
@@ -202,6 +208,7 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
   lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
   lines.insert(1, "  ".join("-" * w for w in widths))
   title = "Final evaluation (test data of every client; gN = accuracy on group N"
+  title += "; ppl / sent ppl = perplexity at token / sentence level" if ppl else ""
   title += "; intra/inter = intra-/inter-cluster accuracy" if clustered else ""
   title += "; ARI = adjusted Rand index against the true clusters)" if ari else ")"
   return "\n".join(["", title] + lines)

@@ -22,8 +22,8 @@ class DivergedError(FloatingPointError):
   """A final model scores a non-finite loss: it is not written as a result."""
 
 
-SUMMARY_METRICS = ("accuracy", "loss", "perplexity", "false_accept_rate", "false_reject_rate",
-                   "intra_cluster_accuracy", "inter_cluster_accuracy", "num_clusters",
+SUMMARY_METRICS = ("accuracy", "loss", "perplexity", "sentence_perplexity", "false_accept_rate",
+                   "false_reject_rate", "intra_cluster_accuracy", "inter_cluster_accuracy", "num_clusters",
                    "adjusted_rand_index")
 
 

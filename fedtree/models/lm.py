@@ -77,8 +77,9 @@ class CharCNNEmbed(nn.Module):
 
   @nn.compact
   def __call__(self, tokens: jax.Array) -> jax.Array:
-    table = jnp.asarray(np.asarray(self.char_ids, np.int32))
-    num_chars = int(table.max()) + 1
+    host = np.asarray(self.char_ids, np.int32)
+    num_chars = int(host.max()) + 1          # on the host: the table is static, also under jit
+    table = jnp.asarray(host)
     chars = table[tokens]                                           # [..., L]
     e = nn.Embed(num_chars, self.char_dim, name="chars")(chars)     # [..., L, D]
     e = e * (chars > 0)[..., None].astype(e.dtype)

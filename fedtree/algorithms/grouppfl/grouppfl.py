@@ -230,6 +230,26 @@ class GroupPersonalizedFL:
     compute_dtype: mixed-precision local steps of stages 1 and 2 (``None``: the params'
       dtype); the fine-tune stage runs in the params' dtype.
     label: run label (prefix of the report files).
+
+  Example:
+    One global round (FL) then one round per group (GroupFL), 2 groups of 3 and 2 clients:
+
+    >>> import jax, optax
+    >>> from fedtree.core import loop
+    >>> from fedtree.core.local import LocalSchedule
+    >>> from fedtree.datasets.synthetic import grouped_synthetic
+    >>> from fedtree.models import build_model
+    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
+    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
+    >>> schedule = LocalSchedule(batch_size=8, steps=1)
+    >>> gp = GroupPersonalizedFL(
+    ...   global_rounds=1, group_rounds=1, global_server=optax.adam(1e-3), group_server=optax.adam(1e-3),
+    ...   cohort_size=None, finetune_schedule=schedule, finetune_rates=(0.1,), group_names=("a", "b"))
+    >>> alg = gp.algorithm(model=model, data=data, groups=groups, local_optimizer=optax.sgd(0.1),
+    ...                    schedule=schedule)
+    >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))
+    >>> sorted(alg.models(state))
+    ['FL', 'GroupFL']
   """
 
   global_rounds: int

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-METRICS = ("accuracy", "perplexity")
+METRICS = ("accuracy", "perplexity", "sentence_perplexity")
 
 
 def _fmt(v: float, metric: str) -> str:
@@ -61,7 +61,7 @@ def group_table(results: dict[str, dict[str, Any]], groups: np.ndarray,
     raise ValueError(f"metric={metric!r}; choose one of {METRICS}")
   methods = list(results)
   sizes = np.bincount(np.asarray(groups), minlength=len(group_names))
-  key = "group_accuracy" if metric == "accuracy" else "group_perplexity"
+  key = f"group_{metric}"
   rows = []
   for g, name in enumerate(group_names):
     rows.append([name, str(int(sizes[g]))] + [_fmt(results[m][key][g], metric) for m in methods])
@@ -134,6 +134,8 @@ def render_reports(results: dict[str, dict[str, Any]], *, groups: np.ndarray,
   parts = [] if data_counts is None else [data_table(*data_counts, groups, group_names)]
   parts += [group_table(results, groups, group_names, "accuracy"),
             group_table(results, groups, group_names, "perplexity")]
+  if all("group_sentence_perplexity" in r for r in results.values()):  # a language model's sentences
+    parts.append(group_table(results, groups, group_names, "sentence_perplexity"))
   rates = {m: r["rate"] for m, r in results.items() if "rate" in r}
   if rates:
     parts.append("fine-tune rate selected: " + ", ".join(f"{m}: {r:g}" for m, r in rates.items()))
