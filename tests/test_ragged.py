@@ -148,3 +148,21 @@ def test_what_reads_padded_rows_refuses_the_ragged_layout():
              schedule=LocalSchedule(batch_size=4, epochs=1), cohort_size=2)
   with pytest.raises(ValueError, match="IFCA's cluster losses .* does not take the ragged layout"):
     loop.run(alg, r, num_rounds=1, key=jax.random.key(0))
+
+
+def test_config_layout_ragged_gives_the_padded_results(tmp_path):
+  from config_files import load_config
+
+  from fedtree import experiment
+
+  def run(layout):
+    c = load_config("quickstart")
+    c.rounds, c.eval_every, c.rounds_per_call, c.progress, c.checkpoint_every = 2, 2, 2, False, 0
+    c.data.group_sizes, c.data.layout = (3, 2), layout
+    c.runs = {"fedavg": {"algorithm": "fedavg", "cohort_size": 3}}
+    c.run_order = ("fedavg",)
+    return experiment.train_and_evaluate(c, None)["fedavg"]["global"]["accuracy"]
+
+  assert run("ragged") == pytest.approx(run("padded"), abs=1e-6)
+  with pytest.raises(ValueError, match=r"config.data.layout='flat'; choose one of \('padded', 'ragged'\)"):
+    run("flat")
