@@ -31,6 +31,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     name="grouped_synthetic", group_sizes=(24, 12, 8, 4), dim=32, num_classes=10,
     group_spread=1.5, client_spread=0.25, feature_shift=1.0, mean_examples=40.0,
     min_examples=8, max_examples=160, test_examples=40, seed=0,
+    layout="padded",   # or "ragged": the train split flat with offsets (no padding rows)
   ))
   c.topology = ml_collections.ConfigDict(dict(kind="groups"))   # root -> data groups -> clients
   c.model = ml_collections.ConfigDict(dict(name="mlp", hidden=(64,)))

@@ -78,3 +78,91 @@ def test_long_tail_memory_grows_with_examples():
   counts = (np.random.default_rng(0).lognormal(3, 1.5, 10_000)).astype(np.int64) + 1
   ratio = ragged.padded_bytes(counts, 4 * 20) / ragged.ragged_bytes(counts, 4 * 20)
   assert ratio > 50
+
+
+# ------------------------------------------------------------------ the ragged training layout
+def _long_tail_data():
+  from fedtree.datasets.synthetic import grouped_synthetic
+
+  data, groups = grouped_synthetic(group_sizes=(3, 3), dim=6, num_classes=3, seed=0)
+  # make the sizes long-tailed: client c keeps 2 + 7c of its padded rows (at most M)
+  m = data.x_train.shape[1]
+  n = np.minimum(np.asarray(data.n_train), np.minimum(m, 2 + 7 * np.arange(data.num_clients)))
+  n = n.astype(np.int32)
+  return data.replace(n_train=n).validate(), groups
+
+
+def test_to_ragged_train_round_trip_take_and_validate():
+  data, _ = _long_tail_data()
+  r = ragged.to_ragged_train(data)
+  assert r.ragged and not data.ragged
+  assert r.x_train.shape[0] == int(np.sum(data.n_train)) and r.max_train == int(np.max(data.n_train))
+  assert r.num_clients == data.num_clients and r.example_shape == data.example_shape
+  back = ragged.to_padded_train(r)
+  for c in range(data.num_clients):
+    k = int(data.n_train[c])
+    np.testing.assert_array_equal(np.asarray(back.x_train)[c, :k], np.asarray(data.x_train)[c, :k])
+  sub = r.take([4, 1])
+  np.testing.assert_array_equal(sub.n_train, np.asarray(data.n_train)[[4, 1]])
+  k4 = int(data.n_train[4])
+  np.testing.assert_array_equal(sub.x_train[:k4], np.asarray(data.x_train)[4, :k4])
+  with pytest.raises(ValueError, match="ragged client 0: rows 1000:1002 are outside the 70 flat"):
+    r.replace(train_offset=np.asarray(r.train_offset) + 1000).validate()
+  with pytest.raises(ValueError, match="ragged_max_train=3"):
+    r.replace(ragged_max_train=3).validate()
+
+
+@pytest.mark.parametrize("batch_order", ["shuffled", "cyclic"])
+def test_training_on_the_ragged_layout_equals_padded(batch_order):
+  """FedAvg over a two-level tree (persistent cursors under "cyclic"): every round's models
+  are the same on the flat layout as on the padded one."""
+  from fedtree.algorithms import hierfavg
+  from fedtree.core import loop
+  from fedtree.core.data import as_device
+  from fedtree.core.local import LocalSchedule
+  from fedtree.core.topology import Topology
+
+  data, groups = _long_tail_data()
+  model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
+
+  def final(d):
+    alg = hierfavg(model=model, topology=Topology.from_labels(groups), data=d, local_optimizer=optax.sgd(0.1),
+                   schedule=LocalSchedule(batch_size=4, epochs=1, batch_order=batch_order), cohort_size=2,
+                   chunk_size=2)
+    return loop.run(alg, d, num_rounds=3, key=jax.random.key(0)).params
+
+  padded, flat = final(as_device(data)), final(as_device(ragged.to_ragged_train(data)))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6), padded, flat)
+
+
+def test_what_reads_padded_rows_refuses_the_ragged_layout():
+  from fedtree.algorithms import ifca
+  from fedtree.core import loop
+  from fedtree.core.data import as_device
+  from fedtree.core.local import LocalSchedule
+
+  data, _ = _long_tail_data()
+  r = as_device(ragged.to_ragged_train(data))
+  model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
+  alg = ifca(model=model, data=r, num_clusters=2, local_optimizer=optax.sgd(0.1),
+             schedule=LocalSchedule(batch_size=4, epochs=1), cohort_size=2)
+  with pytest.raises(ValueError, match="IFCA's cluster losses .* does not take the ragged layout"):
+    loop.run(alg, r, num_rounds=1, key=jax.random.key(0))
+
+
+def test_config_layout_ragged_gives_the_padded_results(tmp_path):
+  from config_files import load_config
+
+  from fedtree import experiment
+
+  def run(layout):
+    c = load_config("quickstart")
+    c.rounds, c.eval_every, c.rounds_per_call, c.progress, c.checkpoint_every = 2, 2, 2, False, 0
+    c.data.group_sizes, c.data.layout = (3, 2), layout
+    c.runs = {"fedavg": {"algorithm": "fedavg", "cohort_size": 3}}
+    c.run_order = ("fedavg",)
+    return experiment.train_and_evaluate(c, None)["fedavg"]["global"]["accuracy"]
+
+  assert run("ragged") == pytest.approx(run("padded"), abs=1e-6)
+  with pytest.raises(ValueError, match=r"config.data.layout='flat'; choose one of \('padded', 'ragged'\)"):
+    run("flat")

@@ -39,6 +39,14 @@ class FederatedData:
     y_test: ``int32[C, M_test]``.
     n_test: ``int32[C]``.
     num_classes: number of label values (static).
+    train_offset: ``None`` (the padded layout above), or ``int32[C]`` for the *ragged* training
+      layout (:func:`fedtree.core.ragged.to_ragged_train`): ``x_train``/``y_train`` are then
+      every client's training examples back to back, ``[N, ...]`` with ``N = sum(n_train)``,
+      client ``c`` owning rows ``train_offset[c] : train_offset[c] + n_train[c]``, so memory
+      grows with the number of examples rather than ``clients x largest client``. Local
+      training (:func:`fedtree.core.tier.train_cohort`) gathers batches by index from the
+      shared flat arrays; test splits stay padded.
+    ragged_max_train: the largest client's training count (static; ragged layout only).
 
   Example:
     >>> import numpy as np
@@ -55,40 +63,77 @@ class FederatedData:
   y_test: Array
   n_test: Array
   num_classes: int = struct.field(pytree_node=False, default=0)
+  train_offset: jax.Array | None = None
+  ragged_max_train: int = struct.field(pytree_node=False, default=0)
+
+  @property
+  def ragged(self) -> bool:
+    """Whether the training split is stored flat with offsets (see ``train_offset``)."""
+    return self.train_offset is not None
 
   @property
   def num_clients(self) -> int:
-    return int(self.x_train.shape[0])
+    return int(self.n_train.shape[0])
 
   @property
   def max_train(self) -> int:
-    return int(self.x_train.shape[1])
+    """The padded length of a client's training rows (the largest client when ragged)."""
+    return self.ragged_max_train if self.ragged else int(self.x_train.shape[1])
 
   @property
   def example_shape(self) -> tuple[int, ...]:
-    return tuple(self.x_train.shape[2:])
+    return tuple(self.x_test.shape[2:])
+
+  def require_padded(self, who: str) -> FederatedData:
+    """Returns ``self``; raises a ``ValueError`` naming ``who`` when the training split is
+    ragged and ``who`` reads the padded ``[C, M, ...]`` rows directly."""
+    if self.ragged:
+      raise ValueError(
+        f"{who} reads every client's padded training rows ([C, M, ...]) and does not take the "
+        "ragged layout (FederatedData.train_offset); use padded data "
+        "(config.data.layout='padded', or fedtree.core.ragged.to_padded_train)"
+      )
+    return self
 
   def validate(self, topology: Topology | None = None) -> FederatedData:
     """Checks shapes and counts (and agreement with ``topology``); returns ``self``."""
-    c = self.x_train.shape[0]
-    for name in ("y_train", "n_train", "x_test", "y_test", "n_test"):
+    c = self.n_train.shape[0]
+    names = ("n_train", "x_test", "y_test", "n_test") + (("train_offset",) if self.ragged else
+                                                          ("x_train", "y_train"))
+    for name in names:
       if getattr(self, name).shape[0] != c:
         raise ValueError(
-          f"FederatedData.{name} has {getattr(self, name).shape[0]} clients, x_train has {c}"
+          f"FederatedData.{name} has {getattr(self, name).shape[0]} clients, n_train has {c}"
         )
-    for name, y, x in (("y_train", self.y_train, self.x_train), ("y_test", self.y_test, self.x_test)):
-      if y.shape != x.shape[:2] and y.shape != x.shape:  # class labels, or next tokens [C, M, T]
-        raise ValueError(f"{name} shape {y.shape} is neither x.shape[:2] {x.shape[:2]} (class "
+    # class labels [C, M] (flat: [N]), or next tokens [C, M, T] (flat: [N, T])
+    lead = 1 if self.ragged else 2
+    splits = (("y_train", self.y_train, self.x_train, lead), ("y_test", self.y_test, self.x_test, 2))
+    for name, y, x, k in splits:
+      if y.shape != x.shape[:k] and y.shape != x.shape:
+        raise ValueError(f"{name} shape {y.shape} is neither x.shape[:{k}] {x.shape[:k]} (class "
                          f"labels) nor x.shape {x.shape} (next tokens)")
-    if self.x_train.shape[2:] != self.x_test.shape[2:]:
+    if self.x_train.shape[lead:] != self.x_test.shape[2:]:
       raise ValueError(
-        f"train examples have shape {self.x_train.shape[2:]}, test {self.x_test.shape[2:]}"
+        f"train examples have shape {self.x_train.shape[lead:]}, test {self.x_test.shape[2:]}"
       )
     n_train, n_test = np.asarray(self.n_train), np.asarray(self.n_test)
-    for name, n, m in (("n_train", n_train, self.x_train.shape[1]), ("n_test", n_test, self.x_test.shape[1])):
+    checks = [("n_test", n_test, self.x_test.shape[1])]
+    if not self.ragged:
+      checks.insert(0, ("n_train", n_train, self.x_train.shape[1]))
+    for name, n, m in checks:
       bad = np.flatnonzero((n < 0) | (n > m))
       if bad.size:
         raise ValueError(f"{name}[{int(bad[0])}]={int(n[bad[0]])} is outside [0, {m}] (the padded length)")
+    if self.ragged:
+      off, total = np.asarray(self.train_offset), int(self.x_train.shape[0])
+      bad = np.flatnonzero((n_train < 0) | (off < 0) | (off + n_train > total))
+      if bad.size:
+        c0 = int(bad[0])
+        raise ValueError(f"ragged client {c0}: rows {int(off[c0])}:{int(off[c0] + n_train[c0])} are "
+                         f"outside the {total} flat training rows")
+      if n_train.size and int(n_train.max()) != self.ragged_max_train:
+        raise ValueError(f"ragged_max_train={self.ragged_max_train} but the largest client has "
+                         f"{int(n_train.max())} training examples")
     empty = np.flatnonzero(n_train == 0)
     if empty.size:
       raise ValueError(f"client(s) {empty[:10].tolist()} have no training examples (n_train == 0)")
@@ -104,6 +149,15 @@ class FederatedData:
   def take(self, clients) -> FederatedData:
     """The data of a subset of clients (host-side; for references and analysis)."""
     idx = np.asarray(clients)
+    if self.ragged:
+      off, n = np.asarray(self.train_offset)[idx], np.asarray(self.n_train)[idx]
+      rows = np.concatenate([np.arange(o, o + k) for o, k in zip(off, n, strict=True)] or [[]]).astype(int)
+      return dataclasses.replace(
+        self, **{f: getattr(self, f)[idx] for f in ("x_test", "y_test", "n_test")},
+        x_train=np.asarray(self.x_train)[rows], y_train=np.asarray(self.y_train)[rows], n_train=n,
+        train_offset=np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int32),
+        ragged_max_train=int(n.max()) if n.size else 0,
+      )
     return dataclasses.replace(self, **{f: getattr(self, f)[idx] for f in _ARRAY_FIELDS})
 
 
@@ -245,4 +299,6 @@ def _check_partition_args(num_examples: int, num_clients: int) -> None:
 def as_device(data: FederatedData) -> FederatedData:
   """Moves the arrays to the default device (``jnp`` arrays)."""
   arrays: dict[str, Any] = {f: jnp.asarray(getattr(data, f)) for f in _ARRAY_FIELDS}
+  if data.ragged:
+    arrays["train_offset"] = jnp.asarray(data.train_offset)
   return dataclasses.replace(data, **arrays)

@@ -99,7 +99,8 @@ def make_finetuner(
   over_rates = jax.vmap(one, in_axes=(None, None, None, None, 0))
 
   def run(params, model_of_client, data: FederatedData, rates, key):
-    num_clients = data.x_train.shape[0]
+    data.require_padded("fine-tuning (fedtree.core.finetune)")
+    num_clients = data.num_clients
     num_steps = jnp.minimum(schedule.num_steps(data.n_train), max_steps)
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(num_clients))
 

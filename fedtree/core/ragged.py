@@ -23,6 +23,7 @@ ragged (393x).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import jax
@@ -133,3 +134,33 @@ def ragged_bytes(counts: np.ndarray, example_bytes: int) -> int:
   """Bytes of the flat layout: the examples plus ``C + 1`` int32 offsets."""
   counts = np.asarray(counts)
   return int(counts.sum()) * int(example_bytes) + 4 * (len(counts) + 1)
+
+
+def to_ragged_train(data: FederatedData) -> FederatedData:
+  """``data`` with its training split stored flat (:attr:`FederatedData.train_offset`): the
+  padding rows are dropped, so training memory grows with the number of examples. Test
+  splits stay padded. Local training through :func:`fedtree.core.tier.train_cohort` gives the
+  same batches and the same models as on the padded layout (tested)."""
+  if data.ragged:
+    return data
+  flat = from_padded(data, "train")
+  n = np.asarray(data.n_train).astype(np.int32)
+  return dataclasses.replace(
+    data,
+    x_train=np.asarray(flat.x), y_train=np.asarray(flat.y), n_train=n,
+    train_offset=np.asarray(flat.offsets[:-1], np.int32), ragged_max_train=int(n.max()),
+  ).validate()
+
+
+def to_padded_train(data: FederatedData) -> FederatedData:
+  """The inverse of :func:`to_ragged_train`: every client's training rows padded to the largest."""
+  if not data.ragged:
+    return data
+  n = np.asarray(data.n_train).astype(np.int32)
+  x, y = np.asarray(data.x_train), np.asarray(data.y_train)
+  # offsets need not be contiguous or ordered: gather each client's rows explicitly
+  clients = [(x[o:o + k], y[o:o + k]) for o, k in zip(np.asarray(data.train_offset), n, strict=True)]
+  flat = from_client_arrays(clients, num_classes=data.num_classes, dtype=x.dtype)
+  px, py, pn = to_padded(flat)
+  return dataclasses.replace(data, x_train=px, y_train=py, n_train=pn, train_offset=None,
+                             ragged_max_train=0).validate()

@@ -89,8 +89,16 @@ def shard_clients(tree: PyTree, mesh: Mesh) -> PyTree:
 
 
 def shard_data(data: FederatedData, mesh: Mesh) -> FederatedData:
-  """The federated data with every per-client array sharded over ``mesh``'s client axis."""
-  return dataclasses.replace(data, **shard_clients({f: getattr(data, f) for f in _ARRAY_FIELDS}, mesh))
+  """The federated data with every per-client array sharded over ``mesh``'s client axis.
+
+  A ragged training split (:attr:`FederatedData.train_offset`) keeps its flat ``x_train`` /
+  ``y_train`` on every device (any client may read any row); its counts and offsets are
+  per-client and sharded."""
+  if not data.ragged:
+    return dataclasses.replace(data, **shard_clients({f: getattr(data, f) for f in _ARRAY_FIELDS}, mesh))
+  per_client = ("n_train", "x_test", "y_test", "n_test", "train_offset")
+  return dataclasses.replace(data, **shard_clients({f: getattr(data, f) for f in per_client}, mesh),
+                             **replicate({"x_train": data.x_train, "y_train": data.y_train}, mesh))
 
 
 def replicate(tree: PyTree, mesh: Mesh) -> PyTree:

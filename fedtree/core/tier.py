@@ -209,15 +209,21 @@ def train_cohort(
     else:
       start = _take(parent_params, ch.parent)
     start = constrain_clients(start)
-    cdata = constrain_clients(ClientData(
-      x=jnp.take(data.x_train, ch.clients, axis=0),
-      y=jnp.take(data.y_train, ch.clients, axis=0),
+    per_client = constrain_clients(dict(
       n=jnp.take(data.n_train, ch.clients, axis=0),
       cursor=jnp.take(cursor, ch.clients) if cyclic else jnp.zeros((chunk,), jnp.int32),
       shuffle=jnp.full((chunk,), batch_order == "shuffled"),
     ))
+    if data.ragged:  # every client reads the shared flat rows from its offset: nothing copied
+      cdata = ClientData(x=data.x_train, y=data.y_train, offset=jnp.take(data.train_offset, ch.clients),
+                         **per_client)
+      data_axes = ClientData(x=None, y=None, n=0, cursor=0, shuffle=0, offset=0)
+    else:
+      cdata = ClientData(x=constrain_clients(jnp.take(data.x_train, ch.clients, axis=0)),
+                         y=constrain_clients(jnp.take(data.y_train, ch.clients, axis=0)), **per_client)
+      data_axes = 0
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ch.clients)
-    params, new_state, loss = jax.vmap(update.apply)(
+    params, new_state, loss = jax.vmap(update.apply, in_axes=(0, 0, data_axes, 0, 0))(
       start, constrain_clients(_take(state, ch.clients)), cdata, ch_steps,
       keys,
     )

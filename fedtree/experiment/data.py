@@ -60,16 +60,28 @@ def load_with_info(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.nd
   """``(data, group labels [C], central test (x, y) or None, DataInfo)`` from ``config.data``;
   with a ``cfg.transform`` (``{kind, num_transformed, seed}``, see
   :func:`fedtree.datasets.transforms.transform_random_clients`) that many random clients'
-  inputs are flipped or rotated, and the groups become 0 (unchanged) / 1 (transformed)."""
+  inputs are flipped or rotated, and the groups become 0 (unchanged) / 1 (transformed).
+  ``cfg.layout``: ``"padded"`` (default) or ``"ragged"``, the training split stored flat with
+  offsets (:func:`fedtree.core.ragged.to_ragged_train`) for long-tailed natural splits."""
+  layout = cfg.get("layout", "padded")
+  if layout not in LAYOUTS:
+    raise ValueError(f"config.data.layout={layout!r}; choose one of {LAYOUTS}")
   transform = cfg.get("transform", None)
-  if transform is None:
-    return _load(cfg)
-  from fedtree.datasets.transforms import transform_random_clients
+  cfg = ml_collections.ConfigDict({k: v for k, v in cfg.items() if k not in ("transform", "layout")})
+  data, groups, central, info = _load(cfg)
+  if transform is not None:
+    from fedtree.datasets.transforms import transform_random_clients
 
-  cfg = ml_collections.ConfigDict({k: v for k, v in cfg.items() if k != "transform"})
-  data, _, central, info = _load(cfg)
-  data, flags = transform_random_clients(data, **{k: _plain(v) for k, v in transform.items()})
-  return data, flags, central, dataclasses.replace(info, group_names=("unchanged", "transformed"))
+    data, groups = transform_random_clients(data, **{k: _plain(v) for k, v in transform.items()})
+    info = dataclasses.replace(info, group_names=("unchanged", "transformed"))
+  if layout == "ragged":
+    from fedtree.core.ragged import to_ragged_train
+
+    data = to_ragged_train(data)
+  return data, groups, central, info
+
+
+LAYOUTS = ("padded", "ragged")
 
 
 def model_options(model_cfg: dict[str, Any], info: DataInfo) -> dict[str, Any]:

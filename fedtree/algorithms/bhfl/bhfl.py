@@ -127,6 +127,7 @@ def proxy_from_clients(data: FederatedData, topology: Topology, level: int, num_
     raise ValueError(f"proxy num_examples={num_examples} must be >= 1")
   if not 0 <= level < topology.depth:
     raise ValueError(f"proxy level={level}: only server levels 0..{topology.depth - 1} hold data")
+  data.require_padded("B-HFL's stand-in proxy data (proxy_examples > 0)")
   rng = np.random.default_rng(seed)
   x_tr, y_tr, n_tr = (np.asarray(a) for a in (data.x_train, data.y_train, data.n_train))
   anc = topology.ancestor(level)

@@ -331,6 +331,8 @@ def clustered(
   def round_fn(state: ClusterState, data: FederatedData, key):
     r = state.round + 1
     active_clustering = r > start
+    if clustering == "ifca" or feature_examples is not None:
+      data.require_padded("IFCA's cluster losses and MCFL's feature means (clustered FL)")
     w_client = client_weights(data.n_train, weighting)
     cohort = sampler(stream(key, "cohort"))
     if clustering == "ifca":

@@ -64,6 +64,7 @@ def alt_steps(data: FederatedData, base_steps: int, *, r0: float | None = None,
     raise ValueError(f"ALT base_steps={base_steps} must be >= 1")
   if int(min_steps) < 0:
     raise ValueError(f"ALT min_steps={min_steps} must be >= 0")
+  data.require_padded("ALT's label entropy (FedKWS-UI)")
   r = client_utility(np.asarray(data.n_train), np.asarray(data.y_train), data.num_classes, n_max)
   if r0 is None:
     if r.sum() <= 0:
