@@ -63,7 +63,7 @@ class FederatedData:
   y_test: Array
   n_test: Array
   num_classes: int = struct.field(pytree_node=False, default=0)
-  train_offset: jax.Array | None = None
+  train_offset: Array | None = None
   ragged_max_train: int = struct.field(pytree_node=False, default=0)
 
   @property
@@ -151,7 +151,7 @@ class FederatedData:
     idx = np.asarray(clients)
     if self.ragged:
       off, n = np.asarray(self.train_offset)[idx], np.asarray(self.n_train)[idx]
-      rows = np.concatenate([np.arange(o, o + k) for o, k in zip(off, n, strict=True)] or [[]]).astype(int)
+      rows = np.concatenate([np.arange(0)] + [np.arange(o, o + k) for o, k in zip(off, n, strict=True)])
       return dataclasses.replace(
         self, **{f: getattr(self, f)[idx] for f in ("x_test", "y_test", "n_test")},
         x_train=np.asarray(self.x_train)[rows], y_train=np.asarray(self.y_train)[rows], n_train=n,

@@ -129,7 +129,7 @@ def evaluate(
 
   batch = num_clients if chunk_size is None else max(1, min(int(chunk_size), num_clients))
   out = jax.lax.map(one, (x, y, n, model_of_client), batch_size=batch)
-  return EvalStats(*out[:3], confusion=out[3] if confusion else None,
+  return EvalStats(out[0], out[1], out[2], confusion=out[3] if confusion else None,
                    sentence_loss=out[-2] if sentences else None,
                    sentences=out[-1] if sentences else None)
 
@@ -163,14 +163,14 @@ def perplexities(stats: EvalStats, level: str = "token") -> tuple[float, np.ndar
     raise ValueError(f"perplexity level={level!r}; choose one of {PERPLEXITY_LEVELS}")
   if level == "token":
     loss, count = stats.loss_sum, stats.count
-  elif stats.sentences is None:
+  elif stats.sentences is None or stats.sentence_loss is None:
     raise ValueError("sentence-level perplexity needs sentence sums: evaluate(..., sentences=True)")
   else:
     loss, count = stats.sentence_loss, stats.sentences
-  loss, count = np.asarray(loss, np.float64), np.asarray(count, np.float64)
+  loss_np, count_np = np.asarray(loss, np.float64), np.asarray(count, np.float64)
   with np.errstate(over="ignore", invalid="ignore"):
-    overall = float(np.exp(loss.sum() / max(count.sum(), 1.0)))
-    client = np.where(count > 0, np.exp(loss / np.maximum(count, 1.0)), np.nan)
+    overall = float(np.exp(loss_np.sum() / max(float(count_np.sum()), 1.0)))
+    client = np.where(count_np > 0, np.exp(loss_np / np.maximum(count_np, 1.0)), np.nan)
   return overall, client
 
 
