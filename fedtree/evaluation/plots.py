@@ -166,10 +166,11 @@ def plot_runs(records: Sequence[Mapping[str, Any]], path: str, *, metric: str = 
   ax.set_xlabel("round")
   ax.set_ylabel(_label_metric(metric))
   ax.grid(alpha=0.3)
-  if ax.lines or frozen:
-    ax.legend(fontsize=7, ncol=2 if len(ax.lines) > 6 else 1,
-              title=f"({frozen} model(s) that never changed left out)" if frozen else None,
-              title_fontsize=7)
+  note = f"({frozen} model(s) that never changed left out)" if frozen else None
+  if ax.lines:
+    ax.legend(fontsize=7, ncol=2 if len(ax.lines) > 6 else 1, title=note, title_fontsize=7)
+  elif note:
+    ax.set_title(note, fontsize=8)
   if train_loss:
     ax2 = axes[0, 1]
     for run in runs(records):
