@@ -605,3 +605,24 @@ def test_fedkws_authors_options_run(setup):
   assert all(bool(jnp.all(jnp.isfinite(p))) for p in jax.tree.leaves(state.params))
   with pytest.raises(ValueError, match="ALO options"):
     fedkws(alo=False, max_grad_norm=1.0, **_kws_kw(data, model))
+
+
+@pytest.mark.slow  # a swept ALO round compiles in ~15 s here
+def test_fedkws_seeds_variants_and_a_traced_mu_sweep(tmp_path):
+  """The ``seeds`` variants load; the shrunk ALO run sweeps seeds x a traced μ in one program."""
+  import ml_collections
+
+  for variant in ("seeds", "seeds_skewed"):
+    v = load_config("fedkws", variant)
+    assert v.sweep.seeds == 4 and list(v.run_order) == ["fedavg", "fedavg_alt", "fedavg_alo", "fedkws_ui"]
+  assert load_config("fedkws", "seeds_skewed").data.label_alpha == 0.1
+  with pytest.raises(ValueError, match="'seed'"):
+    load_config("fedkws", "seed")
+  c = _small_config()
+  c.rounds, c.eval_every, c.rounds_per_call = 1, 1, 1
+  c.runs = ml_collections.ConfigDict({"fedavg_alo": c.runs.fedavg_alo})
+  c.run_order = ("fedavg_alo",)
+  c.sweep = ml_collections.ConfigDict(dict(seeds=2, params="runs.fedavg_alo.mu=0,0.2", mode="product",
+                                           select="global/accuracy", chunk="all"))
+  results = train_and_evaluate(c, str(tmp_path))
+  assert "fedavg_alo" in results

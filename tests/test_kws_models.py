@@ -65,7 +65,10 @@ SMALL = {
 }
 
 
-LABELS = ["mhattrnn", pytest.param("mhattrnn_lstm", marks=pytest.mark.slow), "resnet15"]
+# Compiling a vmapped, differentiated bidirectional RNN scan takes over 5 s on the shared CPU:
+# the MHAttRNN runs are slow tests (its structure is traced by the count tests by default).
+LABELS = [pytest.param("mhattrnn", marks=pytest.mark.slow),
+          pytest.param("mhattrnn_lstm", marks=pytest.mark.slow), "resnet15"]
 
 
 def _small(label):
