@@ -31,6 +31,7 @@ DOCTEST_MODULES = [
 ]
 SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.fedprox",
+  "fedtree.algorithms.fedmmd",
   "fedtree.algorithms.ditto",
   "fedtree.algorithms.pfedme",
   "fedtree.algorithms.perfedavg",

@@ -79,7 +79,7 @@ def test_nan_loss_stops_the_run_with_the_round(tmp_path):
   c.local.learning_rate = 1e12
   c.runs = ml_collections.ConfigDict({"fedavg": c.runs.fedavg})
   c.run_order = ("fedavg",)
-  with pytest.raises(NonFiniteLossError, match=r"run .fedavg. diverged at round \d+: training loss is nan"):
+  with pytest.raises(NonFiniteLossError, match=r"run .fedavg. diverged at round \d+: .*training loss is nan"):
     experiment.train_and_evaluate(c, str(tmp_path))
 
 

@@ -61,6 +61,22 @@ def fedmmd(
 
   Raises:
     ValueError: a bad hyperparameter, or a model without features.
+
+  Example:
+    One round of FedMMD (λ = 0.01) over 5 clients with an MLP (features: its hidden layer):
+
+    >>> import jax, optax
+    >>> from fedtree.core import loop
+    >>> from fedtree.core.local import LocalSchedule
+    >>> from fedtree.datasets.synthetic import grouped_synthetic
+    >>> from fedtree.models import build_model
+    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
+    >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(8,))
+    >>> alg = fedmmd(model=model, data=data, local_optimizer=optax.sgd(0.1),
+    ...              schedule=LocalSchedule(batch_size=8, steps=1), lam=0.01)
+    >>> state = loop.run(alg, data, num_rounds=1, key=jax.random.key(0))
+    >>> sorted(alg.models(state))
+    ['global']
   """
   topology = Topology.flat(data.num_clients) if topology is None else topology
   update = fedmmd_update(
