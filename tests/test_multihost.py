@@ -47,3 +47,63 @@ def test_two_processes_give_the_final_model_of_one(tmp_path):
   assert list(two) == list(ref) and len(ref) == 4
   for k in ref:
     np.testing.assert_allclose(two[k], ref[k], rtol=1e-5, atol=1e-6)
+
+
+def _main(tmp, workdir, *flags, process_id=None, port=None):
+  cmd = [sys.executable, "-m", "fedtree.main", "--config=tests/multihost_config.py", f"--workdir={workdir}",
+         *flags]
+  if port is not None:
+    cmd += ["--multihost", f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
+            f"--process_id={process_id}"]
+  return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+
+
+def _finish(procs, timeout=900):
+  outs = []
+  for p in procs:
+    try:
+      outs.append(p.communicate(timeout=timeout)[0])
+    finally:
+      p.kill()
+  for p, out in zip(procs, outs, strict=True):
+    assert p.returncode == 0, out[-3000:]
+  return outs
+
+
+def _close_summaries(a, b):
+  assert set(a) == set(b)
+  for run in a:
+    assert set(a[run]) == set(b[run]), run
+    for model in a[run]:
+      for k in ("accuracy", "loss", "client_mean_accuracy"):
+        x, y = a[run][model].get(k), b[run][model].get(k)   # None: not finite (summary.json)
+        assert (x is None) == (y is None), (run, model, k, x, y)
+        if y is not None:
+          np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5, err_msg=f"{run}/{model}/{k}")
+
+
+@pytest.mark.slow
+def test_main_multihost_runs_every_algorithm_as_one_process_does(tmp_path):
+  """``python -m fedtree.main --multihost`` with two processes: a run of every registered
+  algorithm (checkpoints every round) ends with the one-process ``summary.json``; process 0
+  alone writes the rows and prints the table; a second launch with one more round resumes
+  every run from the checkpoints both processes wrote, again as one process does."""
+  import json
+
+  def rows(workdir):
+    with open(workdir / "metrics.jsonl") as f:
+      return [(r["run"], r["round"]) for r in map(json.loads, f)]
+
+  one, two = tmp_path / "one", tmp_path / "two"
+  for rounds in (2, 3):
+    port = _free_port()
+    procs = [_main(tmp_path, two, f"--config.rounds={rounds}", process_id=i, port=port) for i in range(2)]
+    procs.append(_main(tmp_path, one, f"--config.rounds={rounds}"))
+    outs = _finish(procs)
+    assert "Final evaluation" in outs[0] and "Final evaluation" not in outs[1], outs[1][-2000:]
+    if rounds == 3:
+      assert "resumed from the checkpoint of round 2" in outs[0], outs[0][-3000:]
+    _close_summaries(json.load(open(two / "summary.json")), json.load(open(one / "summary.json")))
+    assert sorted(rows(two)) == sorted(rows(one))
+    assert len(rows(two)) == len(set(rows(two)))  # no row twice

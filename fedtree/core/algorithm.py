@@ -63,6 +63,8 @@ class FederatedAlgorithm(NamedTuple):
   ``report`` (optional): ``report(state, data, key, summaries) -> Report``, called once on the
   final state with the run's root key and the standard summaries of ``models(state)``, for
   extra tables such as B-HFL's accuracy by level or GroupPerFL's four methods and costs.
+  The experiment runner passes this process's copies of the state and the data (gathered
+  when they span the processes of a multi-host run), so a report may read them on the host.
 
   Example:
     The smallest algorithm: a round counter and one scalar, one gradient step a round:

@@ -106,6 +106,36 @@ def replicate(tree: PyTree, mesh: Mesh) -> PyTree:
   return jax.device_put(tree, NamedSharding(mesh, P()))
 
 
+def _spans_processes(a) -> bool:
+  return isinstance(a, jax.Array) and not a.is_fully_addressable and not a.is_fully_replicated
+
+
+def local_copy(tree: PyTree) -> PyTree:
+  """``tree`` with every leaf spread over the devices of several processes gathered into a
+  numpy array (a collective, like :func:`to_host`); other leaves (PRNG keys included) are
+  returned as they are. The identity in a one-process run."""
+  if not any(_spans_processes(a) for a in jax.tree.leaves(tree)):
+    return tree
+  from jax.experimental import multihost_utils
+
+  return jax.tree.map(
+    lambda a: np.asarray(multihost_utils.process_allgather(a, tiled=True)) if _spans_processes(a) else a,
+    tree)
+
+
+def to_host(tree: PyTree) -> PyTree:
+  """Every leaf of ``tree`` as a numpy array, in every process.
+
+  A leaf spread over the devices of several processes (``--multihost``: per-client state and
+  evaluation results sharded over a mesh that spans hosts) is gathered with
+  :func:`jax.experimental.multihost_utils.process_allgather`, a collective: every process
+  must call this with the same tree. Leaves this process can read whole (one process, or
+  replicated values) are copied directly.
+  """
+
+  return jax.tree.map(np.asarray, local_copy(tree))
+
+
 def constrain_clients(tree: PyTree) -> PyTree:
   """Inside jit: asks for the leading (client) axis of every leaf over the current mesh.
 

@@ -19,6 +19,7 @@ from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.data import FederatedData
 from fedtree.core.metrics import make_evaluator, summarize
 from fedtree.core.model import Model
+from fedtree.core.sharding import to_host
 
 
 def evaluate_models(
@@ -32,7 +33,8 @@ def evaluate_models(
   evaluator = evaluator or make_evaluator(model, chunk_size, confusion=positive_classes is not None)
   out = {}
   for name, nm in algorithm.models(state).items():
-    stats = evaluator(nm.params, data.x_test, data.y_test, data.n_test, jnp.asarray(nm.model_of_client))
+    moc = jnp.asarray(nm.model_of_client)
+    stats = to_host(evaluator(nm.params, data.x_test, data.y_test, data.n_test, moc))
     out[name] = summarize(stats, groups, positive_classes=positive_classes,
                           perplexity=bool(model.label_shape))
     if getattr(nm, "cluster_of_client", None) is not None:
@@ -48,13 +50,14 @@ def cluster_summary(nm, data: FederatedData, evaluator, true_clusters=None) -> d
   num_models = jax.tree.leaves(nm.params)[0].shape[0]
   correct, count = [], []
   for k in range(num_models):
-    s = evaluator(nm.params, data.x_test, data.y_test, data.n_test,
-                  jnp.full((data.num_clients,), k, jnp.int32))
-    correct.append(np.asarray(s.correct))
-    count.append(np.asarray(s.count))
-  out = cluster_accuracy(np.stack(correct), np.stack(count), np.asarray(nm.cluster_of_client),
-                         np.asarray(nm.model_of_client), chosen_by_data=nm.chosen_by_data)
-  out["cluster_of_client"] = np.asarray(nm.cluster_of_client)
+    s = to_host(evaluator(nm.params, data.x_test, data.y_test, data.n_test,
+                          jnp.full((data.num_clients,), k, jnp.int32)))
+    correct.append(s.correct)
+    count.append(s.count)
+  cluster_of_client, model_of_client = to_host((nm.cluster_of_client, nm.model_of_client))
+  out = cluster_accuracy(np.stack(correct), np.stack(count), cluster_of_client, model_of_client,
+                         chosen_by_data=nm.chosen_by_data)
+  out["cluster_of_client"] = cluster_of_client
   if true_clusters is not None and np.unique(np.asarray(true_clusters)).size > 1:
-    out["adjusted_rand_index"] = adjusted_rand_index(true_clusters, nm.cluster_of_client)
+    out["adjusted_rand_index"] = adjusted_rand_index(true_clusters, cluster_of_client)
   return out

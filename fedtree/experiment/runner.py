@@ -54,7 +54,8 @@ class Context:
 
   Attributes:
     config: the whole config.
-    data: device-resident federated data.
+    data: device-resident federated data, local to this process: what builders read on the
+      host (sizes, validation, proxy sets) and what a run uses without a mesh.
     groups: ``int[C]`` group (level-1 node) of every client, for per-group reports.
     topology: the tree.
     model: the model.
@@ -66,6 +67,10 @@ class Context:
     init_params: the parameters every run starts from (``config.init_params``, loaded and
       checked by :func:`fedtree.experiment.params.load_params`); ``None``: ``model.init``.
     group_names: the data's name of every group (``None``: unnamed).
+    sharded_data: ``data`` with its client axis over the run's mesh (``config.mesh_shape``,
+      :func:`fedtree.core.sharding.shard_data`), which rounds and evaluation run on; ``None``
+      without a mesh. Across processes (``--multihost``) its arrays span devices this process
+      cannot read, which is why builders keep reading :attr:`data`.
   """
 
   config: ml_collections.ConfigDict
@@ -79,6 +84,12 @@ class Context:
   auto_chunk: tuning.ChunkPolicy | None = None
   init_params: Any = None
   group_names: tuple[str, ...] | None = None
+  sharded_data: FederatedData | None = None
+
+  @property
+  def run_data(self) -> FederatedData:
+    """The data rounds and evaluation run on: :attr:`sharded_data`, else :attr:`data`."""
+    return self.data if self.sharded_data is None else self.sharded_data
 
   def initial_params(self, run: ml_collections.ConfigDict | None = None, label: str = "<label>"):
     """The parameters ``run`` (``config.runs.<label>``) starts from: its ``init_params`` path
@@ -213,7 +224,7 @@ def run_algorithm(
   def evaluate(s, r):
     nonlocal summaries
     summaries = evaluation.evaluate_models(
-      algorithm, s, ctx.model, ctx.data, groups=ctx.groups, evaluator=evaluator,
+      algorithm, s, ctx.model, ctx.run_data, groups=ctx.groups, evaluator=evaluator,
       positive_classes=positive,
     )
     check_summaries(label, r, summaries)
@@ -230,7 +241,7 @@ def run_algorithm(
   reporter.start_run(label, num_rounds, from_round=int(state.round))
   try:
     state = loop.run(
-      algorithm, ctx.data, num_rounds=num_rounds, key=key, rounds_per_call=rounds_per_call,
+      algorithm, ctx.run_data, num_rounds=num_rounds, key=key, rounds_per_call=rounds_per_call,
       state=state, eval_every=eval_every, on_eval=evaluate, on_metrics=log,
       on_call=save if ckpt is not None else None, should_stop=should_stop, label=label,
     )
@@ -244,7 +255,11 @@ def run_algorithm(
   if not summaries:  # resumed a finished run: evaluate once
     evaluate(state, int(state.round))
   if algorithm.report is not None:
-    rep = algorithm.report(state, ctx.data, key, summaries)
+    from fedtree.core.sharding import local_copy
+
+    # a report reads its state and data on the host: this process's copies (gathered when the
+    # state spans processes)
+    rep = algorithm.report(local_copy(state), ctx.data, key, summaries)
     if rep.text:
       reporter.result(rep.text)
     reporter.write_files(rep.files)
@@ -284,9 +299,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
 
   validate_config(config)
   swept = sweep.sweep_config(config) is not None
+  # Several processes (--multihost) run this same function: all of them train and check the
+  # workdir, process 0 alone writes rows, tables, summary and plots (checkpoints are written
+  # by all, each its shards, through orbax).
+  primary = jax.process_index() == 0
   if workdir:
-    prepare_workdir(workdir, config, overwrite=overwrite)
-  reporter = Reporter(workdir, show_progress=config.get("progress", True))
+    prepare_workdir(workdir, config, overwrite=overwrite, write=primary)
+    if jax.process_count() > 1:  # nobody opens the workdir before process 0 has prepared it
+      from jax.experimental import multihost_utils
+
+      multihost_utils.sync_global_devices("fedtree: workdir prepared")
+  reporter = (Reporter(workdir, show_progress=config.get("progress", True)) if primary
+              else Reporter(None, show_progress=False, stream=open(os.devnull, "w"),
+                            out=open(os.devnull, "w")))
   if not workdir:
     reporter.print("warning: no workdir given: metrics, checkpoints and the summary are not saved "
                    "(pass --workdir=DIR)")
@@ -296,7 +321,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
     from fedtree.core.sharding import client_mesh, shard_data
 
     mesh = client_mesh(config.mesh_shape)
-    ctx = dataclasses.replace(ctx, data=shard_data(ctx.data, mesh))
+    ctx = dataclasses.replace(ctx, sharded_data=shard_data(ctx.data, mesh))
   root = jax.random.key(int(config.seed))
   results: dict[str, Any] = {}
   budget = memory.Budget.of(ctx)
@@ -323,7 +348,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
       results[label] = summaries
     if not swept:
       reporter.summary_table(results, groups=ctx.groups)
-    if workdir:
+    if workdir and primary:
       tmp = os.path.join(workdir, "summary.json.tmp")
       with open(tmp, "w") as f:
         json.dump(_jsonable(results), f, indent=2)
@@ -369,14 +394,19 @@ def config_fingerprint(config: ml_collections.ConfigDict) -> str:
 WORKDIR_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints", "tensorboard", "fingerprint.json")
 
 
-def prepare_workdir(workdir: str, config: ml_collections.ConfigDict, *, overwrite: bool) -> None:
+def prepare_workdir(workdir: str, config: ml_collections.ConfigDict, *, overwrite: bool,
+                    write: bool = True) -> None:
   """Creates ``workdir``, refuses one that holds a different config's run (unless
-  ``overwrite``: its outputs are removed), and records the config and its fingerprint."""
+  ``overwrite``: its outputs are removed), and records the config and its fingerprint.
+
+  ``write=False`` only checks (the other processes of a multi-process run: process 0 writes).
+  """
   import shutil
 
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ValueError(f"--workdir={workdir} is a file, not a folder")
-  os.makedirs(workdir, exist_ok=True)
+  if write:
+    os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, "fingerprint.json")
   new = config_fingerprint(config)
   old = None
@@ -393,6 +423,8 @@ def prepare_workdir(workdir: str, config: ml_collections.ConfigDict, *, overwrit
         f"{new}; see its config.json); resuming would mix the two. Use another --workdir, or "
         "--overwrite to delete its results and start fresh"
       )
+  if not write:
+    return
   if overwrite:
     for name in WORKDIR_OUTPUTS:
       p = os.path.join(workdir, name)

@@ -543,7 +543,7 @@ def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should
       evals[r] = {}
       for e, (i, seed) in enumerate(chunk):
         summaries = evaluation.evaluate_models(
-          concrete[i], experiment(st, e), ctx.model, ctx.data, groups=ctx.groups,
+          concrete[i], experiment(st, e), ctx.model, ctx.run_data, groups=ctx.groups,
           evaluator=evaluator, positive_classes=positive)
         results.check_summaries(f"{label}[{setting_name(settings[i])},seed={seed}]", r, summaries)
         evals[r][e] = {f"{m}/{s}": sm[s] for m, sm in summaries.items()
@@ -565,7 +565,7 @@ def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should
     reporter.start_run(name, num_rounds, from_round=int(state.round))
     try:
       state = loop.run(
-        stacked, ctx.data, num_rounds=num_rounds, key=jax.random.key(0), state=state,
+        stacked, ctx.run_data, num_rounds=num_rounds, key=jax.random.key(0), state=state,
         rounds_per_call=int(config.rounds_per_call), eval_every=int(config.eval_every),
         on_eval=evaluate, on_metrics=log, should_stop=should_stop, label=name, name_row=name_row,
         on_call=(lambda s, r, c=ckpt: c.maybe_save(s, force=r == num_rounds)) if ckpt else None,
@@ -584,7 +584,7 @@ def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should
   rows = aggregate(settings, per_setting)
   select = str(sw.get("select", "global/accuracy"))
   reporter.result(format_table(label, rows))
-  out = write_outputs(workdir, label, rows, select)
+  out = write_outputs(reporter.workdir, label, rows, select)  # None off process 0
   if out["best"] is not None:
     reporter.result(f"best setting of {label!r} by {select}: {out['best']['name']} "
                     f"({out['best']['mean']:.4f} ± {out['best']['std']:.4f})")
