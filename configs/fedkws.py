@@ -140,8 +140,14 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     algorithm="fedkws", alo=True, alt=False, mu=0.2, lam=0.001, cohort_size=cohort))
   c.runs.fedkws_ui = ml_collections.ConfigDict(dict(
     algorithm="fedkws", alo=True, alt=True, mu=0.2, lam=0.001, cohort_size=cohort))
+  # FedKWS-UI as the authors' code runs it (fedtree.objectives.alo, differences (a)-(d)): the
+  # private model a second head, 0.2 E + 1 private steps, μ (1 - r̄_k), gradients clipped at 50,
+  # ALT with r_0 = 3.5 and n_max = 100 (their 12-class values).
+  c.runs.fedkws_ui_authors = ml_collections.ConfigDict(dict(
+    algorithm="fedkws", alo=True, alt=True, mu=0.2, lam=0.001, private="head", private_steps_ratio=0.2,
+    mu_weighting=True, max_grad_norm=50.0, r0=3.5, utility_n_max=100.0, cohort_size=cohort))
   c.run_order = ("fedavg", "fedprox", "fedmmd", "fedadam", "fedyogi", "fedavg_alt", "fedavg_alo",
-                 "fedkws_ui")
+                 "fedkws_ui", "fedkws_ui_authors")
   c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
   return c
