@@ -59,6 +59,24 @@ def _one_client(data, c):
 
 
 def test_head_mode_matches_per_client_loop(setup):
+  """Clients' rounds (private head, then model) against the hand loop, one client at a time."""
+  data, model, schedule = setup
+  anchor = with_private_head(model, data.example_shape).init(jax.random.key(0))
+  mu, lam, ratio = 0.3, 0.5, 0.5                   # a large λ so that the adversarial term shows
+  upd = alo_update(model, optax.sgd(LR), mu=mu, lam=lam, batch_size=B, private="head",
+                   private_steps_ratio=ratio, max_steps=schedule.max_steps(data.max_train))
+  run = jax.jit(upd.apply)
+  steps = schedule.num_steps(np.asarray(data.n_train))
+  for c in (1, 2):                                 # 3 and 2 steps: 2 private steps each
+    key = jax.random.key(10 + c)
+    sent, _, _ = run(anchor, (), _one_client(data, c), jnp.asarray(steps[c]), key)
+    want = ref.alo_head_client(anchor, _one_client(data, c), steps[c], int(ratio * int(steps[c])) + 1, key,
+                               lr=LR, mu=mu, lam=lam, batch_size=B, num_classes=3)
+    _close(sent, want)
+
+
+@pytest.mark.slow  # the vmapped cohort compiled: ~12 s of CPU here
+def test_head_mode_cohort_matches_per_client_loop(setup):
   data, model, schedule = setup
   anchor = with_private_head(model, data.example_shape).init(jax.random.key(0))
   assert set(anchor) == {"model", "private_head"}
