@@ -168,3 +168,50 @@ def fedmmd_clients(model, anchor, clients, num_steps, keys, *, lr, lam, batch_si
       w = jax.tree.map(lambda a, ga: a - lr * ga, w, g)
     out.append(w)
   return out
+
+
+
+def _private_head_ce(head, model_params, b):
+  z = mlp_features(model_params, b.x) @ head["kernel"] + head["bias"][None, :]
+  logp = jax.nn.log_softmax(z)
+  total, count = 0.0, 0.0
+  for i in range(b.x.shape[0]):
+    m = b.mask[i].astype(jnp.float32)
+    total, count = total - m * logp[i, b.y[i]], count + m
+  return total / jnp.maximum(count, 1.0)
+
+
+def _alo_head_loss(w, head, b, mu, lam, c):
+  h = mlp_features(w, b.x)
+  logp = jax.nn.log_softmax(h @ w["Dense_1"]["kernel"] + w["Dense_1"]["bias"][None, :])
+  q = jax.lax.stop_gradient(jax.nn.softmax(h @ head["kernel"] + head["bias"][None, :]))
+  total, count = 0.0, 0.0
+  for i in range(b.x.shape[0]):
+    m = b.mask[i].astype(jnp.float32)
+    smooth = -sum(((1 - mu) * (b.y[i] == k) + mu / c) * logp[i, k] for k in range(c))
+    adv = sum(q[i, k] * logp[i, k] for k in range(c))          # = -CE(q, softmax)
+    total, count = total + m * (smooth + lam * adv), count + m
+  return total / jnp.maximum(count, 1.0)
+
+
+_private_head_grad = jax.jit(jax.grad(_private_head_ce))
+_alo_head_grad = jax.jit(jax.grad(_alo_head_loss), static_argnums=5)
+
+
+def alo_head_client(anchor, data: ClientData, num_steps, private_steps, key, *, lr, mu, lam, batch_size,
+                    num_classes):
+  """One client's ALO round under ``private="head"`` by hand, for a one-hidden-layer MLP whose
+  params are ``{"model": {Dense_0, Dense_1}, "private_head": {kernel, bias}}``: ``private_steps``
+  SGD steps of the private head alone on the cross-entropy of ``h(x) H + b_H`` (``h`` the hidden
+  layer of the downloaded model, fixed), then ``num_steps`` SGD steps of the model on
+  label-smoothed CE + λ · (−CE(softmax(h_w(x) H + b_H), softmax(h_w(x) W1 + b1))) with the
+  private head fixed and ``h_w`` the current hidden layer. Returns the params sent up."""
+  head = anchor["private_head"]
+  for b in _batches(data, stream(key, "private"), private_steps, batch_size):
+    g = _private_head_grad(head, anchor["model"], b)
+    head = jax.tree.map(lambda w, gw: w - lr * gw, head, g)
+  w = anchor["model"]
+  for b in _batches(data, key, num_steps, batch_size):
+    g = _alo_head_grad(w, head, b, mu, lam, num_classes)
+    w = jax.tree.map(lambda a, ga: a - lr * ga, w, g)
+  return {"model": w, "private_head": head}

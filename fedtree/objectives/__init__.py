@@ -9,6 +9,9 @@ server optimizer (e.g. ``hierfavg(..., client_update=ditto_update(...))``).
 * FedProx (Li et al. 2020): ``f_i(θ) + (μ/2)‖θ - Θ‖²`` (:func:`fedprox_update`).
 * FedMMD (Yao et al. 2018): ``f_i(θ) + λ MMD²(φ_θ, φ_Θ)`` between the penultimate features of
   the trained and the downloaded model (:func:`fedmmd_update`).
+* ALO (FedKWS-UI, Li et al. 2022): label smoothing plus negative distillation from a private
+  model, persistent per client or (the authors' code) a second head of the global model
+  (:func:`alo_update`, :func:`with_private_head`).
 * Ditto (Li et al. 2021): a persistent personal model ``v_i`` trained on
   ``f_i(v) + (λ/2)‖v - Θ‖²`` whenever the client is sampled, next to plain local training of
   the model sent up (:func:`ditto_update`). ``v_i`` is the client state, stacked ``[C, ...]``.
@@ -28,9 +31,17 @@ takes as many steps as the local schedule gives the global model.
 """
 
 from fedtree.core.checks import check_nonnegative, check_positive
-from fedtree.objectives.alo import ALOCarry, ALOState, alo_loss, alo_update, check_alo, make_alo_step
+from fedtree.objectives.alo import (
+  ALOCarry,
+  ALOState,
+  alo_loss,
+  alo_update,
+  check_alo,
+  make_alo_step,
+  with_private_head,
+)
 from fedtree.objectives.ditto import DittoState, ditto_update
-from fedtree.objectives.fedmmd import KERNELS, check_features, fedmmd_update, mmd2, penultimate
+from fedtree.objectives.fedmmd import KERNELS, check_features, fedmmd_update, last_dense, mmd2, penultimate
 from fedtree.objectives.fedprox import fedprox_update
 from fedtree.objectives.moreau import (
   MoreauCarry,
@@ -49,6 +60,7 @@ __all__ = [
   "KERNELS", "PERFEDAVG_VARIANTS", "ALOCarry", "ALOState", "DittoState", "MoreauCarry", "MoreauSolver",
   "PFedMeCarry", "PFedMeState", "alo_loss", "alo_update", "check_alo", "check_features",
   "check_nonnegative", "check_positive", "ditto_update", "fedmmd_update", "fedprox_update",
-  "make_alo_step", "mmd2", "moreau_client_update", "moreau_objective", "moreau_solver", "moreau_step",
-  "penultimate", "perfedavg_step", "perfedavg_update", "pfedme_update", "tree_sub_scaled",
+  "last_dense", "make_alo_step", "mmd2", "moreau_client_update", "moreau_objective", "moreau_solver",
+  "moreau_step", "penultimate", "perfedavg_step", "perfedavg_update", "pfedme_update", "tree_sub_scaled",
+  "with_private_head",
 ]

@@ -56,30 +56,42 @@ KERNELS = ("gaussian", "linear")
 MIN_BANDWIDTH = 1e-12
 
 
-def penultimate(model: Model, params, x: jax.Array, *, train: bool = False,
-                rng: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-  """``(features [B, D], logits)`` of one forward pass: the features are the input of the
-  ``nn.Dense`` layer whose output is the logits (see the module docstring).
-
-  Raises:
-    ValueError: the logits are not the output of an ``nn.Dense`` layer.
-  """
+def last_dense(model: Model, params, x: jax.Array, *, train: bool = False,
+               rng: jax.Array | None = None) -> tuple[nn.Dense | None, jax.Array, jax.Array]:
+  """``(layer, inputs, logits)`` of one forward pass: ``layer`` the ``nn.Dense`` whose output is
+  the logits (an unbound copy that ``layer.apply({"params": ...}, inputs)`` re-applies with other
+  weights; ``None`` when the logits are not an ``nn.Dense``'s output), ``inputs`` its input as
+  the layer saw it. The ``nn.Dense`` calls are intercepted (``flax.linen.intercept_methods``,
+  scoped to this call); the model is not changed."""
   last = {}
 
   def capture(next_fun, args, kwargs, context):
     out = next_fun(*args, **kwargs)
     if isinstance(context.module, nn.Dense) and context.method_name == "__call__":
-      last["in"], last["out"] = args[0], out
+      last["layer"], last["in"], last["out"] = context.module, args[0], out
     return out
 
   with nn.intercept_methods(capture):
     logits = model.apply(params, x, train=train, rng=rng)
   if last.get("out") is not logits:
+    return None, x, logits
+  return last["layer"].clone(parent=None), last["in"], logits
+
+
+def penultimate(model: Model, params, x: jax.Array, *, train: bool = False,
+                rng: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """``(features [B, D], logits)`` of one forward pass: the features are the input of the
+  ``nn.Dense`` layer whose output is the logits (see the module docstring; :func:`last_dense`).
+
+  Raises:
+    ValueError: the logits are not the output of an ``nn.Dense`` layer.
+  """
+  layer, feats, logits = last_dense(model, params, x, train=train, rng=rng)
+  if layer is None:
     raise ValueError(
       "FedMMD needs features: the model's logits must be the output of a flax nn.Dense layer "
       "(its input is the penultimate representation); this model's are not"
     )
-  feats = last["in"]
   return feats.reshape((feats.shape[0], -1)), logits
 
 

@@ -5,7 +5,10 @@ Two switches on top of :func:`~fedtree.algorithms.hierfavg.hierfavg`:
 
 * ``alo``: the clients' local objective is ALO (:func:`fedtree.objectives.alo.alo_update`): label
   smoothing μ plus λ × negative distillation from a persistent, overfitted private model
-  ``ψ_p`` per client (``TreeState.client_state.private [C, ...]``).
+  ``ψ_p`` per client (``TreeState.client_state.private [C, ...]``; the paper's form), or with
+  ``private="head"`` from a second classifier head of the global model (the authors' code:
+  the tree's params are then ``{"model": ..., "private_head": ...}``, averaged as one model,
+  and ``models()`` gives the ``"model"`` part, which evaluation scores).
 * ``alt``: the local step counts are ALT's (:func:`fedtree.algorithms.fedkws.alt.alt_schedule`): clients with
   more data and more uniform labels take more steps, the total conserved.
 
@@ -29,7 +32,7 @@ from fedtree.core.data import FederatedData
 from fedtree.core.local import LocalSchedule
 from fedtree.core.model import Model
 from fedtree.core.topology import Topology
-from fedtree.objectives.alo import alo_update, check_alo
+from fedtree.objectives.alo import alo_update, check_alo, check_private, main_params, with_private_head
 
 
 def fedkws(
@@ -44,8 +47,10 @@ def fedkws(
   alt: bool = True,
   r0: float | None = None,
   min_steps: int = 1,
+  private: str = "persistent",
   private_optimizer: optax.GradientTransformation | None = None,
   private_steps: int | None = None,
+  private_steps_ratio: float | None = None,
   mu_weighting: bool = False,
   utility_n_max: float | None = None,
   max_grad_norm: float | None = None,
@@ -69,8 +74,19 @@ def fedkws(
     alt: use ALT step counts; the schedule must then be a fixed step count E.
     r0: ALT's ``r_0`` (``None``: ``K / Σ r̄_k``, the work conserved).
     min_steps: ALT's floor on every client's step count.
-    private_optimizer: optimizer of the private models (default the local optimizer).
+    private: ``"persistent"`` (the paper's form: a private model per client, kept across
+      rounds) or ``"head"`` (the authors' code, difference (a) in :mod:`fedtree.objectives.alo`:
+      a second copy of the model's classifier layer on the shared encoder, part of the
+      global model, re-started from it every round and trained with the encoder frozen;
+      refused with a ``ValueError`` for a model whose logits are not an ``nn.Dense``'s or
+      whose labels are sequences).
+    private_optimizer: optimizer of the private models or head (default the local optimizer).
     private_steps: steps of a private model per round (default: the client's own count).
+    private_steps_ratio: ``None`` (paper form), or the private model or head trains
+      ``int(ratio · E) + 1`` steps per round (the authors' code: 0.2, difference (b)), ``E`` the
+      schedule's step count before ALT's scaling (with ``alt``: the base ``E`` of every client;
+      without: the client's own count; a client with none takes none). At most one of
+      ``private_steps`` and ``private_steps_ratio``.
     mu_weighting: the authors' code (difference (c) in :mod:`fedtree.objectives.alo`): client
       ``k`` smooths with ``μ (1 - r̄_k)``, ``r̄_k`` its ALT utility; ``False`` (paper): one μ.
     utility_n_max: the client size that counts as full in the utility ``r̄_k`` of ALT and of
@@ -101,10 +117,15 @@ def fedkws(
     [...]
   """
   check_alo(mu, lam)
+  check_private(private, private_steps, private_steps_ratio)
   topology = Topology.flat(data.num_clients) if topology is None else topology
   if alt:
+    base_steps = schedule.steps
     schedule = alt_schedule(schedule, data, r0=r0, min_steps=min_steps, n_max=utility_n_max)
+    if alo and private_steps_ratio is not None:     # of the base count E, as the authors' code
+      private_steps, private_steps_ratio = int(private_steps_ratio * int(base_steps)) + 1, None
   client_update = None
+  head = private == "head"
   if alo:
     utility = None
     if mu_weighting:
@@ -112,16 +133,25 @@ def fedkws(
                                utility_n_max)
     client_update = alo_update(
       model, local_optimizer, mu=mu, lam=lam, batch_size=schedule.batch_size,
-      max_steps=schedule.max_steps(data.max_train), private_optimizer=private_optimizer,
-      private_steps=private_steps, client_utility=utility, max_grad_norm=max_grad_norm,
-      compute_dtype=compute_dtype,
+      max_steps=schedule.max_steps(data.max_train), private=private, private_optimizer=private_optimizer,
+      private_steps=private_steps, private_steps_ratio=private_steps_ratio, client_utility=utility,
+      max_grad_norm=max_grad_norm, compute_dtype=compute_dtype,
     )
-  elif mu_weighting or max_grad_norm is not None:
-    raise ValueError(f"fedkws: mu_weighting={mu_weighting} and max_grad_norm={max_grad_norm} are ALO "
-                     f"options; set alo=True or leave them off")
-  return hierfavg(
-    model=model, topology=topology, data=data, local_optimizer=local_optimizer, schedule=schedule,
+  elif mu_weighting or max_grad_norm is not None or head or private_steps_ratio is not None:
+    raise ValueError(f"fedkws: mu_weighting={mu_weighting}, max_grad_norm={max_grad_norm}, "
+                     f"private={private!r} and private_steps_ratio={private_steps_ratio} are ALO options; "
+                     f"set alo=True or leave them off")
+  alg = hierfavg(
+    model=with_private_head(model, data.example_shape, init_params) if head else model,
+    topology=topology, data=data, local_optimizer=local_optimizer, schedule=schedule,
     server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
     chunk_size=chunk_size, weighting=weighting, client_update=client_update,
-    compute_dtype=None if alo else compute_dtype, init_params=init_params, name=name,
+    compute_dtype=None if alo else compute_dtype, init_params=None if head else init_params, name=name,
   )
+  if not head:
+    return alg
+
+  def models(state):   # the main head: what the plain model evaluates
+    return {k: nm._replace(params=main_params(nm.params)) for k, nm in alg.models(state).items()}
+
+  return alg._replace(models=models)
