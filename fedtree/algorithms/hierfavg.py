@@ -253,7 +253,7 @@ def fedavg(
 
 
 def with_objective(
-  objective: Callable[..., ClientUpdate],
+  objective: Callable[..., ClientUpdate] | None,
   *,
   model: Model,
   data: FederatedData,
@@ -266,11 +266,14 @@ def with_objective(
   the objective ``objective(batch_size=..., max_steps=...)``, sized by ``schedule`` on ``data``.
 
   The shared body of the methods that are a local objective under HierFAVG (FedProx, Ditto,
-  pFedMe, Per-FedAvg): each binds its hyperparameters into ``objective`` (e.g.
+  pFedMe, Per-FedAvg, FedMMD, FedKWS-UI): each binds its hyperparameters into ``objective`` (e.g.
   ``functools.partial(fedprox_update, model, local_optimizer, mu=mu)``) and forwards
-  :func:`hierfavg`'s other arguments as ``kwargs``.
+  :func:`hierfavg`'s other arguments as ``kwargs``. ``objective=None`` is the default local
+  training (a method whose objective is switched off, e.g. FedKWS-UI with ``alo=False``).
   """
   topology = Topology.flat(data.num_clients) if topology is None else topology
-  update = objective(batch_size=schedule.batch_size, max_steps=schedule.max_steps(data.max_train))
+  update = None
+  if objective is not None:
+    update = objective(batch_size=schedule.batch_size, max_steps=schedule.max_steps(data.max_train))
   return hierfavg(model=model, topology=topology, data=data, local_optimizer=local_optimizer,
                   schedule=schedule, client_update=update, **kwargs)
