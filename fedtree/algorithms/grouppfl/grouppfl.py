@@ -90,6 +90,7 @@ def group_fedopt(
   weighting: str = "examples",
   start_params: PyTree | None = None,
   compute_dtype: str | None = None,
+  skip_nonfinite: bool = False,
   name: str = "group_fedopt",
 ) -> FederatedAlgorithm:
   """FedOpt inside every group at once: one tier whose parents are the groups.
@@ -101,6 +102,9 @@ def group_fedopt(
   pseudo-gradient. ``start_params`` (one model) seeds every group; ``None`` uses
   ``model.init``. With all ``groups`` equal to 0 this is FedOpt (paper 000, Algorithm 1).
   ``compute_dtype``: mixed-precision local steps (``None``: the params' dtype).
+  ``skip_nonfinite``: leave out clients whose update is not finite (weight 0, their cost
+  counters unchanged), counted in the ``clients_skipped`` metric (see
+  :func:`fedtree.core.tier.train_cohort`).
   """
   groups = np.asarray(groups, np.int32)
   if groups.shape != (data.num_clients,):
@@ -135,13 +139,14 @@ def group_fedopt(
       weights=client_weights(data.n_train, weighting), key=stream(key, "train"),
       chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned, client_state=state.client_state,
       batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=state.cursor,
+      skip_nonfinite=skip_nonfinite,
     )
     params, opt_state = update_nodes(
       server_optimizer, state.params[0], state.opt_state[0], res.pseudo_gradient(),
       res.weight_sum > 0,
     )
     return state.replace(round=state.round + 1, params=(params,), opt_state=(opt_state,),
-                         client_state=res.client_state, cursor=res.cursor), res.metrics()
+                         client_state=res.client_state, cursor=res.cursor), res.metrics(skip_nonfinite)
 
   def models(state):
     return {"group": NodeModels(state.params[0], groups_j)}
@@ -229,6 +234,8 @@ class GroupPersonalizedFL:
       the paper shows its largest group, "general").
     compute_dtype: mixed-precision local steps of stages 1 and 2 (``None``: the params'
       dtype); the fine-tune stage runs in the params' dtype.
+    skip_nonfinite: in stages 1 and 2, leave out clients whose update is not finite (see
+      :func:`group_fedopt`); the fine-tune stage trains every client on its own.
     label: run label (prefix of the report files).
 
   Example:
@@ -268,6 +275,7 @@ class GroupPersonalizedFL:
   histogram_metric: str = "perplexity"
   histogram_group: int | None = None
   compute_dtype: str | None = None
+  skip_nonfinite: bool = False
   label: str = "grouppfl"
 
   def __post_init__(self):
@@ -314,7 +322,8 @@ class GroupPersonalizedFL:
       batch_size=schedule.batch_size if self.finetune_batch_size is None else int(self.finetune_batch_size),
       epochs=self.finetune_epochs)
     kw = dict(model=model, data=data, local_optimizer=local_optimizer, schedule=schedule,
-              cohort_size=self.cohort_size, chunk_size=chunk_size, compute_dtype=self.compute_dtype)
+              cohort_size=self.cohort_size, chunk_size=chunk_size, compute_dtype=self.compute_dtype,
+              skip_nonfinite=self.skip_nonfinite)
     with_group = "group" in self.stages
     glob = group_fedopt(groups=np.zeros(c, np.int32), server_optimizer=self.global_server,
                         start_params=init_params, name=f"{self.label}/global", **kw)
