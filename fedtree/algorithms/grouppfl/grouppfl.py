@@ -25,6 +25,10 @@ the experiment layer writes into the workdir; the costs are the counters the sim
 
 Global FL is :func:`group_fedopt` with a single group, so the stages share one code path.
 Cohorts: ``min(cohort_size, |g|)`` clients of every group per round (paper: 100).
+
+GroupPerFL cannot be swept (``config.sweep``, :mod:`fedtree.experiment.sweep`): it is a
+fixed-length composition of stages whose fine-tuning and selection report run on the host
+after the rounds, so a sweep of it is refused with a ``ValueError``; sweep it as separate runs.
 """
 
 from __future__ import annotations
@@ -406,6 +410,9 @@ def grouppfl(
     eval_chunk_size: clients evaluated and fine-tuned at once (``None``: all).
     **hyperparameters: the other fields of :class:`GroupPersonalizedFL` (its schema:
       ``group_rounds``, ``global_server``, ``finetune_epochs``, ``compute_dtype``, ...).
+
+  Not sweepable (``config.sweep`` refuses it, see the module docstring): sweep it as separate
+  runs.
 
   Example:
     >>> import jax, optax
