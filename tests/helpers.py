@@ -48,3 +48,25 @@ def host_copy(tree):
 
 def _is_key(a) -> bool:
   return isinstance(a, jax.Array) and jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key)
+
+
+def client_data(data, c):
+  """Client ``c``'s training split of ``data`` as one ``ClientData`` (a reference loop's input)."""
+  from fedtree.core.local import ClientData
+
+  return ClientData(data.x_train[c], data.y_train[c], data.n_train[c])
+
+
+def one_server_tier(update, data, start, key, schedule, client_state=()):
+  """``train_cohort`` of every client of ``data`` from one server's model ``start``, weighted by
+  examples, keeping every slot's trained model (slots in the order of the sampler's clients)."""
+  import jax.numpy as jnp
+
+  from fedtree.core.sampling import cohort_sampler
+  from fedtree.core.tier import train_cohort
+
+  sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), None)
+  return train_cohort(update, jax.tree.map(lambda a: a[None], start), sampler(key), data,
+                      num_steps=schedule.num_steps(data.n_train),
+                      weights=data.n_train.astype(jnp.float32), key=key,
+                      client_state=client_state, keep_client_params=True)

@@ -147,6 +147,32 @@ def test_hierfavg_one_group_period_one_is_fedavg(problem):
   _params_close(b.params[1], b.params[0], atol=0)
 
 
+@pytest.mark.slow  # ~20-50 s on the shared CPU: two compiled runs (group_fedopt's test covers it by hand)
+def test_hierfavg_top_level_is_a_root_that_never_aggregates(problem):
+  """``top_level=1``: every group learns on its own, as under a root whose period is longer
+  than the run; the root (the start model) is not in ``models()``."""
+  from fedtree.core import loop
+
+  data, groups, model = problem
+  common = dict(model=model, data=data, local_optimizer=optax.sgd(LR), topology=Topology.from_labels(groups),
+                schedule=LocalSchedule(batch_size=B, epochs=1), server_optimizers=optax.adam(0.05))
+  key = jax.random.key(3)
+  alone = hierfavg(top_level=1, **common)
+  a = loop.run(alone, data, num_rounds=3, key=key)
+  b = loop.run(hierfavg(periods=(1000,), **common), data, num_rounds=3, key=key)
+  _params_close(a.params, b.params, atol=0)
+  assert sorted(alone.models(a)) == ["level1"]
+
+
+def test_hierfavg_bad_top_level_is_refused(problem):
+  data, groups, model = problem
+  common = dict(model=model, data=data, local_optimizer=optax.sgd(LR), topology=Topology.from_labels(groups),
+                schedule=LocalSchedule(batch_size=B, epochs=1))
+  for bad in (-1, 2):
+    with pytest.raises(ValueError, match=f"top_level={bad} must be a server level, 0..1"):
+      hierfavg(top_level=bad, **common)
+
+
 def test_fedavg_is_sgd_one_on_the_pseudo_gradient(problem):
   data, _, model = problem
   sched = LocalSchedule(batch_size=B, epochs=1)

@@ -13,6 +13,7 @@ import optax
 import pytest
 import reference_fedkws as ref
 from config_files import load_config
+from helpers import client_data, close, count_traces, one_server_tier, row
 
 from fedtree.algorithms.fedkws.alt import alt_schedule, alt_steps, client_utility
 from fedtree.algorithms.fedkws.fedkws import fedkws
@@ -43,23 +44,6 @@ def setup():
   return data, model, LocalSchedule(batch_size=B, epochs=1)
 
 
-def _tier(update, data, start, key, schedule, client_state=()):
-  sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), None)
-  return train_cohort(update, jax.tree.map(lambda a: a[None], start), sampler(key), data,
-                      num_steps=schedule.num_steps(data.n_train),
-                      weights=data.n_train.astype(jnp.float32), key=key,
-                      client_state=client_state, keep_client_params=True)
-
-
-def _close(a, b, tol=1e-5):
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
-
-
-def _row(tree, i):
-  return jax.tree.map(lambda a: a[i], tree)
-
-
 # ------------------------------------------------------------------------ ALO
 def test_alo_update_matches_per_client_loop(setup):
   data, model, schedule = setup
@@ -69,15 +53,15 @@ def test_alo_update_matches_per_client_loop(setup):
                    max_steps=schedule.max_steps(data.max_train))
   state0 = upd.init_state(model.init(jax.random.key(7)), data.num_clients)   # private != global
   key = jax.random.key(3)
-  res = _tier(upd, data, start, key, schedule, client_state=state0)
+  res = one_server_tier(upd, data, start, key, schedule, client_state=state0)
   steps = schedule.num_steps(np.asarray(data.n_train))
   sampled = cohort_sampler(np.zeros(data.num_clients, np.int32), None)(key).clients
   for slot, c in enumerate(np.asarray(sampled)):
-    cd = ClientData(data.x_train[c], data.y_train[c], data.n_train[c])
-    sent, private = ref.alo_client(model, start, _row(state0.private, c), cd, steps[c],
+    cd = client_data(data, c)
+    sent, private = ref.alo_client(model, start, row(state0.private, c), cd, steps[c],
                                    jax.random.fold_in(key, c), lr=LR, mu=mu, lam=lam, batch_size=B)
-    _close(_row(res.client_params, slot), sent)
-    _close(_row(res.client_state.private, c), private)
+    close(row(res.client_params, slot), sent)
+    close(row(res.client_state.private, c), private)
 
 
 def test_alo_with_zero_mu_and_lambda_is_plain_local_training(setup):
@@ -87,10 +71,10 @@ def test_alo_with_zero_mu_and_lambda_is_plain_local_training(setup):
   upd = alo_update(model, optax.sgd(LR), mu=0.0, lam=0.0, batch_size=B, max_steps=max_steps)
   plain = sgd_client_update(model, optax.sgd(LR), batch_size=B, max_steps=max_steps)
   key = jax.random.key(5)
-  a = _tier(upd, data, start, key, schedule, upd.init_state(start, data.num_clients))
-  b = _tier(plain, data, start, key, schedule)
-  _close(a.client_params, b.client_params, tol=1e-6)
-  _close(a.delta_sum, b.delta_sum, tol=1e-6)
+  a = one_server_tier(upd, data, start, key, schedule, upd.init_state(start, data.num_clients))
+  b = one_server_tier(plain, data, start, key, schedule)
+  close(a.client_params, b.client_params, tol=1e-6)
+  close(a.delta_sum, b.delta_sum, tol=1e-6)
 
 
 def test_alo_loss_terms():
@@ -193,7 +177,7 @@ def test_evaluator_confusion_matches_per_example_predictions(setup):
   ys, preds = [], []
   for c in range(data.num_clients):
     n = int(data.n_test[c])
-    logits = model.apply(_row(params, 0), data.x_test[c, :n])
+    logits = model.apply(row(params, 0), data.x_test[c, :n])
     ys += np.asarray(data.y_test[c, :n]).tolist()
     preds += np.asarray(jnp.argmax(logits, -1)).tolist()
     want = np.zeros((3, 3))
@@ -325,15 +309,8 @@ def _kws_kw(data, model):
 
 def test_fedkws_round_compiles_once(setup):
   data, model, _ = setup
-  alg = fedkws(mu=0.2, lam=0.001, **_kws_kw(data, model))
-  traces = []
-
-  def counted(state, d, key):
-    traces.append(1)
-    return alg.round(state, d, key)
-
-  state = loop.run(alg._replace(round=counted), data, num_rounds=4, key=jax.random.key(0),
-                         rounds_per_call=2)
+  alg, traces = count_traces(fedkws(mu=0.2, lam=0.001, **_kws_kw(data, model)))
+  state = loop.run(alg, data, num_rounds=4, key=jax.random.key(0), rounds_per_call=2)
   assert len(traces) == 1 and int(state.round) == 4
 
 
@@ -344,7 +321,7 @@ def test_fedkws_without_alo_and_alt_is_fedavg(setup):
   a = loop.run(fedkws(alo=False, alt=False, **_kws_kw(data, model)), data, num_rounds=2,
                      key=jax.random.key(1))
   b = loop.run(fedavg(**_kws_kw(data, model)), data, num_rounds=2, key=jax.random.key(1))
-  _close(a.params, b.params, tol=1e-6)
+  close(a.params, b.params, tol=1e-6)
 
 
 @pytest.mark.parametrize("kw,match", [
@@ -547,10 +524,6 @@ def test_client_utility_with_a_fixed_n_max_by_hand():
     client_utility(data.n_train, data.y_train, 4, n_max=0)
 
 
-def _one_client(data, c):
-  return ClientData(data.x_train[c], data.y_train[c], data.n_train[c])
-
-
 def test_alo_per_client_mu_is_mu_times_one_minus_utility(setup):
   data, model, _ = setup
   from fedtree.objectives.alo import ALOState
@@ -564,11 +537,11 @@ def test_alo_per_client_mu_is_mu_times_one_minus_utility(setup):
   key = jax.random.key(4)
   run = jax.jit(weighted.apply)
   for c, mu_c in ((0, 0.4 * 0.75), (1, 0.0)):
-    got, _, _ = run(start, _row(state, c), _one_client(data, c), jnp.asarray(3), key)
+    got, _, _ = run(start, row(state, c), client_data(data, c), jnp.asarray(3), key)
     plain = alo_update(model, optax.sgd(LR), mu=mu_c, **kw)
-    want, _, _ = jax.jit(plain.apply)(start, ALOState(private=private), _one_client(data, c), jnp.asarray(3),
+    want, _, _ = jax.jit(plain.apply)(start, ALOState(private=private), client_data(data, c), jnp.asarray(3),
                                       key)
-    _close(got, want, tol=1e-6)
+    close(got, want, tol=1e-6)
   with pytest.raises(ValueError, match="client_utility"):
     alo_update(model, optax.sgd(LR), mu=0.2, client_utility=np.array([1.5]), **kw)
   with pytest.raises(ValueError, match="3 entries for 5 clients"):
@@ -581,17 +554,17 @@ def test_alo_gradient_clipping_by_hand(setup):
 
   start, private = model.init(jax.random.key(0)), model.init(jax.random.key(7))
   kw = dict(mu=0.2, lam=0.5, batch_size=B, max_steps=1, private_steps=0)
-  state, cd, key = ALOState(private=private), _one_client(data, 0), jax.random.key(2)
+  state, cd, key = ALOState(private=private), client_data(data, 0), jax.random.key(2)
   free, _, _ = jax.jit(alo_update(model, optax.sgd(LR), **kw).apply)(start, state, cd, jnp.asarray(1), key)
   delta = jax.tree.map(jnp.subtract, free, start)                      # -lr · g
   gnorm = float(jnp.sqrt(sum(jnp.sum(d**2) for d in jax.tree.leaves(delta)))) / LR
   c = 0.1 * gnorm                                                      # clipping active
   clip, _, _ = jax.jit(alo_update(model, optax.sgd(LR), max_grad_norm=c, **kw).apply)(
     start, state, cd, jnp.asarray(1), key)
-  _close(clip, jax.tree.map(lambda s, d: s + d * (c / gnorm), start, delta), tol=1e-6)
+  close(clip, jax.tree.map(lambda s, d: s + d * (c / gnorm), start, delta), tol=1e-6)
   loose, _, _ = jax.jit(alo_update(model, optax.sgd(LR), max_grad_norm=10 * gnorm, **kw).apply)(
     start, state, cd, jnp.asarray(1), key)
-  _close(loose, free, tol=1e-7)                                        # below the norm: untouched
+  close(loose, free, tol=1e-7)                                        # below the norm: untouched
   with pytest.raises(ValueError, match="max_grad_norm=0"):
     alo_update(model, optax.sgd(LR), max_grad_norm=0.0, **kw)
 

@@ -145,7 +145,7 @@ def test_group_stage_is_fedadam_per_group_without_mixing(small):
       lambda s, *t, w=w: s - sum(wi * ti for wi, ti in zip(w, t, strict=True)), start, *thetas
     )
     upd, _ = server.update(delta, server.init(start), start)
-    close(row(new.params[0], g), optax.apply_updates(start, upd))
+    close(row(new.params[1], g), optax.apply_updates(start, upd))
   # Costs: every client trained once (cohort = whole group): 2 transfers, 1 epoch.
   costs = new.client_state[1]
   np.testing.assert_array_equal(np.asarray(costs.transfers), 2.0)

@@ -10,12 +10,13 @@ method). ``λ = 0`` is FedAvg.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import optax
 
-from fedtree.algorithms.hierfavg import hierfavg
+from fedtree.algorithms.hierfavg import with_objective
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.data import FederatedData
 from fedtree.core.local import LocalSchedule
@@ -43,6 +44,7 @@ def fedmmd(
   weighting: str = "examples",
   compute_dtype: str | None = None,
   init_params: Any = None,
+  skip_nonfinite: bool = False,
   name: str = "fedmmd",
 ) -> FederatedAlgorithm:
   """FedMMD with penalty weight ``lam`` on ``topology`` (default flat).
@@ -54,8 +56,8 @@ def fedmmd(
     kernel, num_kernels, kernel_mul, bandwidth: the MMD kernel
       (:func:`fedtree.objectives.fedmmd.mmd2`).
     topology: the tree (``None``: one server over all clients).
-    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params: as for
-      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite: as
+      for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     compute_dtype: mixed-precision local steps (``None``: the params' dtype).
     name: label for reports.
 
@@ -78,16 +80,12 @@ def fedmmd(
     >>> sorted(alg.models(state))
     ['global']
   """
-  topology = Topology.flat(data.num_clients) if topology is None else topology
-  update = fedmmd_update(
-    model, local_optimizer, lam=lam, batch_size=schedule.batch_size,
-    max_steps=schedule.max_steps(data.max_train), kernel=kernel, num_kernels=num_kernels,
-    kernel_mul=kernel_mul, bandwidth=bandwidth, compute_dtype=compute_dtype,
-  )
   check_features(model, data.example_shape)
-  return hierfavg(
-    model=model, topology=topology, data=data, local_optimizer=local_optimizer, schedule=schedule,
+  return with_objective(
+    functools.partial(fedmmd_update, model, local_optimizer, lam=lam, kernel=kernel, num_kernels=num_kernels,
+                      kernel_mul=kernel_mul, bandwidth=bandwidth, compute_dtype=compute_dtype),
+    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, topology=topology,
     server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
-    chunk_size=chunk_size, weighting=weighting, client_update=update, init_params=init_params,
-    name=name,
+    chunk_size=chunk_size, weighting=weighting, init_params=init_params,
+    skip_nonfinite=skip_nonfinite, name=name,
   )

@@ -85,6 +85,7 @@ def hierfavg(
   client_update: ClientUpdate | None = None,
   init_params: PyTree | None = None,
   skip_nonfinite: bool = False,
+  top_level: int = 0,
   name: str = "hierfavg",
 ) -> FederatedAlgorithm:
   """HierFAVG / hierarchical FedOpt on ``topology``.
@@ -113,6 +114,12 @@ def hierfavg(
     skip_nonfinite: leave out clients whose update is not finite (weight 0) instead of
       letting them poison the mean; their count is the ``clients_skipped`` metric (see
       :func:`fedtree.core.tier.train_cohort`).
+    top_level: the highest level that aggregates (``0``: the root, HierFAVG). The levels above
+      it never do, so every subtree of level ``top_level`` learns on its own from the start
+      model: ``top_level=1`` on root -> groups -> clients is FedOpt in every group at once
+      (GroupPerFL's group stage, :func:`fedtree.algorithms.grouppfl.group_fedopt`). The
+      models of the levels above (the start model) are not in ``models()``, and their
+      ``periods`` entries are not used.
     name: label for reports.
 
   Example:
@@ -138,6 +145,9 @@ def hierfavg(
     optax.sgd(1.0) if server_optimizers is None else server_optimizers, depth, "server_optimizers"
   )
   periods = check_periods(periods, depth)
+  if not 0 <= int(top_level) <= depth - 1:
+    raise ValueError(f"top_level={top_level} must be a server level, 0..{depth - 1}")
+  top_level = int(top_level)
   check_weighting(weighting)
   sampler = cohort_sampler(topology.parent(depth), cohort_size, chunk_size=chunk_size)
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
@@ -176,7 +186,7 @@ def hierfavg(
     )
     # Upper levels, bottom-up, in the rounds their period says.
     active = [None] * depth
-    for lv in range(depth - 2, -1, -1):
+    for lv in range(depth - 2, top_level - 1, -1):
       active[lv] = (r % periods[lv]) == 0
       n = topology.num_nodes(lv + 1)
       w_child = jax.ops.segment_sum(w_client, ancestors[lv + 1], num_segments=n)
@@ -200,8 +210,10 @@ def hierfavg(
     return new_state, metrics
 
   def models(state: TreeState):
-    out = {"global": NodeModels(state.params[0], np.zeros(topology.num_clients, np.int32))}
-    for lv in range(1, depth):
+    out = {}
+    if top_level == 0:
+      out["global"] = NodeModels(state.params[0], np.zeros(topology.num_clients, np.int32))
+    for lv in range(max(top_level, 1), depth):
       out[f"level{lv}"] = NodeModels(state.params[lv], topology.ancestor(lv))
     return {**out, **personal_models(client_update, state.client_state)}
 
@@ -253,7 +265,7 @@ def fedavg(
 
 
 def with_objective(
-  objective: Callable[..., ClientUpdate],
+  objective: Callable[..., ClientUpdate] | None,
   *,
   model: Model,
   data: FederatedData,
@@ -266,11 +278,14 @@ def with_objective(
   the objective ``objective(batch_size=..., max_steps=...)``, sized by ``schedule`` on ``data``.
 
   The shared body of the methods that are a local objective under HierFAVG (FedProx, Ditto,
-  pFedMe, Per-FedAvg): each binds its hyperparameters into ``objective`` (e.g.
+  pFedMe, Per-FedAvg, FedMMD, FedKWS-UI): each binds its hyperparameters into ``objective`` (e.g.
   ``functools.partial(fedprox_update, model, local_optimizer, mu=mu)``) and forwards
-  :func:`hierfavg`'s other arguments as ``kwargs``.
+  :func:`hierfavg`'s other arguments as ``kwargs``. ``objective=None`` is the default local
+  training (a method whose objective is switched off, e.g. FedKWS-UI with ``alo=False``).
   """
   topology = Topology.flat(data.num_clients) if topology is None else topology
-  update = objective(batch_size=schedule.batch_size, max_steps=schedule.max_steps(data.max_train))
+  update = None
+  if objective is not None:
+    update = objective(batch_size=schedule.batch_size, max_steps=schedule.max_steps(data.max_train))
   return hierfavg(model=model, topology=topology, data=data, local_optimizer=local_optimizer,
                   schedule=schedule, client_update=update, **kwargs)

@@ -113,6 +113,7 @@ def pfedmt(
   device_lam: float | None = None,
   cohort_size: int | None = None,
   team_weighting: str | None = None,
+  skip_nonfinite: bool = False,
 ) -> FederatedAlgorithm:
   """pFedMT on a root → teams → devices ``topology`` (depth 2).
 
@@ -141,6 +142,11 @@ def pfedmt(
     device_lam: ``λ_d``, the device step's proximal coefficient (default ``lam``).
     cohort_size: devices sampled per team at every team iteration (``None``: all).
     team_weighting: ``τ``: ``"examples"``, ``"devices"`` or ``"uniform"`` (``1/M``).
+    skip_nonfinite: a device whose update is not finite is left out of its team iteration as
+      if not sampled (weight 0 in ``δ``, its personal model unchanged; it still counts in
+      ``τ``, which is fixed by the data); the ``clients_skipped`` metric counts the device
+      updates skipped over the round's ``K`` team iterations (see
+      :func:`fedtree.core.tier.train_cohort`).
 
   Raises:
     ValueError: a tree that is not two tiers deep, or out-of-range hyperparameters.
@@ -227,6 +233,7 @@ def pfedmt(
         weights=w_dev, key=jax.random.fold_in(train_key, k), client_state=pm,
         chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned,
         batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=cursor,
+        skip_nonfinite=skip_nonfinite,
       )
       # θ̄_i = w_i - (w_i - Σ_j δ_j θ_ij): the cohort's mean pseudo-gradient, undone.
       theta_bar = jax.tree.map(jnp.subtract, w, res.pseudo_gradient())
@@ -235,15 +242,16 @@ def pfedmt(
         + eta * lam * tb,
         w, x, theta_bar,
       )
-      loss = res.mean_loss()
-      return (w, res.client_state, res.cursor), loss
+      return (w, res.client_state, res.cursor), (res.mean_loss(), jnp.asarray(res.num_skipped))
 
-    (w, pm, cursor), losses = jax.lax.scan(
+    (w, pm, cursor), (losses, skipped) = jax.lax.scan(
       team_iteration, (w0, state.client_state, state.cursor), jnp.arange(team_iters)
     )
     w_bar = jax.tree.map(lambda wi: jnp.tensordot(tau, wi, axes=1), w)
     x = jax.tree.map(lambda xi, wb: (1.0 - beta * gamma) * xi + beta * gamma * wb, x, w_bar)
     metrics = {"train_loss": jnp.mean(losses), "last_team_iter_loss": losses[-1]}
+    if skip_nonfinite:
+      metrics["clients_skipped"] = jnp.sum(skipped)
     new_state = PFedMTState(round=state.round + 1, params=x, team_params=w, client_state=pm,
                             cursor=cursor)
     return new_state, metrics

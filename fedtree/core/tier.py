@@ -50,6 +50,9 @@ class TierResult(NamedTuple):
     first_nonfinite: ``int32[]`` the lowest id of a cohort client whose update (model delta or
       loss) is not finite and was aggregated, -1 if none (or all were skipped,
       ``skip_nonfinite``): the round loop names it when a run diverges.
+    reported: ``bool[C]`` the clients whose update was aggregated: the sampled ones, less those
+      skipped (``skip_nonfinite``); an algorithm that aggregates anything else of its clients
+      (their models, their assignments) masks it with this.
   """
 
   delta_sum: PyTree
@@ -61,6 +64,7 @@ class TierResult(NamedTuple):
   cursor: jax.Array | tuple = ()
   num_skipped: jax.Array | int = 0
   first_nonfinite: jax.Array | int = -1
+  reported: jax.Array | None = None
 
   def pseudo_gradient(self) -> PyTree:
     """The mean pseudo-gradient ``Θ - Σ p_i θ_i`` of every parent (0 where none reported)."""
@@ -119,7 +123,8 @@ def train_cohort(
     chunk_size: clients trained at once; ``None`` trains the whole cohort in one ``vmap``.
     anchor_params: ``[P, ...]`` models the pseudo-gradient is taken against, when they differ
       from the models clients start from (default ``parent_params``).
-    keep_client_params: also return every slot's trained model ``[K, ...]``.
+    keep_client_params: also return every slot's trained model ``[K, ...]`` (a skipped slot's,
+      ``skip_nonfinite``: the model it started from, so that the rows stay finite).
     parent_aligned: every chunk holds children of one parent only (static; see
       ``CohortSampler.parent_aligned``). Each chunk then broadcasts that parent's model
       instead of gathering one copy per client, which XLA fuses into its consumers rather
@@ -198,7 +203,7 @@ def train_cohort(
 
   def body(carry, chunk_slots):
     ch, ch_steps = chunk_slots
-    delta_sum, weight_sum, state, loss_sum, count, skipped, first_bad = carry
+    delta_sum, weight_sum, state, loss_sum, count, skipped, first_bad, reported = carry
     # Under a ``jax.set_mesh`` with a ``clients`` axis, each device trains its slice of the
     # chunk (identity otherwise; see fedtree.core.sharding).
     if parent_aligned:
@@ -248,6 +253,9 @@ def train_cohort(
       skipped = skipped + jnp.sum((ch.valid & ~ok).astype(jnp.int32))
       trained = ch.valid & ok
       w = jnp.where(ok, w, 0.0)
+      if keep_client_params:
+        params = jax.tree.map(
+          lambda p, s: jnp.where(ok.reshape((chunk,) + (1,) * (p.ndim - 1)), p, s), params, start)
     else:
       first_bad = jnp.minimum(first_bad, jnp.min(jnp.where(ch.valid & ~ok, ch.clients, num_clients)))
     parent = per_device(ch.parent)
@@ -259,9 +267,10 @@ def train_cohort(
       lambda v, i: jax.ops.segment_sum(v, i, num_segments=num_parents)
     )(per_device(w), parent))
     state = ch.scatter(state, new_state, trained)   # padding (and skipped) slots write nowhere
+    reported = ch.scatter(reported, True, trained)
     loss_sum = loss_sum + jnp.sum(jnp.where(trained, loss, 0.0)).astype(fdtype)
     count = count + jnp.sum(trained, dtype=jnp.int32)
-    return ((delta_sum, weight_sum, state, loss_sum, count, skipped, first_bad),
+    return ((delta_sum, weight_sum, state, loss_sum, count, skipped, first_bad, reported),
             (params if keep_client_params else None))
 
   init = (
@@ -272,8 +281,9 @@ def train_cohort(
     jnp.zeros((), jnp.int32),
     jnp.zeros((), jnp.int32),
     jnp.full((), num_clients, jnp.int32),
+    jnp.zeros((num_clients,), bool),
   )
-  (delta_sum, weight_sum, state, loss_sum, count, skipped, first_bad), per_chunk = jax.lax.scan(
+  (delta_sum, weight_sum, state, loss_sum, count, skipped, first_bad, reported), per_chunk = jax.lax.scan(
     body, init, chunks)
   delta_sum = jax.tree.map(lambda a: jnp.sum(a, axis=0), delta_sum)  # the one reduction
   weight_sum = jnp.sum(weight_sum, axis=0)
@@ -290,4 +300,4 @@ def train_cohort(
     cursor = cohort.scatter(cursor, moved)
   first_bad = jnp.where(first_bad < num_clients, first_bad, -1).astype(jnp.int32)
   return TierResult(delta_sum, weight_sum, state, client_params, loss_sum, count, cursor, skipped,
-                    first_bad)
+                    first_bad, reported)

@@ -270,6 +270,7 @@ def bhfl(
   buffer_sizes=None,
   latencies: Latency | Sequence[Latency] | None = None,
   staleness_exponent: float = 0.0,
+  skip_nonfinite: bool = False,
   name: str = "bhfl",
 ) -> FederatedAlgorithm:
   """B-HFL on ``topology`` (see the module docstring).
@@ -306,6 +307,10 @@ def bhfl(
     buffer_sizes: ``b`` per server level (``None`` = synchronous), one value or ``depth``.
     latencies: :class:`Latency` of the nodes of every level ``1..depth`` (one, or ``depth``).
     staleness_exponent: ``a`` in the staleness weight ``(1 + s)^-a``.
+    skip_nonfinite: a client whose update is not finite sends nothing and keeps its model, as
+      if not sampled (its examples still weigh its ancestors at the levels above, as
+      HierFAVG's do); counted in the ``clients_skipped`` metric (see
+      :func:`fedtree.core.tier.train_cohort`).
     name: label for reports.
 
   Raises:
@@ -461,9 +466,10 @@ def bhfl(
       num_steps=schedule.num_steps(data.n_train), weights=w_client, key=stream(key, "train"),
       client_state=params[depth], chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned,
       batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=state.cursor,
+      skip_nonfinite=skip_nonfinite,
     )
     params[depth] = res.client_state
-    trained = cohort.scatter(jnp.zeros((num_clients,), bool), True)
+    trained = res.reported   # the cohort, less the clients skipped for a non-finite update
     u = jax.tree.map(jnp.subtract, take(params[depth - 1], parents[depth]), params[depth])
     arrival = t0 + lats[depth - 1].sample(jax.random.fold_in(lat_key, depth), num_clients)
     pend[depth - 1] = send(pend[depth - 1], trained, u, arrival,
@@ -541,7 +547,7 @@ def bhfl(
       if child < depth:
         sent = aggregated[child] | recv
 
-    metrics.update(res.metrics())
+    metrics.update(res.metrics(skip_nonfinite))
     new_state = BHFLState(
       round=r, params=tuple(params), up_state=tuple(up), down_state=tuple(down),
       pending=tuple(pend), version=tuple(version), residual_state=residual_state,

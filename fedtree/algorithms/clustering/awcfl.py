@@ -73,6 +73,7 @@ def awcfl(
   min_split_size: int = 2,
   similarity_check: bool = True,
   init: str = "random",
+  skip_nonfinite: bool = False,
   name: str = "awcfl",
 ) -> FederatedAlgorithm:
   """AWCFL (module docstring); β = 0 is plain clustered FL.
@@ -94,7 +95,8 @@ def awcfl(
       per-backend default).
     weighting: ``"examples"`` or ``"uniform"`` (the paper's plain mean).
     client_update: override the local training (stateless).
-    compute_dtype, init_params: as in :func:`~fedtree.algorithms.clustering.clustered.clustered`.
+    compute_dtype, init_params, skip_nonfinite: as in
+      :func:`~fedtree.algorithms.clustering.clustered.clustered`.
     feature_examples: when set, clients also upload the mean of this many training inputs
       and the state keeps MCFL's :class:`~fedtree.algorithms.clustering.ops.ClusterFeatures`.
     clustering: ``"kmeans"`` (the paper's AWCFL), ``"cfl"`` (AWCFL_CFL) or ``"ifca"``
@@ -130,5 +132,6 @@ def awcfl(
     kmeans_iters=kmeans_iters, eps1=eps1, eps2=eps2, min_split_size=min_split_size,
     similarity_check=similarity_check, init=init, feature_examples=feature_examples,
     server_optimizer=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size, weighting=weighting,
-    client_update=client_update, compute_dtype=compute_dtype, init_params=init_params, name=name,
+    client_update=client_update, compute_dtype=compute_dtype, init_params=init_params,
+    skip_nonfinite=skip_nonfinite, name=name,
   )

@@ -66,6 +66,7 @@ def cfl(
   beta: float = 0.5,
   feature_examples: int | None = None,
   metric: str = "l2",
+  skip_nonfinite: bool = False,
   name: str = "cfl",
 ) -> FederatedAlgorithm:
   """CFL (module docstring).
@@ -79,7 +80,8 @@ def cfl(
     split_start_round: no split in rounds ``<= split_start_round``.
     server_optimizer: per-cluster server optimizer (default ``sgd(1.0)``).
     cohort_size, chunk_size, weighting, client_update, name: as in FedAvg.
-    compute_dtype, init_params: as in :func:`~fedtree.algorithms.clustering.clustered.clustered`.
+    compute_dtype, init_params, skip_nonfinite: as in
+      :func:`~fedtree.algorithms.clustering.clustered.clustered`.
     similarity_check: Sattler's ``γ_max < √((1 - α_max^cross)/2)`` before a split.
     inter_cluster: ``"none"`` (CFL), ``"awcfl"`` (β-mixing) or ``"mcfl"`` (selection).
     beta, feature_examples, metric: AWCFL's β; MCFL's ``n`` and distance.
@@ -107,5 +109,6 @@ def cfl(
     eps1=eps1, eps2=eps2, min_split_size=min_split_size, similarity_check=similarity_check,
     feature_examples=feature_examples, metric=metric, server_optimizer=server_optimizer,
     cohort_size=cohort_size, chunk_size=chunk_size, weighting=weighting, client_update=client_update,
-    compute_dtype=compute_dtype, init_params=init_params, name=name,
+    compute_dtype=compute_dtype, init_params=init_params,
+    skip_nonfinite=skip_nonfinite, name=name,
   )

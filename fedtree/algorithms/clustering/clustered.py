@@ -230,6 +230,7 @@ def clustered(
   client_update: ClientUpdate | None = None,
   compute_dtype: str | None = None,
   init_params: PyTree | None = None,
+  skip_nonfinite: bool = False,
   name: str = "clustered",
 ) -> FederatedAlgorithm:
   """A clustered-FL algorithm (module docstring): ``clustering`` × ``inter_cluster``.
@@ -253,6 +254,10 @@ def clustered(
     compute_dtype: mixed-precision local steps of the default local training.
     init_params: the model every cluster starts from (default ``model.init``; IFCA's
       ``init="random"`` then still draws independent models).
+    skip_nonfinite: a client whose update is not finite is left out of the round as if not
+      sampled: no weight in its cluster's mean, no part in K-means or CFL's split, its
+      cluster assignment (and MCFL feature mean) unchanged; counted in the
+      ``clients_skipped`` metric (see :func:`fedtree.core.tier.train_cohort`).
 
   Raises:
     ValueError: naming the bad value, for each argument above.
@@ -348,7 +353,10 @@ def clustered(
       client_update, state.params, cohort, data, num_steps=schedule.num_steps(data.n_train),
       weights=w_client, key=stream(key, "train"), chunk_size=sampler.chunk_size, keep_client_params=True,
       batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=state.cursor,
+      skip_nonfinite=skip_nonfinite,
     )
+    # The slots whose update counts: the cohort, less the clients skipped for a non-finite one.
+    cohort = cohort._replace(valid=cohort.valid & jnp.take(res.reported, cohort.clients))
     w = jnp.where(cohort.valid, jnp.take(w_client, cohort.clients), 0.0)
     extra = {}
     origin = jnp.arange(k, dtype=jnp.int32)
@@ -406,7 +414,7 @@ def clustered(
       features = features.replace(client_mean=cohort.scatter(features.client_mean, up),
                                   seen=cohort.scatter(features.seen, True))
     metrics = {
-      **res.metrics(),
+      **res.metrics(skip_nonfinite),
       "num_clusters": num_in_use,
       "clusters_nonempty": jnp.sum((jax.ops.segment_sum(jnp.ones_like(cluster_of), cluster_of,
                                                         num_segments=k) > 0).astype(jnp.int32)),

@@ -47,6 +47,7 @@ def ifca(
   beta: float = 0.5,
   feature_examples: int | None = None,
   metric: str = "l2",
+  skip_nonfinite: bool = False,
   name: str = "ifca",
 ) -> FederatedAlgorithm:
   """IFCA (module docstring).
@@ -57,7 +58,8 @@ def ifca(
     init: ``"random"`` (independent initial models) or ``"same"``.
     server_optimizer: per-cluster server optimizer (default ``sgd(1.0)``).
     cohort_size, chunk_size, weighting, client_update, name: as in FedAvg.
-    compute_dtype, init_params: as in :func:`~fedtree.algorithms.clustering.clustered.clustered`.
+    compute_dtype, init_params, skip_nonfinite: as in
+      :func:`~fedtree.algorithms.clustering.clustered.clustered`.
     inter_cluster: ``"none"`` (IFCA), ``"awcfl"`` (β-mixing) or ``"mcfl"`` (selection).
     beta, feature_examples, metric: AWCFL's β; MCFL's ``n`` and distance.
 
@@ -82,5 +84,5 @@ def ifca(
     clustering="ifca", inter_cluster=inter_cluster, beta=beta, init=init, feature_examples=feature_examples,
     metric=metric, server_optimizer=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size,
     weighting=weighting, client_update=client_update, compute_dtype=compute_dtype, init_params=init_params,
-    name=name,
+    skip_nonfinite=skip_nonfinite, name=name,
   )

@@ -59,6 +59,7 @@ def mcfl(
   client_update: ClientUpdate | None = None,
   compute_dtype: str | None = None,
   init_params: PyTree | None = None,
+  skip_nonfinite: bool = False,
   name: str = "mcfl",
 ) -> FederatedAlgorithm:
   """MCFL (module docstring). Its clusters are never mixed (no ``beta``).
@@ -75,7 +76,8 @@ def mcfl(
     init: IFCA's initial models (``clustering="ifca"``): ``"random"`` or ``"same"``.
     server_optimizer: per-cluster server optimizer (default ``sgd(1.0)``).
     cohort_size, chunk_size, weighting, client_update: as in FedAvg.
-    compute_dtype, init_params: as in :func:`~fedtree.algorithms.clustering.clustered.clustered`.
+    compute_dtype, init_params, skip_nonfinite: as in
+      :func:`~fedtree.algorithms.clustering.clustered.clustered`.
     name: label for reports.
 
   Example:
@@ -103,5 +105,6 @@ def mcfl(
     cluster_start_round=cluster_start_round, kmeans_iters=kmeans_iters, eps1=eps1, eps2=eps2,
     min_split_size=min_split_size, similarity_check=similarity_check, init=init,
     server_optimizer=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size, weighting=weighting,
-    client_update=client_update, compute_dtype=compute_dtype, init_params=init_params, name=name,
+    client_update=client_update, compute_dtype=compute_dtype, init_params=init_params,
+    skip_nonfinite=skip_nonfinite, name=name,
   )

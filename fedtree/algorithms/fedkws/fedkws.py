@@ -19,6 +19,7 @@ deeper trees), as in the paper (the private models are not scored).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ import numpy as np
 import optax
 
 from fedtree.algorithms.fedkws.alt import alt_schedule, client_utility
-from fedtree.algorithms.hierfavg import hierfavg
+from fedtree.algorithms.hierfavg import with_objective
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.data import FederatedData
 from fedtree.core.local import LocalSchedule
@@ -62,6 +63,7 @@ def fedkws(
   weighting: str = "examples",
   compute_dtype: str | None = None,
   init_params: Any = None,
+  skip_nonfinite: bool = False,
   name: str = "fedkws",
 ) -> FederatedAlgorithm:
   """FedKWS-UI (or one of its ablations) on ``topology`` (default flat).
@@ -95,8 +97,8 @@ def fedkws(
     max_grad_norm: clip every local gradient to this global norm (the authors' code,
       difference (d)); ``None`` (paper): no clipping.
     topology: the tree (``None``: one server over all clients).
-    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params: as for
-      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite: as
+      for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     compute_dtype: mixed-precision local steps, ALO's or plain ones (``None``: the params' dtype).
     name: label for reports.
 
@@ -118,35 +120,34 @@ def fedkws(
   """
   check_alo(mu, lam)
   check_private(private, private_steps, private_steps_ratio)
-  topology = Topology.flat(data.num_clients) if topology is None else topology
   if alt:
     base_steps = schedule.steps
     schedule = alt_schedule(schedule, data, r0=r0, min_steps=min_steps, n_max=utility_n_max)
     if alo and private_steps_ratio is not None:     # of the base count E, as the authors' code
       private_steps, private_steps_ratio = int(private_steps_ratio * int(base_steps)) + 1, None
-  client_update = None
+  objective = None
   head = private == "head"
   if alo:
     utility = None
     if mu_weighting:
       utility = client_utility(np.asarray(data.n_train), np.asarray(data.y_train), data.num_classes,
                                utility_n_max)
-    client_update = alo_update(
-      model, local_optimizer, mu=mu, lam=lam, batch_size=schedule.batch_size,
-      max_steps=schedule.max_steps(data.max_train), private=private, private_optimizer=private_optimizer,
-      private_steps=private_steps, private_steps_ratio=private_steps_ratio, client_utility=utility,
-      max_grad_norm=max_grad_norm, compute_dtype=compute_dtype,
+    objective = functools.partial(
+      alo_update, model, local_optimizer, mu=mu, lam=lam, private=private,
+      private_optimizer=private_optimizer, private_steps=private_steps,
+      private_steps_ratio=private_steps_ratio, client_utility=utility, max_grad_norm=max_grad_norm,
+      compute_dtype=compute_dtype,
     )
   elif mu_weighting or max_grad_norm is not None or head or private_steps_ratio is not None:
     raise ValueError(f"fedkws: mu_weighting={mu_weighting}, max_grad_norm={max_grad_norm}, "
                      f"private={private!r} and private_steps_ratio={private_steps_ratio} are ALO options; "
                      f"set alo=True or leave them off")
-  alg = hierfavg(
-    model=with_private_head(model, data.example_shape, init_params) if head else model,
-    topology=topology, data=data, local_optimizer=local_optimizer, schedule=schedule,
-    server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
-    chunk_size=chunk_size, weighting=weighting, client_update=client_update,
-    compute_dtype=None if alo else compute_dtype, init_params=None if head else init_params, name=name,
+  alg = with_objective(
+    objective, model=with_private_head(model, data.example_shape, init_params) if head else model,
+    data=data, local_optimizer=local_optimizer, schedule=schedule, topology=topology,
+    server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size, chunk_size=chunk_size,
+    weighting=weighting, compute_dtype=None if alo else compute_dtype,
+    init_params=None if head else init_params, skip_nonfinite=skip_nonfinite, name=name,
   )
   if not head:
     return alg

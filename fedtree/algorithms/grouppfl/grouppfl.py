@@ -7,9 +7,10 @@ A documented composition of algorithms, run by the ordinary round loop:
    ``|I_t|`` clients, ``K`` local epochs of SGD (the config's local schedule).
 2. Group stage (Algorithm 2): every group starts from the global model (:func:`start_from`)
    and runs ``T_g`` rounds of the same process restricted to its clients, **all groups at
-   once**: the groups are the parents of one tier (:func:`group_fedopt`), each with its own
-   FedAdam state, one jitted step per round, and no cross-group mixing (a group's model only
-   ever sees its own clients' pseudo-gradients).
+   once**: the groups are the parents of one tier (:func:`group_fedopt`: HierFAVG on root ->
+   groups -> clients whose root never aggregates), each with its own FedAdam state, one
+   jitted step per round, and no cross-group mixing (a group's model only ever sees its own
+   clients' pseudo-gradients).
 3. Fine-tune stage (Algorithm 3, :func:`finetune_stage`): every client fine-tunes ``K_l``
    epochs from a seed model at each rate of a sweep in one program (:mod:`fedtree.core.finetune`).
 
@@ -25,6 +26,10 @@ the experiment layer writes into the workdir; the costs are the counters the sim
 
 Global FL is :func:`group_fedopt` with a single group, so the stages share one code path.
 Cohorts: ``min(cohort_size, |g|)`` clients of every group per round (paper: 100).
+
+GroupPerFL cannot be swept (``config.sweep``, :mod:`fedtree.experiment.sweep`): it is a
+fixed-length composition of stages whose fine-tuning and selection report run on the host
+after the rounds, so a sweep of it is refused with a ``ValueError``; sweep it as separate runs.
 """
 
 from __future__ import annotations
@@ -39,14 +44,13 @@ import numpy as np
 import optax
 
 from fedtree.algorithms.grouppfl.costs import ClientCosts, counting
+from fedtree.algorithms.hierfavg import hierfavg
 from fedtree.core import metrics
 from fedtree.core.algorithm import (
   FederatedAlgorithm,
   NodeModels,
   Report,
   TreeState,
-  check_weighting,
-  client_weights,
   sequential,
 )
 from fedtree.core.data import FederatedData
@@ -55,9 +59,8 @@ from fedtree.core.local import LocalSchedule, sgd_client_update, stack
 from fedtree.core.metrics import EvalStats, summarize
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
-from fedtree.core.sampling import cohort_sampler
-from fedtree.core.server import init_nodes, server_optimizer, update_nodes
-from fedtree.core.tier import train_cohort
+from fedtree.core.server import init_nodes, server_optimizer
+from fedtree.core.topology import Topology
 
 PyTree = Any
 
@@ -90,76 +93,57 @@ def group_fedopt(
   weighting: str = "examples",
   start_params: PyTree | None = None,
   compute_dtype: str | None = None,
+  skip_nonfinite: bool = False,
   name: str = "group_fedopt",
 ) -> FederatedAlgorithm:
-  """FedOpt inside every group at once: one tier whose parents are the groups.
+  """FedOpt inside every group at once: :func:`~fedtree.algorithms.hierfavg.hierfavg` on root
+  -> groups -> clients whose root never aggregates (``top_level=1``), from ``start_params``,
+  with the clients' costs counted.
 
-  The state is a :class:`TreeState` with ``params = (group models [G, ...],)``,
-  ``opt_state = (one server state per group [G, ...],)`` and ``client_state = ((),
-  ClientCosts)``. Every round each group samples its cohort, its clients train from the group
-  model, and each group applies its own server optimizer to its own clients' mean
-  pseudo-gradient. ``start_params`` (one model) seeds every group; ``None`` uses
-  ``model.init``. With all ``groups`` equal to 0 this is FedOpt (paper 000, Algorithm 1).
-  ``compute_dtype``: mixed-precision local steps (``None``: the params' dtype).
+  The state is HierFAVG's :class:`TreeState`: ``params = (root [1, ...], group models
+  [G, ...])`` (the root only holds the start model), one server state per group in
+  ``opt_state[1]`` and ``client_state = ((), ClientCosts)``. Every round each group samples
+  its cohort, its clients train from the group model, and each group applies its own server
+  optimizer to its own clients' mean pseudo-gradient; no group ever sees another's. ``start_params``
+  (one model) seeds every group; ``None`` uses ``model.init``. With all ``groups`` equal to 0
+  this is FedOpt (paper 000, Algorithm 1). ``compute_dtype``: mixed-precision local steps
+  (``None``: the params' dtype). ``skip_nonfinite``: leave out clients whose update is not
+  finite (weight 0, their cost counters unchanged), counted in the ``clients_skipped`` metric
+  (see :func:`fedtree.core.tier.train_cohort`).
   """
   groups = np.asarray(groups, np.int32)
   if groups.shape != (data.num_clients,):
     raise ValueError(
       f"groups has shape {groups.shape}; need one label per client ({data.num_clients})"
     )
-  num_groups = int(groups.max()) + 1
-  sampler = cohort_sampler(groups, group_cohort_sizes(groups, cohort_size), chunk_size=chunk_size)
+  sizes = group_cohort_sizes(groups, cohort_size)
   max_steps = schedule.max_steps(data.max_train)
   update = counting(
     sgd_client_update(model, local_optimizer, batch_size=schedule.batch_size, max_steps=max_steps,
                       compute_dtype=compute_dtype),
     batch_size=schedule.batch_size, max_steps=max_steps,
   )
-  check_weighting(weighting)
+  alg = hierfavg(
+    model=model, topology=Topology.from_labels(groups), data=data, local_optimizer=local_optimizer,
+    schedule=schedule, server_optimizers=server_optimizer, top_level=1, cohort_size=sizes,
+    chunk_size=chunk_size, weighting=weighting, client_update=update, init_params=start_params,
+    skip_nonfinite=skip_nonfinite, name=name,
+  )
   groups_j = jnp.asarray(groups)
-
-  def init(key):
-    p = model.init(key) if start_params is None else start_params
-    params = stack(p, num_groups)
-    return TreeState(
-      round=jnp.zeros((), jnp.int32), params=(params,),
-      opt_state=(init_nodes(server_optimizer, params),),
-      client_state=update.init_state(p, data.num_clients),
-      cursor=schedule.init_cursor(data.num_clients),
-    )
-
-  def round_fn(state: TreeState, data: FederatedData, key):
-    cohort = sampler(stream(key, "cohort"))
-    res = train_cohort(
-      update, state.params[0], cohort, data, num_steps=schedule.num_steps(data.n_train),
-      weights=client_weights(data.n_train, weighting), key=stream(key, "train"),
-      chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned, client_state=state.client_state,
-      batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=state.cursor,
-    )
-    params, opt_state = update_nodes(
-      server_optimizer, state.params[0], state.opt_state[0], res.pseudo_gradient(),
-      res.weight_sum > 0,
-    )
-    return state.replace(round=state.round + 1, params=(params,), opt_state=(opt_state,),
-                         client_state=res.client_state, cursor=res.cursor), res.metrics()
-
-  def models(state):
-    return {"group": NodeModels(state.params[0], groups_j)}
-
-  return FederatedAlgorithm(init=init, round=round_fn, models=models, name=name)
+  return alg._replace(models=lambda state: {"group": NodeModels(state.params[1], groups_j)})
 
 
 # ------------------------------------------------------------------------ stages
 def start_from(previous: TreeState, fresh: TreeState, server_optimizer) -> TreeState:
-  """A stage's state started from ``previous``'s first model (the global one), every group
-  getting a copy, a fresh server state per group and zero costs (a :func:`sequential`
-  handoff; costs of the stages are added in the report). Under ``batch_order="cyclic"`` every
-  client's batch stream goes on where the previous stage left it."""
-  num_groups = jax.tree.leaves(fresh.params[0])[0].shape[0]
-  p = jax.tree.map(lambda a: a[0], previous.params[0])
-  params = stack(p, num_groups)
-  return fresh.replace(round=jnp.zeros((), jnp.int32), params=(params,),
-                       opt_state=(init_nodes(server_optimizer, params),),
+  """A stage's state started from ``previous``'s first group model (the global one), every
+  group (and the root, which only holds it) getting a copy, fresh server states and zero
+  costs (a :func:`sequential` handoff; costs of the stages are added in the report). Under
+  ``batch_order="cyclic"`` every client's batch stream goes on where the previous stage left
+  it."""
+  p = jax.tree.map(lambda a: a[0], previous.params[1])
+  params = tuple(stack(p, jax.tree.leaves(q)[0].shape[0]) for q in fresh.params)
+  return fresh.replace(round=jnp.zeros((), jnp.int32), params=params,
+                       opt_state=tuple(init_nodes(server_optimizer, q) for q in params),
                        client_state=jax.tree.map(jnp.zeros_like, fresh.client_state),
                        cursor=previous.cursor)
 
@@ -229,6 +213,8 @@ class GroupPersonalizedFL:
       the paper shows its largest group, "general").
     compute_dtype: mixed-precision local steps of stages 1 and 2 (``None``: the params'
       dtype); the fine-tune stage runs in the params' dtype.
+    skip_nonfinite: in stages 1 and 2, leave out clients whose update is not finite (see
+      :func:`group_fedopt`); the fine-tune stage trains every client on its own.
     label: run label (prefix of the report files).
 
   Example:
@@ -268,6 +254,7 @@ class GroupPersonalizedFL:
   histogram_metric: str = "perplexity"
   histogram_group: int | None = None
   compute_dtype: str | None = None
+  skip_nonfinite: bool = False
   label: str = "grouppfl"
 
   def __post_init__(self):
@@ -314,7 +301,8 @@ class GroupPersonalizedFL:
       batch_size=schedule.batch_size if self.finetune_batch_size is None else int(self.finetune_batch_size),
       epochs=self.finetune_epochs)
     kw = dict(model=model, data=data, local_optimizer=local_optimizer, schedule=schedule,
-              cohort_size=self.cohort_size, chunk_size=chunk_size, compute_dtype=self.compute_dtype)
+              cohort_size=self.cohort_size, chunk_size=chunk_size, compute_dtype=self.compute_dtype,
+              skip_nonfinite=self.skip_nonfinite)
     with_group = "group" in self.stages
     glob = group_fedopt(groups=np.zeros(c, np.int32), server_optimizer=self.global_server,
                         start_params=init_params, name=f"{self.label}/global", **kw)
@@ -323,9 +311,9 @@ class GroupPersonalizedFL:
     zeros = np.zeros(c, np.int32)
 
     def models(states):
-      out = {"FL": NodeModels(states[0].params[0], zeros)}
+      out = {"FL": NodeModels(states[0].params[1], zeros)}
       if with_group:
-        out["GroupFL"] = NodeModels(states[1].params[0], groups)
+        out["GroupFL"] = NodeModels(states[1].params[1], groups)
       return out
 
     composed = sequential(
@@ -338,9 +326,9 @@ class GroupPersonalizedFL:
       del summaries  # re-scored below with perplexities
       g_state, gr_state = state.stages
       costs_fl = g_state.client_state[1]
-      stages = [("FL", "PerFL", g_state.params[0], zeros, costs_fl)]
+      stages = [("FL", "PerFL", g_state.params[1], zeros, costs_fl)]
       if with_group:
-        stages.append(("GroupFL", "GroupPerFL", gr_state.params[0], groups,
+        stages.append(("GroupFL", "GroupPerFL", gr_state.params[1], groups,
                        costs_fl + gr_state.client_state[1]))
       out: dict[str, dict[str, Any]] = {}
       costs: dict[str, ClientCosts] = {}
@@ -397,6 +385,9 @@ def grouppfl(
     eval_chunk_size: clients evaluated and fine-tuned at once (``None``: all).
     **hyperparameters: the other fields of :class:`GroupPersonalizedFL` (its schema:
       ``group_rounds``, ``global_server``, ``finetune_epochs``, ``compute_dtype``, ...).
+
+  Not sweepable (``config.sweep`` refuses it, see the module docstring): sweep it as separate
+  runs.
 
   Example:
     >>> import jax, optax
