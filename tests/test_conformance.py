@@ -305,6 +305,8 @@ def test_objective_is_selectable_from_a_run_config(ctx):
      r"objective 'fedprox' needs field\(s\) \['mu'\]"),
     ({"algorithm": "fedprox", "mu": 0.1, "objective": {"name": "ditto"}}, "unknown field 'objective'"),
     ({"algorithm": "bhfl", "objective": {"name": "fedprox", "mu": 0.1}}, "starts from the downloaded model"),
+    ({"algorithm": "fedavg", "objective": {"name": "alo", "private": "head"}},
+     "private='head' .* through the fedkws algorithm"),
   ]:
     with pytest.raises(ValueError, match=match):
       registry.build_algorithm("x", ml_collections.ConfigDict(fields), ctx)

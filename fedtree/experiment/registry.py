@@ -314,6 +314,10 @@ def objective_from_config(cfg, ctx, *, compute_dtype: str | None = None):
   name = cfg.pop("name", None)
   if name not in OBJECTIVES:
     raise ValueError(f"objective name={name!r}; choose one of {sorted(OBJECTIVES)}")
+  if name == "alo" and cfg.get("private", "persistent") == "head":  # refused here, not at compile time
+    raise ValueError("objective 'alo' with private='head' trains a second classifier head that the "
+                     "host's model must carry: select it through the fedkws algorithm "
+                     "(algorithm: fedkws, private: head), or use private='persistent'")
   factory = OBJECTIVES[name]
   params, hints = inspect.signature(factory).parameters, _hints(factory)
   supplied = {"model": ctx.model, "optimizer": ctx.local_optimizer, "batch_size": ctx.schedule.batch_size,
