@@ -113,7 +113,9 @@ def hierfavg(
     init_params: the model to start every node from (default ``model.init(key)``).
     skip_nonfinite: leave out clients whose update is not finite (weight 0) instead of
       letting them poison the mean; their count is the ``clients_skipped`` metric (see
-      :func:`fedtree.core.tier.train_cohort`).
+      :func:`fedtree.core.tier.train_cohort`). A skipped client drops out of its parent's
+      mean only: at the levels above, the parent's weight still counts the client's examples
+      (as it counts those of an unsampled client).
     top_level: the highest level that aggregates (``0``: the root, HierFAVG). The levels above
       it never do, so every subtree of level ``top_level`` learns on its own from the start
       model: ``top_level=1`` on root -> groups -> clients is FedOpt in every group at once
