@@ -49,3 +49,17 @@ def test_depth_sweep_trees_hold_every_client():
                        (4, [1, 10, 20, 40, 1000])]:
     t = tree_topology(1000, depth)
     assert [t.num_nodes(lv) for lv in range(t.depth + 1)] == nodes
+
+
+@pytest.mark.slow
+def test_sweep_benchmark_scales_a_timed_subset_of_sequential_runs(tmp_path):
+  from benchmarks import sweep
+
+  out = tmp_path / "sweep.json"
+  res = sweep.main(["--n=2", "--rounds=1", "--clients=4", "--workloads=a", "--sequential_max=1",
+                    f"--out={out}"])
+  (row,) = res["a"]
+  assert (row["n"], row["sequential_timed"]) == (2, 1)
+  assert row["sequential_s"] > 0 and row["sweep_s"] > 0 and row["ratio"] > 0
+  assert json.load(open(out))["results"]["a"][0]["sequential_timed"] == 1
+  assert os.path.getsize(tmp_path / "sweep.png") > 0
