@@ -70,3 +70,35 @@ def one_server_tier(update, data, start, key, schedule, client_state=()):
                       num_steps=schedule.num_steps(data.n_train),
                       weights=data.n_train.astype(jnp.float32), key=key,
                       client_state=client_state, keep_client_params=True)
+
+
+def tiny_mlp_problem(batch_size=4):
+  """``(data, model, schedule)``: 5 synthetic clients in two groups (4 features, 3 classes,
+  3-11 examples), a one-hidden-layer MLP and one local epoch, the small problem of the
+  FedKWS-UI, ALO and FedMMD tests."""
+  from fedtree.core.data import as_device
+  from fedtree.core.local import LocalSchedule
+  from fedtree.datasets.synthetic import grouped_synthetic
+  from fedtree.models import build_model
+
+  data, _ = grouped_synthetic(group_sizes=(3, 2), dim=4, num_classes=3, mean_examples=8,
+                              min_examples=3, max_examples=11, test_examples=4, seed=1)
+  data = as_device(data)
+  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(4,))
+  return data, model, LocalSchedule(batch_size=batch_size, epochs=1)
+
+
+ALGORITHM_CASES = {
+  "fedavg": {}, "fedopt": {"server": {"name": "fedadam", "learning_rate": 0.01}},
+  "hierfavg": {"periods": (2,)}, "fedprox": {"mu": 0.1}, "ditto": {"lam": 0.5},
+  "pfedme": {"lam": 5.0, "inner_steps": 2, "personal_lr": 0.05},
+  "perfedavg": {"alpha": 0.05, "beta": 0.05}, "pfedmt": {"team_iters": 2},
+  "bhfl": {"eta_down": 0.5, "cohort_size": 2}, "cfl": {"max_clusters": 2, "eps1": 5.0, "eps2": 0.01},
+  "ifca": {"num_clusters": 2}, "awcfl": {"num_clusters": 2, "cluster_start_round": 1},
+  "mcfl": {"num_clusters": 2, "cluster_start_round": 1, "feature_examples": 3},
+  "fedkws": {"cohort_size": 4}, "fedmmd": {"lam": 0.01},
+  # two rounds of each stage: a 4-round run crosses the boundary, a resume after 2 starts on it
+  "grouppfl": {"global_rounds": 2, "group_rounds": 2},
+}
+"""The smallest run config of every registered algorithm (its required fields; short
+warm-ups): test_conformance's cases and tests/multihost_config.py's runs."""

@@ -3,20 +3,13 @@ same command line under ``--multihost`` (two processes) and in one process must 
 same ``summary.json``. 8 clients in two groups, so the client axis splits evenly over 2
 processes."""
 
+import os
+import sys
+
 import ml_collections
 
-# the smallest run of each algorithm (its required fields; short warm-ups), as in test_conformance
-RUNS = {
-  "fedavg": {}, "fedopt": {"server": {"name": "fedadam", "learning_rate": 0.01}},
-  "hierfavg": {"periods": (2,)}, "fedprox": {"mu": 0.1}, "ditto": {"lam": 0.5},
-  "pfedme": {"lam": 5.0, "inner_steps": 2, "personal_lr": 0.05},
-  "perfedavg": {"alpha": 0.05, "beta": 0.05}, "pfedmt": {"team_iters": 2},
-  "bhfl": {"eta_down": 0.5, "cohort_size": 2}, "cfl": {"max_clusters": 2, "eps1": 5.0, "eps2": 0.01},
-  "ifca": {"num_clusters": 2}, "awcfl": {"num_clusters": 2, "cluster_start_round": 1},
-  "mcfl": {"num_clusters": 2, "cluster_start_round": 1, "feature_examples": 3},
-  "fedkws": {"cohort_size": 4}, "fedmmd": {"lam": 0.01},
-  "grouppfl": {"global_rounds": 1, "group_rounds": 1},
-}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # loaded by path, from fedtree.main
+from helpers import ALGORITHM_CASES as RUNS  # noqa: E402
 
 
 def get_config(runs: str = "") -> ml_collections.ConfigDict:

@@ -20,6 +20,17 @@ def _batches(data: ClientData, key, num_steps, batch_size):
   return [batch_at(batch_key, data, jnp.asarray(t), batch_size) for t in range(int(num_steps))]
 
 
+def _alo_mean(logp, q, b, mu, lam, c):
+  """ALO's loss by a loop over examples: label-smoothed CE plus λ·(−CE(q, softmax)), masked mean."""
+  total, count = 0.0, 0.0
+  for i in range(b.x.shape[0]):
+    m = b.mask[i].astype(jnp.float32)
+    smooth = -sum(((1 - mu) * (b.y[i] == k) + mu / c) * logp[i, k] for k in range(c))
+    adv = sum(q[i, k] * logp[i, k] for k in range(c))          # = -CE(q, softmax)
+    total, count = total + m * (smooth + lam * adv), count + m
+  return total / jnp.maximum(count, 1.0)
+
+
 def alo_client(model, anchor, private, data: ClientData, num_steps, key, *, lr, mu, lam, batch_size):
   """One client's ALO round by hand: private SGD on cross-entropy, then SGD of the anchor on
   label-smoothed CE + λ · (−CE(softmax(private), softmax(global))). Returns (sent, private)."""
@@ -38,15 +49,8 @@ def alo_client(model, anchor, private, data: ClientData, num_steps, key, *, lr, 
     p = jax.tree.map(lambda w, gw: w - lr * gw, p, g)
 
   def alo(w, p, b):
-    logp = jax.nn.log_softmax(model.apply(w, b.x))
-    q = jax.nn.softmax(model.apply(p, b.x))
-    total, count = 0.0, 0.0
-    for i in range(b.x.shape[0]):
-      m = b.mask[i].astype(jnp.float32)
-      smooth = -sum(((1 - mu) * (b.y[i] == k) + mu / c) * logp[i, k] for k in range(c))
-      adv = sum(q[i, k] * logp[i, k] for k in range(c))          # = -CE(q, softmax)
-      total, count = total + m * (smooth + lam * adv), count + m
-    return total / jnp.maximum(count, 1.0)
+    return _alo_mean(jax.nn.log_softmax(model.apply(w, b.x)), jax.nn.softmax(model.apply(p, b.x)), b,
+                     mu, lam, c)
 
   alo_grad = jax.jit(jax.grad(alo))
   w = anchor
@@ -185,13 +189,7 @@ def _alo_head_loss(w, head, b, mu, lam, c):
   h = mlp_features(w, b.x)
   logp = jax.nn.log_softmax(h @ w["Dense_1"]["kernel"] + w["Dense_1"]["bias"][None, :])
   q = jax.lax.stop_gradient(jax.nn.softmax(h @ head["kernel"] + head["bias"][None, :]))
-  total, count = 0.0, 0.0
-  for i in range(b.x.shape[0]):
-    m = b.mask[i].astype(jnp.float32)
-    smooth = -sum(((1 - mu) * (b.y[i] == k) + mu / c) * logp[i, k] for k in range(c))
-    adv = sum(q[i, k] * logp[i, k] for k in range(c))          # = -CE(q, softmax)
-    total, count = total + m * (smooth + lam * adv), count + m
-  return total / jnp.maximum(count, 1.0)
+  return _alo_mean(logp, q, b, mu, lam, c)
 
 
 _private_head_grad = jax.jit(jax.grad(_private_head_ce))

@@ -12,19 +12,17 @@ import numpy as np
 import optax
 import pytest
 import reference_fedkws as ref
+from helpers import client_data, close, row, tiny_mlp_problem
 
 from fedtree.algorithms.fedkws.fedkws import fedkws
 from fedtree.algorithms.hierfavg import fedavg
 from fedtree.core import loop
-from fedtree.core.data import as_device
-from fedtree.core.local import ClientData, LocalSchedule
+from fedtree.core.local import LocalSchedule
 from fedtree.core.metrics import make_evaluator
 from fedtree.core.model import Model, from_flax
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.tier import train_cohort
-from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.evaluation import evaluate_models
-from fedtree.models import build_model
 from fedtree.objectives.alo import PRIVATE, alo_update, ratio_steps, with_private_head
 
 B = 4
@@ -33,29 +31,12 @@ LR = 0.1
 
 @pytest.fixture(scope="module")
 def setup():
-  data, _ = grouped_synthetic(group_sizes=(3, 2), dim=4, num_classes=3, mean_examples=8,
-                              min_examples=3, max_examples=11, test_examples=4, seed=1)
-  data = as_device(data)
-  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(4,))
-  return data, model, LocalSchedule(batch_size=B, epochs=1)
-
-
-def _close(a, b, tol=1e-5):
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
+  return tiny_mlp_problem(B)
 
 
 def _differs(a, b):
   return any(float(jnp.abs(x - y).max()) > 1e-6 for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b),
                                                                   strict=True))
-
-
-def _row(tree, i):
-  return jax.tree.map(lambda a: a[i], tree)
-
-
-def _one_client(data, c):
-  return ClientData(data.x_train[c], data.y_train[c], data.n_train[c])
 
 
 def test_head_mode_matches_per_client_loop(setup):
@@ -69,10 +50,10 @@ def test_head_mode_matches_per_client_loop(setup):
   steps = schedule.num_steps(np.asarray(data.n_train))
   for c in (1, 2):                                 # 3 and 2 steps: 2 private steps each
     key = jax.random.key(10 + c)
-    sent, _, _ = run(anchor, (), _one_client(data, c), jnp.asarray(steps[c]), key)
-    want = ref.alo_head_client(anchor, _one_client(data, c), steps[c], int(ratio * int(steps[c])) + 1, key,
+    sent, _, _ = run(anchor, (), client_data(data, c), jnp.asarray(steps[c]), key)
+    want = ref.alo_head_client(anchor, client_data(data, c), steps[c], int(ratio * int(steps[c])) + 1, key,
                                lr=LR, mu=mu, lam=lam, batch_size=B, num_classes=3)
-    _close(sent, want)
+    close(sent, want)
 
 
 @pytest.mark.slow  # the vmapped cohort compiled: ~12 s of CPU here
@@ -94,10 +75,10 @@ def test_head_mode_cohort_matches_per_client_loop(setup):
                      key=key, keep_client_params=True)
   steps = schedule.num_steps(np.asarray(data.n_train))
   for slot, c in enumerate(np.asarray(sampler(key).clients)):
-    sent = ref.alo_head_client(anchor, _one_client(data, c), steps[c], int(ratio * int(steps[c])) + 1,
+    sent = ref.alo_head_client(anchor, client_data(data, c), steps[c], int(ratio * int(steps[c])) + 1,
                                jax.random.fold_in(key, c), lr=LR, mu=mu, lam=lam, batch_size=B,
                                num_classes=3)
-    _close(_row(res.client_params, slot), sent)
+    close(row(res.client_params, slot), sent)
 
 
 def test_private_steps_ratio_counts_by_hand():
@@ -115,7 +96,7 @@ def test_head_steps_freeze_the_encoder_and_count_int_ratio_steps_plus_one(setup)
   ratio, n = 0.4, 5                                 # int(0.4 · 5) + 1 = 3 private steps
   upd = alo_update(model, optax.sgd(0.0), private_optimizer=optax.sgd(LR), mu=0.2, lam=0.5, batch_size=B,
                    max_steps=n, private="head", private_steps_ratio=ratio)
-  key, cd = jax.random.key(2), _one_client(data, 0)
+  key, cd = jax.random.key(2), client_data(data, 0)
   sent, state, _ = jax.jit(upd.apply)(anchor, (), cd, jnp.asarray(n), key)
   assert state == ()
   for a, b in zip(jax.tree.leaves(sent["model"]), jax.tree.leaves(anchor["model"]), strict=True):
@@ -125,7 +106,7 @@ def test_head_steps_freeze_the_encoder_and_count_int_ratio_steps_plus_one(setup)
     return ref.alo_head_client(anchor, cd, 0, k, key, lr=LR, mu=0.2, lam=0.5, batch_size=B,
                                num_classes=3)["private_head"]
 
-  _close(sent["private_head"], hand(3))
+  close(sent["private_head"], hand(3))
   assert _differs(sent["private_head"], hand(2)) and _differs(sent["private_head"], hand(4))
 
 
@@ -138,16 +119,16 @@ def test_head_mode_without_smoothing_or_adversary_is_fedavg(setup):
   a = loop.run(alg, data, num_rounds=2, key=jax.random.key(1))
   plain = fedavg(**kw)
   b = loop.run(plain, data, num_rounds=2, key=jax.random.key(1))
-  _close(a.params[0]["model"], b.params[0], tol=1e-6)
+  close(a.params[0]["model"], b.params[0], tol=1e-6)
   start = with_private_head(model, data.example_shape).init(jax.random.key(1))   # loop.run's init key
-  assert _differs(_row(a.params[0]["private_head"], 0), start["private_head"])   # the head was averaged in
+  assert _differs(row(a.params[0]["private_head"], 0), start["private_head"])   # the head was averaged in
   # models() and evaluation see the main head only, as the plain model.
-  _close(alg.models(a)["global"].params, plain.models(b)["global"].params, tol=1e-6)
+  close(alg.models(a)["global"].params, plain.models(b)["global"].params, tol=1e-6)
   evaluator = make_evaluator(model)
   ea = evaluate_models(alg, a, model, data, evaluator=evaluator)
   eb = evaluate_models(plain, b, model, data, evaluator=evaluator)
   np.testing.assert_allclose(ea["global"]["accuracy"], eb["global"]["accuracy"])
-  p, x = _row(a.params[0], 0), data.x_test[0]
+  p, x = row(a.params[0], 0), data.x_test[0]
   np.testing.assert_array_equal(np.asarray(with_private_head(model, data.example_shape).apply(p, x)),
                                 np.asarray(model.apply(p["model"], x)))
 
@@ -159,7 +140,7 @@ def test_head_mode_models_are_the_main_head_and_init_params_the_start(setup):
                schedule=LocalSchedule(batch_size=4, steps=2), init_params=start)
   state = alg.init(jax.random.key(0))
   assert set(state.params[0]) == {"model", "private_head"}
-  _close(_row(state.params[0]["model"], 0), start, tol=0)
+  close(row(state.params[0]["model"], 0), start, tol=0)
   nm = alg.models(state)["global"]
   assert jax.tree.structure(nm.params) == jax.tree.structure(jax.tree.map(lambda a: a[None], start))
   summary = evaluate_models(alg, state, model, data)["global"]       # the plain model scores it
@@ -228,7 +209,7 @@ def test_models_that_cannot_carry_a_second_head_are_refused(setup):
   # Head mode on a host whose params carry no private head (e.g. a plain FedAvg's).
   upd = alo_update(model, optax.sgd(LR), mu=0.2, lam=0.1, batch_size=B, max_steps=2, private="head")
   with pytest.raises(ValueError, match="with_private_head"):
-    upd.apply(model.init(jax.random.key(0)), (), _one_client(data, 0), jnp.asarray(2), jax.random.key(0))
+    upd.apply(model.init(jax.random.key(0)), (), client_data(data, 0), jnp.asarray(2), jax.random.key(0))
 
 
 @pytest.mark.slow  # a DS-CNN run compiled end to end

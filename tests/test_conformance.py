@@ -13,7 +13,7 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
-from helpers import count_traces, host_copy, trees_equal
+from helpers import ALGORITHM_CASES, count_traces, host_copy, trees_equal
 
 from fedtree import algorithms
 from fedtree.core.data import as_device
@@ -34,19 +34,7 @@ from fedtree.objectives import (
 
 LR, B, STEPS = 0.05, 4, 2
 
-# The smallest run of every registered algorithm (the required fields; short warm-ups).
-CASES = {
-  "fedavg": {}, "fedopt": {"server": {"name": "fedadam", "learning_rate": 0.01}},
-  "hierfavg": {"periods": (2,)}, "fedprox": {"mu": 0.1}, "ditto": {"lam": 0.5},
-  "pfedme": {"lam": 5.0, "inner_steps": 2, "personal_lr": 0.05},
-  "perfedavg": {"alpha": 0.05, "beta": 0.05}, "pfedmt": {"team_iters": 2},
-  "bhfl": {"eta_down": 0.5, "cohort_size": 2}, "cfl": {"max_clusters": 2, "eps1": 5.0, "eps2": 0.01},
-  "ifca": {"num_clusters": 2}, "awcfl": {"num_clusters": 2, "cluster_start_round": 1},
-  "mcfl": {"num_clusters": 2, "cluster_start_round": 1, "feature_examples": 3},
-  "fedkws": {"cohort_size": 4}, "fedmmd": {"lam": 0.01},
-  # two rounds of each stage: the 4-round run crosses the boundary, the resume starts on it
-  "grouppfl": {"global_rounds": 2, "group_rounds": 2},
-}
+CASES = ALGORITHM_CASES
 
 
 @pytest.fixture(scope="module")

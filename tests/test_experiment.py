@@ -121,3 +121,30 @@ def test_main_cpu_devices_shards_the_clients(tmp_path):
   bad = subprocess.run(cmd[:4] + ["--cpu_devices=-1"], cwd=ROOT, capture_output=True, text=True,
                        timeout=300, env=env)
   assert bad.returncode != 0 and "--cpu_devices=-1 must be >= 0" in bad.stderr
+
+
+def test_check_workdir_only_reads_and_a_silent_reporter_writes_nothing(tmp_path, capsys):
+  """What the processes other than 0 of a multi-process run do with the workdir: check it
+  (refusing another config's run) without creating or writing anything, and report nothing."""
+  from fedtree.experiment.reporting import Reporter
+  from fedtree.experiment.runner import check_workdir, prepare_workdir
+
+  c = quickstart()
+  fresh = tmp_path / "fresh"
+  check_workdir(str(fresh), c, overwrite=False)
+  assert not fresh.exists()
+  prepare_workdir(str(fresh), c, overwrite=False)
+  other = quickstart()
+  other.local.learning_rate = 0.5
+  with pytest.raises(ValueError, match="holds a run of a different config"):
+    check_workdir(str(fresh), other, overwrite=False)
+  check_workdir(str(fresh), other, overwrite=True)   # overwrite: no refusal, nothing removed yet
+  assert (fresh / "fingerprint.json").exists()
+  r = Reporter.silent()
+  r.start_run("x", 2)
+  r.log("x", 1, {"loss": 1.0})
+  r.print("hello")
+  r.result("table")
+  r.close()
+  out, err = capsys.readouterr()
+  assert (out, err) == ("", "")

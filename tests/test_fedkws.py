@@ -13,19 +13,18 @@ import optax
 import pytest
 import reference_fedkws as ref
 from config_files import load_config
-from helpers import client_data, close, count_traces, one_server_tier, row
+from helpers import client_data, close, count_traces, one_server_tier, row, tiny_mlp_problem
 
 from fedtree.algorithms.fedkws.alt import alt_schedule, alt_steps, client_utility
 from fedtree.algorithms.fedkws.fedkws import fedkws
 from fedtree.core import loop
-from fedtree.core.data import FederatedData, as_device
+from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientData, LocalSchedule, sgd_client_update
 from fedtree.core.metrics import evaluate, keyword_rates, keyword_split, summarize
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.tier import train_cohort
 from fedtree.datasets import speech_commands as sc
 from fedtree.datasets.mfcc import MFCC
-from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.datasets.synthetic_kws import synthetic_kws
 from fedtree.experiment.runner import train_and_evaluate
 from fedtree.models import build_model
@@ -37,11 +36,7 @@ LR = 0.1
 
 @pytest.fixture(scope="module")
 def setup():
-  data, _ = grouped_synthetic(group_sizes=(3, 2), dim=4, num_classes=3, mean_examples=8,
-                              min_examples=3, max_examples=11, test_examples=4, seed=1)
-  data = as_device(data)
-  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(4,))
-  return data, model, LocalSchedule(batch_size=B, epochs=1)
+  return tiny_mlp_problem(B)
 
 
 # ------------------------------------------------------------------------ ALO

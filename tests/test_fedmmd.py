@@ -8,16 +8,15 @@ import numpy as np
 import optax
 import pytest
 import reference_fedkws as ref
+from helpers import tiny_mlp_problem
 
 from fedtree.algorithms.fedmmd import fedmmd
 from fedtree.algorithms.hierfavg import fedavg
 from fedtree.core import loop
-from fedtree.core.data import as_device
 from fedtree.core.local import ClientData, LocalSchedule
 from fedtree.core.model import from_flax
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.tier import train_cohort
-from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.models import build_model
 from fedtree.objectives.fedmmd import check_features, fedmmd_update, mmd2, penultimate
 
@@ -26,11 +25,7 @@ B, LR = 4, 0.1
 
 @pytest.fixture(scope="module")
 def setup():
-  data, _ = grouped_synthetic(group_sizes=(3, 2), dim=4, num_classes=3, mean_examples=8,
-                              min_examples=3, max_examples=11, test_examples=4, seed=1)
-  data = as_device(data)
-  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(4,))
-  return data, model, LocalSchedule(batch_size=B, epochs=1)
+  return tiny_mlp_problem(B)
 
 
 def _np_mmd2(a, b, kernel, num=5, mul=2.0, h=None):

@@ -106,6 +106,15 @@ def replicate(tree: PyTree, mesh: Mesh) -> PyTree:
   return jax.device_put(tree, NamedSharding(mesh, P()))
 
 
+def barrier(name: str) -> None:
+  """Waits until every process of a multi-process run reaches the barrier ``name`` (all must
+  call it, in the same order); nothing in a one-process run."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices(name)
+
+
 def _spans_processes(a) -> bool:
   return isinstance(a, jax.Array) and not a.is_fully_addressable and not a.is_fully_replicated
 

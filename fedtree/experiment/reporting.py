@@ -16,6 +16,19 @@ from typing import Any
 import numpy as np
 
 
+class _Discard:
+  """A text stream that drops what is written to it."""
+
+  def write(self, text: str) -> int:
+    return len(text)
+
+  def flush(self) -> None:
+    pass
+
+
+_DISCARD = _Discard()
+
+
 class Reporter:
   """Writes every logged metric dict to ``workdir/metrics.jsonl`` and shows progress.
 
@@ -37,6 +50,12 @@ class Reporter:
     self._last_round = 0
     self._tb: dict[str, Any] = {}
     self._purge: dict[str, int] = {}
+
+  @classmethod
+  def silent(cls) -> Reporter:
+    """A reporter that writes and prints nothing (the processes other than 0 of a
+    multi-process run, whose rows and tables process 0 reports)."""
+    return cls(None, show_progress=False, stream=_DISCARD, out=_DISCARD)
 
   def start_run(self, label: str, total_rounds: int, from_round: int = 0) -> None:
     """A run starts (or resumes) at ``from_round``: its rows after that round are dropped."""

@@ -34,6 +34,7 @@ from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.data import FederatedData, as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.metrics import make_evaluator
+from fedtree.core.sharding import barrier, client_mesh, local_copy, shard_data
 from fedtree.core.topology import Topology
 from fedtree.experiment import memory
 from fedtree.experiment.builders import local_optimizer_from_config, schedule_from_config
@@ -255,8 +256,6 @@ def run_algorithm(
   if not summaries:  # resumed a finished run: evaluate once
     evaluate(state, int(state.round))
   if algorithm.report is not None:
-    from fedtree.core.sharding import local_copy
-
     # a report reads its state and data on the host: this process's copies (gathered when the
     # state spans processes)
     rep = algorithm.report(local_copy(state), ctx.data, key, summaries)
@@ -304,22 +303,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
   # by all, each its shards, through orbax).
   primary = jax.process_index() == 0
   if workdir:
-    prepare_workdir(workdir, config, overwrite=overwrite, write=primary)
-    if jax.process_count() > 1:  # nobody opens the workdir before process 0 has prepared it
-      from jax.experimental import multihost_utils
-
-      multihost_utils.sync_global_devices("fedtree: workdir prepared")
-  reporter = (Reporter(workdir, show_progress=config.get("progress", True)) if primary
-              else Reporter(None, show_progress=False, stream=open(os.devnull, "w"),
-                            out=open(os.devnull, "w")))
+    # every process reads the workdir before process 0 writes it (all refuse alike), and
+    # none opens it before process 0 has prepared it
+    check_workdir(workdir, config, overwrite=overwrite)
+    barrier("fedtree: workdir checked")
+    if primary:
+      write_workdir(workdir, config, overwrite=overwrite)
+    barrier("fedtree: workdir prepared")
+  reporter = Reporter(workdir, show_progress=config.get("progress", True)) if primary else Reporter.silent()
   if not workdir:
     reporter.print("warning: no workdir given: metrics, checkpoints and the summary are not saved "
                    "(pass --workdir=DIR)")
   ctx = make_context(config)
   mesh = None
   if config.get("mesh_shape", None) is not None:  # the client axis over devices (fedtree.core.sharding)
-    from fedtree.core.sharding import client_mesh, shard_data
-
     mesh = client_mesh(config.mesh_shape)
     ctx = dataclasses.replace(ctx, sharded_data=shard_data(ctx.data, mesh))
   root = jax.random.key(int(config.seed))
@@ -394,19 +391,19 @@ def config_fingerprint(config: ml_collections.ConfigDict) -> str:
 WORKDIR_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints", "tensorboard", "fingerprint.json")
 
 
-def prepare_workdir(workdir: str, config: ml_collections.ConfigDict, *, overwrite: bool,
-                    write: bool = True) -> None:
+def prepare_workdir(workdir: str, config: ml_collections.ConfigDict, *, overwrite: bool) -> None:
   """Creates ``workdir``, refuses one that holds a different config's run (unless
-  ``overwrite``: its outputs are removed), and records the config and its fingerprint.
+  ``overwrite``: its outputs are removed), and records the config and its fingerprint:
+  :func:`check_workdir`, then :func:`write_workdir`."""
+  check_workdir(workdir, config, overwrite=overwrite)
+  write_workdir(workdir, config, overwrite=overwrite)
 
-  ``write=False`` only checks (the other processes of a multi-process run: process 0 writes).
-  """
-  import shutil
 
+def check_workdir(workdir: str, config: ml_collections.ConfigDict, *, overwrite: bool) -> None:
+  """Raises ``ValueError`` for a ``workdir`` that is a file, or that holds a run of a different
+  config (its ``fingerprint.json``) unless ``overwrite``. Reads only."""
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ValueError(f"--workdir={workdir} is a file, not a folder")
-  if write:
-    os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, "fingerprint.json")
   new = config_fingerprint(config)
   old = None
@@ -416,15 +413,20 @@ def prepare_workdir(workdir: str, config: ml_collections.ConfigDict, *, overwrit
         old = json.load(f).get("fingerprint")
     except (OSError, ValueError):
       old = "unreadable"
-  if old is not None and old != new:
-    if not overwrite:
-      raise ValueError(
-        f"--workdir={workdir} holds a run of a different config (fingerprint {old}, this config "
-        f"{new}; see its config.json); resuming would mix the two. Use another --workdir, or "
-        "--overwrite to delete its results and start fresh"
-      )
-  if not write:
-    return
+  if old is not None and old != new and not overwrite:
+    raise ValueError(
+      f"--workdir={workdir} holds a run of a different config (fingerprint {old}, this config "
+      f"{new}; see its config.json); resuming would mix the two. Use another --workdir, or "
+      "--overwrite to delete its results and start fresh"
+    )
+
+
+def write_workdir(workdir: str, config: ml_collections.ConfigDict, *, overwrite: bool) -> None:
+  """Creates ``workdir`` (removing its outputs first when ``overwrite``) and writes the
+  config and its fingerprint."""
+  import shutil
+
+  os.makedirs(workdir, exist_ok=True)
   if overwrite:
     for name in WORKDIR_OUTPUTS:
       p = os.path.join(workdir, name)
@@ -434,8 +436,8 @@ def prepare_workdir(workdir: str, config: ml_collections.ConfigDict, *, overwrit
         os.remove(p)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json_best_effort(indent=2))
-  with open(path, "w") as f:
-    json.dump({"fingerprint": new, "ignored_fields": list(FINGERPRINT_IGNORES)}, f)
+  with open(os.path.join(workdir, "fingerprint.json"), "w") as f:
+    json.dump({"fingerprint": config_fingerprint(config), "ignored_fields": list(FINGERPRINT_IGNORES)}, f)
 
 
 def ordered_runs(config: ml_collections.ConfigDict) -> list[tuple[str, ml_collections.ConfigDict]]:
