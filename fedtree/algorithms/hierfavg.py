@@ -12,7 +12,7 @@ period is ``κ2 = periods[0]``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedtree.core.aggregation import pseudo_gradient_from_children
 from fedtree.core.algorithm import (
   FederatedAlgorithm,
   NodeModels,
@@ -41,6 +40,14 @@ from fedtree.core.sampling import cohort_sampler
 from fedtree.core.server import init_nodes, select_nodes, update_nodes
 from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
+from fedtree.core.updates import (
+  UpdatePath,
+  aggregate_children,
+  init_path_state,
+  path_stats,
+  per_level_paths,
+  send_down,
+)
 
 PyTree = Any
 
@@ -86,6 +93,7 @@ def hierfavg(
   init_params: PyTree | None = None,
   skip_nonfinite: bool = False,
   top_level: int = 0,
+  update_paths: UpdatePath | Mapping[int, UpdatePath | None] | Sequence[UpdatePath | None] | None = None,
   name: str = "hierfavg",
 ) -> FederatedAlgorithm:
   """HierFAVG / hierarchical FedOpt on ``topology``.
@@ -122,6 +130,12 @@ def hierfavg(
       (GroupPerFL's group stage, :func:`fedtree.algorithms.grouppfl.group_fedopt`). The
       models of the levels above (the start model) are not in ``models()``, and their
       ``periods`` entries are not used.
+    update_paths: what the updates go through between a child's training and its parent's
+      server optimizer (:mod:`fedtree.core.updates`: client transforms such as clipping or
+      compression, a robust aggregator, a node transform such as central noise, a downlink
+      transform): one :class:`~fedtree.core.updates.UpdatePath` for the clients' tier, or one
+      per server level (``{level: path}``; level ``l``'s path is how it aggregates its children
+      and what it sends them). ``None``: the weighted mean, as in the paper.
     name: label for reports.
 
   Example:
@@ -151,6 +165,8 @@ def hierfavg(
     raise ValueError(f"top_level={top_level} must be a server level, 0..{depth - 1}")
   top_level = int(top_level)
   check_weighting(weighting)
+  paths = per_level_paths(update_paths, depth, algorithm=name,
+                          supported_levels=range(top_level, depth))
   sampler = cohort_sampler(topology.parent(depth), cohort_size, chunk_size=chunk_size)
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
                                  compute_dtype=compute_dtype)
@@ -168,20 +184,27 @@ def hierfavg(
       opt_state=tuple(init_nodes(opt, p) for opt, p in zip(server_optimizers, params, strict=True)),
       client_state=client_state,
       cursor=schedule.init_cursor(topology.num_clients),
+      update_state=tuple(init_path_state(paths[lv], p0, topology.num_nodes(lv + 1), topology.num_nodes(lv))
+                         for lv in range(depth)),
     )
 
   def round_fn(state: TreeState, data: FederatedData, key):
     r = state.round + 1
     params, opt_state = list(state.params), list(state.opt_state)
     w_client = client_weights(data.n_train, weighting)
+    update_state = list(state.update_state)
     cohort = sampler(stream(key, "cohort"))
+    sent, down_stats = send_down(paths[depth - 1], params[depth - 1], stream(key, "down"))
     res = train_cohort(
-      client_update, params[depth - 1], cohort, data,
+      client_update, sent, cohort, data,
       num_steps=schedule.num_steps(data.n_train), weights=w_client,
       key=stream(key, "train"), chunk_size=sampler.chunk_size, client_state=state.client_state,
       parent_aligned=sampler.parent_aligned, batch_order=schedule.batch_order,
       batch_size=schedule.batch_size, cursor=state.cursor, skip_nonfinite=skip_nonfinite,
+      path=paths[depth - 1], path_state=update_state[depth - 1], block_size=max(sampler.sizes),
     )
+    update_state[depth - 1] = res.path_state
+    metrics = {**res.metrics(skip_nonfinite), **path_stats(down_stats, "down_")}
     params[depth - 1], opt_state[depth - 1] = update_nodes(
       server_optimizers[depth - 1], params[depth - 1], opt_state[depth - 1],
       res.pseudo_gradient(), res.weight_sum > 0,
@@ -192,22 +215,29 @@ def hierfavg(
       active[lv] = (r % periods[lv]) == 0
       n = topology.num_nodes(lv + 1)
       w_child = jax.ops.segment_sum(w_client, ancestors[lv + 1], num_segments=n)
-      delta, total = pseudo_gradient_from_children(params[lv], params[lv + 1], w_child, parents[lv + 1])
+      delta, total, new_path, stats = aggregate_children(
+        paths[lv], update_state[lv], params[lv], params[lv + 1], w_child, parents[lv + 1],
+        jax.random.fold_in(stream(key, "update"), lv))
       new_p, new_s = update_nodes(server_optimizers[lv], params[lv], opt_state[lv], delta, total > 0)
       params[lv] = select_nodes(jnp.broadcast_to(active[lv], total.shape), new_p, params[lv])
       opt_state[lv] = select_nodes(jnp.broadcast_to(active[lv], total.shape), new_s, opt_state[lv])
+      update_state[lv] = jax.tree.map(lambda a, b, on=active[lv]: jnp.where(on, a, b), new_path,
+                                      update_state[lv])
+      metrics.update({f"level{lv}_{k}": jnp.where(active[lv], v, 0) for k, v in stats.items()})
     # Top-down: a level that aggregated sends its model to its whole subtree.
     for lv in range(depth - 1):
       if active[lv] is None:
         continue
-      down = jax.tree.map(lambda p, idx=parents[lv + 1]: p[idx], params[lv])
+      sent, down_stats = send_down(paths[lv], params[lv], jax.random.fold_in(stream(key, "down"), lv))
+      metrics.update({f"level{lv}_{k}": jnp.where(active[lv], v, 0)
+                      for k, v in path_stats(down_stats, "down_").items()})
+      down = jax.tree.map(lambda p, idx=parents[lv + 1]: p[idx], sent)
       params[lv + 1] = select_nodes(
         jnp.broadcast_to(active[lv], (topology.num_nodes(lv + 1),)), down, params[lv + 1]
       )
-    metrics = res.metrics(skip_nonfinite)
     new_state = state.replace(
       round=r, params=tuple(params), opt_state=tuple(opt_state), client_state=res.client_state,
-      cursor=res.cursor,
+      cursor=res.cursor, update_state=tuple(update_state),
     )
     return new_state, metrics
 
@@ -236,6 +266,7 @@ def fedavg(
   client_update: ClientUpdate | None = None,
   init_params: PyTree | None = None,
   skip_nonfinite: bool = False,
+  update_paths: UpdatePath | Mapping[int, UpdatePath | None] | Sequence[UpdatePath | None] | None = None,
   name: str = "fedavg",
 ) -> FederatedAlgorithm:
   """FedAvg (McMahan et al. 2017), or FedOpt with ``server_optimizer``: one server, one tier
@@ -262,7 +293,7 @@ def fedavg(
     local_optimizer=local_optimizer, schedule=schedule,
     server_optimizers=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size,
     weighting=weighting, compute_dtype=compute_dtype, client_update=client_update,
-    init_params=init_params, skip_nonfinite=skip_nonfinite, name=name,
+    init_params=init_params, skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
   )
 
 

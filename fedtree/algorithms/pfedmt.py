@@ -67,6 +67,7 @@ from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
+from fedtree.core.updates import UpdatePath, init_path_state, per_level_paths
 from fedtree.objectives.moreau import moreau_client_update
 
 TEAM_WEIGHTINGS = ("examples", "devices", "uniform")
@@ -83,6 +84,8 @@ class PFedMTState:
     client_state: ``[C, ...]`` personalized device models ``θ_ij`` (PM), or the state of a
       custom ``client_update``.
     cursor: ``int32[C]`` batch cursors under ``batch_order="cyclic"`` (else ``()``).
+    update_state: the :class:`~fedtree.core.updates.PathState` of the devices -> teams update
+      path (empty without one).
   """
 
   round: jax.Array
@@ -90,6 +93,7 @@ class PFedMTState:
   team_params: object
   client_state: object
   cursor: object = ()
+  update_state: Any = ()
 
 
 def pfedmt(
@@ -114,6 +118,7 @@ def pfedmt(
   cohort_size: int | None = None,
   team_weighting: str | None = None,
   skip_nonfinite: bool = False,
+  update_paths: UpdatePath | Any = None,
 ) -> FederatedAlgorithm:
   """pFedMT on a root → teams → devices ``topology`` (depth 2).
 
@@ -147,6 +152,10 @@ def pfedmt(
       ``τ``, which is fixed by the data); the ``clients_skipped`` metric counts the device
       updates skipped over the round's ``K`` team iterations (see
       :func:`fedtree.core.tier.train_cohort`).
+    update_paths: the update path of the devices' updates into their team models at every
+      team iteration (:mod:`fedtree.core.updates`; level 1, or one ``UpdatePath``); its
+      statistics are averaged over the team iterations. A path at level 0 is refused: the
+      global model mixes the team models by ``τ``, it aggregates no updates.
 
   Raises:
     ValueError: a tree that is not two tiers deep, or out-of-range hyperparameters.
@@ -188,6 +197,9 @@ def pfedmt(
     raise ValueError(f"pFedMT team_weighting={team_weighting!r}; choose one of {TEAM_WEIGHTINGS}")
   num_teams = topology.num_nodes(1)
   team_of = jnp.asarray(topology.parent(2))
+  # The devices' updates reach their team through the path of level 1 at every team iteration;
+  # the global model mixes the team models by τ, not by aggregating updates (no path at level 0).
+  path = per_level_paths(update_paths, 2, algorithm=name, supported_levels=(1,))[1]
   sampler = cohort_sampler(topology.parent(2), cohort_size, chunk_size=chunk_size)
   if client_update is None:
     client_update = moreau_client_update(
@@ -208,7 +220,8 @@ def pfedmt(
     else:
       client_state = stack(x, topology.num_clients)
     return PFedMTState(round=jnp.zeros((), jnp.int32), params=x, team_params=stack(x, num_teams),
-                       client_state=client_state, cursor=schedule.init_cursor(topology.num_clients))
+                       client_state=client_state, cursor=schedule.init_cursor(topology.num_clients),
+                       update_state=init_path_state(path, x, topology.num_clients, num_teams))
 
   def round_fn(state: PFedMTState, data: FederatedData, key):
     x = state.params
@@ -227,13 +240,13 @@ def pfedmt(
     w0 = stack(x, num_teams)
 
     def team_iteration(carry, k):
-      w, pm, cursor = carry
+      w, pm, cursor, path_state = carry
       res = train_cohort(
         client_update, w, sampler(jax.random.fold_in(cohort_key, k)), data, num_steps=num_steps,
         weights=w_dev, key=jax.random.fold_in(train_key, k), client_state=pm,
         chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned,
         batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=cursor,
-        skip_nonfinite=skip_nonfinite,
+        skip_nonfinite=skip_nonfinite, path=path, path_state=path_state, block_size=max(sampler.sizes),
       )
       # θ̄_i = w_i - (w_i - Σ_j δ_j θ_ij): the cohort's mean pseudo-gradient, undone.
       theta_bar = jax.tree.map(jnp.subtract, w, res.pseudo_gradient())
@@ -242,18 +255,20 @@ def pfedmt(
         + eta * lam * tb,
         w, x, theta_bar,
       )
-      return (w, res.client_state, res.cursor), (res.mean_loss(), jnp.asarray(res.num_skipped))
+      return ((w, res.client_state, res.cursor, res.path_state),
+              (res.mean_loss(), jnp.asarray(res.num_skipped), res.update_stats))
 
-    (w, pm, cursor), (losses, skipped) = jax.lax.scan(
-      team_iteration, (w0, state.client_state, state.cursor), jnp.arange(team_iters)
+    (w, pm, cursor, path_state), (losses, skipped, update_stats) = jax.lax.scan(
+      team_iteration, (w0, state.client_state, state.cursor, state.update_state), jnp.arange(team_iters)
     )
     w_bar = jax.tree.map(lambda wi: jnp.tensordot(tau, wi, axes=1), w)
     x = jax.tree.map(lambda xi, wb: (1.0 - beta * gamma) * xi + beta * gamma * wb, x, w_bar)
-    metrics = {"train_loss": jnp.mean(losses), "last_team_iter_loss": losses[-1]}
+    metrics = {"train_loss": jnp.mean(losses), "last_team_iter_loss": losses[-1],
+               **{k: jnp.mean(v) for k, v in update_stats.items()}}   # over the team iterations
     if skip_nonfinite:
       metrics["clients_skipped"] = jnp.sum(skipped)
     new_state = PFedMTState(round=state.round + 1, params=x, team_params=w, client_state=pm,
-                            cursor=cursor)
+                            cursor=cursor, update_state=path_state)
     return new_state, metrics
 
   def models(state: PFedMTState):

@@ -103,6 +103,8 @@ class TreeState:
     client_state: persistent per-client state ``[C, ...]`` (``()`` if none).
     cursor: ``int32[C]`` every client's batch cursor under ``batch_order="cyclic"``
       (:meth:`fedtree.core.local.LocalSchedule.init_cursor`; ``()`` for the other orders).
+    update_state: per server level, the :class:`~fedtree.core.updates.PathState` of the update
+      path it aggregates its children through (``()`` entries hold nothing: no path).
   """
 
   round: jax.Array
@@ -110,6 +112,7 @@ class TreeState:
   opt_state: tuple
   client_state: Any = ()
   cursor: Any = ()
+  update_state: tuple = ()
 
 
 def per_level(value, depth: int, name: str) -> tuple:

@@ -27,8 +27,22 @@ from jax.sharding import PartitionSpec as P
 from fedtree.core.aggregation import divide_by_weight, weighted_segment_sum
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientData, ClientUpdate, advance_cursor, check_batch_order
+from fedtree.core.rng import stream
 from fedtree.core.sampling import Cohort
 from fedtree.core.sharding import CLIENT_AXIS, constrain_clients, mesh_size
+from fedtree.core.updates import (
+  ClientContext,
+  PathState,
+  Stats,
+  UpdatePath,
+  apply_client,
+  block_positions,
+  check_stats,
+  finish,
+  node_state_of,
+  parents_node_state,
+  path_metrics,
+)
 
 PyTree = Any
 
@@ -53,6 +67,9 @@ class TierResult(NamedTuple):
     reported: ``bool[C]`` the clients whose update was aggregated: the sampled ones, less those
       skipped (``skip_nonfinite``); an algorithm that aggregates anything else of its clients
       (their models, their assignments) masks it with this.
+    path_state: the :class:`~fedtree.core.updates.PathState` of the update path, updated.
+    update_stats: the round metrics of the update path's stages
+      (:func:`fedtree.core.updates.path_metrics`; ``{}`` without a path).
   """
 
   delta_sum: PyTree
@@ -65,6 +82,8 @@ class TierResult(NamedTuple):
   num_skipped: jax.Array | int = 0
   first_nonfinite: jax.Array | int = -1
   reported: jax.Array | None = None
+  path_state: PathState = PathState()
+  update_stats: dict[str, jax.Array] = {}
 
   def pseudo_gradient(self) -> PyTree:
     """The mean pseudo-gradient ``Θ - Σ p_i θ_i`` of every parent (0 where none reported)."""
@@ -83,7 +102,42 @@ class TierResult(NamedTuple):
            "nonfinite_client": jnp.asarray(self.first_nonfinite, jnp.int32)}
     if skip_nonfinite:
       out["clients_skipped"] = jnp.asarray(self.num_skipped)
+    for k, v in self.update_stats.items():
+      if k in out:
+        raise ValueError(f"update path statistic {k!r} collides with the tier's own metric")
+      out[k] = v
     return out
+
+
+class _Carry(NamedTuple):
+  """What :func:`train_cohort`'s scan over chunks accumulates."""
+
+  delta_sum: PyTree         # [D, P, ...] per-device partial sums (mean aggregator), else ()
+  weight_sum: jax.Array     # [D, P] (mean aggregator), else ()
+  client_state: PyTree      # [C, ...] the objective's persistent state
+  loss_sum: jax.Array       # [] over the clients that trained
+  count: jax.Array          # int32[] clients that trained
+  skipped: jax.Array        # int32[] clients skipped for a non-finite update
+  first_bad: jax.Array      # int32[] lowest id of a non-finite aggregated client (C if none)
+  reported: jax.Array       # bool[C] clients whose update was aggregated
+  path_client: PyTree       # [C, ...] the client transform's state
+  stat_sums: Stats          # {name: [P]} client statistics summed per parent
+  block: PyTree             # [P, K, ...] every slot's update (blockwise aggregator), else ()
+  block_weight: PyTree      # [P, K] their weights, else ()
+  block_valid: PyTree       # bool[P, K], else ()
+
+
+def _rows(mask: jax.Array, tree: PyTree) -> PyTree:
+  """``mask[K]`` broadcast against every ``[K, ...]`` leaf, for per-slot ``where``."""
+  return jax.tree.map(lambda a: mask.reshape((mask.shape[0],) + (1,) * (a.ndim - 1)), tree)
+
+
+def nonfinite_slots(delta: PyTree, loss: jax.Array) -> jax.Array:
+  """``bool[K]``: the slots whose loss and every entry of whose update are finite."""
+  ok = jnp.isfinite(loss)
+  for d in jax.tree.leaves(delta):
+    ok = ok & jnp.isfinite(d).reshape(loss.shape[0], -1).all(axis=1)
+  return ok
 
 
 def _take(tree: PyTree, idx: jax.Array) -> PyTree:
@@ -108,6 +162,9 @@ def train_cohort(
   batch_size: int | None = None,
   cursor: jax.Array | tuple = (),
   skip_nonfinite: bool = False,
+  path: UpdatePath | None = None,
+  path_state: PathState | None = None,
+  block_size: int | None = None,
 ) -> TierResult:
   """Trains every client of ``cohort`` from its parent's model and aggregates per parent.
 
@@ -139,6 +196,17 @@ def train_cohort(
       instead of poisoning its parent's mean, as production FL systems do: weight 0, its
       persistent state unchanged, its loss not averaged, counted in ``num_skipped``. Off by
       default, so that divergence stops a run (``fedtree.core.loop``) rather than hiding.
+    path: the update path between a client's training and its parent's aggregate
+      (:mod:`fedtree.core.updates`): a client transform on every delta (after the non-finite
+      check, before weighting), the aggregator (the streamed weighted mean, or a blockwise one
+      given every parent's cohort as a ``[P, block_size, ...]`` block) and the node transform
+      on every parent's ``(delta_sum, weight_sum)``. ``None``: the weighted mean, as before.
+      With ``keep_client_params``, the kept models are what the clients sent:
+      ``anchor - transformed delta``. The path's ``down`` transform is the caller's to apply to
+      ``parent_params`` (:func:`fedtree.core.updates.send_down`).
+    path_state: the path's state (:func:`fedtree.core.updates.init_path_state`).
+    block_size: the largest cohort of a parent (static; ``max(CohortSampler.sizes)``), needed
+      by a blockwise aggregator.
 
   Example:
     Root -> 2 edges -> 5 clients; every client trains 2 steps of SGD from its edge's model
@@ -200,10 +268,24 @@ def train_cohort(
   segment_sums = jax.vmap(weighted_segment_sum, in_axes=(0, 0, 0, None))
   # Weights and loss sums in the parameters' float dtype (float64 state keeps float64 sums).
   fdtype = jnp.result_type(jnp.float32, *jax.tree.leaves(parent_params))
+  path = None if path is None or path.is_default else path
+  path_state = PathState() if path_state is None else path_state
+  client_tf = None if path is None else path.client
+  blockwise = path is not None and path.aggregator.blockwise
+  if blockwise:
+    if block_size is None:
+      raise ValueError(f"aggregator {path.aggregator.name!r} needs every parent's whole cohort: pass "
+                       f"block_size= (the largest cohort of a parent, max(CohortSampler.sizes))")
+    block_size = int(block_size)
+    slot_pos = jax.tree.map(
+      lambda a: a.reshape((k // chunk, chunk)),
+      block_positions(sorted_cohort.parent, sorted_cohort.valid, num_parents))
+  else:
+    slot_pos = jnp.zeros((k // chunk, chunk), jnp.int32)
+  update_key = stream(key, "update")
 
-  def body(carry, chunk_slots):
-    ch, ch_steps = chunk_slots
-    delta_sum, weight_sum, state, loss_sum, count, skipped, first_bad, reported = carry
+  def body(carry: _Carry, chunk_slots):
+    ch, ch_steps, ch_pos = chunk_slots
     # Under a ``jax.set_mesh`` with a ``clients`` axis, each device trains its slice of the
     # chunk (identity otherwise; see fedtree.core.sharding).
     if parent_aligned:
@@ -229,7 +311,7 @@ def train_cohort(
       data_axes = 0
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ch.clients)
     params, new_state, loss = jax.vmap(update.apply, in_axes=(0, 0, data_axes, 0, 0))(
-      start, constrain_clients(_take(state, ch.clients)), cdata, ch_steps,
+      start, constrain_clients(_take(carry.client_state, ch.clients)), cdata, ch_steps,
       keys,
     )
     params = constrain_clients(params)
@@ -243,50 +325,110 @@ def train_cohort(
       anchor = _take(anchor_params, ch.parent)
     delta = jax.tree.map(jnp.subtract, anchor, params)
     trained = ch.valid
-    ok = jnp.isfinite(loss)
-    for d in jax.tree.leaves(delta):
-      ok = ok & jnp.isfinite(d).reshape(chunk, -1).all(axis=1)
+    ok = nonfinite_slots(delta, loss)
+    skipped, first_bad = carry.skipped, carry.first_bad
     if skip_nonfinite:
-      delta = jax.tree.map(
-        lambda d: jnp.where(ok.reshape((chunk,) + (1,) * (d.ndim - 1)), d, 0), delta)
+      delta = jax.tree.map(lambda d, m: jnp.where(m, d, 0), delta, _rows(ok, delta))
       loss = jnp.where(ok, loss, 0.0)
       skipped = skipped + jnp.sum((ch.valid & ~ok).astype(jnp.int32))
       trained = ch.valid & ok
       w = jnp.where(ok, w, 0.0)
       if keep_client_params:
-        params = jax.tree.map(
-          lambda p, s: jnp.where(ok.reshape((chunk,) + (1,) * (p.ndim - 1)), p, s), params, start)
+        params = jax.tree.map(lambda p, s, m: jnp.where(m, p, s), params, start, _rows(ok, params))
     else:
       first_bad = jnp.minimum(first_bad, jnp.min(jnp.where(ch.valid & ~ok, ch.clients, num_clients)))
-    parent = per_device(ch.parent)
-    delta_sum = on_devices(jax.tree.map(
-      jnp.add, delta_sum,
-      segment_sums(jax.tree.map(per_device, delta), per_device(w), parent, num_parents),
-    ))
-    weight_sum = on_devices(weight_sum + jax.vmap(
-      lambda v, i: jax.ops.segment_sum(v, i, num_segments=num_parents)
-    )(per_device(w), parent))
-    state = ch.scatter(state, new_state, trained)   # padding (and skipped) slots write nowhere
-    reported = ch.scatter(reported, True, trained)
-    loss_sum = loss_sum + jnp.sum(jnp.where(trained, loss, 0.0)).astype(fdtype)
-    count = count + jnp.sum(trained, dtype=jnp.int32)
-    return ((delta_sum, weight_sum, state, loss_sum, count, skipped, first_bad, reported),
-            (params if keep_client_params else None))
+    path_client, stat_sums = carry.path_client, carry.stat_sums
+    if client_tf is not None:   # the update path's client stage, on every slot's delta
+      assert path is not None
+      ctx = ClientContext(client=ch.clients, parent=ch.parent, weight=w,
+                          node_state=parents_node_state(path_state, ch.parent))
+      tkeys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(update_key, ch.clients)
+      delta, new_path, stats = apply_client(client_tf, delta, _take(path_client, ch.clients), tkeys, ctx)
+      path_client = ch.scatter(path_client, new_path, trained)
+      stats = check_stats(stats, client_tf.name)
+      stat_sums = {n: stat_sums[n] + jax.ops.segment_sum(
+        jnp.where(trained, jnp.asarray(v, fdtype), 0.0), ch.parent, num_segments=num_parents)
+        for n, v in stats.items()}
+      if keep_client_params:   # the model each client sent
+        params = jax.tree.map(jnp.subtract, anchor, delta)
+    if blockwise:
+      rows = jnp.where(trained, ch.parent, num_parents)   # untrained slots write nowhere
+      block = jax.tree.map(lambda b, d: b.at[rows, ch_pos].set(d.astype(b.dtype), mode="drop"),
+                           carry.block, delta)
+      block_weight = carry.block_weight.at[rows, ch_pos].set(w, mode="drop")
+      block_valid = carry.block_valid.at[rows, ch_pos].set(True, mode="drop")
+      delta_sum, weight_sum = carry.delta_sum, carry.weight_sum
+    else:
+      block, block_weight, block_valid = (), (), ()
+      parent = per_device(ch.parent)
+      delta_sum = on_devices(jax.tree.map(
+        jnp.add, carry.delta_sum,
+        segment_sums(jax.tree.map(per_device, delta), per_device(w), parent, num_parents),
+      ))
+      weight_sum = on_devices(carry.weight_sum + jax.vmap(
+        lambda v, i: jax.ops.segment_sum(v, i, num_segments=num_parents)
+      )(per_device(w), parent))
+    new = _Carry(
+      delta_sum=delta_sum, weight_sum=weight_sum,
+      client_state=ch.scatter(carry.client_state, new_state, trained),  # padding/skipped: nowhere
+      loss_sum=carry.loss_sum + jnp.sum(jnp.where(trained, loss, 0.0)).astype(fdtype),
+      count=carry.count + jnp.sum(trained, dtype=jnp.int32),
+      skipped=skipped, first_bad=first_bad,
+      reported=ch.scatter(carry.reported, True, trained),
+      path_client=path_client, stat_sums=stat_sums,
+      block=block, block_weight=block_weight, block_valid=block_valid,
+    )
+    return new, (params if keep_client_params else None)
 
-  init = (
-    on_devices(jax.tree.map(lambda p: jnp.zeros((devices,) + p.shape, p.dtype), parent_params)),
-    on_devices(jnp.zeros((devices, num_parents), fdtype)),
-    client_state,
-    jnp.zeros((), fdtype),
-    jnp.zeros((), jnp.int32),
-    jnp.zeros((), jnp.int32),
-    jnp.full((), num_clients, jnp.int32),
-    jnp.zeros((num_clients,), bool),
+  stat_names = ()
+  if client_tf is not None:   # the statistics' names, from an abstract trace of one slot
+    one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), parent_params)
+    ctx1 = ClientContext(client=jnp.zeros((), jnp.int32), parent=jnp.zeros((), jnp.int32),
+                         weight=jnp.zeros((), fdtype),
+                         node_state=jax.tree.map(lambda a: a[0], path_state.node))
+    st1 = jax.tree.map(lambda a: a[0], path_state.client)
+    _, _, stats1 = jax.eval_shape(client_tf.apply, one, st1, update_key, ctx1)
+    stat_names = tuple(stats1)
+  init = _Carry(
+    delta_sum=() if blockwise else on_devices(
+      jax.tree.map(lambda p: jnp.zeros((devices,) + p.shape, p.dtype), parent_params)),
+    weight_sum=() if blockwise else on_devices(jnp.zeros((devices, num_parents), fdtype)),
+    client_state=client_state,
+    loss_sum=jnp.zeros((), fdtype),
+    count=jnp.zeros((), jnp.int32),
+    skipped=jnp.zeros((), jnp.int32),
+    first_bad=jnp.full((), num_clients, jnp.int32),
+    reported=jnp.zeros((num_clients,), bool),
+    path_client=path_state.client,
+    stat_sums={n: jnp.zeros((num_parents,), fdtype) for n in stat_names},
+    block=jax.tree.map(lambda p: jnp.zeros((num_parents, block_size) + p.shape[1:], p.dtype),
+                       parent_params) if blockwise else (),
+    block_weight=jnp.zeros((num_parents, block_size), fdtype) if blockwise else (),
+    block_valid=jnp.zeros((num_parents, block_size), bool) if blockwise else (),
   )
-  (delta_sum, weight_sum, state, loss_sum, count, skipped, first_bad, reported), per_chunk = jax.lax.scan(
-    body, init, chunks)
-  delta_sum = jax.tree.map(lambda a: jnp.sum(a, axis=0), delta_sum)  # the one reduction
-  weight_sum = jnp.sum(weight_sum, axis=0)
+  out, per_chunk = jax.lax.scan(body, init, (chunks[0], chunks[1], slot_pos))
+  agg_stats: Stats = {}
+  if blockwise:
+    assert path is not None and path.aggregator.aggregate is not None
+    delta_sum, weight_sum, agg_stats = path.aggregator.aggregate(
+      out.block, out.block_weight, out.block_valid, stream(key, "aggregate"),
+      node_state_of(path, path_state))
+    weight_sum = jnp.asarray(weight_sum, fdtype)
+  else:
+    delta_sum = jax.tree.map(lambda a: jnp.sum(a, axis=0), out.delta_sum)  # the one reduction
+    weight_sum = jnp.sum(out.weight_sum, axis=0)
+  update_stats: dict[str, jax.Array] = {}
+  new_path_state = path_state._replace(client=out.path_client)
+  if path is not None:
+    stat_sums = dict(out.stat_sums)
+    stat_sums["reported"] = jax.ops.segment_sum(
+      jnp.take(out.reported, cohort.clients).astype(fdtype) * cohort.valid, cohort.parent,
+      num_segments=num_parents)
+    delta_sum, weight_sum, new_path_state, node_stats = finish(
+      path, new_path_state, delta_sum, weight_sum, stat_sums, stream(key, "node"))
+    update_stats = path_metrics(stat_sums, out.count, node_stats, agg_stats)
+  state, loss_sum, count, skipped, first_bad, reported = (
+    out.client_state, out.loss_sum, out.count, out.skipped, out.first_bad, out.reported)
   client_params = None
   if keep_client_params:
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(k, dtype=order.dtype))
@@ -300,4 +442,4 @@ def train_cohort(
     cursor = cohort.scatter(cursor, moved)
   first_bad = jnp.where(first_bad < num_clients, first_bad, -1).astype(jnp.int32)
   return TierResult(delta_sum, weight_sum, state, client_params, loss_sum, count, cursor, skipped,
-                    first_bad, reported)
+                    first_bad, reported, new_path_state, update_stats)

@@ -14,16 +14,17 @@ the factory:
   small named converters (:class:`Fields`) from config-only fields;
 * every other field is an error naming the run, the field and the allowed fields.
 
-Common run fields, for every algorithm whose factory takes the parameter: ``cohort_size``
-(per leaf parent; -1 or absent: all), ``chunk_size`` (an int, ``None``, ``"auto"`` or
-``"tune"``; default the config's, else ``"auto"``), ``compute_dtype`` (default the
-config's), ``init_params`` (the path of saved parameters to start from, default the config's
-``init_params``: :mod:`fedtree.experiment.params`; every algorithm takes it, GroupPerFL in its
-first stage), ``weighting``, ``server`` (one server optimizer config ``{name, **hparams}``) /
-``servers`` (one per server level), ``periods``, ``tree`` (``"flat"`` or ``"config"``, for
-the methods whose tree is optional), ``objective`` (for the algorithms that take a
-``client_update``: the local objective, ``{name, **hyperparameters}``, see
-:func:`objective_from_config`), and the runner's ``rounds`` and ``label``.
+Common run fields, for every algorithm whose factory takes the parameter: ``cohort_size`` (per leaf
+parent; -1 or absent: all), the update-path sections of :mod:`fedtree.experiment.updates` (for the
+algorithms that take ``update_paths``), ``chunk_size`` (an int, ``None``, ``"auto"`` or ``"tune"``;
+default the config's, else ``"auto"``), ``compute_dtype`` (default the config's), ``init_params``
+(the path of saved parameters to start from, default the config's ``init_params``:
+:mod:`fedtree.experiment.params`; every algorithm takes it, GroupPerFL in its first stage),
+``weighting``, ``server`` (one server optimizer config ``{name, **hparams}``) / ``servers`` (one per
+server level), ``periods``, ``tree`` (``"flat"`` or ``"config"``, for the methods whose tree is
+optional), ``objective`` (for the algorithms that take a ``client_update``: the local objective,
+``{name, **hyperparameters}``, see :func:`objective_from_config`), and the runner's ``rounds`` and
+``label``.
 
 Adding an algorithm: its factory (one file) and one :class:`AlgorithmSpec` line in
 :data:`SPECS` (see ``CONTRIBUTING.md``).
@@ -50,6 +51,7 @@ from fedtree.algorithms.bhfl import proxy_from_clients, with_level_report
 from fedtree.algorithms.bhfl.asynchrony import latency_from_config
 from fedtree.algorithms.grouppfl.grouppfl import GroupPersonalizedFL
 from fedtree.core.topology import Topology
+from fedtree.experiment import updates as update_sections
 from fedtree.experiment.builders import (
   cohort_slots,
   local_optimizer_from_config,
@@ -454,6 +456,9 @@ def schema(spec: AlgorithmSpec) -> Schema:
   topo = params.get("topology")
   if topo is not None and topo.default is None:
     common.append(Fields(("tree",), _tree))
+  if "update_paths" in params:   # privacy, attacks, robust aggregation, compression (by section)
+    common.append(Fields(tuple(update_sections.SECTIONS), update_sections.update_paths_from_config,
+                         ("update_paths",)))
   fields = [f for f in common if not set(f.names) & converted] + fields
   skip = set(CONTEXT_PARAMS) | set(NOT_CONFIGURABLE) | {"chunk_size", "topology"}
   skip |= {n for f in fields for n in f.names + f.targets}

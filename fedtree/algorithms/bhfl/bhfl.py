@@ -97,6 +97,13 @@ from fedtree.core.sampling import cohort_sampler
 from fedtree.core.server import down_nodes, init_nodes, select_nodes, update_nodes
 from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
+from fedtree.core.updates import (
+  UpdatePath,
+  init_path_state,
+  path_metrics,
+  per_level_paths,
+  transform_children,
+)
 
 PyTree = Any
 
@@ -177,6 +184,7 @@ class BHFLState:
     residual_state: ``[E·K, ...]`` the root's optimizer state per residual link, or ``()``.
     direct_state: ``[E, ...]`` the edges' down state of the root→edge link, or ``()``.
     cursor: ``int32[C]`` the clients' batch cursors under ``batch_order="cyclic"`` (else ``()``).
+    update_state: the :class:`~fedtree.core.updates.PathState` of the clients' update path.
   """
 
   round: jax.Array
@@ -188,6 +196,7 @@ class BHFLState:
   residual_state: Any = ()
   direct_state: Any = ()
   cursor: Any = ()
+  update_state: Any = ()
 
 
 # ------------------------------------------------------------------------ validation
@@ -271,6 +280,7 @@ def bhfl(
   latencies: Latency | Sequence[Latency] | None = None,
   staleness_exponent: float = 0.0,
   skip_nonfinite: bool = False,
+  update_paths: UpdatePath | None = None,
   name: str = "bhfl",
 ) -> FederatedAlgorithm:
   """B-HFL on ``topology`` (see the module docstring).
@@ -311,6 +321,10 @@ def bhfl(
       if not sampled (its examples still weigh its ancestors at the levels above, as
       HierFAVG's do); counted in the ``clients_skipped`` metric (see
       :func:`fedtree.core.tier.train_cohort`).
+    update_paths: a client transform on the update every client sends to its edge server
+      (:mod:`fedtree.core.updates`); the client keeps its own untransformed model. The servers
+      merge what arrives, asynchronously, by their own rule, so a blockwise aggregator, a node
+      or a downlink transform is refused by name.
     name: label for reports.
 
   Raises:
@@ -394,6 +408,8 @@ def bhfl(
       f"client_update, pass compute_dtype to the objective's factory instead"
     )
   check_client_update(client_update, "bhfl", own_model=True)
+  path = per_level_paths(update_paths, depth, algorithm=name, supported_levels=(depth - 1,),
+                         blockwise=False, node=False, down=False)[depth - 1]
   parents = [None] + [np.asarray(topology.parent(lv)) for lv in range(1, depth + 1)]
   ancestors = [np.asarray(topology.ancestor(lv)) for lv in range(depth + 1)]
   nums = [topology.num_nodes(lv) for lv in range(depth + 1)]
@@ -417,6 +433,7 @@ def bhfl(
       residual_state=init_nodes(residual_opt, stack(p0, num_links)) if num_links else (),
       direct_state=init_nodes(direct_opt, params[depth - 1]) if residual_down else (),
       cursor=schedule.init_cursor(num_clients),
+      update_state=init_path_state(path, p0, num_clients, nums[depth - 1]),
     )
 
   def take(tree, idx):
@@ -471,6 +488,12 @@ def bhfl(
     params[depth] = res.client_state
     trained = res.reported   # the cohort, less the clients skipped for a non-finite update
     u = jax.tree.map(jnp.subtract, take(params[depth - 1], parents[depth]), params[depth])
+    update_state, path_metric = state.update_state, {}
+    if path is not None:   # what each client sends of its update (it keeps its own model)
+      u, update_state, sums = transform_children(
+        path, update_state, u, jnp.asarray(parents[depth]), w_client, trained, nums[depth - 1],
+        stream(key, "update"))
+      path_metric = path_metrics(sums, res.num_trained, {}, {})
     arrival = t0 + lats[depth - 1].sample(jax.random.fold_in(lat_key, depth), num_clients)
     pend[depth - 1] = send(pend[depth - 1], trained, u, arrival,
                            jnp.take(version[depth - 1], jnp.asarray(parents[depth])))
@@ -548,10 +571,11 @@ def bhfl(
         sent = aggregated[child] | recv
 
     metrics.update(res.metrics(skip_nonfinite))
+    metrics.update(path_metric)
     new_state = BHFLState(
       round=r, params=tuple(params), up_state=tuple(up), down_state=tuple(down),
       pending=tuple(pend), version=tuple(version), residual_state=residual_state,
-      direct_state=direct_state, cursor=res.cursor,
+      direct_state=direct_state, cursor=res.cursor, update_state=update_state,
     )
     return new_state, metrics
 

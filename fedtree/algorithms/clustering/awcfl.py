@@ -45,6 +45,7 @@ from fedtree.core.algorithm import FederatedAlgorithm, PyTree
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
+from fedtree.core.updates import UpdatePath
 
 __all__ = ["awcfl", "check_beta", "mix_clusters"]
 
@@ -74,6 +75,7 @@ def awcfl(
   similarity_check: bool = True,
   init: str = "random",
   skip_nonfinite: bool = False,
+  update_paths: UpdatePath | None = None,
   name: str = "awcfl",
 ) -> FederatedAlgorithm:
   """AWCFL (module docstring); β = 0 is plain clustered FL.
@@ -95,7 +97,7 @@ def awcfl(
       per-backend default).
     weighting: ``"examples"`` or ``"uniform"`` (the paper's plain mean).
     client_update: override the local training (stateless).
-    compute_dtype, init_params, skip_nonfinite: as in
+    compute_dtype, init_params, skip_nonfinite, update_paths: as in
       :func:`~fedtree.algorithms.clustering.clustered.clustered`.
     feature_examples: when set, clients also upload the mean of this many training inputs
       and the state keeps MCFL's :class:`~fedtree.algorithms.clustering.ops.ClusterFeatures`.
@@ -133,5 +135,5 @@ def awcfl(
     similarity_check=similarity_check, init=init, feature_examples=feature_examples,
     server_optimizer=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size, weighting=weighting,
     client_update=client_update, compute_dtype=compute_dtype, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, name=name,
+    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
   )

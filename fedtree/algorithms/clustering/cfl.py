@@ -39,6 +39,7 @@ from fedtree.core.algorithm import FederatedAlgorithm, PyTree
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
+from fedtree.core.updates import UpdatePath
 
 __all__ = ["cfl", "split_clusters"]
 
@@ -67,6 +68,7 @@ def cfl(
   feature_examples: int | None = None,
   metric: str = "l2",
   skip_nonfinite: bool = False,
+  update_paths: UpdatePath | None = None,
   name: str = "cfl",
 ) -> FederatedAlgorithm:
   """CFL (module docstring).
@@ -80,7 +82,7 @@ def cfl(
     split_start_round: no split in rounds ``<= split_start_round``.
     server_optimizer: per-cluster server optimizer (default ``sgd(1.0)``).
     cohort_size, chunk_size, weighting, client_update, name: as in FedAvg.
-    compute_dtype, init_params, skip_nonfinite: as in
+    compute_dtype, init_params, skip_nonfinite, update_paths: as in
       :func:`~fedtree.algorithms.clustering.clustered.clustered`.
     similarity_check: Sattler's ``γ_max < √((1 - α_max^cross)/2)`` before a split.
     inter_cluster: ``"none"`` (CFL), ``"awcfl"`` (β-mixing) or ``"mcfl"`` (selection).
@@ -110,5 +112,5 @@ def cfl(
     feature_examples=feature_examples, metric=metric, server_optimizer=server_optimizer,
     cohort_size=cohort_size, chunk_size=chunk_size, weighting=weighting, client_update=client_update,
     compute_dtype=compute_dtype, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, name=name,
+    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
   )

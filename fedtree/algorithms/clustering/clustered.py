@@ -82,6 +82,7 @@ from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.server import init_nodes, select_nodes, update_nodes
 from fedtree.core.tier import train_cohort
+from fedtree.core.updates import UpdatePath, init_path_state, per_level_paths
 
 CLUSTERINGS = ("kmeans", "cfl", "ifca")
 INTER_CLUSTER = ("none", "awcfl", "mcfl")
@@ -231,6 +232,7 @@ def clustered(
   compute_dtype: str | None = None,
   init_params: PyTree | None = None,
   skip_nonfinite: bool = False,
+  update_paths: UpdatePath | None = None,
   name: str = "clustered",
 ) -> FederatedAlgorithm:
   """A clustered-FL algorithm (module docstring): ``clustering`` × ``inter_cluster``.
@@ -258,6 +260,10 @@ def clustered(
       sampled: no weight in its cluster's mean, no part in K-means or CFL's split, its
       cluster assignment (and MCFL feature mean) unchanged; counted in the
       ``clients_skipped`` metric (see :func:`fedtree.core.tier.train_cohort`).
+    update_paths: a client transform on every client's update (:mod:`fedtree.core.updates`):
+      the clusters aggregate the models the clients sent. The cluster means, K-means and CFL's
+      split are the family's own, so a blockwise aggregator, a node or a downlink transform is
+      refused by name.
 
   Raises:
     ValueError: naming the bad value, for each argument above.
@@ -310,6 +316,7 @@ def clustered(
   iters = int(kmeans_iters)
   opt = optax.sgd(1.0) if server_optimizer is None else server_optimizer
   sampler = cohort_sampler(np.zeros(num_clients, np.int32), cohort_size, chunk_size=chunk_size)
+  path = per_level_paths(update_paths, 1, algorithm=name, blockwise=False, node=False, down=False)[0]
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
                                  compute_dtype=compute_dtype, stateless_for=name)
   test_data = (jnp.asarray(data.x_test), jnp.asarray(data.n_test))
@@ -331,6 +338,7 @@ def clustered(
       cluster_of=jnp.zeros((num_clients,), jnp.int32),
       num_clusters=jnp.asarray(1 if clustering == "cfl" else k, jnp.int32), features=features,
       cursor=schedule.init_cursor(num_clients),
+      update_state=init_path_state(path, jax.tree.map(lambda p: p[0], params), num_clients, k),
     )
 
   def round_fn(state: ClusterState, data: FederatedData, key):
@@ -353,7 +361,7 @@ def clustered(
       client_update, state.params, cohort, data, num_steps=schedule.num_steps(data.n_train),
       weights=w_client, key=stream(key, "train"), chunk_size=sampler.chunk_size, keep_client_params=True,
       batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=state.cursor,
-      skip_nonfinite=skip_nonfinite,
+      skip_nonfinite=skip_nonfinite, path=path, path_state=state.update_state,
     )
     # The slots whose update counts: the cohort, less the clients skipped for a non-finite one.
     cohort = cohort._replace(valid=cohort.valid & jnp.take(res.reported, cohort.clients))
@@ -422,6 +430,7 @@ def clustered(
       **extra,
     }
     return state.replace(round=r, params=params, opt_state=opt_state, cluster_of=cluster_of,
+                         update_state=res.path_state,
                          num_clusters=num_in_use, features=features, cursor=res.cursor), metrics
 
   def models(state: ClusterState):

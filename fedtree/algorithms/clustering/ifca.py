@@ -24,6 +24,7 @@ from fedtree.core.algorithm import FederatedAlgorithm, PyTree
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
+from fedtree.core.updates import UpdatePath
 
 __all__ = ["INITS", "cluster_losses", "ifca"]
 
@@ -48,6 +49,7 @@ def ifca(
   feature_examples: int | None = None,
   metric: str = "l2",
   skip_nonfinite: bool = False,
+  update_paths: UpdatePath | None = None,
   name: str = "ifca",
 ) -> FederatedAlgorithm:
   """IFCA (module docstring).
@@ -58,7 +60,7 @@ def ifca(
     init: ``"random"`` (independent initial models) or ``"same"``.
     server_optimizer: per-cluster server optimizer (default ``sgd(1.0)``).
     cohort_size, chunk_size, weighting, client_update, name: as in FedAvg.
-    compute_dtype, init_params, skip_nonfinite: as in
+    compute_dtype, init_params, skip_nonfinite, update_paths: as in
       :func:`~fedtree.algorithms.clustering.clustered.clustered`.
     inter_cluster: ``"none"`` (IFCA), ``"awcfl"`` (β-mixing) or ``"mcfl"`` (selection).
     beta, feature_examples, metric: AWCFL's β; MCFL's ``n`` and distance.
@@ -84,5 +86,5 @@ def ifca(
     clustering="ifca", inter_cluster=inter_cluster, beta=beta, init=init, feature_examples=feature_examples,
     metric=metric, server_optimizer=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size,
     weighting=weighting, client_update=client_update, compute_dtype=compute_dtype, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, name=name,
+    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
   )

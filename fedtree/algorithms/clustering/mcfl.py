@@ -31,6 +31,7 @@ from fedtree.core.algorithm import FederatedAlgorithm, PyTree
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
+from fedtree.core.updates import UpdatePath
 
 __all__ = ["METRICS", "mcfl", "select_clusters"]
 
@@ -60,6 +61,7 @@ def mcfl(
   compute_dtype: str | None = None,
   init_params: PyTree | None = None,
   skip_nonfinite: bool = False,
+  update_paths: UpdatePath | None = None,
   name: str = "mcfl",
 ) -> FederatedAlgorithm:
   """MCFL (module docstring). Its clusters are never mixed (no ``beta``).
@@ -76,7 +78,7 @@ def mcfl(
     init: IFCA's initial models (``clustering="ifca"``): ``"random"`` or ``"same"``.
     server_optimizer: per-cluster server optimizer (default ``sgd(1.0)``).
     cohort_size, chunk_size, weighting, client_update: as in FedAvg.
-    compute_dtype, init_params, skip_nonfinite: as in
+    compute_dtype, init_params, skip_nonfinite, update_paths: as in
       :func:`~fedtree.algorithms.clustering.clustered.clustered`.
     name: label for reports.
 
@@ -106,5 +108,5 @@ def mcfl(
     min_split_size=min_split_size, similarity_check=similarity_check, init=init,
     server_optimizer=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size, weighting=weighting,
     client_update=client_update, compute_dtype=compute_dtype, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, name=name,
+    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
   )

@@ -374,6 +374,7 @@ class ClusterState:
     num_clusters: ``int32[]`` cluster slots in use (CFL grows it; K for the others).
     features: :class:`ClusterFeatures` (MCFL) or ``()``.
     cursor: ``int32[C]`` the clients' batch cursors under ``batch_order="cyclic"`` (else ``()``).
+    update_state: the :class:`~fedtree.core.updates.PathState` of the clients' update path.
   """
 
   round: jax.Array
@@ -383,6 +384,7 @@ class ClusterState:
   num_clusters: jax.Array
   features: Any = ()
   cursor: Any = ()
+  update_state: Any = ()
 
 
 def check_num_clusters(num_clusters, num_clients: int, name: str = "num_clusters") -> int:

@@ -61,6 +61,7 @@ from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.server import init_nodes, server_optimizer
 from fedtree.core.topology import Topology
+from fedtree.core.updates import UpdatePath
 
 PyTree = Any
 
@@ -94,6 +95,7 @@ def group_fedopt(
   start_params: PyTree | None = None,
   compute_dtype: str | None = None,
   skip_nonfinite: bool = False,
+  update_paths: UpdatePath | None = None,
   name: str = "group_fedopt",
 ) -> FederatedAlgorithm:
   """FedOpt inside every group at once: :func:`~fedtree.algorithms.hierfavg.hierfavg` on root
@@ -109,7 +111,8 @@ def group_fedopt(
   this is FedOpt (paper 000, Algorithm 1). ``compute_dtype``: mixed-precision local steps
   (``None``: the params' dtype). ``skip_nonfinite``: leave out clients whose update is not
   finite (weight 0, their cost counters unchanged), counted in the ``clients_skipped`` metric
-  (see :func:`fedtree.core.tier.train_cohort`).
+  (see :func:`fedtree.core.tier.train_cohort`). ``update_paths``: the clients' update path into
+  their group (:mod:`fedtree.core.updates`; one ``UpdatePath``, or ``{1: path}``).
   """
   groups = np.asarray(groups, np.int32)
   if groups.shape != (data.num_clients,):
@@ -127,7 +130,7 @@ def group_fedopt(
     model=model, topology=Topology.from_labels(groups), data=data, local_optimizer=local_optimizer,
     schedule=schedule, server_optimizers=server_optimizer, top_level=1, cohort_size=sizes,
     chunk_size=chunk_size, weighting=weighting, client_update=update, init_params=start_params,
-    skip_nonfinite=skip_nonfinite, name=name,
+    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
   )
   groups_j = jnp.asarray(groups)
   return alg._replace(models=lambda state: {"group": NodeModels(state.params[1], groups_j)})
@@ -215,6 +218,8 @@ class GroupPersonalizedFL:
       dtype); the fine-tune stage runs in the params' dtype.
     skip_nonfinite: in stages 1 and 2, leave out clients whose update is not finite (see
       :func:`group_fedopt`); the fine-tune stage trains every client on its own.
+    update_paths: the clients' update path (:mod:`fedtree.core.updates`) in stages 1 and 2
+      (every client's update into the global model, then into its group's).
     label: run label (prefix of the report files).
 
   Example:
@@ -255,6 +260,7 @@ class GroupPersonalizedFL:
   histogram_group: int | None = None
   compute_dtype: str | None = None
   skip_nonfinite: bool = False
+  update_paths: UpdatePath | None = None
   label: str = "grouppfl"
 
   def __post_init__(self):
@@ -302,7 +308,7 @@ class GroupPersonalizedFL:
       epochs=self.finetune_epochs)
     kw = dict(model=model, data=data, local_optimizer=local_optimizer, schedule=schedule,
               cohort_size=self.cohort_size, chunk_size=chunk_size, compute_dtype=self.compute_dtype,
-              skip_nonfinite=self.skip_nonfinite)
+              skip_nonfinite=self.skip_nonfinite, update_paths=self.update_paths)
     with_group = "group" in self.stages
     glob = group_fedopt(groups=np.zeros(c, np.int32), server_optimizer=self.global_server,
                         start_params=init_params, name=f"{self.label}/global", **kw)

@@ -1,0 +1,522 @@
+"""The update path: everything a child's update goes through between its training and its parent's
+server optimizer, at any node of the tree.
+
+One aggregation (children -> their parents, e.g. the clients of a tier -> their edge servers, or
+the edge servers -> the root) passes through three stages, each optional:
+
+1. a **client transform** (:class:`ClientTransform`, optax-like ``init`` / ``apply``), vmapped
+   over the children: ``apply(delta, state, key, context) -> (delta, state, stats)`` on each
+   child's pseudo-gradient ``Θ_parent - θ_child`` before it is weighted (clipping, local noise,
+   compression with error feedback, an attacker replacing its update). Its per-child persistent
+   state is stacked ``[C, ...]`` like a personal model and only the children that reported
+   update it. Transforms compose with :func:`chain`;
+2. an **aggregator** (:class:`Aggregator`): ``None`` is the weighted mean that the tier streams
+   chunk by chunk into ``segment_sum`` (today's engine, unchanged); an aggregator with an
+   ``aggregate`` function needs a parent's whole cohort at once (coordinate median, Krum), so the
+   tier keeps every slot's update in a fixed-size block ``[P, K, ...]`` (``K`` the largest cohort
+   of a parent; empty slots have weight 0 and ``valid`` false) and hands the blocks over;
+3. a **node transform** (:class:`NodeTransform`) on every parent's aggregated ``(delta_sum,
+   weight_sum)`` before the server optimizer (central noise, a fixed denominator), with its own
+   per-node state ``[P, ...]`` and key. Its state is also what the client transforms read as
+   their parent's (:attr:`ClientContext.node_state`, e.g. an adaptive clip norm).
+
+Each stage returns statistics (a dict of scalars per child, or ``[P]`` per node), which land in
+the round's metrics (:func:`path_metrics`): a child statistic as its mean over the children that
+reported, a node statistic as its mean over the parents. Hyperparameters captured by the
+factories may be traced values, so they can be sweep axes.
+
+A path's ``down`` transform acts on the models a parent sends to its children (``[P, ...] ->
+[P, ...]``, e.g. compression on the downlink): see :func:`send_down`.
+
+:class:`UpdatePath` bundles the stages for one aggregation; :class:`PathState` holds its state.
+``None`` everywhere is the engine as it was: an algorithm given no path (or the default
+:class:`UpdatePath`) computes bitwise what it computed before the seam existed.
+
+Example:
+  Clip every client's update to norm 1 before FedAvg averages it (a plain transform written
+  here; :mod:`fedtree.privacy` ships the real ones):
+
+  >>> import jax, jax.numpy as jnp, optax
+  >>> from fedtree.algorithms import fedavg
+  >>> from fedtree.core import loop
+  >>> from fedtree.core.local import LocalSchedule
+  >>> from fedtree.datasets.synthetic import grouped_synthetic
+  >>> from fedtree.models import build_model
+  >>> def clip(delta, state, key, ctx):
+  ...   norm = jnp.sqrt(sum(jnp.sum(d ** 2) for d in jax.tree.leaves(delta)))
+  ...   scale = jnp.minimum(1.0, 1.0 / jnp.maximum(norm, 1e-12))
+  ...   return jax.tree.map(lambda d: d * scale, delta), state, {"clipped": (norm > 1.0) * 1.0}
+  >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
+  >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
+  >>> alg = fedavg(model=model, data=data, local_optimizer=optax.sgd(0.1),
+  ...              schedule=LocalSchedule(batch_size=8, steps=1),
+  ...              update_paths=UpdatePath(client=ClientTransform(clip, name="clip")))
+  >>> state, metrics = jax.jit(alg.round)(alg.init(jax.random.key(0)), data, jax.random.key(1))
+  >>> sorted(metrics)
+  ['clients_trained', 'clipped', 'nonfinite_client', 'train_loss']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedtree.core.aggregation import divide_by_weight, weighted_mean, weighted_segment_sum
+
+PyTree = Any
+Stats = dict[str, jax.Array]
+
+
+class ClientContext(NamedTuple):
+  """What a client transform knows about the child whose update it transforms (one child: the
+  transform is vmapped over the chunk).
+
+  Attributes:
+    client: ``int32[]`` the child's index (a client, or a node of the level below).
+    parent: ``int32[]`` its parent's index.
+    weight: ``[]`` its aggregation weight (0 for an empty slot).
+    node_state: its parent's row of the path's node state (``{transform name: state}``; ``{}``
+      without a node transform).
+  """
+
+  client: jax.Array
+  parent: jax.Array
+  weight: jax.Array
+  node_state: PyTree
+
+
+class ClientTransform(NamedTuple):
+  """A transform of every child's update, vmapped: ``apply(delta, state, key, context) ->
+  (delta, state, stats)``.
+
+  Attributes:
+    apply: ``delta`` the child's pseudo-gradient (a params pytree), ``state`` its row of the
+      persistent state (``()`` when stateless), ``key`` its own key for this round,
+      ``context`` a :class:`ClientContext`; returns the transformed delta, the new state and
+      ``{name: scalar}`` statistics.
+    init: ``init(params, num_children) -> state [C, ...]`` (``None``: stateless, ``()``).
+    name: names the transform in errors and in :func:`chain`'s state.
+  """
+
+  apply: Callable[[PyTree, PyTree, jax.Array, ClientContext], tuple[PyTree, PyTree, Stats]]
+  init: Callable[[PyTree, int], PyTree] | None = None
+  name: str = "transform"
+
+
+class Aggregator(NamedTuple):
+  """How a parent combines its children's (transformed) updates.
+
+  Attributes:
+    aggregate: ``None``: the weighted mean, streamed chunk by chunk (the default). Otherwise
+      ``aggregate(deltas [P, K, ...], weights [P, K], valid bool[P, K], key, node_state) ->
+      (delta_sum [P, ...], weight_sum [P], stats {name: [P]})`` with ``delta_sum / weight_sum``
+      the parent's pseudo-gradient (``weight_sum`` 0 where nothing is aggregated): it sees a
+      parent's whole cohort as one fixed-size block, empty slots with weight 0 and ``valid``
+      false.
+    name: names the aggregator in errors and refusals.
+  """
+
+  aggregate: Callable[..., tuple[PyTree, jax.Array, Stats]] | None = None
+  name: str = "mean"
+
+  @property
+  def blockwise(self) -> bool:
+    """Whether this aggregator needs the parents' whole cohorts (:attr:`aggregate` is set)."""
+    return self.aggregate is not None
+
+
+class NodeTransform(NamedTuple):
+  """A step on every parent's aggregate before its server optimizer.
+
+  Attributes:
+    apply: ``apply(delta_sum [P, ...], weight_sum [P], client_stats {name: [P]}, state [P, ...],
+      key) -> (delta_sum, weight_sum, state, stats {name: [P]})``; ``client_stats`` are the sums
+      over each parent's reporting children of the client transforms' statistics (e.g. how many
+      were not clipped, for adaptive clipping), with ``"reported"`` their number.
+    init: ``init(params, num_nodes) -> state [P, ...]`` (``None``: stateless).
+    name: the key of its state in the path's node state ``{name: state}`` (what client transforms
+      read as :attr:`ClientContext.node_state`).
+    keyed: its ``init`` / ``apply`` already hold the ``{name: state}`` dict of several
+      transforms (:func:`chain_nodes`).
+  """
+
+  apply: Callable[..., tuple[PyTree, jax.Array, PyTree, Stats]]
+  init: Callable[[PyTree, int], PyTree] | None = None
+  name: str = "node"
+  keyed: bool = False
+
+
+class DownTransform(NamedTuple):
+  """What the children receive of their parents' models: ``apply(params [P, ...], key) ->
+  (params [P, ...], stats {name: [P]})`` (e.g. quantized on the downlink)."""
+
+  apply: Callable[[PyTree, jax.Array], tuple[PyTree, Stats]]
+  name: str = "down"
+
+
+class UpdatePath(NamedTuple):
+  """The stages of one aggregation (children -> parents); every field optional.
+
+  Attributes:
+    client: the children's transform (:func:`chain` several).
+    aggregator: how a parent combines them (default: the streaming weighted mean).
+    node: the parents' step on the aggregate (:func:`chain_nodes` several).
+    down: what the children receive of their parents' models.
+  """
+
+  client: ClientTransform | None = None
+  aggregator: Aggregator = Aggregator()
+  node: NodeTransform | None = None
+  down: DownTransform | None = None
+
+  @property
+  def is_default(self) -> bool:
+    """No stage set: the engine's own weighted mean, unchanged."""
+    return (self.client is None and not self.aggregator.blockwise and self.node is None
+            and self.down is None)
+
+
+class PathState(NamedTuple):
+  """State of an :class:`UpdatePath`.
+
+  Attributes:
+    client: ``[C, ...]`` the client transform's per-child state (``()`` when stateless).
+    node: ``{name: [P, ...]}`` the node transform's per-parent state (``{}`` when none).
+  """
+
+  client: PyTree = ()
+  node: PyTree = {}
+
+
+# ------------------------------------------------------------------------ combinators
+def identity() -> ClientTransform:
+  """The transform that changes nothing (and reports nothing)."""
+  return ClientTransform(lambda delta, state, key, ctx: (delta, state, {}), name="identity")
+
+
+def _merge_stats(parts: Sequence[Stats], names: Sequence[str]) -> Stats:
+  out: Stats = {}
+  for stats, name in zip(parts, names, strict=True):
+    for k, v in stats.items():
+      if k in out:
+        raise ValueError(f"statistic {k!r} of transform {name!r} is already reported by another "
+                         f"transform of the chain; give it another name")
+      out[k] = v
+  return out
+
+
+def _unique(names: Sequence[str], what: str) -> None:
+  seen = set()
+  for n in names:
+    if n in seen:
+      raise ValueError(f"{what}: two transforms are named {n!r}; names must be unique {list(names)}")
+    seen.add(n)
+
+
+def chain(*transforms: ClientTransform | None) -> ClientTransform | None:
+  """The client transforms applied in order (each to the previous one's output); their states
+  are a tuple in the same order. ``None`` entries are skipped; no transform at all is ``None``.
+
+  Raises:
+    ValueError: two transforms share a name or a statistic's name.
+  """
+  ts = tuple(t for t in transforms if t is not None)
+  if not ts:
+    return None
+  if len(ts) == 1:
+    return ts[0]
+  _unique([t.name for t in ts], "chain")
+
+  def init(params, num):
+    return tuple(() if t.init is None else t.init(params, num) for t in ts)
+
+  def apply(delta, state, key, ctx):
+    new_states, stats = [], []
+    for i, t in enumerate(ts):
+      delta, s, st = t.apply(delta, state[i], jax.random.fold_in(key, i), ctx)
+      new_states.append(s)
+      stats.append(st)
+    return delta, tuple(new_states), _merge_stats(stats, [t.name for t in ts])
+
+  stateful = any(t.init is not None for t in ts)
+  return ClientTransform(apply, init if stateful else None, name="+".join(t.name for t in ts))
+
+
+def chain_nodes(*transforms: NodeTransform | None) -> NodeTransform | None:
+  """Node transforms applied in order; the state is ``{name: state}`` of every transform."""
+  ts = tuple(t for t in transforms if t is not None)
+  if not ts:
+    return None
+  if len(ts) == 1:
+    return ts[0]
+  _unique([t.name for t in ts], "chain_nodes")
+
+  def init(params, num):
+    return {t.name: (() if t.init is None else t.init(params, num)) for t in ts}
+
+  def apply(delta_sum, weight_sum, client_stats, state, key):
+    new, stats = {}, []
+    for i, t in enumerate(ts):
+      delta_sum, weight_sum, new[t.name], st = t.apply(
+        delta_sum, weight_sum, client_stats, state[t.name], jax.random.fold_in(key, i))
+      stats.append(st)
+    return delta_sum, weight_sum, new, _merge_stats(stats, [t.name for t in ts])
+
+  return NodeTransform(apply, init, name="+".join(t.name for t in ts), keyed=True)
+
+
+# ------------------------------------------------------------------------ state
+def init_path_state(
+  path: UpdatePath | None, params: PyTree, num_children: int, num_parents: int,
+) -> PathState:
+  """The initial :class:`PathState` of ``path`` for ``num_children`` children under
+  ``num_parents`` parents (``params``: one unstacked model, the template)."""
+  if path is None:
+    return PathState()
+  client = () if path.client is None or path.client.init is None else path.client.init(params, num_children)
+  return PathState(client=client, node=_init_node(path.node, params, num_parents))
+
+
+def _init_node(node: NodeTransform | None, params, num_parents: int) -> dict:
+  if node is None:
+    return {}
+  if node.keyed:
+    assert node.init is not None
+    return node.init(params, num_parents)
+  return {node.name: () if node.init is None else node.init(params, num_parents)}
+
+
+def node_state_of(path: UpdatePath, state: PathState) -> PyTree:
+  """What :meth:`NodeTransform.apply` receives as its state: the ``{name: state}`` dict of a
+  chain, or the one transform's entry."""
+  if path.node is None:
+    return {}
+  return state.node if path.node.keyed else state.node[path.node.name]
+
+
+def _wrap_node(path: UpdatePath, new) -> dict:
+  assert path.node is not None
+  return new if path.node.keyed else {path.node.name: new}
+
+
+def parents_node_state(state: PathState, parent: jax.Array) -> PyTree:
+  """Every child's parent's row of the node state (for :attr:`ClientContext.node_state`)."""
+  return jax.tree.map(lambda a: jnp.take(a, parent, axis=0), state.node)
+
+
+# ------------------------------------------------------------------------ stages
+def apply_client(
+  transform: ClientTransform, delta: PyTree, state: PyTree, keys: jax.Array, ctx: ClientContext,
+) -> tuple[PyTree, PyTree, Stats]:
+  """The client transform vmapped over a batch of children (``delta [K, ...]``, ``state [K, ...]``,
+  ``keys [K]``, ``ctx`` with ``[K]`` fields); statistics come back ``[K]``."""
+  return jax.vmap(transform.apply)(delta, state, keys, ctx)
+
+
+def check_stats(stats: Stats, where: str) -> Stats:
+  """``stats`` if every name is a string and every value one scalar per child (``[K]`` after
+  the vmap), else a ``ValueError`` naming the transform."""
+  for k, v in stats.items():
+    if not isinstance(k, str) or jnp.ndim(v) != 1:
+      raise ValueError(f"{where}: statistic {k!r} must be one scalar per child (got shape "
+                       f"{jnp.shape(v)} after the vmap)")
+  return stats
+
+
+def finish(
+  path: UpdatePath,
+  state: PathState,
+  delta_sum: PyTree,
+  weight_sum: jax.Array,
+  client_stat_sums: Stats,
+  key: jax.Array,
+) -> tuple[PyTree, jax.Array, PathState, Stats]:
+  """The node stage on the aggregate: ``(delta_sum, weight_sum, state, node stats [P])``."""
+  if path.node is None:
+    return delta_sum, weight_sum, state, {}
+  delta_sum, weight_sum, new, stats = path.node.apply(
+    delta_sum, weight_sum, client_stat_sums, node_state_of(path, state), key)
+  return delta_sum, weight_sum, state._replace(node=_wrap_node(path, new)), stats
+
+
+def path_metrics(client_sums: Stats, num_reported: jax.Array, node_stats: Stats,
+                 aggregator_stats: Stats, prefix: str = "") -> dict[str, jax.Array]:
+  """The round metrics of one aggregation's statistics: a child statistic is its mean over the
+  children that reported (``client_sums`` are ``[P]`` sums), a node or aggregator statistic its
+  mean over the parents; ``prefix`` names the level (``""`` for the clients' tier)."""
+  out = {}
+  n = jnp.maximum(num_reported, 1)
+  for k, v in client_sums.items():
+    if k == "reported":
+      continue
+    out[prefix + k] = jnp.sum(v) / n.astype(v.dtype)
+  for k, v in {**aggregator_stats, **node_stats}.items():
+    if prefix + k in out:
+      raise ValueError(f"statistic {k!r} is reported by two stages of the update path")
+    out[prefix + k] = jnp.mean(jnp.asarray(v, jnp.float32)) if jnp.ndim(v) else v
+  return out
+
+
+def path_stats(stats: Stats, prefix: str = "") -> dict[str, jax.Array]:
+  """Per-node statistics ``{name: [P]}`` as round metrics: their mean over the nodes, named
+  ``prefix + name``."""
+  return {prefix + k: jnp.mean(jnp.asarray(v, jnp.float32)) if jnp.ndim(v) else v for k, v in stats.items()}
+
+
+def send_down(path: UpdatePath | None, params: PyTree, key: jax.Array) -> tuple[PyTree, Stats]:
+  """What the children receive of the parents' models ``params [P, ...]``: ``path.down``'s output,
+  or ``params`` unchanged."""
+  if path is None or path.down is None:
+    return params, {}
+  return path.down.apply(params, key)
+
+
+def block_positions(parent: jax.Array, valid: jax.Array, num_parents: int) -> jax.Array:
+  """Each slot's position among its parent's valid slots, for slots grouped by parent (a sorted
+  cohort); ``num_parents`` (an out-of-range row, dropped by scatters) for invalid slots."""
+  v = valid.astype(jnp.int32)
+  before = jnp.cumsum(v) - v
+  first = jax.ops.segment_min(jnp.where(valid, before, jnp.iinfo(jnp.int32).max), parent,
+                              num_segments=num_parents)
+  pos = before - jnp.take(first, parent)
+  return jnp.where(valid, pos, num_parents)
+
+
+# ------------------------------------------------------------------------ a whole level
+def transform_children(
+  path: UpdatePath,
+  state: PathState,
+  deltas: PyTree,
+  parent: jax.Array,
+  weights: jax.Array,
+  mask: jax.Array,
+  num_parents: int,
+  key: jax.Array,
+) -> tuple[PyTree, PathState, Stats]:
+  """The client stage on every row of ``deltas [N, ...]`` (every child of a level at once; child
+  ``i``'s key is ``fold_in(key, i)``): only the rows of ``mask`` (the children that report) update
+  their state and count in the statistics, returned as ``{name: [P]}`` sums per parent with
+  ``"reported"`` their number. Rows outside ``mask`` are transformed too (their output is the
+  caller's to ignore)."""
+  num = weights.shape[0]
+  sums: Stats = {}
+  if path.client is not None:
+    ids = jnp.arange(num, dtype=jnp.int32)
+    ctx = ClientContext(client=ids, parent=parent.astype(jnp.int32), weight=weights,
+                        node_state=parents_node_state(state, parent))
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
+    deltas, new_client, stats = apply_client(path.client, deltas, state.client, keys, ctx)
+    new_client = jax.tree.map(
+      lambda n, o: jnp.where(mask.reshape((num,) + (1,) * (n.ndim - 1)), n, o), new_client, state.client)
+    state = state._replace(client=new_client)
+    sums = {k: jax.ops.segment_sum(jnp.where(mask, jnp.asarray(v, weights.dtype), 0), parent,
+                                   num_segments=num_parents)
+            for k, v in check_stats(stats, path.client.name).items()}
+  sums["reported"] = jax.ops.segment_sum(mask.astype(weights.dtype), parent, num_segments=num_parents)
+  return deltas, state, sums
+
+
+def aggregate_children(
+  path: UpdatePath | None,
+  state: PathState,
+  parent_params: PyTree,
+  child_params: PyTree,
+  weights: jax.Array,
+  parent_of_child: np.ndarray | jax.Array,
+  key: jax.Array,
+) -> tuple[PyTree, jax.Array, PathState, dict[str, jax.Array]]:
+  """``Δ_n = Θ_n - Σ_i p_i θ_i`` for every parent, every child of the level taking part (a server
+  level aggregating the nodes below it), through ``path``.
+
+  Without a path this is :func:`fedtree.core.aggregation.pseudo_gradient_from_children`
+  (bitwise). Returns ``(Δ [N, ...], total weight [N], new path state, statistics)``.
+  """
+  num = jax.tree.leaves(parent_params)[0].shape[0]
+  idx = jnp.asarray(parent_of_child)
+  anchor = jax.tree.map(lambda p: p[idx], parent_params)
+  diffs = jax.tree.map(jnp.subtract, anchor, child_params)
+  if path is None or path.is_default or (path.client is None and path.node is None
+                                         and not path.aggregator.blockwise):
+    mean, total = weighted_mean(diffs, weights, idx, num)
+    return mean, total, state, {}
+  num_children = weights.shape[0]
+  diffs, state, stats_sums = transform_children(
+    path, state, diffs, idx, weights, jnp.ones(num_children, bool), num, jax.random.fold_in(key, 0))
+  agg_stats: Stats = {}
+  if path.aggregator.blockwise:
+    owner = np.asarray(parent_of_child)
+    size = int(np.bincount(owner, minlength=num).max())
+    pos = np.zeros(owner.shape, np.int32)   # each child's place among its parent's (static)
+    for g in np.unique(owner):
+      pos[owner == g] = np.arange(int(np.sum(owner == g)))
+    block = jax.tree.map(lambda d: jnp.zeros((num, size) + d.shape[1:], d.dtype).at[idx, pos].set(d), diffs)
+    bw = jnp.zeros((num, size), weights.dtype).at[idx, pos].set(weights)
+    bvalid = jnp.zeros((num, size), bool).at[idx, pos].set(True)
+    assert path.aggregator.aggregate is not None
+    delta_sum, total, agg_stats = path.aggregator.aggregate(
+      block, bw, bvalid, jax.random.fold_in(key, 1), node_state_of(path, state))
+  else:
+    delta_sum = weighted_segment_sum(diffs, weights, idx, num)
+    total = jax.ops.segment_sum(weights, idx, num_segments=num)
+  delta_sum, total, state, node_stats = finish(path, state, delta_sum, total, stats_sums,
+                                               jax.random.fold_in(key, 2))
+  metrics = path_metrics(stats_sums, jnp.asarray(num_children), node_stats, agg_stats)
+  return divide_by_weight(delta_sum, total), total, state, metrics
+
+
+def per_level_paths(
+  paths: UpdatePath | Mapping[int, UpdatePath | None] | Sequence[UpdatePath | None] | None,
+  depth: int,
+  *,
+  algorithm: str,
+  supported_levels: Sequence[int] | None = None,
+  blockwise: bool = True,
+  node: bool = True,
+  down: bool = True,
+) -> tuple[UpdatePath | None, ...]:
+  """The update path of every server level ``0 .. depth-1`` (level ``l``'s path is how it
+  aggregates its children; the last level's children are the clients).
+
+  ``paths``: ``None`` (none anywhere), one :class:`UpdatePath` (the clients' tier, level
+  ``depth-1``), a sequence of ``depth`` entries, or ``{level: path}`` (negative levels count
+  from the clients' parents: ``-1`` is level ``depth-1``).
+
+  ``algorithm`` names the caller in refusals: a path at a level not in ``supported_levels``
+  (default: all), or a stage the algorithm cannot run (``blockwise`` aggregators, ``node``
+  transforms, ``down`` transforms), is a ``ValueError`` that says which.
+  """
+  if paths is None:
+    out: list[UpdatePath | None] = [None] * depth
+  elif isinstance(paths, UpdatePath):
+    out = [None] * (depth - 1) + [paths]
+  elif isinstance(paths, Mapping):
+    out = [None] * depth
+    for lv, p in paths.items():
+      level = int(lv) + depth if int(lv) < 0 else int(lv)
+      if not 0 <= level < depth:
+        raise ValueError(f"{algorithm}: an update path for level {lv}, but the tree's server levels "
+                         f"are 0..{depth - 1} (or -1..-{depth} from the clients' parents)")
+      out[level] = p
+  else:
+    out = list(paths)
+    if len(out) != depth:
+      raise ValueError(f"{algorithm}: {len(out)} update paths for {depth} server levels (0..{depth - 1})")
+  for lv, p in enumerate(out):
+    if p is None or p.is_default:
+      out[lv] = None
+      continue
+    if supported_levels is not None and lv not in supported_levels:
+      raise ValueError(f"{algorithm} runs an update path only at server level(s) {list(supported_levels)} "
+                       f"(got one at level {lv})")
+    if p.aggregator.blockwise and not blockwise:
+      raise ValueError(f"{algorithm} cannot use aggregator {p.aggregator.name!r}: it aggregates its "
+                       f"clients by their weighted mean only")
+    if p.node is not None and not node:
+      raise ValueError(f"{algorithm} cannot run node transform {p.node.name!r} on its aggregates")
+    if p.down is not None and not down:
+      raise ValueError(f"{algorithm} cannot run downlink transform {p.down.name!r}")
+  return tuple(out)
