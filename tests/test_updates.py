@@ -66,7 +66,8 @@ def halve_and_count():
 @pytest.fixture(scope="module")
 def problem():
   data, model, schedule = tiny_mlp_problem()
-  update = sgd_client_update(model, optax.sgd(0.1), batch_size=4, max_steps=schedule.max_steps(data.max_train))
+  update = sgd_client_update(model, optax.sgd(0.1), batch_size=4,
+                             max_steps=schedule.max_steps(data.max_train))
   return data, model, schedule, update
 
 
@@ -196,7 +197,8 @@ def test_aggregate_children_identity_is_bitwise_and_blockwise_matches(problem):
   want, total = pseudo_gradient_from_children(parents, children, w, jnp.asarray(owner))
   path = UpdatePath(client=counting_identity())
   st = init_path_state(path, p0, 5, 2)
-  got, got_total, new_state, stats = aggregate_children(path, st, parents, children, w, owner, jax.random.key(0))
+  got, got_total, new_state, stats = aggregate_children(path, st, parents, children, w, owner,
+                                                        jax.random.key(0))
   trees_equal(got, want)
   trees_equal(got_total, total)
   np.testing.assert_array_equal(np.asarray(new_state.client["times"]), np.ones(5))
