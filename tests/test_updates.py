@@ -121,9 +121,10 @@ def _block_sum():
   """A blockwise aggregator that returns the plain (unweighted) sum of each parent's valid
   updates and their number: what the blocks hold, checkable against the kept models."""
 
-  def aggregate(deltas, weights, valid, key, node_state):
-    v = valid.astype(jnp.float32)
-    total = jax.tree.map(lambda d: jnp.einsum("pk,pk...->p...", v, d), deltas)
+  def aggregate(block, key, node_state):
+    v = block.valid.astype(jnp.float32)
+    assert block.clients.shape == block.valid.shape
+    total = jax.tree.map(lambda d: jnp.einsum("pk,pk...->p...", v, d), block.deltas)
     return total, jnp.sum(v, axis=1), {"block_slots": jnp.sum(v, axis=1)}
 
   return Aggregator(aggregate, name="block_sum")
@@ -204,9 +205,10 @@ def test_aggregate_children_identity_is_bitwise_and_blockwise_matches(problem):
   np.testing.assert_array_equal(np.asarray(new_state.client["times"]), np.ones(5))
   assert "delta_norm" in stats
 
-  def wmean(deltas, weights, valid, key, node_state):
-    s = jax.tree.map(lambda d: jnp.einsum("pk,pk...->p...", weights, d), deltas)
-    return s, jnp.sum(weights, axis=1), {}
+  def wmean(block, key, node_state):
+    s = jax.tree.map(lambda d: jnp.einsum("pk,pk...->p...", block.weights, d), block.deltas)
+    np.testing.assert_array_equal(np.sort(np.asarray(block.clients[1])), [-1, 0, 2])
+    return s, jnp.sum(block.weights, axis=1), {}
 
   got, got_total, *_ = aggregate_children(UpdatePath(aggregator=Aggregator(wmean, "wmean")), PathState(),
                                           parents, children, w, owner, jax.random.key(0))

@@ -31,6 +31,7 @@ from fedtree.core.rng import stream
 from fedtree.core.sampling import Cohort
 from fedtree.core.sharding import CLIENT_AXIS, constrain_clients, mesh_size
 from fedtree.core.updates import (
+  Block,
   ClientContext,
   PathState,
   Stats,
@@ -125,6 +126,7 @@ class _Carry(NamedTuple):
   block: PyTree             # [P, K, ...] every slot's update (blockwise aggregator), else ()
   block_weight: PyTree      # [P, K] their weights, else ()
   block_valid: PyTree       # bool[P, K], else ()
+  block_clients: PyTree     # int32[P, K] the client in each slot (-1: empty), else ()
 
 
 def _rows(mask: jax.Array, tree: PyTree) -> PyTree:
@@ -357,9 +359,10 @@ def train_cohort(
                            carry.block, delta)
       block_weight = carry.block_weight.at[rows, ch_pos].set(w, mode="drop")
       block_valid = carry.block_valid.at[rows, ch_pos].set(True, mode="drop")
+      block_clients = carry.block_clients.at[rows, ch_pos].set(ch.clients, mode="drop")
       delta_sum, weight_sum = carry.delta_sum, carry.weight_sum
     else:
-      block, block_weight, block_valid = (), (), ()
+      block, block_weight, block_valid, block_clients = (), (), (), ()
       parent = per_device(ch.parent)
       delta_sum = on_devices(jax.tree.map(
         jnp.add, carry.delta_sum,
@@ -376,7 +379,7 @@ def train_cohort(
       skipped=skipped, first_bad=first_bad,
       reported=ch.scatter(carry.reported, True, trained),
       path_client=path_client, stat_sums=stat_sums,
-      block=block, block_weight=block_weight, block_valid=block_valid,
+      block=block, block_weight=block_weight, block_valid=block_valid, block_clients=block_clients,
     )
     return new, (params if keep_client_params else None)
 
@@ -405,13 +408,14 @@ def train_cohort(
                        parent_params) if blockwise else (),
     block_weight=jnp.zeros((num_parents, block_size), fdtype) if blockwise else (),
     block_valid=jnp.zeros((num_parents, block_size), bool) if blockwise else (),
+    block_clients=jnp.full((num_parents, block_size), -1, jnp.int32) if blockwise else (),
   )
   out, per_chunk = jax.lax.scan(body, init, (chunks[0], chunks[1], slot_pos))
   agg_stats: Stats = {}
   if blockwise:
     assert path is not None and path.aggregator.aggregate is not None
     delta_sum, weight_sum, agg_stats = path.aggregator.aggregate(
-      out.block, out.block_weight, out.block_valid, stream(key, "aggregate"),
+      Block(out.block, out.block_weight, out.block_valid, out.block_clients), stream(key, "aggregate"),
       node_state_of(path, path_state))
     weight_sum = jnp.asarray(weight_sum, fdtype)
   else:

@@ -107,16 +107,31 @@ class ClientTransform(NamedTuple):
   name: str = "transform"
 
 
+class Block(NamedTuple):
+  """Every parent's cohort as one fixed-size block (what a blockwise :class:`Aggregator` gets).
+
+  Attributes:
+    deltas: ``[P, K, ...]`` the (transformed) updates; empty slots hold zeros.
+    weights: ``[P, K]`` their aggregation weights (0 in empty slots).
+    valid: ``bool[P, K]`` the slots that hold a reported update.
+    clients: ``int32[P, K]`` the child each slot holds (``-1`` in empty slots).
+  """
+
+  deltas: PyTree
+  weights: jax.Array
+  valid: jax.Array
+  clients: jax.Array
+
+
 class Aggregator(NamedTuple):
   """How a parent combines its children's (transformed) updates.
 
   Attributes:
     aggregate: ``None``: the weighted mean, streamed chunk by chunk (the default). Otherwise
-      ``aggregate(deltas [P, K, ...], weights [P, K], valid bool[P, K], key, node_state) ->
-      (delta_sum [P, ...], weight_sum [P], stats {name: [P]})`` with ``delta_sum / weight_sum``
-      the parent's pseudo-gradient (``weight_sum`` 0 where nothing is aggregated): it sees a
-      parent's whole cohort as one fixed-size block, empty slots with weight 0 and ``valid``
-      false.
+      ``aggregate(block, key, node_state) -> (delta_sum [P, ...], weight_sum [P], stats {name:
+      [P]})`` with ``delta_sum / weight_sum`` the parent's pseudo-gradient (``weight_sum`` 0
+      where nothing is aggregated): it sees every parent's whole cohort as one fixed-size
+      :class:`Block`, empty slots with weight 0 and ``valid`` false.
     name: names the aggregator in errors and refusals.
   """
 
@@ -456,9 +471,11 @@ def aggregate_children(
     block = jax.tree.map(lambda d: jnp.zeros((num, size) + d.shape[1:], d.dtype).at[idx, pos].set(d), diffs)
     bw = jnp.zeros((num, size), weights.dtype).at[idx, pos].set(weights)
     bvalid = jnp.zeros((num, size), bool).at[idx, pos].set(True)
+    ids = jnp.arange(num_children, dtype=jnp.int32)
+    bclients = jnp.full((num, size), -1, jnp.int32).at[idx, pos].set(ids)
     assert path.aggregator.aggregate is not None
     delta_sum, total, agg_stats = path.aggregator.aggregate(
-      block, bw, bvalid, jax.random.fold_in(key, 1), node_state_of(path, state))
+      Block(block, bw, bvalid, bclients), jax.random.fold_in(key, 1), node_state_of(path, state))
   else:
     delta_sum = weighted_segment_sum(diffs, weights, idx, num)
     total = jax.ops.segment_sum(weights, idx, num_segments=num)
