@@ -51,12 +51,12 @@ same runs then gave 0.666, 0.671, 0.764, 0.675 and 0.767: there FedKWS-UI is bes
 alone ties FedAvg; ALT's gain is the only one that holds in both.)
 
 Over seeds (``configs/fedkws.py:seeds``; measured with an earlier version and not regenerated
-by the command above, so its seed-0 figures differ from the table above by up to a point; ALO in the paper's form, after its float64 and
-per-epoch-augmentation changes, which do not touch this synthetic float32 task; seeds 0-3 of
-the training key, the data fixed; accuracy after 30 rounds, mean ± std over the 4 seeds as
-the sweep table prints it (population std), and the mean ± sample std of the paired
-difference with FedAvg on the same seed; each variant about 30 min wall on the shared, loaded
-CPU, the two run side by side):
+by the command above, so its seed-0 figures differ from the table above by up to a point; ALO
+in the paper's form, after its float64 and per-epoch-augmentation changes, which do not touch
+this synthetic float32 task; seeds 0-3 of the training key, the data fixed; accuracy after
+30 rounds, mean ± std over the 4 seeds as the sweep table prints it (population std), and the
+mean ± sample std of the paired difference with FedAvg on the same seed; each variant about
+30 min wall on the shared, loaded CPU, the two run side by side):
 
   run          accuracy          vs FedAvg (paired)
   fedavg       0.749 ± 0.037
