@@ -20,6 +20,7 @@ clients whose perplexity is lower than with PerFL; models and epochs: the mean p
 cost, models moved and local epochs:
 
   run       model       accuracy%  ppl    best_groups  ppl<PerFL%  models  epochs
+  grouppfl  FL          51.72      4.196  0            17.7        18.5    9.2
   grouppfl  PerFL       57.08      3.487  0            -           18.5    14.2
   grouppfl  GroupFL     58.46      3.806  0            45.4        50.8    25.4
   grouppfl  GroupPerFL  63.21      3.179  7            72.3        50.8    30.4

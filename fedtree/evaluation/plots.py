@@ -526,7 +526,8 @@ def write_run_plots(workdir: str) -> list[str]:
   for m in models_of(records, "false_accept_rate")[:1]:
     written.append(plot_keyword_rates(records, os.path.join(workdir, "plot_keyword_rates.png"), model=m))
   if summary:
-    values = client_accuracies(summary, skip=untrained | frozen_models(records) - trained_models(summary))
+    values = client_accuracies(summary, max_series=12,
+                               skip=untrained | frozen_models(records) - trained_models(summary))
     if values:
       written.append(plot_client_histograms(values, os.path.join(workdir, "plot_client_accuracy.png"),
                                             title="final test accuracy per client (dashed: mean)"))
