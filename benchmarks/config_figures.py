@@ -73,14 +73,15 @@ def _value(models: Mapping[str, Any], model: str, key) -> float:
   return math.nan if v is None else float(v)
 
 
-def measure(results: Mapping[str, Mapping[str, Any]], columns: Sequence[Column],
-            skip: Sequence[tuple[str, str]] = ()) -> dict[tuple[str, str], list[float]]:
+def measure(results: Mapping[str, Mapping[str, Any]], columns: Sequence[Column]
+            ) -> dict[tuple[str, str], list[float]]:
   """``{(run, model): [value per column]}`` (scaled, rounded as printed) of a run's results
-  (:func:`fedtree.experiment.runner.train_and_evaluate`'s return), ``skip`` pairs left out."""
+  (:func:`fedtree.experiment.runner.train_and_evaluate`'s return); models that never trained
+  (``"trained": false``, left out of the final table too) are left out."""
   out = {}
   for run, models in results.items():
-    for model in models:
-      if (run, model) in skip:
+    for model, summary in models.items():
+      if summary.get("trained") is False:
         continue
       values = []
       for c in columns:
@@ -148,10 +149,9 @@ def compare(stated: Rows, printed: Rows, columns: Sequence[Column]) -> list[str]
   return problems
 
 
-def run_config(path: str) -> tuple[dict[str, Any], set[tuple[str, str]]]:
+def run_config(path: str) -> dict[str, Any]:
   """Runs the config file as ``python -m fedtree.main --config=path`` would (in a temporary
-  workdir, no plots); returns its results and the ``(run, model)`` pairs that never trained."""
-  from fedtree.evaluation.plots import frozen_models, read_metrics
+  workdir, no plots); returns its results."""
   from fedtree.experiment.runner import train_and_evaluate
 
   config = load_module(path).get_config()
@@ -159,19 +159,17 @@ def run_config(path: str) -> tuple[dict[str, Any], set[tuple[str, str]]]:
     config.plots = False
     config.progress = False
   with tempfile.TemporaryDirectory() as workdir:
-    results = train_and_evaluate(config, workdir)
-    skip = frozen_models(read_metrics(workdir))
-  return results, skip
+    return train_and_evaluate(config, workdir)
 
 
-def check(path: str, *, write: bool = False, results=None, skip=()) -> tuple[list[str], str]:
+def check(path: str, *, write: bool = False, results=None) -> tuple[list[str], str]:
   """Runs the config at ``path`` (unless its ``results`` are given) and compares its figures with
   its docstring's; returns the differences (:func:`compare`) and the table of the figures
   printed. With ``write`` the docstring's table is replaced by that table (no differences)."""
   columns = columns_of(load_module(path))
   if results is None:
-    results, skip = run_config(path)
-  printed = measure(results, columns, skip)
+    results = run_config(path)
+  printed = measure(results, columns)
   with open(path, encoding="utf-8") as f:
     source = f.read()
   start, end = find_table(source)
