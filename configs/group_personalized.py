@@ -11,13 +11,25 @@ T_g = 10), then ``K_l = 5`` local epochs swept over rates 0.001, 0.01, 0.1, 1.0;
 epoch of SGD with batch 8; cohorts of up to 20 clients per round (per group in the group
 stage; the paper: 100). Expected cost: about 30 s on a 2-core CPU.
 
-Measured (seed 0): overall accuracy FL 52.4 %, PerFL 57.9 %, GroupFL 58.0 %, GroupPerFL
-62.3 % (best overall and on 6 of the 7 groups, as in the paper's Tables 3/6); perplexity
-3.93 / 3.42 / 3.97 / 3.25; 71.5 % of clients have a lower perplexity with GroupPerFL than
-with PerFL (paper's Fig. 1: about 70 %); mean per-client cost (models moved, local epochs):
-FL 18.5 / 9.2, PerFL 18.5 / 14.2, GroupFL 50.8 / 25.4, GroupPerFL 50.8 / 30.4 (Table 4's
-pattern: fine-tuning adds computation only, the group stage adds both, most for clients of
-small groups, which are sampled every group round).
+Measured (seed 0; the final table and ``grouppfl_report.md`` print them; this table is
+written by ``python -m benchmarks.config_figures --config=configs/group_personalized.py
+--write`` and checked against a fresh run, within the tolerances of ``FIGURES``, by the slow
+``tests/test_config_figures.py``). accuracy % and ppl: overall test accuracy and perplexity;
+best_groups: the groups (of 7) where the model has the highest accuracy; ppl<PerFL%: the
+clients whose perplexity is lower than with PerFL; models and epochs: the mean per-client
+cost, models moved and local epochs:
+
+  run       model       accuracy%  ppl    best_groups  ppl<PerFL%  models  epochs
+  grouppfl  FL          51.72      4.196  0            17.7        18.5    9.2
+  grouppfl  PerFL       57.08      3.487  0            -           18.5    14.2
+  grouppfl  GroupFL     58.46      3.806  0            45.4        50.8    25.4
+  grouppfl  GroupPerFL  63.21      3.179  7            72.3        50.8    30.4
+
+GroupPerFL is best overall and on every group, as in the paper's Tables 3/6; PerFL and GroupFL
+each help on their own (GroupFL a little more in accuracy, PerFL more in perplexity). The
+share of clients whose perplexity GroupPerFL lowers against PerFL is the paper's Fig. 1 (about
+70 % there). The costs follow Table 4's pattern: fine-tuning adds computation only, the group
+stage adds both, most for clients of small groups, which are sampled every group round.
 
 Outputs in the workdir: ``grouppfl_report.md`` (per-group accuracy and perplexity tables like
 the paper's Tables 3/6, the selected fine-tune rate, and the per-client cost table like
@@ -29,16 +41,47 @@ A real dataset: set ``config.data`` to a TFDS loader config (``name="tfds"``, se
 accordingly; nothing else changes.
 """
 
+import math
+
 import ml_collections
+import numpy as np
 
 from fedtree.experiment.sweep import default_sweep
+
+
+def best_groups(models, model) -> float:
+  """The groups where ``model`` has the highest accuracy of the run's models."""
+  acc = np.asarray([models[m]["group_accuracy"] for m in models], np.float64)
+  return float(np.sum(acc[list(models).index(model)] >= acc.max(axis=0)))
+
+
+def lower_perplexity_than_perfl(models, model) -> float:
+  """The share of clients whose perplexity is lower with ``model`` than with PerFL."""
+  if model == "PerFL" or "PerFL" not in models:
+    return math.nan
+  base = np.asarray(models["PerFL"]["client_perplexity"], np.float64)
+  new = np.asarray(models[model]["client_perplexity"], np.float64)
+  ok = np.isfinite(base) & np.isfinite(new)
+  return float(np.mean(new[ok] < base[ok]))
+
+
+# The docstring's figures (benchmarks/config_figures.py): (header, summary field or function,
+# scale, decimals, tolerance in the printed unit).
+FIGURES = (
+  ("accuracy%", "accuracy", 100, 2, 0.5),
+  ("ppl", "perplexity", 1, 3, 0.05),
+  ("best_groups", best_groups, 1, 0, 0),
+  ("ppl<PerFL%", lower_perplexity_than_perfl, 100, 1, 2.0),
+  ("models", "costs.transfers", 1, 1, 0.5),
+  ("epochs", "costs.epochs", 1, 1, 0.5),
+)
 
 
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.rounds = 60               # T, global FL rounds
-  c.eval_every = 60
+  c.eval_every = 10
   c.rounds_per_call = 25
   c.chunk_size = None
   c.eval_chunk_size = None

@@ -6,6 +6,7 @@ import doctest
 import importlib
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -28,6 +29,7 @@ DOCTEST_MODULES = [
   "fedtree.algorithms.hierfavg",           # fedavg, hierfavg
   "fedtree.algorithms.grouppfl.grouppfl",  # GroupPersonalizedFL
   "fedtree.experiment.runner",             # train_and_evaluate
+  "fedtree.experiment.config_file",        # load_config (the docs' "From Python" snippet)
 ]
 SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.fedprox",
@@ -70,6 +72,61 @@ def test_site_builds_in_strict_mode(tmp_path):
     assert (tmp_path / "site" / page).exists(), page
   api = (tmp_path / "site" / "api" / "core" / "index.html").read_text()
   assert "train_cohort" in api and "Topology" in api
+  site = tmp_path / "site"
+  # every docstring example is a code block: no ">>>" turned into nested blockquotes
+  for page in ("core", "algorithms", "experiment"):
+    html = (site / "api" / page / "index.html").read_text()
+    assert "<blockquote" not in html, page
+    outside_code = re.sub(r"<pre.*?</pre>", "", html, flags=re.DOTALL)
+    assert "&gt;&gt;&gt;" in html and "&gt;&gt;&gt;" not in outside_code, page
+  # the modules the reference once missed, and FedMMD's page
+  assert 'id="fedtree.algorithms.fedmmd"' in (site / "api" / "algorithms" / "index.html").read_text()
+  assert 'id="fedtree.objectives.fedmmd"' in (site / "api" / "objectives" / "index.html").read_text()
+  assert 'id="fedtree.experiment.sweep"' in (site / "api" / "experiment" / "index.html").read_text()
+  assert (site / "algorithms" / "fedmmd" / "index.html").exists()
+  # a config's launch command is code
+  kws = (site / "algorithms" / "fedkws" / "index.html").read_text()
+  first_code = kws.split("<pre", 1)[1].split("</pre>", 1)[0]
+  assert "fedtree.main" in first_code and "configs/fedkws.py" in first_code
+  # offline: every script the pages load is in the site (MathJax bundled)
+  for html_path in site.rglob("*.html"):
+    for src in re.findall(r'<script[^>]+src="([^"]+)"', html_path.read_text()):
+      assert "//" not in src, (html_path, src)
+  assert (site / "javascripts" / "mathjax" / "tex-svg.js").stat().st_size > 1_000_000
+
+
+def test_fence_indented_paragraphs():
+  sys.path.insert(0, os.path.join(ROOT, "docs"))
+  try:
+    from griffe_examples import fence_indented_paragraphs
+  finally:
+    sys.path.pop(0)
+  text = "Run it:\n\n  python -m fedtree.main --config=x.py\n\nA table:\n\n  run  acc\n  a    0.5\n\n* a\n  b"
+  assert fence_indented_paragraphs(text) == (
+    "Run it:\n\n```bash\npython -m fedtree.main --config=x.py\n```\n\nA table:\n\n"
+    "```text\nrun  acc\na    0.5\n```\n\n* a\n  b")
+
+
+@pytest.mark.slow  # a quickstart round in a fresh process: ~22 s on the 2-core machine
+def test_the_from_python_snippet_runs_as_a_script(tmp_path):
+  """docs/getting-started.md's "From Python" block, saved as a file and run from the repository
+  root (as a reader would; 1 round instead of 20)."""
+  text = open(os.path.join(ROOT, "docs", "getting-started.md")).read()
+  block = text.split("## From Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+  assert "config.rounds = 20" in block and '"/tmp/q"' in block
+  script = block.replace("config.rounds = 20", "config.rounds = 1\nconfig.progress = False\n"
+                         "config.plots = False\nconfig.eval_every = 1\nconfig.rounds_per_call = 1\n"
+                         "config.checkpoint_every = 0")
+  script = script.replace('"/tmp/q"', repr(str(tmp_path / "q")))
+  (tmp_path / "snippet.py").write_text(script)
+  # this checkout's fedtree importable, its root (and so `configs`) not: as an installed package
+  (tmp_path / "pkgs").mkdir()
+  (tmp_path / "pkgs" / "fedtree").symlink_to(os.path.join(ROOT, "fedtree"))
+  out = subprocess.run([sys.executable, str(tmp_path / "snippet.py")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path / "pkgs"), "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert 0.0 <= float(out.stdout.strip().splitlines()[-1]) <= 1.0
 
 
 @pytest.mark.parametrize("name", DOCTEST_MODULES + [pytest.param(m, marks=pytest.mark.slow)

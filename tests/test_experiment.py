@@ -25,8 +25,9 @@ def quickstart(rounds=4):
   return c
 
 
-def test_quickstart_end_to_end(tmp_path):
+def test_quickstart_end_to_end(tmp_path, capsys):
   results = experiment.train_and_evaluate(quickstart(), str(tmp_path))
+  out, err = capsys.readouterr()
   assert set(results) == {"fedavg", "hierfavg", "fedadam", "edges_only"}
   assert {"global", "level1"} <= set(results["hierfavg"])
   lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
@@ -37,6 +38,33 @@ def test_quickstart_end_to_end(tmp_path):
   assert 0.0 <= summary["fedavg"]["global"]["accuracy"] <= 1.0
   assert len(summary["hierfavg"]["level1"]["group_accuracy"]) == 3
   assert list((tmp_path / "tensorboard" / "fedavg").glob("events.out.tfevents.*"))
+  # 4 rounds: the root of hierfavg (every 10 edge rounds) and of edges_only never aggregated
+  assert summary["fedavg"]["global"]["trained"] and summary["hierfavg"]["level1"]["trained"]
+  assert summary["hierfavg"]["global"]["trained"] is False
+  assert summary["edges_only"]["global"]["trained"] is False
+  table = out[out.index("Final evaluation"):]
+  rows = [ln.split()[:2] for ln in table.splitlines()[3:] if ln and not ln.startswith("(")]
+  assert ["fedavg", "global"] in rows and ["hierfavg", "level1"] in rows
+  assert ["hierfavg", "global"] not in rows and ["edges_only", "global"] not in rows
+  assert "never trained" in table and "hierfavg global, edges_only global" in table
+  # where everything is: the workdir first, every file it holds at the end, with full paths
+  assert f"fedtree: workdir {tmp_path}" in err.splitlines()[0]
+  listing = err[err.index(f"the workdir {tmp_path} holds:"):]
+  for name in ("summary.json", "metrics.jsonl", "config.json", "plot_accuracy.png"):
+    assert f"  {tmp_path / name}\n" in listing, name
+  assert f"plots: {tmp_path / 'plot_accuracy.png'}" in err
+
+
+def test_final_table_in_percent_with_group_names():
+  from fedtree.experiment.reporting import format_summary
+
+  results = {"kws": {"global": {"accuracy": 0.5, "false_accept_rate": 0.0123, "false_reject_rate": 0.25,
+                                "group_accuracy": [0.4, 0.6]}}}
+  text = format_summary(results, group_names=("wiki", "news"))
+  header, _, row = text.strip().splitlines()[1:4]
+  assert header.split()[-2:] == ["wiki", "news"] and "FA %" in header and "FR %" in header
+  assert row.split()[-4:] == ["1.23", "25.00", "0.400", "0.600"]
+  assert "in %" in text
 
 
 def test_main_flag_overrides(tmp_path):

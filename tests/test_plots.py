@@ -110,7 +110,7 @@ def test_quickstart_cli_writes_the_pictures(tmp_path):
   out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"})
   assert out.returncode == 0, out.stderr[-3000:]
-  assert "plots: plot_accuracy.png" in out.stderr
+  assert f"plots: {tmp_path / 'plot_accuracy.png'}" in out.stderr
   for name in ("plot_accuracy.png", "plot_models.png", "plot_client_accuracy.png"):
     assert _is_png(str(tmp_path / name)), name
 
@@ -129,3 +129,56 @@ def test_a_language_model_run_gets_a_perplexity_picture(tmp_path):
   (tmp_path / "plain").mkdir()
   assert "plot_perplexity.png" not in [os.path.basename(p) for p in
                                        plots.write_run_plots(_workdir(tmp_path / "plain"))]
+
+
+def _figures(monkeypatch):
+  """Every figure a plot function draws, kept open instead of saved."""
+  figs = []
+  monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or path)
+  return figs
+
+
+def test_a_run_has_one_colour_in_every_panel_and_every_figure_a_title(monkeypatch, tmp_path):
+  figs = _figures(monkeypatch)
+  records = plots.read_metrics(_workdir(tmp_path))
+  plots.plot_runs(records, "a.png", models=["global", "cluster"])
+  acc, loss = figs[0].axes
+  colors = {ln.get_label(): ln.get_color() for ln in acc.lines}
+  assert colors["fedavg · global"] != colors["cfl · global"] == colors["cfl · cluster"]
+  assert {ln.get_label(): ln.get_color() for ln in loss.lines} == {
+    "fedavg": colors["fedavg · global"], "cfl": colors["cfl · global"]}
+  plots.plot_keyword_rates(records, "k.png")
+  plots.plot_models_per_run(records, "m.png")
+  plots.plot_client_histograms({"a": [0.1, 0.2]}, "h.png")
+  assert all(f._suptitle is not None and f._suptitle.get_text() for f in figs)
+
+
+def test_untrained_models_are_left_out_and_final_only_models_drawn(monkeypatch, tmp_path):
+  """A model ``summary.json`` marks ``"trained": false`` is not drawn, a model that only stopped
+  changing (FL after GroupPerFL's global stage) is, and a model evaluated only at the end
+  (PerFL) is a final point."""
+  figs = _figures(monkeypatch)
+  rows = [{"run": "gp", "round": r, "train_loss": 1.0, "FL/accuracy": min(r, 2) / 10,
+           "GroupFL/accuracy": r / 10} for r in (1, 2, 3, 4)]
+  rows += [{"run": "edges", "round": r, "train_loss": 1.0, "global/accuracy": 0.05,
+            "level1/accuracy": r / 10} for r in (1, 2)]
+  (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  summary = {"gp": {"FL": {"accuracy": 0.2, "trained": True}, "GroupFL": {"accuracy": 0.4, "trained": True},
+                    "PerFL": {"accuracy": 0.3}},
+             "edges": {"global": {"accuracy": 0.05, "trained": False}, "level1": {"accuracy": 0.2}}}
+  (tmp_path / "summary.json").write_text(json.dumps(summary))
+  plots.write_run_plots(str(tmp_path))
+  labels = [ln.get_label() for ln in figs[0].axes[0].lines]
+  assert labels == ["gp · FL", "gp · GroupFL", "edges · level1", "gp · PerFL (final)"]
+  final = figs[0].axes[0].lines[-1]
+  assert list(final.get_xdata()) == [4] and list(final.get_ydata()) == [0.3]
+
+
+def test_client_histograms_are_a_panel_per_series_on_shared_axes(monkeypatch):
+  figs = _figures(monkeypatch)
+  rng = np.random.default_rng(0)
+  plots.plot_client_histograms({k: rng.uniform(0, 1, 40) for k in "abcde"}, "h.png")
+  axes = [ax for ax in figs[0].axes if ax.get_visible()]
+  assert len(axes) == 5
+  assert len({ax.get_xlim() for ax in axes}) == 1 and len({ax.get_ylim() for ax in axes}) == 1
+  assert all("mean" in ax.get_title() for ax in axes)

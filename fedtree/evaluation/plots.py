@@ -118,6 +118,15 @@ def _grid(plt, n: int, width: float = 4.2, height: float = 3.0, max_cols: int = 
   return fig, list(axes.flat[:n])
 
 
+def run_colors(labels: Iterable[str]) -> dict[str, str]:
+  """A colour per run label (matplotlib's ``C0``...``C9`` in order), the same in every panel."""
+  return {run: f"C{i % 10}" for i, run in enumerate(dict.fromkeys(labels))}
+
+
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "x")
+
+
 def _label_metric(metric: str) -> str:
   return {"accuracy": "test accuracy", "loss": "test loss", "train_loss": "training loss",
           "false_accept_rate": "false-accept rate", "false_reject_rate": "false-reject rate",
@@ -132,58 +141,75 @@ def _label_metric(metric: str) -> str:
 
 def plot_runs(records: Sequence[Mapping[str, Any]], path: str, *, metric: str = "accuracy",
               models: Sequence[str] | None = None, title: str | None = None,
-              train_loss: bool = True, skip_frozen: bool = True) -> str:
-  """Every run's ``metric`` over rounds in one panel (a line per run and model), and the training
-  loss of every run beside it when ``train_loss``.
+              train_loss: bool = True, skip_frozen: bool = True,
+              skip: Iterable[tuple[str, str]] = (),
+              finals: Mapping[tuple[str, str], float] | None = None) -> str:
+  """Every run's ``metric`` over rounds in one panel (a line per run and model: a colour per run,
+  the same in both panels, a line style per model), and the training loss of every run beside
+  it when ``train_loss``.
 
   Args:
     records: from :func:`read_metrics`.
     path: the PNG to write.
     metric: the evaluated metric, reported as ``<model>/<metric>``.
     models: the models to draw (default: every model that reports ``metric``).
-    title: the figure title.
+    title: the figure title (default: the metric's name).
     train_loss: add a panel with the clients' mean training loss per round.
     skip_frozen: leave out a model whose metric never changed over several reports (e.g. the
       root of a tree whose root never aggregates), which would only squash the other curves.
+    skip: ``(run, model)`` pairs to leave out (e.g. the models a run's ``summary.json`` marks
+      ``"trained": false``); when given, ``skip_frozen`` is not applied.
+    finals: ``{(run, model): value}`` of models evaluated only at the end (e.g. the fine-tuned
+      models of a report), drawn as a star at the run's last round.
 
   Returns:
     ``path``.
   """
   plt = _pyplot()
+  skip = set(skip)
+  finals = dict(finals or {})
   models = list(models) if models is not None else models_of(records, metric)
+  labels = runs(records)
+  colors = run_colors(labels)
   frozen = 0
   fig, axes = plt.subplots(1, 2 if train_loss else 1, figsize=(11 if train_loss else 6.5, 3.8),
                            squeeze=False)
   ax = axes[0, 0]
-  for run in runs(records):
-    for m in models:
+  for run in labels:
+    for i, m in enumerate(models):
       x, y = curve(records, run, f"{m}/{metric}")
-      if skip_frozen and y.size > 1 and np.all(y == y[0]):
-        frozen += 1
+      if (run, m) in skip or (not skip and skip_frozen and y.size > 1 and np.all(y == y[0])):
+        frozen += int(x.size > 0)
         continue
       if x.size:
-        ax.plot(x, y, marker="o", ms=3, label=run if len(models) == 1 else f"{run} · {m}")
+        ax.plot(x, y, LINE_STYLES[i % len(LINE_STYLES)], color=colors[run],
+                marker=MARKERS[i % len(MARKERS)], ms=3, label=run if len(models) == 1 else f"{run} · {m}")
+  for j, ((run, m), value) in enumerate(finals.items()):
+    last = max((int(r["round"]) for r in records if str(r["run"]) == run), default=0)
+    ax.plot([last], [value], marker="*", ms=11, linestyle="none", color=colors.get(run, "k"),
+            markeredgecolor=f"C{(j + 3) % 10}", markeredgewidth=1.2, label=f"{run} · {m} (final)")
   ax.set_xlabel("round")
   ax.set_ylabel(_label_metric(metric))
+  ax.set_title(f"{_label_metric(metric)} over rounds", fontsize=10)
   ax.grid(alpha=0.3)
-  note = f"({frozen} model(s) that never changed left out)" if frozen else None
+  note = f"({frozen} model(s) that never trained left out)" if frozen else None
   if ax.lines:
     ax.legend(fontsize=7, ncol=2 if len(ax.lines) > 6 else 1, title=note, title_fontsize=7)
   elif note:
     ax.set_title(note, fontsize=8)
   if train_loss:
     ax2 = axes[0, 1]
-    for run in runs(records):
+    for run in labels:
       x, y = curve(records, run, "train_loss")
       if x.size:
-        ax2.plot(x, y, label=run)
+        ax2.plot(x, y, color=colors[run], label=run)
     ax2.set_xlabel("round")
     ax2.set_ylabel(_label_metric("train_loss"))
+    ax2.set_title("clients' mean training loss per round", fontsize=10)
     ax2.grid(alpha=0.3)
     if ax2.lines:
       ax2.legend(fontsize=7)
-  if title:
-    fig.suptitle(title)
+  fig.suptitle(title or f"{_label_metric(metric)} of every run")
   return _save(fig, path)
 
 
@@ -194,13 +220,15 @@ def plot_perplexity(records: Sequence[Mapping[str, Any]], path: str, *, title: s
   plt = _pyplot()
   metrics = [m for m in ("perplexity", "sentence_perplexity") if models_of(records, m)]
   fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 3.8), squeeze=False)
+  colors = run_colors(runs(records))
   for ax, metric in zip(axes[0], metrics, strict=True):
     models = models_of(records, metric)
     for run in runs(records):
-      for m in models:
+      for i, m in enumerate(models):
         x, y = curve(records, run, f"{m}/{metric}")
         if x.size:
-          ax.plot(x, y, marker="o", ms=3, label=run if len(models) == 1 else f"{run} · {m}")
+          ax.plot(x, y, LINE_STYLES[i % len(LINE_STYLES)], color=colors[run],
+                  marker=MARKERS[i % len(MARKERS)], ms=3, label=run if len(models) == 1 else f"{run} · {m}")
     ax.set_xlabel("round")
     ax.set_ylabel(_label_metric(metric))
     ax.set_yscale("log")
@@ -228,8 +256,7 @@ def plot_models_per_run(records: Sequence[Mapping[str, Any]], path: str, *, metr
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
   _share_y(axes)
-  if title:
-    fig.suptitle(title)
+  fig.suptitle(title or f"{_label_metric(metric)} of every model, a panel per run")
   return _save(fig, path)
 
 
@@ -280,17 +307,18 @@ def plot_keyword_rates(records: Sequence[Mapping[str, Any]], path: str, *, model
   """False-accept and false-reject rates of ``model`` over rounds, a line per run (paper 002)."""
   plt = _pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+  colors = run_colors(runs(records))
   for ax, metric in zip(axes, ("false_accept_rate", "false_reject_rate"), strict=True):
     for run in runs(records):
       x, y = curve(records, run, f"{model}/{metric}")
       if x.size:
-        ax.plot(x, 100 * y, marker="o", ms=3, label=run)
+        ax.plot(x, 100 * y, color=colors[run], marker="o", ms=3, label=run)
     ax.set_xlabel("round")
     ax.set_ylabel(_label_metric(metric) + " (%)")
+    ax.set_title(f"{_label_metric(metric)} of the {model} model (lower is better)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-  if title:
-    fig.suptitle(title)
+  fig.suptitle(title or "keyword spotting: false accepts and false rejects")
   return _save(fig, path)
 
 
@@ -299,25 +327,31 @@ def plot_keyword_rates(records: Sequence[Mapping[str, Any]], path: str, *, model
 
 def plot_client_histograms(values: Mapping[str, Sequence[float]], path: str, *,
                            xlabel: str = "test accuracy of a client", bins: int = 20,
-                           title: str | None = None) -> str:
-  """Per-client distributions, one step histogram per label, on shared bins (NaN entries, i.e.
-  clients without test data, are dropped). ``values``: ``{label: float[C]}``."""
+                           title: str | None = None, max_cols: int = 4) -> str:
+  """Per-client distributions: a panel per label (a filled histogram with its mean marked), on
+  shared bins and axes so the panels compare at a glance (NaN entries, i.e. clients without
+  test data, are dropped). ``values``: ``{label: float[C]}``."""
   plt = _pyplot()
   arrays = {k: np.asarray(v, np.float64) for k, v in values.items()}
   arrays = {k: v[np.isfinite(v)] for k, v in arrays.items()}
   pooled = np.concatenate([v for v in arrays.values() if v.size] or [np.zeros(1)])
   lo, hi = float(pooled.min()), float(pooled.max())
   edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
-  fig, ax = plt.subplots(figsize=(6.5, 3.8))
-  for label, v in arrays.items():
-    ax.hist(v, bins=edges, histtype="step", linewidth=1.6,
-            label=f"{label} (mean {v.mean():.3f})" if v.size else label)
-  ax.set_xlabel(xlabel)
-  ax.set_ylabel("clients")
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  if title:
-    ax.set_title(title)
+  fig, axes = _grid(plt, max(1, len(arrays)), width=3.4, height=2.6, max_cols=max_cols)
+  top = 0
+  for i, (ax, (label, v)) in enumerate(zip(axes, arrays.items(), strict=False)):
+    counts, _, _ = ax.hist(v, bins=edges, color=f"C{i % 10}", alpha=0.75)
+    top = max(top, float(np.max(counts)) if counts.size else 0)
+    if v.size:
+      ax.axvline(v.mean(), color="k", linewidth=1.2, linestyle="--")
+    ax.set_title(f"{label}\nmean {v.mean():.3f} over {v.size} clients" if v.size else label, fontsize=8)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylabel("clients", fontsize=8)
+    ax.grid(alpha=0.3)
+  for ax in axes:
+    ax.set_ylim(0, top * 1.08 + 0.5)
+    ax.set_xlim(edges[0], edges[-1])
+  fig.suptitle(title or "per-client distribution (dashed: mean)")
   return _save(fig, path)
 
 
@@ -456,7 +490,11 @@ def write_run_plots(workdir: str) -> list[str]:
   * ``plot_clusters.png``: intra- vs inter-cluster accuracy, when reported;
   * ``plot_keyword_rates.png``: false-accept/false-reject rates, when reported;
   * ``plot_client_accuracy.png``: the distribution of the final per-client test accuracy of
-    every run's models (from ``summary.json``; models whose accuracy never changed left out).
+    every run's models, a panel each (from ``summary.json``).
+
+  Models that never trained (``"trained": false`` in ``summary.json``; without a summary, those
+  whose accuracy never changed) are left out; models evaluated only at the end (in
+  ``summary.json``, not in the metrics) are drawn as a final point.
 
   The CLI calls it at the end of a run; it needs matplotlib (``pip install -e ".[plot]"``).
   """
@@ -464,8 +502,20 @@ def write_run_plots(workdir: str) -> list[str]:
   written = []
   if not records:
     return written
+  summary: dict[str, Any] = {}
+  summary_path = os.path.join(workdir, "summary.json")
+  if os.path.exists(summary_path):
+    with open(summary_path) as f:
+      summary = json.load(f)
+  untrained = untrained_models(summary)
   if models_of(records, "accuracy"):
-    written.append(plot_runs(records, os.path.join(workdir, "plot_accuracy.png")))
+    finals = {(run, m): s["accuracy"] for run, models in summary.items() if isinstance(models, Mapping)
+              for m, s in models.items()
+              if isinstance(s, Mapping) and isinstance(s.get("accuracy"), float)
+              and (run, m) not in untrained
+              and not curve(records, run, f"{m}/accuracy")[0].size}
+    written.append(plot_runs(records, os.path.join(workdir, "plot_accuracy.png"),
+                             skip=untrained, skip_frozen=not summary, finals=finals))
     if any(len(models_of([r for r in records if r["run"] == run], "accuracy")) > 1
            for run in runs(records)):
       written.append(plot_models_per_run(records, os.path.join(workdir, "plot_models.png")))
@@ -475,15 +525,26 @@ def write_run_plots(workdir: str) -> list[str]:
     written.append(plot_clusters(records, os.path.join(workdir, "plot_clusters.png")))
   for m in models_of(records, "false_accept_rate")[:1]:
     written.append(plot_keyword_rates(records, os.path.join(workdir, "plot_keyword_rates.png"), model=m))
-  summary_path = os.path.join(workdir, "summary.json")
-  if os.path.exists(summary_path):
-    with open(summary_path) as f:
-      summary = json.load(f)
-    values = client_accuracies(summary, skip=frozen_models(records))
+  if summary:
+    values = client_accuracies(summary, max_series=12,
+                               skip=untrained | frozen_models(records) - trained_models(summary))
     if values:
       written.append(plot_client_histograms(values, os.path.join(workdir, "plot_client_accuracy.png"),
-                                            title="final test accuracy per client"))
+                                            title="final test accuracy per client (dashed: mean)"))
   return written
+
+
+def untrained_models(summary: Mapping[str, Any]) -> set[tuple[str, str]]:
+  """``(run, model)`` pairs a ``summary.json`` marks ``"trained": false`` (still the initial
+  parameters at the end of the run: not a result)."""
+  return {(run, m) for run, models in summary.items() if isinstance(models, Mapping)
+          for m, s in models.items() if isinstance(s, Mapping) and s.get("trained") is False}
+
+
+def trained_models(summary: Mapping[str, Any]) -> set[tuple[str, str]]:
+  """``(run, model)`` pairs a ``summary.json`` marks ``"trained": true``."""
+  return {(run, m) for run, models in summary.items() if isinstance(models, Mapping)
+          for m, s in models.items() if isinstance(s, Mapping) and s.get("trained") is True}
 
 
 def frozen_models(records: Sequence[Mapping[str, Any]], metric: str = "accuracy") -> set[tuple[str, str]]:

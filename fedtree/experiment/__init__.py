@@ -4,6 +4,7 @@ writes a file.
 """
 
 from fedtree.experiment.builders import local_optimizer_from_config, schedule_from_config
+from fedtree.experiment.config_file import load_config
 from fedtree.experiment.params import load_params, save_params
 from fedtree.experiment.registry import BUILDERS
 from fedtree.experiment.runner import (
@@ -19,7 +20,8 @@ from fedtree.experiment.runner import (
 )
 
 __all__ = [
-  "BUILDERS", "Context", "build_topology", "load_data", "load_params", "local_optimizer_from_config",
-  "make_context", "ordered_runs", "positive_classes_from_config", "run_algorithm", "save_params",
+  "BUILDERS", "Context", "build_topology", "load_config", "load_data", "load_params",
+  "local_optimizer_from_config", "make_context", "ordered_runs", "positive_classes_from_config",
+  "run_algorithm", "save_params",
   "schedule_from_config", "train_and_evaluate", "validate_config",
 ]

@@ -137,10 +137,11 @@ class Reporter:
       with open(path, "wb" if isinstance(content, bytes) else "w") as f:
         f.write(content)
 
-  def summary_table(self, results: dict[str, dict[str, dict[str, Any]]], groups=None) -> str:
+  def summary_table(self, results: dict[str, dict[str, dict[str, Any]]], groups=None,
+                    group_names=None) -> str:
     """A table with one row per (run, model): overall and mean-per-client accuracy, loss, and
-    accuracy per group."""
-    text = format_summary(results)
+    accuracy per group (:func:`format_summary`)."""
+    text = format_summary(results, group_names)
     self.result(text)
     return text
 
@@ -186,7 +187,9 @@ def _scalar(v):
   return v.tolist()
 
 
-def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
+def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=None) -> str:
+  """The final table: a row per (run, model) that trained (a model whose ``trained`` is False
+  is named below the table instead), a column per group (named by ``group_names``)."""
   num_groups = 0
   for models in results.values():
     for s in models.values():
@@ -202,11 +205,15 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
   ari = any("adjusted_rand_index" in s for models in results.values() for s in models.values())
   header += ["intra", "inter", "clusters"] if clustered else []
   header += ["ARI"] if ari else []
-  header += ["FA", "FR"] if kws else []
-  header += [f"g{g}" for g in range(num_groups)]
+  header += ["FA %", "FR %"] if kws else []
+  header += group_headers(num_groups, group_names)
   rows = [header]
+  untrained = []
   for label, models in results.items():
     for name, s in models.items():
+      if s.get("trained") is False:  # still the initial parameters: not a result
+        untrained.append(f"{label} {name}")
+        continue
       row = [label, name, f"{s.get('accuracy', float('nan')):.4f}",
              f"{s.get('client_mean_accuracy', float('nan')):.4f}", f"{s.get('loss', float('nan')):.4f}"]
       row += [f"{s.get('perplexity', float('nan')):.2f}"] if ppl else []
@@ -217,8 +224,8 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
       if ari:
         row += [f"{s['adjusted_rand_index']:.3f}" if "adjusted_rand_index" in s else ""]
       if kws:
-        row += [f"{s.get('false_accept_rate', float('nan')):.4f}",
-                f"{s.get('false_reject_rate', float('nan')):.4f}"]
+        row += [f"{100 * s.get('false_accept_rate', float('nan')):.2f}",
+                f"{100 * s.get('false_reject_rate', float('nan')):.2f}"]
       ga = s.get("group_accuracy")
       row += [f"{a:.3f}" for a in ga] if ga is not None else []
       row += [""] * (len(header) - len(row))
@@ -226,8 +233,21 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
   widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
   lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
   lines.insert(1, "  ".join("-" * w for w in widths))
-  title = "Final evaluation (test data of every client; gN = accuracy on group N"
+  title = "Final evaluation (test data of every client"
+  title += "; a group's column = accuracy on that group" if num_groups else ""
   title += "; ppl / sent ppl = perplexity at token / sentence level" if ppl else ""
   title += "; intra/inter = intra-/inter-cluster accuracy" if clustered else ""
-  title += "; ARI = adjusted Rand index against the true clusters)" if ari else ")"
+  title += "; ARI = adjusted Rand index against the true clusters" if ari else ""
+  title += "; FA / FR = false-accept / false-reject rate in %" if kws else ""
+  title += ")"
+  if untrained:
+    lines.append(f"(left out, never trained within the run: its parameters are still the initial "
+                 f"ones: {', '.join(untrained)})")
   return "\n".join(["", title] + lines)
+
+
+def group_headers(num_groups: int, group_names=None) -> list[str]:
+  """The name of every group (``group_names``, e.g. the data's), else ``gN``."""
+  if group_names is not None and len(group_names) == num_groups:
+    return [str(n) for n in group_names]
+  return [f"g{g}" for g in range(num_groups)]

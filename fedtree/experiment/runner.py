@@ -211,6 +211,7 @@ def run_algorithm(
   evaluator = make_evaluator(ctx.model, ctx.config.get("eval_chunk_size", None),
                              confusion=positive is not None)
   state = algorithm.init(loop.init_key(key))
+  initial = model_fingerprints(algorithm.models(state))
   ckpt = None
   if checkpoint_dir and checkpoint_every:
     from fedtree.experiment.checkpoint import Checkpointer
@@ -263,7 +264,22 @@ def run_algorithm(
       reporter.result(rep.text)
     reporter.write_files(rep.files)
     summaries = rep.summaries
+  final = model_fingerprints(algorithm.models(state))
+  for name, s in summaries.items():  # a model still at its initial parameters is not a result
+    if name in initial and name in final:
+      s["trained"] = bool(final[name] != initial[name])
   return state, summaries
+
+
+def model_fingerprints(models: dict[str, Any]) -> dict[str, tuple[float, ...]]:
+  """``{name: (sum, sum of squares) of every leaf}`` of ``algorithm.models(state)``: equal
+  before and after a run when the model never changed (e.g. the root of a tree whose root
+  never aggregated within the run)."""
+  out = {}
+  for name, params in models.items():
+    leaves = [jnp.asarray(x, jnp.float32) for x in jax.tree.leaves(params)]
+    out[name] = tuple(float(v) for x in leaves for v in (jnp.sum(x), jnp.sum(x * x)))
+  return out
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *,
@@ -311,7 +327,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
       write_workdir(workdir, config, overwrite=overwrite)
     barrier("fedtree: workdir prepared")
   reporter = Reporter(workdir, show_progress=config.get("progress", True)) if primary else Reporter.silent()
-  if not workdir:
+  if workdir:
+    reporter.print(f"fedtree: workdir {os.path.abspath(workdir)}")
+  else:
     reporter.print("warning: no workdir given: metrics, checkpoints and the summary are not saved "
                    "(pass --workdir=DIR)")
   ctx = make_context(config)
@@ -344,13 +362,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
         )
       results[label] = summaries
     if not swept:
-      reporter.summary_table(results, groups=ctx.groups)
+      reporter.summary_table(results, groups=ctx.groups, group_names=ctx.group_names)
     if workdir and primary:
       tmp = os.path.join(workdir, "summary.json.tmp")
       with open(tmp, "w") as f:
         json.dump(_jsonable(results), f, indent=2)
       os.replace(tmp, os.path.join(workdir, "summary.json"))
       _write_plots(workdir, config, reporter)
+    if workdir and primary:
+      reporter.print(workdir_listing(workdir))
   finally:
     reporter.close()
   return results
@@ -370,7 +390,21 @@ def _write_plots(workdir: str, config: ml_collections.ConfigDict, reporter: Repo
 
   written = write_run_plots(workdir)
   if written:
-    reporter.print("plots: " + ", ".join(os.path.basename(p) for p in written))
+    reporter.print("plots: " + ", ".join(os.path.abspath(p) for p in written))
+
+
+def workdir_listing(workdir: str) -> str:
+  """What ``workdir`` holds, one full path a line (folders with a trailing ``/``): the results
+  of every run of the config, its metrics, summaries, reports, plots, checkpoints."""
+  root = os.path.abspath(workdir)
+  names = sorted(os.listdir(root))
+  lines = [f"fedtree: the workdir {root} holds:"]
+  for name in names:
+    if name.endswith(".tmp"):
+      continue
+    path = os.path.join(root, name)
+    lines.append(f"  {path}{'/' if os.path.isdir(path) else ''}")
+  return "\n".join(lines)
 
 
 FINGERPRINT_IGNORES = ("rounds", "progress", "checkpoint_every", "keep_checkpoints", "eval_chunk_size",

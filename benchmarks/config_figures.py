@@ -1,0 +1,203 @@
+"""The measured figures in a config's docstring, from the command that prints them.
+
+  python -m benchmarks.config_figures --config=configs/fedkws.py           # check
+  python -m benchmarks.config_figures --config=configs/fedkws.py --write   # rewrite the table
+
+A config file that states figures declares them in a module-level ``FIGURES``: a tuple of
+columns ``(header, key, scale, decimals, tolerance)``, where ``key`` is a field of a model's
+summary (``summary.json``: ``"accuracy"``, ``"perplexity"``, ``"costs.epochs"`` for a nested
+one) or a function ``(models, model) -> float`` of the run's ``{model: summary}`` (a figure
+derived from several models, e.g. the number of groups where a model is best; NaN: no value
+for that model). The figures are a table in the docstring, with a row per ``(run, model)``
+that the config's final table prints (models that never trained left out), the values scaled
+(``100``: percent) and rounded to ``decimals``; the table is the first indented paragraph after
+the line that names this command.
+
+The command runs the config as ``python -m fedtree.main`` does (same seed, same data, in a
+temporary workdir), builds the table and compares it with the docstring's: a figure that moved
+by more than its column's ``tolerance`` (in the printed unit), a row that is missing or extra,
+is reported and the exit status is 1. ``--write`` puts the new table into the config file
+instead. ``tests/test_config_figures.py`` (slow) runs the check for every config with
+``FIGURES``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+COMMAND = "benchmarks.config_figures"
+
+
+class Column(NamedTuple):
+  header: str
+  key: str | Callable[[Mapping[str, Any], str], float]
+  scale: float = 1.0
+  decimals: int = 4
+  tolerance: float = 0.0
+
+
+def load_module(path: str):
+  """The config file ``path`` (``configs/<name>.py``) as a module."""
+  name = os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(f"_config_figures_{name}", path)
+  if spec is None or spec.loader is None:
+    raise ValueError(f"--config={path!r} is not a Python file")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def columns_of(module) -> list[Column]:
+  figures = getattr(module, "FIGURES", None)
+  if not figures:
+    raise ValueError(f"{module.__file__} declares no FIGURES: it states no figures to check")
+  return [Column(*c) for c in figures]
+
+
+def _value(models: Mapping[str, Any], model: str, key) -> float:
+  if callable(key):
+    return float(key(models, model))
+  v: Any = models[model]
+  for part in key.split("."):
+    if not isinstance(v, Mapping) or part not in v:
+      return math.nan
+    v = v[part]
+  return math.nan if v is None else float(v)
+
+
+def measure(results: Mapping[str, Mapping[str, Any]], columns: Sequence[Column]
+            ) -> dict[tuple[str, str], list[float]]:
+  """``{(run, model): [value per column]}`` (scaled, rounded as printed) of a run's results
+  (:func:`fedtree.experiment.runner.train_and_evaluate`'s return); models that never trained
+  (``"trained": false``, left out of the final table too) are left out."""
+  out = {}
+  for run, models in results.items():
+    for model, summary in models.items():
+      if summary.get("trained") is False:
+        continue
+      values = []
+      for c in columns:
+        v = _value(models, model, c.key) * c.scale
+        values.append(round(v, c.decimals) if math.isfinite(v) else math.nan)
+      out[(run, model)] = values
+  return out
+
+
+def format_table(rows: Mapping[tuple[str, str], Sequence[float]], columns: Sequence[Column]) -> str:
+  """The docstring table: two-space indented, aligned columns, ``-`` for a missing value."""
+  lines = [["run", "model"] + [c.header for c in columns]]
+  for (run, model), values in rows.items():
+    lines.append([run, model] + ["-" if not math.isfinite(v) else f"{v:.{c.decimals}f}"
+                                 for v, c in zip(values, columns, strict=True)])
+  widths = [max(len(r[i]) for r in lines) for i in range(len(lines[0]))]
+  return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                   for r in lines)
+
+
+def parse_table(text: str, columns: Sequence[Column]) -> dict[tuple[str, str], list[float]]:
+  """The rows of a table written by :func:`format_table` (a header line, then ``run model
+  value...`` lines)."""
+  lines = [line.split() for line in text.strip("\n").split("\n") if line.strip()]
+  rows = {}
+  for parts in lines[1:]:
+    if len(parts) != 2 + len(columns):
+      raise ValueError(f"a figures row has {len(parts)} fields, expected {2 + len(columns)}: {parts}")
+    rows[(parts[0], parts[1])] = [math.nan if p == "-" else float(p) for p in parts[2:]]
+  return rows
+
+
+def find_table(source: str) -> tuple[int, int]:
+  """``(start, end)`` offsets in a config file's ``source`` of its figures table: the first
+  paragraph of indented lines after the line naming this command."""
+  at = source.find(COMMAND)
+  if at < 0:
+    raise ValueError(f"the docstring names no `{COMMAND}` command before its figures table")
+  m = re.compile(r"\n[ \t]*\n((?:  \S.*\n)+)").search(source, at)
+  if m is None:
+    raise ValueError(f"no indented table follows the line naming `{COMMAND}`")
+  return m.start(1), m.end(1)
+
+
+Rows = Mapping[tuple[str, str], Sequence[float]]
+
+
+def compare(stated: Rows, printed: Rows, columns: Sequence[Column]) -> list[str]:
+  """Every difference beyond a column's tolerance, a row stated but not printed, or printed but
+  not stated, as one line each (empty: the docstring holds)."""
+  problems = []
+  for key in stated:
+    if key not in printed:
+      problems.append(f"{' '.join(key)}: in the docstring, not printed")
+  for key, values in printed.items():
+    if key not in stated:
+      problems.append(f"{' '.join(key)}: printed, not in the docstring")
+      continue
+    for c, new, old in zip(columns, values, stated[key], strict=True):
+      if math.isnan(new) and math.isnan(old):
+        continue
+      if math.isnan(new) or math.isnan(old) or abs(new - old) > c.tolerance + 1e-9:
+        problems.append(f"{' '.join(key)} {c.header}: docstring {old}, printed {new} "
+                        f"(tolerance {c.tolerance})")
+  return problems
+
+
+def run_config(path: str) -> dict[str, Any]:
+  """Runs the config file as ``python -m fedtree.main --config=path`` would (in a temporary
+  workdir, no plots); returns its results."""
+  from fedtree.experiment.runner import train_and_evaluate
+
+  config = load_module(path).get_config()
+  with config.unlocked():
+    config.plots = False
+    config.progress = False
+  with tempfile.TemporaryDirectory() as workdir:
+    return train_and_evaluate(config, workdir)
+
+
+def check(path: str, *, write: bool = False, results=None) -> tuple[list[str], str]:
+  """Runs the config at ``path`` (unless its ``results`` are given) and compares its figures with
+  its docstring's; returns the differences (:func:`compare`) and the table of the figures
+  printed. With ``write`` the docstring's table is replaced by that table (no differences)."""
+  columns = columns_of(load_module(path))
+  if results is None:
+    results = run_config(path)
+  printed = measure(results, columns)
+  with open(path, encoding="utf-8") as f:
+    source = f.read()
+  start, end = find_table(source)
+  table = format_table(printed, columns)
+  if write:
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(source[:start] + table + "\n" + source[end:])
+    return [], table
+  return compare(parse_table(source[start:end], columns), printed, columns), table
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--config", required=True, help="a config file, e.g. configs/fedkws.py")
+  parser.add_argument("--write", action="store_true", help="rewrite the docstring's table")
+  args = parser.parse_args(argv)
+  columns = columns_of(load_module(args.config))  # refuses a config without FIGURES before running it
+  problems, table = check(args.config, write=args.write)
+  print(table)
+  if args.write:
+    print(f"wrote the table above into {args.config}")
+    return 0
+  for p in problems:
+    print(f"differs: {p}")
+  print(f"{args.config}: {'figures hold' if not problems else f'{len(problems)} figure(s) differ'} "
+        f"(tolerances: {', '.join(f'{c.header} {c.tolerance:g}' for c in columns)})")
+  return 1 if problems else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,88 @@
+"""benchmarks.config_figures: a config's docstring figures against what the config prints.
+
+The fast tests check the table machinery on made-up results; the slow ones run every config
+that declares ``FIGURES`` (its full run: about 1 min for group_personalized, 3 min for fedkws
+on the 2-core machine) and fail when a printed figure leaves the docstring's by more than its
+column's tolerance."""
+
+import glob
+import math
+import os
+
+import pytest
+
+from benchmarks import config_figures as cf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WITH_FIGURES = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))
+                      if "\nFIGURES = (" in open(p, encoding="utf-8").read())
+COLUMNS = [cf.Column("acc%", "accuracy", 100, 2, 0.5), cf.Column("epochs", "costs.epochs", 1, 1, 0.0),
+           cf.Column("n", lambda models, m: len(models), 1, 0, 0)]
+RESULTS = {"fedavg": {"global": {"accuracy": 0.51234, "costs": {"epochs": 9.25}}},
+           "ditto": {"global": {"accuracy": 0.4}, "personal": {"accuracy": 0.6, "costs": {"epochs": 3.0}}}}
+
+
+def test_the_configs_with_figures_are_found():
+  assert {os.path.basename(p) for p in WITH_FIGURES} >= {"fedkws.py", "group_personalized.py"}
+
+
+def test_a_table_is_written_as_printed_and_read_back():
+  rows = cf.measure(RESULTS, COLUMNS)
+  assert rows[("fedavg", "global")] == [51.23, 9.2, 1.0]  # scaled, rounded as printed
+  assert math.isnan(rows[("ditto", "global")][1])         # no cost: "-"
+  table = cf.format_table(rows, COLUMNS)
+  assert table.splitlines()[0].split() == ["run", "model", "acc%", "epochs", "n"]
+  assert "\n  ditto   global    40.00  -       2\n" in table
+  back = cf.parse_table(table, COLUMNS)
+  assert back.keys() == rows.keys()
+  assert cf.compare(back, rows, COLUMNS) == []
+
+
+def test_untrained_models_are_not_figures():
+  results = {"edges": {"global": {"accuracy": 0.05, "trained": False}, "level1": {"accuracy": 0.5}}}
+  assert list(cf.measure(results, COLUMNS[:1])) == [("edges", "level1")]
+
+
+def test_compare_names_every_figure_beyond_its_tolerance_and_every_missing_row():
+  printed = cf.measure(RESULTS, COLUMNS)
+  stated = {k: list(v) for k, v in printed.items()}
+  stated[("fedavg", "global")][0] += 0.5        # at the tolerance: holds
+  assert cf.compare(stated, printed, COLUMNS) == []
+  stated[("fedavg", "global")][0] += 0.02       # beyond it
+  stated[("ditto", "personal")][1] = 4.0        # tolerance 0
+  del stated[("ditto", "global")]
+  stated[("gone", "global")] = [1.0, 1.0, 1.0]
+  problems = cf.compare(stated, printed, COLUMNS)
+  assert problems == [
+    "gone global: in the docstring, not printed",
+    "fedavg global acc%: docstring 51.75, printed 51.23 (tolerance 0.5)",
+    "ditto global: printed, not in the docstring",
+    "ditto personal epochs: docstring 4.0, printed 3.0 (tolerance 0.0)",
+  ]
+
+
+def test_write_replaces_only_the_table_after_the_command(tmp_path):
+  path = tmp_path / "cfg.py"
+  path.write_text('"""Doc.\n\n  python -m fedtree.main --config=x\n\n'
+                  'Figures (`python -m benchmarks.config_figures`):\n\n'
+                  '  run  model  acc%\n  old  row    1.00\n\nAfter.\n"""\n'
+                  'FIGURES = (("acc%", "accuracy", 100, 2, 0.5),)\n')
+  problems, _ = cf.check(str(path), results={"fedavg": {"global": {"accuracy": 0.5}}})
+  assert problems == ["old row: in the docstring, not printed",
+                      "fedavg global: printed, not in the docstring"]
+  cf.check(str(path), write=True, results={"fedavg": {"global": {"accuracy": 0.5}}})
+  text = path.read_text()
+  assert "  python -m fedtree.main --config=x\n" in text and "old" not in text and "\nAfter.\n" in text
+  assert cf.check(str(path), results={"fedavg": {"global": {"accuracy": 0.504}}})[0] == []
+
+
+def test_a_config_without_figures_is_refused():
+  with pytest.raises(ValueError, match="declares no FIGURES"):
+    cf.columns_of(cf.load_module(os.path.join(ROOT, "configs", "quickstart.py")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", WITH_FIGURES, ids=os.path.basename)
+def test_printed_figures_match_the_docstring(path):
+  problems, table = cf.check(path)
+  assert not problems, "\n".join(problems) + "\nprinted:\n" + table
