@@ -15,7 +15,8 @@ from fedtree.models import build_model
 
 def clients(sizes=(4, 3, 5), k=3, dim=2, seed=0):
   rng = np.random.default_rng(seed)
-  train = [(rng.normal(size=(n, dim)).astype(np.float32), rng.integers(0, k, n).astype(np.int32)) for n in sizes]
+  train = [(rng.normal(size=(n, dim)).astype(np.float32), rng.integers(0, k, n).astype(np.int32))
+           for n in sizes]
   return train, [(x[:2].copy(), y[:2].copy()) for x, y in train]
 
 
@@ -33,7 +34,8 @@ def test_good_data_pass_and_padding_is_not_checked():
 def test_a_label_outside_the_classes_names_the_client_and_label(split):
   train, test = clients()
   (train if split == "train" else test)[2][1][1] = 7
-  with pytest.raises(ValueError, match=rf"client 2: label 7 in y_{split} is outside \[0, 3\) \(num_classes=3\)"):
+  message = rf"client 2: label 7 in y_{split} is outside \[0, 3\) \(num_classes=3\)"
+  with pytest.raises(ValueError, match=message):
     from_client_arrays(train, test, num_classes=3)
   (train if split == "train" else test)[2][1][1] = -1
   with pytest.raises(ValueError, match=rf"client 2: label -1 in y_{split}"):

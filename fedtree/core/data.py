@@ -177,7 +177,7 @@ class FederatedData:
         value = int(y[tuple(b[0] for b in bad)])
         raise ValueError(
           f"client {c}: label {value} in y_{split} is outside [0, {k}) (num_classes={k}); "
-          f"{bad[0].size} label(s) out of range in all. Set num_classes to the number of classes, "
+          f"{bad[0].size} label(s) of y_{split} out of range. Set num_classes to the number of classes, "
           "or remap the labels to 0..num_classes-1"
         )
 
@@ -204,7 +204,8 @@ class FederatedData:
           f"flat row {int(bad[0][0])}"
         raise ValueError(
           f"client {c}: x_{split} {where} holds a non-finite input ({value}); "
-          f"{bad[0].size} example(s) with NaN or infinite inputs in all. Clean or drop them before training"
+          f"{bad[0].size} example(s) of x_{split} with NaN or infinite inputs. Clean or drop them before "
+          "training"
         )
     return self
 

@@ -67,6 +67,9 @@ def load_arrays(*, path: str, num_classes: int | None = None, test_fraction: flo
       values (labels outside ``[0, num_classes)``, a client without training examples,
       non-finite inputs), each naming the client.
   """
+  if not path:
+    raise ValueError(f"config.data.path={path!r}: set it to an .npz file or a folder of them "
+                     "(--config.data.path=...)")
   rng = np.random.default_rng(seed)
   extras: dict[str, Any] = {}
   if os.path.isdir(path):

@@ -222,6 +222,9 @@ def load_hf(*, path: str, format: str = "disk", split: str = "train", test_split
   """
   import datasets
 
+  if not path:
+    raise ValueError(f"config.data.path={path!r}: set it to a save_to_disk folder or a data file "
+                     "(--config.data.path=...)")
   if format not in FORMATS:
     raise ValueError(f"config.data.format={format!r}; choose one of {FORMATS}")
   if format == "disk":

@@ -151,13 +151,13 @@ def _load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, An
   if name == "arrays":
     from fedtree.datasets.arrays import load_arrays
 
-    team, num_groups = kwargs.pop("team_size", None), kwargs.pop("num_groups", None)
+    team, num_groups = cfg.get("team_size", None), kwargs.pop("num_groups", None)
     data, groups, extras = load_arrays(**kwargs)
     return data, _file_groups(groups, data.num_clients, team, num_groups), None, _info(extras)
   if name == "hf":
     from fedtree.datasets.hf import load_hf
 
-    team, num_groups = kwargs.pop("team_size", None), kwargs.pop("num_groups", None)
+    team, num_groups = cfg.get("team_size", None), kwargs.pop("num_groups", None)
     data, groups, central, extras = load_hf(**kwargs)
     return data, _file_groups(groups, data.num_clients, team, num_groups), central, _info(extras)
   if name in TEXT_DATASETS:

@@ -203,6 +203,8 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
   header += ["intra", "inter", "clusters"] if clustered else []
   header += ["ARI"] if ari else []
   header += ["FA", "FR"] if kws else []
+  fair = any("fairness" in s for models in results.values() for s in models.values())
+  header += ["clients p10/p50/p90 gini"] if fair else []
   header += [f"g{g}" for g in range(num_groups)]
   rows = [header]
   for label, models in results.items():
@@ -219,6 +221,8 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
       if kws:
         row += [f"{s.get('false_accept_rate', float('nan')):.4f}",
                 f"{s.get('false_reject_rate', float('nan')):.4f}"]
+      if fair:
+        row += [fairness_cell(s["fairness"]) if "fairness" in s else ""]
       ga = s.get("group_accuracy")
       row += [f"{a:.3f}" for a in ga] if ga is not None else []
       row += [""] * (len(header) - len(row))
@@ -229,5 +233,18 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
   title = "Final evaluation (test data of every client; gN = accuracy on group N"
   title += "; ppl / sent ppl = perplexity at token / sentence level" if ppl else ""
   title += "; intra/inter = intra-/inter-cluster accuracy" if clustered else ""
-  title += "; ARI = adjusted Rand index against the true clusters)" if ari else ")"
+  title += "; ARI = adjusted Rand index against the true clusters" if ari else ""
+  title += ("; clients = 10th/50th/90th percentile and Gini coefficient of per-client accuracy "
+            "(perplexity for a language model)") if fair else ""
+  title += ")"
   return "\n".join(["", title] + lines)
+
+
+def fairness_cell(d: dict[str, Any]) -> str:
+  """The compact table cell of a :func:`fedtree.core.metrics.client_distribution`:
+  ``p10/p50/p90 gini`` (perplexities with one decimal, accuracies with two)."""
+  f = ".1f" if d.get("metric") == "perplexity" else ".2f"
+  nums = [d.get(k) for k in ("p10", "p50", "p90", "gini")]
+  if any(v is None or not math.isfinite(v) for v in nums):
+    return "-"
+  return f"{nums[0]:{f}}/{nums[1]:{f}}/{nums[2]:{f}} {nums[3]:.3f}"
