@@ -178,3 +178,30 @@ def test_load_hf_from_save_to_disk_and_parquet(tmp_path):
     load_hf(path=str(tmp_path / "disk"), split="validation", x_columns="x", client_column="writer")
   with pytest.raises(ValueError, match=r"format='tfrecord'"):
     load_hf(path=str(tmp_path / "disk"), format="tfrecord")
+
+
+def test_config_tree_from_columns_through_make_context(tmp_path):
+  """data.name="hf" from a save_to_disk folder, topology.kind="columns": root -> country ->
+  region -> writer, built before anything compiles."""
+  from config_files import load_config
+
+  from fedtree.experiment.runner import make_context
+
+  ds = table()
+  ds = ds.add_column("country", [f"k{int(r[1:]) // 3}" for r in ds["region"]])
+  ds.save_to_disk(str(tmp_path / "saved"))
+  c = load_config("own_data", "hf")
+  c.data.path, c.data.x_columns, c.data.client_column = str(tmp_path / "saved"), "x", "writer"
+  with c.unlocked():
+    c.data.partitioner, c.data.partitioner_args = None, None
+    c.data.tree_columns = ("country", "region")
+  c.topology.kind = "columns"
+  ctx = make_context(c)
+  topo = ctx.topology
+  assert topo.depth == 3 and topo.num_clients == 24
+  assert [topo.num_nodes(lv) for lv in range(4)] == [1, 2, 6, 24]
+  assert np.array_equal(ctx.groups, topo.ancestor(1))
+  c.topology.kind = "columns"
+  c.data.tree_columns = ()
+  with pytest.raises(ValueError, match="topology.kind='columns' needs data that name label columns"):
+    make_context(c)
