@@ -105,3 +105,17 @@ def test_the_config_path_refuses_before_compiling(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match=r"client \d: label [34] in y_(train|test) is outside \[0, 3\)"):
     runner.train_and_evaluate(config_with_labels(tmp_path, 4), None)
   assert not compiled
+
+
+def test_an_algorithm_factory_refuses_a_model_with_other_outputs():
+  """The Python path: the factory's local training is built with the model and the data."""
+  import optax
+  from helpers import tiny_mlp_problem
+
+  from fedtree.algorithms import fedavg
+
+  data, model, schedule = tiny_mlp_problem()
+  fedavg(model=model, data=data, local_optimizer=optax.sgd(0.1), schedule=schedule)
+  wide = build_model("mlp", example_shape=data.example_shape, num_classes=5, hidden=(4,))
+  with pytest.raises(ValueError, match=r"num_classes=5 but the data has 3 classes"):
+    fedavg(model=wide, data=data, local_optimizer=optax.sgd(0.1), schedule=schedule)

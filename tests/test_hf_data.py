@@ -90,6 +90,18 @@ def test_grouped_natural_id_is_a_two_level_tree():
     assert sorted(sum((rows[c] for c in np.flatnonzero(groups == g)), [])) == part
 
 
+def test_a_flower_partitioner_object_equals_the_named_one():
+  args = dict(partition_by="writer", group_size=5)
+  by_name = from_hf(table(), x_columns="x", partitioner="flwr.GroupedNaturalIdPartitioner",
+                    partitioner_args=args)
+  by_object = from_hf(table(), x_columns="x", partitioner=fp.GroupedNaturalIdPartitioner(**args))
+  assert client_rows(by_name[0]) == client_rows(by_object[0])
+  assert np.array_equal(by_name[1], by_object[1])
+  with pytest.raises(ValueError, match="partitioner_args are for a partitioner given by name"):
+    from_hf(table(), x_columns="x", partitioner=fp.IidPartitioner(num_partitions=3),
+            partitioner_args=dict(num_partitions=4))
+
+
 def test_flower_partitions_reads_rows_without_touching_the_dataset():
   ds = table()
   parts = flower_partitions(ds, fp.IidPartitioner(num_partitions=4))

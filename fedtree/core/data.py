@@ -168,7 +168,10 @@ class FederatedData:
     """Every real label (class or next token) lies in ``[0, num_classes)``."""
     k = self.num_classes
     for split in ("train", "test"):
-      y = np.asarray(getattr(self, f"y_{split}"))
+      y = getattr(self, f"y_{split}")
+      if isinstance(y, jax.Array) and not y.is_fully_addressable:
+        continue  # spans processes (fedtree.core.sharding): checked where it was loaded
+      y = np.asarray(y)
       real = self.real_rows(split)
       real = real.reshape(real.shape + (1,) * (y.ndim - real.ndim))
       bad = np.nonzero(((y < 0) | (y >= k)) & real)
@@ -190,9 +193,10 @@ class FederatedData:
     """
     self.validate()
     for split in ("train", "test"):
-      x = np.asarray(getattr(self, f"x_{split}"))
-      if not np.issubdtype(x.dtype, np.floating):
+      x = getattr(self, f"x_{split}")
+      if not np.issubdtype(x.dtype, np.floating) or (isinstance(x, jax.Array) and not x.is_fully_addressable):
         continue
+      x = np.asarray(x)
       real = self.real_rows(split)
       finite = np.isfinite(x).reshape(x.shape[:real.ndim] + (-1,)).all(axis=-1)
       bad = np.nonzero(real & ~finite)

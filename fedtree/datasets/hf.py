@@ -310,14 +310,14 @@ def _inputs(ds, columns: list[str]) -> np.ndarray:
 
   if len(columns) == 1:
     col = columns[0]
-    values = ds.with_format("numpy")[:][col]
+    values = ds.select_columns([col]).with_format("numpy")[:][col]
     x = np.stack(list(values)) if values.dtype == object else np.asarray(values)
     if isinstance(ds.features[col], datasets.Image):
       if x.ndim == 3:
         x = x[..., None]
       return x.astype(np.float32) / 255.0 if x.dtype == np.uint8 else x.astype(np.float32)
     return x.astype(np.float32)
-  data = ds.with_format("numpy")[:]
+  data = ds.select_columns(columns).with_format("numpy")[:]
   return np.stack([np.asarray(data[c], np.float32) for c in columns], axis=-1)
 
 
