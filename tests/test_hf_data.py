@@ -217,3 +217,27 @@ def test_config_tree_from_columns_through_make_context(tmp_path):
   c.data.tree_columns = ()
   with pytest.raises(ValueError, match="topology.kind='columns' needs data that name label columns"):
     make_context(c)
+
+
+def test_a_test_split_follows_the_natural_clients():
+  train, test = table(), table(60)
+  data, _, central, extras = from_hf(train, test=test, x_columns="x", client_column="writer")
+  assert central is None and data.n_test.sum() == 60            # every test writer also trains here
+  writers = np.asarray(test["writer"])
+  for c, name in enumerate(extras["client_names"]):
+    ids = sorted(np.asarray(data.x_test[c, :data.n_test[c], 0]).astype(int).tolist())
+    assert ids == np.flatnonzero(writers == name).tolist()       # test rows keep their row ids
+
+
+def test_config_hf_flower_gives_flowers_partition(tmp_path):
+  from config_files import load_config
+
+  from fedtree.experiment.data import load_with_info
+
+  table().save_to_disk(str(tmp_path / "saved"))
+  c = load_config("own_data", "hf_flower")
+  c.data.path, c.data.x_columns = str(tmp_path / "saved"), "x"
+  c.data.partitioner_args.num_partitions, c.data.partitioner_args.seed = 6, 7
+  data, groups, _, _ = load_with_info(c.data)
+  assert client_rows(data) == flower_rows("DirichletPartitioner", dict(c.data.partitioner_args))
+  assert groups.tolist() == [0] * 6

@@ -103,8 +103,9 @@ def from_hf(
   Args:
     train: the ``datasets.Dataset`` to partition.
     test: an optional test ``Dataset``: matched to the clients by ``client_column`` when the
-      clients are natural ids (clients without test rows get none), else kept as the central
-      test set ``(x, y)`` while every client holds out ``test_fraction`` of its examples.
+      clients are natural ids (clients without test rows get none; test rows of ids without
+      training rows are left out), else kept as the central test set ``(x, y)`` while every
+      client holds out ``test_fraction`` of its examples.
     x_columns: the input column (an image, a numeric array, or a string: text), or several
       numeric columns stacked as features.
     label_column: the class label (a ``ClassLabel`` gives ``num_classes``).
