@@ -63,6 +63,15 @@ def test_a_non_finite_input_names_the_client_example_and_value(value):
     from_client_arrays(train, test, num_classes=3)
 
 
+def test_a_non_finite_input_of_a_ragged_split_names_its_client():
+  train, test = clients()
+  data = to_ragged_train(from_client_arrays(train, test, num_classes=3))
+  x = np.asarray(data.x_train).copy()
+  x[int(data.train_offset[2]) + 3, 0] = np.nan
+  with pytest.raises(ValueError, match=r"client 2: x_train flat row 10 holds a non-finite input \(nan\)"):
+    dataclasses.replace(data, x_train=x).check_values()
+
+
 def test_a_client_without_training_examples_is_named():
   train, test = clients()
   train[1] = (train[1][0][:0], train[1][1][:0])

@@ -198,7 +198,12 @@ class FederatedData:
         continue
       x = np.asarray(x)
       real = self.real_rows(split)
-      finite = np.isfinite(x).reshape(x.shape[:real.ndim] + (-1,)).all(axis=-1)
+      # in slices of the leading axis, so the boolean temporaries stay ~64 MB whatever x's size
+      step = max(1, (64 << 20) // max(1, x[:1].size))
+      features = int(np.prod(x.shape[real.ndim:]))
+      finite = np.concatenate([
+        np.isfinite(x[i:i + step]).reshape(x[i:i + step].shape[:real.ndim] + (features,)).all(axis=-1)
+        for i in range(0, max(x.shape[0], 1), step)])
       bad = np.nonzero(real & ~finite)
       if bad[0].size:
         c = int(self._client_of_row(split, bad)[0])
