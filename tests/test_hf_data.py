@@ -63,6 +63,7 @@ CASES = ([(n, dict(a, seed=s)) for n, a in SEEDED.items() for s in (7, 42)]
          + list(UNSEEDED.items()))
 
 
+@pytest.mark.filterwarnings("ignore:Classes.*will NOT be used:UserWarning")  # Pathological's notice
 @pytest.mark.parametrize("name,args", CASES, ids=[f"{n}-{a.get('seed', '')}" for n, a in CASES])
 def test_every_flower_partitioner_gives_flowers_partition(name, args):
   data, groups, _, _ = from_hf(table(), x_columns="x", partitioner=f"flwr.{name}", partitioner_args=args,
