@@ -17,7 +17,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from fedtree.core.data import FederatedData
+from fedtree.core.data import FederatedData, check_model_outputs
 from fedtree.core.local import ClientUpdate, LocalSchedule, check_client_update, sgd_client_update, stack
 from fedtree.core.model import Model
 from fedtree.core.topology import Topology
@@ -139,8 +139,11 @@ def local_training(
   ``compute_dtype`` configures the default update only: an explicit ``client_update`` with a
   ``compute_dtype`` is refused (build the objective with its own ``compute_dtype``). With
   ``stateless_for`` (the algorithm's name), an update that keeps per-client state is
-  refused: in those algorithms clients hold nothing but the model they receive.
+  refused: in those algorithms clients hold nothing but the model they receive. A model whose
+  number of outputs differs from the data's classes is refused here, before anything compiles
+  (:func:`fedtree.core.data.check_model_outputs`).
   """
+  check_model_outputs(model, data)
   if client_update is None:
     client_update = sgd_client_update(
       model, local_optimizer, batch_size=schedule.batch_size,

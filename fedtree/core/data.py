@@ -139,11 +139,83 @@ class FederatedData:
       raise ValueError(f"client(s) {empty[:10].tolist()} have no training examples (n_train == 0)")
     if self.num_classes <= 0:
       raise ValueError(f"num_classes={self.num_classes} must be positive")
+    self._check_labels()
     if topology is not None and topology.num_clients != c:
       raise ValueError(
         f"the tree has {topology.num_clients} clients but the data has {c}: "
         f"{topology!r} vs x_train{tuple(self.x_train.shape)}"
       )
+    return self
+
+  def real_rows(self, split: str) -> np.ndarray:
+    """``bool`` mask of the real (not padding) examples of ``split`` (``"train"`` or
+    ``"test"``): ``[C, M]`` padded, ``[N]`` for a ragged training split (every row real)."""
+    if split not in ("train", "test"):
+      raise ValueError(f"split={split!r}; choose 'train' or 'test'")
+    n = np.asarray(getattr(self, f"n_{split}"))
+    if split == "train" and self.ragged:
+      return np.ones(self.x_train.shape[0], bool)
+    m = getattr(self, f"x_{split}").shape[1]
+    return np.arange(m)[None, :] < n[:, None]
+
+  def _client_of_row(self, split: str, rows: tuple[np.ndarray, ...]) -> np.ndarray:
+    """The client owning each index of ``rows`` (``np.nonzero`` of :meth:`real_rows`)."""
+    if split == "train" and self.ragged:
+      return np.searchsorted(np.asarray(self.train_offset) + np.asarray(self.n_train), rows[0], side="right")
+    return rows[0]
+
+  def _check_labels(self) -> None:
+    """Every real label (class or next token) lies in ``[0, num_classes)``."""
+    k = self.num_classes
+    for split in ("train", "test"):
+      y = getattr(self, f"y_{split}")
+      if isinstance(y, jax.Array) and not y.is_fully_addressable:
+        continue  # spans processes (fedtree.core.sharding): checked where it was loaded
+      y = np.asarray(y)
+      real = self.real_rows(split)
+      real = real.reshape(real.shape + (1,) * (y.ndim - real.ndim))
+      bad = np.nonzero(((y < 0) | (y >= k)) & real)
+      if bad[0].size:
+        c = int(self._client_of_row(split, bad)[0])
+        value = int(y[tuple(b[0] for b in bad)])
+        raise ValueError(
+          f"client {c}: label {value} in y_{split} is outside [0, {k}) (num_classes={k}); "
+          f"{bad[0].size} label(s) of y_{split} out of range. Set num_classes to the number of classes, "
+          "or remap the labels to 0..num_classes-1"
+        )
+
+  def check_values(self) -> FederatedData:
+    """:meth:`validate`, then every real input finite (a pass over ``x``; run once, where the
+    data enter: :func:`from_client_arrays` and the experiment's context). Returns ``self``.
+
+    Raises:
+      ValueError: naming the first client (and example) whose input holds a NaN or an infinity.
+    """
+    self.validate()
+    for split in ("train", "test"):
+      x = getattr(self, f"x_{split}")
+      if not np.issubdtype(x.dtype, np.floating) or (isinstance(x, jax.Array) and not x.is_fully_addressable):
+        continue
+      x = np.asarray(x)
+      real = self.real_rows(split)
+      # in slices of the leading axis, so the boolean temporaries stay ~64 MB whatever x's size
+      step = max(1, (64 << 20) // max(1, x[:1].size))
+      features = int(np.prod(x.shape[real.ndim:]))
+      finite = np.concatenate([
+        np.isfinite(x[i:i + step]).reshape(x[i:i + step].shape[:real.ndim] + (features,)).all(axis=-1)
+        for i in range(0, max(x.shape[0], 1), step)])
+      bad = np.nonzero(real & ~finite)
+      if bad[0].size:
+        c = int(self._client_of_row(split, bad)[0])
+        row = x[tuple(b[0] for b in bad)]
+        value = float(row[~np.isfinite(row)].reshape(-1)[0])
+        where = f"example {int(bad[-1][0])}" if not (split == "train" and self.ragged) else \
+          f"flat row {int(bad[0][0])}"
+        raise ValueError(
+          f"client {c}: x_{split} {where} holds a non-finite input ({value}); "
+          f"{bad[0].size} example(s) of x_{split} with NaN or infinite inputs. Clean or drop them before "
+          "training"
+        )
     return self
 
   def take(self, clients) -> FederatedData:
@@ -196,7 +268,7 @@ def from_client_arrays(
     n_test=n_test,
     num_classes=int(num_classes),
   )
-  return data.validate()
+  return data.check_values()
 
 
 def split_train_test(
@@ -302,3 +374,31 @@ def as_device(data: FederatedData) -> FederatedData:
   if data.ragged:
     arrays["train_offset"] = jnp.asarray(data.train_offset)
   return dataclasses.replace(data, **arrays)
+
+
+def check_model_outputs(model, data: FederatedData) -> None:
+  """Refuses a model whose number of outputs differs from the data's classes, before
+  anything compiles (``jax.eval_shape`` of ``model.init`` and ``model.apply`` on one example;
+  nothing is allocated).
+
+  A model with more outputs than classes would otherwise train without a word; one with fewer
+  would stop later with a non-finite loss.
+
+  Args:
+    model: a :class:`fedtree.core.model.Model`.
+    data: the federated data.
+
+  Raises:
+    ValueError: naming both numbers, when ``model.num_classes`` or the size of the last axis
+      of the model's output is not ``data.num_classes``.
+  """
+  k = data.num_classes
+  if int(model.num_classes) != k:
+    raise ValueError(f"the model has num_classes={model.num_classes} but the data has {k} classes "
+                     "(labels 0..num_classes-1); build the model with the data's num_classes")
+  example = jax.ShapeDtypeStruct((1,) + data.example_shape, data.x_test.dtype)
+  params = jax.eval_shape(model.init, jax.ShapeDtypeStruct((), jax.random.key(0).dtype))
+  out = jax.eval_shape(lambda p, x: model.apply(p, x, train=False), params, example)
+  if out.shape[-1] != k:
+    raise ValueError(f"the model outputs {out.shape[-1]} logits per example (output shape {out.shape}) "
+                     f"but the data has {k} classes; its last layer must have num_classes={k} outputs")

@@ -174,6 +174,54 @@ def perplexities(stats: EvalStats, level: str = "token") -> tuple[float, np.ndar
   return overall, client
 
 
+FAIRNESS_STATS = ("p10", "p50", "p90", "worst10_mean", "std", "gini")
+"""The statistics of :func:`client_distribution`, besides ``metric`` and ``clients``."""
+
+
+def client_distribution(values, *, metric: str = "accuracy", higher_is_better: bool = True
+                        ) -> dict[str, Any]:
+  """How a metric is spread across clients: the fairness of a model.
+
+  Over the clients with a finite value (NaN: a client without test data): the 10th, 50th and
+  90th percentiles (``np.percentile``, linear interpolation), ``worst10_mean`` the mean of the
+  worst 10 % of clients (``ceil(0.1 * n)`` of them, at least one: the lowest accuracies, or the
+  highest perplexities when ``higher_is_better`` is False), ``std`` the population standard
+  deviation (``ddof=0``) and ``gini`` the Gini coefficient ``sum_ij |v_i - v_j| / (2 n^2 mean)``
+  (0: every client alike; values must be >= 0; 0 when they are all 0).
+
+  Args:
+    values: ``float[C]`` per-client values (accuracy, perplexity, ...).
+    metric: the name stored under ``"metric"``.
+    higher_is_better: which end is the worst.
+
+  Returns:
+    ``{"metric", "clients" (the number counted), "p10", "p50", "p90", "worst10_mean", "std",
+    "gini"}``; the statistics are NaN when no client has a value.
+
+  Example:
+    >>> d = client_distribution([0.5, 0.7, 0.9, 1.0])
+    >>> round(d["p50"], 3), d["worst10_mean"], round(d["gini"], 4)
+    (0.8, 0.5, 0.1371)
+  """
+  v = np.asarray(values, np.float64).reshape(-1)
+  v = np.sort(v[np.isfinite(v)])
+  out: dict[str, Any] = {"metric": metric, "clients": int(v.size)}
+  if v.size == 0:
+    return out | {k: float("nan") for k in FAIRNESS_STATS}
+  if v[0] < 0:
+    raise ValueError(f"client_distribution of {metric}: value {v[0]} < 0; the Gini coefficient needs "
+                     "values >= 0")
+  p10, p50, p90 = np.percentile(v, [10.0, 50.0, 90.0])
+  k = max(1, int(np.ceil(0.1 * v.size)))
+  worst = v[:k] if higher_is_better else v[-k:]
+  n, total = v.size, v.sum()
+  # sum_ij |v_i - v_j| = 2 sum_i (2i - n - 1) v_(i) over the sorted values, i = 1..n
+  # (clipped at 0: equal values give -1e-16 by rounding)
+  gini = max(0.0, float(np.sum((2 * np.arange(1, n + 1) - n - 1) * v) / (n * total))) if total > 0 else 0.0
+  return out | {"p10": float(p10), "p50": float(p50), "p90": float(p90),
+                "worst10_mean": float(worst.mean()), "std": float(v.std()), "gini": gini}
+
+
 def summarize(stats: EvalStats, groups: np.ndarray | None = None, prefix: str = "",
               positive_classes=None, perplexity: bool = False) -> dict[str, Any]:
   """Host-side summary: overall (example-weighted) and mean-per-client accuracy and loss,
@@ -184,7 +232,10 @@ def summarize(stats: EvalStats, groups: np.ndarray | None = None, prefix: str = 
   also ``sentence_perplexity`` overall, per client and per group (:func:`perplexities`,
   ``level="sentence"``). With
   ``positive_classes`` (a ``bool[K]`` mask or class indices) and ``stats.confusion``, also
-  the keyword-spotting rates of :func:`keyword_rates` over all clients."""
+  the keyword-spotting rates of :func:`keyword_rates` over all clients. Always ``fairness``,
+  the spread of per-client accuracy (perplexity for a language model) across clients
+  (:func:`client_distribution`), and with ``groups`` the same per group (``group_fairness``,
+  a list indexed by group)."""
   loss = np.asarray(stats.loss_sum, np.float64)
   correct = np.asarray(stats.correct, np.float64)
   count = np.asarray(stats.count, np.float64)
@@ -205,9 +256,16 @@ def summarize(stats: EvalStats, groups: np.ndarray | None = None, prefix: str = 
   if stats.sentences is not None:
     out[f"{prefix}sentence_perplexity"], out[f"{prefix}client_sentence_perplexity"] = perplexities(
       stats, "sentence")
+  spread, spread_name = ((out[f"{prefix}client_perplexity"], "perplexity") if perplexity
+                         else (client_acc, "accuracy"))
+  out[f"{prefix}fairness"] = client_distribution(spread, metric=spread_name,
+                                                 higher_is_better=not perplexity)
   if groups is not None:
     groups = np.asarray(groups)
     g = int(groups.max()) + 1
+    out[f"{prefix}group_fairness"] = [
+      client_distribution(spread[groups == j], metric=spread_name, higher_is_better=not perplexity)
+      for j in range(g)]
     gc = np.bincount(groups, weights=correct, minlength=g)
     gn = np.bincount(groups, weights=count, minlength=g)
     gl = np.bincount(groups, weights=loss, minlength=g)

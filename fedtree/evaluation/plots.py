@@ -355,6 +355,71 @@ def plot_client_histograms(values: Mapping[str, Sequence[float]], path: str, *,
   return _save(fig, path)
 
 
+def fairness_series(summary: Mapping[str, Any], max_series: int = 6,
+                    skip: Iterable[tuple[str, str]] = ()) -> dict[str, tuple[np.ndarray, Mapping[str, Any]]]:
+  """``{"run · model": (per-client values float[C], fairness dict)}`` of a ``summary.json``:
+  every model with a ``fairness`` entry (:func:`fedtree.core.metrics.client_distribution`) and
+  its per-client accuracy (``client_perplexity`` when the fairness metric is perplexity), not
+  in ``skip`` and not equal to an earlier model's of the same run, at most ``max_series``."""
+  skip = set(skip)
+  out: dict[str, tuple[np.ndarray, Mapping[str, Any]]] = {}
+  for run, models in summary.items():
+    if not isinstance(models, Mapping):
+      continue
+    seen: list[np.ndarray] = []
+    for name, s in models.items():
+      if (run, name) in skip or not isinstance(s, Mapping) or not isinstance(s.get("fairness"), Mapping):
+        continue
+      fair = s["fairness"]
+      values = s.get(f"client_{fair.get('metric', 'accuracy')}")
+      if not isinstance(values, list):
+        continue
+      v = np.asarray([np.nan if a is None else a for a in values], np.float64)
+      if any(v.shape == u.shape and np.allclose(v, u, equal_nan=True) for u in seen):
+        continue
+      seen.append(v)
+      out[f"{run} · {name}" if len(models) > 1 else str(run)] = (v, fair)
+  return dict(list(out.items())[:max_series])
+
+
+def plot_client_fairness(summary: Mapping[str, Any], path: str, *, bins: int = 20,
+                         skip: Iterable[tuple[str, str]] = (), title: str | None = None) -> str:
+  """A histogram of the final per-client accuracy (perplexity for a language model) of every
+  model of a ``summary.json`` (:func:`fairness_series`), a panel each, marking the 10th, 50th
+  and 90th percentiles and the worst-10 % mean, with the Gini coefficient in the panel's title.
+
+  Raises:
+    ValueError: the summary has no model with per-client values and a ``fairness`` entry.
+  """
+  series = fairness_series(summary, skip=skip)
+  if not series:
+    raise ValueError("the summary has no model with a 'fairness' entry and per-client values")
+  plt = _pyplot()
+  fig, axes = _grid(plt, len(series), width=4.4, height=3.0)
+  for ax, (label, (v, fair)) in zip(axes, series.items(), strict=True):
+    v = v[np.isfinite(v)]
+    metric = str(fair.get("metric", "accuracy"))
+    if v.size:
+      lo, hi = float(v.min()), float(v.max())
+      ax.hist(v, bins=np.linspace(lo, hi if hi > lo else lo + 1e-6, bins + 1), color="0.7",
+              edgecolor="0.35", linewidth=0.6)
+    for key, style in (("p10", ":"), ("p50", "-"), ("p90", ":")):
+      if fair.get(key) is not None:
+        ax.axvline(fair[key], color="C0", linestyle=style, linewidth=1.3, label=f"{key} {fair[key]:.3g}")
+    if fair.get("worst10_mean") is not None:
+      ax.axvline(fair["worst10_mean"], color="C3", linewidth=1.3,
+                 label=f"worst 10% mean {fair['worst10_mean']:.3g}")
+    gini = fair.get("gini")
+    ax.set_title(f"{label}" + (f"  (Gini {gini:.3f})" if gini is not None else ""), fontsize=9)
+    ax.set_xlabel(f"test {metric} of a client")
+    ax.set_ylabel("clients")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+  if title:
+    fig.suptitle(title)
+  return _save(fig, path)
+
+
 def plot_relative_change(baseline: Sequence[float], new: Sequence[float], path: str, *,
                          lower_is_better: bool = True, names: tuple[str, str] = ("PerFL", "GroupPerFL"),
                          metric: str = "perplexity", bins: int = 30) -> str:
@@ -490,7 +555,9 @@ def write_run_plots(workdir: str) -> list[str]:
   * ``plot_clusters.png``: intra- vs inter-cluster accuracy, when reported;
   * ``plot_keyword_rates.png``: false-accept/false-reject rates, when reported;
   * ``plot_client_accuracy.png``: the distribution of the final per-client test accuracy of
-    every run's models, a panel each (from ``summary.json``).
+    every run's models, a panel each (from ``summary.json``);
+  * ``plot_client_fairness.png``: the same per model, with its percentiles, worst-10 % mean and
+    Gini coefficient (:func:`plot_client_fairness`).
 
   Models that never trained (``"trained": false`` in ``summary.json``; without a summary, those
   whose accuracy never changed) are left out; models evaluated only at the end (in
@@ -531,6 +598,10 @@ def write_run_plots(workdir: str) -> list[str]:
     if values:
       written.append(plot_client_histograms(values, os.path.join(workdir, "plot_client_accuracy.png"),
                                             title="final test accuracy per client (dashed: mean)"))
+    skip = untrained | frozen_models(records) - trained_models(summary)
+    if fairness_series(summary, skip=skip):
+      written.append(plot_client_fairness(summary, os.path.join(workdir, "plot_client_fairness.png"),
+                                          skip=skip))
   return written
 
 

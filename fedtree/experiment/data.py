@@ -18,7 +18,7 @@ from fedtree.datasets.synthetic import grouped_synthetic, synthetic_alpha_beta
 
 TEXT_DATASETS = ("stdlib_text", "text_dir", "tfds_text", "leaf", "tff_h5")
 DATASETS = ("grouped_synthetic", "synthetic", "tfds", "prototype_images", "sklearn_digits",
-            "synthetic_kws", "speech_commands") + TEXT_DATASETS
+            "synthetic_kws", "speech_commands", "arrays", "hf") + TEXT_DATASETS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,10 +30,14 @@ class DataInfo:
       ``None`` when the data names none.
     vocab: the token of every id of a text dataset (ids 0-3 the special tokens of
       :class:`fedtree.datasets.text.Vocabulary`), else ``None``.
+    label_columns: ``int32[L, C]`` group labels of every client, coarsest first, when the data
+      name a tree deeper than root -> groups -> clients (``config.topology.kind="columns"``
+      builds it with :meth:`fedtree.core.topology.Topology.from_label_columns`); else ``None``.
   """
 
   group_names: tuple[str, ...] | None = None
   vocab: tuple[str, ...] | None = None
+  label_columns: np.ndarray | None = None
 
   def char_table(self, max_chars: int = 16) -> np.ndarray:
     """``int32[V, max_chars]`` spelling of every vocabulary token
@@ -144,6 +148,18 @@ def _load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, An
     from fedtree.datasets.speech_commands import load_speech_commands
 
     return (*load_speech_commands(**kwargs), DataInfo())
+  if name == "arrays":
+    from fedtree.datasets.arrays import load_arrays
+
+    team, num_groups = cfg.get("team_size", None), kwargs.pop("num_groups", None)
+    data, groups, extras = load_arrays(**kwargs)
+    return data, _file_groups(groups, data.num_clients, team, num_groups), None, _info(extras)
+  if name == "hf":
+    from fedtree.datasets.hf import load_hf
+
+    team, num_groups = cfg.get("team_size", None), kwargs.pop("num_groups", None)
+    data, groups, central, extras = load_hf(**kwargs)
+    return data, _file_groups(groups, data.num_clients, team, num_groups), central, _info(extras)
   if name in TEXT_DATASETS:
     data, groups, info = load_natural(name, **kwargs)
     return data, groups, None, info
@@ -219,6 +235,25 @@ def load_natural(name: str, *, cache_dir: str | None = None, **kwargs,
   info = DataInfo(*(tuple(str(t) for t in extras[k]) if k in extras else None
                     for k in ("group_names", "vocab")))
   return data.validate(), np.asarray(extras["groups"], np.int32), info
+
+
+def _file_groups(groups, num_clients: int, team_size, num_groups) -> np.ndarray:
+  """The groups a loader read, else :func:`consecutive_groups`; both is an error."""
+  if groups is None:
+    return consecutive_groups(num_clients, team_size, num_groups)
+  if team_size or num_groups:
+    raise ValueError(f"the data name every client's group; config.data.team_size={team_size} / "
+                     f"num_groups={num_groups} would replace them: leave them unset")
+  return np.asarray(groups, np.int32)
+
+
+def _info(extras) -> DataInfo:
+  names = extras.get("group_names")
+  vocab = extras.get("vocab")
+  cols = extras.get("label_columns")
+  return DataInfo(group_names=tuple(str(n) for n in names) if names is not None else None,
+                  vocab=tuple(str(t) for t in vocab) if vocab is not None else None,
+                  label_columns=np.asarray(cols, np.int32) if cols is not None else None)
 
 
 def consecutive_groups(num_clients: int, team_size: int | None = None,

@@ -206,6 +206,8 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
   header += ["intra", "inter", "clusters"] if clustered else []
   header += ["ARI"] if ari else []
   header += ["FA %", "FR %"] if kws else []
+  fair = any("fairness" in s for models in results.values() for s in models.values())
+  header += ["clients p10/p50/p90 gini"] if fair else []
   header += group_headers(num_groups, group_names)
   rows = [header]
   untrained = []
@@ -226,6 +228,8 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
       if kws:
         row += [f"{100 * s.get('false_accept_rate', float('nan')):.2f}",
                 f"{100 * s.get('false_reject_rate', float('nan')):.2f}"]
+      if fair:
+        row += [fairness_cell(s["fairness"]) if "fairness" in s else ""]
       ga = s.get("group_accuracy")
       row += [f"{a:.3f}" for a in ga] if ga is not None else []
       row += [""] * (len(header) - len(row))
@@ -239,6 +243,8 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
   title += "; intra/inter = intra-/inter-cluster accuracy" if clustered else ""
   title += "; ARI = adjusted Rand index against the true clusters" if ari else ""
   title += "; FA / FR = false-accept / false-reject rate in %" if kws else ""
+  title += ("; clients = 10th/50th/90th percentile and Gini coefficient of per-client accuracy "
+            "(perplexity for a language model)") if fair else ""
   title += ")"
   if untrained:
     lines.append(f"(left out, never trained within the run: its parameters are still the initial "
@@ -251,3 +257,13 @@ def group_headers(num_groups: int, group_names=None) -> list[str]:
   if group_names is not None and len(group_names) == num_groups:
     return [str(n) for n in group_names]
   return [f"g{g}" for g in range(num_groups)]
+
+
+def fairness_cell(d: dict[str, Any]) -> str:
+  """The compact table cell of a :func:`fedtree.core.metrics.client_distribution`:
+  ``p10/p50/p90 gini`` (perplexities with one decimal, accuracies with two)."""
+  f = ".1f" if d.get("metric") == "perplexity" else ".2f"
+  nums = [d.get(k) for k in ("p10", "p50", "p90", "gini")]
+  if any(v is None or not math.isfinite(v) for v in nums):
+    return "-"
+  return f"{nums[0]:{f}}/{nums[1]:{f}}/{nums[2]:{f}} {nums[3]:.3f}"

@@ -31,7 +31,7 @@ import optax
 from fedtree import evaluation
 from fedtree.core import loop, tuning
 from fedtree.core.algorithm import FederatedAlgorithm
-from fedtree.core.data import FederatedData, as_device
+from fedtree.core.data import FederatedData, as_device, check_model_outputs
 from fedtree.core.local import LocalSchedule
 from fedtree.core.metrics import make_evaluator
 from fedtree.core.sharding import barrier, client_mesh, local_copy, shard_data
@@ -138,10 +138,17 @@ def load_data(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray
   return load(cfg)
 
 
-def build_topology(cfg: ml_collections.ConfigDict, groups: np.ndarray, num_clients: int) -> Topology:
-  """``config.topology.kind``: ``groups`` (root -> data groups -> clients), ``flat``, or
-  ``sizes`` (``config.topology.sizes``, nested)."""
+def build_topology(cfg: ml_collections.ConfigDict, groups: np.ndarray, num_clients: int,
+                   label_columns: np.ndarray | None = None) -> Topology:
+  """``config.topology.kind``: ``groups`` (root -> data groups -> clients), ``flat``,
+  ``sizes`` (``config.topology.sizes``, nested), or ``columns`` (the data's ``label_columns``,
+  coarsest first: root -> regions -> ... -> clients)."""
   kind = cfg.kind
+  if kind == "columns":
+    if label_columns is None:
+      raise ValueError("config.topology.kind='columns' needs data that name label columns "
+                       "(data.name='hf' with tree_columns, or 'arrays' with [L, C] groups); use 'groups'")
+    return Topology.from_label_columns(list(label_columns))
   if kind == "groups":
     return Topology.from_labels(groups)
   if kind == "flat":
@@ -153,7 +160,7 @@ def build_topology(cfg: ml_collections.ConfigDict, groups: np.ndarray, num_clien
         f"config.topology.sizes describes {topo.num_clients} clients but the data has {num_clients}"
       )
     return topo
-  raise ValueError(f"config.topology.kind={kind!r}; choose 'groups', 'flat' or 'sizes'")
+  raise ValueError(f"config.topology.kind={kind!r}; choose 'groups', 'flat', 'sizes' or 'columns'")
 
 
 def _to_nested(v):
@@ -166,11 +173,12 @@ def make_context(config: ml_collections.ConfigDict) -> Context:
   from fedtree.experiment.data import load_with_info, model_options
 
   data, groups, central, info = load_with_info(config.data)
-  topology = build_topology(config.topology, groups, data.num_clients)
-  data.validate(topology)
+  topology = build_topology(config.topology, groups, data.num_clients, info.label_columns)
+  data.validate(topology).check_values()
   model_cfg = model_options(dict(config.model), info)  # e.g. the char table of embedding="chars"
   name = model_cfg.pop("name")
   model = build_model(name, example_shape=data.example_shape, num_classes=data.num_classes, **model_cfg)
+  check_model_outputs(model, data)
   local_optimizer = local_optimizer_from_config(config.local)
   schedule = schedule_from_config(config.local)
   init_params = None
