@@ -335,3 +335,31 @@ def test_every_algorithm_runs_with_privacy_on(name):
     if jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.floating):
       assert np.all(np.isfinite(np.asarray(leaf))), name
   assert "dp_update_norm" in m, name
+
+
+def test_runner_writes_epsilon_every_round(tmp_path, capsys):
+  """ε after every round in metrics.jsonl, in summary.json and the final table: dp_accounting's
+  for the run's sampling rate (cohort 2 of 3 clients per parent), z, rounds and δ."""
+  import json
+
+  from fedtree.experiment.runner import train_and_evaluate
+
+  config = ml_collections.ConfigDict(dict(
+    seed=0, rounds=3, eval_every=3, rounds_per_call=1, progress=False, plots=False,
+    data=dict(name="grouped_synthetic", group_sizes=(3, 3), dim=8, num_classes=3),
+    topology=dict(kind="groups"), model=dict(name="logreg"),
+    local=dict(optimizer="sgd", learning_rate=0.1, batch_size=8, steps=1),
+    runs=dict(dp=dict(algorithm="fedavg", weighting="uniform", cohort_size=2,
+                      privacy=dict(clip_norm=1.0, noise_multiplier=1.2, delta=1e-4)))))
+  results = train_and_evaluate(config, str(tmp_path))
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  eps = {r["round"]: r["epsilon"] for r in rows if "epsilon" in r}
+  assert sorted(eps) == [1, 2, 3]
+  for r, e in eps.items():
+    acc = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
+      3, 2, dp_accounting.GaussianDpEvent(1.2)), r))
+    assert e == pytest.approx(acc.get_epsilon(1e-4), rel=1e-9)
+  assert results["dp"]["global"]["epsilon"] == pytest.approx(eps[3])
+  assert json.load(open(tmp_path / "summary.json"))["dp"]["global"]["epsilon"] == pytest.approx(eps[3])
+  assert "ε" in capsys.readouterr().out

@@ -24,6 +24,7 @@ The run must use ``weighting="uniform"`` (refused otherwise, with the reason).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -186,7 +187,7 @@ def _check_fields(section) -> None:
     check_fields("privacy.adaptive", list(section["adaptive"]), ADAPTIVE_FIELDS)
 
 
-def plan(section: dict, ctx) -> Plan:
+def plan(section: dict, ctx, *, verbose: bool = True) -> Plan:
   """The resolved section: checks every field, the run's weighting, the cohort (sampling rate
   per parent: the largest counts) and calibrates ``z`` to ``target_epsilon`` (printed)."""
   _check_fields(section)
@@ -236,8 +237,9 @@ def plan(section: dict, ctx) -> Plan:
   if "target_epsilon" in section:
     z = calibrate(target_epsilon=section["target_epsilon"], sampling_rate=q, rounds=rounds, delta=delta,
                   accountant=accountant, sampling=sampling, population=population, cohort=cohort)
-    print(f"privacy: noise_multiplier z={z:.4f} calibrated to target_epsilon={section['target_epsilon']} "
-          f"at delta={delta:g} over {rounds} rounds (q={q:.4g}, {accountant})")
+    if verbose:
+      print(f"privacy: noise_multiplier z={z:.4f} calibrated to target_epsilon={section['target_epsilon']} "
+            f"at delta={delta:g} over {rounds} rounds (q={q:.4g}, {accountant})")
   else:
     z = section["noise_multiplier"]
     dp.check_noise_multiplier(z)
@@ -279,3 +281,24 @@ def epsilon_after(p: Plan, rounds: int) -> float:
   return epsilon(noise_multiplier=float(p.noise_multiplier), sampling_rate=p.sampling_rate, rounds=rounds,
                  delta=p.delta, accountant=p.accountant, sampling=p.sampling, population=p.population,
                  cohort=p.cohort)
+
+
+def round_metrics(label: str, run, ctx):
+  """The runner's per-round privacy metrics of run ``label``: ``r -> {"epsilon": ε after r
+  rounds}`` (at the section's δ; user-level), or ``None`` for a run without a privacy section.
+  A noise multiplier that is not a number here (a sweep axis) is the sweep's to account."""
+  section = run.get("privacy", None) if hasattr(run, "get") else None
+  section = section.to_dict() if hasattr(section, "to_dict") else section
+  if not section:
+    return None
+  from fedtree.experiment import registry
+  from fedtree.experiment.updates import RunContext
+
+  params = registry.schema(registry.SPECS[run.algorithm]).params
+  p = plan(dict(section), RunContext(ctx, label, run, params), verbose=False)
+
+  @functools.cache
+  def metrics(r: int) -> dict[str, float]:
+    return {"epsilon": epsilon_after(p, int(r))}
+
+  return metrics
