@@ -363,3 +363,30 @@ def test_runner_writes_epsilon_every_round(tmp_path, capsys):
   assert results["dp"]["global"]["epsilon"] == pytest.approx(eps[3])
   assert json.load(open(tmp_path / "summary.json"))["dp"]["global"]["epsilon"] == pytest.approx(eps[3])
   assert "ε" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------ Poisson sampling
+def test_poisson_sampling_in_static_shapes():
+  """Every client is sampled with probability q (600 seeded draws: within 5 binomial standard
+  errors), the valid slots hold distinct clients of the slot's parent, the shapes never change,
+  and a draw over the slots is an error naming q and the slot count."""
+  from fedtree.core.sampling import poisson_sampler
+
+  parent = np.array([0] * 7 + [1] * 5)
+  q = 0.3
+  sampler = poisson_sampler(parent, q, chunk_size=4)
+  assert all(s <= n for s, n in zip(sampler.sizes, (7, 5), strict=True)) and sampler.padded_size % 4 == 0
+  step = jax.jit(sampler)   # (not vmapped: the overflow check is one host callback per draw)
+  hits, n = np.zeros(12), 600
+  for i in range(n):
+    c, p, v = (np.asarray(a) for a in step(jax.random.key(i)))
+    got = c[v]
+    assert len(set(got.tolist())) == len(got) and np.all(parent[got] == p[v])
+    hits[got] += 1
+  assert np.all(np.abs(hits / n - q) < 5 * math.sqrt(q * (1 - q) / n))
+  small = poisson_sampler(parent, 0.9, max_slots=2)
+  with pytest.raises(Exception, match=r"q=0.9 drew \d clients under parent 0, which has 2 slots"):
+    jax.block_until_ready(jax.jit(small)(jax.random.key(1)))
+  for bad in (0.0, 1.5, -0.2):
+    with pytest.raises(ValueError, match=rf"q={bad!r}"):
+      poisson_sampler(parent, bad)
