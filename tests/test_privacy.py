@@ -390,3 +390,28 @@ def test_poisson_sampling_in_static_shapes():
   for bad in (0.0, 1.5, -0.2):
     with pytest.raises(ValueError, match=rf"q={bad!r}"):
       poisson_sampler(parent, bad)
+
+
+@pytest.mark.slow
+def test_sweep_over_the_noise_multiplier(tmp_path):
+  """``sweep.params=runs.dp.privacy.noise_multiplier=...``: one program, every setting's noise std
+  2 z C (counted normalisation) in its rows, z = 0 noiseless."""
+  import json
+
+  from fedtree.experiment.runner import train_and_evaluate
+
+  config = ml_collections.ConfigDict(dict(
+    seed=0, rounds=2, eval_every=2, rounds_per_call=1, progress=False, plots=False,
+    data=dict(name="grouped_synthetic", group_sizes=(3, 3), dim=8, num_classes=3),
+    topology=dict(kind="groups"), model=dict(name="logreg"),
+    local=dict(optimizer="sgd", learning_rate=0.1, batch_size=8, steps=1),
+    runs=dict(dp=dict(algorithm="fedavg", weighting="uniform", cohort_size=2,
+                      privacy=dict(clip_norm=0.5, noise_multiplier=1.0))),
+    sweep=dict(params="runs.dp.privacy.noise_multiplier=0,0.5,2")))
+  train_and_evaluate(config, str(tmp_path))
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  rows = [r for r in rows if "dp_noise_std" in r]
+  assert len(rows) == 6
+  for r in rows:
+    z = r["setting"]["runs.dp.privacy.noise_multiplier"]
+    assert r["dp_noise_std"] == pytest.approx(2 * z * 0.5)
