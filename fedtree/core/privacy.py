@@ -253,22 +253,24 @@ def central(noise_multiplier, clip_norm=None, *, normalize: str = "count", expec
   return NodeTransform(apply, init, name=name)
 
 
-def delta_noise_multiplier(noise_multiplier, adaptive: Adaptive | None, expected_count):
+def delta_noise_multiplier(noise_multiplier, adaptive: Adaptive | None, *, replace_one: bool = True):
   """The noise multiplier of the deltas that keeps the overall one at ``noise_multiplier`` when
   adaptive clipping also releases a noised count (Andrew et al. 2021, Thm. 1):
-  ``z_Δ = (z^-2 - (2 σ_b / n)^-2)^(-1/2)`` with ``σ_b / n`` the count noise per expected client.
+  ``z_Δ = (z^-2 - (f σ_b)^-2)^(-1/2)``, ``σ_b`` the count's noise std, ``f`` = 2 under add/remove
+  adjacency (the centred count moves by 1/2; the paper's), 1 under replace-one (by 1).
 
   Raises:
-    ValueError: (concrete values) the count's noise alone spends more than the budget ``z``.
+    ValueError: (concrete values) the count's noise alone spends the whole budget ``z``.
   """
   if adaptive is None:
     return noise_multiplier
-  sb = jnp.asarray(adaptive.count_noise, jnp.float32) / jnp.asarray(expected_count, jnp.float32)
+  f = 1.0 if replace_one else 2.0
+  sb = jnp.asarray(adaptive.count_noise, jnp.float32)
   z = jnp.asarray(noise_multiplier, jnp.float32)
   if _is_concrete(noise_multiplier) and _is_concrete(adaptive.count_noise):
-    zf, sbf = float(noise_multiplier), float(sb)
-    if zf > 0 and (sbf == 0 or 2 * sbf <= zf):
+    zf, sbf = float(noise_multiplier), float(adaptive.count_noise)
+    if zf > 0 and f * sbf <= zf:
       raise ValueError(f"adaptive.count_noise={adaptive.count_noise!r} is too small for "
-                       f"noise_multiplier={noise_multiplier!r}: the count's release needs count_noise / "
-                       f"expected cohort > z / 2 = {zf / 2:.4g}")
-  return jnp.where(z > 0, 1.0 / jnp.sqrt(jnp.maximum(z ** -2.0 - (2 * sb) ** -2.0, 1e-30)), 0.0)
+                       f"noise_multiplier={noise_multiplier!r}: the count's release alone would spend the "
+                       f"budget; it needs count_noise > {zf / f:.4g}")
+  return jnp.where(z > 0, 1.0 / jnp.sqrt(jnp.maximum(z ** -2.0 - (f * sb) ** -2.0, 1e-30)), 0.0)

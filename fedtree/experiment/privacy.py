@@ -19,7 +19,11 @@ Section fields (``config.runs.<label>.privacy``)::
   accountant: "rdp" (default) | "pld"
   sampling: "fixed" (default; fixed-size cohorts, replace-one adjacency: RDP only) | "poisson"
 
-The run must use ``weighting="uniform"`` (refused otherwise, with the reason).
+The run must use ``weighting="uniform"`` (refused otherwise, with the reason). The noise is
+``z`` times the sensitivity of a node's sum under the accountant's adjacency: ``2 z C`` for the
+fixed-size cohorts fedtree samples (replace-one), whatever the normalisation. With
+``mechanism="local"`` every client adds that noise to its own clipped update; the ε reported is
+the accounting of the aggregate (sampling-amplified), not each client's local guarantee.
 """
 
 from __future__ import annotations
@@ -259,14 +263,20 @@ def transforms(p: Plan) -> PathParts:
   """The update-path parts of a resolved plan (at the clients' parents)."""
   name = "dp"
   adaptive_node = name if p.adaptive is not None else None
-  z = dp.delta_noise_multiplier(p.noise_multiplier, p.adaptive, float(np.mean(p.expected)))
+  z = dp.delta_noise_multiplier(p.noise_multiplier, p.adaptive, replace_one=p.sampling == "fixed")
+  # the noise is z times the sensitivity under the accountant's adjacency: fixed-size cohorts are
+  # accounted with replace-one (a client's clipped update moves by up to 2C); a counted
+  # normalisation's noise is 2zC already
+  scale = 2.0 if p.sampling == "fixed" and p.normalize == "fixed" else 1.0
   client = [dp.clip(p.clip_norm, per_layer=p.per_layer, adaptive_node=adaptive_node)]
   if p.mechanism == "local":
-    client.append(dp.local_noise(z, p.clip_norm, adaptive_node=adaptive_node))
+    client.append(dp.local_noise(z * (2.0 if p.sampling == "fixed" else 1.0), p.clip_norm,
+                                 adaptive_node=adaptive_node))
   if p.mechanism == "local" and p.adaptive is None and p.normalize == "count":
     return PathParts(client=tuple(client))   # nothing for the parents to do
   node = dp.central(z, p.clip_norm, normalize=p.normalize, expected_weight=p.expected.astype(np.float32),
-                    adaptive=p.adaptive, add_noise=p.mechanism == "central", name=name)
+                    adaptive=p.adaptive, add_noise=p.mechanism == "central", sensitivity_scale=scale,
+                    name=name)
   return PathParts(client=tuple(client), node=(node,))
 
 
