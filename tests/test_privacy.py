@@ -415,3 +415,30 @@ def test_sweep_over_the_noise_multiplier(tmp_path):
   for r in rows:
     z = r["setting"]["runs.dp.privacy.noise_multiplier"]
     assert r["dp_noise_std"] == pytest.approx(2 * z * 0.5)
+
+
+@pytest.mark.slow
+def test_hierarchical_noise_at_the_root_of_a_tree():
+  """Clipping at the clients' parents and central noise added once at the root (level 0) of a
+  2-server-level tree: the root's noise statistic is reported, the edges add none, and the root
+  model moves by the noise (z = 0 at the root: bitwise the clip-only run)."""
+  import test_updates as tu
+
+  from fedtree.algorithms import hierfavg
+
+  ctx = tu._ctx()
+  common = registry.factory_kwargs("h", ml_collections.ConfigDict(
+    {"algorithm": "hierfavg", "periods": (1,), "chunk_size": 3, "weighting": "uniform"}), ctx)
+
+  def run(z):
+    alg = hierfavg(**common, update_paths={-1: UpdatePath(client=dp.clip(0.5)),
+                                           0: UpdatePath(node=dp.central(z, 0.5, sensitivity_scale=3.0))})
+    return jax.jit(alg.round)(alg.init(jax.random.key(0)), ctx.data, jax.random.key(4))
+
+  (s0, m0), (s1, m1) = run(0.0), run(1.0)
+  assert float(m1["level0_dp_noise_std"]) == pytest.approx(2 * 1.0 * 0.5 * 3.0)
+  assert "dp_noise_std" not in m1 and float(m1["dp_unclipped"]) <= 1.0
+  np.testing.assert_array_equal(np.asarray(m0["train_loss"]), np.asarray(m1["train_loss"]))
+  moved = [float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(s0.params[0]),
+                                                          jax.tree.leaves(s1.params[0]), strict=True)]
+  assert max(moved) > 0.1

@@ -34,7 +34,7 @@ A path's ``down`` transform acts on the models a parent sends to its children (`
 
 Example:
   Clip every client's update to norm 1 before FedAvg averages it (a plain transform written
-  here; :mod:`fedtree.privacy` ships the real ones):
+  here; :mod:`fedtree.core.privacy` ships the real ones):
 
   >>> import jax, jax.numpy as jnp, optax
   >>> from fedtree.algorithms import fedavg
