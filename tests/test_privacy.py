@@ -303,10 +303,17 @@ def test_traced_noise_multiplier_under_vmap():
 
 # ------------------------------------------------------------------------ every algorithm
 FAST = ("fedavg", "hierfavg")
+WITH_PATHS = sorted(n for n in ALGORITHM_CASES if "update_paths" in registry.schema(registry.SPECS[n]).params)
+
+
+def test_the_privacy_section_reaches_the_algorithms_that_take_update_paths():
+  """(ditto, pfedme, ... as objectives under fedavg/hierfavg take it; as algorithms of their own
+  they do not aggregate through an update path.)"""
+  assert {"fedavg", "fedopt", "hierfavg", "bhfl", "cfl", "ifca", "pfedmt", "grouppfl"} <= set(WITH_PATHS)
 
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow)
-                                  for n in sorted(ALGORITHM_CASES)])
+                                  for n in WITH_PATHS])
 def test_every_algorithm_runs_with_privacy_on(name):
   """Clipping, central noise and adaptive clipping from the config section: finite, one compile."""
   import test_updates as tu

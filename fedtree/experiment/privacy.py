@@ -28,6 +28,7 @@ the accounting of the aggregate (sampling-amplified), not each client's local gu
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 from typing import Any, NamedTuple
@@ -35,7 +36,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fedtree.core import privacy as dp
-from fedtree.experiment.updates import PathParts
 
 ACCOUNTANTS = ("rdp", "pld")
 SAMPLINGS = ("fixed", "poisson")
@@ -185,18 +185,23 @@ class Plan(NamedTuple):
 
 
 def _check_fields(section) -> None:
-  from fedtree.experiment.registry import check_fields
-  check_fields("privacy", list(section), FIELDS)
-  if section.get("adaptive"):
-    check_fields("privacy.adaptive", list(section["adaptive"]), ADAPTIVE_FIELDS)
+  for where, given, allowed in [("privacy", section, FIELDS),
+                                ("privacy.adaptive", section.get("adaptive") or {}, ADAPTIVE_FIELDS)]:
+    for f in given:
+      if f not in allowed:
+        close = difflib.get_close_matches(f, allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"{where}: unknown field {f!r}{hint}; allowed fields: {sorted(allowed)}")
 
 
-def plan(section: dict, ctx, *, verbose: bool = True) -> Plan:
-  """The resolved section: checks every field, the run's weighting, the cohort (sampling rate
-  per parent: the largest counts) and calibrates ``z`` to ``target_epsilon`` (printed)."""
+def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> Plan:
+  """The resolved section: checks every field, the run's weighting (its ``weighting`` field, else
+  the factory's default from ``params``), the cohort (sampling rate per parent: the largest
+  counts) and calibrates ``z`` to ``target_epsilon`` (printed). ``run`` / ``params`` default to
+  ``ctx.run`` / ``ctx.params`` (:class:`fedtree.experiment.updates.RunContext`)."""
   _check_fields(section)
-  run = getattr(ctx, "run", None)
-  params = getattr(ctx, "params", {}) or {}
+  run = getattr(ctx, "run", None) if run is None else run
+  params = (getattr(ctx, "params", None) or {}) if params is None else params
   weighting = None
   if run is not None and "weighting" in run:
     weighting = run["weighting"]
@@ -259,8 +264,9 @@ def plan(section: dict, ctx, *, verbose: bool = True) -> Plan:
               adaptive, accountant, sampling, q, population, cohort, expected)
 
 
-def transforms(p: Plan) -> PathParts:
-  """The update-path parts of a resolved plan (at the clients' parents)."""
+def transforms(p: Plan) -> dict[str, tuple]:
+  """The update-path parts of a resolved plan (at the clients' parents): the fields of a
+  :class:`fedtree.experiment.updates.PathParts`."""
   name = "dp"
   adaptive_node = name if p.adaptive is not None else None
   z = dp.delta_noise_multiplier(p.noise_multiplier, p.adaptive, replace_one=p.sampling == "fixed")
@@ -273,15 +279,16 @@ def transforms(p: Plan) -> PathParts:
     client.append(dp.local_noise(z * (2.0 if p.sampling == "fixed" else 1.0), p.clip_norm,
                                  adaptive_node=adaptive_node))
   if p.mechanism == "local" and p.adaptive is None and p.normalize == "count":
-    return PathParts(client=tuple(client))   # nothing for the parents to do
+    return {"client": tuple(client)}   # nothing for the parents to do
   node = dp.central(z, p.clip_norm, normalize=p.normalize, expected_weight=p.expected.astype(np.float32),
                     adaptive=p.adaptive, add_noise=p.mechanism == "central", sensitivity_scale=scale,
                     name=name)
-  return PathParts(client=tuple(client), node=(node,))
+  return {"client": tuple(client), "node": (node,)}
 
 
-def convert(section, ctx) -> dict[int, PathParts]:
-  """The ``privacy`` section's converter (:data:`fedtree.experiment.updates.SECTIONS`)."""
+def convert(section, ctx) -> dict[int, dict[str, tuple]]:
+  """The ``privacy`` section's parts ``{level: PathParts fields}`` (wrapped by its converter in
+  :data:`fedtree.experiment.updates.SECTIONS`)."""
   p = plan(dict(section), ctx)
   return {p.noise_level: transforms(p)}
 
@@ -301,11 +308,7 @@ def round_metrics(label: str, run, ctx):
   section = section.to_dict() if hasattr(section, "to_dict") else section
   if not section:
     return None
-  from fedtree.experiment import registry
-  from fedtree.experiment.updates import RunContext
-
-  params = registry.schema(registry.SPECS[run.algorithm]).params
-  p = plan(dict(section), RunContext(ctx, label, run, params), verbose=False)
+  p = plan(dict(section), ctx, run=run, params={}, verbose=False)   # (the build checked the weighting)
 
   @functools.cache
   def metrics(r: int) -> dict[str, float]:

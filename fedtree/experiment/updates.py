@@ -29,6 +29,7 @@ from fedtree.core.updates import (
   chain,
   chain_nodes,
 )
+from fedtree.experiment import privacy
 
 
 class PathParts(NamedTuple):
@@ -43,8 +44,7 @@ class PathParts(NamedTuple):
 Converter = Callable[[Any, Any], Mapping[int, PathParts]]
 
 def _privacy(section, ctx) -> Mapping[int, PathParts]:
-  from fedtree.experiment import privacy  # it imports PathParts from here
-  return privacy.convert(section, ctx)
+  return {lv: PathParts(**parts) for lv, parts in privacy.convert(section, ctx).items()}
 
 
 SECTIONS: dict[str, Converter] = {"privacy": _privacy}
