@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -163,3 +164,91 @@ def cohort_sampler(parent, cohort_size, *, chunk_size: int | None = None) -> Coh
     raise ValueError(f"chunk_size={chunk_size} must be >= 1")
   return CohortSampler(parent=tuple(int(p) for p in parent), sizes=tuple(int(v) for v in k),
                        chunk_size=min(chunk, total))
+
+
+def _binomial_quantile(n: int, q: float, tail: float) -> int:
+  """The smallest ``m`` with ``P(Binomial(n, q) > m) <= tail`` (log-space pmf; no scipy)."""
+  if q >= 1:
+    return n
+  logs = [math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * math.log(q)
+          + (n - k) * math.log1p(-q) for k in range(n + 1)]
+  top = max(logs)
+  pmf = np.exp(np.asarray(logs) - top)
+  pmf /= pmf.sum()
+  above = np.cumsum(pmf[::-1])[::-1]   # above[m] = P(X >= m)
+  for m in range(n + 1):
+    if m == n or above[m + 1] <= tail:
+      return m
+  return n
+
+
+@dataclasses.dataclass(frozen=True)
+class PoissonSampler(CohortSampler):
+  """Poisson sampling in static shapes: every child takes part independently with probability
+  ``rate``; each parent has ``sizes[g]`` slots (the maximum it may fill), the sampled children
+  first and the rest masked (``valid`` false). A draw with more children than slots is an error
+  at run time naming ``rate`` and the slot count, never a silent truncation. Build with
+  :func:`poisson_sampler`."""
+
+  rate: float = 1.0
+
+  def __call__(self, key: jax.Array) -> Cohort:
+    s = self._static
+    parent = jnp.asarray(np.asarray(self.parent, dtype=np.int32))
+    num_parents = len(self.sizes)
+    u = jax.random.uniform(key, (len(self.parent),))
+    take = u < self.rate
+    # grouped by parent, the sampled children first, in random order
+    shuffled = jnp.lexsort((u, jnp.logical_not(take), parent))
+    clients = shuffled[s["slot_pos"]]
+    count = jax.ops.segment_sum(take.astype(jnp.int32), parent, num_segments=num_parents)
+    slot_parent = jnp.asarray(s["slot_parent"])
+    first = np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
+    rank = jnp.arange(s["total"], dtype=jnp.int32) - jnp.asarray(first[s["slot_parent"]], jnp.int32)
+    valid = rank < count[slot_parent]
+    jax.debug.callback(functools.partial(_check_overflow, self.rate, self.sizes), count)
+    if s["pad"]:
+      clients = jnp.concatenate([clients, jnp.zeros((s["pad"],), jnp.int32)])
+      slot_parent = jnp.concatenate([slot_parent, jnp.zeros((s["pad"],), jnp.int32)])
+      valid = jnp.concatenate([valid, jnp.zeros((s["pad"],), bool)])
+    return Cohort(clients=clients.astype(jnp.int32), parent=slot_parent, valid=valid)
+
+
+def _check_overflow(rate: float, slots: tuple[int, ...], count) -> None:
+  over = np.flatnonzero(np.asarray(count) > np.asarray(slots))
+  if over.size:
+    g = int(over[0])
+    raise ValueError(f"Poisson sampling with q={rate!r} drew {int(np.asarray(count)[g])} clients under "
+                     f"parent {g}, which has {slots[g]} slots; raise max_slots (none is dropped silently)")
+
+
+def poisson_sampler(parent, rate: float, *, max_slots=None, overflow_probability: float = 1e-12,
+                    chunk_size: int | None = None) -> PoissonSampler:
+  """A :class:`PoissonSampler` of the children with parents ``parent``.
+
+  Args:
+    parent: parent index of every child.
+    rate: ``q`` in (0, 1], every child's probability of taking part in a round.
+    max_slots: slots per parent (an int, or one per parent); default the smallest count whose
+      overflow probability per round is at most ``overflow_probability`` (at most the group).
+    overflow_probability: the default slots' overflow probability per parent and round.
+    chunk_size: an int or ``None`` (the whole cohort).
+
+  Raises:
+    ValueError: ``rate`` outside (0, 1], or a slot count < 1.
+  """
+  if not (isinstance(rate, (int, float, np.floating)) and 0 < float(rate) <= 1):
+    raise ValueError(f"Poisson sampling rate q={rate!r}; it must be in (0, 1]")
+  parent = np.asarray(parent, dtype=np.int64)
+  counts = np.bincount(parent, minlength=int(parent.max()) + 1)
+  if max_slots is None:
+    k = np.asarray([max(1, _binomial_quantile(int(n), float(rate), overflow_probability)) for n in counts])
+  else:
+    k = np.broadcast_to(np.asarray(max_slots, dtype=np.int64), counts.shape)
+    if k.min() < 1:
+      raise ValueError(f"max_slots={max_slots!r}; it must be >= 1")
+    k = np.minimum(k, counts)
+  total = int(k.sum())
+  chunk = total if chunk_size is None else min(int(chunk_size), total)
+  return PoissonSampler(parent=tuple(int(p) for p in parent), sizes=tuple(int(v) for v in k),
+                        chunk_size=chunk, rate=float(rate))

@@ -34,7 +34,7 @@ A path's ``down`` transform acts on the models a parent sends to its children (`
 
 Example:
   Clip every client's update to norm 1 before FedAvg averages it (a plain transform written
-  here; :mod:`fedtree.privacy` ships the real ones):
+  here; :mod:`fedtree.core.privacy` ships the real ones):
 
   >>> import jax, jax.numpy as jnp, optax
   >>> from fedtree.algorithms import fedavg
@@ -249,15 +249,16 @@ def chain(*transforms: ClientTransform | None) -> ClientTransform | None:
   def init(params, num):
     return tuple(() if t.init is None else t.init(params, num) for t in ts)
 
+  stateful = any(t.init is not None for t in ts)
+
   def apply(delta, state, key, ctx):
     new_states, stats = [], []
-    for i, t in enumerate(ts):
-      delta, s, st = t.apply(delta, state[i], jax.random.fold_in(key, i), ctx)
+    for i, t in enumerate(ts):   # a chain of stateless transforms has state () (no per-transform rows)
+      delta, s, st = t.apply(delta, state[i] if stateful else (), jax.random.fold_in(key, i), ctx)
       new_states.append(s)
       stats.append(st)
-    return delta, tuple(new_states), _merge_stats(stats, [t.name for t in ts])
+    return delta, tuple(new_states) if stateful else (), _merge_stats(stats, [t.name for t in ts])
 
-  stateful = any(t.init is not None for t in ts)
   return ClientTransform(apply, init if stateful else None, name="+".join(t.name for t in ts))
 
 

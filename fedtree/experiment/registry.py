@@ -521,7 +521,8 @@ def factory_kwargs(label: str, run, ctx) -> dict[str, Any]:
       kw[n] = coerce(run[n], hint, f"{where}.{n}")
   for f in sch.fields:
     try:
-      kw.update(f.convert({n: run[n] for n in f.names if n in run}, ctx))
+      fctx = update_sections.RunContext(ctx, label, run, params) if "update_paths" in f.targets else ctx
+      kw.update(f.convert({n: run[n] for n in f.names if n in run}, fctx))
     except ValueError as e:
       raise ValueError(f"{where} (algorithm={run.algorithm!r}): {e}") from e
   if "objective" in run:   # the objective is built with the run's compute_dtype, the host without

@@ -206,6 +206,8 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
   header += ["intra", "inter", "clusters"] if clustered else []
   header += ["ARI"] if ari else []
   header += ["FA %", "FR %"] if kws else []
+  eps = any("epsilon" in s for models in results.values() for s in models.values())
+  header += ["ε"] if eps else []
   fair = any("fairness" in s for models in results.values() for s in models.values())
   header += ["clients p10/p50/p90 gini"] if fair else []
   header += group_headers(num_groups, group_names)
@@ -228,6 +230,8 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
       if kws:
         row += [f"{100 * s.get('false_accept_rate', float('nan')):.2f}",
                 f"{100 * s.get('false_reject_rate', float('nan')):.2f}"]
+      if eps:
+        row += [f"{s['epsilon']:.3f}" if "epsilon" in s else ""]
       if fair:
         row += [fairness_cell(s["fairness"]) if "fairness" in s else ""]
       ga = s.get("group_accuracy")

@@ -36,7 +36,7 @@ from fedtree.core.local import LocalSchedule
 from fedtree.core.metrics import make_evaluator
 from fedtree.core.sharding import barrier, client_mesh, local_copy, shard_data
 from fedtree.core.topology import Topology
-from fedtree.experiment import memory
+from fedtree.experiment import memory, privacy
 from fedtree.experiment.builders import local_optimizer_from_config, schedule_from_config
 from fedtree.experiment.reporting import Reporter
 from fedtree.experiment.results import (  # noqa: F401  (re-exported: runner.RunStopped, ...)
@@ -199,7 +199,7 @@ def run_algorithm(
   algorithm: FederatedAlgorithm, ctx: Context, key: jax.Array, reporter: Reporter, *,
   num_rounds: int, eval_every: int, rounds_per_call: int, label: str,
   checkpoint_dir: str | None = None, checkpoint_every: int = 0, keep_checkpoints: int = 2,
-  should_stop=None,
+  should_stop=None, round_metrics=None,
 ) -> tuple[Any, dict[str, dict[str, Any]]]:
   """Rounds with evaluation every ``eval_every`` rounds (:func:`fedtree.core.loop.run`);
   returns (state, final summaries), the summaries passed through ``algorithm.report`` when
@@ -209,7 +209,8 @@ def run_algorithm(
   ``checkpoint_every`` rounds and at the end (the last ``keep_checkpoints`` kept), and a run
   resumes the newest checkpoint there that restores. ``should_stop()`` is polled after every
   compiled call; when it returns ``True`` the run raises :class:`RunStopped` with the last
-  checkpoint kept.
+  checkpoint kept. ``round_metrics(r) -> {name: number}`` adds host-computed numbers to round
+  ``r``'s row and to every final summary (the privacy spent: ``epsilon``).
   """
   if eval_every < 1:
     raise ValueError(f"eval_every={eval_every} must be >= 1")
@@ -243,7 +244,8 @@ def run_algorithm(
   t0 = time.perf_counter()
 
   def log(r, host):
-    reporter.log(label, r, {**host, "elapsed_s": time.perf_counter() - t0})
+    extra = round_metrics(r) if round_metrics is not None else {}
+    reporter.log(label, r, {**host, **extra, "elapsed_s": time.perf_counter() - t0})
 
   def save(s, r):
     ckpt.maybe_save(s, force=r == num_rounds)
@@ -276,6 +278,8 @@ def run_algorithm(
   for name, s in summaries.items():  # a model still at its initial parameters is not a result
     if name in initial and name in final:
       s["trained"] = bool(final[name] != initial[name])
+  if round_metrics is not None:
+    summaries = {name: {**s, **round_metrics(int(state.round))} for name, s in summaries.items()}
   return state, summaries
 
 
@@ -367,6 +371,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
           checkpoint_dir=os.path.join(workdir, "checkpoints", label) if workdir else None,
           checkpoint_every=int(config.get("checkpoint_every", 0) or 0),
           keep_checkpoints=int(config.get("keep_checkpoints", 2)), should_stop=should_stop,
+          round_metrics=privacy.round_metrics(label, run_cfg, ctx),
         )
       results[label] = summaries
     if not swept:

@@ -29,6 +29,7 @@ from fedtree.core.updates import (
   chain,
   chain_nodes,
 )
+from fedtree.experiment import privacy
 
 
 class PathParts(NamedTuple):
@@ -42,9 +43,25 @@ class PathParts(NamedTuple):
 
 Converter = Callable[[Any, Any], Mapping[int, PathParts]]
 
-SECTIONS: dict[str, Converter] = {}
+def _privacy(section, ctx) -> Mapping[int, PathParts]:
+  return {lv: PathParts(**parts) for lv, parts in privacy.convert(section, ctx).items()}
+
+
+SECTIONS: dict[str, Converter] = {"privacy": _privacy}
 """``{section name: converter}`` in the order their stages compose (filled by the capability
 modules of the experiment layer, listed explicitly here as they land)."""
+
+
+class RunContext:
+  """The build context seen by the section converters, plus the run they convert for (``run``,
+  ``label``, and ``params``: its factory's signature), e.g. for the privacy section's check of
+  the run's weighting and its sampling rate."""
+
+  def __init__(self, ctx, label: str, run, params):
+    self._ctx, self.label, self.run, self.params = ctx, label, run, params
+
+  def __getattr__(self, name):
+    return getattr(self._ctx, name)
 
 
 def _plain(section) -> Any:

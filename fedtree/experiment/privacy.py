@@ -1,0 +1,317 @@
+"""Differential privacy from a run config (the ``privacy`` section) and its accounting.
+
+The transforms are :mod:`fedtree.core.privacy`'s; this module turns a run's ``privacy`` section
+into them (:func:`convert`, registered in :data:`fedtree.experiment.updates.SECTIONS`) and
+accounts for the privacy spent with Google's ``dp_accounting`` (the ``privacy`` extra). The unit
+is a client (user-level DP): one round is one sampled Gaussian mechanism over each parent's
+clients, composed over the rounds.
+
+Section fields (``config.runs.<label>.privacy``)::
+
+  clip_norm: C > 0 (with adaptive clipping: ignored, see adaptive.initial_clip)
+  noise_multiplier: z >= 0  |  target_epsilon: ε > 0 (z calibrated before the run, printed)
+  delta: δ in (0, 1) (default 1e-5)
+  mechanism: "central" (default) | "local"
+  noise_level: the server level adding central noise (default -1: the clients' parents)
+  per_layer: clip each leaf to C / sqrt(L) (default False)
+  normalize: "count" (default; actual count, noise 2 z C) | "fixed" (expected cohort, noise z C)
+  adaptive: {initial_clip, target_quantile, learning_rate, count_noise} (Andrew et al. 2021)
+  accountant: "rdp" (default) | "pld"
+  sampling: "fixed" (default; fixed-size cohorts, replace-one adjacency: RDP only) | "poisson"
+
+The run must use ``weighting="uniform"`` (refused otherwise, with the reason). The noise is
+``z`` times the sensitivity of a node's sum under the accountant's adjacency: ``2 z C`` for the
+fixed-size cohorts fedtree samples (replace-one), whatever the normalisation. With
+``mechanism="local"`` every client adds that noise to its own clipped update; the ε reported is
+the accounting of the aggregate (sampling-amplified), not each client's local guarantee.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fedtree.core import privacy as dp
+
+ACCOUNTANTS = ("rdp", "pld")
+SAMPLINGS = ("fixed", "poisson")
+MECHANISMS = ("central", "local")
+FIELDS = ("clip_norm", "noise_multiplier", "target_epsilon", "delta", "mechanism", "noise_level",
+          "per_layer", "normalize", "adaptive", "accountant", "sampling")
+ADAPTIVE_FIELDS = ("initial_clip", "target_quantile", "learning_rate", "count_noise")
+
+
+def _dpa():
+  try:
+    import dp_accounting
+  except ImportError as e:  # pragma: no cover - the extra is in dev
+    raise ImportError("privacy accounting needs dp-accounting: pip install 'fedtree[privacy]'") from e
+  return dp_accounting
+
+
+def check_delta(delta) -> float:
+  """``delta`` if it is in (0, 1), else a ``ValueError`` naming it."""
+  if not (isinstance(delta, (int, float, np.floating)) and 0 < float(delta) < 1):
+    raise ValueError(f"delta={delta!r}; it must be in (0, 1)")
+  return float(delta)
+
+
+def check_sampling(sampling: str, sampling_rate) -> None:
+  """Named errors for an unknown sampling or a rate outside (0, 1]."""
+  if sampling not in SAMPLINGS:
+    raise ValueError(f"sampling={sampling!r}; choose one of {list(SAMPLINGS)}")
+  q = float(sampling_rate)
+  if not (0 < q <= 1):
+    raise ValueError(f"sampling rate q={sampling_rate!r}; it must be in (0, 1]")
+
+
+def _event(z: float, q: float, rounds: int, sampling: str, size: int | None, cohort: int | None):
+  dpa = _dpa()
+  gauss = dpa.GaussianDpEvent(z)
+  if q >= 1:
+    one = gauss
+  elif sampling == "poisson":
+    one = dpa.PoissonSampledDpEvent(q, gauss)
+  else:
+    if size is None or cohort is None:
+      size, cohort = 10 ** 6, max(1, round(q * 10 ** 6))
+    one = dpa.SampledWithoutReplacementDpEvent(int(size), int(cohort), gauss)
+  return dpa.SelfComposedDpEvent(one, int(rounds))
+
+
+def _accountant(accountant: str, sampling: str):
+  dpa = _dpa()
+  if accountant not in ACCOUNTANTS:
+    raise ValueError(f"accountant={accountant!r}; choose one of {list(ACCOUNTANTS)}")
+  if accountant == "rdp":
+    rel = dpa.NeighboringRelation
+    rel = rel.REPLACE_ONE if sampling == "fixed" else rel.ADD_OR_REMOVE_ONE
+    return dpa.rdp.RdpAccountant(neighboring_relation=rel)
+  if sampling == "fixed":
+    raise ValueError("accountant='pld' accounts Poisson sampling only; use sampling='poisson' or "
+                     "accountant='rdp' for fixed-size cohorts")
+  return dpa.pld.PLDAccountant()
+
+
+def epsilon(*, noise_multiplier: float, sampling_rate: float, rounds: int, delta: float,
+            accountant: str = "rdp", sampling: str = "poisson", population: int | None = None,
+            cohort: int | None = None) -> float:
+  """ε at ``delta`` after ``rounds`` sampled Gaussian mechanisms with noise multiplier ``z``
+  (``inf`` for ``z = 0``; 0 for no round).
+
+  Args:
+    noise_multiplier: ``z >= 0``.
+    sampling_rate: ``q`` in (0, 1] (Poisson: each client's probability; fixed: cohort / population).
+    rounds: the number of rounds a client could have taken part in.
+    delta: δ in (0, 1).
+    accountant: ``"rdp"`` or ``"pld"`` (Poisson only).
+    sampling: ``"poisson"`` or ``"fixed"`` (without replacement, replace-one adjacency).
+    population, cohort: the fixed-size sampling's sizes (default from ``q``).
+  """
+  z = float(noise_multiplier)
+  if not (math.isfinite(z) and z >= 0):
+    raise ValueError(f"noise_multiplier={noise_multiplier!r}; it must be a finite number >= 0")
+  check_delta(delta)
+  check_sampling(sampling, sampling_rate)
+  acc = _accountant(accountant, sampling)
+  if rounds <= 0:
+    return 0.0
+  if z == 0:
+    return math.inf
+  acc.compose(_event(z, float(sampling_rate), rounds, sampling, population, cohort))
+  return float(acc.get_epsilon(delta))
+
+
+def calibrate(*, target_epsilon: float, sampling_rate: float, rounds: int, delta: float,
+              accountant: str = "rdp", sampling: str = "poisson", population: int | None = None,
+              cohort: int | None = None) -> float:
+  """The smallest noise multiplier whose ε after ``rounds`` is at most ``target_epsilon``
+  (``dp_accounting.calibrate_dp_mechanism``).
+
+  Raises:
+    ValueError: a target that is not a positive number, or one no ``z <= 1024`` reaches.
+  """
+  t = target_epsilon
+  if not (isinstance(t, (int, float, np.floating)) and math.isfinite(float(t)) and float(t) > 0):
+    raise ValueError(f"target_epsilon={target_epsilon!r}; it must be a finite number > 0")
+  check_delta(delta)
+  check_sampling(sampling, sampling_rate)
+  dpa = _dpa()
+
+  def eps(z):
+    return epsilon(noise_multiplier=z, sampling_rate=sampling_rate, rounds=rounds, delta=delta,
+                   accountant=accountant, sampling=sampling, population=population, cohort=cohort)
+
+  hi = 1.0   # a bracket [lo, hi] with eps(lo) > t >= eps(hi), by doubling / halving from 1
+  while eps(hi) > t:
+    hi *= 2
+    if hi > 1024:
+      raise ValueError(f"target_epsilon={target_epsilon!r} is unreachable at delta={delta!r} over {rounds} "
+                       f"rounds (q={sampling_rate!r}) with any noise multiplier up to 1024")
+  lo = hi / 2
+  while eps(lo) <= t:
+    if lo < 0.02:   # a target so loose that a tiny z reaches it: that z (conservative)
+      return float(lo)
+    lo /= 2
+  return float(dpa.calibrate_dp_mechanism(
+    lambda: _accountant(accountant, sampling),
+    lambda z: _event(z, float(sampling_rate), rounds, sampling, population, cohort),
+    float(t), float(delta),
+    bracket_interval=dpa.ExplicitBracketInterval(lo, hi), tol=1e-5))
+
+
+class Plan(NamedTuple):
+  """A run's privacy section resolved against its run (what the converter and the runner's
+  per-round ε need)."""
+
+  noise_multiplier: Any
+  clip_norm: Any
+  delta: float
+  mechanism: str
+  noise_level: int
+  per_layer: bool
+  normalize: str
+  adaptive: dp.Adaptive | None
+  accountant: str
+  sampling: str
+  sampling_rate: float
+  population: int
+  cohort: int
+  expected: np.ndarray   # [P] expected cohort of every clients' parent
+
+
+def _check_fields(section) -> None:
+  for where, given, allowed in [("privacy", section, FIELDS),
+                                ("privacy.adaptive", section.get("adaptive") or {}, ADAPTIVE_FIELDS)]:
+    for f in given:
+      if f not in allowed:
+        close = difflib.get_close_matches(f, allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"{where}: unknown field {f!r}{hint}; allowed fields: {sorted(allowed)}")
+
+
+def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> Plan:
+  """The resolved section: checks every field, the run's weighting (its ``weighting`` field, else
+  the factory's default from ``params``), the cohort (sampling rate per parent: the largest
+  counts) and calibrates ``z`` to ``target_epsilon`` (printed). ``run`` / ``params`` default to
+  ``ctx.run`` / ``ctx.params`` (:class:`fedtree.experiment.updates.RunContext`)."""
+  _check_fields(section)
+  run = getattr(ctx, "run", None) if run is None else run
+  params = (getattr(ctx, "params", None) or {}) if params is None else params
+  weighting = None
+  if run is not None and "weighting" in run:
+    weighting = run["weighting"]
+  elif "weighting" in params:
+    weighting = params["weighting"].default
+  if weighting is not None:
+    dp.check_weighting(weighting)
+  mechanism = section.get("mechanism", "central")
+  if mechanism not in MECHANISMS:
+    raise ValueError(f"mechanism={mechanism!r}; choose one of {list(MECHANISMS)}")
+  accountant = section.get("accountant", "rdp")
+  sampling = section.get("sampling", "fixed")
+  if sampling not in SAMPLINGS:
+    raise ValueError(f"sampling={sampling!r}; choose one of {list(SAMPLINGS)}")
+  if sampling == "poisson":
+    raise ValueError("sampling='poisson' is not built yet (fedtree samples fixed-size cohorts); "
+                     "use sampling='fixed'")
+  if accountant not in ACCOUNTANTS:
+    raise ValueError(f"accountant={accountant!r}; choose one of {list(ACCOUNTANTS)}")
+  delta = check_delta(section.get("delta", 1e-5))
+  level = int(section.get("noise_level", -1))
+  if level != -1:
+    raise ValueError(f"noise_level={level!r}: from a config, central noise is added at the clients' parents "
+                     f"(-1) only; use fedtree.core.privacy.central in an update path at another level "
+                     f"with its sensitivity_scale")
+  topology = getattr(ctx, "topology", None)
+  num_clients = ctx.data.num_clients
+  counts = (topology.leaf_counts(topology.depth - 1) if topology is not None
+            else np.asarray([num_clients]))
+  cohort_size = None if run is None else run.get("cohort_size", None)
+  expected = counts if cohort_size in (None, -1) else np.minimum(counts, int(cohort_size))
+  rates = expected / counts
+  i = int(np.argmax(rates))
+  q, population, cohort = float(rates[i]), int(counts[i]), int(expected[i])
+  rounds = int(run.get("rounds", ctx.config.get("rounds", 1))) if run is not None else int(ctx.config.rounds)
+  ad = section.get("adaptive") or None
+  adaptive = None
+  if ad:
+    adaptive = dp.Adaptive(**{k: ad[k] for k in ADAPTIVE_FIELDS if k in ad})
+  if ("noise_multiplier" in section) == ("target_epsilon" in section):
+    raise ValueError("give exactly one of noise_multiplier and target_epsilon")
+  if "target_epsilon" in section:
+    z = calibrate(target_epsilon=section["target_epsilon"], sampling_rate=q, rounds=rounds, delta=delta,
+                  accountant=accountant, sampling=sampling, population=population, cohort=cohort)
+    if verbose:
+      print(f"privacy: noise_multiplier z={z:.4f} calibrated to target_epsilon={section['target_epsilon']} "
+            f"at delta={delta:g} over {rounds} rounds (q={q:.4g}, {accountant})")
+  else:
+    z = section["noise_multiplier"]
+    dp.check_noise_multiplier(z)
+  clip_norm = section.get("clip_norm", None)
+  if adaptive is None:
+    if clip_norm is None:
+      raise ValueError("privacy needs clip_norm (or adaptive: {initial_clip, ...})")
+    dp.check_clip_norm(clip_norm)
+  normalize = section.get("normalize", "count")
+  if normalize not in dp.NORMALIZATIONS:
+    raise ValueError(f"normalize={normalize!r}; choose one of {list(dp.NORMALIZATIONS)}")
+  return Plan(z, clip_norm, delta, mechanism, level, bool(section.get("per_layer", False)), normalize,
+              adaptive, accountant, sampling, q, population, cohort, expected)
+
+
+def transforms(p: Plan) -> dict[str, tuple]:
+  """The update-path parts of a resolved plan (at the clients' parents): the fields of a
+  :class:`fedtree.experiment.updates.PathParts`."""
+  name = "dp"
+  adaptive_node = name if p.adaptive is not None else None
+  z = dp.delta_noise_multiplier(p.noise_multiplier, p.adaptive, replace_one=p.sampling == "fixed")
+  # the noise is z times the sensitivity under the accountant's adjacency: fixed-size cohorts are
+  # accounted with replace-one (a client's clipped update moves by up to 2C); a counted
+  # normalisation's noise is 2zC already
+  scale = 2.0 if p.sampling == "fixed" and p.normalize == "fixed" else 1.0
+  client = [dp.clip(p.clip_norm, per_layer=p.per_layer, adaptive_node=adaptive_node)]
+  if p.mechanism == "local":
+    client.append(dp.local_noise(z * (2.0 if p.sampling == "fixed" else 1.0), p.clip_norm,
+                                 adaptive_node=adaptive_node))
+  if p.mechanism == "local" and p.adaptive is None and p.normalize == "count":
+    return {"client": tuple(client)}   # nothing for the parents to do
+  node = dp.central(z, p.clip_norm, normalize=p.normalize, expected_weight=p.expected.astype(np.float32),
+                    adaptive=p.adaptive, add_noise=p.mechanism == "central", sensitivity_scale=scale,
+                    name=name)
+  return {"client": tuple(client), "node": (node,)}
+
+
+def convert(section, ctx) -> dict[int, dict[str, tuple]]:
+  """The ``privacy`` section's parts ``{level: PathParts fields}`` (wrapped by its converter in
+  :data:`fedtree.experiment.updates.SECTIONS`)."""
+  p = plan(dict(section), ctx)
+  return {p.noise_level: transforms(p)}
+
+
+def epsilon_after(p: Plan, rounds: int) -> float:
+  """ε at the plan's δ after ``rounds`` rounds (the runner's per-round metric)."""
+  return epsilon(noise_multiplier=float(p.noise_multiplier), sampling_rate=p.sampling_rate, rounds=rounds,
+                 delta=p.delta, accountant=p.accountant, sampling=p.sampling, population=p.population,
+                 cohort=p.cohort)
+
+
+def round_metrics(label: str, run, ctx):
+  """The runner's per-round privacy metrics of run ``label``: ``r -> {"epsilon": ε after r
+  rounds}`` (at the section's δ; user-level), or ``None`` for a run without a privacy section.
+  A noise multiplier that is not a number here (a sweep axis) is the sweep's to account."""
+  section = run.get("privacy", None) if hasattr(run, "get") else None
+  section = section.to_dict() if hasattr(section, "to_dict") else section
+  if not section:
+    return None
+  p = plan(dict(section), ctx, run=run, params={}, verbose=False)   # (the build checked the weighting)
+
+  @functools.cache
+  def metrics(r: int) -> dict[str, float]:
+    return {"epsilon": epsilon_after(p, int(r))}
+
+  return metrics
