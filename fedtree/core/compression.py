@@ -221,7 +221,11 @@ def compressor(name: str, *, bits: int | float | None = None, k: int | None = No
 
   def count(t) -> int:
     d = sum(x.size for x in jax.tree.leaves(t))
-    kk = int(k) if k is not None else max(1, int(math.floor(float(fraction) * d)))
+    if k is not None:
+      kk = int(k)
+    else:
+      assert fraction is not None
+      kk = max(1, int(math.floor(float(fraction) * d)))
     if kk > d:
       raise ValueError(f"k={kk} exceeds the update's size ({d} coordinates)")
     return kk
