@@ -211,3 +211,32 @@ def test_three_level_tree_compresses_only_at_the_clients():
   assert float(ms[0]["down_bytes"]) == sum(2 * x.size for x in leaves)
   assert not any(k.startswith("level0_") for m in ms for k in m)
   assert all(np.isfinite(float(v)) for m in ms for v in m.values())
+
+
+def test_every_run_reports_its_bytes_per_round_and_cumulative(tmp_path):
+  """FedAvg on logreg (8 features, 3 classes: 27 float32 = 108 bytes), 5 clients a round, 3 rounds
+  in calls of 2 and 1: 8-bit qsgd uplinks (8·24 + 64 + 8·3 + 64) bits = 43 bytes per client, the
+  model comes down uncompressed (108 bytes). metrics.jsonl and summary.json carry them."""
+  import json
+
+  from fedtree.experiment.runner import train_and_evaluate
+
+  config = ml_collections.ConfigDict(dict(
+    seed=0, rounds=3, eval_every=3, rounds_per_call=2, progress=False, plots=False,
+    data=dict(name="grouped_synthetic", group_sizes=(3, 2), dim=8, num_classes=3),
+    topology=dict(kind="groups"), model=dict(name="logreg"),
+    local=dict(optimizer="sgd", learning_rate=0.1, batch_size=8, steps=1),
+    runs=dict(q8=dict(algorithm="fedavg", compression=dict(uplink=dict(name="qsgd", bits=8))))))
+  train_and_evaluate(config, str(tmp_path))
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  up = {"q8": 43.0}
+  for row in rows:
+    assert row["clients_trained"] == 5
+    assert row["uplink_bytes"] == up[row["run"]] and row["downlink_bytes"] == 108.0
+    assert row["round_uplink_MB"] == up[row["run"]] * 5 / 1e6
+    assert row["uplink_MB"] == up[row["run"]] * 5 * row["round"] / 1e6
+    assert row["downlink_MB"] == 108.0 * 5 * row["round"] / 1e6
+  assert [(r["run"], r["round"]) for r in rows] == [("q8", 2), ("q8", 3)]
+  summary = json.load(open(tmp_path / "summary.json"))
+  assert summary["q8"]["global"]["uplink_MB"] == 43 * 15 / 1e6
+  assert summary["q8"]["global"]["downlink_MB"] == 108 * 15 / 1e6

@@ -203,6 +203,8 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
   header += ["intra", "inter", "clusters"] if clustered else []
   header += ["ARI"] if ari else []
   header += ["FA", "FR"] if kws else []
+  traffic = any("uplink_MB" in s for models in results.values() for s in models.values())
+  header += ["up MB", "down MB"] if traffic else []
   header += [f"g{g}" for g in range(num_groups)]
   rows = [header]
   for label, models in results.items():
@@ -219,6 +221,8 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
       if kws:
         row += [f"{s.get('false_accept_rate', float('nan')):.4f}",
                 f"{s.get('false_reject_rate', float('nan')):.4f}"]
+      if traffic:
+        row += [f"{s['uplink_MB']:.3f}", f"{s['downlink_MB']:.3f}"] if "uplink_MB" in s else ["", ""]
       ga = s.get("group_accuracy")
       row += [f"{a:.3f}" for a in ga] if ga is not None else []
       row += [""] * (len(header) - len(row))
