@@ -240,3 +240,18 @@ def test_every_run_reports_its_bytes_per_round_and_cumulative(tmp_path):
   summary = json.load(open(tmp_path / "summary.json"))
   assert summary["q8"]["global"]["uplink_MB"] == 43 * 15 / 1e6
   assert summary["q8"]["global"]["downlink_MB"] == 108 * 15 / 1e6
+
+
+def test_accuracy_against_uplink_megabytes_is_plotted(tmp_path):
+  pytest.importorskip("matplotlib")
+  import json
+
+  from fedtree.evaluation import plots
+
+  rows = [{"run": run, "round": r, "uplink_MB": mb * r, "global/accuracy": 0.5 + r / 100}
+          for run, mb in (("none", 1.0), ("qsgd8", 0.25)) for r in (1, 2, 3)]
+  (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  written = plots.write_run_plots(str(tmp_path))
+  assert str(tmp_path / "plot_accuracy_uplink.png") in written
+  with open(tmp_path / "plot_accuracy_uplink.png", "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
