@@ -255,3 +255,27 @@ def test_accuracy_against_uplink_megabytes_is_plotted(tmp_path):
   assert str(tmp_path / "plot_accuracy_uplink.png") in written
   with open(tmp_path / "plot_accuracy_uplink.png", "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sign_votes_at_the_edges_and_fp16_between_the_edges_and_the_root():
+  """A 3-level HierFAVG (root every 2 rounds): clients send signs and their edge servers take
+  the majority vote (step 0.01: every edge coordinate moves by exactly 0 or ±0.01 in a round
+  where the root does not aggregate); the edges send fp16 updates to the root (2 bytes a
+  coordinate, counted as level0_uplink_bytes in the root's rounds only)."""
+  ctx = _ctx()
+  run = ml_collections.ConfigDict({
+    "algorithm": "hierfavg", "periods": (2,), "chunk_size": 3,
+    "compression": {"levels": {"-1": {"uplink": {"name": "sign", "vote": 0.01}},
+                               "0": {"uplink": {"name": "fp16"}}}}})
+  alg = hierfavg(**registry.factory_kwargs("h", run, ctx))
+  s0 = alg.init(jax.random.key(0))
+  s1, ms = _run(alg, ctx, rounds=1)
+  moved = np.concatenate([np.abs(np.asarray(a) - np.asarray(b)).ravel()
+                          for a, b in zip(jax.tree.leaves(s1.params[1]), jax.tree.leaves(s0.params[1]),
+                                          strict=True)])
+  np.testing.assert_allclose(moved[moved > 1e-6], 0.01, rtol=1e-3)
+  assert np.sum(moved > 1e-6) > moved.size // 2
+  d = sum(x.size for x in jax.tree.leaves(ctx.model.init(jax.random.key(0))))
+  assert float(ms[0]["uplink_bytes"]) == d / 8 and float(ms[0]["level0_uplink_bytes"]) == 0
+  s2, m2 = jax.jit(alg.round)(s1, ctx.data, jax.random.key(9))
+  assert float(m2["level0_uplink_bytes"]) == 2 * d
