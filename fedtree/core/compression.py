@@ -245,7 +245,7 @@ def compressor(name: str, *, bits: int | float | None = None, k: int | None = No
 
   def randk(t, key):
     flat, unravel = ravel_pytree(t)
-    idx = jax.random.choice(key, flat.shape[0], (count(t),), replace=False)
+    _, idx = jax.lax.top_k(jax.random.uniform(key, flat.shape), count(t))   # k distinct, uniformly
     return unravel(jnp.zeros_like(flat).at[idx].set(flat[idx]))
   return Compressor(randk, lambda t: jnp.asarray(count(t) * value_bits(t), jnp.float32), name)
 
