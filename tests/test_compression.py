@@ -279,3 +279,57 @@ def test_sign_votes_at_the_edges_and_fp16_between_the_edges_and_the_root():
   assert float(ms[0]["uplink_bytes"]) == d / 8 and float(ms[0]["level0_uplink_bytes"]) == 0
   s2, m2 = jax.jit(alg.round)(s1, ctx.data, jax.random.key(9))
   assert float(m2["level0_uplink_bytes"]) == 2 * d
+
+
+def test_shipped_config_builds_both_variants():
+  from config_files import load_config
+
+  for variant in (None, "tree"):
+    c = load_config("compression", *(() if variant is None else (variant,)))
+    assert set(c.runs) == set(c.run_order) and len(c.runs) == 7
+  with pytest.raises(ValueError, match="choose no variant or 'tree'"):
+    load_config("compression", "deep")
+
+
+@pytest.mark.slow
+def test_shipped_config_runs_shrunk(tmp_path):
+  """configs/compression.py:tree, every run for 2 rounds on 10 clients."""
+  import json
+
+  from config_files import load_config
+
+  from fedtree.experiment.runner import train_and_evaluate
+
+  c = load_config("compression", "tree")
+  c.rounds, c.eval_every, c.rounds_per_call, c.progress, c.plots = 2, 2, 2, False, False
+  c.data.group_sizes, c.data.mean_examples, c.data.max_examples = (3, 3, 2, 2), 12.0, 24
+  for run in c.runs.values():
+    run.cohort_size = 2
+  results = train_and_evaluate(c, str(tmp_path))
+  summary = json.load(open(tmp_path / "summary.json"))
+  ups = {label: summary[label]["global"]["uplink_MB"] for label in results}
+  assert ups["none"] > ups["qsgd8"] > ups["qsgd2"] > ups["rotated1"] > ups["top1"] == ups["top1_ef"] > 0
+
+
+@pytest.mark.slow
+def test_bits_sweep_as_an_axis_and_k_is_refused_with_the_reason():
+  from fedtree.experiment import runner
+
+  def tiny(run):
+    c = ml_collections.ConfigDict(dict(
+      seed=0, rounds=2, eval_every=2, rounds_per_call=2, progress=False, plots=False,
+      data=dict(name="grouped_synthetic", group_sizes=(3, 2), dim=8, num_classes=3),
+      topology=dict(kind="groups"), model=dict(name="logreg"),
+      local=dict(optimizer="sgd", learning_rate=0.1, batch_size=8, steps=1), runs=dict(r=run)))
+    from fedtree.experiment.sweep import default_sweep
+    c.sweep = default_sweep()
+    return c
+
+  c = tiny(dict(algorithm="fedavg", compression=dict(uplink=dict(name="qsgd", bits=2))))
+  c.sweep.params = "runs.r.compression.uplink.bits=1,4"
+  res = runner.train_and_evaluate(c, None)
+  assert [s["name"] for s in res["r"]["sweep"]["settings"]] == ["bits=1", "bits=4"]
+  c = tiny(dict(algorithm="fedavg", compression=dict(uplink=dict(name="topk", k=3))))
+  c.sweep.params = "runs.r.compression.uplink.k=2,3"
+  with pytest.raises(ValueError, match="k of 'topk' changes the shape of what is sent"):
+    runner.train_and_evaluate(c, None)
