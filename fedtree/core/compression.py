@@ -15,22 +15,19 @@ traced when a hyperparameter is swept). It becomes
 
 Compressors (sizes for a leaf of ``n`` coordinates of ``w``-bit floats; ``d`` the whole update):
 
-=================  ==============================================  ===========================
-``none``           the update as it is                              ``w n``
-``fp16``/``bf16``  a cast to 16 bits and back                       ``16 n``
-``qsgd``           stochastic uniform quantization to ``2^b`` levels ``b n + 64`` (min, max)
-                   between the leaf's min and max (unbiased)
-``rotated``        ``qsgd`` after a random Hadamard rotation         ``b m + 64``, ``m`` = ``n``
-                   (Suresh et al. 2017), rotated back (unbiased)      padded to a power of 2
-``drive``          DRIVE (Vargaftik et al. 2021): the signs of the    ``m + 32``
-                   rotated leaf times ``||x||² / ||Rx||₁``
-``topk``           the ``k`` coordinates of largest magnitude of      ``k (w + ⌈log₂ d⌉)``
-                   the whole update (values and indices)
-``randk``          ``k`` coordinates drawn at random (values; the     ``k w``
-                   indices follow from the shared seed)
-``sign``           signSGD: ``sign(Δ)`` (``+1`` for 0)                ``d``
-``scaled_sign``    EF-signSGD's ``(||Δ||₁ / d) sign(Δ)``              ``d + 32``
-=================  ==============================================  ===========================
+| name | what the receiver decodes | bits |
+| --- | --- | --- |
+| `none` | the update as it is | `w n` |
+| `fp16` / `bf16` | a cast to 16 bits and back | `16 n` |
+| `qsgd` | stochastic rounding to `2^b` levels in [min, max] of the leaf (unbiased) | `b n + 64` |
+| `rotated` | `qsgd` of the randomly Hadamard-rotated leaf (Suresh et al. 2017) | `b m + 64` |
+| `drive` | DRIVE (Vargaftik et al. 2021): the signs of the rotated leaf times `‖x‖² / ‖Rx‖₁` | `m + 32` |
+| `topk` | the `k` largest magnitudes of the whole update (values, indices) | `k (w + ⌈log₂ d⌉)` |
+| `randk` | `k` coordinates at random (values; indices from the shared seed) | `k w` |
+| `sign` | signSGD: `sign(Δ)` (`+1` for 0) | `d` |
+| `scaled_sign` | EF-signSGD's `(‖Δ‖₁ / d) sign(Δ)` | `d + 32` |
+
+(``m``: ``n`` padded to a power of 2; ``qsgd``'s 64 bits are the leaf's min and max.)
 
 The rotations' and random-k's randomness comes from the key of the edge (in a deployment, a seed
 shared by sender and receiver), so it costs no bits.
