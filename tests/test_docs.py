@@ -25,6 +25,7 @@ DOCTEST_MODULES = [
   "fedtree.core.data",         # FederatedData
   "fedtree.core.tier",         # train_cohort
   "fedtree.core.loop",         # loop.run
+  "fedtree.core.compression",  # compressor
   "fedtree.evaluation.plots",  # write_run_plots
   "fedtree.algorithms.hierfavg",           # fedavg, hierfavg
   "fedtree.algorithms.grouppfl.grouppfl",  # GroupPersonalizedFL

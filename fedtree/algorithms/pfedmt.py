@@ -256,14 +256,15 @@ def pfedmt(
         w, x, theta_bar,
       )
       return ((w, res.client_state, res.cursor, res.path_state),
-              (res.mean_loss(), jnp.asarray(res.num_skipped), res.update_stats))
+              (res.mean_loss(), jnp.asarray(res.num_skipped), res.num_trained, res.update_stats))
 
-    (w, pm, cursor, path_state), (losses, skipped, update_stats) = jax.lax.scan(
+    (w, pm, cursor, path_state), (losses, skipped, trained, update_stats) = jax.lax.scan(
       team_iteration, (w0, state.client_state, state.cursor, state.update_state), jnp.arange(team_iters)
     )
     w_bar = jax.tree.map(lambda wi: jnp.tensordot(tau, wi, axes=1), w)
     x = jax.tree.map(lambda xi, wb: (1.0 - beta * gamma) * xi + beta * gamma * wb, x, w_bar)
     metrics = {"train_loss": jnp.mean(losses), "last_team_iter_loss": losses[-1],
+               "clients_trained": jnp.sum(trained),   # round trips over the team iterations (bytes)
                **{k: jnp.mean(v) for k, v in update_stats.items()}}   # over the team iterations
     if skip_nonfinite:
       metrics["clients_skipped"] = jnp.sum(skipped)

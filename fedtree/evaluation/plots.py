@@ -213,6 +213,42 @@ def plot_runs(records: Sequence[Mapping[str, Any]], path: str, *, metric: str = 
   return _save(fig, path)
 
 
+def plot_accuracy_vs_uplink(records: Sequence[Mapping[str, Any]], path: str, *, metric: str = "accuracy",
+                            model: str = "global", title: str | None = None) -> str:
+  """Every run's ``<model>/<metric>`` against the megabytes its clients had sent so far
+  (``uplink_MB``, :mod:`fedtree.experiment.communication`), a line per run, the x axis on a log
+  scale: what a compressor buys for the accuracy it costs.
+
+  Args:
+    records: from :func:`read_metrics`.
+    path: the PNG to write.
+    metric: the evaluated metric.
+    model: the model whose metric is drawn.
+    title: the figure title.
+
+  Returns:
+    ``path``.
+  """
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6.5, 3.8))
+  key = f"{model}/{metric}"
+  for run in runs(records):
+    pts = sorted((float(r["uplink_MB"]), float(r[key])) for r in records
+                 if str(r["run"]) == run and r.get(key) is not None and r.get("uplink_MB") is not None)
+    if pts:
+      x, y = zip(*pts, strict=True)
+      ax.plot(x, y, marker="o", ms=3, label=run)
+  ax.set_xscale("log")
+  ax.set_xlabel("cumulative uplink (MB)")
+  ax.set_ylabel(_label_metric(metric))
+  ax.grid(alpha=0.3)
+  if ax.lines:
+    ax.legend(fontsize=7)
+  if title:
+    fig.suptitle(title)
+  return _save(fig, path)
+
+
 def plot_perplexity(records: Sequence[Mapping[str, Any]], path: str, *, title: str | None = None) -> str:
   """A language model's test perplexity over rounds, log scale: token level (``<model>/perplexity``)
   and, when reported, sentence level (``<model>/sentence_perplexity``) in a second panel; a line
@@ -550,6 +586,8 @@ def write_run_plots(workdir: str) -> list[str]:
     its training loss;
   * ``plot_models.png``: a panel per run, a line per model (tree levels, team/personal models,
     clusters), when some run reports more than one model;
+  * ``plot_accuracy_uplink.png``: the global model's test accuracy against the cumulative
+    uplink megabytes, when the metrics count them;
   * ``plot_perplexity.png``: a language model's test perplexity over rounds (token level, log
     scale; the sentence level beside it when reported);
   * ``plot_clusters.png``: intra- vs inter-cluster accuracy, when reported;
@@ -586,6 +624,8 @@ def write_run_plots(workdir: str) -> list[str]:
     if any(len(models_of([r for r in records if r["run"] == run], "accuracy")) > 1
            for run in runs(records)):
       written.append(plot_models_per_run(records, os.path.join(workdir, "plot_models.png")))
+  if "global" in models_of(records, "accuracy") and any("uplink_MB" in r for r in records):
+    written.append(plot_accuracy_vs_uplink(records, os.path.join(workdir, "plot_accuracy_uplink.png")))
   if models_of(records, "perplexity"):
     written.append(plot_perplexity(records, os.path.join(workdir, "plot_perplexity.png")))
   if models_of(records, "intra_cluster_accuracy"):

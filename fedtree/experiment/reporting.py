@@ -208,6 +208,8 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
   header += ["FA %", "FR %"] if kws else []
   eps = any("epsilon" in s for models in results.values() for s in models.values())
   header += ["ε"] if eps else []
+  traffic = any("uplink_MB" in s for models in results.values() for s in models.values())
+  header += ["up MB", "down MB"] if traffic else []
   fair = any("fairness" in s for models in results.values() for s in models.values())
   header += ["clients p10/p50/p90 gini"] if fair else []
   header += group_headers(num_groups, group_names)
@@ -232,6 +234,8 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
                 f"{100 * s.get('false_reject_rate', float('nan')):.2f}"]
       if eps:
         row += [f"{s['epsilon']:.3f}" if "epsilon" in s else ""]
+      if traffic:
+        row += [f"{s['uplink_MB']:.3f}", f"{s['downlink_MB']:.3f}"] if "uplink_MB" in s else ["", ""]
       if fair:
         row += [fairness_cell(s["fairness"]) if "fairness" in s else ""]
       ga = s.get("group_accuracy")

@@ -38,6 +38,7 @@ from fedtree.core.sharding import barrier, client_mesh, local_copy, shard_data
 from fedtree.core.topology import Topology
 from fedtree.experiment import memory, privacy
 from fedtree.experiment.builders import local_optimizer_from_config, schedule_from_config
+from fedtree.experiment.communication import Traffic, model_bytes
 from fedtree.experiment.reporting import Reporter
 from fedtree.experiment.results import (  # noqa: F401  (re-exported: runner.RunStopped, ...)
   SUMMARY_METRICS,
@@ -242,10 +243,11 @@ def run_algorithm(
     return {f"{name}/{m}": sm[m] for name, sm in summaries.items() for m in SUMMARY_METRICS if m in sm}
 
   t0 = time.perf_counter()
+  traffic = Traffic(model_bytes(jax.eval_shape(ctx.model.init, jax.random.key(0))))
 
   def log(r, host):
     extra = round_metrics(r) if round_metrics is not None else {}
-    reporter.log(label, r, {**host, **extra, "elapsed_s": time.perf_counter() - t0})
+    reporter.log(label, r, {**host, **extra, **traffic(r, host), "elapsed_s": time.perf_counter() - t0})
 
   def save(s, r):
     ckpt.maybe_save(s, force=r == num_rounds)
@@ -280,6 +282,8 @@ def run_algorithm(
       s["trained"] = bool(final[name] != initial[name])
   if round_metrics is not None:
     summaries = {name: {**s, **round_metrics(int(state.round))} for name, s in summaries.items()}
+  if traffic.uplink_total or traffic.downlink_total:   # every model of the run: the run's traffic
+    summaries = {name: {**s, **traffic.summary()} for name, s in summaries.items()}
   return state, summaries
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from fedtree.core import compression
 from fedtree.core.updates import (
   Aggregator,
   ClientTransform,
@@ -47,7 +48,67 @@ def _privacy(section, ctx) -> Mapping[int, PathParts]:
   return {lv: PathParts(**parts) for lv, parts in privacy.convert(section, ctx).items()}
 
 
-SECTIONS: dict[str, Converter] = {"privacy": _privacy}
+
+# ------------------------------------------------------------------------ compression
+_EDGE_KEYS = {"uplink", "downlink"}
+
+
+def _compressor_of(spec: Mapping[str, Any], where: str):
+  spec = dict(_plain(spec))
+  if "name" not in spec:
+    raise ValueError(f"{where} needs a 'name'; choose one of {list(compression.NAMES)}")
+  name = spec.pop("name")
+  extra = {k: spec.pop(k) for k in ("error_feedback", "vote") if k in spec}
+  allowed = {"bits", "k", "fraction"}
+  if set(spec) - allowed:
+    raise ValueError(f"{where}: unknown field(s) {sorted(set(spec) - allowed)}; choose from "
+                     f"{sorted(allowed | {'name', 'error_feedback', 'vote'})}")
+  return compression.compressor(name, **spec), extra
+
+
+def convert_compression(section: Mapping[str, Any], ctx) -> dict[int, PathParts]:
+  """The ``compression`` section: ``{uplink: {name, bits | k | fraction, error_feedback, vote},
+  downlink: {name, bits}, level: -1}`` compresses what the children of server level ``level``
+  (default ``-1``, the clients' parents) send up and what that level sends down; several levels
+  as ``{levels: {"-1": {uplink: ..., downlink: ...}, "0": {...}}}`` (a level absent is not
+  compressed). ``vote: step`` (``sign`` uplinks) makes the parents take signSGD's majority vote.
+  """
+  section = dict(_plain(section))
+  if "levels" in section:
+    if set(section) != {"levels"}:
+      raise ValueError(f"give either 'levels' or uplink/downlink/level, not both (got {sorted(section)})")
+    items = [(int(lv), dict(_plain(v))) for lv, v in dict(_plain(section["levels"])).items()]
+  else:
+    items = [(int(section.pop("level", -1)), section)]
+  out = {}
+  for lv, edges in items:
+    if not edges or set(edges) - _EDGE_KEYS:
+      raise ValueError(f"level {lv}: fields {sorted(edges)}; choose from {sorted(_EDGE_KEYS)} (and 'level')")
+    parts = PathParts()
+    if edges.get("uplink"):
+      c, extra = _compressor_of(edges["uplink"], f"level {lv} uplink")
+      node = ()
+      if "vote" in extra:
+        if c.name != "sign":
+          raise ValueError(f"level {lv} uplink: vote is signSGD's majority vote; it needs name='sign' "
+                           f"(got {c.name!r})")
+        node = (compression.majority_vote(step=extra["vote"]),)
+      ef = bool(extra.get("error_feedback"))
+      parts = parts._replace(client=(compression.uplink(c, error_feedback=ef),), node=node)
+    if edges.get("downlink"):
+      c, extra = _compressor_of(edges["downlink"], f"level {lv} downlink")
+      if extra:
+        raise ValueError(f"level {lv} downlink: {sorted(extra)} apply to the uplink only")
+      parts = parts._replace(down=compression.downlink(c))
+    out[lv] = parts
+  return out
+
+
+
+SECTIONS: dict[str, Converter] = {
+  "privacy": _privacy,
+  "compression": convert_compression,
+}
 """``{section name: converter}`` in the order their stages compose (filled by the capability
 modules of the experiment layer, listed explicitly here as they land)."""
 

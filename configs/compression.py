@@ -1,0 +1,85 @@
+r"""Compressed uplinks: accuracy against the megabytes the clients send (issue 23).
+
+  python -m fedtree.main --config=configs/compression.py --workdir=/tmp/fedtree_compression
+  python -m fedtree.main --config=configs/compression.py:tree --workdir=/tmp/fedtree_compression_tree
+
+The quickstart's task (48 clients in 4 groups, an MLP of 2,762 float32 parameters = 11,048
+bytes), 16 clients a round. Runs: FedAvg with no compression (``none``), 8-bit and 2-bit
+stochastic uniform quantization (``qsgd8``, ``qsgd2``), 1-bit quantization after a random
+Hadamard rotation (``rotated1``), top-1 % (28 coordinates) without and with error feedback
+(``top1``, ``top1_ef``), and EF-signSGD (``ef_sign``: the scaled sign with error feedback). The
+``tree`` variant runs the same compressors under HierFAVG on the 3-level tree (root -> 4 group
+servers -> clients, the root every 10 rounds, 4 clients per group a round), compressing only
+between the clients and their group servers. Every run reports ``uplink_MB`` (the final table's
+``up MB`` column, metrics.jsonl per round) and ``plot_accuracy_uplink.png`` draws accuracy
+against it.
+
+Measured with the commands above (100 rounds, seed 0; test accuracy of the global model, the
+cumulative uplink and downlink megabytes of all clients; the downlink is not compressed):
+
+  ========  ===========  ===========  ======  =======  ==================
+  run       flat acc.    3-level acc. up MB   down MB  bytes/client/round
+  ========  ===========  ===========  ======  =======  ==================
+  none      0.7578       0.7255       17.677  17.677   11,048
+  qsgd8     0.7578       0.7255        4.470  17.677   2,794
+  qsgd2     0.7562       0.7276        1.156  17.677   722.5
+  rotated1  0.7552       0.7151        0.682  17.677   426
+  top1      0.6818       0.6776        0.238  17.677   148.5
+  top1_ef   0.7375       0.7188        0.238  17.677   148.5
+  ef_sign   0.7458       0.7245        0.559  17.677   349.25
+  ========  ===========  ===========  ======  =======  ==================
+
+Error feedback recovers most of what top-1 % loses (0.68 -> 0.74 flat); 2-bit quantization
+costs nothing measurable here at 1/15 of the bytes.
+"""
+
+import ml_collections
+
+from fedtree.experiment.sweep import default_sweep
+
+COMPRESSORS = {
+  "none": None,
+  "qsgd8": {"uplink": {"name": "qsgd", "bits": 8}},
+  "qsgd2": {"uplink": {"name": "qsgd", "bits": 2}},
+  "rotated1": {"uplink": {"name": "rotated", "bits": 1}},
+  "top1": {"uplink": {"name": "topk", "fraction": 0.01}},
+  "top1_ef": {"uplink": {"name": "topk", "fraction": 0.01, "error_feedback": True}},
+  "ef_sign": {"uplink": {"name": "scaled_sign", "error_feedback": True}},
+}
+"""Run label -> its ``compression`` section (at the clients' parents, level -1)."""
+
+
+def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
+  """``variant``: ``None`` (FedAvg, one server) or ``"tree"`` (HierFAVG on root -> groups ->
+  clients, compressing only from the clients to the group servers)."""
+  if variant not in (None, "tree"):
+    raise ValueError(f"configs/compression.py:{variant}; choose no variant or 'tree'")
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.rounds = 100
+  c.eval_every = 25
+  c.rounds_per_call = 25
+  c.chunk_size = "auto"
+  c.progress = True
+  c.data = ml_collections.ConfigDict(dict(
+    name="grouped_synthetic", group_sizes=(24, 12, 8, 4), dim=32, num_classes=10,
+    group_spread=1.5, client_spread=0.25, feature_shift=1.0, mean_examples=40.0,
+    min_examples=8, max_examples=160, test_examples=40, seed=0,
+  ))
+  c.topology = ml_collections.ConfigDict(dict(kind="groups"))
+  c.model = ml_collections.ConfigDict(dict(name="mlp", hidden=(64,)))
+  c.local = ml_collections.ConfigDict(dict(
+    optimizer="sgd", learning_rate=0.05, batch_size=16, epochs=1, steps=None,
+  ))
+  c.runs = ml_collections.ConfigDict()
+  for label, section in COMPRESSORS.items():
+    run = (dict(algorithm="fedavg", cohort_size=16) if variant is None
+           else dict(algorithm="hierfavg", cohort_size=4, periods=(10,)))
+    if section is not None:
+      run["compression"] = section
+    c.runs[label] = ml_collections.ConfigDict(run)
+  c.run_order = tuple(COMPRESSORS)
+  # bits are sweepable (e.g. --config.sweep.params="runs.qsgd2.compression.uplink.bits=1,2,4");
+  # k / fraction change shapes and are refused as a sweep axis
+  c.sweep = default_sweep()
+  return c
