@@ -177,7 +177,8 @@ def test_personal_adapters_match_a_per_client_loop():
     sent.append(a)
     weights.append(n)
   w = np.asarray(weights, np.float64) / np.sum(weights)
-  mean = jax.tree.map(lambda *xs: sum(wi * np.asarray(xi, np.float64) for wi, xi in zip(w, xs, strict=True)), *sent)
+  mean = jax.tree.map(
+    lambda *xs: sum(wi * np.asarray(xi, np.float64) for wi, xi in zip(w, xs, strict=True)), *sent)
   close(jax.tree.map(lambda a: a[0], alg.models(state)["global"].params), mean, tol=2e-5)
   trees_equal(jax.tree.map(jnp.shape, state.base), jax.tree.map(jnp.shape, base))  # one copy
   kernels = {a.shape for a in jax.tree.leaves(base)}

@@ -285,18 +285,19 @@ def frozen_base(
 
   def round_fn(state: FrozenBaseState, data, key):
     inner, metrics = on(state.base).round(state.inner, data, key)
-    return state.replace(inner=inner), metrics
+    return FrozenBaseState(base=state.base, inner=inner), metrics
 
   def models(state: FrozenBaseState):
     return template.models(state.inner)
 
-  report = None
-  if template.report is not None:
-    def report(state: FrozenBaseState, data, key, summaries):
-      return on(state.base).report(state.inner, data, key, summaries)
+  def report(state: FrozenBaseState, data, key, summaries):
+    inner_report = on(state.base).report
+    assert inner_report is not None  # only offered when the template has one
+    return inner_report(state.inner, data, key, summaries)
 
   return FederatedAlgorithm(init=init, round=round_fn, models=models, name=template.name,
-                            report=report, rounds=template.rounds)
+                            report=report if template.report is not None else None,
+                            rounds=template.rounds)
 
 
 def base_evaluator(model: Model, spec: LoRA, chunk_size: int | None = None, *, confusion: bool = False):

@@ -191,7 +191,7 @@ def run_algorithm(
   algorithm: FederatedAlgorithm, ctx: Context, key: jax.Array, reporter: Reporter, *,
   num_rounds: int, eval_every: int, rounds_per_call: int, label: str,
   checkpoint_dir: str | None = None, checkpoint_every: int = 0, keep_checkpoints: int = 2,
-  should_stop=None,
+  should_stop=None, adapters=None,
 ) -> tuple[Any, dict[str, dict[str, Any]]]:
   """Rounds with evaluation every ``eval_every`` rounds (:func:`fedtree.core.loop.run`);
   returns (state, final summaries), the summaries passed through ``algorithm.report`` when
@@ -201,7 +201,9 @@ def run_algorithm(
   ``checkpoint_every`` rounds and at the end (the last ``keep_checkpoints`` kept), and a run
   resumes the newest checkpoint there that restores. ``should_stop()`` is polled after every
   compiled call; when it returns ``True`` the run raises :class:`RunStopped` with the last
-  checkpoint kept.
+  checkpoint kept. ``adapters`` (a :class:`~fedtree.core.lora.LoRA` spec): the algorithm's
+  models are adapters on the frozen base its state holds (:func:`fedtree.core.lora.frozen_base`),
+  scored with the base as an argument (:func:`fedtree.core.lora.base_evaluator`).
   """
   if eval_every < 1:
     raise ValueError(f"eval_every={eval_every} must be >= 1")
@@ -210,6 +212,12 @@ def run_algorithm(
   positive = positive_classes_from_config(ctx.config, ctx.data.num_classes)
   evaluator = make_evaluator(ctx.model, ctx.config.get("eval_chunk_size", None),
                              confusion=positive is not None)
+  evaluator_for = None
+  if adapters is not None:
+    from fedtree.core.lora import base_evaluator
+
+    evaluator_for = base_evaluator(ctx.model, adapters, ctx.config.get("eval_chunk_size", None),
+                                   confusion=positive is not None)
   state = algorithm.init(loop.init_key(key))
   ckpt = None
   if checkpoint_dir and checkpoint_every:
@@ -225,7 +233,8 @@ def run_algorithm(
   def evaluate(s, r):
     nonlocal summaries
     summaries = evaluation.evaluate_models(
-      algorithm, s, ctx.model, ctx.run_data, groups=ctx.groups, evaluator=evaluator,
+      algorithm, s, ctx.model, ctx.run_data, groups=ctx.groups,
+      evaluator=evaluator if evaluator_for is None else evaluator_for(s.base),
       positive_classes=positive,
     )
     check_summaries(label, r, summaries)
@@ -294,7 +303,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
     ['global']
   """
   from fedtree.experiment import sweep
-  from fedtree.experiment.registry import build_algorithm
+  from fedtree.experiment.registry import adapters_from_config, build_algorithm
 
   validate_config(config)
   swept = sweep.sweep_config(config) is not None
@@ -341,6 +350,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
           checkpoint_dir=os.path.join(workdir, "checkpoints", label) if workdir else None,
           checkpoint_every=int(config.get("checkpoint_every", 0) or 0),
           keep_checkpoints=int(config.get("keep_checkpoints", 2)), should_stop=should_stop,
+          adapters=adapters_from_config(label, run_cfg),
         )
       results[label] = summaries
     if not swept:
