@@ -211,3 +211,81 @@ def test_bad_input_is_a_clear_error():
   flat = from_flax(Scale(), (3,), 3)
   with pytest.raises(ValueError, match=r"has no kernel .*\['scale \(3,\)'\]"):
     L.adapted_model(flat, L.lora(), flat.init(jax.random.key(0)))
+
+
+# ------------------------------------------------------------------------ from a config
+def _tiny_peft_config():
+  """``configs/peft_lm.py`` shrunk: 2 + 2 stdlib packages (pretraining / federated), tiny LSTM,
+  5 pretraining steps, 1 + 1 rounds."""
+  from config_files import load_config
+
+  c = load_config("peft_lm")
+  c.rounds, c.rounds_per_call, c.eval_every, c.progress, c.plots = 1, 1, 1, False, False
+  c.data.packages = ("json", "wsgiref")
+  c.data.min_sentences, c.data.max_sentences = 2, 6
+  c.data.seq_len, c.data.vocab_size = 8, 120
+  c.model.embed, c.model.hidden = 4, 8
+  c.local.batch_size = 4
+  c.pretrain.packages, c.pretrain.steps, c.pretrain.batch_size = ("tomllib", "zoneinfo"), 5, 8
+  for run in (c.runs.lora, c.runs.full):
+    run.group_rounds, run.cohort_size = 1, 2
+    run.finetune.epochs, run.finetune.learning_rates = 1, (0.1,)
+  return c
+
+
+def test_adapters_from_a_config_share_one_base_and_errors_name_the_run():
+  """A Ditto run with ``adapters`` on the pretrained base: its state holds the base once (what
+  the memory estimate counts) and per-client adapters; bad adapter fields are errors naming the
+  run and the field; an algorithm outside the adapter family refuses the field."""
+  import ml_collections
+
+  from fedtree.experiment import memory, runner
+  from fedtree.experiment.pretrain import pretrain_context
+  from fedtree.experiment.registry import build_algorithm
+
+  c = _tiny_peft_config()
+  ctx, pre = pretrain_context(runner.make_context(c), print_fn=lambda *_: None)
+  assert np.isfinite(pre["base"]["perplexity"]) and pre["base"]["group_perplexity"].shape == (2,)
+  ad = dict(kind="lora", rank=2, alpha=4.0, targets=[r"w_[xh]$"])
+  run = ml_collections.ConfigDict(dict(algorithm="ditto", lam=0.1, adapters=ad))
+  alg = build_algorithm("d", run, ctx)
+  shapes = jax.eval_shape(alg.init, jax.random.key(0))
+  base_bytes = memory.tree_bytes(ctx.init_params)
+  assert memory.tree_bytes(shapes.base) == base_bytes
+  personal = shapes.inner.client_state.personal
+  assert {p.rsplit("/", 1)[0] for p in L.param_paths(personal)} == {"lstm0/w_x", "lstm0/w_h"}
+  assert jax.tree.leaves(personal)[0].shape[0] == ctx.data.num_clients
+  assert memory.tree_bytes(shapes) < base_bytes + ctx.data.num_clients * base_bytes / 4
+  state = alg.init(jax.random.key(0))
+  trees_equal(state.base, ctx.init_params)          # the run starts from the pretrained base
+  cases = ((dict(ad, kind="adapter"), r"config.runs.d.adapters.kind='adapter'; choose one of \('lora',\)"),
+           (dict(ad, rank=0), r"config.runs.d.adapters: LoRA rank=0 must be"),
+           (dict(ad, targets=["conv"]), r"config.runs.d.adapters: LoRA target 'conv' matches no kernel"
+                                        r".*lstm0/w_x \(4, 32\)"),
+           (dict(ad, ranks=2), r"unknown field 'ranks' \(did you mean 'rank'\?\)"))
+  for bad, match in cases:
+    with pytest.raises(ValueError, match=match):
+      build_algorithm("d", ml_collections.ConfigDict(dict(algorithm="ditto", lam=0.1, adapters=bad)), ctx)
+  with pytest.raises(ValueError, match="unknown field 'adapters'"):
+    build_algorithm("p", ml_collections.ConfigDict(dict(algorithm="pfedme", adapters=ad)), ctx)
+
+
+@pytest.mark.slow
+def test_peft_lm_config_end_to_end(tmp_path):
+  """``configs/peft_lm.py`` shrunk: pretraining, then GroupPerFL with adapters and with the full
+  model from the same pretrained base; every method and the base are scored per group."""
+  from fedtree import experiment
+
+  c = _tiny_peft_config()
+  c.pretrain.save = str(tmp_path / "base.npz")
+  results = experiment.train_and_evaluate(c, str(tmp_path / "work"))
+  assert list(results) == ["pretrained", "lora", "full"]
+  for run in ("lora", "full"):
+    assert list(results[run]) == ["FL", "PerFL", "GroupFL", "GroupPerFL"]
+    assert all(np.isfinite(s["perplexity"]) for s in results[run].values())
+  assert (tmp_path / "work" / "lora_report.md").exists() and (tmp_path / "work" / "full_report.md").exists()
+  from fedtree.experiment.params import load_params
+
+  ctx = experiment.runner.make_context(c)
+  saved = load_params(str(tmp_path / "base.npz"), ctx.model)     # loadable as init_params later
+  assert jax.tree.structure(saved) == jax.tree.structure(ctx.model.init(jax.random.key(0)))

@@ -68,6 +68,8 @@ class Context:
     init_params: the parameters every run starts from (``config.init_params``, loaded and
       checked by :func:`fedtree.experiment.params.load_params`); ``None``: ``model.init``.
     group_names: the data's name of every group (``None``: unnamed).
+    vocab: the token of every id of a text dataset (``None``: not text); ``config.pretrain``
+      encodes its pretraining text with it (:mod:`fedtree.experiment.pretrain`).
     sharded_data: ``data`` with its client axis over the run's mesh (``config.mesh_shape``,
       :func:`fedtree.core.sharding.shard_data`), which rounds and evaluation run on; ``None``
       without a mesh. Across processes (``--multihost``) its arrays span devices this process
@@ -85,6 +87,7 @@ class Context:
   auto_chunk: tuning.ChunkPolicy | None = None
   init_params: Any = None
   group_names: tuple[str, ...] | None = None
+  vocab: tuple[str, ...] | None = None
   sharded_data: FederatedData | None = None
 
   @property
@@ -182,7 +185,7 @@ def make_context(config: ml_collections.ConfigDict) -> Context:
     config=config, data=as_device(data), groups=np.asarray(groups), topology=topology, model=model,
     local_optimizer=local_optimizer, schedule=schedule, central_test=central,
     auto_chunk=tuning.chunk_policy(model, local_optimizer, data.example_shape, schedule.batch_size),
-    init_params=init_params, group_names=info.group_names,
+    init_params=init_params, group_names=info.group_names, vocab=info.vocab,
   )
 
 
@@ -330,6 +333,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
     ctx = dataclasses.replace(ctx, sharded_data=shard_data(ctx.data, mesh))
   root = jax.random.key(int(config.seed))
   results: dict[str, Any] = {}
+  if config.get("pretrain", None) is not None:  # a pretrained base, trained now (issue 26)
+    from fedtree.experiment.pretrain import pretrain_context
+
+    ctx, results["pretrained"] = pretrain_context(ctx, reporter.print)
   budget = memory.Budget.of(ctx)
   try:
     for label, run_cfg in ordered_runs(config):
