@@ -267,8 +267,8 @@ def frozen_base(
     ...                                    schedule=LocalSchedule(batch_size=8, steps=2)),
     ...                   model=model, spec=lora(rank=2), base=base)
     >>> state = loop.run(alg, data, num_rounds=1, key=jax.random.key(1))
-    >>> sorted(alg.models(state)["global"].params["Dense_0"]["kernel"])
-    ['a', 'b']
+    >>> param_paths(alg.models(state)["global"].params)
+    ['Dense_0/kernel/a', 'Dense_0/kernel/b', 'Dense_1/kernel/a', 'Dense_1/kernel/b']
   """
   # The template (validation, ``init``, ``models``, name) sees the base's shapes only, so that
   # nothing but the state holds the base's arrays.
