@@ -22,7 +22,8 @@ count x the adapter bytes (below).
 
 Measured (Python 3.11 stdlib; the notebook ``colab/peft_lm.ipynb`` runs the same config):
 22 min 41 s wall for pretraining + both pipelines on the shared 2-core machine at load ~15-17,
-niced (expect a few minutes on a quiet one). Pretraining: 5,436 sentences, 400 steps of 32,
+niced; 9 min (537 s) in the notebook as the load fell (expect a few minutes on a quiet machine).
+The notebook's run gave the same numbers. Pretraining: 5,436 sentences, 400 steps of 32,
 training loss 5.531 -> 3.930. Token-level word perplexity per group on the held-out packages
 (lower is better; PerFL in the notebook and the reports); ``base`` is the pretrained model
 before any federated fine-tuning:
