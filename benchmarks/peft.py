@@ -1,11 +1,11 @@
 r"""Memory and throughput of federated LoRA fine-tuning against full fine-tuning, with a
 persistent personal model per client (issue 26's benchmark).
 
-  nice -n 10 python -m benchmarks.peft                  # 13.9 M-parameter base, N = 100, 1,000, 10,000
+  nice -n 10 python -m benchmarks.peft                  # 13.41 M-parameter base, N = 100, 1,000, 10,000
   python -m benchmarks.peft --quick                     # a tiny base, N = 4, 8 (a smoke run)
 
 Workload: a causal Transformer LM base (``--vocab``, ``--dim``, ``--depth``, ``--mlp_dim``; the
-default has 13.9 M parameters), Ditto (lambda = 0.1) over ``N`` clients, every client in every
+default has 13.41 M parameters), Ditto (lambda = 0.1) over ``N`` clients, every client in every
 round, each holding ``--sentences`` sentences of ``--seq_len`` random tokens, ``--steps`` local
 SGD steps of batch ``--batch_size`` (Ditto trains the model sent up and the personal model:
 two local trainings per client update), ``--chunk_size`` clients at once.
@@ -29,7 +29,10 @@ measured N, solved for N. ``closure``: the HLO text size and compile time of one
 the base closed over by the model (embedded as constants by JAX 0.10) against the base passed
 in the state (:func:`fedtree.core.lora.frozen_base`).
 
-Writes ``benchmarks/results/peft.json``.
+Rows that are not run only compile: with ``XLA_FLAGS="--xla_backend_optimization_level=0
+--xla_llvm_disable_expensive_passes=true"`` that is much faster and the memory analysis is
+unchanged (LLVM code generation comes after buffer assignment); how the figures in
+``benchmarks/README.md`` were obtained is written there. Writes ``benchmarks/results/peft.json``.
 """
 
 from __future__ import annotations
