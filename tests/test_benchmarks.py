@@ -63,3 +63,16 @@ def test_sweep_benchmark_scales_a_timed_subset_of_sequential_runs(tmp_path):
   assert row["sequential_s"] > 0 and row["sweep_s"] > 0 and row["ratio"] > 0
   assert json.load(open(out))["results"]["a"][0]["sequential_timed"] == 1
   assert os.path.getsize(tmp_path / "sweep.png") > 0
+
+
+@pytest.mark.slow
+def test_peft_benchmark_smallest_setting_runs(tmp_path):
+  """``benchmarks.peft --quick`` with one mode: the memory of every client count from the
+  compiled round, the throughput where it runs, the fit to the budget, the closure check."""
+  from benchmarks import peft
+
+  res = peft.main(["--quick", "--modes=lora", f"--out={tmp_path / 'peft.json'}"])
+  rows = res["rows"]
+  assert [r["clients"] for r in rows] == [4, 8] and all(r["client_updates_per_s"] > 0 for r in rows)
+  assert rows[1]["state_bytes"] > rows[0]["state_bytes"] and res["fits"]["lora"]["max_clients"] > 8
+  assert set(res["closure"]) == {"closed_over", "in_state"}

@@ -36,6 +36,7 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.fedprox",
   "fedtree.algorithms.fedmmd",
   "fedtree.algorithms.ditto",
+  "fedtree.core.lora",
   "fedtree.algorithms.pfedme",
   "fedtree.algorithms.perfedavg",
   "fedtree.algorithms.pfedmt",

@@ -487,7 +487,8 @@ def _spec(label: str, run) -> AlgorithmSpec:
 def validate_run(label: str, run) -> None:
   """Named errors for an unknown algorithm or an unknown field of ``config.runs.<label>``."""
   sch = schema(_spec(label, run))
-  check_fields(f"config.runs.{label} (algorithm={run.algorithm!r})", list(run.keys()), sch.allowed)
+  allowed = sch.allowed + (["adapters"] if run.algorithm in ADAPTER_ALGORITHMS else [])
+  check_fields(f"config.runs.{label} (algorithm={run.algorithm!r})", list(run.keys()), allowed)
 
 
 def factory_kwargs(label: str, run, ctx) -> dict[str, Any]:
@@ -547,6 +548,9 @@ def build_algorithm(label: str, run_cfg, ctx):
   ``config.runs.<label>``) on the shared context (with its ``report`` hook where the spec's
   ``wrap`` adds one: B-HFL's table by level, GroupPerFL's fine-tune stage and tables)."""
   spec = _spec(label, run_cfg)
+  if "adapters" in run_cfg:
+    validate_run(label, run_cfg)
+    return _with_adapters(label, run_cfg, ctx)
   kw = factory_kwargs(label, run_cfg, ctx)
   if kw.get("chunk_size") == "tune":
     kw = resolve_chunk_size(kw, _tune_slots(kw, ctx), spec.factory, ctx)
@@ -573,3 +577,54 @@ def _builder(name: str):
 
 BUILDERS = {name: _builder(name) for name in SPECS}
 """``BUILDERS[name](run_config, context)``: :func:`build_algorithm` by algorithm name."""
+
+
+# ------------------------------------------------------------------------ adapters (LoRA)
+ADAPTER_ALGORITHMS = ("fedavg", "fedopt", "hierfavg", "fedprox", "ditto", "grouppfl")
+"""Algorithms whose run may set ``adapters: {kind: lora, rank, alpha, targets}``: their model
+becomes LoRA adapters on a frozen base (:mod:`fedtree.core.lora`)."""
+ADAPTER_KINDS = ("lora",)
+
+
+def adapters_from_config(label: str, run):
+  """The :class:`~fedtree.core.lora.LoRA` spec of ``config.runs.<label>.adapters`` (``None``
+  without one): ``{kind: "lora", rank: 8, alpha: 16.0, targets: (regex, ...)}``."""
+  from fedtree.core import lora
+
+  if "adapters" not in run or run.adapters is None:
+    return None
+  where = f"config.runs.{label}.adapters"
+  cfg = dict(run.adapters)
+  check_fields(where, list(cfg), ("kind", "rank", "alpha", "targets"))
+  kind = cfg.pop("kind", "lora")
+  if kind not in ADAPTER_KINDS:
+    raise ValueError(f"{where}.kind={kind!r}; choose one of {ADAPTER_KINDS}")
+  if "targets" in cfg and not isinstance(cfg["targets"], str):
+    cfg["targets"] = tuple(cfg["targets"])
+  try:
+    return lora.lora(**cfg)
+  except ValueError as e:
+    raise ValueError(f"{where}: {e}") from e
+
+
+def _with_adapters(label: str, run_cfg, ctx):
+  """Run ``label`` with its model as adapters on the frozen base: the run's ``init_params``
+  (e.g. a pretrained model), else ``model.init`` of the config's seed (stream ``"base"``)."""
+  from fedtree.core import lora
+  from fedtree.core.rng import stream
+
+  spec = adapters_from_config(label, run_cfg)
+  base = ctx.initial_params(run_cfg, label)
+  if base is None:
+    base = ctx.model.init(stream(jax.random.key(int(ctx.config.seed)), "base"))
+  inner_run = ml_collections.ConfigDict(
+    {k: v for k, v in run_cfg.items() if k not in ("adapters", "init_params")})
+
+  def build(model):
+    return build_algorithm(label, inner_run, dataclasses.replace(ctx, model=model, init_params=None))
+
+  try:
+    lora.lora_targets(spec, base)
+  except ValueError as e:
+    raise ValueError(f"config.runs.{label}.adapters: {e}") from e
+  return lora.frozen_base(build, model=ctx.model, spec=spec, base=base)

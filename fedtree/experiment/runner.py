@@ -69,6 +69,8 @@ class Context:
     init_params: the parameters every run starts from (``config.init_params``, loaded and
       checked by :func:`fedtree.experiment.params.load_params`); ``None``: ``model.init``.
     group_names: the data's name of every group (``None``: unnamed).
+    vocab: the token of every id of a text dataset (``None``: not text); ``config.pretrain``
+      encodes its pretraining text with it (:mod:`fedtree.experiment.pretrain`).
     sharded_data: ``data`` with its client axis over the run's mesh (``config.mesh_shape``,
       :func:`fedtree.core.sharding.shard_data`), which rounds and evaluation run on; ``None``
       without a mesh. Across processes (``--multihost``) its arrays span devices this process
@@ -86,6 +88,7 @@ class Context:
   auto_chunk: tuning.ChunkPolicy | None = None
   init_params: Any = None
   group_names: tuple[str, ...] | None = None
+  vocab: tuple[str, ...] | None = None
   sharded_data: FederatedData | None = None
 
   @property
@@ -191,7 +194,7 @@ def make_context(config: ml_collections.ConfigDict) -> Context:
     config=config, data=as_device(data), groups=np.asarray(groups), topology=topology, model=model,
     local_optimizer=local_optimizer, schedule=schedule, central_test=central,
     auto_chunk=tuning.chunk_policy(model, local_optimizer, data.example_shape, schedule.batch_size),
-    init_params=init_params, group_names=info.group_names,
+    init_params=init_params, group_names=info.group_names, vocab=info.vocab,
   )
 
 
@@ -200,7 +203,7 @@ def run_algorithm(
   algorithm: FederatedAlgorithm, ctx: Context, key: jax.Array, reporter: Reporter, *,
   num_rounds: int, eval_every: int, rounds_per_call: int, label: str,
   checkpoint_dir: str | None = None, checkpoint_every: int = 0, keep_checkpoints: int = 2,
-  should_stop=None, round_metrics=None,
+  should_stop=None, round_metrics=None, adapters=None,
 ) -> tuple[Any, dict[str, dict[str, Any]]]:
   """Rounds with evaluation every ``eval_every`` rounds (:func:`fedtree.core.loop.run`);
   returns (state, final summaries), the summaries passed through ``algorithm.report`` when
@@ -212,6 +215,9 @@ def run_algorithm(
   compiled call; when it returns ``True`` the run raises :class:`RunStopped` with the last
   checkpoint kept. ``round_metrics(r) -> {name: number}`` adds host-computed numbers to round
   ``r``'s row and to every final summary (the privacy spent: ``epsilon``).
+  ``adapters`` (a :class:`~fedtree.core.lora.LoRA` spec): the algorithm's
+  models are adapters on the frozen base its state holds (:func:`fedtree.core.lora.frozen_base`),
+  scored with the base as an argument (:func:`fedtree.core.lora.base_evaluator`).
   """
   if eval_every < 1:
     raise ValueError(f"eval_every={eval_every} must be >= 1")
@@ -220,6 +226,12 @@ def run_algorithm(
   positive = positive_classes_from_config(ctx.config, ctx.data.num_classes)
   evaluator = make_evaluator(ctx.model, ctx.config.get("eval_chunk_size", None),
                              confusion=positive is not None)
+  evaluator_for = None
+  if adapters is not None:
+    from fedtree.core.lora import base_evaluator
+
+    evaluator_for = base_evaluator(ctx.model, adapters, ctx.config.get("eval_chunk_size", None),
+                                   confusion=positive is not None)
   state = algorithm.init(loop.init_key(key))
   initial = model_fingerprints(algorithm.models(state))
   ckpt = None
@@ -236,7 +248,8 @@ def run_algorithm(
   def evaluate(s, r):
     nonlocal summaries
     summaries = evaluation.evaluate_models(
-      algorithm, s, ctx.model, ctx.run_data, groups=ctx.groups, evaluator=evaluator,
+      algorithm, s, ctx.model, ctx.run_data, groups=ctx.groups,
+      evaluator=evaluator if evaluator_for is None else evaluator_for(s.base),
       positive_classes=positive,
     )
     check_summaries(label, r, summaries)
@@ -326,7 +339,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
     ['global']
   """
   from fedtree.experiment import sweep
-  from fedtree.experiment.registry import build_algorithm
+  from fedtree.experiment.registry import adapters_from_config, build_algorithm
 
   validate_config(config)
   swept = sweep.sweep_config(config) is not None
@@ -355,6 +368,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
     ctx = dataclasses.replace(ctx, sharded_data=shard_data(ctx.data, mesh))
   root = jax.random.key(int(config.seed))
   results: dict[str, Any] = {}
+  if config.get("pretrain", None) is not None:  # a pretrained base, trained now (issue 26)
+    from fedtree.experiment.pretrain import pretrain_context
+
+    ctx, results["pretrained"] = pretrain_context(ctx, reporter.print)
   budget = memory.Budget.of(ctx)
   try:
     for label, run_cfg in ordered_runs(config):
@@ -376,6 +393,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
           checkpoint_every=int(config.get("checkpoint_every", 0) or 0),
           keep_checkpoints=int(config.get("keep_checkpoints", 2)), should_stop=should_stop,
           round_metrics=privacy.round_metrics(label, run_cfg, ctx),
+          adapters=adapters_from_config(label, run_cfg),
         )
       results[label] = summaries
     if not swept:

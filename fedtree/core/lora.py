@@ -1,0 +1,316 @@
+"""Low-rank adapters (LoRA; Hu et al. 2022, "LoRA: Low-rank adaptation of large language
+models") on a frozen base model that is shared, never stacked, by every client and node.
+
+A :class:`LoRA` spec (rank ``r``, scaling ``alpha``, ``targets``: regular expressions over the
+``/``-joined parameter paths, e.g. ``attn0/query/kernel``, ``lstm1/w_h``) selects kernels ``W``
+(floating parameters with at least 2 axes) of a base model; each gets a pair ``A [d_in, r]``
+(random) and ``B [r, d_out]`` (zero), and the adapted kernel is ``W + (alpha / r) A B``. A kernel
+with more than 2 axes is a matrix split between its axes where the two sides are closest in
+size (attention's ``query [d, h, k]`` as ``[d, h·k]``, its ``out [h, k, d]`` as ``[h·k, d]``).
+
+:func:`adapted_model` turns a :class:`~fedtree.core.model.Model` and its base parameters into a
+Model whose parameters are the adapters only: ``init(key)`` returns fresh adapters (B = 0, so
+the adapted model starts equal to the base) and ``apply(adapters, x)`` runs the base with the
+adapters merged in. Every algorithm that takes a ``model`` then trains, stacks, sends and
+aggregates adapters as its "params", unchanged: one global adapter (FedAvg/FedOpt/HierFAVG),
+one per group (GroupPerFL's group stage), one per client (Ditto's personal models, GroupPerFL's
+fine-tuning), and the local step differentiates the adapters alone.
+
+The base must reach compiled programs as an *argument*. JAX 0.10 embeds an array that a jitted
+function closes over as a literal of the program (a 16 MB kernel is 32 MB of HLO text and a
+second copy held by the executable; measured in ``benchmarks/README.md``), and a round closes
+over its model. :func:`frozen_base` therefore wraps an algorithm: its state is
+:class:`FrozenBaseState` ``(base, inner)``, the base one unstacked copy beside the wrapped
+algorithm's state, and each round binds the model to the base it receives (a tracer) and
+builds the wrapped algorithm on it while tracing (factories are cheap host code, run once per
+compilation). :func:`base_evaluator` scores the adapters the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.metrics import make_evaluator
+from fedtree.core.model import Model
+
+PyTree = Any
+
+DEFAULT_TARGETS = (r"kernel$|(^|/)w_[xh]$",)
+"""Every flax ``Dense``/``DenseGeneral``/attention/conv ``kernel`` and the LSTM's input and
+recurrent matrices (:class:`fedtree.models.lm.LSTMLayer`)."""
+
+
+class LoRA(NamedTuple):
+  """Which kernels get adapters and their shape.
+
+  Attributes:
+    rank: ``r >= 1``, the inner dimension of ``A [d_in, r]`` and ``B [r, d_out]``.
+    alpha: the scaling numerator: the update is ``(alpha / r) A B``.
+    targets: regular expressions searched (:func:`re.search`) in every ``/``-joined parameter
+      path; a kernel matched by any of them is adapted.
+  """
+
+  rank: int = 8
+  alpha: float = 16.0
+  targets: tuple[str, ...] = DEFAULT_TARGETS
+
+  @property
+  def scale(self) -> float:
+    return float(self.alpha) / int(self.rank)
+
+
+def lora(*, rank: int = 8, alpha: float = 16.0, targets: str | Sequence[str] = DEFAULT_TARGETS) -> LoRA:
+  """A validated :class:`LoRA` spec (``targets``: one pattern or several).
+
+  Raises:
+    ValueError: ``rank < 1``, ``alpha`` not a positive finite number, no target, or a target
+      that is not a regular expression.
+  """
+  if isinstance(rank, bool) or int(rank) != rank or int(rank) < 1:
+    raise ValueError(f"LoRA rank={rank!r} must be an integer >= 1")
+  if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
+    raise ValueError(f"LoRA alpha={alpha!r} must be a finite number > 0")
+  targets = (targets,) if isinstance(targets, str) else tuple(targets)
+  if not targets:
+    raise ValueError("LoRA targets=() selects no kernel; give at least one pattern, e.g. 'kernel$'")
+  for t in targets:
+    try:
+      re.compile(t)
+    except (re.error, TypeError) as e:
+      raise ValueError(f"LoRA target {t!r} is not a regular expression: {e}") from e
+  return LoRA(rank=int(rank), alpha=float(alpha), targets=tuple(str(t) for t in targets))
+
+
+# ------------------------------------------------------------------------ paths and targets
+def param_paths(params: PyTree) -> list[str]:
+  """The ``/``-joined path of every leaf of ``params`` (``attn0/query/kernel``)."""
+  return [jax.tree_util.keystr(p, simple=True, separator="/")
+          for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+
+
+def _is_kernel(leaf) -> bool:
+  return len(np.shape(leaf)) >= 2 and jnp.issubdtype(jnp.result_type(leaf), jnp.floating)
+
+
+def matrix_split(shape: Sequence[int]) -> int:
+  """The number of leading (input) axes of a kernel of ``shape`` seen as a matrix: the split
+  whose two sides are closest in size (ties: fewer input axes); 1 for a 2-D kernel."""
+  shape = tuple(int(s) for s in shape)
+  sides = [abs(math.prod(shape[:k]) - math.prod(shape[k:])) for k in range(1, len(shape))]
+  return 1 + int(np.argmin(sides))
+
+
+def lora_targets(spec: LoRA, params: PyTree) -> dict[str, tuple[int, int]]:
+  """``{path: (d_in, d_out)}`` of every kernel of ``params`` that ``spec`` adapts.
+
+  Raises:
+    ValueError: the model has no kernel at all, or a pattern of ``spec.targets`` matches none
+      of its kernels; the message names the pattern and lists the parameter paths.
+  """
+  leaves = [(jax.tree_util.keystr(p, simple=True, separator="/"), leaf)
+            for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]]
+  kernels = {path: np.shape(leaf) for path, leaf in leaves if _is_kernel(leaf)}
+  if not kernels:
+    raise ValueError(
+      f"LoRA targets {list(spec.targets)}: the model has no kernel (floating parameter with >= 2 "
+      f"axes) to adapt; its parameters are {[f'{p} {tuple(np.shape(v))}' for p, v in leaves]}")
+  listing = [f"{p} {tuple(s)}" for p, s in kernels.items()]
+  out: dict[str, tuple[int, int]] = {}
+  for pattern in spec.targets:
+    hits = [p for p in kernels if re.search(pattern, p)]
+    if not hits:
+      others = [p for p, _ in leaves if p not in kernels and re.search(pattern, p)]
+      also = f" (it matches only non-kernel parameters {others})" if others else ""
+      raise ValueError(f"LoRA target {pattern!r} matches no kernel of the model{also}; its kernels "
+                       f"are {listing}")
+    for p in hits:
+      shape = kernels[p]
+      k = matrix_split(shape)
+      out[p] = (math.prod(shape[:k]), math.prod(shape[k:]))
+  return out
+
+
+# ------------------------------------------------------------------------ adapters
+def init_adapters(spec: LoRA, params: PyTree, key: jax.Array) -> PyTree:
+  """Fresh adapters for ``params``: a nested dict mirroring the parameters' nesting, with
+  ``{"a": A [d_in, r], "b": B [r, d_out]}`` in place of every adapted kernel and nothing
+  elsewhere. ``A ~ N(0, 1/d_in)``, ``B = 0`` (so the adapted model starts as the base); the
+  kernel's dtype. Only shapes of ``params`` are read (abstract values work)."""
+  targets = lora_targets(spec, params)
+  dtypes = {jax.tree_util.keystr(p, simple=True, separator="/"): jnp.result_type(leaf)
+            for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+  out: dict = {}
+  for i, (path, (d_in, d_out)) in enumerate(sorted(targets.items())):
+    node = out
+    *parents, last = path.split("/")
+    for name in parents:
+      node = node.setdefault(name, {})
+    dtype = dtypes[path]
+    a = jax.random.normal(jax.random.fold_in(key, i), (d_in, spec.rank), jnp.float32) / math.sqrt(d_in)
+    node[last] = {"a": a.astype(dtype), "b": jnp.zeros((spec.rank, d_out), dtype)}
+  return out
+
+
+def _adapter_of(adapters: PyTree, path: str):
+  node = adapters
+  for name in path.split("/"):
+    if not isinstance(node, dict) or name not in node:
+      return None
+    node = node[name]
+  return node
+
+
+def merge(spec: LoRA, params: PyTree, adapters: PyTree) -> PyTree:
+  """``params`` with every adapted kernel replaced by ``W + (alpha / r) A B`` (the kernel's
+  shape and dtype): the full model the adapters define. Merging zero-B adapters returns the
+  base's values."""
+
+  def one(path, w):
+    pair = _adapter_of(adapters, jax.tree_util.keystr(path, simple=True, separator="/"))
+    if pair is None:
+      return w
+    delta = (pair["a"] @ pair["b"]) * jnp.asarray(spec.scale, pair["a"].dtype)
+    return w + delta.reshape(w.shape).astype(w.dtype)
+
+  return jax.tree_util.tree_map_with_path(one, params)
+
+
+def adapter_count(adapters: PyTree) -> int:
+  """Number of adapter parameters (what a client trains and sends)."""
+  return int(sum(np.prod(np.shape(a)) for a in jax.tree.leaves(adapters)))
+
+
+def adapted_model(model: Model, spec: LoRA, base: PyTree) -> Model:
+  """``model`` whose parameters are LoRA adapters on the frozen ``base``.
+
+  ``init(key)`` returns fresh adapters (:func:`init_adapters`); ``apply(adapters, x, train=,
+  rng=)`` is ``model.apply(merge(base, adapters), x, ...)``. Gradients of a loss of ``apply``
+  with respect to its parameters are gradients of the adapters only: the base is a constant
+  of the function. Inside a jitted round ``base`` should be the round's argument (a tracer; see
+  :func:`frozen_base`), so that it is not embedded in the program.
+
+  Raises:
+    ValueError: as :func:`lora_targets` (checked now, before anything compiles).
+  """
+  lora_targets(spec, base)
+
+  def init(key):
+    return init_adapters(spec, base, key)
+
+  def apply(adapters, x, *, train: bool = False, rng: jax.Array | None = None):
+    return model.apply(merge(spec, base, adapters), x, train=train, rng=rng)
+
+  return model._replace(init=init, apply=apply)
+
+
+# ------------------------------------------------------------------------ the frozen base in a run
+@struct.dataclass
+class FrozenBaseState:
+  """State of an algorithm whose model is adapters on a frozen base (:func:`frozen_base`).
+
+  Attributes:
+    base: the frozen base parameters, one copy (no client or node axis); never updated.
+    inner: the wrapped algorithm's state, whose models (stacked ``[N, ...]`` per node,
+      ``[C, ...]`` per client) are adapters.
+  """
+
+  base: PyTree
+  inner: Any
+
+  @property
+  def round(self) -> jax.Array:
+    """``int32[]`` rounds completed (the wrapped state's)."""
+    return self.inner.round
+
+
+def frozen_base(
+  build: Callable[[Model], FederatedAlgorithm], *, model: Model, spec: LoRA, base: PyTree,
+) -> FederatedAlgorithm:
+  """The algorithm ``build(adapted_model(model, spec, base))`` with ``base`` passed to its
+  compiled rounds as state (:class:`FrozenBaseState`) instead of baked into them.
+
+  Args:
+    build: ``build(model) -> FederatedAlgorithm``, e.g. ``lambda m: fedavg(model=m, ...)``;
+      called once here (validation happens now) and once per trace of ``round``.
+    model: the base model (parameters = the full model).
+    spec: the adapters (:func:`lora`).
+    base: the base parameters (e.g. a pretrained model), shared by every node and client.
+
+  Returns:
+    The wrapped algorithm: ``init``, ``round``, ``models`` (the adapters of every node and
+    client, as the wrapped algorithm names them; score them with :func:`base_evaluator`),
+    ``report`` (the wrapped one's, run on the host with the base bound as a constant),
+    ``name`` and ``rounds`` as the wrapped algorithm's.
+
+  Example:
+    FedAvg of rank-2 adapters on a frozen MLP, one round:
+
+    >>> import jax, optax
+    >>> from fedtree.algorithms import fedavg
+    >>> from fedtree.core import loop
+    >>> from fedtree.core.local import LocalSchedule
+    >>> from fedtree.datasets.synthetic import grouped_synthetic
+    >>> from fedtree.models import build_model
+    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
+    >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(16,))
+    >>> base = model.init(jax.random.key(0))
+    >>> alg = frozen_base(lambda m: fedavg(model=m, data=data, local_optimizer=optax.sgd(0.1),
+    ...                                    schedule=LocalSchedule(batch_size=8, steps=2)),
+    ...                   model=model, spec=lora(rank=2), base=base)
+    >>> state = loop.run(alg, data, num_rounds=1, key=jax.random.key(1))
+    >>> param_paths(alg.models(state)["global"].params)
+    ['Dense_0/kernel/a', 'Dense_0/kernel/b', 'Dense_1/kernel/a', 'Dense_1/kernel/b']
+  """
+  # The template (validation, ``init``, ``models``, name) sees the base's shapes only, so that
+  # nothing but the state holds the base's arrays.
+  shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), base)
+  template = build(adapted_model(model, spec, shapes))
+
+  def on(b) -> FederatedAlgorithm:
+    return build(adapted_model(model, spec, b))
+
+  def init(key):
+    # a copy: the round loop donates the state's buffers, which must not delete the caller's base
+    return FrozenBaseState(base=jax.tree.map(lambda a: jnp.array(a, copy=True), base),
+                           inner=template.init(key))
+
+  def round_fn(state: FrozenBaseState, data, key):
+    inner, metrics = on(state.base).round(state.inner, data, key)
+    return FrozenBaseState(base=state.base, inner=inner), metrics
+
+  def models(state: FrozenBaseState):
+    return template.models(state.inner)
+
+  def report(state: FrozenBaseState, data, key, summaries):
+    inner_report = on(state.base).report
+    assert inner_report is not None  # only offered when the template has one
+    return inner_report(state.inner, data, key, summaries)
+
+  return FederatedAlgorithm(init=init, round=round_fn, models=models, name=template.name,
+                            report=report if template.report is not None else None,
+                            rounds=template.rounds)
+
+
+def base_evaluator(model: Model, spec: LoRA, chunk_size: int | None = None, *, confusion: bool = False):
+  """``evaluator_for(base) -> evaluator``: :func:`fedtree.core.metrics.make_evaluator` of the
+  adapted model with ``base`` an argument of one compiled program (compiled once, whatever
+  base it is given), so that evaluating adapters never embeds the base as a constant."""
+
+  @jax.jit
+  def run(base, params, x, y, n, moc):
+    return make_evaluator(adapted_model(model, spec, base), chunk_size, confusion=confusion)(
+      params, x, y, n, moc)
+
+  def evaluator_for(base):
+    return lambda params, x, y, n, moc: run(base, params, x, y, n, moc)
+
+  return evaluator_for
