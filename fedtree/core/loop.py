@@ -10,7 +10,7 @@ is an argument: the evaluation cadence (``eval_every`` + ``on_eval``), a checkpo
 (``on_call``), a metrics/progress hook (``on_metrics``), a stop request (``should_stop``,
 e.g. set by a signal handler). Nothing here reads a config or writes a file.
 
-Compiled fused-round functions are cached per ``(algorithm, rounds per call)``
+Compiled fused-round functions are cached per ``(algorithm.round, rounds per call)``
 (:func:`compile_rounds`), so calling :func:`run` again with ``state=...`` (stepping through
 rounds from Python) or running stage after stage compiles once per distinct fuse length.
 
@@ -123,8 +123,10 @@ def make_multi_round(algorithm: FederatedAlgorithm, rounds_per_call: int,
 
 
 class CompileCache:
-  """Jitted fused-round functions by ``(algorithm, rounds per call, donate, check)``; keeps
-  the ``maxsize`` most recently used (each holds its algorithm's closures alive)."""
+  """Jitted fused-round functions by ``(algorithm.round, rounds per call, donate, check)`` (the
+  compiled program depends on the round function alone, so algorithms that share it, such as
+  the chunks of a sweep, :func:`fedtree.core.sweep.sweep`, share their compiles); keeps the
+  ``maxsize`` most recently used (each holds its algorithm's closures alive)."""
 
   def __init__(self, maxsize: int = 32):
     self.maxsize = int(maxsize)
@@ -133,11 +135,11 @@ class CompileCache:
 
   def get(self, algorithm: FederatedAlgorithm, rounds_per_call: int, donate: bool = True,
           check_state: bool = True):
-    key = (algorithm, int(rounds_per_call), bool(donate), bool(check_state))
+    key = (algorithm.round, int(rounds_per_call), bool(donate), bool(check_state))
     with self._lock:
       try:
         fn = self._fns.pop(key)
-      except TypeError:  # an algorithm with an unhashable field: no caching
+      except TypeError:  # an unhashable round (a callable object): no caching
         return _jit(algorithm, rounds_per_call, donate, check_state)
       except KeyError:
         fn = _jit(algorithm, rounds_per_call, donate, check_state)
