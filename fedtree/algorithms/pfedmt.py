@@ -53,8 +53,11 @@ import numpy as np
 from flax import struct
 
 from fedtree.core.algorithm import (
+  CLIENT_ROWS,
+  UNNAMED,
   FederatedAlgorithm,
   NodeModels,
+  RowName,
   check_weighting,
   client_weights,
   initial_params,
@@ -90,6 +93,11 @@ class PFedMTState:
   team_params: object
   client_state: object
   cursor: object = ()
+
+  def row_names(self) -> PFedMTState:
+    """Rows: the teams (``team_params``), the devices (client state, cursors)."""
+    return self.replace(round=UNNAMED, params=RowName("row", "the global model"),
+                        team_params=RowName("team"), client_state=CLIENT_ROWS, cursor=CLIENT_ROWS)
 
 
 def pfedmt(

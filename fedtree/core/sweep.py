@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fedtree.core.algorithm import FederatedAlgorithm, NodeModels
+from fedtree.core.algorithm import UNNAMED, FederatedAlgorithm, NodeModels, RowName, row_names_of
 from fedtree.core.loop import init_key
 
 Builder = Callable[[dict], FederatedAlgorithm]
@@ -54,6 +54,14 @@ class SweepState:
   inner: Any
   keys: jax.Array
   hparams: dict
+
+  def row_names(self) -> SweepState:
+    """Every row is an experiment; the inner state's names say which part of it."""
+    return SweepState(round=UNNAMED, inner=row_names_of(self.inner),  # type: ignore[arg-type]
+                      keys=EXPERIMENT_ROWS, hparams=EXPERIMENT_ROWS)  # type: ignore[arg-type]
+
+
+EXPERIMENT_ROWS = RowName("experiment")
 
 
 def sweep(
