@@ -393,7 +393,7 @@ def test_a_diverging_experiment_is_named_by_setting_and_seed():
 
 def test_sweep_rows_keep_ints_and_tensorboard_runs_per_experiment(tmp_path):
   pytest.importorskip("tensorboardX")
-  from test_reliability import tensorboard_steps
+  from helpers import tensorboard_steps
 
   c = tiny(rounds=2)
   c.eval_every = 1
