@@ -20,7 +20,7 @@ if [ "$stage" = check ]; then
   python3 -c "import jax, jaxlib, flax, optax, torch; print('jax', jax.__version__, jax.devices(),
 'flax', flax.__version__, 'optax', optax.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())"
   timeout 200 python3 -m pytest -x -q -p no:cacheprovider tests/test_core_algorithms.py \
-    tests/test_precision.py tests/test_chunking.py 2>&1 | tail -15
+    tests/test_precision.py tests/test_tier.py tests/test_tuning.py 2>&1 | tail -15
   $T --workload=a --clients=10000 --variants --chunk-sweep=256,2500,5000,10000 --repeats=3 \
     --fused-rounds=5 --tag=gpu_sweep_a10000
   $T --workload=b --variants --repeats=3 --fused-rounds=10 --tag=gpu_sweep_b

@@ -1,4 +1,4 @@
-"""N experiments (seeds) as one compiled program vs N sequential runs (fedtree.experiment.sweep).
+"""N experiments (seeds) as one compiled program vs N sequential runs (fedtree.core.sweep).
 
   python -m benchmarks.sweep --n=1,8,32,128 --rounds=20 --out=benchmarks/results/sweep.json
 
@@ -8,7 +8,7 @@ Workloads: ``quickstart`` (FedAvg of configs/quickstart.py, 48 clients, cohort 1
 * ``sequential``: N runs one after another as the runner does them (a freshly built algorithm
   per run, so each compiles), wall time in total, and the same N runs with one compiled
   function reused (``sequential_warm_s``: compile excluded);
-* ``sweep``: the N seeds stacked into one program (:func:`fedtree.experiment.sweep.stacked_algorithm`
+* ``sweep``: the N seeds stacked into one program (:func:`fedtree.core.sweep.sweep`
   through :func:`fedtree.core.loop.run`), first call (compile + run) and a second run of the
   same compiled function (``sweep_warm_s``); ``compile_s`` is the difference.
 
@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from fedtree.core import loop
-from fedtree.experiment import sweep
+from fedtree.core.sweep import sweep
 
 
 def _block(state):
@@ -75,13 +75,12 @@ def measure(make, data, n: int, rounds: int, sequential_max: int | None = None) 
 
   alg = make()
   build = lambda hp: alg  # noqa: E731  (seeds only)
-  stacked = sweep.stacked_algorithm(build, label="bench", algorithm=alg.name, paths=[])
   cache = loop.CompileCache()
   times = []
-  for _ in range(2):
+  for _ in range(2):  # the second sweep shares the first's compiled round (one builder)
     t = time.perf_counter()
-    st = sweep.init_state(build, {}, list(range(n)), label="bench", algorithm=alg.name)
-    _block(loop.run(stacked, data, num_rounds=rounds, key=jax.random.key(0), state=st, cache=cache,
+    stacked = sweep(build, {}, list(range(n)), name=f"{alg.name}[sweep]")
+    _block(loop.run(stacked, data, num_rounds=rounds, key=jax.random.key(0), cache=cache,
                     check_finite=False))
     times.append(time.perf_counter() - t)
   return {"n": n, "rounds": rounds, "sequential_timed": timed, "sequential_s": seq,

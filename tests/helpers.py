@@ -102,3 +102,57 @@ ALGORITHM_CASES = {
 }
 """The smallest run config of every registered algorithm (its required fields; short
 warm-ups): test_conformance's cases and tests/multihost_config.py's runs."""
+
+
+def hierfavg_config(rounds=4):
+  """The quickstart's HierFAVG run alone, shrunk (3 groups of 8 clients, an 8-unit MLP), with
+  checkpoints every 2 rounds: the run of the resume, memory and command-line tests."""
+  import ml_collections
+  from config_files import load_config
+
+  c = load_config("quickstart")
+  c.rounds, c.eval_every, c.rounds_per_call, c.checkpoint_every, c.progress = rounds, 2, 1, 2, False
+  c.data.group_sizes = (4, 2, 2)
+  c.data.dim, c.data.max_examples, c.data.test_examples = 8, 20, 8
+  c.model.hidden = (8,)
+  c.runs = ml_collections.ConfigDict({"hierfavg": c.runs.hierfavg})
+  c.run_order = ("hierfavg",)
+  c.runs.hierfavg.cohort_size, c.runs.hierfavg.periods = 2, (2,)
+  return c
+
+
+def tensorboard_steps(folder) -> dict[str, list[int]]:
+  """``{tag: [step, ...]}`` of the scalars in every TensorBoard event file directly in ``folder``
+  (TFRecord framing read by hand, events decoded with tensorboardX's protos), in file order."""
+  import struct
+
+  from tensorboardX.proto import event_pb2
+
+  out: dict[str, list[int]] = {}
+  for path in sorted(folder.glob("events.out.tfevents.*")):
+    data = path.read_bytes()
+    pos = 0
+    while pos + 12 <= len(data):
+      (n,) = struct.unpack("<Q", data[pos:pos + 8])
+      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + n])
+      pos += 12 + n + 4
+      if event.file_version and event.step:  # a resumed writer's purge_step: TensorBoard drops
+        out = {t: [s for s in steps if s < event.step] for t, steps in out.items()}  # steps >= it
+      for v in event.summary.value:
+        out.setdefault(v.tag, []).append(int(event.step))
+  return out
+
+
+def poisoned_problem():
+  """``(model, data, bad)``: 6 synthetic clients, an MLP, and the data with client 1's features
+  NaN (its local training diverges)."""
+  from fedtree.core.data import as_device
+  from fedtree.datasets.synthetic import grouped_synthetic
+  from fedtree.models import build_model
+
+  data, _ = grouped_synthetic(group_sizes=(3, 3), dim=4, num_classes=3, mean_examples=6,
+                              min_examples=3, max_examples=8, test_examples=3, seed=1)
+  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(4,))
+  data = as_device(data)
+  bad = data.replace(x_train=data.x_train.at[1].set(np.nan))  # client 1 diverges
+  return model, data, bad

@@ -1,5 +1,5 @@
 """Runs ``train_and_evaluate`` on a config saved as JSON, killing itself with SIGKILL at a
-chosen point (tests/test_reliability.py's kill-and-resume tests).
+chosen point (tests/test_resume.py's kill-and-resume tests).
 
   python tests/kill_resume_driver.py CONFIG.json WORKDIR [KILL_ROUND WHERE]
 

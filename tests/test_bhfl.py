@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import close
+from helpers import close, count_traces
 
 from fedtree.algorithms.bhfl.asynchrony import Latency
 from fedtree.algorithms.bhfl.bhfl import bhfl, level_table, proxy_from_clients
@@ -139,13 +139,12 @@ def test_round_compiles_once_and_models_by_level():
   from fedtree.core import loop
 
   topo, data, model = _setup()
-  traces = []
   alg = bhfl(model=model, topology=topo, data=data, local_optimizer=optax.sgd(0.1),
              schedule=LocalSchedule(batch_size=3, epochs=1.0), cohort_size=1, periods=(2, 2, 1),
              down_optimizers=optax.sgd(0.5), residual_k=1, buffer_sizes=(None, 1, 1),
              latencies=Latency("exponential", mean=0.5),
              proxy={0: proxy_from_clients(data, topo, 0, 5)})
-  counted = alg._replace(round=lambda s, d, k: (traces.append(1), alg.round(s, d, k))[1])
+  counted, traces = count_traces(alg)
   state = alg.init(jax.random.key(0))
   step = loop.compile_rounds(counted, 3)
   for _ in range(3):
@@ -225,3 +224,27 @@ def test_persistent_clients_keep_their_own_models_with_partial_merges():
   edges = jax.tree.map(lambda p: p[topo.parent(3)], state.params[2])
   diff = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), clients, edges)
   assert max(jax.tree.leaves(diff)) > 1e-4          # η↓ = 0.5: clients stay personal
+
+
+def test_level_report_reuses_the_runs_evaluation_of_the_levels():
+  """The report's subtree columns are the run's own summaries of B-HFL's models (no second
+  scoring), and equal what the table scores itself; only the central set is scored."""
+  from fedtree import evaluation
+  from fedtree.algorithms.bhfl.bhfl import level_name
+
+  topo, data, model = _setup()
+  alg = bhfl(model=model, topology=topo, data=data, local_optimizer=optax.sgd(0.1),
+             schedule=LocalSchedule(batch_size=3, steps=2), down_optimizers=optax.sgd(0.5))
+  state = alg.init(jax.random.key(0))
+  state, _ = jax.jit(alg.round)(state, data, jax.random.key(1))
+  summaries = evaluation.evaluate_models(alg, state, model, data)
+  scored = level_table(model, state.params, topo, data)
+  reused = level_table(model, state.params, topo, data, summaries=summaries)
+  for a, b in zip(scored, reused, strict=True):  # the table's own sums are float32, the run's float64
+    assert a["subtree_accuracy"] == pytest.approx(b["subtree_accuracy"], rel=1e-6)
+    assert a["subtree_client_mean"] == pytest.approx(b["subtree_client_mean"], rel=1e-6)
+    assert a["central_accuracy"] == b["central_accuracy"]
+  fake = {level_name(lv, topo.depth): {"accuracy": 0.25, "client_mean_accuracy": 0.5}
+          for lv in range(topo.depth + 1)}
+  rows = level_table(model, state.params, topo, data, summaries=fake)
+  assert all(r["subtree_accuracy"] == 0.25 and r["subtree_client_mean"] == 0.5 for r in rows)

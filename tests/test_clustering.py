@@ -11,7 +11,7 @@ import optax
 import pytest
 import reference_clustering as ref
 from config_files import load_config
-from helpers import close
+from helpers import close, count_traces
 
 from fedtree import evaluation
 from fedtree.algorithms import awcfl, cfl, fedavg, ifca, mcfl
@@ -42,17 +42,6 @@ def problem():
   weights = np.asarray(data.n_train, np.float64)
   steps = np.full(data.num_clients, 3)
   return dict(data=data, flags=flags, model=model, kw=kw, weights=weights, steps=steps)
-
-
-def _counted(alg):
-  """``alg`` whose round counts its traces (a round must compile once)."""
-  traces = []
-
-  def round_fn(state, data, key):
-    traces.append(1)
-    return alg.round(state, data, key)
-
-  return alg._replace(round=round_fn), traces
 
 
 def _rows(tree, k):
@@ -137,25 +126,13 @@ def test_sample_mean_draws_without_replacement_from_real_rows():
     assert any(np.allclose(m, p) for p in pairs)
 
 
-def test_cluster_accuracy_by_hand():
-  correct = np.array([[9, 1, 8, 0], [2, 7, 1, 6]], float)   # model k on client c
-  count = np.full((2, 4), 10.0)
-  out = clustering.cluster_accuracy(correct, count, np.array([0, 1, 0, 1]))
-  assert out["intra_cluster_accuracy"] == pytest.approx((9 + 7 + 8 + 6) / 40)
-  assert out["inter_cluster_accuracy"] == pytest.approx((1 + 0 + 2 + 1) / 40)
-  assert out["num_clusters"] == 2
-  chosen = clustering.cluster_accuracy(correct, count, np.array([0, 1, 0, 1]), np.array([0, 1, 0, 1]),
-                                       chosen_by_data=True)
-  assert chosen["inter_cluster_accuracy"] == pytest.approx(chosen["intra_cluster_accuracy"])
-  assert np.isnan(clustering.cluster_accuracy(correct, count, np.zeros(4, int))["inter_cluster_accuracy"])
-
-
 # ------------------------------------------------------------------ algorithms vs loops
 def test_awcfl_matches_reference(problem):
   """Round 1 without clustering (FedAvg into every cluster), round 2 clustered and mixed
   (beta = 0, plain K-means clustered FL, is checked through MCFL below)."""
   p, k, beta = problem, 2, 0.3
-  alg, traces = _counted(awcfl(num_clusters=k, beta=beta, cluster_start_round=1, kmeans_iters=5, **p["kw"]))
+  alg, traces = count_traces(awcfl(num_clusters=k, beta=beta, cluster_start_round=1, kmeans_iters=5,
+                                   **p["kw"]))
   step = jax.jit(alg.round)
   state = alg.init(jax.random.key(0))
   params, cluster_of = _rows(state.params, k), np.zeros(6, np.int64)
@@ -182,7 +159,7 @@ def test_awcfl_one_cluster_beta0_is_fedavg(problem):
 
 def test_ifca_matches_reference_and_picks_min_loss(problem):
   p, k = problem, 3
-  alg, traces = _counted(ifca(num_clusters=k, **p["kw"]))
+  alg, traces = count_traces(ifca(num_clusters=k, **p["kw"]))
   step = jax.jit(alg.round)
   state = alg.init(jax.random.key(1))
   params = _rows(state.params, k)
@@ -205,7 +182,7 @@ def test_ifca_matches_reference_and_picks_min_loss(problem):
 
 def test_cfl_matches_reference_and_splits_flipped_clients(problem):
   p, k = problem, 3
-  alg, traces = _counted(cfl(max_clusters=k, eps1=1e3, eps2=1e-4, **p["kw"]))   # split whenever possible
+  alg, traces = count_traces(cfl(max_clusters=k, eps1=1e3, eps2=1e-4, **p["kw"]))   # split whenever possible
   step = jax.jit(alg.round)
   state = alg.init(jax.random.key(0))
   params, cluster_of, used = _rows(state.params, k), np.zeros(6, np.int64), 1
@@ -231,7 +208,7 @@ def test_mcfl_is_awcfl_beta0_and_picks_the_nearest_cluster_feature(problem):
   reference's per-cluster means; then its picks, and the intra/inter report."""
   p, k = problem, 2
   big = int(max(p["data"].max_train, p["data"].x_test.shape[1]))   # n >= every client: whole-data means
-  alg, traces = _counted(mcfl(num_clusters=k, cluster_start_round=1, kmeans_iters=5, feature_examples=big,
+  alg, traces = count_traces(mcfl(num_clusters=k, cluster_start_round=1, kmeans_iters=5, feature_examples=big,
                               **p["kw"]))
   step = jax.jit(alg.round)
   state = alg.init(jax.random.key(5))
@@ -455,24 +432,6 @@ def test_hungarian_matching_is_invariant_to_relabelling():
     np.testing.assert_array_equal(shuffled, labels[perm])
 
 
-def test_adjusted_rand_index_by_hand():
-  ari = clustering.adjusted_rand_index
-  assert ari([0, 0, 1, 1], [1, 1, 0, 0]) == pytest.approx(1.0)
-  # [0,0,1,2] vs [0,0,1,1]: 6 pairs; same in a: {01}; same in b: {01, 23}; both: {01};
-  # E = 1 * 2 / 6 = 1/3; ARI = (1 - 1/3) / (1.5 - 1/3) = 4/7
-  assert ari([0, 0, 1, 2], [0, 0, 1, 1]) == pytest.approx(4 / 7)
-  # [0,0,0,1,1,1] vs [0,0,1,1,2,2]: 15 pairs; a: 6; b: 3; both: 2 ({01}, {45});
-  # E = 6 * 3 / 15 = 1.2; ARI = (2 - 1.2) / (4.5 - 1.2) = 0.8 / 3.3
-  assert ari([0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 2, 2]) == pytest.approx(0.8 / 3.3)
-  assert ari([0, 0, 0], [5, 5, 5]) == 1.0
-  rng = np.random.default_rng(0)
-  for _ in range(3):
-    a, b = rng.integers(0, 3, 12), rng.integers(0, 4, 12)
-    assert ari(a, b) == pytest.approx(ref.adjusted_rand_index(a, b))
-  with pytest.raises(ValueError, match="labels_pred has 2"):
-    ari([0, 1, 1], [0, 1])
-
-
 def test_split_separation_check_by_hand():
   """Sattler's check: two opposite groups split; three directions 120 degrees apart do not."""
   def split(u, check=True):
@@ -563,7 +522,7 @@ def test_mcfl_cfl_picks_its_own_clusters_model_on_separated_data():
   state = loop.run(alg, data, num_rounds=4, key=jax.random.key(0))
   cl = np.asarray(state.cluster_of)
   assert int(state.num_clusters) == 2
-  assert clustering.adjusted_rand_index(truth, cl) == pytest.approx(1.0)   # CFL found the groups
+  assert metrics.adjusted_rand_index(truth, cl) == pytest.approx(1.0)   # CFL found the groups
   np.testing.assert_array_equal(np.asarray(select_clusters(state, "l2")), cl)
   out = evaluation.evaluate_models(alg, state, model, data, groups=truth)
   assert out["selected"]["adjusted_rand_index"] == pytest.approx(1.0)

@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 import reference as ref
+from helpers import count_traces
 
 from fedtree.algorithms.hierfavg import fedavg, hierfavg
 from fedtree.core.data import as_device
@@ -253,11 +254,10 @@ def test_padding_is_never_used(problem):
 
 def test_round_compiles_once(problem):
   data, groups, model = problem
-  traces = []
   alg = hierfavg(model=model, topology=Topology.from_labels(groups), data=data,
                  local_optimizer=optax.sgd(LR), schedule=LocalSchedule(batch_size=B, epochs=1),
                  periods=(2,), cohort_size=2)
-  counted = alg._replace(round=lambda s, d, k: (traces.append(1), alg.round(s, d, k))[1])
+  counted, traces = count_traces(alg)
   step = compile_rounds(counted, rounds_per_call=3)
   state = counted.init(jax.random.key(0))
   for _ in range(6):

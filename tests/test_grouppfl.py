@@ -9,7 +9,7 @@ import optax
 import pytest
 import reference_personalization as ref
 from config_files import load_config
-from helpers import close, row
+from helpers import close, count_traces, row
 
 from fedtree import experiment
 from fedtree.algorithms.grouppfl.grouppfl import group_fedopt
@@ -147,7 +147,7 @@ def test_group_stage_is_fedadam_per_group_without_mixing(small):
     upd, _ = server.update(delta, server.init(start), start)
     close(row(new.params[1], g), optax.apply_updates(start, upd))
   # Costs: every client trained once (cohort = whole group): 2 transfers, 1 epoch.
-  costs = new.client_state[1]
+  costs = new.client_state.costs
   np.testing.assert_array_equal(np.asarray(costs.transfers), 2.0)
   np.testing.assert_allclose(np.asarray(costs.epochs), 1.0)
   assert int(metrics["clients_trained"]) == data.num_clients
@@ -158,16 +158,11 @@ def test_group_stage_costs_count_sampled_clients_only(small):
   alg = group_fedopt(model=model, groups=groups, data=data, local_optimizer=optax.sgd(0.1),
                      schedule=LocalSchedule(batch_size=B, epochs=2), cohort_size=1,
                      server_optimizer=fedopt("adam", learning_rate=0.01))
-  traces = []
-
-  def counted(s, d, k):
-    traces.append(1)
-    return alg.round(s, d, k)
-
-  state = loop.run(alg._replace(round=counted), data, num_rounds=5, key=jax.random.key(0),
+  counted, traces = count_traces(alg)
+  state = loop.run(counted, data, num_rounds=5, key=jax.random.key(0),
                          rounds_per_call=1)
   assert len(traces) == 1  # the group round compiles once
-  costs = state.client_state[1]
+  costs = state.client_state.costs
   # One client per group per round: 2 groups x 5 rounds participations in all.
   assert int(np.sum(np.asarray(costs.rounds))) == 10
   np.testing.assert_allclose(np.asarray(costs.transfers), 2.0 * np.asarray(costs.rounds))

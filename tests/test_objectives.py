@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 import reference_personalization as ref
-from helpers import close, row
+from helpers import close, count_traces, row
 
 from fedtree import objectives
 from fedtree.algorithms.ditto import ditto
@@ -263,14 +263,8 @@ def test_rounds_compile_once(setup):
                                  **kw),
                lambda kw: perfedavg(alpha=0.1, beta=0.1, variant="hf", **kw)):
     alg = make(_kw(data, model, schedule, cohort_size=2))
-    traces = []
-
-    def counted(state, d, key, alg=alg, traces=traces):
-      traces.append(1)
-      return alg.round(state, d, key)
-
-    alg2 = alg._replace(round=counted)
-    loop.run(alg2, data, num_rounds=4, key=jax.random.key(0), rounds_per_call=2)
+    counted, traces = count_traces(alg)
+    loop.run(counted, data, num_rounds=4, key=jax.random.key(0), rounds_per_call=2)
     assert len(traces) == 1, alg.name
 
 

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import np_grad
+from helpers import count_traces, np_grad
 
 from fedtree.algorithms.pfedmt import pfedmt
 from fedtree.core.data import as_device, from_client_arrays
@@ -238,10 +238,9 @@ def test_round_compiles_once():
   data = _data([4, 5, 6, 3])
   topo = Topology.from_labels([0, 0, 1, 1])
   model = build_model("logreg", example_shape=(3,), num_classes=3)
-  traces = []
   alg = pfedmt(model=model, topology=topo, data=data, schedule=_sched(2, 2),
                team_iters=2, **HP)
-  counted = alg._replace(round=lambda s, d, k: (traces.append(1), alg.round(s, d, k))[1])
+  counted, traces = count_traces(alg)
   state = alg.init(jax.random.key(0))
   step = loop.compile_rounds(counted, 2)
   for _ in range(3):

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedtree.core.server import fedopt, optimizer_from_config, schedule_from_config
+from fedtree.core.server import fedopt, optimizer_from_config, schedule_from_config, server_optimizer
 
 DELTAS = [np.array([0.5, -2.0]), np.array([-1.0, 0.25]), np.array([0.3, 0.3])]
 
@@ -123,3 +123,13 @@ def test_bad_offset_and_schedule():
     fedopt("adam", learning_rate=0.1, bias_correction_offset=-1)
   with pytest.raises(ValueError, match="choose one of"):
     schedule_from_config({"name": "_schedule"})
+
+
+def test_server_optimizer_names():
+  assert server_optimizer("fedavg") is not None and server_optimizer("adam", learning_rate=0.1)
+  with pytest.raises(ValueError, match="neither one of"):
+    server_optimizer("fedbogus")
+  with pytest.raises(ValueError, match="needs a learning_rate"):
+    server_optimizer("fedadam")
+  with pytest.raises(ValueError, match="rejected hyperparameters"):
+    server_optimizer("sgd", learning_rate=1.0, bogus=2)

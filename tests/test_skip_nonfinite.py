@@ -4,10 +4,11 @@ on the data without that client (batches in a fixed order and every client sampl
 nothing else depends on which clients exist)."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import close
+from helpers import close, poisoned_problem
 
 from fedtree.algorithms.bhfl import bhfl
 from fedtree.algorithms.clustering import ifca
@@ -143,3 +144,54 @@ def test_grouppfl_skips_a_nonfinite_client(problem):
                     global_rounds=1, group_rounds=1, stages=("global", "group"), skip_nonfinite=True)
 
   check_skips(make, data, groups, lambda alg, s: {k: alg.models(s)[k].params for k in ("FL", "GroupFL")})
+
+
+# ------------------------------------------------------------------------ the tier and the loop
+def test_skip_nonfinite_gives_a_bad_client_weight_zero():
+  """train_cohort(skip_nonfinite=True) on data where client 1 is NaN = the weighted mean of
+  the other clients' deltas from a clean run (clients are keyed by index, so they match)."""
+  import optax
+
+  from fedtree.core.algorithm import local_training
+  from fedtree.core.local import LocalSchedule
+  from fedtree.core.sampling import cohort_sampler
+  from fedtree.core.tier import train_cohort
+
+  model, data, bad = poisoned_problem()
+  sched = LocalSchedule(batch_size=2, epochs=1)
+  update = local_training(None, model, optax.sgd(0.1), sched, data)
+  theta = jax.tree.map(lambda p: p[None], model.init(jax.random.key(0)))
+  cohort = cohort_sampler(np.zeros(data.num_clients, np.int32), None)(jax.random.key(1))
+  kw = dict(num_steps=sched.num_steps(data.n_train), weights=data.n_train.astype(jnp.float32),
+            key=jax.random.key(2), chunk_size=2)
+  clean = train_cohort(update, theta, cohort, data, keep_client_params=True, **kw)
+  skipped = train_cohort(update, theta, cohort, bad, skip_nonfinite=True, **kw)
+  assert int(skipped.num_skipped) == 1 and int(skipped.num_trained) == data.num_clients - 1
+  slot = {int(c): i for i, c in enumerate(np.asarray(cohort.clients))}
+  w = np.asarray(data.n_train, np.float64)
+  w[1] = 0.0
+  expect = jax.tree.map(
+    lambda t, cp: sum(w[c] * (np.asarray(t[0]) - np.asarray(cp[slot[c]])) for c in range(len(w)))
+    / w.sum(), theta, clean.client_params)
+  for a, b in zip(jax.tree.leaves(skipped.pseudo_gradient()), jax.tree.leaves(expect), strict=True):
+    np.testing.assert_allclose(np.asarray(a)[0], b, atol=1e-6)
+  unskipped = train_cohort(update, theta, cohort, bad, **kw)
+  assert not all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(unskipped.pseudo_gradient()))
+
+
+def test_fedavg_skip_nonfinite_counts_skipped_clients_and_stays_finite():
+  import optax
+
+  from fedtree.algorithms.hierfavg import fedavg
+  from fedtree.core.local import LocalSchedule
+
+  model, _, bad = poisoned_problem()
+  kw = dict(model=model, data=bad, local_optimizer=optax.sgd(0.1),
+            schedule=LocalSchedule(batch_size=2, epochs=1))
+  rows = []
+  state = loop.run(fedavg(skip_nonfinite=True, **kw), bad, num_rounds=2, key=jax.random.key(0),
+                   on_metrics=lambda r, m: rows.append(m))
+  assert [m["clients_skipped"] for m in rows] == [1, 1]
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.params))
+  with pytest.raises(loop.NonFiniteLossError, match="diverged at round 1"):
+    loop.run(fedavg(**kw), bad, num_rounds=2, key=jax.random.key(0))

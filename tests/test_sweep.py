@@ -14,6 +14,7 @@ from config_files import load_config
 
 from fedtree import experiment
 from fedtree.core import loop
+from fedtree.core import sweep as stacked
 from fedtree.experiment import runner, sweep
 from fedtree.experiment.registry import build_algorithm
 from fedtree.experiment.reporting import Reporter
@@ -57,11 +58,8 @@ def swept(config, label):
   exps = [(s, config.seed + j) for s in settings for j in range(seeds)]
   paths = sorted(settings[0])
   build = sweep.config_builder(config, label, ctx, build_algorithm)
-  hp = {p: np.asarray([s[p] for s, _ in exps], np.float32) for p in paths}
-  state = sweep.init_state(build, hp, [j for _, j in exps], label=label, algorithm="x")
-  stacked = sweep.stacked_algorithm(build, label=label, algorithm="x", paths=paths)
-  state = loop.run(stacked, ctx.data, num_rounds=int(config.rounds), key=jax.random.key(0),
-                   state=state, cache=None)
+  alg = stacked.sweep(build, {p: [s[p] for s, _ in exps] for p in paths}, [j for _, j in exps])
+  state = loop.run(alg, ctx.data, num_rounds=int(config.rounds), key=jax.random.key(0), cache=None)
   return exps, state
 
 
@@ -80,7 +78,7 @@ def test_seeds_equal_separate_runs(label):
   c = tiny(runs=(label,))
   c.sweep.seeds = 2
   exps, st = swept(c, label)
-  finals = [sweep.experiment(st, e) for e in range(len(exps))]
+  finals = [stacked.experiment(st, e) for e in range(len(exps))]
   for e, (_, seed) in enumerate(exps):
     assert_same(finals[e], alone(c, label, seed))
   a, b = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(f.params)]) for f in finals)
@@ -97,7 +95,7 @@ def test_hyperparameter_sweep_equals_separate_runs(label, params):
   exps, st = swept(c, label)
   assert len(exps) == 2
   for e, (setting, seed) in enumerate(exps):
-    assert_same(sweep.experiment(st, e), alone(c, label, seed, setting))
+    assert_same(stacked.experiment(st, e), alone(c, label, seed, setting))
 
 
 def test_compiles_once():
@@ -111,10 +109,11 @@ def test_compiles_once():
     traces.append(1)
     return build(hp)
 
-  stacked = sweep.stacked_algorithm(counting, label="fedavg", algorithm="fedavg", paths=[])
-  state = sweep.init_state(build, {}, [0, 1, 2], label="fedavg", algorithm="fedavg")
+  alg = stacked.sweep(counting, {}, [0, 1, 2])
+  state = alg.init(None)
+  traces.clear()  # the rounds' traces only
   cache = loop.CompileCache()
-  state = loop.run(stacked, ctx.data, num_rounds=4, key=jax.random.key(0), state=state, cache=cache)
+  state = loop.run(alg, ctx.data, num_rounds=4, key=jax.random.key(0), state=state, cache=cache)
   assert int(state.round) == 4 and len(traces) == 1
 
 
@@ -222,7 +221,7 @@ def test_every_algorithm_sweeps_seeds_or_is_refused(algorithm):
       experiment.train_and_evaluate(c, None)
     return
   exps, st = swept(c, "x")
-  assert_same(sweep.experiment(st, 1), alone(c, "x", 1), rtol=1e-4, atol=1e-5)
+  assert_same(stacked.experiment(st, 1), alone(c, "x", 1), rtol=1e-4, atol=1e-5)
 
 
 def test_awcfl_beta_sweep_equals_separate_runs():
@@ -234,7 +233,7 @@ def test_awcfl_beta_sweep_equals_separate_runs():
   c.sweep.params, c.sweep.seeds = "runs.awcfl.beta=0,0.5", 1   # the variant's 3 seeds: slower, same check
   exps, st = swept(c, "awcfl")
   for e, (setting, seed) in enumerate(exps):
-    assert_same(sweep.experiment(st, e), alone(c, "awcfl", seed, setting), rtol=1e-4, atol=1e-5)
+    assert_same(stacked.experiment(st, e), alone(c, "awcfl", seed, setting), rtol=1e-4, atol=1e-5)
 
 
 def test_builder_needing_a_concrete_value_is_refused_by_name():
@@ -243,7 +242,8 @@ def test_builder_needing_a_concrete_value_is_refused_by_name():
       raise AssertionError("unreachable under a trace")
 
   with pytest.raises(ValueError, match=r"run 'x' \(algorithm 'cfl'\) cannot sweep \['runs.x.eps1'\]"):
-    sweep.init_state(build, {"runs.x.eps1": np.array([0.1, 0.2])}, [0, 1], label="x", algorithm="cfl")
+    stacked.sweep(build, {"runs.x.eps1": np.array([0.1, 0.2])}, [0, 1],
+                  explain=sweep.explain("x", "cfl", ["runs.x.eps1"])).init(None)
 
 
 def test_settings_product_and_zip():
@@ -283,13 +283,14 @@ def trace_sweep(c, label):
   for s in settings:  # concrete values: checked by the ordinary builder, as run_sweep does
     build(s)
   hp = {p: np.asarray([s[p] for s in settings], np.float32) for p in paths}
-  stacked = sweep.stacked_algorithm(build, label=label, algorithm=str(c.runs[label].algorithm), paths=paths)
+  alg = stacked.sweep(build, hp, list(range(len(settings))),
+                      explain=sweep.explain(label, str(c.runs[label].algorithm), paths))
   kd = np.stack([jax.random.key_data(jax.random.key(i)) for i in range(len(settings))])
 
   def go(hp, kd):
     inner = jax.vmap(lambda h, k: build(h).init(jax.random.wrap_key_data(k)))(hp, kd)
-    st = sweep.SweepState(round=jax.numpy.zeros((), jax.numpy.int32), inner=inner, keys=kd, hparams=hp)
-    return stacked.round(st, ctx.data, None)
+    st = stacked.SweepState(round=jax.numpy.zeros((), jax.numpy.int32), inner=inner, keys=kd, hparams=hp)
+    return alg.round(st, ctx.data, None)
 
   return jax.eval_shape(go, hp, kd)
 
@@ -392,7 +393,7 @@ def test_a_diverging_experiment_is_named_by_setting_and_seed():
 
 def test_sweep_rows_keep_ints_and_tensorboard_runs_per_experiment(tmp_path):
   pytest.importorskip("tensorboardX")
-  from test_reliability import tensorboard_steps
+  from helpers import tensorboard_steps
 
   c = tiny(rounds=2)
   c.eval_every = 1
@@ -409,3 +410,67 @@ def test_sweep_rows_keep_ints_and_tensorboard_runs_per_experiment(tmp_path):
     steps = tensorboard_steps(tb / run)
     assert steps["train_loss"] == [1, 2] and steps["global/accuracy"] == [1, 2]
     assert "seed" not in steps and "round" not in steps
+
+
+def test_shape_fields_are_read_from_signatures_and_values():
+  c = tiny(runs=("fedavg",))
+  c.runs.fedavg.weighting = "uniform"
+  for params, match in [
+    ("runs.fedavg.cohort_size=2,3", r"'cohort_size' \(annotated int"),  # the factory's annotation
+    ("local.steps=1,2", r"'steps' \(a field of the static LocalSchedule\) changes"),
+    ("rounds=1,2", r"'rounds' \(the int 3\) changes array shapes"),  # an int config value
+    ("seed=1,2", "'seed'.*changes array shapes"),
+    ("runs.fedavg.weighting=1,2", "'weighting' of algorithm 'fedavg' is a str, not a number"),
+  ]:
+    c.sweep.params = params
+    with pytest.raises(ValueError, match=match):
+      sweep.validate(c)
+
+
+def test_a_nested_float_field_of_a_run_reaches_the_builder_traced():
+  """``runs.<label>.<dict>.<float>`` (e.g. a privacy block's noise multiplier) is an experiment
+  axis: validated by its value, set in the config copy the builder reads, traced in the round."""
+  c = tiny(rounds=1)
+  c.runs.fedavg.privacy = ml_collections.ConfigDict(dict(noise_multiplier=1.0, clients=4))
+  c.sweep.params = "runs.fedavg.privacy.noise_multiplier=0.5,2"
+  sweep.validate(c)  # a float: sweepable
+  c.sweep.params = "runs.fedavg.privacy.clients=2,3"
+  with pytest.raises(ValueError, match=r"'clients' \(the int 4\) changes array shapes"):
+    sweep.validate(c)
+  c.sweep.params = "runs.fedavg.privacy.noise_multiplier=0.5,2"
+  ctx = runner.make_context(c)
+  seen = []
+
+  plain = c.copy_and_resolve_references()
+  del plain.runs.fedavg.privacy  # no factory takes it yet: the plain run builds the algorithm
+
+  def build_with_privacy(label, run, ctx):  # a builder whose factory would read the field
+    seen.append(run.privacy.noise_multiplier)
+    return build_algorithm(label, plain.runs[label], ctx)
+
+  build = sweep.config_builder(c, "fedavg", ctx, build_with_privacy)
+  alg = stacked.sweep(build, {"runs.fedavg.privacy.noise_multiplier": [0.5, 2.0]}, [0, 0])
+  loop.run(alg, ctx.data, num_rounds=1, key=jax.random.key(0), cache=None)
+  assert any(isinstance(v, jax.core.Tracer) for v in seen)
+  build({"runs.fedavg.privacy.noise_multiplier": 2.0})
+  assert seen[-1] == 2.0 and c.runs.fedavg.privacy.noise_multiplier == 1.0  # the config is not changed
+
+
+def test_core_sweep_pads_names_and_splits_experiments():
+  c = tiny(rounds=1)
+  ctx = runner.make_context(c)
+  alg = build_algorithm("fedavg", c.runs.fedavg, ctx)
+  swept_alg = stacked.sweep(lambda hp: alg, {}, [3, 4], pad_to=3)
+  st = swept_alg.init(None)
+  assert st.keys.shape[0] == 3  # the last experiment repeated
+  st, metrics = jax.jit(swept_alg.round)(st, ctx.data, None)
+  per = stacked.by_experiment(metrics, 2)
+  assert len(per) == 2 and set(per[0]) == set(per[1]) and "train_loss" in per[0]
+  assert float(metrics["train_loss@1"]) == float(metrics["train_loss@2"])  # the pad repeats seed 4
+  assert sorted(swept_alg.models(st)) == ["global@0", "global@1"]  # the pad is not named
+  assert stacked.by_experiment({"global@1": 1, "train_loss": 2, "x@9": 3}, 2) == [{}, {"global": 1}]
+  for bad, match in [(dict(seeds=[]), "at least one experiment"),
+                     (dict(seeds=[0], hparams={"a": [1.0, 2.0]}), "2 values for 1 seeds"),
+                     (dict(seeds=[0, 1], pad_to=1), "pad_to=1 is fewer")]:
+    with pytest.raises(ValueError, match=match):
+      stacked.sweep(lambda hp: alg, bad.pop("hparams", {}), **bad)

@@ -18,6 +18,7 @@ assert jax.config.jax_enable_x64, "run with JAX_ENABLE_X64=1"
 
 import reference as ref  # noqa: E402
 import reference_personalization as pref  # noqa: E402
+from helpers import count_traces  # noqa: E402
 
 from fedtree import algorithms as A  # noqa: E402
 from fedtree.core import loop  # noqa: E402
@@ -90,9 +91,8 @@ def main():
 
   # The x64 round compiles once over three calls of the fused loop.
   if "compiles" in want:
-    traces = []
     alg = A.fedavg(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched, cohort_size=4)
-    counted = alg._replace(round=lambda s, d, k: (traces.append(1), alg.round(s, d, k))[1])
+    counted, traces = count_traces(alg)
     step = loop.compile_rounds(counted, 2)
     state = alg.init(jax.random.key(0))
     for i in range(3):

@@ -53,11 +53,15 @@ import numpy as np
 from flax import struct
 
 from fedtree.core.algorithm import (
+  CLIENT_ROWS,
+  UNNAMED,
   FederatedAlgorithm,
   NodeModels,
+  RowName,
   check_weighting,
   client_weights,
   initial_params,
+  path_rows,
 )
 from fedtree.core.checks import is_traced
 from fedtree.core.data import FederatedData
@@ -94,6 +98,12 @@ class PFedMTState:
   client_state: object
   cursor: object = ()
   update_state: Any = ()
+
+  def row_names(self) -> PFedMTState:
+    """Rows: the teams (``team_params``), the devices (client state, cursors)."""
+    return self.replace(round=UNNAMED, params=RowName("row", "the global model"),
+                        team_params=RowName("team"), client_state=CLIENT_ROWS, cursor=CLIENT_ROWS,
+                        update_state=path_rows(CLIENT_ROWS, RowName("team")))
 
 
 def pfedmt(

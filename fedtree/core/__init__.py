@@ -1,7 +1,8 @@
 """The engine: everything an algorithm is built from, and nothing that reads a config.
 
 * :mod:`~fedtree.core.algorithm`: :class:`FederatedAlgorithm`, :class:`NodeModels`,
-  :class:`TreeState` and the small shared pieces (stacking over nodes, per-level values).
+  :class:`TreeState`, the states' row names (:class:`RowName`), :func:`sequential` and the
+  small shared pieces (stacking over nodes, per-level values).
 * :mod:`~fedtree.core.topology`, :mod:`~fedtree.core.data`: the tree as arrays, padded client data.
 * :mod:`~fedtree.core.local`: batching inside jit, the masked local loop, the
   :class:`~fedtree.core.local.ClientUpdate` seam every local objective plugs into.
@@ -11,7 +12,9 @@
 * :mod:`~fedtree.core.sharding`, :mod:`~fedtree.core.tuning`: the client axis over devices,
   chunk sizes.
 * :mod:`~fedtree.core.loop`: jitted (fused) rounds and the round loop.
-* :mod:`~fedtree.core.metrics`, :mod:`~fedtree.core.finetune`: vectorized scoring and fine-tuning.
+* :mod:`~fedtree.core.sweep`: experiments (settings x seeds) of one algorithm as one algorithm.
+* :mod:`~fedtree.core.metrics`, :mod:`~fedtree.core.finetune`: vectorized scoring (and the cluster
+  metrics) and fine-tuning.
 * :mod:`~fedtree.core.model`, :mod:`~fedtree.core.rng`, :mod:`~fedtree.core.checks`.
 
 Submodules are imported explicitly (``from fedtree.core import tier``); this package imports

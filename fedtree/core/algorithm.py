@@ -8,6 +8,7 @@ key), plus ``models(state)``, the models to evaluate and which client each one s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -21,6 +22,7 @@ from fedtree.core.data import FederatedData, check_model_outputs
 from fedtree.core.local import ClientUpdate, LocalSchedule, check_client_update, sgd_client_update, stack
 from fedtree.core.model import Model
 from fedtree.core.topology import Topology
+from fedtree.core.updates import PathState
 
 PyTree = Any
 
@@ -28,17 +30,14 @@ PyTree = Any
 class NodeModels(NamedTuple):
   """Stacked models ``params [N, ...]`` and ``model_of_client int32[C]`` (row scoring client c).
 
-  Clustered methods also give ``cluster_of_client int32[C]`` (row ``k`` is cluster ``k``'s
-  model): the evaluation then scores every row on every client and adds intra- and
-  inter-cluster accuracy (:func:`fedtree.algorithms.clustering.ops.cluster_accuracy`). ``chosen_by_data``:
-  a device picks its model from the data it is given (MCFL), so on another cluster's data it
-  uses ``model_of_client`` of that data rather than its own cluster's model.
+  A model set of a family may carry more, read by name where it is present: the clustered
+  family's :class:`fedtree.algorithms.clustering.ops.ClusterModels` adds every client's cluster,
+  and the evaluation then adds intra- and inter-cluster accuracy
+  (:func:`fedtree.core.metrics.cluster_accuracy`).
   """
 
   params: PyTree
   model_of_client: np.ndarray | jax.Array
-  cluster_of_client: np.ndarray | jax.Array | None = None
-  chosen_by_data: bool = False
 
 
 class Report(NamedTuple):
@@ -92,6 +91,61 @@ class FederatedAlgorithm(NamedTuple):
   rounds: int | None = None  # a composition of fixed length (sequential): its number of rounds
 
 
+@dataclasses.dataclass(frozen=True)
+class RowName:
+  """How error messages name the rows (leading axis) of a part of an algorithm's state.
+
+  A state names its rows with a ``row_names()`` method returning a prefix of its own pytree
+  whose leaves are :class:`RowName` (see :func:`state_row_names`): e.g. ``TreeState.params[1]``
+  is ``RowName("node", "server level 1")``, so the divergence check of
+  :func:`fedtree.core.loop.run` says ``server level 1, node 3`` without parsing key paths.
+
+  Attributes:
+    noun: what one row is (``"node"``, ``"client"``, ``"cluster"``, ``"team"``).
+    where: the part of the state, when the noun alone does not say it (``"server level 1"``).
+  """
+
+  noun: str
+  where: str = ""
+
+  def row(self, row: int) -> str:
+    """Row ``row`` alone: ``"server level 1, node 3"``, ``"client 3"``."""
+    return f"{self.where}, {self.noun} {row}" if self.where else f"{self.noun} {row}"
+
+  def part(self) -> str:
+    """The part without a row (a sweep names the row, its experiment): ``"server level 1"``,
+    ``"client state"``."""
+    return self.where or f"{self.noun} state"
+
+
+UNNAMED = RowName("row")
+"""A part of a state whose rows have no name of their own (a counter, a single model)."""
+
+
+def state_row_names(state) -> list[RowName]:
+  """The :class:`RowName` of every leaf of ``state`` (in ``jax.tree.leaves`` order): from its
+  ``row_names()`` prefix when it declares one, else :data:`UNNAMED` for every leaf."""
+  is_name = lambda x: isinstance(x, RowName)  # noqa: E731
+  per_leaf = jax.tree.map(lambda name, sub: [name] * len(jax.tree.leaves(sub)), row_names_of(state), state,
+                          is_leaf=is_name)
+  return jax.tree.leaves(per_leaf, is_leaf=is_name)
+
+
+def node_rows(level: int) -> RowName:
+  """The rows of a stacked server level: its nodes."""
+  return RowName("node", f"server level {level}")
+
+
+CLIENT_ROWS = RowName("client")
+"""The rows of per-client state (``[C, ...]``)."""
+
+
+def path_rows(children: RowName, parents: RowName) -> PathState:
+  """The rows of an update path's state (:class:`~fedtree.core.updates.PathState`): its client
+  stage's per-child state, its node stage's per-parent state."""
+  return PathState(client=children, node=parents)  # type: ignore[arg-type]
+
+
 @struct.dataclass
 class TreeState:
   """Models and server-optimizer states of every server level of a tree.
@@ -113,6 +167,16 @@ class TreeState:
   client_state: Any = ()
   cursor: Any = ()
   update_state: tuple = ()
+
+  def row_names(self) -> TreeState:
+    """Rows of every part: server level ``l``'s nodes, the clients (:class:`RowName`)."""
+    # a prefix of the state with names for leaves (as vmap's in_axes are): not arrays
+    depth = len(self.params)
+    return TreeState(round=UNNAMED, params=tuple(node_rows(lv) for lv in range(depth)),  # type: ignore[arg-type]
+                     opt_state=tuple(node_rows(lv) for lv in range(len(self.opt_state))),
+                     client_state=CLIENT_ROWS, cursor=CLIENT_ROWS,
+                     update_state=tuple(path_rows(CLIENT_ROWS if lv == depth - 1 else node_rows(lv + 1),
+                                                  node_rows(lv)) for lv in range(len(self.update_state))))
 
 
 def per_level(value, depth: int, name: str) -> tuple:
@@ -204,6 +268,16 @@ class StagesState:
 
   round: jax.Array
   stages: tuple
+
+  def row_names(self) -> StagesState:
+    return StagesState(round=UNNAMED, stages=tuple(row_names_of(st) for st in self.stages))  # type: ignore[arg-type]
+
+
+def row_names_of(state):
+  """``state.row_names()`` (a prefix of ``state`` with :class:`RowName` leaves), or
+  :data:`UNNAMED` for a state that names none (a composite state nests its parts' names)."""
+  declare = getattr(state, "row_names", None)
+  return UNNAMED if declare is None else declare()
 
 
 def sequential(

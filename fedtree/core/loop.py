@@ -10,12 +10,13 @@ is an argument: the evaluation cadence (``eval_every`` + ``on_eval``), a checkpo
 (``on_call``), a metrics/progress hook (``on_metrics``), a stop request (``should_stop``,
 e.g. set by a signal handler). Nothing here reads a config or writes a file.
 
-Compiled fused-round functions are cached per ``(algorithm, rounds per call)``
+Compiled fused-round functions are cached per ``(algorithm.round, rounds per call)``
 (:func:`compile_rounds`), so calling :func:`run` again with ``state=...`` (stepping through
 rounds from Python) or running stage after stage compiles once per distinct fuse length.
 
 Divergence is checked inside the round: every fused round also returns whether the new
-state is finite and, if not, the first state leaf and row where it is not (a server level's
+state is finite and, if not, the first state leaf and row where it is not, named by the
+state's own row names (:class:`fedtree.core.algorithm.RowName`: a server level's
 node or a client), so the loop stops after that call naming run, round, level, node or client.
 An algorithm whose round reports ``nonfinite_client`` (``int32[]``, the lowest id of a client
 whose update was not finite, -1 if none; :class:`fedtree.core.tier.TierResult`) has that
@@ -34,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.algorithm import UNNAMED, FederatedAlgorithm, RowName, state_row_names
 from fedtree.core.data import FederatedData
 from fedtree.core.rng import stream
 
@@ -50,9 +51,12 @@ def init_key(key: jax.Array) -> jax.Array:
 
 
 # ------------------------------------------------------------------------ finite checks
-def _float_leaves(state) -> list[tuple[str, jax.Array]]:
+def _float_leaves(state) -> list[tuple[str, RowName, jax.Array]]:
+  """``(key path, row name, leaf)`` of every float leaf of ``state`` (row names: the state's
+  own, :func:`fedtree.core.algorithm.state_row_names`)."""
   leaves = jax.tree_util.tree_flatten_with_path(state)[0]
-  return [(jax.tree_util.keystr(p), x) for p, x in leaves
+  names = state_row_names(state)
+  return [(jax.tree_util.keystr(p), name, x) for (p, x), name in zip(leaves, names, strict=True)
           if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
 
 
@@ -65,7 +69,7 @@ def finite_flags(state) -> dict[str, jax.Array]:
   if not leaves:
     return {"state_finite": jnp.array(True), "bad_leaf": jnp.int32(-1), "bad_row": jnp.int32(-1)}
   rows = []
-  for _, x in leaves:
+  for _, _, x in leaves:
     ok = jnp.isfinite(x)
     rows.append(ok.reshape(ok.shape[0], -1).all(axis=1) if x.ndim else ok.reshape(1))
   leaf_ok = jnp.stack([r.all() for r in rows])
@@ -79,25 +83,18 @@ CHECK_KEYS = ("state_finite", "bad_leaf", "bad_row", "nonfinite_client", "nonfin
 """Metrics the loop reads for its divergence check and does not pass on to ``on_metrics``."""
 
 
-def describe_leaf(path: str, row: int, name_row: Callable[[int], str] | None = None) -> str:
-  """``state.params[1]...``, row 3 -> ``server level 1, node 3 (state.params[1]...)``.
+def describe_leaf(path: str, name: RowName, row: int, name_row: Callable[[int], str] | None = None) -> str:
+  """Row ``row`` of the state leaf at ``path`` whose rows are ``name`` (the state's
+  :class:`~fedtree.core.algorithm.RowName`): ``server level 1, node 3 (state.params[1]...)``.
 
-  With ``name_row`` (a stacked state whose leaves' row is an experiment of a sweep, its
-  algorithm state under ``.inner``): ``<name_row(row)>, server level 1 (state.inner.params[1]...)``.
+  With ``name_row`` (a stacked state whose leaves' row is an experiment of a sweep):
+  ``<name_row(row)>, server level 1 (state.inner.params[1]...)``.
   """
-  import re
-
-  inner = re.sub(r"^\.inner", "", path) if name_row is not None else path
-  m = re.match(r"\.params\[(\d+)\]", inner) or re.match(r"\.(?:opt_state|up_state)\[(\d+)\]", inner)
   if name_row is not None:
-    part = (f"server level {m.group(1)}" if m else
-            "client state" if inner.startswith(".client_state") else "its state")
-    return f"{name_row(row)}, {part} (state{path})"
-  if m:
-    return f"server level {m.group(1)}, node {row} (state{path})"
-  if path.startswith(".client_state"):
-    return f"client {row} (state{path})"
-  return f"row {row} of state{path}"
+    return f"{name_row(row)}, {name.part()} (state{path})"
+  if name == UNNAMED:
+    return f"row {row} of state{path}"
+  return f"{name.row(row)} (state{path})"
 
 
 # ------------------------------------------------------------------------ compiled rounds
@@ -123,8 +120,10 @@ def make_multi_round(algorithm: FederatedAlgorithm, rounds_per_call: int,
 
 
 class CompileCache:
-  """Jitted fused-round functions by ``(algorithm, rounds per call, donate, check)``; keeps
-  the ``maxsize`` most recently used (each holds its algorithm's closures alive)."""
+  """Jitted fused-round functions by ``(algorithm.round, rounds per call, donate, check)`` (the
+  compiled program depends on the round function alone, so algorithms that share it, such as
+  the chunks of a sweep, :func:`fedtree.core.sweep.sweep`, share their compiles); keeps the
+  ``maxsize`` most recently used (each holds its algorithm's closures alive)."""
 
   def __init__(self, maxsize: int = 32):
     self.maxsize = int(maxsize)
@@ -133,11 +132,11 @@ class CompileCache:
 
   def get(self, algorithm: FederatedAlgorithm, rounds_per_call: int, donate: bool = True,
           check_state: bool = True):
-    key = (algorithm, int(rounds_per_call), bool(donate), bool(check_state))
+    key = (algorithm.round, int(rounds_per_call), bool(donate), bool(check_state))
     with self._lock:
       try:
         fn = self._fns.pop(key)
-      except TypeError:  # an algorithm with an unhashable field: no caching
+      except TypeError:  # an unhashable round (a callable object): no caching
         return _jit(algorithm, rounds_per_call, donate, check_state)
       except KeyError:
         fn = _jit(algorithm, rounds_per_call, donate, check_state)
@@ -259,7 +258,7 @@ def run(
     done = int(state.round)
     if check_finite:
       if paths is None:
-        paths = [p for p, _ in _float_leaves(state)]
+        paths = [(p, name) for p, name, _ in _float_leaves(state)]
       check_metrics(metrics, done, label, paths, name_row)
     host = {k: np.asarray(v)[-1].item() for k, v in metrics.items() if k not in CHECK_KEYS}
     if on_eval is not None and (done == num_rounds or (eval_every and done % eval_every == 0)):
@@ -273,7 +272,7 @@ def run(
   return state
 
 
-def check_metrics(metrics: dict[str, Any], done: int, label: str, paths: list[str],
+def check_metrics(metrics: dict[str, Any], done: int, label: str, paths: list[tuple[str, RowName]],
                   name_row: Callable[[int], str] | None = None) -> None:
   """Raises :class:`NonFiniteLossError` for the first round of a call whose training loss or
   new state is not finite, or that reports a ``nonfinite_client`` (``metrics`` stacked over
@@ -304,7 +303,7 @@ def check_metrics(metrics: dict[str, Any], done: int, label: str, paths: list[st
   if "state_finite" in metrics and not bool(np.asarray(metrics["state_finite"])[i]):
     leaf = int(np.asarray(metrics["bad_leaf"])[i])
     row = int(np.asarray(metrics["bad_row"])[i])
-    where = describe_leaf(paths[leaf], row, name_row) if 0 <= leaf < len(paths) else "the state"
+    where = describe_leaf(*paths[leaf], row, name_row) if 0 <= leaf < len(paths) else "the state"
     parts.append(f"non-finite values in {where}")
   raise NonFiniteLossError(
     f"run {label!r} diverged at round {r}: {'; '.join(parts)}; lower the learning rates "

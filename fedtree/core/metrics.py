@@ -359,3 +359,70 @@ def make_evaluator(model: Model, chunk_size: int | None = None, *, confusion: bo
                     confusion=confusion, sentences=sentences)
 
   return run
+
+
+# ------------------------------------------------------------------------ clusters
+def cluster_accuracy(
+  correct: np.ndarray, count: np.ndarray, cluster_of_client: np.ndarray,
+  model_of_client: np.ndarray | None = None, *, chosen_by_data: bool = False,
+) -> dict[str, float]:
+  """Intra- and inter-cluster accuracy (paper 004's metrics), example-weighted.
+
+  Args:
+    correct, count: ``[N, C]`` sums of cluster model ``k`` on client ``c``'s test data.
+    cluster_of_client: ``int[C]`` cluster of every client.
+    model_of_client: ``int[C]`` the model a device holding client ``c``'s test data uses,
+      when it chooses by its data (MCFL).
+    chosen_by_data: on a foreign client's data, a device of cluster ``k`` uses the model
+      chosen from that data (``model_of_client[c]``) instead of its cluster's model ``k``.
+
+  Returns:
+    ``intra_cluster_accuracy`` (cluster model ``k`` on the test data of its members) and
+    ``inter_cluster_accuracy`` (cluster model ``k`` on the test data of the clients of every
+    *other* non-empty cluster, pooled over all ``k``; NaN with a single non-empty cluster),
+    and ``num_clusters`` (non-empty ones).
+  """
+  correct, count = np.asarray(correct, np.float64), np.asarray(count, np.float64)
+  cl = np.asarray(cluster_of_client, np.int64)
+  num_models, c = correct.shape
+  cols = np.arange(c)
+  intra = correct[cl, cols].sum() / max(count[cl, cols].sum(), 1.0)
+  nonempty = np.unique(cl)
+  used = np.asarray(model_of_client, np.int64) if chosen_by_data else None
+  inter_c, inter_n = 0.0, 0.0
+  for k in nonempty:
+    foreign = cols[cl != k]
+    rows = used[foreign] if used is not None else np.full(foreign.shape, k)
+    inter_c += correct[rows, foreign].sum()
+    inter_n += count[rows, foreign].sum()
+  inter = inter_c / inter_n if inter_n > 0 else float("nan")
+  return {"intra_cluster_accuracy": float(intra), "inter_cluster_accuracy": float(inter),
+          "num_clusters": int(nonempty.size)}
+
+
+def adjusted_rand_index(labels_true, labels_pred) -> float:
+  """Adjusted Rand index (Hubert & Arabie 1985) of two labelings of the same points.
+
+  ``(Σ_ij C(n_ij,2) - E) / (½(Σ_i C(a_i,2) + Σ_j C(b_j,2)) - E)`` with ``n_ij`` the
+  contingency table, ``a``/``b`` its row/column sums and ``E = Σ_i C(a_i,2) Σ_j C(b_j,2) /
+  C(n,2)``: 1 for the same partition whatever the labels, about 0 for a random one. When
+  both labelings put every point in one cluster, or every point alone, it is 1.
+  """
+  t, p = np.asarray(labels_true).ravel(), np.asarray(labels_pred).ravel()
+  if t.shape != p.shape:
+    raise ValueError(f"labels_true has {t.size} points but labels_pred has {p.size}")
+  _, ti = np.unique(t, return_inverse=True)
+  _, pi = np.unique(p, return_inverse=True)
+  table = np.zeros((ti.max(initial=-1) + 1, pi.max(initial=-1) + 1), np.float64)
+  np.add.at(table, (ti, pi), 1.0)
+
+  def pairs(v):
+    return float(np.sum(v * (v - 1) / 2.0))
+
+  index, a, b = pairs(table), pairs(table.sum(1)), pairs(table.sum(0))
+  n = pairs(np.asarray([t.size], np.float64))
+  expected = a * b / n if n > 0 else 0.0
+  top = (a + b) / 2.0
+  if top == expected:
+    return 1.0
+  return float((index - expected) / (top - expected))

@@ -14,10 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedtree.algorithms.clustering.ops import adjusted_rand_index, cluster_accuracy
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.data import FederatedData
-from fedtree.core.metrics import make_evaluator, summarize
+from fedtree.core.metrics import adjusted_rand_index, cluster_accuracy, make_evaluator, summarize
 from fedtree.core.model import Model
 from fedtree.core.sharding import to_host
 
@@ -43,8 +42,9 @@ def evaluate_models(
 
 
 def cluster_summary(nm, data: FederatedData, evaluator, true_clusters=None) -> dict[str, Any]:
-  """Intra- and inter-cluster accuracy of clustered models ``nm`` (every row scored on every
-  client's test data; see :func:`fedtree.algorithms.clustering.ops.cluster_accuracy`), and
+  """Intra- and inter-cluster accuracy of clustered models ``nm`` (a model set with
+  ``cluster_of_client`` and ``chosen_by_data``, e.g. the clustered family's ``ClusterModels``;
+  every row scored on every client's test data; see :func:`fedtree.core.metrics.cluster_accuracy`), and
   with ``true_clusters`` (``int[C]``, at least two distinct values: e.g. the flipped/rotated
   clients of paper 004's setups) the adjusted Rand index of the clustering against them."""
   num_models = jax.tree.leaves(nm.params)[0].shape[0]

@@ -11,7 +11,9 @@ the factory:
 * a scalar parameter (``int``, ``float``, ``bool``, ``str``, ``None`` or tuples of them) is a
   run field of the same name, coerced to the annotated type;
 * the non-scalar parameters (optimizers, per-level lists, latencies, proxy data) are set by
-  small named converters (:class:`Fields`) from config-only fields;
+  small named converters (:class:`~fedtree.experiment.spec.Fields`) from config-only fields:
+  the shared ones here, a family's own beside it in :mod:`fedtree.experiment.families` (B-HFL's
+  seven, GroupPerFL's), whose ``SPEC`` this module lists;
 * every other field is an error naming the run, the field and the allowed fields.
 
 Common run fields, for every algorithm whose factory takes the parameter: ``cohort_size`` (per leaf
@@ -34,7 +36,6 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
-import difflib
 import inspect
 import types
 import typing
@@ -44,12 +45,8 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
-import optax
 
 from fedtree import algorithms, objectives
-from fedtree.algorithms.bhfl import proxy_from_clients, with_level_report
-from fedtree.algorithms.bhfl.asynchrony import latency_from_config
-from fedtree.algorithms.grouppfl.grouppfl import GroupPersonalizedFL
 from fedtree.core.topology import Topology
 from fedtree.experiment import updates as update_sections
 from fedtree.experiment.builders import (
@@ -58,6 +55,9 @@ from fedtree.experiment.builders import (
   resolve_chunk_size,
   server_from_config,
 )
+from fedtree.experiment.families import bhfl as bhfl_family
+from fedtree.experiment.families import grouppfl as grouppfl_family
+from fedtree.experiment.spec import AlgorithmSpec, Fields, check_fields, number
 
 RUNNER_FIELDS = ("algorithm", "label", "rounds")
 CONTEXT_PARAMS = ("model", "data", "local_optimizer", "schedule", "name")
@@ -68,46 +68,7 @@ TREES = ("flat", "config")
 SCALARS = (int, float, bool, str)
 
 
-@dataclasses.dataclass(frozen=True)
-class Fields:
-  """A named converter: config-only ``names`` -> factory keyword arguments.
-
-  ``convert(values, ctx)`` gets ``{name: value}`` for the names the run sets (possibly none:
-  it is always called, so it can supply a context-dependent default) and returns the keyword
-  arguments it sets.
-  """
-
-  names: tuple[str, ...]
-  convert: Callable[[dict[str, Any], Any], dict[str, Any]]
-  targets: tuple[str, ...] = ()  # factory parameters it sets that are not run fields themselves
-
-
-@dataclasses.dataclass(frozen=True)
-class AlgorithmSpec:
-  """How a run with ``algorithm=<name>`` becomes an algorithm.
-
-  Attributes:
-    factory: the algorithm's factory (its signature is the schema).
-    fields: converters of the config-only fields.
-    defaults: ``defaults(ctx) -> kwargs`` for parameters whose default comes from the config
-      (e.g. a rate that defaults to ``config.local.learning_rate``).
-    wrap: ``wrap(built, label, run, ctx)``, what the runner gets (B-HFL's report hook,
-      GroupPerFL's stages).
-  """
-
-  factory: Callable[..., Any]
-  fields: tuple[Fields, ...] = ()
-  defaults: Callable[[Any], dict[str, Any]] | None = None
-  wrap: Callable[..., Any] | None = None
-
-
 # ------------------------------------------------------------------------ converters
-def _number(value):
-  """A float field as a float, or unchanged when it is a ``jax.Array`` (a swept value, possibly a
-  tracer: its concrete values were checked before tracing)."""
-  return value if isinstance(value, jax.Array) else float(value)
-
-
 def _servers(target: str):
   def convert(v, ctx):
     if "servers" in v:
@@ -142,115 +103,10 @@ def _rate_optimizer(field: str, target: str):
     if field not in v:
       return {}
     local = ml_collections.ConfigDict(ctx.config.local.to_dict(), type_safe=False)
-    local.learning_rate = _number(v[field])
+    local.learning_rate = number(v[field])
     return {target: local_optimizer_from_config(local)}
 
   return Fields((field,), convert)
-
-
-def _per_level_servers(plural: str, single: str, target: str):
-  def convert(v, ctx):
-    if plural in v:
-      return {target: [server_from_config(s) for s in v[plural]]}
-    if single in v:
-      return {target: server_from_config(v[single])}
-    return {}
-
-  return Fields((plural, single), convert)
-
-
-# B-HFL's converters set only what the run gives; the rest is the factory's default.
-def _bhfl_down(v, ctx):
-  if "downs" in v or "down" in v:
-    return _per_level_servers("downs", "down", "down_optimizers").convert(v, ctx)
-  return {"down_optimizers": optax.sgd(_number(v["eta_down"]))} if "eta_down" in v else {}
-
-
-def _bhfl_periods(v, ctx):
-  periods = v.get("periods", None)
-  if isinstance(periods, (list, tuple)):
-    periods = [tuple(int(q) for q in p) if isinstance(p, (list, tuple)) else int(p) for p in periods]
-  elif periods is not None:
-    periods = int(periods)
-  return {"periods": periods}
-
-
-def _bhfl_proxy(v, ctx):
-  """``proxy_examples`` per node of every level in ``proxy_levels`` (drawn from its subtree's
-  clients); ``proxy_steps`` / ``proxy_batch_size`` replace those of the local schedule."""
-  out = {}
-  if v.get("proxy_examples", None):
-    if "proxy_levels" not in v:
-      raise ValueError(
-        f"proxy_examples={v['proxy_examples']} needs proxy_levels, the server levels whose nodes "
-        f"hold proxy data (e.g. (0,): the root)"
-      )
-    out["proxy"] = {int(lv): proxy_from_clients(ctx.data, ctx.topology, int(lv), int(v["proxy_examples"]),
-                                                seed=int(ctx.config.seed) + int(lv))
-                    for lv in v["proxy_levels"]}
-  if "proxy_steps" in v or "proxy_batch_size" in v:
-    sched = ctx.schedule
-    if "proxy_steps" in v:
-      sched = dataclasses.replace(sched, epochs=None, steps=int(v["proxy_steps"]))
-    if "proxy_batch_size" in v:
-      sched = dataclasses.replace(sched, batch_size=int(v["proxy_batch_size"]))
-    out["proxy_schedule"] = sched
-  return out
-
-
-def _bhfl_latency(v, ctx):
-  if "latency" not in v:
-    return {}
-  lat = v["latency"]
-  if isinstance(lat, (list, tuple)):
-    return {"latencies": [latency_from_config(x) for x in lat]}
-  return {"latencies": latency_from_config(lat)}
-
-
-def _bhfl_buffers(v, ctx):
-  if "buffer_sizes" not in v:
-    return {}
-  b = v["buffer_sizes"]
-  if isinstance(b, (list, tuple)):
-    return {"buffer_sizes": [None if x is None else int(x) for x in b]}
-  return {"buffer_sizes": None if b is None else int(b)}
-
-
-def _bhfl_residual(v, ctx):
-  out = {}
-  if "residual" in v:
-    out["residual_optimizer"] = server_from_config(v["residual"])
-  if "residual_down_eta" in v:
-    out["residual_down_optimizer"] = optax.sgd(v["residual_down_eta"])
-  return out
-
-
-def _bhfl_report(alg, label, run, ctx):
-  return with_level_report(alg, ctx.model, ctx.topology, central_test=ctx.central_test,
-                           chunk_size=ctx.config.get("eval_chunk_size", None), label=label)
-
-
-def _grouppfl_stages(spec, label, run, ctx):
-  return spec.algorithm(
-    model=ctx.model, data=ctx.data, groups=ctx.groups, local_optimizer=ctx.local_optimizer,
-    schedule=ctx.schedule, chunk_size=ctx.chunk_size(run),
-    eval_chunk_size=ctx.config.get("eval_chunk_size", None), init_params=ctx.initial_params(run, label),
-  )
-
-
-# ``finetune.<field>`` -> GroupPersonalizedFL's ``finetune_<field>`` (its defaults: the paper's).
-FINETUNE_FIELDS = {"epochs": "finetune_epochs", "learning_rates": "finetune_rates",
-                   "batch_size": "finetune_batch_size", "optimizer": "finetune_optimizer"}
-
-
-def _grouppfl_finetune(v, ctx):
-  ft = v.get("finetune", None) or {}
-  check_fields("finetune", list(ft.keys()), FINETUNE_FIELDS)
-  return {FINETUNE_FIELDS[k]: ft[k] for k in ft}   # GroupPersonalizedFL validates them
-
-
-def _grouppfl_servers(v, ctx):
-  return {f: server_from_config(v[f]) for f in ("global_server", "group_server") if f in v}
 
 
 def _local_rate(ctx):
@@ -258,16 +114,6 @@ def _local_rate(ctx):
 
 
 # ------------------------------------------------------------------------ the registry
-_BHFL_FIELDS = (
-  _per_level_servers("ups", "up", "up_optimizers"),
-  Fields(("downs", "down", "eta_down"), _bhfl_down),
-  Fields(("periods",), _bhfl_periods),
-  Fields(("proxy_examples", "proxy_levels", "proxy_steps", "proxy_batch_size"), _bhfl_proxy),
-  Fields(("latency",), _bhfl_latency),
-  Fields(("buffer_sizes",), _bhfl_buffers),
-  Fields(("residual", "residual_down_eta"), _bhfl_residual),
-)
-
 SPECS: Mapping[str, AlgorithmSpec] = {
   "fedavg": AlgorithmSpec(algorithms.fedavg),
   "fedopt": AlgorithmSpec(algorithms.fedavg),
@@ -279,20 +125,14 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "pfedme": AlgorithmSpec(algorithms.pfedme, defaults=_local_rate),
   "perfedavg": AlgorithmSpec(algorithms.perfedavg),
   "pfedmt": AlgorithmSpec(algorithms.pfedmt, defaults=_local_rate),
-  "bhfl": AlgorithmSpec(algorithms.bhfl, fields=_BHFL_FIELDS, wrap=_bhfl_report),
+  "bhfl": bhfl_family.SPEC,
   "cfl": AlgorithmSpec(algorithms.cfl),
   "ifca": AlgorithmSpec(algorithms.ifca),
   "awcfl": AlgorithmSpec(algorithms.awcfl),
   "mcfl": AlgorithmSpec(algorithms.mcfl),
   "fedkws": AlgorithmSpec(algorithms.fedkws,
                           fields=(_rate_optimizer("private_learning_rate", "private_optimizer"),)),
-  "grouppfl": AlgorithmSpec(
-    GroupPersonalizedFL,
-    fields=(Fields(("finetune",), _grouppfl_finetune, ("finetune_schedule", *FINETUNE_FIELDS.values())),
-            Fields(("global_server", "group_server"), _grouppfl_servers)),
-    defaults=lambda ctx: {"global_rounds": int(ctx.config.rounds), "group_names": ctx.group_names},
-    wrap=_grouppfl_stages,
-  ),
+  "grouppfl": grouppfl_family.SPEC,
 }
 
 
@@ -400,16 +240,6 @@ def coerce(value, hint, where: str):
 
 def _type_name(hint) -> str:
   return str(hint).replace("typing.", "").replace("collections.abc.", "")
-
-
-def check_fields(what: str, given, allowed) -> None:
-  """``ValueError`` for the first of ``given`` not in ``allowed``, with a did-you-mean."""
-  allowed = sorted(set(allowed))
-  for field in given:
-    if field not in allowed:
-      close = difflib.get_close_matches(field, allowed, n=1)
-      hint = f" (did you mean {close[0]!r}?)" if close else ""
-      raise ValueError(f"{what}: unknown field {field!r}{hint}; allowed fields: {allowed}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,9 +1,7 @@
 """What a run ends with: the summary metrics kept, the divergence check on final models, the
 errors a stopped or diverged run raises, and the keyword classes of FA/FR metrics.
 
-Shared by the single-run path (:mod:`fedtree.experiment.runner`) and the sweep path
-(:mod:`fedtree.experiment.sweep`), which the runner calls: both import this module, neither
-imports the other's internals.
+Used by the runner (:mod:`fedtree.experiment.runner`) for single runs and sweeps alike.
 """
 
 from __future__ import annotations

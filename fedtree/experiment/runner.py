@@ -20,7 +20,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +35,8 @@ from fedtree.core.data import FederatedData, as_device, check_model_outputs
 from fedtree.core.local import LocalSchedule
 from fedtree.core.metrics import make_evaluator
 from fedtree.core.sharding import barrier, client_mesh, local_copy, shard_data
+from fedtree.core.sweep import by_experiment
+from fedtree.core.sweep import sweep as stacked_sweep
 from fedtree.core.topology import Topology
 from fedtree.experiment import memory, privacy
 from fedtree.experiment.builders import local_optimizer_from_config, schedule_from_config
@@ -199,11 +201,25 @@ def make_context(config: ml_collections.ConfigDict) -> Context:
 
 
 # ------------------------------------------------------------------------ running
+class Experiment(NamedTuple):
+  """One experiment of a sweep as the runner reports it.
+
+  Attributes:
+    name: names it in errors (``"experiment 2 (setting lr=0.1, seed 0)"``).
+    row: fields added to each of its ``metrics.jsonl`` rows (``setting``, ``seed``, ``experiment``).
+    tensorboard_run: its TensorBoard run (one curve per experiment).
+  """
+
+  name: str
+  row: dict[str, Any]
+  tensorboard_run: str
+
+
 def run_algorithm(
   algorithm: FederatedAlgorithm, ctx: Context, key: jax.Array, reporter: Reporter, *,
   num_rounds: int, eval_every: int, rounds_per_call: int, label: str,
   checkpoint_dir: str | None = None, checkpoint_every: int = 0, keep_checkpoints: int = 2,
-  should_stop=None, round_metrics=None, adapters=None,
+  should_stop=None, round_metrics=None, adapters=None, experiments: list[Experiment] | None = None,
 ) -> tuple[Any, dict[str, dict[str, Any]]]:
   """Rounds with evaluation every ``eval_every`` rounds (:func:`fedtree.core.loop.run`);
   returns (state, final summaries), the summaries passed through ``algorithm.report`` when
@@ -218,6 +234,12 @@ def run_algorithm(
   ``adapters`` (a :class:`~fedtree.core.lora.LoRA` spec): the algorithm's
   models are adapters on the frozen base its state holds (:func:`fedtree.core.lora.frozen_base`),
   scored with the base as an argument (:func:`fedtree.core.lora.base_evaluator`).
+
+  With ``experiments``, ``algorithm`` is a sweep (:func:`fedtree.core.sweep.sweep`) of those
+  experiments: every experiment's models are checked and logged as a row of its own (with
+  its ``row`` fields, under its TensorBoard run), divergence errors name the experiment, the
+  summaries are keyed ``"<model>@<e>"`` (:func:`fedtree.core.sweep.by_experiment` splits them)
+  and no ``report`` is made.
   """
   if eval_every < 1:
     raise ValueError(f"eval_every={eval_every} must be >= 1")
@@ -245,6 +267,9 @@ def run_algorithm(
       reporter.print(f"{label}: resumed from the checkpoint of round {int(state.round)} in {checkpoint_dir}")
   summaries: dict[str, dict[str, Any]] = {}
 
+  def flat(sm: dict[str, dict[str, Any]], suffix: str = "") -> dict[str, Any]:
+    return {f"{name}/{m}{suffix}": s[m] for name, s in sm.items() for m in SUMMARY_METRICS if m in s}
+
   def evaluate(s, r):
     nonlocal summaries
     summaries = evaluation.evaluate_models(
@@ -252,15 +277,30 @@ def run_algorithm(
       evaluator=evaluator if evaluator_for is None else evaluator_for(s.base),
       positive_classes=positive,
     )
-    check_summaries(label, r, summaries)
-    return {f"{name}/{m}": sm[m] for name, sm in summaries.items() for m in SUMMARY_METRICS if m in sm}
+    if experiments is None:
+      check_summaries(label, r, summaries)
+      return flat(summaries)
+    row = {}
+    for e, (exp, sm) in enumerate(zip(experiments, by_experiment(summaries, len(experiments)), strict=True)):
+      check_summaries(f"{label}[{exp.name}]", r, sm)
+      row.update(flat(sm, f"@{e}"))
+    return row
 
   t0 = time.perf_counter()
   traffic = Traffic(model_bytes(jax.eval_shape(ctx.model.init, jax.random.key(0))))
 
   def log(r, host):
-    extra = round_metrics(r) if round_metrics is not None else {}
-    reporter.log(label, r, {**host, **extra, **traffic(r, host), "elapsed_s": time.perf_counter() - t0})
+    host = {**host, "elapsed_s": time.perf_counter() - t0}
+    if experiments is None:
+      extra = round_metrics(r) if round_metrics is not None else {}
+      reporter.log(label, r, {**host, **extra, **traffic(r, host)})
+      return
+    for exp, row in zip(experiments, by_experiment(host, len(experiments)), strict=True):
+      reporter.log(label, r, {**row, "elapsed_s": host["elapsed_s"], **exp.row},
+                   tensorboard_run=exp.tensorboard_run)
+
+  def name_row(e):  # rows past the experiments pad the last chunk of a sweep: they repeat its last
+    return experiments[min(e, len(experiments) - 1)].name
 
   def save(s, r):
     ckpt.maybe_save(s, force=r == num_rounds)
@@ -271,6 +311,7 @@ def run_algorithm(
       algorithm, ctx.run_data, num_rounds=num_rounds, key=key, rounds_per_call=rounds_per_call,
       state=state, eval_every=eval_every, on_eval=evaluate, on_metrics=log,
       on_call=save if ckpt is not None else None, should_stop=should_stop, label=label,
+      name_row=name_row if experiments is not None else None,
     )
   finally:
     if ckpt is not None:
@@ -281,7 +322,7 @@ def run_algorithm(
     raise RunStopped(f"run {label!r} stopped at round {int(state.round)} of {num_rounds}{kept}")
   if not summaries:  # resumed a finished run: evaluate once
     evaluate(state, int(state.round))
-  if algorithm.report is not None:
+  if algorithm.report is not None and experiments is None:
     # a report reads its state and data on the host: this process's copies (gathered when the
     # state spans processes)
     rep = algorithm.report(local_copy(state), ctx.data, key, summaries)
@@ -309,6 +350,74 @@ def model_fingerprints(models: dict[str, Any]) -> dict[str, tuple[float, ...]]:
     leaves = [jnp.asarray(x, jnp.float32) for x in jax.tree.leaves(params)]
     out[name] = tuple(float(v) for x in leaves for v in (jnp.sum(x), jnp.sum(x * x)))
   return out
+
+
+def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, reporter: Reporter, *,
+              workdir: str | None, should_stop=None, budget: memory.Budget | None = None) -> dict[str, Any]:
+  """Every experiment of run ``label`` (the settings x seeds of ``config.sweep``,
+  :mod:`fedtree.experiment.sweep`) as stacked programs (:func:`fedtree.core.sweep.sweep`),
+  chunk after chunk (``config.sweep.chunk``, one compile), each run by :func:`run_algorithm`
+  like a single run (the memory of a chunk checked first against ``budget``). Logs a
+  ``metrics.jsonl`` row per experiment and evaluation round (with ``setting`` and ``seed``),
+  prints the mean ± std table, writes the PNG and returns the run's ``summary.json`` entry
+  (rows per setting and the best by ``config.sweep.select``)."""
+  from fedtree.experiment import sweep
+  from fedtree.experiment.registry import build_algorithm
+
+  config = ctx.config
+  settings = sweep.settings_of(config, label)
+  n_seeds = int(config.sweep.get("seeds", 1) or 1)
+  seed0 = int(config.seed)
+  exps = [(i, seed0 + j) for i in range(len(settings)) for j in range(n_seeds)]
+  paths = sorted(settings[0])
+  build = sweep.config_builder(config, label, ctx, build_algorithm)
+  first = build(settings[0])  # Python values: early errors, before anything is traced
+  for s in settings[1:]:
+    build(s)
+  algo_name = str(run_cfg.algorithm)
+  if first.rounds is not None:
+    raise ValueError(
+      f"run {label!r} (algorithm {algo_name!r}) is a fixed-length composition of stages "
+      "(fedtree.core.algorithm.sequential); a sweep cannot stack it yet: sweep it as separate runs"
+    )
+  explain = sweep.explain(label, algo_name, paths)
+  num_rounds = int(run_cfg.get("rounds", config.rounds))
+  size = sweep.chunk_size(config, len(exps), ctx)
+  if budget is not None:  # the stacked state and working set of a chunk of experiments, before compiling
+    shapes = jax.eval_shape(first.init, loop.init_key(jax.random.key(seed0)))
+    reporter.print(budget.check(label, shapes, ctx.chunk_size(run_cfg), experiments=size,
+                                chunk_name="sweep.chunk" if size > 1 else "chunk_size"))
+  every = int(config.get("checkpoint_every", 0) or 0)
+  chunks = [list(range(k, min(k + size, len(exps)))) for k in range(0, len(exps), size)]
+  finals: dict[int, dict[str, float]] = {}
+  for k, chunk in enumerate(chunks):
+    name = label if len(chunks) == 1 else f"{label}#chunk{k}"
+    stacked = stacked_sweep(build, {p: [settings[exps[x][0]][p] for x in chunk] for p in paths},
+                            [exps[x][1] for x in chunk], name=f"{algo_name}[sweep]", explain=explain,
+                            pad_to=size)
+    experiments = [Experiment(
+      name=f"experiment {x} (setting {sweep.setting_name(settings[exps[x][0]])}, seed {exps[x][1]})",
+      row={"setting": settings[exps[x][0]], "seed": exps[x][1], "experiment": x},
+      tensorboard_run=f"{label}/{sweep.setting_name(settings[exps[x][0]])}/seed{exps[x][1]}",
+    ) for x in chunk]
+    _, summaries = run_algorithm(
+      stacked, ctx, jax.random.key(seed0), reporter, num_rounds=num_rounds,
+      eval_every=int(config.eval_every), rounds_per_call=int(config.rounds_per_call), label=name,
+      checkpoint_dir=os.path.join(workdir, "checkpoints", name) if workdir and every else None,
+      checkpoint_every=every, keep_checkpoints=int(config.get("keep_checkpoints", 2)),
+      should_stop=should_stop, experiments=experiments,
+    )
+    for x, sm in zip(chunk, by_experiment(summaries, len(chunk)), strict=True):
+      finals[x] = {f"{m}/{s}": v[s] for m, v in sm.items() for s in SUMMARY_METRICS if s in v}
+  per_setting = [[finals[x] for x, (i, _) in enumerate(exps) if i == s] for s in range(len(settings))]
+  rows = sweep.aggregate(settings, per_setting)
+  select = str(config.sweep.get("select", "global/accuracy"))
+  reporter.result(sweep.format_table(label, rows))
+  out = sweep.write_outputs(reporter.workdir, label, rows, select)  # None off process 0
+  if out["best"] is not None:
+    reporter.result(f"best setting of {label!r} by {select}: {out['best']['name']} "
+                    f"({out['best']['mean']:.4f} ± {out['best']['std']:.4f})")
+  return {"sweep": out}
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *,
@@ -377,8 +486,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
     for label, run_cfg in ordered_runs(config):
       if swept:  # settings x seeds of this run as one program (fedtree.experiment.sweep)
         with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-          results[label] = sweep.run_sweep(label, run_cfg, ctx, reporter, workdir=workdir,
-                                           should_stop=should_stop, budget=budget)
+          results[label] = run_sweep(label, run_cfg, ctx, reporter, workdir=workdir,
+                                     should_stop=should_stop, budget=budget)
         continue
       with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         algorithm = build_algorithm(label, run_cfg, ctx)

@@ -11,22 +11,29 @@
   sweep.chunk = "all"                  # experiments per compiled call: "all", an int, "auto"
 
 A run's experiments are ``(setting, seed)`` pairs, settings restricted to the swept paths
-that concern it (``local.*`` and other global paths, and ``runs.<its label>.*``). Every
-algorithm is ``FederatedAlgorithm(init, round)`` with explicit keys, so the experiments are
-one ``jax.vmap`` over ``(hyperparameters, state, key)`` with the data broadcast: the algorithm
-is built *inside* the traced function from a copy of the config whose swept fields hold traced
-scalars (never Python constants), by the ordinary builder
-(:func:`fedtree.experiment.registry.build_algorithm`). Experiment ``(setting, seed j)`` is
-exactly the run with ``config.seed + j`` and the setting's values done alone (tests check it).
+that concern it (``local.*`` and other global paths, and ``runs.<its label>.*``). This module
+turns the config into those settings and a builder (:func:`config_builder`: the ordinary
+builder, :func:`fedtree.experiment.registry.build_algorithm`, on a copy of the config whose
+swept fields hold the given values), and the final metrics into the mean ± std table. The
+stacked program is the engine's combinator :func:`fedtree.core.sweep.sweep`, and the runner
+drives it as it drives a single run (:func:`fedtree.experiment.runner.run_sweep`, chunk after
+chunk through :func:`fedtree.experiment.runner.run_algorithm`), so evaluation cadence,
+checkpoints, exact resume, stop requests and divergence checks are those of a single run.
+Experiment ``(setting, seed j)`` is exactly the run with ``config.seed + j`` and the setting's
+values done alone (tests check it).
 
-The stacked state (:class:`SweepState`) is one bigger pytree run by the one round loop
-:func:`fedtree.core.loop.run` (so evaluation cadence, checkpoints, exact resume, stop requests
-and divergence checks are those of a single run; a state leaf's bad row is the experiment).
-
-A field that changes shapes or Python control flow (:data:`SHAPE_FIELDS`, anything under
-``data``, ``topology``, ``model``) is refused up front by name; a builder that needs a concrete
-value of a swept field (a ``ConcretizationTypeError`` or ``TracerBoolConversionError`` while
-tracing) is turned into a ``ValueError`` naming the field and the algorithm.
+What can be swept is read from the factories' signatures: a ``runs.<label>.<name>`` that is a
+parameter of the run's algorithm is swept when its annotation admits a ``float`` (a traced
+scalar reaches the factory) and refused by name when it is an ``int`` without ``float`` (a
+count or a size: it changes shapes or Python control flow); any other field (``local.*``, a
+field a converter reads such as ``runs.<label>.server.learning_rate``, or a nested field of a
+run such as ``runs.<label>.privacy.noise_multiplier``) by its value in the config: a float is
+swept, an int refused (as are the fields of the static local schedule, ``local.steps``,
+``local.epochs``, ``local.batch_size``..., :class:`fedtree.core.local.LocalSchedule`).
+Anything under ``data``, ``topology``, ``model`` is refused up front. A
+builder that needs a concrete value of a swept field (a ``ConcretizationTypeError`` or
+``TracerBoolConversionError`` while tracing) is turned into a ``ValueError`` naming the field
+and the algorithm (:func:`explain`).
 
 Support (tests/test_sweep.py): seeds of FedAvg, FedOpt, HierFAVG, FedProx, Ditto, pFedMe,
 Per-FedAvg, pFedMT, B-HFL, CFL, IFCA, AWCFL, MCFL and FedKWS-UI stack (each experiment equals
@@ -40,35 +47,25 @@ selection report run on the host after the rounds; sweep it as separate runs. An
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import itertools
 import json
-import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import flax.struct
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from fedtree.core import loop
 from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.local import LocalSchedule
 
 MODES = ("product", "zip")
-SHAPE_FIELDS = frozenset({
-  "cohort_size", "chunk_size", "num_clusters", "clusters", "hidden", "periods", "rounds", "steps",
-  "epochs", "batch_size", "team_iters", "inner_steps", "global_rounds", "group_rounds",
-  "buffer_sizes", "proxy_examples", "proxy_steps", "proxy_batch_size", "proxy_levels",
-  "residual_k", "num_clients", "group_sizes", "stages", "eval_chunk_size", "rounds_per_call",
-  "eval_every", "seed", "warmup_rounds", "split_rounds",
-})
-"""Leaf names that change shapes or Python control flow: never swept."""
 SHAPE_PREFIXES = ("data.", "topology.", "model.", "sweep.", "mesh_shape")
 """Config subtrees that change shapes: never swept."""
+SCHEDULE_FIELDS = frozenset(f.name for f in dataclasses.fields(LocalSchedule))
+"""``config.local`` fields of the local schedule (step counts, batch shapes): never swept."""
 
 
 # ------------------------------------------------------------------------ config -> settings
@@ -135,43 +132,63 @@ def _get_path(config, path: str):
   return node
 
 
-def _swept_field(config, path: str):
-  """The current value of the swept field ``path``: the config's, or for ``runs.<label>.<name>``
-  a parameter of the run's algorithm that the run leaves at its default (its schema,
-  :func:`fedtree.experiment.registry.schema`), the factory's default."""
-  try:
-    return _get_path(config, path)
-  except ValueError:
-    parts = path.split(".")
-    runs = config.get("runs", None)
-    if len(parts) != 3 or parts[0] != "runs" or runs is None or parts[1] not in runs:
-      raise
+def _swept_field(config, path: str) -> tuple[Any, Any]:
+  """``(current value, annotation or None)`` of the swept field ``path``.
+
+  The value is the config's; for ``runs.<label>.<name>`` naming a parameter of the run's
+  algorithm, the annotation is the factory's (:func:`fedtree.experiment.registry.schema`) and
+  a parameter the run leaves at its default has the factory's default as its value."""
+  parts = path.split(".")
+  runs = config.get("runs", None)
+  spec = None
+  if len(parts) == 3 and parts[0] == "runs" and runs is not None and parts[1] in runs:
     from fedtree.experiment import registry
 
-    algorithm = runs[parts[1]].get("algorithm", None)
-    if algorithm not in registry.SPECS:
+    spec = registry.SPECS.get(runs[parts[1]].get("algorithm", None), None)
+  try:
+    value = _get_path(config, path)
+  except ValueError:
+    if spec is None:
       raise
-    sch = registry.schema(registry.SPECS[algorithm])
-    hint = sch.scalars.get(parts[2], None)
-    if hint is None:
-      numeric = sorted(n for n, h in sch.scalars.items() if _numeric_hint(h))
+    value = inspect.Parameter.empty
+  if spec is None:
+    return value, None
+  from fedtree.experiment import registry
+
+  sch = registry.schema(spec)
+  hint = registry._hints(spec.factory).get(parts[2], None) if parts[2] in sch.params else None
+  if value is inspect.Parameter.empty:
+    if parts[2] not in sch.scalars:
+      swept = sorted(n for n, h in sch.scalars.items() if _kind(None, h) == "float")
       raise ValueError(
         f"config.sweep.params names {path!r}, which is not a config field nor a numeric parameter of "
-        f"algorithm {algorithm!r} (its numeric parameters: {numeric})"
+        f"algorithm {runs[parts[1]].algorithm!r} (its numeric parameters: {swept})"
       ) from None
-    if not _numeric_hint(hint):
-      raise ValueError(f"config.sweep.params[{path!r}]: {parts[2]!r} of algorithm {algorithm!r} is a "
-                       f"{hint}, not a number; only numeric fields can be swept") from None
-    default = sch.params[parts[2]].default
-    return None if default is inspect.Parameter.empty else default
+    value = sch.params[parts[2]].default
+    value = None if value is inspect.Parameter.empty else value
+  return value, hint
 
 
-def _numeric_hint(hint) -> bool:
-  import types
-  import typing
+def _kind(value, hint) -> str:
+  """What a swept field is, by its factory annotation when it has one, else by its value:
+  ``"float"`` (an experiment axis: a traced scalar), ``"shape"`` (an int: a count or a size,
+  which changes array shapes or Python control flow), ``"other"`` (not a number)."""
+  if hint is not None:
+    from fedtree.experiment.registry import _union_args
 
-  args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-  return any(a in (int, float) for a in args)
+    args = _union_args(hint)
+    return "float" if float in args else "shape" if int in args else "other"
+  if isinstance(value, (float, np.floating)):
+    return "float"
+  if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+    return "shape"
+  return "other"
+
+
+def _type_name(hint) -> str:
+  from fedtree.experiment.registry import _type_name
+
+  return hint.__name__ if isinstance(hint, type) else _type_name(hint)
 
 
 def _set_path(config, path: str, value) -> None:
@@ -197,7 +214,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   params = params_of(sw)
   for path, values in params.items():
     leaf = path.rsplit(".", 1)[-1]
-    if leaf in SHAPE_FIELDS or path.startswith(SHAPE_PREFIXES):
+    if path.startswith(SHAPE_PREFIXES):
       raise ValueError(
         f"config.sweep.params[{path!r}]: {leaf!r} changes array shapes or the program's control "
         f"flow and cannot be an experiment axis; sweep it as separate runs (config.runs) instead"
@@ -205,9 +222,23 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if path.startswith("runs.") and path.count(".") < 2:
       raise ValueError(f"config.sweep.params[{path!r}] must name a field of a run, e.g. "
                        f"'runs.<label>.mu'")
-    current = _swept_field(config, path)
-    if isinstance(current, (bool, str)) or hasattr(current, "keys") or (
-        current is not None and not isinstance(current, (int, float, np.number))):
+    current, hint = _swept_field(config, path)
+    kind = _kind(current, hint)
+    if path.startswith("local.") and leaf in SCHEDULE_FIELDS:
+      hint, kind = LocalSchedule.__annotations__[leaf], "shape"
+    if kind == "shape":
+      what = (f"the int {current!r}" if hint is None else "a field of the static LocalSchedule"
+              if path.startswith("local.") else f"annotated {_type_name(hint)}")
+      raise ValueError(
+        f"config.sweep.params[{path!r}]: {leaf!r} ({what}) changes array shapes or the program's "
+        f"control flow and cannot be an experiment axis; sweep it as separate runs (config.runs) "
+        f"instead (a rate written as an int: write it as a float)"
+      )
+    if kind == "other":
+      if hint is not None:
+        algorithm = config.runs[path.split(".")[1]].algorithm
+        raise ValueError(f"config.sweep.params[{path!r}]: {leaf!r} of algorithm {algorithm!r} is a "
+                         f"{_type_name(hint)}, not a number; only numeric fields can be swept")
       raise ValueError(f"config.sweep.params[{path!r}]: the field is {current!r}, not a number; "
                        "only numeric fields can be swept")
     if not values:
@@ -261,28 +292,12 @@ def setting_name(setting: dict[str, float]) -> str:
                   for p, v in setting.items())
 
 
-# ------------------------------------------------------------------------ the stacked program
-@flax.struct.dataclass
-class SweepState:
-  """The state of ``E`` experiments of one run.
-
-  Attributes:
-    round: ``int32[]`` rounds completed (the same for every experiment).
-    inner: the algorithm's state with a leading experiment axis ``[E, ...]`` on every leaf.
-    keys: ``uint32[E, 2]`` every experiment's root key (key data of ``jax.random.key(seed)``).
-    hparams: ``{path: float32[E]}`` every experiment's swept values.
-  """
-
-  round: jax.Array
-  inner: Any
-  keys: jax.Array
-  hparams: dict
-
-
+# ------------------------------------------------------------------------ the builder
 def config_builder(config: ml_collections.ConfigDict, label: str, ctx,
                    build_algorithm: Callable) -> Callable[[dict], FederatedAlgorithm]:
   """``build(hparams) -> algorithm`` of run ``label`` with the swept fields set to ``hparams``
-  (traced scalars inside a trace, Python floats outside), through the ordinary builder."""
+  (``{dotted path: value}``: traced scalars inside a trace, Python floats outside), through the
+  ordinary builder: the builder :func:`fedtree.core.sweep.sweep` stacks."""
   from fedtree.experiment.builders import local_optimizer_from_config
 
   base = config.to_dict()
@@ -302,78 +317,18 @@ def config_builder(config: ml_collections.ConfigDict, label: str, ctx,
   return build
 
 
-def _explain(e: Exception, label: str, algorithm: str, paths: Sequence[str]) -> ValueError:
-  return ValueError(
-    f"run {label!r} (algorithm {algorithm!r}) cannot sweep {list(paths)} in one program: its "
-    f"builder needs a concrete value of a swept field ({type(e).__name__}: {str(e).splitlines()[0]}); "
-    "sweep these values as separate runs instead"
-  )
+def explain(label: str, algorithm: str, paths: Sequence[str]) -> Callable[[Exception], ValueError]:
+  """What a builder's trace error (it needs a concrete value of a swept field) becomes: a
+  ``ValueError`` naming the run, its algorithm and the swept paths."""
 
+  def to_error(e: Exception) -> ValueError:
+    return ValueError(
+      f"run {label!r} (algorithm {algorithm!r}) cannot sweep {list(paths)} in one program: its "
+      f"builder needs a concrete value of a swept field ({type(e).__name__}: {str(e).splitlines()[0]}); "
+      "sweep these values as separate runs instead"
+    )
 
-def stacked_algorithm(build: Callable[[dict], FederatedAlgorithm], *, label: str, algorithm: str,
-                      paths: Sequence[str]) -> FederatedAlgorithm:
-  """One :class:`FederatedAlgorithm` over :class:`SweepState`: ``round`` runs a round of every
-  experiment (``vmap`` over hyperparameters, states and keys; data broadcast). Its ``init``
-  is unused (see :func:`init_state`); the key ``round`` receives is ignored (each experiment
-  folds the round into its own key, as :func:`fedtree.core.loop.run` does for a single run)."""
-
-  def one(hp, state, data, key_data):
-    key = jax.random.wrap_key_data(key_data)
-    try:
-      return build(hp).round(state, data, jax.random.fold_in(key, state.round))
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
-            jax.errors.TracerIntegerConversionError) as e:
-      raise _explain(e, label, algorithm, paths) from e
-
-  def round_(st: SweepState, data, _key):
-    inner, metrics = jax.vmap(one, in_axes=(0, 0, None, 0))(st.hparams, st.inner, data, st.keys)
-    client = metrics.pop("nonfinite_client", None)
-    out = {f"{k}@{e}": v[e] for k, v in metrics.items() for e in range(v.shape[0])}
-    # Any experiment's non-finite loss or client update stops the sweep, naming the experiment
-    # (the loop maps it to its setting and seed) and the client.
-    bad = jnp.zeros(st.keys.shape[0], bool)
-    if "train_loss" in metrics:
-      out["train_loss"] = jnp.sum(metrics["train_loss"])
-      bad = bad | ~jnp.isfinite(metrics["train_loss"])
-    if client is not None:
-      bad = bad | (client >= 0)
-      out["nonfinite_client"] = jnp.where(bad.any(), client[jnp.argmax(bad)], -1)
-    out["nonfinite_experiment"] = jnp.where(bad.any(), jnp.argmax(bad), -1).astype(jnp.int32)
-    return SweepState(round=st.round + 1, inner=inner, keys=st.keys, hparams=st.hparams), out
-
-  def models(_st):
-    raise NotImplementedError("evaluate a sweep's experiments one by one (fedtree.experiment.sweep)")
-
-  return FederatedAlgorithm(init=None, round=round_, models=models, name=f"{algorithm}[sweep]")
-
-
-def init_state(build: Callable[[dict], FederatedAlgorithm], hparams: dict, seeds: Sequence[int], *,
-               label: str, algorithm: str) -> SweepState:
-  """The initial :class:`SweepState` of experiments with ``hparams`` (``{path: float[E]}``)
-  and seeds (``int[E]``): experiment ``e`` starts from ``init(init_key(key(seeds[e])))``."""
-  key_data = jnp.stack([jax.random.key_data(jax.random.key(int(s))) for s in seeds])
-  hp = {p: jnp.asarray(v, jnp.float32) for p, v in hparams.items()}
-  inner = _jitted_init(build, label, algorithm, tuple(sorted(hparams)))(hp, key_data)
-  return SweepState(round=jnp.zeros((), jnp.int32), inner=inner, keys=key_data, hparams=hp)
-
-
-@functools.lru_cache(maxsize=16)
-def _jitted_init(build, label: str, algorithm: str, paths: tuple):
-  """The jitted, vmapped ``init`` of ``build`` (one compile per build function and shape)."""
-
-  def one(h, kd):
-    try:
-      return build(h).init(loop.init_key(jax.random.wrap_key_data(kd)))
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
-            jax.errors.TracerIntegerConversionError) as e:
-      raise _explain(e, label, algorithm, list(paths)) from e
-
-  return jax.jit(jax.vmap(one))
-
-
-def experiment(st: SweepState, e: int):
-  """The state of experiment ``e`` alone (its ``round`` is the sweep's)."""
-  return jax.tree.map(lambda x: x[e], st.inner)
+  return to_error
 
 
 def chunk_size(config, num_experiments: int, ctx=None) -> int:
@@ -465,127 +420,3 @@ def write_outputs(workdir: str | None, label: str, rows: list[dict], select: str
     except (ImportError, OSError, ValueError) as e:  # no matplotlib, or nothing to plot
       print(f"sweep plot of {label!r} not written: {e}")
   return out
-
-
-def dumps(obj) -> str:
-  def clean(o):
-    if isinstance(o, dict):
-      return {str(k): clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-      return [clean(v) for v in o]
-    if isinstance(o, float) and not math.isfinite(o):
-      return None
-    return o
-  return json.dumps(clean(obj), indent=2)
-
-
-# ------------------------------------------------------------------------ running (the runner's part)
-def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should_stop=None,
-              build_algorithm: Callable | None = None, budget=None) -> dict[str, Any]:
-  """Every experiment of run ``label`` (settings x seeds), chunk after chunk through one
-  compiled function (the memory of a chunk of experiments checked first against ``budget``,
-  a :class:`fedtree.experiment.memory.Budget`); logs a ``metrics.jsonl`` row per experiment
-  and evaluation round (with ``setting`` and ``seed``), prints the mean ± std table, writes
-  the PNG and returns the run's ``summary.json`` entry (rows per setting and the best by
-  ``config.sweep.select``)."""
-  from fedtree import evaluation
-  from fedtree.core.metrics import make_evaluator
-  from fedtree.experiment import results
-
-  if build_algorithm is None:
-    from fedtree.experiment.registry import build_algorithm
-  config = ctx.config
-  sw = config.sweep
-  settings = settings_of(config, label)
-  n_seeds = int(sw.get("seeds", 1) or 1)
-  seed0 = int(config.seed)
-  exps = [(i, seed0 + j) for i in range(len(settings)) for j in range(n_seeds)]
-  paths = sorted(settings[0])
-  build = config_builder(config, label, ctx, build_algorithm)
-  concrete = [build(s) for s in settings]  # Python values: for evaluation, and early errors
-  algo_name = str(run_cfg.algorithm)
-  if concrete[0].rounds is not None:
-    raise ValueError(
-      f"run {label!r} (algorithm {algo_name!r}) is a fixed-length composition of stages "
-      "(fedtree.core.algorithm.sequential); a sweep cannot stack it yet: sweep it as separate runs"
-    )
-  stacked = stacked_algorithm(build, label=label, algorithm=algo_name, paths=paths)
-  num_rounds = int(run_cfg.get("rounds", config.rounds))
-  positive = results.positive_classes_from_config(config, ctx.data.num_classes)
-  evaluator = make_evaluator(ctx.model, config.get("eval_chunk_size", None), confusion=positive is not None)
-  size = chunk_size(config, len(exps), ctx)
-  if budget is not None:  # the stacked state and working set of a chunk of experiments, before compiling
-    shapes = jax.eval_shape(concrete[0].init, loop.init_key(jax.random.key(seed0)))
-    reporter.print(budget.check(label, shapes, ctx.chunk_size(run_cfg), experiments=size,
-                                chunk_name="sweep.chunk" if size > 1 else "chunk_size"))
-  chunks = [exps[k:k + size] for k in range(0, len(exps), size)]
-  finals: dict[int, dict[str, float]] = {}
-  every = int(config.get("checkpoint_every", 0) or 0)
-  for k, chunk in enumerate(chunks):
-    real = len(chunk)
-    padded = chunk + [chunk[-1]] * (size - real)  # one shape for every chunk: one compile
-    hp = {p: np.asarray([settings[i][p] for i, _ in padded], np.float32) for p in paths}
-    state = init_state(build, hp, [s for _, s in padded], label=label, algorithm=algo_name)
-    name = label if len(chunks) == 1 else f"{label}#chunk{k}"
-    ckpt = None
-    if workdir and every:
-      from fedtree.experiment.checkpoint import Checkpointer
-
-      ckpt = Checkpointer(os.path.join(workdir, "checkpoints", name), every=every,
-                          keep=int(config.get("keep_checkpoints", 2)))
-      restored = ckpt.restore(state, warn=reporter.print)
-      if restored is not None:
-        state = restored
-        reporter.print(f"{name}: resumed from the checkpoint of round {int(state.round)}")
-    evals: dict[int, dict[int, dict[str, float]]] = {}
-
-    def evaluate(st, r, chunk=chunk, evals=evals):
-      evals[r] = {}
-      for e, (i, seed) in enumerate(chunk):
-        summaries = evaluation.evaluate_models(
-          concrete[i], experiment(st, e), ctx.model, ctx.run_data, groups=ctx.groups,
-          evaluator=evaluator, positive_classes=positive)
-        results.check_summaries(f"{label}[{setting_name(settings[i])},seed={seed}]", r, summaries)
-        evals[r][e] = {f"{m}/{s}": sm[s] for m, sm in summaries.items()
-                       for s in results.SUMMARY_METRICS if s in sm}
-      return {}
-
-    def log(r, host, chunk=chunk, evals=evals, name=name, base=k * size):
-      for e, (i, seed) in enumerate(chunk):
-        row = {m.split("@")[0]: v for m, v in host.items() if m.endswith(f"@{e}")}
-        row.update(evals.get(r, {}).get(e, {}))
-        row.update(setting=settings[i], seed=seed, experiment=base + e)
-        reporter.log(name, r, row, tensorboard_run=f"{label}/{setting_name(settings[i])}/seed{seed}")
-
-    def name_row(e, chunk=chunk, base=k * size):  # padded rows repeat the chunk's last experiment
-      e = min(e, len(chunk) - 1)
-      i, seed = chunk[e]
-      return f"experiment {base + e} (setting {setting_name(settings[i])}, seed {seed})"
-
-    reporter.start_run(name, num_rounds, from_round=int(state.round))
-    try:
-      state = loop.run(
-        stacked, ctx.run_data, num_rounds=num_rounds, key=jax.random.key(0), state=state,
-        rounds_per_call=int(config.rounds_per_call), eval_every=int(config.eval_every),
-        on_eval=evaluate, on_metrics=log, should_stop=should_stop, label=name, name_row=name_row,
-        on_call=(lambda s, r, c=ckpt: c.maybe_save(s, force=r == num_rounds)) if ckpt else None,
-      )
-    finally:
-      if ckpt is not None:
-        ckpt.close()
-      reporter.end_run(name)
-    if int(state.round) < num_rounds:
-      raise results.RunStopped(f"sweep {name!r} stopped at round {int(state.round)} of {num_rounds}")
-    if num_rounds not in evals:
-      evaluate(state, num_rounds)
-    for e in range(real):
-      finals[k * size + e] = evals[num_rounds][e]
-  per_setting = [[finals[x] for x, (i, _) in enumerate(exps) if i == s] for s in range(len(settings))]
-  rows = aggregate(settings, per_setting)
-  select = str(sw.get("select", "global/accuracy"))
-  reporter.result(format_table(label, rows))
-  out = write_outputs(reporter.workdir, label, rows, select)  # None off process 0
-  if out["best"] is not None:
-    reporter.result(f"best setting of {label!r} by {select}: {out['best']['name']} "
-                    f"({out['best']['mean']:.4f} ± {out['best']['std']:.4f})")
-  return {"sweep": out}

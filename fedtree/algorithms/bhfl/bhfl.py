@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -69,12 +69,17 @@ from flax import struct
 from fedtree.algorithms.bhfl.asynchrony import Latency, first_arrivals, segment_rank, staleness_weight
 from fedtree.core.aggregation import weighted_mean, weighted_segment_sum
 from fedtree.core.algorithm import (
+  CLIENT_ROWS,
+  UNNAMED,
   FederatedAlgorithm,
   NodeModels,
   Report,
+  RowName,
   check_weighting,
   client_weights,
   initial_params,
+  node_rows,
+  path_rows,
   per_level,
 )
 from fedtree.core.checks import check_nonnegative
@@ -170,6 +175,28 @@ class Pending:
   version: jax.Array
 
 
+class Level(NamedTuple):
+  """One level's part of B-HFL's state, as a round works on it (level 0: the root, ``depth``:
+  the clients): one record per level instead of parallel lists indexed by level.
+
+  Attributes:
+    params: ``[N_l, ...]`` the level's models.
+    up: ``[N_l, ...]`` up-optimizer states (server levels; ``None`` for the clients).
+    version: ``int32[N_l]`` aggregations done (server levels; ``None`` for the clients).
+    down: ``[N_l, ...]`` down-optimizer states (levels ``>= 1``; ``None`` for the root).
+    pending: the level's updates waiting at its parents (levels ``>= 1``; ``None`` for the root).
+    aggregated: ``bool[N_l]`` the nodes that aggregated this round (server levels, once
+      :func:`bhfl`'s aggregate-up phase has run).
+  """
+
+  params: PyTree
+  up: Any = None
+  version: jax.Array | None = None
+  down: Any = None
+  pending: Pending | None = None
+  aggregated: jax.Array | None = None
+
+
 @struct.dataclass
 class BHFLState:
   """State of B-HFL.
@@ -197,6 +224,22 @@ class BHFLState:
   direct_state: Any = ()
   cursor: Any = ()
   update_state: Any = ()
+
+  def row_names(self) -> BHFLState:
+    """Rows of every part (:class:`fedtree.core.algorithm.RowName`): level ``l``'s nodes, the
+    clients at the last level, the root's residual links and the root→edge links."""
+    depth = len(self.params) - 1
+    level = lambda lv: CLIENT_ROWS if lv == depth else node_rows(lv)  # noqa: E731
+    return self.replace(
+      round=UNNAMED, params=tuple(level(lv) for lv in range(depth + 1)),
+      up_state=tuple(node_rows(lv) for lv in range(depth)),
+      down_state=tuple(level(lv) for lv in range(1, depth + 1)),
+      pending=tuple(level(lv) for lv in range(1, depth + 1)),
+      version=tuple(node_rows(lv) for lv in range(depth)),
+      residual_state=RowName("residual link", "the root's residual state"),
+      direct_state=RowName("edge", "the root→edge down state"), cursor=CLIENT_ROWS,
+      update_state=path_rows(CLIENT_ROWS, node_rows(depth - 1)),
+    )
 
 
 # ------------------------------------------------------------------------ validation
@@ -465,119 +508,152 @@ def bhfl(
     params_lv = jax.tree.map(lambda a, v: a.at[jnp.asarray(nodes)].set(v), params_lv, new)
     return params_lv, jnp.sum(jnp.where(act, loss, 0.0)), jnp.sum(act.astype(jnp.int32))
 
+  def levels_of(state: BHFLState) -> list[Level]:
+    return [Level(params=state.params[lv],
+                  up=state.up_state[lv] if lv < depth else None,
+                  version=state.version[lv] if lv < depth else None,
+                  down=state.down_state[lv - 1] if lv else None,
+                  pending=state.pending[lv - 1] if lv else None)
+            for lv in range(depth + 1)]
+
+  # ---------------------------------------------------------------- the round, in phases
+  def train_clients(levels: list[Level], cursor, update_state, data: FederatedData, w_client, t0, lat_key,
+                    key, metrics):
+    """Clients train from their own models; their updates (through the update path's client
+    stage: what each sends of its update, it keeps its own model) head to their edge servers."""
+    edge, clients = levels[depth - 1], levels[depth]
+    cohort = sampler(stream(key, "cohort"))
+    res = train_cohort(
+      client_update, edge.params, cohort, data,
+      num_steps=schedule.num_steps(data.n_train), weights=w_client, key=stream(key, "train"),
+      client_state=clients.params, chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned,
+      batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=cursor,
+      skip_nonfinite=skip_nonfinite,
+    )
+    trained = res.reported   # the cohort, less the clients skipped for a non-finite update
+    u = jax.tree.map(jnp.subtract, take(edge.params, parents[depth]), res.client_state)
+    if path is not None:
+      u, update_state, sums = transform_children(
+        path, update_state, u, jnp.asarray(parents[depth]), w_client, trained, nums[depth - 1],
+        stream(key, "update"))
+      metrics.update(path_metrics(sums, res.num_trained, {}, {}))
+    arrival = t0 + lats[depth - 1].sample(jax.random.fold_in(lat_key, depth), num_clients)
+    pending = send(clients.pending, trained, u, arrival, jnp.take(edge.version, jnp.asarray(parents[depth])))
+    levels[depth] = clients._replace(params=res.client_state, pending=pending)
+    return levels, res, update_state
+
+  def aggregate_level(levels: list[Level], lv: int, r, t0, w_child, lat_key, key, metrics):
+    """Server level ``lv`` aggregates the updates of its children that arrived (period,
+    buffer and staleness rules), steps its up optimizer, trains on its proxy data, and sends
+    its own update to its parent. Returns the levels and the children's updates it used."""
+    node, child = levels[lv], levels[lv + 1]
+    par = jnp.asarray(parents[lv + 1])
+    p = child.pending
+    period_ok = (r % jnp.asarray(periods[lv])) == 0
+    eligible = p.has & (p.arrival < t0 + 1.0) & jnp.take(period_ok, par)
+    sel = first_arrivals(p.arrival, eligible, parents[lv + 1], nums[lv], buffers[lv])
+    count = jax.ops.segment_sum(sel.astype(jnp.int32), par, num_segments=nums[lv])
+    agg = period_ok & (count >= (1 if buffers[lv] is None else buffers[lv]))
+    use = sel & jnp.take(agg, par)
+    stale = jnp.take(node.version, par) - p.version
+    wt = jnp.where(use, w_child * staleness_weight(stale, staleness_exponent), 0.0)
+    delta, _ = weighted_mean(p.update, wt, par, nums[lv])
+    params, up = update_nodes(up_opts[lv], node.params, node.up, delta, agg)
+    send_time = jnp.maximum(
+      jax.ops.segment_max(jnp.where(use, p.arrival, -jnp.inf), par, num_segments=nums[lv]), t0)
+    n_used = jnp.maximum(jnp.sum(use.astype(jnp.int32)), 1).astype(jnp.float32)
+    metrics[f"aggregated_l{lv}"] = jnp.sum(agg.astype(jnp.int32))
+    metrics[f"staleness_l{lv}"] = jnp.sum(jnp.where(use, stale, 0)).astype(jnp.float32) / n_used
+    if lv in proxy:
+      params, pl, pn = proxy_train(lv, params, agg, jax.random.fold_in(stream(key, "proxy"), lv))
+      metrics[f"proxy_loss_l{lv}"] = pl / jnp.maximum(pn, 1).astype(jnp.float32)
+    node = node._replace(params=params, up=up, version=node.version + agg.astype(jnp.int32),
+                         aggregated=agg)
+    if lv >= 1:
+      parent = levels[lv - 1]
+      u = jax.tree.map(jnp.subtract, take(parent.params, parents[lv]), params)
+      arrival = send_time + lats[lv - 1].sample(jax.random.fold_in(lat_key, lv), nums[lv])
+      node = node._replace(pending=send(node.pending, agg, u, arrival,
+                                        jnp.take(parent.version, jnp.asarray(parents[lv]))))
+    levels[lv], levels[lv + 1] = node, child._replace(pending=p.replace(has=p.has & ~use))
+    return levels, p, use
+
+  def residual_links(p: Pending, use):
+    """The ``residual_k`` largest updates each edge server used, one per residual link."""
+    par = parents[depth]
+    sq = sum(jnp.sum(jnp.square(a.reshape(a.shape[0], -1)), axis=1) for a in jax.tree.leaves(p.update))
+    rank = segment_rank(-sq, use, par, nums[depth - 1])
+    link = jnp.where(use & (rank < residual_k), jnp.asarray(par) * residual_k + rank, num_links)
+    update = jax.tree.map(lambda a: a[:num_links], weighted_segment_sum(
+      p.update, jnp.ones((num_clients,), jnp.float32), link, num_links + 1))
+    has = jax.ops.segment_sum(jnp.ones((num_clients,), jnp.int32), link,
+                              num_segments=num_links + 1)[:num_links] > 0
+    return update, has
+
+  def aggregate_up(levels: list[Level], r, t0, w_nodes, lat_key, key, metrics):
+    """Leaf-to-root: every server level aggregates, the edges first."""
+    residual = None
+    for lv in range(depth - 1, -1, -1):
+      levels, used, use = aggregate_level(levels, lv, r, t0, w_nodes[lv + 1], lat_key, key, metrics)
+      if residual_k and lv == depth - 1:
+        residual = residual_links(used, use)
+    return levels, residual
+
+  def residual_into_root(levels: list[Level], residual_state, residual, metrics):
+    """The root steps its residual optimizer on every residual link that carried an update."""
+    if not residual_k:
+      return levels, residual_state
+    res_update, res_has = residual
+    root = levels[0]
+    steps, new_s = jax.vmap(residual_opt.update)(res_update, residual_state,
+                                                 take(root.params, np.zeros(num_links, np.int32)))
+    residual_state = select_nodes(res_has, new_s, residual_state)
+    mean_step, _ = weighted_mean(steps, res_has.astype(jnp.float32), jnp.zeros((num_links,), jnp.int32), 1)
+    levels[0] = root._replace(params=jax.tree.map(jnp.add, root.params, mean_step))
+    metrics["residual_links_used"] = jnp.sum(res_has.astype(jnp.int32))
+    return levels, residual_state
+
+  def merge_down(levels: list[Level], direct_state):
+    """Root-to-leaf: every node that received its parent's new model merges it through its
+    down optimizer (a node receives when its parent aggregated or received this round)."""
+    sent = levels[0].aggregated
+    for lv in range(depth):
+      child, node = lv + 1, levels[lv + 1]
+      recv = jnp.take(sent, jnp.asarray(parents[child]))
+      params, down = down_nodes(down_opts[lv], node.params, node.down,
+                                take(levels[lv].params, parents[child]), recv)
+      if residual_down and child == depth - 1:
+        direct = jnp.broadcast_to(levels[0].aggregated[0], (nums[child],))
+        params, direct_state = down_nodes(
+          direct_opt, params, direct_state, take(levels[0].params, np.zeros(nums[child], np.int32)), direct)
+        recv = recv | direct
+      levels[child] = node._replace(params=params, down=down)
+      if child < depth:
+        sent = node.aggregated | recv
+    return levels, direct_state
+
   def round_fn(state: BHFLState, data: FederatedData, key):
     r = state.round + 1
     t0 = state.round.astype(jnp.float32)
-    params, up, down = list(state.params), list(state.up_state), list(state.down_state)
-    pend, version = list(state.pending), list(state.version)
-    metrics = {}
     w_client = client_weights(data.n_train, weighting)
     w_nodes = [jax.ops.segment_sum(w_client, jnp.asarray(ancestors[lv]), num_segments=nums[lv])
                for lv in range(depth)] + [w_client]
     lat_key = stream(key, "latency")
-
-    # 1. Clients train from their own models; their updates head to their edge servers.
-    cohort = sampler(stream(key, "cohort"))
-    res = train_cohort(
-      client_update, params[depth - 1], cohort, data,
-      num_steps=schedule.num_steps(data.n_train), weights=w_client, key=stream(key, "train"),
-      client_state=params[depth], chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned,
-      batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=state.cursor,
-      skip_nonfinite=skip_nonfinite,
-    )
-    params[depth] = res.client_state
-    trained = res.reported   # the cohort, less the clients skipped for a non-finite update
-    u = jax.tree.map(jnp.subtract, take(params[depth - 1], parents[depth]), params[depth])
-    update_state, path_metric = state.update_state, {}
-    if path is not None:   # what each client sends of its update (it keeps its own model)
-      u, update_state, sums = transform_children(
-        path, update_state, u, jnp.asarray(parents[depth]), w_client, trained, nums[depth - 1],
-        stream(key, "update"))
-      path_metric = path_metrics(sums, res.num_trained, {}, {})
-    arrival = t0 + lats[depth - 1].sample(jax.random.fold_in(lat_key, depth), num_clients)
-    pend[depth - 1] = send(pend[depth - 1], trained, u, arrival,
-                           jnp.take(version[depth - 1], jnp.asarray(parents[depth])))
-
-    # 2. Leaf-to-root.
-    aggregated = [None] * depth
-    res_update, res_has = None, None
-    for lv in range(depth - 1, -1, -1):
-      child, par = lv + 1, parents[lv + 1]
-      p = pend[child - 1]
-      period_ok = (r % jnp.asarray(periods[lv])) == 0
-      eligible = p.has & (p.arrival < t0 + 1.0) & jnp.take(period_ok, jnp.asarray(par))
-      sel = first_arrivals(p.arrival, eligible, par, nums[lv], buffers[lv])
-      count = jax.ops.segment_sum(sel.astype(jnp.int32), jnp.asarray(par), num_segments=nums[lv])
-      agg = period_ok & (count >= (1 if buffers[lv] is None else buffers[lv]))
-      use = sel & jnp.take(agg, jnp.asarray(par))
-      stale = jnp.take(version[lv], jnp.asarray(par)) - p.version
-      wt = jnp.where(use, w_nodes[child] * staleness_weight(stale, staleness_exponent), 0.0)
-      delta, _ = weighted_mean(p.update, wt, jnp.asarray(par), nums[lv])
-      params[lv], up[lv] = update_nodes(up_opts[lv], params[lv], up[lv], delta, agg)
-      version[lv] = version[lv] + agg.astype(jnp.int32)
-      send_time = jnp.maximum(
-        jax.ops.segment_max(jnp.where(use, p.arrival, -jnp.inf), jnp.asarray(par),
-                            num_segments=nums[lv]), t0)
-      n_used = jnp.maximum(jnp.sum(use.astype(jnp.int32)), 1).astype(jnp.float32)
-      metrics[f"aggregated_l{lv}"] = jnp.sum(agg.astype(jnp.int32))
-      metrics[f"staleness_l{lv}"] = jnp.sum(jnp.where(use, stale, 0)).astype(jnp.float32) / n_used
-      if residual_k and lv == depth - 1:
-        sq = sum(jnp.sum(jnp.square(a.reshape(a.shape[0], -1)), axis=1)
-                 for a in jax.tree.leaves(p.update))
-        rank = segment_rank(-sq, use, par, nums[lv])
-        link = jnp.where(use & (rank < residual_k), jnp.asarray(par) * residual_k + rank, num_links)
-        res_update = jax.tree.map(lambda a: a[:num_links], weighted_segment_sum(
-          p.update, jnp.ones((num_clients,), jnp.float32), link, num_links + 1))
-        res_has = jax.ops.segment_sum(jnp.ones((num_clients,), jnp.int32), link,
-                                      num_segments=num_links + 1)[:num_links] > 0
-      pend[child - 1] = p.replace(has=p.has & ~use)
-      if lv in proxy:
-        params[lv], pl, pn = proxy_train(lv, params[lv], agg,
-                                         jax.random.fold_in(stream(key, "proxy"), lv))
-        metrics[f"proxy_loss_l{lv}"] = pl / jnp.maximum(pn, 1).astype(jnp.float32)
-      if lv >= 1:
-        u_lv = jax.tree.map(jnp.subtract, take(params[lv - 1], parents[lv]), params[lv])
-        arr = send_time + lats[lv - 1].sample(jax.random.fold_in(lat_key, lv), nums[lv])
-        pend[lv - 1] = send(pend[lv - 1], agg, u_lv, arr,
-                            jnp.take(version[lv - 1], jnp.asarray(parents[lv])))
-      aggregated[lv] = agg
-
-    # 3. Residual links into the root.
-    residual_state = state.residual_state
-    if residual_k:
-      root = take(params[0], np.zeros(num_links, np.int32))
-      steps, new_s = jax.vmap(residual_opt.update)(res_update, residual_state, root)
-      residual_state = select_nodes(res_has, new_s, residual_state)
-      mean_step, _ = weighted_mean(steps, res_has.astype(jnp.float32),
-                                   jnp.zeros((num_links,), jnp.int32), 1)
-      params[0] = jax.tree.map(jnp.add, params[0], mean_step)
-      metrics["residual_links_used"] = jnp.sum(res_has.astype(jnp.int32))
-
-    # 4. Root-to-leaf: partial merges through every child's down optimizer.
-    direct_state = state.direct_state
-    sent = aggregated[0]
-    for lv in range(depth):
-      child = lv + 1
-      recv = jnp.take(sent, jnp.asarray(parents[child]))
-      params[child], down[lv] = down_nodes(
-        down_opts[lv], params[child], down[lv], take(params[lv], parents[child]), recv)
-      if residual_down and child == depth - 1:
-        direct = jnp.broadcast_to(aggregated[0][0], (nums[child],))
-        params[child], direct_state = down_nodes(
-          direct_opt, params[child], direct_state, take(params[0], np.zeros(nums[child], np.int32)),
-          direct)
-        recv = recv | direct
-      if child < depth:
-        sent = aggregated[child] | recv
-
+    metrics: dict[str, jax.Array] = {}
+    levels = levels_of(state)
+    levels, res, update_state = train_clients(levels, state.cursor, state.update_state, data, w_client,
+                                              t0, lat_key, key, metrics)
+    levels, residual = aggregate_up(levels, r, t0, w_nodes, lat_key, key, metrics)
+    levels, residual_state = residual_into_root(levels, state.residual_state, residual, metrics)
+    levels, direct_state = merge_down(levels, state.direct_state)
     metrics.update(res.metrics(skip_nonfinite))
-    metrics.update(path_metric)
-    new_state = BHFLState(
-      round=r, params=tuple(params), up_state=tuple(up), down_state=tuple(down),
-      pending=tuple(pend), version=tuple(version), residual_state=residual_state,
-      direct_state=direct_state, cursor=res.cursor, update_state=update_state,
-    )
-    return new_state, metrics
+    return BHFLState(
+      round=r, params=tuple(lvl.params for lvl in levels),
+      up_state=tuple(lvl.up for lvl in levels[:depth]), down_state=tuple(lvl.down for lvl in levels[1:]),
+      pending=tuple(lvl.pending for lvl in levels[1:]), version=tuple(lvl.version for lvl in levels[:depth]),
+      residual_state=residual_state, direct_state=direct_state, cursor=res.cursor,
+      update_state=update_state,
+    ), metrics
 
   def models(state: BHFLState):
     return {level_name(lv, depth): NodeModels(state.params[lv], topology.ancestor(lv))
@@ -603,7 +679,7 @@ def central_test_set(data: FederatedData, central_test=None) -> tuple[np.ndarray
 
 def level_table(model: Model, params_by_level: Sequence[PyTree], topology: Topology,
                 data: FederatedData, central_test=None,
-                chunk_size: int | None = None) -> list[dict]:
+                chunk_size: int | None = None, summaries: Mapping[str, Mapping] | None = None) -> list[dict]:
   """One row per level: every node's model on its subtree's clients and on the central set.
 
   ``subtree_accuracy``: example-weighted accuracy of each client's level-``l`` ancestor on
@@ -611,6 +687,10 @@ def level_table(model: Model, params_by_level: Sequence[PyTree], topology: Topol
   ``subtree_client_mean``: the same, averaged per client; ``central_accuracy`` /
   ``central_loss``: mean over the nodes of the level of each node's accuracy / loss on the
   central test set (``central_min`` / ``central_max`` the spread).
+
+  ``summaries``: the run's evaluation of B-HFL's ``models()`` (each level's nodes on their
+  subtrees' clients, keyed by :func:`level_name`): the subtree columns are read from it
+  (``accuracy``, ``client_mean_accuracy``) instead of scoring the levels again.
   """
   xc, yc = central_test_set(data, central_test)
   xc, yc = jnp.asarray(xc), jnp.asarray(yc)
@@ -618,10 +698,16 @@ def level_table(model: Model, params_by_level: Sequence[PyTree], topology: Topol
                                                  chunk_size=chunk_size))
   rows = []
   for lv, params in enumerate(params_by_level):
-    stats = score(params, data.x_test, data.y_test, data.n_test,
-                  jnp.asarray(topology.ancestor(lv)))
-    correct, count = np.asarray(stats.correct), np.asarray(stats.count)
-    has = count > 0
+    done = (summaries or {}).get(level_name(lv, topology.depth), None)
+    if done is not None:
+      subtree, client_mean = float(done["accuracy"]), float(done["client_mean_accuracy"])
+    else:
+      stats = score(params, data.x_test, data.y_test, data.n_test,
+                    jnp.asarray(topology.ancestor(lv)))
+      correct, count = np.asarray(stats.correct), np.asarray(stats.count)
+      has = count > 0
+      subtree = float(correct.sum() / max(count.sum(), 1))
+      client_mean = float(np.mean(correct[has] / count[has])) if has.any() else float("nan")
     n_nodes = topology.num_nodes(lv)
     cx = jnp.broadcast_to(xc[None], (n_nodes,) + xc.shape)
     cy = jnp.broadcast_to(yc[None], (n_nodes,) + yc.shape)
@@ -631,8 +717,7 @@ def level_table(model: Model, params_by_level: Sequence[PyTree], topology: Topol
     closs = np.asarray(cstats.loss_sum) / np.maximum(np.asarray(cstats.count), 1)
     rows.append(dict(
       level=lv, name=level_name(lv, topology.depth), nodes=n_nodes,
-      subtree_accuracy=float(correct.sum() / max(count.sum(), 1)),
-      subtree_client_mean=float(np.mean(correct[has] / count[has])) if has.any() else float("nan"),
+      subtree_accuracy=subtree, subtree_client_mean=client_mean,
       central_accuracy=float(cacc.mean()), central_min=float(cacc.min()),
       central_max=float(cacc.max()), central_loss=float(closs.mean()),
     ))
@@ -656,14 +741,15 @@ def format_level_table(label: str, rows: Sequence[dict]) -> str:
 def with_level_report(algorithm: FederatedAlgorithm, model: Model, topology: Topology, *,
                       central_test=None, chunk_size: int | None = None,
                       label: str | None = None) -> FederatedAlgorithm:
-  """``algorithm`` with a ``report`` hook giving the table by level (:func:`level_table`):
-  printed, written as ``bhfl_levels_<label>.{json,md}``, and its central accuracies added to
-  the summaries as ``<level>@central``."""
+  """``algorithm`` with a ``report`` hook giving the table by level (:func:`level_table`, its
+  subtree columns read from the run's own evaluation of the levels, only the central set
+  scored here): printed, written as ``bhfl_levels_<label>.{json,md}``, and its central
+  accuracies added to the summaries as ``<level>@central``."""
   label = label or algorithm.name
 
   def report(state, data, key, summaries):
     del key
-    rows = level_table(model, state.params, topology, data, central_test, chunk_size)
+    rows = level_table(model, state.params, topology, data, central_test, chunk_size, summaries=summaries)
     text = format_level_table(label, rows)
     out = dict(summaries)
     for r in rows:

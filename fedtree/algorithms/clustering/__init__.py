@@ -11,11 +11,10 @@ from fedtree.algorithms.clustering.ifca import cluster_losses, ifca
 from fedtree.algorithms.clustering.mcfl import mcfl, select_clusters
 from fedtree.algorithms.clustering.ops import (
   ClusterFeatures,
+  ClusterModels,
   ClusterState,
   KMeansResult,
-  adjusted_rand_index,
   check_num_clusters,
-  cluster_accuracy,
   cosine_bipartition,
   cosine_similarity_matrix,
   flatten_rows,
@@ -29,9 +28,11 @@ from fedtree.algorithms.clustering.ops import (
   squared_distances,
   stable_kmeans,
 )
+from fedtree.core.metrics import adjusted_rand_index, cluster_accuracy
 
 __all__ = [
-  "CLUSTERINGS", "INTER_CLUSTER", "ClusterFeatures", "ClusterState", "KMeansResult", "adjusted_rand_index",
+  "CLUSTERINGS", "INTER_CLUSTER", "ClusterFeatures", "ClusterModels", "ClusterState", "KMeansResult",
+  "adjusted_rand_index",
   "awcfl", "clustered", "optimal_assignment", "cfl", "check_beta",
   "check_num_clusters", "cluster_accuracy", "cluster_losses", "cosine_bipartition",
   "cosine_similarity_matrix", "flatten_rows", "ifca", "kmeans", "kmeans_plusplus", "match_labels",

@@ -45,6 +45,8 @@ its model as its mean (and, with β > 0, is still mixed with the others).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,6 +54,7 @@ import optax
 
 from fedtree.algorithms.clustering.ops import (
   ClusterFeatures,
+  ClusterModels,
   ClusterState,
   KMeansResult,
   check_num_clusters,
@@ -66,7 +69,6 @@ from fedtree.algorithms.clustering.ops import (
 from fedtree.core.aggregation import weighted_mean
 from fedtree.core.algorithm import (
   FederatedAlgorithm,
-  NodeModels,
   PyTree,
   check_weighting,
   client_weights,
@@ -79,7 +81,7 @@ from fedtree.core.local import ClientUpdate, LocalSchedule, stack
 from fedtree.core.metrics import client_sums
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
-from fedtree.core.sampling import cohort_sampler
+from fedtree.core.sampling import Cohort, cohort_sampler
 from fedtree.core.server import init_nodes, select_nodes, update_nodes
 from fedtree.core.tier import train_cohort
 from fedtree.core.updates import UpdatePath, init_path_state, per_level_paths
@@ -192,6 +194,23 @@ def split_clusters(
   new_parent = jnp.where(moves, jnp.take(new_id, parent), parent).astype(jnp.int32)
   origin = ids.at[jnp.where(split, new_id, k)].set(ids, mode="drop").astype(jnp.int32)
   return new_parent, origin, split, mean_norm, max_norm, cross
+
+
+class Assignment(NamedTuple):
+  """What a round's clustering step decides (after training, before aggregation).
+
+  Attributes:
+    assign: ``int32[S]`` the cluster of every cohort slot after this round.
+    origin: ``int32[K]`` the cluster every slot's model and optimizer state come from (itself,
+      or the cluster CFL split it from).
+    num_in_use: ``int32[]`` cluster slots in use after this round.
+    metrics: the step's own metrics (K-means inertia, CFL's norms).
+  """
+
+  assign: jax.Array
+  origin: jax.Array
+  num_in_use: jax.Array
+  metrics: dict
 
 
 def select_clusters(state: ClusterState, metric: str = "l2") -> jax.Array:
@@ -341,22 +360,99 @@ def clustered(
       update_state=init_path_state(path, jax.tree.map(lambda p: p[0], params), num_clients, k),
     )
 
+  # ---------------------------------------------------------------- strategies, chosen here
+  def pick_by_state(state: ClusterState, cohort: Cohort, data: FederatedData) -> Cohort:
+    """A slot trains in its client's current cluster."""
+    return cohort._replace(parent=jnp.take(state.cluster_of, cohort.clients))
+
+  def pick_by_loss(state: ClusterState, cohort: Cohort, data: FederatedData) -> Cohort:
+    """IFCA: a slot trains in the cluster whose model has the lowest loss on its data."""
+    losses = cluster_losses(
+      model, state.params, jnp.take(data.x_train, cohort.clients, axis=0),
+      jnp.take(data.y_train, cohort.clients, axis=0), jnp.take(data.n_train, cohort.clients),
+      batch_size=sampler.chunk_size,
+    )
+    return cohort._replace(parent=jnp.argmin(losses, axis=1).astype(jnp.int32))
+
+  def assign_kept(state, cohort, res, w, key, active_clustering) -> Assignment:
+    """IFCA: the cluster a slot trained in is its cluster."""
+    return Assignment(cohort.parent, jnp.arange(k, dtype=jnp.int32), state.num_clusters, {})
+
+  def assign_kmeans(state, cohort, res, w, key, active_clustering) -> Assignment:
+    """K-means of the trained models, labels matched to the previous clusters."""
+    points, previous = flatten_rows(res.client_params), flatten_rows(state.params)
+    km = jax.lax.cond(  # no K-means before clustering starts
+      active_clustering,
+      lambda: stable_kmeans(stream(key, "kmeans"), points, previous, iters=iters, mask=cohort.valid),
+      lambda: KMeansResult(previous, jnp.zeros(cohort.valid.shape, jnp.int32), jnp.zeros((), jnp.float32)),
+    )
+    return Assignment(jnp.where(active_clustering, km.assignment, 0), jnp.arange(k, dtype=jnp.int32),
+                      state.num_clusters, {"kmeans_inertia": jnp.where(active_clustering, km.inertia, 0.0)})
+
+  def assign_cfl(state, cohort, res, w, key, active_clustering) -> Assignment:
+    """CFL: clusters whose updates are stationary but diverse split in two."""
+    start_params = jax.tree.map(lambda p: jnp.take(p, cohort.parent, axis=0), state.params)
+    delta = jax.tree.map(jnp.subtract, start_params, res.client_params)   # θ_c - θ_i = -Δθ_i
+    assign, origin, split, mean_norm, max_norm, cross = split_clusters(
+      flatten_rows(delta), w, cohort.parent, cohort.valid, state.num_clusters, max_clusters=k,
+      eps1=eps1, eps2=eps2, min_split_size=int(min_split_size), allow=active_clustering,
+      similarity_check=bool(similarity_check),
+    )
+    in_use_before = jnp.arange(k) < state.num_clusters
+    return Assignment(assign, origin, state.num_clusters + jnp.sum(split.astype(jnp.int32)), dict(
+      max_mean_update_norm=jnp.max(jnp.where(in_use_before, mean_norm, 0.0)),
+      max_update_norm=jnp.max(jnp.where(in_use_before, max_norm, 0.0)),
+      max_cross_similarity=jnp.max(jnp.where(in_use_before, cross, -1.0)),
+    ))
+
+  def finish_kept(target, means, total, active_clustering):
+    """A cluster with reports is updated."""
+    return target, total > 0
+
+  def finish_kmeans(target, means, total, active_clustering):
+    """Before clustering starts every slot gets the one cluster's mean, and all update."""
+    global_mean = jax.tree.map(lambda m: jnp.broadcast_to(m[:1], m.shape), means)
+    target = select_nodes(jnp.broadcast_to(active_clustering, (k,)), target, global_mean)
+    return target, jnp.where(active_clustering, total > 0, total.sum() > 0)
+
+  def mix_none(means, num_in_use, in_use):
+    return means
+
+  def mix_awcfl(means, num_in_use, in_use):
+    """AWCFL: every cluster's target leans towards the other clusters by β."""
+    return mix_clusters(means, beta, num_in_use, in_use)
+
+  pick = pick_by_loss if clustering == "ifca" else pick_by_state
+  assign_clusters = {"kmeans": assign_kmeans, "cfl": assign_cfl, "ifca": assign_kept}[clustering]
+  finish = finish_kmeans if clustering == "kmeans" else finish_kept
+  mix = mix_awcfl if mixing else mix_none
+
+  # ---------------------------------------------------------------- the round: train, assign, aggregate, mix
+  def aggregate(state: ClusterState, res, w, a: Assignment):
+    """Every cluster's weighted mean of its members' models (a cluster without reports keeps
+    its model), from the models and optimizer states the clusters come from."""
+    base = jax.tree.map(lambda p: jnp.take(p, a.origin, axis=0), state.params)
+    base_opt = jax.tree.map(lambda s: jnp.take(s, a.origin, axis=0), state.opt_state)
+    means, total = weighted_mean(res.client_params, w, a.assign, k)
+    return select_nodes(total > 0, means, base), total, base, base_opt   # no report: keep the model
+
+  def update_features(features, cohort: Cohort, data: FederatedData, key):
+    """MCFL's feature means of the clients that trained."""
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(stream(key, "features"), cohort.clients)
+    xs = jnp.take(data.x_train, cohort.clients, axis=0)
+    ns = jnp.take(data.n_train, cohort.clients)
+    up = jax.vmap(sample_mean, in_axes=(0, 0, 0, None))(keys, xs, ns, int(feature_examples))
+    return features.replace(client_mean=cohort.scatter(features.client_mean, up),
+                            seen=cohort.scatter(features.seen, True))
+
   def round_fn(state: ClusterState, data: FederatedData, key):
     r = state.round + 1
     active_clustering = r > start
     if clustering == "ifca" or feature_examples is not None:
       data.require_padded("IFCA's cluster losses and MCFL's feature means (clustered FL)")
     w_client = client_weights(data.n_train, weighting)
-    cohort = sampler(stream(key, "cohort"))
-    if clustering == "ifca":
-      losses = cluster_losses(
-        model, state.params, jnp.take(data.x_train, cohort.clients, axis=0),
-        jnp.take(data.y_train, cohort.clients, axis=0), jnp.take(data.n_train, cohort.clients),
-        batch_size=sampler.chunk_size,
-      )
-      cohort = cohort._replace(parent=jnp.argmin(losses, axis=1).astype(jnp.int32))
-    else:
-      cohort = cohort._replace(parent=jnp.take(state.cluster_of, cohort.clients))
+    cohort = pick(state, sampler(stream(key, "cohort")), data)
+    # train
     res = train_cohort(
       client_update, state.params, cohort, data, num_steps=schedule.num_steps(data.n_train),
       weights=w_client, key=stream(key, "train"), chunk_size=sampler.chunk_size, keep_client_params=True,
@@ -366,79 +462,39 @@ def clustered(
     # The slots whose update counts: the cohort, less the clients skipped for a non-finite one.
     cohort = cohort._replace(valid=cohort.valid & jnp.take(res.reported, cohort.clients))
     w = jnp.where(cohort.valid, jnp.take(w_client, cohort.clients), 0.0)
-    extra = {}
-    origin = jnp.arange(k, dtype=jnp.int32)
-    num_in_use = state.num_clusters
-    if clustering == "kmeans":
-      points, previous = flatten_rows(res.client_params), flatten_rows(state.params)
-      km = jax.lax.cond(  # no K-means before clustering starts
-        active_clustering,
-        lambda: stable_kmeans(stream(key, "kmeans"), points, previous, iters=iters, mask=cohort.valid),
-        lambda: KMeansResult(previous, jnp.zeros(cohort.valid.shape, jnp.int32), jnp.zeros((), jnp.float32)),
-      )
-      assign = jnp.where(active_clustering, km.assignment, 0)
-      extra["kmeans_inertia"] = jnp.where(active_clustering, km.inertia, 0.0)
-    elif clustering == "cfl":
-      start_params = jax.tree.map(lambda p: jnp.take(p, cohort.parent, axis=0), state.params)
-      delta = jax.tree.map(jnp.subtract, start_params, res.client_params)   # θ_c - θ_i = -Δθ_i
-      assign, origin, split, mean_norm, max_norm, cross = split_clusters(
-        flatten_rows(delta), w, cohort.parent, cohort.valid, state.num_clusters, max_clusters=k,
-        eps1=eps1, eps2=eps2, min_split_size=int(min_split_size), allow=active_clustering,
-        similarity_check=bool(similarity_check),
-      )
-      num_in_use = state.num_clusters + jnp.sum(split.astype(jnp.int32))
-      in_use_before = jnp.arange(k) < state.num_clusters
-      extra.update(
-        max_mean_update_norm=jnp.max(jnp.where(in_use_before, mean_norm, 0.0)),
-        max_update_norm=jnp.max(jnp.where(in_use_before, max_norm, 0.0)),
-        max_cross_similarity=jnp.max(jnp.where(in_use_before, cross, -1.0)),
-      )
-    else:
-      assign = cohort.parent
-    base = jax.tree.map(lambda p: jnp.take(p, origin, axis=0), state.params)
-    base_opt = jax.tree.map(lambda s: jnp.take(s, origin, axis=0), state.opt_state)
-    means, total = weighted_mean(res.client_params, w, assign, k)
-    means = select_nodes(total > 0, means, base)   # no report: keep the model
-    in_use = jnp.arange(k) < num_in_use
-    target = mix_clusters(means, beta, num_in_use, in_use) if mixing else means
-    if clustering == "kmeans":   # before clustering: every slot gets the one cluster's mean
-      global_mean = jax.tree.map(lambda m: jnp.broadcast_to(m[:1], m.shape), means)
-      target = select_nodes(jnp.broadcast_to(active_clustering, (k,)), target, global_mean)
-    pseudo_grad = jax.tree.map(jnp.subtract, base, target)
+    # assign
+    a = assign_clusters(state, cohort, res, w, key, active_clustering)
+    # aggregate
+    means, total, base, base_opt = aggregate(state, res, w, a)
+    # mix
+    in_use = jnp.arange(k) < a.num_in_use
+    target, active = finish(mix(means, a.num_in_use, in_use), means, total, active_clustering)
     if mixing:
       active = in_use & (total.sum() > 0)
-    elif clustering == "kmeans":
-      active = jnp.where(active_clustering, total > 0, total.sum() > 0)
-    else:
-      active = total > 0
+    pseudo_grad = jax.tree.map(jnp.subtract, base, target)
     params, opt_state = update_nodes(opt, base, base_opt, pseudo_grad, active)
-    cluster_of = cohort.scatter(state.cluster_of, assign)
+    cluster_of = cohort.scatter(state.cluster_of, a.assign)
     features = state.features
     if feature_examples is not None:
-      keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(stream(key, "features"), cohort.clients)
-      xs = jnp.take(data.x_train, cohort.clients, axis=0)
-      ns = jnp.take(data.n_train, cohort.clients)
-      up = jax.vmap(sample_mean, in_axes=(0, 0, 0, None))(keys, xs, ns, int(feature_examples))
-      features = features.replace(client_mean=cohort.scatter(features.client_mean, up),
-                                  seen=cohort.scatter(features.seen, True))
+      features = update_features(features, cohort, data, key)
     metrics = {
       **res.metrics(skip_nonfinite),
-      "num_clusters": num_in_use,
+      "num_clusters": a.num_in_use,
       "clusters_nonempty": jnp.sum((jax.ops.segment_sum(jnp.ones_like(cluster_of), cluster_of,
                                                         num_segments=k) > 0).astype(jnp.int32)),
       "clusters_picked": jnp.sum((total > 0).astype(jnp.int32)),
-      **extra,
+      **a.metrics,
     }
     return state.replace(round=r, params=params, opt_state=opt_state, cluster_of=cluster_of,
                          update_state=res.path_state,
-                         num_clusters=num_in_use, features=features, cursor=res.cursor), metrics
+                         num_clusters=a.num_in_use, features=features, cursor=res.cursor), metrics
 
   def models(state: ClusterState):
     cl = np.asarray(state.cluster_of)
-    out = {"cluster": NodeModels(state.params, cl, cluster_of_client=cl)}
+    out = {"cluster": ClusterModels(state.params, cl, cluster_of_client=cl)}
     if inter_cluster == "mcfl":
       picked = np.asarray(select_clusters(state, metric))
-      out["selected"] = NodeModels(state.params, picked, cluster_of_client=cl, chosen_by_data=True)
+      out["selected"] = ClusterModels(state.params, picked, cluster_of_client=cl, chosen_by_data=True)
     return out
 
   return FederatedAlgorithm(init=init_fn, round=round_fn, models=models, name=name)

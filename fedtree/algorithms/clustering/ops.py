@@ -1,5 +1,5 @@
 """Clustering clients inside jit: K-means on flattened models, stable cluster labels,
-cosine bipartition, feature means, and intra/inter-cluster accuracy.
+cosine bipartition, feature means, and the family's state and model sets.
 
 The shared layer of the clustered-FL family (paper 004, Li & Yan 2023, "Inter-cluster
 optimization for clustered federated learning", and its baselines CFL, Sattler et al. 2020,
@@ -18,9 +18,9 @@ array: a cluster is a *dynamic parent index*, so cluster models are aggregated w
   merge steps, masked).
 * :func:`sample_mean`: the mean of ``n`` inputs drawn without replacement from a client's
   real examples (MCFL's feature mean).
-* :func:`cluster_accuracy`: intra- and inter-cluster accuracy from the ``[N, C]`` matrix of
-  every cluster model scored on every client's test data (host side);
-  :func:`adjusted_rand_index` of the clustering against the true clusters when known.
+* :class:`ClusterState`, :class:`ClusterModels`: the family's state (naming its rows) and
+  its model sets, which the evaluation scores with the cluster metrics of
+  :mod:`fedtree.core.metrics` (``cluster_accuracy``, ``adjusted_rand_index``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+
+from fedtree.core.algorithm import CLIENT_ROWS, UNNAMED, RowName, path_rows
 
 PyTree = Any
 
@@ -278,74 +280,22 @@ def segment_mean_rows(
   return sums / jnp.maximum(total, 1e-30)[:, None], total
 
 
-# ------------------------------------------------------------------------ reports
-def cluster_accuracy(
-  correct: np.ndarray, count: np.ndarray, cluster_of_client: np.ndarray,
-  model_of_client: np.ndarray | None = None, *, chosen_by_data: bool = False,
-) -> dict[str, float]:
-  """Intra- and inter-cluster accuracy (paper 004's metrics), example-weighted.
-
-  Args:
-    correct, count: ``[N, C]`` sums of cluster model ``k`` on client ``c``'s test data.
-    cluster_of_client: ``int[C]`` cluster of every client.
-    model_of_client: ``int[C]`` the model a device holding client ``c``'s test data uses,
-      when it chooses by its data (MCFL).
-    chosen_by_data: on a foreign client's data, a device of cluster ``k`` uses the model
-      chosen from that data (``model_of_client[c]``) instead of its cluster's model ``k``.
-
-  Returns:
-    ``intra_cluster_accuracy`` (cluster model ``k`` on the test data of its members) and
-    ``inter_cluster_accuracy`` (cluster model ``k`` on the test data of the clients of every
-    *other* non-empty cluster, pooled over all ``k``; NaN with a single non-empty cluster),
-    and ``num_clusters`` (non-empty ones).
-  """
-  correct, count = np.asarray(correct, np.float64), np.asarray(count, np.float64)
-  cl = np.asarray(cluster_of_client, np.int64)
-  num_models, c = correct.shape
-  cols = np.arange(c)
-  intra = correct[cl, cols].sum() / max(count[cl, cols].sum(), 1.0)
-  nonempty = np.unique(cl)
-  used = np.asarray(model_of_client, np.int64) if chosen_by_data else None
-  inter_c, inter_n = 0.0, 0.0
-  for k in nonempty:
-    foreign = cols[cl != k]
-    rows = used[foreign] if chosen_by_data else np.full(foreign.shape, k)
-    inter_c += correct[rows, foreign].sum()
-    inter_n += count[rows, foreign].sum()
-  inter = inter_c / inter_n if inter_n > 0 else float("nan")
-  return {"intra_cluster_accuracy": float(intra), "inter_cluster_accuracy": float(inter),
-          "num_clusters": int(nonempty.size)}
-
-
-def adjusted_rand_index(labels_true, labels_pred) -> float:
-  """Adjusted Rand index (Hubert & Arabie 1985) of two labelings of the same points.
-
-  ``(Σ_ij C(n_ij,2) - E) / (½(Σ_i C(a_i,2) + Σ_j C(b_j,2)) - E)`` with ``n_ij`` the
-  contingency table, ``a``/``b`` its row/column sums and ``E = Σ_i C(a_i,2) Σ_j C(b_j,2) /
-  C(n,2)``: 1 for the same partition whatever the labels, about 0 for a random one. When
-  both labelings put every point in one cluster, or every point alone, it is 1.
-  """
-  t, p = np.asarray(labels_true).ravel(), np.asarray(labels_pred).ravel()
-  if t.shape != p.shape:
-    raise ValueError(f"labels_true has {t.size} points but labels_pred has {p.size}")
-  _, ti = np.unique(t, return_inverse=True)
-  _, pi = np.unique(p, return_inverse=True)
-  table = np.zeros((ti.max(initial=-1) + 1, pi.max(initial=-1) + 1), np.float64)
-  np.add.at(table, (ti, pi), 1.0)
-
-  def pairs(v):
-    return float(np.sum(v * (v - 1) / 2.0))
-
-  index, a, b = pairs(table), pairs(table.sum(1)), pairs(table.sum(0))
-  n = pairs(np.asarray([t.size], np.float64))
-  expected = a * b / n if n > 0 else 0.0
-  top = (a + b) / 2.0
-  if top == expected:
-    return 1.0
-  return float((index - expected) / (top - expected))
-
-
 # ------------------------------------------------------------------------ state
+class ClusterModels(NamedTuple):
+  """The cluster models of a clustered method: :class:`~fedtree.core.algorithm.NodeModels`'
+  ``params [K, ...]`` and ``model_of_client int32[C]``, plus ``cluster_of_client int32[C]``
+  (row ``k`` is cluster ``k``'s model): the evaluation then scores every row on every client
+  and adds intra- and inter-cluster accuracy (:func:`fedtree.core.metrics.cluster_accuracy`).
+  ``chosen_by_data``: a device picks its model from the data it is given (MCFL), so on another
+  cluster's data it uses ``model_of_client`` of that data rather than its own cluster's model.
+  """
+
+  params: PyTree
+  model_of_client: np.ndarray | jax.Array
+  cluster_of_client: np.ndarray | jax.Array
+  chosen_by_data: bool = False
+
+
 @struct.dataclass
 class ClusterFeatures:
   """MCFL's feature means (paper 004, Sec. 3.2).
@@ -385,6 +335,13 @@ class ClusterState:
   features: Any = ()
   cursor: Any = ()
   update_state: Any = ()
+
+  def row_names(self) -> ClusterState:
+    """Rows: the cluster slots (models, optimizer states), the clients (the rest)."""
+    clusters = RowName("cluster")
+    return self.replace(round=UNNAMED, params=clusters, opt_state=clusters, cluster_of=CLIENT_ROWS,
+                        num_clusters=UNNAMED, features=CLIENT_ROWS, cursor=CLIENT_ROWS,
+                        update_state=path_rows(CLIENT_ROWS, clusters))
 
 
 def check_num_clusters(num_clusters, num_clients: int, name: str = "num_clusters") -> int:

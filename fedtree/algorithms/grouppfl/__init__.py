@@ -1,7 +1,7 @@
 """Group personalized FL (paper 000): the stages, their cost counters, the reports, and the
 paper's Gaussian hierarchical model."""
 
-from fedtree.algorithms.grouppfl.costs import ClientCosts, counting
+from fedtree.algorithms.grouppfl.costs import ClientCosts, CountedState, counting
 from fedtree.algorithms.grouppfl.grouppfl import (
   METHODS,
   STAGES,
@@ -15,6 +15,6 @@ from fedtree.algorithms.grouppfl.grouppfl import (
 )
 
 __all__ = [
-  "METHODS", "STAGES", "ClientCosts", "GroupPersonalizedFL", "counting", "finetune_stage",
+  "METHODS", "STAGES", "ClientCosts", "CountedState", "GroupPersonalizedFL", "counting", "finetune_stage",
   "group_cohort_sizes", "group_fedopt", "grouppfl", "start_from", "summarize_stats",
 ]

@@ -14,7 +14,7 @@ communication, as in the paper's Table 4.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -55,8 +55,20 @@ class ClientCosts:
     return {k: np.asarray(getattr(self, k)) for k in ("transfers", "epochs", "rounds")}
 
 
+class CountedState(NamedTuple):
+  """The client state of a :func:`counting` update.
+
+  Attributes:
+    inner: the wrapped update's own client state ``[C, ...]`` (``()`` if none).
+    costs: the running :class:`ClientCosts` ``[C]``.
+  """
+
+  inner: PyTree
+  costs: ClientCosts
+
+
 def counting(update: ClientUpdate, *, batch_size: int, max_steps: int) -> ClientUpdate:
-  """``update`` whose client state becomes ``(inner state, ClientCosts)``.
+  """``update`` whose client state becomes a :class:`CountedState` (its own state, the costs).
 
   Each call adds 2 transfers (the model down and the update up), 1 round, and the epochs the
   scan ran (``min(num_steps, max_steps) / ceil(n / B)``).
@@ -70,10 +82,10 @@ def counting(update: ClientUpdate, *, batch_size: int, max_steps: int) -> Client
     costs = ClientCosts(
       transfers=costs.transfers + 2.0, epochs=costs.epochs + steps / spe, rounds=costs.rounds + 1
     )
-    return params, (inner, costs), loss
+    return params, CountedState(inner, costs), loss
 
   def init_state(params, num_clients):
     inner = () if update.init_state is None else update.init_state(params, num_clients)
-    return (inner, ClientCosts.zeros(num_clients))
+    return CountedState(inner, ClientCosts.zeros(num_clients))
 
   return ClientUpdate(apply=apply, init_state=init_state)

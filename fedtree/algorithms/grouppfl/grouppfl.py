@@ -104,15 +104,16 @@ def group_fedopt(
 
   The state is HierFAVG's :class:`TreeState`: ``params = (root [1, ...], group models
   [G, ...])`` (the root only holds the start model), one server state per group in
-  ``opt_state[1]`` and ``client_state = ((), ClientCosts)``. Every round each group samples
-  its cohort, its clients train from the group model, and each group applies its own server
-  optimizer to its own clients' mean pseudo-gradient; no group ever sees another's. ``start_params``
-  (one model) seeds every group; ``None`` uses ``model.init``. With all ``groups`` equal to 0
-  this is FedOpt (paper 000, Algorithm 1). ``compute_dtype``: mixed-precision local steps
-  (``None``: the params' dtype). ``skip_nonfinite``: leave out clients whose update is not
-  finite (weight 0, their cost counters unchanged), counted in the ``clients_skipped`` metric
-  (see :func:`fedtree.core.tier.train_cohort`). ``update_paths``: the clients' update path into
-  their group (:mod:`fedtree.core.updates`; one ``UpdatePath``, or ``{1: path}``).
+  ``opt_state[1]`` and ``client_state = CountedState(inner=(), costs=ClientCosts)``. Every
+  round each group samples its cohort, its clients train from the group model, and each group
+  applies its own server optimizer to its own clients' mean pseudo-gradient; no group ever sees
+  another's. ``start_params`` (one model) seeds every group; ``None`` uses ``model.init``. With
+  all ``groups`` equal to 0 this is FedOpt (paper 000, Algorithm 1). ``compute_dtype``:
+  mixed-precision local steps (``None``: the params' dtype). ``skip_nonfinite``: leave out
+  clients whose update is not finite (weight 0, their cost counters unchanged), counted in the
+  ``clients_skipped`` metric (see :func:`fedtree.core.tier.train_cohort`). ``update_paths``: the
+  clients' update path into their group (:mod:`fedtree.core.updates`; one ``UpdatePath``, or
+  ``{1: path}``).
   """
   groups = np.asarray(groups, np.int32)
   if groups.shape != (data.num_clients,):
@@ -331,11 +332,11 @@ class GroupPersonalizedFL:
     def report(state, data, key, summaries):
       del summaries  # re-scored below with perplexities
       g_state, gr_state = state.stages
-      costs_fl = g_state.client_state[1]
+      costs_fl = g_state.client_state.costs
       stages = [("FL", "PerFL", g_state.params[1], zeros, costs_fl)]
       if with_group:
         stages.append(("GroupFL", "GroupPerFL", gr_state.params[1], groups,
-                       costs_fl + gr_state.client_state[1]))
+                       costs_fl + gr_state.client_state.costs))
       out: dict[str, dict[str, Any]] = {}
       costs: dict[str, ClientCosts] = {}
       for plain, fine, params, moc, cost in stages:
