@@ -29,20 +29,30 @@ from fedtree.core.updates import (
   chain,
   chain_nodes,
 )
+from fedtree.experiment import robust as _robust
 
 
 class PathParts(NamedTuple):
-  """What one config section contributes to the update path of one server level."""
+  """What one config section contributes to the update path of one server level.
+
+  ``wrap_aggregator``: functions of the level's aggregator (whichever section chose it, or the
+  streamed mean) returning the one it runs, applied in section order (an omniscient attack
+  rewrites a parent's cohort before the defence sees it).
+  """
 
   client: tuple[ClientTransform, ...] = ()
   aggregator: Aggregator | None = None
   node: tuple[NodeTransform, ...] = ()
   down: DownTransform | None = None
+  wrap_aggregator: tuple[Callable[[Aggregator], Aggregator], ...] = ()
 
 
 Converter = Callable[[Any, Any], Mapping[int, PathParts]]
 
-SECTIONS: dict[str, Converter] = {}
+SECTIONS: dict[str, Converter] = {
+  "attack": _robust.attack_section,
+  "aggregator": _robust.aggregator_section,
+}
 """``{section name: converter}`` in the order their stages compose (filled by the capability
 modules of the experiment layer, listed explicitly here as they land)."""
 
@@ -68,9 +78,12 @@ def compose(parts_by_section: Mapping[str, Mapping[int, PathParts]]) -> dict[int
     downs = [(n, p.down) for n, p in items if p.down is not None]
     if len(downs) > 1:
       raise ValueError(f"level {lv}: sections {[n for n, _ in downs]} each set a downlink transform")
+    aggregator = aggs[0][1] if aggs else Aggregator()
+    for wrap in [w for _, p in items for w in p.wrap_aggregator]:
+      aggregator = wrap(aggregator)
     out[lv] = UpdatePath(
       client=chain(*[t for _, p in items for t in p.client]),
-      aggregator=aggs[0][1] if aggs else Aggregator(),
+      aggregator=aggregator,
       node=chain_nodes(*[t for _, p in items for t in p.node]),
       down=downs[0][1] if downs else None,
     )

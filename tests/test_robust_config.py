@@ -1,0 +1,82 @@
+"""The ``attack`` and ``aggregator`` run sections (fedtree.experiment.robust): composed into the
+update paths of any algorithm with ``update_paths``, their metrics in the round's, and the
+combinations that cannot work refused by name."""
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from helpers import count_traces
+from test_updates import _ctx, _with_path
+
+from fedtree.core import attacks, robust
+from fedtree.core.updates import ClientContext, UpdatePath
+from fedtree.experiment import registry
+from fedtree.experiment import updates as sections
+
+
+def _paths(ctx, **secs):
+  return sections.update_paths_from_config(secs, ctx)["update_paths"]
+
+
+def test_sections_build_the_paths():
+  ctx = _ctx()
+  paths = _paths(ctx, attack={"name": "sign_flip", "ids": [1, 4], "scale": 3.0},
+                 aggregator={"name": "multi_krum", "f": 1, "levels": [0, -1]})
+  assert set(paths) == {0, -1}
+  assert paths[-1].client.name == "sign_flip" and paths[-1].aggregator.name == "multi_krum"
+  assert paths[0].client is None and paths[0].aggregator.name == "multi_krum"
+  # an omniscient attack wraps the level's aggregator: the defence's, or the blockwise mean
+  assert _paths(ctx, attack={"name": "alie", "fraction": 0.3},
+                aggregator={"name": "median"})[-1].aggregator.name == "alie+median"
+  assert _paths(ctx, attack={"name": "ipm", "fraction": 0.3, "eps": 5.0})[-1].aggregator.name == "ipm+mean"
+  # the seed defaults to the config's: the same attackers as the core factory draws
+  p = _paths(ctx, attack={"name": "gaussian", "fraction": 0.5, "std": 2.0})[-1]
+  want = attacks.attackers(ctx.data.num_clients, fraction=0.5, seed=int(ctx.config.seed))
+  ids = np.arange(ctx.data.num_clients)
+  key = jax.random.key(0)
+  d, _, st = jax.vmap(p.client.apply)(np.ones((len(ids), 2), np.float32), np.zeros(len(ids)),
+                                      jax.random.split(key, len(ids)),
+                                      ClientContext(ids, ids * 0, ids * 1.0, {}))
+  np.testing.assert_array_equal(np.asarray(st["attackers"]) > 0, np.asarray(want.mask(ids, None)))
+
+
+@pytest.mark.parametrize("section,match", [
+  ({"attack": {"name": "boom", "fraction": 0.1}}, r"attack: attack name='boom'; choose one of \['gaussian'"),
+  ({"attack": {"name": "sign_flip"}}, "attack: attackers: give one of fraction= and ids="),
+  ({"attack": {"name": "sign_flip", "fraction": 0.1, "level": 0}}, "level=0: the attackers are clients"),
+  ({"attack": {"name": "scaling", "fraction": 0.1, "boost": 2}}, r"attack .scaling.: bad hyperparameters"),
+  ({"attack": {"name": "alie", "fraction": 0.1, "eps": 2, "x": 1}}, r"alie: unknown hyperparameters \['x'\]"),
+  ({"aggregator": {"name": "mode"}}, r"aggregator: aggregator 'mode' is unknown; choose one of \['bulyan'"),
+  ({"aggregator": {"name": "trimmed_mean", "beta": 0.5}}, r"beta=0.5 must be in \[0, 0.5\)"),
+  ({"aggregator": {"name": "median", "levels": "all"}}, "levels='all' must be a server level"),
+])
+def test_bad_sections_are_refused(section, match):
+  with pytest.raises(ValueError, match=match):
+    sections.update_paths_from_config(section, _ctx())
+
+
+@pytest.mark.parametrize("name", ["cfl", "bhfl"])
+def test_algorithms_without_blockwise_aggregation_refuse_robust_aggregators(name):
+  ctx = _ctx()
+  run = ml_collections.ConfigDict({"algorithm": name, "chunk_size": 3, "aggregator": {"name": "median"}})
+  with pytest.raises(ValueError, match=f"{name} cannot use aggregator 'median'"):
+    kw = registry.factory_kwargs(name, run, ctx)
+    registry.SPECS[name].factory(**kw)
+
+
+def test_attack_and_defence_through_hierfavg_at_two_levels():
+  """Sign flippers and multi-Krum at the edges, the median at the root of a 3-level tree: one
+  compile; the round's metrics count the attackers and Krum's kept updates."""
+  ctx = _ctx()
+  edges = _paths(ctx, attack={"name": "sign_flip", "ids": [0, 3]}, aggregator={"name": "multi_krum", "f": 0})
+  paths = {0: UpdatePath(aggregator=robust.median()), 1: edges[-1]}
+  alg = _with_path(ctx, "hierfavg", paths)
+  counted, traces = count_traces(alg)
+  step = jax.jit(counted.round)
+  s = alg.init(jax.random.key(0))
+  for r in range(2):
+    s, m = step(s, ctx.data, jax.random.fold_in(jax.random.key(1), r))
+    assert 0 < float(m["attackers"]) < 1 and float(m["krum_selected"]) > 0
+    assert np.isfinite(float(m["train_loss"]))
+  assert len(traces) == 1
