@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedtree.core import attacks, robust
+from fedtree.experiment.path_parts import PathParts
 
 ATTACKS = tuple(sorted(attacks.CLIENT_ATTACKS)) + attacks.OMNISCIENT
 
@@ -40,21 +41,17 @@ def _levels(v) -> list[int]:
 
 def aggregator_section(section: dict[str, Any], ctx) -> dict[int, Any]:
   """``{level: PathParts(aggregator=...)}`` of an ``aggregator`` section."""
-  from fedtree.experiment import updates as _updates  # which lists this converter in SECTIONS
-
   section = dict(section)
   name = section.pop("name", None)
   if name is None:
     raise ValueError(f"a 'name' is required; choose one of {sorted(robust.AGGREGATORS)}")
   levels = _levels(section.pop("levels", section.pop("level", -1)))
   agg = robust.robust_aggregator(name, **section)
-  return {lv: _updates.PathParts(aggregator=agg) for lv in levels}
+  return {lv: PathParts(aggregator=agg) for lv in levels}
 
 
 def attack_section(section: dict[str, Any], ctx) -> dict[int, Any]:
   """``{-1: PathParts(...)}`` of an ``attack`` section."""
-  from fedtree.experiment import updates as _updates  # which lists this converter in SECTIONS
-
   section = dict(section)
   name = section.pop("name", None)
   if name not in ATTACKS:
@@ -73,7 +70,7 @@ def attack_section(section: dict[str, Any], ctx) -> dict[int, Any]:
       transform = attacks.CLIENT_ATTACKS[name](mask, **section)
     except TypeError as e:
       raise ValueError(f"attack {name!r}: bad hyperparameters {sorted(section)} ({e})") from e
-    return {-1: _updates.PathParts(client=(transform,))}
+    return {-1: PathParts(client=(transform,))}
   attacks.omniscient(robust.mean(), mask, attack=name, **section)   # validates the hyperparameters
-  return {-1: _updates.PathParts(
+  return {-1: PathParts(
     wrap_aggregator=(lambda agg: attacks.omniscient(agg, mask, attack=name, **section),))}

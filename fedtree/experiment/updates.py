@@ -18,34 +18,16 @@ algorithm takes ``update_paths``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from fedtree.core.updates import (
   Aggregator,
-  ClientTransform,
-  DownTransform,
-  NodeTransform,
   UpdatePath,
   chain,
   chain_nodes,
 )
 from fedtree.experiment import robust as _robust
-
-
-class PathParts(NamedTuple):
-  """What one config section contributes to the update path of one server level.
-
-  ``wrap_aggregator``: functions of the level's aggregator (whichever section chose it, or the
-  streamed mean) returning the one it runs, applied in section order (an omniscient attack
-  rewrites a parent's cohort before the defence sees it).
-  """
-
-  client: tuple[ClientTransform, ...] = ()
-  aggregator: Aggregator | None = None
-  node: tuple[NodeTransform, ...] = ()
-  down: DownTransform | None = None
-  wrap_aggregator: tuple[Callable[[Aggregator], Aggregator], ...] = ()
-
+from fedtree.experiment.path_parts import PathParts
 
 Converter = Callable[[Any, Any], Mapping[int, PathParts]]
 
