@@ -34,7 +34,7 @@ def test_flip_labels_by_permutation_and_target(data):
 
 
 def test_backdoor_stamps_a_fraction_of_the_attackers_examples(data):
-  trig = poison.Trigger(index=(0, 5), value=(9.0, -9.0))
+  trig = poison.Trigger(features=(0, 5), value=(9.0, -9.0))
   out = poison.add_backdoor(data, MASK, trigger=trig, target=2, fraction=0.5, seed=3)
   x, xo = np.asarray(data.x_train), np.asarray(out.x_train)
   y, yo, n = np.asarray(data.y_train), np.asarray(out.y_train), np.asarray(data.n_train)
@@ -57,7 +57,7 @@ def test_backdoor_stamps_a_fraction_of_the_attackers_examples(data):
 
 
 def test_attack_success_rate(data):
-  trig = poison.Trigger(index=(3,), value=100.0)
+  trig = poison.Trigger(features=(3,), value=100.0)
 
   def obeys(params, x):        # predicts the target (1) iff the trigger feature is set
     return jnp.stack([jnp.zeros(x.shape[0]), (x[:, 3] > 50) * 1.0, jnp.full(x.shape[0], 0.5)], -1)
@@ -87,4 +87,4 @@ def test_bad_poisoning_is_refused(data):
     poison.add_backdoor(data, MASK, trigger=poison.Trigger((6,), 1.0), target=1)
   with pytest.raises(ValueError, match="is not an image"):
     poison.corner_trigger((6,))
-  assert len(poison.corner_trigger((8, 8, 1), size=2).index) == 4
+  assert len(poison.corner_trigger((8, 8, 1), size=2).features) == 4

@@ -19,6 +19,7 @@ Classifiers only (labels ``[C, M]``); both the padded and the ragged training la
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -30,15 +31,15 @@ from fedtree.core.data import FederatedData
 
 
 class Trigger(NamedTuple):
-  """A backdoor trigger: features ``index`` (flat indices into one example) set to ``value``.
+  """A backdoor trigger: ``features`` (flat indices into one example) set to ``value``.
 
   Attributes:
-    index: ``int`` flat feature indices (e.g. a 3x3 corner of a 28x28 image: rows * 28 + cols;
+    features: ``int`` flat feature indices (e.g. a 3x3 corner of a 28x28 image: rows * 28 + cols;
       or the last token position of a sequence).
-    value: one value for all, or one per index (a pixel intensity, a token id).
+    value: one value for all, or one per feature (a pixel intensity, a token id).
   """
 
-  index: Sequence[int]
+  features: Sequence[int]
   value: float | Sequence[float]
 
 
@@ -49,7 +50,7 @@ def corner_trigger(example_shape: Sequence[int], *, size: int = 3, value: float 
     raise ValueError(f"corner_trigger: example_shape={tuple(example_shape)!r} is not an image (H, W[, C])")
   grid = np.zeros(tuple(example_shape), bool)
   grid[-size:, -size:] = True
-  return Trigger(index=tuple(int(i) for i in np.flatnonzero(grid)), value=value)
+  return Trigger(features=tuple(int(i) for i in np.flatnonzero(grid)), value=value)
 
 
 def _check(data: FederatedData, mask, what: str) -> np.ndarray:
@@ -97,13 +98,14 @@ def flip_labels(data: FederatedData, mask, *, permutation: Sequence[int] | None 
     if sorted(perm.tolist()) != list(range(k)):
       raise ValueError(f"flip_labels: permutation={list(permutation)!r} is not a permutation of range({k})")
   else:
+    assert target is not None
     if not 0 <= int(target) < k:
       raise ValueError(f"flip_labels: target={target!r} must be a class in [0, {k})")
     perm = np.full(k, int(target))
   rows = _rows(data, mask, 1.0, 0)
   y = np.asarray(data.y_train)
   y = np.where(rows, perm[np.clip(y, 0, k - 1)], y).astype(y.dtype)
-  return data.replace(y_train=jnp.asarray(y) if isinstance(data.y_train, jax.Array) else y)
+  return dataclasses.replace(data, y_train=jnp.asarray(y) if isinstance(data.y_train, jax.Array) else y)
 
 
 def stamp(x, trigger: Trigger, batch_dims: int):
@@ -112,7 +114,7 @@ def stamp(x, trigger: Trigger, batch_dims: int):
   xp = jnp if isinstance(x, jax.Array) else np
   lead = x.shape[:batch_dims]
   flat = x.reshape(lead + (-1,))
-  idx = np.asarray(trigger.index, np.int64)
+  idx = np.asarray(trigger.features, np.int64)
   val = np.broadcast_to(np.asarray(trigger.value, np.float64), idx.shape).astype(flat.dtype)
   if xp is jnp:
     flat = flat.at[..., idx].set(jnp.asarray(val))
@@ -138,7 +140,7 @@ def add_backdoor(data: FederatedData, mask, *, trigger: Trigger, target: int, fr
     raise ValueError(f"add_backdoor: target={target!r} must be a class in [0, {int(data.num_classes)})")
   batch_dims = np.ndim(data.y_train)
   size = int(np.prod(np.shape(data.x_train)[batch_dims:]))
-  idx = np.asarray(trigger.index, np.int64)
+  idx = np.asarray(trigger.features, np.int64)
   if idx.size == 0 or idx.min() < 0 or idx.max() >= size:
     raise ValueError(f"add_backdoor: trigger indices must lie in [0, {size}) (an example's features)")
   rows = _rows(data, mask, float(fraction), seed)
@@ -147,7 +149,8 @@ def add_backdoor(data: FederatedData, mask, *, trigger: Trigger, target: int, fr
   x = np.where(rows.reshape(rows.shape + (1,) * (x.ndim - batch_dims)), xs, x)
   y = np.where(rows, int(target), y).astype(y.dtype)
   on_device = isinstance(data.x_train, jax.Array)
-  return data.replace(x_train=jnp.asarray(x) if on_device else x, y_train=jnp.asarray(y) if on_device else y)
+  return dataclasses.replace(data, x_train=jnp.asarray(x) if on_device else x,
+                             y_train=jnp.asarray(y) if on_device else y)
 
 
 def triggered(x, y, n, *, trigger: Trigger, target: int):
