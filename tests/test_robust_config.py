@@ -80,3 +80,57 @@ def test_attack_and_defence_through_hierfavg_at_two_levels():
     assert 0 < float(m["attackers"]) < 1 and float(m["krum_selected"]) > 0
     assert np.isfinite(float(m["train_loss"]))
   assert len(traces) == 1
+
+
+def test_data_attacks_poison_the_runs_data():
+  from fedtree.experiment.robust import poisoned_data
+
+  ctx = _ctx()
+  run = ml_collections.ConfigDict({"algorithm": "fedavg", "attack": {
+    "name": "backdoor", "ids": [0], "target": 1, "poison_fraction": 1.0,
+    "trigger": {"features": [2], "value": 7.0}}})
+  data, split = poisoned_data(run, ctx)
+  x, x0, n = np.asarray(data.x_train), np.asarray(ctx.data.x_train), np.asarray(ctx.data.n_train)
+  assert np.all(x[0, :n[0], 2] == 7.0) and np.all(np.asarray(data.y_train)[0, :n[0]] == 1)
+  np.testing.assert_array_equal(x[1:], x0[1:])
+  xt, yt, nt = map(np.asarray, split)
+  assert np.all(yt == 1) and np.all(xt[..., 2] == 7.0)
+  np.testing.assert_array_equal(nt, [int(np.sum(np.asarray(ctx.data.y_test)[c, :k] != 1))
+                                     for c, k in enumerate(np.asarray(ctx.data.n_test))])
+  # label flipping poisons the labels only, a model-poisoning attack leaves the data as it is
+  flip = ml_collections.ConfigDict({"attack": {"name": "label_flip", "fraction": 0.5, "target": 2}})
+  data, split = poisoned_data(flip, ctx)
+  assert split is None and int(np.sum(np.asarray(data.y_train) != np.asarray(ctx.data.y_train))) > 0
+  same = ml_collections.ConfigDict({"attack": {"name": "sign_flip", "fraction": 0.5}})
+  assert poisoned_data(same, ctx)[0] is ctx.data
+  # the section itself validates (a run field of every algorithm with update_paths)
+  assert sections.update_paths_from_config({"attack": flip.attack}, ctx) == {"update_paths": {}}
+  with pytest.raises(ValueError, match="cannot redraw them each round"):
+    sections.update_paths_from_config({"attack": {"name": "label_flip", "fraction": 0.5, "target": 1,
+                                                  "redraw": True}}, ctx)
+  with pytest.raises(ValueError, match="it needs 'target'"):
+    sections.update_paths_from_config({"attack": {"name": "backdoor", "fraction": 0.5}}, ctx)
+
+
+@pytest.mark.slow
+def test_robust_config_end_to_end(tmp_path):
+  """configs/robust.py shrunk (2 rounds, 3 runs of the table, one of the tree): a backdoor run
+  reports its attack success rate beside accuracy."""
+  from config_files import load_config
+
+  from fedtree import experiment
+
+  cases = ((None, ("backdoor_median", "alie_mkrum", "labelflip_rfa")), ("tree", ("median_at_edges",)))
+  for variant, keep in cases:
+    c = load_config("robust", variant)
+    for k in list(c.runs.keys()):
+      if k not in keep:
+        del c.runs[k]
+    c.rounds, c.eval_every, c.rounds_per_call, c.progress = 2, 2, 2, False
+    res = experiment.train_and_evaluate(c, str(tmp_path / str(variant)))
+    assert set(res) == set(keep)
+    for k in keep:
+      assert 0 <= res[k]["global"]["accuracy"] <= 1
+    if variant is None:
+      assert 0 <= res["backdoor_median"]["global"]["attack_success_rate"] <= 1
+      assert "attack_success_rate" not in res["alie_mkrum"]["global"]

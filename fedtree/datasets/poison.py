@@ -169,3 +169,16 @@ def attack_success_rate(apply: Callable, params, data: FederatedData, *, trigger
   logits = jax.vmap(lambda xc: apply(params, xc))(jnp.asarray(xt))
   hit = (jnp.argmax(logits, axis=-1) == int(target)) & jnp.asarray(keep)
   return jnp.sum(hit) / jnp.maximum(jnp.sum(jnp.asarray(keep)), 1)
+
+
+def backdoor_test_split(data: FederatedData, *, trigger: Trigger, target: int):
+  """``(x, y, n)`` a test split per client (the shapes of ``data``'s) holding, first, the
+  triggered copies of its real test examples whose label is not ``target``, all labelled
+  ``target``: a model's accuracy on it is its attack success rate."""
+  xt, keep = triggered(data.x_test, data.y_test, data.n_test, trigger=trigger, target=target)
+  xt = np.asarray(xt)
+  order = np.argsort(~keep, axis=1, kind="stable")          # kept rows first, in their order
+  x = np.take_along_axis(xt, order.reshape(order.shape + (1,) * (xt.ndim - 2)), axis=1)
+  y = np.full(np.shape(data.y_test), int(target), np.asarray(data.y_test).dtype)
+  n = keep.sum(axis=1).astype(np.asarray(data.n_test).dtype)
+  return jnp.asarray(x), jnp.asarray(y), jnp.asarray(n)

@@ -4,11 +4,17 @@ Byzantine clients (:mod:`fedtree.core.attacks`) and robust aggregation
 
 ``attack``: ``{"name": ..., "fraction": f | "ids": [...], "seed": s, "redraw": bool, ...}``
 plus the attack's hyperparameters (``scale``, ``factor``, ``std``; ``z``, ``eps``,
-``gamma_init``, ``iterations``, ``perturbation``). The attackers are clients (level ``-1``, the
+``gamma_init``, ``iterations``, ``perturbation``; ``label_flip``: ``permutation`` or
+``target``; ``backdoor``: ``target``, ``poison_fraction`` of each attacker's examples,
+``trigger``: ``{"corner": size, "value": v}`` or ``{"features": [flat indices], "value": v}``,
+and the seed of the examples drawn). The attackers are clients (level ``-1``, the
 clients' parents aggregate them); ``seed`` defaults to the config's. The model-poisoning attacks
 (:data:`~fedtree.core.attacks.CLIENT_ATTACKS`) transform each attacker's update; the omniscient
 ones (:data:`~fedtree.core.attacks.OMNISCIENT`) wrap the level's aggregator (the blockwise mean
-when none is chosen), so they need an algorithm that can run a blockwise aggregator.
+when none is chosen), so they need an algorithm that can run a blockwise aggregator. The data
+attacks (:data:`DATA_ATTACKS`) poison the attackers' stored training data for the run
+(:func:`poisoned_data`, called by the runner; a backdoor adds ``attack_success_rate`` to the
+evaluation); they need a fixed set of attackers (no ``redraw``) and are not reported by sweeps.
 
 ``aggregator``: ``{"name": ..., "levels": -1 | [levels], ...}`` plus the aggregator's
 hyperparameters (``beta``, ``f``, ``m``, ``iterations``, ``nu``, ``tau``, ``center``); ``levels``
@@ -24,10 +30,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax.numpy as jnp
+import numpy as np
+
 from fedtree.core import attacks, robust
+from fedtree.datasets import poison
 from fedtree.experiment.path_parts import PathParts
 
-ATTACKS = tuple(sorted(attacks.CLIENT_ATTACKS)) + attacks.OMNISCIENT
+DATA_ATTACKS = ("label_flip", "backdoor")
+ATTACKS = tuple(sorted(attacks.CLIENT_ATTACKS)) + attacks.OMNISCIENT + DATA_ATTACKS
 
 
 def _levels(v) -> list[int]:
@@ -65,6 +76,12 @@ def attack_section(section: dict[str, Any], ctx) -> dict[int, Any]:
     seed = int(ctx.config.get("seed", 0)) if ctx is not None and ctx.config is not None else 0
   who = {k: section.pop(k) for k in ("fraction", "ids", "redraw") if k in section}
   mask = attacks.attackers(int(ctx.data.num_clients), seed=int(seed), **who)
+  if name in DATA_ATTACKS:
+    if mask.redraw:
+      raise ValueError(f"attack {name!r} poisons the attackers' stored data: it cannot redraw them "
+                       f"each round")
+    _data_attack(name, section, ctx.data, mask)   # validates; the runner poisons the run's data
+    return {}
   if name in attacks.CLIENT_ATTACKS:
     try:
       transform = attacks.CLIENT_ATTACKS[name](mask, **section)
@@ -74,3 +91,57 @@ def attack_section(section: dict[str, Any], ctx) -> dict[int, Any]:
   attacks.omniscient(robust.mean(), mask, attack=name, **section)   # validates the hyperparameters
   return {-1: PathParts(
     wrap_aggregator=(lambda agg: attacks.omniscient(agg, mask, attack=name, **section),))}
+
+
+def _trigger(spec, example_shape) -> poison.Trigger:
+  if spec is None or spec == "corner":
+    return poison.corner_trigger(example_shape)
+  spec = dict(spec)
+  if "corner" in spec:
+    return poison.corner_trigger(example_shape, size=int(spec["corner"]), value=float(spec.get("value", 1.0)))
+  if "features" not in spec:
+    raise ValueError(f"trigger={spec!r}: give 'corner' (a square's size) or 'features' (flat indices) "
+                     f"and 'value'")
+  return poison.Trigger(features=tuple(int(i) for i in spec["features"]), value=spec.get("value", 1.0))
+
+
+def _data_attack(name: str, section: dict[str, Any], data, mask: attacks.Attackers):
+  """``(poisoned data, backdoor (trigger, target) or None)``."""
+  bad = np.asarray(mask.mask(jnp.arange(int(data.num_clients)), None))
+  section = dict(section)
+  if name == "label_flip":
+    known = {"permutation", "target"}
+    if set(section) - known:
+      raise ValueError(f"attack 'label_flip': unknown hyperparameters {sorted(set(section) - known)}; "
+                       f"choose from {sorted(known)}")
+    return poison.flip_labels(data, bad, **section), None
+  known = {"target", "poison_fraction", "trigger", "seed"}
+  if set(section) - known or "target" not in section:
+    raise ValueError(f"attack 'backdoor': hyperparameters {sorted(section)}; it needs 'target' and takes "
+                     f"{sorted(known)}")
+  trig = _trigger(section.pop("trigger", None), data.example_shape)
+  target = int(section.pop("target"))
+  if "poison_fraction" in section:
+    section["fraction"] = section.pop("poison_fraction")
+  return (poison.add_backdoor(data, bad, trigger=trig, target=target, **section), (trig, target))
+
+
+def poisoned_data(run, ctx):
+  """``(the training data of run ``run``, its backdoor test split or None)``: ``ctx.data`` unless
+  the run's ``attack`` poisons data (``label_flip``, ``backdoor``)."""
+  section = run.get("attack", None) if hasattr(run, "get") else None
+  if section is not None and hasattr(section, "to_dict"):
+    section = section.to_dict()
+  if not section or section.get("name") not in DATA_ATTACKS:
+    return ctx.data, None
+  section = dict(section)
+  name = section.pop("name")
+  section.pop("level", None)
+  seed = section.pop("seed", None)
+  seed = int(ctx.config.get("seed", 0)) if seed is None else int(seed)
+  who = {k: section.pop(k) for k in ("fraction", "ids") if k in section}
+  mask = attacks.attackers(int(ctx.data.num_clients), seed=seed, **who)
+  data, backdoor = _data_attack(name, section, ctx.data, mask)
+  if backdoor is None:
+    return data, None
+  return data, poison.backdoor_test_split(data, trigger=backdoor[0], target=backdoor[1])
