@@ -134,3 +134,24 @@ def test_robust_config_end_to_end(tmp_path):
     if variant is None:
       assert 0 <= res["backdoor_median"]["global"]["attack_success_rate"] <= 1
       assert "attack_success_rate" not in res["alie_mkrum"]["global"]
+
+
+def test_memory_estimate_counts_the_cohort_blocks():
+  from fedtree.experiment import memory
+  from fedtree.experiment.robust import block_estimate
+
+  ctx = _ctx()
+  assert block_estimate(ml_collections.ConfigDict({"algorithm": "fedavg"}), ctx) is None
+  est = block_estimate(ml_collections.ConfigDict({"algorithm": "hierfavg", "cohort_size": 2,
+                                                  "aggregator": {"name": "multi_krum", "f": 0}}), ctx)
+  param_bytes = sum(int(np.prod(np.shape(x))) * 4 for x in jax.tree.leaves(ctx.model.init(jax.random.key(0))))
+  assert est == (param_bytes, 4, 2, True)          # 2 parents x a cohort of 2; distances
+  assert memory.block_bytes(100, 4, 2, pairwise=True) == 2 * 4 * 100 + 8 * 4 * 2
+  assert memory.block_bytes(100, 4, 2, pairwise=False) == 800
+  line = memory.check_memory("r", state_bytes=1000, step_bytes=10, chunk=2, limit=10_000, source="t",
+                             block=(100, 4, 2, True))
+  assert "cohort blocks" in line
+  with pytest.raises(ValueError, match=r"blockwise aggregator holds every parent's cohort \(1000 slots of "
+                                       r"100 bytes, with pairwise.*sample at most 23 clients per round"):
+    memory.check_memory("r", state_bytes=1000, step_bytes=10, chunk=2, limit=10_000, source="t",
+                        block=(100, 1000, 1000, True))

@@ -145,3 +145,32 @@ def poisoned_data(run, ctx):
   if backdoor is None:
     return data, None
   return data, poison.backdoor_test_split(data, trigger=backdoor[0], target=backdoor[1])
+
+
+PAIRWISE = ("krum", "multi_krum", "bulyan")
+
+
+def block_estimate(run, ctx) -> tuple[int, int, int, bool] | None:
+  """``(param_bytes, rows, block_size, pairwise)`` of the cohort blocks a run's blockwise
+  aggregator holds at the clients' tier (:func:`fedtree.experiment.memory.block_bytes`), or
+  ``None`` when it aggregates by the streamed mean. An upper bound: ``rows`` is every client, or
+  ``cohort_size`` per parent of the clients; ``block_size`` the cohort or every client."""
+  import jax
+
+  from fedtree.experiment.memory import tree_bytes
+
+  def plain(v):
+    return v.to_dict() if hasattr(v, "to_dict") else (v or {})
+
+  agg, attack = plain(run.get("aggregator", None)), plain(run.get("attack", None))
+  if not agg.get("name") and attack.get("name") not in attacks.OMNISCIENT:
+    return None
+  n = int(ctx.data.num_clients)
+  topo = ctx.topology
+  parents = 1 if topo is None else int(topo.num_nodes(topo.depth - 1))
+  cohort = run.get("cohort_size", None)
+  size = min(int(cohort), n) if isinstance(cohort, int) else n
+  rows = min(n, parents * size) if isinstance(cohort, int) else n
+  pairwise = agg.get("name") in PAIRWISE or attack.get("name") in ("min_max", "min_sum")
+  param_bytes = tree_bytes(jax.eval_shape(ctx.model.init, jax.random.key(0)))
+  return param_bytes, rows, size, pairwise

@@ -46,7 +46,7 @@ from fedtree.experiment.results import (  # noqa: F401  (re-exported: runner.Run
   check_summaries,
   positive_classes_from_config,
 )
-from fedtree.experiment.robust import poisoned_data
+from fedtree.experiment.robust import block_estimate, poisoned_data
 from fedtree.models import Model, build_model
 
 
@@ -335,7 +335,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
       with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         algorithm = build_algorithm(label, run_cfg, run_ctx)
         reporter.print(budget.check(label, jax.eval_shape(algorithm.init, loop.init_key(root)),
-                                    ctx.chunk_size(run_cfg)))
+                                    ctx.chunk_size(run_cfg), block=block_estimate(run_cfg, ctx)))
         rounds = algorithm.rounds if algorithm.rounds is not None else run_cfg.get("rounds", config.rounds)
         _, summaries = run_algorithm(
           algorithm, run_ctx, root, reporter, num_rounds=int(rounds),
