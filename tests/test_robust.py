@@ -212,3 +212,16 @@ def test_hyperparameters_may_be_traced():
     np.testing.assert_allclose(np.asarray(tm[0]), ref_trimmed(x, beta)[6:], rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(np.asarray(kr[0]), ref_krum(x, f, 1)[6:], rtol=2e-5, atol=2e-5)
   assert len(traces) == 1
+
+
+def test_benchmark_smallest_setting_runs(tmp_path):
+  """benchmarks/robust.py at a tiny size (no timing asserted): every aggregator ran, ratios to the
+  mean and the block sizes are reported."""
+  from benchmarks import robust as bench
+
+  rows = bench.main(["--params=8", "--parents=2", "--cohorts=4", "--repeats=1", "--tag=t",
+                     f"--out-dir={tmp_path}"])
+  assert [r["aggregator"] for r in rows] == ["mean", "median", "trimmed_mean", "multi_krum", "rfa"]
+  assert all("seconds" in r and r["x_mean"] > 0 for r in rows)
+  assert (tmp_path / "t.json").exists()
+  assert bench.largest_cohort(400, 2, True, 10**6) < bench.largest_cohort(400, 2, False, 10**6)
