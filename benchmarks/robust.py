@@ -10,7 +10,25 @@ mean (β = 0.1), multi-Krum (f = K/10) and RFA (8 Weiszfeld steps). Reported: th
 time of ``--repeats`` calls after one warm-up (compile excluded), its ratio to the mean's, and
 the bytes the cohort blocks take (:func:`fedtree.experiment.memory.block_bytes`, the
 pairwise-distance aggregators with their ``K x K`` distances), with the largest cohort per
-parent that fits in the device's memory for each. Writes ``benchmarks/results/robust.json``.
+parent that fits in the device's memory (the host's on CPU) for each. Writes
+``benchmarks/results/<tag>.json``.
+
+Measured (``--params=10000 --parents=2 --repeats=3 --tag=robust_cpu``, the shared 2-core CPU of
+the development machine under a load average of 15-19, so the sorts' times varied up to 8x
+between two runs; no GPU was available for this measurement), ms per call:
+
+  ==========  ========  ===========  ============  ==========  =====
+  K           mean      median       trimmed mean  multi-Krum  RFA
+  ==========  ========  ===========  ============  ==========  =====
+  10          0.18      24 (132x)    7.8 (43x)     0.32 (2x)   1.4 (8x)
+  100         0.23      580 (2474x)  3000          10 (43x)    3.4 (14x)
+  1000        16        8732 (552x)  7653 (484x)   1415 (90x)  148 (9x)
+  ==========  ========  ===========  ============  ==========  =====
+
+The order statistics (median, trimmed mean) are a sort along the cohort axis of every
+coordinate, slow on XLA's CPU sort; RFA is a few weighted means. Memory: with 10,000 parameters,
+2 parents and 23.5 GiB, the blocks fit up to K = 157,978 per parent for the sort-based ones and
+K = 35,059 for multi-Krum (its K x K distances dominate past K of a few thousand).
 """
 
 from __future__ import annotations
@@ -77,6 +95,8 @@ def main(argv=None) -> list[dict]:
   a = p.parse_args(argv)
   cohorts = [int(x) for x in a.cohorts.split(",")]
   limit = tuning.device_memory_bytes()
+  if limit is None and jax.default_backend() == "cpu":   # the host's memory
+    limit = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
   results = []
   for k in cohorts:
     x = jax.random.normal(jax.random.key(k), (a.parents, k, a.params), jnp.float32)

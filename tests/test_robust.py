@@ -225,3 +225,12 @@ def test_benchmark_smallest_setting_runs(tmp_path):
   assert all("seconds" in r and r["x_mean"] > 0 for r in rows)
   assert (tmp_path / "t.json").exists()
   assert bench.largest_cohort(400, 2, True, 10**6) < bench.largest_cohort(400, 2, False, 10**6)
+
+
+@pytest.mark.parametrize("name", ["fedtree.core.robust", "fedtree.core.attacks"])
+def test_docstring_examples_run(name):
+  import doctest
+  import importlib
+
+  result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS, verbose=False)
+  assert result.attempted > 0 and result.failed == 0
