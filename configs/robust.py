@@ -18,8 +18,22 @@ backdoor runs report ``attack_success_rate`` beside accuracy.
 flip their signs; the median at the edges, at the root, or nowhere (HierFAVG, the root every
 2 edge rounds).
 
-The figures of a shrunk run are in tests/test_robust_config.py (end to end); the full table's
-measured figures are NOT yet recorded here.
+Measured (40 rounds, seed 0, CPU; global accuracy on every client's test data, ASR the backdoor's
+attack success rate), a subset of ``table`` (30 % attackers) run as
+``--config.runs`` restricted to these labels; the other cells and ``:table10`` are not measured:
+
+  =========  =====  ======  ===========  =====  =======================
+  attack     mean   median  multi-Krum   RFA    centered clip
+  =========  =====  ======  ===========  =====  =======================
+  none       0.916
+  sign flip  0.640  0.738   0.688        0.738  0.631
+  ALIE       0.921  0.891   0.891
+  backdoor   0.921  0.885
+  =========  =====  ======  ===========  =====  =======================
+
+Backdoor ASR: 1.000 under the mean, 0.534 under the median. ``tree`` (sign flippers holding 4
+of edge 0's 5 clients): the median nowhere 0.683, at the edges 0.575 (edge 0's median is then
+the attackers' update), at the root 0.815.
 """
 
 import ml_collections
