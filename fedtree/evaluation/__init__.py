@@ -24,11 +24,12 @@ from fedtree.core.sharding import to_host
 def evaluate_models(
   algorithm: FederatedAlgorithm, state, model: Model, data: FederatedData, *,
   groups: np.ndarray | None = None, chunk_size: int | None = None, evaluator=None,
-  positive_classes=None,
+  positive_classes=None, backdoor=None,
 ) -> dict[str, dict[str, Any]]:
   """Summaries of every model ``algorithm.models(state)`` names, on every client's test data
   (with ``positive_classes``, also keyword-spotting false-accept/reject rates; the evaluator
-  must then be ``make_evaluator(..., confusion=True)``)."""
+  must then be ``make_evaluator(..., confusion=True)``; with ``backdoor``, the ``(x, y, n)`` of
+  :func:`fedtree.datasets.poison.backdoor_test_split`, also ``attack_success_rate``)."""
   evaluator = evaluator or make_evaluator(model, chunk_size, confusion=positive_classes is not None)
   out = {}
   for name, nm in algorithm.models(state).items():
@@ -36,6 +37,9 @@ def evaluate_models(
     stats = to_host(evaluator(nm.params, data.x_test, data.y_test, data.n_test, moc))
     out[name] = summarize(stats, groups, positive_classes=positive_classes,
                           perplexity=bool(model.label_shape))
+    if backdoor is not None:
+      hit = to_host(evaluator(nm.params, *backdoor, moc))
+      out[name]["attack_success_rate"] = summarize(hit, groups)["accuracy"]
     if getattr(nm, "cluster_of_client", None) is not None:
       out[name].update(cluster_summary(nm, data, evaluator, true_clusters=groups))
   return out

@@ -50,8 +50,17 @@ def _gib(n: int) -> str:
   return f"{n / 2**30:.3g} GiB" if n >= 2**28 else f"{n / 2**20:.3g} MiB"
 
 
+def block_bytes(param_bytes: int, rows: int, block_size: int, *, pairwise: bool) -> int:
+  """Bytes a blockwise aggregator (:mod:`fedtree.core.robust`) holds at once: the ``rows = P x K``
+  slots of every parent's cohort of deltas, twice (the block and its sorted or rewritten
+  copy), and for the distance-based ones (Krum, Bulyan, min-max / min-sum) ``K x K`` float32
+  distances per parent, twice (the matrix and its sort), at most ``rows x K``."""
+  return 2 * rows * param_bytes + (2 * 4 * rows * block_size if pairwise else 0)
+
+
 def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, limit: int | None,
-                 source: str, experiments: int = 1, chunk_name: str = "chunk_size") -> str:
+                 source: str, experiments: int = 1, chunk_name: str = "chunk_size",
+                 block: tuple[int, int, int, bool] | None = None) -> str:
   """The one-line estimate printed before a run compiles; a ``ValueError`` with the numbers and
   the largest chunk that fits when it cannot fit in ``limit``.
 
@@ -66,20 +75,40 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
     experiments: experiments stacked in one program (a sweep's chunk); each holds a state and
       trains ``chunk`` clients at once.
     chunk_name: the field to lower, named in the error.
+    block: ``(param_bytes, rows, block_size, pairwise)`` of a blockwise aggregator's cohort
+      blocks (:func:`block_bytes`), or ``None``; added to the state.
 
   Returns:
     The line (the caller prints it).
   """
-  state = state_bytes * experiments
+  blocks = 0 if block is None else block_bytes(block[0], block[1], block[2], pairwise=block[3]) * experiments
+  state = state_bytes * experiments + blocks
   work = step_bytes * chunk * experiments
   line = (f"{label}: memory estimate {_gib(state + work)}: state {_gib(state_bytes)}"
-          f"{f' x {experiments} experiments' if experiments > 1 else ''} + chunk working set "
+          f"{f' x {experiments} experiments' if experiments > 1 else ''}"
+          f"{f' + cohort blocks {_gib(blocks)}' if block is not None else ''} + chunk working set "
           f"{chunk} x {_gib(step_bytes)} per client step{f' x {experiments}' if experiments > 1 else ''}")
   if limit is None:
     return line + " (no memory limit known)"
   line += f", limit {_gib(limit)} ({source})"
   if state + work <= limit:
     return line
+  if block is not None and state > limit:   # the cohort blocks alone do not fit: a smaller cohort
+    param_bytes, rows, size, pairwise = block
+    avail = limit - state_bytes * experiments - step_bytes * experiments
+    lo, hi = 0, rows   # the largest cohort (slots in all, a parent's at most as many) that fits
+    while lo < hi:
+      mid = (lo + hi + 1) // 2
+      if block_bytes(param_bytes, mid, min(mid, size), pairwise=pairwise) * experiments <= avail:
+        lo = mid
+      else:
+        hi = mid - 1
+    fits_rows = lo
+    raise ValueError(
+      f"run {label!r} does not fit in memory: its blockwise aggregator holds every parent's cohort "
+      f"({rows} slots of {param_bytes} bytes{', with pairwise distances' if pairwise else ''}): "
+      f"{blocks} bytes + state {state_bytes * experiments} bytes > limit {limit} bytes ({source}); "
+      f"sample at most {max(int(fits_rows), 0)} clients per round in all (cohort_size) or use the mean")
   if experiments > 1:  # a sweep: fewer experiments at once
     fits = limit // max(1, state_bytes + step_bytes * chunk)
   else:
@@ -133,8 +162,8 @@ class Budget:
     return self._step_bytes
 
   def check(self, label: str, state_shapes, chunk_size, *, experiments: int = 1,
-            chunk_name: str = "chunk_size") -> str:
+            chunk_name: str = "chunk_size", block: tuple[int, int, int, bool] | None = None) -> str:
     """:func:`check_memory` of run ``label`` with state ``state_shapes`` (one experiment's)."""
     return check_memory(label, state_bytes=tree_bytes(state_shapes), step_bytes=self.step_bytes(),
                         chunk=estimate_chunk(chunk_size, self.num_clients), limit=self.limit,
-                        source=self.source, experiments=experiments, chunk_name=chunk_name)
+                        source=self.source, experiments=experiments, chunk_name=chunk_name, block=block)

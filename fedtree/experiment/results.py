@@ -22,7 +22,7 @@ class DivergedError(FloatingPointError):
 
 SUMMARY_METRICS = ("accuracy", "loss", "perplexity", "sentence_perplexity", "false_accept_rate",
                    "false_reject_rate", "intra_cluster_accuracy", "inter_cluster_accuracy", "num_clusters",
-                   "adjusted_rand_index")
+                   "adjusted_rand_index", "attack_success_rate")
 
 
 def check_summaries(label: str, round_: int, summaries: dict[str, dict[str, Any]]) -> None:

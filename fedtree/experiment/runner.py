@@ -49,6 +49,7 @@ from fedtree.experiment.results import (  # noqa: F401  (re-exported: runner.Run
   check_summaries,
   positive_classes_from_config,
 )
+from fedtree.experiment.robust import block_estimate, poisoned_data
 from fedtree.models import Model, build_model
 
 
@@ -219,7 +220,8 @@ def run_algorithm(
   algorithm: FederatedAlgorithm, ctx: Context, key: jax.Array, reporter: Reporter, *,
   num_rounds: int, eval_every: int, rounds_per_call: int, label: str,
   checkpoint_dir: str | None = None, checkpoint_every: int = 0, keep_checkpoints: int = 2,
-  should_stop=None, round_metrics=None, adapters=None, experiments: list[Experiment] | None = None,
+  should_stop=None, round_metrics=None, adapters=None, backdoor=None,
+  experiments: list[Experiment] | None = None,
 ) -> tuple[Any, dict[str, dict[str, Any]]]:
   """Rounds with evaluation every ``eval_every`` rounds (:func:`fedtree.core.loop.run`);
   returns (state, final summaries), the summaries passed through ``algorithm.report`` when
@@ -233,7 +235,9 @@ def run_algorithm(
   ``r``'s row and to every final summary (the privacy spent: ``epsilon``).
   ``adapters`` (a :class:`~fedtree.core.lora.LoRA` spec): the algorithm's
   models are adapters on the frozen base its state holds (:func:`fedtree.core.lora.frozen_base`),
-  scored with the base as an argument (:func:`fedtree.core.lora.base_evaluator`).
+  scored with the base as an argument (:func:`fedtree.core.lora.base_evaluator`). ``backdoor``:
+  the ``(x, y, n)`` test split whose accuracy is the attack success rate
+  (:func:`fedtree.datasets.poison.backdoor_test_split`), reported beside accuracy.
 
   With ``experiments``, ``algorithm`` is a sweep (:func:`fedtree.core.sweep.sweep`) of those
   experiments: every experiment's models are checked and logged as a row of its own (with
@@ -275,7 +279,7 @@ def run_algorithm(
     summaries = evaluation.evaluate_models(
       algorithm, s, ctx.model, ctx.run_data, groups=ctx.groups,
       evaluator=evaluator if evaluator_for is None else evaluator_for(s.base),
-      positive_classes=positive,
+      positive_classes=positive, backdoor=backdoor,
     )
     if experiments is None:
       check_summaries(label, r, summaries)
@@ -484,18 +488,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
   budget = memory.Budget.of(ctx)
   try:
     for label, run_cfg in ordered_runs(config):
+      run_ctx, backdoor = _poisoned(ctx, run_cfg, mesh)
       if swept:  # settings x seeds of this run as one program (fedtree.experiment.sweep)
         with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-          results[label] = run_sweep(label, run_cfg, ctx, reporter, workdir=workdir,
+          results[label] = run_sweep(label, run_cfg, run_ctx, reporter, workdir=workdir,
                                      should_stop=should_stop, budget=budget)
         continue
       with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-        algorithm = build_algorithm(label, run_cfg, ctx)
+        algorithm = build_algorithm(label, run_cfg, run_ctx)
         reporter.print(budget.check(label, jax.eval_shape(algorithm.init, loop.init_key(root)),
-                                    ctx.chunk_size(run_cfg)))
+                                    ctx.chunk_size(run_cfg), block=block_estimate(run_cfg, ctx)))
         rounds = algorithm.rounds if algorithm.rounds is not None else run_cfg.get("rounds", config.rounds)
         _, summaries = run_algorithm(
-          algorithm, ctx, root, reporter, num_rounds=int(rounds),
+          algorithm, run_ctx, root, reporter, num_rounds=int(rounds),
           eval_every=int(config.eval_every), rounds_per_call=int(config.rounds_per_call),
           label=label,
           checkpoint_dir=os.path.join(workdir, "checkpoints", label) if workdir else None,
@@ -503,6 +508,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
           keep_checkpoints=int(config.get("keep_checkpoints", 2)), should_stop=should_stop,
           round_metrics=privacy.round_metrics(label, run_cfg, ctx),
           adapters=adapters_from_config(label, run_cfg),
+          backdoor=backdoor,
         )
       results[label] = summaries
     if not swept:
@@ -518,6 +524,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
   finally:
     reporter.close()
   return results
+
+
+def _poisoned(ctx: Context, run_cfg, mesh) -> tuple[Context, Any]:
+  """The context run ``run_cfg`` trains in (its attackers' data poisoned when its ``attack`` is a
+  data attack, :func:`fedtree.experiment.robust.poisoned_data`) and its backdoor test split."""
+  data, backdoor = poisoned_data(run_cfg, ctx)
+  if data is ctx.data:
+    return ctx, None
+  data = as_device(data)
+  sharded = shard_data(data, mesh) if mesh is not None else None
+  return dataclasses.replace(ctx, data=data, sharded_data=sharded), backdoor
 
 
 def _write_plots(workdir: str, config: ml_collections.ConfigDict, reporter: Reporter) -> None:

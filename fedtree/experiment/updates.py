@@ -18,35 +18,23 @@ algorithm takes ``update_paths``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from fedtree.core import compression
 from fedtree.core.updates import (
   Aggregator,
-  ClientTransform,
-  DownTransform,
-  NodeTransform,
   UpdatePath,
   chain,
   chain_nodes,
 )
 from fedtree.experiment import privacy
-
-
-class PathParts(NamedTuple):
-  """What one config section contributes to the update path of one server level."""
-
-  client: tuple[ClientTransform, ...] = ()
-  aggregator: Aggregator | None = None
-  node: tuple[NodeTransform, ...] = ()
-  down: DownTransform | None = None
-
+from fedtree.experiment import robust as _robust
+from fedtree.experiment.path_parts import PathParts
 
 Converter = Callable[[Any, Any], Mapping[int, PathParts]]
 
 def _privacy(section, ctx) -> Mapping[int, PathParts]:
   return {lv: PathParts(**parts) for lv, parts in privacy.convert(section, ctx).items()}
-
 
 
 # ------------------------------------------------------------------------ compression
@@ -104,10 +92,11 @@ def convert_compression(section: Mapping[str, Any], ctx) -> dict[int, PathParts]
   return out
 
 
-
 SECTIONS: dict[str, Converter] = {
+  "attack": _robust.attack_section,
   "privacy": _privacy,
   "compression": convert_compression,
+  "aggregator": _robust.aggregator_section,
 }
 """``{section name: converter}`` in the order their stages compose (filled by the capability
 modules of the experiment layer, listed explicitly here as they land)."""
@@ -146,9 +135,12 @@ def compose(parts_by_section: Mapping[str, Mapping[int, PathParts]]) -> dict[int
     downs = [(n, p.down) for n, p in items if p.down is not None]
     if len(downs) > 1:
       raise ValueError(f"level {lv}: sections {[n for n, _ in downs]} each set a downlink transform")
+    aggregator = aggs[0][1] if aggs else Aggregator()
+    for wrap in [w for _, p in items for w in p.wrap_aggregator]:
+      aggregator = wrap(aggregator)
     out[lv] = UpdatePath(
       client=chain(*[t for _, p in items for t in p.client]),
-      aggregator=aggs[0][1] if aggs else Aggregator(),
+      aggregator=aggregator,
       node=chain_nodes(*[t for _, p in items for t in p.node]),
       down=downs[0][1] if downs else None,
     )

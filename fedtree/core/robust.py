@@ -1,0 +1,418 @@
+"""Robust aggregators: blockwise :class:`~fedtree.core.updates.Aggregator` s that replace a
+parent's weighted mean by an estimate that a minority of poisoned updates cannot move far.
+
+Every aggregator here sees every parent's whole cohort as one fixed-size
+:class:`~fedtree.core.updates.Block` ``[P, K, ...]`` (``K`` the largest cohort of a parent; empty
+slots masked by ``block.valid``) and runs one program over all parents of a level (the parent
+axis is a batch axis of every operation). Each returns ``(delta_sum [P, ...], weight_sum [P],
+stats {name: [P]})`` with ``delta_sum / weight_sum`` the robust estimate and ``weight_sum`` the
+parent's total weight of valid updates (so a level above weighs the parent as it would under
+the mean; ``0`` where a parent received nothing, which leaves it unchanged).
+
+The estimates, with ``n`` a parent's number of valid updates:
+
+* :func:`median`: coordinate-wise median (Yin et al. 2018), the mean of the two middle values
+  when ``n`` is even (as ``numpy.median``);
+* :func:`trimmed_mean`: coordinate-wise ``β``-trimmed mean (Yin et al. 2018): the
+  ``floor(β n)`` largest and smallest values of each coordinate dropped, the rest averaged;
+* :func:`krum`: Krum and multi-Krum (Blanchard et al. 2017): each update's score is the sum of
+  its squared distances to its ``n - f - 2`` nearest other updates; the ``m`` best-scoring ones
+  (``m = 1``: Krum; default ``n - f``) are averaged;
+* :func:`bulyan` (El Mhamdi et al. 2018): ``θ = n - 2f`` updates chosen by Krum one at a time
+  (each removed from the candidates), then per coordinate the mean of the ``θ - 2f`` values
+  closest to the chosen ones' median;
+* :func:`geometric_median`: RFA (Pillutla et al. 2022), the weighted geometric median by
+  smoothed Weiszfeld iterations from the weighted mean;
+* :func:`norm_bound`: every update scaled to norm at most ``τ``, then the weighted mean (Sun et
+  al. 2019);
+* :func:`centered_clip`: centered clipping (Karimireddy et al. 2021), ``v ← v + mean_i
+  clip_τ(x_i - v)`` for a few iterations. The paper centres on the server's previous aggregate
+  (its momentum); an aggregator here is stateless, so the centre is chosen by ``center``:
+  ``"zero"`` (default: the first iteration is then norm bounding and a plain mean), ``"mean"``
+  or ``"median"`` (the coordinate-wise median, a robust start).
+
+Weights: :func:`geometric_median` and :func:`norm_bound` use the clients' aggregation weights;
+the order-statistic and distance-based ones (median, trimmed mean, Krum, Bulyan, centered
+clipping) count every valid update once, as their papers do.
+
+Parents with fewer updates than an aggregator's bound: Krum needs ``n >= 2f + 3`` and Bulyan
+``n >= 4f + 3``. A block whose static size ``K`` is below the bound is refused when the round is
+traced (before anything compiles). A parent whose *reported* updates fall below it in some
+round (empty slots) is handled, not refused: Krum's neighbour count is clipped to ``[0, n -
+1]`` and ``m`` to ``[1, n]``; Bulyan's ``θ`` to ``[1, n]`` and its kept count ``θ - 2f`` to
+``[1, θ]``.
+
+Stats (round metrics, the mean over the parents): ``trimmed`` (values dropped per coordinate),
+``krum_selected`` / ``bulyan_selected`` (updates kept), ``norm_bounded`` / ``cclip_clipped``
+(updates clipped). Which slots Krum and Bulyan keep: :func:`krum_selection`,
+:func:`bulyan_selection`.
+
+Example:
+  >>> import jax.numpy as jnp
+  >>> from fedtree.core.updates import Block
+  >>> x = jnp.array([[[0.0], [1.0], [2.0], [100.0]]])          # one parent, 4 clients, 1 coordinate
+  >>> block = Block(x, jnp.ones((1, 4)), jnp.ones((1, 4), bool), jnp.arange(4)[None])
+  >>> s, w, _ = median().aggregate(block, None, {})
+  >>> float(s[0, 0] / w[0])
+  1.5
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from fedtree.core.updates import Aggregator, Block
+
+PyTree = object
+
+CENTERS = ("zero", "mean", "median")
+
+
+# ------------------------------------------------------------------------ helpers
+def _count(block: Block) -> jax.Array:
+  return jnp.sum(block.valid, axis=1).astype(jnp.int32)
+
+
+def _bcast(v: jax.Array, x: jax.Array) -> jax.Array:
+  """``v [P, K]`` or ``[P]`` broadcast against ``x [P, K, ...]`` / ``[P, ...]``."""
+  return v.reshape(v.shape + (1,) * (x.ndim - v.ndim))
+
+
+def _weight_total(block: Block) -> jax.Array:
+  return jnp.sum(jnp.where(block.valid, block.weights, 0), axis=1)
+
+
+def _finish(estimate: PyTree, block: Block) -> tuple[PyTree, jax.Array]:
+  """``(estimate * total weight, total weight)``: what the engine divides back."""
+  total = _weight_total(block)
+  return jax.tree.map(lambda e: e * _bcast(total, e).astype(e.dtype), estimate), total
+
+
+def _is_concrete(x) -> bool:
+  return not isinstance(x, jax.core.Tracer)
+
+
+def _masked_sort(x: jax.Array, valid: jax.Array) -> jax.Array:
+  """``x [P, K, ...]`` sorted along the slots with invalid slots last (as ``+inf``)."""
+  return jnp.sort(jnp.where(_bcast(valid, x), x, jnp.inf), axis=1)
+
+
+def _take_rank(s: jax.Array, rank: jax.Array) -> jax.Array:
+  """``s [P, K, ...]`` at slot ``rank [P]`` -> ``[P, ...]``."""
+  idx = jnp.clip(rank, 0, s.shape[1] - 1).reshape((s.shape[0], 1) + (1,) * (s.ndim - 2))
+  return jnp.take_along_axis(s, jnp.broadcast_to(idx, (s.shape[0], 1) + s.shape[2:]), axis=1)[:, 0]
+
+
+def _leaf_median(x: jax.Array, valid: jax.Array, n: jax.Array) -> jax.Array:
+  s = _masked_sort(x, valid)
+  lo, hi = _take_rank(s, (n - 1) // 2), _take_rank(s, n // 2)
+  return jnp.where(_bcast(n > 0, lo), (lo + hi) * 0.5, 0).astype(x.dtype)
+
+
+def _masked_mean(x: jax.Array, keep: jax.Array) -> jax.Array:
+  k = jnp.sum(keep, axis=1)
+  total = jnp.sum(jnp.where(_bcast(keep, x), x, 0), axis=1)
+  return total / _bcast(jnp.maximum(k, 1), total).astype(x.dtype)
+
+
+def _sq_norms(deltas: PyTree) -> jax.Array:
+  """``||x_pk||²`` of every slot: ``[P, K]``."""
+  return jnp.asarray(sum(jnp.sum(jnp.square(d.reshape(d.shape[:2] + (-1,))), axis=-1)
+                         for d in jax.tree.leaves(deltas)))
+
+
+def pairwise_sq_distances(deltas: PyTree) -> jax.Array:
+  """``||x_pi - x_pj||²`` for every parent's slots: ``[P, K, K]`` (by the Gram matrix: memory
+  ``P K²``, not ``P K² D``; clipped at 0 against rounding)."""
+  sq = _sq_norms(deltas)
+  gram = sum(jnp.einsum("pid,pjd->pij", d.reshape(d.shape[:2] + (-1,)), d.reshape(d.shape[:2] + (-1,)),
+                        precision=jax.lax.Precision.HIGHEST) for d in jax.tree.leaves(deltas))
+  return jnp.maximum(sq[:, :, None] + sq[:, None, :] - 2.0 * gram, 0.0)
+
+
+def _krum_scores(dist: jax.Array, cand: jax.Array, f) -> jax.Array:
+  """Krum's score of every candidate slot among the candidates ``cand [P, K]``: the sum of its
+  squared distances to its ``clip(r - f - 2, 0, r - 1)`` nearest other candidates (``r`` their
+  number); ``+inf`` for non-candidates."""
+  k = dist.shape[-1]
+  r = jnp.sum(cand, axis=1).astype(jnp.int32)
+  nb = jnp.clip(r - f - 2, 0, jnp.maximum(r - 1, 0))
+  other = cand[:, None, :] & cand[:, :, None] & ~jnp.eye(k, dtype=bool)[None]
+  s = jnp.sort(jnp.where(other, dist, jnp.inf), axis=-1)
+  near = jnp.arange(k)[None, None, :] < nb[:, None, None]
+  score = jnp.sum(jnp.where(near, s, 0.0), axis=-1)
+  return jnp.where(cand, score, jnp.inf)
+
+
+def _ranks(score: jax.Array) -> jax.Array:
+  """Each slot's rank by ascending score, ties by slot order: ``[P, K]``."""
+  order = jnp.argsort(score, axis=1, stable=True)
+  return jnp.argsort(order, axis=1, stable=True)
+
+
+def _check_f(name: str, f, bound: int, k: int) -> None:
+  if _is_concrete(f) and k < bound:
+    raise ValueError(f"{name}: f={int(f)} needs at least {bound} updates per parent, but the largest "
+                     f"cohort of a parent is {k}; lower f or raise the cohort size")
+
+
+def _check_nonneg_int(name: str, what: str, v) -> None:
+  if _is_concrete(v) and (int(v) != v or v < 0):
+    raise ValueError(f"{name}: {what}={v!r} must be a non-negative integer")
+
+
+# ------------------------------------------------------------------------ aggregators
+def mean() -> Aggregator:
+  """The weighted mean as a blockwise aggregator (what an attack that rewrites a parent's cohort
+  runs in front of when no defence is chosen)."""
+
+  def aggregate(block, key, node_state):
+    w = jnp.where(block.valid, block.weights, 0)
+    s = jax.tree.map(lambda d: jnp.sum(_bcast(w, d).astype(d.dtype) * d, axis=1), block.deltas)
+    return s, jnp.sum(w, axis=1), {}
+
+  return Aggregator(aggregate, name="block_mean")
+
+
+def median() -> Aggregator:
+  """Coordinate-wise median of every parent's valid updates (unweighted)."""
+
+  def aggregate(block, key, node_state):
+    n = _count(block)
+    est = jax.tree.map(lambda d: _leaf_median(d, block.valid, n), block.deltas)
+    return (*_finish(est, block), {})
+
+  return Aggregator(aggregate, name="median")
+
+
+def trimmed_mean(*, beta: float) -> Aggregator:
+  """Coordinate-wise trimmed mean: the ``floor(beta * n)`` smallest and largest values of every
+  coordinate dropped, the rest averaged (unweighted). Stat ``trimmed``: values dropped per
+  coordinate (both sides).
+
+  Raises:
+    ValueError: ``beta`` not in ``[0, 0.5)``.
+  """
+  if _is_concrete(beta) and not 0.0 <= float(beta) < 0.5:
+    raise ValueError(f"trimmed_mean: beta={beta!r} must be in [0, 0.5) (the fraction trimmed on each side)")
+
+  def aggregate(block, key, node_state):
+    n = _count(block)
+    cut = jnp.floor(jnp.asarray(beta, jnp.float32) * n.astype(jnp.float32)).astype(jnp.int32)
+    rank = jnp.arange(block.valid.shape[1])[None, :]
+    keep = (rank >= cut[:, None]) & (rank < (n - cut)[:, None])
+    est = jax.tree.map(lambda d: _masked_mean(_masked_sort(d, block.valid), keep), block.deltas)
+    return (*_finish(est, block), {"trimmed": (2 * cut).astype(jnp.float32)})
+
+  return Aggregator(aggregate, name="trimmed_mean")
+
+
+def krum_selection(block: Block, *, f, m=None) -> jax.Array:
+  """Which slots (multi-)Krum averages: ``bool [P, K]`` (see :func:`krum`)."""
+  n = _count(block)
+  score = _krum_scores(pairwise_sq_distances(block.deltas), block.valid, f)
+  m_eff = n - f if m is None else jnp.asarray(m, jnp.int32)
+  m_eff = jnp.clip(m_eff, 1, jnp.maximum(n, 1))
+  return (_ranks(score) < m_eff[:, None]) & block.valid
+
+
+def krum(*, f: int, m: int | None = None) -> Aggregator:
+  """Krum (``m=1``) and multi-Krum: the mean of the ``m`` updates (default ``n - f``) with the
+  smallest sum of squared distances to their ``n - f - 2`` nearest others, ``f`` the number of
+  Byzantine updates tolerated. Stat ``krum_selected``: how many were averaged.
+
+  Raises:
+    ValueError: ``f`` or ``m`` not a non-negative integer (``m`` at least 1); at trace time, a
+      block of fewer than ``2f + 3`` slots.
+  """
+  _check_nonneg_int("krum", "f", f)
+  if m is not None:
+    _check_nonneg_int("krum", "m", m)
+    if _is_concrete(m) and m < 1:
+      raise ValueError(f"krum: m={m!r} must be at least 1 (Krum: 1; multi-Krum: more)")
+
+  def aggregate(block, key, node_state):
+    _check_f("krum", f, 2 * int(f) + 3 if _is_concrete(f) else 0, block.valid.shape[1])
+    sel = krum_selection(block, f=f, m=m)
+    est = jax.tree.map(lambda d: _masked_mean(d, sel), block.deltas)
+    return (*_finish(est, block), {"krum_selected": jnp.sum(sel, axis=1).astype(jnp.float32)})
+
+  return Aggregator(aggregate, name="krum" if m == 1 else "multi_krum")
+
+
+def bulyan_selection(block: Block, *, f) -> jax.Array:
+  """The ``θ = n - 2f`` slots Bulyan's recursive Krum chooses: ``bool [P, K]``."""
+  n = _count(block)
+  dist = pairwise_sq_distances(block.deltas)
+  theta = jnp.clip(n - 2 * f, 1, jnp.maximum(n, 1))
+
+  def pick(t, chosen):
+    cand = block.valid & ~chosen
+    best = jnp.argmin(_krum_scores(dist, cand, f), axis=1)
+    new = chosen | (jax.nn.one_hot(best, chosen.shape[1], dtype=bool) & cand)
+    return jnp.where((t < theta)[:, None], new, chosen)
+
+  return jax.lax.fori_loop(0, block.valid.shape[1], pick, jnp.zeros_like(block.valid))
+
+
+def bulyan(*, f: int) -> Aggregator:
+  """Bulyan: ``θ = n - 2f`` updates chosen by Krum one at a time, then per coordinate the mean of
+  the ``θ - 2f`` chosen values closest to their median (ties by slot order).
+
+  Raises:
+    ValueError: ``f`` not a non-negative integer; at trace time, a block of fewer than ``4f + 3``
+      slots.
+  """
+  _check_nonneg_int("bulyan", "f", f)
+
+  def aggregate(block, key, node_state):
+    _check_f("bulyan", f, 4 * int(f) + 3 if _is_concrete(f) else 0, block.valid.shape[1])
+    sel = bulyan_selection(block, f=f)
+    theta = jnp.sum(sel, axis=1).astype(jnp.int32)
+    keep_n = jnp.clip(theta - 2 * f, 1, jnp.maximum(theta, 1))
+
+    def leaf(d):
+      med = _leaf_median(d, sel, theta)
+      dist = jnp.where(_bcast(sel, d), jnp.abs(d - med[:, None]), jnp.inf)
+      order = jnp.argsort(dist, axis=1, stable=True)
+      vals = jnp.take_along_axis(d, order, axis=1)
+      keep = jnp.arange(d.shape[1])[None, :] < keep_n[:, None]
+      return _masked_mean(vals, keep)
+
+    est = jax.tree.map(leaf, block.deltas)
+    return (*_finish(est, block), {"bulyan_selected": theta.astype(jnp.float32)})
+
+  return Aggregator(aggregate, name="bulyan")
+
+
+def _weighted_point(block: Block, coef: jax.Array) -> PyTree:
+  """``Σ_k c_pk x_pk / Σ_k c_pk`` for every parent (0 where the coefficients sum to 0)."""
+  c = jnp.where(block.valid, coef, 0)
+  tot = jnp.sum(c, axis=1)
+  safe = jnp.where(tot > 0, tot, 1)
+  return jax.tree.map(lambda d: jnp.sum(_bcast(c, d).astype(d.dtype) * d, axis=1)
+                      / _bcast(safe, d[:, 0]).astype(d.dtype), block.deltas)
+
+
+def _dist_to(block: Block, point: PyTree) -> jax.Array:
+  """``||x_pk - z_p||`` for every slot: ``[P, K]``."""
+  sq = sum(jnp.sum(jnp.square((d - z[:, None]).reshape(d.shape[:2] + (-1,))), axis=-1)
+           for d, z in zip(jax.tree.leaves(block.deltas), jax.tree.leaves(point), strict=True))
+  return jnp.sqrt(sq)
+
+
+def geometric_median(*, iterations: int = 8, nu: float = 1e-6) -> Aggregator:
+  """RFA: the weighted geometric median ``argmin_z Σ_k w_k ||z - x_k||`` by ``iterations``
+  smoothed Weiszfeld steps ``z ← Σ β_k x_k / Σ β_k``, ``β_k = w_k / max(ν, ||z - x_k||)``, from
+  the weighted mean.
+
+  Raises:
+    ValueError: ``iterations`` < 1 or ``nu`` <= 0.
+  """
+  if int(iterations) < 1:
+    raise ValueError(f"geometric_median: iterations={iterations!r} must be at least 1")
+  if _is_concrete(nu) and not float(nu) > 0:
+    raise ValueError(f"geometric_median: nu={nu!r} must be positive (the smoothing of the Weiszfeld step)")
+
+  def aggregate(block, key, node_state):
+    w = jnp.where(block.valid, block.weights, 0)
+
+    def step(_, z):
+      return _weighted_point(block, w / jnp.maximum(nu, _dist_to(block, z)))
+
+    z = jax.lax.fori_loop(0, int(iterations), step, _weighted_point(block, w))
+    return (*_finish(z, block), {})
+
+  return Aggregator(aggregate, name="geometric_median")
+
+
+def _clip_scale(norm: jax.Array, tau) -> jax.Array:
+  return jnp.minimum(1.0, tau / jnp.maximum(norm, 1e-30))
+
+
+def _check_tau(name: str, tau) -> None:
+  if _is_concrete(tau) and not float(tau) > 0:
+    raise ValueError(f"{name}: tau={tau!r} must be positive (the norm bound)")
+
+
+def norm_bound(*, tau: float) -> Aggregator:
+  """Every update scaled to norm at most ``tau``, then the weighted mean. Stat ``norm_bounded``:
+  how many updates were scaled down."""
+  _check_tau("norm_bound", tau)
+
+  def aggregate(block, key, node_state):
+    norm = jnp.sqrt(_sq_norms(block.deltas))
+    w = jnp.where(block.valid, block.weights, 0) * _clip_scale(norm, tau)
+    s = jax.tree.map(lambda d: jnp.sum(_bcast(w, d).astype(d.dtype) * d, axis=1), block.deltas)
+    clipped = jnp.sum((norm > tau) & block.valid, axis=1).astype(jnp.float32)
+    return s, _weight_total(block), {"norm_bounded": clipped}
+
+  return Aggregator(aggregate, name="norm_bound")
+
+
+def centered_clip(*, tau: float, iterations: int = 1, center: str = "zero") -> Aggregator:
+  """Centered clipping: ``v ← v + (1/n) Σ_k clip_τ(x_k - v)`` for ``iterations`` steps from
+  ``center`` (``"zero"``, ``"mean"``: the unweighted mean, or ``"median"``: the coordinate-wise
+  median; see the module docstring). Stat ``cclip_clipped``: updates clipped in the last step.
+
+  Raises:
+    ValueError: ``tau`` <= 0, ``iterations`` < 1 or an unknown ``center``.
+  """
+  _check_tau("centered_clip", tau)
+  if int(iterations) < 1:
+    raise ValueError(f"centered_clip: iterations={iterations!r} must be at least 1")
+  if center not in CENTERS:
+    raise ValueError(f"centered_clip: center={center!r}; choose one of {list(CENTERS)}")
+
+  def aggregate(block, key, node_state):
+    n = _count(block)
+    if center == "zero":
+      v = jax.tree.map(lambda d: jnp.zeros_like(d[:, 0]), block.deltas)
+    elif center == "mean":
+      v = jax.tree.map(lambda d: _masked_mean(d, block.valid), block.deltas)
+    else:
+      v = jax.tree.map(lambda d: _leaf_median(d, block.valid, n), block.deltas)
+
+    def step(_, carry):
+      v, _clipped = carry
+      dist = _dist_to(block, v)
+      c = jnp.where(block.valid, _clip_scale(dist, tau), 0)
+      v = jax.tree.map(lambda d, z: z + jnp.sum(_bcast(c, d).astype(d.dtype) * (d - z[:, None]), axis=1)
+                       / _bcast(jnp.maximum(n, 1), z).astype(d.dtype), block.deltas, v)
+      return v, jnp.sum((dist > tau) & block.valid, axis=1).astype(jnp.float32)
+
+    v, clipped = jax.lax.fori_loop(0, int(iterations), step, (v, jnp.zeros(n.shape, jnp.float32)))
+    return (*_finish(v, block), {"cclip_clipped": clipped})
+
+  return Aggregator(aggregate, name="centered_clip")
+
+
+AGGREGATORS: dict[str, Callable[..., Aggregator]] = {
+  "mean": mean,
+  "median": median,
+  "trimmed_mean": trimmed_mean,
+  "krum": lambda *, f, m=1: krum(f=f, m=m),
+  "multi_krum": krum,
+  "bulyan": bulyan,
+  "geometric_median": geometric_median,
+  "norm_bound": norm_bound,
+  "centered_clip": centered_clip,
+}
+"""The robust aggregators by name (``krum`` is multi-Krum with ``m=1``)."""
+
+
+def robust_aggregator(name: str, **hyper) -> Aggregator:
+  """The aggregator ``name`` (a key of :data:`AGGREGATORS`) built with ``hyper``.
+
+  Raises:
+    ValueError: an unknown name (the allowed ones listed) or hyperparameters it does not take.
+  """
+  if name not in AGGREGATORS:
+    raise ValueError(f"aggregator {name!r} is unknown; choose one of {sorted(AGGREGATORS)}")
+  try:
+    return AGGREGATORS[name](**hyper)
+  except TypeError as e:
+    raise ValueError(f"aggregator {name!r}: bad hyperparameters {sorted(hyper)} ({e})") from e

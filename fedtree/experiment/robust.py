@@ -1,0 +1,176 @@
+"""The ``attack`` and ``aggregator`` run config sections (:data:`fedtree.experiment.updates.SECTIONS`):
+Byzantine clients (:mod:`fedtree.core.attacks`) and robust aggregation
+(:mod:`fedtree.core.robust`) for every algorithm that takes ``update_paths``.
+
+``attack``: ``{"name": ..., "fraction": f | "ids": [...], "seed": s, "redraw": bool, ...}``
+plus the attack's hyperparameters (``scale``, ``factor``, ``std``; ``z``, ``eps``,
+``gamma_init``, ``iterations``, ``perturbation``; ``label_flip``: ``permutation`` or
+``target``; ``backdoor``: ``target``, ``poison_fraction`` of each attacker's examples,
+``trigger``: ``{"corner": size, "value": v}`` or ``{"features": [flat indices], "value": v}``,
+and the seed of the examples drawn). The attackers are clients (level ``-1``, the
+clients' parents aggregate them); ``seed`` defaults to the config's. The model-poisoning attacks
+(:data:`~fedtree.core.attacks.CLIENT_ATTACKS`) transform each attacker's update; the omniscient
+ones (:data:`~fedtree.core.attacks.OMNISCIENT`) wrap the level's aggregator (the blockwise mean
+when none is chosen), so they need an algorithm that can run a blockwise aggregator. The data
+attacks (:data:`DATA_ATTACKS`) poison the attackers' stored training data for the run
+(:func:`poisoned_data`, called by the runner; a backdoor adds ``attack_success_rate`` to the
+evaluation); they need a fixed set of attackers (no ``redraw``) and are not reported by sweeps.
+
+``aggregator``: ``{"name": ..., "levels": -1 | [levels], ...}`` plus the aggregator's
+hyperparameters (``beta``, ``f``, ``m``, ``iterations``, ``nu``, ``tau``, ``center``); ``levels``
+are server levels (``0`` the root, ``-1`` the clients' parents, the default).
+
+Example (a run field of any algorithm with ``update_paths``)::
+
+  config.runs.krum = dict(algorithm="fedavg", attack=dict(name="sign_flip", fraction=0.2),
+                          aggregator=dict(name="multi_krum", f=1))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from fedtree.core import attacks, robust
+from fedtree.datasets import poison
+from fedtree.experiment.path_parts import PathParts
+
+DATA_ATTACKS = ("label_flip", "backdoor")
+ATTACKS = tuple(sorted(attacks.CLIENT_ATTACKS)) + attacks.OMNISCIENT + DATA_ATTACKS
+
+
+def _levels(v) -> list[int]:
+  if isinstance(v, int):
+    return [v]
+  if isinstance(v, (list, tuple)) and v and all(isinstance(x, int) for x in v):
+    return list(v)
+  raise ValueError(f"levels={v!r} must be a server level or a list of them (0 the root, -1 the "
+                   f"clients' parents)")
+
+
+def aggregator_section(section: dict[str, Any], ctx) -> dict[int, Any]:
+  """``{level: PathParts(aggregator=...)}`` of an ``aggregator`` section."""
+  section = dict(section)
+  name = section.pop("name", None)
+  if name is None:
+    raise ValueError(f"a 'name' is required; choose one of {sorted(robust.AGGREGATORS)}")
+  levels = _levels(section.pop("levels", section.pop("level", -1)))
+  agg = robust.robust_aggregator(name, **section)
+  return {lv: PathParts(aggregator=agg) for lv in levels}
+
+
+def attack_section(section: dict[str, Any], ctx) -> dict[int, Any]:
+  """``{-1: PathParts(...)}`` of an ``attack`` section."""
+  section = dict(section)
+  name = section.pop("name", None)
+  if name not in ATTACKS:
+    raise ValueError(f"attack name={name!r}; choose one of {list(ATTACKS)}")
+  level = section.pop("level", -1)
+  if level != -1:
+    raise ValueError(f"level={level!r}: the attackers are clients (level -1, the clients' parents "
+                     f"aggregate them); attacks on server nodes are not configurable")
+  seed = section.pop("seed", None)
+  if seed is None:
+    seed = int(ctx.config.get("seed", 0)) if ctx is not None and ctx.config is not None else 0
+  who = {k: section.pop(k) for k in ("fraction", "ids", "redraw") if k in section}
+  mask = attacks.attackers(int(ctx.data.num_clients), seed=int(seed), **who)
+  if name in DATA_ATTACKS:
+    if mask.redraw:
+      raise ValueError(f"attack {name!r} poisons the attackers' stored data: it cannot redraw them "
+                       f"each round")
+    _data_attack(name, section, ctx.data, mask)   # validates; the runner poisons the run's data
+    return {}
+  if name in attacks.CLIENT_ATTACKS:
+    try:
+      transform = attacks.CLIENT_ATTACKS[name](mask, **section)
+    except TypeError as e:
+      raise ValueError(f"attack {name!r}: bad hyperparameters {sorted(section)} ({e})") from e
+    return {-1: PathParts(client=(transform,))}
+  attacks.omniscient(robust.mean(), mask, attack=name, **section)   # validates the hyperparameters
+  return {-1: PathParts(
+    wrap_aggregator=(lambda agg: attacks.omniscient(agg, mask, attack=name, **section),))}
+
+
+def _trigger(spec, example_shape) -> poison.Trigger:
+  if spec is None or spec == "corner":
+    return poison.corner_trigger(example_shape)
+  spec = dict(spec)
+  if "corner" in spec:
+    return poison.corner_trigger(example_shape, size=int(spec["corner"]), value=float(spec.get("value", 1.0)))
+  if "features" not in spec:
+    raise ValueError(f"trigger={spec!r}: give 'corner' (a square's size) or 'features' (flat indices) "
+                     f"and 'value'")
+  return poison.Trigger(features=tuple(int(i) for i in spec["features"]), value=spec.get("value", 1.0))
+
+
+def _data_attack(name: str, section: dict[str, Any], data, mask: attacks.Attackers):
+  """``(poisoned data, backdoor (trigger, target) or None)``."""
+  bad = np.asarray(mask.mask(jnp.arange(int(data.num_clients)), None))
+  section = dict(section)
+  if name == "label_flip":
+    known = {"permutation", "target"}
+    if set(section) - known:
+      raise ValueError(f"attack 'label_flip': unknown hyperparameters {sorted(set(section) - known)}; "
+                       f"choose from {sorted(known)}")
+    return poison.flip_labels(data, bad, **section), None
+  known = {"target", "poison_fraction", "trigger", "seed"}
+  if set(section) - known or "target" not in section:
+    raise ValueError(f"attack 'backdoor': hyperparameters {sorted(section)}; it needs 'target' and takes "
+                     f"{sorted(known)}")
+  trig = _trigger(section.pop("trigger", None), data.example_shape)
+  target = int(section.pop("target"))
+  if "poison_fraction" in section:
+    section["fraction"] = section.pop("poison_fraction")
+  return (poison.add_backdoor(data, bad, trigger=trig, target=target, **section), (trig, target))
+
+
+def poisoned_data(run, ctx):
+  """``(the training data of run ``run``, its backdoor test split or None)``: ``ctx.data`` unless
+  the run's ``attack`` poisons data (``label_flip``, ``backdoor``)."""
+  section = run.get("attack", None) if hasattr(run, "get") else None
+  if section is not None and hasattr(section, "to_dict"):
+    section = section.to_dict()
+  if not section or section.get("name") not in DATA_ATTACKS:
+    return ctx.data, None
+  section = dict(section)
+  name = section.pop("name")
+  section.pop("level", None)
+  seed = section.pop("seed", None)
+  seed = int(ctx.config.get("seed", 0)) if seed is None else int(seed)
+  who = {k: section.pop(k) for k in ("fraction", "ids") if k in section}
+  mask = attacks.attackers(int(ctx.data.num_clients), seed=seed, **who)
+  data, backdoor = _data_attack(name, section, ctx.data, mask)
+  if backdoor is None:
+    return data, None
+  return data, poison.backdoor_test_split(data, trigger=backdoor[0], target=backdoor[1])
+
+
+PAIRWISE = ("krum", "multi_krum", "bulyan")
+
+
+def block_estimate(run, ctx) -> tuple[int, int, int, bool] | None:
+  """``(param_bytes, rows, block_size, pairwise)`` of the cohort blocks a run's blockwise
+  aggregator holds at the clients' tier (:func:`fedtree.experiment.memory.block_bytes`), or
+  ``None`` when it aggregates by the streamed mean. An upper bound: ``rows`` is every client, or
+  ``cohort_size`` per parent of the clients; ``block_size`` the cohort or every client."""
+  import jax
+
+  from fedtree.experiment.memory import tree_bytes
+
+  def plain(v):
+    return v.to_dict() if hasattr(v, "to_dict") else (v or {})
+
+  agg, attack = plain(run.get("aggregator", None)), plain(run.get("attack", None))
+  if not agg.get("name") and attack.get("name") not in attacks.OMNISCIENT:
+    return None
+  n = int(ctx.data.num_clients)
+  topo = ctx.topology
+  parents = 1 if topo is None else int(topo.num_nodes(topo.depth - 1))
+  cohort = run.get("cohort_size", None)
+  size = min(int(cohort), n) if isinstance(cohort, int) else n
+  rows = min(n, parents * size) if isinstance(cohort, int) else n
+  pairwise = agg.get("name") in PAIRWISE or attack.get("name") in ("min_max", "min_sum")
+  param_bytes = tree_bytes(jax.eval_shape(ctx.model.init, jax.random.key(0)))
+  return param_bytes, rows, size, pairwise

@@ -1,0 +1,236 @@
+"""Robust aggregators (fedtree.core.robust) against plain numpy references, parent by parent, on
+random updates with ties, empty slots, a parent below Krum's bound and an empty parent."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedtree.core import robust
+from fedtree.core.updates import Block
+
+SHAPES = {"a": (2, 3), "b": (4,)}
+D = 10
+
+
+def _block(seed=0, k=9, counts=(9, 7, 4, 0), ties=False):
+  """A block of ``len(counts)`` parents with ``k`` slots, parent ``p`` holding ``counts[p]`` valid
+  updates in scattered slots; ``ties``: small integers, so many values and updates repeat."""
+  rng = np.random.default_rng(seed)
+  p = len(counts)
+  if ties:
+    flat = rng.integers(-2, 3, size=(p, k, D)).astype(np.float32)
+    flat[:, 1] = flat[:, 0]   # two identical updates in every parent
+  else:
+    flat = rng.normal(size=(p, k, D)).astype(np.float32)
+    flat[:, 0] *= 20.0        # an outlier
+  valid = np.zeros((p, k), bool)
+  for i, c in enumerate(counts):
+    valid[i, rng.permutation(k)[:c]] = True
+  if ties:
+    for i, c in enumerate(counts):
+      if c >= 2:
+        valid[i, :2] = True
+        extra = np.flatnonzero(valid[i])[c:] if valid[i].sum() > c else []
+        valid[i, extra] = False
+  flat = np.where(valid[..., None], flat, 0.0).astype(np.float32)
+  weights = np.where(valid, rng.uniform(0.5, 2.0, size=(p, k)), 0.0).astype(np.float32)
+  deltas = {"a": jnp.asarray(flat[..., :6].reshape(p, k, 2, 3)), "b": jnp.asarray(flat[..., 6:])}
+  clients = np.where(valid, np.arange(p * k).reshape(p, k), -1).astype(np.int32)
+  return Block(deltas, jnp.asarray(weights), jnp.asarray(valid), jnp.asarray(clients)), flat, valid, weights
+
+
+def _flat(tree):
+  a = np.asarray(tree["a"])
+  return np.concatenate([a.reshape(a.shape[0], -1), np.asarray(tree["b"])], axis=1)
+
+
+def _run(agg, block):
+  s, w, stats = jax.jit(agg.aggregate)(block, jax.random.key(0), {})
+  s, w = _flat(s), np.asarray(w)
+  est = np.where(w[:, None] > 0, s / np.where(w > 0, w, 1)[:, None], 0.0)
+  return est, w, {k: np.asarray(v) for k, v in stats.items()}
+
+
+# ------------------------------------------------------------------------ numpy references
+def ref_trimmed(x, beta):
+  n = len(x)
+  k = int(np.floor(np.float32(beta) * np.float32(n)))
+  return np.sort(x, axis=0)[k:n - k].mean(axis=0)
+
+
+def _dists(x):
+  return ((x[:, None, :].astype(np.float64) - x[None, :, :]) ** 2).sum(-1)
+
+
+def _krum_scores(d, cand, f):
+  idx = np.flatnonzero(cand)
+  r = len(idx)
+  nb = int(np.clip(r - f - 2, 0, max(r - 1, 0)))
+  scores = np.full(len(cand), np.inf)
+  for i in idx:
+    others = np.sort([d[i, j] for j in idx if j != i])
+    scores[i] = np.sum(others[:nb])
+  return scores
+
+
+def ref_krum_sel(x, f, m):
+  n = len(x)
+  scores = _krum_scores(_dists(x), np.ones(n, bool), f)
+  m_eff = int(np.clip(n - f if m is None else m, 1, n))
+  return np.argsort(scores, kind="stable")[:m_eff]
+
+
+def ref_krum(x, f, m):
+  return x[ref_krum_sel(x, f, m)].mean(axis=0)
+
+
+def ref_bulyan(x, f):
+  n = len(x)
+  d = _dists(x)
+  theta = int(np.clip(n - 2 * f, 1, n))
+  chosen = np.zeros(n, bool)
+  for _ in range(theta):
+    chosen[np.argmin(_krum_scores(d, ~chosen, f))] = True
+  sel = x[chosen]
+  keep = int(np.clip(theta - 2 * f, 1, theta))
+  med = np.median(sel, axis=0)
+  order = np.argsort(np.abs(sel - med), axis=0, kind="stable")
+  return np.take_along_axis(sel, order, axis=0)[:keep].mean(axis=0)
+
+
+def ref_geomed(x, w, iterations, nu):
+  x = x.astype(np.float64)
+  z = (w[:, None] * x).sum(0) / w.sum()
+  for _ in range(iterations):
+    b = w / np.maximum(nu, np.linalg.norm(x - z, axis=1))
+    z = (b[:, None] * x).sum(0) / b.sum()
+  return z
+
+
+def ref_norm_bound(x, w, tau):
+  s = np.minimum(1.0, tau / np.linalg.norm(x, axis=1))
+  return (w[:, None] * s[:, None] * x).sum(0) / w.sum()
+
+
+def ref_cclip(x, tau, iterations, center):
+  v = {"zero": np.zeros(x.shape[1]), "mean": x.mean(0), "median": np.median(x, axis=0)}[center]
+  for _ in range(iterations):
+    diff = x - v
+    s = np.minimum(1.0, tau / np.linalg.norm(diff, axis=1))
+    v = v + (s[:, None] * diff).mean(0)
+  return v
+
+
+CASES = [
+  ("median", robust.median(), lambda x, w: np.median(x, axis=0)),
+  ("trimmed_mean", robust.trimmed_mean(beta=0.2), lambda x, w: ref_trimmed(x, 0.2)),
+  ("trimmed_mean_0", robust.trimmed_mean(beta=0.0), lambda x, w: x.mean(0)),
+  ("krum", robust.krum(f=1, m=1), lambda x, w: ref_krum(x, 1, 1)),
+  ("multi_krum", robust.krum(f=2), lambda x, w: ref_krum(x, 2, None)),
+  ("multi_krum_m3", robust.krum(f=1, m=3), lambda x, w: ref_krum(x, 1, 3)),
+  ("bulyan", robust.bulyan(f=1), lambda x, w: ref_bulyan(x, 1)),
+  ("geometric_median", robust.geometric_median(iterations=5), lambda x, w: ref_geomed(x, w, 5, 1e-6)),
+  ("norm_bound", robust.norm_bound(tau=2.0), lambda x, w: ref_norm_bound(x, w, 2.0)),
+  ("cclip_zero", robust.centered_clip(tau=1.0, iterations=2), lambda x, w: ref_cclip(x, 1.0, 2, "zero")),
+  ("cclip_median", robust.centered_clip(tau=1.0, iterations=3, center="median"),
+   lambda x, w: ref_cclip(x, 1.0, 3, "median")),
+  ("cclip_mean", robust.centered_clip(tau=0.5, center="mean"), lambda x, w: ref_cclip(x, 0.5, 1, "mean")),
+  ("block_mean", robust.mean(), lambda x, w: (w[:, None] * x).sum(0) / w.sum()),
+]
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("name,agg,ref", CASES, ids=[c[0] for c in CASES])
+def test_aggregator_matches_numpy_per_parent(name, agg, ref, ties):
+  """Parents with 9, 7 and 4 valid updates (4 < 2f + 3 for f = 1, 2: handled as documented) and
+  an empty parent (weight 0, nothing moves); slots scattered."""
+  block, flat, valid, weights = _block(seed=3, ties=ties)
+  est, w, _ = _run(agg, block)
+  for p in range(flat.shape[0]):
+    if not valid[p].any():
+      assert w[p] == 0 and np.all(est[p] == 0)
+      continue
+    want = ref(flat[p][valid[p]], weights[p][valid[p]].astype(np.float64))
+    np.testing.assert_allclose(est[p], want, rtol=2e-5, atol=2e-5, err_msg=f"{name} parent {p}")
+    np.testing.assert_allclose(w[p], weights[p].sum(), rtol=1e-6)
+
+
+def test_stats_and_selections():
+  block, flat, valid, _ = _block(seed=5)
+  _, _, st = _run(robust.trimmed_mean(beta=0.3), block)
+  np.testing.assert_array_equal(st["trimmed"], [2 * 2, 2 * 2, 2 * 1, 0])   # floor(0.3 n) per side
+  _, _, st = _run(robust.krum(f=1), block)
+  np.testing.assert_array_equal(st["krum_selected"], [8, 6, 3, 0])          # n - f
+  sel = np.asarray(robust.krum_selection(block, f=1, m=2))
+  for p in range(3):
+    slots = np.flatnonzero(valid[p])
+    assert set(slots[ref_krum_sel(flat[p][slots], 1, 2)]) == set(np.flatnonzero(sel[p]))
+    assert 0 not in np.flatnonzero(sel[p])     # the outlier (slot 0, when valid) is never chosen
+  _, _, st = _run(robust.norm_bound(tau=2.0), block)
+  norms = np.linalg.norm(flat, axis=-1)
+  np.testing.assert_array_equal(st["norm_bounded"], ((norms > 2.0) & valid).sum(1))
+
+
+def test_bad_input_is_refused():
+  with pytest.raises(ValueError, match=r"beta=0.5 must be in \[0, 0.5\)"):
+    robust.trimmed_mean(beta=0.5)
+  with pytest.raises(ValueError, match="f=-1 must be a non-negative integer"):
+    robust.krum(f=-1)
+  with pytest.raises(ValueError, match="m=0 must be at least 1"):
+    robust.krum(f=1, m=0)
+  with pytest.raises(ValueError, match="center='x'; choose one of"):
+    robust.centered_clip(tau=1.0, center="x")
+  with pytest.raises(ValueError, match="tau=0.0 must be positive"):
+    robust.norm_bound(tau=0.0)
+  with pytest.raises(ValueError, match=r"aggregator 'mode' is unknown; choose one of \['bulyan'"):
+    robust.robust_aggregator("mode")
+  with pytest.raises(ValueError, match="aggregator 'median': bad hyperparameters"):
+    robust.robust_aggregator("median", beta=0.1)
+  block = _block(k=6, counts=(6, 5))[0]
+  with pytest.raises(ValueError, match="krum: f=2 needs at least 7 updates per parent, but the largest"):
+    robust.krum(f=2).aggregate(block, None, {})
+  with pytest.raises(ValueError, match="bulyan: f=1 needs at least 7 updates"):
+    robust.bulyan(f=1).aggregate(block, None, {})
+
+
+def test_hyperparameters_may_be_traced():
+  """``beta``, ``f`` and ``tau`` as traced values (sweep axes): one compile for several values."""
+  block, flat, valid, _ = _block(seed=1)
+  traces = []
+
+  @jax.jit
+  def run(beta, f):
+    traces.append(1)
+    s, w, _ = robust.trimmed_mean(beta=beta).aggregate(block, None, {})
+    sk, wk, _ = robust.krum(f=f, m=1).aggregate(block, None, {})
+    return s["b"] / w[:, None], sk["b"] / wk[:, None]
+
+  for beta, f in [(0.1, 1), (0.3, 2)]:
+    tm, kr = run(jnp.float32(beta), jnp.int32(f))
+    x = flat[0][valid[0]]
+    np.testing.assert_allclose(np.asarray(tm[0]), ref_trimmed(x, beta)[6:], rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(kr[0]), ref_krum(x, f, 1)[6:], rtol=2e-5, atol=2e-5)
+  assert len(traces) == 1
+
+
+def test_benchmark_smallest_setting_runs(tmp_path):
+  """benchmarks/robust.py at a tiny size (no timing asserted): every aggregator ran, ratios to the
+  mean and the block sizes are reported."""
+  from benchmarks import robust as bench
+
+  rows = bench.main(["--params=8", "--parents=2", "--cohorts=4", "--repeats=1", "--tag=t",
+                     f"--out-dir={tmp_path}"])
+  assert [r["aggregator"] for r in rows] == ["mean", "median", "trimmed_mean", "multi_krum", "rfa"]
+  assert all("seconds" in r and r["x_mean"] > 0 for r in rows)
+  assert (tmp_path / "t.json").exists()
+  assert bench.largest_cohort(400, 2, True, 10**6) < bench.largest_cohort(400, 2, False, 10**6)
+
+
+@pytest.mark.parametrize("name", ["fedtree.core.robust", "fedtree.core.attacks"])
+def test_docstring_examples_run(name):
+  import doctest
+  import importlib
+
+  result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS, verbose=False)
+  assert result.attempted > 0 and result.failed == 0

@@ -1,0 +1,157 @@
+"""The ``attack`` and ``aggregator`` run sections (fedtree.experiment.robust): composed into the
+update paths of any algorithm with ``update_paths``, their metrics in the round's, and the
+combinations that cannot work refused by name."""
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from helpers import count_traces
+from test_updates import _ctx, _with_path
+
+from fedtree.core import attacks, robust
+from fedtree.core.updates import ClientContext, UpdatePath
+from fedtree.experiment import registry
+from fedtree.experiment import updates as sections
+
+
+def _paths(ctx, **secs):
+  return sections.update_paths_from_config(secs, ctx)["update_paths"]
+
+
+def test_sections_build_the_paths():
+  ctx = _ctx()
+  paths = _paths(ctx, attack={"name": "sign_flip", "ids": [1, 4], "scale": 3.0},
+                 aggregator={"name": "multi_krum", "f": 1, "levels": [0, -1]})
+  assert set(paths) == {0, -1}
+  assert paths[-1].client.name == "sign_flip" and paths[-1].aggregator.name == "multi_krum"
+  assert paths[0].client is None and paths[0].aggregator.name == "multi_krum"
+  # an omniscient attack wraps the level's aggregator: the defence's, or the blockwise mean
+  assert _paths(ctx, attack={"name": "alie", "fraction": 0.3},
+                aggregator={"name": "median"})[-1].aggregator.name == "alie+median"
+  assert _paths(ctx, attack={"name": "ipm", "fraction": 0.3, "eps": 5.0})[-1].aggregator.name == "ipm+mean"
+  # the seed defaults to the config's: the same attackers as the core factory draws
+  p = _paths(ctx, attack={"name": "gaussian", "fraction": 0.5, "std": 2.0})[-1]
+  want = attacks.attackers(ctx.data.num_clients, fraction=0.5, seed=int(ctx.config.seed))
+  ids = np.arange(ctx.data.num_clients)
+  key = jax.random.key(0)
+  d, _, st = jax.vmap(p.client.apply)(np.ones((len(ids), 2), np.float32), np.zeros(len(ids)),
+                                      jax.random.split(key, len(ids)),
+                                      ClientContext(ids, ids * 0, ids * 1.0, {}))
+  np.testing.assert_array_equal(np.asarray(st["attackers"]) > 0, np.asarray(want.mask(ids, None)))
+
+
+@pytest.mark.parametrize("section,match", [
+  ({"attack": {"name": "boom", "fraction": 0.1}}, r"attack: attack name='boom'; choose one of \['gaussian'"),
+  ({"attack": {"name": "sign_flip"}}, "attack: attackers: give one of fraction= and ids="),
+  ({"attack": {"name": "sign_flip", "fraction": 0.1, "level": 0}}, "level=0: the attackers are clients"),
+  ({"attack": {"name": "scaling", "fraction": 0.1, "boost": 2}}, r"attack .scaling.: bad hyperparameters"),
+  ({"attack": {"name": "alie", "fraction": 0.1, "eps": 2, "x": 1}}, r"alie: unknown hyperparameters \['x'\]"),
+  ({"aggregator": {"name": "mode"}}, r"aggregator: aggregator 'mode' is unknown; choose one of \['bulyan'"),
+  ({"aggregator": {"name": "trimmed_mean", "beta": 0.5}}, r"beta=0.5 must be in \[0, 0.5\)"),
+  ({"aggregator": {"name": "median", "levels": "all"}}, "levels='all' must be a server level"),
+])
+def test_bad_sections_are_refused(section, match):
+  with pytest.raises(ValueError, match=match):
+    sections.update_paths_from_config(section, _ctx())
+
+
+@pytest.mark.parametrize("name", ["cfl", "bhfl"])
+def test_algorithms_without_blockwise_aggregation_refuse_robust_aggregators(name):
+  ctx = _ctx()
+  run = ml_collections.ConfigDict({"algorithm": name, "chunk_size": 3, "aggregator": {"name": "median"}})
+  with pytest.raises(ValueError, match=f"{name} cannot use aggregator 'median'"):
+    kw = registry.factory_kwargs(name, run, ctx)
+    registry.SPECS[name].factory(**kw)
+
+
+def test_attack_and_defence_through_hierfavg_at_two_levels():
+  """Sign flippers and multi-Krum at the edges, the median at the root of a 3-level tree: one
+  compile; the round's metrics count the attackers and Krum's kept updates."""
+  ctx = _ctx()
+  edges = _paths(ctx, attack={"name": "sign_flip", "ids": [0, 3]}, aggregator={"name": "multi_krum", "f": 0})
+  paths = {0: UpdatePath(aggregator=robust.median()), 1: edges[-1]}
+  alg = _with_path(ctx, "hierfavg", paths)
+  counted, traces = count_traces(alg)
+  step = jax.jit(counted.round)
+  s = alg.init(jax.random.key(0))
+  for r in range(2):
+    s, m = step(s, ctx.data, jax.random.fold_in(jax.random.key(1), r))
+    assert 0 < float(m["attackers"]) < 1 and float(m["krum_selected"]) > 0
+    assert np.isfinite(float(m["train_loss"]))
+  assert len(traces) == 1
+
+
+def test_data_attacks_poison_the_runs_data():
+  from fedtree.experiment.robust import poisoned_data
+
+  ctx = _ctx()
+  run = ml_collections.ConfigDict({"algorithm": "fedavg", "attack": {
+    "name": "backdoor", "ids": [0], "target": 1, "poison_fraction": 1.0,
+    "trigger": {"features": [2], "value": 7.0}}})
+  data, split = poisoned_data(run, ctx)
+  x, x0, n = np.asarray(data.x_train), np.asarray(ctx.data.x_train), np.asarray(ctx.data.n_train)
+  assert np.all(x[0, :n[0], 2] == 7.0) and np.all(np.asarray(data.y_train)[0, :n[0]] == 1)
+  np.testing.assert_array_equal(x[1:], x0[1:])
+  xt, yt, nt = map(np.asarray, split)
+  assert np.all(yt == 1) and np.all(xt[..., 2] == 7.0)
+  np.testing.assert_array_equal(nt, [int(np.sum(np.asarray(ctx.data.y_test)[c, :k] != 1))
+                                     for c, k in enumerate(np.asarray(ctx.data.n_test))])
+  # label flipping poisons the labels only, a model-poisoning attack leaves the data as it is
+  flip = ml_collections.ConfigDict({"attack": {"name": "label_flip", "fraction": 0.5, "target": 2}})
+  data, split = poisoned_data(flip, ctx)
+  assert split is None and int(np.sum(np.asarray(data.y_train) != np.asarray(ctx.data.y_train))) > 0
+  same = ml_collections.ConfigDict({"attack": {"name": "sign_flip", "fraction": 0.5}})
+  assert poisoned_data(same, ctx)[0] is ctx.data
+  # the section itself validates (a run field of every algorithm with update_paths)
+  assert sections.update_paths_from_config({"attack": flip.attack}, ctx) == {"update_paths": {}}
+  with pytest.raises(ValueError, match="cannot redraw them each round"):
+    sections.update_paths_from_config({"attack": {"name": "label_flip", "fraction": 0.5, "target": 1,
+                                                  "redraw": True}}, ctx)
+  with pytest.raises(ValueError, match="it needs 'target'"):
+    sections.update_paths_from_config({"attack": {"name": "backdoor", "fraction": 0.5}}, ctx)
+
+
+@pytest.mark.slow
+def test_robust_config_end_to_end(tmp_path):
+  """configs/robust.py shrunk (2 rounds, 3 runs of the table, one of the tree): a backdoor run
+  reports its attack success rate beside accuracy."""
+  from config_files import load_config
+
+  from fedtree import experiment
+
+  cases = ((None, ("backdoor_median", "alie_mkrum", "labelflip_rfa")), ("tree", ("median_at_edges",)))
+  for variant, keep in cases:
+    c = load_config("robust", variant)
+    for k in list(c.runs.keys()):
+      if k not in keep:
+        del c.runs[k]
+    c.rounds, c.eval_every, c.rounds_per_call, c.progress = 2, 2, 2, False
+    res = experiment.train_and_evaluate(c, str(tmp_path / str(variant)))
+    assert set(res) == set(keep)
+    for k in keep:
+      assert 0 <= res[k]["global"]["accuracy"] <= 1
+    if variant is None:
+      assert 0 <= res["backdoor_median"]["global"]["attack_success_rate"] <= 1
+      assert "attack_success_rate" not in res["alie_mkrum"]["global"]
+
+
+def test_memory_estimate_counts_the_cohort_blocks():
+  from fedtree.experiment import memory
+  from fedtree.experiment.robust import block_estimate
+
+  ctx = _ctx()
+  assert block_estimate(ml_collections.ConfigDict({"algorithm": "fedavg"}), ctx) is None
+  est = block_estimate(ml_collections.ConfigDict({"algorithm": "hierfavg", "cohort_size": 2,
+                                                  "aggregator": {"name": "multi_krum", "f": 0}}), ctx)
+  param_bytes = sum(int(np.prod(np.shape(x))) * 4 for x in jax.tree.leaves(ctx.model.init(jax.random.key(0))))
+  assert est == (param_bytes, 4, 2, True)          # 2 parents x a cohort of 2; distances
+  assert memory.block_bytes(100, 4, 2, pairwise=True) == 2 * 4 * 100 + 8 * 4 * 2
+  assert memory.block_bytes(100, 4, 2, pairwise=False) == 800
+  line = memory.check_memory("r", state_bytes=1000, step_bytes=10, chunk=2, limit=10_000, source="t",
+                             block=(100, 4, 2, True))
+  assert "cohort blocks" in line
+  with pytest.raises(ValueError, match=r"blockwise aggregator holds every parent's cohort \(1000 slots of "
+                                       r"100 bytes, with pairwise.*sample at most 23 clients per round"):
+    memory.check_memory("r", state_bytes=1000, step_bytes=10, chunk=2, limit=10_000, source="t",
+                        block=(100, 1000, 1000, True))
