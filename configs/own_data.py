@@ -20,6 +20,8 @@ histogram. Inputs are flattened by the ``mlp`` model, so any array or image shap
 
 import ml_collections
 
+from fedtree.experiment.sweep import default_sweep
+
 VARIANTS = (None, "hf", "hf_flower")
 
 
@@ -61,4 +63,6 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.runs.fedavg = ml_collections.ConfigDict(dict(algorithm="fedavg", cohort_size=None))
   c.runs.hierfavg = ml_collections.ConfigDict(dict(algorithm="hierfavg", cohort_size=None, periods=(5,)))
   c.run_order = ("fedavg", "hierfavg")
+  c.mesh_shape = placeholder(int)  # clients over devices: -1 = all
+  c.sweep = default_sweep()
   return c

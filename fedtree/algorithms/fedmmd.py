@@ -22,6 +22,7 @@ from fedtree.core.data import FederatedData
 from fedtree.core.local import LocalSchedule
 from fedtree.core.model import Model
 from fedtree.core.topology import Topology
+from fedtree.core.updates import UpdatePath
 from fedtree.objectives.fedmmd import check_features, fedmmd_update
 
 
@@ -45,6 +46,7 @@ def fedmmd(
   compute_dtype: str | None = None,
   init_params: Any = None,
   skip_nonfinite: bool = False,
+  update_paths: UpdatePath | dict[int, UpdatePath] | None = None,
   name: str = "fedmmd",
 ) -> FederatedAlgorithm:
   """FedMMD with penalty weight ``lam`` on ``topology`` (default flat).
@@ -56,8 +58,8 @@ def fedmmd(
     kernel, num_kernels, kernel_mul, bandwidth: the MMD kernel
       (:func:`fedtree.objectives.fedmmd.mmd2`).
     topology: the tree (``None``: one server over all clients).
-    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite: as
-      for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite,
+      update_paths: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     compute_dtype: mixed-precision local steps (``None``: the params' dtype).
     name: label for reports.
 
@@ -87,5 +89,5 @@ def fedmmd(
     model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, topology=topology,
     server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
     chunk_size=chunk_size, weighting=weighting, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, name=name,
+    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
   )

@@ -20,6 +20,7 @@ from fedtree.core.data import FederatedData
 from fedtree.core.local import LocalSchedule
 from fedtree.core.model import Model
 from fedtree.core.topology import Topology
+from fedtree.core.updates import UpdatePath
 from fedtree.objectives import fedprox_update
 
 
@@ -39,6 +40,7 @@ def fedprox(
   compute_dtype: str | None = None,
   init_params: Any = None,
   skip_nonfinite: bool = False,
+  update_paths: UpdatePath | dict[int, UpdatePath] | None = None,
   name: str = "fedprox",
 ) -> FederatedAlgorithm:
   """FedProx with proximal weight ``mu`` on ``topology`` (default flat).
@@ -47,8 +49,8 @@ def fedprox(
     model, data, local_optimizer, schedule: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     mu: μ >= 0.
     topology: the tree (``None``: one server over all clients).
-    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite: as
-      for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite,
+      update_paths: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     compute_dtype: mixed-precision local steps (``None``: the params' dtype).
     name: label for reports.
 
@@ -73,5 +75,5 @@ def fedprox(
     model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, topology=topology,
     server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
     chunk_size=chunk_size, weighting=weighting, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, name=name,
+    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
   )

@@ -28,6 +28,7 @@ from fedtree.core.local import LocalSchedule
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.topology import Topology
+from fedtree.core.updates import UpdatePath
 from fedtree.objectives import perfedavg_update
 
 
@@ -50,6 +51,7 @@ def perfedavg(
   compute_dtype: str | None = None,
   init_params: Any = None,
   skip_nonfinite: bool = False,
+  update_paths: UpdatePath | dict[int, UpdatePath] | None = None,
   name: str = "perfedavg",
 ) -> FederatedAlgorithm:
   """Per-FedAvg on ``topology`` (default flat).
@@ -63,8 +65,8 @@ def perfedavg(
     local_optimizer: unused (Per-FedAvg's steps are its own); accepted so that every
       HierFAVG-based factory takes the same arguments.
     topology: the tree (``None``: flat).
-    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite: as
-      for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite,
+      update_paths: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     compute_dtype: mixed-precision MAML steps (``None``: the params' dtype).
     name: label for reports.
 
@@ -91,7 +93,7 @@ def perfedavg(
     model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, topology=topology,
     server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
     chunk_size=chunk_size, weighting=weighting, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, name=name,
+    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
   )
   adapt = make_finetuner(model, LocalSchedule(batch_size=schedule.batch_size, epochs=None, steps=1),
                          max_train=data.max_train, evaluate=False)

@@ -26,6 +26,7 @@ from fedtree.core.data import FederatedData
 from fedtree.core.local import LocalSchedule
 from fedtree.core.model import Model
 from fedtree.core.topology import Topology
+from fedtree.core.updates import UpdatePath
 from fedtree.objectives.moreau import pfedme_update
 
 
@@ -49,6 +50,7 @@ def pfedme(
   compute_dtype: str | None = None,
   init_params: Any = None,
   skip_nonfinite: bool = False,
+  update_paths: UpdatePath | dict[int, UpdatePath] | None = None,
   name: str = "pfedme",
 ) -> FederatedAlgorithm:
   """pFedMe on ``topology`` (default flat).
@@ -64,7 +66,7 @@ def pfedme(
       HierFAVG-based factory takes the same arguments.
     topology: the tree (``None``: flat).
     server_optimizers: override (default FedAvg above, ``sgd(β)`` at the leaf parents).
-    periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite: as for
+    periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite, update_paths: as for
       :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     compute_dtype: mixed-precision inner steps (``None``: the params' dtype).
     name: label for reports.
@@ -95,5 +97,5 @@ def pfedme(
     model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, topology=topology,
     server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
     chunk_size=chunk_size, weighting=weighting, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, name=name,
+    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
   )

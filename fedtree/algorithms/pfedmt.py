@@ -103,7 +103,7 @@ class PFedMTState:
     """Rows: the teams (``team_params``), the devices (client state, cursors)."""
     return self.replace(round=UNNAMED, params=RowName("row", "the global model"),
                         team_params=RowName("team"), client_state=CLIENT_ROWS, cursor=CLIENT_ROWS,
-                        update_state=path_rows(CLIENT_ROWS, RowName("team")))
+                        update_state=path_rows(self.update_state, CLIENT_ROWS, RowName("team")))
 
 
 def pfedmt(

@@ -140,10 +140,13 @@ CLIENT_ROWS = RowName("client")
 """The rows of per-client state (``[C, ...]``)."""
 
 
-def path_rows(children: RowName, parents: RowName) -> PathState:
-  """The rows of an update path's state (:class:`~fedtree.core.updates.PathState`): its client
-  stage's per-child state, its node stage's per-parent state."""
-  return PathState(client=children, node=parents)  # type: ignore[arg-type]
+def path_rows(state, children: RowName, parents: RowName):
+  """The rows of an update path's state ``state`` (a :class:`~fedtree.core.updates.PathState`:
+  its client stage's per-child state, its node stage's per-parent state); a state that holds no
+  path (``()``) names nothing."""
+  if not isinstance(state, PathState):
+    return state
+  return PathState(client=children, node=parents)
 
 
 @struct.dataclass
@@ -175,8 +178,8 @@ class TreeState:
     return TreeState(round=UNNAMED, params=tuple(node_rows(lv) for lv in range(depth)),  # type: ignore[arg-type]
                      opt_state=tuple(node_rows(lv) for lv in range(len(self.opt_state))),
                      client_state=CLIENT_ROWS, cursor=CLIENT_ROWS,
-                     update_state=tuple(path_rows(CLIENT_ROWS if lv == depth - 1 else node_rows(lv + 1),
-                                                  node_rows(lv)) for lv in range(len(self.update_state))))
+                     update_state=tuple(path_rows(st, CLIENT_ROWS if lv == depth - 1 else node_rows(lv + 1),
+                                                  node_rows(lv)) for lv, st in enumerate(self.update_state)))
 
 
 def per_level(value, depth: int, name: str) -> tuple:

@@ -175,6 +175,8 @@ def merge(spec: LoRA, params: PyTree, adapters: PyTree) -> PyTree:
   base's values."""
 
   def one(path, w):
+    if isinstance(w, jax.ShapeDtypeStruct):   # an abstract base (frozen_base's template), traced
+      w = jnp.zeros(w.shape, w.dtype)
     pair = _adapter_of(adapters, jax.tree_util.keystr(path, simple=True, separator="/"))
     if pair is None:
       return w

@@ -114,10 +114,10 @@ class _Carry(NamedTuple):
   """What :func:`train_cohort`'s scan over chunks accumulates."""
 
   delta_sum: PyTree         # [D, P, ...] per-device partial sums (mean aggregator), else ()
-  weight_sum: jax.Array     # [D, P] (mean aggregator), else ()
+  weight_sum: jax.Array | tuple  # [D, P] (mean aggregator), else ()
   client_state: PyTree      # [C, ...] the objective's persistent state
   loss_sum: jax.Array       # [] over the clients that trained
-  count: jax.Array          # int32[] clients that trained
+  trained: jax.Array        # int32[] clients that trained
   skipped: jax.Array        # int32[] clients skipped for a non-finite update
   first_bad: jax.Array      # int32[] lowest id of a non-finite aggregated client (C if none)
   reported: jax.Array       # bool[C] clients whose update was aggregated
@@ -275,6 +275,7 @@ def train_cohort(
   client_tf = None if path is None else path.client
   blockwise = path is not None and path.aggregator.blockwise
   if blockwise:
+    assert path is not None
     if block_size is None:
       raise ValueError(f"aggregator {path.aggregator.name!r} needs every parent's whole cohort: pass "
                        f"block_size= (the largest cohort of a parent, max(CohortSampler.sizes))")
@@ -286,7 +287,7 @@ def train_cohort(
     slot_pos = jnp.zeros((k // chunk, chunk), jnp.int32)
   update_key = stream(key, "update")
 
-  def body(carry: _Carry, chunk_slots):
+  def body(carry, chunk_slots):   # carry: a _Carry
     ch, ch_steps, ch_pos = chunk_slots
     # Under a ``jax.set_mesh`` with a ``clients`` axis, each device trains its slice of the
     # chunk (identity otherwise; see fedtree.core.sharding).
@@ -375,7 +376,7 @@ def train_cohort(
       delta_sum=delta_sum, weight_sum=weight_sum,
       client_state=ch.scatter(carry.client_state, new_state, trained),  # padding/skipped: nowhere
       loss_sum=carry.loss_sum + jnp.sum(jnp.where(trained, loss, 0.0)).astype(fdtype),
-      count=carry.count + jnp.sum(trained, dtype=jnp.int32),
+      trained=carry.trained + jnp.sum(trained, dtype=jnp.int32),
       skipped=skipped, first_bad=first_bad,
       reported=ch.scatter(carry.reported, True, trained),
       path_client=path_client, stat_sums=stat_sums,
@@ -383,7 +384,7 @@ def train_cohort(
     )
     return new, (params if keep_client_params else None)
 
-  stat_names = ()
+  stat_names: tuple[str, ...] = ()
   if client_tf is not None:   # the statistics' names, from an abstract trace of one slot
     one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), parent_params)
     ctx1 = ClientContext(client=jnp.zeros((), jnp.int32), parent=jnp.zeros((), jnp.int32),
@@ -398,7 +399,7 @@ def train_cohort(
     weight_sum=() if blockwise else on_devices(jnp.zeros((devices, num_parents), fdtype)),
     client_state=client_state,
     loss_sum=jnp.zeros((), fdtype),
-    count=jnp.zeros((), jnp.int32),
+    trained=jnp.zeros((), jnp.int32),
     skipped=jnp.zeros((), jnp.int32),
     first_bad=jnp.full((), num_clients, jnp.int32),
     reported=jnp.zeros((num_clients,), bool),
@@ -420,7 +421,7 @@ def train_cohort(
     weight_sum = jnp.asarray(weight_sum, fdtype)
   else:
     delta_sum = jax.tree.map(lambda a: jnp.sum(a, axis=0), out.delta_sum)  # the one reduction
-    weight_sum = jnp.sum(out.weight_sum, axis=0)
+    weight_sum = jnp.sum(out.weight_sum, axis=0)  # type: ignore[arg-type]  # an array here (mean)
   update_stats: dict[str, jax.Array] = {}
   new_path_state = path_state._replace(client=out.path_client)
   if path is not None:
@@ -430,9 +431,9 @@ def train_cohort(
       num_segments=num_parents)
     delta_sum, weight_sum, new_path_state, node_stats = finish(
       path, new_path_state, delta_sum, weight_sum, stat_sums, stream(key, "node"))
-    update_stats = path_metrics(stat_sums, out.count, node_stats, agg_stats)
+    update_stats = path_metrics(stat_sums, out.trained, node_stats, agg_stats)
   state, loss_sum, count, skipped, first_bad, reported = (
-    out.client_state, out.loss_sum, out.count, out.skipped, out.first_bad, out.reported)
+    out.client_state, out.loss_sum, out.trained, out.skipped, out.first_bad, out.reported)
   client_params = None
   if keep_client_params:
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(k, dtype=order.dtype))

@@ -520,7 +520,7 @@ def per_level_paths(
                          f"are 0..{depth - 1} (or -1..-{depth} from the clients' parents)")
       out[level] = p
   else:
-    out = list(paths)
+    out = list(paths)  # type: ignore[arg-type]  # a sequence (UpdatePath, a NamedTuple, is handled above)
     if len(out) != depth:
       raise ValueError(f"{algorithm}: {len(out)} update paths for {depth} server levels (0..{depth - 1})")
   for lv, p in enumerate(out):

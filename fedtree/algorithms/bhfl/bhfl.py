@@ -238,7 +238,7 @@ class BHFLState:
       version=tuple(node_rows(lv) for lv in range(depth)),
       residual_state=RowName("residual link", "the root's residual state"),
       direct_state=RowName("edge", "the root→edge down state"), cursor=CLIENT_ROWS,
-      update_state=path_rows(CLIENT_ROWS, node_rows(depth - 1)),
+      update_state=path_rows(self.update_state, CLIENT_ROWS, node_rows(depth - 1)),
     )
 
 

@@ -341,7 +341,7 @@ class ClusterState:
     clusters = RowName("cluster")
     return self.replace(round=UNNAMED, params=clusters, opt_state=clusters, cluster_of=CLIENT_ROWS,
                         num_clusters=UNNAMED, features=CLIENT_ROWS, cursor=CLIENT_ROWS,
-                        update_state=path_rows(CLIENT_ROWS, clusters))
+                        update_state=path_rows(self.update_state, CLIENT_ROWS, clusters))
 
 
 def check_num_clusters(num_clusters, num_clients: int, name: str = "num_clusters") -> int:

@@ -33,6 +33,7 @@ from fedtree.core.data import FederatedData
 from fedtree.core.local import LocalSchedule
 from fedtree.core.model import Model
 from fedtree.core.topology import Topology
+from fedtree.core.updates import UpdatePath
 from fedtree.objectives.alo import alo_update, check_alo, check_private, main_params, with_private_head
 
 
@@ -64,6 +65,7 @@ def fedkws(
   compute_dtype: str | None = None,
   init_params: Any = None,
   skip_nonfinite: bool = False,
+  update_paths: UpdatePath | dict[int, UpdatePath] | None = None,
   name: str = "fedkws",
 ) -> FederatedAlgorithm:
   """FedKWS-UI (or one of its ablations) on ``topology`` (default flat).
@@ -97,8 +99,8 @@ def fedkws(
     max_grad_norm: clip every local gradient to this global norm (the authors' code,
       difference (d)); ``None`` (paper): no clipping.
     topology: the tree (``None``: one server over all clients).
-    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite: as
-      for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite,
+      update_paths: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     compute_dtype: mixed-precision local steps, ALO's or plain ones (``None``: the params' dtype).
     name: label for reports.
 
@@ -147,7 +149,8 @@ def fedkws(
     data=data, local_optimizer=local_optimizer, schedule=schedule, topology=topology,
     server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size, chunk_size=chunk_size,
     weighting=weighting, compute_dtype=None if alo else compute_dtype,
-    init_params=None if head else init_params, skip_nonfinite=skip_nonfinite, name=name,
+    init_params=None if head else init_params, skip_nonfinite=skip_nonfinite, update_paths=update_paths,
+    name=name,
   )
   if not head:
     return alg
