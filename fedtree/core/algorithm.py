@@ -105,6 +105,8 @@ class TreeState:
       (:meth:`fedtree.core.local.LocalSchedule.init_cursor`; ``()`` for the other orders).
     update_state: per server level, the :class:`~fedtree.core.updates.PathState` of the update
       path it aggregates its children through (``()`` entries hold nothing: no path).
+    clock: ``float32[]`` simulated seconds since the start (:mod:`fedtree.core.systems`; ``()``
+      without a systems model).
   """
 
   round: jax.Array
@@ -113,6 +115,7 @@ class TreeState:
   client_state: Any = ()
   cursor: Any = ()
   update_state: tuple = ()
+  clock: Any = ()
 
 
 def per_level(value, depth: int, name: str) -> tuple:
