@@ -36,7 +36,13 @@ from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
-from fedtree.core.sampling import cohort_sampler
+from fedtree.core.sampling import (
+  candidate_losses,
+  check_sampling,
+  cohort_sampler,
+  top_scores,
+  weighted_cohort,
+)
 from fedtree.core.server import init_nodes, select_nodes, update_nodes
 from fedtree.core.systems import Systems, model_bytes
 from fedtree.core.tier import train_cohort
@@ -96,6 +102,8 @@ def hierfavg(
   top_level: int = 0,
   update_paths: UpdatePath | Mapping[int, UpdatePath | None] | Sequence[UpdatePath | None] | None = None,
   systems: Systems | None = None,
+  sampling: str = "uniform",
+  candidates: int | None = None,
   name: str = "hierfavg",
 ) -> FederatedAlgorithm:
   """HierFAVG / hierarchical FedOpt on ``topology``.
@@ -145,6 +153,14 @@ def hierfavg(
       ``clients_unavailable``, ``clients_dropped``, ``clients_partial``). Over-selection samples
       ``ceil(factor · cohort_size)`` clients of every leaf parent (at most its group). ``None``:
       every sampled client finishes, no clock.
+    sampling: how a leaf parent's cohort is drawn (:mod:`fedtree.core.sampling`): ``"uniform"``;
+      ``"data_size"`` (successive sampling proportional to the clients' examples);
+      ``"available"`` (uniform among the clients on line at the round's start: needs ``systems``
+      with ``availability``); ``"power_of_choice"`` (Cho et al. 2022: ``candidates`` clients per
+      leaf parent drawn proportionally to their examples, the ``cohort_size`` of highest loss
+      under their parent's model kept; dense data).
+    candidates: power-of-choice candidates per leaf parent (default twice the cohort, at most
+      the group).
     name: label for reports.
 
   Example:
@@ -183,6 +199,21 @@ def hierfavg(
     groups = np.bincount(topology.parent(depth), minlength=len(keep))
     cohort_size = [min(systems.policy.selected(k), int(n)) for k, n in zip(keep, groups, strict=True)]
   sampler = cohort_sampler(topology.parent(depth), cohort_size, chunk_size=chunk_size)
+  check_sampling(sampling)
+  if sampling == "available" and (systems is None or systems.availability is None):
+    raise ValueError("sampling='available' needs systems= with an availability schedule")
+  if candidates is not None and sampling != "power_of_choice":
+    raise ValueError(f"candidates={candidates!r} is for sampling='power_of_choice', not {sampling!r}")
+  if sampling == "power_of_choice":
+    if data.ragged:
+      raise ValueError("sampling='power_of_choice' scores candidates on dense (padded) data; the data is "
+                       "ragged")
+    groups = np.bincount(topology.parent(depth), minlength=len(sampler.sizes))
+    wanted = [2 * k for k in sampler.sizes] if candidates is None else [int(candidates)] * len(groups)
+    if min(w - k for w, k in zip(wanted, sampler.sizes, strict=True)) < 0:
+      raise ValueError(f"candidates={candidates!r} must be >= the cohort of every leaf parent "
+                       f"({max(sampler.sizes)})")
+    candidate_sampler = cohort_sampler(topology.parent(depth), np.minimum(wanted, groups), chunk_size=None)
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
                                  compute_dtype=compute_dtype)
   parents = [None] + [jnp.asarray(topology.parent(lv)) for lv in range(1, depth + 1)]
@@ -209,7 +240,16 @@ def hierfavg(
     params, opt_state = list(state.params), list(state.opt_state)
     w_client = client_weights(data.n_train, weighting)
     update_state = list(state.update_state)
-    cohort = sampler(stream(key, "cohort"))
+    if sampling == "uniform":
+      cohort = sampler(stream(key, "cohort"))
+    elif sampling == "data_size":
+      cohort = weighted_cohort(sampler, stream(key, "cohort"), data.n_train)
+    elif sampling == "available":
+      cohort = weighted_cohort(sampler, stream(key, "cohort"), systems.availability.at(state.clock))
+    else:   # power of choice: the highest-loss clients of a candidate set drawn by data size
+      cand = weighted_cohort(candidate_sampler, stream(key, "cohort"), data.n_train)
+      losses = candidate_losses(model, params[depth - 1], cand, data)
+      cohort = top_scores(sampler, cand, losses, stream(key, "ties"))
     num_steps = schedule.num_steps(data.n_train)
     if systems is not None:   # who takes part, how much they do, how long it takes
       outcome = systems.round(cohort, num_steps, time=state.clock, model_bytes=model_bytes(params[depth - 1]),
@@ -295,6 +335,8 @@ def fedavg(
   skip_nonfinite: bool = False,
   update_paths: UpdatePath | Mapping[int, UpdatePath | None] | Sequence[UpdatePath | None] | None = None,
   systems: Systems | None = None,
+  sampling: str = "uniform",
+  candidates: int | None = None,
   name: str = "fedavg",
 ) -> FederatedAlgorithm:
   """FedAvg (McMahan et al. 2017), or FedOpt with ``server_optimizer``: one server, one tier
@@ -322,7 +364,7 @@ def fedavg(
     server_optimizers=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size,
     weighting=weighting, compute_dtype=compute_dtype, client_update=client_update,
     init_params=init_params, skip_nonfinite=skip_nonfinite, update_paths=update_paths,
-    systems=systems, name=name,
+    systems=systems, sampling=sampling, candidates=candidates, name=name,
   )
 
 
