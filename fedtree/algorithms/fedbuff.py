@@ -47,6 +47,7 @@ from fedtree.core.sampling import Cohort
 from fedtree.core.server import init_nodes, update_nodes
 from fedtree.core.systems import Systems, make_profile, model_bytes
 from fedtree.core.tier import train_cohort
+from fedtree.core.updates import UpdatePath, init_path_state, per_level_paths
 
 PyTree = Any
 
@@ -66,6 +67,7 @@ class FedBuffState:
     busy: ``bool[M]`` whether the slot holds a client.
     clock: ``float32[]`` simulated seconds.
     cursor: ``int32[C]`` batch cursors (``"cyclic"``), else ``()``.
+    update_state: the :class:`~fedtree.core.updates.PathState` of the clients' update path.
   """
 
   round: jax.Array
@@ -78,6 +80,7 @@ class FedBuffState:
   busy: jax.Array
   clock: jax.Array
   cursor: Any = ()
+  update_state: Any = ()
 
 
 def fedbuff(
@@ -96,6 +99,7 @@ def fedbuff(
   compute_dtype: str | None = None,
   client_update: ClientUpdate | None = None,
   init_params: PyTree | None = None,
+  update_paths: UpdatePath | None = None,
   name: str = "fedbuff",
 ) -> FederatedAlgorithm:
   """FedBuff over all clients of ``data`` (one server).
@@ -120,6 +124,8 @@ def fedbuff(
     compute_dtype: mixed-precision local training.
     client_update: a stateless local objective (default plain SGD by ``local_optimizer``).
     init_params: the model to start from (default ``model.init(key)``).
+    update_paths: the clients' update path (:mod:`fedtree.core.updates`), client transforms only
+      (each update is aggregated as it arrives: no blockwise aggregator, node or downlink stage).
     name: label for reports.
 
   Raises:
@@ -152,6 +158,7 @@ def fedbuff(
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
                                  compute_dtype=compute_dtype, stateless_for=name)
   slots = jnp.arange(concurrency, dtype=jnp.int32)
+  (path,) = per_level_paths(update_paths, 1, algorithm=name, blockwise=False, node=False, down=False)
 
   def init(key):
     p0 = stack(initial_params(model, key, init_params), 1)
@@ -161,6 +168,7 @@ def fedbuff(
       client=jnp.zeros((concurrency,), jnp.int32), version=jnp.zeros((concurrency,), jnp.int32),
       finish=jnp.zeros((concurrency,), jnp.float32), busy=jnp.zeros((concurrency,), bool),
       clock=jnp.zeros((), jnp.float32), cursor=schedule.init_cursor(num_clients),
+      update_state=init_path_state(path, jax.tree.map(lambda a: a[0], p0), num_clients, ring),
     )
 
   def round_fn(state: FedBuffState, data: FederatedData, key):
@@ -197,6 +205,7 @@ def fedbuff(
       client_update, state.history, cohort, data, num_steps=num_steps, weights=w,
       key=stream(key, "train"), chunk_size=None, parent_aligned=ring == 1,
       batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=state.cursor,
+      path=path, path_state=state.update_state,
     )
     # Staleness is per version: Σ_v s(round - v) Σ_{i started at v} w_i Δ_i over Σ_i w_i.
     row_version = state.round - jnp.mod(state.round - jnp.arange(ring), ring)
@@ -219,7 +228,7 @@ def fedbuff(
     }
     new = FedBuffState(round=version_now, params=params, opt_state=opt_state, history=history,
                        client=client, version=version, finish=finish, busy=busy & ~report, clock=clock,
-                       cursor=res.cursor)
+                       cursor=res.cursor, update_state=res.path_state)
     return new, metrics
 
   def models(state: FedBuffState):

@@ -58,6 +58,7 @@ from fedtree.experiment.builders import (
   resolve_chunk_size,
   server_from_config,
 )
+from fedtree.experiment.systems import systems_from_config
 
 RUNNER_FIELDS = ("algorithm", "label", "rounds")
 CONTEXT_PARAMS = ("model", "data", "local_optimizer", "schedule", "name")
@@ -272,6 +273,7 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "fedavg": AlgorithmSpec(algorithms.fedavg),
   "fedopt": AlgorithmSpec(algorithms.fedavg),
   "hierfavg": AlgorithmSpec(algorithms.hierfavg),
+  "fedbuff": AlgorithmSpec(algorithms.fedbuff),
   "fedprox": AlgorithmSpec(algorithms.fedprox),
   "fedmmd": AlgorithmSpec(algorithms.fedmmd),
   "ditto": AlgorithmSpec(algorithms.ditto,
@@ -459,6 +461,9 @@ def schema(spec: AlgorithmSpec) -> Schema:
   if "update_paths" in params:   # privacy, attacks, robust aggregation, compression (by section)
     common.append(Fields(tuple(update_sections.SECTIONS), update_sections.update_paths_from_config,
                          ("update_paths",)))
+  if "systems" in params:   # devices, availability, round policy (fedtree.experiment.systems)
+    common.append(Fields(("systems",), lambda v, ctx: {"systems": systems_from_config(v["systems"], ctx)}
+                         if "systems" in v else {}))
   fields = [f for f in common if not set(f.names) & converted] + fields
   skip = set(CONTEXT_PARAMS) | set(NOT_CONFIGURABLE) | {"chunk_size", "topology"}
   skip |= {n for f in fields for n in f.names + f.targets}
