@@ -72,7 +72,7 @@ def device_capacity_profile(
   kbps = np.array([float(data[k]["communication"]) for k in keys])
   bad = np.flatnonzero(~(np.isfinite(ms) & (ms > 0)))
   if bad.size:
-    raise ValueError(f"client {keys[bad[0]]!r}: computation={ms[bad[0]]!r} ms per sample must be > 0")
+    raise ValueError(f"client {keys[bad[0]]!r}: computation={float(ms[bad[0]])!r} ms per sample must be > 0")
   speed = 1000.0 / (augmentation * int(batch_size) * ms)
   return make_profile(speed, kbps * 1000.0 / 8.0)
 
