@@ -124,9 +124,14 @@ def reference_round(systems, clients, parent, valid, num_steps, time, model_size
   return kept, np.where(kept, new, steps), duration
 
 
+SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize("policy", [
-  wait_for_all(), wait_for_all(dropout=0.3), deadline(3.0), deadline(3.0, partial=True),
-  deadline(2.0, partial=True, dropout=0.2), over_selection(1.5), over_selection(2.0, dropout=0.25),
+  pytest.param(wait_for_all(), marks=SLOW), pytest.param(wait_for_all(dropout=0.3), marks=SLOW),
+  pytest.param(deadline(3.0), marks=SLOW), pytest.param(deadline(3.0, partial=True), marks=SLOW),
+  deadline(2.0, partial=True, dropout=0.2), pytest.param(over_selection(1.5), marks=SLOW),
+  over_selection(2.0, dropout=0.25),
 ], ids=lambda p: f"{p.kind}-{p.partial}-{p.dropout}")
 def test_round_matches_a_client_loop(policy):
   num, k = 40, 24
@@ -219,6 +224,7 @@ def test_partial_work_equals_matching_step_counts(problem):
   assert [m["round_seconds"] for m in rows] == [pytest.approx(limit)] * ROUNDS
 
 
+@pytest.mark.slow
 def test_deadline_drops_the_slow_and_the_clock_decides_availability(problem):
   data = problem[0]
   speed = np.array([10.0, 1.0, 10.0, 1.0, 10.0])
@@ -238,6 +244,7 @@ def test_deadline_drops_the_slow_and_the_clock_decides_availability(problem):
   np.testing.assert_allclose([m["sim_seconds"] for m in rows], starts + 0.4, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_over_selection_keeps_the_fastest(problem):
   data = problem[0]
   speed = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
@@ -248,6 +255,7 @@ def test_over_selection_keeps_the_fastest(problem):
     assert m["round_seconds"] in (pytest.approx(STEPS / s, rel=1e-4) for s in (3.0, 4.0))
 
 
+@pytest.mark.slow
 def test_deterministic_and_tree_levels_add_time(problem):
   data, model, schedule = problem
   prof = device_profile(jax.random.key(1), data.num_clients, speed=lognormal(3.0, 1.0))
@@ -274,3 +282,29 @@ def test_deterministic_and_tree_levels_add_time(problem):
   assert all(s >= 100.0 for s in secs[1::2]) and all(s <= 1.5 for s in secs[0::2])
   assert float(s1.clock) == pytest.approx(sum(secs), rel=1e-6)
   assert sum(m["clients_dropped"] + m["clients_unavailable"] for m in r1) > 0
+
+
+def test_bhfl_latencies_from_the_same_profiles():
+  from fedtree.algorithms.bhfl.asynchrony import latency_from_systems
+
+  speed = np.array([1.0, 2.0, 4.0, 0.5, 8.0])
+  systems = Systems(profile=make_profile(speed, np.full(5, 1e3)))
+  lat = latency_from_systems(systems, np.full(5, STEPS), 500.0, seconds_per_round=10.0)
+  want = (STEPS / speed + 2 * 500.0 / 1e3) / 10.0     # steps and one model each way, in rounds
+  np.testing.assert_allclose(np.asarray(lat.sample(jax.random.key(0), 5)), want, rtol=1e-6)
+  with pytest.raises(ValueError, match=r"seconds_per_round=0.0 must be > 0"):
+    latency_from_systems(systems, np.full(5, STEPS), 500.0, seconds_per_round=0.0)
+
+
+@pytest.mark.slow
+def test_bhfl_runs_with_latencies_from_profiles(problem):
+  from fedtree.algorithms.bhfl import bhfl
+  from fedtree.algorithms.bhfl.asynchrony import Latency, latency_from_systems
+
+  data, model, schedule = problem
+  systems = Systems(profile=make_profile([1.0, 2.0, 4.0, 0.5, 8.0], np.full(5, 1e3)))
+  lat = latency_from_systems(systems, np.full(5, STEPS), 500.0, seconds_per_round=10.0)
+  alg = bhfl(model=model, data=data, topology=Topology.from_labels(np.array([0, 0, 0, 1, 1])),
+             local_optimizer=optax.sgd(0.1), schedule=schedule, latencies=(Latency(), lat), chunk_size=None)
+  state, m = jax.jit(alg.round)(alg.init(jax.random.key(0)), data, jax.random.key(1))
+  assert np.isfinite(float(m["train_loss"]))

@@ -106,6 +106,7 @@ def test_time_axis():
   assert time_to_target(recs, "b", "global/accuracy", 0.1) is None
 
 
+@pytest.mark.slow
 def test_systems_config_end_to_end(tmp_path):
   c = load_config("systems")
   c.rounds, c.eval_every, c.rounds_per_call, c.progress = 4, 2, 2, False

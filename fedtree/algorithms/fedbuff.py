@@ -30,6 +30,7 @@ import numpy as np
 import optax
 from flax import struct
 
+from fedtree.algorithms.bhfl.asynchrony import staleness_weight
 from fedtree.core.aggregation import divide_by_weight
 from fedtree.core.algorithm import (
   FederatedAlgorithm,
@@ -209,7 +210,7 @@ def fedbuff(
     )
     # Staleness is per version: Σ_v s(round - v) Σ_{i started at v} w_i Δ_i over Σ_i w_i.
     row_version = state.round - jnp.mod(state.round - jnp.arange(ring), ring)
-    scale = (1.0 + (state.round - row_version).astype(jnp.float32)) ** -exponent
+    scale = staleness_weight(state.round - row_version, exponent)
     delta = jax.tree.map(
       lambda d: jnp.sum(d * scale.reshape((ring,) + (1,) * (d.ndim - 1)).astype(d.dtype), axis=0,
                         keepdims=True), res.delta_sum)
