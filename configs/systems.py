@@ -11,12 +11,29 @@ on line (``sampling="available"``); each client does one local epoch. ``plot_tim
 draws the global model's accuracy against simulated hours, and the runner's summary the final
 accuracies; the time to reach ``TARGET`` accuracy is ``fedtree.evaluation.plots.time_to_target``.
 
-SEE_MEASURED
+Measured (the command above, CPU, seed 0; 150 server updates each, evaluated every 10, so a
+time to accuracy is the first evaluation at or above it; ``docs/images/systems_time_accuracy.png``):
+
+================  =============  ==============  ==============  ========  ========
+run               hours to 0.70  hours to 0.72   hours (150 upd)  final     best
+================  =============  ==============  ==============  ========  ========
+wait_for_all      1.79           2.44            4.64            0.7234    0.7339
+deadline_drop     1.16           1.49            2.47            0.7266    0.7401
+deadline_partial  0.99           1.16            2.47            0.7401    0.7432
+over_selection    0.73           1.03            2.03            0.7333    0.7375
+fedbuff           0.34           0.56            0.84            0.7365    0.7427
+================  =============  ==============  ==============  ========  ========
+
+Waiting for every client costs the heavy tail: a 60-second deadline halves the hours per round,
+and partial work keeps the stragglers' data (the smallest group, g3, falls to 0.36 accuracy when
+its slow clients drop out, 0.73 with partial work). FedBuff (8 of 16 in flight) is the fastest
+to every target here; its updates are about one version stale on average (0.4 to 1.8 in the
+reported rounds, at most 7).
 """
 
 import ml_collections
 
-TARGET = 0.6
+TARGET = 0.7
 SYSTEMS = dict(
   speed=dict(dist="lognormal", median=0.1, sigma=1.0),     # local steps per second
   up=dict(dist="lognormal", median=2e4, sigma=0.5),        # bytes per second
