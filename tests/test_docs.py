@@ -24,6 +24,7 @@ DOCTEST_MODULES = [
   "fedtree.core.data",         # FederatedData
   "fedtree.core.tier",         # train_cohort
   "fedtree.core.loop",         # loop.run
+  "fedtree.core.systems",      # Systems.round (no compilation of a round)
   "fedtree.evaluation.plots",  # write_run_plots
   "fedtree.algorithms.hierfavg",           # fedavg, hierfavg
   "fedtree.algorithms.grouppfl.grouppfl",  # GroupPersonalizedFL
@@ -43,6 +44,7 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.clustering.mcfl",
   "fedtree.algorithms.clustering.ifca",
   "fedtree.algorithms.fedkws.fedkws",
+  "fedtree.algorithms.fedbuff",
 ]
 
 

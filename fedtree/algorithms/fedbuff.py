@@ -132,6 +132,26 @@ def fedbuff(
   Raises:
     ValueError: a buffer larger than the concurrency or the population, a negative
       ``max_staleness`` or exponent, or a policy other than waiting for all.
+
+  Example:
+    Two server updates of 2 buffered reports each, 3 of the 5 clients in flight, on devices of
+    different speeds:
+
+    >>> import jax, numpy as np, optax
+    >>> from fedtree.core import loop
+    >>> from fedtree.core.local import LocalSchedule
+    >>> from fedtree.core.systems import Systems, make_profile
+    >>> from fedtree.datasets.synthetic import grouped_synthetic
+    >>> from fedtree.models import build_model
+    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
+    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
+    >>> devices = Systems(profile=make_profile([1.0, 2.0, 4.0, 0.5, 8.0], np.full(5, 1e6)))
+    >>> alg = fedbuff(model=model, data=data, local_optimizer=optax.sgd(0.1),
+    ...               schedule=LocalSchedule(batch_size=8, steps=2), buffer_size=2, concurrency=3,
+    ...               systems=devices)
+    >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))
+    >>> int(state.round), float(state.clock) > 0
+    (2, True)
   """
   num_clients = data.num_clients
   buffer_size = int(buffer_size)
