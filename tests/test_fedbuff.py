@@ -41,7 +41,6 @@ def test_buffer_equal_to_cohort_is_fedavg(problem):
 
 
 
-@pytest.mark.slow
 def test_clock_and_staleness_match_an_event_loop(problem):
   data, model, schedule = problem
   speed = np.array([3.1, 0.53, 1.07, 2.03, 0.29])    # steps per second (no ties); 3 steps each

@@ -104,7 +104,6 @@ def problem():
   return tiny_mlp_problem()
 
 
-@pytest.mark.slow
 def test_hierfavg_strategies_and_bad_input(problem):
   data, model, schedule = problem
   common = dict(model=model, data=data, local_optimizer=optax.sgd(0.1), schedule=schedule, chunk_size=None)

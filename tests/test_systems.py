@@ -124,14 +124,9 @@ def reference_round(systems, clients, parent, valid, num_steps, time, model_size
   return kept, np.where(kept, new, steps), duration
 
 
-SLOW = pytest.mark.slow
-
-
 @pytest.mark.parametrize("policy", [
-  pytest.param(wait_for_all(), marks=SLOW), pytest.param(wait_for_all(dropout=0.3), marks=SLOW),
-  pytest.param(deadline(3.0), marks=SLOW), pytest.param(deadline(3.0, partial=True), marks=SLOW),
-  deadline(2.0, partial=True, dropout=0.2), pytest.param(over_selection(1.5), marks=SLOW),
-  over_selection(2.0, dropout=0.25),
+  wait_for_all(), wait_for_all(dropout=0.3), deadline(3.0), deadline(3.0, partial=True),
+  deadline(2.0, partial=True, dropout=0.2), over_selection(1.5), over_selection(2.0, dropout=0.25),
 ], ids=lambda p: f"{p.kind}-{p.partial}-{p.dropout}")
 def test_round_matches_a_client_loop(policy):
   num, k = 40, 24
@@ -224,7 +219,6 @@ def test_partial_work_equals_matching_step_counts(problem):
   assert [m["round_seconds"] for m in rows] == [pytest.approx(limit)] * ROUNDS
 
 
-@pytest.mark.slow
 def test_deadline_drops_the_slow_and_the_clock_decides_availability(problem):
   data = problem[0]
   speed = np.array([10.0, 1.0, 10.0, 1.0, 10.0])
@@ -244,7 +238,6 @@ def test_deadline_drops_the_slow_and_the_clock_decides_availability(problem):
   np.testing.assert_allclose([m["sim_seconds"] for m in rows], starts + 0.4, rtol=1e-5)
 
 
-@pytest.mark.slow
 def test_over_selection_keeps_the_fastest(problem):
   data = problem[0]
   speed = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
@@ -255,7 +248,6 @@ def test_over_selection_keeps_the_fastest(problem):
     assert m["round_seconds"] in (pytest.approx(STEPS / s, rel=1e-4) for s in (3.0, 4.0))
 
 
-@pytest.mark.slow
 def test_deterministic_and_tree_levels_add_time(problem):
   data, model, schedule = problem
   prof = device_profile(jax.random.key(1), data.num_clients, speed=lognormal(3.0, 1.0))
