@@ -77,3 +77,47 @@ def test_bad_input(problem):
   prof = make_profile(np.ones(5), np.ones(5))
   with pytest.raises(ValueError, match=r"wait_for_all policy"):
     fedbuff(buffer_size=3, systems=Systems(profile=prof, policy=deadline(5.0)), **common)
+
+
+def test_server_update_is_the_staleness_weighted_mean(problem):
+  """One server update against a client-by-client reference: every reporting client trained
+  alone from the ring's model of its start version, Δ = Σ w_i (1+τ_i)^-½ Δ_i / Σ w_i."""
+  import jax.numpy as jnp
+
+  from fedtree.core.algorithm import local_training
+  from fedtree.core.rng import stream
+  from fedtree.core.sampling import Cohort
+  from fedtree.core.tier import train_cohort
+
+  data, model, schedule = problem
+  speed = np.array([3.1, 0.53, 1.07, 2.03, 0.29])
+  devices = Systems(profile=make_profile(speed, np.full(5, 1e12)))
+  alg = fedbuff(model=model, data=data, local_optimizer=optax.sgd(0.1), schedule=schedule, buffer_size=2,
+                concurrency=5, max_staleness=3, systems=devices)
+
+  update = local_training(None, model, optax.sgd(0.1), schedule, data)
+  alone = jax.jit(lambda start, c, k: train_cohort(  # one client from one model
+    update, start, Cohort(c[None], jnp.zeros(1, jnp.int32), jnp.ones(1, bool)), data,
+    num_steps=schedule.num_steps(data.n_train), weights=data.n_train.astype(jnp.float32), key=k).delta_sum)
+  step = jax.jit(alg.round)
+  state, root, checked = alg.init(jax.random.key(0)), jax.random.key(1), 0
+  for _ in range(6):
+    key = jax.random.fold_in(root, state.round)
+    new, m = step(state, data, key)
+    report = ~np.asarray(new.busy)
+    clients, versions = np.asarray(new.client)[report], np.asarray(new.version)[report]
+    stale = int(state.round) - versions
+    ok = stale <= 3
+    delta, total = None, 0.0
+    for c, v, s in zip(clients[ok], versions[ok], stale[ok], strict=True):
+      start = jax.tree.map(lambda h, v=v: h[v % 4][None], state.history)
+      trained = alone(start, jnp.int32(c), stream(key, "train"))
+      contrib = jax.tree.map(lambda d, s=s: d[0] * (1.0 + s) ** -0.5, trained)
+      delta = contrib if delta is None else jax.tree.map(jnp.add, delta, contrib)
+      total += float(data.n_train[c])
+    want = jax.tree.map(lambda p, d, t=total: p - d / t, state.params, jax.tree.map(lambda d: d[None], delta))
+    for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(want), strict=True):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6)
+    checked += int((stale[ok] > 0).any())
+    state = new
+  assert checked >= 2   # rounds in which stale updates were weighted
