@@ -84,6 +84,10 @@ def test_systems_section(ctx):
   np.testing.assert_array_equal(np.asarray(again.profile.speed), np.asarray(s.profile.speed))  # seeded
   assert kwargs(ctx, algorithm="fedbuff", buffer_size=2, systems={})["systems"].policy.kind == "wait_for_all"
   assert kwargs(ctx, algorithm="hierfavg", sampling="data_size")["sampling"] == "data_size"
+  # FedProx's systems heterogeneity: its objective under FedAvg with a partial-work deadline
+  kw = kwargs(ctx, algorithm="fedavg", objective={"name": "fedprox", "mu": 0.01},
+              systems={"policy": {"kind": "deadline", "seconds": 5.0, "partial": True}})
+  assert kw["client_update"] is not None and kw["systems"].policy.partial
   with pytest.raises(ValueError, match=r"systems.policy.kind='late'; choose one of"):
     kwargs(ctx, algorithm="fedavg", systems={"policy": {"kind": "late"}})
   with pytest.raises(ValueError, match=r"deadline seconds=-3.0 must be"):
