@@ -36,13 +36,7 @@ from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
-from fedtree.core.sampling import (
-  candidate_losses,
-  check_sampling,
-  cohort_sampler,
-  top_scores,
-  weighted_cohort,
-)
+from fedtree.core.sampling import cohort_sampler, sampling_strategy
 from fedtree.core.server import init_nodes, select_nodes, update_nodes
 from fedtree.core.systems import Systems, model_bytes
 from fedtree.core.tier import train_cohort
@@ -192,28 +186,12 @@ def hierfavg(
   check_weighting(weighting)
   paths = per_level_paths(update_paths, depth, algorithm=name,
                           supported_levels=range(top_level, depth))
-  keep = None
+  keep = None   # over-selection: sample more, keep the first cohort_size to finish
   if systems is not None:
-    systems.check(topology.num_clients, depth)
-    keep = cohort_sampler(topology.parent(depth), cohort_size, chunk_size=None).sizes
-    groups = np.bincount(topology.parent(depth), minlength=len(keep))
-    cohort_size = [min(systems.policy.selected(k), int(n)) for k, n in zip(keep, groups, strict=True)]
+    keep, cohort_size = systems.cohort_sizes(topology.parent(depth), cohort_size, depth)
   sampler = cohort_sampler(topology.parent(depth), cohort_size, chunk_size=chunk_size)
-  check_sampling(sampling)
-  if sampling == "available" and (systems is None or systems.availability is None):
-    raise ValueError("sampling='available' needs systems= with an availability schedule")
-  if candidates is not None and sampling != "power_of_choice":
-    raise ValueError(f"candidates={candidates!r} is for sampling='power_of_choice', not {sampling!r}")
-  if sampling == "power_of_choice":
-    if data.ragged:
-      raise ValueError("sampling='power_of_choice' scores candidates on dense (padded) data; the data is "
-                       "ragged")
-    groups = np.bincount(topology.parent(depth), minlength=len(sampler.sizes))
-    wanted = [2 * k for k in sampler.sizes] if candidates is None else [int(candidates)] * len(groups)
-    if min(w - k for w, k in zip(wanted, sampler.sizes, strict=True)) < 0:
-      raise ValueError(f"candidates={candidates!r} must be >= the cohort of every leaf parent "
-                       f"({max(sampler.sizes)})")
-    candidate_sampler = cohort_sampler(topology.parent(depth), np.minimum(wanted, groups), chunk_size=None)
+  draw = sampling_strategy(sampler, sampling, data=data, model=model, candidates=candidates,
+                           online=None if systems is None else systems.online)
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
                                  compute_dtype=compute_dtype)
   parents = [None] + [jnp.asarray(topology.parent(lv)) for lv in range(1, depth + 1)]
@@ -240,16 +218,7 @@ def hierfavg(
     params, opt_state = list(state.params), list(state.opt_state)
     w_client = client_weights(data.n_train, weighting)
     update_state = list(state.update_state)
-    if sampling == "uniform":
-      cohort = sampler(stream(key, "cohort"))
-    elif sampling == "data_size":
-      cohort = weighted_cohort(sampler, stream(key, "cohort"), data.n_train)
-    elif sampling == "available":
-      cohort = weighted_cohort(sampler, stream(key, "cohort"), systems.availability.at(state.clock))
-    else:   # power of choice: the highest-loss clients of a candidate set drawn by data size
-      cand = weighted_cohort(candidate_sampler, stream(key, "cohort"), data.n_train)
-      losses = candidate_losses(model, params[depth - 1], cand, data)
-      cohort = top_scores(sampler, cand, losses, stream(key, "ties"))
+    cohort = draw(stream(key, "cohort"), params[depth - 1], state.clock)
     num_steps = schedule.num_steps(data.n_train)
     if systems is not None:   # who takes part, how much they do, how long it takes
       outcome = systems.round(cohort, num_steps, time=state.clock, model_bytes=model_bytes(params[depth - 1]),

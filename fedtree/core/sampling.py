@@ -260,3 +260,59 @@ def candidate_losses(model, parent_params, candidates: Cohort, data) -> jax.Arra
     return loss / jnp.maximum(count, 1.0)
 
   return jax.vmap(one)(candidates.clients, candidates.parent)
+
+
+def sampling_strategy(
+  sampler: CohortSampler,
+  sampling: str,
+  *,
+  data,
+  model=None,
+  candidates: int | None = None,
+  online=None,
+):
+  """``draw(key, parent_params, time) -> Cohort`` for a strategy of :data:`SAMPLING`, in
+  ``sampler``'s layout (``"uniform"`` is ``sampler(key)`` itself).
+
+  Args:
+    sampler: the cohort's sampler (``k_g`` per parent).
+    sampling: ``"uniform"``, ``"data_size"`` (:func:`weighted_cohort` by examples),
+      ``"available"`` (uniform among ``online(time)``), ``"power_of_choice"`` (``candidates``
+      per parent drawn by examples, default ``2 k_g`` at most the group; the ``k_g`` of highest
+      :func:`candidate_losses` under ``parent_params`` kept).
+    data: the federated data (examples per client; power of choice: dense data).
+    model: the model (power of choice).
+    candidates: power-of-choice candidates per parent.
+    online: ``online(time) -> bool[N]`` (``"available"``).
+
+  Raises:
+    ValueError: an unknown strategy, ``candidates`` without power of choice or fewer than a
+      cohort, ``"available"`` without ``online``, power of choice on ragged data.
+  """
+  check_sampling(sampling)
+  if candidates is not None and sampling != "power_of_choice":
+    raise ValueError(f"candidates={candidates!r} is for sampling='power_of_choice', not {sampling!r}")
+  if sampling == "uniform":
+    return lambda key, parent_params, time: sampler(key)
+  if sampling == "data_size":
+    return lambda key, parent_params, time: weighted_cohort(sampler, key, data.n_train)
+  if sampling == "available":
+    if online is None:
+      raise ValueError("sampling='available' needs systems= with an availability schedule")
+    return lambda key, parent_params, time: weighted_cohort(sampler, key, online(time))
+  if data.ragged:
+    raise ValueError("sampling='power_of_choice' scores candidates on dense (padded) data; the data is "
+                     "ragged")
+  groups = np.bincount(np.asarray(sampler.parent), minlength=len(sampler.sizes))
+  wanted = [2 * k for k in sampler.sizes] if candidates is None else [int(candidates)] * len(groups)
+  if min(w - k for w, k in zip(wanted, sampler.sizes, strict=True)) < 0:
+    raise ValueError(f"candidates={candidates!r} must be >= the cohort of every leaf parent "
+                     f"({max(sampler.sizes)})")
+  candidate_sampler = cohort_sampler(np.asarray(sampler.parent), np.minimum(wanted, groups), chunk_size=None)
+
+  def power_of_choice(key, parent_params, time):
+    cand = weighted_cohort(candidate_sampler, key, data.n_train)
+    losses = candidate_losses(model, parent_params, cand, data)
+    return top_scores(sampler, cand, losses, jax.random.fold_in(key, 1))
+
+  return power_of_choice

@@ -434,6 +434,23 @@ class Systems:
     if secs.size not in (1, max(depth - 1, 1)):
       raise ValueError(f"level_seconds={self.level_seconds!r} needs 1 or {depth - 1} entries")
 
+  @property
+  def online(self) -> Callable[[jax.Array], jax.Array] | None:
+    """``online(time) -> bool[C]`` (:meth:`Availability.at`), or ``None`` when always on line."""
+    return None if self.availability is None else self.availability.at
+
+  def cohort_sizes(self, parent, cohort_size, depth: int = 1) -> tuple[tuple[int, ...], list[int]]:
+    """``(keep, sample)``: the clients kept per parent (``cohort_size`` as
+    :func:`fedtree.core.sampling.cohort_sampler` reads it) and the clients to sample for them
+    (``ceil(factor · k)`` at most the group under over-selection), after :meth:`check`."""
+    from fedtree.core.sampling import cohort_sampler
+
+    parent = np.asarray(parent)
+    self.check(parent.shape[0], depth)
+    keep = cohort_sampler(parent, cohort_size, chunk_size=None).sizes
+    groups = np.bincount(parent, minlength=len(keep))
+    return keep, [min(self.policy.selected(k), int(n)) for k, n in zip(keep, groups, strict=True)]
+
   def level_time(self, level: int) -> float:
     """Seconds server level ``level`` adds to a round in which it aggregates."""
     secs = np.atleast_1d(np.asarray(self.level_seconds, np.float64))
