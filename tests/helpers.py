@@ -96,7 +96,7 @@ ALGORITHM_CASES = {
   "bhfl": {"eta_down": 0.5, "cohort_size": 2}, "cfl": {"max_clusters": 2, "eps1": 5.0, "eps2": 0.01},
   "ifca": {"num_clusters": 2}, "awcfl": {"num_clusters": 2, "cluster_start_round": 1},
   "mcfl": {"num_clusters": 2, "cluster_start_round": 1, "feature_examples": 3},
-  "fedkws": {"cohort_size": 4}, "fedmmd": {"lam": 0.01},
+  "fedkws": {"cohort_size": 4}, "fedmmd": {"lam": 0.01}, "fedbuff": {"buffer_size": 2, "concurrency": 3},
   # two rounds of each stage: a 4-round run crosses the boundary, a resume after 2 starts on it
   "grouppfl": {"global_rounds": 2, "group_rounds": 2},
 }

@@ -26,6 +26,7 @@ DOCTEST_MODULES = [
   "fedtree.core.tier",         # train_cohort
   "fedtree.core.loop",         # loop.run
   "fedtree.core.compression",  # compressor
+  "fedtree.core.systems",      # Systems.round (no compilation of a round)
   "fedtree.evaluation.plots",  # write_run_plots
   "fedtree.algorithms.hierfavg",           # fedavg, hierfavg
   "fedtree.algorithms.grouppfl.grouppfl",  # GroupPersonalizedFL
@@ -47,6 +48,7 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.clustering.mcfl",
   "fedtree.algorithms.clustering.ifca",
   "fedtree.algorithms.fedkws.fedkws",
+  "fedtree.algorithms.fedbuff",
 ]
 
 

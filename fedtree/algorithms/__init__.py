@@ -10,6 +10,7 @@ from __future__ import annotations
 from fedtree.algorithms.bhfl import bhfl
 from fedtree.algorithms.clustering import awcfl, cfl, ifca, mcfl
 from fedtree.algorithms.ditto import ditto
+from fedtree.algorithms.fedbuff import fedbuff
 from fedtree.algorithms.fedkws import fedkws
 from fedtree.algorithms.fedmmd import fedmmd
 from fedtree.algorithms.fedprox import fedprox
@@ -22,5 +23,6 @@ from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, TreeState
 
 __all__ = [
   "FederatedAlgorithm", "NodeModels", "TreeState", "awcfl", "bhfl", "cfl", "ditto", "fedavg",
-  "fedkws", "fedmmd", "fedprox", "grouppfl", "hierfavg", "ifca", "mcfl", "perfedavg", "pfedme", "pfedmt",
+  "fedbuff", "fedkws", "fedmmd", "fedprox", "grouppfl", "hierfavg", "ifca", "mcfl", "perfedavg", "pfedme",
+  "pfedmt",
 ]

@@ -36,8 +36,9 @@ from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
-from fedtree.core.sampling import cohort_sampler
+from fedtree.core.sampling import cohort_sampler, sampling_strategy
 from fedtree.core.server import init_nodes, select_nodes, update_nodes
+from fedtree.core.systems import Systems, model_bytes
 from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
 from fedtree.core.updates import (
@@ -94,6 +95,9 @@ def hierfavg(
   skip_nonfinite: bool = False,
   top_level: int = 0,
   update_paths: UpdatePath | Mapping[int, UpdatePath | None] | Sequence[UpdatePath | None] | None = None,
+  systems: Systems | None = None,
+  sampling: str = "uniform",
+  candidates: int | None = None,
   name: str = "hierfavg",
 ) -> FederatedAlgorithm:
   """HierFAVG / hierarchical FedOpt on ``topology``.
@@ -136,6 +140,21 @@ def hierfavg(
       transform): one :class:`~fedtree.core.updates.UpdatePath` for the clients' tier, or one
       per server level (``{level: path}``; level ``l``'s path is how it aggregates its children
       and what it sends them). ``None``: the weighted mean, as in the paper.
+    systems: devices, availability and a round policy (:mod:`fedtree.core.systems`): sampled
+      clients that are off line, fail, miss the deadline or are over-selected do not report, and
+      partial work lowers their step counts; the state's ``clock`` advances by each round's
+      simulated duration, reported as ``round_seconds`` and ``sim_seconds`` (with
+      ``clients_unavailable``, ``clients_dropped``, ``clients_partial``). Over-selection samples
+      ``ceil(factor · cohort_size)`` clients of every leaf parent (at most its group). ``None``:
+      every sampled client finishes, no clock.
+    sampling: how a leaf parent's cohort is drawn (:mod:`fedtree.core.sampling`): ``"uniform"``;
+      ``"data_size"`` (successive sampling proportional to the clients' examples);
+      ``"available"`` (uniform among the clients on line at the round's start: needs ``systems``
+      with ``availability``); ``"power_of_choice"`` (Cho et al. 2022: ``candidates`` clients per
+      leaf parent drawn proportionally to their examples, the ``cohort_size`` of highest loss
+      under their parent's model kept; dense data).
+    candidates: power-of-choice candidates per leaf parent (default twice the cohort, at most
+      the group).
     name: label for reports.
 
   Example:
@@ -167,7 +186,12 @@ def hierfavg(
   check_weighting(weighting)
   paths = per_level_paths(update_paths, depth, algorithm=name,
                           supported_levels=range(top_level, depth))
+  keep = None   # over-selection: sample more, keep the first cohort_size to finish
+  if systems is not None:
+    keep, cohort_size = systems.cohort_sizes(topology.parent(depth), cohort_size, depth)
   sampler = cohort_sampler(topology.parent(depth), cohort_size, chunk_size=chunk_size)
+  draw = sampling_strategy(sampler, sampling, data=data, model=model, candidates=candidates,
+                           online=None if systems is None else systems.online)
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
                                  compute_dtype=compute_dtype)
   parents = [None] + [jnp.asarray(topology.parent(lv)) for lv in range(1, depth + 1)]
@@ -186,6 +210,7 @@ def hierfavg(
       cursor=schedule.init_cursor(topology.num_clients),
       update_state=tuple(init_path_state(paths[lv], p0, topology.num_nodes(lv + 1), topology.num_nodes(lv))
                          for lv in range(depth)),
+      clock=() if systems is None else jnp.zeros((), jnp.float32),
     )
 
   def round_fn(state: TreeState, data: FederatedData, key):
@@ -193,11 +218,16 @@ def hierfavg(
     params, opt_state = list(state.params), list(state.opt_state)
     w_client = client_weights(data.n_train, weighting)
     update_state = list(state.update_state)
-    cohort = sampler(stream(key, "cohort"))
+    cohort = draw(stream(key, "cohort"), params[depth - 1], state.clock)
+    num_steps = schedule.num_steps(data.n_train)
+    if systems is not None:   # who takes part, how much they do, how long it takes
+      outcome = systems.round(cohort, num_steps, time=state.clock, model_bytes=model_bytes(params[depth - 1]),
+                              key=stream(key, "systems"), keep=keep)
+      cohort, num_steps = cohort._replace(valid=outcome.valid), outcome.num_steps
     sent, down_stats = send_down(paths[depth - 1], params[depth - 1], stream(key, "down"))
     res = train_cohort(
       client_update, sent, cohort, data,
-      num_steps=schedule.num_steps(data.n_train), weights=w_client,
+      num_steps=num_steps, weights=w_client,
       key=stream(key, "train"), chunk_size=sampler.chunk_size, client_state=state.client_state,
       parent_aligned=sampler.parent_aligned, batch_order=schedule.batch_order,
       batch_size=schedule.batch_size, cursor=state.cursor, skip_nonfinite=skip_nonfinite,
@@ -235,9 +265,15 @@ def hierfavg(
       params[lv + 1] = select_nodes(
         jnp.broadcast_to(active[lv], (topology.num_nodes(lv + 1),)), down, params[lv + 1]
       )
+    clock = state.clock
+    if systems is not None:   # the leaf parents' rounds run side by side; a level aggregating adds its own
+      seconds = outcome.seconds + sum(jnp.where(active[lv], systems.level_time(lv), 0.0)
+                                      for lv in range(top_level, depth - 1))
+      clock = state.clock + seconds
+      metrics.update({**outcome.stats, "round_seconds": seconds, "sim_seconds": clock})
     new_state = state.replace(
       round=r, params=tuple(params), opt_state=tuple(opt_state), client_state=res.client_state,
-      cursor=res.cursor, update_state=tuple(update_state),
+      cursor=res.cursor, update_state=tuple(update_state), clock=clock,
     )
     return new_state, metrics
 
@@ -267,6 +303,9 @@ def fedavg(
   init_params: PyTree | None = None,
   skip_nonfinite: bool = False,
   update_paths: UpdatePath | Mapping[int, UpdatePath | None] | Sequence[UpdatePath | None] | None = None,
+  systems: Systems | None = None,
+  sampling: str = "uniform",
+  candidates: int | None = None,
   name: str = "fedavg",
 ) -> FederatedAlgorithm:
   """FedAvg (McMahan et al. 2017), or FedOpt with ``server_optimizer``: one server, one tier
@@ -293,7 +332,8 @@ def fedavg(
     local_optimizer=local_optimizer, schedule=schedule,
     server_optimizers=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size,
     weighting=weighting, compute_dtype=compute_dtype, client_update=client_update,
-    init_params=init_params, skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
+    init_params=init_params, skip_nonfinite=skip_nonfinite, update_paths=update_paths,
+    systems=systems, sampling=sampling, candidates=candidates, name=name,
   )
 
 

@@ -162,6 +162,8 @@ class TreeState:
       (:meth:`fedtree.core.local.LocalSchedule.init_cursor`; ``()`` for the other orders).
     update_state: per server level, the :class:`~fedtree.core.updates.PathState` of the update
       path it aggregates its children through (``()`` entries hold nothing: no path).
+    clock: ``float32[]`` simulated seconds since the start (:mod:`fedtree.core.systems`; ``()``
+      without a systems model).
   """
 
   round: jax.Array
@@ -170,6 +172,7 @@ class TreeState:
   client_state: Any = ()
   cursor: Any = ()
   update_state: tuple = ()
+  clock: Any = ()
 
   def row_names(self) -> TreeState:
     """Rows of every part: server level ``l``'s nodes, the clients (:class:`RowName`)."""
@@ -179,7 +182,8 @@ class TreeState:
                      opt_state=tuple(node_rows(lv) for lv in range(len(self.opt_state))),
                      client_state=CLIENT_ROWS, cursor=CLIENT_ROWS,
                      update_state=tuple(path_rows(st, CLIENT_ROWS if lv == depth - 1 else node_rows(lv + 1),
-                                                  node_rows(lv)) for lv, st in enumerate(self.update_state)))
+                                                  node_rows(lv)) for lv, st in enumerate(self.update_state)),
+                     clock=UNNAMED if isinstance(self.clock, jax.Array) else self.clock)
 
 
 def per_level(value, depth: int, name: str) -> tuple:

@@ -252,3 +252,156 @@ def poisson_sampler(parent, rate: float, *, max_slots=None, overflow_probability
   chunk = total if chunk_size is None else min(int(chunk_size), total)
   return PoissonSampler(parent=tuple(int(p) for p in parent), sizes=tuple(int(v) for v in k),
                         chunk_size=chunk, rate=float(rate))
+
+
+# ------------------------------------------------------------------------ sampling strategies
+# Besides uniform sampling (``CohortSampler.__call__``), strategies that draw the same static
+# slots by other rules; each returns a ``Cohort`` laid out exactly as ``sampler(key)`` would be.
+
+SAMPLING = ("uniform", "data_size", "available", "power_of_choice")
+"""The strategies :func:`fedtree.algorithms.hierfavg.hierfavg` takes as ``sampling=``."""
+
+
+def check_sampling(sampling: str) -> str:
+  """Raises a ``ValueError`` naming ``sampling`` unless it is one of :data:`SAMPLING`."""
+  if sampling not in SAMPLING:
+    raise ValueError(f"sampling={sampling!r}; choose one of {SAMPLING}")
+  return sampling
+
+
+def _pad(sampler: CohortSampler, clients: jax.Array, valid: jax.Array) -> Cohort:
+  """``sampler``'s slot layout around ``clients`` / ``valid`` of its real slots."""
+  s = sampler._static
+  slot_parent = jnp.asarray(s["slot_parent"])
+  if s["pad"]:
+    clients = jnp.concatenate([clients, jnp.zeros((s["pad"],), jnp.int32)])
+    slot_parent = jnp.concatenate([slot_parent, jnp.zeros((s["pad"],), jnp.int32)])
+    valid = jnp.concatenate([valid, jnp.zeros((s["pad"],), bool)])
+  return Cohort(clients=clients.astype(jnp.int32), parent=slot_parent, valid=valid)
+
+
+def weighted_cohort(sampler: CohortSampler, key: jax.Array, weights: jax.Array) -> Cohort:
+  """``k_g`` children of every parent drawn without replacement with probability proportional
+  to ``weights`` at every draw (successive sampling; Efraimidis and Spirakis' keys
+  ``log w + Gumbel``, so one sort draws every parent's cohort at once).
+
+  ``weights`` ``[N]`` (>= 0, e.g. every child's examples, or an on-line mask for
+  availability-aware sampling): a child of weight 0 is never drawn, and a slot left with no
+  child of positive weight is invalid (the cohort shrinks rather than change shape). With equal
+  weights this is uniform sampling; with ``k_g = 1`` a child is drawn with probability
+  ``w_i / Σ_g w``; for ``k_g > 1`` inclusion probabilities are those of successive sampling
+  (less than proportional for the heaviest children).
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> sampler = cohort_sampler([0, 0, 0, 1, 1], 1)
+    >>> cohort = weighted_cohort(sampler, jax.random.key(0), jnp.array([0.0, 0.0, 5.0, 1.0, 0.0]))
+    >>> cohort.clients.tolist(), cohort.valid.tolist()
+    ([2, 3], [True, True])
+  """
+  s = sampler._static
+  parent = jnp.asarray(np.asarray(sampler.parent, dtype=np.int32))
+  weights = jnp.asarray(weights, jnp.float32)
+  gumbel = jax.random.gumbel(key, (len(sampler.parent),), jnp.float32)
+  score = jnp.where(weights > 0, jnp.log(jnp.where(weights > 0, weights, 1.0)) + gumbel, -jnp.inf)
+  order = jnp.lexsort((-score, parent))      # grouped by parent, best key first
+  clients = order[jnp.asarray(s["slot_pos"])].astype(jnp.int32)
+  return _pad(sampler, clients, jnp.take(weights, clients) > 0)
+
+
+def top_scores(sampler: CohortSampler, candidates: Cohort, scores: jax.Array, key: jax.Array | None = None
+               ) -> Cohort:
+  """The ``k_g`` valid candidates of highest ``scores`` of every parent ``g``, in ``sampler``'s
+  layout (power-of-choice: the highest local losses of a larger candidate set).
+
+  Args:
+    sampler: the cohort's sampler (``k_g`` per parent).
+    candidates: a cohort with at least ``k_g`` slots of every parent (e.g. a sampler with
+      ``d_g >= k_g``); invalid slots are never chosen.
+    scores: ``[D]`` one score per candidate slot.
+    key: breaks ties at random (``None``: the first slot wins).
+  """
+  s = sampler._static
+  num_parents = len(sampler.sizes)
+  score = jnp.where(candidates.valid, jnp.asarray(scores, jnp.float32), -jnp.inf)
+  tie = (jnp.arange(score.shape[0], dtype=jnp.float32) if key is None
+         else jax.random.uniform(key, score.shape))
+  order = jnp.lexsort((tie, -score, candidates.parent))
+  sorted_parent = jnp.take(candidates.parent, order)
+  first = jnp.searchsorted(sorted_parent, jnp.arange(num_parents), side="left")
+  slot_parent = jnp.asarray(s["slot_parent"])
+  slot_start = np.concatenate([[0], np.cumsum(sampler.sizes)[:-1]])
+  rank = np.arange(s["total"]) - slot_start[s["slot_parent"]]
+  pick = jnp.take(order, jnp.take(first, slot_parent) + jnp.asarray(rank, jnp.int32))
+  ok = jnp.take(candidates.valid, pick) & jnp.isfinite(jnp.take(score, pick)) & (
+    jnp.take(candidates.parent, pick) == slot_parent)
+  return _pad(sampler, jnp.take(candidates.clients, pick), ok)
+
+
+def candidate_losses(model, parent_params, candidates: Cohort, data) -> jax.Array:
+  """``float32[D]`` every candidate's mean training loss under its parent's model (power of
+  choice, Cho et al. 2022: one forward pass over each candidate's examples; dense data only)."""
+  from fedtree.core.metrics import client_sums
+
+  def one(c, g):
+    p = jax.tree.map(lambda a: a[g], parent_params)
+    loss, _, count = client_sums(model, p, data.x_train[c], data.y_train[c], data.n_train[c])
+    return loss / jnp.maximum(count, 1.0)
+
+  return jax.vmap(one)(candidates.clients, candidates.parent)
+
+
+def sampling_strategy(
+  sampler: CohortSampler,
+  sampling: str,
+  *,
+  data,
+  model=None,
+  candidates: int | None = None,
+  online=None,
+):
+  """``draw(key, parent_params, time) -> Cohort`` for a strategy of :data:`SAMPLING`, in
+  ``sampler``'s layout (``"uniform"`` is ``sampler(key)`` itself).
+
+  Args:
+    sampler: the cohort's sampler (``k_g`` per parent).
+    sampling: ``"uniform"``, ``"data_size"`` (:func:`weighted_cohort` by examples),
+      ``"available"`` (uniform among ``online(time)``), ``"power_of_choice"`` (``candidates``
+      per parent drawn by examples, default ``2 k_g`` at most the group; the ``k_g`` of highest
+      :func:`candidate_losses` under ``parent_params`` kept).
+    data: the federated data (examples per client; power of choice: dense data).
+    model: the model (power of choice).
+    candidates: power-of-choice candidates per parent.
+    online: ``online(time) -> bool[N]`` (``"available"``).
+
+  Raises:
+    ValueError: an unknown strategy, ``candidates`` without power of choice or fewer than a
+      cohort, ``"available"`` without ``online``, power of choice on ragged data.
+  """
+  check_sampling(sampling)
+  if candidates is not None and sampling != "power_of_choice":
+    raise ValueError(f"candidates={candidates!r} is for sampling='power_of_choice', not {sampling!r}")
+  if sampling == "uniform":
+    return lambda key, parent_params, time: sampler(key)
+  if sampling == "data_size":
+    return lambda key, parent_params, time: weighted_cohort(sampler, key, data.n_train)
+  if sampling == "available":
+    if online is None:
+      raise ValueError("sampling='available' needs systems= with an availability schedule")
+    return lambda key, parent_params, time: weighted_cohort(sampler, key, online(time))
+  if data.ragged:
+    raise ValueError("sampling='power_of_choice' scores candidates on dense (padded) data; the data is "
+                     "ragged")
+  groups = np.bincount(np.asarray(sampler.parent), minlength=len(sampler.sizes))
+  wanted = [2 * k for k in sampler.sizes] if candidates is None else [int(candidates)] * len(groups)
+  if min(w - k for w, k in zip(wanted, sampler.sizes, strict=True)) < 0:
+    raise ValueError(f"candidates={candidates!r} must be >= the cohort of every leaf parent "
+                     f"({max(sampler.sizes)})")
+  candidate_sampler = cohort_sampler(np.asarray(sampler.parent), np.minimum(wanted, groups), chunk_size=None)
+
+  def power_of_choice(key, parent_params, time):
+    cand = weighted_cohort(candidate_sampler, key, data.n_train)
+    losses = candidate_losses(model, parent_params, cand, data)
+    return top_scores(sampler, cand, losses, jax.random.fold_in(key, 1))
+
+  return power_of_choice

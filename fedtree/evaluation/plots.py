@@ -249,6 +249,61 @@ def plot_accuracy_vs_uplink(records: Sequence[Mapping[str, Any]], path: str, *, 
   return _save(fig, path)
 
 
+def time_curve(records: Iterable[Mapping[str, Any]], run: str, key: str, *,
+               time_key: str = "sim_seconds") -> Curve:
+  """``(simulated hours, values)`` of ``key`` in ``run``: the reports that carry both ``key`` and
+  the simulated clock ``time_key`` (seconds; :mod:`fedtree.core.systems`), sorted by time."""
+  pts = sorted((float(r[time_key]) / 3600.0, float(r[key])) for r in records
+               if str(r["run"]) == run and r.get(key) is not None and r.get(time_key) is not None
+               and not isinstance(r[key], list))
+  if not pts:
+    return np.zeros(0), np.zeros(0)
+  hours, values = zip(*pts, strict=True)
+  return np.asarray(hours), np.asarray(values)
+
+
+def time_to_target(records: Iterable[Mapping[str, Any]], run: str, key: str, target: float, *,
+                   time_key: str = "sim_seconds") -> float | None:
+  """The first simulated hour at which ``key`` of ``run`` reached ``target`` (``None``: never).
+
+  Example:
+    >>> recs = [{"run": "a", "round": r, "sim_seconds": 1800.0 * r, "global/accuracy": 0.2 * r}
+    ...         for r in (1, 2, 3)]
+    >>> time_to_target(recs, "a", "global/accuracy", 0.4), time_to_target(recs, "a", "global/accuracy", 0.9)
+    (1.0, None)
+  """
+  hours, values = time_curve(records, run, key, time_key=time_key)
+  hit = np.flatnonzero(values >= target)
+  return float(hours[hit[0]]) if hit.size else None
+
+
+def plot_time_to_accuracy(records: Sequence[Mapping[str, Any]], path: str, *, metric: str = "accuracy",
+                          model: str = "global", time_key: str = "sim_seconds",
+                          target: float | None = None, title: str | None = None) -> str:
+  """Every run's ``<model>/<metric>`` against simulated hours (the runs' ``time_key`` clock,
+  e.g. under deadlines, over-selection or FedBuff), with a dotted line at ``target``.
+
+  Returns:
+    ``path``.
+  """
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6.5, 3.8))
+  for run in runs(records):
+    x, y = time_curve(records, run, f"{model}/{metric}", time_key=time_key)
+    if x.size:
+      ax.plot(x, y, marker="o", ms=2.5, label=run)
+  if target is not None:
+    ax.axhline(target, color="gray", ls=":", lw=1)
+  ax.set_xlabel("simulated hours")
+  ax.set_ylabel(_label_metric(metric))
+  ax.grid(alpha=0.3)
+  if ax.lines:
+    ax.legend(fontsize=7)
+  if title:
+    ax.set_title(title)
+  return _save(fig, path)
+
+
 def plot_perplexity(records: Sequence[Mapping[str, Any]], path: str, *, title: str | None = None) -> str:
   """A language model's test perplexity over rounds, log scale: token level (``<model>/perplexity``)
   and, when reported, sentence level (``<model>/sentence_perplexity``) in a second panel; a line
@@ -595,7 +650,9 @@ def write_run_plots(workdir: str) -> list[str]:
   * ``plot_client_accuracy.png``: the distribution of the final per-client test accuracy of
     every run's models, a panel each (from ``summary.json``);
   * ``plot_client_fairness.png``: the same per model, with its percentiles, worst-10 % mean and
-    Gini coefficient (:func:`plot_client_fairness`).
+    Gini coefficient (:func:`plot_client_fairness`);
+  * ``plot_time_accuracy.png``: the global model's accuracy against simulated hours, when runs
+    report a simulated clock (``sim_seconds``, :mod:`fedtree.core.systems`).
 
   Models that never trained (``"trained": false`` in ``summary.json``; without a summary, those
   whose accuracy never changed) are left out; models evaluated only at the end (in
@@ -630,6 +687,8 @@ def write_run_plots(workdir: str) -> list[str]:
     written.append(plot_perplexity(records, os.path.join(workdir, "plot_perplexity.png")))
   if models_of(records, "intra_cluster_accuracy"):
     written.append(plot_clusters(records, os.path.join(workdir, "plot_clusters.png")))
+  if any("sim_seconds" in r for r in records) and "global" in models_of(records, "accuracy"):
+    written.append(plot_time_to_accuracy(records, os.path.join(workdir, "plot_time_accuracy.png")))
   for m in models_of(records, "false_accept_rate")[:1]:
     written.append(plot_keyword_rates(records, os.path.join(workdir, "plot_keyword_rates.png"), model=m))
   if summary:

@@ -58,6 +58,7 @@ from fedtree.experiment.builders import (
 from fedtree.experiment.families import bhfl as bhfl_family
 from fedtree.experiment.families import grouppfl as grouppfl_family
 from fedtree.experiment.spec import AlgorithmSpec, Fields, check_fields, number
+from fedtree.experiment.systems import systems_from_config
 
 RUNNER_FIELDS = ("algorithm", "label", "rounds")
 CONTEXT_PARAMS = ("model", "data", "local_optimizer", "schedule", "name")
@@ -118,6 +119,7 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "fedavg": AlgorithmSpec(algorithms.fedavg),
   "fedopt": AlgorithmSpec(algorithms.fedavg),
   "hierfavg": AlgorithmSpec(algorithms.hierfavg),
+  "fedbuff": AlgorithmSpec(algorithms.fedbuff),
   "fedprox": AlgorithmSpec(algorithms.fedprox),
   "fedmmd": AlgorithmSpec(algorithms.fedmmd),
   "ditto": AlgorithmSpec(algorithms.ditto,
@@ -289,6 +291,9 @@ def schema(spec: AlgorithmSpec) -> Schema:
   if "update_paths" in params:   # privacy, attacks, robust aggregation, compression (by section)
     common.append(Fields(tuple(update_sections.SECTIONS), update_sections.update_paths_from_config,
                          ("update_paths",)))
+  if "systems" in params:   # devices, availability, round policy (fedtree.experiment.systems)
+    common.append(Fields(("systems",), lambda v, ctx: {"systems": systems_from_config(v["systems"], ctx)}
+                         if "systems" in v else {}))
   fields = [f for f in common if not set(f.names) & converted] + fields
   skip = set(CONTEXT_PARAMS) | set(NOT_CONFIGURABLE) | {"chunk_size", "topology"}
   skip |= {n for f in fields for n in f.names + f.targets}

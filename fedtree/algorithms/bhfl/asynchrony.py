@@ -132,3 +132,21 @@ def staleness_weight(staleness: jax.Array, exponent: float) -> jax.Array:
     return jnp.ones(staleness.shape, jnp.float32)
   return jnp.power(1.0 + jnp.maximum(staleness, 0).astype(jnp.float32),
                    -jnp.asarray(exponent, jnp.float32))
+
+
+def latency_from_systems(systems, num_steps, model_bytes: float, *, seconds_per_round: float) -> Latency:
+  """The clients' :class:`Latency` (B-HFL's level ``depth``) from a device population
+  (:class:`fedtree.core.systems.Systems`): every client's download, ``num_steps[c]`` local steps
+  and upload, in simulated seconds (:meth:`~fedtree.core.systems.Systems.client_seconds`),
+  over ``seconds_per_round`` seconds per B-HFL round. A constant delay per client, scaled by
+  its device (the same profiles as the simulated clock of HierFAVG and FedBuff).
+
+  Raises:
+    ValueError: ``seconds_per_round`` not > 0.
+  """
+  if not float(seconds_per_round) > 0:
+    raise ValueError(f"seconds_per_round={seconds_per_round!r} must be > 0")
+  clients = jnp.arange(systems.profile.num_clients, dtype=jnp.int32)
+  seconds = systems.client_seconds(clients, jnp.asarray(num_steps, jnp.float32), model_bytes)
+  return Latency(kind="constant", mean=1.0,
+                 scale=tuple(float(s) / float(seconds_per_round) for s in np.asarray(seconds)))

@@ -1,0 +1,77 @@
+r"""Time to accuracy under systems heterogeneity: FedAvg waiting for every client vs a deadline
+(stragglers drop out, or do partial work) vs over-selection vs FedBuff.
+
+  python -m fedtree.main --config=configs/systems.py --workdir=/tmp/fedtree_systems
+
+The 48 clients of the quickstart's grouped synthetic task, on devices with heavy-tailed speeds
+(lognormal local steps per second, median 0.1, sigma 1: the slowest client in ten is about 3.6
+times slower than the median, the slowest in a hundred about 10 times) and a daily on-line
+window of 8 hours around 10 pm (spread 4 hours). Every FedAvg run samples 8 clients among those
+on line (``sampling="available"``); each client does one local epoch. ``plot_time_accuracy.png``
+draws the global model's accuracy against simulated hours, and the runner's summary the final
+accuracies; the time to reach ``TARGET`` accuracy is ``fedtree.evaluation.plots.time_to_target``.
+
+Measured (the command above, CPU, seed 0; 150 server updates each, evaluated every 10, so a
+time to accuracy is the first evaluation at or above it; ``docs/images/systems_time_accuracy.png``):
+
+================  =============  ==============  ==============  ========  ========
+run               hours to 0.70  hours to 0.72   hours (150 upd)  final     best
+================  =============  ==============  ==============  ========  ========
+wait_for_all      1.79           2.44            4.64            0.7234    0.7339
+deadline_drop     1.16           1.49            2.47            0.7266    0.7401
+deadline_partial  0.99           1.16            2.47            0.7401    0.7432
+over_selection    0.73           1.03            2.03            0.7333    0.7375
+fedbuff           0.34           0.56            0.84            0.7365    0.7427
+================  =============  ==============  ==============  ========  ========
+
+Waiting for every client costs the heavy tail: a 60-second deadline halves the hours per round,
+and partial work keeps the stragglers' data (the smallest group, g3, falls to 0.36 accuracy when
+its slow clients drop out, 0.73 with partial work). FedBuff (8 of 16 in flight) is the fastest
+to every target here; its updates are about one version stale on average (0.4 to 1.8 in the
+reported rounds, at most 7).
+"""
+
+import ml_collections
+
+TARGET = 0.7
+SYSTEMS = dict(
+  speed=dict(dist="lognormal", median=0.1, sigma=1.0),     # local steps per second
+  up=dict(dist="lognormal", median=2e4, sigma=0.5),        # bytes per second
+  down=dict(dist="lognormal", median=1e5, sigma=0.5),
+  availability=dict(kind="diurnal", online_hours=8.0, peak_hour=22.0, spread_hours=4.0),
+)
+
+
+def _fedavg(policy) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
+    algorithm="fedavg", cohort_size=8, sampling="available", systems=dict(SYSTEMS, policy=policy)))
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.rounds = 150
+  c.eval_every = 10
+  c.rounds_per_call = 10
+  c.chunk_size = None
+  c.progress = True
+  c.checkpoint_every = 0
+
+  c.data = ml_collections.ConfigDict(dict(
+    name="grouped_synthetic", group_sizes=(24, 12, 8, 4), dim=32, num_classes=10,
+    group_spread=1.5, client_spread=0.25, feature_shift=1.0, mean_examples=40.0,
+    min_examples=8, max_examples=160, test_examples=40, seed=0,
+  ))
+  c.topology = ml_collections.ConfigDict(dict(kind="groups"))
+  c.model = ml_collections.ConfigDict(dict(name="mlp", hidden=(64,)))
+  c.local = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=0.05, batch_size=16, epochs=1,
+                                           steps=None))
+  c.runs = ml_collections.ConfigDict()
+  c.runs.wait_for_all = _fedavg(dict(kind="wait_for_all"))
+  c.runs.deadline_drop = _fedavg(dict(kind="deadline", seconds=60.0))
+  c.runs.deadline_partial = _fedavg(dict(kind="deadline", seconds=60.0, partial=True))
+  c.runs.over_selection = _fedavg(dict(kind="over_selection", factor=1.3))
+  c.runs.fedbuff = ml_collections.ConfigDict(dict(
+    algorithm="fedbuff", buffer_size=8, concurrency=16, max_staleness=8, systems=dict(SYSTEMS)))
+  c.run_order = ("wait_for_all", "deadline_drop", "deadline_partial", "over_selection", "fedbuff")
+  return c

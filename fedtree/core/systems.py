@@ -1,0 +1,541 @@
+"""Systems heterogeneity with static shapes: device speeds, bandwidths, availability, round
+policies (deadlines, over-selection, dropout) and a simulated clock.
+
+Real deployments never see the whole cohort finish (Bonawitz et al. 2019, "Towards federated
+learning at scale"; Lai et al. 2022, FedScale): devices come and go with the time of day, some
+are ten times slower than others, rounds have deadlines and servers over-select. Here every
+such effect is an array over the clients, so a round keeps its shapes:
+
+* a :class:`DeviceProfile` gives every client a compute speed (local steps per second) and
+  up / down bandwidths (bytes per second), drawn from a :class:`Distribution` by a key
+  (:func:`device_profile`) or built from measured arrays (:func:`make_profile`; FedScale's
+  device-capacity file: :func:`fedtree.datasets.device_traces.read_device_capacity`);
+* an :class:`Availability` is every client's on-line intervals within its own period (a day
+  for :func:`diurnal_availability`; FedScale's behaviour trace:
+  :func:`fedtree.datasets.device_traces.read_availability_trace`);
+* a :class:`RoundPolicy` says which sampled clients a round keeps and how long it lasts
+  (:func:`wait_for_all`, :func:`deadline`, :func:`over_selection`, each with a random
+  ``dropout``); a dropped client is a cohort slot whose ``valid`` is false, partial work is a
+  smaller per-client step count (FedProx's systems heterogeneity, Li et al. 2020), so
+  :func:`fedtree.core.tier.train_cohort` runs them unchanged.
+
+A client's time in a round is ``bytes_down / down + steps / speed + bytes_up / up``; the
+clients' tier lasts as long as its slowest kept client (the deadline when a client was cut by
+it); a server level that aggregates adds its own transfer time (``level_seconds``). The
+clock (simulated seconds since the start) is part of an algorithm's state and decides which
+clients are on line at the start of a round.
+
+Example:
+  Ten clients with heavy-tailed speeds under a 30-second deadline with partial work:
+
+  >>> import jax, jax.numpy as jnp
+  >>> from fedtree.core.sampling import Cohort
+  >>> profile = device_profile(jax.random.key(0), 10, speed=lognormal(2.0, 1.0))
+  >>> systems = Systems(profile=profile, policy=deadline(30.0, partial=True))
+  >>> cohort = Cohort(jnp.arange(10, dtype=jnp.int32), jnp.zeros(10, jnp.int32), jnp.ones(10, bool))
+  >>> out = systems.round(cohort, jnp.full(10, 50, jnp.int32), time=jnp.zeros(()), model_bytes=4e4,
+  ...                     key=jax.random.key(1))
+  >>> float(out.seconds) <= 30.0, bool((out.num_steps <= 50).all())
+  (True, True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedtree.core.sampling import Cohort
+
+PyTree = Any
+
+POLICIES = ("wait_for_all", "deadline", "over_selection")
+SECONDS_PER_HOUR = 3600.0
+
+
+# ------------------------------------------------------------------------ distributions
+
+
+class Distribution(NamedTuple):
+  """A positive random quantity: ``sample(key, shape) -> float32[shape]``; ``name`` for reports."""
+
+  sample: Callable[[jax.Array, tuple[int, ...]], jax.Array]
+  name: str
+
+
+def _positive(name: str, value) -> float:
+  value = float(value)
+  if not value > 0 or not math.isfinite(value):
+    raise ValueError(f"{name}={value!r} must be a finite number > 0")
+  return value
+
+
+def constant(value: float) -> Distribution:
+  """Every client the same ``value`` (> 0)."""
+  value = _positive("value", value)
+  return Distribution(lambda key, shape: jnp.full(shape, value, jnp.float32), f"constant({value})")
+
+
+def lognormal(median: float, sigma: float) -> Distribution:
+  """``median · exp(sigma · N(0, 1))``: the heavy right tail of measured device speeds (FedScale's
+  compute and bandwidth traces are close to lognormal); ``sigma=0`` is :func:`constant`."""
+  median = _positive("median", median)
+  if not float(sigma) >= 0:
+    raise ValueError(f"sigma={sigma!r} must be >= 0")
+  sigma = float(sigma)
+  return Distribution(
+    lambda key, shape: median * jnp.exp(sigma * jax.random.normal(key, shape, jnp.float32)),
+    f"lognormal({median}, {sigma})")
+
+
+def pareto(minimum: float, shape_param: float) -> Distribution:
+  """Pareto with scale ``minimum`` and tail index ``shape_param`` (> 0; heavier tail as it falls)."""
+  minimum = _positive("minimum", minimum)
+  alpha = _positive("shape_param", shape_param)
+  return Distribution(
+    lambda key, shape: minimum * jax.random.pareto(key, alpha, shape, jnp.float32),
+    f"pareto({minimum}, {alpha})")
+
+
+def uniform(low: float, high: float) -> Distribution:
+  """Uniform on ``[low, high]`` with ``0 < low <= high``."""
+  low = _positive("low", low)
+  if not float(high) >= low:
+    raise ValueError(f"high={high!r} must be >= low={low}")
+  high = float(high)
+  return Distribution(
+    lambda key, shape: jax.random.uniform(key, shape, jnp.float32, low, high), f"uniform({low}, {high})")
+
+
+# ------------------------------------------------------------------------ device profiles
+
+
+class DeviceProfile(NamedTuple):
+  """What every client's device can do.
+
+  Attributes:
+    speed: ``float32[C]`` local steps per second.
+    up: ``float32[C]`` upload bandwidth, bytes per second.
+    down: ``float32[C]`` download bandwidth, bytes per second.
+  """
+
+  speed: jax.Array
+  up: jax.Array
+  down: jax.Array
+
+  @property
+  def num_clients(self) -> int:
+    return int(self.speed.shape[0])
+
+
+def _check_rates(name: str, values, num_clients: int | None) -> np.ndarray:
+  arr = np.asarray(values, np.float64)
+  if arr.ndim != 1:
+    raise ValueError(f"{name} must be one value per client (a 1-d array), got shape {arr.shape}")
+  if num_clients is not None and arr.shape[0] != num_clients:
+    raise ValueError(f"{name} has {arr.shape[0]} entries for {num_clients} clients")
+  bad = np.flatnonzero(~(np.isfinite(arr) & (arr > 0)))
+  if bad.size:
+    i = int(bad[0])
+    raise ValueError(f"{name}[{i}]={float(arr[i])!r} must be a finite number > 0 (steps or bytes per second)")
+  return arr
+
+
+def make_profile(speed, up, down=None) -> DeviceProfile:
+  """A :class:`DeviceProfile` from per-client arrays (host values, checked: finite and > 0).
+
+  Args:
+    speed: local steps per second of every client.
+    up: upload bytes per second of every client.
+    down: download bytes per second (default ``up``).
+
+  Raises:
+    ValueError: a rate that is not finite and positive (naming the client), or lengths that differ.
+  """
+  speed = _check_rates("speed", speed, None)
+  up = _check_rates("up", up, speed.shape[0])
+  down = up if down is None else _check_rates("down", down, speed.shape[0])
+  return DeviceProfile(*(jnp.asarray(a, jnp.float32) for a in (speed, up, down)))
+
+
+def device_profile(
+  key: jax.Array,
+  num_clients: int,
+  *,
+  speed: Distribution | float = 1.0,
+  up: Distribution | float = 1e6,
+  down: Distribution | float | None = None,
+) -> DeviceProfile:
+  """Draws every client's speed and bandwidths from distributions (a float: :func:`constant`).
+
+  Args:
+    key: the profile's randomness.
+    num_clients: ``C``.
+    speed: local steps per second.
+    up: upload bytes per second.
+    down: download bytes per second (default: ``up``'s distribution, drawn independently).
+  """
+  if int(num_clients) < 1:
+    raise ValueError(f"num_clients={num_clients!r} must be >= 1")
+  as_dist = lambda d: d if isinstance(d, Distribution) else constant(d)  # noqa: E731
+  speed, up = as_dist(speed), as_dist(up)
+  down = up if down is None else as_dist(down)
+  ks, ku, kd = jax.random.split(key, 3)
+  shape = (int(num_clients),)
+  return make_profile(np.asarray(speed.sample(ks, shape)), np.asarray(up.sample(ku, shape)),
+                      np.asarray(down.sample(kd, shape)))
+
+
+# ------------------------------------------------------------------------ availability
+
+
+class Availability(NamedTuple):
+  """Every client's on-line intervals, repeating with its own period.
+
+  Client ``c`` is on line at time ``t`` when ``start[c, i] <= t mod period[c] < end[c, i]``
+  for some ``i``; unused intervals are empty (``start == end``).
+
+  Attributes:
+    start: ``float32[C, I]`` interval starts, seconds into the period.
+    end: ``float32[C, I]`` interval ends.
+    period: ``float32[C]`` seconds after which the schedule repeats.
+  """
+
+  start: jax.Array
+  end: jax.Array
+  period: jax.Array
+
+  @property
+  def num_clients(self) -> int:
+    return int(self.period.shape[0])
+
+  def at(self, time: jax.Array) -> jax.Array:
+    """``bool[C]``: who is on line at simulated second ``time``."""
+    t = jnp.mod(jnp.asarray(time, jnp.float32), self.period)[:, None]
+    return jnp.any((self.start <= t) & (t < self.end), axis=1)
+
+  def fraction(self) -> np.ndarray:
+    """``float[C]`` the share of its period each client is on line (host)."""
+    length = np.clip(np.asarray(self.end) - np.asarray(self.start), 0, None).sum(axis=1)
+    return length / np.asarray(self.period)
+
+
+def make_availability(intervals: Sequence[Sequence[tuple[float, float]]], period) -> Availability:
+  """An :class:`Availability` from every client's ``[(start, end), ...]`` within ``period``
+  (seconds; one value, or one per client), padded with empty intervals.
+
+  Raises:
+    ValueError: a non-positive period, or an interval that is reversed or outside the period.
+  """
+  num = len(intervals)
+  if num < 1:
+    raise ValueError("availability needs at least one client")
+  period = np.broadcast_to(np.asarray(period, np.float64), (num,)).copy()
+  bad = np.flatnonzero(~(np.isfinite(period) & (period > 0)))
+  if bad.size:
+    i = int(bad[0])
+    raise ValueError(f"period[{i}]={float(period[i])!r} must be a finite number of seconds > 0")
+  width = max(1, max(len(iv) for iv in intervals))
+  start = np.zeros((num, width), np.float64)
+  end = np.zeros((num, width), np.float64)
+  for c, iv in enumerate(intervals):
+    for i, (s, e) in enumerate(iv):
+      if not 0 <= s <= e <= period[c]:
+        raise ValueError(f"client {c}'s interval ({s!r}, {e!r}) must satisfy 0 <= start <= end <= "
+                         f"period={period[c]}")
+      start[c, i], end[c, i] = s, e
+  return Availability(jnp.asarray(start, jnp.float32), jnp.asarray(end, jnp.float32),
+                      jnp.asarray(period, jnp.float32))
+
+
+def always_available(num_clients: int) -> Availability:
+  """Every client on line all the time."""
+  return make_availability([[(0.0, 1.0)]] * int(num_clients), 1.0)
+
+
+def diurnal_availability(
+  key: jax.Array,
+  num_clients: int,
+  *,
+  online_hours: Distribution | float = 8.0,
+  peak_hour: float = 22.0,
+  spread_hours: float = 4.0,
+  day_seconds: float = 24 * SECONDS_PER_HOUR,
+) -> Availability:
+  """A synthetic day: every client is on line once a day (charging and on Wi-Fi, as in
+  Bonawitz et al. 2019), a window of ``online_hours`` (a draw per client, at most a day)
+  centred at ``peak_hour`` plus a normal offset of ``spread_hours`` (time zones, habits).
+
+  Args:
+    key: the schedule's randomness.
+    num_clients: ``C``.
+    online_hours: length of every client's daily window, hours.
+    peak_hour: the hour of the day around which windows are centred.
+    spread_hours: standard deviation of a window's centre, hours.
+    day_seconds: the period (seconds).
+  """
+  if not float(spread_hours) >= 0:
+    raise ValueError(f"spread_hours={spread_hours!r} must be >= 0")
+  day = _positive("day_seconds", day_seconds)
+  dist = online_hours if isinstance(online_hours, Distribution) else constant(online_hours)
+  k1, k2 = jax.random.split(key)
+  length = np.minimum(np.asarray(dist.sample(k1, (int(num_clients),)), np.float64) * SECONDS_PER_HOUR, day)
+  centre = (float(peak_hour) + float(spread_hours) * np.asarray(
+    jax.random.normal(k2, (int(num_clients),)), np.float64)) * SECONDS_PER_HOUR
+  start = np.mod(centre - length / 2, day)
+  intervals = []
+  for s, n in zip(start, length, strict=True):
+    e = s + n
+    intervals.append([(s, e)] if e <= day else [(s, day), (0.0, e - day)])  # wraps past midnight
+  return make_availability(intervals, day)
+
+
+# ------------------------------------------------------------------------ round policies
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundPolicy:
+  """Which sampled clients a round keeps; build with :func:`wait_for_all`, :func:`deadline` or
+  :func:`over_selection`.
+
+  Attributes:
+    kind: one of :data:`POLICIES`.
+    seconds: the deadline (``"deadline"`` only).
+    partial: under a deadline, a client that cannot finish does the steps that fit (at least
+      one, else it drops out) instead of dropping out.
+    factor: over-selection factor (``"over_selection"``): ``ceil(factor · k)`` sampled, the
+      first ``k`` to finish kept.
+    dropout: probability that a sampled client fails during the round (independently).
+  """
+
+  kind: str = "wait_for_all"
+  seconds: float | None = None
+  partial: bool = False
+  factor: float = 1.0
+  dropout: float = 0.0
+
+  def __post_init__(self):
+    if self.kind not in POLICIES:
+      raise ValueError(f"round policy kind={self.kind!r}; choose one of {POLICIES}")
+    if not 0.0 <= float(self.dropout) < 1.0:
+      raise ValueError(f"dropout={self.dropout!r} must be a probability in [0, 1)")
+    if self.kind == "deadline" and not (self.seconds is not None and float(self.seconds) > 0
+                                        and math.isfinite(float(self.seconds))):
+      raise ValueError(f"deadline seconds={self.seconds!r} must be a finite number > 0")
+    if self.kind == "over_selection" and not float(self.factor) >= 1.0:
+      raise ValueError(f"over-selection factor={self.factor!r} must be >= 1")
+
+  def selected(self, k: int) -> int:
+    """How many clients to sample for ``k`` kept ones."""
+    return int(math.ceil(self.factor * k - 1e-9)) if self.kind == "over_selection" else int(k)
+
+
+def wait_for_all(*, dropout: float = 0.0) -> RoundPolicy:
+  """The round waits for every sampled client (today's rounds), less random ``dropout``."""
+  return RoundPolicy("wait_for_all", dropout=dropout)
+
+
+def deadline(seconds: float, *, partial: bool = False, dropout: float = 0.0) -> RoundPolicy:
+  """Rounds last at most ``seconds``: a client that cannot finish by then drops out, or with
+  ``partial`` does as many local steps as fit (FedProx's partial work)."""
+  return RoundPolicy("deadline", seconds=seconds, partial=bool(partial), dropout=dropout)
+
+
+def over_selection(factor: float = 1.3, *, dropout: float = 0.0) -> RoundPolicy:
+  """Sample ``ceil(factor · k)`` clients per parent, keep the first ``k`` to finish (Bonawitz et al.
+  2019)."""
+  return RoundPolicy("over_selection", factor=factor, dropout=dropout)
+
+
+# ------------------------------------------------------------------------ a round
+
+
+class RoundOutcome(NamedTuple):
+  """What the systems model decided about one round of a tier.
+
+  Attributes:
+    valid: ``bool[K]`` the cohort slots kept (``cohort.valid`` for :func:`train_cohort`).
+    num_steps: ``int32[C]`` local steps of every client this round (partial work lowered).
+    seconds: ``float32[]`` simulated duration of the tier's round (the slowest parent).
+    stats: round metrics: ``clients_unavailable``, ``clients_dropped`` (sampled, on line, not
+      kept: failures, deadline, over-selection), ``clients_partial``, ``round_seconds``.
+  """
+
+  valid: jax.Array
+  num_steps: jax.Array
+  seconds: jax.Array
+  stats: dict[str, jax.Array]
+
+
+def model_bytes(params: PyTree) -> int:
+  """Bytes of one model (one row of stacked ``[N, ...]`` params) at its dtype."""
+  return int(sum(np.prod(a.shape[1:], dtype=np.int64) * np.dtype(a.dtype).itemsize
+                 for a in jax.tree.leaves(params)))
+
+
+def _per_client(name: str, value, num_clients: int) -> jax.Array | None:
+  if value is None:
+    return None
+  arr = np.asarray(value, np.float64)
+  if arr.ndim == 0:
+    arr = np.full((num_clients,), float(arr))
+  if arr.shape != (num_clients,):
+    raise ValueError(f"{name} has shape {arr.shape}; give one value or one per client ({num_clients})")
+  if np.any(~np.isfinite(arr) | (arr < 0)):
+    i = int(np.flatnonzero(~np.isfinite(arr) | (arr < 0))[0])
+    raise ValueError(f"{name}[{i}]={float(arr[i])!r} must be a finite number of bytes >= 0")
+  return jnp.asarray(arr, jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Systems:
+  """A device population and the policy of its rounds.
+
+  Attributes:
+    profile: every client's speed and bandwidths.
+    policy: the round policy (default :func:`wait_for_all`).
+    availability: every client's on-line schedule (``None``: always on line); a sampled client
+      that is off line at the start of the round does not take part.
+    bytes_up: bytes every client sends (one value or ``[C]``; default the model at its dtype).
+    bytes_down: bytes every client receives (default the model at its dtype).
+    level_seconds: seconds a server level adds to a round in which it aggregates (its own
+      transfers), one value per level ``0 .. depth-2`` or one for all (default 0).
+  """
+
+  profile: DeviceProfile
+  policy: RoundPolicy = RoundPolicy()
+  availability: Availability | None = None
+  bytes_up: Any = None
+  bytes_down: Any = None
+  level_seconds: float | Sequence[float] = 0.0
+
+  def __post_init__(self):
+    c = self.profile.num_clients
+    if self.availability is not None and self.availability.num_clients != c:
+      raise ValueError(f"availability has {self.availability.num_clients} clients, the device "
+                       f"profile {c}")
+    object.__setattr__(self, "bytes_up", _per_client("bytes_up", self.bytes_up, c))
+    object.__setattr__(self, "bytes_down", _per_client("bytes_down", self.bytes_down, c))
+    secs = np.atleast_1d(np.asarray(self.level_seconds, np.float64))
+    if np.any(~np.isfinite(secs) | (secs < 0)):
+      raise ValueError(f"level_seconds={self.level_seconds!r} must be finite and >= 0")
+
+  def check(self, num_clients: int, depth: int = 1) -> None:
+    """Raises a ``ValueError`` if the profile is not for ``num_clients`` clients."""
+    if self.profile.num_clients != num_clients:
+      raise ValueError(f"the device profile has {self.profile.num_clients} clients, the data "
+                       f"{num_clients}")
+    secs = np.atleast_1d(np.asarray(self.level_seconds, np.float64))
+    if secs.size not in (1, max(depth - 1, 1)):
+      raise ValueError(f"level_seconds={self.level_seconds!r} needs 1 or {depth - 1} entries")
+
+  @property
+  def online(self) -> Callable[[jax.Array], jax.Array] | None:
+    """``online(time) -> bool[C]`` (:meth:`Availability.at`), or ``None`` when always on line."""
+    return None if self.availability is None else self.availability.at
+
+  def cohort_sizes(self, parent, cohort_size, depth: int = 1) -> tuple[tuple[int, ...], list[int]]:
+    """``(keep, sample)``: the clients kept per parent (``cohort_size`` as
+    :func:`fedtree.core.sampling.cohort_sampler` reads it) and the clients to sample for them
+    (``ceil(factor · k)`` at most the group under over-selection), after :meth:`check`."""
+    from fedtree.core.sampling import cohort_sampler
+
+    parent = np.asarray(parent)
+    self.check(parent.shape[0], depth)
+    keep = cohort_sampler(parent, cohort_size, chunk_size=None).sizes
+    groups = np.bincount(parent, minlength=len(keep))
+    return keep, [min(self.policy.selected(k), int(n)) for k, n in zip(keep, groups, strict=True)]
+
+  def level_time(self, level: int) -> float:
+    """Seconds server level ``level`` adds to a round in which it aggregates."""
+    secs = np.atleast_1d(np.asarray(self.level_seconds, np.float64))
+    return float(secs[0] if secs.size == 1 else secs[level])
+
+  def client_seconds(self, clients: jax.Array, steps: jax.Array, model_size: float) -> jax.Array:
+    """``float32[K]`` simulated seconds of ``clients`` doing ``steps`` local steps:
+    download, compute, upload."""
+    return self._comm(clients, model_size) + steps / jnp.take(self.profile.speed, clients)
+
+  def _comm(self, clients: jax.Array, model_size: float) -> jax.Array:
+    up = jnp.float32(model_size) if self.bytes_up is None else jnp.take(self.bytes_up, clients)
+    down = jnp.float32(model_size) if self.bytes_down is None else jnp.take(self.bytes_down, clients)
+    return down / jnp.take(self.profile.down, clients) + up / jnp.take(self.profile.up, clients)
+
+  def round(
+    self,
+    cohort: Cohort,
+    num_steps: jax.Array,
+    *,
+    time: jax.Array,
+    model_bytes: float,
+    key: jax.Array,
+    keep: Sequence[int] | None = None,
+  ) -> RoundOutcome:
+    """Applies availability, dropout and the policy to a sampled ``cohort`` (jittable).
+
+    Args:
+      cohort: the sampled slots; for over-selection ``ceil(factor · k_g)`` per parent.
+      num_steps: ``int32[C]`` the steps every client would do.
+      time: ``float32[]`` simulated seconds at the start of the round.
+      model_bytes: bytes of the model (the default ``bytes_up`` / ``bytes_down``).
+      key: randomness of dropouts.
+      keep: ``k_g`` clients kept per parent (over-selection only).
+
+    Returns:
+      The :class:`RoundOutcome`.
+    """
+    pol = self.policy
+    clients = cohort.clients
+    steps = jnp.take(num_steps, clients)
+    speed = jnp.take(self.profile.speed, clients)
+    comm = self._comm(clients, model_bytes)
+    seconds = comm + steps / speed
+    online = cohort.valid
+    if self.availability is not None:
+      online = online & jnp.take(self.availability.at(time), clients)
+    alive = online
+    if pol.dropout > 0:
+      alive = alive & (jax.random.uniform(key, clients.shape) >= pol.dropout)
+    kept = alive
+    new_steps = steps
+    limit = None
+    if pol.kind == "deadline":
+      limit = jnp.float32(pol.seconds)
+      if pol.partial:
+        fit = jnp.floor((limit - comm) * speed)
+        new_steps = jnp.minimum(steps, jnp.maximum(fit, 0).astype(steps.dtype))
+        kept = kept & ((new_steps >= 1) | (steps == 0)) & (comm <= limit)
+      else:
+        kept = kept & (seconds <= limit)
+    elif pol.kind == "over_selection":
+      if keep is None:
+        raise ValueError("over_selection needs keep= (the k clients kept per parent)")
+      num_parents = len(keep)
+      rank_key = jnp.where(alive, seconds, jnp.inf)
+      order = jnp.lexsort((jnp.arange(clients.shape[0]), rank_key, cohort.parent))
+      sorted_parent = jnp.take(cohort.parent, order)
+      first = jnp.searchsorted(sorted_parent, jnp.arange(num_parents), side="left")
+      pos_sorted = jnp.arange(clients.shape[0]) - jnp.take(first, sorted_parent)
+      pos = jnp.zeros_like(pos_sorted).at[order].set(pos_sorted)
+      kept = kept & (pos < jnp.take(jnp.asarray(keep, jnp.int32), cohort.parent))
+    new_steps = jnp.where(kept, new_steps, steps)
+    kept_seconds = comm + new_steps / speed
+    duration = jnp.max(jnp.where(kept, kept_seconds, 0.0), initial=0.0)
+    if limit is not None:   # someone on line was cut by the deadline: the server waited for it
+      duration = jnp.where(jnp.any(alive & (seconds > limit)), limit, duration)
+    # Per client rows: the steps each one does (only the slots kept matter to train_cohort).
+    client_steps = num_steps.at[jnp.where(cohort.valid, clients, num_steps.shape[0])].set(
+      new_steps.astype(num_steps.dtype), mode="drop")
+    stats = {
+      "clients_unavailable": jnp.sum(cohort.valid & ~online, dtype=jnp.int32),
+      "clients_dropped": jnp.sum(online & ~kept, dtype=jnp.int32),
+      "clients_partial": jnp.sum(kept & (new_steps < steps), dtype=jnp.int32),
+      "round_seconds": duration.astype(jnp.float32),
+    }
+    return RoundOutcome(valid=kept, num_steps=client_steps, seconds=duration.astype(jnp.float32),
+                        stats=stats)
