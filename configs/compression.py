@@ -81,5 +81,6 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.run_order = tuple(COMPRESSORS)
   # bits are sweepable (e.g. --config.sweep.params="runs.qsgd2.compression.uplink.bits=1,2,4");
   # k / fraction change shapes and are refused as a sweep axis
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
   return c

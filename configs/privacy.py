@@ -64,6 +64,7 @@ def get_config(variant: str = "curve") -> ml_collections.ConfigDict:
       r["privacy"] = dict(clip_norm=0.5, delta=1e-5, accountant="rdp", **privacy)
     return ml_collections.ConfigDict(r)
 
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
   c.runs = ml_collections.ConfigDict()
   if variant == "sweep":   # one run whose noise multiplier the sweep sets

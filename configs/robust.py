@@ -38,6 +38,8 @@ the attackers' update), at the root 0.815.
 
 import ml_collections
 
+from fedtree.experiment.sweep import default_sweep
+
 ATTACKS = {
   "none": None,
   "signflip": {"name": "sign_flip", "scale": 1.0},
@@ -100,4 +102,6 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
       c.runs[f"median_at_{where}"] = ml_collections.ConfigDict(run)
   else:
     raise ValueError(f"configs/robust.py:{variant}; choose no variant, 'table', 'table10' or 'tree'")
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
+  c.sweep = default_sweep()
   return c

@@ -33,6 +33,8 @@ reported rounds, at most 7).
 
 import ml_collections
 
+from fedtree.experiment.sweep import default_sweep
+
 TARGET = 0.7
 SYSTEMS = dict(
   speed=dict(dist="lognormal", median=0.1, sigma=1.0),     # local steps per second
@@ -74,4 +76,6 @@ def get_config() -> ml_collections.ConfigDict:
   c.runs.fedbuff = ml_collections.ConfigDict(dict(
     algorithm="fedbuff", buffer_size=8, concurrency=16, max_staleness=8, systems=dict(SYSTEMS)))
   c.run_order = ("wait_for_all", "deadline_drop", "deadline_partial", "over_selection", "fedbuff")
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
+  c.sweep = default_sweep()
   return c

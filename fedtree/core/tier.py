@@ -346,14 +346,15 @@ def train_cohort(
       ctx = ClientContext(client=ch.clients, parent=ch.parent, weight=w,
                           node_state=parents_node_state(path_state, ch.parent))
       tkeys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(update_key, ch.clients)
+      raw = delta
       delta, new_path, stats = apply_client(client_tf, delta, _take(path_client, ch.clients), tkeys, ctx)
       path_client = ch.scatter(path_client, new_path, trained)
       stats = check_stats(stats, client_tf.name)
       stat_sums = {n: stat_sums[n] + jax.ops.segment_sum(
         jnp.where(trained, jnp.asarray(v, fdtype), 0.0), ch.parent, num_segments=num_parents)
         for n, v in stats.items()}
-      if keep_client_params:   # the model each client sent
-        params = jax.tree.map(jnp.subtract, anchor, delta)
+      if keep_client_params:   # the model each client sent (its own, bitwise, where unchanged)
+        params = jax.tree.map(lambda p, a, d, r: jnp.where(d == r, p, a - d), params, anchor, delta, raw)
     if blockwise:
       rows = jnp.where(trained, ch.parent, num_parents)   # untrained slots write nowhere
       block = jax.tree.map(lambda b, d: b.at[rows, ch_pos].set(d.astype(b.dtype), mode="drop"),
