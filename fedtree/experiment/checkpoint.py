@@ -42,10 +42,12 @@ class Checkpointer:
   def latest_round(self) -> int | None:
     return self._manager.latest_step()
 
-  def restore(self, like: Any, *, warn: Callable[[str], None] = print) -> Any:
+  def restore(self, like: Any, *, warn: Callable[[str], None] = print,
+              check: Callable[[Any], str | None] | None = None) -> Any:
     """The newest saved state that restores, shaped like ``like`` (an initialized state);
-    ``None`` when there is no checkpoint. Checkpoints that fail are named through ``warn``
-    and deleted; raises :class:`CheckpointError` when none restores."""
+    ``None`` when there is no checkpoint. Checkpoints that fail, or whose state ``check``
+    refuses (it returns why, e.g. a diverged state written by an older version), are named
+    through ``warn`` and deleted; raises :class:`CheckpointError` when none restores."""
     steps = sorted(self._manager.all_steps(), reverse=True)
     if not steps:
       return None
@@ -56,6 +58,9 @@ class Checkpointer:
         state = self._manager.restore(step, args=self._ocp.args.StandardRestore(abstract))
         if int(state.round) != step:
           raise ValueError(f"holds round {int(state.round)}, not {step}")
+        why = check(state) if check is not None else None
+        if why is not None:
+          raise ValueError(f"its state diverged: {why}")
       except Exception as e:  # noqa: BLE001 (any failure means: this checkpoint is unusable)
         path = os.path.join(self.directory, str(step))
         reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]

@@ -378,7 +378,7 @@ def clustered(
         eps1=eps1, eps2=eps2, min_split_size=int(min_split_size), allow=active_clustering,
         similarity_check=bool(similarity_check),
       )
-      num_in_use = state.num_clusters + jnp.sum(split.astype(jnp.int32))
+      num_in_use = state.num_clusters + jnp.sum(split, dtype=jnp.int32)   # int32 under x64 too (the carry)
       in_use_before = jnp.arange(k) < state.num_clusters
       extra.update(
         max_mean_update_norm=jnp.max(jnp.where(in_use_before, mean_norm, 0.0)),
