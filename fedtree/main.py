@@ -79,6 +79,10 @@ def main(argv):
   config = _CONFIG.value
   if _CPU_DEVICES.value < 0:
     raise app.UsageError(f"--cpu_devices={_CPU_DEVICES.value} must be >= 0")
+  if str(config.get("dtype", "float32")) == "float64":  # float64 states: 64-bit mode process-wide
+    import jax
+
+    jax.config.update("jax_enable_x64", True)   # (orbax's threads restore float64 too)
   if _CPU_DEVICES.value > 0:  # XLA reads XLA_FLAGS when its CPU backend starts (checked below)
     os.environ["XLA_FLAGS"] = (
       os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={_CPU_DEVICES.value}"
