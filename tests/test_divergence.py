@@ -91,7 +91,7 @@ def test_a_checkpoint_of_a_diverged_state_is_not_resumed(tmp_path):
 def tiny_fedadam(rounds=5):
   """FedAdam on a tiny problem whose server rate jumps to 1e30 in its 4th round."""
   c = load_config("quickstart")
-  c.rounds, c.eval_every, c.rounds_per_call, c.checkpoint_every, c.progress = rounds, 1, 1, 1, False
+  c.rounds, c.eval_every, c.rounds_per_call, c.checkpoint_every, c.progress = rounds, 100, 1, 1, False
   c.keep_checkpoints, c.plots = 10, False
   c.data.group_sizes, c.data.dim, c.data.max_examples, c.data.test_examples = (3, 2), 6, 16, 4
   c.model.hidden = (4,)

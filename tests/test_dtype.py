@@ -64,8 +64,11 @@ def test_float64_state_of_every_other_algorithm(name):
 
 
 def test_float32_is_the_default_and_a_bad_dtype_is_refused():
-  got = _dtypes_after_a_round("fedavg", "float32")
-  assert got["state"] == {"float32"} and got["x"] == "float32" and not got["x64"], got
+  c = runner.prepare_config(get_config("fedavg"))
+  assert c.dtype == "float32"
+  with runner.precision(c):
+    ctx = runner.make_context(c)
+    assert ctx.data.x_train.dtype == jnp.float32 and not jax.config.jax_enable_x64
   c = get_config("fedavg")
   c.dtype = "float16"
   with pytest.raises(ValueError, match=r"config.dtype='float16'; choose one of \('float32', 'float64'\)"):
