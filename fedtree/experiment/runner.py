@@ -599,6 +599,49 @@ def selected_runs(config: ml_collections.ConfigDict) -> list[tuple[str, ml_colle
   return [(k, v) for k, v in runs if k in wanted]
 
 
+POSITIVE_INTS = {
+  "data": ("dim", "num_classes", "features", "frames", "num_speakers", "num_clients", "group_sizes"),
+  "model": ("hidden",),
+}
+"""Fields (or every entry of a sequence field) that must be ints >= 1 when a config sets them."""
+NON_NEGATIVE_INTS = {"data": ("seed",)}
+
+
+def _walk(node, path: str):
+  if hasattr(node, "items"):
+    for k, v in node.items():
+      yield from _walk(v, f"{path}.{k}")
+  elif isinstance(node, (list, tuple)):
+    for i, v in enumerate(node):
+      yield from _walk(v, f"{path}[{i}]")
+  else:
+    yield path, node
+
+
+def check_values(config: ml_collections.ConfigDict) -> None:
+  """One-line refusals of values no run can use: a NaN or infinite number anywhere (a learning
+  rate, a hyperparameter), sizes and counts below 1 (:data:`POSITIVE_INTS`), a negative data
+  seed, a ``sizes`` tree without sizes."""
+  for path, value in _walk(config, "config"):
+    if isinstance(value, float) and not np.isfinite(value):
+      raise ValueError(f"{path}={value!r} must be a finite number")
+  for table, low in ((POSITIVE_INTS, 1), (NON_NEGATIVE_INTS, 0)):
+    for section, names in table.items():
+      cfg = config.get(section, None) or {}
+      for name in names:
+        value = cfg.get(name, None)
+        if value is None:
+          continue
+        for v in (value if isinstance(value, (list, tuple)) else (value,)):
+          if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+            what = "every entry an int" if isinstance(value, (list, tuple)) else "an int"
+            raise ValueError(f"config.{section}.{name}={value!r} must be {what} >= {low}")
+  topology = config.get("topology", None) or {}
+  if topology.get("kind", None) == "sizes" and topology.get("sizes", None) is None:
+    raise ValueError("config.topology.kind='sizes' needs config.topology.sizes, the nested client "
+                     "counts of the tree (e.g. ((3, 2), (4,)))")
+
+
 def validate_config(config: ml_collections.ConfigDict) -> None:
   """Early, named errors for the common config mistakes."""
   from fedtree.experiment.registry import validate_runs
@@ -613,6 +656,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     value = config.get(field, low)
     if value is None or int(value) < low:
       raise ValueError(f"config.{field}={value!r} must be an int >= {low}")
+  check_values(config)
   bound = config.get("divergence_bound", None)
   if bound is not None and not (isinstance(bound, (int, float)) and not isinstance(bound, bool)
                                 and np.isfinite(bound) and bound > 0):
