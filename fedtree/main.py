@@ -9,7 +9,9 @@ Results (the final table, reports) go to stdout; progress and messages to stderr
 ``--workdir`` nothing is saved (a warning says so). Re-running the same command resumes from
 the workdir's checkpoints; a workdir of a different config is refused (``--overwrite`` starts
 fresh). A refused input prints one line (``--verbose``: the traceback too). SIGINT/SIGTERM
-stop after the current compiled call, keeping the last checkpoint.
+stop after the current compiled call, checkpointing the state reached (when the config
+checkpoints: ``--config.checkpoint_every``) and saying what a re-run resumes from; a second
+signal aborts at once (one line; the rounds since the last checkpoint are lost).
 
 On a multi-core CPU, ``--cpu_devices=N`` (e.g. the number of cores) splits the host into N
 XLA devices and shards the clients over them: ~1.7x the throughput of one device on 2 cores
@@ -118,6 +120,14 @@ def main(argv):
   stop.install()
   try:
     train_and_evaluate(config, _WORKDIR.value, overwrite=_OVERWRITE.value, should_stop=stop)
+  except KeyboardInterrupt:  # a second signal: abort now, one line, no traceback
+    if _VERBOSE.value:
+      raise
+    print(f"fedtree: aborted by a second {stop.signal or 'SIGINT'}: the rounds since the last "
+          "checkpoint are lost; re-running the command resumes from that checkpoint (if any)",
+          file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(EXIT_STOPPED)  # no interpreter shutdown: JAX's and orbax's threads may be mid-call
   except Exception as e:  # noqa: BLE001 (one clear line; the traceback behind --verbose)
     if _VERBOSE.value:
       raise

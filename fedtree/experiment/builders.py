@@ -22,7 +22,7 @@ def local_optimizer_from_config(local: ml_collections.ConfigDict) -> optax.Gradi
   hparams = dict(local.get("hparams", {}) or {})
   lr = local.learning_rate
   if not isinstance(lr, jax.Array) and not (np.isfinite(lr) and lr > 0):  # a sweep traces it
-    raise ValueError(f"config.local.learning_rate={lr} must be a finite number > 0")
+    raise ValueError(f"config.local.learning_rate={lr} must be > 0 and finite")
   return optimizer_by_name(local.optimizer, learning_rate=local.learning_rate, **hparams)
 
 
@@ -45,8 +45,8 @@ def server_from_config(cfg: ml_collections.ConfigDict | None):
   lr = cfg.get("learning_rate", None)
   number = isinstance(lr, (int, float, np.number)) and not isinstance(lr, bool)
   if number and not (np.isfinite(lr) and lr > 0):
-    raise ValueError(f"server learning_rate={lr!r} (server {cfg.get('name', 'fedavg')!r}) must be a "
-                     "finite number > 0")
+    raise ValueError(f"server learning_rate={lr!r} (server {cfg.get('name', 'fedavg')!r}) must be "
+                     "> 0 and finite")
   return optimizer_from_config(cfg)
 
 

@@ -44,6 +44,7 @@ from fedtree.experiment.results import (  # noqa: F401  (re-exported: runner.Run
   DivergedError,
   RunStopped,
   check_summaries,
+  kept_on_stop,
   positive_classes_from_config,
 )
 from fedtree.models import Model, build_model
@@ -305,19 +306,6 @@ def run_algorithm(
     reporter.write_files(rep.files)
     summaries = rep.summaries
   return state, summaries
-
-
-def kept_on_stop(ckpt, state) -> str:
-  """Saves ``state`` (a run stopped on request, between rounds) when the run checkpoints, and
-  says what a re-run resumes from."""
-  if ckpt is None:
-    return ("; nothing is kept (no checkpoints: set --config.checkpoint_every and --workdir to "
-            "resume), so re-running starts from round 0")
-  ckpt.maybe_save(state, force=True)
-  r = ckpt.latest_round()
-  if r is None:
-    return "; nothing is kept, so re-running starts from round 0"
-  return f"; re-running resumes from its checkpoint of round {r} in {ckpt.directory}"
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *,

@@ -533,7 +533,8 @@ def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should
 
       ckpt = Checkpointer(os.path.join(workdir, "checkpoints", name), every=every,
                           keep=int(config.get("keep_checkpoints", 2)))
-      restored = ckpt.restore(state, warn=reporter.print)
+      restored = ckpt.restore(state, warn=reporter.print,
+                              check=lambda s: loop.diverged_part(s, config.get("divergence_bound", None)))
       if restored is not None:
         state = restored
         reporter.print(f"{name}: resumed from the checkpoint of round {int(state.round)}")
@@ -569,13 +570,15 @@ def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should
         rounds_per_call=int(config.rounds_per_call), eval_every=int(config.eval_every),
         on_eval=evaluate, on_metrics=log, should_stop=should_stop, label=name, name_row=name_row,
         on_call=(lambda s, r, c=ckpt: c.maybe_save(s, force=r == num_rounds)) if ckpt else None,
+        max_abs=config.get("divergence_bound", loop.DIVERGENCE_BOUND),
       )
+      if int(state.round) < num_rounds:
+        raise results.RunStopped(f"sweep {name!r} stopped at round {int(state.round)} of {num_rounds}"
+                                 f"{results.kept_on_stop(ckpt, state)}")
     finally:
       if ckpt is not None:
         ckpt.close()
       reporter.end_run(name)
-    if int(state.round) < num_rounds:
-      raise results.RunStopped(f"sweep {name!r} stopped at round {int(state.round)} of {num_rounds}")
     if num_rounds not in evals:
       evaluate(state, num_rounds)
     for e in range(real):
