@@ -149,3 +149,22 @@ def test_command_line_refusals_are_one_line(tmp_path, args, message):
   assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) <= 3, proc.stderr
   assert not (tmp_path / "w").exists() or not os.listdir(tmp_path / "w")
+
+
+def test_a_workdir_of_the_same_config_before_the_runner_fields_were_declared_resumes(tmp_path):
+  """A workdir whose config.json lacks the runner fields added since (their defaults here) and
+  whose fingerprint therefore differs is the same config: accepted; a real change is not."""
+  import json
+
+  c = runner.prepare_config(tiny())
+  old = json.loads(c.to_json_best_effort())
+  for field in ("dtype", "compute_dtype", "init_params", "only", "divergence_bound"):
+    old.pop(field)
+  old["local"].pop("batch_order")
+  old["local"]["epochs"] = 1
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  (tmp_path / "fingerprint.json").write_text(json.dumps({"fingerprint": "0123456789abcdef"}))
+  runner.check_workdir(str(tmp_path), c, overwrite=False)
+  c.dtype = "float64"
+  with pytest.raises(ValueError, match=r"config.dtype is '<absent>' there, 'float64' here"):
+    runner.check_workdir(str(tmp_path), c, overwrite=False)

@@ -40,7 +40,7 @@ RUNNER_FIELDS: dict[str, tuple[type, object, str]] = {
   "memory_limit_bytes": (int, None, "1000000000"),
   "run_order": (tuple, None, "('zz',)"),   # the test puts a real label in
   "only": (str, None, "zz"),
-  "init_params": (str, None, "/tmp/params.npz"),
+  "init_params": (object, None, "/tmp/params.npz"),   # a path (any value: refused by name if not)
   "compute_dtype": (str, None, "bfloat16"),
   "dtype": (str, "float32", "float64"),
   "divergence_bound": (float, DIVERGENCE_BOUND, "1e10"),

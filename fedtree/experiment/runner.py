@@ -499,8 +499,11 @@ def check_workdir(workdir: str, config: ml_collections.ConfigDict, *, overwrite:
     except (OSError, ValueError):
       old = "unreadable"
   if old is not None and old != new and not overwrite:
+    keys = _difference_keys(workdir, config)
+    if keys == []:  # the same config, fingerprinted before a runner field was added: resumable
+      return
     raise ValueError(
-      f"--workdir={workdir} holds a run of a different config ({_differences(workdir, config)}; "
+      f"--workdir={workdir} holds a run of a different config ({_describe(workdir, config, keys)}; "
       f"fingerprint {old}, this config {new}); resuming would mix the two. Use another "
       "--workdir, or --overwrite to delete its results and start fresh"
     )
@@ -515,27 +518,60 @@ def _flat(d, prefix="config") -> dict[str, Any]:
   return {prefix: d}
 
 
-def _differences(workdir: str, config: ml_collections.ConfigDict) -> str:
-  """The fields in which ``config`` differs from the one the workdir's ``config.json`` holds,
-  naming the run of a field under ``config.runs``, e.g. ``run 'hierfavg': config.runs.hierfavg.periods
-  is [10] there, (0,) here``."""
+ABSENT = "<absent>"
+
+
+def _runner_default(key: str):
+  from fedtree.experiment.fields import LOCAL_FIELDS, RUNNER_FIELDS
+
+  parts = key.split(".")
+  if len(parts) == 2 and parts[1] in RUNNER_FIELDS:
+    return RUNNER_FIELDS[parts[1]][1]
+  if len(parts) == 3 and parts[1] == "local" and parts[2] in LOCAL_FIELDS:
+    return LOCAL_FIELDS[parts[2]][1]
+  return ABSENT
+
+
+def _same(key: str, a, b) -> bool:
+  """``a`` (the workdir's ``config.json``) and ``b`` (this config) at ``key`` are the same
+  setting: equal (1 and 1.0 alike, not True and 1), absent and None, or absent and the default
+  of a runner field added since (:mod:`fedtree.experiment.fields`)."""
+  if a == b and isinstance(a, bool) == isinstance(b, bool):
+    return True
+  if {type(a), type(b)} <= {type(None), str} and {a, b} <= {None, ABSENT}:
+    return True
+  return a == ABSENT and b == _runner_default(key)
+
+
+def _difference_keys(workdir: str, config: ml_collections.ConfigDict) -> list[str] | None:
+  """The result-changing fields in which ``config`` differs from the workdir's ``config.json``
+  (``None``: that file is missing or unreadable)."""
   try:
     with open(os.path.join(workdir, "config.json")) as f:
       old = _flat(json.load(f))
   except (OSError, ValueError):
-    return "its config.json is missing or unreadable"
+    return None
   new = _flat(json.loads(config.to_json_best_effort()))
   ignored = {f"config.{k}" for k in FINGERPRINT_IGNORES}
-  keys = sorted(k for k in set(old) | set(new)
-                if old.get(k, "<absent>") != new.get(k, "<absent>")
+  return sorted(k for k in set(old) | set(new)
+                if not _same(k, old.get(k, ABSENT), new.get(k, ABSENT))
                 and not any(k == i or k.startswith(i + ".") for i in ignored))
+
+
+def _describe(workdir: str, config: ml_collections.ConfigDict, keys: list[str] | None) -> str:
+  """``keys`` as ``run 'hierfavg': config.runs.hierfavg.periods is [10] there, [3] here; ...``."""
+  if keys is None:
+    return "its config.json is missing or unreadable"
   if not keys:
     return "see its config.json"
+  with open(os.path.join(workdir, "config.json")) as f:
+    old = _flat(json.load(f))
+  new = _flat(json.loads(config.to_json_best_effort()))
   parts = []
   for k in keys[:3]:
     run = k.split(".")[2] if k.startswith("config.runs.") else None
     where = f"run {run!r}: " if run else ""
-    parts.append(f"{where}{k} is {old.get(k, '<absent>')!r} there, {new.get(k, '<absent>')!r} here")
+    parts.append(f"{where}{k} is {old.get(k, ABSENT)!r} there, {new.get(k, ABSENT)!r} here")
   more = f" and {len(keys) - 3} more fields" if len(keys) > 3 else ""
   return "; ".join(parts) + more
 
