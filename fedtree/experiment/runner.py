@@ -350,6 +350,8 @@ def prepare_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
 
   from fedtree.experiment.fields import NUMBER_OR_NAME, declare_runner_fields
 
+  if isinstance(config, ml_collections.FrozenConfigDict):
+    config = ml_collections.ConfigDict(config)
   config = copy.deepcopy(config)
   config.unlock()
   declare_runner_fields(config)
