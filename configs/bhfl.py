@@ -30,6 +30,7 @@ CPU; shrink with ``--config.rounds=8``.
 
 import ml_collections
 
+from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
 
 CD = ml_collections.ConfigDict
@@ -75,4 +76,4 @@ def get_config() -> ml_collections.ConfigDict:
   ))
   c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
-  return c
+  return declare_runner_fields(c)   # every runner field settable from the command line

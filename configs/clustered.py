@@ -101,6 +101,7 @@ label skew as much as the flip (Dirichlet(0.1) clients; ARI near 0 against the f
 
 import ml_collections
 
+from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
 
 BETAS = (("awcfl_b0", 0.0), ("awcfl_b010", 0.1), ("awcfl_b025", 0.25), ("awcfl_b050", 0.5),
@@ -204,4 +205,4 @@ def get_config(variant: str = "synthetic") -> ml_collections.ConfigDict:
     c.sweep.seeds = 10
   elif sweep:
     raise ValueError(f"sweep variant {sweep!r}; choose one of {SWEEPS}")
-  return c
+  return declare_runner_fields(c)   # every runner field settable from the command line

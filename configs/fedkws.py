@@ -101,6 +101,7 @@ above is about ±0.05, so the difference is suggestive only.
 import ml_collections
 
 from fedtree.datasets.speech_commands import CLASSES_12, NEGATIVE_12
+from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
 
 VARIANTS = ("ablation", "seeds", "seeds_skewed")
@@ -183,4 +184,4 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
                  "fedkws_ui", "fedkws_ui_authors")
   c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
-  return c
+  return declare_runner_fields(c)   # every runner field settable from the command line

@@ -46,6 +46,7 @@ import math
 import ml_collections
 import numpy as np
 
+from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
 
 
@@ -115,4 +116,4 @@ def get_config() -> ml_collections.ConfigDict:
   ))
   c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
-  return c
+  return declare_runner_fields(c)   # every runner field settable from the command line

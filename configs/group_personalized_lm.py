@@ -60,6 +60,7 @@ local epochs. The selected fine-tuning rate was 0.5 for both PerFL and GroupPerF
 
 import ml_collections
 
+from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
 
 STDLIB_PACKAGES = ("asyncio", "email", "multiprocessing", "xml", "importlib", "tkinter", "unittest")
@@ -115,4 +116,4 @@ def get_config(variant: str = "stdlib") -> ml_collections.ConfigDict:
   ))
   c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
-  return c
+  return declare_runner_fields(c)   # every runner field settable from the command line

@@ -21,6 +21,7 @@ with the local rate of the task.
 
 import ml_collections
 
+from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
 
 
@@ -57,4 +58,4 @@ def get_config() -> ml_collections.ConfigDict:
   c.runs.perfedavg_hf = run(algorithm="perfedavg", alpha=0.05, beta=0.02, variant="hf")
   c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
-  return c
+  return declare_runner_fields(c)   # every runner field settable from the command line

@@ -29,6 +29,7 @@ trail pFedMe's on this small Dirichlet(0.1) split (Table 1's pFedMT advantage is
 
 import ml_collections
 
+from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
 
 
@@ -83,4 +84,4 @@ def get_config(variant: str = "mlr") -> ml_collections.ConfigDict:
   c.run_order = ("fedavg", "perfedavg", "pfedme", "pfedmt")
   c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
-  return c
+  return declare_runner_fields(c)   # every runner field settable from the command line

@@ -12,6 +12,7 @@ global models on their own groups, since the groups' distributions differ.
 
 import ml_collections
 
+from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
 
 
@@ -60,4 +61,4 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.sweep.seeds = 8
   elif variant is not None:
     raise ValueError(f"configs/quickstart.py:{variant}; choose no variant or 'seeds'")
-  return c
+  return declare_runner_fields(c)   # every runner field settable from the command line

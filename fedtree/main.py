@@ -9,7 +9,9 @@ Results (the final table, reports) go to stdout; progress and messages to stderr
 ``--workdir`` nothing is saved (a warning says so). Re-running the same command resumes from
 the workdir's checkpoints; a workdir of a different config is refused (``--overwrite`` starts
 fresh). A refused input prints one line (``--verbose``: the traceback too). SIGINT/SIGTERM
-stop after the current compiled call, keeping the last checkpoint.
+stop after the current compiled call, checkpointing the state reached (when the config
+checkpoints: ``--config.checkpoint_every``) and saying what a re-run resumes from; a second
+signal aborts at once (one line; the rounds since the last checkpoint are lost).
 
 On a multi-core CPU, ``--cpu_devices=N`` (e.g. the number of cores) splits the host into N
 XLA devices and shards the clients over them: ~1.7x the throughput of one device on 2 cores
@@ -25,7 +27,11 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
+# New fields are accepted by ml_collections so that any parameter of a run's algorithm can be set
+# (--config.runs.fedadam.server.initial_accumulator=0.0) although the config file does not list
+# it; a new field anywhere else is refused by parse_flags (check_new_fields).
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=False,
+                                          accept_new_attributes=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics and summaries.")
 _CPU_DEVICES = flags.DEFINE_integer(
   "cpu_devices", 0, "On CPU: split the host into this many XLA devices and shard the clients "
@@ -78,7 +84,11 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config = _CONFIG.value
   if _CPU_DEVICES.value < 0:
-    raise app.UsageError(f"--cpu_devices={_CPU_DEVICES.value} must be >= 0")
+    refuse(f"--cpu_devices={_CPU_DEVICES.value} must be >= 0 (0: leave the devices as they are)")
+  if str(config.get("dtype", "float32")) == "float64":  # float64 states: 64-bit mode process-wide
+    import jax
+
+    jax.config.update("jax_enable_x64", True)   # (orbax's threads restore float64 too)
   if _CPU_DEVICES.value > 0:  # XLA reads XLA_FLAGS when its CPU backend starts (checked below)
     os.environ["XLA_FLAGS"] = (
       os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={_CPU_DEVICES.value}"
@@ -88,7 +98,7 @@ def main(argv):
   import jax
 
   if _CPU_DEVICES.value > 0 and len(jax.devices("cpu")) != _CPU_DEVICES.value:
-    raise app.UsageError(
+    refuse(
       f"--cpu_devices={_CPU_DEVICES.value} did not take effect ({len(jax.devices('cpu'))} CPU "
       f"devices): the JAX backend was started before the flag was read"
     )
@@ -110,6 +120,14 @@ def main(argv):
   stop.install()
   try:
     train_and_evaluate(config, _WORKDIR.value, overwrite=_OVERWRITE.value, should_stop=stop)
+  except KeyboardInterrupt:  # a second signal: abort now, one line, no traceback
+    if _VERBOSE.value:
+      raise
+    print(f"fedtree: aborted by a second {stop.signal or 'SIGINT'}: the rounds since the last "
+          "checkpoint are lost; re-running the command resumes from that checkpoint (if any)",
+          file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(EXIT_STOPPED)  # no interpreter shutdown: JAX's and orbax's threads may be mid-call
   except Exception as e:  # noqa: BLE001 (one clear line; the traceback behind --verbose)
     if _VERBOSE.value:
       raise
@@ -120,6 +138,12 @@ def main(argv):
     if not isinstance(e, RunStopped):
       print("fedtree: (run with --verbose for the traceback)", file=sys.stderr)
     sys.exit(EXIT_STOPPED if isinstance(e, RunStopped) else 1)
+
+
+def refuse(message: str) -> None:
+  """Exits with status 1 after one line ``fedtree: error: <message>`` on stderr."""
+  print(f"fedtree: error: {message}", file=sys.stderr, flush=True)
+  sys.exit(1)
 
 
 def quiet_logs() -> None:
@@ -136,19 +160,80 @@ def _one_line(e: BaseException) -> str:
   naming a mistyped field, with its "Did you mean" hint, in an ``AttributeError``)."""
   while e.args and isinstance(e.args[0], BaseException):
     e = e.args[0]
-  text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-  return " ".join(str(text).split())
+  text = str(e.args[0] if isinstance(e, KeyError) and e.args else e)
+  if "Traceback (most recent call last)" in text:  # an error raised by the config file itself
+    head = text.split("Traceback (most recent call last)")[0]
+    last = [line for line in text.splitlines() if line.strip()][-1]
+    text = f"{head} {last.strip()}"
+  return " ".join(text.split())
+
+
+def _config_arg(argv: list[str]) -> str | None:
+  for i, a in enumerate(argv[1:], 1):
+    if a.startswith("--config="):
+      return a.split("=", 1)[1]
+    if a == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def check_new_fields(argv: list[str]) -> None:
+  """Refuses a ``--config.<path>`` the config file does not list, unless it is a field of a run
+  (``config.runs.<label>.<field>...``: any parameter of the run's algorithm, checked against its
+  factory by :mod:`fedtree.experiment.registry`), naming the closest listed field."""
+  import difflib
+
+  given = config_flags.get_override_values(flags.FLAGS["config"])
+  if not given:
+    return
+  from ml_collections.config_flags import config_flags as parsers
+
+  pristine = parsers.ConfigFileFlagParser(name="config").parse(_config_arg(argv))
+  for path in _flat_paths(given):
+    parts = path.split(".")
+    if parts[0] == "runs" and len(parts) >= 3 and parts[1] in pristine.runs:
+      continue
+    node = pristine
+    for i, part in enumerate(parts):
+      if not hasattr(node, "keys") or part not in node:
+        where = ".".join(["config", *parts[:i]])
+        near = difflib.get_close_matches(part, list(node.keys()) if hasattr(node, "keys") else [], n=1)
+        hint = f' Did you mean "{near[0]}"?' if near else ""
+        refuse(f"--config.{path}: {where} has no field {part!r}.{hint} The command line sets the "
+               "fields the config file lists, and any parameter of a run's algorithm under "
+               "config.runs.<label>")
+      node = node[part]
+
+
+def _flat_paths(d, prefix="") -> list[str]:
+  out = []
+  for k, v in d.items():
+    path = f"{prefix}{k}"
+    out.extend(_flat_paths(v, path + ".") if isinstance(v, dict) else [path])
+  return out
 
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's parse, with every refused flag (a mistyped config field, a bad value, a missing or
   broken config file) reported as one line; ``--verbose`` keeps the traceback."""
+  if "--verbose" not in argv[1:]:  # ml_collections' own warnings (e.g. get_config returned None)
+    import logging as pylogging
+
+    pylogging.getLogger("absl").setLevel(pylogging.ERROR)
   try:
-    return flags.FLAGS(argv)
+    rest = flags.FLAGS(argv)
+    if flags.FLAGS["config"].value is not None:
+      check_new_fields(argv)
+    return rest
   except Exception as e:  # noqa: BLE001
     if "--verbose" in argv[1:]:
       raise
-    print(f"fedtree: error: {_one_line(e)}", file=sys.stderr)
+    text = _one_line(e)
+    if "--config must have a value other than None" in text:
+      path = _config_arg(argv)
+      text = ("--config is required, e.g. --config=configs/quickstart.py" if path is None else
+              f"--config={path}: its get_config() returned None (a missing return statement?)")
+    print(f"fedtree: error: {text}", file=sys.stderr)
     print("fedtree: (run with --verbose for the traceback; --helpfull lists the flags)",
           file=sys.stderr)
     sys.exit(1)

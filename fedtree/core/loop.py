@@ -15,9 +15,12 @@ Compiled fused-round functions are cached per ``(algorithm.round, rounds per cal
 rounds from Python) or running stage after stage compiles once per distinct fuse length.
 
 Divergence is checked inside the round: every fused round also returns whether the new
-state is finite and, if not, the first state leaf and row where it is not, named by the
-state's own row names (:class:`fedtree.core.algorithm.RowName`: a server level's
-node or a client), so the loop stops after that call naming run, round, level, node or client.
+state is finite and within the divergence bound (``max_abs``, default :data:`DIVERGENCE_BOUND`:
+a state that explodes but stays finite, e.g. a server learning rate of 1e30, is caught the
+round it happens) and, if not, the first state leaf and row where it is not, named by the
+state's own row names (:class:`fedtree.core.algorithm.RowName`: a server level's node or a
+client), so the loop stops after that call naming run, round, level, node or client, before
+``on_call`` (the checkpoint hook) sees the diverged state.
 An algorithm whose round reports ``nonfinite_client`` (``int32[]``, the lowest id of a client
 whose update was not finite, -1 if none; :class:`fedtree.core.tier.TierResult`) has that
 client named first: a NaN in one client's update is averaged into its parent, where the state
@@ -51,6 +54,12 @@ def init_key(key: jax.Array) -> jax.Array:
 
 
 # ------------------------------------------------------------------------ finite checks
+DIVERGENCE_BOUND = 1e15
+"""The default largest ``|value|`` a state may hold (any float leaf: models, optimizer states,
+per-client state) before the round counts as diverged; no trained model comes near it, while an
+exploding one passes it long before float32 overflows (3.4e38)."""
+
+
 def _float_leaves(state) -> list[tuple[str, RowName, jax.Array]]:
   """``(key path, row name, leaf)`` of every float leaf of ``state`` (row names: the state's
   own, :func:`fedtree.core.algorithm.state_row_names`)."""
@@ -60,26 +69,49 @@ def _float_leaves(state) -> list[tuple[str, RowName, jax.Array]]:
           if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
 
 
-def finite_flags(state) -> dict[str, jax.Array]:
-  """In-jit: ``state_finite`` (``bool[]``), ``bad_leaf`` (``int32[]``, index of the first
-  non-finite float leaf of ``state``, -1 if none) and ``bad_row`` (``int32[]``, its first
-  non-finite row along axis 0: the node of a stacked server level, the client of per-client
-  state; 0 for a scalar leaf)."""
+def finite_flags(state, max_abs: float | None = None) -> dict[str, jax.Array]:
+  """In-jit: ``state_finite`` (``bool[]``, every float leaf finite and, with ``max_abs``, within
+  ``[-max_abs, max_abs]``), ``bad_leaf`` (``int32[]``, index of the first float leaf of
+  ``state`` that is not, -1 if none), ``bad_row`` (``int32[]``, its first such row along axis 0:
+  the node of a stacked server level, the client of per-client state; 0 for a scalar leaf) and
+  ``bad_finite`` (``bool[]``: that row is finite, so it failed the bound only)."""
   leaves = _float_leaves(state)
   if not leaves:
-    return {"state_finite": jnp.array(True), "bad_leaf": jnp.int32(-1), "bad_row": jnp.int32(-1)}
-  rows = []
+    return {"state_finite": jnp.array(True), "bad_leaf": jnp.int32(-1), "bad_row": jnp.int32(-1),
+            "bad_finite": jnp.array(False)}
+  rows, finite_rows = [], []
   for _, _, x in leaves:
-    ok = jnp.isfinite(x)
-    rows.append(ok.reshape(ok.shape[0], -1).all(axis=1) if x.ndim else ok.reshape(1))
+    fin = jnp.isfinite(x)
+    ok = fin if max_abs is None else jnp.abs(x) <= max_abs  # NaN compares False: not ok either
+    per_row = (lambda a: a.reshape(a.shape[0], -1).all(axis=1)) if x.ndim else (lambda a: a.reshape(1))  # noqa: E731
+    rows.append(per_row(ok))
+    finite_rows.append(per_row(fin))
   leaf_ok = jnp.stack([r.all() for r in rows])
   bad_leaf = jnp.where(leaf_ok.all(), -1, jnp.argmin(leaf_ok)).astype(jnp.int32)
-  first_bad_row = jnp.stack([jnp.argmin(r) for r in rows]).astype(jnp.int32)
-  bad_row = jnp.where(bad_leaf < 0, -1, first_bad_row[jnp.maximum(bad_leaf, 0)])
-  return {"state_finite": leaf_ok.all(), "bad_leaf": bad_leaf, "bad_row": bad_row}
+  first_bad = [jnp.argmin(r) for r in rows]
+  first_bad_row = jnp.stack(first_bad).astype(jnp.int32)
+  first_bad_finite = jnp.stack([f[i] for f, i in zip(finite_rows, first_bad, strict=True)])
+  at = jnp.maximum(bad_leaf, 0)
+  bad_row = jnp.where(bad_leaf < 0, -1, first_bad_row[at])
+  return {"state_finite": leaf_ok.all(), "bad_leaf": bad_leaf, "bad_row": bad_row,
+          "bad_finite": (bad_leaf >= 0) & first_bad_finite[at]}
 
 
-CHECK_KEYS = ("state_finite", "bad_leaf", "bad_row", "nonfinite_client", "nonfinite_experiment")
+def diverged_part(state, max_abs: float | None = DIVERGENCE_BOUND) -> str | None:
+  """On the host: ``None`` when every float leaf of ``state`` is finite and within ``max_abs``,
+  else where it is not (e.g. ``server level 0, node 0 (state.params[0]['w']): |value| 1.6e+30``);
+  how a restored checkpoint is checked before a run continues from it."""
+  for path, name, x in _float_leaves(state):
+    a = np.abs(np.asarray(jax.device_get(x), np.float64))
+    flat = a.reshape(a.shape[0], -1) if a.ndim else a.reshape(1, 1)
+    bad = ~np.isfinite(flat) if max_abs is None else ~(flat <= max_abs)
+    if bad.any():
+      row = int(np.argmax(bad.any(axis=1)))
+      return f"{describe_leaf(path, name, row)}: |value| {float(np.max(flat[row])):.3g}"
+  return None
+
+
+CHECK_KEYS = ("state_finite", "bad_leaf", "bad_row", "bad_finite", "nonfinite_client", "nonfinite_experiment")
 """Metrics the loop reads for its divergence check and does not pass on to ``on_metrics``."""
 
 
@@ -99,10 +131,11 @@ def describe_leaf(path: str, name: RowName, row: int, name_row: Callable[[int], 
 
 # ------------------------------------------------------------------------ compiled rounds
 def make_multi_round(algorithm: FederatedAlgorithm, rounds_per_call: int,
-                     check_state: bool = True) -> Callable:
+                     check_state: bool = True, max_abs: float | None = DIVERGENCE_BOUND) -> Callable:
   """``(state, data, key) -> (state, metrics stacked [rounds_per_call])``, for ``jax.jit``.
 
-  With ``check_state`` the metrics also hold :func:`finite_flags` of every round's new state.
+  With ``check_state`` the metrics also hold :func:`finite_flags` of every round's new state
+  (with the bound ``max_abs``; ``None``: finiteness only).
   """
   if int(rounds_per_call) < 1:
     raise ValueError(f"rounds_per_call={rounds_per_call} must be >= 1")
@@ -111,7 +144,7 @@ def make_multi_round(algorithm: FederatedAlgorithm, rounds_per_call: int,
     def body(s, _):
       new, metrics = algorithm.round(s, data, jax.random.fold_in(key, s.round))
       if check_state:
-        metrics = {**metrics, **finite_flags(new)}
+        metrics = {**metrics, **finite_flags(new, max_abs)}
       return new, metrics
 
     return jax.lax.scan(body, state, None, length=int(rounds_per_call))
@@ -120,9 +153,9 @@ def make_multi_round(algorithm: FederatedAlgorithm, rounds_per_call: int,
 
 
 class CompileCache:
-  """Jitted fused-round functions by ``(algorithm.round, rounds per call, donate, check)`` (the
-  compiled program depends on the round function alone, so algorithms that share it, such as
-  the chunks of a sweep, :func:`fedtree.core.sweep.sweep`, share their compiles); keeps the
+  """Jitted fused-round functions by ``(algorithm.round, rounds per call, donate, check, bound)``
+  (the compiled program depends on the round function alone, so algorithms that share it, such
+  as the chunks of a sweep, :func:`fedtree.core.sweep.sweep`, share their compiles); keeps the
   ``maxsize`` most recently used (each holds its algorithm's closures alive)."""
 
   def __init__(self, maxsize: int = 32):
@@ -131,15 +164,15 @@ class CompileCache:
     self._lock = threading.Lock()
 
   def get(self, algorithm: FederatedAlgorithm, rounds_per_call: int, donate: bool = True,
-          check_state: bool = True):
-    key = (algorithm.round, int(rounds_per_call), bool(donate), bool(check_state))
+          check_state: bool = True, max_abs: float | None = DIVERGENCE_BOUND):
+    key = (algorithm.round, int(rounds_per_call), bool(donate), bool(check_state), max_abs)
     with self._lock:
       try:
         fn = self._fns.pop(key)
       except TypeError:  # an unhashable round (a callable object): no caching
-        return _jit(algorithm, rounds_per_call, donate, check_state)
+        return _jit(algorithm, rounds_per_call, donate, check_state, max_abs)
       except KeyError:
-        fn = _jit(algorithm, rounds_per_call, donate, check_state)
+        fn = _jit(algorithm, rounds_per_call, donate, check_state, max_abs)
       self._fns[key] = fn
       while len(self._fns) > self.maxsize:
         self._fns.popitem(last=False)
@@ -150,8 +183,8 @@ class CompileCache:
       self._fns.clear()
 
 
-def _jit(algorithm, rounds_per_call, donate, check_state):
-  return jax.jit(make_multi_round(algorithm, rounds_per_call, check_state),
+def _jit(algorithm, rounds_per_call, donate, check_state, max_abs=DIVERGENCE_BOUND):
+  return jax.jit(make_multi_round(algorithm, rounds_per_call, check_state, max_abs),
                  donate_argnums=(0,) if donate else ())
 
 
@@ -161,11 +194,12 @@ frees it)."""
 
 
 def compile_rounds(algorithm: FederatedAlgorithm, rounds_per_call: int = 1, *, donate: bool = True,
-                   check_state: bool = False, cache: CompileCache | None = COMPILED):
+                   check_state: bool = False, cache: CompileCache | None = COMPILED,
+                   max_abs: float | None = DIVERGENCE_BOUND):
   """The jitted fused-round function (state buffers donated), from ``cache`` when given."""
   if cache is None:
-    return _jit(algorithm, rounds_per_call, donate, check_state)
-  return cache.get(algorithm, rounds_per_call, donate, check_state)
+    return _jit(algorithm, rounds_per_call, donate, check_state, max_abs)
+  return cache.get(algorithm, rounds_per_call, donate, check_state, max_abs)
 
 
 # ------------------------------------------------------------------------ the loop
@@ -195,6 +229,7 @@ def run(
   label: str | None = None,
   cache: CompileCache | None = COMPILED,
   name_row: Callable[[int], str] | None = None,
+  max_abs: float | None = DIVERGENCE_BOUND,
 ):
   """Runs rounds until ``state.round == num_rounds``; returns the final state.
 
@@ -208,7 +243,9 @@ def run(
     on_metrics: ``on_metrics(round, metrics)`` after every call with the last round's
       metrics as host floats (plus whatever ``on_eval`` returned at that round).
     check_finite: stop with :class:`NonFiniteLossError` after a call in which the training
-      loss or the state (client and server models, optimizer states) stopped being finite.
+      loss or the state (client and server models, optimizer states) stopped being finite, or
+      a state value passed ``max_abs`` (before ``on_call``: a diverged state is never
+      checkpointed).
     eval_every: calls end at every multiple of this round (and at ``num_rounds``), where
       ``on_eval(state, round)`` is called; its dict joins the metrics.
     on_call: ``on_call(state, round)`` after every call and its checks (a checkpoint hook).
@@ -219,6 +256,8 @@ def run(
     name_row: names row ``e`` of every state leaf in divergence errors (a sweep's stacked state:
       its experiment ``e``, see :func:`describe_leaf`); its round may report
       ``nonfinite_experiment``, the first experiment whose round was not finite.
+    max_abs: the divergence bound on ``|value|`` of every float state leaf (``None``: only
+      non-finite values count as divergence).
 
   Example:
     HierFAVG on root -> 2 groups -> 5 clients, 4 rounds fused 2 per compiled call:
@@ -247,19 +286,22 @@ def run(
     raise ValueError(f"rounds_per_call={rounds_per_call} must be >= 1")
   if eval_every is not None and int(eval_every) < 1:
     raise ValueError(f"eval_every={eval_every} must be >= 1")
+  if max_abs is not None and not float(max_abs) > 0:
+    raise ValueError(f"max_abs={max_abs!r} must be > 0, or None (no bound)")
+  max_abs = None if max_abs is None else float(max_abs)
   label = label or algorithm.name
   state = algorithm.init(init_key(key)) if state is None else state
   paths = None
   done = int(state.round)
   while done < num_rounds:
     todo = _call_lengths(done, num_rounds, int(rounds_per_call), eval_every)
-    step = compile_rounds(algorithm, todo, check_state=check_finite, cache=cache)
+    step = compile_rounds(algorithm, todo, check_state=check_finite, cache=cache, max_abs=max_abs)
     state, metrics = step(state, data, key)
     done = int(state.round)
     if check_finite:
       if paths is None:
         paths = [(p, name) for p, name, _ in _float_leaves(state)]
-      check_metrics(metrics, done, label, paths, name_row)
+      check_metrics(metrics, done, label, paths, name_row, max_abs)
     host = {k: np.asarray(v)[-1].item() for k, v in metrics.items() if k not in CHECK_KEYS}
     if on_eval is not None and (done == num_rounds or (eval_every and done % eval_every == 0)):
       host.update(on_eval(state, done) or {})
@@ -273,7 +315,7 @@ def run(
 
 
 def check_metrics(metrics: dict[str, Any], done: int, label: str, paths: list[tuple[str, RowName]],
-                  name_row: Callable[[int], str] | None = None) -> None:
+                  name_row: Callable[[int], str] | None = None, max_abs: float | None = None) -> None:
   """Raises :class:`NonFiniteLossError` for the first round of a call whose training loss or
   new state is not finite, or that reports a ``nonfinite_client`` (``metrics`` stacked over
   the call's rounds, ``done`` its last), naming the client, server node or state leaf (and,
@@ -304,7 +346,11 @@ def check_metrics(metrics: dict[str, Any], done: int, label: str, paths: list[tu
     leaf = int(np.asarray(metrics["bad_leaf"])[i])
     row = int(np.asarray(metrics["bad_row"])[i])
     where = describe_leaf(*paths[leaf], row, name_row) if 0 <= leaf < len(paths) else "the state"
-    parts.append(f"non-finite values in {where}")
+    if "bad_finite" in metrics and bool(np.asarray(metrics["bad_finite"])[i]):
+      parts.append(f"values beyond the divergence bound ±{max_abs:g} (config.divergence_bound) in "
+                   f"{where}: the server state exploded")
+    else:
+      parts.append(f"non-finite values in {where}")
   raise NonFiniteLossError(
     f"run {label!r} diverged at round {r}: {'; '.join(parts)}; lower the learning rates "
     "(local or server) or check the data"

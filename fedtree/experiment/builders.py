@@ -20,8 +20,9 @@ from fedtree.core.server import optimizer_by_name, optimizer_from_config, server
 def local_optimizer_from_config(local: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """``config.local.optimizer`` (an optax name) with ``learning_rate`` and extra ``hparams``."""
   hparams = dict(local.get("hparams", {}) or {})
-  if not isinstance(local.learning_rate, jax.Array) and local.learning_rate <= 0:  # a sweep traces it
-    raise ValueError(f"config.local.learning_rate={local.learning_rate} must be > 0")
+  lr = local.learning_rate
+  if not isinstance(lr, jax.Array) and not (np.isfinite(lr) and lr > 0):  # a sweep traces it
+    raise ValueError(f"config.local.learning_rate={lr} must be > 0 and finite")
   return optimizer_by_name(local.optimizer, learning_rate=local.learning_rate, **hparams)
 
 
@@ -40,7 +41,13 @@ def server_from_config(cfg: ml_collections.ConfigDict | None):
   :func:`fedtree.core.server.optimizer_from_config`)."""
   if cfg is None:
     return server_optimizer("fedavg")
-  return optimizer_from_config(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg))
+  cfg = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+  lr = cfg.get("learning_rate", None)
+  number = isinstance(lr, (int, float, np.number)) and not isinstance(lr, bool)
+  if number and not (np.isfinite(lr) and lr > 0):
+    raise ValueError(f"server learning_rate={lr!r} (server {cfg.get('name', 'fedavg')!r}) must be "
+                     "> 0 and finite")
+  return optimizer_from_config(cfg)
 
 
 CHUNK_CHOICES = ("an int >= 1", "None", "'auto'", "'tune'")

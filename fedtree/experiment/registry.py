@@ -389,9 +389,14 @@ def build_algorithm(label: str, run_cfg, ctx):
   kw = factory_kwargs(label, run_cfg, ctx)
   if kw.get("chunk_size") == "tune":
     kw = resolve_chunk_size(kw, _tune_slots(kw, ctx), spec.factory, ctx)
-  built = spec.factory(**kw)
-  if spec.wrap is not None:
-    built = spec.wrap(built, label, run_cfg, ctx)
+  try:
+    built = spec.factory(**kw)
+    if spec.wrap is not None:
+      built = spec.wrap(built, label, run_cfg, ctx)
+  except ValueError as e:  # the factory's refusal, named by its run
+    if str(e).startswith("config."):
+      raise
+    raise ValueError(f"config.runs.{label} (algorithm={run_cfg.algorithm!r}): {e}") from e
   return built
 
 

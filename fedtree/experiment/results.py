@@ -16,6 +16,20 @@ class RunStopped(RuntimeError):
   """A run was asked to stop (SIGINT/SIGTERM) and did so after a compiled call."""
 
 
+def kept_on_stop(ckpt, state) -> str:
+  """The end of a stopped run's message: ``state`` (reached between rounds) is checkpointed when
+  the run checkpoints (``ckpt``, a :class:`fedtree.experiment.checkpoint.Checkpointer`, or
+  ``None``), and the message says what a re-run resumes from."""
+  if ckpt is None:
+    return ("; nothing is kept (no checkpoints: set --config.checkpoint_every and --workdir to "
+            "resume), so re-running starts from round 0")
+  ckpt.maybe_save(state, force=True)
+  r = ckpt.latest_round()
+  if r is None:
+    return "; nothing is kept, so re-running starts from round 0"
+  return f"; its checkpoints are kept in {ckpt.directory}: re-running resumes from round {r}"
+
+
 class DivergedError(FloatingPointError):
   """A final model scores a non-finite loss: it is not written as a result."""
 

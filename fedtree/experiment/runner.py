@@ -47,6 +47,7 @@ from fedtree.experiment.results import (  # noqa: F401  (re-exported: runner.Run
   DivergedError,
   RunStopped,
   check_summaries,
+  kept_on_stop,
   positive_classes_from_config,
 )
 from fedtree.experiment.robust import block_estimate, poisoned_data
@@ -185,6 +186,8 @@ def make_context(config: ml_collections.ConfigDict) -> Context:
   model_cfg = model_options(dict(config.model), info)  # e.g. the char table of embedding="chars"
   name = model_cfg.pop("name")
   model = build_model(name, example_shape=data.example_shape, num_classes=data.num_classes, **model_cfg)
+  if str(config.get("dtype", "float32")) == "float64":
+    data, central, model = as_float64(data, central, model)
   check_model_outputs(model, data)
   local_optimizer = local_optimizer_from_config(config.local)
   schedule = schedule_from_config(config.local)
@@ -199,6 +202,43 @@ def make_context(config: ml_collections.ConfigDict) -> Context:
     auto_chunk=tuning.chunk_policy(model, local_optimizer, data.example_shape, schedule.batch_size),
     init_params=init_params, group_names=info.group_names, vocab=info.vocab,
   )
+
+
+def as_float64(data: FederatedData, central, model: Model):
+  """``config.dtype="float64"``: the data's float features and the model's initial parameters
+  in float64 (every state follows: optimizer and client states are built from the parameters).
+  Needs JAX's 64-bit mode (:func:`precision`)."""
+  if not jax.config.jax_enable_x64:
+    raise ValueError("config.dtype='float64' needs JAX's 64-bit mode: run through python -m "
+                     "fedtree.main, or call train_and_evaluate, which turn it on")
+
+  def f64(x):
+    x = np.asarray(x)
+    return x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x
+
+  data = data.replace(x_train=f64(data.x_train), x_test=f64(data.x_test))
+  if central is not None:
+    central = (f64(central[0]), central[1])
+  init = model.init
+
+  def init64(key):
+    return jax.tree.map(lambda p: p.astype(jnp.float64) if jnp.issubdtype(p.dtype, jnp.floating) else p,
+                        init(key))
+
+  float_input = np.issubdtype(np.dtype(model.input_dtype), np.floating)
+  input_dtype = "float64" if float_input else model.input_dtype
+  return data, central, model._replace(init=init64, input_dtype=input_dtype)
+
+
+def precision(config: ml_collections.ConfigDict):
+  """The context a run of ``config`` runs in: JAX's 64-bit mode for ``config.dtype="float64"``
+  (nothing for ``"float32"``; ``JAX_ENABLE_X64=1`` alone leaves every state float32)."""
+  from fedtree.experiment.fields import DTYPES
+
+  dtype = str(config.get("dtype", "float32"))
+  if dtype not in DTYPES:
+    raise ValueError(f"config.dtype={dtype!r}; choose one of {DTYPES}")
+  return jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext()
 
 
 # ------------------------------------------------------------------------ running
@@ -221,7 +261,7 @@ def run_algorithm(
   num_rounds: int, eval_every: int, rounds_per_call: int, label: str,
   checkpoint_dir: str | None = None, checkpoint_every: int = 0, keep_checkpoints: int = 2,
   should_stop=None, round_metrics=None, adapters=None, backdoor=None,
-  experiments: list[Experiment] | None = None,
+  experiments: list[Experiment] | None = None, max_abs: float | None = loop.DIVERGENCE_BOUND,
 ) -> tuple[Any, dict[str, dict[str, Any]]]:
   """Rounds with evaluation every ``eval_every`` rounds (:func:`fedtree.core.loop.run`);
   returns (state, final summaries), the summaries passed through ``algorithm.report`` when
@@ -229,9 +269,11 @@ def run_algorithm(
 
   With ``checkpoint_dir`` and ``checkpoint_every > 0`` the state is saved every
   ``checkpoint_every`` rounds and at the end (the last ``keep_checkpoints`` kept), and a run
-  resumes the newest checkpoint there that restores. ``should_stop()`` is polled after every
-  compiled call; when it returns ``True`` the run raises :class:`RunStopped` with the last
-  checkpoint kept. ``round_metrics(r) -> {name: number}`` adds host-computed numbers to round
+  resumes the newest checkpoint there that restores and whose state is within ``max_abs`` (the
+  divergence bound, :func:`fedtree.core.loop.run`: a diverged state is never saved, nor resumed).
+  ``should_stop()`` is polled after every compiled call; when it returns ``True`` the state
+  reached is checkpointed and the run raises :class:`RunStopped` saying what is kept.
+  ``round_metrics(r) -> {name: number}`` adds host-computed numbers to round
   ``r``'s row and to every final summary (the privacy spent: ``epsilon``).
   ``adapters`` (a :class:`~fedtree.core.lora.LoRA` spec): the algorithm's
   models are adapters on the frozen base its state holds (:func:`fedtree.core.lora.frozen_base`),
@@ -265,7 +307,7 @@ def run_algorithm(
     from fedtree.experiment.checkpoint import Checkpointer
 
     ckpt = Checkpointer(checkpoint_dir, every=checkpoint_every, keep=keep_checkpoints)
-    restored = ckpt.restore(state, warn=reporter.print)
+    restored = ckpt.restore(state, warn=reporter.print, check=lambda s: loop.diverged_part(s, max_abs))
     if restored is not None:
       state = restored
       reporter.print(f"{label}: resumed from the checkpoint of round {int(state.round)} in {checkpoint_dir}")
@@ -316,14 +358,15 @@ def run_algorithm(
       state=state, eval_every=eval_every, on_eval=evaluate, on_metrics=log,
       on_call=save if ckpt is not None else None, should_stop=should_stop, label=label,
       name_row=name_row if experiments is not None else None,
+      max_abs=max_abs,
     )
+    if int(state.round) < num_rounds:
+      raise RunStopped(f"run {label!r} stopped at round {int(state.round)} of {num_rounds}"
+                       f"{kept_on_stop(ckpt, state)}")
   finally:
     if ckpt is not None:
       ckpt.close()
     reporter.end_run(label)
-  if int(state.round) < num_rounds:
-    kept = f"; its checkpoints are kept in {checkpoint_dir}" if ckpt is not None else ""
-    raise RunStopped(f"run {label!r} stopped at round {int(state.round)} of {num_rounds}{kept}")
   if not summaries:  # resumed a finished run: evaluate once
     evaluate(state, int(state.round))
   if algorithm.report is not None and experiments is None:
@@ -410,6 +453,7 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
       checkpoint_dir=os.path.join(workdir, "checkpoints", name) if workdir and every else None,
       checkpoint_every=every, keep_checkpoints=int(config.get("keep_checkpoints", 2)),
       should_stop=should_stop, experiments=experiments,
+      max_abs=divergence_bound(config),
     )
     for x, sm in zip(chunk, by_experiment(summaries, len(chunk)), strict=True):
       finals[x] = {f"{m}/{s}": v[s] for m, v in sm.items() for s in SUMMARY_METRICS if s in v}
@@ -451,19 +495,70 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
     >>> sorted(results["fedavg"])
     ['global']
   """
+  config = prepare_config(config)
+  validate_config(config)
+  with precision(config):
+    return _train_and_evaluate(config, workdir, overwrite=overwrite, should_stop=should_stop)
+
+
+def prepare_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of ``config`` with every runner field declared (defaults for those it omits,
+  :func:`fedtree.experiment.fields.declare_runner_fields`) and the number-or-name fields read
+  (``chunk_size="8"`` -> 8): what the runner, the workdir's ``config.json`` and the fingerprint
+  see, whether the config came from a file, the command line or Python."""
+  import copy
+
+  from fedtree.experiment.fields import NUMBER_OR_NAME, declare_runner_fields
+
+  if isinstance(config, ml_collections.FrozenConfigDict):
+    config = ml_collections.ConfigDict(config)
+  config = copy.deepcopy(config)
+  config.unlock()
+  declare_runner_fields(config)
+  with config.ignore_type():
+    for name in NUMBER_OR_NAME:
+      config[name] = number_or_name(config[name])
+  return config
+
+
+def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str, Any]:
   from fedtree.experiment import sweep
   from fedtree.experiment.registry import adapters_from_config, build_algorithm
 
-  validate_config(config)
   swept = sweep.sweep_config(config) is not None
   # Several processes (--multihost) run this same function: all of them train and check the
   # workdir, process 0 alone writes rows, tables, summary and plots (checkpoints are written
   # by all, each its shards, through orbax).
   primary = jax.process_index() == 0
+  if workdir:  # a workdir of another config is refused before the data are loaded
+    check_workdir(workdir, config, overwrite=overwrite)
+  ctx = make_context(config)
+  mesh = None
+  if config.get("mesh_shape", None) is not None:  # the client axis over devices (fedtree.core.sharding)
+    mesh = client_mesh(config.mesh_shape)
+    ctx = dataclasses.replace(ctx, sharded_data=shard_data(ctx.data, mesh))
+  root = jax.random.key(int(config.seed))
+  budget = memory.Budget.of(ctx)
+  runs = selected_runs(config)
+  # Every run (and every setting of a sweep) is built, and its memory checked, before the first
+  # one trains or anything is written: a bad value in the last run is refused up front.
+  built: dict[str, Any] = {}
+  notes: dict[str, str] = {}
+  with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+    for label, run_cfg in runs:
+      if swept:
+        build = sweep.config_builder(config, label, ctx, build_algorithm)
+        for setting in sweep.settings_of(config, label):
+          build(setting)
+        continue
+      run_ctx, _ = _poisoned(ctx, run_cfg, mesh)
+      algorithm = build_algorithm(label, run_cfg, run_ctx)
+      notes[label] = budget.check(label, jax.eval_shape(algorithm.init, loop.init_key(root)),
+                                  ctx.chunk_size(run_cfg), block=block_estimate(run_cfg, ctx))
+      built[label] = algorithm
   if workdir:
     # every process reads the workdir before process 0 writes it (all refuse alike), and
     # none opens it before process 0 has prepared it
-    check_workdir(workdir, config, overwrite=overwrite)
     barrier("fedtree: workdir checked")
     if primary:
       write_workdir(workdir, config, overwrite=overwrite)
@@ -474,20 +569,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
   else:
     reporter.print("warning: no workdir given: metrics, checkpoints and the summary are not saved "
                    "(pass --workdir=DIR)")
-  ctx = make_context(config)
-  mesh = None
-  if config.get("mesh_shape", None) is not None:  # the client axis over devices (fedtree.core.sharding)
-    mesh = client_mesh(config.mesh_shape)
-    ctx = dataclasses.replace(ctx, sharded_data=shard_data(ctx.data, mesh))
-  root = jax.random.key(int(config.seed))
   results: dict[str, Any] = {}
   if config.get("pretrain", None) is not None:  # a pretrained base, trained now (issue 26)
     from fedtree.experiment.pretrain import pretrain_context
 
     ctx, results["pretrained"] = pretrain_context(ctx, reporter.print)
-  budget = memory.Budget.of(ctx)
+    built.clear()   # the runs start from the pretrained base: built again on it below
+    budget = memory.Budget.of(ctx)
   try:
-    for label, run_cfg in ordered_runs(config):
+    for label, run_cfg in runs:
       run_ctx, backdoor = _poisoned(ctx, run_cfg, mesh)
       if swept:  # settings x seeds of this run as one program (fedtree.experiment.sweep)
         with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
@@ -495,9 +585,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
                                      should_stop=should_stop, budget=budget)
         continue
       with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-        algorithm = build_algorithm(label, run_cfg, run_ctx)
-        reporter.print(budget.check(label, jax.eval_shape(algorithm.init, loop.init_key(root)),
-                                    ctx.chunk_size(run_cfg), block=block_estimate(run_cfg, ctx)))
+        algorithm = built.pop(label) if label in built else build_algorithm(label, run_cfg, run_ctx)
+        reporter.print(notes.pop(label))
         rounds = algorithm.rounds if algorithm.rounds is not None else run_cfg.get("rounds", config.rounds)
         _, summaries = run_algorithm(
           algorithm, run_ctx, root, reporter, num_rounds=int(rounds),
@@ -509,6 +598,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
           round_metrics=privacy.round_metrics(label, run_cfg, ctx),
           adapters=adapters_from_config(label, run_cfg),
           backdoor=backdoor,
+          max_abs=divergence_bound(config),
         )
       results[label] = summaries
     if not swept:
@@ -524,6 +614,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
   finally:
     reporter.close()
   return results
+
+
+def divergence_bound(config: ml_collections.ConfigDict) -> float | None:
+  """``config.divergence_bound`` (default :data:`fedtree.core.loop.DIVERGENCE_BOUND`; ``None``: no
+  bound, finiteness only)."""
+  bound = config.get("divergence_bound", loop.DIVERGENCE_BOUND)
+  return None if bound is None else float(bound)
 
 
 def _poisoned(ctx: Context, run_cfg, mesh) -> tuple[Context, Any]:
@@ -569,7 +666,8 @@ def workdir_listing(workdir: str) -> str:
 
 
 FINGERPRINT_IGNORES = ("rounds", "progress", "checkpoint_every", "keep_checkpoints", "eval_chunk_size",
-                       "rounds_per_call", "run_order", "plots", "memory_limit_bytes", "mesh_shape")
+                       "rounds_per_call", "run_order", "plots", "memory_limit_bytes", "mesh_shape",
+                       "only", "divergence_bound")
 """Top-level config fields that do not change a run's results (left out of its fingerprint)."""
 
 
@@ -609,11 +707,81 @@ def check_workdir(workdir: str, config: ml_collections.ConfigDict, *, overwrite:
     except (OSError, ValueError):
       old = "unreadable"
   if old is not None and old != new and not overwrite:
+    keys = _difference_keys(workdir, config)
+    if keys == []:  # the same config, fingerprinted before a runner field was added: resumable
+      return
     raise ValueError(
-      f"--workdir={workdir} holds a run of a different config (fingerprint {old}, this config "
-      f"{new}; see its config.json); resuming would mix the two. Use another --workdir, or "
-      "--overwrite to delete its results and start fresh"
+      f"--workdir={workdir} holds a run of a different config ({_describe(workdir, config, keys)}; "
+      f"fingerprint {old}, this config {new}); resuming would mix the two. Use another "
+      "--workdir, or --overwrite to delete its results and start fresh"
     )
+
+
+def _flat(d, prefix="config") -> dict[str, Any]:
+  if isinstance(d, dict):
+    out = {}
+    for k, v in d.items():
+      out.update(_flat(v, f"{prefix}.{k}"))
+    return out
+  return {prefix: d}
+
+
+ABSENT = "<absent>"
+
+
+def _runner_default(key: str):
+  from fedtree.experiment.fields import LOCAL_FIELDS, RUNNER_FIELDS
+
+  parts = key.split(".")
+  if len(parts) == 2 and parts[1] in RUNNER_FIELDS:
+    return RUNNER_FIELDS[parts[1]][1]
+  if len(parts) == 3 and parts[1] == "local" and parts[2] in LOCAL_FIELDS:
+    return LOCAL_FIELDS[parts[2]][1]
+  return ABSENT
+
+
+def _same(key: str, a, b) -> bool:
+  """``a`` (the workdir's ``config.json``) and ``b`` (this config) at ``key`` are the same
+  setting: equal (1 and 1.0 alike, not True and 1), absent and None, or absent and the default
+  of a runner field added since (:mod:`fedtree.experiment.fields`)."""
+  if a == b and isinstance(a, bool) == isinstance(b, bool):
+    return True
+  if {type(a), type(b)} <= {type(None), str} and {a, b} <= {None, ABSENT}:
+    return True
+  return a == ABSENT and b == _runner_default(key)
+
+
+def _difference_keys(workdir: str, config: ml_collections.ConfigDict) -> list[str] | None:
+  """The result-changing fields in which ``config`` differs from the workdir's ``config.json``
+  (``None``: that file is missing or unreadable)."""
+  try:
+    with open(os.path.join(workdir, "config.json")) as f:
+      old = _flat(json.load(f))
+  except (OSError, ValueError):
+    return None
+  new = _flat(json.loads(config.to_json_best_effort()))
+  ignored = {f"config.{k}" for k in FINGERPRINT_IGNORES}
+  return sorted(k for k in set(old) | set(new)
+                if not _same(k, old.get(k, ABSENT), new.get(k, ABSENT))
+                and not any(k == i or k.startswith(i + ".") for i in ignored))
+
+
+def _describe(workdir: str, config: ml_collections.ConfigDict, keys: list[str] | None) -> str:
+  """``keys`` as ``run 'hierfavg': config.runs.hierfavg.periods is [10] there, [3] here; ...``."""
+  if keys is None:
+    return "its config.json is missing or unreadable"
+  if not keys:
+    return "see its config.json"
+  with open(os.path.join(workdir, "config.json")) as f:
+    old = _flat(json.load(f))
+  new = _flat(json.loads(config.to_json_best_effort()))
+  parts = []
+  for k in keys[:3]:
+    run = k.split(".")[2] if k.startswith("config.runs.") else None
+    where = f"run {run!r}: " if run else ""
+    parts.append(f"{where}{k} is {old.get(k, ABSENT)!r} there, {new.get(k, ABSENT)!r} here")
+  more = f" and {len(keys) - 3} more fields" if len(keys) > 3 else ""
+  return "; ".join(parts) + more
 
 
 def write_workdir(workdir: str, config: ml_collections.ConfigDict, *, overwrite: bool) -> None:
@@ -648,6 +816,64 @@ def ordered_runs(config: ml_collections.ConfigDict) -> list[tuple[str, ml_collec
   return [(o, config.runs[o]) for o in order] + [(k, v) for k, v in config.runs.items() if k not in order]
 
 
+def selected_runs(config: ml_collections.ConfigDict) -> list[tuple[str, ml_collections.ConfigDict]]:
+  """:func:`ordered_runs`, restricted to ``config.only`` when set (labels separated by commas:
+  ``--config.only=fedavg,hierfavg`` runs those two of the config's runs)."""
+  runs = ordered_runs(config)
+  only = config.get("only", None)
+  if only is None or not str(only).strip():
+    return runs
+  wanted = [w.strip() for w in str(only).split(",") if w.strip()]
+  unknown = [w for w in wanted if w not in config.runs]
+  if unknown:
+    raise ValueError(f"config.only={only!r} names {unknown}, not among the config's runs "
+                     f"{sorted(config.runs)}")
+  return [(k, v) for k, v in runs if k in wanted]
+
+
+POSITIVE_INTS = {
+  "data": ("dim", "num_classes", "features", "frames", "num_speakers", "num_clients", "group_sizes"),
+  "model": ("hidden",),
+}
+"""Fields (or every entry of a sequence field) that must be ints >= 1 when a config sets them."""
+NON_NEGATIVE_INTS = {"data": ("seed",)}
+
+
+def _walk(node, path: str):
+  if hasattr(node, "items"):
+    for k, v in node.items():
+      yield from _walk(v, f"{path}.{k}")
+  elif isinstance(node, (list, tuple)):
+    for i, v in enumerate(node):
+      yield from _walk(v, f"{path}[{i}]")
+  else:
+    yield path, node
+
+
+def check_values(config: ml_collections.ConfigDict) -> None:
+  """One-line refusals of values no run can use: a NaN or infinite number anywhere (a learning
+  rate, a hyperparameter), sizes and counts below 1 (:data:`POSITIVE_INTS`), a negative data
+  seed, a ``sizes`` tree without sizes."""
+  for path, value in _walk(config, "config"):
+    if isinstance(value, float) and not np.isfinite(value):
+      raise ValueError(f"{path}={value!r} must be a finite number")
+  for table, low in ((POSITIVE_INTS, 1), (NON_NEGATIVE_INTS, 0)):
+    for section, names in table.items():
+      cfg = config.get(section, None) or {}
+      for name in names:
+        value = cfg.get(name, None)
+        if value is None:
+          continue
+        for v in (value if isinstance(value, (list, tuple)) else (value,)):
+          if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+            what = "every entry an int" if isinstance(value, (list, tuple)) else "an int"
+            raise ValueError(f"config.{section}.{name}={value!r} must be {what} >= {low}")
+  topology = config.get("topology", None) or {}
+  if topology.get("kind", None) == "sizes" and topology.get("sizes", None) is None:
+    raise ValueError("config.topology.kind='sizes' needs config.topology.sizes, the nested client "
+                     "counts of the tree (e.g. ((3, 2), (4,)))")
+
+
 def validate_config(config: ml_collections.ConfigDict) -> None:
   """Early, named errors for the common config mistakes."""
   from fedtree.experiment.registry import validate_runs
@@ -662,9 +888,19 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     value = config.get(field, low)
     if value is None or int(value) < low:
       raise ValueError(f"config.{field}={value!r} must be an int >= {low}")
+  check_values(config)
+  bound = config.get("divergence_bound", None)
+  if bound is not None and not (isinstance(bound, (int, float)) and not isinstance(bound, bool)
+                                and np.isfinite(bound) and bound > 0):
+    raise ValueError(f"config.divergence_bound={bound!r} must be a finite number > 0 (the largest "
+                     "|value| a state may hold), or None for no bound")
+  from fedtree.experiment.fields import DTYPES
+
+  if str(config.get("dtype", "float32")) not in DTYPES:
+    raise ValueError(f"config.dtype={config.get('dtype')!r}; choose one of {DTYPES}")
   if len(config.runs) == 0:
     raise ValueError("config.runs is empty: name at least one run")
-  ordered_runs(config)
+  selected_runs(config)
   validate_runs(config)
   from fedtree.experiment.sweep import validate as validate_sweep
 

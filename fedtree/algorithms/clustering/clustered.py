@@ -399,7 +399,7 @@ def clustered(
       similarity_check=bool(similarity_check),
     )
     in_use_before = jnp.arange(k) < state.num_clusters
-    return Assignment(assign, origin, state.num_clusters + jnp.sum(split.astype(jnp.int32)), dict(
+    return Assignment(assign, origin, state.num_clusters + jnp.sum(split, dtype=jnp.int32), dict(
       max_mean_update_norm=jnp.max(jnp.where(in_use_before, mean_norm, 0.0)),
       max_update_norm=jnp.max(jnp.where(in_use_before, max_norm, 0.0)),
       max_cross_similarity=jnp.max(jnp.where(in_use_before, cross, -1.0)),

@@ -261,13 +261,15 @@ def cosine_bipartition(similarity: jax.Array, mask: jax.Array) -> jax.Array:
 # ------------------------------------------------------------------------ feature means
 def sample_mean(key: jax.Array, x: jax.Array, count: jax.Array, n: int) -> jax.Array:
   """Mean of ``min(n, count)`` inputs drawn without replacement from the real rows
-  ``x[:count]`` of one client's padded ``x [M, ...]``; returned flattened ``float32[F]``."""
+  ``x[:count]`` of one client's padded ``x [M, ...]``; returned flattened ``float32[F]``
+  (``float64[F]`` for float64 inputs)."""
   m = x.shape[0]
+  dtype = x.dtype if x.dtype == jnp.float64 else jnp.float32
   u = jax.random.uniform(key, (m,))
   u = jnp.where(jnp.arange(m) < count, u, 2.0)  # padding sorts last
   rank = jnp.argsort(jnp.argsort(u))
-  take = (rank < jnp.minimum(n, count)).astype(jnp.float32)
-  flat = jnp.reshape(x, (m, -1)).astype(jnp.float32)
+  take = (rank < jnp.minimum(n, count)).astype(dtype)
+  flat = jnp.reshape(x, (m, -1)).astype(dtype)
   return jnp.sum(flat * take[:, None], axis=0) / jnp.maximum(jnp.sum(take), 1.0)
 
 

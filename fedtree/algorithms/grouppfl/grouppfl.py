@@ -74,6 +74,10 @@ def group_cohort_sizes(groups: np.ndarray, cohort_size: int | None) -> list[int]
   sizes = np.bincount(np.asarray(groups), minlength=int(np.max(groups)) + 1)
   if np.any(sizes == 0):
     raise ValueError(f"group labels must be 0..G-1 with no empty group; sizes are {sizes.tolist()}")
+  one_int = isinstance(cohort_size, (int, np.integer)) and not isinstance(cohort_size, bool)
+  if cohort_size is not None and not one_int:
+    raise ValueError(f"cohort_size={cohort_size!r} must be one int >= 1 for every group (or -1 or None: "
+                     "every client)")
   if cohort_size is None or int(cohort_size) == -1:
     return sizes.tolist()
   if int(cohort_size) < 1:

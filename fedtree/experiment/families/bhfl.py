@@ -45,6 +45,11 @@ def _bhfl_proxy(v, ctx):
     out["proxy"] = {int(lv): proxy_from_clients(ctx.data, ctx.topology, int(lv), int(v["proxy_examples"]),
                                                 seed=int(ctx.config.seed) + int(lv))
                     for lv in v["proxy_levels"]}
+  if "proxy" in out and "proxy_steps" not in v and isinstance(ctx.schedule.steps, (list, tuple)):
+    raise ValueError(
+      f"proxy_steps is needed: config.local.steps gives per-client step counts "
+      f"({len(ctx.schedule.steps)} of them), which the proxy data (one set per node of "
+      f"proxy_levels={tuple(v['proxy_levels'])}) cannot inherit; set proxy_steps, an int >= 1")
   if "proxy_steps" in v or "proxy_batch_size" in v:
     sched = ctx.schedule
     if "proxy_steps" in v:

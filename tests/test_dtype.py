@@ -1,0 +1,100 @@
+"""float64 from the config (issue 27 item 2): ``config.dtype="float64"`` (``--config.dtype=float64``)
+makes every state of every algorithm float64, data included, with JAX's 64-bit mode on for the
+run only; ``float32`` (the default) stays float32. The default run checks one algorithm per
+that crashed (CFL: its int32 cluster count under x64); ``-m slow`` checks every other registered
+algorithm, one per family and more, and the command line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from multihost_config import get_config
+
+from fedtree.core import loop
+from fedtree.experiment import registry, runner
+
+CLOCKS = (".arrival", ".transfers", ".epochs")
+"""State leaves that are simulated clock times and cost counters, not model quantities: B-HFL's
+arrival times (in rounds) and GroupPerFL's per-client transfers and epochs stay float32 (README,
+"float64")."""
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _dtypes_after_a_round(name: str, dtype: str) -> dict:
+  """The float dtypes of run ``name``'s state after one round, of its data and of its loss."""
+  c = get_config(name)
+  c.dtype = dtype
+  c = runner.prepare_config(c)
+  runner.validate_config(c)
+  with runner.precision(c):
+    ctx = runner.make_context(c)
+    alg = registry.build_algorithm(name, c.runs[name], ctx)
+    losses = []
+    state = loop.run(alg, ctx.run_data, num_rounds=1, key=jax.random.key(0),
+                     on_metrics=lambda r, m: losses.append(m.get("train_loss")))
+    floats = {str(x.dtype) for p, x in jax.tree_util.tree_flatten_with_path(state)[0]
+              if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
+              and not jax.tree_util.keystr(p).endswith(CLOCKS)}
+    models = {str(x.dtype) for nm in alg.models(state).values() for x in jax.tree.leaves(nm.params)}
+    return dict(state=floats, models=models, x=str(ctx.data.x_train.dtype), x64=jax.config.jax_enable_x64,
+                finite=all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state)
+                           if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)))
+
+
+def _check_float64(name):
+  got = _dtypes_after_a_round(name, "float64")
+  assert got["state"] == {"float64"} and got["models"] == {"float64"}, got
+  assert got["x"] == "float64" and got["x64"] and got["finite"], got
+  assert not jax.config.jax_enable_x64  # 64-bit mode was the run's only
+
+
+def test_float64_state_of_cfl_whose_cluster_count_crashed_under_x64():
+  _check_float64("cfl")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(set(registry.SPECS) - {"cfl"}))
+def test_float64_state_of_every_other_algorithm(name):
+  _check_float64(name)
+
+
+def test_float32_is_the_default_and_a_bad_dtype_is_refused():
+  c = runner.prepare_config(get_config("fedavg"))
+  assert c.dtype == "float32"
+  with runner.precision(c):
+    ctx = runner.make_context(c)
+    assert ctx.data.x_train.dtype == jnp.float32 and not jax.config.jax_enable_x64
+  c = get_config("fedavg")
+  c.dtype = "float16"
+  with pytest.raises(ValueError, match=r"config.dtype='float16'; choose one of \('float32', 'float64'\)"):
+    runner.validate_config(runner.prepare_config(c))
+
+
+def test_float64_without_x64_is_a_clear_error():
+  c = runner.prepare_config(get_config("fedavg"))
+  c.dtype = "float64"
+  with pytest.raises(ValueError, match="config.dtype='float64' needs JAX's 64-bit mode"):
+    runner.make_context(c)
+
+
+@pytest.mark.slow
+def test_float64_from_the_command_line(tmp_path):
+  """``--config.dtype=float64`` through ``fedtree.main``: the run's checkpoint holds float64
+  parameters (and CFL, which crashed under x64, finishes)."""
+  cmd = [sys.executable, "-m", "fedtree.main", "--config=tests/multihost_config.py:fedavg,cfl",
+         f"--workdir={tmp_path}", "--config.dtype=float64"]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "float64"
+  import orbax.checkpoint as ocp
+
+  with jax.enable_x64(True), ocp.StandardCheckpointer() as ck:   # (without x64, float64 reads as float32)
+    restored = ck.restore(tmp_path / "checkpoints" / "fedavg" / "2" / "default")
+  dtypes = {str(np.asarray(x).dtype) for x in jax.tree.leaves(restored) if np.asarray(x).dtype.kind == "f"}
+  assert dtypes == {"float64"}, dtypes
