@@ -35,6 +35,7 @@ costs nothing measurable here at 1/15 of the bytes.
 
 import ml_collections
 
+from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
 
 COMPRESSORS = {
@@ -83,4 +84,4 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # k / fraction change shapes and are refused as a sweep axis
   c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
-  return c
+  return declare_runner_fields(c)

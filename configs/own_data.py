@@ -20,6 +20,7 @@ histogram. Inputs are flattened by the ``mlp`` model, so any array or image shap
 
 import ml_collections
 
+from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
 
 VARIANTS = (None, "hf", "hf_flower")
@@ -65,4 +66,4 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.run_order = ("fedavg", "hierfavg")
   c.mesh_shape = placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
-  return c
+  return declare_runner_fields(c)

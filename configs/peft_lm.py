@@ -54,6 +54,7 @@ adapters of the root, 7 groups and their FedAdam states) against 44.4 MiB (full)
 
 import ml_collections
 
+from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
 
 STDLIB_PACKAGES = ("asyncio", "email", "multiprocessing", "xml", "importlib", "tkinter", "unittest")
@@ -107,4 +108,4 @@ def get_config() -> ml_collections.ConfigDict:
   c.run_order = ("lora", "full")
   c.mesh_shape = ml_collections.config_dict.placeholder(int)
   c.sweep = default_sweep()
-  return c
+  return declare_runner_fields(c)

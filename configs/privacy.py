@@ -38,6 +38,7 @@ noise is added at the clients' parents; see :func:`fedtree.core.privacy.central`
 
 import ml_collections
 
+from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
 
 
@@ -78,4 +79,4 @@ def get_config(variant: str = "curve") -> ml_collections.ConfigDict:
   # share of the budget (the deltas' z grows from 1.55 to 1.68: fedtree.core.privacy.delta_noise_multiplier)
   c.runs.eps10_adaptive = run(dict(target_epsilon=10.0, adaptive=dict(
     initial_clip=0.1, target_quantile=0.5, learning_rate=0.2, count_noise=4.0)))
-  return c
+  return declare_runner_fields(c)

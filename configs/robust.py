@@ -38,6 +38,7 @@ the attackers' update), at the root 0.815.
 
 import ml_collections
 
+from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
 
 ATTACKS = {
@@ -104,4 +105,4 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     raise ValueError(f"configs/robust.py:{variant}; choose no variant, 'table', 'table10' or 'tree'")
   c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
-  return c
+  return declare_runner_fields(c)

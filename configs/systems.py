@@ -33,6 +33,7 @@ reported rounds, at most 7).
 
 import ml_collections
 
+from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
 
 TARGET = 0.7
@@ -78,4 +79,4 @@ def get_config() -> ml_collections.ConfigDict:
   c.run_order = ("wait_for_all", "deadline_drop", "deadline_partial", "over_selection", "fedbuff")
   c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
-  return c
+  return declare_runner_fields(c)
