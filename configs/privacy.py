@@ -70,7 +70,7 @@ def get_config(variant: str = "curve") -> ml_collections.ConfigDict:
   c.runs = ml_collections.ConfigDict()
   if variant == "sweep":   # one run whose noise multiplier the sweep sets
     c.runs.dp = run(dict(noise_multiplier=1.0))
-    return c
+    return declare_runner_fields(c)
   c.runs.no_dp = run()
   c.runs.eps10 = run(dict(target_epsilon=10.0))
   c.runs.eps3 = run(dict(target_epsilon=3.0))
