@@ -46,7 +46,7 @@ from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import Cohort
 from fedtree.core.server import init_nodes, update_nodes
-from fedtree.core.systems import Systems, make_profile, model_bytes
+from fedtree.core.systems import Systems, make_profile, model_bytes, uplink_bytes
 from fedtree.core.tier import train_cohort
 from fedtree.core.updates import UpdatePath, init_path_state, per_level_paths
 
@@ -209,7 +209,8 @@ def fedbuff(
     start = idle & (jnp.take(u, new_client) < 2.0)
     client = jnp.where(start, new_client, state.client).astype(jnp.int32)
     seconds = systems.client_seconds(client, jnp.take(num_steps, client).astype(jnp.float32),
-                                     model_bytes(state.params))
+                                     model_bytes(state.params),
+                                     up_bytes=uplink_bytes(path, jax.tree.map(lambda a: a[0], state.params)))
     finish = jnp.where(start, state.clock + seconds, state.finish)
     version = jnp.where(start, state.round, state.version)
     busy = state.busy | start
