@@ -96,8 +96,29 @@ def test_systems_section(ctx):
     kwargs(ctx, algorithm="fedavg", systems={"sped": 1.0})
   with pytest.raises(ValueError, match=r"speed.dist='gauss'"):
     kwargs(ctx, algorithm="fedavg", systems={"speed": {"dist": "gauss"}})
-  with pytest.raises(ValueError, match=r"unknown field 'systems'"):   # algorithms without a clock
+  refusal = (r"algorithm 'ifca' cannot run a 'systems' section .*take it: "
+             r"\['fedavg', 'fedbuff', 'fedopt', 'hierfavg'\]$")
+  with pytest.raises(ValueError, match=refusal):   # algorithms without a clock, by name
     kwargs(ctx, algorithm="ifca", num_clusters=2, systems={})
+  with pytest.raises(ValueError, match=refusal):
+    registry.validate_run("r", ml_collections.ConfigDict(dict(algorithm="ifca", systems={})))
+  # server links from the section: one number per level below the root, or a list over its nodes
+  s = kwargs(ctx, algorithm="hierfavg", systems={"server_up": [[1e3, 2e3]], "server_down": 5e3})["systems"]
+  up, down = s.server_links([1, 2])[1]
+  np.testing.assert_allclose(np.asarray(up), [1e3, 2e3])
+  np.testing.assert_allclose(np.asarray(down), [5e3, 5e3])
+
+
+def test_python_refuses_systems_by_name(ctx):
+  from fedtree import algorithms
+  from fedtree.core.systems import Systems, make_profile
+
+  systems = Systems(profile=make_profile(np.ones(ctx.data.num_clients), np.ones(ctx.data.num_clients)))
+  assert algorithms.SYSTEMS_ALGORITHMS == ("fedavg", "fedbuff", "hierfavg")
+  for name in ("ifca", "fedprox", "bhfl"):
+    with pytest.raises(ValueError, match=rf"^{name} cannot run systems= .*take it: \['fedavg', 'fedbuff', "
+                                         r"'hierfavg'\]$"):
+      getattr(algorithms, name)(model=ctx.model, data=ctx.data, systems=systems)
 
 
 def test_time_axis():
