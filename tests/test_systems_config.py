@@ -83,6 +83,9 @@ def test_systems_section(ctx):
                  systems={"speed": {"dist": "lognormal", "median": 2.0, "sigma": 0.5}, "up": 1e5})["systems"]
   np.testing.assert_array_equal(np.asarray(again.profile.speed), np.asarray(s.profile.speed))  # seeded
   assert kwargs(ctx, algorithm="fedbuff", buffer_size=2, systems={})["systems"].policy.kind == "wait_for_all"
+  kw = kwargs(ctx, algorithm="fedbuff", buffer_size=2, tree="config", periods=[2],
+              systems={"policy": {"kind": "deadline", "seconds": 5.0, "dropout": 0.1}})  # on the tree
+  assert kw["topology"] is ctx.topology and kw["periods"] == (2,) and kw["systems"].policy.dropout == 0.1
   assert kwargs(ctx, algorithm="hierfavg", sampling="data_size")["sampling"] == "data_size"
   # FedProx's systems heterogeneity: its objective under FedAvg with a partial-work deadline
   kw = kwargs(ctx, algorithm="fedavg", objective={"name": "fedprox", "mu": 0.01},
