@@ -158,7 +158,8 @@ def hierfavg(
       ``"available"`` (uniform among the clients on line at the round's start: needs ``systems``
       with ``availability``); ``"power_of_choice"`` (Cho et al. 2022: ``candidates`` clients per
       leaf parent drawn proportionally to their examples, the ``cohort_size`` of highest loss
-      under their parent's model kept; dense data).
+      under their parent's model kept; padded or ragged data, scored ``chunk_size`` candidates at
+      a time on ragged data).
     candidates: power-of-choice candidates per leaf parent (default twice the cohort, at most
       the group).
     name: label for reports.
