@@ -334,11 +334,16 @@ def fedbuff(
     # Staleness is per version: Σ_v s(round - v) Σ_{i started at v} w_i Δ_i over Σ_i w_i.
     row_version = state.round - jnp.mod(state.round - jnp.arange(ring), ring)
     scale = staleness_weight(state.round - row_version, exponent)
-    delta = jax.tree.map(
-      lambda d: jnp.sum(d.reshape((num_groups, ring) + d.shape[1:])
-                        * scale.reshape((1, ring) + (1,) * (d.ndim - 1)).astype(d.dtype), axis=1),
-      res.delta_sum)
-    total = jnp.sum(res.weight_sum.reshape(num_groups, ring), axis=1)
+    def per_parent(d):   # [G * S, ...] -> [G, ...], each version's rows scaled by its staleness
+      if num_groups == 1:   # (summed over the leading axis: the flat runs' numbers, bitwise)
+        return jnp.sum(d * scale.reshape((ring,) + (1,) * (d.ndim - 1)).astype(d.dtype), axis=0,
+                       keepdims=True)
+      d = d.reshape((num_groups, ring) + d.shape[1:])
+      return jnp.sum(d * scale.reshape((1, ring) + (1,) * (d.ndim - 2)).astype(d.dtype), axis=1)
+
+    delta = jax.tree.map(per_parent, res.delta_sum)
+    total = (jnp.sum(res.weight_sum, axis=0, keepdims=True) if num_groups == 1
+             else jnp.sum(res.weight_sum.reshape(num_groups, ring), axis=1))
     leaf_params, leaf_opt = update_nodes(server_optimizers[leaf], state.params, state.opt_state,
                                          divide_by_weight(delta, total), total > 0)
     metrics = {
