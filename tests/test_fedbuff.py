@@ -83,6 +83,11 @@ def test_bad_input(problem):
     fedbuff(buffer_size=3, topology=tree, **common)
   with pytest.raises(ValueError, match=r"periods\[0\]=0 must be >= 1"):
     fedbuff(buffer_size=2, topology=tree, periods=(0,), **common)
+  from fedtree.core.updates import UpdatePath, identity
+
+  with pytest.raises(ValueError, match=r"fedbuff runs an update path only at server level\(s\) \[1\] "
+                                       r"\(got one at level 0\)"):   # the upper levels take the mean
+    fedbuff(buffer_size=2, topology=tree, update_paths={0: UpdatePath(client=identity())}, **common)
 
 
 def test_server_update_is_the_staleness_weighted_mean(problem):
