@@ -13,7 +13,8 @@ from fedtree.algorithms.fedbuff import fedbuff
 from fedtree.algorithms.hierfavg import fedavg
 from fedtree.core import loop
 from fedtree.core.local import LocalSchedule
-from fedtree.core.systems import Systems, deadline, make_profile
+from fedtree.core.systems import Systems, deadline, make_profile, over_selection, wait_for_all
+from fedtree.core.topology import Topology
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +76,18 @@ def test_bad_input(problem):
   with pytest.raises(ValueError, match=r"max_staleness=-1"):
     fedbuff(buffer_size=3, max_staleness=-1, **common)
   prof = make_profile(np.ones(5), np.ones(5))
-  with pytest.raises(ValueError, match=r"wait_for_all policy"):
-    fedbuff(buffer_size=3, systems=Systems(profile=prof, policy=deadline(5.0)), **common)
+  with pytest.raises(ValueError, match=r"fedbuff takes systems with the wait_for_all or deadline policy"):
+    fedbuff(buffer_size=3, systems=Systems(profile=prof, policy=over_selection(1.5)), **common)
+  tree = Topology.from_labels(np.array([0, 0, 0, 1, 1]))
+  with pytest.raises(ValueError, match=r"buffer_size=3 must be in 1..2 \(the smallest group's clients"):
+    fedbuff(buffer_size=3, topology=tree, **common)
+  with pytest.raises(ValueError, match=r"periods\[0\]=0 must be >= 1"):
+    fedbuff(buffer_size=2, topology=tree, periods=(0,), **common)
+  from fedtree.core.updates import UpdatePath, identity
+
+  with pytest.raises(ValueError, match=r"fedbuff runs an update path only at server level\(s\) \[1\] "
+                                       r"\(got one at level 0\)"):   # the upper levels take the mean
+    fedbuff(buffer_size=2, topology=tree, update_paths={0: UpdatePath(client=identity())}, **common)
 
 
 def test_server_update_is_the_staleness_weighted_mean(problem):
@@ -121,3 +132,94 @@ def test_server_update_is_the_staleness_weighted_mean(problem):
     checked += int((stale[ok] > 0).any())
     state = new
   assert checked >= 2   # rounds in which stale updates were weighted
+
+
+def event_loop(speed, steps, buffer, rounds, limit=None, partial=False):
+  """FedBuff's clock, client by client: every client in flight from the start, the freed ones
+  restarting; under a deadline a client that cannot finish fails at it (or does what fits)."""
+  def start(t, c, ver):
+    n = steps
+    if limit is not None and partial:
+      n = min(steps, int(np.floor(limit * speed[c])))
+    secs = n / speed[c]
+    failed = n < 1 or (limit is not None and secs > limit)
+    return (t + (limit if failed else secs), c, ver, failed, n < steps and not failed)
+
+  inflight = [start(0.0, c, 0) for c in range(len(speed))]
+  heapq.heapify(inflight)
+  ver, out = 0, []
+  for _ in range(rounds):
+    done = [heapq.heappop(inflight) for _ in range(buffer)]
+    clock = max(d[0] for d in done)
+    out.append((clock, sum(d[3] for d in done), sum(d[4] for d in done)))
+    ver += 1
+    for d in done:
+      heapq.heappush(inflight, start(clock, d[1], ver))
+  return out
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_deadline_matches_an_event_loop(problem, partial):
+  data, model, schedule = problem
+  speed = np.array([3.1, 0.53, 1.07, 2.03, 0.29])   # 3 steps: clients 1 and 4 miss a 4-second deadline
+  common = dict(model=model, data=data, local_optimizer=optax.sgd(0.1), schedule=schedule, buffer_size=2,
+                concurrency=5, max_staleness=10)
+  policy = deadline(4.0, partial=partial)
+  _, rows = run(fedbuff(systems=Systems(profile=make_profile(speed, np.full(5, 1e12)), policy=policy),
+                        **common), data, 6)
+  want = event_loop(speed, 3, 2, 6, limit=4.0, partial=partial)
+  np.testing.assert_allclose([m["sim_seconds"] for m in rows], [w[0] for w in want], rtol=1e-5)
+  assert [m["clients_dropped"] for m in rows] == [w[1] for w in want]
+  assert [m["clients_partial"] for m in rows] == [w[2] for w in want]
+  assert sum(w[1] for w in want) > 0 if not partial else sum(w[2] for w in want) > 0
+  if not partial:
+    return
+  # A deadline every client meets is the run without one, bitwise.
+  fast = make_profile(np.full(5, 10.0), np.full(5, 1e12))
+  met = Systems(profile=fast, policy=deadline(100.0, partial=partial))
+  a, _ = run(fedbuff(systems=met, **common), data, 2)
+  b, _ = run(fedbuff(systems=Systems(profile=fast), **common), data, 2)
+  trees_equal(a.params, b.params)
+
+
+def test_dropout_rate_matches_its_probability(problem):
+  data, model, schedule = problem
+  systems = Systems(profile=make_profile(np.ones(5), np.full(5, 1e12)), policy=wait_for_all(dropout=0.5))
+  alg = fedbuff(model=model, data=data, local_optimizer=optax.sgd(0.1), schedule=schedule, buffer_size=5,
+                systems=systems)
+  _, rows = run(alg, data, 20)
+  dropped = sum(m["clients_dropped"] for m in rows)
+  assert all(m["clients_dropped"] + m["clients_trained"] == 5 for m in rows)
+  # 100 Bernoulli(0.5) draws: standard deviation 0.05 of the rate; 4 of them
+  assert abs(dropped / 100 - 0.5) < 0.2
+
+
+def test_tree_is_hierfavg_when_every_slot_reports(problem):
+  """Buffer = concurrency = cohort, no staleness: every clients' parent is FedAvg on its group and
+  the root aggregates every round, as HierFAVG with the same cohorts."""
+  from fedtree.algorithms.hierfavg import hierfavg
+
+  data, model, schedule = problem
+  tree = Topology.from_labels(np.array([0, 0, 0, 1, 1]))
+  common = dict(model=model, data=data, local_optimizer=optax.sgd(0.1), schedule=schedule, topology=tree)
+  hier, hrows = run(hierfavg(cohort_size=2, chunk_size=None, **common), data, 3)
+  buf, brows = run(fedbuff(buffer_size=2, max_staleness=0, **common), data, 3)
+  trees_equal(buf.upper_params[0], hier.params[0])
+  trees_equal(buf.params, hier.params[1])
+  np.testing.assert_allclose([m["train_loss"] for m in brows], [m["train_loss"] for m in hrows], rtol=1e-6)
+
+
+def test_tree_clocks_meet_where_a_level_aggregates(problem):
+  """Every parent on its own clock; the root (period 2) waits for the slowest and its links."""
+  data, model, schedule = problem
+  tree = Topology.from_labels(np.array([0, 0, 0, 1, 1]))
+  speed = np.array([1.0, 1.0, 1.0, 2.0, 0.5])     # group 0: 3 s a round, group 1: 6 s
+  systems = Systems(profile=make_profile(speed, np.full(5, 1e12)), server_up=[[1e3, 2e3]])
+  alg = fedbuff(model=model, data=data, local_optimizer=optax.sgd(0.1), schedule=schedule, topology=tree,
+                periods=(2,), buffer_size=2, max_staleness=0, systems=systems)
+  state, rows = run(alg, data, 3)
+  mb = 4 * sum(int(np.prod(a.shape[1:])) for a in jax.tree.leaves(state.params))
+  t = 2 * mb / 1e3                                   # the slower edge link, up and down
+  np.testing.assert_allclose([m["sim_seconds"] for m in rows], [6.0, 12.0 + t, 18.0 + t], rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(state.node_clock), [15.0 + t, 18.0 + t], rtol=1e-5)
+  assert sorted(alg.models(state)) == ["global", "level1"]

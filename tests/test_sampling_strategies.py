@@ -125,3 +125,34 @@ def test_hierfavg_strategies_and_bad_input(problem):
   alg = fedavg(sampling="power_of_choice", cohort_size=2, **common)
   state, m = jax.jit(alg.round)(alg.init(jax.random.key(0)), data, jax.random.key(1))
   assert int(m["clients_trained"]) == 2 and np.isfinite(float(m["train_loss"]))
+
+
+def test_power_of_choice_on_ragged_data_equals_padded(problem):
+  """Candidate losses read from the flat (ragged) rows, a chunk at a time, are the padded ones; the
+  cohorts drawn are the same."""
+  from fedtree.core.ragged import to_ragged_train
+  from fedtree.core.sampling import candidate_losses, sampling_strategy
+
+  data, model, _ = problem
+  ragged = to_ragged_train(data)
+  assert ragged.ragged
+  params = jax.tree.map(lambda a: a[None], model.init(jax.random.key(0)))
+  cand = Cohort(jnp.array([4, 0, 2, 3, 1], jnp.int32), jnp.zeros(5, jnp.int32), jnp.ones(5, bool))
+  def losses(d, chunk):
+    return np.asarray(jax.jit(lambda p: candidate_losses(model, p, cand, d, chunk_size=chunk))(params))
+
+  want = losses(data, None)
+  for d, chunk in ((data, 2), (ragged, None), (ragged, 2)):
+    np.testing.assert_allclose(losses(d, chunk), want, rtol=1e-6)
+  sampler = cohort_sampler(np.zeros(5, np.int32), 2)
+  draws_ = [jax.jit(jax.vmap(sampling_strategy(sampler, "power_of_choice", data=d, model=model, candidates=4,
+                                                 chunk_size=c), in_axes=(0, None, None)))
+            for d, c in ((data, None), (ragged, 3))]
+  a, b = (f(jax.random.split(jax.random.key(0), 8), params, 0.0) for f in draws_)
+  np.testing.assert_array_equal(np.asarray(a.clients), np.asarray(b.clients))
+  with pytest.raises(ValueError, match=r"chunk_size=0 must be >= 1"):
+    sampling_strategy(sampler, "power_of_choice", data=ragged, model=model, chunk_size=0)
+  alg = fedavg(model=model, data=ragged, local_optimizer=optax.sgd(0.1), schedule=problem[2], chunk_size=None,
+               sampling="power_of_choice", cohort_size=2)
+  _, m = jax.jit(alg.round)(alg.init(jax.random.key(0)), ragged, jax.random.key(1))
+  assert int(m["clients_trained"]) == 2 and np.isfinite(float(m["train_loss"]))

@@ -300,3 +300,48 @@ def test_bhfl_runs_with_latencies_from_profiles(problem):
              local_optimizer=optax.sgd(0.1), schedule=schedule, latencies=(Latency(), lat), chunk_size=None)
   state, m = jax.jit(alg.round)(alg.init(jax.random.key(0)), data, jax.random.key(1))
   assert np.isfinite(float(m["train_loss"]))
+
+
+# ------------------------------------------------------------------------ bytes and server links
+
+
+def test_tree_clock_from_compressed_bytes_and_server_links(problem):
+  """The clock by hand: clients send QSGD-2 updates and receive an fp16 model; the edges send
+  fp16 models up over their own links and receive the root's float32 model."""
+  from fedtree.core.compression import compressor, downlink, uplink
+  from fedtree.core.updates import UpdatePath
+
+  data, model, schedule = problem
+  speed = np.array([1.0, 2.0, 4.0, 0.5, 8.0])
+  systems = Systems(profile=make_profile(speed, np.full(5, 100.0), np.full(5, 200.0)), level_seconds=1.0,
+                    server_up=[[1e3, 2e3]], server_down=5e3)
+  paths = {-1: UpdatePath(client=uplink(compressor("qsgd", bits=2)), down=downlink(compressor("fp16"))),
+           0: UpdatePath(client=uplink(compressor("fp16")))}
+  alg = hierfavg(model=model, topology=Topology.from_labels(np.array([0, 0, 0, 1, 1])), data=data,
+                 periods=(2,), local_optimizer=optax.sgd(0.1), schedule=schedule, systems=systems,
+                 update_paths=paths, chunk_size=None)
+  rows = []
+  state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0), on_metrics=lambda r, m: rows.append(m))
+  sizes = [int(np.prod(a.shape[1:])) for a in jax.tree.leaves(state.params[0])]
+  full, half = 4 * sum(sizes), 2 * sum(sizes)                 # float32 and fp16 models, bytes
+  qsgd = sum(2 * n + 64 for n in sizes) / 8                    # 2 bits a coordinate + min, max
+  clients = max(half / 200.0 + STEPS / s + qsgd / 100.0 for s in speed)
+  edges = max(half / up + full / 5e3 for up in (1e3, 2e3))
+  assert rows[0]["round_seconds"] == pytest.approx(clients, rel=1e-5)
+  assert rows[1]["round_seconds"] == pytest.approx(clients + edges + 1.0, rel=1e-5)
+  assert float(state.clock) == pytest.approx(2 * clients + edges + 1.0, rel=1e-5)
+
+
+def test_server_links_bad_input(problem):
+  data, model, schedule = problem
+  prof = uniform_profile(5, 1.0)
+  topo = Topology.from_labels(np.array([0, 0, 0, 1, 1]))
+  common = dict(model=model, topology=topo, data=data, local_optimizer=optax.sgd(0.1), schedule=schedule)
+  for bad, match in (([1.0, 2.0], r"server_up has 2 entries; give one number, or one per server level"),
+                     ([[1.0, 2.0, 3.0]],
+                      r"server_up for level 1 has shape \(3,\); give one number or one per node \(2\)"),
+                     ([[1.0, -2.0]], r"server_up of level 1 node 1=-2.0 must be")):
+    with pytest.raises(ValueError, match=match):
+      hierfavg(systems=Systems(profile=prof, server_up=bad), **common)
+  with pytest.raises(ValueError, match=r"server_down needs server_up"):
+    hierfavg(systems=Systems(profile=prof, server_down=1.0), **common)

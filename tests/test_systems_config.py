@@ -83,6 +83,9 @@ def test_systems_section(ctx):
                  systems={"speed": {"dist": "lognormal", "median": 2.0, "sigma": 0.5}, "up": 1e5})["systems"]
   np.testing.assert_array_equal(np.asarray(again.profile.speed), np.asarray(s.profile.speed))  # seeded
   assert kwargs(ctx, algorithm="fedbuff", buffer_size=2, systems={})["systems"].policy.kind == "wait_for_all"
+  kw = kwargs(ctx, algorithm="fedbuff", buffer_size=2, tree="config", periods=[2],
+              systems={"policy": {"kind": "deadline", "seconds": 5.0, "dropout": 0.1}})  # on the tree
+  assert kw["topology"] is ctx.topology and kw["periods"] == (2,) and kw["systems"].policy.dropout == 0.1
   assert kwargs(ctx, algorithm="hierfavg", sampling="data_size")["sampling"] == "data_size"
   # FedProx's systems heterogeneity: its objective under FedAvg with a partial-work deadline
   kw = kwargs(ctx, algorithm="fedavg", objective={"name": "fedprox", "mu": 0.01},
@@ -96,8 +99,29 @@ def test_systems_section(ctx):
     kwargs(ctx, algorithm="fedavg", systems={"sped": 1.0})
   with pytest.raises(ValueError, match=r"speed.dist='gauss'"):
     kwargs(ctx, algorithm="fedavg", systems={"speed": {"dist": "gauss"}})
-  with pytest.raises(ValueError, match=r"unknown field 'systems'"):   # algorithms without a clock
+  refusal = (r"algorithm 'ifca' cannot run a 'systems' section .*take it: "
+             r"\['fedavg', 'fedbuff', 'fedopt', 'hierfavg'\]$")
+  with pytest.raises(ValueError, match=refusal):   # algorithms without a clock, by name
     kwargs(ctx, algorithm="ifca", num_clusters=2, systems={})
+  with pytest.raises(ValueError, match=refusal):
+    registry.validate_run("r", ml_collections.ConfigDict(dict(algorithm="ifca", systems={})))
+  # server links from the section: one number per level below the root, or a list over its nodes
+  s = kwargs(ctx, algorithm="hierfavg", systems={"server_up": [[1e3, 2e3]], "server_down": 5e3})["systems"]
+  up, down = s.server_links([1, 2])[1]
+  np.testing.assert_allclose(np.asarray(up), [1e3, 2e3])
+  np.testing.assert_allclose(np.asarray(down), [5e3, 5e3])
+
+
+def test_python_refuses_systems_by_name(ctx):
+  from fedtree import algorithms
+  from fedtree.core.systems import Systems, make_profile
+
+  systems = Systems(profile=make_profile(np.ones(ctx.data.num_clients), np.ones(ctx.data.num_clients)))
+  assert algorithms.SYSTEMS_ALGORITHMS == ("fedavg", "fedbuff", "hierfavg")
+  for name in ("ifca", "fedprox", "bhfl"):
+    with pytest.raises(ValueError, match=rf"^{name} cannot run systems= .*take it: \['fedavg', 'fedbuff', "
+                                         r"'hierfavg'\]$"):
+      getattr(algorithms, name)(model=ctx.model, data=ctx.data, systems=systems)
 
 
 def test_time_axis():

@@ -38,7 +38,7 @@ from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler, sampling_strategy
 from fedtree.core.server import init_nodes, select_nodes, update_nodes
-from fedtree.core.systems import Systems, model_bytes
+from fedtree.core.systems import Systems, model_bytes, uplink_bytes
 from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
 from fedtree.core.updates import (
@@ -75,6 +75,12 @@ def check_periods(periods, depth: int) -> tuple[int, ...]:
         f"only aggregate in rounds where its children do"
       )
   return periods
+
+
+def _uplink(path, stacked):
+  """What a child sends up through ``path`` (:func:`fedtree.core.systems.uplink_bytes` on one
+  row of the ``[N, ...]`` params), ``None`` when the model travels as it is."""
+  return uplink_bytes(path, jax.tree.map(lambda a: a[0], stacked))
 
 
 def hierfavg(
@@ -152,7 +158,8 @@ def hierfavg(
       ``"available"`` (uniform among the clients on line at the round's start: needs ``systems``
       with ``availability``); ``"power_of_choice"`` (Cho et al. 2022: ``candidates`` clients per
       leaf parent drawn proportionally to their examples, the ``cohort_size`` of highest loss
-      under their parent's model kept; dense data).
+      under their parent's model kept; padded or ragged data, scored ``chunk_size`` candidates at
+      a time on ragged data).
     candidates: power-of-choice candidates per leaf parent (default twice the cohort, at most
       the group).
     name: label for reports.
@@ -186,9 +193,10 @@ def hierfavg(
   check_weighting(weighting)
   paths = per_level_paths(update_paths, depth, algorithm=name,
                           supported_levels=range(top_level, depth))
-  keep = None   # over-selection: sample more, keep the first cohort_size to finish
+  keep = links = None   # over-selection: sample more, keep the first cohort_size to finish
   if systems is not None:
     keep, cohort_size = systems.cohort_sizes(topology.parent(depth), cohort_size, depth)
+    links = systems.server_links([topology.num_nodes(lv) for lv in range(depth)])
   sampler = cohort_sampler(topology.parent(depth), cohort_size, chunk_size=chunk_size)
   draw = sampling_strategy(sampler, sampling, data=data, model=model, candidates=candidates,
                            online=None if systems is None else systems.online)
@@ -220,11 +228,14 @@ def hierfavg(
     update_state = list(state.update_state)
     cohort = draw(stream(key, "cohort"), params[depth - 1], state.clock)
     num_steps = schedule.num_steps(data.n_train)
-    if systems is not None:   # who takes part, how much they do, how long it takes
-      outcome = systems.round(cohort, num_steps, time=state.clock, model_bytes=model_bytes(params[depth - 1]),
-                              key=stream(key, "systems"), keep=keep)
-      cohort, num_steps = cohort._replace(valid=outcome.valid), outcome.num_steps
     sent, down_stats = send_down(paths[depth - 1], params[depth - 1], stream(key, "down"))
+    if systems is not None:   # who takes part, how much they do, how long it takes (compressed bytes)
+      down_b = down_stats.get("bytes")
+      outcome = systems.round(
+        cohort, num_steps, time=state.clock, model_bytes=model_bytes(params[depth - 1]),
+        key=stream(key, "systems"), keep=keep, up_bytes=_uplink(paths[depth - 1], params[depth - 1]),
+        down_bytes=None if down_b is None else jnp.take(down_b, cohort.parent))
+      cohort, num_steps = cohort._replace(valid=outcome.valid), outcome.num_steps
     res = train_cohort(
       client_update, sent, cohort, data,
       num_steps=num_steps, weights=w_client,
@@ -255,10 +266,17 @@ def hierfavg(
                                       update_state[lv])
       metrics.update({f"level{lv}_{k}": jnp.where(active[lv], v, 0) for k, v in stats.items()})
     # Top-down: a level that aggregated sends its model to its whole subtree.
+    level_secs = []
     for lv in range(depth - 1):
       if active[lv] is None:
         continue
       sent, down_stats = send_down(paths[lv], params[lv], jax.random.fold_in(stream(key, "down"), lv))
+      if systems is not None:   # its children send up and receive back, each over its own link
+        mb = model_bytes(params[lv])
+        up_b, down_b = _uplink(paths[lv], params[lv]), down_stats.get("bytes")
+        level_secs.append(jnp.where(active[lv], systems.aggregation_seconds(
+          lv, links, mb if up_b is None else up_b,
+          mb if down_b is None else jnp.take(down_b, parents[lv + 1])), 0.0))
       metrics.update({f"level{lv}_{k}": jnp.where(active[lv], v, 0)
                       for k, v in path_stats(down_stats, "down_").items()})
       down = jax.tree.map(lambda p, idx=parents[lv + 1]: p[idx], sent)
@@ -267,8 +285,7 @@ def hierfavg(
       )
     clock = state.clock
     if systems is not None:   # the leaf parents' rounds run side by side; a level aggregating adds its own
-      seconds = outcome.seconds + sum(jnp.where(active[lv], systems.level_time(lv), 0.0)
-                                      for lv in range(top_level, depth - 1))
+      seconds = outcome.seconds + sum(level_secs, jnp.zeros((), jnp.float32))
       clock = state.clock + seconds
       metrics.update({**outcome.stats, "round_seconds": seconds, "sim_seconds": clock})
     new_state = state.replace(

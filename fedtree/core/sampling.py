@@ -338,17 +338,42 @@ def top_scores(sampler: CohortSampler, candidates: Cohort, scores: jax.Array, ke
   return _pad(sampler, jnp.take(candidates.clients, pick), ok)
 
 
-def candidate_losses(model, parent_params, candidates: Cohort, data) -> jax.Array:
+def candidate_losses(model, parent_params, candidates: Cohort, data, *, chunk_size: int | None = None
+                     ) -> jax.Array:
   """``float32[D]`` every candidate's mean training loss under its parent's model (power of
-  choice, Cho et al. 2022: one forward pass over each candidate's examples; dense data only)."""
+  choice, Cho et al. 2022: one forward pass over each candidate's examples).
+
+  On padded data the candidates are scored at once (``chunk_size=None``) or ``chunk_size`` at a
+  time. On ragged data (:attr:`~fedtree.core.data.FederatedData.train_offset`) each candidate
+  reads its rows ``offset .. offset + ragged_max_train`` of the flat arrays (rows past its count
+  masked), ``chunk_size`` candidates at a time (default: all), so memory is ``chunk_size`` of the
+  largest client, never the padded ``[C, M]`` layout.
+  """
   from fedtree.core.metrics import client_sums
 
-  def one(c, g):
+  if data.ragged:
+    width = jnp.arange(data.ragged_max_train, dtype=jnp.int32)
+    last = data.x_train.shape[0] - 1
+    x_flat, y_flat, offset = (jnp.asarray(a) for a in (data.x_train, data.y_train, data.train_offset))
+
+    def rows(c):
+      idx = jnp.minimum(jnp.take(offset, c) + width, last)
+      return jnp.take(x_flat, idx, axis=0), jnp.take(y_flat, idx, axis=0)
+  else:
+    def rows(c):
+      return data.x_train[c], data.y_train[c]
+
+  def one(cg):
+    c, g = cg
     p = jax.tree.map(lambda a: a[g], parent_params)
-    loss, _, count = client_sums(model, p, data.x_train[c], data.y_train[c], data.n_train[c])
+    x, y = rows(c)
+    loss, _, count = client_sums(model, p, x, y, jnp.take(jnp.asarray(data.n_train), c))
     return loss / jnp.maximum(count, 1.0)
 
-  return jax.vmap(one)(candidates.clients, candidates.parent)
+  pairs = (candidates.clients, candidates.parent)
+  if chunk_size is None or int(chunk_size) >= candidates.clients.shape[0]:
+    return jax.vmap(one)(pairs)
+  return jax.lax.map(one, pairs, batch_size=int(chunk_size))
 
 
 def sampling_strategy(
@@ -359,6 +384,7 @@ def sampling_strategy(
   model=None,
   candidates: int | None = None,
   online=None,
+  chunk_size: int | None = None,
 ):
   """``draw(key, parent_params, time) -> Cohort`` for a strategy of :data:`SAMPLING`, in
   ``sampler``'s layout (``"uniform"`` is ``sampler(key)`` itself).
@@ -369,14 +395,16 @@ def sampling_strategy(
       ``"available"`` (uniform among ``online(time)``), ``"power_of_choice"`` (``candidates``
       per parent drawn by examples, default ``2 k_g`` at most the group; the ``k_g`` of highest
       :func:`candidate_losses` under ``parent_params`` kept).
-    data: the federated data (examples per client; power of choice: dense data).
+    data: the federated data (examples per client; power of choice: padded or ragged).
     model: the model (power of choice).
     candidates: power-of-choice candidates per parent.
     online: ``online(time) -> bool[N]`` (``"available"``).
+    chunk_size: power-of-choice candidates scored at once (:func:`candidate_losses`; ``None``:
+      all; on ragged data the default is the sampler's ``chunk_size``, else all).
 
   Raises:
     ValueError: an unknown strategy, ``candidates`` without power of choice or fewer than a
-      cohort, ``"available"`` without ``online``, power of choice on ragged data.
+      cohort, ``"available"`` without ``online``, a ``chunk_size`` < 1.
   """
   check_sampling(sampling)
   if candidates is not None and sampling != "power_of_choice":
@@ -389,9 +417,10 @@ def sampling_strategy(
     if online is None:
       raise ValueError("sampling='available' needs systems= with an availability schedule")
     return lambda key, parent_params, time: weighted_cohort(sampler, key, online(time))
-  if data.ragged:
-    raise ValueError("sampling='power_of_choice' scores candidates on dense (padded) data; the data is "
-                     "ragged")
+  if chunk_size is not None and int(chunk_size) < 1:
+    raise ValueError(f"chunk_size={chunk_size!r} must be >= 1 (candidates scored at once) or None")
+  if chunk_size is None and data.ragged:
+    chunk_size = sampler.chunk_size
   groups = np.bincount(np.asarray(sampler.parent), minlength=len(sampler.sizes))
   wanted = [2 * k for k in sampler.sizes] if candidates is None else [int(candidates)] * len(groups)
   if min(w - k for w, k in zip(wanted, sampler.sizes, strict=True)) < 0:
@@ -401,7 +430,7 @@ def sampling_strategy(
 
   def power_of_choice(key, parent_params, time):
     cand = weighted_cohort(candidate_sampler, key, data.n_train)
-    losses = candidate_losses(model, parent_params, cand, data)
+    losses = candidate_losses(model, parent_params, cand, data, chunk_size=chunk_size)
     return top_scores(sampler, cand, losses, jax.random.fold_in(key, 1))
 
   return power_of_choice

@@ -21,9 +21,14 @@ such effect is an array over the clients, so a round keeps its shapes:
 
 A client's time in a round is ``bytes_down / down + steps / speed + bytes_up / up``; the
 clients' tier lasts as long as its slowest kept client (the deadline when a client was cut by
-it); a server level that aggregates adds its own transfer time (``level_seconds``). The
-clock (simulated seconds since the start) is part of an algorithm's state and decides which
-clients are on line at the start of a round.
+it). The bytes are the model at its dtype's size, or what the update path reports where it
+compresses (:func:`uplink_bytes` of the path's client transform, the ``bytes`` statistic of its
+downlink transform), unless ``bytes_up`` / ``bytes_down`` are given. On a tree, a server level
+that aggregates adds the time its children take to send their models up and receive its model
+back, each over its own link (``server_up`` / ``server_down``, bytes per second of every
+non-root server node), the slowest child deciding (:meth:`Systems.aggregation_seconds`), plus
+a fixed ``level_seconds``. The clock (simulated seconds since the start) is part of an
+algorithm's state and decides which clients are on line at the start of a round.
 
 Example:
   Ten clients with heavy-tailed speeds under a 30-second deadline with partial work:
@@ -51,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedtree.core.sampling import Cohort
+from fedtree.core.updates import ClientContext, UpdatePath, init_path_state, parents_node_state
 
 PyTree = Any
 
@@ -392,6 +398,49 @@ def _per_client(name: str, value, num_clients: int) -> jax.Array | None:
   return jnp.asarray(arr, jnp.float32)
 
 
+def uplink_bytes(path: UpdatePath | None, params: PyTree) -> jax.Array | None:
+  """Bytes a child sends through ``path``'s client transform: the ``uplink_bytes`` statistic
+  it reports (:func:`fedtree.core.compression.uplink`) for a zero update shaped like
+  ``params`` (one unstacked model), or ``None`` when it reports none (the model is sent as it
+  is). Exact for every compressor of :mod:`fedtree.core.compression`, whose sizes follow from
+  the shapes and hyperparameters alone; jittable, and under ``jit`` everything but the size is
+  dead code."""
+  if path is None or path.client is None:
+    return None
+  state = init_path_state(path, params, 1, 1)
+  row = jax.tree.map(lambda a: a[0], state.client)
+  zero = jnp.zeros((), jnp.int32)
+  ctx = ClientContext(client=zero, parent=zero, weight=jnp.ones((), jnp.float32),
+                      node_state=parents_node_state(state, zero))
+  _, _, stats = path.client.apply(jax.tree.map(jnp.zeros_like, params), row, jax.random.key(0), ctx)
+  size = stats.get("uplink_bytes")
+  return None if size is None else jnp.asarray(size, jnp.float32)
+
+
+def _links(name: str, value, num_nodes: Sequence[int]) -> list[np.ndarray]:
+  """Per-node bandwidths of server levels ``1 .. depth-1`` (``num_nodes[l]`` nodes at level l)."""
+  levels = list(range(1, len(num_nodes)))
+  if isinstance(value, (int, float, np.floating, np.integer)):
+    value = [value] * len(levels)
+  value = list(value)
+  if len(value) != len(levels):
+    raise ValueError(f"{name} has {len(value)} entries; give one number, or one per server level "
+                     f"below the root ({len(levels)}: levels {levels})")
+  out = []
+  for lv, v in zip(levels, value, strict=True):
+    arr = np.asarray(v, np.float64)
+    arr = np.full((num_nodes[lv],), float(arr)) if arr.ndim == 0 else arr
+    if arr.shape != (num_nodes[lv],):
+      raise ValueError(f"{name} for level {lv} has shape {arr.shape}; give one number or one per "
+                       f"node ({num_nodes[lv]})")
+    bad = np.flatnonzero(~(np.isfinite(arr) & (arr > 0)))
+    if bad.size:
+      raise ValueError(f"{name} of level {lv} node {int(bad[0])}={float(arr[bad[0]])!r} must be a "
+                       f"finite number of bytes per second > 0")
+    out.append(arr)
+  return out
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Systems:
   """A device population and the policy of its rounds.
@@ -403,8 +452,12 @@ class Systems:
       that is off line at the start of the round does not take part.
     bytes_up: bytes every client sends (one value or ``[C]``; default the model at its dtype).
     bytes_down: bytes every client receives (default the model at its dtype).
-    level_seconds: seconds a server level adds to a round in which it aggregates (its own
-      transfers), one value per level ``0 .. depth-2`` or one for all (default 0).
+    level_seconds: fixed seconds a server level adds to a round in which it aggregates (on top
+      of its transfers), one value per level ``0 .. depth-2`` or one for all (default 0).
+    server_up: upload bandwidth (bytes per second) of every server node below the root, on the
+      link to its parent: one number for all, or one entry per level ``1 .. depth-1``, each a
+      number or one value per node of that level. ``None``: server transfers take no time.
+    server_down: download bandwidth of the same links (default ``server_up``).
   """
 
   profile: DeviceProfile
@@ -413,6 +466,8 @@ class Systems:
   bytes_up: Any = None
   bytes_down: Any = None
   level_seconds: float | Sequence[float] = 0.0
+  server_up: Any = None
+  server_down: Any = None
 
   def __post_init__(self):
     c = self.profile.num_clients
@@ -452,18 +507,53 @@ class Systems:
     return keep, [min(self.policy.selected(k), int(n)) for k, n in zip(keep, groups, strict=True)]
 
   def level_time(self, level: int) -> float:
-    """Seconds server level ``level`` adds to a round in which it aggregates."""
+    """Fixed seconds server level ``level`` adds to a round in which it aggregates."""
     secs = np.atleast_1d(np.asarray(self.level_seconds, np.float64))
     return float(secs[0] if secs.size == 1 else secs[level])
 
-  def client_seconds(self, clients: jax.Array, steps: jax.Array, model_size: float) -> jax.Array:
-    """``float32[K]`` simulated seconds of ``clients`` doing ``steps`` local steps:
-    download, compute, upload."""
-    return self._comm(clients, model_size) + steps / jnp.take(self.profile.speed, clients)
+  def server_links(self, num_nodes: Sequence[int]) -> tuple[tuple[jax.Array, jax.Array] | None, ...] | None:
+    """Every server level's ``(up, down)`` bandwidths per node, ``float32[N_l]`` at index ``l``
+    (``None`` at the root), for a tree with ``num_nodes[l]`` nodes at server level ``l``
+    (``0 .. depth-1``); ``None`` when :attr:`server_up` is not set.
 
-  def _comm(self, clients: jax.Array, model_size: float) -> jax.Array:
-    up = jnp.float32(model_size) if self.bytes_up is None else jnp.take(self.bytes_up, clients)
-    down = jnp.float32(model_size) if self.bytes_down is None else jnp.take(self.bytes_down, clients)
+    Raises:
+      ValueError: a bandwidth that is not finite and positive, or entries that do not match
+        the levels or their nodes (naming them).
+    """
+    if self.server_up is None:
+      if self.server_down is not None:
+        raise ValueError("server_down needs server_up (the links' upload bandwidths)")
+      return None
+    up = _links("server_up", self.server_up, num_nodes)
+    down = up if self.server_down is None else _links("server_down", self.server_down, num_nodes)
+    return (None,) + tuple((jnp.asarray(u, jnp.float32), jnp.asarray(d, jnp.float32))
+                           for u, d in zip(up, down, strict=True))
+
+  def aggregation_seconds(self, level: int, links, up_bytes, down_bytes) -> jax.Array:
+    """``float32[]`` seconds server level ``level`` adds to a round in which it aggregates: its
+    fixed :meth:`level_time`, plus (with ``links`` from :meth:`server_links`) the slowest of its
+    children (the nodes of level ``level + 1``) sending ``up_bytes`` and receiving
+    ``down_bytes`` (scalars or one per child) over their own links."""
+    fixed = jnp.float32(self.level_time(level))
+    if links is None:
+      return fixed
+    up, down = links[level + 1]
+    up_b, down_b = jnp.asarray(up_bytes, jnp.float32), jnp.asarray(down_bytes, jnp.float32)
+    return fixed + jnp.max(up_b / up + down_b / down)
+
+  def client_seconds(self, clients: jax.Array, steps: jax.Array, model_size: float, *,
+                     up_bytes=None, down_bytes=None) -> jax.Array:
+    """``float32[K]`` simulated seconds of ``clients`` doing ``steps`` local steps:
+    download, compute, upload (bytes as in :meth:`round`)."""
+    comm = self._comm(clients, model_size, up_bytes, down_bytes)
+    return comm + steps / jnp.take(self.profile.speed, clients)
+
+  def _comm(self, clients: jax.Array, model_size: float, up_bytes=None, down_bytes=None) -> jax.Array:
+    def size(own, reported):
+      if own is not None:
+        return jnp.take(own, clients)
+      return jnp.float32(model_size) if reported is None else jnp.asarray(reported, jnp.float32)
+    up, down = size(self.bytes_up, up_bytes), size(self.bytes_down, down_bytes)
     return down / jnp.take(self.profile.down, clients) + up / jnp.take(self.profile.up, clients)
 
   def round(
@@ -475,6 +565,8 @@ class Systems:
     model_bytes: float,
     key: jax.Array,
     keep: Sequence[int] | None = None,
+    up_bytes: jax.Array | float | None = None,
+    down_bytes: jax.Array | float | None = None,
   ) -> RoundOutcome:
     """Applies availability, dropout and the policy to a sampled ``cohort`` (jittable).
 
@@ -485,6 +577,9 @@ class Systems:
       model_bytes: bytes of the model (the default ``bytes_up`` / ``bytes_down``).
       key: randomness of dropouts.
       keep: ``k_g`` clients kept per parent (over-selection only).
+      up_bytes: what every slot sends (a scalar or ``[K]``) where the update path compresses it
+        (:func:`uplink_bytes`); ``None``: ``model_bytes``. :attr:`bytes_up` wins when set.
+      down_bytes: what every slot receives (the downlink's ``bytes`` at its parent), likewise.
 
     Returns:
       The :class:`RoundOutcome`.
@@ -493,7 +588,7 @@ class Systems:
     clients = cohort.clients
     steps = jnp.take(num_steps, clients)
     speed = jnp.take(self.profile.speed, clients)
-    comm = self._comm(clients, model_bytes)
+    comm = self._comm(clients, model_bytes, up_bytes, down_bytes)
     seconds = comm + steps / speed
     online = cohort.valid
     if self.availability is not None:

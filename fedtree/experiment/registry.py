@@ -323,7 +323,16 @@ def validate_run(label: str, run) -> None:
   """Named errors for an unknown algorithm or an unknown field of ``config.runs.<label>``."""
   sch = schema(_spec(label, run))
   allowed = sch.allowed + (["adapters"] if run.algorithm in ADAPTER_ALGORITHMS else [])
+  if "systems" in run and "systems" not in allowed:
+    raise ValueError(f"config.runs.{label}: algorithm {run.algorithm!r} cannot run a 'systems' section "
+                     f"(device speeds, availability, round policies); the algorithms that take it: "
+                     f"{systems_algorithms()}")
   check_fields(f"config.runs.{label} (algorithm={run.algorithm!r})", list(run.keys()), allowed)
+
+
+def systems_algorithms() -> list[str]:
+  """The algorithms whose runs take a ``systems`` section (their factory takes ``systems``)."""
+  return sorted(n for n, spec in SPECS.items() if "systems" in inspect.signature(spec.factory).parameters)
 
 
 def factory_kwargs(label: str, run, ctx) -> dict[str, Any]:
