@@ -78,8 +78,37 @@ def test_attack_and_defence_through_hierfavg_at_two_levels():
   for r in range(2):
     s, m = step(s, ctx.data, jax.random.fold_in(jax.random.key(1), r))
     assert 0 < float(m["attackers"]) < 1 and float(m["krum_selected"]) > 0
+    assert 0 <= float(m["kept_attackers"]) <= float(m["krum_selected"])
     assert np.isfinite(float(m["train_loss"]))
   assert len(traces) == 1
+
+
+def test_fltrust_root_clients_from_the_config_are_never_attackers():
+  ctx = _ctx()
+  from fedtree.experiment.robust import root_clients
+
+  n = ctx.data.num_clients
+  root = root_clients(0.25, None, ctx)
+  assert len(root) == max(1, round(0.25 * n))
+  bad = np.asarray(attacks.attackers(n, fraction=0.75, seed=int(ctx.config.seed)).mask(np.arange(n), None))
+  assert not bad[list(root)].any()
+  p = _paths(ctx, attack={"name": "label_flip", "fraction": 0.5, "target": 1},
+             aggregator={"name": "fltrust", "root_fraction": 0.25})[-1]
+  assert p.aggregator.name == "fltrust" and robust.watches(robust.fltrust(trusted=root))
+  with pytest.raises(ValueError, match=r"root_fraction=1.0 must be in \(0, 1\)"):
+    _paths(ctx, aggregator={"name": "fltrust", "root_fraction": 1.0})
+
+
+def test_final_table_has_an_asr_column_only_when_reported():
+  from fedtree.experiment.reporting import format_summary
+
+  plain = {"a": {"global": {"accuracy": 0.9, "client_mean_accuracy": 0.8, "loss": 0.3}}}
+  assert "ASR" not in format_summary(plain)
+  both = {**plain, "b": {"global": {"accuracy": 0.7, "client_mean_accuracy": 0.6, "loss": 0.5,
+                                    "attack_success_rate": 0.25}}}
+  lines = format_summary(both).splitlines()
+  assert lines[2].split()[-1] == "ASR" and lines[-1].split()[-1] == "0.2500"
+  assert lines[-2].split() == ["a", "global", "0.9000", "0.8000", "0.3000"]   # run "a": the cell left empty
 
 
 def test_data_attacks_poison_the_runs_data():
@@ -104,7 +133,8 @@ def test_data_attacks_poison_the_runs_data():
   same = ml_collections.ConfigDict({"attack": {"name": "sign_flip", "fraction": 0.5}})
   assert poisoned_data(same, ctx)[0] is ctx.data
   # the section itself validates (a run field of every algorithm with update_paths)
-  assert sections.update_paths_from_config({"attack": flip.attack}, ctx) == {"update_paths": {}}
+  paths = sections.update_paths_from_config({"attack": flip.attack}, ctx)["update_paths"]
+  assert all(p.is_default for p in paths.values())   # without a choosing aggregator: nothing to watch
   with pytest.raises(ValueError, match="cannot redraw them each round"):
     sections.update_paths_from_config({"attack": {"name": "label_flip", "fraction": 0.5, "target": 1,
                                                   "redraw": True}}, ctx)

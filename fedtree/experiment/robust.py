@@ -17,7 +17,9 @@ attacks (:data:`DATA_ATTACKS`) poison the attackers' stored training data for th
 evaluation); they need a fixed set of attackers (no ``redraw``) and are not reported by sweeps.
 
 ``aggregator``: ``{"name": ..., "levels": -1 | [levels], ...}`` plus the aggregator's
-hyperparameters (``beta``, ``f``, ``m``, ``iterations``, ``nu``, ``tau``, ``center``); ``levels``
+hyperparameters (``beta``, ``f``, ``m``, ``iterations``, ``nu``, ``tau``, ``center``,
+``trusted``: FLTrust's root-data clients, or ``root_fraction``: that fraction of the clients
+drawn by ``seed``); ``levels``
 are server levels (``0`` the root, ``-1`` the clients' parents, the default).
 
 Example (a run field of any algorithm with ``update_paths``)::
@@ -57,8 +59,25 @@ def aggregator_section(section: dict[str, Any], ctx) -> dict[int, Any]:
   if name is None:
     raise ValueError(f"a 'name' is required; choose one of {sorted(robust.AGGREGATORS)}")
   levels = _levels(section.pop("levels", section.pop("level", -1)))
+  if name == "fltrust" and "root_fraction" in section:
+    section["trusted"] = root_clients(float(section.pop("root_fraction")), section.pop("seed", None), ctx)
   agg = robust.robust_aggregator(name, **section)
   return {lv: PathParts(aggregator=agg) for lv in levels}
+
+
+def root_clients(fraction: float, seed: int | None, ctx) -> tuple[int, ...]:
+  """FLTrust's root-data clients: ``max(1, round(fraction * clients))`` of them, the last ones of
+  the seeded order the attackers are drawn from (:func:`fedtree.core.attacks.attackers`), so an
+  ``attack`` section with the same seed (the config's by default) never marks them."""
+  if not 0.0 < fraction < 1.0:
+    raise ValueError(f"fltrust: root_fraction={fraction!r} must be in (0, 1) (the share of clients whose "
+                     f"data is the server's root dataset)")
+  if seed is None:
+    seed = int(ctx.config.get("seed", 0)) if ctx is not None and ctx.config is not None else 0
+  n = int(ctx.data.num_clients)
+  order = np.asarray(attacks.attackers(n, fraction=0.0, seed=int(seed)).order)
+  k = max(1, round(fraction * n))
+  return tuple(int(c) for c in np.flatnonzero(order >= n - k))
 
 
 def attack_section(section: dict[str, Any], ctx) -> dict[int, Any]:
@@ -76,18 +95,22 @@ def attack_section(section: dict[str, Any], ctx) -> dict[int, Any]:
     seed = int(ctx.config.get("seed", 0)) if ctx is not None and ctx.config is not None else 0
   who = {k: section.pop(k) for k in ("fraction", "ids", "redraw") if k in section}
   mask = attacks.attackers(int(ctx.data.num_clients), seed=int(seed), **who)
+
+  def watch(agg):
+    return attacks.watch_kept(agg, mask)
+
   if name in DATA_ATTACKS:
     if mask.redraw:
       raise ValueError(f"attack {name!r} poisons the attackers' stored data: it cannot redraw them "
                        f"each round")
     _data_attack(name, section, ctx.data, mask)   # validates; the runner poisons the run's data
-    return {}
+    return {-1: PathParts(wrap_aggregator=(watch,))}
   if name in attacks.CLIENT_ATTACKS:
     try:
       transform = attacks.CLIENT_ATTACKS[name](mask, **section)
     except TypeError as e:
       raise ValueError(f"attack {name!r}: bad hyperparameters {sorted(section)} ({e})") from e
-    return {-1: PathParts(client=(transform,))}
+    return {-1: PathParts(client=(transform,), wrap_aggregator=(watch,))}
   attacks.omniscient(robust.mean(), mask, attack=name, **section)   # validates the hyperparameters
   return {-1: PathParts(
     wrap_aggregator=(lambda agg: attacks.omniscient(agg, mask, attack=name, **section),))}
