@@ -44,7 +44,10 @@ def test_sections_build_the_paths():
 @pytest.mark.parametrize("section,match", [
   ({"attack": {"name": "boom", "fraction": 0.1}}, r"attack: attack name='boom'; choose one of \['gaussian'"),
   ({"attack": {"name": "sign_flip"}}, "attack: attackers: give one of fraction= and ids="),
-  ({"attack": {"name": "sign_flip", "fraction": 0.1, "level": 0}}, "level=0: the attackers are clients"),
+  ({"attack": {"name": "sign_flip", "fraction": 0.1, "level": 2}},
+   r"level=2: the server level whose children attack; choose one of \[0, 1\] or -1"),
+  ({"attack": {"name": "label_flip", "fraction": 0.1, "target": 1, "level": 0}},
+   "attack 'label_flip' poisons clients' data: its level is -1"),
   ({"attack": {"name": "scaling", "fraction": 0.1, "boost": 2}}, r"attack .scaling.: bad hyperparameters"),
   ({"attack": {"name": "alie", "fraction": 0.1, "eps": 2, "x": 1}}, r"alie: unknown hyperparameters \['x'\]"),
   ({"aggregator": {"name": "mode"}}, r"aggregator: aggregator 'mode' is unknown; choose one of \['bulyan'"),
@@ -111,6 +114,34 @@ def test_final_table_has_an_asr_column_only_when_reported():
   assert lines[-2].split() == ["a", "global", "0.9000", "0.8000", "0.3000"]   # run "a": the cell left empty
 
 
+def test_attackers_at_a_server_level_are_its_children_nodes():
+  """``level=0``: sign-flipping edge servers (nodes of level 1) in front of the root; the
+  clients' tier is untouched; through HierFAVG the level-0 metrics count them, one compile."""
+  ctx = _ctx()
+  paths = _paths(ctx, attack={"name": "sign_flip", "ids": [1], "level": 0},
+                 aggregator={"name": "median", "levels": 0})
+  assert set(paths) == {0} and paths[0].client.name == "sign_flip"
+  edges = ctx.topology.num_nodes(1)
+  ids = np.arange(edges)
+  d, _, st = jax.vmap(paths[0].client.apply)(np.ones((edges, 2), np.float32), np.zeros(edges),
+                                             jax.random.split(jax.random.key(0), edges),
+                                             ClientContext(ids, ids * 0, ids * 1.0, {}))
+  np.testing.assert_array_equal(np.asarray(st["attackers"]), ids == 1)
+  np.testing.assert_array_equal(np.asarray(d)[:, 0], np.where(ids == 1, -1.0, 1.0))
+  alg = _with_path(ctx, "hierfavg", paths)
+  counted, traces = count_traces(alg)
+  step = jax.jit(counted.round)
+  s = alg.init(jax.random.key(0))
+  seen = []
+  for r in range(2):   # the root aggregates in one of every two rounds
+    s, m = step(s, ctx.data, jax.random.fold_in(jax.random.key(1), r))
+    assert "attackers" not in m
+    seen.append(float(m["level0_attackers"]))
+  assert max(seen) == 1 / edges
+  assert np.isfinite(float(m["train_loss"]))
+  assert len(traces) == 1
+
+
 def test_data_attacks_poison_the_runs_data():
   from fedtree.experiment.robust import poisoned_data
 
@@ -150,7 +181,8 @@ def test_robust_config_end_to_end(tmp_path):
 
   from fedtree import experiment
 
-  cases = ((None, ("backdoor_median", "alie_mkrum", "labelflip_rfa")), ("tree", ("median_at_edges",)))
+  cases = ((None, ("backdoor_median_30", "alie_mkrum_10", "labelflip_fltrust_30")),
+           ("tree", ("median_at_edges",)))
   for variant, keep in cases:
     c = load_config("robust", variant)
     for k in list(c.runs.keys()):
@@ -162,8 +194,8 @@ def test_robust_config_end_to_end(tmp_path):
     for k in keep:
       assert 0 <= res[k]["global"]["accuracy"] <= 1
     if variant is None:
-      assert 0 <= res["backdoor_median"]["global"]["attack_success_rate"] <= 1
-      assert "attack_success_rate" not in res["alie_mkrum"]["global"]
+      assert 0 <= res["backdoor_median_30"]["global"]["attack_success_rate"] <= 1
+      assert "attack_success_rate" not in res["alie_mkrum_10"]["global"]
 
 
 def test_memory_estimate_counts_the_cohort_blocks():
@@ -185,3 +217,24 @@ def test_memory_estimate_counts_the_cohort_blocks():
                                        r"100 bytes, with pairwise.*sample at most 23 clients per round"):
     memory.check_memory("r", state_bytes=1000, step_bytes=10, chunk=2, limit=10_000, source="t",
                         block=(100, 1000, 1000, True))
+
+
+def test_robust_config_is_the_full_attack_defence_table():
+  """Every attack at 10 % and 30 % against every defence (no attack once per defence), the
+  defences' f and β following the fraction, and the tree's four placements of the median."""
+  from config_files import load_config
+
+  c = load_config("robust", None)
+  attacks_, defences_ = ("signflip", "alie", "labelflip", "backdoor"), ("mean", "median", "trimmed", "mkrum",
+                                                                        "rfa", "cclip", "fltrust")
+  want = {f"none_{d}" for d in defences_} | {f"{a}_{d}_{p}" for a in attacks_ for d in defences_
+                                             for p in (10, 30)}
+  assert set(c.runs.keys()) == want
+  assert c.runs.signflip_mkrum_10.aggregator.f == 2 and c.runs.signflip_mkrum_30.aggregator.f == 6
+  assert c.runs.alie_trimmed_30.aggregator.beta == 0.3 and c.runs.alie_trimmed_30.attack.fraction == 0.3
+  assert "aggregator" not in c.runs.backdoor_mean_10 and "attack" not in c.runs.none_median
+  tree = load_config("robust", "tree")
+  assert [tree.runs[k].get("aggregator", {}).get("levels") for k in sorted(tree.runs.keys())] == [
+    [0, -1], -1, None, 0]
+  with pytest.raises(ValueError, match="choose no variant"):
+    load_config("robust", "table10")

@@ -7,8 +7,11 @@ plus the attack's hyperparameters (``scale``, ``factor``, ``std``; ``z``, ``eps`
 ``gamma_init``, ``iterations``, ``perturbation``; ``label_flip``: ``permutation`` or
 ``target``; ``backdoor``: ``target``, ``poison_fraction`` of each attacker's examples,
 ``trigger``: ``{"corner": size, "value": v}`` or ``{"features": [flat indices], "value": v}``,
-and the seed of the examples drawn). The attackers are clients (level ``-1``, the
-clients' parents aggregate them); ``seed`` defaults to the config's. The model-poisoning attacks
+and the seed of the examples drawn). ``level`` (default ``-1``: the clients' parents, so the
+clients attack) is the server level whose children attack: at level ``l`` above the clients'
+parents the attackers are nodes of level ``l + 1`` (``fraction`` / ``ids`` of those nodes;
+e.g. ``level=0``: captured edge servers send their poisoned aggregate to the root); data
+attacks are the clients' only. ``seed`` defaults to the config's. The model-poisoning attacks
 (:data:`~fedtree.core.attacks.CLIENT_ATTACKS`) transform each attacker's update; the omniscient
 ones (:data:`~fedtree.core.attacks.OMNISCIENT`) wrap the level's aggregator (the blockwise mean
 when none is chosen), so they need an algorithm that can run a blockwise aggregator. The data
@@ -81,20 +84,27 @@ def root_clients(fraction: float, seed: int | None, ctx) -> tuple[int, ...]:
 
 
 def attack_section(section: dict[str, Any], ctx) -> dict[int, Any]:
-  """``{-1: PathParts(...)}`` of an ``attack`` section."""
+  """``{level: PathParts(...)}`` of an ``attack`` section (``-1`` for clients that attack)."""
   section = dict(section)
   name = section.pop("name", None)
   if name not in ATTACKS:
     raise ValueError(f"attack name={name!r}; choose one of {list(ATTACKS)}")
   level = section.pop("level", -1)
-  if level != -1:
-    raise ValueError(f"level={level!r}: the attackers are clients (level -1, the clients' parents "
-                     f"aggregate them); attacks on server nodes are not configurable")
+  depth = 1 if ctx.topology is None else int(ctx.topology.depth)
+  if isinstance(level, bool) or not isinstance(level, int) or not -depth <= level < depth:
+    raise ValueError(f"level={level!r}: the server level whose children attack; choose one of "
+                     f"{list(range(depth))} or -1 (the clients' parents: the clients attack)")
+  lv = level % depth
+  if lv != depth - 1 and name in DATA_ATTACKS:
+    raise ValueError(f"attack {name!r} poisons clients' data: its level is -1 (the clients' parents), "
+                     f"not {level!r}")
   seed = section.pop("seed", None)
   if seed is None:
     seed = int(ctx.config.get("seed", 0)) if ctx is not None and ctx.config is not None else 0
   who = {k: section.pop(k) for k in ("fraction", "ids", "redraw") if k in section}
-  mask = attacks.attackers(int(ctx.data.num_clients), seed=int(seed), **who)
+  num = int(ctx.data.num_clients) if lv == depth - 1 else int(ctx.topology.num_nodes(lv + 1))
+  mask = attacks.attackers(num, seed=int(seed), **who)
+  key = -1 if lv == depth - 1 else lv
 
   def watch(agg):
     return attacks.watch_kept(agg, mask)
@@ -104,15 +114,15 @@ def attack_section(section: dict[str, Any], ctx) -> dict[int, Any]:
       raise ValueError(f"attack {name!r} poisons the attackers' stored data: it cannot redraw them "
                        f"each round")
     _data_attack(name, section, ctx.data, mask)   # validates; the runner poisons the run's data
-    return {-1: PathParts(wrap_aggregator=(watch,))}
+    return {key: PathParts(wrap_aggregator=(watch,))}
   if name in attacks.CLIENT_ATTACKS:
     try:
       transform = attacks.CLIENT_ATTACKS[name](mask, **section)
     except TypeError as e:
       raise ValueError(f"attack {name!r}: bad hyperparameters {sorted(section)} ({e})") from e
-    return {-1: PathParts(client=(transform,), wrap_aggregator=(watch,))}
+    return {key: PathParts(client=(transform,), wrap_aggregator=(watch,))}
   attacks.omniscient(robust.mean(), mask, attack=name, **section)   # validates the hyperparameters
-  return {-1: PathParts(
+  return {key: PathParts(
     wrap_aggregator=(lambda agg: attacks.omniscient(agg, mask, attack=name, **section),))}
 
 
