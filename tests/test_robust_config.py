@@ -238,3 +238,34 @@ def test_robust_config_is_the_full_attack_defence_table():
     [0, -1], -1, None, 0]
   with pytest.raises(ValueError, match="choose no variant"):
     load_config("robust", "table10")
+
+
+@pytest.mark.slow
+def test_a_sweep_reports_the_backdoor_success_rate_of_every_experiment(tmp_path):
+  """A backdoor run swept over the learning rate: each setting's ``attack_success_rate`` is the
+  one the same run prints alone (~16 s: two compiles)."""
+  from test_sweep import tiny
+
+  from fedtree import experiment
+
+  def config(sweep):
+    c = tiny(rounds=2)
+    for k in list(c.runs.keys()):
+      if k != "fedavg":
+        del c.runs[k]
+    c.runs.fedavg.attack = ml_collections.ConfigDict({
+      "name": "backdoor", "ids": (0, 1), "target": 1, "poison_fraction": 1.0,
+      "trigger": {"features": [0, 1], "value": 5.0}})
+    if sweep:
+      c.sweep.params = "local.learning_rate=0.02,0.1"
+    else:
+      del c["sweep"]
+      c.local.learning_rate = 0.1
+    return c
+
+  rows = experiment.train_and_evaluate(config(True), str(tmp_path / "s"))["fedavg"]["sweep"]["settings"]
+  alone = experiment.train_and_evaluate(config(False), str(tmp_path / "a"))["fedavg"]["global"]
+  asr = [r["mean"]["global/attack_success_rate"] for r in rows]
+  assert asr[0] != asr[1]
+  np.testing.assert_allclose(asr[1], alone["attack_success_rate"], rtol=1e-6)
+  np.testing.assert_allclose(rows[1]["mean"]["global/accuracy"], alone["accuracy"], rtol=1e-6)

@@ -17,7 +17,8 @@ ones (:data:`~fedtree.core.attacks.OMNISCIENT`) wrap the level's aggregator (the
 when none is chosen), so they need an algorithm that can run a blockwise aggregator. The data
 attacks (:data:`DATA_ATTACKS`) poison the attackers' stored training data for the run
 (:func:`poisoned_data`, called by the runner; a backdoor adds ``attack_success_rate`` to the
-evaluation); they need a fixed set of attackers (no ``redraw``) and are not reported by sweeps.
+evaluation, also per experiment of a sweep); they need a fixed set of attackers (no ``redraw``,
+no swept fraction).
 
 ``aggregator``: ``{"name": ..., "levels": -1 | [levels], ...}`` plus the aggregator's
 hyperparameters (``beta``, ``f``, ``m``, ``iterations``, ``nu``, ``tau``, ``center``,
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -113,7 +115,12 @@ def attack_section(section: dict[str, Any], ctx) -> dict[int, Any]:
     if mask.redraw:
       raise ValueError(f"attack {name!r} poisons the attackers' stored data: it cannot redraw them "
                        f"each round")
-    _data_attack(name, section, ctx.data, mask)   # validates; the runner poisons the run's data
+    if isinstance(who.get("fraction"), jax.core.Tracer):
+      raise ValueError(f"attack {name!r}: its fraction cannot be a sweep axis (the attackers' data is "
+                       f"poisoned once, before the run); sweep it as separate runs")
+    with jax.ensure_compile_time_eval():   # a sweep builds the run inside a trace
+      host = attacks.attackers(num, seed=int(seed), **who)
+      _data_attack(name, section, ctx.data, host)   # validates; the runner poisons the run's data
     return {key: PathParts(wrap_aggregator=(watch,))}
   if name in attacks.CLIENT_ATTACKS:
     try:
