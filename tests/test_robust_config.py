@@ -10,7 +10,7 @@ from helpers import count_traces
 from test_updates import _ctx, _with_path
 
 from fedtree.core import attacks, robust
-from fedtree.core.updates import ClientContext, UpdatePath
+from fedtree.core.updates import ClientContext
 from fedtree.experiment import registry
 from fedtree.experiment import updates as sections
 
@@ -69,20 +69,27 @@ def test_algorithms_without_blockwise_aggregation_refuse_robust_aggregators(name
 
 
 def test_attack_and_defence_through_hierfavg_at_two_levels():
-  """Sign flippers and multi-Krum at the edges, the median at the root of a 3-level tree: one
-  compile; the round's metrics count the attackers and Krum's kept updates."""
+  """Sign flippers and multi-Krum at the edges; a sign-flipping edge server (``level=0``: the
+  attackers are the root's children) and the median at the root of a 3-level tree: one compile;
+  the round's metrics count the attackers at both levels and Krum's kept updates."""
   ctx = _ctx()
   edges = _paths(ctx, attack={"name": "sign_flip", "ids": [0, 3]}, aggregator={"name": "multi_krum", "f": 0})
-  paths = {0: UpdatePath(aggregator=robust.median()), 1: edges[-1]}
+  root = _paths(ctx, attack={"name": "sign_flip", "ids": [1], "level": 0},
+                aggregator={"name": "median", "levels": 0})
+  assert set(root) == {0}
+  paths = {0: root[0], 1: edges[-1]}
   alg = _with_path(ctx, "hierfavg", paths)
   counted, traces = count_traces(alg)
   step = jax.jit(counted.round)
   s = alg.init(jax.random.key(0))
-  for r in range(2):
+  at_root = []
+  for r in range(2):   # the root aggregates in one of every two rounds
     s, m = step(s, ctx.data, jax.random.fold_in(jax.random.key(1), r))
     assert 0 < float(m["attackers"]) < 1 and float(m["krum_selected"]) > 0
     assert 0 <= float(m["kept_attackers"]) <= float(m["krum_selected"])
     assert np.isfinite(float(m["train_loss"]))
+    at_root.append(float(m["level0_attackers"]))
+  assert max(at_root) == 1 / ctx.topology.num_nodes(1)
   assert len(traces) == 1
 
 
@@ -115,31 +122,20 @@ def test_final_table_has_an_asr_column_only_when_reported():
 
 
 def test_attackers_at_a_server_level_are_its_children_nodes():
-  """``level=0``: sign-flipping edge servers (nodes of level 1) in front of the root; the
-  clients' tier is untouched; through HierFAVG the level-0 metrics count them, one compile."""
+  """``level=0``: the attackers are edge servers (nodes of level 1), drawn among them; the
+  clients' tier is untouched (run through HierFAVG in the two-level test above)."""
   ctx = _ctx()
-  paths = _paths(ctx, attack={"name": "sign_flip", "ids": [1], "level": 0},
-                 aggregator={"name": "median", "levels": 0})
+  paths = _paths(ctx, attack={"name": "sign_flip", "fraction": 0.5, "level": 0})
   assert set(paths) == {0} and paths[0].client.name == "sign_flip"
   edges = ctx.topology.num_nodes(1)
   ids = np.arange(edges)
   d, _, st = jax.vmap(paths[0].client.apply)(np.ones((edges, 2), np.float32), np.zeros(edges),
                                              jax.random.split(jax.random.key(0), edges),
                                              ClientContext(ids, ids * 0, ids * 1.0, {}))
-  np.testing.assert_array_equal(np.asarray(st["attackers"]), ids == 1)
-  np.testing.assert_array_equal(np.asarray(d)[:, 0], np.where(ids == 1, -1.0, 1.0))
-  alg = _with_path(ctx, "hierfavg", paths)
-  counted, traces = count_traces(alg)
-  step = jax.jit(counted.round)
-  s = alg.init(jax.random.key(0))
-  seen = []
-  for r in range(2):   # the root aggregates in one of every two rounds
-    s, m = step(s, ctx.data, jax.random.fold_in(jax.random.key(1), r))
-    assert "attackers" not in m
-    seen.append(float(m["level0_attackers"]))
-  assert max(seen) == 1 / edges
-  assert np.isfinite(float(m["train_loss"]))
-  assert len(traces) == 1
+  want = np.asarray(attacks.attackers(edges, fraction=0.5, seed=int(ctx.config.seed)).mask(ids, None))
+  assert want.sum() == 1
+  np.testing.assert_array_equal(np.asarray(st["attackers"]) > 0, want)
+  np.testing.assert_array_equal(np.asarray(d)[:, 0], np.where(want, -1.0, 1.0))
 
 
 def test_data_attacks_poison_the_runs_data():
