@@ -165,6 +165,9 @@ def test_data_attacks_poison_the_runs_data():
   with pytest.raises(ValueError, match="cannot redraw them each round"):
     sections.update_paths_from_config({"attack": {"name": "label_flip", "fraction": 0.5, "target": 1,
                                                   "redraw": True}}, ctx)
+  with pytest.raises(ValueError, match="its fraction cannot be a sweep axis"):   # poisoned once, before
+    jax.jit(lambda f: sections.update_paths_from_config(
+      {"attack": {"name": "label_flip", "fraction": f, "target": 1}}, ctx) and f)(0.5)
   with pytest.raises(ValueError, match="it needs 'target'"):
     sections.update_paths_from_config({"attack": {"name": "backdoor", "fraction": 0.5}}, ctx)
 
