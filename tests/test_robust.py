@@ -122,6 +122,18 @@ def ref_cclip(x, tau, iterations, center):
   return v
 
 
+def ref_fltrust(x, root):
+  """Per parent: ``x`` its valid updates, ``root`` which of them are trusted."""
+  g0 = x[root].mean(0)
+  others = x[~root].astype(np.float64)
+  cos = others @ g0 / (np.linalg.norm(others, axis=1) * np.linalg.norm(g0))
+  s = np.maximum(cos, 0.0)
+  if s.sum() == 0:
+    return np.zeros_like(g0)
+  scaled = others * (np.linalg.norm(g0) / np.linalg.norm(others, axis=1))[:, None]
+  return (s[:, None] * scaled).sum(0) / s.sum()
+
+
 CASES = [
   ("median", robust.median(), lambda x, w: np.median(x, axis=0)),
   ("trimmed_mean", robust.trimmed_mean(beta=0.2), lambda x, w: ref_trimmed(x, 0.2)),
@@ -156,6 +168,53 @@ def test_aggregator_matches_numpy_per_parent(name, agg, ref, ties):
     np.testing.assert_allclose(w[p], weights[p].sum(), rtol=1e-6)
 
 
+@pytest.mark.parametrize("ties", [False, True])
+def test_fltrust_matches_numpy_per_parent(ties):
+  """Trusted slots in parents 0 and 1, none in parent 2 (left unchanged, weight 0), an empty
+  parent; with ``ties`` some updates are opposite to the reference (trust 0)."""
+  block, flat, valid, weights = _block(seed=4, ties=ties)
+  clients = np.asarray(block.clients)
+  trusted = [int(clients[p][valid[p]][j]) for p, j in ((0, 0), (0, 3), (1, 2))]
+  est, w, st = _run(robust.fltrust(trusted=trusted), block)
+  for p in range(flat.shape[0]):
+    root = np.isin(clients[p], trusted) & valid[p]
+    if not root.any():
+      assert w[p] == 0 and np.all(est[p] == 0)
+      continue
+    x = flat[p][valid[p]]
+    want = ref_fltrust(x, root[valid[p]])
+    np.testing.assert_allclose(est[p], want, rtol=2e-5, atol=2e-5, err_msg=f"parent {p}")
+    np.testing.assert_allclose(w[p], weights[p][valid[p] & ~root].sum(), rtol=1e-6)
+  root0 = np.isin(clients[0], trusted) & valid[0]
+  assert st["fltrust_zeroed"][0] == np.sum(flat[0][valid[0] & ~root0] @ flat[0][root0].mean(0) <= 0)
+
+
+def test_selecting_aggregators_count_the_attackers_they_kept():
+  """``watch`` (the attackers' slots) -> ``kept_attackers`` = |kept ∩ watched| per parent,
+  against the numpy Krum selection; aggregators that do not choose do not watch."""
+  from fedtree.core import attacks
+
+  block, flat, valid, _ = _block(seed=5)
+  clients = np.asarray(block.clients)
+  bad_ids = clients[valid][::2]
+  a = attacks.attackers(int(clients.max()) + 1, ids=bad_ids)
+  _, _, st = _run(attacks.watch_kept(robust.krum(f=1, m=3), a), block)
+  for p in range(3):
+    slots = np.flatnonzero(valid[p])
+    kept = slots[ref_krum_sel(flat[p][slots], 1, 3)]
+    assert st["kept_attackers"][p] == np.isin(clients[p, kept], bad_ids).sum()
+  assert st["kept_attackers"][3] == 0
+  _, _, st = _run(attacks.watch_kept(robust.bulyan(f=1), a), block)
+  sel = np.asarray(robust.bulyan_selection(block, f=1))
+  np.testing.assert_array_equal(st["kept_attackers"], (sel & np.isin(clients, bad_ids)).sum(1))
+  assert robust.watches(robust.fltrust(trusted=[0])) and not robust.watches(robust.median())
+  med = robust.median()
+  assert attacks.watch_kept(med, a) is med
+  redraw = attacks.attackers(10, fraction=0.5, redraw=True)
+  agg = robust.krum(f=1)
+  assert attacks.watch_kept(agg, redraw) is agg
+
+
 def test_stats_and_selections():
   block, flat, valid, _ = _block(seed=5)
   _, _, st = _run(robust.trimmed_mean(beta=0.3), block)
@@ -181,6 +240,8 @@ def test_bad_input_is_refused():
     robust.krum(f=1, m=0)
   with pytest.raises(ValueError, match="center='x'; choose one of"):
     robust.centered_clip(tau=1.0, center="x")
+  with pytest.raises(ValueError, match=r"fltrust: trusted=\[\] must name at least one child"):
+    robust.fltrust(trusted=[])
   with pytest.raises(ValueError, match="tau=0.0 must be positive"):
     robust.norm_bound(tau=0.0)
   with pytest.raises(ValueError, match=r"aggregator 'mode' is unknown; choose one of \['bulyan'"):

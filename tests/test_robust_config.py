@@ -10,7 +10,7 @@ from helpers import count_traces
 from test_updates import _ctx, _with_path
 
 from fedtree.core import attacks, robust
-from fedtree.core.updates import ClientContext, UpdatePath
+from fedtree.core.updates import ClientContext
 from fedtree.experiment import registry
 from fedtree.experiment import updates as sections
 
@@ -44,7 +44,10 @@ def test_sections_build_the_paths():
 @pytest.mark.parametrize("section,match", [
   ({"attack": {"name": "boom", "fraction": 0.1}}, r"attack: attack name='boom'; choose one of \['gaussian'"),
   ({"attack": {"name": "sign_flip"}}, "attack: attackers: give one of fraction= and ids="),
-  ({"attack": {"name": "sign_flip", "fraction": 0.1, "level": 0}}, "level=0: the attackers are clients"),
+  ({"attack": {"name": "sign_flip", "fraction": 0.1, "level": 2}},
+   r"level=2: the server level whose children attack; choose one of \[0, 1\] or -1"),
+  ({"attack": {"name": "label_flip", "fraction": 0.1, "target": 1, "level": 0}},
+   "attack 'label_flip' poisons clients' data: its level is -1"),
   ({"attack": {"name": "scaling", "fraction": 0.1, "boost": 2}}, r"attack .scaling.: bad hyperparameters"),
   ({"attack": {"name": "alie", "fraction": 0.1, "eps": 2, "x": 1}}, r"alie: unknown hyperparameters \['x'\]"),
   ({"aggregator": {"name": "mode"}}, r"aggregator: aggregator 'mode' is unknown; choose one of \['bulyan'"),
@@ -66,20 +69,73 @@ def test_algorithms_without_blockwise_aggregation_refuse_robust_aggregators(name
 
 
 def test_attack_and_defence_through_hierfavg_at_two_levels():
-  """Sign flippers and multi-Krum at the edges, the median at the root of a 3-level tree: one
-  compile; the round's metrics count the attackers and Krum's kept updates."""
+  """Sign flippers and multi-Krum at the edges; a sign-flipping edge server (``level=0``: the
+  attackers are the root's children) and the median at the root of a 3-level tree: one compile;
+  the round's metrics count the attackers at both levels and Krum's kept updates."""
   ctx = _ctx()
   edges = _paths(ctx, attack={"name": "sign_flip", "ids": [0, 3]}, aggregator={"name": "multi_krum", "f": 0})
-  paths = {0: UpdatePath(aggregator=robust.median()), 1: edges[-1]}
+  root = _paths(ctx, attack={"name": "sign_flip", "ids": [1], "level": 0},
+                aggregator={"name": "median", "levels": 0})
+  assert set(root) == {0}
+  paths = {0: root[0], 1: edges[-1]}
   alg = _with_path(ctx, "hierfavg", paths)
   counted, traces = count_traces(alg)
   step = jax.jit(counted.round)
   s = alg.init(jax.random.key(0))
-  for r in range(2):
+  at_root = []
+  for r in range(2):   # the root aggregates in one of every two rounds
     s, m = step(s, ctx.data, jax.random.fold_in(jax.random.key(1), r))
     assert 0 < float(m["attackers"]) < 1 and float(m["krum_selected"]) > 0
+    assert 0 <= float(m["kept_attackers"]) <= float(m["krum_selected"])
     assert np.isfinite(float(m["train_loss"]))
+    at_root.append(float(m["level0_attackers"]))
+  assert max(at_root) == 1 / ctx.topology.num_nodes(1)
   assert len(traces) == 1
+
+
+def test_fltrust_root_clients_from_the_config_are_never_attackers():
+  ctx = _ctx()
+  from fedtree.experiment.robust import root_clients
+
+  n = ctx.data.num_clients
+  root = root_clients(0.25, None, ctx)
+  assert len(root) == max(1, round(0.25 * n))
+  bad = np.asarray(attacks.attackers(n, fraction=0.75, seed=int(ctx.config.seed)).mask(np.arange(n), None))
+  assert not bad[list(root)].any()
+  p = _paths(ctx, attack={"name": "label_flip", "fraction": 0.5, "target": 1},
+             aggregator={"name": "fltrust", "root_fraction": 0.25})[-1]
+  assert p.aggregator.name == "fltrust" and robust.watches(robust.fltrust(trusted=root))
+  with pytest.raises(ValueError, match=r"root_fraction=1.0 must be in \(0, 1\)"):
+    _paths(ctx, aggregator={"name": "fltrust", "root_fraction": 1.0})
+
+
+def test_final_table_has_an_asr_column_only_when_reported():
+  from fedtree.experiment.reporting import format_summary
+
+  plain = {"a": {"global": {"accuracy": 0.9, "client_mean_accuracy": 0.8, "loss": 0.3}}}
+  assert "ASR" not in format_summary(plain)
+  both = {**plain, "b": {"global": {"accuracy": 0.7, "client_mean_accuracy": 0.6, "loss": 0.5,
+                                    "attack_success_rate": 0.25}}}
+  lines = format_summary(both).splitlines()
+  assert lines[2].split()[-1] == "ASR" and lines[-1].split()[-1] == "0.2500"
+  assert lines[-2].split() == ["a", "global", "0.9000", "0.8000", "0.3000"]   # run "a": the cell left empty
+
+
+def test_attackers_at_a_server_level_are_its_children_nodes():
+  """``level=0``: the attackers are edge servers (nodes of level 1), drawn among them; the
+  clients' tier is untouched (run through HierFAVG in the two-level test above)."""
+  ctx = _ctx()
+  paths = _paths(ctx, attack={"name": "sign_flip", "fraction": 0.5, "level": 0})
+  assert set(paths) == {0} and paths[0].client.name == "sign_flip"
+  edges = ctx.topology.num_nodes(1)
+  ids = np.arange(edges)
+  d, _, st = jax.vmap(paths[0].client.apply)(np.ones((edges, 2), np.float32), np.zeros(edges),
+                                             jax.random.split(jax.random.key(0), edges),
+                                             ClientContext(ids, ids * 0, ids * 1.0, {}))
+  want = np.asarray(attacks.attackers(edges, fraction=0.5, seed=int(ctx.config.seed)).mask(ids, None))
+  assert want.sum() == 1
+  np.testing.assert_array_equal(np.asarray(st["attackers"]) > 0, want)
+  np.testing.assert_array_equal(np.asarray(d)[:, 0], np.where(want, -1.0, 1.0))
 
 
 def test_data_attacks_poison_the_runs_data():
@@ -104,10 +160,14 @@ def test_data_attacks_poison_the_runs_data():
   same = ml_collections.ConfigDict({"attack": {"name": "sign_flip", "fraction": 0.5}})
   assert poisoned_data(same, ctx)[0] is ctx.data
   # the section itself validates (a run field of every algorithm with update_paths)
-  assert sections.update_paths_from_config({"attack": flip.attack}, ctx) == {"update_paths": {}}
+  paths = sections.update_paths_from_config({"attack": flip.attack}, ctx)["update_paths"]
+  assert all(p.is_default for p in paths.values())   # without a choosing aggregator: nothing to watch
   with pytest.raises(ValueError, match="cannot redraw them each round"):
     sections.update_paths_from_config({"attack": {"name": "label_flip", "fraction": 0.5, "target": 1,
                                                   "redraw": True}}, ctx)
+  with pytest.raises(ValueError, match="its fraction cannot be a sweep axis"):   # poisoned once, before
+    jax.jit(lambda f: sections.update_paths_from_config(
+      {"attack": {"name": "label_flip", "fraction": f, "target": 1}}, ctx) and f)(0.5)
   with pytest.raises(ValueError, match="it needs 'target'"):
     sections.update_paths_from_config({"attack": {"name": "backdoor", "fraction": 0.5}}, ctx)
 
@@ -120,7 +180,8 @@ def test_robust_config_end_to_end(tmp_path):
 
   from fedtree import experiment
 
-  cases = ((None, ("backdoor_median", "alie_mkrum", "labelflip_rfa")), ("tree", ("median_at_edges",)))
+  cases = ((None, ("backdoor_median_30", "alie_mkrum_10", "labelflip_fltrust_30")),
+           ("tree", ("median_at_edges",)))
   for variant, keep in cases:
     c = load_config("robust", variant)
     for k in list(c.runs.keys()):
@@ -132,8 +193,8 @@ def test_robust_config_end_to_end(tmp_path):
     for k in keep:
       assert 0 <= res[k]["global"]["accuracy"] <= 1
     if variant is None:
-      assert 0 <= res["backdoor_median"]["global"]["attack_success_rate"] <= 1
-      assert "attack_success_rate" not in res["alie_mkrum"]["global"]
+      assert 0 <= res["backdoor_median_30"]["global"]["attack_success_rate"] <= 1
+      assert "attack_success_rate" not in res["alie_mkrum_10"]["global"]
 
 
 def test_memory_estimate_counts_the_cohort_blocks():
@@ -155,3 +216,55 @@ def test_memory_estimate_counts_the_cohort_blocks():
                                        r"100 bytes, with pairwise.*sample at most 23 clients per round"):
     memory.check_memory("r", state_bytes=1000, step_bytes=10, chunk=2, limit=10_000, source="t",
                         block=(100, 1000, 1000, True))
+
+
+def test_robust_config_is_the_full_attack_defence_table():
+  """Every attack at 10 % and 30 % against every defence (no attack once per defence), the
+  defences' f and β following the fraction, and the tree's four placements of the median."""
+  from config_files import load_config
+
+  c = load_config("robust", None)
+  attacks_, defences_ = ("signflip", "alie", "labelflip", "backdoor"), ("mean", "median", "trimmed", "mkrum",
+                                                                        "rfa", "cclip", "fltrust")
+  want = {f"none_{d}" for d in defences_} | {f"{a}_{d}_{p}" for a in attacks_ for d in defences_
+                                             for p in (10, 30)}
+  assert set(c.runs.keys()) == want
+  assert c.runs.signflip_mkrum_10.aggregator.f == 2 and c.runs.signflip_mkrum_30.aggregator.f == 6
+  assert c.runs.alie_trimmed_30.aggregator.beta == 0.3 and c.runs.alie_trimmed_30.attack.fraction == 0.3
+  assert "aggregator" not in c.runs.backdoor_mean_10 and "attack" not in c.runs.none_median
+  tree = load_config("robust", "tree")
+  assert [tree.runs[k].get("aggregator", {}).get("levels") for k in sorted(tree.runs.keys())] == [
+    [0, -1], -1, None, 0]
+  with pytest.raises(ValueError, match="choose no variant"):
+    load_config("robust", "table10")
+
+
+@pytest.mark.slow
+def test_a_sweep_reports_the_backdoor_success_rate_of_every_experiment(tmp_path):
+  """A backdoor run swept over the learning rate: each setting's ``attack_success_rate`` is the
+  one the same run prints alone (~16 s: two compiles)."""
+  from test_sweep import tiny
+
+  from fedtree import experiment
+
+  def config(sweep):
+    c = tiny(rounds=2)
+    for k in list(c.runs.keys()):
+      if k != "fedavg":
+        del c.runs[k]
+    c.runs.fedavg.attack = ml_collections.ConfigDict({
+      "name": "backdoor", "ids": (0, 1), "target": 1, "poison_fraction": 1.0,
+      "trigger": {"features": [0, 1], "value": 5.0}})
+    if sweep:
+      c.sweep.params = "local.learning_rate=0.02,0.1"
+    else:
+      del c["sweep"]
+      c.local.learning_rate = 0.1
+    return c
+
+  rows = experiment.train_and_evaluate(config(True), str(tmp_path / "s"))["fedavg"]["sweep"]["settings"]
+  alone = experiment.train_and_evaluate(config(False), str(tmp_path / "a"))["fedavg"]["global"]
+  asr = [r["mean"]["global/attack_success_rate"] for r in rows]
+  assert asr[0] != asr[1]
+  np.testing.assert_allclose(asr[1], alone["attack_success_rate"], rtol=1e-6)
+  np.testing.assert_allclose(rows[1]["mean"]["global/accuracy"], alone["accuracy"], rtol=1e-6)

@@ -266,7 +266,26 @@ def omniscient(aggregator: Aggregator, attacker: Attackers, *, attack: str, **hy
   def aggregate(block, key, node_state):
     poisoned, bad = poison_block(block, attacker, jax.random.fold_in(key, 0), attack=attack, **hyper)
     assert inner.aggregate is not None
-    s, w, stats = inner.aggregate(poisoned, jax.random.fold_in(key, 1), node_state)
+    watch = {"watch": bad} if robust.watches(inner) else {}
+    s, w, stats = inner.aggregate(poisoned, jax.random.fold_in(key, 1), node_state, **watch)
     return s, w, {**stats, "attackers": jnp.sum(bad, axis=1).astype(jnp.float32)}
 
   return Aggregator(aggregate, name=f"{attack}+{aggregator.name}")
+
+
+def watch_kept(aggregator: Aggregator, attacker: Attackers) -> Aggregator:
+  """``aggregator`` reporting ``kept_attackers`` (per parent, how many of the updates it kept were
+  ``attacker`` 's; :func:`fedtree.core.robust.watches`) when it chooses among the updates (Krum,
+  multi-Krum, Bulyan, FLTrust); any other aggregator, or attackers redrawn every round (their
+  draw is the client transform's), is returned as it is."""
+  from fedtree.core import robust
+
+  if attacker.redraw or not robust.watches(aggregator):
+    return aggregator
+  inner = aggregator.aggregate
+  assert inner is not None
+
+  def aggregate(block, key, node_state):
+    return inner(block, key, node_state, watch=attacker.mask(block.clients, None) & block.valid)
+
+  return Aggregator(aggregate, name=aggregator.name)

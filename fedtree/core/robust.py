@@ -25,6 +25,8 @@ The estimates, with ``n`` a parent's number of valid updates:
   smoothed Weiszfeld iterations from the weighted mean;
 * :func:`norm_bound`: every update scaled to norm at most ``τ``, then the weighted mean (Sun et
   al. 2019);
+* :func:`fltrust`: FLTrust (Cao et al. 2021), updates weighted by their cosine to the server's
+  own update on a root dataset (the updates of ``trusted`` children) and rescaled to its norm;
 * :func:`centered_clip`: centered clipping (Karimireddy et al. 2021), ``v ← v + mean_i
   clip_τ(x_i - v)`` for a few iterations. The paper centres on the server's previous aggregate
   (its momentum); an aggregator here is stateless, so the centre is chosen by ``center``:
@@ -33,7 +35,7 @@ The estimates, with ``n`` a parent's number of valid updates:
 
 Weights: :func:`geometric_median` and :func:`norm_bound` use the clients' aggregation weights;
 the order-statistic and distance-based ones (median, trimmed mean, Krum, Bulyan, centered
-clipping) count every valid update once, as their papers do.
+clipping, FLTrust) count every valid update once, as their papers do.
 
 Parents with fewer updates than an aggregator's bound: Krum needs ``n >= 2f + 3`` and Bulyan
 ``n >= 4f + 3``. A block whose static size ``K`` is below the bound is refused when the round is
@@ -44,8 +46,10 @@ round (empty slots) is handled, not refused: Krum's neighbour count is clipped t
 
 Stats (round metrics, the mean over the parents): ``trimmed`` (values dropped per coordinate),
 ``krum_selected`` / ``bulyan_selected`` (updates kept), ``norm_bounded`` / ``cclip_clipped``
-(updates clipped). Which slots Krum and Bulyan keep: :func:`krum_selection`,
-:func:`bulyan_selection`.
+(updates clipped), ``fltrust_zeroed`` (updates of trust score 0); with a ``watch`` mask of the
+attackers' slots (:func:`watches`, passed by :func:`fedtree.core.attacks.watch_kept`),
+``kept_attackers``: the attackers among the updates Krum, Bulyan or FLTrust kept. Which slots
+Krum and Bulyan keep: :func:`krum_selection`, :func:`bulyan_selection`.
 
 Example:
   >>> import jax.numpy as jnp
@@ -59,7 +63,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -164,6 +168,27 @@ def _check_nonneg_int(name: str, what: str, v) -> None:
     raise ValueError(f"{name}: {what}={v!r} must be a non-negative integer")
 
 
+def _kept(kept: jax.Array, watch: jax.Array | None) -> dict[str, jax.Array]:
+  """Stat ``kept_attackers``: how many of the slots ``kept [P, K]`` are watched (attackers)."""
+  if watch is None:
+    return {}
+  return {"kept_attackers": jnp.sum(kept & watch, axis=1).astype(jnp.float32)}
+
+
+def _watching(aggregate: Callable) -> Callable:
+  aggregate.watches = True   # type: ignore[attr-defined]
+  return aggregate
+
+
+def watches(aggregator: Aggregator) -> bool:
+  """Whether ``aggregator`` chooses among the updates (Krum, multi-Krum, Bulyan, FLTrust) and can
+  count how many of those it kept were attackers: its ``aggregate`` then takes a keyword
+  ``watch`` (``bool [P, K]``, the attackers' slots) and adds the stat ``kept_attackers`` (per
+  parent, the attackers among the updates it averaged; FLTrust: those with a positive trust
+  score)."""
+  return bool(getattr(aggregator.aggregate, "watches", False))
+
+
 # ------------------------------------------------------------------------ aggregators
 def mean() -> Aggregator:
   """The weighted mean as a blockwise aggregator (what an attack that rewrites a parent's cohort
@@ -234,13 +259,14 @@ def krum(*, f: int, m: int | None = None) -> Aggregator:
     if _is_concrete(m) and m < 1:
       raise ValueError(f"krum: m={m!r} must be at least 1 (Krum: 1; multi-Krum: more)")
 
-  def aggregate(block, key, node_state):
+  def aggregate(block, key, node_state, watch=None):
     _check_f("krum", f, 2 * int(f) + 3 if _is_concrete(f) else 0, block.valid.shape[1])
     sel = krum_selection(block, f=f, m=m)
     est = jax.tree.map(lambda d: _masked_mean(d, sel), block.deltas)
-    return (*_finish(est, block), {"krum_selected": jnp.sum(sel, axis=1).astype(jnp.float32)})
+    stats = {"krum_selected": jnp.sum(sel, axis=1).astype(jnp.float32), **_kept(sel, watch)}
+    return (*_finish(est, block), stats)
 
-  return Aggregator(aggregate, name="krum" if m == 1 else "multi_krum")
+  return Aggregator(_watching(aggregate), name="krum" if m == 1 else "multi_krum")
 
 
 def bulyan_selection(block: Block, *, f) -> jax.Array:
@@ -268,7 +294,7 @@ def bulyan(*, f: int) -> Aggregator:
   """
   _check_nonneg_int("bulyan", "f", f)
 
-  def aggregate(block, key, node_state):
+  def aggregate(block, key, node_state, watch=None):
     _check_f("bulyan", f, 4 * int(f) + 3 if _is_concrete(f) else 0, block.valid.shape[1])
     sel = bulyan_selection(block, f=f)
     theta = jnp.sum(sel, axis=1).astype(jnp.int32)
@@ -283,9 +309,9 @@ def bulyan(*, f: int) -> Aggregator:
       return _masked_mean(vals, keep)
 
     est = jax.tree.map(leaf, block.deltas)
-    return (*_finish(est, block), {"bulyan_selected": theta.astype(jnp.float32)})
+    return (*_finish(est, block), {"bulyan_selected": theta.astype(jnp.float32), **_kept(sel, watch)})
 
-  return Aggregator(aggregate, name="bulyan")
+  return Aggregator(_watching(aggregate), name="bulyan")
 
 
 def _weighted_point(block: Block, coef: jax.Array) -> PyTree:
@@ -390,6 +416,53 @@ def centered_clip(*, tau: float, iterations: int = 1, center: str = "zero") -> A
   return Aggregator(aggregate, name="centered_clip")
 
 
+def fltrust(*, trusted: Sequence[int]) -> Aggregator:
+  """FLTrust (Cao et al. 2021): the server's own update ``g₀`` on a root dataset it holds is the
+  reference; every other update ``x_k`` gets the trust score ``s_k = ReLU(cos(x_k, g₀))``, is
+  rescaled to ``g₀``'s norm, and the estimate is ``Σ_k s_k ||g₀|| x_k / ||x_k|| / Σ_k s_k``
+  (0 where every score is 0).
+
+  The root dataset is the data of the ``trusted`` children (e.g. a few clients whose data the
+  server holds): ``g₀`` is the unweighted mean of a parent's trusted updates, which are not
+  aggregated themselves. A parent whose cohort holds no trusted update has no reference: it is
+  left unchanged this round (weight 0). Stat ``fltrust_zeroed``: updates with trust score 0.
+
+  Args:
+    trusted: the children (clients, or nodes of the level below) whose updates are the server's.
+
+  Raises:
+    ValueError: no trusted id, or a negative one.
+  """
+  ids = tuple(int(i) for i in trusted)
+  if not ids or min(ids) < 0:
+    raise ValueError(f"fltrust: trusted={list(trusted)!r} must name at least one child (ids >= 0) whose "
+                     f"update is the server's root-data update")
+
+  def aggregate(block, key, node_state, watch=None):
+    root = jnp.isin(block.clients, jnp.asarray(ids, jnp.int32)) & block.valid
+    others = block.valid & ~root
+    has_root = jnp.any(root, axis=1)
+    g0 = jax.tree.map(lambda d: _masked_mean(d, root), block.deltas)
+    g0_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.reshape(g.shape[0], -1)), axis=1)
+                           for g in jax.tree.leaves(g0)))
+    norms = jnp.sqrt(_sq_norms(block.deltas))
+    dot = sum(jnp.einsum("pkd,pd->pk", d.reshape(d.shape[:2] + (-1,)), g.reshape(g.shape[0], -1),
+                         precision=jax.lax.Precision.HIGHEST)
+              for d, g in zip(jax.tree.leaves(block.deltas), jax.tree.leaves(g0), strict=True))
+    score = jnp.where(others, jax.nn.relu(dot / jnp.maximum(norms * g0_norm[:, None], 1e-30)), 0.0)
+    coef = score * g0_norm[:, None] / jnp.maximum(norms, 1e-30)
+    tot = jnp.sum(score, axis=1)
+    est = jax.tree.map(lambda d: jnp.sum(_bcast(coef, d).astype(d.dtype) * d, axis=1)
+                       / _bcast(jnp.where(tot > 0, tot, 1), d[:, 0]).astype(d.dtype), block.deltas)
+    weight = jnp.where(has_root, jnp.sum(jnp.where(others, block.weights, 0), axis=1), 0)
+    s = jax.tree.map(lambda e: e * _bcast(weight, e).astype(e.dtype), est)
+    stats = {"fltrust_zeroed": jnp.sum(others & (score <= 0), axis=1).astype(jnp.float32),
+             **_kept(score > 0, watch)}
+    return s, weight, stats
+
+  return Aggregator(_watching(aggregate), name="fltrust")
+
+
 AGGREGATORS: dict[str, Callable[..., Aggregator]] = {
   "mean": mean,
   "median": median,
@@ -400,6 +473,7 @@ AGGREGATORS: dict[str, Callable[..., Aggregator]] = {
   "geometric_median": geometric_median,
   "norm_bound": norm_bound,
   "centered_clip": centered_clip,
+  "fltrust": fltrust,
 }
 """The robust aggregators by name (``krum`` is multi-Krum with ``m=1``)."""
 

@@ -208,6 +208,8 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
   header += ["FA %", "FR %"] if kws else []
   eps = any("epsilon" in s for models in results.values() for s in models.values())
   header += ["ε"] if eps else []
+  asr = any("attack_success_rate" in s for models in results.values() for s in models.values())
+  header += ["ASR"] if asr else []
   traffic = any("uplink_MB" in s for models in results.values() for s in models.values())
   header += ["up MB", "down MB"] if traffic else []
   fair = any("fairness" in s for models in results.values() for s in models.values())
@@ -234,6 +236,8 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
                 f"{100 * s.get('false_reject_rate', float('nan')):.2f}"]
       if eps:
         row += [f"{s['epsilon']:.3f}" if "epsilon" in s else ""]
+      if asr:
+        row += [f"{s['attack_success_rate']:.4f}" if "attack_success_rate" in s else ""]
       if traffic:
         row += [f"{s['uplink_MB']:.3f}", f"{s['downlink_MB']:.3f}"] if "uplink_MB" in s else ["", ""]
       if fair:
@@ -251,6 +255,7 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
   title += "; intra/inter = intra-/inter-cluster accuracy" if clustered else ""
   title += "; ARI = adjusted Rand index against the true clusters" if ari else ""
   title += "; FA / FR = false-accept / false-reject rate in %" if kws else ""
+  title += "; ASR = the backdoor's attack success rate on triggered test data" if asr else ""
   title += ("; clients = 10th/50th/90th percentile and Gini coefficient of per-client accuracy "
             "(perplexity for a language model)") if fair else ""
   title += ")"

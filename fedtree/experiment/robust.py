@@ -7,17 +7,23 @@ plus the attack's hyperparameters (``scale``, ``factor``, ``std``; ``z``, ``eps`
 ``gamma_init``, ``iterations``, ``perturbation``; ``label_flip``: ``permutation`` or
 ``target``; ``backdoor``: ``target``, ``poison_fraction`` of each attacker's examples,
 ``trigger``: ``{"corner": size, "value": v}`` or ``{"features": [flat indices], "value": v}``,
-and the seed of the examples drawn). The attackers are clients (level ``-1``, the
-clients' parents aggregate them); ``seed`` defaults to the config's. The model-poisoning attacks
+and the seed of the examples drawn). ``level`` (default ``-1``: the clients' parents, so the
+clients attack) is the server level whose children attack: at level ``l`` above the clients'
+parents the attackers are nodes of level ``l + 1`` (``fraction`` / ``ids`` of those nodes;
+e.g. ``level=0``: captured edge servers send their poisoned aggregate to the root); data
+attacks are the clients' only. ``seed`` defaults to the config's. The model-poisoning attacks
 (:data:`~fedtree.core.attacks.CLIENT_ATTACKS`) transform each attacker's update; the omniscient
 ones (:data:`~fedtree.core.attacks.OMNISCIENT`) wrap the level's aggregator (the blockwise mean
 when none is chosen), so they need an algorithm that can run a blockwise aggregator. The data
 attacks (:data:`DATA_ATTACKS`) poison the attackers' stored training data for the run
 (:func:`poisoned_data`, called by the runner; a backdoor adds ``attack_success_rate`` to the
-evaluation); they need a fixed set of attackers (no ``redraw``) and are not reported by sweeps.
+evaluation, also per experiment of a sweep); they need a fixed set of attackers (no ``redraw``,
+no swept fraction).
 
 ``aggregator``: ``{"name": ..., "levels": -1 | [levels], ...}`` plus the aggregator's
-hyperparameters (``beta``, ``f``, ``m``, ``iterations``, ``nu``, ``tau``, ``center``); ``levels``
+hyperparameters (``beta``, ``f``, ``m``, ``iterations``, ``nu``, ``tau``, ``center``,
+``trusted``: FLTrust's root-data clients, or ``root_fraction``: that fraction of the clients
+drawn by ``seed``); ``levels``
 are server levels (``0`` the root, ``-1`` the clients' parents, the default).
 
 Example (a run field of any algorithm with ``update_paths``)::
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -57,39 +64,72 @@ def aggregator_section(section: dict[str, Any], ctx) -> dict[int, Any]:
   if name is None:
     raise ValueError(f"a 'name' is required; choose one of {sorted(robust.AGGREGATORS)}")
   levels = _levels(section.pop("levels", section.pop("level", -1)))
+  if name == "fltrust" and "root_fraction" in section:
+    section["trusted"] = root_clients(float(section.pop("root_fraction")), section.pop("seed", None), ctx)
   agg = robust.robust_aggregator(name, **section)
   return {lv: PathParts(aggregator=agg) for lv in levels}
 
 
+def root_clients(fraction: float, seed: int | None, ctx) -> tuple[int, ...]:
+  """FLTrust's root-data clients: ``max(1, round(fraction * clients))`` of them, the last ones of
+  the seeded order the attackers are drawn from (:func:`fedtree.core.attacks.attackers`), so an
+  ``attack`` section with the same seed (the config's by default) never marks them."""
+  if not 0.0 < fraction < 1.0:
+    raise ValueError(f"fltrust: root_fraction={fraction!r} must be in (0, 1) (the share of clients whose "
+                     f"data is the server's root dataset)")
+  if seed is None:
+    seed = int(ctx.config.get("seed", 0)) if ctx is not None and ctx.config is not None else 0
+  n = int(ctx.data.num_clients)
+  order = np.asarray(attacks.attackers(n, fraction=0.0, seed=int(seed)).order)
+  k = max(1, round(fraction * n))
+  return tuple(int(c) for c in np.flatnonzero(order >= n - k))
+
+
 def attack_section(section: dict[str, Any], ctx) -> dict[int, Any]:
-  """``{-1: PathParts(...)}`` of an ``attack`` section."""
+  """``{level: PathParts(...)}`` of an ``attack`` section (``-1`` for clients that attack)."""
   section = dict(section)
   name = section.pop("name", None)
   if name not in ATTACKS:
     raise ValueError(f"attack name={name!r}; choose one of {list(ATTACKS)}")
   level = section.pop("level", -1)
-  if level != -1:
-    raise ValueError(f"level={level!r}: the attackers are clients (level -1, the clients' parents "
-                     f"aggregate them); attacks on server nodes are not configurable")
+  depth = 1 if ctx.topology is None else int(ctx.topology.depth)
+  if isinstance(level, bool) or not isinstance(level, int) or not -depth <= level < depth:
+    raise ValueError(f"level={level!r}: the server level whose children attack; choose one of "
+                     f"{list(range(depth))} or -1 (the clients' parents: the clients attack)")
+  lv = level % depth
+  if lv != depth - 1 and name in DATA_ATTACKS:
+    raise ValueError(f"attack {name!r} poisons clients' data: its level is -1 (the clients' parents), "
+                     f"not {level!r}")
   seed = section.pop("seed", None)
   if seed is None:
     seed = int(ctx.config.get("seed", 0)) if ctx is not None and ctx.config is not None else 0
   who = {k: section.pop(k) for k in ("fraction", "ids", "redraw") if k in section}
-  mask = attacks.attackers(int(ctx.data.num_clients), seed=int(seed), **who)
+  num = int(ctx.data.num_clients) if lv == depth - 1 else int(ctx.topology.num_nodes(lv + 1))
+  mask = attacks.attackers(num, seed=int(seed), **who)
+  key = -1 if lv == depth - 1 else lv
+
+  def watch(agg):
+    return attacks.watch_kept(agg, mask)
+
   if name in DATA_ATTACKS:
     if mask.redraw:
       raise ValueError(f"attack {name!r} poisons the attackers' stored data: it cannot redraw them "
                        f"each round")
-    _data_attack(name, section, ctx.data, mask)   # validates; the runner poisons the run's data
-    return {}
+    if isinstance(who.get("fraction"), jax.core.Tracer):
+      raise ValueError(f"attack {name!r}: its fraction cannot be a sweep axis (the attackers' data is "
+                       f"poisoned once, before the run); sweep it as separate runs")
+    with jax.ensure_compile_time_eval():   # a sweep builds the run inside a trace
+      host = attacks.attackers(num, seed=int(seed), **who)
+      _data_attack(name, section, ctx.data, host)   # validates; the runner poisons the run's data
+    return {key: PathParts(wrap_aggregator=(watch,))}
   if name in attacks.CLIENT_ATTACKS:
     try:
       transform = attacks.CLIENT_ATTACKS[name](mask, **section)
     except TypeError as e:
       raise ValueError(f"attack {name!r}: bad hyperparameters {sorted(section)} ({e})") from e
-    return {-1: PathParts(client=(transform,))}
+    return {key: PathParts(client=(transform,), wrap_aggregator=(watch,))}
   attacks.omniscient(robust.mean(), mask, attack=name, **section)   # validates the hyperparameters
-  return {-1: PathParts(
+  return {key: PathParts(
     wrap_aggregator=(lambda agg: attacks.omniscient(agg, mask, attack=name, **section),))}
 
 

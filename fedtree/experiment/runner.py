@@ -400,14 +400,16 @@ def model_fingerprints(models: dict[str, Any]) -> dict[str, tuple[float, ...]]:
 
 
 def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, reporter: Reporter, *,
-              workdir: str | None, should_stop=None, budget: memory.Budget | None = None) -> dict[str, Any]:
+              workdir: str | None, should_stop=None, budget: memory.Budget | None = None,
+              backdoor=None) -> dict[str, Any]:
   """Every experiment of run ``label`` (the settings x seeds of ``config.sweep``,
   :mod:`fedtree.experiment.sweep`) as stacked programs (:func:`fedtree.core.sweep.sweep`),
   chunk after chunk (``config.sweep.chunk``, one compile), each run by :func:`run_algorithm`
   like a single run (the memory of a chunk checked first against ``budget``). Logs a
   ``metrics.jsonl`` row per experiment and evaluation round (with ``setting`` and ``seed``),
   prints the mean ± std table, writes the PNG and returns the run's ``summary.json`` entry
-  (rows per setting and the best by ``config.sweep.select``)."""
+  (rows per setting and the best by ``config.sweep.select``). ``backdoor``: as
+  :func:`run_algorithm`'s (every experiment's ``attack_success_rate`` in its rows)."""
   from fedtree.experiment import sweep
   from fedtree.experiment.registry import build_algorithm
 
@@ -452,7 +454,7 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
       eval_every=int(config.eval_every), rounds_per_call=int(config.rounds_per_call), label=name,
       checkpoint_dir=os.path.join(workdir, "checkpoints", name) if workdir and every else None,
       checkpoint_every=every, keep_checkpoints=int(config.get("keep_checkpoints", 2)),
-      should_stop=should_stop, experiments=experiments,
+      should_stop=should_stop, experiments=experiments, backdoor=backdoor,
       max_abs=divergence_bound(config),
     )
     for x, sm in zip(chunk, by_experiment(summaries, len(chunk)), strict=True):
@@ -582,7 +584,7 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
       if swept:  # settings x seeds of this run as one program (fedtree.experiment.sweep)
         with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
           results[label] = run_sweep(label, run_cfg, run_ctx, reporter, workdir=workdir,
-                                     should_stop=should_stop, budget=budget)
+                                     should_stop=should_stop, budget=budget, backdoor=backdoor)
         continue
       with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         algorithm = built.pop(label) if label in built else build_algorithm(label, run_cfg, run_ctx)
