@@ -89,6 +89,17 @@ MEASURED_SLOW = {  # each ran 15-87 s (the paper notebooks 18-80 s; the quicksta
   "tests/test_sweep.py::test_hyperparameter_sweep_equals_separate_runs[fedavg-local.learning_rate=0.02,0.1]",
   "tests/test_sweep.py::test_runner_table_rows_summary_and_resume",
   "tests/test_sweep.py::test_seeds_equal_separate_runs[fedavg]",
+  # measured 17-41 s in the merged suite (2026-11-24); each keeps a faster sibling in the default run
+  "tests/test_arrays_data.py::test_cli_reads_the_arrays_and_reports_fairness",
+  "tests/test_lora.py::test_zero_b_equals_base_and_merge_gives_the_same_logits[transformer]",
+  "tests/test_signals.py::test_a_stop_before_the_first_checkpoint_writes_one_and_resumes_from_it",
+  "tests/test_updates.py::test_blockwise_aggregator_sees_each_parents_cohort[3]",
+  "tests/test_sampling_strategies.py::test_hierfavg_strategies_and_bad_input",
+  "tests/test_updates.py::test_identity_path_is_bitwise_today_for_every_algorithm[cfl]",
+  "tests/test_updates.py::test_identity_path_is_bitwise_today_for_every_algorithm[bhfl]",
+  "tests/test_clustering.py::test_split_separation_check_by_hand",
+  "tests/test_core_algorithms.py::test_fedavg_is_sgd_one_on_the_pseudo_gradient",
+  "tests/test_clustering.py::test_awcfl_one_cluster_beta0_is_fedavg",
 }
 
 

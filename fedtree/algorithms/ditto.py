@@ -55,8 +55,9 @@ def ditto(
     lam: Ditto's λ.
     personal_optimizer: optimizer of the personal models (default the local optimizer).
     topology: the tree (``None``: one server over all clients).
-    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite,
-      update_paths: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    server_optimizers, periods, cohort_size, chunk_size, weighting: as for
+      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    init_params, skip_nonfinite, update_paths: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     compute_dtype: mixed-precision local steps (``None``: the params' dtype).
     name: label for reports.
 

@@ -58,8 +58,9 @@ def fedmmd(
     kernel, num_kernels, kernel_mul, bandwidth: the MMD kernel
       (:func:`fedtree.objectives.fedmmd.mmd2`).
     topology: the tree (``None``: one server over all clients).
-    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite,
-      update_paths: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    server_optimizers, periods, cohort_size, chunk_size, weighting: as for
+      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    init_params, skip_nonfinite, update_paths: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     compute_dtype: mixed-precision local steps (``None``: the params' dtype).
     name: label for reports.
 

@@ -49,8 +49,9 @@ def fedprox(
     model, data, local_optimizer, schedule: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     mu: μ >= 0.
     topology: the tree (``None``: one server over all clients).
-    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite,
-      update_paths: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    server_optimizers, periods, cohort_size, chunk_size, weighting: as for
+      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    init_params, skip_nonfinite, update_paths: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     compute_dtype: mixed-precision local steps (``None``: the params' dtype).
     name: label for reports.
 

@@ -65,8 +65,9 @@ def perfedavg(
     local_optimizer: unused (Per-FedAvg's steps are its own); accepted so that every
       HierFAVG-based factory takes the same arguments.
     topology: the tree (``None``: flat).
-    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite,
-      update_paths: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    server_optimizers, periods, cohort_size, chunk_size, weighting: as for
+      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    init_params, skip_nonfinite, update_paths: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     compute_dtype: mixed-precision MAML steps (``None``: the params' dtype).
     name: label for reports.
 

@@ -99,8 +99,9 @@ def fedkws(
     max_grad_norm: clip every local gradient to this global norm (the authors' code,
       difference (d)); ``None`` (paper): no clipping.
     topology: the tree (``None``: one server over all clients).
-    server_optimizers, periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite,
-      update_paths: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    server_optimizers, periods, cohort_size, chunk_size, weighting: as for
+      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
+    init_params, skip_nonfinite, update_paths: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     compute_dtype: mixed-precision local steps, ALO's or plain ones (``None``: the params' dtype).
     name: label for reports.
 
