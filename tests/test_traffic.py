@@ -111,3 +111,36 @@ def test_a_resumed_finished_run_reports_its_bytes(tmp_path):
   assert resumed["q8"]["global"]["downlink_MB"] == 108 * 5 * 4 / MB
   rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
   assert [(r["round"], r["uplink_MB"]) for r in rows] == [(2, 43 * 10 / MB), (4, 43 * 20 / MB)]
+
+
+def _one_round(ctx, name):
+  from test_updates import _with_path
+
+  alg = _with_path(ctx, name, None)
+  _, m = jax.jit(alg.round)(alg.init(jax.random.key(0)), ctx.data, jax.random.key(1))
+  return {k: v.item() for k, v in m.items() if jnp.ndim(v) == 0}
+
+
+@pytest.mark.slow   # three algorithms compiled: ~10-15 s
+def test_edges_of_pfedmt_ifca_and_bhfl(ctx):
+  """pFedMT (2 teams, K=2 team iterations): 6 devices x 2 round trips to their teams, then both
+  teams to the global server and back. IFCA (k=2): every sampled client receives both cluster
+  models. B-HFL (2 of 3 clients an edge, no latency): both edges aggregate, send up, the root
+  sends back to both, and every client (6, sampled or not) receives its edge's merged model."""
+  t = Traffic(140)
+  t.add(_one_round(ctx, "pfedmt"))
+  s = t.summary()
+  assert s["clients_uplink_MB"] == s["clients_downlink_MB"] == 12 * 140 / MB
+  assert s["level0_uplink_MB"] == s["level0_downlink_MB"] == 2 * 140 / MB
+  m = _one_round(ctx, "ifca")
+  t = Traffic(140)
+  t.add(m)
+  assert t.summary() == {"uplink_MB": m["clients_trained"] * 140 / MB,
+                         "downlink_MB": m["clients_trained"] * 2 * 140 / MB}
+  t = Traffic(140)
+  m = _one_round(ctx, "bhfl")
+  t.add(m)
+  s = t.summary()
+  assert (m["clients_trained"], m["clients_received"]) == (4, 6)
+  assert s["clients_uplink_MB"] == 4 * 140 / MB and s["clients_downlink_MB"] == 6 * 140 / MB
+  assert s["level0_uplink_MB"] == s["level0_downlink_MB"] == 2 * 140 / MB

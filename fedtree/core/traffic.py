@@ -4,13 +4,16 @@ What an algorithm's round reports is what is counted (nothing is assumed about r
 
 * the clients' edge: each client that took part (``clients_trained``, plus ``clients_skipped``
   when non-finite updates are skipped: they received the model and sent an update the parent
-  discarded) received its parent's model and sent its update. A message is ``uplink_bytes`` /
-  ``down_bytes`` when the update path compresses it (:func:`fedtree.core.compression.uplink` /
-  :func:`~fedtree.core.compression.downlink` report them), else one model at its dtypes' size;
+  discarded) sent its update and received its parent's model (``clients_received`` clients when
+  an algorithm reports it: B-HFL's clients receive only when their edge server got a model from
+  above; ``clients_received_models`` models each, default 1: IFCA sends every cluster's model).
+  A message is ``uplink_bytes`` / ``down_bytes`` when the update path compresses it
+  (:func:`fedtree.core.compression.uplink` / :func:`~fedtree.core.compression.downlink` report
+  them), else one model at its dtypes' size;
 * an edge between server levels: ``level{l}_children_sent`` child nodes (0 in a round where level
-  ``l`` does not aggregate) each sent their model to level ``l`` (``level{l}_uplink_bytes`` when
-  compressed, else a model) and received level ``l``'s model back (``level{l}_down_bytes``, else
-  a model).
+  ``l`` does not aggregate) each sent their model or update to level ``l``
+  (``level{l}_uplink_bytes`` when compressed, else a model) and ``level{l}_children_received``
+  (default: as many) received level ``l``'s model (``level{l}_down_bytes``, else a model).
 
 :class:`Traffic` turns every round into byte metrics (:meth:`Traffic.add_rounds` takes every
 round of a compiled call, :func:`fedtree.core.loop.run`'s ``on_rounds`` hook, so fused rounds are
@@ -22,6 +25,15 @@ counted one by one):
 * with server-to-server edges, per edge: ``clients_uplink_MB`` / ``clients_downlink_MB`` (the
   clients' edge) and ``level{l}_uplink_MB`` / ``level{l}_downlink_MB`` (level ``l`` and its child
   nodes), cumulative, and ``level{l}_round_uplink_MB`` / ``level{l}_round_downlink_MB``.
+
+Who reports what: every algorithm built on :func:`fedtree.core.tier.train_cohort` reports
+``clients_trained``; HierFAVG (and FedAvg/FedOpt and every objective under it, GroupPerFL's
+stages) ``level{l}_children_sent`` for each level that aggregates; pFedMT its teams' exchange
+with the global server (``level0_children_sent``, its ``clients_trained`` the round trips over
+the team iterations); B-HFL the nodes that aggregated and sent up, the models its down-merges
+delivered (``clients_received``, ``level{l}_children_received``) and its residual links; IFCA
+``clients_received_models`` (``k``). Not counted: MCFL's feature means (a few floats a client)
+and anything an algorithm exchanges outside these keys.
 
 GroupPerFL's per-client cost table (:mod:`fedtree.algorithms.grouppfl.costs`) counts a client's
 round trip as :data:`ROUND_TRIP_MODELS` models, the same rule in model units.
@@ -51,7 +63,7 @@ MB = 1e6
 ROUND_TRIP_MODELS = 2.0
 """Models a client moves in a round it trains, uncompressed: its parent's model down, its update up."""
 
-_LEVEL = re.compile(r"^level(\d+)_children_sent$")
+_LEVEL = re.compile(r"^level(\d+)_children_(?:sent|received)$")
 
 
 def model_bytes(params_shape: Any) -> int:
@@ -70,18 +82,17 @@ def round_edges(metrics: Mapping[str, Any], model_bytes: float) -> dict[str, Edg
   if "clients_trained" not in metrics:
     return {}
   n = float(metrics["clients_trained"]) + float(metrics.get("clients_skipped", 0))
+  received = float(metrics.get("clients_received", n))
   up = float(metrics.get("uplink_bytes", model_bytes))
-  down = float(metrics.get("down_bytes", model_bytes))
-  out = {"clients": (n * up, n * down, up, down)}
-  for k in sorted(metrics):
-    m = _LEVEL.match(k)
-    if m is None:
-      continue
-    lv = m.group(1)
-    n = float(metrics[k])
-    up = float(metrics.get(f"level{lv}_uplink_bytes", model_bytes)) if n else 0.0
-    down = float(metrics.get(f"level{lv}_down_bytes", model_bytes)) if n else 0.0
-    out[f"level{lv}"] = (n * up, n * down, up, down)
+  down = float(metrics.get("down_bytes", model_bytes)) * float(metrics.get("clients_received_models", 1))
+  out = {"clients": (n * up, received * down, up, down)}
+  levels = sorted({int(m.group(1)) for m in map(_LEVEL.match, metrics) if m is not None})
+  for lv in levels:
+    sent = float(metrics.get(f"level{lv}_children_sent", 0))
+    received = float(metrics.get(f"level{lv}_children_received", sent))
+    up = float(metrics.get(f"level{lv}_uplink_bytes", model_bytes)) if sent else 0.0
+    down = float(metrics.get(f"level{lv}_down_bytes", model_bytes)) if received else 0.0
+    out[f"level{lv}"] = (sent * up, received * down, up, down)
   return out
 
 

@@ -520,6 +520,8 @@ def bhfl(
                             num_segments=nums[lv]), t0)
       n_used = jnp.maximum(jnp.sum(use.astype(jnp.int32)), 1).astype(jnp.float32)
       metrics[f"aggregated_l{lv}"] = jnp.sum(agg.astype(jnp.int32))
+      if lv >= 1:   # every node that aggregated sends its update up (bytes: core.traffic)
+        metrics[f"level{lv - 1}_children_sent"] = metrics[f"aggregated_l{lv}"]
       metrics[f"staleness_l{lv}"] = jnp.sum(jnp.where(use, stale, 0)).astype(jnp.float32) / n_used
       if residual_k and lv == depth - 1:
         sq = sum(jnp.sum(jnp.square(a.reshape(a.shape[0], -1)), axis=1)
@@ -552,6 +554,8 @@ def bhfl(
                                    jnp.zeros((num_links,), jnp.int32), 1)
       params[0] = jax.tree.map(jnp.add, params[0], mean_step)
       metrics["residual_links_used"] = jnp.sum(res_has.astype(jnp.int32))
+      if depth >= 2:   # a residual link is one more message into the root
+        metrics["level0_children_sent"] = metrics["level0_children_sent"] + metrics["residual_links_used"]
 
     # 4. Root-to-leaf: partial merges through every child's down optimizer.
     direct_state = state.direct_state
@@ -561,12 +565,16 @@ def bhfl(
       recv = jnp.take(sent, jnp.asarray(parents[child]))
       params[child], down[lv] = down_nodes(
         down_opts[lv], params[child], down[lv], take(params[lv], parents[child]), recv)
+      received = jnp.sum(recv.astype(jnp.int32))   # models sent down this edge (core.traffic)
+      metrics["clients_received" if child == depth else f"level{lv}_children_received"] = received
       if residual_down and child == depth - 1:
         direct = jnp.broadcast_to(aggregated[0][0], (nums[child],))
         params[child], direct_state = down_nodes(
           direct_opt, params[child], direct_state, take(params[0], np.zeros(nums[child], np.int32)),
           direct)
         recv = recv | direct
+        key0 = "level0_children_received"
+        metrics[key0] = metrics.get(key0, 0) + jnp.sum(direct.astype(jnp.int32))
       if child < depth:
         sent = aggregated[child] | recv
 
