@@ -33,7 +33,9 @@ with the global server (``level0_children_sent``, its ``clients_trained`` the ro
 the team iterations); B-HFL the nodes that aggregated and sent up, the models its down-merges
 delivered (``clients_received``, ``level{l}_children_received``) and its residual links; IFCA
 ``clients_received_models`` (``k``). Not counted: MCFL's feature means (a few floats a client)
-and anything an algorithm exchanges outside these keys.
+and anything an algorithm exchanges outside these keys. The experiment runner counts every run
+(:func:`fedtree.experiment.runner.run_algorithm`, resuming from the metrics row of its checkpoint's
+round); a sweep's experiments report no bytes.
 
 GroupPerFL's per-client cost table (:mod:`fedtree.algorithms.grouppfl.costs`) counts a client's
 round trip as :data:`ROUND_TRIP_MODELS` models, the same rule in model units.
