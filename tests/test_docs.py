@@ -26,6 +26,7 @@ DOCTEST_MODULES = [
   "fedtree.core.tier",         # train_cohort
   "fedtree.core.loop",         # loop.run
   "fedtree.core.compression",  # compressor
+  "fedtree.core.traffic",      # Traffic
   "fedtree.evaluation.plots",  # write_run_plots
   "fedtree.algorithms.hierfavg",           # fedavg, hierfavg
   "fedtree.algorithms.grouppfl.grouppfl",  # GroupPersonalizedFL
