@@ -25,6 +25,11 @@ two measurements, so read the ratios as +-25 %)::
   ef_sign       0.3338     2995.7   0.89        6805.2
   none_again    0.2389     4185.2   1.24      217640.0
 
+Re-run attempts at a load of 7-9 (same day, 08:17 and, with the baseline timed again between
+every compressor, 08:23) were noisier, not cleaner: the final ``none`` row ran 1.55x the first,
+and the interleaved baselines varied 2.6x, so the table above stands; measure on an idle machine
+before reading ratios closer than ~25 %.
+
 The rotations pad each leaf to a power of 2 (the 60x200 kernel to 16,384) and run a
 Walsh-Hadamard transform of log2(m) reshapes per client; top-k sorts the 54,410 coordinates.
 """

@@ -27,6 +27,7 @@ DOCTEST_MODULES = [
   "fedtree.core.loop",         # loop.run
   "fedtree.core.compression",  # compressor
   "fedtree.core.systems",      # Systems.round (no compilation of a round)
+  "fedtree.core.traffic",      # Traffic
   "fedtree.evaluation.plots",  # write_run_plots
   "fedtree.algorithms.hierfavg",           # fedavg, hierfavg
   "fedtree.algorithms.grouppfl.grouppfl",  # GroupPersonalizedFL

@@ -273,6 +273,10 @@ def test_report_pieces(tmp_path):
   assert "| small | communication (models) | 6.00 | 6.00 |" in text
   assert "group big: 50.0% of 2 clients improve perplexity" in text
   assert (tmp_path / "grouppfl_fig1.png").exists()
+  assert "communication (MB)" not in text   # no model size given
+  text = pr.render_reports({m: dict(r, model_bytes=250_000) for m, r in (("PerFL", summary),)},
+                           groups=groups, group_names=("big", "small"))[0]
+  assert "| small | communication (MB) | 1.5 |" in text   # 6 transfers of a 0.25 MB model
 
 
 def test_group_personalized_config_accepts_a_tfds_dataset(tmp_path):

@@ -265,6 +265,8 @@ def hierfavg(
       update_state[lv] = jax.tree.map(lambda a, b, on=active[lv]: jnp.where(on, a, b), new_path,
                                       update_state[lv])
       metrics.update({f"level{lv}_{k}": jnp.where(active[lv], v, 0) for k, v in stats.items()})
+      # every child node sends its model up and gets the level's back (bytes: core.traffic)
+      metrics[f"level{lv}_children_sent"] = jnp.where(active[lv], n, 0).astype(jnp.int32)
     # Top-down: a level that aggregated sends its model to its whole subtree.
     level_secs = []
     for lv in range(depth - 1):

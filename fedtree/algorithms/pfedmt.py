@@ -275,7 +275,9 @@ def pfedmt(
     x = jax.tree.map(lambda xi, wb: (1.0 - beta * gamma) * xi + beta * gamma * wb, x, w_bar)
     metrics = {"train_loss": jnp.mean(losses), "last_team_iter_loss": losses[-1],
                "clients_trained": jnp.sum(trained),   # round trips over the team iterations (bytes)
-               **{k: jnp.mean(v) for k, v in update_stats.items()}}   # over the team iterations
+               **{k: jnp.mean(v) for k, v in update_stats.items()},   # over the team iterations
+               # every team sends w_i to the global server and restarts from x (core.traffic)
+               "level0_children_sent": jnp.asarray(num_teams, jnp.int32)}
     if skip_nonfinite:
       metrics["clients_skipped"] = jnp.sum(skipped)
     new_state = PFedMTState(round=state.round + 1, params=x, team_params=w, client_state=pm,

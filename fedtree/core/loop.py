@@ -221,6 +221,7 @@ def run(
   rounds_per_call: int = 1,
   state=None,
   on_metrics: Callable[[int, dict[str, float]], None] | None = None,
+  on_rounds: Callable[[int, dict[str, np.ndarray]], None] | None = None,
   check_finite: bool = True,
   eval_every: int | None = None,
   on_eval: Callable[[Any, int], dict[str, float] | None] | None = None,
@@ -242,6 +243,9 @@ def run(
     state: where to start (default ``algorithm.init(init_key(key))``).
     on_metrics: ``on_metrics(round, metrics)`` after every call with the last round's
       metrics as host floats (plus whatever ``on_eval`` returned at that round).
+    on_rounds: ``on_rounds(first round, metrics)`` after every call (before ``on_metrics``) with
+      every round's metrics of the call, host arrays ``[rounds of the call]`` (what is summed over
+      rounds, e.g. bytes sent: :meth:`fedtree.core.traffic.Traffic.add_rounds`).
     check_finite: stop with :class:`NonFiniteLossError` after a call in which the training
       loss or the state (client and server models, optimizer states) stopped being finite, or
       a state value passed ``max_abs`` (before ``on_call``: a diverged state is never
@@ -302,6 +306,8 @@ def run(
       if paths is None:
         paths = [(p, name) for p, name, _ in _float_leaves(state)]
       check_metrics(metrics, done, label, paths, name_row, max_abs)
+    if on_rounds is not None:
+      on_rounds(done - todo + 1, {k: np.asarray(v) for k, v in metrics.items() if k not in CHECK_KEYS})
     host = {k: np.asarray(v)[-1].item() for k, v in metrics.items() if k not in CHECK_KEYS}
     if on_eval is not None and (done == num_rounds or (eval_every and done % eval_every == 0)):
       host.update(on_eval(state, done) or {})

@@ -216,7 +216,7 @@ def plot_runs(records: Sequence[Mapping[str, Any]], path: str, *, metric: str = 
 def plot_accuracy_vs_uplink(records: Sequence[Mapping[str, Any]], path: str, *, metric: str = "accuracy",
                             model: str = "global", title: str | None = None) -> str:
   """Every run's ``<model>/<metric>`` against the megabytes its clients had sent so far
-  (``uplink_MB``, :mod:`fedtree.experiment.communication`), a line per run, the x axis on a log
+  (``uplink_MB``, :mod:`fedtree.core.traffic`), a line per run, the x axis on a log
   scale: what a compressor buys for the accuracy it costs.
 
   Args:

@@ -91,6 +91,22 @@ class Reporter:
       os.replace(tmp, self._path)
     self._file = open(self._path, "a")
 
+  def row(self, label: str, round_: int) -> dict[str, Any] | None:
+    """The last ``metrics.jsonl`` row of run ``label`` at ``round_`` (``None`` without a workdir
+    or such a row): where a resumed run's cumulative counts continue from."""
+    if self._path is None or not os.path.exists(self._path):
+      return None
+    found = None
+    with open(self._path) as f:
+      for line in f:
+        try:
+          row = json.loads(line)
+        except json.JSONDecodeError:
+          continue
+        if row.get("run") == label and int(row.get("round", -1)) == int(round_):
+          found = row
+    return found
+
   def log(self, label: str, round_: int, metrics: dict[str, Any], *, tensorboard_run: str | None = None
           ) -> None:
     """One ``metrics.jsonl`` row of run ``label`` (integers stay integers) and its TensorBoard

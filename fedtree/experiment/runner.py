@@ -38,9 +38,9 @@ from fedtree.core.sharding import barrier, client_mesh, local_copy, shard_data
 from fedtree.core.sweep import by_experiment
 from fedtree.core.sweep import sweep as stacked_sweep
 from fedtree.core.topology import Topology
+from fedtree.core.traffic import Traffic, model_bytes
 from fedtree.experiment import memory, privacy
 from fedtree.experiment.builders import local_optimizer_from_config, schedule_from_config
-from fedtree.experiment.communication import Traffic, model_bytes
 from fedtree.experiment.reporting import Reporter
 from fedtree.experiment.results import (  # noqa: F401  (re-exported: runner.RunStopped, ...)
   SUMMARY_METRICS,
@@ -339,7 +339,7 @@ def run_algorithm(
     host = {**host, "elapsed_s": time.perf_counter() - t0}
     if experiments is None:
       extra = round_metrics(r) if round_metrics is not None else {}
-      reporter.log(label, r, {**host, **extra, **traffic(r, host)})
+      reporter.log(label, r, {**host, **extra, **traffic.row()})
       return
     for exp, row in zip(experiments, by_experiment(host, len(experiments)), strict=True):
       reporter.log(label, r, {**row, "elapsed_s": host["elapsed_s"], **exp.row},
@@ -352,10 +352,15 @@ def run_algorithm(
     ckpt.maybe_save(s, force=r == num_rounds)
 
   reporter.start_run(label, num_rounds, from_round=int(state.round))
+  if int(state.round):   # resumed: the bytes of the rounds before, from the row of that round
+    row = reporter.row(label, int(state.round))
+    if row is not None:
+      traffic.restore(row)
   try:
     state = loop.run(
       algorithm, ctx.run_data, num_rounds=num_rounds, key=key, rounds_per_call=rounds_per_call,
       state=state, eval_every=eval_every, on_eval=evaluate, on_metrics=log,
+      on_rounds=traffic.add_rounds if experiments is None else None,   # sweeps count no bytes
       on_call=save if ckpt is not None else None, should_stop=should_stop, label=label,
       name_row=name_row if experiments is not None else None,
       max_abs=max_abs,
@@ -383,7 +388,7 @@ def run_algorithm(
       s["trained"] = bool(final[name] != initial[name])
   if round_metrics is not None:
     summaries = {name: {**s, **round_metrics(int(state.round))} for name, s in summaries.items()}
-  if traffic.uplink_total or traffic.downlink_total:   # every model of the run: the run's traffic
+  if traffic.counted:   # every model of the run: the run's traffic
     summaries = {name: {**s, **traffic.summary()} for name, s in summaries.items()}
   return state, summaries
 

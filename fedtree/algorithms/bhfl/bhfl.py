@@ -563,6 +563,8 @@ def bhfl(
       jax.ops.segment_max(jnp.where(use, p.arrival, -jnp.inf), par, num_segments=nums[lv]), t0)
     n_used = jnp.maximum(jnp.sum(use.astype(jnp.int32)), 1).astype(jnp.float32)
     metrics[f"aggregated_l{lv}"] = jnp.sum(agg.astype(jnp.int32))
+    if lv >= 1:   # every node that aggregated sends its update up (bytes: core.traffic)
+      metrics[f"level{lv - 1}_children_sent"] = metrics[f"aggregated_l{lv}"]
     metrics[f"staleness_l{lv}"] = jnp.sum(jnp.where(use, stale, 0)).astype(jnp.float32) / n_used
     if lv in proxy:
       params, pl, pn = proxy_train(lv, params, agg, jax.random.fold_in(stream(key, "proxy"), lv))
@@ -611,22 +613,29 @@ def bhfl(
     mean_step, _ = weighted_mean(steps, res_has.astype(jnp.float32), jnp.zeros((num_links,), jnp.int32), 1)
     levels[0] = root._replace(params=jax.tree.map(jnp.add, root.params, mean_step))
     metrics["residual_links_used"] = jnp.sum(res_has.astype(jnp.int32))
+    if depth >= 2:   # a residual link is one more message into the root
+      metrics["level0_children_sent"] = metrics["level0_children_sent"] + metrics["residual_links_used"]
     return levels, residual_state
 
-  def merge_down(levels: list[Level], direct_state):
+  def merge_down(levels: list[Level], direct_state, metrics):
     """Root-to-leaf: every node that received its parent's new model merges it through its
-    down optimizer (a node receives when its parent aggregated or received this round)."""
+    down optimizer (a node receives when its parent aggregated or received this round); the
+    models sent down every edge are counted (:mod:`fedtree.core.traffic`)."""
     sent = levels[0].aggregated
     for lv in range(depth):
       child, node = lv + 1, levels[lv + 1]
       recv = jnp.take(sent, jnp.asarray(parents[child]))
       params, down = down_nodes(down_opts[lv], node.params, node.down,
                                 take(levels[lv].params, parents[child]), recv)
+      received = jnp.sum(recv.astype(jnp.int32))   # models sent down this edge (core.traffic)
+      metrics["clients_received" if child == depth else f"level{lv}_children_received"] = received
       if residual_down and child == depth - 1:
         direct = jnp.broadcast_to(levels[0].aggregated[0], (nums[child],))
         params, direct_state = down_nodes(
           direct_opt, params, direct_state, take(levels[0].params, np.zeros(nums[child], np.int32)), direct)
         recv = recv | direct
+        key0 = "level0_children_received"
+        metrics[key0] = metrics.get(key0, 0) + jnp.sum(direct.astype(jnp.int32))
       levels[child] = node._replace(params=params, down=down)
       if child < depth:
         sent = node.aggregated | recv
@@ -645,7 +654,7 @@ def bhfl(
                                               t0, lat_key, key, metrics)
     levels, residual = aggregate_up(levels, r, t0, w_nodes, lat_key, key, metrics)
     levels, residual_state = residual_into_root(levels, state.residual_state, residual, metrics)
-    levels, direct_state = merge_down(levels, state.direct_state)
+    levels, direct_state = merge_down(levels, state.direct_state, metrics)
     metrics.update(res.metrics(skip_nonfinite))
     return BHFLState(
       round=r, params=tuple(lvl.params for lvl in levels),

@@ -485,6 +485,8 @@ def clustered(
       "clusters_picked": jnp.sum((total > 0).astype(jnp.int32)),
       **a.metrics,
     }
+    if clustering == "ifca":   # every sampled client receives all k models (bytes: core.traffic)
+      metrics["clients_received_models"] = jnp.asarray(k, jnp.int32)
     return state.replace(round=r, params=params, opt_state=opt_state, cluster_of=cluster_of,
                          update_state=res.path_state,
                          num_clusters=a.num_in_use, features=features, cursor=res.cursor), metrics

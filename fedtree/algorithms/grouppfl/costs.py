@@ -10,6 +10,10 @@ are not sampled, and padding slots, are never scattered back, so they pay nothin
 Deploying the final model to a client (one download, the same for every method) is not
 counted, so a method that only fine-tunes locally after FL (PerFL) costs no extra
 communication, as in the paper's Table 4.
+
+The rule is the common counting's (:mod:`fedtree.core.traffic`, which counts every run's bytes on
+every edge): a client that trains moves :data:`~fedtree.core.traffic.ROUND_TRIP_MODELS` models,
+its parent's down and its update up; here kept per client, in model units.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 from flax import struct
 
 from fedtree.core.local import ClientData, ClientUpdate, steps_per_epoch
+from fedtree.core.traffic import ROUND_TRIP_MODELS
 
 PyTree = Any
 
@@ -70,7 +75,8 @@ class CountedState(NamedTuple):
 def counting(update: ClientUpdate, *, batch_size: int, max_steps: int) -> ClientUpdate:
   """``update`` whose client state becomes a :class:`CountedState` (its own state, the costs).
 
-  Each call adds 2 transfers (the model down and the update up), 1 round, and the epochs the
+  Each call adds :data:`~fedtree.core.traffic.ROUND_TRIP_MODELS` (2) transfers (the model down and
+  the update up), 1 round, and the epochs the
   scan ran (``min(num_steps, max_steps) / ceil(n / B)``).
   """
 
@@ -80,7 +86,8 @@ def counting(update: ClientUpdate, *, batch_size: int, max_steps: int) -> Client
     steps = jnp.minimum(num_steps, max_steps).astype(jnp.float32)
     spe = jnp.maximum(steps_per_epoch(data.n, batch_size), 1).astype(jnp.float32)
     costs = ClientCosts(
-      transfers=costs.transfers + 2.0, epochs=costs.epochs + steps / spe, rounds=costs.rounds + 1
+      transfers=costs.transfers + ROUND_TRIP_MODELS, epochs=costs.epochs + steps / spe,
+      rounds=costs.rounds + 1,
     )
     return params, CountedState(inner, costs), loss
 

@@ -61,6 +61,7 @@ from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.server import init_nodes, server_optimizer
 from fedtree.core.topology import Topology
+from fedtree.core.traffic import model_bytes
 from fedtree.core.updates import UpdatePath
 
 PyTree = Any
@@ -361,6 +362,7 @@ class GroupPersonalizedFL:
       for m in out:
         out[m]["costs"] = {k: float(v.mean()) for k, v in costs[m].host().items()}
         out[m]["client_costs"] = costs[m].host()
+        out[m]["model_bytes"] = model_bytes(jax.tree.map(lambda p: p[0], g_state.params[1]))
       from fedtree.algorithms.grouppfl import report as pr
 
       text, files = pr.render_reports(

@@ -8,7 +8,8 @@
   vs PerFL and its histogram (Fig. 1), saved as a PNG (matplotlib, Agg backend).
 * :func:`cost_table`: per-client communication (model transfers) and computation (local
   epochs) of every method, overall and per group (Table 4), from the counters the simulation
-  kept (:mod:`fedtree.algorithms.grouppfl.costs`).
+  kept (:mod:`fedtree.algorithms.grouppfl.costs`), and in megabytes when the results give their
+  ``model_bytes`` (:func:`fedtree.core.traffic.model_bytes`, the size every run's byte counts use).
 
 :func:`write_reports` writes all of them into a workdir and returns the text.
 """
@@ -20,6 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from fedtree.core.traffic import MB
 
 METRICS = ("accuracy", "perplexity", "sentence_perplexity")
 
@@ -115,6 +118,10 @@ def cost_table(results: dict[str, dict[str, Any]], groups: np.ndarray,
                         ("computation (epochs)", "epochs")):
       vals = [float(np.mean(np.asarray(results[m]["client_costs"][field])[mask])) for m in methods]
       rows.append([scope, what] + [f"{v:.2f}" for v in vals])
+    if all("model_bytes" in results[m] for m in methods):   # the same transfers in megabytes
+      vals = [float(np.mean(np.asarray(results[m]["client_costs"]["transfers"])[mask]))
+              * results[m]["model_bytes"] / MB for m in methods]
+      rows.append([scope, "communication (MB)"] + [f"{v:.4g}" for v in vals])
   return ("mean cost per client (communication in model sizes, computation in local epochs)\n\n"
           + _markdown(["clients", "cost"] + methods, rows))
 
