@@ -36,7 +36,7 @@ from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
-from fedtree.core.sampling import cohort_sampler
+from fedtree.core.sampling import cohort_sampler, poisson_sampler
 from fedtree.core.server import init_nodes, select_nodes, update_nodes
 from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
@@ -50,6 +50,24 @@ from fedtree.core.updates import (
 )
 
 PyTree = Any
+SAMPLINGS = ("fixed", "poisson")
+
+
+def build_sampler(parent, *, sampling: str, cohort_size, poisson_q, chunk_size):
+  """The clients' sampler: fixed-size cohorts (:func:`~fedtree.core.sampling.cohort_sampler`) or
+  Poisson sampling with rate ``poisson_q`` (:func:`~fedtree.core.sampling.poisson_sampler`, whose
+  slots per parent are ``cohort_size``, default from the overflow probability)."""
+  if sampling not in SAMPLINGS:
+    raise ValueError(f"sampling={sampling!r}; choose one of {list(SAMPLINGS)}")
+  if sampling == "fixed":
+    if poisson_q is not None:
+      raise ValueError(f"poisson_q={poisson_q!r} is only read with sampling='poisson' (got sampling='fixed')")
+    return cohort_sampler(parent, cohort_size, chunk_size=chunk_size)
+  if poisson_q is None:
+    raise ValueError("sampling='poisson' needs poisson_q, every client's probability of taking part")
+  every = cohort_size is None or (np.isscalar(cohort_size) and int(cohort_size) == -1)
+  slots = None if every else cohort_size
+  return poisson_sampler(parent, poisson_q, max_slots=slots, chunk_size=chunk_size)
 
 
 def check_periods(periods, depth: int) -> tuple[int, ...]:
@@ -86,6 +104,8 @@ def hierfavg(
   server_optimizers: optax.GradientTransformation | Sequence[optax.GradientTransformation] = None,
   periods: int | Sequence[int] | None = None,
   cohort_size: int | Sequence[int] | None = None,
+  sampling: str = "fixed",
+  poisson_q: float | None = None,
   chunk_size: int | str | None = "auto",
   weighting: str = "examples",
   compute_dtype: str | None = None,
@@ -109,7 +129,14 @@ def hierfavg(
     server_optimizers: one optax optimizer for every server level, or one per level
       ``0 .. depth-1`` (default FedAvg, ``sgd(1.0)``).
     periods: rounds between aggregations of levels ``0 .. depth-2``.
-    cohort_size: clients sampled per leaf-parent node each round (``None``: all).
+    cohort_size: clients sampled per leaf-parent node each round (``None``: all); with Poisson
+      sampling, the slots per leaf parent (the most clients it may draw; ``None``: the smallest
+      count whose overflow probability per round is at most 1e-12).
+    sampling: ``"fixed"`` (``cohort_size`` clients per leaf parent, without replacement) or
+      ``"poisson"`` (every client independently with probability ``poisson_q``, in static shapes:
+      padded slots masked; a draw that exceeds a parent's slots is an error at run time naming
+      ``q`` and the slot count, raised from a host callback inside the jitted round).
+    poisson_q: ``q`` in (0, 1], with ``sampling="poisson"``.
     chunk_size: clients trained at once (memory bound): an int, ``None`` (the whole cohort)
       or ``"auto"`` (the per-backend default, :mod:`fedtree.core.tuning`).
     weighting: ``"examples"`` or ``"uniform"`` aggregation weights.
@@ -167,7 +194,8 @@ def hierfavg(
   check_weighting(weighting)
   paths = per_level_paths(update_paths, depth, algorithm=name,
                           supported_levels=range(top_level, depth))
-  sampler = cohort_sampler(topology.parent(depth), cohort_size, chunk_size=chunk_size)
+  sampler = build_sampler(topology.parent(depth), sampling=sampling, cohort_size=cohort_size,
+                          poisson_q=poisson_q, chunk_size=chunk_size)
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
                                  compute_dtype=compute_dtype)
   parents = [None] + [jnp.asarray(topology.parent(lv)) for lv in range(1, depth + 1)]
@@ -260,6 +288,8 @@ def fedavg(
   schedule: LocalSchedule,
   server_optimizer: optax.GradientTransformation | None = None,
   cohort_size: int | None = None,
+  sampling: str = "fixed",
+  poisson_q: float | None = None,
   chunk_size: int | str | None = "auto",
   weighting: str = "examples",
   compute_dtype: str | None = None,
@@ -291,7 +321,8 @@ def fedavg(
   return hierfavg(
     model=model, topology=Topology.flat(data.num_clients), data=data,
     local_optimizer=local_optimizer, schedule=schedule,
-    server_optimizers=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size,
+    server_optimizers=server_optimizer, cohort_size=cohort_size, sampling=sampling, poisson_q=poisson_q,
+    chunk_size=chunk_size,
     weighting=weighting, compute_dtype=compute_dtype, client_update=client_update,
     init_params=init_params, skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
   )
