@@ -39,6 +39,7 @@ selection report run on the host after the rounds; sweep it as separate runs. An
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
@@ -180,6 +181,24 @@ def _set_path(config, path: str, value) -> None:
   for part in parents:
     node = node[part]
   node[leaf] = value
+
+
+def privacy_metrics(config: ml_collections.ConfigDict, label: str, settings: list[dict], ctx):
+  """Per setting of run ``label``, its privacy accounting ``r -> {"epsilon": ε after r rounds}``
+  (:func:`fedtree.experiment.privacy.round_metrics` of the run with the setting's values, on the
+  host: a swept ``noise_multiplier`` gives each setting its ε), or ``None`` for a run without a
+  ``privacy`` section."""
+  from fedtree.experiment import privacy
+
+  if not config.runs[label].get("privacy", None):
+    return None
+  out = []
+  for setting in settings:
+    cfg = copy.deepcopy(config)
+    for path, value in setting.items():
+      _set_path(cfg, path, value)
+    out.append(privacy.round_metrics(label, cfg.runs[label], ctx))
+  return out
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -419,7 +438,7 @@ def aggregate(settings: list[dict], per_exp: list[list[dict]]) -> list[dict[str,
     for k in keys:
       vals = np.asarray([r.get(k, np.nan) for r in runs], np.float64)
       mean[k] = float(np.mean(vals))
-      std[k] = float(np.std(vals))
+      std[k] = 0.0 if np.all(vals == vals[0]) else float(np.std(vals))   # (ε = inf for z = 0: no NaN)
     rows.append({"setting": s, "name": setting_name(s), "seeds": len(runs), "mean": mean, "std": std})
   return rows
 
@@ -462,6 +481,9 @@ def write_outputs(workdir: str | None, label: str, rows: list[dict], select: str
         records = [json.loads(line) for line in f if line.strip()]
       plots.plot_sweep(records, os.path.join(workdir, f"sweep_{label}.png"), run=label,
                        metric=select)
+      if any("epsilon" in r["mean"] for r in rows):   # a privacy sweep: accuracy against ε
+        plots.plot_privacy_utility(rows, os.path.join(workdir, f"privacy_{label}.png"), run=label,
+                                   metric=select)
     except (ImportError, OSError, ValueError) as e:  # no matplotlib, or nothing to plot
       print(f"sweep plot of {label!r} not written: {e}")
   return out
@@ -510,6 +532,7 @@ def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should
       "(fedtree.core.algorithm.sequential); a sweep cannot stack it yet: sweep it as separate runs"
     )
   stacked = stacked_algorithm(build, label=label, algorithm=algo_name, paths=paths)
+  spent = privacy_metrics(config, label, settings, ctx)   # ε per setting (host), or None
   num_rounds = int(run_cfg.get("rounds", config.rounds))
   positive = results.positive_classes_from_config(config, ctx.data.num_classes)
   evaluator = make_evaluator(ctx.model, config.get("eval_chunk_size", None), confusion=positive is not None)
@@ -548,6 +571,8 @@ def run_sweep(label: str, run_cfg, ctx, reporter, *, workdir: str | None, should
         results.check_summaries(f"{label}[{setting_name(settings[i])},seed={seed}]", r, summaries)
         evals[r][e] = {f"{m}/{s}": sm[s] for m, sm in summaries.items()
                        for s in results.SUMMARY_METRICS if s in sm}
+        if spent is not None and spent[i] is not None:
+          evals[r][e].update(spent[i](r))
       return {}
 
     def log(r, host, chunk=chunk, evals=evals, name=name, base=k * size):
