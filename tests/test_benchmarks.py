@@ -63,3 +63,15 @@ def test_sweep_benchmark_scales_a_timed_subset_of_sequential_runs(tmp_path):
   assert row["sequential_s"] > 0 and row["sweep_s"] > 0 and row["ratio"] > 0
   assert json.load(open(out))["results"]["a"][0]["sequential_timed"] == 1
   assert os.path.getsize(tmp_path / "sweep.png") > 0
+
+
+@pytest.mark.slow
+def test_privacy_benchmark_runs(tmp_path):
+  from benchmarks import privacy
+
+  out = tmp_path / "privacy.json"
+  res = privacy.main(["--clients=4", "--rounds=1", "--repeats=1", "--sweep_rounds=1", "--settings=2",
+                      f"--out={out}"])
+  assert res["overhead"]["plain_s_per_round"] > 0 and res["overhead"]["dp_s_per_round"] > 0
+  assert res["sweep"]["settings"] == 2 and res["sweep"]["ratio"] > 0
+  assert json.load(open(out))["sweep"]["rounds"] == 1
