@@ -22,7 +22,12 @@ Figures (seed 0; z as printed by the calibration: 1.548 for ε = 10, 3.954 for �
 ε = 1; checked within the FIGURES tolerances by
 ``python -m benchmarks.config_figures --config=configs/privacy.py``):
 
-  run  model  accuracy%  loss  epsilon
+  run             model   accuracy%  loss     epsilon
+  eps1            global  11.3       251.083  1.000
+  eps10           global  48.0       1.543    10.000
+  eps10_adaptive  global  62.3       1.197    10.000
+  eps3            global  13.7       12.185   3.000
+  no_dp           global  89.3       1.126    -
 
 With 20 clients per round the noise on the mean update (std 2 z C / 20 per coordinate) swamps
 it below ε ≈ 10: DP-FedAvg needs cohorts of hundreds to thousands of clients (McMahan et al.
