@@ -42,12 +42,14 @@ from fedtree.experiment import sweep
 NOISE_MULTIPLIERS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0)
 
 
-def builder(w: workloads.Workload, data):
-  """``make(path) -> FederatedAlgorithm``: FedAvg of ``w`` through the update path ``path``."""
+def builder(w: workloads.Workload, data, chunk_size=None):
+  """``make(path) -> FederatedAlgorithm``: FedAvg of ``w`` through the update path ``path``, in
+  chunks of ``chunk_size`` clients (default: what ``"auto"`` picks for the model)."""
   model = jax_runners.jax_model(w)
   opt = optax.sgd(w.lr)
   schedule = LocalSchedule(batch_size=w.batch_size, epochs=None, steps=w.local_steps)
-  chunk = tuning.chunk_policy(model, opt, w.example_shape, w.batch_size)(w.cohort_size, 1, [w.cohort_size])
+  chunk = chunk_size or tuning.chunk_policy(model, opt, w.example_shape, w.batch_size)(
+    w.cohort_size, 1, [w.cohort_size])
 
   def make(path):
     return fedavg(model=model, data=data, local_optimizer=opt, schedule=schedule,
@@ -120,14 +122,17 @@ def main(argv=None) -> dict:
   p.add_argument("--repeats", type=int, default=4, help="timed call pairs (overhead), best of each")
   p.add_argument("--sweep_rounds", type=int, default=5)
   p.add_argument("--settings", type=int, default=len(NOISE_MULTIPLIERS),
-                 help=f"noise multipliers swept: the first N of {NOISE_MULTIPLIERS}")
+                 help=f"noise multipliers swept: the first N of {NOISE_MULTIPLIERS} (0: no sweep)")
+  p.add_argument("--chunk_size", type=int, default=None, help="clients per chunk (default: 'auto')")
   p.add_argument("--out", default="benchmarks/results/privacy.json")
   args = p.parse_args(argv)
   w = workloads.mlp(args.clients)
   data = jax_runners.federated_data(w)
-  make, chunk = builder(w, data)
+  make, chunk = builder(w, data, args.chunk_size)
   over = overhead(make, data, rounds=args.rounds, repeats=args.repeats)
-  sw = noise_sweep(make, data, rounds=args.sweep_rounds, zs=NOISE_MULTIPLIERS[:args.settings])
+  sw = None   # --settings=0: the overhead only
+  if args.settings:
+    sw = noise_sweep(make, data, rounds=args.sweep_rounds, zs=NOISE_MULTIPLIERS[:args.settings])
   out = {"workload": w.label(), "chunk_size": chunk, "backend": jax.default_backend(),
          "load_average": list(os.getloadavg()), "overhead": over, "sweep": sw}
   print(f"{w.label()}, chunk {chunk}, {jax.default_backend()} (load average {os.getloadavg()[0]:.1f})")
@@ -136,9 +141,10 @@ def main(argv=None) -> dict:
   name = "DP-FedAvg (clip + central noise)"
   print(f"{name:<32}{over['dp_s_per_round']:>10.4f}{over['dp_compile_s']:>11.2f}")
   print(f"overhead of DP: {100 * over['overhead']:+.1f} % (target <= 15 % on CPU)")
-  print(f"{sw['settings']} noise multipliers x {sw['rounds']} rounds: sequential runs "
-        f"{sw['sequential_s']:.2f} s, one sweep program {sw['sweep_s']:.2f} s "
-        f"(warm {sw['sweep_warm_s']:.2f} s): {sw['ratio']:.2f}x")
+  if sw is not None:
+    print(f"{sw['settings']} noise multipliers x {sw['rounds']} rounds: sequential runs "
+          f"{sw['sequential_s']:.2f} s, one sweep program {sw['sweep_s']:.2f} s "
+          f"(warm {sw['sweep_warm_s']:.2f} s): {sw['ratio']:.2f}x")
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
