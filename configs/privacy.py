@@ -1,5 +1,6 @@
 r"""DP-FedAvg (McMahan et al. 2018) on scikit-learn's handwritten digits: the privacy–utility curve
-(ε ≈ 1, 3, 10 and no DP) and adaptive against fixed clipping (Andrew et al. 2021).
+(ε ≈ 1, 3, 10 and no DP), adaptive against fixed clipping (Andrew et al. 2021), and central noise at
+the root against at every edge server of a 3-level tree (``:tree``).
 
   python -m fedtree.main --config=configs/privacy.py --workdir=/tmp/privacy
 
