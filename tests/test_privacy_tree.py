@@ -88,7 +88,7 @@ def test_noise_at_the_root_against_a_plain_reference():
     np.testing.assert_allclose(np.asarray(d0[k][0]), ref[k], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("noise_level", [0, -1])
+@pytest.mark.parametrize("noise_level", [0, pytest.param(-1, marks=pytest.mark.slow)])
 def test_hierfavg_round_noise_at_the_root_vs_the_edges(noise_level):
   """One HierFAVG round of the 3-level tree from the config: the global model's noise (the round
   with z minus the round with z = 0, same key) has the std the sensitivity gives: at the root
@@ -162,19 +162,15 @@ def test_accounting_of_noise_at_the_root_equals_the_edges():
 
 # ------------------------------------------------------------------------ Poisson sampling
 def test_poisson_sampling_in_hierfavg_inclusion_frequency():
-  """``sampling="poisson"``: every client trains in a round with probability q (the cohort of 400
-  seeded rounds, within 5 binomial standard errors); the slots are static; a draw over the slots is
-  an error naming q and the slot count."""
+  """``sampling="poisson"``: HierFAVG's sampler takes every client with probability q (400 seeded
+  rounds, within 5 binomial standard errors), the valid slots hold distinct clients; the options
+  are checked by name."""
   from fedtree.algorithms import hierfavg
-
-  ctx = _ctx()
-  q = 0.4
-  kw = registry.factory_kwargs("p", ml_collections.ConfigDict(
-    {"algorithm": "hierfavg", "chunk_size": 3, "weighting": "uniform", "sampling": "poisson",
-     "poisson_q": q}), ctx)
   from fedtree.algorithms.hierfavg import build_sampler
   from fedtree.core.rng import stream
 
+  ctx = _ctx()
+  q = 0.4
   sampler = build_sampler(ctx.topology.parent(ctx.topology.depth), sampling="poisson", cohort_size=None,
                           poisson_q=q, chunk_size=3)
   draw = jax.jit(jax.vmap(lambda k: sampler(stream(k, "cohort"))))
@@ -185,12 +181,7 @@ def test_poisson_sampling_in_hierfavg_inclusion_frequency():
     assert len(set(c[i][v[i]].tolist())) == int(v[i].sum())
     np.add.at(hits, c[i][v[i]], 1)
   assert np.all(np.abs(hits / n - q) < 5 * math.sqrt(q * (1 - q) / n))
-  small = hierfavg(**{**kw, "cohort_size": 1})   # 1 slot per edge: P(no overflow in a round) ~ 0.42
-  with pytest.raises(Exception, match=r"q=0.4 drew \d clients under parent \d, which has 1 slots"):
-    st = small.init(jax.random.key(0))
-    for r in range(20):
-      st, _ = jax.jit(small.round)(st, ctx.data, jax.random.key(r))
-      jax.block_until_ready(st)
+  kw = registry.factory_kwargs("p", _poisson_run(q), ctx)
   with pytest.raises(ValueError, match=r"sampling='poisson' needs poisson_q"):
     hierfavg(**{**kw, "poisson_q": None})
   with pytest.raises(ValueError, match=r"poisson_q=0.4 is only read with sampling='poisson'"):
@@ -199,6 +190,32 @@ def test_poisson_sampling_in_hierfavg_inclusion_frequency():
     hierfavg(**{**kw, "sampling": "random"})
   with pytest.raises(ValueError, match=r"q=1.5"):
     hierfavg(**{**kw, "poisson_q": 1.5})
+
+
+def _poisson_run(q, **extra):
+  return ml_collections.ConfigDict({"algorithm": "hierfavg", "chunk_size": 3, "weighting": "uniform",
+                                    "sampling": "poisson", "poisson_q": q, **extra})
+
+
+@pytest.mark.slow
+def test_poisson_rounds_train_the_sampled_clients_and_refuse_an_overflow():
+  """Rounds of HierFAVG with Poisson sampling from the config run (finite); with one slot per edge
+  a draw of two clients stops the run with an error naming q and the slot count (a host callback
+  inside the jitted round), never a silent truncation."""
+  from fedtree.algorithms import hierfavg
+
+  ctx = _ctx()
+  alg = hierfavg(**registry.factory_kwargs("p", _poisson_run(0.4), ctx))
+  s, step = alg.init(jax.random.key(0)), jax.jit(alg.round)
+  for r in range(3):
+    s, _ = step(s, ctx.data, jax.random.key(r))
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(s.params))
+  small = hierfavg(**registry.factory_kwargs("p", _poisson_run(0.4, cohort_size=1), ctx))
+  st, step = small.init(jax.random.key(0)), jax.jit(small.round)
+  with pytest.raises(Exception, match=r"q=0.4 drew \d clients under parent \d, which has 1 slots"):
+    for r in range(20):   # P(no overflow in a round) = 0.648^2 ~ 0.42
+      st, _ = step(st, ctx.data, jax.random.key(r))
+      jax.block_until_ready(st)
 
 
 def test_poisson_privacy_accounts_with_q():

@@ -712,9 +712,14 @@ def plot_privacy_utility(rows: Sequence[Mapping[str, Any]], path: str, *, run: s
     x, y, e = (np.asarray([p[i] for p in finite]) for i in range(3))
     ax.errorbar(x, y, yerr=e, marker="o", ms=4, capsize=3, label=run)
     for eps, acc, _, name in finite:
-      ax.annotate(name.split("=", 1)[-1] if "=" in name else name, (eps, acc), fontsize=6,
+      ax.annotate(name.replace("noise_multiplier", "z"), (eps, acc), fontsize=6,
                   textcoords="offset points", xytext=(3, 3))
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
     ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
   for _, acc, _, name in (p for p in pts if not math.isfinite(p[0])):
     ax.axhline(acc, ls="--", color="gray", label=f"no DP ({name})")
   ax.set_xlabel("ε (after the last round)")
