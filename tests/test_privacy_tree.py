@@ -242,3 +242,36 @@ def test_poisson_privacy_accounts_with_q():
   with pytest.raises(ValueError, match=r"sampling='poisson' but the run samples with sampling='fixed'"):
     xp.plan({"clip_norm": 0.5, "noise_multiplier": z, "sampling": "poisson"},
             RunContext(ctx, "dp", _run({}), {}), verbose=False)
+
+
+def test_noise_level_on_a_deeper_tree():
+  """root -> 2 regions -> 4 edges -> 12 clients (edges of 3 and 3, 2 and 4 clients), cohorts of 2:
+  the sensitivity is 2 max_e N_e / k_e at any level above the edges, the noise node's weight is its
+  clients; a period > 1 matters at or below the noising level only, and a server below it must be
+  FedAvg's."""
+  import types
+
+  from fedtree.core.topology import Topology
+
+  topo = Topology.from_sizes(((3, 3), (2, 4)))
+  assert topo.depth == 3
+  ctx = types.SimpleNamespace(topology=topo, data=types.SimpleNamespace(num_clients=12),
+                              config=ml_collections.ConfigDict({"rounds": 3}))
+
+  def plan(level, **extra):
+    run = ml_collections.ConfigDict({"algorithm": "hierfavg", "weighting": "uniform", "cohort_size": 2,
+                                     **extra})
+    return xp.plan({"clip_norm": 1.0, "noise_multiplier": 1.0, "noise_level": level},
+                   RunContext(ctx, "x", run, {}), verbose=False)
+
+  for level, weights in ((0, [12]), (1, [6, 6]), (-2, [6, 6])):
+    p = plan(level)
+    assert p.sensitivity == pytest.approx(2 * 4 / 2) and p.node_weight.tolist() == weights
+  assert plan(-1).noise_level == 2
+  plan(1, periods=(2, 1))   # the root above the regions: post-processing
+  with pytest.raises(ValueError, match=r"periods=\(1, 2\): level 1 aggregates every 2 rounds"):
+    plan(0, periods=(1, 2))
+  plan(1, servers=[{"name": "adam", "learning_rate": 0.1}, {"name": "adam", "learning_rate": 0.1},
+                   {"name": "fedavg"}])
+  with pytest.raises(ValueError, match=r"at level 2"):
+    plan(1, servers=[{"name": "fedavg"}, {"name": "fedavg"}, {"name": "fedavgm"}])
