@@ -185,7 +185,7 @@ def test_poisson_sampling_in_hierfavg_inclusion_frequency():
   with pytest.raises(ValueError, match=r"sampling='poisson' needs poisson_q"):
     hierfavg(**{**kw, "poisson_q": None})
   with pytest.raises(ValueError, match=r"poisson_q=0.4 is only read with sampling='poisson'"):
-    hierfavg(**{**kw, "sampling": "fixed"})
+    hierfavg(**{**kw, "sampling": "uniform"})
   with pytest.raises(ValueError, match=r"sampling='random'; choose one of"):
     hierfavg(**{**kw, "sampling": "random"})
   with pytest.raises(ValueError, match=r"q=1.5"):
@@ -239,9 +239,12 @@ def test_poisson_privacy_accounts_with_q():
   assert float(jnp.std(out[0]["w"][0])) == pytest.approx(z * 0.5, rel=5 / math.sqrt(2 * 4000))
   with pytest.raises(ValueError, match=r"normalize='count' with sampling='poisson'"):
     xp.plan({**run.privacy.to_dict(), "normalize": "count"}, RunContext(ctx, "dp", run, {}), verbose=False)
-  with pytest.raises(ValueError, match=r"sampling='poisson' but the run samples with sampling='fixed'"):
+  with pytest.raises(ValueError, match=r"sampling='poisson' but the run samples with sampling='uniform'"):
     xp.plan({"clip_norm": 0.5, "noise_multiplier": z, "sampling": "poisson"},
             RunContext(ctx, "dp", _run({}), {}), verbose=False)
+  with pytest.raises(ValueError, match=r"the run's sampling='power_of_choice': differential privacy is"):
+    xp.plan({"clip_norm": 0.5, "noise_multiplier": z},
+            RunContext(ctx, "dp", _run({}, sampling="power_of_choice"), {}), verbose=False)
 
 
 def test_noise_level_on_a_deeper_tree():

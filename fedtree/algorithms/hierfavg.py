@@ -50,7 +50,7 @@ from fedtree.core.updates import (
 )
 
 PyTree = Any
-SAMPLINGS = ("fixed", "poisson")
+SAMPLINGS = ("uniform", "poisson")   # (main's sampling strategies use "uniform" for fixed-size cohorts too)
 
 
 def build_sampler(parent, *, sampling: str, cohort_size, poisson_q, chunk_size):
@@ -59,9 +59,10 @@ def build_sampler(parent, *, sampling: str, cohort_size, poisson_q, chunk_size):
   slots per parent are ``cohort_size``, default from the overflow probability)."""
   if sampling not in SAMPLINGS:
     raise ValueError(f"sampling={sampling!r}; choose one of {list(SAMPLINGS)}")
-  if sampling == "fixed":
+  if sampling == "uniform":
     if poisson_q is not None:
-      raise ValueError(f"poisson_q={poisson_q!r} is only read with sampling='poisson' (got sampling='fixed')")
+      raise ValueError(f"poisson_q={poisson_q!r} is only read with sampling='poisson' "
+                       f"(got sampling='uniform')")
     return cohort_sampler(parent, cohort_size, chunk_size=chunk_size)
   if poisson_q is None:
     raise ValueError("sampling='poisson' needs poisson_q, every client's probability of taking part")
@@ -104,7 +105,7 @@ def hierfavg(
   server_optimizers: optax.GradientTransformation | Sequence[optax.GradientTransformation] = None,
   periods: int | Sequence[int] | None = None,
   cohort_size: int | Sequence[int] | None = None,
-  sampling: str = "fixed",
+  sampling: str = "uniform",
   poisson_q: float | None = None,
   chunk_size: int | str | None = "auto",
   weighting: str = "examples",
@@ -132,7 +133,7 @@ def hierfavg(
     cohort_size: clients sampled per leaf-parent node each round (``None``: all); with Poisson
       sampling, the slots per leaf parent (the most clients it may draw; ``None``: the smallest
       count whose overflow probability per round is at most 1e-12).
-    sampling: ``"fixed"`` (``cohort_size`` clients per leaf parent, without replacement) or
+    sampling: ``"uniform"`` (``cohort_size`` clients per leaf parent, without replacement) or
       ``"poisson"`` (every client independently with probability ``poisson_q``, in static shapes:
       padded slots masked; a draw that exceeds a parent's slots is an error at run time naming
       ``q`` and the slot count, raised from a host callback inside the jitted round).
@@ -288,7 +289,7 @@ def fedavg(
   schedule: LocalSchedule,
   server_optimizer: optax.GradientTransformation | None = None,
   cohort_size: int | None = None,
-  sampling: str = "fixed",
+  sampling: str = "uniform",
   poisson_q: float | None = None,
   chunk_size: int | str | None = "auto",
   weighting: str = "examples",

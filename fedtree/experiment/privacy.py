@@ -19,9 +19,9 @@ Section fields (``config.runs.<label>.privacy``)::
     (expected cohort; the default, and the only choice, with Poisson sampling)
   adaptive: {initial_clip, target_quantile, learning_rate, count_noise} (Andrew et al. 2021)
   accountant: "rdp" (default) | "pld" (Poisson only)
-  sampling: the run's (its ``sampling`` field: "fixed", fixed-size cohorts, replace-one adjacency,
-    RDP only; "poisson" with the run's ``poisson_q``, add/remove adjacency); a different value is
-    refused
+  sampling: the run's (its ``sampling`` field: "uniform" -> "fixed", fixed-size cohorts,
+    replace-one adjacency, RDP only; "poisson" with the run's ``poisson_q``, add/remove adjacency); a
+    different value is refused, and so is a run sampling by data size, availability or loss
 
 The run must use ``weighting="uniform"`` (refused otherwise, with the reason). The noise is
 ``z`` times the sensitivity of a node's sum under the accountant's adjacency: ``2 z C`` for the
@@ -70,6 +70,8 @@ from fedtree.core import privacy as dp
 
 ACCOUNTANTS = ("rdp", "pld")
 SAMPLINGS = ("fixed", "poisson")
+RUN_SAMPLINGS = {"uniform": "fixed", "poisson": "poisson"}
+"""A run's ``sampling`` -> the accountant's: uniform fixed-size cohorts, or Poisson."""
 MECHANISMS = ("central", "local")
 FIELDS = ("clip_norm", "noise_multiplier", "target_epsilon", "delta", "mechanism", "noise_level",
           "per_layer", "normalize", "adaptive", "accountant", "sampling")
@@ -314,11 +316,15 @@ def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> 
   if mechanism not in MECHANISMS:
     raise ValueError(f"mechanism={mechanism!r}; choose one of {list(MECHANISMS)}")
   accountant = section.get("accountant", "rdp")
-  run_sampling = "fixed" if run is None else run.get("sampling", "fixed")
-  sampling = section.get("sampling", run_sampling)
+  run_sampling = "uniform" if run is None else run.get("sampling", "uniform")
+  if run_sampling not in RUN_SAMPLINGS:
+    raise ValueError(f"the run's sampling={run_sampling!r}: differential privacy is accounted for "
+                     f"{sorted(RUN_SAMPLINGS)} only (a cohort chosen by data size, availability or loss "
+                     f"depends on the clients' data: no sampling amplification is known for it)")
+  sampling = section.get("sampling", RUN_SAMPLINGS[run_sampling])
   if sampling not in SAMPLINGS:
     raise ValueError(f"sampling={sampling!r}; choose one of {list(SAMPLINGS)}")
-  if sampling != run_sampling:
+  if sampling != RUN_SAMPLINGS[run_sampling]:
     raise ValueError(f"sampling={sampling!r} but the run samples with sampling={run_sampling!r}; the "
                      f"accounting must match the run's sampling (set the run's sampling and poisson_q)")
   if accountant not in ACCOUNTANTS:
