@@ -2,6 +2,7 @@
 
   python -m benchmarks.config_figures --config=configs/fedkws.py           # check
   python -m benchmarks.config_figures --config=configs/fedkws.py --write   # rewrite the table
+  python -m benchmarks.config_figures --config=configs/privacy.py:tree     # a variant's table
 
 A config file that states figures declares them in a module-level ``FIGURES``: a tuple of
 columns ``(header, key, scale, decimals, tolerance)``, where ``key`` is a field of a model's
@@ -18,7 +19,8 @@ temporary workdir), builds the table and compares it with the docstring's: a fig
 by more than its column's ``tolerance`` (in the printed unit), a row that is missing or extra,
 is reported and the exit status is 1. ``--write`` puts the new table into the config file
 instead. ``tests/test_config_figures.py`` (slow) runs the check for every config with
-``FIGURES``.
+``FIGURES``. A variant (``--config=configs/<name>.py:<variant>``, ``get_config(variant)``) has its
+own table: the first indented paragraph after the line naming this command with that variant.
 """
 
 from __future__ import annotations
@@ -44,8 +46,17 @@ class Column(NamedTuple):
   tolerance: float = 0.0
 
 
+def split_variant(path: str) -> tuple[str, str | None]:
+  """``("configs/<name>.py", variant)`` of ``configs/<name>.py[:variant]``."""
+  file, sep, variant = path.rpartition(":")
+  if sep and file.endswith(".py") and variant:
+    return file, variant
+  return path, None
+
+
 def load_module(path: str):
-  """The config file ``path`` (``configs/<name>.py``) as a module."""
+  """The config file ``path`` (``configs/<name>.py``, a ``:variant`` ignored) as a module."""
+  path = split_variant(path)[0]
   name = os.path.splitext(os.path.basename(path))[0]
   spec = importlib.util.spec_from_file_location(f"_config_figures_{name}", path)
   if spec is None or spec.loader is None:
@@ -114,12 +125,18 @@ def parse_table(text: str, columns: Sequence[Column]) -> dict[tuple[str, str], l
   return rows
 
 
-def find_table(source: str) -> tuple[int, int]:
+def find_table(source: str, variant: str | None = None) -> tuple[int, int]:
   """``(start, end)`` offsets in a config file's ``source`` of its figures table: the first
-  paragraph of indented lines after the line naming this command."""
-  at = source.find(COMMAND)
+  paragraph of indented lines after the line naming this command (with ``--config=...:variant``
+  for a variant)."""
+  if variant is None:
+    at = source.find(COMMAND)
+  else:
+    found = re.compile(re.escape(COMMAND) + r"\s+--config=\S*:" + re.escape(variant) + r"\b").search(source)
+    at = -1 if found is None else found.start()
   if at < 0:
-    raise ValueError(f"the docstring names no `{COMMAND}` command before its figures table")
+    named = COMMAND if variant is None else f"{COMMAND} --config=...:{variant}"
+    raise ValueError(f"the docstring names no `{named}` command before its figures table")
   m = re.compile(r"\n[ \t]*\n((?:  \S.*\n)+)").search(source, at)
   if m is None:
     raise ValueError(f"no indented table follows the line naming `{COMMAND}`")
@@ -154,7 +171,9 @@ def run_config(path: str) -> dict[str, Any]:
   workdir, no plots); returns its results."""
   from fedtree.experiment.runner import train_and_evaluate
 
-  config = load_module(path).get_config()
+  file, variant = split_variant(path)
+  module = load_module(file)
+  config = module.get_config() if variant is None else module.get_config(variant)
   with config.unlocked():
     config.plots = False
     config.progress = False
@@ -170,12 +189,13 @@ def check(path: str, *, write: bool = False, results=None) -> tuple[list[str], s
   if results is None:
     results = run_config(path)
   printed = measure(results, columns)
-  with open(path, encoding="utf-8") as f:
+  file, variant = split_variant(path)
+  with open(file, encoding="utf-8") as f:
     source = f.read()
-  start, end = find_table(source)
+  start, end = find_table(source, variant)
   table = format_table(printed, columns)
   if write:
-    with open(path, "w", encoding="utf-8") as f:
+    with open(file, "w", encoding="utf-8") as f:
       f.write(source[:start] + table + "\n" + source[end:])
     return [], table
   return compare(parse_table(source[start:end], columns), printed, columns), table

@@ -1,5 +1,6 @@
 r"""DP-FedAvg (McMahan et al. 2018) on scikit-learn's handwritten digits: the privacy–utility curve
-(ε ≈ 1, 3, 10 and no DP) and adaptive against fixed clipping (Andrew et al. 2021).
+(ε ≈ 1, 3, 10 and no DP), adaptive against fixed clipping (Andrew et al. 2021), and central noise at
+the root against at every edge server of a 3-level tree (``:tree``).
 
   python -m fedtree.main --config=configs/privacy.py --workdir=/tmp/privacy
 
@@ -12,28 +13,47 @@ adjacency), ``z`` calibrated before the run to ``target_epsilon`` at δ = 1e-5 w
 accountant of ``dp-accounting`` (printed); ε after every round is in ``metrics.jsonl`` and the
 final table. The unit is a client (user-level DP).
 
-A privacy–utility curve as one compiled program instead (z a sweep axis; ε per setting is not
-reported for a sweep's experiments yet):
+A privacy–utility curve as one compiled program instead (z a sweep axis; ε of every setting
+accounted on the host, in the table, ``summary.json`` and ``privacy_dp.png``: accuracy against ε):
 
   python -m fedtree.main --config=configs/privacy.py:sweep --workdir=/tmp/privacy_sweep \
       --config.sweep.params="runs.dp.privacy.noise_multiplier=0,0.5,1,2,4"
 
-MEASURED (seed 0, the shared 2-core CPU under load: 5 runs in 136 s wall / 44 s CPU; z as
-printed by the calibration):
+Figures (seed 0; z as printed by the calibration: 1.548 for ε = 10, 3.954 for ε = 3, 10.605 for
+ε = 1; checked within the FIGURES tolerances by
+``python -m benchmarks.config_figures --config=configs/privacy.py``):
 
-  run             z       accuracy  loss     ε (δ = 1e-5, after 40 rounds)
-  no_dp           -       0.893     1.126    -
-  eps10           1.548   0.480     1.543    10.000
-  eps10_adaptive  1.548   0.623     1.198    10.000   (C adapted from 0.1 towards the median norm)
-  eps3            3.954   0.137     12.18    3.000
-  eps1            10.605  0.113     251.1    1.000
+  run             model   accuracy%  loss     epsilon
+  eps1            global  11.3       251.083  1.000
+  eps10           global  48.0       1.543    10.000
+  eps10_adaptive  global  62.3       1.197    10.000
+  eps3            global  13.7       12.185   3.000
+  no_dp           global  89.3       1.126    -
 
 With 20 clients per round the noise on the mean update (std 2 z C / 20 per coordinate) swamps
 it below ε ≈ 10: DP-FedAvg needs cohorts of hundreds to thousands of clients (McMahan et al.
 2018); these figures show the mechanism and the accounting, not a tuned private model.
 
-Not here yet: central noise at the edge servers vs the root of a 3-level tree (from a config the
-noise is added at the clients' parents; see :func:`fedtree.core.privacy.central`).
+**Where the noise goes on a tree** (``:tree``): root -> 10 edge servers -> 10 clients each,
+HierFAVG with the edges and the root aggregating every round (``periods=(1,)``, FedAvg servers),
+5 clients per edge per round (q = 0.5), the same ε = 10 (z = 3.375) for both DP runs: noise at
+every edge server (``noise_level=-1``: untrusted edges; each adds std 2 z C to its sum of 5) or
+once at the root (``noise_level=0``: trusted edges; std z C s with sensitivity s = 2 N_e / k_e = 4
+on the root's sum over 100 clients, see :mod:`fedtree.experiment.privacy`). The root's one draw
+is sqrt(10) times smaller on the global model for the same ε:
+
+  python -m fedtree.main --config=configs/privacy.py:tree --workdir=/tmp/privacy_tree
+
+Figures (``python -m benchmarks.config_figures --config=configs/privacy.py:tree``; ``level1``, the
+edges' models, equals ``global`` after the root sends it down every round):
+
+  run          model   accuracy%  loss    epsilon
+  edges_eps10  global  15.3       12.078  10.000
+  edges_eps10  level1  15.3       12.078  10.000
+  no_dp        global  88.0       1.125   -
+  no_dp        level1  88.0       1.125   -
+  root_eps10   global  66.3       1.051   10.000
+  root_eps10   level1  66.3       1.051   10.000
 """
 
 import ml_collections
@@ -41,10 +61,20 @@ import ml_collections
 from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
 
+VARIANTS = ("curve", "sweep", "tree")
+
+
+FIGURE_VARIANTS = ("tree",)   # variants with a figures table of their own
+FIGURES = (
+  ("accuracy%", "accuracy", 100, 1, 1.0),
+  ("loss", "loss", 1, 3, 0.05),
+  ("epsilon", "epsilon", 1, 3, 0.01),
+)
+
 
 def get_config(variant: str = "curve") -> ml_collections.ConfigDict:
-  if variant not in ("curve", "sweep"):
-    raise ValueError(f"variant={variant!r}; choose 'curve' or 'sweep'")
+  if variant not in VARIANTS:
+    raise ValueError(f"variant={variant!r}; choose one of {list(VARIANTS)}")
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.rounds = 40
@@ -59,8 +89,8 @@ def get_config(variant: str = "curve") -> ml_collections.ConfigDict:
   c.local = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=0.1, batch_size=10, epochs=1,
                                            steps=None))
 
-  def run(privacy=None):
-    r = dict(algorithm="fedavg", weighting="uniform", cohort_size=20)
+  def run(privacy=None, **extra):
+    r = {**dict(algorithm="fedavg", weighting="uniform", cohort_size=20), **extra}
     if privacy is not None:
       r["privacy"] = dict(clip_norm=0.5, delta=1e-5, accountant="rdp", **privacy)
     return ml_collections.ConfigDict(r)
@@ -70,6 +100,13 @@ def get_config(variant: str = "curve") -> ml_collections.ConfigDict:
   c.runs = ml_collections.ConfigDict()
   if variant == "sweep":   # one run whose noise multiplier the sweep sets
     c.runs.dp = run(dict(noise_multiplier=1.0))
+    return declare_runner_fields(c)
+  if variant == "tree":   # root -> 10 edge servers -> 10 clients each; 5 per edge per round
+    c.topology = ml_collections.ConfigDict(dict(kind="sizes", sizes=(10,) * 10))
+    tree = dict(algorithm="hierfavg", cohort_size=5, periods=(1,))
+    c.runs.no_dp = run(**tree)
+    c.runs.edges_eps10 = run(dict(target_epsilon=10.0, noise_level=-1), **tree)
+    c.runs.root_eps10 = run(dict(target_epsilon=10.0, noise_level=0), **tree)
     return declare_runner_fields(c)
   c.runs.no_dp = run()
   c.runs.eps10 = run(dict(target_epsilon=10.0))

@@ -76,3 +76,14 @@ def test_peft_benchmark_smallest_setting_runs(tmp_path):
   assert [r["clients"] for r in rows] == [4, 8] and all(r["client_updates_per_s"] > 0 for r in rows)
   assert rows[1]["state_bytes"] > rows[0]["state_bytes"] and res["fits"]["lora"]["max_clients"] > 8
   assert set(res["closure"]) == {"closed_over", "in_state"}
+
+
+def test_privacy_benchmark_runs(tmp_path):
+  from benchmarks import privacy
+
+  out = tmp_path / "privacy.json"
+  res = privacy.main(["--clients=4", "--rounds=1", "--repeats=1", "--sweep_rounds=1", "--settings=2",
+                      f"--out={out}"])
+  assert res["overhead"]["plain_s_per_round"] > 0 and res["overhead"]["dp_s_per_round"] > 0
+  assert res["sweep"]["settings"] == 2 and res["sweep"]["ratio"] > 0
+  assert json.load(open(out))["sweep"]["rounds"] == 1

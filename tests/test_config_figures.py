@@ -16,6 +16,9 @@ from benchmarks import config_figures as cf
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WITH_FIGURES = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))
                       if "\nFIGURES = (" in open(p, encoding="utf-8").read())
+# a config's variants with tables of their own (its module-level FIGURE_VARIANTS)
+WITH_FIGURES += [f"{p}:{v}" for p in list(WITH_FIGURES)
+                 for v in getattr(cf.load_module(p), "FIGURE_VARIANTS", ())]
 COLUMNS = [cf.Column("acc%", "accuracy", 100, 2, 0.5), cf.Column("epochs", "costs.epochs", 1, 1, 0.0),
            cf.Column("n", lambda models, m: len(models), 1, 0, 0)]
 RESULTS = {"fedavg": {"global": {"accuracy": 0.51234, "costs": {"epochs": 9.25}}},
@@ -76,13 +79,32 @@ def test_write_replaces_only_the_table_after_the_command(tmp_path):
   assert cf.check(str(path), results={"fedavg": {"global": {"accuracy": 0.504}}})[0] == []
 
 
+def test_a_variant_has_its_own_table(tmp_path):
+  """``path:variant`` runs ``get_config(variant)`` and reads / writes the table after the line naming
+  the command with that variant; the plain path keeps the first table."""
+  path = tmp_path / "cfg.py"
+  path.write_text('"""Doc.\n\n`python -m benchmarks.config_figures --config=cfg.py`:\n\n'
+                  '  run  model  acc%\n  a    global  50.00\n\n'
+                  '`python -m benchmarks.config_figures --config=cfg.py:tree`:\n\n'
+                  '  run  model  acc%\n  b    global  60.00\n"""\n'
+                  'FIGURES = (("acc%", "accuracy", 100, 2, 0.5),)\n')
+  assert cf.split_variant(f"{path}:tree") == (str(path), "tree") and cf.split_variant(str(path))[1] is None
+  assert cf.check(str(path), results={"a": {"global": {"accuracy": 0.5}}})[0] == []
+  assert cf.check(f"{path}:tree", results={"b": {"global": {"accuracy": 0.6}}})[0] == []
+  cf.check(f"{path}:tree", write=True, results={"c": {"global": {"accuracy": 0.7}}})
+  text = path.read_text()
+  assert "  a    global  50.00\n" in text and "  c    global  70.00\n" in text and "  b  " not in text
+  with pytest.raises(ValueError, match="names no `benchmarks.config_figures --config=...:deep`"):
+    cf.check(f"{path}:deep", results={})
+
+
 def test_a_config_without_figures_is_refused():
   with pytest.raises(ValueError, match="declares no FIGURES"):
     cf.columns_of(cf.load_module(os.path.join(ROOT, "configs", "quickstart.py")))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", WITH_FIGURES, ids=os.path.basename)
+@pytest.mark.parametrize("path", WITH_FIGURES, ids=os.path.basename)  # (variants: "name.py:variant")
 def test_printed_figures_match_the_docstring(path):
   problems, table = cf.check(path)
   assert not problems, "\n".join(problems) + "\nprinted:\n" + table

@@ -415,13 +415,26 @@ def test_sweep_over_the_noise_multiplier(tmp_path):
     runs=dict(dp=dict(algorithm="fedavg", weighting="uniform", cohort_size=2,
                       privacy=dict(clip_norm=0.5, noise_multiplier=1.0))),
     sweep=dict(params="runs.dp.privacy.noise_multiplier=0,0.5,2")))
-  train_and_evaluate(config, str(tmp_path))
+  results = train_and_evaluate(config, str(tmp_path))
   rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
   rows = [r for r in rows if "dp_noise_std" in r]
   assert len(rows) == 6
   for r in rows:
     z = r["setting"]["runs.dp.privacy.noise_multiplier"]
     assert r["dp_noise_std"] == pytest.approx(2 * z * 0.5)
+  # ε per setting (host accounting of each setting's z), in the rows, the summary and a PNG
+  def eps(z):
+    return xp.epsilon(noise_multiplier=z, sampling_rate=2 / 3, rounds=2, delta=1e-5, sampling="fixed",
+                      population=3, cohort=2)
+
+  final = [r for r in rows if r["round"] == 2]
+  for r in final:
+    z = r["setting"]["runs.dp.privacy.noise_multiplier"]
+    assert (r["epsilon"] is None) if z == 0 else r["epsilon"] == pytest.approx(eps(z), rel=1e-9)
+  settings = results["dp"]["sweep"]["settings"]
+  by_z = {s["setting"]["runs.dp.privacy.noise_multiplier"]: s["mean"]["epsilon"] for s in settings}
+  assert by_z[0.0] == math.inf and by_z[2.0] == pytest.approx(eps(2.0)) and by_z[0.5] > by_z[2.0]
+  assert (tmp_path / "privacy_dp.png").exists()
 
 
 @pytest.mark.slow

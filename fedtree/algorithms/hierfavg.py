@@ -36,7 +36,7 @@ from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
-from fedtree.core.sampling import cohort_sampler, sampling_strategy
+from fedtree.core.sampling import check_sampling, cohort_sampler, poisson_sampler, sampling_strategy
 from fedtree.core.server import init_nodes, select_nodes, update_nodes
 from fedtree.core.systems import Systems, model_bytes, uplink_bytes
 from fedtree.core.tier import train_cohort
@@ -51,6 +51,23 @@ from fedtree.core.updates import (
 )
 
 PyTree = Any
+
+
+def build_sampler(parent, *, sampling: str, cohort_size, poisson_q, chunk_size):
+  """The clients' sampler: fixed-size cohorts (:func:`~fedtree.core.sampling.cohort_sampler`) or
+  Poisson sampling with rate ``poisson_q`` (:func:`~fedtree.core.sampling.poisson_sampler`, whose
+  slots per parent are ``cohort_size``, default from the overflow probability)."""
+  if sampling != "poisson":
+    check_sampling(sampling)
+    if poisson_q is not None:
+      raise ValueError(f"poisson_q={poisson_q!r} is only read with sampling='poisson' "
+                       f"(got sampling={sampling!r})")
+    return cohort_sampler(parent, cohort_size, chunk_size=chunk_size)
+  if poisson_q is None:
+    raise ValueError("sampling='poisson' needs poisson_q, every client's probability of taking part")
+  every = cohort_size is None or (np.isscalar(cohort_size) and int(cohort_size) == -1)
+  slots = None if every else cohort_size
+  return poisson_sampler(parent, poisson_q, max_slots=slots, chunk_size=chunk_size)
 
 
 def check_periods(periods, depth: int) -> tuple[int, ...]:
@@ -93,6 +110,8 @@ def hierfavg(
   server_optimizers: optax.GradientTransformation | Sequence[optax.GradientTransformation] = None,
   periods: int | Sequence[int] | None = None,
   cohort_size: int | Sequence[int] | None = None,
+  sampling: str = "uniform",
+  poisson_q: float | None = None,
   chunk_size: int | str | None = "auto",
   weighting: str = "examples",
   compute_dtype: str | None = None,
@@ -102,7 +121,6 @@ def hierfavg(
   top_level: int = 0,
   update_paths: UpdatePath | Mapping[int, UpdatePath | None] | Sequence[UpdatePath | None] | None = None,
   systems: Systems | None = None,
-  sampling: str = "uniform",
   candidates: int | None = None,
   name: str = "hierfavg",
 ) -> FederatedAlgorithm:
@@ -119,7 +137,20 @@ def hierfavg(
     server_optimizers: one optax optimizer for every server level, or one per level
       ``0 .. depth-1`` (default FedAvg, ``sgd(1.0)``).
     periods: rounds between aggregations of levels ``0 .. depth-2``.
-    cohort_size: clients sampled per leaf-parent node each round (``None``: all).
+    cohort_size: clients sampled per leaf-parent node each round (``None``: all); with Poisson
+      sampling, the slots per leaf parent (the most clients it may draw; ``None``: the smallest
+      count whose overflow probability per round is at most 1e-12).
+    sampling: how a leaf parent's cohort is drawn (:mod:`fedtree.core.sampling`): ``"uniform"``
+      (``cohort_size`` clients per leaf parent, without replacement); ``"poisson"`` (every client
+      independently with probability ``poisson_q``, in static shapes: padded slots masked; a draw
+      that exceeds a parent's slots is an error at run time naming ``q`` and the slot count,
+      raised from a host callback inside the jitted round); ``"data_size"`` (successive sampling
+      proportional to the clients' examples); ``"available"`` (uniform among the clients on line
+      at the round's start: needs ``systems`` with ``availability``); ``"power_of_choice"`` (Cho et
+      al. 2022: ``candidates`` clients per leaf parent drawn proportionally to their examples, the
+      ``cohort_size`` of highest loss under their parent's model kept; padded or ragged data,
+      scored ``chunk_size`` candidates at a time on ragged data).
+    poisson_q: ``q`` in (0, 1], with ``sampling="poisson"``.
     chunk_size: clients trained at once (memory bound): an int, ``None`` (the whole cohort)
       or ``"auto"`` (the per-backend default, :mod:`fedtree.core.tuning`).
     weighting: ``"examples"`` or ``"uniform"`` aggregation weights.
@@ -153,13 +184,6 @@ def hierfavg(
       ``clients_unavailable``, ``clients_dropped``, ``clients_partial``). Over-selection samples
       ``ceil(factor · cohort_size)`` clients of every leaf parent (at most its group). ``None``:
       every sampled client finishes, no clock.
-    sampling: how a leaf parent's cohort is drawn (:mod:`fedtree.core.sampling`): ``"uniform"``;
-      ``"data_size"`` (successive sampling proportional to the clients' examples);
-      ``"available"`` (uniform among the clients on line at the round's start: needs ``systems``
-      with ``availability``); ``"power_of_choice"`` (Cho et al. 2022: ``candidates`` clients per
-      leaf parent drawn proportionally to their examples, the ``cohort_size`` of highest loss
-      under their parent's model kept; padded or ragged data, scored ``chunk_size`` candidates at
-      a time on ragged data).
     candidates: power-of-choice candidates per leaf parent (default twice the cohort, at most
       the group).
     name: label for reports.
@@ -195,9 +219,13 @@ def hierfavg(
                           supported_levels=range(top_level, depth))
   keep = links = None   # over-selection: sample more, keep the first cohort_size to finish
   if systems is not None:
+    if sampling == "poisson":
+      raise ValueError("sampling='poisson' cannot run with systems=: a round policy changes who takes "
+                       "part, which Poisson sampling's accounting does not model; use sampling='uniform'")
     keep, cohort_size = systems.cohort_sizes(topology.parent(depth), cohort_size, depth)
     links = systems.server_links([topology.num_nodes(lv) for lv in range(depth)])
-  sampler = cohort_sampler(topology.parent(depth), cohort_size, chunk_size=chunk_size)
+  sampler = build_sampler(topology.parent(depth), sampling=sampling, cohort_size=cohort_size,
+                          poisson_q=poisson_q, chunk_size=chunk_size)
   draw = sampling_strategy(sampler, sampling, data=data, model=model, candidates=candidates,
                            online=None if systems is None else systems.online)
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
@@ -315,6 +343,8 @@ def fedavg(
   schedule: LocalSchedule,
   server_optimizer: optax.GradientTransformation | None = None,
   cohort_size: int | None = None,
+  sampling: str = "uniform",
+  poisson_q: float | None = None,
   chunk_size: int | str | None = "auto",
   weighting: str = "examples",
   compute_dtype: str | None = None,
@@ -323,7 +353,6 @@ def fedavg(
   skip_nonfinite: bool = False,
   update_paths: UpdatePath | Mapping[int, UpdatePath | None] | Sequence[UpdatePath | None] | None = None,
   systems: Systems | None = None,
-  sampling: str = "uniform",
   candidates: int | None = None,
   name: str = "fedavg",
 ) -> FederatedAlgorithm:
@@ -349,10 +378,11 @@ def fedavg(
   return hierfavg(
     model=model, topology=Topology.flat(data.num_clients), data=data,
     local_optimizer=local_optimizer, schedule=schedule,
-    server_optimizers=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size,
+    server_optimizers=server_optimizer, cohort_size=cohort_size, sampling=sampling, poisson_q=poisson_q,
+    chunk_size=chunk_size,
     weighting=weighting, compute_dtype=compute_dtype, client_update=client_update,
     init_params=init_params, skip_nonfinite=skip_nonfinite, update_paths=update_paths,
-    systems=systems, sampling=sampling, candidates=candidates, name=name,
+    systems=systems, candidates=candidates, name=name,
   )
 
 

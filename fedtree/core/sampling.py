@@ -144,6 +144,13 @@ def cohort_sampler(parent, cohort_size, *, chunk_size: int | None = None) -> Coh
       f"cohort_size={int(k[g])} exceeds group {g}, which has {int(counts[g])} clients "
       f"(smallest group: {int(counts.min())}); use cohort_size <= {int(counts.min())} or -1 for all"
     )
+  return CohortSampler(parent=tuple(int(p) for p in parent), sizes=tuple(int(v) for v in k),
+                       chunk_size=_chunk(chunk_size, k))
+
+
+def _chunk(chunk_size, k: np.ndarray) -> int:
+  """The chunk of a cohort with ``k[g]`` slots per parent from ``chunk_size`` (an int, ``None``,
+  ``"auto"`` or a :func:`fedtree.core.tuning.chunk_policy`)."""
   total = int(k.sum())
   if callable(chunk_size):  # a policy (fedtree.core.tuning.chunk_policy): slots, devices -> chunk
     from fedtree.core.sharding import mesh_size
@@ -162,8 +169,7 @@ def cohort_sampler(parent, cohort_size, *, chunk_size: int | None = None) -> Coh
   chunk = total if chunk_size is None else int(chunk_size)
   if chunk < 1:
     raise ValueError(f"chunk_size={chunk_size} must be >= 1")
-  return CohortSampler(parent=tuple(int(p) for p in parent), sizes=tuple(int(v) for v in k),
-                       chunk_size=min(chunk, total))
+  return min(chunk, total)
 
 
 def _binomial_quantile(n: int, q: float, tail: float) -> int:
@@ -232,7 +238,7 @@ def poisson_sampler(parent, rate: float, *, max_slots=None, overflow_probability
     max_slots: slots per parent (an int, or one per parent); default the smallest count whose
       overflow probability per round is at most ``overflow_probability`` (at most the group).
     overflow_probability: the default slots' overflow probability per parent and round.
-    chunk_size: an int or ``None`` (the whole cohort).
+    chunk_size: as :func:`cohort_sampler`'s.
 
   Raises:
     ValueError: ``rate`` outside (0, 1], or a slot count < 1.
@@ -248,17 +254,15 @@ def poisson_sampler(parent, rate: float, *, max_slots=None, overflow_probability
     if k.min() < 1:
       raise ValueError(f"max_slots={max_slots!r}; it must be >= 1")
     k = np.minimum(k, counts)
-  total = int(k.sum())
-  chunk = total if chunk_size is None else min(int(chunk_size), total)
   return PoissonSampler(parent=tuple(int(p) for p in parent), sizes=tuple(int(v) for v in k),
-                        chunk_size=chunk, rate=float(rate))
+                        chunk_size=_chunk(chunk_size, k), rate=float(rate))
 
 
 # ------------------------------------------------------------------------ sampling strategies
 # Besides uniform sampling (``CohortSampler.__call__``), strategies that draw the same static
 # slots by other rules; each returns a ``Cohort`` laid out exactly as ``sampler(key)`` would be.
 
-SAMPLING = ("uniform", "data_size", "available", "power_of_choice")
+SAMPLING = ("uniform", "poisson", "data_size", "available", "power_of_choice")
 """The strategies :func:`fedtree.algorithms.hierfavg.hierfavg` takes as ``sampling=``."""
 
 
@@ -387,7 +391,8 @@ def sampling_strategy(
   chunk_size: int | None = None,
 ):
   """``draw(key, parent_params, time) -> Cohort`` for a strategy of :data:`SAMPLING`, in
-  ``sampler``'s layout (``"uniform"`` is ``sampler(key)`` itself).
+  ``sampler``'s layout (``"uniform"`` is ``sampler(key)`` itself, and so is ``"poisson"``: a
+  :class:`PoissonSampler` draws its own cohorts).
 
   Args:
     sampler: the cohort's sampler (``k_g`` per parent).
@@ -409,7 +414,7 @@ def sampling_strategy(
   check_sampling(sampling)
   if candidates is not None and sampling != "power_of_choice":
     raise ValueError(f"candidates={candidates!r} is for sampling='power_of_choice', not {sampling!r}")
-  if sampling == "uniform":
+  if sampling in ("uniform", "poisson"):
     return lambda key, parent_params, time: sampler(key)
   if sampling == "data_size":
     return lambda key, parent_params, time: weighted_cohort(sampler, key, data.n_train)

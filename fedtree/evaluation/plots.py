@@ -792,3 +792,38 @@ def plot_sweep(records: Sequence[Mapping[str, Any]], path: str, *, run: str,
   ax.legend(fontsize=7, ncol=2 if len(by) > 6 else 1)
   ax.set_title(title or f"{run}: mean ± std over seeds")
   return _save(fig, path)
+
+
+def plot_privacy_utility(rows: Sequence[Mapping[str, Any]], path: str, *, run: str,
+                         metric: str = "global/accuracy", title: str | None = None) -> str:
+  """A privacy sweep's privacy–utility curve: the final ``metric`` (mean ± std over seeds) against
+  the ε each setting spent (log scale); settings without privacy (ε infinite, ``z = 0``) are a
+  dashed line labelled "no DP". ``rows`` are the sweep's rows (``{name, mean, std}``, their means
+  holding ``epsilon`` and ``metric``)."""
+  plt = _pyplot()
+  pts = [(float(r["mean"]["epsilon"]), float(r["mean"][metric]), float(r["std"].get(metric, 0.0)), r["name"])
+         for r in rows if "epsilon" in r["mean"] and metric in r["mean"]]
+  finite = sorted(p for p in pts if math.isfinite(p[0]) and p[0] > 0)
+  if not pts:
+    raise ValueError(f"no row of run {run!r} has epsilon and {metric!r}")
+  fig, ax = plt.subplots(figsize=(6.0, 3.8))
+  if finite:
+    x, y, e = (np.asarray([p[i] for p in finite]) for i in range(3))
+    ax.errorbar(x, y, yerr=e, marker="o", ms=4, capsize=3, label=run)
+    for eps, acc, _, name in finite:
+      ax.annotate(name.replace("noise_multiplier", "z"), (eps, acc), fontsize=6,
+                  textcoords="offset points", xytext=(3, 3))
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+  for _, acc, _, name in (p for p in pts if not math.isfinite(p[0])):
+    ax.axhline(acc, ls="--", color="gray", label=f"no DP ({name})")
+  ax.set_xlabel("ε (after the last round)")
+  ax.set_ylabel(_label_metric(metric.rsplit("/", 1)[-1]))
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  ax.set_title(title or f"{run}: privacy–utility (mean ± std over seeds)")
+  return _save(fig, path)

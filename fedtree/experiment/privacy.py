@@ -12,18 +12,49 @@ Section fields (``config.runs.<label>.privacy``)::
   noise_multiplier: z >= 0  |  target_epsilon: ε > 0 (z calibrated before the run, printed)
   delta: δ in (0, 1) (default 1e-5)
   mechanism: "central" (default) | "local"
-  noise_level: the server level adding central noise (default -1: the clients' parents)
+  noise_level: the server level adding central noise (default -1: every clients' parent, e.g.
+    every edge server; 0: the root only; negative levels count up from the clients' parents)
   per_layer: clip each leaf to C / sqrt(L) (default False)
-  normalize: "count" (default; actual count, noise 2 z C) | "fixed" (expected cohort, noise z C)
+  normalize: "count" (default with fixed-size cohorts; actual count, noise 2 z C) | "fixed"
+    (expected cohort; the default, and the only choice, with Poisson sampling)
   adaptive: {initial_clip, target_quantile, learning_rate, count_noise} (Andrew et al. 2021)
-  accountant: "rdp" (default) | "pld"
-  sampling: "fixed" (default; fixed-size cohorts, replace-one adjacency: RDP only) | "poisson"
+  accountant: "rdp" (default) | "pld" (Poisson only)
+  sampling: the run's (its ``sampling`` field: "uniform" -> "fixed", fixed-size cohorts,
+    replace-one adjacency, RDP only; "poisson" with the run's ``poisson_q``, add/remove adjacency); a
+    different value is refused, and so is a run sampling by data size, availability or loss
 
 The run must use ``weighting="uniform"`` (refused otherwise, with the reason). The noise is
 ``z`` times the sensitivity of a node's sum under the accountant's adjacency: ``2 z C`` for the
 fixed-size cohorts fedtree samples (replace-one), whatever the normalisation. With
 ``mechanism="local"`` every client adds that noise to its own clipped update; the ε reported is
 the accounting of the aggregate (sampling-amplified), not each client's local guarantee.
+
+**Where the noise is added** (``noise_level``), on a tree root -> edge servers -> clients:
+
+* at every edge server (``-1``, hierarchical DP with untrusted edges): each edge ``e`` releases its
+  noised sum, a sampled Gaussian mechanism over its own clients. A client is under one edge, so
+  the round's ε is that of one edge (parallel composition; the edge with the largest sampling
+  rate), and everything above the edges (their aggregation, any server optimizer, any period) is
+  post-processing;
+* at the root only (``0``; trusted edge servers), or any level ``l`` above the clients' parents.
+  Sensitivity: with uniform weights, HierFAVG gives a child node the weight ``N_c`` (the clients
+  under it, sampled or not: public) and with ``sgd(1.0)`` at a node and period 1 (every round the
+  node starts from its parent's model) the node's model is ``Θ - Δ``, so the sum ``Σ_c N_c Δ_c``
+  that level ``l`` aggregates is ``Σ_e N_e Δ_e`` over the edges below it, ``Δ_e`` the edge's clipped
+  mean. One client of edge ``e`` moves ``Δ_e`` by at most ``2C / k_e`` (fixed-size cohorts of
+  ``k_e``, replace-one) or ``C / (q N_e)`` (Poisson, fixed normalisation, add/remove), hence level
+  ``l``'s sum by ``s C`` with ``s = 2 max_e N_e / k_e`` (fixed) or ``1 / q`` (Poisson). The noise
+  added once at each node of level ``l`` is ``N(0, (z s C)^2)`` (``Plan.sensitivity``: ``s``).
+  For every client the ratio of noise to its sensitivity is then at least ``z``, and the other
+  edges' cohorts do not depend on it, so the accounting is the same sampled Gaussian with ``z`` and
+  the largest rate as at the edges: one draw at the root costs the same ε, and its noise on the
+  global model is ``sqrt(E)`` times smaller than that of ``E`` equal edges each adding its own.
+  What this derivation does not bound is refused by name: a period > 1 at or below level ``l``
+  (the edges train rounds on their own: one client steers the others' later updates), a server
+  optimizer below ``l`` other than ``sgd(learning_rate=1.0)`` (momentum carries an update into
+  later rounds), adaptive clipping (one clip norm per edge), local noise, and algorithms other than
+  HierFAVG and the local objectives under it (:data:`ABOVE_THE_PARENTS`). The edges' models
+  themselves are not private in this mode: the edges are trusted.
 """
 
 from __future__ import annotations
@@ -39,6 +70,8 @@ from fedtree.core import privacy as dp
 
 ACCOUNTANTS = ("rdp", "pld")
 SAMPLINGS = ("fixed", "poisson")
+RUN_SAMPLINGS = {"uniform": "fixed", "poisson": "poisson"}
+"""A run's ``sampling`` -> the accountant's: uniform fixed-size cohorts, or Poisson."""
 MECHANISMS = ("central", "local")
 FIELDS = ("clip_norm", "noise_multiplier", "target_epsilon", "delta", "mechanism", "noise_level",
           "per_layer", "normalize", "adaptive", "accountant", "sampling")
@@ -180,8 +213,11 @@ class Plan(NamedTuple):
   sampling: str
   sampling_rate: float
   population: int
-  cohort: int
+  cohort: int | None     # (fixed-size sampling: the cohort of the parent with the largest rate)
   expected: np.ndarray   # [P] expected cohort of every clients' parent
+  depth: int = 1         # server levels of the tree (noise_level in 0 .. depth-1)
+  sensitivity: float = 2.0       # noise above the clients' parents: the std is z C sensitivity
+  node_weight: np.ndarray | None = None   # [N] clients under every node of noise_level
 
 
 def _check_fields(section) -> None:
@@ -192,6 +228,73 @@ def _check_fields(section) -> None:
         close = difflib.get_close_matches(f, allowed, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"{where}: unknown field {f!r}{hint}; allowed fields: {sorted(allowed)}")
+
+
+ABOVE_THE_PARENTS = ("hierfavg", "fedprox", "ditto", "pfedme", "perfedavg", "fedmmd", "fedkws")
+"""The algorithms (HierFAVG and the local objectives under it) for which noise above the clients'
+parents has the sensitivity derived in the module docstring."""
+
+
+def noise_level_of(level, depth: int) -> int:
+  """``noise_level`` as a server level ``0 .. depth-1`` (negative: from the clients' parents)."""
+  if isinstance(level, bool) or not isinstance(level, (int, np.integer)) or not -depth <= int(level) < depth:
+    raise ValueError(f"noise_level={level!r}; choose a server level of this {depth}-level tree: "
+                     f"{list(range(depth))} or {list(range(-depth, 0))} (-1: the clients' parents)")
+  return int(level) % depth
+
+
+def _plain_sgd(server) -> bool:
+  """Whether a server optimizer config is FedAvg's ``sgd(1.0)`` (None: the default, FedAvg)."""
+  if server is None:
+    return True
+  cfg = dict(server.to_dict() if hasattr(server, "to_dict") else server)
+  name = cfg.pop("name", None)
+  lr = cfg.pop("learning_rate", 1.0)
+  rest = {k: v for k, v in cfg.items() if v not in (None, 0, 0.0, False)}
+  return name in ("fedavg", "sgd") and isinstance(lr, (int, float)) and float(lr) == 1.0 and not rest
+
+
+def mechanism_level_checks(section, run, level: int, depth: int) -> None:
+  """Refuses, by name, noise above the clients' parents where its sensitivity is not the one
+  derived in the module docstring: local noise, an algorithm other than HierFAVG's family, a
+  server below the noising level that is not ``sgd(1.0)``, a period > 1 at or below it."""
+  if level == depth - 1:
+    return
+  given = section.get("noise_level")
+  mechanism = section.get("mechanism", "central")
+  if mechanism != "central":
+    raise ValueError(f"noise_level={given!r} with mechanism={mechanism!r}: local noise is added by the "
+                     f"clients; a noise level above the clients' parents is for central noise")
+  if run is None:
+    return
+  algorithm = run.get("algorithm", None)
+  if algorithm not in ABOVE_THE_PARENTS:
+    raise ValueError(f"noise_level={given!r} with algorithm={algorithm!r}: the sensitivity above the "
+                     f"clients' parents is derived for {list(ABOVE_THE_PARENTS)} only; use noise_level=-1")
+  periods = run.get("periods", None)
+  if periods is not None:
+    periods = tuple(periods) if isinstance(periods, (list, tuple)) else (int(periods),) * (depth - 1)
+    for lv in range(level, depth - 1):
+      if lv < len(periods) and int(periods[lv]) != 1:
+        raise ValueError(
+          f"noise_level={given!r} with periods={periods!r}: level {lv} aggregates every {periods[lv]} "
+          f"rounds, so the servers below it train {periods[lv]} rounds on their own and one client's "
+          f"influence on what level {level} aggregates is unbounded (it steers the other clients' later "
+          f"updates); use periods[{lv}]=1, or noise_level=-1 (noise at every edge server)")
+  servers = run.get("servers", None)
+  below = range(level + 1, depth)
+  for lv in below:
+    server = servers[lv] if servers is not None else run.get("server", None)
+    if not _plain_sgd(server):
+      raise ValueError(
+        f"noise_level={given!r} with the server optimizer {_plain(server)!r} at level {lv}: the "
+        f"sensitivity at level {level} is derived for sgd(learning_rate=1.0) (FedAvg) at every level below "
+        f"it (a momentum or adaptive server carries one client's update into later rounds); use "
+        f"FedAvg servers below level {level}, or noise_level=-1")
+
+
+def _plain(cfg):
+  return cfg.to_dict() if hasattr(cfg, "to_dict") else cfg
 
 
 def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> Plan:
@@ -213,30 +316,45 @@ def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> 
   if mechanism not in MECHANISMS:
     raise ValueError(f"mechanism={mechanism!r}; choose one of {list(MECHANISMS)}")
   accountant = section.get("accountant", "rdp")
-  sampling = section.get("sampling", "fixed")
+  run_sampling = "uniform" if run is None else run.get("sampling", "uniform")
+  if run_sampling not in RUN_SAMPLINGS:
+    raise ValueError(f"the run's sampling={run_sampling!r}: differential privacy is accounted for "
+                     f"{sorted(RUN_SAMPLINGS)} only (a cohort chosen by data size, availability or loss "
+                     f"depends on the clients' data: no sampling amplification is known for it)")
+  sampling = section.get("sampling", RUN_SAMPLINGS[run_sampling])
   if sampling not in SAMPLINGS:
     raise ValueError(f"sampling={sampling!r}; choose one of {list(SAMPLINGS)}")
-  if sampling == "poisson":
-    raise ValueError("sampling='poisson' is not built yet (fedtree samples fixed-size cohorts); "
-                     "use sampling='fixed'")
+  if sampling != RUN_SAMPLINGS[run_sampling]:
+    raise ValueError(f"sampling={sampling!r} but the run samples with sampling={run_sampling!r}; the "
+                     f"accounting must match the run's sampling (set the run's sampling and poisson_q)")
   if accountant not in ACCOUNTANTS:
     raise ValueError(f"accountant={accountant!r}; choose one of {list(ACCOUNTANTS)}")
   delta = check_delta(section.get("delta", 1e-5))
-  level = int(section.get("noise_level", -1))
-  if level != -1:
-    raise ValueError(f"noise_level={level!r}: from a config, central noise is added at the clients' parents "
-                     f"(-1) only; use fedtree.core.privacy.central in an update path at another level "
-                     f"with its sensitivity_scale")
   topology = getattr(ctx, "topology", None)
   num_clients = ctx.data.num_clients
-  counts = (topology.leaf_counts(topology.depth - 1) if topology is not None
-            else np.asarray([num_clients]))
+  depth = 1 if topology is None else topology.depth
+  counts = (topology.leaf_counts(depth - 1) if topology is not None else np.asarray([num_clients]))
   cohort_size = None if run is None else run.get("cohort_size", None)
-  expected = counts if cohort_size in (None, -1) else np.minimum(counts, int(cohort_size))
-  rates = expected / counts
-  i = int(np.argmax(rates))
-  q, population, cohort = float(rates[i]), int(counts[i]), int(expected[i])
+  if sampling == "poisson":
+    q = float(run.get("poisson_q"))
+    check_sampling(sampling, q)
+    expected = q * counts
+    population, cohort = int(counts.max()), None
+  else:
+    expected = counts if cohort_size in (None, -1) else np.minimum(counts, int(cohort_size))
+    rates = expected / counts
+    i = int(np.argmax(rates))
+    q, population, cohort = float(rates[i]), int(counts[i]), int(expected[i])
   rounds = int(run.get("rounds", ctx.config.get("rounds", 1))) if run is not None else int(ctx.config.rounds)
+  level = noise_level_of(section.get("noise_level", -1), depth)
+  mechanism_level_checks(section, run, level, depth)
+  # What one client can change of the noising node's delta_sum, in units of C (see the module
+  # docstring): at the clients' parents 1 (or 2: central's counted normalisation); above them,
+  # with uniform weights, sgd(1.0) and period 1 below, the node's sum is that of its leaf parents'
+  # sums, each weighted N_e / n_e (clients under e / its expected cohort).
+  adj = 2.0 if sampling == "fixed" else 1.0
+  sensitivity = adj * float(np.max(counts / expected))
+  node_weight = (topology.leaf_counts(level) if topology is not None else np.asarray([num_clients]))
   ad = section.get("adaptive") or None
   adaptive = None
   if ad:
@@ -257,16 +375,24 @@ def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> 
     if clip_norm is None:
       raise ValueError("privacy needs clip_norm (or adaptive: {initial_clip, ...})")
     dp.check_clip_norm(clip_norm)
-  normalize = section.get("normalize", "count")
+  normalize = section.get("normalize", "fixed" if sampling == "poisson" else "count")
   if normalize not in dp.NORMALIZATIONS:
     raise ValueError(f"normalize={normalize!r}; choose one of {list(dp.NORMALIZATIONS)}")
+  if sampling == "poisson" and normalize == "count":
+    raise ValueError("normalize='count' with sampling='poisson': the actual count of a Poisson cohort is "
+                     "private and dividing by it has no bounded sensitivity; use normalize='fixed'")
+  if level != depth - 1 and adaptive is not None:
+    raise ValueError(f"noise_level={section.get('noise_level')!r} with adaptive clipping: each edge server "
+                     f"would adapt its own clip norm, and the noise above them needs one bound; use a "
+                     f"fixed clip_norm or noise_level=-1")
   return Plan(z, clip_norm, delta, mechanism, level, bool(section.get("per_layer", False)), normalize,
-              adaptive, accountant, sampling, q, population, cohort, expected)
+              adaptive, accountant, sampling, q, population, cohort, expected, depth, sensitivity,
+              node_weight.astype(np.float64))
 
 
-def transforms(p: Plan) -> dict[str, tuple]:
-  """The update-path parts of a resolved plan (at the clients' parents): the fields of a
-  :class:`fedtree.experiment.updates.PathParts`."""
+def transforms(p: Plan) -> dict[int, dict[str, tuple]]:
+  """The update-path parts of a resolved plan ``{level: fields of a PathParts}``: the clients'
+  parents (``-1``) clip (and normalise); the noise at them, or at ``p.noise_level`` above them."""
   name = "dp"
   adaptive_node = name if p.adaptive is not None else None
   z = dp.delta_noise_multiplier(p.noise_multiplier, p.adaptive, replace_one=p.sampling == "fixed")
@@ -278,19 +404,25 @@ def transforms(p: Plan) -> dict[str, tuple]:
   if p.mechanism == "local":
     client.append(dp.local_noise(z * (2.0 if p.sampling == "fixed" else 1.0), p.clip_norm,
                                  adaptive_node=adaptive_node))
-  if p.mechanism == "local" and p.adaptive is None and p.normalize == "count":
-    return {"client": tuple(client)}   # nothing for the parents to do
-  node = dp.central(z, p.clip_norm, normalize=p.normalize, expected_weight=p.expected.astype(np.float32),
-                    adaptive=p.adaptive, add_noise=p.mechanism == "central", sensitivity_scale=scale,
-                    name=name)
-  return {"client": tuple(client), "node": (node,)}
+  above = p.noise_level != p.depth - 1
+  if (p.mechanism == "local" or above) and p.adaptive is None and p.normalize == "count":
+    leaf = {"client": tuple(client)}   # nothing for the parents to do (the plain mean divides by the count)
+  else:
+    node = dp.central(z, p.clip_norm, normalize=p.normalize, expected_weight=p.expected.astype(np.float32),
+                      adaptive=p.adaptive, add_noise=p.mechanism == "central" and not above,
+                      sensitivity_scale=scale, name=name)
+    leaf = {"client": tuple(client), "node": (node,)}
+  if not above:
+    return {-1: leaf}
+  top = dp.central(z, p.clip_norm, normalize="fixed", expected_weight=p.node_weight.astype(np.float32),
+                   sensitivity_scale=p.sensitivity, name=name)
+  return {-1: leaf, p.noise_level: {"node": (top,)}}
 
 
 def convert(section, ctx) -> dict[int, dict[str, tuple]]:
   """The ``privacy`` section's parts ``{level: PathParts fields}`` (wrapped by its converter in
   :data:`fedtree.experiment.updates.SECTIONS`)."""
-  p = plan(dict(section), ctx)
-  return {p.noise_level: transforms(p)}
+  return transforms(plan(dict(section), ctx))
 
 
 def epsilon_after(p: Plan, rounds: int) -> float:

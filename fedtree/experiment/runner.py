@@ -435,6 +435,7 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
       "(fedtree.core.algorithm.sequential); a sweep cannot stack it yet: sweep it as separate runs"
     )
   explain = sweep.explain(label, algo_name, paths)
+  spent = sweep.privacy_metrics(config, label, settings, ctx)   # ε per setting (host), or None
   num_rounds = int(run_cfg.get("rounds", config.rounds))
   size = sweep.chunk_size(config, len(exps), ctx)
   if budget is not None:  # the stacked state and working set of a chunk of experiments, before compiling
@@ -464,6 +465,8 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
     )
     for x, sm in zip(chunk, by_experiment(summaries, len(chunk)), strict=True):
       finals[x] = {f"{m}/{s}": v[s] for m, v in sm.items() for s in SUMMARY_METRICS if s in v}
+      if spent is not None and spent[exps[x][0]] is not None:   # ε of this setting (host)
+        finals[x].update(spent[exps[x][0]](num_rounds))
   per_setting = [[finals[x] for x, (i, _) in enumerate(exps) if i == s] for s in range(len(settings))]
   rows = sweep.aggregate(settings, per_setting)
   select = str(config.sweep.get("select", "global/accuracy"))

@@ -46,6 +46,7 @@ selection report run on the host after the rounds; sweep it as separate runs. An
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import itertools
@@ -197,6 +198,24 @@ def _set_path(config, path: str, value) -> None:
   for part in parents:
     node = node[part]
   node[leaf] = value
+
+
+def privacy_metrics(config: ml_collections.ConfigDict, label: str, settings: list[dict], ctx):
+  """Per setting of run ``label``, its privacy accounting ``r -> {"epsilon": ε after r rounds}``
+  (:func:`fedtree.experiment.privacy.round_metrics` of the run with the setting's values, on the
+  host: a swept ``noise_multiplier`` gives each setting its ε), or ``None`` for a run without a
+  ``privacy`` section."""
+  from fedtree.experiment import privacy
+
+  if not config.runs[label].get("privacy", None):
+    return None
+  out = []
+  for setting in settings:
+    cfg = copy.deepcopy(config)
+    for path, value in setting.items():
+      _set_path(cfg, path, value)
+    out.append(privacy.round_metrics(label, cfg.runs[label], ctx))
+  return out
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -374,7 +393,7 @@ def aggregate(settings: list[dict], per_exp: list[list[dict]]) -> list[dict[str,
     for k in keys:
       vals = np.asarray([r.get(k, np.nan) for r in runs], np.float64)
       mean[k] = float(np.mean(vals))
-      std[k] = float(np.std(vals))
+      std[k] = 0.0 if np.all(vals == vals[0]) else float(np.std(vals))   # (ε = inf for z = 0: no NaN)
     rows.append({"setting": s, "name": setting_name(s), "seeds": len(runs), "mean": mean, "std": std})
   return rows
 
@@ -417,6 +436,9 @@ def write_outputs(workdir: str | None, label: str, rows: list[dict], select: str
         records = [json.loads(line) for line in f if line.strip()]
       plots.plot_sweep(records, os.path.join(workdir, f"sweep_{label}.png"), run=label,
                        metric=select)
+      if any("epsilon" in r["mean"] for r in rows):   # a privacy sweep: accuracy against ε
+        plots.plot_privacy_utility(rows, os.path.join(workdir, f"privacy_{label}.png"), run=label,
+                                   metric=select)
     except (ImportError, OSError, ValueError) as e:  # no matplotlib, or nothing to plot
       print(f"sweep plot of {label!r} not written: {e}")
   return out
