@@ -14,7 +14,7 @@ Workload (a) of ``benchmarks/workloads.py`` (FedAvg, MLP 60-200-200-10, 64 examp
   the overhead is ``dp / plain - 1`` (target: at most 15 % on CPU), in wall time and in the
   process's CPU time (steadier on a shared machine);
 * **sweep**: 8 noise multipliers (0, 0.25, ... 4) as one compiled program (the multiplier a traced
-  axis, ``fedtree.experiment.sweep.stacked_algorithm``) against 8 runs one after another, each
+  axis, ``fedtree.core.sweep.sweep``) against 8 runs one after another, each
   built and compiled as the runner does (the multiplier a Python constant); ``--sweep_rounds``
   rounds each, compile included on both sides.
 
@@ -29,7 +29,6 @@ import os
 import time
 
 import jax
-import numpy as np
 import optax
 
 from benchmarks import jax_runners, workloads
@@ -37,8 +36,8 @@ from fedtree.algorithms.hierfavg import fedavg
 from fedtree.core import loop, tuning
 from fedtree.core import privacy as dp
 from fedtree.core.local import LocalSchedule
+from fedtree.core.sweep import sweep as stacked_sweep
 from fedtree.core.updates import UpdatePath
-from fedtree.experiment import sweep
 
 NOISE_MULTIPLIERS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0)
 
@@ -108,14 +107,12 @@ def noise_sweep(make, data, *, rounds: int, zs=NOISE_MULTIPLIERS) -> dict:
   def build(hp):
     return make(dp_path(hp["z"]))
 
-  stacked = sweep.stacked_algorithm(build, label="bench", algorithm="fedavg", paths=["z"])
   times = []
   cache = loop.CompileCache()
   for _ in range(2):
     t = time.perf_counter()
-    st = sweep.init_state(build, {"z": np.asarray(zs, np.float32)}, [0] * len(zs), label="bench",
-                          algorithm="fedavg")
-    _block(loop.run(stacked, data, num_rounds=rounds, key=jax.random.key(0), state=st, cache=cache,
+    stacked = stacked_sweep(build, {"z": [float(z) for z in zs]}, [0] * len(zs), name="fedavg[sweep]")
+    _block(loop.run(stacked, data, num_rounds=rounds, key=jax.random.key(0), cache=cache,
                     check_finite=False))
     times.append(time.perf_counter() - t)
   return {"settings": len(zs), "rounds": rounds, "sequential_s": sequential, "sweep_s": times[0],
