@@ -156,3 +156,42 @@ def poisoned_problem():
   data = as_device(data)
   bad = data.replace(x_train=data.x_train.at[1].set(np.nan))  # client 1 diverges
   return model, data, bad
+
+
+def small_context():
+  """The registry context several test files build algorithms from run configs on: 6 synthetic
+  clients in 2 groups (4 features, 3 classes), a 4-unit MLP, 2 local SGD steps of 4 examples."""
+  import ml_collections
+  import optax
+
+  from fedtree.core.data import as_device
+  from fedtree.core.local import LocalSchedule
+  from fedtree.core.topology import Topology
+  from fedtree.datasets.synthetic import grouped_synthetic
+  from fedtree.experiment.runner import Context
+  from fedtree.models import build_model
+
+  data, groups = grouped_synthetic(group_sizes=(3, 3), dim=4, num_classes=3, mean_examples=8,
+                                   min_examples=3, max_examples=12, test_examples=4, seed=5)
+  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(4,))
+  config = ml_collections.ConfigDict(dict(
+    seed=0, rounds=4, local=dict(optimizer="sgd", learning_rate=0.05, batch_size=4, steps=2), runs={}))
+  return Context(config=config, data=as_device(data), groups=np.asarray(groups),
+                 topology=Topology.from_labels(groups), model=model, local_optimizer=optax.sgd(0.05),
+                 schedule=LocalSchedule(batch_size=4, steps=2))
+
+
+def with_update_paths(ctx, name, update_paths):
+  """Algorithm ``name`` (its :data:`ALGORITHM_CASES` run, chunks of 3) built by the registry on
+  ``ctx``, with ``update_paths`` given to its factory (``None``: none)."""
+  import ml_collections
+
+  from fedtree.experiment import registry
+
+  run = ml_collections.ConfigDict({"algorithm": name, "chunk_size": 3, **ALGORITHM_CASES[name]})
+  spec = registry.SPECS[name]
+  kw = registry.factory_kwargs(name, run, ctx)
+  if update_paths is not None:
+    kw["update_paths"] = update_paths
+  built = spec.factory(**kw)
+  return spec.wrap(built, name, run, ctx) if spec.wrap is not None else built

@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from helpers import small_context as _ctx
 from helpers import trees_equal
-from test_updates import _ctx, _with_path
+from helpers import with_update_paths as _with_path
 
 from fedtree.algorithms import hierfavg
 from fedtree.core import compression as cp

@@ -13,15 +13,12 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
-from helpers import ALGORITHM_CASES, count_traces, host_copy, trees_equal
+from helpers import ALGORITHM_CASES, count_traces, host_copy, small_context, trees_equal
 
 from fedtree import algorithms
-from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule, sgd_client_update
-from fedtree.core.topology import Topology
 from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.experiment import registry
-from fedtree.experiment.runner import Context
 from fedtree.models import build_model
 from fedtree.objectives import (
   alo_update,
@@ -39,16 +36,7 @@ CASES = ALGORITHM_CASES
 
 @pytest.fixture(scope="module")
 def ctx():
-  data, groups = grouped_synthetic(group_sizes=(3, 3), dim=4, num_classes=3, mean_examples=8,
-                                   min_examples=3, max_examples=12, test_examples=4, seed=5)
-  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(4,))
-  config = ml_collections.ConfigDict(dict(
-    seed=0, rounds=4, local=dict(optimizer="sgd", learning_rate=LR, batch_size=B, steps=STEPS),
-    runs={},
-  ))
-  return Context(config=config, data=as_device(data), groups=np.asarray(groups),
-                 topology=Topology.from_labels(groups), model=model, local_optimizer=optax.sgd(LR),
-                 schedule=LocalSchedule(batch_size=B, steps=STEPS))
+  return small_context()
 
 
 def _build(ctx, name, **fields):

@@ -7,7 +7,8 @@ import ml_collections
 import numpy as np
 import pytest
 from helpers import count_traces
-from test_updates import _ctx, _with_path
+from helpers import small_context as _ctx
+from helpers import with_update_paths as _with_path
 
 from fedtree.core import attacks, robust
 from fedtree.core.updates import ClientContext

@@ -6,18 +6,14 @@ import pickle
 
 import ml_collections
 import numpy as np
-import optax
 import pytest
 from config_files import load_config
+from helpers import small_context
 
-from fedtree.core.data import as_device
-from fedtree.core.local import LocalSchedule
-from fedtree.core.topology import Topology
 from fedtree.datasets.device_traces import availability_trace, device_capacity_profile
-from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.evaluation.plots import plot_time_to_accuracy, time_curve, time_to_target
 from fedtree.experiment import registry
-from fedtree.experiment.runner import Context, train_and_evaluate
+from fedtree.experiment.runner import train_and_evaluate
 
 CAPACITY = {7: {"computation": 50.0, "communication": 800.0}, 3: {"computation": 20.0, "communication": 80.0}}
 BEHAVIOUR = {7: {"active": [10, 50], "inactive": [20, 60], "finish_time": 100, "duration": 5},
@@ -54,16 +50,7 @@ def test_fedscale_availability_trace():
 
 @pytest.fixture(scope="module")
 def ctx():
-  data, groups = grouped_synthetic(group_sizes=(3, 3), dim=4, num_classes=3, mean_examples=8,
-                                   min_examples=3, max_examples=12, test_examples=4, seed=5)
-  from fedtree.models import build_model
-
-  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(4,))
-  config = ml_collections.ConfigDict(dict(
-    seed=0, rounds=4, local=dict(optimizer="sgd", learning_rate=0.05, batch_size=4, steps=2), runs={}))
-  return Context(config=config, data=as_device(data), groups=np.asarray(groups),
-                 topology=Topology.from_labels(groups), model=model, local_optimizer=optax.sgd(0.05),
-                 schedule=LocalSchedule(batch_size=4, steps=2))
+  return small_context()
 
 
 def kwargs(ctx, **run):

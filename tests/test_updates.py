@@ -9,12 +9,13 @@ import numpy as np
 import optax
 import pytest
 from helpers import ALGORITHM_CASES, count_traces, tiny_mlp_problem, trees_equal
+from helpers import small_context as _ctx  # noqa: F401  (also used as test_updates._ctx)
+from helpers import with_update_paths as _with_path
 
 from fedtree.algorithms import fedavg, hierfavg
-from fedtree.core.local import LocalSchedule, sgd_client_update
+from fedtree.core.local import sgd_client_update
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.tier import train_cohort
-from fedtree.core.topology import Topology
 from fedtree.core.updates import (
   Aggregator,
   ClientTransform,
@@ -259,32 +260,6 @@ def test_sections_compose_and_refuse_two_aggregators():
 
 
 # ------------------------------------------------------------------------ every algorithm
-def _ctx():
-  from fedtree.core.data import as_device
-  from fedtree.datasets.synthetic import grouped_synthetic
-  from fedtree.experiment.runner import Context
-  from fedtree.models import build_model
-
-  data, groups = grouped_synthetic(group_sizes=(3, 3), dim=4, num_classes=3, mean_examples=8,
-                                   min_examples=3, max_examples=12, test_examples=4, seed=5)
-  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(4,))
-  config = ml_collections.ConfigDict(dict(
-    seed=0, rounds=4, local=dict(optimizer="sgd", learning_rate=0.05, batch_size=4, steps=2), runs={}))
-  return Context(config=config, data=as_device(data), groups=np.asarray(groups),
-                 topology=Topology.from_labels(groups), model=model, local_optimizer=optax.sgd(0.05),
-                 schedule=LocalSchedule(batch_size=4, steps=2))
-
-
-def _with_path(ctx, name, update_paths):
-  run = ml_collections.ConfigDict({"algorithm": name, "chunk_size": 3, **ALGORITHM_CASES[name]})
-  spec = registry.SPECS[name]
-  kw = registry.factory_kwargs(name, run, ctx)
-  if update_paths is not None:
-    kw["update_paths"] = update_paths
-  built = spec.factory(**kw)
-  return spec.wrap(built, name, run, ctx) if spec.wrap is not None else built
-
-
 def _drop_path_state(state):
   """The state without the update path's own rows (the only leaves a path may add)."""
   if hasattr(state, "update_state"):
