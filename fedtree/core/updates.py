@@ -370,11 +370,11 @@ def path_metrics(client_sums: Stats, num_reported: jax.Array, node_stats: Stats,
     if k == "reported":
       continue
     out[prefix + k] = jnp.sum(v) / n.astype(v.dtype)
-  for k, v in {**aggregator_stats, **node_stats}.items():
-    if prefix + k in out:
+  per_node = path_stats({**aggregator_stats, **node_stats}, prefix)
+  for k in per_node:
+    if k in out:
       raise ValueError(f"statistic {k!r} is reported by two stages of the update path")
-    out[prefix + k] = jnp.mean(jnp.asarray(v, jnp.float32)) if jnp.ndim(v) else v
-  return out
+  return {**out, **per_node}
 
 
 def path_stats(stats: Stats, prefix: str = "") -> dict[str, jax.Array]:
@@ -455,8 +455,7 @@ def aggregate_children(
   idx = jnp.asarray(parent_of_child)
   anchor = jax.tree.map(lambda p: p[idx], parent_params)
   diffs = jax.tree.map(jnp.subtract, anchor, child_params)
-  if path is None or path.is_default or (path.client is None and path.node is None
-                                         and not path.aggregator.blockwise):
+  if path is None or (path.client is None and path.node is None and not path.aggregator.blockwise):
     mean, total = weighted_mean(diffs, weights, idx, num)
     return mean, total, state, {}
   num_children = weights.shape[0]

@@ -239,14 +239,19 @@ def plot_accuracy_vs_uplink(records: Sequence[Mapping[str, Any]], path: str, *, 
       x, y = zip(*pts, strict=True)
       ax.plot(x, y, marker="o", ms=3, label=run)
   ax.set_xscale("log")
-  ax.set_xlabel("cumulative uplink (MB)")
+  _finish_curves(ax, "cumulative uplink (MB)", metric)
+  if title:
+    fig.suptitle(title)
+  return _save(fig, path)
+
+
+def _finish_curves(ax, xlabel: str, metric: str) -> None:
+  """Axis labels, a light grid and, when something was drawn, the runs' legend."""
+  ax.set_xlabel(xlabel)
   ax.set_ylabel(_label_metric(metric))
   ax.grid(alpha=0.3)
   if ax.lines:
     ax.legend(fontsize=7)
-  if title:
-    fig.suptitle(title)
-  return _save(fig, path)
 
 
 def time_curve(records: Iterable[Mapping[str, Any]], run: str, key: str, *,
@@ -294,11 +299,7 @@ def plot_time_to_accuracy(records: Sequence[Mapping[str, Any]], path: str, *, me
       ax.plot(x, y, marker="o", ms=2.5, label=run)
   if target is not None:
     ax.axhline(target, color="gray", ls=":", lw=1)
-  ax.set_xlabel("simulated hours")
-  ax.set_ylabel(_label_metric(metric))
-  ax.grid(alpha=0.3)
-  if ax.lines:
-    ax.legend(fontsize=7)
+  _finish_curves(ax, "simulated hours", metric)
   if title:
     ax.set_title(title)
   return _save(fig, path)
