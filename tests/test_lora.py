@@ -71,6 +71,55 @@ def test_zero_b_equals_base_and_merge_gives_the_same_logits(name):
   assert changed == expected
 
 
+@pytest.mark.parametrize("name", ["transformer", "lstm"])
+def test_factored_and_merged_forwards_agree(name):
+  """The factored forward (adapters added to the outputs of the flax dense layers that use
+  the kernels) gives the merged model's logits and gradients; it factors exactly the kernels
+  a Dense/DenseGeneral uses (all of the Transformer's; the LSTM's output layer, its ``w_x``/
+  ``w_h`` are merged)."""
+  model = _lms()[name]
+  base = model.init(jax.random.key(0))
+  x = jax.random.randint(jax.random.key(2), (4, 6), 1, 11)
+  y = jax.random.randint(jax.random.key(4), (4, 6), 1, 11)
+  factored, merged = (L.adapted_model(model, L.lora(rank=3, alpha=6.0, forward=f), base)
+                      for f in ("factored", "merged"))
+  spec = L.lora(rank=3, alpha=6.0)
+  kernels = L.factored_kernels(model, spec, base, x)
+  if name == "transformer":
+    assert kernels == {"attn0/query/kernel": 1, "attn0/key/kernel": 1, "attn0/value/kernel": 1,
+                       "attn0/out/kernel": 2, "mlp_in0/kernel": 1, "mlp_out0/kernel": 1, "out/kernel": 1}
+  else:
+    assert kernels == {"out/kernel": 1}
+  ad = _random_adapters(spec, base, jax.random.key(3))
+  close(jax.jit(factored.apply)(ad, x), jax.jit(merged.apply)(ad, x), tol=1e-5)
+  mask = jnp.ones((4,), bool)
+
+  def grad(m):
+    return jax.jit(jax.grad(lambda a: masked_cross_entropy(m.apply(a, x), y, mask)))(ad)
+
+  close(grad(factored), grad(merged), tol=1e-5)
+
+
+def test_the_factored_forward_forms_no_kernel_per_client():
+  """Under ``vmap`` over clients' adapters, the merged forward builds a ``[C, d_in, d_out]``
+  kernel (and its gradient) per client; the factored one multiplies every client's inputs by
+  the one shared kernel and never forms one (checked in the lowered program's types)."""
+  model = _lms()["transformer"]
+  base = model.init(jax.random.key(0))
+  x = jax.random.randint(jax.random.key(2), (3, 4, 6), 1, 11)
+
+  def program(forward):
+    adapted = L.adapted_model(model, L.lora(rank=2, forward=forward), base)
+    ads = jax.vmap(adapted.init)(jax.random.split(jax.random.key(1), 3))
+    loss = lambda a, xx: masked_cross_entropy(adapted.apply(a, xx), xx, jnp.ones((4,), bool))  # noqa: E731
+    return jax.jit(jax.vmap(jax.grad(loss))).lower(ads, x).as_text()
+
+  per_client = ("tensor<3x8x16xf32>", "tensor<3x16x8xf32>", "tensor<3x8x11xf32>")  # mlp_in/out, out
+  merged, factored = program("merged"), program("factored")
+  assert all(t in merged for t in per_client)
+  assert not any(t in factored for t in per_client)
+
+
 def test_matrix_split():
   assert L.matrix_split((5, 7)) == 1
   assert L.matrix_split((64, 4, 16)) == 1     # attention query/key/value: [d, h*k]
@@ -198,6 +247,8 @@ def test_bad_input_is_a_clear_error():
     L.lora(alpha=0)
   with pytest.raises(ValueError, match="not a regular expression"):
     L.lora(targets="kernel[")
+  with pytest.raises(ValueError, match=r"forward='fused'; choose one of \('factored', 'merged'\)"):
+    L.lora(forward="fused")
   with pytest.raises(ValueError, match=r"LoRA target 'attn' matches no kernel.*Dense_0/kernel \(5, 7\).*"
                                        r"Dense_1/kernel \(7, 3\)"):
     L.adapted_model(model, L.lora(targets=("kernel", "attn")), base)

@@ -8,6 +8,19 @@ A :class:`LoRA` spec (rank ``r``, scaling ``alpha``, ``targets``: regular expres
 with more than 2 axes is a matrix split between its axes where the two sides are closest in
 size (attention's ``query [d, h, k]`` as ``[d, h·k]``, its ``out [h, k, d]`` as ``[h·k, d]``).
 
+Two forwards compute the same function (``LoRA.forward``):
+
+* ``"factored"`` (the default): a kernel used by a flax ``nn.Dense``, or an ``nn.DenseGeneral``
+  contracting the trailing axes its matrix split names (attention's query/key/value/out), is
+  left as the base's and the layer's output gets ``(alpha / r) (x A) B`` added (a flax method
+  interceptor, :func:`flax.linen.intercept_methods`). Under ``vmap`` over clients the base
+  product ``x W`` is then one matmul for the whole chunk against the one shared ``W``, and
+  the backward pass never forms a ``[d_in, d_out]`` gradient per client: cheaper and smaller.
+  Kernels used any other way (the LSTM's ``w_x``/``w_h``, :class:`fedtree.models.Conv`) are
+  merged, as below.
+* ``"merged"``: every adapted kernel is replaced by ``W + (alpha / r) A B`` before the model
+  runs (:func:`merge`): per client, a full kernel and its full gradient.
+
 :func:`adapted_model` turns a :class:`~fedtree.core.model.Model` and its base parameters into a
 Model whose parameters are the adapters only: ``init(key)`` returns fresh adapters (B = 0, so
 the adapted model starts equal to the base) and ``apply(adapters, x)`` runs the base with the
@@ -33,6 +46,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,6 +57,9 @@ from fedtree.core.metrics import make_evaluator
 from fedtree.core.model import Model
 
 PyTree = Any
+
+FORWARDS = ("factored", "merged")
+"""How an adapted model computes its outputs (:class:`LoRA` ``forward``)."""
 
 DEFAULT_TARGETS = (r"kernel$|(^|/)w_[xh]$",)
 """Every flax ``Dense``/``DenseGeneral``/attention/conv ``kernel`` and the LSTM's input and
@@ -57,24 +74,30 @@ class LoRA(NamedTuple):
     alpha: the scaling numerator: the update is ``(alpha / r) A B``.
     targets: regular expressions searched (:func:`re.search`) in every ``/``-joined parameter
       path; a kernel matched by any of them is adapted.
+    forward: one of :data:`FORWARDS` (the module docstring): the same function, computed
+      factored (``x W + (alpha/r) (x A) B`` where a flax dense layer uses the kernel) or merged.
   """
 
   rank: int = 8
   alpha: float = 16.0
   targets: tuple[str, ...] = DEFAULT_TARGETS
+  forward: str = "factored"
 
   @property
   def scale(self) -> float:
     return float(self.alpha) / int(self.rank)
 
 
-def lora(*, rank: int = 8, alpha: float = 16.0, targets: str | Sequence[str] = DEFAULT_TARGETS) -> LoRA:
+def lora(*, rank: int = 8, alpha: float = 16.0, targets: str | Sequence[str] = DEFAULT_TARGETS,
+         forward: str = "factored") -> LoRA:
   """A validated :class:`LoRA` spec (``targets``: one pattern or several).
 
   Raises:
-    ValueError: ``rank < 1``, ``alpha`` not a positive finite number, no target, or a target
-      that is not a regular expression.
+    ValueError: ``rank < 1``, ``alpha`` not a positive finite number, no target, a target
+      that is not a regular expression, or ``forward`` not one of :data:`FORWARDS`.
   """
+  if forward not in FORWARDS:
+    raise ValueError(f"LoRA forward={forward!r}; choose one of {FORWARDS}")
   if isinstance(rank, bool) or int(rank) != rank or int(rank) < 1:
     raise ValueError(f"LoRA rank={rank!r} must be an integer >= 1")
   if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
@@ -87,7 +110,8 @@ def lora(*, rank: int = 8, alpha: float = 16.0, targets: str | Sequence[str] = D
       re.compile(t)
     except (re.error, TypeError) as e:
       raise ValueError(f"LoRA target {t!r} is not a regular expression: {e}") from e
-  return LoRA(rank=int(rank), alpha=float(alpha), targets=tuple(str(t) for t in targets))
+  return LoRA(rank=int(rank), alpha=float(alpha), targets=tuple(str(t) for t in targets),
+              forward=str(forward))
 
 
 # ------------------------------------------------------------------------ paths and targets
@@ -169,15 +193,17 @@ def _adapter_of(adapters: PyTree, path: str):
   return node
 
 
-def merge(spec: LoRA, params: PyTree, adapters: PyTree) -> PyTree:
+def merge(spec: LoRA, params: PyTree, adapters: PyTree, *, skip: frozenset[str] = frozenset()) -> PyTree:
   """``params`` with every adapted kernel replaced by ``W + (alpha / r) A B`` (the kernel's
   shape and dtype): the full model the adapters define. Merging zero-B adapters returns the
-  base's values."""
+  base's values. Kernels whose path is in ``skip`` are left as they are (the factored
+  forward adds their adapters to the layers' outputs instead)."""
 
   def one(path, w):
     if isinstance(w, jax.ShapeDtypeStruct):   # an abstract base (frozen_base's template), traced
       w = jnp.zeros(w.shape, w.dtype)
-    pair = _adapter_of(adapters, jax.tree_util.keystr(path, simple=True, separator="/"))
+    name = jax.tree_util.keystr(path, simple=True, separator="/")
+    pair = None if name in skip else _adapter_of(adapters, name)
     if pair is None:
       return w
     delta = (pair["a"] @ pair["b"]) * jnp.asarray(spec.scale, pair["a"].dtype)
@@ -191,25 +217,103 @@ def adapter_count(adapters: PyTree) -> int:
   return int(sum(np.prod(np.shape(a)) for a in jax.tree.leaves(adapters)))
 
 
+def _dense_inputs(module: nn.Module, ndim: int) -> int | None:
+  """How many trailing input axes ``module``'s ``__call__`` contracts with its ``kernel``
+  (``x[..., in...] · kernel[in..., out...]``), or ``None`` where it is not such a layer."""
+  if isinstance(module, nn.Dense):
+    return 1
+  if isinstance(module, nn.DenseGeneral) and not module.batch_dims:
+    axis = module.axis if isinstance(module.axis, tuple) else (module.axis,)
+    axis = tuple(sorted(a % ndim for a in axis))
+    if axis == tuple(range(ndim - len(axis), ndim)):
+      return len(axis)
+  return None
+
+
+def _kernel_path(module: nn.Module) -> str:
+  return "/".join((*module.path, "kernel"))
+
+
+def _struct(a) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a))
+
+
+def factored_kernels(model: Model, spec: LoRA, base: PyTree, x: jax.Array, *,
+                     train: bool = False, rng: jax.Array | None = None) -> dict[str, int]:
+  """``{path: input axes}`` of the adapted kernels that the factored forward adds to layer
+  outputs for inputs like ``x``: those every call of a flax ``nn.Dense``/``nn.DenseGeneral``
+  uses as ``x[..., in...] · W[in..., out...]`` with ``in`` the kernel's matrix split
+  (:func:`matrix_split`) and the kernel unchanged in shape. The model is traced abstractly
+  (:func:`jax.eval_shape`); nothing runs."""
+  targets = lora_targets(spec, base)
+  shapes = {p: tuple(np.shape(leaf)) for p, leaf in
+            ((jax.tree_util.keystr(k, simple=True, separator="/"), leaf)
+             for k, leaf in jax.tree_util.tree_flatten_with_path(base)[0])}
+  seen: dict[str, int | None] = {}
+
+  def record(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    if context.method_name != "__call__" or not args or _kernel_path(context.module) not in targets:
+      return out
+    path, inputs = _kernel_path(context.module), args[0]
+    n_in = _dense_inputs(context.module, inputs.ndim)
+    lead = inputs.ndim - (n_in or 0)
+    ok = (n_in is not None and matrix_split(shapes[path]) == n_in
+          and tuple(inputs.shape[lead:]) + tuple(out.shape[lead:]) == shapes[path])
+    seen[path] = n_in if ok and seen.get(path, n_in) == n_in else None
+    return out
+
+  def run(b, xx, key):
+    with nn.intercept_methods(record):
+      return model.apply(b, xx, train=train, rng=key)
+
+  jax.eval_shape(run, jax.tree.map(_struct, base), _struct(x), None if rng is None else _struct(rng))
+  return {p: n for p, n in seen.items() if n is not None}
+
+
 def adapted_model(model: Model, spec: LoRA, base: PyTree) -> Model:
   """``model`` whose parameters are LoRA adapters on the frozen ``base``.
 
   ``init(key)`` returns fresh adapters (:func:`init_adapters`); ``apply(adapters, x, train=,
-  rng=)`` is ``model.apply(merge(base, adapters), x, ...)``. Gradients of a loss of ``apply``
-  with respect to its parameters are gradients of the adapters only: the base is a constant
-  of the function. Inside a jitted round ``base`` should be the round's argument (a tracer; see
-  :func:`frozen_base`), so that it is not embedded in the program.
+  rng=)`` is the base model with the adapters applied, factored or merged as ``spec.forward``
+  says (the module docstring; both compute ``model.apply(merge(spec, base, adapters), x, ...)``).
+  Gradients of a loss of ``apply`` with respect to its parameters are gradients of the
+  adapters only: the base is a constant of the function. Inside a jitted round ``base`` should
+  be the round's argument (a tracer; see :func:`frozen_base`), so that it is not embedded in
+  the program.
 
   Raises:
     ValueError: as :func:`lora_targets` (checked now, before anything compiles).
   """
   lora_targets(spec, base)
+  plans: dict[tuple, dict[str, int]] = {}    # input shape -> factored kernels; host-side, per trace
 
   def init(key):
     return init_adapters(spec, base, key)
 
   def apply(adapters, x, *, train: bool = False, rng: jax.Array | None = None):
-    return model.apply(merge(spec, base, adapters), x, train=train, rng=rng)
+    if spec.forward == "merged":
+      return model.apply(merge(spec, base, adapters), x, train=train, rng=rng)
+    key = (tuple(np.shape(x)), str(jnp.result_type(x)), bool(train), rng is None)
+    if key not in plans:
+      plans[key] = factored_kernels(model, spec, base, x, train=train, rng=rng)
+    factored = plans[key]
+
+    def add_adapter(next_fun, args, kwargs, context):
+      out = next_fun(*args, **kwargs)
+      if context.method_name != "__call__" or _kernel_path(context.module) not in factored:
+        return out
+      path = _kernel_path(context.module)
+      pair = _adapter_of(adapters, path)
+      inputs = args[0]
+      n_in = factored[path]
+      flat = inputs.reshape(inputs.shape[:inputs.ndim - n_in] + (-1,)).astype(out.dtype)
+      low = (flat @ pair["a"].astype(out.dtype)) @ pair["b"].astype(out.dtype)
+      return out + (low * jnp.asarray(spec.scale, out.dtype)).reshape(out.shape)
+
+    params = merge(spec, base, adapters, skip=frozenset(factored))
+    with nn.intercept_methods(add_adapter):
+      return model.apply(params, x, train=train, rng=rng)
 
   return model._replace(init=init, apply=apply)
 
@@ -274,7 +378,7 @@ def frozen_base(
   """
   # The template (validation, ``init``, ``models``, name) sees the base's shapes only, so that
   # nothing but the state holds the base's arrays.
-  shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), base)
+  shapes = jax.tree.map(_struct, base)
   template = build(adapted_model(model, spec, shapes))
 
   def on(b) -> FederatedAlgorithm:

@@ -430,7 +430,7 @@ BUILDERS = {name: _builder(name) for name in SPECS}
 
 # ------------------------------------------------------------------------ adapters (LoRA)
 ADAPTER_ALGORITHMS = ("fedavg", "fedopt", "hierfavg", "fedprox", "ditto", "grouppfl")
-"""Algorithms whose run may set ``adapters: {kind: lora, rank, alpha, targets}``: their model
+"""Algorithms whose run may set ``adapters: {kind: lora, rank, alpha, targets, forward}``: their model
 becomes LoRA adapters on a frozen base (:mod:`fedtree.core.lora`)."""
 ADAPTER_KINDS = ("lora",)
 
@@ -444,7 +444,7 @@ def adapters_from_config(label: str, run):
     return None
   where = f"config.runs.{label}.adapters"
   cfg = dict(run.adapters)
-  check_fields(where, list(cfg), ("kind", "rank", "alpha", "targets"))
+  check_fields(where, list(cfg), ("kind", "rank", "alpha", "targets", "forward"))
   kind = cfg.pop("kind", "lora")
   if kind not in ADAPTER_KINDS:
     raise ValueError(f"{where}.kind={kind!r}; choose one of {ADAPTER_KINDS}")
