@@ -315,6 +315,8 @@ def test_adapters_from_a_config_share_one_base_and_errors_name_the_run():
            (dict(ad, rank=0), r"config.runs.d.adapters: LoRA rank=0 must be"),
            (dict(ad, targets=["conv"]), r"config.runs.d.adapters: LoRA target 'conv' matches no kernel"
                                         r".*lstm0/w_x \(4, 32\)"),
+           (dict(ad, forward="fused"), r"config.runs.d.adapters: LoRA forward='fused'; choose one of "
+                                       r"\('factored', 'merged'\)"),
            (dict(ad, ranks=2), r"unknown field 'ranks' \(did you mean 'rank'\?\)"))
   for bad, match in cases:
     with pytest.raises(ValueError, match=match):
