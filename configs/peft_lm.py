@@ -21,9 +21,11 @@ the GroupPerFL report: with adapters a "model" is the adapters, so bytes sent pe
 count x the adapter bytes (below).
 
 Measured (Python 3.11 stdlib; the notebook ``colab/peft_lm.ipynb`` runs the same config):
-22 min 41 s wall for pretraining + both pipelines on the shared 2-core machine at load ~15-17,
-niced; 9 min (537 s) in the notebook as the load fell (expect a few minutes on a quiet machine).
-The notebook's run gave the same numbers. Pretraining: 5,436 sentences, 400 steps of 32,
+102 s wall for pretraining + both pipelines in the notebook on the quiet 2-core machine (22 min
+41 s when the machine was shared at load ~15-17). The adapters use the factored forward where a
+dense layer uses the kernel (the output layer; the LSTM's ``w_x``/``w_h`` are merged,
+:mod:`fedtree.core.lora`); the numbers below are the same with the merged forward, which the
+figures were first measured with. Pretraining: 5,436 sentences, 400 steps of 32,
 training loss 5.531 -> 3.930. Token-level word perplexity per group on the held-out packages
 (lower is better; PerFL in the notebook and the reports); ``base`` is the pretrained model
 before any federated fine-tuning:
