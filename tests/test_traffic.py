@@ -144,3 +144,23 @@ def test_edges_of_pfedmt_ifca_and_bhfl(ctx):
   assert (m["clients_trained"], m["clients_received"]) == (4, 6)
   assert s["clients_uplink_MB"] == 4 * 140 / MB and s["clients_downlink_MB"] == 6 * 140 / MB
   assert s["level0_uplink_MB"] == s["level0_downlink_MB"] == 2 * 140 / MB
+
+
+def test_a_lora_run_counts_adapters_not_the_base(tmp_path):
+  """With ``adapters`` a client sends and receives its adapters only: logistic regression on 8
+  features and 3 classes with rank-1 adapters on its kernel: A [8, 1] + B [1, 3] = 11 float32 =
+  44 bytes a message (the model itself is 108)."""
+  import json
+
+  from fedtree.experiment.runner import train_and_evaluate
+
+  config = ml_collections.ConfigDict(dict(
+    seed=0, rounds=2, eval_every=2, rounds_per_call=2, progress=False, plots=False,
+    data=dict(name="grouped_synthetic", group_sizes=(3, 2), dim=8, num_classes=3),
+    topology=dict(kind="groups"), model=dict(name="logreg"),
+    local=dict(optimizer="sgd", learning_rate=0.1, batch_size=8, steps=1),
+    runs=dict(lora=dict(algorithm="fedavg", adapters=dict(kind="lora", rank=1)))))
+  summary = train_and_evaluate(config, str(tmp_path))
+  row = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")][-1]
+  assert row["uplink_bytes"] == row["downlink_bytes"] == 44.0
+  assert summary["lora"]["global"]["uplink_MB"] == 44 * 5 * 2 / MB

@@ -242,6 +242,11 @@ def precision(config: ml_collections.ConfigDict):
 
 
 # ------------------------------------------------------------------------ running
+SWEEP_BYTES = ("uplink_MB", "downlink_MB")
+"""The byte totals (:mod:`fedtree.core.traffic`) a sweep's table reports per setting (every edge
+of the tree; the per-edge totals are in each experiment's ``metrics.jsonl`` rows)."""
+
+
 class Experiment(NamedTuple):
   """One experiment of a sweep as the runner reports it.
 
@@ -333,16 +338,24 @@ def run_algorithm(
     return row
 
   t0 = time.perf_counter()
-  traffic = Traffic(model_bytes(jax.eval_shape(ctx.model.init, jax.random.key(0))))
+  # bytes on every edge, per experiment of a sweep (each its own compressor settings)
+  traffics = [Traffic(message_bytes(ctx.model, adapters)) for _ in (experiments or [None])]
+
+  def count(first_round, metrics):
+    if experiments is None:
+      traffics[0].add_rounds(first_round, metrics)
+      return
+    for t, m in zip(traffics, by_experiment(metrics, len(experiments)), strict=True):
+      t.add_rounds(first_round, m)
 
   def log(r, host):
     host = {**host, "elapsed_s": time.perf_counter() - t0}
     if experiments is None:
       extra = round_metrics(r) if round_metrics is not None else {}
-      reporter.log(label, r, {**host, **extra, **traffic.row()})
+      reporter.log(label, r, {**host, **extra, **traffics[0].row()})
       return
-    for exp, row in zip(experiments, by_experiment(host, len(experiments)), strict=True):
-      reporter.log(label, r, {**row, "elapsed_s": host["elapsed_s"], **exp.row},
+    for exp, t, row in zip(experiments, traffics, by_experiment(host, len(experiments)), strict=True):
+      reporter.log(label, r, {**row, "elapsed_s": host["elapsed_s"], **t.row(), **exp.row},
                    tensorboard_run=exp.tensorboard_run)
 
   def name_row(e):  # rows past the experiments pad the last chunk of a sweep: they repeat its last
@@ -353,14 +366,16 @@ def run_algorithm(
 
   reporter.start_run(label, num_rounds, from_round=int(state.round))
   if int(state.round):   # resumed: the bytes of the rounds before, from the row of that round
-    row = reporter.row(label, int(state.round))
-    if row is not None:
-      traffic.restore(row)
+    for e, t in enumerate(traffics):
+      row = reporter.row(label, int(state.round),
+                         None if experiments is None else {"experiment": experiments[e].row["experiment"]})
+      if row is not None:
+        t.restore(row)
   try:
     state = loop.run(
       algorithm, ctx.run_data, num_rounds=num_rounds, key=key, rounds_per_call=rounds_per_call,
       state=state, eval_every=eval_every, on_eval=evaluate, on_metrics=log,
-      on_rounds=traffic.add_rounds if experiments is None else None,   # sweeps count no bytes
+      on_rounds=count,
       on_call=save if ckpt is not None else None, should_stop=should_stop, label=label,
       name_row=name_row if experiments is not None else None,
       max_abs=max_abs,
@@ -388,9 +403,28 @@ def run_algorithm(
       s["trained"] = bool(final[name] != initial[name])
   if round_metrics is not None:
     summaries = {name: {**s, **round_metrics(int(state.round))} for name, s in summaries.items()}
-  if traffic.counted:   # every model of the run: the run's traffic
-    summaries = {name: {**s, **traffic.summary()} for name, s in summaries.items()}
+  if experiments is None and traffics[0].counted:   # every model of the run: the run's traffic
+    summaries = {name: {**s, **traffics[0].summary()} for name, s in summaries.items()}
+  elif experiments is not None:   # "<model>@<e>": experiment e's traffic (padding rows: none)
+    def with_bytes(name: str, s: dict[str, Any]) -> dict[str, Any]:
+      _, sep, e = name.rpartition("@")
+      ok = sep and e.isdigit() and int(e) < len(traffics) and traffics[int(e)].counted
+      return {**s, **traffics[int(e)].summary()} if ok else s
+
+    summaries = {name: with_bytes(name, s) for name, s in summaries.items()}
   return state, summaries
+
+
+def message_bytes(model, adapters=None) -> int:
+  """The bytes of one model a node sends uncompressed: the model's parameters, or with
+  ``adapters`` (a :class:`~fedtree.core.lora.LoRA` spec) the adapters alone (the frozen base is on
+  every client before round 0 and never sent). Nothing is allocated."""
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  if adapters is not None:
+    from fedtree.core.lora import init_adapters
+
+    params = jax.eval_shape(lambda k: init_adapters(adapters, params, k), jax.random.key(0))
+  return model_bytes(params)
 
 
 def model_fingerprints(models: dict[str, Any]) -> dict[str, tuple[float, ...]]:
@@ -465,6 +499,7 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
     )
     for x, sm in zip(chunk, by_experiment(summaries, len(chunk)), strict=True):
       finals[x] = {f"{m}/{s}": v[s] for m, v in sm.items() for s in SUMMARY_METRICS if s in v}
+      finals[x].update({k: v for k, v in next(iter(sm.values()), {}).items() if k in SWEEP_BYTES})
       if spent is not None and spent[exps[x][0]] is not None:   # ε of this setting (host)
         finals[x].update(spent[exps[x][0]](num_rounds))
   per_setting = [[finals[x] for x, (i, _) in enumerate(exps) if i == s] for s in range(len(settings))]
