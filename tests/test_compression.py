@@ -329,8 +329,21 @@ def test_bits_sweep_as_an_axis_and_k_is_refused_with_the_reason():
   c = tiny(dict(algorithm="fedavg", compression=dict(uplink=dict(name="qsgd", bits=2))))
   c.sweep.params = "runs.r.compression.uplink.bits=1,4"
   res = runner.train_and_evaluate(c, None)
-  assert [s["name"] for s in res["r"]["sweep"]["settings"]] == ["bits=1", "bits=4"]
+  rows = res["r"]["sweep"]["settings"]
+  assert [s["name"] for s in rows] == ["bits=1", "bits=4"]
+  # every setting reports its own bytes: those of the same run alone
+  for row, bits in zip(rows, (1, 4), strict=True):
+    alone = runner.train_and_evaluate(
+      tiny(dict(algorithm="fedavg", compression=dict(uplink=dict(name="qsgd", bits=bits)))), None)
+    for k in ("uplink_MB", "downlink_MB"):
+      assert row["mean"][k] == alone["r"]["global"][k], (bits, k)
+  assert rows[0]["mean"]["uplink_MB"] < rows[1]["mean"]["uplink_MB"]
+  assert rows[0]["mean"]["downlink_MB"] == rows[1]["mean"]["downlink_MB"] == 108 * 5 * 2 / 1e6
   c = tiny(dict(algorithm="fedavg", compression=dict(uplink=dict(name="topk", k=3))))
   c.sweep.params = "runs.r.compression.uplink.k=2,3"
+  with pytest.raises(ValueError, match=r"'k' \(the int 3\) changes array shapes"):
+    runner.train_and_evaluate(c, None)
+  c = tiny(dict(algorithm="fedavg", compression=dict(uplink=dict(name="topk", k=3.0))))
+  c.sweep.params = "runs.r.compression.uplink.k=2.0,3.0"   # as floats: the compressor's reason
   with pytest.raises(ValueError, match="k of 'topk' changes the shape of what is sent"):
     runner.train_and_evaluate(c, None)

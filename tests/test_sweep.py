@@ -474,3 +474,18 @@ def test_core_sweep_pads_names_and_splits_experiments():
                      (dict(seeds=[0, 1], pad_to=1), "pad_to=1 is fewer")]:
     with pytest.raises(ValueError, match=match):
       stacked.sweep(lambda hp: alg, bad.pop("hparams", {}), **bad)
+
+
+def test_an_int_inside_a_runs_update_section_is_an_axis():
+  """The ints of a run's update sections that their builders take traced (compression
+  ``bits``, Krum's ``f``: ``fedtree.experiment.updates.TRACED_INTS``) are experiment axes; other
+  ints stay refused: a run's ``cohort_size``, a section's other counts (``privacy.clients``,
+  ``tests/test_sweep.py::test_a_nested_float_field_of_a_run_reaches_the_builder_traced``)."""
+  c = tiny()
+  c.runs.fedavg.compression = ml_collections.ConfigDict(dict(uplink=dict(name="qsgd", bits=2)))
+  c.runs.fedavg.aggregator = ml_collections.ConfigDict(dict(name="krum", f=1))
+  c.sweep.params = "runs.fedavg.compression.uplink.bits=1,4;runs.fedavg.aggregator.f=1,2"
+  sweep.validate(c)
+  c.sweep.params = "runs.fedavg.cohort_size=2,3"
+  with pytest.raises(ValueError, match=r"'cohort_size' \(annotated int"):
+    sweep.validate(c)

@@ -35,7 +35,8 @@ delivered (``clients_received``, ``level{l}_children_received``) and its residua
 ``clients_received_models`` (``k``). Not counted: MCFL's feature means (a few floats a client)
 and anything an algorithm exchanges outside these keys. The experiment runner counts every run
 (:func:`fedtree.experiment.runner.run_algorithm`, resuming from the metrics row of its checkpoint's
-round); a sweep's experiments report no bytes.
+round), a sweep's experiments each their own (its rows and its setting's line of the sweep
+table: ``uplink_MB``, ``downlink_MB``).
 
 GroupPerFL's per-client cost table (:mod:`fedtree.algorithms.grouppfl.costs`) counts a client's
 round trip as :data:`ROUND_TRIP_MODELS` models, the same rule in model units.

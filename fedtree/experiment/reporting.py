@@ -91,9 +91,10 @@ class Reporter:
       os.replace(tmp, self._path)
     self._file = open(self._path, "a")
 
-  def row(self, label: str, round_: int) -> dict[str, Any] | None:
-    """The last ``metrics.jsonl`` row of run ``label`` at ``round_`` (``None`` without a workdir
-    or such a row): where a resumed run's cumulative counts continue from."""
+  def row(self, label: str, round_: int, match: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The last ``metrics.jsonl`` row of run ``label`` at ``round_`` whose fields include
+    ``match`` (e.g. ``{"experiment": 3}``: one experiment of a sweep), ``None`` without a workdir
+    or such a row: where a resumed run's cumulative counts continue from."""
     if self._path is None or not os.path.exists(self._path):
       return None
     found = None
@@ -103,7 +104,8 @@ class Reporter:
           row = json.loads(line)
         except json.JSONDecodeError:
           continue
-        if row.get("run") == label and int(row.get("round", -1)) == int(round_):
+        if (row.get("run") == label and int(row.get("round", -1)) == int(round_)
+            and all(row.get(k) == v for k, v in (match or {}).items())):
           found = row
     return found
 

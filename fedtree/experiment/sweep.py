@@ -170,6 +170,15 @@ def _swept_field(config, path: str) -> tuple[Any, Any]:
   return value, hint
 
 
+def _traced_int(path: str) -> bool:
+  """Whether ``path`` is an int field of a run's update section that its builder takes traced
+  (``runs.<label>.compression.uplink.bits``; :data:`fedtree.experiment.updates.TRACED_INTS`)."""
+  from fedtree.experiment.updates import TRACED_INTS
+
+  parts = path.split(".")
+  return (len(parts) > 3 and parts[0] == "runs" and parts[-1] in TRACED_INTS.get(parts[2], ()))
+
+
 def _kind(value, hint) -> str:
   """What a swept field is, by its factory annotation when it has one, else by its value:
   ``"float"`` (an experiment axis: a traced scalar), ``"shape"`` (an int: a count or a size,
@@ -243,6 +252,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
                        f"'runs.<label>.mu'")
     current, hint = _swept_field(config, path)
     kind = _kind(current, hint)
+    if kind == "shape" and _traced_int(path):   # e.g. compression bits: the builder takes it traced
+      kind = "float"
     if path.startswith("local.") and leaf in SCHEDULE_FIELDS:
       hint, kind = LocalSchedule.__annotations__[leaf], "shape"
     if kind == "shape":

@@ -101,6 +101,11 @@ SECTIONS: dict[str, Converter] = {
 """``{section name: converter}`` in the order their stages compose (filled by the capability
 modules of the experiment layer, listed explicitly here as they land)."""
 
+TRACED_INTS: dict[str, tuple[str, ...]] = {"compression": ("bits",), "aggregator": ("f", "m")}
+"""Integer fields of a section that may be sweep axes: their builders take them traced (QSGD's
+and the rotated quantizer's ``bits``; (multi-)Krum's and Bulyan's ``f`` and ``m``, used as
+counts in masks); every other int of a section changes shapes or host-side accounting."""
+
 
 class RunContext:
   """The build context seen by the section converters, plus the run they convert for (``run``,
