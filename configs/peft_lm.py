@@ -21,8 +21,9 @@ the GroupPerFL report: with adapters a "model" is the adapters, so bytes sent pe
 count x the adapter bytes (below).
 
 Measured (Python 3.11 stdlib; the notebook ``colab/peft_lm.ipynb`` runs the same config):
-102 s wall for pretraining + both pipelines in the notebook on the quiet 2-core machine (22 min
-41 s when the machine was shared at load ~15-17). The adapters use the factored forward where a
+102 s wall for pretraining + both pipelines in the notebook on the quiet 2-core machine (138 s
+with the test suite running beside it, as in the committed notebook; 22 min 41 s when the
+machine was shared at load ~15-17). The adapters use the factored forward where a
 dense layer uses the kernel (the output layer; the LSTM's ``w_x``/``w_h`` are merged,
 :mod:`fedtree.core.lora`); the numbers below are the same with the merged forward, which the
 figures were first measured with. Pretraining: 5,436 sentences, 400 steps of 32,
@@ -49,7 +50,9 @@ of the 88 clients. Selected fine-tuning rate: 0.1 (lora), 0.5 (full).
 
 Bytes per client: the model has 388,316 parameters (1.553 MB); the rank-8 adapters 22,752
 (91.0 KB, 5.9%). A GroupPerFL client moves 9.89 models on average (down + up; FL 2.27), so
-0.90 MB with adapters against 15.36 MB with the full model. Memory (the runner's estimate
+0.90 MB with adapters against 15.36 MB with the full model. The runner's table counts the
+whole pipeline on every edge (``up MB``/``down MB``): 39.59 MB each way with adapters against
+675.67 MB with the full model. Memory (the runner's estimate
 before each run, ``jax.eval_shape`` of the state): state 4.09 MiB (lora: the base once plus
 adapters of the root, 7 groups and their FedAdam states) against 44.4 MiB (full).
 """
