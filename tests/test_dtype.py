@@ -18,9 +18,10 @@ from multihost_config import get_config
 from fedtree.core import loop
 from fedtree.experiment import registry, runner
 
-CLOCKS = (".arrival", ".transfers", ".epochs")
+CLOCKS = (".arrival", ".transfers", ".epochs", ".clock", ".node_clock", ".finish")
 """State leaves that are simulated clock times and cost counters, not model quantities: B-HFL's
-arrival times (in rounds) and GroupPerFL's per-client transfers and epochs stay float32 (README,
+arrival times (in rounds), GroupPerFL's per-client transfers and epochs, and the systems clock
+(seconds: ``clock``, FedBuff's ``node_clock`` and clients' ``finish``) stay float32 (README,
 "float64")."""
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

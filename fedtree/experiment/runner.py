@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -254,11 +255,13 @@ class Experiment(NamedTuple):
     name: names it in errors (``"experiment 2 (setting lr=0.1, seed 0)"``).
     row: fields added to each of its ``metrics.jsonl`` rows (``setting``, ``seed``, ``experiment``).
     tensorboard_run: its TensorBoard run (one curve per experiment).
+    round_metrics: ``r -> {name: number}`` added to its rows (its setting's ε after ``r`` rounds).
   """
 
   name: str
   row: dict[str, Any]
   tensorboard_run: str
+  round_metrics: Callable[[int], dict[str, Any]] | None = None
 
 
 def run_algorithm(
@@ -355,7 +358,8 @@ def run_algorithm(
       reporter.log(label, r, {**host, **extra, **traffics[0].row()})
       return
     for exp, t, row in zip(experiments, traffics, by_experiment(host, len(experiments)), strict=True):
-      reporter.log(label, r, {**row, "elapsed_s": host["elapsed_s"], **t.row(), **exp.row},
+      extra = exp.round_metrics(r) if exp.round_metrics is not None else {}
+      reporter.log(label, r, {**row, "elapsed_s": host["elapsed_s"], **extra, **t.row(), **exp.row},
                    tensorboard_run=exp.tensorboard_run)
 
   def name_row(e):  # rows past the experiments pad the last chunk of a sweep: they repeat its last
@@ -381,7 +385,8 @@ def run_algorithm(
       max_abs=max_abs,
     )
     if int(state.round) < num_rounds:
-      raise RunStopped(f"run {label!r} stopped at round {int(state.round)} of {num_rounds}"
+      raise RunStopped(f"{'run' if experiments is None else 'sweep'} {label!r} stopped at round "
+                       f"{int(state.round)} of {num_rounds}"
                        f"{kept_on_stop(ckpt, state)}")
   finally:
     if ckpt is not None:
@@ -488,6 +493,7 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
       name=f"experiment {x} (setting {sweep.setting_name(settings[exps[x][0]])}, seed {exps[x][1]})",
       row={"setting": settings[exps[x][0]], "seed": exps[x][1], "experiment": x},
       tensorboard_run=f"{label}/{sweep.setting_name(settings[exps[x][0]])}/seed{exps[x][1]}",
+      round_metrics=None if spent is None else spent[exps[x][0]],
     ) for x in chunk]
     _, summaries = run_algorithm(
       stacked, ctx, jax.random.key(seed0), reporter, num_rounds=num_rounds,
