@@ -8,6 +8,8 @@ column's tolerance."""
 import glob
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -103,8 +105,19 @@ def test_a_config_without_figures_is_refused():
     cf.columns_of(cf.load_module(os.path.join(ROOT, "configs", "quickstart.py")))
 
 
+TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
+"""What tests/conftest.py adds to XLA_FLAGS to compile tests faster: it changes float results, so a
+config's figures are checked without it, as a user's run compiles."""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", WITH_FIGURES, ids=os.path.basename)  # (variants: "name.py:variant")
 def test_printed_figures_match_the_docstring(path):
-  problems, table = cf.check(path)
-  assert not problems, "\n".join(problems) + "\nprinted:\n" + table
+  """The config's run as ``python -m benchmarks.config_figures`` makes it, in a process of its own
+  with XLA's default optimization (fedkws's 30 rounds move by up to 0.6 accuracy points under the
+  tests' unoptimized compilation)."""
+  env = {**os.environ, "XLA_FLAGS": " ".join(
+    f for f in os.environ.get("XLA_FLAGS", "").split() if f not in TEST_XLA_FLAGS)}
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.config_figures", f"--config={path}"],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+  assert proc.returncode == 0 and "figures hold" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-2000:]
