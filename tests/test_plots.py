@@ -50,6 +50,31 @@ def test_read_metrics_keeps_the_last_report_of_a_round(tmp_path):
   assert plots.models_of(records) == ["global", "cluster"]
 
 
+def test_every_experiment_of_a_sweep_is_its_own_curve(tmp_path):
+  # A sweep writes a row per experiment and round under one run label (a chunked one under
+  # '<run>#chunk<k>'): each (setting, seed) is a curve of its own, not the last experiment's.
+  lines = [{"run": "fedavg", "round": 2, "global/accuracy": 0.5}]
+  for x, (mu, seed) in enumerate([(0.1, 0), (0.1, 1), (1.0, 0), (1.0, 1)]):
+    for r in (1, 2):
+      lines.append({"run": f"fedprox#chunk{x // 2}", "round": r, "experiment": x, "seed": seed,
+                    "setting": {"runs.fedprox.mu": mu}, "global/accuracy": x + r / 10,
+                    "uplink_MB": r * 0.5})
+  (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n")
+  records = plots.read_metrics(str(tmp_path))
+  assert plots.runs(records) == ["fedavg", "fedprox [mu=0.1] seed 0", "fedprox [mu=0.1] seed 1",
+                                 "fedprox [mu=1] seed 0", "fedprox [mu=1] seed 1"]
+  np.testing.assert_allclose(plots.curve(records, "fedprox [mu=1] seed 0", "global/accuracy")[1],
+                             [2.1, 2.2])
+  one_seed = [r for r in lines if r.get("seed", 0) == 0]
+  (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, one_seed)) + "\n")
+  assert plots.runs(plots.read_metrics(str(tmp_path))) == ["fedavg", "fedprox [mu=0.1]", "fedprox [mu=1]"]
+  seeds_only = [{**r, "setting": {}} if "setting" in r else r for r in lines if r.get("experiment", 0) < 2]
+  (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, seeds_only)) + "\n")
+  assert plots.runs(plots.read_metrics(str(tmp_path))) == ["fedavg", "fedprox seed 0", "fedprox seed 1"]
+  written = sorted(os.path.basename(p) for p in plots.write_run_plots(str(tmp_path)))
+  assert written == ["plot_accuracy.png", "plot_accuracy_uplink.png"]
+
+
 def test_write_run_plots_writes_every_picture_the_metrics_allow(tmp_path):
   written = plots.write_run_plots(_workdir(tmp_path))
   names = sorted(os.path.basename(p) for p in written)

@@ -42,11 +42,15 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
   """The records of a ``metrics.jsonl`` file (or of ``<path>/metrics.jsonl`` for a directory).
 
   A resumed run appends to the file; where a ``(run, round)`` pair repeats, the last record wins.
-  Blank or truncated lines (a run killed while writing) are skipped.
+  Blank or truncated lines (a run killed while writing) are skipped. The rows of a sweep (one per
+  experiment and round, with ``setting`` and ``seed``) become a run each, labelled by the sweep's
+  run and the setting (``"fedprox [mu=0.1]"``; ``"... seed 1"`` when the sweep has several
+  seeds; a run swept over seeds alone is ``"fedprox seed 1"``), so that every experiment is its
+  own curve (:func:`plot_sweep` draws the mean over seeds).
   """
   if os.path.isdir(path):
     path = os.path.join(path, "metrics.jsonl")
-  records: dict[tuple[str, int], dict[str, Any]] = {}
+  records: dict[tuple[str, Any, int], dict[str, Any]] = {}
   with open(path) as f:
     for line in f:
       line = line.strip()
@@ -57,8 +61,29 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
       except json.JSONDecodeError:
         continue
       if "run" in rec and "round" in rec:
-        records[(str(rec["run"]), int(rec["round"]))] = rec
-  return list(records.values())
+        records[(str(rec["run"]), rec.get("experiment"), int(rec["round"]))] = rec
+  seeds: dict[str, set[Any]] = {}
+  for rec in records.values():
+    if "setting" in rec:
+      seeds.setdefault(_sweep_run(rec), set()).add(rec.get("seed"))
+  out = []
+  for rec in records.values():
+    if "setting" in rec:
+      base = _sweep_run(rec)
+      label = f"{base} [{setting_label(rec['setting'])}]" if rec["setting"] else base
+      rec = {**rec, "run": label if len(seeds[base]) == 1 else f"{label} seed {rec.get('seed')}"}
+    out.append(rec)
+  return out
+
+
+def _sweep_run(rec: Mapping[str, Any]) -> str:
+  """The run a sweep's row belongs to (its label without a ``#chunk<k>`` of a chunked sweep)."""
+  return str(rec["run"]).split("#chunk", 1)[0]
+
+
+def setting_label(setting: Mapping[str, Any]) -> str:
+  """``{"runs.fedprox.mu": 0.1}`` -> ``"mu=0.1"``: a sweep setting in a legend."""
+  return ",".join(f"{k.rsplit('.', 1)[-1]}={v:g}" for k, v in sorted(setting.items())) or "default"
 
 
 def runs(records: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -202,7 +227,7 @@ def plot_runs(records: Sequence[Mapping[str, Any]], path: str, *, metric: str = 
     for run in labels:
       x, y = curve(records, run, "train_loss")
       if x.size:
-        ax2.plot(x, y, color=colors[run], label=run)
+        ax2.plot(x, y, color=colors[run], label=run, marker="o" if x.size == 1 else None, ms=4)
     ax2.set_xlabel("round")
     ax2.set_ylabel(_label_metric("train_loss"))
     ax2.set_title("clients' mean training loss per round", fontsize=10)
@@ -775,7 +800,7 @@ def plot_sweep(records: Sequence[Mapping[str, Any]], path: str, *, run: str,
       continue
     if r.get(metric) is None or "setting" not in r:
       continue
-    name = ",".join(f"{k.rsplit('.', 1)[-1]}={v:g}" for k, v in sorted(r["setting"].items())) or "default"
+    name = setting_label(r["setting"])
     by.setdefault(name, {}).setdefault(int(r["round"]), []).append(float(r[metric]))
   if not by:
     raise ValueError(f"no rows of run {run!r} report {metric!r}")
