@@ -19,6 +19,12 @@ accounted on the host, in the table, ``summary.json`` and ``privacy_dp.png``: ac
   python -m fedtree.main --config=configs/privacy.py:sweep --workdir=/tmp/privacy_sweep \
       --config.sweep.params="runs.dp.privacy.noise_multiplier=0,0.5,1,2,4"
 
+or over ε targets, each setting's z calibrated on the host (the accuracies of ``eps1``, ``eps3``
+and ``eps10`` below, from one program):
+
+  python -m fedtree.main --config=configs/privacy.py:sweep --workdir=/tmp/privacy_eps \
+      --config.sweep.params="runs.dp.privacy.target_epsilon=1,3,10"
+
 Figures (seed 0; z as printed by the calibration: 1.548 for ε = 10, 3.954 for ε = 3, 10.605 for
 ε = 1; checked within the FIGURES tolerances by
 ``python -m benchmarks.config_figures --config=configs/privacy.py``):

@@ -437,6 +437,69 @@ def test_sweep_over_the_noise_multiplier(tmp_path):
   assert (tmp_path / "privacy_dp.png").exists()
 
 
+def _swept_target_config(**extra):
+  return ml_collections.ConfigDict(dict(
+    seed=0, rounds=2, eval_every=2, rounds_per_call=1, progress=False, plots=False,
+    data=dict(name="grouped_synthetic", group_sizes=(3, 3), dim=8, num_classes=3),
+    topology=dict(kind="groups"), model=dict(name="logreg"),
+    local=dict(optimizer="sgd", learning_rate=0.1, batch_size=8, steps=1),
+    runs=dict(dp=dict(algorithm="fedavg", weighting="uniform", cohort_size=2,
+                      privacy=dict(clip_norm=0.5, target_epsilon=4.0))), **extra))
+
+
+def test_a_swept_target_epsilon_is_a_calibrated_noise_multiplier_per_setting():
+  """``sweep.params=runs.dp.privacy.target_epsilon=...``: the sweep builds from a noise_multiplier
+  axis, each setting's z calibrated on the host (a traced ε cannot drive the search); other axes
+  pass through; a sweep without the field is unchanged."""
+  from fedtree.experiment import sweep
+  from fedtree.experiment.runner import make_context, prepare_config
+
+  config = prepare_config(_swept_target_config(
+    sweep=dict(params="runs.dp.privacy.target_epsilon=2,8;local.learning_rate=0.1,0.2", mode="zip")))
+  ctx = make_context(config)
+  shown = sweep.settings_of(config, "dp")
+  built, settings = sweep.calibrated(config, "dp", shown, ctx)
+  assert "target_epsilon" not in built.runs.dp.privacy and "target_epsilon" in config.runs.dp.privacy
+  assert [sorted(s) for s in settings] == [["local.learning_rate", "runs.dp.privacy.noise_multiplier"]] * 2
+  for given, s in zip(shown, settings, strict=True):
+    target, z = given["runs.dp.privacy.target_epsilon"], s["runs.dp.privacy.noise_multiplier"]
+    assert s["local.learning_rate"] == given["local.learning_rate"]
+    eps = xp.epsilon(noise_multiplier=z, sampling_rate=2 / 3, rounds=2, delta=1e-5, sampling="fixed",
+                     population=3, cohort=2)
+    assert target * 0.999 <= eps <= target   # the smallest z that meets the target
+  plain = [{"local.learning_rate": 0.1}]
+  assert sweep.calibrated(config, "dp", plain, ctx) == (config, plain)
+
+
+@pytest.mark.slow
+def test_a_swept_target_epsilon_trains_as_the_runs_alone(tmp_path):
+  """Every setting of a target_epsilon sweep noises with its calibrated z, reaches its ε, keeps its
+  target in the rows and the table, and equals the run alone with that target."""
+  import json
+
+  from fedtree.experiment.runner import train_and_evaluate
+
+  config = _swept_target_config(sweep=dict(params="runs.dp.privacy.target_epsilon=2,8"))
+  results = train_and_evaluate(config, str(tmp_path / "sweep"))
+  rows = [json.loads(line) for line in open(tmp_path / "sweep" / "metrics.jsonl")]
+  final = {r["setting"]["runs.dp.privacy.target_epsilon"]: r for r in rows if r["round"] == 2}
+  table = {s["name"]: s["mean"] for s in results["dp"]["sweep"]["settings"]}
+  assert sorted(final) == [2.0, 8.0]
+  assert sorted(table) == ["target_epsilon=2", "target_epsilon=8"]
+  for target, row in final.items():
+    z = xp.calibrate(target_epsilon=target, sampling_rate=2 / 3, rounds=2, delta=1e-5, accountant="rdp",
+                     sampling="fixed", population=3, cohort=2)
+    assert row["dp_noise_std"] == pytest.approx(2 * z * 0.5, rel=1e-6)
+    assert row["epsilon"] == pytest.approx(target, rel=1e-3) and row["epsilon"] <= target
+    assert table[f"target_epsilon={target:g}"]["epsilon"] == row["epsilon"]
+    alone = _swept_target_config()
+    alone.runs.dp.privacy.target_epsilon = target
+    single = train_and_evaluate(alone, str(tmp_path / f"eps{target:g}"))["dp"]["global"]
+    assert row["global/accuracy"] == pytest.approx(single["accuracy"], abs=1e-6)
+    assert row["global/loss"] == pytest.approx(single["loss"], rel=1e-5)
+    assert row["epsilon"] == pytest.approx(single["epsilon"], rel=1e-9)
+
+
 @pytest.mark.slow
 def test_hierarchical_noise_at_the_root_of_a_tree():
   """Clipping at the clients' parents and central noise added once at the root (level 0) of a

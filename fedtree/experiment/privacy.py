@@ -9,7 +9,8 @@ clients, composed over the rounds.
 Section fields (``config.runs.<label>.privacy``)::
 
   clip_norm: C > 0 (with adaptive clipping: ignored, see adaptive.initial_clip)
-  noise_multiplier: z >= 0  |  target_epsilon: ε > 0 (z calibrated before the run, printed)
+  noise_multiplier: z >= 0  |  target_epsilon: ε > 0 (z calibrated before the run, printed; a
+    sweep axis either way: a swept target is calibrated per setting on the host)
   delta: δ in (0, 1) (default 1e-5)
   mechanism: "central" (default) | "local"
   noise_level: the server level adding central noise (default -1: every clients' parent, e.g.
@@ -173,6 +174,14 @@ def calibrate(*, target_epsilon: float, sampling_rate: float, rounds: int, delta
     raise ValueError(f"target_epsilon={target_epsilon!r}; it must be a finite number > 0")
   check_delta(delta)
   check_sampling(sampling, sampling_rate)
+  return _search(float(t), float(sampling_rate), int(rounds), float(delta), accountant, sampling,
+                 population, cohort)
+
+
+@functools.cache   # a pure search, asked again for the same run (validation, then the sweep)
+def _search(t: float, sampling_rate: float, rounds: int, delta: float, accountant: str, sampling: str,
+            population: int | None, cohort: int | None) -> float:
+  target_epsilon = t
   dpa = _dpa()
 
   def eps(z):

@@ -458,7 +458,12 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
   from fedtree.experiment.registry import build_algorithm
 
   config = ctx.config
-  settings = sweep.settings_of(config, label)
+  shown = sweep.settings_of(config, label)   # as given: rows, names and the table
+  config, settings = sweep.calibrated(config, label, shown, ctx)   # what the builder traces
+  if settings is not shown:
+    reporter.print(f"privacy: {label}'s noise multipliers calibrated per setting: " + ", ".join(
+      f"{sweep.setting_name(a)}: z={b[f'runs.{label}.privacy.noise_multiplier']:.4f}"
+      for a, b in zip(shown, settings, strict=True)))
   n_seeds = int(config.sweep.get("seeds", 1) or 1)
   seed0 = int(config.seed)
   exps = [(i, seed0 + j) for i in range(len(settings)) for j in range(n_seeds)]
@@ -490,9 +495,9 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
                             [exps[x][1] for x in chunk], name=f"{algo_name}[sweep]", explain=explain,
                             pad_to=size)
     experiments = [Experiment(
-      name=f"experiment {x} (setting {sweep.setting_name(settings[exps[x][0]])}, seed {exps[x][1]})",
-      row={"setting": settings[exps[x][0]], "seed": exps[x][1], "experiment": x},
-      tensorboard_run=f"{label}/{sweep.setting_name(settings[exps[x][0]])}/seed{exps[x][1]}",
+      name=f"experiment {x} (setting {sweep.setting_name(shown[exps[x][0]])}, seed {exps[x][1]})",
+      row={"setting": shown[exps[x][0]], "seed": exps[x][1], "experiment": x},
+      tensorboard_run=f"{label}/{sweep.setting_name(shown[exps[x][0]])}/seed{exps[x][1]}",
       round_metrics=None if spent is None else spent[exps[x][0]],
     ) for x in chunk]
     _, summaries = run_algorithm(
@@ -509,7 +514,7 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
       if spent is not None and spent[exps[x][0]] is not None:   # ε of this setting (host)
         finals[x].update(spent[exps[x][0]](num_rounds))
   per_setting = [[finals[x] for x, (i, _) in enumerate(exps) if i == s] for s in range(len(settings))]
-  rows = sweep.aggregate(settings, per_setting)
+  rows = sweep.aggregate(shown, per_setting)
   select = str(config.sweep.get("select", "global/accuracy"))
   reporter.result(sweep.format_table(label, rows))
   out = sweep.write_outputs(reporter.workdir, label, rows, select)  # None off process 0
@@ -598,8 +603,9 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
   with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
     for label, run_cfg in runs:
       if swept:
-        build = sweep.config_builder(config, label, ctx, build_algorithm)
-        for setting in sweep.settings_of(config, label):
+        swept_config, settings = sweep.calibrated(config, label, sweep.settings_of(config, label), ctx)
+        build = sweep.config_builder(swept_config, label, ctx, build_algorithm)
+        for setting in settings:
           build(setting)
         continue
       run_ctx, _ = _poisoned(ctx, run_cfg, mesh)

@@ -141,6 +141,10 @@ def _swept_field(config, path: str) -> tuple[Any, Any]:
   a parameter the run leaves at its default has the factory's default as its value."""
   parts = path.split(".")
   runs = config.get("runs", None)
+  if (len(parts) == 4 and parts[0] == "runs" and parts[2:] == ["privacy", "target_epsilon"]
+      and runs is not None and parts[1] in runs and runs[parts[1]].get("privacy", None)):
+    # a run given a noise_multiplier may sweep ε targets instead (:func:`calibrated`)
+    return float(runs[parts[1]].privacy.get("target_epsilon", 1.0)), None
   spec = None
   if len(parts) == 3 and parts[0] == "runs" and runs is not None and parts[1] in runs:
     from fedtree.experiment import registry
@@ -207,6 +211,37 @@ def _set_path(config, path: str, value) -> None:
   for part in parents:
     node = node[part]
   node[leaf] = value
+
+
+def calibrated(config: ml_collections.ConfigDict, label: str, settings: list[dict],
+               ctx) -> tuple[ml_collections.ConfigDict, list[dict]]:
+  """``(config, settings)`` to build run ``label``'s sweep from: a swept
+  ``runs.<label>.privacy.target_epsilon`` becomes a swept ``noise_multiplier``, each setting's
+  ``z`` calibrated on the host (:func:`fedtree.experiment.privacy.plan`, as a single run with that
+  ε calibrates; a ``noise_multiplier`` in the section is replaced), since calibration is a search
+  no traced ε can drive. Other settings pass through unchanged; the table and rows keep the
+  settings as given (ε targets)."""
+  path = f"runs.{label}.privacy.target_epsilon"
+  if not settings or path not in settings[0]:
+    return config, settings
+  from fedtree.experiment import privacy
+
+  base = config.to_dict()
+  section = {k: v for k, v in base["runs"][label]["privacy"].items()
+             if k not in ("target_epsilon", "noise_multiplier")}   # the swept target replaces either
+  zs = []
+  for setting in settings:
+    cfg = ml_collections.ConfigDict(base, type_safe=False)
+    cfg.runs[label].privacy = dict(section)
+    for p, value in setting.items():
+      _set_path(cfg, p, value)
+    run = cfg.runs[label]
+    zs.append(privacy.plan(run.privacy.to_dict(), ctx, run=run, params={}, verbose=False).noise_multiplier)
+  out = ml_collections.ConfigDict(base, type_safe=False)
+  out.runs[label].privacy = {**section, "noise_multiplier": float(zs[0])}
+  z_path = f"runs.{label}.privacy.noise_multiplier"
+  return out, [{**{p: v for p, v in s.items() if p != path}, z_path: float(z)}
+               for s, z in zip(settings, zs, strict=True)]
 
 
 def privacy_metrics(config: ml_collections.ConfigDict, label: str, settings: list[dict], ctx):
