@@ -12,6 +12,7 @@ from config_files import load_config
 
 from fedtree import experiment
 from fedtree.core.loop import NonFiniteLossError
+from fedtree.core.metrics import FAIRNESS_STATS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,6 +43,13 @@ def test_quickstart_end_to_end(tmp_path, capsys):
   assert summary["fedavg"]["global"]["trained"] and summary["hierfavg"]["level1"]["trained"]
   assert summary["hierfavg"]["global"]["trained"] is False
   assert summary["edges_only"]["global"]["trained"] is False
+  # fairness over rounds: every evaluation row carries the spread of per-client accuracy, the
+  # last one equal to the summary's
+  last = [ln for ln in lines if ln["run"] == "fedavg"][-1]
+  fair = summary["fedavg"]["global"]["fairness"]
+  for stat in FAIRNESS_STATS:
+    assert last[f"global/accuracy_{stat}"] == fair[stat], stat
+  assert all("global/accuracy_worst10_mean" in ln for ln in lines if "global/accuracy" in ln)
   table = out[out.index("Final evaluation"):]
   rows = [ln.split()[:2] for ln in table.splitlines()[3:] if ln and not ln.startswith("(")]
   assert ["fedavg", "global"] in rows and ["hierfavg", "level1"] in rows
@@ -50,7 +58,8 @@ def test_quickstart_end_to_end(tmp_path, capsys):
   # where everything is: the workdir first, every file it holds at the end, with full paths
   assert f"fedtree: workdir {tmp_path}" in err.splitlines()[0]
   listing = err[err.index(f"the workdir {tmp_path} holds:"):]
-  for name in ("summary.json", "metrics.jsonl", "config.json", "plot_accuracy.png"):
+  for name in ("summary.json", "metrics.jsonl", "config.json", "plot_accuracy.png",
+               "plot_fairness_rounds.png"):
     assert f"  {tmp_path / name}\n" in listing, name
   assert f"plots: {tmp_path / 'plot_accuracy.png'}" in err
 

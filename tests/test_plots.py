@@ -75,6 +75,35 @@ def test_every_experiment_of_a_sweep_is_its_own_curve(tmp_path):
   assert written == ["plot_accuracy.png", "plot_accuracy_uplink.png"]
 
 
+def test_fairness_over_rounds_from_the_rows(tmp_path, monkeypatch):
+  # rows with the spread of per-client accuracy (the runner's <model>/<metric>_<stat>) give
+  # plot_fairness_rounds.png; a run whose model never trained is left out of it
+  lines = []
+  for run in ("fedavg", "hier"):
+    for r in (1, 2, 3):
+      rec = {"run": run, "round": r, "global/accuracy": 0.5 + r / 10 if run == "fedavg" else 0.1}
+      rec.update({f"global/accuracy_{k}": v for k, v in
+                  dict(p10=0.3, p50=0.5 + r / 10, p90=0.9, worst10_mean=0.2 + r / 20).items()})
+      lines.append(json.dumps(rec))
+  (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+  (tmp_path / "summary.json").write_text(json.dumps({"hier": {"global": {"trained": False}}}))
+  records = plots.read_metrics(str(tmp_path))
+  assert plots.fairness_keys(records) == [("global", "accuracy")]
+  written = [os.path.basename(p) for p in plots.write_run_plots(str(tmp_path))]
+  assert "plot_fairness_rounds.png" in written
+  fig_lines = []
+  real_save = plots._save
+
+  def grab(fig, path):
+    fig_lines.extend(line.get_label() for ax in fig.axes for line in ax.lines)
+    return real_save(fig, path)
+
+  monkeypatch.setattr(plots, "_save", grab)
+  plots.plot_fairness_over_rounds(records, str(tmp_path / "f.png"), skip={"hier"})
+  assert fig_lines == ["fedavg: median client", "fedavg: worst 10 %"]
+  assert _is_png(tmp_path / "f.png")
+
+
 def test_write_run_plots_writes_every_picture_the_metrics_allow(tmp_path):
   written = plots.write_run_plots(_workdir(tmp_path))
   names = sorted(os.path.basename(p) for p in written)

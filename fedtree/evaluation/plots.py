@@ -270,6 +270,58 @@ def plot_accuracy_vs_uplink(records: Sequence[Mapping[str, Any]], path: str, *, 
   return _save(fig, path)
 
 
+def fairness_keys(records: Iterable[Mapping[str, Any]]) -> list[tuple[str, str]]:
+  """``(model, metric)`` pairs whose per-client spread the rows report over rounds
+  (``<model>/<metric>_worst10_mean``, the runner's per-round fairness), in order of appearance."""
+  suffix = "_worst10_mean"
+  keys = dict.fromkeys(k[: -len(suffix)] for r in records for k in r if k.endswith(suffix) and "/" in k)
+  return [tuple(k.split("/", 1)) for k in keys]   # type: ignore[misc]
+
+
+def plot_fairness_over_rounds(records: Sequence[Mapping[str, Any]], path: str, *, model: str = "global",
+                              metric: str = "accuracy", skip: Iterable[str] = (),
+                              title: str | None = None) -> str:
+  """How ``model``'s per-client ``metric`` spreads over rounds, per run (a colour each): the median
+  client (solid), the mean of the worst 10 % of clients (dashed) and the 10th–90th percentile
+  band, from the rows' ``<model>/<metric>_p10|p50|p90|worst10_mean``.
+
+  Args:
+    records: from :func:`read_metrics`.
+    path: the PNG to write.
+    model: the model whose clients are drawn.
+    metric: ``"accuracy"`` (or ``"perplexity"`` for a language model: worst is highest).
+    skip: runs to leave out.
+    title: the figure title.
+
+  Returns:
+    ``path``.
+  """
+  plt = _pyplot()
+  skip = set(skip)
+  labels = [r for r in runs(records) if r not in skip]
+  colors = run_colors(labels)
+  fig, ax = plt.subplots(figsize=(6.5, 3.8))
+  key = f"{model}/{metric}"
+  for run in labels:
+    x, p50 = curve(records, run, f"{key}_p50")
+    if not x.size:
+      continue
+    _, p10 = curve(records, run, f"{key}_p10")
+    _, p90 = curve(records, run, f"{key}_p90")
+    xw, worst = curve(records, run, f"{key}_worst10_mean")
+    marker = "o" if x.size == 1 else None
+    ax.plot(x, p50, color=colors[run], marker=marker, ms=4, label=f"{run}: median client")
+    ax.plot(xw, worst, "--", color=colors[run], marker=marker, ms=4, label=f"{run}: worst 10 %")
+    if p10.size == x.size and p90.size == x.size:
+      ax.fill_between(x, p10, p90, color=colors[run], alpha=0.15, linewidth=0)
+  if metric == "perplexity":
+    ax.set_yscale("log")
+  _finish_curves(ax, "round", metric)
+  ax.set_title(title or f"{model}: {_label_metric(metric)} per client (band: 10th–90th percentile)",
+               fontsize=10)
+  return _save(fig, path)
+
+
 def _finish_curves(ax, xlabel: str, metric: str) -> None:
   """Axis labels, a light grid and, when something was drawn, the runs' legend."""
   ax.set_xlabel(xlabel)
@@ -677,6 +729,9 @@ def write_run_plots(workdir: str) -> list[str]:
     every run's models, a panel each (from ``summary.json``);
   * ``plot_client_fairness.png``: the same per model, with its percentiles, worst-10 % mean and
     Gini coefficient (:func:`plot_client_fairness`);
+  * ``plot_fairness_rounds.png``: the global model's median client, worst 10 % and 10th–90th
+    percentile band over rounds, per run (:func:`plot_fairness_over_rounds`), when the rows
+    report them;
   * ``plot_time_accuracy.png``: the global model's accuracy against simulated hours, when runs
     report a simulated clock (``sim_seconds``, :mod:`fedtree.core.systems`).
 
@@ -707,6 +762,13 @@ def write_run_plots(workdir: str) -> list[str]:
     if any(len(models_of([r for r in records if r["run"] == run], "accuracy")) > 1
            for run in runs(records)):
       written.append(plot_models_per_run(records, os.path.join(workdir, "plot_models.png")))
+  fair = fairness_keys(records)
+  if fair:
+    model, metric = next(((m, k) for m, k in fair if m == "global"), fair[0])
+    skip_runs = {run for run, m in untrained | frozen_models(records) if m == model}
+    if any(run not in skip_runs for run in runs(records)):
+      written.append(plot_fairness_over_rounds(records, os.path.join(workdir, "plot_fairness_rounds.png"),
+                                               model=model, metric=metric, skip=skip_runs))
   if "global" in models_of(records, "accuracy") and any("uplink_MB" in r for r in records):
     written.append(plot_accuracy_vs_uplink(records, os.path.join(workdir, "plot_accuracy_uplink.png")))
   if models_of(records, "perplexity"):

@@ -34,7 +34,7 @@ from fedtree.core import loop, tuning
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.data import FederatedData, as_device, check_model_outputs
 from fedtree.core.local import LocalSchedule
-from fedtree.core.metrics import make_evaluator
+from fedtree.core.metrics import FAIRNESS_STATS, make_evaluator
 from fedtree.core.sharding import barrier, client_mesh, local_copy, shard_data
 from fedtree.core.sweep import by_experiment
 from fedtree.core.sweep import sweep as stacked_sweep
@@ -322,7 +322,7 @@ def run_algorithm(
   summaries: dict[str, dict[str, Any]] = {}
 
   def flat(sm: dict[str, dict[str, Any]], suffix: str = "") -> dict[str, Any]:
-    return {f"{name}/{m}{suffix}": s[m] for name, s in sm.items() for m in SUMMARY_METRICS if m in s}
+    return {f"{name}/{m}{suffix}": v for name, s in sm.items() for m, v in round_metrics_of(s).items()}
 
   def evaluate(s, r):
     nonlocal summaries
@@ -418,6 +418,19 @@ def run_algorithm(
 
     summaries = {name: with_bytes(name, s) for name, s in summaries.items()}
   return state, summaries
+
+
+def round_metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
+  """What a model's evaluation puts in its ``metrics.jsonl`` row: the :data:`SUMMARY_METRICS` it
+  has, and the spread of its per-client metric (``fairness``,
+  :func:`fedtree.core.metrics.client_distribution`) as ``<metric>_<stat>``, e.g.
+  ``accuracy_p10``, ``accuracy_worst10_mean``, ``accuracy_gini`` (``perplexity_...`` for a
+  language model): fairness over rounds, in the rows and TensorBoard."""
+  out = {m: summary[m] for m in SUMMARY_METRICS if m in summary}
+  fair = summary.get("fairness", None)
+  if isinstance(fair, dict) and fair.get("clients"):
+    out.update({f"{fair['metric']}_{k}": fair[k] for k in FAIRNESS_STATS if k in fair})
+  return out
 
 
 def message_bytes(model, adapters=None) -> int:
