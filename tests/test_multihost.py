@@ -49,9 +49,8 @@ def test_two_processes_give_the_final_model_of_one(tmp_path):
     np.testing.assert_allclose(two[k], ref[k], rtol=1e-5, atol=1e-6)
 
 
-def _main(tmp, workdir, *flags, process_id=None, port=None):
-  cmd = [sys.executable, "-m", "fedtree.main", "--config=tests/multihost_config.py", f"--workdir={workdir}",
-         *flags]
+def _main(tmp, workdir, *flags, process_id=None, port=None, config="tests/multihost_config.py"):
+  cmd = [sys.executable, "-m", "fedtree.main", f"--config={config}", f"--workdir={workdir}", *flags]
   if port is not None:
     cmd += ["--multihost", f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
             f"--process_id={process_id}"]
@@ -107,3 +106,44 @@ def test_main_multihost_runs_every_algorithm_as_one_process_does(tmp_path):
     _close_summaries(json.load(open(two / "summary.json")), json.load(open(one / "summary.json")))
     assert sorted(rows(two)) == sorted(rows(one))
     assert len(rows(two)) == len(set(rows(two)))  # no row twice
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_process_stops_every_process_at_the_same_round(tmp_path):
+  """SIGTERM sent to process 1 alone (a scheduler signalling one host): every process learns of
+  it at the next call (fedtree.core.sharding.agreed), all stop at the same round with the
+  checkpoint written, none is left waiting in a collective; the next launch resumes there."""
+  import re
+  import signal
+  import time
+
+  workdir = tmp_path / "w"
+  flags = ["--config.eval_every=100000", "--config.checkpoint_every=20"]
+  config = "tests/multihost_config.py:fedavg"
+  port = _free_port()
+  procs = [_main(tmp_path, workdir, "--config.rounds=100000", *flags, process_id=i, port=port, config=config)
+           for i in range(2)]
+  deadline = time.time() + 300
+  while not list(workdir.glob("checkpoints/fedavg/*")) and time.time() < deadline:
+    assert all(p.poll() is None for p in procs), [p.communicate()[0][-2000:] for p in procs]
+    time.sleep(0.5)
+  time.sleep(2)
+  procs[1].send_signal(signal.SIGTERM)
+  outs = []
+  for p in procs:
+    try:
+      outs.append(p.communicate(timeout=120)[0])
+    finally:
+      p.kill()
+  stopped = []
+  for p, out in zip(procs, outs, strict=True):
+    assert p.returncode == 130, out[-3000:]
+    m = re.search(r"fedtree: stopped: run 'fedavg' stopped at round (\d+) of 100000", out)
+    assert m, out[-3000:]
+    stopped.append(int(m.group(1)))
+  assert stopped[0] == stopped[1] and "SIGTERM received" in outs[1] and "SIGTERM" not in outs[0]
+  port = _free_port()
+  again = [_main(tmp_path, workdir, f"--config.rounds={stopped[0] + 1}", *flags, process_id=i, port=port,
+                 config=config) for i in range(2)]
+  outs = _finish(again)
+  assert f"resumed from the checkpoint of round {stopped[0]}" in outs[0], outs[0][-3000:]

@@ -104,10 +104,17 @@ def test_config_fields_mesh_auto_chunk_and_bf16(tmp_path):
 
 def test_host_helpers_in_one_process():
   """In one process nothing spans processes: ``local_copy`` is the identity (keys included),
-  ``to_host`` gives numpy copies, and ``barrier`` returns at once."""
+  ``to_host`` gives numpy copies, ``barrier`` returns at once, and a stop request is this
+  process's own (``agreed`` returns it unwrapped: no collective per call)."""
   tree = {"w": jax.numpy.arange(6.0).reshape(3, 2), "key": jax.random.key(0)}
   assert sharding.local_copy(tree) is tree
   host = sharding.to_host({"w": tree["w"], "n": jax.numpy.int32(3)})
   assert isinstance(host["w"], np.ndarray) and host["w"].tolist() == [[0, 1], [2, 3], [4, 5]]
   assert isinstance(host["n"], np.ndarray) and int(host["n"]) == 3
   sharding.barrier("test")
+  assert sharding.any_process(True) is True and sharding.any_process(False) is False
+
+  def stop():
+    return False
+
+  assert sharding.agreed(stop) is stop and sharding.agreed(None) is None

@@ -17,7 +17,7 @@ first; :func:`client_mesh` then spans the devices of every host.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -113,6 +113,26 @@ def barrier(name: str) -> None:
     from jax.experimental import multihost_utils
 
     multihost_utils.sync_global_devices(name)
+
+
+def any_process(flag: bool) -> bool:
+  """Whether ``flag`` is true in any process of a multi-process run (a collective: every process
+  calls it at the same point, and all get the same answer); ``flag`` itself in a one-process run.
+  How a stop request that reached one process (a signal sent to one host) stops them all at the
+  same round, instead of leaving the others waiting in a collective."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  from jax.experimental import multihost_utils
+
+  return bool(np.any(multihost_utils.process_allgather(np.asarray(bool(flag)))))
+
+
+def agreed(should_stop: Callable[[], bool] | None) -> Callable[[], bool] | None:
+  """``should_stop`` polled in every process and true when it is true in any
+  (:func:`any_process`); as it is in a one-process run."""
+  if should_stop is None or jax.process_count() == 1:
+    return should_stop
+  return lambda: any_process(should_stop())
 
 
 def _spans_processes(a) -> bool:

@@ -35,7 +35,7 @@ from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.data import FederatedData, as_device, check_model_outputs
 from fedtree.core.local import LocalSchedule
 from fedtree.core.metrics import FAIRNESS_STATS, make_evaluator
-from fedtree.core.sharding import barrier, client_mesh, local_copy, shard_data
+from fedtree.core.sharding import agreed, barrier, client_mesh, local_copy, shard_data
 from fedtree.core.sweep import by_experiment
 from fedtree.core.sweep import sweep as stacked_sweep
 from fedtree.core.topology import Topology
@@ -599,6 +599,7 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
   # workdir, process 0 alone writes rows, tables, summary and plots (checkpoints are written
   # by all, each its shards, through orbax).
   primary = jax.process_index() == 0
+  should_stop = agreed(should_stop)   # a signal that reached one process stops all at one round
   if workdir:  # a workdir of another config is refused before the data are loaded
     check_workdir(workdir, config, overwrite=overwrite)
   ctx = make_context(config)
