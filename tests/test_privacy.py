@@ -469,6 +469,9 @@ def test_a_swept_target_epsilon_is_a_calibrated_noise_multiplier_per_setting():
     assert target * 0.999 <= eps <= target   # the smallest z that meets the target
   plain = [{"local.learning_rate": 0.1}]
   assert sweep.calibrated(config, "dp", plain, ctx) == (config, plain)
+  both = [{"runs.dp.privacy.target_epsilon": 2.0, "runs.dp.privacy.noise_multiplier": 1.0}]
+  with pytest.raises(ValueError, match="sweeps both 'runs.dp.privacy.target_epsilon' and"):
+    sweep.calibrated(config, "dp", both, ctx)
 
 
 @pytest.mark.slow

@@ -224,6 +224,10 @@ def calibrated(config: ml_collections.ConfigDict, label: str, settings: list[dic
   path = f"runs.{label}.privacy.target_epsilon"
   if not settings or path not in settings[0]:
     return config, settings
+  z_path = f"runs.{label}.privacy.noise_multiplier"
+  if z_path in settings[0]:
+    raise ValueError(f"config.sweep.params sweeps both {path!r} and {z_path!r}: a target ε sets the "
+                     f"noise multiplier; sweep one of them")
   from fedtree.experiment import privacy
 
   base = config.to_dict()
@@ -239,7 +243,6 @@ def calibrated(config: ml_collections.ConfigDict, label: str, settings: list[dic
     zs.append(privacy.plan(run.privacy.to_dict(), ctx, run=run, params={}, verbose=False).noise_multiplier)
   out = ml_collections.ConfigDict(base, type_safe=False)
   out.runs[label].privacy = {**section, "noise_multiplier": float(zs[0])}
-  z_path = f"runs.{label}.privacy.noise_multiplier"
   return out, [{**{p: v for p, v in s.items() if p != path}, z_path: float(z)}
                for s, z in zip(settings, zs, strict=True)]
 
