@@ -21,8 +21,8 @@ the GroupPerFL report: with adapters a "model" is the adapters, so bytes sent pe
 count x the adapter bytes (below).
 
 Measured (Python 3.11 stdlib; the notebook ``colab/peft_lm.ipynb`` runs the same config):
-102 s wall for pretraining + both pipelines in the notebook on the quiet 2-core machine (138 s
-with the test suite running beside it, as in the committed notebook; 22 min 41 s when the
+86-102 s wall for pretraining + both pipelines in the notebook on the quiet 2-core machine (86 s
+in the committed notebook; 138 s with the test suite running beside it; 22 min 41 s when the
 machine was shared at load ~15-17). The adapters use the factored forward where a
 dense layer uses the kernel (the output layer; the LSTM's ``w_x``/``w_h`` are merged,
 :mod:`fedtree.core.lora`); the numbers below are the same with the merged forward, which the
