@@ -99,6 +99,7 @@ ALGORITHM_CASES = {
   "fedkws": {"cohort_size": 4}, "fedmmd": {"lam": 0.01}, "fedbuff": {"buffer_size": 2, "concurrency": 3},
   # two rounds of each stage: a 4-round run crosses the boundary, a resume after 2 starts on it
   "grouppfl": {"global_rounds": 2, "group_rounds": 2},
+  "scaffold": {"cohort_size": 4},
 }
 """The smallest run config of every registered algorithm (its required fields; short
 warm-ups): test_conformance's cases and tests/multihost_config.py's runs."""

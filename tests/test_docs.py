@@ -134,6 +134,17 @@ def test_the_from_python_snippet_runs_as_a_script(tmp_path):
   assert 0.0 <= float(out.stdout.strip().splitlines()[-1]) <= 1.0
 
 
+def test_the_write_your_own_guide_runs():
+  """docs/write-your-own.md's code blocks, in order, as one script: the SCAFFOLD built there equals
+  the library's and its per-client loop, and FedPer's models are the personal ones."""
+  text = open(os.path.join(ROOT, "docs", "write-your-own.md")).read()
+  blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+  assert len(blocks) >= 6
+  namespace: dict = {}
+  exec(compile("\n".join(blocks), "write-your-own.md", "exec"), namespace)   # noqa: S102
+  assert sorted(namespace["fedper"].models(namespace["state"])) == ["personal"]
+
+
 @pytest.mark.parametrize("name", DOCTEST_MODULES + [pytest.param(m, marks=pytest.mark.slow)
                                                     for m in SLOW_DOCTEST_MODULES])
 def test_docstring_examples_run(name):

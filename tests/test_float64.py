@@ -16,7 +16,7 @@ import pytest
 HERE = pathlib.Path(__file__).parent
 ROOT = HERE.parent
 OTHERS = ("hierfavg", "fedprox", "ditto", "perfedavg", "perfedavg_hf", "pfedmt", "fedkws", "ifca",
-          "cfl", "mcfl", "awcfl", "bhfl")
+          "cfl", "mcfl", "awcfl", "bhfl", "scaffold")
 
 
 def _x64(*names: str) -> dict:
@@ -42,6 +42,12 @@ def test_fedadam_and_pfedme_float64_match_reference_loops():
   for name in ("fedadam", "pfedme"):
     assert out[name]["dtypes"] == ["float64"], out[name]
     assert out[name]["maxdiff"] < 1e-12, (name, out[name])
+
+
+@pytest.mark.slow
+def test_a_swept_float_is_traced_in_float64_under_x64():
+  out = _x64("sweep")
+  assert out["sweep"] == {"hparams": "float64", "dtypes": ["float64"]}, out
 
 
 @pytest.fixture(scope="module")

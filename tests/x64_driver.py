@@ -98,6 +98,15 @@ def main():
     for i in range(3):
       state, _ = step(state, data, jax.random.key(i))
     out["compiles"] = len(traces)
+  if "sweep" in want:   # a swept float is traced in the run's dtype (float64 here)
+    from fedtree.core.sweep import sweep
+
+    swept = sweep(lambda hp: A.fedprox(mu=hp["mu"], model=model, data=data, local_optimizer=optax.sgd(LR),
+                                       schedule=sched), {"mu": [0.01, 0.1]}, [0, 1])
+    st = swept.init(None)
+    st, _ = jax.jit(swept.round)(st, data, key)
+    out["sweep"] = {"hparams": str(st.hparams["mu"].dtype),
+                    "dtypes": sorted({str(a.dtype) for a in jax.tree.leaves(st.inner.params)})}
   others_run_one_round(model, data, groups, key, [n for n in sys.argv[1:] if n in OTHERS], out)
   print(json.dumps(out))
 
@@ -123,7 +132,7 @@ def pfedme_vs_reference(model, data, key, sched, steps, out):
 
 
 OTHERS = ("hierfavg", "fedprox", "ditto", "perfedavg", "perfedavg_hf", "pfedmt", "fedkws", "ifca",
-          "cfl", "mcfl", "awcfl", "bhfl")
+          "cfl", "mcfl", "awcfl", "bhfl", "scaffold")
 
 
 def others_run_one_round(model, data, groups, key, names, out):
@@ -145,6 +154,7 @@ def others_run_one_round(model, data, groups, key, names, out):
     "mcfl": lambda: A.mcfl(num_clusters=2, cluster_start_round=0, kmeans_iters=2, **base),
     "awcfl": lambda: A.awcfl(num_clusters=2, beta=0.5, cluster_start_round=0, kmeans_iters=2, **base),
     "bhfl": lambda: A.bhfl(topology=topo, periods=(2, 1), **base),
+    "scaffold": lambda: A.scaffold(local_learning_rate=LR, **base),
   }
   assert set(others) == set(OTHERS)
   for name in names:

@@ -24,12 +24,13 @@ from fedtree.algorithms.hierfavg import fedavg, hierfavg
 from fedtree.algorithms.perfedavg import perfedavg
 from fedtree.algorithms.pfedme import pfedme
 from fedtree.algorithms.pfedmt import pfedmt
+from fedtree.algorithms.scaffold import scaffold
 from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, TreeState
 
 _FACTORIES = {"awcfl": awcfl, "bhfl": bhfl, "cfl": cfl, "ditto": ditto, "fedavg": fedavg, "fedbuff": fedbuff,
               "fedkws": fedkws, "fedmmd": fedmmd, "fedprox": fedprox, "grouppfl": grouppfl,
               "hierfavg": hierfavg, "ifca": ifca, "mcfl": mcfl, "perfedavg": perfedavg, "pfedme": pfedme,
-              "pfedmt": pfedmt}
+              "pfedmt": pfedmt, "scaffold": scaffold}
 SYSTEMS_ALGORITHMS = tuple(n for n, f in _FACTORIES.items() if "systems" in inspect.signature(f).parameters)
 """The factories that take ``systems`` (:mod:`fedtree.core.systems`); a run config that gives
 another algorithm a ``systems`` section is refused naming these."""
@@ -38,5 +39,5 @@ __all__ = [
   "SYSTEMS_ALGORITHMS", "FederatedAlgorithm", "NodeModels", "TreeState",
   "awcfl", "bhfl", "cfl", "ditto", "fedavg",
   "fedbuff", "fedkws", "fedmmd", "fedprox", "grouppfl", "hierfavg", "ifca", "mcfl", "perfedavg", "pfedme",
-  "pfedmt",
+  "pfedmt", "scaffold",
 ]

@@ -46,7 +46,7 @@ import optax
 from flax import struct
 
 from fedtree.algorithms.bhfl.asynchrony import staleness_weight
-from fedtree.algorithms.hierfavg import check_periods
+from fedtree.algorithms.hierfavg import UpperLevels, check_periods
 from fedtree.core.aggregation import divide_by_weight
 from fedtree.core.algorithm import (
   FederatedAlgorithm,
@@ -63,11 +63,11 @@ from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import Cohort
-from fedtree.core.server import init_nodes, select_nodes, update_nodes
+from fedtree.core.server import init_nodes, update_nodes
 from fedtree.core.systems import Systems, make_profile, model_bytes, uplink_bytes
 from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
-from fedtree.core.updates import PathState, UpdatePath, aggregate_children, init_path_state, per_level_paths
+from fedtree.core.updates import PathState, UpdatePath, init_path_state, per_level_paths
 
 PyTree = Any
 
@@ -249,8 +249,8 @@ def fedbuff(
                       jnp.int32)                     # where each parent's clients start, sorted by parent
   path = per_level_paths(update_paths, depth, algorithm=name, supported_levels=(leaf,), blockwise=False,
                          node=False, down=False)[leaf]
-  parents = [None] + [jnp.asarray(topology.parent(lv)) for lv in range(1, depth + 1)]
-  ancestors = [jnp.asarray(topology.ancestor(lv)) for lv in range(depth)]
+  upper = UpperLevels(topology=topology, periods=periods, server_optimizers=server_optimizers,
+                      paths=(None,) * depth)
   leaf_ancestor = [jnp.asarray(topology.ancestor(lv, leaf)) for lv in range(depth)]
 
   def init(key):
@@ -358,24 +358,15 @@ def fedbuff(
     #    its slowest child (the clients' parents' clocks meet there) and its transfers.
     params = list(state.upper_params) + [leaf_params]
     opt_state = list(state.upper_opt_state) + [leaf_opt]
-    active = [None] * depth
-    for lv in range(depth - 2, -1, -1):
-      active[lv] = (r % periods[lv]) == 0
-      n = topology.num_nodes(lv + 1)
-      w_child = jax.ops.segment_sum(w, ancestors[lv + 1], num_segments=n)
-      d, tot, _, _ = aggregate_children(None, PathState(), params[lv], params[lv + 1], w_child,
-                                        parents[lv + 1], jax.random.fold_in(stream(key, "update"), lv))
-      new_p, new_s = update_nodes(server_optimizers[lv], params[lv], opt_state[lv], d, tot > 0)
-      on = jnp.broadcast_to(active[lv], tot.shape)
-      params[lv], opt_state[lv] = select_nodes(on, new_p, params[lv]), select_nodes(on, new_s, opt_state[lv])
+    params, opt_state, _, active, up_metrics = upper.aggregate(params, opt_state, [PathState()] * depth, w, r,
+                                                               key)
+    metrics.update(up_metrics)
+    for lv in range(depth - 2, -1, -1):   # a level that aggregated met its slowest child's clock
       mb = model_bytes(params[lv])
       meet = jax.ops.segment_max(node_clock, leaf_ancestor[lv], num_segments=topology.num_nodes(lv))
       meet = meet + systems.aggregation_seconds(lv, links, mb, mb)
       node_clock = jnp.where(active[lv], jnp.take(meet, leaf_ancestor[lv]), node_clock)
-    for lv in range(depth - 1):   # top-down: a level that aggregated sends its model to its subtree
-      down = jax.tree.map(lambda p, idx=parents[lv + 1]: p[idx], params[lv])
-      params[lv + 1] = select_nodes(jnp.broadcast_to(active[lv], (topology.num_nodes(lv + 1),)), down,
-                                    params[lv + 1])
+    params, _, _ = upper.send_down(params, active, key)
     rows = jnp.arange(num_groups) * ring + jnp.mod(r, ring)
     history = jax.tree.map(lambda h, p: h.at[rows].set(p), state.history, params[leaf])
     clock = jnp.maximum(state.clock, jnp.max(node_clock))

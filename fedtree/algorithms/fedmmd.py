@@ -10,59 +10,32 @@ method). ``λ = 0`` is FedAvg.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
-from typing import Any
-
-import optax
-
-from fedtree.algorithms.hierfavg import with_objective
-from fedtree.core.algorithm import FederatedAlgorithm
-from fedtree.core.data import FederatedData
-from fedtree.core.local import LocalSchedule
-from fedtree.core.model import Model
-from fedtree.core.topology import Topology
-from fedtree.core.updates import UpdatePath
+from fedtree.algorithms.hierfavg import hierfavg_method, on_host
+from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.objectives.fedmmd import check_features, fedmmd_update
 
 
+@hierfavg_method()
 def fedmmd(
   *,
-  model: Model,
-  data: FederatedData,
-  local_optimizer: optax.GradientTransformation,
-  schedule: LocalSchedule,
   lam: float,
   kernel: str = "gaussian",
   num_kernels: int = 5,
   kernel_mul: float = 2.0,
   bandwidth: float | None = None,
-  topology: Topology | None = None,
-  server_optimizers: optax.GradientTransformation | Sequence[optax.GradientTransformation] | None = None,
-  periods: int | Sequence[int] | None = None,
-  cohort_size: int | Sequence[int] | None = None,
-  chunk_size: int | str | None = "auto",
-  weighting: str = "examples",
-  compute_dtype: str | None = None,
-  init_params: Any = None,
-  skip_nonfinite: bool = False,
-  update_paths: UpdatePath | dict[int, UpdatePath] | None = None,
   name: str = "fedmmd",
+  **host,
 ) -> FederatedAlgorithm:
   """FedMMD with penalty weight ``lam`` on ``topology`` (default flat).
 
   Args:
-    model, data, local_optimizer, schedule: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`;
-      the model must have features (:func:`fedtree.objectives.fedmmd.check_features`).
     lam: λ >= 0.
     kernel, num_kernels, kernel_mul, bandwidth: the MMD kernel
       (:func:`fedtree.objectives.fedmmd.mmd2`).
-    topology: the tree (``None``: one server over all clients).
-    server_optimizers, periods, cohort_size, chunk_size, weighting: as for
-      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
-    init_params, skip_nonfinite, update_paths: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
-    compute_dtype: mixed-precision local steps (``None``: the params' dtype).
     name: label for reports.
+    **host: every other argument of :func:`~fedtree.algorithms.hierfavg.hierfavg`; the model must
+      have features (:func:`fedtree.objectives.fedmmd.check_features`); ``compute_dtype`` gives
+      mixed-precision local steps.
 
   Raises:
     ValueError: a bad hyperparameter, or a model without features.
@@ -83,12 +56,11 @@ def fedmmd(
     >>> sorted(alg.models(state))
     ['global']
   """
-  check_features(model, data.example_shape)
-  return with_objective(
-    functools.partial(fedmmd_update, model, local_optimizer, lam=lam, kernel=kernel, num_kernels=num_kernels,
-                      kernel_mul=kernel_mul, bandwidth=bandwidth, compute_dtype=compute_dtype),
-    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, topology=topology,
-    server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
-    chunk_size=chunk_size, weighting=weighting, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
-  )
+  check_features(host["model"], host["data"].example_shape)
+
+  def objective(s: LocalSetup):
+    return fedmmd_update(s.model, s.optimizer, lam=lam, kernel=kernel, num_kernels=num_kernels,
+                         kernel_mul=kernel_mul, bandwidth=bandwidth, batch_size=s.batch_size,
+                         max_steps=s.max_steps, compute_dtype=s.compute_dtype)
+
+  return on_host(host, client_update=objective, name=name)

@@ -8,52 +8,22 @@ optimizers (a flat tree and FedAvg servers give the original method). ``μ = 0``
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
-from typing import Any
-
-import optax
-
-from fedtree.algorithms.hierfavg import with_objective
-from fedtree.core.algorithm import FederatedAlgorithm
-from fedtree.core.data import FederatedData
-from fedtree.core.local import LocalSchedule
-from fedtree.core.model import Model
-from fedtree.core.topology import Topology
-from fedtree.core.updates import UpdatePath
+from fedtree.algorithms.hierfavg import hierfavg_method, on_host
+from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.objectives import fedprox_update
 
 
-def fedprox(
-  *,
-  model: Model,
-  data: FederatedData,
-  local_optimizer: optax.GradientTransformation,
-  schedule: LocalSchedule,
-  mu: float,
-  topology: Topology | None = None,
-  server_optimizers: optax.GradientTransformation | Sequence[optax.GradientTransformation] | None = None,
-  periods: int | Sequence[int] | None = None,
-  cohort_size: int | Sequence[int] | None = None,
-  chunk_size: int | str | None = "auto",
-  weighting: str = "examples",
-  compute_dtype: str | None = None,
-  init_params: Any = None,
-  skip_nonfinite: bool = False,
-  update_paths: UpdatePath | dict[int, UpdatePath] | None = None,
-  name: str = "fedprox",
-) -> FederatedAlgorithm:
+@hierfavg_method()
+def fedprox(*, mu: float, name: str = "fedprox", **host) -> FederatedAlgorithm:
   """FedProx with proximal weight ``mu`` on ``topology`` (default flat).
 
   Args:
-    model, data, local_optimizer, schedule: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     mu: μ >= 0.
-    topology: the tree (``None``: one server over all clients).
-    server_optimizers, periods, cohort_size, chunk_size, weighting: as for
-      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
-    init_params, skip_nonfinite, update_paths: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
-    compute_dtype: mixed-precision local steps (``None``: the params' dtype).
     name: label for reports.
+    **host: every other argument of :func:`~fedtree.algorithms.hierfavg.hierfavg` (``model``,
+      ``data``, ``local_optimizer``, ``schedule``, ``topology``, ``server_optimizers``,
+      ``cohort_size``, ``sampling``, ``update_paths``, ``systems``, ``personal``, ...);
+      ``compute_dtype`` gives mixed-precision local steps.
 
   Example:
     One round of FedProx (μ = 0.01) over 5 clients:
@@ -71,10 +41,8 @@ def fedprox(
     >>> sorted(alg.models(state))
     ['global']
   """
-  return with_objective(
-    functools.partial(fedprox_update, model, local_optimizer, mu=mu, compute_dtype=compute_dtype),
-    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, topology=topology,
-    server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
-    chunk_size=chunk_size, weighting=weighting, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
-  )
+  def objective(s: LocalSetup):
+    return fedprox_update(s.model, s.optimizer, mu=mu, batch_size=s.batch_size, max_steps=s.max_steps,
+                          compute_dtype=s.compute_dtype)
+
+  return on_host(host, client_update=objective, name=name)

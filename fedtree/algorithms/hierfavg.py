@@ -12,6 +12,9 @@ period is ``κ2 = periods[0]``.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -23,6 +26,7 @@ import optax
 from fedtree.core.algorithm import (
   FederatedAlgorithm,
   NodeModels,
+  ObjectiveFactory,
   TreeState,
   broadcast_tree,
   check_weighting,
@@ -35,11 +39,13 @@ from fedtree.core.algorithm import (
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
+from fedtree.core.personal import Personal, Shares, fill, keep_where, merge, personal_part, shared_part
 from fedtree.core.rng import stream
 from fedtree.core.sampling import check_sampling, cohort_sampler, poisson_sampler, sampling_strategy
 from fedtree.core.server import init_nodes, select_nodes, update_nodes
+from fedtree.core.server_rule import Inbox, ServerRule, broadcast_of, init_rule_state, receive
 from fedtree.core.systems import Systems, model_bytes, uplink_bytes
-from fedtree.core.tier import train_cohort
+from fedtree.core.tier import message_shape, train_cohort
 from fedtree.core.topology import Topology
 from fedtree.core.updates import (
   UpdatePath,
@@ -100,12 +106,146 @@ def _uplink(path, stacked):
   return uplink_bytes(path, jax.tree.map(lambda a: a[0], stacked))
 
 
+def send_shared(share: Shares, path: UpdatePath | None, params: PyTree, level: int,
+                key) -> tuple[PyTree, dict]:
+  """What level ``level``'s nodes send their children (:func:`~fedtree.core.updates.send_down`):
+  the leaves it aggregates go through ``path``'s downlink transform; the others (personal to the
+  levels below) are not sent (the receivers keep theirs) and stay as they are."""
+  mask = share.mask(level)
+  if mask is None:
+    return send_down(path, params, key)
+  sent, stats = send_down(path, shared_part(params, mask), key)
+  return merge(sent, personal_part(params, mask), mask), stats
+
+
+@dataclasses.dataclass(frozen=True)
+class UpperLevels:
+  """HierFAVG's server levels above the clients' parents, as one schedule every host of the
+  family shares (:func:`hierfavg`, :func:`~fedtree.algorithms.fedbuff.fedbuff`): level ``l``
+  aggregates its children's models every ``periods[l]`` rounds through its update path
+  (:func:`aggregate`, bottom-up), then sends its model down its whole subtree (:func:`send_down`,
+  top-down), leaves personal to the levels below excepted (``share``)."""
+
+  topology: Topology
+  periods: tuple[int, ...]
+  server_optimizers: tuple
+  paths: tuple
+  top_level: int = 0
+  share: Shares | None = None
+
+  def _share(self) -> Shares:
+    return Shares(None, self.topology.depth) if self.share is None else self.share
+
+  def aggregate(self, params: list, opt_state: list, update_state: list, w_client, r, key):
+    """Levels ``depth-2 .. top_level``, bottom-up, in the rounds their period says. Returns the
+    updated ``(params, opt_state, update_state)`` lists, ``active`` (per level: a traced bool, or
+    ``None`` for the clients' parents and the levels above ``top_level``) and the metrics."""
+    topo, share = self.topology, self._share()
+    depth = topo.depth
+    active: list = [None] * depth
+    metrics = {}
+    for lv in range(depth - 2, self.top_level - 1, -1):
+      active[lv] = (r % self.periods[lv]) == 0
+      n = topo.num_nodes(lv + 1)
+      w_child = jax.ops.segment_sum(w_client, jnp.asarray(topo.ancestor(lv + 1)), num_segments=n)
+      delta, total, new_path, stats = aggregate_children(
+        self.paths[lv], update_state[lv], share.sent(params[lv], lv), share.sent(params[lv + 1], lv), w_child,
+        jnp.asarray(topo.parent(lv + 1)), jax.random.fold_in(stream(key, "update"), lv))
+      mask = share.mask(lv)
+      if mask is not None:   # no pseudo-gradient at the leaves this level does not aggregate
+        delta = fill(delta, mask, params[lv])
+      new_p, new_s = update_nodes(self.server_optimizers[lv], params[lv], opt_state[lv], delta, total > 0)
+      on = jnp.broadcast_to(active[lv], total.shape)
+      params[lv], opt_state[lv] = select_nodes(on, new_p, params[lv]), select_nodes(on, new_s, opt_state[lv])
+      update_state[lv] = jax.tree.map(lambda a, b, on=active[lv]: jnp.where(on, a, b), new_path,
+                                      update_state[lv])
+      metrics.update({f"level{lv}_{k}": jnp.where(active[lv], v, 0) for k, v in stats.items()})
+      # every child node sends its model up and gets the level's back (bytes: core.traffic)
+      metrics[f"level{lv}_children_sent"] = jnp.where(active[lv], n, 0).astype(jnp.int32)
+      if mask is not None:   # what travels is the shared part
+        size = model_bytes(share.sent(params[lv], lv))
+        for k in (f"level{lv}_uplink_bytes", f"level{lv}_down_bytes"):
+          metrics.setdefault(k, jnp.where(active[lv], size, 0))
+    return params, opt_state, update_state, active, metrics
+
+  def send_down(self, params: list, active: list, key):
+    """Top-down: a level that aggregated sends its model to its whole subtree. Returns the params,
+    ``{level: its downlink transform's stats}`` of the levels that may send, and the metrics."""
+    topo, share = self.topology, self._share()
+    down_stats, metrics = {}, {}
+    for lv in range(topo.depth - 1):
+      if active[lv] is None:
+        continue
+      sent, stats = send_shared(share, self.paths[lv], params[lv], lv,
+                                jax.random.fold_in(stream(key, "down"), lv))
+      down_stats[lv] = stats
+      metrics.update({f"level{lv}_{k}": jnp.where(active[lv], v, 0)
+                      for k, v in path_stats(stats, "down_").items()})
+      idx = jnp.asarray(topo.parent(lv + 1))
+      down = jax.tree.map(lambda p, idx=idx: p[idx], sent)
+      mask = share.mask(lv)
+      if mask is not None:   # the children keep what this level does not aggregate
+        down = keep_where(mask, params[lv + 1], down)
+      params[lv + 1] = select_nodes(jnp.broadcast_to(active[lv], (topo.num_nodes(lv + 1),)), down,
+                                    params[lv + 1])
+    return params, down_stats, metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class Extras:
+  """What the clients' tier sends beside (or instead of) the whole model, in bytes per message:
+  the shared leaves (:mod:`fedtree.core.personal`), a client's message to its parent's server rule
+  and the rule's broadcast. ``active``: any of them differs from sending the whole model."""
+
+  model_bytes: int        # the shared leaves of one model
+  message_bytes: int      # a client's message beside its update
+  broadcast_bytes: int    # what a parent sends beside its model
+  active: bool
+
+  @classmethod
+  def of(cls, update: ClientUpdate, rule: ServerRule | None, template, topology: Topology, data,
+         share: Shares,
+         learning_rate) -> Extras:
+    leaf = topology.depth - 1
+    shared = model_bytes(jax.tree.map(lambda a: jax.ShapeDtypeStruct((1,) + tuple(np.shape(a)), a.dtype),
+                                      share.sent(template, leaf)))
+    bcast = () if rule is None else jax.eval_shape(lambda p: broadcast_of(rule, rule.init(p, 1)), template)
+    message = ()
+    if update.takes_round:
+      params = jax.tree.map(lambda a: jax.ShapeDtypeStruct((1,) + tuple(np.shape(a)), a.dtype), template)
+      message = message_shape(update, params, () if update.init_state is None else jax.eval_shape(
+        lambda p: update.init_state(p, 1), template), data, bcast, learning_rate, jax.random.key(0))
+    msg = model_bytes(jax.tree.map(lambda a: jax.ShapeDtypeStruct((1,) + tuple(a.shape), a.dtype), message))
+    bc = model_bytes(bcast)
+    return cls(shared, msg, bc, share.client_mask is not None or msg > 0 or bc > 0)
+
+  def up(self, compressed):
+    """A client's uplink bytes for the systems clock (``compressed``: the path's size, or ``None``)."""
+    if not self.active:
+      return compressed
+    return (self.model_bytes if compressed is None else compressed) + self.message_bytes
+
+  def down(self, compressed):
+    """A client's downlink bytes for the systems clock (``compressed``: per slot, or ``None``)."""
+    if not self.active:
+      return compressed
+    return (self.model_bytes if compressed is None else compressed) + self.broadcast_bytes
+
+  def byte_metrics(self, metrics: dict) -> dict:
+    """``uplink_bytes`` / ``down_bytes`` of one client's messages this round (the update path's
+    compressed sizes where it reports them), when they differ from one whole model."""
+    if not self.active:
+      return {}
+    return {"uplink_bytes": metrics.get("uplink_bytes", self.model_bytes) + self.message_bytes,
+            "down_bytes": metrics.get("down_bytes", self.model_bytes) + self.broadcast_bytes}
+
+
 def hierfavg(
   *,
   model: Model,
   topology: Topology,
   data: FederatedData,
-  local_optimizer: optax.GradientTransformation,
+  local_optimizer: optax.GradientTransformation | None = None,
   schedule: LocalSchedule,
   server_optimizers: optax.GradientTransformation | Sequence[optax.GradientTransformation] = None,
   periods: int | Sequence[int] | None = None,
@@ -115,7 +255,10 @@ def hierfavg(
   chunk_size: int | str | None = "auto",
   weighting: str = "examples",
   compute_dtype: str | None = None,
-  client_update: ClientUpdate | None = None,
+  client_update: ClientUpdate | ObjectiveFactory | None = None,
+  server_rule: ServerRule | None = None,
+  personal: Personal | None = None,
+  local_learning_rate: float | None = None,
   init_params: PyTree | None = None,
   skip_nonfinite: bool = False,
   top_level: int = 0,
@@ -124,13 +267,15 @@ def hierfavg(
   candidates: int | None = None,
   name: str = "hierfavg",
 ) -> FederatedAlgorithm:
-  """HierFAVG / hierarchical FedOpt on ``topology``.
+  """HierFAVG / hierarchical FedOpt on ``topology``: the host every method of this family is a
+  composition over (see :func:`on_host`).
 
   Args:
     model: the model every node holds.
     topology: the tree; clients are its leaves, rows of ``data``.
     data: the federated data (for static shapes and validation).
-    local_optimizer: the clients' optax optimizer.
+    local_optimizer: the clients' optax optimizer (needed by the default local training; an
+      objective may ignore it).
     schedule: local epochs or steps, batch size and batch order (``"shuffled"``, the
       default; ``"fixed"``; ``"cyclic"``, a per-client cursor kept in ``TreeState.cursor``:
       see :mod:`fedtree.core.local`).
@@ -154,11 +299,28 @@ def hierfavg(
     chunk_size: clients trained at once (memory bound): an int, ``None`` (the whole cohort)
       or ``"auto"`` (the per-backend default, :mod:`fedtree.core.tuning`).
     weighting: ``"examples"`` or ``"uniform"`` aggregation weights.
-    compute_dtype: mixed-precision default local training (``None``: the params' dtype).
-    client_update: the local objective (default plain SGD by ``local_optimizer``; see
-      :mod:`fedtree.objectives`); its persistent per-client state (``init_state``) lives in
-      ``TreeState.client_state``, only the clients that trained update it, and its
-      ``personal_models`` are scored as ``personal``.
+    compute_dtype: mixed-precision local training (``None``: the params' dtype): of the default
+      local training, or of an objective given as a factory.
+    client_update: the local objective: a :class:`~fedtree.core.local.ClientUpdate`, or a factory
+      ``f(LocalSetup) -> ClientUpdate`` built here from the model, ``local_optimizer``, the
+      schedule and ``compute_dtype`` (:func:`fedtree.core.algorithm.local_training`; default
+      plain SGD by ``local_optimizer``; see :mod:`fedtree.objectives`). Its persistent per-client
+      state (``init_state``) lives in ``TreeState.client_state``, only the clients that trained
+      update it, and its ``personal_models`` are scored as ``personal``. An update that
+      ``takes_round`` is told its index, its parent's broadcast, the sampled fraction, its weight
+      and ``local_learning_rate``, and may send a message beside its model to ``server_rule``.
+    server_rule: what the clients' parents keep beyond their optax state, broadcast beside their
+      model and update from their clients' messages (:mod:`fedtree.core.server_rule`: SCAFFOLD's
+      control variate, FedDyn's ``h``), in ``TreeState.server_state``; the levels above aggregate
+      models as HierFAVG. ``None``: nothing more than the model.
+    personal: parameters that stay with each client, or are shared only within the subtrees of a
+      level (:mod:`fedtree.core.personal`, path patterns): never broadcast over nor aggregated
+      above their level, not counted in bytes, kept in ``TreeState.personal``; each client is
+      scored with its own combination (``personal``), and the levels that do not aggregate every
+      parameter are not reported as models. ``None``: every parameter shared.
+    local_learning_rate: the local learning rate an update that ``takes_round`` is told
+      (:attr:`~fedtree.core.local.ClientRound.learning_rate`; the experiment layer passes
+      ``config.local.learning_rate``).
     init_params: the model to start every node from (default ``model.init(key)``).
     skip_nonfinite: leave out clients whose update is not finite (weight 0) instead of
       letting them poison the mean; their count is the ``clients_skipped`` metric (see
@@ -176,7 +338,8 @@ def hierfavg(
       compression, a robust aggregator, a node transform such as central noise, a downlink
       transform): one :class:`~fedtree.core.updates.UpdatePath` for the clients' tier, or one
       per server level (``{level: path}``; level ``l``'s path is how it aggregates its children
-      and what it sends them). ``None``: the weighted mean, as in the paper.
+      and what it sends them). ``None``: the weighted mean, as in the paper. Paths act on the
+      shared parameters' delta only; messages beside it reach the server rule as they are.
     systems: devices, availability and a round policy (:mod:`fedtree.core.systems`): sampled
       clients that are off line, fail, miss the deadline or are over-selected do not report, and
       partial work lowers their step counts; the state's ``clock`` advances by each round's
@@ -207,6 +370,7 @@ def hierfavg(
   """
   data.validate(topology)
   depth = topology.depth
+  leaf = depth - 1
   server_optimizers = per_level(
     optax.sgd(1.0) if server_optimizers is None else server_optimizers, depth, "server_optimizers"
   )
@@ -229,9 +393,18 @@ def hierfavg(
   draw = sampling_strategy(sampler, sampling, data=data, model=model, candidates=candidates,
                            online=None if systems is None else systems.online)
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
-                                 compute_dtype=compute_dtype)
+                                 compute_dtype=compute_dtype, name=name)
+  template = jax.eval_shape(model.init, jax.random.key(0)) if init_params is None else init_params
+  share = Shares.of(personal, template, depth, name)
   parents = [None] + [jnp.asarray(topology.parent(lv)) for lv in range(1, depth + 1)]
   ancestors = [jnp.asarray(topology.ancestor(lv)) for lv in range(depth)]
+  population = np.bincount(topology.parent(depth), minlength=topology.num_nodes(leaf)).astype(np.float32)
+  extra = Extras.of(client_update, server_rule, template, topology, data, share, local_learning_rate)
+  upper = UpperLevels(topology=topology, periods=periods, server_optimizers=server_optimizers, paths=paths,
+                      top_level=top_level, share=share)
+  if share.has_client_personal and client_update.personal_models is not None:
+    raise ValueError(f"{name}: the local objective keeps personal models of its own, and personal "
+                     f"parameters would be scored under the same name ('personal'); use one or the other")
 
   def init(key):
     p0 = initial_params(model, key, init_params)
@@ -244,9 +417,11 @@ def hierfavg(
       opt_state=tuple(init_nodes(opt, p) for opt, p in zip(server_optimizers, params, strict=True)),
       client_state=client_state,
       cursor=schedule.init_cursor(topology.num_clients),
-      update_state=tuple(init_path_state(paths[lv], p0, topology.num_nodes(lv + 1), topology.num_nodes(lv))
-                         for lv in range(depth)),
+      update_state=tuple(init_path_state(paths[lv], share.sent(p0, lv), topology.num_nodes(lv + 1),
+                                         topology.num_nodes(lv)) for lv in range(depth)),
       clock=() if systems is None else jnp.zeros((), jnp.float32),
+      server_state=init_rule_state(server_rule, p0, topology.num_nodes(leaf)),
+      personal=share.init_clients(p0, topology.num_clients),
     )
 
   def round_fn(state: TreeState, data: FederatedData, key):
@@ -254,15 +429,16 @@ def hierfavg(
     params, opt_state = list(state.params), list(state.opt_state)
     w_client = client_weights(data.n_train, weighting)
     update_state = list(state.update_state)
-    cohort = draw(stream(key, "cohort"), params[depth - 1], state.clock)
+    cohort = draw(stream(key, "cohort"), params[leaf], state.clock)
     num_steps = schedule.num_steps(data.n_train)
-    sent, down_stats = send_down(paths[depth - 1], params[depth - 1], stream(key, "down"))
+    sent, down_stats = send_shared(share, paths[leaf], params[leaf], leaf, stream(key, "down"))
     if systems is not None:   # who takes part, how much they do, how long it takes (compressed bytes)
       down_b = down_stats.get("bytes")
+      up_b = _uplink(paths[leaf], share.sent(params[leaf], leaf))
       outcome = systems.round(
-        cohort, num_steps, time=state.clock, model_bytes=model_bytes(params[depth - 1]),
-        key=stream(key, "systems"), keep=keep, up_bytes=_uplink(paths[depth - 1], params[depth - 1]),
-        down_bytes=None if down_b is None else jnp.take(down_b, cohort.parent))
+        cohort, num_steps, time=state.clock, model_bytes=extra.model_bytes, key=stream(key, "systems"),
+        keep=keep, up_bytes=extra.up(up_b), down_bytes=extra.down(None if down_b is None else jnp.take(
+          down_b, cohort.parent)))
       cohort, num_steps = cohort._replace(valid=outcome.valid), outcome.num_steps
     res = train_cohort(
       client_update, sent, cohort, data,
@@ -270,94 +446,133 @@ def hierfavg(
       key=stream(key, "train"), chunk_size=sampler.chunk_size, client_state=state.client_state,
       parent_aligned=sampler.parent_aligned, batch_order=schedule.batch_order,
       batch_size=schedule.batch_size, cursor=state.cursor, skip_nonfinite=skip_nonfinite,
-      path=paths[depth - 1], path_state=update_state[depth - 1], block_size=max(sampler.sizes),
+      path=paths[leaf], path_state=update_state[leaf], block_size=max(sampler.sizes),
+      broadcast=broadcast_of(server_rule, state.server_state), population=population,
+      learning_rate=local_learning_rate, personal=share.client_mask,
+      personal_params=share.unpack(state.personal),
     )
-    update_state[depth - 1] = res.path_state
+    update_state[leaf] = res.path_state
     metrics = {**res.metrics(skip_nonfinite), **path_stats(down_stats, "down_")}
-    params[depth - 1], opt_state[depth - 1] = update_nodes(
-      server_optimizers[depth - 1], params[depth - 1], opt_state[depth - 1],
-      res.pseudo_gradient(), res.weight_sum > 0,
+    metrics.update(extra.byte_metrics(metrics))
+    pseudo_gradient, server_state = res.pseudo_gradient(), state.server_state
+    if server_rule is not None:   # what the parents keep beyond the model, from what the clients sent
+      reported = jax.ops.segment_sum((jnp.take(res.reported, cohort.clients) & cohort.valid).astype(
+        res.weight_sum.dtype), cohort.parent, num_segments=topology.num_nodes(leaf))
+      inbox = Inbox(pseudo_gradient=pseudo_gradient, weight_sum=res.weight_sum, messages=res.message_sum,
+                    reported=reported, sampled=res.sampled, population=jnp.asarray(population),
+                    params=params[leaf])
+      pseudo_gradient, server_state, rule_stats = receive(server_rule, inbox, state.server_state)
+      metrics.update(path_stats(rule_stats))
+    params[leaf], opt_state[leaf] = update_nodes(
+      server_optimizers[leaf], params[leaf], opt_state[leaf], pseudo_gradient, res.weight_sum > 0,
     )
-    # Upper levels, bottom-up, in the rounds their period says.
-    active = [None] * depth
-    for lv in range(depth - 2, top_level - 1, -1):
-      active[lv] = (r % periods[lv]) == 0
-      n = topology.num_nodes(lv + 1)
-      w_child = jax.ops.segment_sum(w_client, ancestors[lv + 1], num_segments=n)
-      delta, total, new_path, stats = aggregate_children(
-        paths[lv], update_state[lv], params[lv], params[lv + 1], w_child, parents[lv + 1],
-        jax.random.fold_in(stream(key, "update"), lv))
-      new_p, new_s = update_nodes(server_optimizers[lv], params[lv], opt_state[lv], delta, total > 0)
-      params[lv] = select_nodes(jnp.broadcast_to(active[lv], total.shape), new_p, params[lv])
-      opt_state[lv] = select_nodes(jnp.broadcast_to(active[lv], total.shape), new_s, opt_state[lv])
-      update_state[lv] = jax.tree.map(lambda a, b, on=active[lv]: jnp.where(on, a, b), new_path,
-                                      update_state[lv])
-      metrics.update({f"level{lv}_{k}": jnp.where(active[lv], v, 0) for k, v in stats.items()})
-      # every child node sends its model up and gets the level's back (bytes: core.traffic)
-      metrics[f"level{lv}_children_sent"] = jnp.where(active[lv], n, 0).astype(jnp.int32)
-    # Top-down: a level that aggregated sends its model to its whole subtree.
-    level_secs = []
-    for lv in range(depth - 1):
-      if active[lv] is None:
-        continue
-      sent, down_stats = send_down(paths[lv], params[lv], jax.random.fold_in(stream(key, "down"), lv))
-      if systems is not None:   # its children send up and receive back, each over its own link
+    params, opt_state, update_state, active, up_metrics = upper.aggregate(
+      params, opt_state, update_state, w_client, r, key)
+    params, down_level_stats, up_level_metrics = upper.send_down(params, active, key)
+    metrics.update({**up_metrics, **up_level_metrics})
+    clock = state.clock
+    if systems is not None:   # the leaf parents' rounds run side by side; a level aggregating adds its own
+      level_secs = []
+      for lv, st in down_level_stats.items():
         mb = model_bytes(params[lv])
-        up_b, down_b = _uplink(paths[lv], params[lv]), down_stats.get("bytes")
+        up_b, down_b = _uplink(paths[lv], params[lv]), st.get("bytes")
         level_secs.append(jnp.where(active[lv], systems.aggregation_seconds(
           lv, links, mb if up_b is None else up_b,
           mb if down_b is None else jnp.take(down_b, parents[lv + 1])), 0.0))
-      metrics.update({f"level{lv}_{k}": jnp.where(active[lv], v, 0)
-                      for k, v in path_stats(down_stats, "down_").items()})
-      down = jax.tree.map(lambda p, idx=parents[lv + 1]: p[idx], sent)
-      params[lv + 1] = select_nodes(
-        jnp.broadcast_to(active[lv], (topology.num_nodes(lv + 1),)), down, params[lv + 1]
-      )
-    clock = state.clock
-    if systems is not None:   # the leaf parents' rounds run side by side; a level aggregating adds its own
       seconds = outcome.seconds + sum(level_secs, jnp.zeros((), jnp.float32))
       clock = state.clock + seconds
       metrics.update({**outcome.stats, "round_seconds": seconds, "sim_seconds": clock})
     new_state = state.replace(
       round=r, params=tuple(params), opt_state=tuple(opt_state), client_state=res.client_state,
-      cursor=res.cursor, update_state=tuple(update_state), clock=clock,
+      cursor=res.cursor, update_state=tuple(update_state), clock=clock, server_state=server_state,
+      personal=share.pack(res.personal_params),
     )
     return new_state, metrics
 
   def models(state: TreeState):
     out = {}
-    if top_level == 0:
+    if top_level == 0 and share.reported(0):
       out["global"] = NodeModels(state.params[0], np.zeros(topology.num_clients, np.int32))
     for lv in range(max(top_level, 1), depth):
-      out[f"level{lv}"] = NodeModels(state.params[lv], topology.ancestor(lv))
+      if share.reported(lv):
+        out[f"level{lv}"] = NodeModels(state.params[lv], topology.ancestor(lv))
+    if share.has_client_personal:   # each client: its parent's shared leaves and its own personal ones
+      parent = jax.tree.map(lambda a: jnp.take(a, ancestors[leaf], axis=0), state.params[leaf])
+      own = merge(shared_part(parent, share.client_mask),
+                  share.unpack(state.personal), share.client_mask)
+      out["personal"] = NodeModels(own, np.arange(topology.num_clients, dtype=np.int32))
     return {**out, **personal_models(client_update, state.client_state)}
 
   return FederatedAlgorithm(init=init, round=round_fn, models=models, name=name)
 
 
+# ------------------------------------------------------------------------ methods over the host
+BOUND = ("client_update",)
+"""The host's parameters a method fills itself (its local objective)."""
+
+
+def hierfavg_method(*, drops: Sequence[str] = ()) -> Callable:
+  """Declares ``method(*, <its own parameters>, **host)`` a thin spec over :func:`hierfavg`.
+
+  The method takes its own hyperparameters and passes every other argument on (:func:`on_host`),
+  so every option of the host works with it. Its signature, which the registry reads as a run's
+  schema and ``help()`` shows, is its own keyword-only parameters followed by every parameter of
+  :func:`hierfavg` it neither declares nor binds (:data:`BOUND`, ``drops``), with ``topology``
+  optional (``None``: one server over all clients); their annotations resolved.
+  """
+
+  def wrap(method: Callable) -> Callable:
+    own = {n: p for n, p in inspect.signature(method).parameters.items()
+           if p.kind is not inspect.Parameter.VAR_KEYWORD}
+    host = inspect.signature(hierfavg).parameters
+    skip = set(own) | set(BOUND) | set(drops)
+    params = list(own.values())
+    for n, p in host.items():
+      if n in skip:
+        continue
+      params.append(p.replace(default=None) if n == "topology" else p)
+    required = [p for p in params if p.default is inspect.Parameter.empty]
+    optional = [p for p in params if p.default is not inspect.Parameter.empty]
+    hints = {n: h for n, h in typing.get_type_hints(hierfavg).items() if n in host and n not in skip}
+    hints.update(typing.get_type_hints(method))
+    if "topology" in hints:
+      hints["topology"] = hints["topology"] | None
+    method.__signature__ = inspect.Signature(required + optional,   # type: ignore[attr-defined]
+                                             return_annotation=FederatedAlgorithm)
+    method.__annotations__ = hints
+    method.host_parameters = tuple(n for n in host if n not in skip)   # type: ignore[attr-defined]
+    return method
+
+  return wrap
+
+
+def on_host(host: Mapping[str, Any], **fixed) -> FederatedAlgorithm:
+  """:func:`hierfavg` on ``host``'s arguments and the method's ``fixed`` ones (its objective,
+  name, ...); ``topology=None`` or absent is one server over all clients."""
+  kw = {**host, **fixed}
+  if kw.get("topology") is None:
+    kw["topology"] = Topology.flat(kw["data"].num_clients)
+  return hierfavg(**kw)
+
+
+@hierfavg_method(drops=("server_optimizers", "periods", "top_level", "topology"))
 def fedavg(
   *,
-  model: Model,
-  data: FederatedData,
-  local_optimizer: optax.GradientTransformation,
-  schedule: LocalSchedule,
   server_optimizer: optax.GradientTransformation | None = None,
-  cohort_size: int | None = None,
-  sampling: str = "uniform",
-  poisson_q: float | None = None,
-  chunk_size: int | str | None = "auto",
-  weighting: str = "examples",
-  compute_dtype: str | None = None,
-  client_update: ClientUpdate | None = None,
-  init_params: PyTree | None = None,
-  skip_nonfinite: bool = False,
-  update_paths: UpdatePath | Mapping[int, UpdatePath | None] | Sequence[UpdatePath | None] | None = None,
-  systems: Systems | None = None,
-  candidates: int | None = None,
+  client_update: ClientUpdate | ObjectiveFactory | None = None,
   name: str = "fedavg",
+  **host,
 ) -> FederatedAlgorithm:
-  """FedAvg (McMahan et al. 2017), or FedOpt with ``server_optimizer``: one server, one tier
-  (the arguments as :func:`hierfavg`'s).
+  """FedAvg (McMahan et al. 2017), or FedOpt with ``server_optimizer`` (Reddi et al. 2021): one
+  server, one tier.
+
+  Args:
+    server_optimizer: the server's optax optimizer (default FedAvg, ``sgd(1.0)``).
+    client_update: the local objective (as :func:`hierfavg`'s).
+    name: label for reports.
+    **host: every other argument of :func:`hierfavg` (``model``, ``data``, ``local_optimizer``,
+      ``schedule``, ``cohort_size``, ``sampling``, ``server_rule``, ``personal``, ``update_paths``,
+      ``systems``, ...).
 
   Example:
     One round of FedAvg over 5 clients:
@@ -375,39 +590,4 @@ def fedavg(
     >>> sorted(alg.models(state))
     ['global']
   """
-  return hierfavg(
-    model=model, topology=Topology.flat(data.num_clients), data=data,
-    local_optimizer=local_optimizer, schedule=schedule,
-    server_optimizers=server_optimizer, cohort_size=cohort_size, sampling=sampling, poisson_q=poisson_q,
-    chunk_size=chunk_size,
-    weighting=weighting, compute_dtype=compute_dtype, client_update=client_update,
-    init_params=init_params, skip_nonfinite=skip_nonfinite, update_paths=update_paths,
-    systems=systems, candidates=candidates, name=name,
-  )
-
-
-def with_objective(
-  objective: Callable[..., ClientUpdate] | None,
-  *,
-  model: Model,
-  data: FederatedData,
-  local_optimizer: optax.GradientTransformation | None,
-  schedule: LocalSchedule,
-  topology: Topology | None = None,
-  **kwargs,
-) -> FederatedAlgorithm:
-  """:func:`hierfavg` on ``topology`` (``None``: one server over all clients) whose clients run
-  the objective ``objective(batch_size=..., max_steps=...)``, sized by ``schedule`` on ``data``.
-
-  The shared body of the methods that are a local objective under HierFAVG (FedProx, Ditto,
-  pFedMe, Per-FedAvg, FedMMD, FedKWS-UI): each binds its hyperparameters into ``objective`` (e.g.
-  ``functools.partial(fedprox_update, model, local_optimizer, mu=mu)``) and forwards
-  :func:`hierfavg`'s other arguments as ``kwargs``. ``objective=None`` is the default local
-  training (a method whose objective is switched off, e.g. FedKWS-UI with ``alo=False``).
-  """
-  topology = Topology.flat(data.num_clients) if topology is None else topology
-  update = None
-  if objective is not None:
-    update = objective(batch_size=schedule.batch_size, max_steps=schedule.max_steps(data.max_train))
-  return hierfavg(model=model, topology=topology, data=data, local_optimizer=local_optimizer,
-                  schedule=schedule, client_update=update, **kwargs)
+  return on_host(host, server_optimizers=server_optimizer, client_update=client_update, name=name)

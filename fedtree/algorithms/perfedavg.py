@@ -11,65 +11,40 @@ on a minibatch of its own training data, vectorized over all clients
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from fedtree.algorithms.hierfavg import with_objective
-from fedtree.core.algorithm import FederatedAlgorithm, NodeModels
-from fedtree.core.data import FederatedData
+from fedtree.algorithms.hierfavg import hierfavg_method, on_host
+from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels
 from fedtree.core.finetune import make_finetuner
 from fedtree.core.local import LocalSchedule
-from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.topology import Topology
-from fedtree.core.updates import UpdatePath
 from fedtree.objectives import perfedavg_update
 
 
+@hierfavg_method()
 def perfedavg(
   *,
-  model: Model,
-  data: FederatedData,
-  schedule: LocalSchedule,
   alpha: float,
   beta: float,
   variant: str = "fo",
   adapt_seed: int = 0,
-  local_optimizer: optax.GradientTransformation | None = None,
-  topology: Topology | None = None,
-  server_optimizers: optax.GradientTransformation | Sequence[optax.GradientTransformation] | None = None,
-  periods: int | Sequence[int] | None = None,
-  cohort_size: int | Sequence[int] | None = None,
-  chunk_size: int | str | None = "auto",
-  weighting: str = "examples",
-  compute_dtype: str | None = None,
-  init_params: Any = None,
-  skip_nonfinite: bool = False,
-  update_paths: UpdatePath | dict[int, UpdatePath] | None = None,
   name: str = "perfedavg",
+  **host,
 ) -> FederatedAlgorithm:
   """Per-FedAvg on ``topology`` (default flat).
 
   Args:
-    model, data, schedule: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     alpha: α > 0, the inner (adaptation) rate.
     beta: β > 0, the outer (meta) rate.
     variant: ``"fo"`` or ``"hf"``.
     adapt_seed: seed of the evaluation-time adaptation minibatches (folded with the round).
-    local_optimizer: unused (Per-FedAvg's steps are its own); accepted so that every
-      HierFAVG-based factory takes the same arguments.
-    topology: the tree (``None``: flat).
-    server_optimizers, periods, cohort_size, chunk_size, weighting: as for
-      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
-    init_params, skip_nonfinite, update_paths: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
-    compute_dtype: mixed-precision MAML steps (``None``: the params' dtype).
     name: label for reports.
+    **host: every other argument of :func:`~fedtree.algorithms.hierfavg.hierfavg`;
+      ``local_optimizer`` is not used (Per-FedAvg's steps are its own), ``compute_dtype`` gives
+      mixed-precision MAML steps.
 
   Example:
     One round of Per-FedAvg (α = 0.05, β = 0.1):
@@ -87,15 +62,14 @@ def perfedavg(
     >>> sorted(alg.models(state))
     [...]
   """
-  topology = Topology.flat(data.num_clients) if topology is None else topology
-  inner = with_objective(
-    functools.partial(perfedavg_update, model, alpha=alpha, beta=beta, variant=variant,
-                      compute_dtype=compute_dtype),
-    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, topology=topology,
-    server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
-    chunk_size=chunk_size, weighting=weighting, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
-  )
+
+  def objective(s: LocalSetup):
+    return perfedavg_update(s.model, alpha=alpha, beta=beta, variant=variant, batch_size=s.batch_size,
+                            max_steps=s.max_steps, compute_dtype=s.compute_dtype)
+
+  inner = on_host(host, client_update=objective, name=name)
+  model, data, schedule = host["model"], host["data"], host["schedule"]
+  topology = host.get("topology") or Topology.flat(data.num_clients)
   adapt = make_finetuner(model, LocalSchedule(batch_size=schedule.batch_size, epochs=None, steps=1),
                          max_train=data.max_train, evaluate=False)
   leaf_parent = jnp.asarray(topology.ancestor(topology.depth - 1), jnp.int32)

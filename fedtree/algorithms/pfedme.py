@@ -13,63 +13,38 @@ models and ``personal``.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
-from typing import Any
-
 import optax
 
-from fedtree.algorithms.hierfavg import with_objective
-from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.algorithms.hierfavg import hierfavg_method, on_host
+from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_positive
-from fedtree.core.data import FederatedData
-from fedtree.core.local import LocalSchedule
-from fedtree.core.model import Model
-from fedtree.core.topology import Topology
-from fedtree.core.updates import UpdatePath
 from fedtree.objectives.moreau import pfedme_update
 
 
+@hierfavg_method()
 def pfedme(
   *,
-  model: Model,
-  data: FederatedData,
-  schedule: LocalSchedule,
   lam: float,
   inner_steps: int,
   personal_lr: float,
   learning_rate: float,
   beta: float = 1.0,
-  local_optimizer: optax.GradientTransformation | None = None,
-  topology: Topology | None = None,
-  server_optimizers: optax.GradientTransformation | Sequence[optax.GradientTransformation] | None = None,
-  periods: int | Sequence[int] | None = None,
-  cohort_size: int | Sequence[int] | None = None,
-  chunk_size: int | str | None = "auto",
-  weighting: str = "examples",
-  compute_dtype: str | None = None,
-  init_params: Any = None,
-  skip_nonfinite: bool = False,
-  update_paths: UpdatePath | dict[int, UpdatePath] | None = None,
   name: str = "pfedme",
+  **host,
 ) -> FederatedAlgorithm:
   """pFedMe on ``topology`` (default flat).
 
   Args:
-    model, data, schedule: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     lam: λ > 0 of the Moreau envelope.
     inner_steps: K inner steps per local round.
     personal_lr: rate of the inner steps.
     learning_rate: η, the clients' rate of ``w``.
     beta: β > 0, the server's mixing (``β = 1``: FedAvg of the ``w_i``).
-    local_optimizer: unused (pFedMe's steps are its own); accepted so that every
-      HierFAVG-based factory takes the same arguments.
-    topology: the tree (``None``: flat).
-    server_optimizers: override (default FedAvg above, ``sgd(β)`` at the leaf parents).
-    periods, cohort_size, chunk_size, weighting, init_params, skip_nonfinite, update_paths: as for
-      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
-    compute_dtype: mixed-precision inner steps (``None``: the params' dtype).
     name: label for reports.
+    **host: every other argument of :func:`~fedtree.algorithms.hierfavg.hierfavg`;
+      ``server_optimizers`` overrides the default (FedAvg above, ``sgd(β)`` at the leaf parents),
+      ``local_optimizer`` is not used (pFedMe's steps are its own), ``compute_dtype`` gives
+      mixed-precision inner steps.
 
   Example:
     One round of pFedMe (λ = 15, K = 2 inner steps):
@@ -88,14 +63,14 @@ def pfedme(
     [...]
   """
   check_positive(beta=beta)
-  if server_optimizers is None:
+  if host.get("server_optimizers") is None:
+    topology = host.get("topology")
     depth = 1 if topology is None else topology.depth
-    server_optimizers = (optax.sgd(1.0),) * (depth - 1) + (optax.sgd(beta),)
-  return with_objective(
-    functools.partial(pfedme_update, model, lam=lam, inner_steps=inner_steps, personal_lr=personal_lr,
-                      learning_rate=learning_rate, compute_dtype=compute_dtype),
-    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, topology=topology,
-    server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size,
-    chunk_size=chunk_size, weighting=weighting, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
-  )
+    host = {**host, "server_optimizers": (optax.sgd(1.0),) * (depth - 1) + (optax.sgd(beta),)}
+
+  def objective(s: LocalSetup):
+    return pfedme_update(s.model, lam=lam, inner_steps=inner_steps, personal_lr=personal_lr,
+                         learning_rate=learning_rate, batch_size=s.batch_size, max_steps=s.max_steps,
+                         compute_dtype=s.compute_dtype)
+
+  return on_host(host, client_update=objective, name=name)

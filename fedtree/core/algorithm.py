@@ -19,7 +19,14 @@ import optax
 from flax import struct
 
 from fedtree.core.data import FederatedData, check_model_outputs
-from fedtree.core.local import ClientUpdate, LocalSchedule, check_client_update, sgd_client_update, stack
+from fedtree.core.local import (
+  ClientUpdate,
+  LocalSchedule,
+  check_client_update,
+  check_model_state,
+  sgd_client_update,
+  stack,
+)
 from fedtree.core.model import Model
 from fedtree.core.topology import Topology
 from fedtree.core.updates import PathState
@@ -164,6 +171,10 @@ class TreeState:
       path it aggregates its children through (``()`` entries hold nothing: no path).
     clock: ``float32[]`` simulated seconds since the start (:mod:`fedtree.core.systems`; ``()``
       without a systems model).
+    server_state: the state of the clients' parents' server rule (:mod:`fedtree.core.server_rule`:
+      SCAFFOLD's control variates, FedDyn's ``h``), ``[N, ...]``; ``()`` without a rule.
+    personal: every client's personal parameters (:mod:`fedtree.core.personal`), a tuple of the
+      personal leaves in leaf order, each ``[C, ...]``; ``()`` without personal parameters.
   """
 
   round: jax.Array
@@ -173,6 +184,8 @@ class TreeState:
   cursor: Any = ()
   update_state: tuple = ()
   clock: Any = ()
+  server_state: Any = ()
+  personal: Any = ()
 
   def row_names(self) -> TreeState:
     """Rows of every part: server level ``l``'s nodes, the clients (:class:`RowName`)."""
@@ -183,7 +196,8 @@ class TreeState:
                      client_state=CLIENT_ROWS, cursor=CLIENT_ROWS,
                      update_state=tuple(path_rows(st, CLIENT_ROWS if lv == depth - 1 else node_rows(lv + 1),
                                                   node_rows(lv)) for lv, st in enumerate(self.update_state)),
-                     clock=UNNAMED if isinstance(self.clock, jax.Array) else self.clock)
+                     clock=UNNAMED if isinstance(self.clock, jax.Array) else self.clock,
+                     server_state=node_rows(depth - 1), personal=CLIENT_ROWS)
 
 
 def per_level(value, depth: int, name: str) -> tuple:
@@ -200,26 +214,55 @@ def broadcast_tree(init_params: PyTree, topology: Topology) -> tuple:
   return tuple(stack(init_params, topology.num_nodes(lv)) for lv in range(topology.depth))
 
 
+class LocalSetup(NamedTuple):
+  """What a host builds a local objective from (an objective factory given to
+  :func:`local_training` receives it): the model, the local optimizer (``None`` when the host was
+  given none), the schedule's batch size and static step count on the data, and the run's
+  ``compute_dtype``."""
+
+  model: Model
+  optimizer: optax.GradientTransformation | None
+  batch_size: int
+  max_steps: int
+  compute_dtype: str | None = None
+
+
+ObjectiveFactory = Callable[[LocalSetup], ClientUpdate]
+"""A local objective not built yet: ``factory(setup) -> ClientUpdate`` (e.g. FedProx's, given ``μ``)."""
+
+
 def local_training(
-  client_update: ClientUpdate | None, model: Model, local_optimizer: optax.GradientTransformation,
-  schedule: LocalSchedule, data: FederatedData, *, compute_dtype=None, stateless_for: str | None = None,
+  client_update: ClientUpdate | ObjectiveFactory | None, model: Model,
+  local_optimizer: optax.GradientTransformation | None, schedule: LocalSchedule, data: FederatedData, *,
+  compute_dtype=None, stateless_for: str | None = None, name: str = "the algorithm",
 ) -> ClientUpdate:
   """``client_update``, or by default plain SGD local training for ``schedule`` on ``data``
   (mixed precision in ``compute_dtype`` when given).
 
-  ``compute_dtype`` configures the default update only: an explicit ``client_update`` with a
-  ``compute_dtype`` is refused (build the objective with its own ``compute_dtype``). With
-  ``stateless_for`` (the algorithm's name), an update that keeps per-client state is
-  refused: in those algorithms clients hold nothing but the model they receive. A model whose
-  number of outputs differs from the data's classes is refused here, before anything compiles
-  (:func:`fedtree.core.data.check_model_outputs`).
+  ``client_update`` may be an :data:`ObjectiveFactory`: it is then built here from the
+  :class:`LocalSetup` (the model, ``local_optimizer``, the schedule's batch size and step count,
+  ``compute_dtype``). ``compute_dtype`` otherwise configures the default update only: an explicit
+  ``client_update`` with a ``compute_dtype`` is refused (build the objective with its own
+  ``compute_dtype``). With ``stateless_for`` (the algorithm's name), an update that keeps
+  per-client state is refused: in those algorithms clients hold nothing but the model they
+  receive. A model whose number of outputs differs from the data's classes is refused here,
+  before anything compiles (:func:`fedtree.core.data.check_model_outputs`), and so is a model with
+  state (BatchNorm statistics) under an update that does not train it
+  (:func:`fedtree.core.local.check_model_state`).
   """
   check_model_outputs(model, data)
+  setup = LocalSetup(model=model, optimizer=local_optimizer, batch_size=schedule.batch_size,
+                     max_steps=schedule.max_steps(data.max_train), compute_dtype=compute_dtype)
   if client_update is None:
+    if local_optimizer is None:
+      raise ValueError(f"{name}: local_optimizer=None, but the default local training needs one (or give a "
+                       f"client_update)")
     client_update = sgd_client_update(
-      model, local_optimizer, batch_size=schedule.batch_size,
-      max_steps=schedule.max_steps(data.max_train), compute_dtype=compute_dtype,
+      model, local_optimizer, batch_size=setup.batch_size, max_steps=setup.max_steps,
+      compute_dtype=compute_dtype,
     )
+  elif not isinstance(client_update, ClientUpdate):
+    client_update = client_update(setup)
   elif compute_dtype is not None:
     raise ValueError(
       f"compute_dtype={compute_dtype!r} configures the default local training; with an explicit "
@@ -227,7 +270,7 @@ def local_training(
     )
   if stateless_for is not None:
     check_client_update(client_update, stateless_for, own_model=False, stateless=True)
-  return client_update
+  return check_model_state(client_update, model, stateless_for or name)
 
 
 def initial_params(model: Model, key: jax.Array, init_params: PyTree | None) -> PyTree:

@@ -40,7 +40,7 @@ import optax
 from flax import struct
 
 from fedtree.core.checks import check_nonnegative
-from fedtree.core.model import Model, masked_cross_entropy
+from fedtree.core.model import Model, forward_train, masked_cross_entropy, take_state, zero_state
 
 PyTree = Any
 
@@ -275,9 +275,16 @@ class SGDCarry:
 
 
 def data_loss(model: Model, params: PyTree, batch: Batch, rng: jax.Array) -> jax.Array:
-  """Masked cross-entropy of ``model`` on ``batch`` (training mode: dropout on)."""
-  logits = model.apply(params, batch.x, train=True, rng=rng)
-  return masked_cross_entropy(logits, batch.y, batch.mask)
+  """Masked cross-entropy of ``model`` on ``batch`` (training mode: dropout on; a model with state
+  computes its statistics on the batch's real rows, :func:`fedtree.core.model.forward_train`)."""
+  return train_loss(model, params, batch, rng)[0]
+
+
+def train_loss(model: Model, params: PyTree, batch: Batch, rng: jax.Array) -> tuple[jax.Array, PyTree]:
+  """``(loss, params')``: :func:`data_loss` and ``params`` with the model's non-trainable
+  collections updated from the batch's real rows (a model without state: ``params``)."""
+  logits, updated = forward_train(model, params, batch.x, rng=rng, mask=batch.mask)
+  return masked_cross_entropy(logits, batch.y, batch.mask), updated
 
 
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
@@ -305,17 +312,28 @@ def cast_floating(tree: PyTree, dtype) -> PyTree:
 def make_data_loss(model: Model, compute_dtype=None) -> Callable[[PyTree, Batch, jax.Array], jax.Array]:
   """``loss(params, batch, rng)``: :func:`data_loss`, in ``compute_dtype`` when given.
 
-  With ``compute_dtype`` (e.g. ``"bfloat16"``) the forward and backward passes run on params
-  and inputs cast to that dtype while the loss (and so every gradient taken through the
-  cast) stays in the params' dtype: the mixed precision every objective shares.
+  With ``compute_dtype`` (e.g. ``"bfloat16"``) the forward and backward passes run on params and
+  inputs cast to that dtype while the loss (and so every gradient taken through the cast) stays
+  in the params' dtype: the mixed precision every objective shares.
   """
+  loss = make_train_loss(model, compute_dtype)
+  return lambda params, batch, rng: loss(params, batch, rng)[0]
+
+
+def make_train_loss(model: Model, compute_dtype=None) -> Callable[[PyTree, Batch, jax.Array],
+                                                                   tuple[jax.Array, PyTree]]:
+  """``loss(params, batch, rng) -> (loss, params')``: :func:`train_loss` (the loss and the model's
+  updated statistics), in ``compute_dtype`` when given (see :func:`make_data_loss`; updated
+  statistics come back in the params' dtypes)."""
   dtype = check_compute_dtype(compute_dtype)
   if dtype is None:
-    return lambda params, batch, rng: data_loss(model, params, batch, rng)
+    return lambda params, batch, rng: train_loss(model, params, batch, rng)
 
   def loss(params, batch: Batch, rng):
     low = batch._replace(x=cast_floating(batch.x, dtype))
-    return data_loss(model, cast_floating(params, dtype), low, rng).astype(jnp.float32)
+    value, updated = train_loss(model, cast_floating(params, dtype), low, rng)
+    updated = jax.tree.map(lambda u, p: u.astype(jnp.result_type(p)), updated, params)
+    return value.astype(jnp.float32), updated
 
   return loss
 
@@ -326,23 +344,25 @@ def make_sgd_step(
 ) -> StepFn:
   """A step of ``optimizer`` on ``loss(params) + regularizer(params, anchor)``.
 
-  The returned loss is the data loss alone (what users compare across methods). With
+  The returned loss is the data loss alone (what users compare across methods). A model with
+  state (BatchNorm) takes its statistics from the step's forward pass on the batch's real rows,
+  never from a gradient (:func:`fedtree.core.model.zero_state`). With
   ``compute_dtype`` (e.g. ``"bfloat16"``) the forward and backward passes run on params and
   inputs cast to that dtype, while the carried params, the optimizer state, the gradients
   the optimizer sees and the loss stay in the params' dtype (mixed precision; the cast's
   gradient brings the update back to float32).
   """
-  loss_fn = make_data_loss(model, compute_dtype)
+  loss_fn = make_train_loss(model, compute_dtype)
 
   def objective(params, anchor, batch, rng):
-    loss = loss_fn(params, batch, rng)
+    loss, updated = loss_fn(params, batch, rng)
     total = loss if regularizer is None else loss + regularizer(params, anchor)
-    return total, loss
+    return total, (loss, updated)
 
   def step(carry: SGDCarry, batch: Batch, rng: jax.Array):
-    grads, loss = jax.grad(objective, has_aux=True)(carry.params, carry.anchor, batch, rng)
-    updates, opt_state = optimizer.update(grads, carry.opt_state, carry.params)
-    params = optax.apply_updates(carry.params, updates)
+    grads, (loss, updated) = jax.grad(objective, has_aux=True)(carry.params, carry.anchor, batch, rng)
+    updates, opt_state = optimizer.update(zero_state(model, grads), carry.opt_state, carry.params)
+    params = take_state(model, optax.apply_updates(carry.params, updates), updated)
     return dataclasses.replace(carry, params=params, opt_state=opt_state), loss
 
   return step
@@ -359,7 +379,68 @@ def proximal(mu: float) -> Regularizer:
   return reg
 
 
+def linear() -> Regularizer:
+  """The linear term ``⟨v, θ⟩`` with ``v`` the anchor's slot (a constant of the step, e.g.
+  SCAFFOLD's correction ``c − c_i`` or FedDyn's ``−∇L_i(θ_i)``): its gradient adds ``v`` to the
+  data gradient."""
+
+  def reg(params, v):
+    terms = jax.tree.map(lambda p, c: jnp.sum(p * jax.lax.stop_gradient(c).astype(p.dtype)), params, v)
+    return sum(jax.tree.leaves(terms))
+
+  return reg
+
+
+def full_gradient(model: Model, params: PyTree, data: ClientData, *, batch_size: int,
+                  compute_dtype=None) -> PyTree:
+  """``∇f_i(params)``: the gradient of the client's mean loss over all its ``n`` examples (a pass
+  over its data in minibatches of ``batch_size``, in stored order; 0 for a client with none). The
+  model's non-trainable collections get no gradient; training mode (dropout on, batch statistics)
+  as a local step sees the model."""
+  loss_fn = make_data_loss(model, compute_dtype)
+  data = data._replace(cursor=0, shuffle=False)
+  batches = jnp.maximum(steps_per_epoch(data.n, batch_size), 0)
+  key = jax.random.key(0)
+
+  def body(state):
+    t, acc = state
+    batch = batch_at(key, data, t, batch_size)
+    g = jax.grad(loss_fn)(params, batch, jax.random.fold_in(key, t))
+    count = jnp.sum(batch.mask).astype(jnp.float32)
+    return t + 1, jax.tree.map(lambda a, x: a + x * count.astype(x.dtype), acc, g)
+
+  zero = jax.tree.map(jnp.zeros_like, params)
+  _, total = jax.lax.while_loop(lambda st: st[0] < batches, body, (jnp.zeros((), jnp.int32), zero))
+  n = jnp.maximum(data.n, 1).astype(jnp.float32)
+  return zero_state(model, jax.tree.map(lambda g: g / n.astype(g.dtype), total))
+
+
 # ------------------------------------------------------------------------ client updates
+class ClientRound(NamedTuple):
+  """What a client is told in a round besides its parent's model (one client: vmapped over a
+  chunk by :func:`fedtree.core.tier.train_cohort`), for a :class:`ClientUpdate` that
+  ``takes_round``.
+
+  Attributes:
+    client: ``int32[]`` the client's index.
+    parent: ``int32[]`` its parent's index.
+    broadcast: what its parent sends beside the model (its row of the server rule's
+      :attr:`~fedtree.core.server_rule.ServerRule.send`, e.g. SCAFFOLD's control variate ``c``;
+      ``()`` when the parent keeps nothing more).
+    fraction: ``[]`` the fraction of its parent's clients sampled this round (``|S| / N``).
+    weight: ``[]`` its aggregation weight.
+    learning_rate: the local learning rate when the host knows it (a float, or a traced scalar in
+      a sweep), else ``None``.
+  """
+
+  client: jax.Array
+  parent: jax.Array
+  broadcast: PyTree
+  fraction: jax.Array
+  weight: jax.Array
+  learning_rate: Any = None
+
+
 class ClientUpdate(NamedTuple):
   """What one client does in a round, vmapped over a cohort by :mod:`fedtree.core.tier`,
   and the contract it offers the algorithm that runs it.
@@ -370,6 +451,13 @@ class ClientUpdate(NamedTuple):
   ``init_state(init_params, num_clients) -> state [C, ...]`` builds the stacked persistent
   state of every client (``None``: stateless, the state is ``()``).
 
+  With ``takes_round``, ``apply(anchor, state, data, num_steps, key, round) -> (params, state,
+  loss, message)``: ``round`` is a :class:`ClientRound` (the client's index, what its parent
+  broadcasts beside the model, the sampled fraction, its weight, the learning rate) and
+  ``message`` what the client sends up beside its model (a pytree, ``()`` for nothing), summed
+  over each parent's reporting clients and handed to the parent's server rule
+  (:mod:`fedtree.core.server_rule`; SCAFFOLD's variate change, FedNova's step count).
+
   The contract (checked by the algorithms at construction, :func:`check_client_update`):
 
   * ``starts_from_own_model``: the persistent state *is* the client's own model (a params
@@ -378,12 +466,37 @@ class ClientUpdate(NamedTuple):
     algorithms whose clients hold nothing but the model they receive refuse it.
   * ``personal_models``: ``state [C, ...] -> params [C, ...]``, the personal models the
     objective adds to the algorithm's ``models()`` (as ``"personal"``; ``None``: none).
+  * ``model_state``: it trains a model with state (BatchNorm statistics) correctly, taking the
+    statistics from its forward passes (:func:`make_sgd_step`); a host refuses a model with state
+    under an update that does not declare it (:func:`check_model_state`).
   """
 
-  apply: Callable[..., tuple[PyTree, PyTree, jax.Array]]
+  apply: Callable[..., tuple]
   init_state: Callable[[PyTree, int], PyTree] | None = None
   starts_from_own_model: bool = False
   personal_models: Callable[[PyTree], PyTree] | None = None
+  takes_round: bool = False
+  model_state: bool = False
+
+
+def run_update(update: ClientUpdate, anchor, state, data, num_steps, key, round: ClientRound):
+  """``(params, state, loss, message)`` of one client: ``update.apply`` with its round when it
+  ``takes_round``, else with no message (``()``)."""
+  if update.takes_round:
+    return update.apply(anchor, state, data, num_steps, key, round)
+  params, state, loss = update.apply(anchor, state, data, num_steps, key)
+  return params, state, loss, ()
+
+
+def check_model_state(update: ClientUpdate, model: Model, algorithm: str) -> ClientUpdate:
+  """``update`` unless ``model`` has state (BatchNorm statistics) that ``update`` does not
+  train (:attr:`ClientUpdate.model_state`), else a ``ValueError`` naming both."""
+  if model.state and not update.model_state:
+    raise ValueError(
+      f"{algorithm}: the model keeps state {list(model.state)} (BatchNorm statistics) that this local "
+      f"objective does not update; use plain local training, FedProx or Ditto (their steps update "
+      f"the statistics), or a model without BatchNorm (e.g. GroupNorm)")
+  return update
 
 
 def stack(params: PyTree, n: int) -> PyTree:
@@ -457,6 +570,6 @@ def sgd_client_update(
     return carry.params, (carry.params if persistent else state), loss
 
   if not persistent:
-    return ClientUpdate(apply=apply)
+    return ClientUpdate(apply=apply, model_state=True)
   return ClientUpdate(apply=apply, init_state=stack, starts_from_own_model=True,
-                      personal_models=lambda state: state)
+                      personal_models=lambda state: state, model_state=True)

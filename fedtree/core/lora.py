@@ -54,7 +54,7 @@ from flax import struct
 
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.metrics import make_evaluator
-from fedtree.core.model import Model
+from fedtree.core.model import Model, param_paths  # noqa: F401  (re-exported: the adapters' paths)
 
 PyTree = Any
 
@@ -115,12 +115,6 @@ def lora(*, rank: int = 8, alpha: float = 16.0, targets: str | Sequence[str] = D
 
 
 # ------------------------------------------------------------------------ paths and targets
-def param_paths(params: PyTree) -> list[str]:
-  """The ``/``-joined path of every leaf of ``params`` (``attn0/query/kernel``)."""
-  return [jax.tree_util.keystr(p, simple=True, separator="/")
-          for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-
-
 def _is_kernel(leaf) -> bool:
   return len(np.shape(leaf)) >= 2 and jnp.issubdtype(jnp.result_type(leaf), jnp.floating)
 
@@ -283,8 +277,12 @@ def adapted_model(model: Model, spec: LoRA, base: PyTree) -> Model:
   the program.
 
   Raises:
-    ValueError: as :func:`lora_targets` (checked now, before anything compiles).
+    ValueError: as :func:`lora_targets` (checked now, before anything compiles), or a model with
+      state (BatchNorm statistics: adapters on such a model are not supported).
   """
+  if model.state:
+    raise ValueError(f"LoRA adapters on a model with state {list(model.state)} (BatchNorm statistics) are "
+                     f"not supported: train the full model, or use a model without BatchNorm")
   lora_targets(spec, base)
   plans: dict[tuple, dict[str, int]] = {}    # input shape -> factored kernels; host-side, per trace
 

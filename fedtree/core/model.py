@@ -3,10 +3,21 @@
 A :class:`Model` is ``init(key) -> params`` plus ``apply(params, x, *, train, rng) -> logits``:
 pure functions, so a whole tier of clients is ``vmap(apply)`` over stacked params. Any flax
 module becomes one with :func:`from_flax`; the architectures live in :mod:`fedtree.models`.
+
+**Models with state.** A model may carry non-trainable collections beside its parameters (flax
+``batch_stats`` of BatchNorm layers: :attr:`Model.state`). Its ``params`` pytree is then flax's
+whole variables dict ``{"params": ..., "batch_stats": ...}``, stacked per client and per node like
+any parameters (so statistics are aggregated, or kept personal, by the same rules as weights:
+:mod:`fedtree.core.personal`). Training calls :func:`forward_train`, which runs the model in
+training mode on the real rows of a batch (its mask: padding never enters a statistic) and
+returns the updated collections; gradients never touch them (:func:`zero_state`); evaluation
+(``apply(train=False)``) uses the statistics the model was trained with. A model without state
+is unchanged (its ``params`` are the ``"params"`` collection alone).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -23,6 +34,12 @@ class Model(NamedTuple):
   ``input_dtype`` is the dtype of ``x`` (``"int32"`` for token ids) and ``label_shape`` the
   shape of one example's label: ``()`` for a classifier, ``(T,)`` for a language model whose
   label is the next token at every position (see :func:`token_mask`).
+
+  ``state`` names the non-trainable collections the params carry (``("batch_stats",)`` for a
+  BatchNorm model; ``()``: none, the params are the trainable parameters alone), and
+  ``apply_train(params, x, *, rng, mask) -> (logits, updates)`` runs such a model in training
+  mode on the rows of ``mask`` and returns ``{collection: new value}`` (see the module
+  docstring; :func:`forward_train` is what training calls).
   """
 
   init: Callable[[jax.Array], Params]
@@ -30,20 +47,99 @@ class Model(NamedTuple):
   num_classes: int
   input_dtype: str = "float32"
   label_shape: tuple[int, ...] = ()
+  state: tuple[str, ...] = ()
+  apply_train: Callable[..., tuple[jax.Array, dict]] | None = None
+
+
+def _takes_mask(module: nn.Module) -> bool:
+  return "mask" in inspect.signature(type(module).__call__).parameters
 
 
 def from_flax(module: nn.Module, example_shape: Sequence[int], num_classes: int) -> Model:
-  """Wraps a flax module taking ``[B, *example_shape]`` into a :class:`Model`."""
+  """Wraps a flax module taking ``[B, *example_shape]`` into a :class:`Model`.
+
+  A module whose variables hold collections beside ``"params"`` (``batch_stats``) becomes a model
+  with state (:attr:`Model.state`): its ``__call__`` must take ``mask`` (``bool[B]``, the real rows
+  of a padded batch) and pass it to every ``nn.BatchNorm`` (``BatchNorm(...)(x, mask=...)``), so
+  that padding never enters a statistic.
+
+  Raises:
+    ValueError: a module with state whose ``__call__`` takes no ``mask``.
+  """
   example_shape = tuple(int(s) for s in example_shape)
+  example = jnp.zeros((1,) + example_shape, jnp.float32)
+  shapes = jax.eval_shape(lambda k: module.init(k, example, train=False), jax.random.key(0))
+  state = tuple(sorted(k for k in shapes if k != "params"))
+  takes_mask = _takes_mask(module)
 
-  def init(key):
-    return module.init(key, jnp.zeros((1,) + example_shape, jnp.float32), train=False)["params"]
+  def rngs(train, rng):
+    return {"dropout": rng} if (train and rng is not None) else None
 
-  def apply(params, x, *, train: bool = False, rng: jax.Array | None = None):
-    rngs = {"dropout": rng} if (train and rng is not None) else None
-    return module.apply({"params": params}, x, train=train, rngs=rngs)
+  if not state:
+    def init(key):
+      return module.init(key, example, train=False)["params"]
 
-  return Model(init=init, apply=apply, num_classes=int(num_classes))
+    def apply(params, x, *, train: bool = False, rng: jax.Array | None = None):
+      return module.apply({"params": params}, x, train=train, rngs=rngs(train, rng))
+
+    return Model(init=init, apply=apply, num_classes=int(num_classes))
+
+  if not takes_mask:
+    raise ValueError(
+      f"{type(module).__name__} keeps state {list(state)} (e.g. BatchNorm statistics), so its __call__ must "
+      f"take mask= (bool[B], the real rows of a padded batch) and pass it to every BatchNorm; otherwise "
+      f"padding rows would enter the statistics")
+
+  def init_state(key):
+    return dict(module.init(key, example, train=False))
+
+  def apply_state(params, x, *, train: bool = False, rng: jax.Array | None = None, mask=None):
+    if not train:
+      return module.apply(params, x, train=False)
+    logits, _ = module.apply(params, x, train=True, mask=mask, rngs=rngs(train, rng), mutable=list(state))
+    return logits
+
+  def apply_train(params, x, *, rng: jax.Array | None = None, mask=None):
+    logits, updates = module.apply(params, x, train=True, mask=mask, rngs=rngs(True, rng),
+                                   mutable=list(state))
+    return logits, dict(updates)
+
+  return Model(init=init_state, apply=apply_state, num_classes=int(num_classes), state=state,
+               apply_train=apply_train)
+
+
+def forward_train(model: Model, params: Params, x: jax.Array, *, rng: jax.Array | None,
+                  mask: jax.Array) -> tuple[jax.Array, Params]:
+  """Logits of ``model`` in training mode and its params with the non-trainable collections
+  updated from the rows of ``mask`` (a model without state: ``params`` unchanged)."""
+  if not model.state:
+    return model.apply(params, x, train=True, rng=rng), params
+  assert model.apply_train is not None
+  logits, updates = model.apply_train(params, x, rng=rng, mask=mask)
+  return logits, {**params, **updates}
+
+
+def zero_state(model: Model, grads: Params) -> Params:
+  """``grads`` with the model's non-trainable collections zeroed (no gradient step moves a
+  statistic; :func:`forward_train` sets them)."""
+  if not model.state:
+    return grads
+  return {k: jax.tree.map(jnp.zeros_like, v) if k in model.state else v for k, v in grads.items()}
+
+
+def take_state(model: Model, params: Params, updated: Params) -> Params:
+  """``params`` with the non-trainable collections of ``updated`` (what :func:`forward_train`
+  computed)."""
+  if not model.state:
+    return params
+  return {k: updated[k] if k in model.state else v for k, v in params.items()}
+
+
+def param_paths(params: Params) -> list[str]:
+  """The ``"a/b/kernel"`` path of every leaf of ``params``, in ``jax.tree.leaves`` order (what
+  path patterns, such as LoRA targets or personal parameters, are matched against)."""
+  return [jax.tree_util.keystr(p, simple=True, separator="/")
+          for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
 
 
 PAD_ID = 0  # the padding token of sequence labels (fedtree.datasets.text reserves it)

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from fedtree.core.algorithm import UNNAMED, FederatedAlgorithm, NodeModels, RowName, row_names_of
@@ -47,7 +48,8 @@ class SweepState:
     round: ``int32[]`` rounds completed (the same for every experiment).
     inner: the algorithm's state with a leading experiment axis ``[E, ...]`` on every leaf.
     keys: ``uint32[E, 2]`` every experiment's root key (key data of ``jax.random.key(seed)``).
-    hparams: ``{name: float32[E]}`` every experiment's swept values.
+    hparams: ``{name: float[E]}`` every experiment's swept values, in the run's float dtype (float64
+      under ``jax_enable_x64``, ``--config.dtype=float64``; else float32).
   """
 
   round: jax.Array
@@ -113,7 +115,8 @@ def sweep(
 
   def init(_key) -> SweepState:
     key_data = jnp.stack([jax.random.key_data(jax.random.key(s)) for s in seeds])
-    hp = {p: jnp.asarray(v, jnp.float32) for p, v in host.items()}
+    # the run's float dtype: float64 under --config.dtype=float64 (x64), else float32
+    hp = {p: jnp.asarray(v, jax.dtypes.canonicalize_dtype(np.float64)) for p, v in host.items()}
     inner = _jitted_init(build, explain)(hp, key_data)
     return SweepState(round=jnp.zeros((), jnp.int32), inner=inner, keys=key_data, hparams=hp)
 

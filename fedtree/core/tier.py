@@ -26,7 +26,15 @@ from jax.sharding import PartitionSpec as P
 
 from fedtree.core.aggregation import divide_by_weight, weighted_segment_sum
 from fedtree.core.data import FederatedData
-from fedtree.core.local import ClientData, ClientUpdate, advance_cursor, check_batch_order
+from fedtree.core.local import (
+  ClientData,
+  ClientRound,
+  ClientUpdate,
+  advance_cursor,
+  check_batch_order,
+  run_update,
+)
+from fedtree.core.personal import fill, merge, personal_part, shared_part
 from fedtree.core.rng import stream
 from fedtree.core.sampling import Cohort
 from fedtree.core.sharding import CLIENT_AXIS, constrain_clients, mesh_size
@@ -71,6 +79,11 @@ class TierResult(NamedTuple):
     path_state: the :class:`~fedtree.core.updates.PathState` of the update path, updated.
     update_stats: the round metrics of the update path's stages
       (:func:`fedtree.core.updates.path_metrics`; ``{}`` without a path).
+    message_sum: ``[P, ...]`` the sum of the reporting clients' messages per parent (``()`` when
+      the update sends none; :class:`~fedtree.core.local.ClientUpdate` ``takes_round``).
+    sampled: ``[P]`` the clients sampled under every parent (valid slots).
+    personal_params: ``[C, ...]`` the clients' personal parameters (``None`` at the shared
+      leaves), updated where clients trained; ``None`` without personal parameters.
   """
 
   delta_sum: PyTree
@@ -85,6 +98,9 @@ class TierResult(NamedTuple):
   reported: jax.Array | None = None
   path_state: PathState = PathState()
   update_stats: dict[str, jax.Array] = {}
+  message_sum: PyTree = ()
+  sampled: jax.Array | None = None
+  personal_params: PyTree = None
 
   def pseudo_gradient(self) -> PyTree:
     """The mean pseudo-gradient ``Θ - Σ p_i θ_i`` of every parent (0 where none reported)."""
@@ -127,6 +143,8 @@ class _Carry(NamedTuple):
   block_weight: PyTree      # [P, K] their weights, else ()
   block_valid: PyTree       # bool[P, K], else ()
   block_clients: PyTree     # int32[P, K] the client in each slot (-1: empty), else ()
+  message_sum: PyTree       # [P, ...] the reporting clients' messages summed per parent, else ()
+  personal: PyTree          # [C, ...] personal parameters (None at shared leaves), else None
 
 
 def _rows(mask: jax.Array, tree: PyTree) -> PyTree:
@@ -135,7 +153,8 @@ def _rows(mask: jax.Array, tree: PyTree) -> PyTree:
 
 
 def nonfinite_slots(delta: PyTree, loss: jax.Array) -> jax.Array:
-  """``bool[K]``: the slots whose loss and every entry of whose update are finite."""
+  """``bool[K]``: the slots whose loss and every entry of whose update (any pytree of ``[K, ...]``
+  leaves) are finite."""
   ok = jnp.isfinite(loss)
   for d in jax.tree.leaves(delta):
     ok = ok & jnp.isfinite(d).reshape(loss.shape[0], -1).all(axis=1)
@@ -144,6 +163,29 @@ def nonfinite_slots(delta: PyTree, loss: jax.Array) -> jax.Array:
 
 def _take(tree: PyTree, idx: jax.Array) -> PyTree:
   return jax.tree.map(lambda a: jnp.take(a, idx, axis=0), tree)
+
+
+def _row(tree: PyTree) -> PyTree:
+  """One row of stacked ``[N, ...]`` leaves, abstract."""
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), tree)
+
+
+def message_shape(update: ClientUpdate, parent_params, client_state, data: FederatedData, broadcast,
+                   learning_rate, key) -> PyTree:
+  """The abstract shape of what one client sends beside its model (``()`` for none), from an
+  abstract trace of one slot."""
+  if not update.takes_round:
+    return ()
+  scalar: Any = jax.ShapeDtypeStruct((), jnp.int32)   # abstract values stand in for the arrays
+  x: Any = data.x_train if data.ragged else _row(data.x_train)
+  y: Any = data.y_train if data.ragged else _row(data.y_train)
+  cd = ClientData(x=x, y=y, n=scalar, cursor=scalar, offset=scalar if data.ragged else None)
+  fdtype = jnp.result_type(jnp.float32, *jax.tree.leaves(parent_params))
+  real: Any = jax.ShapeDtypeStruct((), fdtype)
+  rnd = ClientRound(client=scalar, parent=scalar, broadcast=_row(broadcast), fraction=real, weight=real)
+  out = jax.eval_shape(lambda a, st, d, n, k, r: run_update(update, a, st, d, n, k, r._replace(
+    learning_rate=learning_rate)), _row(parent_params), _row(client_state), cd, scalar, key, rnd)
+  return out[3]
 
 
 def train_cohort(
@@ -167,6 +209,11 @@ def train_cohort(
   path: UpdatePath | None = None,
   path_state: PathState | None = None,
   block_size: int | None = None,
+  broadcast: PyTree = (),
+  population: jax.Array | None = None,
+  learning_rate: Any = None,
+  personal: PyTree | None = None,
+  personal_params: PyTree = None,
 ) -> TierResult:
   """Trains every client of ``cohort`` from its parent's model and aggregates per parent.
 
@@ -209,6 +256,18 @@ def train_cohort(
     path_state: the path's state (:func:`fedtree.core.updates.init_path_state`).
     block_size: the largest cohort of a parent (static; ``max(CohortSampler.sizes)``), needed
       by a blockwise aggregator.
+    broadcast: ``[P, ...]`` what every parent sends beside its model (a server rule's, see
+      :mod:`fedtree.core.server_rule`), given to an update that ``takes_round`` as its
+      :attr:`~fedtree.core.local.ClientRound.broadcast`.
+    population: ``[P]`` the clients under every parent, for the round's sampled fraction
+      (:attr:`~fedtree.core.local.ClientRound.fraction`; default: the sampled ones, fraction 1).
+    learning_rate: the local learning rate an update that ``takes_round`` is told (or ``None``).
+    personal: a pytree of bools shaped as the model, true at the leaves personal to each client
+      (:mod:`fedtree.core.personal`): a client starts from its own ``personal_params`` there and
+      from its parent's model elsewhere, keeps what it trained there, and sends (and its parent
+      aggregates, through ``path``) the shared leaves only; the pseudo-gradient is 0 at the
+      personal leaves. ``None``: every leaf shared, as before.
+    personal_params: ``[C, ...]`` every client's personal leaves (``None`` at the shared ones).
 
   Example:
     Root -> 2 edges -> 5 clients; every client trains 2 steps of SGD from its edge's model
@@ -286,6 +345,14 @@ def train_cohort(
   else:
     slot_pos = jnp.zeros((k // chunk, chunk), jnp.int32)
   update_key = stream(key, "update")
+  has_personal = personal is not None and any(jax.tree.leaves(personal))
+  shared = (lambda t: shared_part(t, personal)) if has_personal else (lambda t: t)
+  sent_template = shared(parent_params)   # what a child sends up: the shared leaves
+  sampled = jax.ops.segment_sum(cohort.valid.astype(fdtype), cohort.parent, num_segments=num_parents)
+  fraction = sampled / (sampled if population is None else jnp.asarray(population, fdtype))
+  fraction = jnp.where(sampled > 0, fraction, 0.0)
+  round_axes = ClientRound(client=0, parent=0, broadcast=0, fraction=0, weight=0,  # type: ignore[arg-type]
+                           learning_rate=None)   # vmap's axes of a ClientRound
 
   def body(carry, chunk_slots):   # carry: a _Carry
     ch, ch_steps, ch_pos = chunk_slots
@@ -313,12 +380,16 @@ def train_cohort(
                          y=constrain_clients(jnp.take(data.y_train, ch.clients, axis=0)), **per_client)
       data_axes = 0
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ch.clients)
-    params, new_state, loss = jax.vmap(update.apply, in_axes=(0, 0, data_axes, 0, 0))(
-      start, constrain_clients(_take(carry.client_state, ch.clients)), cdata, ch_steps,
-      keys,
+    w = jnp.where(ch.valid, jnp.take(weights, ch.clients).astype(fdtype), 0.0)
+    if has_personal:   # every client's own personal leaves, the parent's model elsewhere
+      start = constrain_clients(merge(shared(start), _take(carry.personal, ch.clients), personal))
+    rnd = ClientRound(client=ch.clients, parent=ch.parent, broadcast=_take(broadcast, ch.parent),
+                      fraction=jnp.take(fraction, ch.parent), weight=w, learning_rate=learning_rate)
+    params, new_state, loss, message = jax.vmap(
+      lambda *a: run_update(update, *a), in_axes=(0, 0, data_axes, 0, 0, round_axes))(
+      start, constrain_clients(_take(carry.client_state, ch.clients)), cdata, ch_steps, keys, rnd,
     )
     params = constrain_clients(params)
-    w = jnp.where(ch.valid, jnp.take(weights, ch.clients).astype(fdtype), 0.0)
     if anchor_params is parent_params:
       anchor = start
     elif parent_aligned:
@@ -326,9 +397,9 @@ def train_cohort(
                             _take(anchor_params, ch.parent[:1]))
     else:
       anchor = _take(anchor_params, ch.parent)
-    delta = jax.tree.map(jnp.subtract, anchor, params)
+    delta = shared(jax.tree.map(jnp.subtract, anchor, params))   # what the client sends up
     trained = ch.valid
-    ok = nonfinite_slots(delta, loss)
+    ok = nonfinite_slots((delta, message), loss)
     skipped, first_bad = carry.skipped, carry.first_bad
     if skip_nonfinite:
       delta = jax.tree.map(lambda d, m: jnp.where(m, d, 0), delta, _rows(ok, delta))
@@ -354,6 +425,7 @@ def train_cohort(
         jnp.where(trained, jnp.asarray(v, fdtype), 0.0), ch.parent, num_segments=num_parents)
         for n, v in stats.items()}
       if keep_client_params:   # the model each client sent (its own, bitwise, where unchanged)
+        assert not has_personal   # (refused by the hosts that keep client models)
         params = jax.tree.map(lambda p, a, d, r: jnp.where(d == r, p, a - d), params, anchor, delta, raw)
     if blockwise:
       rows = jnp.where(trained, ch.parent, num_parents)   # untrained slots write nowhere
@@ -373,6 +445,11 @@ def train_cohort(
       weight_sum = on_devices(carry.weight_sum + jax.vmap(
         lambda v, i: jax.ops.segment_sum(v, i, num_segments=num_parents)
       )(per_device(w), parent))
+    message_sum = carry.message_sum
+    if jax.tree.leaves(message):   # what the reporting clients sent beside their models, per parent
+      message_sum = jax.tree.map(
+        lambda acc, m, t: acc + jax.ops.segment_sum(jnp.where(t, m, 0), ch.parent, num_segments=num_parents),
+        message_sum, message, _rows(trained, message))
     new = _Carry(
       delta_sum=delta_sum, weight_sum=weight_sum,
       client_state=ch.scatter(carry.client_state, new_state, trained),  # padding/skipped: nowhere
@@ -382,21 +459,24 @@ def train_cohort(
       reported=ch.scatter(carry.reported, True, trained),
       path_client=path_client, stat_sums=stat_sums,
       block=block, block_weight=block_weight, block_valid=block_valid, block_clients=block_clients,
+      message_sum=message_sum,
+      personal=ch.scatter(carry.personal, personal_part(params, personal), trained) if has_personal else None,
     )
     return new, (params if keep_client_params else None)
 
   stat_names: tuple[str, ...] = ()
   if client_tf is not None:   # the statistics' names, from an abstract trace of one slot
-    one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), parent_params)
+    one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), sent_template)
     ctx1 = ClientContext(client=jnp.zeros((), jnp.int32), parent=jnp.zeros((), jnp.int32),
                          weight=jnp.zeros((), fdtype),
                          node_state=jax.tree.map(lambda a: a[0], path_state.node))
     st1 = jax.tree.map(lambda a: a[0], path_state.client)
     _, _, stats1 = jax.eval_shape(client_tf.apply, one, st1, update_key, ctx1)
     stat_names = tuple(stats1)
+  one_message = message_shape(update, parent_params, client_state, data, broadcast, learning_rate, key)
   init = _Carry(
     delta_sum=() if blockwise else on_devices(
-      jax.tree.map(lambda p: jnp.zeros((devices,) + p.shape, p.dtype), parent_params)),
+      jax.tree.map(lambda p: jnp.zeros((devices,) + p.shape, p.dtype), sent_template)),
     weight_sum=() if blockwise else on_devices(jnp.zeros((devices, num_parents), fdtype)),
     client_state=client_state,
     loss_sum=jnp.zeros((), fdtype),
@@ -407,10 +487,12 @@ def train_cohort(
     path_client=path_state.client,
     stat_sums={n: jnp.zeros((num_parents,), fdtype) for n in stat_names},
     block=jax.tree.map(lambda p: jnp.zeros((num_parents, block_size) + p.shape[1:], p.dtype),
-                       parent_params) if blockwise else (),
+                       sent_template) if blockwise else (),
     block_weight=jnp.zeros((num_parents, block_size), fdtype) if blockwise else (),
     block_valid=jnp.zeros((num_parents, block_size), bool) if blockwise else (),
     block_clients=jnp.full((num_parents, block_size), -1, jnp.int32) if blockwise else (),
+    message_sum=jax.tree.map(lambda m: jnp.zeros((num_parents,) + m.shape, m.dtype), one_message),
+    personal=personal_params if has_personal else None,
   )
   out, per_chunk = jax.lax.scan(body, init, (chunks[0], chunks[1], slot_pos))
   agg_stats: Stats = {}
@@ -447,5 +529,8 @@ def train_cohort(
                            jnp.take(data.n_train, cohort.clients), batch_size)
     cursor = cohort.scatter(cursor, moved)
   first_bad = jnp.where(first_bad < num_clients, first_bad, -1).astype(jnp.int32)
+  if has_personal:   # no pseudo-gradient at the personal leaves
+    delta_sum = fill(delta_sum, personal, parent_params)
   return TierResult(delta_sum, weight_sum, state, client_params, loss_sum, count, cursor, skipped,
-                    first_bad, reported, new_path_state, update_stats)
+                    first_bad, reported, new_path_state, update_stats, out.message_sum, sampled,
+                    out.personal if has_personal else None)

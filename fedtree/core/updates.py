@@ -485,6 +485,22 @@ def aggregate_children(
   return divide_by_weight(delta_sum, total), total, state, metrics
 
 
+def blockwise_levels(
+  paths: UpdatePath | Mapping[int, UpdatePath | None] | Sequence[UpdatePath | None] | None,
+) -> list[str]:
+  """The levels of ``paths`` (as :func:`per_level_paths` takes them) whose aggregator is blockwise
+  (a robust one), named for a refusal: ``"the clients' tier"`` for a single path, else the level."""
+  if paths is None:
+    return []
+  if isinstance(paths, UpdatePath):
+    return ["the clients' tier"] if paths.aggregator.blockwise else []
+  if isinstance(paths, Mapping):
+    items: list[tuple[Any, UpdatePath | None]] = list(paths.items())
+  else:
+    items = list(enumerate(paths))  # type: ignore[arg-type]  # a sequence (UpdatePath, a NamedTuple, is handled above)
+  return [str(lv) for lv, p in items if p is not None and p.aggregator.blockwise]
+
+
 def per_level_paths(
   paths: UpdatePath | Mapping[int, UpdatePath | None] | Sequence[UpdatePath | None] | None,
   depth: int,

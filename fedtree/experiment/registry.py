@@ -61,7 +61,7 @@ from fedtree.experiment.spec import AlgorithmSpec, Fields, check_fields, number
 from fedtree.experiment.systems import systems_from_config
 
 RUNNER_FIELDS = ("algorithm", "label", "rounds")
-CONTEXT_PARAMS = ("model", "data", "local_optimizer", "schedule", "name")
+CONTEXT_PARAMS = ("model", "data", "local_optimizer", "schedule", "name", "local_learning_rate")
 NOT_CONFIGURABLE = ("client_update", "init_params")
 """Factory parameters that are not run fields of their own name: ``init_params`` is a path
 that the context loads (:meth:`fedtree.experiment.runner.Context.initial_params`)."""
@@ -114,6 +114,24 @@ def _local_rate(ctx):
   return {"learning_rate": float(ctx.config.local.learning_rate)}
 
 
+def _personal(v, ctx):
+  """``personal: {patterns: [regex, ...], level: None | int}`` (or a pattern list) ->
+  :class:`~fedtree.core.personal.Personal`."""
+  from fedtree.core.personal import personal
+
+  if "personal" not in v or v["personal"] is None:
+    return {}
+  cfg = v["personal"]
+  cfg = cfg.to_dict() if hasattr(cfg, "to_dict") else cfg
+  if isinstance(cfg, (str, list, tuple)):
+    cfg = {"patterns": cfg}
+  check_fields("personal", list(cfg), ("patterns", "level"))
+  if "patterns" not in cfg:
+    raise ValueError("personal needs patterns: a regex or a list of them, matched against the parameters' "
+                     "paths (e.g. ['Dense_1'] or ['.*BatchNorm.*'])")
+  return {"personal": personal(cfg["patterns"], level=cfg.get("level"))}
+
+
 # ------------------------------------------------------------------------ the registry
 SPECS: Mapping[str, AlgorithmSpec] = {
   "fedavg": AlgorithmSpec(algorithms.fedavg),
@@ -132,6 +150,7 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "ifca": AlgorithmSpec(algorithms.ifca),
   "awcfl": AlgorithmSpec(algorithms.awcfl),
   "mcfl": AlgorithmSpec(algorithms.mcfl),
+  "scaffold": AlgorithmSpec(algorithms.scaffold),
   "fedkws": AlgorithmSpec(algorithms.fedkws,
                           fields=(_rate_optimizer("private_learning_rate", "private_optimizer"),)),
   "grouppfl": grouppfl_family.SPEC,
@@ -291,6 +310,8 @@ def schema(spec: AlgorithmSpec) -> Schema:
   if "update_paths" in params:   # privacy, attacks, robust aggregation, compression (by section)
     common.append(Fields(tuple(update_sections.SECTIONS), update_sections.update_paths_from_config,
                          ("update_paths",)))
+  if "personal" in params:   # parameters kept per client or per subtree (fedtree.core.personal)
+    common.append(Fields(("personal",), _personal))
   if "systems" in params:   # devices, availability, round policy (fedtree.experiment.systems)
     common.append(Fields(("systems",), lambda v, ctx: {"systems": systems_from_config(v["systems"], ctx)}
                          if "systems" in v else {}))
@@ -345,7 +366,8 @@ def factory_kwargs(label: str, run, ctx) -> dict[str, Any]:
   kw: dict[str, Any] = {}
   supplied = {"model": ctx.model, "data": ctx.data, "local_optimizer": ctx.local_optimizer,
               "schedule": ctx.schedule, "name": run.algorithm, "topology": ctx.topology,
-              "label": run.get("label", run.algorithm)}
+              "label": run.get("label", run.algorithm),
+              "local_learning_rate": ctx.config.local.learning_rate}
   for n, v in supplied.items():
     if n in params:
       kw[n] = v

@@ -19,17 +19,40 @@ class LogisticRegression(nn.Module):
     return nn.Dense(self.num_classes)(x.reshape((x.shape[0], -1)))
 
 
+NORMS = ("none", "batch")
+
+
+def batch_norm(x: jax.Array, *, train: bool, mask: jax.Array | None, name: str | None = None) -> jax.Array:
+  """Flax's ``BatchNorm`` (momentum 0.9, as PyTorch's 0.1; statistics in the ``batch_stats``
+  collection) whose training statistics come from the rows of ``mask`` (``bool[B]``, the real
+  examples of a padded batch) only; evaluation uses the running averages. The running variance is
+  flax's biased one (PyTorch keeps the unbiased estimate)."""
+  m = None if mask is None else mask.reshape((mask.shape[0],) + (1,) * (x.ndim - 1))
+  return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, name=name)(x, mask=m)
+
+
+def _check_classifier_norm(norm: str) -> None:
+  if norm not in NORMS:
+    raise ValueError(f"norm={norm!r}; choose one of {NORMS}")
+
+
 class MLP(nn.Module):
-  """ReLU MLP on flattened inputs."""
+  """ReLU MLP on flattened inputs; ``norm="batch"`` puts a BatchNorm before every hidden ReLU (a
+  model with state, :mod:`fedtree.core.model`)."""
 
   num_classes: int
   hidden: Sequence[int] = (200, 200)
+  norm: str = "none"
 
   @nn.compact
-  def __call__(self, x, train: bool = False):
+  def __call__(self, x, train: bool = False, mask=None):
+    _check_classifier_norm(self.norm)
     x = x.reshape((x.shape[0], -1))
     for h in self.hidden:
-      x = nn.relu(nn.Dense(h)(x))
+      x = nn.Dense(h)(x)
+      if self.norm == "batch":
+        x = batch_norm(x, train=train, mask=mask)
+      x = nn.relu(x)
     return nn.Dense(self.num_classes)(x)
 
 
@@ -118,7 +141,8 @@ class CNN(nn.Module):
 
   With the defaults ``features=(32, 64)``, ``dense=128``, ``dropout=(0.25, 0.5)`` this is the
   CNN of the pfl-research cross-framework benchmark (and of the Keras MNIST example).
-  ``conv_impl`` chooses how convolutions are computed (:class:`Conv`).
+  ``conv_impl`` chooses how convolutions are computed (:class:`Conv`); ``norm="batch"`` puts a
+  BatchNorm after every convolution (a model with state, :mod:`fedtree.core.model`).
   """
 
   num_classes: int
@@ -127,13 +151,18 @@ class CNN(nn.Module):
   dropout: tuple[float, float] = (0.25, 0.5)
   pool_every_conv: bool = False
   conv_impl: str = "auto"
+  norm: str = "none"
 
   @nn.compact
-  def __call__(self, x, train: bool = False):
+  def __call__(self, x, train: bool = False, mask=None):
+    _check_classifier_norm(self.norm)
     if x.ndim == 3:  # [B, H, W] grey images
       x = x[..., None]
     for i, f in enumerate(self.features):
-      x = nn.relu(Conv(f, (3, 3), impl=self.conv_impl, name=f"Conv_{i}")(x))
+      x = Conv(f, (3, 3), impl=self.conv_impl, name=f"Conv_{i}")(x)
+      if self.norm == "batch":
+        x = batch_norm(x, train=train, mask=mask, name=f"BatchNorm_{i}")
+      x = nn.relu(x)
       if self.pool_every_conv:
         x = max_pool(x, (2, 2))
     if not self.pool_every_conv:

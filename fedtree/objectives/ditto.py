@@ -84,4 +84,5 @@ def ditto_update(
   def init_state(params, num_clients):
     return DittoState(personal=stack(params, num_clients))
 
-  return ClientUpdate(apply=apply, init_state=init_state, personal_models=lambda state: state.personal)
+  return ClientUpdate(apply=apply, init_state=init_state, personal_models=lambda state: state.personal,
+                      model_state=True)

@@ -19,30 +19,18 @@ deeper trees), as in the paper (the private models are not scored).
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
-from typing import Any
-
 import numpy as np
 import optax
 
 from fedtree.algorithms.fedkws.alt import alt_schedule, client_utility
-from fedtree.algorithms.hierfavg import with_objective
-from fedtree.core.algorithm import FederatedAlgorithm
-from fedtree.core.data import FederatedData
-from fedtree.core.local import LocalSchedule
-from fedtree.core.model import Model
-from fedtree.core.topology import Topology
-from fedtree.core.updates import UpdatePath
+from fedtree.algorithms.hierfavg import hierfavg_method, on_host
+from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.objectives.alo import alo_update, check_alo, check_private, main_params, with_private_head
 
 
+@hierfavg_method()
 def fedkws(
   *,
-  model: Model,
-  data: FederatedData,
-  local_optimizer: optax.GradientTransformation,
-  schedule: LocalSchedule,
   mu: float = 0.2,
   lam: float = 0.001,
   alo: bool = True,
@@ -56,22 +44,12 @@ def fedkws(
   mu_weighting: bool = False,
   utility_n_max: float | None = None,
   max_grad_norm: float | None = None,
-  topology: Topology | None = None,
-  server_optimizers: optax.GradientTransformation | Sequence[optax.GradientTransformation] | None = None,
-  periods: int | Sequence[int] | None = None,
-  cohort_size: int | Sequence[int] | None = None,
-  chunk_size: int | str | None = "auto",
-  weighting: str = "examples",
-  compute_dtype: str | None = None,
-  init_params: Any = None,
-  skip_nonfinite: bool = False,
-  update_paths: UpdatePath | dict[int, UpdatePath] | None = None,
   name: str = "fedkws",
+  **host,
 ) -> FederatedAlgorithm:
   """FedKWS-UI (or one of its ablations) on ``topology`` (default flat).
 
   Args:
-    model, data, local_optimizer, schedule: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
     mu: ALO label smoothing μ in ``[0, 1)`` (paper 0.2).
     lam: ALO adversarial weight λ >= 0 (paper 0.001).
     alo: use ALO as the local objective.
@@ -98,12 +76,10 @@ def fedkws(
       for 12 classes, 300 for 35).
     max_grad_norm: clip every local gradient to this global norm (the authors' code,
       difference (d)); ``None`` (paper): no clipping.
-    topology: the tree (``None``: one server over all clients).
-    server_optimizers, periods, cohort_size, chunk_size, weighting: as for
-      :func:`~fedtree.algorithms.hierfavg.hierfavg`.
-    init_params, skip_nonfinite, update_paths: as for :func:`~fedtree.algorithms.hierfavg.hierfavg`.
-    compute_dtype: mixed-precision local steps, ALO's or plain ones (``None``: the params' dtype).
     name: label for reports.
+    **host: every other argument of :func:`~fedtree.algorithms.hierfavg.hierfavg` (``model``,
+      ``data``, ``local_optimizer``, ``schedule``, ``topology``, ...); ``compute_dtype`` gives
+      mixed-precision local steps, ALO's or plain ones.
 
   Example:
     One round of FedKWS-UI (ALO local objective, ALT step counts) over 5 clients:
@@ -123,6 +99,7 @@ def fedkws(
   """
   check_alo(mu, lam)
   check_private(private, private_steps, private_steps_ratio)
+  model, data, schedule = host["model"], host["data"], host["schedule"]
   if alt:
     base_steps = schedule.steps
     schedule = alt_schedule(schedule, data, r0=r0, min_steps=min_steps, n_max=utility_n_max)
@@ -135,24 +112,21 @@ def fedkws(
     if mu_weighting:
       utility = client_utility(np.asarray(data.n_train), np.asarray(data.y_train), data.num_classes,
                                utility_n_max)
-    objective = functools.partial(
-      alo_update, model, local_optimizer, mu=mu, lam=lam, private=private,
-      private_optimizer=private_optimizer, private_steps=private_steps,
-      private_steps_ratio=private_steps_ratio, client_utility=utility, max_grad_norm=max_grad_norm,
-      compute_dtype=compute_dtype,
-    )
+
+    def objective(s: LocalSetup):
+      return alo_update(s.model, s.optimizer, mu=mu, lam=lam, private=private,
+                        private_optimizer=private_optimizer, private_steps=private_steps,
+                        private_steps_ratio=private_steps_ratio, client_utility=utility,
+                        max_grad_norm=max_grad_norm, batch_size=s.batch_size, max_steps=s.max_steps,
+                        compute_dtype=s.compute_dtype)
   elif mu_weighting or max_grad_norm is not None or head or private_steps_ratio is not None:
     raise ValueError(f"fedkws: mu_weighting={mu_weighting}, max_grad_norm={max_grad_norm}, "
                      f"private={private!r} and private_steps_ratio={private_steps_ratio} are ALO options; "
                      f"set alo=True or leave them off")
-  alg = with_objective(
-    objective, model=with_private_head(model, data.example_shape, init_params) if head else model,
-    data=data, local_optimizer=local_optimizer, schedule=schedule, topology=topology,
-    server_optimizers=server_optimizers, periods=periods, cohort_size=cohort_size, chunk_size=chunk_size,
-    weighting=weighting, compute_dtype=None if alo else compute_dtype,
-    init_params=None if head else init_params, skip_nonfinite=skip_nonfinite, update_paths=update_paths,
-    name=name,
-  )
+  init_params = host.get("init_params")
+  alg = on_host(host, client_update=objective, name=name, schedule=schedule,
+                model=with_private_head(model, data.example_shape, init_params) if head else model,
+                init_params=None if head else init_params)
   if not head:
     return alg
 

@@ -1,0 +1,260 @@
+"""SCAFFOLD: the vectorized rounds against a per-client loop written from Algorithm 1 (options I
+and II, the variate averaged over all clients or the sampled ones, flat and on a tree), its
+reduction to FedAvg, the bytes it sends, and its refusals."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import reference_baselines as ref
+
+from fedtree.algorithms import fedavg, scaffold
+from fedtree.core.data import as_device
+from fedtree.core.local import LocalSchedule
+from fedtree.core.personal import personal
+from fedtree.core.rng import stream
+from fedtree.core.robust import median
+from fedtree.core.sampling import cohort_sampler
+from fedtree.core.topology import Topology
+from fedtree.core.updates import UpdatePath
+from fedtree.datasets.synthetic import grouped_synthetic
+from fedtree.models import build_model
+
+LR, B = 0.1, 4
+
+
+@pytest.fixture(scope="module")
+def problem():
+  data, groups = grouped_synthetic(
+    group_sizes=(3, 2, 4),
+    dim=6,
+    num_classes=3,
+    mean_examples=9,
+    min_examples=3,
+    max_examples=14,
+    test_examples=5,
+    seed=3,
+  )
+  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,))
+  return as_device(data), groups, model
+
+
+def _close(a, b, atol=3e-5):
+  chex.assert_trees_all_close(ref.np64(a), ref.np64(b), atol=atol, rtol=2e-4)
+
+
+def _row(tree, i):
+  return jax.tree.map(lambda a: np.asarray(a[i], np.float64), tree)
+
+
+def _reference(
+  model,
+  data,
+  x0,
+  parent,
+  rounds,
+  key,
+  *,
+  cohort_size,
+  option,
+  average,
+  eta_g,
+  steps,
+  root_period=None,
+  weights=None,
+):
+  """Algorithm 1 per parent of clients (its own x and c), the root (if any) averaging the parents'
+  models by their examples every ``root_period`` rounds."""
+  num_parents = int(parent.max()) + 1
+  x = [ref.np64(x0) for _ in range(num_parents)]
+  c = [jax.tree.map(np.zeros_like, x[0]) for _ in range(num_parents)]
+  c_i = [jax.tree.map(np.zeros_like, x[0]) for _ in range(data.num_clients)]
+  sampler = cohort_sampler(parent, cohort_size)
+  population = np.bincount(parent, minlength=num_parents)
+  for r in range(rounds):
+    rk = jax.random.fold_in(key, r)
+    cohort = sampler(stream(rk, "cohort"))
+    slots = [
+      (int(k), int(p))
+      for k, p, v in zip(
+        np.asarray(cohort.clients), np.asarray(cohort.parent), np.asarray(cohort.valid), strict=True
+      )
+      if v
+    ]
+    dy = [[] for _ in range(num_parents)]
+    dc = [[] for _ in range(num_parents)]
+    for k, p in slots:
+      start = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), x[p])
+      y, new_c = ref.scaffold_client(
+        model,
+        start,
+        c[p],
+        c_i[k],
+        data,
+        k,
+        steps[k],
+        jax.random.fold_in(stream(rk, "train"), k),
+        lr=LR,
+        batch_size=B,
+        option=option,
+      )
+      dy[p].append(jax.tree.map(lambda yy, xx: np.asarray(yy, np.float64) - xx, y, x[p]))
+      dc[p].append(jax.tree.map(np.subtract, new_c, c_i[k]))
+      c_i[k] = new_c
+    for p in range(num_parents):
+      if not dy[p]:
+        continue
+      mean_dy = jax.tree.map(lambda *d: sum(d) / len(d), *dy[p])
+      x[p] = jax.tree.map(lambda xx, d: xx + eta_g * d, x[p], mean_dy)
+      count = population[p] if average == "all" else len(dc[p])
+      c[p] = jax.tree.map(lambda cc, *d, n=count: cc + sum(d) / n, c[p], *dc[p])
+    if root_period and (r + 1) % root_period == 0:
+      root = jax.tree.map(lambda *m: sum(w * a for w, a in zip(weights, m, strict=True)) / sum(weights), *x)
+      x = [root for _ in range(num_parents)]
+  return x, c, c_i
+
+
+def _run(alg, data, rounds, key):
+  state = alg.init(jax.random.key(7))
+  step = jax.jit(alg.round)
+  for r in range(rounds):
+    state, metrics = step(state, data, jax.random.fold_in(key, r))
+  return state, metrics
+
+
+@pytest.mark.parametrize(
+  "option,average,eta_g", [("II", "all", 1.0), ("II", "sampled", 0.7), ("I", "all", 1.0)]
+)
+def test_scaffold_matches_algorithm_1_per_client(problem, option, average, eta_g):
+  data, _, model = problem
+  sched = LocalSchedule(batch_size=B, epochs=1)  # unequal step counts
+  alg = scaffold(
+    model=model,
+    data=data,
+    local_optimizer=optax.sgd(LR),
+    local_learning_rate=LR,
+    schedule=sched,
+    cohort_size=4,
+    chunk_size=2,
+    option=option,
+    variate_average=average,
+    server_learning_rate=eta_g,
+  )
+  key = jax.random.key(11)
+  state, _ = _run(alg, data, 3, key)
+  x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
+  steps = sched.num_steps(np.asarray(data.n_train))
+  x, c, c_i = _reference(
+    model,
+    data,
+    x0,
+    np.zeros(data.num_clients, int),
+    3,
+    key,
+    cohort_size=4,
+    option=option,
+    average=average,
+    eta_g=eta_g,
+    steps=steps,
+  )
+  _close(_row(state.params[0], 0), x[0])
+  _close(_row(state.server_state, 0), c[0], atol=2e-4)
+  for k in range(data.num_clients):
+    _close(_row(state.client_state, k), c_i[k], atol=2e-4)
+
+
+def test_scaffold_on_a_tree_keeps_variates_at_the_clients_parents(problem):
+  data, groups, model = problem
+  topo = Topology.from_labels(groups)  # root -> 3 edges -> 9 clients
+  sched = LocalSchedule(batch_size=B, steps=3)
+  alg = scaffold(
+    model=model,
+    data=data,
+    topology=topo,
+    local_optimizer=optax.sgd(LR),
+    local_learning_rate=LR,
+    schedule=sched,
+    cohort_size=2,
+    periods=(2,),
+  )
+  key = jax.random.key(4)
+  state, _ = _run(alg, data, 4, key)
+  assert jax.tree.leaves(state.server_state)[0].shape[0] == 3  # one c per edge server
+  x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
+  parent = topo.parent(2)
+  weights = [float(np.sum(parent == g)) for g in range(3)]   # uniform weighting: clients under each edge
+  x, c, c_i = _reference(
+    model,
+    data,
+    x0,
+    parent,
+    4,
+    key,
+    cohort_size=2,
+    option="II",
+    average="all",
+    eta_g=1.0,
+    steps=np.full(data.num_clients, 3),
+    root_period=2,
+    weights=weights,
+  )
+  for g in range(3):
+    _close(_row(state.params[1], g), x[g])
+    _close(_row(state.server_state, g), c[g], atol=2e-4)
+  _close(_row(state.params[0], 0), x[0])
+
+
+def test_first_round_with_zero_variates_is_fedavg(problem):
+  data, _, model = problem
+  common = dict(
+    model=model,
+    data=data,
+    local_optimizer=optax.sgd(LR),
+    schedule=LocalSchedule(batch_size=B, steps=3),
+    cohort_size=4,
+  )
+  a = scaffold(local_learning_rate=LR, **common)
+  b = fedavg(weighting="uniform", **common)
+  key = jax.random.key(2)
+  sa, _ = a.round(a.init(jax.random.key(0)), data, key)
+  sb, _ = b.round(b.init(jax.random.key(0)), data, key)
+  _close(sa.params[0], sb.params[0], atol=1e-6)
+
+
+def test_scaffold_sends_two_models_each_way(problem):
+  data, _, model = problem
+  alg = scaffold(
+    model=model,
+    data=data,
+    local_optimizer=optax.sgd(LR),
+    local_learning_rate=LR,
+    schedule=LocalSchedule(batch_size=B, steps=1),
+    cohort_size=3,
+  )
+  _, metrics = _run(alg, data, 1, jax.random.key(0))
+  size = sum(int(np.prod(np.shape(p))) * 4 for p in jax.tree.leaves(model.init(jax.random.key(0))))
+  assert float(metrics["uplink_bytes"]) == 2 * size
+  assert float(metrics["down_bytes"]) == 2 * size
+  plain = fedavg(
+    model=model, data=data, local_optimizer=optax.sgd(LR), schedule=LocalSchedule(batch_size=B, steps=1)
+  )
+  assert "uplink_bytes" not in _run(plain, data, 1, jax.random.key(0))[1]  # FedAvg: one model, as before
+
+
+def test_scaffold_refusals(problem):
+  data, _, model = problem
+  common = dict(
+    model=model, data=data, local_optimizer=optax.sgd(LR), schedule=LocalSchedule(batch_size=B, steps=1)
+  )
+  with pytest.raises(ValueError, match=r"option='III'; choose one of \('I', 'II'\)"):
+    scaffold(option="III", local_learning_rate=LR, **common)
+  with pytest.raises(ValueError, match="needs the local learning rate"):
+    scaffold(**common)
+  with pytest.raises(ValueError, match=r"variate_average='most'; choose one of"):
+    scaffold(variate_average="most", local_learning_rate=LR, **common)
+  with pytest.raises(ValueError, match="robust .* aggregator .*control variates"):
+    scaffold(local_learning_rate=LR, update_paths=UpdatePath(aggregator=median()), cohort_size=4, **common)
+  with pytest.raises(ValueError, match="personal parameters are not supported"):
+    scaffold(local_learning_rate=LR, personal=personal("Dense_1"), **common)
