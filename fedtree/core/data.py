@@ -376,6 +376,21 @@ def as_device(data: FederatedData) -> FederatedData:
   return dataclasses.replace(data, **arrays)
 
 
+def check_model_inputs(model, data: FederatedData) -> None:
+  """Refuses a model that reads token ids on data of real-valued features, or the reverse,
+  before anything compiles (a language model on images, an image model on sentences).
+
+  Raises:
+    ValueError: naming the model's input dtype (``model.input_dtype``) and the data's.
+  """
+  want = np.dtype(getattr(model, "input_dtype", "float32"))
+  have = np.dtype(data.x_test.dtype)
+  if np.issubdtype(want, np.integer) != np.issubdtype(have, np.integer):
+    kind = "token ids (integers)" if np.issubdtype(want, np.integer) else "real-valued features"
+    raise ValueError(f"the model reads {kind} (input_dtype={want.name}) but the data's examples are "
+                     f"{have.name} of shape {tuple(data.example_shape)}; choose a model for this data")
+
+
 def check_model_outputs(model, data: FederatedData) -> None:
   """Refuses a model whose number of outputs differs from the data's classes, before
   anything compiles (``jax.eval_shape`` of ``model.init`` and ``model.apply`` on one example;
