@@ -30,6 +30,13 @@ from fedtree.core.data import FederatedData, from_client_arrays
 from fedtree.datasets.text import SPECIAL, Vocabulary, build_vocabulary
 
 KINDS = ("femnist", "shakespeare")
+PREPARE = {
+  "femnist": ("git clone https://github.com/TalwalkarLab/leaf && cd leaf/data/femnist && ./preprocess.sh "
+              "-s niid --sf 0.05 -k 100 -t sample --smplseed 1549786595 --spltseed 1549786796"),
+  "shakespeare": ("git clone https://github.com/TalwalkarLab/leaf && cd leaf/data/shakespeare && "
+                  "./preprocess.sh -s niid --sf 0.05 -k 64 -tf 0.9 -t sample"),
+}
+"""LEAF's preprocessing of each kind as its paper's experiments run it (``paper_experiments/*.sh``)."""
 
 
 def read_split(directory: str) -> tuple[dict[str, dict[str, list]], dict[str, str]]:
@@ -79,7 +86,9 @@ def load_leaf(root: str, *, kind: str, group_key: str | None = None, seq_len: in
     raise ValueError(f"group_key={group_key!r}; choose None or 'hierarchies'")
   for split in ("train", "test"):
     if not os.path.isdir(os.path.join(root, split)):
-      raise ValueError(f"LEAF root {root!r} has no {split}/ directory")
+      raise ValueError(f"LEAF root {root!r} has no {split}/ directory: the LEAF {kind} data are not "
+                       f"prepared there. Prepare them once where internet is available: "
+                       f"`{PREPARE[kind]}`, then set config.data.root to leaf/data/{kind}/data")
   train, hier = read_split(os.path.join(root, "train"))
   test, _ = read_split(os.path.join(root, "test"))
   clients = sorted(train)
