@@ -15,7 +15,8 @@ under ``examples/<client id>`` with one dataset per feature:
   sentences (:func:`fedtree.datasets.text.encode_sentences`) over the ``vocab_size`` most
   frequent training words (``vocab_size`` counts the 4 special tokens: 10,004 is Reddi et al.
   2021's 10,000 words);
-* ``kind="cifar100"``: ``image uint8[n, 32, 32, 3]``, ``label int[n]`` (the 100 fine classes) ->
+* ``kind="cifar100"``: ``image uint8[n, 32, 32, 3]``, ``label int[n]`` (the 100 fine classes;
+  ``num_classes`` 100 unless given) ->
   ``x float32[C, M, 32, 32, 3]`` in ``[0, 1]``, or with ``crop`` the central ``crop x crop``
   window and with ``normalize="per_image"`` each image standardized (TensorFlow's
   ``per_image_standardization`` of the 0-255 values, as Reddi et al. 2021 evaluate). The test
@@ -186,7 +187,10 @@ def load_tff_h5(train_path: str, test_path: str, *, kind: str, seq_len: int = 80
     extras["central_x"], extras["central_y"] = pooled(test)
     shape = tr[0][0].shape[1:]
     te = [(np.zeros((0,) + shape, np.float32), np.zeros((0,), np.int32)) for _ in clients]
-    k = num_classes or int(max(int(y.max(initial=0)) for _, y in tr + [(None, extras["central_y"])])) + 1
+    k = int(num_classes or 100)   # CIFAR-100's fine labels, whatever labels a small file holds
+    top = max(int(y.max(initial=0)) for y in [extras["central_y"]] + [y for _, y in tr])
+    if top >= k:
+      raise ValueError(f"label {top} in {train_path!r} / {test_path!r} >= num_classes={k}")
     return from_client_arrays(tr, te, num_classes=k), groups, extras
   if kind == "emnist":
     def arrays(d):
