@@ -213,7 +213,7 @@ def load_natural(name: str, *, cache_dir: str | None = None, **kwargs,
     build, opts = corpus_build(text.tfds_text_corpus)
     source = kwargs
   elif name == "leaf":
-    from fedtree.datasets.leaf import load_leaf
+    from fedtree.datasets.leaf import check_leaf_prepared, load_leaf
 
     opts = {}
 
@@ -221,15 +221,19 @@ def load_natural(name: str, *, cache_dir: str | None = None, **kwargs,
       data, groups, extras = load_leaf(**kwargs)
       return data, dict(extras, groups=groups)
 
+    check_leaf_prepared(kwargs.get("root", ""), kwargs.get("kind", ""))   # named, before fingerprinting
     source = cache.source_fingerprint(kwargs["root"]) if cache_dir else None
   else:
-    from fedtree.datasets.tff_h5 import load_tff_h5
+    from fedtree.datasets.tff_h5 import ARCHIVES, check_prepared, load_tff_h5
 
     opts = {}
 
     def build():
       data, groups, extras = load_tff_h5(**kwargs)
       return data, dict(extras, groups=groups)
+
+    if kwargs.get("kind") in ARCHIVES:   # named, before fingerprinting the files
+      check_prepared(kwargs["kind"], kwargs.get("train_path", ""), kwargs.get("test_path", ""))
 
     source = (cache.source_fingerprint(kwargs["train_path"], kwargs["test_path"]) if cache_dir
               else None)
