@@ -351,5 +351,5 @@ def test_a_language_model_on_real_valued_data_is_refused():
   flat = data.replace(x_train=np.asarray(data.x_train).reshape(2, -1, 16),
                       x_test=np.asarray(data.x_test).reshape(2, -1, 16))
   model = build_lm("lstm_lm", example_shape=(16,), num_classes=10, hidden=4, embed=4)
-  with pytest.raises(ValueError, match=r"reads token ids \(integers\).*float32"):
+  with pytest.raises(ValueError, match=r"reads token ids \(integers, input_dtype=int32\).*are float32"):
     check_model_inputs(model, flat)

@@ -420,18 +420,19 @@ def as_device(data: FederatedData) -> FederatedData:
 
 
 def check_model_inputs(model, data: FederatedData) -> None:
-  """Refuses a model that reads token ids on data of real-valued features, or the reverse,
-  before anything compiles (a language model on images, an image model on sentences).
+  """Refuses a model that reads token ids (``model.input_dtype`` an integer type, e.g. a language
+  model) on data of real-valued features (images, MFCCs), before anything compiles. (Integer
+  features are valid input to a real-valued model: they are cast.)
 
   Raises:
-    ValueError: naming the model's input dtype (``model.input_dtype``) and the data's.
+    ValueError: naming the model's input dtype and the data's.
   """
   want = np.dtype(getattr(model, "input_dtype", "float32"))
   have = np.dtype(data.x_test.dtype)
-  if np.issubdtype(want, np.integer) != np.issubdtype(have, np.integer):
-    kind = "token ids (integers)" if np.issubdtype(want, np.integer) else "real-valued features"
-    raise ValueError(f"the model reads {kind} (input_dtype={want.name}) but the data's examples are "
-                     f"{have.name} of shape {tuple(data.example_shape)}; choose a model for this data")
+  if np.issubdtype(want, np.integer) and not np.issubdtype(have, np.integer):
+    raise ValueError(f"the model reads token ids (integers, input_dtype={want.name}) but the data's "
+                     f"examples are {have.name} of shape {tuple(data.example_shape)}; choose a model for "
+                     "this data")
 
 
 def check_model_outputs(model, data: FederatedData) -> None:

@@ -42,9 +42,10 @@ SUMMARY_METRICS = ("accuracy", "loss", "perplexity", "sentence_perplexity", "fal
 
 
 def check_summaries(label: str, round_: int, summaries: dict[str, dict[str, Any]]) -> None:
-  """Raises :class:`DivergedError` when a model's evaluation loss is not finite."""
+  """Raises :class:`DivergedError` when a model's evaluation loss (on the clients' test data, else
+  on the central test split) is not finite."""
   for name, s in summaries.items():
-    loss = s.get("loss", 0.0)
+    loss = s.get("loss", s.get("central_loss", 0.0))
     if loss is not None and not np.isfinite(loss):
       raise DivergedError(
         f"run {label!r} diverged at round {round_}: model {name!r} has a test loss of {loss} "

@@ -92,9 +92,8 @@ def _channels_last(x: jax.Array) -> jax.Array:
 
 class FedAvgCNN(nn.Module):
   """The CNN of McMahan et al. 2017 ("Communication-efficient learning of deep networks from
-  decentralized data", Sec. 3: "a CNN with two 5x5 convolution layers (the first with 32 channels,
-  the second with 64, each followed with 2x2 max pooling), a fully connected layer with 512 units
-  and ReLu activation, and a final softmax output layer"), as google-research/federated
+  decentralized data", Sec. 3: two 5x5 convolutions of 32 and 64 channels, each followed by 2x2 max
+  pooling, a dense ReLU layer of 512 units and a softmax output), as google-research/federated
   ``utils/models/emnist_models.py:create_original_fedavg_cnn_model`` builds it:
 
   ``conv 5x5 32 "same" ReLU - maxpool 2x2 "same" - conv 5x5 64 "same" ReLU - maxpool 2x2 "same" -
@@ -186,7 +185,7 @@ def batch_mask(mask: jax.Array | None, x: jax.Array) -> jax.Array | None:
 class ResNet18(nn.Module):
   """ResNet-18 for 32x32 inputs (He et al. 2016, "Deep residual learning for image recognition",
   Table 1's 18-layer column with the CIFAR stem of its Sec. 4.2), laid out as the common CIFAR
-  code does (kuangliu/pytorch-cifar ``models/resnet.py``; FedML's and FL-bench's CIFAR ResNet-18):
+  code does (kuangliu/pytorch-cifar ``models/resnet.py:ResNet18``):
 
   ``conv 3x3 64 - norm - ReLU``, then four stages of two basic blocks with ``64, 128, 256, 512``
   channels (x ``width / 64``), the first block of stages 2-4 with stride 2; a basic block is
