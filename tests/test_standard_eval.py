@@ -183,3 +183,17 @@ def test_generated_images_with_channels():
   assert one.example_shape == (10, 10, 1)
   with pytest.raises(ValueError, match="channels=0"):
     prototype_images(channels=0)
+
+
+def test_rows_and_the_final_table_carry_central_and_top_k():
+  from fedtree.experiment.reporting import format_summary
+  from fedtree.experiment.runner import round_metrics_of
+
+  s = {"central_accuracy": 0.5, "central_loss": 1.5, "central_top5_accuracy": 0.8, "top5_accuracy": 0.9,
+       "accuracy": 0.4, "loss": 2.0}
+  row = round_metrics_of(s)
+  assert row == {"accuracy": 0.4, "loss": 2.0, "central_accuracy": 0.5, "central_loss": 1.5,
+                 "central_top5_accuracy": 0.8, "top5_accuracy": 0.9}
+  table = format_summary({"fedavg": {"global": s}})
+  header = table.splitlines()[2]
+  assert "central" in header and "top5" in header and "0.5000" in table and "0.9000" in table

@@ -157,7 +157,9 @@ def inputs(model, shape, k, key, batch=3):
   return jax.random.normal(key, (batch,) + shape)
 
 
-HEAVY = ("resnet18", "resnet18_afo", "vgg11")   # slow to compile on a CPU: their tests are marked slow
+# slow to compile on a CPU, or the same class as a fast case (leaf_cnn: FedAvgCNN; emnist_cnn: the
+# CNN test_models covers; shakespeare_lstm: LSTMLM as stackoverflow_lstm): marked slow
+HEAVY = ("resnet18", "resnet18_afo", "vgg11", "leaf_cnn", "emnist_cnn", "shakespeare_lstm")
 
 
 @pytest.mark.parametrize("name", [n if n not in HEAVY else pytest.param(n, marks=pytest.mark.slow)
