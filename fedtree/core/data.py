@@ -333,6 +333,49 @@ def partition_dirichlet(
   )
 
 
+def partition_dirichlet_balanced(
+  labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator, *,
+  examples_per_client: int | None = None,
+) -> list[np.ndarray]:
+  """Label skew with equal client sizes (Hsu et al. 2019, "Measuring the effects of non-identical
+  data distribution for federated visual classification"; pfl-research's and FLGo's CIFAR-10
+  partitions): client ``c`` draws its class mix ``q_c ~ Dirichlet(alpha p)`` (``p`` the classes'
+  shares of the data) and then ``examples_per_client`` examples (default ``N // num_clients``)
+  class by class from ``q_c``, without replacement; where a class has run out, ``q_c`` is
+  renormalized over the classes left. Examples beyond ``num_clients x examples_per_client`` are
+  left out.
+
+  Raises:
+    ValueError: ``alpha <= 0``, fewer examples than ``num_clients x examples_per_client``.
+  """
+  labels = np.asarray(labels)
+  _check_partition_args(labels.size, num_clients)
+  if alpha <= 0:
+    raise ValueError(f"alpha={alpha} must be > 0")
+  size = labels.size // num_clients if examples_per_client is None else int(examples_per_client)
+  if size < 1 or size * num_clients > labels.size:
+    raise ValueError(f"examples_per_client={size} x {num_clients} clients must be in [1, {labels.size}] "
+                     "(the examples)")
+  classes = np.unique(labels)
+  pools = [list(rng.permutation(np.flatnonzero(labels == k))) for k in classes]
+  prior = np.asarray([len(p) for p in pools], np.float64) / labels.size
+  parts = []
+  for _ in range(num_clients):
+    q = rng.dirichlet(alpha * prior)
+    need, mine = size, []
+    while need:
+      left = np.asarray([len(p) for p in pools], np.float64)
+      w = np.where(left > 0, q, 0.0)
+      w = w / w.sum() if w.sum() > 0 else left / left.sum()
+      counts = np.minimum(rng.multinomial(need, w), left.astype(np.int64))
+      for k, n in enumerate(counts):
+        mine.extend(pools[k][:n])
+        del pools[k][:n]
+      need -= int(counts.sum())
+    parts.append(np.sort(np.asarray(mine, np.int64)))
+  return parts
+
+
 def partition_shards(
   labels: np.ndarray, num_clients: int, shards_per_client: int, rng: np.random.Generator,
 ) -> list[np.ndarray]:
@@ -374,6 +417,22 @@ def as_device(data: FederatedData) -> FederatedData:
   if data.ragged:
     arrays["train_offset"] = jnp.asarray(data.train_offset)
   return dataclasses.replace(data, **arrays)
+
+
+def check_model_inputs(model, data: FederatedData) -> None:
+  """Refuses a model that reads token ids (``model.input_dtype`` an integer type, e.g. a language
+  model) on data of real-valued features (images, MFCCs), before anything compiles. (Integer
+  features are valid input to a real-valued model: they are cast.)
+
+  Raises:
+    ValueError: naming the model's input dtype and the data's.
+  """
+  want = np.dtype(getattr(model, "input_dtype", "float32"))
+  have = np.dtype(data.x_test.dtype)
+  if np.issubdtype(want, np.integer) and not np.issubdtype(have, np.integer):
+    raise ValueError(f"the model reads token ids (integers, input_dtype={want.name}) but the data's "
+                     f"examples are {have.name} of shape {tuple(data.example_shape)}; choose a model for "
+                     "this data")
 
 
 def check_model_outputs(model, data: FederatedData) -> None:

@@ -404,14 +404,16 @@ def frozen_base(
                             rounds=template.rounds)
 
 
-def base_evaluator(model: Model, spec: LoRA, chunk_size: int | None = None, *, confusion: bool = False):
+def base_evaluator(model: Model, spec: LoRA, chunk_size: int | None = None, *, confusion: bool = False,
+                   **options):
   """``evaluator_for(base) -> evaluator``: :func:`fedtree.core.metrics.make_evaluator` of the
-  adapted model with ``base`` an argument of one compiled program (compiled once, whatever
-  base it is given), so that evaluating adapters never embeds the base as a constant."""
+  adapted model (with ``options``, e.g. ``top_k``) with ``base`` an argument of one compiled
+  program (compiled once, whatever base it is given), so that evaluating adapters never embeds
+  the base as a constant."""
 
   @jax.jit
   def run(base, params, x, y, n, moc):
-    return make_evaluator(adapted_model(model, spec, base), chunk_size, confusion=confusion)(
+    return make_evaluator(adapted_model(model, spec, base), chunk_size, confusion=confusion, **options)(
       params, x, y, n, moc)
 
   def evaluator_for(base):

@@ -22,10 +22,12 @@ algorithms that take ``update_paths``), ``chunk_size`` (an int, ``None``, ``"aut
 default the config's, else ``"auto"``), ``compute_dtype`` (default the config's), ``init_params``
 (the path of saved parameters to start from, default the config's ``init_params``:
 :mod:`fedtree.experiment.params`; every algorithm takes it, GroupPerFL in its first stage),
-``weighting``, ``server`` (one server optimizer config ``{name, **hparams}``) / ``servers`` (one per
-server level), ``periods``, ``tree`` (``"flat"`` or ``"config"``, for the methods whose tree is
-optional), ``objective`` (for the algorithms that take a ``client_update``: the local objective,
-``{name, **hyperparameters}``, see :func:`objective_from_config`), and the runner's ``rounds`` and
+``weighting``, ``server`` (one server optimizer config ``{name, **hparams}``) / ``servers`` (one
+per server level), ``local_learning_rate`` (``fedavg`` / ``fedopt``: this run's clients use
+``config.local``'s optimizer at this rate, as a benchmark's table tunes it per method),
+``periods``, ``tree`` (``"flat"`` or ``"config"``, for the methods whose tree is optional),
+``objective`` (for the algorithms that take a ``client_update``: the local objective, ``{name,
+**hyperparameters}``, see :func:`objective_from_config`), and the runner's ``rounds`` and
 ``label``.
 
 Adding an algorithm: its factory (one file) and one :class:`AlgorithmSpec` line in
@@ -110,6 +112,9 @@ def _rate_optimizer(field: str, target: str):
   return Fields((field,), convert)
 
 
+_RUN_LOCAL_RATE = _rate_optimizer("local_learning_rate", "local_optimizer")
+
+
 def _local_rate(ctx):
   return {"learning_rate": float(ctx.config.local.learning_rate)}
 
@@ -134,8 +139,8 @@ def _personal(v, ctx):
 
 # ------------------------------------------------------------------------ the registry
 SPECS: Mapping[str, AlgorithmSpec] = {
-  "fedavg": AlgorithmSpec(algorithms.fedavg),
-  "fedopt": AlgorithmSpec(algorithms.fedavg),
+  "fedavg": AlgorithmSpec(algorithms.fedavg, fields=(_RUN_LOCAL_RATE,)),
+  "fedopt": AlgorithmSpec(algorithms.fedavg, fields=(_RUN_LOCAL_RATE,)),
   "hierfavg": AlgorithmSpec(algorithms.hierfavg),
   "fedbuff": AlgorithmSpec(algorithms.fedbuff),
   "fedprox": AlgorithmSpec(algorithms.fedprox),

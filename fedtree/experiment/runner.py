@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -32,7 +33,7 @@ import optax
 from fedtree import evaluation
 from fedtree.core import loop, tuning
 from fedtree.core.algorithm import FederatedAlgorithm
-from fedtree.core.data import FederatedData, as_device, check_model_outputs
+from fedtree.core.data import FederatedData, as_device, check_model_inputs, check_model_outputs
 from fedtree.core.local import LocalSchedule
 from fedtree.core.metrics import FAIRNESS_STATS, make_evaluator
 from fedtree.core.sharding import agreed, barrier, client_mesh, local_copy, shard_data
@@ -40,6 +41,7 @@ from fedtree.core.sweep import by_experiment
 from fedtree.core.sweep import sweep as stacked_sweep
 from fedtree.core.topology import Topology
 from fedtree.core.traffic import Traffic, model_bytes
+from fedtree.evaluation import central_blocks
 from fedtree.experiment import memory, privacy
 from fedtree.experiment.builders import local_optimizer_from_config, schedule_from_config
 from fedtree.experiment.reporting import Reporter
@@ -48,6 +50,7 @@ from fedtree.experiment.results import (  # noqa: F401  (re-exported: runner.Run
   DivergedError,
   RunStopped,
   check_summaries,
+  evaluation_options,
   kept_on_stop,
   positive_classes_from_config,
 )
@@ -189,7 +192,10 @@ def make_context(config: ml_collections.ConfigDict) -> Context:
   model = build_model(name, example_shape=data.example_shape, num_classes=data.num_classes, **model_cfg)
   if str(config.get("dtype", "float32")) == "float64":
     data, central, model = as_float64(data, central, model)
+  check_model_inputs(model, data)
   check_model_outputs(model, data)
+  evaluation_options(config, num_classes=data.num_classes, has_central=central is not None,
+                     has_local=int(np.asarray(data.n_test).sum()) > 0)
   local_optimizer = local_optimizer_from_config(config.local)
   schedule = schedule_from_config(config.local)
   init_params = None
@@ -300,14 +306,22 @@ def run_algorithm(
   if rounds_per_call < 1:
     raise ValueError(f"rounds_per_call={rounds_per_call} must be >= 1")
   positive = positive_classes_from_config(ctx.config, ctx.data.num_classes)
+  opts = evaluation_options(ctx.config, num_classes=ctx.data.num_classes,
+                            has_central=ctx.central_test is not None,
+                            has_local=int(np.asarray(ctx.data.n_test).sum()) > 0)
+  scoring = {"ignore_labels": opts.ignore_labels, "top_k": opts.top_k}
   evaluator = make_evaluator(ctx.model, ctx.config.get("eval_chunk_size", None),
-                             confusion=positive is not None)
+                             confusion=positive is not None, **scoring)
+  central = None
+  if opts.central:
+    assert ctx.central_test is not None  # evaluation_options checked it
+    central = tuple(jnp.asarray(a) for a in central_blocks(*ctx.central_test))
   evaluator_for = None
   if adapters is not None:
     from fedtree.core.lora import base_evaluator
 
     evaluator_for = base_evaluator(ctx.model, adapters, ctx.config.get("eval_chunk_size", None),
-                                   confusion=positive is not None)
+                                   confusion=positive is not None, **scoring)
   state = algorithm.init(loop.init_key(key))
   initial = model_fingerprints(algorithm.models(state))
   ckpt = None
@@ -329,7 +343,7 @@ def run_algorithm(
     summaries = evaluation.evaluate_models(
       algorithm, s, ctx.model, ctx.run_data, groups=ctx.groups,
       evaluator=evaluator if evaluator_for is None else evaluator_for(s.base),
-      positive_classes=positive, backdoor=backdoor,
+      positive_classes=positive, backdoor=backdoor, top_k=opts.top_k, central=central,
     )
     if experiments is None:
       check_summaries(label, r, summaries)
@@ -420,13 +434,18 @@ def run_algorithm(
   return state, summaries
 
 
+_TOPK = re.compile(r"(central_)?top\d+_accuracy")
+
+
 def round_metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
   """What a model's evaluation puts in its ``metrics.jsonl`` row: the :data:`SUMMARY_METRICS` it
   has, and the spread of its per-client metric (``fairness``,
   :func:`fedtree.core.metrics.client_distribution`) as ``<metric>_<stat>``, e.g.
   ``accuracy_p10``, ``accuracy_worst10_mean``, ``accuracy_gini`` (``perplexity_...`` for a
-  language model): fairness over rounds, in the rows and TensorBoard."""
+  language model): fairness over rounds, in the rows and TensorBoard; and its top-k accuracies
+  (``top5_accuracy``, ``central_top5_accuracy``: ``config.metrics.top_k``)."""
   out = {m: summary[m] for m in SUMMARY_METRICS if m in summary}
+  out.update({m: v for m, v in summary.items() if _TOPK.fullmatch(m)})
   fair = summary.get("fairness", None)
   if isinstance(fair, dict) and fair.get("clients"):
     out.update({f"{fair['metric']}_{k}": fair[k] for k in FAIRNESS_STATS if k in fair})
