@@ -50,6 +50,7 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.clustering.ifca",
   "fedtree.algorithms.fedkws.fedkws",
   "fedtree.algorithms.fedbuff",
+  "fedtree.algorithms.scaffold",
 ]
 
 

@@ -1,7 +1,7 @@
 """The standard tasks' models (fedtree.models.vision, the named LSTMs): parameter counts against
 counts made by hand from each reference's layer list, a cohort vmap equal to a per-client loop, the
-two convolution paths equal, BatchNorm's state kept clear of padding (module only: the engine has no
-models with state yet), inputs refused by the model's name, and every model's client step measured
+two convolution paths equal, BatchNorm's state kept clear of padding (and the BatchNorm ResNet
+trained under FedAvg), inputs refused by the model's name, and every model's client step measured
 by the memory estimate."""
 
 import jax
@@ -242,9 +242,36 @@ def test_batchnorm_resnet_keeps_padding_out_of_its_statistics():
   assert out.shape == (4, 4) and np.isfinite(np.asarray(out)).all()
 
 
-def test_batchnorm_resnet_is_refused_by_build_model_until_models_have_state():
-  with pytest.raises(ValueError, match="'resnet18' with norm='batch': models with state"):
-    build_model("resnet18", example_shape=(32, 32, 3), num_classes=10, norm="batch")
+def test_batchnorm_resnet_is_a_model_with_state():
+  model = build_model("resnet18", example_shape=(32, 32, 3), num_classes=10, norm="batch", width=4)
+  assert model.state == ("batch_stats",)
+  shapes = jax.eval_shape(model.init, jax.random.key(0))
+  assert set(shapes) == {"params", "batch_stats"}
+
+
+@pytest.mark.slow   # compiles a vmapped ResNet-18 round
+def test_batchnorm_resnet_trains_under_fedavg_and_moves_its_statistics():
+  import optax
+
+  from fedtree.algorithms import fedavg
+  from fedtree.core.data import FederatedData, as_device
+  from fedtree.core.local import LocalSchedule
+
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(3, 6, 32, 32, 3)).astype(np.float32)
+  y = rng.integers(0, 4, size=(3, 6)).astype(np.int32)
+  n = np.array([6, 4, 5], np.int32)
+  data = as_device(FederatedData(x_train=x, y_train=y, n_train=n, x_test=x, y_test=y, n_test=n,
+                                 num_classes=4))
+  model = build_model("resnet18", example_shape=(32, 32, 3), num_classes=4, norm="batch", width=4)
+  alg = fedavg(model=model, data=data, local_optimizer=optax.sgd(0.05),
+               schedule=LocalSchedule(batch_size=4, steps=2))
+  s0 = alg.init(jax.random.key(0))
+  s1, m = jax.jit(alg.round)(s0, data, jax.random.key(1))
+  assert np.isfinite(float(m["train_loss"]))
+  moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), s1.params[0]["batch_stats"],
+                       s0.params[0]["batch_stats"])
+  assert max(jax.tree.leaves(moved)) > 0
 
 
 # ------------------------------------------------------------ inputs refused by the model's name

@@ -23,8 +23,9 @@ default the config's, else ``"auto"``), ``compute_dtype`` (default the config's)
 (the path of saved parameters to start from, default the config's ``init_params``:
 :mod:`fedtree.experiment.params`; every algorithm takes it, GroupPerFL in its first stage),
 ``weighting``, ``server`` (one server optimizer config ``{name, **hparams}``) / ``servers`` (one
-per server level), ``local_learning_rate`` (``fedavg`` / ``fedopt``: this run's clients use
-``config.local``'s optimizer at this rate, as a benchmark's table tunes it per method),
+per server level), ``local_learning_rate`` (the methods over the HierFAVG host: this run's clients use
+``config.local``'s optimizer at this rate, and are told it, as a benchmark's table tunes it per
+method),
 ``periods``, ``tree`` (``"flat"`` or ``"config"``, for the methods whose tree is optional),
 ``objective`` (for the algorithms that take a ``client_update``: the local objective, ``{name,
 **hyperparameters}``, see :func:`objective_from_config`), and the runner's ``rounds`` and
@@ -112,7 +113,14 @@ def _rate_optimizer(field: str, target: str):
   return Fields((field,), convert)
 
 
-_RUN_LOCAL_RATE = _rate_optimizer("local_learning_rate", "local_optimizer")
+def _run_local_rate(v, ctx):
+  """``local_learning_rate``: this run's clients use ``config.local``'s optimizer at this rate, and are
+  told it (:attr:`fedtree.core.local.ClientRound.learning_rate`); absent: the config's."""
+  if "local_learning_rate" not in v:
+    return {}
+  rate = number(v["local_learning_rate"])
+  optimizer = _rate_optimizer("local_learning_rate", "local_optimizer").convert(v, ctx)
+  return {**optimizer, "local_learning_rate": rate}
 
 
 def _local_rate(ctx):
@@ -139,8 +147,8 @@ def _personal(v, ctx):
 
 # ------------------------------------------------------------------------ the registry
 SPECS: Mapping[str, AlgorithmSpec] = {
-  "fedavg": AlgorithmSpec(algorithms.fedavg, fields=(_RUN_LOCAL_RATE,)),
-  "fedopt": AlgorithmSpec(algorithms.fedavg, fields=(_RUN_LOCAL_RATE,)),
+  "fedavg": AlgorithmSpec(algorithms.fedavg),
+  "fedopt": AlgorithmSpec(algorithms.fedavg),
   "hierfavg": AlgorithmSpec(algorithms.hierfavg),
   "fedbuff": AlgorithmSpec(algorithms.fedbuff),
   "fedprox": AlgorithmSpec(algorithms.fedprox),
@@ -315,6 +323,8 @@ def schema(spec: AlgorithmSpec) -> Schema:
   if "update_paths" in params:   # privacy, attacks, robust aggregation, compression (by section)
     common.append(Fields(tuple(update_sections.SECTIONS), update_sections.update_paths_from_config,
                          ("update_paths",)))
+  if "local_optimizer" in params and "local_learning_rate" in params:   # a per-run client learning rate
+    common.append(Fields(("local_learning_rate",), _run_local_rate, ("local_optimizer",)))
   if "personal" in params:   # parameters kept per client or per subtree (fedtree.core.personal)
     common.append(Fields(("personal",), _personal))
   if "systems" in params:   # devices, availability, round policy (fedtree.experiment.systems)

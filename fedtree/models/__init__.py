@@ -57,16 +57,10 @@ _IMAGE_MODELS = {
   "vgg11": (VGG11, {}, 32, 63),
 }
 
-STATEFUL_NOT_SUPPORTED = ("models with state (BatchNorm's running statistics) are not supported yet: "
-                          "the engine trains a model's parameters only")
-
-
 def _standard_image_model(name: str, example_shape: Sequence[int], num_classes: int, **kwargs) -> Model:
   cls, fixed, low, high = _IMAGE_MODELS[name]
   image_shape(name, example_shape, min_size=low, max_size=high)
   kwargs = {**fixed, **{k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}}
-  if name == "resnet18" and kwargs.get("norm", "group") == "batch":
-    raise ValueError(f"model 'resnet18' with norm='batch': {STATEFUL_NOT_SUPPORTED}; use norm='group'")
   return from_flax(cls(num_classes=num_classes, **kwargs), example_shape, num_classes)
 
 
