@@ -64,9 +64,12 @@ def _dists(x):
 
 
 def _krum_scores(d, cand, f):
+  """Krum's scores among the candidates ``cand``: each one's squared distances to its
+  ``max(1, r - f - 2)`` nearest other candidates (at most ``r - 1``), ``r`` their number (the
+  paper's ``n - f - 2``; at least one neighbour, as Flower's ``aggregate_krum``)."""
   idx = np.flatnonzero(cand)
   r = len(idx)
-  nb = int(np.clip(r - f - 2, 0, max(r - 1, 0)))
+  nb = min(max(r - f - 2, 1), max(r - 1, 0))
   scores = np.full(len(cand), np.inf)
   for i in idx:
     others = np.sort([d[i, j] for j in idx if j != i])
@@ -85,14 +88,27 @@ def ref_krum(x, f, m):
   return x[ref_krum_sel(x, f, m)].mean(axis=0)
 
 
-def ref_bulyan(x, f):
+def ref_krum_weighted(x, w, f, m):
+  """Flower's multi-Krum: the kept updates averaged with their weights (example counts)."""
+  keep = ref_krum_sel(x, f, m)
+  return (w[keep, None] * x[keep]).sum(0) / w[keep].sum()
+
+
+def ref_bulyan_sel(x, f):
+  """Bulyan's θ = n - 2f choices: Krum over the candidates left, one at a time."""
   n = len(x)
   d = _dists(x)
   theta = int(np.clip(n - 2 * f, 1, n))
   chosen = np.zeros(n, bool)
   for _ in range(theta):
     chosen[np.argmin(_krum_scores(d, ~chosen, f))] = True
-  sel = x[chosen]
+  return chosen
+
+
+def ref_bulyan(x, f):
+  n = len(x)
+  theta = int(np.clip(n - 2 * f, 1, n))
+  sel = x[ref_bulyan_sel(x, f)]
   keep = int(np.clip(theta - 2 * f, 1, theta))
   med = np.median(sel, axis=0)
   order = np.argsort(np.abs(sel - med), axis=0, kind="stable")
@@ -141,6 +157,9 @@ CASES = [
   ("krum", robust.krum(f=1, m=1), lambda x, w: ref_krum(x, 1, 1)),
   ("multi_krum", robust.krum(f=2), lambda x, w: ref_krum(x, 2, None)),
   ("multi_krum_m3", robust.krum(f=1, m=3), lambda x, w: ref_krum(x, 1, 3)),
+  ("multi_krum_weighted", robust.krum(f=1, m=3, weighted=True), lambda x, w: ref_krum_weighted(x, w, 1, 3)),
+  ("multi_krum_weighted_default_m", robust.krum(f=2, weighted=True),
+   lambda x, w: ref_krum_weighted(x, w, 2, None)),
   ("bulyan", robust.bulyan(f=1), lambda x, w: ref_bulyan(x, 1)),
   ("geometric_median", robust.geometric_median(iterations=5), lambda x, w: ref_geomed(x, w, 5, 1e-6)),
   ("norm_bound", robust.norm_bound(tau=2.0), lambda x, w: ref_norm_bound(x, w, 2.0)),
@@ -187,6 +206,91 @@ def test_fltrust_matches_numpy_per_parent(ties):
     np.testing.assert_allclose(w[p], weights[p][valid[p] & ~root].sum(), rtol=1e-6)
   root0 = np.isin(clients[0], trusted) & valid[0]
   assert st["fltrust_zeroed"][0] == np.sum(flat[0][valid[0] & ~root0] @ flat[0][root0].mean(0) <= 0)
+
+
+def _attacked_cohort(seed, n=7, d=D, shift=50.0):
+  """One parent of ``n`` honest-looking updates (standard normal) whose slot ``seed % n`` an
+  attacker holds, shifted by ``+shift`` in every coordinate."""
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, d)).astype(np.float32)
+  bad = seed % n
+  x[bad] += shift
+  return x, bad
+
+
+def _one_parent_block(x, w=None):
+  n = len(x)
+  w = np.ones(n, np.float32) if w is None else np.asarray(w, np.float32)
+  deltas = {"a": jnp.asarray(x[None, :, :6].reshape(1, n, 2, 3)), "b": jnp.asarray(x[None, :, 6:])}
+  return Block(deltas, jnp.asarray(w[None]), jnp.ones((1, n), bool), jnp.arange(n, dtype=jnp.int32)[None])
+
+
+def test_bulyan_with_f1_never_keeps_a_far_attacker():
+  """Issue 40: on 7 clients with f = 1 Bulyan picks θ = 5 by Krum one at a time; the last pick,
+  among 3 candidates, scores each against max(1, 3 - 1 - 2) = 1 neighbour. Scored against 0
+  neighbours (every score 0) the pick was the lowest remaining slot, the attacker included: on 20
+  seeded problems with one +50 attacker it was kept in most. Now never, and the selection and the
+  estimate equal the per-client reference."""
+  kept = 0
+  for seed in range(20):
+    x, bad = _attacked_cohort(seed)
+    block = _one_parent_block(x)
+    sel = np.asarray(robust.bulyan_selection(block, f=1))[0]
+    np.testing.assert_array_equal(sel, ref_bulyan_sel(x, 1), err_msg=f"seed {seed}")
+    kept += int(sel[bad])
+    est, _, st = _run(robust.bulyan(f=1), block)
+    np.testing.assert_allclose(est[0], ref_bulyan(x, 1), rtol=2e-5, atol=2e-5)
+    assert st["bulyan_selected"][0] == 5
+  assert kept == 0
+
+
+@pytest.mark.parametrize("n,f", [(3, 0), (4, 0), (5, 1), (6, 1), (7, 1), (8, 1), (11, 2)])
+def test_krum_and_bulyan_on_small_cohorts_match_the_reference(n, f):
+  """Small cohorts, where the neighbour count reaches its floor of 1 (Krum: ``r - f - 2 <= 0`` only
+  below the bound, reached here by empty slots; Bulyan: at its last selections)."""
+  for seed in range(4):
+    x, _ = _attacked_cohort(seed, n=n, shift=5.0)
+    block = _one_parent_block(x)
+    if n >= 4 * f + 3:
+      sel = np.asarray(robust.bulyan_selection(block, f=f))[0]
+      np.testing.assert_array_equal(sel, ref_bulyan_sel(x, f), err_msg=f"n={n} f={f} seed={seed}")
+      est, _, _ = _run(robust.bulyan(f=f), block)
+      np.testing.assert_allclose(est[0], ref_bulyan(x, f), rtol=2e-5, atol=2e-5)
+    if n >= 2 * f + 3:
+      est, _, _ = _run(robust.krum(f=f, m=1), block)
+      np.testing.assert_allclose(est[0], ref_krum(x, f, 1), rtol=2e-5, atol=2e-5)
+    # reported updates below Krum's bound (empty slots): the floor of one neighbour
+    valid = np.zeros((1, n), bool)
+    valid[0, : max(2, n - 2 * f - 2)] = True
+    short = Block(block.deltas, block.weights, jnp.asarray(valid), block.clients)
+    sel = np.asarray(robust.krum_selection(short, f=f, m=1))[0]
+    r = int(valid.sum())
+    assert set(np.flatnonzero(sel)) == set(ref_krum_sel(x[:r], f, 1))
+
+
+def _flower_results(x, w):
+  """Flower's ``results``: one ``(layers, num_examples)`` per client, the layers as fedtree's."""
+  return [([x[i, :6].reshape(2, 3).astype(np.float64), x[i, 6:].astype(np.float64)], int(w[i]))
+          for i in range(len(x))]
+
+
+def test_bulyan_and_multi_krum_equal_flowers_own():
+  """Flower's own ``aggregate_bulyan`` / ``aggregate_krum`` (``flwr``, the ``flower`` extra: skipped
+  without it) on the same updates: Bulyan with f = 1 and 2, multi-Krum weighted by example counts."""
+  agg = pytest.importorskip("flwr.server.strategy.aggregate")
+  for seed in range(10):
+    for n, f in [(7, 1), (8, 1), (11, 2)]:
+      x, _ = _attacked_cohort(seed, n=n)
+      w = np.random.default_rng(seed).integers(5, 50, size=n)
+      block = _one_parent_block(x, w)
+      want = agg.aggregate_bulyan(_flower_results(x, w), num_malicious=f, aggregation_rule=agg.aggregate_krum,
+                                  to_keep=0)
+      est, _, _ = _run(robust.bulyan(f=f), block)
+      np.testing.assert_allclose(est[0], np.concatenate([want[0].ravel(), want[1]]), rtol=2e-5, atol=2e-5)
+      for m in (2, n - f):
+        want = agg.aggregate_krum(_flower_results(x, w), num_malicious=f, to_keep=m)
+        est, _, _ = _run(robust.krum(f=f, m=m, weighted=True), block)
+        np.testing.assert_allclose(est[0], np.concatenate([want[0].ravel(), want[1]]), rtol=2e-5, atol=2e-5)
 
 
 def test_selecting_aggregators_count_the_attackers_they_kept():
@@ -238,6 +342,8 @@ def test_bad_input_is_refused():
     robust.krum(f=-1)
   with pytest.raises(ValueError, match="m=0 must be at least 1"):
     robust.krum(f=1, m=0)
+  with pytest.raises(ValueError, match="krum: weighted='yes' must be True"):
+    robust.krum(f=1, weighted="yes")
   with pytest.raises(ValueError, match="center='x'; choose one of"):
     robust.centered_clip(tau=1.0, center="x")
   with pytest.raises(ValueError, match=r"fltrust: trusted=\[\] must name at least one child"):

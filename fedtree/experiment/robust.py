@@ -21,7 +21,8 @@ evaluation, also per experiment of a sweep); they need a fixed set of attackers 
 no swept fraction).
 
 ``aggregator``: ``{"name": ..., "levels": -1 | [levels], ...}`` plus the aggregator's
-hyperparameters (``beta``, ``f``, ``m``, ``iterations``, ``nu``, ``tau``, ``center``,
+hyperparameters (``beta``, ``f``, ``m``, ``weighted``: multi-Krum's kept updates averaged with the
+clients' weights as Flower's are, ``iterations``, ``nu``, ``tau``, ``center``,
 ``trusted``: FLTrust's root-data clients, or ``root_fraction``: that fraction of the clients
 drawn by ``seed``); ``levels``
 are server levels (``0`` the root, ``-1`` the clients' parents, the default).
