@@ -56,6 +56,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
       c.data.partitioner = "flwr.DirichletPartitioner"
       c.data.partitioner_args = ml_collections.ConfigDict(dict(
         num_partitions=20, partition_by="label", alpha=0.5, min_partition_size=10, seed=42))
+      # the rows shuffled first, as flwr_datasets.FederatedDataset(shuffle=True, seed=42) hands them
+      c.data.shuffle, c.data.shuffle_seed = True, 42
   c.topology = ml_collections.ConfigDict(dict(kind="groups"))
   c.model = ml_collections.ConfigDict(dict(name="mlp", hidden=(64,)))
   c.local = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=0.05, batch_size=16, epochs=1,
