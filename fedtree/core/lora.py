@@ -138,7 +138,8 @@ def lora_targets(spec: LoRA, params: PyTree) -> dict[str, tuple[int, int]]:
 
   Raises:
     ValueError: the model has no kernel at all, or a pattern of ``spec.targets`` matches none
-      of its kernels; the message names the pattern and lists the parameter paths.
+      of its kernels (the message names the pattern and lists the parameter paths), or
+      ``spec.rank`` exceeds the smaller side of an adapted kernel.
   """
   leaves = [(jax.tree_util.keystr(p, simple=True, separator="/"), leaf)
             for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]]
@@ -160,6 +161,14 @@ def lora_targets(spec: LoRA, params: PyTree) -> dict[str, tuple[int, int]]:
       shape = kernels[p]
       k = matrix_split(shape)
       out[p] = (math.prod(shape[:k]), math.prod(shape[k:]))
+  short = {p: s for p, s in out.items() if spec.rank > min(s)}
+  if short:
+    p, (d_in, d_out) = next(iter(short.items()))
+    raise ValueError(
+      f"LoRA rank={spec.rank} exceeds the smaller side of kernel {p} ({d_in} x {d_out}): its adapters "
+      f"A [{d_in}, {spec.rank}] B [{spec.rank}, {d_out}] are no low-rank update (rank {min(d_in, d_out)} is "
+      f"already the kernel's full rank); choose rank <= {min(min(s) for s in out.values())}, or targets "
+      f"that leave out {sorted(short)}")
   return out
 
 
@@ -382,7 +391,11 @@ def frozen_base(
   template = build(adapted_model(model, spec, shapes))
 
   def on(b) -> FederatedAlgorithm:
-    return build(adapted_model(model, spec, b))
+    # ``build`` runs again inside the trace of ``round``: its host-side work (a systems profile
+    # drawn with numpy, the attackers' mask, samplers) must stay concrete, as it was for the
+    # template; only what reads the traced base is traced
+    with jax.ensure_compile_time_eval():
+      return build(adapted_model(model, spec, b))
 
   def init(key):
     # a copy: the round loop donates the state's buffers, which must not delete the caller's base
