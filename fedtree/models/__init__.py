@@ -29,6 +29,30 @@ from fedtree.models.lm import LSTMLM, TransformerLM, build_lm, lm_model
 MODELS = ("logreg", "mlp", "cnn", "dscnn", "kwt", "mhattrnn", "resnet15", "lstm_lm", "transformer_lm")
 
 
+_MODULES = {"logreg": LogisticRegression, "mlp": MLP, "cnn": CNN, "dscnn": DSCNN, "kwt": KWT,
+            "mhattrnn": MHAttRNN, "resnet15": ResNet15, "lstm_lm": LSTMLM, "transformer_lm": TransformerLM}
+
+
+def model_fields(name: str) -> frozenset[str] | None:
+  """The ``config.model`` fields (keyword arguments of :func:`build_model`) that model ``name``
+  takes besides ``name``; ``None`` for an unknown name.
+
+  Example:
+    >>> sorted(model_fields("logreg")), sorted(model_fields("mlp"))
+    (['views'], ['hidden', 'views'])
+  """
+  import dataclasses
+
+  module = _MODULES.get(name)
+  if module is None:
+    return None
+  internal = {"parent", "name", "num_classes", "vocab_size", "max_len"}
+  fields = {f.name for f in dataclasses.fields(module) if f.init} - internal
+  extra = {"vocab_size"} if name in ("lstm_lm", "transformer_lm") else set()
+  extra |= {"char_len"} if name == "lstm_lm" else set()
+  return frozenset(fields | extra | {"views"})
+
+
 def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **kwargs) -> Model:
   """A model by name: ``logreg``, ``mlp`` (``hidden=``) or ``cnn`` (``features=``, ``dense=``,
   ``dropout=``, ``pool_every_conv=``) or ``dscnn`` (``width=``, ``blocks=``, ``first_kernel=``,
@@ -72,6 +96,7 @@ def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **
 
 
 __all__ = [
+  "model_fields",
   "CNN", "DSCNN", "KWT", "LSTMLM", "MLP", "MODELS", "Conv", "LogisticRegression", "MHAttRNN", "Model",
   "ResNet15", "TransformerLM", "build_lm", "build_model", "depthwise_conv", "dilated_conv", "from_flax",
   "im2col_conv", "lm_model", "masked_cross_entropy", "max_pool", "same_padding", "view_indices", "with_views",
