@@ -140,7 +140,8 @@ def test_dirichlet_self_balancing():
       for p in parts:
         if np.sum(labels[p] < k) > avg:
           assert not np.any(labels[p] == k), (seed, k)
-  plain = [max(len(p) for p in partition_dirichlet(labels, 8, 0.1, np.random.default_rng(s))) for s in range(5)]
+  plain = [max(len(p) for p in partition_dirichlet(labels, 8, 0.1, np.random.default_rng(s)))
+           for s in range(5)]
   balanced = [max(len(p) for p in partition_dirichlet(labels, 8, 0.1, np.random.default_rng(s),
                                                       self_balancing=True)) for s in range(5)]
   assert np.mean(balanced) < np.mean(plain)

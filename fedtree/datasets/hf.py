@@ -180,7 +180,8 @@ def from_hf(
   if not isinstance(shuffle, bool):
     raise ValueError(f"shuffle={shuffle!r} must be True (a Flower partitioner sees the rows shuffled, as "
                      f"FederatedDataset does) or False")
-  flower = partitioner is not None and not (isinstance(partitioner, str) and partitioner in FEDTREE_PARTITIONERS)
+  own = isinstance(partitioner, str) and partitioner in FEDTREE_PARTITIONERS
+  flower = partitioner is not None and not own
   parts, groups_of_part = _partition(train, partitioner, partitioner_args, client_column, label_column, rng,
                                      shuffle=shuffle, shuffle_seed=shuffle_seed)
   if clients_by is None and _flower_name(partitioner) == "GroupedNaturalIdPartitioner":
