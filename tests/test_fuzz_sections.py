@@ -123,6 +123,8 @@ def draw(seed: int) -> tuple[ml_collections.ConfigDict, str | None]:
     run = {k: v for k, v in run.items()
            if k not in ("attack", "aggregator", "compression", "privacy", "systems", "adapters")}
     if MEANINGLESS[bad][0] == "privacy":
+      if run.get("sampling", "uniform") not in ("uniform", "poisson"):   # (not accountable: refused first)
+        run.pop("sampling")
       run["weighting"] = "uniform"
       run["privacy"] = dict(clip_norm=1.0, noise_multiplier=0.5)
       if name == "fedbuff":   # (it takes no node transform: the central noise)
@@ -274,7 +276,7 @@ REFUSED = {
   "30 hours a day": ("hierfavg", dict(systems=dict(availability=dict(kind="diurnal", online_hours=30.0))),
                      r"online_hours=30.0 is longer than the day \(24 hours\)"),
   "lora rank above the kernels": ("hierfavg", dict(adapters=dict(kind="lora", rank=64)),
-                                  r"adapters: LoRA rank=64 exceeds the smaller side of kernel"),
+                                  r"adapters: LoRA rank=64 exceeds the smaller side of every adapted kernel"),
   "level 0 on a one-server run": ("fedavg", dict(aggregator=dict(name="median", levels=0)),
                                   r"aggregator: levels=0: algorithm 'fedavg' has one server over all 5 "
                                   r"clients"),
@@ -303,3 +305,19 @@ def test_meaningless_values_are_refused_by_name(case):
   with pytest.raises(ValueError, match=message) as e:
     runner.train_and_evaluate(c, None)
   assert "\n" not in str(e.value)
+
+
+def test_a_lora_rank_above_some_kernels_sides_is_named():
+  """A rank above the smaller side of every adapted kernel is refused (no adapter is low-rank); above
+  some of them, those are named (the experiment layer warns with them)."""
+  from fedtree.core import lora
+  from fedtree.models import build_model
+
+  model = build_model("mlp", example_shape=(6,), num_classes=3, hidden=(8,))   # kernels 6 x 8, 8 x 3
+  base = model.init(jax.random.key(0))
+  targets = lora.lora_targets(lora.lora(rank=4), base)
+  assert lora.full_rank_kernels(lora.lora(rank=4), targets) == ["Dense_1/kernel"]
+  assert lora.full_rank_kernels(lora.lora(rank=3), targets) == []
+  with pytest.raises(ValueError, match=r"LoRA rank=7 exceeds the smaller side of every adapted kernel \(the "
+                                       r"largest: Dense_0/kernel, 6 x 8\).*choose rank <= 6"):
+    lora.lora_targets(lora.lora(rank=7), base)

@@ -139,7 +139,8 @@ def lora_targets(spec: LoRA, params: PyTree) -> dict[str, tuple[int, int]]:
   Raises:
     ValueError: the model has no kernel at all, or a pattern of ``spec.targets`` matches none
       of its kernels (the message names the pattern and lists the parameter paths), or
-      ``spec.rank`` exceeds the smaller side of an adapted kernel.
+      ``spec.rank`` exceeds the smaller side of every adapted kernel (of some:
+      :func:`full_rank_kernels`, which the experiment layer names in a warning).
   """
   leaves = [(jax.tree_util.keystr(p, simple=True, separator="/"), leaf)
             for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]]
@@ -161,15 +162,19 @@ def lora_targets(spec: LoRA, params: PyTree) -> dict[str, tuple[int, int]]:
       shape = kernels[p]
       k = matrix_split(shape)
       out[p] = (math.prod(shape[:k]), math.prod(shape[k:]))
-  short = {p: s for p, s in out.items() if spec.rank > min(s)}
-  if short:
-    p, (d_in, d_out) = next(iter(short.items()))
+  if all(spec.rank > min(s) for s in out.values()):
+    p, (d_in, d_out) = max(out.items(), key=lambda kv: min(kv[1]))
     raise ValueError(
-      f"LoRA rank={spec.rank} exceeds the smaller side of kernel {p} ({d_in} x {d_out}): its adapters "
-      f"A [{d_in}, {spec.rank}] B [{spec.rank}, {d_out}] are no low-rank update (rank {min(d_in, d_out)} is "
-      f"already the kernel's full rank); choose rank <= {min(min(s) for s in out.values())}, or targets "
-      f"that leave out {sorted(short)}")
+      f"LoRA rank={spec.rank} exceeds the smaller side of every adapted kernel (the largest: {p}, {d_in} x "
+      f"{d_out}): no adapter is a low-rank update (A [{d_in}, {spec.rank}] B [{spec.rank}, {d_out}] has more "
+      f"parameters than the kernel and rank {min(d_in, d_out)} at most); choose rank <= {min(d_in, d_out)}")
   return out
+
+
+def full_rank_kernels(spec: LoRA, targets: dict[str, tuple[int, int]]) -> list[str]:
+  """The kernels of ``targets`` (:func:`lora_targets`) whose smaller side ``spec.rank`` exceeds:
+  their adapters are no low-rank update (more parameters than the kernel)."""
+  return sorted(p for p, s in targets.items() if spec.rank > min(s))
 
 
 # ------------------------------------------------------------------------ adapters
