@@ -12,10 +12,20 @@ Clients come from, in order of precedence:
   ``partitioner_args``, or a ``flwr_datasets.partitioner.Partitioner`` object): fedtree applies
   the partitioner itself to the dataset and reads which rows every partition holds, so the
   clients are exactly Flower's partitions for the same arguments and seed (``pip install -e
-  ".[hf]"``). Use it to reproduce a paper that split its data with Flower;
+  ".[hf]"``). As ``flwr_datasets.FederatedDataset`` does by default, the rows are shuffled
+  first (``shuffle=True``, ``shuffle_seed=42``: its ``shuffle`` and ``seed``; ``shuffle=False``
+  hands the partitioner the rows in the dataset's order), and every client keeps its rows in the
+  order Flower's partition lists them (its train/test split takes rows out without reordering
+  the rest). Use it to reproduce a paper that split its data with Flower;
 * one of fedtree's partitioners (``"iid"``, ``"dirichlet"``, ``"shards"``,
   :mod:`fedtree.core.data`; no extra dependency, the default), with ``partitioner_args``
-  (``num_clients``, ``alpha``, ``shards_per_client``, ``min_size``);
+  (``num_clients``, ``alpha``, ``shards_per_client``, ``min_size``, ``self_balancing``), on the
+  rows in the dataset's order (``shuffle`` is for Flower's). ``shards`` gives the row sets of
+  Flower's ``ShardPartitioner(num_shards_per_partition=s, seed=seed)`` on the unshuffled rows when
+  they divide evenly into ``num_clients * s`` shards; ``dirichlet`` draws its own shares: its
+  ``min_size`` defaults to 1 (Flower's ``min_partition_size`` to 10) and ``self_balancing``
+  (Flower's: a client holding more than the average gets no more rows) is off by default, as in
+  flwr-datasets 0.6;
 * ``client_column``: one client per value of a natural id (writer, speaker).
 
 With ``clients_by`` (a column) every partition is split further into one client per value
@@ -54,7 +64,13 @@ FORMATS = ("disk", "parquet", "csv", "json", "arrow")
 _ROW = "__fedtree_row__"
 
 
-def flower_partitions(dataset, partitioner) -> list[np.ndarray]:
+FLOWER_SHUFFLE_SEED = 42
+"""``flwr_datasets.FederatedDataset``'s default ``seed``: it shuffles every split with it before
+partitioning (``shuffle=True``, its default)."""
+
+
+def flower_partitions(dataset, partitioner, *, shuffle: bool = False,
+                      seed: int | None = FLOWER_SHUFFLE_SEED) -> list[np.ndarray]:
   """The rows of ``dataset`` in every partition of a Flower Datasets ``partitioner`` (applied
   here by Flower itself: ``partitioner.dataset = ...; partitioner.load_partition(i)``), in
   Flower's order within each partition.
@@ -62,10 +78,14 @@ def flower_partitions(dataset, partitioner) -> list[np.ndarray]:
   Args:
     dataset: a ``datasets.Dataset``.
     partitioner: a ``flwr_datasets.partitioner.Partitioner`` not yet given a dataset.
+    shuffle: shuffle the rows first, with ``seed``, as ``FederatedDataset(shuffle=True,
+      seed=seed)`` does before it hands a split to its partitioner (``Dataset.shuffle(seed=...)``).
+    seed: the shuffle's seed (``None``: fresh, unpredictable randomness, as Flower's).
   """
   if getattr(partitioner, "_dataset", None) is not None:
     raise ValueError(f"{type(partitioner).__name__} already holds a dataset; pass a fresh partitioner")
-  partitioner.dataset = dataset.add_column(_ROW, np.arange(len(dataset)))
+  rows = dataset.add_column(_ROW, np.arange(len(dataset)))
+  partitioner.dataset = rows.shuffle(seed=seed) if shuffle else rows
   return [np.asarray(partitioner.load_partition(i)[_ROW], np.int64)
           for i in range(partitioner.num_partitions)]
 
@@ -97,6 +117,8 @@ def from_hf(
   test_fraction: float = 0.2,
   text: dict[str, Any] | None = None,
   seed: int = 0,
+  shuffle: bool = True,
+  shuffle_seed: int | None = FLOWER_SHUFFLE_SEED,
 ) -> tuple[FederatedData, np.ndarray | None, tuple[np.ndarray, np.ndarray] | None, dict[str, Any]]:
   """Federated data from a Hugging Face dataset.
 
@@ -120,6 +142,10 @@ def from_hf(
     test_fraction: share of a client's examples held out for its test split.
     text: options of :func:`fedtree.datasets.text.to_federated` for a string input column.
     seed: fedtree's partitioners and the train/test split.
+    shuffle: a Flower partitioner sees the rows shuffled with ``shuffle_seed`` first, as
+      ``FederatedDataset(shuffle=True, seed=shuffle_seed)`` hands them (the default); ``False``:
+      in the dataset's order.
+    shuffle_seed: ``FederatedDataset``'s ``seed`` (its default 42; ``None``: unpredictable).
 
   Returns:
     ``(data, groups int32[C] or None, central test (x, y) or None, extras)``; ``extras`` holds
@@ -151,7 +177,13 @@ def from_hf(
     raise ValueError("clients_by (partitions as groups) and tree_columns (groups from columns) both set; "
                      "choose one")
   rng = np.random.default_rng(seed)
-  parts, groups_of_part = _partition(train, partitioner, partitioner_args, client_column, label_column, rng)
+  if not isinstance(shuffle, bool):
+    raise ValueError(f"shuffle={shuffle!r} must be True (a Flower partitioner sees the rows shuffled, as "
+                     f"FederatedDataset does) or False")
+  own = isinstance(partitioner, str) and partitioner in FEDTREE_PARTITIONERS
+  flower = partitioner is not None and not own
+  parts, groups_of_part = _partition(train, partitioner, partitioner_args, client_column, label_column, rng,
+                                     shuffle=shuffle, shuffle_seed=shuffle_seed)
   if clients_by is None and _flower_name(partitioner) == "GroupedNaturalIdPartitioner":
     flower = partitioner_args.get("partition_by") if isinstance(partitioner, str) else None
     clients_by = flower or getattr(partitioner, "_partition_by", None)
@@ -198,7 +230,8 @@ def from_hf(
     te = [(x_t[test_client == c], y_t[test_client == c]) for c in range(len(parts))]
     data = from_client_arrays(tr, te, num_classes=k, dtype=x.dtype)
   else:
-    data = split_train_test(x, y, parts, test_fraction=test_fraction, rng=rng, num_classes=k)
+    data = split_train_test(x, y, parts, test_fraction=test_fraction, rng=rng, num_classes=k,
+                            keep_order=flower)
     data.check_values()
     if test is not None:
       central = (_inputs(test, columns), np.asarray(test[label_column], np.int32))
@@ -272,7 +305,7 @@ def _describe(partitioner) -> str:
   return type(partitioner).__name__
 
 
-def _partition(train, partitioner, args, client_column, label_column, rng):
+def _partition(train, partitioner, args, client_column, label_column, rng, *, shuffle, shuffle_seed):
   """``(rows of every partition, group of every partition or None)``."""
   args = dict(args or {})
   n = len(train)
@@ -283,7 +316,7 @@ def _partition(train, partitioner, args, client_column, label_column, rng):
     parts, _ = partition_by_id(dense_codes(np.asarray(train[client_column]))[0])
     return [np.asarray(p, np.int64) for p in parts], None
   if isinstance(partitioner, str) and partitioner in FEDTREE_PARTITIONERS:
-    allowed = {"iid": ("num_clients",), "dirichlet": ("num_clients", "alpha", "min_size"),
+    allowed = {"iid": ("num_clients",), "dirichlet": ("num_clients", "alpha", "min_size", "self_balancing"),
                "shards": ("num_clients", "shards_per_client")}[partitioner]
     unknown = sorted(set(args) - set(allowed))
     if unknown or "num_clients" not in args:
@@ -295,7 +328,8 @@ def _partition(train, partitioner, args, client_column, label_column, rng):
     labels = np.asarray(train[label_column])
     if partitioner == "dirichlet":
       return partition_dirichlet(labels, c, float(args.get("alpha", 0.5)), rng,
-                                 min_size=int(args.get("min_size", 1))), None
+                                 min_size=int(args.get("min_size", 1)),
+                                 self_balancing=bool(args.get("self_balancing", False))), None
     return partition_shards(labels, c, int(args.get("shards_per_client", 2)), rng), None
   if isinstance(partitioner, str) and not partitioner.startswith("flwr."):
     raise ValueError(f"partitioner={partitioner!r}; choose one of {FEDTREE_PARTITIONERS} or "
@@ -303,7 +337,7 @@ def _partition(train, partitioner, args, client_column, label_column, rng):
   obj = _flower_object_or_none(partitioner, args)
   if not isinstance(partitioner, str) and args:
     raise ValueError("partitioner_args are for a partitioner given by name; this one is already built")
-  return flower_partitions(train, obj), None
+  return flower_partitions(train, obj, shuffle=shuffle, seed=shuffle_seed), None
 
 
 def _inputs(ds, columns: list[str]) -> np.ndarray:
