@@ -78,8 +78,9 @@ def pretraining_text(cfg: dict, data_cfg, vocab: tuple[str, ...]) -> tuple[np.nd
                                int(data_cfg.seq_len))
 
 
-def pretrain_context(ctx, print_fn=print):
-  """``(ctx with init_params = the pretrained model, {"base": summary})`` for ``ctx.config.pretrain``.
+def check_pretrain(ctx) -> tuple[int, int]:
+  """Refuses a ``ctx.config.pretrain`` no run can use; returns its ``(steps, batch_size)``. Reads
+  only: the runner calls it before anything is written.
 
   Raises:
     ValueError: an unknown field, ``config.init_params`` set as well, data without a vocabulary
@@ -99,6 +100,18 @@ def pretrain_context(ctx, print_fn=print):
   steps, batch = int(cfg.get("steps", 200)), int(cfg.get("batch_size", 32))
   if steps < 1 or batch < 1:
     raise ValueError(f"config.pretrain steps={steps} and batch_size={batch} must be >= 1")
+  return steps, batch
+
+
+def pretrain_context(ctx, print_fn=print):
+  """``(ctx with init_params = the pretrained model, {"base": summary})`` for ``ctx.config.pretrain``.
+
+  Raises:
+    ValueError: as :func:`check_pretrain`.
+  """
+  config = ctx.config
+  cfg = dict(config.pretrain)
+  steps, batch = check_pretrain(ctx)
   x, y = pretraining_text(cfg, config.data, ctx.vocab)
   optimizer = optimizer_by_name(cfg.get("optimizer", "adam"),
                                 learning_rate=float(cfg.get("learning_rate", 3e-3)))
