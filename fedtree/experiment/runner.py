@@ -581,6 +581,7 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
   every = int(config.get("checkpoint_every", 0) or 0)
   chunks = plan.chunks
   finals: dict[int, dict[str, float]] = {}
+  untrained: set[str] = set()
   spent = plan.spent
   for k, chunk in enumerate(chunks):
     name = label if len(chunks) == 1 else f"{label}#chunk{k}"
@@ -600,7 +601,9 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
       max_abs=divergence_bound(config),
     )
     for x, sm in zip(chunk, by_experiment(summaries, len(chunk)), strict=True):
-      finals[x] = {f"{m}/{s}": v[s] for m, v in sm.items() for s in SUMMARY_METRICS if s in v}
+      untrained.update(m for m, v in sm.items() if v.get("trained") is False)   # not a result
+      finals[x] = {f"{m}/{s}": v[s] for m, v in sm.items() if v.get("trained") is not False
+                   for s in SUMMARY_METRICS if s in v}
       finals[x].update({k: v for k, v in next(iter(sm.values()), {}).items() if k in SWEEP_BYTES})
       if spent is not None and spent[exps[x][0]] is not None:   # ε of this setting (host)
         finals[x].update(spent[exps[x][0]](plan.num_rounds))
@@ -608,10 +611,15 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
   rows = sweep.aggregate(shown, per_setting)
   select = str(config.sweep.get("select", "global/accuracy"))
   reporter.result(sweep.format_table(label, rows))
+  if untrained:
+    reporter.result(f"(left out, never trained within the run: its parameters are still the initial "
+                    f"ones: {', '.join(f'{label} {m}' for m in sorted(untrained))})")
   out = sweep.write_outputs(reporter.workdir, label, rows, select)  # None off process 0
+  out["untrained"] = sorted(untrained)
   if out["best"] is not None:
+    spread = f" ± {out['best']['std']:.4f}" if int(config.sweep.get("seeds", 1) or 1) > 1 else ""
     reporter.result(f"best setting of {label!r} by {select}: {out['best']['name']} "
-                    f"({out['best']['mean']:.4f} ± {out['best']['std']:.4f})")
+                    f"({out['best']['mean']:.4f}{spread})")
   return {"sweep": out}
 
 
@@ -793,19 +801,29 @@ def _poisoned(ctx: Context, run_cfg, mesh) -> tuple[Context, Any]:
   return dataclasses.replace(ctx, data=data, sharded_data=sharded), backdoor
 
 
+PLOT_EXTRA = 'pip install -e ".[plot]"'
+"""What installs the optional plotting library (matplotlib)."""
+
+
 def _write_plots(workdir: str, config: ml_collections.ConfigDict, reporter: Reporter) -> None:
   """The run's pictures (``plot_*.png``, :func:`fedtree.evaluation.plots.write_run_plots`) in
-  ``workdir``; skipped with a message when matplotlib is absent or ``config.plots`` is False."""
+  ``workdir``, after the results are written; skipped with one line naming the extra to install
+  when matplotlib is absent (or cannot be imported), and when ``config.plots`` is False."""
   import importlib.util
 
   if not config.get("plots", True):
     return
+  missing = f"note: matplotlib is not installed, so no plot_*.png ({PLOT_EXTRA})"
   if importlib.util.find_spec("matplotlib") is None:
-    reporter.print('note: matplotlib is not installed, so no plot_*.png (pip install -e ".[plot]")')
+    reporter.print(missing)
     return
   from fedtree.evaluation.plots import write_run_plots
 
-  written = write_run_plots(workdir)
+  try:
+    written = write_run_plots(workdir)
+  except ImportError as e:   # a broken install: the results are written, the pictures are not
+    reporter.print(f"{missing}: {e}")
+    return
   if written:
     reporter.print("plots: " + ", ".join(os.path.abspath(p) for p in written))
 
