@@ -45,6 +45,7 @@ from fedtree.datasets import poison
 from fedtree.experiment.path_parts import PathParts
 
 DATA_ATTACKS = ("label_flip", "backdoor")
+"""The attacks that poison the attackers' training data (:func:`poisoned_data`), not their updates."""
 ATTACKS = tuple(sorted(attacks.CLIENT_ATTACKS)) + attacks.OMNISCIENT + DATA_ATTACKS
 
 
