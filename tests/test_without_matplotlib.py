@@ -86,6 +86,13 @@ def shrunk(name: str, variant: str | None, only: str | None, tmp_path):
         run[field] = 1
   if c.get("pretrain", None) is not None:
     c.pretrain.steps = 2
+  if c.data.name == "stdlib_text":   # the language models: fewer sentences and words, a small LSTM
+    c.data.max_sentences, c.data.vocab_size = 8, 200
+    c.model.embed, c.model.hidden = 8, 16
+    for run in c.runs.values():
+      run.finetune.epochs = 1
+    if c.get("pretrain", None) is not None:
+      c.pretrain.packages, c.pretrain.max_sentences = ("json",), 4
   if name == "own_data":
     c.data.path = _arrays(tmp_path)
   if name == "quickstart":   # the default run's case: 5 clients
