@@ -242,3 +242,20 @@ def test_a_refused_run_leaves_the_workdir_as_it_was(tmp_path, case):
   with pytest.raises(ValueError, match=message):
     experiment.train_and_evaluate(c, str(done), overwrite=True)
   assert _snapshot(done) == before
+
+
+@pytest.mark.parametrize("field,value,message", [
+  ("optimizer", "adamx", r"config.pretrain: .*'adamx'"),
+  ("packages", ("json", "no_such_package"), r"config.pretrain.packages: package 'no_such_package' is not"),
+])
+def test_a_refused_pretraining_leaves_the_workdir_as_it_was(tmp_path, field, value, message):
+  """configs/peft_lm.py's pretraining read its packages and built its optimizer after the workdir
+  was written (issue 42 item 2)."""
+  c = load_config("peft_lm")
+  c.data.packages, c.data.max_sentences = ("json", "email"), 8
+  c.only = "lora"
+  with c.pretrain.ignore_type():
+    c.pretrain[field] = value
+  with pytest.raises(ValueError, match=message):
+    experiment.train_and_evaluate(c, str(tmp_path / "w"))
+  assert not (tmp_path / "w").exists()

@@ -699,10 +699,11 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
   # Every run (and every setting of a sweep) is built, its memory checked and its first compiled
   # call traced (not compiled) before the first one trains or anything is written: a bad value in
   # the last run, or one a round refuses only while it is traced, is refused up front.
-  if config.get("pretrain", None) is not None:
-    from fedtree.experiment.pretrain import check_pretrain
+  pretraining = None
+  if config.get("pretrain", None) is not None:   # checked and its text read; trained below
+    from fedtree.experiment.pretrain import prepare_pretrain
 
-    check_pretrain(ctx)
+    pretraining = prepare_pretrain(ctx)
   positive_classes_from_config(config, ctx.data.num_classes)
   built: dict[str, Any] = {}
   notes: dict[str, str] = {}
@@ -738,7 +739,7 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
   if config.get("pretrain", None) is not None:  # a pretrained base, trained now (issue 26)
     from fedtree.experiment.pretrain import pretrain_context
 
-    ctx, results["pretrained"] = pretrain_context(ctx, reporter.print)
+    ctx, results["pretrained"] = pretrain_context(ctx, reporter.print, prepared=pretraining)
     built.clear()   # the runs start from the pretrained base: built again on it below
     plans.clear()
     budget = memory.Budget.of(ctx)
