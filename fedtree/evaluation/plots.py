@@ -323,7 +323,9 @@ def plot_runs(records: Sequence[Mapping[str, Any]], path: str, *, metric: str = 
               finals: Mapping[tuple[str, str], float] | None = None) -> str:
   """Every run's ``metric`` over rounds in one panel (a line per run and model: a colour per run,
   the same in both panels, a line style per model), and the training loss of every run beside
-  it when ``train_loss``.
+  it when ``train_loss``. More than :data:`FACET_ABOVE` runs that fall into families
+  (:func:`facets`) are a panel per family instead, the metric above and the training loss below;
+  rows averaged over seeds (:func:`seed_means`) get their ±std band.
 
   Args:
     records: from :func:`read_metrics`.
@@ -365,6 +367,10 @@ def plot_runs(records: Sequence[Mapping[str, Any]], path: str, *, metric: str = 
         if x.size and not hidden(run, m, y):
           ax.plot(x, y, style, color=color, marker=MARKERS[i % len(MARKERS)], ms=2.5, lw=1.2)
           _band(ax, records, run, f"{m}/{metric}", color)
+      for (r, _), value in finals.items():   # models evaluated only at the end: a star
+        if r == run:
+          last = max((int(row["round"]) for row in records if str(row["run"]) == run), default=0)
+          ax.plot([last], [value], marker="*", ms=9, linestyle="none", color=color)
 
     def draw_loss(ax, run, color, style):
       x, y = curve(records, run, "train_loss")
@@ -1112,7 +1118,14 @@ def write_run_plots(workdir: str) -> list[str]:
     percentile band over rounds, per run (:func:`plot_fairness_over_rounds`), when the rows
     report them;
   * ``plot_time_accuracy.png``: the global model's accuracy against simulated hours, when runs
-    report a simulated clock (``sim_seconds``, :mod:`fedtree.core.systems`).
+    report a simulated clock (``sim_seconds``, :mod:`fedtree.core.systems`);
+  * ``plot_final_table.png``: for more than :data:`FACET_ABOVE` runs whose labels form a table
+    (:func:`grid_of`, e.g. ``{attack}_{defence}_{percent}``), the global model's final accuracy
+    (and attack success rate) as heatmaps (:func:`plot_final_table`).
+
+  Many runs are drawn a panel per family of runs (:func:`facets`) with one legend beside the
+  panels, and the per-client pictures a row per model (:func:`plot_client_boxes`); a sweep over
+  several seeds is drawn as its mean per setting with a ±std band (:func:`seed_means`).
 
   Models that never trained (``"trained": false`` in ``summary.json``; without a summary, those
   whose accuracy never changed) are left out; models evaluated only at the end (in
