@@ -263,13 +263,13 @@ def _facet_figure(plt, panels: Mapping[str, list[str]], rows: Sequence[tuple[str
       ax.tick_params(labelsize=7, labelbottom=True, labelleft=True)
       ax.grid(alpha=0.3)
   handles = [Line2D([], [], color=c, lw=2) for c in colors.values()]
-  labels = list(colors)
+  labels = [f"…_{k}…" if len(style_keys) > 1 else k for k in colors]
   if len(style_keys) > 1:
     handles += [Line2D([], [], color="0.3", ls=styles[st]) for st in style_keys]
-    labels += [st or "(none)" for st in style_keys]
+    labels += [f"…_{st}" if st else "(no suffix)" for st in style_keys]
   fig.set_layout_engine("constrained")
   fig.legend(handles, labels, loc="outside right upper", fontsize=7, ncols=math.ceil(len(handles) / 24),
-             title="colour: 2nd word,\nline: the rest" if len(style_keys) > 1 else None, title_fontsize=7)
+             title="colour, line style" if len(style_keys) > 1 else None, title_fontsize=7)
   fig.suptitle(suptitle)
   return fig
 
@@ -482,9 +482,12 @@ def plot_accuracy_vs_uplink(records: Sequence[Mapping[str, Any]], path: str, *, 
   labels = [run for run, p in pts.items() if p]
 
   def draw(ax, run, color, style):
+    from matplotlib.ticker import NullFormatter
+
     x, y = zip(*pts[run], strict=True)
     ax.plot(x, y, style, color=color, marker="o", ms=3, label=run)
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
   fig = _lines(plt, labels, [("", _label_metric(metric), draw)], xlabel="cumulative uplink (MB)",
                suptitle=title or (f"{model} model: {_label_metric(metric)} against the uplink"
@@ -532,11 +535,10 @@ def plot_fairness_over_rounds(records: Sequence[Mapping[str, Any]], path: str, *
     if p10.size == x.size and p90.size == x.size:
       ax.fill_between(x, p10, p90, color=color, alpha=0.15, linewidth=0)
 
-  if facets(labels) is not None:   # many runs: the median client above, the worst 10 % below
-    def median(ax, run, color, style):
+  if facets(labels) is not None:   # many runs: the median client above, the worst 10 % below (no
+    def median(ax, run, color, style):   # bands: a dozen overlapping ones hide every line)
       x, y = curve(records, run, f"{key}_p50")
       ax.plot(x, y, style, color=color, marker="o" if x.size == 1 else None, ms=3)
-      band(ax, run, color)
       ax.set_yscale(scale)
 
     def worst(ax, run, color, style):
@@ -544,7 +546,7 @@ def plot_fairness_over_rounds(records: Sequence[Mapping[str, Any]], path: str, *
       ax.plot(x, y, style, color=color, marker="o" if x.size == 1 else None, ms=3)
       ax.set_yscale(scale)
 
-    fig = _lines(plt, labels, [("median client (band: p10–p90)", _label_metric(metric), median),
+    fig = _lines(plt, labels, [("median client", _label_metric(metric), median),
                                ("worst 10 % of clients", _label_metric(metric), worst)],
                  xlabel="round", suptitle=title or f"{model}: {_label_metric(metric)} per client")
     return _save(fig, path)
