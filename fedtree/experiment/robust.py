@@ -46,6 +46,7 @@ from fedtree.datasets import poison
 from fedtree.experiment.path_parts import PathParts, check_level, run_depth
 
 DATA_ATTACKS = ("label_flip", "backdoor")
+"""The attacks that poison the attackers' training data (:func:`poisoned_data`), not their updates."""
 ATTACKS = tuple(sorted(attacks.CLIENT_ATTACKS)) + attacks.OMNISCIENT + DATA_ATTACKS
 
 
