@@ -68,6 +68,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fedtree.core import privacy as dp
+from fedtree.experiment.run_context import cohort_of, run_context
 
 ACCOUNTANTS = ("rdp", "pld")
 SAMPLINGS = ("fixed", "poisson")
@@ -313,6 +314,8 @@ def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> 
   ``ctx.run`` / ``ctx.params`` (:class:`fedtree.experiment.updates.RunContext`)."""
   _check_fields(section)
   run = getattr(ctx, "run", None) if run is None else run
+  if run is not None:   # the tree and cohort of the run's algorithm, never the config's (issue 43)
+    ctx = run_context(ctx, getattr(ctx, "label", "<label>"), run, getattr(ctx, "params", None))
   params = (getattr(ctx, "params", None) or {}) if params is None else params
   weighting = None
   if run is not None and "weighting" in run:
@@ -343,14 +346,13 @@ def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> 
   num_clients = ctx.data.num_clients
   depth = 1 if topology is None else topology.depth
   counts = (topology.leaf_counts(depth - 1) if topology is not None else np.asarray([num_clients]))
-  cohort_size = None if run is None else run.get("cohort_size", None)
   if sampling == "poisson":
     q = float(run.get("poisson_q"))
     check_sampling(sampling, q)
     expected = q * counts
     population, cohort = int(counts.max()), None
   else:
-    expected = counts if cohort_size in (None, -1) else np.minimum(counts, int(cohort_size))
+    expected = cohort_of(None if run is None else run.get("cohort_size", None), counts)
     rates = expected / counts
     i = int(np.argmax(rates))
     q, population, cohort = float(rates[i]), int(counts[i]), int(expected[i])
@@ -449,7 +451,8 @@ def round_metrics(label: str, run, ctx):
   section = section.to_dict() if hasattr(section, "to_dict") else section
   if not section:
     return None
-  p = plan(dict(section), ctx, run=run, params={}, verbose=False)   # (the build checked the weighting)
+  # (the build checked the weighting)
+  p = plan(dict(section), run_context(ctx, label, run), run=run, params={}, verbose=False)
 
   @functools.cache
   def metrics(r: int) -> dict[str, float]:

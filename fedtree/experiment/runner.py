@@ -625,7 +625,7 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
       run_ctx, _ = _poisoned(ctx, run_cfg, mesh)
       algorithm = build_algorithm(label, run_cfg, run_ctx)
       notes[label] = budget.check(label, jax.eval_shape(algorithm.init, loop.init_key(root)),
-                                  ctx.chunk_size(run_cfg), block=block_estimate(run_cfg, ctx))
+                                  ctx.chunk_size(run_cfg), block=block_estimate(run_cfg, ctx, label))
       built[label] = algorithm
   if workdir:
     # every process reads the workdir before process 0 writes it (all refuse alike), and
