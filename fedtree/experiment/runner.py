@@ -197,6 +197,7 @@ def make_context(config: ml_collections.ConfigDict) -> Context:
     from fedtree.experiment.params import load_params
 
     init_params = load_params(_path(config.init_params, "config.init_params"), model)
+  memory.check_data(data, config)   # a population too large is refused here, not killed in the copy
   return Context(
     config=config, data=as_device(data), groups=np.asarray(groups), topology=topology, model=model,
     local_optimizer=local_optimizer, schedule=schedule, central_test=central,
@@ -625,7 +626,8 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
       run_ctx, _ = _poisoned(ctx, run_cfg, mesh)
       algorithm = build_algorithm(label, run_cfg, run_ctx)
       notes[label] = budget.check(label, jax.eval_shape(algorithm.init, loop.init_key(root)),
-                                  ctx.chunk_size(run_cfg), block=block_estimate(run_cfg, ctx, label))
+                                  ctx.chunk_size(run_cfg), block=block_estimate(run_cfg, ctx, label),
+                                  extra_data_bytes=memory.copied_bytes(run_ctx.data, ctx.data))
       built[label] = algorithm
   if workdir:
     # every process reads the workdir before process 0 writes it (all refuse alike), and
