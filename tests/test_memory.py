@@ -94,6 +94,17 @@ def test_the_clients_data_is_counted_and_a_population_that_does_not_fit_is_refus
       rf"clients x {per:.0f} bytes, kept on the device for the run\), and about 3 clients fit")):
     budget.check("h", shapes, 2)
 
+  # evaluating every client at once (config.eval_chunk_size=None) does not fit, one client's step does
+  evaluation = budget.eval_bytes()
+  assert evaluation > step
+  budget.limit = data + state + (step + evaluation) // 2
+  room = budget.limit - data - state
+  with pytest.raises(ValueError, match=(
+      rf"run 'h' does not fit in memory when it evaluates: state {state} bytes \+ evaluation working set "
+      rf"{evaluation} bytes \(config.eval_chunk_size=None: every client at once\) .*; set "
+      rf"config.eval_chunk_size <= {int(room // (evaluation / clients))}")):
+    budget.check("h", shapes, 1)
+
   c.memory_limit_bytes = int(2 * 5.5 * per)   # on CPU the host arrays and their copy: 5 clients fit
   with pytest.raises(ValueError, match=(
       rf"the clients' data does not fit in memory: {data} bytes \({clients} clients x {per:.0f} bytes\) "

@@ -106,10 +106,31 @@ def copied_bytes(tree, original) -> int:
              if a is not b)
 
 
+def eval_bytes(model, data, chunk_size) -> int:
+  """Scratch XLA allocates to evaluate one model on every client's test split
+  (``Compiled.memory_analysis()`` of the evaluator at the data's shapes; nothing allocated):
+  ``chunk_size`` clients at once (``config.eval_chunk_size``), every client with ``None``, so
+  it grows with the population. 0 where it cannot be measured."""
+  import jax.numpy as jnp
+
+  from fedtree.core.metrics import make_evaluator
+
+  try:
+    params = jax.eval_shape(lambda: jax.tree.map(lambda a: a[None], model.init(jax.random.key(0))))
+    shape = jax.ShapeDtypeStruct
+    c = int(data.num_clients)
+    x, y = (shape(tuple(a.shape), a.dtype) for a in (data.x_test, data.y_test))
+    args = (x, y, shape((c,), jnp.int32), shape((c,), jnp.int32))
+    analysis = make_evaluator(model, chunk_size).lower(params, *args).compile().memory_analysis()
+  except Exception:  # noqa: BLE001  (a model the estimate cannot compile alone: not counted)
+    return 0
+  return 0 if analysis is None else int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
+
+
 def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, limit: int | None,
                  source: str, experiments: int = 1, chunk_name: str = "chunk_size",
                  block: tuple[int, int, int, bool] | None = None, data_bytes: int = 0,
-                 clients: int = 0) -> str:
+                 clients: int = 0, evaluation_bytes: int = 0, eval_chunk: int | None = None) -> str:
   """The one-line estimate printed before a run compiles; a ``ValueError`` with the numbers and
   the largest chunk that fits when it cannot fit in ``limit``.
 
@@ -129,6 +150,9 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
     data_bytes: bytes of the clients' data on the device (:func:`data_bytes`; shared by the
       experiments of a sweep).
     clients: the clients that data holds (to say how many would fit).
+    evaluation_bytes: the evaluator's scratch (:func:`eval_bytes`), checked beside the data and
+      the state (evaluation runs between rounds, not during one).
+    eval_chunk: ``config.eval_chunk_size`` (``None``: every client at once), named in the error.
 
   Returns:
     The line (the caller prints it).
@@ -143,10 +167,24 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
           f"{f' x {experiments} experiments' if experiments > 1 else ''}"
           f"{f' + cohort blocks {_gib(blocks)}' if block is not None else ''} + chunk working set "
           f"{chunk} x {_gib(step_bytes)} per client step{f' x {experiments}' if experiments > 1 else ''}")
+  at_once = "every client" if eval_chunk is None else f"{eval_chunk} clients"
+  evaluation = f"; evaluation {_gib(evaluation_bytes)} ({at_once} at once)" if evaluation_bytes else ""
   if limit is None:
-    return line + " (no memory limit known)"
-  line += f", limit {_gib(limit)} ({source})"
+    return line + evaluation + " (no memory limit known)"
+  line += f"{evaluation}, limit {_gib(limit)} ({source})"
   if total <= limit:
+    if data_bytes + state + evaluation_bytes > limit:   # evaluating every client at once does not fit
+      room = limit - data_bytes - state
+      at_a_time = clients if eval_chunk is None else min(int(eval_chunk), clients)
+      per = evaluation_bytes / max(1, at_a_time)
+      fits = int(room // per) if room > 0 else 0
+      advice = (f"set config.eval_chunk_size <= {fits}" if fits >= 1 else
+                "even one client's evaluation does not fit: use a smaller model or population")
+      raise ValueError(
+        f"run {label!r} does not fit in memory when it evaluates: state {state} bytes + evaluation "
+        f"working set {evaluation_bytes} bytes (config.eval_chunk_size={eval_chunk}: {at_once} at once) + "
+        f"clients data {data_bytes} bytes = {data_bytes + state + evaluation_bytes} bytes > limit {limit} "
+        f"bytes ({source}); {advice}")
     return line
   if block is not None and data_bytes + state > limit:   # the cohort blocks do not fit: a smaller cohort
     param_bytes, rows, size, pairwise = block
@@ -210,6 +248,9 @@ class Budget:
   step: Any  # () -> bytes of one client's local step
   _step_bytes: int | None = None
   data_bytes: int = 0   # the clients' data on the device (data_bytes)
+  evaluation: Any = None   # () -> the evaluator's scratch (eval_bytes)
+  eval_chunk: int | None = None   # config.eval_chunk_size
+  _eval_bytes: int | None = None
 
   @classmethod
   def of(cls, ctx) -> Budget:
@@ -222,13 +263,21 @@ class Budget:
       except Exception:  # noqa: BLE001  (a model the estimate cannot compile alone: state only)
         return 0
 
+    eval_chunk = ctx.config.get("eval_chunk_size", None)
+    eval_chunk = int(eval_chunk) if isinstance(eval_chunk, (int, np.integer)) else None
     return cls(limit=limit, source=source, num_clients=int(ctx.data.num_clients), step=step,
-               data_bytes=data_bytes(ctx))
+               data_bytes=data_bytes(ctx), evaluation=lambda: eval_bytes(ctx.model, ctx.data, eval_chunk),
+               eval_chunk=eval_chunk)
 
   def step_bytes(self) -> int:
     if self._step_bytes is None:
       self._step_bytes = int(self.step())
     return self._step_bytes
+
+  def eval_bytes(self) -> int:
+    if self._eval_bytes is None:
+      self._eval_bytes = int(self.evaluation()) if self.evaluation is not None else 0
+    return self._eval_bytes
 
   def check(self, label: str, state_shapes, chunk_size, *, experiments: int = 1,
             chunk_name: str = "chunk_size", block: tuple[int, int, int, bool] | None = None,
@@ -239,4 +288,5 @@ class Budget:
     return check_memory(label, state_bytes=tree_bytes(state_shapes), step_bytes=self.step_bytes(),
                         chunk=estimate_chunk(chunk_size, self.num_clients), limit=self.limit,
                         source=self.source, experiments=experiments, chunk_name=chunk_name, block=block,
-                        data_bytes=self.data_bytes + int(extra_data_bytes), clients=self.num_clients)
+                        data_bytes=self.data_bytes + int(extra_data_bytes), clients=self.num_clients,
+                        evaluation_bytes=self.eval_bytes(), eval_chunk=self.eval_chunk)
