@@ -96,6 +96,27 @@ def test_privacy_fixed_normalisation_divides_by_the_run_cohort():
   np.testing.assert_allclose(out["fixed"], out["count"], rtol=1e-6, atol=1e-7)
 
 
+def test_grouppfl_runs_privacy_on_its_groups_and_refuses_a_fixed_normalisation():
+  """GroupPerFL's tree is its data groups (root -> groups -> clients); its global stage puts every
+  client under one group, so the per-parent expected cohort of ``normalize='fixed'`` fits one
+  stage only: refused by name (it crashed in the global stage), where the counted one runs."""
+  from helpers import ALGORITHM_CASES
+
+  ctx = _ctx()
+  run = _run(algorithm="grouppfl", **ALGORITHM_CASES["grouppfl"])
+  del run["weighting"]
+  run.privacy = {"clip_norm": 0.5, "noise_multiplier": 1.0, "normalize": "fixed"}
+  with pytest.raises(ValueError, match=r"normalize='fixed' with algorithm='grouppfl': .* normalize='count'"):
+    registry.build_algorithm("grouppfl", run, ctx)
+  run.privacy.normalize = "count"
+  p = xp.plan(run.privacy.to_dict(), ctx, run=run, params={}, verbose=False)
+  assert (p.depth, p.expected.tolist(), p.sampling_rate) == (2, [2, 2], pytest.approx(2 / 3))
+  alg = registry.build_algorithm("grouppfl", run, ctx)
+  state = loop.run(alg, ctx.data, num_rounds=4, key=jax.random.key(0))
+  assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state) if hasattr(x, "dtype")
+             and np.issubdtype(np.asarray(x).dtype, np.floating))
+
+
 # ------------------------------------------------------------------------ attacks
 def test_an_attack_level_is_a_level_of_the_run_tree():
   """``level=0`` of a one-server run is its root, whose children are the clients: the clients

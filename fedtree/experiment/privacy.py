@@ -240,6 +240,12 @@ def _check_fields(section) -> None:
         raise ValueError(f"{where}: unknown field {f!r}{hint}; allowed fields: {sorted(allowed)}")
 
 
+STAGED = ("grouppfl",)
+"""Algorithms whose stages run one update path on trees of different parents (GroupPerFL: every
+client under one group, then under its data group). The expected cohort of a fixed normalisation
+is per parent, so ``normalize="fixed"`` is refused for them; ε is accounted at the rate of the
+stage that samples most (the data groups'), for every round: an upper bound."""
+
 ABOVE_THE_PARENTS = ("hierfavg", "fedprox", "ditto", "pfedme", "perfedavg", "fedmmd", "fedkws")
 """The algorithms (HierFAVG and the local objectives under it) for which noise above the clients'
 parents has the sensitivity derived in the module docstring."""
@@ -389,6 +395,11 @@ def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> 
   normalize = section.get("normalize", "fixed" if sampling == "poisson" else "count")
   if normalize not in dp.NORMALIZATIONS:
     raise ValueError(f"normalize={normalize!r}; choose one of {list(dp.NORMALIZATIONS)}")
+  algorithm = None if run is None else run.get("algorithm", None)
+  if normalize == "fixed" and algorithm in STAGED:
+    raise ValueError(f"normalize='fixed' with algorithm={algorithm!r}: its stages aggregate the same clients "
+                     f"under different parents (one group, then the data groups), and a fixed normalisation "
+                     f"needs one expected cohort per parent; use normalize='count'")
   if sampling == "poisson" and normalize == "count":
     raise ValueError("normalize='count' with sampling='poisson': the actual count of a Poisson cohort is "
                      "private and dividing by it has no bounded sensitivity; use normalize='fixed'")
