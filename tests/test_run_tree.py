@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from helpers import small_context
 
-from fedtree.core import loop
 from fedtree.experiment import privacy as xp
 from fedtree.experiment import registry
 from fedtree.experiment.robust import block_estimate
@@ -36,8 +35,9 @@ def _run(**fields):
                                     "weighting": "uniform", **fields})
 
 
-def _final_params(alg, ctx, rounds=2):
-  state = loop.run(alg, ctx.data, num_rounds=rounds, key=jax.random.key(3))
+def _final_params(alg, ctx):
+  """The models after one round."""
+  state, _ = jax.jit(alg.round)(alg.init(jax.random.key(0)), ctx.data, jax.random.key(3))
   return np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree.leaves(state.params)])
 
 
@@ -108,13 +108,10 @@ def test_grouppfl_runs_privacy_on_its_groups_and_refuses_a_fixed_normalisation()
   run.privacy = {"clip_norm": 0.5, "noise_multiplier": 1.0, "normalize": "fixed"}
   with pytest.raises(ValueError, match=r"normalize='fixed' with algorithm='grouppfl': .* normalize='count'"):
     registry.build_algorithm("grouppfl", run, ctx)
-  run.privacy.normalize = "count"
+  run.privacy.normalize = "count"   # (test_privacy runs GroupPerFL with it)
   p = xp.plan(run.privacy.to_dict(), ctx, run=run, params={}, verbose=False)
   assert (p.depth, p.expected.tolist(), p.sampling_rate) == (2, [2, 2], pytest.approx(2 / 3))
-  alg = registry.build_algorithm("grouppfl", run, ctx)
-  state = loop.run(alg, ctx.data, num_rounds=4, key=jax.random.key(0))
-  assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state) if hasattr(x, "dtype")
-             and np.issubdtype(np.asarray(x).dtype, np.floating))
+  registry.build_algorithm("grouppfl", run, ctx)
 
 
 # ------------------------------------------------------------------------ attacks
