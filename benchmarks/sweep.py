@@ -90,9 +90,9 @@ def measure(make, data, n: int, rounds: int, sequential_max: int | None = None) 
 
 
 def plot(results: dict, path: str) -> str:
-  from fedtree.evaluation.plots import _pyplot, _save
+  from fedtree.experiment.plots import pyplot, save
 
-  plt = _pyplot()
+  plt = pyplot()
   fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 3.8), squeeze=False)
   for ax, (name, rows) in zip(axes[0], results.items(), strict=True):
     n = [r["n"] for r in rows]
@@ -106,7 +106,7 @@ def plot(results: dict, path: str) -> str:
     ax.set_title(name)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def main(argv=None):

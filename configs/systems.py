@@ -9,7 +9,7 @@ times slower than the median, the slowest in a hundred about 10 times) and a dai
 window of 8 hours around 10 pm (spread 4 hours). Every FedAvg run samples 8 clients among those
 on line (``sampling="available"``); each client does one local epoch. ``plot_time_accuracy.png``
 draws the global model's accuracy against simulated hours, and the runner's summary the final
-accuracies; the time to reach ``TARGET`` accuracy is ``fedtree.evaluation.plots.time_to_target``.
+accuracies; the time to reach ``TARGET`` accuracy is ``fedtree.experiment.plots.time_to_target``.
 
 Measured (the command above, CPU, seed 0; 150 server updates each, evaluated every 10, so a
 time to accuracy is the first evaluation at or above it; ``docs/images/systems_time_accuracy.png``):

@@ -247,7 +247,7 @@ def test_accuracy_against_uplink_megabytes_is_plotted(tmp_path):
   pytest.importorskip("matplotlib")
   import json
 
-  from fedtree.evaluation import plots
+  from fedtree.experiment import plots
 
   rows = [{"run": run, "round": r, "uplink_MB": mb * r, "global/accuracy": 0.5 + r / 100}
           for run, mb in (("none", 1.0), ("qsgd8", 0.25)) for r in (1, 2, 3)]

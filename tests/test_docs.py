@@ -28,7 +28,7 @@ DOCTEST_MODULES = [
   "fedtree.core.compression",  # compressor
   "fedtree.core.systems",      # Systems.round (no compilation of a round)
   "fedtree.core.traffic",      # Traffic
-  "fedtree.evaluation.plots",  # write_run_plots
+  "fedtree.experiment.plots",  # write_run_plots
   "fedtree.algorithms.hierfavg",           # fedavg, hierfavg
   "fedtree.algorithms.grouppfl.grouppfl",  # GroupPersonalizedFL
   "fedtree.experiment.runner",             # train_and_evaluate
@@ -204,7 +204,7 @@ def test_the_write_your_own_guide_runs():
 @pytest.mark.parametrize("name", DOCTEST_MODULES + [pytest.param(m, marks=pytest.mark.slow)
                                                     for m in SLOW_DOCTEST_MODULES])
 def test_docstring_examples_run(name):
-  if name == "fedtree.evaluation.plots":
+  if name == "fedtree.experiment.plots":
     pytest.importorskip("matplotlib")
   flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
   result = doctest.testmod(importlib.import_module(name), optionflags=flags, verbose=False)

@@ -89,7 +89,7 @@ def test_final_table_has_a_compact_fairness_column():
 
 def test_histogram_png(tmp_path):
   pytest.importorskip("matplotlib")
-  from fedtree.evaluation.plots import plot_client_fairness
+  from fedtree.experiment.plots import plot_client_fairness
 
   s = summarize(EvalStats(np.ones(4), np.array([1.0, 2.0, 3.0, 4.0]), np.full(4, 4.0)))
   model = {"fairness": s["fairness"], "client_accuracy": s["client_accuracy"].tolist()}

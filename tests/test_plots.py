@@ -1,4 +1,4 @@
-"""fedtree.evaluation.plots: every picture from a workdir, the benchmark files, and no
+"""fedtree.experiment.plots: every picture from a workdir, the benchmark files, and no
 matplotlib import until a picture is drawn."""
 
 import json
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("matplotlib")
-from fedtree.evaluation import plots  # noqa: E402
+from fedtree.experiment import plots  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -92,13 +92,13 @@ def test_fairness_over_rounds_from_the_rows(tmp_path, monkeypatch):
   written = [os.path.basename(p) for p in plots.write_run_plots(str(tmp_path))]
   assert "plot_fairness_rounds.png" in written
   fig_lines = []
-  real_save = plots._save
+  real_save = plots.save
 
   def grab(fig, path):
     fig_lines.extend(line.get_label() for ax in fig.axes for line in ax.lines)
     return real_save(fig, path)
 
-  monkeypatch.setattr(plots, "_save", grab)
+  monkeypatch.setattr(plots, "save", grab)
   plots.plot_fairness_over_rounds(records, str(tmp_path / "f.png"), skip={"hier"})
   assert fig_lines == ["fedavg: median client", "fedavg: worst 10 %"]
   assert _is_png(tmp_path / "f.png")
@@ -148,7 +148,7 @@ def test_benchmark_results_draw(tmp_path, name):
 
 
 def test_importing_plots_imports_no_matplotlib():
-  code = "import sys, fedtree.evaluation.plots, fedtree.evaluation; print('matplotlib' in sys.modules)"
+  code = "import sys, fedtree.experiment.plots, fedtree.evaluation; print('matplotlib' in sys.modules)"
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}, check=True)
   assert out.stdout.strip() == "False"
@@ -190,7 +190,7 @@ def test_a_language_model_run_gets_a_perplexity_picture(tmp_path):
 def _figures(monkeypatch):
   """Every figure a plot function draws, kept open instead of saved."""
   figs = []
-  monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or path)
+  monkeypatch.setattr(plots, "save", lambda fig, path: figs.append(fig) or path)
   return figs
 
 
@@ -295,7 +295,7 @@ def test_many_runs_are_drawn_a_panel_per_family_with_the_legend_outside(monkeypa
   labels = _robust_like(tmp_path, attacks, defences)
   assert len(labels) == len(defences) * (2 * len(attacks) - 1)
   figs = {}
-  monkeypatch.setattr(plots, "_save", lambda fig, path: figs.setdefault(os.path.basename(path), fig) and path)
+  monkeypatch.setattr(plots, "save", lambda fig, path: figs.setdefault(os.path.basename(path), fig) and path)
   with warnings.catch_warnings():
     warnings.simplefilter("error")   # "Tight layout not applied", "legend ... too large", ...
     written = [os.path.basename(p) for p in plots.write_run_plots(str(tmp_path))]
@@ -344,7 +344,7 @@ def test_a_sweep_over_seeds_is_a_line_per_setting_and_its_untrained_model_is_not
              for run in ("fedavg", "edges_only")}
   (tmp_path / "summary.json").write_text(json.dumps(summary))
   figs = {}
-  monkeypatch.setattr(plots, "_save", lambda fig, path: figs.setdefault(os.path.basename(path), fig) and path)
+  monkeypatch.setattr(plots, "save", lambda fig, path: figs.setdefault(os.path.basename(path), fig) and path)
   plots.write_run_plots(str(tmp_path))
   acc = figs["plot_accuracy.png"].axes[0]
   assert [ln.get_label() for ln in acc.lines] == ["fedavg (mean of 8 seeds) · global",
@@ -365,7 +365,7 @@ def test_untrained_models_are_left_out_of_the_models_and_uplink_pictures(monkeyp
              "edges": {"global": {"trained": False}, "level1": {"trained": True}}}
   (tmp_path / "summary.json").write_text(json.dumps(summary))
   figs = {}
-  monkeypatch.setattr(plots, "_save", lambda fig, path: figs.setdefault(os.path.basename(path), fig) and path)
+  monkeypatch.setattr(plots, "save", lambda fig, path: figs.setdefault(os.path.basename(path), fig) and path)
   plots.write_run_plots(str(tmp_path))
   models = {ax.get_title(): [ln.get_label() for ln in ax.lines] for ax in figs["plot_models.png"].axes}
   assert models == {"hier": ["global", "level1"], "edges": ["level1"]}

@@ -11,8 +11,8 @@ from config_files import load_config
 from helpers import small_context
 
 from fedtree.datasets.device_traces import availability_trace, device_capacity_profile
-from fedtree.evaluation.plots import plot_time_to_accuracy, time_curve, time_to_target
 from fedtree.experiment import registry
+from fedtree.experiment.plots import plot_time_to_accuracy, time_curve, time_to_target
 from fedtree.experiment.runner import train_and_evaluate
 
 CAPACITY = {7: {"computation": 50.0, "communication": 800.0}, 3: {"computation": 20.0, "communication": 80.0}}

@@ -828,7 +828,7 @@ PLOT_EXTRA = 'pip install -e ".[plot]"'
 
 
 def _write_plots(workdir: str, config: ml_collections.ConfigDict, reporter: Reporter) -> None:
-  """The run's pictures (``plot_*.png``, :func:`fedtree.evaluation.plots.write_run_plots`) in
+  """The run's pictures (``plot_*.png``, :func:`fedtree.experiment.plots.write_run_plots`) in
   ``workdir``, after the results are written; skipped with one line naming the extra to install
   when matplotlib is absent (or cannot be imported), and when ``config.plots`` is False."""
   import importlib.util
@@ -839,7 +839,7 @@ def _write_plots(workdir: str, config: ml_collections.ConfigDict, reporter: Repo
   if importlib.util.find_spec("matplotlib") is None:
     reporter.print(missing)
     return
-  from fedtree.evaluation.plots import write_run_plots
+  from fedtree.experiment.plots import write_run_plots
 
   try:
     written = write_run_plots(workdir)

@@ -491,7 +491,7 @@ def write_outputs(workdir: str | None, label: str, rows: list[dict], select: str
           "trained is left out)", file=sys.stderr)
   elif workdir:
     try:
-      from fedtree.evaluation import plots
+      from fedtree.experiment import plots
 
       with open(os.path.join(workdir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f if line.strip()]

@@ -113,7 +113,8 @@ def curve(records: Iterable[Mapping[str, Any]], run: str, key: str) -> Curve:
 # ------------------------------------------------------------------------ drawing helpers
 
 
-def _pyplot():
+def pyplot():
+  """matplotlib.pyplot, imported now (the non-interactive ``Agg`` backend when none was chosen)."""
   import matplotlib
 
   if "matplotlib.pyplot" not in __import__("sys").modules:
@@ -123,7 +124,8 @@ def _pyplot():
   return plt
 
 
-def _save(fig, path: str) -> str:
+def save(fig, path: str) -> str:
+  """Writes ``fig`` to ``path`` (PNG, integer ticks where an axis counts rounds) and closes it."""
   from matplotlib.ticker import MaxNLocator
 
   for ax in fig.axes:
@@ -133,7 +135,7 @@ def _save(fig, path: str) -> str:
   if fig.get_layout_engine() is None:   # a constrained figure (legend outside) lays itself out
     fig.tight_layout()
   fig.savefig(path, dpi=110)
-  _pyplot().close(fig)
+  pyplot().close(fig)
   return path
 
 
@@ -344,7 +346,7 @@ def plot_runs(records: Sequence[Mapping[str, Any]], path: str, *, metric: str = 
   Returns:
     ``path``.
   """
-  plt = _pyplot()
+  plt = pyplot()
   skip = set(skip)
   finals = dict(finals or {})
   models = list(models) if models is not None else models_of(records, metric)
@@ -382,7 +384,7 @@ def plot_runs(records: Sequence[Mapping[str, Any]], path: str, *, metric: str = 
       rows.append(("training loss", _label_metric("train_loss"), draw_loss))
     fig = _facet_figure(plt, panels, rows, suptitle=(title or f"{_label_metric(metric)} of every run")
                         + (f"\n{note}" if note else ""))
-    return _save(fig, path)
+    return save(fig, path)
   colors = run_colors(labels)
   fig, axes = plt.subplots(1, 2 if train_loss else 1, figsize=(11 if train_loss else 6.5, 3.8),
                            squeeze=False)
@@ -419,7 +421,7 @@ def plot_runs(records: Sequence[Mapping[str, Any]], path: str, *, metric: str = 
     if ax2.lines and len(ax2.lines) <= LEGEND_INSIDE and fig.get_layout_engine() is None:
       ax2.legend(fontsize=7)
   fig.suptitle(title or f"{_label_metric(metric)} of every run")
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def _band(ax, records: Sequence[Mapping[str, Any]], run: str, key: str, color) -> None:
@@ -473,7 +475,7 @@ def plot_accuracy_vs_uplink(records: Sequence[Mapping[str, Any]], path: str, *, 
   Returns:
     ``path``.
   """
-  plt = _pyplot()
+  plt = pyplot()
   key = f"{model}/{metric}"
   skip = set(skip)
   pts = {run: sorted((float(r["uplink_MB"]), float(r[key])) for r in records
@@ -492,7 +494,7 @@ def plot_accuracy_vs_uplink(records: Sequence[Mapping[str, Any]], path: str, *, 
   fig = _lines(plt, labels, [("", _label_metric(metric), draw)], xlabel="cumulative uplink (MB)",
                suptitle=title or (f"{model} model: {_label_metric(metric)} against the uplink"
                                   if len(labels) > FACET_ABOVE else None))
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def fairness_keys(records: Iterable[Mapping[str, Any]]) -> list[tuple[str, str]]:
@@ -521,7 +523,7 @@ def plot_fairness_over_rounds(records: Sequence[Mapping[str, Any]], path: str, *
   Returns:
     ``path``.
   """
-  plt = _pyplot()
+  plt = pyplot()
   skip = set(skip)
   key = f"{model}/{metric}"
   labels = [r for r in runs(records) if r not in skip and curve(records, r, f"{key}_p50")[0].size]
@@ -549,7 +551,7 @@ def plot_fairness_over_rounds(records: Sequence[Mapping[str, Any]], path: str, *
     fig = _lines(plt, labels, [("median client", _label_metric(metric), median),
                                ("worst 10 % of clients", _label_metric(metric), worst)],
                  xlabel="round", suptitle=title or f"{model}: {_label_metric(metric)} per client")
-    return _save(fig, path)
+    return save(fig, path)
   colors = run_colors(labels)
   fig, ax = plt.subplots(figsize=(6.5, 3.8))
   for run in labels:
@@ -562,7 +564,7 @@ def plot_fairness_over_rounds(records: Sequence[Mapping[str, Any]], path: str, *
   ax.set_yscale(scale)
   _finish_curves(ax, "round", metric)
   ax.set_title(title or default, fontsize=10)
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def _finish_curves(ax, xlabel: str, metric: str) -> None:
@@ -610,7 +612,7 @@ def plot_time_to_accuracy(records: Sequence[Mapping[str, Any]], path: str, *, me
   Returns:
     ``path``.
   """
-  plt = _pyplot()
+  plt = pyplot()
   key = f"{model}/{metric}"
   labels = [run for run in runs(records) if time_curve(records, run, key, time_key=time_key)[0].size]
 
@@ -622,14 +624,14 @@ def plot_time_to_accuracy(records: Sequence[Mapping[str, Any]], path: str, *, me
 
   fig = _lines(plt, labels, [(title or "", _label_metric(metric), draw)], xlabel="simulated hours",
                suptitle=None)
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def plot_perplexity(records: Sequence[Mapping[str, Any]], path: str, *, title: str | None = None) -> str:
   """A language model's test perplexity over rounds, log scale: token level (``<model>/perplexity``)
   and, when reported, sentence level (``<model>/sentence_perplexity``) in a second panel; a line
   per run and model."""
-  plt = _pyplot()
+  plt = pyplot()
   metrics = [m for m in ("perplexity", "sentence_perplexity") if models_of(records, m)]
   fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 3.8), squeeze=False)
   colors = run_colors(runs(records))
@@ -647,7 +649,7 @@ def plot_perplexity(records: Sequence[Mapping[str, Any]], path: str, *, title: s
     ax.grid(alpha=0.3, which="both")
   _legend(axes[0, 0])
   fig.suptitle(title or "test perplexity (lower is better)")
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def plot_models_per_run(records: Sequence[Mapping[str, Any]], path: str, *, metric: str = "accuracy",
@@ -656,7 +658,7 @@ def plot_models_per_run(records: Sequence[Mapping[str, Any]], path: str, *, metr
   ``level1``, ...; or global, team and personal models; or cluster models), on a shared y axis;
   ``skip``: ``(run, model)`` pairs to leave out (models that never trained). Many runs are drawn
   in smaller panels, 6 a line."""
-  plt = _pyplot()
+  plt = pyplot()
   skip = set(skip)
   labels = runs(records)
   many = len(labels) > FACET_ABOVE
@@ -680,13 +682,13 @@ def plot_models_per_run(records: Sequence[Mapping[str, Any]], path: str, *, metr
   head = title or f"{_label_metric(metric)} of every model, a panel per run"
   fig.suptitle(head + (f"\n(never trained, left out: {', '.join(left_out)})" if left_out else ""),
                fontsize=10 if left_out else None)
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def plot_clusters(records: Sequence[Mapping[str, Any]], path: str, *, title: str | None = None) -> str:
   """Intra- vs inter-cluster accuracy over rounds (paper 004): a panel per run that reports
   them, solid intra, dashed inter, a colour per clustered model."""
-  plt = _pyplot()
+  plt = pyplot()
   labels = [r for r in runs(records) if models_of([x for x in records if x["run"] == r],
                                                   "intra_cluster_accuracy")]
   fig, axes = _grid(plt, max(1, len(labels)))
@@ -705,14 +707,14 @@ def plot_clusters(records: Sequence[Mapping[str, Any]], path: str, *, title: str
     ax.legend(fontsize=7)
   _share_y(axes)
   fig.suptitle(title or "intra-cluster (solid) vs inter-cluster (dashed) accuracy")
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def plot_cluster_tradeoff(points: Mapping[str, tuple[float, float]], path: str, *,
                           title: str | None = None) -> str:
   """Final intra- against inter-cluster accuracy, a labelled point per run (paper 004's Table 1
   β sweep as a picture). ``points``: ``{label: (intra, inter)}``."""
-  plt = _pyplot()
+  plt = pyplot()
   fig, ax = plt.subplots(figsize=(5.2, 4.2))
   for i, (label, (intra, inter)) in enumerate(points.items()):
     ax.scatter([inter], [intra], color=f"C{i % 10}", s=40)
@@ -722,13 +724,13 @@ def plot_cluster_tradeoff(points: Mapping[str, tuple[float, float]], path: str, 
   ax.set_ylabel("intra-cluster accuracy")
   ax.grid(alpha=0.3)
   ax.set_title(title or "intra- vs inter-cluster accuracy")
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def plot_keyword_rates(records: Sequence[Mapping[str, Any]], path: str, *, model: str = "global",
                        title: str | None = None) -> str:
   """False-accept and false-reject rates of ``model`` over rounds, a line per run (paper 002)."""
-  plt = _pyplot()
+  plt = pyplot()
   labels = [run for run in runs(records)
             if curve(records, run, f"{model}/false_accept_rate")[0].size]
 
@@ -742,7 +744,7 @@ def plot_keyword_rates(records: Sequence[Mapping[str, Any]], path: str, *, model
 
   fig = _lines(plt, labels, [rate("false_accept_rate"), rate("false_reject_rate")], xlabel="round",
                suptitle=title or "keyword spotting: false accepts and false rejects", width=5.5)
-  return _save(fig, path)
+  return save(fig, path)
 
 
 # ------------------------------------------------------------------------ per-client distributions
@@ -754,7 +756,7 @@ def plot_client_histograms(values: Mapping[str, Sequence[float]], path: str, *,
   """Per-client distributions: a panel per label (a filled histogram with its mean marked), on
   shared bins and axes so the panels compare at a glance (NaN entries, i.e. clients without
   test data, are dropped). ``values``: ``{label: float[C]}``."""
-  plt = _pyplot()
+  plt = pyplot()
   arrays = {k: np.asarray(v, np.float64) for k, v in values.items()}
   arrays = {k: v[np.isfinite(v)] for k, v in arrays.items()}
   pooled = np.concatenate([v for v in arrays.values() if v.size] or [np.zeros(1)])
@@ -775,7 +777,7 @@ def plot_client_histograms(values: Mapping[str, Sequence[float]], path: str, *,
     ax.set_ylim(0, top * 1.08 + 0.5)
     ax.set_xlim(edges[0], edges[-1])
   fig.suptitle(title or "per-client distribution (dashed: mean)")
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def plot_client_boxes(values: Mapping[str, Sequence[float]], path: str, *,
@@ -784,7 +786,7 @@ def plot_client_boxes(values: Mapping[str, Sequence[float]], path: str, *,
   10th-90th percentile whiskers, the mean as a dot), in the order given: what
   :func:`plot_client_histograms` becomes when a panel per label would be too many.
   ``values``: ``{label: float[C]}`` (NaN entries dropped)."""
-  plt = _pyplot()
+  plt = pyplot()
   arrays = {k: np.asarray(v, np.float64) for k, v in values.items()}
   arrays = {k: v[np.isfinite(v)] for k, v in arrays.items() if np.isfinite(v).any()}
   labels = list(arrays)[::-1]   # the first label on top
@@ -803,7 +805,7 @@ def plot_client_boxes(values: Mapping[str, Sequence[float]], path: str, *,
   ax.legend(fontsize=7, loc="lower left")
   ax.set_title(title or "per-client distribution (box: quartiles; whiskers: 10th-90th percentile)",
                fontsize=10)
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def grid_of(labels: Iterable[str], min_fill: float = 0.6) -> tuple[int, list[str], list[str]] | None:
@@ -855,7 +857,7 @@ def plot_final_table(summary: Mapping[str, Any], path: str, *, model: str = "glo
     have = {place[run][0] for run, s in vals.items() if isinstance(s.get(metric), (int, float))}
     if have:
       panels.append((metric, [r for r in rows if r in have]))
-  plt = _pyplot()
+  plt = pyplot()
   fig, axes = plt.subplots(len(panels), 1, squeeze=False, height_ratios=[len(r) for _, r in panels],
                            figsize=(0.8 * len(cols) + 3.2, 0.36 * sum(len(r) for _, r in panels)
                                     + 1.3 * len(panels) + 0.6))
@@ -879,7 +881,7 @@ def plot_final_table(summary: Mapping[str, Any], path: str, *, model: str = "glo
     ax.set_title(f"{model} model: final {_label_metric(metric)} (%)", fontsize=9)
     fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
   fig.suptitle(title or "every run's final result, a cell per run (blank: no such run)", fontsize=10)
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def fairness_series(summary: Mapping[str, Any], max_series: int = 6,
@@ -922,7 +924,7 @@ def plot_client_fairness(summary: Mapping[str, Any], path: str, *, bins: int = 2
   series = fairness_series(summary, skip=skip, max_series=len(summary) * 64)
   if not series:
     raise ValueError("the summary has no model with a 'fairness' entry and per-client values")
-  plt = _pyplot()
+  plt = pyplot()
   if len(series) > 6:
     return _fairness_chart(plt, series, path, title=title)
   fig, axes = _grid(plt, len(series), width=4.4, height=3.0)
@@ -947,7 +949,7 @@ def plot_client_fairness(summary: Mapping[str, Any], path: str, *, bins: int = 2
     ax.legend(fontsize=6)
   if title:
     fig.suptitle(title)
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def _fairness_chart(plt, series: Mapping[str, tuple[np.ndarray, Mapping[str, Any]]], path: str, *,
@@ -973,7 +975,7 @@ def _fairness_chart(plt, series: Mapping[str, tuple[np.ndarray, Mapping[str, Any
   gx.set_xlabel("Gini coefficient")
   gx.grid(alpha=0.3, axis="x")
   fig.suptitle(title or f"per-client {metric} of every model (final)", fontsize=10)
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def plot_relative_change(baseline: Sequence[float], new: Sequence[float], path: str, *,
@@ -981,7 +983,7 @@ def plot_relative_change(baseline: Sequence[float], new: Sequence[float], path: 
                          metric: str = "perplexity", bins: int = 30) -> str:
   """Histogram of the per-client relative change ``(new - baseline) / baseline`` in % (paper
   000's Fig. 1: GroupPerFL vs PerFL perplexity), with the share of clients that improve."""
-  plt = _pyplot()
+  plt = pyplot()
   base = np.asarray(baseline, np.float64)
   new = np.asarray(new, np.float64)
   ok = np.isfinite(base) & np.isfinite(new) & (base != 0)
@@ -994,7 +996,7 @@ def plot_relative_change(baseline: Sequence[float], new: Sequence[float], path: 
   ax.set_ylabel("clients")
   ax.set_title(f"{100 * better:.1f} % of {change.size} clients improve with {names[1]}")
   ax.grid(alpha=0.3)
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def plot_group_bars(values: Mapping[str, Sequence[float]], path: str, *,
@@ -1002,7 +1004,7 @@ def plot_group_bars(values: Mapping[str, Sequence[float]], path: str, *,
                     title: str | None = None) -> str:
   """Grouped bars: a bar per label within every group (e.g. accuracy by group per method, or
   accuracy by tree level on clients' and central data). ``values``: ``{label: float[G]}``."""
-  plt = _pyplot()
+  plt = pyplot()
   labels = list(values)
   num = max(len(v) for v in values.values())
   names = list(group_names) if group_names is not None else [f"group {g}" for g in range(num)]
@@ -1017,7 +1019,7 @@ def plot_group_bars(values: Mapping[str, Sequence[float]], path: str, *,
   ax.legend(fontsize=7)
   if title:
     ax.set_title(title)
-  return _save(fig, path)
+  return save(fig, path)
 
 
 # ------------------------------------------------------------------------ throughput
@@ -1027,7 +1029,7 @@ def plot_throughput(results: Sequence[Mapping[str, Any]], path: str, *, title: s
   """Client updates per second against the number of clients, a line per framework label, a
   panel per benchmark workload (the ``results`` list of ``benchmarks/results/<tag>.json``;
   skipped entries are left out)."""
-  plt = _pyplot()
+  plt = pyplot()
   ok = [r for r in results if "skipped" not in r and r.get("client_updates_per_s")]
   workloads = list(dict.fromkeys(r["workload"]["name"] for r in ok))
   fig, axes = _grid(plt, max(1, len(workloads)), width=4.6, height=3.6)
@@ -1055,13 +1057,13 @@ def plot_throughput(results: Sequence[Mapping[str, Any]], path: str, *, title: s
     ax.set_title(f"workload {w}: {model}", fontsize=10)
     ax.grid(alpha=0.3, which="both")
   fig.suptitle(title or "throughput (higher is better)")
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def plot_scaling(scaling: Mapping[str, Any], path: str, *, title: str | None = None) -> str:
   """``benchmarks/results/scaling.json``: seconds per round against the cohort size (log-log,
   with the linear reference) and against the tree depth."""
-  plt = _pyplot()
+  plt = pyplot()
   fig, (a, b) = plt.subplots(1, 2, figsize=(10.5, 3.8))
   cs = sorted(scaling.get("cohort_sweep", []), key=lambda r: r["cohort"])
   if cs:
@@ -1082,7 +1084,7 @@ def plot_scaling(scaling: Mapping[str, Any], path: str, *, title: str | None = N
   b.set_title("tree depth", fontsize=10)
   b.grid(alpha=0.3, axis="y")
   fig.suptitle(title or "scaling")
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def plot_benchmark_file(json_path: str, path: str) -> str:
@@ -1268,7 +1270,7 @@ def plot_sweep(records: Sequence[Mapping[str, Any]], path: str, *, run: str,
   """A sweep's ``metric`` over rounds: a line per setting (the mean over seeds) and a shaded
   ±std band. ``records`` are every ``metrics.jsonl`` row of the sweep (several per round: one
   per experiment, with ``setting`` and ``seed``; read them all, not :func:`read_metrics`)."""
-  plt = _pyplot()
+  plt = pyplot()
   by: dict[str, dict[int, list[float]]] = {}
   for r in records:
     if not (str(r.get("run", "")) == run or str(r.get("run", "")).startswith(run + "#chunk")):
@@ -1293,7 +1295,7 @@ def plot_sweep(records: Sequence[Mapping[str, Any]], path: str, *, run: str,
   seeds = max(len(v) for pts in by.values() for v in pts.values())
   _legend(ax)
   ax.set_title(title or (f"{run}: mean ± std over {seeds} seeds" if seeds > 1 else f"{run}: one seed"))
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def plot_privacy_utility(rows: Sequence[Mapping[str, Any]], path: str, *, run: str,
@@ -1302,7 +1304,7 @@ def plot_privacy_utility(rows: Sequence[Mapping[str, Any]], path: str, *, run: s
   the ε each setting spent (log scale); settings without privacy (ε infinite, ``z = 0``) are a
   dashed line labelled "no DP". ``rows`` are the sweep's rows (``{name, mean, std}``, their means
   holding ``epsilon`` and ``metric``)."""
-  plt = _pyplot()
+  plt = pyplot()
   pts = [(float(r["mean"]["epsilon"]), float(r["mean"][metric]), float(r["std"].get(metric, 0.0)), r["name"])
          for r in rows if "epsilon" in r["mean"] and metric in r["mean"]]
   finite = sorted(p for p in pts if math.isfinite(p[0]) and p[0] > 0)
@@ -1328,4 +1330,4 @@ def plot_privacy_utility(rows: Sequence[Mapping[str, Any]], path: str, *, run: s
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
   ax.set_title(title or f"{run}: privacy–utility (mean ± std over seeds)")
-  return _save(fig, path)
+  return save(fig, path)
