@@ -84,10 +84,12 @@ class _StopFlag:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  from fedtree.experiment.fields import field
+
   config = _CONFIG.value
   if _CPU_DEVICES.value < 0:
     refuse(f"--cpu_devices={_CPU_DEVICES.value} must be >= 0 (0: leave the devices as they are)")
-  if str(config.get("dtype", "float32")) == "float64":  # float64 states: 64-bit mode process-wide
+  if str(field(config, "dtype")) == "float64":  # float64 states: 64-bit mode process-wide
     import jax
 
     jax.config.update("jax_enable_x64", True)   # (orbax's threads restore float64 too)
@@ -110,7 +112,7 @@ def main(argv):
     given = dict(coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
                  process_id=_PROCESS_ID.value)
     jax.distributed.initialize(**{k: v for k, v in given.items() if v is not None})
-    if config.get("mesh_shape", None) is None:  # the clients over every device of every process
+    if field(config, "mesh_shape") is None:  # the clients over every device of every process
       with config.unlocked():
         config.mesh_shape = -1
   from fedtree.experiment.runner import train_and_evaluate

@@ -15,7 +15,7 @@ ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
 
 
 def test_number_or_name_fields_from_the_command_line():
-  from fedtree.experiment.runner import number_or_name
+  from fedtree.experiment.context import number_or_name
 
   assert number_or_name("8") == 8 and number_or_name("None") is None
   assert number_or_name("auto") == "auto" and number_or_name(4) == 4

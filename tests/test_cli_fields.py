@@ -8,7 +8,7 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from fedtree.experiment import fields, runner
+from fedtree.experiment import fields, runner, validation, workdir
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # absl loads configs by load_module
 
@@ -36,7 +36,7 @@ def test_every_shipped_config_is_tested():
 def test_every_runner_field_is_settable_on_every_config(name):
   """One command line setting every runner field (the example values of
   :data:`fedtree.experiment.fields.RUNNER_FIELDS`), parsed and validated."""
-  label = runner.ordered_runs(parse(name))[-1][0]
+  label = validation.ordered_runs(parse(name))[-1][0]
   cases = {f: v for f, (_, _, v) in fields.RUNNER_FIELDS.items()}
   cases.update({f"local.{f}": v for f, (_, _, v) in fields.LOCAL_FIELDS.items()})
   cases.update(run_order=f"('{label}',)", only=label)
@@ -72,10 +72,10 @@ def test_only_runs_a_subset_of_the_runs_in_their_order():
 
 
 def test_only_and_the_divergence_bound_do_not_change_the_fingerprint():
-  base = runner.config_fingerprint(runner.prepare_config(parse("quickstart")))
-  assert runner.config_fingerprint(runner.prepare_config(parse("quickstart", "only=fedavg"))) == base
-  assert runner.config_fingerprint(runner.prepare_config(parse("quickstart", "divergence_bound=1e9"))) == base
-  assert runner.config_fingerprint(runner.prepare_config(parse("quickstart", "dtype=float64"))) != base
+  base = workdir.config_fingerprint(runner.prepare_config(parse("quickstart")))
+  assert workdir.config_fingerprint(runner.prepare_config(parse("quickstart", "only=fedavg"))) == base
+  assert workdir.config_fingerprint(runner.prepare_config(parse("quickstart", "divergence_bound=1e9"))) == base
+  assert workdir.config_fingerprint(runner.prepare_config(parse("quickstart", "dtype=float64"))) != base
 
 
 def test_a_config_built_in_python_gets_the_same_fields_as_a_file():

@@ -164,7 +164,7 @@ def test_check_workdir_only_reads_and_a_silent_reporter_writes_nothing(tmp_path,
   """What the processes other than 0 of a multi-process run do with the workdir: check it
   (refusing another config's run) without creating or writing anything, and report nothing."""
   from fedtree.experiment.reporting import Reporter
-  from fedtree.experiment.runner import check_workdir, prepare_workdir
+  from fedtree.experiment.workdir import check_workdir, prepare_workdir
 
   c = quickstart()
   fresh = tmp_path / "fresh"

@@ -187,7 +187,7 @@ def test_generated_images_with_channels():
 
 def test_rows_and_the_final_table_carry_central_and_top_k():
   from fedtree.experiment.reporting import format_summary
-  from fedtree.experiment.runner import round_metrics_of
+  from fedtree.experiment.run_loop import round_metrics_of
 
   s = {"central_accuracy": 0.5, "central_loss": 1.5, "central_top5_accuracy": 0.8, "top5_accuracy": 0.9,
        "accuracy": 0.4, "loss": 2.0}

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from config_files import load_config
 
-from fedtree.experiment import runner
+from fedtree.experiment import runner, workdir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".py"))
@@ -158,7 +158,7 @@ def test_the_run_pictures_are_one_line_without_matplotlib(tmp_path, no_matplotli
   lines = []
   reporter = Reporter.silent()
   reporter.print = lines.append
-  runner._write_plots(str(tmp_path), ml_collections.ConfigDict({"plots": True}), reporter)
+  workdir.write_plots(str(tmp_path), ml_collections.ConfigDict({"plots": True}), reporter)
   assert lines == [f"note: matplotlib is not installed, so no plot_*.png ({EXTRA})"]
 
 

@@ -34,7 +34,7 @@ the team iterations); B-HFL the nodes that aggregated and sent up, the models it
 delivered (``clients_received``, ``level{l}_children_received``) and its residual links; IFCA
 ``clients_received_models`` (``k``). Not counted: MCFL's feature means (a few floats a client)
 and anything an algorithm exchanges outside these keys. The experiment runner counts every run
-(:func:`fedtree.experiment.runner.run_algorithm`, resuming from the metrics row of its checkpoint's
+(:func:`fedtree.experiment.run_loop.run_algorithm`, resuming from the metrics row of its checkpoint's
 round), a sweep's experiments each their own (its rows and its setting's line of the sweep
 table: ``uplink_MB``, ``downlink_MB``).
 

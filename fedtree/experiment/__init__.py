@@ -5,19 +5,13 @@ writes a file.
 
 from fedtree.experiment.builders import local_optimizer_from_config, schedule_from_config
 from fedtree.experiment.config_file import load_config
+from fedtree.experiment.context import Context, build_topology, load_data, make_context
 from fedtree.experiment.params import load_params, save_params
 from fedtree.experiment.registry import BUILDERS
-from fedtree.experiment.runner import (
-  Context,
-  build_topology,
-  load_data,
-  make_context,
-  ordered_runs,
-  positive_classes_from_config,
-  run_algorithm,
-  train_and_evaluate,
-  validate_config,
-)
+from fedtree.experiment.results import positive_classes_from_config
+from fedtree.experiment.run_loop import run_algorithm
+from fedtree.experiment.runner import train_and_evaluate
+from fedtree.experiment.validation import ordered_runs, validate_config
 
 __all__ = [
   "BUILDERS", "Context", "build_topology", "load_config", "load_data", "load_params",

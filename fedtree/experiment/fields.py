@@ -7,7 +7,7 @@ ml_collections refuses to override a field a config does not list, and a field w
 every shipped config's ``get_config``) adds every missing runner field with its default and
 turns ``None`` into a typed placeholder. Fields that take a number or a name (``chunk_size``,
 ``eval_chunk_size``) are declared as strings (``"8"``, ``"auto"``, ``"None"``), read back by
-:func:`fedtree.experiment.runner.number_or_name`.
+:func:`fedtree.experiment.context.number_or_name`.
 
 Algorithm hyperparameters are not declared here: they are the run's (``config.runs.<label>``),
 checked against the algorithm's factory by :mod:`fedtree.experiment.registry`.
@@ -59,6 +59,26 @@ LOCAL_FIELDS: dict[str, tuple[type, object, str]] = {
 """``config.local``'s fields (the clients' optimizer and schedule)."""
 
 NUMBER_OR_NAME = ("chunk_size", "eval_chunk_size")
+
+RUN_FIELDS = ("rounds", "chunk_size", "compute_dtype")
+"""Runner fields a run may set for itself (``config.runs.<label>.rounds``): :func:`run_field`."""
+
+
+def field(config: ml_collections.ConfigDict, name: str):
+  """``config.<name>`` of a runner field, or the default :data:`RUNNER_FIELDS` declares for it
+  when ``config`` has none (a config that has not been through :func:`declare_runner_fields`):
+  the one place a runner field's default is read."""
+  return config.get(name, RUNNER_FIELDS[name][1])
+
+
+def run_field(config: ml_collections.ConfigDict, run, name: str):
+  """A field of :data:`RUN_FIELDS` for run ``run`` (``config.runs.<label>``): the run's value
+  when it sets one, else the config's (:func:`field`)."""
+  if name not in RUN_FIELDS:
+    raise ValueError(f"{name!r} is not a field a run sets for itself; choose one of {RUN_FIELDS}")
+  if run is not None and name in run:
+    return run[name]
+  return field(config, name)
 
 
 def _declare(c: ml_collections.ConfigDict, fields: dict[str, tuple[type, object, str]]) -> None:

@@ -22,6 +22,7 @@ import ml_collections
 import numpy as np
 
 from fedtree.core import tuning
+from fedtree.experiment.fields import field
 
 
 def tree_bytes(tree) -> int:
@@ -34,7 +35,7 @@ def tree_bytes(tree) -> int:
 def memory_limit(config: ml_collections.ConfigDict) -> tuple[int | None, str]:
   """``(bytes, where from)``: ``config.memory_limit_bytes`` when set, else the device's
   ``bytes_limit`` (accelerators), else the host's physical memory (CPU), else ``None``."""
-  value = config.get("memory_limit_bytes", None)
+  value = field(config, "memory_limit_bytes")
   if value is not None:
     return int(value), "config.memory_limit_bytes"
   device = tuning.device_memory_bytes()
@@ -263,7 +264,7 @@ class Budget:
       except Exception:  # noqa: BLE001  (a model the estimate cannot compile alone: state only)
         return 0
 
-    eval_chunk = ctx.config.get("eval_chunk_size", None)
+    eval_chunk = field(ctx.config, "eval_chunk_size")
     eval_chunk = int(eval_chunk) if isinstance(eval_chunk, (int, np.integer)) else None
     return cls(limit=limit, source=source, num_clients=int(ctx.data.num_clients), step=step,
                data_bytes=data_bytes(ctx), evaluation=lambda: eval_bytes(ctx.model, ctx.data, eval_chunk),

@@ -12,7 +12,7 @@
 (:func:`jax.eval_shape` of ``model.init``, nothing allocated): the same leaves, each of the
 same shape; a difference is a ``ValueError`` naming the first mismatching leaf and both
 shapes. Leaves are cast to the model's dtypes. The runner loads ``config.init_params`` once
-into :class:`~fedtree.experiment.runner.Context` and the registry passes the parameters to
+into :class:`~fedtree.experiment.context.Context` and the registry passes the parameters to
 every algorithm factory as ``init_params`` (GroupPerFL: its first, global stage).
 """
 

@@ -1206,7 +1206,7 @@ def write_run_plots(workdir: str) -> list[str]:
 def untrained_models(summary: Mapping[str, Any]) -> set[tuple[str, str]]:
   """``(run, model)`` pairs a ``summary.json`` marks ``"trained": false`` (still the initial
   parameters at the end of the run: not a result), and those a sweep's entry lists as
-  ``"untrained"`` (:func:`fedtree.experiment.runner.run_sweep`)."""
+  ``"untrained"`` (:func:`fedtree.experiment.sweep_driver.run_sweep`)."""
   out = {(run, m) for run, models in summary.items() if isinstance(models, Mapping)
          for m, s in models.items() if isinstance(s, Mapping) and s.get("trained") is False}
   out |= {(run, str(m)) for run, models in summary.items() if isinstance(models, Mapping)

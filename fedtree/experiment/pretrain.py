@@ -31,6 +31,7 @@ from fedtree.core.local import stack
 from fedtree.core.metrics import make_evaluator, summarize
 from fedtree.core.model import Model, masked_cross_entropy
 from fedtree.core.server import optimizer_by_name
+from fedtree.experiment.fields import field
 
 PRETRAIN_FIELDS = ("packages", "max_sentences", "steps", "batch_size", "optimizer", "learning_rate",
                    "seed", "save")
@@ -103,7 +104,7 @@ def prepare_pretrain(ctx) -> Pretraining:
   config = ctx.config
   cfg = dict(config.pretrain)
   check_fields("config.pretrain", list(cfg), PRETRAIN_FIELDS)
-  if config.get("init_params", None) is not None:
+  if field(config, "init_params") is not None:
     raise ValueError(f"config.pretrain and config.init_params={config.init_params!r} are both set; "
                      "set one (a saved pretrained model is loaded through init_params)")
   if ctx.vocab is None:
@@ -147,7 +148,7 @@ def pretrain_context(ctx, print_fn=print, prepared: Pretraining | None = None):
 
     print_fn(f"pretrain: parameters saved to {save_params(cfg['save'], params)}")
   data = ctx.run_data
-  stats = make_evaluator(ctx.model, config.get("eval_chunk_size", None))(
+  stats = make_evaluator(ctx.model, field(config, "eval_chunk_size"))(
     stack(params, 1), data.x_test, data.y_test, data.n_test, jnp.zeros((data.num_clients,), jnp.int32))
   summary = summarize(jax.device_get(stats), ctx.groups, perplexity=True)
   print_fn(f"pretrain: the base's perplexity on the federated test data (before fine-tuning) "

@@ -71,7 +71,7 @@ CAPABILITIES = {"update_paths", "systems"}
 CONTEXT_PARAMS = ("model", "data", "local_optimizer", "schedule", "name", "local_learning_rate")
 NOT_CONFIGURABLE = ("client_update", "init_params")
 """Factory parameters that are not run fields of their own name: ``init_params`` is a path
-that the context loads (:meth:`fedtree.experiment.runner.Context.initial_params`)."""
+that the context loads (:meth:`fedtree.experiment.context.Context.initial_params`)."""
 TREES = ("flat", "config")
 SCALARS = (int, float, bool, str)
 

@@ -25,7 +25,7 @@ class RunContext:
   of the config's tree the run's own (:attr:`topology`, :attr:`cohort`).
 
   Args:
-    ctx: the shared context (:class:`fedtree.experiment.runner.Context`), or a run context (its
+    ctx: the shared context (:class:`fedtree.experiment.context.Context`), or a run context (its
       shared context is taken).
     label: the run's label (``config.runs.<label>``).
     run: the run's config.

@@ -16,8 +16,8 @@ turns the config into those settings and a builder (:func:`config_builder`: the 
 builder, :func:`fedtree.experiment.registry.build_algorithm`, on a copy of the config whose
 swept fields hold the given values), and the final metrics into the mean ± std table. The
 stacked program is the engine's combinator :func:`fedtree.core.sweep.sweep`, and the runner
-drives it as it drives a single run (:func:`fedtree.experiment.runner.run_sweep`, chunk after
-chunk through :func:`fedtree.experiment.runner.run_algorithm`), so evaluation cadence,
+drives it as it drives a single run (:func:`fedtree.experiment.sweep_driver.run_sweep`, chunk after
+chunk through :func:`fedtree.experiment.run_loop.run_algorithm`), so evaluation cadence,
 checkpoints, exact resume, stop requests and divergence checks are those of a single run.
 Experiment ``(setting, seed j)`` is exactly the run with ``config.seed + j`` and the setting's
 values done alone (tests check it).
@@ -71,18 +71,29 @@ SCHEDULE_FIELDS = frozenset(f.name for f in dataclasses.fields(LocalSchedule))
 
 
 # ------------------------------------------------------------------------ config -> settings
+SWEEP_FIELDS = {"seeds": 1, "params": "", "mode": "product", "select": "global/accuracy", "chunk": "all"}
+"""``config.sweep``'s fields and their defaults: one seed, nothing swept (a plain run)."""
+
+
 def default_sweep(select: str = "global/accuracy") -> ml_collections.ConfigDict:
-  """The ``config.sweep`` block every shipped config carries: one seed, nothing swept (a plain
-  run), so that ``--config.sweep.seeds=4`` or ``--config.sweep.params=...`` work on the command
-  line of any config. ``select``: the metric that names the best setting."""
-  return ml_collections.ConfigDict(dict(seeds=1, params="", mode="product", select=select, chunk="all"))
+  """The ``config.sweep`` block every shipped config carries (:data:`SWEEP_FIELDS`), so that
+  ``--config.sweep.seeds=4`` or ``--config.sweep.params=...`` work on the command line of any
+  config. ``select``: the metric that names the best setting."""
+  return ml_collections.ConfigDict({**SWEEP_FIELDS, "select": select})
+
+
+def sweep_field(sw, name: str):
+  """``config.sweep.<name>`` (``sw``: the section, or ``None``), else its declared default
+  (:data:`SWEEP_FIELDS`)."""
+  default = SWEEP_FIELDS[name]
+  return default if sw is None else sw.get(name, default)
 
 
 def params_of(sw) -> dict[str, list]:
   """``config.sweep.params`` as ``{dotted path: [values]}``, from a string
   ``"local.learning_rate=0.01,0.1;runs.fedprox.mu=0,0.1"`` (the command-line form) or a
   (nested) dict ``{"local": {"learning_rate": (0.01, 0.1)}}`` (ConfigDict keys cannot hold dots)."""
-  raw = sw.get("params", None) if sw is not None else None
+  raw = sweep_field(sw, "params")
   if raw is None or (isinstance(raw, str) and not raw.strip()):
     return {}
   if isinstance(raw, str):
@@ -118,7 +129,7 @@ def sweep_config(config: ml_collections.ConfigDict):
   sw = config.get("sweep", None)
   if sw is None:
     return None
-  seeds = int(sw.get("seeds", 1) or 1)
+  seeds = int(sweep_field(sw, "seeds") or 1)
   if seeds <= 1 and not params_of(sw):
     return None
   return sw
@@ -274,10 +285,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
   sw = config.get("sweep", None)
   if sw is None:
     return
-  seeds = sw.get("seeds", 1)
+  seeds = sweep_field(sw, "seeds")
   if seeds is None or int(seeds) < 1:
     raise ValueError(f"config.sweep.seeds={seeds!r} must be an int >= 1")
-  mode = sw.get("mode", "product")
+  mode = sweep_field(sw, "mode")
   if mode not in MODES:
     raise ValueError(f"config.sweep.mode={mode!r}; choose one of {MODES}")
   params = params_of(sw)
@@ -327,7 +338,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 
 def _chunk_value(sw):
-  chunk = sw.get("chunk", None) if sw is not None else None
+  chunk = sweep_field(sw, "chunk")
   if isinstance(chunk, str):
     if chunk.strip().isdigit():
       return int(chunk)
@@ -346,7 +357,7 @@ def settings_of(config: ml_collections.ConfigDict, label: str) -> list[dict[str,
   if not mine:
     return [{}]
   paths = sorted(mine)
-  if (sw.get("mode", "product") if sw is not None else "product") == "zip":
+  if sweep_field(sw, "mode") == "zip":
     combos = zip(*(mine[p] for p in paths), strict=True)
   else:
     combos = itertools.product(*(mine[p] for p in paths))

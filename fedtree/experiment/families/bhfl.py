@@ -13,6 +13,7 @@ from fedtree import algorithms
 from fedtree.algorithms.bhfl import proxy_from_clients, with_level_report
 from fedtree.algorithms.bhfl.asynchrony import latency_from_config
 from fedtree.experiment.builders import server_from_config
+from fedtree.experiment.fields import field
 from fedtree.experiment.spec import AlgorithmSpec, Fields, number, per_level_servers
 
 
@@ -89,7 +90,7 @@ def _bhfl_residual(v, ctx):
 
 def _bhfl_report(alg, label, run, ctx):
   return with_level_report(alg, ctx.model, ctx.topology, central_test=ctx.central_test,
-                           chunk_size=ctx.config.get("eval_chunk_size", None), label=label)
+                           chunk_size=field(ctx.config, "eval_chunk_size"), label=label)
 
 
 FIELDS = (

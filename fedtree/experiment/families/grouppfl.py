@@ -8,6 +8,7 @@ from __future__ import annotations
 from fedtree.algorithms.grouppfl.grouppfl import GroupPersonalizedFL
 from fedtree.core.topology import Topology
 from fedtree.experiment.builders import server_from_config
+from fedtree.experiment.fields import field
 from fedtree.experiment.spec import AlgorithmSpec, Fields, check_fields
 
 
@@ -15,7 +16,7 @@ def _grouppfl_stages(spec, label, run, ctx):
   return spec.algorithm(
     model=ctx.model, data=ctx.data, groups=ctx.groups, local_optimizer=ctx.local_optimizer,
     schedule=ctx.schedule, chunk_size=ctx.chunk_size(run),
-    eval_chunk_size=ctx.config.get("eval_chunk_size", None), init_params=ctx.initial_params(run, label),
+    eval_chunk_size=field(ctx.config, "eval_chunk_size"), init_params=ctx.initial_params(run, label),
   )
 
 

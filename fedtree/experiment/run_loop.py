@@ -1,0 +1,278 @@
+"""The run loop: one algorithm's rounds (:func:`fedtree.core.loop.run`) with periodic evaluation,
+metric rows, byte counts, checkpoints and exact resume, for a single run or a sweep's stacked
+experiments alike (:func:`run_algorithm`)."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from fedtree import evaluation
+from fedtree.core import loop
+from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.data import FederatedData
+from fedtree.core.metrics import FAIRNESS_STATS, make_evaluator
+from fedtree.core.sharding import local_copy
+from fedtree.core.sweep import by_experiment
+from fedtree.core.traffic import Traffic, model_bytes
+from fedtree.evaluation import central_blocks
+from fedtree.experiment.context import Context
+from fedtree.experiment.fields import field
+from fedtree.experiment.reporting import Reporter
+from fedtree.experiment.results import (
+  SUMMARY_METRICS,
+  RunStopped,
+  check_summaries,
+  evaluation_options,
+  kept_on_stop,
+  positive_classes_from_config,
+)
+
+
+class Experiment(NamedTuple):
+  """One experiment of a sweep as the runner reports it.
+
+  Attributes:
+    name: names it in errors (``"experiment 2 (setting lr=0.1, seed 0)"``).
+    row: fields added to each of its ``metrics.jsonl`` rows (``setting``, ``seed``, ``experiment``).
+    tensorboard_run: its TensorBoard run (one curve per experiment).
+    round_metrics: ``r -> {name: number}`` added to its rows (its setting's ε after ``r`` rounds).
+  """
+
+  name: str
+  row: dict[str, Any]
+  tensorboard_run: str
+  round_metrics: Callable[[int], dict[str, Any]] | None = None
+
+
+def run_algorithm(
+  algorithm: FederatedAlgorithm, ctx: Context, key: jax.Array, reporter: Reporter, *,
+  num_rounds: int, eval_every: int, rounds_per_call: int, label: str,
+  checkpoint_dir: str | None = None, checkpoint_every: int = 0, keep_checkpoints: int = 2,
+  should_stop=None, round_metrics=None, adapters=None, backdoor=None,
+  experiments: list[Experiment] | None = None, max_abs: float | None = loop.DIVERGENCE_BOUND,
+) -> tuple[Any, dict[str, dict[str, Any]]]:
+  """Rounds with evaluation every ``eval_every`` rounds (:func:`fedtree.core.loop.run`);
+  returns (state, final summaries), the summaries passed through ``algorithm.report`` when
+  the algorithm has one (its text printed, its files written into the workdir).
+
+  With ``checkpoint_dir`` and ``checkpoint_every > 0`` the state is saved every
+  ``checkpoint_every`` rounds and at the end (the last ``keep_checkpoints`` kept), and a run
+  resumes the newest checkpoint there that restores and whose state is within ``max_abs`` (the
+  divergence bound, :func:`fedtree.core.loop.run`: a diverged state is never saved, nor resumed).
+  ``should_stop()`` is polled after every compiled call; when it returns ``True`` the state
+  reached is checkpointed and the run raises :class:`RunStopped` saying what is kept.
+  ``round_metrics(r) -> {name: number}`` adds host-computed numbers to round
+  ``r``'s row and to every final summary (the privacy spent: ``epsilon``).
+  ``adapters`` (a :class:`~fedtree.core.lora.LoRA` spec): the algorithm's
+  models are adapters on the frozen base its state holds (:func:`fedtree.core.lora.frozen_base`),
+  scored with the base as an argument (:func:`fedtree.core.lora.base_evaluator`). ``backdoor``:
+  the ``(x, y, n)`` test split whose accuracy is the attack success rate
+  (:func:`fedtree.datasets.poison.backdoor_test_split`), reported beside accuracy.
+
+  With ``experiments``, ``algorithm`` is a sweep (:func:`fedtree.core.sweep.sweep`) of those
+  experiments: every experiment's models are checked and logged as a row of its own (with
+  its ``row`` fields, under its TensorBoard run), divergence errors name the experiment, the
+  summaries are keyed ``"<model>@<e>"`` (:func:`fedtree.core.sweep.by_experiment` splits them)
+  and no ``report`` is made.
+  """
+  if eval_every < 1:
+    raise ValueError(f"eval_every={eval_every} must be >= 1")
+  if rounds_per_call < 1:
+    raise ValueError(f"rounds_per_call={rounds_per_call} must be >= 1")
+  positive = positive_classes_from_config(ctx.config, ctx.data.num_classes)
+  opts = evaluation_options(ctx.config, num_classes=ctx.data.num_classes,
+                            has_central=ctx.central_test is not None,
+                            has_local=int(np.asarray(ctx.data.n_test).sum()) > 0)
+  scoring = {"ignore_labels": opts.ignore_labels, "top_k": opts.top_k}
+  evaluator = make_evaluator(ctx.model, field(ctx.config, "eval_chunk_size"),
+                             confusion=positive is not None, **scoring)
+  central = None
+  if opts.central:
+    assert ctx.central_test is not None  # evaluation_options checked it
+    central = tuple(jnp.asarray(a) for a in central_blocks(*ctx.central_test))
+  evaluator_for = None
+  if adapters is not None:
+    from fedtree.core.lora import base_evaluator
+
+    evaluator_for = base_evaluator(ctx.model, adapters, field(ctx.config, "eval_chunk_size"),
+                                   confusion=positive is not None, **scoring)
+  state = algorithm.init(loop.init_key(key))
+  initial = model_fingerprints(algorithm.models(state))
+  ckpt = None
+  if checkpoint_dir and checkpoint_every:
+    from fedtree.experiment.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(checkpoint_dir, every=checkpoint_every, keep=keep_checkpoints)
+    restored = ckpt.restore(state, warn=reporter.print, check=lambda s: loop.diverged_part(s, max_abs))
+    if restored is not None:
+      state = restored
+      reporter.print(f"{label}: resumed from the checkpoint of round {int(state.round)} in {checkpoint_dir}")
+  summaries: dict[str, dict[str, Any]] = {}
+
+  def flat(sm: dict[str, dict[str, Any]], suffix: str = "") -> dict[str, Any]:
+    return {f"{name}/{m}{suffix}": v for name, s in sm.items() for m, v in round_metrics_of(s).items()}
+
+  def evaluate(s, r):
+    nonlocal summaries
+    summaries = evaluation.evaluate_models(
+      algorithm, s, ctx.model, ctx.run_data, groups=ctx.groups,
+      evaluator=evaluator if evaluator_for is None else evaluator_for(s.base),
+      positive_classes=positive, backdoor=backdoor, top_k=opts.top_k, central=central,
+    )
+    if experiments is None:
+      check_summaries(label, r, summaries)
+      return flat(summaries)
+    row = {}
+    for e, (exp, sm) in enumerate(zip(experiments, by_experiment(summaries, len(experiments)), strict=True)):
+      check_summaries(f"{label}[{exp.name}]", r, sm)
+      row.update(flat(sm, f"@{e}"))
+    return row
+
+  t0 = time.perf_counter()
+  # bytes on every edge, per experiment of a sweep (each its own compressor settings)
+  traffics = [Traffic(message_bytes(ctx.model, adapters)) for _ in (experiments or [None])]
+
+  def count(first_round, metrics):
+    if experiments is None:
+      traffics[0].add_rounds(first_round, metrics)
+      return
+    for t, m in zip(traffics, by_experiment(metrics, len(experiments)), strict=True):
+      t.add_rounds(first_round, m)
+
+  def log(r, host):
+    host = {**host, "elapsed_s": time.perf_counter() - t0}
+    if experiments is None:
+      extra = round_metrics(r) if round_metrics is not None else {}
+      reporter.log(label, r, {**host, **extra, **traffics[0].row()})
+      return
+    for exp, t, row in zip(experiments, traffics, by_experiment(host, len(experiments)), strict=True):
+      extra = exp.round_metrics(r) if exp.round_metrics is not None else {}
+      reporter.log(label, r, {**row, "elapsed_s": host["elapsed_s"], **extra, **t.row(), **exp.row},
+                   tensorboard_run=exp.tensorboard_run)
+
+  def name_row(e):  # rows past the experiments pad the last chunk of a sweep: they repeat its last
+    return experiments[min(e, len(experiments) - 1)].name
+
+  def save(s, r):
+    ckpt.maybe_save(s, force=r == num_rounds)
+
+  reporter.start_run(label, num_rounds, from_round=int(state.round))
+  if int(state.round):   # resumed: the bytes of the rounds before, from the row of that round
+    for e, t in enumerate(traffics):
+      row = reporter.row(label, int(state.round),
+                         None if experiments is None else {"experiment": experiments[e].row["experiment"]})
+      if row is not None:
+        t.restore(row)
+  try:
+    state = loop.run(
+      algorithm, ctx.run_data, num_rounds=num_rounds, key=key, rounds_per_call=rounds_per_call,
+      state=state, eval_every=eval_every, on_eval=evaluate, on_metrics=log,
+      on_rounds=count,
+      on_call=save if ckpt is not None else None, should_stop=should_stop, label=label,
+      name_row=name_row if experiments is not None else None,
+      max_abs=max_abs,
+    )
+    if int(state.round) < num_rounds:
+      raise RunStopped(f"{'run' if experiments is None else 'sweep'} {label!r} stopped at round "
+                       f"{int(state.round)} of {num_rounds}"
+                       f"{kept_on_stop(ckpt, state)}")
+  finally:
+    if ckpt is not None:
+      ckpt.close()
+    reporter.end_run(label)
+  if not summaries:  # resumed a finished run: evaluate once
+    evaluate(state, int(state.round))
+  if algorithm.report is not None and experiments is None:
+    # a report reads its state and data on the host: this process's copies (gathered when the
+    # state spans processes)
+    rep = algorithm.report(local_copy(state), ctx.data, key, summaries)
+    if rep.text:
+      reporter.result(rep.text)
+    reporter.write_files(rep.files)
+    summaries = rep.summaries
+  final = model_fingerprints(algorithm.models(state))
+  for name, s in summaries.items():  # a model still at its initial parameters is not a result
+    if name in initial and name in final:
+      s["trained"] = bool(final[name] != initial[name])
+  if round_metrics is not None:
+    summaries = {name: {**s, **round_metrics(int(state.round))} for name, s in summaries.items()}
+  if experiments is None and traffics[0].counted:   # every model of the run: the run's traffic
+    summaries = {name: {**s, **traffics[0].summary()} for name, s in summaries.items()}
+  elif experiments is not None:   # "<model>@<e>": experiment e's traffic (padding rows: none)
+    def with_bytes(name: str, s: dict[str, Any]) -> dict[str, Any]:
+      _, sep, e = name.rpartition("@")
+      ok = sep and e.isdigit() and int(e) < len(traffics) and traffics[int(e)].counted
+      return {**s, **traffics[int(e)].summary()} if ok else s
+
+    summaries = {name: with_bytes(name, s) for name, s in summaries.items()}
+  return state, summaries
+
+
+_TOPK = re.compile(r"(central_)?top\d+_accuracy")
+
+
+def round_metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
+  """What a model's evaluation puts in its ``metrics.jsonl`` row: the :data:`SUMMARY_METRICS` it
+  has, and the spread of its per-client metric (``fairness``,
+  :func:`fedtree.core.metrics.client_distribution`) as ``<metric>_<stat>``, e.g.
+  ``accuracy_p10``, ``accuracy_worst10_mean``, ``accuracy_gini`` (``perplexity_...`` for a
+  language model): fairness over rounds, in the rows and TensorBoard; and its top-k accuracies
+  (``top5_accuracy``, ``central_top5_accuracy``: ``config.metrics.top_k``)."""
+  out = {m: summary[m] for m in SUMMARY_METRICS if m in summary}
+  out.update({m: v for m, v in summary.items() if _TOPK.fullmatch(m)})
+  fair = summary.get("fairness", None)
+  if isinstance(fair, dict) and fair.get("clients"):
+    out.update({f"{fair['metric']}_{k}": fair[k] for k in FAIRNESS_STATS if k in fair})
+  return out
+
+
+def message_bytes(model, adapters=None) -> int:
+  """The bytes of one model a node sends uncompressed: the model's parameters, or with
+  ``adapters`` (a :class:`~fedtree.core.lora.LoRA` spec) the adapters alone (the frozen base is on
+  every client before round 0 and never sent). Nothing is allocated."""
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  if adapters is not None:
+    from fedtree.core.lora import init_adapters
+
+    params = jax.eval_shape(lambda k: init_adapters(adapters, params, k), jax.random.key(0))
+  return model_bytes(params)
+
+
+def model_fingerprints(models: dict[str, Any]) -> dict[str, tuple[float, ...]]:
+  """``{name: (sum, sum of squares) of every leaf}`` of ``algorithm.models(state)``: equal
+  before and after a run when the model never changed (e.g. the root of a tree whose root
+  never aggregated within the run)."""
+  out = {}
+  for name, params in models.items():
+    leaves = [jnp.asarray(x, jnp.float32) for x in jax.tree.leaves(params)]
+    out[name] = tuple(float(v) for x in leaves for v in (jnp.sum(x), jnp.sum(x * x)))
+  return out
+
+
+def trace_rounds(algorithm: FederatedAlgorithm, data: FederatedData, key: jax.Array, *,
+                 num_rounds: int, config: ml_collections.ConfigDict) -> None:
+  """Traces, without compiling or running, the first compiled call :func:`fedtree.core.loop.run`
+  makes for ``algorithm`` (the same jitted function, from the loop's cache, so the run does not
+  trace it again): whatever a round refuses only while it is traced (a multi-Krum ``f`` too large
+  for the cohort, a swept value that must be a constant) is raised here, before the workdir is
+  written."""
+  n = max(1, min(int(config.rounds_per_call), int(config.eval_every), int(num_rounds) or 1))
+  state = jax.eval_shape(algorithm.init, loop.init_key(key))
+  step = loop.compile_rounds(algorithm, n, check_state=True, max_abs=divergence_bound(config))
+  step.trace(state, data, key)
+
+
+def divergence_bound(config: ml_collections.ConfigDict) -> float | None:
+  """``config.divergence_bound`` (default :data:`fedtree.core.loop.DIVERGENCE_BOUND`; ``None``: no
+  bound, finiteness only)."""
+  bound = field(config, "divergence_bound")
+  return None if bound is None else float(bound)
+
