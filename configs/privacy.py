@@ -45,7 +45,7 @@ HierFAVG with the edges and the root aggregating every round (``periods=(1,)``, 
 5 clients per edge per round (q = 0.5), the same ε = 10 (z = 3.375) for both DP runs: noise at
 every edge server (``noise_level=-1``: untrusted edges; each adds std 2 z C to its sum of 5) or
 once at the root (``noise_level=0``: trusted edges; std z C s with sensitivity s = 2 N_e / k_e = 4
-on the root's sum over 100 clients, see :mod:`fedtree.experiment.privacy`). The root's one draw
+on the root's sum over 100 clients, see :mod:`fedtree.experiment.capabilities.privacy`). The root's one draw
 is sqrt(10) times smaller on the global model for the same ε:
 
   python -m fedtree.main --config=configs/privacy.py:tree --workdir=/tmp/privacy_tree

@@ -15,7 +15,7 @@ from fedtree.algorithms import hierfavg
 from fedtree.core import compression as cp
 from fedtree.core.updates import PathState, UpdatePath, transform_children
 from fedtree.experiment import registry
-from fedtree.experiment import updates as sections
+from fedtree.experiment.capabilities import compression as sections
 
 TREE = {"w": jnp.asarray(np.random.default_rng(0).normal(size=(3, 4)), jnp.float32),
         "b": jnp.asarray([0.5, -2.0, 1.25, 3.0], jnp.float32)}
@@ -152,11 +152,11 @@ def test_k_larger_than_the_update_and_bad_edges_are_refused():
   with pytest.raises(ValueError, match="cannot compress a model sent down"):
     cp.downlink(cp.compressor("topk", k=1))
   with pytest.raises(ValueError, match="vote is signSGD's majority vote"):
-    sections.convert_compression({"uplink": {"name": "qsgd", "bits": 2, "vote": 0.1}}, None)
+    sections.compression_parts({"uplink": {"name": "qsgd", "bits": 2, "vote": 0.1}}, None)
   with pytest.raises(ValueError, match=r"unknown field\(s\) \['bitz'\]"):
-    sections.convert_compression({"uplink": {"name": "qsgd", "bitz": 2}}, None)
+    sections.compression_parts({"uplink": {"name": "qsgd", "bitz": 2}}, None)
   with pytest.raises(ValueError, match="choose from"):
-    sections.convert_compression({"up": {"name": "qsgd", "bits": 2}}, None)
+    sections.compression_parts({"up": {"name": "qsgd", "bits": 2}}, None)
 
 
 def test_majority_vote_is_the_sign_of_the_weighted_sign_sum():

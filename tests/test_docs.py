@@ -92,7 +92,7 @@ def test_site_builds_in_strict_mode(tmp_path):
   assert (site / "algorithms" / "fedmmd" / "index.html").exists()
   # the toolbox (issue 42 item 6): its pages, and the robust and attack modules' API page
   toolbox = (site / "api" / "toolbox" / "index.html").read_text()
-  for module in ("fedtree.core.robust", "fedtree.core.attacks", "fedtree.experiment.robust"):
+  for module in ("fedtree.core.robust", "fedtree.core.attacks", "fedtree.experiment.capabilities.robust"):
     assert f'id="{module}"' in toolbox, module
   for page in ("toolbox", "robust", "compression", "lora", "privacy"):
     assert (site / page / "index.html").exists(), page

@@ -22,7 +22,10 @@ from helpers import ALGORITHM_CASES
 
 from fedtree.core import loop
 from fedtree.experiment import registry, runner
+from fedtree.experiment.capabilities import CAPABILITIES
 from fedtree.experiment.fields import declare_runner_fields
+
+ADAPTER_ALGORITHMS = registry.algorithms_taking(CAPABILITIES["adapters"])
 
 ALGORITHMS = ("fedavg", "fedopt", "hierfavg", "fedprox", "ditto", "fedbuff")
 """Algorithms taking ``update_paths``: one server (fedavg, fedopt), a tree (hierfavg and two
@@ -106,7 +109,7 @@ def draw(seed: int) -> tuple[ml_collections.ConfigDict, str | None]:
                                 policy=dict(kind="deadline", seconds=2.0, partial=True)),
                            dict(availability=dict(kind="diurnal", online_hours=12.0)),
                            dict(policy=dict(kind="over_selection", factor=1.5))])
-  if name in registry.ADAPTER_ALGORITHMS and rng.random() < 0.3:
+  if name in ADAPTER_ALGORITHMS and rng.random() < 0.3:
     run["adapters"] = dict(kind="lora", rank=int(rng.integers(1, 3)), alpha=2.0)
   flat = "topology" not in params and rng.random() < 0.3
   bad = None
@@ -114,7 +117,7 @@ def draw(seed: int) -> tuple[ml_collections.ConfigDict, str | None]:
     kinds = [k for k, (needs, _, _) in MEANINGLESS.items()
              if needs in ("privacy", "attack", "compression")
              or (needs == "systems" and "systems" in params)
-             or (needs == "adapters" and name in registry.ADAPTER_ALGORITHMS)]
+             or (needs == "adapters" and name in ADAPTER_ALGORITHMS)]
     bad = pick(kinds)
     # the section with the bad value alone (whatever else is drawn could be refused first)
     run = {k: v for k, v in run.items()

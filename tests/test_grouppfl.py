@@ -184,11 +184,12 @@ def test_group_stage_does_not_depend_on_chunking(small):
 # ------------------------------------------------------------------------ the pipeline
 def _run(config, workdir=None):
   ctx = experiment.make_context(config)
-  alg = BUILDERS["grouppfl"](config.runs.grouppfl, ctx)
+  run = experiment.resolve("grouppfl", config.runs.grouppfl, ctx)
+  alg = run.algorithm
   assert alg.report is not None and alg.rounds is not None  # one algorithm: stages + report
-  _, out = experiment.run_algorithm(alg, ctx, jax.random.key(0), Reporter(workdir, show_progress=False),
-                                    num_rounds=alg.rounds, eval_every=1, rounds_per_call=1,
-                                    label="grouppfl")
+  assert run.rounds == alg.rounds
+  _, out = experiment.run_algorithm(run, jax.random.key(0), Reporter(workdir, show_progress=False),
+                                    eval_every=1, rounds_per_call=1)
   return out, ctx
 
 

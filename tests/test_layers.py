@@ -1,6 +1,6 @@
 """The package's layers: arrows only downward, no import cycle, the engine importable alone.
 
-core < models / objectives / datasets < algorithms < evaluation < experiment < main (the
+core < models / objectives / datasets / toolbox < algorithms < evaluation < experiment < main (the
 top-level ``fedtree/__init__.py`` re-exports lazily and sits outside the order).
 """
 
@@ -13,9 +13,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "fedtree")
 
 LAYERS = {
-  "core": 0, "models": 1, "objectives": 1, "datasets": 1, "algorithms": 2, "evaluation": 3,
+  "core": 0, "models": 1, "objectives": 1, "datasets": 1, "toolbox": 1, "algorithms": 2, "evaluation": 3,
   "experiment": 4, "main": 5,
 }
+"""(``toolbox``: the capabilities' in-jit halves and the accountant, beside the engine, issue 35.)"""
 
 
 def _module_name(path: str) -> str:

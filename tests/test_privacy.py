@@ -1,4 +1,4 @@
-"""Differential privacy (fedtree.core.privacy, fedtree.experiment.privacy): clipping and noise
+"""Differential privacy (fedtree.core.privacy, fedtree.experiment.capabilities.privacy): clipping and noise
 against plain per-client numpy loops, the noise's std statistically, adaptive clipping against a
 hand-stepped reference, the accounting against dp_accounting and the analytic Gaussian mechanism,
 the config section, bad inputs, a traced noise multiplier under vmap, and every algorithm with
@@ -16,8 +16,8 @@ from scipy.stats import norm as normal_dist
 
 from fedtree.core import privacy as dp
 from fedtree.core.updates import UpdatePath, aggregate_children, chain, init_path_state
-from fedtree.experiment import privacy as xp
 from fedtree.experiment import registry
+from fedtree.experiment.capabilities import privacy as xp
 
 dp_accounting = pytest.importorskip("dp_accounting")
 
@@ -275,7 +275,7 @@ def test_privacy_section_builds_and_refuses_unbounded_weighting(capsys):
   assert "calibrated to target_epsilon=5.0" in out
   z = float(out.split("z=")[1].split()[0])
   p = xp.plan({"clip_norm": 1.0, "noise_multiplier": z},
-              __import__("fedtree").experiment.updates.RunContext(ctx, "dp", _config_run({}), {}))
+              __import__("fedtree").experiment.registry.run_context(ctx, "dp", _config_run({})))
   # (FedAvg is one server over the 6 clients: a cohort of 2 is q = 1/3; this asserted 2/3, the rate of
   # the config's groups of 3, which FedAvg does not run on: issue 43)
   assert p.sampling_rate == pytest.approx(1 / 3) and xp.epsilon_after(p, 4) == pytest.approx(5.0, rel=2e-3)

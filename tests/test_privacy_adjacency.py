@@ -12,9 +12,9 @@ import pytest
 from helpers import small_context
 
 from fedtree.core.updates import UpdatePath, aggregate_children, init_path_state
-from fedtree.experiment import privacy as xp
 from fedtree.experiment import reporting
-from fedtree.experiment.updates import RunContext
+from fedtree.experiment.capabilities import privacy as xp
+from fedtree.experiment.registry import run_context
 
 dp_accounting = pytest.importorskip("dp_accounting")
 
@@ -43,7 +43,7 @@ def _plan(privacy, **run):
   ctx = small_context()   # root -> 2 edge servers -> 3 clients each
   cfg = ml_collections.ConfigDict({"algorithm": "hierfavg", "chunk_size": 3, "weighting": "uniform",
                                    "privacy": privacy, **run})
-  return xp.plan(dict(privacy), RunContext(ctx, "dp", cfg, {}), verbose=False), ctx
+  return xp.plan(dict(privacy), run_context(ctx, "dp", cfg), verbose=False), ctx
 
 
 def _noise_std(p):
@@ -93,8 +93,8 @@ def test_add_remove_is_refused_where_the_sampling_does_not_support_it():
 
 def test_the_calibration_message_and_the_final_table_name_the_adjacency(capsys):
   p = xp.plan({"clip_norm": 1.0, "target_epsilon": 5.0},
-          RunContext(small_context(), "dp", ml_collections.ConfigDict(
-            {"algorithm": "hierfavg", "weighting": "uniform", "cohort_size": 2, "rounds": 3}), {}))
+          run_context(small_context(), "dp", ml_collections.ConfigDict(
+            {"algorithm": "hierfavg", "weighting": "uniform", "cohort_size": 2, "rounds": 3})))
   assert p.adjacency == "replace_one"
   err = capsys.readouterr().err
   assert "calibrated to target_epsilon=5.0" in err and "replace-one adjacency)" in err

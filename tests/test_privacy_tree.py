@@ -17,9 +17,9 @@ import pytest
 from test_privacy import _children, _np_clip
 
 from fedtree.core.updates import aggregate_children, init_path_state
-from fedtree.experiment import privacy as xp
 from fedtree.experiment import registry
-from fedtree.experiment.updates import RunContext
+from fedtree.experiment.capabilities import privacy as xp
+from fedtree.experiment.registry import run_context
 
 dp_accounting = pytest.importorskip("dp_accounting")
 
@@ -142,11 +142,11 @@ def test_noise_above_the_edges_refuses_what_it_cannot_bound():
     _paths(ctx, {**base, "noise_level": 2})
   run = ml_collections.ConfigDict({"algorithm": "pfedmt", "weighting": "uniform", "privacy": base})
   with pytest.raises(ValueError, match=r"noise_level=0 with algorithm='pfedmt'"):
-    xp.plan(base, RunContext(ctx, "x", run, {}), verbose=False)
+    xp.plan(base, run_context(ctx, "x", run), verbose=False)
   # (IFCA is one server over every client: its level 0 is the clients' parent, where any algorithm
   # adds noise; this asserted a refusal on the config's 2-level tree, which IFCA is not built on)
   run = ml_collections.ConfigDict({"algorithm": "ifca", "weighting": "uniform", "privacy": base})
-  p = xp.plan(base, RunContext(ctx, "x", run, {}), verbose=False)
+  p = xp.plan(base, run_context(ctx, "x", run), verbose=False)
   assert (p.depth, p.noise_level) == (1, 0)
   # noise at the edges: their servers and periods are post-processing, nothing refused
   _paths(ctx, {**base, "noise_level": -1}, periods=(2,), server={"name": "fedavgm"})
@@ -158,9 +158,9 @@ def test_accounting_of_noise_at_the_root_equals_the_edges():
   as with noise at every edge (parallel composition)."""
   ctx = _ctx()
   p0 = xp.plan({"clip_norm": 0.5, "noise_multiplier": 1.3, "noise_level": 0},
-               RunContext(ctx, "dp", _run({}), {}), verbose=False)
+               run_context(ctx, "dp", _run({})), verbose=False)
   p1 = xp.plan({"clip_norm": 0.5, "noise_multiplier": 1.3},
-               RunContext(ctx, "dp", _run({}), {}), verbose=False)
+               run_context(ctx, "dp", _run({})), verbose=False)
   assert p0.sensitivity == pytest.approx(3.0) and p0.noise_level == 0 and p1.noise_level == 1
   assert xp.epsilon_after(p0, 4) == xp.epsilon_after(p1, 4) > 0
 
@@ -240,7 +240,7 @@ def test_poisson_privacy_accounts_with_q():
   q, z = 0.25, 1.1
   run = _run({"clip_norm": 0.5, "noise_multiplier": z}, sampling="poisson", poisson_q=q)
   del run["cohort_size"]
-  p = xp.plan(run.privacy.to_dict(), RunContext(ctx, "dp", run, {}), verbose=False)
+  p = xp.plan(run.privacy.to_dict(), run_context(ctx, "dp", run), verbose=False)
   assert p.sampling == "poisson" and p.sampling_rate == q and p.normalize == "fixed"
   acc = dp_accounting.rdp.RdpAccountant()
   acc.compose(dp_accounting.SelfComposedDpEvent(
@@ -252,13 +252,13 @@ def test_poisson_privacy_accounts_with_q():
   assert float(out[3]["dp_noise_std"][0]) == pytest.approx(z * 0.5)
   assert float(jnp.std(out[0]["w"][0])) == pytest.approx(z * 0.5, rel=5 / math.sqrt(2 * 4000))
   with pytest.raises(ValueError, match=r"normalize='count' with sampling='poisson'"):
-    xp.plan({**run.privacy.to_dict(), "normalize": "count"}, RunContext(ctx, "dp", run, {}), verbose=False)
+    xp.plan({**run.privacy.to_dict(), "normalize": "count"}, run_context(ctx, "dp", run), verbose=False)
   with pytest.raises(ValueError, match=r"sampling='poisson' but the run samples with sampling='uniform'"):
     xp.plan({"clip_norm": 0.5, "noise_multiplier": z, "sampling": "poisson"},
-            RunContext(ctx, "dp", _run({}), {}), verbose=False)
+            run_context(ctx, "dp", _run({})), verbose=False)
   with pytest.raises(ValueError, match=r"the run's sampling='power_of_choice': differential privacy is"):
     xp.plan({"clip_norm": 0.5, "noise_multiplier": z},
-            RunContext(ctx, "dp", _run({}, sampling="power_of_choice"), {}), verbose=False)
+            run_context(ctx, "dp", _run({}, sampling="power_of_choice")), verbose=False)
 
 
 def test_noise_level_on_a_deeper_tree():
@@ -279,7 +279,7 @@ def test_noise_level_on_a_deeper_tree():
     run = ml_collections.ConfigDict({"algorithm": "hierfavg", "weighting": "uniform", "cohort_size": 2,
                                      **extra})
     return xp.plan({"clip_norm": 1.0, "noise_multiplier": 1.0, "noise_level": level},
-                   RunContext(ctx, "x", run, {}), verbose=False)
+                   run_context(ctx, "x", run), verbose=False)
 
   for level, weights in ((0, [12]), (1, [6, 6]), (-2, [6, 6])):
     p = plan(level)

@@ -1,4 +1,4 @@
-"""The ``attack`` and ``aggregator`` run sections (fedtree.experiment.robust): composed into the
+"""The ``attack`` and ``aggregator`` run sections (fedtree.experiment.capabilities.robust): composed into the
 update paths of any algorithm with ``update_paths``, their metrics in the round's, and the
 combinations that cannot work refused by name."""
 
@@ -12,8 +12,8 @@ from helpers import with_update_paths as _with_path
 
 from fedtree.core import attacks, robust
 from fedtree.core.updates import ClientContext
+from fedtree.experiment import capabilities as sections
 from fedtree.experiment import registry
-from fedtree.experiment import updates as sections
 
 
 def _paths(ctx, **secs):
@@ -96,7 +96,7 @@ def test_attack_and_defence_through_hierfavg_at_two_levels():
 
 def test_fltrust_root_clients_from_the_config_are_never_attackers():
   ctx = _ctx()
-  from fedtree.experiment.robust import root_clients
+  from fedtree.experiment.capabilities.robust import root_clients
 
   n = ctx.data.num_clients
   root = root_clients(0.25, None, ctx)
@@ -140,13 +140,14 @@ def test_attackers_at_a_server_level_are_its_children_nodes():
 
 
 def test_data_attacks_poison_the_runs_data():
-  from fedtree.experiment.robust import poisoned_data
+  from fedtree.experiment.capabilities.robust import poisoned_data
 
   ctx = _ctx()
   run = ml_collections.ConfigDict({"algorithm": "fedavg", "attack": {
     "name": "backdoor", "ids": [0], "target": 1, "poison_fraction": 1.0,
     "trigger": {"features": [2], "value": 7.0}}})
-  data, split = poisoned_data(run, ctx)
+  data, splits = poisoned_data(run.attack, ctx)
+  split = splits.get("attack_success_rate")
   x, x0, n = np.asarray(data.x_train), np.asarray(ctx.data.x_train), np.asarray(ctx.data.n_train)
   assert np.all(x[0, :n[0], 2] == 7.0) and np.all(np.asarray(data.y_train)[0, :n[0]] == 1)
   np.testing.assert_array_equal(x[1:], x0[1:])
@@ -156,10 +157,11 @@ def test_data_attacks_poison_the_runs_data():
                                      for c, k in enumerate(np.asarray(ctx.data.n_test))])
   # label flipping poisons the labels only, a model-poisoning attack leaves the data as it is
   flip = ml_collections.ConfigDict({"attack": {"name": "label_flip", "fraction": 0.5, "target": 2}})
-  data, split = poisoned_data(flip, ctx)
+  data, splits = poisoned_data(flip.attack, ctx)
+  split = splits.get("attack_success_rate")
   assert split is None and int(np.sum(np.asarray(data.y_train) != np.asarray(ctx.data.y_train))) > 0
   same = ml_collections.ConfigDict({"attack": {"name": "sign_flip", "fraction": 0.5}})
-  assert poisoned_data(same, ctx)[0] is ctx.data
+  assert poisoned_data(same.attack, ctx)[0] is ctx.data
   # the section itself validates (a run field of every algorithm with update_paths)
   paths = sections.update_paths_from_config({"attack": flip.attack}, ctx)["update_paths"]
   assert all(p.is_default for p in paths.values())   # without a choosing aggregator: nothing to watch
@@ -200,12 +202,13 @@ def test_robust_config_end_to_end(tmp_path):
 
 def test_memory_estimate_counts_the_cohort_blocks():
   from fedtree.experiment import memory
-  from fedtree.experiment.robust import block_estimate
+  from fedtree.experiment.run import resolve
 
   ctx = _ctx()
-  assert block_estimate(ml_collections.ConfigDict({"algorithm": "fedavg"}), ctx) is None
-  est = block_estimate(ml_collections.ConfigDict({"algorithm": "hierfavg", "cohort_size": 2,
-                                                  "aggregator": {"name": "multi_krum", "f": 0}}), ctx)
+  assert resolve("r", ml_collections.ConfigDict({"algorithm": "fedavg"}), ctx, build=False).block is None
+  est = resolve("r", ml_collections.ConfigDict({"algorithm": "hierfavg", "cohort_size": 2,
+                                                "aggregator": {"name": "multi_krum", "f": 0}}), ctx,
+                build=False).block
   param_bytes = sum(int(np.prod(np.shape(x))) * 4 for x in jax.tree.leaves(ctx.model.init(jax.random.key(0))))
   assert est == (param_bytes, 4, 2, True)          # 2 parents x a cohort of 2; distances
   assert memory.block_bytes(100, 4, 2, pairwise=True) == 2 * 4 * 100 + 8 * 4 * 2

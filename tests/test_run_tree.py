@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from helpers import small_context
 
-from fedtree.experiment import privacy as xp
 from fedtree.experiment import registry
-from fedtree.experiment.robust import block_estimate
-from fedtree.experiment.run_context import RunContext
+from fedtree.experiment.capabilities import privacy as xp
+from fedtree.experiment.registry import run_context
+from fedtree.experiment.run import resolve, round_metrics
 
 dp_accounting = pytest.importorskip("dp_accounting")
 
@@ -59,7 +59,7 @@ def test_the_run_tree_is_the_algorithms():
     alg = registry.build_algorithm(name, run, ctx)
     state = jax.eval_shape(alg.init, jax.random.key(0))
     assert len(state.params) == registry.run_topology(name, run, ctx).depth, (name, extra)
-  rc = RunContext(ctx, "fedavg", _run())
+  rc = run_context(ctx, "fedavg", _run())
   assert rc.topology.depth == 1 and rc.cohort.tolist() == [2] and rc.data is ctx.data
 
 
@@ -69,17 +69,17 @@ def test_privacy_accounts_at_the_run_sampling_rate():
   config's groups of 3), through the runner's hook and a sweep's calibration alike."""
   ctx = _ctx()
   run = _run(privacy={"clip_norm": 1.0, "noise_multiplier": 1.0}, rounds=5)
-  got = xp.round_metrics("fedavg", run, ctx)(5)["epsilon"]
+  got = round_metrics("fedavg", run, ctx)(5)["epsilon"]
   want = xp.epsilon(noise_multiplier=1.0, sampling_rate=1 / 3, rounds=5, delta=1e-5, sampling="fixed",
                     population=6, cohort=2)
   wrong = xp.epsilon(noise_multiplier=1.0, sampling_rate=2 / 3, rounds=5, delta=1e-5, sampling="fixed",
                      population=3, cohort=2)
   assert got == pytest.approx(want, rel=1e-9) and got < wrong
-  p = xp.plan(run.privacy.to_dict(), ctx, run=run, params={}, verbose=False)   # a plain context too
+  p = xp.plan(run.privacy.to_dict(), run_context(ctx, "fedavg", run), verbose=False)   # a plain context too
   assert (p.sampling_rate, p.population, p.cohort, p.depth) == (pytest.approx(1 / 3), 6, 2, 1)
   assert p.expected.tolist() == [2]
   hier = _run(algorithm="hierfavg", privacy={"clip_norm": 1.0, "noise_multiplier": 1.0})
-  p = xp.plan(hier.privacy.to_dict(), ctx, run=hier, params={}, verbose=False)   # on the config's tree
+  p = xp.plan(hier.privacy.to_dict(), run_context(ctx, "hierfavg", hier), verbose=False)   # the config's tree
   assert (p.sampling_rate, p.population, p.depth, p.expected.tolist()) == (pytest.approx(2 / 3), 3, 2, [2, 2])
 
 
@@ -109,7 +109,7 @@ def test_grouppfl_runs_privacy_on_its_groups_and_refuses_a_fixed_normalisation()
   with pytest.raises(ValueError, match=r"normalize='fixed' with algorithm='grouppfl': .* normalize='count'"):
     registry.build_algorithm("grouppfl", run, ctx)
   run.privacy.normalize = "count"   # (test_privacy runs GroupPerFL with it)
-  p = xp.plan(run.privacy.to_dict(), ctx, run=run, params={}, verbose=False)
+  p = xp.plan(run.privacy.to_dict(), run_context(ctx, "grouppfl", run), verbose=False)
   assert (p.depth, p.expected.tolist(), p.sampling_rate) == (2, [2, 2], pytest.approx(2 / 3))
   registry.build_algorithm("grouppfl", run, ctx)
 
@@ -141,9 +141,9 @@ def test_robust_aggregation_levels_and_memory_are_the_run_tree():
   run = _run(aggregator={"name": "multi_krum", "f": 0})
   param_bytes = sum(int(np.prod(np.shape(x))) * 4 for x in jax.tree.leaves(ctx.model.init(jax.random.key(0))))
   # one parent with a cohort of 2 (before: the config's 2 groups x 2 = 4 rows)
-  assert block_estimate(run, ctx, "fedavg") == (param_bytes, 2, 2, True)
+  assert resolve("fedavg", run, ctx, build=False).block == (param_bytes, 2, 2, True)
   hier = _run(algorithm="hierfavg", aggregator={"name": "multi_krum", "f": 0})
-  assert block_estimate(hier, ctx, "hierfavg") == (param_bytes, 4, 2, True)
+  assert resolve("hierfavg", hier, ctx, build=False).block == (param_bytes, 4, 2, True)
 
 
 # ------------------------------------------------------------------------ compression
@@ -172,7 +172,7 @@ def test_systems_server_links_are_the_run_tree():
 def test_every_capability_converter_gets_the_run_context(monkeypatch):
   """The update-path sections and the systems section are converted with the run's context
   (its tree), whatever the algorithm."""
-  from fedtree.experiment import updates
+  from fedtree.experiment.capabilities import CAPABILITIES
 
   seen = []
 
@@ -183,8 +183,8 @@ def test_every_capability_converter_gets_the_run_context(monkeypatch):
   def systems_spy(section, ctx):
     seen.append(ctx.topology.depth)
 
-  monkeypatch.setitem(updates.SECTIONS, "compression", spy)
-  monkeypatch.setattr(registry, "systems_from_config", systems_spy)
+  monkeypatch.setitem(CAPABILITIES, "compression", CAPABILITIES["compression"]._replace(parts=spy))
+  monkeypatch.setitem(CAPABILITIES, "systems", CAPABILITIES["systems"]._replace(value=systems_spy))
   ctx = _ctx()
   registry.factory_kwargs("fedavg", _run(compression={"level": 0}, systems={"speed": 1.0}), ctx)
   registry.factory_kwargs("hierfavg", _run(algorithm="hierfavg", compression={"level": 0}), ctx)

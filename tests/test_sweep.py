@@ -478,8 +478,9 @@ def test_core_sweep_pads_names_and_splits_experiments():
 
 def test_an_int_inside_a_runs_update_section_is_an_axis():
   """The ints of a run's update sections that their builders take traced (compression
-  ``bits``, Krum's ``f``: ``fedtree.experiment.updates.TRACED_INTS``) are experiment axes; other
-  ints stay refused: a run's ``cohort_size``, a section's other counts (``privacy.clients``,
+  ``bits``, Krum's ``f``: their factories' annotations, read by each capability's hint) are
+  experiment axes; other ints stay refused: a run's ``cohort_size``, a section's other counts
+  (``privacy.clients``,
   ``tests/test_sweep.py::test_a_nested_float_field_of_a_run_reaches_the_builder_traced``)."""
   c = tiny()
   c.runs.fedavg.compression = ml_collections.ConfigDict(dict(uplink=dict(name="qsgd", bits=2)))

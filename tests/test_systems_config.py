@@ -87,7 +87,8 @@ def test_systems_section(ctx):
   with pytest.raises(ValueError, match=r"speed.dist='gauss'"):
     kwargs(ctx, algorithm="fedavg", systems={"speed": {"dist": "gauss"}})
   refusal = (r"algorithm 'ifca' cannot run a 'systems' section .*take it: "
-             r"\['fedavg', 'fedbuff', 'fedopt', 'hierfavg'\]$")
+             r"\['ditto', 'fedavg', 'fedbuff', 'fedkws', 'fedmmd', 'fedopt', 'fedprox', 'hierfavg', "
+             r"'perfedavg', 'pfedme', 'scaffold'\]$")
   with pytest.raises(ValueError, match=refusal):   # algorithms without a clock, by name
     kwargs(ctx, algorithm="ifca", num_clusters=2, systems={})
   with pytest.raises(ValueError, match=refusal):
@@ -104,10 +105,13 @@ def test_python_names_the_systems_argument_it_does_not_take(ctx):
   unknown keyword, naming it (the config path's refusal lists the algorithms that take it)."""
   from fedtree import algorithms
   from fedtree.core.systems import Systems, make_profile
+  from fedtree.experiment.capabilities import CAPABILITIES
 
   systems = Systems(profile=make_profile(np.ones(ctx.data.num_clients), np.ones(ctx.data.num_clients)))
-  assert algorithms.SYSTEMS_ALGORITHMS == ("fedavg", "fedbuff", "hierfavg")
-  for name in ("ifca", "fedprox", "bhfl"):
+  assert registry.algorithms_taking(CAPABILITIES["systems"]) == [
+    "ditto", "fedavg", "fedbuff", "fedkws", "fedmmd", "fedopt", "fedprox", "hierfavg", "perfedavg", "pfedme",
+    "scaffold"]   # every method over the HierFAVG host takes it (issue 34), and FedBuff
+  for name in ("ifca", "bhfl", "cfl"):
     with pytest.raises(TypeError, match="unexpected keyword argument 'systems'"):
       getattr(algorithms, name)(model=ctx.model, data=ctx.data, systems=systems)
 

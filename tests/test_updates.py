@@ -30,8 +30,8 @@ from fedtree.core.updates import (
   init_path_state,
   per_level_paths,
 )
+from fedtree.experiment import capabilities as sections
 from fedtree.experiment import registry
-from fedtree.experiment import updates as sections
 
 
 def _norm(tree):

@@ -549,7 +549,10 @@ def hierfavg_method(*, drops: Sequence[str] = ()) -> Callable:
   so every option of the host works with it. Its signature, which the registry reads as a run's
   schema and ``help()`` shows, is its own keyword-only parameters followed by every parameter of
   :func:`hierfavg` it neither declares nor binds (:data:`BOUND`, ``drops``), with ``topology``
-  optional (``None``: one server over all clients); their annotations resolved.
+  optional (``None``: one server over all clients); their annotations resolved. A method that
+  fills one of the host's parameters itself drops it (SCAFFOLD its ``server_rule``), so that its
+  signature says what a caller may still choose (the privacy capability reads it:
+  :func:`over_host`).
   """
 
   def wrap(method: Callable) -> Callable:
@@ -575,6 +578,13 @@ def hierfavg_method(*, drops: Sequence[str] = ()) -> Callable:
     return method
 
   return wrap
+
+
+def over_host(factory: Callable) -> bool:
+  """Whether ``factory`` is :func:`hierfavg` or a method over it (:func:`hierfavg_method`): its
+  upper levels are HierFAVG's, and its signature says which of the host's parts it fills itself
+  (those it drops)."""
+  return factory is hierfavg or hasattr(factory, "host_parameters")
 
 
 def on_host(host: Mapping[str, Any], **fixed) -> FederatedAlgorithm:

@@ -125,7 +125,7 @@ def scaffold_server(*, variate_average: str = "all") -> ServerRule:
   return ServerRule(init=zeros_like_stacked, receive=receive, name="scaffold")
 
 
-@hierfavg_method()
+@hierfavg_method(drops=("server_rule",))
 def scaffold(
   *,
   option: str = "II",

@@ -297,7 +297,8 @@ def omniscient(aggregator: Aggregator, attacker: Attackers, *, attack: str, **hy
     s, w, stats = inner.aggregate(poisoned, jax.random.fold_in(key, 1), node_state, **watch)
     return s, w, {**stats, "attackers": jnp.sum(bad, axis=1).astype(jnp.float32)}
 
-  return Aggregator(aggregate, name=f"{attack}+{aggregator.name}")
+  return Aggregator(aggregate, name=f"{attack}+{aggregator.name}",
+                    pairwise=attack in ("min_max", "min_sum") or inner.pairwise)
 
 
 def watch_kept(aggregator: Aggregator, attacker: Attackers) -> Aggregator:
@@ -315,4 +316,4 @@ def watch_kept(aggregator: Aggregator, attacker: Attackers) -> Aggregator:
   def aggregate(block, key, node_state):
     return inner(block, key, node_state, watch=attacker.mask(block.clients, None) & block.valid)
 
-  return Aggregator(aggregate, name=aggregator.name)
+  return aggregator._replace(aggregate=aggregate)

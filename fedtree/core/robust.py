@@ -76,6 +76,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import jax
@@ -265,7 +266,7 @@ def krum_selection(block: Block, *, f, m=None) -> jax.Array:
   return (_ranks(score) < m_eff[:, None]) & block.valid
 
 
-def krum(*, f: int, m: int | None = None, weighted: bool = False) -> Aggregator:
+def krum(*, f: int | jax.Array, m: int | jax.Array | None = None, weighted: bool = False) -> Aggregator:
   """Krum (``m=1``) and multi-Krum: the mean of the ``m`` updates (default ``n - f``) with the
   smallest sum of squared distances to their ``max(1, n - f - 2)`` nearest others, ``f`` the
   number of Byzantine updates tolerated. Stat ``krum_selected``: how many were averaged.
@@ -302,7 +303,7 @@ def krum(*, f: int, m: int | None = None, weighted: bool = False) -> Aggregator:
     stats = {"krum_selected": jnp.sum(sel, axis=1).astype(jnp.float32), **_kept(sel, watch)}
     return (*_finish(est, block), stats)
 
-  return Aggregator(_watching(aggregate), name="krum" if m == 1 else "multi_krum")
+  return Aggregator(_watching(aggregate), name="krum" if m == 1 else "multi_krum", pairwise=True)
 
 
 def bulyan_selection(block: Block, *, f) -> jax.Array:
@@ -320,7 +321,7 @@ def bulyan_selection(block: Block, *, f) -> jax.Array:
   return jax.lax.fori_loop(0, block.valid.shape[1], pick, jnp.zeros_like(block.valid))
 
 
-def bulyan(*, f: int) -> Aggregator:
+def bulyan(*, f: int | jax.Array) -> Aggregator:
   """Bulyan: ``θ = n - 2f`` updates chosen by Krum one at a time, then per coordinate the mean of
   the ``θ - 2f`` chosen values closest to their median (ties by slot order).
 
@@ -347,7 +348,7 @@ def bulyan(*, f: int) -> Aggregator:
     est = jax.tree.map(leaf, block.deltas)
     return (*_finish(est, block), {"bulyan_selected": theta.astype(jnp.float32), **_kept(sel, watch)})
 
-  return Aggregator(_watching(aggregate), name="bulyan")
+  return Aggregator(_watching(aggregate), name="bulyan", pairwise=True)
 
 
 def _weighted_point(block: Block, coef: jax.Array) -> PyTree:
@@ -503,7 +504,7 @@ AGGREGATORS: dict[str, Callable[..., Aggregator]] = {
   "mean": mean,
   "median": median,
   "trimmed_mean": trimmed_mean,
-  "krum": lambda *, f, m=1, weighted=False: krum(f=f, m=m, weighted=weighted),
+  "krum": functools.partial(krum, m=1),
   "multi_krum": krum,
   "bulyan": bulyan,
   "geometric_median": geometric_median,
@@ -511,7 +512,9 @@ AGGREGATORS: dict[str, Callable[..., Aggregator]] = {
   "centered_clip": centered_clip,
   "fltrust": fltrust,
 }
-"""The robust aggregators by name (``krum`` is multi-Krum with ``m=1``)."""
+"""The robust aggregators by name (``krum`` is multi-Krum with ``m=1``). A count annotated
+``int | jax.Array`` (Krum's and Bulyan's ``f``, multi-Krum's ``m``) may be a traced value: a sweep
+axis."""
 
 
 def robust_aggregator(name: str, **hyper) -> Aggregator:

@@ -140,10 +140,13 @@ class Aggregator(NamedTuple):
       where nothing is aggregated): it sees every parent's whole cohort as one fixed-size
       :class:`Block`, empty slots with weight 0 and ``valid`` false.
     name: names the aggregator in errors and refusals.
+    pairwise: whether it keeps every parent's ``K x K`` distances between updates (Krum, Bulyan,
+      min-max / min-sum attacks): what its memory estimate counts.
   """
 
   aggregate: Callable[..., tuple[PyTree, jax.Array, Stats]] | None = None
   name: str = "mean"
+  pairwise: bool = False
 
   @property
   def blockwise(self) -> bool:

@@ -8,6 +8,7 @@ clustered models).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -24,12 +25,13 @@ from fedtree.core.sharding import to_host
 def evaluate_models(
   algorithm: FederatedAlgorithm, state, model: Model, data: FederatedData, *,
   groups: np.ndarray | None = None, chunk_size: int | None = None, evaluator=None,
-  positive_classes=None, backdoor=None, top_k: int | None = None, central=None,
+  positive_classes=None, splits: Mapping[str, Any] | None = None, top_k: int | None = None, central=None,
 ) -> dict[str, dict[str, Any]]:
   """Summaries of every model ``algorithm.models(state)`` names, on every client's test data
   (with ``positive_classes``, also keyword-spotting false-accept/reject rates; the evaluator
-  must then be ``make_evaluator(..., confusion=True)``; with ``backdoor``, the ``(x, y, n)`` of
-  :func:`fedtree.datasets.poison.backdoor_test_split`, also ``attack_success_rate``; with
+  must then be ``make_evaluator(..., confusion=True)``; with ``splits``, ``{metric: (x, y, n)}``
+  further test splits of every client, each model's accuracy on them reported as ``metric``: a
+  backdoor's :func:`fedtree.datasets.poison.backdoor_test_split` as ``attack_success_rate``; with
   ``top_k``, the evaluator's top-k counts as ``top{k}_accuracy``).
 
   ``central``: the ``(x, y, n)`` of a central test set cut into pseudo-clients
@@ -59,9 +61,9 @@ def evaluate_models(
       out[name].update({k: v for k, v in pooled.items() if k in keep})
     if not local:
       continue
-    if backdoor is not None:
-      hit = to_host(evaluator(nm.params, *backdoor, moc))
-      out[name]["attack_success_rate"] = summarize(hit, groups, top_k=top_k)["accuracy"]
+    for metric, split in (splits or {}).items():
+      hit = to_host(evaluator(nm.params, *split, moc))
+      out[name][metric] = summarize(hit, groups, top_k=top_k)["accuracy"]
     if getattr(nm, "cluster_of_client", None) is not None:
       out[name].update(cluster_summary(nm, data, evaluator, true_clusters=groups))
   return out

@@ -60,6 +60,25 @@ LOCAL_FIELDS: dict[str, tuple[type, object, str]] = {
 
 NUMBER_OR_NAME = ("chunk_size", "eval_chunk_size")
 
+SWEEP_FIELDS = {"seeds": 1, "params": "", "mode": "product", "select": "global/accuracy", "chunk": "all"}
+"""``config.sweep``'s fields and their defaults: one seed, nothing swept (a plain run;
+:mod:`fedtree.experiment.sweep` reads them)."""
+
+
+def default_sweep(select: str = "global/accuracy") -> ml_collections.ConfigDict:
+  """The ``config.sweep`` block every shipped config carries (:data:`SWEEP_FIELDS`), so that
+  ``--config.sweep.seeds=4`` or ``--config.sweep.params=...`` work on the command line of any
+  config. ``select``: the metric that names the best setting."""
+  return ml_collections.ConfigDict({**SWEEP_FIELDS, "select": select})
+
+
+def sweep_field(sw, name: str):
+  """``config.sweep.<name>`` (``sw``: the section, or ``None``), else its declared default
+  (:data:`SWEEP_FIELDS`)."""
+  default = SWEEP_FIELDS[name]
+  return default if sw is None else sw.get(name, default)
+
+
 RUN_FIELDS = ("rounds", "chunk_size", "compute_dtype")
 """Runner fields a run may set for itself (``config.runs.<label>.rounds``): :func:`run_field`."""
 
@@ -112,7 +131,5 @@ def declare_runner_fields(c: ml_collections.ConfigDict) -> ml_collections.Config
     c.local = ml_collections.ConfigDict()
   _declare(c.local, LOCAL_FIELDS)
   if "sweep" not in c:
-    from fedtree.experiment.sweep import default_sweep
-
     c.sweep = default_sweep()
   return c

@@ -17,8 +17,10 @@ the factory:
 * every other field is an error naming the run, the field and the allowed fields.
 
 Common run fields, for every algorithm whose factory takes the parameter: ``cohort_size`` (per leaf
-parent; -1 or absent: all), the update-path sections of :mod:`fedtree.experiment.updates` (for the
-algorithms that take ``update_paths``), ``chunk_size`` (an int, ``None``, ``"auto"`` or ``"tune"``;
+parent; -1 or absent: all), the sections of the capabilities the algorithm takes
+(:data:`fedtree.experiment.capabilities.CAPABILITIES`: ``privacy``, ``attack``, ``aggregator``,
+``compression`` for the algorithms that take ``update_paths``, ``systems`` for those that take
+``systems``, ``adapters`` where the spec says so), ``chunk_size`` (an int, ``None``, ``"auto"`` or ``"tune"``;
 default the config's, else ``"auto"``), ``compute_dtype`` (default the config's), ``init_params``
 (the path of saved parameters to start from, default the config's ``init_params``:
 :mod:`fedtree.experiment.params`; every algorithm takes it, GroupPerFL in its first stage),
@@ -32,7 +34,9 @@ method),
 ``label``.
 
 Adding an algorithm: its factory (one file) and one :class:`AlgorithmSpec` line in
-:data:`SPECS` (see ``CONTRIBUTING.md``).
+:data:`SPECS` (see ``CONTRIBUTING.md``). A run may also name a factory of the user's own module,
+``algorithm: "my_methods.scaffold:scaffold"`` (or an :class:`AlgorithmSpec` there): its signature
+is its schema exactly as for the built-in ones (:func:`spec_of`).
 """
 
 from __future__ import annotations
@@ -51,27 +55,25 @@ import numpy as np
 
 from fedtree import algorithms, objectives
 from fedtree.core.topology import Topology
-from fedtree.experiment import updates as update_sections
+from fedtree.experiment import capabilities as caps
 from fedtree.experiment.builders import (
   cohort_slots,
   local_optimizer_from_config,
   resolve_chunk_size,
   server_from_config,
 )
+from fedtree.experiment.capability import Capability, RunContext, Wrapping, compose
 from fedtree.experiment.families import bhfl as bhfl_family
 from fedtree.experiment.families import grouppfl as grouppfl_family
-from fedtree.experiment.run_context import RunContext
+from fedtree.experiment.fields import run_field
 from fedtree.experiment.spec import AlgorithmSpec, Fields, check_fields, number
-from fedtree.experiment.systems import systems_from_config
 
 RUNNER_FIELDS = ("algorithm", "label", "rounds")
-CAPABILITIES = {"update_paths", "systems"}
-"""Factory parameters set from capability sections, whose converters get the run's
-:class:`~fedtree.experiment.run_context.RunContext` (its tree and cohort)."""
 CONTEXT_PARAMS = ("model", "data", "local_optimizer", "schedule", "name", "local_learning_rate")
-NOT_CONFIGURABLE = ("client_update", "init_params")
+NOT_CONFIGURABLE = ("client_update", "init_params", "update_paths")
 """Factory parameters that are not run fields of their own name: ``init_params`` is a path
-that the context loads (:meth:`fedtree.experiment.context.Context.initial_params`)."""
+that the context loads (:meth:`fedtree.experiment.context.Context.initial_params`),
+``update_paths`` what the capabilities' sections compose (:func:`capability_arguments`)."""
 TREES = ("flat", "config")
 SCALARS = (int, float, bool, str)
 
@@ -170,13 +172,13 @@ def _personal(v, ctx):
 
 # ------------------------------------------------------------------------ the registry
 SPECS: Mapping[str, AlgorithmSpec] = {
-  "fedavg": AlgorithmSpec(algorithms.fedavg),
-  "fedopt": AlgorithmSpec(algorithms.fedavg),
-  "hierfavg": AlgorithmSpec(algorithms.hierfavg),
+  "fedavg": AlgorithmSpec(algorithms.fedavg, takes=("adapters",)),
+  "fedopt": AlgorithmSpec(algorithms.fedavg, takes=("adapters",)),
+  "hierfavg": AlgorithmSpec(algorithms.hierfavg, takes=("adapters",)),
   "fedbuff": AlgorithmSpec(algorithms.fedbuff),
-  "fedprox": AlgorithmSpec(algorithms.fedprox),
+  "fedprox": AlgorithmSpec(algorithms.fedprox, takes=("adapters",)),
   "fedmmd": AlgorithmSpec(algorithms.fedmmd),
-  "ditto": AlgorithmSpec(algorithms.ditto,
+  "ditto": AlgorithmSpec(algorithms.ditto, takes=("adapters",),
                          fields=(_rate_optimizer("personal_learning_rate", "personal_optimizer"),)),
   "pfedme": AlgorithmSpec(algorithms.pfedme, defaults=_local_rate),
   "perfedavg": AlgorithmSpec(algorithms.perfedavg),
@@ -301,16 +303,17 @@ def _type_name(hint) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Schema:
-  """The run fields of one algorithm: scalar parameters (name -> hint), converters, and the
-  parameters the context or a converter supplies."""
+  """The run fields of one algorithm: scalar parameters (name -> hint), converters, the
+  parameters the context or a converter supplies, and the capabilities' sections it takes."""
 
   params: Mapping[str, inspect.Parameter]
   scalars: Mapping[str, Any]
   fields: tuple[Fields, ...]
+  sections: tuple[str, ...] = ()
 
   @property
   def allowed(self) -> list[str]:
-    names = set(RUNNER_FIELDS) | {"chunk_size", "init_params"} | set(self.scalars)
+    names = set(RUNNER_FIELDS) | {"chunk_size", "init_params"} | set(self.scalars) | set(self.sections)
     if "client_update" in self.params:
       names.add("objective")
     for f in self.fields:
@@ -326,8 +329,9 @@ def _hints(factory) -> dict[str, Any]:
     return {}
 
 
-def schema(spec: AlgorithmSpec) -> Schema:
-  """The run fields of ``spec`` (see the module docstring)."""
+def schema(spec: AlgorithmSpec, capabilities: Mapping[str, Capability] = caps.CAPABILITIES) -> Schema:
+  """The run fields of ``spec`` (see the module docstring), with the sections of the
+  ``capabilities`` it takes (:meth:`~fedtree.experiment.capability.Capability.takes`)."""
   params = {n: p for n, p in inspect.signature(spec.factory).parameters.items()
             if p.kind is not inspect.Parameter.VAR_KEYWORD}
   hints = _hints(spec.factory)
@@ -343,22 +347,18 @@ def schema(spec: AlgorithmSpec) -> Schema:
   topo = params.get("topology")
   if topo is not None and topo.default is None:
     common.append(Fields(("tree",), _tree))
-  if "update_paths" in params:   # privacy, attacks, robust aggregation, compression (by section)
-    common.append(Fields(tuple(update_sections.SECTIONS), update_sections.update_paths_from_config,
-                         ("update_paths",)))
   if "local_optimizer" in params and "local_learning_rate" in params:   # a per-run client learning rate
     common.append(Fields(("local_learning_rate",), _run_local_rate, ("local_optimizer",)))
   if "personal" in params:   # parameters kept per client or per subtree (fedtree.core.personal)
     common.append(Fields(("personal",), _personal))
-  if "systems" in params:   # devices, availability, round policy (fedtree.experiment.systems)
-    common.append(Fields(("systems",), lambda v, ctx: {"systems": systems_from_config(v["systems"], ctx)}
-                         if "systems" in v else {}))
   fields = [f for f in common if not set(f.names) & converted] + fields
   skip = set(CONTEXT_PARAMS) | set(NOT_CONFIGURABLE) | {"chunk_size", "topology"}
   skip |= {n for f in fields for n in f.names + f.targets}
+  skip |= {c.argument for c in capabilities.values() if c.argument is not None}
   scalars = {n: hints.get(n, Any) for n, p in params.items()
              if n not in skip and n in hints and is_scalar(hints[n])}
-  return Schema(params=params, scalars=scalars, fields=tuple(fields))
+  sections = tuple(n for n, c in capabilities.items() if c.takes(spec))
+  return Schema(params=params, scalars=scalars, fields=tuple(fields), sections=sections)
 
 
 def _run_label(run, ctx) -> str:
@@ -368,42 +368,126 @@ def _run_label(run, ctx) -> str:
   return run.get("label", run.algorithm)
 
 
+def spec_of(name: str) -> AlgorithmSpec:
+  """The spec of algorithm ``name``: a key of :data:`SPECS`, or ``"module:attribute"`` naming a
+  factory (or an :class:`AlgorithmSpec`) of the user's own module, imported from ``sys.path``
+  (``python -m fedtree.main`` puts the working directory there): its signature is its schema,
+  exactly as a built-in factory's (:func:`fedtree.algorithms.hierfavg.hierfavg_method` methods
+  included)."""
+  if name in SPECS:
+    return SPECS[name]
+  if not isinstance(name, str) or ":" not in name:
+    raise KeyError(name)
+  obj = caps.load(name)
+  if isinstance(obj, AlgorithmSpec):
+    return obj
+  if not callable(obj):
+    raise ValueError(f"{name!r} is a {type(obj).__name__}, not an algorithm factory nor an AlgorithmSpec")
+  return AlgorithmSpec(obj)
+
+
+def factory_name(name: str) -> str:
+  """The ``name`` an algorithm's factory is given for run field ``algorithm=name``: the name
+  itself, or the attribute of a ``"module:attribute"`` path."""
+  return name.rpartition(":")[2].rpartition(".")[2] if ":" in str(name) else name
+
+
 def _spec(label: str, run) -> AlgorithmSpec:
   if "algorithm" not in run:
-    raise ValueError(f"config.runs.{label} has no 'algorithm' field; choose one of {sorted(SPECS)}")
-  if run.algorithm not in SPECS:
+    raise ValueError(f"config.runs.{label} has no 'algorithm' field; choose one of {sorted(SPECS)} "
+                     f"or a factory of your own as 'module:function'")
+  try:
+    return spec_of(run.algorithm)
+  except KeyError:
     raise ValueError(
-      f"config.runs.{label}.algorithm={run.algorithm!r} is unknown; choose one of {sorted(SPECS)}"
-    )
-  return SPECS[run.algorithm]
+      f"config.runs.{label}.algorithm={run.algorithm!r} is unknown; choose one of {sorted(SPECS)} or a "
+      f"factory of your own as 'module:function'") from None
+  except ValueError as e:
+    raise ValueError(f"config.runs.{label}.algorithm: {e}") from e
 
 
-def validate_run(label: str, run) -> None:
-  """Named errors for an unknown algorithm or an unknown field of ``config.runs.<label>``."""
-  sch = schema(_spec(label, run))
-  allowed = sch.allowed + (["adapters"] if run.algorithm in ADAPTER_ALGORITHMS else [])
-  if "systems" in run and "systems" not in allowed:
-    raise ValueError(f"config.runs.{label}: algorithm {run.algorithm!r} cannot run a 'systems' section "
-                     f"(device speeds, availability, round policies); the algorithms that take it: "
-                     f"{systems_algorithms()}")
-  check_fields(f"config.runs.{label} (algorithm={run.algorithm!r})", list(run.keys()), allowed)
+def algorithms_taking(capability: Capability) -> list[str]:
+  """The algorithms of :data:`SPECS` whose runs take ``capability``'s section."""
+  return sorted(n for n, spec in SPECS.items() if capability.takes(spec))
 
 
-def systems_algorithms() -> list[str]:
-  """The algorithms whose runs take a ``systems`` section (their factory takes ``systems``)."""
-  return sorted(n for n, spec in SPECS.items() if "systems" in inspect.signature(spec.factory).parameters)
-
-
-def factory_kwargs(label: str, run, ctx) -> dict[str, Any]:
-  """The keyword arguments of run ``label``'s factory (validated, coerced, converted)."""
+def validate_run(label: str, run, capabilities: Mapping[str, Capability] = caps.CAPABILITIES) -> None:
+  """Named errors for an unknown algorithm or an unknown field of ``config.runs.<label>``, and
+  for the section of a capability its algorithm does not take (naming those that take it)."""
   spec = _spec(label, run)
-  validate_run(label, run)
-  sch = schema(spec)
+  sch = schema(spec, capabilities)
+  for name, cap in capabilities.items():
+    if name in run and name not in sch.sections:
+      raise ValueError(f"config.runs.{label}: unknown field {name!r}: algorithm {run.algorithm!r} cannot run "
+                       f"a {name!r} section ({cap.about}); the algorithms that take it: "
+                       f"{algorithms_taking(cap)}")
+  check_fields(f"config.runs.{label} (algorithm={run.algorithm!r})", list(run.keys()), sch.allowed)
+
+
+def run_context(ctx, label: str, run) -> RunContext:
+  """What the capabilities of run ``label`` (its ``config.runs.<label>``) see: the shared context
+  with the run's own tree (:func:`run_topology`), its factory and the factory's parameters."""
+  if isinstance(ctx, RunContext) and ctx.run is run:
+    return ctx
+  spec = _spec(label, run)
+  params = {n: p for n, p in inspect.signature(spec.factory).parameters.items()
+            if p.kind is not inspect.Parameter.VAR_KEYWORD}
+  shared = ctx.shared if isinstance(ctx, RunContext) else ctx
+  return RunContext(shared, label, run, params, topology=run_topology(label, run, shared),
+                    factory=spec.factory)
+
+
+def _named(e: ValueError, where: str, name: str) -> ValueError:
+  """A capability's refusal named by its run and section (unless it names its field already)."""
+  msg = str(e)
+  if msg.startswith("config."):
+    return e
+  if not msg.startswith((f"{name}:", f"{name}.")):
+    msg = f"{name}: {msg}"
+  return ValueError(f"{where}: {msg}")
+
+
+def capability_arguments(label: str, run, ctx) -> dict[str, Any]:
+  """The factory arguments the capabilities of run ``label`` fill, each section converted once on
+  the run's context (:func:`run_context`): ``update_paths`` (every capability's update-path parts,
+  composed per level in :data:`~fedtree.experiment.capabilities.CAPABILITIES` order) and each
+  capability's ``argument`` (``systems``)."""
+  capabilities = caps.of_config(ctx.config)
+  present = caps.sections(run, capabilities)
+  if not present:
+    return {}
+  rctx = run_context(ctx, label, run)
+  where = f"config.runs.{label} (algorithm={run.algorithm!r})"
+  parts, out = {}, {}
+  for cap, section in present:
+    try:
+      if cap.parts is not None:
+        parts[cap.name] = cap.parts(section, rctx)
+      if cap.value is not None:
+        out[cap.argument] = cap.value(section, rctx)
+    except ValueError as e:
+      raise _named(e, where, cap.name) from e
+  if parts:
+    try:
+      out["update_paths"] = compose(parts, list(capabilities))
+    except ValueError as e:
+      raise ValueError(f"{where}: {e}") from e
+  return out
+
+
+def factory_kwargs(label: str, run, ctx, *, arguments: Mapping[str, Any] | None = None) -> dict[str, Any]:
+  """The keyword arguments of run ``label``'s factory (validated, coerced, converted), with the
+  arguments its capabilities fill (``arguments``: :func:`capability_arguments`, computed here when
+  ``None``)."""
+  spec = _spec(label, run)
+  capabilities = caps.of_config(ctx.config)
+  validate_run(label, run, capabilities)
+  sch = schema(spec, capabilities)
   params = sch.params
   where = f"config.runs.{label}"
   kw: dict[str, Any] = {}
   supplied = {"model": ctx.model, "data": ctx.data, "local_optimizer": ctx.local_optimizer,
-              "schedule": ctx.schedule, "name": run.algorithm, "topology": ctx.topology,
+              "schedule": ctx.schedule, "name": factory_name(run.algorithm), "topology": ctx.topology,
               "label": run.get("label", run.algorithm),
               "local_learning_rate": ctx.config.local.learning_rate}
   for n, v in supplied.items():
@@ -412,7 +496,7 @@ def factory_kwargs(label: str, run, ctx) -> dict[str, Any]:
   if "chunk_size" in params:
     kw["chunk_size"] = ctx.chunk_size(run)
   if "compute_dtype" in params:
-    dtype = run.get("compute_dtype", ctx.config.get("compute_dtype", None))
+    dtype = run_field(ctx.config, run, "compute_dtype")
     if dtype is not None:
       kw["compute_dtype"] = dtype
   if "init_params" in params:
@@ -424,16 +508,12 @@ def factory_kwargs(label: str, run, ctx) -> dict[str, Any]:
   for n, hint in sch.scalars.items():
     if n in run:
       kw[n] = coerce(run[n], hint, f"{where}.{n}")
-  run_ctx = None
   for f in sch.fields:
     try:
-      fctx = ctx
-      if set(f.targets + f.names) & CAPABILITIES:   # the run's tree and cohort, never the config's
-        run_ctx = run_ctx or RunContext(ctx, label, run, params)
-        fctx = run_ctx
-      kw.update(f.convert({n: run[n] for n in f.names if n in run}, fctx))
+      kw.update(f.convert({n: run[n] for n in f.names if n in run}, ctx))
     except ValueError as e:
       raise ValueError(f"{where} (algorithm={run.algorithm!r}): {e}") from e
+  kw.update(capability_arguments(label, run, ctx) if arguments is None else arguments)
   if "objective" in run:   # the objective is built with the run's compute_dtype, the host without
     try:
       dtype = kw.pop("compute_dtype", None)
@@ -451,15 +531,18 @@ def _tune_slots(kw: dict, ctx) -> int:
   return cohort_slots(kw.get("cohort_size"), topology.leaf_counts(topology.depth - 1))
 
 
-def build_algorithm(label: str, run_cfg, ctx):
+def build_algorithm(label: str, run_cfg, ctx, *, arguments: Mapping[str, Any] | None = None):
   """The :class:`~fedtree.core.algorithm.FederatedAlgorithm` of run ``label`` (its
   ``config.runs.<label>``) on the shared context (with its ``report`` hook where the spec's
-  ``wrap`` adds one: B-HFL's table by level, GroupPerFL's fine-tune stage and tables)."""
+  ``wrap`` adds one: B-HFL's table by level, GroupPerFL's fine-tune stage and tables), its
+  capabilities' arguments filled (``arguments``, else converted here) and wrapped by a capability
+  that changes the model it trains (:func:`wrapping`)."""
   spec = _spec(label, run_cfg)
-  if "adapters" in run_cfg:
-    validate_run(label, run_cfg)
-    return _with_adapters(label, run_cfg, ctx)
-  kw = factory_kwargs(label, run_cfg, ctx)
+  wrapped = wrapping(label, run_cfg, ctx)
+  if wrapped is not None:
+    arguments = capability_arguments(label, run_cfg, ctx) if arguments is None else arguments
+    return wrapped_algorithm(label, *wrapped, ctx, arguments)
+  kw = factory_kwargs(label, run_cfg, ctx, arguments=arguments)
   if kw.get("chunk_size") == "tune":
     kw = resolve_chunk_size(kw, _tune_slots(kw, ctx), spec.factory, ctx)
   try:
@@ -473,11 +556,46 @@ def build_algorithm(label: str, run_cfg, ctx):
   return built
 
 
+def wrapped_algorithm(label: str, inner_run, wrap: Wrapping, ctx, arguments: Mapping[str, Any]):
+  """Run ``label``'s algorithm as ``wrap`` makes it: the inner run (:func:`wrapping`) built on the
+  model it is given, with the capabilities' ``arguments`` converted once on the run's context."""
+
+  def make(model):
+    return build_algorithm(label, inner_run, dataclasses.replace(ctx, model=model, init_params=None),
+                           arguments=arguments)
+
+  return wrap.build(make)
+
+
+def wrapping(label: str, run_cfg, ctx) -> tuple[Any, Wrapping] | None:
+  """``(the run without the section, its Wrapping)`` of the capability that changes the model run
+  ``label`` trains (LoRA's ``adapters``), or ``None``: the inner run (without its ``init_params``,
+  which the capability reads: a base, not the inner model's start) is built on the model the
+  :class:`~fedtree.experiment.capability.Wrapping` gives."""
+  capabilities = caps.of_config(ctx.config)
+  wraps = [(c, s) for c, s in caps.sections(run_cfg, capabilities) if c.wrap is not None]
+  if not wraps:
+    return None
+  validate_run(label, run_cfg, capabilities)
+  if len(wraps) > 1:
+    raise ValueError(f"config.runs.{label}: sections {[c.name for c, _ in wraps]} each change the model the "
+                     f"run trains; give one of them")
+  cap, section = wraps[0]
+  try:
+    wrap = cap.wrap(section, run_context(ctx, label, run_cfg))
+  except ValueError as e:
+    raise _named(e, f"config.runs.{label} (algorithm={run_cfg.algorithm!r})", cap.name) from e
+  inner_run = ml_collections.ConfigDict(
+    {k: v for k, v in run_cfg.items() if k not in (cap.name, "init_params")})
+  return inner_run, wrap
+
+
 def validate_runs(config) -> None:
   """Early, named errors for every run of ``config``: unknown or missing ``algorithm``, and
   fields the algorithm does not know (with a did-you-mean)."""
+  capabilities = caps.of_config(config)
   for label, run_cfg in config.runs.items():
-    validate_run(label, run_cfg)
+    validate_run(label, run_cfg, capabilities)
 
 
 def _builder(name: str):
@@ -490,61 +608,3 @@ def _builder(name: str):
 
 BUILDERS = {name: _builder(name) for name in SPECS}
 """``BUILDERS[name](run_config, context)``: :func:`build_algorithm` by algorithm name."""
-
-
-# ------------------------------------------------------------------------ adapters (LoRA)
-ADAPTER_ALGORITHMS = ("fedavg", "fedopt", "hierfavg", "fedprox", "ditto", "grouppfl")
-"""Algorithms whose run may set ``adapters: {kind: lora, rank, alpha, targets, forward}``: their model
-becomes LoRA adapters on a frozen base (:mod:`fedtree.core.lora`)."""
-ADAPTER_KINDS = ("lora",)
-
-
-def adapters_from_config(label: str, run):
-  """The :class:`~fedtree.core.lora.LoRA` spec of ``config.runs.<label>.adapters`` (``None``
-  without one): ``{kind: "lora", rank: 8, alpha: 16.0, targets: (regex, ...)}``."""
-  from fedtree.core import lora
-
-  if "adapters" not in run or run.adapters is None:
-    return None
-  where = f"config.runs.{label}.adapters"
-  cfg = dict(run.adapters)
-  check_fields(where, list(cfg), ("kind", "rank", "alpha", "targets", "forward"))
-  kind = cfg.pop("kind", "lora")
-  if kind not in ADAPTER_KINDS:
-    raise ValueError(f"{where}.kind={kind!r}; choose one of {ADAPTER_KINDS}")
-  if "targets" in cfg and not isinstance(cfg["targets"], str):
-    cfg["targets"] = tuple(cfg["targets"])
-  try:
-    return lora.lora(**cfg)
-  except ValueError as e:
-    raise ValueError(f"{where}: {e}") from e
-
-
-def _with_adapters(label: str, run_cfg, ctx):
-  """Run ``label`` with its model as adapters on the frozen base: the run's ``init_params``
-  (e.g. a pretrained model), else ``model.init`` of the config's seed (stream ``"base"``)."""
-  from fedtree.core import lora
-  from fedtree.core.rng import stream
-
-  spec = adapters_from_config(label, run_cfg)
-  base = ctx.initial_params(run_cfg, label)
-  if base is None:
-    base = ctx.model.init(stream(jax.random.key(int(ctx.config.seed)), "base"))
-  inner_run = ml_collections.ConfigDict(
-    {k: v for k, v in run_cfg.items() if k not in ("adapters", "init_params")})
-
-  def build(model):
-    return build_algorithm(label, inner_run, dataclasses.replace(ctx, model=model, init_params=None))
-
-  try:
-    targets = lora.lora_targets(spec, base)
-  except ValueError as e:
-    raise ValueError(f"config.runs.{label}.adapters: {e}") from e
-  full = lora.full_rank_kernels(spec, targets)
-  if full:
-    import sys
-
-    print(f"warning: config.runs.{label}.adapters: rank={spec.rank} exceeds the smaller side of {full}: "
-          f"their adapters hold more parameters than the kernels and are no low-rank update (lower the rank, "
-          f"or targets that leave them out)", file=sys.stderr, flush=True)
-  return lora.frozen_base(build, model=ctx.model, spec=spec, base=base)

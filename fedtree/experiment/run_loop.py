@@ -12,28 +12,23 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
-from fedtree import evaluation
 from fedtree.core import loop
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.data import FederatedData
-from fedtree.core.metrics import FAIRNESS_STATS, make_evaluator
+from fedtree.core.metrics import FAIRNESS_STATS
 from fedtree.core.sharding import local_copy
 from fedtree.core.sweep import by_experiment
-from fedtree.core.traffic import Traffic, model_bytes
-from fedtree.evaluation import central_blocks
-from fedtree.experiment.context import Context
+from fedtree.core.traffic import Traffic
 from fedtree.experiment.fields import field
 from fedtree.experiment.reporting import Reporter
 from fedtree.experiment.results import (
   SUMMARY_METRICS,
   RunStopped,
   check_summaries,
-  evaluation_options,
   kept_on_stop,
-  positive_classes_from_config,
 )
+from fedtree.experiment.run import Run
 
 
 class Experiment(NamedTuple):
@@ -53,15 +48,18 @@ class Experiment(NamedTuple):
 
 
 def run_algorithm(
-  algorithm: FederatedAlgorithm, ctx: Context, key: jax.Array, reporter: Reporter, *,
-  num_rounds: int, eval_every: int, rounds_per_call: int, label: str,
+  run: Run, key: jax.Array, reporter: Reporter, *, eval_every: int, rounds_per_call: int,
   checkpoint_dir: str | None = None, checkpoint_every: int = 0, keep_checkpoints: int = 2,
-  should_stop=None, round_metrics=None, adapters=None, backdoor=None,
-  experiments: list[Experiment] | None = None, max_abs: float | None = loop.DIVERGENCE_BOUND,
+  should_stop=None, experiments: list[Experiment] | None = None,
+  max_abs: float | None = loop.DIVERGENCE_BOUND,
 ) -> tuple[Any, dict[str, dict[str, Any]]]:
-  """Rounds with evaluation every ``eval_every`` rounds (:func:`fedtree.core.loop.run`);
-  returns (state, final summaries), the summaries passed through ``algorithm.report`` when
-  the algorithm has one (its text printed, its files written into the workdir).
+  """``run.rounds`` rounds of ``run.algorithm`` (a :class:`~fedtree.experiment.run.Run`) with
+  evaluation every ``eval_every`` rounds (:func:`fedtree.core.loop.run`); returns (state, final
+  summaries), the summaries passed through ``algorithm.report`` when the algorithm has one (its
+  text printed, its files written into the workdir). The run's models are scored as
+  ``run.scoring`` says, its capabilities' per-round metrics (``run.round_metrics``, the privacy
+  spent) added to every row and final summary, and the bytes on every edge counted from its
+  rounds' metrics (one model: ``run.message_bytes``).
 
   With ``checkpoint_dir`` and ``checkpoint_every > 0`` the state is saved every
   ``checkpoint_every`` rounds and at the end (the last ``keep_checkpoints`` kept), and a run
@@ -69,41 +67,19 @@ def run_algorithm(
   divergence bound, :func:`fedtree.core.loop.run`: a diverged state is never saved, nor resumed).
   ``should_stop()`` is polled after every compiled call; when it returns ``True`` the state
   reached is checkpointed and the run raises :class:`RunStopped` saying what is kept.
-  ``round_metrics(r) -> {name: number}`` adds host-computed numbers to round
-  ``r``'s row and to every final summary (the privacy spent: ``epsilon``).
-  ``adapters`` (a :class:`~fedtree.core.lora.LoRA` spec): the algorithm's
-  models are adapters on the frozen base its state holds (:func:`fedtree.core.lora.frozen_base`),
-  scored with the base as an argument (:func:`fedtree.core.lora.base_evaluator`). ``backdoor``:
-  the ``(x, y, n)`` test split whose accuracy is the attack success rate
-  (:func:`fedtree.datasets.poison.backdoor_test_split`), reported beside accuracy.
 
-  With ``experiments``, ``algorithm`` is a sweep (:func:`fedtree.core.sweep.sweep`) of those
+  With ``experiments``, ``run.algorithm`` is a sweep (:func:`fedtree.core.sweep.sweep`) of those
   experiments: every experiment's models are checked and logged as a row of its own (with
-  its ``row`` fields, under its TensorBoard run), divergence errors name the experiment, the
-  summaries are keyed ``"<model>@<e>"`` (:func:`fedtree.core.sweep.by_experiment` splits them)
-  and no ``report`` is made.
+  its ``row`` fields, under its TensorBoard run, its own ``round_metrics``), divergence errors
+  name the experiment, the summaries are keyed ``"<model>@<e>"``
+  (:func:`fedtree.core.sweep.by_experiment` splits them) and no ``report`` is made.
   """
   if eval_every < 1:
     raise ValueError(f"eval_every={eval_every} must be >= 1")
   if rounds_per_call < 1:
     raise ValueError(f"rounds_per_call={rounds_per_call} must be >= 1")
-  positive = positive_classes_from_config(ctx.config, ctx.data.num_classes)
-  opts = evaluation_options(ctx.config, num_classes=ctx.data.num_classes,
-                            has_central=ctx.central_test is not None,
-                            has_local=int(np.asarray(ctx.data.n_test).sum()) > 0)
-  scoring = {"ignore_labels": opts.ignore_labels, "top_k": opts.top_k}
-  evaluator = make_evaluator(ctx.model, field(ctx.config, "eval_chunk_size"),
-                             confusion=positive is not None, **scoring)
-  central = None
-  if opts.central:
-    assert ctx.central_test is not None  # evaluation_options checked it
-    central = tuple(jnp.asarray(a) for a in central_blocks(*ctx.central_test))
-  evaluator_for = None
-  if adapters is not None:
-    from fedtree.core.lora import base_evaluator
-
-    evaluator_for = base_evaluator(ctx.model, adapters, field(ctx.config, "eval_chunk_size"),
-                                   confusion=positive is not None, **scoring)
+  algorithm, ctx, num_rounds, label = run.algorithm, run.context, run.rounds, run.label
+  round_metrics = run.round_metrics
   state = algorithm.init(loop.init_key(key))
   initial = model_fingerprints(algorithm.models(state))
   ckpt = None
@@ -122,11 +98,7 @@ def run_algorithm(
 
   def evaluate(s, r):
     nonlocal summaries
-    summaries = evaluation.evaluate_models(
-      algorithm, s, ctx.model, ctx.run_data, groups=ctx.groups,
-      evaluator=evaluator if evaluator_for is None else evaluator_for(s.base),
-      positive_classes=positive, backdoor=backdoor, top_k=opts.top_k, central=central,
-    )
+    summaries = run.scoring.evaluate(algorithm, s, ctx)
     if experiments is None:
       check_summaries(label, r, summaries)
       return flat(summaries)
@@ -138,7 +110,7 @@ def run_algorithm(
 
   t0 = time.perf_counter()
   # bytes on every edge, per experiment of a sweep (each its own compressor settings)
-  traffics = [Traffic(message_bytes(ctx.model, adapters)) for _ in (experiments or [None])]
+  traffics = [Traffic(run.message_bytes) for _ in (experiments or [None])]
 
   def count(first_round, metrics):
     if experiments is None:
@@ -232,18 +204,6 @@ def round_metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
   if isinstance(fair, dict) and fair.get("clients"):
     out.update({f"{fair['metric']}_{k}": fair[k] for k in FAIRNESS_STATS if k in fair})
   return out
-
-
-def message_bytes(model, adapters=None) -> int:
-  """The bytes of one model a node sends uncompressed: the model's parameters, or with
-  ``adapters`` (a :class:`~fedtree.core.lora.LoRA` spec) the adapters alone (the frozen base is on
-  every client before round 0 and never sent). Nothing is allocated."""
-  params = jax.eval_shape(model.init, jax.random.key(0))
-  if adapters is not None:
-    from fedtree.core.lora import init_adapters
-
-    params = jax.eval_shape(lambda k: init_adapters(adapters, params, k), jax.random.key(0))
-  return model_bytes(params)
 
 
 def model_fingerprints(models: dict[str, Any]) -> dict[str, tuple[float, ...]]:

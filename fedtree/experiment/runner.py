@@ -25,16 +25,15 @@ from typing import Any
 import jax
 import ml_collections
 
-from fedtree.core import loop
 from fedtree.core.sharding import agreed, barrier, client_mesh
-from fedtree.experiment import memory, privacy
+from fedtree.experiment import memory
 from fedtree.experiment.context import Context, make_context, precision
-from fedtree.experiment.fields import field, run_field
+from fedtree.experiment.fields import field
 from fedtree.experiment.reporting import Reporter
-from fedtree.experiment.results import RunStopped, positive_classes_from_config  # noqa: F401  (runner.RunStopped)
-from fedtree.experiment.robust import block_estimate, poisoned_data
+from fedtree.experiment.results import RunStopped  # noqa: F401  (runner.RunStopped)
+from fedtree.experiment.run import resolve
 from fedtree.experiment.run_loop import divergence_bound, run_algorithm, trace_rounds
-from fedtree.experiment.sweep_driver import SweepPlan, plan_sweep, run_sweep
+from fedtree.experiment.sweep_driver import plan_sweep, run_sweep
 from fedtree.experiment.validation import prepare_config, selected_runs, validate_config
 from fedtree.experiment.workdir import (
   check_workdir,
@@ -80,7 +79,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None, *
 
 def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str, Any]:
   from fedtree.experiment import sweep
-  from fedtree.experiment.registry import adapters_from_config, build_algorithm
 
   swept = sweep.sweep_config(config) is not None
   # Several processes (--multihost) run this same function: all of them train and check the
@@ -95,10 +93,10 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
   if field(config, "mesh_shape") is not None:  # the client axis over devices (fedtree.core.sharding)
     mesh = client_mesh(config.mesh_shape)
     ctx = ctx.on_mesh(mesh)
+  on_mesh = (lambda: jax.set_mesh(mesh)) if mesh is not None else contextlib.nullcontext
   root = jax.random.key(int(config.seed))
-  budget = memory.Budget.of(ctx)
-  runs = selected_runs(config)
-  # Every run (and every setting of a sweep) is built, its memory checked and its first compiled
+  labels = [label for label, _ in selected_runs(config)]
+  # Every run (and every setting of a sweep) is resolved, its memory checked and its first compiled
   # call traced (not compiled) before the first one trains or anything is written: a bad value in
   # the last run, or one a round refuses only while it is traced, is refused up front.
   pretraining = None
@@ -106,25 +104,8 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
     from fedtree.experiment.pretrain import prepare_pretrain
 
     pretraining = prepare_pretrain(ctx)
-  positive_classes_from_config(config, ctx.data.num_classes)
-  built: dict[str, Any] = {}
-  notes: dict[str, str] = {}
-  plans: dict[str, SweepPlan] = {}
-  with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-    for label, run_cfg in runs:
-      run_ctx, _ = _poisoned(ctx, run_cfg)
-      if swept:
-        plans[label] = plan_sweep(label, run_cfg, run_ctx, budget=budget)
-        continue
-      algorithm = build_algorithm(label, run_cfg, run_ctx)
-      notes[label] = budget.check(label, jax.eval_shape(algorithm.init, loop.init_key(root)),
-                                  ctx.chunk_size(run_cfg), block=block_estimate(run_cfg, ctx, label),
-                                  extra_data_bytes=memory.copied_bytes(run_ctx.data, ctx.data))
-      adapters_from_config(label, run_cfg)
-      privacy.round_metrics(label, run_cfg, ctx)
-      rounds = algorithm.rounds if algorithm.rounds is not None else run_field(config, run_cfg, "rounds")
-      trace_rounds(algorithm, run_ctx.run_data, root, num_rounds=int(rounds), config=config)
-      built[label] = algorithm
+  with on_mesh():
+    planned = _plan(labels, ctx, root, swept)
   if workdir:
     # every process reads the workdir before process 0 writes it (all refuse alike), and
     # none opens it before process 0 has prepared it
@@ -143,35 +124,24 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
     from fedtree.experiment.pretrain import pretrain_context
 
     ctx, results["pretrained"] = pretrain_context(ctx, reporter.print, prepared=pretraining)
-    built.clear()   # the runs start from the pretrained base: built again on it below
-    plans.clear()
-    budget = memory.Budget.of(ctx)
+    with on_mesh():   # the runs start from the pretrained base: resolved again on it
+      planned = _plan(labels, ctx, root, swept, trace=False)
   try:
-    for label, run_cfg in runs:
-      run_ctx, backdoor = _poisoned(ctx, run_cfg)
-      if swept:  # settings x seeds of this run as one program (fedtree.experiment.sweep)
-        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-          results[label] = run_sweep(label, run_cfg, run_ctx, reporter, workdir=workdir,
-                                     should_stop=should_stop, budget=budget, backdoor=backdoor,
-                                     plan=plans.pop(label, None))
-        continue
-      with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-        algorithm = built.pop(label) if label in built else build_algorithm(label, run_cfg, run_ctx)
-        reporter.print(notes.pop(label))
-        rounds = algorithm.rounds if algorithm.rounds is not None else run_field(config, run_cfg, "rounds")
-        _, summaries = run_algorithm(
-          algorithm, run_ctx, root, reporter, num_rounds=int(rounds),
-          eval_every=int(config.eval_every), rounds_per_call=int(config.rounds_per_call),
-          label=label,
+    for label in labels:
+      plan = planned.pop(label)
+      with on_mesh():
+        if swept:  # settings x seeds of this run as one program (fedtree.experiment.sweep)
+          results[label] = run_sweep(plan, reporter, workdir=workdir, should_stop=should_stop)
+          continue
+        run, note = plan
+        reporter.print(note)
+        _, results[label] = run_algorithm(
+          run, root, reporter, eval_every=int(config.eval_every), rounds_per_call=int(config.rounds_per_call),
           checkpoint_dir=os.path.join(workdir, "checkpoints", label) if workdir else None,
           checkpoint_every=int(field(config, "checkpoint_every") or 0),
           keep_checkpoints=int(field(config, "keep_checkpoints")), should_stop=should_stop,
-          round_metrics=privacy.round_metrics(label, run_cfg, ctx),
-          adapters=adapters_from_config(label, run_cfg),
-          backdoor=backdoor,
           max_abs=divergence_bound(config),
         )
-      results[label] = summaries
     if not swept:
       reporter.summary_table(results, groups=ctx.groups, group_names=ctx.group_names)
     if workdir and primary:
@@ -184,9 +154,21 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
   return results
 
 
-def _poisoned(ctx: Context, run_cfg) -> tuple[Context, Any]:
-  """The context run ``run_cfg`` trains in (its attackers' data poisoned when its ``attack`` is a
-  data attack, :func:`fedtree.experiment.robust.poisoned_data`) and its backdoor test split."""
-  data, backdoor = poisoned_data(run_cfg, ctx)
-  return ctx.with_data(data), backdoor
-
+def _plan(labels: list[str], ctx: Context, root: jax.Array, swept: bool, *,
+          trace: bool = True) -> dict[str, Any]:
+  """Every run of ``labels`` resolved (:func:`fedtree.experiment.run.resolve`) and checked: a
+  single run's memory line and its first compiled call traced (``trace``), a sweep planned
+  (:func:`fedtree.experiment.sweep_driver.plan_sweep`); ``{label: (Run, memory line) | SweepPlan}``."""
+  budget = memory.Budget.of(ctx)
+  out: dict[str, Any] = {}
+  for label in labels:
+    run_cfg = ctx.config.runs[label]
+    if swept:
+      out[label] = plan_sweep(resolve(label, run_cfg, ctx, build=False), budget=budget, trace=trace)
+      continue
+    run = resolve(label, run_cfg, ctx)
+    note = run.memory(budget, root)
+    if trace:
+      trace_rounds(run.algorithm, run.context.run_data, root, num_rounds=run.rounds, config=ctx.config)
+    out[label] = (run, note)
+  return out

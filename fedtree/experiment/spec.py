@@ -42,6 +42,8 @@ class AlgorithmSpec:
     tree: ``tree(run, ctx) -> Topology``, the tree the algorithm is built on, for an algorithm
       whose factory is not given it as ``topology`` (GroupPerFL: its data groups); ``None``: read
       from the factory's signature (:func:`fedtree.experiment.registry.run_topology`).
+    takes: capabilities the algorithm takes beyond those its signature shows (their section
+      names, e.g. ``("adapters",)``: its model may be LoRA adapters on a frozen base).
   """
 
   factory: Callable[..., Any]
@@ -49,6 +51,7 @@ class AlgorithmSpec:
   defaults: Callable[[Any], dict[str, Any]] | None = None
   wrap: Callable[..., Any] | None = None
   tree: Callable[[Any, Any], Any] | None = None
+  takes: tuple[str, ...] = ()
 
 
 # ------------------------------------------------------------------------ shared converters

@@ -62,6 +62,7 @@ import numpy as np
 
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.local import LocalSchedule
+from fedtree.experiment.fields import SWEEP_FIELDS, default_sweep, sweep_field  # noqa: F401  (declared there)
 
 MODES = ("product", "zip")
 SHAPE_PREFIXES = ("data.", "topology.", "model.", "sweep.", "mesh_shape")
@@ -71,24 +72,6 @@ SCHEDULE_FIELDS = frozenset(f.name for f in dataclasses.fields(LocalSchedule))
 
 
 # ------------------------------------------------------------------------ config -> settings
-SWEEP_FIELDS = {"seeds": 1, "params": "", "mode": "product", "select": "global/accuracy", "chunk": "all"}
-"""``config.sweep``'s fields and their defaults: one seed, nothing swept (a plain run)."""
-
-
-def default_sweep(select: str = "global/accuracy") -> ml_collections.ConfigDict:
-  """The ``config.sweep`` block every shipped config carries (:data:`SWEEP_FIELDS`), so that
-  ``--config.sweep.seeds=4`` or ``--config.sweep.params=...`` work on the command line of any
-  config. ``select``: the metric that names the best setting."""
-  return ml_collections.ConfigDict({**SWEEP_FIELDS, "select": select})
-
-
-def sweep_field(sw, name: str):
-  """``config.sweep.<name>`` (``sw``: the section, or ``None``), else its declared default
-  (:data:`SWEEP_FIELDS`)."""
-  default = SWEEP_FIELDS[name]
-  return default if sw is None else sw.get(name, default)
-
-
 def params_of(sw) -> dict[str, list]:
   """``config.sweep.params`` as ``{dotted path: [values]}``, from a string
   ``"local.learning_rate=0.01,0.1;runs.fedprox.mu=0,0.1"`` (the command-line form) or a
@@ -150,18 +133,31 @@ def _swept_field(config, path: str) -> tuple[Any, Any]:
 
   The value is the config's; for ``runs.<label>.<name>`` naming a parameter of the run's
   algorithm, the annotation is the factory's (:func:`fedtree.experiment.registry.schema`) and
-  a parameter the run leaves at its default has the factory's default as its value."""
+  a parameter the run leaves at its default has the factory's default as its value; for a field
+  of a capability's section (``runs.<label>.compression.uplink.bits``), the annotation is the
+  one the capability reads from the factory its section names (its ``hint``), and a field it
+  calibrates may be swept in place of the one the run gives (a target ε)."""
+  from fedtree.experiment import capabilities, registry
+  from fedtree.experiment.capability import plain
+
   parts = path.split(".")
   runs = config.get("runs", None)
-  if (len(parts) == 4 and parts[0] == "runs" and parts[2:] == ["privacy", "target_epsilon"]
-      and runs is not None and parts[1] in runs and runs[parts[1]].get("privacy", None)):
-    # a run given a noise_multiplier may sweep ε targets instead (:func:`calibrated`)
-    return float(runs[parts[1]].privacy.get("target_epsilon", 1.0)), None
+  of_run = len(parts) >= 3 and parts[0] == "runs" and runs is not None and parts[1] in runs
+  run = runs[parts[1]] if of_run else None
+  cap = capabilities.of_config(config).get(parts[2]) if run is not None and len(parts) >= 4 else None
+  if cap is not None and run.get(cap.name, None):
+    section = plain(run[cap.name])
+    if cap.calibration is not None and parts[3:] == [cap.calibration.swept]:
+      # a run given the traced field may sweep the calibrated one instead (:func:`calibrated`)
+      return float(section.get(cap.calibration.swept, 1.0)), None
+    value = _get_path(config, path)
+    return value, cap.hint(tuple(parts[3:]), section) if cap.hint is not None else None
   spec = None
-  if len(parts) == 3 and parts[0] == "runs" and runs is not None and parts[1] in runs:
-    from fedtree.experiment import registry
-
-    spec = registry.SPECS.get(runs[parts[1]].get("algorithm", None), None)
+  if len(parts) == 3 and run is not None:
+    try:
+      spec = registry.spec_of(run.get("algorithm", None))
+    except (KeyError, ValueError):
+      spec = None
   try:
     value = _get_path(config, path)
   except ValueError:
@@ -170,8 +166,6 @@ def _swept_field(config, path: str) -> tuple[Any, Any]:
     value = inspect.Parameter.empty
   if spec is None:
     return value, None
-  from fedtree.experiment import registry
-
   sch = registry.schema(spec)
   hint = registry._hints(spec.factory).get(parts[2], None) if parts[2] in sch.params else None
   if value is inspect.Parameter.empty:
@@ -179,31 +173,23 @@ def _swept_field(config, path: str) -> tuple[Any, Any]:
       swept = sorted(n for n, h in sch.scalars.items() if _kind(None, h) == "float")
       raise ValueError(
         f"config.sweep.params names {path!r}, which is not a config field nor a numeric parameter of "
-        f"algorithm {runs[parts[1]].algorithm!r} (its numeric parameters: {swept})"
+        f"algorithm {run.algorithm!r} (its numeric parameters: {swept})"
       ) from None
     value = sch.params[parts[2]].default
     value = None if value is inspect.Parameter.empty else value
   return value, hint
 
 
-def _traced_int(path: str) -> bool:
-  """Whether ``path`` is an int field of a run's update section that its builder takes traced
-  (``runs.<label>.compression.uplink.bits``; :data:`fedtree.experiment.updates.TRACED_INTS`)."""
-  from fedtree.experiment.updates import TRACED_INTS
-
-  parts = path.split(".")
-  return (len(parts) > 3 and parts[0] == "runs" and parts[-1] in TRACED_INTS.get(parts[2], ()))
-
-
 def _kind(value, hint) -> str:
   """What a swept field is, by its factory annotation when it has one, else by its value:
-  ``"float"`` (an experiment axis: a traced scalar), ``"shape"`` (an int: a count or a size,
+  ``"float"`` (an experiment axis: a traced scalar; an annotation admitting ``float`` or a
+  ``jax.Array``, such as Krum's ``f: int | jax.Array``), ``"shape"`` (an int: a count or a size,
   which changes array shapes or Python control flow), ``"other"`` (not a number)."""
   if hint is not None:
     from fedtree.experiment.registry import _union_args
 
     args = _union_args(hint)
-    return "float" if float in args else "shape" if int in args else "other"
+    return "float" if float in args or jax.Array in args else "shape" if int in args else "other"
   if isinstance(value, (float, np.floating)):
     return "float"
   if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
@@ -225,57 +211,76 @@ def _set_path(config, path: str, value) -> None:
   node[leaf] = value
 
 
-def calibrated(config: ml_collections.ConfigDict, label: str, settings: list[dict],
-               ctx) -> tuple[ml_collections.ConfigDict, list[dict]]:
-  """``(config, settings)`` to build run ``label``'s sweep from: a swept
-  ``runs.<label>.privacy.target_epsilon`` becomes a swept ``noise_multiplier``, each setting's
-  ``z`` calibrated on the host (:func:`fedtree.experiment.privacy.plan`, as a single run with that
-  ε calibrates; a ``noise_multiplier`` in the section is replaced), since calibration is a search
-  no traced ε can drive. Other settings pass through unchanged; the table and rows keep the
-  settings as given (ε targets)."""
-  path = f"runs.{label}.privacy.target_epsilon"
-  if not settings or path not in settings[0]:
-    return config, settings
-  z_path = f"runs.{label}.privacy.noise_multiplier"
-  if z_path in settings[0]:
-    raise ValueError(f"config.sweep.params sweeps both {path!r} and {z_path!r}: a target ε sets the "
-                     f"noise multiplier; sweep one of them")
-  from fedtree.experiment import privacy
-  from fedtree.experiment.run_context import run_context
+def _calibrations(config, label: str):
+  """``[(section name, Calibration, swept path, traced path)]`` of run ``label``'s capabilities."""
+  from fedtree.experiment import capabilities
 
-  base = config.to_dict()
-  section = {k: v for k, v in base["runs"][label]["privacy"].items()
-             if k not in ("target_epsilon", "noise_multiplier")}   # the swept target replaces either
-  zs = []
-  for setting in settings:
-    cfg = ml_collections.ConfigDict(base, type_safe=False)
-    cfg.runs[label].privacy = dict(section)
-    for p, value in setting.items():
-      _set_path(cfg, p, value)
-    run = cfg.runs[label]
-    zs.append(privacy.plan(run.privacy.to_dict(), run_context(ctx, label, run), run=run, params={},
-                           verbose=False).noise_multiplier)
-  out = ml_collections.ConfigDict(base, type_safe=False)
-  out.runs[label].privacy = {**section, "noise_multiplier": float(zs[0])}
-  return out, [{**{p: v for p, v in s.items() if p != path}, z_path: float(z)}
-               for s, z in zip(settings, zs, strict=True)]
+  return [(name, cap.calibration, f"runs.{label}.{name}.{cap.calibration.swept}",
+           f"runs.{label}.{name}.{cap.calibration.traced}")
+          for name, cap in capabilities.of_config(config).items() if cap.calibration is not None]
 
 
-def privacy_metrics(config: ml_collections.ConfigDict, label: str, settings: list[dict], ctx):
-  """Per setting of run ``label``, its privacy accounting ``r -> {"epsilon": ε after r rounds}``
-  (:func:`fedtree.experiment.privacy.round_metrics` of the run with the setting's values, on the
-  host: a swept ``noise_multiplier`` gives each setting its ε), or ``None`` for a run without a
-  ``privacy`` section."""
-  from fedtree.experiment import privacy
+def calibrated(config: ml_collections.ConfigDict, label: str, settings: list[dict], ctx
+               ) -> tuple[ml_collections.ConfigDict, list[dict]]:
+  """``(config, settings)`` to build run ``label``'s sweep from: a swept field a capability
+  calibrates on the host (:class:`~fedtree.experiment.capability.Calibration`: a privacy section's
+  ``target_epsilon``) becomes a swept field the builder traces (its ``noise_multiplier``), each
+  setting's value computed on the host as a single run with that value computes it (the field
+  the config gives in its place is replaced). Other settings pass through unchanged; the table
+  and rows keep the settings as given (:func:`calibration_notes` says what was chosen)."""
+  from fedtree.experiment import registry
 
-  if not config.runs[label].get("privacy", None):
+  for name, cal, path, traced in _calibrations(config, label):
+    if not settings or path not in settings[0]:
+      continue
+    if traced in settings[0]:
+      raise ValueError(f"config.sweep.params sweeps both {path!r} and {traced!r}: a {cal.swept} sets the "
+                       f"{cal.traced}; sweep one of them")
+    base = config.to_dict()
+    section = {k: v for k, v in base["runs"][label][name].items()
+               if k not in (cal.swept, cal.traced)}   # the swept field replaces either
+    values = []
+    for setting in settings:
+      cfg = ml_collections.ConfigDict(base, type_safe=False)
+      cfg.runs[label][name] = dict(section)
+      for p, value in setting.items():
+        _set_path(cfg, p, value)
+      run = cfg.runs[label]
+      values.append(float(cal.value(run[name].to_dict(), registry.run_context(ctx, label, run))))
+    config = ml_collections.ConfigDict(base, type_safe=False)
+    config.runs[label][name] = {**section, cal.traced: values[0]}
+    settings = [{**{p: v for p, v in s.items() if p != path}, traced: v}
+                for s, v in zip(settings, values, strict=True)]
+  return config, settings
+
+
+def calibration_notes(config: ml_collections.ConfigDict, label: str, shown: list[dict],
+                      settings: list[dict]) -> list[str]:
+  """A line for every calibrated field of run ``label``'s sweep (:func:`calibrated`) naming each
+  setting's traced value (``privacy: dp's noise multipliers calibrated per setting: ...``)."""
+  notes = []
+  for name, cal, path, traced in _calibrations(config, label):
+    if shown and path in shown[0] and traced in settings[0]:
+      notes.append(f"{name}: {label}'s {cal.what} calibrated per setting: " + ", ".join(
+        f"{setting_name(a)}: {cal.symbol}={b[traced]:.4f}" for a, b in zip(shown, settings, strict=True)))
+  return notes
+
+
+def setting_metrics(config: ml_collections.ConfigDict, label: str, settings: list[dict], ctx):
+  """Per setting of run ``label``, its capabilities' per-round metrics ``r -> {name: number}``
+  (:func:`fedtree.experiment.run.round_metrics` of the run with the setting's values, on the
+  host: a swept ``noise_multiplier`` gives each setting its ε), or ``None`` when no capability of
+  the run reports any."""
+  from fedtree.experiment.run import round_metrics
+
+  if round_metrics(label, config.runs[label], ctx) is None:
     return None
   out = []
   for setting in settings:
     cfg = copy.deepcopy(config)
     for path, value in setting.items():
       _set_path(cfg, path, value)
-    out.append(privacy.round_metrics(label, cfg.runs[label], ctx))
+    out.append(round_metrics(label, cfg.runs[label], dataclasses.replace(ctx, config=cfg)))
   return out
 
 
@@ -304,8 +309,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
                        f"'runs.<label>.mu'")
     current, hint = _swept_field(config, path)
     kind = _kind(current, hint)
-    if kind == "shape" and _traced_int(path):   # e.g. compression bits: the builder takes it traced
-      kind = "float"
     if path.startswith("local.") and leaf in SCHEDULE_FIELDS:
       hint, kind = LocalSchedule.__annotations__[leaf], "shape"
     if kind == "shape":

@@ -5,22 +5,22 @@ calibration, the table) is :mod:`fedtree.experiment.sweep`'s."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-import ml_collections
 
 from fedtree.core import loop
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.sweep import by_experiment
 from fedtree.core.sweep import sweep as stacked_sweep
 from fedtree.experiment import memory
-from fedtree.experiment.context import Context
-from fedtree.experiment.fields import field, run_field
+from fedtree.experiment.fields import field
 from fedtree.experiment.reporting import Reporter
 from fedtree.experiment.results import SUMMARY_METRICS
+from fedtree.experiment.run import Run
 from fedtree.experiment.run_loop import Experiment, divergence_bound, run_algorithm, trace_rounds
 
 SWEEP_BYTES = ("uplink_MB", "downlink_MB")
@@ -29,28 +29,32 @@ of the tree; the per-edge totals are in each experiment's ``metrics.jsonl`` rows
 
 
 class SweepPlan(NamedTuple):
-  """Run ``label``'s sweep, resolved and checked before anything trains or is written
-  (:func:`plan_sweep`); :func:`run_sweep` runs it.
+  """A run's sweep, resolved and checked before anything trains or is written (:func:`plan_sweep`);
+  :func:`run_sweep` runs it.
 
   Attributes:
+    run: the run (:class:`~fedtree.experiment.run.Run`, its algorithm built per setting here).
     shown: every setting as the config gives it (rows, names and the table).
-    settings: every setting as the builder traces it (a target ε calibrated to its noise).
+    settings: every setting as the builder traces it (a calibrated field's traced value in place of
+      the one the config sweeps: a target ε's noise multiplier).
+    notes: what the calibration chose, a line each (printed before the sweep runs).
     exps: ``(setting index, seed)`` of every experiment.
     build: the builder of one experiment (:func:`fedtree.experiment.sweep.config_builder`).
     explain: what a builder's trace error becomes (:func:`fedtree.experiment.sweep.explain`).
-    spent: per setting, its ε after ``r`` rounds (host), or ``None`` without privacy.
-    num_rounds: the rounds of every experiment.
+    metrics: per setting, its capabilities' per-round metrics ``r -> {name: number}`` (its ε after
+      ``r`` rounds, on the host), or ``None`` when none reports any.
     size: experiments per compiled call (``config.sweep.chunk``).
     note: the memory line of a chunk (:meth:`fedtree.experiment.memory.Budget.check`), or ``""``.
   """
 
+  run: Run
   shown: list[dict[str, float]]
   settings: list[dict[str, float]]
+  notes: list[str]
   exps: list[tuple[int, int]]
   build: Callable
   explain: Callable
-  spent: list | None
-  num_rounds: int
+  metrics: list | None
   size: int
   note: str
 
@@ -60,27 +64,28 @@ class SweepPlan(NamedTuple):
     n = len(self.exps)
     return [list(range(k, min(k + self.size, n))) for k in range(0, n, self.size)]
 
-  def stacked(self, chunk: list[int], algo_name: str) -> FederatedAlgorithm:
+  def stacked(self, chunk: list[int]) -> FederatedAlgorithm:
     """The experiments ``chunk`` as one algorithm (:func:`fedtree.core.sweep.sweep`)."""
     paths = sorted(self.settings[0])
     return stacked_sweep(self.build, {p: [self.settings[self.exps[x][0]][p] for x in chunk] for p in paths},
-                         [self.exps[x][1] for x in chunk], name=f"{algo_name}[sweep]",
+                         [self.exps[x][1] for x in chunk], name=f"{self.run.config.algorithm}[sweep]",
                          explain=self.explain, pad_to=self.size)
 
 
-def plan_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, *,
-               budget: memory.Budget | None = None, trace: bool = True) -> SweepPlan:
-  """Run ``label``'s sweep (the settings x seeds of ``config.sweep``) resolved and checked:
-  every setting built with Python values, a fixed-length composition refused, the memory of a
-  chunk checked against ``budget`` and, with ``trace``, the first chunk's stacked program traced
-  (:func:`trace_rounds`: what a builder refuses only for a traced value, such as a swept top-k
-  fraction). Nothing is compiled or written."""
+def plan_sweep(run: Run, *, budget: memory.Budget | None = None, trace: bool = True) -> SweepPlan:
+  """``run``'s sweep (the settings x seeds of ``config.sweep``) resolved and checked: every
+  setting built with Python values (a calibrated field calibrated per setting), a fixed-length
+  composition refused, the memory of a chunk checked against ``budget`` and, with ``trace``, the
+  first chunk's stacked program traced (:func:`trace_rounds`: what a builder refuses only for a
+  traced value, such as a swept top-k fraction). Nothing is compiled or written."""
   from fedtree.experiment import sweep
   from fedtree.experiment.registry import build_algorithm
 
+  label, run_cfg, ctx = run.label, run.config, run.context
   config = ctx.config
   shown = sweep.settings_of(config, label)   # as given: rows, names and the table
   config, settings = sweep.calibrated(config, label, shown, ctx)   # what the builder traces
+  notes = sweep.calibration_notes(config, label, shown, settings)
   n_seeds = int(sweep.sweep_field(config.sweep, "seeds") or 1)
   seed0 = int(config.seed)
   exps = [(i, seed0 + j) for i in range(len(settings)) for j in range(n_seeds)]
@@ -94,78 +99,68 @@ def plan_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, *,
       f"run {label!r} (algorithm {algo_name!r}) is a fixed-length composition of stages "
       "(fedtree.core.algorithm.sequential); a sweep cannot stack it yet: sweep it as separate runs"
     )
-  spent = sweep.privacy_metrics(config, label, settings, ctx)   # ε per setting (host), or None
-  num_rounds = int(run_field(config, run_cfg, "rounds"))
+  metrics = sweep.setting_metrics(config, label, settings, ctx)   # ε per setting (host), or None
   size = sweep.chunk_size(config, len(exps), ctx)
   note = ""
   if budget is not None:  # the stacked state and working set of a chunk of experiments, before compiling
     shapes = jax.eval_shape(first.init, loop.init_key(jax.random.key(seed0)))
     note = budget.check(label, shapes, ctx.chunk_size(run_cfg), experiments=size,
                         chunk_name="sweep.chunk" if size > 1 else "chunk_size")
-  plan = SweepPlan(shown=shown, settings=settings, exps=exps, build=build,
-                   explain=sweep.explain(label, algo_name, sorted(settings[0])), spent=spent,
-                   num_rounds=num_rounds, size=size, note=note)
+  plan = SweepPlan(run=run, shown=shown, settings=settings, notes=notes, exps=exps, build=build,
+                   explain=sweep.explain(label, algo_name, sorted(settings[0])), metrics=metrics,
+                   size=size, note=note)
   if trace:
-    trace_rounds(plan.stacked(plan.chunks[0], algo_name), ctx.run_data, jax.random.key(seed0),
-                 num_rounds=num_rounds, config=config)
+    trace_rounds(plan.stacked(plan.chunks[0]), ctx.run_data, jax.random.key(seed0),
+                 num_rounds=run.rounds, config=config)
   return plan
 
 
-def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, reporter: Reporter, *,
-              workdir: str | None, should_stop=None, budget: memory.Budget | None = None,
-              backdoor=None, plan: SweepPlan | None = None) -> dict[str, Any]:
-  """Every experiment of run ``label`` (the settings x seeds of ``config.sweep``,
-  :mod:`fedtree.experiment.sweep`) as stacked programs (:func:`fedtree.core.sweep.sweep`),
-  chunk after chunk (``config.sweep.chunk``, one compile), each run by :func:`run_algorithm`
-  like a single run (``plan``: the sweep as :func:`plan_sweep` checked it; default: planned
-  here, the memory of a chunk checked against ``budget``). Logs a
-  ``metrics.jsonl`` row per experiment and evaluation round (with ``setting`` and ``seed``),
-  prints the mean ± std table, writes the PNG and returns the run's ``summary.json`` entry
-  (rows per setting and the best by ``config.sweep.select``). ``backdoor``: as
-  :func:`run_algorithm`'s (every experiment's ``attack_success_rate`` in its rows)."""
+def run_sweep(plan: SweepPlan, reporter: Reporter, *, workdir: str | None,
+              should_stop=None) -> dict[str, Any]:
+  """Every experiment of a planned sweep (:func:`plan_sweep`) as stacked programs
+  (:func:`fedtree.core.sweep.sweep`), chunk after chunk (``config.sweep.chunk``, one compile), each
+  run by :func:`run_algorithm` like a single run (scored as the run is: a backdoor's success rate
+  in every experiment's rows). Logs a ``metrics.jsonl`` row per experiment and evaluation round
+  (with ``setting`` and ``seed``), prints the mean ± std table, writes the PNG and returns the
+  run's ``summary.json`` entry (rows per setting and the best by ``config.sweep.select``)."""
   from fedtree.experiment import sweep
 
-  config = ctx.config
-  if plan is None:
-    plan = plan_sweep(label, run_cfg, ctx, budget=budget, trace=False)
+  run = plan.run
+  label, config = run.label, run.context.config
   shown, settings, exps = plan.shown, plan.settings, plan.exps
-  if settings is not shown:
-    reporter.print(f"privacy: {label}'s noise multipliers calibrated per setting: " + ", ".join(
-      f"{sweep.setting_name(a)}: z={b[f'runs.{label}.privacy.noise_multiplier']:.4f}"
-      for a, b in zip(shown, settings, strict=True)))
+  for line in plan.notes:
+    reporter.print(line)
   if plan.note:
     reporter.print(plan.note)
-  algo_name = str(run_cfg.algorithm)
   seed0 = int(config.seed)
   every = int(field(config, "checkpoint_every") or 0)
   chunks = plan.chunks
   finals: dict[int, dict[str, float]] = {}
   untrained: set[str] = set()
-  spent = plan.spent
+  metrics = plan.metrics
   for k, chunk in enumerate(chunks):
     name = label if len(chunks) == 1 else f"{label}#chunk{k}"
-    stacked = plan.stacked(chunk, algo_name)
     experiments = [Experiment(
       name=f"experiment {x} (setting {sweep.setting_name(shown[exps[x][0]])}, seed {exps[x][1]})",
       row={"setting": shown[exps[x][0]], "seed": exps[x][1], "experiment": x},
       tensorboard_run=f"{label}/{sweep.setting_name(shown[exps[x][0]])}/seed{exps[x][1]}",
-      round_metrics=None if spent is None else spent[exps[x][0]],
+      round_metrics=None if metrics is None else metrics[exps[x][0]],
     ) for x in chunk]
     _, summaries = run_algorithm(
-      stacked, ctx, jax.random.key(seed0), reporter, num_rounds=plan.num_rounds,
-      eval_every=int(config.eval_every), rounds_per_call=int(config.rounds_per_call), label=name,
+      dataclasses.replace(run, label=name, algorithm=plan.stacked(chunk), round_metrics=None),
+      jax.random.key(seed0), reporter, eval_every=int(config.eval_every),
+      rounds_per_call=int(config.rounds_per_call),
       checkpoint_dir=os.path.join(workdir, "checkpoints", name) if workdir and every else None,
       checkpoint_every=every, keep_checkpoints=int(field(config, "keep_checkpoints")),
-      should_stop=should_stop, experiments=experiments, backdoor=backdoor,
-      max_abs=divergence_bound(config),
+      should_stop=should_stop, experiments=experiments, max_abs=divergence_bound(config),
     )
     for x, sm in zip(chunk, by_experiment(summaries, len(chunk)), strict=True):
       untrained.update(m for m, v in sm.items() if v.get("trained") is False)   # not a result
       finals[x] = {f"{m}/{s}": v[s] for m, v in sm.items() if v.get("trained") is not False
                    for s in SUMMARY_METRICS if s in v}
       finals[x].update({k: v for k, v in next(iter(sm.values()), {}).items() if k in SWEEP_BYTES})
-      if spent is not None and spent[exps[x][0]] is not None:   # ε of this setting (host)
-        finals[x].update(spent[exps[x][0]](plan.num_rounds))
+      if metrics is not None and metrics[exps[x][0]] is not None:   # ε of this setting (host)
+        finals[x].update(metrics[exps[x][0]](run.rounds))
   per_setting = [[finals[x] for x, (i, _) in enumerate(exps) if i == s] for s in range(len(settings))]
   rows = sweep.aggregate(shown, per_setting)
   select = str(sweep.sweep_field(config.sweep, "select"))
@@ -180,4 +175,3 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
     reporter.result(f"best setting of {label!r} by {select}: {out['best']['name']} "
                     f"({out['best']['mean']:.4f}{spread})")
   return {"sweep": out}
-

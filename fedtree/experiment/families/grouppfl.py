@@ -42,4 +42,5 @@ SPEC = AlgorithmSpec(
   defaults=lambda ctx: {"global_rounds": int(ctx.config.rounds), "group_names": ctx.group_names},
   wrap=_grouppfl_stages,
   tree=lambda run, ctx: Topology.from_labels(ctx.groups),   # root -> data groups -> clients
+  takes=("adapters",),
 )

@@ -1,6 +1,7 @@
-"""A run's ``systems`` section -> a :class:`fedtree.core.systems.Systems` (devices, availability,
-round policy) for the algorithms whose factory takes ``systems`` (hierfavg, fedavg, fedopt,
-fedbuff; the registry refuses the field elsewhere, naming it and the allowed fields).
+"""The systems capability: a run's ``systems`` section -> a :class:`fedtree.core.systems.Systems`
+(devices, availability, round policy), the argument of every algorithm whose factory takes
+``systems`` (HierFAVG and the methods over it, FedBuff; the registry refuses the section elsewhere,
+naming the algorithms that take it).
 
 The section::
 
@@ -29,6 +30,8 @@ import jax
 
 from fedtree.core import systems as sysm
 from fedtree.datasets.device_traces import availability_trace, device_capacity_profile
+from fedtree.experiment.capability import Capability
+from fedtree.experiment.fields import field
 
 FIELDS = ("seed", "speed", "up", "down", "capacity_trace", "availability", "policy", "bytes_up",
           "bytes_down", "level_seconds", "server_up", "server_down")
@@ -66,7 +69,7 @@ def systems_from_config(section, ctx) -> sysm.Systems:
   cfg = dict(_plain(section))
   _unknown("systems", cfg, FIELDS)
   num = ctx.data.num_clients
-  key = jax.random.key(int(cfg.get("seed", ctx.config.get("seed", 0))))
+  key = jax.random.key(int(cfg.get("seed", field(ctx.config, "seed"))))
   k_profile, k_avail = jax.random.split(key)
   if "capacity_trace" in cfg:
     clash = [f for f in ("speed", "up", "down") if f in cfg]
@@ -109,3 +112,8 @@ def systems_from_config(section, ctx) -> sysm.Systems:
                       level_seconds=cfg.get("level_seconds", 0.0),
                       server_up=_plain(cfg.get("server_up", None)),
                       server_down=_plain(cfg.get("server_down", None)))
+
+
+CAPABILITY = Capability(name="systems", about="device speeds, availability, round policies",
+                        argument="systems", value=systems_from_config)
+"""The ``systems`` section (see the module docstring)."""

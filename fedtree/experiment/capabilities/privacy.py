@@ -1,10 +1,11 @@
-"""Differential privacy from a run config (the ``privacy`` section) and its accounting.
+"""The privacy capability: a run's ``privacy`` section, its update-path parts and its accounting.
 
-The transforms are :mod:`fedtree.core.privacy`'s; this module turns a run's ``privacy`` section
-into them (:func:`convert`, registered in :data:`fedtree.experiment.updates.SECTIONS`) and
-accounts for the privacy spent with Google's ``dp_accounting`` (the ``privacy`` extra). The unit
-is a client (user-level DP): one round is one sampled Gaussian mechanism over each parent's
-clients, composed over the rounds.
+The transforms are :mod:`fedtree.core.privacy`'s, the accountant :mod:`fedtree.toolbox.accountant`;
+:data:`CAPABILITY` turns a run's ``privacy`` section into the transforms (clipping at the clients,
+noise at the chosen level) and reports the privacy spent after every round (``epsilon``), and a
+sweep of target ε is calibrated to noise multipliers on the host. The unit is a client
+(user-level DP): one round is one sampled Gaussian mechanism over each parent's clients,
+composed over the rounds.
 
 Section fields (``config.runs.<label>.privacy``)::
 
@@ -71,7 +72,7 @@ the accounting of the aggregate (sampling-amplified), not each client's local gu
   (the edges train rounds on their own: one client steers the others' later updates), a server
   optimizer below ``l`` other than ``sgd(learning_rate=1.0)`` (momentum carries an update into
   later rounds), adaptive clipping (one clip norm per edge), local noise, and algorithms other than
-  HierFAVG and the local objectives under it (:data:`ABOVE_THE_PARENTS`). The edges' models
+  HierFAVG and the methods over it that keep its server (:func:`plain_upper_levels`). The edges' models
   themselves are not private in this mode: the edges are trusted.
 """
 
@@ -79,198 +80,40 @@ from __future__ import annotations
 
 import difflib
 import functools
-import math
 import sys
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from fedtree.algorithms.hierfavg import over_host
 from fedtree.core import privacy as dp
-from fedtree.experiment.run_context import cohort_of, run_context
+from fedtree.experiment.capability import Calibration, Capability, PathParts, RunContext, cohort_of, plain
+from fedtree.experiment.fields import run_field
+from fedtree.toolbox.accountant import (  # noqa: F401  (the accountant, as this section uses it)
+  ACCOUNTANTS,
+  ADJACENCIES,
+  SAMPLINGS,
+  calibrate,
+  check_adjacency,
+  check_delta,
+  check_delta_population,
+  check_sampling,
+  default_adjacency,
+  epsilon,
+)
 
-ACCOUNTANTS = ("rdp", "pld")
-SAMPLINGS = ("fixed", "poisson")
 RUN_SAMPLINGS = {"uniform": "fixed", "poisson": "poisson"}
 """A run's ``sampling`` -> the accountant's: uniform fixed-size cohorts, or Poisson."""
+
+
 MECHANISMS = ("central", "local")
-ADJACENCIES = ("replace_one", "add_remove")
-"""The neighbouring datasets ε is accounted between: one client's data replaced by another's, or
-one client added or removed."""
+
+
 FIELDS = ("clip_norm", "noise_multiplier", "target_epsilon", "delta", "mechanism", "noise_level",
           "per_layer", "normalize", "adaptive", "accountant", "sampling", "adjacency")
+
+
 ADAPTIVE_FIELDS = ("initial_clip", "target_quantile", "learning_rate", "count_noise")
-
-
-def _dpa():
-  try:
-    import dp_accounting
-  except ImportError as e:  # pragma: no cover - the extra is in dev
-    raise ImportError("privacy accounting needs dp-accounting: pip install 'fedtree[privacy]'") from e
-  return dp_accounting
-
-
-def check_delta(delta) -> float:
-  """``delta`` if it is in (0, 1), else a ``ValueError`` naming it."""
-  if not (isinstance(delta, (int, float, np.floating)) and 0 < float(delta) < 1):
-    raise ValueError(f"delta={delta!r}; it must be in (0, 1)")
-  return float(delta)
-
-
-def check_adjacency(adjacency: str | None, sampling: str, sampling_rate) -> None:
-  """Named errors for an unknown neighbouring relation, or one the sampling's accounting does not
-  support: add/remove with fixed-size cohorts below every client (sampling without replacement is
-  accounted replace-one), replace-one with Poisson sampling."""
-  if adjacency is None:
-    return
-  if adjacency not in ADJACENCIES:
-    raise ValueError(f"adjacency={adjacency!r}; choose one of {list(ADJACENCIES)}")
-  if adjacency == "add_remove" and sampling == "fixed" and float(sampling_rate) < 1:
-    raise ValueError(f"adjacency='add_remove' with fixed-size cohorts (q={float(sampling_rate):.4g} < 1): "
-                     f"sampling without replacement is accounted with replace-one adjacency only; sample "
-                     f"with sampling='poisson' (poisson_q) for add/remove, or let every client take part "
-                     f"every round (cohort_size=None)")
-  if adjacency == "replace_one" and sampling == "poisson":
-    raise ValueError("adjacency='replace_one' with sampling='poisson': Poisson sampling is accounted with "
-                     "add/remove adjacency (dp-accounting's RDP supports no other); use "
-                     "adjacency='add_remove'")
-
-
-def check_delta_population(delta: float, population: int) -> float:
-  """``delta`` if it is below ``1 / population`` (the units of privacy: clients), else a
-  ``ValueError``: a mechanism that publishes one unit's data outright is (0, 1/n)-DP, so a δ of
-  1/n or more promises nothing (common choices: 1e-5, or below 1/n)."""
-  if float(delta) * int(population) >= 1:
-    n = int(population)
-    raise ValueError(f"delta={delta!r} is not below 1/n = 1/{n} ({n} clients, the unit of privacy): "
-                     f"publishing one client's data outright meets it; choose delta < {1 / n:.3g} "
-                     f"(e.g. 1e-5)")
-  return float(delta)
-
-
-def check_sampling(sampling: str, sampling_rate) -> None:
-  """Named errors for an unknown sampling or a rate outside (0, 1]."""
-  if sampling not in SAMPLINGS:
-    raise ValueError(f"sampling={sampling!r}; choose one of {list(SAMPLINGS)}")
-  q = float(sampling_rate)
-  if not (0 < q <= 1):
-    raise ValueError(f"sampling rate q={sampling_rate!r}; it must be in (0, 1]")
-
-
-def _event(z: float, q: float, rounds: int, sampling: str, size: int | None, cohort: int | None):
-  dpa = _dpa()
-  gauss = dpa.GaussianDpEvent(z)
-  if q >= 1:
-    one = gauss
-  elif sampling == "poisson":
-    one = dpa.PoissonSampledDpEvent(q, gauss)
-  else:
-    if size is None or cohort is None:
-      size, cohort = 10 ** 6, max(1, round(q * 10 ** 6))
-    one = dpa.SampledWithoutReplacementDpEvent(int(size), int(cohort), gauss)
-  return dpa.SelfComposedDpEvent(one, int(rounds))
-
-
-def default_adjacency(sampling: str) -> str:
-  """The neighbouring relation a sampling is accounted under by default: replace-one for
-  fixed-size cohorts, add/remove for Poisson sampling."""
-  return "replace_one" if sampling == "fixed" else "add_remove"
-
-
-def _accountant(accountant: str, sampling: str, adjacency: str | None = None):
-  dpa = _dpa()
-  if accountant not in ACCOUNTANTS:
-    raise ValueError(f"accountant={accountant!r}; choose one of {list(ACCOUNTANTS)}")
-  adjacency = default_adjacency(sampling) if adjacency is None else adjacency
-  if accountant == "rdp":
-    rel = dpa.NeighboringRelation
-    rel = rel.REPLACE_ONE if adjacency == "replace_one" else rel.ADD_OR_REMOVE_ONE
-    return dpa.rdp.RdpAccountant(neighboring_relation=rel)
-  if sampling == "fixed":
-    raise ValueError("accountant='pld' accounts Poisson sampling only; use sampling='poisson' or "
-                     "accountant='rdp' for fixed-size cohorts")
-  return dpa.pld.PLDAccountant()
-
-
-def epsilon(*, noise_multiplier: float, sampling_rate: float, rounds: int, delta: float,
-            accountant: str = "rdp", sampling: str = "poisson", population: int | None = None,
-            cohort: int | None = None, adjacency: str | None = None) -> float:
-  """ε at ``delta`` after ``rounds`` sampled Gaussian mechanisms with noise multiplier ``z``
-  (``inf`` for ``z = 0``; 0 for no round).
-
-  Args:
-    noise_multiplier: ``z >= 0``, the noise std over the sensitivity under ``adjacency``.
-    sampling_rate: ``q`` in (0, 1] (Poisson: each client's probability; fixed: cohort / population).
-    rounds: the number of rounds a client could have taken part in.
-    delta: δ in (0, 1).
-    accountant: ``"rdp"`` or ``"pld"`` (Poisson only).
-    sampling: ``"poisson"`` or ``"fixed"`` (without replacement).
-    population, cohort: the fixed-size sampling's sizes (default from ``q``).
-    adjacency: ``"replace_one"`` or ``"add_remove"`` (:data:`ADJACENCIES`); default
-      :func:`default_adjacency` (replace-one for ``"fixed"``, add/remove for ``"poisson"``).
-      Add/remove with ``"fixed"`` needs ``q = 1`` (no sampling); replace-one with ``"poisson"``
-      is not offered.
-  """
-  z = float(noise_multiplier)
-  if not (math.isfinite(z) and z >= 0):
-    raise ValueError(f"noise_multiplier={noise_multiplier!r}; it must be a finite number >= 0")
-  check_delta(delta)
-  check_sampling(sampling, sampling_rate)
-  check_adjacency(adjacency, sampling, sampling_rate)
-  acc = _accountant(accountant, sampling, adjacency)
-  if rounds <= 0:
-    return 0.0
-  if z == 0:
-    return math.inf
-  acc.compose(_event(z, float(sampling_rate), rounds, sampling, population, cohort))
-  return float(acc.get_epsilon(delta))
-
-
-def calibrate(*, target_epsilon: float, sampling_rate: float, rounds: int, delta: float,
-              accountant: str = "rdp", sampling: str = "poisson", population: int | None = None,
-              cohort: int | None = None, adjacency: str | None = None) -> float:
-  """The smallest noise multiplier whose ε after ``rounds`` is at most ``target_epsilon``
-  (``dp_accounting.calibrate_dp_mechanism``).
-
-  Raises:
-    ValueError: a target that is not a positive number, or one no ``z <= 1024`` reaches.
-  """
-  t = target_epsilon
-  if not (isinstance(t, (int, float, np.floating)) and math.isfinite(float(t)) and float(t) > 0):
-    raise ValueError(f"target_epsilon={target_epsilon!r}; it must be a finite number > 0")
-  check_delta(delta)
-  check_sampling(sampling, sampling_rate)
-  check_adjacency(adjacency, sampling, sampling_rate)
-  return _search(float(t), float(sampling_rate), int(rounds), float(delta), accountant, sampling,
-                 population, cohort, adjacency)
-
-
-@functools.cache   # a pure search, asked again for the same run (validation, then the sweep)
-def _search(t: float, sampling_rate: float, rounds: int, delta: float, accountant: str, sampling: str,
-            population: int | None, cohort: int | None, adjacency: str | None = None) -> float:
-  target_epsilon = t
-  dpa = _dpa()
-
-  def eps(z):
-    return epsilon(noise_multiplier=z, sampling_rate=sampling_rate, rounds=rounds, delta=delta,
-                   accountant=accountant, sampling=sampling, population=population, cohort=cohort,
-                   adjacency=adjacency)
-
-  hi = 1.0   # a bracket [lo, hi] with eps(lo) > t >= eps(hi), by doubling / halving from 1
-  while eps(hi) > t:
-    hi *= 2
-    if hi > 1024:
-      raise ValueError(f"target_epsilon={target_epsilon!r} is unreachable at delta={delta!r} over {rounds} "
-                       f"rounds (q={sampling_rate!r}) with any noise multiplier up to 1024")
-  lo = hi / 2
-  while eps(lo) <= t:
-    if lo < 0.02:   # a target so loose that a tiny z reaches it: that z (conservative)
-      return float(lo)
-    lo /= 2
-  return float(dpa.calibrate_dp_mechanism(
-    lambda: _accountant(accountant, sampling, adjacency),
-    lambda z: _event(z, float(sampling_rate), rounds, sampling, population, cohort),
-    float(t), float(delta),
-    bracket_interval=dpa.ExplicitBracketInterval(lo, hi), tol=1e-5))
 
 
 class Plan(NamedTuple):
@@ -313,9 +156,14 @@ client under one group, then under its data group). The expected cohort of a fix
 is per parent, so ``normalize="fixed"`` is refused for them; ε is accounted at the rate of the
 stage that samples most (the data groups'), for every round: an upper bound."""
 
-ABOVE_THE_PARENTS = ("hierfavg", "fedprox", "ditto", "pfedme", "perfedavg", "fedmmd", "fedkws")
-"""The algorithms (HierFAVG and the local objectives under it) for which noise above the clients'
-parents has the sensitivity derived in the module docstring."""
+
+def plain_upper_levels(run: RunContext) -> bool:
+  """Whether noise above the clients' parents has the sensitivity derived in the module docstring
+  for ``run``'s algorithm: HierFAVG, or a method over it (:func:`fedtree.algorithms.hierfavg.over_host`)
+  that leaves the host's server rule to the caller (its signature takes ``server_rule``; a method
+  with a server rule of its own, such as SCAFFOLD's control variates, fills and drops it)."""
+  factory = getattr(run, "factory", None)
+  return factory is not None and over_host(factory) and "server_rule" in run.params
 
 
 def noise_level_of(level, depth: int) -> int:
@@ -337,10 +185,11 @@ def _plain_sgd(server) -> bool:
   return name in ("fedavg", "sgd") and isinstance(lr, (int, float)) and float(lr) == 1.0 and not rest
 
 
-def mechanism_level_checks(section, run, level: int, depth: int) -> None:
+def mechanism_level_checks(section, ctx: RunContext, level: int, depth: int) -> None:
   """Refuses, by name, noise above the clients' parents where its sensitivity is not the one
-  derived in the module docstring: local noise, an algorithm other than HierFAVG's family, a
-  server below the noising level that is not ``sgd(1.0)``, a period > 1 at or below it."""
+  derived in the module docstring: local noise, an algorithm other than HierFAVG's family
+  (:func:`plain_upper_levels`), a server below the noising level that is not ``sgd(1.0)``, a
+  period > 1 at or below it."""
   if level == depth - 1:
     return
   given = section.get("noise_level")
@@ -348,12 +197,14 @@ def mechanism_level_checks(section, run, level: int, depth: int) -> None:
   if mechanism != "central":
     raise ValueError(f"noise_level={given!r} with mechanism={mechanism!r}: local noise is added by the "
                      f"clients; a noise level above the clients' parents is for central noise")
+  run = ctx.run
   if run is None:
     return
   algorithm = run.get("algorithm", None)
-  if algorithm not in ABOVE_THE_PARENTS:
+  if not plain_upper_levels(ctx):
     raise ValueError(f"noise_level={given!r} with algorithm={algorithm!r}: the sensitivity above the "
-                     f"clients' parents is derived for {list(ABOVE_THE_PARENTS)} only; use noise_level=-1")
+                     f"clients' parents is derived for HierFAVG and the methods over it that keep its "
+                     f"server (hierfavg, fedprox, ditto, ...) only; use noise_level=-1")
   periods = run.get("periods", None)
   if periods is not None:
     periods = tuple(periods) if isinstance(periods, (list, tuple)) else (int(periods),) * (depth - 1)
@@ -370,26 +221,20 @@ def mechanism_level_checks(section, run, level: int, depth: int) -> None:
     server = servers[lv] if servers is not None else run.get("server", None)
     if not _plain_sgd(server):
       raise ValueError(
-        f"noise_level={given!r} with the server optimizer {_plain(server)!r} at level {lv}: the "
+        f"noise_level={given!r} with the server optimizer {plain(server)!r} at level {lv}: the "
         f"sensitivity at level {level} is derived for sgd(learning_rate=1.0) (FedAvg) at every level below "
         f"it (a momentum or adaptive server carries one client's update into later rounds); use "
         f"FedAvg servers below level {level}, or noise_level=-1")
 
 
-def _plain(cfg):
-  return cfg.to_dict() if hasattr(cfg, "to_dict") else cfg
-
-
-def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> Plan:
+def plan(section: dict, ctx: RunContext, *, verbose: bool = True) -> Plan:
   """The resolved section: checks every field, the run's weighting (its ``weighting`` field, else
-  the factory's default from ``params``), the cohort (sampling rate per parent: the largest
-  counts) and calibrates ``z`` to ``target_epsilon`` (printed). ``run`` / ``params`` default to
-  ``ctx.run`` / ``ctx.params`` (:class:`fedtree.experiment.updates.RunContext`)."""
+  its factory's default), the cohort of the run's tree (sampling rate per parent: the largest
+  counts) and calibrates ``z`` to ``target_epsilon`` (printed with ``verbose``). ``ctx``: the run
+  (:func:`fedtree.experiment.registry.run_context`), or a shared context (its tree, no run)."""
   _check_fields(section)
-  run = getattr(ctx, "run", None) if run is None else run
-  if run is not None:   # the tree and cohort of the run's algorithm, never the config's (issue 43)
-    ctx = run_context(ctx, getattr(ctx, "label", "<label>"), run, getattr(ctx, "params", None))
-  params = (getattr(ctx, "params", None) or {}) if params is None else params
+  ctx = RunContext.of(ctx)
+  run, params = ctx.run, ctx.params
   weighting = None
   if run is not None and "weighting" in run:
     weighting = run["weighting"]
@@ -430,11 +275,11 @@ def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> 
     rates = expected / counts
     i = int(np.argmax(rates))
     q, population, cohort = float(rates[i]), int(counts[i]), int(expected[i])
-  rounds = int(run.get("rounds", ctx.config.get("rounds", 1))) if run is not None else int(ctx.config.rounds)
+  rounds = int(run_field(ctx.config, run, "rounds"))
   adjacency = section.get("adjacency", default_adjacency(sampling))
   check_adjacency(adjacency, sampling, q if sampling == "poisson" else float(np.min(expected / counts)))
   level = noise_level_of(section.get("noise_level", -1), depth)
-  mechanism_level_checks(section, run, level, depth)
+  mechanism_level_checks(section, ctx, level, depth)
   # What one client can change of the noising node's delta_sum, in units of C (see the module
   # docstring): at the clients' parents 1 (or 2: central's counted normalisation); above them,
   # with uniform weights, sgd(1.0) and period 1 below, the node's sum is that of its leaf parents'
@@ -519,12 +364,6 @@ def transforms(p: Plan) -> dict[int, dict[str, tuple]]:
   return {-1: leaf, p.noise_level: {"node": (top,)}}
 
 
-def convert(section, ctx) -> dict[int, dict[str, tuple]]:
-  """The ``privacy`` section's parts ``{level: PathParts fields}`` (wrapped by its converter in
-  :data:`fedtree.experiment.updates.SECTIONS`)."""
-  return transforms(plan(dict(section), ctx))
-
-
 def epsilon_after(p: Plan, rounds: int) -> float:
   """ε at the plan's δ after ``rounds`` rounds (the runner's per-round metric)."""
   return epsilon(noise_multiplier=float(p.noise_multiplier), sampling_rate=p.sampling_rate, rounds=rounds,
@@ -532,19 +371,37 @@ def epsilon_after(p: Plan, rounds: int) -> float:
                  cohort=p.cohort, adjacency=p.adjacency)
 
 
-def round_metrics(label: str, run, ctx):
-  """The runner's per-round privacy metrics of run ``label``: ``r -> {"epsilon": ε after r
-  rounds}`` (at the section's δ; user-level), or ``None`` for a run without a privacy section.
-  A noise multiplier that is not a number here (a sweep axis) is the sweep's to account."""
-  section = run.get("privacy", None) if hasattr(run, "get") else None
-  section = section.to_dict() if hasattr(section, "to_dict") else section
+def parts(section, ctx) -> dict[int, PathParts]:
+  """The ``privacy`` section's update-path parts ``{level: PathParts}`` (:func:`transforms` of its
+  :func:`plan`)."""
+  return {lv: PathParts(**p) for lv, p in transforms(plan(dict(plain(section)), ctx)).items()}
+
+
+def round_metrics(section, ctx):
+  """The run's privacy spent: ``r -> {"epsilon": ε after r rounds}`` (at the section's δ;
+  user-level), or ``None`` without a section. A noise multiplier that is not a number here (a
+  sweep axis) is the sweep's to account (:data:`CAPABILITY`'s calibration)."""
+  section = plain(section)
   if not section:
     return None
-  # (the build checked the weighting)
-  p = plan(dict(section), run_context(ctx, label, run), run=run, params={}, verbose=False)
+  p = plan(dict(section), ctx, verbose=False)   # (the build checked the weighting)
 
   @functools.cache
   def metrics(r: int) -> dict[str, float]:
     return {"epsilon": epsilon_after(p, int(r))}
 
   return metrics
+
+
+def calibrated_noise(section, ctx) -> float:
+  """The noise multiplier a section with a ``target_epsilon`` is calibrated to (:func:`plan`)."""
+  return float(plan(dict(plain(section)), ctx, verbose=False).noise_multiplier)
+
+
+CAPABILITY = Capability(
+  name="privacy", about="differential privacy: clipping, noise, accounting", parts=parts,
+  round_metrics=round_metrics,
+  calibration=Calibration(swept="target_epsilon", traced="noise_multiplier", value=calibrated_noise,
+                          what="noise multipliers", symbol="z"),
+)
+"""The ``privacy`` section (see the module docstring)."""

@@ -1,6 +1,6 @@
-"""The ``attack`` and ``aggregator`` run config sections (:data:`fedtree.experiment.updates.SECTIONS`):
-Byzantine clients (:mod:`fedtree.core.attacks`) and robust aggregation
-(:mod:`fedtree.core.robust`) for every algorithm that takes ``update_paths``.
+"""The attack and robust-aggregation capabilities: the ``attack`` and ``aggregator`` run sections,
+Byzantine clients (:mod:`fedtree.core.attacks`) and robust aggregation (:mod:`fedtree.core.robust`)
+for every algorithm that takes ``update_paths`` (:data:`ATTACK`, :data:`AGGREGATOR`).
 
 ``attack``: ``{"name": ..., "fraction": f | "ids": [...], "seed": s, "redraw": bool, ...}``
 plus the attack's hyperparameters (``scale``, ``factor``, ``std``; ``z``, ``eps``,
@@ -16,7 +16,7 @@ attacks are the clients' only. ``seed`` defaults to the config's. The model-pois
 ones (:data:`~fedtree.core.attacks.OMNISCIENT`) wrap the level's aggregator (the blockwise mean
 when none is chosen), so they need an algorithm that can run a blockwise aggregator. The data
 attacks (:data:`DATA_ATTACKS`) poison the attackers' stored training data for the run
-(:func:`poisoned_data`, called by the runner; a backdoor adds ``attack_success_rate`` to the
+(:func:`poisoned_data`, the capability's data hook; a backdoor adds ``attack_success_rate`` to the
 evaluation, also per experiment of a sweep); they need a fixed set of attackers (no ``redraw``,
 no swept fraction).
 
@@ -35,6 +35,8 @@ Example (a run field of any algorithm with ``update_paths``)::
 
 from __future__ import annotations
 
+import typing
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -43,8 +45,8 @@ import numpy as np
 
 from fedtree.core import attacks, robust
 from fedtree.datasets import poison
-from fedtree.experiment.path_parts import PathParts, run_depth
-from fedtree.experiment.run_context import run_context
+from fedtree.experiment.capability import Capability, PathParts, RunContext, plain
+from fedtree.experiment.fields import field
 
 DATA_ATTACKS = ("label_flip", "backdoor")
 """The attacks that poison the attackers' training data (:func:`poisoned_data`), not their updates."""
@@ -60,9 +62,9 @@ def _levels(v) -> list[int]:
                    f"clients' parents)")
 
 
-def aggregator_section(section: dict[str, Any], ctx) -> dict[int, Any]:
+def aggregator_parts(section: dict[str, Any], ctx) -> dict[int, Any]:
   """``{level: PathParts(aggregator=...)}`` of an ``aggregator`` section."""
-  section = dict(section)
+  section = dict(plain(section))
   name = section.pop("name", None)
   if name is None:
     raise ValueError(f"a 'name' is required; choose one of {sorted(robust.AGGREGATORS)}")
@@ -81,21 +83,21 @@ def root_clients(fraction: float, seed: int | None, ctx) -> tuple[int, ...]:
     raise ValueError(f"fltrust: root_fraction={fraction!r} must be in (0, 1) (the share of clients whose "
                      f"data is the server's root dataset)")
   if seed is None:
-    seed = int(ctx.config.get("seed", 0)) if ctx is not None and ctx.config is not None else 0
+    seed = int(field(ctx.config, "seed")) if ctx is not None and ctx.config is not None else 0
   n = int(ctx.data.num_clients)
   order = np.asarray(attacks.attackers(n, fraction=0.0, seed=int(seed)).order)
   k = max(1, round(fraction * n))
   return tuple(int(c) for c in np.flatnonzero(order >= n - k))
 
 
-def attack_section(section: dict[str, Any], ctx) -> dict[int, Any]:
+def attack_parts(section: dict[str, Any], ctx) -> dict[int, Any]:
   """``{level: PathParts(...)}`` of an ``attack`` section (``-1`` for clients that attack)."""
-  section = dict(section)
+  section = dict(plain(section))
   name = section.pop("name", None)
   if name not in ATTACKS:
     raise ValueError(f"attack name={name!r}; choose one of {list(ATTACKS)}")
   level = section.pop("level", -1)
-  depth = run_depth(ctx)
+  depth = RunContext.of(ctx).depth
   if isinstance(level, bool) or not isinstance(level, int) or not -depth <= level < depth:
     raise ValueError(f"level={level!r}: the server level whose children attack; choose one of "
                      f"{list(range(depth))} or -1 (the clients' parents: the clients attack)")
@@ -105,7 +107,7 @@ def attack_section(section: dict[str, Any], ctx) -> dict[int, Any]:
                      f"not {level!r}")
   seed = section.pop("seed", None)
   if seed is None:
-    seed = int(ctx.config.get("seed", 0)) if ctx is not None and ctx.config is not None else 0
+    seed = int(field(ctx.config, "seed")) if ctx is not None and ctx.config is not None else 0
   who = {k: section.pop(k) for k in ("fraction", "ids", "redraw") if k in section}
   num = int(ctx.data.num_clients) if lv == depth - 1 else int(ctx.topology.num_nodes(lv + 1))
   mask = attacks.attackers(num, seed=int(seed), **who)
@@ -169,48 +171,46 @@ def _data_attack(name: str, section: dict[str, Any], data, mask: attacks.Attacke
   return (poison.add_backdoor(data, bad, trigger=trig, target=target, **section), (trig, target))
 
 
-def poisoned_data(run, ctx):
-  """``(the training data of run ``run``, its backdoor test split or None)``: ``ctx.data`` unless
-  the run's ``attack`` poisons data (``label_flip``, ``backdoor``)."""
-  section = run.get("attack", None) if hasattr(run, "get") else None
-  if section is not None and hasattr(section, "to_dict"):
-    section = section.to_dict()
+def poisoned_data(section, ctx):
+  """``(the run's training data, {"attack_success_rate": its backdoor test split} or {})``:
+  ``ctx.data`` unless the ``attack`` section poisons data (``label_flip``, ``backdoor``); the
+  attack capability's data hook."""
+  section = plain(section)
   if not section or section.get("name") not in DATA_ATTACKS:
-    return ctx.data, None
+    return ctx.data, {}
   section = dict(section)
   name = section.pop("name")
   section.pop("level", None)
   seed = section.pop("seed", None)
-  seed = int(ctx.config.get("seed", 0)) if seed is None else int(seed)
+  seed = int(field(ctx.config, "seed")) if seed is None else int(seed)
   who = {k: section.pop(k) for k in ("fraction", "ids") if k in section}
   mask = attacks.attackers(int(ctx.data.num_clients), seed=seed, **who)
   data, backdoor = _data_attack(name, section, ctx.data, mask)
   if backdoor is None:
-    return data, None
-  return data, poison.backdoor_test_split(data, trigger=backdoor[0], target=backdoor[1])
+    return data, {}
+  split = poison.backdoor_test_split(data, trigger=backdoor[0], target=backdoor[1])
+  return data, {"attack_success_rate": split}
 
 
-PAIRWISE = ("krum", "multi_krum", "bulyan")
-
-
-def block_estimate(run, ctx, label: str = "<label>") -> tuple[int, int, int, bool] | None:
-  """``(param_bytes, rows, block_size, pairwise)`` of the cohort blocks a run's blockwise
-  aggregator holds at the clients' tier (:func:`fedtree.experiment.memory.block_bytes`), or
-  ``None`` when it aggregates by the streamed mean: ``rows`` the run's cohort over every clients'
-  parent of its tree, ``block_size`` the largest parent's
-  (:attr:`~fedtree.experiment.run_context.RunContext.cohort`)."""
-  import jax
-
-  from fedtree.experiment.memory import tree_bytes
-
-  def plain(v):
-    return v.to_dict() if hasattr(v, "to_dict") else (v or {})
-
-  agg, attack = plain(run.get("aggregator", None)), plain(run.get("attack", None))
-  if not agg.get("name") and attack.get("name") not in attacks.OMNISCIENT:
+def _factory_hint(factory, name: str):
+  try:
+    function = getattr(factory, "func", factory)   # (a partial: its function)
+    return typing.get_type_hints(function).get(name, None)
+  except Exception:  # noqa: BLE001  (an annotation that does not resolve: unknown)
     return None
-  cohort = run_context(ctx, label, run).cohort   # the run's tree and cohort, never the config's
-  rows, size = int(cohort.sum()), int(cohort.max())
-  pairwise = agg.get("name") in PAIRWISE or attack.get("name") in ("min_max", "min_sum")
-  param_bytes = tree_bytes(jax.eval_shape(ctx.model.init, jax.random.key(0)))
-  return param_bytes, rows, size, pairwise
+
+
+def aggregator_hint(path: Sequence[str], section):
+  """The annotation of an ``aggregator`` section's field ``path`` in the factory its ``name``
+  names (Krum's ``f`` and ``m`` may be traced: sweep axes)."""
+  factory = robust.AGGREGATORS.get(plain(section).get("name"), None)
+  return None if factory is None or len(path) != 1 else _factory_hint(factory, path[0])
+
+
+ATTACK = Capability(name="attack", about="Byzantine clients: poisoned updates or data",
+                    parts=attack_parts, data=poisoned_data)
+"""The ``attack`` section (see the module docstring)."""
+
+AGGREGATOR = Capability(name="aggregator", about="robust aggregation", parts=aggregator_parts,
+                        hint=aggregator_hint)
+"""The ``aggregator`` section (see the module docstring)."""

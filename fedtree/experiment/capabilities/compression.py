@@ -1,0 +1,84 @@
+"""The compression capability: a run's ``compression`` section, lossy encodings of what travels
+along an edge of the run's tree (:mod:`fedtree.core.compression`), with their sizes in the round's
+byte counts (:data:`CAPABILITY`).
+
+Example (a run field of any algorithm with ``update_paths``)::
+
+  config.runs.qsgd = dict(algorithm="hierfavg", compression=dict(
+    uplink=dict(name="qsgd", bits=4, error_feedback=True), downlink=dict(name="fp16")))
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fedtree.core import compression
+from fedtree.experiment.capability import Capability, PathParts, plain
+
+_EDGE_KEYS = {"uplink", "downlink"}
+
+
+def _compressor_of(spec: Mapping[str, Any], where: str):
+  spec = dict(plain(spec))
+  if "name" not in spec:
+    raise ValueError(f"{where} needs a 'name'; choose one of {list(compression.NAMES)}")
+  name = spec.pop("name")
+  extra = {k: spec.pop(k) for k in ("error_feedback", "vote") if k in spec}
+  allowed = {"bits", "k", "fraction"}
+  if set(spec) - allowed:
+    raise ValueError(f"{where}: unknown field(s) {sorted(set(spec) - allowed)}; choose from "
+                     f"{sorted(allowed | {'name', 'error_feedback', 'vote'})}")
+  return compression.compressor(name, **spec), extra
+
+
+def compression_parts(section: Mapping[str, Any], ctx) -> dict[int, PathParts]:
+  """The ``compression`` section: ``{uplink: {name, bits | k | fraction, error_feedback, vote},
+  downlink: {name, bits}, level: -1}`` compresses what the children of server level ``level``
+  (default ``-1``, the clients' parents) send up and what that level sends down; several levels
+  as ``{levels: {"-1": {uplink: ..., downlink: ...}, "0": {...}}}`` (a level absent is not
+  compressed). ``vote: step`` (``sign`` uplinks) makes the parents take signSGD's majority vote.
+  """
+  section = dict(plain(section))
+  if "levels" in section:
+    if set(section) != {"levels"}:
+      raise ValueError(f"give either 'levels' or uplink/downlink/level, not both (got {sorted(section)})")
+    items = [(int(lv), dict(plain(v))) for lv, v in dict(plain(section["levels"])).items()]
+  else:
+    items = [(int(section.pop("level", -1)), section)]
+  out = {}
+  for lv, edges in items:
+    if not edges or set(edges) - _EDGE_KEYS:
+      raise ValueError(f"level {lv}: fields {sorted(edges)}; choose from {sorted(_EDGE_KEYS)} (and 'level')")
+    parts = PathParts()
+    if edges.get("uplink"):
+      c, extra = _compressor_of(edges["uplink"], f"level {lv} uplink")
+      node = ()
+      if "vote" in extra:
+        if c.name != "sign":
+          raise ValueError(f"level {lv} uplink: vote is signSGD's majority vote; it needs name='sign' "
+                           f"(got {c.name!r})")
+        node = (compression.majority_vote(step=extra["vote"]),)
+      ef = bool(extra.get("error_feedback"))
+      parts = parts._replace(client=(compression.uplink(c, error_feedback=ef),), node=node)
+    if edges.get("downlink"):
+      c, extra = _compressor_of(edges["downlink"], f"level {lv} downlink")
+      if extra:
+        raise ValueError(f"level {lv} downlink: {sorted(extra)} apply to the uplink only")
+      parts = parts._replace(down=compression.downlink(c))
+    out[lv] = parts
+  return out
+
+
+def compression_hint(path: Sequence[str], section):
+  """The annotation of a ``compression`` section's field (``uplink.bits``, ...) in the compressor's
+  factory: QSGD's and the rotated quantizer's ``bits`` may be traced (a sweep axis)."""
+  if not path or path[-1] in ("name", "error_feedback", "vote"):
+    return None
+  return typing.get_type_hints(compression.compressor).get(path[-1], None)
+
+
+CAPABILITY = Capability(name="compression", about="compressed uplinks and downlinks", parts=compression_parts,
+                        hint=compression_hint)
+"""The ``compression`` section (see :func:`compression_parts`)."""

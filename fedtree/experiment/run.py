@@ -1,0 +1,198 @@
+"""A configured run resolved once into a typed :class:`Run`: its algorithm, the data it trains on,
+how its models are scored, its capabilities' host hooks and its rounds (:func:`resolve`).
+
+The capabilities of a run (:mod:`fedtree.experiment.capabilities`) act through their hooks here,
+each section read once: the data a capability alters (a data attack's poisoned copy) is the data
+the algorithm is built and trained on, the test splits it adds are scored beside accuracy, the
+model it makes the algorithm train (LoRA's adapters) is what one message is and how models are
+scored, its per-round metrics (ε) are added to every row and final summary, and its memory (the
+data's copy, a blockwise aggregator's cohort blocks) is counted in the run's estimate. The runner
+(:mod:`fedtree.experiment.runner`), the run loop and the sweep driver then use the :class:`Run`
+alone, without knowing any capability by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedtree import evaluation
+from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.metrics import make_evaluator
+from fedtree.core.traffic import model_bytes
+from fedtree.experiment import capabilities as caps
+from fedtree.experiment import memory, registry
+from fedtree.experiment.capability import Wrapping, blocks
+from fedtree.experiment.context import Context
+from fedtree.experiment.fields import field, run_field
+from fedtree.experiment.results import evaluation_options, positive_classes_from_config
+
+
+class Scoring(NamedTuple):
+  """How a run's models are scored (:func:`fedtree.evaluation.evaluate_models`).
+
+  Attributes:
+    evaluator: ``evaluator(state) -> evaluator`` of the models of ``state``
+      (:func:`fedtree.core.metrics.make_evaluator`, or a capability's: adapters scored with the
+      state's base as an argument).
+    positive_classes: the keyword class mask of FA/FR rates, or ``None``.
+    top_k: also report ``top{k}_accuracy``, or ``None``.
+    central: ``(x, y, n)`` of the central test set in blocks, or ``None``.
+    splits: ``{metric: (x, y, n)}`` further test splits scored as ``metric`` (a backdoor's).
+  """
+
+  evaluator: Callable[[Any], Callable]
+  positive_classes: Any = None
+  top_k: int | None = None
+  central: tuple | None = None
+  splits: Mapping[str, tuple] = {}
+
+  def evaluate(self, algorithm: FederatedAlgorithm, state, ctx: Context) -> dict[str, dict[str, Any]]:
+    """Every model of ``state`` scored on the clients' test data of ``ctx``."""
+    return evaluation.evaluate_models(
+      algorithm, state, ctx.model, ctx.run_data, groups=ctx.groups, evaluator=self.evaluator(state),
+      positive_classes=self.positive_classes, splits=self.splits, top_k=self.top_k, central=self.central)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One configured run, resolved (:func:`resolve`).
+
+  Attributes:
+    label: its label (``config.runs.<label>``).
+    config: its config (``config.runs.<label>``).
+    context: the shared context, with the data this run trains on (its capabilities' copy).
+    algorithm: its algorithm (``None`` where a sweep builds one per setting).
+    rounds: the rounds it runs (a fixed-length composition's own, else the run's ``rounds``).
+    scoring: how its models are scored.
+    round_metrics: ``r -> {name: number}`` its capabilities add to round ``r``'s row and to every
+      final summary (the privacy spent), or ``None``.
+    message_bytes: the bytes of one model a node sends uncompressed (the model the algorithm
+      trains: adapters alone under LoRA).
+    block: ``(param_bytes, rows, block_size, pairwise)`` of the cohort blocks a blockwise
+      aggregator holds (:func:`fedtree.experiment.capability.blocks`), or ``None``.
+    extra_data_bytes: bytes of the run's own copy of the clients' data beside the shared one.
+  """
+
+  label: str
+  config: Any
+  context: Context
+  algorithm: FederatedAlgorithm | None
+  rounds: int
+  scoring: Scoring
+  round_metrics: Callable[[int], dict[str, Any]] | None = None
+  message_bytes: int = 0
+  block: tuple[int, int, int, bool] | None = None
+  extra_data_bytes: int = 0
+
+  def memory(self, budget: memory.Budget, key: jax.Array) -> str:
+    """The run's memory line (:meth:`fedtree.experiment.memory.Budget.check`), refused with the
+    numbers when it cannot fit."""
+    from fedtree.core import loop
+
+    return budget.check(self.label, jax.eval_shape(self.algorithm.init, loop.init_key(key)),
+                        self.context.chunk_size(self.config), block=self.block,
+                        extra_data_bytes=self.extra_data_bytes)
+
+
+def scoring(ctx: Context, wrapped: Wrapping | None = None,
+            splits: Mapping[str, tuple] | None = None) -> Scoring:
+  """How the runs of ``ctx``'s config are scored (``config.metrics``, checked against the data),
+  with a capability's evaluator (``wrapped``) and further test splits."""
+  positive = positive_classes_from_config(ctx.config, ctx.data.num_classes)
+  opts = evaluation_options(ctx.config, num_classes=ctx.data.num_classes,
+                            has_central=ctx.central_test is not None,
+                            has_local=int(np.asarray(ctx.data.n_test).sum()) > 0)
+  options = {"ignore_labels": opts.ignore_labels, "top_k": opts.top_k}
+  chunk = field(ctx.config, "eval_chunk_size")
+  if wrapped is None:
+    one = make_evaluator(ctx.model, chunk, confusion=positive is not None, **options)
+
+    def evaluator(state):
+      return one
+  else:
+    evaluator = wrapped.evaluator(chunk, confusion=positive is not None, **options)
+  central = None
+  if opts.central:
+    assert ctx.central_test is not None  # evaluation_options checked it
+    central = tuple(jnp.asarray(a) for a in evaluation.central_blocks(*ctx.central_test))
+  return Scoring(evaluator, positive, opts.top_k, central, dict(splits or {}))
+
+
+def _merged(hooks: list[Callable[[int], dict[str, Any]]]) -> Callable[[int], dict[str, Any]] | None:
+  if not hooks:
+    return None
+  if len(hooks) == 1:
+    return hooks[0]
+  return lambda r: {k: v for h in hooks for k, v in h(r).items()}
+
+
+def round_metrics(label: str, run_cfg, ctx: Context) -> Callable[[int], dict[str, Any]] | None:
+  """``r -> {name: number}`` of every capability of run ``label`` that reports per-round
+  metrics (the privacy spent), or ``None``."""
+  present = [(c, s) for c, s in caps.sections(run_cfg, caps.of_config(ctx.config))
+             if c.round_metrics is not None]
+  if not present:
+    return None
+  rctx = registry.run_context(ctx, label, run_cfg)
+  hooks = [h for h in (c.round_metrics(s, rctx) for c, s in present) if h is not None]
+  return _merged(hooks)
+
+
+def run_data(label: str, run_cfg, ctx: Context) -> tuple[Context, dict[str, tuple]]:
+  """``(ctx on the data run label trains on, {metric: test split})``: the data its capabilities
+  alter (a data attack's poisoned copy, on the device and over the context's mesh) and the test
+  splits they add (its backdoor's)."""
+  present = [(c, s) for c, s in caps.sections(run_cfg, caps.of_config(ctx.config)) if c.data is not None]
+  if not present:
+    return ctx, {}
+  rctx = registry.run_context(ctx, label, run_cfg)
+  data, splits = ctx.data, {}
+  for cap, section in present:
+    data, more = cap.data(section, rctx.on(dataclasses.replace(ctx, data=data)))
+    splits.update(more)
+  return ctx.with_data(data), splits
+
+
+def resolve(label: str, run_cfg, ctx: Context, *, build: bool = True) -> Run:
+  """Run ``label`` (``config.runs.<label>``) resolved on the shared context ``ctx``: its
+  capabilities' sections read once (the data they alter, their update-path parts and factory
+  arguments, the model they make it train, their metrics), its algorithm built (``build=False``:
+  left to a sweep, which builds one per setting), how it is scored, its rounds and memory."""
+  registry.validate_run(label, run_cfg, caps.of_config(ctx.config))
+  run_ctx, splits = run_data(label, run_cfg, ctx)
+  wrapped = registry.wrapping(label, run_cfg, run_ctx)
+  arguments = registry.capability_arguments(label, run_cfg, run_ctx)
+  algorithm = None
+  if build:
+    if wrapped is None:
+      algorithm = registry.build_algorithm(label, run_cfg, run_ctx, arguments=arguments)
+    else:
+      algorithm = registry.wrapped_algorithm(label, *wrapped, run_ctx, arguments)
+  fixed = algorithm.rounds if algorithm is not None else None
+  rounds = int(fixed if fixed is not None else run_field(ctx.config, run_cfg, "rounds"))
+  model = ctx.model if wrapped is None else wrapped[1].model
+  rctx = registry.run_context(run_ctx, label, run_cfg)
+  full_model = memory.tree_bytes(jax.eval_shape(ctx.model.init, jax.random.key(0)))
+  return Run(label=label, config=run_cfg, context=run_ctx, algorithm=algorithm, rounds=rounds,
+             scoring=scoring(run_ctx, None if wrapped is None else wrapped[1], splits),
+             round_metrics=round_metrics(label, run_cfg, ctx),
+             message_bytes=model_bytes(jax.eval_shape(model.init, jax.random.key(0))),
+             block=blocks(arguments.get("update_paths"), rctx, full_model),
+             extra_data_bytes=memory.copied_bytes(run_ctx.data, ctx.data))
+
+
+def of_algorithm(label: str, algorithm: FederatedAlgorithm, ctx: Context, *,
+                 rounds: int | None = None) -> Run:
+  """A run of an algorithm built by hand on ``ctx`` (no config run of its own): scored as the
+  config says, its rounds ``rounds`` (default the algorithm's own, else the config's)."""
+  if rounds is None:
+    rounds = algorithm.rounds if algorithm.rounds is not None else int(ctx.config.rounds)
+  one = model_bytes(jax.eval_shape(ctx.model.init, jax.random.key(0)))
+  return Run(label=label, config=None, context=ctx, algorithm=algorithm, rounds=int(rounds),
+             scoring=scoring(ctx), message_bytes=one)
