@@ -50,6 +50,10 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.clustering.ifca",
   "fedtree.algorithms.fedkws.fedkws",
   "fedtree.algorithms.fedbuff",
+  "fedtree.algorithms.scaffold",
+  "fedtree.algorithms.feddyn",
+  "fedtree.algorithms.fednova",
+  "fedtree.algorithms.mime",
 ]
 
 
