@@ -144,11 +144,12 @@ def mime_client(model, x, momentum_state, c, data, client, num_steps, key, *, lr
 
 
 def run_rounds(data, x0, parent, rounds, key, *, cohort_size, client, server, root_period=None,
-               root_weights=None):
+               root_weights=None, before=None):
   """A per-parent loop of ``rounds`` rounds: every parent of clients ``p`` holds its model ``x[p]``
   (float64); each round draws the cohort as the engine does (the only thing shared with it) and
   calls ``client(round_key, k, p, x[p])`` for every sampled client ``k`` (its answer, any object),
-  then ``x[p] = server(p, x[p], [(k, answer), ...])`` for every parent with answers; the root (if
+  then ``x[p] = server(p, x[p], [(k, answer), ...])`` for every parent with answers (``before(p, x[p],
+  [k, ...])``, if given, first, with every parent's sampled clients: Mime's pass); the root (if
   ``root_period``) averages the parents' models by ``root_weights`` every ``root_period`` rounds
   and sends its model down. Returns the parents' models."""
   parent = np.asarray(parent)
@@ -158,11 +159,16 @@ def run_rounds(data, x0, parent, rounds, key, *, cohort_size, client, server, ro
   for r in range(rounds):
     rk = jax.random.fold_in(key, r)
     cohort = sampler(stream(rk, "cohort"))
-    answers = [[] for _ in range(num_parents)]
+    sampled = [[] for _ in range(num_parents)]
     for k, p, v in zip(np.asarray(cohort.clients), np.asarray(cohort.parent), np.asarray(cohort.valid),
                        strict=True):
       if v:
-        answers[int(p)].append((int(k), client(rk, int(k), int(p), x[int(p)])))
+        sampled[int(p)].append(int(k))
+    if before is not None:
+      for p in range(num_parents):
+        if sampled[p]:
+          before(p, x[p], sampled[p])
+    answers = [[(k, client(rk, k, p, x[p])) for k in sampled[p]] for p in range(num_parents)]
     for p in range(num_parents):
       if answers[p]:
         x[p] = server(p, x[p], answers[p])

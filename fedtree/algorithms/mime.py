@@ -70,6 +70,7 @@ from fedtree.core.local import (
   stack,
 )
 from fedtree.core.model import Model, take_state, zero_state
+from fedtree.core.privacy import global_norm
 from fedtree.core.server_rule import Inbox, ServerRule, per_node, zeros_like_stacked
 from fedtree.core.updates import blockwise_levels, per_level_paths
 
@@ -144,7 +145,7 @@ def mime_update(
     y = carry.params
     if delta_clip_norm is not None:
       delta = jax.tree.map(jnp.subtract, anchor, y)
-      norm = optax.global_norm(delta)
+      norm = global_norm(delta)
       scale = jnp.minimum(1.0, delta_clip_norm / jnp.maximum(norm, 1e-30))
       y = jax.tree.map(lambda x, d: x - d * scale.astype(d.dtype), anchor, delta)
     message = () if corrected else _weighted_gradient(model, anchor, data, rnd.weight, batch_size=batch_size,
