@@ -300,3 +300,18 @@ def test_feddyn_refusals(problem):
   bn = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,), norm="batch")
   with pytest.raises(ValueError, match=r"feddyn: the model keeps state \['batch_stats'\]"):
     feddyn(**{**common, "model": bn})
+
+
+def test_a_bad_alpha_from_a_config_names_the_run_before_anything_compiles():
+  import ml_collections
+  from helpers import small_context
+
+  from fedtree.experiment import registry
+
+  ctx = small_context()
+  run = ml_collections.ConfigDict({"algorithm": "feddyn", "alpha": -1.0})
+  with pytest.raises(ValueError, match=r"config.runs.dyn \(algorithm='feddyn'\): feddyn: alpha=-1.0 must be"):
+    registry.build_algorithm("dyn", run, ctx)
+  run = ml_collections.ConfigDict({"algorithm": "feddyn", "alpah": 0.1})
+  with pytest.raises(ValueError, match=r"unknown field 'alpah' \(did you mean 'alpha'\?\)"):
+    registry.build_algorithm("dyn", run, ctx)

@@ -262,3 +262,22 @@ def test_fednova_refusals(problem):
   bn = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,), norm="batch")
   with pytest.raises(ValueError, match=r"fednova: the model keeps state \['batch_stats'\]"):
     fednova(**{**common, "model": bn})
+
+
+def test_the_registry_reads_the_local_momentum_and_names_bad_options():
+  import ml_collections
+  from helpers import small_context
+
+  from fedtree.experiment import registry
+
+  ctx = small_context()
+  ctx.config.local.hparams = {"momentum": 0.9}
+  kw = registry.factory_kwargs("nova", ml_collections.ConfigDict({"algorithm": "fednova"}), ctx)
+  assert kw["momentum"] == 0.9
+  run = ml_collections.ConfigDict({"algorithm": "fednova", "aggregation": "weighted_scale"})
+  with pytest.raises(ValueError, match=r"config.runs.nova \(algorithm='fednova'\): fednova: "
+                                       r"aggregation='weighted_scale'; choose one of"):
+    registry.build_algorithm("nova", run, ctx)
+  ctx.config.local.optimizer = "adam"
+  with pytest.raises(ValueError, match=r"config.local.optimizer='adam'"):
+    registry.factory_kwargs("nova", ml_collections.ConfigDict({"algorithm": "fednova"}), ctx)
