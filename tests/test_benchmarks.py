@@ -87,3 +87,15 @@ def test_privacy_benchmark_runs(tmp_path):
   assert res["overhead"]["plain_s_per_round"] > 0 and res["overhead"]["dp_s_per_round"] > 0
   assert res["sweep"]["settings"] == 2 and res["sweep"]["ratio"] > 0
   assert json.load(open(out))["sweep"]["rounds"] == 1
+
+
+def test_methods_benchmark_reports_ratios_to_fedavg(tmp_path):
+  from benchmarks import methods
+
+  rows = methods.main(["--clients=4", "--methods=fednova", "--rounds=1", "--repeats=1", "--tag=m",
+                       f"--out-dir={tmp_path}"])
+  assert [r["method"] for r in rows] == ["fedavg", "fednova"]   # FedAvg, the base, always measured
+  assert rows[0]["cpu_vs_fedavg"] == 1.0 and rows[1]["client_updates_per_cpu_s"] > 0
+  assert "x FedAvg" in json.load(open(tmp_path / "m.json"))["table"]
+  with pytest.raises(SystemExit, match="unknown"):
+    methods.main(["--methods=fedsgd"])

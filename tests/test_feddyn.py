@@ -115,7 +115,9 @@ def _reference(
   return x, h, grad_l
 
 
-@pytest.mark.parametrize("weighting,by_size", [("uniform", False), ("examples", True)])
+@pytest.mark.parametrize(
+  "weighting,by_size", [("uniform", False), pytest.param("examples", True, marks=pytest.mark.slow)]
+)
 def test_feddyn_matches_algorithm_1_per_client(problem, weighting, by_size):
   data, _, model = problem
   sched = LocalSchedule(batch_size=B, epochs=1)  # unequal step counts
@@ -240,6 +242,7 @@ def test_alpha_is_a_sweep_axis(problem):
     _close(experiment(st, e).server_state, alone.server_state, atol=1e-6)
 
 
+@pytest.mark.slow   # four builds; the bytes of one model are also checked by test_traffic's FedAvg
 def test_feddyn_composes_with_privacy_compression_and_systems_and_sends_one_model(problem):
   from fedtree.core.compression import compressor, uplink
   from fedtree.core.systems import Systems, deadline, make_profile

@@ -115,7 +115,7 @@ def _reference(
   [
     ("answered", "examples", 0.0, False),
     ("population", "examples", 0.9, True),
-    ("scaled", "uniform", 0.5, False),
+    pytest.param("scaled", "uniform", 0.5, False, marks=pytest.mark.slow),
   ],
 )
 def test_fednova_matches_the_papers_update_per_client(problem, aggregation, weighting, momentum, per_client):
