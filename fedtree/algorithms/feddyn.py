@@ -83,15 +83,17 @@ from fedtree.core.updates import blockwise_levels
 
 
 def dynamic() -> Regularizer:
-  """FedDyn's ``(α_i/2) ‖θ − x‖² − ⟨∇L_i, θ⟩`` with ``(x, ∇L_i, α_i)`` in the carry's anchor slot."""
+  """FedDyn's ``(α_i/2) ‖θ − x‖² − ⟨∇L_i, θ⟩`` up to a constant, as ``(α_i/2) ‖θ‖² − ⟨b, θ⟩`` with
+  ``(b, α_i)`` in the carry's anchor slot, ``b = α_i x + ∇L_i`` formed once per client: its gradient
+  ``α_i θ − b = α_i (θ − x) − ∇L_i`` reads one model per step besides ``θ``, not two."""
 
   def reg(params, slot):
-    x, grad_l, a = slot
-    def term(p, xx, g):
-      return 0.5 * jnp.asarray(a, p.dtype) * jnp.sum(jnp.square(p - xx)) - jnp.sum(p * g.astype(p.dtype))
+    b, a = slot
 
-    terms = jax.tree.map(term, params, x, grad_l)
-    return sum(jax.tree.leaves(terms))
+    def term(p, bb):
+      return 0.5 * jnp.asarray(a, p.dtype) * jnp.sum(jnp.square(p)) - jnp.sum(p * bb.astype(p.dtype))
+
+    return sum(jax.tree.leaves(jax.tree.map(term, params, b)))
 
   return reg
 
@@ -118,7 +120,8 @@ def feddyn_update(
 
   def apply(anchor, grad_l, data: ClientData, num_steps, key, rnd: ClientRound):
     a = alpha if scale is None else alpha * scale[rnd.client]
-    carry = SGDCarry(params=anchor, opt_state=optimizer.init(anchor), anchor=(anchor, grad_l, a))
+    b = jax.tree.map(lambda x, g: jnp.asarray(a, x.dtype) * x + g, anchor, grad_l)
+    carry = SGDCarry(params=anchor, opt_state=optimizer.init(anchor), anchor=(b, a))
     carry, loss = run_local_steps(step, carry, data, num_steps, key, batch_size=batch_size,
                                   max_steps=max_steps)
     theta = carry.params
