@@ -14,11 +14,12 @@ and each call is timed twice: by the wall clock and by this process's CPU time
 (``time.process_time``: the work of every thread XLA runs, whatever else the machine does, the
 figure to trust on a shared machine). Reported per method: seconds per round (the median over
 the turns), client updates per second (clients trained per round over those seconds) and the
-ratio of its round to FedAvg's, by CPU time and by wall time; the compile time (the first call)
-apart. The client updates are what each method's clients do in a round: FedDyn's regularized
-steps, FedNova's normalization, SCAFFOLD's corrected steps and new variate (option II), MimeLite's
-steps and its full-batch gradient, Mime's gradient pass, doubly-evaluated corrected steps and
-the server's statistics (its base optimizer is SGD with momentum 0.9, the others' plain SGD).
+ratio of its round to FedAvg's in the same turn (the median over the turns, and their range), by
+CPU time and by wall time; the compile time (the first call) apart. The client updates are what
+each method's clients do in a round: FedDyn's regularized steps, FedNova's normalization,
+SCAFFOLD's corrected steps and new variate (option II), MimeLite's steps and its full-batch
+gradient, Mime's gradient pass, doubly-evaluated corrected steps and the server's statistics (its
+base optimizer is SGD with momentum 0.9, the others' plain SGD).
 Writes ``benchmarks/results/<tag>.json``.
 
 Methods are named in :data:`METHODS` (one builder each), so another baseline joins with one line.
@@ -98,23 +99,29 @@ def measure(w: workloads.Workload, names: list[str], *, rounds: int, repeats: in
     r["wall_s_per_round"] = statistics.median(r["wall"])
     r["client_updates_per_cpu_s"] = r["clients_per_round"] / r["cpu_s_per_round"]
     r["client_updates_per_wall_s"] = r["clients_per_round"] / r["wall_s_per_round"]
-    if base is not None:
-      r["cpu_vs_fedavg"] = r["cpu_s_per_round"] / statistics.median(base["cpu"])
-      r["wall_vs_fedavg"] = r["wall_s_per_round"] / statistics.median(base["wall"])
+    if base is not None:   # each turn's time over FedAvg's in the same turn (a drift of the load cancels)
+      for clock in ("cpu", "wall"):
+        paired = [m / f for m, f in zip(r[clock], base[clock], strict=True)]
+        r[f"{clock}_vs_fedavg"] = statistics.median(paired)
+        r[f"{clock}_vs_fedavg_range"] = (min(paired), max(paired))
     rows.append(r)
   return rows
 
 
+def _ratio(r: dict, clock: str) -> str:
+  lo, hi = r.get(f"{clock}_vs_fedavg_range", (float("nan"),) * 2)
+  return f"{r.get(f'{clock}_vs_fedavg', float('nan')):5.2f}x ({lo:.2f}-{hi:.2f})"
+
+
 def table(w: workloads.Workload, rows: list[dict], load: tuple[float, float, float]) -> str:
   head = (f"{w.label()}, {w.local_steps} local steps; load average {load[0]:.1f} on {os.cpu_count()} cores\n"
-          f"{'method':10s} {'CPU s/round':>12s} {'upd/CPU s':>10s} {'x FedAvg':>9s} "
-          f"{'wall s/round':>13s} {'upd/wall s':>11s} {'x FedAvg':>9s} {'compile s':>10s}")
+          f"{'method':10s} {'CPU s/round':>12s} {'upd/CPU s':>10s} {'x FedAvg (range)':>19s} "
+          f"{'wall s/round':>13s} {'upd/wall s':>11s} {'x FedAvg (range)':>19s} {'compile s':>10s}")
   lines = [head, "-" * len(head.splitlines()[-1])]
   for r in rows:
     lines.append(f"{r['method']:10s} {r['cpu_s_per_round']:12.4f} {r['client_updates_per_cpu_s']:10.0f} "
-                 f"{r.get('cpu_vs_fedavg', float('nan')):8.2f}x {r['wall_s_per_round']:13.4f} "
-                 f"{r['client_updates_per_wall_s']:11.0f} {r.get('wall_vs_fedavg', float('nan')):8.2f}x "
-                 f"{r['compile_s']:10.1f}")
+                 f"{_ratio(r, 'cpu'):>19s} {r['wall_s_per_round']:13.4f} "
+                 f"{r['client_updates_per_wall_s']:11.0f} {_ratio(r, 'wall'):>19s} {r['compile_s']:10.1f}")
   return "\n".join(lines)
 
 

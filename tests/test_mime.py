@@ -317,3 +317,17 @@ def test_mime_refusals(problem):
       method(delta_clip_norm=-1.0, **common)
     with pytest.raises(ValueError, match=rf"{name}: needs local_optimizer="):
       method(**{**common, "local_optimizer": None})
+
+
+@pytest.mark.slow
+def test_a_batchnorm_model_trains_its_statistics_under_mimelite(problem):
+  data, _, _ = problem
+  bn = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,), norm="batch")
+  alg = mimelite(model=bn, data=data, local_optimizer=optax.sgd(LR, momentum=0.9),
+                 schedule=LocalSchedule(batch_size=B, steps=2), cohort_size=4)
+  s0 = alg.init(jax.random.key(7))
+  s1, _ = jax.jit(alg.round)(s0, data, jax.random.key(1))
+  before, after = s0.params[0]["batch_stats"], s1.params[0]["batch_stats"]
+  assert not np.allclose(np.asarray(jax.tree.leaves(before)[0]), np.asarray(jax.tree.leaves(after)[0]))
+  assert all(np.isfinite(np.asarray(a)).all() for a in jax.tree.leaves(s1))
+  assert all(np.all(np.asarray(a) == 0) for a in jax.tree.leaves(_trace(s1)["batch_stats"]))

@@ -32,8 +32,8 @@ one server step per round each, so the upper levels are left as HierFAVG.
 
 **Choices and other implementations.** The models are averaged uniformly by default
 (``weighting="uniform"``: the paper's ``1/|P|``, as FLGo's, FedLab's and PFLlib's FedDyn);
-``weighting="examples"`` averages them by data size and moves ``h`` by
-``Σ_{i∈P} n_i (x − θ_i) / Σ_j n_j`` (the objective ``Σ_i (n_i/n) L_i``). ``alpha_by_data_size=True``
+``weighting="examples"`` averages them by data size and adds ``α Σ_{i∈P} n_i (x − θ_i) / Σ_j n_j``
+to ``h`` (the objective ``Σ_i (n_i/n) L_i``). ``alpha_by_data_size=True``
 gives client ``i`` the coefficient ``α_i = α · n̄ / n_i`` (``n̄`` the mean examples of its parent's
 clients) in its regularizer and its ``∇L_i`` update, the server keeping ``α``: FL-bench's
 ``alpha / client_weights`` (the data-weighted objective with uniform averaging). FL-bench also
@@ -45,17 +45,16 @@ PFLlib's client (``clientdyn.py``) adds ``(α/2) ‖θ − x‖₂`` (the norm, 
 server divides the models' sum by the number of clients meant to join (``join_clients``), not by
 the number that answered; FedLab's server (``feddyn.py`` at the version read) moves ``h`` by
 ``Σ_{i∈P} θ_i − x`` (the server model subtracted once instead of ``|P|`` times); FL-bench's client
-(``src/client/feddyn.py``) keeps only the linear terms ``α ⟨θ, ∇_i − x⟩`` (the quadratic's ``α θ``
-is missing unless the optimizer's weight decay is set to ``α``), and its server adds each answer's
-``θ_i − x`` to the state of the client at that answer's position in the list, not of the client
-that sent it. FLGo's FedDyn is the paper's.
+(``src/client/feddyn.py``, at the versions read) keeps only the linear terms ``α ⟨θ, ∇_i − x⟩``
+(the quadratic's ``α θ`` is missing unless the optimizer's weight decay is set to ``α``), and its
+server adds each answer's ``θ_i − x`` to the state of the client at that answer's position in the
+list, not of the client that sent it. FLGo's FedDyn is the paper's.
 
 Refused by name: a robust (blockwise) aggregator (``h = (1/m) Σ_i ∇L_i``, the invariant that makes
 FedDyn's fixed point the global one, holds only when ``h`` moves by the mean of the updates that
-moved the clients' ``∇L_i``), personal parameters (the regularizer and
-``h`` cover the whole model), a model with BatchNorm statistics (they are not trained by
-gradients, so neither ``∇L_i`` nor ``h`` describes them), and a ``server_rule`` of the caller's (FedDyn
-keeps its own).
+moved the clients' ``∇L_i``), personal parameters (the regularizer and ``h`` cover the whole
+model), a model with BatchNorm statistics (they are not trained by gradients, so neither ``∇L_i``
+nor ``h`` describes them), and a ``server_rule`` of the caller's (FedDyn keeps its own).
 """
 
 from __future__ import annotations

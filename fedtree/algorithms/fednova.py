@@ -14,9 +14,9 @@ gradients ``G_i`` combined by ``a_i``) and averages the normalized updates ``d_i
 ``‖a_i‖₁`` comes from the steps the client actually took (after any partial work), for the local
 optimizer in use: ``τ_i`` for plain SGD, and ``Σ_{k=1}^{τ_i} (1 − ρ^k) / (1 − ρ)`` for SGD with
 heavy-ball momentum ``ρ`` (``optax.sgd(η, momentum=ρ)``, PyTorch's ``SGD(momentum=ρ)``: the
-paper's ``a_i`` for momentum, section 4.1; give the same ``ρ`` as ``momentum=``; from a config the
-registry reads it from ``config.local``). A client sends its normalized model ``x − d_i`` and
-``p_i ‖a_i‖₁`` beside it (4 bytes, which the byte columns count); the server rescales the
+paper's ``a_i`` for momentum; give the same ``ρ`` as ``momentum=``; from a config the registry
+reads it from ``config.local``). A client sends its normalized model ``x − d_i`` and
+``w_i ‖a_i‖₁`` beside it (4 bytes, which the byte columns count); the server rescales the
 aggregate of the ``d_i`` (after the update path: clipping, noise and compression act on the
 normalized updates) by ``τ_eff`` before its optax server optimizer (``sgd(1.0)``: the paper's
 step). With equal step counts and plain SGD every ``‖a_i‖₁`` is ``τ`` and FedNova is FedAvg.
@@ -41,9 +41,10 @@ paper's ``n_i / n``, or ``"uniform"``), ``aggregation``:
   expectation).
 
 FedLab's ``'weighted_scale'`` sets ``p_i = 1/m`` (``m`` the clients per round) and then multiplies by
-``N/|S|``, so its steps are ``N/m`` times FLGo's: an evident bug (weights that sum to ``N/m``), not
-reproduced. FedLab's clients report ``τ = len(loader) · epochs``, their nominal count; FLGo's
-report the steps they worked (``_working_amount``, under its systems' partial work), as fedtree's do.
+``N/|S|``, so when every sampled client answers its step is ``N/m`` times the paper's (``"answered"``
+with uniform weights): weights that sum to ``N/m``, an evident bug, not reproduced. FedLab's
+clients report ``τ = len(loader) · epochs``, their nominal count; FLGo's report the steps they
+worked (``_working_amount``, under its systems' partial work), as fedtree's do.
 
 Refused by name: a robust (blockwise) aggregator (``τ_eff`` averages the clients' reported
 ``‖a_i‖₁`` outside it, so one client's report would scale every step), personal parameters (the

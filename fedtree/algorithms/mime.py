@@ -1,6 +1,7 @@
 """Mime and MimeLite (Karimireddy et al. 2021, "Breaking the centralized barrier for cross-device
-federated learning", arXiv 2008.03606, Algorithm 1), as FedJAX's ``mime`` and ``mime_lite``, on
-any tree, built on the server-rule seam (:mod:`fedtree.core.server_rule`).
+federated learning", NeurIPS; arXiv 2008.03606, first titled "Mime: mimicking centralized
+stochastic algorithms in federated learning"; Algorithm 1), as FedJAX's ``mime`` and
+``mime_lite``, on any tree, built on the server-rule seam (:mod:`fedtree.core.server_rule`).
 
 A *base optimizer* ``B = (U, V)`` (here the local optax optimizer: SGD with momentum, Adam, ...)
 is mimicked across clients: every parent of clients keeps the base optimizer's statistics ``s``
@@ -37,6 +38,9 @@ means weight every client by its examples). ``delta_clip_norm`` clips every clie
 ``x − y`` to that global norm before it is sent (FedJAX's ``mime_lite`` ``client_delta_clip_norm``;
 the update path's clipping is refused, see below). FedJAX computes MimeLite's gradient after the
 local training and Mime's before it, both at the round's ``x``, as here.
+
+A model with BatchNorm statistics trains as under FedAvg: the statistics come from each step's
+forward pass at ``y`` (never from a gradient, so ``s`` holds nothing for them) and are averaged.
 
 Refused by name: a client transform or a node transform of the update path at the clients' tier
 (the full-batch gradients travel beside the update, outside the path, so clipping and noise would
