@@ -150,6 +150,19 @@ def _local_rate(ctx):
   return {"learning_rate": float(ctx.config.local.learning_rate)}
 
 
+def _local_momentum(ctx):
+  """FedNova's ``momentum``: ``config.local``'s heavy-ball momentum (``sgd`` with ``hparams.momentum``),
+  which its effective step count ``‖a_i‖₁`` depends on; another local optimizer is refused (the
+  paper's ``a_i`` is for SGD with momentum)."""
+  local = ctx.config.local
+  hparams = dict(local.get("hparams", {}) or {})
+  if local.optimizer != "sgd" or hparams.get("nesterov", False):
+    raise ValueError(f"fednova normalizes by the effective steps of local SGD with heavy-ball momentum; "
+                     f"config.local.optimizer={local.optimizer!r} (hparams {hparams}) is not; use "
+                     f"optimizer='sgd' (hparams.momentum=ρ)")
+  return {"momentum": hparams.get("momentum", 0.0) or 0.0}
+
+
 def _personal(v, ctx):
   """``personal: {patterns: [regex, ...], level: None | int}`` (or a pattern list) ->
   :class:`~fedtree.core.personal.Personal`."""
@@ -187,6 +200,10 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "awcfl": AlgorithmSpec(algorithms.awcfl),
   "mcfl": AlgorithmSpec(algorithms.mcfl),
   "scaffold": AlgorithmSpec(algorithms.scaffold),
+  "feddyn": AlgorithmSpec(algorithms.feddyn),
+  "fednova": AlgorithmSpec(algorithms.fednova, defaults=_local_momentum),
+  "mime": AlgorithmSpec(algorithms.mime),
+  "mimelite": AlgorithmSpec(algorithms.mimelite),
   "fedkws": AlgorithmSpec(algorithms.fedkws,
                           fields=(_rate_optimizer("private_learning_rate", "private_optimizer"),)),
   "grouppfl": grouppfl_family.SPEC,
