@@ -115,6 +115,13 @@ class Context:
 
     return load_params(_path(path, f"config.runs.{label}.init_params"), self.model)
 
+  def run_topology(self, label: str, run: ml_collections.ConfigDict) -> Topology:
+    """The tree run ``label``'s algorithm is built on
+    (:func:`fedtree.experiment.registry.run_topology`), which its capabilities read."""
+    from fedtree.experiment.registry import run_topology
+
+    return run_topology(label, run, self)
+
   def chunk_size(self, run: ml_collections.ConfigDict | None = None):
     """The chunk size of ``run`` (its ``chunk_size``, else the config's, else ``"auto"``),
     with ``"auto"`` sized for this model."""
