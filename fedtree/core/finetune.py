@@ -22,6 +22,7 @@ equally; pass a held-out split as the "test" data to select honestly.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ from fedtree.core.local import (
   make_sgd_step,
   run_local_steps,
   steps_per_epoch,
+  train_only,
 )
 from fedtree.core.metrics import EvalStats, client_sums
 from fedtree.core.model import Model
@@ -60,11 +62,13 @@ def check_finetune(schedule: LocalSchedule, learning_rates: Sequence[float]) -> 
   return rates
 
 
-def _finetune_one(model, optimizer_name, schedule, max_steps):
+def _finetune_one(model, optimizer_name, schedule, max_steps, trainable):
   """``(start, ClientData, num_steps, key, lr) -> params``: one client, one rate."""
 
   def one(start, cdata: ClientData, num_steps, key, lr):
     opt = optimizer_by_name(optimizer_name, learning_rate=lr)
+    if trainable is not None:   # the other leaves stay as they are (train_only)
+      opt = train_only(opt, jax.tree.unflatten(jax.tree.structure(start), list(trainable)))
     step = make_sgd_step(model, opt)
     carry = SGDCarry(params=start, opt_state=opt.init(start), anchor=start)
     carry, _ = run_local_steps(
@@ -75,6 +79,40 @@ def _finetune_one(model, optimizer_name, schedule, max_steps):
   return one
 
 
+@functools.partial(jax.jit, static_argnames=("model", "schedule", "max_steps", "optimizer", "chunk_size",
+                                             "evaluate", "trainable"))
+def _finetune_program(params, model_of_client, data: FederatedData, rates, key, *, model, schedule, max_steps,
+                      optimizer, chunk_size, evaluate, trainable):
+  """The compiled fine-tune of :func:`make_finetuner`, one program per static setting (JAX's cache
+  is keyed by them: every fine-tuner of the same model and schedule, e.g. one per experiment of a
+  sweep or per evaluation, reuses it)."""
+  one = _finetune_one(model, optimizer, schedule, max_steps, trainable)
+  lm = bool(model.label_shape)  # token labels: also the sentence sums (sentence-level perplexity)
+  over_rates = jax.vmap(one, in_axes=(None, None, None, None, 0))
+  num_clients = data.num_clients
+  num_steps = jnp.minimum(schedule.num_steps(data.n_train), max_steps)
+  keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(num_clients))
+
+  def client(args):
+    m, x, y, n, steps, k, xt, yt, nt = args
+    start = jax.tree.map(lambda a: a[m], params)
+    personal = over_rates(start, ClientData(x, y, n), steps, k, rates)
+    if not evaluate:
+      return personal
+    return jax.vmap(lambda p: client_sums(model, p, xt, yt, nt, sentences=lm))(personal)
+
+  args = (jnp.asarray(model_of_client, jnp.int32), data.x_train, data.y_train, data.n_train,
+          num_steps, keys, data.x_test, data.y_test, data.n_test)
+  batch = num_clients if chunk_size is None else max(1, min(int(chunk_size), num_clients))
+  out = jax.lax.map(client, args, batch_size=batch)  # leaves [C, L, ...]
+  epochs = num_steps.astype(jnp.float32) / jnp.maximum(
+    steps_per_epoch(data.n_train, schedule.batch_size), 1).astype(jnp.float32)
+  if evaluate:
+    loss, correct, count, *sentence = (a.T for a in out)     # + sentence sums of an LM
+    return EvalStats(loss, correct, count, None, *sentence), epochs
+  return jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1), out), epochs
+
+
 def make_finetuner(
   model: Model,
   schedule: LocalSchedule,
@@ -83,47 +121,29 @@ def make_finetuner(
   optimizer: str = "sgd",
   chunk_size: int | None = None,
   evaluate: bool = True,
+  trainable: PyTree | None = None,
 ):
   """A jitted ``(params [N, ...], model_of_client int32[C], data, rates f32[L], key) -> out``.
 
   With ``evaluate=True`` ``out = (EvalStats [L, C], epochs f32[C])``: each personal model
   scored on its client's test data. With ``evaluate=False`` ``out = (params [L, C, ...],
   epochs)``. ``epochs[c]`` is what client ``c`` actually trained (steps / steps per epoch).
+  ``trainable`` (a pytree of bools shaped as one model): fine-tune those leaves only, the others
+  frozen (:func:`fedtree.core.local.train_only`; ``None``: every leaf). Fine-tuners of the same
+  model, schedule and settings share one compiled program.
   Raises ``ValueError`` for a schedule with no training.
   """
   check_finetune(schedule, [1.0])
   optimizer_by_name(optimizer, learning_rate=0.1)  # an unknown name fails here, not in jit
-  max_steps = schedule.max_steps(max_train)
-  one = _finetune_one(model, optimizer, schedule, max_steps)
-  lm = bool(model.label_shape)  # token labels: also the sentence sums (sentence-level perplexity)
-  over_rates = jax.vmap(one, in_axes=(None, None, None, None, 0))
+  frozen = None if trainable is None else tuple(bool(t) for t in jax.tree.leaves(trainable))
+  static = dict(model=model, schedule=schedule, max_steps=schedule.max_steps(max_train), optimizer=optimizer,
+                chunk_size=chunk_size, evaluate=evaluate, trainable=frozen)
 
   def run(params, model_of_client, data: FederatedData, rates, key):
     data.require_padded("fine-tuning (fedtree.core.finetune)")
-    num_clients = data.num_clients
-    num_steps = jnp.minimum(schedule.num_steps(data.n_train), max_steps)
-    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(num_clients))
+    return _finetune_program(params, model_of_client, data, rates, key, **static)
 
-    def client(args):
-      m, x, y, n, steps, k, xt, yt, nt = args
-      start = jax.tree.map(lambda a: a[m], params)
-      personal = over_rates(start, ClientData(x, y, n), steps, k, rates)
-      if not evaluate:
-        return personal
-      return jax.vmap(lambda p: client_sums(model, p, xt, yt, nt, sentences=lm))(personal)
-
-    args = (jnp.asarray(model_of_client, jnp.int32), data.x_train, data.y_train, data.n_train,
-            num_steps, keys, data.x_test, data.y_test, data.n_test)
-    batch = num_clients if chunk_size is None else max(1, min(int(chunk_size), num_clients))
-    out = jax.lax.map(client, args, batch_size=batch)  # leaves [C, L, ...]
-    epochs = num_steps.astype(jnp.float32) / jnp.maximum(
-      steps_per_epoch(data.n_train, schedule.batch_size), 1).astype(jnp.float32)
-    if evaluate:
-      loss, correct, count, *sentence = (a.T for a in out)     # + sentence sums of an LM
-      return EvalStats(loss, correct, count, None, *sentence), epochs
-    return jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1), out), epochs
-
-  return jax.jit(run)
+  return run
 
 
 def finetune(
