@@ -50,6 +50,14 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.clustering.ifca",
   "fedtree.algorithms.fedkws.fedkws",
   "fedtree.algorithms.fedbuff",
+  "fedtree.algorithms.local_only",
+  "fedtree.algorithms.fedper",
+  "fedtree.algorithms.fedrep",
+  "fedtree.algorithms.lgfedavg",
+  "fedtree.algorithms.fedbn",
+  "fedtree.algorithms.fedrod",
+  "fedtree.algorithms.fedbabu",
+  "fedtree.algorithms.finetuned",
 ]
 
 
