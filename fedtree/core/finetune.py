@@ -79,38 +79,41 @@ def _finetune_one(model, optimizer_name, schedule, max_steps, trainable):
   return one
 
 
-@functools.partial(jax.jit, static_argnames=("model", "schedule", "max_steps", "optimizer", "chunk_size",
-                                             "evaluate", "trainable"))
-def _finetune_program(params, model_of_client, data: FederatedData, rates, key, *, model, schedule, max_steps,
-                      optimizer, chunk_size, evaluate, trainable):
-  """The compiled fine-tune of :func:`make_finetuner`, one program per static setting (JAX's cache
-  is keyed by them: every fine-tuner of the same model and schedule, e.g. one per experiment of a
-  sweep or per evaluation, reuses it)."""
+@functools.lru_cache(maxsize=64)
+def _finetune_program(model, schedule, max_steps, optimizer, chunk_size, evaluate, trainable):
+  """The jitted fine-tune of :func:`make_finetuner` for one static setting, made once per setting
+  (every fine-tuner of the same model and schedule, e.g. one per experiment of a sweep or per
+  evaluation, reuses its compiled program; the cache holds functions, never data)."""
   one = _finetune_one(model, optimizer, schedule, max_steps, trainable)
   lm = bool(model.label_shape)  # token labels: also the sentence sums (sentence-level perplexity)
   over_rates = jax.vmap(one, in_axes=(None, None, None, None, 0))
-  num_clients = data.num_clients
-  num_steps = jnp.minimum(schedule.num_steps(data.n_train), max_steps)
-  keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(num_clients))
 
-  def client(args):
-    m, x, y, n, steps, k, xt, yt, nt = args
-    start = jax.tree.map(lambda a: a[m], params)
-    personal = over_rates(start, ClientData(x, y, n), steps, k, rates)
-    if not evaluate:
-      return personal
-    return jax.vmap(lambda p: client_sums(model, p, xt, yt, nt, sentences=lm))(personal)
+  def run(params, model_of_client, data: FederatedData, rates, key):
+    data.require_padded("fine-tuning (fedtree.core.finetune)")
+    num_clients = data.num_clients
+    num_steps = jnp.minimum(schedule.num_steps(data.n_train), max_steps)
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(num_clients))
 
-  args = (jnp.asarray(model_of_client, jnp.int32), data.x_train, data.y_train, data.n_train,
-          num_steps, keys, data.x_test, data.y_test, data.n_test)
-  batch = num_clients if chunk_size is None else max(1, min(int(chunk_size), num_clients))
-  out = jax.lax.map(client, args, batch_size=batch)  # leaves [C, L, ...]
-  epochs = num_steps.astype(jnp.float32) / jnp.maximum(
-    steps_per_epoch(data.n_train, schedule.batch_size), 1).astype(jnp.float32)
-  if evaluate:
-    loss, correct, count, *sentence = (a.T for a in out)     # + sentence sums of an LM
-    return EvalStats(loss, correct, count, None, *sentence), epochs
-  return jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1), out), epochs
+    def client(args):
+      m, x, y, n, steps, k, xt, yt, nt = args
+      start = jax.tree.map(lambda a: a[m], params)
+      personal = over_rates(start, ClientData(x, y, n), steps, k, rates)
+      if not evaluate:
+        return personal
+      return jax.vmap(lambda p: client_sums(model, p, xt, yt, nt, sentences=lm))(personal)
+
+    args = (jnp.asarray(model_of_client, jnp.int32), data.x_train, data.y_train, data.n_train,
+            num_steps, keys, data.x_test, data.y_test, data.n_test)
+    batch = num_clients if chunk_size is None else max(1, min(int(chunk_size), num_clients))
+    out = jax.lax.map(client, args, batch_size=batch)  # leaves [C, L, ...]
+    epochs = num_steps.astype(jnp.float32) / jnp.maximum(
+      steps_per_epoch(data.n_train, schedule.batch_size), 1).astype(jnp.float32)
+    if evaluate:
+      loss, correct, count, *sentence = (a.T for a in out)     # + sentence sums of an LM
+      return EvalStats(loss, correct, count, None, *sentence), epochs
+    return jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1), out), epochs
+
+  return jax.jit(run)
 
 
 def make_finetuner(
@@ -136,14 +139,8 @@ def make_finetuner(
   check_finetune(schedule, [1.0])
   optimizer_by_name(optimizer, learning_rate=0.1)  # an unknown name fails here, not in jit
   frozen = None if trainable is None else tuple(bool(t) for t in jax.tree.leaves(trainable))
-  static = dict(model=model, schedule=schedule, max_steps=schedule.max_steps(max_train), optimizer=optimizer,
-                chunk_size=chunk_size, evaluate=evaluate, trainable=frozen)
-
-  def run(params, model_of_client, data: FederatedData, rates, key):
-    data.require_padded("fine-tuning (fedtree.core.finetune)")
-    return _finetune_program(params, model_of_client, data, rates, key, **static)
-
-  return run
+  return _finetune_program(model, schedule, schedule.max_steps(max_train), optimizer, chunk_size, evaluate,
+                           frozen)
 
 
 def finetune(

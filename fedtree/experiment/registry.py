@@ -463,13 +463,12 @@ def factory_kwargs(label: str, run, ctx) -> dict[str, Any]:
 
 def _run_context(label: str, run, ctx):
   """The context run ``label`` builds in: ``ctx``, or with the run's own ``data``/``model``
-  (:func:`fedtree.experiment.runner.run_context`, which returns a run's context unchanged)."""
+  (the context's ``for_run``, :func:`fedtree.experiment.runner.run_context`, which returns a run's
+  context unchanged)."""
   if run.get("data", None) is None and run.get("model", None) is None:
     return ctx
-  from fedtree.experiment.runner import run_context
-
   try:
-    return run_context(ctx, run)
+    return ctx.for_run(run)
   except ValueError as e:
     raise ValueError(f"config.runs.{label}: {e}") from e
 

@@ -101,6 +101,11 @@ class Context:
   data_info: Any = None
   run_overrides: Any = None
 
+  def for_run(self, run) -> Context:
+    """The context run ``run`` (a ``config.runs.<label>``) builds and is evaluated in
+    (:func:`run_context`: its own data and model, when it sets them)."""
+    return run_context(self, run)
+
   @property
   def run_data(self) -> FederatedData:
     """The data rounds and evaluation run on: :attr:`sharded_data`, else :attr:`data`."""
