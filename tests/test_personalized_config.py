@@ -1,9 +1,11 @@
 """configs/personalized.py (the personalized-FL table): every run builds on its own split and model;
 a run's own ``data``/``model`` (runner.run_context); the table of the swept runs; end to end, shrunk."""
 
+import dataclasses
 import importlib.util
 import os
 
+import jax
 import ml_collections
 import numpy as np
 import pytest
@@ -43,6 +45,12 @@ def test_a_run_has_its_own_data_and_model():
   with pytest.raises(ValueError, match=r"config\.runs\.x: its model .*hiden"):
     registry.build_algorithm("x", ml_collections.ConfigDict({"algorithm": "fedavg", "model": {"hiden": 3}}),
                              ctx)
+  pretrained = dataclasses.replace(ctx, init_params=ctx.model.init(jax.random.key(1)))
+  with pytest.raises(ValueError, match="its own model .* cannot start from the parameters every other run"):
+    runner.run_context(pretrained, run)
+  other_data = ml_collections.ConfigDict({"algorithm": "fedavg", "data": {"seed": 6}})
+  same = runner.run_context(pretrained, other_data)
+  assert same.init_params is pretrained.init_params   # other data, the same model: the same start
   bad = ml_collections.ConfigDict({"runs": {"x": {"algorithm": "fedavg", "data": {"alpha": 0.1}}},
                                    "sweep": {"params": "runs.x.data.alpha=0.1,0.2"}})
   with pytest.raises(ValueError, match="cannot be an experiment axis"):

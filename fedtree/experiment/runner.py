@@ -251,10 +251,16 @@ def run_context(ctx: Context, run) -> Context:
     loaded = (ctx.data, ctx.groups, ctx.central_test, info)
   data_cfg = ml_collections.ConfigDict({**config.data.to_dict(), **given.get("data", {})})
   model_cfg = {**config.model.to_dict(), **given.get("model", {})}
+  in_memory = ctx.init_params is not None and config.get("init_params", None) is None   # e.g. pretrained
+  if in_memory and "model" in given:
+    raise ValueError(f"its own model ({given['model']}) cannot start from the parameters every other run "
+                     f"starts from (they are the config's model's, e.g. a pretrained base); drop its model")
   try:
     built = make_context(config, data_config=data_cfg, model_config=model_cfg, loaded=loaded)
   except TypeError as e:   # a field the dataset or the model does not take
     raise ValueError(f"its {' and '.join(sorted(given))} ({given}): {e}") from e
+  if in_memory:   # the same model on other data: the same start
+    built = dataclasses.replace(built, init_params=ctx.init_params)
   return dataclasses.replace(built, run_overrides=(given.get("data"), given.get("model")))
 
 
