@@ -250,6 +250,33 @@ def test_fedbabu_matches_a_per_client_loop_with_its_fine_tune(problem):
     _close(_row(models["global_ft"].params, c), tuned)
 
 
+# ------------------------------------------------------------------------ the head
+def test_the_head_is_the_last_layers_in_forward_order():
+  """``head=k`` counts layers in the order the model creates them (not the sorted order of the
+  params' keys, where Dense_10 comes before Dense_2), anchored (Dense_1 does not match Dense_10),
+  also for a float64 model; a BatchNorm head layer takes its statistics along."""
+  from fedtree.algorithms.partial import head_patterns, mask_of
+  from fedtree.core.model import layer_order
+  from fedtree.experiment.runner import as_float64
+
+  data, _ = grouped_synthetic(group_sizes=(2,), dim=4, num_classes=3, seed=0)
+  deep = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(3,) * 11)
+  assert layer_order(deep)[-3:] == ("Dense_9", "Dense_10", "Dense_11")
+  with jax.enable_x64(True):
+    _, _, deep64 = as_float64(data, None, deep)
+    assert layer_order(deep64) == layer_order(deep)
+  template = jax.eval_shape(deep.init, jax.random.key(0))
+  mask = mask_of(head_patterns(deep, 2, algorithm="t"), template, algorithm="t")
+  assert [p for p, m in zip(ref.paths_of(template), jax.tree.leaves(mask), strict=True) if m] == [
+    "Dense_10/bias", "Dense_10/kernel", "Dense_11/bias", "Dense_11/kernel"]
+  bn = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(3,), norm="batch")
+  template = jax.eval_shape(bn.init, jax.random.key(0))
+  mask = mask_of(head_patterns(bn, 2, algorithm="t"), template, algorithm="t")
+  assert [p for p, m in zip(ref.paths_of(template), jax.tree.leaves(mask), strict=True) if m] == [
+    "batch_stats/BatchNorm_0/mean", "batch_stats/BatchNorm_0/var", "params/BatchNorm_0/bias",
+    "params/BatchNorm_0/scale", "params/Dense_1/bias", "params/Dense_1/kernel"]
+
+
 # ------------------------------------------------------------------------ reductions
 @pytest.mark.slow   # (test_seams.py's test_no_personal_parameters_is_bitwise_the_host is its fast sibling)
 def test_an_empty_personal_set_is_fedavg(problem):
@@ -297,6 +324,7 @@ def test_fedbabu_without_fine_tuning_is_fedavg_with_a_frozen_head(problem):
   _close(babu.models(a)["global"].params, plain.models(b)["global"].params, atol=1e-6)
 
 
+@pytest.mark.slow   # (test_fedrod_matches_a_per_client_loop is its fast sibling)
 def test_fedrod_generic_model_without_the_balanced_loss_is_fedavg(problem):
   """The personal loss never reaches the generic model (detached), so with plain cross-entropy the
   generic model is FedAvg's."""
