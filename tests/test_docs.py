@@ -51,6 +51,17 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.fedkws.fedkws",
   "fedtree.algorithms.fedbuff",
   "fedtree.algorithms.scaffold",
+  "fedtree.algorithms.feddyn",
+  "fedtree.algorithms.fednova",
+  "fedtree.algorithms.mime",
+  "fedtree.algorithms.local_only",
+  "fedtree.algorithms.fedper",
+  "fedtree.algorithms.fedrep",
+  "fedtree.algorithms.lgfedavg",
+  "fedtree.algorithms.fedbn",
+  "fedtree.algorithms.fedrod",
+  "fedtree.algorithms.fedbabu",
+  "fedtree.algorithms.finetuned",
 ]
 
 

@@ -134,7 +134,7 @@ def _merged(hooks: list[Callable[[int], dict[str, Any]]]) -> Callable[[int], dic
 
 def round_metrics(label: str, run_cfg, ctx: Context) -> Callable[[int], dict[str, Any]] | None:
   """``r -> {name: number}`` of every capability of run ``label`` that reports per-round
-  metrics (the privacy spent), or ``None``."""
+  metrics (the privacy spent), or ``None``; ``ctx``: the run's own context (:func:`own_context`)."""
   present = [(c, s) for c, s in caps.sections(run_cfg, caps.of_config(ctx.config))
              if c.round_metrics is not None]
   if not present:
@@ -144,10 +144,19 @@ def round_metrics(label: str, run_cfg, ctx: Context) -> Callable[[int], dict[str
   return _merged(hooks)
 
 
+def own_context(label: str, run_cfg, ctx: Context) -> Context:
+  """The context run ``label`` builds and is evaluated in: the shared one, or with the run's own
+  ``data``/``model`` (:meth:`fedtree.experiment.context.Context.for_run`), refused naming the run."""
+  try:
+    return ctx.for_run(run_cfg)
+  except ValueError as e:
+    raise ValueError(f"config.runs.{label}: {e}") from e
+
+
 def run_data(label: str, run_cfg, ctx: Context) -> tuple[Context, dict[str, tuple]]:
   """``(ctx on the data run label trains on, {metric: test split})``: the data its capabilities
   alter (a data attack's poisoned copy, on the device and over the context's mesh) and the test
-  splits they add (its backdoor's)."""
+  splits they add (its backdoor's); ``ctx``: the run's own context (:func:`own_context`)."""
   present = [(c, s) for c, s in caps.sections(run_cfg, caps.of_config(ctx.config)) if c.data is not None]
   if not present:
     return ctx, {}
@@ -160,11 +169,13 @@ def run_data(label: str, run_cfg, ctx: Context) -> tuple[Context, dict[str, tupl
 
 
 def resolve(label: str, run_cfg, ctx: Context, *, build: bool = True) -> Run:
-  """Run ``label`` (``config.runs.<label>``) resolved on the shared context ``ctx``: its
-  capabilities' sections read once (the data they alter, their update-path parts and factory
+  """Run ``label`` (``config.runs.<label>``) resolved on the shared context ``ctx``: its own
+  context (:func:`own_context`: its own data and model, when it sets them), its capabilities'
+  sections read once (the data they alter, their update-path parts and factory
   arguments, the model they make it train, their metrics), its algorithm built (``build=False``:
   left to a sweep, which builds one per setting), how it is scored, its rounds and memory."""
   registry.validate_run(label, run_cfg, caps.of_config(ctx.config))
+  shared, ctx = ctx, own_context(label, run_cfg, ctx)
   run_ctx, splits = run_data(label, run_cfg, ctx)
   wrapped = registry.wrapping(label, run_cfg, run_ctx)
   arguments = registry.capability_arguments(label, run_cfg, run_ctx)
@@ -184,7 +195,7 @@ def resolve(label: str, run_cfg, ctx: Context, *, build: bool = True) -> Run:
              round_metrics=round_metrics(label, run_cfg, ctx),
              message_bytes=model_bytes(jax.eval_shape(model.init, jax.random.key(0))),
              block=blocks(arguments.get("update_paths"), rctx, full_model),
-             extra_data_bytes=memory.copied_bytes(run_ctx.data, ctx.data))
+             extra_data_bytes=memory.copied_bytes(run_ctx.data, shared.data))
 
 
 def of_algorithm(label: str, algorithm: FederatedAlgorithm, ctx: Context, *,

@@ -27,16 +27,23 @@ import ml_collections
 
 from fedtree.core.sharding import agreed, barrier, client_mesh
 from fedtree.experiment import memory
-from fedtree.experiment.context import Context, make_context, precision
+from fedtree.experiment.context import (  # noqa: F401  (runner.make_context, .run_context, .as_float64)
+  Context,
+  as_float64,
+  make_context,
+  precision,
+  run_context,
+)
 from fedtree.experiment.fields import field
 from fedtree.experiment.reporting import Reporter
-from fedtree.experiment.results import RunStopped  # noqa: F401  (runner.RunStopped)
+from fedtree.experiment.results import RunStopped, positive_classes_from_config  # noqa: F401  (runner.*)
 from fedtree.experiment.run import resolve
 from fedtree.experiment.run_loop import divergence_bound, run_algorithm, trace_rounds
 from fedtree.experiment.sweep_driver import plan_sweep, run_sweep
 from fedtree.experiment.validation import prepare_config, selected_runs, validate_config
-from fedtree.experiment.workdir import (
+from fedtree.experiment.workdir import (  # noqa: F401  (runner.config_fingerprint)
   check_workdir,
+  config_fingerprint,
   workdir_listing,
   write_plots,
   write_summary,
@@ -144,6 +151,8 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
         )
     if not swept:
       reporter.summary_table(results, groups=ctx.groups, group_names=ctx.group_names)
+    elif len(results) > 1:   # the runs side by side: every model's mean ± std over seeds
+      reporter.result(sweep.runs_table(results))
     if workdir and primary:
       write_summary(workdir, results)
       write_plots(workdir, config, reporter)

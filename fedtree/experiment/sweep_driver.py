@@ -28,6 +28,17 @@ SWEEP_BYTES = ("uplink_MB", "downlink_MB")
 of the tree; the per-edge totals are in each experiment's ``metrics.jsonl`` rows)."""
 
 
+def worst_tenth(summaries: dict[str, dict[str, Any]]) -> dict[str, float]:
+  """``{"<model>/<metric>_worst10_mean": value}``: every model's mean over its worst 10 % of clients
+  (:func:`fedtree.core.metrics.client_distribution`), the fairness figure a sweep's table keeps."""
+  out = {}
+  for m, v in summaries.items():
+    fair = v.get("fairness", None)
+    if isinstance(fair, dict) and fair.get("clients"):
+      out[f"{m}/{fair['metric']}_worst10_mean"] = fair["worst10_mean"]
+  return out
+
+
 class SweepPlan(NamedTuple):
   """A run's sweep, resolved and checked before anything trains or is written (:func:`plan_sweep`);
   :func:`run_sweep` runs it.
@@ -158,6 +169,7 @@ def run_sweep(plan: SweepPlan, reporter: Reporter, *, workdir: str | None,
       untrained.update(m for m, v in sm.items() if v.get("trained") is False)   # not a result
       finals[x] = {f"{m}/{s}": v[s] for m, v in sm.items() if v.get("trained") is not False
                    for s in SUMMARY_METRICS if s in v}
+      finals[x].update(worst_tenth({m: v for m, v in sm.items() if v.get("trained") is not False}))
       finals[x].update({k: v for k, v in next(iter(sm.values()), {}).items() if k in SWEEP_BYTES})
       if metrics is not None and metrics[exps[x][0]] is not None:   # ε of this setting (host)
         finals[x].update(metrics[exps[x][0]](run.rounds))

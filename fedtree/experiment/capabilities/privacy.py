@@ -159,11 +159,13 @@ stage that samples most (the data groups'), for every round: an upper bound."""
 
 def plain_upper_levels(run: RunContext) -> bool:
   """Whether noise above the clients' parents has the sensitivity derived in the module docstring
-  for ``run``'s algorithm: HierFAVG, or a method over it (:func:`fedtree.algorithms.hierfavg.over_host`)
-  that leaves the host's server rule to the caller (its signature takes ``server_rule``; a method
-  with a server rule of its own, such as SCAFFOLD's control variates, fills and drops it)."""
+  for ``run``'s algorithm: HierFAVG, or a method over it (:func:`fedtree.algorithms.hierfavg.over_host`),
+  whose upper levels are HierFAVG's. A method that keeps a server rule at the clients' parents
+  (SCAFFOLD's control variates, FedDyn's ``h``, Mime's optimizer state) carries one client's
+  update into later rounds: :func:`fedtree.algorithms.hierfavg.hierfavg` refuses noise above the
+  parents with a server rule, whoever sets it."""
   factory = getattr(run, "factory", None)
-  return factory is not None and over_host(factory) and "server_rule" in run.params
+  return factory is not None and over_host(factory)
 
 
 def noise_level_of(level, depth: int) -> int:
