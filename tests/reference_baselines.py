@@ -21,6 +21,42 @@ def np64(tree):
   return jax.tree.map(lambda a: np.asarray(a, np.float64), tree)
 
 
+def small_problem():
+  """The baselines' tests' problem: 9 clients in groups of 3, 2, 4 (ragged, 3 to 14 examples), an
+  MLP with one hidden layer of 5; ``(device data, groups, model)``."""
+  from fedtree.core.data import as_device
+  from fedtree.datasets.synthetic import grouped_synthetic
+  from fedtree.models import build_model
+
+  data, groups = grouped_synthetic(group_sizes=(3, 2, 4), dim=6, num_classes=3, mean_examples=9,
+                                   min_examples=3, max_examples=14, test_examples=5, seed=3)
+  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,))
+  return as_device(data), groups, model
+
+
+def close(a, b, atol=3e-5):
+  """``a`` and ``b`` equal as float64 trees within the tolerance of a float32 run."""
+  import chex
+
+  chex.assert_trees_all_close(np64(a), np64(b), atol=atol, rtol=2e-4)
+
+
+def row(tree, i):
+  """Row ``i`` of every leaf of a stacked tree, as float64."""
+  return jax.tree.map(lambda a: np.asarray(a[i], np.float64), tree)
+
+
+def run_jit(alg, data, rounds, key):
+  """``rounds`` jitted rounds of ``alg`` from ``init(key(7))``, round ``r``'s key ``fold_in(key, r)``:
+  the final state and the last round's metrics."""
+  state = alg.init(jax.random.key(7))
+  step = jax.jit(alg.round)
+  metrics = None
+  for r in range(rounds):
+    state, metrics = step(state, data, jax.random.fold_in(key, r))
+  return state, metrics
+
+
 def client_data(data, c, shuffle=True):
   return ClientData(
     x=jnp.asarray(data.x_train[c]),
