@@ -77,3 +77,125 @@ def scaffold_client(model, x, c_server, c_own, data, client, num_steps, key, *, 
       y,
     )
   return y, np64(c_new)
+
+
+# ------------------------------------------------------------------------ issue 36, second half:
+# MOON, q-FFL / q-FedAvg, AFL, FedAsync. One-hidden-layer MLPs (``build_model("mlp", hidden=(h,))``)
+# written out by hand: ``z = relu(x W0 + b0)`` is the representation, ``z W1 + b1`` the logits.
+def mlp_forward(params, x):
+  """``(z, logits)`` of a one-hidden-layer MLP's params, by hand."""
+  x = x.reshape((x.shape[0], -1))
+  z = jax.nn.relu(x @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"])
+  return z, z @ params["Dense_1"]["kernel"] + params["Dense_1"]["bias"]
+
+
+def _ce(logits, y, mask):
+  logp = jax.nn.log_softmax(logits)
+  nll = -jnp.take_along_axis(logp, y[:, None], axis=1)[:, 0]
+  m = mask.astype(logp.dtype)
+  return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def _cos(a, b):
+  return jnp.sum(a * b, -1) / jnp.maximum(jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1), 1e-8)
+
+
+def moon_client(x, prev, data, client, num_steps, key, *, lr, batch_size, mu, tau):
+  """MOON's local training (Li et al. 2021, Algorithm 1, lines 14-21): SGD steps on
+  ``CE + μ · −log(e^{cos(z, z_glob)/τ} / (e^{cos(z, z_glob)/τ} + e^{cos(z, z_prev)/τ}))``."""
+  cd = client_data(data, client)
+  batch_key, _ = jax.random.split(key)
+
+  def loss(w, b):
+    z, logits = mlp_forward(w, b.x)
+    zg, _ = mlp_forward(x, b.x)
+    zp, _ = mlp_forward(prev, b.x)
+    pos, neg = jnp.exp(_cos(z, zg) / tau), jnp.exp(_cos(z, zp) / tau)
+    con = -jnp.log(pos / (pos + neg))
+    m = b.mask.astype(con.dtype)
+    return _ce(logits, b.y, b.mask) + mu * jnp.sum(con * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+  grad = jax.jit(jax.grad(loss))
+  w = x
+  for t in range(int(num_steps)):
+    g = grad(w, batch_at(batch_key, cd, jnp.asarray(t), batch_size))
+    w = jax.tree.map(lambda a, d: a - lr * d, w, g)
+  return w
+
+
+def full_mean_loss(model, params, data, c):
+  """Client ``c``'s mean cross-entropy over all its training examples (one batch, by hand)."""
+  n = int(data.n_train[c])
+  logits = model.apply(params, jnp.asarray(data.x_train[c][:n]))
+  return float(_ce(logits, jnp.asarray(data.y_train[c][:n]), jnp.ones((n,), bool)))
+
+
+def sgd_client(model, x, data, client, num_steps, key, *, lr, batch_size):
+  """Plain local SGD from ``x``; returns the model and every step's minibatch loss."""
+  cd = client_data(data, client)
+  batch_key, _ = jax.random.split(key)
+  f = jax.jit(jax.value_and_grad(lambda p, b: masked_cross_entropy(model.apply(p, b.x), b.y, b.mask)))
+  w, losses = x, []
+  for t in range(int(num_steps)):
+    loss, g = f(w, batch_at(batch_key, cd, jnp.asarray(t), batch_size))
+    losses.append(float(loss))
+    w = jax.tree.map(lambda a, d: a - lr * d, w, g)
+  return w, losses
+
+
+def qffedavg_round(model, x, data, cohort, keys, *, q, lr, lipschitz, batch_size, steps, loss_at):
+  """One round of q-FedAvg (Li et al. 2020, Algorithm 2) over ``cohort``: every client's ``F_k``,
+  ``Δ_k = F_k^q L (w − w̄_k)``, ``h_k = q F_k^{q−1} ‖L (w − w̄_k)‖² + L F_k^q``; ``w − Σ Δ_k / Σ h_k``."""
+  big_l = 1.0 / lr if lipschitz is None else lipschitz
+  deltas, hs = [], []
+  for c, key in zip(cohort, keys, strict=True):
+    w, losses = sgd_client(model, x, data, c, steps[c], key, lr=lr, batch_size=batch_size)
+    if loss_at == "received":
+      f = full_mean_loss(model, x, data, c)
+    else:
+      per_epoch = max(-(-int(data.n_train[c]) // batch_size), 1)
+      f = float(np.mean(losses[-per_epoch:]))
+    f += 1e-10
+    dw = jax.tree.map(lambda a, b: big_l * (np.asarray(a, np.float64) - np.asarray(b, np.float64)), x, w)
+    sq = sum(float(np.sum(d ** 2)) for d in jax.tree.leaves(dw))
+    deltas.append(jax.tree.map(lambda d, f=f: f ** q * d, dw))
+    hs.append(q * f ** (q - 1) * sq + big_l * f ** q)
+  return jax.tree.map(lambda a, *d: np.asarray(a, np.float64) - sum(d) / sum(hs), x, *deltas)
+
+
+def simplex_projection(v):
+  """The Euclidean projection of ``v`` onto the probability simplex, by bisection on the threshold
+  ``θ`` of ``Σ max(v − θ, 0) = 1`` (independent of the sort-based formula the library uses)."""
+  v = np.asarray(v, np.float64)
+  lo, hi = v.min() - 1.0, v.max()
+  for _ in range(200):
+    mid = 0.5 * (lo + hi)
+    lo, hi = (mid, hi) if np.maximum(v - mid, 0).sum() > 1 else (lo, mid)
+  return np.maximum(v - 0.5 * (lo + hi), 0)
+
+
+def afl_round(model, x, lam, domain, data, cohort, keys, *, lr, batch_size, steps, gamma, step="projected"):
+  """One round of AFL (Mohri et al. 2019, Stochastic-AFL; FedJAX's agnostic_fed_avg): losses at
+  ``x`` per domain, local SGD, the update weighted by ``λ_d n_k / m_d``, then the ascent on ``λ``."""
+  n = np.asarray(data.n_train, np.float64)
+  m = {d: n[domain == d].sum() for d in set(domain.tolist())}
+  loss, count, deltas, weights = {}, {}, [], []
+  for c, key in zip(cohort, keys, strict=True):
+    d = int(domain[c])
+    loss[d] = loss.get(d, 0.0) + full_mean_loss(model, x, data, c) * n[c]
+    count[d] = count.get(d, 0.0) + n[c]
+    w, _ = sgd_client(model, x, data, c, steps[c], key, lr=lr, batch_size=batch_size)
+    deltas.append(jax.tree.map(lambda a, b: np.asarray(a, np.float64) - np.asarray(b, np.float64), x, w))
+    weights.append(lam[d] * n[c] / m[d])
+  total = sum(weights)
+  def mix(a, *ds):
+    return np.asarray(a, np.float64) - sum(p * dd for p, dd in zip(weights, ds, strict=True)) / total
+
+  new_x = jax.tree.map(mix, x, *deltas)
+  grad = np.array([loss[d] / count[d] if d in loss else 0.0 for d in range(len(lam))])
+  if step == "projected":
+    new_lam = simplex_projection(lam + gamma * grad)
+  else:
+    e = lam * np.exp(gamma * grad)
+    new_lam = e / e.sum()
+  return new_x, new_lam

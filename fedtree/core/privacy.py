@@ -26,12 +26,13 @@ No hyperparameter goes through ``float()``: ``noise_multiplier`` and ``clip_norm
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from fedtree.core.updates import ClientContext, ClientTransform, NodeTransform
+from fedtree.core.updates import ClientContext, ClientTransform, NodeTransform, UpdatePath
 
 PyTree = Any
 NORMALIZATIONS = ("fixed", "count")
@@ -48,6 +49,28 @@ def check_weighting(weighting: str) -> str:
                      f"example-count weights one client's contribution to the aggregate, hence the "
                      f"sensitivity, is unbounded")
   return weighting
+
+
+def private_stages(paths) -> list[str]:
+  """The privacy stages of ``paths`` (as :func:`fedtree.core.updates.per_level_paths` takes them:
+  one path, a sequence or ``{level: path}``), each as ``"<transform> at <where>"``: the client and
+  node transforms named ``dp...``, as :func:`clip`, :func:`local_noise` and :func:`central` (and
+  the experiment layer's privacy section) name theirs. For the refusals of methods whose clients
+  send something beside their update that no privacy stage covers (q-FFL's ``h_k``, AFL's losses)."""
+  if paths is None:
+    return []
+  if isinstance(paths, UpdatePath):
+    items: list = [("the clients' tier", paths)]
+  elif isinstance(paths, Mapping):
+    items = [(f"level {lv}", p) for lv, p in paths.items()]
+  else:
+    items = [(f"level {lv}", p) for lv, p in enumerate(paths)]
+  out = []
+  for where, p in items:
+    for stage in (None if p is None else p.client, None if p is None else p.node):
+      if stage is not None and any(part.startswith("dp") for part in stage.name.split("+")):
+        out.append(f"{stage.name!r} at {where}")
+  return out
 
 
 def _is_concrete(x) -> bool:

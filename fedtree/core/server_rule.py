@@ -11,7 +11,10 @@ the server level that runs it (the clients' parents, ``[N, ...]``):
 * ``receive(inbox, state) -> (pseudo_gradient, state, stats)``: from the round's :class:`Inbox`
   (the mean pseudo-gradient of the reporting children after the update path, the sums of the
   messages they sent beside it, how many were sampled, reported and exist), the pseudo-gradient
-  the node's optax server optimizer then applies, the new state and ``{name: [N]}`` statistics.
+  the node's optax server optimizer then applies, the new state and ``{name: [N]}`` statistics;
+* ``weights(state, host_weights [C]) -> [C]`` (optional): the aggregation weight of every client in
+  this round's mean, from the rule's state (AFL's mixture weights ``λ``); ``None``: the host's
+  (``weighting``). The levels above keep the host's weights.
 
 Only nodes whose children reported change their state (the engine keeps the others'). A client
 that sends something up beside its model returns it as its update's ``message``
@@ -78,12 +81,15 @@ class ServerRule(NamedTuple):
     receive: ``receive(inbox, state) -> (pseudo_gradient [N, ...], state [N, ...], stats {name: [N]})``.
     send: ``send(state) -> [N, ...]`` what the children receive beside the model (``None``: the state).
     name: names the rule in errors and refusals.
+    weights: ``weights(state, host_weights [C]) -> [C]`` the clients' aggregation weights this round
+      (``None``: the host's).
   """
 
   init: Callable[[PyTree, int], PyTree]
   receive: Callable[[Inbox, PyTree], tuple[PyTree, PyTree, Stats]]
   send: Callable[[PyTree], PyTree] | None = None
   name: str = "server_rule"
+  weights: Callable[[PyTree, jax.Array], jax.Array] | None = None
 
 
 def broadcast_of(rule: ServerRule | None, state: PyTree) -> PyTree:
