@@ -7,11 +7,14 @@ its own), the cohort draw (``cohort_sampler``, tested on its own) and the model'
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedtree.core.local import ClientData, batch_at
+from fedtree.core.rng import stream
 from fedtree.models import masked_cross_entropy
 
 
@@ -85,8 +88,8 @@ def scaffold_client(model, x, c_server, c_own, data, client, num_steps, key, *, 
 def mlp_forward(params, x):
   """``(z, logits)`` of a one-hidden-layer MLP's params, by hand."""
   x = x.reshape((x.shape[0], -1))
-  z = jax.nn.relu(x @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"])
-  return z, z @ params["Dense_1"]["kernel"] + params["Dense_1"]["bias"]
+  z = jax.nn.relu(x @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"][None])
+  return z, z @ params["Dense_1"]["kernel"] + params["Dense_1"]["bias"][None]
 
 
 def _ce(logits, y, mask):
@@ -100,13 +103,9 @@ def _cos(a, b):
   return jnp.sum(a * b, -1) / jnp.maximum(jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1), 1e-8)
 
 
-def moon_client(x, prev, data, client, num_steps, key, *, lr, batch_size, mu, tau):
-  """MOON's local training (Li et al. 2021, Algorithm 1, lines 14-21): SGD steps on
-  ``CE + μ · −log(e^{cos(z, z_glob)/τ} / (e^{cos(z, z_glob)/τ} + e^{cos(z, z_prev)/τ}))``."""
-  cd = client_data(data, client)
-  batch_key, _ = jax.random.split(key)
-
-  def loss(w, b):
+@jax.jit
+def _moon_grad(w, x, prev, b, mu, tau):
+  def loss(w):
     z, logits = mlp_forward(w, b.x)
     zg, _ = mlp_forward(x, b.x)
     zp, _ = mlp_forward(prev, b.x)
@@ -115,10 +114,17 @@ def moon_client(x, prev, data, client, num_steps, key, *, lr, batch_size, mu, ta
     m = b.mask.astype(con.dtype)
     return _ce(logits, b.y, b.mask) + mu * jnp.sum(con * m) / jnp.maximum(jnp.sum(m), 1.0)
 
-  grad = jax.jit(jax.grad(loss))
+  return jax.grad(loss)(w)
+
+
+def moon_client(x, prev, data, client, num_steps, key, *, lr, batch_size, mu, tau):
+  """MOON's local training (Li et al. 2021, Algorithm 1, lines 14-21): SGD steps on
+  ``CE + μ · −log(e^{cos(z, z_glob)/τ} / (e^{cos(z, z_glob)/τ} + e^{cos(z, z_prev)/τ}))``."""
+  cd = client_data(data, client)
+  batch_key, _ = jax.random.split(key)
   w = x
   for t in range(int(num_steps)):
-    g = grad(w, batch_at(batch_key, cd, jnp.asarray(t), batch_size))
+    g = _moon_grad(w, x, prev, batch_at(batch_key, cd, jnp.asarray(t), batch_size), mu, tau)
     w = jax.tree.map(lambda a, d: a - lr * d, w, g)
   return w
 
@@ -130,11 +136,16 @@ def full_mean_loss(model, params, data, c):
   return float(_ce(logits, jnp.asarray(data.y_train[c][:n]), jnp.ones((n,), bool)))
 
 
+@functools.cache
+def _value_and_grad(model):
+  return jax.jit(jax.value_and_grad(lambda p, b: masked_cross_entropy(model.apply(p, b.x), b.y, b.mask)))
+
+
 def sgd_client(model, x, data, client, num_steps, key, *, lr, batch_size):
   """Plain local SGD from ``x``; returns the model and every step's minibatch loss."""
   cd = client_data(data, client)
   batch_key, _ = jax.random.split(key)
-  f = jax.jit(jax.value_and_grad(lambda p, b: masked_cross_entropy(model.apply(p, b.x), b.y, b.mask)))
+  f = _value_and_grad(model)
   w, losses = x, []
   for t in range(int(num_steps)):
     loss, g = f(w, batch_at(batch_key, cd, jnp.asarray(t), batch_size))
@@ -143,12 +154,15 @@ def sgd_client(model, x, data, client, num_steps, key, *, lr, batch_size):
   return w, losses
 
 
-def qffedavg_round(model, x, data, cohort, keys, *, q, lr, lipschitz, batch_size, steps, loss_at):
+def qffedavg_round(model, x, data, cohort, keys, *, q, lr, lipschitz, batch_size, steps, loss_at,
+                   weights=None):
   """One round of q-FedAvg (Li et al. 2020, Algorithm 2) over ``cohort``: every client's ``F_k``,
-  ``Δ_k = F_k^q L (w − w̄_k)``, ``h_k = q F_k^{q−1} ‖L (w − w̄_k)‖² + L F_k^q``; ``w − Σ Δ_k / Σ h_k``."""
+  ``Δ_k = F_k^q L (w − w̄_k)``, ``h_k = q F_k^{q−1} ‖L (w − w̄_k)‖² + L F_k^q``; ``w − Σ Δ_k / Σ h_k``
+  (with ``weights``: ``w − Σ p_k Δ_k / Σ p_k h_k``)."""
   big_l = 1.0 / lr if lipschitz is None else lipschitz
   deltas, hs = [], []
   for c, key in zip(cohort, keys, strict=True):
+    p = 1.0 if weights is None else float(weights[c])
     w, losses = sgd_client(model, x, data, c, steps[c], key, lr=lr, batch_size=batch_size)
     if loss_at == "received":
       f = full_mean_loss(model, x, data, c)
@@ -158,8 +172,8 @@ def qffedavg_round(model, x, data, cohort, keys, *, q, lr, lipschitz, batch_size
     f += 1e-10
     dw = jax.tree.map(lambda a, b: big_l * (np.asarray(a, np.float64) - np.asarray(b, np.float64)), x, w)
     sq = sum(float(np.sum(d ** 2)) for d in jax.tree.leaves(dw))
-    deltas.append(jax.tree.map(lambda d, f=f: f ** q * d, dw))
-    hs.append(q * f ** (q - 1) * sq + big_l * f ** q)
+    deltas.append(jax.tree.map(lambda d, f=f, p=p: p * f ** q * d, dw))
+    hs.append(p * (q * f ** (q - 1) * sq + big_l * f ** q))
   return jax.tree.map(lambda a, *d: np.asarray(a, np.float64) - sum(d) / sum(hs), x, *deltas)
 
 
@@ -199,3 +213,30 @@ def afl_round(model, x, lam, domain, data, cohort, keys, *, lr, batch_size, step
     e = lam * np.exp(gamma * grad)
     new_lam = e / e.sum()
   return new_x, new_lam
+
+
+def fedasync_event_loop(model, x0, data, speeds, steps, rounds, root, *, lr, batch_size, alpha, s):
+  """FedAsync (Xie et al. 2019, Algorithm 1) with every client always in flight, as an event loop:
+  the earliest to finish trains from the model of the version it started from (with the key of the
+  server update that applies it), ``x ← (1 − α s(t − τ)) x + α s(t − τ) y``, and starts again from
+  the new model. Returns the models and every update's staleness."""
+  import heapq
+
+  models, stale = [x0], []
+  heap = [(steps[c] / speeds[c], c, 0) for c in range(len(speeds))]
+  heapq.heapify(heap)
+  x = x0
+  for r in range(rounds):
+    t, c, v = heapq.heappop(heap)
+    rk = jax.random.fold_in(root, r)
+    y, _ = sgd_client(model, models[v], data, c, steps[c], jax.random.fold_in(stream(rk, "train"), c), lr=lr,
+                      batch_size=batch_size)
+    a = alpha * s(r - v)
+    def mix(p, q, a=a):
+      return jnp.asarray((1 - a) * np.asarray(p, np.float64) + a * np.asarray(q, np.float64), jnp.float32)
+
+    x = jax.tree.map(mix, x, y)
+    models.append(x)
+    stale.append(r - v)
+    heapq.heappush(heap, (t + steps[c] / speeds[c], c, r + 1))
+  return models, stale

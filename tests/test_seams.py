@@ -375,7 +375,8 @@ def test_personal_refusals(problem):
 
 
 # ------------------------------------------------------------------------ methods over the host
-METHODS = ["fedavg", "fedprox", "ditto", "pfedme", "perfedavg", "fedmmd", "fedkws", "scaffold"]
+METHODS = ["fedavg", "fedprox", "ditto", "pfedme", "perfedavg", "fedmmd", "fedkws", "scaffold", "moon",
+           "qffl", "afl"]
 
 
 @pytest.mark.parametrize("name", METHODS)

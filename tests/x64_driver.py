@@ -132,7 +132,7 @@ def pfedme_vs_reference(model, data, key, sched, steps, out):
 
 
 OTHERS = ("hierfavg", "fedprox", "ditto", "perfedavg", "perfedavg_hf", "pfedmt", "fedkws", "ifca",
-          "cfl", "mcfl", "awcfl", "bhfl", "scaffold")
+          "cfl", "mcfl", "awcfl", "bhfl", "scaffold", "moon", "qffl", "afl", "fedasync")
 
 
 def others_run_one_round(model, data, groups, key, names, out):
@@ -155,6 +155,10 @@ def others_run_one_round(model, data, groups, key, names, out):
     "awcfl": lambda: A.awcfl(num_clusters=2, beta=0.5, cluster_start_round=0, kmeans_iters=2, **base),
     "bhfl": lambda: A.bhfl(topology=topo, periods=(2, 1), **base),
     "scaffold": lambda: A.scaffold(local_learning_rate=LR, **base),
+    "moon": lambda: A.moon(mu=1.0, **base),
+    "qffl": lambda: A.qffl(q=1.0, local_learning_rate=LR, **base),
+    "afl": lambda: A.afl(domain_learning_rate=0.5, **base),
+    "fedasync": lambda: A.fedasync(concurrency=2, **base),
   }
   assert set(others) == set(OTHERS)
   for name in names:
