@@ -50,6 +50,10 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.clustering.ifca",
   "fedtree.algorithms.fedkws.fedkws",
   "fedtree.algorithms.fedbuff",
+  "fedtree.algorithms.fedasync",
+  "fedtree.algorithms.moon",
+  "fedtree.algorithms.qffl",
+  "fedtree.algorithms.afl",
 ]
 
 

@@ -133,3 +133,13 @@ def test_fedasync_refusals(problem):
     fedasync(hinge_a=0.0, **common)
   with pytest.raises(ValueError, match=r"concurrency=9 must be in buffer_size..num_clients \(1..5\)"):
     fedasync(concurrency=9, **common)
+
+
+def test_stale_and_discarded_reports_count_as_sent():
+  """A report the server discards (stale past max_staleness, or dropped on a simultaneous arrival)
+  was downloaded and sent: the byte columns count it."""
+  from fedtree.core.traffic import Traffic
+
+  t = Traffic(100)
+  t.add({"clients_trained": 1, "clients_discarded": 2})
+  assert t.summary()["uplink_MB"] * 1e6 == 300 and t.summary()["downlink_MB"] * 1e6 == 300

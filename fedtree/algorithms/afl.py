@@ -259,7 +259,7 @@ def afl(
   if domains is not None and len(domains) != data.num_clients:
     raise ValueError(f"{name}: domains has {len(domains)} entries for {data.num_clients} clients; give one "
                      f"integer domain per client (or None: every client its own domain)")
-  refuse_compositions(name, host, "their losses, which set the weights λ")
+  refuse_compositions(name, host, "their losses (which set the weights λ)")
   topology = host.get("topology") or Topology.flat(data.num_clients)
   layout = domain_layout(topology, np.asarray(data.n_train), domains)
   rule = afl_server(layout, domain_learning_rate=domain_learning_rate, domain_step=domain_step,

@@ -197,7 +197,8 @@ def fedbuff(
       wait for the next server updates, one buffer each, ties broken by slot, each a version
       staler), ``"together"`` (they join this update: FLGo's FedAsync mixes everything that
       arrived at one moment in one step) or ``"drop"`` (they are discarded, their clients freed:
-      FedLab's standalone FedAsync; ``clients_discarded``).
+      FedLab's standalone FedAsync). ``clients_discarded`` counts the reports sent but not applied
+      (these, and stale ones), which the byte columns count as sent.
     update_from: what a report's pseudo-gradient is taken against: ``"start"`` (the model version
       its client started from, ``Δ_i = x_τ − y_i``: FedBuff) or ``"current"`` (the parent's current
       model, ``x_t − y_i``: FedAsync's mixing ``x ← (1 − α s) x + α s y_i`` with ``sgd(α)``). The
@@ -414,8 +415,8 @@ def fedbuff(
       "mean_staleness": jnp.sum(jnp.where(fresh, staleness, 0)) / jnp.maximum(jnp.sum(fresh), 1),
       "max_staleness": jnp.max(jnp.where(fresh, staleness, 0)),
     }
-    if simultaneous == "drop":
-      metrics["clients_discarded"] = jnp.sum(discard, dtype=jnp.int32)
+    # reports that trained and were sent but not applied (stale, or dropped on a simultaneous arrival): bytes
+    metrics["clients_discarded"] = jnp.sum((report & ~fresh) | discard, dtype=jnp.int32)
     # 4. Upper levels as HierFAVG's, every periods[l] rounds; a level that aggregates waits for
     #    its slowest child (the clients' parents' clocks meet there) and its transfers.
     params = list(state.upper_params) + [leaf_params]

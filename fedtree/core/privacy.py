@@ -62,7 +62,7 @@ def private_stages(paths) -> list[str]:
   if isinstance(paths, UpdatePath):
     items: list = [("the clients' tier", paths)]
   elif isinstance(paths, Mapping):
-    items = [(f"level {lv}", p) for lv, p in paths.items()]
+    items = [("the clients' tier" if int(lv) == -1 else f"level {lv}", p) for lv, p in paths.items()]
   else:
     items = [(f"level {lv}", p) for lv, p in enumerate(paths)]
   out = []
