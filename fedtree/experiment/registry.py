@@ -22,10 +22,13 @@ algorithms that take ``update_paths``), ``chunk_size`` (an int, ``None``, ``"aut
 default the config's, else ``"auto"``), ``compute_dtype`` (default the config's), ``init_params``
 (the path of saved parameters to start from, default the config's ``init_params``:
 :mod:`fedtree.experiment.params`; every algorithm takes it, GroupPerFL in its first stage),
-``weighting``, ``server`` (one server optimizer config ``{name, **hparams}``) / ``servers`` (one per
-server level), ``periods``, ``tree`` (``"flat"`` or ``"config"``, for the methods whose tree is
-optional), ``objective`` (for the algorithms that take a ``client_update``: the local objective,
-``{name, **hyperparameters}``, see :func:`objective_from_config`), and the runner's ``rounds`` and
+``weighting``, ``server`` (one server optimizer config ``{name, **hparams}``) / ``servers`` (one
+per server level), ``local_learning_rate`` (the methods over the HierFAVG host: this run's clients use
+``config.local``'s optimizer at this rate, and are told it, as a benchmark's table tunes it per
+method),
+``periods``, ``tree`` (``"flat"`` or ``"config"``, for the methods whose tree is optional),
+``objective`` (for the algorithms that take a ``client_update``: the local objective, ``{name,
+**hyperparameters}``, see :func:`objective_from_config`), and the runner's ``rounds`` and
 ``label``.
 
 Adding an algorithm: its factory (one file) and one :class:`AlgorithmSpec` line in
@@ -108,6 +111,16 @@ def _rate_optimizer(field: str, target: str):
     return {target: local_optimizer_from_config(local)}
 
   return Fields((field,), convert)
+
+
+def _run_local_rate(v, ctx):
+  """``local_learning_rate``: this run's clients use ``config.local``'s optimizer at this rate, and are
+  told it (:attr:`fedtree.core.local.ClientRound.learning_rate`); absent: the config's."""
+  if "local_learning_rate" not in v:
+    return {}
+  rate = number(v["local_learning_rate"])
+  optimizer = _rate_optimizer("local_learning_rate", "local_optimizer").convert(v, ctx)
+  return {**optimizer, "local_learning_rate": rate}
 
 
 def _local_rate(ctx):
@@ -327,6 +340,8 @@ def schema(spec: AlgorithmSpec) -> Schema:
   if "update_paths" in params:   # privacy, attacks, robust aggregation, compression (by section)
     common.append(Fields(tuple(update_sections.SECTIONS), update_sections.update_paths_from_config,
                          ("update_paths",)))
+  if "local_optimizer" in params and "local_learning_rate" in params:   # a per-run client learning rate
+    common.append(Fields(("local_learning_rate",), _run_local_rate, ("local_optimizer",)))
   if "personal" in params:   # parameters kept per client or per subtree (fedtree.core.personal)
     common.append(Fields(("personal",), _personal))
   if "systems" in params:   # devices, availability, round policy (fedtree.experiment.systems)
@@ -512,7 +527,14 @@ def _with_adapters(label: str, run_cfg, ctx):
     return build_algorithm(label, inner_run, dataclasses.replace(ctx, model=model, init_params=None))
 
   try:
-    lora.lora_targets(spec, base)
+    targets = lora.lora_targets(spec, base)
   except ValueError as e:
     raise ValueError(f"config.runs.{label}.adapters: {e}") from e
+  full = lora.full_rank_kernels(spec, targets)
+  if full:
+    import sys
+
+    print(f"warning: config.runs.{label}.adapters: rank={spec.rank} exceeds the smaller side of {full}: "
+          f"their adapters hold more parameters than the kernels and are no low-rank update (lower the rank, "
+          f"or targets that leave them out)", file=sys.stderr, flush=True)
   return lora.frozen_base(build, model=ctx.model, spec=spec, base=base)
