@@ -1,8 +1,66 @@
-r"""The related-work table: every optimization baseline on one non-IID split of real data.
+r"""The related-work table: the optimization baselines every FL paper compares against, on one
+non-IID split of real data, each over 3 seeds in one compiled program (issue 36).
 
   python -m fedtree.main --config=configs/baselines.py --workdir=/tmp/baselines
 
-(draft: the figures and the cost are measured below.)
+Data: scikit-learn's real 8x8 handwritten digits (:mod:`fedtree.datasets.digits`, shipped, no
+download) over 20 clients with Dirichlet(0.3) label skew (the split fixed by ``data.seed``), an MLP
+(32 hidden), one local epoch of SGD (lr 0.1, batch 16), 10 of the 20 clients a round, 40 rounds;
+seeds 0-2 (the sweep's seed axis: the initial model and the sampling) of every run. Expected cost:
+2.1 CPU-minutes (10 runs, one compile each); 6 minutes of wall time on the shared 2-core machine
+under a load of ~12.
+
+The runs (the client updates are the same for all: FedAsync applies one client's model a server
+update, so it runs 400 of them, 10 times the others' rounds):
+
+* ``fedavg``; ``fedprox`` (μ = 0.1); ``fedavgm`` (server momentum 0.9, lr 1); ``fedadam`` (server
+  lr 0.01); ``scaffold`` (option II, uniform weights as the paper);
+* ``moon`` (μ = 1, τ = 0.5); ``qffl`` (q = 1 with the paper's L = 1/η) and ``qffl_l1`` (q = 1, L = 1:
+  see below); ``afl`` (every client its own domain, projected ascent with γ_λ = 0.01, FLGo's);
+* ``fedasync`` (α = 0.6, polynomial staleness (t − τ + 1)^-½, 10 clients in flight on devices of
+  lognormal speeds, median 1 step/s, σ = 0.5).
+
+Columns: the global model's accuracy on every client's test data, the mean accuracy of the worst
+10 % of the clients and the Gini coefficient of the clients' accuracies (the fairness statistics of
+every evaluation), the megabytes every client sent up in the run, and the first round whose
+accuracy reached 0.85 (``target_accuracy``; evaluations every 2 rounds; FedAsync's rounds are server
+updates of one client each). Measured (the table the command prints last, mean ± std over the 3
+seeds):
+
+  run       seeds  accuracy       worst 10%      gini           up MB        rounds to target
+  --------  -----  -------------  -------------  -------------  -----------  -----------------------
+  fedavg    3      0.919 ± 0.008  0.764 ± 0.033  0.044 ± 0.007  3.86 ± 0.00  22.0 ± 5.9
+  fedprox   3      0.918 ± 0.006  0.764 ± 0.022  0.043 ± 0.004  3.86 ± 0.00  22.0 ± 5.9
+  fedavgm   3      0.961 ± 0.004  0.875 ± 0.006  0.023 ± 0.000  3.86 ± 0.00  12.0 ± 1.6
+  fedadam   3      0.940 ± 0.002  0.832 ± 0.000  0.035 ± 0.001  3.86 ± 0.00  20.7 ± 2.5
+  scaffold  3      0.928 ± 0.004  0.829 ± 0.030  0.034 ± 0.004  7.71 ± 0.00  22.0 ± 3.3
+  moon      3      0.916 ± 0.006  0.764 ± 0.022  0.044 ± 0.005  3.86 ± 0.00  22.0 ± 5.9
+  qffl      3      0.796 ± 0.025  0.592 ± 0.025  0.084 ± 0.008  3.86 ± 0.00  -
+  qffl_l1   3      0.903 ± 0.012  0.767 ± 0.073  0.044 ± 0.011  3.86 ± 0.00  25.3 ± 5.0
+  afl       3      0.916 ± 0.012  0.798 ± 0.059  0.039 ± 0.008  3.86 ± 0.00  27.3 ± 3.4
+  fedasync  3      0.806 ± 0.029  0.562 ± 0.065  0.081 ± 0.012  3.86 ± 0.00  372.0 ± 0.0 (1/3 seeds)
+
+(``-``: no seed reached 0.85 within the run; ``(1/3 seeds)``: the mean over the seeds that did.)
+
+What it shows, on a task this small (20 clients: the worst 10 % are 2 clients, so that column moves
+by several points from seed to seed): the server optimizers help most, FedAvgM (momentum 0.9)
+reaching 0.85 in 12 rounds and lifting the worst clients to 0.875, FedAdam next. SCAFFOLD's variates
+lift the worst clients (0.829) for twice the bytes (it sends ``Δy_i`` and ``Δc_i``). With one local
+epoch the clients drift little: FedProx's proximal term (μ = 0.1) and MOON's contrastive term (μ = 1)
+leave FedAvg's figures within their seeds' spread. q-FFL with the paper's L = 1/η = 10 takes steps
+too short for 40 rounds (the ``‖L Δw‖²`` term of ``h_k`` dominates); with L = 1 it trains nearly as
+fast as FedAvg (0.903, 25 rounds to 0.85) but its fairness gain here is within the seeds' spread (and q = 0.5, 2, 5 give worst-10 %
+figures of 0.770, 0.758, 0.705: ``--config.only=qffl_l1 --config.sweep.params="runs.qffl_l1.q=0.5,2,5"``).
+AFL raises the worst 10 % by 3 points (0.798 against 0.764) and lowers the Gini coefficient (0.039
+against 0.044), also within one standard deviation (γ_λ = 0.1 gives 0.782). FedAsync, updating one
+stale client at a time (α = 0.6), needs more client updates than the synchronous methods for the
+same accuracy: one seed of three reaches 0.85 within the 400. Every client sends one model a round
+(q-FFL's and AFL's extra 4 and 8 bytes a message vanish in the rounding), SCAFFOLD two.
+
+**Waiting for the other half of issue 36.** FedDyn, FedNova, Mime and MimeLite (built on another
+branch) have their runs ready in :data:`AWAITING`, one entry each; ``:all`` adds them (refused by
+name until those algorithms are registered); once they are on ``main`` they move into :data:`RUNS`
+and this table is measured again.
 """
 
 import ml_collections
@@ -12,27 +70,38 @@ from fedtree.experiment.sweep import default_sweep
 
 COHORT = 10
 ROUNDS = 40
+SYSTEMS = {"speed": {"dist": "lognormal", "median": 1.0, "sigma": 0.5}, "up": 1e9, "down": 1e9}
 
 RUNS = {
-  # label: the run's fields (every run samples COHORT of the 20 clients a round, but FedAsync)
+  # label: the run's fields (every run but FedAsync samples COHORT of the 20 clients a round)
   "fedavg": {"algorithm": "fedavg"},
-  "fedprox": {"algorithm": "fedprox", "mu": 0.01},
+  "fedprox": {"algorithm": "fedprox", "mu": 0.1},
   "fedavgm": {"algorithm": "fedopt", "server": {"name": "fedavgm", "learning_rate": 1.0, "momentum": 0.9}},
   "fedadam": {"algorithm": "fedopt", "server": {"name": "fedadam", "learning_rate": 0.01}},
   "scaffold": {"algorithm": "scaffold"},
   "moon": {"algorithm": "moon", "mu": 1.0, "temperature": 0.5},
   "qffl": {"algorithm": "qffl", "q": 1.0},
-  "afl": {"algorithm": "afl", "domain_learning_rate": 0.1},
-  # FedAsync applies one client's model a server update: as many client updates as the others'
-  "fedasync": {"algorithm": "fedasync", "concurrency": COHORT, "rounds": ROUNDS * COHORT,
-               "systems": {"speed": {"dist": "lognormal", "median": 1.0, "sigma": 0.5}, "up": 1e9,
-                           "down": 1e9}},
+  "qffl_l1": {"algorithm": "qffl", "q": 1.0, "lipschitz": 1.0},
+  "afl": {"algorithm": "afl", "domain_learning_rate": 0.01},
+  # one client's model a server update: as many client updates as the others' rounds
+  "fedasync": {"algorithm": "fedasync", "concurrency": COHORT, "rounds": ROUNDS * COHORT, "systems": SYSTEMS},
+}
+AWAITING = {
+  # the other half of issue 36 (another branch): into RUNS once registered on main
+  "feddyn": {"algorithm": "feddyn", "alpha": 0.01},
+  "fednova": {"algorithm": "fednova"},
+  "mime": {"algorithm": "mime"},
+  "mimelite": {"algorithm": "mimelite"},
 }
 COLUMNS = ("global/accuracy", "global/accuracy_worst10_mean", "global/accuracy_gini", "uplink_MB",
            "global/rounds_to_target")
+VARIANTS = (None, "all")
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
+  """``variant``: ``None`` (the table) or ``"all"`` (with :data:`AWAITING`'s runs)."""
+  if variant not in VARIANTS:
+    raise ValueError(f"configs/baselines.py:{variant}; choose no variant or 'all'")
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.rounds = ROUNDS
@@ -40,7 +109,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rounds_per_call = 2
   c.chunk_size = None
   c.progress = True
-  c.target_accuracy = 0.8
+  c.target_accuracy = 0.85
   c.data = ml_collections.ConfigDict(dict(name="sklearn_digits", num_clients=20, partition="dirichlet",
                                           alpha=0.3, seed=0))
   c.topology = ml_collections.ConfigDict(dict(kind="flat"))
@@ -48,12 +117,14 @@ def get_config() -> ml_collections.ConfigDict:
   c.local = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=0.1, batch_size=16, epochs=1,
                                            steps=None))
   c.runs = ml_collections.ConfigDict()
-  for label, fields in RUNS.items():
+  runs = {**RUNS, **(AWAITING if variant == "all" else {})}
+  for label, fields in runs.items():
     run = dict(fields)
     if run["algorithm"] != "fedasync":
       run["cohort_size"] = COHORT
     c.runs[label] = ml_collections.ConfigDict(run)
-  c.run_order = tuple(RUNS)
+  c.run_order = tuple(runs)   # the table's order (a ConfigDict sorts its keys)
+  c.mesh_shape = ml_collections.config_dict.placeholder(int)  # clients over devices: -1 = all
   c.sweep = default_sweep()
   c.sweep.seeds = 3
   c.sweep.columns = COLUMNS

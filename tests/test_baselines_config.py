@@ -86,6 +86,7 @@ def test_the_table_across_runs_counts_the_seeds_that_reached_the_target():
   table = sweep.format_runs_table(results, ("global/accuracy", "uplink_MB", "global/rounds_to_target"))
   lines = table.splitlines()
   assert lines[1] == "runs (mean ± std over seeds)"
-  assert lines[-2].split() == ["fedavg", "2", "0.8500", "±", "0.0500", "3.00", "±", "0.00", "10.0", "±",
+  assert lines[2].split() == ["run", "seeds", "accuracy", "up", "MB", "rounds", "to", "target"]
+  assert lines[-2].split() == ["fedavg", "2", "0.850", "±", "0.050", "3.00", "±", "0.00", "10.0", "±",
                                "0.0", "(1/2", "seeds)"]
   assert lines[-1].split() == ["slow", "2", "-", "-", "-"]

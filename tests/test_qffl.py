@@ -128,13 +128,19 @@ def test_q_zero_is_fedavg(problem):
 
 
 def test_qffl_sends_one_model_and_one_float(problem):
+  """Δ_k travels as a model (compressed where the path compresses it), h_k as one float32."""
+  from fedtree.core.compression import compressor, uplink
+
   data, _, model = problem
-  alg = qffl(model=model, data=data, local_optimizer=optax.sgd(LR), local_learning_rate=LR,
-             schedule=LocalSchedule(batch_size=B, steps=1), cohort_size=3)
-  _, metrics = _run(alg, data, 1, jax.random.key(0))
+  common = dict(model=model, data=data, local_optimizer=optax.sgd(LR), local_learning_rate=LR,
+                schedule=LocalSchedule(batch_size=B, steps=1), cohort_size=3)
+  _, metrics = _run(qffl(**common), data, 1, jax.random.key(0))
   size = sum(int(np.prod(np.shape(p))) * 4 for p in jax.tree.leaves(model.init(jax.random.key(0))))
   assert float(metrics["uplink_bytes"]) == size + 4
   assert float(metrics["down_bytes"]) == size
+  _, metrics = _run(qffl(update_paths=UpdatePath(client=uplink(compressor("fp16"))), **common), data, 1,
+                    jax.random.key(0))
+  assert float(metrics["uplink_bytes"]) == size // 2 + 4
 
 
 def test_qffl_refusals(problem):

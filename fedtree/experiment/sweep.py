@@ -488,19 +488,32 @@ def _cell(row: dict, metric: str) -> str:
   if metric.endswith(REACHED):
     seen = row.get("reached", {}).get(metric, row["seeds"])
     return f"{mean:.1f} ± {std:.1f}" + ("" if seen == row["seeds"] else f" ({seen}/{row['seeds']} seeds)")
-  digits = 2 if metric.endswith("MB") else 4
+  digits = 2 if metric.endswith("MB") else 3
   return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+SHORT = {"accuracy_worst10_mean": "worst 10%", "accuracy_gini": "gini", "uplink_MB": "up MB",
+         "downlink_MB": "down MB", REACHED: "rounds to target"}
+"""Column headers of :func:`format_runs_table` (the metric's own name otherwise)."""
+
+
+def _header(metric: str, models: set[str]) -> str:
+  model, _, name = metric.rpartition("/")
+  short = SHORT.get(name, name)
+  return f"{model}/{short}" if model and len(models) > 1 else short
 
 
 def format_runs_table(results: dict[str, Any], metrics: Sequence[str]) -> str:
   """One table across the swept runs of a config (``config.sweep.columns``): a row per run and
-  setting, ``mean ± std`` over seeds of ``metrics``. A related-work table (configs/baselines.py)."""
+  setting, ``mean ± std`` over seeds of ``metrics`` (headed by their short names, :data:`SHORT`,
+  without the model when all are one model's). A related-work table (configs/baselines.py)."""
   body = []
   for label, out in results.items():
     for row in out.get("sweep", {}).get("settings", []):
       name = label if row["name"] == "default" else f"{label} [{row['name']}]"
       body.append([name, str(row["seeds"]), *(_cell(row, m) for m in metrics)])
-  head = ["run", "seeds", *metrics]
+  models = {m.rpartition("/")[0] for m in metrics if "/" in m}
+  head = ["run", "seeds", *(_header(m, models) for m in metrics)]
   widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
   line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
   return "\n".join(["", "runs (mean ± std over seeds)", line(head), line(["-" * w for w in widths]),
