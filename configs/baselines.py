@@ -49,8 +49,9 @@ lift the worst clients (0.829) for twice the bytes (it sends ``Δy_i`` and ``Δc
 epoch the clients drift little: FedProx's proximal term (μ = 0.1) and MOON's contrastive term (μ = 1)
 leave FedAvg's figures within their seeds' spread. q-FFL with the paper's L = 1/η = 10 takes steps
 too short for 40 rounds (the ``‖L Δw‖²`` term of ``h_k`` dominates); with L = 1 it trains nearly as
-fast as FedAvg (0.903, 25 rounds to 0.85) but its fairness gain here is within the seeds' spread (and q = 0.5, 2, 5 give worst-10 %
-figures of 0.770, 0.758, 0.705: ``--config.only=qffl_l1 --config.sweep.params="runs.qffl_l1.q=0.5,2,5"``).
+fast as FedAvg (0.903, 25 rounds to 0.85) but its fairness gain here is within the seeds' spread
+(q = 0.5, 2, 5 give worst-10 % figures of 0.770, 0.758, 0.705:
+``--config.only=qffl_l1 --config.sweep.params="runs.qffl_l1.q=0.5,2,5"``).
 AFL raises the worst 10 % by 3 points (0.798 against 0.764) and lowers the Gini coefficient (0.039
 against 0.044), also within one standard deviation (γ_λ = 0.1 gives 0.782). FedAsync, updating one
 stale client at a time (α = 0.6), needs more client updates than the synchronous methods for the
