@@ -32,6 +32,10 @@ Under a ``deadline`` policy a client that cannot report within ``seconds`` of it
 at that moment (FLSim's timeout), or does the steps that fit (``partial``); with ``dropout`` a
 client fails with that probability. A failure takes its place among its round's
 ``buffer_size`` reports and contributes nothing.
+
+FedAsync (:mod:`fedtree.algorithms.fedasync`) is this with a buffer of one, its reports taken
+against the current model (``update_from="current"``) and ``sgd(α)``; its staleness functions
+(``staleness``) and what reports arriving at the same moment do (``simultaneous``) are options here.
 """
 
 from __future__ import annotations
