@@ -17,12 +17,23 @@ from fedtree.algorithms.bhfl import bhfl
 from fedtree.algorithms.clustering import awcfl, cfl, ifca, mcfl
 from fedtree.algorithms.ditto import ditto
 from fedtree.algorithms.fedasync import fedasync
+from fedtree.algorithms.fedbabu import fedbabu
+from fedtree.algorithms.fedbn import fedbn
 from fedtree.algorithms.fedbuff import fedbuff
+from fedtree.algorithms.feddyn import feddyn
 from fedtree.algorithms.fedkws import fedkws
 from fedtree.algorithms.fedmmd import fedmmd
+from fedtree.algorithms.fednova import fednova
+from fedtree.algorithms.fedper import fedper
 from fedtree.algorithms.fedprox import fedprox
+from fedtree.algorithms.fedrep import fedrep
+from fedtree.algorithms.fedrod import fedrod
+from fedtree.algorithms.finetuned import finetuned
 from fedtree.algorithms.grouppfl import grouppfl
 from fedtree.algorithms.hierfavg import fedavg, hierfavg
+from fedtree.algorithms.lgfedavg import lgfedavg
+from fedtree.algorithms.local_only import local
+from fedtree.algorithms.mime import mime, mimelite
 from fedtree.algorithms.moon import moon
 from fedtree.algorithms.perfedavg import perfedavg
 from fedtree.algorithms.pfedme import pfedme
@@ -35,7 +46,12 @@ _FACTORIES = {"awcfl": awcfl, "bhfl": bhfl, "cfl": cfl, "ditto": ditto, "fedavg"
               "fedkws": fedkws, "fedmmd": fedmmd, "fedprox": fedprox, "grouppfl": grouppfl,
               "hierfavg": hierfavg, "ifca": ifca, "mcfl": mcfl, "perfedavg": perfedavg, "pfedme": pfedme,
               "pfedmt": pfedmt, "scaffold": scaffold,
-              "moon": moon, "qffl": qffl, "afl": afl, "fedasync": fedasync}
+              # the optimization baselines (issue 36)
+              "feddyn": feddyn, "fednova": fednova, "mime": mime, "mimelite": mimelite,
+              "moon": moon, "qffl": qffl, "afl": afl, "fedasync": fedasync,
+              # partial personalization (issue 37)
+              "fedper": fedper, "fedrep": fedrep, "lgfedavg": lgfedavg, "fedbn": fedbn, "fedrod": fedrod,
+              "fedbabu": fedbabu, "local": local}
 SYSTEMS_ALGORITHMS = tuple(n for n, f in _FACTORIES.items() if "systems" in inspect.signature(f).parameters)
 """The factories that take ``systems`` (:mod:`fedtree.core.systems`); a run config that gives
 another algorithm a ``systems`` section is refused naming these."""
@@ -45,5 +61,6 @@ __all__ = [
   "awcfl", "bhfl", "cfl", "ditto", "fedavg",
   "fedbuff", "fedkws", "fedmmd", "fedprox", "grouppfl", "hierfavg", "ifca", "mcfl", "perfedavg", "pfedme",
   "pfedmt", "scaffold",
-  "moon", "qffl", "afl", "fedasync",
+  "feddyn", "fednova", "mime", "mimelite", "moon", "qffl", "afl", "fedasync",
+  "fedbabu", "fedbn", "fedper", "fedrep", "fedrod", "finetuned", "lgfedavg", "local",
 ]

@@ -68,7 +68,7 @@ from fedtree.core.local import (
   steps_per_epoch,
 )
 from fedtree.core.model import Model, zero_state
-from fedtree.core.privacy import private_stages
+from fedtree.core.privacy import private_stages_where
 from fedtree.core.server_rule import Inbox, ServerRule, per_node
 from fedtree.core.updates import blockwise_levels
 
@@ -225,7 +225,7 @@ def refuse_compositions(name: str, host, sent: str) -> None:
   """The refusals of a method whose clients send ``sent`` in the clear beside a scaled update
   (q-FFL, AFL): a privacy stage, a robust (blockwise) aggregator, personal parameters."""
   paths = host.get("update_paths")
-  for stage in private_stages(paths):
+  for stage in private_stages_where(paths):
     raise ValueError(f"{name}: privacy stage {stage}: the clients send {sent} beside their update, "
                      f"unclipped and unnoised, so no differential-privacy guarantee would hold; run "
                      f"{name} without the privacy section")

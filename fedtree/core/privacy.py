@@ -51,28 +51,6 @@ def check_weighting(weighting: str) -> str:
   return weighting
 
 
-def private_stages(paths) -> list[str]:
-  """The privacy stages of ``paths`` (as :func:`fedtree.core.updates.per_level_paths` takes them:
-  one path, a sequence or ``{level: path}``), each as ``"<transform> at <where>"``: the client and
-  node transforms named ``dp...``, as :func:`clip`, :func:`local_noise` and :func:`central` (and
-  the experiment layer's privacy section) name theirs. For the refusals of methods whose clients
-  send something beside their update that no privacy stage covers (q-FFL's ``h_k``, AFL's losses)."""
-  if paths is None:
-    return []
-  if isinstance(paths, UpdatePath):
-    items: list = [("the clients' tier", paths)]
-  elif isinstance(paths, Mapping):
-    items = [("the clients' tier" if int(lv) == -1 else f"level {lv}", p) for lv, p in paths.items()]
-  else:
-    items = [(f"level {lv}", p) for lv, p in enumerate(paths)]
-  out = []
-  for where, p in items:
-    for stage in (None if p is None else p.client, None if p is None else p.node):
-      if stage is not None and any(part.startswith("dp") for part in stage.name.split("+")):
-        out.append(f"{stage.name!r} at {where}")
-  return out
-
-
 def _is_concrete(x) -> bool:
   return not isinstance(x, jax.core.Tracer)
 
@@ -94,6 +72,15 @@ def check_clip_norm(c) -> None:
 def global_norm(tree: PyTree) -> jax.Array:
   """The L2 norm of every leaf of ``tree`` together."""
   return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+
+
+def state_dtype(params: PyTree):
+  """The float dtype of a transform's state that follows the model: float32, or wider where the
+  parameters are (float64 under ``config.dtype="float64"``); never narrower (bfloat16 params
+  still get a float32 state)."""
+  floats = [x.dtype for x in jax.tree.leaves(params)
+            if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)]
+  return jnp.result_type(jnp.float32, *floats)
 
 
 def _scale(norm, c):
@@ -267,7 +254,8 @@ def central(noise_multiplier, clip_norm=None, *, normalize: str = "count", expec
   def init(params, num):
     if adaptive is None:
       return ()
-    return {"clip": jnp.full((num,), adaptive.initial_clip, jnp.float32)}
+    # the clip norm is a model quantity: float64 in a float64 run, float32 otherwise (bfloat16 too)
+    return {"clip": jnp.full((num,), adaptive.initial_clip, state_dtype(params))}
 
   def apply(delta_sum, weight_sum, client_stats, state, key):
     num = weight_sum.shape[0]
@@ -286,10 +274,38 @@ def central(noise_multiplier, clip_norm=None, *, normalize: str = "count", expec
       count = client_stats["reported"]
     if adaptive is not None:
       noise = jax.random.normal(jax.random.fold_in(key, 1), (num,), jnp.float32)
-      state = {"clip": adaptive_step(c, client_stats[UNCLIPPED], count, adaptive, noise)}
+      new_clip = adaptive_step(c, client_stats[UNCLIPPED], count, adaptive, noise)
+      state = {"clip": new_clip.astype(c.dtype)}   # a carried state keeps its dtype (scan, donation)
     return delta_sum, weight_sum, state, {"dp_clip_norm": c, "dp_noise_std": std}
 
   return NodeTransform(apply, init, name=name)
+
+
+def private_stages(path) -> list[str]:
+  """The names of the stages of an update path that privatize the update (this module's clipping,
+  local noise and central noise: named ``dp*``, alone or in a chain), for the methods that send
+  something beside the update, outside the path, and must refuse them."""
+  if path is None:
+    return []
+  names = [t.name for t in (path.client, path.node) if t is not None]
+  return [n for n in names if any(part.startswith("dp") for part in n.split("+"))]
+
+
+def private_stages_where(paths) -> list[str]:
+  """Every privacy stage (:func:`private_stages`) of ``paths`` (as
+  :func:`fedtree.core.updates.per_level_paths` takes them: one path, a sequence or ``{level:
+  path}``), each as ``"'<transform>' at <where>"``: for the refusals of methods whose clients send
+  something beside their update that no privacy stage covers at any level (q-FFL's ``h_k``, AFL's
+  losses)."""
+  if paths is None:
+    return []
+  if isinstance(paths, UpdatePath):
+    items: list = [("the clients' tier", paths)]
+  elif isinstance(paths, Mapping):
+    items = [("the clients' tier" if int(lv) == -1 else f"level {lv}", p) for lv, p in paths.items()]
+  else:
+    items = [(f"level {lv}", p) for lv, p in enumerate(paths)]
+  return [f"{n!r} at {where}" for where, p in items for n in private_stages(p)]
 
 
 def delta_noise_multiplier(noise_multiplier, adaptive: Adaptive | None, *, replace_one: bool = True):
