@@ -13,7 +13,8 @@ from fedtree.experiment import registry, runner, sweep
 from fedtree.experiment.reporting import Reporter
 from fedtree.experiment.runner import train_and_evaluate
 
-ISSUE_36 = {"fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "moon", "qffl", "afl", "fedasync"}
+ISSUE_36 = {"fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "moon", "qffl", "afl", "fedasync",
+            "feddyn", "fednova", "mime", "mimelite"}
 
 
 def test_baselines_config_is_well_formed():

@@ -1,6 +1,6 @@
 """What a server keeps beyond its model and optax state, sends its children beside the model, and
 updates from what they send back: the seam of SCAFFOLD's control variate, FedDyn's ``h``, FedNova's
-normalisation and Mime's momentum.
+normalisation, Mime's momentum and AFL's mixture weights.
 
 A :class:`ServerRule` is a pair of pure functions in the optax style, stacked over the nodes of
 the server level that runs it (the clients' parents, ``[N, ...]``):
