@@ -102,6 +102,8 @@ ALGORITHM_CASES = {
   "scaffold": {"cohort_size": 4},
   "feddyn": {"alpha": 0.1, "cohort_size": 4}, "fednova": {"cohort_size": 4},
   "mime": {"cohort_size": 4}, "mimelite": {"cohort_size": 4},
+  "moon": {"mu": 1.0, "cohort_size": 4}, "qffl": {"q": 1.0, "cohort_size": 4},
+  "afl": {"domain_learning_rate": 0.1, "cohort_size": 4}, "fedasync": {"concurrency": 3},
   # partial personalization (issue 37); FedBN's run has the MLP with BatchNorm (the run's own model)
   "fedper": {}, "fedrep": {"head_steps": 2}, "lgfedavg": {}, "fedbn": {"model": {"norm": "batch"}},
   "fedrod": {}, "fedbabu": {"finetune_epochs": 0, "finetune_steps": 2}, "local": {},

@@ -62,6 +62,10 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.fedrod",
   "fedtree.algorithms.fedbabu",
   "fedtree.algorithms.finetuned",
+  "fedtree.algorithms.fedasync",
+  "fedtree.algorithms.moon",
+  "fedtree.algorithms.qffl",
+  "fedtree.algorithms.afl",
 ]
 
 

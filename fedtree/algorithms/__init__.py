@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import inspect
 
+from fedtree.algorithms.afl import afl
 from fedtree.algorithms.bhfl import bhfl
 from fedtree.algorithms.clustering import awcfl, cfl, ifca, mcfl
 from fedtree.algorithms.ditto import ditto
+from fedtree.algorithms.fedasync import fedasync
 from fedtree.algorithms.fedbabu import fedbabu
 from fedtree.algorithms.fedbn import fedbn
 from fedtree.algorithms.fedbuff import fedbuff
@@ -32,9 +34,11 @@ from fedtree.algorithms.hierfavg import fedavg, hierfavg
 from fedtree.algorithms.lgfedavg import lgfedavg
 from fedtree.algorithms.local_only import local
 from fedtree.algorithms.mime import mime, mimelite
+from fedtree.algorithms.moon import moon
 from fedtree.algorithms.perfedavg import perfedavg
 from fedtree.algorithms.pfedme import pfedme
 from fedtree.algorithms.pfedmt import pfedmt
+from fedtree.algorithms.qffl import qffl
 from fedtree.algorithms.scaffold import scaffold
 from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, TreeState
 
@@ -42,7 +46,9 @@ _FACTORIES = {"awcfl": awcfl, "bhfl": bhfl, "cfl": cfl, "ditto": ditto, "fedavg"
               "fedkws": fedkws, "fedmmd": fedmmd, "fedprox": fedprox, "grouppfl": grouppfl,
               "hierfavg": hierfavg, "ifca": ifca, "mcfl": mcfl, "perfedavg": perfedavg, "pfedme": pfedme,
               "pfedmt": pfedmt, "scaffold": scaffold,
+              # the optimization baselines (issue 36)
               "feddyn": feddyn, "fednova": fednova, "mime": mime, "mimelite": mimelite,
+              "moon": moon, "qffl": qffl, "afl": afl, "fedasync": fedasync,
               # partial personalization (issue 37)
               "fedper": fedper, "fedrep": fedrep, "lgfedavg": lgfedavg, "fedbn": fedbn, "fedrod": fedrod,
               "fedbabu": fedbabu, "local": local}
@@ -55,6 +61,6 @@ __all__ = [
   "awcfl", "bhfl", "cfl", "ditto", "fedavg",
   "fedbuff", "fedkws", "fedmmd", "fedprox", "grouppfl", "hierfavg", "ifca", "mcfl", "perfedavg", "pfedme",
   "pfedmt", "scaffold",
-  "feddyn", "fednova", "mime", "mimelite",
+  "feddyn", "fednova", "mime", "mimelite", "moon", "qffl", "afl", "fedasync",
   "fedbabu", "fedbn", "fedper", "fedrep", "fedrod", "finetuned", "lgfedavg", "local",
 ]

@@ -183,6 +183,19 @@ def _personal(v, ctx):
   return {"personal": personal(cfg["patterns"], level=cfg.get("level"))}
 
 
+def _domains(v, ctx):
+  """AFL's ``domains``: ``"clients"`` (absent: every client its own domain), ``"groups"`` (the
+  data's group labels) or one integer per client."""
+  d = v.get("domains", "clients")
+  if d is None or (isinstance(d, str) and d == "clients"):
+    return {"domains": None}
+  if isinstance(d, str) and d == "groups":
+    return {"domains": tuple(int(g) for g in np.asarray(ctx.groups))}
+  if isinstance(d, str):
+    raise ValueError(f"domains={d!r}; choose 'clients', 'groups' or one integer per client")
+  return {"domains": coerce(d, tuple[int, ...], "domains")}
+
+
 # ------------------------------------------------------------------------ the registry
 SPECS: Mapping[str, AlgorithmSpec] = {
   "fedavg": AlgorithmSpec(algorithms.fedavg),
@@ -206,6 +219,10 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "fednova": AlgorithmSpec(algorithms.fednova, defaults=_local_momentum),
   "mime": AlgorithmSpec(algorithms.mime),
   "mimelite": AlgorithmSpec(algorithms.mimelite),
+  "moon": AlgorithmSpec(algorithms.moon),
+  "qffl": AlgorithmSpec(algorithms.qffl),
+  "afl": AlgorithmSpec(algorithms.afl, fields=(Fields(("domains",), _domains),)),
+  "fedasync": AlgorithmSpec(algorithms.fedasync),
   "fedkws": AlgorithmSpec(algorithms.fedkws,
                           fields=(_rate_optimizer("private_learning_rate", "private_optimizer"),)),
   "grouppfl": grouppfl_family.SPEC,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import re
 import time
@@ -347,6 +348,7 @@ def run_algorithm(
   checkpoint_dir: str | None = None, checkpoint_every: int = 0, keep_checkpoints: int = 2,
   should_stop=None, round_metrics=None, adapters=None, backdoor=None,
   experiments: list[Experiment] | None = None, max_abs: float | None = loop.DIVERGENCE_BOUND,
+  target_accuracy: float | None = None,
 ) -> tuple[Any, dict[str, dict[str, Any]]]:
   """Rounds with evaluation every ``eval_every`` rounds (:func:`fedtree.core.loop.run`);
   returns (state, final summaries), the summaries passed through ``algorithm.report`` when
@@ -365,6 +367,8 @@ def run_algorithm(
   scored with the base as an argument (:func:`fedtree.core.lora.base_evaluator`). ``backdoor``:
   the ``(x, y, n)`` test split whose accuracy is the attack success rate
   (:func:`fedtree.datasets.poison.backdoor_test_split`), reported beside accuracy.
+  ``target_accuracy``: every model's summary gets ``rounds_to_target``, the first evaluation round
+  whose accuracy reached it (``None``: never; a resumed run reads the rounds before from its rows).
 
   With ``experiments``, ``algorithm`` is a sweep (:func:`fedtree.core.sweep.sweep`) of those
   experiments: every experiment's models are checked and logged as a row of its own (with
@@ -409,6 +413,8 @@ def run_algorithm(
   def flat(sm: dict[str, dict[str, Any]], suffix: str = "") -> dict[str, Any]:
     return {f"{name}/{m}{suffix}": v for name, s in sm.items() for m, v in round_metrics_of(s).items()}
 
+  reached: dict[str, int] = {}   # model (``<model>@<e>`` in a sweep) -> first round at the target
+
   def evaluate(s, r):
     nonlocal summaries
     summaries = evaluation.evaluate_models(
@@ -416,6 +422,10 @@ def run_algorithm(
       evaluator=evaluator if evaluator_for is None else evaluator_for(s.base),
       positive_classes=positive, backdoor=backdoor, top_k=opts.top_k, central=central,
     )
+    if target_accuracy is not None:
+      for name, sm in summaries.items():
+        if name not in reached and sm.get("accuracy", -math.inf) >= target_accuracy:
+          reached[name] = int(r)
     if experiments is None:
       check_summaries(label, r, summaries)
       return flat(summaries)
@@ -460,6 +470,17 @@ def run_algorithm(
                          None if experiments is None else {"experiment": experiments[e].row["experiment"]})
       if row is not None:
         t.restore(row)
+    if target_accuracy is not None:   # and the rounds at which the models reached the target
+      for name in algorithm.models(state):
+        model, _, e = name.rpartition("@")
+        exp = None
+        if experiments is not None and e.isdigit():
+          exp = experiments[min(int(e), len(experiments) - 1)]
+        match = None if exp is None else {"experiment": exp.row["experiment"]}
+        first = reporter.first_round(label, f"{model if exp else name}/accuracy", target_accuracy,
+                                     int(state.round), match)
+        if first is not None:
+          reached[name] = first
   try:
     state = loop.run(
       algorithm, ctx.run_data, num_rounds=num_rounds, key=key, rounds_per_call=rounds_per_call,
@@ -493,6 +514,9 @@ def run_algorithm(
       s["trained"] = bool(final[name] != initial[name])
   if round_metrics is not None:
     summaries = {name: {**s, **round_metrics(int(state.round))} for name, s in summaries.items()}
+  if target_accuracy is not None:
+    summaries = {name: {**s, "target_accuracy": float(target_accuracy), "rounds_to_target": reached.get(name)}
+                 if "accuracy" in s else s for name, s in summaries.items()}
   if experiments is None and traffics[0].counted:   # every model of the run: the run's traffic
     summaries = {name: {**s, **traffics[0].summary()} for name, s in summaries.items()}
   elif experiments is not None:   # "<model>@<e>": experiment e's traffic (padding rows: none)
@@ -543,17 +567,6 @@ def model_fingerprints(models: dict[str, Any]) -> dict[str, tuple[float, ...]]:
   for name, params in models.items():
     leaves = [jnp.asarray(x, jnp.float32) for x in jax.tree.leaves(params)]
     out[name] = tuple(float(v) for x in leaves for v in (jnp.sum(x), jnp.sum(x * x)))
-  return out
-
-
-def worst_tenth(summaries: dict[str, dict[str, Any]]) -> dict[str, float]:
-  """``{"<model>/<metric>_worst10_mean": value}``: every model's mean over its worst 10 % of clients
-  (:func:`fedtree.core.metrics.client_distribution`), the fairness figure a sweep's table keeps."""
-  out = {}
-  for m, v in summaries.items():
-    fair = v.get("fairness", None)
-    if isinstance(fair, dict) and fair.get("clients"):
-      out[f"{m}/{fair['metric']}_worst10_mean"] = fair["worst10_mean"]
   return out
 
 
@@ -699,13 +712,13 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
       checkpoint_dir=os.path.join(workdir, "checkpoints", name) if workdir and every else None,
       checkpoint_every=every, keep_checkpoints=int(config.get("keep_checkpoints", 2)),
       should_stop=should_stop, experiments=experiments, backdoor=backdoor,
-      max_abs=divergence_bound(config),
+      max_abs=divergence_bound(config), target_accuracy=target_accuracy(config),
     )
     for x, sm in zip(chunk, by_experiment(summaries, len(chunk)), strict=True):
       untrained.update(m for m, v in sm.items() if v.get("trained") is False)   # not a result
       finals[x] = {f"{m}/{s}": v[s] for m, v in sm.items() if v.get("trained") is not False
                    for s in SUMMARY_METRICS if s in v}
-      finals[x].update(worst_tenth({m: v for m, v in sm.items() if v.get("trained") is not False}))
+      finals[x].update(sweep.final_extras({m: v for m, v in sm.items() if v.get("trained") is not False}))
       finals[x].update({k: v for k, v in next(iter(sm.values()), {}).items() if k in SWEEP_BYTES})
       if spent is not None and spent[exps[x][0]] is not None:   # ε of this setting (host)
         finals[x].update(spent[exps[x][0]](plan.num_rounds))
@@ -869,11 +882,13 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
           round_metrics=privacy.round_metrics(label, run_cfg, run_ctx),
           adapters=adapters_from_config(label, run_cfg),
           backdoor=backdoor,
-          max_abs=divergence_bound(config),
+          max_abs=divergence_bound(config), target_accuracy=target_accuracy(config),
         )
       results[label] = summaries
     if not swept:
       reporter.summary_table(results, groups=ctx.groups, group_names=ctx.group_names)
+    elif config.sweep.get("columns", None):   # one table across the runs (configs/baselines.py)
+      reporter.result(sweep.format_runs_table(results, tuple(config.sweep.columns)))
     elif len(results) > 1:   # the runs side by side: every model's mean ± std over seeds
       reporter.result(sweep.runs_table(results))
     if workdir and primary:
@@ -887,6 +902,12 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
   finally:
     reporter.close()
   return results
+
+
+def target_accuracy(config: ml_collections.ConfigDict) -> float | None:
+  """``config.target_accuracy``: the accuracy whose first round every summary reports (``None``: none)."""
+  target = config.get("target_accuracy", None)
+  return None if target is None else float(target)
 
 
 def divergence_bound(config: ml_collections.ConfigDict) -> float | None:
@@ -955,7 +976,7 @@ def workdir_listing(workdir: str) -> str:
 
 FINGERPRINT_IGNORES = ("rounds", "progress", "checkpoint_every", "keep_checkpoints", "eval_chunk_size",
                        "rounds_per_call", "run_order", "plots", "memory_limit_bytes", "mesh_shape",
-                       "only", "divergence_bound")
+                       "only", "divergence_bound", "target_accuracy")
 """Top-level config fields that do not change a run's results (left out of its fingerprint)."""
 
 
