@@ -98,6 +98,7 @@ def evaluate(
   chunk_size: int | None = None,
   confusion: bool = False,
   sentences: bool = False,
+  client_params: PyTree = None,
 ) -> EvalStats:
   """Evaluates client ``c`` with ``params[model_of_client[c]]`` on ``x[c, :n[c]]``.
 
@@ -110,6 +111,10 @@ def evaluate(
     confusion: also count each client's (true, predicted) class matrix.
     sentences: also sum the sentences' mean NLLs and count the sentences (token labels
       ``y: [C, M, T]`` only; see :func:`client_sums`).
+    client_params: ``[C, ...]`` per-client inputs of ``model`` beside its row (a
+      :class:`~fedtree.core.algorithm.ScoredModels`' ``client_params``: FedEM's mixture weights,
+      kNN-Per's memory): client ``c`` is then scored with ``model.apply((params[m], client_params[c]),
+      x)``. ``None``: ``model.apply(params[m], x)``.
   """
   num_clients = x.shape[0]
   if model_of_client is None:
@@ -123,12 +128,15 @@ def evaluate(
   model_of_client = jnp.asarray(model_of_client, jnp.int32)
 
   def one(args):
-    xc, yc, nc, m = args
+    xc, yc, nc, m, own = args
     p = jax.tree.map(lambda a: a[m], params)
+    if client_params is not None:
+      p = (p, own)
     return client_sums(model, p, xc, yc, nc, confusion=confusion, sentences=sentences)
 
   batch = num_clients if chunk_size is None else max(1, min(int(chunk_size), num_clients))
-  out = jax.lax.map(one, (x, y, n, model_of_client), batch_size=batch)
+  own = () if client_params is None else client_params
+  out = jax.lax.map(one, (x, y, n, model_of_client, own), batch_size=batch)
   return EvalStats(out[0], out[1], out[2], confusion=out[3] if confusion else None,
                    sentence_loss=out[-2] if sentences else None,
                    sentences=out[-1] if sentences else None)
@@ -348,15 +356,16 @@ def keyword_rates(confusion: np.ndarray, positive_classes) -> dict[str, float]:
 
 def make_evaluator(model: Model, chunk_size: int | None = None, *, confusion: bool = False,
                    sentences: bool | None = None):
-  """A jitted ``(params, x, y, n, model_of_client) -> EvalStats`` (with per-client confusion
-  matrices when ``confusion``; with sentence sums when ``sentences``, by default for a
-  model with token labels, ``model.label_shape`` non-empty)."""
+  """A jitted ``(params, x, y, n, model_of_client[, client_params]) -> EvalStats`` (with
+  per-client confusion matrices when ``confusion``; with sentence sums when ``sentences``, by
+  default for a model with token labels, ``model.label_shape`` non-empty; ``client_params``: see
+  :func:`evaluate`)."""
   sentences = bool(model.label_shape) if sentences is None else sentences
 
   @jax.jit
-  def run(params, x, y, n, moc) -> EvalStats:
+  def run(params, x, y, n, moc, client_params=None) -> EvalStats:
     return evaluate(model, params, x, y, n, model_of_client=moc, chunk_size=chunk_size,
-                    confusion=confusion, sentences=sentences)
+                    confusion=confusion, sentences=sentences, client_params=client_params)
 
   return run
 

@@ -8,6 +8,7 @@ clustered models).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -29,20 +30,38 @@ def evaluate_models(
   """Summaries of every model ``algorithm.models(state)`` names, on every client's test data
   (with ``positive_classes``, also keyword-spotting false-accept/reject rates; the evaluator
   must then be ``make_evaluator(..., confusion=True)``; with ``backdoor``, the ``(x, y, n)`` of
-  :func:`fedtree.datasets.poison.backdoor_test_split`, also ``attack_success_rate``)."""
-  evaluator = evaluator or make_evaluator(model, chunk_size, confusion=positive_classes is not None)
+  :func:`fedtree.datasets.poison.backdoor_test_split`, also ``attack_success_rate``).
+
+  A model set that carries its own model (:class:`~fedtree.core.algorithm.ScoredModels`: FedEM's
+  mixtures, kNN-Per's memories) is scored with that model and its ``client_params``, by an
+  evaluator compiled once per model (``chunk_size`` clients at a time)."""
+  confusion = positive_classes is not None
+  evaluator = evaluator or make_evaluator(model, chunk_size, confusion=confusion)
   out = {}
   for name, nm in algorithm.models(state).items():
     moc = jnp.asarray(nm.model_of_client)
-    stats = to_host(evaluator(nm.params, data.x_test, data.y_test, data.n_test, moc))
+    own = getattr(nm, "model", None)
+    if own is None:
+      def score(x, y, n, nm=nm, moc=moc):
+        return to_host(evaluator(nm.params, x, y, n, moc))
+    else:
+      def score(x, y, n, nm=nm, moc=moc, own=own):
+        return to_host(own_evaluator(own, chunk_size, confusion)(nm.params, x, y, n, moc, nm.client_params))
+    stats = score(data.x_test, data.y_test, data.n_test)
     out[name] = summarize(stats, groups, positive_classes=positive_classes,
                           perplexity=bool(model.label_shape))
     if backdoor is not None:
-      hit = to_host(evaluator(nm.params, *backdoor, moc))
-      out[name]["attack_success_rate"] = summarize(hit, groups)["accuracy"]
+      out[name]["attack_success_rate"] = summarize(score(*backdoor), groups)["accuracy"]
     if getattr(nm, "cluster_of_client", None) is not None:
       out[name].update(cluster_summary(nm, data, evaluator, true_clusters=groups))
   return out
+
+
+@functools.lru_cache(maxsize=32)
+def own_evaluator(model: Model, chunk_size: int | None, confusion: bool):
+  """The evaluator of a model set's own model (:func:`fedtree.core.metrics.make_evaluator`), made
+  once per model: an algorithm builds that model once, so its evaluations compile once."""
+  return make_evaluator(model, chunk_size, confusion=confusion)
 
 
 def cluster_summary(nm, data: FederatedData, evaluator, true_clusters=None) -> dict[str, Any]:

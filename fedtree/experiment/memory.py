@@ -58,9 +58,32 @@ def block_bytes(param_bytes: int, rows: int, block_size: int, *, pairwise: bool)
   return 2 * rows * param_bytes + (2 * 4 * rows * block_size if pairwise else 0)
 
 
+@dataclasses.dataclass(frozen=True)
+class Needs:
+  """What a method holds beyond one model's client step and a state the estimate sees only as
+  bytes, declared by its spec (:attr:`fedtree.experiment.spec.AlgorithmSpec.memory`).
+
+  Attributes:
+    step_models: models one client trains at once (FedEM: its ``K`` components): the chunk's
+      working set is this many client steps per client.
+    parts: ``(what, bytes)`` of the parts of the state worth naming (kNN-Per's memory, FedEM's
+      components at every node): already in the state's bytes, named in the estimate and in a
+      refusal.
+  """
+
+  step_models: int = 1
+  parts: tuple[tuple[str, int], ...] = ()
+
+  def describe(self) -> str:
+    """``" (of which ...)"`` naming the parts, or ``""``."""
+    if not self.parts:
+      return ""
+    return " (of which " + ", ".join(f"{what} {n} bytes" for what, n in self.parts) + ")"
+
+
 def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, limit: int | None,
                  source: str, experiments: int = 1, chunk_name: str = "chunk_size",
-                 block: tuple[int, int, int, bool] | None = None) -> str:
+                 block: tuple[int, int, int, bool] | None = None, needs: Needs | None = None) -> str:
   """The one-line estimate printed before a run compiles; a ``ValueError`` with the numbers and
   the largest chunk that fits when it cannot fit in ``limit``.
 
@@ -77,17 +100,24 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
     chunk_name: the field to lower, named in the error.
     block: ``(param_bytes, rows, block_size, pairwise)`` of a blockwise aggregator's cohort
       blocks (:func:`block_bytes`), or ``None``; added to the state.
+    needs: the method's :class:`Needs` (models per client step, named parts of the state), or
+      ``None``.
 
   Returns:
     The line (the caller prints it).
   """
+  needs = Needs() if needs is None else needs
+  models = max(1, int(needs.step_models))
+  step_bytes = step_bytes * models   # a client trains ``models`` models at once
   blocks = 0 if block is None else block_bytes(block[0], block[1], block[2], pairwise=block[3]) * experiments
   state = state_bytes * experiments + blocks
   work = step_bytes * chunk * experiments
-  line = (f"{label}: memory estimate {_gib(state + work)}: state {_gib(state_bytes)}"
+  parts = "".join(f", {what} {_gib(n)}" for what, n in needs.parts)
+  line = (f"{label}: memory estimate {_gib(state + work)}: state {_gib(state_bytes)}{parts}"
           f"{f' x {experiments} experiments' if experiments > 1 else ''}"
           f"{f' + cohort blocks {_gib(blocks)}' if block is not None else ''} + chunk working set "
-          f"{chunk} x {_gib(step_bytes)} per client step{f' x {experiments}' if experiments > 1 else ''}")
+          f"{chunk} x {_gib(step_bytes)} per client step{f' ({models} models)' if models > 1 else ''}"
+          f"{f' x {experiments}' if experiments > 1 else ''}")
   if limit is None:
     return line + " (no memory limit known)"
   line += f", limit {_gib(limit)} ({source})"
@@ -116,9 +146,11 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
   advice = (f"set {chunk_name} <= {int(fits)}" if fits >= 1 else
             "even the smallest chunk does not fit: use a smaller model or cohort, or more devices")
   at_once = f", {experiments} experiments at once" if experiments > 1 else ""
+  per = f", {models} models per client step" if models > 1 else ""
   raise ValueError(
-    f"run {label!r} does not fit in memory: state {state} bytes + chunk working set {work} bytes "
-    f"(chunk_size={chunk}{at_once}) = {state + work} bytes > limit {limit} bytes ({source}); {advice}"
+    f"run {label!r} does not fit in memory: state {state} bytes{needs.describe()} + chunk working set "
+    f"{work} bytes (chunk_size={chunk}{at_once}{per}) = {state + work} bytes > limit {limit} bytes "
+    f"({source}); {advice}"
   )
 
 
@@ -162,8 +194,10 @@ class Budget:
     return self._step_bytes
 
   def check(self, label: str, state_shapes, chunk_size, *, experiments: int = 1,
-            chunk_name: str = "chunk_size", block: tuple[int, int, int, bool] | None = None) -> str:
+            chunk_name: str = "chunk_size", block: tuple[int, int, int, bool] | None = None,
+            needs: Needs | None = None) -> str:
     """:func:`check_memory` of run ``label`` with state ``state_shapes`` (one experiment's)."""
     return check_memory(label, state_bytes=tree_bytes(state_shapes), step_bytes=self.step_bytes(),
                         chunk=estimate_chunk(chunk_size, self.num_clients), limit=self.limit,
-                        source=self.source, experiments=experiments, chunk_name=chunk_name, block=block)
+                        source=self.source, experiments=experiments, chunk_name=chunk_name, block=block,
+                        needs=needs)

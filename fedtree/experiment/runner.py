@@ -328,6 +328,7 @@ def run_algorithm(
     nonlocal summaries
     summaries = evaluation.evaluate_models(
       algorithm, s, ctx.model, ctx.run_data, groups=ctx.groups,
+      chunk_size=ctx.config.get("eval_chunk_size", None),
       evaluator=evaluator if evaluator_for is None else evaluator_for(s.base),
       positive_classes=positive, backdoor=backdoor,
     )

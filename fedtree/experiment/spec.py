@@ -39,12 +39,16 @@ class AlgorithmSpec:
       (e.g. a rate that defaults to ``config.local.learning_rate``).
     wrap: ``wrap(built, label, run, ctx)``, what the runner gets (B-HFL's report hook,
       GroupPerFL's stages).
+    memory: ``memory(kwargs, ctx) -> fedtree.experiment.memory.Needs``, what the method holds
+      beyond one model's client step (FedEM's components, kNN-Per's memory), from its factory's
+      keyword arguments (defaults filled in); the up-front memory estimate adds it.
   """
 
   factory: Callable[..., Any]
   fields: tuple[Fields, ...] = ()
   defaults: Callable[[Any], dict[str, Any]] | None = None
   wrap: Callable[..., Any] | None = None
+  memory: Callable[[dict[str, Any], Any], Any] | None = None
 
 
 # ------------------------------------------------------------------------ shared converters
