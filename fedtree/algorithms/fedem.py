@@ -47,8 +47,11 @@ components the same minibatches). FL-bench (``src/client/fedem.py``) predicts wi
 logits_k``, a mixture of logits rather than of probabilities, and skips batches of one example;
 we mix probabilities, as the paper's model does.
 
-Refused by name: ``num_components`` < 1, ``init_params`` with more than one component (``K``
-equal components never separate), personal parameters, and a model with BatchNorm statistics.
+``init_params`` (a pretrained start) is component 0's start; the others start from independent
+initializations, since ``K`` equal components would never separate (their posteriors stay equal).
+
+Refused by name: ``num_components`` < 1, personal parameters, and a model with BatchNorm statistics
+or token labels.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ from flax import struct
 from fedtree.algorithms.clustering.ops import independent_models
 from fedtree.algorithms.hierfavg import hierfavg_method, on_host
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, ScoredModels
-from fedtree.core.local import ClientData, ClientUpdate, run_local_steps
+from fedtree.core.local import ClientData, ClientUpdate, cast_floating, check_compute_dtype, run_local_steps
 from fedtree.core.model import Model
 from fedtree.core.systems import model_bytes
 from fedtree.core.topology import Topology
@@ -84,13 +87,17 @@ class FedEMState:
   weights: jax.Array
 
 
-def components_model(model: Model, num_components: int) -> Model:
+def components_model(model: Model, num_components: int, first: PyTree | None = None) -> Model:
   """The ``K`` components as one model, the host's: ``init`` gives ``[K, ...]`` params (model ``k``
-  from ``fold_in(key, k)``) and ``apply`` the log of their uniform mixture (what a node's
-  components predict without a client's weights: e.g. power-of-choice sampling's scores)."""
+  from ``fold_in(key, k)``; with ``first``, component 0 is ``first``) and ``apply`` the log of their
+  uniform mixture (what a node's components predict without a client's weights: e.g.
+  power-of-choice sampling's scores)."""
 
   def init(key):
-    return independent_models(model, key, num_components)
+    params = independent_models(model, key, num_components)
+    if first is None:
+      return params
+    return jax.tree.map(lambda a, f: a.at[0].set(jnp.asarray(f, a.dtype)), params, first)
 
   def apply(params, x, *, train: bool = False, rng=None):
     logits = jax.vmap(lambda p: model.apply(p, x, train=train, rng=rng))(params)
@@ -146,7 +153,7 @@ def responsibilities(model: Model, components, weights, data: ClientData, *, bat
 
 
 def fedem_update(model: Model, optimizer: optax.GradientTransformation, *, num_components: int,
-                 batch_size: int, max_steps: int, max_examples: int) -> ClientUpdate:
+                 batch_size: int, max_steps: int, max_examples: int, compute_dtype=None) -> ClientUpdate:
   """FedEM's client (see the module docstring): E-step, ``π_i`` update, then the ``K`` components'
   weighted local steps; the components are sent up, ``π_i`` kept (:class:`FedEMState`).
 
@@ -158,8 +165,11 @@ def fedem_update(model: Model, optimizer: optax.GradientTransformation, *, num_c
     batch_size: minibatch size (the E-step's and the local steps').
     max_steps: static scan length.
     max_examples: the most examples of a client (the E-step's static length).
+    compute_dtype: mixed-precision forward and backward passes of the local steps (``None``: the
+      params' dtype; the loss and the gradients the optimizer sees stay in the params' dtype).
   """
   k = int(num_components)
+  low = check_compute_dtype(compute_dtype)
 
   def apply(anchor, state: FedEMState, data: ClientData, num_steps, key):
     pi = state.weights
@@ -175,7 +185,8 @@ def fedem_update(model: Model, optimizer: optax.GradientTransformation, *, num_c
       y = jnp.take(data.y, batch.y, axis=0)
       local = jnp.clip(batch.y - offset, 0, q.shape[1] - 1)
       qb = jnp.where(batch.mask[None, :], q[:, local], 0.0)
-      nll = _example_nll(model, components, batch.x, y, train=True, rng=rng)
+      nll = _example_nll(model, cast_floating(components, low), cast_floating(batch.x, low), y,
+                         train=True, rng=rng).astype(jnp.result_type(pi))
       count = jnp.maximum(jnp.sum(batch.mask), 1).astype(nll.dtype)
       weighted = jnp.sum(qb.astype(nll.dtype) * nll) / count
       logw = jnp.log(pi).astype(nll.dtype)[:, None]
@@ -214,11 +225,12 @@ def fedem(
     name: label for reports.
     **host: every other argument of :func:`~fedtree.algorithms.hierfavg.hierfavg`
       (``model``: one component's; ``weighting="examples"``, the default, is the paper's
-      ``n_i / n``; ``init_params``: the start of the one component when ``K = 1``).
+      ``n_i / n``; ``init_params``: the start of component 0, the others starting from independent
+      initializations, since ``K`` equal components would never separate).
 
   Raises:
-    ValueError: ``num_components`` < 1, ``init_params`` with ``K > 1``, personal parameters, or a
-      model with BatchNorm statistics.
+    ValueError: ``num_components`` < 1, personal parameters, or a model with BatchNorm statistics or
+      token labels.
 
   Example:
     Two rounds of FedEM with 2 components over 5 clients:
@@ -250,21 +262,17 @@ def fedem(
   if host.get("personal") is not None:
     raise ValueError(f"{name}: personal parameters are not supported (each client's personal part is its "
                      f"mixture weights π_i)")
-  init_params = host.get("init_params")
-  if init_params is not None:
-    if k > 1:
-      raise ValueError(f"{name}: init_params with num_components={k}: {k} equal components never "
-                       f"separate (their posteriors stay equal); start from independent initializations "
-                       f"(no init_params) or use num_components=1")
-    host = {**host, "init_params": jax.tree.map(lambda a: jnp.asarray(a)[None], init_params)}
+  first = host.get("init_params")   # component 0's start; the others' are independent (equal
+  host = {**host, "init_params": None}  # components would never separate: equal posteriors)
   topology = host.get("topology") or Topology.flat(data.num_clients)
-  stacked = components_model(model, k)
+  stacked = components_model(model, k, first)
 
   def objective(s: LocalSetup):
     if s.optimizer is None:
       raise ValueError(f"{name}: local_optimizer=None, but the components' local steps need one")
     return fedem_update(model, s.optimizer, num_components=k, batch_size=s.batch_size,
-                        max_steps=s.max_steps, max_examples=int(data.max_train))
+                        max_steps=s.max_steps, max_examples=int(data.max_train),
+                        compute_dtype=s.compute_dtype)
 
   alg = on_host({**host, "model": stacked, "topology": topology}, client_update=objective, name=name)
   scorer = mixture_model(model)

@@ -10,7 +10,7 @@ client. A query ``x`` is answered by interpolating the model with a ``k``-neares
 over the memory:
 
 ``p_m(y | x) = λ p_kNN(y | x) + (1 − λ) softmax(h(x))_y``,
-``p_kNN(y | x) = Σ_{j ∈ N_k(x)} 1[y_j = y] exp(−‖φ(x) − φ(x_j)‖² / T) / Σ_{j ∈ N_k(x)} exp(−‖φ(x) − φ(x_j)‖² / T)``,
+``p_kNN(y | x) = Σ_{j ∈ N_k(x)} 1[y_j = y] ω_j / Σ_{j ∈ N_k(x)} ω_j``, ``ω_j = exp(−‖φ(x) − φ(x_j)‖² / T)``,
 
 with ``N_k(x)`` the ``k`` memory entries nearest to ``φ(x)`` in squared Euclidean distance (all of
 them when the client has fewer), ``λ`` (``lam``) and the temperature ``T`` options. A client with no
@@ -111,7 +111,8 @@ def memory_shapes(model: Model, data: FederatedData) -> KnnMemory:
   c, m = data.num_clients, int(data.max_train)
   d = feature_width(model, data.example_shape)
   return KnnMemory(features=jax.ShapeDtypeStruct((c, m, d), dtype),
-                   labels=jax.ShapeDtypeStruct((c, m), jnp.int32), count=jax.ShapeDtypeStruct((c,), jnp.int32))
+                   labels=jax.ShapeDtypeStruct((c, m), jnp.int32),
+                   count=jax.ShapeDtypeStruct((c,), jnp.int32))
 
 
 def build_memory(model: Model, params: PyTree, owner: jax.Array, data: FederatedData, *,

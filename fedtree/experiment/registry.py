@@ -132,6 +132,29 @@ def _personal(v, ctx):
   return {"personal": personal(cfg["patterns"], level=cfg.get("level"))}
 
 
+# ------------------------------------------------------------------------ memory needs
+def _fedem_memory(kw: dict, ctx):
+  """FedEM: ``K`` components at every node of the tree, ``K`` models trained per client step."""
+  from fedtree.experiment.memory import Needs, tree_bytes
+
+  k = int(kw["num_components"])
+  topology = kw.get("topology")
+  nodes = 1 if topology is None else sum(topology.num_nodes(lv) for lv in range(topology.depth))
+  one = tree_bytes(jax.eval_shape(ctx.model.init, jax.random.key(0)))
+  return Needs(step_models=k, parts=((f"FedEM's {k} components at {nodes} node(s)", k * nodes * one),))
+
+
+def _knnper_memory(kw: dict, ctx):
+  """kNN-Per: every client's memory of its examples' features
+  (:func:`fedtree.algorithms.knnper.memory_shapes`)."""
+  from fedtree.algorithms.knnper import memory_shapes
+  from fedtree.experiment.memory import Needs, tree_bytes
+
+  shapes = memory_shapes(ctx.model, ctx.data)
+  c, m, d = shapes.features.shape
+  return Needs(parts=((f"kNN-Per's memory ({c} clients x {m} examples x {d} features)", tree_bytes(shapes)),))
+
+
 # ------------------------------------------------------------------------ the registry
 SPECS: Mapping[str, AlgorithmSpec] = {
   "fedavg": AlgorithmSpec(algorithms.fedavg),
@@ -151,10 +174,33 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "awcfl": AlgorithmSpec(algorithms.awcfl),
   "mcfl": AlgorithmSpec(algorithms.mcfl),
   "scaffold": AlgorithmSpec(algorithms.scaffold),
+  "apfl": AlgorithmSpec(algorithms.apfl,
+                        fields=(_rate_optimizer("personal_learning_rate", "personal_optimizer"),)),
+  "fedala": AlgorithmSpec(algorithms.fedala),
+  "fedem": AlgorithmSpec(algorithms.fedem, memory=_fedem_memory),
+  "knnper": AlgorithmSpec(algorithms.knnper, memory=_knnper_memory),
   "fedkws": AlgorithmSpec(algorithms.fedkws,
                           fields=(_rate_optimizer("private_learning_rate", "private_optimizer"),)),
   "grouppfl": grouppfl_family.SPEC,
 }
+
+
+# ------------------------------------------------------------------------ a run's memory needs
+def memory_needs(label: str, run, ctx):
+  """What run ``label``'s method holds beyond one model's client step
+  (:class:`fedtree.experiment.memory.Needs`, from its spec's ``memory``), or ``None``: its factory's
+  defaults, the run's scalar fields and its tree."""
+  spec = _spec(label, run)
+  if spec.memory is None:
+    return None
+  params = inspect.signature(spec.factory).parameters
+  kw = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+  for n, hint in schema(spec).scalars.items():
+    if n in run:
+      kw[n] = coerce(run[n], hint, f"config.runs.{label}.{n}")
+  if "topology" in params:
+    kw.update(_tree(run, ctx) if params["topology"].default is None else {"topology": ctx.topology})
+  return spec.memory(kw, ctx)
 
 
 # ------------------------------------------------------------------------ objectives

@@ -469,7 +469,7 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
   (rows per setting and the best by ``config.sweep.select``). ``backdoor``: as
   :func:`run_algorithm`'s (every experiment's ``attack_success_rate`` in its rows)."""
   from fedtree.experiment import sweep
-  from fedtree.experiment.registry import build_algorithm
+  from fedtree.experiment.registry import build_algorithm, memory_needs
 
   config = ctx.config
   shown = sweep.settings_of(config, label)   # as given: rows, names and the table
@@ -499,7 +499,8 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
   if budget is not None:  # the stacked state and working set of a chunk of experiments, before compiling
     shapes = jax.eval_shape(first.init, loop.init_key(jax.random.key(seed0)))
     reporter.print(budget.check(label, shapes, ctx.chunk_size(run_cfg), experiments=size,
-                                chunk_name="sweep.chunk" if size > 1 else "chunk_size"))
+                                chunk_name="sweep.chunk" if size > 1 else "chunk_size",
+                                needs=memory_needs(label, run_cfg, ctx)))
   every = int(config.get("checkpoint_every", 0) or 0)
   chunks = [list(range(k, min(k + size, len(exps)))) for k in range(0, len(exps), size)]
   finals: dict[int, dict[str, float]] = {}
@@ -593,7 +594,7 @@ def prepare_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
 
 def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str, Any]:
   from fedtree.experiment import sweep
-  from fedtree.experiment.registry import adapters_from_config, build_algorithm
+  from fedtree.experiment.registry import adapters_from_config, build_algorithm, memory_needs
 
   swept = sweep.sweep_config(config) is not None
   # Several processes (--multihost) run this same function: all of them train and check the
@@ -626,7 +627,8 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
       run_ctx, _ = _poisoned(ctx, run_cfg, mesh)
       algorithm = build_algorithm(label, run_cfg, run_ctx)
       notes[label] = budget.check(label, jax.eval_shape(algorithm.init, loop.init_key(root)),
-                                  ctx.chunk_size(run_cfg), block=block_estimate(run_cfg, ctx))
+                                  ctx.chunk_size(run_cfg), block=block_estimate(run_cfg, ctx),
+                                  needs=memory_needs(label, run_cfg, ctx))
       built[label] = algorithm
   if workdir:
     # every process reads the workdir before process 0 writes it (all refuse alike), and
