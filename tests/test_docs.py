@@ -50,6 +50,10 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.clustering.ifca",
   "fedtree.algorithms.fedkws.fedkws",
   "fedtree.algorithms.fedbuff",
+  "fedtree.algorithms.apfl",
+  "fedtree.algorithms.fedala",
+  "fedtree.algorithms.fedem",
+  "fedtree.algorithms.knnper",
 ]
 
 
