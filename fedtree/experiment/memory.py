@@ -112,7 +112,8 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
   blocks = 0 if block is None else block_bytes(block[0], block[1], block[2], pairwise=block[3]) * experiments
   state = state_bytes * experiments + blocks
   work = step_bytes * chunk * experiments
-  parts = "".join(f", {what} {_gib(n)}" for what, n in needs.parts)
+  parts = ("" if not needs.parts else
+           " (of which " + ", ".join(f"{what} {_gib(n)}" for what, n in needs.parts) + ")")
   line = (f"{label}: memory estimate {_gib(state + work)}: state {_gib(state_bytes)}{parts}"
           f"{f' x {experiments} experiments' if experiments > 1 else ''}"
           f"{f' + cohort blocks {_gib(blocks)}' if block is not None else ''} + chunk working set "
