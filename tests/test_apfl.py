@@ -77,7 +77,8 @@ def _reference(model, data, w0, parent, rounds, key, *, cohort_size, steps, alph
   return w, v, a
 
 
-@pytest.mark.parametrize("schedule,decay", [("every_step", 0.0), ("first_step", 0.02)])
+@pytest.mark.parametrize("schedule,decay", [("every_step", 0.0),
+                                            pytest.param("first_step", 0.02, marks=pytest.mark.slow)])
 def test_apfl_matches_algorithm_1_per_client(problem, schedule, decay):
   data, _, model = problem
   sched = LocalSchedule(batch_size=B, epochs=1)  # unequal step counts
@@ -99,6 +100,7 @@ def test_apfl_matches_algorithm_1_per_client(problem, schedule, decay):
     _close(_row(mixed, k), jax.tree.map(lambda x, y, al=a[k]: al * x + (1 - al) * y, v[k], w[0]))
 
 
+@pytest.mark.slow
 def test_apfl_on_a_tree_mixes_with_the_leaf_parent(problem):
   data, groups, model = problem
   topo = Topology.from_labels(groups)  # root -> 3 edges -> 9 clients

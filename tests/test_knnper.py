@@ -68,7 +68,8 @@ def _reference_scores(model, state, data, owner, *, k, lam, temperature):
   return correct / count, loss / count
 
 
-@pytest.mark.parametrize("k,lam,temperature", [(3, 0.5, 1.0), (50, 0.8, 0.3)])   # k above every count
+@pytest.mark.parametrize("k,lam,temperature", [
+  (3, 0.5, 1.0), pytest.param(50, 0.8, 0.3, marks=pytest.mark.slow)])   # k above every count
 def test_each_client_is_scored_with_its_memory(problem, k, lam, temperature):
   data, _, model = problem
   common = dict(model=model, data=data, local_optimizer=optax.sgd(LR),
@@ -98,6 +99,7 @@ def test_lam_zero_is_the_global_model(problem):
   assert out["personal"]["loss"] == pytest.approx(out["global"]["loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_memory_on_a_tree_and_on_ragged_data(problem):
   data, groups, model = problem
   topo = Topology.from_labels(groups)

@@ -7,7 +7,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from helpers import small_context
+from helpers import ALGORITHM_CASES, small_context
 from test_sweep import alone, assert_same, swept, tiny
 
 from fedtree import experiment
@@ -111,3 +111,23 @@ def test_float_hyperparameters_sweep(run, params):
   exps, st = swept(c, "m")
   for e, (setting, seed) in enumerate(exps):
     assert_same(stacked.experiment(st, e), alone(c, "m", seed, setting))
+
+
+@pytest.mark.parametrize("name", ["apfl", "fedala", "fedem", "knnper"])
+def test_on_the_configs_tree_every_client_personalizes_with_its_leaf_parent(ctx, name):
+  """(Traced abstractly: no compile; the slow tests run them on trees against their references.)"""
+  run = ml_collections.ConfigDict({"algorithm": name, **ALGORITHM_CASES[name], "tree": "config",
+                                   "periods": (2,), "cohort_size": 2})
+  alg = registry.build_algorithm("x", run, ctx)
+  state = alg.init(jax.random.key(0))
+  new, metrics = jax.eval_shape(alg.round, state, ctx.data, jax.random.key(1))
+  assert jax.tree.structure(new) == jax.tree.structure(state) and "level0_children_sent" in metrics
+  models = alg.models(state)
+  owner = np.asarray(models["personal"].model_of_client)
+  rows = jax.tree.leaves(models["personal"].params)[0].shape[0]
+  edges = ctx.topology.ancestor(1)
+  if rows == ctx.data.num_clients:   # a model per client (APFL's mixtures, FedALA's local models)
+    assert owner.tolist() == list(range(rows))
+  else:                              # the leaf parents' models, with every client's own inputs
+    assert rows == ctx.topology.num_nodes(1) and owner.tolist() == edges.tolist()
+  assert "global" in models

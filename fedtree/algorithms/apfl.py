@@ -29,8 +29,10 @@ model down, so after a root round every client mixes with the root's model.
 **Other implementations.** The authors' FedTorch code (``MLOPTPSU/FedTorch``) updates ``α`` once
 per round, at the first local step (``alpha_schedule="first_step"`` reproduces it), and adds
 ``0.02 α`` to ``α``'s gradient, a weight decay that PFLlib and FL-bench copied
-(``alpha_decay=0.02`` reproduces it; the paper has none). Where they differ from the paper
-otherwise we follow the paper, and do not offer the difference:
+(``alpha_decay=0.02`` reproduces it; the paper has none); in that gradient it stands
+``α g_v + (1 − α) g_w``, the two models' own gradients, for ``∇f(v̄)`` (we take ``∇f(v̄)``, Eq. (9)).
+Where the peers differ from the paper otherwise we follow the paper, and do not offer the
+difference:
 
 * PFLlib (``clientapfl.py``) trains ``v`` on its own loss ``f_i(v)`` instead of the mixture's,
   estimates ``∇f(v̄)`` by ``α ∇f(v) + (1 − α) ∇f(w)``, and at the end of every round overwrites

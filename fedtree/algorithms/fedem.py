@@ -45,7 +45,8 @@ model's local step per client of a chunk): both are in the up-front memory estim
 ``MixtureClient``); it shuffles the data separately for every component (we give the ``K``
 components the same minibatches). FL-bench (``src/client/fedem.py``) predicts with ``Σ_k π_k
 logits_k``, a mixture of logits rather than of probabilities, and skips batches of one example;
-we mix probabilities, as the paper's model does.
+we mix probabilities, as the paper's model does. (PFLlib ships no FedEM; we found no FLGo one to
+compare.)
 
 ``init_params`` (a pretrained start) is component 0's start; the others start from independent
 initializations, since ``K`` equal components would never separate (their posteriors stay equal).
