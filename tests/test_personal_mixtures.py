@@ -50,8 +50,8 @@ def _config(run: dict, rounds: int = 2):
 
 @pytest.mark.parametrize("run,part,models", [
   ({"algorithm": "fedem", "num_components": 3}, r"FedEM's 3 components at 1 node\(s\) \d+ bytes", 3),
-  ({"algorithm": "knnper", "k": 3}, r"kNN-Per's memory \(5 clients x \d+ examples x 8 features\) \d+ byte",
-   1),
+  ({"algorithm": "knnper", "k": 3},
+   r"kNN-Per's memory \(5 clients x \d+ examples x 8 features\) \d+ bytes", 1),
 ])
 def test_components_and_memories_are_in_the_memory_estimate(run, part, models):
   c = _config(run)
