@@ -13,7 +13,9 @@ from fedtree.experiment import fields, runner
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # absl loads configs by load_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".py"))
+CONFIGS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".py")) + sorted(
+  f"benchmarks/{f[:-3]}" for f in os.listdir(os.path.join(ROOT, "configs", "benchmarks"))
+  if f.endswith(".py"))
 
 
 def parse(name: str, *overrides: str):

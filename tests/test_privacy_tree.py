@@ -140,9 +140,14 @@ def test_noise_above_the_edges_refuses_what_it_cannot_bound():
     _paths(ctx, {**base, "adaptive": {"initial_clip": 0.1}})
   with pytest.raises(ValueError, match=r"noise_level=2; choose a server level of this 2-level tree"):
     _paths(ctx, {**base, "noise_level": 2})
-  run = ml_collections.ConfigDict({"algorithm": "ifca", "weighting": "uniform", "privacy": base})
-  with pytest.raises(ValueError, match=r"noise_level=0 with algorithm='ifca'"):
+  run = ml_collections.ConfigDict({"algorithm": "pfedmt", "weighting": "uniform", "privacy": base})
+  with pytest.raises(ValueError, match=r"noise_level=0 with algorithm='pfedmt'"):
     xp.plan(base, RunContext(ctx, "x", run, {}), verbose=False)
+  # (IFCA is one server over every client: its level 0 is the clients' parent, where any algorithm
+  # adds noise; this asserted a refusal on the config's 2-level tree, which IFCA is not built on)
+  run = ml_collections.ConfigDict({"algorithm": "ifca", "weighting": "uniform", "privacy": base})
+  p = xp.plan(base, RunContext(ctx, "x", run, {}), verbose=False)
+  assert (p.depth, p.noise_level) == (1, 0)
   # noise at the edges: their servers and periods are post-processing, nothing refused
   _paths(ctx, {**base, "noise_level": -1}, periods=(2,), server={"name": "fedavgm"})
 
@@ -198,10 +203,14 @@ def _poisson_run(q, **extra):
 
 
 @pytest.mark.slow
-def test_poisson_rounds_train_the_sampled_clients_and_refuse_an_overflow():
-  """Rounds of HierFAVG with Poisson sampling from the config run (finite); with one slot per edge
-  a draw of two clients stops the run with an error naming q and the slot count (a host callback
-  inside the jitted round), never a silent truncation."""
+def test_poisson_rounds_train_the_sampled_clients_and_refuse_an_overflow(monkeypatch):
+  """Rounds of HierFAVG with Poisson sampling from the config run (finite); one slot per edge of 3
+  clients at q = 0.4 (overflow 0.35 per round) is refused before anything compiles, naming
+  cohort_size (issue 40); admitted anyway (the check's threshold raised), a draw of two clients stops
+  the run with an error naming q, the slot count and cohort_size (a host callback inside the jitted
+  round), never a silent truncation."""
+  import sys
+
   from fedtree.algorithms import hierfavg
 
   ctx = _ctx()
@@ -210,9 +219,14 @@ def test_poisson_rounds_train_the_sampled_clients_and_refuse_an_overflow():
   for r in range(3):
     s, _ = step(s, ctx.data, jax.random.key(r))
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(s.params))
+  with pytest.raises(ValueError, match=r"cohort_size=1 with sampling='poisson', poisson_q=0.4: parent 0's 3 "
+                                       r"clients overflow its 1 slots with probability 0.352"):
+    hierfavg(**registry.factory_kwargs("p", _poisson_run(0.4, cohort_size=1), ctx))
+  monkeypatch.setattr(sys.modules["fedtree.algorithms.hierfavg"], "POISSON_OVERFLOW", 1.0)
   small = hierfavg(**registry.factory_kwargs("p", _poisson_run(0.4, cohort_size=1), ctx))
   st, step = small.init(jax.random.key(0)), jax.jit(small.round)
-  with pytest.raises(Exception, match=r"q=0.4 drew \d clients under parent \d, which has 1 slots"):
+  with pytest.raises(Exception, match=r"q=0.4 drew \d clients under parent \d, which has 1 slots; raise "
+                                      r"cohort_size"):
     for r in range(20):   # P(no overflow in a round) = 0.648^2 ~ 0.42
       st, _ = step(st, ctx.data, jax.random.key(r))
       jax.block_until_ready(st)

@@ -166,7 +166,7 @@ def scaffold(
     >>> alg = scaffold(model=model, data=data, local_optimizer=optax.sgd(0.1), local_learning_rate=0.1,
     ...                schedule=LocalSchedule(batch_size=8, steps=2), cohort_size=3)
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))
-    >>> state.server_state["dense"]["kernel"].shape    # c of the one server
+    >>> state.server_state["Dense_0"]["kernel"].shape    # c of the one server
     (1, 8, 3)
   """
   if option not in OPTIONS:

@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
@@ -273,12 +272,14 @@ def from_client_arrays(
 
 def split_train_test(
   x: np.ndarray, y: np.ndarray, client_indices: Sequence[np.ndarray], *, test_fraction: float,
-  rng: np.random.Generator, num_classes: int,
+  rng: np.random.Generator, num_classes: int, keep_order: bool = False,
 ) -> FederatedData:
   """Splits every client's examples into train and test, then pads.
 
   Each client keeps at least one training example; ``test_fraction`` of the rest (rounded
-  down) go to its test split.
+  down), drawn at random, go to its test split. ``keep_order``: both splits keep the rows in
+  the order ``client_indices`` lists them (e.g. a Flower partition's; the same test rows are
+  drawn), else they are in the random order of the draw.
   """
   if not 0.0 <= test_fraction < 1.0:
     raise ValueError(f"test_fraction={test_fraction} must be in [0, 1)")
@@ -289,6 +290,10 @@ def split_train_test(
       raise ValueError(f"client {c} received no examples from the partitioner")
     n_test = min(int(np.floor(test_fraction * idx.size)), idx.size - 1)
     test_idx, train_idx = idx[:n_test], idx[n_test:]
+    if keep_order:
+      listed = np.asarray(client_indices[c])
+      held = np.isin(listed, test_idx)
+      test_idx, train_idx = listed[held], listed[~held]
     train.append((x[train_idx], y[train_idx]))
     test.append((x[test_idx], y[test_idx]))
   return from_client_arrays(train, test, num_classes=num_classes, dtype=x.dtype)
@@ -303,12 +308,18 @@ def partition_iid(num_examples: int, num_clients: int, rng: np.random.Generator)
 
 def partition_dirichlet(
   labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator, *, min_size: int = 1,
-  max_tries: int = 100,
+  max_tries: int = 100, self_balancing: bool = False,
 ) -> list[np.ndarray]:
   """Label skew: for every class, the share of each client is ``Dirichlet(alpha)``.
 
   Smaller ``alpha`` gives more skew. Redraws (up to ``max_tries``) until every client holds at
-  least ``min_size`` examples, as in Hsu et al. 2019 and most simulators.
+  least ``min_size`` examples, as in Hsu et al. 2019 and most simulators. ``self_balancing``
+  (the balancing of the NIID-Bench code that Flower's ``DirichletPartitioner`` offers under the
+  same name): a client already holding more than the average ``N / num_clients`` examples gets
+  a share 0 of the classes still to deal, the others' shares renormalised (equal shares where
+  every open client's draw underflowed to 0). Flower's defaults
+  differ in ``min_partition_size=10`` (here ``min_size=1``); its draws differ anyway (its own
+  random stream), so use ``flwr.DirichletPartitioner`` to reproduce its clients.
   """
   labels = np.asarray(labels)
   _check_partition_args(labels.size, num_clients)
@@ -317,12 +328,19 @@ def partition_dirichlet(
   if min_size * num_clients > labels.size:
     raise ValueError(f"min_size={min_size} x {num_clients} clients > {labels.size} examples")
   classes = np.unique(labels)
+  average = labels.size / num_clients
   for _ in range(max_tries):
     parts: list[list[int]] = [[] for _ in range(num_clients)]
     for k in classes:
       idx = rng.permutation(np.flatnonzero(labels == k))
       shares = rng.dirichlet(np.full(num_clients, alpha))
+      if self_balancing:
+        open_ = np.asarray([len(p) <= average for p in parts])   # (never all full: sizes sum below N)
+        shares = np.where(open_, shares, 0.0)
+        shares = shares / shares.sum() if shares.sum() > 0 else open_ / open_.sum()
       cuts = (np.cumsum(shares)[:-1] * idx.size).astype(int)
+      if self_balancing:   # a closed client's cut must not lose a row to rounding (1 - 1e-16 of the rows)
+        cuts = np.floor(np.cumsum(shares)[:-1] * idx.size + 1e-6).astype(int)
       for c, chunk in enumerate(np.split(idx, cuts)):
         parts[c].extend(chunk.tolist())
     if min(len(p) for p in parts) >= min_size:
@@ -331,6 +349,49 @@ def partition_dirichlet(
     f"partition_dirichlet: no draw in {max_tries} tries gave every one of {num_clients} clients "
     f">= {min_size} examples at alpha={alpha}; raise alpha or lower num_clients"
   )
+
+
+def partition_dirichlet_balanced(
+  labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator, *,
+  examples_per_client: int | None = None,
+) -> list[np.ndarray]:
+  """Label skew with equal client sizes (Hsu et al. 2019, "Measuring the effects of non-identical
+  data distribution for federated visual classification"; pfl-research's and FLGo's CIFAR-10
+  partitions): client ``c`` draws its class mix ``q_c ~ Dirichlet(alpha p)`` (``p`` the classes'
+  shares of the data) and then ``examples_per_client`` examples (default ``N // num_clients``)
+  class by class from ``q_c``, without replacement; where a class has run out, ``q_c`` is
+  renormalized over the classes left. Examples beyond ``num_clients x examples_per_client`` are
+  left out.
+
+  Raises:
+    ValueError: ``alpha <= 0``, fewer examples than ``num_clients x examples_per_client``.
+  """
+  labels = np.asarray(labels)
+  _check_partition_args(labels.size, num_clients)
+  if alpha <= 0:
+    raise ValueError(f"alpha={alpha} must be > 0")
+  size = labels.size // num_clients if examples_per_client is None else int(examples_per_client)
+  if size < 1 or size * num_clients > labels.size:
+    raise ValueError(f"examples_per_client={size} x {num_clients} clients must be in [1, {labels.size}] "
+                     "(the examples)")
+  classes = np.unique(labels)
+  pools = [list(rng.permutation(np.flatnonzero(labels == k))) for k in classes]
+  prior = np.asarray([len(p) for p in pools], np.float64) / labels.size
+  parts = []
+  for _ in range(num_clients):
+    q = rng.dirichlet(alpha * prior)
+    need, mine = size, []
+    while need:
+      left = np.asarray([len(p) for p in pools], np.float64)
+      w = np.where(left > 0, q, 0.0)
+      w = w / w.sum() if w.sum() > 0 else left / left.sum()
+      counts = np.minimum(rng.multinomial(need, w), left.astype(np.int64))
+      for k, n in enumerate(counts):
+        mine.extend(pools[k][:n])
+        del pools[k][:n]
+      need -= int(counts.sum())
+    parts.append(np.sort(np.asarray(mine, np.int64)))
+  return parts
 
 
 def partition_shards(
@@ -369,11 +430,33 @@ def _check_partition_args(num_examples: int, num_clients: int) -> None:
 
 
 def as_device(data: FederatedData) -> FederatedData:
-  """Moves the arrays to the default device (``jnp`` arrays)."""
-  arrays: dict[str, Any] = {f: jnp.asarray(getattr(data, f)) for f in _ARRAY_FIELDS}
-  if data.ragged:
-    arrays["train_offset"] = jnp.asarray(data.train_offset)
+  """Moves the arrays to the default device (``jax.Array``; dtypes as ``jnp.asarray`` gives
+  them). One copy per array: ``jax.device_put`` of the host array, where ``jnp.asarray`` held
+  two transient copies of it besides (on CPU the clients' data then peaked at three times its
+  size; now twice, the host array and the device's, until the host array is dropped)."""
+  names = _ARRAY_FIELDS + (("train_offset",) if data.ragged else ())
+  arrays: dict[str, Any] = {f: _to_device(getattr(data, f)) for f in names}
   return dataclasses.replace(data, **arrays)
+
+
+def check_model_inputs(model, data: FederatedData) -> None:
+  """Refuses a model that reads token ids (``model.input_dtype`` an integer type, e.g. a language
+  model) on data of real-valued features (images, MFCCs), before anything compiles. (Integer
+  features are valid input to a real-valued model: they are cast.)
+
+  Raises:
+    ValueError: naming the model's input dtype and the data's.
+  """
+  want = np.dtype(getattr(model, "input_dtype", "float32"))
+  have = np.dtype(data.x_test.dtype)
+  if np.issubdtype(want, np.integer) and not np.issubdtype(have, np.integer):
+    raise ValueError(f"the model reads token ids (integers, input_dtype={want.name}) but the data's "
+                     f"examples are {have.name} of shape {tuple(data.example_shape)}; choose a model for "
+                     "this data")
+
+
+def _to_device(a) -> jax.Array:
+  return a if isinstance(a, jax.Array) else jax.device_put(np.asarray(a))
 
 
 def check_model_outputs(model, data: FederatedData) -> None:

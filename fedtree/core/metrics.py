@@ -15,6 +15,12 @@ For keyword spotting (FedKWS-UI, paper 002), ``evaluate(..., confusion=True)`` a
 per-client confusion matrix (``EvalStats.confusion [C, K, K]``: true class x predicted
 class) in the same pass, and ``summarize(..., positive_classes=)`` adds false-accept and
 false-reject rates (:func:`keyword_rates`).
+
+As the standard benchmarks score: ``ignore_labels`` leaves labels out of every sum (Reddi et
+al. 2021's Stack Overflow next-word accuracy counts no OOV, BOS or EOS token, fedtree's ids 1-3;
+padding, id 0, never counts), and ``top_k`` also counts the examples whose label is among the
+``k`` highest logits (``EvalStats.topk_correct``; ``summarize(..., top_k=k)`` reports
+``top{k}_accuracy``).
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ class EvalStats(NamedTuple):
   ``confusion``: ``[C, K, K]`` counts of (true class, predicted class) per client, or ``None``
   (not requested). ``sentence_loss`` and ``sentences`` (language models, ``sentences=True``,
   else ``None``): the sum over the client's sentences of each sentence's mean token NLL, and
-  the number of sentences (rows with at least one real token).
+  the number of sentences (rows with at least one real token). ``topk_correct``: the examples
+  (tokens) whose label is among the ``top_k`` highest logits, or ``None`` (not requested).
   """
 
   loss_sum: jax.Array
@@ -45,11 +52,16 @@ class EvalStats(NamedTuple):
   confusion: jax.Array | None = None
   sentence_loss: jax.Array | None = None
   sentences: jax.Array | None = None
+  topk_correct: jax.Array | None = None
 
 
-def client_sums(model: Model, params, x, y, n, *, confusion: bool = False, sentences: bool = False):
+def client_sums(model: Model, params, x, y, n, *, confusion: bool = False, sentences: bool = False,
+                ignore_labels: tuple[int, ...] = (), top_k: int | None = None):
   """``(loss sum, correct, count)`` of one model on one client's padded data ``x[:n]``, and
   with ``confusion`` its ``[K, K]`` (true, predicted) count matrix as a fourth entry.
+  Examples (tokens) whose label is in ``ignore_labels`` are left out of every sum; with
+  ``top_k`` the number of them whose label is among the ``top_k`` highest logits is the last
+  entry.
 
   For a language model (``y: [M, T]`` next tokens) the sums run over real tokens
   (:func:`~fedtree.core.model.token_mask`): ``loss_sum`` is the total NLL, ``correct`` the
@@ -63,6 +75,8 @@ def client_sums(model: Model, params, x, y, n, *, confusion: bool = False, sente
   """
   logits = model.apply(params, x, train=False).astype(jnp.float32)
   mask = token_mask(y, jnp.arange(x.shape[0]) < n)
+  for label in ignore_labels:
+    mask = mask & (y != int(label))
   logp = jax.nn.log_softmax(logits)
   nll = -jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0]
   pred = jnp.argmax(logits, -1)
@@ -84,6 +98,12 @@ def client_sums(model: Model, params, x, y, n, *, confusion: bool = False, sente
     per_sentence = jnp.sum(jnp.where(mask, nll, 0.0), axis=axes) / jnp.maximum(tokens, 1.0)
     real = tokens > 0
     out = out + (jnp.sum(jnp.where(real, per_sentence, 0.0)), jnp.sum(real.astype(jnp.float32)))
+  if top_k is not None:
+    k = min(int(top_k), logits.shape[-1])
+    # the label is in the top k when fewer than k logits beat it (ties counted in its favour)
+    label_logit = jnp.take_along_axis(logits, y[..., None].astype(jnp.int32), axis=-1)
+    in_top = jnp.sum(logits > label_logit, axis=-1) < k
+    out = out + (jnp.sum((in_top & mask).astype(jnp.float32)),)
   return out
 
 
@@ -98,6 +118,8 @@ def evaluate(
   chunk_size: int | None = None,
   confusion: bool = False,
   sentences: bool = False,
+  ignore_labels: tuple[int, ...] = (),
+  top_k: int | None = None,
   client_params: PyTree = None,
 ) -> EvalStats:
   """Evaluates client ``c`` with ``params[model_of_client[c]]`` on ``x[c, :n[c]]``.
@@ -111,11 +133,15 @@ def evaluate(
     confusion: also count each client's (true, predicted) class matrix.
     sentences: also sum the sentences' mean NLLs and count the sentences (token labels
       ``y: [C, M, T]`` only; see :func:`client_sums`).
+    ignore_labels: labels left out of every sum (e.g. a language model's special tokens).
+    top_k: also count the examples whose label is among the ``top_k`` highest logits.
     client_params: ``[C, ...]`` per-client inputs of ``model`` beside its row (a
       :class:`~fedtree.core.algorithm.ScoredModels`' ``client_params``: FedEM's mixture weights,
       kNN-Per's memory): client ``c`` is then scored with ``model.apply((params[m], client_params[c]),
       x)``. ``None``: ``model.apply(params[m], x)``.
   """
+  if top_k is not None and int(top_k) < 1:
+    raise ValueError(f"top_k={top_k} must be >= 1")
   num_clients = x.shape[0]
   if model_of_client is None:
     num_models = jax.tree.leaves(params)[0].shape[0]
@@ -132,14 +158,16 @@ def evaluate(
     p = jax.tree.map(lambda a: a[m], params)
     if client_params is not None:
       p = (p, own)
-    return client_sums(model, p, xc, yc, nc, confusion=confusion, sentences=sentences)
+    return client_sums(model, p, xc, yc, nc, confusion=confusion, sentences=sentences,
+                       ignore_labels=tuple(ignore_labels), top_k=top_k)
 
   batch = num_clients if chunk_size is None else max(1, min(int(chunk_size), num_clients))
   own = () if client_params is None else client_params
-  out = jax.lax.map(one, (x, y, n, model_of_client, own), batch_size=batch)
+  out = list(jax.lax.map(one, (x, y, n, model_of_client, own), batch_size=batch))
+  topk = out.pop() if top_k is not None else None
   return EvalStats(out[0], out[1], out[2], confusion=out[3] if confusion else None,
                    sentence_loss=out[-2] if sentences else None,
-                   sentences=out[-1] if sentences else None)
+                   sentences=out[-1] if sentences else None, topk_correct=topk)
 
 
 PERPLEXITY_LEVELS = ("token", "sentence")
@@ -231,7 +259,7 @@ def client_distribution(values, *, metric: str = "accuracy", higher_is_better: b
 
 
 def summarize(stats: EvalStats, groups: np.ndarray | None = None, prefix: str = "",
-              positive_classes=None, perplexity: bool = False) -> dict[str, Any]:
+              positive_classes=None, perplexity: bool = False, top_k: int | None = None) -> dict[str, Any]:
   """Host-side summary: overall (example-weighted) and mean-per-client accuracy and loss,
   per-client accuracy, and per-group accuracy/loss when ``groups[c]`` is given. With
   ``perplexity`` (language models: the sums are over tokens) also ``perplexity`` =
@@ -239,6 +267,8 @@ def summarize(stats: EvalStats, groups: np.ndarray | None = None, prefix: str = 
   next-token accuracy. When ``stats`` carry sentence sums (``evaluate(..., sentences=True)``)
   also ``sentence_perplexity`` overall, per client and per group (:func:`perplexities`,
   ``level="sentence"``). With
+  ``top_k`` and ``stats.topk_correct``, also ``top{k}_accuracy`` (pooled) and
+  ``client_mean_top{k}_accuracy``. With
   ``positive_classes`` (a ``bool[K]`` mask or class indices) and ``stats.confusion``, also
   the keyword-spotting rates of :func:`keyword_rates` over all clients. Always ``fairness``,
   the spread of per-client accuracy (perplexity for a language model) across clients
@@ -264,6 +294,14 @@ def summarize(stats: EvalStats, groups: np.ndarray | None = None, prefix: str = 
   if stats.sentences is not None:
     out[f"{prefix}sentence_perplexity"], out[f"{prefix}client_sentence_perplexity"] = perplexities(
       stats, "sentence")
+  if stats.topk_correct is not None:
+    if top_k is None:
+      raise ValueError("stats carry top-k counts: pass summarize(..., top_k=k) to name them")
+    topk = np.asarray(stats.topk_correct, np.float64)
+    client_topk = np.where(has, topk / np.maximum(count, 1.0), np.nan)
+    out[f"{prefix}top{int(top_k)}_accuracy"] = float(topk.sum() / total)
+    out[f"{prefix}client_mean_top{int(top_k)}_accuracy"] = (float(np.nanmean(client_topk)) if has.any()
+                                                            else float("nan"))
   spread, spread_name = ((out[f"{prefix}client_perplexity"], "perplexity") if perplexity
                          else (client_acc, "accuracy"))
   out[f"{prefix}fairness"] = client_distribution(spread, metric=spread_name,
@@ -355,17 +393,22 @@ def keyword_rates(confusion: np.ndarray, positive_classes) -> dict[str, float]:
 
 
 def make_evaluator(model: Model, chunk_size: int | None = None, *, confusion: bool = False,
-                   sentences: bool | None = None):
+                   sentences: bool | None = None, ignore_labels: tuple[int, ...] = (),
+                   top_k: int | None = None):
   """A jitted ``(params, x, y, n, model_of_client[, client_params]) -> EvalStats`` (with
   per-client confusion matrices when ``confusion``; with sentence sums when ``sentences``, by
-  default for a model with token labels, ``model.label_shape`` non-empty; ``client_params``: see
-  :func:`evaluate`)."""
+  default for a model with token labels, ``model.label_shape`` non-empty; without the labels
+  ``ignore_labels``; with top-``k`` counts when ``top_k``; ``client_params``: see :func:`evaluate`)."""
   sentences = bool(model.label_shape) if sentences is None else sentences
+  ignore_labels = tuple(int(v) for v in ignore_labels)
+  if top_k is not None and int(top_k) < 1:
+    raise ValueError(f"top_k={top_k} must be >= 1")
 
   @jax.jit
   def run(params, x, y, n, moc, client_params=None) -> EvalStats:
     return evaluate(model, params, x, y, n, model_of_client=moc, chunk_size=chunk_size,
-                    confusion=confusion, sentences=sentences, client_params=client_params)
+                    confusion=confusion, sentences=sentences, ignore_labels=ignore_labels, top_k=top_k,
+                    client_params=client_params)
 
   return run
 

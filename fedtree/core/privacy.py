@@ -73,6 +73,15 @@ def global_norm(tree: PyTree) -> jax.Array:
   return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
+def state_dtype(params: PyTree):
+  """The float dtype of a transform's state that follows the model: float32, or wider where the
+  parameters are (float64 under ``config.dtype="float64"``); never narrower (bfloat16 params
+  still get a float32 state)."""
+  floats = [x.dtype for x in jax.tree.leaves(params)
+            if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)]
+  return jnp.result_type(jnp.float32, *floats)
+
+
 def _scale(norm, c):
   """``min(1, c / norm)`` with 1.0 exactly where no clipping happens (so ``inf`` is bitwise the
   identity) and no ``0/0``."""
@@ -177,6 +186,22 @@ class Adaptive(NamedTuple):
   count_noise: Any = 0.0
 
 
+def check_adaptive(adaptive: Adaptive) -> Adaptive:
+  """``adaptive`` if its concrete fields make sense, else a ``ValueError`` naming the field:
+  ``initial_clip > 0``, ``target_quantile`` in [0, 1], ``learning_rate >= 0`` (a negative one
+  moves the clip norm away from the quantile), ``count_noise >= 0``."""
+  rules = (("initial_clip", lambda v: v > 0, "> 0 (the first round's clip norm)"),
+           ("target_quantile", lambda v: 0 <= v <= 1, "in [0, 1] (the share of clients left unclipped)"),
+           ("learning_rate", lambda v: v >= 0, ">= 0 (a negative rate drives the clip norm away from the "
+                                               "target quantile)"),
+           ("count_noise", lambda v: v >= 0, ">= 0 (the std of the unclipped count's noise)"))
+  for field, ok, need in rules:
+    v = getattr(adaptive, field)
+    if _is_concrete(v) and not (math.isfinite(float(v)) and ok(float(v))):
+      raise ValueError(f"adaptive {field}={v!r} must be {need}")
+  return adaptive
+
+
 def adaptive_step(clip_norm, unclipped, count, adaptive: Adaptive, noise):
   """One adaptive-clipping step: the new clip norm from the old one, the number of unclipped
   clients, the normalising count, and ``noise`` (``N(0, 1)`` draws, scaled here by
@@ -228,7 +253,8 @@ def central(noise_multiplier, clip_norm=None, *, normalize: str = "count", expec
   def init(params, num):
     if adaptive is None:
       return ()
-    return {"clip": jnp.full((num,), adaptive.initial_clip, jnp.float32)}
+    # the clip norm is a model quantity: float64 in a float64 run, float32 otherwise (bfloat16 too)
+    return {"clip": jnp.full((num,), adaptive.initial_clip, state_dtype(params))}
 
   def apply(delta_sum, weight_sum, client_stats, state, key):
     num = weight_sum.shape[0]
@@ -247,7 +273,8 @@ def central(noise_multiplier, clip_norm=None, *, normalize: str = "count", expec
       count = client_stats["reported"]
     if adaptive is not None:
       noise = jax.random.normal(jax.random.fold_in(key, 1), (num,), jnp.float32)
-      state = {"clip": adaptive_step(c, client_stats[UNCLIPPED], count, adaptive, noise)}
+      new_clip = adaptive_step(c, client_stats[UNCLIPPED], count, adaptive, noise)
+      state = {"clip": new_clip.astype(c.dtype)}   # a carried state keeps its dtype (scan, donation)
     return delta_sum, weight_sum, state, {"dp_clip_norm": c, "dp_noise_std": std}
 
   return NodeTransform(apply, init, name=name)

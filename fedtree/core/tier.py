@@ -18,13 +18,14 @@ one per chunk (which would cost a tree with many parents more than a flat round)
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from fedtree.core.aggregation import divide_by_weight, weighted_segment_sum
+from fedtree.core.aggregation import divide_by_weight
 from fedtree.core.data import FederatedData
 from fedtree.core.local import (
   ClientData,
@@ -39,18 +40,18 @@ from fedtree.core.rng import stream
 from fedtree.core.sampling import Cohort
 from fedtree.core.sharding import CLIENT_AXIS, constrain_clients, mesh_size
 from fedtree.core.updates import (
-  Block,
+  Aggregator,
+  Chunk,
   ClientContext,
   PathState,
   Stats,
   UpdatePath,
-  apply_client,
+  accumulator,
   block_positions,
-  check_stats,
   finish,
   node_state_of,
-  parents_node_state,
   path_metrics,
+  transform_chunk,
 )
 
 PyTree = Any
@@ -129,8 +130,7 @@ class TierResult(NamedTuple):
 class _Carry(NamedTuple):
   """What :func:`train_cohort`'s scan over chunks accumulates."""
 
-  delta_sum: PyTree         # [D, P, ...] per-device partial sums (mean aggregator), else ()
-  weight_sum: jax.Array | tuple  # [D, P] (mean aggregator), else ()
+  acc: PyTree               # the aggregator's accumulator state (fedtree.core.updates.accumulator)
   client_state: PyTree      # [C, ...] the objective's persistent state
   loss_sum: jax.Array       # [] over the clients that trained
   trained: jax.Array        # int32[] clients that trained
@@ -139,10 +139,6 @@ class _Carry(NamedTuple):
   reported: jax.Array       # bool[C] clients whose update was aggregated
   path_client: PyTree       # [C, ...] the client transform's state
   stat_sums: Stats          # {name: [P]} client statistics summed per parent
-  block: PyTree             # [P, K, ...] every slot's update (blockwise aggregator), else ()
-  block_weight: PyTree      # [P, K] their weights, else ()
-  block_valid: PyTree       # bool[P, K], else ()
-  block_clients: PyTree     # int32[P, K] the client in each slot (-1: empty), else ()
   message_sum: PyTree       # [P, ...] the reporting clients' messages summed per parent, else ()
   personal: PyTree          # [C, ...] personal parameters (None at shared leaves), else None
 
@@ -186,6 +182,93 @@ def message_shape(update: ClientUpdate, parent_params, client_state, data: Feder
   out = jax.eval_shape(lambda a, st, d, n, k, r: run_update(update, a, st, d, n, k, r._replace(
     learning_rate=learning_rate)), _row(parent_params), _row(client_state), cd, scalar, key, rnd)
   return out[3]
+
+
+def _sorted_chunks(cohort: Cohort, num_steps: jax.Array, chunk: int, num_parents: int):
+  """The cohort's slots sorted by (parent, step count), as ``[K / chunk, chunk]`` chunks with their
+  step counts and their positions among their parent's slots: a chunk loops to its largest step
+  count (:func:`fedtree.core.local.run_local_steps`), so clients with similar counts share chunks;
+  padding slots take no step; parent groups, and hence parent-aligned chunks, are kept. Returns
+  ``(order, (chunks, steps, positions))``."""
+  k = cohort.clients.shape[0]
+  slot_steps = jnp.where(cohort.valid, jnp.take(num_steps, cohort.clients), 0)
+  order = jnp.lexsort((slot_steps, cohort.parent))
+  cohort = jax.tree.map(lambda a: jnp.take(a, order, axis=0), cohort)
+  positions = block_positions(cohort.parent, cohort.valid, num_parents)
+  return order, jax.tree.map(lambda a: a.reshape((k // chunk, chunk) + a.shape[1:]),
+                             (cohort, jnp.take(slot_steps, order), positions))
+
+
+def _rows_of(tree: PyTree, ch: Cohort, parent_aligned: bool) -> PyTree:
+  """Every slot's row of a parents' ``[P, ...]`` tree (a broadcast of the one parent's row when
+  the chunk is parent-aligned, which XLA fuses into its consumers instead of writing ``[chunk,
+  ...]`` copies)."""
+  if parent_aligned:
+    chunk = ch.parent.shape[0]
+    return jax.tree.map(lambda a: jnp.broadcast_to(a, (chunk,) + a.shape[1:]), _take(tree, ch.parent[:1]))
+  return _take(tree, ch.parent)
+
+
+def _chunk_data(data: FederatedData, ch: Cohort, cursor, *, cyclic: bool, batch_order: str):
+  """The chunk's clients' training data as a :class:`~fedtree.core.local.ClientData` of ``[chunk]``
+  rows, and its vmap axes (ragged data: every client reads the shared flat rows from its offset)."""
+  chunk = ch.clients.shape[0]
+  per_client = constrain_clients(dict(
+    n=jnp.take(data.n_train, ch.clients, axis=0),
+    cursor=jnp.take(cursor, ch.clients) if cyclic else jnp.zeros((chunk,), jnp.int32),
+    shuffle=jnp.full((chunk,), batch_order == "shuffled"),
+  ))
+  if data.ragged:
+    flat: Any = data   # (ragged: flat rows and offsets)
+    axes: Any = ClientData(x=None, y=None, n=0, cursor=0, shuffle=0, offset=0)   # type: ignore[arg-type]  # vmap axes
+    return (ClientData(x=flat.x_train, y=flat.y_train, offset=jnp.take(flat.train_offset, ch.clients),
+                       **per_client), axes)
+  return ClientData(x=constrain_clients(jnp.take(data.x_train, ch.clients, axis=0)),
+                    y=constrain_clients(jnp.take(data.y_train, ch.clients, axis=0)), **per_client), 0
+
+
+def _on_devices(tree: PyTree) -> PyTree:
+  """Keeps ``[D, ...]`` per-device partial sums on their devices (row d on device d)."""
+  return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, P(CLIENT_AXIS)), tree)
+
+
+_ROUND_AXES = ClientRound(client=0, parent=0, broadcast=0, fraction=0, weight=0,  # type: ignore[arg-type]
+                          learning_rate=None)   # vmap's axes of a ClientRound
+
+
+def _train_chunk(update: ClientUpdate, parent_params, anchor_params, data, ch: Cohort, ch_steps,
+                 client_state, personal_params, *, cursor, cyclic, batch_order, key, weights, fdtype,
+                 broadcast, fraction, learning_rate, parent_aligned, personal):
+  """One chunk of clients: broadcast down (each client's own personal leaves where it has them),
+  local training vmapped over the chunk. Returns ``(start, anchor, params, state, loss, message,
+  weight)`` per slot. Under a ``jax.set_mesh`` with a ``clients`` axis, each device trains its
+  slice of the chunk (identity otherwise; see :mod:`fedtree.core.sharding`)."""
+  start = constrain_clients(_rows_of(parent_params, ch, parent_aligned))
+  if personal is not None:   # every client's own personal leaves, the parent's model elsewhere
+    own = _take(personal_params, ch.clients)
+    start = constrain_clients(merge(shared_part(start, personal), own, personal))
+  cdata, data_axes = _chunk_data(data, ch, cursor, cyclic=cyclic, batch_order=batch_order)
+  keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ch.clients)
+  w = jnp.where(ch.valid, jnp.take(weights, ch.clients).astype(fdtype), 0.0)
+  rnd = ClientRound(client=ch.clients, parent=ch.parent, broadcast=_take(broadcast, ch.parent),
+                    fraction=jnp.take(fraction, ch.parent), weight=w, learning_rate=learning_rate)
+  params, new_state, loss, message = jax.vmap(
+    lambda *a: run_update(update, *a), in_axes=(0, 0, data_axes, 0, 0, _ROUND_AXES))(
+    start, constrain_clients(_take(client_state, ch.clients)), cdata, ch_steps, keys, rnd)
+  anchor = start if anchor_params is parent_params else _rows_of(anchor_params, ch, parent_aligned)
+  return start, anchor, constrain_clients(params), new_state, loss, message, w
+
+
+def _stat_names(path: UpdatePath | None, path_state: PathState, template, fdtype) -> tuple[str, ...]:
+  """The names of the client transform's statistics, from an abstract trace of one slot."""
+  if path is None or path.client is None:
+    return ()
+  one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), template)
+  ctx = ClientContext(client=jnp.zeros((), jnp.int32), parent=jnp.zeros((), jnp.int32),
+                      weight=jnp.zeros((), fdtype), node_state=jax.tree.map(lambda a: a[0], path_state.node))
+  row = jax.tree.map(lambda a: a[0], path_state.client)
+  _, _, stats = jax.eval_shape(path.client.apply, one, row, jax.random.key(0), ctx)
+  return tuple(stats)
 
 
 def train_cohort(
@@ -304,207 +387,79 @@ def train_cohort(
   num_parents = jax.tree.leaves(parent_params)[0].shape[0]
   num_clients = data.num_clients
   anchor_params = parent_params if anchor_params is None else anchor_params
-  # Slots sorted by (parent, step count): a chunk loops to its largest step count (see
-  # fedtree.core.local.run_local_steps), so clients with similar counts share chunks; padding
-  # slots take no step. Parent groups, and hence parent-aligned chunks, are kept.
-  slot_steps = jnp.where(cohort.valid, jnp.take(num_steps, cohort.clients), 0)
-  order = jnp.lexsort((slot_steps, cohort.parent))
-  sorted_cohort = jax.tree.map(lambda a: jnp.take(a, order, axis=0), cohort)
-  slot_steps = jnp.take(slot_steps, order)
-  chunks = jax.tree.map(lambda a: a.reshape((k // chunk, chunk) + a.shape[1:]),
-                        (sorted_cohort, slot_steps))
-  # Per-device partial sums: ``[D, P, ...]`` rows, row d owned by device d (D = 1 unsharded).
-  devices = mesh_size()
-  devices = devices if devices > 1 and chunk % devices == 0 else 1
-
-  def per_device(a):
-    """``[chunk, ...]`` -> ``[D, chunk / D, ...]``: device d's slice of the chunk in row d."""
-    return a.reshape((devices, chunk // devices) + a.shape[1:])
-
-  def on_devices(tree):
-    if devices == 1:
-      return tree
-    return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, P(CLIENT_AXIS)), tree)
-
-  segment_sums = jax.vmap(weighted_segment_sum, in_axes=(0, 0, 0, None))
   # Weights and loss sums in the parameters' float dtype (float64 state keeps float64 sums).
   fdtype = jnp.result_type(jnp.float32, *jax.tree.leaves(parent_params))
   path = None if path is None or path.is_default else path
   path_state = PathState() if path_state is None else path_state
-  client_tf = None if path is None else path.client
-  blockwise = path is not None and path.aggregator.blockwise
-  if blockwise:
-    assert path is not None
-    if block_size is None:
-      raise ValueError(f"aggregator {path.aggregator.name!r} needs every parent's whole cohort: pass "
-                       f"block_size= (the largest cohort of a parent, max(CohortSampler.sizes))")
-    block_size = int(block_size)
-    slot_pos = jax.tree.map(
-      lambda a: a.reshape((k // chunk, chunk)),
-      block_positions(sorted_cohort.parent, sorted_cohort.valid, num_parents))
-  else:
-    slot_pos = jnp.zeros((k // chunk, chunk), jnp.int32)
-  update_key = stream(key, "update")
   has_personal = personal is not None and any(jax.tree.leaves(personal))
   shared = (lambda t: shared_part(t, personal)) if has_personal else (lambda t: t)
-  sent_template = shared(parent_params)   # what a child sends up: the shared leaves
+  order, chunks = _sorted_chunks(cohort, num_steps, chunk, num_parents)
+  devices = mesh_size()   # per-device partial sums, row d owned by device d (1 unsharded)
+  devices = devices if devices > 1 and chunk % devices == 0 else 1
+  acc = accumulator(Aggregator() if path is None else path.aggregator, block_size=block_size, devices=devices,
+                    constrain=_on_devices)
+  update_key = stream(key, "update")
   sampled = jax.ops.segment_sum(cohort.valid.astype(fdtype), cohort.parent, num_segments=num_parents)
-  fraction = sampled / (sampled if population is None else jnp.asarray(population, fdtype))
-  fraction = jnp.where(sampled > 0, fraction, 0.0)
-  round_axes = ClientRound(client=0, parent=0, broadcast=0, fraction=0, weight=0,  # type: ignore[arg-type]
-                           learning_rate=None)   # vmap's axes of a ClientRound
+  population = sampled if population is None else jnp.asarray(population, fdtype)
+  fraction = jnp.where(sampled > 0, sampled / population, 0.0)
+  train = functools.partial(
+    _train_chunk, update, parent_params, anchor_params, data, cursor=cursor, cyclic=cyclic,
+    batch_order=batch_order, key=key, weights=weights, fdtype=fdtype, broadcast=broadcast,
+    fraction=fraction, learning_rate=learning_rate, parent_aligned=parent_aligned,
+    personal=personal if has_personal else None)
 
-  def body(carry, chunk_slots):   # carry: a _Carry
-    ch, ch_steps, ch_pos = chunk_slots
-    # Under a ``jax.set_mesh`` with a ``clients`` axis, each device trains its slice of the
-    # chunk (identity otherwise; see fedtree.core.sharding).
-    if parent_aligned:
-      start = jax.tree.map(
-        lambda a: jnp.broadcast_to(a, (chunk,) + a.shape[1:]),
-        _take(parent_params, ch.parent[:1]),
-      )
-    else:
-      start = _take(parent_params, ch.parent)
-    start = constrain_clients(start)
-    per_client = constrain_clients(dict(
-      n=jnp.take(data.n_train, ch.clients, axis=0),
-      cursor=jnp.take(cursor, ch.clients) if cyclic else jnp.zeros((chunk,), jnp.int32),
-      shuffle=jnp.full((chunk,), batch_order == "shuffled"),
-    ))
-    if data.ragged:  # every client reads the shared flat rows from its offset: nothing copied
-      cdata = ClientData(x=data.x_train, y=data.y_train, offset=jnp.take(data.train_offset, ch.clients),
-                         **per_client)
-      data_axes = ClientData(x=None, y=None, n=0, cursor=0, shuffle=0, offset=0)
-    else:
-      cdata = ClientData(x=constrain_clients(jnp.take(data.x_train, ch.clients, axis=0)),
-                         y=constrain_clients(jnp.take(data.y_train, ch.clients, axis=0)), **per_client)
-      data_axes = 0
-    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ch.clients)
-    w = jnp.where(ch.valid, jnp.take(weights, ch.clients).astype(fdtype), 0.0)
-    if has_personal:   # every client's own personal leaves, the parent's model elsewhere
-      start = constrain_clients(merge(shared(start), _take(carry.personal, ch.clients), personal))
-    rnd = ClientRound(client=ch.clients, parent=ch.parent, broadcast=_take(broadcast, ch.parent),
-                      fraction=jnp.take(fraction, ch.parent), weight=w, learning_rate=learning_rate)
-    params, new_state, loss, message = jax.vmap(
-      lambda *a: run_update(update, *a), in_axes=(0, 0, data_axes, 0, 0, round_axes))(
-      start, constrain_clients(_take(carry.client_state, ch.clients)), cdata, ch_steps, keys, rnd,
-    )
-    params = constrain_clients(params)
-    if anchor_params is parent_params:
-      anchor = start
-    elif parent_aligned:
-      anchor = jax.tree.map(lambda a: jnp.broadcast_to(a, (chunk,) + a.shape[1:]),
-                            _take(anchor_params, ch.parent[:1]))
-    else:
-      anchor = _take(anchor_params, ch.parent)
+  def body(carry: _Carry, xs):
+    ch, ch_steps, ch_pos = xs
+    start, anchor, params, new_state, loss, message, w = train(ch, ch_steps, carry.client_state,
+                                                               carry.personal)
     delta = shared(jax.tree.map(jnp.subtract, anchor, params))   # what the client sends up
-    trained = ch.valid
     ok = nonfinite_slots((delta, message), loss)
-    skipped, first_bad = carry.skipped, carry.first_bad
-    if skip_nonfinite:
+    trained, skipped, first_bad = ch.valid, carry.skipped, carry.first_bad
+    if skip_nonfinite:   # left out: weight 0, state unchanged, loss not averaged
       delta = jax.tree.map(lambda d, m: jnp.where(m, d, 0), delta, _rows(ok, delta))
-      loss = jnp.where(ok, loss, 0.0)
+      loss, w, trained = jnp.where(ok, loss, 0.0), jnp.where(ok, w, 0.0), ch.valid & ok
       skipped = skipped + jnp.sum((ch.valid & ~ok).astype(jnp.int32))
-      trained = ch.valid & ok
-      w = jnp.where(ok, w, 0.0)
       if keep_client_params:
         params = jax.tree.map(lambda p, s, m: jnp.where(m, p, s), params, start, _rows(ok, params))
     else:
       first_bad = jnp.minimum(first_bad, jnp.min(jnp.where(ch.valid & ~ok, ch.clients, num_clients)))
     path_client, stat_sums = carry.path_client, carry.stat_sums
-    if client_tf is not None:   # the update path's client stage, on every slot's delta
-      assert path is not None
-      ctx = ClientContext(client=ch.clients, parent=ch.parent, weight=w,
-                          node_state=parents_node_state(path_state, ch.parent))
-      tkeys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(update_key, ch.clients)
+    if path is not None:   # the update path's client stage, on every slot's delta
       raw = delta
-      delta, new_path, stats = apply_client(client_tf, delta, _take(path_client, ch.clients), tkeys, ctx)
-      path_client = ch.scatter(path_client, new_path, trained)
-      stats = check_stats(stats, client_tf.name)
-      stat_sums = {n: stat_sums[n] + jax.ops.segment_sum(
-        jnp.where(trained, jnp.asarray(v, fdtype), 0.0), ch.parent, num_segments=num_parents)
-        for n, v in stats.items()}
-      if keep_client_params:   # the model each client sent (its own, bitwise, where unchanged)
+      delta, path_client, sums = transform_chunk(path, path_client, delta, ch.clients, ch.parent, w, trained,
+                                                 path_state.node, update_key, num_parents)
+      stat_sums = {n: stat_sums[n] + v for n, v in sums.items()}
+      if keep_client_params and path.client is not None:   # what each client sent (its own, bitwise,
+        # where unchanged)
         assert not has_personal   # (refused by the hosts that keep client models)
         params = jax.tree.map(lambda p, a, d, r: jnp.where(d == r, p, a - d), params, anchor, delta, raw)
-    if blockwise:
-      rows = jnp.where(trained, ch.parent, num_parents)   # untrained slots write nowhere
-      block = jax.tree.map(lambda b, d: b.at[rows, ch_pos].set(d.astype(b.dtype), mode="drop"),
-                           carry.block, delta)
-      block_weight = carry.block_weight.at[rows, ch_pos].set(w, mode="drop")
-      block_valid = carry.block_valid.at[rows, ch_pos].set(True, mode="drop")
-      block_clients = carry.block_clients.at[rows, ch_pos].set(ch.clients, mode="drop")
-      delta_sum, weight_sum = carry.delta_sum, carry.weight_sum
-    else:
-      block, block_weight, block_valid, block_clients = (), (), (), ()
-      parent = per_device(ch.parent)
-      delta_sum = on_devices(jax.tree.map(
-        jnp.add, carry.delta_sum,
-        segment_sums(jax.tree.map(per_device, delta), per_device(w), parent, num_parents),
-      ))
-      weight_sum = on_devices(carry.weight_sum + jax.vmap(
-        lambda v, i: jax.ops.segment_sum(v, i, num_segments=num_parents)
-      )(per_device(w), parent))
-    message_sum = carry.message_sum
-    if jax.tree.leaves(message):   # what the reporting clients sent beside their models, per parent
-      message_sum = jax.tree.map(
-        lambda acc, m, t: acc + jax.ops.segment_sum(jnp.where(t, m, 0), ch.parent, num_segments=num_parents),
-        message_sum, message, _rows(trained, message))
-    new = _Carry(
-      delta_sum=delta_sum, weight_sum=weight_sum,
+    new = carry._replace(
+      acc=acc.add(carry.acc, Chunk(delta, w, ch.parent, ch_pos, ch.clients, trained)),
       client_state=ch.scatter(carry.client_state, new_state, trained),  # padding/skipped: nowhere
       loss_sum=carry.loss_sum + jnp.sum(jnp.where(trained, loss, 0.0)).astype(fdtype),
-      trained=carry.trained + jnp.sum(trained, dtype=jnp.int32),
-      skipped=skipped, first_bad=first_bad,
-      reported=ch.scatter(carry.reported, True, trained),
-      path_client=path_client, stat_sums=stat_sums,
-      block=block, block_weight=block_weight, block_valid=block_valid, block_clients=block_clients,
-      message_sum=message_sum,
+      trained=carry.trained + jnp.sum(trained, dtype=jnp.int32), skipped=skipped, first_bad=first_bad,
+      reported=ch.scatter(carry.reported, True, trained), path_client=path_client, stat_sums=stat_sums,
+      message_sum=jax.tree.map(
+        lambda a, m, t: a + jax.ops.segment_sum(jnp.where(t, m, 0), ch.parent, num_segments=num_parents),
+        carry.message_sum, message, _rows(trained, message)),
       personal=ch.scatter(carry.personal, personal_part(params, personal), trained) if has_personal else None,
     )
     return new, (params if keep_client_params else None)
 
-  stat_names: tuple[str, ...] = ()
-  if client_tf is not None:   # the statistics' names, from an abstract trace of one slot
-    one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), sent_template)
-    ctx1 = ClientContext(client=jnp.zeros((), jnp.int32), parent=jnp.zeros((), jnp.int32),
-                         weight=jnp.zeros((), fdtype),
-                         node_state=jax.tree.map(lambda a: a[0], path_state.node))
-    st1 = jax.tree.map(lambda a: a[0], path_state.client)
-    _, _, stats1 = jax.eval_shape(client_tf.apply, one, st1, update_key, ctx1)
-    stat_names = tuple(stats1)
-  one_message = message_shape(update, parent_params, client_state, data, broadcast, learning_rate, key)
+  template = shared(parent_params)   # what a child sends up: the shared leaves
   init = _Carry(
-    delta_sum=() if blockwise else on_devices(
-      jax.tree.map(lambda p: jnp.zeros((devices,) + p.shape, p.dtype), sent_template)),
-    weight_sum=() if blockwise else on_devices(jnp.zeros((devices, num_parents), fdtype)),
-    client_state=client_state,
-    loss_sum=jnp.zeros((), fdtype),
-    trained=jnp.zeros((), jnp.int32),
-    skipped=jnp.zeros((), jnp.int32),
-    first_bad=jnp.full((), num_clients, jnp.int32),
-    reported=jnp.zeros((num_clients,), bool),
+    acc=acc.init(template, num_parents, fdtype), client_state=client_state, loss_sum=jnp.zeros((), fdtype),
+    trained=jnp.zeros((), jnp.int32), skipped=jnp.zeros((), jnp.int32),
+    first_bad=jnp.full((), num_clients, jnp.int32), reported=jnp.zeros((num_clients,), bool),
     path_client=path_state.client,
-    stat_sums={n: jnp.zeros((num_parents,), fdtype) for n in stat_names},
-    block=jax.tree.map(lambda p: jnp.zeros((num_parents, block_size) + p.shape[1:], p.dtype),
-                       sent_template) if blockwise else (),
-    block_weight=jnp.zeros((num_parents, block_size), fdtype) if blockwise else (),
-    block_valid=jnp.zeros((num_parents, block_size), bool) if blockwise else (),
-    block_clients=jnp.full((num_parents, block_size), -1, jnp.int32) if blockwise else (),
-    message_sum=jax.tree.map(lambda m: jnp.zeros((num_parents,) + m.shape, m.dtype), one_message),
+    stat_sums={n: jnp.zeros((num_parents,), fdtype) for n in _stat_names(path, path_state, template, fdtype)},
+    message_sum=jax.tree.map(lambda m: jnp.zeros((num_parents,) + m.shape, m.dtype), message_shape(
+      update, parent_params, client_state, data, broadcast, learning_rate, key)),
     personal=personal_params if has_personal else None,
   )
-  out, per_chunk = jax.lax.scan(body, init, (chunks[0], chunks[1], slot_pos))
-  agg_stats: Stats = {}
-  if blockwise:
-    assert path is not None and path.aggregator.aggregate is not None
-    delta_sum, weight_sum, agg_stats = path.aggregator.aggregate(
-      Block(out.block, out.block_weight, out.block_valid, out.block_clients), stream(key, "aggregate"),
-      node_state_of(path, path_state))
-    weight_sum = jnp.asarray(weight_sum, fdtype)
-  else:
-    delta_sum = jax.tree.map(lambda a: jnp.sum(a, axis=0), out.delta_sum)  # the one reduction
-    weight_sum = jnp.sum(out.weight_sum, axis=0)  # type: ignore[arg-type]  # an array here (mean)
+  out, per_chunk = jax.lax.scan(body, init, chunks)
+  delta_sum, weight_sum, agg_stats = acc.finish(
+    out.acc, stream(key, "aggregate"), {} if path is None else node_state_of(path, path_state))
   update_stats: dict[str, jax.Array] = {}
   new_path_state = path_state._replace(client=out.path_client)
   if path is not None:
@@ -515,22 +470,19 @@ def train_cohort(
     delta_sum, weight_sum, new_path_state, node_stats = finish(
       path, new_path_state, delta_sum, weight_sum, stat_sums, stream(key, "node"))
     update_stats = path_metrics(stat_sums, out.trained, node_stats, agg_stats)
-  state, loss_sum, count, skipped, first_bad, reported = (
-    out.client_state, out.loss_sum, out.trained, out.skipped, out.first_bad, out.reported)
   client_params = None
-  if keep_client_params:
+  if keep_client_params:   # back in the cohort's slot order
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(k, dtype=order.dtype))
-    client_params = jax.tree.map(
-      lambda a: jnp.take(a.reshape((k,) + a.shape[2:]), inverse, axis=0), per_chunk
-    )
+    client_params = jax.tree.map(lambda a: jnp.take(a.reshape((k,) + a.shape[2:]), inverse, axis=0),
+                                 per_chunk)
   if cyclic:  # each trained client read ``num_steps`` more batches of its stream
     assert batch_size is not None and not isinstance(cursor, tuple)  # checked on entry
     moved = advance_cursor(jnp.take(cursor, cohort.clients), jnp.take(num_steps, cohort.clients),
                            jnp.take(data.n_train, cohort.clients), batch_size)
     cursor = cohort.scatter(cursor, moved)
-  first_bad = jnp.where(first_bad < num_clients, first_bad, -1).astype(jnp.int32)
+  first_bad = jnp.where(out.first_bad < num_clients, out.first_bad, -1).astype(jnp.int32)
   if has_personal:   # no pseudo-gradient at the personal leaves
     delta_sum = fill(delta_sum, personal, parent_params)
-  return TierResult(delta_sum, weight_sum, state, client_params, loss_sum, count, cursor, skipped,
-                    first_bad, reported, new_path_state, update_stats, out.message_sum, sampled,
-                    out.personal if has_personal else None)
+  return TierResult(delta_sum, weight_sum, out.client_state, client_params, out.loss_sum, out.trained,
+                    cursor, out.skipped, first_bad, out.reported, new_path_state, update_stats,
+                    out.message_sum, sampled, out.personal if has_personal else None)

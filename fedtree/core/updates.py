@@ -28,6 +28,13 @@ factories may be traced values, so they can be sweep axes.
 A path's ``down`` transform acts on the models a parent sends to its children (``[P, ...] ->
 [P, ...]``, e.g. compression on the downlink): see :func:`send_down`.
 
+**One door for every level.** The clients' tier (:func:`fedtree.core.tier.train_cohort`, chunk by
+chunk) and a server level aggregating the nodes below it (:func:`aggregate_children`, the whole
+level as one chunk) run the same code: :func:`transform_chunk` (the client stage) on a
+:class:`Chunk`, an :class:`Accumulator` (``init`` / ``add`` a chunk / ``finish``:
+:func:`accumulator`; the weighted mean streams sums, a blockwise aggregator keeps its
+:class:`Block`), then :func:`finish` (the node stage).
+
 :class:`UpdatePath` bundles the stages for one aggregation; :class:`PathState` holds its state.
 ``None`` everywhere is the engine as it was: an algorithm given no path (or the default
 :class:`UpdatePath`) computes bitwise what it computed before the seam existed.
@@ -402,6 +409,150 @@ def block_positions(parent: jax.Array, valid: jax.Array, num_parents: int) -> ja
   return jnp.where(valid, pos, num_parents)
 
 
+# ------------------------------------------------------------------------ one door: chunks in, aggregates out
+class Chunk(NamedTuple):
+  """Children's updates on their way into their parents' aggregates: a chunk of the clients' tier,
+  or every node of a server level at once.
+
+  Attributes:
+    deltas: ``[K, ...]`` the (transformed) updates.
+    weights: ``[K]`` their aggregation weights (0 where not reported).
+    parent: ``int32[K]`` each one's parent.
+    slot: ``int32[K]`` its position among its parent's children (:func:`slot_positions`; read by a
+      blockwise aggregator only).
+    clients: ``int32[K]`` the child's index.
+    kept: ``bool[K]`` the children that report (the others write nowhere).
+  """
+
+  deltas: PyTree
+  weights: jax.Array
+  parent: jax.Array
+  slot: jax.Array
+  clients: jax.Array
+  kept: jax.Array
+
+
+class Accumulator(NamedTuple):
+  """How the parents' aggregates are built chunk by chunk, the same way at every level of the tree
+  (:func:`accumulator`): ``init(template, num_parents, dtype) -> state`` (``template``: the stacked
+  ``[P, ...]`` shape of what a child sends), ``add(state, chunk) -> state``, ``finish(state, key,
+  node_state) -> (delta_sum [P, ...], weight_sum [P], stats {name: [P]})``."""
+
+  init: Callable[[PyTree, int, Any], PyTree]
+  add: Callable[[PyTree, Chunk], PyTree]
+  finish: Callable[[PyTree, jax.Array, PyTree], tuple[PyTree, jax.Array, Stats]]
+
+
+def mean_accumulator(devices: int = 1, constrain: Callable[[PyTree], PyTree] | None = None) -> Accumulator:
+  """The streamed weighted mean: ``Σ w_i Δ_i`` and ``Σ w_i`` per parent. With ``devices = D > 1``
+  (a chunk's slots sharded over ``D`` devices, ``constrain`` keeping the rows on them) every device
+  adds its slice of each chunk into its own row of ``[D, P, ...]`` partial sums, and the rows are
+  summed once, in ``finish``: one cross-device reduction per aggregation instead of one per chunk."""
+  keep = (lambda t: t) if constrain is None or devices == 1 else constrain
+  segment_sums = jax.vmap(weighted_segment_sum, in_axes=(0, 0, 0, None))
+
+  def rows(a):   # [K, ...] -> [D, K / D, ...]: device d's slice in row d
+    return a.reshape((devices, a.shape[0] // devices) + a.shape[1:])
+
+  def init(template, num_parents, dtype):
+    return keep((jax.tree.map(lambda p: jnp.zeros((devices,) + p.shape, p.dtype), template),
+                 jnp.zeros((devices, num_parents), dtype)))
+
+  def add(state, ch: Chunk):
+    delta_sum, weight_sum = state
+    num_parents = weight_sum.shape[1]
+    parent, w = rows(ch.parent), rows(ch.weights.astype(weight_sum.dtype))
+    delta_sum = jax.tree.map(jnp.add, delta_sum,
+                             segment_sums(jax.tree.map(rows, ch.deltas), w, parent, num_parents))
+    weight_sum = weight_sum + jax.vmap(
+      lambda v, i: jax.ops.segment_sum(v, i, num_segments=num_parents))(w, parent)
+    return keep((delta_sum, weight_sum))
+
+  def finish(state, key, node_state):
+    delta_sum, weight_sum = state
+    return jax.tree.map(lambda a: jnp.sum(a, axis=0), delta_sum), jnp.sum(weight_sum, axis=0), {}
+
+  return Accumulator(init, add, finish)
+
+
+def block_accumulator(aggregator: Aggregator, block_size: int) -> Accumulator:
+  """A blockwise aggregator's: every reported update written into its parent's row of a fixed-size
+  :class:`Block` ``[P, block_size, ...]`` at its slot, handed to ``aggregator.aggregate`` whole."""
+  assert aggregator.aggregate is not None
+
+  def init(template, num_parents, dtype):
+    return Block(jax.tree.map(lambda p: jnp.zeros((num_parents, block_size) + p.shape[1:], p.dtype),
+                              template),
+                 jnp.zeros((num_parents, block_size), dtype), jnp.zeros((num_parents, block_size), bool),
+                 jnp.full((num_parents, block_size), -1, jnp.int32))
+
+  def add(block: Block, ch: Chunk):
+    rows = jnp.where(ch.kept, ch.parent, block.weights.shape[0])   # unreported slots write nowhere
+    return Block(
+      jax.tree.map(lambda b, d: b.at[rows, ch.slot].set(d.astype(b.dtype), mode="drop"), block.deltas,
+                   ch.deltas),
+      block.weights.at[rows, ch.slot].set(ch.weights.astype(block.weights.dtype), mode="drop"),
+      block.valid.at[rows, ch.slot].set(True, mode="drop"),
+      block.clients.at[rows, ch.slot].set(ch.clients, mode="drop"))
+
+  def finish(block: Block, key, node_state):
+    assert aggregator.aggregate is not None
+    delta_sum, weight_sum, stats = aggregator.aggregate(block, key, node_state)
+    return delta_sum, jnp.asarray(weight_sum, block.weights.dtype), stats
+
+  return Accumulator(init, add, finish)
+
+
+def accumulator(aggregator: Aggregator, *, block_size: int | None = None, devices: int = 1,
+                constrain: Callable[[PyTree], PyTree] | None = None) -> Accumulator:
+  """The :class:`Accumulator` of ``aggregator``: the streamed weighted mean (:func:`mean_accumulator`)
+  or its blocks (:func:`block_accumulator`, ``block_size`` the largest cohort of a parent).
+
+  Raises:
+    ValueError: a blockwise aggregator without ``block_size``.
+  """
+  if not aggregator.blockwise:
+    return mean_accumulator(devices, constrain)
+  if block_size is None:
+    raise ValueError(f"aggregator {aggregator.name!r} needs every parent's whole cohort: pass "
+                     f"block_size= (the largest cohort of a parent, max(CohortSampler.sizes))")
+  return block_accumulator(aggregator, int(block_size))
+
+
+def slot_positions(parent: jax.Array, valid: jax.Array, num_parents: int) -> jax.Array:
+  """Each entry's position among its parent's valid entries, in order (``num_parents``, an
+  out-of-range row that scatters drop, for invalid ones); :func:`block_positions` for entries in
+  any order."""
+  order = jnp.argsort(parent, stable=True)
+  pos = block_positions(jnp.take(parent, order), jnp.take(valid, order), num_parents)
+  return jnp.zeros_like(pos).at[order].set(pos)
+
+
+def transform_chunk(
+  path: UpdatePath, client_state: PyTree, deltas: PyTree, ids: jax.Array, parent: jax.Array,
+  weights: jax.Array, kept: jax.Array, node_state: PyTree, key: jax.Array, num_parents: int,
+) -> tuple[PyTree, PyTree, Stats]:
+  """The client stage of ``path`` on a chunk of children (``deltas [K, ...]``; child ``ids[k]``'s key
+  is ``fold_in(key, ids[k])``, its state row ``client_state[ids[k]]``, its parent's node state row
+  ``node_state[parent[k]]``): the transformed deltas, ``client_state [C, ...]`` with the rows of the
+  children in ``kept`` updated, and the statistics summed per parent over them (``{name: [P]}``)."""
+  if path.client is None:
+    return deltas, client_state, {}
+  ctx = ClientContext(client=ids, parent=parent, weight=weights,
+                      node_state=jax.tree.map(lambda a: jnp.take(a, parent, axis=0), node_state))
+  keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
+  rows = jax.tree.map(lambda a: jnp.take(a, ids, axis=0), client_state)
+  deltas, new_rows, stats = apply_client(path.client, deltas, rows, keys, ctx)
+  leaves = jax.tree.leaves(client_state)
+  if leaves:
+    idx = jnp.where(kept, ids, leaves[0].shape[0])
+    client_state = jax.tree.map(lambda b, v: b.at[idx].set(v, mode="drop"), client_state, new_rows)
+  sums = {n: jax.ops.segment_sum(jnp.where(kept, jnp.asarray(v, weights.dtype), 0.0), parent,
+                                 num_segments=num_parents)
+          for n, v in check_stats(stats, path.client.name).items()}
+  return deltas, client_state, sums
+
+
 # ------------------------------------------------------------------------ a whole level
 def transform_children(
   path: UpdatePath,
@@ -414,26 +565,15 @@ def transform_children(
   key: jax.Array,
 ) -> tuple[PyTree, PathState, Stats]:
   """The client stage on every row of ``deltas [N, ...]`` (every child of a level at once; child
-  ``i``'s key is ``fold_in(key, i)``): only the rows of ``mask`` (the children that report) update
-  their state and count in the statistics, returned as ``{name: [P]}`` sums per parent with
-  ``"reported"`` their number. Rows outside ``mask`` are transformed too (their output is the
-  caller's to ignore)."""
-  num = weights.shape[0]
-  sums: Stats = {}
-  if path.client is not None:
-    ids = jnp.arange(num, dtype=jnp.int32)
-    ctx = ClientContext(client=ids, parent=parent.astype(jnp.int32), weight=weights,
-                        node_state=parents_node_state(state, parent))
-    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
-    deltas, new_client, stats = apply_client(path.client, deltas, state.client, keys, ctx)
-    new_client = jax.tree.map(
-      lambda n, o: jnp.where(mask.reshape((num,) + (1,) * (n.ndim - 1)), n, o), new_client, state.client)
-    state = state._replace(client=new_client)
-    sums = {k: jax.ops.segment_sum(jnp.where(mask, jnp.asarray(v, weights.dtype), 0), parent,
-                                   num_segments=num_parents)
-            for k, v in check_stats(stats, path.client.name).items()}
+  ``i``'s key is ``fold_in(key, i)``): :func:`transform_chunk` with the level as the chunk. Only the
+  rows of ``mask`` (the children that report) update their state and count in the statistics,
+  returned as ``{name: [P]}`` sums per parent with ``"reported"`` their number. Rows outside ``mask``
+  are transformed too (their output is the caller's to ignore)."""
+  ids = jnp.arange(weights.shape[0], dtype=jnp.int32)
+  deltas, client, sums = transform_chunk(path, state.client, deltas, ids, parent.astype(jnp.int32), weights,
+                                         mask, state.node, key, num_parents)
   sums["reported"] = jax.ops.segment_sum(mask.astype(weights.dtype), parent, num_segments=num_parents)
-  return deltas, state, sums
+  return deltas, state._replace(client=client), sums
 
 
 def aggregate_children(
@@ -446,7 +586,9 @@ def aggregate_children(
   key: jax.Array,
 ) -> tuple[PyTree, jax.Array, PathState, dict[str, jax.Array]]:
   """``Δ_n = Θ_n - Σ_i p_i θ_i`` for every parent, every child of the level taking part (a server
-  level aggregating the nodes below it), through ``path``.
+  level aggregating the nodes below it), through ``path``: its client stage
+  (:func:`transform_chunk`), its aggregator (:func:`accumulator`, the one chunk being the whole
+  level) and its node stage, as the clients' tier runs them.
 
   Without a path this is :func:`fedtree.core.aggregation.pseudo_gradient_from_children`
   (bitwise). Returns ``(Δ [N, ...], total weight [N], new path state, statistics)``.
@@ -459,26 +601,17 @@ def aggregate_children(
     mean, total = weighted_mean(diffs, weights, idx, num)
     return mean, total, state, {}
   num_children = weights.shape[0]
-  diffs, state, stats_sums = transform_children(
-    path, state, diffs, idx, weights, jnp.ones(num_children, bool), num, jax.random.fold_in(key, 0))
-  agg_stats: Stats = {}
-  if path.aggregator.blockwise:
-    owner = np.asarray(parent_of_child)
-    size = int(np.bincount(owner, minlength=num).max())
-    pos = np.zeros(owner.shape, np.int32)   # each child's place among its parent's (static)
-    for g in np.unique(owner):
-      pos[owner == g] = np.arange(int(np.sum(owner == g)))
-    block = jax.tree.map(lambda d: jnp.zeros((num, size) + d.shape[1:], d.dtype).at[idx, pos].set(d), diffs)
-    bw = jnp.zeros((num, size), weights.dtype).at[idx, pos].set(weights)
-    bvalid = jnp.zeros((num, size), bool).at[idx, pos].set(True)
-    ids = jnp.arange(num_children, dtype=jnp.int32)
-    bclients = jnp.full((num, size), -1, jnp.int32).at[idx, pos].set(ids)
-    assert path.aggregator.aggregate is not None
-    delta_sum, total, agg_stats = path.aggregator.aggregate(
-      Block(block, bw, bvalid, bclients), jax.random.fold_in(key, 1), node_state_of(path, state))
-  else:
-    delta_sum = weighted_segment_sum(diffs, weights, idx, num)
-    total = jax.ops.segment_sum(weights, idx, num_segments=num)
+  ids = jnp.arange(num_children, dtype=jnp.int32)
+  every = jnp.ones(num_children, bool)
+  diffs, state, stats_sums = transform_children(path, state, diffs, idx, weights, every, num,
+                                                jax.random.fold_in(key, 0))
+  size = None
+  if path.aggregator.blockwise:   # the largest group of children (a static tree)
+    size = int(np.bincount(np.asarray(parent_of_child), minlength=num).max())
+  acc = accumulator(path.aggregator, block_size=size)
+  summed = acc.add(acc.init(parent_params, num, weights.dtype),
+                   Chunk(diffs, weights, idx, slot_positions(idx, every, num), ids, every))
+  delta_sum, total, agg_stats = acc.finish(summed, jax.random.fold_in(key, 1), node_state_of(path, state))
   delta_sum, total, state, node_stats = finish(path, state, delta_sum, total, stats_sums,
                                                jax.random.fold_in(key, 2))
   metrics = path_metrics(stats_sums, jnp.asarray(num_children), node_stats, agg_stats)

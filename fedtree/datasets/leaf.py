@@ -30,6 +30,13 @@ from fedtree.core.data import FederatedData, from_client_arrays
 from fedtree.datasets.text import SPECIAL, Vocabulary, build_vocabulary
 
 KINDS = ("femnist", "shakespeare")
+PREPARE = {
+  "femnist": ("git clone https://github.com/TalwalkarLab/leaf && cd leaf/data/femnist && ./preprocess.sh "
+              "-s niid --sf 0.05 -k 100 -t sample --smplseed 1549786595 --spltseed 1549786796"),
+  "shakespeare": ("git clone https://github.com/TalwalkarLab/leaf && cd leaf/data/shakespeare && "
+                  "./preprocess.sh -s niid --sf 0.05 -k 64 -tf 0.9 -t sample"),
+}
+"""LEAF's preprocessing of each kind as its paper's experiments run it (``paper_experiments/*.sh``)."""
 
 
 def read_split(directory: str) -> tuple[dict[str, dict[str, list]], dict[str, str]]:
@@ -64,6 +71,21 @@ def read_split(directory: str) -> tuple[dict[str, dict[str, list]], dict[str, st
   return users, hier
 
 
+def check_leaf_prepared(root: str, kind: str) -> None:
+  """Refuses a LEAF ``root`` without ``train/`` and ``test/``, naming the command that prepares
+  ``kind`` (any name, when ``kind`` is not LEAF's).
+
+  Raises:
+    ValueError: a directory is missing.
+  """
+  for split in ("train", "test"):
+    if not os.path.isdir(os.path.join(root, split)):
+      how = (f" Prepare them once where internet is available: `{PREPARE[kind]}`, then set config.data.root "
+             f"to leaf/data/{kind}/data") if kind in PREPARE else ""
+      raise ValueError(f"LEAF root {root!r} has no {split}/ directory: the LEAF {kind} data are not "
+                       f"prepared there.{how}")
+
+
 def load_leaf(root: str, *, kind: str, group_key: str | None = None, seq_len: int = 80,
               ) -> tuple[FederatedData, np.ndarray, dict[str, np.ndarray]]:
   """``(data, groups int32[C], extras)`` from ``root/train`` and ``root/test``; ``extras``
@@ -77,9 +99,7 @@ def load_leaf(root: str, *, kind: str, group_key: str | None = None, seq_len: in
     raise ValueError(f"LEAF kind={kind!r}; choose one of {KINDS}")
   if group_key not in (None, "hierarchies"):
     raise ValueError(f"group_key={group_key!r}; choose None or 'hierarchies'")
-  for split in ("train", "test"):
-    if not os.path.isdir(os.path.join(root, split)):
-      raise ValueError(f"LEAF root {root!r} has no {split}/ directory")
+  check_leaf_prepared(root, kind)
   train, hier = read_split(os.path.join(root, "train"))
   test, _ = read_split(os.path.join(root, "test"))
   clients = sorted(train)

@@ -5,7 +5,8 @@ clustered-FL setup (10 clients by Dirichlet(α = 0.1), images of some clients fl
 ``k`` has a prototype ``P_k ∈ [0, 1]^{H×W}``: a random pattern of ``blobs`` bright Gaussian
 spots, so prototypes are not mirror-symmetric and a flipped image is a new distribution.
 An example of class ``k`` is ``clip(P_k shifted by up to ``max_shift`` pixels + noise · N(0, 1), 0, 1)``
-with shape ``[H, W, 1]``. Examples are dealt to clients by
+with shape ``[H, W, 1]`` (``[H, W, C]`` with ``channels=C``: one prototype per class and
+channel, e.g. a CIFAR-shaped stand-in with ``image_size=32, channels=3``). Examples are dealt to clients by
 :func:`fedtree.core.data.partition_dirichlet` and each client's are split into train and test.
 """
 
@@ -16,14 +17,15 @@ import numpy as np
 from fedtree.core.data import FederatedData, partition_dirichlet, partition_iid, split_train_test
 
 
-def _prototypes(rng, num_classes: int, size: int, blobs: int) -> np.ndarray:
+def _prototypes(rng, num_classes: int, size: int, blobs: int, channels: int = 1) -> np.ndarray:
   yy, xx = np.mgrid[0:size, 0:size].astype(np.float64)
-  protos = np.zeros((num_classes, size, size))
+  protos = np.zeros((num_classes, size, size, channels))
   for k in range(num_classes):
-    for _ in range(blobs):
-      cy, cx = rng.uniform(0, size - 1, 2)
-      s = rng.uniform(0.6, 1.5)
-      protos[k] += np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * s * s))
+    for c in range(channels):
+      for _ in range(blobs):
+        cy, cx = rng.uniform(0, size - 1, 2)
+        s = rng.uniform(0.6, 1.5)
+        protos[k, :, :, c] += np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * s * s))
   return np.clip(protos, 0.0, 1.0)
 
 
@@ -39,6 +41,7 @@ def prototype_images(
   partition: str = "dirichlet",
   alpha: float = 0.1,
   test_fraction: float = 0.2,
+  channels: int = 1,
   seed: int = 0,
 ) -> FederatedData:
   """MNIST-like generated images over ``num_clients`` clients (module docstring).
@@ -50,14 +53,16 @@ def prototype_images(
   """
   if image_size < 2 or num_classes < 2:
     raise ValueError(f"image_size={image_size} and num_classes={num_classes} must be >= 2")
+  if channels < 1:
+    raise ValueError(f"channels={channels} must be >= 1")
   if partition not in ("dirichlet", "iid"):
     raise ValueError(f"partition={partition!r}; choose 'dirichlet' or 'iid'")
   rng = np.random.default_rng(seed)
-  protos = _prototypes(rng, num_classes, image_size, blobs)
+  protos = _prototypes(rng, num_classes, image_size, blobs, channels)
   y = rng.integers(0, num_classes, num_examples).astype(np.int32)
   shifts = rng.integers(-max_shift, max_shift + 1, (num_examples, 2))
   x = np.stack([np.roll(protos[k], tuple(s), axis=(0, 1)) for k, s in zip(y, shifts, strict=True)])
-  x = np.clip(x + noise * rng.normal(size=x.shape), 0.0, 1.0).astype(np.float32)[..., None]
+  x = np.clip(x + noise * rng.normal(size=x.shape), 0.0, 1.0).astype(np.float32)
   if partition == "dirichlet":
     parts = partition_dirichlet(y, num_clients, alpha, rng, min_size=4)
   else:

@@ -33,11 +33,14 @@ class DataInfo:
     label_columns: ``int32[L, C]`` group labels of every client, coarsest first, when the data
       name a tree deeper than root -> groups -> clients (``config.topology.kind="columns"``
       builds it with :meth:`fedtree.core.topology.Topology.from_label_columns`); else ``None``.
+    central: ``(x, y)`` of a central test set a natural split ships apart from its clients (TFF
+      CIFAR-100's test clients), else ``None``.
   """
 
   group_names: tuple[str, ...] | None = None
   vocab: tuple[str, ...] | None = None
   label_columns: np.ndarray | None = None
+  central: tuple[np.ndarray, np.ndarray] | None = None
 
   def char_table(self, max_chars: int = 16) -> np.ndarray:
     """``int32[V, max_chars]`` spelling of every vocabulary token
@@ -162,7 +165,7 @@ def _load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, An
     return data, _file_groups(groups, data.num_clients, team, num_groups), central, _info(extras)
   if name in TEXT_DATASETS:
     data, groups, info = load_natural(name, **kwargs)
-    return data, groups, None, info
+    return data, groups, info.central, info
   raise ValueError(f"config.data.name={name!r} is unknown; choose one of {DATASETS}")
 
 
@@ -210,7 +213,7 @@ def load_natural(name: str, *, cache_dir: str | None = None, **kwargs,
     build, opts = corpus_build(text.tfds_text_corpus)
     source = kwargs
   elif name == "leaf":
-    from fedtree.datasets.leaf import load_leaf
+    from fedtree.datasets.leaf import check_leaf_prepared, load_leaf
 
     opts = {}
 
@@ -218,9 +221,10 @@ def load_natural(name: str, *, cache_dir: str | None = None, **kwargs,
       data, groups, extras = load_leaf(**kwargs)
       return data, dict(extras, groups=groups)
 
+    check_leaf_prepared(kwargs.get("root", ""), kwargs.get("kind", ""))   # named, before fingerprinting
     source = cache.source_fingerprint(kwargs["root"]) if cache_dir else None
   else:
-    from fedtree.datasets.tff_h5 import load_tff_h5
+    from fedtree.datasets.tff_h5 import ARCHIVES, check_prepared, load_tff_h5
 
     opts = {}
 
@@ -228,12 +232,18 @@ def load_natural(name: str, *, cache_dir: str | None = None, **kwargs,
       data, groups, extras = load_tff_h5(**kwargs)
       return data, dict(extras, groups=groups)
 
+    if kwargs.get("kind") in ARCHIVES:   # named, before fingerprinting the files
+      check_prepared(kwargs["kind"], kwargs.get("train_path", ""), kwargs.get("test_path", ""))
+
     source = (cache.source_fingerprint(kwargs["train_path"], kwargs["test_path"]) if cache_dir
               else None)
   key = cache.fingerprint(source, dict(kwargs, name=name, **opts)) if cache_dir else ""
   data, extras, _ = cache.cached(cache_dir, f"{name}-{key}", build)
   info = DataInfo(*(tuple(str(t) for t in extras[k]) if k in extras else None
                     for k in ("group_names", "vocab")))
+  if "central_x" in extras:
+    info = dataclasses.replace(info, central=(np.asarray(extras["central_x"]),
+                                              np.asarray(extras["central_y"], np.int32)))
   return data.validate(), np.asarray(extras["groups"], np.int32), info
 
 

@@ -23,3 +23,11 @@ class PathParts(NamedTuple):
   node: tuple[NodeTransform, ...] = ()
   down: DownTransform | None = None
   wrap_aggregator: tuple[Callable[[Aggregator], Aggregator], ...] = ()
+
+
+def run_depth(ctx) -> int:
+  """The server levels of the tree of the run the sections are converted for (its
+  :class:`~fedtree.experiment.run_context.RunContext`'s: a one-server run has one level, ``0``, the
+  same as ``-1``, whatever the config's tree; 1 without a tree)."""
+  topology = getattr(ctx, "topology", None)
+  return 1 if topology is None else int(topology.depth)

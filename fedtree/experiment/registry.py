@@ -22,10 +22,13 @@ algorithms that take ``update_paths``), ``chunk_size`` (an int, ``None``, ``"aut
 default the config's, else ``"auto"``), ``compute_dtype`` (default the config's), ``init_params``
 (the path of saved parameters to start from, default the config's ``init_params``:
 :mod:`fedtree.experiment.params`; every algorithm takes it, GroupPerFL in its first stage),
-``weighting``, ``server`` (one server optimizer config ``{name, **hparams}``) / ``servers`` (one per
-server level), ``periods``, ``tree`` (``"flat"`` or ``"config"``, for the methods whose tree is
-optional), ``objective`` (for the algorithms that take a ``client_update``: the local objective,
-``{name, **hyperparameters}``, see :func:`objective_from_config`), and the runner's ``rounds`` and
+``weighting``, ``server`` (one server optimizer config ``{name, **hparams}``) / ``servers`` (one
+per server level), ``local_learning_rate`` (the methods over the HierFAVG host: this run's clients use
+``config.local``'s optimizer at this rate, and are told it, as a benchmark's table tunes it per
+method),
+``periods``, ``tree`` (``"flat"`` or ``"config"``, for the methods whose tree is optional),
+``objective`` (for the algorithms that take a ``client_update``: the local objective, ``{name,
+**hyperparameters}``, see :func:`objective_from_config`), and the runner's ``rounds`` and
 ``label``.
 
 Adding an algorithm: its factory (one file) and one :class:`AlgorithmSpec` line in
@@ -57,10 +60,14 @@ from fedtree.experiment.builders import (
 )
 from fedtree.experiment.families import bhfl as bhfl_family
 from fedtree.experiment.families import grouppfl as grouppfl_family
+from fedtree.experiment.run_context import RunContext
 from fedtree.experiment.spec import AlgorithmSpec, Fields, check_fields, number
 from fedtree.experiment.systems import systems_from_config
 
 RUNNER_FIELDS = ("algorithm", "label", "rounds")
+CAPABILITIES = {"update_paths", "systems"}
+"""Factory parameters set from capability sections, whose converters get the run's
+:class:`~fedtree.experiment.run_context.RunContext` (its tree and cohort)."""
 CONTEXT_PARAMS = ("model", "data", "local_optimizer", "schedule", "name", "local_learning_rate")
 NOT_CONFIGURABLE = ("client_update", "init_params")
 """Factory parameters that are not run fields of their own name: ``init_params`` is a path
@@ -88,6 +95,25 @@ def _tree(v, ctx):
   return {"topology": None if tree == "flat" else ctx.topology}
 
 
+def run_topology(label: str, run, ctx) -> Topology:
+  """The tree run ``label``'s algorithm is built on, which its capabilities read
+  (:class:`~fedtree.experiment.run_context.RunContext`): the config's tree for a factory that
+  requires ``topology`` (HierFAVG, B-HFL, pFedMT); for one whose ``topology`` is optional, the
+  run's ``tree`` field (``"flat"``, the default: one server over every client; ``"config"``: the
+  config's); the spec's own ``tree`` (GroupPerFL: its data groups); else one server over every
+  client (FedAvg, FedOpt, the clustered family)."""
+  spec = _spec(label, run)
+  if spec.tree is not None:
+    return spec.tree(run, ctx)
+  flat = Topology.flat(int(ctx.data.num_clients))
+  topo = inspect.signature(spec.factory).parameters.get("topology")
+  if topo is None:
+    return flat
+  if topo.default is inspect.Parameter.empty:
+    return ctx.topology
+  return _tree({"tree": run["tree"]} if "tree" in run else {}, ctx)["topology"] or flat
+
+
 def _cohort(v, ctx):
   if "cohort_size" not in v:
     return {}
@@ -108,6 +134,16 @@ def _rate_optimizer(field: str, target: str):
     return {target: local_optimizer_from_config(local)}
 
   return Fields((field,), convert)
+
+
+def _run_local_rate(v, ctx):
+  """``local_learning_rate``: this run's clients use ``config.local``'s optimizer at this rate, and are
+  told it (:attr:`fedtree.core.local.ClientRound.learning_rate`); absent: the config's."""
+  if "local_learning_rate" not in v:
+    return {}
+  rate = number(v["local_learning_rate"])
+  optimizer = _rate_optimizer("local_learning_rate", "local_optimizer").convert(v, ctx)
+  return {**optimizer, "local_learning_rate": rate}
 
 
 def _local_rate(ctx):
@@ -138,8 +174,8 @@ def _fedem_memory(kw: dict, ctx):
   from fedtree.experiment.memory import Needs, tree_bytes
 
   k = int(kw["num_components"])
-  topology = kw.get("topology")
-  nodes = 1 if topology is None else sum(topology.num_nodes(lv) for lv in range(topology.depth))
+  topology = kw["topology"]
+  nodes = sum(topology.num_nodes(lv) for lv in range(topology.depth))
   one = tree_bytes(jax.eval_shape(ctx.model.init, jax.random.key(0)))
   return Needs(step_models=k, parts=((f"FedEM's {k} components at {nodes} node(s)", k * nodes * one),))
 
@@ -198,8 +234,7 @@ def memory_needs(label: str, run, ctx):
   for n, hint in schema(spec).scalars.items():
     if n in run:
       kw[n] = coerce(run[n], hint, f"config.runs.{label}.{n}")
-  if "topology" in params:
-    kw.update(_tree(run, ctx) if params["topology"].default is None else {"topology": ctx.topology})
+  kw["topology"] = run_topology(label, run, ctx)
   return spec.memory(kw, ctx)
 
 
@@ -356,6 +391,8 @@ def schema(spec: AlgorithmSpec) -> Schema:
   if "update_paths" in params:   # privacy, attacks, robust aggregation, compression (by section)
     common.append(Fields(tuple(update_sections.SECTIONS), update_sections.update_paths_from_config,
                          ("update_paths",)))
+  if "local_optimizer" in params and "local_learning_rate" in params:   # a per-run client learning rate
+    common.append(Fields(("local_learning_rate",), _run_local_rate, ("local_optimizer",)))
   if "personal" in params:   # parameters kept per client or per subtree (fedtree.core.personal)
     common.append(Fields(("personal",), _personal))
   if "systems" in params:   # devices, availability, round policy (fedtree.experiment.systems)
@@ -432,9 +469,13 @@ def factory_kwargs(label: str, run, ctx) -> dict[str, Any]:
   for n, hint in sch.scalars.items():
     if n in run:
       kw[n] = coerce(run[n], hint, f"{where}.{n}")
+  run_ctx = None
   for f in sch.fields:
     try:
-      fctx = update_sections.RunContext(ctx, label, run, params) if "update_paths" in f.targets else ctx
+      fctx = ctx
+      if set(f.targets + f.names) & CAPABILITIES:   # the run's tree and cohort, never the config's
+        run_ctx = run_ctx or RunContext(ctx, label, run, params)
+        fctx = run_ctx
       kw.update(f.convert({n: run[n] for n in f.names if n in run}, fctx))
     except ValueError as e:
       raise ValueError(f"{where} (algorithm={run.algorithm!r}): {e}") from e
@@ -541,7 +582,14 @@ def _with_adapters(label: str, run_cfg, ctx):
     return build_algorithm(label, inner_run, dataclasses.replace(ctx, model=model, init_params=None))
 
   try:
-    lora.lora_targets(spec, base)
+    targets = lora.lora_targets(spec, base)
   except ValueError as e:
     raise ValueError(f"config.runs.{label}.adapters: {e}") from e
+  full = lora.full_rank_kernels(spec, targets)
+  if full:
+    import sys
+
+    print(f"warning: config.runs.{label}.adapters: rank={spec.rank} exceeds the smaller side of {full}: "
+          f"their adapters hold more parameters than the kernels and are no low-rank update (lower the rank, "
+          f"or targets that leave them out)", file=sys.stderr, flush=True)
   return lora.frozen_base(build, model=ctx.model, spec=spec, base=base)

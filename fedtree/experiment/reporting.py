@@ -220,6 +220,11 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
   sent = any("sentence_perplexity" in s for models in results.values() for s in models.values())
   header += ["ppl"] if ppl else []
   header += ["sent ppl"] if sent else []
+  central = any("central_accuracy" in s for models in results.values() for s in models.values())
+  header += ["central"] if central else []
+  topk = sorted({k for models in results.values() for s in models.values() for k in s
+                 if k.startswith("top") and k.endswith("_accuracy")})
+  header += [k.removesuffix("_accuracy") for k in topk]
   ari = any("adjusted_rand_index" in s for models in results.values() for s in models.values())
   header += ["intra", "inter", "clusters"] if clustered else []
   header += ["ARI"] if ari else []
@@ -244,6 +249,8 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
              f"{s.get('client_mean_accuracy', float('nan')):.4f}", f"{s.get('loss', float('nan')):.4f}"]
       row += [f"{s.get('perplexity', float('nan')):.2f}"] if ppl else []
       row += [f"{s.get('sentence_perplexity', float('nan')):.2f}"] if sent else []
+      row += [f"{s['central_accuracy']:.4f}" if "central_accuracy" in s else ""] if central else []
+      row += [f"{s[k]:.4f}" if k in s else "" for k in topk]
       if clustered:
         row += ([f"{s['intra_cluster_accuracy']:.4f}", f"{s['inter_cluster_accuracy']:.4f}",
                  str(s["num_clusters"])] if "intra_cluster_accuracy" in s else ["", "", ""])
@@ -270,10 +277,15 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
   title = "Final evaluation (test data of every client"
   title += "; a group's column = accuracy on that group" if num_groups else ""
   title += "; ppl / sent ppl = perplexity at token / sentence level" if ppl else ""
+  title += "; central = accuracy on the central test split (global models)" if central else ""
+  title += "; topK = top-K accuracy" if topk else ""
   title += "; intra/inter = intra-/inter-cluster accuracy" if clustered else ""
   title += "; ARI = adjusted Rand index against the true clusters" if ari else ""
   title += "; FA / FR = false-accept / false-reject rate in %" if kws else ""
   title += "; ASR = the backdoor's attack success rate on triggered test data" if asr else ""
+  title += ("; ε = user-level privacy spent at the run's δ, replace-one adjacency with fixed-size cohorts "
+            "(about twice the add/remove ε of Opacus at the same noise multiplier), add/remove with Poisson "
+            "sampling or privacy.adjacency='add_remove'") if eps else ""
   title += ("; clients = 10th/50th/90th percentile and Gini coefficient of per-client accuracy "
             "(perplexity for a language model)") if fair else ""
   title += ")"

@@ -21,7 +21,8 @@ evaluation, also per experiment of a sweep); they need a fixed set of attackers 
 no swept fraction).
 
 ``aggregator``: ``{"name": ..., "levels": -1 | [levels], ...}`` plus the aggregator's
-hyperparameters (``beta``, ``f``, ``m``, ``iterations``, ``nu``, ``tau``, ``center``,
+hyperparameters (``beta``, ``f``, ``m``, ``weighted``: multi-Krum's kept updates averaged with the
+clients' weights as Flower's are, ``iterations``, ``nu``, ``tau``, ``center``,
 ``trusted``: FLTrust's root-data clients, or ``root_fraction``: that fraction of the clients
 drawn by ``seed``); ``levels``
 are server levels (``0`` the root, ``-1`` the clients' parents, the default).
@@ -42,9 +43,11 @@ import numpy as np
 
 from fedtree.core import attacks, robust
 from fedtree.datasets import poison
-from fedtree.experiment.path_parts import PathParts
+from fedtree.experiment.path_parts import PathParts, run_depth
+from fedtree.experiment.run_context import run_context
 
 DATA_ATTACKS = ("label_flip", "backdoor")
+"""The attacks that poison the attackers' training data (:func:`poisoned_data`), not their updates."""
 ATTACKS = tuple(sorted(attacks.CLIENT_ATTACKS)) + attacks.OMNISCIENT + DATA_ATTACKS
 
 
@@ -92,7 +95,7 @@ def attack_section(section: dict[str, Any], ctx) -> dict[int, Any]:
   if name not in ATTACKS:
     raise ValueError(f"attack name={name!r}; choose one of {list(ATTACKS)}")
   level = section.pop("level", -1)
-  depth = 1 if ctx.topology is None else int(ctx.topology.depth)
+  depth = run_depth(ctx)
   if isinstance(level, bool) or not isinstance(level, int) or not -depth <= level < depth:
     raise ValueError(f"level={level!r}: the server level whose children attack; choose one of "
                      f"{list(range(depth))} or -1 (the clients' parents: the clients attack)")
@@ -190,11 +193,12 @@ def poisoned_data(run, ctx):
 PAIRWISE = ("krum", "multi_krum", "bulyan")
 
 
-def block_estimate(run, ctx) -> tuple[int, int, int, bool] | None:
+def block_estimate(run, ctx, label: str = "<label>") -> tuple[int, int, int, bool] | None:
   """``(param_bytes, rows, block_size, pairwise)`` of the cohort blocks a run's blockwise
   aggregator holds at the clients' tier (:func:`fedtree.experiment.memory.block_bytes`), or
-  ``None`` when it aggregates by the streamed mean. An upper bound: ``rows`` is every client, or
-  ``cohort_size`` per parent of the clients; ``block_size`` the cohort or every client."""
+  ``None`` when it aggregates by the streamed mean: ``rows`` the run's cohort over every clients'
+  parent of its tree, ``block_size`` the largest parent's
+  (:attr:`~fedtree.experiment.run_context.RunContext.cohort`)."""
   import jax
 
   from fedtree.experiment.memory import tree_bytes
@@ -205,12 +209,8 @@ def block_estimate(run, ctx) -> tuple[int, int, int, bool] | None:
   agg, attack = plain(run.get("aggregator", None)), plain(run.get("attack", None))
   if not agg.get("name") and attack.get("name") not in attacks.OMNISCIENT:
     return None
-  n = int(ctx.data.num_clients)
-  topo = ctx.topology
-  parents = 1 if topo is None else int(topo.num_nodes(topo.depth - 1))
-  cohort = run.get("cohort_size", None)
-  size = min(int(cohort), n) if isinstance(cohort, int) else n
-  rows = min(n, parents * size) if isinstance(cohort, int) else n
+  cohort = run_context(ctx, label, run).cohort   # the run's tree and cohort, never the config's
+  rows, size = int(cohort.sum()), int(cohort.max())
   pairwise = agg.get("name") in PAIRWISE or attack.get("name") in ("min_max", "min_sum")
   param_bytes = tree_bytes(jax.eval_shape(ctx.model.init, jax.random.key(0)))
   return param_bytes, rows, size, pairwise

@@ -39,6 +39,9 @@ class AlgorithmSpec:
       (e.g. a rate that defaults to ``config.local.learning_rate``).
     wrap: ``wrap(built, label, run, ctx)``, what the runner gets (B-HFL's report hook,
       GroupPerFL's stages).
+    tree: ``tree(run, ctx) -> Topology``, the tree the algorithm is built on, for an algorithm
+      whose factory is not given it as ``topology`` (GroupPerFL: its data groups); ``None``: read
+      from the factory's signature (:func:`fedtree.experiment.registry.run_topology`).
     memory: ``memory(kwargs, ctx) -> fedtree.experiment.memory.Needs``, what the method holds
       beyond one model's client step (FedEM's components, kNN-Per's memory), from its factory's
       keyword arguments (defaults filled in); the up-front memory estimate adds it.
@@ -48,6 +51,7 @@ class AlgorithmSpec:
   fields: tuple[Fields, ...] = ()
   defaults: Callable[[Any], dict[str, Any]] | None = None
   wrap: Callable[..., Any] | None = None
+  tree: Callable[[Any, Any], Any] | None = None
   memory: Callable[[dict[str, Any], Any], Any] | None = None
 
 

@@ -4,7 +4,11 @@
 * :mod:`fedtree.models.classifiers`: logistic regression, MLP, CNN.
 * :mod:`fedtree.models.kws`: DS-CNN, MHAttRNN, ResNet-15 and KWT for keyword spotting (paper 002).
 * :mod:`fedtree.models.lm`: LSTM (optionally character-aware) and causal Transformer language
-  models (paper 000).
+  models (paper 000), and the standard tasks' LSTMs (``shakespeare_lstm``, ``stackoverflow_lstm``).
+* :mod:`fedtree.models.vision`: the standard benchmarks' image models (McMahan's CNN, LeNet-5,
+  FLGo's CIFAR CNN, ResNet-18 with GroupNorm or BatchNorm, Reddi et al.'s ResNet-18, VGG-11).
+
+:data:`STANDARD_MODELS` names the models of the standard federated tasks (docs/standard-tasks.md).
 """
 
 from __future__ import annotations
@@ -24,9 +28,68 @@ from fedtree.models.kws import (
   view_indices,
   with_views,
 )
-from fedtree.models.lm import LSTMLM, TransformerLM, build_lm, lm_model
+from fedtree.models.lm import LSTMLM, NAMED_LMS, TransformerLM, build_lm, lm_model
+from fedtree.models.vision import (
+  VGG11,
+  CifarCNN,
+  FedAvgCNN,
+  LeNet5,
+  ResNet18,
+  ResNet18AFO,
+  image_shape,
+)
 
-MODELS = ("logreg", "mlp", "cnn", "dscnn", "kwt", "mhattrnn", "resnet15", "lstm_lm", "transformer_lm")
+STANDARD_MODELS = ("fedavg_cnn", "leaf_cnn", "emnist_cnn", "lenet5", "flgo_cnn", "resnet18", "resnet18_afo",
+                   "vgg11") + tuple(NAMED_LMS)
+"""The models of the standard federated tasks, each as its paper or reference code lists it."""
+MODELS = ("logreg", "mlp", "cnn", "dscnn", "kwt", "mhattrnn", "resnet15", "lstm_lm",
+          "transformer_lm") + STANDARD_MODELS
+
+_IMAGE_MODELS = {
+  # name: (module, fixed fields, smallest side, largest side)
+  "fedavg_cnn": (FedAvgCNN, {}, 1, None),
+  "leaf_cnn": (FedAvgCNN, {"dense": 2048}, 1, None),
+  "emnist_cnn": (CNN, {}, 6, None),
+  "lenet5": (LeNet5, {}, 1, 32),
+  "flgo_cnn": (CifarCNN, {}, 16, None),
+  "resnet18": (ResNet18, {}, 1, None),
+  "resnet18_afo": (ResNet18AFO, {}, 1, None),
+  "vgg11": (VGG11, {}, 32, 63),
+}
+
+def _standard_image_model(name: str, example_shape: Sequence[int], num_classes: int, **kwargs) -> Model:
+  cls, fixed, low, high = _IMAGE_MODELS[name]
+  image_shape(name, example_shape, min_size=low, max_size=high)
+  kwargs = {**fixed, **{k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}}
+  return from_flax(cls(num_classes=num_classes, **kwargs), example_shape, num_classes)
+
+
+_MODULES = {"logreg": LogisticRegression, "mlp": MLP, "cnn": CNN, "dscnn": DSCNN, "kwt": KWT,
+            "mhattrnn": MHAttRNN, "resnet15": ResNet15, "lstm_lm": LSTMLM, "transformer_lm": TransformerLM}
+
+
+def model_fields(name: str) -> frozenset[str] | None:
+  """The ``config.model`` fields (keyword arguments of :func:`build_model`) that model ``name``
+  takes besides ``name``; ``None`` for an unknown name.
+
+  Example:
+    >>> sorted(model_fields("logreg")), sorted(model_fields("mlp"))
+    (['views'], ['hidden', 'views'])
+  """
+  import dataclasses
+
+  module = _MODULES.get(name)
+  if name in _IMAGE_MODELS:
+    module = _IMAGE_MODELS[name][0]
+  elif name in NAMED_LMS:
+    module = LSTMLM
+  if module is None:
+    return None
+  internal = {"parent", "name", "num_classes", "vocab_size", "max_len"}
+  fields = {f.name for f in dataclasses.fields(module) if f.init} - internal
+  extra = {"vocab_size"} if name in ("lstm_lm", "transformer_lm") or name in NAMED_LMS else set()
+  extra |= {"char_len"} if name == "lstm_lm" or name in NAMED_LMS else set()
+  return frozenset(fields | extra | {"views"})
 
 
 def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **kwargs) -> Model:
@@ -47,8 +110,10 @@ def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **
       raise ValueError(f"views={views} but the examples' shape {tuple(example_shape)} does not start with it")
     inner = build_model(name, example_shape=example_shape[1:], num_classes=num_classes, **kwargs)
     return with_views(inner, int(views))
-  if name in ("lstm_lm", "transformer_lm"):
+  if name in ("lstm_lm", "transformer_lm") or name in NAMED_LMS:
     return build_lm(name, example_shape=example_shape, num_classes=num_classes, **kwargs)
+  if name in _IMAGE_MODELS:
+    return _standard_image_model(name, example_shape, num_classes, **kwargs)
   if name == "logreg":
     module = LogisticRegression(num_classes=num_classes, **kwargs)
   elif name == "mlp":
@@ -72,7 +137,10 @@ def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **
 
 
 __all__ = [
-  "CNN", "DSCNN", "KWT", "LSTMLM", "MLP", "MODELS", "Conv", "LogisticRegression", "MHAttRNN", "Model",
-  "ResNet15", "TransformerLM", "build_lm", "build_model", "depthwise_conv", "dilated_conv", "from_flax",
-  "im2col_conv", "lm_model", "masked_cross_entropy", "max_pool", "same_padding", "view_indices", "with_views",
+  "CNN", "DSCNN", "KWT", "LSTMLM", "MLP", "MODELS", "NAMED_LMS", "STANDARD_MODELS", "VGG11", "CifarCNN",
+  "Conv", "FedAvgCNN", "LeNet5", "LogisticRegression", "MHAttRNN", "Model", "ResNet15", "ResNet18",
+  "ResNet18AFO", "TransformerLM", "build_lm", "build_model", "depthwise_conv", "dilated_conv", "from_flax",
+  "im2col_conv", "image_shape", "lm_model", "masked_cross_entropy", "max_pool", "model_fields",
+  "same_padding",
+  "view_indices", "with_views",
 ]

@@ -59,12 +59,12 @@ class MLP(nn.Module):
 CONV_IMPLS = ("auto", "xla", "matmul")
 
 
-def im2col_conv(x: jax.Array, kernel: jax.Array, bias: jax.Array,
+def im2col_conv(x: jax.Array, kernel: jax.Array, bias: jax.Array | None,
                 strides: tuple[int, int] = (1, 1)) -> jax.Array:
   """A VALID convolution as one matmul over shifted (strided) slices (im2col by slicing).
 
-  ``x: [B, H, W, C]``, ``kernel: [kh, kw, C, F]`` (flax's ``nn.Conv`` layout), ``bias: [F]``.
-  Its gradients are pads, adds and matmuls, with no convolution op.
+  ``x: [B, H, W, C]``, ``kernel: [kh, kw, C, F]`` (flax's ``nn.Conv`` layout), ``bias: [F]``
+  or ``None`` (no bias). Its gradients are pads, adds and matmuls, with no convolution op.
   """
   kh, kw, cin, cout = kernel.shape
   sh, sw = strides
@@ -73,7 +73,8 @@ def im2col_conv(x: jax.Array, kernel: jax.Array, bias: jax.Array,
     [x[:, i:i + (h - 1) * sh + 1:sh, j:j + (w - 1) * sw + 1:sw, :] for i in range(kh) for j in range(kw)],
     axis=-1,
   )
-  return cols @ kernel.reshape(kh * kw * cin, cout) + bias.reshape((1, 1, 1, cout))
+  y = cols @ kernel.reshape(kh * kw * cin, cout)
+  return y if bias is None else y + bias.reshape((1, 1, 1, cout))
 
 
 AUTO_CONV_IMPL = {"cpu": "matmul", "gpu": "matmul", "cuda": "matmul", "rocm": "matmul", "tpu": "xla"}
@@ -88,7 +89,8 @@ def auto_conv_impl(backend: str | None = None) -> str:
 
 class Conv(nn.Module):
   """A VALID 2-D convolution (stride 1 unless ``strides``) with ``nn.Conv``'s parameters
-  (``kernel``, ``bias``).
+  (``kernel``, and ``bias`` unless ``use_bias=False``; pad the input for other paddings, e.g.
+  :func:`fedtree.models.kws.same_padding`).
 
   ``impl="xla"`` is ``lax.conv``; ``"matmul"`` is :func:`im2col_conv`; ``"auto"``
   (:func:`auto_conv_impl`) picks ``"matmul"`` on CPU and GPU and ``"xla"`` on TPU. On CPU,
@@ -104,20 +106,23 @@ class Conv(nn.Module):
   kernel_size: tuple[int, int] = (3, 3)
   impl: str = "auto"
   strides: tuple[int, int] = (1, 1)
+  use_bias: bool = True
+  kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()
 
   @nn.compact
   def __call__(self, x):
     if self.impl not in CONV_IMPLS:
       raise ValueError(f"conv impl={self.impl!r}; choose one of {CONV_IMPLS}")
-    kernel = self.param("kernel", nn.initializers.lecun_normal(),
-                        tuple(self.kernel_size) + (x.shape[-1], self.features))
-    bias = self.param("bias", nn.initializers.zeros, (self.features,))
+    kernel = self.param("kernel", self.kernel_init, tuple(self.kernel_size) + (x.shape[-1], self.features))
+    bias = None
+    if self.use_bias:
+      bias = self.param("bias", nn.initializers.zeros, (self.features,)).astype(x.dtype)
     impl = self.impl if self.impl != "auto" else auto_conv_impl()
     if impl == "matmul":
-      return im2col_conv(x, kernel.astype(x.dtype), bias.astype(x.dtype), tuple(self.strides))
+      return im2col_conv(x, kernel.astype(x.dtype), bias, tuple(self.strides))
     y = jax.lax.conv_general_dilated(x, kernel.astype(x.dtype), tuple(self.strides), "VALID",
                                      dimension_numbers=("NHWC", "HWIO", "NHWC"))
-    return y + bias.astype(x.dtype).reshape((1, 1, 1, -1))
+    return y if bias is None else y + bias.reshape((1, 1, 1, -1))
 
 
 def max_pool(x: jax.Array, window: tuple[int, int] = (2, 2)) -> jax.Array:

@@ -98,9 +98,10 @@ class CharCNNEmbed(nn.Module):
 
 
 class LSTMLM(nn.Module):
-  """LSTM language model: embedding, ``layers`` LSTM layers of ``hidden`` units, a dense
-  output over the vocabulary. Paper 000: ``embed=100, hidden=512, layers=2`` with
-  ``embedding="chars"``."""
+  """LSTM language model: embedding, ``layers`` LSTM layers of ``hidden`` units, with
+  ``projection`` a dense layer to that many units (no activation), a dense output over the
+  vocabulary. Paper 000: ``embed=100, hidden=512, layers=2`` with ``embedding="chars"``; the
+  standard tasks' models are :data:`NAMED_LMS`."""
 
   vocab_size: int
   embed: int = 100
@@ -109,6 +110,7 @@ class LSTMLM(nn.Module):
   embedding: str = "table"
   char_ids: tuple[tuple[int, ...], ...] | None = None
   dropout: float = 0.0
+  projection: int | None = None
 
   @nn.compact
   def __call__(self, tokens: jax.Array, *, train: bool = False) -> jax.Array:
@@ -121,6 +123,8 @@ class LSTMLM(nn.Module):
       x = nn.Dropout(self.dropout, deterministic=not train)(x)
       x = LSTMLayer(self.hidden, name=f"lstm{i}")(x)
     x = nn.Dropout(self.dropout, deterministic=not train)(x)
+    if self.projection:
+      x = nn.Dense(int(self.projection), name="projection")(x)
     return nn.Dense(self.vocab_size, name="out")(x)
 
 
@@ -156,6 +160,28 @@ class TransformerLM(nn.Module):
 
 LM_EMBEDDINGS = ("table", "chars")
 
+NAMED_LMS: dict[str, dict] = {
+  "shakespeare_lstm": dict(embed=8, hidden=256, layers=2),
+  "stackoverflow_lstm": dict(embed=96, hidden=670, layers=1, projection=96),
+}
+"""The standard tasks' language models, :class:`LSTMLM` at their published sizes (a config's
+``model`` fields override them):
+
+* ``shakespeare_lstm``: the character LSTM of McMahan et al. 2017 as LEAF
+  (TalwalkarLab/leaf ``models/shakespeare/stacked_lstm.py``) and Reddi et al. 2021
+  (google-research/federated ``utils/models/shakespeare_models.py``) build it: ``embedding 8 -
+  LSTM 256 - LSTM 256 - dense vocabulary``. Parameters ``8 V + 271,360 + 525,312 + 257 V``:
+  820,522 for TFF Shakespeare's vocabulary of 86 characters + 4 special tokens (V = 90) and
+  817,872 for LEAF's 80 characters (LEAF predicts one next character per 80-character window, from
+  the last LSTM output; fedtree predicts every position's next character, as TFF does).
+* ``stackoverflow_lstm``: the Stack Overflow next-word model of Reddi et al. 2021
+  (google-research/federated ``utils/models/stackoverflow_models.py:create_recurrent_model`` with
+  its defaults): ``embedding 96 - LSTM 670 - dense 96 (the projection) - dense vocabulary``.
+  Parameters ``96 V + 2,055,560 + 64,416 + 97 V``: 4,050,748 for 10,000 words + 4 special tokens
+  (V = 10,004; the reference's pad, BOS, EOS and one OOV bucket, fedtree's
+  :data:`fedtree.datasets.text.SPECIAL`).
+"""
+
 
 def lm_model(module: nn.Module, seq_len: int, vocab_size: int) -> Model:
   """Wraps a flax LM taking ``int32[B, seq_len]`` into a :class:`Model` (labels ``[B, T]``)."""
@@ -174,9 +200,9 @@ def lm_model(module: nn.Module, seq_len: int, vocab_size: int) -> Model:
 
 def build_lm(name: str, *, example_shape: Sequence[int], num_classes: int, **kwargs) -> Model:
   """``lstm_lm`` (``embed=``, ``hidden=``, ``layers=``, ``embedding=``, ``char_ids=``,
-  ``dropout=``) or ``transformer_lm`` (``dim=``, ``depth=``, ``heads=``, ``mlp_dim=``,
-  ``dropout=``) over a vocabulary of ``num_classes`` words and sentences of
-  ``example_shape = (T,)`` tokens.
+  ``dropout=``, ``projection=``), one of :data:`NAMED_LMS` (``lstm_lm`` at a published size) or
+  ``transformer_lm`` (``dim=``, ``depth=``, ``heads=``, ``mlp_dim=``, ``dropout=``) over a
+  vocabulary of ``num_classes`` words and sentences of ``example_shape = (T,)`` tokens.
 
   Raises:
     ValueError: the example shape is not ``(T,)``, the embedding is unknown, or a
@@ -184,7 +210,11 @@ def build_lm(name: str, *, example_shape: Sequence[int], num_classes: int, **kwa
   """
   example_shape = tuple(int(s) for s in example_shape)
   if len(example_shape) != 1:
-    raise ValueError(f"{name} takes sentences of T token ids, example_shape=(T,); got {example_shape}")
+    raise ValueError(f"model {name!r} takes sentences of T token ids, example_shape=(T,); the data's "
+                     f"examples have shape {example_shape}")
+  if name in NAMED_LMS:
+    kwargs = {**NAMED_LMS[name], **kwargs}
+    name = "lstm_lm"
   vocab = kwargs.pop("vocab_size", None)
   if vocab is not None and int(vocab) != int(num_classes):
     raise ValueError(f"model vocab_size={vocab} but the data's vocabulary has {num_classes} words; "
@@ -203,5 +233,6 @@ def build_lm(name: str, *, example_shape: Sequence[int], num_classes: int, **kwa
   elif name == "transformer_lm":
     module = TransformerLM(vocab_size=int(num_classes), max_len=example_shape[0], **kwargs)
   else:
-    raise ValueError(f"language model {name!r} is unknown; choose 'lstm_lm' or 'transformer_lm'")
+    raise ValueError(f"language model {name!r} is unknown; choose 'lstm_lm', 'transformer_lm' or one of "
+                     f"{tuple(NAMED_LMS)}")
   return lm_model(module, example_shape[0], num_classes)

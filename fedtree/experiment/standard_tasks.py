@@ -1,0 +1,109 @@
+"""The published setups of the standard federated tasks, as data the configs of
+``configs/benchmarks/`` read (docs/standard-tasks.md).
+
+* :data:`AFO_TASKS`, :data:`AFO_LOG10`: Reddi et al. 2021 ("Adaptive federated optimization",
+  AFO), as google-research/federated ``optimization/docs/hyperparameters.md`` lists them: the
+  cross-task setup (clients per round, client batch size, total rounds; one client epoch) and, for
+  every task and method, the best client learning rate, server learning rate and adaptivity
+  epsilon, in base-10 logs. :func:`afo_runs` makes one run per method.
+* The methods' server optimizers as the reference code builds them (its README and
+  ``hyperparameters.md``): FedAvg is server SGD, FedAvgM server SGD with momentum 0.9, FedAdam
+  Keras' Adam and FedYogi the repository's Yogi (``utils/optimizers/yogi.py``), both with
+  ``beta1 = 0.9``, ``beta2 = 0.999`` (Keras' defaults), initial accumulator 0, the bias-corrected
+  step ``lr sqrt(1 - beta2^t) / (1 - beta1^t)`` and epsilon outside the square root:
+  :func:`fedtree.core.server.fedopt` with ``bias_correction=True, initial_accumulator=0``.
+
+The tests (``tests/test_standard_tasks.py``) hold their own copy of these tables, written from the
+sources, and check every shipped config against it.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+AFO_METHODS = ("fedavg", "fedavgm", "fedadam", "fedyogi")
+"""The AFO methods the benchmark configs run (the paper also tunes FedAdagrad)."""
+
+AFO_TASKS: dict[str, dict[str, int]] = {
+  # hyperparameters.md, "Default values": clients per round, client batch size, total rounds
+  "cifar100_image": {"clients_per_round": 10, "batch_size": 20, "rounds": 4000},
+  "emnist_character": {"clients_per_round": 10, "batch_size": 20, "rounds": 1500},
+  "shakespeare_character": {"clients_per_round": 10, "batch_size": 4, "rounds": 1200},
+  "stackoverflow_word": {"clients_per_round": 50, "batch_size": 16, "rounds": 1500},
+}
+"""AFO's cross-task setup per task (one client epoch per round for all)."""
+
+AFO_LOG10: dict[str, dict[str, tuple[float, float, float | None]]] = {
+  # task: {method: (log10 client learning rate, log10 server learning rate, log10 epsilon)}
+  "cifar100_image": {"fedadam": (-1.5, 0.0, -1.0), "fedyogi": (-1.5, 0.0, -1.0),
+                     "fedavgm": (-1.5, 0.0, None), "fedavg": (-1.0, 0.5, None)},
+  "emnist_character": {"fedadam": (-1.5, -2.5, -4.0), "fedyogi": (-1.5, -2.5, -4.0),
+                       "fedavgm": (-1.5, -0.5, None), "fedavg": (-1.0, 0.0, None)},
+  "shakespeare_character": {"fedadam": (0.0, -2.0, -3.0), "fedyogi": (0.0, -2.0, -3.0),
+                            "fedavgm": (0.0, -0.5, None), "fedavg": (0.0, 0.0, None)},
+  "stackoverflow_word": {"fedadam": (-0.5, -2.0, -5.0), "fedyogi": (-0.5, -2.0, -5.0),
+                         "fedavgm": (-0.5, 0.0, None), "fedavg": (-0.5, 0.0, None)},
+}
+"""AFO's best hyperparameters (hyperparameters.md, "Best hyperparameters")."""
+
+
+def afo_server(method: str, server_log10: float, epsilon_log10: float | None) -> dict:
+  """The server optimizer config of an AFO ``method`` (module docstring).
+
+  Raises:
+    ValueError: an unknown ``method``, or an adaptive one without epsilon.
+  """
+  lr = 10.0 ** server_log10
+  if method == "fedavg":
+    return {"name": "fedavg", "learning_rate": lr}
+  if method == "fedavgm":
+    return {"name": "fedavgm", "learning_rate": lr, "momentum": 0.9}
+  if method in ("fedadam", "fedyogi"):
+    if epsilon_log10 is None:
+      raise ValueError(f"AFO method {method!r} needs an epsilon")
+    return {"name": method, "learning_rate": lr, "b1": 0.9, "b2": 0.999, "tau": 10.0 ** epsilon_log10,
+            "initial_accumulator": 0.0, "bias_correction": True}
+  raise ValueError(f"AFO method {method!r}; choose one of {AFO_METHODS}")
+
+
+def afo_runs(task: str, methods: tuple[str, ...] = AFO_METHODS) -> ml_collections.ConfigDict:
+  """One run per AFO method on ``task``: FedOpt over every client with the task's clients per round,
+  the method's client learning rate (``local_learning_rate``) and server optimizer, clients weighted
+  by their examples (TFF's default).
+
+  Raises:
+    ValueError: an unknown task or method.
+  """
+  if task not in AFO_LOG10:
+    raise ValueError(f"AFO task {task!r}; choose one of {tuple(AFO_LOG10)}")
+  runs = ml_collections.ConfigDict()
+  for method in methods:
+    if method not in AFO_LOG10[task]:
+      raise ValueError(f"AFO method {method!r}; choose one of {tuple(AFO_LOG10[task])}")
+    client, server, eps = AFO_LOG10[task][method]
+    runs[method] = ml_collections.ConfigDict(dict(
+      algorithm="fedopt", cohort_size=AFO_TASKS[task]["clients_per_round"], weighting="examples",
+      local_learning_rate=10.0 ** client, server=afo_server(method, server, eps)))
+  return runs
+
+
+def afo_local(task: str) -> ml_collections.ConfigDict:
+  """``config.local`` of an AFO task: client SGD, the task's batch size, one epoch, and the FedAvg
+  column's client learning rate (each run sets its own: :func:`afo_runs`)."""
+  return ml_collections.ConfigDict(dict(
+    optimizer="sgd", learning_rate=10.0 ** AFO_LOG10[task]["fedavg"][0],
+    batch_size=AFO_TASKS[task]["batch_size"], epochs=1, steps=None))
+
+
+def variant_flags(variant: str | None, allowed: tuple[str, ...], config: str) -> set[str]:
+  """The comma-separated flags of a config ``variant`` (``configs/benchmarks/x.py:iid,offline``).
+
+  Raises:
+    ValueError: naming the config, the flag and the allowed ones.
+  """
+  flags = {f.strip() for f in (variant or "").split(",") if f.strip()}
+  bad = sorted(flags - set(allowed))
+  if bad:
+    raise ValueError(f"configs/benchmarks/{config}.py:{variant}: unknown variant {bad[0]!r}; choose a "
+                     f"comma-separated subset of {allowed}")
+  return flags
