@@ -49,23 +49,25 @@ def _config(run: dict, rounds: int = 2):
 
 
 @pytest.mark.parametrize("run,part,models", [
-  ({"algorithm": "fedem", "num_components": 3}, r"FedEM's 3 components at 1 node\(s\) \d+ bytes", 3),
+  ({"algorithm": "fedem", "num_components": 10}, r"FedEM's 10 components at 1 node\(s\) \d+ bytes", 10),
   ({"algorithm": "knnper", "k": 3},
-   r"kNN-Per's memory \(5 clients x \d+ examples x 8 features\) \d+ bytes", 1),
+   r"kNN-Per's memory \(5 clients x \d+ examples x 64 features\) \d+ bytes", 1),
 ])
 def test_components_and_memories_are_in_the_memory_estimate(run, part, models):
   c = _config(run)
+  c.model.hidden = (64,)   # a state of the size of the clients' data
   ctx = runner.make_context(c)
   alg = registry.build_algorithm("m", c.runs.m, ctx)
   needs = registry.memory_needs("m", c.runs.m, ctx)
-  assert needs.step_models == models
+  assert needs.step_models == models and needs.eval_models == models
   (what, size), = needs.parts
   state = memory.tree_bytes(jax.eval_shape(alg.init, loop.init_key(jax.random.key(0))))
   assert 0 < size < state   # a named part of the state
   line = memory.check_memory("m", state_bytes=state, step_bytes=100, chunk=2, limit=None, source="test",
                              needs=needs)
   assert what in line and (f"({models} models)" in line) == (models > 1)
-  c.memory_limit_bytes = state // 2   # the state alone does not fit
+  data = memory.tree_bytes(ctx.data)
+  c.memory_limit_bytes = 2 * data + state // 2   # the data fits (twice on CPU), the state beside it not
   with pytest.raises(ValueError, match=rf"run 'm' does not fit in memory: state {state} bytes "
                                        rf"\(of which {part}\)"):
     experiment.train_and_evaluate(c, None)

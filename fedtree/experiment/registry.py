@@ -177,7 +177,8 @@ def _fedem_memory(kw: dict, ctx):
   topology = kw["topology"]
   nodes = sum(topology.num_nodes(lv) for lv in range(topology.depth))
   one = tree_bytes(jax.eval_shape(ctx.model.init, jax.random.key(0)))
-  return Needs(step_models=k, parts=((f"FedEM's {k} components at {nodes} node(s)", k * nodes * one),))
+  return Needs(step_models=k, parts=((f"FedEM's {k} components at {nodes} node(s)", k * nodes * one),),
+               eval_models=k)
 
 
 def _knnper_memory(kw: dict, ctx):
@@ -188,7 +189,10 @@ def _knnper_memory(kw: dict, ctx):
 
   shapes = memory_shapes(ctx.model, ctx.data)
   c, m, d = shapes.features.shape
-  return Needs(parts=((f"kNN-Per's memory ({c} clients x {m} examples x {d} features)", tree_bytes(shapes)),))
+  queries = int(np.shape(ctx.data.x_test)[1])   # an evaluated client's distances and query features
+  scratch = queries * (m + d) * np.dtype(shapes.features.dtype).itemsize
+  return Needs(parts=((f"kNN-Per's memory ({c} clients x {m} examples x {d} features)", tree_bytes(shapes)),),
+               eval_client_bytes=scratch)
 
 
 # ------------------------------------------------------------------------ the registry
