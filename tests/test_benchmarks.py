@@ -116,3 +116,15 @@ def test_population_sweep_runs(tmp_path):
   rows = out["population_sweep"]
   assert [r["population"] for r in rows] == [40, 80] and rows[0]["round_vs_smallest"] == 1.0
   assert all(r["shuffle_vs_draw"] > 0 for r in rows) and os.path.getsize(tmp_path / "p.png") > 0
+
+
+def test_methods_benchmark_reports_ratios_to_fedavg(tmp_path):
+  from benchmarks import methods
+
+  rows = methods.main(["--clients=4", "--methods=fednova", "--rounds=1", "--repeats=1", "--tag=m",
+                       f"--out-dir={tmp_path}"])
+  assert [r["method"] for r in rows] == ["fedavg", "fednova"]   # FedAvg, the base, always measured
+  assert rows[0]["cpu_vs_fedavg"] == 1.0 and rows[1]["client_updates_per_cpu_s"] > 0
+  assert "x FedAvg" in json.load(open(tmp_path / "m.json"))["table"]
+  with pytest.raises(SystemExit, match="unknown"):
+    methods.main(["--methods=fedsgd"])

@@ -133,3 +133,20 @@ def test_on_the_configs_tree_every_client_personalizes_with_its_leaf_parent(ctx,
   else:                              # the leaf parents' models, with every client's own inputs
     assert rows == ctx.topology.num_nodes(1) and owner.tolist() == edges.tolist()
   assert "global" in models
+
+
+def test_fine_tuning_leaves_the_sets_scored_by_their_own_model(ctx):
+  """X + FT fine-tunes kNN-Per's global model, not its memory-scored ``personal`` set; naming a
+  ScoredModels set, or FedEM (every set of it is one), is refused naming the sets."""
+  def models(name, **fields):
+    run = ml_collections.ConfigDict({"algorithm": name, **ALGORITHM_CASES[name], **fields})
+    alg = registry.build_algorithm("x", run, ctx)
+    return jax.eval_shape(alg.models, alg.init(jax.random.key(0)))
+
+  assert sorted(models("knnper", finetune_steps=2)) == ["global", "global_ft", "personal"]
+  with pytest.raises(ValueError, match=r"finetune_models=\['personal'\] names \['personal'\], scored by a "
+                                       r"model of their own.*fine-tune one of \['global'\]"):
+    models("knnper", finetune_steps=2, finetune_models="personal")
+  with pytest.raises(ValueError, match=r"fedem: every model it reports \['global', 'personal'\] is scored "
+                                       r"by a model of its own.*nothing to fine-tune"):
+    models("fedem", finetune_steps=2)

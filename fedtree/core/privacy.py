@@ -280,6 +280,16 @@ def central(noise_multiplier, clip_norm=None, *, normalize: str = "count", expec
   return NodeTransform(apply, init, name=name)
 
 
+def private_stages(path) -> list[str]:
+  """The names of the stages of an update path that privatize the update (this module's clipping,
+  local noise and central noise: named ``dp*``, alone or in a chain), for the methods that send
+  something beside the update, outside the path, and must refuse them."""
+  if path is None:
+    return []
+  names = [t.name for t in (path.client, path.node) if t is not None]
+  return [n for n in names if any(part.startswith("dp") for part in n.split("+"))]
+
+
 def delta_noise_multiplier(noise_multiplier, adaptive: Adaptive | None, *, replace_one: bool = True):
   """The noise multiplier of the deltas that keeps the overall one at ``noise_multiplier`` when
   adaptive clipping also releases a noised count (Andrew et al. 2021, Thm. 1):
