@@ -376,7 +376,7 @@ def test_personal_refusals(problem):
 
 # ------------------------------------------------------------------------ methods over the host
 METHODS = ["fedavg", "fedprox", "ditto", "pfedme", "perfedavg", "fedmmd", "fedkws", "scaffold", "feddyn",
-           "fednova", "mime", "mimelite"]
+           "fednova", "mime", "mimelite", "apfl", "fedala", "fedem", "knnper"]
 
 
 @pytest.mark.parametrize("name", METHODS)
