@@ -66,6 +66,10 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.moon",
   "fedtree.algorithms.qffl",
   "fedtree.algorithms.afl",
+  "fedtree.algorithms.apfl",
+  "fedtree.algorithms.fedala",
+  "fedtree.algorithms.fedem",
+  "fedtree.algorithms.knnper",
 ]
 
 

@@ -17,7 +17,7 @@ HERE = pathlib.Path(__file__).parent
 ROOT = HERE.parent
 OTHERS = ("hierfavg", "fedprox", "ditto", "perfedavg", "perfedavg_hf", "pfedmt", "fedkws", "ifca",
           "cfl", "mcfl", "awcfl", "bhfl", "scaffold", "feddyn", "fednova", "mime", "mimelite", "moon", "qffl",
-          "afl", "fedasync")
+          "afl", "fedasync", "apfl", "fedala", "fedem", "knnper")
 
 
 def _x64(*names: str) -> dict:

@@ -360,7 +360,7 @@ def test_personal_refusals(problem):
 
 # ------------------------------------------------------------------------ methods over the host
 METHODS = ["fedavg", "fedprox", "ditto", "pfedme", "perfedavg", "fedmmd", "fedkws", "scaffold", "feddyn",
-           "fednova", "mime", "mimelite", "moon", "qffl", "afl"]
+           "fednova", "mime", "mimelite", "moon", "qffl", "afl", "apfl", "fedala", "fedem", "knnper"]
 
 
 @pytest.mark.parametrize("name", METHODS)

@@ -133,7 +133,7 @@ def pfedme_vs_reference(model, data, key, sched, steps, out):
 
 OTHERS = ("hierfavg", "fedprox", "ditto", "perfedavg", "perfedavg_hf", "pfedmt", "fedkws", "ifca",
           "cfl", "mcfl", "awcfl", "bhfl", "scaffold", "feddyn", "fednova", "mime", "mimelite", "moon", "qffl",
-          "afl", "fedasync")
+          "afl", "fedasync", "apfl", "fedala", "fedem", "knnper")
 
 
 def others_run_one_round(model, data, groups, key, names, out):
@@ -164,6 +164,10 @@ def others_run_one_round(model, data, groups, key, names, out):
     "qffl": lambda: A.qffl(q=1.0, local_learning_rate=LR, **base),
     "afl": lambda: A.afl(domain_learning_rate=0.5, **base),
     "fedasync": lambda: A.fedasync(concurrency=2, **base),
+    "apfl": lambda: A.apfl(local_learning_rate=LR, **base),
+    "fedala": lambda: A.fedala(max_ala_epochs=4, **base),
+    "fedem": lambda: A.fedem(num_components=2, **base),
+    "knnper": lambda: A.knnper(k=3, **base),
   }
   assert set(others) == set(OTHERS)
   for name in names:
