@@ -1,6 +1,6 @@
 r"""What each optimization baseline costs against FedAvg's round, measured in the same run.
 
-  python -m benchmarks.methods                           # workload (a) at 100 clients, ~3 min on 2 cores
+  python -m benchmarks.methods                           # workload (a) at 100 clients, every method
   python -m benchmarks.methods --clients=1000 --methods=fedavg,scaffold,feddyn
   python -m benchmarks.methods --workload=b              # the CNN workload (cohort 50 of 1,000)
 
@@ -14,12 +14,19 @@ and each call is timed twice: by the wall clock and by this process's CPU time
 (``time.process_time``: the work of every thread XLA runs, whatever else the machine does, the
 figure to trust on a shared machine). Reported per method: seconds per round (the median over
 the turns), client updates per second (clients trained per round over those seconds) and the
-ratio of its round to FedAvg's in the same turn (the median over the turns, and their range), by
-CPU time and by wall time; the compile time (the first call) apart. The client updates are what
-each method's clients do in a round: FedDyn's regularized steps, FedNova's normalization,
-SCAFFOLD's corrected steps and new variate (option II), MimeLite's steps and its full-batch
-gradient, Mime's gradient pass, doubly-evaluated corrected steps and the server's statistics (its
-base optimizer is SGD with momentum 0.9, the others' plain SGD).
+ratio of its time per client update to FedAvg's in the same turn (the median over the turns, and
+their range), by CPU time and by wall time; the compile time (the first call) apart. Where a
+method trains FedAvg's cohort every round, that ratio is its round's time over FedAvg's. The
+client updates are what each method's clients do in a round: FedDyn's regularized steps, FedNova's
+normalization, SCAFFOLD's corrected steps and new variate (option II), MimeLite's steps and its
+full-batch gradient, Mime's gradient pass, doubly-evaluated corrected steps and the server's
+statistics (its base optimizer is SGD with momentum 0.9, the others' plain SGD); MOON's
+contrastive steps (three forward passes a step) and its previous models per client; q-FFL's loss
+at the received model, ``Δ_k`` and ``h_k``; AFL's losses per domain and the ascent on ``λ``.
+FedAsync's round is one server update that applies one client's model (:data:`ONE_CLIENT_A_ROUND`,
+10 clients in flight, FedBuff's ring of versions): its calls fuse ``cohort × --rounds`` rounds, as
+many client updates as the others' calls, and its ratio is the cost of a client update simulated
+one at a time against FedAvg's vmapped cohort.
 Writes ``benchmarks/results/<tag>.json``.
 
 Methods are named in :data:`METHODS` (one builder each), so another baseline joins with one line.
@@ -62,8 +69,18 @@ METHODS: dict[str, Callable[[dict, workloads.Workload], algorithms.FederatedAlgo
   "fednova": lambda c, w: algorithms.fednova(**c),
   "mimelite": lambda c, w: algorithms.mimelite(**{**c, "local_optimizer": optax.sgd(w.lr, momentum=0.9)}),
   "mime": lambda c, w: algorithms.mime(**{**c, "local_optimizer": optax.sgd(w.lr, momentum=0.9)}),
+  "moon": lambda c, w: algorithms.moon(mu=1.0, **c),
+  "qffl": lambda c, w: algorithms.qffl(q=1.0, local_learning_rate=w.lr, **c),
+  "afl": lambda c, w: algorithms.afl(domain_learning_rate=0.01, **c),
+  "fedasync": lambda c, w: algorithms.fedasync(
+    concurrency=min(ASYNC_IN_FLIGHT, w.cohort_size), **{k: v for k, v in c.items()
+                                                        if k not in ("cohort_size", "chunk_size")}),
 }
 """``name -> builder(common arguments, workload)``: the methods this benchmark times."""
+ASYNC_IN_FLIGHT = 10
+"""FedAsync's clients in flight (``concurrency``), as in ``configs/baselines.py``."""
+ONE_CLIENT_A_ROUND = ("fedasync",)
+"""The methods whose round applies one client's update: a call fuses ``cohort × --rounds`` rounds."""
 
 
 def measure(w: workloads.Workload, names: list[str], *, rounds: int, repeats: int) -> list[dict]:
@@ -73,9 +90,10 @@ def measure(w: workloads.Workload, names: list[str], *, rounds: int, repeats: in
   common = _common(w, data, chunk)
   steps, states, out = {}, {}, {}
   key = jax.random.key(w.seed)
+  fused = {n: rounds * (w.cohort_size if n in ONE_CLIENT_A_ROUND else 1) for n in names}
   for name in names:
     alg = METHODS[name](common, w)
-    steps[name] = compile_rounds(alg, rounds)
+    steps[name] = compile_rounds(alg, fused[name])
     state = alg.init(key)
     t = time.perf_counter()
     state, m = steps[name](state, data, jax.random.fold_in(key, 0))
@@ -88,8 +106,8 @@ def measure(w: workloads.Workload, names: list[str], *, rounds: int, repeats: in
       wall, cpu = time.perf_counter(), time.process_time()
       states[name], m = steps[name](states[name], data, jax.random.fold_in(key, turn + 1))
       jax.block_until_ready((states[name], m))
-      out[name]["wall"].append((time.perf_counter() - wall) / rounds)
-      out[name]["cpu"].append((time.process_time() - cpu) / rounds)
+      out[name]["wall"].append((time.perf_counter() - wall) / fused[name])
+      out[name]["cpu"].append((time.process_time() - cpu) / fused[name])
       out[name]["final_loss"] = float(np.asarray(m["train_loss"])[-1])
   base = out.get("fedavg")
   rows = []
@@ -99,9 +117,10 @@ def measure(w: workloads.Workload, names: list[str], *, rounds: int, repeats: in
     r["wall_s_per_round"] = statistics.median(r["wall"])
     r["client_updates_per_cpu_s"] = r["clients_per_round"] / r["cpu_s_per_round"]
     r["client_updates_per_wall_s"] = r["clients_per_round"] / r["wall_s_per_round"]
-    if base is not None:   # each turn's time over FedAvg's in the same turn (a drift of the load cancels)
+    if base is not None:   # each turn's time per client update over FedAvg's in the same turn (a drift
+      per = base["clients_per_round"] / max(r["clients_per_round"], 1e-12)   # of the load cancels)
       for clock in ("cpu", "wall"):
-        paired = [m / f for m, f in zip(r[clock], base[clock], strict=True)]
+        paired = [per * m / f for m, f in zip(r[clock], base[clock], strict=True)]
         r[f"{clock}_vs_fedavg"] = statistics.median(paired)
         r[f"{clock}_vs_fedavg_range"] = (min(paired), max(paired))
     rows.append(r)

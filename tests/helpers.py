@@ -102,9 +102,13 @@ ALGORITHM_CASES = {
   "scaffold": {"cohort_size": 4},
   "feddyn": {"alpha": 0.1, "cohort_size": 4}, "fednova": {"cohort_size": 4},
   "mime": {"cohort_size": 4}, "mimelite": {"cohort_size": 4},
+  "moon": {"mu": 1.0, "cohort_size": 4}, "qffl": {"q": 1.0, "cohort_size": 4},
+  "afl": {"domain_learning_rate": 0.1, "cohort_size": 4}, "fedasync": {"concurrency": 3},
   # partial personalization (issue 37); FedBN's run has the MLP with BatchNorm (the run's own model)
   "fedper": {}, "fedrep": {"head_steps": 2}, "lgfedavg": {}, "fedbn": {"model": {"norm": "batch"}},
   "fedrod": {}, "fedbabu": {"finetune_epochs": 0, "finetune_steps": 2}, "local": {},
+  "apfl": {"cohort_size": 4}, "fedala": {"cohort_size": 4, "max_ala_epochs": 12},
+  "fedem": {"num_components": 2}, "knnper": {"k": 3},
 }
 """The smallest run config of every registered algorithm (its required fields; short
 warm-ups): test_conformance's cases and tests/multihost_config.py's runs."""

@@ -7,6 +7,8 @@ its own), the cohort draw (``cohort_sampler``, tested on its own) and the model'
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,6 +21,42 @@ from fedtree.models import masked_cross_entropy
 
 def np64(tree):
   return jax.tree.map(lambda a: np.asarray(a, np.float64), tree)
+
+
+def small_problem():
+  """The baselines' tests' problem: 9 clients in groups of 3, 2, 4 (ragged, 3 to 14 examples), an
+  MLP with one hidden layer of 5; ``(device data, groups, model)``."""
+  from fedtree.core.data import as_device
+  from fedtree.datasets.synthetic import grouped_synthetic
+  from fedtree.models import build_model
+
+  data, groups = grouped_synthetic(group_sizes=(3, 2, 4), dim=6, num_classes=3, mean_examples=9,
+                                   min_examples=3, max_examples=14, test_examples=5, seed=3)
+  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,))
+  return as_device(data), groups, model
+
+
+def close(a, b, atol=3e-5):
+  """``a`` and ``b`` equal as float64 trees within the tolerance of a float32 run."""
+  import chex
+
+  chex.assert_trees_all_close(np64(a), np64(b), atol=atol, rtol=2e-4)
+
+
+def row(tree, i):
+  """Row ``i`` of every leaf of a stacked tree, as float64."""
+  return jax.tree.map(lambda a: np.asarray(a[i], np.float64), tree)
+
+
+def run_jit(alg, data, rounds, key):
+  """``rounds`` jitted rounds of ``alg`` from ``init(key(7))``, round ``r``'s key ``fold_in(key, r)``:
+  the final state and the last round's metrics."""
+  state = alg.init(jax.random.key(7))
+  step = jax.jit(alg.round)
+  metrics = None
+  for r in range(rounds):
+    state, metrics = step(state, data, jax.random.fold_in(key, r))
+  return state, metrics
 
 
 def client_data(data, c, shuffle=True):
@@ -182,3 +220,163 @@ def run_rounds(data, x0, parent, rounds, key, *, cohort_size, client, server, ro
 def train_key(round_key, client):
   """Client ``client``'s key of the round (the engine's ``fold_in(stream(key, "train"), client)``)."""
   return jax.random.fold_in(stream(round_key, "train"), client)
+
+
+# ------------------------------------------------------------------------ issue 36, second half:
+# MOON, q-FFL / q-FedAvg, AFL, FedAsync. One-hidden-layer MLPs (``build_model("mlp", hidden=(h,))``)
+# written out by hand: ``z = relu(x W0 + b0)`` is the representation, ``z W1 + b1`` the logits.
+def mlp_forward(params, x):
+  """``(z, logits)`` of a one-hidden-layer MLP's params, by hand."""
+  x = x.reshape((x.shape[0], -1))
+  z = jax.nn.relu(x @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"][None])
+  return z, z @ params["Dense_1"]["kernel"] + params["Dense_1"]["bias"][None]
+
+
+def _ce(logits, y, mask):
+  logp = jax.nn.log_softmax(logits)
+  nll = -jnp.take_along_axis(logp, y[:, None], axis=1)[:, 0]
+  m = mask.astype(logp.dtype)
+  return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def _cos(a, b):
+  return jnp.sum(a * b, -1) / jnp.maximum(jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1), 1e-8)
+
+
+@jax.jit
+def _moon_grad(w, x, prev, b, mu, tau):
+  def loss(w):
+    z, logits = mlp_forward(w, b.x)
+    zg, _ = mlp_forward(x, b.x)
+    zp, _ = mlp_forward(prev, b.x)
+    pos, neg = jnp.exp(_cos(z, zg) / tau), jnp.exp(_cos(z, zp) / tau)
+    con = -jnp.log(pos / (pos + neg))
+    m = b.mask.astype(con.dtype)
+    return _ce(logits, b.y, b.mask) + mu * jnp.sum(con * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+  return jax.grad(loss)(w)
+
+
+def moon_client(x, prev, data, client, num_steps, key, *, lr, batch_size, mu, tau):
+  """MOON's local training (Li et al. 2021, Algorithm 1, lines 14-21): SGD steps on
+  ``CE + μ · −log(e^{cos(z, z_glob)/τ} / (e^{cos(z, z_glob)/τ} + e^{cos(z, z_prev)/τ}))``."""
+  cd = client_data(data, client)
+  batch_key, _ = jax.random.split(key)
+  w = x
+  for t in range(int(num_steps)):
+    g = _moon_grad(w, x, prev, batch_at(batch_key, cd, jnp.asarray(t), batch_size), mu, tau)
+    w = jax.tree.map(lambda a, d: a - lr * d, w, g)
+  return w
+
+
+def full_mean_loss(model, params, data, c):
+  """Client ``c``'s mean cross-entropy over all its training examples (one batch, by hand)."""
+  n = int(data.n_train[c])
+  logits = model.apply(params, jnp.asarray(data.x_train[c][:n]))
+  return float(_ce(logits, jnp.asarray(data.y_train[c][:n]), jnp.ones((n,), bool)))
+
+
+@functools.cache
+def _value_and_grad(model):
+  return jax.jit(jax.value_and_grad(lambda p, b: masked_cross_entropy(model.apply(p, b.x), b.y, b.mask)))
+
+
+def sgd_client(model, x, data, client, num_steps, key, *, lr, batch_size):
+  """Plain local SGD from ``x``; returns the model and every step's minibatch loss."""
+  cd = client_data(data, client)
+  batch_key, _ = jax.random.split(key)
+  f = _value_and_grad(model)
+  w, losses = x, []
+  for t in range(int(num_steps)):
+    loss, g = f(w, batch_at(batch_key, cd, jnp.asarray(t), batch_size))
+    losses.append(float(loss))
+    w = jax.tree.map(lambda a, d: a - lr * d, w, g)
+  return w, losses
+
+
+def qffedavg_round(model, x, data, cohort, keys, *, q, lr, lipschitz, batch_size, steps, loss_at,
+                   weights=None):
+  """One round of q-FedAvg (Li et al. 2020, Algorithm 2) over ``cohort``: every client's ``F_k``,
+  ``Δ_k = F_k^q L (w − w̄_k)``, ``h_k = q F_k^{q−1} ‖L (w − w̄_k)‖² + L F_k^q``; ``w − Σ Δ_k / Σ h_k``
+  (with ``weights``: ``w − Σ p_k Δ_k / Σ p_k h_k``)."""
+  big_l = 1.0 / lr if lipschitz is None else lipschitz
+  deltas, hs = [], []
+  for c, key in zip(cohort, keys, strict=True):
+    p = 1.0 if weights is None else float(weights[c])
+    w, losses = sgd_client(model, x, data, c, steps[c], key, lr=lr, batch_size=batch_size)
+    if loss_at == "received":
+      f = full_mean_loss(model, x, data, c)
+    else:
+      per_epoch = max(-(-int(data.n_train[c]) // batch_size), 1)
+      f = float(np.mean(losses[-per_epoch:]))
+    f += 1e-10
+    dw = jax.tree.map(lambda a, b: big_l * (np.asarray(a, np.float64) - np.asarray(b, np.float64)), x, w)
+    sq = sum(float(np.sum(d ** 2)) for d in jax.tree.leaves(dw))
+    deltas.append(jax.tree.map(lambda d, f=f, p=p: p * f ** q * d, dw))
+    hs.append(p * (q * f ** (q - 1) * sq + big_l * f ** q))
+  return jax.tree.map(lambda a, *d: np.asarray(a, np.float64) - sum(d) / sum(hs), x, *deltas)
+
+
+def simplex_projection(v):
+  """The Euclidean projection of ``v`` onto the probability simplex, by bisection on the threshold
+  ``θ`` of ``Σ max(v − θ, 0) = 1`` (independent of the sort-based formula the library uses)."""
+  v = np.asarray(v, np.float64)
+  lo, hi = v.min() - 1.0, v.max()
+  for _ in range(200):
+    mid = 0.5 * (lo + hi)
+    lo, hi = (mid, hi) if np.maximum(v - mid, 0).sum() > 1 else (lo, mid)
+  return np.maximum(v - 0.5 * (lo + hi), 0)
+
+
+def afl_round(model, x, lam, domain, data, cohort, keys, *, lr, batch_size, steps, gamma, step="projected"):
+  """One round of AFL (Mohri et al. 2019, Stochastic-AFL; FedJAX's agnostic_fed_avg): losses at
+  ``x`` per domain, local SGD, the update weighted by ``λ_d n_k / m_d``, then the ascent on ``λ``."""
+  n = np.asarray(data.n_train, np.float64)
+  m = {d: n[domain == d].sum() for d in set(domain.tolist())}
+  loss, count, deltas, weights = {}, {}, [], []
+  for c, key in zip(cohort, keys, strict=True):
+    d = int(domain[c])
+    loss[d] = loss.get(d, 0.0) + full_mean_loss(model, x, data, c) * n[c]
+    count[d] = count.get(d, 0.0) + n[c]
+    w, _ = sgd_client(model, x, data, c, steps[c], key, lr=lr, batch_size=batch_size)
+    deltas.append(jax.tree.map(lambda a, b: np.asarray(a, np.float64) - np.asarray(b, np.float64), x, w))
+    weights.append(lam[d] * n[c] / m[d])
+  total = sum(weights)
+  def mix(a, *ds):
+    return np.asarray(a, np.float64) - sum(p * dd for p, dd in zip(weights, ds, strict=True)) / total
+
+  new_x = jax.tree.map(mix, x, *deltas)
+  grad = np.array([loss[d] / count[d] if d in loss else 0.0 for d in range(len(lam))])
+  if step == "projected":
+    new_lam = simplex_projection(lam + gamma * grad)
+  else:
+    e = lam * np.exp(gamma * grad)
+    new_lam = e / e.sum()
+  return new_x, new_lam
+
+
+def fedasync_event_loop(model, x0, data, speeds, steps, rounds, root, *, lr, batch_size, alpha, s):
+  """FedAsync (Xie et al. 2019, Algorithm 1) with every client always in flight, as an event loop:
+  the earliest to finish trains from the model of the version it started from (with the key of the
+  server update that applies it), ``x ← (1 − α s(t − τ)) x + α s(t − τ) y``, and starts again from
+  the new model. Returns the models and every update's staleness."""
+  import heapq
+
+  models, stale = [x0], []
+  heap = [(steps[c] / speeds[c], c, 0) for c in range(len(speeds))]
+  heapq.heapify(heap)
+  x = x0
+  for r in range(rounds):
+    t, c, v = heapq.heappop(heap)
+    rk = jax.random.fold_in(root, r)
+    y, _ = sgd_client(model, models[v], data, c, steps[c], jax.random.fold_in(stream(rk, "train"), c), lr=lr,
+                      batch_size=batch_size)
+    a = alpha * s(r - v)
+    def mix(p, q, a=a):
+      return jnp.asarray((1 - a) * np.asarray(p, np.float64) + a * np.asarray(q, np.float64), jnp.float32)
+
+    x = jax.tree.map(mix, x, y)
+    models.append(x)
+    stale.append(r - v)
+    heapq.heappush(heap, (t + steps[c] / speeds[c], c, r + 1))
+  return models, stale

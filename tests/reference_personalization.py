@@ -10,10 +10,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from fedtree.core.local import Batch, ClientData, shuffled_positions
 from fedtree.core.local import batch_at as _batch_at
 from fedtree.core.rng import stream
+from fedtree.core.sampling import cohort_sampler
 
 # The loops stay in Python; only the primitives (one batch, one gradient) are jitted, so the
 # reference runs in reasonable time.
@@ -104,12 +107,6 @@ def perfedavg(model, anchor, cdata, num_steps, key, *, alpha, beta, variant, bat
 # with the client; the server averages the others of the clients that trained, in numpy. Only the
 # minibatch order (batch_at), the cohort draw (cohort_sampler) and the forward pass are shared with
 # the engine.
-import numpy as np  # noqa: E402
-
-from fedtree.core.local import ClientData  # noqa: E402
-from fedtree.core.sampling import cohort_sampler  # noqa: E402
-
-
 def paths_of(params):
   """``"a/b/kernel"`` of every leaf, in leaf order."""
   return ["/".join(str(getattr(k, "key", k)) for k in path)
@@ -245,3 +242,141 @@ def own_model(server, own, keep):
   """A client's model: its own leaves where ``keep``, the server's elsewhere."""
   return jax.tree.unflatten(jax.tree.structure(server), [o if k else s for s, o, k in zip(
     jax.tree.leaves(server), jax.tree.leaves(own), keep, strict=True)])
+
+
+# ------------------------------------------------------------------------ issue 38: mixtures and memories
+def apfl(model, w, v, alpha, cdata, num_steps, key, *, lr, alpha_lr, adaptive, alpha_decay=0.0,
+         schedule="every_step", batch_size):
+  """APFL's client (Deng et al. 2020, Algorithm 1), one step at a time on the same minibatch and the
+  same iterate: ``w -= η ∇f(w)``, ``v -= η α ∇f(v̄)``, ``α -= η_α (⟨v − w, ∇f(v̄)⟩ + c α)`` projected
+  on ``[0, 1]``, with ``v̄ = α v + (1 − α) w``. Returns ``(w, v, α)``."""
+  for t, (batch, _) in enumerate(step_batches(key, cdata, num_steps, batch_size)):
+    vbar = jax.tree.map(lambda a, b, al=alpha: al * a + (1 - al) * b, v, w)
+    gw, gbar = grad(model, w, batch), grad(model, vbar, batch)
+    new_w = axpy(-lr, gw, w)
+    new_v = axpy(-lr * alpha, gbar, v)
+    if adaptive and (schedule == "every_step" or t == 0):
+      ga = sum(float(jnp.vdot(a - b, g)) for a, b, g in zip(jax.tree.leaves(v), jax.tree.leaves(w),
+                                                             jax.tree.leaves(gbar), strict=True))
+      alpha = float(min(max(alpha - alpha_lr * (ga + alpha_decay * alpha), 0.0), 1.0))
+    w, v = new_w, new_v
+  return w, v, alpha
+
+
+def subset_rows(key, n, fraction, batch_size, j):
+  """The rows and mask of batch ``j`` of FedALA's random subset: the first ``max(1, floor(s n))`` of the
+  client's examples in the permutation ``key`` draws (the engine's permutation primitive)."""
+  size = max(1, int(np.floor(np.float32(n) * np.float32(fraction)))) if n > 0 else 0
+  pos = j * batch_size + np.arange(batch_size)
+  rows = np.asarray(shuffled_positions(key, jnp.asarray(np.minimum(pos, max(size, 1) - 1)), jnp.asarray(n)))
+  return rows, pos < size, size
+
+
+def fedala(model, glob, local, weights, started, cdata, num_steps, key, *, higher, eta, fraction, threshold,
+           num_pre_loss, max_epochs, lr, batch_size):
+  """FedALA's client (Zhang et al. 2023, Algorithm 1): ALA of ``glob`` into ``local`` over the higher
+  leaves (``higher``, leaf order; the lower ones take ``glob``), the weights learned on a random
+  subset until the last ``num_pre_loss`` epoch losses' std is below ``threshold`` the first time,
+  one epoch afterwards; then local SGD. Returns ``(trained, weights, started)``."""
+  g_leaves, treedef = jax.tree.flatten(glob)
+  l_leaves = jax.tree.leaves(local)
+  hi = [i for i, h in enumerate(higher) if h]
+  diff = [np.asarray(g_leaves[i]) - np.asarray(l_leaves[i]) for i in hi]
+  w = [np.asarray(x) for x in weights]
+
+  def assemble(w):
+    leaves = [np.asarray(g) for g in g_leaves]
+    for k, i in enumerate(hi):
+      leaves[i] = np.asarray(l_leaves[i]) + diff[k] * w[k]
+    return jax.tree.unflatten(treedef, [jnp.asarray(a) for a in leaves])
+
+  sub_key, _ = jax.random.split(stream(key, "ala"))
+  n = int(cdata.n)
+  differs = any(np.any(d != 0) for d in diff)
+  epochs, losses = 0, []
+  if differs and n > 0:
+    while True:
+      _, _, size = subset_rows(sub_key, n, fraction, batch_size, 0)
+      total, nb = 0.0, -(-size // batch_size)
+      for j in range(nb):
+        rows, mask, _ = subset_rows(sub_key, n, fraction, batch_size, j)
+        x = np.where(mask.reshape((-1,) + (1,) * (np.ndim(cdata.x) - 1)), np.asarray(cdata.x)[rows], 0)
+        y = np.where(mask, np.asarray(cdata.y)[rows], 0)
+        b = Batch(x=jnp.asarray(x), y=jnp.asarray(y), mask=jnp.asarray(mask))
+        params = assemble(w)
+        total += float(loss_fn(model, params, b))
+        gl = [np.asarray(g) for g in jax.tree.leaves(grad(model, params, b))]
+        w = [np.clip(wk - eta * gl[i] * diff[k], 0.0, 1.0)
+             for k, (i, wk) in enumerate(zip(hi, w, strict=True))]
+      losses.append(total / max(nb, 1))
+      epochs += 1
+      if started:
+        break
+      if epochs > num_pre_loss and np.std(losses[-num_pre_loss:]) < threshold:
+        break
+      if epochs >= max_epochs:
+        break
+  start = assemble(w)
+  trained = sgd(model, start, cdata, num_steps, key, lr=lr, batch_size=batch_size)
+  return trained, w, started or epochs > 0
+
+
+def example_nll(model, params, x, y):
+  """``[B]`` per-example cross-entropy of one model (evaluation mode)."""
+  logp = jax.nn.log_softmax(model.apply(params, jnp.asarray(x), train=False).astype(jnp.float32))
+  return np.asarray(-jnp.take_along_axis(logp, jnp.asarray(y)[:, None], axis=-1)[:, 0], np.float64)
+
+
+def fedem(model, components, pi, cdata, num_steps, key, *, lr, batch_size):
+  """FedEM's client (Marfoq et al. 2021, Algorithm 1): the E-step's posteriors of every example
+  ``q_kj ∝ π_k exp(−ℓ_k(j))``, ``π_k = mean_j q_kj``, then ``num_steps`` SGD steps of every component
+  on ``(1/|B|) Σ_{j∈B} q_kj ℓ_k(j)`` over the same minibatches. Returns ``(components, π)``."""
+  k = len(components)
+  n = int(cdata.n)
+  x, y = np.asarray(cdata.x)[:n], np.asarray(cdata.y)[:n]
+  pi = np.asarray(pi, np.float64)
+  if n > 0:
+    nll = np.stack([example_nll(model, c, x, y) for c in components])        # [K, n]
+    logq = np.log(pi)[:, None] - nll
+    q = np.exp(logq - logq.max(0, keepdims=True))
+    q /= q.sum(0, keepdims=True)
+    pi = q.mean(1)
+  else:
+    q = np.zeros((k, 0))
+  rows = ClientData(x=cdata.x, y=jnp.arange(np.shape(cdata.x)[0], dtype=jnp.int32), n=cdata.n)
+  out = list(components)
+  for (b, _), (lab, _) in zip(step_batches(key, cdata, num_steps, batch_size),
+                              step_batches(key, rows, num_steps, batch_size), strict=True):
+    idx = np.asarray(lab.y)
+    mask = np.asarray(b.mask)
+    count = max(float(mask.sum()), 1.0)
+    for c in range(k):
+      qb = np.where(mask, q[c][np.minimum(idx, max(n - 1, 0))] if n else 0.0, 0.0)
+
+      def weighted(p, b=b, qb=qb, count=count):
+        logp = jax.nn.log_softmax(model.apply(p, b.x, train=True).astype(jnp.float32))
+        nll = -jnp.take_along_axis(logp, b.y[:, None], axis=-1)[:, 0]
+        return jnp.sum(jnp.asarray(qb, jnp.float32) * nll) / count
+
+      out[c] = axpy(-lr, jax.grad(weighted)(out[c]), out[c])
+  return out, pi
+
+
+def knn_scores(query, logits, feats, labels, count, *, k, lam, temperature):
+  """kNN-Per's interpolated probabilities ``[B, K]`` for one client in float64: the ``min(k, count)``
+  memory entries nearest to each query by squared distance, weights ``exp(−d²/T)``."""
+  q, f = np.asarray(query, np.float64), np.asarray(feats, np.float64)[:count]
+  z = np.asarray(logits, np.float64)
+  p_model = np.exp(z - z.max(1, keepdims=True))
+  p_model /= p_model.sum(1, keepdims=True)
+  if count == 0:
+    return p_model
+  d2 = ((q[:, None, :] - f[None, :, :]) ** 2).sum(-1)
+  out = np.zeros_like(p_model)
+  for i in range(len(q)):
+    near = np.argsort(d2[i], kind="stable")[:min(k, count)]
+    w = np.exp(-(d2[i, near] - d2[i, near].min()) / temperature)
+    w /= w.sum()
+    for wj, j in zip(w, near, strict=True):
+      out[i, int(labels[j])] += wj
+  return lam * out + (1 - lam) * p_model

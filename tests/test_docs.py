@@ -62,6 +62,14 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.fedrod",
   "fedtree.algorithms.fedbabu",
   "fedtree.algorithms.finetuned",
+  "fedtree.algorithms.fedasync",
+  "fedtree.algorithms.moon",
+  "fedtree.algorithms.qffl",
+  "fedtree.algorithms.afl",
+  "fedtree.algorithms.apfl",
+  "fedtree.algorithms.fedala",
+  "fedtree.algorithms.fedem",
+  "fedtree.algorithms.knnper",
 ]
 
 

@@ -2,7 +2,6 @@
 data-size weights and per-client α, and on a tree), α = 0 as FedAvg, α as a sweep axis, the
 compositions (privacy, compression, systems) and bytes, and the refusals."""
 
-import chex
 import jax
 import numpy as np
 import optax
@@ -10,7 +9,6 @@ import pytest
 import reference_baselines as ref
 
 from fedtree.algorithms import fedavg, feddyn
-from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
 from fedtree.core.privacy import central, clip
@@ -18,7 +16,6 @@ from fedtree.core.robust import median
 from fedtree.core.server_rule import ServerRule
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
-from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.models import build_model
 
 LR, B = 0.1, 4
@@ -26,35 +23,7 @@ LR, B = 0.1, 4
 
 @pytest.fixture(scope="module")
 def problem():
-  data, groups = grouped_synthetic(
-    group_sizes=(3, 2, 4),
-    dim=6,
-    num_classes=3,
-    mean_examples=9,
-    min_examples=3,
-    max_examples=14,
-    test_examples=5,
-    seed=3,
-  )
-  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,))
-  return as_device(data), groups, model
-
-
-def _close(a, b, atol=3e-5):
-  chex.assert_trees_all_close(ref.np64(a), ref.np64(b), atol=atol, rtol=2e-4)
-
-
-def _row(tree, i):
-  return jax.tree.map(lambda a: np.asarray(a[i], np.float64), tree)
-
-
-def _run(alg, data, rounds, key):
-  state = alg.init(jax.random.key(7))
-  step = jax.jit(alg.round)
-  metrics = None
-  for r in range(rounds):
-    state, metrics = step(state, data, jax.random.fold_in(key, r))
-  return state, metrics
+  return ref.small_problem()
 
 
 def _reference(
@@ -134,7 +103,7 @@ def test_feddyn_matches_algorithm_1_per_client(problem, weighting, by_size):
     alpha_by_data_size=by_size,
   )
   key = jax.random.key(11)
-  state, _ = _run(alg, data, 3, key)
+  state, _ = ref.run_jit(alg, data, 3, key)
   x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
   n = np.asarray(data.n_train, np.float64)
   weights = n if weighting == "examples" else np.ones_like(n)
@@ -152,10 +121,10 @@ def test_feddyn_matches_algorithm_1_per_client(problem, weighting, by_size):
     weights=weights,
     alpha_scale=scale,
   )
-  _close(_row(state.params[0], 0), x[0])
-  _close(_row(state.server_state, 0), h[0])
+  ref.close(ref.row(state.params[0], 0), x[0])
+  ref.close(ref.row(state.server_state, 0), h[0])
   for k in range(data.num_clients):
-    _close(_row(state.client_state, k), grad_l[k])
+    ref.close(ref.row(state.client_state, k), grad_l[k])
 
 
 @pytest.mark.slow  # ~50 s on the loaded 2-core machine; the flat loop above stays in the default run
@@ -174,7 +143,7 @@ def test_feddyn_on_a_tree_keeps_h_at_the_clients_parents(problem):
     alpha=alpha,
   )
   key = jax.random.key(4)
-  state, _ = _run(alg, data, 4, key)
+  state, _ = ref.run_jit(alg, data, 4, key)
   assert jax.tree.leaves(state.server_state)[0].shape[0] == 3  # one h per edge server
   x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
   ones = np.ones(data.num_clients)
@@ -193,9 +162,9 @@ def test_feddyn_on_a_tree_keeps_h_at_the_clients_parents(problem):
     root_period=2,
   )
   for g in range(3):
-    _close(_row(state.params[1], g), x[g])
-    _close(_row(state.server_state, g), h[g])
-  _close(_row(state.params[0], 0), x[0])
+    ref.close(ref.row(state.params[1], g), x[g])
+    ref.close(ref.row(state.server_state, g), h[g])
+  ref.close(ref.row(state.params[0], 0), x[0])
 
 
 def test_alpha_zero_is_fedavg_every_round(problem):
@@ -207,10 +176,10 @@ def test_alpha_zero_is_fedavg_every_round(problem):
     schedule=LocalSchedule(batch_size=B, steps=3),
     cohort_size=4,
   )
-  a, _ = _run(feddyn(alpha=0.0, **common), data, 3, jax.random.key(2))
-  b, _ = _run(fedavg(weighting="uniform", **common), data, 3, jax.random.key(2))
-  _close(a.params[0], b.params[0], atol=1e-6)
-  c, _ = _run(feddyn(alpha=0.1, **common), data, 1, jax.random.key(2))  # (a test that can fail)
+  a, _ = ref.run_jit(feddyn(alpha=0.0, **common), data, 3, jax.random.key(2))
+  b, _ = ref.run_jit(fedavg(weighting="uniform", **common), data, 3, jax.random.key(2))
+  ref.close(a.params[0], b.params[0], atol=1e-6)
+  c, _ = ref.run_jit(feddyn(alpha=0.1, **common), data, 1, jax.random.key(2))  # (a test that can fail)
   assert not np.allclose(
     np.asarray(jax.tree.leaves(c.params[0])[0]), np.asarray(jax.tree.leaves(b.params[0])[0])
   )
@@ -238,8 +207,8 @@ def test_alpha_is_a_sweep_axis(problem):
 
   for e, alpha in enumerate((0.0, 0.5)):
     alone = loop.run(feddyn(alpha=alpha, **common), data, num_rounds=2, key=jax.random.key(0))
-    _close(experiment(st, e).params[0], alone.params[0], atol=1e-6)
-    _close(experiment(st, e).server_state, alone.server_state, atol=1e-6)
+    ref.close(experiment(st, e).params[0], alone.params[0], atol=1e-6)
+    ref.close(experiment(st, e).server_state, alone.server_state, atol=1e-6)
 
 
 @pytest.mark.slow   # four builds; the bytes of one model are also checked by test_traffic's FedAvg
@@ -256,14 +225,14 @@ def test_feddyn_composes_with_privacy_compression_and_systems_and_sends_one_mode
     alpha=0.1,
     cohort_size=4,
   )
-  _, m = _run(feddyn(**common), data, 1, jax.random.key(0))
+  _, m = ref.run_jit(feddyn(**common), data, 1, jax.random.key(0))
   assert "uplink_bytes" not in m and "down_bytes" not in m  # one model each way, as FedAvg (core.traffic)
   dp = UpdatePath(client=clip(0.5), node=central(0.5, 0.5))
-  s, m = _run(feddyn(update_paths=dp, **common), data, 2, jax.random.key(0))
+  s, m = ref.run_jit(feddyn(update_paths=dp, **common), data, 2, jax.random.key(0))
   assert "dp_update_norm" in m and all(
     np.isfinite(np.asarray(a)).all() for a in jax.tree.leaves(s.server_state)
   )
-  s, m = _run(
+  s, m = ref.run_jit(
     feddyn(update_paths=UpdatePath(client=uplink(compressor("qsgd", bits=4))), **common),
     data,
     2,
@@ -274,7 +243,7 @@ def test_feddyn_composes_with_privacy_compression_and_systems_and_sends_one_mode
     profile=make_profile(np.linspace(0.5, 4, data.num_clients), np.full(data.num_clients, 1e6)),
     policy=deadline(1.0, partial=True),
   )
-  s, m = _run(feddyn(systems=systems, **common), data, 2, jax.random.key(0))
+  s, m = ref.run_jit(feddyn(systems=systems, **common), data, 2, jax.random.key(0))
   assert "round_seconds" in m and np.isfinite(np.asarray(jax.tree.leaves(s.client_state)[0])).all()
 
 

@@ -2,7 +2,6 @@
 counts from epochs and from per-client steps; momentum's ‖a‖₁; the three aggregations; flat and
 on a tree), equal steps with plain SGD as FedAvg, systems' partial work, bytes, and refusals."""
 
-import chex
 import jax
 import numpy as np
 import optax
@@ -11,13 +10,11 @@ import reference_baselines as ref
 
 from fedtree.algorithms import fedavg, fednova
 from fedtree.algorithms.fednova import effective_steps
-from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
 from fedtree.core.robust import median
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
-from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.models import build_model
 
 LR, B = 0.1, 4
@@ -25,35 +22,7 @@ LR, B = 0.1, 4
 
 @pytest.fixture(scope="module")
 def problem():
-  data, groups = grouped_synthetic(
-    group_sizes=(3, 2, 4),
-    dim=6,
-    num_classes=3,
-    mean_examples=9,
-    min_examples=3,
-    max_examples=14,
-    test_examples=5,
-    seed=3,
-  )
-  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,))
-  return as_device(data), groups, model
-
-
-def _close(a, b, atol=3e-5):
-  chex.assert_trees_all_close(ref.np64(a), ref.np64(b), atol=atol, rtol=2e-4)
-
-
-def _row(tree, i):
-  return jax.tree.map(lambda a: np.asarray(a[i], np.float64), tree)
-
-
-def _run(alg, data, rounds, key):
-  state = alg.init(jax.random.key(7))
-  step = jax.jit(alg.round)
-  metrics = None
-  for r in range(rounds):
-    state, metrics = step(state, data, jax.random.fold_in(key, r))
-  return state, metrics
+  return ref.small_problem()
 
 
 def _reference(
@@ -138,7 +107,7 @@ def test_fednova_matches_the_papers_update_per_client(problem, aggregation, weig
     weighting=weighting,
   )
   key = jax.random.key(11)
-  state, metrics = _run(alg, data, 3, key)
+  state, metrics = ref.run_jit(alg, data, 3, key)
   x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
   n = np.asarray(data.n_train, np.float64)
   weights = n if weighting == "examples" else np.ones_like(n)
@@ -155,7 +124,7 @@ def test_fednova_matches_the_papers_update_per_client(problem, aggregation, weig
     steps=sched.num_steps(np.asarray(data.n_train)),
     momentum=momentum,
   )
-  _close(_row(state.params[0], 0), x[0])
+  ref.close(ref.row(state.params[0], 0), x[0])
   assert float(metrics["tau_eff"]) > 0
 
 
@@ -181,7 +150,7 @@ def test_fednova_on_a_tree_normalizes_at_the_clients_parents(problem):
     periods=(2,),
   )
   key = jax.random.key(4)
-  state, _ = _run(alg, data, 4, key)
+  state, _ = ref.run_jit(alg, data, 4, key)
   x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
   x = _reference(
     model,
@@ -198,8 +167,8 @@ def test_fednova_on_a_tree_normalizes_at_the_clients_parents(problem):
     root_period=2,
   )
   for g in range(3):
-    _close(_row(state.params[1], g), x[g])
-  _close(_row(state.params[0], 0), x[0])
+    ref.close(ref.row(state.params[1], g), x[g])
+  ref.close(ref.row(state.params[0], 0), x[0])
 
 
 def test_equal_steps_and_plain_sgd_is_fedavg(problem):
@@ -211,9 +180,9 @@ def test_equal_steps_and_plain_sgd_is_fedavg(problem):
     schedule=LocalSchedule(batch_size=B, steps=3),
     cohort_size=4,
   )
-  a, m = _run(fednova(**common), data, 2, jax.random.key(2))
-  b, _ = _run(fedavg(**common), data, 2, jax.random.key(2))
-  _close(a.params[0], b.params[0], atol=1e-6)
+  a, m = ref.run_jit(fednova(**common), data, 2, jax.random.key(2))
+  b, _ = ref.run_jit(fedavg(**common), data, 2, jax.random.key(2))
+  ref.close(a.params[0], b.params[0], atol=1e-6)
   assert float(m["tau_eff"]) == pytest.approx(3.0)
 
 
@@ -229,7 +198,7 @@ def test_partial_work_lowers_tau_eff_and_fednova_sends_its_count(problem):
     cohort_size=5,
     weighting="uniform",
   )
-  s, m = _run(fednova(**common), data, 1, jax.random.key(0))
+  s, m = ref.run_jit(fednova(**common), data, 1, jax.random.key(0))
   size = sum(int(np.prod(np.shape(p))) * 4 for p in jax.tree.leaves(model.init(jax.random.key(0))))
   assert float(m["uplink_bytes"]) == size + 4 and float(m["down_bytes"]) == size  # the model and ‖a_i‖₁
   assert float(m["tau_eff"]) == pytest.approx(4.0)
@@ -237,7 +206,7 @@ def test_partial_work_lowers_tau_eff_and_fednova_sends_its_count(problem):
     profile=make_profile(np.linspace(0.5, 4, data.num_clients), np.full(data.num_clients, 1e6)),
     policy=deadline(1.0, partial=True),
   )
-  s, m = _run(fednova(systems=systems, **common), data, 1, jax.random.key(0))
+  s, m = ref.run_jit(fednova(systems=systems, **common), data, 1, jax.random.key(0))
   assert int(m["clients_partial"]) > 0 and 0 < float(m["tau_eff"]) < 4.0
   assert all(np.isfinite(np.asarray(a)).all() for a in jax.tree.leaves(s.params))
 

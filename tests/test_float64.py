@@ -16,7 +16,8 @@ import pytest
 HERE = pathlib.Path(__file__).parent
 ROOT = HERE.parent
 OTHERS = ("hierfavg", "fedprox", "ditto", "perfedavg", "perfedavg_hf", "pfedmt", "fedkws", "ifca",
-          "cfl", "mcfl", "awcfl", "bhfl", "scaffold", "feddyn", "fednova", "mime", "mimelite")
+          "cfl", "mcfl", "awcfl", "bhfl", "scaffold", "feddyn", "fednova", "mime", "mimelite", "moon", "qffl",
+          "afl", "fedasync", "apfl", "fedala", "fedem", "knnper")
 
 
 def _x64(*names: str) -> dict:

@@ -2,7 +2,6 @@
 with SGD and momentum as the base optimizer (by data size as FedJAX, uniformly as the paper; on a
 tree), their reductions to FedAvg, the bytes they send, the update clipping, and the refusals."""
 
-import chex
 import jax
 import numpy as np
 import optax
@@ -11,14 +10,12 @@ import reference_baselines as ref
 
 from fedtree.algorithms import fedavg, mime, mimelite
 from fedtree.core.compression import compressor, uplink
-from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
 from fedtree.core.privacy import central, clip
 from fedtree.core.robust import median
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
-from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.models import build_model
 
 LR, B = 0.1, 4
@@ -26,35 +23,7 @@ LR, B = 0.1, 4
 
 @pytest.fixture(scope="module")
 def problem():
-  data, groups = grouped_synthetic(
-    group_sizes=(3, 2, 4),
-    dim=6,
-    num_classes=3,
-    mean_examples=9,
-    min_examples=3,
-    max_examples=14,
-    test_examples=5,
-    seed=3,
-  )
-  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,))
-  return as_device(data), groups, model
-
-
-def _close(a, b, atol=3e-5):
-  chex.assert_trees_all_close(ref.np64(a), ref.np64(b), atol=atol, rtol=2e-4)
-
-
-def _row(tree, i):
-  return jax.tree.map(lambda a: np.asarray(a[i], np.float64), tree)
-
-
-def _run(alg, data, rounds, key):
-  state = alg.init(jax.random.key(7))
-  step = jax.jit(alg.round)
-  metrics = None
-  for r in range(rounds):
-    state, metrics = step(state, data, jax.random.fold_in(key, r))
-  return state, metrics
+  return ref.small_problem()
 
 
 def _reference(
@@ -166,7 +135,7 @@ def test_mime_matches_algorithm_1_per_client(problem, method, weighting, eta_g):
     server_learning_rate=eta_g,
   )
   key = jax.random.key(11)
-  state, _ = _run(alg, data, 3, key)
+  state, _ = ref.run_jit(alg, data, 3, key)
   x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
   n = np.asarray(data.n_train, np.float64)
   x, m, c = _reference(
@@ -183,10 +152,10 @@ def test_mime_matches_algorithm_1_per_client(problem, method, weighting, eta_g):
     weights=n if weighting == "examples" else np.ones_like(n),
     steps=sched.num_steps(np.asarray(data.n_train)),
   )
-  _close(_row(state.params[0], 0), x[0])
-  _close(_row(_trace(state), 0), m[0], atol=2e-4)
+  ref.close(ref.row(state.params[0], 0), x[0])
+  ref.close(ref.row(_trace(state), 0), m[0], atol=2e-4)
   if method is mime:
-    _close(_row(state.server_state.variate, 0), c[0], atol=2e-4)
+    ref.close(ref.row(state.server_state.variate, 0), c[0], atol=2e-4)
 
 
 @pytest.mark.slow  # ~50 s on the loaded 2-core machine; the flat loops above stay in the default run
@@ -204,7 +173,7 @@ def test_mime_on_a_tree_keeps_the_statistics_at_the_clients_parents(problem):
     periods=(2,),
   )
   key = jax.random.key(4)
-  state, _ = _run(alg, data, 4, key)
+  state, _ = ref.run_jit(alg, data, 4, key)
   x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
   ones = np.ones(data.num_clients)
   x, m, _ = _reference(
@@ -223,26 +192,27 @@ def test_mime_on_a_tree_keeps_the_statistics_at_the_clients_parents(problem):
     root_period=2,
   )
   for g in range(3):
-    _close(_row(state.params[1], g), x[g])
-    _close(_row(_trace(state), g), m[g], atol=2e-4)
-  _close(_row(state.params[0], 0), x[0])
+    ref.close(ref.row(state.params[1], g), x[g])
+    ref.close(ref.row(_trace(state), g), m[g], atol=2e-4)
+  ref.close(ref.row(state.params[0], 0), x[0])
 
 
 def test_without_momentum_mimelite_is_fedavg_and_so_is_mime_with_one_full_batch_step(problem):
   data, _, model = problem
   common = dict(model=model, data=data, local_optimizer=optax.sgd(LR), cohort_size=4)
   few = LocalSchedule(batch_size=B, steps=3)
-  a, _ = _run(mimelite(schedule=few, **common), data, 2, jax.random.key(2))
-  b, _ = _run(fedavg(schedule=few, weighting="uniform", **common), data, 2, jax.random.key(2))
-  _close(a.params[0], b.params[0], atol=1e-6)
-  c, _ = _run(mime(schedule=few, **common), data, 2, jax.random.key(2))  # SVRG's correction: not FedAvg
+  a, _ = ref.run_jit(mimelite(schedule=few, **common), data, 2, jax.random.key(2))
+  b, _ = ref.run_jit(fedavg(schedule=few, weighting="uniform", **common), data, 2, jax.random.key(2))
+  ref.close(a.params[0], b.params[0], atol=1e-6)
+  # SVRG's correction: not FedAvg
+  c, _ = ref.run_jit(mime(schedule=few, **common), data, 2, jax.random.key(2))
   assert not np.allclose(
     np.asarray(jax.tree.leaves(c.params[0])[0]), np.asarray(jax.tree.leaves(b.params[0])[0])
   )
   full = LocalSchedule(batch_size=16, steps=1)  # the whole data in one batch: the correction is 0
-  e, _ = _run(mime(schedule=full, **common), data, 2, jax.random.key(2))
-  f, _ = _run(fedavg(schedule=full, weighting="uniform", **common), data, 2, jax.random.key(2))
-  _close(e.params[0], f.params[0], atol=1e-6)
+  e, _ = ref.run_jit(mime(schedule=full, **common), data, 2, jax.random.key(2))
+  f, _ = ref.run_jit(fedavg(schedule=full, weighting="uniform", **common), data, 2, jax.random.key(2))
+  ref.close(e.params[0], f.params[0], atol=1e-6)
 
 
 def test_bytes_count_the_gradient_the_statistics_and_the_variate(problem):
@@ -254,7 +224,7 @@ def test_bytes_count_the_gradient_the_statistics_and_the_variate(problem):
     (mimelite, optax.sgd(LR, momentum=0.9), 2, 2),
     (mime, optax.sgd(LR, momentum=0.9), 2, 3),
   ]:
-    _, m = _run(method(local_optimizer=opt, **common), data, 1, jax.random.key(0))
+    _, m = ref.run_jit(method(local_optimizer=opt, **common), data, 1, jax.random.key(0))
     assert (float(m["uplink_bytes"]), float(m["down_bytes"])) == (up * size, down * size), method.__name__
 
 
@@ -284,7 +254,7 @@ def test_delta_clip_norm_bounds_every_update_and_systems_compose(problem):
     profile=make_profile(np.linspace(0.5, 4, data.num_clients), np.full(data.num_clients, 1e6)),
     policy=deadline(1.0, partial=True),
   )
-  s, m = _run(mime(systems=systems, **common), data, 2, jax.random.key(0))
+  s, m = ref.run_jit(mime(systems=systems, **common), data, 2, jax.random.key(0))
   assert "round_seconds" in m and all(
     np.isfinite(np.asarray(a)).all() for a in jax.tree.leaves(s.server_state)
   )

@@ -304,7 +304,9 @@ def test_traced_noise_multiplier_under_vmap():
 
 
 # ------------------------------------------------------------------------ every algorithm
-FAST = ("fedavg", "hierfavg")
+FAST = ("fedavg", "hierfavg", "qffl")
+REFUSE_PRIVACY = ("qffl", "afl")
+"""Refuse a privacy stage by name: q-FFL's h_k and AFL's losses reach the server unprotected."""
 WITH_PATHS = sorted(n for n in ALGORITHM_CASES if "update_paths" in registry.schema(registry.SPECS[n]).params)
 
 
@@ -327,6 +329,11 @@ def test_every_algorithm_runs_with_privacy_on(name):
     run.weighting = "uniform"
   run.privacy = {"clip_norm": 0.5, "noise_multiplier": 0.3,
                  "adaptive": {"initial_clip": 0.5, "count_noise": 1.0}}
+  if name in REFUSE_PRIVACY:   # their clients send data-dependent numbers no privacy stage covers
+    with pytest.raises(ValueError, match=f"{name}: privacy stage 'dp_clip' at the clients' tier: the clients "
+                                         f"send .* beside their update, unclipped and unnoised"):
+      spec.factory(**registry.factory_kwargs(name, run, ctx))
+    return
   if name in ("mime", "mimelite"):   # their full-batch gradients would leave the clients unprivatized
     with pytest.raises(ValueError, match=f"{name}: the update path's client transform .* full-batch"):
       spec.factory(**registry.factory_kwargs(name, run, ctx))

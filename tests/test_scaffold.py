@@ -2,7 +2,6 @@
 and II, the variate averaged over all clients or the sampled ones, flat and on a tree), its
 reduction to FedAvg, the bytes it sends, and its refusals."""
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +10,6 @@ import pytest
 import reference_baselines as ref
 
 from fedtree.algorithms import fedavg, scaffold
-from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
 from fedtree.core.rng import stream
@@ -19,34 +17,13 @@ from fedtree.core.robust import median
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
-from fedtree.datasets.synthetic import grouped_synthetic
-from fedtree.models import build_model
 
 LR, B = 0.1, 4
 
 
 @pytest.fixture(scope="module")
 def problem():
-  data, groups = grouped_synthetic(
-    group_sizes=(3, 2, 4),
-    dim=6,
-    num_classes=3,
-    mean_examples=9,
-    min_examples=3,
-    max_examples=14,
-    test_examples=5,
-    seed=3,
-  )
-  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,))
-  return as_device(data), groups, model
-
-
-def _close(a, b, atol=3e-5):
-  chex.assert_trees_all_close(ref.np64(a), ref.np64(b), atol=atol, rtol=2e-4)
-
-
-def _row(tree, i):
-  return jax.tree.map(lambda a: np.asarray(a[i], np.float64), tree)
+  return ref.small_problem()
 
 
 def _reference(
@@ -116,14 +93,6 @@ def _reference(
   return x, c, c_i
 
 
-def _run(alg, data, rounds, key):
-  state = alg.init(jax.random.key(7))
-  step = jax.jit(alg.round)
-  for r in range(rounds):
-    state, metrics = step(state, data, jax.random.fold_in(key, r))
-  return state, metrics
-
-
 @pytest.mark.parametrize(
   "option,average,eta_g", [("II", "all", 1.0), ("II", "sampled", 0.7), ("I", "all", 1.0)]
 )
@@ -143,7 +112,7 @@ def test_scaffold_matches_algorithm_1_per_client(problem, option, average, eta_g
     server_learning_rate=eta_g,
   )
   key = jax.random.key(11)
-  state, _ = _run(alg, data, 3, key)
+  state, _ = ref.run_jit(alg, data, 3, key)
   x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
   steps = sched.num_steps(np.asarray(data.n_train))
   x, c, c_i = _reference(
@@ -159,10 +128,10 @@ def test_scaffold_matches_algorithm_1_per_client(problem, option, average, eta_g
     eta_g=eta_g,
     steps=steps,
   )
-  _close(_row(state.params[0], 0), x[0])
-  _close(_row(state.server_state, 0), c[0], atol=2e-4)
+  ref.close(ref.row(state.params[0], 0), x[0])
+  ref.close(ref.row(state.server_state, 0), c[0], atol=2e-4)
   for k in range(data.num_clients):
-    _close(_row(state.client_state, k), c_i[k], atol=2e-4)
+    ref.close(ref.row(state.client_state, k), c_i[k], atol=2e-4)
 
 
 def test_scaffold_on_a_tree_keeps_variates_at_the_clients_parents(problem):
@@ -180,7 +149,7 @@ def test_scaffold_on_a_tree_keeps_variates_at_the_clients_parents(problem):
     periods=(2,),
   )
   key = jax.random.key(4)
-  state, _ = _run(alg, data, 4, key)
+  state, _ = ref.run_jit(alg, data, 4, key)
   assert jax.tree.leaves(state.server_state)[0].shape[0] == 3  # one c per edge server
   x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
   parent = topo.parent(2)
@@ -201,9 +170,9 @@ def test_scaffold_on_a_tree_keeps_variates_at_the_clients_parents(problem):
     weights=weights,
   )
   for g in range(3):
-    _close(_row(state.params[1], g), x[g])
-    _close(_row(state.server_state, g), c[g], atol=2e-4)
-  _close(_row(state.params[0], 0), x[0])
+    ref.close(ref.row(state.params[1], g), x[g])
+    ref.close(ref.row(state.server_state, g), c[g], atol=2e-4)
+  ref.close(ref.row(state.params[0], 0), x[0])
 
 
 def test_first_round_with_zero_variates_is_fedavg(problem):
@@ -220,7 +189,7 @@ def test_first_round_with_zero_variates_is_fedavg(problem):
   key = jax.random.key(2)
   sa, _ = a.round(a.init(jax.random.key(0)), data, key)
   sb, _ = b.round(b.init(jax.random.key(0)), data, key)
-  _close(sa.params[0], sb.params[0], atol=1e-6)
+  ref.close(sa.params[0], sb.params[0], atol=1e-6)
 
 
 def test_scaffold_sends_two_models_each_way(problem):
@@ -233,14 +202,15 @@ def test_scaffold_sends_two_models_each_way(problem):
     schedule=LocalSchedule(batch_size=B, steps=1),
     cohort_size=3,
   )
-  _, metrics = _run(alg, data, 1, jax.random.key(0))
+  _, metrics = ref.run_jit(alg, data, 1, jax.random.key(0))
   size = sum(int(np.prod(np.shape(p))) * 4 for p in jax.tree.leaves(model.init(jax.random.key(0))))
   assert float(metrics["uplink_bytes"]) == 2 * size
   assert float(metrics["down_bytes"]) == 2 * size
   plain = fedavg(
     model=model, data=data, local_optimizer=optax.sgd(LR), schedule=LocalSchedule(batch_size=B, steps=1)
   )
-  assert "uplink_bytes" not in _run(plain, data, 1, jax.random.key(0))[1]  # FedAvg: one model, as before
+  # FedAvg: one model, as before
+  assert "uplink_bytes" not in ref.run_jit(plain, data, 1, jax.random.key(0))[1]
 
 
 def test_scaffold_refusals(problem):

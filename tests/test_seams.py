@@ -44,23 +44,6 @@ def problem():
   return as_device(data), groups
 
 
-def _close(a, b, atol=3e-5):
-  chex.assert_trees_all_close(ref.np64(a), ref.np64(b), atol=atol, rtol=2e-4)
-
-
-def _row(tree, i):
-  return jax.tree.map(lambda a: np.asarray(a[i], np.float64), tree)
-
-
-def _run(alg, data, rounds, key):
-  state = alg.init(jax.random.key(7))
-  step = jax.jit(alg.round)
-  metrics = None
-  for r in range(rounds):
-    state, metrics = step(state, data, jax.random.fold_in(key, r))
-  return state, metrics
-
-
 def _cohorts(parent, cohort_size, key, rounds):
   sampler = cohort_sampler(parent, cohort_size)
   out = []
@@ -130,7 +113,7 @@ def test_batchnorm_model_under_fedavg_matches_a_per_client_loop(problem):
     model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched, cohort_size=4, chunk_size=2
   )
   key = jax.random.key(3)
-  state, _ = _run(alg, data, 3, key)
+  state, _ = ref.run_jit(alg, data, 3, key)
   theta = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
   steps = sched.num_steps(np.asarray(data.n_train))
   for rk, slots in _cohorts(np.zeros(data.num_clients, int), 4, key, 3):
@@ -142,7 +125,7 @@ def test_batchnorm_model_under_fedavg_matches_a_per_client_loop(problem):
       lambda *m: sum(wi * np.asarray(a, np.float64) for wi, a in zip(w, m, strict=True)) / sum(w), *trained  # noqa: B023
     )
     theta = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), theta)
-  _close(_row(state.params[0], 0), theta)
+  ref.close(ref.row(state.params[0], 0), theta)
   # evaluation scores the model with the statistics it was trained with (running averages)
   ev = make_evaluator(model)(
     state.params[0], data.x_test, data.y_test, data.n_test, jnp.zeros(data.num_clients, jnp.int32)
@@ -226,16 +209,17 @@ def test_personal_head_per_client_matches_a_per_client_loop(problem):
     personal=personal("Dense_1"),
   )
   key = jax.random.key(8)
-  state, metrics = _run(alg, data, 3, key)
+  state, metrics = ref.run_jit(alg, data, 3, key)
   theta = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
   x, own = _personal_reference(model, data, theta, np.zeros(data.num_clients, int), 3, key, head="Dense_1")
-  _close(_row(state.params[0], 0)["Dense_0"], x[0]["Dense_0"])
-  _close(_row(state.params[0], 0)["Dense_1"], ref.np64(theta["Dense_1"]))  # the server's head never moves
+  ref.close(ref.row(state.params[0], 0)["Dense_0"], x[0]["Dense_0"])
+  # the server's head never moves
+  ref.close(ref.row(state.params[0], 0)["Dense_1"], ref.np64(theta["Dense_1"]))
   models = alg.models(state)
   assert set(models) == {"personal"}  # no global model: its head is nobody's
   for k in range(data.num_clients):
-    _close(_row(models["personal"].params, k)["Dense_1"], own[k])
-    _close(_row(models["personal"].params, k)["Dense_0"], x[0]["Dense_0"])
+    ref.close(ref.row(models["personal"].params, k)["Dense_1"], own[k])
+    ref.close(ref.row(models["personal"].params, k)["Dense_0"], x[0]["Dense_0"])
   body = sum(int(np.prod(np.shape(a))) * 4 for a in jax.tree.leaves(theta["Dense_0"]))
   assert float(metrics["uplink_bytes"]) == body and float(metrics["down_bytes"]) == body
 
@@ -256,7 +240,7 @@ def test_head_shared_within_each_edge_matches_a_per_client_loop(problem):
     personal=personal("Dense_1", level=1),
   )
   key = jax.random.key(9)
-  state, metrics = _run(alg, data, 4, key)
+  state, metrics = ref.run_jit(alg, data, 4, key)
   theta = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
   parent = topo.parent(2)
   weights = [float(np.sum(np.asarray(data.n_train)[parent == g])) for g in range(3)]
@@ -264,7 +248,7 @@ def test_head_shared_within_each_edge_matches_a_per_client_loop(problem):
     model, data, theta, parent, 4, key, head="Dense_1", level_weights=weights, root_period=2, cohort_size=2
   )
   for g in range(3):
-    _close(_row(state.params[1], g), x[g])
+    ref.close(ref.row(state.params[1], g), x[g])
   assert set(alg.models(state)) == {"level1"}  # the root's head is nobody's
   body = sum(int(np.prod(np.shape(a))) * 4 for a in jax.tree.leaves(theta["Dense_0"]))
   assert "uplink_bytes" not in metrics or float(metrics["uplink_bytes"]) > body  # clients send the head too
@@ -283,7 +267,7 @@ def test_fedbn_statistics_never_leave_a_client(problem):
     personal=personal(["BatchNorm"]),
   )
   state0 = alg.init(jax.random.key(7))
-  state, metrics = _run(alg, data, 3, jax.random.key(1))
+  state, metrics = ref.run_jit(alg, data, 3, jax.random.key(1))
   chex.assert_trees_all_equal(
     state.params[0]["batch_stats"], state0.params[0]["batch_stats"]
   )  # server: never
@@ -314,7 +298,7 @@ def test_every_parameter_personal_is_local_training(problem):
     personal=personal(".*"),
   )
   key = jax.random.key(4)
-  state, _ = _run(alg, data, 2, key)
+  state, _ = ref.run_jit(alg, data, 2, key)
   from reference import local_sgd
 
   theta = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
@@ -332,7 +316,7 @@ def test_every_parameter_personal_is_local_training(problem):
         lr=LR,
         batch_size=B,
       )
-    _close(_row(own, k), p)
+    ref.close(ref.row(own, k), p)
 
 
 def test_no_personal_parameters_is_bitwise_the_host(problem):
@@ -345,8 +329,8 @@ def test_no_personal_parameters_is_bitwise_the_host(problem):
     schedule=LocalSchedule(batch_size=B, steps=2),
     cohort_size=3,
   )
-  a, _ = _run(fedavg(**common), data, 2, jax.random.key(0))
-  b, _ = _run(fedavg(personal=Personal(patterns=()), **common), data, 2, jax.random.key(0))
+  a, _ = ref.run_jit(fedavg(**common), data, 2, jax.random.key(0))
+  b, _ = ref.run_jit(fedavg(personal=Personal(patterns=()), **common), data, 2, jax.random.key(0))
   chex.assert_trees_all_equal(a.params, b.params)
 
 
@@ -376,7 +360,7 @@ def test_personal_refusals(problem):
 
 # ------------------------------------------------------------------------ methods over the host
 METHODS = ["fedavg", "fedprox", "ditto", "pfedme", "perfedavg", "fedmmd", "fedkws", "scaffold", "feddyn",
-           "fednova", "mime", "mimelite"]
+           "fednova", "mime", "mimelite", "moon", "qffl", "afl", "apfl", "fedala", "fedem", "knnper"]
 
 
 @pytest.mark.parametrize("name", METHODS)
@@ -410,13 +394,14 @@ def test_methods_run_poisson_sampling_and_systems_from_the_host(problem, name, f
     **fields,
   )
   method = getattr(algorithms, name)
-  _, m = _run(method(sampling="poisson", poisson_q=0.5, cohort_size=9, **common), data, 1, jax.random.key(0))
+  poisson = method(sampling="poisson", poisson_q=0.5, cohort_size=9, **common)
+  _, m = ref.run_jit(poisson, data, 1, jax.random.key(0))
   assert 0 <= int(m["clients_trained"]) <= 9
   systems = Systems(
     profile=make_profile(np.linspace(0.5, 4, data.num_clients), np.full(data.num_clients, 1e6)),
     policy=deadline(1.0, partial=True),
   )
-  _, m = _run(method(systems=systems, cohort_size=5, **common), data, 1, jax.random.key(0))
+  _, m = ref.run_jit(method(systems=systems, cohort_size=5, **common), data, 1, jax.random.key(0))
   assert "round_seconds" in m and int(m["clients_partial"]) > 0
 
 

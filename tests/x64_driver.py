@@ -132,7 +132,8 @@ def pfedme_vs_reference(model, data, key, sched, steps, out):
 
 
 OTHERS = ("hierfavg", "fedprox", "ditto", "perfedavg", "perfedavg_hf", "pfedmt", "fedkws", "ifca",
-          "cfl", "mcfl", "awcfl", "bhfl", "scaffold", "feddyn", "fednova", "mime", "mimelite")
+          "cfl", "mcfl", "awcfl", "bhfl", "scaffold", "feddyn", "fednova", "mime", "mimelite", "moon", "qffl",
+          "afl", "fedasync", "apfl", "fedala", "fedem", "knnper")
 
 
 def others_run_one_round(model, data, groups, key, names, out):
@@ -159,6 +160,14 @@ def others_run_one_round(model, data, groups, key, names, out):
     "fednova": lambda: A.fednova(**{**base, "schedule": LocalSchedule(batch_size=B, epochs=1)}),
     "mime": lambda: A.mime(**{**base, "local_optimizer": optax.sgd(LR, momentum=0.9)}),
     "mimelite": lambda: A.mimelite(**{**base, "local_optimizer": optax.sgd(LR, momentum=0.9)}),
+    "moon": lambda: A.moon(mu=1.0, **base),
+    "qffl": lambda: A.qffl(q=1.0, local_learning_rate=LR, **base),
+    "afl": lambda: A.afl(domain_learning_rate=0.5, **base),
+    "fedasync": lambda: A.fedasync(concurrency=2, **base),
+    "apfl": lambda: A.apfl(local_learning_rate=LR, **base),
+    "fedala": lambda: A.fedala(max_ala_epochs=4, **base),
+    "fedem": lambda: A.fedem(num_components=2, **base),
+    "knnper": lambda: A.knnper(k=3, **base),
   }
   assert set(others) == set(OTHERS)
   for name in names:

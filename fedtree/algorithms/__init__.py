@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import inspect
 
+from fedtree.algorithms.afl import afl
+from fedtree.algorithms.apfl import apfl
 from fedtree.algorithms.bhfl import bhfl
 from fedtree.algorithms.clustering import awcfl, cfl, ifca, mcfl
 from fedtree.algorithms.ditto import ditto
+from fedtree.algorithms.fedala import fedala
+from fedtree.algorithms.fedasync import fedasync
 from fedtree.algorithms.fedbabu import fedbabu
 from fedtree.algorithms.fedbn import fedbn
 from fedtree.algorithms.fedbuff import fedbuff
 from fedtree.algorithms.feddyn import feddyn
+from fedtree.algorithms.fedem import fedem
 from fedtree.algorithms.fedkws import fedkws
 from fedtree.algorithms.fedmmd import fedmmd
 from fedtree.algorithms.fednova import fednova
@@ -29,12 +34,15 @@ from fedtree.algorithms.fedrod import fedrod
 from fedtree.algorithms.finetuned import finetuned
 from fedtree.algorithms.grouppfl import grouppfl
 from fedtree.algorithms.hierfavg import fedavg, hierfavg
+from fedtree.algorithms.knnper import knnper
 from fedtree.algorithms.lgfedavg import lgfedavg
 from fedtree.algorithms.local_only import local
 from fedtree.algorithms.mime import mime, mimelite
+from fedtree.algorithms.moon import moon
 from fedtree.algorithms.perfedavg import perfedavg
 from fedtree.algorithms.pfedme import pfedme
 from fedtree.algorithms.pfedmt import pfedmt
+from fedtree.algorithms.qffl import qffl
 from fedtree.algorithms.scaffold import scaffold
 from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, TreeState
 
@@ -42,10 +50,14 @@ _FACTORIES = {"awcfl": awcfl, "bhfl": bhfl, "cfl": cfl, "ditto": ditto, "fedavg"
               "fedkws": fedkws, "fedmmd": fedmmd, "fedprox": fedprox, "grouppfl": grouppfl,
               "hierfavg": hierfavg, "ifca": ifca, "mcfl": mcfl, "perfedavg": perfedavg, "pfedme": pfedme,
               "pfedmt": pfedmt, "scaffold": scaffold,
+              # the optimization baselines (issue 36)
               "feddyn": feddyn, "fednova": fednova, "mime": mime, "mimelite": mimelite,
+              "moon": moon, "qffl": qffl, "afl": afl, "fedasync": fedasync,
               # partial personalization (issue 37)
               "fedper": fedper, "fedrep": fedrep, "lgfedavg": lgfedavg, "fedbn": fedbn, "fedrod": fedrod,
-              "fedbabu": fedbabu, "local": local}
+              "fedbabu": fedbabu, "local": local,
+              # personalized aggregation and mixtures (issue 38)
+              "apfl": apfl, "fedala": fedala, "fedem": fedem, "knnper": knnper}
 SYSTEMS_ALGORITHMS = tuple(n for n, f in _FACTORIES.items() if "systems" in inspect.signature(f).parameters)
 """The factories that take ``systems`` (:mod:`fedtree.core.systems`); a run config that gives
 another algorithm a ``systems`` section is refused naming these."""
@@ -55,6 +67,7 @@ __all__ = [
   "awcfl", "bhfl", "cfl", "ditto", "fedavg",
   "fedbuff", "fedkws", "fedmmd", "fedprox", "grouppfl", "hierfavg", "ifca", "mcfl", "perfedavg", "pfedme",
   "pfedmt", "scaffold",
-  "feddyn", "fednova", "mime", "mimelite",
+  "feddyn", "fednova", "mime", "mimelite", "moon", "qffl", "afl", "fedasync",
   "fedbabu", "fedbn", "fedper", "fedrep", "fedrod", "finetuned", "lgfedavg", "local",
+  "apfl", "fedala", "fedem", "knnper",
 ]

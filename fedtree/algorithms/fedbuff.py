@@ -32,6 +32,10 @@ Under a ``deadline`` policy a client that cannot report within ``seconds`` of it
 at that moment (FLSim's timeout), or does the steps that fit (``partial``); with ``dropout`` a
 client fails with that probability. A failure takes its place among its round's
 ``buffer_size`` reports and contributes nothing.
+
+FedAsync (:mod:`fedtree.algorithms.fedasync`) is this with a buffer of one, its reports taken
+against the current model (``update_from="current"``) and ``sgd(α)``; its staleness functions
+(``staleness``) and what reports arriving at the same moment do (``simultaneous``) are options here.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from fedtree.core.algorithm import (
   local_training,
   per_level,
 )
+from fedtree.core.checks import check_nonnegative, check_positive, named
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
@@ -70,6 +75,25 @@ from fedtree.core.topology import Topology
 from fedtree.core.updates import PathState, UpdatePath, init_path_state, per_level_paths
 
 PyTree = Any
+STALENESS = ("polynomial", "constant", "hinge")
+SIMULTANEOUS = ("queue", "together", "drop")
+UPDATE_FROM = ("start", "current")
+
+
+def staleness_factor(tau: jax.Array, kind: str = "polynomial", *, exponent=0.5, hinge_a=10.0,
+                     hinge_b: int = 4) -> jax.Array:
+  """``s(τ)`` of FedAsync's staleness functions (Xie et al. 2019, Sec. 5.2): ``"polynomial"``
+  ``(1 + τ)^-a`` (:func:`~fedtree.algorithms.bhfl.asynchrony.staleness_weight`, FedBuff's),
+  ``"constant"`` 1, ``"hinge"`` 1 for ``τ <= b`` else ``1 / (a (τ − b) + 1)``. Hyperparameters
+  may be traced (sweeps); float32 (the staleness of the simulated clock)."""
+  if kind == "polynomial":
+    return staleness_weight(tau, exponent)
+  if kind == "constant":
+    return jnp.ones(jnp.shape(tau), jnp.float32)
+  if kind == "hinge":
+    late = jnp.maximum(tau - int(hinge_b), 0).astype(jnp.float32)
+    return jnp.where(tau <= int(hinge_b), 1.0, 1.0 / (jnp.asarray(hinge_a, jnp.float32) * late + 1.0))
+  raise ValueError(f"staleness={kind!r}; choose one of {STALENESS}")
 
 
 @struct.dataclass
@@ -130,6 +154,11 @@ def fedbuff(
   server_optimizer: optax.GradientTransformation | None = None,
   max_staleness: int = 8,
   staleness_exponent: float = 0.5,
+  staleness: str = "polynomial",
+  hinge_a: float = 10.0,
+  hinge_b: int = 4,
+  simultaneous: str = "queue",
+  update_from: str = "start",
   systems: Systems | None = None,
   weighting: str = "examples",
   compute_dtype: str | None = None,
@@ -162,6 +191,23 @@ def fedbuff(
     max_staleness: oldest model version a client may start from and still count (the ring size
       less one); later reports are dropped.
     staleness_exponent: ``a`` in ``s(τ) = (1 + τ)^-a`` (0: no staleness weighting).
+    staleness: the staleness function ``s(τ)`` (:data:`STALENESS`, :func:`staleness_factor`):
+      ``"polynomial"`` (``(1 + τ)^-a``, ``a = staleness_exponent``), ``"constant"`` (1) or
+      ``"hinge"`` (1 for ``τ <= b``, else ``1 / (a (τ − b) + 1)`` with ``a = hinge_a``,
+      ``b = hinge_b``): FedAsync's three (Xie et al. 2019).
+    hinge_a, hinge_b: the hinge's slope ``a > 0`` and threshold ``b >= 0`` (FedLab's 10 and 4).
+    simultaneous: reports that arrive at the very moment of the ``buffer_size``-th (on a clock
+      without systems every client of equal work arrives together): ``"queue"`` (default: they
+      wait for the next server updates, one buffer each, ties broken by slot, each a version
+      staler), ``"together"`` (they join this update: FLGo's FedAsync mixes everything that
+      arrived at one moment in one step) or ``"drop"`` (they are discarded, their clients freed:
+      FedLab's standalone FedAsync). ``clients_discarded`` counts the reports sent but not applied
+      (these, and stale ones), which the byte columns count as sent.
+    update_from: what a report's pseudo-gradient is taken against: ``"start"`` (the model version
+      its client started from, ``Δ_i = x_τ − y_i``: FedBuff) or ``"current"`` (the parent's current
+      model, ``x_t − y_i``: FedAsync's mixing ``x ← (1 − α s) x + α s y_i`` with ``sgd(α)``). The
+      update path (clipping, compression) sees what the client sends, ``x_τ − y_i``; the server
+      adds the known ``x_t − x_τ``.
     systems: device speeds, bandwidths and availability (:class:`~fedtree.core.systems.Systems`)
       that set when each client reports. Its policy: ``wait_for_all`` or ``deadline`` (a
       per-client timeout, as FLSim's: a client that cannot report within ``seconds`` of its
@@ -222,8 +268,17 @@ def fedbuff(
     raise ValueError(f"concurrency={concurrency} must be in buffer_size..{where} ({buffer_size}..{smallest})")
   if int(max_staleness) < 0:
     raise ValueError(f"max_staleness={max_staleness!r} must be >= 0")
-  if not float(staleness_exponent) >= 0:
-    raise ValueError(f"staleness_exponent={staleness_exponent!r} must be >= 0")
+  with named(name):
+    check_nonnegative(staleness_exponent=staleness_exponent)
+    check_positive(hinge_a=hinge_a)
+  if staleness not in STALENESS:
+    raise ValueError(f"{name}: staleness={staleness!r}; choose one of {STALENESS}")
+  if int(hinge_b) < 0:
+    raise ValueError(f"{name}: hinge_b={hinge_b!r} must be >= 0")
+  if simultaneous not in SIMULTANEOUS:
+    raise ValueError(f"{name}: simultaneous={simultaneous!r}; choose one of {SIMULTANEOUS}")
+  if update_from not in UPDATE_FROM:
+    raise ValueError(f"{name}: update_from={update_from!r}; choose one of {UPDATE_FROM}")
   check_weighting(weighting)
   periods = check_periods(periods, depth)
   if systems is None:
@@ -236,7 +291,7 @@ def fedbuff(
                      f"concurrency is FedBuff's over-selection (the first buffer_size of it to finish count)")
   links = systems.server_links([topology.num_nodes(lv) for lv in range(depth)])
   ring = int(max_staleness) + 1
-  exponent = float(staleness_exponent)
+  staleness_kind = staleness   # (round_fn's `staleness` is every slot's τ)
   server_optimizers = per_level(optax.sgd(1.0) if server_optimizer is None else server_optimizer, depth,
                                 "server_optimizer")
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
@@ -315,10 +370,15 @@ def fedbuff(
     pos = jnp.zeros_like(slots).at[order].set(slots) - slot_group * concurrency
     report = busy & (pos < buffer_size)
     reached = jax.ops.segment_max(jnp.where(report, finish, -jnp.inf), slot_group, num_segments=num_groups)
+    discard = jnp.zeros_like(report)
+    if simultaneous != "queue":   # the others that arrive at the moment of the buffer's last report
+      tied = busy & ~report & (finish <= jnp.take(reached, slot_group))
+      discard = tied if simultaneous == "drop" else discard
+      report = report | tied
     node_clock = jnp.maximum(state.node_clock, reached)
     staleness = state.round - version
     fresh = report & (staleness <= max_staleness)
-    ok = fresh & ~failed
+    ok = fresh & ~failed & ~discard
     # 3. Train them from the versions they started from (the ring rows are the tier's parents).
     w = client_weights(data.n_train, weighting)
     cohort = Cohort(clients=client, parent=(slot_group * ring + jnp.mod(version, ring)).astype(jnp.int32),
@@ -333,7 +393,8 @@ def fedbuff(
     )
     # Staleness is per version: Σ_v s(round - v) Σ_{i started at v} w_i Δ_i over Σ_i w_i.
     row_version = state.round - jnp.mod(state.round - jnp.arange(ring), ring)
-    scale = staleness_weight(state.round - row_version, exponent)
+    scale = staleness_factor(state.round - row_version, staleness_kind, exponent=staleness_exponent,
+                             hinge_a=hinge_a, hinge_b=hinge_b)
     def per_parent(d):   # [G * S, ...] -> [G, ...], each version's rows scaled by its staleness
       if num_groups == 1:   # (summed over the leading axis: the flat runs' numbers, bitwise)
         return jnp.sum(d * scale.reshape((ring,) + (1,) * (d.ndim - 1)).astype(d.dtype), axis=0,
@@ -342,6 +403,10 @@ def fedbuff(
       return jnp.sum(d * scale.reshape((1, ring) + (1,) * (d.ndim - 2)).astype(d.dtype), axis=1)
 
     delta = jax.tree.map(per_parent, res.delta_sum)
+    if update_from == "current":   # + Σ_v s(τ_v) W_v (x_t − x_v): every update against the current model
+      drift = jax.tree.map(lambda h, p: (jnp.repeat(p, ring, axis=0) - h) * res.weight_sum.reshape(
+        (-1,) + (1,) * (h.ndim - 1)).astype(h.dtype), state.history, state.params)
+      delta = jax.tree.map(jnp.add, delta, jax.tree.map(per_parent, drift))
     total = (jnp.sum(res.weight_sum, axis=0, keepdims=True) if num_groups == 1
              else jnp.sum(res.weight_sum.reshape(num_groups, ring), axis=1))
     leaf_params, leaf_opt = update_nodes(server_optimizers[leaf], state.params, state.opt_state,
@@ -349,11 +414,13 @@ def fedbuff(
     metrics = {
       **res.metrics(),
       "clients_stale": jnp.sum(report & ~fresh, dtype=jnp.int32),
-      "clients_dropped": jnp.sum(report & failed, dtype=jnp.int32),
+      "clients_dropped": jnp.sum(report & failed & ~discard, dtype=jnp.int32),
       "clients_partial": jnp.sum(ok & (slot_steps < jnp.take(num_steps, client)), dtype=jnp.int32),
       "mean_staleness": jnp.sum(jnp.where(fresh, staleness, 0)) / jnp.maximum(jnp.sum(fresh), 1),
       "max_staleness": jnp.max(jnp.where(fresh, staleness, 0)),
     }
+    # reports that trained and were sent but not applied (stale, or dropped on a simultaneous arrival): bytes
+    metrics["clients_discarded"] = jnp.sum((report & ~fresh) | discard, dtype=jnp.int32)
     # 4. Upper levels as HierFAVG's, every periods[l] rounds; a level that aggregates waits for
     #    its slowest child (the clients' parents' clocks meet there) and its transfers.
     params = list(state.upper_params) + [leaf_params]

@@ -16,6 +16,11 @@ the parameters fine-tuned; default all), ``finetune_models`` (default every mode
 ``runs.fedavg_ft = {algorithm: fedavg, finetune_steps: 20}`` is FedAvg + FT in one line
 (:mod:`fedtree.experiment.registry`).
 
+A model set that carries the model scoring it (:class:`~fedtree.core.algorithm.ScoredModels`:
+FedEM's mixtures, kNN-Per's memories) is not a model of the run's architecture a client could
+fine-tune: it is left out of the default ``models``; naming it in ``finetune_models``, or fine-tuning
+an algorithm that reports no other set (FedEM), is refused.
+
 Other implementations: FL-bench's ``finetune_epoch`` (a common option of every method) fine-tunes
 the whole model (FedPer's and FedRep's clients their head, set in code); FLGo's
 ``fedavg_finetune`` fine-tunes ``ft_epochs`` and keeps the epoch of best validation loss (an early
@@ -32,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedtree.core.algorithm import FederatedAlgorithm, NodeModels
+from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, ScoredModels
 from fedtree.core.checks import check_positive
 from fedtree.core.data import FederatedData
 from fedtree.core.finetune import make_finetuner
@@ -94,13 +99,15 @@ def finetuned(
     epochs: fine-tuning epochs over each client's data instead (``>= 0``).
     optimizer: an optax optimizer's name.
     trainable: a pytree of bools shaped as one model: fine-tune those leaves only (``None``: all).
-    models: the names of the models to fine-tune (default every model the algorithm reports).
+    models: the names of the models to fine-tune (default every model the algorithm reports but
+      the :class:`~fedtree.core.algorithm.ScoredModels` ones, which carry their own model).
     seed: the fine-tune's minibatch order (folded with the round).
     chunk_size: clients fine-tuned at once (``None``: all).
 
   Raises:
     ValueError: a negative count, both counts, a rate that is not > 0, ragged data; at the first
-      evaluation, a name in ``models`` that the algorithm does not report.
+      evaluation, a name in ``models`` that the algorithm does not report or that names a
+      :class:`~fedtree.core.algorithm.ScoredModels` set.
 
   Example:
     FedAvg and FedAvg + FT (5 steps) in one run:
@@ -135,11 +142,21 @@ def finetuned(
 
   def with_finetuned(state):
     out = dict(inner(state))
-    names = list(out) if wanted is None else list(wanted)
+    scored = [n for n, m in out.items() if isinstance(m, ScoredModels)]
+    names = [n for n in out if n not in scored] if wanted is None else list(wanted)
     unknown = [n for n in names if n not in out]
     if unknown:
       raise ValueError(f"{name}: finetune_models={list(wanted or ())} names {unknown}, which this algorithm "
                        f"does not report; its models are {sorted(out)}")
+    if not names and scored:
+      raise ValueError(f"{name}: every model it reports {sorted(scored)} is scored by a model of its own "
+                       f"(a mixture or a memory, not one model of the run's architecture): nothing to "
+                       f"fine-tune; drop finetune_steps/finetune_epochs")
+    carried = [n for n in names if n in scored]
+    if carried:
+      raise ValueError(f"{name}: finetune_models={list(wanted or ())} names {carried}, scored by a model "
+                       f"of their own (a mixture or a memory, not one model of the run's architecture); "
+                       f"fine-tune one of {sorted(n for n in out if n not in scored)}")
     key = jax.random.fold_in(root, jnp.asarray(getattr(state, "round", 0)))
     for n in names:
       nm = out[n]

@@ -251,14 +251,19 @@ class Extras:
                                       share.sent(template, leaf)))
     bcast = () if rule is None else jax.eval_shape(lambda p: broadcast_of(rule, rule.init(p, 1)), template)
     params = jax.tree.map(lambda a: jax.ShapeDtypeStruct((1,) + tuple(np.shape(a)), a.dtype), template)
-    messages = []
+
+    def wire(message):   # one client's message at its dtypes
+      return model_bytes(jax.tree.map(lambda a: jax.ShapeDtypeStruct((1,) + tuple(a.shape), a.dtype),
+                                      message))
+
+    msg = 0
     if update.takes_round:
-      messages.append(message_shape(update, params, () if update.init_state is None else jax.eval_shape(
+      msg = wire(message_shape(update, params, () if update.init_state is None else jax.eval_shape(
         lambda p: update.init_state(p, 1), template), data, bcast, learning_rate, jax.random.key(0)))
+    if update.message_bytes is not None:   # what the message costs on the wire (ClientUpdate.message_bytes)
+      msg = int(update.message_bytes)
     if rule is not None and rule.gather is not None:   # what a client sends before training
-      messages.append(message_shape(rule.gather, params, (), data, bcast, learning_rate, jax.random.key(0)))
-    msg = model_bytes(jax.tree.map(lambda a: jax.ShapeDtypeStruct((1,) + tuple(a.shape), a.dtype),
-                                   tuple(messages)))
+      msg += wire(message_shape(rule.gather, params, (), data, bcast, learning_rate, jax.random.key(0)))
     bc = model_bytes(bcast)
     return cls(shared, msg, bc, share.client_mask is not None or msg > 0 or bc > 0)
 
@@ -493,7 +498,10 @@ def hierfavg(
         keep=keep, up_bytes=extra.up(up_b), down_bytes=extra.down(None if down_b is None else jnp.take(
           down_b, cohort.parent)))
       cohort, num_steps = cohort._replace(valid=outcome.valid), outcome.num_steps
-    population_weight = jax.ops.segment_sum(w_client, parents[depth], num_segments=topology.num_nodes(leaf))
+    w_tier = w_client   # the clients' weights in their parents' mean: the rule's, where it sets them (AFL)
+    if server_rule is not None and server_rule.weights is not None:
+      w_tier = server_rule.weights(state.server_state, w_client)
+    population_weight = jax.ops.segment_sum(w_tier, parents[depth], num_segments=topology.num_nodes(leaf))
 
     def inbox_of(res, pseudo_gradient):   # what the clients' parents receive from a pass over the cohort
       reported = jax.ops.segment_sum((jnp.take(res.reported, cohort.clients) & cohort.valid).astype(
@@ -502,7 +510,7 @@ def hierfavg(
                    reported=reported, sampled=res.sampled, population=jnp.asarray(population),
                    params=params[leaf], population_weight=population_weight.astype(res.weight_sum.dtype))
 
-    tier = dict(num_steps=num_steps, weights=w_client, chunk_size=sampler.chunk_size,
+    tier = dict(num_steps=num_steps, weights=w_tier, chunk_size=sampler.chunk_size,
                 parent_aligned=sampler.parent_aligned, batch_order=schedule.batch_order,
                 batch_size=schedule.batch_size, cursor=state.cursor, population=population,
                 learning_rate=local_learning_rate, personal=share.client_mask,
@@ -573,21 +581,23 @@ BOUND = ("client_update",)
 """The host's parameters a method fills itself (its local objective)."""
 
 
-def hierfavg_method(*, drops: Sequence[str] = ()) -> Callable:
-  """Declares ``method(*, <its own parameters>, **host)`` a thin spec over :func:`hierfavg`.
+def method_over(host_factory: Callable, *, drops: Sequence[str] = (),
+                bound: Sequence[str] = BOUND) -> Callable:
+  """Declares ``method(*, <its own parameters>, **host)`` a thin spec over ``host_factory``
+  (:func:`hierfavg`, or another host such as :func:`~fedtree.algorithms.fedbuff.fedbuff`).
 
-  The method takes its own hyperparameters and passes every other argument on (:func:`on_host`),
-  so every option of the host works with it. Its signature, which the registry reads as a run's
-  schema and ``help()`` shows, is its own keyword-only parameters followed by every parameter of
-  :func:`hierfavg` it neither declares nor binds (:data:`BOUND`, ``drops``), with ``topology``
-  optional (``None``: one server over all clients); their annotations resolved.
+  The method takes its own hyperparameters and passes every other argument on, so every option of
+  the host works with it. Its signature, which the registry reads as a run's schema and ``help()``
+  shows, is its own keyword-only parameters followed by every parameter of the host it neither
+  declares nor binds (``bound``, ``drops``), with ``topology`` optional (``None``: one server over
+  all clients); their annotations resolved.
   """
 
   def wrap(method: Callable) -> Callable:
     own = {n: p for n, p in inspect.signature(method).parameters.items()
            if p.kind is not inspect.Parameter.VAR_KEYWORD}
-    host = inspect.signature(hierfavg).parameters
-    skip = set(own) | set(BOUND) | set(drops)
+    host = inspect.signature(host_factory).parameters
+    skip = set(own) | set(bound) | set(drops)
     params = list(own.values())
     for n, p in host.items():
       if n in skip:
@@ -595,7 +605,7 @@ def hierfavg_method(*, drops: Sequence[str] = ()) -> Callable:
       params.append(p.replace(default=None) if n == "topology" else p)
     required = [p for p in params if p.default is inspect.Parameter.empty]
     optional = [p for p in params if p.default is not inspect.Parameter.empty]
-    hints = {n: h for n, h in typing.get_type_hints(hierfavg).items() if n in host and n not in skip}
+    hints = {n: h for n, h in typing.get_type_hints(host_factory).items() if n in host and n not in skip}
     hints.update(typing.get_type_hints(method))
     if "topology" in hints:
       hints["topology"] = hints["topology"] | None
@@ -603,16 +613,23 @@ def hierfavg_method(*, drops: Sequence[str] = ()) -> Callable:
                                              return_annotation=FederatedAlgorithm)
     method.__annotations__ = hints
     method.host_parameters = tuple(n for n in host if n not in skip)   # type: ignore[attr-defined]
+    method.host = host_factory   # type: ignore[attr-defined]
     return method
 
   return wrap
+
+
+def hierfavg_method(*, drops: Sequence[str] = ()) -> Callable:
+  """Declares ``method(*, <its own parameters>, **host)`` a thin spec over :func:`hierfavg`
+  (:func:`method_over`): see :func:`on_host`."""
+  return method_over(hierfavg, drops=drops)
 
 
 def over_host(factory: Callable) -> bool:
   """Whether ``factory`` is :func:`hierfavg` or a method over it (:func:`hierfavg_method`): its
   upper levels are HierFAVG's (a server rule at the clients' parents, SCAFFOLD's or FedDyn's, is
   refused by :func:`hierfavg` under differential privacy noise above them)."""
-  return factory is hierfavg or hasattr(factory, "host_parameters")
+  return factory is hierfavg or getattr(factory, "host", None) is hierfavg
 
 
 def on_host(host: Mapping[str, Any], **fixed) -> FederatedAlgorithm:

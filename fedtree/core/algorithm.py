@@ -47,6 +47,30 @@ class NodeModels(NamedTuple):
   model_of_client: np.ndarray | jax.Array
 
 
+@struct.dataclass
+class ScoredModels:
+  """A model set whose predictions are not the run's ``model.apply(row, x)``: it carries the
+  :class:`~fedtree.core.model.Model` that scores it (a mixture of components, a model interpolated
+  with a per-client memory), and the evaluation uses that model instead of the run's
+  (:func:`fedtree.evaluation.evaluate_models`).
+
+  Attributes:
+    params: stacked rows ``[N, ...]``, as :class:`NodeModels`' (e.g. the leaf parents' models).
+    model_of_client: ``int32[C]`` the row scoring client ``c``.
+    client_params: ``[C, ...]`` every client's own inputs of ``model`` (FedEM's mixture weights,
+      kNN-Per's memory), or ``None``: client ``c`` is scored with ``model.apply((params[row],
+      client_params[c]), x)``, else with ``model.apply(params[row], x)``
+      (:func:`fedtree.core.metrics.evaluate`).
+    model: the model that scores the set (static: not a leaf of the pytree; build it once, in the
+      algorithm's factory, so that its evaluator compiles once).
+  """
+
+  params: PyTree
+  model_of_client: np.ndarray | jax.Array
+  client_params: PyTree = None
+  model: Model = struct.field(pytree_node=False, default=None)
+
+
 class Report(NamedTuple):
   """What an algorithm's ``report`` hook returns (pure: the experiment layer prints and writes).
 

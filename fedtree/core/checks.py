@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 
 
@@ -27,3 +29,13 @@ def check_positive(**values) -> None:
       continue
     if not (float(v) > 0 and float(v) < float("inf")):
       raise ValueError(f"{name}={v} must be a finite number > 0")
+
+
+@contextlib.contextmanager
+def named(name: str):
+  """A ``ValueError`` raised inside is raised again prefixed with ``name`` (the algorithm or run
+  it concerns): ``with named("moon"): check_positive(temperature=t)`` says ``moon: temperature=...``."""
+  try:
+    yield
+  except ValueError as e:
+    raise ValueError(f"{name}: {e}") from e

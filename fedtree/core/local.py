@@ -425,6 +425,28 @@ def full_gradient(model: Model, params: PyTree, data: ClientData, *, batch_size:
   return zero_state(model, jax.tree.map(lambda g: g / n.astype(g.dtype), total))
 
 
+def full_loss(model: Model, params: PyTree, data: ClientData, *, batch_size: int) -> jax.Array:
+  """``f_i(params)``: the client's mean loss over all its ``n`` examples (a pass over its data in
+  minibatches of ``batch_size``, in stored order; 0 for a client with none), in inference mode
+  (no dropout; a model with state uses its running statistics), as an evaluation would score it:
+  the loss q-FFL's and AFL's clients report at the model they receive."""
+  data = data._replace(cursor=0, shuffle=False)
+  batches = jnp.maximum(steps_per_epoch(data.n, batch_size), 0)
+  key = jax.random.key(0)
+  dtype = jnp.result_type(jnp.float32, *jax.tree.leaves(params))
+
+  def body(state):
+    t, acc = state
+    batch = batch_at(key, data, t, batch_size)
+    logits = model.apply(params, batch.x, train=False)
+    count = jnp.sum(batch.mask).astype(dtype)
+    return t + 1, acc + masked_cross_entropy(logits, batch.y, batch.mask).astype(dtype) * count
+
+  start = (jnp.zeros((), jnp.int32), jnp.zeros((), dtype))
+  _, total = jax.lax.while_loop(lambda st: st[0] < batches, body, start)
+  return total / jnp.maximum(data.n, 1).astype(dtype)
+
+
 # ------------------------------------------------------------------------ client updates
 class ClientRound(NamedTuple):
   """What a client is told in a round besides its parent's model (one client: vmapped over a
@@ -479,6 +501,10 @@ class ClientUpdate(NamedTuple):
   * ``model_state``: it trains a model with state (BatchNorm statistics) correctly, taking the
     statistics from its forward passes (:func:`make_sgd_step`); a host refuses a model with state
     under an update that does not declare it (:func:`check_model_state`).
+  * ``message_bytes``: what one client's message costs on the wire when that differs from the
+    size of the pytree the engine sums (``None``: its size). E.g. AFL's clients send their loss
+    and example count, which the simulation spreads into a one-hot row over the parent's domains
+    so that the per-parent sum is a per-domain sum; the byte columns count the two scalars.
   """
 
   apply: Callable[..., tuple]
@@ -487,6 +513,7 @@ class ClientUpdate(NamedTuple):
   personal_models: Callable[[PyTree], PyTree] | None = None
   takes_round: bool = False
   model_state: bool = False
+  message_bytes: int | None = None
 
 
 def run_update(update: ClientUpdate, anchor, state, data, num_steps, key, round: ClientRound):

@@ -120,6 +120,7 @@ def evaluate(
   sentences: bool = False,
   ignore_labels: tuple[int, ...] = (),
   top_k: int | None = None,
+  client_params: PyTree = None,
 ) -> EvalStats:
   """Evaluates client ``c`` with ``params[model_of_client[c]]`` on ``x[c, :n[c]]``.
 
@@ -134,6 +135,10 @@ def evaluate(
       ``y: [C, M, T]`` only; see :func:`client_sums`).
     ignore_labels: labels left out of every sum (e.g. a language model's special tokens).
     top_k: also count the examples whose label is among the ``top_k`` highest logits.
+    client_params: ``[C, ...]`` per-client inputs of ``model`` beside its row (a
+      :class:`~fedtree.core.algorithm.ScoredModels`' ``client_params``: FedEM's mixture weights,
+      kNN-Per's memory): client ``c`` is then scored with ``model.apply((params[m], client_params[c]),
+      x)``. ``None``: ``model.apply(params[m], x)``.
   """
   if top_k is not None and int(top_k) < 1:
     raise ValueError(f"top_k={top_k} must be >= 1")
@@ -149,13 +154,16 @@ def evaluate(
   model_of_client = jnp.asarray(model_of_client, jnp.int32)
 
   def one(args):
-    xc, yc, nc, m = args
+    xc, yc, nc, m, own = args
     p = jax.tree.map(lambda a: a[m], params)
+    if client_params is not None:
+      p = (p, own)
     return client_sums(model, p, xc, yc, nc, confusion=confusion, sentences=sentences,
                        ignore_labels=tuple(ignore_labels), top_k=top_k)
 
   batch = num_clients if chunk_size is None else max(1, min(int(chunk_size), num_clients))
-  out = list(jax.lax.map(one, (x, y, n, model_of_client), batch_size=batch))
+  own = () if client_params is None else client_params
+  out = list(jax.lax.map(one, (x, y, n, model_of_client, own), batch_size=batch))
   topk = out.pop() if top_k is not None else None
   return EvalStats(out[0], out[1], out[2], confusion=out[3] if confusion else None,
                    sentence_loss=out[-2] if sentences else None,
@@ -387,19 +395,20 @@ def keyword_rates(confusion: np.ndarray, positive_classes) -> dict[str, float]:
 def make_evaluator(model: Model, chunk_size: int | None = None, *, confusion: bool = False,
                    sentences: bool | None = None, ignore_labels: tuple[int, ...] = (),
                    top_k: int | None = None):
-  """A jitted ``(params, x, y, n, model_of_client) -> EvalStats`` (with per-client confusion
-  matrices when ``confusion``; with sentence sums when ``sentences``, by default for a
-  model with token labels, ``model.label_shape`` non-empty; without the labels
-  ``ignore_labels``; with top-``k`` counts when ``top_k``: see :func:`evaluate`)."""
+  """A jitted ``(params, x, y, n, model_of_client[, client_params]) -> EvalStats`` (with
+  per-client confusion matrices when ``confusion``; with sentence sums when ``sentences``, by
+  default for a model with token labels, ``model.label_shape`` non-empty; without the labels
+  ``ignore_labels``; with top-``k`` counts when ``top_k``; ``client_params``: see :func:`evaluate`)."""
   sentences = bool(model.label_shape) if sentences is None else sentences
   ignore_labels = tuple(int(v) for v in ignore_labels)
   if top_k is not None and int(top_k) < 1:
     raise ValueError(f"top_k={top_k} must be >= 1")
 
   @jax.jit
-  def run(params, x, y, n, moc) -> EvalStats:
+  def run(params, x, y, n, moc, client_params=None) -> EvalStats:
     return evaluate(model, params, x, y, n, model_of_client=moc, chunk_size=chunk_size,
-                    confusion=confusion, sentences=sentences, ignore_labels=ignore_labels, top_k=top_k)
+                    confusion=confusion, sentences=sentences, ignore_labels=ignore_labels, top_k=top_k,
+                    client_params=client_params)
 
   return run
 

@@ -26,12 +26,13 @@ No hyperparameter goes through ``float()``: ``noise_multiplier`` and ``clip_norm
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from fedtree.core.updates import ClientContext, ClientTransform, NodeTransform
+from fedtree.core.updates import ClientContext, ClientTransform, NodeTransform, UpdatePath
 
 PyTree = Any
 NORMALIZATIONS = ("fixed", "count")
@@ -288,6 +289,23 @@ def private_stages(path) -> list[str]:
     return []
   names = [t.name for t in (path.client, path.node) if t is not None]
   return [n for n in names if any(part.startswith("dp") for part in n.split("+"))]
+
+
+def private_stages_where(paths) -> list[str]:
+  """Every privacy stage (:func:`private_stages`) of ``paths`` (as
+  :func:`fedtree.core.updates.per_level_paths` takes them: one path, a sequence or ``{level:
+  path}``), each as ``"'<transform>' at <where>"``: for the refusals of methods whose clients send
+  something beside their update that no privacy stage covers at any level (q-FFL's ``h_k``, AFL's
+  losses)."""
+  if paths is None:
+    return []
+  if isinstance(paths, UpdatePath):
+    items: list = [("the clients' tier", paths)]
+  elif isinstance(paths, Mapping):
+    items = [("the clients' tier" if int(lv) == -1 else f"level {lv}", p) for lv, p in paths.items()]
+  else:
+    items = [(f"level {lv}", p) for lv, p in enumerate(paths)]
+  return [f"{n!r} at {where}" for where, p in items for n in private_stages(p)]
 
 
 def delta_noise_multiplier(noise_multiplier, adaptive: Adaptive | None, *, replace_one: bool = True):

@@ -1,6 +1,6 @@
 """What a server keeps beyond its model and optax state, sends its children beside the model, and
 updates from what they send back: the seam of SCAFFOLD's control variate, FedDyn's ``h``, FedNova's
-normalisation and Mime's momentum.
+normalisation, Mime's momentum and AFL's mixture weights.
 
 A :class:`ServerRule` is a pair of pure functions in the optax style, stacked over the nodes of
 the server level that runs it (the clients' parents, ``[N, ...]``):
@@ -19,6 +19,9 @@ the server level that runs it (the clients' parents, ``[N, ...]``):
   (its model output is ignored), whose messages, summed per parent in an :class:`Inbox`
   (``pseudo_gradient`` ``()``), reach ``prepare(inbox, state) -> state`` before ``send``. It costs
   one more vmapped pass over the cohort, and its messages count in the uplink bytes.
+* ``weights(state, host_weights [C]) -> [C]`` (optional): the aggregation weight of every client in
+  this round's mean, from the rule's state (AFL's mixture weights ``λ``); ``None``: the host's
+  (``weighting``). The levels above keep the host's weights.
 
 Only nodes whose children reported change their state (the engine keeps the others'). A client
 that sends something up beside its model returns it as its update's ``message``
@@ -93,6 +96,8 @@ class ServerRule(NamedTuple):
     name: names the rule in errors and refusals.
     gather: a client pass before training (see the module docstring; ``None``: none).
     prepare: ``prepare(inbox, state) -> state`` from the gathered messages (with ``gather``).
+    weights: ``weights(state, host_weights [C]) -> [C]`` the clients' aggregation weights this round
+      (``None``: the host's).
   """
 
   init: Callable[[PyTree, int], PyTree]
@@ -101,6 +106,7 @@ class ServerRule(NamedTuple):
   name: str = "server_rule"
   gather: ClientUpdate | None = None
   prepare: Callable[[Inbox, PyTree], PyTree] | None = None
+  weights: Callable[[PyTree, jax.Array], jax.Array] | None = None
 
 
 def broadcast_of(rule: ServerRule | None, state: PyTree) -> PyTree:

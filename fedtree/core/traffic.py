@@ -3,10 +3,11 @@
 What an algorithm's round reports is what is counted (nothing is assumed about rounds not seen):
 
 * the clients' edge: each client that took part (``clients_trained``, plus ``clients_skipped``
-  when non-finite updates are skipped: they received the model and sent an update the parent
-  discarded) sent its update and received its parent's model (``clients_received`` clients when
-  an algorithm reports it: B-HFL's clients receive only when their edge server got a model from
-  above; ``clients_received_models`` models each, default 1: IFCA sends every cluster's model).
+  when non-finite updates are skipped and ``clients_discarded``, FedBuff's and FedAsync's stale
+  reports: they received the model and sent an update the parent discarded) sent its update and
+  received its parent's model (``clients_received`` clients when an algorithm reports it: B-HFL's
+  clients receive only when their edge server got a model from above; ``clients_received_models``
+  models each, default 1: IFCA sends every cluster's model).
   A message is ``uplink_bytes`` / ``down_bytes`` when the update path compresses it
   (:func:`fedtree.core.compression.uplink` / :func:`~fedtree.core.compression.downlink` report
   them), else one model at its dtypes' size;
@@ -84,7 +85,8 @@ def round_edges(metrics: Mapping[str, Any], model_bytes: float) -> dict[str, Edg
   docstring); ``{}`` for an algorithm that reports no ``clients_trained``."""
   if "clients_trained" not in metrics:
     return {}
-  n = float(metrics["clients_trained"]) + float(metrics.get("clients_skipped", 0))
+  n = (float(metrics["clients_trained"]) + float(metrics.get("clients_skipped", 0))
+       + float(metrics.get("clients_discarded", 0)))
   received = float(metrics.get("clients_received", n))
   up = float(metrics.get("uplink_bytes", model_bytes))
   down = float(metrics.get("down_bytes", model_bytes)) * float(metrics.get("clients_received_models", 1))

@@ -8,6 +8,7 @@ clustered models).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +40,11 @@ def evaluate_models(
   model) is also scored on it: ``central_accuracy``, ``central_loss`` (``central_perplexity``,
   ``central_top{k}_accuracy``), pooled over its examples as a benchmark scoring the server's model
   on the dataset's test split reports it. Data without any client test example get only these.
+
+  A model set that carries its own model (:class:`~fedtree.core.algorithm.ScoredModels`: FedEM's
+  mixtures, kNN-Per's memories) is scored with that model and its ``client_params``, by an
+  evaluator compiled once per model (``chunk_size`` clients at a time); its clients' own inputs
+  leave it out of the central test set.
   """
   evaluator = evaluator or make_evaluator(model, chunk_size, confusion=positive_classes is not None,
                                           top_k=top_k)
@@ -47,26 +53,42 @@ def evaluate_models(
   out = {}
   for name, nm in algorithm.models(state).items():
     moc = jnp.asarray(nm.model_of_client)
+    own = getattr(nm, "model", None)
+    if own is None:
+      def score(x, y, n, moc, nm=nm):
+        return to_host(evaluator(nm.params, x, y, n, moc))
+    else:
+      scorer = own_evaluator(own, chunk_size, positive_classes is not None, top_k)
+
+      def score(x, y, n, moc, nm=nm, scorer=scorer):
+        return to_host(scorer(nm.params, x, y, n, moc, nm.client_params))
     out[name] = {}
     if local:
-      stats = to_host(evaluator(nm.params, data.x_test, data.y_test, data.n_test, moc))
+      stats = score(data.x_test, data.y_test, data.n_test, moc)
       out[name] = summarize(stats, groups, positive_classes=positive_classes, perplexity=perplexity,
                             top_k=top_k)
     rows = np.unique(np.asarray(to_host(moc)))
-    if central is not None and rows.size == 1:
+    if central is not None and rows.size == 1 and own is None:
       x, y, n = central
-      c = to_host(evaluator(nm.params, x, y, n, jnp.full((x.shape[0],), int(rows[0]), jnp.int32)))
+      c = score(x, y, n, jnp.full((x.shape[0],), int(rows[0]), jnp.int32))
       pooled = summarize(c, prefix="central_", perplexity=perplexity, top_k=top_k)
       keep = ("central_accuracy", "central_loss", "central_perplexity", f"central_top{top_k}_accuracy")
       out[name].update({k: v for k, v in pooled.items() if k in keep})
     if not local:
       continue
     for metric, split in (splits or {}).items():
-      hit = to_host(evaluator(nm.params, *split, moc))
+      hit = score(*split, moc)
       out[name][metric] = summarize(hit, groups, top_k=top_k)["accuracy"]
     if getattr(nm, "cluster_of_client", None) is not None:
       out[name].update(cluster_summary(nm, data, evaluator, true_clusters=groups))
   return out
+
+
+@functools.lru_cache(maxsize=32)
+def own_evaluator(model: Model, chunk_size: int | None, confusion: bool, top_k: int | None = None):
+  """The evaluator of a model set's own model (:func:`fedtree.core.metrics.make_evaluator`), made
+  once per model: an algorithm builds that model once, so its evaluations compile once."""
+  return make_evaluator(model, chunk_size, confusion=confusion, top_k=top_k)
 
 
 def central_blocks(x: np.ndarray, y: np.ndarray, block: int = 500,

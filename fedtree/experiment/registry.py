@@ -185,6 +185,46 @@ def _personal(v, ctx):
   return {"personal": personal(cfg["patterns"], level=cfg.get("level"))}
 
 
+def _domains(v, ctx):
+  """AFL's ``domains``: ``"clients"`` (absent: every client its own domain), ``"groups"`` (the
+  data's group labels) or one integer per client."""
+  d = v.get("domains", "clients")
+  if d is None or (isinstance(d, str) and d == "clients"):
+    return {"domains": None}
+  if isinstance(d, str) and d == "groups":
+    return {"domains": tuple(int(g) for g in np.asarray(ctx.groups))}
+  if isinstance(d, str):
+    raise ValueError(f"domains={d!r}; choose 'clients', 'groups' or one integer per client")
+  return {"domains": coerce(d, tuple[int, ...], "domains")}
+
+
+# ------------------------------------------------------------------------ memory needs
+def _fedem_memory(kw: dict, ctx):
+  """FedEM: ``K`` components at every node of the tree, ``K`` models trained per client step."""
+  from fedtree.experiment.memory import Needs, tree_bytes
+
+  k = int(kw["num_components"])
+  topology = kw["topology"]
+  nodes = sum(topology.num_nodes(lv) for lv in range(topology.depth))
+  one = tree_bytes(jax.eval_shape(ctx.model.init, jax.random.key(0)))
+  return Needs(step_models=k, parts=((f"FedEM's {k} components at {nodes} node(s)", k * nodes * one),),
+               eval_models=k)
+
+
+def _knnper_memory(kw: dict, ctx):
+  """kNN-Per: every client's memory of its examples' features
+  (:func:`fedtree.algorithms.knnper.memory_shapes`)."""
+  from fedtree.algorithms.knnper import memory_shapes
+  from fedtree.experiment.memory import Needs, tree_bytes
+
+  shapes = memory_shapes(ctx.model, ctx.data)
+  c, m, d = shapes.features.shape
+  queries = int(np.shape(ctx.data.x_test)[1])   # an evaluated client's distances and query features
+  scratch = queries * (m + d) * np.dtype(shapes.features.dtype).itemsize
+  return Needs(parts=((f"kNN-Per's memory ({c} clients x {m} examples x {d} features)", tree_bytes(shapes)),),
+               eval_client_bytes=scratch)
+
+
 # ------------------------------------------------------------------------ the registry
 SPECS: Mapping[str, AlgorithmSpec] = {
   "fedavg": AlgorithmSpec(algorithms.fedavg, takes=("adapters",)),
@@ -208,6 +248,15 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "fednova": AlgorithmSpec(algorithms.fednova, defaults=_local_momentum),
   "mime": AlgorithmSpec(algorithms.mime),
   "mimelite": AlgorithmSpec(algorithms.mimelite),
+  "moon": AlgorithmSpec(algorithms.moon),
+  "qffl": AlgorithmSpec(algorithms.qffl),
+  "afl": AlgorithmSpec(algorithms.afl, fields=(Fields(("domains",), _domains),)),
+  "fedasync": AlgorithmSpec(algorithms.fedasync),
+  "apfl": AlgorithmSpec(algorithms.apfl,
+                        fields=(_rate_optimizer("personal_learning_rate", "personal_optimizer"),)),
+  "fedala": AlgorithmSpec(algorithms.fedala),
+  "fedem": AlgorithmSpec(algorithms.fedem, memory=_fedem_memory),
+  "knnper": AlgorithmSpec(algorithms.knnper, memory=_knnper_memory),
   "fedkws": AlgorithmSpec(algorithms.fedkws,
                           fields=(_rate_optimizer("private_learning_rate", "private_optimizer"),)),
   "grouppfl": grouppfl_family.SPEC,
@@ -258,6 +307,23 @@ def with_finetune(label: str, run, ctx, built):
                    epochs=kw.get("finetune_epochs", 0.0),
                    optimizer=str(ctx.config.local.get("optimizer", "sgd")), trainable=trainable,
                    models=kw.get("finetune_models"))
+
+
+# ------------------------------------------------------------------------ a run's memory needs
+def memory_needs(label: str, run, ctx):
+  """What run ``label``'s method holds beyond one model's client step
+  (:class:`fedtree.experiment.memory.Needs`, from its spec's ``memory``), or ``None``: its factory's
+  defaults, the run's scalar fields and its tree."""
+  spec = _spec(label, run)
+  if spec.memory is None:
+    return None
+  params = inspect.signature(spec.factory).parameters
+  kw = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+  for n, hint in schema(spec).scalars.items():
+    if n in run:
+      kw[n] = coerce(run[n], hint, f"config.runs.{label}.{n}")
+  kw["topology"] = run_topology(label, run, ctx)
+  return spec.memory(kw, ctx)
 
 
 # ------------------------------------------------------------------------ objectives

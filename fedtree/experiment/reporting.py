@@ -109,6 +109,26 @@ class Reporter:
           found = row
     return found
 
+  def first_round(self, label: str, key: str, at_least: float, upto: int,
+                  match: dict[str, Any] | None = None) -> int | None:
+    """The first round ``<= upto`` at which a ``metrics.jsonl`` row of run ``label`` (whose fields
+    include ``match``) has ``key >= at_least``; ``None`` without a workdir or such a row: where a
+    resumed run's rounds to a target accuracy continue from."""
+    if self._path is None or not os.path.exists(self._path):
+      return None
+    found = None
+    with open(self._path) as f:
+      for line in f:
+        try:
+          row = json.loads(line)
+        except json.JSONDecodeError:
+          continue
+        r, v = int(row.get("round", -1)), row.get(key)
+        if (row.get("run") == label and r <= int(upto) and isinstance(v, (int, float)) and v >= at_least
+            and all(row.get(k) == x for k, x in (match or {}).items())):
+          found = r if found is None else min(found, r)
+    return found
+
   def log(self, label: str, round_: int, metrics: dict[str, Any], *, tensorboard_run: str | None = None
           ) -> None:
     """One ``metrics.jsonl`` row of run ``label`` (integers stay integers) and its TensorBoard
@@ -237,6 +257,9 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
   header += ["up MB", "down MB"] if traffic else []
   fair = any("fairness" in s for models in results.values() for s in models.values())
   header += ["clients p10/p50/p90 gini"] if fair else []
+  target = next((s["target_accuracy"] for models in results.values() for s in models.values()
+                 if s.get("target_accuracy") is not None), None)
+  header += [f"rounds to {target:g}"] if target is not None else []
   header += group_headers(num_groups, group_names)
   rows = [header]
   untrained = []
@@ -267,6 +290,9 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
         row += [f"{s['uplink_MB']:.3f}", f"{s['downlink_MB']:.3f}"] if "uplink_MB" in s else ["", ""]
       if fair:
         row += [fairness_cell(s["fairness"]) if "fairness" in s else ""]
+      if target is not None:
+        reached = s.get("rounds_to_target")
+        row += [str(reached) if reached is not None else ("-" if "accuracy" in s else "")]
       ga = s.get("group_accuracy")
       row += [f"{a:.3f}" for a in ga] if ga is not None else []
       row += [""] * (len(header) - len(row))
@@ -288,6 +314,8 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
             "sampling or privacy.adjacency='add_remove'") if eps else ""
   title += ("; clients = 10th/50th/90th percentile and Gini coefficient of per-client accuracy "
             "(perplexity for a language model)") if fair else ""
+  title += (f"; rounds to {target:g} = the first evaluation round whose accuracy reached "
+            f"{target:g} (- never)") if target is not None else ""
   title += ")"
   if untrained:
     lines.append(f"(left out, never trained within the run: its parameters are still the initial "

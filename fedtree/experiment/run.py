@@ -55,7 +55,8 @@ class Scoring(NamedTuple):
   def evaluate(self, algorithm: FederatedAlgorithm, state, ctx: Context) -> dict[str, dict[str, Any]]:
     """Every model of ``state`` scored on the clients' test data of ``ctx``."""
     return evaluation.evaluate_models(
-      algorithm, state, ctx.model, ctx.run_data, groups=ctx.groups, evaluator=self.evaluator(state),
+      algorithm, state, ctx.model, ctx.run_data, groups=ctx.groups,
+      chunk_size=field(ctx.config, "eval_chunk_size"), evaluator=self.evaluator(state),
       positive_classes=self.positive_classes, splits=self.splits, top_k=self.top_k, central=self.central)
 
 
@@ -77,6 +78,8 @@ class Run:
     block: ``(param_bytes, rows, block_size, pairwise)`` of the cohort blocks a blockwise
       aggregator holds (:func:`fedtree.experiment.capability.blocks`), or ``None``.
     extra_data_bytes: bytes of the run's own copy of the clients' data beside the shared one.
+    needs: what its method holds beyond one model's client step
+      (:func:`fedtree.experiment.registry.memory_needs`: FedEM's components), or ``None``.
   """
 
   label: str
@@ -89,6 +92,7 @@ class Run:
   message_bytes: int = 0
   block: tuple[int, int, int, bool] | None = None
   extra_data_bytes: int = 0
+  needs: Any = None
 
   def memory(self, budget: memory.Budget, key: jax.Array) -> str:
     """The run's memory line (:meth:`fedtree.experiment.memory.Budget.check`), refused with the
@@ -97,7 +101,7 @@ class Run:
 
     return budget.check(self.label, jax.eval_shape(self.algorithm.init, loop.init_key(key)),
                         self.context.chunk_size(self.config), block=self.block,
-                        extra_data_bytes=self.extra_data_bytes)
+                        extra_data_bytes=self.extra_data_bytes, needs=self.needs)
 
 
 def scoring(ctx: Context, wrapped: Wrapping | None = None,
@@ -195,7 +199,8 @@ def resolve(label: str, run_cfg, ctx: Context, *, build: bool = True) -> Run:
              round_metrics=round_metrics(label, run_cfg, ctx),
              message_bytes=model_bytes(jax.eval_shape(model.init, jax.random.key(0))),
              block=blocks(arguments.get("update_paths"), rctx, full_model),
-             extra_data_bytes=memory.copied_bytes(run_ctx.data, shared.data))
+             extra_data_bytes=memory.copied_bytes(run_ctx.data, shared.data),
+             needs=registry.memory_needs(label, run_cfg, ctx))
 
 
 def of_algorithm(label: str, algorithm: FederatedAlgorithm, ctx: Context, *,

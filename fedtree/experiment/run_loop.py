@@ -4,6 +4,7 @@ experiments alike (:func:`run_algorithm`)."""
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable
@@ -51,7 +52,7 @@ def run_algorithm(
   run: Run, key: jax.Array, reporter: Reporter, *, eval_every: int, rounds_per_call: int,
   checkpoint_dir: str | None = None, checkpoint_every: int = 0, keep_checkpoints: int = 2,
   should_stop=None, experiments: list[Experiment] | None = None,
-  max_abs: float | None = loop.DIVERGENCE_BOUND,
+  max_abs: float | None = loop.DIVERGENCE_BOUND, target_accuracy: float | None = None,
 ) -> tuple[Any, dict[str, dict[str, Any]]]:
   """``run.rounds`` rounds of ``run.algorithm`` (a :class:`~fedtree.experiment.run.Run`) with
   evaluation every ``eval_every`` rounds (:func:`fedtree.core.loop.run`); returns (state, final
@@ -67,6 +68,8 @@ def run_algorithm(
   divergence bound, :func:`fedtree.core.loop.run`: a diverged state is never saved, nor resumed).
   ``should_stop()`` is polled after every compiled call; when it returns ``True`` the state
   reached is checkpointed and the run raises :class:`RunStopped` saying what is kept.
+  ``target_accuracy``: every model's summary gets ``rounds_to_target``, the first evaluation round
+  whose accuracy reached it (``None``: never; a resumed run reads the rounds before from its rows).
 
   With ``experiments``, ``run.algorithm`` is a sweep (:func:`fedtree.core.sweep.sweep`) of those
   experiments: every experiment's models are checked and logged as a row of its own (with
@@ -96,9 +99,15 @@ def run_algorithm(
   def flat(sm: dict[str, dict[str, Any]], suffix: str = "") -> dict[str, Any]:
     return {f"{name}/{m}{suffix}": v for name, s in sm.items() for m, v in round_metrics_of(s).items()}
 
+  reached: dict[str, int] = {}   # model (``<model>@<e>`` in a sweep) -> first round at the target
+
   def evaluate(s, r):
     nonlocal summaries
     summaries = run.scoring.evaluate(algorithm, s, ctx)
+    if target_accuracy is not None:
+      for name, sm in summaries.items():
+        if name not in reached and sm.get("accuracy", -math.inf) >= target_accuracy:
+          reached[name] = int(r)
     if experiments is None:
       check_summaries(label, r, summaries)
       return flat(summaries)
@@ -143,6 +152,17 @@ def run_algorithm(
                          None if experiments is None else {"experiment": experiments[e].row["experiment"]})
       if row is not None:
         t.restore(row)
+    if target_accuracy is not None:   # and the rounds at which the models reached the target
+      for name in algorithm.models(state):
+        model, _, e = name.rpartition("@")
+        exp = None
+        if experiments is not None and e.isdigit():
+          exp = experiments[min(int(e), len(experiments) - 1)]
+        match = None if exp is None else {"experiment": exp.row["experiment"]}
+        first = reporter.first_round(label, f"{model if exp else name}/accuracy", target_accuracy,
+                                     int(state.round), match)
+        if first is not None:
+          reached[name] = first
   try:
     state = loop.run(
       algorithm, ctx.run_data, num_rounds=num_rounds, key=key, rounds_per_call=rounds_per_call,
@@ -176,6 +196,9 @@ def run_algorithm(
       s["trained"] = bool(final[name] != initial[name])
   if round_metrics is not None:
     summaries = {name: {**s, **round_metrics(int(state.round))} for name, s in summaries.items()}
+  if target_accuracy is not None:
+    summaries = {name: {**s, "target_accuracy": float(target_accuracy), "rounds_to_target": reached.get(name)}
+                 if "accuracy" in s else s for name, s in summaries.items()}
   if experiments is None and traffics[0].counted:   # every model of the run: the run's traffic
     summaries = {name: {**s, **traffics[0].summary()} for name, s in summaries.items()}
   elif experiments is not None:   # "<model>@<e>": experiment e's traffic (padding rows: none)
@@ -228,6 +251,12 @@ def trace_rounds(algorithm: FederatedAlgorithm, data: FederatedData, key: jax.Ar
   state = jax.eval_shape(algorithm.init, loop.init_key(key))
   step = loop.compile_rounds(algorithm, n, check_state=True, max_abs=divergence_bound(config))
   step.trace(state, data, key)
+
+
+def target_accuracy(config: ml_collections.ConfigDict) -> float | None:
+  """``config.target_accuracy``: the accuracy whose first round every summary reports (``None``: none)."""
+  target = field(config, "target_accuracy")
+  return None if target is None else float(target)
 
 
 def divergence_bound(config: ml_collections.ConfigDict) -> float | None:

@@ -38,7 +38,7 @@ from fedtree.experiment.fields import field
 from fedtree.experiment.reporting import Reporter
 from fedtree.experiment.results import RunStopped, positive_classes_from_config  # noqa: F401  (runner.*)
 from fedtree.experiment.run import resolve
-from fedtree.experiment.run_loop import divergence_bound, run_algorithm, trace_rounds
+from fedtree.experiment.run_loop import divergence_bound, run_algorithm, target_accuracy, trace_rounds
 from fedtree.experiment.sweep_driver import plan_sweep, run_sweep
 from fedtree.experiment.validation import prepare_config, selected_runs, validate_config
 from fedtree.experiment.workdir import (  # noqa: F401  (runner.config_fingerprint)
@@ -147,10 +147,12 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
           checkpoint_dir=os.path.join(workdir, "checkpoints", label) if workdir else None,
           checkpoint_every=int(field(config, "checkpoint_every") or 0),
           keep_checkpoints=int(field(config, "keep_checkpoints")), should_stop=should_stop,
-          max_abs=divergence_bound(config),
+          max_abs=divergence_bound(config), target_accuracy=target_accuracy(config),
         )
     if not swept:
       reporter.summary_table(results, groups=ctx.groups, group_names=ctx.group_names)
+    elif config.sweep.get("columns", None):   # one table across the runs (configs/baselines.py)
+      reporter.result(sweep.format_runs_table(results, tuple(config.sweep.columns)))
     elif len(results) > 1:   # the runs side by side: every model's mean ± std over seeds
       reporter.result(sweep.runs_table(results))
     if workdir and primary:

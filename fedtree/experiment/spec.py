@@ -44,6 +44,9 @@ class AlgorithmSpec:
       from the factory's signature (:func:`fedtree.experiment.registry.run_topology`).
     takes: capabilities the algorithm takes beyond those its signature shows (their section
       names, e.g. ``("adapters",)``: its model may be LoRA adapters on a frozen base).
+    memory: ``memory(kwargs, ctx) -> fedtree.experiment.memory.Needs``, what the method holds
+      beyond one model's client step (FedEM's components, kNN-Per's memory), from its factory's
+      keyword arguments (defaults filled in); the up-front memory estimate adds it.
   """
 
   factory: Callable[..., Any]
@@ -52,6 +55,7 @@ class AlgorithmSpec:
   wrap: Callable[..., Any] | None = None
   tree: Callable[[Any, Any], Any] | None = None
   takes: tuple[str, ...] = ()
+  memory: Callable[[dict[str, Any], Any], Any] | None = None
 
 
 # ------------------------------------------------------------------------ shared converters

@@ -451,19 +451,91 @@ def lower_is_better(metric: str) -> bool:
   return metric.rsplit("/", 1)[-1].endswith(("loss", "perplexity", "rate"))
 
 
+FAIRNESS_FINALS = ("worst10_mean", "gini")
+"""The statistics of the per-client spread (:func:`fedtree.core.metrics.client_distribution`) a
+sweep's table reports per setting: the mean of the worst 10 % of the clients and the Gini coefficient."""
+REACHED = "rounds_to_target"
+"""A final metric that is NaN for the seeds that never reached the target accuracy: its mean and std
+are over the seeds that did, and the row counts them (``reached``)."""
+
+
+def final_extras(models: dict[str, dict[str, Any]]) -> dict[str, float]:
+  """An experiment's final metrics beside the summary metrics: every model's fairness statistics
+  (``<model>/accuracy_worst10_mean``, ``<model>/accuracy_gini``) and, with a target accuracy,
+  ``<model>/rounds_to_target`` (NaN: never reached)."""
+  out = {}
+  for m, v in models.items():
+    fair = v.get("fairness", None)
+    if isinstance(fair, dict) and fair.get("clients"):
+      out.update({f"{m}/{fair['metric']}_{k}": fair[k] for k in FAIRNESS_FINALS
+                  if fair.get(k) is not None})
+    if "target_accuracy" in v:
+      r = v.get(REACHED)
+      out[f"{m}/{REACHED}"] = float("nan") if r is None else float(r)
+  return out
+
+
 def aggregate(settings: list[dict], per_exp: list[list[dict]]) -> list[dict[str, Any]]:
   """Mean and std over seeds of every final metric, per setting: ``per_exp[i][j]`` is setting
-  ``i``'s seed ``j``'s ``{model/metric: value}``. Rows ``{setting, name, mean: {..}, std: {..}}``."""
+  ``i``'s seed ``j``'s ``{model/metric: value}``. Rows ``{setting, name, mean: {..}, std: {..}}``
+  (and ``reached: {..}``, the seeds that reached the target, for the :data:`REACHED` metrics)."""
   rows = []
   for s, runs in zip(settings, per_exp, strict=True):
     keys = sorted({k for r in runs for k in r})
-    mean, std = {}, {}
+    mean, std, reached = {}, {}, {}
     for k in keys:
       vals = np.asarray([r.get(k, np.nan) for r in runs], np.float64)
+      if k.endswith(REACHED):   # over the seeds that reached the target (NaN if none did)
+        reached[k] = int(np.sum(~np.isnan(vals)))
+        vals = vals[~np.isnan(vals)] if reached[k] else vals
       mean[k] = float(np.mean(vals))
       std[k] = 0.0 if np.all(vals == vals[0]) else float(np.std(vals))   # (ε = inf for z = 0: no NaN)
-    rows.append({"setting": s, "name": setting_name(s), "seeds": len(runs), "mean": mean, "std": std})
+    row = {"setting": s, "name": setting_name(s), "seeds": len(runs), "mean": mean, "std": std}
+    if reached:
+      row["reached"] = reached
+    rows.append(row)
   return rows
+
+
+def _cell(row: dict, metric: str) -> str:
+  """``mean ± std`` of ``metric`` in a row of :func:`aggregate` (rounds with one decimal and the
+  seeds that reached the target when not all did, ``-`` when none; MB with two decimals)."""
+  if metric not in row["mean"] or (metric.endswith(REACHED) and row.get("reached", {}).get(metric, 1) == 0):
+    return "-"
+  mean, std = row["mean"][metric], row["std"][metric]
+  if metric.endswith(REACHED):
+    seen = row.get("reached", {}).get(metric, row["seeds"])
+    return f"{mean:.1f} ± {std:.1f}" + ("" if seen == row["seeds"] else f" ({seen}/{row['seeds']} seeds)")
+  digits = 2 if metric.endswith("MB") else 3
+  return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+SHORT = {"accuracy_worst10_mean": "worst 10%", "accuracy_gini": "gini", "uplink_MB": "up MB",
+         "downlink_MB": "down MB", REACHED: "rounds to target"}
+"""Column headers of :func:`format_runs_table` (the metric's own name otherwise)."""
+
+
+def _header(metric: str, models: set[str]) -> str:
+  model, _, name = metric.rpartition("/")
+  short = SHORT.get(name, name)
+  return f"{model}/{short}" if model and len(models) > 1 else short
+
+
+def format_runs_table(results: dict[str, Any], metrics: Sequence[str]) -> str:
+  """One table across the swept runs of a config (``config.sweep.columns``): a row per run and
+  setting, ``mean ± std`` over seeds of ``metrics`` (headed by their short names, :data:`SHORT`,
+  without the model when all are one model's). A related-work table (configs/baselines.py)."""
+  body = []
+  for label, out in results.items():
+    for row in out.get("sweep", {}).get("settings", []):
+      name = label if row["name"] == "default" else f"{label} [{row['name']}]"
+      body.append([name, str(row["seeds"]), *(_cell(row, m) for m in metrics)])
+  models = {m.rpartition("/")[0] for m in metrics if "/" in m}
+  head = ["run", "seeds", *(_header(m, models) for m in metrics)]
+  widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+  line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
+  return "\n".join(["", "runs (mean ± std over seeds)", line(head), line(["-" * w for w in widths]),
+                    *(line(b) for b in body)])
 
 
 def best(rows: list[dict], select: str) -> dict | None:
@@ -524,7 +596,7 @@ def write_outputs(workdir: str | None, label: str, rows: list[dict], select: str
   return out
 
 
-def _cell(row: dict, key: str) -> str:
+def _mean_std(row: dict, key: str) -> str:
   return f"{row['mean'][key]:.4f} ± {row['std'][key]:.4f}" if key in row["mean"] else "-"
 
 
@@ -548,8 +620,8 @@ def runs_table(results: dict[str, Any]) -> str:
         metric = "perplexity" if f"{m}/perplexity" in mean else "accuracy"
         if f"{m}/{metric}" not in mean:
           continue
-        body.append([label, row["name"], m, metric, _cell(row, f"{m}/{metric}"),
-                     _cell(row, f"{m}/{metric}_worst10_mean"),
+        body.append([label, row["name"], m, metric, _mean_std(row, f"{m}/{metric}"),
+                     _mean_std(row, f"{m}/{metric}_worst10_mean"),
                      *(f"{mean[k]:.3f}" if k in mean else "-" for k in ("uplink_MB", "downlink_MB"))])
   if not body:
     return ""

@@ -21,22 +21,17 @@ from fedtree.experiment.fields import field
 from fedtree.experiment.reporting import Reporter
 from fedtree.experiment.results import SUMMARY_METRICS
 from fedtree.experiment.run import Run
-from fedtree.experiment.run_loop import Experiment, divergence_bound, run_algorithm, trace_rounds
+from fedtree.experiment.run_loop import (
+  Experiment,
+  divergence_bound,
+  run_algorithm,
+  target_accuracy,
+  trace_rounds,
+)
 
 SWEEP_BYTES = ("uplink_MB", "downlink_MB")
 """The byte totals (:mod:`fedtree.core.traffic`) a sweep's table reports per setting (every edge
 of the tree; the per-edge totals are in each experiment's ``metrics.jsonl`` rows)."""
-
-
-def worst_tenth(summaries: dict[str, dict[str, Any]]) -> dict[str, float]:
-  """``{"<model>/<metric>_worst10_mean": value}``: every model's mean over its worst 10 % of clients
-  (:func:`fedtree.core.metrics.client_distribution`), the fairness figure a sweep's table keeps."""
-  out = {}
-  for m, v in summaries.items():
-    fair = v.get("fairness", None)
-    if isinstance(fair, dict) and fair.get("clients"):
-      out[f"{m}/{fair['metric']}_worst10_mean"] = fair["worst10_mean"]
-  return out
 
 
 class SweepPlan(NamedTuple):
@@ -116,7 +111,7 @@ def plan_sweep(run: Run, *, budget: memory.Budget | None = None, trace: bool = T
   if budget is not None:  # the stacked state and working set of a chunk of experiments, before compiling
     shapes = jax.eval_shape(first.init, loop.init_key(jax.random.key(seed0)))
     note = budget.check(label, shapes, ctx.chunk_size(run_cfg), experiments=size,
-                        chunk_name="sweep.chunk" if size > 1 else "chunk_size")
+                        chunk_name="sweep.chunk" if size > 1 else "chunk_size", needs=run.needs)
   plan = SweepPlan(run=run, shown=shown, settings=settings, notes=notes, exps=exps, build=build,
                    explain=sweep.explain(label, algo_name, sorted(settings[0])), metrics=metrics,
                    size=size, note=note)
@@ -164,12 +159,13 @@ def run_sweep(plan: SweepPlan, reporter: Reporter, *, workdir: str | None,
       checkpoint_dir=os.path.join(workdir, "checkpoints", name) if workdir and every else None,
       checkpoint_every=every, keep_checkpoints=int(field(config, "keep_checkpoints")),
       should_stop=should_stop, experiments=experiments, max_abs=divergence_bound(config),
+      target_accuracy=target_accuracy(config),
     )
     for x, sm in zip(chunk, by_experiment(summaries, len(chunk)), strict=True):
       untrained.update(m for m, v in sm.items() if v.get("trained") is False)   # not a result
       finals[x] = {f"{m}/{s}": v[s] for m, v in sm.items() if v.get("trained") is not False
                    for s in SUMMARY_METRICS if s in v}
-      finals[x].update(worst_tenth({m: v for m, v in sm.items() if v.get("trained") is not False}))
+      finals[x].update(sweep.final_extras({m: v for m, v in sm.items() if v.get("trained") is not False}))
       finals[x].update({k: v for k, v in next(iter(sm.values()), {}).items() if k in SWEEP_BYTES})
       if metrics is not None and metrics[exps[x][0]] is not None:   # ε of this setting (host)
         finals[x].update(metrics[exps[x][0]](run.rounds))

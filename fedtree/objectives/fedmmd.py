@@ -32,7 +32,8 @@ around the mean pairwise distance) is the one of the FedKWS-UI authors' FedMMD b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -50,10 +51,26 @@ from fedtree.core.local import (
   run_local_steps,
   stack,
 )
-from fedtree.core.model import Model, masked_cross_entropy
+from fedtree.core.model import Model, forward_train, masked_cross_entropy
 
 KERNELS = ("gaussian", "linear")
 MIN_BANDWIDTH = 1e-12
+
+
+def _capture_last_dense(forward: Callable[[], Any]) -> tuple[dict, Any]:
+  """Runs ``forward()`` with the ``nn.Dense`` calls intercepted (``flax.linen.intercept_methods``,
+  scoped to this call): its output and ``{"layer", "in", "out"}`` of the last ``nn.Dense`` called."""
+  last: dict = {}
+
+  def capture(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    if isinstance(context.module, nn.Dense) and context.method_name == "__call__":
+      last["layer"], last["in"], last["out"] = context.module, args[0], out
+    return out
+
+  with nn.intercept_methods(capture):
+    result = forward()
+  return last, result
 
 
 def last_dense(model: Model, params, x: jax.Array, *, train: bool = False,
@@ -63,47 +80,59 @@ def last_dense(model: Model, params, x: jax.Array, *, train: bool = False,
   weights; ``None`` when the logits are not an ``nn.Dense``'s output), ``inputs`` its input as
   the layer saw it. The ``nn.Dense`` calls are intercepted (``flax.linen.intercept_methods``,
   scoped to this call); the model is not changed."""
-  last = {}
-
-  def capture(next_fun, args, kwargs, context):
-    out = next_fun(*args, **kwargs)
-    if isinstance(context.module, nn.Dense) and context.method_name == "__call__":
-      last["layer"], last["in"], last["out"] = context.module, args[0], out
-    return out
-
-  with nn.intercept_methods(capture):
-    logits = model.apply(params, x, train=train, rng=rng)
+  last, logits = _capture_last_dense(lambda: model.apply(params, x, train=train, rng=rng))
   if last.get("out") is not logits:
     return None, x, logits
   return last["layer"].clone(parent=None), last["in"], logits
 
 
+def _no_features(method: str) -> ValueError:
+  return ValueError(
+    f"{method} needs features: the model's logits must be the output of a flax nn.Dense layer "
+    "(its input is the penultimate representation); this model's are not"
+  )
+
+
 def penultimate(model: Model, params, x: jax.Array, *, train: bool = False,
-                rng: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+                rng: jax.Array | None = None, method: str = "FedMMD") -> tuple[jax.Array, jax.Array]:
   """``(features [B, D], logits)`` of one forward pass: the features are the input of the
   ``nn.Dense`` layer whose output is the logits (see the module docstring; :func:`last_dense`).
 
   Raises:
-    ValueError: the logits are not the output of an ``nn.Dense`` layer.
+    ValueError: the logits are not the output of an ``nn.Dense`` layer (naming ``method``).
   """
   layer, feats, logits = last_dense(model, params, x, train=train, rng=rng)
   if layer is None:
-    raise ValueError(
-      "FedMMD needs features: the model's logits must be the output of a flax nn.Dense layer "
-      "(its input is the penultimate representation); this model's are not"
-    )
+    raise _no_features(method)
   return feats.reshape((feats.shape[0], -1)), logits
 
 
-def check_features(model: Model, example_shape: Sequence[int]) -> int:
+def penultimate_train(model: Model, params, x: jax.Array, *, rng: jax.Array | None, mask: jax.Array,
+                      method: str = "FedMMD") -> tuple[jax.Array, jax.Array, Any]:
+  """``(features [B, D], logits, params')`` of one forward pass in training mode: as
+  :func:`penultimate`, through :func:`fedtree.core.model.forward_train`, so that a model with state
+  (BatchNorm) also returns its statistics updated from the rows of ``mask`` (``params'``; a model
+  without state: ``params``), what a local step that keeps them needs (MOON's).
+
+  Raises:
+    ValueError: the logits are not the output of an ``nn.Dense`` layer (naming ``method``).
+  """
+  last, (logits, updated) = _capture_last_dense(lambda: forward_train(model, params, x, rng=rng, mask=mask))
+  if last.get("out") is not logits:
+    raise _no_features(method)
+  feats = last["in"]
+  return feats.reshape((feats.shape[0], -1)), logits, updated
+
+
+def check_features(model: Model, example_shape: Sequence[int], method: str = "FedMMD") -> int:
   """The feature width ``D`` of ``model`` on ``[B, *example_shape]`` inputs (traced
-  abstractly), or a ``ValueError`` saying why FedMMD cannot run on it."""
+  abstractly), or a ``ValueError`` saying why ``method`` cannot run on it."""
   if tuple(model.label_shape) != ():
-    raise ValueError(f"FedMMD compares per-example features; this model's labels have shape "
+    raise ValueError(f"{method} compares per-example features; this model's labels have shape "
                      f"{tuple(model.label_shape)} (a sequence model), choose a classifier")
   params = jax.eval_shape(model.init, jax.random.key(0))
   x = jax.ShapeDtypeStruct((2,) + tuple(example_shape), jnp.dtype(model.input_dtype))
-  feats, _ = jax.eval_shape(lambda p, v: penultimate(model, p, v), params, x)
+  feats, _ = jax.eval_shape(lambda p, v: penultimate(model, p, v, method=method), params, x)
   return int(feats.shape[-1])
 
 

@@ -61,6 +61,7 @@ from fedtree.algorithms.clustering.ops import (
   cosine_bipartition,
   cosine_similarity_matrix,
   flatten_rows,
+  independent_models,
   pairwise_distances,
   sample_mean,
   segment_mean_rows,
@@ -343,7 +344,7 @@ def clustered(
 
   def init_fn(key):
     if clustering == "ifca" and init == "random" and init_params is None:
-      params = jax.vmap(lambda j: model.init(jax.random.fold_in(key, j)))(jnp.arange(k))
+      params = independent_models(model, key, k)
     else:
       params = stack(initial_params(model, key, init_params), k)
     features = ()

@@ -69,6 +69,11 @@ def systems_from_config(section, ctx) -> sysm.Systems:
   cfg = dict(_plain(section))
   _unknown("systems", cfg, FIELDS)
   num = ctx.data.num_clients
+  with jax.ensure_compile_time_eval():   # concrete draws, also when a sweep builds the run inside its trace
+    return _systems(cfg, ctx, num)
+
+
+def _systems(cfg: dict, ctx, num: int) -> sysm.Systems:
   key = jax.random.key(int(cfg.get("seed", field(ctx.config, "seed"))))
   k_profile, k_avail = jax.random.split(key)
   if "capacity_trace" in cfg:

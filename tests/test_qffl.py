@@ -1,0 +1,172 @@
+"""q-FFL by q-FedAvg: the vectorized rounds against a per-client loop written from Li et al. 2020
+(Algorithm 2; the loss before training or from the last epoch, L = 1/η or given, uniform or
+example weights, flat and on a tree), q = 0 is FedAvg, the bytes it sends, and bad input."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+import reference_baselines as ref
+from helpers import small_context
+
+from fedtree.algorithms import fedavg, qffl
+from fedtree.core import privacy as dp
+from fedtree.core.data import as_device
+from fedtree.core.local import LocalSchedule
+from fedtree.core.personal import personal
+from fedtree.core.rng import stream
+from fedtree.core.robust import median
+from fedtree.core.sampling import cohort_sampler
+from fedtree.core.topology import Topology
+from fedtree.core.updates import UpdatePath
+from fedtree.datasets.synthetic import grouped_synthetic
+from fedtree.experiment import registry
+from fedtree.models import build_model
+
+LR, B = 0.1, 4
+
+
+@pytest.fixture(scope="module")
+def problem():
+  data, groups = grouped_synthetic(group_sizes=(3, 2, 4), dim=6, num_classes=3, mean_examples=9,
+                                   min_examples=3, max_examples=14, test_examples=5, seed=3)
+  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,))
+  return as_device(data), groups, model
+
+
+def _close(a, b, atol=3e-5):
+  chex.assert_trees_all_close(ref.np64(a), ref.np64(b), atol=atol, rtol=2e-4)
+
+
+def _run(alg, data, rounds, key):
+  state, metrics = alg.init(jax.random.key(7)), None
+  step = jax.jit(alg.round)
+  for r in range(rounds):
+    state, metrics = step(state, data, jax.random.fold_in(key, r))
+  return state, metrics
+
+
+def _slots(sampler, rk):
+  drawn = sampler(stream(rk, "cohort"))
+  return [(int(k), int(p)) for k, p, v in zip(np.asarray(drawn.clients), np.asarray(drawn.parent),
+                                              np.asarray(drawn.valid), strict=True) if v]
+
+
+def _start(alg):
+  return jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
+
+
+@pytest.mark.parametrize("loss_at,q,lipschitz,weighting", [
+  ("received", 2.0, None, "uniform"),
+  pytest.param("last_epoch", 0.5, 3.0, "examples", marks=pytest.mark.slow),
+])
+def test_qffl_matches_algorithm_2_per_client(problem, loss_at, q, lipschitz, weighting):
+  data, _, model = problem
+  sched = LocalSchedule(batch_size=B, epochs=2)   # unequal step counts, two epochs
+  alg = qffl(model=model, data=data, local_optimizer=optax.sgd(LR), local_learning_rate=LR, schedule=sched,
+             cohort_size=4, chunk_size=2, q=q, lipschitz=lipschitz, loss_at=loss_at, weighting=weighting)
+  key = jax.random.key(11)
+  state, metrics = _run(alg, data, 2, key)
+  steps = sched.num_steps(np.asarray(data.n_train))
+  sampler = cohort_sampler(np.zeros(data.num_clients, int), 4)
+  x = _start(alg)
+  weights = None if weighting == "uniform" else np.asarray(data.n_train, np.float64)
+  for r in range(2):
+    rk = jax.random.fold_in(key, r)
+    cohort = [k for k, _ in _slots(sampler, rk)]
+    keys = [jax.random.fold_in(stream(rk, "train"), k) for k in cohort]
+    new = ref.qffedavg_round(model, x, data, cohort, keys, q=q, lr=LR, lipschitz=lipschitz, batch_size=B,
+                             steps=steps, loss_at=loss_at, weights=weights)
+    x = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), new)
+  _close(jax.tree.map(lambda p: p[0], state.params[0]), x)
+
+
+@pytest.mark.slow   # (the flat reference test is its fast sibling)
+def test_qffl_on_a_tree_runs_q_fedavg_at_every_edge(problem):
+  """Round 1: every edge's q-FedAvg step over its own clients (the root waits: periods=(2,));
+  round 2: the same, then the root's mean of the edges by their clients (uniform weighting)."""
+  data, groups, model = problem
+  topo = Topology.from_labels(groups)
+  sched = LocalSchedule(batch_size=B, steps=3)
+  alg = qffl(model=model, data=data, topology=topo, local_optimizer=optax.sgd(LR), local_learning_rate=LR,
+             schedule=sched, cohort_size=2, periods=(2,), q=1.0)
+  key = jax.random.key(4)
+  parent = topo.parent(2)
+  sampler = cohort_sampler(parent, 2)
+  steps = np.full(data.num_clients, 3)
+  x = [_start(alg)] * 3
+  for r in range(2):
+    rk = jax.random.fold_in(key, r)
+    slots = _slots(sampler, rk)
+    for g in range(3):
+      cohort = [k for k, p in slots if p == g]
+      new = ref.qffedavg_round(model, x[g], data, cohort,
+                               [jax.random.fold_in(stream(rk, "train"), k) for k in cohort], q=1.0, lr=LR,
+                               lipschitz=None, batch_size=B, steps=steps, loss_at="received")
+      x[g] = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), new)
+    state, _ = _run(alg, data, r + 1, key)
+    if r == 0:
+      for g in range(3):
+        _close(jax.tree.map(lambda p, g=g: p[g], state.params[1]), x[g])
+  sizes = [float(np.sum(parent == g)) for g in range(3)]
+  root = jax.tree.map(lambda *m: sum(w * np.asarray(a, np.float64) for w, a in zip(sizes, m, strict=True))
+                      / sum(sizes), *x)
+  _close(jax.tree.map(lambda p: p[0], state.params[0]), root)
+
+
+def test_q_zero_is_fedavg(problem):
+  data, _, model = problem
+  common = dict(model=model, data=data, local_optimizer=optax.sgd(LR),
+                schedule=LocalSchedule(batch_size=B, steps=3), cohort_size=4)
+  key = jax.random.key(2)
+  a, _ = _run(qffl(q=0.0, local_learning_rate=LR, **common), data, 3, key)
+  b, _ = _run(fedavg(weighting="uniform", **common), data, 3, key)
+  _close(a.params[0], b.params[0], atol=2e-6)
+
+
+def test_qffl_sends_one_model_and_one_float(problem):
+  """Δ_k travels as a model (compressed where the path compresses it), h_k as one float32."""
+  from fedtree.core.compression import compressor, uplink
+
+  data, _, model = problem
+  common = dict(model=model, data=data, local_optimizer=optax.sgd(LR), local_learning_rate=LR,
+                schedule=LocalSchedule(batch_size=B, steps=1), cohort_size=3)
+  _, metrics = _run(qffl(**common), data, 1, jax.random.key(0))
+  size = sum(int(np.prod(np.shape(p))) * 4 for p in jax.tree.leaves(model.init(jax.random.key(0))))
+  assert float(metrics["uplink_bytes"]) == size + 4
+  assert float(metrics["down_bytes"]) == size
+  _, metrics = _run(qffl(update_paths=UpdatePath(client=uplink(compressor("fp16"))), **common), data, 1,
+                    jax.random.key(0))
+  assert float(metrics["uplink_bytes"]) == size // 2 + 4
+
+
+def test_qffl_refusals(problem):
+  data, _, model = problem
+  common = dict(model=model, data=data, local_optimizer=optax.sgd(LR),
+                schedule=LocalSchedule(batch_size=B, steps=1), local_learning_rate=LR)
+  with pytest.raises(ValueError, match=r"qffl: q=-1.0 must be a finite number >= 0"):
+    qffl(q=-1.0, **common)
+  with pytest.raises(ValueError, match=r"qffl: lipschitz=0.0 must be a finite number > 0"):
+    qffl(lipschitz=0.0, **common)
+  with pytest.raises(ValueError, match=r"loss_at='after'; choose one of \('received', 'last_epoch'\)"):
+    qffl(loss_at="after", **common)
+  with pytest.raises(ValueError, match=r"lipschitz=None takes L = 1/η from the local learning rate"):
+    qffl(**{**common, "local_learning_rate": None})
+  private = UpdatePath(client=dp.clip(1.0), node=dp.central(1.0, 1.0))
+  with pytest.raises(ValueError, match=r"qffl: privacy stage 'dp_clip' at the clients' tier: the clients "
+                                       r"send h_k"):
+    qffl(update_paths=private, weighting="uniform", **common)
+  with pytest.raises(ValueError, match=r"qffl: a robust \(blockwise\) aggregator"):
+    qffl(update_paths=UpdatePath(aggregator=median()), cohort_size=4, **common)
+  with pytest.raises(ValueError, match=r"qffl: personal parameters are not supported"):
+    qffl(personal=personal("Dense_1"), **common)
+  ctx = small_context()
+  with pytest.raises(ValueError, match=r"config.runs.fair \(algorithm='qffl'\): qffl: q=-2.0 must be"):
+    registry.build_algorithm("fair", ml_collections.ConfigDict({"algorithm": "qffl", "q": -2.0}), ctx)
+  with pytest.raises(ValueError, match=r"config.runs.fair \(algorithm='qffl'\): qffl: privacy stage"):
+    registry.build_algorithm("fair", ml_collections.ConfigDict({
+      "algorithm": "qffl", "weighting": "uniform", "privacy": {"clip_norm": 1.0, "noise_multiplier": 0.5}}),
+      ctx)
