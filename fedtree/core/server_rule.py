@@ -13,6 +13,19 @@ the server level that runs it (the clients' parents, ``[N, ...]``):
   messages they sent beside it, how many were sampled, reported and exist), the pseudo-gradient
   the node's optax server optimizer then applies, the new state and ``{name: [N]}`` statistics.
 
+**Each child its own parcel.** Where a server sends every sampled child something of its own rather
+than one model to all (FedAMP's per-client cloud model, FedFomo's candidate models, pFedHN's
+generated weights), ``send_each(outbox) -> Parcels`` makes every cohort slot's parcel before the
+round's training, as one array program over the cohort (:class:`Outbox`: the rule's state, the
+nodes' models, the clients' persistent state at the round's start and each slot's client, parent
+and position among its parent's slots). A parcel's ``start`` (``[K, ...]``) is the model the slot
+receives *instead of* its parent's: it starts from it, and its update is taken against it; its
+``extra`` reaches the client's update as :attr:`~fedtree.core.local.ClientRound.own`. A rule with
+``slots=True`` receives every slot's sent model in :attr:`Inbox.slots` (pFedHN's hypernetwork needs
+each client's own update, not their mean). ``wire(model_bytes) -> (down, up)`` states one sampled
+client's bytes each way where they are not the host's count (a model each way, plus the broadcast,
+the parcel's extra and the message): FedFomo's clients receive ``M`` models and no parent's model.
+
 Only nodes whose children reported change their state (the engine keeps the others'). A client
 that sends something up beside its model returns it as its update's ``message``
 (:class:`~fedtree.core.local.ClientUpdate` with ``takes_round``); messages are summed unweighted
@@ -59,6 +72,8 @@ class Inbox(NamedTuple):
     sampled: ``[N]`` how many were sampled (reported or not).
     population: ``[N]`` how many children each node has.
     params: ``[N, ...]`` the nodes' models before this round's step.
+    slots: every cohort slot's exchange (:class:`Slots`) for a rule with ``slots=True``, else
+      ``None``.
   """
 
   pseudo_gradient: PyTree
@@ -68,6 +83,79 @@ class Inbox(NamedTuple):
   sampled: jax.Array
   population: jax.Array
   params: PyTree
+  slots: Slots | None = None
+
+
+class Slots(NamedTuple):
+  """Every cohort slot's exchange this round (:attr:`Inbox.slots`, for a rule with ``slots=True``), in
+  the cohort's slot order.
+
+  Attributes:
+    clients: ``int32[K]`` each slot's client.
+    parent: ``int32[K]`` its parent.
+    reported: ``bool[K]`` the slots whose update was aggregated (valid, trained, not skipped).
+    position: ``int32[K]`` its position among its parent's valid slots (``0 .. block_size - 1``;
+      ``N``, out of range, for invalid slots).
+    start: ``[K, ...]`` what each slot started from and its update was taken against (its parcel's
+      ``start``, else its parent's model).
+    sent: ``[K, ...]`` what each slot sent: ``start`` less its update after the update path.
+  """
+
+  clients: jax.Array
+  parent: jax.Array
+  reported: jax.Array
+  position: jax.Array
+  start: PyTree
+  sent: PyTree
+
+
+class Outbox(NamedTuple):
+  """What a server level holds when it makes every sampled child its own parcel (``send_each``),
+  before the round's training. Cohort fields are ``[K]`` in the cohort's slot order.
+
+  Attributes:
+    state: ``[N, ...]`` the rule's state.
+    params: ``[N, ...]`` the nodes' models as they send them (after the downlink transform).
+    client_state: ``[C, ...]`` the clients' persistent state at the round's start (where a method
+      keeps the server's copy of what each client last sent: its model).
+    clients: ``int32[K]`` each slot's client.
+    parent: ``int32[K]`` its parent.
+    valid: ``bool[K]`` the slots that take part (padding and clients the systems model drops are
+      not).
+    position: ``int32[K]`` each valid slot's position among its parent's valid slots (``0 ..
+      block_size - 1``), ``N`` for the others: ``[N, block_size, ...]`` blocks of a parent's cohort
+      are ``.at[parent, position].set(...)`` with ``mode="drop"``.
+    block_size: the largest cohort of a parent (static).
+    round: ``int32[]`` the round being played (1 for the first).
+    key: this round's randomness for the rule.
+  """
+
+  state: PyTree
+  params: PyTree
+  client_state: PyTree
+  clients: jax.Array
+  parent: jax.Array
+  valid: jax.Array
+  position: jax.Array
+  block_size: int
+  round: jax.Array
+  key: jax.Array
+
+
+class Parcels(NamedTuple):
+  """Every cohort slot's parcel (``send_each``'s result), ``[K, ...]`` in the cohort's slot order.
+
+  Attributes:
+    start: the model each slot receives instead of its parent's (it starts from it and its update
+      is taken against it); ``None``: its parent's.
+    extra: what each slot's update receives beside it, as
+      :attr:`~fedtree.core.local.ClientRound.own` (``()``: nothing).
+    stats: ``{name: []}`` round statistics (e.g. a mean attention weight), reported as metrics.
+  """
+
+  start: PyTree = None
+  extra: PyTree = ()
+  stats: Stats = {}
 
 
 class ServerRule(NamedTuple):
@@ -78,12 +166,22 @@ class ServerRule(NamedTuple):
     receive: ``receive(inbox, state) -> (pseudo_gradient [N, ...], state [N, ...], stats {name: [N]})``.
     send: ``send(state) -> [N, ...]`` what the children receive beside the model (``None``: the state).
     name: names the rule in errors and refusals.
+    send_each: ``send_each(outbox) -> Parcels``, every sampled child's own parcel (see the module
+      docstring; ``None``: every child receives its parent's model and broadcast alone).
+    slots: the rule receives every slot's exchange in :attr:`Inbox.slots` (``[K, ...]`` models
+      held at once; ``False``: ``None`` there).
+    wire: ``wire(model_bytes) -> (down, up)``: one sampled client's bytes each way per round, given
+      the bytes of one model's shared leaves, where the host's count (a model each way, plus the
+      broadcast, the parcel's extra and the message) is not what travels (``None``: the host's).
   """
 
   init: Callable[[PyTree, int], PyTree]
   receive: Callable[[Inbox, PyTree], tuple[PyTree, PyTree, Stats]]
   send: Callable[[PyTree], PyTree] | None = None
   name: str = "server_rule"
+  send_each: Callable[[Outbox], Parcels] | None = None
+  slots: bool = False
+  wire: Callable[[int], tuple[int, int]] | None = None
 
 
 def broadcast_of(rule: ServerRule | None, state: PyTree) -> PyTree:
