@@ -212,7 +212,7 @@ def parcel_shape(rule: ServerRule | None, update: ClientUpdate, template, topolo
   if rule is None or rule.send_each is None:
     return ()
   n, c = topology.num_nodes(topology.depth - 1), topology.num_clients
-  state = jax.eval_shape(lambda p: rule.init(p, n), template)
+  state = jax.eval_shape(lambda p: init_rule_state(rule, p, n), template)
   client_state = () if update.init_state is None else jax.eval_shape(lambda p: update.init_state(p, c),
                                                                       template)
   slot = jax.ShapeDtypeStruct((1,), jnp.int32)
@@ -245,7 +245,8 @@ class Extras:
          learning_rate) -> Extras:
     leaf = topology.depth - 1
     shared = model_bytes(_stacked(share.sent(template, leaf), 1))
-    bcast = () if rule is None else jax.eval_shape(lambda p: broadcast_of(rule, rule.init(p, 1)), template)
+    bcast = () if rule is None else jax.eval_shape(lambda p: broadcast_of(rule, init_rule_state(rule, p, 1)),
+                                                   template)
     own = parcel_shape(rule, update, template, topology)
     message = ()
     if update.takes_round:
@@ -477,7 +478,7 @@ def hierfavg(
       update_state=tuple(init_path_state(paths[lv], share.sent(p0, lv), topology.num_nodes(lv + 1),
                                          topology.num_nodes(lv)) for lv in range(depth)),
       clock=() if systems is None else jnp.zeros((), jnp.float32),
-      server_state=init_rule_state(server_rule, p0, topology.num_nodes(leaf)),
+      server_state=init_rule_state(server_rule, p0, topology.num_nodes(leaf), stream(key, "server_rule")),
       personal=share.init_clients(p0, topology.num_clients),
     )
 
@@ -530,7 +531,7 @@ def hierfavg(
           lambda a: jnp.take(a, cohort.parent, axis=0), sent)
         slots = Slots(clients=cohort.clients, parent=cohort.parent,
                       reported=jnp.take(res.reported, cohort.clients) & cohort.valid, position=position,
-                      start=start, sent=res.client_params)
+                      start=start, sent=res.client_params, block_size=max(sampler.sizes))
       inbox = Inbox(pseudo_gradient=pseudo_gradient, weight_sum=res.weight_sum, messages=res.message_sum,
                     reported=reported, sampled=res.sampled, population=jnp.asarray(population),
                     params=params[leaf], slots=slots)

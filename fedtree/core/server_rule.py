@@ -99,6 +99,7 @@ class Slots(NamedTuple):
     start: ``[K, ...]`` what each slot started from and its update was taken against (its parcel's
       ``start``, else its parent's model).
     sent: ``[K, ...]`` what each slot sent: ``start`` less its update after the update path.
+    block_size: the largest cohort of a parent (static).
   """
 
   clients: jax.Array
@@ -107,6 +108,7 @@ class Slots(NamedTuple):
   position: jax.Array
   start: PyTree
   sent: PyTree
+  block_size: int = 1
 
 
 class Outbox(NamedTuple):
@@ -173,6 +175,8 @@ class ServerRule(NamedTuple):
     wire: ``wire(model_bytes) -> (down, up)``: one sampled client's bytes each way per round, given
       the bytes of one model's shared leaves, where the host's count (a model each way, plus the
       broadcast, the parcel's extra and the message) is not what travels (``None``: the host's).
+    init_key: ``init`` takes a third argument, a PRNG key from the run's (a random start: pFedHN's
+      hypernetwork and client embeddings).
   """
 
   init: Callable[[PyTree, int], PyTree]
@@ -182,6 +186,7 @@ class ServerRule(NamedTuple):
   send_each: Callable[[Outbox], Parcels] | None = None
   slots: bool = False
   wire: Callable[[int], tuple[int, int]] | None = None
+  init_key: bool = False
 
 
 def broadcast_of(rule: ServerRule | None, state: PyTree) -> PyTree:
@@ -197,9 +202,15 @@ def receive(rule: ServerRule, inbox: Inbox, state: PyTree) -> tuple[PyTree, PyTr
   return pseudo_gradient, select_nodes(inbox.reported > 0, new_state, state), stats
 
 
-def init_rule_state(rule: ServerRule | None, params: PyTree, num_nodes: int) -> PyTree:
-  """``rule.init(params, num_nodes)``, or ``()`` without a rule."""
-  return () if rule is None else rule.init(params, num_nodes)
+def init_rule_state(rule: ServerRule | None, params: PyTree, num_nodes: int,
+                    key: jax.Array | None = None) -> PyTree:
+  """``rule.init(params, num_nodes)`` (``rule.init(params, num_nodes, key)`` for a rule whose
+  ``init_key``; ``key`` default ``jax.random.key(0)``), or ``()`` without a rule."""
+  if rule is None:
+    return ()
+  if rule.init_key:
+    return rule.init(params, num_nodes, jax.random.key(0) if key is None else key)  # type: ignore[call-arg]
+  return rule.init(params, num_nodes)
 
 
 def per_node(factor: jax.Array, tree: PyTree) -> PyTree:
@@ -210,3 +221,25 @@ def per_node(factor: jax.Array, tree: PyTree) -> PyTree:
 def zeros_like_stacked(params: PyTree, num_nodes: int) -> PyTree:
   """Zeros shaped as ``params`` for every one of ``num_nodes`` nodes (a variate's start)."""
   return jax.tree.map(lambda p: jnp.zeros((num_nodes,) + jnp.shape(p), jnp.result_type(p)), params)
+
+
+def cohort_blocks(tree: PyTree, outbox: Outbox | Slots, num_parents: int, block_size: int) -> PyTree:
+  """Every parent's cohort as a block: ``[K, ...]`` slot rows into ``[N, block_size, ...]`` (slot
+  ``s`` at ``[parent[s], position[s]]``; invalid slots, whose position is out of range, nowhere;
+  the rows of a block its parent does not fill are zeros)."""
+  def one(a):
+    a = jnp.asarray(a)
+    zeros = jnp.zeros((num_parents, block_size) + a.shape[1:], a.dtype)
+    return zeros.at[outbox.parent, outbox.position].set(a, mode="drop")
+
+  return jax.tree.map(one, tree)
+
+
+def slot_rows(blocks: PyTree, outbox: Outbox | Slots) -> PyTree:
+  """The inverse of :func:`cohort_blocks`: every slot's row of ``[N, block_size, ...]`` blocks
+  (``[K, ...]``; an invalid slot reads an arbitrary row, to be masked by its caller)."""
+  def one(a):
+    n, b = a.shape[0], a.shape[1]
+    return a[jnp.clip(outbox.parent, 0, n - 1), jnp.clip(outbox.position, 0, b - 1)]
+
+  return jax.tree.map(one, blocks)
