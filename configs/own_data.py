@@ -1,7 +1,8 @@
 r"""Your own data from the command line: per-client ``.npz`` arrays, or a Hugging Face dataset
 split by fedtree's or Flower Datasets' partitioners.
 
-  # arrays (a published run's exact clients; see fedtree.datasets.arrays for the layouts)
+  # arrays (a published run's exact clients: padded, flat, keyed per client as x_train_0,
+  # y_train_0, ..., or a folder; see fedtree.datasets.arrays for the layouts)
   python -m fedtree.main --config=configs/own_data.py --workdir=/tmp/own_arrays \
     --config.data.path=/path/clients.npz
   # a Hugging Face dataset written by save_to_disk (pip install -e ".[hf]")
@@ -15,7 +16,9 @@ Two runs, FedAvg and HierFAVG over the groups the data name (one group when they
 ``--config.data.team_size=N`` forms groups of N consecutive clients). The final table's
 ``clients`` column gives the 10th/50th/90th percentile and the Gini coefficient of per-client
 accuracy; ``summary.json`` has them per model and per group, ``plot_client_fairness.png`` the
-histogram. Inputs are flattened by the ``mlp`` model, so any array or image shape works.
+histogram. Inputs are flattened by the ``mlp`` model, so any array or image shape works;
+``--config.model.name=logreg`` trains a logistic model instead (the ``mlp``'s ``hidden`` is left
+out, with a line saying so).
 """
 
 import ml_collections
@@ -56,6 +59,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
       c.data.partitioner = "flwr.DirichletPartitioner"
       c.data.partitioner_args = ml_collections.ConfigDict(dict(
         num_partitions=20, partition_by="label", alpha=0.5, min_partition_size=10, seed=42))
+      # the rows shuffled first, as flwr_datasets.FederatedDataset(shuffle=True, seed=42) hands them
+      c.data.shuffle, c.data.shuffle_seed = True, 42
   c.topology = ml_collections.ConfigDict(dict(kind="groups"))
   c.model = ml_collections.ConfigDict(dict(name="mlp", hidden=(64,)))
   c.local = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=0.05, batch_size=16, epochs=1,

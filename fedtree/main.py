@@ -3,7 +3,9 @@ r"""Launch an experiment from a config file.
   python -m fedtree.main --config=configs/quickstart.py --workdir=/tmp/quickstart
   python -m fedtree.main --config=configs/quickstart.py --config.rounds=5 --workdir=/tmp/q
 
-Every config field can be overridden with ``--config.<field>=<value>`` (ml_collections).
+Every config field can be overridden with ``--config.<field>=<value>`` (ml_collections), and a
+run the config file does not have is added by its fields
+(``--config.runs.permfl.algorithm=pfedmt --config.runs.permfl.lam=15``).
 Results (the final table, reports) go to stdout; progress and messages to stderr; metrics to
 ``<workdir>/metrics.jsonl`` and a final summary to ``<workdir>/summary.json``. Without
 ``--workdir`` nothing is saved (a warning says so). Re-running the same command resumes from
@@ -205,6 +207,100 @@ def check_new_fields(argv: list[str]) -> None:
       node = node[part]
 
 
+def split_new_runs(argv: list[str]) -> tuple[list[str], list[tuple[list[str], str]]]:
+  """``(argv without them, [(path, value)])`` of the ``--config.runs.<label>.<field>...=<value>``
+  flags whose ``<label>`` the config file has no run of: ml_collections cannot create the run's
+  ConfigDict, so :func:`add_new_runs` adds them after the parse (a new run from the command line:
+  ``--config.runs.permfl.algorithm=pfedmt --config.runs.permfl.lam=15``). ``path`` is
+  ``[label, field, ...]``."""
+  if not any(a.startswith("--config.runs.") for a in argv[1:]):
+    return argv, []
+  path = _config_arg(argv)
+  if path is None:
+    return argv, []
+  from ml_collections.config_flags import config_flags as parsers
+
+  try:
+    labels = set(parsers.ConfigFileFlagParser(name="config").parse(path).runs)
+  except Exception:  # noqa: BLE001 (a broken config file: absl's parse reports it)
+    return argv, []
+  kept, new = [argv[0]], []
+  i = 1
+  while i < len(argv):
+    a = argv[i]
+    if a.startswith("--config.runs."):
+      name, eq, value = a[len("--config.runs."):].partition("=")
+      parts = name.split(".")
+      if len(parts) >= 2 and parts[0] not in labels:
+        if not eq:
+          if i + 1 >= len(argv):
+            refuse(f"{a} needs a value ({a}=<value>)")
+          value, i = argv[i + 1], i + 1
+        new.append((parts, value))
+        i += 1
+        continue
+    kept.append(a)
+    i += 1
+  return kept, new
+
+
+def _literal(text: str):
+  """A command-line value as ml_collections reads a new field: a Python literal, else the text."""
+  import ast
+
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def add_new_runs(config, new: list[tuple[list[str], str]]) -> None:
+  """Adds the runs of :func:`split_new_runs` to ``config.runs`` (their fields are then checked
+  against the algorithm's factory, as every run's are)."""
+  import ml_collections
+
+  for parts, value in new:
+    node = config.runs
+    for part in parts[:-1]:
+      if part not in node or node[part] is None:
+        node[part] = ml_collections.ConfigDict()
+      node = node[part]
+      if not isinstance(node, ml_collections.ConfigDict):
+        refuse(f"--config.runs.{'.'.join(parts)}: config.runs.{'.'.join(parts[:-1])} is not a section")
+    node[parts[-1]] = _literal(value)
+
+
+def switch_model(config, argv: list[str]) -> None:
+  """A model named on the command line (``--config.model.name=logreg``) instead of the config
+  file's leaves behind the file's fields of the old model (``hidden`` of its ``mlp``), which the
+  new one would refuse: they are dropped, with a line on stderr saying which. Fields given on the
+  command line are kept (and checked by the model)."""
+  given = _flat_paths(config_flags.get_override_values(flags.FLAGS["config"]) or {})
+  if "model.name" not in given or "model" not in config:
+    return
+  from ml_collections.config_flags import config_flags as parsers
+
+  from fedtree.models import model_fields
+
+  pristine = parsers.ConfigFileFlagParser(name="config").parse(_config_arg(argv))
+  old, new = pristine.get("model", {}).get("name", None), config.model.name
+  takes = model_fields(new)
+  if old == new or takes is None:   # (an unknown name: build_model refuses it, listing the models)
+    return
+  dropped = [f for f in list(config.model) if f != "name" and f not in takes and f in pristine.model
+             and f"model.{f}" not in given]
+  for f in dropped:
+    del config.model[f]
+  if dropped:
+    shown = {f: _plain(pristine.model[f]) for f in dropped}
+    print(f"fedtree: model.name={new!r} replaces the config file's {old!r}: its model field(s) {shown} are "
+          f"left out ({new!r} takes {sorted(takes)})", file=sys.stderr, flush=True)
+
+
+def _plain(v):
+  return v.to_dict() if hasattr(v, "to_dict") else v
+
+
 def _flat_paths(d, prefix="") -> list[str]:
   out = []
   for k, v in d.items():
@@ -221,9 +317,14 @@ def parse_flags(argv: list[str]) -> list[str]:
 
     pylogging.getLogger("absl").setLevel(pylogging.ERROR)
   try:
+    argv, new_runs = split_new_runs(argv)
+    if new_runs:
+      sys.argv = list(argv)   # (the config flag reads its overrides from sys.argv)
     rest = flags.FLAGS(argv)
     if flags.FLAGS["config"].value is not None:
       check_new_fields(argv)
+      add_new_runs(flags.FLAGS["config"].value, new_runs)
+      switch_model(flags.FLAGS["config"].value, argv)
     return rest
   except Exception as e:  # noqa: BLE001
     if "--verbose" in argv[1:]:

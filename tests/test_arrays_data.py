@@ -78,6 +78,32 @@ def test_folder_layout_one_file_per_client(tmp_path):
   assert groups.tolist() == [0, 0, 1, 1] and data.num_classes == 4
 
 
+def test_keyed_per_client_layout(tmp_path):
+  """Issue 40: one .npz keyed per client, as most papers' code saves it (``x_train_0``,
+  ``y_train_0``, ...; the keys' order in the file does not matter, clients 10 and 2 sort as
+  numbers), or ``x_<i>``, ``y_<i>`` split by ``test_fraction``; clients not numbered 0 .. C-1 are
+  refused naming the missing one."""
+  train, test = per_client(sizes=(6, 9, 4, 7, 5, 3, 8, 6, 4, 5, 7))
+  arrays = {}
+  for c in reversed(range(len(train))):
+    arrays.update({f"x_train_{c}": train[c][0], f"y_train_{c}": train[c][1], f"x_test_{c}": test[c][0],
+                   f"y_test_{c}": test[c][1], f"group_{c}": c % 3})
+  np.savez(tmp_path / "k.npz", **arrays)
+  data, groups, _ = load_arrays(path=str(tmp_path / "k.npz"))
+  same_clients(data, train, test)
+  assert groups.tolist() == [c % 3 for c in range(len(train))]
+  xy = {f"{k}_{c}": v for c, (x, y) in enumerate(train) for k, v in (("x", x), ("y", y))}
+  np.savez(tmp_path / "xy.npz", **xy)
+  data, groups, _ = load_arrays(path=str(tmp_path / "xy.npz"), test_fraction=0.25)
+  assert groups is None and (data.n_train + data.n_test).tolist() == [len(y) for _, y in train]
+  np.savez(tmp_path / "gap.npz", x_0=train[0][0], y_0=train[0][1], x_2=train[2][0], y_2=train[2][1])
+  with pytest.raises(ValueError, match=r"per-client keys name clients \[0, 2\].*but not \[1\]"):
+    load_arrays(path=str(tmp_path / "gap.npz"))
+  np.savez(tmp_path / "half.npz", x_train_0=train[0][0], y_train_0=train[0][1])
+  with pytest.raises(ValueError, match=r"\(client 0\): keys \['x_train', 'y_train'\]; need x_train_<i>"):
+    load_arrays(path=str(tmp_path / "half.npz"))
+
+
 def test_uint8_images_become_floats_in_unit_range(tmp_path):
   x = np.full((10, 3, 3), 255, np.uint8)
   np.savez(tmp_path / "u.npz", x=x, y=np.zeros(10, np.int32), client=np.arange(10) % 2)

@@ -37,11 +37,14 @@ def client_rows(data):
   return out
 
 
-def flower_rows(name, args):
-  """Flower's own partitions of the same dataset, read from each partition's ids."""
+def flower_rows(name, args, shuffle=False, ordered=False):
+  """Flower's own partitions of the same dataset, read from each partition's ids; ``shuffle``: of
+  the rows shuffled as ``FederatedDataset`` hands them to its partitioner (its default
+  ``shuffle=True, seed=42``); ``ordered``: in the partition's order."""
   p = getattr(fp, name)(**args)
-  p.dataset = table()
-  return [sorted(int(r[0]) for r in p.load_partition(i)["x"]) for i in range(p.num_partitions)]
+  p.dataset = table().shuffle(seed=42) if shuffle else table()
+  rows = [[int(r[0]) for r in p.load_partition(i)["x"]] for i in range(p.num_partitions)]
+  return rows if ordered else [sorted(r) for r in rows]
 
 
 SEEDED = {
@@ -64,12 +67,87 @@ CASES = ([(n, dict(a, seed=s)) for n, a in SEEDED.items() for s in (7, 42)]
 
 
 @pytest.mark.filterwarnings("ignore:Classes.*will NOT be used:UserWarning")  # Pathological's notice
+@pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("name,args", CASES, ids=[f"{n}-{a.get('seed', '')}" for n, a in CASES])
-def test_every_flower_partitioner_gives_flowers_partition(name, args):
+def test_every_flower_partitioner_gives_flowers_partition(name, args, shuffle):
+  """``shuffle=False``: the partitioner on the dataset's rows; ``shuffle=True`` (the default): on
+  the rows shuffled as ``FederatedDataset`` shuffles them."""
+  kw = {} if shuffle else {"shuffle": False}
   data, groups, _, _ = from_hf(table(), x_columns="x", partitioner=f"flwr.{name}", partitioner_args=args,
-                               test_fraction=0.25)
-  assert client_rows(data) == flower_rows(name, args)
+                               test_fraction=0.25, **kw)
+  assert client_rows(data) == flower_rows(name, args, shuffle=shuffle)
   assert groups is None
+
+
+def client_rows_in_order(data):
+  """Each client's training rows (ids) in storage order, and its test rows in storage order."""
+  return ([data.x_train[c, :data.n_train[c], 0].astype(int).tolist() for c in range(data.num_clients)],
+          [data.x_test[c, :data.n_test[c], 0].astype(int).tolist() for c in range(data.num_clients)])
+
+
+def test_iid_through_fedtree_is_flowers_federated_dataset(tmp_path):
+  """Issue 40: Flower's ``FederatedDataset`` (its own code, from a local parquet file) shuffles the
+  rows before its ``IidPartitioner`` (``shuffle=True, seed=42`` by default): on label-sorted rows
+  every partition then holds every class. fedtree gives the same partitions, every client's rows
+  in Flower's order (train and test each a subsequence of the partition), and ``shuffle=False`` /
+  ``shuffle_seed`` follow ``FederatedDataset(shuffle=..., seed=...)``."""
+  fds_mod = pytest.importorskip("flwr_datasets")
+  n = 200
+  ds = datasets.Dataset.from_dict({"x": [[float(i), 0.0] for i in range(n)],
+                                   "label": [i * 10 // n for i in range(n)]})   # sorted: 20 of each class
+  path = str(tmp_path / "sorted.parquet")
+  ds.to_parquet(path)
+  for shuffle, seed in [(True, 42), (True, 3), (False, 42)]:
+    fds = fds_mod.FederatedDataset(dataset="parquet", data_files={"train": path}, shuffle=shuffle, seed=seed,
+                                   partitioners={"train": fp.IidPartitioner(num_partitions=5)},
+                                   cache_dir=str(tmp_path / "cache"))
+    flower = [[int(r[0]) for r in fds.load_partition(i)["x"]] for i in range(5)]
+    data, _, _, _ = from_hf(ds, x_columns="x", partitioner="flwr.IidPartitioner",
+                            partitioner_args=dict(num_partitions=5), shuffle=shuffle, shuffle_seed=seed,
+                            test_fraction=0.2)
+    train, test = client_rows_in_order(data)
+    for c in range(5):
+      assert sorted(train[c] + test[c]) == sorted(flower[c]), (shuffle, seed, c)
+      assert train[c] == [r for r in flower[c] if r in set(train[c])]   # Flower's order
+      assert test[c] == [r for r in flower[c] if r in set(test[c])]
+      classes = {r * 10 // n for r in flower[c]}
+      assert len(classes) >= 7 if shuffle else len(classes) == 2   # (unshuffled: 40 sorted rows)
+
+
+def test_fedtree_shards_are_flowers_shard_partitioner_on_unshuffled_rows():
+  """fedtree's ``shards`` with seed s deals the same row sets as Flower's
+  ``ShardPartitioner(num_shards_per_partition=k, seed=s)`` on the dataset's rows when the rows
+  divide evenly into shards (240 rows: 6 clients x 2 shards of 20)."""
+  for seed in (7, 42):
+    mine, _, _, _ = from_hf(table(), x_columns="x", partitioner="shards",
+                            partitioner_args=dict(num_clients=6, shards_per_client=2), seed=seed)
+    flower = flower_rows("ShardPartitioner", dict(num_partitions=6, partition_by="label",
+                                                  num_shards_per_partition=2, seed=seed))
+    assert client_rows(mine) == flower
+
+
+def test_dirichlet_self_balancing():
+  """``self_balancing``: a client that holds more than the average when a class is dealt gets none
+  of it (classes dealt in label order); without it, the skew goes unchecked."""
+  from fedtree.core.data import partition_dirichlet
+
+  labels = np.random.default_rng(0).integers(0, 10, 2000)
+  avg = labels.size / 8
+  for seed in range(5):
+    parts = partition_dirichlet(labels, 8, 0.1, np.random.default_rng(seed), self_balancing=True)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(labels.size))
+    for k in range(1, 10):
+      for p in parts:
+        if np.sum(labels[p] < k) > avg:
+          assert not np.any(labels[p] == k), (seed, k)
+  plain = [max(len(p) for p in partition_dirichlet(labels, 8, 0.1, np.random.default_rng(s)))
+           for s in range(5)]
+  balanced = [max(len(p) for p in partition_dirichlet(labels, 8, 0.1, np.random.default_rng(s),
+                                                      self_balancing=True)) for s in range(5)]
+  assert np.mean(balanced) < np.mean(plain)
+  data, _, _, _ = from_hf(table(), x_columns="x", partitioner="dirichlet",
+                          partitioner_args=dict(num_clients=4, alpha=0.3, min_size=10, self_balancing=True))
+  assert data.num_clients == 4 and min(data.n_train + data.n_test) >= 10
 
 
 def test_seeds_give_different_flower_partitions():
@@ -165,6 +243,11 @@ def test_text_column_gives_language_model_data():
   (dict(x_columns="x", partitioner="zipf"), r"partitioner='zipf'; choose one of"),
   (dict(x_columns="x", partitioner="flwr.ZipfPartitioner"),
    "Flower partitioner 'ZipfPartitioner' is unknown"),
+  # split columns, not rows (issue 42 item 6: the docs named them with "any partitioner")
+  (dict(x_columns="x", partitioner="flwr.VerticalEvenPartitioner", partitioner_args=dict(num_partitions=2)),
+   r"'VerticalEvenPartitioner' is not supported: it splits the columns .* choose one of \['Continuous"),
+  (dict(x_columns="x", partitioner="flwr.IdToSizeFncPartitioner"),
+   r"'IdToSizeFncPartitioner' is not supported: it is a base class"),
   (dict(x_columns="x", partitioner="iid", partitioner_args=dict(clients=3)), r"takes partitioner_args"),
   (dict(x_columns="x"), "needs a partitioner or a client_column"),
   (dict(x_columns="x", client_column="writer", num_classes=3), r"label \d in y_\w+ is outside \[0, 3\)"),
@@ -242,3 +325,37 @@ def test_config_hf_flower_gives_flowers_partition(tmp_path):
   data, groups, _, _ = load_with_info(c.data)
   assert client_rows(data) == flower_rows("DirichletPartitioner", dict(c.data.partitioner_args))
   assert groups.tolist() == [0] * 6
+
+
+def test_without_the_hf_extra_the_error_names_it(monkeypatch, tmp_path):
+  """Issue 42 item 7: configs/own_data.py:hf on an install without ``datasets`` said only
+  "No module named 'datasets'"."""
+  from config_files import load_config
+
+  from fedtree.experiment.data import load_with_info
+
+  monkeypatch.setitem(__import__("sys").modules, "datasets", None)
+  cfg = load_config("own_data", "hf").data
+  cfg.path = str(tmp_path)
+  with pytest.raises(ImportError, match=r"config.data.name='hf' needs Hugging Face datasets, which is not "
+                                        r"installed: pip install -e \"\.\[hf\]\""):
+    load_with_info(cfg)
+
+
+@pytest.mark.parametrize("given", ["a,b,c", "a, b, c", "[a,b,c]", "('a', 'b', 'c')", ("a", "b", "c")])
+def test_several_csv_columns_are_the_inputs_as_the_command_line_names_them(tmp_path, given):
+  """Issue 42 item 7: ``--config.data.x_columns=a,b,c`` (a string, as the command line gives it)
+  named one column "a,b,c", which the file does not have."""
+  from config_files import load_config
+
+  from fedtree.experiment.data import load_with_info
+
+  rng = np.random.default_rng(0)
+  datasets.Dataset.from_dict({k: rng.normal(size=40).tolist() for k in "abc"}
+                             | {"label": rng.integers(0, 3, 40).tolist()}).to_csv(str(tmp_path / "d.csv"))
+  cfg = load_config("own_data", "hf").data
+  cfg.path, cfg.format, cfg.partitioner_args.num_clients = str(tmp_path / "d.csv"), "csv", 4
+  with cfg.ignore_type():
+    cfg.x_columns = given
+  data, *_ = load_with_info(cfg)
+  assert data.example_shape == (3,) and data.num_clients == 4

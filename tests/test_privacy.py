@@ -271,7 +271,7 @@ def test_privacy_section_builds_and_refuses_unbounded_weighting(capsys):
   with pytest.raises(ValueError, match="unknown field 'clip'"):
     registry.factory_kwargs("dp", _config_run({"clip": 1.0, "noise_multiplier": 0.5}), ctx)
   kw = registry.factory_kwargs("dp", _config_run({"clip_norm": 1.0, "target_epsilon": 5.0}), ctx)
-  out = capsys.readouterr().out
+  out = capsys.readouterr().err   # a message: stderr (results go to stdout)
   assert "calibrated to target_epsilon=5.0" in out
   z = float(out.split("z=")[1].split()[0])
   p = xp.plan({"clip_norm": 1.0, "noise_multiplier": z},

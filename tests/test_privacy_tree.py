@@ -198,10 +198,14 @@ def _poisson_run(q, **extra):
 
 
 @pytest.mark.slow
-def test_poisson_rounds_train_the_sampled_clients_and_refuse_an_overflow():
-  """Rounds of HierFAVG with Poisson sampling from the config run (finite); with one slot per edge
-  a draw of two clients stops the run with an error naming q and the slot count (a host callback
-  inside the jitted round), never a silent truncation."""
+def test_poisson_rounds_train_the_sampled_clients_and_refuse_an_overflow(monkeypatch):
+  """Rounds of HierFAVG with Poisson sampling from the config run (finite); one slot per edge of 3
+  clients at q = 0.4 (overflow 0.35 per round) is refused before anything compiles, naming
+  cohort_size (issue 40); admitted anyway (the check's threshold raised), a draw of two clients stops
+  the run with an error naming q, the slot count and cohort_size (a host callback inside the jitted
+  round), never a silent truncation."""
+  import sys
+
   from fedtree.algorithms import hierfavg
 
   ctx = _ctx()
@@ -210,9 +214,14 @@ def test_poisson_rounds_train_the_sampled_clients_and_refuse_an_overflow():
   for r in range(3):
     s, _ = step(s, ctx.data, jax.random.key(r))
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(s.params))
+  with pytest.raises(ValueError, match=r"cohort_size=1 with sampling='poisson', poisson_q=0.4: parent 0's 3 "
+                                       r"clients overflow its 1 slots with probability 0.352"):
+    hierfavg(**registry.factory_kwargs("p", _poisson_run(0.4, cohort_size=1), ctx))
+  monkeypatch.setattr(sys.modules["fedtree.algorithms.hierfavg"], "POISSON_OVERFLOW", 1.0)
   small = hierfavg(**registry.factory_kwargs("p", _poisson_run(0.4, cohort_size=1), ctx))
   st, step = small.init(jax.random.key(0)), jax.jit(small.round)
-  with pytest.raises(Exception, match=r"q=0.4 drew \d clients under parent \d, which has 1 slots"):
+  with pytest.raises(Exception, match=r"q=0.4 drew \d clients under parent \d, which has 1 slots; raise "
+                                      r"cohort_size"):
     for r in range(20):   # P(no overflow in a round) = 0.648^2 ~ 0.42
       st, _ = step(st, ctx.data, jax.random.key(r))
       jax.block_until_ready(st)

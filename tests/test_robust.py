@@ -64,9 +64,12 @@ def _dists(x):
 
 
 def _krum_scores(d, cand, f):
+  """Krum's scores among the candidates ``cand``: each one's squared distances to its
+  ``max(1, r - f - 2)`` nearest other candidates (at most ``r - 1``), ``r`` their number (the
+  paper's ``n - f - 2``; at least one neighbour, as Flower's ``aggregate_krum``)."""
   idx = np.flatnonzero(cand)
   r = len(idx)
-  nb = int(np.clip(r - f - 2, 0, max(r - 1, 0)))
+  nb = min(max(r - f - 2, 1), max(r - 1, 0))
   scores = np.full(len(cand), np.inf)
   for i in idx:
     others = np.sort([d[i, j] for j in idx if j != i])
@@ -85,14 +88,27 @@ def ref_krum(x, f, m):
   return x[ref_krum_sel(x, f, m)].mean(axis=0)
 
 
-def ref_bulyan(x, f):
+def ref_krum_weighted(x, w, f, m):
+  """Flower's multi-Krum: the kept updates averaged with their weights (example counts)."""
+  keep = ref_krum_sel(x, f, m)
+  return (w[keep, None] * x[keep]).sum(0) / w[keep].sum()
+
+
+def ref_bulyan_sel(x, f):
+  """Bulyan's θ = n - 2f choices: Krum over the candidates left, one at a time."""
   n = len(x)
   d = _dists(x)
   theta = int(np.clip(n - 2 * f, 1, n))
   chosen = np.zeros(n, bool)
   for _ in range(theta):
     chosen[np.argmin(_krum_scores(d, ~chosen, f))] = True
-  sel = x[chosen]
+  return chosen
+
+
+def ref_bulyan(x, f):
+  n = len(x)
+  theta = int(np.clip(n - 2 * f, 1, n))
+  sel = x[ref_bulyan_sel(x, f)]
   keep = int(np.clip(theta - 2 * f, 1, theta))
   med = np.median(sel, axis=0)
   order = np.argsort(np.abs(sel - med), axis=0, kind="stable")
@@ -141,6 +157,9 @@ CASES = [
   ("krum", robust.krum(f=1, m=1), lambda x, w: ref_krum(x, 1, 1)),
   ("multi_krum", robust.krum(f=2), lambda x, w: ref_krum(x, 2, None)),
   ("multi_krum_m3", robust.krum(f=1, m=3), lambda x, w: ref_krum(x, 1, 3)),
+  ("multi_krum_weighted", robust.krum(f=1, m=3, weighted=True), lambda x, w: ref_krum_weighted(x, w, 1, 3)),
+  ("multi_krum_weighted_default_m", robust.krum(f=2, weighted=True),
+   lambda x, w: ref_krum_weighted(x, w, 2, None)),
   ("bulyan", robust.bulyan(f=1), lambda x, w: ref_bulyan(x, 1)),
   ("geometric_median", robust.geometric_median(iterations=5), lambda x, w: ref_geomed(x, w, 5, 1e-6)),
   ("norm_bound", robust.norm_bound(tau=2.0), lambda x, w: ref_norm_bound(x, w, 2.0)),
@@ -187,6 +206,88 @@ def test_fltrust_matches_numpy_per_parent(ties):
     np.testing.assert_allclose(w[p], weights[p][valid[p] & ~root].sum(), rtol=1e-6)
   root0 = np.isin(clients[0], trusted) & valid[0]
   assert st["fltrust_zeroed"][0] == np.sum(flat[0][valid[0] & ~root0] @ flat[0][root0].mean(0) <= 0)
+
+
+def _attacked_cohort(seed, n=7, d=D, shift=50.0):
+  """One parent of ``n`` honest-looking updates (standard normal) whose slot ``seed % n`` an
+  attacker holds, shifted by ``+shift`` in every coordinate."""
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, d)).astype(np.float32)
+  bad = seed % n
+  x[bad] += shift
+  return x, bad
+
+
+def _parents_block(xs, ws=None, valid=None):
+  """One parent per problem: ``xs [P, n, D]`` (every slot valid unless ``valid``), weights ``ws``."""
+  xs = np.asarray(xs, np.float32)
+  p, n = xs.shape[:2]
+  ws = np.ones((p, n), np.float32) if ws is None else np.asarray(ws, np.float32)
+  valid = np.ones((p, n), bool) if valid is None else valid
+  deltas = {"a": jnp.asarray(xs[..., :6].reshape(p, n, 2, 3)), "b": jnp.asarray(xs[..., 6:])}
+  clients = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (p, n))
+  return Block(deltas, jnp.asarray(ws), jnp.asarray(valid), clients)
+
+
+def test_bulyan_with_f1_never_keeps_a_far_attacker():
+  """Issue 40: on 7 clients with f = 1 Bulyan picks θ = 5 by Krum one at a time; the last pick,
+  among 3 candidates, scores each against max(1, 3 - 1 - 2) = 1 neighbour. Scored against 0
+  neighbours (every score 0) the pick was the lowest remaining slot, the attacker included: on 20
+  seeded problems with one +50 attacker it was kept in 10. Now never, and the selection and the
+  estimate equal the per-client reference (the 20 problems are the parents of one block)."""
+  problems = [_attacked_cohort(seed) for seed in range(20)]
+  block = _parents_block([x for x, _ in problems])
+  sel = np.asarray(jax.jit(lambda b: robust.bulyan_selection(b, f=1))(block))
+  est, _, st = _run(robust.bulyan(f=1), block)
+  for seed, (x, bad) in enumerate(problems):
+    np.testing.assert_array_equal(sel[seed], ref_bulyan_sel(x, 1), err_msg=f"seed {seed}")
+    assert not sel[seed, bad], seed
+    np.testing.assert_allclose(est[seed], ref_bulyan(x, 1), rtol=2e-5, atol=2e-5)
+  np.testing.assert_array_equal(st["bulyan_selected"], 5)
+
+
+@pytest.mark.parametrize("n,f", [(4, 0), (7, 1), (11, 2)])
+def test_krum_and_bulyan_on_small_cohorts_match_the_reference(n, f):
+  """Small cohorts, where the neighbour count reaches its floor of 1: Bulyan at its last selections,
+  and Krum on parents whose reported updates fall below its bound (empty slots; 2 to n valid; Krum's
+  estimate is the update it picks)."""
+  problems = [_attacked_cohort(seed, n=n, shift=5.0)[0] for seed in range(6)]
+  est, _, _ = _run(robust.bulyan(f=f), _parents_block(problems))
+  for i, x in enumerate(problems):
+    np.testing.assert_allclose(est[i], ref_bulyan(x, f), rtol=2e-5, atol=2e-5, err_msg=f"n={n} f={f} {i}")
+  krum = robust.krum(f=f, m=1)   # (one compile for both blocks: same function, same shapes)
+  kr, _, _ = _run(krum, _parents_block(problems))
+  reported = [2 + i % (n - 1) for i in range(6)]
+  valid = np.arange(n)[None, :] < np.asarray(reported)[:, None]
+  short, _, _ = _run(krum, _parents_block(problems, valid=valid))
+  for i, (x, r) in enumerate(zip(problems, reported, strict=True)):
+    np.testing.assert_allclose(kr[i], ref_krum(x, f, 1), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(short[i], ref_krum(x[:r], f, 1), rtol=2e-5, atol=2e-5, err_msg=f"{n} {f} {r}")
+
+
+def _flower_results(x, w):
+  """Flower's ``results``: one ``(layers, num_examples)`` per client, the layers as fedtree's."""
+  return [([x[i, :6].reshape(2, 3).astype(np.float64), x[i, 6:].astype(np.float64)], int(w[i]))
+          for i in range(len(x))]
+
+
+def test_bulyan_and_multi_krum_equal_flowers_own():
+  """Flower's own ``aggregate_bulyan`` / ``aggregate_krum`` (``flwr``, the ``flower`` extra: skipped
+  without it) on the same updates: Bulyan with f = 1 and 2, multi-Krum weighted by example counts."""
+  agg = pytest.importorskip("flwr.server.strategy.aggregate")
+  for n, f in [(7, 1), (8, 1), (11, 2)]:
+    xs = [_attacked_cohort(seed, n=n)[0] for seed in range(10)]
+    ws = [np.random.default_rng(seed).integers(5, 50, size=n) for seed in range(10)]
+    block = _parents_block(xs, ws)
+    bulyan, _, _ = _run(robust.bulyan(f=f), block)
+    kept = {m: _run(robust.krum(f=f, m=m, weighted=True), block)[0] for m in (2, n - f)}
+    for i, (x, w) in enumerate(zip(xs, ws, strict=True)):
+      want = agg.aggregate_bulyan(_flower_results(x, w), num_malicious=f, aggregation_rule=agg.aggregate_krum,
+                                  to_keep=0)
+      np.testing.assert_allclose(bulyan[i], np.concatenate([want[0].ravel(), want[1]]), rtol=2e-5, atol=2e-5)
+      for m, est in kept.items():
+        want = agg.aggregate_krum(_flower_results(x, w), num_malicious=f, to_keep=m)
+        np.testing.assert_allclose(est[i], np.concatenate([want[0].ravel(), want[1]]), rtol=2e-5, atol=2e-5)
 
 
 def test_selecting_aggregators_count_the_attackers_they_kept():
@@ -238,6 +339,8 @@ def test_bad_input_is_refused():
     robust.krum(f=-1)
   with pytest.raises(ValueError, match="m=0 must be at least 1"):
     robust.krum(f=1, m=0)
+  with pytest.raises(ValueError, match="krum: weighted='yes' must be True"):
+    robust.krum(f=1, weighted="yes")
   with pytest.raises(ValueError, match="center='x'; choose one of"):
     robust.centered_clip(tau=1.0, center="x")
   with pytest.raises(ValueError, match=r"fltrust: trusted=\[\] must name at least one child"):

@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -132,19 +133,45 @@ def _replace_if(attacker: Attackers, name: str,
   return ClientTransform(apply, name=name)
 
 
+def _check_nonzero(name: str, field: str, value, *, positive: bool, meaning: str) -> None:
+  if isinstance(value, jax.core.Tracer):
+    return
+  v = float(value)
+  if not math.isfinite(v) or (v <= 0 if positive else v == 0):
+    need = "a finite number > 0" if positive else "a finite number other than 0"
+    raise ValueError(f"{name}: {field}={value!r} must be {need} ({meaning})")
+
+
 def sign_flip(attacker: Attackers, *, scale: float = 1.0) -> ClientTransform:
-  """Attackers send ``-scale * delta``."""
+  """Attackers send ``-scale * delta``.
+
+  Raises:
+    ValueError: ``scale`` not > 0 (0 sends nothing: a dropout, not an attack).
+  """
+  _check_nonzero("sign_flip", "scale", scale, positive=True,
+                 meaning="attackers send -scale x their update; scale=0 sends zeros, no attack")
   return _replace_if(attacker, "sign_flip", lambda d, k: jax.tree.map(lambda x: -scale * x, d))
 
 
 def scaling(attacker: Attackers, *, factor: float) -> ClientTransform:
   """Attackers send ``factor * delta`` (model replacement with ``factor = n / η``: ``n`` clients
-  per parent, ``η`` the server learning rate)."""
+  per parent, ``η`` the server learning rate).
+
+  Raises:
+    ValueError: ``factor`` 0 (zeros: a dropout, not an attack).
+  """
+  _check_nonzero("scaling", "factor", factor, positive=False,
+                 meaning="attackers send factor x their update; factor=0 sends zeros, no attack")
   return _replace_if(attacker, "scaling", lambda d, k: jax.tree.map(lambda x: factor * x, d))
 
 
 def gaussian(attacker: Attackers, *, std: float = 1.0) -> ClientTransform:
-  """Attackers send Gaussian noise ``N(0, std²)`` in every coordinate instead of their update."""
+  """Attackers send Gaussian noise ``N(0, std²)`` in every coordinate instead of their update.
+
+  Raises:
+    ValueError: ``std`` not > 0.
+  """
+  _check_nonzero("gaussian", "std", std, positive=True, meaning="the noise's standard deviation")
 
   def noise(d, key):
     leaves, treedef = jax.tree.flatten(d)

@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from fedtree.core.checks import is_traced
@@ -151,13 +152,19 @@ def _sign(x):
 
 
 # ------------------------------------------------------------------------ compressors
+MAX_BITS = 31
+"""The most bits per coordinate ``qsgd`` / ``rotated`` take: 32 and more send no fewer bits than
+the float32 values they encode."""
+
+
 def compressor(name: str, *, bits: int | float | None = None, k: int | None = None,
                fraction: float | None = None) -> Compressor:
   """The compressor ``name`` (one of :data:`NAMES`).
 
   Args:
     name: see the module's table.
-    bits: levels ``2^bits`` of ``qsgd`` / ``rotated`` (``>= 1``; may be a traced sweep value).
+    bits: levels ``2^bits`` of ``qsgd`` / ``rotated`` (an integer in ``[1, MAX_BITS]``; may be a
+      traced sweep value).
     k: coordinates kept by ``topk`` / ``randk`` (``1 <= k <=`` the update's size, checked when the
       update is first seen), or
     fraction: ``k`` as a fraction of the update's size (``0 < fraction <= 1``, at least 1 kept).
@@ -179,6 +186,9 @@ def compressor(name: str, *, bits: int | float | None = None, k: int | None = No
       raise ValueError(f"compressor {name!r} needs bits (an integer >= 1)")
     if not is_traced(bits) and not (float(bits) >= 1 and float(bits) == int(bits)):
       raise ValueError(f"bits={bits!r} must be an integer >= 1")
+    if not is_traced(bits) and int(bits) > MAX_BITS:
+      raise ValueError(f"bits={bits!r}: {name!r} would send {int(bits)} bits per coordinate, no fewer than a "
+                       f"float32 value's 32 (no compression); choose an integer in [1, {MAX_BITS}]")
   if sparse:
     if (k is None) == (fraction is None):
       raise ValueError(f"compressor {name!r} needs exactly one of k (coordinates kept) or fraction "
@@ -308,7 +318,15 @@ def majority_vote(*, step: float, name: str = "majority_vote") -> NodeTransform:
   It is a node transform, not a blockwise aggregator: the vote is the sign of the (streamed)
   weighted sum of the signs the children sent, so it needs no parent's whole cohort in memory
   and runs wherever node transforms do.
+
+  Raises:
+    ValueError: ``step`` not a finite number > 0 (a traced one is the sweep's to check).
   """
+  if not is_traced(step):
+    ok = isinstance(step, (int, float, np.integer, np.floating)) and not isinstance(step, bool)
+    if not (ok and math.isfinite(float(step)) and float(step) > 0):
+      raise ValueError(f"vote={step!r}: the majority vote's step must be a number > 0 (the parent moves "
+                       f"step * sign of the vote in every coordinate)")
 
   def apply(delta_sum, weight_sum, client_stats, state, key):
     shape = lambda d: weight_sum.reshape(weight_sum.shape + (1,) * (d.ndim - 1))  # noqa: E731

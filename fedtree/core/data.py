@@ -273,12 +273,14 @@ def from_client_arrays(
 
 def split_train_test(
   x: np.ndarray, y: np.ndarray, client_indices: Sequence[np.ndarray], *, test_fraction: float,
-  rng: np.random.Generator, num_classes: int,
+  rng: np.random.Generator, num_classes: int, keep_order: bool = False,
 ) -> FederatedData:
   """Splits every client's examples into train and test, then pads.
 
   Each client keeps at least one training example; ``test_fraction`` of the rest (rounded
-  down) go to its test split.
+  down), drawn at random, go to its test split. ``keep_order``: both splits keep the rows in
+  the order ``client_indices`` lists them (e.g. a Flower partition's; the same test rows are
+  drawn), else they are in the random order of the draw.
   """
   if not 0.0 <= test_fraction < 1.0:
     raise ValueError(f"test_fraction={test_fraction} must be in [0, 1)")
@@ -289,6 +291,10 @@ def split_train_test(
       raise ValueError(f"client {c} received no examples from the partitioner")
     n_test = min(int(np.floor(test_fraction * idx.size)), idx.size - 1)
     test_idx, train_idx = idx[:n_test], idx[n_test:]
+    if keep_order:
+      listed = np.asarray(client_indices[c])
+      held = np.isin(listed, test_idx)
+      test_idx, train_idx = listed[held], listed[~held]
     train.append((x[train_idx], y[train_idx]))
     test.append((x[test_idx], y[test_idx]))
   return from_client_arrays(train, test, num_classes=num_classes, dtype=x.dtype)
@@ -303,12 +309,18 @@ def partition_iid(num_examples: int, num_clients: int, rng: np.random.Generator)
 
 def partition_dirichlet(
   labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator, *, min_size: int = 1,
-  max_tries: int = 100,
+  max_tries: int = 100, self_balancing: bool = False,
 ) -> list[np.ndarray]:
   """Label skew: for every class, the share of each client is ``Dirichlet(alpha)``.
 
   Smaller ``alpha`` gives more skew. Redraws (up to ``max_tries``) until every client holds at
-  least ``min_size`` examples, as in Hsu et al. 2019 and most simulators.
+  least ``min_size`` examples, as in Hsu et al. 2019 and most simulators. ``self_balancing``
+  (the balancing of the NIID-Bench code that Flower's ``DirichletPartitioner`` offers under the
+  same name): a client already holding more than the average ``N / num_clients`` examples gets
+  a share 0 of the classes still to deal, the others' shares renormalised (equal shares where
+  every open client's draw underflowed to 0). Flower's defaults
+  differ in ``min_partition_size=10`` (here ``min_size=1``); its draws differ anyway (its own
+  random stream), so use ``flwr.DirichletPartitioner`` to reproduce its clients.
   """
   labels = np.asarray(labels)
   _check_partition_args(labels.size, num_clients)
@@ -317,12 +329,19 @@ def partition_dirichlet(
   if min_size * num_clients > labels.size:
     raise ValueError(f"min_size={min_size} x {num_clients} clients > {labels.size} examples")
   classes = np.unique(labels)
+  average = labels.size / num_clients
   for _ in range(max_tries):
     parts: list[list[int]] = [[] for _ in range(num_clients)]
     for k in classes:
       idx = rng.permutation(np.flatnonzero(labels == k))
       shares = rng.dirichlet(np.full(num_clients, alpha))
+      if self_balancing:
+        open_ = np.asarray([len(p) <= average for p in parts])   # (never all full: sizes sum below N)
+        shares = np.where(open_, shares, 0.0)
+        shares = shares / shares.sum() if shares.sum() > 0 else open_ / open_.sum()
       cuts = (np.cumsum(shares)[:-1] * idx.size).astype(int)
+      if self_balancing:   # a closed client's cut must not lose a row to rounding (1 - 1e-16 of the rows)
+        cuts = np.floor(np.cumsum(shares)[:-1] * idx.size + 1e-6).astype(int)
       for c, chunk in enumerate(np.split(idx, cuts)):
         parts[c].extend(chunk.tolist())
     if min(len(p) for p in parts) >= min_size:

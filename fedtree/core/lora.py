@@ -132,7 +132,9 @@ def lora_targets(spec: LoRA, params: PyTree) -> dict[str, tuple[int, int]]:
 
   Raises:
     ValueError: the model has no kernel at all, or a pattern of ``spec.targets`` matches none
-      of its kernels; the message names the pattern and lists the parameter paths.
+      of its kernels (the message names the pattern and lists the parameter paths), or
+      ``spec.rank`` exceeds the smaller side of every adapted kernel (of some:
+      :func:`full_rank_kernels`, which the experiment layer names in a warning).
   """
   leaves = [(jax.tree_util.keystr(p, simple=True, separator="/"), leaf)
             for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]]
@@ -154,7 +156,19 @@ def lora_targets(spec: LoRA, params: PyTree) -> dict[str, tuple[int, int]]:
       shape = kernels[p]
       k = matrix_split(shape)
       out[p] = (math.prod(shape[:k]), math.prod(shape[k:]))
+  if all(spec.rank > min(s) for s in out.values()):
+    p, (d_in, d_out) = max(out.items(), key=lambda kv: min(kv[1]))
+    raise ValueError(
+      f"LoRA rank={spec.rank} exceeds the smaller side of every adapted kernel (the largest: {p}, {d_in} x "
+      f"{d_out}): no adapter is a low-rank update (A [{d_in}, {spec.rank}] B [{spec.rank}, {d_out}] has more "
+      f"parameters than the kernel and rank {min(d_in, d_out)} at most); choose rank <= {min(d_in, d_out)}")
   return out
+
+
+def full_rank_kernels(spec: LoRA, targets: dict[str, tuple[int, int]]) -> list[str]:
+  """The kernels of ``targets`` (:func:`lora_targets`) whose smaller side ``spec.rank`` exceeds:
+  their adapters are no low-rank update (more parameters than the kernel)."""
+  return sorted(p for p, s in targets.items() if spec.rank > min(s))
 
 
 # ------------------------------------------------------------------------ adapters
@@ -380,7 +394,11 @@ def frozen_base(
   template = build(adapted_model(model, spec, shapes))
 
   def on(b) -> FederatedAlgorithm:
-    return build(adapted_model(model, spec, b))
+    # ``build`` runs again inside the trace of ``round``: its host-side work (a systems profile
+    # drawn with numpy, the attackers' mask, samplers) must stay concrete, as it was for the
+    # template; only what reads the traced base is traced
+    with jax.ensure_compile_time_eval():
+      return build(adapted_model(model, spec, b))
 
   def init(key):
     # a copy: the round loop donates the state's buffers, which must not delete the caller's base

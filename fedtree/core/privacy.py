@@ -177,6 +177,22 @@ class Adaptive(NamedTuple):
   count_noise: Any = 0.0
 
 
+def check_adaptive(adaptive: Adaptive) -> Adaptive:
+  """``adaptive`` if its concrete fields make sense, else a ``ValueError`` naming the field:
+  ``initial_clip > 0``, ``target_quantile`` in [0, 1], ``learning_rate >= 0`` (a negative one
+  moves the clip norm away from the quantile), ``count_noise >= 0``."""
+  rules = (("initial_clip", lambda v: v > 0, "> 0 (the first round's clip norm)"),
+           ("target_quantile", lambda v: 0 <= v <= 1, "in [0, 1] (the share of clients left unclipped)"),
+           ("learning_rate", lambda v: v >= 0, ">= 0 (a negative rate drives the clip norm away from the "
+                                               "target quantile)"),
+           ("count_noise", lambda v: v >= 0, ">= 0 (the std of the unclipped count's noise)"))
+  for field, ok, need in rules:
+    v = getattr(adaptive, field)
+    if _is_concrete(v) and not (math.isfinite(float(v)) and ok(float(v))):
+      raise ValueError(f"adaptive {field}={v!r} must be {need}")
+  return adaptive
+
+
 def adaptive_step(clip_norm, unclipped, count, adaptive: Adaptive, noise):
   """One adaptive-clipping step: the new clip norm from the old one, the number of unclipped
   clients, the normalising count, and ``noise`` (``N(0, 1)`` draws, scaled here by

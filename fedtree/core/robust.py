@@ -16,10 +16,14 @@ The estimates, with ``n`` a parent's number of valid updates:
 * :func:`trimmed_mean`: coordinate-wise ``β``-trimmed mean (Yin et al. 2018): the
   ``floor(β n)`` largest and smallest values of each coordinate dropped, the rest averaged;
 * :func:`krum`: Krum and multi-Krum (Blanchard et al. 2017): each update's score is the sum of
-  its squared distances to its ``n - f - 2`` nearest other updates; the ``m`` best-scoring ones
-  (``m = 1``: Krum; default ``n - f``) are averaged;
+  its squared distances to its ``max(1, n - f - 2)`` nearest other updates
+  (:func:`krum_neighbours`); the ``m`` best-scoring ones (``m = 1``: Krum; default ``n - f``)
+  are averaged, each counted once (``weighted=False``, the paper's) or by the clients'
+  aggregation weights (``weighted=True``: example counts under ``weighting="examples"``, Flower's
+  multi-Krum);
 * :func:`bulyan` (El Mhamdi et al. 2018): ``θ = n - 2f`` updates chosen by Krum one at a time
-  (each removed from the candidates), then per coordinate the mean of the ``θ - 2f`` values
+  (each removed from the candidates, the neighbour count ``max(1, r - f - 2)`` recounted on the
+  ``r`` candidates left at every step), then per coordinate the mean of the ``θ - 2f`` values
   closest to the chosen ones' median;
 * :func:`geometric_median`: RFA (Pillutla et al. 2022), the weighted geometric median by
   smoothed Weiszfeld iterations from the weighted mean;
@@ -35,14 +39,23 @@ The estimates, with ``n`` a parent's number of valid updates:
 
 Weights: :func:`geometric_median` and :func:`norm_bound` use the clients' aggregation weights;
 the order-statistic and distance-based ones (median, trimmed mean, Krum, Bulyan, centered
-clipping, FLTrust) count every valid update once, as their papers do.
+clipping, FLTrust) count every valid update once, as their papers do; multi-Krum averages the
+updates it keeps with the weights on request (``weighted=True``).
+
+Against Flower's strategies (``flwr.server.strategy``): median, trimmed mean, Krum and Bulyan
+(``Bulyan(num_malicious_clients=f)``, Krum as its first rule) choose and average as Flower's do.
+Multi-Krum differs in two defaults: Flower's ``Krum`` keeps one update unless
+``num_clients_to_keep`` is set, fedtree's ``multi_krum`` keeps ``n - f``; and Flower averages the
+kept updates weighted by their example counts, fedtree's default counts each once: ``krum(f=f,
+m=m, weighted=True)`` with ``weighting="examples"`` is Flower's ``Krum(num_malicious_clients=f,
+num_clients_to_keep=m)``.
 
 Parents with fewer updates than an aggregator's bound: Krum needs ``n >= 2f + 3`` and Bulyan
 ``n >= 4f + 3``. A block whose static size ``K`` is below the bound is refused when the round is
 traced (before anything compiles). A parent whose *reported* updates fall below it in some
-round (empty slots) is handled, not refused: Krum's neighbour count is clipped to ``[0, n -
-1]`` and ``m`` to ``[1, n]``; Bulyan's ``θ`` to ``[1, n]`` and its kept count ``θ - 2f`` to
-``[1, θ]``.
+round (empty slots) is handled, not refused: Krum's neighbour count is
+:func:`krum_neighbours` (at least 1, at most ``n - 1``) and ``m`` is clipped to ``[1, n]``;
+Bulyan's ``θ`` to ``[1, n]`` and its kept count ``θ - 2f`` to ``[1, θ]``.
 
 Stats (round metrics, the mean over the parents): ``trimmed`` (values dropped per coordinate),
 ``krum_selected`` / ``bulyan_selected`` (updates kept), ``norm_bounded`` / ``cclip_clipped``
@@ -137,13 +150,21 @@ def pairwise_sq_distances(deltas: PyTree) -> jax.Array:
   return jnp.maximum(sq[:, :, None] + sq[:, None, :] - 2.0 * gram, 0.0)
 
 
+def krum_neighbours(r, f):
+  """Krum's neighbour count among ``r`` candidates: ``max(1, r - f - 2)``, at most ``r - 1``
+  (Blanchard et al. 2017's ``n - f - 2``, and never 0 while another candidate remains: a score
+  over no neighbour is 0 for every candidate, and the pick would be whichever sits in the lowest
+  slot, an attacker included). Flower's ``aggregate_krum`` counts the same."""
+  return jnp.minimum(jnp.maximum(r - f - 2, 1), jnp.maximum(r - 1, 0))
+
+
 def _krum_scores(dist: jax.Array, cand: jax.Array, f) -> jax.Array:
   """Krum's score of every candidate slot among the candidates ``cand [P, K]``: the sum of its
-  squared distances to its ``clip(r - f - 2, 0, r - 1)`` nearest other candidates (``r`` their
-  number); ``+inf`` for non-candidates."""
+  squared distances to its :func:`krum_neighbours` nearest other candidates (``r`` their
+  number, recounted at every call: Bulyan's selections shrink it); ``+inf`` for non-candidates."""
   k = dist.shape[-1]
   r = jnp.sum(cand, axis=1).astype(jnp.int32)
-  nb = jnp.clip(r - f - 2, 0, jnp.maximum(r - 1, 0))
+  nb = krum_neighbours(r, f)
   other = cand[:, None, :] & cand[:, :, None] & ~jnp.eye(k, dtype=bool)[None]
   s = jnp.sort(jnp.where(other, dist, jnp.inf), axis=-1)
   near = jnp.arange(k)[None, None, :] < nb[:, None, None]
@@ -244,16 +265,28 @@ def krum_selection(block: Block, *, f, m=None) -> jax.Array:
   return (_ranks(score) < m_eff[:, None]) & block.valid
 
 
-def krum(*, f: int, m: int | None = None) -> Aggregator:
+def krum(*, f: int, m: int | None = None, weighted: bool = False) -> Aggregator:
   """Krum (``m=1``) and multi-Krum: the mean of the ``m`` updates (default ``n - f``) with the
-  smallest sum of squared distances to their ``n - f - 2`` nearest others, ``f`` the number of
-  Byzantine updates tolerated. Stat ``krum_selected``: how many were averaged.
+  smallest sum of squared distances to their ``max(1, n - f - 2)`` nearest others, ``f`` the
+  number of Byzantine updates tolerated. Stat ``krum_selected``: how many were averaged.
+
+  Args:
+    f: the Byzantine updates tolerated.
+    m: how many updates are averaged (``None``: ``n - f``).
+    weighted: ``False`` (default, the paper's): every kept update counts once; ``True``: the
+      kept updates are averaged with the clients' aggregation weights, which with
+      ``weighting="examples"`` reproduces Flower's ``Krum(num_malicious_clients=f,
+      num_clients_to_keep=m)`` (it weighs the kept updates by their example counts). Krum
+      (``m=1``) is the same either way.
 
   Raises:
-    ValueError: ``f`` or ``m`` not a non-negative integer (``m`` at least 1); at trace time, a
-      block of fewer than ``2f + 3`` slots.
+    ValueError: ``f`` or ``m`` not a non-negative integer (``m`` at least 1), ``weighted`` not a
+      bool; at trace time, a block of fewer than ``2f + 3`` slots.
   """
   _check_nonneg_int("krum", "f", f)
+  if not isinstance(weighted, bool):
+    raise ValueError(f"krum: weighted={weighted!r} must be True (the kept updates averaged with the "
+                     f"clients' weights, Flower's multi-Krum) or False (each counted once)")
   if m is not None:
     _check_nonneg_int("krum", "m", m)
     if _is_concrete(m) and m < 1:
@@ -262,7 +295,10 @@ def krum(*, f: int, m: int | None = None) -> Aggregator:
   def aggregate(block, key, node_state, watch=None):
     _check_f("krum", f, 2 * int(f) + 3 if _is_concrete(f) else 0, block.valid.shape[1])
     sel = krum_selection(block, f=f, m=m)
-    est = jax.tree.map(lambda d: _masked_mean(d, sel), block.deltas)
+    if weighted:
+      est = _weighted_point(block, jnp.where(sel, block.weights, 0))
+    else:
+      est = jax.tree.map(lambda d: _masked_mean(d, sel), block.deltas)
     stats = {"krum_selected": jnp.sum(sel, axis=1).astype(jnp.float32), **_kept(sel, watch)}
     return (*_finish(est, block), stats)
 
@@ -467,7 +503,7 @@ AGGREGATORS: dict[str, Callable[..., Aggregator]] = {
   "mean": mean,
   "median": median,
   "trimmed_mean": trimmed_mean,
-  "krum": lambda *, f, m=1: krum(f=f, m=m),
+  "krum": lambda *, f, m=1, weighted=False: krum(f=f, m=m, weighted=weighted),
   "multi_krum": krum,
   "bulyan": bulyan,
   "geometric_median": geometric_median,

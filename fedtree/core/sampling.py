@@ -197,6 +197,7 @@ class PoissonSampler(CohortSampler):
   :func:`poisson_sampler`."""
 
   rate: float = 1.0
+  slots_name: str = "max_slots"   # the slots' name in the overflow error (a run's cohort_size)
 
   def __call__(self, key: jax.Array) -> Cohort:
     s = self._static
@@ -212,7 +213,7 @@ class PoissonSampler(CohortSampler):
     first = np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
     rank = jnp.arange(s["total"], dtype=jnp.int32) - jnp.asarray(first[s["slot_parent"]], jnp.int32)
     valid = rank < count[slot_parent]
-    jax.debug.callback(functools.partial(_check_overflow, self.rate, self.sizes), count)
+    jax.debug.callback(functools.partial(_check_overflow, self.rate, self.sizes, self.slots_name), count)
     if s["pad"]:
       clients = jnp.concatenate([clients, jnp.zeros((s["pad"],), jnp.int32)])
       slot_parent = jnp.concatenate([slot_parent, jnp.zeros((s["pad"],), jnp.int32)])
@@ -220,16 +221,37 @@ class PoissonSampler(CohortSampler):
     return Cohort(clients=clients.astype(jnp.int32), parent=slot_parent, valid=valid)
 
 
-def _check_overflow(rate: float, slots: tuple[int, ...], count) -> None:
+def _check_overflow(rate: float, slots: tuple[int, ...], slots_name: str, count) -> None:
   over = np.flatnonzero(np.asarray(count) > np.asarray(slots))
   if over.size:
     g = int(over[0])
     raise ValueError(f"Poisson sampling with q={rate!r} drew {int(np.asarray(count)[g])} clients under "
-                     f"parent {g}, which has {slots[g]} slots; raise max_slots (none is dropped silently)")
+                     f"parent {g}, which has {slots[g]} slots; raise {slots_name} (none is dropped silently)")
+
+
+def overflow_probability(counts, rate: float, slots) -> np.ndarray:
+  """``P(Binomial(n_g, q) > k_g)`` for every parent ``g``: the probability per round that Poisson
+  sampling with rate ``q`` draws more of its ``n_g`` children than its ``k_g`` slots (float64
+  ``[G]``; log-space pmf, no scipy)."""
+  out = []
+  for n, k in zip(np.atleast_1d(counts), np.broadcast_to(np.asarray(slots), np.shape(np.atleast_1d(counts))),
+                  strict=True):
+    n, k = int(n), int(k)
+    if k >= n or rate <= 0:
+      out.append(0.0)
+      continue
+    if rate >= 1:
+      out.append(1.0)
+      continue
+    logs = np.asarray([math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * math.log(rate)
+                       + (n - j) * math.log1p(-rate) for j in range(k + 1, n + 1)])
+    top = logs.max()
+    out.append(float(math.exp(top) * np.exp(logs - top).sum()))
+  return np.asarray(out, np.float64)
 
 
 def poisson_sampler(parent, rate: float, *, max_slots=None, overflow_probability: float = 1e-12,
-                    chunk_size: int | None = None) -> PoissonSampler:
+                    chunk_size: int | None = None, slots_name: str = "max_slots") -> PoissonSampler:
   """A :class:`PoissonSampler` of the children with parents ``parent``.
 
   Args:
@@ -239,9 +261,12 @@ def poisson_sampler(parent, rate: float, *, max_slots=None, overflow_probability
       overflow probability per round is at most ``overflow_probability`` (at most the group).
     overflow_probability: the default slots' overflow probability per parent and round.
     chunk_size: as :func:`cohort_sampler`'s.
+    slots_name: what the caller calls ``max_slots`` (e.g. ``"cohort_size"``, a run's field), in
+      the error messages.
 
   Raises:
-    ValueError: ``rate`` outside (0, 1], or a slot count < 1.
+    ValueError: ``rate`` outside (0, 1], a slot count < 1, or more slots than a parent has
+      children.
   """
   if not (isinstance(rate, (int, float, np.floating)) and 0 < float(rate) <= 1):
     raise ValueError(f"Poisson sampling rate q={rate!r}; it must be in (0, 1]")
@@ -250,12 +275,20 @@ def poisson_sampler(parent, rate: float, *, max_slots=None, overflow_probability
   if max_slots is None:
     k = np.asarray([max(1, _binomial_quantile(int(n), float(rate), overflow_probability)) for n in counts])
   else:
-    k = np.broadcast_to(np.asarray(max_slots, dtype=np.int64), counts.shape)
+    k = np.asarray(max_slots, dtype=np.int64)
+    if k.ndim and k.shape != counts.shape:
+      raise ValueError(f"{slots_name} has {k.size} entries for {counts.size} parent nodes")
+    k = np.broadcast_to(k, counts.shape)
     if k.min() < 1:
-      raise ValueError(f"max_slots={max_slots!r}; it must be >= 1")
-    k = np.minimum(k, counts)
+      raise ValueError(f"{slots_name}={max_slots!r}; it must be >= 1")
+    too_big = np.flatnonzero(k > counts)
+    if too_big.size:
+      g = int(too_big[0])
+      raise ValueError(f"{slots_name}={int(k[g])} (Poisson slots per parent) exceeds group {g}, which has "
+                       f"{int(counts[g])} clients (smallest group: {int(counts.min())}); use {slots_name} <= "
+                       f"{int(counts.min())}, one entry per parent, or leave it unset (slots from q)")
   return PoissonSampler(parent=tuple(int(p) for p in parent), sizes=tuple(int(v) for v in k),
-                        chunk_size=_chunk(chunk_size, k), rate=float(rate))
+                        chunk_size=_chunk(chunk_size, k), rate=float(rate), slots_name=slots_name)
 
 
 # ------------------------------------------------------------------------ sampling strategies

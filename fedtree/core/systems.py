@@ -284,10 +284,19 @@ def diurnal_availability(
     peak_hour: the hour of the day around which windows are centred.
     spread_hours: standard deviation of a window's centre, hours.
     day_seconds: the period (seconds).
+
+  Raises:
+    ValueError: a negative ``spread_hours``, or a constant ``online_hours`` longer than the day
+      (a distribution's draws are cut at the day).
   """
   if not float(spread_hours) >= 0:
     raise ValueError(f"spread_hours={spread_hours!r} must be >= 0")
   day = _positive("day_seconds", day_seconds)
+  if not isinstance(online_hours, Distribution) and float(online_hours) * SECONDS_PER_HOUR > day:
+    hours = day / SECONDS_PER_HOUR
+    raise ValueError(f"online_hours={online_hours!r} is longer than the day ({hours:g} hours): a client is "
+                     f"on line at most all day; choose online_hours <= {hours:g}, or no availability (always "
+                     f"on line)")
   dist = online_hours if isinstance(online_hours, Distribution) else constant(online_hours)
   k1, k2 = jax.random.split(key)
   length = np.minimum(np.asarray(dist.sample(k1, (int(num_clients),)), np.float64) * SECONDS_PER_HOUR, day)

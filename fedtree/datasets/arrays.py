@@ -1,6 +1,6 @@
 """Per-client arrays from ``.npz`` files: a published run's exact data, from the command line.
 
-:func:`load_arrays` reads one of three layouts (``config.data.name="arrays"``,
+:func:`load_arrays` reads one of four layouts (``config.data.name="arrays"``,
 ``config.data.path=...``):
 
 * **padded** (one ``.npz``, what :func:`save_arrays` writes): ``x_train [C, M, ...]``,
@@ -10,6 +10,10 @@
   (any ints or strings naming the client); a test split as ``x_test``, ``y_test``,
   ``client_test`` (clients by the same names), else ``test_fraction`` of every client's
   examples; an optional per-example ``group [N]``;
+* **keyed per client** (one ``.npz``, as most papers' code saves it with
+  ``np.savez(path, **{f"x_train_{i}": ..., ...})``): ``x_train_<i>``, ``y_train_<i>``,
+  ``x_test_<i>``, ``y_test_<i>`` for clients ``i = 0 .. C-1`` (or ``x_<i>``, ``y_<i>`` split by
+  ``test_fraction``), an optional scalar ``group_<i>``;
 * **a folder** of ``.npz`` files, one client each in sorted file-name order, with ``x_train``,
   ``y_train``, ``x_test``, ``y_test`` (or ``x``, ``y`` split by ``test_fraction``) and an
   optional scalar ``group``.
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -36,6 +41,7 @@ from fedtree.datasets.columns import client_label_columns, dense_codes
 
 PADDED_KEYS = ("x_train", "y_train", "n_train", "x_test", "y_test", "n_test")
 FLAT_KEYS = ("x", "y", "client")
+_KEYED = re.compile(r"^(x_train|y_train|x_test|y_test|x|y|group)_(\d+)$")
 
 
 def save_arrays(path: str, data: FederatedData, groups=None, *, group_names=None) -> str:
@@ -96,9 +102,12 @@ def load_arrays(*, path: str, num_classes: int | None = None, test_fraction: flo
       data, groups, names = _from_flat(arrays, k, test_fraction, rng, scale_uint8)
       if names is not None:
         extras["group_names"] = names
+    elif any(_KEYED.match(key) for key in arrays):
+      data, groups, k = _from_keyed(arrays, path, k, test_fraction, rng, scale_uint8)
     else:
-      raise ValueError(f"{path}: keys {sorted(arrays)} match no layout; need {list(PADDED_KEYS)} (padded) "
-                       f"or {list(FLAT_KEYS)} (flat), see fedtree.datasets.arrays")
+      raise ValueError(f"{path}: keys {sorted(arrays)} match no layout; need {list(PADDED_KEYS)} (padded), "
+                       f"{list(FLAT_KEYS)} (flat) or x_train_<i>, y_train_<i>, x_test_<i>, y_test_<i> per "
+                       f"client (keyed), see fedtree.datasets.arrays")
     if "groups" in arrays:
       groups = _client_groups(arrays["groups"], data.num_clients, path)
       if "group_names" in arrays:
@@ -162,11 +171,40 @@ def _from_flat(arrays, num_classes, test_fraction, rng, scale_uint8):
   return data, groups, group_names
 
 
+def _from_keyed(arrays, path, num_classes, test_fraction, rng, scale_uint8):
+  """The keyed-per-client layout: ``{x_train_<i>, ...}`` -> one client per index, as
+  :func:`_from_folder` reads one per file."""
+  by_client: dict[int, dict[str, np.ndarray]] = {}
+  for key, value in arrays.items():
+    m = _KEYED.match(key)
+    if m:
+      by_client.setdefault(int(m.group(2)), {})[m.group(1)] = value
+  ids = sorted(by_client)
+  if ids != list(range(len(ids))):
+    missing = sorted(set(range(ids[-1] + 1)) - set(ids))
+    raise ValueError(f"{path}: per-client keys name clients {ids[:5]}...{ids[-1]}, but not {missing[:5]}; "
+                     f"the clients must be numbered 0 .. C-1")
+  clients = [(f"{path} (client {i})", by_client[i]) for i in ids]
+  return _clients_from_dicts(clients, num_classes, test_fraction, rng, scale_uint8,
+                             need="x_train_<i>, y_train_<i>, x_test_<i>, y_test_<i> (or x_<i>, y_<i>)",
+                             group_key="group_<i>")
+
+
 def _from_folder(files, num_classes, test_fraction, rng, scale_uint8):
-  train, test, groups = [], [], []
+  clients = []
   for c, name in enumerate(files):
     with np.load(name, allow_pickle=False) as f:
-      a = {k: f[k] for k in f.files}
+      clients.append((f"{name} (client {c})", {k: f[k] for k in f.files}))
+  return _clients_from_dicts(clients, num_classes, test_fraction, rng, scale_uint8,
+                             need="x_train, y_train, x_test, y_test (or x, y)", group_key="'group'")
+
+
+def _clients_from_dicts(clients, num_classes, test_fraction, rng, scale_uint8, *, need: str, group_key: str):
+  """``(data, groups or None, num_classes)`` of one ``{x_train, y_train, x_test, y_test}`` (or
+  ``{x, y}``, split by ``test_fraction``) dict per client, with an optional scalar ``group``;
+  ``clients``: ``[(where, arrays)]``."""
+  train, test, groups = [], [], []
+  for where, a in clients:
     if all(k in a for k in ("x_train", "y_train", "x_test", "y_test")):
       train.append((_scaled(a["x_train"], scale_uint8), a["y_train"]))
       test.append((_scaled(a["x_test"], scale_uint8), a["y_test"]))
@@ -177,10 +215,9 @@ def _from_folder(files, num_classes, test_fraction, rng, scale_uint8):
       test.append((x[order[:n_test]], y[order[:n_test]]))
       train.append((x[order[n_test:]], y[order[n_test:]]))
     else:
-      raise ValueError(f"{name} (client {c}): keys {sorted(a)}; need x_train, y_train, x_test, y_test "
-                       "(or x, y)")
+      raise ValueError(f"{where}: keys {sorted(a)}; need {need}")
     if not len(train[-1][1]):
-      raise ValueError(f"{name} (client {c}) has no training examples")
+      raise ValueError(f"{where} has no training examples")
     groups.append(a["group"] if "group" in a else None)
   labels = np.concatenate([y for _, y in train] + [y for _, y in test])
   k = int(labels.max()) + 1 if num_classes is None else int(num_classes)
@@ -188,6 +225,6 @@ def _from_folder(files, num_classes, test_fraction, rng, scale_uint8):
   if all(g is None for g in groups):
     return data, None, k
   if any(g is None for g in groups):
-    missing = [os.path.basename(files[i]) for i, g in enumerate(groups) if g is None]
-    raise ValueError(f"some client files name a group and others do not: {missing[:5]} have no 'group'")
+    missing = [where for (where, _), g in zip(clients, groups, strict=True) if g is None]
+    raise ValueError(f"some clients name a group and others do not: {missing[:5]} have no {group_key}")
   return data, dense_codes(np.asarray([np.asarray(g).item() for g in groups]))[0], k

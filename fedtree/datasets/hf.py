@@ -12,10 +12,20 @@ Clients come from, in order of precedence:
   ``partitioner_args``, or a ``flwr_datasets.partitioner.Partitioner`` object): fedtree applies
   the partitioner itself to the dataset and reads which rows every partition holds, so the
   clients are exactly Flower's partitions for the same arguments and seed (``pip install -e
-  ".[hf]"``). Use it to reproduce a paper that split its data with Flower;
+  ".[hf]"``). As ``flwr_datasets.FederatedDataset`` does by default, the rows are shuffled
+  first (``shuffle=True``, ``shuffle_seed=42``: its ``shuffle`` and ``seed``; ``shuffle=False``
+  hands the partitioner the rows in the dataset's order), and every client keeps its rows in the
+  order Flower's partition lists them (its train/test split takes rows out without reordering
+  the rest). Use it to reproduce a paper that split its data with Flower;
 * one of fedtree's partitioners (``"iid"``, ``"dirichlet"``, ``"shards"``,
   :mod:`fedtree.core.data`; no extra dependency, the default), with ``partitioner_args``
-  (``num_clients``, ``alpha``, ``shards_per_client``, ``min_size``);
+  (``num_clients``, ``alpha``, ``shards_per_client``, ``min_size``, ``self_balancing``), on the
+  rows in the dataset's order (``shuffle`` is for Flower's). ``shards`` gives the row sets of
+  Flower's ``ShardPartitioner(num_shards_per_partition=s, seed=seed)`` on the unshuffled rows when
+  they divide evenly into ``num_clients * s`` shards; ``dirichlet`` draws its own shares: its
+  ``min_size`` defaults to 1 (Flower's ``min_partition_size`` to 10) and ``self_balancing``
+  (Flower's: a client holding more than the average gets no more rows) is off by default, as in
+  flwr-datasets 0.6;
 * ``client_column``: one client per value of a natural id (writer, speaker).
 
 With ``clients_by`` (a column) every partition is split further into one client per value
@@ -54,7 +64,13 @@ FORMATS = ("disk", "parquet", "csv", "json", "arrow")
 _ROW = "__fedtree_row__"
 
 
-def flower_partitions(dataset, partitioner) -> list[np.ndarray]:
+FLOWER_SHUFFLE_SEED = 42
+"""``flwr_datasets.FederatedDataset``'s default ``seed``: it shuffles every split with it before
+partitioning (``shuffle=True``, its default)."""
+
+
+def flower_partitions(dataset, partitioner, *, shuffle: bool = False,
+                      seed: int | None = FLOWER_SHUFFLE_SEED) -> list[np.ndarray]:
   """The rows of ``dataset`` in every partition of a Flower Datasets ``partitioner`` (applied
   here by Flower itself: ``partitioner.dataset = ...; partitioner.load_partition(i)``), in
   Flower's order within each partition.
@@ -62,24 +78,57 @@ def flower_partitions(dataset, partitioner) -> list[np.ndarray]:
   Args:
     dataset: a ``datasets.Dataset``.
     partitioner: a ``flwr_datasets.partitioner.Partitioner`` not yet given a dataset.
+    shuffle: shuffle the rows first, with ``seed``, as ``FederatedDataset(shuffle=True,
+      seed=seed)`` does before it hands a split to its partitioner (``Dataset.shuffle(seed=...)``).
+    seed: the shuffle's seed (``None``: fresh, unpredictable randomness, as Flower's).
   """
   if getattr(partitioner, "_dataset", None) is not None:
     raise ValueError(f"{type(partitioner).__name__} already holds a dataset; pass a fresh partitioner")
-  partitioner.dataset = dataset.add_column(_ROW, np.arange(len(dataset)))
+  rows = dataset.add_column(_ROW, np.arange(len(dataset)))
+  partitioner.dataset = rows.shuffle(seed=seed) if shuffle else rows
   return [np.asarray(partitioner.load_partition(i)[_ROW], np.int64)
           for i in range(partitioner.num_partitions)]
 
 
 def flower_partitioner(name: str, args: dict[str, Any] | None = None):
-  """A Flower Datasets partitioner by class name (``"DirichletPartitioner"``, ...)."""
+  """A Flower Datasets partitioner by class name (``"DirichletPartitioner"``, ...): a row
+  partitioner (every one but the vertical ones and the base class, :data:`FLOWER_REFUSED`)."""
   try:
     from flwr_datasets import partitioner as fp
   except ImportError as e:
     raise ImportError(f"partitioner={name!r} needs Flower Datasets: pip install -e \".[hf]\"") from e
   names = sorted(n for n in dir(fp) if n.endswith("Partitioner") and n != "Partitioner")
+  rows = [n for n in names if n not in FLOWER_REFUSED and not n.startswith("Vertical")]
+  if name in names and name not in rows:
+    why = FLOWER_REFUSED.get(name, "it splits the columns (vertical FL), not the rows, into clients")
+    raise ValueError(f"Flower partitioner {name!r} is not supported: {why}; choose one of {rows}")
   if name not in names:
-    raise ValueError(f"Flower partitioner {name!r} is unknown; choose one of {names}")
+    raise ValueError(f"Flower partitioner {name!r} is unknown; choose one of {rows}")
   return getattr(fp, name)(**dict(args or {}))
+
+
+FLOWER_REFUSED = {
+  "IdToSizeFncPartitioner": ("it is a base class; pass an object of a subclass "
+                             "(partitioner=MyPartitioner(...))"),
+}
+"""Flower Datasets partitioners :func:`flower_partitioner` refuses by name, and why; the vertical
+ones (``Vertical*``, which split columns, not rows) too."""
+
+
+def input_columns(x_columns: str | Sequence[str], names: Sequence[str]) -> list[str]:
+  """The input columns ``x_columns`` names: a sequence, or one string that is a column of the
+  dataset (``names``), or several as the command line gives them (``"a,b,c"``, ``"[a, b, c]"``,
+  ``"('a', 'b', 'c')"``: ``--config.data.x_columns=a,b,c`` on a CSV file's columns).
+
+  Example:
+    >>> input_columns("a, b,c", ["a", "b", "c", "label"]), input_columns("('a', 'b')", ["a", "b"])
+    (['a', 'b', 'c'], ['a', 'b'])
+  """
+  if not isinstance(x_columns, str):
+    return [str(c) for c in x_columns]
+  if x_columns in names or "," not in x_columns:
+    return [x_columns]
+  return [c.strip().strip("'\"") for c in x_columns.strip().strip("[]()").split(",") if c.strip()]
 
 
 def from_hf(
@@ -97,6 +146,8 @@ def from_hf(
   test_fraction: float = 0.2,
   text: dict[str, Any] | None = None,
   seed: int = 0,
+  shuffle: bool = True,
+  shuffle_seed: int | None = FLOWER_SHUFFLE_SEED,
 ) -> tuple[FederatedData, np.ndarray | None, tuple[np.ndarray, np.ndarray] | None, dict[str, Any]]:
   """Federated data from a Hugging Face dataset.
 
@@ -107,6 +158,8 @@ def from_hf(
       training rows are left out), else kept as the central test set ``(x, y)`` while every
       client holds out ``test_fraction`` of its examples.
     x_columns: the input column (an image, a numeric array, or a string: text), or several
+      (a sequence, or one string naming them as the command line does: ``"a,b,c"``,
+      :func:`input_columns`)
       numeric columns stacked as features.
     label_column: the class label (a ``ClassLabel`` gives ``num_classes``).
     client_column: one client per value of this column (when no ``partitioner``).
@@ -120,6 +173,10 @@ def from_hf(
     test_fraction: share of a client's examples held out for its test split.
     text: options of :func:`fedtree.datasets.text.to_federated` for a string input column.
     seed: fedtree's partitioners and the train/test split.
+    shuffle: a Flower partitioner sees the rows shuffled with ``shuffle_seed`` first, as
+      ``FederatedDataset(shuffle=True, seed=shuffle_seed)`` hands them (the default); ``False``:
+      in the dataset's order.
+    shuffle_seed: ``FederatedDataset``'s ``seed`` (its default 42; ``None``: unpredictable).
 
   Returns:
     ``(data, groups int32[C] or None, central test (x, y) or None, extras)``; ``extras`` holds
@@ -140,7 +197,7 @@ def from_hf(
     >>> data.num_clients, data.n_train.tolist(), data.n_test.tolist(), extras["client_names"]
     (3, [3, 3, 3], [1, 1, 1], ('0', '1', '2'))
   """
-  columns = [x_columns] if isinstance(x_columns, str) else list(x_columns)
+  columns = input_columns(x_columns, train.column_names)
   is_text = len(columns) == 1 and _is_string(train.features.get(columns[0]))
   needed = columns + ([] if is_text else [label_column]) + [c for c in (client_column, clients_by) if c]
   needed += list(tree_columns)
@@ -151,7 +208,13 @@ def from_hf(
     raise ValueError("clients_by (partitions as groups) and tree_columns (groups from columns) both set; "
                      "choose one")
   rng = np.random.default_rng(seed)
-  parts, groups_of_part = _partition(train, partitioner, partitioner_args, client_column, label_column, rng)
+  if not isinstance(shuffle, bool):
+    raise ValueError(f"shuffle={shuffle!r} must be True (a Flower partitioner sees the rows shuffled, as "
+                     f"FederatedDataset does) or False")
+  own = isinstance(partitioner, str) and partitioner in FEDTREE_PARTITIONERS
+  flower = partitioner is not None and not own
+  parts, groups_of_part = _partition(train, partitioner, partitioner_args, client_column, label_column, rng,
+                                     shuffle=shuffle, shuffle_seed=shuffle_seed)
   if clients_by is None and _flower_name(partitioner) == "GroupedNaturalIdPartitioner":
     flower = partitioner_args.get("partition_by") if isinstance(partitioner, str) else None
     clients_by = flower or getattr(partitioner, "_partition_by", None)
@@ -198,7 +261,8 @@ def from_hf(
     te = [(x_t[test_client == c], y_t[test_client == c]) for c in range(len(parts))]
     data = from_client_arrays(tr, te, num_classes=k, dtype=x.dtype)
   else:
-    data = split_train_test(x, y, parts, test_fraction=test_fraction, rng=rng, num_classes=k)
+    data = split_train_test(x, y, parts, test_fraction=test_fraction, rng=rng, num_classes=k,
+                            keep_order=flower)
     data.check_values()
     if test is not None:
       central = (_inputs(test, columns), np.asarray(test[label_column], np.int32))
@@ -220,8 +284,15 @@ def load_hf(*, path: str, format: str = "disk", split: str = "train", test_split
     test_path: the test file (the other formats).
     cache_dir: where ``datasets`` keeps the Arrow files of ``load_dataset``.
     **kwargs: :func:`from_hf`'s options.
+
+  Raises:
+    ImportError: Hugging Face ``datasets`` is not installed (names the ``hf`` extra).
   """
-  import datasets
+  try:
+    import datasets
+  except ImportError as e:
+    raise ImportError("config.data.name='hf' needs Hugging Face datasets, which is not installed: "
+                      "pip install -e \".[hf]\" (datasets and flwr-datasets)") from e
 
   if not path:
     raise ValueError(f"config.data.path={path!r}: set it to a save_to_disk folder or a data file "
@@ -272,7 +343,7 @@ def _describe(partitioner) -> str:
   return type(partitioner).__name__
 
 
-def _partition(train, partitioner, args, client_column, label_column, rng):
+def _partition(train, partitioner, args, client_column, label_column, rng, *, shuffle, shuffle_seed):
   """``(rows of every partition, group of every partition or None)``."""
   args = dict(args or {})
   n = len(train)
@@ -283,7 +354,7 @@ def _partition(train, partitioner, args, client_column, label_column, rng):
     parts, _ = partition_by_id(dense_codes(np.asarray(train[client_column]))[0])
     return [np.asarray(p, np.int64) for p in parts], None
   if isinstance(partitioner, str) and partitioner in FEDTREE_PARTITIONERS:
-    allowed = {"iid": ("num_clients",), "dirichlet": ("num_clients", "alpha", "min_size"),
+    allowed = {"iid": ("num_clients",), "dirichlet": ("num_clients", "alpha", "min_size", "self_balancing"),
                "shards": ("num_clients", "shards_per_client")}[partitioner]
     unknown = sorted(set(args) - set(allowed))
     if unknown or "num_clients" not in args:
@@ -295,7 +366,8 @@ def _partition(train, partitioner, args, client_column, label_column, rng):
     labels = np.asarray(train[label_column])
     if partitioner == "dirichlet":
       return partition_dirichlet(labels, c, float(args.get("alpha", 0.5)), rng,
-                                 min_size=int(args.get("min_size", 1))), None
+                                 min_size=int(args.get("min_size", 1)),
+                                 self_balancing=bool(args.get("self_balancing", False))), None
     return partition_shards(labels, c, int(args.get("shards_per_client", 2)), rng), None
   if isinstance(partitioner, str) and not partitioner.startswith("flwr."):
     raise ValueError(f"partitioner={partitioner!r}; choose one of {FEDTREE_PARTITIONERS} or "
@@ -303,7 +375,7 @@ def _partition(train, partitioner, args, client_column, label_column, rng):
   obj = _flower_object_or_none(partitioner, args)
   if not isinstance(partitioner, str) and args:
     raise ValueError("partitioner_args are for a partitioner given by name; this one is already built")
-  return flower_partitions(train, obj), None
+  return flower_partitions(train, obj, shuffle=shuffle, seed=shuffle_seed), None
 
 
 def _inputs(ds, columns: list[str]) -> np.ndarray:

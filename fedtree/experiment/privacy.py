@@ -23,6 +23,23 @@ Section fields (``config.runs.<label>.privacy``)::
   sampling: the run's (its ``sampling`` field: "uniform" -> "fixed", fixed-size cohorts,
     replace-one adjacency, RDP only; "poisson" with the run's ``poisson_q``, add/remove adjacency); a
     different value is refused, and so is a run sampling by data size, availability or loss
+  adjacency: "replace_one" (default with fixed-size cohorts) | "add_remove" (default with Poisson
+    sampling; with fixed-size cohorts only where every client takes part every round:
+    ``cohort_size=None``)
+
+**Which ε.** ε is user-level (the unit is a client's whole data) and depends on the neighbouring
+relation. Fixed-size cohorts are accounted with replace-one adjacency (one client's data replaced
+by another's: its clipped update can move the sum by ``2C``), the relation sampling without
+replacement is analysed under (dp-accounting's ``SampledWithoutReplacementDpEvent`` takes no
+other). Opacus, TensorFlow Privacy's DP-SGD and most papers report add/remove adjacency (one
+client added or removed: ``C``) with Poisson sampling. At the same noise multiplier ``z`` (the
+noise std over each relation's sensitivity: ``2 z C`` here, ``z C`` there) the replace-one ε is
+about twice theirs: 10.0 against 4.99 for ``configs/privacy.py``'s ``eps10`` (``z = 1.548``,
+``q = 0.2``, 40 rounds, δ = 1e-5; the add/remove figure is Poisson sampling's at the same ``q``
+and ``z``). To compare with them, sample as they do (``sampling="poisson"``, ``poisson_q``: add/remove, noise
+``z C``), or, where every client takes part every round (``cohort_size=None``: no sampling),
+``adjacency="add_remove"`` (a Gaussian mechanism of sensitivity ``C``, ``normalize="fixed"``).
+The final table says which relation its ε column uses, and the calibration message names it.
 
 The run must use ``weighting="uniform"`` (refused otherwise, with the reason). The noise is
 ``z`` times the sensitivity of a node's sum under the accountant's adjacency: ``2 z C`` for the
@@ -63,6 +80,7 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import sys
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -74,8 +92,11 @@ SAMPLINGS = ("fixed", "poisson")
 RUN_SAMPLINGS = {"uniform": "fixed", "poisson": "poisson"}
 """A run's ``sampling`` -> the accountant's: uniform fixed-size cohorts, or Poisson."""
 MECHANISMS = ("central", "local")
+ADJACENCIES = ("replace_one", "add_remove")
+"""The neighbouring datasets ε is accounted between: one client's data replaced by another's, or
+one client added or removed."""
 FIELDS = ("clip_norm", "noise_multiplier", "target_epsilon", "delta", "mechanism", "noise_level",
-          "per_layer", "normalize", "adaptive", "accountant", "sampling")
+          "per_layer", "normalize", "adaptive", "accountant", "sampling", "adjacency")
 ADAPTIVE_FIELDS = ("initial_clip", "target_quantile", "learning_rate", "count_noise")
 
 
@@ -91,6 +112,37 @@ def check_delta(delta) -> float:
   """``delta`` if it is in (0, 1), else a ``ValueError`` naming it."""
   if not (isinstance(delta, (int, float, np.floating)) and 0 < float(delta) < 1):
     raise ValueError(f"delta={delta!r}; it must be in (0, 1)")
+  return float(delta)
+
+
+def check_adjacency(adjacency: str | None, sampling: str, sampling_rate) -> None:
+  """Named errors for an unknown neighbouring relation, or one the sampling's accounting does not
+  support: add/remove with fixed-size cohorts below every client (sampling without replacement is
+  accounted replace-one), replace-one with Poisson sampling."""
+  if adjacency is None:
+    return
+  if adjacency not in ADJACENCIES:
+    raise ValueError(f"adjacency={adjacency!r}; choose one of {list(ADJACENCIES)}")
+  if adjacency == "add_remove" and sampling == "fixed" and float(sampling_rate) < 1:
+    raise ValueError(f"adjacency='add_remove' with fixed-size cohorts (q={float(sampling_rate):.4g} < 1): "
+                     f"sampling without replacement is accounted with replace-one adjacency only; sample "
+                     f"with sampling='poisson' (poisson_q) for add/remove, or let every client take part "
+                     f"every round (cohort_size=None)")
+  if adjacency == "replace_one" and sampling == "poisson":
+    raise ValueError("adjacency='replace_one' with sampling='poisson': Poisson sampling is accounted with "
+                     "add/remove adjacency (dp-accounting's RDP supports no other); use "
+                     "adjacency='add_remove'")
+
+
+def check_delta_population(delta: float, population: int) -> float:
+  """``delta`` if it is below ``1 / population`` (the units of privacy: clients), else a
+  ``ValueError``: a mechanism that publishes one unit's data outright is (0, 1/n)-DP, so a δ of
+  1/n or more promises nothing (common choices: 1e-5, or below 1/n)."""
+  if float(delta) * int(population) >= 1:
+    n = int(population)
+    raise ValueError(f"delta={delta!r} is not below 1/n = 1/{n} ({n} clients, the unit of privacy): "
+                     f"publishing one client's data outright meets it; choose delta < {1 / n:.3g} "
+                     f"(e.g. 1e-5)")
   return float(delta)
 
 
@@ -117,13 +169,20 @@ def _event(z: float, q: float, rounds: int, sampling: str, size: int | None, coh
   return dpa.SelfComposedDpEvent(one, int(rounds))
 
 
-def _accountant(accountant: str, sampling: str):
+def default_adjacency(sampling: str) -> str:
+  """The neighbouring relation a sampling is accounted under by default: replace-one for
+  fixed-size cohorts, add/remove for Poisson sampling."""
+  return "replace_one" if sampling == "fixed" else "add_remove"
+
+
+def _accountant(accountant: str, sampling: str, adjacency: str | None = None):
   dpa = _dpa()
   if accountant not in ACCOUNTANTS:
     raise ValueError(f"accountant={accountant!r}; choose one of {list(ACCOUNTANTS)}")
+  adjacency = default_adjacency(sampling) if adjacency is None else adjacency
   if accountant == "rdp":
     rel = dpa.NeighboringRelation
-    rel = rel.REPLACE_ONE if sampling == "fixed" else rel.ADD_OR_REMOVE_ONE
+    rel = rel.REPLACE_ONE if adjacency == "replace_one" else rel.ADD_OR_REMOVE_ONE
     return dpa.rdp.RdpAccountant(neighboring_relation=rel)
   if sampling == "fixed":
     raise ValueError("accountant='pld' accounts Poisson sampling only; use sampling='poisson' or "
@@ -133,25 +192,30 @@ def _accountant(accountant: str, sampling: str):
 
 def epsilon(*, noise_multiplier: float, sampling_rate: float, rounds: int, delta: float,
             accountant: str = "rdp", sampling: str = "poisson", population: int | None = None,
-            cohort: int | None = None) -> float:
+            cohort: int | None = None, adjacency: str | None = None) -> float:
   """ε at ``delta`` after ``rounds`` sampled Gaussian mechanisms with noise multiplier ``z``
   (``inf`` for ``z = 0``; 0 for no round).
 
   Args:
-    noise_multiplier: ``z >= 0``.
+    noise_multiplier: ``z >= 0``, the noise std over the sensitivity under ``adjacency``.
     sampling_rate: ``q`` in (0, 1] (Poisson: each client's probability; fixed: cohort / population).
     rounds: the number of rounds a client could have taken part in.
     delta: δ in (0, 1).
     accountant: ``"rdp"`` or ``"pld"`` (Poisson only).
-    sampling: ``"poisson"`` or ``"fixed"`` (without replacement, replace-one adjacency).
+    sampling: ``"poisson"`` or ``"fixed"`` (without replacement).
     population, cohort: the fixed-size sampling's sizes (default from ``q``).
+    adjacency: ``"replace_one"`` or ``"add_remove"`` (:data:`ADJACENCIES`); default
+      :func:`default_adjacency` (replace-one for ``"fixed"``, add/remove for ``"poisson"``).
+      Add/remove with ``"fixed"`` needs ``q = 1`` (no sampling); replace-one with ``"poisson"``
+      is not offered.
   """
   z = float(noise_multiplier)
   if not (math.isfinite(z) and z >= 0):
     raise ValueError(f"noise_multiplier={noise_multiplier!r}; it must be a finite number >= 0")
   check_delta(delta)
   check_sampling(sampling, sampling_rate)
-  acc = _accountant(accountant, sampling)
+  check_adjacency(adjacency, sampling, sampling_rate)
+  acc = _accountant(accountant, sampling, adjacency)
   if rounds <= 0:
     return 0.0
   if z == 0:
@@ -162,7 +226,7 @@ def epsilon(*, noise_multiplier: float, sampling_rate: float, rounds: int, delta
 
 def calibrate(*, target_epsilon: float, sampling_rate: float, rounds: int, delta: float,
               accountant: str = "rdp", sampling: str = "poisson", population: int | None = None,
-              cohort: int | None = None) -> float:
+              cohort: int | None = None, adjacency: str | None = None) -> float:
   """The smallest noise multiplier whose ε after ``rounds`` is at most ``target_epsilon``
   (``dp_accounting.calibrate_dp_mechanism``).
 
@@ -174,19 +238,21 @@ def calibrate(*, target_epsilon: float, sampling_rate: float, rounds: int, delta
     raise ValueError(f"target_epsilon={target_epsilon!r}; it must be a finite number > 0")
   check_delta(delta)
   check_sampling(sampling, sampling_rate)
+  check_adjacency(adjacency, sampling, sampling_rate)
   return _search(float(t), float(sampling_rate), int(rounds), float(delta), accountant, sampling,
-                 population, cohort)
+                 population, cohort, adjacency)
 
 
 @functools.cache   # a pure search, asked again for the same run (validation, then the sweep)
 def _search(t: float, sampling_rate: float, rounds: int, delta: float, accountant: str, sampling: str,
-            population: int | None, cohort: int | None) -> float:
+            population: int | None, cohort: int | None, adjacency: str | None = None) -> float:
   target_epsilon = t
   dpa = _dpa()
 
   def eps(z):
     return epsilon(noise_multiplier=z, sampling_rate=sampling_rate, rounds=rounds, delta=delta,
-                   accountant=accountant, sampling=sampling, population=population, cohort=cohort)
+                   accountant=accountant, sampling=sampling, population=population, cohort=cohort,
+                   adjacency=adjacency)
 
   hi = 1.0   # a bracket [lo, hi] with eps(lo) > t >= eps(hi), by doubling / halving from 1
   while eps(hi) > t:
@@ -200,7 +266,7 @@ def _search(t: float, sampling_rate: float, rounds: int, delta: float, accountan
       return float(lo)
     lo /= 2
   return float(dpa.calibrate_dp_mechanism(
-    lambda: _accountant(accountant, sampling),
+    lambda: _accountant(accountant, sampling, adjacency),
     lambda z: _event(z, float(sampling_rate), rounds, sampling, population, cohort),
     float(t), float(delta),
     bracket_interval=dpa.ExplicitBracketInterval(lo, hi), tol=1e-5))
@@ -227,6 +293,7 @@ class Plan(NamedTuple):
   depth: int = 1         # server levels of the tree (noise_level in 0 .. depth-1)
   sensitivity: float = 2.0       # noise above the clients' parents: the std is z C sensitivity
   node_weight: np.ndarray | None = None   # [N] clients under every node of noise_level
+  adjacency: str = "replace_one"          # the neighbouring relation ε is accounted under
 
 
 def _check_fields(section) -> None:
@@ -306,6 +373,19 @@ def _plain(cfg):
   return cfg.to_dict() if hasattr(cfg, "to_dict") else cfg
 
 
+def _every(cohort_size) -> bool:
+  return cohort_size is None or (np.isscalar(cohort_size) and int(cohort_size) == -1)
+
+
+def _per_parent(cohort_size, counts: np.ndarray) -> np.ndarray:
+  """A run's ``cohort_size`` (one int, or one per clients' parent) as ``int[P]``."""
+  k = np.asarray(cohort_size, np.int64)
+  if k.ndim and k.shape != counts.shape:
+    raise ValueError(f"cohort_size={list(cohort_size)!r} has {k.size} entries for {counts.size} parents of "
+                     f"the clients")
+  return np.broadcast_to(k, counts.shape)
+
+
 def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> Plan:
   """The resolved section: checks every field, the run's weighting (its ``weighting`` field, else
   the factory's default from ``params``), the cohort (sampling rate per parent: the largest
@@ -341,6 +421,7 @@ def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> 
   delta = check_delta(section.get("delta", 1e-5))
   topology = getattr(ctx, "topology", None)
   num_clients = ctx.data.num_clients
+  check_delta_population(delta, int(num_clients))
   depth = 1 if topology is None else topology.depth
   counts = (topology.leaf_counts(depth - 1) if topology is not None else np.asarray([num_clients]))
   cohort_size = None if run is None else run.get("cohort_size", None)
@@ -350,32 +431,37 @@ def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> 
     expected = q * counts
     population, cohort = int(counts.max()), None
   else:
-    expected = counts if cohort_size in (None, -1) else np.minimum(counts, int(cohort_size))
+    expected = counts if _every(cohort_size) else np.minimum(counts, _per_parent(cohort_size, counts))
     rates = expected / counts
     i = int(np.argmax(rates))
     q, population, cohort = float(rates[i]), int(counts[i]), int(expected[i])
   rounds = int(run.get("rounds", ctx.config.get("rounds", 1))) if run is not None else int(ctx.config.rounds)
+  adjacency = section.get("adjacency", default_adjacency(sampling))
+  check_adjacency(adjacency, sampling, q if sampling == "poisson" else float(np.min(expected / counts)))
   level = noise_level_of(section.get("noise_level", -1), depth)
   mechanism_level_checks(section, run, level, depth)
   # What one client can change of the noising node's delta_sum, in units of C (see the module
   # docstring): at the clients' parents 1 (or 2: central's counted normalisation); above them,
   # with uniform weights, sgd(1.0) and period 1 below, the node's sum is that of its leaf parents'
   # sums, each weighted N_e / n_e (clients under e / its expected cohort).
-  adj = 2.0 if sampling == "fixed" else 1.0
+  adj = 2.0 if adjacency == "replace_one" else 1.0
   sensitivity = adj * float(np.max(counts / expected))
   node_weight = (topology.leaf_counts(level) if topology is not None else np.asarray([num_clients]))
   ad = section.get("adaptive") or None
   adaptive = None
   if ad:
-    adaptive = dp.Adaptive(**{k: ad[k] for k in ADAPTIVE_FIELDS if k in ad})
+    adaptive = dp.check_adaptive(dp.Adaptive(**{k: ad[k] for k in ADAPTIVE_FIELDS if k in ad}))
   if ("noise_multiplier" in section) == ("target_epsilon" in section):
     raise ValueError("give exactly one of noise_multiplier and target_epsilon")
   if "target_epsilon" in section:
     z = calibrate(target_epsilon=section["target_epsilon"], sampling_rate=q, rounds=rounds, delta=delta,
-                  accountant=accountant, sampling=sampling, population=population, cohort=cohort)
+                  accountant=accountant, sampling=sampling, population=population, cohort=cohort,
+                  adjacency=adjacency)
     if verbose:
+      relation = adjacency.replace("_", "-")
       print(f"privacy: noise_multiplier z={z:.4f} calibrated to target_epsilon={section['target_epsilon']} "
-            f"at delta={delta:g} over {rounds} rounds (q={q:.4g}, {accountant})")
+            f"at delta={delta:g} over {rounds} rounds (q={q:.4g}, {accountant}, {relation} adjacency)",
+            file=sys.stderr, flush=True)
   else:
     z = section["noise_multiplier"]
     dp.check_noise_multiplier(z)
@@ -384,19 +470,23 @@ def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> 
     if clip_norm is None:
       raise ValueError("privacy needs clip_norm (or adaptive: {initial_clip, ...})")
     dp.check_clip_norm(clip_norm)
-  normalize = section.get("normalize", "fixed" if sampling == "poisson" else "count")
+  normalize = section.get("normalize", "count" if adjacency == "replace_one" else "fixed")
   if normalize not in dp.NORMALIZATIONS:
     raise ValueError(f"normalize={normalize!r}; choose one of {list(dp.NORMALIZATIONS)}")
   if sampling == "poisson" and normalize == "count":
     raise ValueError("normalize='count' with sampling='poisson': the actual count of a Poisson cohort is "
                      "private and dividing by it has no bounded sensitivity; use normalize='fixed'")
+  if adjacency == "add_remove" and normalize == "count":
+    raise ValueError("normalize='count' with adjacency='add_remove': the count is the one thing an added or "
+                     "removed client changes, and dividing by it has no bounded sensitivity; use "
+                     "normalize='fixed'")
   if level != depth - 1 and adaptive is not None:
     raise ValueError(f"noise_level={section.get('noise_level')!r} with adaptive clipping: each edge server "
                      f"would adapt its own clip norm, and the noise above them needs one bound; use a "
                      f"fixed clip_norm or noise_level=-1")
   return Plan(z, clip_norm, delta, mechanism, level, bool(section.get("per_layer", False)), normalize,
               adaptive, accountant, sampling, q, population, cohort, expected, depth, sensitivity,
-              node_weight.astype(np.float64))
+              node_weight.astype(np.float64), adjacency)
 
 
 def transforms(p: Plan) -> dict[int, dict[str, tuple]]:
@@ -404,14 +494,15 @@ def transforms(p: Plan) -> dict[int, dict[str, tuple]]:
   parents (``-1``) clip (and normalise); the noise at them, or at ``p.noise_level`` above them."""
   name = "dp"
   adaptive_node = name if p.adaptive is not None else None
-  z = dp.delta_noise_multiplier(p.noise_multiplier, p.adaptive, replace_one=p.sampling == "fixed")
+  replace_one = p.adjacency == "replace_one"
+  z = dp.delta_noise_multiplier(p.noise_multiplier, p.adaptive, replace_one=replace_one)
   # the noise is z times the sensitivity under the accountant's adjacency: fixed-size cohorts are
   # accounted with replace-one (a client's clipped update moves by up to 2C); a counted
   # normalisation's noise is 2zC already
-  scale = 2.0 if p.sampling == "fixed" and p.normalize == "fixed" else 1.0
+  scale = 2.0 if replace_one and p.normalize == "fixed" else 1.0
   client = [dp.clip(p.clip_norm, per_layer=p.per_layer, adaptive_node=adaptive_node)]
   if p.mechanism == "local":
-    client.append(dp.local_noise(z * (2.0 if p.sampling == "fixed" else 1.0), p.clip_norm,
+    client.append(dp.local_noise(z * (2.0 if replace_one else 1.0), p.clip_norm,
                                  adaptive_node=adaptive_node))
   above = p.noise_level != p.depth - 1
   if (p.mechanism == "local" or above) and p.adaptive is None and p.normalize == "count":
@@ -438,7 +529,7 @@ def epsilon_after(p: Plan, rounds: int) -> float:
   """ε at the plan's δ after ``rounds`` rounds (the runner's per-round metric)."""
   return epsilon(noise_multiplier=float(p.noise_multiplier), sampling_rate=p.sampling_rate, rounds=rounds,
                  delta=p.delta, accountant=p.accountant, sampling=p.sampling, population=p.population,
-                 cohort=p.cohort)
+                 cohort=p.cohort, adjacency=p.adjacency)
 
 
 def round_metrics(label: str, run, ctx):

@@ -514,7 +514,14 @@ def _with_adapters(label: str, run_cfg, ctx):
     return build_algorithm(label, inner_run, dataclasses.replace(ctx, model=model, init_params=None))
 
   try:
-    lora.lora_targets(spec, base)
+    targets = lora.lora_targets(spec, base)
   except ValueError as e:
     raise ValueError(f"config.runs.{label}.adapters: {e}") from e
+  full = lora.full_rank_kernels(spec, targets)
+  if full:
+    import sys
+
+    print(f"warning: config.runs.{label}.adapters: rank={spec.rank} exceeds the smaller side of {full}: "
+          f"their adapters hold more parameters than the kernels and are no low-rank update (lower the rank, "
+          f"or targets that leave them out)", file=sys.stderr, flush=True)
   return lora.frozen_base(build, model=ctx.model, spec=spec, base=base)

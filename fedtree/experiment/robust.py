@@ -21,7 +21,8 @@ evaluation, also per experiment of a sweep); they need a fixed set of attackers 
 no swept fraction).
 
 ``aggregator``: ``{"name": ..., "levels": -1 | [levels], ...}`` plus the aggregator's
-hyperparameters (``beta``, ``f``, ``m``, ``iterations``, ``nu``, ``tau``, ``center``,
+hyperparameters (``beta``, ``f``, ``m``, ``weighted``: multi-Krum's kept updates averaged with the
+clients' weights as Flower's are, ``iterations``, ``nu``, ``tau``, ``center``,
 ``trusted``: FLTrust's root-data clients, or ``root_fraction``: that fraction of the clients
 drawn by ``seed``); ``levels``
 are server levels (``0`` the root, ``-1`` the clients' parents, the default).
@@ -42,9 +43,10 @@ import numpy as np
 
 from fedtree.core import attacks, robust
 from fedtree.datasets import poison
-from fedtree.experiment.path_parts import PathParts
+from fedtree.experiment.path_parts import PathParts, check_level, run_depth
 
 DATA_ATTACKS = ("label_flip", "backdoor")
+"""The attacks that poison the attackers' training data (:func:`poisoned_data`), not their updates."""
 ATTACKS = tuple(sorted(attacks.CLIENT_ATTACKS)) + attacks.OMNISCIENT + DATA_ATTACKS
 
 
@@ -64,6 +66,8 @@ def aggregator_section(section: dict[str, Any], ctx) -> dict[int, Any]:
   if name is None:
     raise ValueError(f"a 'name' is required; choose one of {sorted(robust.AGGREGATORS)}")
   levels = _levels(section.pop("levels", section.pop("level", -1)))
+  for lv in levels:
+    check_level("aggregator", "levels", lv, ctx)
   if name == "fltrust" and "root_fraction" in section:
     section["trusted"] = root_clients(float(section.pop("root_fraction")), section.pop("seed", None), ctx)
   agg = robust.robust_aggregator(name, **section)
@@ -92,7 +96,8 @@ def attack_section(section: dict[str, Any], ctx) -> dict[int, Any]:
   if name not in ATTACKS:
     raise ValueError(f"attack name={name!r}; choose one of {list(ATTACKS)}")
   level = section.pop("level", -1)
-  depth = 1 if ctx.topology is None else int(ctx.topology.depth)
+  depth = run_depth(ctx)
+  check_level("attack", "level", level, ctx)
   if isinstance(level, bool) or not isinstance(level, int) or not -depth <= level < depth:
     raise ValueError(f"level={level!r}: the server level whose children attack; choose one of "
                      f"{list(range(depth))} or -1 (the clients' parents: the clients attack)")

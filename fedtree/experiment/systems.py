@@ -86,7 +86,7 @@ def systems_from_config(section, ctx) -> sysm.Systems:
     if kind not in AVAILABILITY:
       raise ValueError(f"systems.availability.kind={kind!r}; choose one of {AVAILABILITY}")
     if kind == "diurnal":
-      if "online_hours" in avail:
+      if "online_hours" in avail and not isinstance(avail["online_hours"], (int, float)):
         avail["online_hours"] = distribution(avail["online_hours"], "systems.availability.online_hours")
       _unknown("systems.availability", avail, ("online_hours", "peak_hour", "spread_hours", "day_seconds"))
       availability = sysm.diurnal_availability(k_avail, num, **avail)

@@ -29,7 +29,7 @@ from fedtree.core.updates import (
 )
 from fedtree.experiment import privacy
 from fedtree.experiment import robust as _robust
-from fedtree.experiment.path_parts import PathParts
+from fedtree.experiment.path_parts import PathParts, check_level
 
 Converter = Callable[[Any, Any], Mapping[int, PathParts]]
 
@@ -70,6 +70,7 @@ def convert_compression(section: Mapping[str, Any], ctx) -> dict[int, PathParts]
     items = [(int(section.pop("level", -1)), section)]
   out = {}
   for lv, edges in items:
+    check_level("compression", "level", lv, ctx)
     if not edges or set(edges) - _EDGE_KEYS:
       raise ValueError(f"level {lv}: fields {sorted(edges)}; choose from {sorted(_EDGE_KEYS)} (and 'level')")
     parts = PathParts()

@@ -64,6 +64,34 @@ def _standard_image_model(name: str, example_shape: Sequence[int], num_classes: 
   return from_flax(cls(num_classes=num_classes, **kwargs), example_shape, num_classes)
 
 
+_MODULES = {"logreg": LogisticRegression, "mlp": MLP, "cnn": CNN, "dscnn": DSCNN, "kwt": KWT,
+            "mhattrnn": MHAttRNN, "resnet15": ResNet15, "lstm_lm": LSTMLM, "transformer_lm": TransformerLM}
+
+
+def model_fields(name: str) -> frozenset[str] | None:
+  """The ``config.model`` fields (keyword arguments of :func:`build_model`) that model ``name``
+  takes besides ``name``; ``None`` for an unknown name.
+
+  Example:
+    >>> sorted(model_fields("logreg")), sorted(model_fields("mlp"))
+    (['views'], ['hidden', 'views'])
+  """
+  import dataclasses
+
+  module = _MODULES.get(name)
+  if name in _IMAGE_MODELS:
+    module = _IMAGE_MODELS[name][0]
+  elif name in NAMED_LMS:
+    module = LSTMLM
+  if module is None:
+    return None
+  internal = {"parent", "name", "num_classes", "vocab_size", "max_len"}
+  fields = {f.name for f in dataclasses.fields(module) if f.init} - internal
+  extra = {"vocab_size"} if name in ("lstm_lm", "transformer_lm") or name in NAMED_LMS else set()
+  extra |= {"char_len"} if name == "lstm_lm" or name in NAMED_LMS else set()
+  return frozenset(fields | extra | {"views"})
+
+
 def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **kwargs) -> Model:
   """A model by name: ``logreg``, ``mlp`` (``hidden=``) or ``cnn`` (``features=``, ``dense=``,
   ``dropout=``, ``pool_every_conv=``) or ``dscnn`` (``width=``, ``blocks=``, ``first_kernel=``,
@@ -112,6 +140,7 @@ __all__ = [
   "CNN", "DSCNN", "KWT", "LSTMLM", "MLP", "MODELS", "NAMED_LMS", "STANDARD_MODELS", "VGG11", "CifarCNN",
   "Conv", "FedAvgCNN", "LeNet5", "LogisticRegression", "MHAttRNN", "Model", "ResNet15", "ResNet18",
   "ResNet18AFO", "TransformerLM", "build_lm", "build_model", "depthwise_conv", "dilated_conv", "from_flax",
-  "im2col_conv", "image_shape", "lm_model", "masked_cross_entropy", "max_pool", "same_padding",
+  "im2col_conv", "image_shape", "lm_model", "masked_cross_entropy", "max_pool", "model_fields",
+  "same_padding",
   "view_indices", "with_views",
 ]
