@@ -100,8 +100,8 @@ ALGORITHM_CASES = {
   # two rounds of each stage: a 4-round run crosses the boundary, a resume after 2 starts on it
   "grouppfl": {"global_rounds": 2, "group_rounds": 2},
   "scaffold": {"cohort_size": 4},
-  "fedamp": {"attention": "cosine"}, "fedfomo": {"num_candidates": 1}, "pfedhn": {"hidden": 8, "cohort_size": 2},
-  "fedproto": {"lam": 1.0},
+  "fedamp": {"attention": "cosine"}, "fedfomo": {"num_candidates": 1},
+  "pfedhn": {"hidden": 8, "cohort_size": 2}, "fedproto": {"lam": 1.0},
 }
 """The smallest run config of every registered algorithm (its required fields; short
 warm-ups): test_conformance's cases and tests/multihost_config.py's runs."""

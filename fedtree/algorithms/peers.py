@@ -21,6 +21,7 @@ import numpy as np
 
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.topology import Topology
+from fedtree.core.updates import UpdatePath
 
 PyTree = Any
 
@@ -41,7 +42,7 @@ def refuse(host: Mapping[str, Any], name: str, *, what: str, personal: bool = Tr
   if isinstance(paths, Mapping):
     items = list(paths.values())
   else:
-    items = list(paths) if isinstance(paths, (list, tuple)) else [paths]
+    items = list(paths) if isinstance(paths, (list, tuple)) and not isinstance(paths, UpdatePath) else [paths]
   if any(p is not None and not p.is_default for p in items):
     raise ValueError(f"{name}: update paths (privacy, robust aggregation, compression) act on a model delta, "
                      f"but {what}; run it without update_paths")

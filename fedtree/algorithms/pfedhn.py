@@ -33,6 +33,9 @@ the feature extractor only, as here; FL-bench generates the head too and zeroes 
 (``diff.zero_()``), so its head outputs stay at their initial values and each client's head is
 its own.
 
+``init_params`` (a pretrained start): every head's bias starts at its leaf and its kernel at zero,
+so that every client's first model is that start (the authors' code has no such option).
+
 **On a tree** every parent of clients has its own hypernetwork over its own clients' embeddings
 (:mod:`fedtree.algorithms.peers`); the levels above hold no model of pFedHN's.
 
@@ -95,10 +98,11 @@ def _linear(key, fan_in: int, fan_out: int, dtype):
 
 
 def init_hypernetwork(key, target: PyTree, mask: PyTree | None, *, embed_dim: int, hidden: int,
-                      n_hidden: int) -> PyTree:
+                      n_hidden: int, start: PyTree | None = None) -> PyTree:
   """``φ``: ``{"mlp": [Dense(embed_dim → hidden), n_hidden × Dense(hidden → hidden)], "heads":
   [one Dense(hidden → entries) per generated leaf of ``target``]}`` (the leaves outside ``mask``,
-  the personal ones, are not generated)."""
+  the personal ones, are not generated). With ``start`` (a model: ``init_params``) every head's
+  bias is its leaf and its kernel zero, so that every client's first model is ``start``."""
   leaves = jax.tree.leaves(target)
   generated = [a for a, m in zip(leaves, jax.tree.leaves(mask) if mask is not None else [False] * len(leaves),
                                  strict=True) if not m]
@@ -108,6 +112,11 @@ def init_hypernetwork(key, target: PyTree, mask: PyTree | None, *, embed_dim: in
   mlp += [_linear(keys[1 + i], hidden, hidden, dtype) for i in range(n_hidden)]
   heads = [_linear(k, hidden, int(np.prod(np.shape(a))), dtype)
            for k, a in zip(keys[1 + n_hidden:], generated, strict=True)]
+  if start is not None:
+    flags = jax.tree.leaves(mask) if mask is not None else [False] * len(leaves)
+    firsts = [a for a, m in zip(jax.tree.leaves(start), flags, strict=True) if not m]
+    heads = [{"kernel": jnp.zeros_like(h["kernel"]), "bias": jnp.asarray(a, dtype).reshape(-1)}
+             for h, a in zip(heads, firsts, strict=True)]
   return {"mlp": mlp, "heads": heads}
 
 
@@ -138,7 +147,7 @@ def hn_optimizer(*, learning_rate, momentum, weight_decay, clip_norm) -> optax.G
 
 def pfedhn_server(template: PyTree, mask: PyTree | None, table: np.ndarray, rank: np.ndarray, *,
                   embed_dim: int, hidden: int, n_hidden: int, optimizer: optax.GradientTransformation,
-                  num_parents: int) -> ServerRule:
+                  num_parents: int, start: PyTree | None = None) -> ServerRule:
   """pFedHN's server (see the module docstring): every parent's hypernetwork and embeddings, every
   sampled client's generated model as its parcel, the hypernetwork step from the clients' updates."""
   width = table.shape[1]
@@ -149,7 +158,8 @@ def pfedhn_server(template: PyTree, mask: PyTree | None, table: np.ndarray, rank
 
     def one(k):
       k_net, k_emb = jax.random.split(k)
-      hnet = init_hypernetwork(k_net, template, mask, embed_dim=embed_dim, hidden=hidden, n_hidden=n_hidden)
+      hnet = init_hypernetwork(k_net, template, mask, embed_dim=embed_dim, hidden=hidden, n_hidden=n_hidden,
+                               start=start)
       emb = jax.random.normal(k_emb, (width, embed_dim), jax.tree.leaves(hnet)[0].dtype)
       return HNState(hnet=hnet, embeddings=emb, opt_state=optimizer.init((hnet, emb)))
 
@@ -301,7 +311,8 @@ def pfedhn(
   optimizer = hn_optimizer(learning_rate=hn_learning_rate, momentum=hn_momentum, weight_decay=hn_weight_decay,
                            clip_norm=clip_norm)
   rule = pfedhn_server(template, mask, table, rank, embed_dim=embed, hidden=int(hidden),
-                       n_hidden=int(n_hidden), optimizer=optimizer, num_parents=num_parents)
+                       n_hidden=int(n_hidden), optimizer=optimizer, num_parents=num_parents,
+                       start=host.get("init_params"))
   alg = on_host({**host, "personal": spec}, server_rule=rule, name=name)
   parent = jnp.asarray(topology.parent(depth))
   rank_of = jnp.asarray(rank)
