@@ -65,9 +65,9 @@ def test_fedamp_matches_the_per_client_loop(problem, attention, start, alpha, si
                chunk_size=2, **kw)
   key = jax.random.key(11)
   state, metrics = _run(alg, data, rounds, key)
+  steps = sched.num_steps(np.asarray(data.n_train))
   w = ref.fedamp_reference(model, data, _start(alg), np.zeros(data.num_clients, int), rounds, key,
-                           cohort_size=4, lr=LR, batch_size=B, steps=sched.num_steps(np.asarray(data.n_train)),
-                           **kw)
+                           cohort_size=4, lr=LR, batch_size=B, steps=steps, **kw)
   _same_models(state.client_state, w)
   assert "uplink_bytes" not in metrics   # one model each way: the host's count (cloud model down, w_i up)
 
