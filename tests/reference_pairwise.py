@@ -128,12 +128,19 @@ def fedamp_reference(model, data, w0, parent, rounds, key, *, cohort_size, atten
 
 
 # ------------------------------------------------------------------------ FedFomo
+@functools.cache
+def _eval_loss(model):
+  def loss(p, x, y):
+    return masked_cross_entropy(model.apply(p, x, train=False), y, jnp.ones(y.shape, bool))
+
+  return jax.jit(loss)
+
+
 def mean_loss(model, params, x, y):
   """Mean cross-entropy of ``params`` over ``x, y`` (all at once, evaluation mode); 0 for none."""
   if len(y) == 0:
     return 0.0
-  logits = model.apply(f32(params), jnp.asarray(x), train=False)
-  return float(masked_cross_entropy(logits, jnp.asarray(y), jnp.ones(len(y), bool)))
+  return float(_eval_loss(model)(f32(params), jnp.asarray(x), jnp.asarray(y)))
 
 
 def fomo_split(data, k, *, fraction, how, seed):
