@@ -221,6 +221,16 @@ def hn_generate(hnet, v, shapes):
   return [(z @ h["kernel"] + h["bias"]).reshape(s) for h, s in zip(hnet["heads"], shapes, strict=True)]
 
 
+@functools.cache
+def _hn_forward(shapes):
+  return jax.jit(lambda h, v: hn_generate(h, v, shapes))
+
+
+@functools.cache
+def _hn_pullback(shapes):
+  return jax.jit(lambda h, v, ct: jax.vjp(lambda hh, vv: hn_generate(hh, vv, shapes), h, v)[1](ct))
+
+
 def pfedhn_reference(model, data, hnet, emb, treedef, shapes, rounds, key, *, cohort_size, lr, batch_size,
                      steps, hn_lr, momentum, weight_decay, clip_norm):
   """Algorithm 1 of pFedHN on one server, its cohort's steps averaged (one client per round is the
@@ -237,12 +247,12 @@ def pfedhn_reference(model, data, hnet, emb, treedef, shapes, rounds, key, *, co
     g_e = np.zeros_like(emb)
     for k in members:
       h32, v32 = f32(hnet), jnp.asarray(emb[k], jnp.float32)
-      theta, pullback = jax.vjp(lambda h, v: hn_generate(h, v, shapes), h32, v32)
+      theta = _hn_forward(tuple(shapes))(h32, v32)
       start = jax.tree.unflatten(treedef, theta)
       trained = sgd_steps(model, start, client_data(data, k), steps[k],
                           jax.random.fold_in(stream(rk, "train"), k), lr=lr, batch_size=batch_size)
       delta = [np.asarray(a, np.float64) - b for a, b in zip(theta, jax.tree.leaves(trained), strict=True)]
-      gh, gv = pullback([jnp.asarray(d, jnp.float32) for d in delta])
+      gh, gv = _hn_pullback(tuple(shapes))(h32, v32, [jnp.asarray(d, jnp.float32) for d in delta])
       share = 1.0 / len(members)
       g_h = jax.tree.map(lambda a, b, s=share: a + np.asarray(b, np.float64) * s, g_h, gh)
       g_e[k] += np.asarray(gv, np.float64)

@@ -36,7 +36,7 @@ def problem():
 
 
 def _run(alg, data, rounds, key):
-  state = alg.init(jax.random.key(7))
+  state = jax.jit(alg.init)(jax.random.key(7))
   step = jax.jit(alg.round)
   for r in range(rounds):
     state, metrics = step(state, data, jax.random.fold_in(key, r))
@@ -50,7 +50,7 @@ def _same_models(stacked, reference):
 
 
 def _start(alg):
-  return jax.tree.map(lambda a: a[0], alg.init(jax.random.key(7)).client_state)
+  return jax.tree.map(lambda a: a[0], jax.jit(alg.init)(jax.random.key(7)).client_state)
 
 
 @pytest.mark.parametrize("attention,start,alpha,sigma,rounds", [

@@ -34,7 +34,7 @@ def problem():
 
 
 def _run(alg, data, rounds, key):
-  state = alg.init(jax.random.key(7))
+  state = jax.jit(alg.init)(jax.random.key(7))
   step = jax.jit(alg.round)
   for r in range(rounds):
     state, metrics = step(state, data, jax.random.fold_in(key, r))
@@ -68,7 +68,7 @@ def test_fedfomo_matches_the_per_client_loop(problem, validation, pool, groups_a
   key = jax.random.key(3)
   rounds = 3 if groups_as_tree or validation == "random" else 2
   state, metrics = _run(alg, data, rounds, key)
-  w0 = jax.tree.map(lambda a: a[0], alg.init(jax.random.key(7)).client_state.model)
+  w0 = jax.tree.map(lambda a: a[0], jax.jit(alg.init)(jax.random.key(7)).client_state.model)
   theta, affinity, last = ref.fedfomo_reference(
     model, data, w0, parent, rounds, key, cohort_size=cohort, fraction=0.3, how=validation, pool=pool, lr=LR,
     batch_size=B, steps=np.full(data.num_clients, 3), seed=SPLIT_SEED, **kw)
