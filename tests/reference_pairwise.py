@@ -270,8 +270,8 @@ def pfedhn_reference(model, data, hnet, emb, treedef, shapes, rounds, key, *, co
 def mlp_forward(params, x):
   """``(f(x), logits)`` of a one-hidden-layer MLP, by hand: ``f = relu(x W0 + b0)``."""
   x = x.reshape((x.shape[0], -1))
-  f = jax.nn.relu(x @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"])
-  return f, f @ params["Dense_1"]["kernel"] + params["Dense_1"]["bias"]
+  f = jax.nn.relu(x @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"][None])
+  return f, f @ params["Dense_1"]["kernel"] + params["Dense_1"]["bias"][None]
 
 
 def fedproto_reference(data, w0, parent, rounds, key, *, cohort_size, lam, weighting, lr, batch_size, steps,

@@ -186,6 +186,8 @@ class UpperLevels:
     active: list = [None] * depth
     metrics = {}
     for lv in range(depth - 2, self.top_level - 1, -1):
+      if not jax.tree.leaves(share.sent(params[lv], lv)):   # every leaf personal below it: nothing to do
+        continue
       active[lv] = (r % self.periods[lv]) == 0
       n = topo.num_nodes(lv + 1)
       w_child = jax.ops.segment_sum(w_client, jnp.asarray(topo.ancestor(lv + 1)), num_segments=n)
