@@ -59,8 +59,8 @@ def test_fedproto_matches_the_per_client_loop(problem, weighting, tree):
   state, metrics = _run(alg, data, 3, key)
   w0 = jax.tree.map(lambda a: a[0], _models(alg, jax.jit(alg.init)(jax.random.key(7))))
   w, protos = ref.fedproto_reference(data, w0, parent, 3, key, cohort_size=cohort, lam=2.0,
-                                     weighting=weighting, lr=LR, batch_size=B, steps=np.full(data.num_clients, 3),
-                                     num_classes=3)
+                                     weighting=weighting, lr=LR, batch_size=B,
+                                     steps=np.full(data.num_clients, 3), num_classes=3)
   got = _models(alg, state)
   for k, want in enumerate(w):
     chex.assert_trees_all_close(ref.np64(jax.tree.map(lambda a, k=k: a[k], got)), want, atol=3e-5,
