@@ -51,6 +51,9 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.fedkws.fedkws",
   "fedtree.algorithms.fedbuff",
   "fedtree.algorithms.scaffold",
+  "fedtree.algorithms.feddyn",
+  "fedtree.algorithms.fednova",
+  "fedtree.algorithms.mime",
 ]
 
 

@@ -323,7 +323,8 @@ def test_config_hf_flower_gives_flowers_partition(tmp_path):
   c.data.path, c.data.x_columns = str(tmp_path / "saved"), "x"
   c.data.partitioner_args.num_partitions, c.data.partitioner_args.seed = 6, 7
   data, groups, _, _ = load_with_info(c.data)
-  assert client_rows(data) == flower_rows("DirichletPartitioner", dict(c.data.partitioner_args))
+  assert c.data.shuffle    # the config hands Flower the rows shuffled, as FederatedDataset does
+  assert client_rows(data) == flower_rows("DirichletPartitioner", dict(c.data.partitioner_args), shuffle=True)
   assert groups.tolist() == [0] * 6
 
 

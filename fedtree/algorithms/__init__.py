@@ -17,13 +17,16 @@ from fedtree.algorithms.clustering import awcfl, cfl, ifca, mcfl
 from fedtree.algorithms.ditto import ditto
 from fedtree.algorithms.fedamp import fedamp
 from fedtree.algorithms.fedbuff import fedbuff
+from fedtree.algorithms.feddyn import feddyn
 from fedtree.algorithms.fedfomo import fedfomo
 from fedtree.algorithms.fedkws import fedkws
 from fedtree.algorithms.fedmmd import fedmmd
+from fedtree.algorithms.fednova import fednova
 from fedtree.algorithms.fedproto import fedproto
 from fedtree.algorithms.fedprox import fedprox
 from fedtree.algorithms.grouppfl import grouppfl
 from fedtree.algorithms.hierfavg import fedavg, hierfavg
+from fedtree.algorithms.mime import mime, mimelite
 from fedtree.algorithms.perfedavg import perfedavg
 from fedtree.algorithms.pfedhn import pfedhn
 from fedtree.algorithms.pfedme import pfedme
@@ -35,6 +38,7 @@ _FACTORIES = {"awcfl": awcfl, "bhfl": bhfl, "cfl": cfl, "ditto": ditto, "fedavg"
               "fedkws": fedkws, "fedmmd": fedmmd, "fedprox": fedprox, "grouppfl": grouppfl,
               "hierfavg": hierfavg, "ifca": ifca, "mcfl": mcfl, "perfedavg": perfedavg, "pfedme": pfedme,
               "pfedmt": pfedmt, "scaffold": scaffold,
+              "feddyn": feddyn, "fednova": fednova, "mime": mime, "mimelite": mimelite,
               "fedamp": fedamp, "fedfomo": fedfomo, "pfedhn": pfedhn, "fedproto": fedproto}
 SYSTEMS_ALGORITHMS = tuple(n for n, f in _FACTORIES.items() if "systems" in inspect.signature(f).parameters)
 """The factories that take ``systems`` (:mod:`fedtree.core.systems`); a run config that gives
@@ -45,5 +49,6 @@ __all__ = [
   "awcfl", "bhfl", "cfl", "ditto", "fedavg",
   "fedbuff", "fedkws", "fedmmd", "fedprox", "grouppfl", "hierfavg", "ifca", "mcfl", "perfedavg", "pfedme",
   "pfedmt", "scaffold",
+  "feddyn", "fednova", "mime", "mimelite",
   "fedamp", "fedfomo", "pfedhn", "fedproto",
 ]

@@ -203,6 +203,7 @@ def make_context(config: ml_collections.ConfigDict) -> Context:
     from fedtree.experiment.params import load_params
 
     init_params = load_params(_path(config.init_params, "config.init_params"), model)
+  memory.check_data(data, config)   # a population too large is refused here, not killed in the copy
   return Context(
     config=config, data=as_device(data), groups=np.asarray(groups), topology=topology, model=model,
     local_optimizer=local_optimizer, schedule=schedule, central_test=central,
@@ -735,7 +736,8 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
         continue
       algorithm = build_algorithm(label, run_cfg, run_ctx)
       notes[label] = budget.check(label, jax.eval_shape(algorithm.init, loop.init_key(root)),
-                                  ctx.chunk_size(run_cfg), block=block_estimate(run_cfg, ctx))
+                                  ctx.chunk_size(run_cfg), block=block_estimate(run_cfg, ctx, label),
+                                  extra_data_bytes=memory.copied_bytes(run_ctx.data, ctx.data))
       adapters_from_config(label, run_cfg)
       privacy.round_metrics(label, run_cfg, ctx)
       rounds = algorithm.rounds if algorithm.rounds is not None else run_cfg.get("rounds", config.rounds)

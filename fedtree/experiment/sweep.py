@@ -230,6 +230,7 @@ def calibrated(config: ml_collections.ConfigDict, label: str, settings: list[dic
     raise ValueError(f"config.sweep.params sweeps both {path!r} and {z_path!r}: a target ε sets the "
                      f"noise multiplier; sweep one of them")
   from fedtree.experiment import privacy
+  from fedtree.experiment.run_context import run_context
 
   base = config.to_dict()
   section = {k: v for k, v in base["runs"][label]["privacy"].items()
@@ -241,7 +242,8 @@ def calibrated(config: ml_collections.ConfigDict, label: str, settings: list[dic
     for p, value in setting.items():
       _set_path(cfg, p, value)
     run = cfg.runs[label]
-    zs.append(privacy.plan(run.privacy.to_dict(), ctx, run=run, params={}, verbose=False).noise_multiplier)
+    zs.append(privacy.plan(run.privacy.to_dict(), run_context(ctx, label, run), run=run, params={},
+                           verbose=False).noise_multiplier)
   out = ml_collections.ConfigDict(base, type_safe=False)
   out.runs[label].privacy = {**section, "noise_multiplier": float(zs[0])}
   return out, [{**{p: v for p, v in s.items() if p != path}, z_path: float(z)}
