@@ -127,10 +127,45 @@ def eval_bytes(model, data, chunk_size) -> int:
   return 0 if analysis is None else int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
 
 
+@dataclasses.dataclass(frozen=True)
+class Needs:
+  """What a method holds beyond one model's client step and evaluation, and the parts of its state
+  worth naming, declared by its spec (:attr:`fedtree.experiment.spec.AlgorithmSpec.memory`).
+
+  Attributes:
+    step_models: models one client trains at once (FedEM: its ``K`` components): the chunk's
+      working set is this many client steps per client.
+    parts: ``(what, bytes)`` of the parts of the state worth naming (kNN-Per's memory, FedEM's
+      components at every node): already in the state's bytes, named in the estimate and in a
+      refusal.
+    eval_models: models evaluated per client (FedEM's mixture: ``K``): the evaluator's scratch is
+      this many times one model's.
+    eval_client_bytes: scratch an evaluated client needs beside the model's (kNN-Per's distances
+      from its test examples to its memory).
+    cohort: ``(what, bytes)`` a round holds at once for its whole cohort beside the state and the
+      chunk (FedAMP's cohort blocks and pairwise attention, FedFomo's candidate models, pFedHN's
+      generated and sent models): added to the estimate, and a run they do not fit is refused
+      naming them and the cohort to lower.
+  """
+
+  step_models: int = 1
+  parts: tuple[tuple[str, int], ...] = ()
+  eval_models: int = 1
+  eval_client_bytes: int = 0
+  cohort: tuple[tuple[str, int], ...] = ()
+
+  def describe(self) -> str:
+    """``" (of which ...)"`` naming the parts, or ``""``."""
+    if not self.parts:
+      return ""
+    return " (of which " + ", ".join(f"{what} {n} bytes" for what, n in self.parts) + ")"
+
+
 def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, limit: int | None,
                  source: str, experiments: int = 1, chunk_name: str = "chunk_size",
                  block: tuple[int, int, int, bool] | None = None, data_bytes: int = 0,
-                 clients: int = 0, evaluation_bytes: int = 0, eval_chunk: int | None = None) -> str:
+                 clients: int = 0, evaluation_bytes: int = 0, eval_chunk: int | None = None,
+                 needs: Needs | None = None) -> str:
   """The one-line estimate printed before a run compiles; a ``ValueError`` with the numbers and
   the largest chunk that fits when it cannot fit in ``limit``.
 
@@ -153,20 +188,34 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
     evaluation_bytes: the evaluator's scratch (:func:`eval_bytes`), checked beside the data and
       the state (evaluation runs between rounds, not during one).
     eval_chunk: ``config.eval_chunk_size`` (``None``: every client at once), named in the error.
+    needs: the method's :class:`Needs` (models per client step and per evaluation, named parts of
+      the state), or ``None``.
 
   Returns:
     The line (the caller prints it).
   """
+  needs = Needs() if needs is None else needs
+  models = max(1, int(needs.step_models))
+  step_bytes = step_bytes * models   # a client trains ``models`` models at once
+  if evaluation_bytes:
+    at_a_time = max(1, clients if eval_chunk is None else min(int(eval_chunk), clients))
+    evaluation_bytes = evaluation_bytes * max(1, int(needs.eval_models)) + needs.eval_client_bytes * at_a_time
   blocks = 0 if block is None else block_bytes(block[0], block[1], block[2], pairwise=block[3]) * experiments
-  state = state_bytes * experiments + blocks
+  held = sum(int(n) for _, n in needs.cohort) * experiments   # the round's buffers over its cohort
+  state = state_bytes * experiments + blocks + held
   work = step_bytes * chunk * experiments
   total = data_bytes + state + work
+  parts = ("" if not needs.parts else
+           " (of which " + ", ".join(f"{what} {_gib(n)}" for what, n in needs.parts) + ")")
   line = (f"{label}: memory estimate {_gib(total)}: "
           f"{f'clients data {_gib(data_bytes)} ({clients} clients) + ' if data_bytes else ''}"
-          f"state {_gib(state_bytes)}"
+          f"state {_gib(state_bytes)}{parts}"
           f"{f' x {experiments} experiments' if experiments > 1 else ''}"
-          f"{f' + cohort blocks {_gib(blocks)}' if block is not None else ''} + chunk working set "
-          f"{chunk} x {_gib(step_bytes)} per client step{f' x {experiments}' if experiments > 1 else ''}")
+          f"{f' + cohort blocks {_gib(blocks)}' if block is not None else ''}"
+          f"{' + ' + ', '.join(f'{what} {_gib(n)}' for what, n in needs.cohort) if needs.cohort else ''}"
+          f" + chunk working set "
+          f"{chunk} x {_gib(step_bytes)} per client step{f' ({models} models)' if models > 1 else ''}"
+          f"{f' x {experiments}' if experiments > 1 else ''}")
   at_once = "every client" if eval_chunk is None else f"{eval_chunk} clients"
   evaluation = f"; evaluation {_gib(evaluation_bytes)} ({at_once} at once)" if evaluation_bytes else ""
   if limit is None:
@@ -181,11 +230,19 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
       advice = (f"set config.eval_chunk_size <= {fits}" if fits >= 1 else
                 "even one client's evaluation does not fit: use a smaller model or population")
       raise ValueError(
-        f"run {label!r} does not fit in memory when it evaluates: state {state} bytes + evaluation "
+        f"run {label!r} does not fit in memory when it evaluates: state {state} bytes{needs.describe()} "
+        f"+ evaluation "
         f"working set {evaluation_bytes} bytes (config.eval_chunk_size={eval_chunk}: {at_once} at once) + "
         f"clients data {data_bytes} bytes = {data_bytes + state + evaluation_bytes} bytes > limit {limit} "
         f"bytes ({source}); {advice}")
     return line
+  if needs.cohort and data_bytes + state > limit:   # the method's work over the cohort does not fit
+    what = ", ".join(f"{w} {n} bytes" for w, n in needs.cohort)
+    raise ValueError(
+      f"run {label!r} does not fit in memory: its work over every parent's cohort holds {what}"
+      f"{f' x {experiments} experiments' if experiments > 1 else ''} + state {state - held} bytes"
+      f"{f' + clients data {data_bytes} bytes' if data_bytes else ''} = {data_bytes + state} bytes > limit "
+      f"{limit} bytes ({source}); sample fewer clients per parent a round (cohort_size)")
   if block is not None and data_bytes + state > limit:   # the cohort blocks do not fit: a smaller cohort
     param_bytes, rows, size, pairwise = block
     avail = limit - data_bytes - state_bytes * experiments - step_bytes * experiments
@@ -220,10 +277,12 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
   else:
     advice = "even the smallest chunk does not fit: use a smaller model or cohort, or more devices"
   at_once = f", {experiments} experiments at once" if experiments > 1 else ""
+  per_step = f", {models} models per client step" if models > 1 else ""
   data = f" + clients data {data_bytes} bytes ({clients} clients)" if data_bytes else ""
   raise ValueError(
-    f"run {label!r} does not fit in memory: state {state} bytes + chunk working set {work} bytes "
-    f"(chunk_size={chunk}{at_once}){data} = {total} bytes > limit {limit} bytes ({source}); {advice}"
+    f"run {label!r} does not fit in memory: state {state} bytes{needs.describe()} + chunk working set "
+    f"{work} bytes (chunk_size={chunk}{at_once}{per_step}){data} = {total} bytes > limit {limit} bytes "
+    f"({source}); {advice}"
   )
 
 
@@ -281,12 +340,12 @@ class Budget:
 
   def check(self, label: str, state_shapes, chunk_size, *, experiments: int = 1,
             chunk_name: str = "chunk_size", block: tuple[int, int, int, bool] | None = None,
-            extra_data_bytes: int = 0) -> str:
+            extra_data_bytes: int = 0, needs: Needs | None = None) -> str:
     """:func:`check_memory` of run ``label`` with state ``state_shapes`` (one experiment's);
     ``extra_data_bytes``: a copy of the data the run keeps besides (a data attack's poisoned
-    copy)."""
+    copy); ``needs``: the method's (:class:`Needs`)."""
     return check_memory(label, state_bytes=tree_bytes(state_shapes), step_bytes=self.step_bytes(),
                         chunk=estimate_chunk(chunk_size, self.num_clients), limit=self.limit,
                         source=self.source, experiments=experiments, chunk_name=chunk_name, block=block,
                         data_bytes=self.data_bytes + int(extra_data_bytes), clients=self.num_clients,
-                        evaluation_bytes=self.eval_bytes(), eval_chunk=self.eval_chunk)
+                        evaluation_bytes=self.eval_bytes(), eval_chunk=self.eval_chunk, needs=needs)

@@ -524,7 +524,7 @@ def plan_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, *,
   (:func:`trace_rounds`: what a builder refuses only for a traced value, such as a swept top-k
   fraction). Nothing is compiled or written."""
   from fedtree.experiment import sweep
-  from fedtree.experiment.registry import build_algorithm
+  from fedtree.experiment.registry import build_algorithm, memory_needs
 
   config = ctx.config
   shown = sweep.settings_of(config, label)   # as given: rows, names and the table
@@ -549,7 +549,8 @@ def plan_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, *,
   if budget is not None:  # the stacked state and working set of a chunk of experiments, before compiling
     shapes = jax.eval_shape(first.init, loop.init_key(jax.random.key(seed0)))
     note = budget.check(label, shapes, ctx.chunk_size(run_cfg), experiments=size,
-                        chunk_name="sweep.chunk" if size > 1 else "chunk_size")
+                        chunk_name="sweep.chunk" if size > 1 else "chunk_size",
+                        needs=memory_needs(label, run_cfg, ctx))
   plan = SweepPlan(shown=shown, settings=settings, exps=exps, build=build,
                    explain=sweep.explain(label, algo_name, sorted(settings[0])), spent=spent,
                    num_rounds=num_rounds, size=size, note=note)
@@ -698,7 +699,7 @@ def prepare_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
 
 def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str, Any]:
   from fedtree.experiment import sweep
-  from fedtree.experiment.registry import adapters_from_config, build_algorithm
+  from fedtree.experiment.registry import adapters_from_config, build_algorithm, memory_needs
 
   swept = sweep.sweep_config(config) is not None
   # Several processes (--multihost) run this same function: all of them train and check the
@@ -737,7 +738,8 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
       algorithm = build_algorithm(label, run_cfg, run_ctx)
       notes[label] = budget.check(label, jax.eval_shape(algorithm.init, loop.init_key(root)),
                                   ctx.chunk_size(run_cfg), block=block_estimate(run_cfg, ctx, label),
-                                  extra_data_bytes=memory.copied_bytes(run_ctx.data, ctx.data))
+                                  extra_data_bytes=memory.copied_bytes(run_ctx.data, ctx.data),
+                                  needs=memory_needs(label, run_cfg, ctx))
       adapters_from_config(label, run_cfg)
       privacy.round_metrics(label, run_cfg, ctx)
       rounds = algorithm.rounds if algorithm.rounds is not None else run_cfg.get("rounds", config.rounds)

@@ -42,6 +42,9 @@ class AlgorithmSpec:
     tree: ``tree(run, ctx) -> Topology``, the tree the algorithm is built on, for an algorithm
       whose factory is not given it as ``topology`` (GroupPerFL: its data groups); ``None``: read
       from the factory's signature (:func:`fedtree.experiment.registry.run_topology`).
+    memory: ``memory(kwargs, ctx) -> fedtree.experiment.memory.Needs``, what the method holds
+      beyond one model's client step (FedEM's components, kNN-Per's memory), from its factory's
+      keyword arguments (defaults filled in); the up-front memory estimate adds it.
   """
 
   factory: Callable[..., Any]
@@ -49,6 +52,7 @@ class AlgorithmSpec:
   defaults: Callable[[Any], dict[str, Any]] | None = None
   wrap: Callable[..., Any] | None = None
   tree: Callable[[Any, Any], Any] | None = None
+  memory: Callable[[dict[str, Any], Any], Any] | None = None
 
 
 # ------------------------------------------------------------------------ shared converters
