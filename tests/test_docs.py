@@ -54,6 +54,10 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.feddyn",
   "fedtree.algorithms.fednova",
   "fedtree.algorithms.mime",
+  "fedtree.algorithms.fedamp",
+  "fedtree.algorithms.fedfomo",
+  "fedtree.algorithms.pfedhn",
+  "fedtree.algorithms.fedproto",
 ]
 
 
