@@ -29,9 +29,9 @@ embeddings as ``nn.Embedding`` (standard normal).
 **pFedHN-PC** (``personal_head=True``): every client keeps its own classifier head (the model's
 last dense layer, :func:`fedtree.objectives.fedmmd.last_dense`; or the layers ``personal=`` names),
 trained locally and never sent; the hypernetwork makes the rest. The authors' pFedHN-PC generates
-the feature extractor only, as here; FL-bench generates the head too and zeroes its update
-(``diff.zero_()``), so its head outputs stay at their initial values and each client's head is
-its own.
+the feature extractor only, as here; FL-bench generates the head too, zeroes the head's part of the
+update (``diff.zero_()``) and lets every client train and keep its own head (FedPer's client), so
+the generated head is never used.
 
 ``init_params`` (a pretrained start): every head's bias starts at its leaf and its kernel at zero,
 so that every client's first model is that start (the authors' code has no such option).
