@@ -58,6 +58,14 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.fedfomo",
   "fedtree.algorithms.pfedhn",
   "fedtree.algorithms.fedproto",
+  "fedtree.algorithms.local_only",
+  "fedtree.algorithms.fedper",
+  "fedtree.algorithms.fedrep",
+  "fedtree.algorithms.lgfedavg",
+  "fedtree.algorithms.fedbn",
+  "fedtree.algorithms.fedrod",
+  "fedtree.algorithms.fedbabu",
+  "fedtree.algorithms.finetuned",
 ]
 
 

@@ -195,7 +195,7 @@ class UpperLevels:
       w_child = jax.ops.segment_sum(w_client, jnp.asarray(topo.ancestor(lv + 1)), num_segments=n)
       delta, total, new_path, stats = aggregate_children(
         self.paths[lv], update_state[lv], share.sent(params[lv], lv), share.sent(params[lv + 1], lv), w_child,
-        jnp.asarray(topo.parent(lv + 1)), jax.random.fold_in(stream(key, "update"), lv))
+        topo.parent(lv + 1), jax.random.fold_in(stream(key, "update"), lv))   # (static: numpy)
       mask = share.mask(lv)
       if mask is not None:   # no pseudo-gradient at the leaves this level does not aggregate
         delta = fill(delta, mask, params[lv])
