@@ -43,7 +43,11 @@ cohort, which with every client sampled is the paper's ``W^{k−1}``), trains th
 copies of the parameters: a norm, not its square, and detached from the graph, so the proximal
 term adds no gradient and its clients train as local training does. We take the paper's squared
 norm with its gradient. FL-bench has no FedAMP. The defaults ``α_k = 1``, ``σ = 1`` are PFLlib's
-(the paper decays ``α_k``; a constant ``alpha`` is the step here).
+(the paper decays ``α_k``; a constant ``alpha`` is the step here). ``ξ_ii`` stays non-negative
+whatever the models only for ``α_k <= σ / (B − 1)`` with ``B`` clients in a parent's cohort: with
+PFLlib's defaults and 20 clients, ``ξ_ii = 1 − Σ_{j≠i} e^{−‖w_i − w_j‖²}`` is −18 at equal models,
+and while the models are close every cloud model extrapolates away from the cohort
+(configs/personalized.py takes ``α_k = σ / 20``).
 
 Refused by name before anything compiles: an attention that is not one of :data:`ATTENTIONS`, a
 non-positive ``σ`` (the distance attention divides by it) or ``α_k``, a ``self_attention`` outside
