@@ -36,6 +36,7 @@ def _config(run: dict, rounds: int = 2):
 ])
 def test_cohort_buffers_are_in_the_memory_estimate(run, what):
   c = _config(run)
+  c.model.hidden = (64,)   # buffers over twice the clients' data, which is checked first (twice on CPU)
   ctx = runner.make_context(c)
   alg = registry.build_algorithm("m", c.runs.m, ctx)
   needs = registry.memory_needs("m", c.runs.m, ctx)
@@ -47,6 +48,7 @@ def test_cohort_buffers_are_in_the_memory_estimate(run, what):
                              needs=needs)
   assert needs.cohort[0][0] in line
   data = memory.tree_bytes(ctx.data)
+  assert held > 2 * data
   c.memory_limit_bytes = 2 * data + state + held // 2   # the data and the state fit, the cohort's not
   with pytest.raises(ValueError, match=rf"run 'm' does not fit in memory: its work over every parent's "
                                        rf"cohort holds {what}.*sample fewer clients per parent a round "

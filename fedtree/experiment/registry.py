@@ -310,6 +310,8 @@ def memory_needs(label: str, run, ctx):
   for n, hint in schema(spec).scalars.items():
     if n in run:
       kw[n] = coerce(run[n], hint, f"config.runs.{label}.{n}")
+  if "cohort_size" in params:   # (a field of its own, one size or one per parent, not a scalar)
+    kw.update(_cohort(run, ctx))
   kw["topology"] = run_topology(label, run, ctx)
   return spec.memory(kw, ctx)
 
