@@ -109,6 +109,8 @@ ALGORITHM_CASES = {
   "fedrod": {}, "fedbabu": {"finetune_epochs": 0, "finetune_steps": 2}, "local": {},
   "apfl": {"cohort_size": 4}, "fedala": {"cohort_size": 4, "max_ala_epochs": 12},
   "fedem": {"num_components": 2}, "knnper": {"k": 3},
+  "fedamp": {"attention": "cosine"}, "fedfomo": {"num_candidates": 1},
+  "pfedhn": {"hidden": 8, "cohort_size": 2}, "fedproto": {"lam": 1.0},
 }
 """The smallest run config of every registered algorithm (its required fields; short
 warm-ups): test_conformance's cases and tests/multihost_config.py's runs."""

@@ -27,7 +27,8 @@ def test_every_method_runs_on_every_split():
   assert c.sweep.seeds == 3
   runner.validate_config(c)
   ctx = runner.make_context(c)
-  for label in ("fedbn_path", "fedavg_dir", "apfl_path", "fedala_dir", "fedem_path", "knnper_dir"):
+  for label in ("fedbn_path", "fedavg_dir", "apfl_path", "fedala_dir", "fedem_path", "knnper_dir",
+                "fedfomo_path", "fedamp_dir", "pfedhn_path", "fedproto_dir"):
     alg = registry.build_algorithm(label, c.runs[label], ctx)
     assert alg.name == c.runs[label].algorithm
 

@@ -338,6 +338,10 @@ def test_every_algorithm_runs_with_privacy_on(name):
     with pytest.raises(ValueError, match=f"{name}: the update path's client transform .* full-batch"):
       spec.factory(**registry.factory_kwargs(name, run, ctx))
     return
+  if name in ("fedamp", "fedfomo", "pfedhn", "fedproto"):   # whole models, updates or prototypes travel
+    with pytest.raises(ValueError, match=f"{name}: update paths .* act on a model delta"):
+      spec.factory(**registry.factory_kwargs(name, run, ctx))
+    return
   if name == "scaffold":   # its control-variate changes would leave the clients unprivatized
     with pytest.raises(ValueError, match=r"scaffold: differential privacy .* Δc_i"):
       spec.factory(**registry.factory_kwargs(name, run, ctx))

@@ -18,16 +18,19 @@ from fedtree.algorithms.bhfl import bhfl
 from fedtree.algorithms.clustering import awcfl, cfl, ifca, mcfl
 from fedtree.algorithms.ditto import ditto
 from fedtree.algorithms.fedala import fedala
+from fedtree.algorithms.fedamp import fedamp
 from fedtree.algorithms.fedasync import fedasync
 from fedtree.algorithms.fedbabu import fedbabu
 from fedtree.algorithms.fedbn import fedbn
 from fedtree.algorithms.fedbuff import fedbuff
 from fedtree.algorithms.feddyn import feddyn
 from fedtree.algorithms.fedem import fedem
+from fedtree.algorithms.fedfomo import fedfomo
 from fedtree.algorithms.fedkws import fedkws
 from fedtree.algorithms.fedmmd import fedmmd
 from fedtree.algorithms.fednova import fednova
 from fedtree.algorithms.fedper import fedper
+from fedtree.algorithms.fedproto import fedproto
 from fedtree.algorithms.fedprox import fedprox
 from fedtree.algorithms.fedrep import fedrep
 from fedtree.algorithms.fedrod import fedrod
@@ -40,6 +43,7 @@ from fedtree.algorithms.local_only import local
 from fedtree.algorithms.mime import mime, mimelite
 from fedtree.algorithms.moon import moon
 from fedtree.algorithms.perfedavg import perfedavg
+from fedtree.algorithms.pfedhn import pfedhn
 from fedtree.algorithms.pfedme import pfedme
 from fedtree.algorithms.pfedmt import pfedmt
 from fedtree.algorithms.qffl import qffl
@@ -57,7 +61,8 @@ _FACTORIES = {"awcfl": awcfl, "bhfl": bhfl, "cfl": cfl, "ditto": ditto, "fedavg"
               "fedper": fedper, "fedrep": fedrep, "lgfedavg": lgfedavg, "fedbn": fedbn, "fedrod": fedrod,
               "fedbabu": fedbabu, "local": local,
               # personalized aggregation and mixtures (issue 38)
-              "apfl": apfl, "fedala": fedala, "fedem": fedem, "knnper": knnper}
+              "apfl": apfl, "fedala": fedala, "fedem": fedem, "knnper": knnper,
+              "fedamp": fedamp, "fedfomo": fedfomo, "pfedhn": pfedhn, "fedproto": fedproto}
 SYSTEMS_ALGORITHMS = tuple(n for n, f in _FACTORIES.items() if "systems" in inspect.signature(f).parameters)
 """The factories that take ``systems`` (:mod:`fedtree.core.systems`); a run config that gives
 another algorithm a ``systems`` section is refused naming these."""
@@ -70,4 +75,5 @@ __all__ = [
   "feddyn", "fednova", "mime", "mimelite", "moon", "qffl", "afl", "fedasync",
   "fedbabu", "fedbn", "fedper", "fedrep", "fedrod", "finetuned", "lgfedavg", "local",
   "apfl", "fedala", "fedem", "knnper",
+  "fedamp", "fedfomo", "pfedhn", "fedproto",
 ]

@@ -52,7 +52,10 @@ from fedtree.core.sampling import (
 from fedtree.core.server import init_nodes, select_nodes, update_nodes
 from fedtree.core.server_rule import (
   Inbox,
+  Outbox,
+  Parcels,
   ServerRule,
+  Slots,
   broadcast_of,
   check_rule,
   init_rule_state,
@@ -65,6 +68,7 @@ from fedtree.core.topology import Topology
 from fedtree.core.updates import (
   UpdatePath,
   aggregate_children,
+  block_positions,
   init_path_state,
   path_stats,
   per_level_paths,
@@ -185,6 +189,8 @@ class UpperLevels:
     active: list = [None] * depth
     metrics = {}
     for lv in range(depth - 2, self.top_level - 1, -1):
+      if not jax.tree.leaves(share.sent(params[lv], lv)):   # every leaf personal below it: nothing to do
+        continue
       active[lv] = (r % self.periods[lv]) == 0
       n = topo.num_nodes(lv + 1)
       w_child = jax.ops.segment_sum(w_client, jnp.asarray(topo.ancestor(lv + 1)), num_segments=n)
@@ -231,50 +237,80 @@ class UpperLevels:
     return params, down_stats, metrics
 
 
+def _stacked(template, n: int):
+  """Abstract ``[n, ...]`` rows of one (possibly abstract) model."""
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct((n,) + tuple(np.shape(a)), a.dtype), template)
+
+
+def parcel_shape(rule: ServerRule | None, update: ClientUpdate, template, topology: Topology) -> PyTree:
+  """The abstract ``[1, ...]`` extra of one slot's parcel (:attr:`ServerRule.send_each`), from an
+  abstract trace of a one-slot cohort; ``()`` when the rule sends every child the same."""
+  if rule is None or rule.send_each is None:
+    return ()
+  n, c = topology.num_nodes(topology.depth - 1), topology.num_clients
+  state = jax.eval_shape(lambda p: init_rule_state(rule, p, n), template)
+  client_state = () if update.init_state is None else jax.eval_shape(lambda p: update.init_state(p, c),
+                                                                      template)
+  slot = jax.ShapeDtypeStruct((1,), jnp.int32)
+
+  def one(state, params, client_state, clients, parent, valid, position, rnd, key):
+    return rule.send_each(Outbox(state, params, client_state, clients, parent, valid, position, 1, rnd,
+                                 key)).extra
+
+  return jax.eval_shape(one, state, _stacked(template, n), client_state, slot, slot,
+                        jax.ShapeDtypeStruct((1,), jnp.bool_), slot, jax.ShapeDtypeStruct((), jnp.int32),
+                        jax.random.key(0))
+
+
 @dataclasses.dataclass(frozen=True)
 class Extras:
   """What the clients' tier sends beside (or instead of) the whole model, in bytes per message:
-  the shared leaves (:mod:`fedtree.core.personal`), a client's message to its parent's server rule
-  and the rule's broadcast. ``active``: any of them differs from sending the whole model."""
+  the shared leaves (:mod:`fedtree.core.personal`), a client's message to its parent's server rule,
+  the rule's broadcast and the extra of each client's own parcel (``send_each``), or what the rule
+  says travels (``wire``). ``active``: any of them differs from sending the whole model."""
 
   model_bytes: int        # the shared leaves of one model
   message_bytes: int      # a client's message beside its update
-  broadcast_bytes: int    # what a parent sends beside its model
+  broadcast_bytes: int    # what a parent sends beside its model (and the parcel's extra)
   active: bool
+  wire: tuple[int, int] | None = None   # (down, up) as the server rule states them
 
   @classmethod
   def of(cls, update: ClientUpdate, rule: ServerRule | None, template, topology: Topology, data,
          share: Shares,
          learning_rate) -> Extras:
     leaf = topology.depth - 1
-    shared = model_bytes(jax.tree.map(lambda a: jax.ShapeDtypeStruct((1,) + tuple(np.shape(a)), a.dtype),
-                                      share.sent(template, leaf)))
-    bcast = () if rule is None else jax.eval_shape(lambda p: broadcast_of(rule, rule.init(p, 1)), template)
-    params = jax.tree.map(lambda a: jax.ShapeDtypeStruct((1,) + tuple(np.shape(a)), a.dtype), template)
-
-    def wire(message):   # one client's message at its dtypes
-      return model_bytes(jax.tree.map(lambda a: jax.ShapeDtypeStruct((1,) + tuple(a.shape), a.dtype),
-                                      message))
-
-    msg = 0
-    if update.takes_round:
-      msg = wire(message_shape(update, params, () if update.init_state is None else jax.eval_shape(
-        lambda p: update.init_state(p, 1), template), data, bcast, learning_rate, jax.random.key(0)))
-    if update.message_bytes is not None:   # what the message costs on the wire (ClientUpdate.message_bytes)
-      msg = int(update.message_bytes)
+    shared = model_bytes(_stacked(share.sent(template, leaf), 1))
+    bcast = () if rule is None else jax.eval_shape(lambda p: broadcast_of(rule, init_rule_state(rule, p, 1)),
+                                                   template)
+    own = parcel_shape(rule, update, template, topology)
+    params = _stacked(template, 1)
+    messages = []
+    if update.takes_round and update.message_bytes is None:
+      messages.append(message_shape(update, params, () if update.init_state is None else jax.eval_shape(
+        lambda p: update.init_state(p, 1), template), data, bcast, learning_rate, jax.random.key(0), own))
     if rule is not None and rule.gather is not None:   # what a client sends before training
-      msg += wire(message_shape(rule.gather, params, (), data, bcast, learning_rate, jax.random.key(0)))
-    bc = model_bytes(bcast)
-    return cls(shared, msg, bc, share.client_mask is not None or msg > 0 or bc > 0)
+      messages.append(message_shape(rule.gather, params, (), data, bcast, learning_rate, jax.random.key(0)))
+    msg = model_bytes(_stacked(tuple(messages), 1))
+    if update.message_bytes is not None:   # what the message costs on the wire (ClientUpdate.message_bytes)
+      msg += int(update.message_bytes)
+    bc = model_bytes(bcast) + model_bytes(own)
+    wire = None if rule is None or rule.wire is None else tuple(int(b) for b in rule.wire(shared))
+    return cls(shared, msg, bc, share.client_mask is not None or msg > 0 or bc > 0 or wire is not None,
+               wire)  # type: ignore[arg-type]
 
   def up(self, compressed):
     """A client's uplink bytes for the systems clock (``compressed``: the path's size, or ``None``)."""
+    if self.wire is not None:
+      return self.wire[1]
     if not self.active:
       return compressed
     return (self.model_bytes if compressed is None else compressed) + self.message_bytes
 
   def down(self, compressed):
     """A client's downlink bytes for the systems clock (``compressed``: per slot, or ``None``)."""
+    if self.wire is not None:
+      return self.wire[0]
     if not self.active:
       return compressed
     return (self.model_bytes if compressed is None else compressed) + self.broadcast_bytes
@@ -282,10 +318,21 @@ class Extras:
   def byte_metrics(self, metrics: dict) -> dict:
     """``uplink_bytes`` / ``down_bytes`` of one client's messages this round (the update path's
     compressed sizes where it reports them), when they differ from one whole model."""
+    if self.wire is not None:
+      return {"uplink_bytes": jnp.asarray(self.wire[1], jnp.int32), "down_bytes": jnp.asarray(self.wire[0],
+                                                                                               jnp.int32)}
     if not self.active:
       return {}
     return {"uplink_bytes": metrics.get("uplink_bytes", self.model_bytes) + self.message_bytes,
             "down_bytes": metrics.get("down_bytes", self.model_bytes) + self.broadcast_bytes}
+
+
+def slot_positions(cohort, num_parents: int) -> jax.Array:
+  """Each valid slot's position among its parent's valid slots (``num_parents`` for the others),
+  whatever the order of the cohort's slots."""
+  order = jnp.argsort(cohort.parent, stable=True)
+  pos = block_positions(jnp.take(cohort.parent, order), jnp.take(cohort.valid, order), num_parents)
+  return jnp.zeros_like(pos).at[order].set(pos)
 
 
 def hierfavg(
@@ -361,8 +408,10 @@ def hierfavg(
       model and update from their clients' messages (:mod:`fedtree.core.server_rule`: SCAFFOLD's
       control variate, FedDyn's ``h``, Mime's optimizer state; with a ``gather`` pass, from
       messages the clients send before training, Mime's control variate), in
-      ``TreeState.server_state``; the levels above aggregate models as HierFAVG. ``None``: nothing
-      more than the model.
+      ``TreeState.server_state``; the levels above aggregate models as HierFAVG. A rule may send
+      every sampled child a parcel of its own before the round's training (``send_each``: FedAMP's
+      cloud models, FedFomo's candidates, pFedHN's generated weights) and receive every child's
+      sent model (``slots``). ``None``: nothing more than the model.
     personal: parameters that stay with each client, or are shared only within the subtrees of a
       level (:mod:`fedtree.core.personal`, path patterns): never broadcast over nor aggregated
       above their level, not counted in bytes, kept in ``TreeState.personal``; each client is
@@ -478,7 +527,7 @@ def hierfavg(
       update_state=tuple(init_path_state(paths[lv], share.sent(p0, lv), topology.num_nodes(lv + 1),
                                          topology.num_nodes(lv)) for lv in range(depth)),
       clock=() if systems is None else jnp.zeros((), jnp.float32),
-      server_state=init_rule_state(server_rule, p0, topology.num_nodes(leaf)),
+      server_state=init_rule_state(server_rule, p0, topology.num_nodes(leaf), stream(key, "server_rule")),
       personal=share.init_clients(p0, topology.num_clients),
     )
 
@@ -503,12 +552,13 @@ def hierfavg(
       w_tier = server_rule.weights(state.server_state, w_client)
     population_weight = jax.ops.segment_sum(w_tier, parents[depth], num_segments=topology.num_nodes(leaf))
 
-    def inbox_of(res, pseudo_gradient):   # what the clients' parents receive from a pass over the cohort
+    def inbox_of(res, pseudo_gradient, slots=None):   # what the clients' parents receive from a pass
       reported = jax.ops.segment_sum((jnp.take(res.reported, cohort.clients) & cohort.valid).astype(
         res.weight_sum.dtype), cohort.parent, num_segments=topology.num_nodes(leaf))
       return Inbox(pseudo_gradient=pseudo_gradient, weight_sum=res.weight_sum, messages=res.message_sum,
                    reported=reported, sampled=res.sampled, population=jnp.asarray(population),
-                   params=params[leaf], population_weight=population_weight.astype(res.weight_sum.dtype))
+                   params=params[leaf], population_weight=population_weight.astype(res.weight_sum.dtype),
+                   slots=slots)
 
     tier = dict(num_steps=num_steps, weights=w_tier, chunk_size=sampler.chunk_size,
                 parent_aligned=sampler.parent_aligned, batch_order=schedule.batch_order,
@@ -520,17 +570,34 @@ def hierfavg(
       asked = train_cohort(server_rule.gather, sent, cohort, data, key=stream(key, "gather"),
                            broadcast=broadcast_of(server_rule, server_state), **tier)
       server_state = prepare(server_rule, inbox_of(asked, ()), server_state)
+    parcels, position = Parcels(), None
+    if server_rule is not None and (server_rule.send_each is not None or server_rule.slots):
+      position = slot_positions(cohort, topology.num_nodes(leaf))
+    if server_rule is not None and server_rule.send_each is not None:   # every child its own parcel
+      parcels = server_rule.send_each(Outbox(
+        state=server_state, params=sent, client_state=state.client_state, clients=cohort.clients,
+        parent=cohort.parent, valid=cohort.valid, position=position, block_size=max(sampler.sizes), round=r,
+        key=stream(key, "parcels")))
     res = train_cohort(
       client_update, sent, cohort, data, key=stream(key, "train"), client_state=state.client_state,
       skip_nonfinite=skip_nonfinite, path=paths[leaf], path_state=update_state[leaf],
-      block_size=max(sampler.sizes), broadcast=broadcast_of(server_rule, server_state), **tier,
+      block_size=max(sampler.sizes), broadcast=broadcast_of(server_rule, server_state),
+      slot_start=parcels.start, slot_extra=parcels.extra,
+      keep_client_params=server_rule is not None and server_rule.slots, **tier,
     )
     update_state[leaf] = res.path_state
-    metrics = {**res.metrics(skip_nonfinite), **path_stats(down_stats, "down_")}
+    metrics = {**res.metrics(skip_nonfinite), **path_stats(down_stats, "down_"), **parcels.stats}
     metrics.update(extra.byte_metrics(metrics))
     pseudo_gradient = res.pseudo_gradient()
     if server_rule is not None:   # what the parents keep beyond the model, from what the clients sent
-      pseudo_gradient, server_state, rule_stats = receive(server_rule, inbox_of(res, pseudo_gradient),
+      slots = None
+      if server_rule.slots:   # every slot's own exchange
+        start = parcels.start if parcels.start is not None else jax.tree.map(
+          lambda a: jnp.take(a, cohort.parent, axis=0), sent)
+        slots = Slots(clients=cohort.clients, parent=cohort.parent,
+                      reported=jnp.take(res.reported, cohort.clients) & cohort.valid, position=position,
+                      start=start, sent=res.client_params, block_size=max(sampler.sizes))
+      pseudo_gradient, server_state, rule_stats = receive(server_rule, inbox_of(res, pseudo_gradient, slots),
                                                           server_state)
       metrics.update(path_stats(rule_stats))
     params[leaf], opt_state[leaf] = update_nodes(

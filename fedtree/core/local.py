@@ -463,6 +463,9 @@ class ClientRound(NamedTuple):
     weight: ``[]`` its aggregation weight.
     learning_rate: the local learning rate when the host knows it (a float, or a traced scalar in
       a sweep), else ``None``.
+    own: what its parent sends this client alone (the ``extra`` of its parcel,
+      :attr:`~fedtree.core.server_rule.ServerRule.send_each`: FedFomo's candidate models); ``()``
+      when the parent sends every child the same.
   """
 
   client: jax.Array
@@ -471,6 +474,7 @@ class ClientRound(NamedTuple):
   fraction: jax.Array
   weight: jax.Array
   learning_rate: Any = None
+  own: PyTree = ()
 
 
 class ClientUpdate(NamedTuple):

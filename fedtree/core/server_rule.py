@@ -23,6 +23,19 @@ the server level that runs it (the clients' parents, ``[N, ...]``):
   this round's mean, from the rule's state (AFL's mixture weights ``λ``); ``None``: the host's
   (``weighting``). The levels above keep the host's weights.
 
+**Each child its own parcel.** Where a server sends every sampled child something of its own rather
+than one model to all (FedAMP's per-client cloud model, FedFomo's candidate models, pFedHN's
+generated weights), ``send_each(outbox) -> Parcels`` makes every cohort slot's parcel before the
+round's training, as one array program over the cohort (:class:`Outbox`: the rule's state, the
+nodes' models, the clients' persistent state at the round's start and each slot's client, parent
+and position among its parent's slots). A parcel's ``start`` (``[K, ...]``) is the model the slot
+receives *instead of* its parent's: it starts from it, and its update is taken against it; its
+``extra`` reaches the client's update as :attr:`~fedtree.core.local.ClientRound.own`. A rule with
+``slots=True`` receives every slot's sent model in :attr:`Inbox.slots` (pFedHN's hypernetwork needs
+each client's own update, not their mean). ``wire(model_bytes) -> (down, up)`` states one sampled
+client's bytes each way where they are not the host's count (a model each way, plus the broadcast,
+the parcel's extra and the message): FedFomo's clients receive ``M`` models and no parent's model.
+
 Only nodes whose children reported change their state (the engine keeps the others'). A client
 that sends something up beside its model returns it as its update's ``message``
 (:class:`~fedtree.core.local.ClientUpdate` with ``takes_round``); messages are summed unweighted
@@ -74,6 +87,8 @@ class Inbox(NamedTuple):
       (``population`` under uniform weights, their examples under ``weighting="examples"``), so
       that ``pseudo_gradient * weight_sum / population_weight`` is the reporting children's share
       of a mean over every child (FedDyn's ``(1/m) Σ_{i∈P} Δ_i``); ``None`` where not given.
+    slots: every cohort slot's exchange (:class:`Slots`) for a rule with ``slots=True``, else
+      ``None``.
   """
 
   pseudo_gradient: PyTree
@@ -84,6 +99,81 @@ class Inbox(NamedTuple):
   population: jax.Array
   params: PyTree
   population_weight: jax.Array | None = None
+  slots: Slots | None = None
+
+
+class Slots(NamedTuple):
+  """Every cohort slot's exchange this round (:attr:`Inbox.slots`, for a rule with ``slots=True``), in
+  the cohort's slot order.
+
+  Attributes:
+    clients: ``int32[K]`` each slot's client.
+    parent: ``int32[K]`` its parent.
+    reported: ``bool[K]`` the slots whose update was aggregated (valid, trained, not skipped).
+    position: ``int32[K]`` its position among its parent's valid slots (``0 .. block_size - 1``;
+      ``N``, out of range, for invalid slots).
+    start: ``[K, ...]`` what each slot started from and its update was taken against (its parcel's
+      ``start``, else its parent's model).
+    sent: ``[K, ...]`` what each slot sent: ``start`` less its update after the update path.
+    block_size: the largest cohort of a parent (static).
+  """
+
+  clients: jax.Array
+  parent: jax.Array
+  reported: jax.Array
+  position: jax.Array
+  start: PyTree
+  sent: PyTree
+  block_size: int = 1
+
+
+class Outbox(NamedTuple):
+  """What a server level holds when it makes every sampled child its own parcel (``send_each``),
+  before the round's training. Cohort fields are ``[K]`` in the cohort's slot order.
+
+  Attributes:
+    state: ``[N, ...]`` the rule's state.
+    params: ``[N, ...]`` the nodes' models as they send them (after the downlink transform).
+    client_state: ``[C, ...]`` the clients' persistent state at the round's start (where a method
+      keeps the server's copy of what each client last sent: its model).
+    clients: ``int32[K]`` each slot's client.
+    parent: ``int32[K]`` its parent.
+    valid: ``bool[K]`` the slots that take part (padding and clients the systems model drops are
+      not).
+    position: ``int32[K]`` each valid slot's position among its parent's valid slots (``0 ..
+      block_size - 1``), ``N`` for the others: ``[N, block_size, ...]`` blocks of a parent's cohort
+      are ``.at[parent, position].set(...)`` with ``mode="drop"``.
+    block_size: the largest cohort of a parent (static).
+    round: ``int32[]`` the round being played (1 for the first).
+    key: this round's randomness for the rule.
+  """
+
+  state: PyTree
+  params: PyTree
+  client_state: PyTree
+  clients: jax.Array
+  parent: jax.Array
+  valid: jax.Array
+  position: jax.Array
+  block_size: int
+  round: jax.Array
+  key: jax.Array
+
+
+class Parcels(NamedTuple):
+  """Every cohort slot's parcel (``send_each``'s result), ``[K, ...]`` in the cohort's slot order.
+
+  Attributes:
+    start: the model each slot receives instead of its parent's (it starts from it and its update
+      is taken against it); ``None``: its parent's.
+    extra: what each slot's update receives beside it, as
+      :attr:`~fedtree.core.local.ClientRound.own` (``()``: nothing).
+    stats: ``{name: []}`` round statistics (e.g. a mean attention weight), reported as metrics.
+  """
+
+  start: PyTree = None
+  extra: PyTree = ()
+  stats: Stats = {}
 
 
 class ServerRule(NamedTuple):
@@ -98,6 +188,15 @@ class ServerRule(NamedTuple):
     prepare: ``prepare(inbox, state) -> state`` from the gathered messages (with ``gather``).
     weights: ``weights(state, host_weights [C]) -> [C]`` the clients' aggregation weights this round
       (``None``: the host's).
+    send_each: ``send_each(outbox) -> Parcels``, every sampled child's own parcel (see the module
+      docstring; ``None``: every child receives its parent's model and broadcast alone).
+    slots: the rule receives every slot's exchange in :attr:`Inbox.slots` (``[K, ...]`` models
+      held at once; ``False``: ``None`` there).
+    wire: ``wire(model_bytes) -> (down, up)``: one sampled client's bytes each way per round, given
+      the bytes of one model's shared leaves, where the host's count (a model each way, plus the
+      broadcast, the parcel's extra and the message) is not what travels (``None``: the host's).
+    init_key: ``init`` takes a third argument, a PRNG key from the run's (a random start: pFedHN's
+      hypernetwork and client embeddings).
   """
 
   init: Callable[[PyTree, int], PyTree]
@@ -107,6 +206,10 @@ class ServerRule(NamedTuple):
   gather: ClientUpdate | None = None
   prepare: Callable[[Inbox, PyTree], PyTree] | None = None
   weights: Callable[[PyTree, jax.Array], jax.Array] | None = None
+  send_each: Callable[[Outbox], Parcels] | None = None
+  slots: bool = False
+  wire: Callable[[int], tuple[int, int]] | None = None
+  init_key: bool = False
 
 
 def broadcast_of(rule: ServerRule | None, state: PyTree) -> PyTree:
@@ -142,9 +245,15 @@ def check_rule(rule: ServerRule | None, algorithm: str) -> ServerRule | None:
   return rule
 
 
-def init_rule_state(rule: ServerRule | None, params: PyTree, num_nodes: int) -> PyTree:
-  """``rule.init(params, num_nodes)``, or ``()`` without a rule."""
-  return () if rule is None else rule.init(params, num_nodes)
+def init_rule_state(rule: ServerRule | None, params: PyTree, num_nodes: int,
+                    key: jax.Array | None = None) -> PyTree:
+  """``rule.init(params, num_nodes)`` (``rule.init(params, num_nodes, key)`` for a rule whose
+  ``init_key``; ``key`` default ``jax.random.key(0)``), or ``()`` without a rule."""
+  if rule is None:
+    return ()
+  if rule.init_key:
+    return rule.init(params, num_nodes, jax.random.key(0) if key is None else key)  # type: ignore[call-arg]
+  return rule.init(params, num_nodes)
 
 
 def per_node(factor: jax.Array, tree: PyTree) -> PyTree:
@@ -155,3 +264,25 @@ def per_node(factor: jax.Array, tree: PyTree) -> PyTree:
 def zeros_like_stacked(params: PyTree, num_nodes: int) -> PyTree:
   """Zeros shaped as ``params`` for every one of ``num_nodes`` nodes (a variate's start)."""
   return jax.tree.map(lambda p: jnp.zeros((num_nodes,) + jnp.shape(p), jnp.result_type(p)), params)
+
+
+def cohort_blocks(tree: PyTree, outbox: Outbox | Slots, num_parents: int, block_size: int) -> PyTree:
+  """Every parent's cohort as a block: ``[K, ...]`` slot rows into ``[N, block_size, ...]`` (slot
+  ``s`` at ``[parent[s], position[s]]``; invalid slots, whose position is out of range, nowhere;
+  the rows of a block its parent does not fill are zeros)."""
+  def one(a):
+    a = jnp.asarray(a)
+    zeros = jnp.zeros((num_parents, block_size) + a.shape[1:], a.dtype)
+    return zeros.at[outbox.parent, outbox.position].set(a, mode="drop")
+
+  return jax.tree.map(one, tree)
+
+
+def slot_rows(blocks: PyTree, outbox: Outbox | Slots) -> PyTree:
+  """The inverse of :func:`cohort_blocks`: every slot's row of ``[N, block_size, ...]`` blocks
+  (``[K, ...]``; an invalid slot reads an arbitrary row, to be masked by its caller)."""
+  def one(a):
+    n, b = a.shape[0], a.shape[1]
+    return a[jnp.clip(outbox.parent, 0, n - 1), jnp.clip(outbox.position, 0, b - 1)]
+
+  return jax.tree.map(one, blocks)

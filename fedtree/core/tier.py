@@ -167,9 +167,9 @@ def _row(tree: PyTree) -> PyTree:
 
 
 def message_shape(update: ClientUpdate, parent_params, client_state, data: FederatedData, broadcast,
-                   learning_rate, key) -> PyTree:
+                   learning_rate, key, own: PyTree = ()) -> PyTree:
   """The abstract shape of what one client sends beside its model (``()`` for none), from an
-  abstract trace of one slot."""
+  abstract trace of one slot (``own``: every slot's parcel extra, ``[K, ...]``, or ``()``)."""
   if not update.takes_round:
     return ()
   scalar: Any = jax.ShapeDtypeStruct((), jnp.int32)   # abstract values stand in for the arrays
@@ -178,7 +178,8 @@ def message_shape(update: ClientUpdate, parent_params, client_state, data: Feder
   cd = ClientData(x=x, y=y, n=scalar, cursor=scalar, offset=scalar if data.ragged else None)
   fdtype = jnp.result_type(jnp.float32, *jax.tree.leaves(parent_params))
   real: Any = jax.ShapeDtypeStruct((), fdtype)
-  rnd = ClientRound(client=scalar, parent=scalar, broadcast=_row(broadcast), fraction=real, weight=real)
+  rnd = ClientRound(client=scalar, parent=scalar, broadcast=_row(broadcast), fraction=real, weight=real,
+                    own=_row(own))
   out = jax.eval_shape(lambda a, st, d, n, k, r: run_update(update, a, st, d, n, k, r._replace(
     learning_rate=learning_rate)), _row(parent_params), _row(client_state), cd, scalar, key, rnd)
   return out[3]
@@ -233,17 +234,22 @@ def _on_devices(tree: PyTree) -> PyTree:
 
 
 _ROUND_AXES = ClientRound(client=0, parent=0, broadcast=0, fraction=0, weight=0,  # type: ignore[arg-type]
-                          learning_rate=None)   # vmap's axes of a ClientRound
+                          learning_rate=None, own=0)   # vmap's axes of a ClientRound
 
 
 def _train_chunk(update: ClientUpdate, parent_params, anchor_params, data, ch: Cohort, ch_steps,
-                 client_state, personal_params, *, cursor, cyclic, batch_order, key, weights, fdtype,
+                 client_state, personal_params, parcel, *, cursor, cyclic, batch_order, key, weights, fdtype,
                  broadcast, fraction, learning_rate, parent_aligned, personal):
   """One chunk of clients: broadcast down (each client's own personal leaves where it has them),
-  local training vmapped over the chunk. Returns ``(start, anchor, params, state, loss, message,
-  weight)`` per slot. Under a ``jax.set_mesh`` with a ``clients`` axis, each device trains its
-  slice of the chunk (identity otherwise; see :mod:`fedtree.core.sharding`)."""
-  start = constrain_clients(_rows_of(parent_params, ch, parent_aligned))
+  local training vmapped over the chunk. ``parcel``: the chunk's ``(start, own)`` rows of the
+  slots' parcels (``start`` ``None``: the parents' models). Returns ``(start, anchor, params,
+  state, loss, message, weight)`` per slot. Under a ``jax.set_mesh`` with a ``clients`` axis, each
+  device trains its slice of the chunk (identity otherwise; see :mod:`fedtree.core.sharding`)."""
+  slot_start, own_rows = parcel
+  if slot_start is None:
+    start = constrain_clients(_rows_of(parent_params, ch, parent_aligned))
+  else:   # every slot's own model, in place of its parent's
+    start = constrain_clients(slot_start)
   if personal is not None:   # every client's own personal leaves, the parent's model elsewhere
     own = _take(personal_params, ch.clients)
     start = constrain_clients(merge(shared_part(start, personal), own, personal))
@@ -251,11 +257,13 @@ def _train_chunk(update: ClientUpdate, parent_params, anchor_params, data, ch: C
   keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ch.clients)
   w = jnp.where(ch.valid, jnp.take(weights, ch.clients).astype(fdtype), 0.0)
   rnd = ClientRound(client=ch.clients, parent=ch.parent, broadcast=_take(broadcast, ch.parent),
-                    fraction=jnp.take(fraction, ch.parent), weight=w, learning_rate=learning_rate)
+                    fraction=jnp.take(fraction, ch.parent), weight=w, learning_rate=learning_rate,
+                    own=own_rows)
   params, new_state, loss, message = jax.vmap(
     lambda *a: run_update(update, *a), in_axes=(0, 0, data_axes, 0, 0, _ROUND_AXES))(
     start, constrain_clients(_take(client_state, ch.clients)), cdata, ch_steps, keys, rnd)
-  anchor = start if anchor_params is parent_params else _rows_of(anchor_params, ch, parent_aligned)
+  anchor = start if (anchor_params is parent_params or slot_start is not None) else _rows_of(
+    anchor_params, ch, parent_aligned)
   return start, anchor, constrain_clients(params), new_state, loss, message, w
 
 
@@ -297,6 +305,8 @@ def train_cohort(
   learning_rate: Any = None,
   personal: PyTree | None = None,
   personal_params: PyTree = None,
+  slot_start: PyTree = None,
+  slot_extra: PyTree = (),
 ) -> TierResult:
   """Trains every client of ``cohort`` from its parent's model and aggregates per parent.
 
@@ -351,6 +361,11 @@ def train_cohort(
       aggregates, through ``path``) the shared leaves only; the pseudo-gradient is 0 at the
       personal leaves. ``None``: every leaf shared, as before.
     personal_params: ``[C, ...]`` every client's personal leaves (``None`` at the shared ones).
+    slot_start: ``[K, ...]`` the model every slot of ``cohort`` starts from and takes its update
+      against, in place of its parent's (a server rule's parcels,
+      :attr:`~fedtree.core.server_rule.ServerRule.send_each`); ``None``: its parent's.
+    slot_extra: ``[K, ...]`` what every slot's update receives as
+      :attr:`~fedtree.core.local.ClientRound.own` (``()``: nothing).
 
   Example:
     Root -> 2 edges -> 5 clients; every client trains 2 steps of SGD from its edge's model
@@ -394,6 +409,8 @@ def train_cohort(
   has_personal = personal is not None and any(jax.tree.leaves(personal))
   shared = (lambda t: shared_part(t, personal)) if has_personal else (lambda t: t)
   order, chunks = _sorted_chunks(cohort, num_steps, chunk, num_parents)
+  parcels = jax.tree.map(lambda a: jnp.take(a, order, axis=0).reshape((k // chunk, chunk) + a.shape[1:]),
+                         (slot_start, slot_extra))
   devices = mesh_size()   # per-device partial sums, row d owned by device d (1 unsharded)
   devices = devices if devices > 1 and chunk % devices == 0 else 1
   acc = accumulator(Aggregator() if path is None else path.aggregator, block_size=block_size, devices=devices,
@@ -409,9 +426,9 @@ def train_cohort(
     personal=personal if has_personal else None)
 
   def body(carry: _Carry, xs):
-    ch, ch_steps, ch_pos = xs
+    (ch, ch_steps, ch_pos), parcel = xs
     start, anchor, params, new_state, loss, message, w = train(ch, ch_steps, carry.client_state,
-                                                               carry.personal)
+                                                               carry.personal, parcel)
     delta = shared(jax.tree.map(jnp.subtract, anchor, params))   # what the client sends up
     ok = nonfinite_slots((delta, message), loss)
     trained, skipped, first_bad = ch.valid, carry.skipped, carry.first_bad
@@ -454,10 +471,10 @@ def train_cohort(
     path_client=path_state.client,
     stat_sums={n: jnp.zeros((num_parents,), fdtype) for n in _stat_names(path, path_state, template, fdtype)},
     message_sum=jax.tree.map(lambda m: jnp.zeros((num_parents,) + m.shape, m.dtype), message_shape(
-      update, parent_params, client_state, data, broadcast, learning_rate, key)),
+      update, parent_params, client_state, data, broadcast, learning_rate, key, slot_extra)),
     personal=personal_params if has_personal else None,
   )
-  out, per_chunk = jax.lax.scan(body, init, chunks)
+  out, per_chunk = jax.lax.scan(body, init, (chunks, parcels))
   delta_sum, weight_sum, agg_stats = acc.finish(
     out.acc, stream(key, "aggregate"), {} if path is None else node_state_of(path, path_state))
   update_stats: dict[str, jax.Array] = {}

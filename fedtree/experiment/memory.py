@@ -143,12 +143,17 @@ class Needs:
       this many times one model's.
     eval_client_bytes: scratch an evaluated client needs beside the model's (kNN-Per's distances
       from its test examples to its memory).
+    cohort: ``(what, bytes)`` a round holds at once for its whole cohort beside the state and the
+      chunk (FedAMP's cohort blocks and pairwise attention, FedFomo's candidate models, pFedHN's
+      generated and sent models): added to the estimate, and a run they do not fit is refused
+      naming them and the cohort to lower.
   """
 
   step_models: int = 1
   parts: tuple[tuple[str, int], ...] = ()
   eval_models: int = 1
   eval_client_bytes: int = 0
+  cohort: tuple[tuple[str, int], ...] = ()
 
   def describe(self) -> str:
     """``" (of which ...)"`` naming the parts, or ``""``."""
@@ -197,7 +202,8 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
     at_a_time = max(1, clients if eval_chunk is None else min(int(eval_chunk), clients))
     evaluation_bytes = evaluation_bytes * max(1, int(needs.eval_models)) + needs.eval_client_bytes * at_a_time
   blocks = 0 if block is None else block_bytes(block[0], block[1], block[2], pairwise=block[3]) * experiments
-  state = state_bytes * experiments + blocks
+  held = sum(int(n) for _, n in needs.cohort) * experiments   # the round's buffers over its cohort
+  state = state_bytes * experiments + blocks + held
   work = step_bytes * chunk * experiments
   total = data_bytes + state + work
   parts = ("" if not needs.parts else
@@ -206,7 +212,9 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
           f"{f'clients data {_gib(data_bytes)} ({clients} clients) + ' if data_bytes else ''}"
           f"state {_gib(state_bytes)}{parts}"
           f"{f' x {experiments} experiments' if experiments > 1 else ''}"
-          f"{f' + cohort blocks {_gib(blocks)}' if block is not None else ''} + chunk working set "
+          f"{f' + cohort blocks {_gib(blocks)}' if block is not None else ''}"
+          f"{' + ' + ', '.join(f'{what} {_gib(n)}' for what, n in needs.cohort) if needs.cohort else ''}"
+          f" + chunk working set "
           f"{chunk} x {_gib(step_bytes)} per client step{f' ({models} models)' if models > 1 else ''}"
           f"{f' x {experiments}' if experiments > 1 else ''}")
   at_once = "every client" if eval_chunk is None else f"{eval_chunk} clients"
@@ -229,6 +237,13 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
         f"clients data {data_bytes} bytes = {data_bytes + state + evaluation_bytes} bytes > limit {limit} "
         f"bytes ({source}); {advice}")
     return line
+  if needs.cohort and data_bytes + state > limit:   # the method's work over the cohort does not fit
+    what = ", ".join(f"{w} {n} bytes" for w, n in needs.cohort)
+    raise ValueError(
+      f"run {label!r} does not fit in memory: its work over every parent's cohort holds {what}"
+      f"{f' x {experiments} experiments' if experiments > 1 else ''} + state {state - held} bytes"
+      f"{f' + clients data {data_bytes} bytes' if data_bytes else ''} = {data_bytes + state} bytes > limit "
+      f"{limit} bytes ({source}); sample fewer clients per parent a round (cohort_size)")
   if block is not None and data_bytes + state > limit:   # the cohort blocks do not fit: a smaller cohort
     param_bytes, rows, size, pairwise = block
     avail = limit - data_bytes - state_bytes * experiments - step_bytes * experiments

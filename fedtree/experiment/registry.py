@@ -225,6 +225,40 @@ def _knnper_memory(kw: dict, ctx):
                eval_client_bytes=scratch)
 
 
+def _cohort_shape(kw: dict) -> tuple[int, int, int]:
+  """``(K, N, B)``: the slots of a round's cohort, the clients' parents and the largest cohort of a
+  parent, for a run's ``cohort_size`` (one or per parent; ``None``: every child) on its tree."""
+  topology = kw["topology"]
+  counts = np.bincount(topology.parent(topology.depth), minlength=topology.num_nodes(topology.depth - 1))
+  cohort = kw.get("cohort_size")
+  if cohort is not None:
+    counts = np.minimum(np.broadcast_to(np.asarray(cohort, np.int64), counts.shape), counts)
+  sizes = counts
+  return int(sizes.sum()), len(counts), int(sizes.max())
+
+
+def _pairwise_memory(method: str):
+  """FedAMP's, FedFomo's and pFedHN's buffers over a round's cohort
+  (:class:`fedtree.experiment.memory.Needs`)."""
+  def needs(kw: dict, ctx):
+    from fedtree.experiment.memory import Needs, tree_bytes
+
+    k, n, b = _cohort_shape(kw)
+    one = tree_bytes(jax.eval_shape(ctx.model.init, jax.random.key(0)))
+    if method == "fedamp":
+      parts = ((f"FedAMP's cohort blocks and cloud models ({k} slots, {n} x {b} blocks)",
+                2 * (k + n * b) * one), (f"its attention ({n} x {b} x {b})", 2 * 4 * n * b * b))
+    elif method == "fedfomo":
+      m = int(kw["num_candidates"])
+      parts = ((f"FedFomo's candidate models ({k} clients x {m})", k * m * one),)
+    else:
+      parts = ((f"pFedHN's generated and returned models ({k} slots, {n} x {b} blocks)",
+                (n * b + 2 * k) * one),)
+    return Needs(cohort=parts)
+
+  return needs
+
+
 # ------------------------------------------------------------------------ the registry
 SPECS: Mapping[str, AlgorithmSpec] = {
   "fedavg": AlgorithmSpec(algorithms.fedavg, takes=("adapters",)),
@@ -257,6 +291,10 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "fedala": AlgorithmSpec(algorithms.fedala),
   "fedem": AlgorithmSpec(algorithms.fedem, memory=_fedem_memory),
   "knnper": AlgorithmSpec(algorithms.knnper, memory=_knnper_memory),
+  "fedamp": AlgorithmSpec(algorithms.fedamp, memory=_pairwise_memory("fedamp")),
+  "fedfomo": AlgorithmSpec(algorithms.fedfomo, memory=_pairwise_memory("fedfomo")),
+  "pfedhn": AlgorithmSpec(algorithms.pfedhn, memory=_pairwise_memory("pfedhn")),
+  "fedproto": AlgorithmSpec(algorithms.fedproto),
   "fedkws": AlgorithmSpec(algorithms.fedkws,
                           fields=(_rate_optimizer("private_learning_rate", "private_optimizer"),)),
   "grouppfl": grouppfl_family.SPEC,
@@ -322,6 +360,8 @@ def memory_needs(label: str, run, ctx):
   for n, hint in schema(spec).scalars.items():
     if n in run:
       kw[n] = coerce(run[n], hint, f"config.runs.{label}.{n}")
+  if "cohort_size" in params:   # (a field of its own, one size or one per parent, not a scalar)
+    kw.update(_cohort(run, ctx))
   kw["topology"] = run_topology(label, run, ctx)
   return spec.memory(kw, ctx)
 
