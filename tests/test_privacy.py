@@ -238,7 +238,7 @@ def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match=rf"q={q!r}"):
       xp.epsilon(noise_multiplier=1.0, sampling_rate=q, rounds=1, delta=1e-5, sampling="poisson")
   with pytest.raises(ValueError, match="weighting='examples'.*unbounded"):
-    dp.check_weighting("examples")
+    dp.check_private_weighting("examples")
   with pytest.raises(ValueError, match="normalize='mean'"):
     dp.central(1.0, 1.0, normalize="mean")
   with pytest.raises(ValueError, match="accountant='pld' accounts Poisson sampling only"):

@@ -69,9 +69,10 @@ from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import Cohort
 from fedtree.core.server import init_nodes, update_nodes
-from fedtree.core.systems import Systems, make_profile, model_bytes, uplink_bytes
+from fedtree.core.systems import Systems, make_profile, uplink_bytes
 from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
+from fedtree.core.traffic import model_bytes
 from fedtree.core.updates import PathState, UpdatePath, init_path_state, per_level_paths
 
 PyTree = Any
@@ -343,8 +344,8 @@ def fedbuff(
     client = jnp.where(start, new_client, state.client).astype(jnp.int32)
     want = jnp.take(num_steps, client)
     up_b = uplink_bytes(path, jax.tree.map(lambda a: a[0], state.params))
-    comm = systems.client_seconds(client, jnp.zeros_like(want, jnp.float32), model_bytes(state.params),
-                                  up_bytes=up_b)
+    comm = systems.client_seconds(client, jnp.zeros_like(want, jnp.float32),
+                                  model_bytes(state.params, stacked=True), up_bytes=up_b)
     speed = jnp.take(systems.profile.speed, client)
     steps, fails, seconds = want, jnp.zeros_like(start), comm + want.astype(jnp.float32) / speed
     if policy.dropout > 0:   # fails during its work: the server learns it when the client would report
@@ -429,7 +430,7 @@ def fedbuff(
                                                                key)
     metrics.update(up_metrics)
     for lv in range(depth - 2, -1, -1):   # a level that aggregated met its slowest child's clock
-      mb = model_bytes(params[lv])
+      mb = model_bytes(params[lv], stacked=True)
       meet = jax.ops.segment_max(node_clock, leaf_ancestor[lv], num_segments=topology.num_nodes(lv))
       meet = meet + systems.aggregation_seconds(lv, links, mb, mb)
       node_clock = jnp.where(active[lv], jnp.take(meet, leaf_ancestor[lv]), node_clock)

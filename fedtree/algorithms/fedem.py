@@ -71,8 +71,8 @@ from fedtree.algorithms.hierfavg import hierfavg_method, on_host
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, ScoredModels
 from fedtree.core.local import ClientData, ClientUpdate, cast_floating, check_compute_dtype, run_local_steps
 from fedtree.core.model import Model
-from fedtree.core.systems import model_bytes
 from fedtree.core.topology import Topology
+from fedtree.core.traffic import model_bytes
 
 PyTree = Any
 
@@ -282,7 +282,7 @@ def fedem(
   n = np.asarray(data.n_train, np.float64)
   share = n / max(n.sum(), 1.0)
   one = jax.eval_shape(model.init, jax.random.key(0))
-  size = k * model_bytes(jax.tree.map(lambda a: jax.ShapeDtypeStruct((1,) + a.shape, a.dtype), one))
+  size = k * model_bytes(one)
 
   def models(state):
     pi = state.client_state.weights

@@ -62,9 +62,10 @@ from fedtree.core.server_rule import (
   prepare,
   receive,
 )
-from fedtree.core.systems import Systems, model_bytes, uplink_bytes
+from fedtree.core.systems import Systems, uplink_bytes
 from fedtree.core.tier import message_shape, train_cohort
 from fedtree.core.topology import Topology
+from fedtree.core.traffic import model_bytes
 from fedtree.core.updates import (
   UpdatePath,
   aggregate_children,
@@ -209,7 +210,7 @@ class UpperLevels:
       # every child node sends its model up and gets the level's back (bytes: core.traffic)
       metrics[f"level{lv}_children_sent"] = jnp.where(active[lv], n, 0).astype(jnp.int32)
       if mask is not None:   # what travels is the shared part
-        size = model_bytes(share.sent(params[lv], lv))
+        size = model_bytes(share.sent(params[lv], lv), stacked=True)
         for k in (f"level{lv}_uplink_bytes", f"level{lv}_down_bytes"):
           metrics.setdefault(k, jnp.where(active[lv], size, 0))
     return params, opt_state, update_state, active, metrics
@@ -280,7 +281,7 @@ class Extras:
          share: Shares,
          learning_rate) -> Extras:
     leaf = topology.depth - 1
-    shared = model_bytes(_stacked(share.sent(template, leaf), 1))
+    shared = model_bytes(_stacked(share.sent(template, leaf), 1), stacked=True)
     bcast = () if rule is None else jax.eval_shape(lambda p: broadcast_of(rule, init_rule_state(rule, p, 1)),
                                                    template)
     own = parcel_shape(rule, update, template, topology)
@@ -291,10 +292,10 @@ class Extras:
         lambda p: update.init_state(p, 1), template), data, bcast, learning_rate, jax.random.key(0), own))
     if rule is not None and rule.gather is not None:   # what a client sends before training
       messages.append(message_shape(rule.gather, params, (), data, bcast, learning_rate, jax.random.key(0)))
-    msg = model_bytes(_stacked(tuple(messages), 1))
+    msg = model_bytes(_stacked(tuple(messages), 1), stacked=True)
     if update.message_bytes is not None:   # what the message costs on the wire (ClientUpdate.message_bytes)
       msg += int(update.message_bytes)
-    bc = model_bytes(bcast) + model_bytes(own)
+    bc = model_bytes(bcast, stacked=True) + model_bytes(own, stacked=True)
     wire = None if rule is None or rule.wire is None else tuple(int(b) for b in rule.wire(shared))
     return cls(shared, msg, bc, share.client_mask is not None or msg > 0 or bc > 0 or wire is not None,
                wire)  # type: ignore[arg-type]
@@ -611,7 +612,7 @@ def hierfavg(
     if systems is not None:   # the leaf parents' rounds run side by side; a level aggregating adds its own
       level_secs = []
       for lv, st in down_level_stats.items():
-        mb = model_bytes(params[lv])
+        mb = model_bytes(params[lv], stacked=True)
         up_b, down_b = _uplink(paths[lv], params[lv]), st.get("bytes")
         level_secs.append(jnp.where(active[lv], systems.aggregation_seconds(
           lv, links, mb if up_b is None else up_b,

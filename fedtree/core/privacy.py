@@ -4,7 +4,7 @@ adaptive clipping (Andrew et al. 2021).
 
 The unit of privacy is a client (user-level DP). Every aggregation weight must be 1
 (``weighting="uniform"``): with example-count weights one client's contribution to the sum is
-unbounded, so :func:`check_weighting` refuses them.
+unbounded, so :func:`check_private_weighting` refuses them.
 
 * :func:`clip` (a :class:`~fedtree.core.updates.ClientTransform`): every client's delta scaled to
   L2 norm at most ``C`` (over the whole model, or ``C / sqrt(L)`` per leaf with ``per_layer``);
@@ -41,9 +41,9 @@ UNCLIPPED = "dp_unclipped"
 clipping counts."""
 
 
-def check_weighting(weighting: str) -> str:
+def check_private_weighting(weighting: str) -> str:
   """``weighting`` if DP can bound a client's contribution under it (``"uniform"``), else a
-  ``ValueError`` that says why."""
+  ``ValueError`` that says why (which weightings exist: :func:`fedtree.core.algorithm.check_weighting`)."""
   if weighting != "uniform":
     raise ValueError(f"differential privacy needs weighting='uniform' (got weighting={weighting!r}): with "
                      f"example-count weights one client's contribution to the aggregate, hence the "

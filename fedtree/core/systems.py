@@ -387,12 +387,6 @@ class RoundOutcome(NamedTuple):
   stats: dict[str, jax.Array]
 
 
-def model_bytes(params: PyTree) -> int:
-  """Bytes of one model (one row of stacked ``[N, ...]`` params) at its dtype."""
-  return int(sum(np.prod(a.shape[1:], dtype=np.int64) * np.dtype(a.dtype).itemsize
-                 for a in jax.tree.leaves(params)))
-
-
 def _per_client(name: str, value, num_clients: int) -> jax.Array | None:
   if value is None:
     return None

@@ -70,9 +70,14 @@ ROUND_TRIP_MODELS = 2.0
 _LEVEL = re.compile(r"^level(\d+)_children_(?:sent|received)$")
 
 
-def model_bytes(params_shape: Any) -> int:
-  """The size of one model (a params pytree or its ``ShapeDtypeStruct``s) at its dtypes."""
-  return int(sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(params_shape)))
+def model_bytes(params_shape: Any, *, stacked: bool = False) -> int:
+  """The size of one model (a params pytree or its ``ShapeDtypeStruct``s) at its dtypes; with
+  ``stacked``, of one row of stacked ``[N, ...]`` params (a node's or a client's model). The one
+  size every byte count uses (the bytes on the edges, the systems clock)."""
+  leaves = jax.tree.leaves(params_shape)
+  if stacked:
+    return int(sum(np.prod(a.shape[1:], dtype=np.int64) * np.dtype(a.dtype).itemsize for a in leaves))
+  return int(sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves))
 
 
 Edge = tuple[float, float, float, float]

@@ -242,7 +242,7 @@ def run_context(ctx: Context, run) -> Context:
     loaded = (ctx.data, ctx.groups, ctx.central_test, info)
   data_cfg = ml_collections.ConfigDict({**config.data.to_dict(), **given.get("data", {})})
   model_cfg = {**config.model.to_dict(), **given.get("model", {})}
-  in_memory = ctx.init_params is not None and config.get("init_params", None) is None   # e.g. pretrained
+  in_memory = ctx.init_params is not None and field(config, "init_params") is None   # e.g. pretrained
   if in_memory and "model" in given:
     raise ValueError(f"its own model ({given['model']}) cannot start from the parameters every other run "
                      f"starts from (they are the config's model's, e.g. a pretrained base); drop its model")

@@ -243,7 +243,7 @@ def plan(section: dict, ctx: RunContext, *, verbose: bool = True) -> Plan:
   elif "weighting" in params:
     weighting = params["weighting"].default
   if weighting is not None:
-    dp.check_weighting(weighting)
+    dp.check_private_weighting(weighting)
   mechanism = section.get("mechanism", "central")
   if mechanism not in MECHANISMS:
     raise ValueError(f"mechanism={mechanism!r}; choose one of {list(MECHANISMS)}")
