@@ -100,6 +100,8 @@ ALGORITHM_CASES = {
   # two rounds of each stage: a 4-round run crosses the boundary, a resume after 2 starts on it
   "grouppfl": {"global_rounds": 2, "group_rounds": 2},
   "scaffold": {"cohort_size": 4},
+  "feddyn": {"alpha": 0.1, "cohort_size": 4}, "fednova": {"cohort_size": 4},
+  "mime": {"cohort_size": 4}, "mimelite": {"cohort_size": 4},
 }
 """The smallest run config of every registered algorithm (its required fields; short
 warm-ups): test_conformance's cases and tests/multihost_config.py's runs."""

@@ -43,7 +43,7 @@ def run_rounds(alg, data, rounds: int = 3, seed: int = 0):
 
 
 def make_fedavg(data, *, chunk_size=None, cohort_size=None, steps=None, compute_dtype=None,
-                lr: float = 0.1):
+                lr: float = 0.1, update_paths=None):
   from fedtree.core.local import sgd_client_update
 
   model = tiny_model(data.x_train.shape[-1])
@@ -54,7 +54,8 @@ def make_fedavg(data, *, chunk_size=None, cohort_size=None, steps=None, compute_
                                max_steps=schedule.max_steps(data.max_train),
                                compute_dtype=compute_dtype)
   return fedavg(model=model, data=data, local_optimizer=optax.sgd(lr), schedule=schedule,
-                chunk_size=chunk_size, cohort_size=cohort_size, client_update=update)
+                chunk_size=chunk_size, cohort_size=cohort_size, client_update=update,
+                update_paths=update_paths)
 
 
 def make_hierfavg(data, sizes, *, chunk_size=None, cohort_size=None):
@@ -72,3 +73,12 @@ def flat_params(state) -> np.ndarray:
 
 def as_f32(tree):
   return jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), tree)
+
+
+def dp_path(noise_multiplier: float = 1.0, clip_norm: float = 0.5):
+  """Central DP at the clients' parents: every update clipped to ``clip_norm``, Gaussian noise
+  of multiplier ``noise_multiplier`` added once to each parent's sum (counted normalisation)."""
+  from fedtree.core import privacy
+  from fedtree.core.updates import UpdatePath
+
+  return UpdatePath(client=privacy.clip(clip_norm), node=privacy.central(noise_multiplier, clip_norm))

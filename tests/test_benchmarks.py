@@ -91,6 +91,47 @@ def test_privacy_benchmark_runs(tmp_path):
   assert json.load(open(out))["sweep"]["rounds"] == 1
 
 
+def test_population_report_prints_ratios_against_the_smallest_population_and_the_shuffle():
+  """The population row (issue 43 item 4): its table holds, per population, the round's time and
+  its ratio to the smallest population's, and the cohort draw against the shuffle's, both
+  measured in the same run (no timing is asserted)."""
+  from benchmarks import scaling
+
+  assert all(scaling.time_draw(200, 5, m, repeats=2) > 0 for m in ("auto", "shuffle"))
+  rows = [dict(population=1000, seconds_per_round=0.01, draw_s=5e-4, shuffle_draw_s=5e-4),
+          dict(population=300_000, seconds_per_round=0.012, draw_s=3e-4, shuffle_draw_s=1.2)]
+  for r in rows:
+    r.update(round_vs_smallest=r["seconds_per_round"] / 0.01,
+             shuffle_vs_draw=r["shuffle_draw_s"] / r["draw_s"])
+  table = scaling.population_table(rows).splitlines()
+  assert table[0].split() == ["population", "ms/round", "x", "smallest", "draw", "ms", "shuffle", "ms",
+                              "shuffle/draw"]
+  assert table[3].split() == ["300,000", "12.00", "1.20x", "0.300", "1200.000", "4000.0x"]
+
+
+@pytest.mark.slow
+def test_population_sweep_runs(tmp_path):
+  from benchmarks import scaling
+
+  out = scaling.main(["--sweeps=population", "--populations=40,80", "--population-cohort=4", "--tag=p",
+                      f"--out-dir={tmp_path}"])
+  rows = out["population_sweep"]
+  assert [r["population"] for r in rows] == [40, 80] and rows[0]["round_vs_smallest"] == 1.0
+  assert all(r["shuffle_vs_draw"] > 0 for r in rows) and os.path.getsize(tmp_path / "p.png") > 0
+
+
+def test_methods_benchmark_reports_ratios_to_fedavg(tmp_path):
+  from benchmarks import methods
+
+  rows = methods.main(["--clients=4", "--methods=fednova", "--rounds=1", "--repeats=1", "--tag=m",
+                       f"--out-dir={tmp_path}"])
+  assert [r["method"] for r in rows] == ["fedavg", "fednova"]   # FedAvg, the base, always measured
+  assert rows[0]["cpu_vs_fedavg"] == 1.0 and rows[1]["client_updates_per_cpu_s"] > 0
+  assert "x FedAvg" in json.load(open(tmp_path / "m.json"))["table"]
+  with pytest.raises(SystemExit, match="unknown"):
+    methods.main(["--methods=fedsgd"])
+
+
 # ------------------------------------------------------------------------ issue 41's GPU session
 def _torch_layout_cnn(w: dict, x: np.ndarray) -> np.ndarray:
   """pfl-research's ``simple_cnn`` written out in numpy in PyTorch's layout (NCHW, ``[out, in, kh,

@@ -192,7 +192,7 @@ def test_every_objective_runs_or_is_refused(ctx, host):
 
 @pytest.mark.parametrize("name", ["fedavg", "hierfavg", "fedprox", "ditto", "pfedme", "perfedavg",
                                   "pfedmt", "bhfl", "cfl", "ifca", "awcfl", "mcfl", "fedkws", "grouppfl",
-                                  "fedmmd"])
+                                  "fedmmd", "scaffold", "feddyn", "fednova", "mime", "mimelite"])
 def test_compute_dtype_combines_with_every_algorithm(ctx, name):
   """``compute_dtype`` reaches every objective: the round traces with bfloat16 in it."""
   alg = _build(ctx, name, compute_dtype="bfloat16")

@@ -51,6 +51,9 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.fedkws.fedkws",
   "fedtree.algorithms.fedbuff",
   "fedtree.algorithms.scaffold",
+  "fedtree.algorithms.feddyn",
+  "fedtree.algorithms.fednova",
+  "fedtree.algorithms.mime",
 ]
 
 
@@ -90,6 +93,12 @@ def test_site_builds_in_strict_mode(tmp_path):
   assert 'id="fedtree.objectives.fedmmd"' in (site / "api" / "objectives" / "index.html").read_text()
   assert 'id="fedtree.experiment.sweep"' in (site / "api" / "experiment" / "index.html").read_text()
   assert (site / "algorithms" / "fedmmd" / "index.html").exists()
+  # the toolbox (issue 42 item 6): its pages, and the robust and attack modules' API page
+  toolbox = (site / "api" / "toolbox" / "index.html").read_text()
+  for module in ("fedtree.core.robust", "fedtree.core.attacks", "fedtree.experiment.robust"):
+    assert f'id="{module}"' in toolbox, module
+  for page in ("toolbox", "robust", "compression", "lora", "privacy"):
+    assert (site / page / "index.html").exists(), page
   # a config's launch command is code
   kws = (site / "algorithms" / "fedkws" / "index.html").read_text()
   first_code = kws.split("<pre", 1)[1].split("</pre>", 1)[0]
@@ -99,6 +108,55 @@ def test_site_builds_in_strict_mode(tmp_path):
     for src in re.findall(r'<script[^>]+src="([^"]+)"', html_path.read_text()):
       assert "//" not in src, (html_path, src)
   assert (site / "javascripts" / "mathjax" / "tex-svg.js").stat().st_size > 1_000_000
+
+
+CAPABILITIES = {   # docs page -> words the README's and the overview's line about it holds
+  "docs/privacy.md": "privacy", "docs/robust.md": "robust aggregation",
+  "docs/compression.md": "compression", "docs/lora.md": "LoRA", "docs/algorithms/systems.md": "systems",
+}
+
+
+def test_every_capability_is_one_click_from_the_readme_and_in_the_navigation():
+  """Issue 42 item 6: privacy, robust aggregation and attacks, compression, LoRA and systems each
+  have a docs page linked from the README's toolbox table and in the site's navigation, with its
+  config and notebook named."""
+  readme = open(os.path.join(ROOT, "README.md")).read()
+  toolbox = readme.split("## The toolbox", 1)[1].split("\n## ", 1)[0]
+  nav = open(os.path.join(ROOT, "mkdocs.yml")).read().split("\nnav:", 1)[1]
+  for page, words in CAPABILITIES.items():
+    assert f"]({page})" in toolbox and words in toolbox, page
+    assert page.removeprefix("docs/") in nav, page
+    assert os.path.exists(os.path.join(ROOT, page)), page
+  for name in ("privacy", "robust", "compression", "peft_lm", "systems"):
+    assert f"(configs/{name}.py)" in toolbox, name
+  assert "api/toolbox.md" in nav and "toolbox.md" in nav
+
+
+def test_the_notebooks_page_lists_every_notebook():
+  page = open(os.path.join(ROOT, "docs", "notebooks.md")).read()
+  for path in sorted(os.listdir(os.path.join(ROOT, "colab"))):
+    if path.endswith(".ipynb"):
+      assert f"[`{path}`](https://colab.research.google.com/github/fedtree/fedtree/blob/main/colab/{path})" \
+        in page, path
+
+
+def test_the_docs_name_only_flower_partitioners_the_code_takes():
+  """docs/bring-your-own.md lists the Flower partitioners fedtree hands the data to; each must be
+  one :func:`fedtree.datasets.hf.flower_partitioner` builds (the vertical ones are refused)."""
+  pytest.importorskip("flwr_datasets")
+  from fedtree.datasets.hf import flower_partitioner
+
+  page = open(os.path.join(ROOT, "docs", "bring-your-own.md")).read()
+  listed = re.search(r'`partitioner="flwr.<ClassName>"` \(([^)]*)\)', page).group(1)
+  names = re.findall(r"`(\w+Partitioner)`", listed)
+  assert len(names) >= 10
+  for name in names:
+    try:
+      flower_partitioner(name, {})
+    except TypeError:   # built without its required arguments: accepted by name
+      pass
+    except ValueError as e:
+      assert "is not supported" not in str(e) and "is unknown" not in str(e), (name, e)
 
 
 def test_fence_indented_paragraphs():

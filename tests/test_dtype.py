@@ -58,6 +58,37 @@ def test_float64_state_of_cfl_whose_cluster_count_crashed_under_x64():
   _check_float64("cfl")
 
 
+def test_float64_adaptive_clipping_keeps_its_clip_norm_in_float64_inside_fused_rounds():
+  """Issue 43 item 2: ``--config.dtype=float64`` with adaptive clipping crashed in the fused
+  rounds' scan (the clip norm started float32 and came out float64); it now starts in the
+  run's dtype and stays there, and the clip norm moves (the state is not frozen)."""
+  c = get_config("fedavg")
+  c.dtype, c.rounds = "float64", 4
+  c.runs.fedavg.weighting = "uniform"
+  c.runs.fedavg.privacy = {"noise_multiplier": 0.5, "adaptive": {"initial_clip": 0.1, "count_noise": 1.0}}
+  c = runner.prepare_config(c)
+  with runner.precision(c):
+    ctx = runner.make_context(c)
+    alg = registry.build_algorithm("fedavg", c.runs.fedavg, ctx)
+    start = alg.init(jax.random.key(0))
+    state = loop.run(alg, ctx.run_data, num_rounds=4, rounds_per_call=2, key=jax.random.key(0))
+    clip0, clip = start.update_state[0].node["dp"]["clip"], state.update_state[0].node["dp"]["clip"]
+    assert clip0.dtype == clip.dtype == jnp.float64
+    assert np.all(np.isfinite(np.asarray(clip))) and not np.allclose(np.asarray(clip), 0.1)
+    floats = {str(x.dtype) for p, x in jax.tree_util.tree_flatten_with_path(state)[0]
+              if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
+              and not jax.tree_util.keystr(p).endswith(CLOCKS)}
+    assert floats == {"float64"}, floats
+
+
+def test_a_state_that_follows_the_model_is_never_narrower_than_float32():
+  from fedtree.core.privacy import Adaptive, central
+
+  dp = central(1.0, normalize="count", adaptive=Adaptive(initial_clip=0.5))
+  for dtype in (jnp.bfloat16, jnp.float16, jnp.float32):
+    assert dp.init({"w": jnp.zeros(3, dtype)}, 2)["clip"].dtype == jnp.float32
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(set(registry.SPECS) - {"cfl"}))
 def test_float64_state_of_every_other_algorithm(name):

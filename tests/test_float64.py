@@ -16,7 +16,7 @@ import pytest
 HERE = pathlib.Path(__file__).parent
 ROOT = HERE.parent
 OTHERS = ("hierfavg", "fedprox", "ditto", "perfedavg", "perfedavg_hf", "pfedmt", "fedkws", "ifca",
-          "cfl", "mcfl", "awcfl", "bhfl", "scaffold")
+          "cfl", "mcfl", "awcfl", "bhfl", "scaffold", "feddyn", "fednova", "mime", "mimelite")
 
 
 def _x64(*names: str) -> dict:

@@ -54,8 +54,6 @@ MEANINGLESS = {
                 lambda r: r.update(systems=dict(availability=dict(kind="diurnal", online_hours=30.0))),
                 "online_hours=30"),
   "lora_rank": ("adapters", lambda r: r.update(adapters=dict(kind="lora", rank=64)), "rank=64"),
-  "level0_one_server": ("one_server", lambda r: r.update(aggregator=dict(name="median", levels=0)),
-                        "levels=0"),
 }
 """``{kind: (what the run needs, how to set it, what the refusal names)}``."""
 PROBLEMS = 120
@@ -116,9 +114,8 @@ def draw(seed: int) -> tuple[ml_collections.ConfigDict, str | None]:
     kinds = [k for k, (needs, _, _) in MEANINGLESS.items()
              if needs in ("privacy", "attack", "compression")
              or (needs == "systems" and "systems" in params)
-             or (needs == "adapters" and name in registry.ADAPTER_ALGORITHMS)
-             or (needs == "one_server" and "topology" not in params and len(groups) > 1 and not flat)]
-    bad = "level0_one_server" if "level0_one_server" in kinds and rng.random() < 0.5 else pick(kinds)
+             or (needs == "adapters" and name in registry.ADAPTER_ALGORITHMS)]
+    bad = pick(kinds)
     # the section with the bad value alone (whatever else is drawn could be refused first)
     run = {k: v for k, v in run.items()
            if k not in ("attack", "aggregator", "compression", "privacy", "systems", "adapters")}
@@ -277,13 +274,11 @@ REFUSED = {
                      r"online_hours=30.0 is longer than the day \(24 hours\)"),
   "lora rank above the kernels": ("hierfavg", dict(adapters=dict(kind="lora", rank=64)),
                                   r"adapters: LoRA rank=64 exceeds the smaller side of every adapted kernel"),
-  "level 0 on a one-server run": ("fedavg", dict(aggregator=dict(name="median", levels=0)),
-                                  r"aggregator: levels=0: algorithm 'fedavg' has one server over all 5 "
-                                  r"clients"),
-  "attack level 0 on a one-server run": ("fedavg", dict(attack=dict(name="sign_flip", fraction=0.4, level=0)),
-                                         r"attack: level=0: algorithm 'fedavg' has one server"),
-  "compression level 0 on a one-server run": ("fedadam", dict(compression=dict(level=0, uplink=dict(
-    name="qsgd", bits=4))), r"compression: level=0: algorithm 'fedopt' has one server"),
+  # (a level of a one-server run in a grouped config is a level of the run's own tree, issue 43:
+  # level 0 is its server, the clients' parent; level 1 does not exist there)
+  "attack level 1 on a one-server run": (
+    "fedavg", dict(attack=dict(name="sign_flip", fraction=0.4, level=1)),
+    r"level=1: the server level whose children attack; choose one of \[0\]"),
   "poisson slots that overflow": ("hierfavg", dict(sampling="poisson", poisson_q=0.9, cohort_size=1),
                                   r"cohort_size=1 with sampling='poisson', poisson_q=0.9: parent 0's 3 "
                                   r"clients overflow its 1 slots with probability 0.972 per round .* set "

@@ -20,13 +20,22 @@ def test_a_run_that_cannot_fit_fails_before_compiling_with_the_largest_chunk_tha
   budget = memory.Budget.of(ctx)
   state = memory.tree_bytes(jax.eval_shape(alg.init, loop.init_key(jax.random.key(0))))
   step = budget.step_bytes()
-  assert state > 0 and step > 0
-  c.memory_limit_bytes = state + int(2.5 * step)  # the state and 2 clients' steps fit, not 6
+  data = budget.data_bytes   # (issue 43: the clients' data on the device is part of the budget)
+  assert state > 0 and step > 0 and data == memory.tree_bytes(ctx.data) > 0
+  c.memory_limit_bytes = data + state + int(2.5 * step)  # the data, state and 2 clients' steps fit, not 6
   with pytest.raises(ValueError, match=rf"run 'hierfavg' does not fit in memory: state {state} bytes "
                                        rf"\+ chunk working set {6 * step} bytes \(chunk_size=6\).*"
                                        r"config.memory_limit_bytes\); set chunk_size <= 2"):
     experiment.train_and_evaluate(c, None)
-  c.memory_limit_bytes = state // 2
+  # a state that does not fit (the clients' data, counted since issue 43, does: twice on CPU, the
+  # host arrays and their copy)
+  c.model.hidden = (1024,)
+  c.memory_limit_bytes = None
+  ctx = runner.make_context(c)
+  wide = experiment.registry.build_algorithm("hierfavg", c.runs.hierfavg, ctx)
+  big = memory.tree_bytes(jax.eval_shape(wide.init, loop.init_key(jax.random.key(0))))
+  assert big > 8 * data
+  c.memory_limit_bytes = 2 * data + big // 2
   with pytest.raises(ValueError, match="even the smallest chunk does not fit"):
     experiment.train_and_evaluate(c, None)
   line = memory.check_memory("x", state_bytes=state, step_bytes=step, chunk=2, limit=state + 3 * step,
@@ -43,8 +52,63 @@ def test_a_sweep_that_cannot_fit_names_the_experiments_per_chunk_that_fit():
   c.sweep.seeds = 4
   ctx = runner.make_context(c)
   alg = experiment.registry.build_algorithm("hierfavg", c.runs.hierfavg, ctx)
+  budget = memory.Budget.of(ctx)
   one = (memory.tree_bytes(jax.eval_shape(alg.init, loop.init_key(jax.random.key(0))))
-         + 3 * memory.Budget.of(ctx).step_bytes())
-  c.memory_limit_bytes = int(2.5 * one)  # 2 experiments of the 4 fit
+         + 3 * budget.step_bytes())
+  c.memory_limit_bytes = budget.data_bytes + int(2.5 * one)  # beside the shared data, 2 of 4 fit
   with pytest.raises(ValueError, match=r"\(chunk_size=3, 4 experiments at once\).*; set sweep.chunk <= 2"):
     experiment.train_and_evaluate(c, None)
+
+
+def test_the_clients_data_is_counted_and_a_population_that_does_not_fit_is_refused(capsys):
+  """Issue 43 item 3: the estimate left out the clients' data, which stays on the device, so
+  it was the same for 1,000 and 300,000 clients and a population too large for memory was killed
+  by the kernel. The data is now counted (it grows with the population); a population whose data
+  cannot be copied to the device (on CPU: twice its bytes, the host arrays and the device's copy)
+  is refused before the copy, and one whose data does not fit beside the state and one client's
+  step before anything compiles, each with the numbers and about how many clients fit."""
+  from fedtree.experiment import memory, runner
+
+  sizes = {}
+  for scale in (1, 4):
+    c = hierfavg_config(rounds=1)
+    c.data.group_sizes = tuple(scale * g for g in c.data.group_sizes)
+    c.data.min_examples = c.data.max_examples = 20   # every client padded alike: bytes per client fixed
+    sizes[scale] = memory.Budget.of(runner.make_context(c)).data_bytes
+  assert sizes[4] == 4 * sizes[1]
+
+  c = hierfavg_config(rounds=1)
+  c.checkpoint_every = 0
+  ctx = runner.make_context(c)
+  alg = experiment.registry.build_algorithm("hierfavg", c.runs.hierfavg, ctx)
+  budget = memory.Budget.of(ctx)
+  shapes = jax.eval_shape(alg.init, loop.init_key(jax.random.key(0)))
+  state = memory.tree_bytes(shapes)
+  data, clients, step = budget.data_bytes, ctx.data.num_clients, budget.step_bytes()
+  per = data / clients
+  assert f"clients data {memory._gib(data)} ({clients} clients) + state" in budget.check("h", shapes, 2)
+  budget.limit = state + step + int(3.5 * per)   # the state, one step and 3 clients' data fit
+  with pytest.raises(ValueError, match=(
+      rf"run 'h' does not fit in memory: .* \+ clients data {data} bytes \({clients} clients\) = "
+      rf".* even the smallest chunk does not fit: the clients' data alone is {data} bytes \({clients} "
+      rf"clients x {per:.0f} bytes, kept on the device for the run\), and about 3 clients fit")):
+    budget.check("h", shapes, 2)
+
+  # evaluating every client at once (config.eval_chunk_size=None) does not fit, one client's step does
+  evaluation = budget.eval_bytes()
+  assert evaluation > step
+  budget.limit = data + state + (step + evaluation) // 2
+  room = budget.limit - data - state
+  with pytest.raises(ValueError, match=(
+      rf"run 'h' does not fit in memory when it evaluates: state {state} bytes \+ evaluation working set "
+      rf"{evaluation} bytes \(config.eval_chunk_size=None: every client at once\) .*; set "
+      rf"config.eval_chunk_size <= {int(room // (evaluation / clients))}")):
+    budget.check("h", shapes, 1)
+
+  c.memory_limit_bytes = int(2 * 5.5 * per)   # on CPU the host arrays and their copy: 5 clients fit
+  with pytest.raises(ValueError, match=(
+      rf"the clients' data does not fit in memory: {data} bytes \({clients} clients x {per:.0f} bytes\) "
+      rf"held twice: .* {2 * data} bytes > limit {c.memory_limit_bytes} bytes \(config.memory_limit_bytes\); "
+      rf"about 5 clients fit")):
+    experiment.train_and_evaluate(c, None)
+  assert "fedtree: workdir" not in capsys.readouterr().out   # refused before the run started

@@ -160,7 +160,9 @@ def test_quickstart_cli_writes_the_pictures(tmp_path):
          "--config.rounds=2", "--config.eval_every=1", "--config.rounds_per_call=1",
          "--config.progress=False", "--config.data.group_sizes=(3,2)",
          "--config.runs.fedavg.cohort_size=3", "--config.runs.fedadam.cohort_size=3",
-         "--config.runs.hierfavg.cohort_size=2", "--config.runs.edges_only.cohort_size=2"]
+         "--config.runs.hierfavg.cohort_size=2", "--config.runs.edges_only.cohort_size=2",
+         # the root aggregates within the 2 rounds: hierfavg has two trained models (plot_models.png)
+         "--config.runs.hierfavg.periods=(2,)"]
   out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"})
   assert out.returncode == 0, out.stderr[-3000:]
@@ -236,3 +238,136 @@ def test_client_histograms_are_a_panel_per_series_on_shared_axes(monkeypatch):
   assert len(axes) == 5
   assert len({ax.get_xlim() for ax in axes}) == 1 and len({ax.get_ylim() for ax in axes}) == 1
   assert all("mean" in ax.get_title() for ax in axes)
+
+
+# ------------------------------------------------------------- issue 42: many runs, untrained models
+def _robust_like(tmp_path, attacks=("none", "signflip", "alie", "labelflip", "backdoor"),
+                 defences=("mean", "median", "trimmed", "mkrum", "rfa", "cclip", "fltrust")):
+  """configs/robust.py's 63 run labels ({attack}_{defence}_{percent}, none_{defence}) with made-up rows."""
+  rng = np.random.default_rng(0)
+  labels = [f"{a}_{d}" if a == "none" else f"{a}_{d}_{f}" for a in attacks for f in (10, 30)
+            for d in defences if a != "none" or f == 10]
+  rows, summary = [], {}
+  for run in labels:
+    final = 0.6 + 0.35 * rng.random()
+    for r in (20, 40):
+      acc = final * r / 40
+      rows.append({"run": run, "round": r, "train_loss": 1 / r, "global/accuracy": acc, "uplink_MB": r / 10,
+                   **{f"global/accuracy_{k}": acc + d for k, d in
+                      (("p10", -0.1), ("p50", 0.0), ("p90", 0.05), ("worst10_mean", -0.15))}})
+    s = {"accuracy": final, "trained": True, "client_accuracy": list(final + 0.05 * rng.normal(size=10)),
+         "fairness": {"metric": "accuracy", "clients": 10, "p10": final - 0.1, "p50": final,
+                      "p90": final + 0.05, "worst10_mean": final - 0.15, "gini": 0.05}}
+    if run.startswith("backdoor"):
+      s["attack_success_rate"] = rng.random()
+    summary[run] = {"global": s}
+  (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  (tmp_path / "summary.json").write_text(json.dumps(summary))
+  return labels
+
+
+def _inside(fig) -> bool:
+  """Every legend and axes title of ``fig`` lies within the figure once it is drawn."""
+  fig.canvas.draw()
+  box = fig.bbox
+  artists = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+  artists += [ax.title for ax in fig.axes if ax.get_visible() and ax.get_title()]
+  return all(box.x0 - 1 <= a.get_window_extent().x0 and a.get_window_extent().x1 <= box.x1 + 1
+             and box.y0 - 1 <= a.get_window_extent().y0 and a.get_window_extent().y1 <= box.y1 + 1
+             for a in artists)
+
+
+ALL_ATTACKS = ("none", "signflip", "alie", "labelflip", "backdoor")
+ALL_DEFENCES = ("mean", "median", "trimmed", "mkrum", "rfa", "cclip", "fltrust")
+
+
+@pytest.mark.parametrize("attacks,defences", [
+  (("none", "signflip", "backdoor"), ("mean", "median", "mkrum")),   # 15 runs, ~5 s
+  pytest.param(ALL_ATTACKS, ALL_DEFENCES, marks=pytest.mark.slow),   # the 63 runs, ~15 s
+])
+def test_many_runs_are_drawn_a_panel_per_family_with_the_legend_outside(monkeypatch, tmp_path, attacks,
+                                                                        defences):
+  """configs/robust.py's runs (63, issue 42 item 3): curves a panel per attack with one legend
+  beside the panels, the final results as an attack x defence heatmap, per-client spreads a row
+  per run; no legend leaves its figure and matplotlib warns about no layout."""
+  import warnings
+
+  labels = _robust_like(tmp_path, attacks, defences)
+  assert len(labels) == len(defences) * (2 * len(attacks) - 1)
+  figs = {}
+  monkeypatch.setattr(plots, "_save", lambda fig, path: figs.setdefault(os.path.basename(path), fig) and path)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")   # "Tight layout not applied", "legend ... too large", ...
+    written = [os.path.basename(p) for p in plots.write_run_plots(str(tmp_path))]
+    assert all(_inside(fig) for fig in figs.values()), [n for n, f in figs.items() if not _inside(f)]
+  assert {"plot_accuracy.png", "plot_fairness_rounds.png", "plot_final_table.png",
+          "plot_client_accuracy.png", "plot_client_fairness.png"} <= set(written)
+  acc = figs["plot_accuracy.png"]
+  panels = [ax for ax in acc.axes if ax.get_visible()]
+  assert sorted({ax.get_title().split(":")[0] for ax in panels}) == sorted(attacks)
+  assert len(panels) == 2 * len(attacks) and sum(len(ax.lines) for ax in panels) == 2 * len(labels)
+  # one legend: a colour per defence, then a line style per suffix (10, 30, none)
+  assert len(acc.legends) == 1 and len(acc.legends[0].get_texts()) == len(defences) + 3
+  table = figs["plot_final_table.png"]
+  accuracy, asr = [ax for ax in table.axes if ax.get_images()]
+  assert [t.get_text() for t in accuracy.get_xticklabels()] == list(defences)
+  assert len(accuracy.get_yticklabels()) == 2 * len(attacks) - 1
+  assert [t.get_text() for t in asr.get_yticklabels()] == ["backdoor_10", "backdoor_30"]
+  assert len(figs["plot_client_accuracy.png"].axes[0].get_yticklabels()) == len(labels)
+
+
+def test_a_grid_and_facets_only_where_the_labels_make_one():
+  assert plots.facets(["fedavg", "fedadam", "hierfavg"]) is None   # few runs: one panel
+  assert plots.facets([f"run{i}" for i in range(20)]) is None        # no families
+  assert plots.grid_of(["fedavg", "fedadam", "hierfavg", "edges_only"]) is None
+  assert plots.grid_of([f"lr{a}_mu{b}" for a in (1, 2, 3) for b in (1, 2)]) == (
+    1, ["lr1", "lr2", "lr3"], ["mu1", "mu2"])
+
+
+def test_a_sweep_over_seeds_is_a_line_per_setting_and_its_untrained_model_is_not_drawn(monkeypatch, tmp_path):
+  """configs/quickstart.py:seeds (issue 42 items 3 and 4): 4 runs x 8 seeds are 4 mean curves with a
+  ±std band, not 32 legend entries; the root of edges_only, which never aggregates, is left out
+  (its sweep's summary lists it untrained)."""
+  rows = []
+  for run in ("fedavg", "edges_only"):
+    for seed in range(8):
+      for r in (10, 20):
+        row = {"run": run, "round": r, "setting": {}, "seed": seed, "experiment": seed,
+               "train_loss": 1 / r + seed / 100, "uplink_MB": r / 10,
+               "global/accuracy": 0.1 if run == "edges_only" else r / 40 + seed / 100}
+        if run == "edges_only":
+          row["level1/accuracy"] = r / 30
+        rows.append(row)
+  (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  summary = {run: {"sweep": {"select": "global/accuracy", "best": None, "settings": [],
+                             "untrained": ["global"] if run == "edges_only" else []}}
+             for run in ("fedavg", "edges_only")}
+  (tmp_path / "summary.json").write_text(json.dumps(summary))
+  figs = {}
+  monkeypatch.setattr(plots, "_save", lambda fig, path: figs.setdefault(os.path.basename(path), fig) and path)
+  plots.write_run_plots(str(tmp_path))
+  acc = figs["plot_accuracy.png"].axes[0]
+  assert [ln.get_label() for ln in acc.lines] == ["fedavg (mean of 8 seeds) · global",
+                                                  "edges_only (mean of 8 seeds) · level1"]
+  np.testing.assert_allclose(acc.lines[0].get_ydata(), [0.25 + 0.035, 0.5 + 0.035])
+  assert acc.collections   # the ±std band over seeds
+  uplink = figs["plot_accuracy_uplink.png"].axes[0]
+  assert [ln.get_label() for ln in uplink.lines] == ["fedavg (mean of 8 seeds)"]
+
+
+def test_untrained_models_are_left_out_of_the_models_and_uplink_pictures(monkeypatch, tmp_path):
+  """Issue 42 item 4: plot_models.png and plot_accuracy_uplink.png drew models that never trained."""
+  rows = [{"run": run, "round": r, "train_loss": 1.0, "uplink_MB": r / 10,
+           "global/accuracy": 0.05 if run == "edges" else r / 10, "level1/accuracy": r / 8}
+          for run in ("hier", "edges") for r in (1, 2)]
+  (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  summary = {"hier": {"global": {"trained": True}, "level1": {"trained": True}},
+             "edges": {"global": {"trained": False}, "level1": {"trained": True}}}
+  (tmp_path / "summary.json").write_text(json.dumps(summary))
+  figs = {}
+  monkeypatch.setattr(plots, "_save", lambda fig, path: figs.setdefault(os.path.basename(path), fig) and path)
+  plots.write_run_plots(str(tmp_path))
+  models = {ax.get_title(): [ln.get_label() for ln in ax.lines] for ax in figs["plot_models.png"].axes}
+  assert models == {"hier": ["global", "level1"], "edges": ["level1"]}
+  assert "never trained, left out: edges global" in figs["plot_models.png"]._suptitle.get_text()
+  assert [ln.get_label() for ln in figs["plot_accuracy_uplink.png"].axes[0].lines] == ["hier"]

@@ -276,7 +276,9 @@ def test_privacy_section_builds_and_refuses_unbounded_weighting(capsys):
   z = float(out.split("z=")[1].split()[0])
   p = xp.plan({"clip_norm": 1.0, "noise_multiplier": z},
               __import__("fedtree").experiment.updates.RunContext(ctx, "dp", _config_run({}), {}))
-  assert p.sampling_rate == pytest.approx(2 / 3) and xp.epsilon_after(p, 4) == pytest.approx(5.0, rel=2e-3)
+  # (FedAvg is one server over the 6 clients: a cohort of 2 is q = 1/3; this asserted 2/3, the rate of
+  # the config's groups of 3, which FedAvg does not run on: issue 43)
+  assert p.sampling_rate == pytest.approx(1 / 3) and xp.epsilon_after(p, 4) == pytest.approx(5.0, rel=2e-3)
 
 
 def test_traced_noise_multiplier_under_vmap():
@@ -325,6 +327,14 @@ def test_every_algorithm_runs_with_privacy_on(name):
     run.weighting = "uniform"
   run.privacy = {"clip_norm": 0.5, "noise_multiplier": 0.3,
                  "adaptive": {"initial_clip": 0.5, "count_noise": 1.0}}
+  if name in ("mime", "mimelite"):   # their full-batch gradients would leave the clients unprivatized
+    with pytest.raises(ValueError, match=f"{name}: the update path's client transform .* full-batch"):
+      spec.factory(**registry.factory_kwargs(name, run, ctx))
+    return
+  if name == "scaffold":   # its control-variate changes would leave the clients unprivatized
+    with pytest.raises(ValueError, match=r"scaffold: differential privacy .* Δc_i"):
+      spec.factory(**registry.factory_kwargs(name, run, ctx))
+    return
   try:
     built = spec.factory(**registry.factory_kwargs(name, run, ctx))
   except ValueError as e:   # client stage only (B-HFL, the clustered family): local DP, fixed clip
@@ -346,7 +356,8 @@ def test_every_algorithm_runs_with_privacy_on(name):
 
 def test_runner_writes_epsilon_every_round(tmp_path, capsys):
   """ε after every round in metrics.jsonl, in summary.json and the final table: dp_accounting's
-  for the run's sampling rate (cohort 2 of 3 clients per parent), z, rounds and δ."""
+  for the run's sampling rate (FedAvg, one server: a cohort of 2 of the 6 clients; this asserted
+  2 of 3, the config's groups, which FedAvg does not run on: issue 43), z, rounds and δ."""
   import json
 
   from fedtree.experiment.runner import train_and_evaluate
@@ -365,7 +376,7 @@ def test_runner_writes_epsilon_every_round(tmp_path, capsys):
   for r, e in eps.items():
     acc = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
     acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
-      3, 2, dp_accounting.GaussianDpEvent(1.2)), r))
+      6, 2, dp_accounting.GaussianDpEvent(1.2)), r))
     assert e == pytest.approx(acc.get_epsilon(1e-4), rel=1e-9)
   assert results["dp"]["global"]["epsilon"] == pytest.approx(eps[3])
   assert json.load(open(tmp_path / "summary.json"))["dp"]["global"]["epsilon"] == pytest.approx(eps[3])
@@ -464,8 +475,9 @@ def test_a_swept_target_epsilon_is_a_calibrated_noise_multiplier_per_setting():
   for given, s in zip(shown, settings, strict=True):
     target, z = given["runs.dp.privacy.target_epsilon"], s["runs.dp.privacy.noise_multiplier"]
     assert s["local.learning_rate"] == given["local.learning_rate"]
-    eps = xp.epsilon(noise_multiplier=z, sampling_rate=2 / 3, rounds=2, delta=1e-5, sampling="fixed",
-                     population=3, cohort=2)
+    # (FedAvg over the 6 clients: q = 2/6; this asserted the config's groups of 3, issue 43)
+    eps = xp.epsilon(noise_multiplier=z, sampling_rate=1 / 3, rounds=2, delta=1e-5, sampling="fixed",
+                     population=6, cohort=2)
     assert target * 0.999 <= eps <= target   # the smallest z that meets the target
   plain = [{"local.learning_rate": 0.1}]
   assert sweep.calibrated(config, "dp", plain, ctx) == (config, plain)

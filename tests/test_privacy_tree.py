@@ -140,9 +140,14 @@ def test_noise_above_the_edges_refuses_what_it_cannot_bound():
     _paths(ctx, {**base, "adaptive": {"initial_clip": 0.1}})
   with pytest.raises(ValueError, match=r"noise_level=2; choose a server level of this 2-level tree"):
     _paths(ctx, {**base, "noise_level": 2})
-  run = ml_collections.ConfigDict({"algorithm": "ifca", "weighting": "uniform", "privacy": base})
-  with pytest.raises(ValueError, match=r"noise_level=0 with algorithm='ifca'"):
+  run = ml_collections.ConfigDict({"algorithm": "pfedmt", "weighting": "uniform", "privacy": base})
+  with pytest.raises(ValueError, match=r"noise_level=0 with algorithm='pfedmt'"):
     xp.plan(base, RunContext(ctx, "x", run, {}), verbose=False)
+  # (IFCA is one server over every client: its level 0 is the clients' parent, where any algorithm
+  # adds noise; this asserted a refusal on the config's 2-level tree, which IFCA is not built on)
+  run = ml_collections.ConfigDict({"algorithm": "ifca", "weighting": "uniform", "privacy": base})
+  p = xp.plan(base, RunContext(ctx, "x", run, {}), verbose=False)
+  assert (p.depth, p.noise_level) == (1, 0)
   # noise at the edges: their servers and periods are post-processing, nothing refused
   _paths(ctx, {**base, "noise_level": -1}, periods=(2,), server={"name": "fedavgm"})
 

@@ -168,3 +168,94 @@ def test_a_workdir_of_the_same_config_before_the_runner_fields_were_declared_res
   c.dtype = "float64"
   with pytest.raises(ValueError, match=r"config.dtype is '<absent>' there, 'float64' here"):
     runner.check_workdir(str(tmp_path), c, overwrite=False)
+
+
+def _mkrum_f_too_large(c):
+  c.runs.mkrum = CD(dict(algorithm="fedavg", aggregator=CD(dict(name="multi_krum", f=3))))
+
+
+def _swept_topk_fraction(c):
+  c.runs.top = CD(dict(algorithm="fedavg", compression=CD(dict(uplink=CD(dict(name="topk", fraction=0.1))))))
+  c.sweep.params = "runs.top.compression.uplink.fraction=0.1,0.5"
+  c.only = "top"
+
+
+def _pretrain_without_text(c):
+  c.pretrain = CD(dict(packages=("json",), steps=2))
+
+
+def _sweep_memory(c):
+  c.sweep.seeds = 2
+  c.only = "fedavg"
+  c.memory_limit_bytes = 1000
+
+
+def _sweep_of_stages(c):
+  c.runs.gp = CD(dict(algorithm="grouppfl", global_rounds=1, group_rounds=1))
+  c.sweep.params = "local.learning_rate=0.1,0.2"
+  c.only = "gp"
+
+
+LATE_CASES = {
+  # refused while a round was traced, once config.json and fingerprint.json had been written
+  "multi-krum f above the cohort": (_mkrum_f_too_large, r"krum: f=3 needs at least 9 updates per parent"),
+  "swept top-k fraction": (_swept_topk_fraction,
+                           r"fraction of 'topk' changes the shape .* cannot be a sweep axis"),
+  # refused by the pretraining step, the sweep's memory check and the sweep runner, after the write
+  "pretrain without text": (_pretrain_without_text, r"config.pretrain needs a text dataset"),
+  "sweep over memory": (_sweep_memory, r"run 'fedavg' does not fit in memory: .*2 experiments at once"),
+  "sweep of stages": (_sweep_of_stages, r"fixed-length composition of stages"),
+}
+
+
+def _snapshot(path) -> dict[str, bytes]:
+  """Every file under ``path`` with its bytes (folders as ``b"<dir>"``)."""
+  out = {}
+  for root, dirs, files in os.walk(path):
+    for d in dirs:
+      out[os.path.relpath(os.path.join(root, d), path)] = b"<dir>"
+    for f in files:
+      with open(os.path.join(root, f), "rb") as fh:
+        out[os.path.relpath(os.path.join(root, f), path)] = fh.read()
+  return out
+
+
+@pytest.mark.parametrize("case", sorted(LATE_CASES))
+def test_a_refused_run_leaves_the_workdir_as_it_was(tmp_path, case):
+  """Issue 42 item 2: the refusals that came after ``config.json`` / ``fingerprint.json`` were
+  written now come before: a fresh workdir is not created, and a workdir holding a finished run
+  is left byte for byte as it was, even with ``overwrite`` (which would have deleted its results)."""
+  mutate, message = LATE_CASES[case]
+  c = tiny()
+  mutate(c)
+  with pytest.raises(ValueError, match=message) as e:
+    experiment.train_and_evaluate(c, str(tmp_path / "fresh"))
+  assert "\n" not in str(e.value)
+  assert not (tmp_path / "fresh").exists()
+  done = tmp_path / "done"   # a finished run of another config
+  done.mkdir()
+  for name, text in (("config.json", "{}"), ("fingerprint.json", '{"fingerprint": "0123456789abcdef"}'),
+                     ("metrics.jsonl", '{"run": "fedavg", "round": 1}\n'), ("summary.json", "{}")):
+    (done / name).write_text(text)
+  (done / "checkpoints" / "fedavg").mkdir(parents=True)
+  before = _snapshot(done)
+  with pytest.raises(ValueError, match=message):
+    experiment.train_and_evaluate(c, str(done), overwrite=True)
+  assert _snapshot(done) == before
+
+
+@pytest.mark.parametrize("field,value,message", [
+  ("optimizer", "adamx", r"config.pretrain: .*'adamx'"),
+  ("packages", ("json", "no_such_package"), r"config.pretrain.packages: package 'no_such_package' is not"),
+])
+def test_a_refused_pretraining_leaves_the_workdir_as_it_was(tmp_path, field, value, message):
+  """configs/peft_lm.py's pretraining read its packages and built its optimizer after the workdir
+  was written (issue 42 item 2)."""
+  c = load_config("peft_lm")
+  c.data.packages, c.data.max_sentences = ("json", "email"), 8
+  c.only = "lora"
+  with c.pretrain.ignore_type():
+    c.pretrain[field] = value
+  with pytest.raises(ValueError, match=message):
+    experiment.train_and_evaluate(c, str(tmp_path / "w"))
+  assert not (tmp_path / "w").exists()

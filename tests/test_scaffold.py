@@ -256,5 +256,11 @@ def test_scaffold_refusals(problem):
     scaffold(variate_average="most", local_learning_rate=LR, **common)
   with pytest.raises(ValueError, match="robust .* aggregator .*control variates"):
     scaffold(local_learning_rate=LR, update_paths=UpdatePath(aggregator=median()), cohort_size=4, **common)
+  from fedtree.core.privacy import central, clip
+
+  with pytest.raises(ValueError, match=r"differential privacy \('dp_clip'\) at the clients' tier: .*Δc_i"):
+    scaffold(local_learning_rate=LR, update_paths=UpdatePath(client=clip(1.0)), **common)
+  with pytest.raises(ValueError, match=r"differential privacy \('dp'\)"):
+    scaffold(local_learning_rate=LR, update_paths=UpdatePath(node=central(1.0, 1.0)), **common)
   with pytest.raises(ValueError, match="personal parameters are not supported"):
     scaffold(local_learning_rate=LR, personal=personal("Dense_1"), **common)

@@ -375,7 +375,8 @@ def test_personal_refusals(problem):
 
 
 # ------------------------------------------------------------------------ methods over the host
-METHODS = ["fedavg", "fedprox", "ditto", "pfedme", "perfedavg", "fedmmd", "fedkws", "scaffold"]
+METHODS = ["fedavg", "fedprox", "ditto", "pfedme", "perfedavg", "fedmmd", "fedkws", "scaffold", "feddyn",
+           "fednova", "mime", "mimelite"]
 
 
 @pytest.mark.parametrize("name", METHODS)
@@ -427,3 +428,44 @@ def test_a_custom_update_needs_no_local_optimizer(problem):
   )
   with pytest.raises(ValueError, match="local_optimizer=None, but the default local training needs one"):
     fedavg(model=model, data=data, schedule=LocalSchedule(batch_size=B, steps=1))
+
+
+# ------------------------------------------------------------------------ a pass before training
+def test_a_gather_pass_reaches_the_clients_in_the_same_round(problem):
+  """A server rule's pass before training (Mime's): every taking-part client sends its weight,
+  ``prepare`` keeps their sum per parent, the training clients send back what their parent
+  broadcasts, so each parent's ``receive`` sees ``reported · Σ w``; the inbox's population weight is
+  every child's weight summed; both passes' messages count in the bytes; half a pass is refused."""
+  from fedtree.core.local import ClientUpdate
+  from fedtree.core.server_rule import ServerRule
+
+  data, groups = problem
+  topo = Topology.from_labels(groups)
+  model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
+  zero = jnp.zeros((), jnp.float32)
+  gather = ClientUpdate(apply=lambda a, s, d, n, k, rnd: (a, s, zero, rnd.weight), takes_round=True)
+  echo = ClientUpdate(apply=lambda a, s, d, n, k, rnd: (a, s, zero, rnd.broadcast), takes_round=True)
+  rule = ServerRule(init=lambda p, n: jnp.zeros((n,), jnp.float32), name="echo", gather=gather,
+                    prepare=lambda inbox, state: inbox.messages,
+                    receive=lambda inbox, state: (inbox.pseudo_gradient, inbox.messages,
+                                                  {"population_weight": inbox.population_weight}))
+  alg = hierfavg(model=model, topology=topo, data=data, schedule=LocalSchedule(batch_size=B, steps=1),
+                 cohort_size=2, weighting="examples", client_update=echo, server_rule=rule)
+  key = jax.random.key(5)
+  state, metrics = jax.jit(alg.round)(alg.init(jax.random.key(0)), data, key)
+  n = np.asarray(data.n_train, np.float64)
+  parent = topo.parent(2)
+  cohort = cohort_sampler(parent, 2)(stream(key, "cohort"))
+  picked = np.bincount(np.asarray(cohort.parent)[np.asarray(cohort.valid)],
+                       weights=n[np.asarray(cohort.clients)[np.asarray(cohort.valid)]], minlength=3)
+  np.testing.assert_allclose(np.asarray(state.server_state), 2 * picked, rtol=1e-6)
+  every = np.bincount(parent, weights=n).mean()
+  np.testing.assert_allclose(float(metrics["population_weight"]), every, rtol=1e-6)
+  size = sum(int(np.prod(np.shape(p))) * 4 for p in jax.tree.leaves(model.init(jax.random.key(0))))
+  assert (float(metrics["uplink_bytes"]), float(metrics["down_bytes"])) == (size + 8, size + 4)
+  with pytest.raises(ValueError, match="server rule 'echo' gives only one of gather and prepare"):
+    hierfavg(model=model, topology=topo, data=data, schedule=LocalSchedule(batch_size=B, steps=1),
+             client_update=echo, server_rule=rule._replace(prepare=None))
+  with pytest.raises(ValueError, match="gather pass must take the round"):
+    hierfavg(model=model, topology=topo, data=data, schedule=LocalSchedule(batch_size=B, steps=1),
+             client_update=echo, server_rule=rule._replace(gather=gather._replace(takes_round=False)))

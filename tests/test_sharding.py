@@ -13,7 +13,7 @@ import textwrap
 import jax
 import numpy as np
 import pytest
-from perf_problems import flat_params, make_fedavg, make_hierfavg, run_rounds, tiny_data
+from perf_problems import dp_path, flat_params, make_fedavg, make_hierfavg, run_rounds, tiny_data
 
 from fedtree.core import sharding
 
@@ -23,7 +23,7 @@ ROOT = os.path.dirname(HERE)
 WORKER = textwrap.dedent("""
   import json, sys
   import jax, numpy as np
-  from perf_problems import flat_params, make_fedavg, make_hierfavg, run_rounds, tiny_data
+  from perf_problems import dp_path, flat_params, make_fedavg, make_hierfavg, run_rounds, tiny_data
   from fedtree.core import sharding
   assert jax.device_count() == 8, jax.devices()
   mesh = sharding.client_mesh()
@@ -37,6 +37,8 @@ WORKER = textwrap.dedent("""
     out["fedavg_loss"] = np.asarray(m["train_loss"]).tolist()
     state, _ = run_rounds(make_hierfavg(data, [[4, 4], [8]], chunk_size=8), data, rounds=4)
     out["hierfavg"] = flat_params(state).tolist()
+    state, _ = run_rounds(make_fedavg(data, chunk_size=8, cohort_size=12, update_paths=dp_path()), data)
+    out["fedavg_dp"] = flat_params(state).tolist()
   print("RESULT" + json.dumps(out))
 """)
 
@@ -59,6 +61,18 @@ def test_eight_fake_devices_match_one_device(eight_devices):
   np.testing.assert_allclose(eight_devices["fedavg_loss"], np.asarray(m["train_loss"]), rtol=1e-5)
   state, _ = run_rounds(make_hierfavg(data, [[4, 4], [8]], chunk_size=8), data, rounds=4)
   np.testing.assert_allclose(eight_devices["hierfavg"], flat_params(state), rtol=1e-5, atol=1e-6)
+
+
+def test_privacy_noise_on_eight_devices_matches_one_device(eight_devices):
+  """Clipping and central noise (issue 43 item 5): the noise is drawn per parent from the round's
+  key, the same on any mesh (a different draw would move the models by the noise's std, 0.1 here,
+  not by float rounding), so the only gap is the one of the plain case: the cross-device sum of
+  the clipped deltas (docs/scaling.md)."""
+  data = tiny_data(16, seed=2)
+  state, _ = run_rounds(make_fedavg(data, chunk_size=8, cohort_size=12, update_paths=dp_path()), data)
+  plain, _ = run_rounds(make_fedavg(data, chunk_size=8, cohort_size=12), data)
+  assert np.max(np.abs(flat_params(state) - flat_params(plain))) > 1e-2   # the noise is there
+  np.testing.assert_allclose(eight_devices["fedavg_dp"], flat_params(state), rtol=1e-5, atol=1e-6)
 
 
 def test_one_device_mesh_is_transparent():

@@ -489,3 +489,28 @@ def test_an_int_inside_a_runs_update_section_is_an_axis():
   c.sweep.params = "runs.fedavg.cohort_size=2,3"
   with pytest.raises(ValueError, match=r"'cohort_size' \(annotated int"):
     sweep.validate(c)
+
+
+def test_a_one_seed_table_has_no_spread_and_a_model_that_never_trained_is_left_out(tmp_path, capsys):
+  """Issue 42 items 4 and 7: one seed prints each value alone (not "± 0.0000"), and the root of
+  edges_only, which never aggregates, is neither a column of the table nor the sweep's pick."""
+  c = tiny(runs=("edges_only",), rounds=2)
+  c.sweep.params = "local.learning_rate=0.02,0.1"
+  results = experiment.train_and_evaluate(c, str(tmp_path))
+  out = capsys.readouterr().out
+  assert "sweep of run 'edges_only' (one seed)" in out and "± " not in out
+  assert "level1/accuracy" in out and "global/accuracy" not in out
+  assert ("(left out, never trained within the run: its parameters are still the initial ones: "
+          "edges_only global)") in out
+  entry = results["edges_only"]["sweep"]
+  assert entry["untrained"] == ["global"] and entry["best"] is None
+  assert all("global/accuracy" not in row["mean"] for row in entry["settings"])
+  assert not (tmp_path / "sweep_edges_only.png").exists()
+
+
+def test_the_table_of_several_seeds_keeps_its_spread():
+  rows = sweep.aggregate([{"a": 1.0}], [[{"m": 0.5}, {"m": 0.7}]])
+  table = sweep.format_table("r", rows)
+  assert "(mean ± std over seeds)" in table and "0.6000 ± 0.1000" in table
+  one = sweep.format_table("r", sweep.aggregate([{"a": 1.0}], [[{"m": 0.5}]]))
+  assert "(one seed)" in one and "| 0.5000 |" in one and "±" not in one.split("\n", 1)[1]

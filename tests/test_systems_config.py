@@ -3,6 +3,7 @@ of the plots, and configs/systems.py end to end (shrunk)."""
 
 import json
 import pickle
+import re
 
 import ml_collections
 import numpy as np
@@ -86,8 +87,11 @@ def test_systems_section(ctx):
     kwargs(ctx, algorithm="fedavg", systems={"sped": 1.0})
   with pytest.raises(ValueError, match=r"speed.dist='gauss'"):
     kwargs(ctx, algorithm="fedavg", systems={"speed": {"dist": "gauss"}})
+  takers = registry.systems_algorithms()   # every method over the HierFAVG host, and FedBuff
+  assert {"fedavg", "fedbuff", "fedopt", "hierfavg", "fedprox", "ditto", "scaffold"} <= set(takers)
+  assert "ifca" not in takers and "bhfl" not in takers
   refusal = (r"algorithm 'ifca' cannot run a 'systems' section .*take it: "
-             r"\['fedavg', 'fedbuff', 'fedopt', 'hierfavg'\]$")
+             + re.escape(str(takers)) + "$")
   with pytest.raises(ValueError, match=refusal):   # algorithms without a clock, by name
     kwargs(ctx, algorithm="ifca", num_clusters=2, systems={})
   with pytest.raises(ValueError, match=refusal):
@@ -106,8 +110,8 @@ def test_python_names_the_systems_argument_it_does_not_take(ctx):
   from fedtree.core.systems import Systems, make_profile
 
   systems = Systems(profile=make_profile(np.ones(ctx.data.num_clients), np.ones(ctx.data.num_clients)))
-  assert algorithms.SYSTEMS_ALGORITHMS == ("fedavg", "fedbuff", "hierfavg")
-  for name in ("ifca", "fedprox", "bhfl"):
+  assert {"fedavg", "fedbuff", "hierfavg", "fedprox", "ditto"} <= set(algorithms.SYSTEMS_ALGORITHMS)
+  for name in ("ifca", "bhfl"):
     with pytest.raises(TypeError, match="unexpected keyword argument 'systems'"):
       getattr(algorithms, name)(model=ctx.model, data=ctx.data, systems=systems)
 

@@ -37,3 +37,34 @@ def test_loader_errors():
     load_tfds(partition="by_id")
   with pytest.raises(FileNotFoundError, match="not prepared"):
     load_tfds(name="mnist", data_dir="/nonexistent/tfds")
+
+
+def test_a_missing_dataset_is_never_downloaded(tmp_path, capfd, monkeypatch):
+  """Issue 42 item 5: an empty data_dir is refused naming the dataset, the folder searched and the
+  command that prepares it; TFDS is asked with download=False and writes nothing there."""
+  calls = []
+  real = tfds.data_source
+
+  def spy(*args, **kwargs):
+    calls.append(kwargs)
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(tfds, "data_source", spy)
+  with pytest.raises(FileNotFoundError) as e:
+    load_tfds(name="mnist", data_dir=str(tmp_path))
+  message = str(e.value)
+  assert f"TFDS dataset 'mnist' (split 'train') is not prepared in config.data.data_dir='{tmp_path}'" \
+    in message
+  assert f"(searched {tmp_path}/mnist/" in message
+  assert f"`tfds build mnist --data_dir={tmp_path} --file_format=array_record`" in message
+  assert calls and all(c.get("download") is False for c in calls)
+  assert list(tmp_path.iterdir()) == []
+  assert "Downloading" not in "".join(capfd.readouterr())
+
+
+def test_the_prepare_command_and_default_folder():
+  from fedtree.datasets.tfds_loader import prepare_command, searched_dir
+
+  assert prepare_command("mnist", None) == "tfds build mnist --file_format=array_record"
+  assert searched_dir("mnist", "/d").startswith("/d/mnist/")
+  assert searched_dir("not_a_tfds_dataset_x", "/d") == "/d"

@@ -132,7 +132,7 @@ def pfedme_vs_reference(model, data, key, sched, steps, out):
 
 
 OTHERS = ("hierfavg", "fedprox", "ditto", "perfedavg", "perfedavg_hf", "pfedmt", "fedkws", "ifca",
-          "cfl", "mcfl", "awcfl", "bhfl", "scaffold")
+          "cfl", "mcfl", "awcfl", "bhfl", "scaffold", "feddyn", "fednova", "mime", "mimelite")
 
 
 def others_run_one_round(model, data, groups, key, names, out):
@@ -155,6 +155,10 @@ def others_run_one_round(model, data, groups, key, names, out):
     "awcfl": lambda: A.awcfl(num_clusters=2, beta=0.5, cluster_start_round=0, kmeans_iters=2, **base),
     "bhfl": lambda: A.bhfl(topology=topo, periods=(2, 1), **base),
     "scaffold": lambda: A.scaffold(local_learning_rate=LR, **base),
+    "feddyn": lambda: A.feddyn(alpha=0.1, **base),
+    "fednova": lambda: A.fednova(**{**base, "schedule": LocalSchedule(batch_size=B, epochs=1)}),
+    "mime": lambda: A.mime(**{**base, "local_optimizer": optax.sgd(LR, momentum=0.9)}),
+    "mimelite": lambda: A.mimelite(**{**base, "local_optimizer": optax.sgd(LR, momentum=0.9)}),
   }
   assert set(others) == set(OTHERS)
   for name in names:

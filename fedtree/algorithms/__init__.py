@@ -16,11 +16,14 @@ from fedtree.algorithms.bhfl import bhfl
 from fedtree.algorithms.clustering import awcfl, cfl, ifca, mcfl
 from fedtree.algorithms.ditto import ditto
 from fedtree.algorithms.fedbuff import fedbuff
+from fedtree.algorithms.feddyn import feddyn
 from fedtree.algorithms.fedkws import fedkws
 from fedtree.algorithms.fedmmd import fedmmd
+from fedtree.algorithms.fednova import fednova
 from fedtree.algorithms.fedprox import fedprox
 from fedtree.algorithms.grouppfl import grouppfl
 from fedtree.algorithms.hierfavg import fedavg, hierfavg
+from fedtree.algorithms.mime import mime, mimelite
 from fedtree.algorithms.perfedavg import perfedavg
 from fedtree.algorithms.pfedme import pfedme
 from fedtree.algorithms.pfedmt import pfedmt
@@ -30,7 +33,8 @@ from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, TreeState
 _FACTORIES = {"awcfl": awcfl, "bhfl": bhfl, "cfl": cfl, "ditto": ditto, "fedavg": fedavg, "fedbuff": fedbuff,
               "fedkws": fedkws, "fedmmd": fedmmd, "fedprox": fedprox, "grouppfl": grouppfl,
               "hierfavg": hierfavg, "ifca": ifca, "mcfl": mcfl, "perfedavg": perfedavg, "pfedme": pfedme,
-              "pfedmt": pfedmt, "scaffold": scaffold}
+              "pfedmt": pfedmt, "scaffold": scaffold,
+              "feddyn": feddyn, "fednova": fednova, "mime": mime, "mimelite": mimelite}
 SYSTEMS_ALGORITHMS = tuple(n for n, f in _FACTORIES.items() if "systems" in inspect.signature(f).parameters)
 """The factories that take ``systems`` (:mod:`fedtree.core.systems`); a run config that gives
 another algorithm a ``systems`` section is refused naming these."""
@@ -40,4 +44,5 @@ __all__ = [
   "awcfl", "bhfl", "cfl", "ditto", "fedavg",
   "fedbuff", "fedkws", "fedmmd", "fedprox", "grouppfl", "hierfavg", "ifca", "mcfl", "perfedavg", "pfedme",
   "pfedmt", "scaffold",
+  "feddyn", "fednova", "mime", "mimelite",
 ]

@@ -49,7 +49,15 @@ from fedtree.core.sampling import (
   sampling_strategy,
 )
 from fedtree.core.server import init_nodes, select_nodes, update_nodes
-from fedtree.core.server_rule import Inbox, ServerRule, broadcast_of, init_rule_state, receive
+from fedtree.core.server_rule import (
+  Inbox,
+  ServerRule,
+  broadcast_of,
+  check_rule,
+  init_rule_state,
+  prepare,
+  receive,
+)
 from fedtree.core.systems import Systems, model_bytes, uplink_bytes
 from fedtree.core.tier import message_shape, train_cohort
 from fedtree.core.topology import Topology
@@ -181,7 +189,7 @@ class UpperLevels:
       w_child = jax.ops.segment_sum(w_client, jnp.asarray(topo.ancestor(lv + 1)), num_segments=n)
       delta, total, new_path, stats = aggregate_children(
         self.paths[lv], update_state[lv], share.sent(params[lv], lv), share.sent(params[lv + 1], lv), w_child,
-        jnp.asarray(topo.parent(lv + 1)), jax.random.fold_in(stream(key, "update"), lv))
+        topo.parent(lv + 1), jax.random.fold_in(stream(key, "update"), lv))   # (static: numpy)
       mask = share.mask(lv)
       if mask is not None:   # no pseudo-gradient at the leaves this level does not aggregate
         delta = fill(delta, mask, params[lv])
@@ -241,12 +249,15 @@ class Extras:
     shared = model_bytes(jax.tree.map(lambda a: jax.ShapeDtypeStruct((1,) + tuple(np.shape(a)), a.dtype),
                                       share.sent(template, leaf)))
     bcast = () if rule is None else jax.eval_shape(lambda p: broadcast_of(rule, rule.init(p, 1)), template)
-    message = ()
+    params = jax.tree.map(lambda a: jax.ShapeDtypeStruct((1,) + tuple(np.shape(a)), a.dtype), template)
+    messages = []
     if update.takes_round:
-      params = jax.tree.map(lambda a: jax.ShapeDtypeStruct((1,) + tuple(np.shape(a)), a.dtype), template)
-      message = message_shape(update, params, () if update.init_state is None else jax.eval_shape(
-        lambda p: update.init_state(p, 1), template), data, bcast, learning_rate, jax.random.key(0))
-    msg = model_bytes(jax.tree.map(lambda a: jax.ShapeDtypeStruct((1,) + tuple(a.shape), a.dtype), message))
+      messages.append(message_shape(update, params, () if update.init_state is None else jax.eval_shape(
+        lambda p: update.init_state(p, 1), template), data, bcast, learning_rate, jax.random.key(0)))
+    if rule is not None and rule.gather is not None:   # what a client sends before training
+      messages.append(message_shape(rule.gather, params, (), data, bcast, learning_rate, jax.random.key(0)))
+    msg = model_bytes(jax.tree.map(lambda a: jax.ShapeDtypeStruct((1,) + tuple(a.shape), a.dtype),
+                                   tuple(messages)))
     bc = model_bytes(bcast)
     return cls(shared, msg, bc, share.client_mask is not None or msg > 0 or bc > 0)
 
@@ -342,8 +353,10 @@ def hierfavg(
       and ``local_learning_rate``, and may send a message beside its model to ``server_rule``.
     server_rule: what the clients' parents keep beyond their optax state, broadcast beside their
       model and update from their clients' messages (:mod:`fedtree.core.server_rule`: SCAFFOLD's
-      control variate, FedDyn's ``h``), in ``TreeState.server_state``; the levels above aggregate
-      models as HierFAVG. ``None``: nothing more than the model.
+      control variate, FedDyn's ``h``, Mime's optimizer state; with a ``gather`` pass, from
+      messages the clients send before training, Mime's control variate), in
+      ``TreeState.server_state``; the levels above aggregate models as HierFAVG. ``None``: nothing
+      more than the model.
     personal: parameters that stay with each client, or are shared only within the subtrees of a
       level (:mod:`fedtree.core.personal`, path patterns): never broadcast over nor aggregated
       above their level, not counted in bytes, kept in ``TreeState.personal``; each client is
@@ -425,6 +438,7 @@ def hierfavg(
                            online=None if systems is None else systems.online)
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
                                  compute_dtype=compute_dtype, name=name)
+  server_rule = check_rule(server_rule, name)
   template = jax.eval_shape(model.init, jax.random.key(0)) if init_params is None else init_params
   share = Shares.of(personal, template, depth, name)
   parents = [None] + [jnp.asarray(topology.parent(lv)) for lv in range(1, depth + 1)]
@@ -471,28 +485,37 @@ def hierfavg(
         keep=keep, up_bytes=extra.up(up_b), down_bytes=extra.down(None if down_b is None else jnp.take(
           down_b, cohort.parent)))
       cohort, num_steps = cohort._replace(valid=outcome.valid), outcome.num_steps
+    population_weight = jax.ops.segment_sum(w_client, parents[depth], num_segments=topology.num_nodes(leaf))
+
+    def inbox_of(res, pseudo_gradient):   # what the clients' parents receive from a pass over the cohort
+      reported = jax.ops.segment_sum((jnp.take(res.reported, cohort.clients) & cohort.valid).astype(
+        res.weight_sum.dtype), cohort.parent, num_segments=topology.num_nodes(leaf))
+      return Inbox(pseudo_gradient=pseudo_gradient, weight_sum=res.weight_sum, messages=res.message_sum,
+                   reported=reported, sampled=res.sampled, population=jnp.asarray(population),
+                   params=params[leaf], population_weight=population_weight.astype(res.weight_sum.dtype))
+
+    tier = dict(num_steps=num_steps, weights=w_client, chunk_size=sampler.chunk_size,
+                parent_aligned=sampler.parent_aligned, batch_order=schedule.batch_order,
+                batch_size=schedule.batch_size, cursor=state.cursor, population=population,
+                learning_rate=local_learning_rate, personal=share.client_mask,
+                personal_params=share.unpack(state.personal))
+    server_state = state.server_state
+    if server_rule is not None and server_rule.gather is not None:   # a pass before training (Mime's c)
+      asked = train_cohort(server_rule.gather, sent, cohort, data, key=stream(key, "gather"),
+                           broadcast=broadcast_of(server_rule, server_state), **tier)
+      server_state = prepare(server_rule, inbox_of(asked, ()), server_state)
     res = train_cohort(
-      client_update, sent, cohort, data,
-      num_steps=num_steps, weights=w_client,
-      key=stream(key, "train"), chunk_size=sampler.chunk_size, client_state=state.client_state,
-      parent_aligned=sampler.parent_aligned, batch_order=schedule.batch_order,
-      batch_size=schedule.batch_size, cursor=state.cursor, skip_nonfinite=skip_nonfinite,
-      path=paths[leaf], path_state=update_state[leaf], block_size=max(sampler.sizes),
-      broadcast=broadcast_of(server_rule, state.server_state), population=population,
-      learning_rate=local_learning_rate, personal=share.client_mask,
-      personal_params=share.unpack(state.personal),
+      client_update, sent, cohort, data, key=stream(key, "train"), client_state=state.client_state,
+      skip_nonfinite=skip_nonfinite, path=paths[leaf], path_state=update_state[leaf],
+      block_size=max(sampler.sizes), broadcast=broadcast_of(server_rule, server_state), **tier,
     )
     update_state[leaf] = res.path_state
     metrics = {**res.metrics(skip_nonfinite), **path_stats(down_stats, "down_")}
     metrics.update(extra.byte_metrics(metrics))
-    pseudo_gradient, server_state = res.pseudo_gradient(), state.server_state
+    pseudo_gradient = res.pseudo_gradient()
     if server_rule is not None:   # what the parents keep beyond the model, from what the clients sent
-      reported = jax.ops.segment_sum((jnp.take(res.reported, cohort.clients) & cohort.valid).astype(
-        res.weight_sum.dtype), cohort.parent, num_segments=topology.num_nodes(leaf))
-      inbox = Inbox(pseudo_gradient=pseudo_gradient, weight_sum=res.weight_sum, messages=res.message_sum,
-                    reported=reported, sampled=res.sampled, population=jnp.asarray(population),
-                    params=params[leaf])
-      pseudo_gradient, server_state, rule_stats = receive(server_rule, inbox, state.server_state)
+      pseudo_gradient, server_state, rule_stats = receive(server_rule, inbox_of(res, pseudo_gradient),
+                                                          server_state)
       metrics.update(path_stats(rule_stats))
     params[leaf], opt_state[leaf] = update_nodes(
       server_optimizers[leaf], params[leaf], opt_state[leaf], pseudo_gradient, res.weight_sum > 0,

@@ -38,8 +38,10 @@ size, as FedLab's and PFLlib's SCAFFOLD do (the variate is always averaged unwei
 count.
 
 Refused by name: a robust (blockwise) aggregator (the variates would still be averaged, so an
-attacker's variate would steer every client), and personal parameters (the variates cover the
-whole model).
+attacker's variate would steer every client), differential privacy at the clients' tier (``Δc_i``
+travels beside the update, outside the update path, so it would leave the client raw), and
+personal parameters (the variates cover the whole model). Compression of the update composes
+(``Δc_i`` is sent as it is, and counted).
 """
 
 from __future__ import annotations
@@ -61,8 +63,9 @@ from fedtree.core.local import (
   run_local_steps,
 )
 from fedtree.core.model import Model
+from fedtree.core.privacy import private_stages
 from fedtree.core.server_rule import Inbox, ServerRule, per_node, zeros_like_stacked
-from fedtree.core.updates import blockwise_levels
+from fedtree.core.updates import blockwise_levels, per_level_paths
 
 OPTIONS = ("I", "II")
 VARIATE_AVERAGES = ("all", "sampled")
@@ -178,15 +181,21 @@ def scaffold(
   if host.get("personal") is not None:
     raise ValueError(f"{name}: personal parameters are not supported (the control variates cover the whole "
                      f"model)")
+  topology = host.get("topology")
+  depth = 1 if topology is None else topology.depth
+  leaf = per_level_paths(host.get("update_paths"), depth, algorithm=name)[-1]
+  for stage in private_stages(leaf):
+    raise ValueError(f"{name}: differential privacy ({stage!r}) at the clients' tier: the clients' "
+                     f"control-variate changes Δc_i travel beside the update, outside the update path, so "
+                     f"they would leave the clients unclipped and unnoised (no privacy); run {name} "
+                     f"without it")
   for lv in blockwise_levels(host.get("update_paths")):
     raise ValueError(f"{name}: a robust (blockwise) aggregator at level {lv} would still average the "
                      f"clients' control variates, so an attacker's variate would steer every client; use "
                      f"the mean aggregator")
   if host.get("server_optimizers") is None:
-    topology = host.get("topology")
-    depth = 1 if topology is None else topology.depth
-    leaf = (optax.sgd(server_learning_rate),)
-    host = {**host, "server_optimizers": (optax.sgd(1.0),) * (depth - 1) + leaf}
+    servers = (optax.sgd(1.0),) * (depth - 1) + (optax.sgd(server_learning_rate),)
+    host = {**host, "server_optimizers": servers}
 
   def objective(s: LocalSetup):
     return scaffold_update(s.model, s.optimizer, option=option, batch_size=s.batch_size,

@@ -73,6 +73,15 @@ def global_norm(tree: PyTree) -> jax.Array:
   return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
+def state_dtype(params: PyTree):
+  """The float dtype of a transform's state that follows the model: float32, or wider where the
+  parameters are (float64 under ``config.dtype="float64"``); never narrower (bfloat16 params
+  still get a float32 state)."""
+  floats = [x.dtype for x in jax.tree.leaves(params)
+            if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)]
+  return jnp.result_type(jnp.float32, *floats)
+
+
 def _scale(norm, c):
   """``min(1, c / norm)`` with 1.0 exactly where no clipping happens (so ``inf`` is bitwise the
   identity) and no ``0/0``."""
@@ -244,7 +253,8 @@ def central(noise_multiplier, clip_norm=None, *, normalize: str = "count", expec
   def init(params, num):
     if adaptive is None:
       return ()
-    return {"clip": jnp.full((num,), adaptive.initial_clip, jnp.float32)}
+    # the clip norm is a model quantity: float64 in a float64 run, float32 otherwise (bfloat16 too)
+    return {"clip": jnp.full((num,), adaptive.initial_clip, state_dtype(params))}
 
   def apply(delta_sum, weight_sum, client_stats, state, key):
     num = weight_sum.shape[0]
@@ -263,10 +273,21 @@ def central(noise_multiplier, clip_norm=None, *, normalize: str = "count", expec
       count = client_stats["reported"]
     if adaptive is not None:
       noise = jax.random.normal(jax.random.fold_in(key, 1), (num,), jnp.float32)
-      state = {"clip": adaptive_step(c, client_stats[UNCLIPPED], count, adaptive, noise)}
+      new_clip = adaptive_step(c, client_stats[UNCLIPPED], count, adaptive, noise)
+      state = {"clip": new_clip.astype(c.dtype)}   # a carried state keeps its dtype (scan, donation)
     return delta_sum, weight_sum, state, {"dp_clip_norm": c, "dp_noise_std": std}
 
   return NodeTransform(apply, init, name=name)
+
+
+def private_stages(path) -> list[str]:
+  """The names of the stages of an update path that privatize the update (this module's clipping,
+  local noise and central noise: named ``dp*``, alone or in a chain), for the methods that send
+  something beside the update, outside the path, and must refuse them."""
+  if path is None:
+    return []
+  names = [t.name for t in (path.client, path.node) if t is not None]
+  return [n for n in names if any(part.startswith("dp") for part in n.split("+"))]
 
 
 def delta_noise_multiplier(noise_multiplier, adaptive: Adaptive | None, *, replace_one: bool = True):

@@ -5,6 +5,18 @@ uniformly without replacement; ``k_g == size_g`` takes them all. The cohort is a
 static-length array of client indices grouped by parent, padded with invalid slots to a
 multiple of the chunk size; where each slot's parent lies is static, only which child fills
 it is random. Shapes therefore never change between rounds.
+
+**A draw's cost does not grow with the population.** A small parent is shuffled whole (a random
+key per child, one sort). A parent of many children (at least :data:`DRAW_FROM` and four times
+the draws it needs) never touches the others: its ``k_g`` children are the first ``k_g``
+distinct values of ``m_g`` draws with replacement (``m_g`` from a tail bound on the draws that
+``k_g`` distinct values take, so that fewer is rare), and the whole draw is repeated, from a new
+key, in the rare round where some parent saw fewer. The first ``k`` distinct values of i.i.d.
+uniform draws are a uniform ordered sample without replacement, and which values they are does
+not depend on where the repeats fell, so accepting a draw only when it holds ``k`` distinct
+values keeps that distribution exactly (rejection sampling): the cohort's distribution is the
+same as shuffling the parent whole, at ``O(m log m)`` cost, ``m`` about ``k`` when the parent is
+much larger than its cohort.
 """
 
 from __future__ import annotations
@@ -53,13 +65,72 @@ class Cohort(NamedTuple):
     return jax.tree.map(lambda b, v: b.at[idx].set(v, mode="drop"), base, values)
 
 
+DRAW_FROM = 1024
+"""Children from which a parent draws its cohort without touching the others (with ``"auto"``,
+:attr:`CohortSampler.method`); a smaller parent is shuffled whole, which costs about as much as
+the draws on CPU (0.4 ms at 1,000) and keeps the draws of the releases before it bit for bit (every
+shipped config's populations are below it)."""
+
+REDRAW_PROBABILITY = 1e-9
+"""The probability, per round, that a draw of the parents that draw their cohort holds fewer
+distinct children than a cohort and is drawn again (the draws per parent are sized for it)."""
+
+METHODS = ("auto", "draw", "shuffle")
+"""How a :class:`CohortSampler` draws: ``"shuffle"`` every parent whole (a random key per child,
+one sort: time grows with the population), ``"draw"`` every parent whose cohort is not all of it
+by draws with replacement and rejection (time grows with the cohort only), ``"auto"`` a parent
+of at least :data:`DRAW_FROM` children and four times its draws by draws, the others whole."""
+
+
+def draws_needed(n: int, k: int, tail: float) -> int:
+  """The smallest ``m`` such that ``m`` uniform draws with replacement from ``n`` values hold
+  ``k`` distinct ones except with probability at most ``tail``: the draws that ``k`` distinct
+  values take are a sum of geometric variables of success probabilities ``(n - i) / n``, ``i <
+  k``, mean ``mu``, whose tail Janson (2018, "Tail bounds for sums of geometric and exponential
+  variables", Thm. 2.1) bounds by ``P(T >= lam mu) <= lam^-1 (1 - p)^(mu (lam - 1 - ln lam))``,
+  ``p = (n - k + 1) / n`` the smallest success probability.
+
+  Example:
+    >>> draws_needed(10**6, 100, 1e-9), draws_needed(10**6, 1, 1e-9), draws_needed(48, 16, 1e-9)
+    (122, 1, 56)
+  """
+  n, k = int(n), int(k)
+  if k <= 1:
+    return k
+  if k > n:
+    raise ValueError(f"k={k} distinct values of n={n}")
+  mu = float(np.sum(n / (n - np.arange(k, dtype=np.float64))))
+  log_q = math.log((k - 1) / n)   # ln(1 - p)
+  target = math.log(tail)
+
+  def log_bound(m: int) -> float:   # ln of the bound on P(T >= m + 1), T the draws k values take
+    lam = (m + 1) / mu
+    return -math.log(lam) + mu * (lam - 1 - math.log(lam)) * log_q if lam > 1 else 0.0
+
+  lo, hi = k, max(k + 1, int(math.ceil(mu)))
+  while log_bound(hi) > target:
+    lo, hi = hi, 2 * hi
+  while lo < hi:   # the bound decreases in m above mu
+    mid = (lo + hi) // 2
+    if log_bound(mid) <= target:
+      hi = mid
+    else:
+      lo = mid + 1
+  return hi
+
+
 @dataclasses.dataclass(frozen=True)
 class CohortSampler:
-  """Samples ``k_g`` children of every parent ``g``; build with :func:`cohort_sampler`."""
+  """Samples ``k_g`` children of every parent ``g``; build with :func:`cohort_sampler`.
+
+  ``method`` (:data:`METHODS`) and ``redraw_probability`` (:data:`REDRAW_PROBABILITY`) change
+  the cost of a draw, never its distribution (the module docstring)."""
 
   parent: tuple[int, ...]        # parent of every child (static)
   sizes: tuple[int, ...]         # k_g per parent
   chunk_size: int                # padded length is a multiple of this
+  method: str = "auto"           # one of METHODS
+  redraw_probability: float = REDRAW_PROBABILITY
 
   @functools.cached_property
   def _static(self):
@@ -75,7 +146,66 @@ class CohortSampler:
     padded = -(-total // self.chunk_size) * self.chunk_size
     pad = padded - total
     full = bool(np.all(k == counts))
-    return dict(order=order, slot_parent=slot_parent, slot_pos=slot_pos, total=total, pad=pad, full=full)
+    return dict(order=order, slot_parent=slot_parent, slot_pos=slot_pos, total=total, pad=pad, full=full,
+                draw=None if full else self._draw_plan(counts, start, k))
+
+  def _draw_plan(self, counts: np.ndarray, start: np.ndarray, k: np.ndarray) -> dict | None:
+    """The static layout of a draw in which some parents draw with replacement (``None``: every
+    parent is shuffled whole, as ``method="shuffle"``). Entries, grouped by parent: a drawing
+    parent's ``m_g`` draws (a child ``start_g + randint(n_g)``, ranked by draw index), a shuffled
+    parent's ``n_g`` children (ranked by a random key)."""
+    if self.method not in METHODS:
+      raise ValueError(f"method={self.method!r}; choose one of {METHODS}")
+    if not 0 < float(self.redraw_probability) < 1:
+      raise ValueError(f"redraw_probability={self.redraw_probability!r}; it must be in (0, 1)")
+    if self.method == "shuffle":
+      return None
+    tail = float(self.redraw_probability) / len(k)   # (a union bound over the parents)
+    m = [draws_needed(int(n), int(kg), tail) if kg < n else 0 for n, kg in zip(counts, k, strict=True)]
+    if self.method == "draw":
+      draws = [kg < n for n, kg in zip(counts, k, strict=True)]
+    else:
+      draws = [kg < n and n >= DRAW_FROM and n >= 4 * mg for n, kg, mg in zip(counts, k, m, strict=True)]
+    if not any(draws):
+      return None
+    length = [m[g] if draws[g] else int(counts[g]) for g in range(len(k))]
+    entry_parent = np.repeat(np.arange(len(k), dtype=np.int32), length)
+    first = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
+    idx = np.arange(entry_parent.size, dtype=np.int64) - first[entry_parent]   # index inside its parent
+    drawn = np.asarray(draws)[entry_parent]
+    base = np.where(drawn, start[entry_parent], start[entry_parent] + idx).astype(np.int32)
+    span = np.where(drawn, counts[entry_parent], 1).astype(np.int32)
+    slot_pos = np.concatenate([first[g] + np.arange(k[g]) for g in range(len(k))]).astype(np.int32)
+    return dict(parent=entry_parent, base=base, span=span, drawn=drawn, index=idx.astype(np.uint32),
+                slot_pos=slot_pos)
+
+  def _drawn_clients(self, key: jax.Array) -> jax.Array:
+    """``int32[total]`` the cohort's clients by draws with replacement and rejection (the module
+    docstring): each attempt from ``fold_in(key, attempt)``, the first whose every parent saw
+    ``k_g`` distinct children."""
+    s = self._static
+    plan = s["draw"]
+    order = jnp.asarray(s["order"])
+    entry_parent, base, span, drawn, index, slot_pos = (
+      jnp.asarray(plan[f]) for f in ("parent", "base", "span", "drawn", "index", "slot_pos"))
+    num = base.shape[0]
+
+    def attempt(i):
+      k_pos, k_rank = jax.random.split(jax.random.fold_in(key, i))
+      pos = base + jnp.where(drawn, jax.random.randint(k_pos, (num,), 0, span, jnp.int32), 0)
+      rank = jnp.where(drawn, index, jax.random.bits(k_rank, (num,), jnp.uint32))
+      by_pos = jnp.lexsort((rank, pos))   # the same child together, its first draw first
+      sorted_pos = jnp.take(pos, by_pos)
+      first = jnp.concatenate([jnp.ones((1,), bool), sorted_pos[1:] != sorted_pos[:-1]])
+      kept = jnp.zeros((num,), bool).at[by_pos].set(first)
+      # grouped by parent, its distinct children first, in draw (or random) order
+      chosen = jnp.take(jnp.lexsort((rank, jnp.logical_not(kept), entry_parent)), slot_pos)
+      return jnp.take(order, jnp.take(pos, chosen)), jnp.all(jnp.take(kept, chosen))
+
+    clients, ok = attempt(0)
+    clients, _, _ = jax.lax.while_loop(lambda c: jnp.logical_not(c[1]),
+                                       lambda c: (*attempt(c[2]), c[2] + 1), (clients, ok, jnp.int32(1)))
+    return clients
 
   @property
   def parent_aligned(self) -> bool:
@@ -97,6 +227,8 @@ class CohortSampler:
     parent = jnp.asarray(np.asarray(self.parent, dtype=np.int32))
     if s["full"]:
       clients = jnp.asarray(s["order"])[s["slot_pos"]]
+    elif s["draw"] is not None:
+      clients = self._drawn_clients(key)
     else:
       u = jax.random.uniform(key, (len(self.parent),))
       shuffled = jnp.lexsort((u, parent))  # grouped by parent, random order inside a group
@@ -110,7 +242,8 @@ class CohortSampler:
     return Cohort(clients=clients.astype(jnp.int32), parent=slot_parent, valid=valid)
 
 
-def cohort_sampler(parent, cohort_size, *, chunk_size: int | None = None) -> CohortSampler:
+def cohort_sampler(parent, cohort_size, *, chunk_size: int | None = None, method: str = "auto"
+                   ) -> CohortSampler:
   """Builds a sampler for children with parents ``parent`` (numpy ``int[N]``).
 
   Args:
@@ -120,10 +253,13 @@ def cohort_sampler(parent, cohort_size, *, chunk_size: int | None = None) -> Coh
     chunk_size: pad the cohort to a multiple of this: an int, ``None`` (the whole cohort, no
       padding), ``"auto"`` (the per-backend default of :mod:`fedtree.core.tuning`) or a
       :func:`fedtree.core.tuning.chunk_policy` (the default sized for a model).
+    method: how a cohort is drawn (:data:`METHODS`: its cost, never its distribution).
 
   Raises:
-    ValueError: a cohort larger than its group, or non-positive sizes.
+    ValueError: a cohort larger than its group, non-positive sizes, an unknown method.
   """
+  if method not in METHODS:
+    raise ValueError(f"method={method!r}; choose one of {METHODS}")
   parent = np.asarray(parent, dtype=np.int64)
   num_parents = int(parent.max()) + 1
   counts = np.bincount(parent, minlength=num_parents)
@@ -145,7 +281,7 @@ def cohort_sampler(parent, cohort_size, *, chunk_size: int | None = None) -> Coh
       f"(smallest group: {int(counts.min())}); use cohort_size <= {int(counts.min())} or -1 for all"
     )
   return CohortSampler(parent=tuple(int(p) for p in parent), sizes=tuple(int(v) for v in k),
-                       chunk_size=_chunk(chunk_size, k))
+                       chunk_size=_chunk(chunk_size, k), method=method)
 
 
 def _chunk(chunk_size, k: np.ndarray) -> int:

@@ -11,7 +11,14 @@ the server level that runs it (the clients' parents, ``[N, ...]``):
 * ``receive(inbox, state) -> (pseudo_gradient, state, stats)``: from the round's :class:`Inbox`
   (the mean pseudo-gradient of the reporting children after the update path, the sums of the
   messages they sent beside it, how many were sampled, reported and exist), the pseudo-gradient
-  the node's optax server optimizer then applies, the new state and ``{name: [N]}`` statistics.
+  the node's optax server optimizer then applies, the new state and ``{name: [N]}`` statistics;
+* optionally ``gather`` and ``prepare``: a pass over the round's cohort *before* training (Mime's
+  full-batch gradients at the received model, from which the server forms the control variate
+  every client then uses): ``gather`` is a :class:`~fedtree.core.local.ClientUpdate` that
+  ``takes_round`` and keeps no state, run on every taking-part client from its parent's model
+  (its model output is ignored), whose messages, summed per parent in an :class:`Inbox`
+  (``pseudo_gradient`` ``()``), reach ``prepare(inbox, state) -> state`` before ``send``. It costs
+  one more vmapped pass over the cohort, and its messages count in the uplink bytes.
 
 Only nodes whose children reported change their state (the engine keeps the others'). A client
 that sends something up beside its model returns it as its update's ``message``
@@ -41,6 +48,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from fedtree.core.local import ClientUpdate
 from fedtree.core.server import select_nodes
 
 PyTree = Any
@@ -59,6 +67,10 @@ class Inbox(NamedTuple):
     sampled: ``[N]`` how many were sampled (reported or not).
     population: ``[N]`` how many children each node has.
     params: ``[N, ...]`` the nodes' models before this round's step.
+    population_weight: ``[N]`` the aggregation weights of all of each node's children summed
+      (``population`` under uniform weights, their examples under ``weighting="examples"``), so
+      that ``pseudo_gradient * weight_sum / population_weight`` is the reporting children's share
+      of a mean over every child (FedDyn's ``(1/m) Σ_{i∈P} Δ_i``); ``None`` where not given.
   """
 
   pseudo_gradient: PyTree
@@ -68,6 +80,7 @@ class Inbox(NamedTuple):
   sampled: jax.Array
   population: jax.Array
   params: PyTree
+  population_weight: jax.Array | None = None
 
 
 class ServerRule(NamedTuple):
@@ -78,12 +91,16 @@ class ServerRule(NamedTuple):
     receive: ``receive(inbox, state) -> (pseudo_gradient [N, ...], state [N, ...], stats {name: [N]})``.
     send: ``send(state) -> [N, ...]`` what the children receive beside the model (``None``: the state).
     name: names the rule in errors and refusals.
+    gather: a client pass before training (see the module docstring; ``None``: none).
+    prepare: ``prepare(inbox, state) -> state`` from the gathered messages (with ``gather``).
   """
 
   init: Callable[[PyTree, int], PyTree]
   receive: Callable[[Inbox, PyTree], tuple[PyTree, PyTree, Stats]]
   send: Callable[[PyTree], PyTree] | None = None
   name: str = "server_rule"
+  gather: ClientUpdate | None = None
+  prepare: Callable[[Inbox, PyTree], PyTree] | None = None
 
 
 def broadcast_of(rule: ServerRule | None, state: PyTree) -> PyTree:
@@ -97,6 +114,26 @@ def receive(rule: ServerRule, inbox: Inbox, state: PyTree) -> tuple[PyTree, PyTr
   """``rule.receive`` on every node; nodes none of whose children reported keep their state."""
   pseudo_gradient, new_state, stats = rule.receive(inbox, state)
   return pseudo_gradient, select_nodes(inbox.reported > 0, new_state, state), stats
+
+
+def prepare(rule: ServerRule, inbox: Inbox, state: PyTree) -> PyTree:
+  """``rule.prepare`` on every node; nodes none of whose children took part keep their state."""
+  assert rule.prepare is not None
+  return select_nodes(inbox.reported > 0, rule.prepare(inbox, state), state)
+
+
+def check_rule(rule: ServerRule | None, algorithm: str) -> ServerRule | None:
+  """``rule`` if its ``gather`` pass is well formed (a stateless update that ``takes_round``,
+  with a ``prepare``), else a ``ValueError`` naming the algorithm and the rule."""
+  if rule is None or (rule.gather is None and rule.prepare is None):
+    return rule
+  if rule.gather is None or rule.prepare is None:
+    raise ValueError(f"{algorithm}: server rule {rule.name!r} gives only one of gather and prepare; a pass "
+                     f"before training needs both (the clients' messages and what the server makes of them)")
+  if not rule.gather.takes_round or rule.gather.init_state is not None:
+    raise ValueError(f"{algorithm}: server rule {rule.name!r}'s gather pass must take the round "
+                     f"(takes_round=True, to send its message) and keep no client state")
+  return rule
 
 
 def init_rule_state(rule: ServerRule | None, params: PyTree, num_nodes: int) -> PyTree:

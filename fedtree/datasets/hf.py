@@ -91,15 +91,44 @@ def flower_partitions(dataset, partitioner, *, shuffle: bool = False,
 
 
 def flower_partitioner(name: str, args: dict[str, Any] | None = None):
-  """A Flower Datasets partitioner by class name (``"DirichletPartitioner"``, ...)."""
+  """A Flower Datasets partitioner by class name (``"DirichletPartitioner"``, ...): a row
+  partitioner (every one but the vertical ones and the base class, :data:`FLOWER_REFUSED`)."""
   try:
     from flwr_datasets import partitioner as fp
   except ImportError as e:
     raise ImportError(f"partitioner={name!r} needs Flower Datasets: pip install -e \".[hf]\"") from e
   names = sorted(n for n in dir(fp) if n.endswith("Partitioner") and n != "Partitioner")
+  rows = [n for n in names if n not in FLOWER_REFUSED and not n.startswith("Vertical")]
+  if name in names and name not in rows:
+    why = FLOWER_REFUSED.get(name, "it splits the columns (vertical FL), not the rows, into clients")
+    raise ValueError(f"Flower partitioner {name!r} is not supported: {why}; choose one of {rows}")
   if name not in names:
-    raise ValueError(f"Flower partitioner {name!r} is unknown; choose one of {names}")
+    raise ValueError(f"Flower partitioner {name!r} is unknown; choose one of {rows}")
   return getattr(fp, name)(**dict(args or {}))
+
+
+FLOWER_REFUSED = {
+  "IdToSizeFncPartitioner": ("it is a base class; pass an object of a subclass "
+                             "(partitioner=MyPartitioner(...))"),
+}
+"""Flower Datasets partitioners :func:`flower_partitioner` refuses by name, and why; the vertical
+ones (``Vertical*``, which split columns, not rows) too."""
+
+
+def input_columns(x_columns: str | Sequence[str], names: Sequence[str]) -> list[str]:
+  """The input columns ``x_columns`` names: a sequence, or one string that is a column of the
+  dataset (``names``), or several as the command line gives them (``"a,b,c"``, ``"[a, b, c]"``,
+  ``"('a', 'b', 'c')"``: ``--config.data.x_columns=a,b,c`` on a CSV file's columns).
+
+  Example:
+    >>> input_columns("a, b,c", ["a", "b", "c", "label"]), input_columns("('a', 'b')", ["a", "b"])
+    (['a', 'b', 'c'], ['a', 'b'])
+  """
+  if not isinstance(x_columns, str):
+    return [str(c) for c in x_columns]
+  if x_columns in names or "," not in x_columns:
+    return [x_columns]
+  return [c.strip().strip("'\"") for c in x_columns.strip().strip("[]()").split(",") if c.strip()]
 
 
 def from_hf(
@@ -129,6 +158,8 @@ def from_hf(
       training rows are left out), else kept as the central test set ``(x, y)`` while every
       client holds out ``test_fraction`` of its examples.
     x_columns: the input column (an image, a numeric array, or a string: text), or several
+      (a sequence, or one string naming them as the command line does: ``"a,b,c"``,
+      :func:`input_columns`)
       numeric columns stacked as features.
     label_column: the class label (a ``ClassLabel`` gives ``num_classes``).
     client_column: one client per value of this column (when no ``partitioner``).
@@ -166,7 +197,7 @@ def from_hf(
     >>> data.num_clients, data.n_train.tolist(), data.n_test.tolist(), extras["client_names"]
     (3, [3, 3, 3], [1, 1, 1], ('0', '1', '2'))
   """
-  columns = [x_columns] if isinstance(x_columns, str) else list(x_columns)
+  columns = input_columns(x_columns, train.column_names)
   is_text = len(columns) == 1 and _is_string(train.features.get(columns[0]))
   needed = columns + ([] if is_text else [label_column]) + [c for c in (client_column, clients_by) if c]
   needed += list(tree_columns)
@@ -253,8 +284,15 @@ def load_hf(*, path: str, format: str = "disk", split: str = "train", test_split
     test_path: the test file (the other formats).
     cache_dir: where ``datasets`` keeps the Arrow files of ``load_dataset``.
     **kwargs: :func:`from_hf`'s options.
+
+  Raises:
+    ImportError: Hugging Face ``datasets`` is not installed (names the ``hf`` extra).
   """
-  import datasets
+  try:
+    import datasets
+  except ImportError as e:
+    raise ImportError("config.data.name='hf' needs Hugging Face datasets, which is not installed: "
+                      "pip install -e \".[hf]\" (datasets and flwr-datasets)") from e
 
   if not path:
     raise ValueError(f"config.data.path={path!r}: set it to a save_to_disk folder or a data file "

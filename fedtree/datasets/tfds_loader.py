@@ -5,9 +5,11 @@ Dirichlet label skew, label shards, or by a natural id feature such as the write
 every client's examples into train and test, and keeps the dataset's test split as the
 *central* test set (B-HFL evaluates the root on it). Images become float32 in ``[0, 1]``.
 
-Datasets must already be prepared in ``data_dir`` (``tfds build mnist`` or
-``tfds.builder("mnist").download_and_prepare()`` on a machine with internet); nothing is
-downloaded at run time. Tests run this code under ``tfds.testing.mock_data``.
+Datasets must already be prepared in ``data_dir``, in TFDS's random-access ArrayRecord format
+(``tfds build mnist --data_dir=DIR --file_format=array_record`` on a machine with internet:
+:func:`prepare_command`); nothing is downloaded at run time (``download=False``), and a dataset
+that is not there is refused naming the dataset, the folder searched and that command. Tests run
+this code under ``tfds.testing.mock_data``.
 """
 
 from __future__ import annotations
@@ -30,19 +32,38 @@ PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "shards", "by_id")
 NORMALIZE = (None, "per_channel", "per_image")
 
 
+def prepare_command(name: str, data_dir: str | None) -> str:
+  """The command that prepares TFDS dataset ``name`` in ``data_dir`` for :func:`load_tfds` (its
+  random-access ArrayRecord format), run once where internet is available."""
+  where = f" --data_dir={data_dir}" if data_dir else ""
+  return f"tfds build {name}{where} --file_format=array_record"
+
+
+def searched_dir(name: str, data_dir: str | None) -> str:
+  """Where TFDS looks for ``name``: ``data_dir``, else TFDS's default (``$TFDS_DATA_DIR`` or
+  ``~/tensorflow_datasets``), with the dataset's folder when TFDS knows the dataset."""
+  import tensorflow_datasets as tfds
+
+  root = data_dir or tfds.core.constants.get_default_data_dir()
+  try:
+    return str(tfds.builder(name, data_dir=root).data_dir)
+  except Exception:  # noqa: BLE001 - an unknown name: the root alone
+    return str(root)
+
+
 def _read_split(name: str, split: str, data_dir: str | None, keys: tuple[str, ...], limit: int | None):
   import tensorflow_datasets as tfds
 
-  try:
-    source = tfds.data_source(name, split=split, data_dir=data_dir)
+  try:   # never downloads: a dataset is prepared once, beforehand (prepare_command)
+    source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
   except Exception as e:  # noqa: BLE001 - re-raised with what to do
     raise FileNotFoundError(
-      f"TFDS dataset {name!r} (split {split!r}) is not prepared in data_dir={data_dir!r}: {e}. "
-      f"Prepare it once where internet is available (`tfds build {name}"
-      f"{f' --data_dir={data_dir}' if data_dir else ''}`, or "
-      f"`python -c \"import tensorflow_datasets as tfds; tfds.builder('{name}'"
-      f"{f', data_dir={data_dir!r}' if data_dir else ''}).download_and_prepare()\"`) and point "
-      f"config.data.data_dir at it."
+      f"TFDS dataset {name!r} (split {split!r}) is not prepared in "
+      f"{'config.data.data_dir=' + repr(data_dir) if data_dir else 'the default TFDS data_dir'} "
+      f"(searched {searched_dir(name, data_dir)}); nothing is downloaded at run time. Prepare it "
+      f"once where internet is available: `{prepare_command(name, data_dir)}`"
+      f"{'' if data_dir else ' (or with --data_dir=DIR, then --config.data.data_dir=DIR)'}. "
+      f"TFDS said: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     ) from e
   n = len(source) if limit is None else min(int(limit), len(source))
   cols: dict[str, list] = {k: [] for k in keys}

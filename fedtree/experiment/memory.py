@@ -1,12 +1,14 @@
-"""Memory stated before a run compiles: the bytes of the (stacked) state and of a chunk's
-working set, against the device's limit, so that a run that cannot fit fails early with the
-numbers and the largest chunk that would fit (issue 15 item 8).
+"""Memory stated before a run compiles: the bytes of the clients' data, of the (stacked) state
+and of a chunk's working set, against the device's limit, so that a run that cannot fit fails
+early with the numbers and the largest chunk (or about the largest population) that would fit
+(issue 15 item 8, issue 43 item 3).
 
-The state is measured without allocating (``jax.eval_shape`` of ``init``); a chunk's working
-set is the clients trained at once times the bytes one client's local step touches
-(:func:`fedtree.core.tuning.client_step_bytes`, one small compile). The limit is
-``config.memory_limit_bytes`` when set (tests force a small one), else the accelerator's
-``bytes_limit``, else the host's physical memory on CPU.
+The clients' data lives on the device for the whole run (every client's padded train and test
+split: :func:`data_bytes`), so it is what grows with the population; the state is measured
+without allocating (``jax.eval_shape`` of ``init``); a chunk's working set is the clients trained
+at once times the bytes one client's local step touches (:func:`fedtree.core.tuning.client_step_bytes`,
+one small compile). The limit is ``config.memory_limit_bytes`` when set (tests force a small
+one), else the accelerator's ``bytes_limit``, else the host's physical memory on CPU.
 """
 
 from __future__ import annotations
@@ -58,9 +60,77 @@ def block_bytes(param_bytes: int, rows: int, block_size: int, *, pairwise: bool)
   return 2 * rows * param_bytes + (2 * 4 * rows * block_size if pairwise else 0)
 
 
+def data_bytes(ctx) -> int:
+  """Bytes of the clients' data a run keeps on the device: every array of ``ctx.data`` (train
+  and test splits of every client, padded or ragged) and, with a mesh, the copy sharded over it
+  (this device's share on an accelerator; all of it on CPU, whose devices share the host's
+  memory)."""
+  total = tree_bytes(ctx.data)
+  sharded = getattr(ctx, "sharded_data", None)
+  if sharded is not None:
+    copy = tree_bytes(sharded)
+    total += copy if jax.default_backend() == "cpu" else -(-copy // max(1, jax.device_count()))
+  return total
+
+
+def check_data(data, config: ml_collections.ConfigDict) -> None:
+  """Refuses, before it is copied to the device, a population whose data cannot fit there: the
+  clients' data (:func:`tree_bytes` of the host ``data``) once on an accelerator, twice on CPU
+  (the host arrays and the device's copy of them are both in host memory while it is made).
+
+  Raises:
+    ValueError: with the bytes, the clients, the limit and about how many clients fit.
+  """
+  limit, source = memory_limit(config)
+  size = tree_bytes(data)
+  copies = 2 if jax.default_backend() == "cpu" else 1
+  if limit is None or copies * size <= limit:
+    return
+  clients = int(data.num_clients)
+  per = size / max(1, clients)
+  how = ("twice: the host arrays and the device's copy, both in host memory while it is made"
+         if copies == 2 else "once, on the device, for the whole run")
+  raise ValueError(
+    f"the clients' data does not fit in memory: {size} bytes ({clients} clients x {per:.0f} bytes) held "
+    f"{how}: {copies * size} bytes > limit {limit} bytes ({source}); about {int(limit // (copies * per))} "
+    f"clients fit with nothing else; use fewer clients, the ragged layout (config.data.layout='ragged': "
+    f"no padding rows), a device with more memory, or config.memory_limit_bytes if the limit is wrong")
+
+
+def copied_bytes(tree, original) -> int:
+  """Bytes of the leaves of ``tree`` that are not those of ``original`` (same structure): what a
+  modified copy holds besides it (a data attack's poisoned training split)."""
+  if tree is original:
+    return 0
+  return sum(tree_bytes(a) for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(original), strict=True)
+             if a is not b)
+
+
+def eval_bytes(model, data, chunk_size) -> int:
+  """Scratch XLA allocates to evaluate one model on every client's test split
+  (``Compiled.memory_analysis()`` of the evaluator at the data's shapes; nothing allocated):
+  ``chunk_size`` clients at once (``config.eval_chunk_size``), every client with ``None``, so
+  it grows with the population. 0 where it cannot be measured."""
+  import jax.numpy as jnp
+
+  from fedtree.core.metrics import make_evaluator
+
+  try:
+    params = jax.eval_shape(lambda: jax.tree.map(lambda a: a[None], model.init(jax.random.key(0))))
+    shape = jax.ShapeDtypeStruct
+    c = int(data.num_clients)
+    x, y = (shape(tuple(a.shape), a.dtype) for a in (data.x_test, data.y_test))
+    args = (x, y, shape((c,), jnp.int32), shape((c,), jnp.int32))
+    analysis = make_evaluator(model, chunk_size).lower(params, *args).compile().memory_analysis()
+  except Exception:  # noqa: BLE001  (a model the estimate cannot compile alone: not counted)
+    return 0
+  return 0 if analysis is None else int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
+
+
 def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, limit: int | None,
                  source: str, experiments: int = 1, chunk_name: str = "chunk_size",
-                 block: tuple[int, int, int, bool] | None = None) -> str:
+                 block: tuple[int, int, int, bool] | None = None, data_bytes: int = 0,
+                 clients: int = 0, evaluation_bytes: int = 0, eval_chunk: int | None = None) -> str:
   """The one-line estimate printed before a run compiles; a ``ValueError`` with the numbers and
   the largest chunk that fits when it cannot fit in ``limit``.
 
@@ -77,6 +147,12 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
     chunk_name: the field to lower, named in the error.
     block: ``(param_bytes, rows, block_size, pairwise)`` of a blockwise aggregator's cohort
       blocks (:func:`block_bytes`), or ``None``; added to the state.
+    data_bytes: bytes of the clients' data on the device (:func:`data_bytes`; shared by the
+      experiments of a sweep).
+    clients: the clients that data holds (to say how many would fit).
+    evaluation_bytes: the evaluator's scratch (:func:`eval_bytes`), checked beside the data and
+      the state (evaluation runs between rounds, not during one).
+    eval_chunk: ``config.eval_chunk_size`` (``None``: every client at once), named in the error.
 
   Returns:
     The line (the caller prints it).
@@ -84,18 +160,35 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
   blocks = 0 if block is None else block_bytes(block[0], block[1], block[2], pairwise=block[3]) * experiments
   state = state_bytes * experiments + blocks
   work = step_bytes * chunk * experiments
-  line = (f"{label}: memory estimate {_gib(state + work)}: state {_gib(state_bytes)}"
+  total = data_bytes + state + work
+  line = (f"{label}: memory estimate {_gib(total)}: "
+          f"{f'clients data {_gib(data_bytes)} ({clients} clients) + ' if data_bytes else ''}"
+          f"state {_gib(state_bytes)}"
           f"{f' x {experiments} experiments' if experiments > 1 else ''}"
           f"{f' + cohort blocks {_gib(blocks)}' if block is not None else ''} + chunk working set "
           f"{chunk} x {_gib(step_bytes)} per client step{f' x {experiments}' if experiments > 1 else ''}")
+  at_once = "every client" if eval_chunk is None else f"{eval_chunk} clients"
+  evaluation = f"; evaluation {_gib(evaluation_bytes)} ({at_once} at once)" if evaluation_bytes else ""
   if limit is None:
-    return line + " (no memory limit known)"
-  line += f", limit {_gib(limit)} ({source})"
-  if state + work <= limit:
+    return line + evaluation + " (no memory limit known)"
+  line += f"{evaluation}, limit {_gib(limit)} ({source})"
+  if total <= limit:
+    if data_bytes + state + evaluation_bytes > limit:   # evaluating every client at once does not fit
+      room = limit - data_bytes - state
+      at_a_time = clients if eval_chunk is None else min(int(eval_chunk), clients)
+      per = evaluation_bytes / max(1, at_a_time)
+      fits = int(room // per) if room > 0 else 0
+      advice = (f"set config.eval_chunk_size <= {fits}" if fits >= 1 else
+                "even one client's evaluation does not fit: use a smaller model or population")
+      raise ValueError(
+        f"run {label!r} does not fit in memory when it evaluates: state {state} bytes + evaluation "
+        f"working set {evaluation_bytes} bytes (config.eval_chunk_size={eval_chunk}: {at_once} at once) + "
+        f"clients data {data_bytes} bytes = {data_bytes + state + evaluation_bytes} bytes > limit {limit} "
+        f"bytes ({source}); {advice}")
     return line
-  if block is not None and state > limit:   # the cohort blocks alone do not fit: a smaller cohort
+  if block is not None and data_bytes + state > limit:   # the cohort blocks do not fit: a smaller cohort
     param_bytes, rows, size, pairwise = block
-    avail = limit - state_bytes * experiments - step_bytes * experiments
+    avail = limit - data_bytes - state_bytes * experiments - step_bytes * experiments
     lo, hi = 0, rows   # the largest cohort (slots in all, a parent's at most as many) that fits
     while lo < hi:
       mid = (lo + hi + 1) // 2
@@ -107,18 +200,30 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
     raise ValueError(
       f"run {label!r} does not fit in memory: its blockwise aggregator holds every parent's cohort "
       f"({rows} slots of {param_bytes} bytes{', with pairwise distances' if pairwise else ''}): "
-      f"{blocks} bytes + state {state_bytes * experiments} bytes > limit {limit} bytes ({source}); "
+      f"{blocks} bytes + state {state_bytes * experiments} bytes"
+      f"{f' + clients data {data_bytes} bytes' if data_bytes else ''} > limit {limit} bytes ({source}); "
       f"sample at most {max(int(fits_rows), 0)} clients per round in all (cohort_size) or use the mean")
-  if experiments > 1:  # a sweep: fewer experiments at once
-    fits = limit // max(1, state_bytes + step_bytes * chunk)
+  if experiments > 1:  # a sweep: fewer experiments at once (they share the clients' data)
+    fits = (limit - data_bytes) // max(1, state_bytes + step_bytes * chunk)
   else:
-    fits = (limit - state) // max(1, step_bytes)
-  advice = (f"set {chunk_name} <= {int(fits)}" if fits >= 1 else
-            "even the smallest chunk does not fit: use a smaller model or cohort, or more devices")
+    fits = (limit - data_bytes - state) // max(1, step_bytes)
+  room = limit - state - step_bytes * experiments   # beside one client's step: for the clients' data
+  if fits >= 1:
+    advice = f"set {chunk_name} <= {int(fits)}"
+  elif data_bytes and clients and 0 < room < data_bytes:   # the population does not fit
+    per = data_bytes / clients
+    advice = (f"even the smallest chunk does not fit: the clients' data alone is {data_bytes} bytes "
+              f"({clients} clients x {per:.0f} bytes, kept on the device for the run), and about "
+              f"{int(room // per)} clients fit beside the state and one client's step; use fewer "
+              f"clients, the ragged layout (config.data.layout='ragged': no padding rows), more devices "
+              f"(config.mesh_shape) or a device with more memory")
+  else:
+    advice = "even the smallest chunk does not fit: use a smaller model or cohort, or more devices"
   at_once = f", {experiments} experiments at once" if experiments > 1 else ""
+  data = f" + clients data {data_bytes} bytes ({clients} clients)" if data_bytes else ""
   raise ValueError(
     f"run {label!r} does not fit in memory: state {state} bytes + chunk working set {work} bytes "
-    f"(chunk_size={chunk}{at_once}) = {state + work} bytes > limit {limit} bytes ({source}); {advice}"
+    f"(chunk_size={chunk}{at_once}){data} = {total} bytes > limit {limit} bytes ({source}); {advice}"
   )
 
 
@@ -142,6 +247,10 @@ class Budget:
   num_clients: int
   step: Any  # () -> bytes of one client's local step
   _step_bytes: int | None = None
+  data_bytes: int = 0   # the clients' data on the device (data_bytes)
+  evaluation: Any = None   # () -> the evaluator's scratch (eval_bytes)
+  eval_chunk: int | None = None   # config.eval_chunk_size
+  _eval_bytes: int | None = None
 
   @classmethod
   def of(cls, ctx) -> Budget:
@@ -154,16 +263,30 @@ class Budget:
       except Exception:  # noqa: BLE001  (a model the estimate cannot compile alone: state only)
         return 0
 
-    return cls(limit=limit, source=source, num_clients=int(ctx.data.num_clients), step=step)
+    eval_chunk = ctx.config.get("eval_chunk_size", None)
+    eval_chunk = int(eval_chunk) if isinstance(eval_chunk, (int, np.integer)) else None
+    return cls(limit=limit, source=source, num_clients=int(ctx.data.num_clients), step=step,
+               data_bytes=data_bytes(ctx), evaluation=lambda: eval_bytes(ctx.model, ctx.data, eval_chunk),
+               eval_chunk=eval_chunk)
 
   def step_bytes(self) -> int:
     if self._step_bytes is None:
       self._step_bytes = int(self.step())
     return self._step_bytes
 
+  def eval_bytes(self) -> int:
+    if self._eval_bytes is None:
+      self._eval_bytes = int(self.evaluation()) if self.evaluation is not None else 0
+    return self._eval_bytes
+
   def check(self, label: str, state_shapes, chunk_size, *, experiments: int = 1,
-            chunk_name: str = "chunk_size", block: tuple[int, int, int, bool] | None = None) -> str:
-    """:func:`check_memory` of run ``label`` with state ``state_shapes`` (one experiment's)."""
+            chunk_name: str = "chunk_size", block: tuple[int, int, int, bool] | None = None,
+            extra_data_bytes: int = 0) -> str:
+    """:func:`check_memory` of run ``label`` with state ``state_shapes`` (one experiment's);
+    ``extra_data_bytes``: a copy of the data the run keeps besides (a data attack's poisoned
+    copy)."""
     return check_memory(label, state_bytes=tree_bytes(state_shapes), step_bytes=self.step_bytes(),
                         chunk=estimate_chunk(chunk_size, self.num_clients), limit=self.limit,
-                        source=self.source, experiments=experiments, chunk_name=chunk_name, block=block)
+                        source=self.source, experiments=experiments, chunk_name=chunk_name, block=block,
+                        data_bytes=self.data_bytes + int(extra_data_bytes), clients=self.num_clients,
+                        evaluation_bytes=self.eval_bytes(), eval_chunk=self.eval_chunk)

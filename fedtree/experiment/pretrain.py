@@ -20,7 +20,7 @@ Fields (``config.pretrain``): ``packages`` (stdlib packages), ``max_sentences`` 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -78,12 +78,25 @@ def pretraining_text(cfg: dict, data_cfg, vocab: tuple[str, ...]) -> tuple[np.nd
                                int(data_cfg.seq_len))
 
 
-def pretrain_context(ctx, print_fn=print):
-  """``(ctx with init_params = the pretrained model, {"base": summary})`` for ``ctx.config.pretrain``.
+class Pretraining(NamedTuple):
+  """A ``config.pretrain`` checked and its data read (:func:`prepare_pretrain`), before anything is
+  written; :func:`pretrain_context` trains on it."""
+
+  x: np.ndarray                            # int32 [N, seq_len] the sentences' tokens
+  y: np.ndarray                            # int32 [N, seq_len] the next tokens
+  optimizer: optax.GradientTransformation
+  steps: int
+  batch_size: int
+
+
+def prepare_pretrain(ctx) -> Pretraining:
+  """Refuses a ``ctx.config.pretrain`` no run can use, and reads its text: the runner calls it
+  before anything is written, so that every refusal (a field, a package, an optimizer) comes first.
 
   Raises:
     ValueError: an unknown field, ``config.init_params`` set as well, data without a vocabulary
-      (not a text dataset), or a non-positive ``steps`` / ``batch_size``.
+      (not a text dataset), a non-positive ``steps`` / ``batch_size``, a package that is not in the
+      standard library, an unknown optimizer or a bad learning rate.
   """
   from fedtree.experiment.registry import check_fields
 
@@ -99,9 +112,28 @@ def pretrain_context(ctx, print_fn=print):
   steps, batch = int(cfg.get("steps", 200)), int(cfg.get("batch_size", 32))
   if steps < 1 or batch < 1:
     raise ValueError(f"config.pretrain steps={steps} and batch_size={batch} must be >= 1")
-  x, y = pretraining_text(cfg, config.data, ctx.vocab)
-  optimizer = optimizer_by_name(cfg.get("optimizer", "adam"),
-                                learning_rate=float(cfg.get("learning_rate", 3e-3)))
+  try:
+    optimizer = optimizer_by_name(cfg.get("optimizer", "adam"),
+                                  learning_rate=float(cfg.get("learning_rate", 3e-3)))
+  except ValueError as e:
+    raise ValueError(f"config.pretrain: {e}") from e
+  try:
+    x, y = pretraining_text(cfg, config.data, ctx.vocab)
+  except ValueError as e:
+    raise ValueError(f"config.pretrain.packages: {e}") from e
+  return Pretraining(x=x, y=y, optimizer=optimizer, steps=steps, batch_size=batch)
+
+
+def pretrain_context(ctx, print_fn=print, prepared: Pretraining | None = None):
+  """``(ctx with init_params = the pretrained model, {"base": summary})`` for ``ctx.config.pretrain``
+  (``prepared``: what :func:`prepare_pretrain` read; default: read here).
+
+  Raises:
+    ValueError: as :func:`prepare_pretrain`.
+  """
+  config = ctx.config
+  cfg = dict(config.pretrain)
+  x, y, optimizer, steps, batch = prepared if prepared is not None else prepare_pretrain(ctx)
   key = jax.random.key(int(cfg.get("seed", config.seed)))
   params = ctx.model.init(jax.random.fold_in(key, 0))
   params, losses = train_central(ctx.model, optimizer, x, y, params=params, steps=steps, batch_size=batch,

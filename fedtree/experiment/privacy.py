@@ -86,6 +86,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fedtree.core import privacy as dp
+from fedtree.experiment.run_context import cohort_of, run_context
 
 ACCOUNTANTS = ("rdp", "pld")
 SAMPLINGS = ("fixed", "poisson")
@@ -306,6 +307,12 @@ def _check_fields(section) -> None:
         raise ValueError(f"{where}: unknown field {f!r}{hint}; allowed fields: {sorted(allowed)}")
 
 
+STAGED = ("grouppfl",)
+"""Algorithms whose stages run one update path on trees of different parents (GroupPerFL: every
+client under one group, then under its data group). The expected cohort of a fixed normalisation
+is per parent, so ``normalize="fixed"`` is refused for them; ε is accounted at the rate of the
+stage that samples most (the data groups'), for every round: an upper bound."""
+
 ABOVE_THE_PARENTS = ("hierfavg", "fedprox", "ditto", "pfedme", "perfedavg", "fedmmd", "fedkws")
 """The algorithms (HierFAVG and the local objectives under it) for which noise above the clients'
 parents has the sensitivity derived in the module docstring."""
@@ -373,19 +380,6 @@ def _plain(cfg):
   return cfg.to_dict() if hasattr(cfg, "to_dict") else cfg
 
 
-def _every(cohort_size) -> bool:
-  return cohort_size is None or (np.isscalar(cohort_size) and int(cohort_size) == -1)
-
-
-def _per_parent(cohort_size, counts: np.ndarray) -> np.ndarray:
-  """A run's ``cohort_size`` (one int, or one per clients' parent) as ``int[P]``."""
-  k = np.asarray(cohort_size, np.int64)
-  if k.ndim and k.shape != counts.shape:
-    raise ValueError(f"cohort_size={list(cohort_size)!r} has {k.size} entries for {counts.size} parents of "
-                     f"the clients")
-  return np.broadcast_to(k, counts.shape)
-
-
 def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> Plan:
   """The resolved section: checks every field, the run's weighting (its ``weighting`` field, else
   the factory's default from ``params``), the cohort (sampling rate per parent: the largest
@@ -393,6 +387,8 @@ def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> 
   ``ctx.run`` / ``ctx.params`` (:class:`fedtree.experiment.updates.RunContext`)."""
   _check_fields(section)
   run = getattr(ctx, "run", None) if run is None else run
+  if run is not None:   # the tree and cohort of the run's algorithm, never the config's (issue 43)
+    ctx = run_context(ctx, getattr(ctx, "label", "<label>"), run, getattr(ctx, "params", None))
   params = (getattr(ctx, "params", None) or {}) if params is None else params
   weighting = None
   if run is not None and "weighting" in run:
@@ -424,14 +420,13 @@ def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> 
   check_delta_population(delta, int(num_clients))
   depth = 1 if topology is None else topology.depth
   counts = (topology.leaf_counts(depth - 1) if topology is not None else np.asarray([num_clients]))
-  cohort_size = None if run is None else run.get("cohort_size", None)
   if sampling == "poisson":
     q = float(run.get("poisson_q"))
     check_sampling(sampling, q)
     expected = q * counts
     population, cohort = int(counts.max()), None
   else:
-    expected = counts if _every(cohort_size) else np.minimum(counts, _per_parent(cohort_size, counts))
+    expected = cohort_of(None if run is None else run.get("cohort_size", None), counts)
     rates = expected / counts
     i = int(np.argmax(rates))
     q, population, cohort = float(rates[i]), int(counts[i]), int(expected[i])
@@ -473,6 +468,11 @@ def plan(section: dict, ctx, *, run=None, params=None, verbose: bool = True) -> 
   normalize = section.get("normalize", "count" if adjacency == "replace_one" else "fixed")
   if normalize not in dp.NORMALIZATIONS:
     raise ValueError(f"normalize={normalize!r}; choose one of {list(dp.NORMALIZATIONS)}")
+  algorithm = None if run is None else run.get("algorithm", None)
+  if normalize == "fixed" and algorithm in STAGED:
+    raise ValueError(f"normalize='fixed' with algorithm={algorithm!r}: its stages aggregate the same clients "
+                     f"under different parents (one group, then the data groups), and a fixed normalisation "
+                     f"needs one expected cohort per parent; use normalize='count'")
   if sampling == "poisson" and normalize == "count":
     raise ValueError("normalize='count' with sampling='poisson': the actual count of a Poisson cohort is "
                      "private and dividing by it has no bounded sensitivity; use normalize='fixed'")
@@ -540,7 +540,8 @@ def round_metrics(label: str, run, ctx):
   section = section.to_dict() if hasattr(section, "to_dict") else section
   if not section:
     return None
-  p = plan(dict(section), ctx, run=run, params={}, verbose=False)   # (the build checked the weighting)
+  # (the build checked the weighting)
+  p = plan(dict(section), run_context(ctx, label, run), run=run, params={}, verbose=False)
 
   @functools.cache
   def metrics(r: int) -> dict[str, float]:

@@ -60,10 +60,14 @@ from fedtree.experiment.builders import (
 )
 from fedtree.experiment.families import bhfl as bhfl_family
 from fedtree.experiment.families import grouppfl as grouppfl_family
+from fedtree.experiment.run_context import RunContext
 from fedtree.experiment.spec import AlgorithmSpec, Fields, check_fields, number
 from fedtree.experiment.systems import systems_from_config
 
 RUNNER_FIELDS = ("algorithm", "label", "rounds")
+CAPABILITIES = {"update_paths", "systems"}
+"""Factory parameters set from capability sections, whose converters get the run's
+:class:`~fedtree.experiment.run_context.RunContext` (its tree and cohort)."""
 CONTEXT_PARAMS = ("model", "data", "local_optimizer", "schedule", "name", "local_learning_rate")
 NOT_CONFIGURABLE = ("client_update", "init_params")
 """Factory parameters that are not run fields of their own name: ``init_params`` is a path
@@ -89,6 +93,25 @@ def _tree(v, ctx):
   if tree not in TREES:
     raise ValueError(f"tree={tree!r}; choose one of {TREES}")
   return {"topology": None if tree == "flat" else ctx.topology}
+
+
+def run_topology(label: str, run, ctx) -> Topology:
+  """The tree run ``label``'s algorithm is built on, which its capabilities read
+  (:class:`~fedtree.experiment.run_context.RunContext`): the config's tree for a factory that
+  requires ``topology`` (HierFAVG, B-HFL, pFedMT); for one whose ``topology`` is optional, the
+  run's ``tree`` field (``"flat"``, the default: one server over every client; ``"config"``: the
+  config's); the spec's own ``tree`` (GroupPerFL: its data groups); else one server over every
+  client (FedAvg, FedOpt, the clustered family)."""
+  spec = _spec(label, run)
+  if spec.tree is not None:
+    return spec.tree(run, ctx)
+  flat = Topology.flat(int(ctx.data.num_clients))
+  topo = inspect.signature(spec.factory).parameters.get("topology")
+  if topo is None:
+    return flat
+  if topo.default is inspect.Parameter.empty:
+    return ctx.topology
+  return _tree({"tree": run["tree"]} if "tree" in run else {}, ctx)["topology"] or flat
 
 
 def _cohort(v, ctx):
@@ -125,6 +148,19 @@ def _run_local_rate(v, ctx):
 
 def _local_rate(ctx):
   return {"learning_rate": float(ctx.config.local.learning_rate)}
+
+
+def _local_momentum(ctx):
+  """FedNova's ``momentum``: ``config.local``'s heavy-ball momentum (``sgd`` with ``hparams.momentum``),
+  which its effective step count ``‖a_i‖₁`` depends on; another local optimizer is refused (the
+  paper's ``a_i`` is for SGD with momentum)."""
+  local = ctx.config.local
+  hparams = dict(local.get("hparams", {}) or {})
+  if local.optimizer != "sgd" or hparams.get("nesterov", False):
+    raise ValueError(f"fednova normalizes by the effective steps of local SGD with heavy-ball momentum; "
+                     f"config.local.optimizer={local.optimizer!r} (hparams {hparams}) is not; use "
+                     f"optimizer='sgd' (hparams.momentum=ρ)")
+  return {"momentum": hparams.get("momentum", 0.0) or 0.0}
 
 
 def _personal(v, ctx):
@@ -164,6 +200,10 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "awcfl": AlgorithmSpec(algorithms.awcfl),
   "mcfl": AlgorithmSpec(algorithms.mcfl),
   "scaffold": AlgorithmSpec(algorithms.scaffold),
+  "feddyn": AlgorithmSpec(algorithms.feddyn),
+  "fednova": AlgorithmSpec(algorithms.fednova, defaults=_local_momentum),
+  "mime": AlgorithmSpec(algorithms.mime),
+  "mimelite": AlgorithmSpec(algorithms.mimelite),
   "fedkws": AlgorithmSpec(algorithms.fedkws,
                           fields=(_rate_optimizer("private_learning_rate", "private_optimizer"),)),
   "grouppfl": grouppfl_family.SPEC,
@@ -401,9 +441,13 @@ def factory_kwargs(label: str, run, ctx) -> dict[str, Any]:
   for n, hint in sch.scalars.items():
     if n in run:
       kw[n] = coerce(run[n], hint, f"{where}.{n}")
+  run_ctx = None
   for f in sch.fields:
     try:
-      fctx = update_sections.RunContext(ctx, label, run, params) if "update_paths" in f.targets else ctx
+      fctx = ctx
+      if set(f.targets + f.names) & CAPABILITIES:   # the run's tree and cohort, never the config's
+        run_ctx = run_ctx or RunContext(ctx, label, run, params)
+        fctx = run_ctx
       kw.update(f.convert({n: run[n] for n in f.names if n in run}, fctx))
     except ValueError as e:
       raise ValueError(f"{where} (algorithm={run.algorithm!r}): {e}") from e

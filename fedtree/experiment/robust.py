@@ -43,9 +43,11 @@ import numpy as np
 
 from fedtree.core import attacks, robust
 from fedtree.datasets import poison
-from fedtree.experiment.path_parts import PathParts, check_level, run_depth
+from fedtree.experiment.path_parts import PathParts, run_depth
+from fedtree.experiment.run_context import run_context
 
 DATA_ATTACKS = ("label_flip", "backdoor")
+"""The attacks that poison the attackers' training data (:func:`poisoned_data`), not their updates."""
 ATTACKS = tuple(sorted(attacks.CLIENT_ATTACKS)) + attacks.OMNISCIENT + DATA_ATTACKS
 
 
@@ -65,8 +67,6 @@ def aggregator_section(section: dict[str, Any], ctx) -> dict[int, Any]:
   if name is None:
     raise ValueError(f"a 'name' is required; choose one of {sorted(robust.AGGREGATORS)}")
   levels = _levels(section.pop("levels", section.pop("level", -1)))
-  for lv in levels:
-    check_level("aggregator", "levels", lv, ctx)
   if name == "fltrust" and "root_fraction" in section:
     section["trusted"] = root_clients(float(section.pop("root_fraction")), section.pop("seed", None), ctx)
   agg = robust.robust_aggregator(name, **section)
@@ -96,7 +96,6 @@ def attack_section(section: dict[str, Any], ctx) -> dict[int, Any]:
     raise ValueError(f"attack name={name!r}; choose one of {list(ATTACKS)}")
   level = section.pop("level", -1)
   depth = run_depth(ctx)
-  check_level("attack", "level", level, ctx)
   if isinstance(level, bool) or not isinstance(level, int) or not -depth <= level < depth:
     raise ValueError(f"level={level!r}: the server level whose children attack; choose one of "
                      f"{list(range(depth))} or -1 (the clients' parents: the clients attack)")
@@ -194,11 +193,12 @@ def poisoned_data(run, ctx):
 PAIRWISE = ("krum", "multi_krum", "bulyan")
 
 
-def block_estimate(run, ctx) -> tuple[int, int, int, bool] | None:
+def block_estimate(run, ctx, label: str = "<label>") -> tuple[int, int, int, bool] | None:
   """``(param_bytes, rows, block_size, pairwise)`` of the cohort blocks a run's blockwise
   aggregator holds at the clients' tier (:func:`fedtree.experiment.memory.block_bytes`), or
-  ``None`` when it aggregates by the streamed mean. An upper bound: ``rows`` is every client, or
-  ``cohort_size`` per parent of the clients; ``block_size`` the cohort or every client."""
+  ``None`` when it aggregates by the streamed mean: ``rows`` the run's cohort over every clients'
+  parent of its tree, ``block_size`` the largest parent's
+  (:attr:`~fedtree.experiment.run_context.RunContext.cohort`)."""
   import jax
 
   from fedtree.experiment.memory import tree_bytes
@@ -209,12 +209,8 @@ def block_estimate(run, ctx) -> tuple[int, int, int, bool] | None:
   agg, attack = plain(run.get("aggregator", None)), plain(run.get("attack", None))
   if not agg.get("name") and attack.get("name") not in attacks.OMNISCIENT:
     return None
-  n = int(ctx.data.num_clients)
-  topo = ctx.topology
-  parents = 1 if topo is None else int(topo.num_nodes(topo.depth - 1))
-  cohort = run.get("cohort_size", None)
-  size = min(int(cohort), n) if isinstance(cohort, int) else n
-  rows = min(n, parents * size) if isinstance(cohort, int) else n
+  cohort = run_context(ctx, label, run).cohort   # the run's tree and cohort, never the config's
+  rows, size = int(cohort.sum()), int(cohort.max())
   pairwise = agg.get("name") in PAIRWISE or attack.get("name") in ("min_max", "min_sum")
   param_bytes = tree_bytes(jax.eval_shape(ctx.model.init, jax.random.key(0)))
   return param_bytes, rows, size, pairwise

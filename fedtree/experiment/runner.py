@@ -203,6 +203,7 @@ def make_context(config: ml_collections.ConfigDict) -> Context:
     from fedtree.experiment.params import load_params
 
     init_params = load_params(_path(config.init_params, "config.init_params"), model)
+  memory.check_data(data, config)   # a population too large is refused here, not killed in the copy
   return Context(
     config=config, data=as_device(data), groups=np.asarray(groups), topology=topology, model=model,
     local_optimizer=local_optimizer, schedule=schedule, central_test=central,
@@ -475,31 +476,62 @@ def model_fingerprints(models: dict[str, Any]) -> dict[str, tuple[float, ...]]:
   return out
 
 
-def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, reporter: Reporter, *,
-              workdir: str | None, should_stop=None, budget: memory.Budget | None = None,
-              backdoor=None) -> dict[str, Any]:
-  """Every experiment of run ``label`` (the settings x seeds of ``config.sweep``,
-  :mod:`fedtree.experiment.sweep`) as stacked programs (:func:`fedtree.core.sweep.sweep`),
-  chunk after chunk (``config.sweep.chunk``, one compile), each run by :func:`run_algorithm`
-  like a single run (the memory of a chunk checked first against ``budget``). Logs a
-  ``metrics.jsonl`` row per experiment and evaluation round (with ``setting`` and ``seed``),
-  prints the mean ± std table, writes the PNG and returns the run's ``summary.json`` entry
-  (rows per setting and the best by ``config.sweep.select``). ``backdoor``: as
-  :func:`run_algorithm`'s (every experiment's ``attack_success_rate`` in its rows)."""
+class SweepPlan(NamedTuple):
+  """Run ``label``'s sweep, resolved and checked before anything trains or is written
+  (:func:`plan_sweep`); :func:`run_sweep` runs it.
+
+  Attributes:
+    shown: every setting as the config gives it (rows, names and the table).
+    settings: every setting as the builder traces it (a target ε calibrated to its noise).
+    exps: ``(setting index, seed)`` of every experiment.
+    build: the builder of one experiment (:func:`fedtree.experiment.sweep.config_builder`).
+    explain: what a builder's trace error becomes (:func:`fedtree.experiment.sweep.explain`).
+    spent: per setting, its ε after ``r`` rounds (host), or ``None`` without privacy.
+    num_rounds: the rounds of every experiment.
+    size: experiments per compiled call (``config.sweep.chunk``).
+    note: the memory line of a chunk (:meth:`fedtree.experiment.memory.Budget.check`), or ``""``.
+  """
+
+  shown: list[dict[str, float]]
+  settings: list[dict[str, float]]
+  exps: list[tuple[int, int]]
+  build: Callable
+  explain: Callable
+  spent: list | None
+  num_rounds: int
+  size: int
+  note: str
+
+  @property
+  def chunks(self) -> list[list[int]]:
+    """The experiments of every compiled call, ``size`` at a time."""
+    n = len(self.exps)
+    return [list(range(k, min(k + self.size, n))) for k in range(0, n, self.size)]
+
+  def stacked(self, chunk: list[int], algo_name: str) -> FederatedAlgorithm:
+    """The experiments ``chunk`` as one algorithm (:func:`fedtree.core.sweep.sweep`)."""
+    paths = sorted(self.settings[0])
+    return stacked_sweep(self.build, {p: [self.settings[self.exps[x][0]][p] for x in chunk] for p in paths},
+                         [self.exps[x][1] for x in chunk], name=f"{algo_name}[sweep]",
+                         explain=self.explain, pad_to=self.size)
+
+
+def plan_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, *,
+               budget: memory.Budget | None = None, trace: bool = True) -> SweepPlan:
+  """Run ``label``'s sweep (the settings x seeds of ``config.sweep``) resolved and checked:
+  every setting built with Python values, a fixed-length composition refused, the memory of a
+  chunk checked against ``budget`` and, with ``trace``, the first chunk's stacked program traced
+  (:func:`trace_rounds`: what a builder refuses only for a traced value, such as a swept top-k
+  fraction). Nothing is compiled or written."""
   from fedtree.experiment import sweep
   from fedtree.experiment.registry import build_algorithm
 
   config = ctx.config
   shown = sweep.settings_of(config, label)   # as given: rows, names and the table
   config, settings = sweep.calibrated(config, label, shown, ctx)   # what the builder traces
-  if settings is not shown:
-    reporter.print(f"privacy: {label}'s noise multipliers calibrated per setting: " + ", ".join(
-      f"{sweep.setting_name(a)}: z={b[f'runs.{label}.privacy.noise_multiplier']:.4f}"
-      for a, b in zip(shown, settings, strict=True)))
   n_seeds = int(config.sweep.get("seeds", 1) or 1)
   seed0 = int(config.seed)
   exps = [(i, seed0 + j) for i in range(len(settings)) for j in range(n_seeds)]
-  paths = sorted(settings[0])
   build = sweep.config_builder(config, label, ctx, build_algorithm)
   first = build(settings[0])  # Python values: early errors, before anything is traced
   for s in settings[1:]:
@@ -510,22 +542,70 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
       f"run {label!r} (algorithm {algo_name!r}) is a fixed-length composition of stages "
       "(fedtree.core.algorithm.sequential); a sweep cannot stack it yet: sweep it as separate runs"
     )
-  explain = sweep.explain(label, algo_name, paths)
   spent = sweep.privacy_metrics(config, label, settings, ctx)   # ε per setting (host), or None
   num_rounds = int(run_cfg.get("rounds", config.rounds))
   size = sweep.chunk_size(config, len(exps), ctx)
+  note = ""
   if budget is not None:  # the stacked state and working set of a chunk of experiments, before compiling
     shapes = jax.eval_shape(first.init, loop.init_key(jax.random.key(seed0)))
-    reporter.print(budget.check(label, shapes, ctx.chunk_size(run_cfg), experiments=size,
-                                chunk_name="sweep.chunk" if size > 1 else "chunk_size"))
+    note = budget.check(label, shapes, ctx.chunk_size(run_cfg), experiments=size,
+                        chunk_name="sweep.chunk" if size > 1 else "chunk_size")
+  plan = SweepPlan(shown=shown, settings=settings, exps=exps, build=build,
+                   explain=sweep.explain(label, algo_name, sorted(settings[0])), spent=spent,
+                   num_rounds=num_rounds, size=size, note=note)
+  if trace:
+    trace_rounds(plan.stacked(plan.chunks[0], algo_name), ctx.run_data, jax.random.key(seed0),
+                 num_rounds=num_rounds, config=config)
+  return plan
+
+
+def trace_rounds(algorithm: FederatedAlgorithm, data: FederatedData, key: jax.Array, *,
+                 num_rounds: int, config: ml_collections.ConfigDict) -> None:
+  """Traces, without compiling or running, the first compiled call :func:`fedtree.core.loop.run`
+  makes for ``algorithm`` (the same jitted function, from the loop's cache, so the run does not
+  trace it again): whatever a round refuses only while it is traced (a multi-Krum ``f`` too large
+  for the cohort, a swept value that must be a constant) is raised here, before the workdir is
+  written."""
+  n = max(1, min(int(config.rounds_per_call), int(config.eval_every), int(num_rounds) or 1))
+  state = jax.eval_shape(algorithm.init, loop.init_key(key))
+  step = loop.compile_rounds(algorithm, n, check_state=True, max_abs=divergence_bound(config))
+  step.trace(state, data, key)
+
+
+def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, reporter: Reporter, *,
+              workdir: str | None, should_stop=None, budget: memory.Budget | None = None,
+              backdoor=None, plan: SweepPlan | None = None) -> dict[str, Any]:
+  """Every experiment of run ``label`` (the settings x seeds of ``config.sweep``,
+  :mod:`fedtree.experiment.sweep`) as stacked programs (:func:`fedtree.core.sweep.sweep`),
+  chunk after chunk (``config.sweep.chunk``, one compile), each run by :func:`run_algorithm`
+  like a single run (``plan``: the sweep as :func:`plan_sweep` checked it; default: planned
+  here, the memory of a chunk checked against ``budget``). Logs a
+  ``metrics.jsonl`` row per experiment and evaluation round (with ``setting`` and ``seed``),
+  prints the mean ± std table, writes the PNG and returns the run's ``summary.json`` entry
+  (rows per setting and the best by ``config.sweep.select``). ``backdoor``: as
+  :func:`run_algorithm`'s (every experiment's ``attack_success_rate`` in its rows)."""
+  from fedtree.experiment import sweep
+
+  config = ctx.config
+  if plan is None:
+    plan = plan_sweep(label, run_cfg, ctx, budget=budget, trace=False)
+  shown, settings, exps = plan.shown, plan.settings, plan.exps
+  if settings is not shown:
+    reporter.print(f"privacy: {label}'s noise multipliers calibrated per setting: " + ", ".join(
+      f"{sweep.setting_name(a)}: z={b[f'runs.{label}.privacy.noise_multiplier']:.4f}"
+      for a, b in zip(shown, settings, strict=True)))
+  if plan.note:
+    reporter.print(plan.note)
+  algo_name = str(run_cfg.algorithm)
+  seed0 = int(config.seed)
   every = int(config.get("checkpoint_every", 0) or 0)
-  chunks = [list(range(k, min(k + size, len(exps)))) for k in range(0, len(exps), size)]
+  chunks = plan.chunks
   finals: dict[int, dict[str, float]] = {}
+  untrained: set[str] = set()
+  spent = plan.spent
   for k, chunk in enumerate(chunks):
     name = label if len(chunks) == 1 else f"{label}#chunk{k}"
-    stacked = stacked_sweep(build, {p: [settings[exps[x][0]][p] for x in chunk] for p in paths},
-                            [exps[x][1] for x in chunk], name=f"{algo_name}[sweep]", explain=explain,
-                            pad_to=size)
+    stacked = plan.stacked(chunk, algo_name)
     experiments = [Experiment(
       name=f"experiment {x} (setting {sweep.setting_name(shown[exps[x][0]])}, seed {exps[x][1]})",
       row={"setting": shown[exps[x][0]], "seed": exps[x][1], "experiment": x},
@@ -533,7 +613,7 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
       round_metrics=None if spent is None else spent[exps[x][0]],
     ) for x in chunk]
     _, summaries = run_algorithm(
-      stacked, ctx, jax.random.key(seed0), reporter, num_rounds=num_rounds,
+      stacked, ctx, jax.random.key(seed0), reporter, num_rounds=plan.num_rounds,
       eval_every=int(config.eval_every), rounds_per_call=int(config.rounds_per_call), label=name,
       checkpoint_dir=os.path.join(workdir, "checkpoints", name) if workdir and every else None,
       checkpoint_every=every, keep_checkpoints=int(config.get("keep_checkpoints", 2)),
@@ -541,18 +621,25 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
       max_abs=divergence_bound(config),
     )
     for x, sm in zip(chunk, by_experiment(summaries, len(chunk)), strict=True):
-      finals[x] = {f"{m}/{s}": v[s] for m, v in sm.items() for s in SUMMARY_METRICS if s in v}
+      untrained.update(m for m, v in sm.items() if v.get("trained") is False)   # not a result
+      finals[x] = {f"{m}/{s}": v[s] for m, v in sm.items() if v.get("trained") is not False
+                   for s in SUMMARY_METRICS if s in v}
       finals[x].update({k: v for k, v in next(iter(sm.values()), {}).items() if k in SWEEP_BYTES})
       if spent is not None and spent[exps[x][0]] is not None:   # ε of this setting (host)
-        finals[x].update(spent[exps[x][0]](num_rounds))
+        finals[x].update(spent[exps[x][0]](plan.num_rounds))
   per_setting = [[finals[x] for x, (i, _) in enumerate(exps) if i == s] for s in range(len(settings))]
   rows = sweep.aggregate(shown, per_setting)
   select = str(config.sweep.get("select", "global/accuracy"))
   reporter.result(sweep.format_table(label, rows))
+  if untrained:
+    reporter.result(f"(left out, never trained within the run: its parameters are still the initial "
+                    f"ones: {', '.join(f'{label} {m}' for m in sorted(untrained))})")
   out = sweep.write_outputs(reporter.workdir, label, rows, select)  # None off process 0
+  out["untrained"] = sorted(untrained)
   if out["best"] is not None:
+    spread = f" ± {out['best']['std']:.4f}" if int(config.sweep.get("seeds", 1) or 1) > 1 else ""
     reporter.result(f"best setting of {label!r} by {select}: {out['best']['name']} "
-                    f"({out['best']['mean']:.4f} ± {out['best']['std']:.4f})")
+                    f"({out['best']['mean']:.4f}{spread})")
   return {"sweep": out}
 
 
@@ -629,22 +716,32 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
   root = jax.random.key(int(config.seed))
   budget = memory.Budget.of(ctx)
   runs = selected_runs(config)
-  # Every run (and every setting of a sweep) is built, and its memory checked, before the first
-  # one trains or anything is written: a bad value in the last run is refused up front.
+  # Every run (and every setting of a sweep) is built, its memory checked and its first compiled
+  # call traced (not compiled) before the first one trains or anything is written: a bad value in
+  # the last run, or one a round refuses only while it is traced, is refused up front.
+  pretraining = None
+  if config.get("pretrain", None) is not None:   # checked and its text read; trained below
+    from fedtree.experiment.pretrain import prepare_pretrain
+
+    pretraining = prepare_pretrain(ctx)
+  positive_classes_from_config(config, ctx.data.num_classes)
   built: dict[str, Any] = {}
   notes: dict[str, str] = {}
+  plans: dict[str, SweepPlan] = {}
   with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
     for label, run_cfg in runs:
-      if swept:
-        swept_config, settings = sweep.calibrated(config, label, sweep.settings_of(config, label), ctx)
-        build = sweep.config_builder(swept_config, label, ctx, build_algorithm)
-        for setting in settings:
-          build(setting)
-        continue
       run_ctx, _ = _poisoned(ctx, run_cfg, mesh)
+      if swept:
+        plans[label] = plan_sweep(label, run_cfg, run_ctx, budget=budget)
+        continue
       algorithm = build_algorithm(label, run_cfg, run_ctx)
       notes[label] = budget.check(label, jax.eval_shape(algorithm.init, loop.init_key(root)),
-                                  ctx.chunk_size(run_cfg), block=block_estimate(run_cfg, ctx))
+                                  ctx.chunk_size(run_cfg), block=block_estimate(run_cfg, ctx, label),
+                                  extra_data_bytes=memory.copied_bytes(run_ctx.data, ctx.data))
+      adapters_from_config(label, run_cfg)
+      privacy.round_metrics(label, run_cfg, ctx)
+      rounds = algorithm.rounds if algorithm.rounds is not None else run_cfg.get("rounds", config.rounds)
+      trace_rounds(algorithm, run_ctx.run_data, root, num_rounds=int(rounds), config=config)
       built[label] = algorithm
   if workdir:
     # every process reads the workdir before process 0 writes it (all refuse alike), and
@@ -663,8 +760,9 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
   if config.get("pretrain", None) is not None:  # a pretrained base, trained now (issue 26)
     from fedtree.experiment.pretrain import pretrain_context
 
-    ctx, results["pretrained"] = pretrain_context(ctx, reporter.print)
+    ctx, results["pretrained"] = pretrain_context(ctx, reporter.print, prepared=pretraining)
     built.clear()   # the runs start from the pretrained base: built again on it below
+    plans.clear()
     budget = memory.Budget.of(ctx)
   try:
     for label, run_cfg in runs:
@@ -672,7 +770,8 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
       if swept:  # settings x seeds of this run as one program (fedtree.experiment.sweep)
         with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
           results[label] = run_sweep(label, run_cfg, run_ctx, reporter, workdir=workdir,
-                                     should_stop=should_stop, budget=budget, backdoor=backdoor)
+                                     should_stop=should_stop, budget=budget, backdoor=backdoor,
+                                     plan=plans.pop(label, None))
         continue
       with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         algorithm = built.pop(label) if label in built else build_algorithm(label, run_cfg, run_ctx)
@@ -724,19 +823,29 @@ def _poisoned(ctx: Context, run_cfg, mesh) -> tuple[Context, Any]:
   return dataclasses.replace(ctx, data=data, sharded_data=sharded), backdoor
 
 
+PLOT_EXTRA = 'pip install -e ".[plot]"'
+"""What installs the optional plotting library (matplotlib)."""
+
+
 def _write_plots(workdir: str, config: ml_collections.ConfigDict, reporter: Reporter) -> None:
   """The run's pictures (``plot_*.png``, :func:`fedtree.evaluation.plots.write_run_plots`) in
-  ``workdir``; skipped with a message when matplotlib is absent or ``config.plots`` is False."""
+  ``workdir``, after the results are written; skipped with one line naming the extra to install
+  when matplotlib is absent (or cannot be imported), and when ``config.plots`` is False."""
   import importlib.util
 
   if not config.get("plots", True):
     return
+  missing = f"note: matplotlib is not installed, so no plot_*.png ({PLOT_EXTRA})"
   if importlib.util.find_spec("matplotlib") is None:
-    reporter.print('note: matplotlib is not installed, so no plot_*.png (pip install -e ".[plot]")')
+    reporter.print(missing)
     return
   from fedtree.evaluation.plots import write_run_plots
 
-  written = write_run_plots(workdir)
+  try:
+    written = write_run_plots(workdir)
+  except ImportError as e:   # a broken install: the results are written, the pictures are not
+    reporter.print(f"{missing}: {e}")
+    return
   if written:
     reporter.print("plots: " + ", ".join(os.path.abspath(p) for p in written))
 

@@ -39,12 +39,16 @@ class AlgorithmSpec:
       (e.g. a rate that defaults to ``config.local.learning_rate``).
     wrap: ``wrap(built, label, run, ctx)``, what the runner gets (B-HFL's report hook,
       GroupPerFL's stages).
+    tree: ``tree(run, ctx) -> Topology``, the tree the algorithm is built on, for an algorithm
+      whose factory is not given it as ``topology`` (GroupPerFL: its data groups); ``None``: read
+      from the factory's signature (:func:`fedtree.experiment.registry.run_topology`).
   """
 
   factory: Callable[..., Any]
   fields: tuple[Fields, ...] = ()
   defaults: Callable[[Any], dict[str, Any]] | None = None
   wrap: Callable[..., Any] | None = None
+  tree: Callable[[Any, Any], Any] | None = None
 
 
 # ------------------------------------------------------------------------ shared converters

@@ -52,6 +52,7 @@ import inspect
 import itertools
 import json
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -229,6 +230,7 @@ def calibrated(config: ml_collections.ConfigDict, label: str, settings: list[dic
     raise ValueError(f"config.sweep.params sweeps both {path!r} and {z_path!r}: a target ε sets the "
                      f"noise multiplier; sweep one of them")
   from fedtree.experiment import privacy
+  from fedtree.experiment.run_context import run_context
 
   base = config.to_dict()
   section = {k: v for k, v in base["runs"][label]["privacy"].items()
@@ -240,7 +242,8 @@ def calibrated(config: ml_collections.ConfigDict, label: str, settings: list[dic
     for p, value in setting.items():
       _set_path(cfg, p, value)
     run = cfg.runs[label]
-    zs.append(privacy.plan(run.privacy.to_dict(), ctx, run=run, params={}, verbose=False).noise_multiplier)
+    zs.append(privacy.plan(run.privacy.to_dict(), run_context(ctx, label, run), run=run, params={},
+                           verbose=False).noise_multiplier)
   out = ml_collections.ConfigDict(base, type_safe=False)
   out.runs[label].privacy = {**section, "noise_multiplier": float(zs[0])}
   return out, [{**{p: v for p, v in s.items() if p != path}, z_path: float(z)}
@@ -457,16 +460,22 @@ def best(rows: list[dict], select: str) -> dict | None:
 
 
 def format_table(label: str, rows: list[dict], metrics: Sequence[str] | None = None) -> str:
-  """One row per setting, ``mean ± std`` over seeds of every final metric."""
+  """One row per setting, ``mean ± std`` over seeds of every final metric (the value alone for a
+  setting run with one seed: it has no spread)."""
   metrics = list(metrics or sorted({k for r in rows for k in r["mean"]}))
   head = ["setting", "seeds", *metrics]
-  body = [[r["name"], str(r["seeds"]),
-           *(f"{r['mean'][m]:.4f} ± {r['std'][m]:.4f}" if m in r["mean"] else "-" for m in metrics)]
-          for r in rows]
+
+  def cell(r: dict, m: str) -> str:
+    if m not in r["mean"]:
+      return "-"
+    return f"{r['mean'][m]:.4f}" if r["seeds"] == 1 else f"{r['mean'][m]:.4f} ± {r['std'][m]:.4f}"
+
+  body = [[r["name"], str(r["seeds"]), *(cell(r, m) for m in metrics)] for r in rows]
   widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
   line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
   sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-  return "\n".join([f"sweep of run {label!r} (mean ± std over seeds)", line(head), sep,
+  what = "one seed" if all(r["seeds"] == 1 for r in rows) else "mean ± std over seeds"
+  return "\n".join([f"sweep of run {label!r} ({what})", line(head), sep,
                     *(line(b) for b in body)])
 
 
@@ -477,7 +486,10 @@ def write_outputs(workdir: str | None, label: str, rows: list[dict], select: str
                                                            "mean": b["mean"][select],
                                                            "std": b["std"][select]},
          "settings": rows}
-  if workdir:
+  if workdir and b is None:   # e.g. the root of a tree whose root never aggregates
+    print(f"sweep plot of {label!r} not written: no setting reports {select!r} (a model that never "
+          "trained is left out)", file=sys.stderr)
+  elif workdir:
     try:
       from fedtree.evaluation import plots
 
@@ -488,6 +500,9 @@ def write_outputs(workdir: str | None, label: str, rows: list[dict], select: str
       if any("epsilon" in r["mean"] for r in rows):   # a privacy sweep: accuracy against ε
         plots.plot_privacy_utility(rows, os.path.join(workdir, f"privacy_{label}.png"), run=label,
                                    metric=select)
-    except (ImportError, OSError, ValueError) as e:  # no matplotlib, or nothing to plot
-      print(f"sweep plot of {label!r} not written: {e}")
+    except ImportError:  # no matplotlib: the table and summary are the results
+      print(f'note: matplotlib is not installed, so no sweep_{label}.png (pip install -e ".[plot]")',
+            file=sys.stderr)
+    except (OSError, ValueError) as e:  # nothing to plot
+      print(f"sweep plot of {label!r} not written: {e}", file=sys.stderr)
   return out

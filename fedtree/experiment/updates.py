@@ -29,7 +29,8 @@ from fedtree.core.updates import (
 )
 from fedtree.experiment import privacy
 from fedtree.experiment import robust as _robust
-from fedtree.experiment.path_parts import PathParts, check_level
+from fedtree.experiment.path_parts import PathParts
+from fedtree.experiment.run_context import RunContext  # noqa: F401  (the converters' ctx; re-exported)
 
 Converter = Callable[[Any, Any], Mapping[int, PathParts]]
 
@@ -70,7 +71,6 @@ def convert_compression(section: Mapping[str, Any], ctx) -> dict[int, PathParts]
     items = [(int(section.pop("level", -1)), section)]
   out = {}
   for lv, edges in items:
-    check_level("compression", "level", lv, ctx)
     if not edges or set(edges) - _EDGE_KEYS:
       raise ValueError(f"level {lv}: fields {sorted(edges)}; choose from {sorted(_EDGE_KEYS)} (and 'level')")
     parts = PathParts()
@@ -106,18 +106,6 @@ TRACED_INTS: dict[str, tuple[str, ...]] = {"compression": ("bits",), "aggregator
 """Integer fields of a section that may be sweep axes: their builders take them traced (QSGD's
 and the rotated quantizer's ``bits``; (multi-)Krum's and Bulyan's ``f`` and ``m``, used as
 counts in masks); every other int of a section changes shapes or host-side accounting."""
-
-
-class RunContext:
-  """The build context seen by the section converters, plus the run they convert for (``run``,
-  ``label``, and ``params``: its factory's signature), e.g. for the privacy section's check of
-  the run's weighting and its sampling rate."""
-
-  def __init__(self, ctx, label: str, run, params):
-    self._ctx, self.label, self.run, self.params = ctx, label, run, params
-
-  def __getattr__(self, name):
-    return getattr(self._ctx, name)
 
 
 def _plain(section) -> Any:

@@ -133,8 +133,9 @@ def render_reports(results: dict[str, dict[str, Any]], *, groups: np.ndarray,
                    ) -> tuple[str, dict[str, str | bytes]]:
   """Tables (data, accuracy, perplexity, costs) and, when PerFL and GroupPerFL both ran, the
   Fig. 1 histogram over the clients of ``histogram_group`` (``None``: all clients; the paper
-  shows its largest group). Pure: returns ``(text, {file name: content})`` with
-  ``<prefix>_report.md`` and ``<prefix>_fig1.png``. ``data_counts`` is ``(n_train [C], n_test [C])``."""
+  shows its largest group; without matplotlib a line in the text says so). Pure: returns
+  ``(text, {file name: content})`` with ``<prefix>_report.md`` and ``<prefix>_fig1.png``.
+  ``data_counts`` is ``(n_train [C], n_test [C])``."""
   import io
 
   files: dict[str, str | bytes] = {}
@@ -163,9 +164,13 @@ def render_reports(results: dict[str, dict[str, Any]], *, groups: np.ndarray,
       f"{histogram_metric}; median relative change {median:+.2f}%"
     )
     png = io.BytesIO()
-    save_histogram(png, change, title=f"GroupPerFL vs PerFL: relative {histogram_metric} change ({scope})",
-                   xlabel=f"relative {histogram_metric} change (%)")
-    files[f"{prefix}_fig1.png"] = png.getvalue()
+    try:
+      save_histogram(png, change, title=f"GroupPerFL vs PerFL: relative {histogram_metric} change ({scope})",
+                     xlabel=f"relative {histogram_metric} change (%)")
+      files[f"{prefix}_fig1.png"] = png.getvalue()
+    except ImportError:   # an optional plotting library: the tables are the results
+      parts.append(f"note: matplotlib is not installed, so no {prefix}_fig1.png "
+                   '(pip install -e ".[plot]")')
   text = "\n\n".join(parts)
   files[f"{prefix}_report.md"] = text + "\n"
   return text, files

@@ -6,6 +6,7 @@ Experiment layer (they read config values); the algorithm is :mod:`fedtree.algor
 from __future__ import annotations
 
 from fedtree.algorithms.grouppfl.grouppfl import GroupPersonalizedFL
+from fedtree.core.topology import Topology
 from fedtree.experiment.builders import server_from_config
 from fedtree.experiment.spec import AlgorithmSpec, Fields, check_fields
 
@@ -39,4 +40,5 @@ SPEC = AlgorithmSpec(
           Fields(("global_server", "group_server"), _grouppfl_servers)),
   defaults=lambda ctx: {"global_rounds": int(ctx.config.rounds), "group_names": ctx.group_names},
   wrap=_grouppfl_stages,
+  tree=lambda run, ctx: Topology.from_labels(ctx.groups),   # root -> data groups -> clients
 )

@@ -1,0 +1,157 @@
+r"""What each optimization baseline costs against FedAvg's round, measured in the same run.
+
+  python -m benchmarks.methods                           # workload (a) at 100 clients, ~3 min on 2 cores
+  python -m benchmarks.methods --clients=1000 --methods=fedavg,scaffold,feddyn
+  python -m benchmarks.methods --workload=b              # the CNN workload (cohort 50 of 1,000)
+
+Every method runs one workload of :mod:`benchmarks.workloads` ((a) by default: the 60-200-200-10
+MLP, 64 examples per client, 4 local steps of batch 16, every client sampled) with the same model,
+data, cohort, local steps, local learning rate and chunk size (FedAvg's, from the CPU chunk
+policy), on one device, ``--rounds`` rounds fused per compiled call
+(:func:`fedtree.core.loop.compile_rounds`). The calls are interleaved across the methods (A B C
+A B C ...) for ``--repeats`` turns, so a change of the machine's load falls on all of them alike,
+and each call is timed twice: by the wall clock and by this process's CPU time
+(``time.process_time``: the work of every thread XLA runs, whatever else the machine does, the
+figure to trust on a shared machine). Reported per method: seconds per round (the median over
+the turns), client updates per second (clients trained per round over those seconds) and the
+ratio of its round to FedAvg's in the same turn (the median over the turns, and their range), by
+CPU time and by wall time; the compile time (the first call) apart. The client updates are what
+each method's clients do in a round: FedDyn's regularized steps, FedNova's normalization,
+SCAFFOLD's corrected steps and new variate (option II), MimeLite's steps and its full-batch
+gradient, Mime's gradient pass, doubly-evaluated corrected steps and the server's statistics (its
+base optimizer is SGD with momentum 0.9, the others' plain SGD).
+Writes ``benchmarks/results/<tag>.json``.
+
+Methods are named in :data:`METHODS` (one builder each), so another baseline joins with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import jax
+import numpy as np
+import optax
+
+from benchmarks import workloads
+from benchmarks.jax_runners import build_fedtree, federated_data, jax_model
+from fedtree import algorithms
+from fedtree.core.local import LocalSchedule
+from fedtree.core.loop import compile_rounds
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def _common(w: workloads.Workload, data, chunk) -> dict:
+  return dict(model=jax_model(w), data=data, local_optimizer=optax.sgd(w.lr),
+              schedule=LocalSchedule(batch_size=w.batch_size, steps=w.local_steps), cohort_size=w.cohort,
+              chunk_size=chunk)
+
+
+METHODS: dict[str, Callable[[dict, workloads.Workload], algorithms.FederatedAlgorithm]] = {
+  "fedavg": lambda c, w: algorithms.fedavg(server_optimizer=optax.sgd(w.server_lr), **c),
+  "scaffold": lambda c, w: algorithms.scaffold(local_learning_rate=w.lr, server_learning_rate=w.server_lr,
+                                               **c),
+  "feddyn": lambda c, w: algorithms.feddyn(alpha=0.01, **c),
+  "fednova": lambda c, w: algorithms.fednova(**c),
+  "mimelite": lambda c, w: algorithms.mimelite(**{**c, "local_optimizer": optax.sgd(w.lr, momentum=0.9)}),
+  "mime": lambda c, w: algorithms.mime(**{**c, "local_optimizer": optax.sgd(w.lr, momentum=0.9)}),
+}
+"""``name -> builder(common arguments, workload)``: the methods this benchmark times."""
+
+
+def measure(w: workloads.Workload, names: list[str], *, rounds: int, repeats: int) -> list[dict]:
+  """Every method of ``names`` on ``w``, interleaved (see the module docstring)."""
+  data = federated_data(w)
+  _, chunk = build_fedtree(w, data)   # FedAvg's chunk for this workload, used by every method
+  common = _common(w, data, chunk)
+  steps, states, out = {}, {}, {}
+  key = jax.random.key(w.seed)
+  for name in names:
+    alg = METHODS[name](common, w)
+    steps[name] = compile_rounds(alg, rounds)
+    state = alg.init(key)
+    t = time.perf_counter()
+    state, m = steps[name](state, data, jax.random.fold_in(key, 0))
+    jax.block_until_ready((state, m))
+    states[name] = state
+    out[name] = dict(method=name, compile_s=time.perf_counter() - t, wall=[], cpu=[],
+                     clients_per_round=float(np.mean(np.asarray(m["clients_trained"]))))
+  for turn in range(repeats):
+    for name in names:
+      wall, cpu = time.perf_counter(), time.process_time()
+      states[name], m = steps[name](states[name], data, jax.random.fold_in(key, turn + 1))
+      jax.block_until_ready((states[name], m))
+      out[name]["wall"].append((time.perf_counter() - wall) / rounds)
+      out[name]["cpu"].append((time.process_time() - cpu) / rounds)
+      out[name]["final_loss"] = float(np.asarray(m["train_loss"])[-1])
+  base = out.get("fedavg")
+  rows = []
+  for name in names:
+    r = out[name]
+    r["cpu_s_per_round"] = statistics.median(r["cpu"])
+    r["wall_s_per_round"] = statistics.median(r["wall"])
+    r["client_updates_per_cpu_s"] = r["clients_per_round"] / r["cpu_s_per_round"]
+    r["client_updates_per_wall_s"] = r["clients_per_round"] / r["wall_s_per_round"]
+    if base is not None:   # each turn's time over FedAvg's in the same turn (a drift of the load cancels)
+      for clock in ("cpu", "wall"):
+        paired = [m / f for m, f in zip(r[clock], base[clock], strict=True)]
+        r[f"{clock}_vs_fedavg"] = statistics.median(paired)
+        r[f"{clock}_vs_fedavg_range"] = (min(paired), max(paired))
+    rows.append(r)
+  return rows
+
+
+def _ratio(r: dict, clock: str) -> str:
+  lo, hi = r.get(f"{clock}_vs_fedavg_range", (float("nan"),) * 2)
+  return f"{r.get(f'{clock}_vs_fedavg', float('nan')):5.2f}x ({lo:.2f}-{hi:.2f})"
+
+
+def table(w: workloads.Workload, rows: list[dict], load: tuple[float, float, float]) -> str:
+  head = (f"{w.label()}, {w.local_steps} local steps; load average {load[0]:.1f} on {os.cpu_count()} cores\n"
+          f"{'method':10s} {'CPU s/round':>12s} {'upd/CPU s':>10s} {'x FedAvg (range)':>19s} "
+          f"{'wall s/round':>13s} {'upd/wall s':>11s} {'x FedAvg (range)':>19s} {'compile s':>10s}")
+  lines = [head, "-" * len(head.splitlines()[-1])]
+  for r in rows:
+    lines.append(f"{r['method']:10s} {r['cpu_s_per_round']:12.4f} {r['client_updates_per_cpu_s']:10.0f} "
+                 f"{_ratio(r, 'cpu'):>19s} {r['wall_s_per_round']:13.4f} "
+                 f"{r['client_updates_per_wall_s']:11.0f} {_ratio(r, 'wall'):>19s} {r['compile_s']:10.1f}")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--workload", choices=("a", "b"), default="a")
+  p.add_argument("--clients", type=int, default=100)
+  p.add_argument("--methods", default=",".join(METHODS))
+  p.add_argument("--rounds", type=int, default=5, help="rounds fused per timed call")
+  p.add_argument("--repeats", type=int, default=5, help="timed calls per method (interleaved)")
+  p.add_argument("--tag", default="methods")
+  p.add_argument("--out-dir", default=RESULTS)
+  args = p.parse_args(argv)
+  names = [n.strip() for n in args.methods.split(",") if n.strip()]
+  unknown = [n for n in names if n not in METHODS]
+  if unknown:
+    raise SystemExit(f"--methods: unknown {unknown}; choose from {sorted(METHODS)}")
+  if "fedavg" not in names:
+    names = ["fedavg"] + names   # the ratios' base, measured in the same run
+  w = workloads.mlp(args.clients) if args.workload == "a" else workloads.cnn(args.clients)
+  rows = measure(w, names, rounds=args.rounds, repeats=args.repeats)
+  load = os.getloadavg()
+  text = table(w, rows, load)
+  print(text)
+  os.makedirs(args.out_dir, exist_ok=True)
+  with open(os.path.join(args.out_dir, f"{args.tag}.json"), "w") as f:
+    json.dump(dict(workload=w.label(), rounds_per_call=args.rounds, repeats=args.repeats, load_average=load,
+                   backend=jax.default_backend(), table=text, results=rows), f, indent=1)
+  return rows
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])

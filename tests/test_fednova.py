@@ -1,0 +1,283 @@
+"""FedNova: the vectorized rounds against a per-client loop written from the paper (unequal step
+counts from epochs and from per-client steps; momentum's ‖a‖₁; the three aggregations; flat and
+on a tree), equal steps with plain SGD as FedAvg, systems' partial work, bytes, and refusals."""
+
+import chex
+import jax
+import numpy as np
+import optax
+import pytest
+import reference_baselines as ref
+
+from fedtree.algorithms import fedavg, fednova
+from fedtree.algorithms.fednova import effective_steps
+from fedtree.core.data import as_device
+from fedtree.core.local import LocalSchedule
+from fedtree.core.personal import personal
+from fedtree.core.robust import median
+from fedtree.core.topology import Topology
+from fedtree.core.updates import UpdatePath
+from fedtree.datasets.synthetic import grouped_synthetic
+from fedtree.models import build_model
+
+LR, B = 0.1, 4
+
+
+@pytest.fixture(scope="module")
+def problem():
+  data, groups = grouped_synthetic(
+    group_sizes=(3, 2, 4),
+    dim=6,
+    num_classes=3,
+    mean_examples=9,
+    min_examples=3,
+    max_examples=14,
+    test_examples=5,
+    seed=3,
+  )
+  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,))
+  return as_device(data), groups, model
+
+
+def _close(a, b, atol=3e-5):
+  chex.assert_trees_all_close(ref.np64(a), ref.np64(b), atol=atol, rtol=2e-4)
+
+
+def _row(tree, i):
+  return jax.tree.map(lambda a: np.asarray(a[i], np.float64), tree)
+
+
+def _run(alg, data, rounds, key):
+  state = alg.init(jax.random.key(7))
+  step = jax.jit(alg.round)
+  metrics = None
+  for r in range(rounds):
+    state, metrics = step(state, data, jax.random.fold_in(key, r))
+  return state, metrics
+
+
+def _reference(
+  model,
+  data,
+  x0,
+  parent,
+  rounds,
+  key,
+  *,
+  cohort_size,
+  aggregation,
+  weights,
+  steps,
+  momentum,
+  root_period=None,
+):
+  """FedNova per parent of clients: ``x ← x − τ_eff Σ_i p_i (x − y_i)/‖a_i‖₁`` with ``p_i`` and
+  ``τ_eff = Σ_i p_i ‖a_i‖₁`` as ``aggregation`` says; the root (if any) averages the parents' models
+  by their clients' weights every ``root_period`` rounds."""
+  parent = np.asarray(parent)
+  total = np.bincount(parent, weights=weights)
+  population = np.bincount(parent)
+
+  def client(rk, k, p, x):
+    return ref.fednova_client(
+      model, x, data, k, steps[k], ref.train_key(rk, k), lr=LR, batch_size=B, momentum=momentum
+    )
+
+  def server(p, x, answers):
+    w = np.asarray([weights[k] for k, _ in answers])
+    a = np.asarray([norm for _, (_, norm) in answers])
+    d = [
+      jax.tree.map(lambda xx, yy, n=n: (xx - np.asarray(yy, np.float64)) / n if n > 0 else 0 * xx, x, y)
+      for (_, (y, _)), n in zip(answers, a, strict=True)
+    ]
+    pk = w / (w.sum() if aggregation == "answered" else total[p])
+    tau_eff = float(np.sum(pk * a))
+    scale = population[p] / len(answers) if aggregation == "scaled" else 1.0
+    step = jax.tree.map(lambda *di: tau_eff * scale * sum(q * dd for q, dd in zip(pk, di, strict=True)), *d)
+    return jax.tree.map(np.subtract, x, step)
+
+  return ref.run_rounds(
+    data,
+    x0,
+    parent,
+    rounds,
+    key,
+    cohort_size=cohort_size,
+    client=client,
+    server=server,
+    root_period=root_period,
+    root_weights=list(total) if root_period else None,
+  )
+
+
+@pytest.mark.parametrize(
+  "aggregation,weighting,momentum,per_client",
+  [
+    ("answered", "examples", 0.0, False),
+    ("population", "examples", 0.9, True),
+    pytest.param("scaled", "uniform", 0.5, False, marks=pytest.mark.slow),
+  ],
+)
+def test_fednova_matches_the_papers_update_per_client(problem, aggregation, weighting, momentum, per_client):
+  data, _, model = problem
+  c = data.num_clients
+  sched = (
+    LocalSchedule(batch_size=B, steps=tuple(1 + i % 4 for i in range(c)))
+    if per_client
+    else LocalSchedule(batch_size=B, epochs=1)
+  )  # unequal step counts either way
+  alg = fednova(
+    model=model,
+    data=data,
+    local_optimizer=optax.sgd(LR, momentum=momentum or None),
+    schedule=sched,
+    cohort_size=4,
+    chunk_size=2,
+    momentum=momentum,
+    aggregation=aggregation,
+    weighting=weighting,
+  )
+  key = jax.random.key(11)
+  state, metrics = _run(alg, data, 3, key)
+  x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
+  n = np.asarray(data.n_train, np.float64)
+  weights = n if weighting == "examples" else np.ones_like(n)
+  x = _reference(
+    model,
+    data,
+    x0,
+    np.zeros(c, int),
+    3,
+    key,
+    cohort_size=4,
+    aggregation=aggregation,
+    weights=weights,
+    steps=sched.num_steps(np.asarray(data.n_train)),
+    momentum=momentum,
+  )
+  _close(_row(state.params[0], 0), x[0])
+  assert float(metrics["tau_eff"]) > 0
+
+
+def test_effective_steps_of_momentum_is_the_papers_sum():
+  for rho in (0.0, 0.5, 0.9):
+    for tau in (0, 1, 2, 7):
+      want = sum((1 - rho**k) / (1 - rho) for k in range(1, tau + 1))
+      np.testing.assert_allclose(float(effective_steps(tau, rho, 10)), want, rtol=1e-6)
+
+
+@pytest.mark.slow  # ~40 s on the loaded 2-core machine; the flat loops above stay in the default run
+def test_fednova_on_a_tree_normalizes_at_the_clients_parents(problem):
+  data, groups, model = problem
+  topo = Topology.from_labels(groups)  # root -> 3 edges -> 9 clients
+  sched = LocalSchedule(batch_size=B, epochs=1)
+  alg = fednova(
+    model=model,
+    data=data,
+    topology=topo,
+    local_optimizer=optax.sgd(LR),
+    schedule=sched,
+    cohort_size=2,
+    periods=(2,),
+  )
+  key = jax.random.key(4)
+  state, _ = _run(alg, data, 4, key)
+  x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
+  x = _reference(
+    model,
+    data,
+    x0,
+    topo.parent(2),
+    4,
+    key,
+    cohort_size=2,
+    aggregation="answered",
+    weights=np.asarray(data.n_train, np.float64),
+    steps=sched.num_steps(np.asarray(data.n_train)),
+    momentum=0.0,
+    root_period=2,
+  )
+  for g in range(3):
+    _close(_row(state.params[1], g), x[g])
+  _close(_row(state.params[0], 0), x[0])
+
+
+def test_equal_steps_and_plain_sgd_is_fedavg(problem):
+  data, _, model = problem
+  common = dict(
+    model=model,
+    data=data,
+    local_optimizer=optax.sgd(LR),
+    schedule=LocalSchedule(batch_size=B, steps=3),
+    cohort_size=4,
+  )
+  a, m = _run(fednova(**common), data, 2, jax.random.key(2))
+  b, _ = _run(fedavg(**common), data, 2, jax.random.key(2))
+  _close(a.params[0], b.params[0], atol=1e-6)
+  assert float(m["tau_eff"]) == pytest.approx(3.0)
+
+
+def test_partial_work_lowers_tau_eff_and_fednova_sends_its_count(problem):
+  from fedtree.core.systems import Systems, deadline, make_profile
+
+  data, _, model = problem
+  common = dict(
+    model=model,
+    data=data,
+    local_optimizer=optax.sgd(LR),
+    schedule=LocalSchedule(batch_size=B, steps=4),
+    cohort_size=5,
+    weighting="uniform",
+  )
+  s, m = _run(fednova(**common), data, 1, jax.random.key(0))
+  size = sum(int(np.prod(np.shape(p))) * 4 for p in jax.tree.leaves(model.init(jax.random.key(0))))
+  assert float(m["uplink_bytes"]) == size + 4 and float(m["down_bytes"]) == size  # the model and ‖a_i‖₁
+  assert float(m["tau_eff"]) == pytest.approx(4.0)
+  systems = Systems(
+    profile=make_profile(np.linspace(0.5, 4, data.num_clients), np.full(data.num_clients, 1e6)),
+    policy=deadline(1.0, partial=True),
+  )
+  s, m = _run(fednova(systems=systems, **common), data, 1, jax.random.key(0))
+  assert int(m["clients_partial"]) > 0 and 0 < float(m["tau_eff"]) < 4.0
+  assert all(np.isfinite(np.asarray(a)).all() for a in jax.tree.leaves(s.params))
+
+
+def test_fednova_refusals(problem):
+  data, _, model = problem
+  common = dict(
+    model=model, data=data, local_optimizer=optax.sgd(LR), schedule=LocalSchedule(batch_size=B, steps=1)
+  )
+  with pytest.raises(
+    ValueError,
+    match=r"fednova: aggregation='mean'; choose one of \('answered', 'population', "
+    r"'scaled'\)",
+  ):
+    fednova(aggregation="mean", **common)
+  with pytest.raises(ValueError, match=r"fednova: momentum=1.0 must be in \[0, 1\)"):
+    fednova(momentum=1.0, **common)
+  with pytest.raises(ValueError, match=r"robust .* aggregator .*: τ_eff averages the clients' reported"):
+    fednova(update_paths=UpdatePath(aggregator=median()), cohort_size=4, **common)
+  with pytest.raises(ValueError, match="personal parameters are not supported"):
+    fednova(personal=personal("Dense_1"), **common)
+  bn = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,), norm="batch")
+  with pytest.raises(ValueError, match=r"fednova: the model keeps state \['batch_stats'\]"):
+    fednova(**{**common, "model": bn})
+
+
+def test_the_registry_reads_the_local_momentum_and_names_bad_options():
+  import ml_collections
+  from helpers import small_context
+
+  from fedtree.experiment import registry
+
+  ctx = small_context()
+  ctx.config.local.hparams = {"momentum": 0.9}
+  kw = registry.factory_kwargs("nova", ml_collections.ConfigDict({"algorithm": "fednova"}), ctx)
+  assert kw["momentum"] == 0.9
+  run = ml_collections.ConfigDict({"algorithm": "fednova", "aggregation": "weighted_scale"})
+  with pytest.raises(ValueError, match=r"config.runs.nova \(algorithm='fednova'\): fednova: "
+                                       r"aggregation='weighted_scale'; choose one of"):
+    registry.build_algorithm("nova", run, ctx)
+  ctx.config.local.optimizer = "adam"
+  with pytest.raises(ValueError, match=r"config.local.optimizer='adam'"):
+    registry.factory_kwargs("nova", ml_collections.ConfigDict({"algorithm": "fednova"}), ctx)
