@@ -58,7 +58,7 @@ elif [ "$stage" = issue41 ]; then
   # (each stops at 40 s of training, so at most ~65 s with its start) and fedtree with 5 seeds,
   # 270 s; the baselines, 100 s; the profile, 60 s (+ a retry only if XLA refused its flag at once).
   if [ -n "$tiny" ]; then
-    P="--tiny"; B="--tiny"; C="--tiny"; tp=900; tb=900; tc=600
+    P="--tiny"; B="--clients=200 --rounds=2 --repeats=3"; C="--tiny"; tp=900; tb=900; tc=600
   else
     P="--procs=1,3,5 --iterations=200 --time-limit=40 --timeout=65"
     B="--clients=10000 --rounds=5 --repeats=3"; C="--clients=10000 --rounds=2 --calls=2"
@@ -69,8 +69,8 @@ elif [ "$stage" = issue41 ]; then
 'cuda', torch.cuda.is_available(), 'pfl', pfl.__version__)" 2>&1 | tee "$res/issue41_env.log"
   timeout $tp python3 -m benchmarks.pfl_cifar10 $P --out-dir=$res --tag=issue41_pfl_cifar10 \
     2>&1 | grep -v "^data written" | tee "$res/issue41_pfl.log"; rm -rf "$res/issue41_pfl_cifar10_data"; pack
-  timeout $tb python3 -m benchmarks.baselines $B \
-    --rows=fedavg,scaffold,feddyn,personal_head,dp,median,qsgd8 --out-dir=$res --tag=issue41_baselines \
+  timeout $tb python3 -m benchmarks.methods $B \
+    --methods=fedavg,scaffold,feddyn,personal_head,dp,median,qsgd8 --out-dir=$res --tag=issue41_baselines \
     2>&1 | tee "$res/issue41_baselines.log"; pack
   # The profile without CUDA command buffers, so the trace names every kernel's HLO instruction.
   start=$SECONDS

@@ -3,6 +3,8 @@ r"""What each optimization baseline costs against FedAvg's round, measured in th
   python -m benchmarks.methods                           # workload (a) at 100 clients, ~3 min on 2 cores
   python -m benchmarks.methods --clients=1000 --methods=fedavg,scaffold,feddyn
   python -m benchmarks.methods --workload=b              # the CNN workload (cohort 50 of 1,000)
+  python -m benchmarks.methods --clients=10000 --rounds=5 --repeats=3 \
+    --methods=fedavg,scaffold,feddyn,personal_head,dp,median,qsgd8   # issue 41's rows (a GPU session)
 
 Every method runs one workload of :mod:`benchmarks.workloads` ((a) by default: the 60-200-200-10
 MLP, 64 examples per client, 4 local steps of batch 16, every client sampled) with the same model,
@@ -23,6 +25,12 @@ base optimizer is SGD with momentum 0.9, the others' plain SGD).
 Writes ``benchmarks/results/<tag>.json``.
 
 Methods are named in :data:`METHODS` (one builder each), so another baseline joins with one line.
+:data:`CAPABILITIES` (named with ``--methods``, never run by default) are FedAvg with one capability
+each, timed the same way: ``personal_head`` (the MLP's last layer ``Dense_2`` stays with each client,
+:func:`fedtree.core.personal.personal`), ``dp`` (per-client clipping to norm 1 and central Gaussian
+noise z = 1, :func:`benchmarks.privacy.dp_path`), ``median`` (the coordinate-wise median of the
+cohort's updates, kept as one block, :func:`fedtree.core.robust.median`) and ``qsgd8`` (8-bit QSGD
+on the uplink, :mod:`fedtree.core.compression`).
 """
 
 from __future__ import annotations
@@ -41,9 +49,13 @@ import optax
 
 from benchmarks import workloads
 from benchmarks.jax_runners import build_fedtree, federated_data, jax_model
+from benchmarks.privacy import dp_path
 from fedtree import algorithms
+from fedtree.core import compression, robust
 from fedtree.core.local import LocalSchedule
 from fedtree.core.loop import compile_rounds
+from fedtree.core.personal import personal
+from fedtree.core.updates import UpdatePath
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -66,6 +78,22 @@ METHODS: dict[str, Callable[[dict, workloads.Workload], algorithms.FederatedAlgo
 """``name -> builder(common arguments, workload)``: the methods this benchmark times."""
 
 
+def _fedavg_with(**host) -> Callable[[dict, workloads.Workload], algorithms.FederatedAlgorithm]:
+  return lambda c, w: algorithms.fedavg(server_optimizer=optax.sgd(w.server_lr), **c, **host)
+
+
+CAPABILITIES: dict[str, Callable[[dict, workloads.Workload], algorithms.FederatedAlgorithm]] = {
+  "personal_head": _fedavg_with(personal=personal("Dense_2")),
+  "dp": _fedavg_with(update_paths=dp_path(1.0, 1.0)),
+  "median": _fedavg_with(update_paths=UpdatePath(aggregator=robust.median())),
+  "qsgd8": _fedavg_with(update_paths=UpdatePath(
+    client=compression.uplink(compression.compressor("qsgd", bits=8)))),
+}
+"""FedAvg with one capability each (module docstring), timed when named in ``--methods``."""
+
+ROWS = {**METHODS, **CAPABILITIES}
+
+
 def measure(w: workloads.Workload, names: list[str], *, rounds: int, repeats: int) -> list[dict]:
   """Every method of ``names`` on ``w``, interleaved (see the module docstring)."""
   data = federated_data(w)
@@ -74,7 +102,7 @@ def measure(w: workloads.Workload, names: list[str], *, rounds: int, repeats: in
   steps, states, out = {}, {}, {}
   key = jax.random.key(w.seed)
   for name in names:
-    alg = METHODS[name](common, w)
+    alg = ROWS[name](common, w)
     steps[name] = compile_rounds(alg, rounds)
     state = alg.init(key)
     t = time.perf_counter()
@@ -114,12 +142,13 @@ def _ratio(r: dict, clock: str) -> str:
 
 
 def table(w: workloads.Workload, rows: list[dict], load: tuple[float, float, float]) -> str:
+  width = max([10] + [len(r["method"]) for r in rows])
   head = (f"{w.label()}, {w.local_steps} local steps; load average {load[0]:.1f} on {os.cpu_count()} cores\n"
-          f"{'method':10s} {'CPU s/round':>12s} {'upd/CPU s':>10s} {'x FedAvg (range)':>19s} "
+          f"{'method':{width}s} {'CPU s/round':>12s} {'upd/CPU s':>10s} {'x FedAvg (range)':>19s} "
           f"{'wall s/round':>13s} {'upd/wall s':>11s} {'x FedAvg (range)':>19s} {'compile s':>10s}")
   lines = [head, "-" * len(head.splitlines()[-1])]
   for r in rows:
-    lines.append(f"{r['method']:10s} {r['cpu_s_per_round']:12.4f} {r['client_updates_per_cpu_s']:10.0f} "
+    lines.append(f"{r['method']:{width}s} {r['cpu_s_per_round']:12.4f} {r['client_updates_per_cpu_s']:10.0f} "
                  f"{_ratio(r, 'cpu'):>19s} {r['wall_s_per_round']:13.4f} "
                  f"{r['client_updates_per_wall_s']:11.0f} {_ratio(r, 'wall'):>19s} {r['compile_s']:10.1f}")
   return "\n".join(lines)
@@ -129,16 +158,17 @@ def main(argv=None) -> list[dict]:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--workload", choices=("a", "b"), default="a")
   p.add_argument("--clients", type=int, default=100)
-  p.add_argument("--methods", default=",".join(METHODS))
+  p.add_argument("--methods", default=",".join(METHODS),
+                 help=f"comma-separated (default: every method); also {', '.join(CAPABILITIES)}")
   p.add_argument("--rounds", type=int, default=5, help="rounds fused per timed call")
   p.add_argument("--repeats", type=int, default=5, help="timed calls per method (interleaved)")
   p.add_argument("--tag", default="methods")
   p.add_argument("--out-dir", default=RESULTS)
   args = p.parse_args(argv)
   names = [n.strip() for n in args.methods.split(",") if n.strip()]
-  unknown = [n for n in names if n not in METHODS]
+  unknown = [n for n in names if n not in ROWS]
   if unknown:
-    raise SystemExit(f"--methods: unknown {unknown}; choose from {sorted(METHODS)}")
+    raise SystemExit(f"--methods: unknown {unknown}; choose from {sorted(ROWS)}")
   if "fedavg" not in names:
     names = ["fedavg"] + names   # the ratios' base, measured in the same run
   w = workloads.mlp(args.clients) if args.workload == "a" else workloads.cnn(args.clients)
@@ -149,7 +179,8 @@ def main(argv=None) -> list[dict]:
   os.makedirs(args.out_dir, exist_ok=True)
   with open(os.path.join(args.out_dir, f"{args.tag}.json"), "w") as f:
     json.dump(dict(workload=w.label(), rounds_per_call=args.rounds, repeats=args.repeats, load_average=load,
-                   backend=jax.default_backend(), table=text, results=rows), f, indent=1)
+                   backend=jax.default_backend(), device=jax.devices()[0].device_kind, table=text,
+                   results=rows), f, indent=1)
   return rows
 
 

@@ -239,7 +239,6 @@ def test_param_traffic_lists_the_passes_over_parameter_sized_buffers():
   assert all(r["computation"] == "step" and r["loop"] == "loop" for r in rows.values())
 
 
-@pytest.mark.slow
 def test_param_traffic_profiles_and_analyses_a_round(tmp_path):
   from benchmarks import param_traffic
 
@@ -254,15 +253,17 @@ def test_param_traffic_profiles_and_analyses_a_round(tmp_path):
 
 
 @pytest.mark.slow
-def test_baselines_benchmark_runs_its_rows_against_fedavg(tmp_path):
-  from benchmarks import baselines
+def test_methods_benchmark_times_the_capabilities_against_fedavg(tmp_path):
+  """Issue 41's rows of ``benchmarks.methods``: FedAvg with a personal head, DP, the median, QSGD;
+  never in the default run."""
+  from benchmarks import methods
 
-  rows = baselines.main(["--clients=8", "--rows=fedavg,dp,median,personal_head", "--rounds=1",
-                         "--repeats=1", f"--out-dir={tmp_path}"])
-  by = {r["method"]: r for r in rows}
-  assert list(by) == ["fedavg", "dp", "median", "personal_head"]
-  assert by["fedavg"]["cpu_vs_fedavg"] == 1.0 and all(r["cpu_s_per_round"] > 0 for r in rows)
-  assert json.load(open(tmp_path / "baselines.json"))["results"][0]["method"] == "fedavg"
+  assert not set(methods.CAPABILITIES) & set(methods.METHODS)
+  rows = methods.main(["--clients=8", "--methods=personal_head,dp,median,qsgd8", "--rounds=1",
+                       "--repeats=1", "--tag=c", f"--out-dir={tmp_path}"])
+  assert [r["method"] for r in rows] == ["fedavg", "personal_head", "dp", "median", "qsgd8"]
+  assert all(r["cpu_s_per_round"] > 0 and r["clients_per_round"] == 8 for r in rows)
+  assert "personal_head" in json.load(open(tmp_path / "c.json"))["table"]
 
 
 @pytest.mark.slow
