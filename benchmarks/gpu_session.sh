@@ -4,17 +4,23 @@
 # STAGE: check (environment, GPU tests, the chunk / bf16 / conv sweeps that set the GPU defaults)
 #      | tables (the README's tables)
 #      | issue41 (pfl-research beside fedtree in pfl's CIFAR-10 benchmark, the baselines' cost at
-#        10,000 clients, a profile of workload (a) at 10,000 clients; ~5 min on an H100, at most
-#        7.5 min by the timeouts below)
+#        10,000 clients, a profile of workload (a) at 10,000 clients; ~5.5 min on an H100, at most
+#        GPU_SESSION_BUDGET = 420 s after the wheels' install: every step's timeout is cut to fit it;
+#        on a lent GPU: device run `bash benchmarks/gpu_session.sh issue41 $OUT`, carry [".whl"],
+#        timeout_s 540; it prints and writes $OUT/issue41_summary.md, ratios to baselines measured
+#        in the same run)
 #      | wheels (on the CPU machine, before a device call: fills .whl/ with what the GPU machine
 #        lacks, ~1 MB: ml_collections for fedtree; pfl-research 0.6.0 and its pure-Python
 #        dependencies for issue41, never torch and no CUDA build; the device call then names
 #        carry=[".whl"], since .whl/ is ignored by git).
 # `tiny` (or GPU_SESSION_TINY=1): the same commands at CPU sizes, to test the stage end to end
 # without a GPU: `JAX_PLATFORMS=cpu bash benchmarks/gpu_session.sh issue41 /tmp/out tiny` with a
-# python3 that has torch (the CPU wheel) on PATH.
+# python3 that has torch (the CPU wheel) on PATH (e.g. a venv made with --system-site-packages and
+# `pip install torch --index-url https://download.pytorch.org/whl/cpu`; pfl comes from .whl/).
 set -u
+t0=$SECONDS
 stage=$1; out=$2; tiny=${3:-${GPU_SESSION_TINY:-}}; res=$out/results; mkdir -p "$res"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT   # the wheels' install and generated data, never under $out
 if [ "$stage" = wheels ]; then   # needs a package registry: run it here, not on the GPU machine
   mkdir -p .whl
   python3 -m pip download -q --no-deps -d .whl ml-collections==1.1.0 pfl==0.6.0 prv-accountant==0.2.0 \
@@ -27,9 +33,9 @@ if [ "$stage" = wheels ]; then   # needs a package registry: run it here, not on
 fi
 if ls .whl/*.whl >/dev/null 2>&1; then   # each package's wheel that fits this Python, from .whl/ alone
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site --find-links .whl \
+    --target "$tmp/site" --find-links .whl \
     $(ls .whl/*.whl | sed -E 's|.*/||; s|-[0-9].*||' | sort -u) || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
+  export PYTHONPATH=$tmp/site:$PWD
 else
   export PYTHONPATH=$PWD
 fi
@@ -54,33 +60,55 @@ elif [ "$stage" = tables ]; then
   $T --workload=a --clients=100000 --repeats=3 --fused-rounds=1 --torch-max-clients=10000 \
     --tag=gpu_a_100000; pack
 elif [ "$stage" = issue41 ]; then
-  # Budget (H100, estimated; each step's timeout is its ceiling): pfl-research 1, 3 and 5 processes
-  # (each stops at 40 s of training, so at most ~65 s with its start) and fedtree with 5 seeds,
-  # 270 s; the baselines, 100 s; the profile, 60 s (+ a retry only if XLA refused its flag at once).
+  # One budget for the stage (GPU_SESSION_BUDGET seconds, default 420 on a GPU): every step's timeout
+  # is its own cap cut to what the budget has left after the caps of the steps still to come, so the
+  # stage ends inside the budget whatever hangs. H100 estimate: ~5.5 minutes. Steps:
+  #  1. pfl-research 1, 3 and 5 processes (30 s of training each, all stopped at the same iteration)
+  #     and fedtree, 5 seeds, on the same data and initial weights: pfl_cifar10 keeps its own --budget;
+  #  2. the baselines' cost at 10,000 clients, each as x FedAvg's round in the same turn;
+  #  3. the profile of workload (a) at 10,000 clients and its passes over parameter-sized buffers.
+  # Results: $out/issue41_summary.md (the three tables and their ratios, printed at the end too),
+  # $out/results.tgz (JSONs, logs, the HLO and analysis), $out/issue41_trace.tgz (the profile's trace).
   if [ -n "$tiny" ]; then
-    P="--tiny"; B="--clients=200 --rounds=2 --repeats=3"; C="--tiny"; tp=900; tb=900; tc=600
+    budget=${GPU_SESSION_BUDGET:-1500}; tp=900; tb=300; tc=240
+    P="--tiny"; B="--clients=200 --rounds=2 --repeats=3"; C="--tiny"
   else
-    P="--procs=1,3,5 --iterations=200 --time-limit=40 --timeout=65"
+    budget=${GPU_SESSION_BUDGET:-420}; tp=225; tb=110; tc=60
+    P="--procs=1,3,5 --iterations=200 --time-limit=30 --timeout=60"
     B="--clients=10000 --rounds=5 --repeats=3"; C="--clients=10000 --rounds=2 --calls=2"
-    tp=270; tb=100; tc=60
   fi
-  smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
+  cap() {   # cap SECONDS [SECONDS KEPT FOR LATER STEPS]: the step's timeout within the budget
+    local c=$1 l=$((budget - (SECONDS - t0) - ${2:-0})); [ "$l" -lt "$c" ] && c=$l; [ "$c" -lt 5 ] && c=5
+    echo "$c"
+  }
+  data=$tmp/data   # the generated CIFAR-shaped data (~740 MB at the benchmark's size)
+  smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$res/issue41_gpu.log"
   python3 -c "import jax, torch, pfl; print('jax', jax.__version__, jax.devices(), 'torch', torch.__version__,
 'cuda', torch.cuda.is_available(), 'pfl', pfl.__version__)" 2>&1 | tee "$res/issue41_env.log"
-  timeout $tp python3 -m benchmarks.pfl_cifar10 $P --out-dir=$res --tag=issue41_pfl_cifar10 \
-    2>&1 | grep -v "^data written" | tee "$res/issue41_pfl.log"; rm -rf "$res/issue41_pfl_cifar10_data"; pack
-  timeout $tb python3 -m benchmarks.methods $B \
-    --methods=fedavg,scaffold,feddyn,personal_head,dp,median,qsgd8 --out-dir=$res --tag=issue41_baselines \
+  echo "== 1/3 pfl-research beside fedtree (cap $(cap $tp $((tb + tc))) s)"
+  c=$(cap $tp $((tb + tc)))
+  timeout $c python3 -m benchmarks.pfl_cifar10 $P --budget=$((c - 5)) --data="$data/pfl" --out-dir="$res" \
+    --tag=issue41_pfl_cifar10 2>&1 | tee "$res/issue41_pfl.log"; rm -rf "$data/pfl"; pack
+  echo "== 2/3 the baselines' cost against FedAvg (cap $(cap $tb $tc) s)"
+  timeout "$(cap $tb $tc)" python3 -m benchmarks.methods $B \
+    --methods=fedavg,scaffold,feddyn,personal_head,dp,median,qsgd8 --out-dir="$res" --tag=issue41_baselines \
     2>&1 | tee "$res/issue41_baselines.log"; pack
   # The profile without CUDA command buffers, so the trace names every kernel's HLO instruction.
+  echo "== 3/3 the profile of workload (a) (cap $(cap $tc) s)"
   start=$SECONDS
-  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" timeout $tc python3 -m benchmarks.param_traffic \
-    $C --out-dir=$res > "$res/issue41_profile.log" 2>&1
+  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" timeout "$(cap $tc)" \
+    python3 -m benchmarks.param_traffic $C --out-dir="$res" > "$res/issue41_profile.log" 2>&1
   rc=$?
   if [ $rc -ne 0 ] && [ $((SECONDS - start)) -lt 20 ]; then   # the flag refused: profile as it is
-    timeout $tc python3 -m benchmarks.param_traffic $C --out-dir=$res > "$res/issue41_profile.log" 2>&1
+    timeout "$(cap $tc)" python3 -m benchmarks.param_traffic $C --out-dir="$res" > "$res/issue41_profile.log" 2>&1
   fi
-  head -40 "$res/issue41_profile.log"; pack
+  head -12 "$res/issue41_profile.log"
+  if [ -d "$res/param_traffic/plugins" ]; then   # the trace apart: a large one cannot sink results.tgz
+    tar czf "$out/issue41_trace.tgz" -C "$res/param_traffic" plugins && rm -rf "$res/param_traffic/plugins"
+  fi
+  echo "== summary ($((SECONDS - t0)) s of the budget of $budget s)"
+  python3 -m benchmarks.gpu_report issue41 "$res" --seconds=$((SECONDS - t0)) --budget="$budget" \
+    | tee "$out/issue41_summary.md"; pack
 fi
 smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
 pack && rm -rf "$res"

@@ -94,8 +94,10 @@ CAPABILITIES: dict[str, Callable[[dict, workloads.Workload], algorithms.Federate
 ROWS = {**METHODS, **CAPABILITIES}
 
 
-def measure(w: workloads.Workload, names: list[str], *, rounds: int, repeats: int) -> list[dict]:
-  """Every method of ``names`` on ``w``, interleaved (see the module docstring)."""
+def measure(w: workloads.Workload, names: list[str], *, rounds: int, repeats: int,
+            on_turn: Callable[[list[dict], int], None] | None = None) -> list[dict]:
+  """Every method of ``names`` on ``w``, interleaved (see the module docstring); ``on_turn(rows,
+  turns)`` is called with the rows of the turns so far after every turn."""
   data = federated_data(w)
   _, chunk = build_fedtree(w, data)   # FedAvg's chunk for this workload, used by every method
   common = _common(w, data, chunk)
@@ -119,10 +121,17 @@ def measure(w: workloads.Workload, names: list[str], *, rounds: int, repeats: in
       out[name]["wall"].append((time.perf_counter() - wall) / rounds)
       out[name]["cpu"].append((time.process_time() - cpu) / rounds)
       out[name]["final_loss"] = float(np.asarray(m["train_loss"])[-1])
+    if on_turn is not None and turn + 1 < repeats:
+      on_turn(_rows(out, names), turn + 1)
+  return _rows(out, names)
+
+
+def _rows(out: dict[str, dict], names: list[str]) -> list[dict]:
+  """The methods' rows (medians and ratios) from the turns timed so far."""
   base = out.get("fedavg")
   rows = []
   for name in names:
-    r = out[name]
+    r = dict(out[name])
     r["cpu_s_per_round"] = statistics.median(r["cpu"])
     r["wall_s_per_round"] = statistics.median(r["wall"])
     r["client_updates_per_cpu_s"] = r["clients_per_round"] / r["cpu_s_per_round"]
@@ -172,15 +181,19 @@ def main(argv=None) -> list[dict]:
   if "fedavg" not in names:
     names = ["fedavg"] + names   # the ratios' base, measured in the same run
   w = workloads.mlp(args.clients) if args.workload == "a" else workloads.cnn(args.clients)
-  rows = measure(w, names, rounds=args.rounds, repeats=args.repeats)
-  load = os.getloadavg()
-  text = table(w, rows, load)
-  print(text)
   os.makedirs(args.out_dir, exist_ok=True)
-  with open(os.path.join(args.out_dir, f"{args.tag}.json"), "w") as f:
-    json.dump(dict(workload=w.label(), rounds_per_call=args.rounds, repeats=args.repeats, load_average=load,
-                   backend=jax.default_backend(), device=jax.devices()[0].device_kind, table=text,
-                   results=rows), f, indent=1)
+
+  def write(rows: list[dict], turns: int) -> str:   # after every turn: a killed run keeps its turns
+    load = os.getloadavg()
+    text = table(w, rows, load)
+    with open(os.path.join(args.out_dir, f"{args.tag}.json"), "w") as f:
+      json.dump(dict(workload=w.label(), rounds_per_call=args.rounds, repeats=turns, load_average=load,
+                     backend=jax.default_backend(), device=jax.devices()[0].device_kind,
+                     complete=turns == args.repeats, table=text, results=rows), f, indent=1)
+    return text
+
+  rows = measure(w, names, rounds=args.rounds, repeats=args.repeats, on_turn=write)
+  print(write(rows, args.repeats))
   return rows
 
 

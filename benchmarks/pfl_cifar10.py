@@ -31,6 +31,13 @@ start from the same initial weights (pfl-research's ``simple_cnn`` initializatio
 kernels, PyTorch's default biases; :func:`initial_weights`), converted to fedtree's layout by
 :func:`to_flax`.
 
+Time: ``--time-limit`` stops a pfl run (at a multiple of 10 iterations past the first 10, all its
+processes together) once it has trained that long, and every later run, fedtree's included, then
+runs the same number of iterations, so the losses compare after the same iterations. ``--budget``
+bounds the whole command: each run's timeout is cut to what is left, fedtree's kept back while
+pfl runs, and ``<tag>.json`` is rewritten after every run, so a run killed by an outer timeout
+loses itself alone.
+
 Reported per run: seconds per central iteration in steady state (iterations 11 .. N, evaluations
 included, the first 10, which compile and warm up, left out) and in all (from the process's start
 to its last iteration: imports, data, compilation included), the process CPU seconds per steady
@@ -39,7 +46,9 @@ wall and CPU time to fedtree's (on a GPU the wall ratio is the figure; on a shar
 ratio), and the loss and accuracy of the final server model
 on all training examples (the training loss) and on the test images, both computed the same way
 (the model in evaluation mode, float32). fedtree also runs ``--seeds`` further seeds (loss only)
-for the spread that seed noise alone gives. Writes ``<out-dir>/<tag>.json``.
+for the spread that seed noise alone gives, and each pfl run's training loss is called in
+agreement when it lies within 3 standard deviations of the seeds' mean (:func:`loss_agreement`).
+Writes ``<out-dir>/<tag>.json``.
 """
 
 from __future__ import annotations
@@ -67,12 +76,19 @@ SETTING = dict(users=1000, per_user=50, test=10_000, cohort=50, batch_size=10, e
                central_lr=1.0, eval_every=10, eval_batch=10_000)
 """pfl-research's CIFAR-10 baseline (``benchmarks/image_classification/configs/baseline.yaml``)."""
 
-TINY = dict(users=40, per_user=50, test=500, cohort=8, iterations=20, procs="1,2", seeds="0,1", timeout=400.0)
-"""The CPU check: the same programs on a few users and iterations."""
+TINY = dict(users=40, per_user=50, test=500, cohort=8, iterations=30, procs="1,2", seeds="0,1", timeout=400.0,
+            time_limit=20.0)
+"""The CPU check: the same programs on a few users and iterations (the time limit stops a slow
+machine's first pfl run at 20 iterations, so the stop and the runs after it are exercised)."""
 
 IMAGE = (32, 32, 3)
 CLASSES = 10
 WARMUP = 10   # central iterations left out of the steady-state time (compilation, cuDNN/cuBLAS warm-up)
+HARD_STOP_MARGIN = 20.0
+"""Seconds before its ``--timeout`` at which a pfl run stops (at the next evaluation) whatever
+``--time-limit`` says: room for its last 10 iterations, the final scoring and the exit."""
+MIN_RUN_S = 20.0
+"""A run that ``--budget`` leaves less than this many seconds is skipped, not started."""
 
 
 # ------------------------------------------------------------------------ data and weights
@@ -285,8 +301,12 @@ def pfl_worker(a) -> dict:
   clock: dict[str, list[float]] = {"wall": [], "cpu": []}
 
   class Clock(TrainingProcessCallback):
-    """Wall and CPU time after every central iteration; stops at ``--time-limit`` (at a
-    multiple of the evaluation period, so the losses stay comparable)."""
+    """Wall and CPU time after every central iteration; stops at a multiple of the evaluation
+    period (so the losses stay comparable) once training has run ``--time-limit`` seconds or the
+    process has run to :data:`HARD_STOP_MARGIN` seconds before its timeout (so a slow start
+    still leaves a result rather than a killed run). With several processes the ranks decide
+    together (an all-reduce of the flag): pfl stops each rank on its own callbacks' word, and a
+    rank that stopped alone would leave the others waiting in the next all-reduce."""
 
     def on_train_begin(self, *, model):
       clock["wall"].append(time.perf_counter())
@@ -296,10 +316,20 @@ def pfl_worker(a) -> dict:
     def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
       clock["wall"].append(time.perf_counter())
       clock["cpu"].append(time.process_time())
+      metrics = super().after_central_iteration(aggregate_metrics, model,
+                                                central_iteration=central_iteration)[1]
       done = central_iteration + 1
-      late = clock["wall"][-1] - clock["wall"][0] > a.time_limit
-      return bool(late and done % SETTING["eval_every"] == 0), super().after_central_iteration(
-        aggregate_metrics, model, central_iteration=central_iteration)[1]
+      if done % SETTING["eval_every"] or done <= WARMUP:   # a stop leaves steady iterations to time
+        return False, metrics
+      now = clock["wall"][-1]
+      late = now - clock["wall"][0] > a.time_limit or now - STARTED > a.timeout - HARD_STOP_MARGIN
+      if procs > 1:
+        import torch.distributed as dist
+
+        flag = torch.tensor([float(late)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        late = bool(flag.item() > 0)
+      return late, metrics
 
   eval_params = NNEvalHyperParams(local_batch_size=SETTING["eval_batch"])
   algorithm = FederatedAveraging()
@@ -412,7 +442,8 @@ def _free_port() -> int:
 
 def _worker_cmd(a, worker: str, **over) -> list[str]:
   args = dict(data=a.data, iterations=a.iterations, cohort=a.cohort, seed=a.seed, seeds=a.seeds,
-              time_limit=a.time_limit, gloo=a.gloo, **over)
+              time_limit=a.time_limit, gloo=a.gloo, timeout=a.timeout)
+  args.update(over)
   return [sys.executable, "-m", "benchmarks.pfl_cifar10", f"--worker={worker}"] + [
     f"--{k.replace('_', '-')}={v}" for k, v in args.items()]
 
@@ -421,9 +452,11 @@ def _results(out: str) -> list[dict]:
   return [json.loads(line[len("RESULT "):]) for line in out.splitlines() if line.startswith("RESULT ")]
 
 
-def launch(a, worker: str, procs: int = 1) -> dict:
+def launch(a, worker: str, procs: int = 1, timeout: float | None = None) -> dict:
   """Runs ``worker`` in ``procs`` subprocesses (pfl's multi-process mode when ``procs > 1``),
-  waits at most ``--timeout`` seconds, and returns rank 0's result with the ranks' CPU time."""
+  waits at most ``timeout`` (default ``--timeout``) seconds, and returns rank 0's result with the
+  ranks' CPU time."""
+  timeout = a.timeout if timeout is None else timeout
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
   env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // procs)))
@@ -433,15 +466,15 @@ def launch(a, worker: str, procs: int = 1) -> dict:
   children = []
   for rank in range(procs):
     env_r = dict(env, PFL_WORKER_RANK=str(rank)) if procs > 1 else env
-    children.append(subprocess.Popen(_worker_cmd(a, worker), env=env_r, cwd=ROOT, text=True,
+    children.append(subprocess.Popen(_worker_cmd(a, worker, timeout=timeout), env=env_r, cwd=ROOT, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
   outs, failed = [], None
-  deadline = started + a.timeout
+  deadline = started + timeout
   for child in children:
     try:
       out, err = child.communicate(timeout=max(1.0, deadline - time.perf_counter()))
     except subprocess.TimeoutExpired:
-      failed = f"timed out after {a.timeout:.0f} s"
+      failed = f"timed out after {timeout:.0f} s"
       for c in children:
         if c.poll() is None:
           c.kill()
@@ -493,8 +526,28 @@ def table(rows: list[dict], meta: dict, cohort: int, device: str) -> str:
   if base is not None and len(base.get("seeds", [])) > 1:
     losses = [s["train_loss"] for s in base["seeds"]]
     lines.append(f"fedtree seeds {[s['seed'] for s in base['seeds']]}: train loss {min(losses):.4f} .. "
-                 f"{max(losses):.4f} (mean {np.mean(losses):.4f}, std {np.std(losses):.4f})")
+                 f"{max(losses):.4f} (mean {np.mean(losses):.4f}, std {np.std(losses, ddof=1):.4f})")
+    for r in rows:
+      verdict = loss_agreement(r, base)
+      if verdict:
+        lines.append(f"{r['label']}: {verdict}")
   return "\n".join(lines)
+
+
+def loss_agreement(r: dict, base: dict) -> str:
+  """Whether pfl run ``r``'s final training loss agrees with fedtree's (``base``) within seed
+  noise: within 3 standard deviations (ddof 1) of the mean over fedtree's seeds, after the same
+  number of central iterations; ``""`` where there is nothing to compare."""
+  seeds = [s["train_loss"] for s in base.get("seeds", [])]
+  if r is base or "skipped" in r or r.get("runner") != "pfl" or len(seeds) < 2:
+    return ""
+  if r["iterations"] != base["iterations"]:
+    return f"not compared ({r['iterations']} iterations against fedtree's {base['iterations']})"
+  mean, std = float(np.mean(seeds)), float(np.std(seeds, ddof=1))
+  z = (r["train_loss"] - mean) / std if std > 0 else float("inf")
+  word = "agrees with" if abs(z) <= 3 else "DIFFERS from"
+  return (f"train loss {r['train_loss']:.4f} {word} fedtree's {mean:.4f} +- 3 x {std:.4f} over "
+          f"{len(seeds)} seeds ({z:+.1f} std)")
 
 
 def main(argv=None) -> list[dict]:
@@ -515,7 +568,12 @@ def main(argv=None) -> list[dict]:
   p.add_argument("--time-limit", type=float, default=1e9,
                  help="a pfl run stops after this many seconds (at a multiple of 10 iterations); fedtree "
                       "then runs as many iterations as the shortest pfl run")
-  p.add_argument("--data", default=None, help="data directory (default: written under --out-dir)")
+  p.add_argument("--budget", type=float, default=None,
+                 help="seconds for the whole command: each run's timeout is cut to what is left (the "
+                      "fedtree run's --timeout kept back while pfl runs), a run left under "
+                      f"{MIN_RUN_S:.0f} s is skipped")
+  p.add_argument("--data", default=None,
+                 help="data directory, written there unless it holds data (default: under --out-dir)")
   p.add_argument("--tag", default="pfl_cifar10")
   p.add_argument("--out-dir", default=RESULTS)
   p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -537,33 +595,50 @@ def main(argv=None) -> list[dict]:
   os.makedirs(a.out_dir, exist_ok=True)
   if a.data is None:
     a.data = os.path.join(a.out_dir, f"{a.tag}_data")
+  if not os.path.exists(os.path.join(a.data, "meta.json")):
     t = time.perf_counter()
     write_data(a.data, users=a.users, per_user=a.per_user, test=a.test, seed=a.seed)
     print(f"data written to {a.data} ({time.perf_counter() - t:.1f} s)", flush=True)
   meta = load_data(a.data)[0]
-  rows = []
-  for fw in frameworks:
-    done = [r["iterations"] for r in rows if r["runner"] == "pfl" and "skipped" not in r]
-    if fw == "fedtree" and done and min(done) < a.iterations:
-      a.iterations = min(done)     # pfl stopped at --time-limit: compare after the same iterations
-    for n in procs if fw == "pfl" else [1]:
-      label = f"pfl, {n} proc{'s' if n > 1 else ''}" if fw == "pfl" else "fedtree"
-      print(f"running {label} ...", flush=True)
-      r = launch(a, fw, n)
-      r.update(runner=fw, label=label)
-      if "skipped" not in r:
-        r.update(summarize(r))
-        print(f"    {r['steady_s']:.4f} s/iteration (steady), train loss {r['train_loss']:.4f}", flush=True)
-      else:
-        print(f"    skipped: {r['skipped']}", flush=True)
-      rows.append(r)
+  runs = [(fw, n) for fw in frameworks for n in (procs if fw == "pfl" else [1])]
+  rows: list[dict] = []
+  for i, (fw, n) in enumerate(runs):
+    done = [r["iterations"] for r in rows if "skipped" not in r]
+    if done and min(done) < a.iterations:
+      a.iterations = min(done)     # a run stopped at its time limit: the rest run as many iterations
+    label = f"pfl, {n} proc{'s' if n > 1 else ''}" if fw == "pfl" else "fedtree"
+    timeout = a.timeout
+    if a.budget is not None:       # keep the later fedtree run's --timeout back while pfl runs
+      later = a.timeout if any(f == "fedtree" for f, _ in runs[i + 1:]) else 0.0
+      timeout = min(a.timeout, a.budget - (time.perf_counter() - STARTED) - later)
+    print(f"running {label} ...", flush=True)
+    if timeout < MIN_RUN_S:
+      r = dict(skipped=f"out of the --budget of {a.budget:.0f} s", procs=n)
+    else:
+      r = launch(a, fw, n, timeout)
+    r.update(runner=fw, label=label)
+    if "skipped" not in r:
+      r.update(summarize(r))
+      print(f"    {r['steady_s']:.4f} s/iteration (steady), {r['iterations']} iterations, "
+            f"train loss {r['train_loss']:.4f}", flush=True)
+    else:
+      print(f"    skipped: {r['skipped']}", flush=True)
+    rows.append(r)
+    write_results(a, argv, meta, rows, final=i == len(runs) - 1)   # after every run: a kill keeps the rest
+  return rows
+
+
+def write_results(a, argv, meta: dict, rows: list[dict], *, final: bool) -> None:
+  """``<out-dir>/<tag>.json`` of the runs so far (``complete`` once all have run); prints the table
+  when ``final``."""
   device = next((r.get("gpu") or r.get("device") for r in rows if "skipped" not in r), "?")
   text = table(rows, meta, a.cohort, device)
-  print(text)
+  if final:
+    print(text, flush=True)
   with open(os.path.join(a.out_dir, f"{a.tag}.json"), "w") as f:
     json.dump(dict(setting=SETTING, meta=meta, cohort=a.cohort, argv=sys.argv[1:] if argv is None else argv,
-                   load_average=os.getloadavg(), table=text, results=rows), f, indent=1)
-  return rows
+                   load_average=os.getloadavg(), device=device, complete=final, table=text, results=rows),
+              f, indent=1)
 
 
 if __name__ == "__main__":
