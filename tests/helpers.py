@@ -102,6 +102,9 @@ ALGORITHM_CASES = {
   "scaffold": {"cohort_size": 4},
   "feddyn": {"alpha": 0.1, "cohort_size": 4}, "fednova": {"cohort_size": 4},
   "mime": {"cohort_size": 4}, "mimelite": {"cohort_size": 4},
+  # partial personalization (issue 37); FedBN's run has the MLP with BatchNorm (the run's own model)
+  "fedper": {}, "fedrep": {"head_steps": 2}, "lgfedavg": {}, "fedbn": {"model": {"norm": "batch"}},
+  "fedrod": {}, "fedbabu": {"finetune_epochs": 0, "finetune_steps": 2}, "local": {},
 }
 """The smallest run config of every registered algorithm (its required fields; short
 warm-ups): test_conformance's cases and tests/multihost_config.py's runs."""
@@ -177,8 +180,11 @@ def small_context():
   data, groups = grouped_synthetic(group_sizes=(3, 3), dim=4, num_classes=3, mean_examples=8,
                                    min_examples=3, max_examples=12, test_examples=4, seed=5)
   model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(4,))
-  config = ml_collections.ConfigDict(dict(
-    seed=0, rounds=4, local=dict(optimizer="sgd", learning_rate=0.05, batch_size=4, steps=2), runs={}))
+  config = ml_collections.ConfigDict(dict(   # what the context holds (a run's own model is built from it)
+    seed=0, rounds=4, local=dict(optimizer="sgd", learning_rate=0.05, batch_size=4, steps=2), runs={},
+    data=dict(name="grouped_synthetic", group_sizes=(3, 3), dim=4, num_classes=3, mean_examples=8,
+              min_examples=3, max_examples=12, test_examples=4, seed=5),
+    topology=dict(kind="groups"), model=dict(name="mlp", hidden=(4,))))
   return Context(config=config, data=as_device(data), groups=np.asarray(groups),
                  topology=Topology.from_labels(groups), model=model, local_optimizer=optax.sgd(0.05),
                  schedule=LocalSchedule(batch_size=4, steps=2))

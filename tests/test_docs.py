@@ -54,6 +54,14 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.feddyn",
   "fedtree.algorithms.fednova",
   "fedtree.algorithms.mime",
+  "fedtree.algorithms.local_only",
+  "fedtree.algorithms.fedper",
+  "fedtree.algorithms.fedrep",
+  "fedtree.algorithms.lgfedavg",
+  "fedtree.algorithms.fedbn",
+  "fedtree.algorithms.fedrod",
+  "fedtree.algorithms.fedbabu",
+  "fedtree.algorithms.finetuned",
 ]
 
 

@@ -435,8 +435,9 @@ def test_sweep_over_the_noise_multiplier(tmp_path):
     assert r["dp_noise_std"] == pytest.approx(2 * z * 0.5)
   # ε per setting (host accounting of each setting's z), in the rows, the summary and a PNG
   def eps(z):
-    return xp.epsilon(noise_multiplier=z, sampling_rate=2 / 3, rounds=2, delta=1e-5, sampling="fixed",
-                      population=3, cohort=2)
+    # (FedAvg is one server over the 6 clients: q = 2/6, issue 43)
+    return xp.epsilon(noise_multiplier=z, sampling_rate=1 / 3, rounds=2, delta=1e-5, sampling="fixed",
+                      population=6, cohort=2)
 
   final = [r for r in rows if r["round"] == 2]
   for r in final:
@@ -502,8 +503,8 @@ def test_a_swept_target_epsilon_trains_as_the_runs_alone(tmp_path):
   assert sorted(final) == [2.0, 8.0]
   assert sorted(table) == ["target_epsilon=2", "target_epsilon=8"]
   for target, row in final.items():
-    z = xp.calibrate(target_epsilon=target, sampling_rate=2 / 3, rounds=2, delta=1e-5, accountant="rdp",
-                     sampling="fixed", population=3, cohort=2)
+    z = xp.calibrate(target_epsilon=target, sampling_rate=1 / 3, rounds=2, delta=1e-5, accountant="rdp",
+                     sampling="fixed", population=6, cohort=2)   # (FedAvg over the 6 clients, issue 43)
     assert row["dp_noise_std"] == pytest.approx(2 * z * 0.5, rel=1e-6)
     assert row["epsilon"] == pytest.approx(target, rel=1e-3) and row["epsilon"] <= target
     assert table[f"target_epsilon={target:g}"]["epsilon"] == row["epsilon"]

@@ -279,7 +279,7 @@ def test_noise_level_on_a_deeper_tree():
     run = ml_collections.ConfigDict({"algorithm": "hierfavg", "weighting": "uniform", "cohort_size": 2,
                                      **extra})
     return xp.plan({"clip_norm": 1.0, "noise_multiplier": 1.0, "noise_level": level},
-                   RunContext(ctx, "x", run, {}), verbose=False)
+                   RunContext(ctx, "x", run, {}, topology=topo), verbose=False)
 
   for level, weights in ((0, [12]), (1, [6, 6]), (-2, [6, 6])):
     p = plan(level)

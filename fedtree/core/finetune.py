@@ -22,6 +22,7 @@ equally; pass a held-out split as the "test" data to select honestly.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ from fedtree.core.local import (
   make_sgd_step,
   run_local_steps,
   steps_per_epoch,
+  train_only,
 )
 from fedtree.core.metrics import EvalStats, client_sums
 from fedtree.core.model import Model
@@ -60,11 +62,13 @@ def check_finetune(schedule: LocalSchedule, learning_rates: Sequence[float]) -> 
   return rates
 
 
-def _finetune_one(model, optimizer_name, schedule, max_steps):
+def _finetune_one(model, optimizer_name, schedule, max_steps, trainable):
   """``(start, ClientData, num_steps, key, lr) -> params``: one client, one rate."""
 
   def one(start, cdata: ClientData, num_steps, key, lr):
     opt = optimizer_by_name(optimizer_name, learning_rate=lr)
+    if trainable is not None:   # the other leaves stay as they are (train_only)
+      opt = train_only(opt, jax.tree.unflatten(jax.tree.structure(start), list(trainable)))
     step = make_sgd_step(model, opt)
     carry = SGDCarry(params=start, opt_state=opt.init(start), anchor=start)
     carry, _ = run_local_steps(
@@ -75,26 +79,12 @@ def _finetune_one(model, optimizer_name, schedule, max_steps):
   return one
 
 
-def make_finetuner(
-  model: Model,
-  schedule: LocalSchedule,
-  *,
-  max_train: int,
-  optimizer: str = "sgd",
-  chunk_size: int | None = None,
-  evaluate: bool = True,
-):
-  """A jitted ``(params [N, ...], model_of_client int32[C], data, rates f32[L], key) -> out``.
-
-  With ``evaluate=True`` ``out = (EvalStats [L, C], epochs f32[C])``: each personal model
-  scored on its client's test data. With ``evaluate=False`` ``out = (params [L, C, ...],
-  epochs)``. ``epochs[c]`` is what client ``c`` actually trained (steps / steps per epoch).
-  Raises ``ValueError`` for a schedule with no training.
-  """
-  check_finetune(schedule, [1.0])
-  optimizer_by_name(optimizer, learning_rate=0.1)  # an unknown name fails here, not in jit
-  max_steps = schedule.max_steps(max_train)
-  one = _finetune_one(model, optimizer, schedule, max_steps)
+@functools.lru_cache(maxsize=64)
+def _finetune_program(model, schedule, max_steps, optimizer, chunk_size, evaluate, trainable):
+  """The jitted fine-tune of :func:`make_finetuner` for one static setting, made once per setting
+  (every fine-tuner of the same model and schedule, e.g. one per experiment of a sweep or per
+  evaluation, reuses its compiled program; the cache holds functions, never data)."""
+  one = _finetune_one(model, optimizer, schedule, max_steps, trainable)
   lm = bool(model.label_shape)  # token labels: also the sentence sums (sentence-level perplexity)
   over_rates = jax.vmap(one, in_axes=(None, None, None, None, 0))
 
@@ -124,6 +114,33 @@ def make_finetuner(
     return jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1), out), epochs
 
   return jax.jit(run)
+
+
+def make_finetuner(
+  model: Model,
+  schedule: LocalSchedule,
+  *,
+  max_train: int,
+  optimizer: str = "sgd",
+  chunk_size: int | None = None,
+  evaluate: bool = True,
+  trainable: PyTree | None = None,
+):
+  """A jitted ``(params [N, ...], model_of_client int32[C], data, rates f32[L], key) -> out``.
+
+  With ``evaluate=True`` ``out = (EvalStats [L, C], epochs f32[C])``: each personal model
+  scored on its client's test data. With ``evaluate=False`` ``out = (params [L, C, ...],
+  epochs)``. ``epochs[c]`` is what client ``c`` actually trained (steps / steps per epoch).
+  ``trainable`` (a pytree of bools shaped as one model): fine-tune those leaves only, the others
+  frozen (:func:`fedtree.core.local.train_only`; ``None``: every leaf). Fine-tuners of the same
+  model, schedule and settings share one compiled program.
+  Raises ``ValueError`` for a schedule with no training.
+  """
+  check_finetune(schedule, [1.0])
+  optimizer_by_name(optimizer, learning_rate=0.1)  # an unknown name fails here, not in jit
+  frozen = None if trainable is None else tuple(bool(t) for t in jax.tree.leaves(trainable))
+  return _finetune_program(model, schedule, schedule.max_steps(max_train), optimizer, chunk_size, evaluate,
+                           frozen)
 
 
 def finetune(

@@ -368,6 +368,16 @@ def make_sgd_step(
   return step
 
 
+def train_only(optimizer: optax.GradientTransformation, trainable: PyTree) -> optax.GradientTransformation:
+  """``optimizer`` on the leaves where ``trainable`` (a pytree of bools shaped as the params) holds;
+  every other leaf is frozen: its update is exactly zero whatever the optimizer (weight decay and
+  momentum included), and it has no optimizer state. FedRep's head and body phases, FedBABU's
+  frozen head, a head-only fine-tune (:func:`make_sgd_step` with it as the optimizer; a BatchNorm
+  model's statistics still come from the step's forward pass)."""
+  labels = jax.tree.map(lambda t: "train" if t else "frozen", trainable)
+  return optax.multi_transform({"train": optimizer, "frozen": optax.set_to_zero()}, labels)
+
+
 def proximal(mu: float) -> Regularizer:
   """FedProx's ``(μ/2)‖θ - Θ‖²`` towards the anchor."""
   check_nonnegative(mu=mu)

@@ -142,6 +142,24 @@ def param_paths(params: Params) -> list[str]:
           for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
 
 
+def layer_order(model: Model) -> tuple[str, ...]:
+  """The model's top-level layers (the keys of its trainable collection: ``Dense_0``,
+  ``BatchNorm_0``, ``Conv_1``, ...) in the order ``model.init`` creates them, which for a flax
+  module is the order its ``__call__`` first uses them: the forward order, the last one producing
+  the logits. Read from an abstract trace of ``model.init`` (nothing is allocated), where the
+  dictionaries still hold flax's insertion order (``jax.tree`` operations sort keys)."""
+  seen: list[tuple[str, ...]] = []
+
+  def init(key):
+    params = model.init(key)
+    trainable = params["params"] if model.state else params
+    seen.append(tuple(trainable.keys()) if hasattr(trainable, "keys") else ())
+    return params
+
+  jax.eval_shape(init, jax.random.key(0))
+  return seen[0]
+
+
 PAD_ID = 0  # the padding token of sequence labels (fedtree.datasets.text reserves it)
 
 

@@ -64,7 +64,9 @@ from fedtree.experiment.run_context import RunContext
 from fedtree.experiment.spec import AlgorithmSpec, Fields, check_fields, number
 from fedtree.experiment.systems import systems_from_config
 
-RUNNER_FIELDS = ("algorithm", "label", "rounds")
+RUNNER_FIELDS = ("algorithm", "label", "rounds", "data", "model")
+"""Run fields the runner reads: ``data`` and ``model`` are the run's own overrides of ``config.data``
+and ``config.model`` (:func:`fedtree.experiment.runner.run_context`)."""
 CAPABILITIES = {"update_paths", "systems"}
 """Factory parameters set from capability sections, whose converters get the run's
 :class:`~fedtree.experiment.run_context.RunContext` (its tree and cohort)."""
@@ -207,7 +209,53 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "fedkws": AlgorithmSpec(algorithms.fedkws,
                           fields=(_rate_optimizer("private_learning_rate", "private_optimizer"),)),
   "grouppfl": grouppfl_family.SPEC,
+  # partial personalization (issue 37)
+  "fedper": AlgorithmSpec(algorithms.fedper),
+  "fedrep": AlgorithmSpec(algorithms.fedrep),
+  "lgfedavg": AlgorithmSpec(algorithms.lgfedavg),
+  "fedbn": AlgorithmSpec(algorithms.fedbn),
+  "fedrod": AlgorithmSpec(algorithms.fedrod),
+  "fedbabu": AlgorithmSpec(algorithms.fedbabu),
+  "local": AlgorithmSpec(algorithms.local),
 }
+
+
+# ------------------------------------------------------------------------ X + FT
+FINETUNE_FIELDS: Mapping[str, Any] = {
+  "finetune_steps": int, "finetune_epochs": float, "finetune_learning_rate": float,
+  "finetune_params": str | tuple[str, ...], "finetune_models": str | tuple[str, ...],
+}
+"""Run fields of every algorithm (that has no fine-tuning of its own) that fine-tune its models per
+client before evaluation (:func:`fedtree.algorithms.finetuned.finetuned`): ``finetune_steps`` or
+``finetune_epochs`` (0: none), ``finetune_learning_rate`` (default ``config.local.learning_rate``),
+``finetune_params`` (patterns of the parameters fine-tuned; default all), ``finetune_models`` (the
+models fine-tuned; default all). ``runs.fedavg_ft = {algorithm: fedavg, finetune_steps: 20}`` is
+FedAvg + FT (its ``global_ft`` model)."""
+
+
+def with_finetune(label: str, run, ctx, built):
+  """``built`` fine-tuned per client before evaluation as run ``label``'s :data:`FINETUNE_FIELDS`
+  say (``built`` itself when it sets none)."""
+  from fedtree.algorithms.finetuned import finetuned
+  from fedtree.algorithms.partial import mask_of
+
+  given = {n: run[n] for n in FINETUNE_FIELDS if n in run and run[n] is not None}
+  if not given:
+    return built
+  where = f"config.runs.{label}"
+  kw = {n: coerce(v, FINETUNE_FIELDS[n], f"{where}.{n}") for n, v in given.items()}
+  kw = {n: (v,) if n in ("finetune_params", "finetune_models") and isinstance(v, str) else v
+        for n, v in kw.items()}
+  trainable = None
+  if "finetune_params" in kw:
+    template = jax.eval_shape(ctx.model.init, jax.random.key(0))
+    trainable = mask_of(kw["finetune_params"], template, algorithm=f"{where}.finetune_params")
+  rate = kw.get("finetune_learning_rate", number(ctx.config.local.learning_rate))
+  return finetuned(built, model=ctx.model, data=ctx.data, batch_size=ctx.schedule.batch_size,
+                   learning_rate=rate, steps=kw.get("finetune_steps", 0),
+                   epochs=kw.get("finetune_epochs", 0.0),
+                   optimizer=str(ctx.config.local.get("optimizer", "sgd")), trainable=trainable,
+                   models=kw.get("finetune_models"))
 
 
 # ------------------------------------------------------------------------ objectives
@@ -326,8 +374,16 @@ class Schema:
   fields: tuple[Fields, ...]
 
   @property
+  def own_finetune(self) -> bool:
+    """Whether the factory takes fine-tuning parameters of its own (FedBABU's); the others take the
+    common fine-tune-before-evaluation fields (:data:`FINETUNE_FIELDS`)."""
+    return bool(set(FINETUNE_FIELDS) & set(self.params))
+
+  @property
   def allowed(self) -> list[str]:
     names = set(RUNNER_FIELDS) | {"chunk_size", "init_params"} | set(self.scalars)
+    if not self.own_finetune:
+      names |= set(FINETUNE_FIELDS)
     if "client_update" in self.params:
       names.add("objective")
     for f in self.fields:
@@ -415,6 +471,7 @@ def factory_kwargs(label: str, run, ctx) -> dict[str, Any]:
   """The keyword arguments of run ``label``'s factory (validated, coerced, converted)."""
   spec = _spec(label, run)
   validate_run(label, run)
+  ctx = _run_context(label, run, ctx)
   sch = schema(spec)
   params = sch.params
   where = f"config.runs.{label}"
@@ -463,6 +520,18 @@ def factory_kwargs(label: str, run, ctx) -> dict[str, Any]:
   return kw
 
 
+def _run_context(label: str, run, ctx):
+  """The context run ``label`` builds in: ``ctx``, or with the run's own ``data``/``model``
+  (the context's ``for_run``, :func:`fedtree.experiment.runner.run_context`, which returns a run's
+  context unchanged)."""
+  if run.get("data", None) is None and run.get("model", None) is None:
+    return ctx
+  try:
+    return ctx.for_run(run)
+  except ValueError as e:
+    raise ValueError(f"config.runs.{label}: {e}") from e
+
+
 def _tune_slots(kw: dict, ctx) -> int:
   topology = kw.get("topology") or Topology.flat(ctx.data.num_clients)
   return cohort_slots(kw.get("cohort_size"), topology.leaf_counts(topology.depth - 1))
@@ -473,8 +542,12 @@ def build_algorithm(label: str, run_cfg, ctx):
   ``config.runs.<label>``) on the shared context (with its ``report`` hook where the spec's
   ``wrap`` adds one: B-HFL's table by level, GroupPerFL's fine-tune stage and tables)."""
   spec = _spec(label, run_cfg)
+  ctx = _run_context(label, run_cfg, ctx)
   if "adapters" in run_cfg:
     validate_run(label, run_cfg)
+    if any(n in run_cfg for n in FINETUNE_FIELDS):
+      raise ValueError(f"config.runs.{label}: fine-tuning before evaluation (finetune_*) does not run on "
+                       f"adapters; drop one of them")
     return _with_adapters(label, run_cfg, ctx)
   kw = factory_kwargs(label, run_cfg, ctx)
   if kw.get("chunk_size") == "tune":
@@ -483,6 +556,8 @@ def build_algorithm(label: str, run_cfg, ctx):
     built = spec.factory(**kw)
     if spec.wrap is not None:
       built = spec.wrap(built, label, run_cfg, ctx)
+    if not schema(spec).own_finetune:
+      built = with_finetune(label, run_cfg, ctx, built)
   except ValueError as e:  # the factory's refusal, named by its run
     if str(e).startswith("config."):
       raise

@@ -31,17 +31,16 @@ class RunContext:
     run: the run's config.
     params: its factory's parameters (``{}``: unknown; the privacy section then reads the
       run's ``weighting`` field only).
-    topology: the run's tree (default :func:`fedtree.experiment.registry.run_topology`).
+    topology: the run's tree (default: the shared context's
+      :meth:`~fedtree.experiment.runner.Context.run_topology` of the run).
   """
 
   def __init__(self, ctx, label: str, run, params=None, *, topology=None):
     if isinstance(ctx, RunContext):
       ctx = ctx.shared
     self.shared, self.label, self.run, self.params = ctx, label, run, params or {}
-    if topology is None:   # (the registry imports this module: imported here)
-      from fedtree.experiment.registry import run_topology
-
-      topology = run_topology(label, run, ctx)
+    if topology is None:   # (the shared context asks the registry, which imports this module)
+      topology = ctx.run_topology(label, run)
     self.topology = topology
 
   def __getattr__(self, name):

@@ -83,6 +83,9 @@ class Context:
       :func:`fedtree.core.sharding.shard_data`), which rounds and evaluation run on; ``None``
       without a mesh. Across processes (``--multihost``) its arrays span devices this process
       cannot read, which is why builders keep reading :attr:`data`.
+    data_info: what the data loader said about the data (:mod:`fedtree.experiment.data`).
+    run_overrides: ``None`` for the config's context; for a run that sets its own ``data`` or
+      ``model`` (:func:`run_context`), the ``(data, model)`` fields it set.
   """
 
   config: ml_collections.ConfigDict
@@ -98,6 +101,13 @@ class Context:
   group_names: tuple[str, ...] | None = None
   vocab: tuple[str, ...] | None = None
   sharded_data: FederatedData | None = None
+  data_info: Any = None
+  run_overrides: Any = None
+
+  def for_run(self, run) -> Context:
+    """The context run ``run`` (a ``config.runs.<label>``) builds and is evaluated in
+    (:func:`run_context`: its own data and model, when it sets them)."""
+    return run_context(self, run)
 
   @property
   def run_data(self) -> FederatedData:
@@ -114,6 +124,13 @@ class Context:
     from fedtree.experiment.params import load_params
 
     return load_params(_path(path, f"config.runs.{label}.init_params"), self.model)
+
+  def run_topology(self, label: str, run: ml_collections.ConfigDict) -> Topology:
+    """The tree run ``label``'s algorithm is built on
+    (:func:`fedtree.experiment.registry.run_topology`), which its capabilities read."""
+    from fedtree.experiment.registry import run_topology
+
+    return run_topology(label, run, self)
 
   def chunk_size(self, run: ml_collections.ConfigDict | None = None):
     """The chunk size of ``run`` (its ``chunk_size``, else the config's, else ``"auto"``),
@@ -181,13 +198,19 @@ def _to_nested(v):
   return int(v)
 
 
-def make_context(config: ml_collections.ConfigDict) -> Context:
+def make_context(config: ml_collections.ConfigDict, *, data_config=None, model_config=None,
+                 loaded=None) -> Context:
+  """The context of ``config``: its data (``config.data``, or ``data_config``; ``loaded``: the
+  ``(data, groups, central test, info)`` already loaded), tree, model (``config.model``, or
+  ``model_config``), local optimizer and schedule, and initial parameters."""
   from fedtree.experiment.data import load_with_info, model_options
 
-  data, groups, central, info = load_with_info(config.data)
+  data_config = config.data if data_config is None else data_config
+  model_config = config.model if model_config is None else model_config
+  data, groups, central, info = load_with_info(data_config) if loaded is None else loaded
   topology = build_topology(config.topology, groups, data.num_clients, info.label_columns)
   data.validate(topology).check_values()
-  model_cfg = model_options(dict(config.model), info)  # e.g. the char table of embedding="chars"
+  model_cfg = model_options(dict(model_config), info)  # e.g. the char table of embedding="chars"
   name = model_cfg.pop("name")
   model = build_model(name, example_shape=data.example_shape, num_classes=data.num_classes, **model_cfg)
   if str(config.get("dtype", "float32")) == "float64":
@@ -208,8 +231,51 @@ def make_context(config: ml_collections.ConfigDict) -> Context:
     config=config, data=as_device(data), groups=np.asarray(groups), topology=topology, model=model,
     local_optimizer=local_optimizer, schedule=schedule, central_test=central,
     auto_chunk=tuning.chunk_policy(model, local_optimizer, data.example_shape, schedule.batch_size),
-    init_params=init_params, group_names=info.group_names, vocab=info.vocab,
+    init_params=init_params, group_names=info.group_names, vocab=info.vocab, data_info=info,
   )
+
+
+RUN_OVERRIDES = ("data", "model")
+"""The sections of the config a run may override with its own fields (merged over them)."""
+
+
+def run_context(ctx: Context, run) -> Context:
+  """The context run ``run`` (a ``config.runs.<label>``) trains and is evaluated in: ``ctx``, or,
+  when the run sets ``data`` and/or ``model`` (fields merged over ``config.data`` /
+  ``config.model``: e.g. ``data: {partition: "shards"}`` for a pathological split, ``model:
+  {norm: "batch"}`` for FedBN's BatchNorm), a context with that data (loaded again, its tree from
+  ``config.topology``) and that model. One config can then compare methods on several splits of a
+  dataset, or give one method the model it needs. A run's own context is returned unchanged (the
+  runner makes it once, the registry's builders receive it).
+
+  Raises:
+    ValueError: the run's data or model cannot be built (the message says which section).
+  """
+  given = {k: run.get(k, None) for k in RUN_OVERRIDES}
+  given = {k: (v.to_dict() if hasattr(v, "to_dict") else dict(v)) for k, v in given.items() if v is not None}
+  if not given or ctx.run_overrides is not None:
+    return ctx
+  config = ctx.config
+  if "data" in given:
+    loaded = None
+  else:
+    from fedtree.experiment.data import DataInfo
+
+    info = ctx.data_info if ctx.data_info is not None else DataInfo()
+    loaded = (ctx.data, ctx.groups, ctx.central_test, info)
+  data_cfg = ml_collections.ConfigDict({**config.data.to_dict(), **given.get("data", {})})
+  model_cfg = {**config.model.to_dict(), **given.get("model", {})}
+  in_memory = ctx.init_params is not None and config.get("init_params", None) is None   # e.g. pretrained
+  if in_memory and "model" in given:
+    raise ValueError(f"its own model ({given['model']}) cannot start from the parameters every other run "
+                     f"starts from (they are the config's model's, e.g. a pretrained base); drop its model")
+  try:
+    built = make_context(config, data_config=data_cfg, model_config=model_cfg, loaded=loaded)
+  except TypeError as e:   # a field the dataset or the model does not take
+    raise ValueError(f"its {' and '.join(sorted(given))} ({given}): {e}") from e
+  if in_memory:   # the same model on other data: the same start
+    built = dataclasses.replace(built, init_params=ctx.init_params)
+  return dataclasses.replace(built, run_overrides=(given.get("data"), given.get("model")))
 
 
 def as_float64(data: FederatedData, central, model: Model):
@@ -229,9 +295,13 @@ def as_float64(data: FederatedData, central, model: Model):
     central = (f64(central[0]), central[1])
   init = model.init
 
+  def cast(p):   # dictionaries keep their (flax creation) order: fedtree.core.model.layer_order reads it
+    if hasattr(p, "items"):
+      return {k: cast(v) for k, v in p.items()}
+    return jax.tree.map(lambda a: a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a, p)
+
   def init64(key):
-    return jax.tree.map(lambda p: p.astype(jnp.float64) if jnp.issubdtype(p.dtype, jnp.floating) else p,
-                        init(key))
+    return cast(init(key))
 
   float_input = np.issubdtype(np.dtype(model.input_dtype), np.floating)
   input_dtype = "float64" if float_input else model.input_dtype
@@ -476,6 +546,17 @@ def model_fingerprints(models: dict[str, Any]) -> dict[str, tuple[float, ...]]:
   return out
 
 
+def worst_tenth(summaries: dict[str, dict[str, Any]]) -> dict[str, float]:
+  """``{"<model>/<metric>_worst10_mean": value}``: every model's mean over its worst 10 % of clients
+  (:func:`fedtree.core.metrics.client_distribution`), the fairness figure a sweep's table keeps."""
+  out = {}
+  for m, v in summaries.items():
+    fair = v.get("fairness", None)
+    if isinstance(fair, dict) and fair.get("clients"):
+      out[f"{m}/{fair['metric']}_worst10_mean"] = fair["worst10_mean"]
+  return out
+
+
 class SweepPlan(NamedTuple):
   """Run ``label``'s sweep, resolved and checked before anything trains or is written
   (:func:`plan_sweep`); :func:`run_sweep` runs it.
@@ -624,6 +705,7 @@ def run_sweep(label: str, run_cfg: ml_collections.ConfigDict, ctx: Context, repo
       untrained.update(m for m, v in sm.items() if v.get("trained") is False)   # not a result
       finals[x] = {f"{m}/{s}": v[s] for m, v in sm.items() if v.get("trained") is not False
                    for s in SUMMARY_METRICS if s in v}
+      finals[x].update(worst_tenth({m: v for m, v in sm.items() if v.get("trained") is not False}))
       finals[x].update({k: v for k, v in next(iter(sm.values()), {}).items() if k in SWEEP_BYTES})
       if spent is not None and spent[exps[x][0]] is not None:   # ε of this setting (host)
         finals[x].update(spent[exps[x][0]](plan.num_rounds))
@@ -784,7 +866,7 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
           checkpoint_dir=os.path.join(workdir, "checkpoints", label) if workdir else None,
           checkpoint_every=int(config.get("checkpoint_every", 0) or 0),
           keep_checkpoints=int(config.get("keep_checkpoints", 2)), should_stop=should_stop,
-          round_metrics=privacy.round_metrics(label, run_cfg, ctx),
+          round_metrics=privacy.round_metrics(label, run_cfg, run_ctx),
           adapters=adapters_from_config(label, run_cfg),
           backdoor=backdoor,
           max_abs=divergence_bound(config),
@@ -792,6 +874,8 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
       results[label] = summaries
     if not swept:
       reporter.summary_table(results, groups=ctx.groups, group_names=ctx.group_names)
+    elif len(results) > 1:   # the runs side by side: every model's mean ± std over seeds
+      reporter.result(sweep.runs_table(results))
     if workdir and primary:
       tmp = os.path.join(workdir, "summary.json.tmp")
       with open(tmp, "w") as f:
@@ -813,8 +897,13 @@ def divergence_bound(config: ml_collections.ConfigDict) -> float | None:
 
 
 def _poisoned(ctx: Context, run_cfg, mesh) -> tuple[Context, Any]:
-  """The context run ``run_cfg`` trains in (its attackers' data poisoned when its ``attack`` is a
-  data attack, :func:`fedtree.experiment.robust.poisoned_data`) and its backdoor test split."""
+  """The context run ``run_cfg`` trains in (its own data and model, :func:`run_context`; its
+  attackers' data poisoned when its ``attack`` is a data attack,
+  :func:`fedtree.experiment.robust.poisoned_data`) and its backdoor test split."""
+  own = run_context(ctx, run_cfg)
+  if own is not ctx and mesh is not None:
+    own = dataclasses.replace(own, sharded_data=shard_data(own.data, mesh))
+  ctx = own
   data, backdoor = poisoned_data(run_cfg, ctx)
   if data is ctx.data:
     return ctx, None

@@ -283,7 +283,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   params = params_of(sw)
   for path, values in params.items():
     leaf = path.rsplit(".", 1)[-1]
-    if path.startswith(SHAPE_PREFIXES):
+    parts = path.split(".")
+    run_section = len(parts) > 3 and parts[0] == "runs" and parts[2] in ("data", "model")   # a run's own
+    if path.startswith(SHAPE_PREFIXES) or run_section:
       raise ValueError(
         f"config.sweep.params[{path!r}]: {leaf!r} changes array shapes or the program's control "
         f"flow and cannot be an experiment axis; sweep it as separate runs (config.runs) instead"
@@ -506,3 +508,39 @@ def write_outputs(workdir: str | None, label: str, rows: list[dict], select: str
     except (OSError, ValueError) as e:  # nothing to plot
       print(f"sweep plot of {label!r} not written: {e}", file=sys.stderr)
   return out
+
+
+def _cell(row: dict, key: str) -> str:
+  return f"{row['mean'][key]:.4f} ± {row['std'][key]:.4f}" if key in row["mean"] else "-"
+
+
+def runs_table(results: dict[str, Any]) -> str:
+  """The swept runs of a config side by side (printed after the last one): a row per run, setting
+  and model, with the model's accuracy (perplexity for a language model) and its mean over the worst
+  10 % of clients, ``mean ± std`` over seeds, and the run's megabytes each way (every edge of the
+  tree, per experiment). ``results``: ``{run label: {"sweep": write_outputs(...)}}`` (other entries
+  are skipped)."""
+  head = ["run", "setting", "model", "metric", "mean ± std", "worst 10 % mean ± std", "up MB", "down MB"]
+  body, seeds = [], set()
+  for label, entry in results.items():
+    out = entry.get("sweep", None) if isinstance(entry, dict) else None
+    if not out:
+      continue
+    for row in out["settings"]:
+      seeds.add(row["seeds"])
+      mean = row["mean"]
+      models = sorted({k.split("/", 1)[0] for k in mean if "/" in k})
+      for m in models:
+        metric = "perplexity" if f"{m}/perplexity" in mean else "accuracy"
+        if f"{m}/{metric}" not in mean:
+          continue
+        body.append([label, row["name"], m, metric, _cell(row, f"{m}/{metric}"),
+                     _cell(row, f"{m}/{metric}_worst10_mean"),
+                     *(f"{mean[k]:.3f}" if k in mean else "-" for k in ("uplink_MB", "downlink_MB"))])
+  if not body:
+    return ""
+  widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+  line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
+  count = "/".join(str(n) for n in sorted(seeds))
+  return "\n".join([f"every swept run (mean ± std over {count} seeds; worst 10 %: the mean over a model's "
+                    f"worst tenth of clients)", line(head), *(line(b) for b in body)])
