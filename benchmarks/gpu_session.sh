@@ -31,10 +31,14 @@ if [ "$stage" = wheels ]; then   # needs a package registry: run it here, not on
   done
   ls -l .whl; exit 0
 fi
-if ls .whl/*.whl >/dev/null 2>&1; then   # each package's wheel that fits this Python, from .whl/ alone
+# From .whl/ alone, the wheel that fits this Python of each package this Python lacks (attrs and
+# packaging are on the GPU image: a carried older one would shadow them for every package).
+need=$(ls .whl/*.whl 2>/dev/null | sed -E 's|.*/||; s|-[0-9].*||' | sort -u \
+  | python3 -c "import importlib.util as u, sys; print(*[n for n in sys.stdin.read().split() if not u.find_spec(n)])")
+if [ -n "$need" ]; then
+  echo "installing from .whl/: $need"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$tmp/site" --find-links .whl \
-    $(ls .whl/*.whl | sed -E 's|.*/||; s|-[0-9].*||' | sort -u) || exit 1
+    --target "$tmp/site" --find-links .whl $need || exit 1
   export PYTHONPATH=$tmp/site:$PWD
 else
   export PYTHONPATH=$PWD
