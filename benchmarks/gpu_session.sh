@@ -12,11 +12,12 @@
 #      | wheels (on the CPU machine, before a device call: fills .whl/ with what the GPU machine
 #        lacks, ~1 MB: ml_collections for fedtree; pfl-research 0.6.0 and its pure-Python
 #        dependencies for issue41, never torch and no CUDA build; the device call then names
-#        carry=[".whl"], since .whl/ is ignored by git).
+#        carry=[".whl"], since .whl/ is ignored by git; each stage installs from it only what
+#        its python3 lacks).
 # `tiny` (or GPU_SESSION_TINY=1): the same commands at CPU sizes, to test the stage end to end
 # without a GPU: `JAX_PLATFORMS=cpu bash benchmarks/gpu_session.sh issue41 /tmp/out tiny` with a
-# python3 that has torch (the CPU wheel) on PATH (e.g. a venv made with --system-site-packages and
-# `pip install torch --index-url https://download.pytorch.org/whl/cpu`; pfl comes from .whl/).
+# python3 on PATH that has torch (the CPU build, benchmarks/README.md's Install); pfl and the rest
+# come from .whl/ where that python3 lacks them.
 set -u
 t0=$SECONDS
 stage=$1; out=$2; tiny=${3:-${GPU_SESSION_TINY:-}}; res=$out/results; mkdir -p "$res"
