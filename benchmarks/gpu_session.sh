@@ -5,7 +5,7 @@
 #      | tables (the README's tables)
 #      | issue41 (pfl-research beside fedtree in pfl's CIFAR-10 benchmark, the baselines' cost at
 #        10,000 clients, a profile of workload (a) at 10,000 clients; ~5.5 min on an H100, at most
-#        GPU_SESSION_BUDGET = 420 s after the wheels' install: every step's timeout is cut to fit it;
+#        GPU_SESSION_BUDGET = 420 s, the wheels' install included: every step's timeout is cut to fit;
 #        on a lent GPU: device run `bash benchmarks/gpu_session.sh issue41 $OUT`, carry [".whl"],
 #        timeout_s 540; it prints and writes $OUT/issue41_summary.md, ratios to baselines measured
 #        in the same run)
