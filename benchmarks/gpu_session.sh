@@ -1,19 +1,52 @@
 #!/bin/bash
 # The GPU measurements of benchmarks/README.md ("On a GPU"), as run on a lent H100 through the
-# device tool: `bash benchmarks/gpu_session.sh STAGE OUT` from the repository root, with any
-# missing wheel in .whl/ (ml_collections there). STAGE: check (environment, GPU tests, the
-# chunk / bf16 / conv sweeps that set the GPU defaults) | tables (the README's tables).
+# device tool: `bash benchmarks/gpu_session.sh STAGE OUT [tiny]` from the repository root.
+# STAGE: check (environment, GPU tests, the chunk / bf16 / conv sweeps that set the GPU defaults)
+#      | tables (the README's tables)
+#      | issue41 (pfl-research beside fedtree in pfl's CIFAR-10 benchmark, the baselines' cost at
+#        10,000 clients, a profile of workload (a) at 10,000 clients; ~5.5 min on an H100, at most
+#        GPU_SESSION_BUDGET = 420 s, the wheels' install included: every step's timeout is cut to fit;
+#        on a lent GPU: device run `bash benchmarks/gpu_session.sh issue41 $OUT`, carry [".whl"],
+#        timeout_s 540; it prints and writes $OUT/issue41_summary.md, ratios to baselines measured
+#        in the same run)
+#      | wheels (on the CPU machine, before a device call: fills .whl/ with what the GPU machine
+#        lacks, ~1 MB: ml_collections for fedtree; pfl-research 0.6.0 and its pure-Python
+#        dependencies for issue41, never torch and no CUDA build; the device call then names
+#        carry=[".whl"], since .whl/ is ignored by git; each stage installs from it only what
+#        its python3 lacks).
+# `tiny` (or GPU_SESSION_TINY=1): the same commands at CPU sizes, to test the stage end to end
+# without a GPU: `JAX_PLATFORMS=cpu bash benchmarks/gpu_session.sh issue41 /tmp/out tiny` with a
+# python3 on PATH that has torch (the CPU build, benchmarks/README.md's Install); pfl and the rest
+# come from .whl/ where that python3 lacks them.
 set -u
-stage=$1; out=$2; res=$out/results; mkdir -p "$res"
-if ls .whl/*.whl >/dev/null 2>&1; then
+t0=$SECONDS
+stage=$1; out=$2; tiny=${3:-${GPU_SESSION_TINY:-}}; res=$out/results; mkdir -p "$res"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT   # the wheels' install and generated data, never under $out
+if [ "$stage" = wheels ]; then   # needs a package registry: run it here, not on the GPU machine
+  mkdir -p .whl
+  python3 -m pip download -q --no-deps -d .whl ml-collections==1.1.0 pfl==0.6.0 prv-accountant==0.2.0 \
+    dp-accounting==0.5.0 attrs==23.2.0 packaging==25.0 dill==0.4.1 || exit 1
+  for v in 3.11 3.12; do   # multiprocess's wheels are per Python (the H100 machine had 3.12)
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version $v -d .whl \
+      multiprocess==0.70.19 || exit 1
+  done
+  ls -l .whl; exit 0
+fi
+# From .whl/ alone, the wheel that fits this Python of each package this Python lacks (attrs and
+# packaging are on the GPU image: a carried older one would shadow them for every package).
+need=$(ls .whl/*.whl 2>/dev/null | sed -E 's|.*/||; s|-[0-9].*||' | sort -u \
+  | python3 -c "import importlib.util as u, sys; print(*[n for n in sys.stdin.read().split() if not u.find_spec(n)])")
+if [ -n "$need" ]; then
+  echo "installing from .whl/: $need"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
+    --target "$tmp/site" --find-links .whl $need || exit 1
+  export PYTHONPATH=$tmp/site:$PWD
 else
   export PYTHONPATH=$PWD
 fi
-export PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda
+export PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
 pack() { tar czf "$out/results.tgz" -C "$out" results; }   # after every command: partial runs come back
+smi() { command -v nvidia-smi >/dev/null && nvidia-smi "$@"; }
 T="python3 -m benchmarks.throughput --frameworks=fedtree,central,torch --timeout=300 --out-dir=$res"
 if [ "$stage" = check ]; then
   nvidia-smi -L; nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
@@ -31,6 +64,56 @@ elif [ "$stage" = tables ]; then
   $T --workload=c --repeats=3 --fused-rounds=20 --tag=gpu_c; pack
   $T --workload=a --clients=100000 --repeats=3 --fused-rounds=1 --torch-max-clients=10000 \
     --tag=gpu_a_100000; pack
+elif [ "$stage" = issue41 ]; then
+  # One budget for the stage (GPU_SESSION_BUDGET seconds, default 420 on a GPU): every step's timeout
+  # is its own cap cut to what the budget has left after the caps of the steps still to come, so the
+  # stage ends inside the budget whatever hangs. H100 estimate: ~5.5 minutes. Steps:
+  #  1. pfl-research 1, 3 and 5 processes (30 s of training each, all stopped at the same iteration)
+  #     and fedtree, 5 seeds, on the same data and initial weights: pfl_cifar10 keeps its own --budget;
+  #  2. the baselines' cost at 10,000 clients, each as x FedAvg's round in the same turn;
+  #  3. the profile of workload (a) at 10,000 clients and its passes over parameter-sized buffers.
+  # Results: $out/issue41_summary.md (the three tables and their ratios, printed at the end too),
+  # $out/results.tgz (JSONs, logs, the HLO and analysis), $out/issue41_trace.tgz (the profile's trace).
+  if [ -n "$tiny" ]; then
+    budget=${GPU_SESSION_BUDGET:-1500}; tp=900; tb=300; tc=240
+    P="--tiny"; B="--clients=200 --rounds=2 --repeats=3"; C="--tiny"
+  else
+    budget=${GPU_SESSION_BUDGET:-420}; tp=225; tb=110; tc=60
+    P="--procs=1,3,5 --iterations=200 --time-limit=30 --timeout=60"
+    B="--clients=10000 --rounds=5 --repeats=3"; C="--clients=10000 --rounds=2 --calls=2"
+  fi
+  cap() {   # cap SECONDS [SECONDS KEPT FOR LATER STEPS]: the step's timeout within the budget
+    local c=$1 l=$((budget - (SECONDS - t0) - ${2:-0})); [ "$l" -lt "$c" ] && c=$l; [ "$c" -lt 5 ] && c=5
+    echo "$c"
+  }
+  data=$tmp/data   # the generated CIFAR-shaped data (~740 MB at the benchmark's size)
+  smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$res/issue41_gpu.log"
+  python3 -c "import jax, torch, pfl; print('jax', jax.__version__, jax.devices(), 'torch', torch.__version__,
+'cuda', torch.cuda.is_available(), 'pfl', pfl.__version__)" 2>&1 | tee "$res/issue41_env.log"
+  echo "== 1/3 pfl-research beside fedtree (cap $(cap $tp $((tb + tc))) s)"
+  c=$(cap $tp $((tb + tc)))
+  timeout $c python3 -m benchmarks.pfl_cifar10 $P --budget=$((c - 5)) --data="$data/pfl" --out-dir="$res" \
+    --tag=issue41_pfl_cifar10 2>&1 | tee "$res/issue41_pfl.log"; rm -rf "$data/pfl"; pack
+  echo "== 2/3 the baselines' cost against FedAvg (cap $(cap $tb $tc) s)"
+  timeout "$(cap $tb $tc)" python3 -m benchmarks.methods $B \
+    --methods=fedavg,scaffold,feddyn,personal_head,dp,median,qsgd8 --out-dir="$res" --tag=issue41_baselines \
+    2>&1 | tee "$res/issue41_baselines.log"; pack
+  # The profile without CUDA command buffers, so the trace names every kernel's HLO instruction.
+  echo "== 3/3 the profile of workload (a) (cap $(cap $tc) s)"
+  start=$SECONDS
+  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" timeout "$(cap $tc)" \
+    python3 -m benchmarks.param_traffic $C --out-dir="$res" > "$res/issue41_profile.log" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ] && [ $((SECONDS - start)) -lt 20 ]; then   # the flag refused: profile as it is
+    timeout "$(cap $tc)" python3 -m benchmarks.param_traffic $C --out-dir="$res" > "$res/issue41_profile.log" 2>&1
+  fi
+  head -12 "$res/issue41_profile.log"
+  if [ -d "$res/param_traffic/plugins" ]; then   # the trace apart: a large one cannot sink results.tgz
+    tar czf "$out/issue41_trace.tgz" -C "$res/param_traffic" plugins && rm -rf "$res/param_traffic/plugins"
+  fi
+  echo "== summary ($((SECONDS - t0)) s of the budget of $budget s)"
+  python3 -m benchmarks.gpu_report issue41 "$res" --seconds=$((SECONDS - t0)) --budget="$budget" \
+    | tee "$out/issue41_summary.md"; pack
 fi
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
+smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
 pack && rm -rf "$res"

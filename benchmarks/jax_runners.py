@@ -86,8 +86,12 @@ def personal_head_update(model: Model, optimizer, *, batch_size: int, max_steps:
 
 def build_fedtree(w: Workload, data: FederatedData, *, chunk_size: Any = "auto",
                   compute_dtype=None, depth: int | None = None, persistent_state: bool = False,
-                  conv_impl: str = "auto"):
-  """The fedtree algorithm of ``w`` (FedAvg, or HierFAVG when ``w.edges``/``depth``) and chunk."""
+                  conv_impl: str = "auto", **host):
+  """The fedtree algorithm of ``w`` (FedAvg, or HierFAVG when ``w.edges``/``depth``) and chunk.
+
+  ``host``: further arguments of the host (:func:`~fedtree.algorithms.hierfavg.hierfavg`), e.g.
+  ``init_params``, ``weighting``, ``personal`` or ``update_paths``.
+  """
   model = jax_model(w, conv_impl)
   schedule = LocalSchedule(batch_size=w.batch_size, epochs=None, steps=w.local_steps)
   opt = optax.sgd(w.lr)
@@ -115,11 +119,11 @@ def build_fedtree(w: Workload, data: FederatedData, *, chunk_size: Any = "auto",
   if depth == 1:
     alg = fedavg(model=model, data=data, local_optimizer=opt, schedule=schedule,
                  server_optimizer=optax.sgd(w.server_lr), cohort_size=w.cohort,
-                 chunk_size=chunk_size, client_update=update)
+                 chunk_size=chunk_size, client_update=update, **host)
   else:
     alg = hierfavg(model=model, topology=topo, data=data, local_optimizer=opt, schedule=schedule,
                    server_optimizers=optax.sgd(w.server_lr), periods=1, cohort_size=cohort,
-                   chunk_size=chunk_size, client_update=update)
+                   chunk_size=chunk_size, client_update=update, **host)
   if persistent_state:
     base_init = alg.init
 

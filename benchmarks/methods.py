@@ -3,6 +3,8 @@ r"""What each optimization baseline costs against FedAvg's round, measured in th
   python -m benchmarks.methods                           # workload (a) at 100 clients, every method
   python -m benchmarks.methods --clients=1000 --methods=fedavg,scaffold,feddyn
   python -m benchmarks.methods --workload=b              # the CNN workload (cohort 50 of 1,000)
+  python -m benchmarks.methods --clients=10000 --rounds=5 --repeats=3 \
+    --methods=fedavg,scaffold,feddyn,personal_head,dp,median,qsgd8   # issue 41's rows (a GPU session)
 
 Every method runs one workload of :mod:`benchmarks.workloads` ((a) by default: the 60-200-200-10
 MLP, 64 examples per client, 4 local steps of batch 16, every client sampled) with the same model,
@@ -30,6 +32,12 @@ one at a time against FedAvg's vmapped cohort.
 Writes ``benchmarks/results/<tag>.json``.
 
 Methods are named in :data:`METHODS` (one builder each), so another baseline joins with one line.
+:data:`CAPABILITIES` (named with ``--methods``, never run by default) are FedAvg with one capability
+each, timed the same way: ``personal_head`` (the MLP's last layer ``Dense_2`` stays with each client,
+:func:`fedtree.core.personal.personal`), ``dp`` (per-client clipping to norm 1 and central Gaussian
+noise z = 1, :func:`benchmarks.privacy.dp_path`), ``median`` (the coordinate-wise median of the
+cohort's updates, kept as one block, :func:`fedtree.core.robust.median`) and ``qsgd8`` (8-bit QSGD
+on the uplink, :mod:`fedtree.core.compression`).
 """
 
 from __future__ import annotations
@@ -48,9 +56,13 @@ import optax
 
 from benchmarks import workloads
 from benchmarks.jax_runners import build_fedtree, federated_data, jax_model
+from benchmarks.privacy import dp_path
 from fedtree import algorithms
+from fedtree.core import compression, robust
 from fedtree.core.local import LocalSchedule
 from fedtree.core.loop import compile_rounds
+from fedtree.core.personal import personal
+from fedtree.core.updates import UpdatePath
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -83,8 +95,26 @@ ONE_CLIENT_A_ROUND = ("fedasync",)
 """The methods whose round applies one client's update: a call fuses ``cohort × --rounds`` rounds."""
 
 
-def measure(w: workloads.Workload, names: list[str], *, rounds: int, repeats: int) -> list[dict]:
-  """Every method of ``names`` on ``w``, interleaved (see the module docstring)."""
+def _fedavg_with(**host) -> Callable[[dict, workloads.Workload], algorithms.FederatedAlgorithm]:
+  return lambda c, w: algorithms.fedavg(server_optimizer=optax.sgd(w.server_lr), **c, **host)
+
+
+CAPABILITIES: dict[str, Callable[[dict, workloads.Workload], algorithms.FederatedAlgorithm]] = {
+  "personal_head": _fedavg_with(personal=personal("Dense_2")),
+  "dp": _fedavg_with(update_paths=dp_path(1.0, 1.0)),
+  "median": _fedavg_with(update_paths=UpdatePath(aggregator=robust.median())),
+  "qsgd8": _fedavg_with(update_paths=UpdatePath(
+    client=compression.uplink(compression.compressor("qsgd", bits=8)))),
+}
+"""FedAvg with one capability each (module docstring), timed when named in ``--methods``."""
+
+ROWS = {**METHODS, **CAPABILITIES}
+
+
+def measure(w: workloads.Workload, names: list[str], *, rounds: int, repeats: int,
+            on_turn: Callable[[list[dict], int], None] | None = None) -> list[dict]:
+  """Every method of ``names`` on ``w``, interleaved (see the module docstring); ``on_turn(rows,
+  turns)`` is called with the rows of the turns so far after every turn."""
   data = federated_data(w)
   _, chunk = build_fedtree(w, data)   # FedAvg's chunk for this workload, used by every method
   common = _common(w, data, chunk)
@@ -92,7 +122,7 @@ def measure(w: workloads.Workload, names: list[str], *, rounds: int, repeats: in
   key = jax.random.key(w.seed)
   fused = {n: rounds * (w.cohort_size if n in ONE_CLIENT_A_ROUND else 1) for n in names}
   for name in names:
-    alg = METHODS[name](common, w)
+    alg = ROWS[name](common, w)
     steps[name] = compile_rounds(alg, fused[name])
     state = alg.init(key)
     t = time.perf_counter()
@@ -109,10 +139,17 @@ def measure(w: workloads.Workload, names: list[str], *, rounds: int, repeats: in
       out[name]["wall"].append((time.perf_counter() - wall) / fused[name])
       out[name]["cpu"].append((time.process_time() - cpu) / fused[name])
       out[name]["final_loss"] = float(np.asarray(m["train_loss"])[-1])
+    if on_turn is not None and turn + 1 < repeats:
+      on_turn(_rows(out, names), turn + 1)
+  return _rows(out, names)
+
+
+def _rows(out: dict[str, dict], names: list[str]) -> list[dict]:
+  """The methods' rows (medians and ratios) from the turns timed so far."""
   base = out.get("fedavg")
   rows = []
   for name in names:
-    r = out[name]
+    r = dict(out[name])
     r["cpu_s_per_round"] = statistics.median(r["cpu"])
     r["wall_s_per_round"] = statistics.median(r["wall"])
     r["client_updates_per_cpu_s"] = r["clients_per_round"] / r["cpu_s_per_round"]
@@ -133,12 +170,13 @@ def _ratio(r: dict, clock: str) -> str:
 
 
 def table(w: workloads.Workload, rows: list[dict], load: tuple[float, float, float]) -> str:
+  width = max([10] + [len(r["method"]) for r in rows])
   head = (f"{w.label()}, {w.local_steps} local steps; load average {load[0]:.1f} on {os.cpu_count()} cores\n"
-          f"{'method':10s} {'CPU s/round':>12s} {'upd/CPU s':>10s} {'x FedAvg (range)':>19s} "
+          f"{'method':{width}s} {'CPU s/round':>12s} {'upd/CPU s':>10s} {'x FedAvg (range)':>19s} "
           f"{'wall s/round':>13s} {'upd/wall s':>11s} {'x FedAvg (range)':>19s} {'compile s':>10s}")
   lines = [head, "-" * len(head.splitlines()[-1])]
   for r in rows:
-    lines.append(f"{r['method']:10s} {r['cpu_s_per_round']:12.4f} {r['client_updates_per_cpu_s']:10.0f} "
+    lines.append(f"{r['method']:{width}s} {r['cpu_s_per_round']:12.4f} {r['client_updates_per_cpu_s']:10.0f} "
                  f"{_ratio(r, 'cpu'):>19s} {r['wall_s_per_round']:13.4f} "
                  f"{r['client_updates_per_wall_s']:11.0f} {_ratio(r, 'wall'):>19s} {r['compile_s']:10.1f}")
   return "\n".join(lines)
@@ -148,27 +186,33 @@ def main(argv=None) -> list[dict]:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--workload", choices=("a", "b"), default="a")
   p.add_argument("--clients", type=int, default=100)
-  p.add_argument("--methods", default=",".join(METHODS))
+  p.add_argument("--methods", default=",".join(METHODS),
+                 help=f"comma-separated (default: every method); also {', '.join(CAPABILITIES)}")
   p.add_argument("--rounds", type=int, default=5, help="rounds fused per timed call")
   p.add_argument("--repeats", type=int, default=5, help="timed calls per method (interleaved)")
   p.add_argument("--tag", default="methods")
   p.add_argument("--out-dir", default=RESULTS)
   args = p.parse_args(argv)
   names = [n.strip() for n in args.methods.split(",") if n.strip()]
-  unknown = [n for n in names if n not in METHODS]
+  unknown = [n for n in names if n not in ROWS]
   if unknown:
-    raise SystemExit(f"--methods: unknown {unknown}; choose from {sorted(METHODS)}")
+    raise SystemExit(f"--methods: unknown {unknown}; choose from {sorted(ROWS)}")
   if "fedavg" not in names:
     names = ["fedavg"] + names   # the ratios' base, measured in the same run
   w = workloads.mlp(args.clients) if args.workload == "a" else workloads.cnn(args.clients)
-  rows = measure(w, names, rounds=args.rounds, repeats=args.repeats)
-  load = os.getloadavg()
-  text = table(w, rows, load)
-  print(text)
   os.makedirs(args.out_dir, exist_ok=True)
-  with open(os.path.join(args.out_dir, f"{args.tag}.json"), "w") as f:
-    json.dump(dict(workload=w.label(), rounds_per_call=args.rounds, repeats=args.repeats, load_average=load,
-                   backend=jax.default_backend(), table=text, results=rows), f, indent=1)
+
+  def write(rows: list[dict], turns: int) -> str:   # after every turn: a killed run keeps its turns
+    load = os.getloadavg()
+    text = table(w, rows, load)
+    with open(os.path.join(args.out_dir, f"{args.tag}.json"), "w") as f:
+      json.dump(dict(workload=w.label(), rounds_per_call=args.rounds, repeats=turns, load_average=load,
+                     backend=jax.default_backend(), device=jax.devices()[0].device_kind,
+                     complete=turns == args.repeats, table=text, results=rows), f, indent=1)
+    return text
+
+  rows = measure(w, names, rounds=args.rounds, repeats=args.repeats, on_turn=write)
+  print(write(rows, args.repeats))
   return rows
 
 

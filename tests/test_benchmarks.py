@@ -1,8 +1,10 @@
 """Smoke test of the benchmark scripts at tiny sizes, in-process (no timing is asserted)."""
 
+import glob
 import json
 import os
 
+import numpy as np
 import pytest
 
 
@@ -128,3 +130,151 @@ def test_methods_benchmark_reports_ratios_to_fedavg(tmp_path):
   assert "x FedAvg" in json.load(open(tmp_path / "m.json"))["table"]
   with pytest.raises(SystemExit, match="unknown"):
     methods.main(["--methods=fedsgd"])
+
+
+# ------------------------------------------------------------------------ issue 41's GPU session
+def _torch_layout_cnn(w: dict, x: np.ndarray) -> np.ndarray:
+  """pfl-research's ``simple_cnn`` written out in numpy in PyTorch's layout (NCHW, ``[out, in, kh,
+  kw]`` kernels, flatten by channel, row, column), evaluation mode: the reference for ``to_flax``."""
+  def conv(x, k, b):                           # valid 3x3 cross-correlation, x [n, c, h, w]
+    n, c, h, wd = x.shape
+    out = np.zeros((n, k.shape[0], h - 2, wd - 2))
+    for i in range(3):
+      for j in range(3):
+        out += np.einsum("nchw,oc->nohw", x[:, :, i:i + h - 2, j:j + wd - 2], k[:, :, i, j])
+    return out + b[None, :, None, None]
+
+  h = np.maximum(conv(np.moveaxis(x, -1, 1), w["conv0.weight"], w["conv0.bias"]), 0)
+  h = np.maximum(conv(h, w["conv1.weight"], w["conv1.bias"]), 0)
+  n, c, hh, ww = h.shape
+  h = h[:, :, : hh // 2 * 2, : ww // 2 * 2].reshape(n, c, hh // 2, 2, ww // 2, 2).max(axis=(3, 5))
+  h = np.maximum(h.reshape(n, -1) @ w["dense0.weight"].T + w["dense0.bias"], 0)
+  return h @ w["dense1.weight"].T + w["dense1.bias"]
+
+
+def test_pfl_initial_weights_give_fedtree_the_same_model():
+  """The shared initialization of the pfl-research comparison: fedtree's ``cnn`` with
+  ``to_flax(weights)`` computes the logits of pfl-research's PyTorch-layout CNN with ``weights``."""
+  import jax.numpy as jnp
+
+  from benchmarks.pfl_cifar10 import initial_weights, to_flax
+  from fedtree.models import build_model
+
+  image = (8, 8, 3)
+  w = initial_weights(3, image)
+  assert w["conv0.weight"].shape == (32, 3, 3, 3) and w["dense0.weight"].shape == (128, 64 * 2 * 2)
+  bound = np.sqrt(6.0 / (128 + 256))                  # Xavier-uniform, as pfl-research initializes
+  assert np.abs(w["dense0.weight"]).max() <= bound and np.abs(w["dense0.weight"]).max() > 0.9 * bound
+  x = np.random.default_rng(0).standard_normal((3,) + image).astype(np.float32)
+  model = build_model("cnn", example_shape=image, num_classes=10)
+  got = model.apply(to_flax(w), jnp.asarray(x), train=False)
+  np.testing.assert_allclose(np.asarray(got), _torch_layout_cnn(w, x), rtol=1e-4, atol=1e-4)
+
+
+def test_pfl_benchmark_data_are_written_once_and_read_back(tmp_path):
+  from benchmarks.pfl_cifar10 import load_data, workload, write_data
+
+  write_data(str(tmp_path), users=3, per_user=10, test=7, seed=1)
+  meta, arr, init = load_data(str(tmp_path))
+  assert arr["x_train"].shape == (30, 32, 32, 3) and arr["y_test"].shape == (7,)
+  assert arr["x_train"].dtype == np.float32 and set(np.unique(arr["y_train"])) <= set(range(10))
+  np.testing.assert_allclose(arr["x_train"].mean(axis=(0, 1, 2)), 0, atol=1e-4)    # standardized
+  assert set(init) == {f"{n}.{p}" for n in ("conv0", "conv1", "dense0", "dense1") for p in ("weight", "bias")}
+  w = workload(meta, cohort=2)
+  assert (w.num_clients, w.examples, w.cohort, w.local_steps, w.batch_size) == (3, 10, 2, 1, 10)
+
+
+HLO = """HloModule m
+
+%fused_update (param_0: f32[4,60,200], param_1: f32[4,60,200]) -> f32[4,60,200] {
+  %param_0 = f32[4,60,200]{2,1,0} parameter(0)
+  %param_1 = f32[4,60,200]{2,1,0} parameter(1)
+  ROOT %subtract.1 = f32[4,60,200]{2,1,0} subtract(%param_0, %param_1)
+}
+
+%step (arg: (f32[4,60,200], f32[4,16,60], f32[4,16,200])) -> (f32[4,60,200], f32[4,16,60], f32[4,16,200]) {
+  %arg = (f32[4,60,200]{2,1,0}, f32[4,16,60]{2,1,0}, f32[4,16,200]{2,1,0}) parameter(0)
+  %w = f32[4,60,200]{2,1,0} get-tuple-element(%arg), index=0
+  %x = f32[4,16,60]{2,1,0} get-tuple-element(%arg), index=1
+  %dy = f32[4,16,200]{2,1,0} get-tuple-element(%arg), index=2
+  %y = f32[4,16,200]{2,1,0} dot(%x, %w), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}
+  %g = f32[4,60,200]{2,1,0} dot(%x, %dy), lhs_batch_dims={0}, lhs_contracting_dims={1}, rhs_batch_dims={0}
+  %new = f32[4,60,200]{2,1,0} fusion(%w, %g), kind=kLoop, calls=%fused_update
+  %copy.3 = f32[4,60,200]{2,1,0} copy(%new)
+  ROOT %t = (f32[4,60,200]{2,1,0}, f32[4,16,60]{2,1,0}, f32[4,16,200]{2,1,0}) tuple(%copy.3, %x, %y)
+}
+
+%done (arg.1: (f32[4,60,200], f32[4,16,60], f32[4,16,200])) -> pred[] {
+  %arg.1 = (f32[4,60,200]{2,1,0}, f32[4,16,60]{2,1,0}, f32[4,16,200]{2,1,0}) parameter(0)
+  ROOT %c = pred[] constant(false)
+}
+
+ENTRY %main (p0: f32[4,60,200], p1: f32[4,16,60], p2: f32[4,16,200]) -> f32[4,60,200] {
+  %p0 = f32[4,60,200]{2,1,0} parameter(0)
+  %p1 = f32[4,16,60]{2,1,0} parameter(1)
+  %p2 = f32[4,16,200]{2,1,0} parameter(2)
+  %init = (f32[4,60,200]{2,1,0}, f32[4,16,60]{2,1,0}, f32[4,16,200]{2,1,0}) tuple(%p0, %p1, %p2)
+  %loop = (f32[4,60,200], f32[4,16,60], f32[4,16,200]) while(%init), condition=%done, body=%step
+  ROOT %out = f32[4,60,200]{2,1,0} get-tuple-element(%loop), index=0
+}
+"""
+
+
+def test_param_traffic_lists_the_passes_over_parameter_sized_buffers():
+  """A hand-written step loop: the forward dot reads the [4, 60, 200] kernel, the gradient dot
+  writes one, the fused update reads two and writes one, the carry's copy reads and writes one;
+  the fusion's body, the loop's own bookkeeping and the entry's tuples are no passes."""
+  from benchmarks import param_traffic as pt
+
+  comps = pt.parse_hlo(HLO)
+  assert set(comps) == {"fused_update", "step", "done", "main"}
+  assert pt.fused(comps) == {"fused_update"} and pt.loop_bodies(comps) == {"step": "loop"}
+  sizes = pt.param_sizes([12000, 200], chunk=4)
+  assert sizes == {48000, 800, 48800}
+  rows = {r["name"]: r for r in pt.passes(comps, sizes)}
+  assert set(rows) == {"y", "g", "new", "copy.3"}
+  assert [(rows[n]["reads"], rows[n]["writes"]) for n in ("y", "g", "new", "copy.3")] == [
+    (1, 0), (0, 1), (2, 1), (1, 1)]
+  assert rows["new"]["read_bytes"] == 2 * 48000 * 4 and rows["new"]["kind"] == "kLoop"
+  assert all(r["computation"] == "step" and r["loop"] == "loop" for r in rows.values())
+
+
+def test_param_traffic_profiles_and_analyses_a_round(tmp_path):
+  from benchmarks import param_traffic
+
+  res = param_traffic.main(["--clients=8", "--rounds=1", "--calls=1", "--chunk-size=4",
+                            f"--out-dir={tmp_path}"])
+  s = res["summary"]
+  assert s["step_computation"] is not None and s["passes_reading"] >= 1 and s["passes_writing"] >= 1
+  assert s["times_the_floor"] >= 1.0                    # at least one read and one write per step
+  assert res["meta"]["param_bytes_per_client"] == 4 * 54410
+  assert os.path.exists(tmp_path / "param_traffic" / "analysis.json")
+  assert glob.glob(str(tmp_path / "param_traffic" / "**" / "*.xplane.pb"), recursive=True)
+
+
+@pytest.mark.slow
+def test_methods_benchmark_times_the_capabilities_against_fedavg(tmp_path):
+  """Issue 41's rows of ``benchmarks.methods``: FedAvg with a personal head, DP, the median, QSGD;
+  never in the default run."""
+  from benchmarks import methods
+
+  assert not set(methods.CAPABILITIES) & set(methods.METHODS)
+  rows = methods.main(["--clients=8", "--methods=personal_head,dp,median,qsgd8", "--rounds=1",
+                       "--repeats=1", "--tag=c", f"--out-dir={tmp_path}"])
+  assert [r["method"] for r in rows] == ["fedavg", "personal_head", "dp", "median", "qsgd8"]
+  assert all(r["cpu_s_per_round"] > 0 and r["clients_per_round"] == 8 for r in rows)
+  assert "personal_head" in json.load(open(tmp_path / "c.json"))["table"]
+
+
+@pytest.mark.slow
+def test_pfl_benchmark_runs_both_frameworks_on_the_same_data(tmp_path):
+  pytest.importorskip("torch")
+  pytest.importorskip("pfl")
+  from benchmarks import pfl_cifar10
+
+  rows = pfl_cifar10.main(["--users=8", "--cohort=2", "--test=20", "--iterations=20", "--procs=1",
+                           "--seeds=0", "--timeout=600", f"--out-dir={tmp_path}"])
+  assert [r["label"] for r in rows] == ["pfl, 1 proc", "fedtree"]
+  for r in rows:
+    assert "skipped" not in r, r["skipped"]
+    assert r["iterations"] == 20 and r["steady_s"] > 0 and np.isfinite(r["train_loss"])
