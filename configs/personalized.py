@@ -34,16 +34,9 @@ weights.
 
 Adding a method is one entry of :data:`METHODS` (its run fields; it then runs on both splits).
 
-MEASURED (the command above, seed 0 and the sweep's seeds 1, 2): 19 min 51 s wall, 4 min 24 s CPU on
-the shared 2-core CPU under a load of ~14 for the 22 runs of the first 11 methods (each compiled once
-for its 3 seeds); the 8 runs of APFL, FedALA, FedEM and kNN-Per were measured in the same config on the
-same seeds with ``--config.only=apfl_path,fedala_path,fedem_path,knnper_path,apfl_dir,fedala_dir,
-fedem_dir,knnper_dir`` (8 min 48 s wall, 1 min 47 s CPU under a load of ~14; a run's figures do not
-depend on the other runs: fedavg_path and fedbabu_dir, rerun the same way, print their rows below
-digit for digit); the 8 runs of FedFomo, FedAMP, pFedHN and FedProto likewise with
-``--config.only=fedfomo_path,fedamp_path,pfedhn_path,fedproto_path,fedfomo_dir,fedamp_dir,pfedhn_dir,
-fedproto_dir`` (12 min 6 s wall, 2 min 15 s CPU under a load of ~15). The table the full command
-prints last:
+MEASURED (the command above, seed 0 and the sweep's seeds 1, 2; the 38 runs of the 19 methods, each
+compiled once for its 3 seeds): 33 min 36 s wall, 8 min 7 s CPU on the shared 2-core CPU (run at a
+low priority beside the test suite, load ~6). The table it prints last:
 
   every swept run (mean ± std over 3 seeds; worst 10 %: the mean over a model's worst tenth of clients)
   run             setting  model      metric    mean ± std       worst 10 % mean ± std  up MB    down MB
