@@ -48,6 +48,11 @@ def row(tree, i):
   return jax.tree.map(lambda a: np.asarray(a[i], np.float64), tree)
 
 
+def start(alg):
+  """The model every client starts from in :func:`run_jit` (``alg.init(key(7))``'s first node)."""
+  return jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
+
+
 def run_jit(alg, data, rounds, key):
   """``rounds`` jitted rounds of ``alg`` from ``init(key(7))``, round ``r``'s key ``fold_in(key, r)``:
   the final state and the last round's metrics."""

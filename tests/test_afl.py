@@ -2,7 +2,6 @@
 agnostic_fed_avg; projected and exponentiated steps, clients or groups as domains, on a tree), the
 simplex projection against bisection, the reductions to FedAvg, the bytes, and bad input."""
 
-import chex
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -35,10 +34,6 @@ def problem():
                                    min_examples=3, max_examples=14, test_examples=5, seed=3)
   model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,))
   return as_device(data), np.asarray(groups), model
-
-
-def _close(a, b, atol=3e-5):
-  chex.assert_trees_all_close(ref.np64(a), ref.np64(b), atol=atol, rtol=2e-4)
 
 
 def _run(alg, data, rounds, key):
@@ -78,7 +73,7 @@ def test_afl_matches_the_per_client_loop(problem, step, by_group):
     new, lam = ref.afl_round(model, x, lam, domain, data, cohort, keys, lr=LR, batch_size=B, steps=steps,
                              gamma=gamma, step=step)
     x = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), new)
-  _close(jax.tree.map(lambda p: p[0], state.params[0]), x)
+  ref.close(jax.tree.map(lambda p: p[0], state.params[0]), x)
   np.testing.assert_allclose(np.asarray(state.server_state[0]), lam, atol=2e-6)
   assert lam.max() > 1.0 / len(lam) + 0.01   # the weights moved
 
@@ -105,12 +100,12 @@ def test_afl_on_a_tree_keeps_a_mixture_per_edge(problem):
     domain = np.full(data.num_clients, -1)
     domain[members] = np.arange(len(members))
     cohort = [k for k, p in slots if p == g]
-    x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
+    x0 = ref.start(alg)
     keys = [jax.random.fold_in(stream(rk, "train"), k) for k in cohort]
     lam0 = np.full(len(members), 1.0 / len(members))
     new, lam_g = ref.afl_round(model, x0, lam0, domain, data, cohort, keys, lr=LR, batch_size=B,
                                steps=np.full(data.num_clients, 2), gamma=1.0)
-    _close(jax.tree.map(lambda p, g=g: p[g], state.params[1]), new)
+    ref.close(jax.tree.map(lambda p, g=g: p[g], state.params[1]), new)
     np.testing.assert_allclose(lam[g, :len(members)], lam_g, atol=2e-6)
     assert np.all(lam[g, len(members):] == 0)
 
@@ -138,7 +133,7 @@ def test_afl_without_a_step_is_fedavg(problem, init, weighting):
   key = jax.random.key(2)
   a, _ = _run(afl(domain_learning_rate=0.0, init_weights=init, **common), data, 3, key)
   b, _ = _run(fedavg(weighting=weighting, **common), data, 3, key)
-  _close(a.params[0], b.params[0], atol=2e-6)
+  ref.close(a.params[0], b.params[0], atol=2e-6)
 
 
 def test_afl_sends_a_model_and_two_floats(problem):

@@ -2,7 +2,6 @@
 step; once a round with FedTorch's decay; flat and on a tree), its reductions (α = 0 is FedAvg's
 global model, α = 1 local training), the personalized model it scores, and its refusals."""
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,13 +11,11 @@ import reference_baselines as rb
 import reference_personalization as ref
 
 from fedtree.algorithms import apfl, fedavg
-from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
 from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.topology import Topology
-from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.models import build_model
 
 LR, B = 0.1, 4
@@ -26,14 +23,7 @@ LR, B = 0.1, 4
 
 @pytest.fixture(scope="module")
 def problem():
-  data, groups = grouped_synthetic(group_sizes=(3, 2, 4), dim=6, num_classes=3, mean_examples=9,
-                                   min_examples=3, max_examples=14, test_examples=5, seed=3)
-  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,))
-  return as_device(data), groups, model
-
-
-def _close(a, b, atol=3e-5):
-  chex.assert_trees_all_close(rb.np64(a), rb.np64(b), atol=atol, rtol=2e-4)
+  return rb.small_problem()
 
 
 def _row(tree, i):
@@ -91,13 +81,13 @@ def test_apfl_matches_algorithm_1_per_client(problem, schedule, decay):
   w, v, a = _reference(model, data, w0, np.zeros(data.num_clients, int), 3, key, cohort_size=4,
                        steps=sched.num_steps(np.asarray(data.n_train)), alpha=0.3, adaptive=True,
                        alpha_lr=0.05, alpha_decay=decay, schedule=schedule)
-  _close(_row(state.params[0], 0), w[0])
+  rb.close(_row(state.params[0], 0), w[0])
   np.testing.assert_allclose(np.asarray(state.client_state.alpha), a, atol=2e-5)
   assert len({round(x, 6) for x in a}) > 2   # α moved, differently per client
   mixed = alg.models(state)["personal"].params
   for k in range(data.num_clients):
-    _close(_row(state.client_state.personal, k), v[k])
-    _close(_row(mixed, k), jax.tree.map(lambda x, y, al=a[k]: al * x + (1 - al) * y, v[k], w[0]))
+    rb.close(_row(state.client_state.personal, k), v[k])
+    rb.close(_row(mixed, k), jax.tree.map(lambda x, y, al=a[k]: al * x + (1 - al) * y, v[k], w[0]))
 
 
 @pytest.mark.slow
@@ -114,10 +104,10 @@ def test_apfl_on_a_tree_mixes_with_the_leaf_parent(problem):
   w, v, a = _reference(model, data, w0, parent, 3, key, cohort_size=2, steps=np.full(data.num_clients, 3),
                        alpha=0.4, adaptive=True, alpha_lr=LR, root_period=2, weights=weights)
   for g in range(3):
-    _close(_row(state.params[1], g), w[g])
+    rb.close(_row(state.params[1], g), w[g])
   mixed = alg.models(state)["personal"].params
   for k in range(data.num_clients):
-    _close(_row(mixed, k), jax.tree.map(lambda x, y, al=a[k]: al * x + (1 - al) * y, v[k], w[parent[k]]))
+    rb.close(_row(mixed, k), jax.tree.map(lambda x, y, al=a[k]: al * x + (1 - al) * y, v[k], w[parent[k]]))
   assert sorted(alg.models(state)) == ["global", "level1", "personal"]
 
 
@@ -129,9 +119,9 @@ def test_alpha_zero_is_fedavgs_global_model_and_one_is_local_training(problem):
   zero = apfl(alpha=0.0, adaptive=False, **common)
   s0 = _run(zero, data, 3, key)
   sf = _run(fedavg(weighting="uniform", **common), data, 3, key)
-  _close(s0.params[0], sf.params[0], atol=1e-6)
+  rb.close(s0.params[0], sf.params[0], atol=1e-6)
   for k in range(data.num_clients):   # every client is scored with FedAvg's global model
-    _close(_row(zero.models(s0)["personal"].params, k), _row(sf.params[0], 0), atol=1e-6)
+    rb.close(_row(zero.models(s0)["personal"].params, k), _row(sf.params[0], 0), atol=1e-6)
 
   one = apfl(alpha=1.0, adaptive=False, **common)
   s1 = _run(one, data, 3, key)
@@ -146,7 +136,7 @@ def test_alpha_zero_is_fedavgs_global_model_and_one_is_local_training(problem):
         local[k] = ref.sgd(model, local[k], rb.client_data(data, int(k)), 3,
                            jax.random.fold_in(stream(rk, "train"), int(k)), lr=LR, batch_size=B)
   for k in range(data.num_clients):
-    _close(_row(one.models(s1)["personal"].params, k), local[k])
+    rb.close(_row(one.models(s1)["personal"].params, k), local[k])
 
 
 def test_apfl_refusals(problem):

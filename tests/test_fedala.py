@@ -2,7 +2,6 @@
 received model into the local one on the higher layers, the first phase to convergence, then one
 epoch a round), the layers it adapts, its reduction to FedAvg (η = 0), and its refusals."""
 
-import chex
 import jax
 import numpy as np
 import optax
@@ -12,13 +11,11 @@ import reference_personalization as ref
 
 from fedtree.algorithms import fedala, fedavg
 from fedtree.algorithms.fedala import higher_mask, layer_order
-from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
 from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.topology import Topology
-from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.models import build_model
 
 LR, B = 0.1, 4
@@ -26,14 +23,7 @@ LR, B = 0.1, 4
 
 @pytest.fixture(scope="module")
 def problem():
-  data, groups = grouped_synthetic(group_sizes=(3, 2, 4), dim=6, num_classes=3, mean_examples=9,
-                                   min_examples=3, max_examples=14, test_examples=5, seed=3)
-  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,))
-  return as_device(data), groups, model
-
-
-def _close(a, b, atol=3e-5):
-  chex.assert_trees_all_close(rb.np64(a), rb.np64(b), atol=atol, rtol=2e-4)
+  return rb.small_problem()
 
 
 def _row(tree, i):
@@ -104,12 +94,12 @@ def test_fedala_matches_algorithm_1_per_client(problem, layers):
   w, local, weights, started = _reference(model, data, w0, np.zeros(data.num_clients, int), 4, key,
                                           cohort_size=5, steps=sched.num_steps(np.asarray(data.n_train)),
                                           higher=higher, **ALA)
-  _close(_row(state.params[0], 0), w[0])
+  rb.close(_row(state.params[0], 0), w[0])
   assert np.asarray(state.client_state.started).tolist() == started and any(started)
   personal_models = alg.models(state)["personal"].params
   for k in range(data.num_clients):
-    _close(_row(state.client_state.local, k), local[k])
-    _close(_row(personal_models, k), local[k])
+    rb.close(_row(state.client_state.local, k), local[k])
+    rb.close(_row(personal_models, k), local[k])
     for got, want in zip(state.client_state.weights, weights[k], strict=True):
       np.testing.assert_allclose(np.asarray(got[k]), want, atol=2e-5)
   learned = np.concatenate([np.ravel(np.asarray(x)) for x in state.client_state.weights])
@@ -129,9 +119,9 @@ def test_fedala_on_a_tree(problem):
   w, local, _, _ = _reference(model, data, w0, topo.parent(2), 4, key, cohort_size=2,
                               steps=np.full(data.num_clients, 2), higher=higher, root_period=2, **ALA)
   for g in range(3):
-    _close(_row(state.params[1], g), w[g])
+    rb.close(_row(state.params[1], g), w[g])
   for k in range(data.num_clients):
-    _close(_row(state.client_state.local, k), local[k])
+    rb.close(_row(state.client_state.local, k), local[k])
 
 
 def test_eta_zero_is_fedavg(problem):
@@ -141,7 +131,7 @@ def test_eta_zero_is_fedavg(problem):
   key = jax.random.key(2)
   s = _run(fedala(eta=0.0, **common), data, 3, key)
   f = _run(fedavg(**common), data, 3, key)
-  _close(s.params[0], f.params[0], atol=1e-6)
+  rb.close(s.params[0], f.params[0], atol=1e-6)
 
 
 def test_the_higher_layers_are_the_last_the_forward_pass_reads():

@@ -104,7 +104,7 @@ def test_feddyn_matches_algorithm_1_per_client(problem, weighting, by_size):
   )
   key = jax.random.key(11)
   state, _ = ref.run_jit(alg, data, 3, key)
-  x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
+  x0 = ref.start(alg)
   n = np.asarray(data.n_train, np.float64)
   weights = n if weighting == "examples" else np.ones_like(n)
   scale = n.mean() / n if by_size else np.ones_like(n)
@@ -145,7 +145,7 @@ def test_feddyn_on_a_tree_keeps_h_at_the_clients_parents(problem):
   key = jax.random.key(4)
   state, _ = ref.run_jit(alg, data, 4, key)
   assert jax.tree.leaves(state.server_state)[0].shape[0] == 3  # one h per edge server
-  x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
+  x0 = ref.start(alg)
   ones = np.ones(data.num_clients)
   x, h, _ = _reference(
     model,

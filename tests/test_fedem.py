@@ -3,7 +3,6 @@ mixture weights, weighted local steps of every component, per-component averagin
 tree), its reduction to FedAvg (one component), the mixture each client is scored with, the bytes
 it sends, and its refusals."""
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,13 +12,11 @@ import reference_baselines as rb
 import reference_personalization as ref
 
 from fedtree.algorithms import fedavg, fedem
-from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
 from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.topology import Topology
-from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.evaluation import evaluate_models
 from fedtree.models import build_model
 
@@ -28,27 +25,11 @@ LR, B, K = 0.1, 4, 3
 
 @pytest.fixture(scope="module")
 def problem():
-  data, groups = grouped_synthetic(group_sizes=(3, 2, 4), dim=6, num_classes=3, mean_examples=9,
-                                   min_examples=3, max_examples=14, test_examples=5, seed=3)
-  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,))
-  return as_device(data), groups, model
-
-
-def _close(a, b, atol=3e-5):
-  chex.assert_trees_all_close(rb.np64(a), rb.np64(b), atol=atol, rtol=2e-4)
+  return rb.small_problem()
 
 
 def _row(tree, i):
   return jax.tree.map(lambda a: a[i], tree)
-
-
-def _run(alg, data, rounds, key):
-  state = alg.init(jax.random.key(7))
-  step = jax.jit(alg.round)
-  metrics = None
-  for r in range(rounds):
-    state, metrics = step(state, data, jax.random.fold_in(key, r))
-  return state, metrics
 
 
 def _mean(models, weights):
@@ -94,12 +75,12 @@ def test_fedem_matches_algorithm_1_per_client(problem):
   alg = fedem(num_components=K, model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched,
               cohort_size=5, chunk_size=2)
   key = jax.random.key(11)
-  state, metrics = _run(alg, data, 3, key)
+  state, metrics = rb.run_jit(alg, data, 3, key)
   start = _components(alg.init(jax.random.key(7)).params[0], 0)
   comps, pi = _reference(model, data, start, np.zeros(data.num_clients, int), 3, key, cohort_size=5,
                          steps=sched.num_steps(np.asarray(data.n_train)))
   for got, want in zip(_components(state.params[0], 0), comps[0], strict=True):
-    _close(got, want)
+    rb.close(got, want)
   np.testing.assert_allclose(np.asarray(state.client_state.weights), np.stack(pi), atol=2e-5)
   assert np.ptp(np.stack(pi)) > 1e-3   # the clients' mixtures differ
   one = sum(int(np.prod(np.shape(a))) * 4 for a in jax.tree.leaves(model.init(jax.random.key(0))))
@@ -110,7 +91,7 @@ def test_every_client_is_scored_with_its_own_mixture(problem):
   data, _, model = problem
   alg = fedem(num_components=K, model=model, data=data, local_optimizer=optax.sgd(LR),
               schedule=LocalSchedule(batch_size=B, steps=3), cohort_size=5)
-  state, _ = _run(alg, data, 2, jax.random.key(3))
+  state, _ = rb.run_jit(alg, data, 2, jax.random.key(3))
   out = evaluate_models(alg, state, model, data)
   comps = _components(state.params[0], 0)
   pi = np.asarray(state.client_state.weights, np.float64)
@@ -136,9 +117,9 @@ def test_one_component_is_fedavg(problem):
   common = dict(model=model, data=data, local_optimizer=optax.sgd(LR),
                 schedule=LocalSchedule(batch_size=B, steps=3), cohort_size=4, init_params=p0)
   key = jax.random.key(2)
-  s, _ = _run(fedem(num_components=1, **common), data, 3, key)
-  f, _ = _run(fedavg(**common), data, 3, key)
-  _close(_components(s.params[0], 0)[0], _row(f.params[0], 0), atol=1e-6)
+  s, _ = rb.run_jit(fedem(num_components=1, **common), data, 3, key)
+  f, _ = rb.run_jit(fedavg(**common), data, 3, key)
+  rb.close(_components(s.params[0], 0)[0], _row(f.params[0], 0), atol=1e-6)
   assert np.asarray(s.client_state.weights).tolist() == [[1.0]] * data.num_clients
 
 
@@ -149,13 +130,13 @@ def test_fedem_on_a_tree(problem):
   alg = fedem(num_components=2, model=model, data=data, topology=topo, local_optimizer=optax.sgd(LR),
               schedule=LocalSchedule(batch_size=B, steps=2), cohort_size=2, periods=(2,))
   key = jax.random.key(4)
-  state, metrics = _run(alg, data, 3, key)
+  state, metrics = rb.run_jit(alg, data, 3, key)
   start = _components(alg.init(jax.random.key(7)).params[0], 0)
   comps, pi = _reference(model, data, start, topo.parent(2), 3, key, cohort_size=2,
                          steps=np.full(data.num_clients, 2), root_period=2)
   for g in range(3):
     for got, want in zip(_components(state.params[1], g), comps[g], strict=True):
-      _close(got, want)
+      rb.close(got, want)
   np.testing.assert_allclose(np.asarray(state.client_state.weights), np.stack(pi), atol=2e-5)
   assert "level0_uplink_bytes" in metrics
   personal_models = alg.models(state)["personal"]

@@ -108,7 +108,7 @@ def test_fednova_matches_the_papers_update_per_client(problem, aggregation, weig
   )
   key = jax.random.key(11)
   state, metrics = ref.run_jit(alg, data, 3, key)
-  x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
+  x0 = ref.start(alg)
   n = np.asarray(data.n_train, np.float64)
   weights = n if weighting == "examples" else np.ones_like(n)
   x = _reference(
@@ -151,7 +151,7 @@ def test_fednova_on_a_tree_normalizes_at_the_clients_parents(problem):
   )
   key = jax.random.key(4)
   state, _ = ref.run_jit(alg, data, 4, key)
-  x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
+  x0 = ref.start(alg)
   x = _reference(
     model,
     data,

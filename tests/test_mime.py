@@ -136,7 +136,7 @@ def test_mime_matches_algorithm_1_per_client(problem, method, weighting, eta_g):
   )
   key = jax.random.key(11)
   state, _ = ref.run_jit(alg, data, 3, key)
-  x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
+  x0 = ref.start(alg)
   n = np.asarray(data.n_train, np.float64)
   x, m, c = _reference(
     model,
@@ -174,7 +174,7 @@ def test_mime_on_a_tree_keeps_the_statistics_at_the_clients_parents(problem):
   )
   key = jax.random.key(4)
   state, _ = ref.run_jit(alg, data, 4, key)
-  x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
+  x0 = ref.start(alg)
   ones = np.ones(data.num_clients)
   x, m, _ = _reference(
     model,

@@ -1,7 +1,6 @@
 """MOON: the vectorized rounds against a per-client loop written from Li et al. 2021 (Algorithm 1,
 both first-previous options), its reduction to FedAvg at μ = 0, BatchNorm models, and bad input."""
 
-import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -33,19 +32,6 @@ def problem():
   return as_device(data), model
 
 
-def _close(a, b, atol=3e-5):
-  chex.assert_trees_all_close(ref.np64(a), ref.np64(b), atol=atol, rtol=2e-4)
-
-
-def _run(alg, data, rounds, key):
-  state = alg.init(jax.random.key(7))
-  step = jax.jit(alg.round)
-  metrics = None
-  for r in range(rounds):
-    state, metrics = step(state, data, jax.random.fold_in(key, r))
-  return state, metrics
-
-
 @pytest.mark.parametrize("first_previous", ["received", pytest.param("initial", marks=pytest.mark.slow)])
 def test_moon_matches_the_per_client_loop(problem, first_previous):
   data, model = problem
@@ -54,7 +40,7 @@ def test_moon_matches_the_per_client_loop(problem, first_previous):
   alg = moon(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched, cohort_size=4,
              chunk_size=2, mu=mu, temperature=tau, first_previous=first_previous)
   key = jax.random.key(11)
-  state, _ = _run(alg, data, 3, key)
+  state, _ = ref.run_jit(alg, data, 3, key)
   x = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
   x0 = x
   steps = sched.num_steps(np.asarray(data.n_train))
@@ -79,12 +65,12 @@ def test_moon_matches_the_per_client_loop(problem, first_previous):
     x = jax.tree.map(mean, *[ys[k] for k in cohort])
     for k in cohort:
       prev[k], trained[k] = ys[k], True
-  _close(jax.tree.map(lambda p: p[0], state.params[0]), x)
+  ref.close(jax.tree.map(lambda p: p[0], state.params[0]), x)
   previous, seen = state.client_state
   assert np.asarray(seen).tolist() == trained
   for k in range(data.num_clients):
     if trained[k]:
-      _close(jax.tree.map(lambda p, k=k: p[k], previous), prev[k])
+      ref.close(jax.tree.map(lambda p, k=k: p[k], previous), prev[k])
 
 
 def test_mu_zero_is_fedavg(problem):
@@ -92,9 +78,9 @@ def test_mu_zero_is_fedavg(problem):
   common = dict(model=model, data=data, local_optimizer=optax.sgd(LR),
                 schedule=LocalSchedule(batch_size=B, steps=3), cohort_size=4)
   key = jax.random.key(2)
-  a, _ = _run(moon(mu=0.0, **common), data, 3, key)
-  b, _ = _run(fedavg(**common), data, 3, key)
-  _close(a.params[0], b.params[0], atol=1e-6)
+  a, _ = ref.run_jit(moon(mu=0.0, **common), data, 3, key)
+  b, _ = ref.run_jit(fedavg(**common), data, 3, key)
+  ref.close(a.params[0], b.params[0], atol=1e-6)
 
 
 @pytest.mark.slow   # (test_mu_zero_is_fedavg is its fast sibling)
@@ -106,10 +92,10 @@ def test_moon_keeps_batchnorm_statistics(problem):
   common = dict(model=model, data=data, local_optimizer=optax.sgd(LR),
                 schedule=LocalSchedule(batch_size=B, steps=2), cohort_size=4)
   key = jax.random.key(5)
-  a, _ = _run(moon(mu=0.0, **common), data, 2, key)
-  b, _ = _run(fedavg(**common), data, 2, key)
-  _close(a.params[0], b.params[0], atol=1e-6)
-  c, _ = _run(moon(mu=1.0, **common), data, 2, key)
+  a, _ = ref.run_jit(moon(mu=0.0, **common), data, 2, key)
+  b, _ = ref.run_jit(fedavg(**common), data, 2, key)
+  ref.close(a.params[0], b.params[0], atol=1e-6)
+  c, _ = ref.run_jit(moon(mu=1.0, **common), data, 2, key)
   start = jax.tree.map(lambda p: p[0], moon(mu=1.0, **common).init(jax.random.key(7)).params[0])
   moved = jax.tree.map(lambda s, p: float(jnp.max(jnp.abs(s - p[0]))), start["batch_stats"],
                        c.params[0]["batch_stats"])

@@ -2,7 +2,6 @@
 (Algorithm 2; the loss before training or from the last epoch, L = 1/η or given, uniform or
 example weights, flat and on a tree), q = 0 is FedAvg, the bytes it sends, and bad input."""
 
-import chex
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -14,7 +13,6 @@ from helpers import small_context
 
 from fedtree.algorithms import fedavg, qffl
 from fedtree.core import privacy as dp
-from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
 from fedtree.core.rng import stream
@@ -22,23 +20,14 @@ from fedtree.core.robust import median
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
-from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.experiment import registry
-from fedtree.models import build_model
 
 LR, B = 0.1, 4
 
 
 @pytest.fixture(scope="module")
 def problem():
-  data, groups = grouped_synthetic(group_sizes=(3, 2, 4), dim=6, num_classes=3, mean_examples=9,
-                                   min_examples=3, max_examples=14, test_examples=5, seed=3)
-  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,))
-  return as_device(data), groups, model
-
-
-def _close(a, b, atol=3e-5):
-  chex.assert_trees_all_close(ref.np64(a), ref.np64(b), atol=atol, rtol=2e-4)
+  return ref.small_problem()
 
 
 def _run(alg, data, rounds, key):
@@ -81,7 +70,7 @@ def test_qffl_matches_algorithm_2_per_client(problem, loss_at, q, lipschitz, wei
     new = ref.qffedavg_round(model, x, data, cohort, keys, q=q, lr=LR, lipschitz=lipschitz, batch_size=B,
                              steps=steps, loss_at=loss_at, weights=weights)
     x = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), new)
-  _close(jax.tree.map(lambda p: p[0], state.params[0]), x)
+  ref.close(jax.tree.map(lambda p: p[0], state.params[0]), x)
 
 
 @pytest.mark.slow   # (the flat reference test is its fast sibling)
@@ -110,11 +99,11 @@ def test_qffl_on_a_tree_runs_q_fedavg_at_every_edge(problem):
     state, _ = _run(alg, data, r + 1, key)
     if r == 0:
       for g in range(3):
-        _close(jax.tree.map(lambda p, g=g: p[g], state.params[1]), x[g])
+        ref.close(jax.tree.map(lambda p, g=g: p[g], state.params[1]), x[g])
   sizes = [float(np.sum(parent == g)) for g in range(3)]
   root = jax.tree.map(lambda *m: sum(w * np.asarray(a, np.float64) for w, a in zip(sizes, m, strict=True))
                       / sum(sizes), *x)
-  _close(jax.tree.map(lambda p: p[0], state.params[0]), root)
+  ref.close(jax.tree.map(lambda p: p[0], state.params[0]), root)
 
 
 def test_q_zero_is_fedavg(problem):
@@ -124,7 +113,7 @@ def test_q_zero_is_fedavg(problem):
   key = jax.random.key(2)
   a, _ = _run(qffl(q=0.0, local_learning_rate=LR, **common), data, 3, key)
   b, _ = _run(fedavg(weighting="uniform", **common), data, 3, key)
-  _close(a.params[0], b.params[0], atol=2e-6)
+  ref.close(a.params[0], b.params[0], atol=2e-6)
 
 
 def test_qffl_sends_one_model_and_one_float(problem):

@@ -113,7 +113,7 @@ def test_scaffold_matches_algorithm_1_per_client(problem, option, average, eta_g
   )
   key = jax.random.key(11)
   state, _ = ref.run_jit(alg, data, 3, key)
-  x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
+  x0 = ref.start(alg)
   steps = sched.num_steps(np.asarray(data.n_train))
   x, c, c_i = _reference(
     model,
@@ -151,7 +151,7 @@ def test_scaffold_on_a_tree_keeps_variates_at_the_clients_parents(problem):
   key = jax.random.key(4)
   state, _ = ref.run_jit(alg, data, 4, key)
   assert jax.tree.leaves(state.server_state)[0].shape[0] == 3  # one c per edge server
-  x0 = jax.tree.map(lambda p: p[0], alg.init(jax.random.key(7)).params[0])
+  x0 = ref.start(alg)
   parent = topo.parent(2)
   weights = [float(np.sum(parent == g)) for g in range(3)]   # uniform weighting: clients under each edge
   x, c, c_i = _reference(
