@@ -334,6 +334,32 @@ def test_no_personal_parameters_is_bitwise_the_host(problem):
   chex.assert_trees_all_equal(a.params, b.params)
 
 
+@pytest.mark.parametrize("name,given,message", [
+  ("scaffold", "server_rule", r"scaffold: server_rule='mine'; scaffold keeps its own server rule"),
+  ("qffl", "server_rule", r"qffl: server_rule='mine'; qffl keeps its own server rule"),
+  ("fedprox", "client_update", r"fedprox: client_update=ClientUpdate; fedprox keeps its own client update"),
+  ("fedproto", "personal", r"fedproto: personal=Personal; fedproto keeps its own personal"),
+])
+def test_an_option_the_method_sets_itself_is_refused_not_dropped(problem, name, given, message):
+  """A host argument the caller gives and the method fixes (SCAFFOLD's server rule, FedProx's
+  objective, FedProto's personal model) was dropped without a word; it is refused by name."""
+  from fedtree.core.local import ClientUpdate
+  from fedtree.core.server_rule import ServerRule
+
+  data, _ = problem
+  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,))
+  rule = ServerRule(init=lambda p, n: (), receive=lambda inbox, s: (inbox.pseudo_gradient, s, {}),
+                    name="mine")
+  values = {"server_rule": rule,
+            "client_update": ClientUpdate(apply=lambda *a: a, init_state=None),
+            "personal": personal("Dense_1")}
+  own = {"fedprox": {"mu": 0.1}}
+  with pytest.raises(ValueError, match=message):
+    getattr(algorithms, name)(model=model, data=data, local_optimizer=optax.sgd(LR), local_learning_rate=LR,
+                              schedule=LocalSchedule(batch_size=B, steps=1), **own.get(name, {}),
+                              **{given: values[given]})
+
+
 def test_personal_refusals(problem):
   data, groups = problem
   model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,))

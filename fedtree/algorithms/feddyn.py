@@ -200,8 +200,6 @@ def feddyn(
     check_nonnegative(alpha=alpha)
   except ValueError as e:
     raise ValueError(f"{name}: {e} (the dynamic regularizer's coefficient; 0 is FedAvg)") from None
-  if host.get("server_rule") is not None:
-    raise ValueError(f"{name}: server_rule={host['server_rule'].name!r}; {name} keeps its own server rule")
   if host.get("personal") is not None:
     raise ValueError(f"{name}: personal parameters are not supported (the dynamic regularizer and h cover "
                      f"the whole model)")

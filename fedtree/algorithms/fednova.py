@@ -185,8 +185,6 @@ def fednova(
     _check_momentum(momentum)
   except ValueError as e:
     raise ValueError(f"{name}: {e}") from None
-  if host.get("server_rule") is not None:
-    raise ValueError(f"{name}: server_rule={host['server_rule'].name!r}; {name} keeps its own server rule")
   if host.get("personal") is not None:
     raise ValueError(f"{name}: personal parameters are not supported (the normalization covers the whole "
                      f"model)")

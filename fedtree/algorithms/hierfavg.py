@@ -702,7 +702,18 @@ def over_host(factory: Callable) -> bool:
 
 def on_host(host: Mapping[str, Any], **fixed) -> FederatedAlgorithm:
   """:func:`hierfavg` on ``host``'s arguments and the method's ``fixed`` ones (its objective,
-  name, ...); ``topology=None`` or absent is one server over all clients."""
+  name, ...); ``topology=None`` or absent is one server over all clients.
+
+  Raises:
+    ValueError: a host argument the caller gave that the method sets itself (its server rule, its
+      objective, its personal parameters, ...), which would otherwise be dropped without a word.
+  """
+  name = fixed.get("name", host.get("name", "this method"))
+  for key in sorted(k for k in fixed if host.get(k) is not None and host[k] is not fixed[k]):
+    given = host[key]
+    shown = repr(getattr(given, "name", given)) if key == "server_rule" else type(given).__name__
+    raise ValueError(f"{name}: {key}={shown}; {name} keeps its own "
+                     f"{key.replace('_', ' ')}: leave {key}= out")
   kw = {**host, **fixed}
   if kw.get("topology") is None:
     kw["topology"] = Topology.flat(kw["data"].num_clients)

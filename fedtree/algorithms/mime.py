@@ -208,8 +208,6 @@ def _check(name: str, host, delta_clip_norm, server_learning_rate) -> dict:
   if host.get("local_optimizer") is None:
     raise ValueError(f"{name}: needs local_optimizer=, the base optimizer whose state the server keeps and "
                      f"every local step applies")
-  if host.get("server_rule") is not None:
-    raise ValueError(f"{name}: server_rule={host['server_rule'].name!r}; {name} keeps its own server rule")
   if host.get("personal") is not None:
     raise ValueError(f"{name}: personal parameters are not supported (the server's optimizer statistics "
                      f"cover the whole model)")

@@ -124,9 +124,9 @@ def fedkws(
                      f"private={private!r} and private_steps_ratio={private_steps_ratio} are ALO options; "
                      f"set alo=True or leave them off")
   init_params = host.get("init_params")
-  alg = on_host(host, client_update=objective, name=name, schedule=schedule,
-                model=with_private_head(model, data.example_shape, init_params) if head else model,
-                init_params=None if head else init_params)
+  derived = {"schedule": schedule, "init_params": None if head else init_params,   # (from the host's)
+             "model": with_private_head(model, data.example_shape, init_params) if head else model}
+  alg = on_host({**host, **derived}, client_update=objective, name=name)
   if not head:
     return alg
 
