@@ -114,7 +114,8 @@ def fedkws(
                                utility_n_max)
 
     def objective(s: LocalSetup):
-      return alo_update(s.model, s.optimizer, mu=mu, lam=lam, private=private,
+      # (under private="head" the host trains with_private_head's model; ALO's steps take the model it wraps)
+      return alo_update(model if head else s.model, s.optimizer, mu=mu, lam=lam, private=private,
                         private_optimizer=private_optimizer, private_steps=private_steps,
                         private_steps_ratio=private_steps_ratio, client_utility=utility,
                         max_grad_norm=max_grad_norm, batch_size=s.batch_size, max_steps=s.max_steps,
