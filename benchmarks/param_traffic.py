@@ -96,6 +96,41 @@ def loop_bodies(comps: dict[str, list[dict]]) -> dict[str, str]:
           for b in re.findall(r"body=%([\w.\-]+)", i["rest"])}
 
 
+def loop_depths(comps: dict[str, list[dict]]) -> dict[str, int]:
+  """``{body computation: how many while loops it runs inside}`` (1 for a loop at the top), through
+  the calls, conditionals and loops that hold each while instruction."""
+  holder = {}   # a called computation -> the computation that calls it
+  for comp, instrs in comps.items():
+    for i in instrs:
+      for b in re.findall(r"(?:body|condition|to_apply|calls|branch_computations)=\{?%([\w.\-]+)", i["rest"]):
+        holder.setdefault(b, comp)
+      for b in re.findall(r"branch_computations=\{([^}]*)\}", i["rest"]):
+        for name in re.findall(r"%([\w.\-]+)", b):
+          holder.setdefault(name, comp)
+  bodies = loop_bodies(comps)
+  out = {}
+  for b in bodies:
+    d, c, seen = 0, b, set()
+    while c is not None and c not in seen:
+      seen.add(c)
+      d += c in bodies
+      c = holder.get(c)
+    out[b] = d
+  return out
+
+
+def local_step(comps: dict[str, list[dict]], rows: list[dict]) -> str | None:
+  """The local step's loop body: the innermost loop whose body moves parameter-sized bytes (the step's
+  loop runs inside the chunk loop, which moves more of them on a GPU: a chunk's broadcast, finiteness
+  check and aggregation), the one moving most of them among equally deep ones."""
+  per_loop: dict[str, float] = collections.defaultdict(float)
+  for r in rows:
+    if r["loop"]:
+      per_loop[r["computation"]] += r["read_bytes"] + r["write_bytes"]
+  depth = loop_depths(comps)
+  return max(per_loop, key=lambda c: (depth.get(c, 0), per_loop[c])) if per_loop else None
+
+
 def param_sizes(leaf_elements: list[int], chunk: int) -> set[int]:
   """Element counts of a chunk's stacked per-client parameter leaves (and of all of them
   concatenated, ``[k, P]``, e.g. one flat vector per client)."""
@@ -215,12 +250,7 @@ def analyse(directory: str) -> dict:
     t = times.get(r["name"], {"ns": 0.0, "count": 0})
     r["device_ms"], r["events"] = t["ns"] / 1e6, t["count"]
     r["share"] = t["ns"] / total_ns
-  # The local step: the loop whose body moves the most parameter-sized bytes directly.
-  per_loop = collections.defaultdict(float)
-  for r in rows:
-    if r["loop"]:
-      per_loop[r["computation"]] += r["read_bytes"] + r["write_bytes"]
-  step = max(per_loop, key=per_loop.get) if per_loop else None
+  step = local_step(comps, rows)
   step_rows = [r for r in rows if r["computation"] == step]
   k, pb = meta["chunk"], meta["param_bytes_per_client"]
   moved = sum(r["read_bytes"] + r["write_bytes"] for r in step_rows)
