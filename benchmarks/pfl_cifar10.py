@@ -60,6 +60,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -457,10 +458,17 @@ def _results(out: str) -> list[dict]:
   return [json.loads(line[len("RESULT "):]) for line in out.splitlines() if line.startswith("RESULT ")]
 
 
-def launch(a, worker: str, procs: int = 1, timeout: float | None = None) -> dict:
+def launch(a, worker: str, procs: int = 1, timeout: float | None = None, command=None) -> dict:
   """Runs ``worker`` in ``procs`` subprocesses (pfl's multi-process mode when ``procs > 1``),
   waits at most ``timeout`` (default ``--timeout``) seconds, and returns rank 0's result with the
-  ranks' CPU time."""
+  ranks' CPU time.
+
+  Each rank writes to files, not pipes: with pipes read one rank at a time, a rank whose output
+  passed a pipe's 64 KB blocked on its write while rank 0 waited for it in the next all-reduce,
+  until the timeout killed the run (tests/test_benchmarks_gpu_session.py). The likely cause of the
+  H100's 200-iteration pfl runs with 3 and 5 processes killed at their timeouts (issue 41), where
+  the time-limited 50-iteration runs finished; not confirmed there. ``command(rank)`` replaces the
+  worker's command line (tests)."""
   timeout = a.timeout if timeout is None else timeout
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
@@ -468,23 +476,35 @@ def launch(a, worker: str, procs: int = 1, timeout: float | None = None) -> dict
   if procs > 1:
     env["PFL_WORKER_ADDRESSES"] = ",".join(f"localhost:{_free_port()}" for _ in range(procs))
   started = time.perf_counter()
-  children = []
-  for rank in range(procs):
-    env_r = dict(env, PFL_WORKER_RANK=str(rank)) if procs > 1 else env
-    children.append(subprocess.Popen(_worker_cmd(a, worker, timeout=timeout), env=env_r, cwd=ROOT, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-  outs, failed = [], None
-  deadline = started + timeout
-  for child in children:
-    try:
-      out, err = child.communicate(timeout=max(1.0, deadline - time.perf_counter()))
-    except subprocess.TimeoutExpired:
-      failed = f"timed out after {timeout:.0f} s"
-      for c in children:
-        if c.poll() is None:
-          c.kill()
-      out, err = child.communicate()
-    outs.append((child.returncode, out, err))
+  with tempfile.TemporaryDirectory() as logs:
+    children, files = [], []
+    for rank in range(procs):
+      env_r = dict(env, PFL_WORKER_RANK=str(rank)) if procs > 1 else env
+      out_f = open(os.path.join(logs, f"{rank}.out"), "w+")   # noqa: SIM115 - closed below
+      err_f = open(os.path.join(logs, f"{rank}.err"), "w+")   # noqa: SIM115
+      files.append((out_f, err_f))
+      argv = command(rank) if command is not None else _worker_cmd(a, worker, timeout=timeout)
+      children.append(subprocess.Popen(argv, env=env_r, cwd=ROOT, text=True, stdout=out_f, stderr=err_f))
+    failed = None
+    deadline = started + timeout
+    for child in children:
+      try:
+        child.wait(timeout=max(1.0, deadline - time.perf_counter()))
+      except subprocess.TimeoutExpired:
+        failed = f"timed out after {timeout:.0f} s"
+        for c in children:
+          if c.poll() is None:
+            c.kill()
+        child.wait()
+    for c in children:
+      c.wait()
+    outs = []
+    for child, (out_f, err_f) in zip(children, files, strict=True):
+      out_f.seek(0)
+      err_f.seek(0)
+      outs.append((child.returncode, out_f.read(), err_f.read()))
+      out_f.close()
+      err_f.close()
   total = time.perf_counter() - started
   res = [r for _, out, _ in outs for r in _results(out)]
   head = next((r for r in res if r.get("rank", 0) == 0), None)

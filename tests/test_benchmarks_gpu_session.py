@@ -183,3 +183,30 @@ def test_issue41_stage_end_to_end_at_its_tiny_size(tmp_path):
           "results/param_traffic/analysis.json"} <= set(names)
   assert (out / "issue41_trace.tgz").exists()
   assert saved["complete"] and all(np.isfinite(r["train_loss"]) for r in saved["results"])
+
+
+_RANK = r"""
+import json, os, sys, time
+rank, marker = int(os.environ["PFL_WORKER_RANK"]), sys.argv[1]
+if rank:                                     # a chatty rank: 1 MB of output (a pipe holds 64 KB), then done
+  sys.stderr.write("x" * (1 << 20)); sys.stderr.flush(); open(marker, "w").close()
+else:                                        # rank 0 waits for it, as in pfl's next all-reduce
+  while not os.path.exists(marker):
+    time.sleep(0.05)
+  print("RESULT " + json.dumps(dict(rank=0, cpu=[0.0, 1.0], wall=[0.0, 1.0])))
+"""
+
+
+def test_pfl_ranks_that_write_much_do_not_block_the_run(tmp_path):
+  """issue 41 on the H100: the ranks' output went to pipes read one rank at a time, so a full run's
+  ranks blocked on full pipes while rank 0 waited for them, until the timeout killed the run."""
+  import argparse
+
+  from benchmarks.pfl_cifar10 import launch
+
+  script = tmp_path / "rank.py"
+  script.write_text(_RANK)
+  a = argparse.Namespace(timeout=20.0)
+  r = launch(a, "pfl", procs=2, command=lambda rank: [sys.executable, str(script), str(tmp_path / "done")])
+  assert "skipped" not in r, r
+  assert r["rank"] == 0 and r["wall"] == [0.0, 1.0]
