@@ -13,7 +13,7 @@ from helpers import with_update_paths as _with_path
 
 from fedtree.algorithms import hierfavg
 from fedtree.core import compression as cp
-from fedtree.core.updates import PathState, UpdatePath, transform_children
+from fedtree.core.updates import UpdatePath, UpdateState, transform_children
 from fedtree.experiment import registry
 from fedtree.experiment.capabilities import compression as sections
 
@@ -77,7 +77,7 @@ def test_error_feedback_against_a_per_client_loop(name, kw):
   c = cp.compressor(name, **kw)
   t = cp.uplink(c, error_feedback=True)
   num = 4
-  state = PathState(client=t.init(TREE, num))
+  state = UpdateState(client=t.init(TREE, num))
   parent = jnp.asarray([0, 0, 1, 1], jnp.int32)
   path = UpdatePath(client=t)
   rng = np.random.default_rng(1)

@@ -70,7 +70,7 @@ from fedtree.core.updates import (
   UpdatePath,
   aggregate_children,
   block_positions,
-  init_path_state,
+  init_update_state,
   path_stats,
   per_level_paths,
   send_down,
@@ -525,7 +525,7 @@ def hierfavg(
       opt_state=tuple(init_nodes(opt, p) for opt, p in zip(server_optimizers, params, strict=True)),
       client_state=client_state,
       cursor=schedule.init_cursor(topology.num_clients),
-      update_state=tuple(init_path_state(paths[lv], share.sent(p0, lv), topology.num_nodes(lv + 1),
+      update_state=tuple(init_update_state(paths[lv], share.sent(p0, lv), topology.num_nodes(lv + 1),
                                          topology.num_nodes(lv)) for lv in range(depth)),
       clock=() if systems is None else jnp.zeros((), jnp.float32),
       server_state=init_rule_state(server_rule, p0, topology.num_nodes(leaf), stream(key, "server_rule")),
@@ -581,12 +581,12 @@ def hierfavg(
         key=stream(key, "parcels")))
     res = train_cohort(
       client_update, sent, cohort, data, key=stream(key, "train"), client_state=state.client_state,
-      skip_nonfinite=skip_nonfinite, path=paths[leaf], path_state=update_state[leaf],
+      skip_nonfinite=skip_nonfinite, path=paths[leaf], update_state=update_state[leaf],
       block_size=max(sampler.sizes), broadcast=broadcast_of(server_rule, server_state),
       slot_start=parcels.start, slot_extra=parcels.extra,
       keep_client_params=server_rule is not None and server_rule.slots, **tier,
     )
-    update_state[leaf] = res.path_state
+    update_state[leaf] = res.update_state
     metrics = {**res.metrics(skip_nonfinite), **path_stats(down_stats, "down_"), **parcels.stats}
     metrics.update(extra.byte_metrics(metrics))
     pseudo_gradient = res.pseudo_gradient()

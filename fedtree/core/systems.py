@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedtree.core.sampling import Cohort
-from fedtree.core.updates import ClientContext, UpdatePath, init_path_state, parents_node_state
+from fedtree.core.updates import ClientContext, UpdatePath, init_update_state, parents_node_state
 
 PyTree = Any
 
@@ -410,7 +410,7 @@ def uplink_bytes(path: UpdatePath | None, params: PyTree) -> jax.Array | None:
   dead code."""
   if path is None or path.client is None:
     return None
-  state = init_path_state(path, params, 1, 1)
+  state = init_update_state(path, params, 1, 1)
   row = jax.tree.map(lambda a: a[0], state.client)
   zero = jnp.zeros((), jnp.int32)
   ctx = ClientContext(client=zero, parent=zero, weight=jnp.ones((), jnp.float32),
