@@ -193,7 +193,7 @@ def test_identity_compressor_is_bitwise_the_plain_run_and_counts_the_model():
   for a, b in zip(ma, mb, strict=True):
     for k, v in a.items():
       np.testing.assert_array_equal(np.asarray(v), np.asarray(b[k]), err_msg=k)
-    assert float(b["uplink_bytes"]) == size and float(b["down_bytes"]) == size
+    assert float(b["uplink_bytes"]) == size and float(b["downlink_bytes"]) == size
 
 
 def test_three_level_tree_compresses_only_at_the_clients():
@@ -209,7 +209,7 @@ def test_three_level_tree_compresses_only_at_the_clients():
   leaves = jax.tree.leaves(params)
   state, ms = _run(alg, ctx)
   assert float(ms[0]["uplink_bytes"]) == sum(8 * x.size + 64 for x in leaves) / 8
-  assert float(ms[0]["down_bytes"]) == sum(2 * x.size for x in leaves)
+  assert float(ms[0]["downlink_bytes"]) == sum(2 * x.size for x in leaves)
   assert not any(k.startswith("level0_") and k != "level0_children_sent" for m in ms for k in m)
   assert all(np.isfinite(float(v)) for m in ms for v in m.values())
 

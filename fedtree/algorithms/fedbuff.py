@@ -283,8 +283,8 @@ def fedbuff(
   check_weighting(weighting)
   periods = check_periods(periods, depth)
   if systems is None:
-    systems = Systems(profile=make_profile(np.ones(num_clients), np.ones(num_clients)), bytes_up=0.0,
-                      bytes_down=0.0)
+    systems = Systems(profile=make_profile(np.ones(num_clients), np.ones(num_clients)), uplink_bytes=0.0,
+                      downlink_bytes=0.0)
   systems.check(num_clients, depth)
   policy = systems.policy
   if policy.kind == "over_selection":
@@ -345,7 +345,7 @@ def fedbuff(
     want = jnp.take(num_steps, client)
     up_b = uplink_bytes(path, jax.tree.map(lambda a: a[0], state.params))
     comm = systems.client_seconds(client, jnp.zeros_like(want, jnp.float32),
-                                  model_bytes(state.params, stacked=True), up_bytes=up_b)
+                                  model_bytes(state.params, stacked=True), uplink_bytes=up_b)
     speed = jnp.take(systems.profile.speed, client)
     steps, fails, seconds = want, jnp.zeros_like(start), comm + want.astype(jnp.float32) / speed
     if policy.dropout > 0:   # fails during its work: the server learns it when the client would report
