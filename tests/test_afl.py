@@ -143,7 +143,7 @@ def test_afl_sends_a_model_and_two_floats(problem):
   _, metrics = _run(alg, data, 1, jax.random.key(0))
   size = sum(int(np.prod(np.shape(p))) * 4 for p in jax.tree.leaves(model.init(jax.random.key(0))))
   assert float(metrics["uplink_bytes"]) == size + 8
-  assert float(metrics["down_bytes"]) == size
+  assert float(metrics["downlink_bytes"]) == size
 
 
 def test_afl_refusals(problem):

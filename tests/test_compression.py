@@ -13,7 +13,7 @@ from helpers import with_update_paths as _with_path
 
 from fedtree.algorithms import hierfavg
 from fedtree.core import compression as cp
-from fedtree.core.updates import PathState, UpdatePath, transform_children
+from fedtree.core.updates import UpdatePath, UpdateState, transform_children
 from fedtree.experiment import registry
 from fedtree.experiment.capabilities import compression as sections
 
@@ -77,7 +77,7 @@ def test_error_feedback_against_a_per_client_loop(name, kw):
   c = cp.compressor(name, **kw)
   t = cp.uplink(c, error_feedback=True)
   num = 4
-  state = PathState(client=t.init(TREE, num))
+  state = UpdateState(client=t.init(TREE, num))
   parent = jnp.asarray([0, 0, 1, 1], jnp.int32)
   path = UpdatePath(client=t)
   rng = np.random.default_rng(1)
@@ -193,7 +193,7 @@ def test_identity_compressor_is_bitwise_the_plain_run_and_counts_the_model():
   for a, b in zip(ma, mb, strict=True):
     for k, v in a.items():
       np.testing.assert_array_equal(np.asarray(v), np.asarray(b[k]), err_msg=k)
-    assert float(b["uplink_bytes"]) == size and float(b["down_bytes"]) == size
+    assert float(b["uplink_bytes"]) == size and float(b["downlink_bytes"]) == size
 
 
 def test_three_level_tree_compresses_only_at_the_clients():
@@ -209,7 +209,7 @@ def test_three_level_tree_compresses_only_at_the_clients():
   leaves = jax.tree.leaves(params)
   state, ms = _run(alg, ctx)
   assert float(ms[0]["uplink_bytes"]) == sum(8 * x.size + 64 for x in leaves) / 8
-  assert float(ms[0]["down_bytes"]) == sum(2 * x.size for x in leaves)
+  assert float(ms[0]["downlink_bytes"]) == sum(2 * x.size for x in leaves)
   assert not any(k.startswith("level0_") and k != "level0_children_sent" for m in ms for k in m)
   assert all(np.isfinite(float(v)) for m in ms for v in m.values())
 

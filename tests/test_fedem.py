@@ -84,7 +84,7 @@ def test_fedem_matches_algorithm_1_per_client(problem):
   np.testing.assert_allclose(np.asarray(state.client_state.weights), np.stack(pi), atol=2e-5)
   assert np.ptp(np.stack(pi)) > 1e-3   # the clients' mixtures differ
   one = sum(int(np.prod(np.shape(a))) * 4 for a in jax.tree.leaves(model.init(jax.random.key(0))))
-  assert float(metrics["uplink_bytes"]) == float(metrics["down_bytes"]) == K * one   # K models each way
+  assert float(metrics["uplink_bytes"]) == float(metrics["downlink_bytes"]) == K * one   # K models each way
 
 
 def test_every_client_is_scored_with_its_own_mixture(problem):

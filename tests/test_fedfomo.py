@@ -77,7 +77,7 @@ def test_fedfomo_matches_the_per_client_loop(problem, validation, pool, groups_a
   assert np.any(affinity != 0)   # the candidates were weighed
   mb = 4 * sum(int(np.prod(np.shape(a))) for a in jax.tree.leaves(w0))
   m = kw["num_candidates"]
-  assert int(metrics["down_bytes"]) == m * mb + 4 * m and int(metrics["uplink_bytes"]) == mb
+  assert int(metrics["downlink_bytes"]) == m * mb + 4 * m and int(metrics["uplink_bytes"]) == mb
   assert sorted(alg.models(state)) == ["personal"]
 
 
@@ -93,7 +93,7 @@ def test_no_candidate_is_local_training(problem):
   alone, _ = _run(fedavg(personal=personal(".*"), **common), data, 3, key)
   # every leaf is personal: the host keeps them as a tuple in leaf order
   chex.assert_trees_all_close(jax.tree.leaves(fomo.client_state.model), list(alone.personal), atol=1e-6)
-  assert int(metrics["down_bytes"]) == 0
+  assert int(metrics["downlink_bytes"]) == 0
 
 
 def test_fedfomo_refusals_name_the_value(problem):

@@ -200,7 +200,7 @@ def test_partial_work_lowers_tau_eff_and_fednova_sends_its_count(problem):
   )
   s, m = ref.run_jit(fednova(**common), data, 1, jax.random.key(0))
   size = sum(int(np.prod(np.shape(p))) * 4 for p in jax.tree.leaves(model.init(jax.random.key(0))))
-  assert float(m["uplink_bytes"]) == size + 4 and float(m["down_bytes"]) == size  # the model and ‖a_i‖₁
+  assert float(m["uplink_bytes"]) == size + 4 and float(m["downlink_bytes"]) == size  # the model and ‖a_i‖₁
   assert float(m["tau_eff"]) == pytest.approx(4.0)
   systems = Systems(
     profile=make_profile(np.linspace(0.5, 4, data.num_clients), np.full(data.num_clients, 1e6)),

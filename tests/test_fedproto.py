@@ -69,7 +69,7 @@ def test_fedproto_matches_the_per_client_loop(problem, weighting, tree):
     np.testing.assert_array_equal(np.asarray(state.server_state[1][p]), present)
     np.testing.assert_allclose(np.asarray(state.server_state[0][p]), c, atol=3e-5, rtol=2e-4)
   # prototypes, never models: K x d sums and K counts up, K x d prototypes and K flags down
-  assert int(metrics["uplink_bytes"]) == 4 * (3 * H + 3) and int(metrics["down_bytes"]) == 4 * 3 * H + 3
+  assert int(metrics["uplink_bytes"]) == 4 * (3 * H + 3) and int(metrics["downlink_bytes"]) == 4 * 3 * H + 3
 
 
 def test_no_prototype_term_is_local_training(problem):

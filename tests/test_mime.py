@@ -225,7 +225,7 @@ def test_bytes_count_the_gradient_the_statistics_and_the_variate(problem):
     (mime, optax.sgd(LR, momentum=0.9), 2, 3),
   ]:
     _, m = ref.run_jit(method(local_optimizer=opt, **common), data, 1, jax.random.key(0))
-    assert (float(m["uplink_bytes"]), float(m["down_bytes"])) == (up * size, down * size), method.__name__
+    assert (float(m["uplink_bytes"]), float(m["downlink_bytes"])) == (up * size, down * size), method.__name__
 
 
 @pytest.mark.slow

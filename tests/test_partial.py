@@ -112,7 +112,7 @@ def test_fedper_matches_a_per_client_loop(problem):
   _close(_row(state.params[0], 0), server)
   _check_personal(alg, state, server, own, keep, data.num_clients)
   body = sum(int(np.prod(a.shape)) * 4 for a in jax.tree.leaves(start["Dense_0"]))
-  assert float(metrics["uplink_bytes"]) == float(metrics["down_bytes"]) == body   # the head is never sent
+  assert float(metrics["uplink_bytes"]) == float(metrics["downlink_bytes"]) == body   # the head is never sent
 
 
 @pytest.mark.parametrize("head_steps,head_epochs",
@@ -172,7 +172,7 @@ def test_fedbn_matches_a_per_client_loop_and_statistics_never_leave_a_client(pro
   # the bytes: what a client sends and receives is the Dense layers alone
   dense = sum(int(np.prod(a.shape)) * 4
               for p, a in zip(ref.paths_of(start), jax.tree.leaves(start), strict=True) if "Dense" in p)
-  assert float(metrics["uplink_bytes"]) == float(metrics["down_bytes"]) == dense
+  assert float(metrics["uplink_bytes"]) == float(metrics["downlink_bytes"]) == dense
   # and each client's statistics are its own
   means = np.asarray(alg.models(state)["personal"].params["batch_stats"]["BatchNorm_0"]["mean"])
   trained = [c for c in range(data.num_clients) if not np.allclose(means[c], 0)]
@@ -292,7 +292,7 @@ def test_every_parameter_personal_is_local_training(problem):
   model = _mlp(data)
   alg = local(**{**_common(model, data), "cohort_size": None})
   state, metrics = _run(alg, data, rounds=2)
-  assert float(metrics["uplink_bytes"]) == float(metrics["down_bytes"]) == 0
+  assert float(metrics["uplink_bytes"]) == float(metrics["downlink_bytes"]) == 0
   start = _start(alg)
   own = alg.models(state)["personal"].params
   for c in range(data.num_clients):

@@ -79,7 +79,7 @@ def test_pfedhn_pc_keeps_each_clients_head(problem):
   state, metrics = _run(alg, data, 2, jax.random.key(1))
   assert len(state.server_state.hnet["heads"]) == 2   # Dense_0's kernel and bias: the head is not generated
   body = 4 * (6 * 5 + 5)
-  assert int(metrics["uplink_bytes"]) == body and int(metrics["down_bytes"]) == body
+  assert int(metrics["uplink_bytes"]) == body and int(metrics["downlink_bytes"]) == body
   personal_models = alg.models(state)["personal"].params
   heads = list(state.personal)   # the clients' own Dense_1 (bias, kernel), trained by the sampled ones
   chex.assert_trees_all_close(jax.tree.leaves(personal_models["Dense_1"]), heads)

@@ -15,7 +15,7 @@ from helpers import ALGORITHM_CASES, count_traces, trees_equal
 from scipy.stats import norm as normal_dist
 
 from fedtree.core import privacy as dp
-from fedtree.core.updates import UpdatePath, aggregate_children, chain, init_path_state
+from fedtree.core.updates import UpdatePath, aggregate_children, chain, init_update_state
 from fedtree.experiment import registry
 from fedtree.experiment.capabilities import privacy as xp
 
@@ -43,7 +43,7 @@ def _np_clip(d, c, per_layer):
 
 
 def _run_level(path, parents, kids, owner, key=0):
-  state = init_path_state(path, jax.tree.map(lambda a: a[0], parents), len(owner), 2)
+  state = init_update_state(path, jax.tree.map(lambda a: a[0], parents), len(owner), 2)
   w = jnp.ones(len(owner), jnp.float32)
   return aggregate_children(path, state, parents, kids, w, owner, jax.random.key(key))
 
@@ -123,7 +123,7 @@ def test_no_noise_and_infinite_clip_is_bitwise_the_plain_run():
     sb, mb = jax.jit(private.round)(sb, ctx.data, k)
     for key_, v in ma.items():
       np.testing.assert_array_equal(np.asarray(v), np.asarray(mb[key_]), err_msg=key_)
-  trees_equal(tu._drop_path_state(sa), tu._drop_path_state(sb))
+  trees_equal(tu._drop_update_state(sa), tu._drop_update_state(sb))
   assert float(mb["dp_unclipped"]) == 1.0
 
 
@@ -133,7 +133,7 @@ def test_adaptive_clipping_against_a_hand_stepped_reference():
   parents, kids, owner = _children(seed=2, num=8)
   ad = dp.Adaptive(initial_clip=0.5, target_quantile=0.5, learning_rate=0.4, count_noise=0.0)
   path = UpdatePath(client=dp.clip(adaptive_node="dp"), node=dp.central(0.0, adaptive=ad, name="dp"))
-  state = init_path_state(path, jax.tree.map(lambda a: a[0], parents), 8, 2)
+  state = init_update_state(path, jax.tree.map(lambda a: a[0], parents), 8, 2)
   norms = np.array([math.sqrt(sum(float(np.sum((parents[k][owner[i]] - kids[k][i]) ** 2)) for k in kids))
                     for i in range(8)])
   c_ref = np.full(2, 0.5)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import small_context
 
-from fedtree.core.updates import UpdatePath, aggregate_children, init_path_state
+from fedtree.core.updates import UpdatePath, aggregate_children, init_update_state
 from fedtree.experiment import reporting
 from fedtree.experiment.capabilities import privacy as xp
 from fedtree.experiment.registry import run_context
@@ -52,7 +52,7 @@ def _noise_std(p):
   path = UpdatePath(client=parts["client"][0], node=parts["node"][0])
   parents = {"w": np.zeros((2, 3), np.float32)}
   kids = {"w": np.ones((6, 3), np.float32)}
-  state = init_path_state(path, {"w": parents["w"][0]}, 6, 2)
+  state = init_update_state(path, {"w": parents["w"][0]}, 6, 2)
   out = aggregate_children(path, state, parents, kids, jnp.ones(6, jnp.float32), np.arange(6) // 3,
                            jax.random.key(0))
   return float(out[3]["dp_noise_std"])

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from test_privacy import _children, _np_clip
 
-from fedtree.core.updates import aggregate_children, init_path_state
+from fedtree.core.updates import aggregate_children, init_update_state
 from fedtree.experiment import registry
 from fedtree.experiment.capabilities import privacy as xp
 from fedtree.experiment.registry import run_context
@@ -60,7 +60,7 @@ def test_noise_at_the_root_against_a_plain_reference():
   w = jnp.ones(6, jnp.float32)
 
   def level(path, par, chi, weights, own, key):
-    st = init_path_state(path, jax.tree.map(lambda a: a[0], par), len(own), par["w"].shape[0])
+    st = init_update_state(path, jax.tree.map(lambda a: a[0], par), len(own), par["w"].shape[0])
     return aggregate_children(path, st, par, chi, weights, own, jax.random.key(key))
 
   root = jax.tree.map(lambda a: a[:1], parents)

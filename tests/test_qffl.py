@@ -126,7 +126,7 @@ def test_qffl_sends_one_model_and_one_float(problem):
   _, metrics = _run(qffl(**common), data, 1, jax.random.key(0))
   size = sum(int(np.prod(np.shape(p))) * 4 for p in jax.tree.leaves(model.init(jax.random.key(0))))
   assert float(metrics["uplink_bytes"]) == size + 4
-  assert float(metrics["down_bytes"]) == size
+  assert float(metrics["downlink_bytes"]) == size
   _, metrics = _run(qffl(update_paths=UpdatePath(client=uplink(compressor("fp16"))), **common), data, 1,
                     jax.random.key(0))
   assert float(metrics["uplink_bytes"]) == size // 2 + 4

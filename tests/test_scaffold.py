@@ -205,7 +205,7 @@ def test_scaffold_sends_two_models_each_way(problem):
   _, metrics = ref.run_jit(alg, data, 1, jax.random.key(0))
   size = sum(int(np.prod(np.shape(p))) * 4 for p in jax.tree.leaves(model.init(jax.random.key(0))))
   assert float(metrics["uplink_bytes"]) == 2 * size
-  assert float(metrics["down_bytes"]) == 2 * size
+  assert float(metrics["downlink_bytes"]) == 2 * size
   plain = fedavg(
     model=model, data=data, local_optimizer=optax.sgd(LR), schedule=LocalSchedule(batch_size=B, steps=1)
   )

@@ -221,7 +221,7 @@ def test_personal_head_per_client_matches_a_per_client_loop(problem):
     ref.close(ref.row(models["personal"].params, k)["Dense_1"], own[k])
     ref.close(ref.row(models["personal"].params, k)["Dense_0"], x[0]["Dense_0"])
   body = sum(int(np.prod(np.shape(a))) * 4 for a in jax.tree.leaves(theta["Dense_0"]))
-  assert float(metrics["uplink_bytes"]) == body and float(metrics["down_bytes"]) == body
+  assert float(metrics["uplink_bytes"]) == body and float(metrics["downlink_bytes"]) == body
 
 
 def test_head_shared_within_each_edge_matches_a_per_client_loop(problem):
@@ -473,7 +473,7 @@ def test_a_gather_pass_reaches_the_clients_in_the_same_round(problem):
   every = np.bincount(parent, weights=n).mean()
   np.testing.assert_allclose(float(metrics["population_weight"]), every, rtol=1e-6)
   size = sum(int(np.prod(np.shape(p))) * 4 for p in jax.tree.leaves(model.init(jax.random.key(0))))
-  assert (float(metrics["uplink_bytes"]), float(metrics["down_bytes"])) == (size + 8, size + 4)
+  assert (float(metrics["uplink_bytes"]), float(metrics["downlink_bytes"])) == (size + 8, size + 4)
   with pytest.raises(ValueError, match="server rule 'echo' gives only one of gather and prepare"):
     hierfavg(model=model, topology=topo, data=data, schedule=LocalSchedule(batch_size=B, steps=1),
              client_update=echo, server_rule=rule._replace(prepare=None))

@@ -72,8 +72,8 @@ def test_bad_input_names_the_value():
     Systems(profile=prof, availability=make_availability([[(0, 1)], [(0, 1)]], 2.0))
   with pytest.raises(ValueError, match=r"interval \(3, 1\)"):
     make_availability([[(3, 1)]], 5.0)
-  with pytest.raises(ValueError, match=r"bytes_up\[0\]=-1.0"):
-    Systems(profile=prof, bytes_up=[-1.0, 0, 0])
+  with pytest.raises(ValueError, match=r"uplink_bytes\[0\]=-1.0"):
+    Systems(profile=prof, uplink_bytes=[-1.0, 0, 0])
 
 
 def test_profile_for_other_clients_is_refused(problem):

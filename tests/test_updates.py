@@ -21,13 +21,13 @@ from fedtree.core.updates import (
   ClientTransform,
   DownTransform,
   NodeTransform,
-  PathState,
   UpdatePath,
+  UpdateState,
   aggregate_children,
   chain,
   chain_nodes,
   identity,
-  init_path_state,
+  init_update_state,
   per_level_paths,
 )
 from fedtree.experiment import capabilities as sections
@@ -95,8 +95,8 @@ def test_client_transform_against_a_per_client_loop(problem):
   data = problem[0]
   plain, start, cohort, _ = _tier(problem, GROUPS, (2, 1), 1)
   path = UpdatePath(client=halve_and_count())
-  state = init_path_state(path, jax.tree.map(lambda a: a[0], start), data.num_clients, 2)
-  res, *_ = _tier(problem, GROUPS, (2, 1), 1, path=path, path_state=state)
+  state = init_update_state(path, jax.tree.map(lambda a: a[0], start), data.num_clients, 2)
+  res, *_ = _tier(problem, GROUPS, (2, 1), 1, path=path, update_state=state)
   # the reference: every slot's trained model (same keys: training is unchanged), deltas halved
   w = np.asarray(data.n_train, np.float64)
   clients, parents = np.asarray(cohort.clients), np.asarray(cohort.parent)
@@ -109,7 +109,7 @@ def test_client_transform_against_a_per_client_loop(problem):
   np.testing.assert_array_equal(np.asarray(res.weight_sum), np.asarray(plain.weight_sum))
   counts = np.zeros(data.num_clients, np.int32)
   counts[clients] = 1
-  np.testing.assert_array_equal(np.asarray(res.path_state.client), counts)
+  np.testing.assert_array_equal(np.asarray(res.update_state.client), counts)
   assert float(res.update_stats["one"]) == 1.0
   # the kept models are what the clients sent: anchor - halved delta
   for s, p, k in zip(jax.tree.leaves(start), jax.tree.leaves(plain.client_params),
@@ -175,10 +175,10 @@ def test_node_transform_sees_client_stats_and_keeps_state(problem):
   node = NodeTransform(node_apply, lambda p, n: jnp.zeros((n,), jnp.float32), name="count")
   path = UpdatePath(client=ClientTransform(read_parent, name="read"), node=node)
   plain, start, cohort, _ = _tier(problem, GROUPS, (2, 1), 3)
-  state = init_path_state(path, jax.tree.map(lambda a: a[0], start), data.num_clients, 2)
+  state = init_update_state(path, jax.tree.map(lambda a: a[0], start), data.num_clients, 2)
   state = state._replace(node={"count": jnp.asarray([7.0, 9.0])})
-  res, *_ = _tier(problem, GROUPS, (2, 1), 3, path=path, path_state=state)
-  np.testing.assert_array_equal(np.asarray(res.path_state.node["count"]), [9.0, 10.0])
+  res, *_ = _tier(problem, GROUPS, (2, 1), 3, path=path, update_state=state)
+  np.testing.assert_array_equal(np.asarray(res.update_state.node["count"]), [9.0, 10.0])
   np.testing.assert_array_equal(np.asarray(res.weight_sum), [100.0, 100.0])
   for a, b in zip(jax.tree.leaves(res.delta_sum), jax.tree.leaves(plain.delta_sum), strict=True):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b) + 1.0, rtol=1e-6, atol=1e-6)
@@ -198,7 +198,7 @@ def test_aggregate_children_identity_is_bitwise_and_blockwise_matches(problem):
 
   want, total = pseudo_gradient_from_children(parents, children, w, jnp.asarray(owner))
   path = UpdatePath(client=counting_identity())
-  st = init_path_state(path, p0, 5, 2)
+  st = init_update_state(path, p0, 5, 2)
   got, got_total, new_state, stats = aggregate_children(path, st, parents, children, w, owner,
                                                         jax.random.key(0))
   trees_equal(got, want)
@@ -211,7 +211,7 @@ def test_aggregate_children_identity_is_bitwise_and_blockwise_matches(problem):
     np.testing.assert_array_equal(np.sort(np.asarray(block.clients[1])), [-1, 0, 2])
     return s, jnp.sum(block.weights, axis=1), {}
 
-  got, got_total, *_ = aggregate_children(UpdatePath(aggregator=Aggregator(wmean, "wmean")), PathState(),
+  got, got_total, *_ = aggregate_children(UpdatePath(aggregator=Aggregator(wmean, "wmean")), UpdateState(),
                                           parents, children, w, owner, jax.random.key(0))
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
@@ -260,12 +260,12 @@ def test_sections_compose_and_refuse_two_aggregators():
 
 
 # ------------------------------------------------------------------------ every algorithm
-def _drop_path_state(state):
+def _drop_update_state(state):
   """The state without the update path's own rows (the only leaves a path may add)."""
   if hasattr(state, "update_state"):
     return state.replace(update_state=()) if hasattr(state, "replace") else state._replace(update_state=())
   if hasattr(state, "stages"):
-    return state.replace(stages=tuple(_drop_path_state(s) for s in state.stages))
+    return state.replace(stages=tuple(_drop_update_state(s) for s in state.stages))
   return state
 
 
@@ -291,7 +291,7 @@ def test_identity_path_is_bitwise_today_for_every_algorithm(name):
       np.testing.assert_array_equal(np.asarray(v), np.asarray(mb[key_]), err_msg=f"{name}: {key_}")
     assert "delta_norm" in mb, f"{name}: the client stage's statistic is not in the metrics"
   assert len(traces) == 1, f"{name}: traced {len(traces)} times"
-  trees_equal(_drop_path_state(sa), _drop_path_state(sb))
+  trees_equal(_drop_update_state(sa), _drop_update_state(sb))
   leaves = [np.asarray(x) for x in jax.tree.leaves(sb) if np.asarray(x).dtype == np.int32
             and np.asarray(x).shape == (ctx.data.num_clients,)]
   assert any(x.sum() > 0 for x in leaves), f"{name}: the transform's state never counted a report"
@@ -312,7 +312,7 @@ def test_identity_paths_at_every_level_of_hierfavg():
     sa, _ = jax.jit(plain.round)(sa, ctx.data, k)
     sb, mb = jax.jit(path.round)(sb, ctx.data, k)
     assert (float(mb["level0_delta_norm"]) > 0) == (r == 1)
-  trees_equal(_drop_path_state(sa), _drop_path_state(sb))
+  trees_equal(_drop_update_state(sa), _drop_update_state(sb))
   np.testing.assert_array_equal(np.asarray(sb.update_state[0].client["times"]), [1, 1])
 
 

@@ -73,7 +73,7 @@ from fedtree.core.systems import Systems, make_profile, uplink_bytes
 from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
 from fedtree.core.traffic import model_bytes
-from fedtree.core.updates import PathState, UpdatePath, init_path_state, per_level_paths
+from fedtree.core.updates import UpdatePath, UpdateState, init_update_state, per_level_paths
 
 PyTree = Any
 STALENESS = ("polynomial", "constant", "hinge")
@@ -116,7 +116,7 @@ class FedBuffState:
     busy: ``bool[G * M]`` whether the slot holds a client.
     clock: ``float32[]`` simulated seconds (the latest of the parents' clocks).
     cursor: ``int32[C]`` batch cursors (``"cyclic"``), else ``()``.
-    update_state: the :class:`~fedtree.core.updates.PathState` of the clients' update path.
+    update_state: the :class:`~fedtree.core.updates.UpdateState` of the clients' update path.
     node_clock: ``float32[G]`` every parent's simulated seconds.
     steps: ``int32[G * M]`` the local steps of every slot's client (partial work lowers them).
     failed: ``bool[G * M]`` slots whose client fails (dropout, or a deadline it cannot meet).
@@ -283,8 +283,8 @@ def fedbuff(
   check_weighting(weighting)
   periods = check_periods(periods, depth)
   if systems is None:
-    systems = Systems(profile=make_profile(np.ones(num_clients), np.ones(num_clients)), bytes_up=0.0,
-                      bytes_down=0.0)
+    systems = Systems(profile=make_profile(np.ones(num_clients), np.ones(num_clients)), uplink_bytes=0.0,
+                      downlink_bytes=0.0)
   systems.check(num_clients, depth)
   policy = systems.policy
   if policy.kind == "over_selection":
@@ -319,7 +319,7 @@ def fedbuff(
       client=jnp.zeros((num_slots,), jnp.int32), version=jnp.zeros((num_slots,), jnp.int32),
       finish=jnp.zeros((num_slots,), jnp.float32), busy=jnp.zeros((num_slots,), bool),
       clock=jnp.zeros((), jnp.float32), cursor=schedule.init_cursor(num_clients),
-      update_state=init_path_state(path, p0, num_clients, num_groups * ring),
+      update_state=init_update_state(path, p0, num_clients, num_groups * ring),
       node_clock=jnp.zeros((num_groups,), jnp.float32), steps=jnp.zeros((num_slots,), jnp.int32),
       failed=jnp.zeros((num_slots,), bool), upper_params=tuple(params[:leaf]),
       upper_opt_state=tuple(opt[:leaf]),
@@ -345,7 +345,7 @@ def fedbuff(
     want = jnp.take(num_steps, client)
     up_b = uplink_bytes(path, jax.tree.map(lambda a: a[0], state.params))
     comm = systems.client_seconds(client, jnp.zeros_like(want, jnp.float32),
-                                  model_bytes(state.params, stacked=True), up_bytes=up_b)
+                                  model_bytes(state.params, stacked=True), uplink_bytes=up_b)
     speed = jnp.take(systems.profile.speed, client)
     steps, fails, seconds = want, jnp.zeros_like(start), comm + want.astype(jnp.float32) / speed
     if policy.dropout > 0:   # fails during its work: the server learns it when the client would report
@@ -390,7 +390,7 @@ def fedbuff(
       client_update, state.history, cohort, data, num_steps=client_steps, weights=w,
       key=stream(key, "train"), chunk_size=None, parent_aligned=ring == 1 and num_groups == 1,
       batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=state.cursor,
-      path=path, path_state=state.update_state,
+      path=path, update_state=state.update_state,
     )
     # Staleness is per version: Σ_v s(round - v) Σ_{i started at v} w_i Δ_i over Σ_i w_i.
     row_version = state.round - jnp.mod(state.round - jnp.arange(ring), ring)
@@ -426,8 +426,8 @@ def fedbuff(
     #    its slowest child (the clients' parents' clocks meet there) and its transfers.
     params = list(state.upper_params) + [leaf_params]
     opt_state = list(state.upper_opt_state) + [leaf_opt]
-    params, opt_state, _, active, up_metrics = upper.aggregate(params, opt_state, [PathState()] * depth, w, r,
-                                                               key)
+    params, opt_state, _, active, up_metrics = upper.aggregate(params, opt_state, [UpdateState()] * depth,
+                                                               w, r, key)
     metrics.update(up_metrics)
     for lv in range(depth - 2, -1, -1):   # a level that aggregated met its slowest child's clock
       mb = model_bytes(params[lv], stacked=True)
@@ -441,7 +441,7 @@ def fedbuff(
     metrics.update({"round_seconds": clock - state.clock, "sim_seconds": clock})
     new = FedBuffState(round=r, params=params[leaf], opt_state=opt_state[leaf], history=history,
                        client=client, version=version, finish=finish, busy=busy & ~report, clock=clock,
-                       cursor=res.cursor, update_state=res.path_state, node_clock=node_clock,
+                       cursor=res.cursor, update_state=res.update_state, node_clock=node_clock,
                        steps=slot_steps, failed=failed, upper_params=tuple(params[:leaf]),
                        upper_opt_state=tuple(opt_state[:leaf]))
     return new, metrics

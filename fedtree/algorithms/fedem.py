@@ -298,8 +298,8 @@ def fedem(
   def round_fn(state, data, key):
     state, metrics = alg.round(state, data, key)
     # K models each way on every edge (an update path that compresses reports its own size)
-    keys = ["uplink_bytes", "down_bytes"] + [f"level{lv}_{d}_bytes" for lv in range(leaf)
-                                            for d in ("uplink", "down")]
+    keys = ["uplink_bytes", "downlink_bytes"] + [f"level{lv}_{d}_bytes" for lv in range(leaf)
+                                                for d in ("uplink", "downlink")]
     return state, {**{k_: jnp.asarray(size) for k_ in keys}, **metrics}
 
   return alg._replace(models=models, round=round_fn)

@@ -70,7 +70,7 @@ from fedtree.core.updates import (
   UpdatePath,
   aggregate_children,
   block_positions,
-  init_path_state,
+  init_update_state,
   path_stats,
   per_level_paths,
   send_down,
@@ -211,7 +211,7 @@ class UpperLevels:
       metrics[f"level{lv}_children_sent"] = jnp.where(active[lv], n, 0).astype(jnp.int32)
       if mask is not None:   # what travels is the shared part
         size = model_bytes(share.sent(params[lv], lv), stacked=True)
-        for k in (f"level{lv}_uplink_bytes", f"level{lv}_down_bytes"):
+        for k in (f"level{lv}_uplink_bytes", f"level{lv}_downlink_bytes"):
           metrics.setdefault(k, jnp.where(active[lv], size, 0))
     return params, opt_state, update_state, active, metrics
 
@@ -227,7 +227,7 @@ class UpperLevels:
                                 jax.random.fold_in(stream(key, "down"), lv))
       down_stats[lv] = stats
       metrics.update({f"level{lv}_{k}": jnp.where(active[lv], v, 0)
-                      for k, v in path_stats(stats, "down_").items()})
+                      for k, v in path_stats(stats, "downlink_").items()})
       idx = jnp.asarray(topo.parent(lv + 1))
       down = jax.tree.map(lambda p, idx=idx: p[idx], sent)
       mask = share.mask(lv)
@@ -317,15 +317,15 @@ class Extras:
     return (self.model_bytes if compressed is None else compressed) + self.broadcast_bytes
 
   def byte_metrics(self, metrics: dict) -> dict:
-    """``uplink_bytes`` / ``down_bytes`` of one client's messages this round (the update path's
+    """``uplink_bytes`` / ``downlink_bytes`` of one client's messages this round (the update path's
     compressed sizes where it reports them), when they differ from one whole model."""
     if self.wire is not None:
-      return {"uplink_bytes": jnp.asarray(self.wire[1], jnp.int32), "down_bytes": jnp.asarray(self.wire[0],
-                                                                                               jnp.int32)}
+      return {"uplink_bytes": jnp.asarray(self.wire[1], jnp.int32),
+              "downlink_bytes": jnp.asarray(self.wire[0], jnp.int32)}
     if not self.active:
       return {}
     return {"uplink_bytes": metrics.get("uplink_bytes", self.model_bytes) + self.message_bytes,
-            "down_bytes": metrics.get("down_bytes", self.model_bytes) + self.broadcast_bytes}
+            "downlink_bytes": metrics.get("downlink_bytes", self.model_bytes) + self.broadcast_bytes}
 
 
 def slot_positions(cohort, num_parents: int) -> jax.Array:
@@ -525,7 +525,7 @@ def hierfavg(
       opt_state=tuple(init_nodes(opt, p) for opt, p in zip(server_optimizers, params, strict=True)),
       client_state=client_state,
       cursor=schedule.init_cursor(topology.num_clients),
-      update_state=tuple(init_path_state(paths[lv], share.sent(p0, lv), topology.num_nodes(lv + 1),
+      update_state=tuple(init_update_state(paths[lv], share.sent(p0, lv), topology.num_nodes(lv + 1),
                                          topology.num_nodes(lv)) for lv in range(depth)),
       clock=() if systems is None else jnp.zeros((), jnp.float32),
       server_state=init_rule_state(server_rule, p0, topology.num_nodes(leaf), stream(key, "server_rule")),
@@ -545,8 +545,8 @@ def hierfavg(
       up_b = _uplink(paths[leaf], share.sent(params[leaf], leaf))
       outcome = systems.round(
         cohort, num_steps, time=state.clock, model_bytes=extra.model_bytes, key=stream(key, "systems"),
-        keep=keep, up_bytes=extra.up(up_b), down_bytes=extra.down(None if down_b is None else jnp.take(
-          down_b, cohort.parent)))
+        keep=keep, uplink_bytes=extra.up(up_b),
+        downlink_bytes=extra.down(None if down_b is None else jnp.take(down_b, cohort.parent)))
       cohort, num_steps = cohort._replace(valid=outcome.valid), outcome.num_steps
     w_tier = w_client   # the clients' weights in their parents' mean: the rule's, where it sets them (AFL)
     if server_rule is not None and server_rule.weights is not None:
@@ -581,13 +581,13 @@ def hierfavg(
         key=stream(key, "parcels")))
     res = train_cohort(
       client_update, sent, cohort, data, key=stream(key, "train"), client_state=state.client_state,
-      skip_nonfinite=skip_nonfinite, path=paths[leaf], path_state=update_state[leaf],
+      skip_nonfinite=skip_nonfinite, path=paths[leaf], update_state=update_state[leaf],
       block_size=max(sampler.sizes), broadcast=broadcast_of(server_rule, server_state),
       slot_start=parcels.start, slot_extra=parcels.extra,
       keep_client_params=server_rule is not None and server_rule.slots, **tier,
     )
-    update_state[leaf] = res.path_state
-    metrics = {**res.metrics(skip_nonfinite), **path_stats(down_stats, "down_"), **parcels.stats}
+    update_state[leaf] = res.update_state
+    metrics = {**res.metrics(skip_nonfinite), **path_stats(down_stats, "downlink_"), **parcels.stats}
     metrics.update(extra.byte_metrics(metrics))
     pseudo_gradient = res.pseudo_gradient()
     if server_rule is not None:   # what the parents keep beyond the model, from what the clients sent

@@ -71,7 +71,7 @@ from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
-from fedtree.core.updates import UpdatePath, init_path_state, per_level_paths
+from fedtree.core.updates import UpdatePath, init_update_state, per_level_paths
 from fedtree.objectives.moreau import moreau_client_update
 
 TEAM_WEIGHTINGS = ("examples", "devices", "uniform")
@@ -88,7 +88,7 @@ class PFedMTState:
     client_state: ``[C, ...]`` personalized device models ``θ_ij`` (PM), or the state of a
       custom ``client_update``.
     cursor: ``int32[C]`` batch cursors under ``batch_order="cyclic"`` (else ``()``).
-    update_state: the :class:`~fedtree.core.updates.PathState` of the devices -> teams update
+    update_state: the :class:`~fedtree.core.updates.UpdateState` of the devices -> teams update
       path (empty without one).
   """
 
@@ -231,7 +231,7 @@ def pfedmt(
       client_state = stack(x, topology.num_clients)
     return PFedMTState(round=jnp.zeros((), jnp.int32), params=x, team_params=stack(x, num_teams),
                        client_state=client_state, cursor=schedule.init_cursor(topology.num_clients),
-                       update_state=init_path_state(path, x, topology.num_clients, num_teams))
+                       update_state=init_update_state(path, x, topology.num_clients, num_teams))
 
   def round_fn(state: PFedMTState, data: FederatedData, key):
     x = state.params
@@ -250,13 +250,13 @@ def pfedmt(
     w0 = stack(x, num_teams)
 
     def team_iteration(carry, k):
-      w, pm, cursor, path_state = carry
+      w, pm, cursor, update_state = carry
       res = train_cohort(
         client_update, w, sampler(jax.random.fold_in(cohort_key, k)), data, num_steps=num_steps,
         weights=w_dev, key=jax.random.fold_in(train_key, k), client_state=pm,
         chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned,
         batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=cursor,
-        skip_nonfinite=skip_nonfinite, path=path, path_state=path_state, block_size=max(sampler.sizes),
+        skip_nonfinite=skip_nonfinite, path=path, update_state=update_state, block_size=max(sampler.sizes),
       )
       # θ̄_i = w_i - (w_i - Σ_j δ_j θ_ij): the cohort's mean pseudo-gradient, undone.
       theta_bar = jax.tree.map(jnp.subtract, w, res.pseudo_gradient())
@@ -265,10 +265,10 @@ def pfedmt(
         + eta * lam * tb,
         w, x, theta_bar,
       )
-      return ((w, res.client_state, res.cursor, res.path_state),
+      return ((w, res.client_state, res.cursor, res.update_state),
               (res.mean_loss(), jnp.asarray(res.num_skipped), res.num_trained, res.update_stats))
 
-    (w, pm, cursor, path_state), (losses, skipped, trained, update_stats) = jax.lax.scan(
+    (w, pm, cursor, update_state), (losses, skipped, trained, update_stats) = jax.lax.scan(
       team_iteration, (w0, state.client_state, state.cursor, state.update_state), jnp.arange(team_iters)
     )
     w_bar = jax.tree.map(lambda wi: jnp.tensordot(tau, wi, axes=1), w)
@@ -281,7 +281,7 @@ def pfedmt(
     if skip_nonfinite:
       metrics["clients_skipped"] = jnp.sum(skipped)
     new_state = PFedMTState(round=state.round + 1, params=x, team_params=w, client_state=pm,
-                            cursor=cursor, update_state=path_state)
+                            cursor=cursor, update_state=update_state)
     return new_state, metrics
 
   def models(state: PFedMTState):

@@ -29,7 +29,7 @@ from fedtree.core.local import (
 )
 from fedtree.core.model import Model
 from fedtree.core.topology import Topology
-from fedtree.core.updates import PathState
+from fedtree.core.updates import UpdateState
 
 PyTree = Any
 
@@ -172,12 +172,12 @@ CLIENT_ROWS = RowName("client")
 
 
 def path_rows(state, children: RowName, parents: RowName):
-  """The rows of an update path's state ``state`` (a :class:`~fedtree.core.updates.PathState`:
+  """The rows of an update path's state ``state`` (a :class:`~fedtree.core.updates.UpdateState`:
   its client stage's per-child state, its node stage's per-parent state); a state that holds no
   path (``()``) names nothing."""
-  if not isinstance(state, PathState):
+  if not isinstance(state, UpdateState):
     return state
-  return PathState(client=children, node=parents)
+  return UpdateState(client=children, node=parents)
 
 
 @struct.dataclass
@@ -191,7 +191,7 @@ class TreeState:
     client_state: persistent per-client state ``[C, ...]`` (``()`` if none).
     cursor: ``int32[C]`` every client's batch cursor under ``batch_order="cyclic"``
       (:meth:`fedtree.core.local.LocalSchedule.init_cursor`; ``()`` for the other orders).
-    update_state: per server level, the :class:`~fedtree.core.updates.PathState` of the update
+    update_state: per server level, the :class:`~fedtree.core.updates.UpdateState` of the update
       path it aggregates its children through (``()`` entries hold nothing: no path).
     clock: ``float32[]`` simulated seconds since the start (:mod:`fedtree.core.systems`; ``()``
       without a systems model).

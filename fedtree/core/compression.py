@@ -295,7 +295,7 @@ def uplink(c: Compressor, *, error_feedback: bool = False, name: str = "compress
 
 def downlink(c: Compressor, *, name: str = "compression") -> DownTransform:
   """Every parent sends ``c``'s encoding of its model to its children (a downlink transform,
-  parents' keys ``fold_in(key, parent)``); the statistic ``bytes`` (``down_bytes`` in the
+  parents' keys ``fold_in(key, parent)``); the statistic ``bytes`` (``downlink_bytes`` in the
   metrics) is the size of one parent's message in bytes."""
   if c.name not in LOSSLESS_DOWN:
     raise ValueError(f"compressor {c.name!r} cannot compress a model sent down (it sparsifies or "

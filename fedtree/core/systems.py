@@ -19,11 +19,11 @@ such effect is an array over the clients, so a round keeps its shapes:
   smaller per-client step count (FedProx's systems heterogeneity, Li et al. 2020), so
   :func:`fedtree.core.tier.train_cohort` runs them unchanged.
 
-A client's time in a round is ``bytes_down / down + steps / speed + bytes_up / up``; the
+A client's time in a round is ``downlink_bytes / down + steps / speed + uplink_bytes / up``; the
 clients' tier lasts as long as its slowest kept client (the deadline when a client was cut by
 it). The bytes are the model at its dtype's size, or what the update path reports where it
 compresses (:func:`uplink_bytes` of the path's client transform, the ``bytes`` statistic of its
-downlink transform), unless ``bytes_up`` / ``bytes_down`` are given. On a tree, a server level
+downlink transform), unless ``uplink_bytes`` / ``downlink_bytes`` are given. On a tree, a server level
 that aggregates adds the time its children take to send their models up and receive its model
 back, each over its own link (``server_up`` / ``server_down``, bytes per second of every
 non-root server node), the slowest child deciding (:meth:`Systems.aggregation_seconds`), plus
@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedtree.core.sampling import Cohort
-from fedtree.core.updates import ClientContext, UpdatePath, init_path_state, parents_node_state
+from fedtree.core.updates import ClientContext, UpdatePath, init_update_state, parents_node_state
 
 PyTree = Any
 
@@ -410,7 +410,7 @@ def uplink_bytes(path: UpdatePath | None, params: PyTree) -> jax.Array | None:
   dead code."""
   if path is None or path.client is None:
     return None
-  state = init_path_state(path, params, 1, 1)
+  state = init_update_state(path, params, 1, 1)
   row = jax.tree.map(lambda a: a[0], state.client)
   zero = jnp.zeros((), jnp.int32)
   ctx = ClientContext(client=zero, parent=zero, weight=jnp.ones((), jnp.float32),
@@ -453,8 +453,8 @@ class Systems:
     policy: the round policy (default :func:`wait_for_all`).
     availability: every client's on-line schedule (``None``: always on line); a sampled client
       that is off line at the start of the round does not take part.
-    bytes_up: bytes every client sends (one value or ``[C]``; default the model at its dtype).
-    bytes_down: bytes every client receives (default the model at its dtype).
+    uplink_bytes: bytes every client sends (one value or ``[C]``; default the model at its dtype).
+    downlink_bytes: bytes every client receives (default the model at its dtype).
     level_seconds: fixed seconds a server level adds to a round in which it aggregates (on top
       of its transfers), one value per level ``0 .. depth-2`` or one for all (default 0).
     server_up: upload bandwidth (bytes per second) of every server node below the root, on the
@@ -466,8 +466,8 @@ class Systems:
   profile: DeviceProfile
   policy: RoundPolicy = RoundPolicy()
   availability: Availability | None = None
-  bytes_up: Any = None
-  bytes_down: Any = None
+  uplink_bytes: Any = None
+  downlink_bytes: Any = None
   level_seconds: float | Sequence[float] = 0.0
   server_up: Any = None
   server_down: Any = None
@@ -477,8 +477,8 @@ class Systems:
     if self.availability is not None and self.availability.num_clients != c:
       raise ValueError(f"availability has {self.availability.num_clients} clients, the device "
                        f"profile {c}")
-    object.__setattr__(self, "bytes_up", _per_client("bytes_up", self.bytes_up, c))
-    object.__setattr__(self, "bytes_down", _per_client("bytes_down", self.bytes_down, c))
+    object.__setattr__(self, "uplink_bytes", _per_client("uplink_bytes", self.uplink_bytes, c))
+    object.__setattr__(self, "downlink_bytes", _per_client("downlink_bytes", self.downlink_bytes, c))
     secs = np.atleast_1d(np.asarray(self.level_seconds, np.float64))
     if np.any(~np.isfinite(secs) | (secs < 0)):
       raise ValueError(f"level_seconds={self.level_seconds!r} must be finite and >= 0")
@@ -532,31 +532,31 @@ class Systems:
     return (None,) + tuple((jnp.asarray(u, jnp.float32), jnp.asarray(d, jnp.float32))
                            for u, d in zip(up, down, strict=True))
 
-  def aggregation_seconds(self, level: int, links, up_bytes, down_bytes) -> jax.Array:
+  def aggregation_seconds(self, level: int, links, uplink_bytes, downlink_bytes) -> jax.Array:
     """``float32[]`` seconds server level ``level`` adds to a round in which it aggregates: its
     fixed :meth:`level_time`, plus (with ``links`` from :meth:`server_links`) the slowest of its
-    children (the nodes of level ``level + 1``) sending ``up_bytes`` and receiving
-    ``down_bytes`` (scalars or one per child) over their own links."""
+    children (the nodes of level ``level + 1``) sending ``uplink_bytes`` and receiving
+    ``downlink_bytes`` (scalars or one per child) over their own links."""
     fixed = jnp.float32(self.level_time(level))
     if links is None:
       return fixed
     up, down = links[level + 1]
-    up_b, down_b = jnp.asarray(up_bytes, jnp.float32), jnp.asarray(down_bytes, jnp.float32)
+    up_b, down_b = jnp.asarray(uplink_bytes, jnp.float32), jnp.asarray(downlink_bytes, jnp.float32)
     return fixed + jnp.max(up_b / up + down_b / down)
 
   def client_seconds(self, clients: jax.Array, steps: jax.Array, model_size: float, *,
-                     up_bytes=None, down_bytes=None) -> jax.Array:
+                     uplink_bytes=None, downlink_bytes=None) -> jax.Array:
     """``float32[K]`` simulated seconds of ``clients`` doing ``steps`` local steps:
     download, compute, upload (bytes as in :meth:`round`)."""
-    comm = self._comm(clients, model_size, up_bytes, down_bytes)
+    comm = self._comm(clients, model_size, uplink_bytes, downlink_bytes)
     return comm + steps / jnp.take(self.profile.speed, clients)
 
-  def _comm(self, clients: jax.Array, model_size: float, up_bytes=None, down_bytes=None) -> jax.Array:
+  def _comm(self, clients: jax.Array, model_size: float, uplink_bytes=None, downlink_bytes=None) -> jax.Array:
     def size(own, reported):
       if own is not None:
         return jnp.take(own, clients)
       return jnp.float32(model_size) if reported is None else jnp.asarray(reported, jnp.float32)
-    up, down = size(self.bytes_up, up_bytes), size(self.bytes_down, down_bytes)
+    up, down = size(self.uplink_bytes, uplink_bytes), size(self.downlink_bytes, downlink_bytes)
     return down / jnp.take(self.profile.down, clients) + up / jnp.take(self.profile.up, clients)
 
   def round(
@@ -568,8 +568,8 @@ class Systems:
     model_bytes: float,
     key: jax.Array,
     keep: Sequence[int] | None = None,
-    up_bytes: jax.Array | float | None = None,
-    down_bytes: jax.Array | float | None = None,
+    uplink_bytes: jax.Array | float | None = None,
+    downlink_bytes: jax.Array | float | None = None,
   ) -> RoundOutcome:
     """Applies availability, dropout and the policy to a sampled ``cohort`` (jittable).
 
@@ -577,12 +577,12 @@ class Systems:
       cohort: the sampled slots; for over-selection ``ceil(factor · k_g)`` per parent.
       num_steps: ``int32[C]`` the steps every client would do.
       time: ``float32[]`` simulated seconds at the start of the round.
-      model_bytes: bytes of the model (the default ``bytes_up`` / ``bytes_down``).
+      model_bytes: bytes of the model (the default ``uplink_bytes`` / ``downlink_bytes``).
       key: randomness of dropouts.
       keep: ``k_g`` clients kept per parent (over-selection only).
-      up_bytes: what every slot sends (a scalar or ``[K]``) where the update path compresses it
-        (:func:`uplink_bytes`); ``None``: ``model_bytes``. :attr:`bytes_up` wins when set.
-      down_bytes: what every slot receives (the downlink's ``bytes`` at its parent), likewise.
+      uplink_bytes: what every slot sends (a scalar or ``[K]``) where the update path compresses it
+        (:func:`uplink_bytes`); ``None``: ``model_bytes``. :attr:`Systems.uplink_bytes` wins when set.
+      downlink_bytes: what every slot receives (the downlink's ``bytes`` at its parent), likewise.
 
     Returns:
       The :class:`RoundOutcome`.
@@ -591,7 +591,7 @@ class Systems:
     clients = cohort.clients
     steps = jnp.take(num_steps, clients)
     speed = jnp.take(self.profile.speed, clients)
-    comm = self._comm(clients, model_bytes, up_bytes, down_bytes)
+    comm = self._comm(clients, model_bytes, uplink_bytes, downlink_bytes)
     seconds = comm + steps / speed
     online = cohort.valid
     if self.availability is not None:

@@ -43,9 +43,9 @@ from fedtree.core.updates import (
   Aggregator,
   Chunk,
   ClientContext,
-  PathState,
   Stats,
   UpdatePath,
+  UpdateState,
   accumulator,
   block_positions,
   finish,
@@ -77,7 +77,7 @@ class TierResult(NamedTuple):
     reported: ``bool[C]`` the clients whose update was aggregated: the sampled ones, less those
       skipped (``skip_nonfinite``); an algorithm that aggregates anything else of its clients
       (their models, their assignments) masks it with this.
-    path_state: the :class:`~fedtree.core.updates.PathState` of the update path, updated.
+    update_state: the :class:`~fedtree.core.updates.UpdateState` of the update path, updated.
     update_stats: the round metrics of the update path's stages
       (:func:`fedtree.core.updates.path_metrics`; ``{}`` without a path).
     message_sum: ``[P, ...]`` the sum of the reporting clients' messages per parent (``()`` when
@@ -97,7 +97,7 @@ class TierResult(NamedTuple):
   num_skipped: jax.Array | int = 0
   first_nonfinite: jax.Array | int = -1
   reported: jax.Array | None = None
-  path_state: PathState = PathState()
+  update_state: UpdateState = UpdateState()
   update_stats: dict[str, jax.Array] = {}
   message_sum: PyTree = ()
   sampled: jax.Array | None = None
@@ -267,14 +267,15 @@ def _train_chunk(update: ClientUpdate, parent_params, anchor_params, data, ch: C
   return start, anchor, constrain_clients(params), new_state, loss, message, w
 
 
-def _stat_names(path: UpdatePath | None, path_state: PathState, template, fdtype) -> tuple[str, ...]:
+def _stat_names(path: UpdatePath | None, update_state: UpdateState, template, fdtype) -> tuple[str, ...]:
   """The names of the client transform's statistics, from an abstract trace of one slot."""
   if path is None or path.client is None:
     return ()
   one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), template)
   ctx = ClientContext(client=jnp.zeros((), jnp.int32), parent=jnp.zeros((), jnp.int32),
-                      weight=jnp.zeros((), fdtype), node_state=jax.tree.map(lambda a: a[0], path_state.node))
-  row = jax.tree.map(lambda a: a[0], path_state.client)
+                      weight=jnp.zeros((), fdtype),
+                      node_state=jax.tree.map(lambda a: a[0], update_state.node))
+  row = jax.tree.map(lambda a: a[0], update_state.client)
   _, _, stats = jax.eval_shape(path.client.apply, one, row, jax.random.key(0), ctx)
   return tuple(stats)
 
@@ -298,7 +299,7 @@ def train_cohort(
   cursor: jax.Array | tuple = (),
   skip_nonfinite: bool = False,
   path: UpdatePath | None = None,
-  path_state: PathState | None = None,
+  update_state: UpdateState | None = None,
   block_size: int | None = None,
   broadcast: PyTree = (),
   population: jax.Array | None = None,
@@ -346,7 +347,7 @@ def train_cohort(
       With ``keep_client_params``, the kept models are what the clients sent:
       ``anchor - transformed delta``. The path's ``down`` transform is the caller's to apply to
       ``parent_params`` (:func:`fedtree.core.updates.send_down`).
-    path_state: the path's state (:func:`fedtree.core.updates.init_path_state`).
+    update_state: the path's state (:func:`fedtree.core.updates.init_update_state`).
     block_size: the largest cohort of a parent (static; ``max(CohortSampler.sizes)``), needed
       by a blockwise aggregator.
     broadcast: ``[P, ...]`` what every parent sends beside its model (a server rule's, see
@@ -405,7 +406,7 @@ def train_cohort(
   # Weights and loss sums in the parameters' float dtype (float64 state keeps float64 sums).
   fdtype = jnp.result_type(jnp.float32, *jax.tree.leaves(parent_params))
   path = None if path is None or path.is_default else path
-  path_state = PathState() if path_state is None else path_state
+  update_state = UpdateState() if update_state is None else update_state
   has_personal = personal is not None and any(jax.tree.leaves(personal))
   shared = (lambda t: shared_part(t, personal)) if has_personal else (lambda t: t)
   order, chunks = _sorted_chunks(cohort, num_steps, chunk, num_parents)
@@ -444,7 +445,7 @@ def train_cohort(
     if path is not None:   # the update path's client stage, on every slot's delta
       raw = delta
       delta, path_client, sums = transform_chunk(path, path_client, delta, ch.clients, ch.parent, w, trained,
-                                                 path_state.node, update_key, num_parents)
+                                                 update_state.node, update_key, num_parents)
       stat_sums = {n: stat_sums[n] + v for n, v in sums.items()}
       if keep_client_params and path.client is not None:   # what each client sent (its own, bitwise,
         # where unchanged)
@@ -468,24 +469,25 @@ def train_cohort(
     acc=acc.init(template, num_parents, fdtype), client_state=client_state, loss_sum=jnp.zeros((), fdtype),
     trained=jnp.zeros((), jnp.int32), skipped=jnp.zeros((), jnp.int32),
     first_bad=jnp.full((), num_clients, jnp.int32), reported=jnp.zeros((num_clients,), bool),
-    path_client=path_state.client,
-    stat_sums={n: jnp.zeros((num_parents,), fdtype) for n in _stat_names(path, path_state, template, fdtype)},
+    path_client=update_state.client,
+    stat_sums={n: jnp.zeros((num_parents,), fdtype)
+               for n in _stat_names(path, update_state, template, fdtype)},
     message_sum=jax.tree.map(lambda m: jnp.zeros((num_parents,) + m.shape, m.dtype), message_shape(
       update, parent_params, client_state, data, broadcast, learning_rate, key, slot_extra)),
     personal=personal_params if has_personal else None,
   )
   out, per_chunk = jax.lax.scan(body, init, (chunks, parcels))
   delta_sum, weight_sum, agg_stats = acc.finish(
-    out.acc, stream(key, "aggregate"), {} if path is None else node_state_of(path, path_state))
+    out.acc, stream(key, "aggregate"), {} if path is None else node_state_of(path, update_state))
   update_stats: dict[str, jax.Array] = {}
-  new_path_state = path_state._replace(client=out.path_client)
+  new_update_state = update_state._replace(client=out.path_client)
   if path is not None:
     stat_sums = dict(out.stat_sums)
     stat_sums["reported"] = jax.ops.segment_sum(
       jnp.take(out.reported, cohort.clients).astype(fdtype) * cohort.valid, cohort.parent,
       num_segments=num_parents)
-    delta_sum, weight_sum, new_path_state, node_stats = finish(
-      path, new_path_state, delta_sum, weight_sum, stat_sums, stream(key, "node"))
+    delta_sum, weight_sum, new_update_state, node_stats = finish(
+      path, new_update_state, delta_sum, weight_sum, stat_sums, stream(key, "node"))
     update_stats = path_metrics(stat_sums, out.trained, node_stats, agg_stats)
   client_params = None
   if keep_client_params:   # back in the cohort's slot order
@@ -501,5 +503,5 @@ def train_cohort(
   if has_personal:   # no pseudo-gradient at the personal leaves
     delta_sum = fill(delta_sum, personal, parent_params)
   return TierResult(delta_sum, weight_sum, out.client_state, client_params, out.loss_sum, out.trained,
-                    cursor, out.skipped, first_bad, out.reported, new_path_state, update_stats,
+                    cursor, out.skipped, first_bad, out.reported, new_update_state, update_stats,
                     out.message_sum, sampled, out.personal if has_personal else None)

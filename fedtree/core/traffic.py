@@ -8,13 +8,13 @@ What an algorithm's round reports is what is counted (nothing is assumed about r
   received its parent's model (``clients_received`` clients when an algorithm reports it: B-HFL's
   clients receive only when their edge server got a model from above; ``clients_received_models``
   models each, default 1: IFCA sends every cluster's model).
-  A message is ``uplink_bytes`` / ``down_bytes`` when the update path compresses it
+  A message is ``uplink_bytes`` / ``downlink_bytes`` when the update path compresses it
   (:func:`fedtree.core.compression.uplink` / :func:`~fedtree.core.compression.downlink` report
   them), else one model at its dtypes' size;
 * an edge between server levels: ``level{l}_children_sent`` child nodes (0 in a round where level
   ``l`` does not aggregate) each sent their model or update to level ``l``
   (``level{l}_uplink_bytes`` when compressed, else a model) and ``level{l}_children_received``
-  (default: as many) received level ``l``'s model (``level{l}_down_bytes``, else a model).
+  (default: as many) received level ``l``'s model (``level{l}_downlink_bytes``, else a model).
 
 :class:`Traffic` turns every round into byte metrics (:meth:`Traffic.add_rounds` takes every
 round of a compiled call, :func:`fedtree.core.loop.run`'s ``on_rounds`` hook, so fused rounds are
@@ -94,14 +94,14 @@ def round_edges(metrics: Mapping[str, Any], model_bytes: float) -> dict[str, Edg
        + float(metrics.get("clients_discarded", 0)))
   received = float(metrics.get("clients_received", n))
   up = float(metrics.get("uplink_bytes", model_bytes))
-  down = float(metrics.get("down_bytes", model_bytes)) * float(metrics.get("clients_received_models", 1))
+  down = float(metrics.get("downlink_bytes", model_bytes)) * float(metrics.get("clients_received_models", 1))
   out = {"clients": (n * up, received * down, up, down)}
   levels = sorted({int(m.group(1)) for m in map(_LEVEL.match, metrics) if m is not None})
   for lv in levels:
     sent = float(metrics.get(f"level{lv}_children_sent", 0))
     received = float(metrics.get(f"level{lv}_children_received", sent))
     up = float(metrics.get(f"level{lv}_uplink_bytes", model_bytes)) if sent else 0.0
-    down = float(metrics.get(f"level{lv}_down_bytes", model_bytes)) if received else 0.0
+    down = float(metrics.get(f"level{lv}_downlink_bytes", model_bytes)) if received else 0.0
     out[f"level{lv}"] = (sent * up, received * down, up, down)
   return out
 

@@ -35,7 +35,7 @@ level as one chunk) run the same code: :func:`transform_chunk` (the client stage
 :func:`accumulator`; the weighted mean streams sums, a blockwise aggregator keeps its
 :class:`Block`), then :func:`finish` (the node stage).
 
-:class:`UpdatePath` bundles the stages for one aggregation; :class:`PathState` holds its state.
+:class:`UpdatePath` bundles the stages for one aggregation; :class:`UpdateState` holds its state.
 ``None`` everywhere is the engine as it was: an algorithm given no path (or the default
 :class:`UpdatePath`) computes bitwise what it computed before the seam existed.
 
@@ -205,7 +205,7 @@ class UpdatePath(NamedTuple):
             and self.down is None)
 
 
-class PathState(NamedTuple):
+class UpdateState(NamedTuple):
   """State of an :class:`UpdatePath`.
 
   Attributes:
@@ -296,15 +296,15 @@ def chain_nodes(*transforms: NodeTransform | None) -> NodeTransform | None:
 
 
 # ------------------------------------------------------------------------ state
-def init_path_state(
+def init_update_state(
   path: UpdatePath | None, params: PyTree, num_children: int, num_parents: int,
-) -> PathState:
-  """The initial :class:`PathState` of ``path`` for ``num_children`` children under
+) -> UpdateState:
+  """The initial :class:`UpdateState` of ``path`` for ``num_children`` children under
   ``num_parents`` parents (``params``: one unstacked model, the template)."""
   if path is None:
-    return PathState()
+    return UpdateState()
   client = () if path.client is None or path.client.init is None else path.client.init(params, num_children)
-  return PathState(client=client, node=_init_node(path.node, params, num_parents))
+  return UpdateState(client=client, node=_init_node(path.node, params, num_parents))
 
 
 def _init_node(node: NodeTransform | None, params, num_parents: int) -> dict:
@@ -316,7 +316,7 @@ def _init_node(node: NodeTransform | None, params, num_parents: int) -> dict:
   return {node.name: () if node.init is None else node.init(params, num_parents)}
 
 
-def node_state_of(path: UpdatePath, state: PathState) -> PyTree:
+def node_state_of(path: UpdatePath, state: UpdateState) -> PyTree:
   """What :meth:`NodeTransform.apply` receives as its state: the ``{name: state}`` dict of a
   chain, or the one transform's entry."""
   if path.node is None:
@@ -329,7 +329,7 @@ def _wrap_node(path: UpdatePath, new) -> dict:
   return new if path.node.keyed else {path.node.name: new}
 
 
-def parents_node_state(state: PathState, parent: jax.Array) -> PyTree:
+def parents_node_state(state: UpdateState, parent: jax.Array) -> PyTree:
   """Every child's parent's row of the node state (for :attr:`ClientContext.node_state`)."""
   return jax.tree.map(lambda a: jnp.take(a, parent, axis=0), state.node)
 
@@ -355,12 +355,12 @@ def check_stats(stats: Stats, where: str) -> Stats:
 
 def finish(
   path: UpdatePath,
-  state: PathState,
+  state: UpdateState,
   delta_sum: PyTree,
   weight_sum: jax.Array,
   client_stat_sums: Stats,
   key: jax.Array,
-) -> tuple[PyTree, jax.Array, PathState, Stats]:
+) -> tuple[PyTree, jax.Array, UpdateState, Stats]:
   """The node stage on the aggregate: ``(delta_sum, weight_sum, state, node stats [P])``."""
   if path.node is None:
     return delta_sum, weight_sum, state, {}
@@ -559,14 +559,14 @@ def transform_chunk(
 # ------------------------------------------------------------------------ a whole level
 def transform_children(
   path: UpdatePath,
-  state: PathState,
+  state: UpdateState,
   deltas: PyTree,
   parent: jax.Array,
   weights: jax.Array,
   mask: jax.Array,
   num_parents: int,
   key: jax.Array,
-) -> tuple[PyTree, PathState, Stats]:
+) -> tuple[PyTree, UpdateState, Stats]:
   """The client stage on every row of ``deltas [N, ...]`` (every child of a level at once; child
   ``i``'s key is ``fold_in(key, i)``): :func:`transform_chunk` with the level as the chunk. Only the
   rows of ``mask`` (the children that report) update their state and count in the statistics,
@@ -581,13 +581,13 @@ def transform_children(
 
 def aggregate_children(
   path: UpdatePath | None,
-  state: PathState,
+  state: UpdateState,
   parent_params: PyTree,
   child_params: PyTree,
   weights: jax.Array,
   parent_of_child: np.ndarray | jax.Array,
   key: jax.Array,
-) -> tuple[PyTree, jax.Array, PathState, dict[str, jax.Array]]:
+) -> tuple[PyTree, jax.Array, UpdateState, dict[str, jax.Array]]:
   """``Δ_n = Θ_n - Σ_i p_i θ_i`` for every parent, every child of the level taking part (a server
   level aggregating the nodes below it), through ``path``: its client stage
   (:func:`transform_chunk`), its aggregator (:func:`accumulator`, the one chunk being the whole

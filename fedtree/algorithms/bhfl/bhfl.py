@@ -104,7 +104,7 @@ from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
 from fedtree.core.updates import (
   UpdatePath,
-  init_path_state,
+  init_update_state,
   path_metrics,
   per_level_paths,
   transform_children,
@@ -211,7 +211,7 @@ class BHFLState:
     residual_state: ``[E·K, ...]`` the root's optimizer state per residual link, or ``()``.
     direct_state: ``[E, ...]`` the edges' down state of the root→edge link, or ``()``.
     cursor: ``int32[C]`` the clients' batch cursors under ``batch_order="cyclic"`` (else ``()``).
-    update_state: the :class:`~fedtree.core.updates.PathState` of the clients' update path.
+    update_state: the :class:`~fedtree.core.updates.UpdateState` of the clients' update path.
   """
 
   round: jax.Array
@@ -476,7 +476,7 @@ def bhfl(
       residual_state=init_nodes(residual_opt, stack(p0, num_links)) if num_links else (),
       direct_state=init_nodes(direct_opt, params[depth - 1]) if residual_down else (),
       cursor=schedule.init_cursor(num_clients),
-      update_state=init_path_state(path, p0, num_clients, nums[depth - 1]),
+      update_state=init_update_state(path, p0, num_clients, nums[depth - 1]),
     )
 
   def take(tree, idx):

@@ -85,7 +85,7 @@ from fedtree.core.rng import stream
 from fedtree.core.sampling import Cohort, cohort_sampler
 from fedtree.core.server import init_nodes, select_nodes, update_nodes
 from fedtree.core.tier import train_cohort
-from fedtree.core.updates import UpdatePath, init_path_state, per_level_paths
+from fedtree.core.updates import UpdatePath, init_update_state, per_level_paths
 
 CLUSTERINGS = ("kmeans", "cfl", "ifca")
 INTER_CLUSTER = ("none", "awcfl", "mcfl")
@@ -358,7 +358,7 @@ def clustered(
       cluster_of=jnp.zeros((num_clients,), jnp.int32),
       num_clusters=jnp.asarray(1 if clustering == "cfl" else k, jnp.int32), features=features,
       cursor=schedule.init_cursor(num_clients),
-      update_state=init_path_state(path, jax.tree.map(lambda p: p[0], params), num_clients, k),
+      update_state=init_update_state(path, jax.tree.map(lambda p: p[0], params), num_clients, k),
     )
 
   # ---------------------------------------------------------------- strategies, chosen here
@@ -458,7 +458,7 @@ def clustered(
       client_update, state.params, cohort, data, num_steps=schedule.num_steps(data.n_train),
       weights=w_client, key=stream(key, "train"), chunk_size=sampler.chunk_size, keep_client_params=True,
       batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=state.cursor,
-      skip_nonfinite=skip_nonfinite, path=path, path_state=state.update_state,
+      skip_nonfinite=skip_nonfinite, path=path, update_state=state.update_state,
     )
     # The slots whose update counts: the cohort, less the clients skipped for a non-finite one.
     cohort = cohort._replace(valid=cohort.valid & jnp.take(res.reported, cohort.clients))
@@ -489,7 +489,7 @@ def clustered(
     if clustering == "ifca":   # every sampled client receives all k models (bytes: core.traffic)
       metrics["clients_received_models"] = jnp.asarray(k, jnp.int32)
     return state.replace(round=r, params=params, opt_state=opt_state, cluster_of=cluster_of,
-                         update_state=res.path_state,
+                         update_state=res.update_state,
                          num_clusters=a.num_in_use, features=features, cursor=res.cursor), metrics
 
   def models(state: ClusterState):

@@ -333,7 +333,7 @@ class ClusterState:
     num_clusters: ``int32[]`` cluster slots in use (CFL grows it; K for the others).
     features: :class:`ClusterFeatures` (MCFL) or ``()``.
     cursor: ``int32[C]`` the clients' batch cursors under ``batch_order="cyclic"`` (else ``()``).
-    update_state: the :class:`~fedtree.core.updates.PathState` of the clients' update path.
+    update_state: the :class:`~fedtree.core.updates.UpdateState` of the clients' update path.
   """
 
   round: jax.Array

@@ -14,7 +14,8 @@ The section::
                                      # or {"kind": "trace", "path": ...} (FedScale), or absent: always
     "policy": {"kind": "deadline", "seconds": 60.0, "partial": False, "dropout": 0.1},
                                      # or wait_for_all, or over_selection (factor)
-    "bytes_up": None, "bytes_down": None,   # default: the model, or the update path's compressed sizes
+    "uplink_bytes": None, "downlink_bytes": None,   # default: the model, or the update path's
+                                     # compressed sizes
     "server_up": None, "server_down": None, # bytes / s of every server node's link to its parent: a
                                      # number, or one entry per level below the root (a number or a list
                                      # over its nodes); None: server transfers are free
@@ -33,8 +34,8 @@ from fedtree.datasets.device_traces import availability_trace, device_capacity_p
 from fedtree.experiment.capability import Capability
 from fedtree.experiment.fields import field
 
-FIELDS = ("seed", "speed", "up", "down", "capacity_trace", "availability", "policy", "bytes_up",
-          "bytes_down", "level_seconds", "server_up", "server_down")
+FIELDS = ("seed", "speed", "up", "down", "capacity_trace", "availability", "policy", "uplink_bytes",
+          "downlink_bytes", "level_seconds", "server_up", "server_down")
 DISTRIBUTIONS = {"lognormal": sysm.lognormal, "pareto": sysm.pareto, "uniform": sysm.uniform,
                  "constant": sysm.constant}
 AVAILABILITY = ("diurnal", "trace", "always")
@@ -113,7 +114,8 @@ def _systems(cfg: dict, ctx, num: int) -> sysm.Systems:
   else:
     policy = sysm.RoundPolicy(kind, **policy)
   return sysm.Systems(profile=profile, policy=policy, availability=availability,
-                      bytes_up=cfg.get("bytes_up", None), bytes_down=cfg.get("bytes_down", None),
+                      uplink_bytes=cfg.get("uplink_bytes", None),
+                      downlink_bytes=cfg.get("downlink_bytes", None),
                       level_seconds=cfg.get("level_seconds", 0.0),
                       server_up=_plain(cfg.get("server_up", None)),
                       server_down=_plain(cfg.get("server_down", None)))
