@@ -44,11 +44,11 @@ import optax
 from benchmarks import workloads
 from benchmarks.jax_runners import federated_data, jax_model, time_fused
 from fedtree.algorithms.hierfavg import fedavg
-from fedtree.core import compression as cp
 from fedtree.core import tuning
 from fedtree.core.local import LocalSchedule
 from fedtree.core.loop import compile_rounds
 from fedtree.core.updates import UpdatePath
+from fedtree.toolbox import compression as cp
 
 CASES = {
   "none": None,

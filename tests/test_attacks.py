@@ -1,4 +1,4 @@
-"""Byzantine clients (fedtree.core.attacks): the malicious mask, the attacks on one update against
+"""Byzantine clients (fedtree.toolbox.attacks): the malicious mask, the attacks on one update against
 a per-client loop, the omniscient attacks against a per-parent numpy reference, and through
 FedAvg: no attacker is bitwise today's run, one compile per round."""
 
@@ -12,8 +12,8 @@ from scipy.stats import norm as normal
 from test_robust import _block, _flat
 
 from fedtree.algorithms import fedavg
-from fedtree.core import attacks, robust
 from fedtree.core.updates import ClientContext, UpdatePath
+from fedtree.toolbox import attacks, robust
 
 
 # ------------------------------------------------------------------------ the mask

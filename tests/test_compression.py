@@ -1,4 +1,4 @@
-"""Compressed updates (fedtree.core.compression): unbiased quantizers within their variance bounds,
+"""Compressed updates (fedtree.toolbox.compression): unbiased quantizers within their variance bounds,
 exact top-k, error feedback against a per-client loop, lossless casts, hand-counted sizes, and
 the config section on every edge of a tree (an identity compressor is bitwise the plain run)."""
 
@@ -12,10 +12,10 @@ from helpers import trees_equal
 from helpers import with_update_paths as _with_path
 
 from fedtree.algorithms import hierfavg
-from fedtree.core import compression as cp
 from fedtree.core.updates import PathState, UpdatePath, transform_children
 from fedtree.experiment import registry
 from fedtree.experiment.capabilities import compression as sections
+from fedtree.toolbox import compression as cp
 
 TREE = {"w": jnp.asarray(np.random.default_rng(0).normal(size=(3, 4)), jnp.float32),
         "b": jnp.asarray([0.5, -2.0, 1.25, 3.0], jnp.float32)}

@@ -9,14 +9,14 @@ import pytest
 import reference_baselines as ref
 
 from fedtree.algorithms import fedavg, mime, mimelite
-from fedtree.core.compression import compressor, uplink
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
-from fedtree.core.privacy import central, clip
-from fedtree.core.robust import median
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
 from fedtree.models import build_model
+from fedtree.toolbox.compression import compressor, uplink
+from fedtree.toolbox.privacy import central, clip
+from fedtree.toolbox.robust import median
 
 LR, B = 0.1, 4
 
@@ -230,7 +230,7 @@ def test_bytes_count_the_gradient_the_statistics_and_the_variate(problem):
 
 @pytest.mark.slow
 def test_delta_clip_norm_bounds_every_update_and_systems_compose(problem):
-  from fedtree.core.systems import Systems, deadline, make_profile
+  from fedtree.toolbox.systems import Systems, deadline, make_profile
 
   data, _, model = problem
   common = dict(

@@ -1,4 +1,4 @@
-"""Robust aggregators (fedtree.core.robust) against plain numpy references, parent by parent, on
+"""Robust aggregators (fedtree.toolbox.robust) against plain numpy references, parent by parent, on
 random updates with ties, empty slots, a parent below Krum's bound and an empty parent."""
 
 import jax
@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedtree.core import robust
 from fedtree.core.updates import Block
+from fedtree.toolbox import robust
 
 SHAPES = {"a": (2, 3), "b": (4,)}
 D = 10
@@ -293,7 +293,7 @@ def test_bulyan_and_multi_krum_equal_flowers_own():
 def test_selecting_aggregators_count_the_attackers_they_kept():
   """``watch`` (the attackers' slots) -> ``kept_attackers`` = |kept ∩ watched| per parent,
   against the numpy Krum selection; aggregators that do not choose do not watch."""
-  from fedtree.core import attacks
+  from fedtree.toolbox import attacks
 
   block, flat, valid, _ = _block(seed=5)
   clients = np.asarray(block.clients)
@@ -391,7 +391,7 @@ def test_benchmark_smallest_setting_runs(tmp_path):
   assert bench.largest_cohort(400, 2, True, 10**6) < bench.largest_cohort(400, 2, False, 10**6)
 
 
-@pytest.mark.parametrize("name", ["fedtree.core.robust", "fedtree.core.attacks"])
+@pytest.mark.parametrize("name", ["fedtree.toolbox.robust", "fedtree.toolbox.attacks"])
 def test_docstring_examples_run(name):
   import doctest
   import importlib

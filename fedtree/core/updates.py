@@ -41,7 +41,7 @@ level as one chunk) run the same code: :func:`transform_chunk` (the client stage
 
 Example:
   Clip every client's update to norm 1 before FedAvg averages it (a plain transform written
-  here; :mod:`fedtree.core.privacy` ships the real ones):
+  here; :mod:`fedtree.toolbox.privacy` ships the real ones):
 
   >>> import jax, jax.numpy as jnp, optax
   >>> from fedtree.algorithms import fedavg

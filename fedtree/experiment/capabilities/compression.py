@@ -1,5 +1,5 @@
 """The compression capability: a run's ``compression`` section, lossy encodings of what travels
-along an edge of the run's tree (:mod:`fedtree.core.compression`), with their sizes in the round's
+along an edge of the run's tree (:mod:`fedtree.toolbox.compression`), with their sizes in the round's
 byte counts (:data:`CAPABILITY`).
 
 Example (a run field of any algorithm with ``update_paths``)::
@@ -14,8 +14,8 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fedtree.core import compression
 from fedtree.experiment.capability import Capability, PathParts, plain
+from fedtree.toolbox import compression
 
 _EDGE_KEYS = {"uplink", "downlink"}
 

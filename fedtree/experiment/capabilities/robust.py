@@ -1,5 +1,5 @@
 """The attack and robust-aggregation capabilities: the ``attack`` and ``aggregator`` run sections,
-Byzantine clients (:mod:`fedtree.core.attacks`) and robust aggregation (:mod:`fedtree.core.robust`)
+Byzantine clients (:mod:`fedtree.toolbox.attacks`) and robust aggregation (:mod:`fedtree.toolbox.robust`)
 for every algorithm that takes ``update_paths`` (:data:`ATTACK`, :data:`AGGREGATOR`).
 
 ``attack``: ``{"name": ..., "fraction": f | "ids": [...], "seed": s, "redraw": bool, ...}``
@@ -12,8 +12,8 @@ clients attack) is the server level whose children attack: at level ``l`` above 
 parents the attackers are nodes of level ``l + 1`` (``fraction`` / ``ids`` of those nodes;
 e.g. ``level=0``: captured edge servers send their poisoned aggregate to the root); data
 attacks are the clients' only. ``seed`` defaults to the config's. The model-poisoning attacks
-(:data:`~fedtree.core.attacks.CLIENT_ATTACKS`) transform each attacker's update; the omniscient
-ones (:data:`~fedtree.core.attacks.OMNISCIENT`) wrap the level's aggregator (the blockwise mean
+(:data:`~fedtree.toolbox.attacks.CLIENT_ATTACKS`) transform each attacker's update; the omniscient
+ones (:data:`~fedtree.toolbox.attacks.OMNISCIENT`) wrap the level's aggregator (the blockwise mean
 when none is chosen), so they need an algorithm that can run a blockwise aggregator. The data
 attacks (:data:`DATA_ATTACKS`) poison the attackers' stored training data for the run
 (:func:`poisoned_data`, the capability's data hook; a backdoor adds ``attack_success_rate`` to the
@@ -43,10 +43,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedtree.core import attacks, robust
 from fedtree.datasets import poison
 from fedtree.experiment.capability import Capability, PathParts, RunContext, plain
 from fedtree.experiment.fields import field
+from fedtree.toolbox import attacks, robust
 
 DATA_ATTACKS = ("label_flip", "backdoor")
 """The attacks that poison the attackers' training data (:func:`poisoned_data`), not their updates."""
@@ -77,7 +77,7 @@ def aggregator_parts(section: dict[str, Any], ctx) -> dict[int, Any]:
 
 def root_clients(fraction: float, seed: int | None, ctx) -> tuple[int, ...]:
   """FLTrust's root-data clients: ``max(1, round(fraction * clients))`` of them, the last ones of
-  the seeded order the attackers are drawn from (:func:`fedtree.core.attacks.attackers`), so an
+  the seeded order the attackers are drawn from (:func:`fedtree.toolbox.attacks.attackers`), so an
   ``attack`` section with the same seed (the config's by default) never marks them."""
   if not 0.0 < fraction < 1.0:
     raise ValueError(f"fltrust: root_fraction={fraction!r} must be in (0, 1) (the share of clients whose "

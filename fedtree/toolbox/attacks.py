@@ -11,7 +11,7 @@
 * Omniscient attacks that know the benign updates of the same parent, as a wrapper of a
   blockwise aggregator (:func:`omniscient`): the attackers' rows of every parent's
   :class:`~fedtree.core.updates.Block` are rewritten from the benign rows' coordinate mean ``μ``
-  and standard deviation ``σ``, then the wrapped aggregator runs (:func:`fedtree.core.robust.mean`
+  and standard deviation ``σ``, then the wrapped aggregator runs (:func:`fedtree.toolbox.robust.mean`
   for no defence). ALIE (Baruch et al. 2019): ``μ - z σ``; IPM (Xie et al. 2020): ``-ε μ``;
   min-max / min-sum (Shejwalkar & Houmansadr 2021): ``μ + γ p`` with ``γ`` the largest (by
   halving search) that keeps the malicious update's largest (min-max) / summed squared (min-sum)
@@ -43,8 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import ndtri
 
-from fedtree.core.robust import _bcast, _dist_to, pairwise_sq_distances
 from fedtree.core.updates import Aggregator, Block, ClientTransform
+from fedtree.toolbox.robust import _bcast, _dist_to, pairwise_sq_distances
 
 PyTree = Any
 
@@ -278,7 +278,7 @@ def omniscient(aggregator: Aggregator, attacker: Attackers, *, attack: str, **hy
   Raises:
     ValueError: an unknown attack or perturbation (the allowed ones listed).
   """
-  from fedtree.core import robust
+  from fedtree.toolbox import robust
 
   if attack not in OMNISCIENT:
     raise ValueError(f"attack={attack!r} is not an omniscient attack; choose one of {list(OMNISCIENT)}")
@@ -303,10 +303,10 @@ def omniscient(aggregator: Aggregator, attacker: Attackers, *, attack: str, **hy
 
 def watch_kept(aggregator: Aggregator, attacker: Attackers) -> Aggregator:
   """``aggregator`` reporting ``kept_attackers`` (per parent, how many of the updates it kept were
-  ``attacker`` 's; :func:`fedtree.core.robust.watches`) when it chooses among the updates (Krum,
+  ``attacker`` 's; :func:`fedtree.toolbox.robust.watches`) when it chooses among the updates (Krum,
   multi-Krum, Bulyan, FLTrust); any other aggregator, or attackers redrawn every round (their
   draw is the client transform's), is returned as it is."""
-  from fedtree.core import robust
+  from fedtree.toolbox import robust
 
   if attacker.redraw or not robust.watches(aggregator):
     return aggregator

@@ -60,7 +60,7 @@ Bulyan's ``θ`` to ``[1, n]`` and its kept count ``θ - 2f`` to ``[1, θ]``.
 Stats (round metrics, the mean over the parents): ``trimmed`` (values dropped per coordinate),
 ``krum_selected`` / ``bulyan_selected`` (updates kept), ``norm_bounded`` / ``cclip_clipped``
 (updates clipped), ``fltrust_zeroed`` (updates of trust score 0); with a ``watch`` mask of the
-attackers' slots (:func:`watches`, passed by :func:`fedtree.core.attacks.watch_kept`),
+attackers' slots (:func:`watches`, passed by :func:`fedtree.toolbox.attacks.watch_kept`),
 ``kept_attackers``: the attackers among the updates Krum, Bulyan or FLTrust kept. Which slots
 Krum and Bulyan keep: :func:`krum_selection`, :func:`bulyan_selection`.
 
