@@ -44,7 +44,9 @@ _EXPORTS = {
     "scaffold",
   )},
 }
-_SUBMODULES = ("algorithms", "core", "datasets", "evaluation", "experiment", "models", "objectives", "toolbox")
+_SUBMODULES = (
+  "algorithms", "core", "datasets", "evaluation", "experiment", "models", "objectives", "toolbox",
+)
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
