@@ -104,7 +104,7 @@ CAPABILITIES: dict[str, Callable[[dict, workloads.Workload], algorithms.Federate
   "dp": _fedavg_with(update_paths=dp_path(1.0, 1.0)),
   "median": _fedavg_with(update_paths=UpdatePath(aggregator=robust.median())),
   "qsgd8": _fedavg_with(update_paths=UpdatePath(
-    client=compression.uplink(compression.compressor("qsgd", bits=8)))),
+    client=compression.uplink(compression.qsgd(bits=8)))),
 }
 """FedAvg with one capability each (module docstring), timed when named in ``--methods``."""
 

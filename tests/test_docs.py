@@ -25,7 +25,7 @@ DOCTEST_MODULES = [
   "fedtree.core.data",         # FederatedData
   "fedtree.core.tier",         # train_cohort
   "fedtree.core.loop",         # loop.run
-  "fedtree.toolbox.compression",  # compressor
+  "fedtree.toolbox.compression",  # qsgd
   "fedtree.toolbox.systems",      # Systems.round (no compilation of a round)
   "fedtree.toolbox.traffic",      # Traffic
   "fedtree.experiment.plots",  # write_run_plots

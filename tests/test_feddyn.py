@@ -213,7 +213,7 @@ def test_alpha_is_a_sweep_axis(problem):
 
 @pytest.mark.slow   # four builds; the bytes of one model are also checked by test_traffic's FedAvg
 def test_feddyn_composes_with_privacy_compression_and_systems_and_sends_one_model(problem):
-  from fedtree.toolbox.compression import compressor, uplink
+  from fedtree.toolbox.compression import qsgd, uplink
   from fedtree.toolbox.systems import Systems, deadline, make_profile
 
   data, _, model = problem
@@ -233,7 +233,7 @@ def test_feddyn_composes_with_privacy_compression_and_systems_and_sends_one_mode
     np.isfinite(np.asarray(a)).all() for a in jax.tree.leaves(s.server_state)
   )
   s, m = ref.run_jit(
-    feddyn(update_paths=UpdatePath(client=uplink(compressor("qsgd", bits=4))), **common),
+    feddyn(update_paths=UpdatePath(client=uplink(qsgd(bits=4))), **common),
     data,
     2,
     jax.random.key(0),

@@ -14,7 +14,7 @@ from fedtree.core.personal import personal
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
 from fedtree.models import build_model
-from fedtree.toolbox.compression import compressor, uplink
+from fedtree.toolbox.compression import qsgd, uplink
 from fedtree.toolbox.privacy import central, clip
 from fedtree.toolbox.robust import median
 
@@ -276,7 +276,7 @@ def test_mime_refusals(problem):
     with pytest.raises(ValueError, match=r"node transform 'dp' at the clients' tier"):
       method(update_paths=UpdatePath(node=central(1.0, 1.0)), **common)
     with pytest.raises(ValueError, match=r"client transform 'compression'"):
-      method(update_paths=UpdatePath(client=uplink(compressor("qsgd", bits=4))), **common)
+      method(update_paths=UpdatePath(client=uplink(qsgd(bits=4))), **common)
     with pytest.raises(ValueError, match=r"robust .* aggregator .* full-batch gradients into the server's"):
       method(update_paths=UpdatePath(aggregator=median()), cohort_size=4, **common)
     with pytest.raises(ValueError, match="personal parameters are not supported"):
