@@ -12,8 +12,8 @@ clients attack) is the server level whose children attack: at level ``l`` above 
 parents the attackers are nodes of level ``l + 1`` (``fraction`` / ``ids`` of those nodes;
 e.g. ``level=0``: captured edge servers send their poisoned aggregate to the root); data
 attacks are the clients' only. ``seed`` defaults to the config's. The model-poisoning attacks
-(:data:`~fedtree.toolbox.attacks.CLIENT_ATTACKS`) transform each attacker's update; the omniscient
-ones (:data:`~fedtree.toolbox.attacks.OMNISCIENT`) wrap the level's aggregator (the blockwise mean
+(:data:`CLIENT_ATTACKS`) transform each attacker's update; the omniscient
+ones (:data:`OMNISCIENT`) wrap the level's aggregator (the blockwise mean
 when none is chosen), so they need an algorithm that can run a blockwise aggregator. The data
 attacks (:data:`DATA_ATTACKS`) poison the attackers' stored training data for the run
 (:func:`poisoned_data`, the capability's data hook; a backdoor adds ``attack_success_rate`` to the
@@ -35,22 +35,33 @@ Example (a run field of any algorithm with ``update_paths``)::
 
 from __future__ import annotations
 
+import inspect
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedtree.core.updates import ClientTransform
 from fedtree.datasets import poison
 from fedtree.experiment.capability import Capability, PathParts, RunContext, plain
 from fedtree.experiment.fields import field
 from fedtree.toolbox import attacks, robust
 
+CLIENT_ATTACKS: dict[str, Callable[..., ClientTransform]] = {
+  "sign_flip": attacks.sign_flip, "scaling": attacks.scaling, "gaussian": attacks.gaussian,
+}
+"""The attacks on one update by name (factories of :mod:`fedtree.toolbox.attacks`, given the
+attackers and the section's hyperparameters)."""
+OMNISCIENT: dict[str, Callable[..., attacks.OmniscientAttack]] = {
+  "alie": attacks.alie, "ipm": attacks.ipm, "min_max": attacks.min_max, "min_sum": attacks.min_sum,
+}
+"""The omniscient attacks by name (factories of :mod:`fedtree.toolbox.attacks`)."""
 DATA_ATTACKS = ("label_flip", "backdoor")
 """The attacks that poison the attackers' training data (:func:`poisoned_data`), not their updates."""
-ATTACKS = tuple(sorted(attacks.CLIENT_ATTACKS)) + attacks.OMNISCIENT + DATA_ATTACKS
+ATTACKS = tuple(sorted(CLIENT_ATTACKS)) + tuple(OMNISCIENT) + DATA_ATTACKS
 
 
 def _levels(v) -> list[int]:
@@ -127,15 +138,36 @@ def attack_parts(section: dict[str, Any], ctx) -> dict[int, Any]:
       host = attacks.attackers(num, seed=int(seed), **who)
       _data_attack(name, section, ctx.data, host)   # validates; the runner poisons the run's data
     return {key: PathParts(wrap_aggregator=(watch,))}
-  if name in attacks.CLIENT_ATTACKS:
+  if name in CLIENT_ATTACKS:
     try:
-      transform = attacks.CLIENT_ATTACKS[name](mask, **section)
+      transform = CLIENT_ATTACKS[name](mask, **section)
     except TypeError as e:
       raise ValueError(f"attack {name!r}: bad hyperparameters {sorted(section)} ({e})") from e
     return {key: PathParts(client=(transform,), wrap_aggregator=(watch,))}
-  attacks.omniscient(robust.mean(), mask, attack=name, **section)   # validates the hyperparameters
-  return {key: PathParts(
-    wrap_aggregator=(lambda agg: attacks.omniscient(agg, mask, attack=name, **section),))}
+  attack = omniscient_attack(name, **section)
+  return {key: PathParts(wrap_aggregator=(lambda agg: attacks.omniscient(agg, mask, attack),))}
+
+
+def omniscient_attack(name: str, **hyper) -> attacks.OmniscientAttack:
+  """The omniscient attack ``name`` (a key of :data:`OMNISCIENT`) built with ``hyper``.
+
+  Raises:
+    ValueError: an unknown name (the allowed ones listed); a hyperparameter no omniscient attack
+      takes (theirs listed), or another one's (``eps`` given to ``alie``: its own listed); the
+      factory's own refusals (an unknown ``perturbation``).
+  """
+  if name not in OMNISCIENT:
+    raise ValueError(f"attack={name!r} is not an omniscient attack; choose one of {list(OMNISCIENT)}")
+  every = sorted({p for f in OMNISCIENT.values() for p in inspect.signature(f).parameters})
+  unknown = set(hyper) - set(every)
+  if unknown:
+    raise ValueError(f"{name}: unknown hyperparameters {sorted(unknown)}; choose from {every}")
+  own = list(inspect.signature(OMNISCIENT[name]).parameters)
+  foreign = sorted(set(hyper) - set(own))
+  if foreign:
+    raise ValueError(f"{name}: {foreign} are other omniscient attacks' hyperparameters; {name} takes "
+                     f"{own or 'none'}")
+  return OMNISCIENT[name](**hyper)
 
 
 def _trigger(spec, example_shape) -> poison.Trigger:
