@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from fedtree.core.updates import Block
+from fedtree.experiment.capabilities import robust as sections
 from fedtree.toolbox import robust
 
 SHAPES = {"a": (2, 3), "b": (4,)}
@@ -348,9 +349,9 @@ def test_bad_input_is_refused():
   with pytest.raises(ValueError, match="tau=0.0 must be positive"):
     robust.norm_bound(tau=0.0)
   with pytest.raises(ValueError, match=r"aggregator 'mode' is unknown; choose one of \['bulyan'"):
-    robust.robust_aggregator("mode")
+    sections.robust_aggregator("mode")
   with pytest.raises(ValueError, match="aggregator 'median': bad hyperparameters"):
-    robust.robust_aggregator("median", beta=0.1)
+    sections.robust_aggregator("median", beta=0.1)
   block = _block(k=6, counts=(6, 5))[0]
   with pytest.raises(ValueError, match="krum: f=2 needs at least 7 updates per parent, but the largest"):
     robust.krum(f=2).aggregate(block, None, {})

@@ -76,7 +76,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 
 import jax
@@ -498,34 +497,3 @@ def fltrust(*, trusted: Sequence[int]) -> Aggregator:
     return s, weight, stats
 
   return Aggregator(_watching(aggregate), name="fltrust")
-
-
-AGGREGATORS: dict[str, Callable[..., Aggregator]] = {
-  "mean": mean,
-  "median": median,
-  "trimmed_mean": trimmed_mean,
-  "krum": functools.partial(krum, m=1),
-  "multi_krum": krum,
-  "bulyan": bulyan,
-  "geometric_median": geometric_median,
-  "norm_bound": norm_bound,
-  "centered_clip": centered_clip,
-  "fltrust": fltrust,
-}
-"""The robust aggregators by name (``krum`` is multi-Krum with ``m=1``). A count annotated
-``int | jax.Array`` (Krum's and Bulyan's ``f``, multi-Krum's ``m``) may be a traced value: a sweep
-axis."""
-
-
-def robust_aggregator(name: str, **hyper) -> Aggregator:
-  """The aggregator ``name`` (a key of :data:`AGGREGATORS`) built with ``hyper``.
-
-  Raises:
-    ValueError: an unknown name (the allowed ones listed) or hyperparameters it does not take.
-  """
-  if name not in AGGREGATORS:
-    raise ValueError(f"aggregator {name!r} is unknown; choose one of {sorted(AGGREGATORS)}")
-  try:
-    return AGGREGATORS[name](**hyper)
-  except TypeError as e:
-    raise ValueError(f"aggregator {name!r}: bad hyperparameters {sorted(hyper)} ({e})") from e

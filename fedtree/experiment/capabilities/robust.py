@@ -1,6 +1,7 @@
 """The attack and robust-aggregation capabilities: the ``attack`` and ``aggregator`` run sections,
 Byzantine clients (:mod:`fedtree.toolbox.attacks`) and robust aggregation (:mod:`fedtree.toolbox.robust`)
-for every algorithm that takes ``update_paths`` (:data:`ATTACK`, :data:`AGGREGATOR`).
+for every algorithm that takes ``update_paths`` (:data:`ATTACK`, :data:`AGGREGATOR`); the
+aggregators and attacks by name (:data:`AGGREGATORS`, :data:`CLIENT_ATTACKS`, :data:`OMNISCIENT`).
 
 ``attack``: ``{"name": ..., "fraction": f | "ids": [...], "seed": s, "redraw": bool, ...}``
 plus the attack's hyperparameters (``scale``, ``factor``, ``std``; ``z``, ``eps``,
@@ -35,6 +36,7 @@ Example (a run field of any algorithm with ``update_paths``)::
 
 from __future__ import annotations
 
+import functools
 import inspect
 import typing
 from collections.abc import Callable, Sequence
@@ -44,11 +46,42 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedtree.core.updates import ClientTransform
+from fedtree.core.updates import Aggregator, ClientTransform
 from fedtree.datasets import poison
 from fedtree.experiment.capability import Capability, PathParts, RunContext, plain
 from fedtree.experiment.fields import field
 from fedtree.toolbox import attacks, robust
+
+AGGREGATORS: dict[str, Callable[..., Aggregator]] = {
+  "mean": robust.mean,
+  "median": robust.median,
+  "trimmed_mean": robust.trimmed_mean,
+  "krum": functools.partial(robust.krum, m=1),
+  "multi_krum": robust.krum,
+  "bulyan": robust.bulyan,
+  "geometric_median": robust.geometric_median,
+  "norm_bound": robust.norm_bound,
+  "centered_clip": robust.centered_clip,
+  "fltrust": robust.fltrust,
+}
+"""The robust aggregators by name, factories of :mod:`fedtree.toolbox.robust` (``krum`` is
+multi-Krum with ``m=1``). A count annotated ``int | jax.Array`` (Krum's and Bulyan's ``f``,
+multi-Krum's ``m``) may be a traced value: a sweep axis."""
+
+
+def robust_aggregator(name: str, **hyper) -> Aggregator:
+  """The aggregator ``name`` (a key of :data:`AGGREGATORS`) built with ``hyper``.
+
+  Raises:
+    ValueError: an unknown name (the allowed ones listed) or hyperparameters it does not take.
+  """
+  if name not in AGGREGATORS:
+    raise ValueError(f"aggregator {name!r} is unknown; choose one of {sorted(AGGREGATORS)}")
+  try:
+    return AGGREGATORS[name](**hyper)
+  except TypeError as e:
+    raise ValueError(f"aggregator {name!r}: bad hyperparameters {sorted(hyper)} ({e})") from e
+
 
 CLIENT_ATTACKS: dict[str, Callable[..., ClientTransform]] = {
   "sign_flip": attacks.sign_flip, "scaling": attacks.scaling, "gaussian": attacks.gaussian,
@@ -78,11 +111,11 @@ def aggregator_parts(section: dict[str, Any], ctx) -> dict[int, Any]:
   section = dict(plain(section))
   name = section.pop("name", None)
   if name is None:
-    raise ValueError(f"a 'name' is required; choose one of {sorted(robust.AGGREGATORS)}")
+    raise ValueError(f"a 'name' is required; choose one of {sorted(AGGREGATORS)}")
   levels = _levels(section.pop("levels", section.pop("level", -1)))
   if name == "fltrust" and "root_fraction" in section:
     section["trusted"] = root_clients(float(section.pop("root_fraction")), section.pop("seed", None), ctx)
-  agg = robust.robust_aggregator(name, **section)
+  agg = robust_aggregator(name, **section)
   return {lv: PathParts(aggregator=agg) for lv in levels}
 
 
@@ -235,7 +268,7 @@ def _factory_hint(factory, name: str):
 def aggregator_hint(path: Sequence[str], section):
   """The annotation of an ``aggregator`` section's field ``path`` in the factory its ``name``
   names (Krum's ``f`` and ``m`` may be traced: sweep axes)."""
-  factory = robust.AGGREGATORS.get(plain(section).get("name"), None)
+  factory = AGGREGATORS.get(plain(section).get("name"), None)
   return None if factory is None or len(path) != 1 else _factory_hint(factory, path[0])
 
 
