@@ -61,7 +61,7 @@ def aggregators(k: int) -> dict:
 
 
 def time_one(agg, block, repeats: int) -> float:
-  fn = jax.jit(lambda b: agg.aggregate(b, None, {})[:2])
+  fn = jax.jit(lambda b: agg.aggregate(b, {}, None)[:2])
   jax.block_until_ready(fn(block))
   times = []
   for _ in range(repeats):

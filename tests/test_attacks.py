@@ -144,9 +144,9 @@ def test_omniscient_wrapper_then_aggregates():
   block, *_ = _block(seed=2)
   a = attacks.attackers(64, fraction=0.3, seed=1)
   agg = attacks.omniscient(robust.median(), a, attacks.alie())
-  s, w, st = agg.aggregate(block, jax.random.key(0), {})
+  s, w, st = agg.aggregate(block, {}, jax.random.key(0))
   poisoned, bad = attacks.poison_block(block, a, jax.random.fold_in(jax.random.key(0), 0), attacks.alie())
-  s2, w2, _ = robust.median().aggregate(poisoned, None, {})
+  s2, w2, _ = robust.median().aggregate(poisoned, {}, None)
   np.testing.assert_array_equal(_flat(s), _flat(s2))
   np.testing.assert_array_equal(np.asarray(st["attackers"]), np.asarray(bad).sum(1))
   assert agg.name == "alie+median"

@@ -47,7 +47,7 @@ def _flat(tree):
 
 
 def _run(agg, block):
-  s, w, stats = jax.jit(agg.aggregate)(block, jax.random.key(0), {})
+  s, w, stats = jax.jit(agg.aggregate)(block, {}, jax.random.key(0))
   s, w = _flat(s), np.asarray(w)
   est = np.where(w[:, None] > 0, s / np.where(w > 0, w, 1)[:, None], 0.0)
   return est, w, {k: np.asarray(v) for k, v in stats.items()}
@@ -354,9 +354,9 @@ def test_bad_input_is_refused():
     sections.robust_aggregator("median", beta=0.1)
   block = _block(k=6, counts=(6, 5))[0]
   with pytest.raises(ValueError, match="krum: f=2 needs at least 7 updates per parent, but the largest"):
-    robust.krum(f=2).aggregate(block, None, {})
+    robust.krum(f=2).aggregate(block, {}, None)
   with pytest.raises(ValueError, match="bulyan: f=1 needs at least 7 updates"):
-    robust.bulyan(f=1).aggregate(block, None, {})
+    robust.bulyan(f=1).aggregate(block, {}, None)
 
 
 def test_hyperparameters_may_be_traced():
@@ -367,8 +367,8 @@ def test_hyperparameters_may_be_traced():
   @jax.jit
   def run(beta, f):
     traces.append(1)
-    s, w, _ = robust.trimmed_mean(beta=beta).aggregate(block, None, {})
-    sk, wk, _ = robust.krum(f=f, m=1).aggregate(block, None, {})
+    s, w, _ = robust.trimmed_mean(beta=beta).aggregate(block, {}, None)
+    sk, wk, _ = robust.krum(f=f, m=1).aggregate(block, {}, None)
     return s["b"] / w[:, None], sk["b"] / wk[:, None]
 
   for beta, f in [(0.1, 1), (0.3, 2)]:

@@ -550,7 +550,7 @@ def hierfavg(
       cohort, num_steps = cohort._replace(valid=outcome.valid), outcome.num_steps
     w_tier = w_client   # the clients' weights in their parents' mean: the rule's, where it sets them (AFL)
     if server_rule is not None and server_rule.weights is not None:
-      w_tier = server_rule.weights(state.server_state, w_client)
+      w_tier = server_rule.weights(w_client, state.server_state)
     population_weight = jax.ops.segment_sum(w_tier, parents[depth], num_segments=topology.num_nodes(leaf))
 
     def inbox_of(res, pseudo_gradient, slots=None):   # what the clients' parents receive from a pass

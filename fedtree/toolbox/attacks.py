@@ -329,11 +329,11 @@ def omniscient(aggregator: Aggregator, attacker: Attackers, attack: OmniscientAt
 
   inner = aggregator if aggregator.blockwise else robust.mean()
 
-  def aggregate(block, key, node_state):
+  def aggregate(block, node_state, key):
     poisoned, bad = poison_block(block, attacker, jax.random.fold_in(key, 0), attack)
     assert inner.aggregate is not None
     watch = {"watch": bad} if robust.watches(inner) else {}
-    s, w, stats = inner.aggregate(poisoned, jax.random.fold_in(key, 1), node_state, **watch)
+    s, w, stats = inner.aggregate(poisoned, node_state, jax.random.fold_in(key, 1), **watch)
     return s, w, {**stats, "attackers": jnp.sum(bad, axis=1).astype(jnp.float32)}
 
   return Aggregator(aggregate, name=f"{attack.name}+{aggregator.name}",
@@ -352,7 +352,7 @@ def watch_kept(aggregator: Aggregator, attacker: Attackers) -> Aggregator:
   inner = aggregator.aggregate
   assert inner is not None
 
-  def aggregate(block, key, node_state):
-    return inner(block, key, node_state, watch=attacker.mask(block.clients, None) & block.valid)
+  def aggregate(block, node_state, key):
+    return inner(block, node_state, key, watch=attacker.mask(block.clients, None) & block.valid)
 
   return aggregator._replace(aggregate=aggregate)
