@@ -45,6 +45,7 @@ import numpy as np
 from jax.scipy.special import ndtri
 
 from fedtree.core.updates import Aggregator, Block, ClientTransform
+from fedtree.toolbox import robust
 from fedtree.toolbox.robust import _bcast, _dist_to, pairwise_sq_distances
 
 PyTree = Any
@@ -325,8 +326,6 @@ def omniscient(aggregator: Aggregator, attacker: Attackers, attack: OmniscientAt
   ``attack`` (:func:`alie`, :func:`ipm`, :func:`min_max`, :func:`min_sum`). A streamed
   (non-blockwise) ``aggregator`` is replaced by the blockwise weighted mean. Stat ``attackers``:
   per parent, how many of its updates were malicious."""
-  from fedtree.toolbox import robust
-
   inner = aggregator if aggregator.blockwise else robust.mean()
 
   def aggregate(block, node_state, key):
@@ -345,8 +344,6 @@ def watch_kept(aggregator: Aggregator, attacker: Attackers) -> Aggregator:
   ``attacker`` 's; :func:`fedtree.toolbox.robust.watches`) when it chooses among the updates (Krum,
   multi-Krum, Bulyan, FLTrust); any other aggregator, or attackers redrawn every round (their
   draw is the client transform's), is returned as it is."""
-  from fedtree.toolbox import robust
-
   if attacker.redraw or not robust.watches(aggregator):
     return aggregator
   inner = aggregator.aggregate
