@@ -134,6 +134,7 @@ def test_bits_may_be_swept_but_k_may_not():
 @pytest.mark.parametrize("kwargs,match", [
   (dict(name="qsgd", bits=0), "bits=0 must be an integer >= 1"),
   (dict(name="qsgd"), "needs bits"),
+  (dict(name="rotated", bits=None), "needs bits"),
   (dict(name="qsgd", bits=1.5), "bits=1.5 must be"),
   (dict(name="topk", k=0), "k=0 must be an integer >= 1"),
   (dict(name="topk"), "exactly one of k"),

@@ -158,6 +158,8 @@ bits than the float32 values they encode."""
 
 
 def _check_bits(name: str, bits) -> None:
+  if bits is None:
+    raise ValueError(f"compressor {name!r} needs bits (an integer >= 1)")
   if is_traced(bits):
     return
   if not (float(bits) >= 1 and float(bits) == int(bits)):
