@@ -44,23 +44,23 @@ import optax
 from benchmarks import workloads
 from benchmarks.jax_runners import federated_data, jax_model, time_fused
 from fedtree.algorithms.hierfavg import fedavg
-from fedtree.core import compression as cp
 from fedtree.core import tuning
 from fedtree.core.local import LocalSchedule
 from fedtree.core.loop import compile_rounds
 from fedtree.core.updates import UpdatePath
+from fedtree.toolbox import compression as cp
 
 CASES = {
   "none": None,
-  "fp16": (cp.compressor("fp16"), False),
-  "qsgd8": (cp.compressor("qsgd", bits=8), False),
-  "qsgd2": (cp.compressor("qsgd", bits=2), False),
-  "rotated1": (cp.compressor("rotated", bits=1), False),
-  "drive": (cp.compressor("drive"), False),
-  "top1": (cp.compressor("topk", fraction=0.01), False),
-  "top1_ef": (cp.compressor("topk", fraction=0.01), True),
-  "rand1_ef": (cp.compressor("randk", fraction=0.01), True),
-  "ef_sign": (cp.compressor("scaled_sign"), True),
+  "fp16": (cp.fp16(), False),
+  "qsgd8": (cp.qsgd(bits=8), False),
+  "qsgd2": (cp.qsgd(bits=2), False),
+  "rotated1": (cp.rotated(bits=1), False),
+  "drive": (cp.drive(), False),
+  "top1": (cp.topk(fraction=0.01), False),
+  "top1_ef": (cp.topk(fraction=0.01), True),
+  "rand1_ef": (cp.randk(fraction=0.01), True),
+  "ef_sign": (cp.scaled_sign(), True),
   "none_again": None,   # the baseline once more, last: how much the machine drifted meanwhile
 }
 
@@ -82,7 +82,7 @@ def measure(clients: int, rounds: int, repeats: int) -> list[dict]:
     step = compile_rounds(alg, rounds)
     _, _, best, _ = time_fused(step, alg.init(jax.random.key(0)), data, jax.random.key(1), repeats)
     params = model.init(jax.random.key(0))
-    sent = float((case[0] if case else cp.compressor("none")).bits(params)) / 8
+    sent = float((case[0] if case else cp.identity()).bits(params)) / 8
     rows.append(dict(compressor=name, seconds_per_round=best / rounds,
                      client_updates_per_s=w.cohort_size * rounds / best, bytes_per_client=sent))
   base = rows[0]["client_updates_per_s"]

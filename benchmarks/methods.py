@@ -36,8 +36,8 @@ Methods are named in :data:`METHODS` (one builder each), so another baseline joi
 each, timed the same way: ``personal_head`` (the MLP's last layer ``Dense_2`` stays with each client,
 :func:`fedtree.core.personal.personal`), ``dp`` (per-client clipping to norm 1 and central Gaussian
 noise z = 1, :func:`benchmarks.privacy.dp_path`), ``median`` (the coordinate-wise median of the
-cohort's updates, kept as one block, :func:`fedtree.core.robust.median`) and ``qsgd8`` (8-bit QSGD
-on the uplink, :mod:`fedtree.core.compression`).
+cohort's updates, kept as one block, :func:`fedtree.toolbox.robust.median`) and ``qsgd8`` (8-bit QSGD
+on the uplink, :mod:`fedtree.toolbox.compression`).
 """
 
 from __future__ import annotations
@@ -58,11 +58,11 @@ from benchmarks import workloads
 from benchmarks.jax_runners import build_fedtree, federated_data, jax_model
 from benchmarks.privacy import dp_path
 from fedtree import algorithms
-from fedtree.core import compression, robust
 from fedtree.core.local import LocalSchedule
 from fedtree.core.loop import compile_rounds
 from fedtree.core.personal import personal
 from fedtree.core.updates import UpdatePath
+from fedtree.toolbox import compression, robust
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -104,7 +104,7 @@ CAPABILITIES: dict[str, Callable[[dict, workloads.Workload], algorithms.Federate
   "dp": _fedavg_with(update_paths=dp_path(1.0, 1.0)),
   "median": _fedavg_with(update_paths=UpdatePath(aggregator=robust.median())),
   "qsgd8": _fedavg_with(update_paths=UpdatePath(
-    client=compression.uplink(compression.compressor("qsgd", bits=8)))),
+    client=compression.uplink(compression.qsgd(bits=8)))),
 }
 """FedAvg with one capability each (module docstring), timed when named in ``--methods``."""
 

@@ -10,7 +10,7 @@ round, each holding ``--sentences`` sentences of ``--seq_len`` random tokens, ``
 SGD steps of batch ``--batch_size`` (Ditto trains the model sent up and the personal model:
 two local trainings per client update), ``--chunk_size`` clients at once.
 
-* ``lora``: :func:`fedtree.core.lora.frozen_base` of Ditto on the adapted model (rank
+* ``lora``: :func:`fedtree.toolbox.lora.frozen_base` of Ditto on the adapted model (rank
   ``--rank`` on every kernel, ``--forward`` factored or merged): the base is one copy in the
   state; the global model, the per-client personal models ``[N, ...]`` and everything stacked
   are adapters.
@@ -30,7 +30,7 @@ time, so compilation is never in a timing). The largest ``N`` that fits in
 ``--budget_gb`` (24 GB) is ``peak(N) = fixed + per_client x N`` fitted on the two largest
 measured N, solved for N. ``closure``: the HLO text size and compile time of one LoRA round with
 the base closed over by the model (embedded as constants by JAX 0.10) against the base passed
-in the state (:func:`fedtree.core.lora.frozen_base`).
+in the state (:func:`fedtree.toolbox.lora.frozen_base`).
 
 Rows that are not run only compile: with ``XLA_FLAGS="--xla_backend_optimization_level=0
 --xla_llvm_disable_expensive_passes=true"`` that is much faster and the memory analysis is
@@ -51,12 +51,12 @@ import numpy as np
 import optax
 
 from fedtree.algorithms.ditto import ditto
-from fedtree.core import lora
 from fedtree.core.data import FederatedData
 from fedtree.core.local import LocalSchedule
 from fedtree.core.loop import make_multi_round
 from fedtree.experiment.memory import tree_bytes
 from fedtree.models import build_model
+from fedtree.toolbox import lora
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 GB = 1e9

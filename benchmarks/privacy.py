@@ -34,10 +34,10 @@ import optax
 from benchmarks import jax_runners, workloads
 from fedtree.algorithms.hierfavg import fedavg
 from fedtree.core import loop, tuning
-from fedtree.core import privacy as dp
 from fedtree.core.local import LocalSchedule
 from fedtree.core.sweep import sweep as stacked_sweep
 from fedtree.core.updates import UpdatePath
+from fedtree.toolbox import privacy as dp
 
 NOISE_MULTIPLIERS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0)
 

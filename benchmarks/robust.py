@@ -3,7 +3,7 @@ updates per parent, in the same run.
 
   python -m benchmarks.robust [--params=100000] [--parents=4] [--cohorts=10,100,1000]
 
-Every aggregator of :mod:`fedtree.core.robust` runs jitted on one block ``[P, K, D]`` (``P``
+Every aggregator of :mod:`fedtree.toolbox.robust` runs jitted on one block ``[P, K, D]`` (``P``
 parents, ``K`` updates each, ``D`` parameters; random normal updates, every slot valid): the
 blockwise weighted mean (what the streamed mean computes), the coordinate median, the trimmed
 mean (β = 0.1), multi-Krum (f = K/10) and RFA (8 Weiszfeld steps). Reported: the median wall
@@ -42,9 +42,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedtree.core import robust, tuning
+from fedtree.core import tuning
 from fedtree.core.updates import Block
 from fedtree.experiment.memory import block_bytes
+from fedtree.toolbox import robust
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 
@@ -60,7 +61,7 @@ def aggregators(k: int) -> dict:
 
 
 def time_one(agg, block, repeats: int) -> float:
-  fn = jax.jit(lambda b: agg.aggregate(b, None, {})[:2])
+  fn = jax.jit(lambda b: agg.aggregate(b, {}, None)[:2])
   jax.block_until_ready(fn(block))
   times = []
   for _ in range(repeats):

@@ -12,7 +12,7 @@ r"""Federated fine-tuning of a pretrained language model with LoRA adapters vs t
    the same pretrained model, at equal rounds: ``lora`` (``adapters: {kind: lora, rank: 8,
    alpha: 16, targets: LSTM input/recurrent matrices and the output layer}``; the base is
    frozen, one copy shared by every client and node; the global, group and fine-tuned
-   personal models are adapters; :mod:`fedtree.core.lora`) and ``full`` (every parameter).
+   personal models are adapters; :mod:`fedtree.toolbox.lora`) and ``full`` (every parameter).
 
 The report of each run (``lora_report.md``, ``full_report.md`` in the workdir) gives
 perplexity per group for FL, PerFL, GroupFL and GroupPerFL; the run ``pretrained`` / model
@@ -25,7 +25,7 @@ Measured (Python 3.11 stdlib; the notebook ``colab/peft_lm.ipynb`` runs the same
 in the committed notebook; 138 s with the test suite running beside it; 22 min 41 s when the
 machine was shared at load ~15-17). The adapters use the factored forward where a
 dense layer uses the kernel (the output layer; the LSTM's ``w_x``/``w_h`` are merged,
-:mod:`fedtree.core.lora`); the numbers below are the same with the merged forward, which the
+:mod:`fedtree.toolbox.lora`); the numbers below are the same with the merged forward, which the
 figures were first measured with. Pretraining: 5,436 sentences, 400 steps of 32,
 training loss 5.531 -> 3.930. Token-level word perplexity per group on the held-out packages
 (lower is better; PerFL in the notebook and the reports); ``base`` is the pretrained model

@@ -119,7 +119,8 @@ def get_config(variant: str = "curve") -> ml_collections.ConfigDict:
   c.runs.eps3 = run(dict(target_epsilon=3.0))
   c.runs.eps1 = run(dict(target_epsilon=1.0))
   # adaptive clipping towards the median norm, from C = 0.1; the count's noise σ_b = 4 takes a
-  # share of the budget (the deltas' z grows from 1.55 to 1.68: fedtree.core.privacy.delta_noise_multiplier)
+  # share of the budget (the deltas' z grows from 1.55 to 1.68:
+  # fedtree.toolbox.privacy.delta_noise_multiplier)
   c.runs.eps10_adaptive = run(dict(target_epsilon=10.0, adaptive=dict(
     initial_clip=0.1, target_quantile=0.5, learning_rate=0.2, count_noise=4.0)))
   return declare_runner_fields(c)

@@ -5,7 +5,10 @@ jitted ``vmap``; aggregation is ``segment_sum`` over parent indices; every serve
 its own optax optimizer state. See README.md for a tour.
 
 The names below are imported on first use, so ``import fedtree.core.algorithm`` (or any
-engine module) imports no algorithm.
+engine module) imports no algorithm. The packages, from the bottom floor up: ``core`` (the
+engine), ``toolbox`` (the capabilities' in-jit halves: privacy, robust aggregation, attacks,
+compression, traffic, systems, LoRA), ``models`` / ``objectives`` / ``datasets``, ``algorithms``,
+``evaluation``, ``experiment`` (configs, runs, the CLI).
 """
 
 from __future__ import annotations
@@ -32,12 +35,18 @@ _EXPORTS = {
   "Model": "fedtree.core.model", "build_model": "fedtree.models",
   "evaluate_models": "fedtree.evaluation",
   "train_and_evaluate": "fedtree.experiment",
+  # every algorithm factory of fedtree.algorithms (its __all__ less the engine's types)
   **{name: "fedtree.algorithms" for name in (
-    "awcfl", "bhfl", "cfl", "ditto", "fedavg", "fedkws", "fedprox", "grouppfl", "hierfavg", "ifca",
-    "mcfl", "perfedavg", "pfedme", "pfedmt",
+    "afl", "apfl", "awcfl", "bhfl", "cfl", "ditto", "fedala", "fedamp", "fedasync", "fedavg", "fedbabu",
+    "fedbn", "fedbuff", "feddyn", "fedem", "fedfomo", "fedkws", "fedmmd", "fednova", "fedper", "fedproto",
+    "fedprox", "fedrep", "fedrod", "finetuned", "grouppfl", "hierfavg", "ifca", "knnper", "lgfedavg",
+    "local", "mcfl", "mime", "mimelite", "moon", "perfedavg", "pfedhn", "pfedme", "pfedmt", "qffl",
+    "scaffold",
   )},
 }
-_SUBMODULES = ("algorithms", "core", "datasets", "evaluation", "experiment", "models", "objectives")
+_SUBMODULES = (
+  "algorithms", "core", "datasets", "evaluation", "experiment", "models", "objectives", "toolbox",
+)
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 

@@ -78,7 +78,7 @@ def as_f32(tree):
 def dp_path(noise_multiplier: float = 1.0, clip_norm: float = 0.5):
   """Central DP at the clients' parents: every update clipped to ``clip_norm``, Gaussian noise
   of multiplier ``noise_multiplier`` added once to each parent's sum (counted normalisation)."""
-  from fedtree.core import privacy
   from fedtree.core.updates import UpdatePath
+  from fedtree.toolbox import privacy
 
   return UpdatePath(client=privacy.clip(clip_norm), node=privacy.central(noise_multiplier, clip_norm))

@@ -13,17 +13,17 @@ from helpers import small_context
 
 from fedtree.algorithms import afl, fedavg
 from fedtree.algorithms.afl import project_simplex
-from fedtree.core import privacy as dp
 from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.rng import stream
-from fedtree.core.robust import median
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
 from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.experiment import registry
 from fedtree.models import build_model
+from fedtree.toolbox import privacy as dp
+from fedtree.toolbox.robust import median
 
 LR, B = 0.1, 4
 

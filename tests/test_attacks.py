@@ -1,4 +1,4 @@
-"""Byzantine clients (fedtree.core.attacks): the malicious mask, the attacks on one update against
+"""Byzantine clients (fedtree.toolbox.attacks): the malicious mask, the attacks on one update against
 a per-client loop, the omniscient attacks against a per-parent numpy reference, and through
 FedAvg: no attacker is bitwise today's run, one compile per round."""
 
@@ -12,8 +12,9 @@ from scipy.stats import norm as normal
 from test_robust import _block, _flat
 
 from fedtree.algorithms import fedavg
-from fedtree.core import attacks, robust
 from fedtree.core.updates import ClientContext, UpdatePath
+from fedtree.experiment.capabilities import robust as sections
+from fedtree.toolbox import attacks, robust
 
 
 # ------------------------------------------------------------------------ the mask
@@ -49,9 +50,14 @@ def test_bad_attackers_are_refused():
   with pytest.raises(ValueError, match=r"ids=\[7\] must lie in \[0, 5\)"):
     attacks.attackers(5, ids=[7])
   with pytest.raises(ValueError, match="attack='boom' is not an omniscient attack; choose one of"):
-    attacks.omniscient(robust.median(), attacks.attackers(5, ids=[1]), attack="boom")
+    sections.omniscient_attack("boom")
   with pytest.raises(ValueError, match="perturbation='x'; choose one of"):
-    attacks.omniscient(robust.median(), attacks.attackers(5, ids=[1]), attack="min_max", perturbation="x")
+    attacks.min_max(perturbation="x")
+  # an omniscient attack's hyperparameter given to another one is refused, not dropped
+  with pytest.raises(ValueError, match=r"alie: \['eps'\] are other omniscient attacks' hyperparameters; "
+                                       r"alie takes \['z'\]"):
+    sections.omniscient_attack("alie", eps=2.0)
+  assert sections.omniscient_attack("min_sum", perturbation="unit").pairwise
 
 
 # ------------------------------------------------------------------------ one update
@@ -115,7 +121,7 @@ def test_omniscient_attacks_against_a_per_parent_reference(attack, hyper):
   clients = np.asarray(block.clients)
   bad_ids = clients[valid][::3]                       # a third of the valid slots attack
   a = attacks.attackers(int(clients.max()) + 1, ids=bad_ids)
-  poisoned, bad = attacks.poison_block(block, a, jax.random.key(0), attack=attack, **hyper)
+  poisoned, bad = attacks.poison_block(block, a, jax.random.key(0), sections.OMNISCIENT[attack](**hyper))
   bad = np.asarray(bad)
   np.testing.assert_array_equal(bad, np.isin(clients, bad_ids) & valid)
   out = _flat_block(poisoned.deltas)
@@ -137,14 +143,14 @@ def _flat_block(tree):
 def test_omniscient_wrapper_then_aggregates():
   block, *_ = _block(seed=2)
   a = attacks.attackers(64, fraction=0.3, seed=1)
-  agg = attacks.omniscient(robust.median(), a, attack="alie")
-  s, w, st = agg.aggregate(block, jax.random.key(0), {})
-  poisoned, bad = attacks.poison_block(block, a, jax.random.fold_in(jax.random.key(0), 0), attack="alie")
-  s2, w2, _ = robust.median().aggregate(poisoned, None, {})
+  agg = attacks.omniscient(robust.median(), a, attacks.alie())
+  s, w, st = agg.aggregate(block, {}, jax.random.key(0))
+  poisoned, bad = attacks.poison_block(block, a, jax.random.fold_in(jax.random.key(0), 0), attacks.alie())
+  s2, w2, _ = robust.median().aggregate(poisoned, {}, None)
   np.testing.assert_array_equal(_flat(s), _flat(s2))
   np.testing.assert_array_equal(np.asarray(st["attackers"]), np.asarray(bad).sum(1))
   assert agg.name == "alie+median"
-  assert attacks.omniscient(UpdatePath().aggregator, a, attack="ipm").blockwise   # the mean, blockwise
+  assert attacks.omniscient(UpdatePath().aggregator, a, attacks.ipm()).blockwise   # the mean, blockwise
 
 
 # ------------------------------------------------------------------------ through FedAvg
@@ -174,7 +180,7 @@ def test_omniscient_attack_with_a_robust_aggregator_through_fedavg():
   """ALIE by 2 of 5 clients in front of the median, through FedAvg: one compile, the round's
   metric counts the attackers of the (one) parent."""
   alg, data = _fedavg(UpdatePath(aggregator=attacks.omniscient(
-    robust.median(), attacks.attackers(5, ids=(0, 3)), attack="alie")))
+    robust.median(), attacks.attackers(5, ids=(0, 3)), attacks.alie())))
   counted, traces = count_traces(alg)
   step = jax.jit(counted.round)
   s = alg.init(jax.random.key(0))

@@ -1,4 +1,4 @@
-"""Compressed updates (fedtree.core.compression): unbiased quantizers within their variance bounds,
+"""Compressed updates (fedtree.toolbox.compression): unbiased quantizers within their variance bounds,
 exact top-k, error feedback against a per-client loop, lossless casts, hand-counted sizes, and
 the config section on every edge of a tree (an identity compressor is bitwise the plain run)."""
 
@@ -12,10 +12,10 @@ from helpers import trees_equal
 from helpers import with_update_paths as _with_path
 
 from fedtree.algorithms import hierfavg
-from fedtree.core import compression as cp
 from fedtree.core.updates import UpdatePath, UpdateState, transform_children
 from fedtree.experiment import registry
 from fedtree.experiment.capabilities import compression as sections
+from fedtree.toolbox import compression as cp
 
 TREE = {"w": jnp.asarray(np.random.default_rng(0).normal(size=(3, 4)), jnp.float32),
         "b": jnp.asarray([0.5, -2.0, 1.25, 3.0], jnp.float32)}
@@ -33,7 +33,7 @@ def test_quantizers_are_unbiased_within_their_variance_bound(name, bits):
   Δ = range / (2^b - 1); rotated: m ||x||² / (2^b - 1)², the rotated range being at most 2||x||)."""
   n = 4000
   x = TREE["w"].reshape(-1)
-  out = np.asarray(_draws(cp.compressor(name, bits=bits), x, n), np.float64)
+  out = np.asarray(_draws(sections.compressor(name, bits=bits), x, n), np.float64)
   xs = np.asarray(x, np.float64)
   if name == "qsgd":
     delta = (xs.max() - xs.min()) / (2 ** bits - 1)
@@ -52,20 +52,20 @@ def test_drive_keeps_the_projection_on_x():
   """DRIVE's scale ||x||²/||Rx||₁ makes <x̂, x> = ||x||² for every rotation; one bit per coordinate."""
   x = TREE["w"]
   for s in range(3):
-    y = jax.jit(cp.compressor("drive").apply)(x, jax.random.key(s))
+    y = jax.jit(cp.drive().apply)(x, jax.random.key(s))
     np.testing.assert_allclose(float(jnp.vdot(y, x)), float(jnp.vdot(x, x)), rtol=1e-4)
 
 
 def test_topk_keeps_exactly_the_k_largest_magnitudes():
   flat = np.concatenate([np.asarray(TREE["b"]), np.asarray(TREE["w"]).reshape(-1)])  # ravel order
   for k in (1, 5, 16):
-    out = jax.jit(cp.compressor("topk", k=k).apply)(TREE, jax.random.key(0))
+    out = jax.jit(cp.topk(k=k).apply)(TREE, jax.random.key(0))
     got = np.concatenate([np.asarray(out["b"]), np.asarray(out["w"]).reshape(-1)])
     keep = np.argsort(-np.abs(flat))[:k]
     want = np.zeros_like(flat)
     want[keep] = flat[keep]
     np.testing.assert_array_equal(got, want)
-  out = jax.jit(cp.compressor("randk", fraction=0.25).apply)(TREE, jax.random.key(0))
+  out = jax.jit(cp.randk(fraction=0.25).apply)(TREE, jax.random.key(0))
   got = np.concatenate([np.asarray(out["b"]), np.asarray(out["w"]).reshape(-1)])
   assert np.sum(got != 0) == 4 and np.all((got == 0) | (got == flat))
 
@@ -74,7 +74,7 @@ def test_topk_keeps_exactly_the_k_largest_magnitudes():
 def test_error_feedback_against_a_per_client_loop(name, kw):
   """Four children over four rounds, some not reporting: each sends C(Δ + e) and keeps
   e' = Δ + e - C(Δ + e); a child that does not report keeps its residual."""
-  c = cp.compressor(name, **kw)
+  c = sections.compressor(name, **kw)
   t = cp.uplink(c, error_feedback=True)
   num = 4
   state = UpdateState(client=t.init(TREE, num))
@@ -105,8 +105,8 @@ def test_error_feedback_against_a_per_client_loop(name, kw):
 def test_casts_are_lossless_where_exact():
   x = {"a": jnp.asarray([0.0, 1.0, -2.5, 1024.0, 0.125, -30720.0], jnp.float32)}
   for name in ("fp16", "bf16"):
-    trees_equal(cp.compressor(name).apply(x, jax.random.key(0)), x)
-  y = cp.compressor("fp16").apply({"a": jnp.asarray([1 + 2.0 ** -12], jnp.float32)}, jax.random.key(0))
+    trees_equal(sections.compressor(name).apply(x, jax.random.key(0)), x)
+  y = cp.fp16().apply({"a": jnp.asarray([1 + 2.0 ** -12], jnp.float32)}, jax.random.key(0))
   assert float(y["a"][0]) == 1.0     # and lossy where not representable
 
 
@@ -119,21 +119,22 @@ def test_sizes_against_hand_counts():
           ("topk", (("k", 3),)): 3 * (32 + 4),                             # value + log2(16) index bits
           ("randk", (("fraction", 0.2),)): 3 * 32,                          # floor(0.2 * 16) = 3
           ("sign", ()): 16, ("scaled_sign", ()): 16 + 32}
-  assert {n for n, _ in want} == set(cp.NAMES)
+  assert {n for n, _ in want} == set(sections.COMPRESSORS)
   for (name, kw), bits in want.items():
-    assert float(cp.compressor(name, **dict(kw)).bits(TREE)) == bits, name
+    assert float(sections.compressor(name, **dict(kw)).bits(TREE)) == bits, name
 
 
 def test_bits_may_be_swept_but_k_may_not():
-  f = jax.jit(lambda b: cp.compressor("qsgd", bits=b).bits(TREE))
+  f = jax.jit(lambda b: cp.qsgd(bits=b).bits(TREE))
   assert float(f(3.0)) == 3 * 16 + 128
   with pytest.raises(ValueError, match="cannot be a sweep axis"):
-    jax.jit(lambda k: cp.compressor("topk", k=k).bits(TREE))(3)
+    jax.jit(lambda k: cp.topk(k=k).bits(TREE))(3)
 
 
 @pytest.mark.parametrize("kwargs,match", [
   (dict(name="qsgd", bits=0), "bits=0 must be an integer >= 1"),
   (dict(name="qsgd"), "needs bits"),
+  (dict(name="rotated", bits=None), "needs bits"),
   (dict(name="qsgd", bits=1.5), "bits=1.5 must be"),
   (dict(name="topk", k=0), "k=0 must be an integer >= 1"),
   (dict(name="topk"), "exactly one of k"),
@@ -143,14 +144,14 @@ def test_bits_may_be_swept_but_k_may_not():
 ])
 def test_bad_input_is_a_clear_error(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    cp.compressor(**kwargs)
+    sections.compressor(**kwargs)
 
 
 def test_k_larger_than_the_update_and_bad_edges_are_refused():
   with pytest.raises(ValueError, match="k=17 exceeds the update's size"):
-    cp.compressor("topk", k=17).bits(TREE)
+    cp.topk(k=17).bits(TREE)
   with pytest.raises(ValueError, match="cannot compress a model sent down"):
-    cp.downlink(cp.compressor("topk", k=1))
+    cp.downlink(cp.topk(k=1))
   with pytest.raises(ValueError, match="vote is signSGD's majority vote"):
     sections.compression_parts({"uplink": {"name": "qsgd", "bits": 2, "vote": 0.1}}, None)
   with pytest.raises(ValueError, match=r"unknown field\(s\) \['bitz'\]"):

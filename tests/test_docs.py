@@ -25,9 +25,9 @@ DOCTEST_MODULES = [
   "fedtree.core.data",         # FederatedData
   "fedtree.core.tier",         # train_cohort
   "fedtree.core.loop",         # loop.run
-  "fedtree.core.compression",  # compressor
-  "fedtree.core.systems",      # Systems.round (no compilation of a round)
-  "fedtree.core.traffic",      # Traffic
+  "fedtree.toolbox.compression",  # qsgd
+  "fedtree.toolbox.systems",      # Systems.round (no compilation of a round)
+  "fedtree.toolbox.traffic",      # Traffic
   "fedtree.experiment.plots",  # write_run_plots
   "fedtree.algorithms.hierfavg",           # fedavg, hierfavg
   "fedtree.algorithms.grouppfl.grouppfl",  # GroupPersonalizedFL
@@ -38,7 +38,7 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.fedprox",
   "fedtree.algorithms.fedmmd",
   "fedtree.algorithms.ditto",
-  "fedtree.core.lora",
+  "fedtree.toolbox.lora",
   "fedtree.algorithms.pfedme",
   "fedtree.algorithms.perfedavg",
   "fedtree.algorithms.pfedmt",
@@ -115,7 +115,8 @@ def test_site_builds_in_strict_mode(tmp_path):
   assert (site / "algorithms" / "fedmmd" / "index.html").exists()
   # the toolbox (issue 42 item 6): its pages, and the robust and attack modules' API page
   toolbox = (site / "api" / "toolbox" / "index.html").read_text()
-  for module in ("fedtree.core.robust", "fedtree.core.attacks", "fedtree.experiment.capabilities.robust"):
+  for module in ("fedtree.toolbox.robust", "fedtree.toolbox.attacks",
+                 "fedtree.experiment.capabilities.robust"):
     assert f'id="{module}"' in toolbox, module
   for page in ("toolbox", "robust", "compression", "lora", "privacy"):
     assert (site / page / "index.html").exists(), page

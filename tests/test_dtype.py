@@ -82,7 +82,7 @@ def test_float64_adaptive_clipping_keeps_its_clip_norm_in_float64_inside_fused_r
 
 
 def test_a_state_that_follows_the_model_is_never_narrower_than_float32():
-  from fedtree.core.privacy import Adaptive, central
+  from fedtree.toolbox.privacy import Adaptive, central
 
   dp = central(1.0, normalize="count", adaptive=Adaptive(initial_clip=0.5))
   for dtype in (jnp.bfloat16, jnp.float16, jnp.float32):

@@ -14,7 +14,7 @@ from fedtree.algorithms import fedasync
 from fedtree.algorithms.fedbuff import staleness_factor
 from fedtree.core.local import LocalSchedule
 from fedtree.core.rng import stream
-from fedtree.core.systems import Systems, make_profile
+from fedtree.toolbox.systems import Systems, make_profile
 
 LR, B = 0.1, 4
 SPEED = np.array([1.3, 0.7, 1.0, 1.9, 0.45])   # steps per second, no ties
@@ -138,7 +138,7 @@ def test_fedasync_refusals(problem):
 def test_stale_and_discarded_reports_count_as_sent():
   """A report the server discards (stale past max_staleness, or dropped on a simultaneous arrival)
   was downloaded and sent: the byte columns count it."""
-  from fedtree.core.traffic import Traffic
+  from fedtree.toolbox.traffic import Traffic
 
   t = Traffic(100)
   t.add({"clients_trained": 1, "clients_discarded": 2})

@@ -13,8 +13,8 @@ from fedtree.algorithms.fedbuff import fedbuff
 from fedtree.algorithms.hierfavg import fedavg
 from fedtree.core import loop
 from fedtree.core.local import LocalSchedule
-from fedtree.core.systems import Systems, deadline, make_profile, over_selection, wait_for_all
 from fedtree.core.topology import Topology
+from fedtree.toolbox.systems import Systems, deadline, make_profile, over_selection, wait_for_all
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,12 @@ import reference_baselines as ref
 from fedtree.algorithms import fedavg, feddyn
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
-from fedtree.core.privacy import central, clip
-from fedtree.core.robust import median
 from fedtree.core.server_rule import ServerRule
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
 from fedtree.models import build_model
+from fedtree.toolbox.privacy import central, clip
+from fedtree.toolbox.robust import median
 
 LR, B = 0.1, 4
 
@@ -213,8 +213,8 @@ def test_alpha_is_a_sweep_axis(problem):
 
 @pytest.mark.slow   # four builds; the bytes of one model are also checked by test_traffic's FedAvg
 def test_feddyn_composes_with_privacy_compression_and_systems_and_sends_one_model(problem):
-  from fedtree.core.compression import compressor, uplink
-  from fedtree.core.systems import Systems, deadline, make_profile
+  from fedtree.toolbox.compression import qsgd, uplink
+  from fedtree.toolbox.systems import Systems, deadline, make_profile
 
   data, _, model = problem
   common = dict(
@@ -233,7 +233,7 @@ def test_feddyn_composes_with_privacy_compression_and_systems_and_sends_one_mode
     np.isfinite(np.asarray(a)).all() for a in jax.tree.leaves(s.server_state)
   )
   s, m = ref.run_jit(
-    feddyn(update_paths=UpdatePath(client=uplink(compressor("qsgd", bits=4))), **common),
+    feddyn(update_paths=UpdatePath(client=uplink(qsgd(bits=4))), **common),
     data,
     2,
     jax.random.key(0),

@@ -12,10 +12,10 @@ from fedtree.algorithms import fedavg, fednova
 from fedtree.algorithms.fednova import effective_steps
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
-from fedtree.core.robust import median
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
 from fedtree.models import build_model
+from fedtree.toolbox.robust import median
 
 LR, B = 0.1, 4
 
@@ -187,7 +187,7 @@ def test_equal_steps_and_plain_sgd_is_fedavg(problem):
 
 
 def test_partial_work_lowers_tau_eff_and_fednova_sends_its_count(problem):
-  from fedtree.core.systems import Systems, deadline, make_profile
+  from fedtree.toolbox.systems import Systems, deadline, make_profile
 
   data, _, model = problem
   common = dict(

@@ -15,12 +15,12 @@ from fedtree.algorithms import fedavg, fedproto
 from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
-from fedtree.core.privacy import clip
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
 from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.experiment import registry
 from fedtree.models import build_model
+from fedtree.toolbox.privacy import clip
 
 LR, B, H = 0.1, 4, 5
 

@@ -308,8 +308,8 @@ def test_meaningless_values_are_refused_by_name(case):
 def test_a_lora_rank_above_some_kernels_sides_is_named():
   """A rank above the smaller side of every adapted kernel is refused (no adapter is low-rank); above
   some of them, those are named (the experiment layer warns with them)."""
-  from fedtree.core import lora
   from fedtree.models import build_model
+  from fedtree.toolbox import lora
 
   model = build_model("mlp", example_shape=(6,), num_classes=3, hidden=(8,))   # kernels 6 x 8, 8 x 3
   base = model.init(jax.random.key(0))

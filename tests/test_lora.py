@@ -1,4 +1,4 @@
-"""LoRA adapters on a frozen, shared base (fedtree.core.lora; issue 26)."""
+"""LoRA adapters on a frozen, shared base (fedtree.toolbox.lora; issue 26)."""
 
 import re
 
@@ -12,12 +12,12 @@ from helpers import close, trees_equal
 
 from fedtree.algorithms import fedavg
 from fedtree.core import loop
-from fedtree.core import lora as L
 from fedtree.core.local import LocalSchedule
 from fedtree.core.model import from_flax, masked_cross_entropy
 from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.models import build_model
 from fedtree.objectives import ditto_update
+from fedtree.toolbox import lora as L
 
 
 def _lms():

@@ -9,14 +9,14 @@ import pytest
 import reference_baselines as ref
 
 from fedtree.algorithms import fedavg, mime, mimelite
-from fedtree.core.compression import compressor, uplink
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
-from fedtree.core.privacy import central, clip
-from fedtree.core.robust import median
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
 from fedtree.models import build_model
+from fedtree.toolbox.compression import qsgd, uplink
+from fedtree.toolbox.privacy import central, clip
+from fedtree.toolbox.robust import median
 
 LR, B = 0.1, 4
 
@@ -230,7 +230,7 @@ def test_bytes_count_the_gradient_the_statistics_and_the_variate(problem):
 
 @pytest.mark.slow
 def test_delta_clip_norm_bounds_every_update_and_systems_compose(problem):
-  from fedtree.core.systems import Systems, deadline, make_profile
+  from fedtree.toolbox.systems import Systems, deadline, make_profile
 
   data, _, model = problem
   common = dict(
@@ -276,7 +276,7 @@ def test_mime_refusals(problem):
     with pytest.raises(ValueError, match=r"node transform 'dp' at the clients' tier"):
       method(update_paths=UpdatePath(node=central(1.0, 1.0)), **common)
     with pytest.raises(ValueError, match=r"client transform 'compression'"):
-      method(update_paths=UpdatePath(client=uplink(compressor("qsgd", bits=4))), **common)
+      method(update_paths=UpdatePath(client=uplink(qsgd(bits=4))), **common)
     with pytest.raises(ValueError, match=r"robust .* aggregator .* full-batch gradients into the server's"):
       method(update_paths=UpdatePath(aggregator=median()), cohort_size=4, **common)
     with pytest.raises(ValueError, match="personal parameters are not supported"):

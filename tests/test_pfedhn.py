@@ -17,12 +17,12 @@ from fedtree.algorithms.pfedhn import generate
 from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
-from fedtree.core.privacy import clip
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
 from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.experiment import registry
 from fedtree.models import build_model
+from fedtree.toolbox.privacy import clip
 
 LR, B = 0.1, 4
 HN = dict(hn_learning_rate=0.05, hn_momentum=0.9, hn_weight_decay=1e-3, clip_norm=0.5)   # the clip bites

@@ -1,4 +1,4 @@
-"""Differential privacy (fedtree.core.privacy, fedtree.experiment.capabilities.privacy): clipping and noise
+"""Differential privacy (fedtree.toolbox.privacy, fedtree.experiment.capabilities.privacy): clipping and noise
 against plain per-client numpy loops, the noise's std statistically, adaptive clipping against a
 hand-stepped reference, the accounting against dp_accounting and the analytic Gaussian mechanism,
 the config section, bad inputs, a traced noise multiplier under vmap, and every algorithm with
@@ -14,10 +14,10 @@ import pytest
 from helpers import ALGORITHM_CASES, count_traces, trees_equal
 from scipy.stats import norm as normal_dist
 
-from fedtree.core import privacy as dp
 from fedtree.core.updates import UpdatePath, aggregate_children, chain, init_update_state
 from fedtree.experiment import registry
 from fedtree.experiment.capabilities import privacy as xp
+from fedtree.toolbox import privacy as dp
 
 dp_accounting = pytest.importorskip("dp_accounting")
 

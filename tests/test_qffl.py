@@ -12,15 +12,15 @@ import reference_baselines as ref
 from helpers import small_context
 
 from fedtree.algorithms import fedavg, qffl
-from fedtree.core import privacy as dp
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
 from fedtree.core.rng import stream
-from fedtree.core.robust import median
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
 from fedtree.experiment import registry
+from fedtree.toolbox import privacy as dp
+from fedtree.toolbox.robust import median
 
 LR, B = 0.1, 4
 
@@ -118,7 +118,7 @@ def test_q_zero_is_fedavg(problem):
 
 def test_qffl_sends_one_model_and_one_float(problem):
   """Δ_k travels as a model (compressed where the path compresses it), h_k as one float32."""
-  from fedtree.core.compression import compressor, uplink
+  from fedtree.toolbox.compression import fp16, uplink
 
   data, _, model = problem
   common = dict(model=model, data=data, local_optimizer=optax.sgd(LR), local_learning_rate=LR,
@@ -127,7 +127,7 @@ def test_qffl_sends_one_model_and_one_float(problem):
   size = sum(int(np.prod(np.shape(p))) * 4 for p in jax.tree.leaves(model.init(jax.random.key(0))))
   assert float(metrics["uplink_bytes"]) == size + 4
   assert float(metrics["downlink_bytes"]) == size
-  _, metrics = _run(qffl(update_paths=UpdatePath(client=uplink(compressor("fp16"))), **common), data, 1,
+  _, metrics = _run(qffl(update_paths=UpdatePath(client=uplink(fp16())), **common), data, 1,
                     jax.random.key(0))
   assert float(metrics["uplink_bytes"]) == size // 2 + 4
 

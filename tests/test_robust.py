@@ -1,4 +1,4 @@
-"""Robust aggregators (fedtree.core.robust) against plain numpy references, parent by parent, on
+"""Robust aggregators (fedtree.toolbox.robust) against plain numpy references, parent by parent, on
 random updates with ties, empty slots, a parent below Krum's bound and an empty parent."""
 
 import jax
@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedtree.core import robust
 from fedtree.core.updates import Block
+from fedtree.experiment.capabilities import robust as sections
+from fedtree.toolbox import robust
 
 SHAPES = {"a": (2, 3), "b": (4,)}
 D = 10
@@ -46,7 +47,7 @@ def _flat(tree):
 
 
 def _run(agg, block):
-  s, w, stats = jax.jit(agg.aggregate)(block, jax.random.key(0), {})
+  s, w, stats = jax.jit(agg.aggregate)(block, {}, jax.random.key(0))
   s, w = _flat(s), np.asarray(w)
   est = np.where(w[:, None] > 0, s / np.where(w > 0, w, 1)[:, None], 0.0)
   return est, w, {k: np.asarray(v) for k, v in stats.items()}
@@ -293,7 +294,7 @@ def test_bulyan_and_multi_krum_equal_flowers_own():
 def test_selecting_aggregators_count_the_attackers_they_kept():
   """``watch`` (the attackers' slots) -> ``kept_attackers`` = |kept ∩ watched| per parent,
   against the numpy Krum selection; aggregators that do not choose do not watch."""
-  from fedtree.core import attacks
+  from fedtree.toolbox import attacks
 
   block, flat, valid, _ = _block(seed=5)
   clients = np.asarray(block.clients)
@@ -348,14 +349,14 @@ def test_bad_input_is_refused():
   with pytest.raises(ValueError, match="tau=0.0 must be positive"):
     robust.norm_bound(tau=0.0)
   with pytest.raises(ValueError, match=r"aggregator 'mode' is unknown; choose one of \['bulyan'"):
-    robust.robust_aggregator("mode")
+    sections.robust_aggregator("mode")
   with pytest.raises(ValueError, match="aggregator 'median': bad hyperparameters"):
-    robust.robust_aggregator("median", beta=0.1)
+    sections.robust_aggregator("median", beta=0.1)
   block = _block(k=6, counts=(6, 5))[0]
   with pytest.raises(ValueError, match="krum: f=2 needs at least 7 updates per parent, but the largest"):
-    robust.krum(f=2).aggregate(block, None, {})
+    robust.krum(f=2).aggregate(block, {}, None)
   with pytest.raises(ValueError, match="bulyan: f=1 needs at least 7 updates"):
-    robust.bulyan(f=1).aggregate(block, None, {})
+    robust.bulyan(f=1).aggregate(block, {}, None)
 
 
 def test_hyperparameters_may_be_traced():
@@ -366,8 +367,8 @@ def test_hyperparameters_may_be_traced():
   @jax.jit
   def run(beta, f):
     traces.append(1)
-    s, w, _ = robust.trimmed_mean(beta=beta).aggregate(block, None, {})
-    sk, wk, _ = robust.krum(f=f, m=1).aggregate(block, None, {})
+    s, w, _ = robust.trimmed_mean(beta=beta).aggregate(block, {}, None)
+    sk, wk, _ = robust.krum(f=f, m=1).aggregate(block, {}, None)
     return s["b"] / w[:, None], sk["b"] / wk[:, None]
 
   for beta, f in [(0.1, 1), (0.3, 2)]:
@@ -391,7 +392,7 @@ def test_benchmark_smallest_setting_runs(tmp_path):
   assert bench.largest_cohort(400, 2, True, 10**6) < bench.largest_cohort(400, 2, False, 10**6)
 
 
-@pytest.mark.parametrize("name", ["fedtree.core.robust", "fedtree.core.attacks"])
+@pytest.mark.parametrize("name", ["fedtree.toolbox.robust", "fedtree.toolbox.attacks"])
 def test_docstring_examples_run(name):
   import doctest
   import importlib

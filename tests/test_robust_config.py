@@ -10,10 +10,10 @@ from helpers import count_traces
 from helpers import small_context as _ctx
 from helpers import with_update_paths as _with_path
 
-from fedtree.core import attacks, robust
 from fedtree.core.updates import ClientContext
 from fedtree.experiment import capabilities as sections
 from fedtree.experiment import registry
+from fedtree.toolbox import attacks, robust
 
 
 def _paths(ctx, **secs):

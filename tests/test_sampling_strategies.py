@@ -12,7 +12,7 @@ from helpers import tiny_mlp_problem
 
 from fedtree.algorithms.hierfavg import fedavg
 from fedtree.core.sampling import Cohort, cohort_sampler, top_scores, weighted_cohort
-from fedtree.core.systems import Systems, make_availability, make_profile
+from fedtree.toolbox.systems import Systems, make_availability, make_profile
 
 DRAWS = 4000
 

@@ -13,10 +13,10 @@ from fedtree.algorithms import fedavg, scaffold
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
 from fedtree.core.rng import stream
-from fedtree.core.robust import median
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
+from fedtree.toolbox.robust import median
 
 LR, B = 0.1, 4
 
@@ -226,7 +226,7 @@ def test_scaffold_refusals(problem):
     scaffold(variate_average="most", local_learning_rate=LR, **common)
   with pytest.raises(ValueError, match="robust .* aggregator .*control variates"):
     scaffold(local_learning_rate=LR, update_paths=UpdatePath(aggregator=median()), cohort_size=4, **common)
-  from fedtree.core.privacy import central, clip
+  from fedtree.toolbox.privacy import central, clip
 
   with pytest.raises(ValueError, match=r"differential privacy \('dp_clip'\) at the clients' tier: .*Δc_i"):
     scaffold(local_learning_rate=LR, update_paths=UpdatePath(client=clip(1.0)), **common)

@@ -408,7 +408,7 @@ def test_every_method_takes_every_option_of_the_host(name):
   ],
 )
 def test_methods_run_poisson_sampling_and_systems_from_the_host(problem, name, fields):
-  from fedtree.core.systems import Systems, deadline, make_profile
+  from fedtree.toolbox.systems import Systems, deadline, make_profile
 
   data, _ = problem
   model = build_model("logreg", example_shape=data.example_shape, num_classes=3)

@@ -1,4 +1,4 @@
-"""Systems heterogeneity (fedtree.core.systems): device profiles, availability, round policies
+"""Systems heterogeneity (fedtree.toolbox.systems): device profiles, availability, round policies
 against a per-client loop, the simulated clock in HierFAVG, and the runs they must equal."""
 
 import jax
@@ -12,7 +12,8 @@ from fedtree.algorithms.hierfavg import fedavg, hierfavg
 from fedtree.core import loop
 from fedtree.core.local import LocalSchedule
 from fedtree.core.sampling import Cohort
-from fedtree.core.systems import (
+from fedtree.core.topology import Topology
+from fedtree.toolbox.systems import (
   Systems,
   deadline,
   device_profile,
@@ -23,7 +24,6 @@ from fedtree.core.systems import (
   over_selection,
   wait_for_all,
 )
-from fedtree.core.topology import Topology
 
 STEPS = 4
 ROUNDS = 2
@@ -308,15 +308,15 @@ def test_bhfl_runs_with_latencies_from_profiles(problem):
 def test_tree_clock_from_compressed_bytes_and_server_links(problem):
   """The clock by hand: clients send QSGD-2 updates and receive an fp16 model; the edges send
   fp16 models up over their own links and receive the root's float32 model."""
-  from fedtree.core.compression import compressor, downlink, uplink
   from fedtree.core.updates import UpdatePath
+  from fedtree.toolbox.compression import downlink, fp16, qsgd, uplink
 
   data, model, schedule = problem
   speed = np.array([1.0, 2.0, 4.0, 0.5, 8.0])
   systems = Systems(profile=make_profile(speed, np.full(5, 100.0), np.full(5, 200.0)), level_seconds=1.0,
                     server_up=[[1e3, 2e3]], server_down=5e3)
-  paths = {-1: UpdatePath(client=uplink(compressor("qsgd", bits=2)), down=downlink(compressor("fp16"))),
-           0: UpdatePath(client=uplink(compressor("fp16")))}
+  paths = {-1: UpdatePath(client=uplink(qsgd(bits=2)), down=downlink(fp16())),
+           0: UpdatePath(client=uplink(fp16()))}
   alg = hierfavg(model=model, topology=Topology.from_labels(np.array([0, 0, 0, 1, 1])), data=data,
                  periods=(2,), local_optimizer=optax.sgd(0.1), schedule=schedule, systems=systems,
                  update_paths=paths, chunk_size=None)

@@ -108,7 +108,7 @@ def test_python_names_the_systems_argument_it_does_not_take(ctx):
   """From Python an algorithm without a simulated clock rejects ``systems=`` as Python does an
   unknown keyword, naming it (the config path's refusal lists the algorithms that take it)."""
   from fedtree import algorithms
-  from fedtree.core.systems import Systems, make_profile
+  from fedtree.toolbox.systems import Systems, make_profile
 
   systems = Systems(profile=make_profile(np.ones(ctx.data.num_clients), np.ones(ctx.data.num_clients)))
   assert {"fedavg", "fedbuff", "hierfavg", "fedprox", "ditto"} <= set(algorithms.SYSTEMS_ALGORITHMS)

@@ -1,4 +1,4 @@
-"""Bytes on every edge of the tree (fedtree.core.traffic): hand-counted on a 3-level HierFAVG
+"""Bytes on every edge of the tree (fedtree.toolbox.traffic): hand-counted on a 3-level HierFAVG
 with periods, compressed or not; fused rounds and skipped clients counted exactly; a resumed run
 continues its totals."""
 
@@ -10,8 +10,8 @@ from test_updates import _ctx
 
 from fedtree.algorithms import hierfavg
 from fedtree.core import loop
-from fedtree.core.traffic import Traffic, model_bytes
 from fedtree.experiment import registry
+from fedtree.toolbox.traffic import Traffic, model_bytes
 
 MB = 1e6
 

@@ -122,7 +122,7 @@ def _block_sum():
   """A blockwise aggregator that returns the plain (unweighted) sum of each parent's valid
   updates and their number: what the blocks hold, checkable against the kept models."""
 
-  def aggregate(block, key, node_state):
+  def aggregate(block, node_state, key):
     v = block.valid.astype(jnp.float32)
     assert block.clients.shape == block.valid.shape
     total = jax.tree.map(lambda d: jnp.einsum("pk,pk...->p...", v, d), block.deltas)
@@ -206,7 +206,7 @@ def test_aggregate_children_identity_is_bitwise_and_blockwise_matches(problem):
   np.testing.assert_array_equal(np.asarray(new_state.client["times"]), np.ones(5))
   assert "delta_norm" in stats
 
-  def wmean(block, key, node_state):
+  def wmean(block, node_state, key):
     s = jax.tree.map(lambda d: jnp.einsum("pk,pk...->p...", block.weights, d), block.deltas)
     np.testing.assert_array_equal(np.sort(np.asarray(block.clients[1])), [-1, 0, 2])
     return s, jnp.sum(block.weights, axis=1), {}

@@ -5,7 +5,7 @@ helpers of their own are packages (``bhfl``, ``fedkws``, ``grouppfl``, ``cluster
 config -> algorithm path is the experiment layer's (:mod:`fedtree.experiment`).
 
 Only the factories in :data:`SYSTEMS_ALGORITHMS` simulate devices, availability and round
-policies (:mod:`fedtree.core.systems`).
+policies (:mod:`fedtree.toolbox.systems`).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ _FACTORIES = {"awcfl": awcfl, "bhfl": bhfl, "cfl": cfl, "ditto": ditto, "fedavg"
               "apfl": apfl, "fedala": fedala, "fedem": fedem, "knnper": knnper,
               "fedamp": fedamp, "fedfomo": fedfomo, "pfedhn": pfedhn, "fedproto": fedproto}
 SYSTEMS_ALGORITHMS = tuple(n for n, f in _FACTORIES.items() if "systems" in inspect.signature(f).parameters)
-"""The factories that take ``systems`` (:mod:`fedtree.core.systems`); a run config that gives
+"""The factories that take ``systems`` (:mod:`fedtree.toolbox.systems`); a run config that gives
 another algorithm a ``systems`` section is refused naming these."""
 
 __all__ = [

@@ -183,7 +183,7 @@ def afl_server(domains: Domains, *, domain_learning_rate, domain_step: str = "pr
     dtype = jnp.result_type(jnp.float32, *jax.tree.leaves(params))
     return jnp.asarray(start, dtype)
 
-  def weights(lam, host_weights):
+  def weights(host_weights, lam):
     return lam[parent, column] * share.astype(lam.dtype)
 
   def receive(inbox: Inbox, lam):

@@ -1,5 +1,5 @@
 """FedAsync (Xie, Koyejo and Gupta 2019, "Asynchronous federated optimization") on the simulated
-clock of :mod:`fedtree.core.systems`: a thin spec over :func:`~fedtree.algorithms.fedbuff.fedbuff`.
+clock of :mod:`fedtree.toolbox.systems`: a thin spec over :func:`~fedtree.algorithms.fedbuff.fedbuff`.
 
 ``concurrency`` clients train at once, each from the model version ``x_τ`` it downloaded when it
 started (locally minimising ``f(x) + (ρ/2)‖x − x_τ‖²`` with ``rho``, plain SGD without); the server
@@ -93,7 +93,7 @@ def fedasync(
     >>> import jax, numpy as np, optax
     >>> from fedtree.core import loop
     >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.core.systems import Systems, make_profile
+    >>> from fedtree.toolbox.systems import Systems, make_profile
     >>> from fedtree.datasets.synthetic import grouped_synthetic
     >>> from fedtree.models import build_model
     >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)

@@ -1,5 +1,5 @@
 """FedBuff (Nguyen et al. 2022, "Federated learning with buffered asynchronous aggregation") on
-the simulated clock of :mod:`fedtree.core.systems`.
+the simulated clock of :mod:`fedtree.toolbox.systems`.
 
 ``concurrency`` clients train at once, each from the model version it downloaded when it
 started; the server applies an update as soon as ``buffer_size`` of them have reported (the
@@ -24,7 +24,7 @@ slots, ring and clock (the ring's rows are ``G · S``: parent ``g``'s version ``
 ``g · S + v % S``); one round is one buffered update at every parent. The levels above
 aggregate as HierFAVG's every ``periods[l]`` rounds: such a level waits until its slowest
 descendant parent's clock (plus the transfers of its children's links,
-:meth:`fedtree.core.systems.Systems.aggregation_seconds`), and its subtree's clocks meet there;
+:meth:`fedtree.toolbox.systems.Systems.aggregation_seconds`), and its subtree's clocks meet there;
 the parents adopt its model as their new version. With ``buffer_size == concurrency`` and
 ``max_staleness = 0`` this is HierFAVG with ``cohort_size = buffer_size`` (tested bitwise).
 
@@ -69,11 +69,11 @@ from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import Cohort
 from fedtree.core.server import init_nodes, update_nodes
-from fedtree.core.systems import Systems, make_profile, uplink_bytes
 from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
-from fedtree.core.traffic import model_bytes
 from fedtree.core.updates import UpdatePath, UpdateState, init_update_state, per_level_paths
+from fedtree.toolbox.systems import Systems, make_profile, uplink_bytes
+from fedtree.toolbox.traffic import model_bytes
 
 PyTree = Any
 STALENESS = ("polynomial", "constant", "hinge")
@@ -183,7 +183,7 @@ def fedbuff(
       its own clock; one round is one buffered update at every one of them.
     periods: rounds between aggregations of levels ``0 .. depth-2`` (as
       :func:`~fedtree.algorithms.hierfavg.hierfavg`'s): the level waits for its slowest
-      descendant's clock (plus its transfers, :meth:`~fedtree.core.systems.Systems.aggregation_seconds`),
+      descendant's clock (plus its transfers, :meth:`~fedtree.toolbox.systems.Systems.aggregation_seconds`),
       aggregates its children's models by their examples with ``server_optimizer`` (one, or one
       per level ``0 .. depth-1``) and sends its model down; the clients' parents adopt it as their
       new version (clients in flight keep theirs).
@@ -209,7 +209,7 @@ def fedbuff(
       model, ``x_t − y_i``: FedAsync's mixing ``x ← (1 − α s) x + α s y_i`` with ``sgd(α)``). The
       update path (clipping, compression) sees what the client sends, ``x_τ − y_i``; the server
       adds the known ``x_t − x_τ``.
-    systems: device speeds, bandwidths and availability (:class:`~fedtree.core.systems.Systems`)
+    systems: device speeds, bandwidths and availability (:class:`~fedtree.toolbox.systems.Systems`)
       that set when each client reports. Its policy: ``wait_for_all`` or ``deadline`` (a
       per-client timeout, as FLSim's: a client that cannot report within ``seconds`` of its
       start fails then, or with ``partial`` does the steps that fit), each with ``dropout`` (a
@@ -238,7 +238,7 @@ def fedbuff(
     >>> import jax, numpy as np, optax
     >>> from fedtree.core import loop
     >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.core.systems import Systems, make_profile
+    >>> from fedtree.toolbox.systems import Systems, make_profile
     >>> from fedtree.datasets.synthetic import grouped_synthetic
     >>> from fedtree.models import build_model
     >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)

@@ -72,7 +72,7 @@ from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, ScoredModels
 from fedtree.core.local import ClientData, ClientUpdate, cast_floating, check_compute_dtype, run_local_steps
 from fedtree.core.model import Model
 from fedtree.core.topology import Topology
-from fedtree.core.traffic import model_bytes
+from fedtree.toolbox.traffic import model_bytes
 
 PyTree = Any
 

@@ -40,7 +40,6 @@ from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
 from fedtree.core.personal import Personal, Shares, fill, keep_where, merge, personal_part, shared_part
-from fedtree.core.privacy import private_stages
 from fedtree.core.rng import stream
 from fedtree.core.sampling import (
   check_sampling,
@@ -62,10 +61,8 @@ from fedtree.core.server_rule import (
   prepare,
   receive,
 )
-from fedtree.core.systems import Systems, uplink_bytes
 from fedtree.core.tier import message_shape, train_cohort
 from fedtree.core.topology import Topology
-from fedtree.core.traffic import model_bytes
 from fedtree.core.updates import (
   UpdatePath,
   aggregate_children,
@@ -75,6 +72,9 @@ from fedtree.core.updates import (
   per_level_paths,
   send_down,
 )
+from fedtree.toolbox.privacy import private_stages
+from fedtree.toolbox.systems import Systems, uplink_bytes
+from fedtree.toolbox.traffic import model_bytes
 
 PyTree = Any
 
@@ -146,7 +146,7 @@ def check_periods(periods, depth: int) -> tuple[int, ...]:
 
 
 def _uplink(path, stacked):
-  """What a child sends up through ``path`` (:func:`fedtree.core.systems.uplink_bytes` on one
+  """What a child sends up through ``path`` (:func:`fedtree.toolbox.systems.uplink_bytes` on one
   row of the ``[N, ...]`` params), ``None`` when the model travels as it is."""
   return uplink_bytes(path, jax.tree.map(lambda a: a[0], stacked))
 
@@ -440,7 +440,7 @@ def hierfavg(
       per server level (``{level: path}``; level ``l``'s path is how it aggregates its children
       and what it sends them). ``None``: the weighted mean, as in the paper. Paths act on the
       shared parameters' delta only; messages beside it reach the server rule as they are.
-    systems: devices, availability and a round policy (:mod:`fedtree.core.systems`): sampled
+    systems: devices, availability and a round policy (:mod:`fedtree.toolbox.systems`): sampled
       clients that are off line, fail, miss the deadline or are over-selected do not report, and
       partial work lowers their step counts; the state's ``clock`` advances by each round's
       simulated duration, reported as ``round_seconds`` and ``sim_seconds`` (with
@@ -550,7 +550,7 @@ def hierfavg(
       cohort, num_steps = cohort._replace(valid=outcome.valid), outcome.num_steps
     w_tier = w_client   # the clients' weights in their parents' mean: the rule's, where it sets them (AFL)
     if server_rule is not None and server_rule.weights is not None:
-      w_tier = server_rule.weights(state.server_state, w_client)
+      w_tier = server_rule.weights(w_client, state.server_state)
     population_weight = jax.ops.segment_sum(w_tier, parents[depth], num_segments=topology.num_nodes(leaf))
 
     def inbox_of(res, pseudo_gradient, slots=None):   # what the clients' parents receive from a pass

@@ -74,9 +74,9 @@ from fedtree.core.local import (
   stack,
 )
 from fedtree.core.model import Model, take_state, zero_state
-from fedtree.core.privacy import global_norm
 from fedtree.core.server_rule import Inbox, ServerRule, per_node, zeros_like_stacked
 from fedtree.core.updates import blockwise_levels, per_level_paths
+from fedtree.toolbox.privacy import global_norm
 
 PyTree = Any
 

@@ -68,9 +68,9 @@ from fedtree.core.local import (
   steps_per_epoch,
 )
 from fedtree.core.model import Model, zero_state
-from fedtree.core.privacy import private_stages_where
 from fedtree.core.server_rule import Inbox, ServerRule, per_node
 from fedtree.core.updates import blockwise_levels
+from fedtree.toolbox.privacy import private_stages_where
 
 LOSS_AT = ("received", "last_epoch")
 LOSS_EPS = 1e-10

@@ -63,9 +63,9 @@ from fedtree.core.local import (
   run_local_steps,
 )
 from fedtree.core.model import Model
-from fedtree.core.privacy import private_stages
 from fedtree.core.server_rule import Inbox, ServerRule, per_node, zeros_like_stacked
 from fedtree.core.updates import blockwise_levels, per_level_paths
+from fedtree.toolbox.privacy import private_stages
 
 OPTIONS = ("I", "II")
 VARIATE_AVERAGES = ("all", "sampled")

@@ -193,7 +193,7 @@ class TreeState:
       (:meth:`fedtree.core.local.LocalSchedule.init_cursor`; ``()`` for the other orders).
     update_state: per server level, the :class:`~fedtree.core.updates.UpdateState` of the update
       path it aggregates its children through (``()`` entries hold nothing: no path).
-    clock: ``float32[]`` simulated seconds since the start (:mod:`fedtree.core.systems`; ``()``
+    clock: ``float32[]`` simulated seconds since the start (:mod:`fedtree.toolbox.systems`; ``()``
       without a systems model).
     server_state: the state of the clients' parents' server rule (:mod:`fedtree.core.server_rule`:
       SCAFFOLD's control variates, FedDyn's ``h``), ``[N, ...]``; ``()`` without a rule.

@@ -245,7 +245,7 @@ def run(
       metrics as host floats (plus whatever ``on_eval`` returned at that round).
     on_rounds: ``on_rounds(first round, metrics)`` after every call (before ``on_metrics``) with
       every round's metrics of the call, host arrays ``[rounds of the call]`` (what is summed over
-      rounds, e.g. bytes sent: :meth:`fedtree.core.traffic.Traffic.add_rounds`).
+      rounds, e.g. bytes sent: :meth:`fedtree.toolbox.traffic.Traffic.add_rounds`).
     check_finite: stop with :class:`NonFiniteLossError` after a call in which the training
       loss or the state (client and server models, optimizer states) stopped being finite, or
       a state value passed ``max_abs`` (before ``on_call``: a diverged state is never

@@ -19,7 +19,7 @@ the server level that runs it (the clients' parents, ``[N, ...]``):
   (its model output is ignored), whose messages, summed per parent in an :class:`Inbox`
   (``pseudo_gradient`` ``()``), reach ``prepare(inbox, state) -> state`` before ``send``. It costs
   one more vmapped pass over the cohort, and its messages count in the uplink bytes.
-* ``weights(state, host_weights [C]) -> [C]`` (optional): the aggregation weight of every client in
+* ``weights(host_weights [C], state) -> [C]`` (optional): the aggregation weight of every client in
   this round's mean, from the rule's state (AFL's mixture weights ``λ``); ``None``: the host's
   (``weighting``). The levels above keep the host's weights.
 
@@ -186,7 +186,7 @@ class ServerRule(NamedTuple):
     name: names the rule in errors and refusals.
     gather: a client pass before training (see the module docstring; ``None``: none).
     prepare: ``prepare(inbox, state) -> state`` from the gathered messages (with ``gather``).
-    weights: ``weights(state, host_weights [C]) -> [C]`` the clients' aggregation weights this round
+    weights: ``weights(host_weights [C], state) -> [C]`` the clients' aggregation weights this round
       (``None``: the host's).
     send_each: ``send_each(outbox) -> Parcels``, every sampled child's own parcel (see the module
       docstring; ``None``: every child receives its parent's model and broadcast alone).
@@ -205,7 +205,7 @@ class ServerRule(NamedTuple):
   name: str = "server_rule"
   gather: ClientUpdate | None = None
   prepare: Callable[[Inbox, PyTree], PyTree] | None = None
-  weights: Callable[[PyTree, jax.Array], jax.Array] | None = None
+  weights: Callable[[jax.Array, PyTree], jax.Array] | None = None
   send_each: Callable[[Outbox], Parcels] | None = None
   slots: bool = False
   wire: Callable[[int], tuple[int, int]] | None = None

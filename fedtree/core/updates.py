@@ -28,6 +28,18 @@ factories may be traced values, so they can be sweep axes.
 A path's ``down`` transform acts on the models a parent sends to its children (``[P, ...] ->
 [P, ...]``, e.g. compression on the downlink): see :func:`send_down`.
 
+**One argument order.** A seam's function takes what flows through it first (the update, the
+block, the aggregate, the model, the inbox), then the persistent state of the child or node it
+runs at, then its PRNG key, then read-only context, as optax's ``update(updates, state, params)``;
+``init(params, num) -> state [num, ...]`` builds the stacked state. So
+``ClientTransform.apply(delta, state, key, context)``, ``Aggregator.aggregate(block, node_state,
+key)``, ``NodeTransform.apply(delta_sum, weight_sum, client_stats, state, key)``,
+``DownTransform.apply(params, key)``, and a server rule's ``receive(inbox, state)`` and
+``weights(host_weights, state)`` (:class:`~fedtree.core.server_rule.ServerRule`). One seam
+differs: :class:`~fedtree.core.local.ClientUpdate`'s ``apply(anchor, state, data, num_steps, key
+[, round])`` takes the client's data after its state. (An algorithm's ``round(state, data, key)``
+is the loop's step, not a seam: state first, as a training step's.)
+
 **One door for every level.** The clients' tier (:func:`fedtree.core.tier.train_cohort`, chunk by
 chunk) and a server level aggregating the nodes below it (:func:`aggregate_children`, the whole
 level as one chunk) run the same code: :func:`transform_chunk` (the client stage) on a
@@ -41,7 +53,7 @@ level as one chunk) run the same code: :func:`transform_chunk` (the client stage
 
 Example:
   Clip every client's update to norm 1 before FedAvg averages it (a plain transform written
-  here; :mod:`fedtree.core.privacy` ships the real ones):
+  here; :mod:`fedtree.toolbox.privacy` ships the real ones):
 
   >>> import jax, jax.numpy as jnp, optax
   >>> from fedtree.algorithms import fedavg
@@ -135,7 +147,7 @@ class Aggregator(NamedTuple):
 
   Attributes:
     aggregate: ``None``: the weighted mean, streamed chunk by chunk (the default). Otherwise
-      ``aggregate(block, key, node_state) -> (delta_sum [P, ...], weight_sum [P], stats {name:
+      ``aggregate(block, node_state, key) -> (delta_sum [P, ...], weight_sum [P], stats {name:
       [P]})`` with ``delta_sum / weight_sum`` the parent's pseudo-gradient (``weight_sum`` 0
       where nothing is aggregated): it sees every parent's whole cohort as one fixed-size
       :class:`Block`, empty slots with weight 0 and ``valid`` false.
@@ -500,7 +512,7 @@ def block_accumulator(aggregator: Aggregator, block_size: int) -> Accumulator:
 
   def finish(block: Block, key, node_state):
     assert aggregator.aggregate is not None
-    delta_sum, weight_sum, stats = aggregator.aggregate(block, key, node_state)
+    delta_sum, weight_sum, stats = aggregator.aggregate(block, node_state, key)
     return delta_sum, jnp.asarray(weight_sum, block.weights.dtype), stats
 
   return Accumulator(init, add, finish)

@@ -1,5 +1,5 @@
 """FedScale's device traces (Lai et al. 2022, "FedScale: benchmarking model and system performance
-of federated learning at scale") as :mod:`fedtree.core.systems` profiles.
+of federated learning at scale") as :mod:`fedtree.toolbox.systems` profiles.
 
 FedScale ships two pickled dicts keyed by client id:
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from fedtree.core.systems import Availability, DeviceProfile, make_availability, make_profile
+from fedtree.toolbox.systems import Availability, DeviceProfile, make_availability, make_profile
 
 
 def _load(trace: str | Mapping) -> Mapping:
@@ -53,7 +53,7 @@ def device_capacity_profile(
   ids: Sequence[Any] | None = None,
   augmentation: float = 3.0,
 ) -> DeviceProfile:
-  """A :class:`~fedtree.core.systems.DeviceProfile` from FedScale's device-capacity trace.
+  """A :class:`~fedtree.toolbox.systems.DeviceProfile` from FedScale's device-capacity trace.
 
   Args:
     trace: the pickle's path, or the dict it holds.
@@ -79,7 +79,7 @@ def device_capacity_profile(
 
 def availability_trace(trace: str | Mapping, num_clients: int, *, ids: Sequence[Any] | None = None
                        ) -> Availability:
-  """An :class:`~fedtree.core.systems.Availability` from FedScale's availability trace.
+  """An :class:`~fedtree.toolbox.systems.Availability` from FedScale's availability trace.
 
   Raises:
     ValueError: a trace (or ``ids``) of another size than ``num_clients``, or ``active`` and

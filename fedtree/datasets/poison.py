@@ -1,7 +1,7 @@
 """Data poisoning: the malicious clients' training data rewritten once, before the run, and the
 backdoor's attack success rate.
 
-The attackers are a fixed set (:func:`fedtree.core.attacks.attackers` without ``redraw``, as a
+The attackers are a fixed set (:func:`fedtree.toolbox.attacks.attackers` without ``redraw``, as a
 ``bool [C]`` mask): poisoning their stored examples makes every round of any algorithm train on
 the poisoned data with no change to local training.
 

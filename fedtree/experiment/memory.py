@@ -54,7 +54,7 @@ def _gib(n: int) -> str:
 
 
 def block_bytes(param_bytes: int, rows: int, block_size: int, *, pairwise: bool) -> int:
-  """Bytes a blockwise aggregator (:mod:`fedtree.core.robust`) holds at once: the ``rows = P x K``
+  """Bytes a blockwise aggregator (:mod:`fedtree.toolbox.robust`) holds at once: the ``rows = P x K``
   slots of every parent's cohort of deltas, twice (the block and its sorted or rewritten
   copy), and for the distance-based ones (Krum, Bulyan, min-max / min-sum) ``K x K`` float32
   distances per parent, twice (the matrix and its sort), at most ``rows x K``."""

@@ -461,7 +461,7 @@ def plot_accuracy_vs_uplink(records: Sequence[Mapping[str, Any]], path: str, *, 
                             model: str = "global", title: str | None = None,
                             skip: Iterable[str] = ()) -> str:
   """Every run's ``<model>/<metric>`` against the megabytes its clients had sent so far
-  (``uplink_MB``, :mod:`fedtree.core.traffic`), a line per run, the x axis on a log
+  (``uplink_MB``, :mod:`fedtree.toolbox.traffic`), a line per run, the x axis on a log
   scale: what a compressor buys for the accuracy it costs.
 
   Args:
@@ -578,7 +578,7 @@ def _finish_curves(ax, xlabel: str, metric: str) -> None:
 def time_curve(records: Iterable[Mapping[str, Any]], run: str, key: str, *,
                time_key: str = "sim_seconds") -> Curve:
   """``(simulated hours, values)`` of ``key`` in ``run``: the reports that carry both ``key`` and
-  the simulated clock ``time_key`` (seconds; :mod:`fedtree.core.systems`), sorted by time."""
+  the simulated clock ``time_key`` (seconds; :mod:`fedtree.toolbox.systems`), sorted by time."""
   pts = sorted((float(r[time_key]) / 3600.0, float(r[key])) for r in records
                if str(r["run"]) == run and r.get(key) is not None and r.get(time_key) is not None
                and not isinstance(r[key], list))
@@ -1122,7 +1122,7 @@ def write_run_plots(workdir: str) -> list[str]:
     percentile band over rounds, per run (:func:`plot_fairness_over_rounds`), when the rows
     report them;
   * ``plot_time_accuracy.png``: the global model's accuracy against simulated hours, when runs
-    report a simulated clock (``sim_seconds``, :mod:`fedtree.core.systems`);
+    report a simulated clock (``sim_seconds``, :mod:`fedtree.toolbox.systems`);
   * ``plot_final_table.png``: for more than :data:`FACET_ABOVE` runs whose labels form a table
     (:func:`grid_of`, e.g. ``{attack}_{defence}_{percent}``), the global model's final accuracy
     (and attack success rate) as heatmaps (:func:`plot_final_table`).

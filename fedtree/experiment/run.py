@@ -24,13 +24,13 @@ import numpy as np
 from fedtree import evaluation
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.metrics import make_evaluator
-from fedtree.core.traffic import model_bytes
 from fedtree.experiment import capabilities as caps
 from fedtree.experiment import memory, registry
 from fedtree.experiment.capability import Wrapping, blocks
 from fedtree.experiment.context import Context
 from fedtree.experiment.fields import field, run_field
 from fedtree.experiment.results import evaluation_options, positive_classes_from_config
+from fedtree.toolbox.traffic import model_bytes
 
 
 class Scoring(NamedTuple):

@@ -20,7 +20,6 @@ from fedtree.core.data import FederatedData
 from fedtree.core.metrics import FAIRNESS_STATS
 from fedtree.core.sharding import local_copy
 from fedtree.core.sweep import by_experiment
-from fedtree.core.traffic import Traffic
 from fedtree.experiment.fields import field
 from fedtree.experiment.reporting import Reporter
 from fedtree.experiment.results import (
@@ -30,6 +29,7 @@ from fedtree.experiment.results import (
   kept_on_stop,
 )
 from fedtree.experiment.run import Run
+from fedtree.toolbox.traffic import Traffic
 
 
 class Experiment(NamedTuple):

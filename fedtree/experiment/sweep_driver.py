@@ -30,7 +30,7 @@ from fedtree.experiment.run_loop import (
 )
 
 SWEEP_BYTES = ("uplink_MB", "downlink_MB")
-"""The byte totals (:mod:`fedtree.core.traffic`) a sweep's table reports per setting (every edge
+"""The byte totals (:mod:`fedtree.toolbox.traffic`) a sweep's table reports per setting (every edge
 of the tree; the per-edge totals are in each experiment's ``metrics.jsonl`` rows)."""
 
 

@@ -6,7 +6,7 @@ parent's clients (Poisson sampling at rate ``q``, or a fixed-size cohort drawn w
 replacement), composed over the rounds, under a neighbouring relation (:data:`ADJACENCIES`):
 replace-one for fixed-size cohorts (the relation sampling without replacement is analysed under),
 add/remove for Poisson sampling. The transforms whose noise this accounts for are
-:mod:`fedtree.core.privacy`'s; a run's ``privacy`` section is resolved against its tree and
+:mod:`fedtree.toolbox.privacy`'s; a run's ``privacy`` section is resolved against its tree and
 cohort by :mod:`fedtree.experiment.capabilities.privacy`.
 
 Example:

@@ -136,8 +136,8 @@ def staleness_weight(staleness: jax.Array, exponent: float) -> jax.Array:
 
 def latency_from_systems(systems, num_steps, model_bytes: float, *, seconds_per_round: float) -> Latency:
   """The clients' :class:`Latency` (B-HFL's level ``depth``) from a device population
-  (:class:`fedtree.core.systems.Systems`): every client's download, ``num_steps[c]`` local steps
-  and upload, in simulated seconds (:meth:`~fedtree.core.systems.Systems.client_seconds`),
+  (:class:`fedtree.toolbox.systems.Systems`): every client's download, ``num_steps[c]`` local steps
+  and upload, in simulated seconds (:meth:`~fedtree.toolbox.systems.Systems.client_seconds`),
   over ``seconds_per_round`` seconds per B-HFL round. A constant delay per client, scaled by
   its device (the same profiles as the simulated clock of HierFAVG and FedBuff).
 

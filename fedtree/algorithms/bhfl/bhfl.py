@@ -620,7 +620,7 @@ def bhfl(
   def merge_down(levels: list[Level], direct_state, metrics):
     """Root-to-leaf: every node that received its parent's new model merges it through its
     down optimizer (a node receives when its parent aggregated or received this round); the
-    models sent down every edge are counted (:mod:`fedtree.core.traffic`)."""
+    models sent down every edge are counted (:mod:`fedtree.toolbox.traffic`)."""
     sent = levels[0].aggregated
     for lv in range(depth):
       child, node = lv + 1, levels[lv + 1]

@@ -11,8 +11,8 @@ Deploying the final model to a client (one download, the same for every method) 
 counted, so a method that only fine-tunes locally after FL (PerFL) costs no extra
 communication, as in the paper's Table 4.
 
-The rule is the common counting's (:mod:`fedtree.core.traffic`, which counts every run's bytes on
-every edge): a client that trains moves :data:`~fedtree.core.traffic.ROUND_TRIP_MODELS` models,
+The rule is the common counting's (:mod:`fedtree.toolbox.traffic`, which counts every run's bytes on
+every edge): a client that trains moves :data:`~fedtree.toolbox.traffic.ROUND_TRIP_MODELS` models,
 its parent's down and its update up; here kept per client, in model units.
 """
 
@@ -26,7 +26,7 @@ import numpy as np
 from flax import struct
 
 from fedtree.core.local import ClientData, ClientUpdate, steps_per_epoch
-from fedtree.core.traffic import ROUND_TRIP_MODELS
+from fedtree.toolbox.traffic import ROUND_TRIP_MODELS
 
 PyTree = Any
 
@@ -75,7 +75,7 @@ class CountedState(NamedTuple):
 def counting(update: ClientUpdate, *, batch_size: int, max_steps: int) -> ClientUpdate:
   """``update`` whose client state becomes a :class:`CountedState` (its own state, the costs).
 
-  Each call adds :data:`~fedtree.core.traffic.ROUND_TRIP_MODELS` (2) transfers (the model down and
+  Each call adds :data:`~fedtree.toolbox.traffic.ROUND_TRIP_MODELS` (2) transfers (the model down and
   the update up), 1 round, and the epochs the
   scan ran (``min(num_steps, max_steps) / ceil(n / B)``).
   """

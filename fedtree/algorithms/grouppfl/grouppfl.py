@@ -61,8 +61,8 @@ from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.server import init_nodes, server_optimizer
 from fedtree.core.topology import Topology
-from fedtree.core.traffic import model_bytes
 from fedtree.core.updates import UpdatePath
+from fedtree.toolbox.traffic import model_bytes
 
 PyTree = Any
 

@@ -9,7 +9,7 @@
 * :func:`cost_table`: per-client communication (model transfers) and computation (local
   epochs) of every method, overall and per group (Table 4), from the counters the simulation
   kept (:mod:`fedtree.algorithms.grouppfl.costs`), and in megabytes when the results give their
-  ``model_bytes`` (:func:`fedtree.core.traffic.model_bytes`, the size every run's byte counts use).
+  ``model_bytes`` (:func:`fedtree.toolbox.traffic.model_bytes`, the size every run's byte counts use).
 
 :func:`write_reports` writes all of them into a workdir and returns the text.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from fedtree.core.traffic import MB
+from fedtree.toolbox.traffic import MB
 
 METRICS = ("accuracy", "perplexity", "sentence_perplexity")
 

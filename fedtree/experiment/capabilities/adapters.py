@@ -1,13 +1,13 @@
 """The LoRA capability: a run's ``adapters`` section makes its model low-rank adapters on a frozen
-base (:mod:`fedtree.core.lora`): the run's ``init_params`` (e.g. a pretrained model), else
+base (:mod:`fedtree.toolbox.lora`): the run's ``init_params`` (e.g. a pretrained model), else
 ``model.init`` of the config's seed (stream ``"base"``).
 
 Section (``config.runs.<label>.adapters``): ``{kind: "lora", rank: 8, alpha: 16.0, targets:
 (regex, ...), forward: "factored" | "merged"}``. An algorithm takes it where its spec says so
 (``AlgorithmSpec(..., takes=("adapters",))``: FedAvg, FedOpt, HierFAVG, FedProx, Ditto,
-GroupPerFL). Its in-jit half wraps the algorithm (:func:`fedtree.core.lora.frozen_base`: the base
+GroupPerFL). Its in-jit half wraps the algorithm (:func:`fedtree.toolbox.lora.frozen_base`: the base
 is an argument of every compiled round, never a constant); its host half scores the adapters
-with the base as an argument (:func:`fedtree.core.lora.base_evaluator`), and a message is the
+with the base as an argument (:func:`fedtree.toolbox.lora.base_evaluator`), and a message is the
 adapters alone (the base is on every client before round 0 and never sent).
 """
 
@@ -17,18 +17,18 @@ import sys
 
 import jax
 
-from fedtree.core import lora
 from fedtree.core.rng import stream
 from fedtree.experiment.capability import Capability, RunContext, Wrapping, plain
 from fedtree.experiment.fields import field
 from fedtree.experiment.spec import check_fields
+from fedtree.toolbox import lora
 
 KINDS = ("lora",)
 FIELDS = ("kind", "rank", "alpha", "targets", "forward")
 
 
 def lora_spec(section, where: str) -> lora.LoRA:
-  """The :class:`~fedtree.core.lora.LoRA` spec of an ``adapters`` section (``where`` names it in
+  """The :class:`~fedtree.toolbox.lora.LoRA` spec of an ``adapters`` section (``where`` names it in
   errors)."""
   cfg = dict(plain(section))
   check_fields(where, list(cfg), FIELDS)
@@ -44,7 +44,7 @@ def lora_spec(section, where: str) -> lora.LoRA:
 
 
 def adapters_from_config(label: str, run):
-  """The :class:`~fedtree.core.lora.LoRA` spec of ``config.runs.<label>.adapters`` (``None``
+  """The :class:`~fedtree.toolbox.lora.LoRA` spec of ``config.runs.<label>.adapters`` (``None``
   without one)."""
   if "adapters" not in run or run.adapters is None:
     return None

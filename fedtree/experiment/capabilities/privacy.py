@@ -1,6 +1,6 @@
 """The privacy capability: a run's ``privacy`` section, its update-path parts and its accounting.
 
-The transforms are :mod:`fedtree.core.privacy`'s, the accountant :mod:`fedtree.toolbox.accountant`;
+The transforms are :mod:`fedtree.toolbox.privacy`'s, the accountant :mod:`fedtree.toolbox.accountant`;
 :data:`CAPABILITY` turns a run's ``privacy`` section into the transforms (clipping at the clients,
 noise at the chosen level) and reports the privacy spent after every round (``epsilon``), and a
 sweep of target ε is calibrated to noise multipliers on the host. The unit is a client
@@ -86,9 +86,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fedtree.algorithms.hierfavg import over_host
-from fedtree.core import privacy as dp
 from fedtree.experiment.capability import Calibration, Capability, PathParts, RunContext, cohort_of, plain
 from fedtree.experiment.fields import run_field
+from fedtree.toolbox import privacy as dp
 from fedtree.toolbox.accountant import (  # noqa: F401  (the accountant, as this section uses it)
   ACCOUNTANTS,
   ADJACENCIES,

@@ -1,6 +1,7 @@
 """The attack and robust-aggregation capabilities: the ``attack`` and ``aggregator`` run sections,
-Byzantine clients (:mod:`fedtree.core.attacks`) and robust aggregation (:mod:`fedtree.core.robust`)
-for every algorithm that takes ``update_paths`` (:data:`ATTACK`, :data:`AGGREGATOR`).
+Byzantine clients (:mod:`fedtree.toolbox.attacks`) and robust aggregation (:mod:`fedtree.toolbox.robust`)
+for every algorithm that takes ``update_paths`` (:data:`ATTACK`, :data:`AGGREGATOR`); the
+aggregators and attacks by name (:data:`AGGREGATORS`, :data:`CLIENT_ATTACKS`, :data:`OMNISCIENT`).
 
 ``attack``: ``{"name": ..., "fraction": f | "ids": [...], "seed": s, "redraw": bool, ...}``
 plus the attack's hyperparameters (``scale``, ``factor``, ``std``; ``z``, ``eps``,
@@ -12,8 +13,8 @@ clients attack) is the server level whose children attack: at level ``l`` above 
 parents the attackers are nodes of level ``l + 1`` (``fraction`` / ``ids`` of those nodes;
 e.g. ``level=0``: captured edge servers send their poisoned aggregate to the root); data
 attacks are the clients' only. ``seed`` defaults to the config's. The model-poisoning attacks
-(:data:`~fedtree.core.attacks.CLIENT_ATTACKS`) transform each attacker's update; the omniscient
-ones (:data:`~fedtree.core.attacks.OMNISCIENT`) wrap the level's aggregator (the blockwise mean
+(:data:`CLIENT_ATTACKS`) transform each attacker's update; the omniscient
+ones (:data:`OMNISCIENT`) wrap the level's aggregator (the blockwise mean
 when none is chosen), so they need an algorithm that can run a blockwise aggregator. The data
 attacks (:data:`DATA_ATTACKS`) poison the attackers' stored training data for the run
 (:func:`poisoned_data`, the capability's data hook; a backdoor adds ``attack_success_rate`` to the
@@ -35,22 +36,65 @@ Example (a run field of any algorithm with ``update_paths``)::
 
 from __future__ import annotations
 
+import functools
+import inspect
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedtree.core import attacks, robust
+from fedtree.core.updates import Aggregator, ClientTransform
 from fedtree.datasets import poison
 from fedtree.experiment.capability import Capability, PathParts, RunContext, plain
 from fedtree.experiment.fields import field
+from fedtree.toolbox import attacks, robust
 
+AGGREGATORS: dict[str, Callable[..., Aggregator]] = {
+  "mean": robust.mean,
+  "median": robust.median,
+  "trimmed_mean": robust.trimmed_mean,
+  "krum": functools.partial(robust.krum, m=1),
+  "multi_krum": robust.krum,
+  "bulyan": robust.bulyan,
+  "geometric_median": robust.geometric_median,
+  "norm_bound": robust.norm_bound,
+  "centered_clip": robust.centered_clip,
+  "fltrust": robust.fltrust,
+}
+"""The robust aggregators by name, factories of :mod:`fedtree.toolbox.robust` (``krum`` is
+multi-Krum with ``m=1``). A count annotated ``int | jax.Array`` (Krum's and Bulyan's ``f``,
+multi-Krum's ``m``) may be a traced value: a sweep axis."""
+
+
+def robust_aggregator(name: str, **hyper) -> Aggregator:
+  """The aggregator ``name`` (a key of :data:`AGGREGATORS`) built with ``hyper``.
+
+  Raises:
+    ValueError: an unknown name (the allowed ones listed) or hyperparameters it does not take.
+  """
+  if name not in AGGREGATORS:
+    raise ValueError(f"aggregator {name!r} is unknown; choose one of {sorted(AGGREGATORS)}")
+  try:
+    return AGGREGATORS[name](**hyper)
+  except TypeError as e:
+    raise ValueError(f"aggregator {name!r}: bad hyperparameters {sorted(hyper)} ({e})") from e
+
+
+CLIENT_ATTACKS: dict[str, Callable[..., ClientTransform]] = {
+  "sign_flip": attacks.sign_flip, "scaling": attacks.scaling, "gaussian": attacks.gaussian,
+}
+"""The attacks on one update by name (factories of :mod:`fedtree.toolbox.attacks`, given the
+attackers and the section's hyperparameters)."""
+OMNISCIENT: dict[str, Callable[..., attacks.OmniscientAttack]] = {
+  "alie": attacks.alie, "ipm": attacks.ipm, "min_max": attacks.min_max, "min_sum": attacks.min_sum,
+}
+"""The omniscient attacks by name (factories of :mod:`fedtree.toolbox.attacks`)."""
 DATA_ATTACKS = ("label_flip", "backdoor")
 """The attacks that poison the attackers' training data (:func:`poisoned_data`), not their updates."""
-ATTACKS = tuple(sorted(attacks.CLIENT_ATTACKS)) + attacks.OMNISCIENT + DATA_ATTACKS
+ATTACKS = tuple(sorted(CLIENT_ATTACKS)) + tuple(OMNISCIENT) + DATA_ATTACKS
 
 
 def _levels(v) -> list[int]:
@@ -67,17 +111,17 @@ def aggregator_parts(section: dict[str, Any], ctx) -> dict[int, Any]:
   section = dict(plain(section))
   name = section.pop("name", None)
   if name is None:
-    raise ValueError(f"a 'name' is required; choose one of {sorted(robust.AGGREGATORS)}")
+    raise ValueError(f"a 'name' is required; choose one of {sorted(AGGREGATORS)}")
   levels = _levels(section.pop("levels", section.pop("level", -1)))
   if name == "fltrust" and "root_fraction" in section:
     section["trusted"] = root_clients(float(section.pop("root_fraction")), section.pop("seed", None), ctx)
-  agg = robust.robust_aggregator(name, **section)
+  agg = robust_aggregator(name, **section)
   return {lv: PathParts(aggregator=agg) for lv in levels}
 
 
 def root_clients(fraction: float, seed: int | None, ctx) -> tuple[int, ...]:
   """FLTrust's root-data clients: ``max(1, round(fraction * clients))`` of them, the last ones of
-  the seeded order the attackers are drawn from (:func:`fedtree.core.attacks.attackers`), so an
+  the seeded order the attackers are drawn from (:func:`fedtree.toolbox.attacks.attackers`), so an
   ``attack`` section with the same seed (the config's by default) never marks them."""
   if not 0.0 < fraction < 1.0:
     raise ValueError(f"fltrust: root_fraction={fraction!r} must be in (0, 1) (the share of clients whose "
@@ -127,15 +171,36 @@ def attack_parts(section: dict[str, Any], ctx) -> dict[int, Any]:
       host = attacks.attackers(num, seed=int(seed), **who)
       _data_attack(name, section, ctx.data, host)   # validates; the runner poisons the run's data
     return {key: PathParts(wrap_aggregator=(watch,))}
-  if name in attacks.CLIENT_ATTACKS:
+  if name in CLIENT_ATTACKS:
     try:
-      transform = attacks.CLIENT_ATTACKS[name](mask, **section)
+      transform = CLIENT_ATTACKS[name](mask, **section)
     except TypeError as e:
       raise ValueError(f"attack {name!r}: bad hyperparameters {sorted(section)} ({e})") from e
     return {key: PathParts(client=(transform,), wrap_aggregator=(watch,))}
-  attacks.omniscient(robust.mean(), mask, attack=name, **section)   # validates the hyperparameters
-  return {key: PathParts(
-    wrap_aggregator=(lambda agg: attacks.omniscient(agg, mask, attack=name, **section),))}
+  attack = omniscient_attack(name, **section)
+  return {key: PathParts(wrap_aggregator=(lambda agg: attacks.omniscient(agg, mask, attack),))}
+
+
+def omniscient_attack(name: str, **hyper) -> attacks.OmniscientAttack:
+  """The omniscient attack ``name`` (a key of :data:`OMNISCIENT`) built with ``hyper``.
+
+  Raises:
+    ValueError: an unknown name (the allowed ones listed); a hyperparameter no omniscient attack
+      takes (theirs listed), or another one's (``eps`` given to ``alie``: its own listed); the
+      factory's own refusals (an unknown ``perturbation``).
+  """
+  if name not in OMNISCIENT:
+    raise ValueError(f"attack={name!r} is not an omniscient attack; choose one of {list(OMNISCIENT)}")
+  every = sorted({p for f in OMNISCIENT.values() for p in inspect.signature(f).parameters})
+  unknown = set(hyper) - set(every)
+  if unknown:
+    raise ValueError(f"{name}: unknown hyperparameters {sorted(unknown)}; choose from {every}")
+  own = list(inspect.signature(OMNISCIENT[name]).parameters)
+  foreign = sorted(set(hyper) - set(own))
+  if foreign:
+    raise ValueError(f"{name}: {foreign} are other omniscient attacks' hyperparameters; {name} takes "
+                     f"{own or 'none'}")
+  return OMNISCIENT[name](**hyper)
 
 
 def _trigger(spec, example_shape) -> poison.Trigger:
@@ -203,7 +268,7 @@ def _factory_hint(factory, name: str):
 def aggregator_hint(path: Sequence[str], section):
   """The annotation of an ``aggregator`` section's field ``path`` in the factory its ``name``
   names (Krum's ``f`` and ``m`` may be traced: sweep axes)."""
-  factory = robust.AGGREGATORS.get(plain(section).get("name"), None)
+  factory = AGGREGATORS.get(plain(section).get("name"), None)
   return None if factory is None or len(path) != 1 else _factory_hint(factory, path[0])
 
 

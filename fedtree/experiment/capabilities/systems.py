@@ -1,4 +1,4 @@
-"""The systems capability: a run's ``systems`` section -> a :class:`fedtree.core.systems.Systems`
+"""The systems capability: a run's ``systems`` section -> a :class:`fedtree.toolbox.systems.Systems`
 (devices, availability, round policy), the argument of every algorithm whose factory takes
 ``systems`` (HierFAVG and the methods over it, FedBuff; the registry refuses the section elsewhere,
 naming the algorithms that take it).
@@ -29,10 +29,10 @@ from typing import Any
 
 import jax
 
-from fedtree.core import systems as sysm
 from fedtree.datasets.device_traces import availability_trace, device_capacity_profile
 from fedtree.experiment.capability import Capability
 from fedtree.experiment.fields import field
+from fedtree.toolbox import systems as sysm
 
 FIELDS = ("seed", "speed", "up", "down", "capacity_trace", "availability", "policy", "uplink_bytes",
           "downlink_bytes", "level_seconds", "server_up", "server_down")
@@ -66,7 +66,7 @@ def distribution(value, what: str) -> sysm.Distribution:
 
 
 def systems_from_config(section, ctx) -> sysm.Systems:
-  """The :class:`~fedtree.core.systems.Systems` of a run's ``systems`` section (see the module)."""
+  """The :class:`~fedtree.toolbox.systems.Systems` of a run's ``systems`` section (see the module)."""
   cfg = dict(_plain(section))
   _unknown("systems", cfg, FIELDS)
   num = ctx.data.num_clients

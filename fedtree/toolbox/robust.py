@@ -60,7 +60,7 @@ Bulyan's ``θ`` to ``[1, n]`` and its kept count ``θ - 2f`` to ``[1, θ]``.
 Stats (round metrics, the mean over the parents): ``trimmed`` (values dropped per coordinate),
 ``krum_selected`` / ``bulyan_selected`` (updates kept), ``norm_bounded`` / ``cclip_clipped``
 (updates clipped), ``fltrust_zeroed`` (updates of trust score 0); with a ``watch`` mask of the
-attackers' slots (:func:`watches`, passed by :func:`fedtree.core.attacks.watch_kept`),
+attackers' slots (:func:`watches`, passed by :func:`fedtree.toolbox.attacks.watch_kept`),
 ``kept_attackers``: the attackers among the updates Krum, Bulyan or FLTrust kept. Which slots
 Krum and Bulyan keep: :func:`krum_selection`, :func:`bulyan_selection`.
 
@@ -69,14 +69,13 @@ Example:
   >>> from fedtree.core.updates import Block
   >>> x = jnp.array([[[0.0], [1.0], [2.0], [100.0]]])          # one parent, 4 clients, 1 coordinate
   >>> block = Block(x, jnp.ones((1, 4)), jnp.ones((1, 4), bool), jnp.arange(4)[None])
-  >>> s, w, _ = median().aggregate(block, None, {})
+  >>> s, w, _ = median().aggregate(block, {}, None)
   >>> float(s[0, 0] / w[0])
   1.5
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 
 import jax
@@ -216,7 +215,7 @@ def mean() -> Aggregator:
   """The weighted mean as a blockwise aggregator (what an attack that rewrites a parent's cohort
   runs in front of when no defence is chosen)."""
 
-  def aggregate(block, key, node_state):
+  def aggregate(block, node_state, key):
     w = jnp.where(block.valid, block.weights, 0)
     s = jax.tree.map(lambda d: jnp.sum(_bcast(w, d).astype(d.dtype) * d, axis=1), block.deltas)
     return s, jnp.sum(w, axis=1), {}
@@ -227,7 +226,7 @@ def mean() -> Aggregator:
 def median() -> Aggregator:
   """Coordinate-wise median of every parent's valid updates (unweighted)."""
 
-  def aggregate(block, key, node_state):
+  def aggregate(block, node_state, key):
     n = _count(block)
     est = jax.tree.map(lambda d: _leaf_median(d, block.valid, n), block.deltas)
     return (*_finish(est, block), {})
@@ -246,7 +245,7 @@ def trimmed_mean(*, beta: float) -> Aggregator:
   if _is_concrete(beta) and not 0.0 <= float(beta) < 0.5:
     raise ValueError(f"trimmed_mean: beta={beta!r} must be in [0, 0.5) (the fraction trimmed on each side)")
 
-  def aggregate(block, key, node_state):
+  def aggregate(block, node_state, key):
     n = _count(block)
     cut = jnp.floor(jnp.asarray(beta, jnp.float32) * n.astype(jnp.float32)).astype(jnp.int32)
     rank = jnp.arange(block.valid.shape[1])[None, :]
@@ -293,7 +292,7 @@ def krum(*, f: int | jax.Array, m: int | jax.Array | None = None, weighted: bool
     if _is_concrete(m) and m < 1:
       raise ValueError(f"krum: m={m!r} must be at least 1 (Krum: 1; multi-Krum: more)")
 
-  def aggregate(block, key, node_state, watch=None):
+  def aggregate(block, node_state, key, watch=None):
     _check_f("krum", f, 2 * int(f) + 3 if _is_concrete(f) else 0, block.valid.shape[1])
     sel = krum_selection(block, f=f, m=m)
     if weighted:
@@ -331,7 +330,7 @@ def bulyan(*, f: int | jax.Array) -> Aggregator:
   """
   _check_nonneg_int("bulyan", "f", f)
 
-  def aggregate(block, key, node_state, watch=None):
+  def aggregate(block, node_state, key, watch=None):
     _check_f("bulyan", f, 4 * int(f) + 3 if _is_concrete(f) else 0, block.valid.shape[1])
     sel = bulyan_selection(block, f=f)
     theta = jnp.sum(sel, axis=1).astype(jnp.int32)
@@ -380,7 +379,7 @@ def geometric_median(*, iterations: int = 8, nu: float = 1e-6) -> Aggregator:
   if _is_concrete(nu) and not float(nu) > 0:
     raise ValueError(f"geometric_median: nu={nu!r} must be positive (the smoothing of the Weiszfeld step)")
 
-  def aggregate(block, key, node_state):
+  def aggregate(block, node_state, key):
     w = jnp.where(block.valid, block.weights, 0)
 
     def step(_, z):
@@ -406,7 +405,7 @@ def norm_bound(*, tau: float) -> Aggregator:
   how many updates were scaled down."""
   _check_tau("norm_bound", tau)
 
-  def aggregate(block, key, node_state):
+  def aggregate(block, node_state, key):
     norm = jnp.sqrt(_sq_norms(block.deltas))
     w = jnp.where(block.valid, block.weights, 0) * _clip_scale(norm, tau)
     s = jax.tree.map(lambda d: jnp.sum(_bcast(w, d).astype(d.dtype) * d, axis=1), block.deltas)
@@ -430,7 +429,7 @@ def centered_clip(*, tau: float, iterations: int = 1, center: str = "zero") -> A
   if center not in CENTERS:
     raise ValueError(f"centered_clip: center={center!r}; choose one of {list(CENTERS)}")
 
-  def aggregate(block, key, node_state):
+  def aggregate(block, node_state, key):
     n = _count(block)
     if center == "zero":
       v = jax.tree.map(lambda d: jnp.zeros_like(d[:, 0]), block.deltas)
@@ -475,7 +474,7 @@ def fltrust(*, trusted: Sequence[int]) -> Aggregator:
     raise ValueError(f"fltrust: trusted={list(trusted)!r} must name at least one child (ids >= 0) whose "
                      f"update is the server's root-data update")
 
-  def aggregate(block, key, node_state, watch=None):
+  def aggregate(block, node_state, key, watch=None):
     root = jnp.isin(block.clients, jnp.asarray(ids, jnp.int32)) & block.valid
     others = block.valid & ~root
     has_root = jnp.any(root, axis=1)
@@ -498,34 +497,3 @@ def fltrust(*, trusted: Sequence[int]) -> Aggregator:
     return s, weight, stats
 
   return Aggregator(_watching(aggregate), name="fltrust")
-
-
-AGGREGATORS: dict[str, Callable[..., Aggregator]] = {
-  "mean": mean,
-  "median": median,
-  "trimmed_mean": trimmed_mean,
-  "krum": functools.partial(krum, m=1),
-  "multi_krum": krum,
-  "bulyan": bulyan,
-  "geometric_median": geometric_median,
-  "norm_bound": norm_bound,
-  "centered_clip": centered_clip,
-  "fltrust": fltrust,
-}
-"""The robust aggregators by name (``krum`` is multi-Krum with ``m=1``). A count annotated
-``int | jax.Array`` (Krum's and Bulyan's ``f``, multi-Krum's ``m``) may be a traced value: a sweep
-axis."""
-
-
-def robust_aggregator(name: str, **hyper) -> Aggregator:
-  """The aggregator ``name`` (a key of :data:`AGGREGATORS`) built with ``hyper``.
-
-  Raises:
-    ValueError: an unknown name (the allowed ones listed) or hyperparameters it does not take.
-  """
-  if name not in AGGREGATORS:
-    raise ValueError(f"aggregator {name!r} is unknown; choose one of {sorted(AGGREGATORS)}")
-  try:
-    return AGGREGATORS[name](**hyper)
-  except TypeError as e:
-    raise ValueError(f"aggregator {name!r}: bad hyperparameters {sorted(hyper)} ({e})") from e

@@ -13,28 +13,31 @@ traced when a hyperparameter is swept). It becomes
   children (:func:`downlink`);
 * a parent's **majority vote** (:func:`majority_vote`, a node transform) for signSGD.
 
-Compressors (sizes for a leaf of ``n`` coordinates of ``w``-bit floats; ``d`` the whole update):
+Compressors, one factory each in the optax style (sizes for a leaf of ``n`` coordinates of
+``w``-bit floats; ``d`` the whole update); a run's ``compression`` section names them
+(:data:`fedtree.experiment.capabilities.compression.COMPRESSORS`):
 
-| name | what the receiver decodes | bits |
+| factory (name) | what the receiver decodes | bits |
 | --- | --- | --- |
-| `none` | the update as it is | `w n` |
-| `fp16` / `bf16` | a cast to 16 bits and back | `16 n` |
-| `qsgd` | stochastic rounding to `2^b` levels in [min, max] of the leaf (unbiased) | `b n + 64` |
-| `rotated` | `qsgd` of the randomly Hadamard-rotated leaf (Suresh et al. 2017) | `b m + 64` |
-| `drive` | DRIVE (Vargaftik et al. 2021): the signs of the rotated leaf times `‖x‖² / ‖Rx‖₁` | `m + 32` |
-| `topk` | the `k` largest magnitudes of the whole update (values, indices) | `k (w + ⌈log₂ d⌉)` |
-| `randk` | `k` coordinates at random (values; indices from the shared seed) | `k w` |
-| `sign` | signSGD: `sign(Δ)` (`+1` for 0) | `d` |
-| `scaled_sign` | EF-signSGD's `(‖Δ‖₁ / d) sign(Δ)` | `d + 32` |
+| `identity()` (`none`) | the update as it is | `w n` |
+| `fp16()` / `bf16()` | a cast to 16 bits and back | `16 n` |
+| `qsgd(bits)` | stochastic rounding to `2^b` levels in [min, max] of the leaf (unbiased) | `b n + 64` |
+| `rotated(bits)` | `qsgd` of the randomly Hadamard-rotated leaf (Suresh et al. 2017) | `b m + 64` |
+| `drive()` | DRIVE (Vargaftik et al. 2021): the signs of the rotated leaf times `‖x‖² / ‖Rx‖₁` | `m + 32` |
+| `topk(k)` | the `k` largest magnitudes of the update (values, indices) | `k (w + ⌈log₂ d⌉)` |
+| `randk(k)` | `k` coordinates at random (values; indices from the shared seed) | `k w` |
+| `sign()` | signSGD: `sign(Δ)` (`+1` for 0) | `d` |
+| `scaled_sign()` | EF-signSGD's `(‖Δ‖₁ / d) sign(Δ)` | `d + 32` |
 
-(``m``: ``n`` padded to a power of 2; ``qsgd``'s 64 bits are the leaf's min and max.)
+(``m``: ``n`` padded to a power of 2; ``qsgd``'s 64 bits are the leaf's min and max; ``topk`` and
+``randk`` take ``k`` or a ``fraction`` of the update's size.)
 
 The rotations' and random-k's randomness comes from the key of the edge (in a deployment, a seed
 shared by sender and receiver), so it costs no bits.
 
 Example:
   >>> import jax, jax.numpy as jnp
-  >>> c = compressor("qsgd", bits=2)
+  >>> c = qsgd(bits=2)
   >>> x = {"w": jnp.arange(6.0)}
   >>> int(c.bits(x))   # 2 bits for each of 6 coordinates, plus the leaf's min and max
   76
@@ -55,9 +58,6 @@ from fedtree.core.checks import is_traced
 from fedtree.core.updates import ClientTransform, DownTransform, NodeTransform
 
 PyTree = Any
-
-NAMES = ("none", "fp16", "bf16", "qsgd", "rotated", "drive", "topk", "randk", "sign", "scaled_sign")
-"""Every compressor :func:`compressor` builds."""
 
 LOSSLESS_DOWN = ("none", "fp16", "bf16", "qsgd", "rotated", "drive")
 """The compressors that make sense on a model sent down (not sparsifiers or signs of a model)."""
@@ -153,78 +153,109 @@ def _sign(x):
 
 # ------------------------------------------------------------------------ compressors
 MAX_BITS = 31
-"""The most bits per coordinate ``qsgd`` / ``rotated`` take: 32 and more send no fewer bits than
-the float32 values they encode."""
+"""The most bits per coordinate :func:`qsgd` / :func:`rotated` take: 32 and more send no fewer
+bits than the float32 values they encode."""
 
 
-def compressor(name: str, *, bits: int | float | None = None, k: int | None = None,
-               fraction: float | None = None) -> Compressor:
-  """The compressor ``name`` (one of :data:`NAMES`).
+def _check_bits(name: str, bits) -> None:
+  if bits is None:
+    raise ValueError(f"compressor {name!r} needs bits (an integer >= 1)")
+  if is_traced(bits):
+    return
+  if not (float(bits) >= 1 and float(bits) == int(bits)):
+    raise ValueError(f"bits={bits!r} must be an integer >= 1")
+  if int(bits) > MAX_BITS:
+    raise ValueError(f"bits={bits!r}: {name!r} would send {int(bits)} bits per coordinate, no fewer than a "
+                     f"float32 value's 32 (no compression); choose an integer in [1, {MAX_BITS}]")
+
+
+def _check_count(name: str, k, fraction) -> None:
+  if (k is None) == (fraction is None):
+    raise ValueError(f"compressor {name!r} needs exactly one of k (coordinates kept) or fraction "
+                     f"(got k={k!r}, fraction={fraction!r})")
+  for field, v in (("k", k), ("fraction", fraction)):
+    if is_traced(v):
+      raise ValueError(f"{field} of {name!r} changes the shape of what is sent (k values and "
+                       f"indices), so it cannot be a sweep axis: sweep it as separate runs")
+  if k is not None and not (int(k) == k and k >= 1):
+    raise ValueError(f"k={k!r} must be an integer >= 1")
+  if fraction is not None and not 0 < float(fraction) <= 1:
+    raise ValueError(f"fraction={fraction!r} must be in (0, 1]")
+
+
+def identity() -> Compressor:
+  """The update as it is (``none``): ``w n`` bits, the plain run's."""
+  return Compressor(lambda t, key: t, lambda t: _total(t, lambda x: x.size * _dtype_bits(x)), "none")
+
+
+def _cast(name: str, dt) -> Compressor:
+  return Compressor(lambda t, key: jax.tree.map(lambda x: x.astype(dt).astype(x.dtype), t),
+                    lambda t: _total(t, lambda x: 16 * x.size), name)
+
+
+def fp16() -> Compressor:
+  """A cast to float16 and back: 16 bits a coordinate."""
+  return _cast("fp16", jnp.float16)
+
+
+def bf16() -> Compressor:
+  """A cast to bfloat16 and back: 16 bits a coordinate."""
+  return _cast("bf16", jnp.bfloat16)
+
+
+def qsgd(bits: int | float) -> Compressor:
+  """QSGD: every leaf stochastically rounded to ``2^bits`` levels between its min and max
+  (:func:`stochastic_quantize`, unbiased); ``bits n + 64`` bits a leaf.
 
   Args:
-    name: see the module's table.
-    bits: levels ``2^bits`` of ``qsgd`` / ``rotated`` (an integer in ``[1, MAX_BITS]``; may be a
-      traced sweep value).
-    k: coordinates kept by ``topk`` / ``randk`` (``1 <= k <=`` the update's size, checked when the
-      update is first seen), or
-    fraction: ``k`` as a fraction of the update's size (``0 < fraction <= 1``, at least 1 kept).
+    bits: an integer in ``[1, MAX_BITS]`` (may be a traced sweep value).
 
   Raises:
-    ValueError: an unknown name, a missing or bad ``bits`` / ``k`` / ``fraction``, or a
-      hyperparameter given to a compressor that takes none.
+    ValueError: ``bits`` not such an integer.
   """
-  if name not in NAMES:
-    raise ValueError(f"compressor name={name!r} is unknown; choose one of {list(NAMES)}")
-  quant = name in ("qsgd", "rotated")
-  sparse = name in ("topk", "randk")
-  if bits is not None and not quant:
-    raise ValueError(f"compressor {name!r} takes no bits (got bits={bits!r}); only 'qsgd' and 'rotated' do")
-  if (k is not None or fraction is not None) and not sparse:
-    raise ValueError(f"compressor {name!r} takes no k or fraction; only 'topk' and 'randk' do")
-  if quant:
-    if bits is None:
-      raise ValueError(f"compressor {name!r} needs bits (an integer >= 1)")
-    if not is_traced(bits) and not (float(bits) >= 1 and float(bits) == int(bits)):
-      raise ValueError(f"bits={bits!r} must be an integer >= 1")
-    if not is_traced(bits) and int(bits) > MAX_BITS:
-      raise ValueError(f"bits={bits!r}: {name!r} would send {int(bits)} bits per coordinate, no fewer than a "
-                       f"float32 value's 32 (no compression); choose an integer in [1, {MAX_BITS}]")
-  if sparse:
-    if (k is None) == (fraction is None):
-      raise ValueError(f"compressor {name!r} needs exactly one of k (coordinates kept) or fraction "
-                       f"(got k={k!r}, fraction={fraction!r})")
-    for field, v in (("k", k), ("fraction", fraction)):
-      if is_traced(v):
-        raise ValueError(f"{field} of {name!r} changes the shape of what is sent (k values and "
-                         f"indices), so it cannot be a sweep axis: sweep it as separate runs")
-    if k is not None and not (int(k) == k and k >= 1):
-      raise ValueError(f"k={k!r} must be an integer >= 1")
-    if fraction is not None and not 0 < float(fraction) <= 1:
-      raise ValueError(f"fraction={fraction!r} must be in (0, 1]")
+  _check_bits("qsgd", bits)
+  return Compressor(lambda t, key: _leafwise(lambda x, kk: stochastic_quantize(x, kk, bits), t, key),
+                    lambda t: _total(t, lambda x: jnp.asarray(bits, jnp.float32) * x.size + 64), "qsgd")
 
-  if name == "none":
-    return Compressor(lambda t, key: t, lambda t: _total(t, lambda x: x.size * _dtype_bits(x)), name)
-  if name in ("fp16", "bf16"):
-    dt = jnp.float16 if name == "fp16" else jnp.bfloat16
-    return Compressor(lambda t, key: jax.tree.map(lambda x: x.astype(dt).astype(x.dtype), t),
-                      lambda t: _total(t, lambda x: 16 * x.size), name)
-  if name == "qsgd":
-    return Compressor(lambda t, key: _leafwise(lambda x, kk: stochastic_quantize(x, kk, bits), t, key),
-                      lambda t: _total(t, lambda x: jnp.asarray(bits, jnp.float32) * x.size + 64), name)
-  if name == "rotated":
-    return Compressor(lambda t, key: _leafwise(lambda x, kk: _rotated_quantize(x, kk, bits), t, key),
-                      lambda t: _total(t, lambda x: jnp.asarray(bits, jnp.float32) * _pow2(x.size) + 64),
-                      name)
-  if name == "drive":
-    return Compressor(lambda t, key: _leafwise(_drive, t, key),
-                      lambda t: _total(t, lambda x: _pow2(x.size) + 32), name)
-  if name == "sign":
-    return Compressor(lambda t, key: jax.tree.map(_sign, t), lambda t: _total(t, lambda x: x.size), name)
-  if name == "scaled_sign":
-    def scaled(t, key):
-      flat, unravel = ravel_pytree(t)
-      return unravel(jnp.mean(jnp.abs(flat)) * _sign(flat))
-    return Compressor(scaled, lambda t: _total(t, lambda x: x.size) + 32, name)
+
+def rotated(bits: int | float) -> Compressor:
+  """:func:`qsgd` of the randomly Hadamard-rotated leaf (Suresh et al. 2017); ``bits m + 64`` bits
+  a leaf (``m``: its size padded to a power of 2).
+
+  Args:
+    bits: an integer in ``[1, MAX_BITS]`` (may be a traced sweep value).
+
+  Raises:
+    ValueError: ``bits`` not such an integer.
+  """
+  _check_bits("rotated", bits)
+  return Compressor(lambda t, key: _leafwise(lambda x, kk: _rotated_quantize(x, kk, bits), t, key),
+                    lambda t: _total(t, lambda x: jnp.asarray(bits, jnp.float32) * _pow2(x.size) + 64),
+                    "rotated")
+
+
+def drive() -> Compressor:
+  """DRIVE (Vargaftik et al. 2021): the signs of the rotated leaf times ``‖x‖² / ‖Rx‖₁``;
+  ``m + 32`` bits a leaf."""
+  return Compressor(lambda t, key: _leafwise(_drive, t, key),
+                    lambda t: _total(t, lambda x: _pow2(x.size) + 32), "drive")
+
+
+def sign() -> Compressor:
+  """signSGD: ``sign(Δ)`` (``+1`` for 0), one bit a coordinate."""
+  return Compressor(lambda t, key: jax.tree.map(_sign, t), lambda t: _total(t, lambda x: x.size), "sign")
+
+
+def scaled_sign() -> Compressor:
+  """EF-signSGD's ``(‖Δ‖₁ / d) sign(Δ)``: ``d + 32`` bits."""
+  def scaled(t, key):
+    flat, unravel = ravel_pytree(t)
+    return unravel(jnp.mean(jnp.abs(flat)) * _sign(flat))
+  return Compressor(scaled, lambda t: _total(t, lambda x: x.size) + 32, "scaled_sign")
+
+
+def _counter(k: int | None, fraction: float | None) -> Callable[[PyTree], int]:
+  """``count(tree)``: the coordinates kept of ``tree`` (checked against its size)."""
 
   def count(t) -> int:
     d = sum(x.size for x in jax.tree.leaves(t))
@@ -237,24 +268,57 @@ def compressor(name: str, *, bits: int | float | None = None, k: int | None = No
       raise ValueError(f"k={kk} exceeds the update's size ({d} coordinates)")
     return kk
 
-  def value_bits(t) -> int:
-    return _dtype_bits(jax.tree.leaves(t)[0])
+  return count
 
-  if name == "topk":
-    def topk(t, key):
-      flat, unravel = ravel_pytree(t)
-      _, idx = jax.lax.top_k(jnp.abs(flat), count(t))
-      return unravel(jnp.zeros_like(flat).at[idx].set(flat[idx]))
-    def topk_bits(t):
-      index_bits = max(1, math.ceil(math.log2(max(2, sum(x.size for x in jax.tree.leaves(t))))))
-      return jnp.asarray(count(t) * (value_bits(t) + index_bits), jnp.float32)
-    return Compressor(topk, topk_bits, name)
 
-  def randk(t, key):
+def _value_bits(t) -> int:
+  return _dtype_bits(jax.tree.leaves(t)[0])
+
+
+def topk(*, k: int | None = None, fraction: float | None = None) -> Compressor:
+  """The ``k`` largest magnitudes of the whole update (values and indices):
+  ``k (w + ⌈log₂ d⌉)`` bits.
+
+  Args:
+    k: coordinates kept (``1 <= k <=`` the update's size, checked when the update is first
+      seen), or
+    fraction: ``k`` as a fraction of the update's size (``0 < fraction <= 1``, at least 1 kept).
+
+  Raises:
+    ValueError: neither or both of ``k`` and ``fraction``, a bad value, or a traced one (``k``
+      is a shape: no sweep axis).
+  """
+  _check_count("topk", k, fraction)
+  count = _counter(k, fraction)
+
+  def apply(t, key):
+    flat, unravel = ravel_pytree(t)
+    _, idx = jax.lax.top_k(jnp.abs(flat), count(t))
+    return unravel(jnp.zeros_like(flat).at[idx].set(flat[idx]))
+
+  def bits(t):
+    index_bits = max(1, math.ceil(math.log2(max(2, sum(x.size for x in jax.tree.leaves(t))))))
+    return jnp.asarray(count(t) * (_value_bits(t) + index_bits), jnp.float32)
+
+  return Compressor(apply, bits, "topk")
+
+
+def randk(*, k: int | None = None, fraction: float | None = None) -> Compressor:
+  """``k`` coordinates at random (values; the indices follow from the edge's key, shared by
+  sender and receiver): ``k w`` bits. ``k`` / ``fraction`` as :func:`topk`'s.
+
+  Raises:
+    ValueError: as :func:`topk`.
+  """
+  _check_count("randk", k, fraction)
+  count = _counter(k, fraction)
+
+  def apply(t, key):
     flat, unravel = ravel_pytree(t)
     _, idx = jax.lax.top_k(jax.random.uniform(key, flat.shape), count(t))   # k distinct, uniformly
     return unravel(jnp.zeros_like(flat).at[idx].set(flat[idx]))
-  return Compressor(randk, lambda t: jnp.asarray(count(t) * value_bits(t), jnp.float32), name)
+
+  return Compressor(apply, lambda t: jnp.asarray(count(t) * _value_bits(t), jnp.float32), "randk")
 
 
 # ------------------------------------------------------------------------ edges

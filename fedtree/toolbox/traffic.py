@@ -9,7 +9,7 @@ What an algorithm's round reports is what is counted (nothing is assumed about r
   clients receive only when their edge server got a model from above; ``clients_received_models``
   models each, default 1: IFCA sends every cluster's model).
   A message is ``uplink_bytes`` / ``downlink_bytes`` when the update path compresses it
-  (:func:`fedtree.core.compression.uplink` / :func:`~fedtree.core.compression.downlink` report
+  (:func:`fedtree.toolbox.compression.uplink` / :func:`~fedtree.toolbox.compression.downlink` report
   them), else one model at its dtypes' size;
 * an edge between server levels: ``level{l}_children_sent`` child nodes (0 in a round where level
   ``l`` does not aggregate) each sent their model or update to level ``l``

@@ -8,10 +8,11 @@
   a benign client's update passes unchanged, bitwise): :func:`sign_flip`, :func:`scaling`
   (model replacement, Bagdasaryan et al. 2020: a boost ``n / η`` makes the parent's mean the
   attacker's model), :func:`gaussian` (a random update).
-* Omniscient attacks that know the benign updates of the same parent, as a wrapper of a
-  blockwise aggregator (:func:`omniscient`): the attackers' rows of every parent's
+* Omniscient attacks that know the benign updates of the same parent (:class:`OmniscientAttack`
+  s, one factory each: :func:`alie`, :func:`ipm`, :func:`min_max`, :func:`min_sum`), run as a
+  wrapper of a blockwise aggregator (:func:`omniscient`): the attackers' rows of every parent's
   :class:`~fedtree.core.updates.Block` are rewritten from the benign rows' coordinate mean ``μ``
-  and standard deviation ``σ``, then the wrapped aggregator runs (:func:`fedtree.core.robust.mean`
+  and standard deviation ``σ``, then the wrapped aggregator runs (:func:`fedtree.toolbox.robust.mean`
   for no defence). ALIE (Baruch et al. 2019): ``μ - z σ``; IPM (Xie et al. 2020): ``-ε μ``;
   min-max / min-sum (Shejwalkar & Houmansadr 2021): ``μ + γ p`` with ``γ`` the largest (by
   halving search) that keeps the malicious update's largest (min-max) / summed squared (min-sum)
@@ -43,13 +44,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import ndtri
 
-from fedtree.core.robust import _bcast, _dist_to, pairwise_sq_distances
 from fedtree.core.updates import Aggregator, Block, ClientTransform
+from fedtree.toolbox import robust
+from fedtree.toolbox.robust import _bcast, _dist_to, pairwise_sq_distances
 
 PyTree = Any
 
-OMNISCIENT = ("alie", "ipm", "min_max", "min_sum")
 PERTURBATIONS = ("std", "unit", "sign")
+"""The directions ``p`` of :func:`min_max` / :func:`min_sum`: ``-σ``, ``-μ / ‖μ‖``, ``-sign(μ)``."""
 
 
 class Attackers(NamedTuple):
@@ -182,13 +184,23 @@ def gaussian(attacker: Attackers, *, std: float = 1.0) -> ClientTransform:
   return _replace_if(attacker, "gaussian", noise)
 
 
-CLIENT_ATTACKS: dict[str, Callable[..., ClientTransform]] = {
-  "sign_flip": sign_flip, "scaling": scaling, "gaussian": gaussian,
-}
-"""The attacks on one update by name."""
-
-
 # ------------------------------------------------------------------------ omniscient
+class OmniscientAttack(NamedTuple):
+  """What every parent's attackers send, knowing the benign updates of their parent's cohort
+  (built by :func:`alie`, :func:`ipm`, :func:`min_max`, :func:`min_sum`; run by :func:`omniscient`).
+
+  Attributes:
+    malicious: ``malicious(block, bad) -> [P, ...]`` one update per parent, from its benign
+      updates (``block.valid & ~bad``).
+    name: names the attack in the wrapped aggregator's name and in errors.
+    pairwise: it keeps every parent's ``K x K`` distances between updates (its memory estimate).
+  """
+
+  malicious: Callable[[Block, jax.Array], PyTree]
+  name: str
+  pairwise: bool = False
+
+
 def _moments(block: Block, benign: jax.Array) -> tuple[PyTree, PyTree]:
   nb = jnp.maximum(jnp.sum(benign, axis=1), 1)
 
@@ -206,14 +218,13 @@ def _norm(tree) -> jax.Array:
   return jnp.sqrt(sum(jnp.sum(jnp.square(x.reshape(x.shape[0], -1)), axis=1) for x in jax.tree.leaves(tree)))
 
 
-def malicious_update(block: Block, bad: jax.Array, *, attack: str, z=None, eps=0.1, gamma_init=10.0,
-                     iterations: int = 20, perturbation: str = "std") -> PyTree:
-  """What every parent's attackers send (``[P, ...]``, one update per parent) given its benign
-  updates (``block.valid & ~bad``); see the module docstring. ``z`` (ALIE): ``None`` is Baruch et
-  al.'s ``Φ⁻¹((n - s) / n)``, ``s = ⌊n/2 + 1⌋ - m`` for ``n`` updates of which ``m`` malicious."""
-  benign = block.valid & ~bad
-  mu, sigma = _moments(block, benign)
-  if attack == "alie":
+def alie(*, z: float | None = None) -> OmniscientAttack:
+  """ALIE (Baruch et al. 2019): the attackers send ``μ - z σ``, the benign updates' coordinate
+  mean and standard deviation. ``z``: ``None`` is Baruch et al.'s ``Φ⁻¹((n - s) / n)``,
+  ``s = ⌊n/2 + 1⌋ - m`` for ``n`` updates of which ``m`` malicious (per parent, every round)."""
+
+  def malicious(block: Block, bad: jax.Array) -> PyTree:
+    mu, sigma = _moments(block, block.valid & ~bad)
     if z is None:
       n = jnp.sum(block.valid, axis=1).astype(jnp.float32)
       m = jnp.sum(bad & block.valid, axis=1).astype(jnp.float32)
@@ -222,46 +233,87 @@ def malicious_update(block: Block, bad: jax.Array, *, attack: str, z=None, eps=0
     else:
       zz = jnp.broadcast_to(jnp.asarray(z, jnp.float32), bad.shape[:1])
     return jax.tree.map(lambda m_, s_: m_ - _bcast(zz, m_).astype(m_.dtype) * s_, mu, sigma)
-  if attack == "ipm":
+
+  return OmniscientAttack(malicious, "alie")
+
+
+def ipm(*, eps: float = 0.1) -> OmniscientAttack:
+  """IPM (Xie et al. 2020): the attackers send ``-ε μ``, the benign updates' mean turned back."""
+
+  def malicious(block: Block, bad: jax.Array) -> PyTree:
+    mu, _ = _moments(block, block.valid & ~bad)
     return jax.tree.map(lambda m_: -eps * m_, mu)
-  # min-max / min-sum
-  if perturbation == "std":
-    p = jax.tree.map(jnp.negative, sigma)
-  elif perturbation == "unit":
-    nm = jnp.maximum(_norm(mu), 1e-30)
-    p = jax.tree.map(lambda m_: -m_ / _bcast(nm, m_).astype(m_.dtype), mu)
-  else:
-    p = jax.tree.map(lambda m_: -jnp.sign(m_), mu)
-  dist = pairwise_sq_distances(block.deltas)
-  pair = benign[:, :, None] & benign[:, None, :]
-  if attack == "min_max":
-    bound = jnp.max(jnp.where(pair, dist, 0.0), axis=(1, 2))
-  else:
-    bound = jnp.max(jnp.sum(jnp.where(pair, dist, 0.0), axis=2), axis=1)
 
-  def feasible(gamma):
-    x = jax.tree.map(lambda m_, p_: m_ + _bcast(gamma, m_).astype(m_.dtype) * p_, mu, p)
-    d2 = jnp.where(benign, jnp.square(_dist_to(block, x)), 0.0)
-    got = jnp.max(d2, axis=1) if attack == "min_max" else jnp.sum(d2, axis=1)
-    return got <= bound
-
-  def step(_, carry):
-    gamma, stride, best = carry
-    ok = feasible(gamma)
-    best = jnp.where(ok, gamma, best)
-    return gamma + jnp.where(ok, stride, -stride), stride / 2, best
-
-  g0 = jnp.full(bad.shape[:1], gamma_init, jnp.float32)
-  _, _, best = jax.lax.fori_loop(0, int(iterations), step, (g0, g0 / 2, jnp.zeros_like(g0)))
-  return jax.tree.map(lambda m_, p_: m_ + _bcast(best, m_).astype(m_.dtype) * p_, mu, p)
+  return OmniscientAttack(malicious, "ipm")
 
 
-def poison_block(block: Block, attacker: Attackers, key: jax.Array, *, attack: str,
-                 **hyper) -> tuple[Block, jax.Array]:
-  """``block`` with every attacker's row replaced by its parent's :func:`malicious_update` (rows
-  of a parent with no benign update are left as they are), and the ``bool [P, K]`` attackers."""
+def _largest_shift(name: str, reduce, gamma_init, iterations, perturbation) -> OmniscientAttack:
+  """Min-max (``reduce`` the max) or min-sum (the sum) of Shejwalkar & Houmansadr 2021: ``μ + γ p``
+  with ``γ`` the largest (by halving search from ``gamma_init``) that keeps the malicious update's
+  ``reduce`` of squared distances to the benign ones within the largest such of a benign one."""
+  if perturbation not in PERTURBATIONS:
+    raise ValueError(f"{name}: perturbation={perturbation!r}; choose one of {list(PERTURBATIONS)}")
+
+  def malicious(block: Block, bad: jax.Array) -> PyTree:
+    benign = block.valid & ~bad
+    mu, sigma = _moments(block, benign)
+    if perturbation == "std":
+      p = jax.tree.map(jnp.negative, sigma)
+    elif perturbation == "unit":
+      nm = jnp.maximum(_norm(mu), 1e-30)
+      p = jax.tree.map(lambda m_: -m_ / _bcast(nm, m_).astype(m_.dtype), mu)
+    else:
+      p = jax.tree.map(lambda m_: -jnp.sign(m_), mu)
+    dist = pairwise_sq_distances(block.deltas)
+    pair = benign[:, :, None] & benign[:, None, :]
+    bound = jnp.max(reduce(jnp.where(pair, dist, 0.0), axis=2), axis=1)
+
+    def feasible(gamma):
+      x = jax.tree.map(lambda m_, p_: m_ + _bcast(gamma, m_).astype(m_.dtype) * p_, mu, p)
+      d2 = jnp.where(benign, jnp.square(_dist_to(block, x)), 0.0)
+      return reduce(d2, axis=1) <= bound
+
+    def step(_, carry):
+      gamma, stride, best = carry
+      ok = feasible(gamma)
+      best = jnp.where(ok, gamma, best)
+      return gamma + jnp.where(ok, stride, -stride), stride / 2, best
+
+    g0 = jnp.full(bad.shape[:1], gamma_init, jnp.float32)
+    _, _, best = jax.lax.fori_loop(0, int(iterations), step, (g0, g0 / 2, jnp.zeros_like(g0)))
+    return jax.tree.map(lambda m_, p_: m_ + _bcast(best, m_).astype(m_.dtype) * p_, mu, p)
+
+  return OmniscientAttack(malicious, name, pairwise=True)
+
+
+def min_max(*, gamma_init: float = 10.0, iterations: int = 20, perturbation: str = "std") -> OmniscientAttack:
+  """Min-max (Shejwalkar & Houmansadr 2021): ``μ + γ p`` with ``γ`` the largest (halving search from
+  ``gamma_init``, ``iterations`` steps) that keeps the malicious update's largest distance to a benign
+  one within the benign ones' own largest; ``p`` is ``-σ`` (``perturbation="std"``), ``-μ / ‖μ‖``
+  (``"unit"``) or ``-sign(μ)`` (``"sign"``).
+
+  Raises:
+    ValueError: an unknown ``perturbation`` (the allowed ones listed).
+  """
+  return _largest_shift("min_max", jnp.max, gamma_init, iterations, perturbation)
+
+
+def min_sum(*, gamma_init: float = 10.0, iterations: int = 20, perturbation: str = "std") -> OmniscientAttack:
+  """Min-sum (Shejwalkar & Houmansadr 2021): as :func:`min_max` with the summed squared distances
+  to the benign updates in place of the largest.
+
+  Raises:
+    ValueError: an unknown ``perturbation`` (the allowed ones listed).
+  """
+  return _largest_shift("min_sum", jnp.sum, gamma_init, iterations, perturbation)
+
+
+def poison_block(block: Block, attacker: Attackers, key: jax.Array,
+                 attack: OmniscientAttack) -> tuple[Block, jax.Array]:
+  """``block`` with every attacker's row replaced by its parent's malicious update (``attack``'s;
+  rows of a parent with no benign update are left as they are), and the ``bool [P, K]`` attackers."""
   bad = attacker.mask(block.clients, key) & block.valid
-  x = malicious_update(block, bad, attack=attack, **hyper)
+  x = attack.malicious(block, bad)
   has_benign = jnp.any(block.valid & ~bad, axis=1)
   rewrite = bad & has_benign[:, None]
   deltas = jax.tree.map(lambda d, v: jnp.where(_bcast(rewrite, d), v[:, None].astype(d.dtype), d),
@@ -269,51 +321,35 @@ def poison_block(block: Block, attacker: Attackers, key: jax.Array, *, attack: s
   return block._replace(deltas=deltas), bad
 
 
-def omniscient(aggregator: Aggregator, attacker: Attackers, *, attack: str, **hyper) -> Aggregator:
+def omniscient(aggregator: Aggregator, attacker: Attackers, attack: OmniscientAttack) -> Aggregator:
   """``aggregator`` run on every parent's cohort after its attackers' rows are rewritten by
-  ``attack`` (one of :data:`OMNISCIENT`; ``hyper``: :func:`malicious_update`'s). A streamed
+  ``attack`` (:func:`alie`, :func:`ipm`, :func:`min_max`, :func:`min_sum`). A streamed
   (non-blockwise) ``aggregator`` is replaced by the blockwise weighted mean. Stat ``attackers``:
-  per parent, how many of its updates were malicious.
-
-  Raises:
-    ValueError: an unknown attack or perturbation (the allowed ones listed).
-  """
-  from fedtree.core import robust
-
-  if attack not in OMNISCIENT:
-    raise ValueError(f"attack={attack!r} is not an omniscient attack; choose one of {list(OMNISCIENT)}")
-  if hyper.get("perturbation", "std") not in PERTURBATIONS:
-    raise ValueError(f"{attack}: perturbation={hyper['perturbation']!r}; choose one of {list(PERTURBATIONS)}")
-  unknown = set(hyper) - {"z", "eps", "gamma_init", "iterations", "perturbation"}
-  if unknown:
-    raise ValueError(f"{attack}: unknown hyperparameters {sorted(unknown)}; choose from "
-                     f"['eps', 'gamma_init', 'iterations', 'perturbation', 'z']")
+  per parent, how many of its updates were malicious."""
   inner = aggregator if aggregator.blockwise else robust.mean()
 
-  def aggregate(block, key, node_state):
-    poisoned, bad = poison_block(block, attacker, jax.random.fold_in(key, 0), attack=attack, **hyper)
+  def aggregate(block, node_state, key):
+    poisoned, bad = poison_block(block, attacker, jax.random.fold_in(key, 0), attack)
     assert inner.aggregate is not None
     watch = {"watch": bad} if robust.watches(inner) else {}
-    s, w, stats = inner.aggregate(poisoned, jax.random.fold_in(key, 1), node_state, **watch)
+    s, w, stats = inner.aggregate(poisoned, node_state, jax.random.fold_in(key, 1), **watch)
     return s, w, {**stats, "attackers": jnp.sum(bad, axis=1).astype(jnp.float32)}
 
-  return Aggregator(aggregate, name=f"{attack}+{aggregator.name}",
-                    pairwise=attack in ("min_max", "min_sum") or inner.pairwise)
+  return Aggregator(aggregate, name=f"{attack.name}+{aggregator.name}",
+                    pairwise=attack.pairwise or inner.pairwise)
 
 
 def watch_kept(aggregator: Aggregator, attacker: Attackers) -> Aggregator:
   """``aggregator`` reporting ``kept_attackers`` (per parent, how many of the updates it kept were
-  ``attacker`` 's; :func:`fedtree.core.robust.watches`) when it chooses among the updates (Krum,
+  ``attacker`` 's; :func:`fedtree.toolbox.robust.watches`) when it chooses among the updates (Krum,
   multi-Krum, Bulyan, FLTrust); any other aggregator, or attackers redrawn every round (their
   draw is the client transform's), is returned as it is."""
-  from fedtree.core import robust
-
   if attacker.redraw or not robust.watches(aggregator):
     return aggregator
   inner = aggregator.aggregate
   assert inner is not None
 
-  def aggregate(block, key, node_state):
-    return inner(block, key, node_state, watch=attacker.mask(block.clients, None) & block.valid)
+  def aggregate(block, node_state, key):
+    return inner(block, node_state, key, watch=attacker.mask(block.clients, None) & block.valid)
 
   return aggregator._replace(aggregate=aggregate)

@@ -403,9 +403,9 @@ def _per_client(name: str, value, num_clients: int) -> jax.Array | None:
 
 def uplink_bytes(path: UpdatePath | None, params: PyTree) -> jax.Array | None:
   """Bytes a child sends through ``path``'s client transform: the ``uplink_bytes`` statistic
-  it reports (:func:`fedtree.core.compression.uplink`) for a zero update shaped like
+  it reports (:func:`fedtree.toolbox.compression.uplink`) for a zero update shaped like
   ``params`` (one unstacked model), or ``None`` when it reports none (the model is sent as it
-  is). Exact for every compressor of :mod:`fedtree.core.compression`, whose sizes follow from
+  is). Exact for every compressor of :mod:`fedtree.toolbox.compression`, whose sizes follow from
   the shapes and hyperparameters alone; jittable, and under ``jit`` everything but the size is
   dead code."""
   if path is None or path.client is None:
