@@ -319,7 +319,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
       raise ValueError(
         f"config.sweep.params[{path!r}]: {leaf!r} ({what}) changes array shapes or the program's "
         f"control flow and cannot be an experiment axis; sweep it as separate runs (config.runs) "
-        f"instead (a rate written as an int: write it as a float)"
+        f"instead" + (" (a rate written as an int: write it as a float)" if hint is None else "")
       )
     if kind == "other":
       if hint is not None:
