@@ -69,7 +69,7 @@ from fedtree.core.local import ClientUpdate, LocalSchedule, stack
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
-from fedtree.core.tier import train_cohort
+from fedtree.core.tier import edge_metrics, train_cohort
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath, init_update_state, per_level_paths
 from fedtree.objectives.moreau import moreau_client_update
@@ -280,6 +280,8 @@ def pfedmt(
                "level0_children_sent": jnp.asarray(num_teams, jnp.int32)}
     if skip_nonfinite:
       metrics["clients_skipped"] = jnp.sum(skipped)
+    metrics.update(edge_metrics("clients", jnp.sum(trained) + jnp.sum(skipped)))   # (core.traffic)
+    metrics.update(edge_metrics("level0", num_teams))
     new_state = PFedMTState(round=state.round + 1, params=x, team_params=w, client_state=pm,
                             cursor=cursor, update_state=update_state)
     return new_state, metrics

@@ -100,7 +100,7 @@ from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.server import down_nodes, init_nodes, select_nodes, update_nodes
-from fedtree.core.tier import train_cohort
+from fedtree.core.tier import edge_metrics, train_cohort
 from fedtree.core.topology import Topology
 from fedtree.core.updates import (
   UpdatePath,
@@ -656,6 +656,12 @@ def bhfl(
     levels, residual_state = residual_into_root(levels, state.residual_state, residual, metrics)
     levels, direct_state = merge_down(levels, state.direct_state, metrics)
     metrics.update(res.metrics(skip_nonfinite))
+    # the models that went up and down every edge (core.traffic): a level's children sent what
+    # aggregated (and the residual links), received what its down-merges delivered
+    metrics.update(edge_metrics("clients", res.messages(), metrics["clients_received"]))
+    for lv in range(depth - 1):
+      sent = metrics[f"level{lv}_children_sent"]
+      metrics.update(edge_metrics(f"level{lv}", sent, metrics.get(f"level{lv}_children_received", sent)))
     return BHFLState(
       round=r, params=tuple(lvl.params for lvl in levels),
       up_state=tuple(lvl.up for lvl in levels[:depth]), down_state=tuple(lvl.down for lvl in levels[1:]),
