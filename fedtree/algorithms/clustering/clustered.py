@@ -487,10 +487,10 @@ def clustered(
       "clusters_picked": jnp.sum((total > 0).astype(jnp.int32)),
       **a.metrics,
     }
-    if clustering == "ifca":   # every sampled client receives all k models (bytes: core.traffic)
+    if clustering == "ifca":   # every sampled client receives all k models (one message: core.traffic)
       metrics["clients_received_models"] = jnp.asarray(k, jnp.int32)
-    metrics.update(edge_metrics("clients", res.messages(), downlink_bytes=None if clustering != "ifca" else
-                                model_bytes(state.params, stacked=True) * k))   # (no downlink transform)
+      metrics.update(edge_metrics("clients", res.messages(),
+                                  downlink_bytes=model_bytes(state.params, stacked=True) * k))
     return state.replace(round=r, params=params, opt_state=opt_state, cluster_of=cluster_of,
                          update_state=res.update_state,
                          num_clusters=a.num_in_use, features=features, cursor=res.cursor), metrics
