@@ -63,7 +63,6 @@ Example:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -92,17 +91,17 @@ Edge = tuple[float, float, float, float]
 _MESSAGES = "_uplink_messages"
 
 
-def _edge(key: str) -> tuple[int, int] | None:
-  """``(0, 0)`` for the clients' edge's ``clients_uplink_messages``, ``(1, l)`` for level ``l``'s
-  ``level{l}_uplink_messages`` (the clients' edge first, then the levels from the root down),
-  ``None`` for any other metric."""
-  if not key.endswith(_MESSAGES):
+def _edge(key: str, suffix: str = _MESSAGES) -> tuple[tuple[int, int], str] | None:
+  """``((0, 0), "clients")`` for ``clients<suffix>``, ``((1, l), "level{l}")`` for
+  ``level{l}<suffix>`` (in order: the clients' edge first, then the levels from the root down),
+  ``None`` for any other name."""
+  edge = key[: -len(suffix)]
+  if not key.endswith(suffix):
     return None
-  edge = key[: -len(_MESSAGES)]
   if edge == "clients":
-    return (0, 0)
+    return (0, 0), edge
   level = edge[len("level"):]
-  return (1, int(level)) if edge.startswith("level") and level.isdigit() else None
+  return ((1, int(level)), edge) if edge.startswith("level") and level.isdigit() else None
 
 
 class Traffic:
@@ -112,7 +111,8 @@ class Traffic:
   depend on how rounds were fused into calls.
 
   Args:
-    model_bytes: one uncompressed model's size in bytes.
+    model_bytes: one uncompressed model's size in bytes: one message where a round reports no
+      size for it.
   """
 
   def __init__(self, model_bytes: int):
@@ -136,7 +136,7 @@ class Traffic:
     its ``<edge>_uplink_messages``), its messages times one message's bytes (one model where the
     round reports no size); ``{}`` for a round that reports no edge."""
     out = {}
-    for _, e in sorted((o, k[: -len(_MESSAGES)]) for k in metrics if (o := _edge(k)) is not None):
+    for _, e in sorted(filter(None, map(_edge, metrics))):
       size = "" if e == "clients" else f"{e}_"
       up = float(metrics.get(f"{size}uplink_bytes", self.model_bytes))
       down = float(metrics.get(f"{size}downlink_bytes", self.model_bytes))
@@ -188,7 +188,7 @@ class Traffic:
     """Continues from the cumulative totals of a logged row (a resumed run: the row of the round
     its checkpoint holds). Bytes are recovered to the nearest bit (exact below ~10^14 bytes)."""
     back = lambda mb: round(float(mb) * MB * 8) / 8   # noqa: E731
-    per_edge = {k[: -len("_uplink_MB")] for k in row if re.match(r"^(clients|level\d+)_uplink_MB$", k)}
+    per_edge = [e for _, e in sorted(filter(None, (_edge(k, "_uplink_MB") for k in row)))]
     if per_edge:
       self.totals = {e: [back(row[f"{e}_uplink_MB"]), back(row[f"{e}_downlink_MB"])] for e in per_edge}
     elif "uplink_MB" in row:
