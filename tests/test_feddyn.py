@@ -226,7 +226,7 @@ def test_feddyn_composes_with_privacy_compression_and_systems_and_sends_one_mode
     cohort_size=4,
   )
   _, m = ref.run_jit(feddyn(**common), data, 1, jax.random.key(0))
-  assert "uplink_bytes" not in m and "downlink_bytes" not in m  # one model each way, as FedAvg (core.traffic)
+  assert "uplink_bytes" not in m and "downlink_bytes" not in m  # one model each way, as FedAvg
   dp = UpdatePath(client=clip(0.5), node=central(0.5, 0.5))
   s, m = ref.run_jit(feddyn(update_paths=dp, **common), data, 2, jax.random.key(0))
   assert "dp_update_norm" in m and all(

@@ -164,3 +164,24 @@ def test_a_lora_run_counts_adapters_not_the_base(tmp_path):
   row = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")][-1]
   assert row["uplink_bytes"] == row["downlink_bytes"] == 44.0
   assert summary["lora"]["global"]["uplink_MB"] == 44 * 5 * 2 / MB
+
+
+def test_an_edge_is_its_messages_times_one_message():
+  """The host multiplies what a round reports on every edge, nothing else: the counts the rounds
+  report beside them (``clients_trained``, ``level0_children_sent``) and other metrics ending
+  alike are not edges; one message is the model where the round gives no size."""
+  from fedtree.core.tier import edge_metrics
+
+  m = {**edge_metrics("clients", 3, 5, downlink_bytes=2.5), **edge_metrics("level1", 2, uplink_bytes=70),
+       "clients_trained": 9, "level0_children_sent": 4, "stage/clients_uplink_messages": 7}
+  t = Traffic(140)
+  t.add({k: v.item() if hasattr(v, "item") else v for k, v in m.items()})
+  assert t.summary() == {"uplink_MB": (3 * 140 + 2 * 70) / MB, "downlink_MB": (5 * 2.5 + 2 * 140) / MB,
+                         "clients_uplink_MB": 3 * 140 / MB, "clients_downlink_MB": 5 * 2.5 / MB,
+                         "level1_uplink_MB": 2 * 70 / MB, "level1_downlink_MB": 2 * 140 / MB}
+  assert (t.row()["uplink_bytes"], t.row()["downlink_bytes"]) == (140, 2.5)
+  t = Traffic(140)
+  t.add({"clients_trained": 9, "level0_children_sent": 4})
+  assert not t.counted
+  with pytest.raises(ValueError, match=r"edge='level' must be 'clients' or 'level<l>'"):
+    edge_metrics("level", 1)

@@ -331,4 +331,4 @@ def test_downlink_transform_changes_what_clients_receive():
   for a, b, p0 in zip(jax.tree.leaves(s1.params[0]), jax.tree.leaves(r1.params[0]),
                       jax.tree.leaves(s0.params[0]), strict=True):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b) + np.asarray(p0), rtol=1e-5, atol=1e-6)
-  assert float(m["down_sent"]) == 1.0
+  assert float(m["downlink_sent"]) == 1.0

@@ -69,7 +69,7 @@ from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import Cohort
 from fedtree.core.server import init_nodes, update_nodes
-from fedtree.core.tier import train_cohort
+from fedtree.core.tier import edge_metrics, train_cohort
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath, UpdateState, init_update_state, per_level_paths
 from fedtree.toolbox.systems import Systems, make_profile, uplink_bytes
@@ -422,6 +422,7 @@ def fedbuff(
     }
     # reports that trained and were sent but not applied (stale, or dropped on a simultaneous arrival): bytes
     metrics["clients_discarded"] = jnp.sum((report & ~fresh) | discard, dtype=jnp.int32)
+    metrics.update(edge_metrics("clients", res.messages() + metrics["clients_discarded"]))
     # 4. Upper levels as HierFAVG's, every periods[l] rounds; a level that aggregates waits for
     #    its slowest child (the clients' parents' clocks meet there) and its transfers.
     params = list(state.upper_params) + [leaf_params]

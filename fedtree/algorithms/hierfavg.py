@@ -61,7 +61,7 @@ from fedtree.core.server_rule import (
   prepare,
   receive,
 )
-from fedtree.core.tier import message_shape, train_cohort
+from fedtree.core.tier import edge_metrics, message_shape, train_cohort
 from fedtree.core.topology import Topology
 from fedtree.core.updates import (
   UpdatePath,
@@ -207,8 +207,9 @@ class UpperLevels:
       update_state[lv] = jax.tree.map(lambda a, b, on=active[lv]: jnp.where(on, a, b), new_path,
                                       update_state[lv])
       metrics.update({f"level{lv}_{k}": jnp.where(active[lv], v, 0) for k, v in stats.items()})
-      # every child node sends its model up and gets the level's back (bytes: core.traffic)
+      # every child node sends its model up and gets the level's back (bytes: toolbox.traffic)
       metrics[f"level{lv}_children_sent"] = jnp.where(active[lv], n, 0).astype(jnp.int32)
+      metrics.update(edge_metrics(f"level{lv}", metrics[f"level{lv}_children_sent"]))
       if mask is not None:   # what travels is the shared part
         size = model_bytes(share.sent(params[lv], lv), stacked=True)
         for k in (f"level{lv}_uplink_bytes", f"level{lv}_downlink_bytes"):

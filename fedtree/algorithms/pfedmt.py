@@ -69,7 +69,7 @@ from fedtree.core.local import ClientUpdate, LocalSchedule, stack
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
-from fedtree.core.tier import train_cohort
+from fedtree.core.tier import edge_metrics, train_cohort
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath, init_update_state, per_level_paths
 from fedtree.objectives.moreau import moreau_client_update
@@ -276,10 +276,12 @@ def pfedmt(
     metrics = {"train_loss": jnp.mean(losses), "last_team_iter_loss": losses[-1],
                "clients_trained": jnp.sum(trained),   # round trips over the team iterations (bytes)
                **{k: jnp.mean(v) for k, v in update_stats.items()},   # over the team iterations
-               # every team sends w_i to the global server and restarts from x (core.traffic)
+               # every team sends w_i to the global server and restarts from x (toolbox.traffic)
                "level0_children_sent": jnp.asarray(num_teams, jnp.int32)}
     if skip_nonfinite:
       metrics["clients_skipped"] = jnp.sum(skipped)
+    metrics.update(edge_metrics("clients", jnp.sum(trained) + jnp.sum(skipped)))   # (toolbox.traffic)
+    metrics.update(edge_metrics("level0", num_teams))
     new_state = PFedMTState(round=state.round + 1, params=x, team_params=w, client_state=pm,
                             cursor=cursor, update_state=update_state)
     return new_state, metrics

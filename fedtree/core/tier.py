@@ -111,13 +111,22 @@ class TierResult(NamedTuple):
     """``[]`` the mean local loss of the clients that trained (0 when none did)."""
     return self.loss_sum / jnp.maximum(self.num_trained, 1).astype(self.loss_sum.dtype)
 
+  def messages(self) -> jax.Array:
+    """``int32[]`` the clients that got their parent's model and sent their update back: those
+    that trained and those skipped for a non-finite update (the clients' edge of
+    :func:`edge_metrics`)."""
+    return (jnp.asarray(self.num_trained) + jnp.asarray(self.num_skipped)).astype(jnp.int32)
+
   def metrics(self, skip_nonfinite: bool = False) -> dict[str, jax.Array]:
     """A round's metrics of this tier: ``train_loss`` (:meth:`mean_loss`), ``clients_trained``,
     ``nonfinite_client`` (the lowest id of a client whose update was not finite, else -1; the
-    round loop names it when it stops) and, when clients are skipped (``skip_nonfinite``),
-    ``clients_skipped``."""
+    round loop names it when it stops), when clients are skipped (``skip_nonfinite``),
+    ``clients_skipped``, and the clients' edge (:func:`edge_metrics`: each client that trained
+    or was skipped got its parent's model and sent one message back; an algorithm whose clients
+    exchange otherwise sets its own)."""
     out = {"train_loss": self.mean_loss(), "clients_trained": self.num_trained,
-           "nonfinite_client": jnp.asarray(self.first_nonfinite, jnp.int32)}
+           "nonfinite_client": jnp.asarray(self.first_nonfinite, jnp.int32),
+           **edge_metrics("clients", self.messages())}
     if skip_nonfinite:
       out["clients_skipped"] = jnp.asarray(self.num_skipped)
     for k, v in self.update_stats.items():
@@ -125,6 +134,44 @@ class TierResult(NamedTuple):
         raise ValueError(f"update path statistic {k!r} collides with the tier's own metric")
       out[k] = v
     return out
+
+
+def edge_metrics(edge: str, uplink_messages, downlink_messages=None, *, uplink_bytes=None,
+                 downlink_bytes=None) -> dict[str, jax.Array]:
+  """One edge's traffic in a round, the metrics :class:`fedtree.toolbox.traffic.Traffic` counts.
+
+  ``<edge>_uplink_messages`` / ``<edge>_downlink_messages`` (``int32``) messages went up and down
+  the edge (``downlink_messages`` default: as many as went up), each of one message's bytes: the
+  edge's ``uplink_bytes`` / ``downlink_bytes`` metrics where the round reports them (a
+  compressing update path, a server rule's extras, several models a message), else one model at
+  its dtypes (the host knows its size exactly: a round's metrics carry no 64-bit integer). Those
+  metrics are ``uplink_bytes`` / ``downlink_bytes`` for the clients' edge (``edge="clients"``:
+  each of the clients that took part and their parents) and ``level<l>_uplink_bytes`` /
+  ``level<l>_downlink_bytes`` for the edge between server level ``l`` and its child nodes
+  (``edge="level<l>"``); given here, they are set.
+
+  Args:
+    edge: ``"clients"`` or ``"level<l>"``.
+    uplink_messages: messages sent up (a traced or static count).
+    downlink_messages: messages sent down; default ``uplink_messages``.
+    uplink_bytes: one uplink message's bytes, when the round knows it differs from one model.
+    downlink_bytes: one downlink message's bytes, likewise.
+
+  Example:
+    >>> sorted(edge_metrics("level0", 2, uplink_bytes=70))
+    ['level0_downlink_messages', 'level0_uplink_bytes', 'level0_uplink_messages']
+  """
+  if edge != "clients" and not (edge.startswith("level") and edge[len("level"):].isdigit()):
+    raise ValueError(f"edge={edge!r} must be 'clients' or 'level<l>' (l a server level, e.g. 'level0')")
+  up = jnp.asarray(uplink_messages).astype(jnp.int32)
+  out = {f"{edge}_uplink_messages": up,
+         f"{edge}_downlink_messages": up if downlink_messages is None else jnp.asarray(
+           downlink_messages).astype(jnp.int32)}
+  size = "" if edge == "clients" else f"{edge}_"
+  for way, b in (("uplink", uplink_bytes), ("downlink", downlink_bytes)):
+    if b is not None:
+      out[f"{size}{way}_bytes"] = jnp.asarray(b)
+  return out
 
 
 class _Carry(NamedTuple):

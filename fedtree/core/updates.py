@@ -71,8 +71,8 @@ Example:
   ...              schedule=LocalSchedule(batch_size=8, steps=1),
   ...              update_paths=UpdatePath(client=ClientTransform(clip, name="clip")))
   >>> state, metrics = jax.jit(alg.round)(alg.init(jax.random.key(0)), data, jax.random.key(1))
-  >>> sorted(metrics)
-  ['clients_trained', 'clipped', 'nonfinite_client', 'train_loss']
+  >>> print(*sorted(metrics))
+  clients_downlink_messages clients_trained clients_uplink_messages clipped nonfinite_client train_loss
 """
 
 from __future__ import annotations

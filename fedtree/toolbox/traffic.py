@@ -1,20 +1,20 @@
-"""Bytes sent along every edge of the tree, counted on the host from each round's metrics.
+"""Bytes sent along every edge of the tree, counted on the host from what each round reports.
 
-What an algorithm's round reports is what is counted (nothing is assumed about rounds not seen):
+Every round reports, in its metrics and in ``jit``, each edge's messages and the size of one
+(:func:`fedtree.core.tier.edge_metrics`); the host multiplies the two (exact small integers times
+a size that is a multiple of 1/8 byte, in float64) and adds the rounds up. What an algorithm's
+round reports is what is counted (nothing is assumed about rounds not seen):
 
-* the clients' edge: each client that took part (``clients_trained``, plus ``clients_skipped``
-  when non-finite updates are skipped and ``clients_discarded``, FedBuff's and FedAsync's stale
-  reports: they received the model and sent an update the parent discarded) sent its update and
-  received its parent's model (``clients_received`` clients when an algorithm reports it: B-HFL's
-  clients receive only when their edge server got a model from above; ``clients_received_models``
-  models each, default 1: IFCA sends every cluster's model).
-  A message is ``uplink_bytes`` / ``downlink_bytes`` when the update path compresses it
-  (:func:`fedtree.toolbox.compression.uplink` / :func:`~fedtree.toolbox.compression.downlink` report
-  them), else one model at its dtypes' size;
-* an edge between server levels: ``level{l}_children_sent`` child nodes (0 in a round where level
-  ``l`` does not aggregate) each sent their model or update to level ``l``
-  (``level{l}_uplink_bytes`` when compressed, else a model) and ``level{l}_children_received``
-  (default: as many) received level ``l``'s model (``level{l}_downlink_bytes``, else a model).
+* ``<edge>_uplink_messages`` / ``<edge>_downlink_messages``: the messages sent up and down an edge
+  this round, the edge ``clients`` (the clients that took part and their parents) or
+  ``level{l}`` (server level ``l`` and its child nodes);
+* one message's bytes: ``uplink_bytes`` / ``downlink_bytes`` on the clients' edge,
+  ``level{l}_uplink_bytes`` / ``level{l}_downlink_bytes`` on a server edge, where the round
+  reports them (an update path that compresses,
+  :func:`fedtree.toolbox.compression.uplink` / :func:`~fedtree.toolbox.compression.downlink`; a server
+  rule's extras; several models a message), else one model at its dtypes' size (the
+  :class:`Traffic`'s ``model_bytes``, known exactly on the host: a round's metrics carry no
+  64-bit integer).
 
 :class:`Traffic` turns every round into byte metrics (:meth:`Traffic.add_rounds` takes every
 round of a compiled call, :func:`fedtree.core.loop.run`'s ``on_rounds`` hook, so fused rounds are
@@ -27,14 +27,18 @@ counted one by one):
   clients' edge) and ``level{l}_uplink_MB`` / ``level{l}_downlink_MB`` (level ``l`` and its child
   nodes), cumulative, and ``level{l}_round_uplink_MB`` / ``level{l}_round_downlink_MB``.
 
-Who reports what: every algorithm built on :func:`fedtree.core.tier.train_cohort` reports
-``clients_trained``; HierFAVG (and FedAvg/FedOpt and every objective under it, GroupPerFL's
-stages) ``level{l}_children_sent`` for each level that aggregates; pFedMT its teams' exchange
-with the global server (``level0_children_sent``, its ``clients_trained`` the round trips over
-the team iterations); B-HFL the nodes that aggregated and sent up, the models its down-merges
-delivered (``clients_received``, ``level{l}_children_received``) and its residual links; IFCA
-``clients_received_models`` (``k``). Not counted: MCFL's feature means (a few floats a client)
-and anything an algorithm exchanges outside these keys. The experiment runner counts every run
+Who reports what: every algorithm built on :func:`fedtree.core.tier.train_cohort` the clients'
+edge, each client that took part (``clients_trained``, plus ``clients_skipped`` when non-finite
+updates are skipped and ``clients_discarded``, FedBuff's and FedAsync's stale reports: they
+received the model and sent an update the parent discarded) one message each way; HierFAVG (and
+FedAvg/FedOpt and every objective under it, GroupPerFL's stages) a server edge for each level that
+aggregates (``level{l}_children_sent`` child nodes each way, 0 in a round where level ``l`` does
+not aggregate); pFedMT its teams' exchange with the global server (``level0``, its clients' edge
+the round trips over the team iterations); B-HFL the nodes that aggregated and sent up, the models
+its down-merges delivered (``clients_received``, ``level{l}_children_received``) and its residual
+links; IFCA every cluster's model to each client (a downlink message of ``k`` models). Not
+counted: MCFL's feature means (a few floats a client) and anything an algorithm exchanges outside
+these metrics. The experiment runner counts every run
 (:func:`fedtree.experiment.run_loop.run_algorithm`, resuming from the metrics row of its checkpoint's
 round), a sweep's experiments each their own (its rows and its setting's line of the sweep
 table: ``uplink_MB``, ``downlink_MB``).
@@ -46,16 +50,19 @@ Example:
   Two rounds of a 3-level tree (4 clients, 2 edge servers, a root aggregating every 2 rounds) of
   a 100-byte model, nothing compressed:
 
+  >>> from fedtree.core.tier import edge_metrics
+  >>> def round_(sent):   # the metrics its rounds report, as host numbers
+  ...   m = {**edge_metrics("clients", 4), **edge_metrics("level0", sent)}
+  ...   return {k: v.item() for k, v in m.items()}
   >>> t = Traffic(100)
-  >>> t.add({"clients_trained": 4, "level0_children_sent": 0})
-  >>> t.add({"clients_trained": 4, "level0_children_sent": 2})
+  >>> t.add(round_(0))
+  >>> t.add(round_(2))
   >>> t.summary()["uplink_MB"] * 1e6, t.summary()["level0_downlink_MB"] * 1e6
   (1000.0, 200.0)
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,8 +73,6 @@ MB = 1e6
 
 ROUND_TRIP_MODELS = 2.0
 """Models a client moves in a round it trains, uncompressed: its parent's model down, its update up."""
-
-_LEVEL = re.compile(r"^level(\d+)_children_(?:sent|received)$")
 
 
 def model_bytes(params_shape: Any, *, stacked: bool = False) -> int:
@@ -83,27 +88,20 @@ def model_bytes(params_shape: Any, *, stacked: bool = False) -> int:
 Edge = tuple[float, float, float, float]
 """(uplink bytes, downlink bytes, one uplink message, one downlink message) of an edge in a round."""
 
+_MESSAGES = "_uplink_messages"
 
-def round_edges(metrics: Mapping[str, Any], model_bytes: float) -> dict[str, Edge]:
-  """``{edge: (uplink bytes, downlink bytes, one uplink message, one downlink message)}`` of one
-  round's ``metrics`` (host numbers); edges ``"clients"`` and ``"level{l}"`` (see the module
-  docstring); ``{}`` for an algorithm that reports no ``clients_trained``."""
-  if "clients_trained" not in metrics:
-    return {}
-  n = (float(metrics["clients_trained"]) + float(metrics.get("clients_skipped", 0))
-       + float(metrics.get("clients_discarded", 0)))
-  received = float(metrics.get("clients_received", n))
-  up = float(metrics.get("uplink_bytes", model_bytes))
-  down = float(metrics.get("downlink_bytes", model_bytes)) * float(metrics.get("clients_received_models", 1))
-  out = {"clients": (n * up, received * down, up, down)}
-  levels = sorted({int(m.group(1)) for m in map(_LEVEL.match, metrics) if m is not None})
-  for lv in levels:
-    sent = float(metrics.get(f"level{lv}_children_sent", 0))
-    received = float(metrics.get(f"level{lv}_children_received", sent))
-    up = float(metrics.get(f"level{lv}_uplink_bytes", model_bytes)) if sent else 0.0
-    down = float(metrics.get(f"level{lv}_downlink_bytes", model_bytes)) if received else 0.0
-    out[f"level{lv}"] = (sent * up, received * down, up, down)
-  return out
+
+def _edge(key: str, suffix: str = _MESSAGES) -> tuple[tuple[int, int], str] | None:
+  """``((0, 0), "clients")`` for ``clients<suffix>``, ``((1, l), "level{l}")`` for
+  ``level{l}<suffix>`` (in order: the clients' edge first, then the levels from the root down),
+  ``None`` for any other name."""
+  edge = key[: -len(suffix)]
+  if not key.endswith(suffix):
+    return None
+  if edge == "clients":
+    return (0, 0), edge
+  level = edge[len("level"):]
+  return ((1, int(level)), edge) if edge.startswith("level") and level.isdigit() else None
 
 
 class Traffic:
@@ -113,7 +111,8 @@ class Traffic:
   depend on how rounds were fused into calls.
 
   Args:
-    model_bytes: one uncompressed model's size in bytes.
+    model_bytes: one uncompressed model's size in bytes: one message where a round reports no
+      size for it.
   """
 
   def __init__(self, model_bytes: int):
@@ -123,13 +122,27 @@ class Traffic:
 
   def add(self, metrics: Mapping[str, Any]) -> None:
     """Counts one round from its metrics (host numbers)."""
-    edges = round_edges(metrics, self.model_bytes)
+    edges = self._edges(metrics)
     for e, (up, down, _, _) in edges.items():
       t = self.totals.setdefault(e, [0.0, 0.0])
       t[0] += up
       t[1] += down
     if edges:
       self.last = edges
+
+  def _edges(self, metrics: Mapping[str, Any]) -> dict[str, Edge]:
+    """``{edge: (uplink bytes, downlink bytes, one uplink message, one downlink message)}`` of one
+    round's ``metrics``: every edge it reports (:func:`fedtree.core.tier.edge_metrics`, found by
+    its ``<edge>_uplink_messages``), its messages times one message's bytes (one model where the
+    round reports no size); ``{}`` for a round that reports no edge."""
+    out = {}
+    for _, e in sorted(filter(None, map(_edge, metrics))):
+      size = "" if e == "clients" else f"{e}_"
+      up = float(metrics.get(f"{size}uplink_bytes", self.model_bytes))
+      down = float(metrics.get(f"{size}downlink_bytes", self.model_bytes))
+      out[e] = (float(metrics[f"{e}_uplink_messages"]) * up, float(metrics[f"{e}_downlink_messages"]) * down,
+                up, down)
+    return out
 
   def add_rounds(self, first_round: int, metrics: Mapping[str, Any]) -> None:
     """Counts every round of a compiled call: ``metrics`` stacked ``[rounds of the call]``
@@ -175,7 +188,7 @@ class Traffic:
     """Continues from the cumulative totals of a logged row (a resumed run: the row of the round
     its checkpoint holds). Bytes are recovered to the nearest bit (exact below ~10^14 bytes)."""
     back = lambda mb: round(float(mb) * MB * 8) / 8   # noqa: E731
-    per_edge = {k[: -len("_uplink_MB")] for k in row if re.match(r"^(clients|level\d+)_uplink_MB$", k)}
+    per_edge = [e for _, e in sorted(filter(None, (_edge(k, "_uplink_MB") for k in row)))]
     if per_edge:
       self.totals = {e: [back(row[f"{e}_uplink_MB"]), back(row[f"{e}_downlink_MB"])] for e in per_edge}
     elif "uplink_MB" in row:

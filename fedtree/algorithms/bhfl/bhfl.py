@@ -100,7 +100,7 @@ from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.server import down_nodes, init_nodes, select_nodes, update_nodes
-from fedtree.core.tier import train_cohort
+from fedtree.core.tier import edge_metrics, train_cohort
 from fedtree.core.topology import Topology
 from fedtree.core.updates import (
   UpdatePath,
@@ -563,7 +563,7 @@ def bhfl(
       jax.ops.segment_max(jnp.where(use, p.arrival, -jnp.inf), par, num_segments=nums[lv]), t0)
     n_used = jnp.maximum(jnp.sum(use.astype(jnp.int32)), 1).astype(jnp.float32)
     metrics[f"aggregated_l{lv}"] = jnp.sum(agg.astype(jnp.int32))
-    if lv >= 1:   # every node that aggregated sends its update up (bytes: core.traffic)
+    if lv >= 1:   # every node that aggregated sends its update up (bytes: toolbox.traffic)
       metrics[f"level{lv - 1}_children_sent"] = metrics[f"aggregated_l{lv}"]
     metrics[f"staleness_l{lv}"] = jnp.sum(jnp.where(use, stale, 0)).astype(jnp.float32) / n_used
     if lv in proxy:
@@ -627,7 +627,7 @@ def bhfl(
       recv = jnp.take(sent, jnp.asarray(parents[child]))
       params, down = down_nodes(down_opts[lv], node.params, node.down,
                                 take(levels[lv].params, parents[child]), recv)
-      received = jnp.sum(recv.astype(jnp.int32))   # models sent down this edge (core.traffic)
+      received = jnp.sum(recv.astype(jnp.int32))   # models sent down this edge (toolbox.traffic)
       metrics["clients_received" if child == depth else f"level{lv}_children_received"] = received
       if residual_down and child == depth - 1:
         direct = jnp.broadcast_to(levels[0].aggregated[0], (nums[child],))
@@ -656,6 +656,12 @@ def bhfl(
     levels, residual_state = residual_into_root(levels, state.residual_state, residual, metrics)
     levels, direct_state = merge_down(levels, state.direct_state, metrics)
     metrics.update(res.metrics(skip_nonfinite))
+    # the models that went up and down every edge (toolbox.traffic): a level's children sent what
+    # aggregated (and the residual links), received what its down-merges delivered
+    metrics.update(edge_metrics("clients", res.messages(), metrics["clients_received"]))
+    for lv in range(depth - 1):
+      sent = metrics[f"level{lv}_children_sent"]
+      metrics.update(edge_metrics(f"level{lv}", sent, metrics.get(f"level{lv}_children_received", sent)))
     return BHFLState(
       round=r, params=tuple(lvl.params for lvl in levels),
       up_state=tuple(lvl.up for lvl in levels[:depth]), down_state=tuple(lvl.down for lvl in levels[1:]),

@@ -84,8 +84,9 @@ from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import Cohort, cohort_sampler
 from fedtree.core.server import init_nodes, select_nodes, update_nodes
-from fedtree.core.tier import train_cohort
+from fedtree.core.tier import edge_metrics, train_cohort
 from fedtree.core.updates import UpdatePath, init_update_state, per_level_paths
+from fedtree.toolbox.traffic import model_bytes
 
 CLUSTERINGS = ("kmeans", "cfl", "ifca")
 INTER_CLUSTER = ("none", "awcfl", "mcfl")
@@ -486,8 +487,10 @@ def clustered(
       "clusters_picked": jnp.sum((total > 0).astype(jnp.int32)),
       **a.metrics,
     }
-    if clustering == "ifca":   # every sampled client receives all k models (bytes: core.traffic)
+    if clustering == "ifca":   # every sampled client receives all k models (one message: toolbox.traffic)
       metrics["clients_received_models"] = jnp.asarray(k, jnp.int32)
+      metrics.update(edge_metrics("clients", res.messages(),
+                                  downlink_bytes=model_bytes(state.params, stacked=True) * k))
     return state.replace(round=r, params=params, opt_state=opt_state, cluster_of=cluster_of,
                          update_state=res.update_state,
                          num_clusters=a.num_in_use, features=features, cursor=res.cursor), metrics
