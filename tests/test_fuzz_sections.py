@@ -14,6 +14,8 @@ grouped tree): it must then be refused, naming that field.
 The default run checks the three combinations the issue found crashing, each once; ``-m slow``
 draws :data:`PROBLEMS` seeded problems (one compile each)."""
 
+import inspect
+
 import jax
 import ml_collections
 import numpy as np
@@ -66,6 +68,15 @@ def _params(name):
   return registry.schema(registry.SPECS[name]).params
 
 
+def _on_the_configs_tree(name: str) -> bool:
+  """Whether run ``name`` is built on the config's groups (``registry.run_topology``): a factory that
+  requires ``topology``, or a spec with its own tree (GroupPerFL's data groups); one whose
+  ``topology`` is optional (every method on the shared host, FedProx since issue 34) runs flat."""
+  spec = registry.SPECS[name]
+  topo = inspect.signature(spec.factory).parameters.get("topology")
+  return spec.tree is not None or (topo is not None and topo.default is inspect.Parameter.empty)
+
+
 def draw(seed: int) -> tuple[ml_collections.ConfigDict, str | None]:
   """A config with one run ``r`` (seeded problem ``seed``) and the meaningless value it carries
   (a key of :data:`MEANINGLESS`) or ``None``."""
@@ -77,7 +88,7 @@ def draw(seed: int) -> tuple[ml_collections.ConfigDict, str | None]:
   run: dict = {"algorithm": name, "chunk_size": int(rng.integers(1, 4)), **ALGORITHM_CASES[name]}
   if name == "hierfavg":
     run["periods"] = (int(rng.integers(1, 3)),)
-  parents = len(groups) if "topology" in params else 1
+  parents = len(groups) if _on_the_configs_tree(name) else 1
   if "cohort_size" in params and name != "fedbuff":
     run["cohort_size"] = pick([None, int(rng.integers(1, 4)),
                                [int(rng.integers(1, 3)) for _ in range(parents)]])
