@@ -132,6 +132,10 @@ MEASURED_SLOW = {  # each ran 15-87 s (the paper notebooks 18-80 s; the quicksta
   "tests/test_clustering.py::test_mcfl_cfl_picks_its_own_clusters_model_on_separated_data",
   "tests/test_sweep.py::test_a_one_seed_table_has_no_spread_and_a_model_that_never_trained_is_left_out",
   "tests/test_grouppfl.py::test_group_stage_does_not_depend_on_chunking",
+  "tests/test_fedbuff.py::test_tree_is_hierfavg_when_every_slot_reports",
+  "tests/test_feddyn.py::test_alpha_zero_is_fedavg_every_round",
+  "tests/test_sharding.py::test_one_device_mesh_is_transparent",
+  "tests/test_benchmarks.py::test_methods_benchmark_reports_ratios_to_fedavg",
 }
 
 
