@@ -179,7 +179,8 @@ def test_quickstart_seeds_variant_and_command_line(tmp_path):
   out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert out.returncode == 0, out.stderr[-3000:]
-  assert out.stdout.count("mean ± std") == 4
+  assert out.stdout.count("(mean ± std over seeds)") == 4   # a table per run, then all of them in one
+  assert "every swept run (mean ± std over 2 seeds" in out.stdout   # (since 37ab7f5, issue 37)
   rows = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
   assert {r["seed"] for r in rows} == {0, 1}
   assert {r["setting"]["local.learning_rate"] for r in rows} == {0.02, 0.05}

@@ -270,14 +270,24 @@ def _drop_update_state(state):
 
 
 FAST = ("fedavg", "hierfavg", "pfedmt", "bhfl", "cfl")
+REFUSE_A_CLIENT_TRANSFORM = ("fedamp", "fedfomo", "fedproto", "mime", "mimelite", "pfedhn")
+"""Methods that refuse a client transform (issues 36 and 38): what their clients send is not the model
+delta an update path acts on (FedAMP's and FedFomo's whole personal models, FedProto's prototypes,
+pFedHN's embedding), or travels beside it unprocessed (Mime's full-batch gradients)."""
 
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow)
                                   for n in sorted(ALGORITHM_CASES)])
 def test_identity_path_is_bitwise_today_for_every_algorithm(name):
   """A stateful identity client transform (with statistics) changes no number of any algorithm,
-  its state counts every client's reports, and the round still compiles once."""
+  its state counts every client's reports, and the round still compiles once; a method whose
+  clients send something a client transform cannot act on (a whole personal model, prototypes,
+  a hypernetwork's embedding, gradients beside the update) refuses it by name instead."""
   ctx = _ctx()
+  if name in REFUSE_A_CLIENT_TRANSFORM:
+    with pytest.raises(ValueError, match=rf"^{name}: .*run (it|{name}) without"):
+      _with_path(ctx, name, UpdatePath(client=counting_identity()))
+    return
   plain = _with_path(ctx, name, None)
   path = _with_path(ctx, name, UpdatePath(client=counting_identity()))
   counted, traces = count_traces(path)
