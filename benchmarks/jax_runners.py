@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 from benchmarks.workloads import Workload, make_arrays
-from fedtree.algorithms.hierfavg import fedavg, hierfavg
+from fedtree.algorithms.host.hierfavg import fedavg, hierfavg
 from fedtree.core import sharding, tuning
 from fedtree.core.algorithm import TreeState
 from fedtree.core.data import FederatedData
@@ -89,7 +89,7 @@ def build_fedtree(w: Workload, data: FederatedData, *, chunk_size: Any = "auto",
                   conv_impl: str = "auto", **host):
   """The fedtree algorithm of ``w`` (FedAvg, or HierFAVG when ``w.edges``/``depth``) and chunk.
 
-  ``host``: further arguments of the host (:func:`~fedtree.algorithms.hierfavg.hierfavg`), e.g.
+  ``host``: further arguments of the host (:func:`~fedtree.algorithms.host.hierfavg.hierfavg`), e.g.
   ``init_params``, ``weighting``, ``personal`` or ``update_paths``.
   """
   model = jax_model(w, conv_impl)

@@ -14,8 +14,8 @@ import pytest
 import reference_fedkws as ref
 from helpers import client_data, close, row, tiny_mlp_problem
 
-from fedtree.algorithms.fedkws.fedkws import fedkws
-from fedtree.algorithms.hierfavg import fedavg
+from fedtree.algorithms import fedavg
+from fedtree.algorithms.optimization.fedkws.fedkws import fedkws
 from fedtree.core import loop
 from fedtree.core.local import LocalSchedule
 from fedtree.core.metrics import make_evaluator
@@ -153,7 +153,7 @@ def test_ratio_under_alt_counts_the_base_steps(setup, monkeypatch):
   gives it; without ALT the ratio goes to the objective (the client's own count)."""
   import importlib
 
-  fedkws_module = importlib.import_module("fedtree.algorithms.fedkws.fedkws")
+  fedkws_module = importlib.import_module("fedtree.algorithms.optimization.fedkws.fedkws")
 
   seen = {}
 

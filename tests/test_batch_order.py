@@ -9,8 +9,8 @@ import optax
 import pytest
 from helpers import np_grad
 
-from fedtree.algorithms.hierfavg import fedavg
-from fedtree.algorithms.pfedmt import pfedmt
+from fedtree.algorithms import fedavg
+from fedtree.algorithms.hierarchical.pfedmt import pfedmt
 from fedtree.core.data import as_device, from_client_arrays
 from fedtree.core.local import (
   BATCH_ORDERS,
@@ -206,9 +206,9 @@ def test_pfedmt_cursor_persists_across_team_iterations_and_rounds():
 
 # ------------------------------------------------------------------------ the other hosts
 def _other_hosts():
-  from fedtree.algorithms.bhfl import bhfl
   from fedtree.algorithms.clustering import cfl
-  from fedtree.algorithms.grouppfl import group_fedopt
+  from fedtree.algorithms.hierarchical.bhfl import bhfl
+  from fedtree.algorithms.hierarchical.grouppfl import group_fedopt
 
   groups = np.array([0, 0, 1, 1])
   return {

@@ -10,7 +10,7 @@ import pytest
 import reference as ref
 from helpers import count_traces
 
-from fedtree.algorithms.hierfavg import fedavg, hierfavg
+from fedtree.algorithms import fedavg, hierfavg
 from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.loop import compile_rounds

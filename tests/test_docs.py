@@ -29,51 +29,51 @@ DOCTEST_MODULES = [
   "fedtree.toolbox.systems",      # Systems.round (no compilation of a round)
   "fedtree.toolbox.traffic",      # Traffic
   "fedtree.experiment.plots",  # write_run_plots
-  "fedtree.algorithms.hierfavg",           # fedavg, hierfavg
-  "fedtree.algorithms.grouppfl.grouppfl",  # GroupPersonalizedFL
+  "fedtree.algorithms.host.hierfavg",           # fedavg, hierfavg
+  "fedtree.algorithms.hierarchical.grouppfl.grouppfl",  # GroupPersonalizedFL
   "fedtree.experiment.runner",             # train_and_evaluate
   "fedtree.experiment.config_file",        # load_config (the docs' "From Python" snippet)
 ]
 SLOW_DOCTEST_MODULES = [
-  "fedtree.algorithms.fedprox",
-  "fedtree.algorithms.fedmmd",
-  "fedtree.algorithms.ditto",
+  "fedtree.algorithms.optimization.fedprox",
+  "fedtree.algorithms.optimization.fedmmd",
+  "fedtree.algorithms.personalized.ditto",
   "fedtree.toolbox.lora",
-  "fedtree.algorithms.pfedme",
-  "fedtree.algorithms.perfedavg",
-  "fedtree.algorithms.pfedmt",
-  "fedtree.algorithms.bhfl.bhfl",
+  "fedtree.algorithms.personalized.pfedme",
+  "fedtree.algorithms.personalized.perfedavg",
+  "fedtree.algorithms.hierarchical.pfedmt",
+  "fedtree.algorithms.hierarchical.bhfl.bhfl",
   "fedtree.algorithms.clustering.clustered",
   "fedtree.algorithms.clustering.cfl",
   "fedtree.algorithms.clustering.awcfl",
   "fedtree.algorithms.clustering.mcfl",
   "fedtree.algorithms.clustering.ifca",
-  "fedtree.algorithms.fedkws.fedkws",
-  "fedtree.algorithms.fedbuff",
-  "fedtree.algorithms.scaffold",
-  "fedtree.algorithms.feddyn",
-  "fedtree.algorithms.fednova",
-  "fedtree.algorithms.mime",
-  "fedtree.algorithms.fedamp",
-  "fedtree.algorithms.fedfomo",
-  "fedtree.algorithms.pfedhn",
-  "fedtree.algorithms.fedproto",
-  "fedtree.algorithms.local_only",
-  "fedtree.algorithms.fedper",
-  "fedtree.algorithms.fedrep",
-  "fedtree.algorithms.lgfedavg",
-  "fedtree.algorithms.fedbn",
-  "fedtree.algorithms.fedrod",
-  "fedtree.algorithms.fedbabu",
-  "fedtree.algorithms.finetuned",
-  "fedtree.algorithms.fedasync",
-  "fedtree.algorithms.moon",
-  "fedtree.algorithms.qffl",
-  "fedtree.algorithms.afl",
-  "fedtree.algorithms.apfl",
-  "fedtree.algorithms.fedala",
-  "fedtree.algorithms.fedem",
-  "fedtree.algorithms.knnper",
+  "fedtree.algorithms.optimization.fedkws.fedkws",
+  "fedtree.algorithms.asynchronous.fedbuff",
+  "fedtree.algorithms.optimization.scaffold",
+  "fedtree.algorithms.optimization.feddyn",
+  "fedtree.algorithms.optimization.fednova",
+  "fedtree.algorithms.optimization.mime",
+  "fedtree.algorithms.personalized.fedamp",
+  "fedtree.algorithms.personalized.fedfomo",
+  "fedtree.algorithms.personalized.pfedhn",
+  "fedtree.algorithms.personalized.fedproto",
+  "fedtree.algorithms.partial.local_only",
+  "fedtree.algorithms.partial.fedper",
+  "fedtree.algorithms.partial.fedrep",
+  "fedtree.algorithms.partial.lgfedavg",
+  "fedtree.algorithms.partial.fedbn",
+  "fedtree.algorithms.partial.fedrod",
+  "fedtree.algorithms.partial.fedbabu",
+  "fedtree.algorithms.partial.finetuned",
+  "fedtree.algorithms.asynchronous.fedasync",
+  "fedtree.algorithms.optimization.moon",
+  "fedtree.algorithms.optimization.qffl",
+  "fedtree.algorithms.optimization.afl",
+  "fedtree.algorithms.personalized.apfl",
+  "fedtree.algorithms.personalized.fedala",
+  "fedtree.algorithms.personalized.fedem",
+  "fedtree.algorithms.personalized.knnper",
 ]
 
 
@@ -81,7 +81,7 @@ def test_every_algorithm_factory_has_a_runnable_example():
   """Each factory exported by fedtree.algorithms (and GroupPersonalizedFL) carries an example
   in a module whose doctests run above."""
   import fedtree.algorithms as algorithms
-  from fedtree.algorithms.grouppfl.grouppfl import GroupPersonalizedFL
+  from fedtree.algorithms.hierarchical.grouppfl.grouppfl import GroupPersonalizedFL
 
   listed = set(DOCTEST_MODULES + SLOW_DOCTEST_MODULES)
   factories = [getattr(algorithms, n) for n in algorithms.__all__ if n[0].islower()]
@@ -109,7 +109,8 @@ def test_site_builds_in_strict_mode(tmp_path):
     outside_code = re.sub(r"<pre.*?</pre>", "", html, flags=re.DOTALL)
     assert "&gt;&gt;&gt;" in html and "&gt;&gt;&gt;" not in outside_code, page
   # the modules the reference once missed, and FedMMD's page
-  assert 'id="fedtree.algorithms.fedmmd"' in (site / "api" / "algorithms" / "index.html").read_text()
+  api = (site / "api" / "algorithms" / "index.html").read_text()
+  assert 'id="fedtree.algorithms.optimization.fedmmd"' in api
   assert 'id="fedtree.objectives.fedmmd"' in (site / "api" / "objectives" / "index.html").read_text()
   assert 'id="fedtree.experiment.sweep"' in (site / "api" / "experiment" / "index.html").read_text()
   assert (site / "algorithms" / "fedmmd" / "index.html").exists()

@@ -1,4 +1,4 @@
-"""FedBuff (fedtree.algorithms.fedbuff): the reduction to FedAvg, staleness on a simulated clock
+"""FedBuff (fedtree.algorithms.asynchronous.fedbuff): the reduction to FedAvg, staleness on a simulated clock
 against a plain event loop, and bad input."""
 
 import heapq
@@ -9,8 +9,8 @@ import optax
 import pytest
 from helpers import tiny_mlp_problem, trees_equal
 
-from fedtree.algorithms.fedbuff import fedbuff
-from fedtree.algorithms.hierfavg import fedavg
+from fedtree.algorithms import fedavg
+from fedtree.algorithms.asynchronous.fedbuff import fedbuff
 from fedtree.core import loop
 from fedtree.core.local import LocalSchedule
 from fedtree.core.topology import Topology
@@ -197,7 +197,7 @@ def test_dropout_rate_matches_its_probability(problem):
 def test_tree_is_hierfavg_when_every_slot_reports(problem):
   """Buffer = concurrency = cohort, no staleness: every clients' parent is FedAvg on its group and
   the root aggregates every round, as HierFAVG with the same cohorts."""
-  from fedtree.algorithms.hierfavg import hierfavg
+  from fedtree.algorithms.host.hierfavg import hierfavg
 
   data, model, schedule = problem
   tree = Topology.from_labels(np.array([0, 0, 0, 1, 1]))

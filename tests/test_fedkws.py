@@ -15,8 +15,8 @@ import reference_fedkws as ref
 from config_files import load_config
 from helpers import client_data, close, count_traces, one_server_tier, row, tiny_mlp_problem
 
-from fedtree.algorithms.fedkws.alt import alt_schedule, alt_steps, client_utility
-from fedtree.algorithms.fedkws.fedkws import fedkws
+from fedtree.algorithms.optimization.fedkws.alt import alt_schedule, alt_steps, client_utility
+from fedtree.algorithms.optimization.fedkws.fedkws import fedkws
 from fedtree.core import loop
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientData, LocalSchedule, sgd_client_update
@@ -310,7 +310,7 @@ def test_fedkws_round_compiles_once(setup):
 
 
 def test_fedkws_without_alo_and_alt_is_fedavg(setup):
-  from fedtree.algorithms.hierfavg import fedavg
+  from fedtree.algorithms import fedavg
 
   data, model, _ = setup
   a = loop.run(fedkws(alo=False, alt=False, **_kws_kw(data, model)), data, num_rounds=2,

@@ -10,8 +10,8 @@ import pytest
 import reference_fedkws as ref
 from helpers import tiny_mlp_problem
 
-from fedtree.algorithms.fedmmd import fedmmd
-from fedtree.algorithms.hierfavg import fedavg
+from fedtree.algorithms import fedavg
+from fedtree.algorithms.optimization.fedmmd import fedmmd
 from fedtree.core import loop
 from fedtree.core.local import ClientData, LocalSchedule
 from fedtree.core.model import from_flax

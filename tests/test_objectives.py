@@ -10,11 +10,11 @@ import reference_personalization as ref
 from helpers import close, count_traces, row
 
 from fedtree import objectives
-from fedtree.algorithms.ditto import ditto
-from fedtree.algorithms.fedprox import fedprox
-from fedtree.algorithms.hierfavg import fedavg, hierfavg
-from fedtree.algorithms.perfedavg import perfedavg
-from fedtree.algorithms.pfedme import pfedme
+from fedtree.algorithms import fedavg, hierfavg
+from fedtree.algorithms.optimization.fedprox import fedprox
+from fedtree.algorithms.personalized.ditto import ditto
+from fedtree.algorithms.personalized.perfedavg import perfedavg
+from fedtree.algorithms.personalized.pfedme import pfedme
 from fedtree.core import loop
 from fedtree.core.data import as_device
 from fedtree.core.local import ClientData, LocalSchedule

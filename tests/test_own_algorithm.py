@@ -20,7 +20,7 @@ MODULE = '''
 """A researcher's FedProx, written over the library's host."""
 
 from fedtree.algorithms import fedprox
-from fedtree.algorithms.hierfavg import hierfavg_method
+from fedtree.algorithms.host.hierfavg import hierfavg_method
 from fedtree.experiment.capability import Capability
 
 NOT_A_FACTORY = 3

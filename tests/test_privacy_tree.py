@@ -171,7 +171,7 @@ def test_poisson_sampling_in_hierfavg_inclusion_frequency():
   rounds, within 5 binomial standard errors), the valid slots hold distinct clients; the options
   are checked by name."""
   from fedtree.algorithms import hierfavg
-  from fedtree.algorithms.hierfavg import build_sampler
+  from fedtree.algorithms.host.hierfavg import build_sampler
   from fedtree.core.rng import stream
 
   ctx = _ctx()
@@ -222,7 +222,7 @@ def test_poisson_rounds_train_the_sampled_clients_and_refuse_an_overflow(monkeyp
   with pytest.raises(ValueError, match=r"cohort_size=1 with sampling='poisson', poisson_q=0.4: parent 0's 3 "
                                        r"clients overflow its 1 slots with probability 0.352"):
     hierfavg(**registry.factory_kwargs("p", _poisson_run(0.4, cohort_size=1), ctx))
-  monkeypatch.setattr(sys.modules["fedtree.algorithms.hierfavg"], "POISSON_OVERFLOW", 1.0)
+  monkeypatch.setattr(sys.modules["fedtree.algorithms.host.hierfavg"], "POISSON_OVERFLOW", 1.0)
   small = hierfavg(**registry.factory_kwargs("p", _poisson_run(0.4, cohort_size=1), ctx))
   st, step = small.init(jax.random.key(0)), jax.jit(small.round)
   with pytest.raises(Exception, match=r"q=0.4 drew \d clients under parent \d, which has 1 slots; raise "

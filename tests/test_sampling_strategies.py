@@ -10,7 +10,7 @@ import optax
 import pytest
 from helpers import tiny_mlp_problem
 
-from fedtree.algorithms.hierfavg import fedavg
+from fedtree.algorithms import fedavg
 from fedtree.core.sampling import Cohort, cohort_sampler, top_scores, weighted_cohort
 from fedtree.toolbox.systems import Systems, make_availability, make_profile
 

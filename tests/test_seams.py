@@ -15,7 +15,7 @@ import reference_baselines as ref
 
 from fedtree import algorithms
 from fedtree.algorithms import ditto, fedavg, hierfavg
-from fedtree.algorithms.hierfavg import BOUND
+from fedtree.algorithms.host.hierfavg import BOUND
 from fedtree.core.data import as_device
 from fedtree.core.local import ClientData, LocalSchedule, batch_at, train_loss
 from fedtree.core.metrics import make_evaluator

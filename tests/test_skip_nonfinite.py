@@ -10,12 +10,12 @@ import optax
 import pytest
 from helpers import close, poisoned_problem
 
-from fedtree.algorithms.bhfl import bhfl
 from fedtree.algorithms.clustering import ifca
-from fedtree.algorithms.fedkws import fedkws
-from fedtree.algorithms.fedmmd import fedmmd
-from fedtree.algorithms.grouppfl import grouppfl
-from fedtree.algorithms.pfedmt import pfedmt
+from fedtree.algorithms.hierarchical.bhfl import bhfl
+from fedtree.algorithms.hierarchical.grouppfl import grouppfl
+from fedtree.algorithms.hierarchical.pfedmt import pfedmt
+from fedtree.algorithms.optimization.fedkws import fedkws
+from fedtree.algorithms.optimization.fedmmd import fedmmd
 from fedtree.core import loop
 from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
@@ -182,7 +182,7 @@ def test_skip_nonfinite_gives_a_bad_client_weight_zero():
 def test_fedavg_skip_nonfinite_counts_skipped_clients_and_stays_finite():
   import optax
 
-  from fedtree.algorithms.hierfavg import fedavg
+  from fedtree.algorithms import fedavg
   from fedtree.core.local import LocalSchedule
 
   model, _, bad = poisoned_problem()

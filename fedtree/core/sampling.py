@@ -432,7 +432,7 @@ def poisson_sampler(parent, rate: float, *, max_slots=None, overflow_probability
 # slots by other rules; each returns a ``Cohort`` laid out exactly as ``sampler(key)`` would be.
 
 SAMPLING = ("uniform", "poisson", "data_size", "available", "power_of_choice")
-"""The strategies :func:`fedtree.algorithms.hierfavg.hierfavg` takes as ``sampling=``."""
+"""The strategies :func:`fedtree.algorithms.host.hierfavg.hierfavg` takes as ``sampling=``."""
 
 
 def check_sampling(sampling: str) -> str:

@@ -213,8 +213,8 @@ def _fedem_memory(kw: dict, ctx):
 
 def _knnper_memory(kw: dict, ctx):
   """kNN-Per: every client's memory of its examples' features
-  (:func:`fedtree.algorithms.knnper.memory_shapes`)."""
-  from fedtree.algorithms.knnper import memory_shapes
+  (:func:`fedtree.algorithms.personalized.knnper.memory_shapes`)."""
+  from fedtree.algorithms.personalized.knnper import memory_shapes
   from fedtree.experiment.memory import Needs, tree_bytes
 
   shapes = memory_shapes(ctx.model, ctx.data)
@@ -315,7 +315,7 @@ FINETUNE_FIELDS: Mapping[str, Any] = {
   "finetune_params": str | tuple[str, ...], "finetune_models": str | tuple[str, ...],
 }
 """Run fields of every algorithm (that has no fine-tuning of its own) that fine-tune its models per
-client before evaluation (:func:`fedtree.algorithms.finetuned.finetuned`): ``finetune_steps`` or
+client before evaluation (:func:`fedtree.algorithms.partial.finetuned.finetuned`): ``finetune_steps`` or
 ``finetune_epochs`` (0: none), ``finetune_learning_rate`` (default ``config.local.learning_rate``),
 ``finetune_params`` (patterns of the parameters fine-tuned; default all), ``finetune_models`` (the
 models fine-tuned; default all). ``runs.fedavg_ft = {algorithm: fedavg, finetune_steps: 20}`` is
@@ -325,8 +325,8 @@ FedAvg + FT (its ``global_ft`` model)."""
 def with_finetune(label: str, run, ctx, built):
   """``built`` fine-tuned per client before evaluation as run ``label``'s :data:`FINETUNE_FIELDS`
   say (``built`` itself when it sets none)."""
-  from fedtree.algorithms.finetuned import finetuned
-  from fedtree.algorithms.partial import mask_of
+  from fedtree.algorithms.partial.finetuned import finetuned
+  from fedtree.algorithms.partial.split import mask_of
 
   given = {n: run[n] for n in FINETUNE_FIELDS if n in run and run[n] is not None}
   if not given:
@@ -551,7 +551,7 @@ def spec_of(name: str) -> AlgorithmSpec:
   """The spec of algorithm ``name``: a key of :data:`SPECS`, or ``"module:attribute"`` naming a
   factory (or an :class:`AlgorithmSpec`) of the user's own module, imported from ``sys.path``
   (``python -m fedtree.main`` puts the working directory there): its signature is its schema,
-  exactly as a built-in factory's (:func:`fedtree.algorithms.hierfavg.hierfavg_method` methods
+  exactly as a built-in factory's (:func:`fedtree.algorithms.host.hierfavg.hierfavg_method` methods
   included)."""
   if name in SPECS:
     return SPECS[name]

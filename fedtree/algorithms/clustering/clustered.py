@@ -61,7 +61,6 @@ from fedtree.algorithms.clustering.ops import (
   cosine_bipartition,
   cosine_similarity_matrix,
   flatten_rows,
-  independent_models,
   pairwise_distances,
   sample_mean,
   segment_mean_rows,
@@ -80,7 +79,7 @@ from fedtree.core.checks import check_positive
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule, stack
 from fedtree.core.metrics import client_sums
-from fedtree.core.model import Model
+from fedtree.core.model import Model, independent_models
 from fedtree.core.rng import stream
 from fedtree.core.sampling import Cohort, cohort_sampler
 from fedtree.core.server import init_nodes, select_nodes, update_nodes

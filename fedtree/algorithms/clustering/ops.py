@@ -259,12 +259,6 @@ def cosine_bipartition(similarity: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 # ------------------------------------------------------------------------ initial models
-def independent_models(model, key: jax.Array, k: int) -> PyTree:
-  """``k`` independently initialized models ``[k, ...]``, model ``j`` from ``fold_in(key, j)``: IFCA's
-  random initialization of its cluster models, and FedEM's of its components."""
-  return jax.vmap(lambda j: model.init(jax.random.fold_in(key, j)))(jnp.arange(k))
-
-
 # ------------------------------------------------------------------------ feature means
 def sample_mean(key: jax.Array, x: jax.Array, count: jax.Array, n: int) -> jax.Array:
   """Mean of ``min(n, count)`` inputs drawn without replacement from the real rows

@@ -1,0 +1,272 @@
+"""AFL: agnostic federated learning (Mohri, Sivek and Suresh 2019, "Agnostic federated
+learning"), as FedJAX's ``agnostic_fed_avg``, on any tree.
+
+AFL minimises the loss of the worst mixture of the clients' domains,
+``min_w max_{λ ∈ Δ} Σ_d λ_d L_d(w)`` (``L_d`` the mean loss over domain ``d``'s examples), by
+alternating a step on ``w`` and a projected gradient *ascent* step on the mixture weights ``λ``
+(the paper's Stochastic-AFL). One round at a server with the sampled clients ``S``:
+
+1. every client ``k ∈ S`` (domain ``d(k)``) takes its mean loss ``F_k`` over all its ``n_k``
+   examples at the model ``w`` it receives (inference mode) and trains from ``w`` as FedAvg's
+   clients do; it sends its update and ``(n_k F_k, n_k)``;
+2. the server averages the updates with the weights ``p_k = λ_{d(k)} n_k / m_{d(k)}`` (``m_d`` the
+   examples of domain ``d`` over all its clients: the paper's ``L_λ = Σ_d λ_d L_d``), normalised over
+   the clients that answered, and applies the server optimizer (``sgd(1)``: FedAvg's step);
+3. the domain losses ``L_d`` (the sampled examples' mean loss in every domain with a sampled
+   client, 0 in the others) move ``λ``: ``domain_step="projected"`` (default, the paper):
+   ``λ ← Π_Δ(λ + γ_λ L)``, the Euclidean projection onto the simplex (Duchi et al. 2008);
+   ``"exponentiated"``: ``λ ← λ e^{γ_λ L} / Σ_d λ_d e^{γ_λ L_d}`` (FedJAX's default ``'eg'``);
+   ``"none"``: fixed ``λ`` (a weighted FedAvg).
+
+Domains the round did not sample get no ascent (gradient 0). Under uniform sampling every domain is
+sampled equally often, so this is the unbiased estimate of ``∇_λ`` times the sampling rate: a
+smaller effective ``γ_λ``, the same for every domain.
+
+**Domains.** ``domains=None`` (default): every client is its own domain (FLGo's AFL, FedJAX's
+experiments on clients). ``domains=(d_0, .., d_{C-1})``: an integer domain per client (from a
+config: ``domains: groups``, the data's group labels), so a domain's clients share one
+``λ_d`` and their examples one ``L_d``. ``init_weights``: ``"uniform"`` (``1/D``) or ``"examples"``
+(``m_d / Σ m``: FedAvg's example weights, so that with ``domain_step="none"`` or ``γ_λ = 0`` AFL is
+FedAvg with ``weighting="examples"``; tested).
+
+**Other implementations.** FedJAX (the 2021 version after Ro et al.) divides ``λ_d`` by the
+domain's examples among the clients sampled in the last ``domain_window_size`` rounds (a window
+mean) instead of ``m_d`` over all its clients; with full participation both are ``m_d``. FLGo's AFL
+samples every client, weighs each by ``λ_k`` (one client per domain: ``p_k = λ_k``, as here) and
+projects as here, and reports the running average of the iterates (Mohri et al.'s guarantee is for
+that average); fedtree reports the last iterate, as FedJAX does. FedJAX's ``'eg'`` step is
+``domain_step="exponentiated"``.
+
+**On a tree** every parent of clients runs AFL over the domains of its own clients (``λ`` is its
+server state, ``[N, D]``, ``D`` the most domains under one parent, only the domains present under
+each parent taking part); the levels above aggregate as HierFAVG every ``periods[l]`` rounds, by the
+host's ``weighting`` (``"examples"`` by default). AFL at an edge protects the worst of that edge's
+domains; an edge is not a domain of the root.
+
+**Composition and bytes.** A client sends one model and two numbers (its loss sum and example
+count; the simulation spreads them into a one-hot row over its parent's domains so that the
+per-parent sum of messages is a per-domain sum, but the byte columns count the two scalars:
+:attr:`~fedtree.core.local.ClientUpdate.message_bytes`) and receives one model (the weights are the
+server's to apply). Compression, systems and Poisson or other sampling compose. Refused by name: a
+privacy stage (the losses reach the server unprotected and steer ``λ``, hence the weights), a robust
+aggregator (it would ignore the weights ``λ`` sets), personal parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.optimization.qffl import refuse_compositions
+from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
+from fedtree.core.checks import check_nonnegative, named
+from fedtree.core.local import ClientData, ClientRound, ClientUpdate, full_loss, sgd_client_update
+from fedtree.core.model import Model
+from fedtree.core.server_rule import Inbox, ServerRule
+from fedtree.core.topology import Topology
+
+DOMAIN_STEPS = ("projected", "exponentiated", "none")
+INIT_WEIGHTS = ("uniform", "examples")
+
+
+class Domains(NamedTuple):
+  """The static layout of the domains under every parent of clients (numpy; :func:`domain_layout`).
+
+  Attributes:
+    parent: ``int32[C]`` every client's parent (a node of the clients' parents' level).
+    index: ``int32[C]`` its domain's column in its parent's row of ``λ`` (``[N, D]``).
+    present: ``bool[N, D]`` the domains with examples under each parent.
+    examples: ``[N, D]`` ``m_d``: the examples of each domain under each parent.
+    share: ``[C]`` ``n_k / m_{d(k)}``: a client's share of its domain's examples.
+  """
+
+  parent: np.ndarray
+  index: np.ndarray
+  present: np.ndarray
+  examples: np.ndarray
+  share: np.ndarray
+
+  @property
+  def width(self) -> int:
+    return int(self.present.shape[1])
+
+  def initial(self, init_weights: str) -> np.ndarray:
+    """``λ₀ [N, D]``: uniform over each parent's present domains, or by their examples."""
+    w = (self.present.astype(np.float64) if init_weights == "uniform"
+         else np.where(self.present, self.examples, 0.0))
+    return w / np.maximum(w.sum(axis=1, keepdims=True), 1e-300)
+
+
+def domain_layout(topology: Topology, n_train, domains: Sequence[int] | None) -> Domains:
+  """The :class:`Domains` of ``topology``'s clients (``n_train`` examples each): ``domains`` one
+  integer label per client, or ``None`` (every client its own domain: its rank among its parent's
+  children)."""
+  parent = np.asarray(topology.parent(topology.depth), np.int64)
+  num_nodes = topology.num_nodes(topology.depth - 1)
+  n = np.asarray(n_train, np.float64)
+  if domains is None:
+    index = np.zeros_like(parent)
+    for g in range(num_nodes):
+      members = np.flatnonzero(parent == g)
+      index[members] = np.arange(len(members))
+  else:
+    index = np.unique(np.asarray(domains), return_inverse=True)[1].reshape(-1)
+  examples = np.zeros((num_nodes, int(index.max()) + 1 if index.size else 1))
+  np.add.at(examples, (parent, index), n)
+  mine = examples[parent, index]
+  return Domains(parent=parent.astype(np.int32), index=index.astype(np.int32), present=examples > 0,
+                 examples=examples, share=np.where(mine > 0, n / np.where(mine > 0, mine, 1.0), 0.0))
+
+
+def project_simplex(v: jax.Array, mask: jax.Array) -> jax.Array:
+  """The Euclidean projection of every row of ``v`` (``[N, D]``) onto the probability simplex over
+  its entries where ``mask`` is true (0 elsewhere): ``max(v − θ, 0)`` with ``θ`` from the sorted
+  entries (Duchi et al. 2008)."""
+  d = v.shape[-1]
+  count = jnp.sum(mask, axis=-1, keepdims=True)
+  u = -jnp.sort(jnp.where(mask, -v, jnp.inf), axis=-1)   # present entries first, descending
+  j = jnp.arange(1, d + 1, dtype=v.dtype).reshape((1,) * (v.ndim - 1) + (d,))
+  valid = j <= count
+  css = jnp.cumsum(jnp.where(valid, u, 0.0), axis=-1)
+  ok = valid & (u - (css - 1.0) / j > 0)
+  rho = jnp.maximum(jnp.sum(ok, axis=-1, keepdims=True), 1)
+  theta = (jnp.take_along_axis(css, rho - 1, axis=-1) - 1.0) / rho.astype(v.dtype)
+  return jnp.where(mask, jnp.maximum(v - theta, 0.0), 0.0)
+
+
+def exponentiated(weights: jax.Array, step: jax.Array, mask: jax.Array) -> jax.Array:
+  """``λ e^{step} / Σ λ e^{step}`` over every row's entries where ``mask`` is true (in the log
+  domain: no overflow)."""
+  logits = jnp.where(mask & (weights > 0), jnp.log(jnp.where(weights > 0, weights, 1.0)) + step, -jnp.inf)
+  return jnp.where(mask, jax.nn.softmax(logits, axis=-1), 0.0)
+
+
+def afl_update(
+  model: Model, optimizer: optax.GradientTransformation, domains: Domains, *, batch_size: int, max_steps: int,
+  compute_dtype=None,
+) -> ClientUpdate:
+  """AFL's client: FedAvg's local training, and its loss sum and example count at the received
+  model as its message (a one-hot row over its parent's domains: see the module docstring)."""
+  train = sgd_client_update(model, optimizer, batch_size=batch_size, max_steps=max_steps,
+                            compute_dtype=compute_dtype)
+  column = jnp.asarray(domains.index)
+  width = domains.width
+
+  def apply(anchor, state, data: ClientData, num_steps, key, rnd: ClientRound):
+    dtype = jnp.result_type(jnp.float32, *jax.tree.leaves(anchor))
+    n = data.n.astype(dtype)
+    loss_sum = full_loss(model, anchor, data, batch_size=batch_size) * n
+    params, state, loss = train.apply(anchor, state, data, num_steps, key)
+    one_hot = jax.nn.one_hot(column[rnd.client], width, dtype=dtype)
+    return params, state, loss, {"loss": one_hot * loss_sum, "examples": one_hot * n}
+
+  template = jax.eval_shape(model.init, jax.random.key(0))
+  itemsize = np.dtype(jnp.result_type(jnp.float32, *jax.tree.leaves(template))).itemsize
+  return ClientUpdate(apply=apply, takes_round=True, model_state=True, message_bytes=2 * itemsize)
+
+
+def afl_server(domains: Domains, *, domain_learning_rate, domain_step: str = "projected",
+               init_weights: str = "uniform") -> ServerRule:
+  """AFL's server state ``λ [N, D]``: the clients' weights ``λ_{d(k)} n_k / m_{d(k)}`` in their
+  parent's mean, and the ascent step on ``λ`` from the domain losses of the clients' messages."""
+  present = jnp.asarray(domains.present)
+  parent, column, share = (jnp.asarray(a) for a in (domains.parent, domains.index, domains.share))
+  start = domains.initial(init_weights)
+
+  def init(params, num_nodes):
+    dtype = jnp.result_type(jnp.float32, *jax.tree.leaves(params))
+    return jnp.asarray(start, dtype)
+
+  def weights(host_weights, lam):
+    return lam[parent, column] * share.astype(lam.dtype)
+
+  def receive(inbox: Inbox, lam):
+    count = inbox.messages["examples"]
+    seen = count > 0
+    loss = jnp.where(seen, inbox.messages["loss"] / jnp.where(seen, count, 1.0), 0.0).astype(lam.dtype)
+    rate = jnp.asarray(domain_learning_rate, lam.dtype)
+    if domain_step == "projected":
+      new = project_simplex(lam + rate * loss, present)
+    elif domain_step == "exponentiated":
+      new = exponentiated(lam, rate * loss, present)
+    else:
+      new = lam
+    stats = {"afl_weight_max": jnp.max(new, axis=-1),
+             "afl_domain_loss_max": jnp.max(jnp.where(seen, loss, -jnp.inf), axis=-1, initial=0.0)}
+    return inbox.pseudo_gradient, new, stats
+
+  # nothing is broadcast: the server applies the weights (send: ())
+  return ServerRule(init=init, receive=receive, send=lambda lam: (), name="afl", weights=weights)
+
+
+@hierfavg_method()
+def afl(
+  *,
+  domain_learning_rate: float = 0.1,
+  domain_step: str = "projected",
+  domains: tuple[int, ...] | None = None,
+  init_weights: str = "uniform",
+  name: str = "afl",
+  **host,
+) -> FederatedAlgorithm:
+  """AFL on ``topology`` (default flat): see the module docstring.
+
+  Args:
+    domain_learning_rate: ``γ_λ >= 0``, the step on the mixture weights (FedJAX's default 0.1;
+      FLGo's 0.01).
+    domain_step: ``"projected"`` (the paper's projected gradient ascent), ``"exponentiated"``
+      (FedJAX's ``'eg'``) or ``"none"`` (fixed weights).
+    domains: one integer domain per client (``None``: every client its own domain). From a
+      config: ``domains: clients`` (the default), ``groups`` (the data's group labels) or a list.
+    init_weights: ``"uniform"`` or ``"examples"``, the initial ``λ`` over each parent's domains.
+    name: label for reports.
+    **host: every other argument of :func:`~fedtree.algorithms.host.hierfavg.hierfavg` (``weighting``
+      weighs the levels above the clients' parents only: the clients' weights are ``λ``'s).
+
+  Raises:
+    ValueError: ``domain_learning_rate < 0``, an unknown ``domain_step`` or ``init_weights``,
+      ``domains`` not one per client, a privacy stage, a robust aggregator or personal parameters.
+
+  Example:
+    Two rounds of AFL over 5 clients (each its own domain):
+
+    >>> import jax, optax
+    >>> from fedtree.core import loop
+    >>> from fedtree.core.local import LocalSchedule
+    >>> from fedtree.datasets.synthetic import grouped_synthetic
+    >>> from fedtree.models import build_model
+    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
+    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
+    >>> alg = afl(model=model, data=data, local_optimizer=optax.sgd(0.1),
+    ...           schedule=LocalSchedule(batch_size=8, steps=2), domain_learning_rate=0.5)
+    >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))
+    >>> state.server_state.shape, round(float(state.server_state.sum()), 4)   # λ of the one server
+    ((1, 5), 1.0)
+  """
+  with named(name):
+    check_nonnegative(domain_learning_rate=domain_learning_rate)
+  if domain_step not in DOMAIN_STEPS:
+    raise ValueError(f"{name}: domain_step={domain_step!r}; choose one of {DOMAIN_STEPS}")
+  if init_weights not in INIT_WEIGHTS:
+    raise ValueError(f"{name}: init_weights={init_weights!r}; choose one of {INIT_WEIGHTS}")
+  data = host["data"]
+  if domains is not None and len(domains) != data.num_clients:
+    raise ValueError(f"{name}: domains has {len(domains)} entries for {data.num_clients} clients; give one "
+                     f"integer domain per client (or None: every client its own domain)")
+  refuse_compositions(name, host, "their losses (which set the weights λ)")
+  topology = host.get("topology") or Topology.flat(data.num_clients)
+  layout = domain_layout(topology, np.asarray(data.n_train), domains)
+  rule = afl_server(layout, domain_learning_rate=domain_learning_rate, domain_step=domain_step,
+                    init_weights=init_weights)
+
+  def objective(s: LocalSetup):
+    return afl_update(s.model, s.optimizer, layout, batch_size=s.batch_size, max_steps=s.max_steps,
+                      compute_dtype=s.compute_dtype)
+
+  return on_host(host, client_update=objective, server_rule=rule, name=name)

@@ -1,0 +1,47 @@
+"""FedAvg (McMahan et al. 2017) and FedOpt (Reddi et al. 2021): the host on one server."""
+
+from __future__ import annotations
+
+import optax
+
+from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.core.algorithm import FederatedAlgorithm, ObjectiveFactory
+from fedtree.core.local import ClientUpdate
+
+
+@hierfavg_method(drops=("server_optimizers", "periods", "top_level", "topology"))
+def fedavg(
+  *,
+  server_optimizer: optax.GradientTransformation | None = None,
+  client_update: ClientUpdate | ObjectiveFactory | None = None,
+  name: str = "fedavg",
+  **host,
+) -> FederatedAlgorithm:
+  """FedAvg (McMahan et al. 2017), or FedOpt with ``server_optimizer`` (Reddi et al. 2021): one
+  server, one tier.
+
+  Args:
+    server_optimizer: the server's optax optimizer (default FedAvg, ``sgd(1.0)``).
+    client_update: the local objective (as :func:`hierfavg`'s).
+    name: label for reports.
+    **host: every other argument of :func:`hierfavg` (``model``, ``data``, ``local_optimizer``,
+      ``schedule``, ``cohort_size``, ``sampling``, ``server_rule``, ``personal``, ``update_paths``,
+      ``systems``, ...).
+
+  Example:
+    One round of FedAvg over 5 clients:
+
+    >>> import jax, optax
+    >>> from fedtree.core import loop
+    >>> from fedtree.core.local import LocalSchedule
+    >>> from fedtree.datasets.synthetic import grouped_synthetic
+    >>> from fedtree.models import build_model
+    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
+    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
+    >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=1))
+    >>> alg = fedavg(local_optimizer=optax.sgd(0.1), **common)
+    >>> state = loop.run(alg, data, num_rounds=1, key=jax.random.key(0))
+    >>> sorted(alg.models(state))
+    ['global']
+  """
+  return on_host(host, server_optimizers=server_optimizer, client_update=client_update, name=name)

@@ -1,0 +1,48 @@
+"""FedProx (Li et al. 2020, "Federated optimization in heterogeneous networks") on any tree.
+
+Clients minimize ``f_i(θ) + (μ/2)‖θ - Θ‖²`` from the downloaded ``Θ``
+(:func:`fedtree.objectives.fedprox_update`); everything above the clients is
+:func:`~fedtree.algorithms.host.hierfavg.hierfavg`, so FedProx runs under any tree and any server
+optimizers (a flat tree and FedAvg servers give the original method). ``μ = 0`` is FedAvg.
+"""
+
+from __future__ import annotations
+
+from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
+from fedtree.objectives import fedprox_update
+
+
+@hierfavg_method()
+def fedprox(*, mu: float, name: str = "fedprox", **host) -> FederatedAlgorithm:
+  """FedProx with proximal weight ``mu`` on ``topology`` (default flat).
+
+  Args:
+    mu: μ >= 0.
+    name: label for reports.
+    **host: every other argument of :func:`~fedtree.algorithms.host.hierfavg.hierfavg` (``model``,
+      ``data``, ``local_optimizer``, ``schedule``, ``topology``, ``server_optimizers``,
+      ``cohort_size``, ``sampling``, ``update_paths``, ``systems``, ``personal``, ...);
+      ``compute_dtype`` gives mixed-precision local steps.
+
+  Example:
+    One round of FedProx (μ = 0.01) over 5 clients:
+
+    >>> import jax, optax
+    >>> from fedtree.core import loop
+    >>> from fedtree.core.local import LocalSchedule
+    >>> from fedtree.datasets.synthetic import grouped_synthetic
+    >>> from fedtree.models import build_model
+    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
+    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
+    >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=1))
+    >>> alg = fedprox(mu=0.01, local_optimizer=optax.sgd(0.1), **common)
+    >>> state = loop.run(alg, data, num_rounds=1, key=jax.random.key(0))
+    >>> sorted(alg.models(state))
+    ['global']
+  """
+  def objective(s: LocalSetup):
+    return fedprox_update(s.model, s.optimizer, mu=mu, batch_size=s.batch_size, max_steps=s.max_steps,
+                          compute_dtype=s.compute_dtype)
+
+  return on_host(host, client_update=objective, name=name)

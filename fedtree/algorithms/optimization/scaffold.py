@@ -1,0 +1,205 @@
+"""SCAFFOLD (Karimireddy et al. 2020, "SCAFFOLD: Stochastic controlled averaging for federated
+learning"), Algorithm 1, on any tree: the first method built on the server-rule seam
+(:mod:`fedtree.core.server_rule`).
+
+Every client ``i`` keeps a control variate ``c_i`` (``TreeState.client_state [C, ...]``, zeros at
+the start) and every parent of clients one, ``c`` (``TreeState.server_state [N, ...]``), which it
+broadcasts beside its model ``x``. A sampled client starts from ``y_i = x`` and takes ``K`` corrected
+steps ``y_i ← y_i − η_l (g_i(y_i) − c_i + c)`` (the correction enters as the gradient of the linear
+term ``⟨c − c_i, y⟩``, so any optax local optimizer applies it; with plain SGD this is the paper's
+step), then updates its variate
+
+* option ``"II"`` (default, the paper's cheaper choice): ``c_i⁺ = c_i − c + (x − y_i) / (K η_l)``
+  with ``K`` the steps it took and ``η_l`` the local learning rate it is told
+  (:attr:`~fedtree.core.local.ClientRound.learning_rate`);
+* option ``"I"``: ``c_i⁺ = ∇f_i(x)``, the gradient of its loss over all its examples at the
+  received model (one extra pass over its data, in minibatches of the local batch size),
+
+and sends ``Δy_i = y_i − x`` (as its model) and ``Δc_i = c_i⁺ − c_i`` (as its message). The server:
+``x ← x + η_g · mean_i Δy_i`` (``server_learning_rate`` ``η_g``: ``sgd(η_g)`` at the clients'
+parents) and ``c ← c + (1/N) Σ_{i∈S} Δc_i`` over its ``N`` clients (``variate_average="all"``, the
+paper: ``(|S|/N) · mean``), or ``c ← c + mean_{i∈S} Δc_i`` (``"sampled"``).
+
+**On a tree** the control variates live at the clients' tier: every parent of clients (an edge
+server) runs SCAFFOLD's server with its own ``c`` over its own clients, and the levels above
+aggregate models as HierFAVG every ``periods[l]`` rounds. Variates correct the client drift
+inside an edge's cohort, which is where the local steps happen; a variate at an upper level would
+correct the edges' drift between aggregations, a different method (and the paper's analysis is
+for one server), so upper levels are left as HierFAVG.
+
+**Choices and other implementations.** The aggregation weights are uniform by default
+(``weighting="uniform"``: the paper's ``1/|S|``); ``weighting="examples"`` weighs ``Δy_i`` by data
+size, as FedLab's and PFLlib's SCAFFOLD do (the variate is always averaged unweighted).
+``variate_average="sampled"`` divides the variates' sum by the clients that answered instead of
+``N``: what FL-bench and PFLlib do (their global variate moves by the mean of the sampled changes);
+``"all"`` is the paper's and FedLab's. ``server_learning_rate`` is the paper's global step size
+``η_g`` (FL-bench's and PFLlib's ``global_lr``/``server_learning_rate``). Bytes: a client receives
+``x`` and ``c`` and sends ``Δy_i`` and ``Δc_i``, two models' worth each way, which the byte columns
+count.
+
+Refused by name: a robust (blockwise) aggregator (the variates would still be averaged, so an
+attacker's variate would steer every client), differential privacy at the clients' tier (``Δc_i``
+travels beside the update, outside the update path, so it would leave the client raw), and
+personal parameters (the variates cover the whole model). Compression of the update composes
+(``Δc_i`` is sent as it is, and counted).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
+from fedtree.core.local import (
+  ClientData,
+  ClientRound,
+  ClientUpdate,
+  SGDCarry,
+  full_gradient,
+  linear,
+  make_sgd_step,
+  run_local_steps,
+)
+from fedtree.core.model import Model
+from fedtree.core.server_rule import Inbox, ServerRule, per_node, zeros_like_stacked
+from fedtree.core.updates import blockwise_levels, per_level_paths
+from fedtree.toolbox.privacy import private_stages
+
+OPTIONS = ("I", "II")
+VARIATE_AVERAGES = ("all", "sampled")
+
+
+def scaffold_update(
+  model: Model, optimizer: optax.GradientTransformation, *, option: str = "II", batch_size: int,
+  max_steps: int, compute_dtype=None,
+) -> ClientUpdate:
+  """SCAFFOLD's client (see the module docstring): corrected local steps from the received model,
+  the variate ``c_i`` kept as the client's state, ``Δc_i`` sent as its message.
+
+  Args:
+    model: the model.
+    optimizer: the local optimizer (SGD in the paper).
+    option: ``"I"`` or ``"II"``, the client's new variate.
+    batch_size: minibatch size.
+    max_steps: static scan length.
+    compute_dtype: mixed-precision local steps (``None``: the params' dtype).
+  """
+  if option not in OPTIONS:
+    raise ValueError(f"option={option!r}; choose one of {OPTIONS}")
+  step = make_sgd_step(model, optimizer, linear(), compute_dtype=compute_dtype)
+
+  def apply(anchor, c_i, data: ClientData, num_steps, key, rnd: ClientRound):
+    c = rnd.broadcast
+    correction = jax.tree.map(jnp.subtract, c, c_i)           # the gradient of ⟨c − c_i, y⟩
+    carry = SGDCarry(params=anchor, opt_state=optimizer.init(anchor), anchor=correction)
+    carry, loss = run_local_steps(step, carry, data, num_steps, key, batch_size=batch_size,
+                                  max_steps=max_steps)
+    y = carry.params
+    if option == "I":
+      new_c = full_gradient(model, anchor, data, batch_size=batch_size, compute_dtype=compute_dtype)
+    else:
+      if rnd.learning_rate is None:
+        raise ValueError("scaffold option 'II' needs the local learning rate η_l (local_learning_rate=)")
+      k = jnp.minimum(num_steps, max_steps)
+      scale = 1.0 / (jnp.maximum(k, 1) * rnd.learning_rate)   # the default float dtype (float64 under x64)
+      new_c = jax.tree.map(
+        lambda ci, cc, x, yy: jnp.where(k > 0, ci - cc + (x - yy) * scale.astype(x.dtype), ci),
+        c_i, c, anchor, y)
+    return y, new_c, loss, jax.tree.map(jnp.subtract, new_c, c_i)
+
+  return ClientUpdate(apply=apply, init_state=lambda params, n: zeros_like_stacked(params, n),
+                      takes_round=True, model_state=True)
+
+
+def scaffold_server(*, variate_average: str = "all") -> ServerRule:
+  """SCAFFOLD's server variate ``c`` (zeros at the start), broadcast to the clients and moved by
+  the sum of their changes over ``N`` (``"all"``) or over the clients that answered
+  (``"sampled"``)."""
+  if variate_average not in VARIATE_AVERAGES:
+    raise ValueError(f"variate_average={variate_average!r}; choose one of {VARIATE_AVERAGES}")
+
+  def receive(inbox: Inbox, c):
+    count = inbox.population if variate_average == "all" else inbox.reported
+    c = jax.tree.map(jnp.add, c, per_node(1.0 / jnp.maximum(count, 1.0), inbox.messages))
+    return inbox.pseudo_gradient, c, {}
+
+  return ServerRule(init=zeros_like_stacked, receive=receive, name="scaffold")
+
+
+@hierfavg_method()
+def scaffold(
+  *,
+  option: str = "II",
+  variate_average: str = "all",
+  server_learning_rate: float = 1.0,
+  weighting: str = "uniform",
+  name: str = "scaffold",
+  **host,
+) -> FederatedAlgorithm:
+  """SCAFFOLD on ``topology`` (default flat): see the module docstring.
+
+  Args:
+    option: the client's new variate, ``"II"`` (paper's cheap choice; needs
+      ``local_learning_rate``) or ``"I"`` (the full local gradient at the received model).
+    variate_average: ``"all"`` (paper: the variates' changes summed over the ``N`` clients of a
+      parent) or ``"sampled"`` (over the clients that answered).
+    server_learning_rate: ``η_g``, the global step size (``sgd(η_g)`` at the clients' parents,
+      unless ``server_optimizers`` is given).
+    weighting: ``"uniform"`` (paper) or ``"examples"`` weights of the model updates.
+    name: label for reports.
+    **host: every other argument of :func:`~fedtree.algorithms.host.hierfavg.hierfavg`
+      (``local_learning_rate``: the local SGD rate ``η_l``, option ``"II"``).
+
+  Raises:
+    ValueError: an option that does not exist, option ``"II"`` without ``local_learning_rate``, a
+      robust aggregator or personal parameters.
+
+  Example:
+    Two rounds of SCAFFOLD over 5 clients, 3 sampled a round:
+
+    >>> import jax, optax
+    >>> from fedtree.core import loop
+    >>> from fedtree.core.local import LocalSchedule
+    >>> from fedtree.datasets.synthetic import grouped_synthetic
+    >>> from fedtree.models import build_model
+    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
+    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
+    >>> alg = scaffold(model=model, data=data, local_optimizer=optax.sgd(0.1), local_learning_rate=0.1,
+    ...                schedule=LocalSchedule(batch_size=8, steps=2), cohort_size=3)
+    >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))
+    >>> state.server_state["Dense_0"]["kernel"].shape    # c of the one server
+    (1, 8, 3)
+  """
+  if option not in OPTIONS:
+    raise ValueError(f"{name}: option={option!r}; choose one of {OPTIONS}")
+  if option == "II" and host.get("local_learning_rate") is None:
+    raise ValueError(f"{name}: option 'II' computes c_i from (x - y_i) / (K η_l) and needs the local "
+                     f"learning rate η_l: pass local_learning_rate= (from a config: local.learning_rate), or "
+                     f"use option='I'")
+  if host.get("personal") is not None:
+    raise ValueError(f"{name}: personal parameters are not supported (the control variates cover the whole "
+                     f"model)")
+  topology = host.get("topology")
+  depth = 1 if topology is None else topology.depth
+  leaf = per_level_paths(host.get("update_paths"), depth, algorithm=name)[-1]
+  for stage in private_stages(leaf):
+    raise ValueError(f"{name}: differential privacy ({stage!r}) at the clients' tier: the clients' "
+                     f"control-variate changes Δc_i travel beside the update, outside the update path, so "
+                     f"they would leave the clients unclipped and unnoised (no privacy); run {name} "
+                     f"without it")
+  for lv in blockwise_levels(host.get("update_paths")):
+    raise ValueError(f"{name}: a robust (blockwise) aggregator at level {lv} would still average the "
+                     f"clients' control variates, so an attacker's variate would steer every client; use "
+                     f"the mean aggregator")
+  if host.get("server_optimizers") is None:
+    servers = (optax.sgd(1.0),) * (depth - 1) + (optax.sgd(server_learning_rate),)
+    host = {**host, "server_optimizers": servers}
+
+  def objective(s: LocalSetup):
+    return scaffold_update(s.model, s.optimizer, option=option, batch_size=s.batch_size,
+                           max_steps=s.max_steps, compute_dtype=s.compute_dtype)
+
+  rule = scaffold_server(variate_average=variate_average)
+  return on_host(host, client_update=objective, server_rule=rule, weighting=weighting, name=name)

@@ -1,0 +1,184 @@
+"""FedBABU (Oh et al. 2022, "FedBABU: toward enhanced representation for federated image
+classification") on any tree.
+
+FedAvg of the **body only**: the **head** (by default the model's last layer,
+:mod:`fedtree.algorithms.partial.split`) stays at its random initialization during the whole federated
+training (every client has the same one, from the run's seed, so it is never sent: the byte
+columns count the body), and the clients train and send the body (the local optimizer freezes the
+head exactly, :func:`fedtree.core.local.train_only`). At evaluation each client **fine-tunes** the
+global model on its own training data (the whole model by default, as the paper;
+``finetune_part="head"`` or ``"body"`` for the alternatives it also reports) for
+``finetune_epochs`` epochs (or ``finetune_steps`` steps) of SGD at ``finetune_learning_rate``
+(default the local rate). The run reports both models: ``global``, the generic model before
+fine-tuning, and ``global_ft``, each client's fine-tuned one (:mod:`fedtree.algorithms.partial.finetuned`).
+With no fine-tuning (both counts 0) FedBABU is FedAvg with a frozen head.
+
+**On a tree** the body is aggregated up to the root as HierFAVG (and every level's model is
+reported, its head the common one); the head is frozen everywhere, so it needs no level.
+
+**Other implementations.** PFLlib freezes ``model.head``, aggregates ``model.base`` weighted by
+data size and fine-tunes the whole model for ``fine_tuning_epochs`` after training: the defaults.
+FL-bench zeroes the classifier's gradient before each optimizer step and fine-tunes for
+``finetune_epoch`` (at least 1); with weight decay or momentum in its optimizer the "frozen" head
+still moves (the decay is added inside the step), which fedtree's exact freeze does not reproduce.
+FLGo re-draws the head's weight at the start (``head_init``: ``"he"`` by default, ``"xavier"``,
+``"orth"``): ``head_init="he_uniform"``, ``"xavier_uniform"``, ``"orthogonal"`` (the bias is kept);
+the default ``"model"`` keeps the model's own random initialization.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.partial.finetuned import finetune_schedule, finetuned
+from fedtree.algorithms.partial.split import (
+  Head,
+  check_split,
+  head_patterns,
+  mask_of,
+  refuse_personal,
+  template_of,
+  with_parameter_counts,
+)
+from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels, TreeState
+from fedtree.core.local import sgd_client_update, train_only
+from fedtree.core.model import Model, param_paths
+from fedtree.core.personal import parameter_counts, personal
+from fedtree.core.rng import stream
+from fedtree.core.topology import Topology
+
+PyTree = Any
+HEAD_INITS = {"model": None, "he_uniform": jax.nn.initializers.he_uniform(),
+              "xavier_uniform": jax.nn.initializers.xavier_uniform(),
+              "orthogonal": jax.nn.initializers.orthogonal()}
+"""How the frozen head is drawn: the model's own initializer, or a re-draw of its kernels."""
+FINETUNE_PARTS = ("all", "head", "body")
+
+
+def redrawn_head(model: Model, mask: PyTree, head_init: str) -> Model:
+  """``model`` whose ``init`` re-draws the head's kernels (the leaves of ``mask`` named ``kernel``)
+  with ``HEAD_INITS[head_init]`` from a stream of the init key; ``"model"``: ``model`` unchanged."""
+  initializer = HEAD_INITS[head_init]
+  if initializer is None:
+    return model
+  init = model.init
+
+  def redraw(key):
+    params = init(key)
+    flat, treedef = jax.tree.flatten(params)
+    paths = param_paths(params)
+    heads = jax.tree.leaves(mask)
+    keys = jax.random.split(stream(key, "head_init"), len(flat))
+    out = [initializer(k, x.shape, x.dtype) if m and p.endswith("kernel") else x
+           for k, x, p, m in zip(keys, flat, paths, heads, strict=True)]
+    return jax.tree.unflatten(treedef, out)
+
+  return model._replace(init=redraw)
+
+
+@hierfavg_method(drops=("personal",))
+def fedbabu(
+  *,
+  head: Head = 1,
+  head_init: str = "model",
+  finetune_epochs: float = 5.0,
+  finetune_steps: int = 0,
+  finetune_learning_rate: float | None = None,
+  finetune_part: str = "all",
+  finetune_optimizer: str = "sgd",
+  name: str = "fedbabu",
+  **host,
+) -> FederatedAlgorithm:
+  """FedBABU on ``topology`` (default flat): see the module docstring.
+
+  Args:
+    head: the frozen head: the model's last ``head`` layers (an int) or path patterns.
+    head_init: ``"model"`` (the model's random initialization, the paper) or a re-draw of the
+      head's kernels: ``"he_uniform"``, ``"xavier_uniform"``, ``"orthogonal"`` (FLGo's
+      ``head_init``).
+    finetune_epochs: fine-tuning epochs over each client's data at evaluation (>= 0).
+    finetune_steps: fine-tuning steps instead (>= 0; give one of the two; both 0: no fine-tuning,
+      FedAvg with a frozen head).
+    finetune_learning_rate: the fine-tune's rate (default ``local_learning_rate``, the local rate).
+    finetune_part: ``"all"`` (the paper), ``"head"`` or ``"body"``: what the fine-tune trains.
+    finetune_optimizer: the fine-tune's optax optimizer by name.
+    name: label for reports.
+    **host: every other argument of :func:`~fedtree.algorithms.host.hierfavg.hierfavg`.
+
+  Raises:
+    ValueError: a head covering every parameter, an unknown ``head_init`` or ``finetune_part``,
+      negative fine-tuning counts or both, no fine-tuning rate, ``head_init`` with
+      ``init_params``, ``personal=``.
+
+  Example:
+    Two rounds over 5 clients; each client then fine-tunes 3 steps:
+
+    >>> import jax, optax
+    >>> from fedtree.core import loop
+    >>> from fedtree.core.local import LocalSchedule
+    >>> from fedtree.datasets.synthetic import grouped_synthetic
+    >>> from fedtree.models import build_model
+    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
+    >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(8,))
+    >>> alg = fedbabu(model=model, data=data, local_optimizer=optax.sgd(0.1), local_learning_rate=0.1,
+    ...               schedule=LocalSchedule(batch_size=8, steps=2), finetune_epochs=0, finetune_steps=3)
+    >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))
+    >>> sorted(alg.models(state))
+    ['global', 'global_ft']
+  """
+  refuse_personal(host, name, "the frozen head is chosen with head=")
+  if head_init not in HEAD_INITS:
+    raise ValueError(f"{name}: head_init={head_init!r}; choose one of {tuple(HEAD_INITS)}")
+  if finetune_part not in FINETUNE_PARTS:
+    raise ValueError(f"{name}: finetune_part={finetune_part!r}; choose one of {FINETUNE_PARTS}")
+  if head_init != "model" and host.get("init_params") is not None:
+    raise ValueError(f"{name}: head_init={head_init!r} re-draws the head of model.init, but init_params is "
+                     f"given (the run starts from it); use head_init='model'")
+  schedule = host["schedule"]
+  tune = finetune_schedule(finetune_steps, finetune_epochs, schedule.batch_size, algorithm=name)
+  rate = host.get("local_learning_rate") if finetune_learning_rate is None else finetune_learning_rate
+  if tune is not None and rate is None:
+    raise ValueError(f"{name}: the fine-tune needs a learning rate: finetune_learning_rate= or "
+                     f"local_learning_rate= (from a config: local.learning_rate)")
+  model: Model = host["model"]
+  patterns = head_patterns(model, head, algorithm=name)
+  template = template_of(host)
+  mask = mask_of(patterns, template, algorithm=name)
+  check_split(name, template, mask, kept="head", shared="body")
+  body = jax.tree.map(lambda m: not m, mask)
+
+  def objective(s: LocalSetup):
+    if s.optimizer is None:
+      raise ValueError(f"{name}: local_optimizer=None; the body's local training needs one")
+    return sgd_client_update(s.model, train_only(s.optimizer, body), batch_size=s.batch_size,
+                             max_steps=s.max_steps, compute_dtype=s.compute_dtype)
+
+  # the head is "personal" to every client so that it is never sent; nobody trains it, so every copy
+  # stays the initial head, and so does every server's (no pseudo-gradient there)
+  inner = on_host({**host, "model": redrawn_head(model, mask, head_init)}, client_update=objective,
+                  personal=personal(patterns), name=name)
+  topology = host.get("topology") or Topology.flat(host["data"].num_clients)
+  top = int(host.get("top_level", 0) or 0)
+
+  def models(state: TreeState):
+    out = {}
+    if top == 0:
+      out["global"] = NodeModels(state.params[0], np.zeros(topology.num_clients, np.int32))
+    for lv in range(max(top, 1), topology.depth):
+      out[f"level{lv}"] = NodeModels(state.params[lv], topology.ancestor(lv))
+    return out
+
+  alg = inner._replace(models=models)
+  frozen, body_n = parameter_counts(template, mask)
+  alg = with_parameter_counts(alg, {"personal": 0, "shared": body_n, "frozen": frozen},
+                              "frozen: the initial head, the same on every client, never sent")
+  if tune is None:
+    return alg
+  trainable = {"all": None, "head": mask, "body": body}[finetune_part]
+  return finetuned(alg, model=model, data=host["data"], batch_size=schedule.batch_size, learning_rate=rate,
+                   steps=finetune_steps, epochs=finetune_epochs, optimizer=finetune_optimizer,
+                   trainable=trainable, chunk_size=None, models=None)

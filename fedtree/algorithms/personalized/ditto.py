@@ -1,0 +1,60 @@
+"""Ditto (Li et al. 2021, "Ditto: fair and robust federated learning through
+personalization") on any tree.
+
+Each sampled client trains the downloaded model as usual (sent up, aggregated by
+:func:`~fedtree.algorithms.host.hierfavg.hierfavg` under any tree and server optimizers) and its
+persistent personal model ``v_i`` on ``f_i(v) + (λ/2)‖v - Θ‖²``
+(:func:`fedtree.objectives.ditto_update`). ``v_i`` lives in ``TreeState.client_state`` as
+``DittoState.personal [C, ...]``; clients that are not sampled keep theirs untouched.
+Models evaluated: the tree's models and ``personal`` (client ``c`` scored with ``v_c``; the
+objective declares them, :attr:`fedtree.core.local.ClientUpdate.personal_models`).
+"""
+
+from __future__ import annotations
+
+import optax
+
+from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
+from fedtree.objectives import ditto_update
+
+
+@hierfavg_method()
+def ditto(
+  *,
+  lam: float,
+  personal_optimizer: optax.GradientTransformation | None = None,
+  name: str = "ditto",
+  **host,
+) -> FederatedAlgorithm:
+  """Ditto with regularization ``lam`` (λ >= 0) on ``topology`` (default flat).
+
+  Args:
+    lam: Ditto's λ.
+    personal_optimizer: optimizer of the personal models (default the local optimizer).
+    name: label for reports.
+    **host: every other argument of :func:`~fedtree.algorithms.host.hierfavg.hierfavg`;
+      ``compute_dtype`` gives mixed-precision local steps.
+
+  Example:
+    One round of Ditto (λ = 0.1): a global model and a personal model per client:
+
+    >>> import jax, optax
+    >>> from fedtree.core import loop
+    >>> from fedtree.core.local import LocalSchedule
+    >>> from fedtree.datasets.synthetic import grouped_synthetic
+    >>> from fedtree.models import build_model
+    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
+    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
+    >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=1))
+    >>> alg = ditto(lam=0.1, local_optimizer=optax.sgd(0.1), **common)
+    >>> state = loop.run(alg, data, num_rounds=1, key=jax.random.key(0))
+    >>> sorted(alg.models(state))
+    [...]
+  """
+
+  def objective(s: LocalSetup):
+    return ditto_update(s.model, s.optimizer, lam=lam, personal_optimizer=personal_optimizer,
+                        batch_size=s.batch_size, max_steps=s.max_steps, compute_dtype=s.compute_dtype)
+
+  return on_host(host, client_update=objective, name=name)

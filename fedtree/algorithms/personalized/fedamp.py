@@ -1,0 +1,257 @@
+"""FedAMP and HeurFedAMP (Huang et al. 2021, "Personalized cross-silo federated learning on non-IID
+data", AAAI): attentive message passing between the clients' personal models, on any tree.
+
+Every client ``i`` keeps a personal model ``w_i`` (``TreeState.client_state``, the run's start for
+all at first). In round ``k`` the server (a parent of clients, over its sampled clients ``S``) makes
+every one of them a **cloud model**, an attention-weighted combination of their models,
+
+  ``u_i = Σ_{j∈S} ξ_ij w_j``,   ``Σ_j ξ_ij = 1``,
+
+and sends it; the client then takes the local schedule's steps on the proximal objective
+``F_i(w) + (λ / (2 α_k)) ‖w − u_i‖²`` (the paper's eq. (5), a proximal-point step towards its cloud
+model) from its own ``w_i`` (``start="own"``) or from ``u_i`` (``"cloud"``), keeps the result as its
+new ``w_i`` and sends it up. The attention (``attention=``):
+
+* ``"distance"`` (FedAMP, the paper's eq. (4): a gradient step of size ``α_k`` on the attention
+  function ``A(‖w_i − w_j‖²)`` with ``A(x) = 1 − e^{−x/σ}``): ``ξ_ij = α_k A'(‖w_i − w_j‖²) =
+  (α_k / σ) e^{−‖w_i − w_j‖² / σ}`` for ``j ≠ i`` and ``ξ_ii = 1 − Σ_{j≠i} ξ_ij`` (which the paper
+  keeps non-negative by a small ``α_k``; the round's mean ``ξ_ii`` is the ``fedamp_self_weight``
+  metric);
+* ``"cosine"`` (HeurFedAMP, the paper's heuristic for deep models): ``ξ_ii = self_attention`` and
+  ``ξ_ij = (1 − ξ_ii) e^{σ cos(w_i, w_j)} / Σ_{h≠i} e^{σ cos(w_i, w_h)}`` (a client with no peer this
+  round keeps ``ξ_ii = 1``);
+* ``"uniform"``: ``ξ_ij = 1 / |S|``, every cloud model the cohort's mean: with ``λ = 0`` and
+  ``start="cloud"`` every client starts from the mean of the cohort's models, which is FedAvg with
+  uniform weights (a test).
+
+Every client is scored with its personal model ``w_i`` (``personal``); the servers hold no model of
+FedAMP's (their rows are not reported). Bytes: a client receives ``u_i`` and sends ``w_i``, one
+model each way.
+
+**The pairing** is among each parent's sampled clients (with every client sampled, as in the
+paper's cross-silo setting, among all its clients): a parent's cohort is one block ``[B, ...]`` of
+its models, its attention ``[B, B]`` from their pairwise squared distances (computed exactly, one
+row of the block at a time) or cosine similarities, and ``U = ξ W`` one batched matrix product:
+``2 K`` models and ``N B²`` attention weights at once for ``K`` sampled clients in blocks of at most
+``B`` per parent, in the up-front memory estimate. **On a tree** a client is paired only with its
+parent's other clients (:mod:`fedtree.algorithms.personalized.peers`).
+
+**Other implementations.** PFLlib's FedAMP (``serveramp.py``/``clientamp.py``) makes a selected
+client's cloud model from the models uploaded in the *previous* round (we pair the round's own
+cohort, which with every client sampled is the paper's ``W^{k−1}``), trains the client's own model
+(``start="own"``, our default), and adds ``0.5 λ/α_k ‖w − u‖`` to the loss computed on ``.data``
+copies of the parameters: a norm, not its square, and detached from the graph, so the proximal
+term adds no gradient and its clients train as local training does. We take the paper's squared
+norm with its gradient. FL-bench has no FedAMP. The defaults ``α_k = 1``, ``σ = 1`` are PFLlib's
+(the paper decays ``α_k``; a constant ``alpha`` is the step here). ``ξ_ii`` stays non-negative
+whatever the models only for ``α_k <= σ / (B − 1)`` with ``B`` clients in a parent's cohort: with
+PFLlib's defaults and 20 clients, ``ξ_ii = 1 − Σ_{j≠i} e^{−‖w_i − w_j‖²}`` is −18 at equal models,
+and while the models are close every cloud model extrapolates away from the cohort
+(configs/personalized.py takes ``α_k = σ / 20``).
+
+Refused by name before anything compiles: an attention that is not one of :data:`ATTENTIONS`, a
+non-positive ``σ`` (the distance attention divides by it) or ``α_k``, a ``self_attention`` outside
+``[0, 1]``, a cohort of fewer than 2 clients per parent (nobody to pair), update paths, personal
+parameters, server optimizers and a model with BatchNorm statistics.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.personalized.peers import personal_only, refuse, smallest_cohort, topology_of
+from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
+from fedtree.core.checks import check_nonnegative, check_positive, is_traced
+from fedtree.core.local import (
+  ClientData,
+  ClientRound,
+  ClientUpdate,
+  SGDCarry,
+  make_sgd_step,
+  proximal,
+  run_local_steps,
+  stack,
+)
+from fedtree.core.model import Model
+from fedtree.core.server_rule import Inbox, Outbox, Parcels, ServerRule, cohort_blocks, slot_rows
+
+PyTree = Any
+ATTENTIONS = ("distance", "cosine", "uniform")
+STARTS = ("own", "cloud")
+
+
+def pairwise_sq_distances(blocks: PyTree) -> jax.Array:
+  """``[N, B, B]`` squared Euclidean distances between the models of every block (``[N, B, ...]``
+  leaves), summed over the leaves; exact differences, one row of every block at a time."""
+  leaves = [a.reshape(a.shape[:2] + (-1,)) for a in jax.tree.leaves(blocks)]
+  dtype = jnp.result_type(jnp.float32, *leaves)
+
+  def row(i):   # [N, B]: from slot i of every block to all of its slots
+    return sum(jnp.sum(jnp.square((a[:, i][:, None, :] - a).astype(dtype)), axis=-1) for a in leaves)
+
+  b = leaves[0].shape[1]
+  return jnp.moveaxis(jax.lax.map(row, jnp.arange(b)), 0, 1)
+
+
+def pairwise_cosines(blocks: PyTree) -> jax.Array:
+  """``[N, B, B]`` cosine similarities between the models of every block (a zero model's is 0)."""
+  leaves = [a.reshape(a.shape[:2] + (-1,)) for a in jax.tree.leaves(blocks)]
+  dtype = jnp.result_type(jnp.float32, *leaves)
+  gram = sum(jnp.einsum("nid,njd->nij", a.astype(dtype), a.astype(dtype)) for a in leaves)
+  norm = jnp.sqrt(jnp.maximum(jnp.diagonal(gram, axis1=1, axis2=2), 0.0))
+  denom = norm[:, :, None] * norm[:, None, :]
+  return jnp.where(denom > 0, gram / jnp.where(denom > 0, denom, 1.0), 0.0)
+
+
+def attention_weights(blocks: PyTree, valid: jax.Array, *, attention: str, alpha, sigma,
+                      self_attention) -> jax.Array:
+  """``ξ [N, B, B]`` of every block's valid models (``valid [N, B]``): row ``i`` is slot ``i``'s
+  weights over its block's slots (0 at invalid ones; see the module docstring)."""
+  b = valid.shape[1]
+  eye = jnp.eye(b, dtype=bool)[None]
+  pair = valid[:, :, None] & valid[:, None, :]
+  others = pair & ~eye
+  if attention == "uniform":
+    count = jnp.maximum(jnp.sum(valid, axis=1, keepdims=True), 1)
+    return jnp.where(pair, 1.0 / count[:, :, None], 0.0)
+  if attention == "distance":
+    d2 = pairwise_sq_distances(blocks)
+    off = jnp.where(others, alpha * jnp.exp(-d2 / sigma) / sigma, 0.0)
+    own = 1.0 - jnp.sum(off, axis=2)
+  elif attention == "cosine":
+    logits = jnp.where(others, sigma * pairwise_cosines(blocks), -jnp.inf)
+    peers = jnp.any(others, axis=2)
+    soft = jnp.where(others, jax.nn.softmax(jnp.where(peers[:, :, None], logits, 0.0), axis=2), 0.0)
+    own = jnp.where(peers, self_attention, 1.0)
+    off = (1.0 - own)[:, :, None] * soft
+  else:
+    raise ValueError(f"attention={attention!r}; choose one of {ATTENTIONS}")
+  return jnp.where(eye, jnp.where(valid, own, 0.0)[:, :, None], off)
+
+
+def fedamp_server(*, attention: str = "distance", alpha=1.0, sigma=1.0, self_attention=0.5,
+                  num_parents: int) -> ServerRule:
+  """FedAMP's server: every sampled client's cloud model ``u_i`` as its parcel (its start; see the
+  module docstring), made from the round's start models of its parent's cohort."""
+  if attention not in ATTENTIONS:
+    raise ValueError(f"attention={attention!r}; choose one of {ATTENTIONS}")
+
+  def send_each(out: Outbox) -> Parcels:
+    w = jax.tree.map(lambda a: jnp.take(a, out.clients, axis=0), out.client_state)   # [K, ...]
+    blocks = cohort_blocks(w, out, num_parents, out.block_size)                      # [N, B, ...]
+    valid = cohort_blocks(out.valid, out, num_parents, out.block_size)
+    xi = attention_weights(blocks, valid, attention=attention, alpha=alpha, sigma=sigma,
+                           self_attention=self_attention)
+    cloud = jax.tree.map(lambda a: jnp.einsum("nij,nj...->ni...", xi.astype(a.dtype), a), blocks)
+    u = jax.tree.map(lambda c, a: jnp.where(out.valid.reshape((-1,) + (1,) * (a.ndim - 1)), c, a),
+                     slot_rows(cloud, out), w)
+    own = slot_rows(jnp.diagonal(xi, axis1=1, axis2=2), out)
+    count = jnp.maximum(jnp.sum(out.valid), 1)
+    return Parcels(start=u, stats={"fedamp_self_weight": jnp.sum(jnp.where(out.valid, own, 0.0)) / count})
+
+  def receive(inbox: Inbox, state):   # the servers hold no model of FedAMP's: theirs stays as it is
+    return jax.tree.map(jnp.zeros_like, inbox.pseudo_gradient), state, {}
+
+  return ServerRule(init=lambda params, n: (), receive=receive, name="fedamp", send_each=send_each)
+
+
+def fedamp_update(model: Model, optimizer: optax.GradientTransformation, *, lam, alpha, start: str = "own",
+                  batch_size: int, max_steps: int, compute_dtype=None) -> ClientUpdate:
+  """FedAMP's client: the local steps on ``F_i(w) + (λ / (2 α)) ‖w − u_i‖²`` from its own model (or
+  from ``u_i``), ``u_i`` being the model it receives; keeps and sends the result."""
+  if start not in STARTS:
+    raise ValueError(f"start={start!r}; choose one of {STARTS}")
+  step = make_sgd_step(model, optimizer, proximal(lam / alpha), compute_dtype=compute_dtype)
+
+  def apply(cloud, own, data: ClientData, num_steps, key, rnd: ClientRound):
+    begin = own if start == "own" else cloud
+    carry = SGDCarry(params=begin, opt_state=optimizer.init(begin), anchor=cloud)
+    carry, loss = run_local_steps(step, carry, data, num_steps, key, batch_size=batch_size,
+                                  max_steps=max_steps)
+    return carry.params, carry.params, loss, ()
+
+  return ClientUpdate(apply=apply, init_state=stack, starts_from_own_model=start == "own",
+                      personal_models=lambda state: state, takes_round=True)
+
+
+@hierfavg_method(drops=("server_optimizers",))
+def fedamp(
+  *,
+  attention: str = "distance",
+  alpha: float = 1.0,
+  lam: float = 1.0,
+  sigma: float = 1.0,
+  self_attention: float = 0.5,
+  start: str = "own",
+  name: str = "fedamp",
+  **host,
+) -> FederatedAlgorithm:
+  """FedAMP (``attention="distance"``) or HeurFedAMP (``"cosine"``) on ``topology`` (default flat):
+  see the module docstring.
+
+  Args:
+    attention: ``"distance"`` (FedAMP), ``"cosine"`` (HeurFedAMP) or ``"uniform"``.
+    alpha: ``α_k`` > 0, the message-passing step (``"distance"``), also in the proximal coefficient
+      ``λ / α_k``.
+    lam: ``λ`` >= 0, the weight of the attention function (the proximal term's ``λ / (2 α_k)``).
+    sigma: ``σ`` > 0: the distance scale of ``A(x) = 1 − e^{−x/σ}``, or HeurFedAMP's
+      similarity scale.
+    self_attention: HeurFedAMP's ``ξ_ii`` in ``[0, 1]``.
+    start: the local steps start from the client's own model (``"own"``) or its cloud model
+      (``"cloud"``).
+    name: label for reports.
+    **host: every other argument of :func:`~fedtree.algorithms.host.hierfavg.hierfavg` (``cohort_size``,
+      ``topology``, ``sampling``, ``systems``, ``local_optimizer``, ...).
+
+  Raises:
+    ValueError: an option that does not exist, a hyperparameter out of range, a cohort of fewer than
+      2 clients per parent, update paths, personal parameters, server optimizers or a model with
+      BatchNorm statistics.
+
+  Example:
+    Two rounds of HeurFedAMP over 5 clients; every client is scored with its own model:
+
+    >>> import jax, optax
+    >>> from fedtree.core import loop
+    >>> from fedtree.core.local import LocalSchedule
+    >>> from fedtree.datasets.synthetic import grouped_synthetic
+    >>> from fedtree.models import build_model
+    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
+    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
+    >>> alg = fedamp(model=model, data=data, local_optimizer=optax.sgd(0.1), attention="cosine",
+    ...              schedule=LocalSchedule(batch_size=8, steps=2))
+    >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))
+    >>> sorted(alg.models(state))
+    ['personal']
+  """
+  if attention not in ATTENTIONS:
+    raise ValueError(f"{name}: attention={attention!r}; choose one of {ATTENTIONS}")
+  if start not in STARTS:
+    raise ValueError(f"{name}: start={start!r}; choose one of {STARTS}")
+  try:
+    check_positive(alpha=alpha, sigma=sigma)
+    check_nonnegative(lam=lam, self_attention=self_attention)
+  except ValueError as e:
+    raise ValueError(f"{name}: {e}") from e
+  if not is_traced(self_attention) and float(self_attention) > 1:
+    raise ValueError(f"{name}: self_attention={self_attention} is HeurFedAMP's ξ_ii, a weight in [0, 1]")
+  refuse(host, name, what="FedAMP's clients send their whole personal models, which the server pairs as they "
+                          "are")
+  cohort = smallest_cohort(host)
+  if cohort < 2:
+    raise ValueError(f"{name}: a parent samples as few as {cohort} client a round (cohort_size), so FedAMP "
+                     f"has no pair to pass messages between; sample at least 2 per parent")
+  num_parents = topology_of(host).num_nodes(topology_of(host).depth - 1)
+  rule = fedamp_server(attention=attention, alpha=alpha, sigma=sigma, self_attention=self_attention,
+                       num_parents=num_parents)
+
+  def objective(s: LocalSetup):
+    return fedamp_update(s.model, s.optimizer, lam=lam, alpha=alpha, start=start, batch_size=s.batch_size,
+                         max_steps=s.max_steps, compute_dtype=s.compute_dtype)
+
+  return personal_only(on_host(host, client_update=objective, server_rule=rule, name=name))
