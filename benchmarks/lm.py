@@ -33,7 +33,7 @@ import numpy as np
 import optax
 
 from benchmarks.jax_runners import time_fused
-from fedtree.algorithms.host.hierfavg import fedavg
+from fedtree.algorithms import fedavg
 from fedtree.core import sharding, tuning
 from fedtree.core.data import FederatedData
 from fedtree.core.local import LocalSchedule

@@ -171,7 +171,7 @@ def test_poisson_sampling_in_hierfavg_inclusion_frequency():
   rounds, within 5 binomial standard errors), the valid slots hold distinct clients; the options
   are checked by name."""
   from fedtree.algorithms import hierfavg
-  from fedtree.algorithms.host.hierfavg import build_sampler
+  from fedtree.algorithms.host.sampler import build_sampler
   from fedtree.core.rng import stream
 
   ctx = _ctx()

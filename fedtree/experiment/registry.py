@@ -551,7 +551,7 @@ def spec_of(name: str) -> AlgorithmSpec:
   """The spec of algorithm ``name``: a key of :data:`SPECS`, or ``"module:attribute"`` naming a
   factory (or an :class:`AlgorithmSpec`) of the user's own module, imported from ``sys.path``
   (``python -m fedtree.main`` puts the working directory there): its signature is its schema,
-  exactly as a built-in factory's (:func:`fedtree.algorithms.host.hierfavg.hierfavg_method` methods
+  exactly as a built-in factory's (:func:`fedtree.algorithms.host.method.method_over` methods
   included)."""
   if name in SPECS:
     return SPECS[name]

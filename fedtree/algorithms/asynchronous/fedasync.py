@@ -53,7 +53,7 @@ from __future__ import annotations
 import optax
 
 from fedtree.algorithms.asynchronous.fedbuff import fedbuff
-from fedtree.algorithms.host.hierfavg import method_over
+from fedtree.algorithms.host import Host, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_nonnegative, is_traced, named
 from fedtree.core.topology import Topology
@@ -62,12 +62,12 @@ from fedtree.objectives.fedprox import fedprox_update
 
 @method_over(fedbuff, drops=("buffer_size", "server_optimizer", "update_from"), bound=())
 def fedasync(
+  host: Host,
   *,
   alpha: float = 0.6,
   rho: float | None = None,
   max_staleness: int = 16,
   name: str = "fedasync",
-  **host,
 ) -> FederatedAlgorithm:
   """FedAsync at the clients' parents of ``topology`` (default flat): see the module docstring.
 
@@ -121,8 +121,8 @@ def fedasync(
       return fedprox_update(s.model, s.optimizer, mu=rho, batch_size=s.batch_size, max_steps=s.max_steps,
                             compute_dtype=s.compute_dtype)
 
-    host = {**host, "client_update": proximal}
+    host = host.replace(client_update=proximal)
   topology = host.get("topology") or Topology.flat(host["data"].num_clients)
   servers = (optax.sgd(1.0),) * (topology.depth - 1) + (optax.sgd(alpha),)
-  return fedbuff(buffer_size=1, server_optimizer=servers, update_from="current", max_staleness=max_staleness,
-                 name=name, **host)
+  return host.build(buffer_size=1, server_optimizer=servers, update_from="current",
+                    max_staleness=max_staleness, name=name)

@@ -40,8 +40,10 @@ against the current model (``update_from="current"``) and ``sgd(α)``; its stale
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +51,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from fedtree.algorithms.host.hierfavg import UpperLevels, check_periods
+from fedtree.algorithms.host.upper import UpperLevels, check_periods
 from fedtree.core.aggregation import divide_by_weight, staleness_weight
 from fedtree.core.algorithm import (
   FederatedAlgorithm,
@@ -68,7 +70,7 @@ from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import Cohort
 from fedtree.core.server import init_nodes, update_nodes
-from fedtree.core.tier import edge_metrics, train_cohort
+from fedtree.core.tier import Clients, Down, Tier, TierResult, edge_metrics, train_cohort
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath, UpdateState, init_update_state, per_level_paths
 from fedtree.toolbox.systems import Systems, make_profile, uplink_bytes
@@ -250,14 +252,71 @@ def fedbuff(
     >>> int(state.round), float(state.clock) > 0
     (2, True)
   """
-  num_clients = data.num_clients
-  topology = Topology.flat(num_clients) if topology is None else topology
-  data.validate(topology)
+  topology = Topology.flat(data.num_clients) if topology is None else topology
+  plan = _plan(model=model, data=data, local_optimizer=local_optimizer, schedule=schedule,
+               buffer_size=buffer_size, concurrency=concurrency, topology=topology, periods=periods,
+               server_optimizer=server_optimizer, max_staleness=max_staleness,
+               staleness_exponent=staleness_exponent, staleness=staleness, hinge_a=hinge_a, hinge_b=hinge_b,
+               simultaneous=simultaneous, update_from=update_from, systems=systems, weighting=weighting,
+               compute_dtype=compute_dtype, client_update=client_update, update_paths=update_paths, name=name)
+  return FederatedAlgorithm(init=functools.partial(_init, plan, init_params),
+                            round=functools.partial(_round, plan), models=functools.partial(_models, plan),
+                            name=name)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """FedBuff's fixed pieces, checked once (``G`` parents, ``M`` slots each, a ring of ``S``)."""
+
+  model: Model
+  schedule: LocalSchedule
+  topology: Topology
+  buffer_size: int
+  concurrency: int        # M
+  ring: int               # S = max_staleness + 1
+  max_staleness: int
+  staleness: str          # the staleness function's kind
+  staleness_exponent: Any
+  hinge_a: Any
+  hinge_b: int
+  simultaneous: str
+  update_from: str
+  systems: Systems
+  weighting: str
+  server_optimizers: tuple
+  tier: Tier
+  path: UpdatePath | None
+  upper: UpperLevels
+  links: Any
+
+  @property
+  def num_clients(self) -> int:
+    return self.topology.num_clients
+
+  @property
+  def num_groups(self) -> int:
+    return self.topology.num_nodes(self.topology.depth - 1)
+
+  @property
+  def leaf(self) -> int:
+    return self.topology.depth - 1
+
+  @property
+  def group(self) -> np.ndarray:
+    """``int32[C]`` every client's parent."""
+    return np.asarray(self.topology.parent(self.topology.depth), np.int32)
+
+  @property
+  def slot_group(self) -> np.ndarray:
+    """``int32[G * M]`` every slot's parent."""
+    return np.repeat(np.arange(self.num_groups, dtype=np.int32), self.concurrency)
+
+
+def _check_sizes(topology: Topology, buffer_size, concurrency) -> tuple[int, int]:
+  """``(buffer_size, concurrency)`` checked against the smallest group."""
   depth = topology.depth
-  leaf = depth - 1                                   # the clients' parents' level
-  group = topology.parent(depth)                     # every client's parent
-  num_groups = topology.num_nodes(leaf)
-  smallest = int(np.bincount(group, minlength=num_groups).min())
+  num_groups = topology.num_nodes(depth - 1)
+  smallest = int(np.bincount(topology.parent(depth), minlength=num_groups).min())
   buffer_size = int(buffer_size)
   concurrency = buffer_size if concurrency is None else int(concurrency)
   where = "num_clients" if depth == 1 else "the smallest group's clients"
@@ -266,6 +325,11 @@ def fedbuff(
                      f"under a parent)")
   if not buffer_size <= concurrency <= smallest:
     raise ValueError(f"concurrency={concurrency} must be in buffer_size..{where} ({buffer_size}..{smallest})")
+  return buffer_size, concurrency
+
+
+def _check_staleness(name: str, max_staleness, staleness_exponent, staleness, hinge_a, hinge_b, simultaneous,
+                     update_from) -> None:
   if int(max_staleness) < 0:
     raise ValueError(f"max_staleness={max_staleness!r} must be >= 0")
   with named(name):
@@ -279,178 +343,245 @@ def fedbuff(
     raise ValueError(f"{name}: simultaneous={simultaneous!r}; choose one of {SIMULTANEOUS}")
   if update_from not in UPDATE_FROM:
     raise ValueError(f"{name}: update_from={update_from!r}; choose one of {UPDATE_FROM}")
-  check_weighting(weighting)
-  periods = check_periods(periods, depth)
+
+
+def _devices(systems: Systems | None, num_clients: int, depth: int) -> Systems:
+  """The systems model (default: one local step per second, free transfers, always on line)."""
   if systems is None:
     systems = Systems(profile=make_profile(np.ones(num_clients), np.ones(num_clients)), uplink_bytes=0.0,
                       downlink_bytes=0.0)
   systems.check(num_clients, depth)
-  policy = systems.policy
-  if policy.kind == "over_selection":
-    raise ValueError(f"fedbuff takes systems with the wait_for_all or deadline policy, got {policy!r}: "
-                     f"concurrency is FedBuff's over-selection (the first buffer_size of it to finish count)")
-  links = systems.server_links([topology.num_nodes(lv) for lv in range(depth)])
+  if systems.policy.kind == "over_selection":
+    raise ValueError(f"fedbuff takes systems with the wait_for_all or deadline policy, got "
+                     f"{systems.policy!r}: concurrency is FedBuff's over-selection (the first buffer_size of "
+                     f"it to finish count)")
+  return systems
+
+
+def _plan(*, model, data, local_optimizer, schedule, buffer_size, concurrency, topology, periods,
+          server_optimizer, max_staleness, staleness_exponent, staleness, hinge_a, hinge_b, simultaneous,
+          update_from, systems, weighting, compute_dtype, client_update, update_paths, name) -> _Plan:
+  """:func:`fedbuff`'s arguments checked (every refusal raised here) into its :class:`_Plan`."""
+  data.validate(topology)
+  depth = topology.depth
+  leaf = depth - 1
+  buffer_size, concurrency = _check_sizes(topology, buffer_size, concurrency)
+  _check_staleness(name, max_staleness, staleness_exponent, staleness, hinge_a, hinge_b, simultaneous,
+                   update_from)
+  check_weighting(weighting)
+  periods = check_periods(periods, depth)
+  systems = _devices(systems, data.num_clients, depth)
   ring = int(max_staleness) + 1
-  staleness_kind = staleness   # (round_fn's `staleness` is every slot's τ)
   server_optimizers = per_level(optax.sgd(1.0) if server_optimizer is None else server_optimizer, depth,
                                 "server_optimizer")
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
                                  compute_dtype=compute_dtype, stateless_for=name)
-  num_slots = num_groups * concurrency
-  slots = jnp.arange(num_slots, dtype=jnp.int32)
-  slot_group = jnp.asarray(np.repeat(np.arange(num_groups), concurrency), jnp.int32)
-  group_j = jnp.asarray(group, jnp.int32)
-  first = jnp.asarray(np.concatenate([[0], np.cumsum(np.bincount(group, minlength=num_groups))[:-1]]),
-                      jnp.int32)                     # where each parent's clients start, sorted by parent
   path = per_level_paths(update_paths, depth, algorithm=name, supported_levels=(leaf,), blockwise=False,
                          node=False, down=False)[leaf]
-  upper = UpperLevels(topology=topology, periods=periods, server_optimizers=server_optimizers,
-                      paths=(None,) * depth)
-  leaf_ancestor = [jnp.asarray(topology.ancestor(lv, leaf)) for lv in range(depth)]
+  num_groups = topology.num_nodes(leaf)
+  return _Plan(
+    model=model, schedule=schedule, topology=topology, buffer_size=buffer_size, concurrency=concurrency,
+    ring=ring, max_staleness=int(max_staleness), staleness=staleness, staleness_exponent=staleness_exponent,
+    hinge_a=hinge_a, hinge_b=int(hinge_b), simultaneous=simultaneous, update_from=update_from,
+    systems=systems, weighting=weighting, server_optimizers=server_optimizers,
+    tier=Tier(client_update, path=path, parent_aligned=ring == 1 and num_groups == 1,
+              batch_order=schedule.batch_order, batch_size=schedule.batch_size),
+    path=path,
+    upper=UpperLevels(topology=topology, periods=periods, server_optimizers=server_optimizers,
+                      paths=(None,) * depth),
+    links=systems.server_links([topology.num_nodes(lv) for lv in range(depth)]))
 
-  def init(key):
-    p0 = initial_params(model, key, init_params)
-    params = broadcast_tree(p0, topology)
-    opt = tuple(init_nodes(o, p) for o, p in zip(server_optimizers, params, strict=True))
-    return FedBuffState(
-      round=jnp.zeros((), jnp.int32), params=params[leaf], opt_state=opt[leaf],
-      history=jax.tree.map(lambda a: jnp.array(jnp.repeat(a, ring, axis=0), copy=True), params[leaf]),
-      client=jnp.zeros((num_slots,), jnp.int32), version=jnp.zeros((num_slots,), jnp.int32),
-      finish=jnp.zeros((num_slots,), jnp.float32), busy=jnp.zeros((num_slots,), bool),
-      clock=jnp.zeros((), jnp.float32), cursor=schedule.init_cursor(num_clients),
-      update_state=init_update_state(path, p0, num_clients, num_groups * ring),
-      node_clock=jnp.zeros((num_groups,), jnp.float32), steps=jnp.zeros((num_slots,), jnp.int32),
-      failed=jnp.zeros((num_slots,), bool), upper_params=tuple(params[:leaf]),
-      upper_opt_state=tuple(opt[:leaf]),
-    )
 
-  def round_fn(state: FedBuffState, data: FederatedData, key):
-    num_steps = schedule.num_steps(data.n_train)
-    r = state.round + 1
-    # 1. Idle slots start new clients: uniform among their parent's clients on line and not in
-    #    flight (the draw of fedtree.core.sampling.CohortSampler, busy and off-line clients last).
-    u = jax.random.uniform(stream(key, "cohort"), (num_clients,))
-    free = jnp.ones((num_clients,), bool).at[jnp.where(state.busy, state.client, num_clients)].set(
-      False, mode="drop")
-    if systems.availability is not None:
-      free = free & systems.availability.at(jnp.take(state.node_clock, group_j))
-    u = jnp.where(free, u, 2.0)
-    order = jnp.lexsort((u, group_j))
-    idle = ~state.busy
-    rank = jnp.cumsum(idle.reshape(num_groups, concurrency).astype(jnp.int32), axis=1).reshape(-1) - 1
-    new_client = jnp.take(order, jnp.take(first, slot_group) + jnp.where(idle, rank, 0))
-    start = idle & (jnp.take(u, new_client) < 2.0)
-    client = jnp.where(start, new_client, state.client).astype(jnp.int32)
-    want = jnp.take(num_steps, client)
-    up_b = uplink_bytes(path, jax.tree.map(lambda a: a[0], state.params))
-    comm = systems.client_seconds(client, jnp.zeros_like(want, jnp.float32),
-                                  model_bytes(state.params, stacked=True), uplink_bytes=up_b)
-    speed = jnp.take(systems.profile.speed, client)
-    steps, fails, seconds = want, jnp.zeros_like(start), comm + want.astype(jnp.float32) / speed
-    if policy.dropout > 0:   # fails during its work: the server learns it when the client would report
-      fails = jax.random.uniform(stream(key, "systems"), (num_slots,)) < policy.dropout
-    if policy.kind == "deadline":   # a client that cannot report in time fails at the deadline ...
-      limit = jnp.float32(policy.seconds)
-      if policy.partial:            # ... or does the steps that fit
-        steps = jnp.minimum(want, jnp.maximum(jnp.floor((limit - comm) * speed), 0).astype(want.dtype))
-        late = ((steps < 1) & (want > 0)) | (comm > limit)
-        steps = jnp.where(late, want, steps)
-        seconds = jnp.where(late, limit, comm + steps.astype(jnp.float32) / speed)
-      else:
-        late = seconds > limit
-        seconds = jnp.where(late, limit, seconds)
-      fails = fails | late
-    finish = jnp.where(start, jnp.take(state.node_clock, slot_group) + seconds, state.finish)
-    version = jnp.where(start, state.round, state.version)
-    slot_steps = jnp.where(start, steps, state.steps).astype(jnp.int32)
-    failed = jnp.where(start, fails, state.failed)
-    busy = state.busy | start
-    # 2. At every parent, the first buffer_size of its slots to finish report (or fail).
-    order = jnp.lexsort((slots, jnp.where(busy, finish, jnp.inf), slot_group))
-    pos = jnp.zeros_like(slots).at[order].set(slots) - slot_group * concurrency
-    report = busy & (pos < buffer_size)
-    reached = jax.ops.segment_max(jnp.where(report, finish, -jnp.inf), slot_group, num_segments=num_groups)
-    discard = jnp.zeros_like(report)
-    if simultaneous != "queue":   # the others that arrive at the moment of the buffer's last report
-      tied = busy & ~report & (finish <= jnp.take(reached, slot_group))
-      discard = tied if simultaneous == "drop" else discard
-      report = report | tied
-    node_clock = jnp.maximum(state.node_clock, reached)
-    staleness = state.round - version
-    fresh = report & (staleness <= max_staleness)
-    ok = fresh & ~failed & ~discard
-    # 3. Train them from the versions they started from (the ring rows are the tier's parents).
-    w = client_weights(data.n_train, weighting)
-    cohort = Cohort(clients=client, parent=(slot_group * ring + jnp.mod(version, ring)).astype(jnp.int32),
-                    valid=ok)
-    client_steps = num_steps.at[jnp.where(ok, client, num_clients)].set(
-      slot_steps.astype(num_steps.dtype), mode="drop")
-    res = train_cohort(
-      client_update, state.history, cohort, data, num_steps=client_steps, weights=w,
-      key=stream(key, "train"), chunk_size=None, parent_aligned=ring == 1 and num_groups == 1,
-      batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=state.cursor,
-      path=path, update_state=state.update_state,
-    )
-    # Staleness is per version: Σ_v s(round - v) Σ_{i started at v} w_i Δ_i over Σ_i w_i.
-    row_version = state.round - jnp.mod(state.round - jnp.arange(ring), ring)
-    scale = staleness_factor(state.round - row_version, staleness_kind, exponent=staleness_exponent,
-                             hinge_a=hinge_a, hinge_b=hinge_b)
-    def per_parent(d):   # [G * S, ...] -> [G, ...], each version's rows scaled by its staleness
-      if num_groups == 1:   # (summed over the leading axis: the flat runs' numbers, bitwise)
-        return jnp.sum(d * scale.reshape((ring,) + (1,) * (d.ndim - 1)).astype(d.dtype), axis=0,
-                       keepdims=True)
-      d = d.reshape((num_groups, ring) + d.shape[1:])
-      return jnp.sum(d * scale.reshape((1, ring) + (1,) * (d.ndim - 2)).astype(d.dtype), axis=1)
+def _init(plan: _Plan, init_params, key) -> FedBuffState:
+  p0 = initial_params(plan.model, key, init_params)
+  params = broadcast_tree(p0, plan.topology)
+  opt = tuple(init_nodes(o, p) for o, p in zip(plan.server_optimizers, params, strict=True))
+  leaf, slots = plan.leaf, plan.num_groups * plan.concurrency
+  return FedBuffState(
+    round=jnp.zeros((), jnp.int32), params=params[leaf], opt_state=opt[leaf],
+    history=jax.tree.map(lambda a: jnp.array(jnp.repeat(a, plan.ring, axis=0), copy=True), params[leaf]),
+    client=jnp.zeros((slots,), jnp.int32), version=jnp.zeros((slots,), jnp.int32),
+    finish=jnp.zeros((slots,), jnp.float32), busy=jnp.zeros((slots,), bool),
+    clock=jnp.zeros((), jnp.float32), cursor=plan.schedule.init_cursor(plan.num_clients),
+    update_state=init_update_state(plan.path, p0, plan.num_clients, plan.num_groups * plan.ring),
+    node_clock=jnp.zeros((plan.num_groups,), jnp.float32), steps=jnp.zeros((slots,), jnp.int32),
+    failed=jnp.zeros((slots,), bool), upper_params=tuple(params[:leaf]), upper_opt_state=tuple(opt[:leaf]),
+  )
 
-    delta = jax.tree.map(per_parent, res.delta_sum)
-    if update_from == "current":   # + Σ_v s(τ_v) W_v (x_t − x_v): every update against the current model
-      drift = jax.tree.map(lambda h, p: (jnp.repeat(p, ring, axis=0) - h) * res.weight_sum.reshape(
-        (-1,) + (1,) * (h.ndim - 1)).astype(h.dtype), state.history, state.params)
-      delta = jax.tree.map(jnp.add, delta, jax.tree.map(per_parent, drift))
-    total = (jnp.sum(res.weight_sum, axis=0, keepdims=True) if num_groups == 1
-             else jnp.sum(res.weight_sum.reshape(num_groups, ring), axis=1))
-    leaf_params, leaf_opt = update_nodes(server_optimizers[leaf], state.params, state.opt_state,
-                                         divide_by_weight(delta, total), total > 0)
-    metrics = {
-      **res.metrics(),
-      "clients_stale": jnp.sum(report & ~fresh, dtype=jnp.int32),
-      "clients_dropped": jnp.sum(report & failed & ~discard, dtype=jnp.int32),
-      "clients_partial": jnp.sum(ok & (slot_steps < jnp.take(num_steps, client)), dtype=jnp.int32),
-      "mean_staleness": jnp.sum(jnp.where(fresh, staleness, 0)) / jnp.maximum(jnp.sum(fresh), 1),
-      "max_staleness": jnp.max(jnp.where(fresh, staleness, 0)),
-    }
-    # reports that trained and were sent but not applied (stale, or dropped on a simultaneous arrival): bytes
-    metrics["clients_discarded"] = jnp.sum((report & ~fresh) | discard, dtype=jnp.int32)
-    metrics.update(edge_metrics("clients", res.messages() + metrics["clients_discarded"]))
-    # 4. Upper levels as HierFAVG's, every periods[l] rounds; a level that aggregates waits for
-    #    its slowest child (the clients' parents' clocks meet there) and its transfers.
-    params = list(state.upper_params) + [leaf_params]
-    opt_state = list(state.upper_opt_state) + [leaf_opt]
-    params, opt_state, _, active, up_metrics = upper.aggregate(params, opt_state, [UpdateState()] * depth,
+
+class _Slots(NamedTuple):
+  """Every slot after its idle ones started new clients (``[G * M]`` each)."""
+
+  client: jax.Array     # int32: the client in the slot
+  version: jax.Array    # int32: the version it started from
+  finish: jax.Array     # float32: the simulated second it reports (or fails)
+  steps: jax.Array      # int32: its local steps (partial work lowered)
+  failed: jax.Array     # bool: it fails (dropout, or a deadline it cannot meet)
+  busy: jax.Array       # bool: the slot holds a client
+
+
+def _start_clients(plan: _Plan, state: FedBuffState, num_steps, key) -> _Slots:
+  """Idle slots start new clients: uniform among their parent's clients on line and not in flight
+  (the draw of :class:`~fedtree.core.sampling.CohortSampler`, busy and off-line clients last); the
+  systems model says how much each does and when it reports (:meth:`Systems.attempt`)."""
+  num_clients, systems = plan.num_clients, plan.systems
+  group_j, slot_group = jnp.asarray(plan.group), jnp.asarray(plan.slot_group)
+  sizes = np.bincount(plan.group, minlength=plan.num_groups)
+  first = jnp.asarray(np.concatenate([[0], np.cumsum(sizes)[:-1]]), jnp.int32)   # where each parent's
+  # clients start, sorted by parent
+  u = jax.random.uniform(stream(key, "cohort"), (num_clients,))
+  free = jnp.ones((num_clients,), bool).at[jnp.where(state.busy, state.client, num_clients)].set(
+    False, mode="drop")
+  if systems.availability is not None:
+    free = free & systems.availability.at(jnp.take(state.node_clock, group_j))
+  u = jnp.where(free, u, 2.0)
+  order = jnp.lexsort((u, group_j))
+  idle = ~state.busy
+  rank = jnp.cumsum(idle.reshape(plan.num_groups, plan.concurrency).astype(jnp.int32), axis=1).reshape(-1) - 1
+  new_client = jnp.take(order, jnp.take(first, slot_group) + jnp.where(idle, rank, 0))
+  start = idle & (jnp.take(u, new_client) < 2.0)
+  client = jnp.where(start, new_client, state.client).astype(jnp.int32)
+  want = jnp.take(num_steps, client)
+  up_b = uplink_bytes(plan.path, jax.tree.map(lambda a: a[0], state.params))
+  comm = systems.client_seconds(client, jnp.zeros_like(want, jnp.float32),
+                                model_bytes(state.params, stacked=True), uplink_bytes=up_b)
+  work = systems.attempt(want, jnp.take(systems.profile.speed, client), comm, stream(key, "systems"))
+  return _Slots(
+    client=client, version=jnp.where(start, state.round, state.version),
+    finish=jnp.where(start, jnp.take(state.node_clock, slot_group) + work.seconds, state.finish),
+    steps=jnp.where(start, work.steps, state.steps).astype(jnp.int32),
+    failed=jnp.where(start, work.dropped | work.late, state.failed), busy=state.busy | start)
+
+
+class _Reports(NamedTuple):
+  report: jax.Array      # bool[G * M] the slots that report this round (or fail)
+  discard: jax.Array     # bool[G * M] reports discarded (simultaneous="drop")
+  fresh: jax.Array       # bool[G * M] reports within max_staleness
+  ok: jax.Array          # bool[G * M] reports that are applied
+  staleness: jax.Array   # int32[G * M] versions since each slot's client started
+  node_clock: jax.Array  # float32[G] every parent's clock at its buffer's last report
+
+
+def _reports(plan: _Plan, state: FedBuffState, sl: _Slots) -> _Reports:
+  """At every parent, the first ``buffer_size`` of its slots to finish report (or fail)."""
+  slots = jnp.arange(plan.num_groups * plan.concurrency, dtype=jnp.int32)
+  slot_group = jnp.asarray(plan.slot_group)
+  order = jnp.lexsort((slots, jnp.where(sl.busy, sl.finish, jnp.inf), slot_group))
+  pos = jnp.zeros_like(slots).at[order].set(slots) - slot_group * plan.concurrency
+  report = sl.busy & (pos < plan.buffer_size)
+  reached = jax.ops.segment_max(jnp.where(report, sl.finish, -jnp.inf), slot_group,
+                                num_segments=plan.num_groups)
+  discard = jnp.zeros_like(report)
+  if plan.simultaneous != "queue":   # the others that arrive at the moment of the buffer's last report
+    tied = sl.busy & ~report & (sl.finish <= jnp.take(reached, slot_group))
+    discard = tied if plan.simultaneous == "drop" else discard
+    report = report | tied
+  staleness = state.round - sl.version
+  fresh = report & (staleness <= plan.max_staleness)
+  return _Reports(report, discard, fresh, fresh & ~sl.failed & ~discard, staleness,
+                  jnp.maximum(state.node_clock, reached))
+
+
+def _train(plan: _Plan, state: FedBuffState, sl: _Slots, rep: _Reports, num_steps, w, data,
+           key) -> TierResult:
+  """The reporting slots train from the versions they started from (the ring's rows are the tier's
+  parents)."""
+  row = jnp.asarray(plan.slot_group) * plan.ring + jnp.mod(sl.version, plan.ring)
+  cohort = Cohort(clients=sl.client, parent=row.astype(jnp.int32), valid=rep.ok)
+  client_steps = num_steps.at[jnp.where(rep.ok, sl.client, plan.num_clients)].set(
+    sl.steps.astype(num_steps.dtype), mode="drop")
+  return train_cohort(plan.tier, Down(state.history), cohort, data,
+                      Clients(client_steps, w, cursor=state.cursor, update_state=state.update_state),
+                      stream(key, "train"))
+
+
+def _buffered_update(plan: _Plan, state: FedBuffState, res: TierResult):
+  """Every parent's server step on its buffer: ``Σ_v s(round - v) Σ_{i started at v} w_i Δ_i`` over
+  ``Σ_i w_i`` (staleness is per version; with ``update_from="current"`` every update is taken against
+  the current model, ``+ Σ_v s(τ_v) W_v (x_t − x_v)``)."""
+  ring, num_groups = plan.ring, plan.num_groups
+  row_version = state.round - jnp.mod(state.round - jnp.arange(ring), ring)
+  scale = staleness_factor(state.round - row_version, plan.staleness, exponent=plan.staleness_exponent,
+                           hinge_a=plan.hinge_a, hinge_b=plan.hinge_b)
+
+  def per_parent(d):   # [G * S, ...] -> [G, ...], each version's rows scaled by its staleness
+    if num_groups == 1:   # (summed over the leading axis: the flat runs' numbers, bitwise)
+      return jnp.sum(d * scale.reshape((ring,) + (1,) * (d.ndim - 1)).astype(d.dtype), axis=0, keepdims=True)
+    d = d.reshape((num_groups, ring) + d.shape[1:])
+    return jnp.sum(d * scale.reshape((1, ring) + (1,) * (d.ndim - 2)).astype(d.dtype), axis=1)
+
+  delta = jax.tree.map(per_parent, res.delta_sum)
+  if plan.update_from == "current":
+    drift = jax.tree.map(lambda h, p: (jnp.repeat(p, ring, axis=0) - h) * res.weight_sum.reshape(
+      (-1,) + (1,) * (h.ndim - 1)).astype(h.dtype), state.history, state.params)
+    delta = jax.tree.map(jnp.add, delta, jax.tree.map(per_parent, drift))
+  total = (jnp.sum(res.weight_sum, axis=0, keepdims=True) if num_groups == 1
+           else jnp.sum(res.weight_sum.reshape(num_groups, ring), axis=1))
+  return update_nodes(plan.server_optimizers[plan.leaf], state.params, state.opt_state,
+                      divide_by_weight(delta, total), total > 0)
+
+
+def _metrics(res: TierResult, sl: _Slots, rep: _Reports, num_steps) -> dict:
+  fresh, report = rep.fresh, rep.report
+  metrics = {
+    **res.metrics(),
+    "clients_stale": jnp.sum(report & ~fresh, dtype=jnp.int32),
+    "clients_dropped": jnp.sum(report & sl.failed & ~rep.discard, dtype=jnp.int32),
+    "clients_partial": jnp.sum(rep.ok & (sl.steps < jnp.take(num_steps, sl.client)), dtype=jnp.int32),
+    "mean_staleness": jnp.sum(jnp.where(fresh, rep.staleness, 0)) / jnp.maximum(jnp.sum(fresh), 1),
+    "max_staleness": jnp.max(jnp.where(fresh, rep.staleness, 0)),
+  }
+  # reports that trained and were sent but not applied (stale, or dropped on a simultaneous arrival): bytes
+  metrics["clients_discarded"] = jnp.sum((report & ~fresh) | rep.discard, dtype=jnp.int32)
+  metrics.update(edge_metrics("clients", res.messages() + metrics["clients_discarded"]))
+  return metrics
+
+
+def _upper(plan: _Plan, state: FedBuffState, leaf_params, leaf_opt, node_clock, w, r, key):
+  """The levels above as HierFAVG's, every ``periods[l]`` rounds; a level that aggregates waits for
+  its slowest child (the clients' parents' clocks meet there) and its transfers."""
+  topology, depth = plan.topology, plan.topology.depth
+  params = list(state.upper_params) + [leaf_params]
+  opt_state = list(state.upper_opt_state) + [leaf_opt]
+  params, opt_state, _, active, metrics = plan.upper.aggregate(params, opt_state, [UpdateState()] * depth,
                                                                w, r, key)
-    metrics.update(up_metrics)
-    for lv in range(depth - 2, -1, -1):   # a level that aggregated met its slowest child's clock
-      mb = model_bytes(params[lv], stacked=True)
-      meet = jax.ops.segment_max(node_clock, leaf_ancestor[lv], num_segments=topology.num_nodes(lv))
-      meet = meet + systems.aggregation_seconds(lv, links, mb, mb)
-      node_clock = jnp.where(active[lv], jnp.take(meet, leaf_ancestor[lv]), node_clock)
-    params, _, _ = upper.send_down(params, active, key)
-    rows = jnp.arange(num_groups) * ring + jnp.mod(r, ring)
-    history = jax.tree.map(lambda h, p: h.at[rows].set(p), state.history, params[leaf])
-    clock = jnp.maximum(state.clock, jnp.max(node_clock))
-    metrics.update({"round_seconds": clock - state.clock, "sim_seconds": clock})
-    new = FedBuffState(round=r, params=params[leaf], opt_state=opt_state[leaf], history=history,
-                       client=client, version=version, finish=finish, busy=busy & ~report, clock=clock,
-                       cursor=res.cursor, update_state=res.update_state, node_clock=node_clock,
-                       steps=slot_steps, failed=failed, upper_params=tuple(params[:leaf]),
-                       upper_opt_state=tuple(opt_state[:leaf]))
-    return new, metrics
+  for lv in range(depth - 2, -1, -1):   # a level that aggregated met its slowest child's clock
+    mb = model_bytes(params[lv], stacked=True)
+    ancestor = jnp.asarray(topology.ancestor(lv, depth - 1))
+    meet = jax.ops.segment_max(node_clock, ancestor, num_segments=topology.num_nodes(lv))
+    meet = meet + plan.systems.aggregation_seconds(lv, plan.links, mb, mb)
+    node_clock = jnp.where(active[lv], jnp.take(meet, ancestor), node_clock)
+  params, _, _ = plan.upper.send_down(params, active, key)
+  return params, opt_state, node_clock, metrics
 
-  def models(state: FedBuffState):
-    out = {}
-    for lv in range(depth):
-      p = state.params if lv == leaf else state.upper_params[lv]
-      out["global" if lv == 0 else f"level{lv}"] = NodeModels(p, topology.ancestor(lv))
-    return out
 
-  return FederatedAlgorithm(init=init, round=round_fn, models=models, name=name)
+def _round(plan: _Plan, state: FedBuffState, data: FederatedData, key):
+  num_steps = plan.schedule.num_steps(data.n_train)
+  r = state.round + 1
+  sl = _start_clients(plan, state, num_steps, key)
+  rep = _reports(plan, state, sl)
+  w = client_weights(data.n_train, plan.weighting)
+  res = _train(plan, state, sl, rep, num_steps, w, data, key)
+  leaf_params, leaf_opt = _buffered_update(plan, state, res)
+  metrics = _metrics(res, sl, rep, num_steps)
+  params, opt_state, node_clock, up_metrics = _upper(plan, state, leaf_params, leaf_opt, rep.node_clock, w, r,
+                                                     key)
+  leaf = plan.leaf
+  rows = jnp.arange(plan.num_groups) * plan.ring + jnp.mod(r, plan.ring)
+  history = jax.tree.map(lambda h, p: h.at[rows].set(p), state.history, params[leaf])
+  clock = jnp.maximum(state.clock, jnp.max(node_clock))
+  metrics.update({**up_metrics, "round_seconds": clock - state.clock, "sim_seconds": clock})
+  new = FedBuffState(round=r, params=params[leaf], opt_state=opt_state[leaf], history=history,
+                     client=sl.client, version=sl.version, finish=sl.finish, busy=sl.busy & ~rep.report,
+                     clock=clock, cursor=res.cursor, update_state=res.update_state, node_clock=node_clock,
+                     steps=sl.steps, failed=sl.failed, upper_params=tuple(params[:leaf]),
+                     upper_opt_state=tuple(opt_state[:leaf]))
+  return new, metrics
+
+
+def _models(plan: _Plan, state: FedBuffState):
+  out = {}
+  for lv in range(plan.topology.depth):
+    p = state.params if lv == plan.leaf else state.upper_params[lv]
+    out["global" if lv == 0 else f"level{lv}"] = NodeModels(p, plan.topology.ancestor(lv))
+  return out

@@ -38,46 +38,17 @@ Choices where the paper is silent or vague (marked):
 
 from __future__ import annotations
 
-import optax
-
 from fedtree.algorithms.clustering.clustered import check_beta, clustered, mix_clusters
-from fedtree.core.algorithm import FederatedAlgorithm, PyTree
-from fedtree.core.data import FederatedData
-from fedtree.core.local import ClientUpdate, LocalSchedule
-from fedtree.core.model import Model
-from fedtree.core.updates import UpdatePath
+from fedtree.algorithms.host.method import Host, method_over
+from fedtree.core.algorithm import FederatedAlgorithm
 
 __all__ = ["awcfl", "check_beta", "mix_clusters"]
 
 
-def awcfl(
-  *,
-  model: Model,
-  data: FederatedData,
-  local_optimizer: optax.GradientTransformation,
-  schedule: LocalSchedule,
-  num_clusters: int,
-  beta: float = 0.5,
-  cluster_start_round: int | None = None,
-  kmeans_iters: int = 20,
-  server_optimizer: optax.GradientTransformation | None = None,
-  cohort_size: int | None = None,
-  chunk_size: int | str | None = "auto",
-  weighting: str = "examples",
-  client_update: ClientUpdate | None = None,
-  compute_dtype: str | None = None,
-  init_params: PyTree | None = None,
-  feature_examples: int | None = None,
-  clustering: str = "kmeans",
-  eps1: float = 0.4,
-  eps2: float = 1.6,
-  min_split_size: int = 2,
-  similarity_check: bool = True,
-  init: str = "random",
-  skip_nonfinite: bool = False,
-  update_paths: UpdatePath | None = None,
-  name: str = "awcfl",
-) -> FederatedAlgorithm:
+@method_over(clustered, sets={"inter_cluster": "AWCFL mixes its clusters' models by beta"},
+             drops=("metric",), bound=())
+def awcfl(host: Host, *, beta: float = 0.5, cluster_start_round: int | None = None,
+          name: str = "awcfl") -> FederatedAlgorithm:
   """AWCFL (module docstring); β = 0 is plain clustered FL.
 
   Args:
@@ -127,13 +98,5 @@ def awcfl(
     True
   """
   if cluster_start_round is None:
-    cluster_start_round = 0 if clustering == "ifca" else 20
-  return clustered(
-    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, num_clusters=num_clusters,
-    clustering=clustering, inter_cluster="awcfl", beta=beta, cluster_start_round=cluster_start_round,
-    kmeans_iters=kmeans_iters, eps1=eps1, eps2=eps2, min_split_size=min_split_size,
-    similarity_check=similarity_check, init=init, feature_examples=feature_examples,
-    server_optimizer=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size, weighting=weighting,
-    client_update=client_update, compute_dtype=compute_dtype, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
-  )
+    cluster_start_round = 0 if host.get("clustering") == "ifca" else 20
+  return host.build(inter_cluster="awcfl", beta=beta, cluster_start_round=cluster_start_round, name=name)

@@ -32,45 +32,17 @@ clusters take AWCFL's mixing or MCFL's selection (paper 004's AWCFL_CFL / MCFL_C
 
 from __future__ import annotations
 
-import optax
-
 from fedtree.algorithms.clustering.clustered import clustered, split_clusters
-from fedtree.core.algorithm import FederatedAlgorithm, PyTree
-from fedtree.core.data import FederatedData
-from fedtree.core.local import ClientUpdate, LocalSchedule
-from fedtree.core.model import Model
-from fedtree.core.updates import UpdatePath
+from fedtree.algorithms.host.method import Host, method_over
+from fedtree.core.algorithm import FederatedAlgorithm
 
 __all__ = ["cfl", "split_clusters"]
 
 
-def cfl(
-  *,
-  model: Model,
-  data: FederatedData,
-  local_optimizer: optax.GradientTransformation,
-  schedule: LocalSchedule,
-  max_clusters: int = 4,
-  eps1: float = 0.4,
-  eps2: float = 1.6,
-  min_split_size: int = 2,
-  split_start_round: int = 0,
-  server_optimizer: optax.GradientTransformation | None = None,
-  cohort_size: int | None = None,
-  chunk_size: int | str | None = "auto",
-  weighting: str = "examples",
-  client_update: ClientUpdate | None = None,
-  compute_dtype: str | None = None,
-  init_params: PyTree | None = None,
-  similarity_check: bool = True,
-  inter_cluster: str = "none",
-  beta: float = 0.5,
-  feature_examples: int | None = None,
-  metric: str = "l2",
-  skip_nonfinite: bool = False,
-  update_paths: UpdatePath | None = None,
-  name: str = "cfl",
-) -> FederatedAlgorithm:
+@method_over(clustered, sets={"clustering": "CFL splits clusters by the cosine similarity of their updates"},
+             drops=("num_clusters", "cluster_start_round", "kmeans_iters", "init"), bound=())
+def cfl(host: Host, *, max_clusters: int = 4, split_start_round: int = 0,
+        name: str = "cfl") -> FederatedAlgorithm:
   """CFL (module docstring).
 
   Args:
@@ -105,12 +77,5 @@ def cfl(
   """
   if int(split_start_round) < 0:
     raise ValueError(f"split_start_round={split_start_round} must be >= 0")
-  return clustered(
-    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, num_clusters=max_clusters,
-    clustering="cfl", inter_cluster=inter_cluster, beta=beta, cluster_start_round=int(split_start_round),
-    eps1=eps1, eps2=eps2, min_split_size=min_split_size, similarity_check=similarity_check,
-    feature_examples=feature_examples, metric=metric, server_optimizer=server_optimizer,
-    cohort_size=cohort_size, chunk_size=chunk_size, weighting=weighting, client_update=client_update,
-    compute_dtype=compute_dtype, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
-  )
+  return host.build(clustering="cfl", num_clusters=max_clusters, cluster_start_round=int(split_start_round),
+                    name=name)

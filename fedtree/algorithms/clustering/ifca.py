@@ -17,41 +17,17 @@ AWCFL's mixing or MCFL's selection (paper 004's AWCFL_IFCA / MCFL_IFCA, Figs. 7-
 
 from __future__ import annotations
 
-import optax
-
 from fedtree.algorithms.clustering.clustered import INITS, cluster_losses, clustered
-from fedtree.core.algorithm import FederatedAlgorithm, PyTree
-from fedtree.core.data import FederatedData
-from fedtree.core.local import ClientUpdate, LocalSchedule
-from fedtree.core.model import Model
-from fedtree.core.updates import UpdatePath
+from fedtree.algorithms.host.method import Host, method_over
+from fedtree.core.algorithm import FederatedAlgorithm
 
 __all__ = ["INITS", "cluster_losses", "ifca"]
 
 
-def ifca(
-  *,
-  model: Model,
-  data: FederatedData,
-  local_optimizer: optax.GradientTransformation,
-  schedule: LocalSchedule,
-  num_clusters: int,
-  init: str = "random",
-  server_optimizer: optax.GradientTransformation | None = None,
-  cohort_size: int | None = None,
-  chunk_size: int | str | None = "auto",
-  weighting: str = "examples",
-  client_update: ClientUpdate | None = None,
-  compute_dtype: str | None = None,
-  init_params: PyTree | None = None,
-  inter_cluster: str = "none",
-  beta: float = 0.5,
-  feature_examples: int | None = None,
-  metric: str = "l2",
-  skip_nonfinite: bool = False,
-  update_paths: UpdatePath | None = None,
-  name: str = "ifca",
-) -> FederatedAlgorithm:
+@method_over(clustered, sets={"clustering": "IFCA picks each client's cluster by its loss"},
+             drops=("cluster_start_round", "kmeans_iters", "eps1", "eps2", "min_split_size",
+                    "similarity_check"), bound=())
+def ifca(host: Host, *, init: str = "random", name: str = "ifca") -> FederatedAlgorithm:
   """IFCA (module docstring).
 
   Args:
@@ -81,10 +57,4 @@ def ifca(
     >>> sorted(alg.models(state))
     [...]
   """
-  return clustered(
-    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, num_clusters=num_clusters,
-    clustering="ifca", inter_cluster=inter_cluster, beta=beta, init=init, feature_examples=feature_examples,
-    metric=metric, server_optimizer=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size,
-    weighting=weighting, client_update=client_update, compute_dtype=compute_dtype, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
-  )
+  return host.build(clustering="ifca", init=init, name=name)

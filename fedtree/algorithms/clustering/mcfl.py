@@ -24,46 +24,17 @@ clusters instead of K-means' and selects among them the same way
 
 from __future__ import annotations
 
-import optax
-
 from fedtree.algorithms.clustering.clustered import METRICS, clustered, select_clusters
-from fedtree.core.algorithm import FederatedAlgorithm, PyTree
-from fedtree.core.data import FederatedData
-from fedtree.core.local import ClientUpdate, LocalSchedule
-from fedtree.core.model import Model
-from fedtree.core.updates import UpdatePath
+from fedtree.algorithms.host.method import Host, method_over
+from fedtree.core.algorithm import FederatedAlgorithm
 
 __all__ = ["METRICS", "mcfl", "select_clusters"]
 
 
-def mcfl(
-  *,
-  model: Model,
-  data: FederatedData,
-  local_optimizer: optax.GradientTransformation,
-  schedule: LocalSchedule,
-  num_clusters: int,
-  feature_examples: int = 10,
-  metric: str = "l2",
-  clustering: str = "kmeans",
-  cluster_start_round: int | None = None,
-  kmeans_iters: int = 20,
-  eps1: float = 0.4,
-  eps2: float = 1.6,
-  min_split_size: int = 2,
-  similarity_check: bool = True,
-  init: str = "random",
-  server_optimizer: optax.GradientTransformation | None = None,
-  cohort_size: int | None = None,
-  chunk_size: int | str | None = "auto",
-  weighting: str = "examples",
-  client_update: ClientUpdate | None = None,
-  compute_dtype: str | None = None,
-  init_params: PyTree | None = None,
-  skip_nonfinite: bool = False,
-  update_paths: UpdatePath | None = None,
-  name: str = "mcfl",
-) -> FederatedAlgorithm:
+@method_over(clustered, sets={"inter_cluster": "MCFL selects each device's cluster by its feature mean"},
+             drops=("beta",), bound=())
+def mcfl(host: Host, *, feature_examples: int = 10, metric: str = "l2",
+         cluster_start_round: int | None = None, name: str = "mcfl") -> FederatedAlgorithm:
   """MCFL (module docstring). Its clusters are never mixed (no ``beta``).
 
   Args:
@@ -100,13 +71,6 @@ def mcfl(
   if metric not in METRICS:
     raise ValueError(f"metric={metric!r}; choose one of {METRICS}")
   if cluster_start_round is None:
-    cluster_start_round = 0 if clustering == "ifca" else 20
-  return clustered(
-    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, num_clusters=num_clusters,
-    clustering=clustering, inter_cluster="mcfl", feature_examples=int(feature_examples), metric=metric,
-    cluster_start_round=cluster_start_round, kmeans_iters=kmeans_iters, eps1=eps1, eps2=eps2,
-    min_split_size=min_split_size, similarity_check=similarity_check, init=init,
-    server_optimizer=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size, weighting=weighting,
-    client_update=client_update, compute_dtype=compute_dtype, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
-  )
+    cluster_start_round = 0 if host.get("clustering") == "ifca" else 20
+  return host.build(inter_cluster="mcfl", feature_examples=int(feature_examples), metric=metric,
+                    cluster_start_round=cluster_start_round, name=name)

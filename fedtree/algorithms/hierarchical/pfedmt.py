@@ -45,6 +45,8 @@ iteration), ``team`` (``w_i`` after the last team iteration) and ``global`` (GM,
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -68,8 +70,8 @@ from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule, stack
 from fedtree.core.model import Model
 from fedtree.core.rng import stream
-from fedtree.core.sampling import cohort_sampler
-from fedtree.core.tier import edge_metrics, train_cohort
+from fedtree.core.sampling import CohortSampler, cohort_sampler
+from fedtree.core.tier import Clients, Down, Tier, edge_metrics, train_cohort
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath, init_update_state, per_level_paths
 from fedtree.objectives.moreau import moreau_client_update
@@ -188,25 +190,8 @@ def pfedmt(
     [...'global'...]
   """
   data.validate(topology)
-  if topology.depth != 2:
-    raise ValueError(
-      f"pFedMT needs a root -> teams -> devices tree (depth 2), got depth {topology.depth} "
-      f"({topology!r}); use config.topology.kind='groups' with team labels"
-    )
-  if int(team_iters) < 1:
-    raise ValueError(f"team_iters (K)={team_iters} must be >= 1")
   device_lam = lam if device_lam is None else device_lam
-  for nm, v in (("lam", lam), ("gamma", gamma), ("eta", eta), ("beta", beta),
-                ("device_lam", device_lam)):
-    if not is_traced(v) and v < 0:
-      raise ValueError(f"pFedMT {nm}={v} must be >= 0")
-  check_weighting(weighting)
-  if team_weighting is None:
-    team_weighting = "examples" if weighting == "examples" else "devices"
-  if team_weighting not in TEAM_WEIGHTINGS:
-    raise ValueError(f"pFedMT team_weighting={team_weighting!r}; choose one of {TEAM_WEIGHTINGS}")
-  num_teams = topology.num_nodes(1)
-  team_of = jnp.asarray(topology.parent(2))
+  team_weighting = _check(topology, team_iters, lam, gamma, eta, beta, device_lam, weighting, team_weighting)
   # The devices' updates reach their team through the path of level 1 at every team iteration;
   # the global model mixes the team models by τ, not by aggregating updates (no path at level 0).
   path = per_level_paths(update_paths, 2, algorithm=name, supported_levels=(1,))[1]
@@ -221,84 +206,134 @@ def pfedmt(
       f"compute_dtype={compute_dtype!r} configures pFedMT's default device step; with an explicit "
       f"client_update, pass compute_dtype to the objective's factory instead"
     )
-  team_iters = int(team_iters)
+  tier = Tier(client_update, path=path, chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned,
+              batch_order=schedule.batch_order, batch_size=schedule.batch_size, skip_nonfinite=skip_nonfinite,
+              block_size=max(sampler.sizes))
+  plan = _Plan(model=model, topology=topology, schedule=schedule, sampler=sampler, tier=tier,
+               team_iters=int(team_iters), lam=lam, gamma=gamma, eta=eta, beta=beta, weighting=weighting,
+               team_weighting=team_weighting, init_params=init_params)
+  return FederatedAlgorithm(init=functools.partial(_init, plan), round=functools.partial(_round, plan),
+                            models=functools.partial(_models, plan), name=name)
 
-  def init(key):
-    x = initial_params(model, key, init_params)
-    if client_update.init_state is not None:
-      client_state = client_update.init_state(x, topology.num_clients)
-    else:
-      client_state = stack(x, topology.num_clients)
-    return PFedMTState(round=jnp.zeros((), jnp.int32), params=x, team_params=stack(x, num_teams),
-                       client_state=client_state, cursor=schedule.init_cursor(topology.num_clients),
-                       update_state=init_update_state(path, x, topology.num_clients, num_teams))
 
-  def round_fn(state: PFedMTState, data: FederatedData, key):
-    x = state.params
-    w_dev = client_weights(data.n_train, weighting)
-    tau = jax.ops.segment_sum(
-      client_weights(data.n_train, "uniform" if team_weighting == "devices" else "examples"),
-      team_of, num_segments=num_teams,
+def _check(topology: Topology, team_iters, lam, gamma, eta, beta, device_lam, weighting,
+           team_weighting) -> str:
+  """Refuses what pFedMT cannot run; returns the team weighting (default: as ``weighting``)."""
+  if topology.depth != 2:
+    raise ValueError(
+      f"pFedMT needs a root -> teams -> devices tree (depth 2), got depth {topology.depth} "
+      f"({topology!r}); use config.topology.kind='groups' with team labels"
     )
-    if team_weighting == "uniform":
-      tau = jnp.ones_like(tau)
-    tau = tau.astype(jnp.result_type(jnp.float32, *jax.tree.leaves(x)))  # float64 state: float64 τ
-    tau = tau / jnp.sum(tau)
-    num_steps = schedule.num_steps(data.n_train)
-    cohort_key = stream(key, "cohort")
-    train_key = stream(key, "train")
-    w0 = stack(x, num_teams)
+  if int(team_iters) < 1:
+    raise ValueError(f"team_iters (K)={team_iters} must be >= 1")
+  for nm, v in (("lam", lam), ("gamma", gamma), ("eta", eta), ("beta", beta),
+                ("device_lam", device_lam)):
+    if not is_traced(v) and v < 0:
+      raise ValueError(f"pFedMT {nm}={v} must be >= 0")
+  check_weighting(weighting)
+  if team_weighting is None:
+    team_weighting = "examples" if weighting == "examples" else "devices"
+  if team_weighting not in TEAM_WEIGHTINGS:
+    raise ValueError(f"pFedMT team_weighting={team_weighting!r}; choose one of {TEAM_WEIGHTINGS}")
+  return team_weighting
 
-    def team_iteration(carry, k):
-      w, pm, cursor, update_state = carry
-      res = train_cohort(
-        client_update, w, sampler(jax.random.fold_in(cohort_key, k)), data, num_steps=num_steps,
-        weights=w_dev, key=jax.random.fold_in(train_key, k), client_state=pm,
-        chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned,
-        batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=cursor,
-        skip_nonfinite=skip_nonfinite, path=path, update_state=update_state, block_size=max(sampler.sizes),
-      )
-      # θ̄_i = w_i - (w_i - Σ_j δ_j θ_ij): the cohort's mean pseudo-gradient, undone.
-      theta_bar = jax.tree.map(jnp.subtract, w, res.pseudo_gradient())
-      w = jax.tree.map(
-        lambda wi, xi, tb: (1.0 - eta * lam - eta * gamma) * wi + eta * gamma * xi[None]
-        + eta * lam * tb,
-        w, x, theta_bar,
-      )
-      return ((w, res.client_state, res.cursor, res.update_state),
-              (res.mean_loss(), jnp.asarray(res.num_skipped), res.num_trained, res.update_stats))
 
-    (w, pm, cursor, update_state), (losses, skipped, trained, update_stats) = jax.lax.scan(
-      team_iteration, (w0, state.client_state, state.cursor, state.update_state), jnp.arange(team_iters)
-    )
-    w_bar = jax.tree.map(lambda wi: jnp.tensordot(tau, wi, axes=1), w)
-    x = jax.tree.map(lambda xi, wb: (1.0 - beta * gamma) * xi + beta * gamma * wb, x, w_bar)
-    metrics = {"train_loss": jnp.mean(losses), "last_team_iter_loss": losses[-1],
-               "clients_trained": jnp.sum(trained),   # round trips over the team iterations (bytes)
-               **{k: jnp.mean(v) for k, v in update_stats.items()},   # over the team iterations
-               # every team sends w_i to the global server and restarts from x (toolbox.traffic)
-               "level0_children_sent": jnp.asarray(num_teams, jnp.int32)}
-    if skip_nonfinite:
-      metrics["clients_skipped"] = jnp.sum(skipped)
-    metrics.update(edge_metrics("clients", jnp.sum(trained) + jnp.sum(skipped)))   # (toolbox.traffic)
-    metrics.update(edge_metrics("level0", num_teams))
-    new_state = PFedMTState(round=state.round + 1, params=x, team_params=w, client_state=pm,
-                            cursor=cursor, update_state=update_state)
-    return new_state, metrics
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """pFedMT's fixed pieces, checked once by :func:`pfedmt`."""
 
-  def models(state: PFedMTState):
-    c = topology.num_clients
-    out = {
-      "global": NodeModels(jax.tree.map(lambda p: p[None], state.params), np.zeros(c, np.int32)),
-      "team": NodeModels(state.team_params, topology.ancestor(1)),
-    }
-    personal = state.client_state
-    if client_update.personal_models is not None:
-      personal = client_update.personal_models(personal)
-    elif client_update.init_state is not None:
-      personal = getattr(personal, "personal", None)
-    if personal is not None:
-      out["personal"] = NodeModels(personal, np.arange(c, dtype=np.int32))
-    return out
+  model: Model
+  topology: Topology
+  schedule: LocalSchedule
+  sampler: CohortSampler
+  tier: Tier
+  team_iters: int
+  lam: Any
+  gamma: Any
+  eta: Any
+  beta: Any
+  weighting: str
+  team_weighting: str
+  init_params: Any
 
-  return FederatedAlgorithm(init=init, round=round_fn, models=models, name=name)
+  @property
+  def num_teams(self) -> int:
+    return self.topology.num_nodes(1)
+
+
+def _init(plan: _Plan, key) -> PFedMTState:
+  update, c = plan.tier.update, plan.topology.num_clients
+  x = initial_params(plan.model, key, plan.init_params)
+  client_state = update.init_state(x, c) if update.init_state is not None else stack(x, c)
+  return PFedMTState(round=jnp.zeros((), jnp.int32), params=x, team_params=stack(x, plan.num_teams),
+                     client_state=client_state, cursor=plan.schedule.init_cursor(c),
+                     update_state=init_update_state(plan.tier.path, x, c, plan.num_teams))
+
+
+def _team_weights(plan: _Plan, data: FederatedData, x) -> jax.Array:
+  """``τ``: every team's share of the global model (its examples, devices, or uniform)."""
+  tau = jax.ops.segment_sum(
+    client_weights(data.n_train, "uniform" if plan.team_weighting == "devices" else "examples"),
+    jnp.asarray(plan.topology.parent(2)), num_segments=plan.num_teams,
+  )
+  if plan.team_weighting == "uniform":
+    tau = jnp.ones_like(tau)
+  tau = tau.astype(jnp.result_type(jnp.float32, *jax.tree.leaves(x)))  # float64 state: float64 τ
+  return tau / jnp.sum(tau)
+
+
+def _team_iteration(plan: _Plan, x, data, num_steps, w_dev, cohort_key, train_key, carry, k):
+  """One of the ``K`` team iterations: the sampled devices train, every team model moves."""
+  w, pm, cursor, update_state = carry
+  eta, lam, gamma = plan.eta, plan.lam, plan.gamma
+  res = train_cohort(plan.tier, Down(w), plan.sampler(jax.random.fold_in(cohort_key, k)), data,
+                     Clients(num_steps, w_dev, state=pm, cursor=cursor, update_state=update_state),
+                     jax.random.fold_in(train_key, k))
+  # θ̄_i = w_i - (w_i - Σ_j δ_j θ_ij): the cohort's mean pseudo-gradient, undone.
+  theta_bar = jax.tree.map(jnp.subtract, w, res.pseudo_gradient())
+  w = jax.tree.map(
+    lambda wi, xi, tb: (1.0 - eta * lam - eta * gamma) * wi + eta * gamma * xi[None] + eta * lam * tb,
+    w, x, theta_bar,
+  )
+  return ((w, res.client_state, res.cursor, res.update_state),
+          (res.mean_loss(), jnp.asarray(res.num_skipped), res.num_trained, res.update_stats))
+
+
+def _round(plan: _Plan, state: PFedMTState, data: FederatedData, key):
+  x, num_teams = state.params, plan.num_teams
+  tau = _team_weights(plan, data, x)
+  iteration = functools.partial(_team_iteration, plan, x, data, plan.schedule.num_steps(data.n_train),
+                                client_weights(data.n_train, plan.weighting), stream(key, "cohort"),
+                                stream(key, "train"))
+  (w, pm, cursor, update_state), (losses, skipped, trained, update_stats) = jax.lax.scan(
+    iteration, (stack(x, num_teams), state.client_state, state.cursor, state.update_state),
+    jnp.arange(plan.team_iters))
+  w_bar = jax.tree.map(lambda wi: jnp.tensordot(tau, wi, axes=1), w)
+  x = jax.tree.map(lambda xi, wb: (1.0 - plan.beta * plan.gamma) * xi + plan.beta * plan.gamma * wb, x, w_bar)
+  metrics = {"train_loss": jnp.mean(losses), "last_team_iter_loss": losses[-1],
+             "clients_trained": jnp.sum(trained),   # round trips over the team iterations (bytes)
+             **{k: jnp.mean(v) for k, v in update_stats.items()},   # over the team iterations
+             # every team sends w_i to the global server and restarts from x (toolbox.traffic)
+             "level0_children_sent": jnp.asarray(num_teams, jnp.int32)}
+  if plan.tier.skip_nonfinite:
+    metrics["clients_skipped"] = jnp.sum(skipped)
+  metrics.update(edge_metrics("clients", jnp.sum(trained) + jnp.sum(skipped)))   # (toolbox.traffic)
+  metrics.update(edge_metrics("level0", num_teams))
+  return PFedMTState(round=state.round + 1, params=x, team_params=w, client_state=pm, cursor=cursor,
+                     update_state=update_state), metrics
+
+
+def _models(plan: _Plan, state: PFedMTState):
+  c, update = plan.topology.num_clients, plan.tier.update
+  out = {
+    "global": NodeModels(jax.tree.map(lambda p: p[None], state.params), np.zeros(c, np.int32)),
+    "team": NodeModels(state.team_params, plan.topology.ancestor(1)),
+  }
+  personal = state.client_state
+  if update.personal_models is not None:
+    personal = update.personal_models(personal)
+  elif update.init_state is not None:
+    personal = getattr(personal, "personal", None)
+  if personal is not None:
+    out["personal"] = NodeModels(personal, np.arange(c, dtype=np.int32))
+  return out

@@ -1,7 +1,11 @@
-"""The host every method of the hierarchical-FedAvg family runs on: a validated plan and a round in
-named phases (:mod:`~fedtree.algorithms.host.hierfavg`), and how a method declares itself a thin spec
-over it (:func:`~fedtree.algorithms.host.hierfavg.hierfavg_method`)."""
+"""The host every method of the hierarchical-FedAvg family runs on: a validated plan
+(:mod:`~fedtree.algorithms.host.plan`) and a round in named phases
+(:mod:`~fedtree.algorithms.host.phases`) that other hosts reuse; a method is a thin spec over a
+host (:func:`~fedtree.algorithms.host.method.method_over`) that declares what it cannot compose with
+(:func:`~fedtree.algorithms.host.refusals.cannot`)."""
 
-from fedtree.algorithms.host.hierfavg import hierfavg, hierfavg_method, on_host
+from fedtree.algorithms.host.hierfavg import hierfavg
+from fedtree.algorithms.host.method import Host, method_over
+from fedtree.algorithms.host.refusals import COMPOSITIONS, Refusal, cannot
 
-__all__ = ["hierfavg", "hierfavg_method", "on_host"]
+__all__ = ["COMPOSITIONS", "Host", "Refusal", "cannot", "hierfavg", "method_over"]

@@ -62,13 +62,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
-from fedtree.algorithms.optimization.qffl import refuse_compositions
+from fedtree.algorithms.host import Host, hierfavg, method_over
+from fedtree.algorithms.optimization.qffl import sent_beside
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_nonnegative, named
 from fedtree.core.local import ClientData, ClientRound, ClientUpdate, full_loss, sgd_client_update
 from fedtree.core.model import Model
-from fedtree.core.server_rule import Inbox, ServerRule
+from fedtree.core.server_rule import Downlink, Inbox, ServerRule, Uplink
 from fedtree.core.topology import Topology
 
 DOMAIN_STEPS = ("projected", "exponentiated", "none")
@@ -202,18 +202,19 @@ def afl_server(domains: Domains, *, domain_learning_rate, domain_step: str = "pr
     return inbox.pseudo_gradient, new, stats
 
   # nothing is broadcast: the server applies the weights (send: ())
-  return ServerRule(init=init, receive=receive, send=lambda lam: (), name="afl", weights=weights)
+  return ServerRule(init=init, receive=receive, name="afl", down=Downlink(broadcast=lambda lam: ()),
+                    up=Uplink(weights=weights))
 
 
-@hierfavg_method()
+@method_over(hierfavg, cannot=sent_beside("their losses (which set the weights λ)"))
 def afl(
+  host: Host,
   *,
   domain_learning_rate: float = 0.1,
   domain_step: str = "projected",
   domains: tuple[int, ...] | None = None,
   init_weights: str = "uniform",
   name: str = "afl",
-  **host,
 ) -> FederatedAlgorithm:
   """AFL on ``topology`` (default flat): see the module docstring.
 
@@ -259,7 +260,6 @@ def afl(
   if domains is not None and len(domains) != data.num_clients:
     raise ValueError(f"{name}: domains has {len(domains)} entries for {data.num_clients} clients; give one "
                      f"integer domain per client (or None: every client its own domain)")
-  refuse_compositions(name, host, "their losses (which set the weights λ)")
   topology = host.get("topology") or Topology.flat(data.num_clients)
   layout = domain_layout(topology, np.asarray(data.n_train), domains)
   rule = afl_server(layout, domain_learning_rate=domain_learning_rate, domain_step=domain_step,
@@ -269,4 +269,4 @@ def afl(
     return afl_update(s.model, s.optimizer, layout, batch_size=s.batch_size, max_steps=s.max_steps,
                       compute_dtype=s.compute_dtype)
 
-  return on_host(host, client_update=objective, server_rule=rule, name=name)
+  return host.build(client_update=objective, server_rule=rule, name=name)

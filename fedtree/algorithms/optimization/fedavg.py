@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import optax
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, ObjectiveFactory
 from fedtree.core.local import ClientUpdate
 
 
-@hierfavg_method(drops=("server_optimizers", "periods", "top_level", "topology"))
+@method_over(hierfavg, drops=("server_optimizers", "periods", "top_level", "topology"))
 def fedavg(
+  host: Host,
   *,
   server_optimizer: optax.GradientTransformation | None = None,
   client_update: ClientUpdate | ObjectiveFactory | None = None,
   name: str = "fedavg",
-  **host,
 ) -> FederatedAlgorithm:
   """FedAvg (McMahan et al. 2017), or FedOpt with ``server_optimizer`` (Reddi et al. 2021): one
   server, one tier.
@@ -44,4 +44,4 @@ def fedavg(
     >>> sorted(alg.models(state))
     ['global']
   """
-  return on_host(host, server_optimizers=server_optimizer, client_update=client_update, name=name)
+  return host.build(server_optimizers=server_optimizer, client_update=client_update, name=name)

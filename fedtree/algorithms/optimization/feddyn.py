@@ -64,7 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_nonnegative
 from fedtree.core.local import (
@@ -77,8 +77,7 @@ from fedtree.core.local import (
   run_local_steps,
 )
 from fedtree.core.model import Model
-from fedtree.core.server_rule import Inbox, ServerRule, per_node, zeros_like_stacked
-from fedtree.core.updates import blockwise_levels
+from fedtree.core.server_rule import Downlink, Inbox, ServerRule, per_node, zeros_like_stacked
 
 
 def dynamic() -> Regularizer:
@@ -145,7 +144,8 @@ def feddyn_server(*, alpha) -> ServerRule:
     out = jax.tree.map(lambda g, hh: g + hh * inverse.astype(hh.dtype), inbox.pseudo_gradient, h)
     return out, h, {}
 
-  return ServerRule(init=zeros_like_stacked, receive=receive, send=lambda h: (), name="feddyn")  # h: home
+  return ServerRule(init=zeros_like_stacked, receive=receive, name="feddyn",
+                    down=Downlink(broadcast=lambda h: ()))  # h stays home
 
 
 def _alpha_scale(host) -> np.ndarray:
@@ -158,14 +158,20 @@ def _alpha_scale(host) -> np.ndarray:
   return (mean[parent] / np.maximum(n, 1.0)).astype(np.float32)
 
 
-@hierfavg_method()
+@method_over(hierfavg, cannot=(
+  cannot("personal", "the dynamic regularizer and h cover the whole model"),
+  cannot("blockwise", "h must stay the mean of the clients' ∇L_i, (1/m) Σ_i ∇L_i, which only the mean of "
+                      "their updates keeps (each ∇L_i moves by its own update); use the mean aggregator"),
+  cannot("model_state", "gradients do not train it, so neither a client's ∇L_i nor the server's h describes "
+                        "it; use a model without BatchNorm (e.g. GroupNorm)"),
+))
 def feddyn(
+  host: Host,
   *,
   alpha: float = 0.01,
   alpha_by_data_size: bool = False,
   weighting: str = "uniform",
   name: str = "feddyn",
-  **host,
 ) -> FederatedAlgorithm:
   """FedDyn on ``topology`` (default flat): see the module docstring.
 
@@ -200,23 +206,11 @@ def feddyn(
     check_nonnegative(alpha=alpha)
   except ValueError as e:
     raise ValueError(f"{name}: {e} (the dynamic regularizer's coefficient; 0 is FedAvg)") from None
-  if host.get("personal") is not None:
-    raise ValueError(f"{name}: personal parameters are not supported (the dynamic regularizer and h cover "
-                     f"the whole model)")
-  for lv in blockwise_levels(host.get("update_paths")):
-    raise ValueError(f"{name}: a robust (blockwise) aggregator at level {lv}: h must stay the mean of the "
-                     f"clients' ∇L_i, (1/m) Σ_i ∇L_i, which only the mean of their updates keeps (each ∇L_i "
-                     f"moves by its own update); use the mean aggregator")
-  model = host["model"]
-  if model.state:
-    raise ValueError(f"{name}: the model keeps state {list(model.state)} (BatchNorm statistics), which "
-                     f"gradients do not train, so neither a client's ∇L_i nor the server's h describes "
-                     f"them; use a model without BatchNorm (e.g. GroupNorm)")
   scale = _alpha_scale(host) if alpha_by_data_size else None
 
   def objective(s: LocalSetup):
     return feddyn_update(s.model, s.optimizer, alpha=alpha, batch_size=s.batch_size, max_steps=s.max_steps,
                          alpha_scale=scale, compute_dtype=s.compute_dtype)
 
-  return on_host(host, client_update=objective, server_rule=feddyn_server(alpha=alpha), weighting=weighting,
+  return host.build(client_update=objective, server_rule=feddyn_server(alpha=alpha), weighting=weighting,
                  name=name)

@@ -10,13 +10,14 @@ method). ``λ = 0`` is FedAvg.
 
 from __future__ import annotations
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.objectives.fedmmd import check_features, fedmmd_update
 
 
-@hierfavg_method()
+@method_over(hierfavg)
 def fedmmd(
+  host: Host,
   *,
   lam: float,
   kernel: str = "gaussian",
@@ -24,7 +25,6 @@ def fedmmd(
   kernel_mul: float = 2.0,
   bandwidth: float | None = None,
   name: str = "fedmmd",
-  **host,
 ) -> FederatedAlgorithm:
   """FedMMD with penalty weight ``lam`` on ``topology`` (default flat).
 
@@ -63,4 +63,4 @@ def fedmmd(
                          kernel_mul=kernel_mul, bandwidth=bandwidth, batch_size=s.batch_size,
                          max_steps=s.max_steps, compute_dtype=s.compute_dtype)
 
-  return on_host(host, client_update=objective, name=name)
+  return host.build(client_update=objective, name=name)

@@ -61,13 +61,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import is_traced
 from fedtree.core.local import ClientData, ClientRound, ClientUpdate, SGDCarry, make_sgd_step, run_local_steps
 from fedtree.core.model import Model
 from fedtree.core.server_rule import Inbox, ServerRule, per_node
-from fedtree.core.updates import blockwise_levels
 
 AGGREGATIONS = ("answered", "population", "scaled")
 
@@ -140,13 +139,19 @@ def _check_momentum(momentum) -> None:
     raise ValueError(f"momentum={momentum!r} must be in [0, 1) (the local optimizer's heavy-ball momentum ρ)")
 
 
-@hierfavg_method()
+@method_over(hierfavg, cannot=(
+  cannot("personal", "the normalization covers the whole model"),
+  cannot("blockwise", "τ_eff averages the clients' reported step counts outside it, so one client's report "
+                      "would scale every step; use the mean aggregator"),
+  cannot("model_state", "the forward passes set it rather than a sum of steps FedNova could normalize; use a "
+                        "model without BatchNorm (e.g. GroupNorm)"),
+))
 def fednova(
+  host: Host,
   *,
   momentum: float = 0.0,
   aggregation: str = "answered",
   name: str = "fednova",
-  **host,
 ) -> FederatedAlgorithm:
   """FedNova on ``topology`` (default flat): see the module docstring.
 
@@ -185,22 +190,10 @@ def fednova(
     _check_momentum(momentum)
   except ValueError as e:
     raise ValueError(f"{name}: {e}") from None
-  if host.get("personal") is not None:
-    raise ValueError(f"{name}: personal parameters are not supported (the normalization covers the whole "
-                     f"model)")
-  for lv in blockwise_levels(host.get("update_paths")):
-    raise ValueError(f"{name}: a robust (blockwise) aggregator at level {lv}: τ_eff averages the clients' "
-                     f"reported step counts outside it, so one client's report would scale every step; use "
-                     f"the mean aggregator")
-  model = host["model"]
-  if model.state:
-    raise ValueError(f"{name}: the model keeps state {list(model.state)} (BatchNorm statistics), which the "
-                     f"forward passes set rather than a sum of steps FedNova could normalize; use a model "
-                     f"without BatchNorm (e.g. GroupNorm)")
 
   def objective(s: LocalSetup):
     return fednova_update(s.model, s.optimizer, momentum=momentum, batch_size=s.batch_size,
                           max_steps=s.max_steps, compute_dtype=s.compute_dtype)
 
   rule = fednova_server(aggregation=aggregation)
-  return on_host(host, client_update=objective, server_rule=rule, name=name)
+  return host.build(client_update=objective, server_rule=rule, name=name)

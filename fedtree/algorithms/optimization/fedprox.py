@@ -8,13 +8,13 @@ optimizers (a flat tree and FedAvg servers give the original method). ``μ = 0``
 
 from __future__ import annotations
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.objectives import fedprox_update
 
 
-@hierfavg_method()
-def fedprox(*, mu: float, name: str = "fedprox", **host) -> FederatedAlgorithm:
+@method_over(hierfavg)
+def fedprox(host: Host, *, mu: float, name: str = "fedprox") -> FederatedAlgorithm:
   """FedProx with proximal weight ``mu`` on ``topology`` (default flat).
 
   Args:
@@ -45,4 +45,4 @@ def fedprox(*, mu: float, name: str = "fedprox", **host) -> FederatedAlgorithm:
     return fedprox_update(s.model, s.optimizer, mu=mu, batch_size=s.batch_size, max_steps=s.max_steps,
                           compute_dtype=s.compute_dtype)
 
-  return on_host(host, client_update=objective, name=name)
+  return host.build(client_update=objective, name=name)

@@ -59,7 +59,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_positive
 from fedtree.core.local import (
@@ -74,8 +74,7 @@ from fedtree.core.local import (
   stack,
 )
 from fedtree.core.model import Model, take_state, zero_state
-from fedtree.core.server_rule import Inbox, ServerRule, per_node, zeros_like_stacked
-from fedtree.core.updates import blockwise_levels, per_level_paths
+from fedtree.core.server_rule import Downlink, Inbox, ServerRule, per_node, zeros_like_stacked
 from fedtree.toolbox.privacy import global_norm
 
 PyTree = Any
@@ -192,8 +191,22 @@ def mime_server(optimizer: optax.GradientTransformation, *, corrected: bool,
     return inbox.pseudo_gradient, state._replace(statistics=stats), {}
 
   if corrected:
-    return ServerRule(init=init, receive=receive, name="mime", gather=gather, prepare=prepare)
+    return ServerRule(init=init, receive=receive, name="mime", down=Downlink(gather=gather, prepare=prepare))
   return ServerRule(init=init, receive=receive, name="mimelite")
+
+
+BESIDE = ("the clients' full-batch gradients travel beside the update, outside the path, so clipping or "
+          "noise would leave them raw (no privacy) and compression would shrink one of the two models a "
+          "client sends; run without it (delta_clip_norm= clips the update, as FedJAX)")
+REFUSALS = (
+  cannot("personal", "the server's optimizer statistics cover the whole model"),
+  cannot("blockwise", "it would still average the clients' full-batch gradients into the server's "
+                      "statistics, so an attacker's gradient would steer every client's steps; use the mean "
+                      "aggregator"),
+  cannot("client_transform", BESIDE),
+  cannot("node_transform", BESIDE),
+)
+"""What Mime and MimeLite cannot compose with (see the module docstring)."""
 
 
 def _check(name: str, host, delta_clip_norm, server_learning_rate) -> dict:
@@ -208,36 +221,22 @@ def _check(name: str, host, delta_clip_norm, server_learning_rate) -> dict:
   if host.get("local_optimizer") is None:
     raise ValueError(f"{name}: needs local_optimizer=, the base optimizer whose state the server keeps and "
                      f"every local step applies")
-  if host.get("personal") is not None:
-    raise ValueError(f"{name}: personal parameters are not supported (the server's optimizer statistics "
-                     f"cover the whole model)")
-  for lv in blockwise_levels(host.get("update_paths")):
-    raise ValueError(f"{name}: a robust (blockwise) aggregator at level {lv} would still average the "
-                     f"clients' full-batch gradients into the server's statistics, so an attacker's "
-                     f"gradient would steer every client's steps; use the mean aggregator")
   topology = host.get("topology")
   depth = 1 if topology is None else topology.depth
-  leaf = per_level_paths(host.get("update_paths"), depth, algorithm=name)[depth - 1]
-  if leaf is not None and (leaf.client is not None or leaf.node is not None):
-    stage = (f"client transform {leaf.client.name!r}" if leaf.client is not None
-             else f"node transform {leaf.node.name!r}")
-    raise ValueError(f"{name}: the update path's {stage} at the clients' tier: the clients' full-batch "
-                     f"gradients travel beside the update, outside the path, so clipping or noise would "
-                     f"leave them raw (no privacy) and compression would shrink one of the two models a "
-                     f"client sends; run {name} without it (delta_clip_norm= clips the update, as FedJAX)")
   if host.get("server_optimizers") is None:
-    host = {**host, "server_optimizers": (optax.sgd(1.0),) * (depth - 1) + (optax.sgd(server_learning_rate),)}
+    servers = (optax.sgd(1.0),) * (depth - 1) + (optax.sgd(server_learning_rate),)
+    host = host.replace(server_optimizers=servers)
   return host
 
 
-@hierfavg_method()
+@method_over(hierfavg, cannot=REFUSALS)
 def mimelite(
+  host: Host,
   *,
   server_learning_rate: float = 1.0,
   delta_clip_norm: float | None = None,
   weighting: str = "uniform",
   name: str = "mimelite",
-  **host,
 ) -> FederatedAlgorithm:
   """MimeLite on ``topology`` (default flat): the base optimizer (``local_optimizer``) with its state
   kept and moved by the server, fixed in every client step. See the module docstring.
@@ -280,18 +279,18 @@ def mimelite(
     return mime_update(s.model, s.optimizer, corrected=False, batch_size=s.batch_size, max_steps=s.max_steps,
                        delta_clip_norm=delta_clip_norm, compute_dtype=s.compute_dtype)
 
-  return on_host(host, client_update=objective, server_rule=mime_server(optimizer, corrected=False),
+  return host.build(client_update=objective, server_rule=mime_server(optimizer, corrected=False),
                  weighting=weighting, name=name)
 
 
-@hierfavg_method()
+@method_over(hierfavg, cannot=REFUSALS)
 def mime(
+  host: Host,
   *,
   server_learning_rate: float = 1.0,
   delta_clip_norm: float | None = None,
   weighting: str = "uniform",
   name: str = "mime",
-  **host,
 ) -> FederatedAlgorithm:
   """Mime on ``topology`` (default flat): MimeLite's fixed base-optimizer statistics and SVRG's
   correction with ``c``, the cohort's full-batch gradient at ``x`` gathered before training. See the
@@ -333,5 +332,5 @@ def mime(
 
   rule = mime_server(optimizer, corrected=True,
                      gather=gradient_pass(host["model"], batch_size=batch_size, compute_dtype=compute_dtype))
-  return on_host(host, client_update=objective, server_rule=rule, weighting=weighting, name=name)
+  return host.build(client_update=objective, server_rule=rule, weighting=weighting, name=name)
 

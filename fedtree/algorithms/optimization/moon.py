@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_nonnegative, check_positive, named
 from fedtree.core.local import (
@@ -152,14 +152,14 @@ def moon_update(
   return ClientUpdate(apply=apply, init_state=init_state, model_state=True)
 
 
-@hierfavg_method()
+@method_over(hierfavg)
 def moon(
+  host: Host,
   *,
   mu: float = 1.0,
   temperature: float = 0.5,
   first_previous: str = "received",
   name: str = "moon",
-  **host,
 ) -> FederatedAlgorithm:
   """MOON on ``topology`` (default flat): see the module docstring.
 
@@ -205,4 +205,4 @@ def moon(
     return moon_update(s.model, s.optimizer, mu=mu, temperature=temperature, first_previous=first_previous,
                        batch_size=s.batch_size, max_steps=s.max_steps, compute_dtype=s.compute_dtype)
 
-  return on_host(host, client_update=objective, name=name)
+  return host.build(client_update=objective, name=name)

@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_nonnegative, check_positive, named
 from fedtree.core.local import (
@@ -69,8 +69,6 @@ from fedtree.core.local import (
 )
 from fedtree.core.model import Model, zero_state
 from fedtree.core.server_rule import Inbox, ServerRule, per_node
-from fedtree.core.updates import blockwise_levels
-from fedtree.toolbox.privacy import private_stages_where
 
 LOSS_AT = ("received", "last_epoch")
 LOSS_EPS = 1e-10
@@ -161,15 +159,27 @@ def qffl_server() -> ServerRule:
   return ServerRule(init=lambda params, num_nodes: (), receive=receive, name="qffl")
 
 
-@hierfavg_method()
+def sent_beside(sent: str) -> tuple:
+  """The refusals of a method whose clients send ``sent`` in the clear beside a scaled update (q-FFL,
+  AFL): a privacy stage, a robust (blockwise) aggregator, personal parameters."""
+  return (
+    cannot("private", f"the clients send {sent} beside their update, unclipped and unnoised, so no "
+                      f"differential-privacy guarantee would hold; run it without the privacy section"),
+    cannot("blockwise", f"it would still sum what the clients send beside their updates ({sent}), so one "
+                        f"client could steer every step; use the mean aggregator"),
+    cannot("personal", "its clients send a rescaled update of the whole model"),
+  )
+
+
+@method_over(hierfavg, cannot=sent_beside("h_k and the loss powers that scale Δ_k"))
 def qffl(
+  host: Host,
   *,
   q: float = 1.0,
   lipschitz: float | None = None,
   loss_at: str = "received",
   weighting: str = "uniform",
   name: str = "qffl",
-  **host,
 ) -> FederatedAlgorithm:
   """q-FFL by q-FedAvg on ``topology`` (default flat): see the module docstring.
 
@@ -212,27 +222,9 @@ def qffl(
   if lipschitz is None and host.get("local_learning_rate") is None:
     raise ValueError(f"{name}: lipschitz=None takes L = 1/η from the local learning rate η: pass "
                      f"local_learning_rate= (from a config: local.learning_rate), or lipschitz=")
-  refuse_compositions(name, host, "h_k and the loss powers that scale Δ_k")
 
   def objective(s: LocalSetup):
     return qffl_update(s.model, s.optimizer, q=q, lipschitz=lipschitz, loss_at=loss_at,
                        batch_size=s.batch_size, max_steps=s.max_steps, compute_dtype=s.compute_dtype)
 
-  return on_host(host, client_update=objective, server_rule=qffl_server(), weighting=weighting, name=name)
-
-
-def refuse_compositions(name: str, host, sent: str) -> None:
-  """The refusals of a method whose clients send ``sent`` in the clear beside a scaled update
-  (q-FFL, AFL): a privacy stage, a robust (blockwise) aggregator, personal parameters."""
-  paths = host.get("update_paths")
-  for stage in private_stages_where(paths):
-    raise ValueError(f"{name}: privacy stage {stage}: the clients send {sent} beside their update, "
-                     f"unclipped and unnoised, so no differential-privacy guarantee would hold; run "
-                     f"{name} without the privacy section")
-  for lv in blockwise_levels(paths):
-    raise ValueError(f"{name}: a robust (blockwise) aggregator at level {lv} would still sum what the "
-                     f"clients send beside their updates ({sent}), so one client could steer every "
-                     f"step; use the mean aggregator")
-  if host.get("personal") is not None:
-    raise ValueError(f"{name}: personal parameters are not supported (its clients send a rescaled "
-                     f"update of the whole model)")
+  return host.build(client_update=objective, server_rule=qffl_server(), weighting=weighting, name=name)

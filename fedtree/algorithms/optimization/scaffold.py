@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.local import (
   ClientData,
@@ -64,8 +64,6 @@ from fedtree.core.local import (
 )
 from fedtree.core.model import Model
 from fedtree.core.server_rule import Inbox, ServerRule, per_node, zeros_like_stacked
-from fedtree.core.updates import blockwise_levels, per_level_paths
-from fedtree.toolbox.privacy import private_stages
 
 OPTIONS = ("I", "II")
 VARIATE_AVERAGES = ("all", "sampled")
@@ -128,15 +126,22 @@ def scaffold_server(*, variate_average: str = "all") -> ServerRule:
   return ServerRule(init=zeros_like_stacked, receive=receive, name="scaffold")
 
 
-@hierfavg_method()
+@method_over(hierfavg, cannot=(
+  cannot("personal", "the control variates cover the whole model"),
+  cannot("private_clients", "the clients' control-variate changes Δc_i travel beside the update, outside "
+                            "the update path, so they would leave the clients unclipped and unnoised (no "
+                            "privacy); run it without it"),
+  cannot("blockwise", "it would still average the clients' control variates, so an attacker's variate would "
+                      "steer every client; use the mean aggregator"),
+))
 def scaffold(
+  host: Host,
   *,
   option: str = "II",
   variate_average: str = "all",
   server_learning_rate: float = 1.0,
   weighting: str = "uniform",
   name: str = "scaffold",
-  **host,
 ) -> FederatedAlgorithm:
   """SCAFFOLD on ``topology`` (default flat): see the module docstring.
 
@@ -178,28 +183,15 @@ def scaffold(
     raise ValueError(f"{name}: option 'II' computes c_i from (x - y_i) / (K η_l) and needs the local "
                      f"learning rate η_l: pass local_learning_rate= (from a config: local.learning_rate), or "
                      f"use option='I'")
-  if host.get("personal") is not None:
-    raise ValueError(f"{name}: personal parameters are not supported (the control variates cover the whole "
-                     f"model)")
   topology = host.get("topology")
   depth = 1 if topology is None else topology.depth
-  leaf = per_level_paths(host.get("update_paths"), depth, algorithm=name)[-1]
-  for stage in private_stages(leaf):
-    raise ValueError(f"{name}: differential privacy ({stage!r}) at the clients' tier: the clients' "
-                     f"control-variate changes Δc_i travel beside the update, outside the update path, so "
-                     f"they would leave the clients unclipped and unnoised (no privacy); run {name} "
-                     f"without it")
-  for lv in blockwise_levels(host.get("update_paths")):
-    raise ValueError(f"{name}: a robust (blockwise) aggregator at level {lv} would still average the "
-                     f"clients' control variates, so an attacker's variate would steer every client; use "
-                     f"the mean aggregator")
   if host.get("server_optimizers") is None:
     servers = (optax.sgd(1.0),) * (depth - 1) + (optax.sgd(server_learning_rate),)
-    host = {**host, "server_optimizers": servers}
+    host = host.replace(server_optimizers=servers)
 
   def objective(s: LocalSetup):
     return scaffold_update(s.model, s.optimizer, option=option, batch_size=s.batch_size,
                            max_steps=s.max_steps, compute_dtype=s.compute_dtype)
 
   rule = scaffold_server(variate_average=variate_average)
-  return on_host(host, client_update=objective, server_rule=rule, weighting=weighting, name=name)
+  return host.build(client_update=objective, server_rule=rule, weighting=weighting, name=name)

@@ -33,14 +33,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.partial.finetuned import finetune_schedule, finetuned
 from fedtree.algorithms.partial.split import (
   Head,
   check_split,
   head_patterns,
   mask_of,
-  refuse_personal,
   template_of,
   with_parameter_counts,
 )
@@ -80,8 +79,9 @@ def redrawn_head(model: Model, mask: PyTree, head_init: str) -> Model:
   return model._replace(init=redraw)
 
 
-@hierfavg_method(drops=("personal",))
+@method_over(hierfavg, sets={"personal": "the frozen head is chosen with head="})
 def fedbabu(
+  host: Host,
   *,
   head: Head = 1,
   head_init: str = "model",
@@ -91,7 +91,6 @@ def fedbabu(
   finetune_part: str = "all",
   finetune_optimizer: str = "sgd",
   name: str = "fedbabu",
-  **host,
 ) -> FederatedAlgorithm:
   """FedBABU on ``topology`` (default flat): see the module docstring.
 
@@ -130,7 +129,6 @@ def fedbabu(
     >>> sorted(alg.models(state))
     ['global', 'global_ft']
   """
-  refuse_personal(host, name, "the frozen head is chosen with head=")
   if head_init not in HEAD_INITS:
     raise ValueError(f"{name}: head_init={head_init!r}; choose one of {tuple(HEAD_INITS)}")
   if finetune_part not in FINETUNE_PARTS:
@@ -159,7 +157,7 @@ def fedbabu(
 
   # the head is "personal" to every client so that it is never sent; nobody trains it, so every copy
   # stays the initial head, and so does every server's (no pseudo-gradient there)
-  inner = on_host({**host, "model": redrawn_head(model, mask, head_init)}, client_update=objective,
+  inner = host.replace(model=redrawn_head(model, mask, head_init)).build(client_update=objective,
                   personal=personal(patterns), name=name)
   topology = host.get("topology") or Topology.flat(host["data"].num_clients)
   top = int(host.get("top_level", 0) or 0)

@@ -32,12 +32,11 @@ from __future__ import annotations
 
 import re
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.partial.split import (
   check_split,
   counts,
   mask_of,
-  refuse_personal,
   template_of,
   where_personal,
   with_parameter_counts,
@@ -46,15 +45,16 @@ from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.personal import personal
 
 
-@hierfavg_method(drops=("personal",))
+@method_over(hierfavg, sets={"personal": "the normalization layers are personal: choose them with norm=, "
+                                         "affine=, statistics= and personal_level="})
 def fedbn(
+  host: Host,
   *,
   norm: str = "BatchNorm",
   affine: bool = True,
   statistics: bool = True,
   personal_level: int | None = None,
   name: str = "fedbn",
-  **host,
 ) -> FederatedAlgorithm:
   """FedBN on ``topology`` (default flat): see the module docstring.
 
@@ -91,8 +91,6 @@ def fedbn(
     >>> sorted(alg.models(state))
     ['personal']
   """
-  refuse_personal(host, name, "the normalization layers are personal: choose them with norm=, affine=, "
-                              "statistics= and personal_level=")
   try:
     re.compile(norm)
   except re.error as e:
@@ -109,5 +107,5 @@ def fedbn(
   template = template_of(host)
   mask = mask_of(patterns, template, algorithm=name)
   check_split(name, template, mask, kept="normalization set", shared="rest of the model")
-  alg = on_host(host, personal=personal(patterns, level=personal_level), name=name)
+  alg = host.build(personal=personal(patterns, level=personal_level), name=name)
   return with_parameter_counts(alg, counts(template, mask), where_personal(personal_level))

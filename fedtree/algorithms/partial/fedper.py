@@ -25,14 +25,13 @@ is left, and reports the parameter counts.
 
 from __future__ import annotations
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.partial.split import (
   Head,
   check_split,
   counts,
   head_patterns,
   mask_of,
-  refuse_personal,
   template_of,
   where_personal,
   with_parameter_counts,
@@ -41,9 +40,9 @@ from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.personal import personal
 
 
-@hierfavg_method(drops=("personal",))
-def fedper(*, head: Head = 1, personal_level: int | None = None, name: str = "fedper",
-           **host) -> FederatedAlgorithm:
+@method_over(hierfavg, sets={"personal": "the head is personal: choose it with head= and personal_level="})
+def fedper(host: Host, *, head: Head = 1, personal_level: int | None = None,
+           name: str = "fedper") -> FederatedAlgorithm:
   """FedPer on ``topology`` (default flat): see the module docstring.
 
   Args:
@@ -75,10 +74,9 @@ def fedper(*, head: Head = 1, personal_level: int | None = None, name: str = "fe
     >>> sorted(alg.models(state))
     ['personal']
   """
-  refuse_personal(host, name, "the head is personal: choose it with head= and personal_level=")
   patterns = head_patterns(host["model"], head, algorithm=name)
   template = template_of(host)
   mask = mask_of(patterns, template, algorithm=name)
   check_split(name, template, mask, kept="head", shared="body")
-  alg = on_host(host, personal=personal(patterns, level=personal_level), name=name)
+  alg = host.build(personal=personal(patterns, level=personal_level), name=name)
   return with_parameter_counts(alg, counts(template, mask), where_personal(personal_level))

@@ -44,14 +44,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.partial.split import (
   Head,
   check_split,
   counts,
   head_patterns,
   mask_of,
-  refuse_personal,
   template_of,
   where_personal,
   with_parameter_counts,
@@ -112,8 +111,9 @@ def fedrep_update(
   return ClientUpdate(apply=apply, model_state=True)
 
 
-@hierfavg_method(drops=("personal",))
+@method_over(hierfavg, sets={"personal": "the head is personal: choose it with head= and personal_level="})
 def fedrep(
+  host: Host,
   *,
   head: Head = 1,
   head_epochs: float | None = 10.0,
@@ -121,7 +121,6 @@ def fedrep(
   personal_level: int | None = None,
   weighting: str = "uniform",
   name: str = "fedrep",
-  **host,
 ) -> FederatedAlgorithm:
   """FedRep on ``topology`` (default flat): see the module docstring.
 
@@ -158,7 +157,6 @@ def fedrep(
     >>> sorted(alg.models(state))
     ['personal']
   """
-  refuse_personal(host, name, "the head is personal: choose it with head= and personal_level=")
   schedule: LocalSchedule = host["schedule"]
   if schedule.batch_order == "cyclic":
     raise ValueError(f"{name}: batch_order='cyclic' is not supported (the head phase reads batches that the "
@@ -187,6 +185,6 @@ def fedrep(
     return fedrep_update(s.model, s.optimizer, mask, head_schedule=head_schedule, head_max_steps=head_max,
                          batch_size=s.batch_size, max_steps=s.max_steps, compute_dtype=s.compute_dtype)
 
-  alg = on_host(host, client_update=objective, personal=personal(patterns, level=personal_level),
+  alg = host.build(client_update=objective, personal=personal(patterns, level=personal_level),
                 weighting=weighting, name=name)
   return with_parameter_counts(alg, counts(template, mask), where_personal(personal_level))

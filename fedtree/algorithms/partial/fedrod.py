@@ -49,13 +49,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.partial.split import (
   Head,
   check_split,
   head_patterns,
   mask_of,
-  refuse_personal,
   template_of,
   with_parameter_counts,
 )
@@ -182,8 +181,9 @@ def fedrod_update(
   return ClientUpdate(apply=apply, init_state=init_state, model_state=True)
 
 
-@hierfavg_method(drops=("personal",))
+@method_over(hierfavg, sets={"personal": "the personal head is FedRoD's own, in the client state"})
 def fedrod(
+  host: Host,
   *,
   head: Head = 1,
   balanced: bool = True,
@@ -192,7 +192,6 @@ def fedrod(
   add_generic: bool = True,
   personal_init: str = "copy",
   name: str = "fedrod",
-  **host,
 ) -> FederatedAlgorithm:
   """FedRoD (BSM) on ``topology`` (default flat): see the module docstring.
 
@@ -228,7 +227,6 @@ def fedrod(
     >>> sorted(alg.models(state))
     ['global', 'personal']
   """
-  refuse_personal(host, name, "the personal head is FedRoD's own, in the client state")
   model: Model = host["model"]
   if model.label_shape:
     raise ValueError(f"{name}: the balanced loss is a classifier's; this model's labels have shape "
@@ -248,7 +246,7 @@ def fedrod(
                          add_generic=add_generic, personal_init=personal_init, batch_size=s.batch_size,
                          max_steps=s.max_steps, compute_dtype=s.compute_dtype)
 
-  inner = on_host(host, client_update=objective, name=name)
+  inner = host.build(client_update=objective, name=name)
   topology = host.get("topology") or Topology.flat(host["data"].num_clients)
   leaf = topology.depth - 1
   parent_of = jnp.asarray(topology.ancestor(leaf), jnp.int32)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import jax
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.partial.split import (
   Head,
   check_split,
@@ -35,7 +35,6 @@ from fedtree.algorithms.partial.split import (
   exact_patterns,
   head_patterns,
   mask_of,
-  refuse_personal,
   template_of,
   where_personal,
   with_parameter_counts,
@@ -44,9 +43,9 @@ from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.personal import personal
 
 
-@hierfavg_method(drops=("personal",))
-def lgfedavg(*, head: Head = 1, personal_level: int | None = None, name: str = "lgfedavg",
-             **host) -> FederatedAlgorithm:
+@method_over(hierfavg, sets={"personal": "the local representation is every parameter outside head="})
+def lgfedavg(host: Host, *, head: Head = 1, personal_level: int | None = None,
+             name: str = "lgfedavg") -> FederatedAlgorithm:
   """LG-FedAvg on ``topology`` (default flat): see the module docstring.
 
   Args:
@@ -77,11 +76,10 @@ def lgfedavg(*, head: Head = 1, personal_level: int | None = None, name: str = "
     >>> sorted(alg.models(state))
     ['personal']
   """
-  refuse_personal(host, name, "the local representation is every parameter outside head=")
   patterns = head_patterns(host["model"], head, algorithm=name)
   template = template_of(host)
   head_mask = mask_of(patterns, template, algorithm=name)
   body = jax.tree.map(lambda m: not m, head_mask)
   check_split(name, template, body, kept="local representation", shared="global head")
-  alg = on_host(host, personal=personal(exact_patterns(template, body), level=personal_level), name=name)
+  alg = host.build(personal=personal(exact_patterns(template, body), level=personal_level), name=name)
   return with_parameter_counts(alg, counts(template, body), where_personal(personal_level))

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import jax
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
-from fedtree.algorithms.partial.split import refuse_personal, template_of, with_parameter_counts
+from fedtree.algorithms.host import Host, hierfavg, method_over
+from fedtree.algorithms.partial.split import template_of, with_parameter_counts
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.personal import parameter_counts, personal
 
 
-@hierfavg_method(drops=("personal",))
-def local(*, name: str = "local", **host) -> FederatedAlgorithm:
+@method_over(hierfavg, sets={"personal": "every parameter is personal"})
+def local(host: Host, *, name: str = "local") -> FederatedAlgorithm:
   """Local training only (see the module docstring).
 
   Args:
@@ -54,9 +54,8 @@ def local(*, name: str = "local", **host) -> FederatedAlgorithm:
     >>> int(metrics["uplink_bytes"]), sorted(alg.models(state))
     (0, ['personal'])
   """
-  refuse_personal(host, name, "every parameter is personal")
   template = template_of(host)
   everything = personal(".*")
-  alg = on_host(host, personal=everything, name=name)
+  alg = host.build(personal=everything, name=name)
   p, _ = parameter_counts(template, jax.tree.map(lambda _: True, template))
   return with_parameter_counts(alg, {"personal": p, "shared": 0}, "personal: per client, never sent")

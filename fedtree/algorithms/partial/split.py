@@ -107,12 +107,6 @@ def check_split(algorithm: str, template: PyTree, mask: PyTree, *, kept: str, sh
                      f"{paths}): nothing would stay with a client, which is FedAvg; name fewer parameters")
 
 
-def refuse_personal(host: Mapping[str, Any], algorithm: str, why: str) -> None:
-  """A method that sets the host's ``personal=`` itself refuses one given to it."""
-  if host.get("personal") is not None:
-    raise ValueError(f"{algorithm}: personal= is not an option of this method ({why})")
-
-
 def counts(template: PyTree, mask: PyTree) -> dict[str, int]:
   """``{"personal": ..., "shared": ...}`` parameters of one model
   (:func:`fedtree.core.personal.parameter_counts`)."""

@@ -60,7 +60,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels
 from fedtree.core.checks import check_nonnegative, check_positive, is_traced
 from fedtree.core.local import ClientData, ClientUpdate, make_data_loss, run_local_steps, stack
@@ -167,8 +167,11 @@ def apfl_update(
   return ClientUpdate(apply=apply, init_state=init_state)
 
 
-@hierfavg_method()
+@method_over(hierfavg, cannot=(
+  cannot("personal", "every client already keeps a whole local model v_i, mixed with the global one"),
+))
 def apfl(
+  host: Host,
   *,
   alpha: float = 0.5,
   adaptive: bool = True,
@@ -178,7 +181,6 @@ def apfl(
   personal_optimizer: optax.GradientTransformation | None = None,
   weighting: str = "uniform",
   name: str = "apfl",
-  **host,
 ) -> FederatedAlgorithm:
   """APFL on ``topology`` (default flat): see the module docstring.
 
@@ -223,9 +225,6 @@ def apfl(
   if adaptive and rate is None:
     raise ValueError(f"{name}: adaptive=True steps α by η_α and needs a step size: pass alpha_lr= or "
                      f"local_learning_rate= (from a config: local.learning_rate), or adaptive=False")
-  if host.get("personal") is not None:
-    raise ValueError(f"{name}: personal parameters are not supported (every client already keeps a whole "
-                     f"local model v_i, mixed with the global one)")
   data = host["data"]
   topology = host.get("topology") or Topology.flat(data.num_clients)
 
@@ -235,7 +234,7 @@ def apfl(
                        alpha_schedule=alpha_schedule, batch_size=s.batch_size, max_steps=s.max_steps,
                        personal_optimizer=personal_optimizer, compute_dtype=s.compute_dtype)
 
-  alg = on_host({**host, "topology": topology}, client_update=objective, weighting=weighting, name=name)
+  alg = host.replace(topology=topology).build(client_update=objective, weighting=weighting, name=name)
   owner = jnp.asarray(topology.ancestor(topology.depth - 1))
 
   def models(state):

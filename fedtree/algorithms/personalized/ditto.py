@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import optax
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.objectives import ditto_update
 
 
-@hierfavg_method()
+@method_over(hierfavg)
 def ditto(
+  host: Host,
   *,
   lam: float,
   personal_optimizer: optax.GradientTransformation | None = None,
   name: str = "ditto",
-  **host,
 ) -> FederatedAlgorithm:
   """Ditto with regularization ``lam`` (λ >= 0) on ``topology`` (default flat).
 
@@ -57,4 +57,4 @@ def ditto(
     return ditto_update(s.model, s.optimizer, lam=lam, personal_optimizer=personal_optimizer,
                         batch_size=s.batch_size, max_steps=s.max_steps, compute_dtype=s.compute_dtype)
 
-  return on_host(host, client_update=objective, name=name)
+  return host.build(client_update=objective, name=name)

@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_nonnegative, check_positive, is_traced
 from fedtree.core.local import (
@@ -246,8 +246,12 @@ def fedala_update(
   return ClientUpdate(apply=apply, init_state=init_state, personal_models=lambda s: s.local)
 
 
-@hierfavg_method()
+@method_over(hierfavg, cannot=(
+  cannot("personal", "ALA already decides, element by element, how much of the received model a client "
+                     "keeps"),
+))
 def fedala(
+  host: Host,
   *,
   layers: int | None = 1,
   eta: float = 1.0,
@@ -256,7 +260,6 @@ def fedala(
   num_pre_loss: int = 10,
   max_ala_epochs: int = 100,
   name: str = "fedala",
-  **host,
 ) -> FederatedAlgorithm:
   """FedALA on ``topology`` (default flat): see the module docstring.
 
@@ -302,9 +305,6 @@ def fedala(
   for field, v in (("num_pre_loss", num_pre_loss), ("max_ala_epochs", max_ala_epochs)):
     if int(v) < 1:
       raise ValueError(f"{field}={v} must be >= 1")
-  if host.get("personal") is not None:
-    raise ValueError(f"{name}: personal parameters are not supported (ALA already decides, element by "
-                     f"element, how much of the received model a client keeps)")
   data, model = host["data"], host["model"]
   template = host.get("init_params")
   if template is None:
@@ -320,4 +320,4 @@ def fedala(
                          max_steps=s.max_steps, max_examples=int(data.max_train),
                          compute_dtype=s.compute_dtype)
 
-  return on_host(host, client_update=objective, name=name)
+  return host.build(client_update=objective, name=name)

@@ -63,8 +63,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
-from fedtree.algorithms.personalized.peers import personal_only, refuse, smallest_cohort, topology_of
+from fedtree.algorithms.host import Host, hierfavg, method_over
+from fedtree.algorithms.personalized.peers import personal_only, sends_whole, smallest_cohort, topology_of
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_nonnegative, check_positive, is_traced
 from fedtree.core.local import (
@@ -78,7 +78,7 @@ from fedtree.core.local import (
   stack,
 )
 from fedtree.core.model import Model
-from fedtree.core.server_rule import Inbox, Outbox, Parcels, ServerRule, cohort_blocks, slot_rows
+from fedtree.core.server_rule import Downlink, Inbox, Outbox, Parcels, ServerRule, cohort_blocks, slot_rows
 
 PyTree = Any
 ATTENTIONS = ("distance", "cosine", "uniform")
@@ -157,7 +157,8 @@ def fedamp_server(*, attention: str = "distance", alpha=1.0, sigma=1.0, self_att
   def receive(inbox: Inbox, state):   # the servers hold no model of FedAMP's: theirs stays as it is
     return jax.tree.map(jnp.zeros_like, inbox.pseudo_gradient), state, {}
 
-  return ServerRule(init=lambda params, n: (), receive=receive, name="fedamp", send_each=send_each)
+  return ServerRule(init=lambda params, n: (), receive=receive, name="fedamp",
+                    down=Downlink(parcels=send_each))
 
 
 def fedamp_update(model: Model, optimizer: optax.GradientTransformation, *, lam, alpha, start: str = "own",
@@ -179,8 +180,10 @@ def fedamp_update(model: Model, optimizer: optax.GradientTransformation, *, lam,
                       personal_models=lambda state: state, takes_round=True)
 
 
-@hierfavg_method(drops=("server_optimizers",))
+@method_over(hierfavg, drops=("server_optimizers",), cannot=sends_whole(
+  "FedAMP's clients send their whole personal models, which the server pairs as they are"))
 def fedamp(
+  host: Host,
   *,
   attention: str = "distance",
   alpha: float = 1.0,
@@ -189,7 +192,6 @@ def fedamp(
   self_attention: float = 0.5,
   start: str = "own",
   name: str = "fedamp",
-  **host,
 ) -> FederatedAlgorithm:
   """FedAMP (``attention="distance"``) or HeurFedAMP (``"cosine"``) on ``topology`` (default flat):
   see the module docstring.
@@ -240,8 +242,6 @@ def fedamp(
     raise ValueError(f"{name}: {e}") from e
   if not is_traced(self_attention) and float(self_attention) > 1:
     raise ValueError(f"{name}: self_attention={self_attention} is HeurFedAMP's ξ_ii, a weight in [0, 1]")
-  refuse(host, name, what="FedAMP's clients send their whole personal models, which the server pairs as they "
-                          "are")
   cohort = smallest_cohort(host)
   if cohort < 2:
     raise ValueError(f"{name}: a parent samples as few as {cohort} client a round (cohort_size), so FedAMP "
@@ -254,4 +254,4 @@ def fedamp(
     return fedamp_update(s.model, s.optimizer, lam=lam, alpha=alpha, start=start, batch_size=s.batch_size,
                          max_steps=s.max_steps, compute_dtype=s.compute_dtype)
 
-  return personal_only(on_host(host, client_update=objective, server_rule=rule, name=name))
+  return personal_only(host.build(client_update=objective, server_rule=rule, name=name))

@@ -66,7 +66,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, ScoredModels
 from fedtree.core.local import ClientData, ClientUpdate, cast_floating, check_compute_dtype, run_local_steps
 from fedtree.core.model import Model, independent_models
@@ -210,12 +210,15 @@ def fedem_update(model: Model, optimizer: optax.GradientTransformation, *, num_c
   return ClientUpdate(apply=apply, init_state=init_state)
 
 
-@hierfavg_method()
+@method_over(hierfavg, cannot=(
+  cannot("model_state", "FedEM's K components would have to mix it; use a model without BatchNorm"),
+  cannot("personal", "each client's personal part is its mixture weights π_i"),
+))
 def fedem(
+  host: Host,
   *,
   num_components: int = 3,
   name: str = "fedem",
-  **host,
 ) -> FederatedAlgorithm:
   """FedEM with ``num_components`` components on ``topology`` (default flat): see the module
   docstring.
@@ -256,14 +259,8 @@ def fedem(
   if model.label_shape:
     raise ValueError(f"{name}: FedEM's E-step weighs examples by their class posteriors; a model with "
                      f"token labels (label_shape={model.label_shape}) is not supported")
-  if model.state:
-    raise ValueError(f"{name}: the model keeps state {list(model.state)} (BatchNorm statistics), which "
-                     f"FedEM's K components would have to mix; use a model without BatchNorm")
-  if host.get("personal") is not None:
-    raise ValueError(f"{name}: personal parameters are not supported (each client's personal part is its "
-                     f"mixture weights π_i)")
   first = host.get("init_params")   # component 0's start; the others' are independent (equal
-  host = {**host, "init_params": None}  # components would never separate: equal posteriors)
+  host = host.replace(init_params=None)  # components would never separate: equal posteriors)
   topology = host.get("topology") or Topology.flat(data.num_clients)
   stacked = components_model(model, k, first)
 
@@ -274,7 +271,7 @@ def fedem(
                         max_steps=s.max_steps, max_examples=int(data.max_train),
                         compute_dtype=s.compute_dtype)
 
-  alg = on_host({**host, "model": stacked, "topology": topology}, client_update=objective, name=name)
+  alg = host.replace(model=stacked, topology=topology).build(client_update=objective, name=name)
   scorer = mixture_model(model)
   leaf = topology.depth - 1
   owner = np.asarray(topology.ancestor(leaf), np.int32)

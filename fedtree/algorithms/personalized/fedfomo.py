@@ -62,11 +62,11 @@ import numpy as np
 import optax
 from flax import struct
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.personalized.peers import (
   children,
   personal_only,
-  refuse,
+  sends_whole,
   smallest_cohort,
   topology_of,
 )
@@ -84,7 +84,7 @@ from fedtree.core.local import (
   steps_per_epoch,
 )
 from fedtree.core.model import Model, masked_cross_entropy
-from fedtree.core.server_rule import Inbox, Outbox, Parcels, ServerRule
+from fedtree.core.server_rule import Downlink, Inbox, Outbox, Parcels, ServerRule, Uplink
 
 PyTree = Any
 POOLS = ("last_round", "all")
@@ -194,7 +194,7 @@ def fomo_update(model: Model, optimizer: optax.GradientTransformation, *, val_fr
   split_key = jax.random.key(SPLIT_SEED)
 
   def apply(anchor, state: FomoState, data: ClientData, num_steps, key, rnd: ClientRound):
-    parcel: FomoParcel = rnd.own
+    parcel: FomoParcel = rnd.extra
     train, val = validation_split(data, fraction=val_fraction, how=validation, rows=rows,
                                   key=jax.random.fold_in(split_key, rnd.client))
     w = fomo_weights(model, state.model, parcel.models, parcel.valid, val, batch_size=batch_size)
@@ -252,15 +252,17 @@ def fomo_server(*, num_candidates: int, epsilon, epsilon_decay, pool: str, table
   def receive(inbox: Inbox, state):   # the servers hold no model of FedFomo's
     return jax.tree.map(jnp.zeros_like, inbox.pseudo_gradient), state, {}
 
-  def wire(model_bytes: int) -> tuple[int, int]:   # M models and their ids down, one model up
-    return m * model_bytes + 4 * m, model_bytes
+  def down_bytes(model_bytes: int) -> int:   # M models and their ids down (one model up)
+    return m * model_bytes + 4 * m
 
-  return ServerRule(init=lambda params, n: (), receive=receive, name="fedfomo", send_each=send_each,
-                    wire=wire)
+  return ServerRule(init=lambda params, n: (), receive=receive, name="fedfomo",
+                    down=Downlink(parcels=send_each, bytes=down_bytes), up=Uplink(bytes=lambda b: b))
 
 
-@hierfavg_method(drops=("server_optimizers",))
+@method_over(hierfavg, drops=("server_optimizers",), cannot=sends_whole(
+  "FedFomo's clients send their whole models, which other clients weigh as they are"))
 def fedfomo(
+  host: Host,
   *,
   num_candidates: int = 5,
   epsilon: float = 0.3,
@@ -269,7 +271,6 @@ def fedfomo(
   validation: str = "random",
   pool: str = "last_round",
   name: str = "fedfomo",
-  **host,
 ) -> FederatedAlgorithm:
   """FedFomo on ``topology`` (default flat): see the module docstring.
 
@@ -324,7 +325,6 @@ def fedfomo(
                      f"(0, 1)")
   if int(num_candidates) != num_candidates or int(num_candidates) < 0:
     raise ValueError(f"{name}: num_candidates={num_candidates} (M) must be an integer >= 0")
-  refuse(host, name, what="FedFomo's clients send their whole models, which other clients weigh as they are")
   schedule = host.get("schedule")
   if schedule is not None and schedule.batch_order == "cyclic":
     raise ValueError(f"{name}: batch_order='cyclic' keeps a cursor over all of a client's examples, but "
@@ -350,4 +350,4 @@ def fedfomo(
                        width=width, batch_size=s.batch_size, max_steps=s.max_steps,
                        compute_dtype=s.compute_dtype)
 
-  return personal_only(on_host(host, client_update=objective, server_rule=rule, name=name))
+  return personal_only(host.build(client_update=objective, server_rule=rule, name=name))

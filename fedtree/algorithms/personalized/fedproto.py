@@ -50,8 +50,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
-from fedtree.algorithms.personalized.peers import personal_only, refuse
+from fedtree.algorithms.host import Host, hierfavg, method_over
+from fedtree.algorithms.personalized.peers import personal_only, sends_whole
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_nonnegative
 from fedtree.core.local import (
@@ -191,8 +191,9 @@ def fedproto_server(num_classes: int, width: int) -> ServerRule:
   return ServerRule(init=init, receive=receive, name="fedproto")
 
 
-@hierfavg_method(drops=("personal", "server_optimizers"))
-def fedproto(*, lam: float = 1.0, name: str = "fedproto", **host) -> FederatedAlgorithm:
+@method_over(hierfavg, drops=("personal", "server_optimizers"), cannot=sends_whole(
+  "FedProto's clients send prototypes, not models", personal=False))
+def fedproto(host: Host, *, lam: float = 1.0, name: str = "fedproto") -> FederatedAlgorithm:
   """FedProto on ``topology`` (default flat): see the module docstring.
 
   Args:
@@ -229,7 +230,6 @@ def fedproto(*, lam: float = 1.0, name: str = "fedproto", **host) -> FederatedAl
   weighting = host.get("weighting", "examples")
   if weighting not in WEIGHTINGS:
     raise ValueError(f"{name}: weighting={weighting!r}; choose one of {WEIGHTINGS}")
-  refuse(host, name, what="FedProto's clients send prototypes, not models", personal=False)
   model = host["model"]
   width = feature_width(model, host["data"].example_shape, name)
   rule = fedproto_server(int(model.num_classes), width)
@@ -238,5 +238,5 @@ def fedproto(*, lam: float = 1.0, name: str = "fedproto", **host) -> FederatedAl
     return fedproto_update(s.model, s.optimizer, lam=lam, weighting=weighting, width=width,
                            batch_size=s.batch_size, max_steps=s.max_steps, compute_dtype=s.compute_dtype)
 
-  return personal_only(on_host(host, client_update=objective, server_rule=rule, personal=personal(".*"),
+  return personal_only(host.build(client_update=objective, server_rule=rule, personal=personal(".*"),
                                name=name))

@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.personalized.apfl import check_unit
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, ScoredModels
 from fedtree.core.checks import check_positive
@@ -197,15 +197,15 @@ def knnper_update(model: Model, optimizer, *, batch_size: int, max_steps: int, m
   return ClientUpdate(apply=apply, init_state=init_state, model_state=True)
 
 
-@hierfavg_method()
+@method_over(hierfavg)
 def knnper(
+  host: Host,
   *,
   k: int = 10,
   lam: float = 0.5,
   temperature: float = 1.0,
   memory_chunk: int | None = None,
   name: str = "knnper",
-  **host,
 ) -> FederatedAlgorithm:
   """kNN-Per on ``topology`` (default flat): see the module docstring.
 
@@ -262,7 +262,7 @@ def knnper(
     return knnper_update(s.model, s.optimizer, batch_size=s.batch_size, max_steps=s.max_steps,
                          memory=shapes, compute_dtype=s.compute_dtype)
 
-  alg = on_host({**host, "topology": topology}, client_update=objective, name=name)
+  alg = host.replace(topology=topology).build(client_update=objective, name=name)
 
   def round_fn(state, data, key):
     state, metrics = alg.round(state, data, key)

@@ -19,9 +19,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from fedtree.algorithms.host import Refusal, cannot
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.topology import Topology
-from fedtree.core.updates import UpdatePath
 
 PyTree = Any
 
@@ -32,28 +32,16 @@ def topology_of(host: Mapping[str, Any]) -> Topology:
   return Topology.flat(host["data"].num_clients) if topology is None else topology
 
 
-def refuse(host: Mapping[str, Any], name: str, *, what: str, personal: bool = True,
-           server_optimizers: bool = True, model_state: bool = True) -> None:
-  """``ValueError`` naming ``name`` and the host option it cannot take: any update path (privacy,
-  robust aggregation, compression: ``what`` travels, not a model delta the path transforms), and
-  where asked personal parameters, server optimizers (no shared model to step) and a model with
-  state (BatchNorm statistics)."""
-  paths = host.get("update_paths")
-  if isinstance(paths, Mapping):
-    items = list(paths.values())
-  else:
-    items = list(paths) if isinstance(paths, (list, tuple)) and not isinstance(paths, UpdatePath) else [paths]
-  if any(p is not None and not p.is_default for p in items):
-    raise ValueError(f"{name}: update paths (privacy, robust aggregation, compression) act on a model delta, "
-                     f"but {what}; run it without update_paths")
-  if personal and host.get("personal") is not None:
-    raise ValueError(f"{name}: personal parameters are not supported ({what})")
-  if server_optimizers and host.get("server_optimizers") is not None:
-    raise ValueError(f"{name}: server_optimizers has no shared model to step ({what}); leave it unset")
-  model = host.get("model")
-  if model_state and model is not None and model.state:
-    raise ValueError(f"{name}: the model keeps state {list(model.state)} (BatchNorm statistics), which "
-                     f"{name} does not train; use a model without BatchNorm (e.g. GroupNorm)")
+def sends_whole(what: str, *, personal: bool = True) -> tuple[Refusal, ...]:
+  """The refusals of a method whose clients send ``what`` rather than a model delta: any update path
+  (privacy, robust aggregation, compression transform a delta), server optimizers (no shared model to
+  step), a model with state (BatchNorm statistics) and, where asked, personal parameters."""
+  out = (cannot("update_paths", f"{what}; run it without update_paths"),)
+  if personal:
+    out += (cannot("personal", what),)
+  return out + (cannot("server_optimizers", f"{what}; leave it unset"),
+                cannot("model_state", "the method does not train it; use a model without BatchNorm (e.g. "
+                                      "GroupNorm)"))
 
 
 def smallest_cohort(host: Mapping[str, Any]) -> int:

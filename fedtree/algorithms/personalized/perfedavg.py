@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels
 from fedtree.core.finetune import make_finetuner
 from fedtree.core.local import LocalSchedule
@@ -24,15 +24,15 @@ from fedtree.core.topology import Topology
 from fedtree.objectives import perfedavg_update
 
 
-@hierfavg_method()
+@method_over(hierfavg)
 def perfedavg(
+  host: Host,
   *,
   alpha: float,
   beta: float,
   variant: str = "fo",
   adapt_seed: int = 0,
   name: str = "perfedavg",
-  **host,
 ) -> FederatedAlgorithm:
   """Per-FedAvg on ``topology`` (default flat).
 
@@ -67,7 +67,7 @@ def perfedavg(
     return perfedavg_update(s.model, alpha=alpha, beta=beta, variant=variant, batch_size=s.batch_size,
                             max_steps=s.max_steps, compute_dtype=s.compute_dtype)
 
-  inner = on_host(host, client_update=objective, name=name)
+  inner = host.build(client_update=objective, name=name)
   model, data, schedule = host["model"], host["data"], host["schedule"]
   topology = host.get("topology") or Topology.flat(data.num_clients)
   adapt = make_finetuner(model, LocalSchedule(batch_size=schedule.batch_size, epochs=None, steps=1),

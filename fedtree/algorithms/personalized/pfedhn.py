@@ -61,13 +61,22 @@ import numpy as np
 import optax
 from flax import struct
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
-from fedtree.algorithms.personalized.peers import children, refuse, topology_of
+from fedtree.algorithms.host import Host, hierfavg, method_over
+from fedtree.algorithms.personalized.peers import children, sends_whole, topology_of
 from fedtree.core.algorithm import FederatedAlgorithm, NodeModels
 from fedtree.core.checks import check_nonnegative, check_positive
 from fedtree.core.model import Model, param_paths
 from fedtree.core.personal import Shares, merge, personal, shared_part
-from fedtree.core.server_rule import Inbox, Outbox, Parcels, ServerRule, cohort_blocks, slot_rows
+from fedtree.core.server_rule import (
+  Downlink,
+  Inbox,
+  Outbox,
+  Parcels,
+  ServerRule,
+  Uplink,
+  cohort_blocks,
+  slot_rows,
+)
 from fedtree.objectives.fedmmd import last_dense
 
 PyTree = Any
@@ -202,8 +211,9 @@ def pfedhn_server(template: PyTree, mask: PyTree | None, table: np.ndarray, rank
     zero = jax.tree.map(jnp.zeros_like, inbox.pseudo_gradient)   # the parents' own models stay
     return zero, HNState(hnet=hnet, embeddings=emb, opt_state=opt), {}
 
-  return ServerRule(init=init, receive=receive, send=lambda state: (), name="pfedhn",  # type: ignore[arg-type]
-                    send_each=send_each, slots=True, init_key=True)   # (nothing broadcast: each its parcel)
+  return ServerRule(init=init, receive=receive, name="pfedhn",  # type: ignore[arg-type]
+                    down=Downlink(broadcast=lambda state: (), parcels=send_each),   # (each its parcel)
+                    up=Uplink(slots=True), init_key=True)
 
 
 def head_pattern(model: Model, template: PyTree, example_shape) -> str:
@@ -228,8 +238,10 @@ def head_pattern(model: Model, template: PyTree, example_shape) -> str:
   return pattern
 
 
-@hierfavg_method(drops=("server_optimizers",))
+@method_over(hierfavg, drops=("server_optimizers",), cannot=sends_whole(
+  "pFedHN's clients send their updates to the hypernetwork as they are", personal=False))
 def pfedhn(
+  host: Host,
   *,
   embed_dim: int = -1,
   hidden: int = 100,
@@ -240,7 +252,6 @@ def pfedhn(
   clip_norm: float = 50.0,
   personal_head: bool = False,
   name: str = "pfedhn",
-  **host,
 ) -> FederatedAlgorithm:
   """pFedHN (or pFedHN-PC with ``personal_head``) on ``topology`` (default flat): see the module
   docstring.
@@ -289,8 +300,6 @@ def pfedhn(
     check_nonnegative(hn_momentum=hn_momentum, hn_weight_decay=hn_weight_decay)
   except ValueError as e:
     raise ValueError(f"{name}: {e}") from e
-  refuse(host, name, what="pFedHN's clients send their updates to the hypernetwork as they are",
-         personal=False)
   spec = host.get("personal")
   if spec is not None and spec.level is not None:
     raise ValueError(f"{name}: personal parameters shared within level-{spec.level} subtrees are not "
@@ -313,7 +322,7 @@ def pfedhn(
   rule = pfedhn_server(template, mask, table, rank, embed_dim=embed, hidden=int(hidden),
                        n_hidden=int(n_hidden), optimizer=optimizer, num_parents=num_parents,
                        start=host.get("init_params"))
-  alg = on_host({**host, "personal": spec}, server_rule=rule, name=name)
+  alg = host.replace(personal=spec).build(server_rule=rule, name=name)
   parent = jnp.asarray(topology.parent(depth))
   rank_of = jnp.asarray(rank)
 

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import optax
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_positive
 from fedtree.objectives.moreau import pfedme_update
 
 
-@hierfavg_method()
+@method_over(hierfavg)
 def pfedme(
+  host: Host,
   *,
   lam: float,
   inner_steps: int,
@@ -30,7 +31,6 @@ def pfedme(
   learning_rate: float,
   beta: float = 1.0,
   name: str = "pfedme",
-  **host,
 ) -> FederatedAlgorithm:
   """pFedMe on ``topology`` (default flat).
 
@@ -66,11 +66,11 @@ def pfedme(
   if host.get("server_optimizers") is None:
     topology = host.get("topology")
     depth = 1 if topology is None else topology.depth
-    host = {**host, "server_optimizers": (optax.sgd(1.0),) * (depth - 1) + (optax.sgd(beta),)}
+    host = host.replace(server_optimizers=(optax.sgd(1.0),) * (depth - 1) + (optax.sgd(beta),))
 
   def objective(s: LocalSetup):
     return pfedme_update(s.model, lam=lam, inner_steps=inner_steps, personal_lr=personal_lr,
                          learning_rate=learning_rate, batch_size=s.batch_size, max_steps=s.max_steps,
                          compute_dtype=s.compute_dtype)
 
-  return on_host(host, client_update=objective, name=name)
+  return host.build(client_update=objective, name=name)

@@ -85,7 +85,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fedtree.algorithms.host.hierfavg import over_host
+from fedtree.algorithms.host import hierfavg
 from fedtree.experiment.capability import Calibration, Capability, PathParts, RunContext, cohort_of, plain
 from fedtree.experiment.fields import run_field
 from fedtree.toolbox import privacy as dp
@@ -159,13 +159,13 @@ stage that samples most (the data groups'), for every round: an upper bound."""
 
 def plain_upper_levels(run: RunContext) -> bool:
   """Whether noise above the clients' parents has the sensitivity derived in the module docstring
-  for ``run``'s algorithm: HierFAVG, or a method over it (:func:`fedtree.algorithms.host.hierfavg.over_host`),
+  for ``run``'s algorithm: HierFAVG, or a method over it (declared with ``method_over``),
   whose upper levels are HierFAVG's. A method that keeps a server rule at the clients' parents
   (SCAFFOLD's control variates, FedDyn's ``h``, Mime's optimizer state) carries one client's
   update into later rounds: :func:`fedtree.algorithms.host.hierfavg.hierfavg` refuses noise above the
   parents with a server rule, whoever sets it."""
   factory = getattr(run, "factory", None)
-  return factory is not None and over_host(factory)
+  return factory is not None and (factory is hierfavg or getattr(factory, "host", None) is hierfavg)
 
 
 def noise_level_of(level, depth: int) -> int:

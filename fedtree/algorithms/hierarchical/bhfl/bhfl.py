@@ -56,6 +56,8 @@ Choices where the paper is vague, each marked **(choice)** below:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -100,7 +102,7 @@ from fedtree.core.model import Model
 from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.server import down_nodes, init_nodes, select_nodes, update_nodes
-from fedtree.core.tier import edge_metrics, train_cohort
+from fedtree.core.tier import Clients, Down, Tier, edge_metrics, train_cohort
 from fedtree.core.topology import Topology
 from fedtree.core.updates import (
   UpdatePath,
@@ -406,6 +408,39 @@ def bhfl(
   buffers = check_buffer_sizes(buffer_sizes, topology, cohort_per_edge)
   lats = per_level(Latency() if latencies is None else latencies, depth, "latencies")
   check_nonnegative(staleness_exponent=staleness_exponent)
+  residual_k = _check_residual(residual_k, residual_down, buffers, cohort_per_edge, depth)
+  residual_opt = optax.sgd(1.0) if residual_optimizer is None else residual_optimizer
+  direct_opt = optax.sgd(0.5) if residual_down_optimizer is None else residual_down_optimizer
+  proxy = _check_proxy(proxy, topology)
+  proxy_opt = local_optimizer if proxy_optimizer is None else proxy_optimizer
+  proxy_sched = schedule if proxy_schedule is None else proxy_schedule
+  proxy_step = make_sgd_step(model, proxy_opt)
+  max_steps = schedule.max_steps(data.max_train)
+  client_update = _client_update(client_update, model, local_optimizer, schedule, max_steps, compute_dtype)
+  check_client_update(client_update, "bhfl", own_model=True)
+  tier = Tier(client_update, chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned,
+              batch_order=schedule.batch_order, batch_size=schedule.batch_size, skip_nonfinite=skip_nonfinite)
+  path = per_level_paths(update_paths, depth, algorithm=name, supported_levels=(depth - 1,),
+                         blockwise=False, node=False, down=False)[depth - 1]
+  parents = [None] + [np.asarray(topology.parent(lv)) for lv in range(1, depth + 1)]
+  ancestors = [np.asarray(topology.ancestor(lv)) for lv in range(depth + 1)]
+  nums = [topology.num_nodes(lv) for lv in range(depth + 1)]
+  num_clients = topology.num_clients
+  num_links = num_edges * residual_k
+  plan = _Plan(
+    depth=depth, parents=parents, ancestors=ancestors, nums=nums, sampler=sampler, schedule=schedule,
+    tier=tier, path=path, lats=lats, periods=periods, buffers=buffers,
+    staleness_exponent=staleness_exponent, proxy=proxy, proxy_sched=proxy_sched, proxy_opt=proxy_opt,
+    proxy_step=proxy_step, residual_k=residual_k, num_links=num_links, residual_opt=residual_opt,
+    direct_opt=direct_opt, residual_down=residual_down, down_opts=down_opts, up_opts=up_opts, model=model,
+    init_params=init_params, num_clients=num_clients, weighting=weighting, skip_nonfinite=skip_nonfinite,
+    topology=topology)
+  return FederatedAlgorithm(init=functools.partial(_init, plan), round=functools.partial(_round_fn, plan),
+                            models=functools.partial(_models, plan), name=name)
+
+
+def _check_residual(residual_k, residual_down, buffers, cohort_per_edge, depth: int) -> int:
+  """``residual_k`` checked against the edges' cohorts (or buffers) and the tree's depth."""
   residual_k = int(residual_k)
   if residual_k < 0:
     raise ValueError(f"residual_k={residual_k} must be >= 0")
@@ -423,8 +458,12 @@ def bhfl(
       f"residual_down links the root to the edge servers directly, which needs depth >= 3; "
       f"the tree has depth {depth} (its edges are already the root's children)"
     )
-  residual_opt = optax.sgd(1.0) if residual_optimizer is None else residual_optimizer
-  direct_opt = optax.sgd(0.5) if residual_down_optimizer is None else residual_down_optimizer
+  return residual_k
+
+
+def _check_proxy(proxy, topology: Topology) -> dict:
+  """Proxy data per server level, each naming distinct nodes of its level."""
+  depth = topology.depth
   proxy = dict(proxy or {})
   for lv, pd in proxy.items():
     if not 0 <= int(lv) < depth:
@@ -436,10 +475,11 @@ def bhfl(
         f"proxy data at level {lv}: node={pd.node} must list {pd.x.shape[0]} distinct nodes "
         f"of 0..{topology.num_nodes(int(lv)) - 1}"
       )
-  proxy_opt = local_optimizer if proxy_optimizer is None else proxy_optimizer
-  proxy_sched = schedule if proxy_schedule is None else proxy_schedule
-  proxy_step = make_sgd_step(model, proxy_opt)
-  max_steps = schedule.max_steps(data.max_train)
+  return proxy
+
+
+def _client_update(client_update, model, local_optimizer, schedule, max_steps, compute_dtype):
+  """The clients' update (default: plain SGD that keeps each client's own model)."""
   if client_update is None:
     client_update = sgd_client_update(
       model, local_optimizer, batch_size=schedule.batch_size, max_steps=max_steps, persistent=True,
@@ -450,231 +490,270 @@ def bhfl(
       f"compute_dtype={compute_dtype!r} configures B-HFL's default local training; with an explicit "
       f"client_update, pass compute_dtype to the objective's factory instead"
     )
-  check_client_update(client_update, "bhfl", own_model=True)
-  path = per_level_paths(update_paths, depth, algorithm=name, supported_levels=(depth - 1,),
-                         blockwise=False, node=False, down=False)[depth - 1]
-  parents = [None] + [np.asarray(topology.parent(lv)) for lv in range(1, depth + 1)]
-  ancestors = [np.asarray(topology.ancestor(lv)) for lv in range(depth + 1)]
-  nums = [topology.num_nodes(lv) for lv in range(depth + 1)]
-  num_clients = topology.num_clients
-  num_links = num_edges * residual_k
+  return client_update
 
-  def init(key):
-    p0 = initial_params(model, key, init_params)
-    params = tuple(stack(p0, nums[lv]) for lv in range(depth + 1))
-    pending = tuple(
-      Pending(update=jax.tree.map(jnp.zeros_like, params[lv]), has=jnp.zeros((nums[lv],), bool),
-              arrival=jnp.zeros((nums[lv],), jnp.float32),
-              version=jnp.zeros((nums[lv],), jnp.int32))
-      for lv in range(1, depth + 1)
-    )
-    return BHFLState(
-      round=jnp.zeros((), jnp.int32), params=params,
-      up_state=tuple(init_nodes(up_opts[lv], params[lv]) for lv in range(depth)),
-      down_state=tuple(init_nodes(down_opts[lv - 1], params[lv]) for lv in range(1, depth + 1)),
-      pending=pending, version=tuple(jnp.zeros((nums[lv],), jnp.int32) for lv in range(depth)),
-      residual_state=init_nodes(residual_opt, stack(p0, num_links)) if num_links else (),
-      direct_state=init_nodes(direct_opt, params[depth - 1]) if residual_down else (),
-      cursor=schedule.init_cursor(num_clients),
-      update_state=init_update_state(path, p0, num_clients, nums[depth - 1]),
-    )
 
-  def take(tree, idx):
-    return jax.tree.map(lambda a: jnp.take(a, jnp.asarray(idx), axis=0), tree)
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """B-HFL's fixed pieces, checked once by :func:`bhfl` (its arguments, validated, and what the
+  round derives from the tree: every level's parents, ancestors and node counts)."""
 
-  def send(p: Pending, mask, update, arrival, version) -> Pending:
-    return Pending(
-      update=select_nodes(mask, update, p.update), has=p.has | mask,
-      arrival=jnp.where(mask, arrival, p.arrival), version=jnp.where(mask, version, p.version),
-    )
+  depth: Any
+  parents: Any
+  ancestors: Any
+  nums: Any
+  sampler: Any
+  schedule: Any
+  tier: Any
+  path: Any
+  lats: Any
+  periods: Any
+  buffers: Any
+  staleness_exponent: Any
+  proxy: Any
+  proxy_sched: Any
+  proxy_opt: Any
+  proxy_step: Any
+  residual_k: Any
+  num_links: Any
+  residual_opt: Any
+  direct_opt: Any
+  residual_down: Any
+  down_opts: Any
+  up_opts: Any
+  model: Any
+  init_params: Any
+  num_clients: Any
+  weighting: Any
+  skip_nonfinite: Any
+  topology: Any
 
-  def proxy_train(lv, params_lv, active, key):
-    pd = proxy[lv]
-    nodes = np.asarray(pd.node, np.int32)
-    start = take(params_lv, nodes)
-    steps = proxy_sched.num_steps(pd.n)
-    ms = proxy_sched.max_steps(pd.x.shape[1])
 
-    def one(p, x, y, n, s, k):
-      carry = SGDCarry(params=p, opt_state=proxy_opt.init(p), anchor=p)
-      carry, loss = run_local_steps(proxy_step, carry, ClientData(x, y, n), s, k,
-                                    batch_size=proxy_sched.batch_size, max_steps=ms)
-      return carry.params, loss
+def _init(plan: _Plan, key):
+  p0 = initial_params(plan.model, key, plan.init_params)
+  params = tuple(stack(p0, plan.nums[lv]) for lv in range(plan.depth + 1))
+  pending = tuple(
+    Pending(update=jax.tree.map(jnp.zeros_like, params[lv]), has=jnp.zeros((plan.nums[lv],), bool),
+            arrival=jnp.zeros((plan.nums[lv],), jnp.float32),
+            version=jnp.zeros((plan.nums[lv],), jnp.int32))
+    for lv in range(1, plan.depth + 1)
+  )
+  return BHFLState(
+    round=jnp.zeros((), jnp.int32), params=params,
+    up_state=tuple(init_nodes(plan.up_opts[lv], params[lv]) for lv in range(plan.depth)),
+    down_state=tuple(init_nodes(plan.down_opts[lv - 1], params[lv]) for lv in range(1, plan.depth + 1)),
+    pending=pending, version=tuple(jnp.zeros((plan.nums[lv],), jnp.int32) for lv in range(plan.depth)),
+    residual_state=init_nodes(plan.residual_opt, stack(p0, plan.num_links)) if plan.num_links else (),
+    direct_state=init_nodes(plan.direct_opt, params[plan.depth - 1]) if plan.residual_down else (),
+    cursor=plan.schedule.init_cursor(plan.num_clients),
+    update_state=init_update_state(plan.path, p0, plan.num_clients, plan.nums[plan.depth - 1]),
+  )
 
-    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.asarray(nodes))
-    new, loss = jax.vmap(one)(start, pd.x, pd.y, pd.n, steps, keys)
-    act = jnp.take(active, jnp.asarray(nodes))
-    new = select_nodes(act, new, start)
-    params_lv = jax.tree.map(lambda a, v: a.at[jnp.asarray(nodes)].set(v), params_lv, new)
-    return params_lv, jnp.sum(jnp.where(act, loss, 0.0)), jnp.sum(act.astype(jnp.int32))
 
-  def levels_of(state: BHFLState) -> list[Level]:
-    return [Level(params=state.params[lv],
-                  up=state.up_state[lv] if lv < depth else None,
-                  version=state.version[lv] if lv < depth else None,
-                  down=state.down_state[lv - 1] if lv else None,
-                  pending=state.pending[lv - 1] if lv else None)
-            for lv in range(depth + 1)]
+def _take(tree, idx):
+  return jax.tree.map(lambda a: jnp.take(a, jnp.asarray(idx), axis=0), tree)
 
-  # ---------------------------------------------------------------- the round, in phases
-  def train_clients(levels: list[Level], cursor, update_state, data: FederatedData, w_client, t0, lat_key,
-                    key, metrics):
-    """Clients train from their own models; their updates (through the update path's client
-    stage: what each sends of its update, it keeps its own model) head to their edge servers."""
-    edge, clients = levels[depth - 1], levels[depth]
-    cohort = sampler(stream(key, "cohort"))
-    res = train_cohort(
-      client_update, edge.params, cohort, data,
-      num_steps=schedule.num_steps(data.n_train), weights=w_client, key=stream(key, "train"),
-      client_state=clients.params, chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned,
-      batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=cursor,
-      skip_nonfinite=skip_nonfinite,
-    )
-    trained = res.reported   # the cohort, less the clients skipped for a non-finite update
-    u = jax.tree.map(jnp.subtract, take(edge.params, parents[depth]), res.client_state)
-    if path is not None:
-      u, update_state, sums = transform_children(
-        path, update_state, u, jnp.asarray(parents[depth]), w_client, trained, nums[depth - 1],
-        stream(key, "update"))
-      metrics.update(path_metrics(sums, res.num_trained, {}, {}))
-    arrival = t0 + lats[depth - 1].sample(jax.random.fold_in(lat_key, depth), num_clients)
-    pending = send(clients.pending, trained, u, arrival, jnp.take(edge.version, jnp.asarray(parents[depth])))
-    levels[depth] = clients._replace(params=res.client_state, pending=pending)
-    return levels, res, update_state
 
-  def aggregate_level(levels: list[Level], lv: int, r, t0, w_child, lat_key, key, metrics):
-    """Server level ``lv`` aggregates the updates of its children that arrived (period,
-    buffer and staleness rules), steps its up optimizer, trains on its proxy data, and sends
-    its own update to its parent. Returns the levels and the children's updates it used."""
-    node, child = levels[lv], levels[lv + 1]
-    par = jnp.asarray(parents[lv + 1])
-    p = child.pending
-    period_ok = (r % jnp.asarray(periods[lv])) == 0
-    eligible = p.has & (p.arrival < t0 + 1.0) & jnp.take(period_ok, par)
-    sel = first_arrivals(p.arrival, eligible, parents[lv + 1], nums[lv], buffers[lv])
-    count = jax.ops.segment_sum(sel.astype(jnp.int32), par, num_segments=nums[lv])
-    agg = period_ok & (count >= (1 if buffers[lv] is None else buffers[lv]))
-    use = sel & jnp.take(agg, par)
-    stale = jnp.take(node.version, par) - p.version
-    wt = jnp.where(use, w_child * staleness_weight(stale, staleness_exponent), 0.0)
-    delta, _ = weighted_mean(p.update, wt, par, nums[lv])
-    params, up = update_nodes(up_opts[lv], node.params, node.up, delta, agg)
-    send_time = jnp.maximum(
-      jax.ops.segment_max(jnp.where(use, p.arrival, -jnp.inf), par, num_segments=nums[lv]), t0)
-    n_used = jnp.maximum(jnp.sum(use.astype(jnp.int32)), 1).astype(jnp.float32)
-    metrics[f"aggregated_l{lv}"] = jnp.sum(agg.astype(jnp.int32))
-    if lv >= 1:   # every node that aggregated sends its update up (bytes: toolbox.traffic)
-      metrics[f"level{lv - 1}_children_sent"] = metrics[f"aggregated_l{lv}"]
-    metrics[f"staleness_l{lv}"] = jnp.sum(jnp.where(use, stale, 0)).astype(jnp.float32) / n_used
-    if lv in proxy:
-      params, pl, pn = proxy_train(lv, params, agg, jax.random.fold_in(stream(key, "proxy"), lv))
-      metrics[f"proxy_loss_l{lv}"] = pl / jnp.maximum(pn, 1).astype(jnp.float32)
-    node = node._replace(params=params, up=up, version=node.version + agg.astype(jnp.int32),
-                         aggregated=agg)
-    if lv >= 1:
-      parent = levels[lv - 1]
-      u = jax.tree.map(jnp.subtract, take(parent.params, parents[lv]), params)
-      arrival = send_time + lats[lv - 1].sample(jax.random.fold_in(lat_key, lv), nums[lv])
-      node = node._replace(pending=send(node.pending, agg, u, arrival,
-                                        jnp.take(parent.version, jnp.asarray(parents[lv]))))
-    levels[lv], levels[lv + 1] = node, child._replace(pending=p.replace(has=p.has & ~use))
-    return levels, p, use
+def _send(p: Pending, mask, update, arrival, version) -> Pending:
+  return Pending(
+    update=select_nodes(mask, update, p.update), has=p.has | mask,
+    arrival=jnp.where(mask, arrival, p.arrival), version=jnp.where(mask, version, p.version),
+  )
 
-  def residual_links(p: Pending, use):
-    """The ``residual_k`` largest updates each edge server used, one per residual link."""
-    par = parents[depth]
-    sq = sum(jnp.sum(jnp.square(a.reshape(a.shape[0], -1)), axis=1) for a in jax.tree.leaves(p.update))
-    rank = segment_rank(-sq, use, par, nums[depth - 1])
-    link = jnp.where(use & (rank < residual_k), jnp.asarray(par) * residual_k + rank, num_links)
-    update = jax.tree.map(lambda a: a[:num_links], weighted_segment_sum(
-      p.update, jnp.ones((num_clients,), jnp.float32), link, num_links + 1))
-    has = jax.ops.segment_sum(jnp.ones((num_clients,), jnp.int32), link,
-                              num_segments=num_links + 1)[:num_links] > 0
-    return update, has
 
-  def aggregate_up(levels: list[Level], r, t0, w_nodes, lat_key, key, metrics):
-    """Leaf-to-root: every server level aggregates, the edges first."""
-    residual = None
-    for lv in range(depth - 1, -1, -1):
-      levels, used, use = aggregate_level(levels, lv, r, t0, w_nodes[lv + 1], lat_key, key, metrics)
-      if residual_k and lv == depth - 1:
-        residual = residual_links(used, use)
-    return levels, residual
+def _proxy_train(plan: _Plan, lv, params_lv, active, key):
+  pd = plan.proxy[lv]
+  nodes = np.asarray(pd.node, np.int32)
+  start = _take(params_lv, nodes)
+  steps = plan.proxy_sched.num_steps(pd.n)
+  ms = plan.proxy_sched.max_steps(pd.x.shape[1])
 
-  def residual_into_root(levels: list[Level], residual_state, residual, metrics):
-    """The root steps its residual optimizer on every residual link that carried an update."""
-    if not residual_k:
-      return levels, residual_state
-    res_update, res_has = residual
-    root = levels[0]
-    steps, new_s = jax.vmap(residual_opt.update)(res_update, residual_state,
-                                                 take(root.params, np.zeros(num_links, np.int32)))
-    residual_state = select_nodes(res_has, new_s, residual_state)
-    mean_step, _ = weighted_mean(steps, res_has.astype(jnp.float32), jnp.zeros((num_links,), jnp.int32), 1)
-    levels[0] = root._replace(params=jax.tree.map(jnp.add, root.params, mean_step))
-    metrics["residual_links_used"] = jnp.sum(res_has.astype(jnp.int32))
-    if depth >= 2:   # a residual link is one more message into the root
-      metrics["level0_children_sent"] = metrics["level0_children_sent"] + metrics["residual_links_used"]
+  def one(p, x, y, n, s, k):
+    carry = SGDCarry(params=p, opt_state=plan.proxy_opt.init(p), anchor=p)
+    carry, loss = run_local_steps(plan.proxy_step, carry, ClientData(x, y, n), s, k,
+                                  batch_size=plan.proxy_sched.batch_size, max_steps=ms)
+    return carry.params, loss
+
+  keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.asarray(nodes))
+  new, loss = jax.vmap(one)(start, pd.x, pd.y, pd.n, steps, keys)
+  act = jnp.take(active, jnp.asarray(nodes))
+  new = select_nodes(act, new, start)
+  params_lv = jax.tree.map(lambda a, v: a.at[jnp.asarray(nodes)].set(v), params_lv, new)
+  return params_lv, jnp.sum(jnp.where(act, loss, 0.0)), jnp.sum(act.astype(jnp.int32))
+
+
+def _levels_of(plan: _Plan, state: BHFLState) -> list[Level]:
+  return [Level(params=state.params[lv],
+                up=state.up_state[lv] if lv < plan.depth else None,
+                version=state.version[lv] if lv < plan.depth else None,
+                down=state.down_state[lv - 1] if lv else None,
+                pending=state.pending[lv - 1] if lv else None)
+          for lv in range(plan.depth + 1)]
+
+# ------------------------------------------------------------------------ the round, in phases
+
+def _train_clients(plan: _Plan, levels: list[Level], cursor, update_state, data: FederatedData, w_client,
+                   t0, lat_key, key, metrics):
+  """Clients train from their own models; their updates (through the update path's client
+  stage: what each sends of its update, it keeps its own model) head to their edge servers."""
+  edge, clients = levels[plan.depth - 1], levels[plan.depth]
+  cohort = plan.sampler(stream(key, "cohort"))
+  steps = plan.schedule.num_steps(data.n_train)
+  res = train_cohort(plan.tier, Down(edge.params), cohort, data,
+                     Clients(steps, w_client, state=clients.params, cursor=cursor), stream(key, "train"))
+  trained = res.reported   # the cohort, less the clients skipped for a non-finite update
+  u = jax.tree.map(jnp.subtract, _take(edge.params, plan.parents[plan.depth]), res.client_state)
+  if plan.path is not None:
+    u, update_state, sums = transform_children(
+      plan.path, update_state, u, jnp.asarray(plan.parents[plan.depth]), w_client, trained,
+      plan.nums[plan.depth - 1], stream(key, "update"))
+    metrics.update(path_metrics(sums, res.num_trained, {}, {}))
+  arrival = t0 + plan.lats[plan.depth - 1].sample(jax.random.fold_in(lat_key, plan.depth), plan.num_clients)
+  version = jnp.take(edge.version, jnp.asarray(plan.parents[plan.depth]))
+  pending = _send(clients.pending, trained, u, arrival, version)
+  levels[plan.depth] = clients._replace(params=res.client_state, pending=pending)
+  return levels, res, update_state
+
+
+def _aggregate_level(plan: _Plan, levels: list[Level], lv: int, r, t0, w_child, lat_key, key, metrics):
+  """Server level ``lv`` aggregates the updates of its children that arrived (period,
+  buffer and staleness rules), steps its up optimizer, trains on its proxy data, and sends
+  its own update to its parent. Returns the levels and the children's updates it used."""
+  node, child = levels[lv], levels[lv + 1]
+  par = jnp.asarray(plan.parents[lv + 1])
+  p = child.pending
+  period_ok = (r % jnp.asarray(plan.periods[lv])) == 0
+  eligible = p.has & (p.arrival < t0 + 1.0) & jnp.take(period_ok, par)
+  sel = first_arrivals(p.arrival, eligible, plan.parents[lv + 1], plan.nums[lv], plan.buffers[lv])
+  count = jax.ops.segment_sum(sel.astype(jnp.int32), par, num_segments=plan.nums[lv])
+  agg = period_ok & (count >= (1 if plan.buffers[lv] is None else plan.buffers[lv]))
+  use = sel & jnp.take(agg, par)
+  stale = jnp.take(node.version, par) - p.version
+  wt = jnp.where(use, w_child * staleness_weight(stale, plan.staleness_exponent), 0.0)
+  delta, _ = weighted_mean(p.update, wt, par, plan.nums[lv])
+  params, up = update_nodes(plan.up_opts[lv], node.params, node.up, delta, agg)
+  send_time = jnp.maximum(
+    jax.ops.segment_max(jnp.where(use, p.arrival, -jnp.inf), par, num_segments=plan.nums[lv]), t0)
+  n_used = jnp.maximum(jnp.sum(use.astype(jnp.int32)), 1).astype(jnp.float32)
+  metrics[f"aggregated_l{lv}"] = jnp.sum(agg.astype(jnp.int32))
+  if lv >= 1:   # every node that aggregated sends its update up (bytes: toolbox.traffic)
+    metrics[f"level{lv - 1}_children_sent"] = metrics[f"aggregated_l{lv}"]
+  metrics[f"staleness_l{lv}"] = jnp.sum(jnp.where(use, stale, 0)).astype(jnp.float32) / n_used
+  if lv in plan.proxy:
+    params, pl, pn = _proxy_train(plan, lv, params, agg, jax.random.fold_in(stream(key, "proxy"), lv))
+    metrics[f"proxy_loss_l{lv}"] = pl / jnp.maximum(pn, 1).astype(jnp.float32)
+  node = node._replace(params=params, up=up, version=node.version + agg.astype(jnp.int32),
+                       aggregated=agg)
+  if lv >= 1:
+    parent = levels[lv - 1]
+    u = jax.tree.map(jnp.subtract, _take(parent.params, plan.parents[lv]), params)
+    arrival = send_time + plan.lats[lv - 1].sample(jax.random.fold_in(lat_key, lv), plan.nums[lv])
+    node = node._replace(pending=_send(node.pending, agg, u, arrival,
+                                      jnp.take(parent.version, jnp.asarray(plan.parents[lv]))))
+  levels[lv], levels[lv + 1] = node, child._replace(pending=p.replace(has=p.has & ~use))
+  return levels, p, use
+
+
+def _residual_links(plan: _Plan, p: Pending, use):
+  """The ``residual_k`` largest updates each edge server used, one per residual link."""
+  par = plan.parents[plan.depth]
+  sq = sum(jnp.sum(jnp.square(a.reshape(a.shape[0], -1)), axis=1) for a in jax.tree.leaves(p.update))
+  rank = segment_rank(-sq, use, par, plan.nums[plan.depth - 1])
+  link = jnp.where(use & (rank < plan.residual_k), jnp.asarray(par) * plan.residual_k + rank, plan.num_links)
+  update = jax.tree.map(lambda a: a[:plan.num_links], weighted_segment_sum(
+    p.update, jnp.ones((plan.num_clients,), jnp.float32), link, plan.num_links + 1))
+  has = jax.ops.segment_sum(jnp.ones((plan.num_clients,), jnp.int32), link,
+                            num_segments=plan.num_links + 1)[:plan.num_links] > 0
+  return update, has
+
+
+def _aggregate_up(plan: _Plan, levels: list[Level], r, t0, w_nodes, lat_key, key, metrics):
+  """Leaf-to-root: every server level aggregates, the edges first."""
+  residual = None
+  for lv in range(plan.depth - 1, -1, -1):
+    levels, used, use = _aggregate_level(plan, levels, lv, r, t0, w_nodes[lv + 1], lat_key, key, metrics)
+    if plan.residual_k and lv == plan.depth - 1:
+      residual = _residual_links(plan, used, use)
+  return levels, residual
+
+
+def _residual_into_root(plan: _Plan, levels: list[Level], residual_state, residual, metrics):
+  """The root steps its residual optimizer on every residual link that carried an update."""
+  if not plan.residual_k:
     return levels, residual_state
+  res_update, res_has = residual
+  root = levels[0]
+  steps, new_s = jax.vmap(plan.residual_opt.update)(res_update, residual_state,
+                                               _take(root.params, np.zeros(plan.num_links, np.int32)))
+  residual_state = select_nodes(res_has, new_s, residual_state)
+  mean_step, _ = weighted_mean(steps, res_has.astype(jnp.float32), jnp.zeros((plan.num_links,), jnp.int32), 1)
+  levels[0] = root._replace(params=jax.tree.map(jnp.add, root.params, mean_step))
+  metrics["residual_links_used"] = jnp.sum(res_has.astype(jnp.int32))
+  if plan.depth >= 2:   # a residual link is one more message into the root
+    metrics["level0_children_sent"] = metrics["level0_children_sent"] + metrics["residual_links_used"]
+  return levels, residual_state
 
-  def merge_down(levels: list[Level], direct_state, metrics):
-    """Root-to-leaf: every node that received its parent's new model merges it through its
-    down optimizer (a node receives when its parent aggregated or received this round); the
-    models sent down every edge are counted (:mod:`fedtree.toolbox.traffic`)."""
-    sent = levels[0].aggregated
-    for lv in range(depth):
-      child, node = lv + 1, levels[lv + 1]
-      recv = jnp.take(sent, jnp.asarray(parents[child]))
-      params, down = down_nodes(down_opts[lv], node.params, node.down,
-                                take(levels[lv].params, parents[child]), recv)
-      received = jnp.sum(recv.astype(jnp.int32))   # models sent down this edge (toolbox.traffic)
-      metrics["clients_received" if child == depth else f"level{lv}_children_received"] = received
-      if residual_down and child == depth - 1:
-        direct = jnp.broadcast_to(levels[0].aggregated[0], (nums[child],))
-        params, direct_state = down_nodes(
-          direct_opt, params, direct_state, take(levels[0].params, np.zeros(nums[child], np.int32)), direct)
-        recv = recv | direct
-        key0 = "level0_children_received"
-        metrics[key0] = metrics.get(key0, 0) + jnp.sum(direct.astype(jnp.int32))
-      levels[child] = node._replace(params=params, down=down)
-      if child < depth:
-        sent = node.aggregated | recv
-    return levels, direct_state
 
-  def round_fn(state: BHFLState, data: FederatedData, key):
-    r = state.round + 1
-    t0 = state.round.astype(jnp.float32)
-    w_client = client_weights(data.n_train, weighting)
-    w_nodes = [jax.ops.segment_sum(w_client, jnp.asarray(ancestors[lv]), num_segments=nums[lv])
-               for lv in range(depth)] + [w_client]
-    lat_key = stream(key, "latency")
-    metrics: dict[str, jax.Array] = {}
-    levels = levels_of(state)
-    levels, res, update_state = train_clients(levels, state.cursor, state.update_state, data, w_client,
-                                              t0, lat_key, key, metrics)
-    levels, residual = aggregate_up(levels, r, t0, w_nodes, lat_key, key, metrics)
-    levels, residual_state = residual_into_root(levels, state.residual_state, residual, metrics)
-    levels, direct_state = merge_down(levels, state.direct_state, metrics)
-    metrics.update(res.metrics(skip_nonfinite))
-    # the models that went up and down every edge (toolbox.traffic): a level's children sent what
-    # aggregated (and the residual links), received what its down-merges delivered
-    metrics.update(edge_metrics("clients", res.messages(), metrics["clients_received"]))
-    for lv in range(depth - 1):
-      sent = metrics[f"level{lv}_children_sent"]
-      metrics.update(edge_metrics(f"level{lv}", sent, metrics.get(f"level{lv}_children_received", sent)))
-    return BHFLState(
-      round=r, params=tuple(lvl.params for lvl in levels),
-      up_state=tuple(lvl.up for lvl in levels[:depth]), down_state=tuple(lvl.down for lvl in levels[1:]),
-      pending=tuple(lvl.pending for lvl in levels[1:]), version=tuple(lvl.version for lvl in levels[:depth]),
-      residual_state=residual_state, direct_state=direct_state, cursor=res.cursor,
-      update_state=update_state,
-    ), metrics
+def _merge_down(plan: _Plan, levels: list[Level], direct_state, metrics):
+  """Root-to-leaf: every node that received its parent's new model merges it through its
+  down optimizer (a node receives when its parent aggregated or received this round); the
+  models sent down every edge are counted (:mod:`fedtree.toolbox.traffic`)."""
+  sent = levels[0].aggregated
+  for lv in range(plan.depth):
+    child, node = lv + 1, levels[lv + 1]
+    recv = jnp.take(sent, jnp.asarray(plan.parents[child]))
+    params, down = down_nodes(plan.down_opts[lv], node.params, node.down,
+                              _take(levels[lv].params, plan.parents[child]), recv)
+    received = jnp.sum(recv.astype(jnp.int32))   # models sent down this edge (toolbox.traffic)
+    metrics["clients_received" if child == plan.depth else f"level{lv}_children_received"] = received
+    if plan.residual_down and child == plan.depth - 1:
+      direct = jnp.broadcast_to(levels[0].aggregated[0], (plan.nums[child],))
+      params, direct_state = down_nodes(
+        plan.direct_opt, params, direct_state, _take(levels[0].params, np.zeros(plan.nums[child], np.int32)),
+        direct)
+      recv = recv | direct
+      key0 = "level0_children_received"
+      metrics[key0] = metrics.get(key0, 0) + jnp.sum(direct.astype(jnp.int32))
+    levels[child] = node._replace(params=params, down=down)
+    if child < plan.depth:
+      sent = node.aggregated | recv
+  return levels, direct_state
 
-  def models(state: BHFLState):
-    return {level_name(lv, depth): NodeModels(state.params[lv], topology.ancestor(lv))
-            for lv in range(depth + 1)}
 
-  return FederatedAlgorithm(init=init, round=round_fn, models=models, name=name)
+def _round_fn(plan: _Plan, state: BHFLState, data: FederatedData, key):
+  r = state.round + 1
+  t0 = state.round.astype(jnp.float32)
+  w_client = client_weights(data.n_train, plan.weighting)
+  w_nodes = [jax.ops.segment_sum(w_client, jnp.asarray(plan.ancestors[lv]), num_segments=plan.nums[lv])
+             for lv in range(plan.depth)] + [w_client]
+  lat_key = stream(key, "latency")
+  metrics: dict[str, jax.Array] = {}
+  levels = _levels_of(plan, state)
+  levels, res, update_state = _train_clients(plan, levels, state.cursor, state.update_state, data, w_client,
+                                            t0, lat_key, key, metrics)
+  levels, residual = _aggregate_up(plan, levels, r, t0, w_nodes, lat_key, key, metrics)
+  levels, residual_state = _residual_into_root(plan, levels, state.residual_state, residual, metrics)
+  levels, direct_state = _merge_down(plan, levels, state.direct_state, metrics)
+  metrics.update(res.metrics(plan.skip_nonfinite))
+  # the models that went up and down every edge (toolbox.traffic): a level's children sent what
+  # aggregated (and the residual links), received what its down-merges delivered
+  metrics.update(edge_metrics("clients", res.messages(), metrics["clients_received"]))
+  for lv in range(plan.depth - 1):
+    sent = metrics[f"level{lv}_children_sent"]
+    metrics.update(edge_metrics(f"level{lv}", sent, metrics.get(f"level{lv}_children_received", sent)))
+  return BHFLState(
+    round=r, params=tuple(lvl.params for lvl in levels),
+    up_state=tuple(lvl.up for lvl in levels[:plan.depth]), down_state=tuple(lvl.down for lvl in levels[1:]),
+    pending=tuple(lvl.pending for lvl in levels[1:]),
+    version=tuple(lvl.version for lvl in levels[:plan.depth]),
+    residual_state=residual_state, direct_state=direct_state, cursor=res.cursor,
+    update_state=update_state,
+  ), metrics
+
+
+def _models(plan: _Plan, state: BHFLState):
+  return {level_name(lv, plan.depth): NodeModels(state.params[lv], plan.topology.ancestor(lv))
+          for lv in range(plan.depth + 1)}
 
 
 def level_name(level: int, depth: int) -> str:

@@ -23,14 +23,15 @@ from __future__ import annotations
 import numpy as np
 import optax
 
-from fedtree.algorithms.host.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.optimization.fedkws.alt import alt_schedule, client_utility
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.objectives.alo import alo_update, check_alo, check_private, main_params, with_private_head
 
 
-@hierfavg_method()
+@method_over(hierfavg)
 def fedkws(
+  host: Host,
   *,
   mu: float = 0.2,
   lam: float = 0.001,
@@ -46,7 +47,6 @@ def fedkws(
   utility_n_max: float | None = None,
   max_grad_norm: float | None = None,
   name: str = "fedkws",
-  **host,
 ) -> FederatedAlgorithm:
   """FedKWS-UI (or one of its ablations) on ``topology`` (default flat).
 
@@ -128,7 +128,7 @@ def fedkws(
   init_params = host.get("init_params")
   derived = {"schedule": schedule, "init_params": None if head else init_params,   # (from the host's)
              "model": with_private_head(model, data.example_shape, init_params) if head else model}
-  alg = on_host({**host, **derived}, client_update=objective, name=name)
+  alg = host.replace(**derived).build(client_update=objective, name=name)
   if not head:
     return alg
 
