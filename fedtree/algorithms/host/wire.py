@@ -81,7 +81,8 @@ class Extras:
       messages.append(message_shape(update, params, () if update.init_state is None else jax.eval_shape(
         lambda p: update.init_state(p, 1), template), data, bcast, learning_rate, jax.random.key(0), own))
     if rule is not None and rule.down.gather is not None:   # what a client sends before training
-      messages.append(message_shape(rule.down.gather, params, (), data, bcast, learning_rate, jax.random.key(0)))
+      messages.append(message_shape(rule.down.gather, params, (), data, bcast, learning_rate,
+                                    jax.random.key(0)))
     msg = model_bytes(_stacked(tuple(messages), 1), stacked=True)
     if update.message_bytes is not None:   # what the message costs on the wire (ClientUpdate.message_bytes)
       msg += int(update.message_bytes)

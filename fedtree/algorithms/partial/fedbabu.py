@@ -37,10 +37,8 @@ from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.partial.finetuned import finetune_schedule, finetuned
 from fedtree.algorithms.partial.split import (
   Head,
-  check_split,
   head_patterns,
-  mask_of,
-  template_of,
+  split_model,
   with_parameter_counts,
 )
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels, TreeState
@@ -144,9 +142,7 @@ def fedbabu(
                      f"local_learning_rate= (from a config: local.learning_rate)")
   model: Model = host["model"]
   patterns = head_patterns(model, head, algorithm=name)
-  template = template_of(host)
-  mask = mask_of(patterns, template, algorithm=name)
-  check_split(name, template, mask, kept="head", shared="body")
+  template, mask = split_model(host, patterns, algorithm=name, kept="head", shared="body")[1:]
   body = jax.tree.map(lambda m: not m, mask)
 
   def objective(s: LocalSetup):

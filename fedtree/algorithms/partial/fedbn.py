@@ -34,15 +34,9 @@ import re
 
 from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.partial.split import (
-  check_split,
-  counts,
-  mask_of,
-  template_of,
-  where_personal,
-  with_parameter_counts,
+  split_model,
 )
 from fedtree.core.algorithm import FederatedAlgorithm
-from fedtree.core.personal import personal
 
 
 @method_over(hierfavg, sets={"personal": "the normalization layers are personal: choose them with norm=, "
@@ -104,8 +98,5 @@ def fedbn(
   root = "params/" if model.state else ""
   patterns = ((f"^{root}(.*/)?[^/]*({norm})",) if affine else ()) + (
     (f"^batch_stats/(.*/)?[^/]*({norm})",) if statistics else ())
-  template = template_of(host)
-  mask = mask_of(patterns, template, algorithm=name)
-  check_split(name, template, mask, kept="normalization set", shared="rest of the model")
-  alg = host.build(personal=personal(patterns, level=personal_level), name=name)
-  return with_parameter_counts(alg, counts(template, mask), where_personal(personal_level))
+  split = split_model(host, patterns, algorithm=name, kept="normalization set", shared="rest of the model")
+  return split.counted(host.build(personal=split.personal(personal_level), name=name), personal_level)

@@ -28,16 +28,10 @@ from __future__ import annotations
 from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.partial.split import (
   Head,
-  check_split,
-  counts,
   head_patterns,
-  mask_of,
-  template_of,
-  where_personal,
-  with_parameter_counts,
+  split_model,
 )
 from fedtree.core.algorithm import FederatedAlgorithm
-from fedtree.core.personal import personal
 
 
 @method_over(hierfavg, sets={"personal": "the head is personal: choose it with head= and personal_level="})
@@ -74,9 +68,6 @@ def fedper(host: Host, *, head: Head = 1, personal_level: int | None = None,
     >>> sorted(alg.models(state))
     ['personal']
   """
-  patterns = head_patterns(host["model"], head, algorithm=name)
-  template = template_of(host)
-  mask = mask_of(patterns, template, algorithm=name)
-  check_split(name, template, mask, kept="head", shared="body")
-  alg = host.build(personal=personal(patterns, level=personal_level), name=name)
-  return with_parameter_counts(alg, counts(template, mask), where_personal(personal_level))
+  split = split_model(host, head_patterns(host["model"], head, algorithm=name), algorithm=name, kept="head",
+                      shared="body")
+  return split.counted(host.build(personal=split.personal(personal_level), name=name), personal_level)

@@ -47,13 +47,8 @@ import optax
 from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.partial.split import (
   Head,
-  check_split,
-  counts,
   head_patterns,
-  mask_of,
-  template_of,
-  where_personal,
-  with_parameter_counts,
+  split_model,
 )
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_positive
@@ -67,7 +62,6 @@ from fedtree.core.local import (
   train_only,
 )
 from fedtree.core.model import Model
-from fedtree.core.personal import personal
 
 PyTree = Any
 
@@ -173,10 +167,9 @@ def fedrep(
     check_positive(head_epochs=head_epochs)
     head_schedule = LocalSchedule(batch_size=schedule.batch_size, epochs=float(head_epochs),
                                   batch_order=schedule.batch_order)
-  patterns = head_patterns(host["model"], head, algorithm=name)
-  template = template_of(host)
-  mask = mask_of(patterns, template, algorithm=name)
-  check_split(name, template, mask, kept="head", shared="body")
+  split = split_model(host, head_patterns(host["model"], head, algorithm=name), algorithm=name, kept="head",
+                      shared="body")
+  mask = split.mask
   head_max = head_schedule.max_steps(host["data"].max_train)
 
   def objective(s: LocalSetup):
@@ -185,6 +178,6 @@ def fedrep(
     return fedrep_update(s.model, s.optimizer, mask, head_schedule=head_schedule, head_max_steps=head_max,
                          batch_size=s.batch_size, max_steps=s.max_steps, compute_dtype=s.compute_dtype)
 
-  alg = host.build(client_update=objective, personal=personal(patterns, level=personal_level),
-                weighting=weighting, name=name)
-  return with_parameter_counts(alg, counts(template, mask), where_personal(personal_level))
+  alg = host.build(client_update=objective, personal=split.personal(personal_level), weighting=weighting,
+                   name=name)
+  return split.counted(alg, personal_level)

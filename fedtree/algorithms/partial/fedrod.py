@@ -52,10 +52,8 @@ import optax
 from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.partial.split import (
   Head,
-  check_split,
   head_patterns,
-  mask_of,
-  template_of,
+  split_model,
   with_parameter_counts,
 )
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels, TreeState
@@ -235,9 +233,7 @@ def fedrod(
     raise ValueError(f"{name}: personal_init={personal_init!r}; choose one of {PERSONAL_INITS}")
   check_nonnegative(gamma=gamma)
   patterns = head_patterns(model, head, algorithm=name)
-  template = template_of(host)
-  mask = mask_of(patterns, template, algorithm=name)
-  check_split(name, template, mask, kept="head", shared="body")
+  template, mask = split_model(host, patterns, algorithm=name, kept="head", shared="body")[1:]
 
   def objective(s: LocalSetup):
     if s.optimizer is None:

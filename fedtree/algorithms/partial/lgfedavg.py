@@ -25,22 +25,13 @@ follows the paper.
 
 from __future__ import annotations
 
-import jax
-
 from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.partial.split import (
   Head,
-  check_split,
-  counts,
-  exact_patterns,
   head_patterns,
-  mask_of,
-  template_of,
-  where_personal,
-  with_parameter_counts,
+  split_model,
 )
 from fedtree.core.algorithm import FederatedAlgorithm
-from fedtree.core.personal import personal
 
 
 @method_over(hierfavg, sets={"personal": "the local representation is every parameter outside head="})
@@ -76,10 +67,6 @@ def lgfedavg(host: Host, *, head: Head = 1, personal_level: int | None = None,
     >>> sorted(alg.models(state))
     ['personal']
   """
-  patterns = head_patterns(host["model"], head, algorithm=name)
-  template = template_of(host)
-  head_mask = mask_of(patterns, template, algorithm=name)
-  body = jax.tree.map(lambda m: not m, head_mask)
-  check_split(name, template, body, kept="local representation", shared="global head")
-  alg = host.build(personal=personal(exact_patterns(template, body), level=personal_level), name=name)
-  return with_parameter_counts(alg, counts(template, body), where_personal(personal_level))
+  split = split_model(host, head_patterns(host["model"], head, algorithm=name), algorithm=name,
+                      kept="local representation", shared="global head", complement=True)
+  return split.counted(host.build(personal=split.personal(personal_level), name=name), personal_level)

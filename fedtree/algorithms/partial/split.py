@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -134,3 +134,37 @@ def with_parameter_counts(algorithm: FederatedAlgorithm, numbers: Mapping[str, i
 def where_personal(level: int | None) -> str:
   """Where a method's personal parameters live, for its report line."""
   return "personal: per client" if level is None else f"personal: shared within each level-{level} subtree"
+
+
+class Split(NamedTuple):
+  """A model split into the part kept with each client (or subtree) and the shared rest: the one
+  sequence every method of the family runs (:func:`split_model`)."""
+
+  patterns: tuple[str, ...]   # the kept part's path patterns (:func:`fedtree.core.personal.personal`)
+  template: PyTree            # one model of the host's (abstract)
+  mask: PyTree                # bools shaped as the model: True at the kept leaves
+
+  def personal(self, level: int | None) -> Personal:
+    """The host's ``personal=`` for the kept part, per client (``None``) or per level-``level`` subtree."""
+    return personal(self.patterns, level=level)
+
+  def counted(self, algorithm: FederatedAlgorithm, level: int | None) -> FederatedAlgorithm:
+    """``algorithm`` reporting how many parameters are kept and shared (:func:`with_parameter_counts`)."""
+    return with_parameter_counts(algorithm, counts(self.template, self.mask), where_personal(level))
+
+
+def split_model(host: Mapping[str, Any], patterns: Sequence[str], *, algorithm: str, kept: str, shared: str,
+                complement: bool = False) -> Split:
+  """The host's model split by ``patterns`` (the kept part; with ``complement``, every parameter they
+  do not match), checked: no pattern that matches nothing, neither side empty.
+
+  Raises:
+    ValueError: a pattern that matches no parameter, or a split with an empty side, naming ``algorithm``.
+  """
+  template = template_of(host)
+  mask = mask_of(patterns, template, algorithm=algorithm)
+  if complement:
+    mask = jax.tree.map(lambda m: not m, mask)
+    patterns = exact_patterns(template, mask)
+  check_split(algorithm, template, mask, kept=kept, shared=shared)
+  return Split(tuple(patterns), template, mask)
