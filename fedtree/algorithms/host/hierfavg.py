@@ -20,7 +20,7 @@ import optax
 
 from fedtree.algorithms.host import phases
 from fedtree.algorithms.host.plan import HostPlan, plan
-from fedtree.core.algorithm import FederatedAlgorithm, ObjectiveFactory, TreeState
+from fedtree.core.algorithm import FederatedAlgorithm, ObjectiveFactory, Reads, TreeState
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
@@ -172,9 +172,13 @@ def hierfavg(
     client_update=client_update, server_rule=server_rule, personal=personal,
     local_learning_rate=local_learning_rate, init_params=init_params, skip_nonfinite=skip_nonfinite,
     top_level=top_level, update_paths=update_paths, systems=systems, candidates=candidates, name=name)
+  reads = None
+  if host.rule is None or (host.rule.down.parcels is None and not host.rule.up.slots):
+    # (a rule's parcels and slots read other clients' state than the cohort's: no window)
+    reads = Reads(functools.partial(phases.reads, host), needs_state=host.strategy.needs_state)
   return FederatedAlgorithm(init=functools.partial(phases.init, host),
                             round=functools.partial(host_round, host),
-                            models=functools.partial(phases.models, host), name=name)
+                            models=functools.partial(phases.models, host), name=name, reads=reads)
 
 
 def host_round(plan: HostPlan, state: TreeState, data: FederatedData, key) -> tuple[TreeState, dict]:
