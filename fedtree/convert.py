@@ -18,6 +18,7 @@ it records the data block, and a run that opens it with another dataset is refus
 from __future__ import annotations
 
 import ast
+import os
 import sys
 import time
 from typing import Any
@@ -59,6 +60,8 @@ def convert(data: dict[str, Any], out: str, *, overwrite: bool = False, progress
   from fedtree.population.store import write_federated_data
 
   data = {k: _plain(v) for k, v in dict(data).items()}
+  if os.path.exists(out) and not overwrite:   # before the source is read
+    raise ValueError(f"{os.path.abspath(out)} exists; choose another path or overwrite it (--overwrite)")
   name = data.get("name")
   names = DATASETS + ("flair",)
   if name not in names:
