@@ -88,8 +88,8 @@ def test_read_refusals(tmp_path):
   with pytest.raises(ValueError, match="1-D integer array"):
     store.read([[0]])
   widest = int(np.argmax(data.n_train))
-  with pytest.raises(ValueError, match=f"client {widest} has {int(data.n_train[widest])} train rows, more than "
-                                       "width=1"):
+  n = int(data.n_train[widest])
+  with pytest.raises(ValueError, match=f"client {widest} has {n} train rows, more than width=1"):
     store.read([widest], width=1)
   with pytest.raises(ValueError, match="more than rows=1"):
     store.read_ragged([widest], rows=1)
@@ -112,7 +112,8 @@ def test_half_written_damaged_and_mismatched_stores_are_refused(tmp_path):
   with pytest.raises(FileNotFoundError, match=r"a conversion stopped before it finished .*half.partial"):
     open_store(str(tmp_path / "half"))
   with pytest.raises(ValueError, match="labels span"):
-    with StoreWriter(str(tmp_path / "bad"), x=Feature((5,), "float32"), y=Feature((), "int32"), source={}) as w:
+    with StoreWriter(str(tmp_path / "bad"), x=Feature((5,), "float32"), y=Feature((), "int32"),
+                     source={}) as w:
       w.add((np.ones((2, 5), np.float32), np.array([0, 3], np.int32)))
       w.finish(num_classes=3)
   assert not os.path.exists(tmp_path / "bad") and not os.path.exists(tmp_path / "bad.partial")
@@ -243,11 +244,11 @@ def write_leaf(root):
 def test_every_loaded_source_converts_through_the_command(tmp_path):
   """LEAF JSON, .npz arrays and a Hugging Face dataset (with a Flower partitioner) through
   ``fedtree.convert.convert``: the store holds the loader's rows, groups and vocabulary."""
+  import ml_collections
+
   from fedtree.convert import convert
   from fedtree.datasets.arrays import save_arrays
   from fedtree.experiment.data import load_with_info
-
-  import ml_collections
 
   pytest.importorskip("flwr_datasets")
   write_leaf(tmp_path / "leaf")
@@ -275,8 +276,9 @@ def test_an_in_memory_hugging_face_dataset_converts(tmp_path):
   datasets = pytest.importorskip("datasets")
   from fedtree.datasets.hf import from_hf
 
-  ds = datasets.Dataset.from_dict({"x": [[float(i), 1.0] for i in range(12)], "label": [i % 3 for i in range(12)],
-                                   "writer": [i // 4 for i in range(12)]})
+  rows = range(12)
+  ds = datasets.Dataset.from_dict({"x": [[float(i), 1.0] for i in rows], "label": [i % 3 for i in rows],
+                                   "writer": [i // 4 for i in rows]})
   data, _, _, extras = from_hf(ds, x_columns="x", client_column="writer", test_fraction=0.25)
   store = write_federated_data(str(tmp_path / "s"), data, source={"name": "hf"},
                                client_names=extras["client_names"])
@@ -324,7 +326,8 @@ def test_flair_in_pfl_research_layout(tmp_path):
 
   labels = write_flair(tmp_path / "flair.hdf5")
   store = convert(dict(name="flair", path=str(tmp_path / "flair.hdf5")), str(tmp_path / "s"), progress=False)
-  assert list(store.client_names) == ["u1", "u9"] and store.num_classes == 4 and store.label_kind == "multi_hot"
+  assert list(store.client_names) == ["u1", "u9"] and store.num_classes == 4
+  assert store.label_kind == "multi_hot"
   block = store.read([0])
   assert block.x.dtype == np.uint8 and block.x.shape == (1, 3, 8, 8, 3) and block.y.shape == (1, 3, 4)
   with h5py.File(tmp_path / "flair.hdf5") as f:
@@ -357,8 +360,8 @@ def test_the_command_refuses_in_one_line_before_reading(tmp_path):
   os.makedirs(tmp_path / "s")
   out = _command(tmp_path, tmp_path / "s")
   assert out.returncode == 1
-  assert out.stderr.strip().splitlines() == [f"fedtree: error: {tmp_path / 's'} exists; choose another path or "
-                                             "overwrite it (--overwrite)"]
+  line = f"fedtree: error: {tmp_path / 's'} exists; choose another path or overwrite it (--overwrite)"
+  assert out.stderr.strip().splitlines() == [line]
 
 
 @pytest.mark.slow
