@@ -370,3 +370,21 @@ def test_the_command_converts(tmp_path):
   assert ok.returncode == 0, ok.stderr[-2000:]
   assert "fedtree: wrote ClientStore(" in ok.stdout and "2 clients" in ok.stdout
   assert open_store(str(tmp_path / "s")).num_clients == 2
+
+
+def test_the_format_comparison_and_the_synthetic_h5_run_at_a_tiny_size(tmp_path):
+  """benchmarks/population_store.py cannot rot: every format written, read back (the script checks
+  the rows), timed; the synthetic TFF files convert to a store (no timing asserted)."""
+  pytest.importorskip("grain")
+  from benchmarks import population_store as bench
+
+  rows = bench.main(["--clients=30", "--cohort=4", "--cohorts=2", "--cold-cohorts=1",
+                     f"--out-dir={tmp_path}", f"--root={tmp_path}"])
+  assert [r["format"] for r in rows] == list(bench.FORMATS) and all(r["disk_bytes"] > 0 for r in rows)
+  assert "arrow" in json.load(open(tmp_path / "population_store.json"))["table"]
+  train, test = bench.main([f"--write-h5={tmp_path / 'h5'}", "--clients=12"])
+  store = streamed.convert_tff_h5(str(tmp_path / "so"), train_path=train, test_path=test,
+                                  kind="stackoverflow", seq_len=20, vocab_size=10_004, progress=False)
+  sizes = bench.client_sizes(12)
+  np.testing.assert_array_equal(store.counts("train"), sizes)
+  assert store.num_clients == 12 and 0 < store.counts("test").sum() < sizes.sum()
