@@ -3,6 +3,7 @@ r"""Populations on disk: which file format a store of client data should use, me
   python -m benchmarks.population_store                      # 20,000 clients, every format
   python -m benchmarks.population_store --clients=2000 --cohorts=50
   python -m benchmarks.population_store --write-h5=DIR --clients=342477   # the synthetic TFF h5 files
+  python -m benchmarks.population_store --store=STORE --round-s=0.05      # cohorts read from a store
 
 **The comparison.** The same synthetic StackOverflow-shaped population (:func:`client_sizes`:
 long-tailed sentence counts, at most 1,000 per client; every sentence ``x`` and ``y`` of 20
@@ -26,6 +27,10 @@ ratio to the best. Candidates, each in its random-access setting:
   gzip level 4; a client's rows are one slice;
 * ``zarr3``: a tensorstore zarr v3 array per array, chunks of 4,096 rows with zstd; a cohort's
   slices read concurrently.
+
+**A converted store** (``--store``): random cohorts read from it warm and cold, and the share of
+a loop's time spent waiting for data when a :class:`fedtree.population.reader.CohortReader` reads
+``--depth`` cohorts ahead of rounds of ``--round-s`` seconds (a sleep), against depth 0.
 
 **The synthetic TFF files** (``--write-h5``): :func:`write_stackoverflow_h5` writes
 ``stackoverflow_train.h5`` and ``stackoverflow_test.h5`` in TFF's layout (``examples/<client
@@ -401,6 +406,44 @@ def _sync(path):
       os.close(fd)
 
 
+def measure_store(path: str, *, cohort: int = 50, cohorts: int = 200, cold_cohorts: int = 30,
+                  round_s: float = 0.05, depth: int = 2, seed: int = 0) -> dict:
+  """Random cohorts read from an existing store (``python -m fedtree.convert``'s), warm and cold,
+  and a :class:`fedtree.population.reader.CohortReader` feeding a loop whose rounds take
+  ``round_s`` seconds (a sleep standing in for training): its stall fraction at ``depth`` and at
+  depth 0 (every cohort read when the round asks for it)."""
+  from fedtree.population import CohortReader, open_store
+
+  store = open_store(path)
+  rng = np.random.default_rng([seed, 4])
+  draws = [rng.choice(store.num_clients, cohort, replace=False) for _ in range(cohorts)]
+  store.read(draws[0])
+  warm = 0.0
+  for _ in range(3):
+    t0 = time.perf_counter()
+    for ids in draws:
+      store.read(ids)
+    warm = max(warm, cohorts / (time.perf_counter() - t0))
+  files = [os.path.join(store.path, s, "data.arrow") for s in store.splits]
+  cold = 0.0
+  for ids in draws[:cold_cohorts]:
+    _evict(files)
+    t0 = time.perf_counter()
+    store.read(ids)
+    cold += time.perf_counter() - t0
+  stalls = {}
+  for d in (depth, 0):
+    _evict(files)
+    with CohortReader(store, draws, depth=d) as reader:
+      for _ in reader:
+        time.sleep(round_s)
+    stalls[d] = reader.stats.stall_fraction
+  return dict(store=path, clients=store.num_clients, rows=int(store.counts().sum()), width=store.width(),
+              cohort=cohort, warm_cohorts_per_s=warm, cold_cohorts_per_s=cold_cohorts / cold, round_s=round_s,
+              depth=depth, stall_fraction=stalls[depth], stall_fraction_depth0=stalls[0],
+              block_mb=store.read(draws[0]).nbytes / 1e6)
+
+
 def table(rows: list[dict]) -> str:
   """The comparison as text: every figure and its ratio to the best of its column."""
   best_convert = min(r["convert_s"] for r in rows)
@@ -429,6 +472,10 @@ def main(argv=None) -> list[dict] | tuple[str, str]:
   p.add_argument("--root", default=None, help="where the formats are written (default: the temp dir)")
   p.add_argument("--write-h5", default=None, metavar="DIR",
                  help="write the synthetic TFF StackOverflow h5 files into DIR instead")
+  p.add_argument("--store", default=None, metavar="DIR",
+                 help="read random cohorts from this store (python -m fedtree.convert's) instead")
+  p.add_argument("--round-s", type=float, default=0.05, help="--store: the simulated round's seconds")
+  p.add_argument("--depth", type=int, default=2, help="--store: the reader's depth")
   p.add_argument("--tag", default="population_store")
   p.add_argument("--out-dir", default=RESULTS)
   args = p.parse_args(argv)
@@ -438,6 +485,15 @@ def main(argv=None) -> list[dict] | tuple[str, str]:
     print(f"wrote {paths[0]} ({os.path.getsize(paths[0]) / 1e9:.2f} GB) and {paths[1]} "
           f"({os.path.getsize(paths[1]) / 1e9:.2f} GB) in {time.perf_counter() - t0:.0f} s")
     return paths
+  if args.store:
+    r = measure_store(args.store, cohort=args.cohort, cohorts=args.cohorts, cold_cohorts=args.cold_cohorts,
+                      round_s=args.round_s, depth=args.depth, seed=args.seed)
+    print(f"{r['store']}: {r['clients']:,} clients, {r['rows']:,} train rows (widest {r['width']}); cohorts "
+          f"of {r['cohort']} ({r['block_mb']:.1f} MB blocks): {r['warm_cohorts_per_s']:.1f}/s warm, "
+          f"{r['cold_cohorts_per_s']:.1f}/s cold; {len(range(args.cohorts))} rounds of {r['round_s']} s wait "
+          f"{100 * r['stall_fraction']:.2f} % of the time for data at depth {r['depth']}, "
+          f"{100 * r['stall_fraction_depth0']:.2f} % at depth 0 (from cold files)")
+    return [r]
   formats = tuple(f for f in args.formats.split(",") if f)
   unknown = sorted(set(formats) - set(FORMATS))
   if unknown:

@@ -206,10 +206,9 @@ def convert_flair(path: str, *, h5_path: str, labels: str = "coarse", central: s
       y[np.asarray(g[f"{prefix}_row"][()], np.int64), np.asarray(g[f"{prefix}_col"][()], np.int64)] = 1
       return images, y
 
-    first = np.asarray(f["train"][users[0]]["images"].shape[1:]) if "images" in f["train"][users[0]] else None
-    if first is None:
+    if "images" not in f["train"][users[0]]:
       user("train", users[0])   # names what is missing
-    shape = tuple(int(d) for d in first)
+    shape = tuple(int(d) for d in f["train"][users[0]]["images"].shape[1:])
     with StoreWriter(path, x=Feature(shape, "uint8"), y=Feature((k,), "uint8"), source=source,
                      overwrite=overwrite) as w:
       with _bar(len(users), "FLAIR users", progress) as bar:
