@@ -215,6 +215,17 @@ def test_tff_h5_converts_to_the_loaders_rows(tmp_path, kind, options):
   assert store.source["kind"] == kind and store.verify() == store.fingerprint
 
 
+def test_the_streamed_vocabulary_counts_the_loaders_tokens():
+  import collections
+
+  sentences = np.asarray([s.encode() for s in ["a  b\tc", " lead trail ", "caf\u00e9\u00a0x\ny", "", "z"]])
+  for kind, key in (("stackoverflow", "tokens"), ("shakespeare", "snippets")):
+    want = collections.Counter(t for toks in tff_h5.client_tokens(kind, {key: sentences}) for t in toks)
+    got = collections.Counter()
+    tff_h5.count_tokens(kind, {key: sentences}, got)
+    assert got == want, kind
+
+
 def test_tff_h5_refusals_leave_no_store(tmp_path):
   write_tff(tmp_path / "tr.h5", {"a": 2, "b": 0}, "emnist")
   write_tff(tmp_path / "te.h5", {"a": 1, "z": 1}, "emnist")

@@ -32,6 +32,7 @@ group (TFF's splits have no group column).
 
 from __future__ import annotations
 
+import collections
 import os
 
 import numpy as np
@@ -162,6 +163,13 @@ def client_tokens(kind: str, d: dict[str, np.ndarray]) -> list:
   if kind == "shakespeare":
     return [list(_text(s)) for s in d["snippets"]]
   return [_text(s).split() for s in d["tokens"]]
+
+
+def count_tokens(kind: str, d: dict[str, np.ndarray], counts: collections.Counter) -> None:
+  """Adds the tokens of :func:`client_tokens` to ``counts``, in one pass over the client's text
+  joined (the same tokens: the words of sentences joined by a space are the sentences' words)."""
+  texts = [s.decode("utf-8") if isinstance(s, bytes) else str(s) for s in d[FEATURES[kind][0]]]
+  counts.update("".join(texts) if kind == "shakespeare" else " ".join(texts).split())
 
 
 def client_examples(kind: str, d: dict[str, np.ndarray] | None, *, seq_len: int = 80, crop: int | None = None,

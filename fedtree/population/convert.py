@@ -108,8 +108,7 @@ def convert_tff_h5(path: str, *, train_path: str, test_path: str, kind: str, seq
       counts: collections.Counter = collections.Counter()
       with _bar(len(ids), "vocabulary", progress) as bar:
         for cid in ids:
-          for tokens in tff_h5.client_tokens(kind, train_client(cid)):
-            counts.update(tokens)
+          tff_h5.count_tokens(kind, train_client(cid), counts)
           bar.update()
       level = "char" if kind == "shakespeare" else "word"
       vocab = vocabulary_from_counts(counts, vocab_size=vocab_size, level=level)
