@@ -139,6 +139,7 @@ def _swept_field(config, path: str) -> tuple[Any, Any]:
   calibrates may be swept in place of the one the run gives (a target ε)."""
   from fedtree.experiment import capabilities, registry
   from fedtree.experiment.capability import plain
+  from fedtree.experiment.registry.coercion import type_hints
 
   parts = path.split(".")
   runs = config.get("runs", None)
@@ -167,7 +168,7 @@ def _swept_field(config, path: str) -> tuple[Any, Any]:
   if spec is None:
     return value, None
   sch = registry.schema(spec)
-  hint = registry._hints(spec.factory).get(parts[2], None) if parts[2] in sch.params else None
+  hint = type_hints(spec.factory).get(parts[2], None) if parts[2] in sch.params else None
   if value is inspect.Parameter.empty:
     if parts[2] not in sch.scalars:
       swept = sorted(n for n, h in sch.scalars.items() if _kind(None, h) == "float")
@@ -186,9 +187,9 @@ def _kind(value, hint) -> str:
   ``jax.Array``, such as Krum's ``f: int | jax.Array``), ``"shape"`` (an int: a count or a size,
   which changes array shapes or Python control flow), ``"other"`` (not a number)."""
   if hint is not None:
-    from fedtree.experiment.registry import _union_args
+    from fedtree.experiment.registry.coercion import union_args
 
-    args = _union_args(hint)
+    args = union_args(hint)
     return "float" if float in args or jax.Array in args else "shape" if int in args else "other"
   if isinstance(value, (float, np.floating)):
     return "float"
@@ -198,9 +199,9 @@ def _kind(value, hint) -> str:
 
 
 def _type_name(hint) -> str:
-  from fedtree.experiment.registry import _type_name
+  from fedtree.experiment.registry.coercion import type_name
 
-  return hint.__name__ if isinstance(hint, type) else _type_name(hint)
+  return hint.__name__ if isinstance(hint, type) else type_name(hint)
 
 
 def _set_path(config, path: str, value) -> None:
