@@ -56,6 +56,7 @@ from fedtree.experiment.registry.objective import OBJECTIVE_CONTEXT, OBJECTIVES,
 from fedtree.experiment.registry.runs import (
   memory_needs,
   own_context,
+  resolved_context,
   run_context,
   run_topology,
   validate_run,
@@ -70,6 +71,7 @@ __all__ = [
   "BUILDERS", "CONTEXT_PARAMS", "FINETUNE_FIELDS", "NOT_CONFIGURABLE", "OBJECTIVES", "OBJECTIVE_CONTEXT",
   "RUNNER_FIELDS", "SCALARS", "SPECS", "TREES", "AlgorithmSpec", "Fields", "Schema", "algorithms_taking",
   "build_algorithm", "capability_arguments", "check_fields", "coerce", "factory_kwargs", "factory_name",
-  "is_scalar", "memory_needs", "objective_from_config", "own_context", "run_context", "run_topology",
-  "schema", "spec_of", "validate_run", "validate_runs", "with_finetune", "wrapped_algorithm", "wrapping",
+  "is_scalar", "memory_needs", "objective_from_config", "own_context", "resolved_context", "run_context",
+  "run_topology", "schema", "spec_of", "validate_run", "validate_runs", "with_finetune", "wrapped_algorithm",
+  "wrapping",
 ]

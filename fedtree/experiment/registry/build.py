@@ -10,14 +10,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedtree.core.topology import Topology
-from fedtree.experiment import capabilities as caps
 from fedtree.experiment.builders import cohort_slots, resolve_chunk_size
-from fedtree.experiment.capability import Wrapping
+from fedtree.experiment.capability import RunContext, Wrapping
 from fedtree.experiment.fields import run_field
 from fedtree.experiment.registry.coercion import coerce
 from fedtree.experiment.registry.finetune import with_finetune
 from fedtree.experiment.registry.objective import objective_from_config
-from fedtree.experiment.registry.runs import own_context, validate_run
+from fedtree.experiment.registry.runs import resolved_context
 from fedtree.experiment.registry.schema import schema
 from fedtree.experiment.registry.sections import capability_arguments, wrapping
 from fedtree.experiment.registry.specs import SPECS, factory_name, spec_named
@@ -26,12 +25,12 @@ from fedtree.experiment.registry.specs import SPECS, factory_name, spec_named
 def factory_kwargs(label: str, run, ctx, *, arguments: Mapping[str, Any] | None = None) -> dict[str, Any]:
   """The keyword arguments of run ``label``'s factory (validated, coerced, converted), with the
   arguments its capabilities fill (``arguments``: :func:`capability_arguments`, computed here when
-  ``None``)."""
+  ``None``); ``ctx``: the run's context, or a shared one the run is resolved on here
+  (:func:`~fedtree.experiment.registry.runs.resolved_context`)."""
   spec = spec_named(label, run)
-  capabilities = caps.of_config(ctx.config)
-  validate_run(label, run, capabilities)
-  ctx = own_context(label, run, ctx)
-  sch = schema(spec, capabilities)
+  rctx = resolved_context(label, run, ctx)
+  ctx = rctx.shared
+  sch = schema(spec, rctx.capabilities)
   params = sch.params
   where = f"config.runs.{label}"
   kw: dict[str, Any] = {}
@@ -62,7 +61,7 @@ def factory_kwargs(label: str, run, ctx, *, arguments: Mapping[str, Any] | None 
       kw.update(f.convert({n: run[n] for n in f.names if n in run}, ctx))
     except ValueError as e:
       raise ValueError(f"{where} (algorithm={run.algorithm!r}): {e}") from e
-  kw.update(capability_arguments(label, run, ctx) if arguments is None else arguments)
+  kw.update(capability_arguments(label, run, rctx) if arguments is None else arguments)
   if "objective" in run:   # the objective is built with the run's compute_dtype, the host without
     try:
       dtype = kw.pop("compute_dtype", None)
@@ -85,21 +84,23 @@ def build_algorithm(label: str, run_cfg, ctx, *, arguments: Mapping[str, Any] | 
   ``config.runs.<label>``) on the shared context (with its ``report`` hook where the spec's
   ``wrap`` adds one: B-HFL's table by level, GroupPerFL's fine-tune stage and tables), its
   capabilities' arguments filled (``arguments``, else converted here) and wrapped by a capability
-  that changes the model it trains (:func:`wrapping`)."""
+  that changes the model it trains (:func:`wrapping`); ``ctx``: the run's context, or a shared one
+  the run is resolved on here (:func:`~fedtree.experiment.registry.runs.resolved_context`)."""
   spec = spec_named(label, run_cfg)
-  ctx = own_context(label, run_cfg, ctx)
-  wrapped = wrapping(label, run_cfg, ctx)
+  rctx = resolved_context(label, run_cfg, ctx)
+  wrapped = wrapping(label, run_cfg, rctx)
   if wrapped is not None:
-    arguments = capability_arguments(label, run_cfg, ctx) if arguments is None else arguments
-    return wrapped_algorithm(label, *wrapped, ctx, arguments)
-  kw = factory_kwargs(label, run_cfg, ctx, arguments=arguments)
+    arguments = capability_arguments(label, run_cfg, rctx) if arguments is None else arguments
+    return wrapped_algorithm(label, *wrapped, rctx, arguments)
+  kw = factory_kwargs(label, run_cfg, rctx, arguments=arguments)
+  ctx = rctx.shared
   if kw.get("chunk_size") == "tune":
     kw = resolve_chunk_size(kw, _tune_slots(kw, ctx), spec.factory, ctx)
   try:
     built = spec.factory(**kw)
     if spec.wrap is not None:
       built = spec.wrap(built, label, run_cfg, ctx)
-    if not schema(spec).own_finetune:
+    if not schema(spec, rctx.capabilities).own_finetune:
       built = with_finetune(label, run_cfg, ctx, built)
   except ValueError as e:  # the factory's refusal, named by its run
     if str(e).startswith("config."):
@@ -110,11 +111,13 @@ def build_algorithm(label: str, run_cfg, ctx, *, arguments: Mapping[str, Any] | 
 
 def wrapped_algorithm(label: str, inner_run, wrap: Wrapping, ctx, arguments: Mapping[str, Any]):
   """Run ``label``'s algorithm as ``wrap`` makes it: the inner run (:func:`wrapping`) built on the
-  model it is given, with the capabilities' ``arguments`` converted once on the run's context."""
+  model it is given, with the capabilities' ``arguments`` converted once on the run's context
+  (``ctx``, whose tree, factory and capabilities the inner run keeps)."""
+  rctx = resolved_context(label, inner_run, ctx.with_run(inner_run) if isinstance(ctx, RunContext) else ctx)
 
   def make(model):
-    return build_algorithm(label, inner_run, dataclasses.replace(ctx, model=model, init_params=None),
-                           arguments=arguments)
+    inner = rctx.on(dataclasses.replace(rctx.shared, model=model, init_params=None))
+    return build_algorithm(label, inner_run, inner, arguments=arguments)
 
   return wrap.build(make)
 

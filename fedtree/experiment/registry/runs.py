@@ -1,6 +1,7 @@
 """A configured run read against its algorithm: checked (:func:`validate_run`), placed on its
 tree (:func:`run_topology`), the context it builds in and the one its capabilities see
-(:func:`run_context`), and what its method holds beyond one model's client step
+(:func:`run_context`), both resolved once (:func:`resolved_context`: what every builder reads the
+run's capabilities from), and what its method holds beyond one model's client step
 (:func:`memory_needs`)."""
 
 from __future__ import annotations
@@ -70,26 +71,56 @@ def own_context(label: str, run, ctx):
     raise ValueError(f"config.runs.{label}: {e}") from e
 
 
-def run_context(ctx, label: str, run) -> RunContext:
+def _capabilities(ctx) -> Mapping[str, Capability]:
+  """The capabilities of ``ctx``'s config: a run context's, read once, else read from the config."""
+  known = ctx.capabilities if isinstance(ctx, RunContext) else None
+  return known if known is not None else caps.of_config(ctx.config)
+
+
+def run_context(ctx, label: str, run, *, capabilities: Mapping[str, Capability] | None = None) -> RunContext:
   """What the capabilities of run ``label`` (its ``config.runs.<label>``) see: the shared context
-  with the run's own tree (:func:`run_topology`), its factory and the factory's parameters."""
+  with the run's own tree (:func:`run_topology`), its factory, the factory's parameters and the
+  capabilities the config names (``capabilities``, else those of ``ctx``: read once); ``ctx``
+  itself when it is this run's already."""
   if isinstance(ctx, RunContext) and ctx.run is run:
     return ctx
   spec = spec_named(label, run)
   params = {n: p for n, p in inspect.signature(spec.factory).parameters.items()
             if p.kind is not inspect.Parameter.VAR_KEYWORD}
   shared = ctx.shared if isinstance(ctx, RunContext) else ctx
+  if capabilities is None:
+    capabilities = _capabilities(ctx)
   return RunContext(shared, label, run, params, topology=run_topology(label, run, shared),
-                    factory=spec.factory)
+                    factory=spec.factory, capabilities=capabilities)
+
+
+def resolved_context(label: str, run, ctx) -> RunContext:
+  """Run ``label`` resolved once into the context it is built from: ``ctx`` itself when it is this
+  run's already (a resolved :class:`~fedtree.experiment.run.Run`'s, a sweep's setting of one), else
+  the capabilities of the config read, the run checked against its algorithm (:func:`validate_run`),
+  on its own data and model (:func:`own_context`) and its tree (:func:`run_context`, a bad ``tree``
+  named by its run)."""
+  if isinstance(ctx, RunContext) and ctx.run is run:
+    return ctx
+  capabilities = _capabilities(ctx)
+  validate_run(label, run, capabilities)
+  own = own_context(label, run, ctx.shared if isinstance(ctx, RunContext) else ctx)
+  try:
+    return run_context(own, label, run, capabilities=capabilities)
+  except ValueError as e:
+    if str(e).startswith("config."):
+      raise
+    raise ValueError(f"config.runs.{label} (algorithm={run.algorithm!r}): {e}") from e
 
 
 def memory_needs(label: str, run, ctx):
   """What run ``label``'s method holds beyond one model's client step
   (:class:`fedtree.experiment.memory.Needs`, from its spec's ``memory``), or ``None``: its factory's
-  defaults, the run's scalar fields and its tree."""
+  defaults, the run's scalar fields and its tree (``ctx``: the run's context, or a shared one)."""
   spec = spec_named(label, run)
   if spec.memory is None:
     return None
+  rctx = run_context(ctx, label, run)
   params = inspect.signature(spec.factory).parameters
   kw = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
   for n, hint in schema(spec).scalars.items():
@@ -97,5 +128,5 @@ def memory_needs(label: str, run, ctx):
       kw[n] = coerce(run[n], hint, f"config.runs.{label}.{n}")
   if "cohort_size" in params:   # (a field of its own, one size or one per parent, not a scalar)
     kw.update(convert_cohort(run, ctx))
-  kw["topology"] = run_topology(label, run, ctx)
-  return spec.memory(kw, ctx)
+  kw["topology"] = rctx.topology
+  return spec.memory(kw, rctx.shared)

@@ -11,7 +11,7 @@ import ml_collections
 from fedtree.experiment import capabilities as caps
 from fedtree.experiment.capability import Wrapping, compose
 from fedtree.experiment.registry.finetune import FINETUNE_FIELDS
-from fedtree.experiment.registry.runs import run_context, validate_run
+from fedtree.experiment.registry.runs import resolved_context
 
 
 def _named(e: ValueError, where: str, name: str) -> ValueError:
@@ -26,14 +26,15 @@ def _named(e: ValueError, where: str, name: str) -> ValueError:
 
 def capability_arguments(label: str, run, ctx) -> dict[str, Any]:
   """The factory arguments the capabilities of run ``label`` fill, each section converted once on
-  the run's context (:func:`run_context`): ``update_paths`` (every capability's update-path parts,
-  composed per level in :data:`~fedtree.experiment.capabilities.CAPABILITIES` order) and each
-  capability's ``argument`` (``systems``)."""
-  capabilities = caps.of_config(ctx.config)
-  present = caps.sections(run, capabilities)
+  the run's context (``ctx``, resolved here when it is not the run's:
+  :func:`~fedtree.experiment.registry.runs.resolved_context`): ``update_paths`` (every capability's
+  update-path parts, composed per level in the order of its config's capabilities,
+  :data:`~fedtree.experiment.capabilities.CAPABILITIES` last) and each capability's ``argument``
+  (``systems``)."""
+  rctx = resolved_context(label, run, ctx)
+  present = caps.sections(run, rctx.capabilities)
   if not present:
     return {}
-  rctx = run_context(ctx, label, run)
   where = f"config.runs.{label} (algorithm={run.algorithm!r})"
   parts, out = {}, {}
   for cap, section in present:
@@ -46,7 +47,7 @@ def capability_arguments(label: str, run, ctx) -> dict[str, Any]:
       raise _named(e, where, cap.name) from e
   if parts:
     try:
-      out["update_paths"] = compose(parts, list(capabilities))
+      out["update_paths"] = compose(parts, list(rctx.capabilities))
     except ValueError as e:
       raise ValueError(f"{where}: {e}") from e
   return out
@@ -56,12 +57,12 @@ def wrapping(label: str, run_cfg, ctx) -> tuple[Any, Wrapping] | None:
   """``(the run without the section, its Wrapping)`` of the capability that changes the model run
   ``label`` trains (LoRA's ``adapters``), or ``None``: the inner run (without its ``init_params``,
   which the capability reads: a base, not the inner model's start) is built on the model the
-  :class:`~fedtree.experiment.capability.Wrapping` gives."""
-  capabilities = caps.of_config(ctx.config)
-  wraps = [(c, s) for c, s in caps.sections(run_cfg, capabilities) if c.wrap is not None]
+  :class:`~fedtree.experiment.capability.Wrapping` gives; ``ctx``: the run's context (resolved here
+  when it is not the run's: :func:`~fedtree.experiment.registry.runs.resolved_context`)."""
+  rctx = resolved_context(label, run_cfg, ctx)
+  wraps = [(c, s) for c, s in caps.sections(run_cfg, rctx.capabilities) if c.wrap is not None]
   if not wraps:
     return None
-  validate_run(label, run_cfg, capabilities)
   if len(wraps) > 1:
     raise ValueError(f"config.runs.{label}: sections {[c.name for c, _ in wraps]} each change the model the "
                      f"run trains; give one of them")
@@ -70,7 +71,7 @@ def wrapping(label: str, run_cfg, ctx) -> tuple[Any, Wrapping] | None:
     raise ValueError(f"config.runs.{label}: fine-tuning before evaluation (finetune_*) does not run on "
                      f"{cap.name}; drop one of them")
   try:
-    wrap = cap.wrap(section, run_context(ctx, label, run_cfg))
+    wrap = cap.wrap(section, rctx)
   except ValueError as e:
     raise _named(e, f"config.runs.{label} (algorithm={run_cfg.algorithm!r})", cap.name) from e
   inner_run = ml_collections.ConfigDict(
