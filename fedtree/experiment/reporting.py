@@ -95,18 +95,10 @@ class Reporter:
     """The last ``metrics.jsonl`` row of run ``label`` at ``round_`` whose fields include
     ``match`` (e.g. ``{"experiment": 3}``: one experiment of a sweep), ``None`` without a workdir
     or such a row: where a resumed run's cumulative counts continue from."""
-    if self._path is None or not os.path.exists(self._path):
-      return None
     found = None
-    with open(self._path) as f:
-      for line in f:
-        try:
-          row = json.loads(line)
-        except json.JSONDecodeError:
-          continue
-        if (row.get("run") == label and int(row.get("round", -1)) == int(round_)
-            and all(row.get(k) == v for k, v in (match or {}).items())):
-          found = row
+    for row in self._rows(label, match):
+      if int(row.get("round", -1)) == int(round_):
+        found = row
     return found
 
   def first_round(self, label: str, key: str, at_least: float, upto: int,
@@ -114,20 +106,26 @@ class Reporter:
     """The first round ``<= upto`` at which a ``metrics.jsonl`` row of run ``label`` (whose fields
     include ``match``) has ``key >= at_least``; ``None`` without a workdir or such a row: where a
     resumed run's rounds to a target accuracy continue from."""
-    if self._path is None or not os.path.exists(self._path):
-      return None
     found = None
+    for row in self._rows(label, match):
+      r, v = int(row.get("round", -1)), row.get(key)
+      if r <= int(upto) and isinstance(v, (int, float)) and v >= at_least:
+        found = r if found is None else min(found, r)
+    return found
+
+  def _rows(self, label: str, match: dict[str, Any] | None):
+    """The ``metrics.jsonl`` rows of run ``label`` whose fields include ``match``, in order (lines
+    that do not parse skipped; none without a workdir)."""
+    if self._path is None or not os.path.exists(self._path):
+      return
     with open(self._path) as f:
       for line in f:
         try:
           row = json.loads(line)
         except json.JSONDecodeError:
           continue
-        r, v = int(row.get("round", -1)), row.get(key)
-        if (row.get("run") == label and r <= int(upto) and isinstance(v, (int, float)) and v >= at_least
-            and all(row.get(k) == x for k, x in (match or {}).items())):
-          found = r if found is None else min(found, r)
-    return found
+        if row.get("run") == label and all(row.get(k) == v for k, v in (match or {}).items()):
+          yield row
 
   def log(self, label: str, round_: int, metrics: dict[str, Any], *, tensorboard_run: str | None = None
           ) -> None:

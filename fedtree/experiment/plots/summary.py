@@ -3,7 +3,7 @@ values of their clients."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -32,23 +32,8 @@ def client_accuracies(summary: Mapping[str, Any], max_series: int = 8,
   models only those whose accuracy differs from an earlier one's (e.g. not ``level1`` of a
   HierFAVG run when it equals ``global``) and that are not in ``skip`` (``(run, model)``
   pairs, e.g. :func:`frozen_models`), at most ``max_series`` in all."""
-  skip = set(skip)
-  out: dict[str, np.ndarray] = {}
-  for run, models in summary.items():
-    if not isinstance(models, Mapping):
-      continue
-    seen: list[np.ndarray] = []
-    for name, s in models.items():
-      if not isinstance(s, Mapping) or not isinstance(s.get("client_accuracy"), list):
-        continue
-      if (run, name) in skip:
-        continue
-      v = np.asarray([np.nan if a is None else a for a in s["client_accuracy"]], np.float64)
-      if any(v.shape == u.shape and np.allclose(v, u, equal_nan=True) for u in seen):
-        continue
-      seen.append(v)
-      out[f"{run} · {name}" if len(models) > 1 else run] = v
-  return dict(list(out.items())[:max_series])
+  series = _distinct_series(summary, lambda s: s.get("client_accuracy"), skip)
+  return {label: v for label, (v, _) in list(series.items())[:max_series]}
 
 
 def fairness_series(summary: Mapping[str, Any], max_series: int = 6,
@@ -57,6 +42,20 @@ def fairness_series(summary: Mapping[str, Any], max_series: int = 6,
   every model with a ``fairness`` entry (:func:`fedtree.core.metrics.client_distribution`) and
   its per-client accuracy (``client_perplexity`` when the fairness metric is perplexity), not
   in ``skip`` and not equal to an earlier model's of the same run, at most ``max_series``."""
+
+  def values(s: Mapping[str, Any]):
+    fair = s.get("fairness")
+    return s.get(f"client_{fair.get('metric', 'accuracy')}") if isinstance(fair, Mapping) else None
+
+  series = _distinct_series(summary, values, skip)
+  return {label: (v, s["fairness"]) for label, (v, s) in list(series.items())[:max_series]}
+
+
+def _distinct_series(summary: Mapping[str, Any], values: Callable[[Mapping[str, Any]], Any],
+                     skip: Iterable[tuple[str, str]]) -> dict[str, tuple[np.ndarray, Mapping[str, Any]]]:
+  """``{"run · model" (the run's label alone for a run of one model): (float[C], its summary)}`` of
+  every model of ``summary`` whose ``values(its summary)`` is a list (``None`` entries: NaN), not in
+  ``skip`` and whose values differ from an earlier model's of the same run."""
   skip = set(skip)
   out: dict[str, tuple[np.ndarray, Mapping[str, Any]]] = {}
   for run, models in summary.items():
@@ -64,15 +63,12 @@ def fairness_series(summary: Mapping[str, Any], max_series: int = 6,
       continue
     seen: list[np.ndarray] = []
     for name, s in models.items():
-      if (run, name) in skip or not isinstance(s, Mapping) or not isinstance(s.get("fairness"), Mapping):
+      raw = values(s) if isinstance(s, Mapping) and (run, name) not in skip else None
+      if not isinstance(raw, list):
         continue
-      fair = s["fairness"]
-      values = s.get(f"client_{fair.get('metric', 'accuracy')}")
-      if not isinstance(values, list):
-        continue
-      v = np.asarray([np.nan if a is None else a for a in values], np.float64)
+      v = np.asarray([np.nan if a is None else a for a in raw], np.float64)
       if any(v.shape == u.shape and np.allclose(v, u, equal_nan=True) for u in seen):
         continue
       seen.append(v)
-      out[f"{run} · {name}" if len(models) > 1 else str(run)] = (v, fair)
-  return dict(list(out.items())[:max_series])
+      out[f"{run} · {name}" if len(models) > 1 else str(run)] = (v, s)
+  return out
