@@ -29,6 +29,9 @@ DOCTEST_MODULES = [
   "fedtree.toolbox.systems",      # Systems.round (no compilation of a round)
   "fedtree.toolbox.traffic",      # Traffic
   "fedtree.experiment.plots",  # write_run_plots
+  "fedtree.experiment.plots.panels",   # facets
+  "fedtree.experiment.plots.records",  # time_to_target
+  "fedtree.experiment.plots.table",    # grid_of
   "fedtree.algorithms.host.hierfavg",           # fedavg, hierfavg
   "fedtree.algorithms.hierarchical.grouppfl.grouppfl",  # GroupPersonalizedFL
   "fedtree.experiment.runner",             # train_and_evaluate
@@ -229,7 +232,7 @@ def test_the_write_your_own_guide_runs():
 @pytest.mark.parametrize("name", DOCTEST_MODULES + [pytest.param(m, marks=pytest.mark.slow)
                                                     for m in SLOW_DOCTEST_MODULES])
 def test_docstring_examples_run(name):
-  if name == "fedtree.experiment.plots":
+  if name.startswith("fedtree.experiment.plots"):
     pytest.importorskip("matplotlib")
   flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
   result = doctest.testmod(importlib.import_module(name), optionflags=flags, verbose=False)
