@@ -236,14 +236,7 @@ def fedbuff(
     Two server updates of 2 buffered reports each, 3 of the 5 clients in flight, on devices of
     different speeds:
 
-    >>> import jax, numpy as np, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
     >>> from fedtree.toolbox.systems import Systems, make_profile
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> devices = Systems(profile=make_profile([1.0, 2.0, 4.0, 0.5, 8.0], np.full(5, 1e6)))
     >>> alg = fedbuff(model=model, data=data, local_optimizer=optax.sgd(0.1),
     ...               schedule=LocalSchedule(batch_size=8, steps=2), buffer_size=2, concurrency=3,

@@ -83,14 +83,6 @@ def awcfl(host: Host, *, beta: float = 0.5, cluster_start_round: int | None = No
       ``cluster_start_round``, ``kmeans_iters < 1``, an unknown ``clustering``.
 
   Example:
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.core.topology import Topology
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=2))
     >>> alg = awcfl(num_clusters=2, beta=0.5, cluster_start_round=0, local_optimizer=optax.sgd(0.1), **common)
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))

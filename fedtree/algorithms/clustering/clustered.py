@@ -293,14 +293,6 @@ def clustered(
   Example:
     K-means clustering with AWCFL's inter-cluster mixing, from the first round:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.core.topology import Topology
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=2))
     >>> alg = clustered(num_clusters=2, inter_cluster="awcfl", beta=0.5,
     ...                 local_optimizer=optax.sgd(0.1), **common)

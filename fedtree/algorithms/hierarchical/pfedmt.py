@@ -175,14 +175,6 @@ def pfedmt(
   Example:
     2 teams (the groups) of 3 and 2 devices, 2 team iterations per global round:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.core.topology import Topology
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=2))
     >>> alg = pfedmt(topology=Topology.from_labels(groups), team_iters=2, **common)
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))

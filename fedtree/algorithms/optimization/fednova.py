@@ -171,13 +171,6 @@ def fednova(
   Example:
     Clients with unequal data take one epoch each (unequal step counts):
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = fednova(model=model, data=data, local_optimizer=optax.sgd(0.1),
     ...               schedule=LocalSchedule(batch_size=8, epochs=1))
     >>> state, metrics = jax.jit(alg.round)(alg.init(jax.random.key(0)), data, jax.random.key(1))

@@ -259,13 +259,6 @@ def mimelite(
   Example:
     MimeLite with SGD momentum 0.9 as the base optimizer, 3 of 5 clients a round:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = mimelite(model=model, data=data, local_optimizer=optax.sgd(0.1, momentum=0.9),
     ...                schedule=LocalSchedule(batch_size=8, steps=2), cohort_size=3)
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))
@@ -308,13 +301,6 @@ def mime(
     ValueError: as :func:`mimelite`.
 
   Example:
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = mime(model=model, data=data, local_optimizer=optax.sgd(0.1, momentum=0.9),
     ...            schedule=LocalSchedule(batch_size=8, steps=2), cohort_size=3)
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))

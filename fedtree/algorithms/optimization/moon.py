@@ -181,12 +181,6 @@ def moon(
   Example:
     Two rounds of MOON over 5 clients with an MLP (its hidden layer is the representation):
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
     >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(8,))
     >>> alg = moon(model=model, data=data, local_optimizer=optax.sgd(0.1),
     ...            schedule=LocalSchedule(batch_size=8, steps=2), mu=1.0)

@@ -114,12 +114,6 @@ def fedbabu(
   Example:
     Two rounds over 5 clients; each client then fine-tunes 3 steps:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
     >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(8,))
     >>> alg = fedbabu(model=model, data=data, local_optimizer=optax.sgd(0.1), local_learning_rate=0.1,
     ...               schedule=LocalSchedule(batch_size=8, steps=2), finetune_epochs=0, finetune_steps=3)

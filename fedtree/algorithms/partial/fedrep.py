@@ -138,12 +138,6 @@ def fedrep(
   Example:
     Two rounds over 5 clients: 3 head steps, then 1 body step:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
     >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(8,))
     >>> alg = fedrep(model=model, data=data, local_optimizer=optax.sgd(0.1), head_steps=3,
     ...              schedule=LocalSchedule(batch_size=8, steps=1))

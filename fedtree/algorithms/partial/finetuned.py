@@ -112,14 +112,7 @@ def finetuned(
   Example:
     FedAvg and FedAvg + FT (5 steps) in one run:
 
-    >>> import jax, optax
     >>> from fedtree.algorithms import fedavg
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = finetuned(fedavg(model=model, data=data, local_optimizer=optax.sgd(0.1),
     ...                        schedule=LocalSchedule(batch_size=8, steps=2)),
     ...                 model=model, data=data, batch_size=8, learning_rate=0.1, steps=5)

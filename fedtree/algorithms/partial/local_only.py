@@ -41,13 +41,6 @@ def local(host: Host, *, name: str = "local") -> FederatedAlgorithm:
   Example:
     Two rounds of local training over 5 clients: nothing is sent:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = local(model=model, data=data, local_optimizer=optax.sgd(0.1),
     ...             schedule=LocalSchedule(batch_size=8, steps=2))
     >>> state, metrics = alg.round(alg.init(jax.random.key(0)), data, jax.random.key(1))

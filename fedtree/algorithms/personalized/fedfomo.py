@@ -296,13 +296,7 @@ def fedfomo(
   Example:
     Three rounds of FedFomo over 6 clients, each receiving 2 candidates:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
     >>> data, _ = grouped_synthetic(group_sizes=(3, 3), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = fedfomo(model=model, data=data, local_optimizer=optax.sgd(0.1), num_candidates=2,
     ...               schedule=LocalSchedule(batch_size=8, steps=2))
     >>> state = loop.run(alg, data, num_rounds=3, key=jax.random.key(0))

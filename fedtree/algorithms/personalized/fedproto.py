@@ -210,12 +210,6 @@ def fedproto(host: Host, *, lam: float = 1.0, name: str = "fedproto") -> Federat
   Example:
     Two rounds of FedProto over 5 clients: prototypes travel, models do not:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
     >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(16,))
     >>> alg = fedproto(model=model, data=data, local_optimizer=optax.sgd(0.1), lam=1.0,
     ...                schedule=LocalSchedule(batch_size=8, steps=2))

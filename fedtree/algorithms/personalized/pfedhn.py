@@ -277,13 +277,6 @@ def pfedhn(
   Example:
     Two rounds of pFedHN over 5 clients, 2 sampled a round:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = pfedhn(model=model, data=data, local_optimizer=optax.sgd(0.1), cohort_size=2, hidden=16,
     ...              schedule=LocalSchedule(batch_size=8, steps=2))
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))

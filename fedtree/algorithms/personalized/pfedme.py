@@ -49,13 +49,6 @@ def pfedme(
   Example:
     One round of pFedMe (λ = 15, K = 2 inner steps):
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=1))
     >>> alg = pfedme(lam=15.0, inner_steps=2, personal_lr=0.05, learning_rate=0.05, **common)
     >>> state = loop.run(alg, data, num_rounds=1, key=jax.random.key(0))

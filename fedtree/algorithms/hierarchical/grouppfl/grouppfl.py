@@ -231,13 +231,6 @@ class GroupPersonalizedFL:
   Example:
     One global round (FL) then one round per group (GroupFL), 2 groups of 3 and 2 clients:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> schedule = LocalSchedule(batch_size=8, steps=1)
     >>> gp = GroupPersonalizedFL(
     ...   global_rounds=1, group_rounds=1, global_server=optax.adam(1e-3), group_server=optax.adam(1e-3),
@@ -403,13 +396,6 @@ def grouppfl(
   runs.
 
   Example:
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = grouppfl(model=model, data=data, groups=groups, local_optimizer=optax.sgd(0.1),
     ...                schedule=LocalSchedule(batch_size=8, steps=2), global_rounds=1, group_rounds=1)
     >>> state = loop.run(alg, data, num_rounds=alg.rounds, key=jax.random.key(0))
