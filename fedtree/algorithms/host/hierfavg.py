@@ -1,13 +1,11 @@
-"""HierFAVG (Liu et al. 2020, "Client-edge-cloud hierarchical federated learning") on trees
-of any depth, with FedAvg and FedOpt (Reddi et al. 2021) as its one-tier case.
+"""HierFAVG (Liu et al. 2020) on trees of any depth, with FedAvg and FedOpt (Reddi et al. 2021) as its
+one-tier case: the host every method of the family runs on.
 
-One round: the cohort of every leaf-parent node trains from that node's model; each
-leaf-parent applies its server optimizer to the mean pseudo-gradient of its cohort. Every
-``periods[l]`` rounds level ``l`` aggregates its children's models the same way (weighted by
-the examples under each child, or uniformly) and sends its model down its whole subtree,
-which adopts it. With ``sgd(1.0)`` at every level this is HierFAVG exactly: a client's
-``κ1`` local steps are the local schedule, the edge period is one round and the cloud
-period is ``κ2 = periods[0]``.
+The round in equations: :doc:`the HierFAVG page <algorithms/hierarchical.md>`.
+
+References:
+  Liu, Zhang, Song and Letaief, Client-edge-cloud hierarchical federated learning, 2020.
+  Reddi et al., Adaptive federated optimization, ICLR 2021.
 """
 
 from __future__ import annotations
@@ -107,9 +105,9 @@ def hierfavg(
       control variate, FedDyn's ``h``, Mime's optimizer state; with a ``gather`` pass, from
       messages the clients send before training, Mime's control variate), in
       ``TreeState.server_state``; the levels above aggregate models as HierFAVG. A rule may send
-      every sampled child a parcel of its own before the round's training (``send_each``: FedAMP's
+      every sampled child a parcel of its own before the round's training (``down.parcels``: FedAMP's
       cloud models, FedFomo's candidates, pFedHN's generated weights) and receive every child's
-      sent model (``slots``). ``None``: nothing more than the model.
+      sent model (``up.slots``). ``None``: nothing more than the model.
     personal: parameters that stay with each client, or are shared only within the subtrees of a
       level (:mod:`fedtree.core.personal`, path patterns): never broadcast over nor aggregated
       above their level, not counted in bytes, kept in ``TreeState.personal``; each client is

@@ -1,4 +1,10 @@
-"""FedAvg (McMahan et al. 2017) and FedOpt (Reddi et al. 2021): the host on one server."""
+"""FedAvg (McMahan et al. 2017) and FedOpt (Reddi et al. 2021): the host on one server.
+
+References:
+  McMahan et al., Communication-efficient learning of deep networks from decentralized data,
+  AISTATS 2017.
+  Reddi et al., Adaptive federated optimization, ICLR 2021.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""FedProx (Li et al. 2020, "Federated optimization in heterogeneous networks") on any tree.
+"""FedProx (Li et al. 2020): FedAvg whose clients add a proximal term towards the model they receive,
+on any tree.
 
-Clients minimize ``f_i(θ) + (μ/2)‖θ - Θ‖²`` from the downloaded ``Θ``
-(:func:`fedtree.objectives.fedprox_update`); everything above the clients is
-:func:`~fedtree.algorithms.host.hierfavg.hierfavg`, so FedProx runs under any tree and any server
-optimizers (a flat tree and FedAvg servers give the original method). ``μ = 0`` is FedAvg.
+References:
+  Li et al., Federated optimization in heterogeneous networks, MLSys 2020.
 """
 
 from __future__ import annotations

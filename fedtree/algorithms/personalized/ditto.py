@@ -1,13 +1,9 @@
-"""Ditto (Li et al. 2021, "Ditto: fair and robust federated learning through
-personalization") on any tree.
+"""Ditto (Li et al. 2021): FedAvg plus a persistent personal model per client, regularized towards the
+model it receives, on any tree.
 
-Each sampled client trains the downloaded model as usual (sent up, aggregated by
-:func:`~fedtree.algorithms.host.hierfavg.hierfavg` under any tree and server optimizers) and its
-persistent personal model ``v_i`` on ``f_i(v) + (λ/2)‖v - Θ‖²``
-(:func:`fedtree.objectives.ditto_update`). ``v_i`` lives in ``TreeState.client_state`` as
-``DittoState.personal [C, ...]``; clients that are not sampled keep theirs untouched.
-Models evaluated: the tree's models and ``personal`` (client ``c`` scored with ``v_c``; the
-objective declares them, :attr:`fedtree.core.local.ClientUpdate.personal_models`).
+References:
+  Li, Hu, Beirami and Smith, Ditto: fair and robust federated learning through personalization,
+  ICML 2021.
 """
 
 from __future__ import annotations

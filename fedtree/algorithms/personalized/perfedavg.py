@@ -1,12 +1,9 @@
-"""Per-FedAvg (Fallah et al. 2020, "Personalized federated learning with theoretical
-guarantees: a model-agnostic meta-learning approach") on any tree.
+"""Per-FedAvg (Fallah et al. 2020): MAML steps on the clients, each client scored after one adaptation
+step, on any tree.
 
-Clients take MAML steps ``w ← w - β ∇f(w - α∇f(w; D); D')`` (first-order ``"fo"``) or the
-Hessian-free variant ``"hf"`` (:func:`fedtree.objectives.perfedavg_update`); the server side
-is :func:`~fedtree.algorithms.host.hierfavg.hierfavg`. Evaluation follows the paper: each client
-adapts the model it would download (its leaf-parent's) with one step of SGD at rate ``α``
-on a minibatch of its own training data, vectorized over all clients
-(:func:`fedtree.core.finetune.finetune`), and is scored with the adapted model (``adapted``).
+References:
+  Fallah, Mokhtari and Ozdaglar, Personalized federated learning with theoretical guarantees: a
+  model-agnostic meta-learning approach, NeurIPS 2020.
 """
 
 from __future__ import annotations

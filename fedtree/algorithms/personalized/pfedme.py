@@ -1,14 +1,10 @@
-"""pFedMe (Dinh et al. 2020, "Personalized federated learning with Moreau envelopes") on any
-tree.
+"""pFedMe (Dinh et al. 2020): personalized models by Moreau envelopes, on any tree.
 
-Client (:func:`fedtree.objectives.pfedme_update`): ``R`` local rounds (the local schedule's
-steps), each solving ``θ̂ ≈ argmin_θ f_i(θ; batch) + (λ/2)‖θ - w‖²`` by ``K`` inner steps
-of rate ``personal_lr`` and then ``w ← w - η λ (w - θ̂)``; ``w`` is sent up. Server:
-``Θ ← (1-β)Θ + β·mean(w_i)``, which is ``Θ - β·Δ`` with the pseudo-gradient
-``Δ = Θ - mean(w_i)``: exactly ``optax.sgd(β)`` as the leaf-parent server optimizer (upper
-levels of a deeper tree default to FedAvg). The personal models ``θ̂_i`` live in
-``TreeState.client_state`` (``PFedMeState.personal [C, ...]``). Models evaluated: the tree's
-models and ``personal``.
+The client is :func:`fedtree.objectives.pfedme_update`; the equations: :doc:`pFedMe on the
+personalization page <algorithms/personalization.md#pfedme>`.
+
+References:
+  Dinh, Tran and Nguyen, Personalized federated learning with Moreau envelopes, NeurIPS 2020.
 """
 
 from __future__ import annotations
