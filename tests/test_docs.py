@@ -262,14 +262,20 @@ def test_the_from_python_snippet_runs_as_a_script(tmp_path):
 
 
 def test_the_write_your_own_guide_runs():
-  """docs/write-your-own.md's code blocks, in order, as one script: the SCAFFOLD built there equals
-  the library's and its per-client loop, and FedPer's models are the personal ones."""
+  """docs/write-your-own.md's code blocks, in order, as one script: each method built there (FedProx,
+  FedPer, SCAFFOLD) equals the library's, SCAFFOLD its per-client loop too, FedPer's models are the
+  personal ones, and the declared refusal reads as the library's."""
   text = open(os.path.join(ROOT, "docs", "write-your-own.md")).read()
   blocks = re.findall(r"```python\n(.*?)```", text, re.S)
   assert len(blocks) >= 6
   namespace: dict = {}
   exec(compile("\n".join(blocks), "write-your-own.md", "exec"), namespace)   # noqa: S102
-  assert sorted(namespace["fedper"].models(namespace["state"])) == ["personal"]
+  assert sorted(namespace["my_per"].models(namespace["per_state"])) == ["personal"]
+  refusals = namespace["refusals"]
+  assert len(refusals) == 2 and "the control variates cover the whole model" in refusals[0]
+  text_order = [text.index(h) for h in ("## Step 1: a regularizer", "## Step 2: personal parameters",
+                                        "## Step 3: a server rule", "## Step 4: what a method cannot")]
+  assert text_order == sorted(text_order)   # the shortest method first (issue 48 item 6)
 
 
 @pytest.mark.parametrize("name", DOCTEST_MODULES + [pytest.param(m, marks=pytest.mark.slow)
