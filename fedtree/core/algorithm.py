@@ -117,9 +117,7 @@ class FederatedAlgorithm(NamedTuple):
   Example:
     The smallest algorithm: a round counter and one scalar, one gradient step a round:
 
-    >>> import jax, jax.numpy as jnp
     >>> from typing import NamedTuple
-    >>> from fedtree.core import loop
     >>> class Toy(NamedTuple):
     ...   round: jax.Array  # int32[]
     ...   w: jax.Array      # []

@@ -56,7 +56,6 @@ class FederatedData:
       the whole population.
 
   Example:
-    >>> import numpy as np
     >>> train = [(np.ones((n, 4)), np.zeros(n, np.int32)) for n in (3, 1)]   # 2 clients
     >>> data = from_client_arrays(train, [(x[:1], y[:1]) for x, y in train], num_classes=2)
     >>> data.x_train.shape, data.n_train.tolist(), data.num_clients

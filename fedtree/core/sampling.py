@@ -62,7 +62,6 @@ class Cohort(NamedTuple):
     or a scalar broadcast to every written row.
 
     Example:
-      >>> import jax.numpy as jnp
       >>> cohort = Cohort(clients=jnp.array([3, 1, 0]), parent=jnp.zeros(3, jnp.int32),
       ...                 valid=jnp.array([True, True, False]))
       >>> cohort.scatter(jnp.zeros(4), jnp.array([5.0, 7.0, 9.0])).tolist()
@@ -477,7 +476,6 @@ def weighted_cohort(sampler: CohortSampler, key: jax.Array, weights: jax.Array) 
   (less than proportional for the heaviest children).
 
   Example:
-    >>> import jax, jax.numpy as jnp
     >>> sampler = cohort_sampler([0, 0, 0, 1, 1], 1)
     >>> cohort = weighted_cohort(sampler, jax.random.key(0), jnp.array([0.0, 0.0, 5.0, 1.0, 0.0]))
     >>> cohort.clients.tolist(), cohort.valid.tolist()

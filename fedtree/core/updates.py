@@ -55,18 +55,11 @@ Example:
   Clip every client's update to norm 1 before FedAvg averages it (a plain transform written
   here; :mod:`fedtree.toolbox.privacy` ships the real ones):
 
-  >>> import jax, jax.numpy as jnp, optax
   >>> from fedtree.algorithms import fedavg
-  >>> from fedtree.core import loop
-  >>> from fedtree.core.local import LocalSchedule
-  >>> from fedtree.datasets.synthetic import grouped_synthetic
-  >>> from fedtree.models import build_model
   >>> def clip(delta, state, key, ctx):
   ...   norm = jnp.sqrt(sum(jnp.sum(d ** 2) for d in jax.tree.leaves(delta)))
   ...   scale = jnp.minimum(1.0, 1.0 / jnp.maximum(norm, 1e-12))
   ...   return jax.tree.map(lambda d: d * scale, delta), state, {"clipped": (norm > 1.0) * 1.0}
-  >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-  >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
   >>> alg = fedavg(model=model, data=data, local_optimizer=optax.sgd(0.1),
   ...              schedule=LocalSchedule(batch_size=8, steps=1),
   ...              update_paths=UpdatePath(client=ClientTransform(clip, name="clip")))
