@@ -52,8 +52,16 @@ class Scoring(NamedTuple):
   central: tuple | None = None
   splits: Mapping[str, tuple] = {}
 
-  def evaluate(self, algorithm: FederatedAlgorithm, state, ctx: Context) -> dict[str, dict[str, Any]]:
-    """Every model of ``state`` scored on the clients' test data of ``ctx``."""
+  def evaluate(self, algorithm: FederatedAlgorithm, state, ctx: Context, round_: int = 0
+               ) -> dict[str, dict[str, Any]]:
+    """Every model of ``state`` scored on the clients' test data of ``ctx`` (a streamed population's:
+    the clients of the evaluation after round ``round_``, read from its store)."""
+    if ctx.streamed:
+      from fedtree.experiment.population import evaluate_streamed
+
+      return evaluate_streamed(algorithm, state, ctx.population, round_, model=ctx.model,
+                               evaluator=self.evaluator(state), groups=ctx.groups,
+                               positive_classes=self.positive_classes, top_k=self.top_k, central=self.central)
     return evaluation.evaluate_models(
       algorithm, state, ctx.model, ctx.run_data, groups=ctx.groups,
       chunk_size=field(ctx.config, "eval_chunk_size"), evaluator=self.evaluator(state),

@@ -82,6 +82,19 @@ def run_algorithm(
   if rounds_per_call < 1:
     raise ValueError(f"rounds_per_call={rounds_per_call} must be >= 1")
   algorithm, ctx, num_rounds, label = run.algorithm, run.context, run.rounds, run.label
+  if ctx.streamed:
+    from fedtree.experiment.population import run_streamed
+
+    if experiments is not None:
+      raise ValueError(f"{label}: a sweep over a streamed population is not supported (every setting would "
+                       f"page its own clients' state); run the settings one by one, or hold the population "
+                       f"resident (config.population.mode='resident')")
+    hooks = _Hooks(run, reporter, None, target_accuracy)
+    return run_streamed(run, key, reporter, hooks, eval_every=eval_every, rounds_per_call=rounds_per_call,
+                        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                        keep_checkpoints=keep_checkpoints, should_stop=should_stop, max_abs=max_abs)
+  if ctx.population is not None:   # a population from a store, held resident (it fits)
+    reporter.print(f"{label}: {ctx.population.note}")
   state = algorithm.init(loop.init_key(key))
   initial = model_fingerprints(algorithm.models(state))
   ckpt = None
@@ -160,7 +173,7 @@ class _Hooks:
   def evaluate(self, s, r) -> dict[str, Any]:
     """Every model of state ``s`` scored after round ``r``, checked; its row's metrics."""
     run, experiments = self.run, self.experiments
-    self.summaries = summaries = run.scoring.evaluate(run.algorithm, s, run.context)
+    self.summaries = summaries = run.scoring.evaluate(run.algorithm, s, run.context, int(r))
     if self.target is not None:
       for name, sm in summaries.items():
         if name not in self.reached and sm.get("accuracy", -math.inf) >= self.target:
