@@ -493,6 +493,9 @@ def main(argv=None) -> list[dict] | tuple[str, str]:
           f"{r['cold_cohorts_per_s']:.1f}/s cold; {len(range(args.cohorts))} rounds of {r['round_s']} s wait "
           f"{100 * r['stall_fraction']:.2f} % of the time for data at depth {r['depth']}, "
           f"{100 * r['stall_fraction_depth0']:.2f} % at depth 0 (from cold files)")
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, f"{args.tag}.json"), "w") as f:
+      json.dump(dict(results=[r]), f, indent=1)
     return [r]
   formats = tuple(f for f in args.formats.split(",") if f)
   unknown = sorted(set(formats) - set(FORMATS))
