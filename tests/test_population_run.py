@@ -31,8 +31,12 @@ def _tiny() -> ml_collections.ConfigDict:
   c.checkpoint_every, c.run_order = 0, ()
   c.data.group_sizes, c.data.dim, c.data.max_examples, c.data.test_examples = (5, 4, 3), 8, 24, 6
   c.model.hidden = (8,)
-  c.runs = CD({"fedavg": CD(dict(algorithm="fedavg", cohort_size=3)),
-               "hierfavg": CD(dict(algorithm="hierfavg", cohort_size=2, periods=(2,)))})
+  c.runs = CD(
+    {
+      "fedavg": CD(dict(algorithm="fedavg", cohort_size=3)),
+      "hierfavg": CD(dict(algorithm="hierfavg", cohort_size=2, periods=(2,))),
+    }
+  )
   return c
 
 
@@ -66,7 +70,7 @@ def test_auto_holds_a_population_that_fits_and_streams_one_that_does_not(store_p
   train_and_evaluate(_config(store_path, "auto"), str(tmp_path / "a"))
   assert "population: resident" in "".join(capsys.readouterr())
   c = _config(store_path, "auto")
-  c.memory_limit_bytes = 20_000   # the rows need more, twice on CPU
+  c.memory_limit_bytes = 20_000  # the rows need more, twice on CPU
   c.runs = CD({"fedavg": c.runs.fedavg})
   train_and_evaluate(c, str(tmp_path / "b"))
   assert "population: streamed from" in "".join(capsys.readouterr())
@@ -91,8 +95,11 @@ def test_what_cannot_stream_is_refused_naming_the_run(store_path, tmp_path):
     train_and_evaluate(c, str(tmp_path / "f"))
   c = _config(store_path, "streamed")
   c.data.dataset = "synthetic"
-  with pytest.raises(ValueError, match=r"config.data.dataset='synthetic', but the store .* was converted "
-                                       r"from 'grouped_synthetic'"):
+  with pytest.raises(
+    ValueError,
+    match=r"config.data.dataset='synthetic', but the store .* was converted "
+    r"from 'grouped_synthetic'",
+  ):
     train_and_evaluate(c, str(tmp_path / "g"))
   c = _config(store_path, "sometimes")
   with pytest.raises(ValueError, match=r"config.population.mode='sometimes'; choose one of"):

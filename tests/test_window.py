@@ -31,23 +31,30 @@ def problem():
 
 
 def _cases(data, groups, model):
-  common = dict(model=model, data=data, local_optimizer=optax.sgd(LR), cohort_size=2,
-                schedule=LocalSchedule(batch_size=B, steps=2, batch_order="cyclic"))
+  common = dict(
+    model=model,
+    data=data,
+    local_optimizer=optax.sgd(LR),
+    cohort_size=2,
+    schedule=LocalSchedule(batch_size=B, steps=2, batch_order="cyclic"),
+  )
   tree = Topology.from_labels(groups)
   return {
     "hierfavg": lambda: A.hierfavg(topology=tree, **common),
-    "scaffold": lambda: A.scaffold(local_learning_rate=LR, topology=tree, **common),   # c_i per client
-    "ditto": lambda: A.ditto(lam=0.1, **common),                                        # v_i per client
-    "fedper": lambda: A.fedper(topology=tree, **common),                                # personal leaves
-    "error_feedback": lambda: A.fedavg(                                                # path state
-      update_paths=UpdatePath(client=uplink(qsgd(bits=2), error_feedback=True)), **common),
-    "power_of_choice": lambda: A.fedavg(sampling="power_of_choice", **common),          # reads candidates
+    "scaffold": lambda: A.scaffold(local_learning_rate=LR, topology=tree, **common),  # c_i per client
+    "ditto": lambda: A.ditto(lam=0.1, **common),  # v_i per client
+    "fedper": lambda: A.fedper(topology=tree, **common),  # personal leaves
+    "error_feedback": lambda: A.fedavg(  # path state
+      update_paths=UpdatePath(client=uplink(qsgd(bits=2), error_feedback=True)), **common
+    ),
+    "power_of_choice": lambda: A.fedavg(sampling="power_of_choice", **common),  # reads candidates
     "personal_level": lambda: A.hierfavg(topology=tree, personal=personal("Dense_1", level=1), **common),
   }
 
 
-@pytest.mark.parametrize("name", ["hierfavg", "scaffold", "ditto", "fedper", "error_feedback",
-                                  "power_of_choice", "personal_level"])
+@pytest.mark.parametrize(
+  "name", ["hierfavg", "scaffold", "ditto", "fedper", "error_feedback", "power_of_choice", "personal_level"]
+)
 def test_a_round_over_a_window_is_the_round_over_the_population(problem, name):
   """Two rounds: the window holds the clients each round reads (and a few more, in a shuffled order);
   the state's per-client rows outside it are untouched; everything is bitwise the resident run's."""
@@ -64,7 +71,7 @@ def test_a_round_over_a_window_is_the_round_over_the_population(problem, name):
     read = np.asarray(alg.reads.clients(full, key))
     extra = rng.choice(data.num_clients, 2)
     rows, valid, window = window_of(np.concatenate([read, extra]), data.num_clients, size=len(read) + 4)
-    order = rng.permutation(len(rows))   # the window's rows in any order
+    order = rng.permutation(len(rows))  # the window's rows in any order
     rows, valid = rows[order], valid[order]
     window = np.zeros_like(window)
     window[rows[valid]] = np.flatnonzero(valid)
@@ -78,11 +85,17 @@ def test_a_round_over_a_window_is_the_round_over_the_population(problem, name):
 
 def test_the_clients_a_round_reads_are_its_cohort(problem):
   data, groups, model = problem
-  alg = A.fedavg(model=model, data=data, local_optimizer=optax.sgd(LR), cohort_size=3,
-                 schedule=LocalSchedule(batch_size=B, steps=1))
+  alg = A.fedavg(
+    model=model,
+    data=data,
+    local_optimizer=optax.sgd(LR),
+    cohort_size=3,
+    schedule=LocalSchedule(batch_size=B, steps=1),
+  )
   state = alg.init(jax.random.key(0))
   key = jax.random.key(3)
   from fedtree.core.sampling import cohort_sampler
+
   want = cohort_sampler(np.zeros(data.num_clients, np.int32), 3)(stream(key, "cohort"))
   got = np.asarray(alg.reads.clients(state, key))
   assert set(got.tolist()) >= set(np.asarray(want.clients)[np.asarray(want.valid)].tolist())
@@ -92,16 +105,26 @@ def test_the_clients_a_round_reads_are_its_cohort(problem):
 def test_methods_that_read_other_clients_cannot_stream(problem):
   """FedAMP's parcels mix a parent's cohort, FedFomo's read other clients' models: no window."""
   data, _, model = problem
-  common = dict(model=model, data=data, local_optimizer=optax.sgd(LR), cohort_size=3,
-                schedule=LocalSchedule(batch_size=B, steps=1))
+  common = dict(
+    model=model,
+    data=data,
+    local_optimizer=optax.sgd(LR),
+    cohort_size=3,
+    schedule=LocalSchedule(batch_size=B, steps=1),
+  )
   assert A.fedamp(**common).reads is None
   assert A.fedfomo(num_candidates=2, **common).reads is None
 
 
 def test_client_leaves_are_the_states_client_rows(problem):
   data, groups, model = problem
-  alg = A.scaffold(model=model, data=data, local_optimizer=optax.sgd(LR), local_learning_rate=LR,
-                   schedule=LocalSchedule(batch_size=B, steps=1, batch_order="cyclic"))
+  alg = A.scaffold(
+    model=model,
+    data=data,
+    local_optimizer=optax.sgd(LR),
+    local_learning_rate=LR,
+    schedule=LocalSchedule(batch_size=B, steps=1, batch_order="cyclic"),
+  )
   state = alg.init(jax.random.key(0))
   marks = client_leaves(state)
   assert all(jax.tree.leaves(marks.client_state)) and all(jax.tree.leaves(marks.cursor))

@@ -26,16 +26,21 @@ def client_leaves(state: PyTree) -> PyTree:
   """A pytree of bools shaped as ``state``: true at the leaves whose rows are clients (``[C, ...]``, as
   the state names them: :meth:`fedtree.core.algorithm.TreeState.row_names`)."""
   is_name = lambda x: isinstance(x, RowName)  # noqa: E731
-  return jax.tree.map(lambda name, sub: jax.tree.map(lambda _: name == CLIENT_ROWS, sub), row_names_of(state),
-                      state, is_leaf=is_name)
+  return jax.tree.map(
+    lambda name, sub: jax.tree.map(lambda _: name == CLIENT_ROWS, sub),
+    row_names_of(state),
+    state,
+    is_leaf=is_name,
+  )
 
 
 def window_state(state: PyTree, rows) -> PyTree:
   """``state`` with every per-client leaf cut to the rows ``rows`` (``int32[W]`` client indices): the
   state a round over a window holding those clients reads."""
   rows = jnp.asarray(rows, jnp.int32)
-  return jax.tree.map(lambda a, is_client: jnp.take(a, rows, axis=0) if is_client else a, state,
-                      client_leaves(state))
+  return jax.tree.map(
+    lambda a, is_client: jnp.take(a, rows, axis=0) if is_client else a, state, client_leaves(state)
+  )
 
 
 def unwindow_state(full: PyTree, windowed: PyTree, rows, valid=None) -> PyTree:
@@ -53,8 +58,9 @@ def unwindow_state(full: PyTree, windowed: PyTree, rows, valid=None) -> PyTree:
   return jax.tree.map(put, full, windowed, client_leaves(full))
 
 
-def window_of(clients, num_clients: int,
-              size: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def window_of(
+  clients, num_clients: int, size: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """``(rows, valid, window)`` for a window holding ``clients`` (repeats allowed): ``rows``
   (``int32[W]``) the distinct clients in the window's rows, padded to ``size`` rows with client 0
   (never read, ``valid`` false there: never written back), and ``window`` (``int32[C]``) every
@@ -71,7 +77,7 @@ def window_of(clients, num_clients: int,
   if clients.size > size:
     raise ValueError(f"{clients.size} distinct clients do not fit a window of {size} rows")
   rows = np.zeros(size, np.int32)
-  rows[:clients.size] = clients
+  rows[: clients.size] = clients
   window = np.zeros(num_clients, np.int32)
   window[clients] = np.arange(clients.size, dtype=np.int32)
   return rows, np.arange(size) < clients.size, window
@@ -81,13 +87,19 @@ def window_data(data: FederatedData, rows, window) -> FederatedData:
   """``data`` (every client's padded rows) as a window holding the clients ``rows`` (:func:`window_of`):
   the rows of those clients, every client's counts, and the ``window`` map."""
   if data.ragged:
-    raise ValueError("a window holds padded rows: convert a ragged training split first "
-                     "(fedtree.core.ragged.to_padded_train)")
+    raise ValueError(
+      "a window holds padded rows: convert a ragged training split first "
+      "(fedtree.core.ragged.to_padded_train)"
+    )
   rows = np.asarray(rows, np.int64)
 
   def cut(a):
     return np.asarray(a)[rows] if isinstance(a, np.ndarray) else jnp.take(a, jnp.asarray(rows), axis=0)
 
   return data.replace(  # type: ignore[attr-defined]  # (flax struct dataclass)
-    x_train=cut(data.x_train), y_train=cut(data.y_train), x_test=cut(data.x_test), y_test=cut(data.y_test),
-    window=jnp.asarray(window, jnp.int32))
+    x_train=cut(data.x_train),
+    y_train=cut(data.y_train),
+    x_test=cut(data.x_test),
+    y_test=cut(data.y_test),
+    window=jnp.asarray(window, jnp.int32),
+  )

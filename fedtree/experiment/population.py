@@ -52,8 +52,10 @@ class Population(NamedTuple):
 def options(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """``config.population``'s fields (their declared defaults where absent), checked."""
   sec = config.get("population", None)
-  out = {name: (default if sec is None else sec.get(name, default))
-         for name, (_, default, _) in POPULATION_FIELDS.items()}
+  out = {
+    name: (default if sec is None else sec.get(name, default))
+    for name, (_, default, _) in POPULATION_FIELDS.items()
+  }
   if out["mode"] not in MODES:
     raise ValueError(f"config.population.mode={out['mode']!r}; choose one of {MODES}")
   for name in ("cache_bytes", "prefetch", "eval_clients", "eval_seed"):
@@ -68,13 +70,15 @@ def resident_bytes(store) -> int:
   """The bytes of every client's padded train and test rows held resident (the layout
   :meth:`~fedtree.population.store.ClientStore.to_federated_data` makes)."""
   feats = store.features
-  per_row = sum(int(np.prod(feats[k].shape, dtype=np.int64)) * np.dtype(feats[k].dtype).itemsize
-                for k in ("x", "y"))
+  per_row = sum(
+    int(np.prod(feats[k].shape, dtype=np.int64)) * np.dtype(feats[k].dtype).itemsize for k in ("x", "y")
+  )
   return int(store.num_clients * (store.width("train") + store.width("test")) * per_row)
 
 
-def plan(config: ml_collections.ConfigDict, skeleton: FederatedData,
-         store) -> tuple[FederatedData, Population]:
+def plan(
+  config: ml_collections.ConfigDict, skeleton: FederatedData, store
+) -> tuple[FederatedData, Population]:
   """The data a config's runs are built on, and how they read the population: resident (every row
   loaded now) when ``config.population.mode`` says so or, with ``"auto"``, when the population fits
   the memory limit (:func:`fedtree.experiment.memory.memory_limit`) as
@@ -88,9 +92,13 @@ def plan(config: ml_collections.ConfigDict, skeleton: FederatedData,
   limit, source = memory.memory_limit(config)
   copies = 2 if jax.default_backend() == "cpu" else 1
   fits = limit is None or copies * size <= limit
-  rest = dict(cache_bytes=int(opts["cache_bytes"]), prefetch=int(opts["prefetch"]),
-              eval_clients=int(opts["eval_clients"]), eval_chunk=int(opts["eval_chunk"]),
-              eval_seed=int(opts["eval_seed"]))
+  rest = dict(
+    cache_bytes=int(opts["cache_bytes"]),
+    prefetch=int(opts["prefetch"]),
+    eval_clients=int(opts["eval_clients"]),
+    eval_chunk=int(opts["eval_chunk"]),
+    eval_seed=int(opts["eval_seed"]),
+  )
   where = f"{store.num_clients:,} clients, {size:,} bytes of rows ({copies}x: {copies * size:,})"
   limit_s = "no limit" if limit is None else f"limit {limit:,} bytes ({source})"
   if opts["mode"] == "resident" or (opts["mode"] == "auto" and fits):
@@ -98,8 +106,10 @@ def plan(config: ml_collections.ConfigDict, skeleton: FederatedData,
     memory.check_data(data, config)
     return data, Population(store, False, f"population: resident, {where}; {limit_s}", **rest)
   why = "asked for" if opts["mode"] == "streamed" else "it does not fit"
-  note = (f"population: streamed from {store.path} ({why}: {where}; {limit_s}); the device holds each call's "
-          f"window of clients")
+  note = (
+    f"population: streamed from {store.path} ({why}: {where}; {limit_s}); the device holds each call's "
+    f"window of clients"
+  )
   return skeleton, Population(store, True, note, **rest)
 
 
@@ -112,9 +122,13 @@ def eval_plan(population: Population, groups: np.ndarray):
   if population.eval_clients == 0:
     return every_client(num, chunk_size=population.eval_chunk)
   several = len(np.unique(groups)) > 1
-  return sample_clients(size=population.eval_clients, num_clients=None if several else num,
-                        groups=groups if several else None, seed=population.eval_seed,
-                        chunk_size=population.eval_chunk)
+  return sample_clients(
+    size=population.eval_clients,
+    num_clients=None if several else num,
+    groups=groups if several else None,
+    seed=population.eval_seed,
+    chunk_size=population.eval_chunk,
+  )
 
 
 def node_models(models: dict[str, Any], num_clients: int) -> dict[str, Any]:
@@ -131,9 +145,19 @@ def node_models(models: dict[str, Any], num_clients: int) -> dict[str, Any]:
   return out
 
 
-def evaluate_streamed(algorithm: FederatedAlgorithm, state, population: Population, round_: int, *, model,
-                      evaluator, groups: np.ndarray, positive_classes=None, top_k: int | None = None,
-                      central=None) -> dict[str, dict[str, Any]]:
+def evaluate_streamed(
+  algorithm: FederatedAlgorithm,
+  state,
+  population: Population,
+  round_: int,
+  *,
+  model,
+  evaluator,
+  groups: np.ndarray,
+  positive_classes=None,
+  top_k: int | None = None,
+  central=None,
+) -> dict[str, dict[str, Any]]:
   """Every node-level model of ``state`` (:func:`node_models`) scored on the test rows of the clients of
   the evaluation after round ``round_`` (:func:`eval_plan`), read from the store chunk by chunk and
   summarized once over them (per client, per group, fairness), as the resident evaluation summarizes
@@ -159,8 +183,9 @@ def evaluate_streamed(algorithm: FederatedAlgorithm, state, population: Populati
   out = {}
   for name, nm in models.items():
     every = jax.tree.map(lambda *a: np.concatenate(a), *stats[name])
-    out[name] = summarize(every, np.asarray(groups)[ids_], positive_classes=positive_classes,
-                          perplexity=perplexity, top_k=top_k)
+    out[name] = summarize(
+      every, np.asarray(groups)[ids_], positive_classes=positive_classes, perplexity=perplexity, top_k=top_k
+    )
     rows = np.unique(np.asarray(nm.model_of_client))
     if central is not None and rows.size == 1:
       cx, cy, cn = central
@@ -178,15 +203,26 @@ class StreamCheckpoint:
   per-client rows are the paged state's, kept on disk) and the paged state's snapshot (which slot
   holds every client's committed row)."""
 
-  round: jax.Array      # int32[] rounds done
-  others: Any           # [leaf] the state's leaves that are not per-client (their rows: the paged state's)
-  slots: Any            # uint8[C] the paged state's committed slots
-  generation: Any       # int64[] its commit count
+  round: jax.Array  # int32[] rounds done
+  others: Any  # [leaf] the state's leaves that are not per-client (their rows: the paged state's)
+  slots: Any  # uint8[C] the paged state's committed slots
+  generation: Any  # int64[] its commit count
 
 
-def run_streamed(run, key, reporter, hooks, *, eval_every: int, rounds_per_call: int,
-                 checkpoint_dir: str | None, checkpoint_every: int, keep_checkpoints: int, should_stop,
-                 max_abs) -> tuple[Any, dict[str, dict[str, Any]]]:
+def run_streamed(
+  run,
+  key,
+  reporter,
+  hooks,
+  *,
+  eval_every: int,
+  rounds_per_call: int,
+  checkpoint_dir: str | None,
+  checkpoint_every: int,
+  keep_checkpoints: int,
+  should_stop,
+  max_abs,
+) -> tuple[Any, dict[str, dict[str, Any]]]:
   """:func:`fedtree.experiment.run_loop.run_algorithm` for a run over a streamed population
   (:func:`fedtree.population.stream.run`): its per-client state paged on disk under the checkpoint
   folder (in host memory without checkpoints), checkpoints that keep the paged state's snapshot, and
@@ -202,9 +238,11 @@ def run_streamed(run, key, reporter, hooks, *, eval_every: int, rounds_per_call:
   algorithm, ctx, num_rounds, label = run.algorithm, run.context, run.rounds, run.label
   population: Population = ctx.population
   if algorithm.reads is None:
-    raise ValueError(f"{label}: {algorithm.name} reads clients beyond its cohort (every client, or other "
-                     f"clients' state), so its population cannot stream; hold it resident "
-                     f"(config.population.mode='resident') or use a smaller population")
+    raise ValueError(
+      f"{label}: {algorithm.name} reads clients beyond its cohort (every client, or other "
+      f"clients' state), so its population cannot stream; hold it resident "
+      f"(config.population.mode='resident') or use a smaller population"
+    )
   reporter.print(f"{label}: {population.note}")
   others, rows_of = paged_init(algorithm, loop.init_key(key), ctx.data.num_clients)
   ckpt = None
@@ -218,17 +256,22 @@ def run_streamed(run, key, reporter, hooks, *, eval_every: int, rounds_per_call:
   split = _split_of(jax.eval_shape(algorithm.init, loop.init_key(key)))
   start = 0
   if ckpt is not None:
-    like = StreamCheckpoint(round=jax.numpy.zeros((), jax.numpy.int32), others=others,
-                            slots=paged.snapshot_like().slots, generation=paged.snapshot_like().generation)
+    like = StreamCheckpoint(
+      round=jax.numpy.zeros((), jax.numpy.int32),
+      others=others,
+      slots=paged.snapshot_like().slots,
+      generation=paged.snapshot_like().generation,
+    )
     restored = ckpt.restore(like, warn=reporter.print)
     if restored is not None:
       others = list(restored.others)
-      paged.restore(PagedSnapshot(slots=np.asarray(restored.slots),
-                                  generation=np.asarray(restored.generation)))
+      paged.restore(
+        PagedSnapshot(slots=np.asarray(restored.slots), generation=np.asarray(restored.generation))
+      )
       start = int(restored.round)
       reporter.print(f"{label}: resumed from the checkpoint of round {start} in {checkpoint_dir}")
   reporter.start_run(label, num_rounds, from_round=start)
-  if start:   # resumed: the bytes of the rounds before, and the rounds at the target
+  if start:  # resumed: the bytes of the rounds before, and the rounds at the target
     shapes = split.parts(jax.eval_shape(algorithm.init, loop.init_key(key)))[0]
     hooks.resume(split.join([np.zeros((1,) + a.shape[1:], a.dtype) for a in shapes], others))
 
@@ -236,23 +279,44 @@ def run_streamed(run, key, reporter, hooks, *, eval_every: int, rounds_per_call:
     if ckpt is None or (r % ckpt.every and r != num_rounds):
       return
     snap = paged.commit()
-    ckpt.maybe_save(StreamCheckpoint(round=state.round, others=split.parts(state)[1], slots=snap.slots,
-                                     generation=snap.generation), force=r == num_rounds)
+    ckpt.maybe_save(
+      StreamCheckpoint(
+        round=state.round, others=split.parts(state)[1], slots=snap.slots, generation=snap.generation
+      ),
+      force=r == num_rounds,
+    )
 
   try:
     state, stats = stream_run(
-      algorithm, ctx.data, population.store, num_rounds=num_rounds, key=key, paged=paged, others=others,
-      rounds_per_call=rounds_per_call, depth=population.prefetch, cache_bytes=population.cache_bytes,
-      eval_every=eval_every, on_eval=hooks.evaluate, on_metrics=hooks.log, on_rounds=hooks.count,
-      on_call=save, should_stop=should_stop, max_abs=max_abs)
+      algorithm,
+      ctx.data,
+      population.store,
+      num_rounds=num_rounds,
+      key=key,
+      paged=paged,
+      others=others,
+      rounds_per_call=rounds_per_call,
+      depth=population.prefetch,
+      cache_bytes=population.cache_bytes,
+      eval_every=eval_every,
+      on_eval=hooks.evaluate,
+      on_metrics=hooks.log,
+      on_rounds=hooks.count,
+      on_call=save,
+      should_stop=should_stop,
+      max_abs=max_abs,
+    )
     if int(state.round) < num_rounds:
-      raise RunStopped(f"run {label!r} stopped at round {int(state.round)} of {num_rounds}"
-                       f"{kept_on_stop(ckpt, state)}")
+      raise RunStopped(
+        f"run {label!r} stopped at round {int(state.round)} of {num_rounds}{kept_on_stop(ckpt, state)}"
+      )
   finally:
     if ckpt is not None:
       ckpt.close()
     reporter.end_run(label)
-  reporter.print(f"{label}: {stats.calls} calls; waited {stats.wait_s:.2f} s for data "
-                 f"({100 * stats.stall_fraction:.1f} % of the run), {stats.gather_s:.2f} s paging client "
-                 f"state")
+  reporter.print(
+    f"{label}: {stats.calls} calls; waited {stats.wait_s:.2f} s for data "
+    f"({100 * stats.stall_fraction:.1f} % of the run), {stats.gather_s:.2f} s paging client "
+    f"state"
+  )
   return state, hooks.final(hooks.summaries, int(state.round))

@@ -10,6 +10,7 @@ a population that fits gives bitwise the same run resident or streamed (tests/te
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -24,7 +25,7 @@ from fedtree.core.data import FederatedData
 from fedtree.core.window import client_leaves, window_of
 from fedtree.population.paged import PagedState
 from fedtree.population.reader import CohortReader
-from fedtree.population.store import ClientBlock, ClientStore
+from fedtree.population.store import ClientStore
 
 PyTree = Any
 
@@ -47,9 +48,15 @@ def skeleton(store: ClientStore, *, width: int | None = None) -> FederatedData:
     return np.zeros((1, w) + feats[key].shape, feats[key].dtype)
 
   return FederatedData(
-    x_train=zeros(w_train, "x"), y_train=zeros(w_train, "y"), n_train=store.counts("train").astype(np.int32),
-    x_test=zeros(w_test, "x"), y_test=zeros(w_test, "y"), n_test=store.counts("test").astype(np.int32),
-    num_classes=store.num_classes, window=np.zeros(store.num_clients, np.int32))
+    x_train=zeros(w_train, "x"),
+    y_train=zeros(w_train, "y"),
+    n_train=store.counts("train").astype(np.int32),
+    x_test=zeros(w_test, "x"),
+    y_test=zeros(w_test, "y"),
+    n_test=store.counts("test").astype(np.int32),
+    num_classes=store.num_classes,
+    window=np.zeros(store.num_clients, np.int32),
+  )
 
 
 class _Split(NamedTuple):
@@ -60,8 +67,10 @@ class _Split(NamedTuple):
 
   def parts(self, state) -> tuple[list, list]:
     leaves = jax.tree.leaves(state)
-    return ([a for a, c in zip(leaves, self.is_client, strict=True) if c],
-            [a for a, c in zip(leaves, self.is_client, strict=True) if not c])
+    return (
+      [a for a, c in zip(leaves, self.is_client, strict=True) if c],
+      [a for a, c in zip(leaves, self.is_client, strict=True) if not c],
+    )
 
   def join(self, clients: Sequence, others: Sequence):
     it_c, it_o = iter(clients), iter(others)
@@ -90,8 +99,10 @@ def paged_init(algorithm: FederatedAlgorithm, key: jax.Array, num_clients: int) 
   first, last, others = jax.jit(edges)(key)
   for a, b in zip(first, last, strict=True):
     if not np.array_equal(np.asarray(a), np.asarray(b)):
-      raise ValueError(f"{algorithm.name}: its clients start from different states, which a paged state "
-                       f"cannot make for a client only when it is first read; run it resident")
+      raise ValueError(
+        f"{algorithm.name}: its clients start from different states, which a paged state "
+        f"cannot make for a client only when it is first read; run it resident"
+      )
   first = [np.asarray(a) for a in first]
 
   def rows_of(ids):
@@ -104,20 +115,30 @@ def paged_init(algorithm: FederatedAlgorithm, key: jax.Array, num_clients: int) 
 class _Calls:
   """The window rows of every call (a sequence indexed by call, computed when asked for)."""
 
-  starts: list[int]        # each call's first round done (the state's round before it)
-  lengths: list[int]       # its rounds
-  reads: Callable          # reads(state, round) -> int32[D]
-  size: int                # the window's rows
+  starts: list[int]  # each call's first round done (the state's round before it)
+  lengths: list[int]  # its rounds
+  reads: Callable  # reads(state, round) -> int32[D]
+  size: int  # the window's rows
   num_clients: int
-  state: Any = None        # the state the reads are computed from (any state of the run, or the current)
+  state: Any = None  # the state the reads are computed from (any state of the run, or the current)
+  memo: dict = dataclasses.field(default_factory=dict)   # call -> its window (made once, by either thread)
+  lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
   def __len__(self) -> int:
     return len(self.starts)
 
   def window(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    with self.lock:
+      if i in self.memo:
+        return self.memo[i]
     first = self.starts[i]
     read = [np.asarray(self.reads(self.state, r)) for r in range(first, first + self.lengths[i])]
-    return window_of(np.concatenate(read), self.num_clients, self.size)
+    made = window_of(np.concatenate(read), self.num_clients, self.size)
+    with self.lock:
+      self.memo[i] = made
+      for old in [k for k in self.memo if k < i - 8]:   # the reader runs at most a few calls ahead
+        del self.memo[old]
+    return made
 
   def __getitem__(self, i: int) -> np.ndarray:
     return self.window(i)[0]
@@ -194,8 +215,10 @@ def run(
     ValueError: an algorithm that does not say which clients a round reads.
   """
   if algorithm.reads is None:
-    raise ValueError(f"{algorithm.name} reads clients beyond its cohort (every client, or other clients' "
-                     f"state), so its population cannot stream; run it resident")
+    raise ValueError(
+      f"{algorithm.name} reads clients beyond its cohort (every client, or other clients' "
+      f"state), so its population cannot stream; run it resident"
+    )
   shapes = jax.eval_shape(algorithm.init, loop.init_key(key))
   split = _split_of(shapes)
   if others is None:
@@ -215,12 +238,26 @@ def run(
     r += n
   reads_fn = jax.jit(algorithm.reads.clients)
   per_round = int(np.asarray(reads_fn(probe, jax.random.fold_in(key, 0))).shape[0])
-  calls = _Calls(starts, lengths, lambda st, rnd: reads_fn(st, jax.random.fold_in(key, rnd)),
-                 fuse * per_round, data.num_clients, state=probe)
+  calls = _Calls(
+    starts,
+    lengths,
+    lambda st, rnd: reads_fn(st, jax.random.fold_in(key, rnd)),
+    fuse * per_round,
+    data.num_clients,
+    state=probe,
+  )
   width = int(data.x_train.shape[1])
-  reader = CohortReader(store, calls, width=width,  # type: ignore[arg-type]  # (a lazy sequence)
-                        depth=0 if algorithm.reads.needs_state else int(depth), cache_bytes=int(cache_bytes))
-  test_x, test_y = np.asarray(data.x_test[:1]), np.asarray(data.y_test[:1])
+  reader = CohortReader(
+    store,
+    calls,
+    width=width,  # type: ignore[arg-type]  # (a lazy sequence)
+    depth=0 if algorithm.reads.needs_state else int(depth),
+    cache_bytes=int(cache_bytes),
+    transfer=lambda block: (jax.device_put(block.x), jax.device_put(block.y)),   # (on the device ahead)
+  )
+  rows_of_test = (calls.size,) + tuple(data.x_test.shape[1:])
+  test_x = jnp.zeros(rows_of_test, data.x_test.dtype)   # (a round reads no test row)
+  test_y = jnp.zeros((calls.size,) + tuple(data.y_test.shape[1:]), data.y_test.dtype)
   wait = gather = running = 0.0
   state = None
   with reader:
@@ -229,13 +266,12 @@ def run(
         calls.state = state
       rows, valid, window = calls.window(i)
       t0 = time.perf_counter()
-      block: ClientBlock = next(reader)
+      x_train, y_train = next(reader)
       t1 = time.perf_counter()
       wait += t1 - t0
-      wdata = data.replace(x_train=jnp.asarray(block.x), y_train=jnp.asarray(block.y),   # type: ignore[attr-defined]
-                           x_test=jnp.asarray(np.broadcast_to(test_x, (len(rows),) + test_x.shape[1:])),
-                           y_test=jnp.asarray(np.broadcast_to(test_y, (len(rows),) + test_y.shape[1:])),
-                           window=jnp.asarray(window))
+      wdata = data.replace(  # type: ignore[attr-defined]
+        x_train=x_train, y_train=y_train, x_test=test_x, y_test=test_y, window=jnp.asarray(window)
+      )
       rows_now = [] if paged is None else [jnp.asarray(a) for a in paged.gather(rows)]
       state = split.join(rows_now, others)
       t2 = time.perf_counter()
@@ -251,15 +287,41 @@ def run(
         paged.scatter(rows[keep], [np.asarray(a)[keep] for a in new_rows])
       gather += time.perf_counter() - t3
       done = starts[i] + n
-      _after_call(algorithm, state, metrics, done, n, num_rounds, eval_every, check_finite, max_abs,
-                  on_rounds, on_metrics, on_eval, on_call)
+      _after_call(
+        algorithm,
+        state,
+        metrics,
+        done,
+        n,
+        num_rounds,
+        eval_every,
+        check_finite,
+        max_abs,
+        on_rounds,
+        on_metrics,
+        on_eval,
+        on_call,
+      )
       if should_stop is not None and should_stop():
         break
   return state, StreamStats(len(lengths), wait, gather, running)
 
 
-def _after_call(algorithm, state, metrics, done, n, num_rounds, eval_every, check_finite, max_abs, on_rounds,
-                on_metrics, on_eval, on_call) -> None:
+def _after_call(
+  algorithm,
+  state,
+  metrics,
+  done,
+  n,
+  num_rounds,
+  eval_every,
+  check_finite,
+  max_abs,
+  on_rounds,
+  on_metrics,
+  on_eval,
+  on_call,
+) -> None:
   if check_finite:
     paths = [(p, name) for p, name, _ in loop._float_leaves(state)]
     loop.check_metrics(metrics, done, algorithm.name, paths, None, max_abs)
