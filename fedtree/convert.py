@@ -26,14 +26,18 @@ from typing import Any
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "A fedtree config file: its data block is converted.", lock_config=False)
-_DATA = flags.DEFINE_string("data", None, "The data block as a Python dict literal (instead of --config).")
-_OUT = flags.DEFINE_string("out", None, "The store's folder.")
-_OVERWRITE = flags.DEFINE_bool("overwrite", False,
-                               "Replace an existing store at --out once the new one is complete.")
-_PROGRESS = flags.DEFINE_bool("progress", True, "Progress bars.")
-_VERBOSE = flags.DEFINE_bool("verbose", False, "Full tracebacks for refused inputs.")
+
+def _define_flags():
+  """The command's flags, defined when it runs (``python -m fedtree.convert``), not when
+  :func:`convert` is imported beside ``fedtree.main``, whose ``--config`` has the same name."""
+  config_flags.DEFINE_config_file("config", None, "A fedtree config file: its data block is converted.",
+                                  lock_config=False)
+  flags.DEFINE_string("data", None, "The data block as a Python dict literal (instead of --config).")
+  flags.DEFINE_string("out", None, "The store's folder.")
+  flags.DEFINE_bool("overwrite", False, "Replace an existing store at --out once the new one is complete.")
+  flags.DEFINE_bool("progress", True, "Progress bars.")
+  flags.DEFINE_bool("verbose", False, "Full tracebacks for refused inputs.")
+
 
 SOURCES_STREAMED = ("tff_h5", "flair")
 
@@ -96,26 +100,27 @@ def _plain(v):
 
 
 def main(argv) -> None:
+  f = flags.FLAGS
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   try:
-    if (_CONFIG.value is None) == (_DATA.value is None):
+    if (f.config is None) == (f.data is None):
       raise ValueError("give the source as --config=FILE (its data block) or --data=DICT, one of them")
-    if not _OUT.value:
+    if not f.out:
       raise ValueError("--out is not set: the store's folder")
-    if _DATA.value is not None:
+    if f.data is not None:
       try:
-        data = ast.literal_eval(_DATA.value)
+        data = ast.literal_eval(f.data)
       except (ValueError, SyntaxError) as e:
-        raise ValueError(f"--data={_DATA.value!r} is not a Python dict literal ({e})") from e
+        raise ValueError(f"--data={f.data!r} is not a Python dict literal ({e})") from e
       if not isinstance(data, dict):
-        raise ValueError(f"--data={_DATA.value!r} is not a dict")
+        raise ValueError(f"--data={f.data!r} is not a dict")
     else:
-      data = _CONFIG.value.data.to_dict()
+      data = f.config.data.to_dict()
     t0 = time.perf_counter()
-    store = convert(data, _OUT.value, overwrite=_OVERWRITE.value, progress=_PROGRESS.value)
+    store = convert(data, f.out, overwrite=f.overwrite, progress=f.progress)
   except Exception as e:  # noqa: BLE001 (one clear line; the traceback behind --verbose)
-    if _VERBOSE.value:
+    if f.verbose:
       raise
     print(f"fedtree: error: {' '.join(str(e).split())}", file=sys.stderr)
     sys.exit(1)
@@ -125,4 +130,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

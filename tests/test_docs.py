@@ -56,6 +56,10 @@ DOCTEST_MODULES = [
   "fedtree.core.personal",
   "fedtree.experiment.fields",
   "fedtree.models",
+  "fedtree.population.evaluation",   # sample_clients
+  "fedtree.population.paged",        # PagedState
+  "fedtree.population.reader",       # CohortReader
+  "fedtree.population.store",        # write_federated_data, open_store
 ]
 SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.optimization.fedavg",   # 11 examples, ~18 s
