@@ -3,6 +3,7 @@ asked or when it does not, the same table either way; a streamed run checkpoints
 resumes; what cannot stream is refused in one line naming the run."""
 
 import json
+import os
 
 import ml_collections
 import numpy as np
@@ -104,3 +105,9 @@ def test_what_cannot_stream_is_refused_naming_the_run(store_path, tmp_path):
   c = _config(store_path, "sometimes")
   with pytest.raises(ValueError, match=r"config.population.mode='sometimes'; choose one of"):
     train_and_evaluate(c, str(tmp_path / "h"))
+  c = _config(store_path, "streamed")
+  c.mesh_shape = -1
+  with pytest.raises(ValueError, match=r"a streamed run holds its window on one device of one process: "
+                                       r"not over config.mesh_shape=-1"):
+    train_and_evaluate(c, str(tmp_path / "m"))
+  assert not os.path.exists(tmp_path / "m" / "metrics.jsonl")

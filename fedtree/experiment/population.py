@@ -85,7 +85,8 @@ def plan(
   :func:`~fedtree.experiment.memory.check_data` counts it; streamed otherwise.
 
   Raises:
-    ValueError: ``mode="resident"`` for a population that does not fit (naming the bytes).
+    ValueError: ``mode="resident"`` for a population that does not fit (naming the bytes); a streamed
+      one over a mesh or several processes.
   """
   opts = options(config)
   size = resident_bytes(store)
@@ -106,6 +107,14 @@ def plan(
     memory.check_data(data, config)
     return data, Population(store, False, f"population: resident, {where}; {limit_s}", **rest)
   why = "asked for" if opts["mode"] == "streamed" else "it does not fit"
+  mesh = config.get("mesh_shape", None)
+  if jax.process_count() > 1 or mesh:
+    raise ValueError(
+      f"the population of {store.path} streams ({why}: {where}; {limit_s}), and a streamed run holds "
+      f"its window on one device of one process: not over config.mesh_shape={mesh!r}"
+      f" or {jax.process_count()} processes (yet); run it on one device, or resident "
+      f"(config.population.mode='resident') where the population fits"
+    )
   note = (
     f"population: streamed from {store.path} ({why}: {where}; {limit_s}); the device holds each call's "
     f"window of clients"
