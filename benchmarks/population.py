@@ -195,6 +195,10 @@ def fits(a) -> dict:
     a.store_dir,
     "--per-call",
     str(a.per_call),
+    "--hidden",
+    str(a.hidden),
+    "--steps",
+    str(a.steps),
   ]
   res = _child(["--mode", "resident", *common])
   st = _child(["--mode", "streamed", *common])

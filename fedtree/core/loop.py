@@ -299,18 +299,26 @@ def run(
       if paths is None:
         paths = [(p, name) for p, name, _ in _float_leaves(state)]
       check_metrics(metrics, done, label, paths, name_row, max_abs)
-    if on_rounds is not None:
-      on_rounds(done - todo + 1, {k: np.asarray(v) for k, v in metrics.items() if k not in CHECK_KEYS})
-    host = {k: np.asarray(v)[-1].item() for k, v in metrics.items() if k not in CHECK_KEYS}
-    if on_eval is not None and (done == num_rounds or (eval_every and done % eval_every == 0)):
-      host.update(on_eval(state, done) or {})
-    if on_metrics is not None:
-      on_metrics(done, host)
-    if on_call is not None:
-      on_call(state, done)
+    after_call(state, metrics, done, todo, num_rounds, eval_every, on_rounds=on_rounds, on_metrics=on_metrics,
+               on_eval=on_eval, on_call=on_call)
     if should_stop is not None and should_stop():
       break
   return state
+
+
+def after_call(state, metrics, done: int, todo: int, num_rounds: int, eval_every: int | None, *, on_rounds,
+               on_metrics, on_eval, on_call) -> None:
+  """The hooks of :func:`run` after a call of ``todo`` rounds that ended at round ``done`` (its checks
+  passed), as a streamed run calls them too (:func:`fedtree.population.stream.run`)."""
+  if on_rounds is not None:
+    on_rounds(done - todo + 1, {k: np.asarray(v) for k, v in metrics.items() if k not in CHECK_KEYS})
+  host = {k: np.asarray(v)[-1].item() for k, v in metrics.items() if k not in CHECK_KEYS}
+  if on_eval is not None and (done == num_rounds or (eval_every and done % eval_every == 0)):
+    host.update(on_eval(state, done) or {})
+  if on_metrics is not None:
+    on_metrics(done, host)
+  if on_call is not None:
+    on_call(state, done)
 
 
 def check_metrics(metrics: dict[str, Any], done: int, label: str, paths: list[tuple[str, RowName]],

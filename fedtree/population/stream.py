@@ -287,50 +287,12 @@ def run(
         paged.scatter(rows[keep], [np.asarray(a)[keep] for a in new_rows])
       gather += time.perf_counter() - t3
       done = starts[i] + n
-      _after_call(
-        algorithm,
-        state,
-        metrics,
-        done,
-        n,
-        num_rounds,
-        eval_every,
-        check_finite,
-        max_abs,
-        on_rounds,
-        on_metrics,
-        on_eval,
-        on_call,
-      )
+      if check_finite:
+        paths = [(p, name) for p, name, _ in loop._float_leaves(state)]
+        loop.check_metrics(metrics, done, algorithm.name, paths, None, max_abs)
+      loop.after_call(state, metrics, done, n, num_rounds, eval_every, on_rounds=on_rounds,
+                      on_metrics=on_metrics, on_eval=on_eval, on_call=on_call)
       if should_stop is not None and should_stop():
         break
   return state, StreamStats(len(lengths), wait, gather, running)
 
-
-def _after_call(
-  algorithm,
-  state,
-  metrics,
-  done,
-  n,
-  num_rounds,
-  eval_every,
-  check_finite,
-  max_abs,
-  on_rounds,
-  on_metrics,
-  on_eval,
-  on_call,
-) -> None:
-  if check_finite:
-    paths = [(p, name) for p, name, _ in loop._float_leaves(state)]
-    loop.check_metrics(metrics, done, algorithm.name, paths, None, max_abs)
-  if on_rounds is not None:
-    on_rounds(done - n + 1, {k: np.asarray(v) for k, v in metrics.items() if k not in loop.CHECK_KEYS})
-  host = {k: np.asarray(v)[-1].item() for k, v in metrics.items() if k not in loop.CHECK_KEYS}
-  if on_eval is not None and (done == num_rounds or (eval_every and done % eval_every == 0)):
-    host.update(on_eval(state, done) or {})
-  if on_metrics is not None:
-    on_metrics(done, host)
-  if on_call is not None:
-    on_call(state, done)
