@@ -28,8 +28,8 @@ the server's model (tested).
 same step count finishes at the same second): ``"queue"`` (default; the paper's one update at a
 time: the others are applied in the following server updates, ties broken by slot, each a version
 staler), ``"together"`` (FLGo: everything that arrived at the same moment is mixed in one step,
-``x ← mean_k[(1 − α_k) x + α_k y_k]``, by the host's ``weighting``; FLGo averages uniformly:
-``weighting="uniform"``) or ``"drop"`` (FedLab's standalone simulation keeps the first and discards
+``x ← mean_k[(1 − α_k) x + α_k y_k]``, by the host's ``weighting``; FLGo weights by data size:
+``weighting="examples"``) or ``"drop"`` (FedLab's standalone simulation keeps the first and discards
 the others; ``clients_discarded``).
 
 **Other implementations.** FLGo's hinge is ``1 / (a (t − τ − b))`` (without the paper's ``+ 1``:

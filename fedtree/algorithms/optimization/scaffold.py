@@ -28,8 +28,8 @@ correct the edges' drift between aggregations, a different method (and the paper
 for one server), so upper levels are left as HierFAVG.
 
 **Choices and other implementations.** The aggregation weights are uniform by default
-(``weighting="uniform"``: the paper's ``1/|S|``); ``weighting="examples"`` weighs ``Δy_i`` by data
-size, as FedLab's and PFLlib's SCAFFOLD do (the variate is always averaged unweighted).
+(``weighting="uniform"``: the paper's ``1/|S|``, and FedLab 1.3.0's); ``weighting="examples"`` weighs
+``Δy_i`` by data size, as PFLlib's SCAFFOLD does (the variate is always averaged unweighted).
 ``variate_average="sampled"`` divides the variates' sum by the clients that answered instead of
 ``N``: what FL-bench and PFLlib do (their global variate moves by the mean of the sampled changes);
 ``"all"`` is the paper's and FedLab's. ``server_learning_rate`` is the paper's global step size
