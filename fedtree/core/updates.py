@@ -402,7 +402,8 @@ def path_metrics(client_sums: Stats, num_reported: jax.Array, node_stats: Stats,
 def path_stats(stats: Stats, prefix: str = "") -> dict[str, jax.Array]:
   """Per-node statistics ``{name: [P]}`` as round metrics: their mean over the nodes, named
   ``prefix + name``."""
-  return {prefix + k: jnp.mean(jnp.asarray(v, jnp.float32)) if jnp.ndim(v) else v for k, v in stats.items()}
+  dtype = jnp.result_type(float)   # (float64 under --config.dtype=float64)
+  return {prefix + k: jnp.mean(jnp.asarray(v, dtype)) if jnp.ndim(v) else v for k, v in stats.items()}
 
 
 def send_down(path: UpdatePath | None, params: PyTree, key: jax.Array) -> tuple[PyTree, Stats]:

@@ -53,7 +53,7 @@ class HostPlan:
     systems: devices, availability and the round policy, or ``None``.
     keep: clients kept per leaf parent under over-selection (``None`` otherwise).
     links: the server levels' bandwidths (:meth:`~fedtree.toolbox.systems.Systems.server_links`).
-    population: ``float32[N]`` the clients under every leaf parent.
+    population: ``float64[N]`` the clients under every leaf parent (exact; read in the round's float dtype).
     init_params: the model every node starts from (``None``: ``model.init(key)``).
   """
 
@@ -164,7 +164,7 @@ def plan(
               batch_size=schedule.batch_size, skip_nonfinite=skip_nonfinite, block_size=max(sampler.sizes),
               learning_rate=local_learning_rate, personal=share.client_mask,
               keep_client_params=rule is not None and rule.up.slots)
-  population = np.bincount(topology.parent(depth), minlength=topology.num_nodes(depth - 1)).astype(np.float32)
+  population = np.bincount(topology.parent(depth), minlength=topology.num_nodes(depth - 1)).astype(np.float64)
   return HostPlan(
     name=name, model=model, topology=topology, schedule=schedule, weighting=weighting,
     server_optimizers=server_optimizers, top_level=top_level, paths=paths, sampler=sampler, draw=draw,

@@ -129,7 +129,7 @@ def validation_split(data: ClientData, *, fraction, how: str, rows: int,
   """``(train, val)`` of one client's examples: ``⌊fraction · n⌋`` for validation, the rest to train
   on (see the module docstring); ``rows``: the most examples a client has (static)."""
   n = data.n
-  n_val = jnp.floor(fraction * n.astype(jnp.float32)).astype(jnp.int32)
+  n_val = jnp.floor(fraction * n.astype(jnp.result_type(float))).astype(jnp.int32)
   base = jnp.zeros((), jnp.int32) if data.offset is None else data.offset
   if how == "last":
     val = data._replace(n=n_val, offset=base + n - n_val, cursor=0, shuffle=False)
@@ -227,7 +227,7 @@ def fomo_server(*, num_candidates: int, epsilon, epsilon_decay, pool: str, table
   def send_each(out: Outbox) -> Parcels:
     state: FomoState = out.client_state
     c = state.last.shape[0]
-    eps = jnp.maximum(epsilon - (out.round - 1).astype(jnp.float32) * epsilon_decay, 0.0)
+    eps = jnp.maximum(epsilon - (out.round - 1).astype(jnp.result_type(float)) * epsilon_decay, 0.0)
 
     def pick(client, parent, key):
       mates = siblings[parent]                          # [B]

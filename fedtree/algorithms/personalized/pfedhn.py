@@ -196,8 +196,8 @@ def pfedhn_server(template: PyTree, mask: PyTree | None, table: np.ndarray, rank
     emb = blocks_of_embeddings(state, slots)
     _, pullback = jax.vjp(lambda h, e: jax.vmap(make)(h, e), state.hnet, emb)
     g_hnet, g_emb = pullback(cohort_blocks(delta, slots, num_parents, slots.block_size))
-    count = jnp.maximum(jax.ops.segment_sum(ok.astype(jnp.float32), slots.parent, num_segments=num_parents),
-                        1.0)
+    count = jnp.maximum(jax.ops.segment_sum(ok.astype(jnp.result_type(float)), slots.parent,
+                                            num_segments=num_parents), 1.0)
     g_hnet = jax.tree.map(lambda g: g / count.reshape((-1,) + (1,) * (g.ndim - 1)).astype(g.dtype), g_hnet)
     g_rows = jnp.zeros_like(state.embeddings).at[
       slots.parent, jnp.take(rank_of, slots.clients)].add(slot_rows(g_emb, slots) * ok[:, None], mode="drop")
