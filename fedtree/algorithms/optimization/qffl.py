@@ -13,9 +13,10 @@ runs the local epochs from ``w`` to ``w̄_k`` and sends
 and the server steps ``w ← w − Σ_k Δ_k / Σ_k h_k`` (``server_optimizers``: ``sgd(1)`` at the clients'
 parents by default; the pseudo-gradient it is given is that ratio). ``L`` is the Lipschitz
 constant of the gradients, ``1/η`` with ``η`` the local learning rate by default (the paper's code:
-``1.0 / learning_rate``). ``F_k`` gets ``+1e-10`` before the powers, as in the paper's code (so a
-zero loss is no NaN at ``q = 0``). With ``q = 0``: ``Δ_k = L(w − w̄_k)``, ``h_k = L`` and the step is
-the mean of the ``w̄_k``, FedAvg with uniform weights (tested).
+``1.0 / learning_rate``). ``F_k`` gets ``+ loss_epsilon`` before the powers (``1e-10``, the paper's
+code; FLGo adds ``1e-8``), so a zero loss is no NaN at ``q = 0``. With ``q = 0``:
+``Δ_k = L(w − w̄_k)``, ``h_k = L`` and the step is the mean of the ``w̄_k``, FedAvg with uniform
+weights (tested).
 
 **Weights.** The paper's sums run over the clients unweighted (``weighting="uniform"``, the default).
 With ``weighting="examples"`` both sums are weighted by the clients' examples,
@@ -25,11 +26,11 @@ is). No implementation read does so.
 **The loss** ``F_k``: ``loss_at="received"`` (default) is the client's mean loss over all its
 examples at the model it receives, before training, in inference mode (the paper's code:
 ``c.get_loss()`` at the global model; FLGo's ``test(global_model, 'train')``, which adds ``1e-8``
-instead of ``1e-10``); ``"last_epoch"`` is the mean of the minibatch losses of its last local epoch
-(no extra pass over the data: FedLab's ``qFedAvgClientTrainer``). FedLab *sums* those minibatch
-losses (``ret_loss +=`` over the epoch's batches), which scales ``F_k`` by the client's number of
-batches, so that a client with more data counts as one with a higher loss; the mean is the loss of
-the model on the epoch, and is what is taken here.
+instead of ``1e-10``: ``loss_epsilon=1e-8``); ``"last_epoch"`` is the mean of the minibatch losses
+of its last local epoch (no extra pass over the data: FedLab's ``qFedAvgClientTrainer``). FedLab
+*sums* those minibatch losses (``ret_loss +=`` over the epoch's batches), which scales ``F_k`` by the
+client's number of batches, so that a client with more data counts as one with a higher loss; the
+mean is the loss of the model on the epoch, and is what is taken here.
 
 **Other choices.** ``lipschitz`` sets ``L`` (the paper's code, FLGo and FedLab all use ``1/η``).
 ``‖·‖²`` is over the whole model's trainable parameters (BatchNorm statistics, which are averaged
@@ -72,7 +73,7 @@ from fedtree.core.server_rule import Inbox, ServerRule, per_node
 
 LOSS_AT = ("received", "last_epoch")
 LOSS_EPS = 1e-10
-"""Added to ``F_k`` before its powers (the paper's code)."""
+"""Added to ``F_k`` before its powers by default (the paper's code; FLGo's is ``1e-8``)."""
 
 
 def last_epoch_step(step):
@@ -91,7 +92,8 @@ def last_epoch_step(step):
 
 def qffl_update(
   model: Model, optimizer: optax.GradientTransformation, *, q: float, lipschitz: float | None = None,
-  loss_at: str = "received", batch_size: int, max_steps: int, compute_dtype=None,
+  loss_at: str = "received", loss_epsilon: float = LOSS_EPS, batch_size: int, max_steps: int,
+  compute_dtype=None,
 ) -> ClientUpdate:
   """q-FedAvg's client (see the module docstring): local SGD from the received ``w``, then
   ``Δ_k`` as its update and ``h_k`` (times its aggregation weight) as its message.
@@ -103,11 +105,12 @@ def qffl_update(
     lipschitz: ``L > 0``; ``None``: ``1/η`` from the local learning rate the client is told
       (:attr:`~fedtree.core.local.ClientRound.learning_rate`).
     loss_at: ``"received"`` or ``"last_epoch"``, where ``F_k`` is taken.
+    loss_epsilon: ``>= 0`` added to ``F_k`` before its powers.
     batch_size: minibatch size.
     max_steps: static scan length.
     compute_dtype: mixed-precision local steps (``None``: the params' dtype).
   """
-  check_nonnegative(q=q)
+  check_nonnegative(q=q, loss_epsilon=loss_epsilon)
   if lipschitz is not None:
     check_positive(lipschitz=lipschitz)
   if loss_at not in LOSS_AT:
@@ -135,7 +138,7 @@ def qffl_update(
       big_l = 1.0 / jnp.asarray(rnd.learning_rate, dtype)
     else:
       big_l = jnp.asarray(lipschitz, dtype)
-    f = jnp.asarray(f, dtype) + LOSS_EPS
+    f = jnp.asarray(f, dtype) + jnp.asarray(loss_epsilon, dtype)
     qq = jnp.asarray(q, dtype)
     dw = jax.tree.map(lambda a, y: (a - y) * big_l.astype(a.dtype), anchor, inner.params)
     sq = sum(jnp.sum(jnp.square(d.astype(dtype))) for d in jax.tree.leaves(zero_state(model, dw)))
@@ -178,6 +181,7 @@ def qffl(
   q: float = 1.0,
   lipschitz: float | None = None,
   loss_at: str = "received",
+  loss_epsilon: float = LOSS_EPS,
   weighting: str = "uniform",
   name: str = "qffl",
 ) -> FederatedAlgorithm:
@@ -189,13 +193,15 @@ def qffl(
       (``local_learning_rate``; from a config: ``local.learning_rate``).
     loss_at: ``"received"`` (the paper, FLGo: the loss at the received model over all the client's
       examples) or ``"last_epoch"`` (FedLab: the mean minibatch loss of the last local epoch).
+    loss_epsilon: ``>= 0`` added to ``F_k`` before its powers: ``1e-10`` (default, the paper's code) or
+      FLGo's ``1e-8``.
     weighting: ``"uniform"`` (the paper's unweighted sums) or ``"examples"``.
     name: label for reports.
     **host: every other argument of :func:`~fedtree.algorithms.host.hierfavg.hierfavg`.
 
   Raises:
-    ValueError: ``q < 0``, ``lipschitz <= 0``, an unknown ``loss_at``, no learning rate to take
-      ``L`` from, a privacy stage, a robust aggregator or personal parameters.
+    ValueError: ``q < 0``, ``loss_epsilon < 0``, ``lipschitz <= 0``, an unknown ``loss_at``, no learning
+      rate to take ``L`` from, a privacy stage, a robust aggregator or personal parameters.
 
   Example:
     Two rounds of q-FedAvg (q = 2) over 5 clients:
@@ -214,7 +220,7 @@ def qffl(
     True
   """
   with named(name):
-    check_nonnegative(q=q)
+    check_nonnegative(q=q, loss_epsilon=loss_epsilon)
     if lipschitz is not None:
       check_positive(lipschitz=lipschitz)
   if loss_at not in LOSS_AT:
@@ -225,6 +231,7 @@ def qffl(
 
   def objective(s: LocalSetup):
     return qffl_update(s.model, s.optimizer, q=q, lipschitz=lipschitz, loss_at=loss_at,
-                       batch_size=s.batch_size, max_steps=s.max_steps, compute_dtype=s.compute_dtype)
+                       loss_epsilon=loss_epsilon, batch_size=s.batch_size, max_steps=s.max_steps,
+                       compute_dtype=s.compute_dtype)
 
   return host.build(client_update=objective, server_rule=qffl_server(), weighting=weighting, name=name)
