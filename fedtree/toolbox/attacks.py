@@ -336,7 +336,8 @@ def omniscient(aggregator: Aggregator, attacker: Attackers, attack: OmniscientAt
     return s, w, {**stats, "attackers": jnp.sum(bad, axis=1).astype(jnp.result_type(float))}
 
   return Aggregator(aggregate, name=f"{attack.name}+{aggregator.name}",
-                    pairwise=attack.pairwise or inner.pairwise)
+                    pairwise=attack.pairwise or inner.pairwise,
+                    for_attack=None if aggregator.blockwise else attack.name)
 
 
 def watch_kept(aggregator: Aggregator, attacker: Attackers) -> Aggregator:

@@ -143,7 +143,7 @@ def _check_momentum(momentum) -> None:
 @method_over(hierfavg, cannot=(
   cannot("personal", "the normalization covers the whole model"),
   cannot("blockwise", "τ_eff averages the clients' reported step counts outside it, so one client's report "
-                      "would scale every step; use the mean aggregator"),
+                      "would scale every step"),
   cannot("model_state", "the forward passes set it rather than a sum of steps FedNova could normalize; use a "
                         "model without BatchNorm (e.g. GroupNorm)"),
 ))

@@ -169,7 +169,7 @@ def sent_beside(sent: str) -> tuple:
     cannot("private", f"the clients send {sent} beside their update, unclipped and unnoised, so no "
                       f"differential-privacy guarantee would hold; run it without the privacy section"),
     cannot("blockwise", f"it would still sum what the clients send beside their updates ({sent}), so one "
-                        f"client could steer every step; use the mean aggregator"),
+                        f"client could steer every step"),
     cannot("personal", "its clients send a rescaled update of the whole model"),
   )
 

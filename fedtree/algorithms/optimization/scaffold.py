@@ -132,7 +132,7 @@ def scaffold_server(*, variate_average: str = "all") -> ServerRule:
                             "the update path, so they would leave the clients unclipped and unnoised (no "
                             "privacy); run it without it"),
   cannot("blockwise", "it would still average the clients' control variates, so an attacker's variate would "
-                      "steer every client; use the mean aggregator"),
+                      "steer every client"),
 ))
 def scaffold(
   host: Host,
