@@ -100,6 +100,8 @@ def test_scaffold_on_a_tree_keeps_variates_at_the_clients_parents(problem):
     steps=np.full(data.num_clients, 3),
     root_period=2,
     weights=weights,
+    lr=LR,
+    batch_size=B,
   )
   for g in range(3):
     ref.close(ref.row(state.params[1], g), x[g])

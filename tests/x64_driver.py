@@ -92,7 +92,7 @@ def main():
     pfedme_vs_reference(model, data, key, sched, steps, out)
   for name, check in REFERENCES.items():   # issue 57: four rounds against per-client loops in float64
     if name in want:
-      out[name] = check(model, data)
+      out[name] = check(model, data, groups)
 
   # The x64 round compiles once over three calls of the fused loop.
   if "compiles" in want:
@@ -140,24 +140,29 @@ def _dtypes(tree):
   return sorted({str(a.dtype) for a in jax.tree.leaves(tree)})
 
 
-def scaffold_vs_reference(model, data):
-  """SCAFFOLD (option II, the variate over all N clients: 1/N, issue 57 item 1), four rounds."""
+def scaffold_vs_reference(model, data, groups):
+  """SCAFFOLD (option II, the variate over all N clients: 1/N, issue 57 item 1) at 3 edges of 3, 2 and
+  3 clients under a root every 2 rounds, four rounds."""
+  topo = Topology.from_labels(groups)
   sched = LocalSchedule(batch_size=B, epochs=1)
-  alg = A.scaffold(model=model, data=data, local_optimizer=optax.sgd(LR), local_learning_rate=LR,
-                   schedule=sched, cohort_size=3, chunk_size=2, option="II", variate_average="all")
+  alg = A.scaffold(model=model, data=data, topology=topo, local_optimizer=optax.sgd(LR),
+                   local_learning_rate=LR, schedule=sched, cohort_size=2, chunk_size=2, option="II",
+                   variate_average="all", periods=(2,))
   key = jax.random.key(11)
   state, _ = bref.run_jit(alg, data, 4, key)
-  x, c, c_i = bref.scaffold_rounds(model, data, bref.start(alg), np.zeros(data.num_clients, int), 4, key,
-                                   cohort_size=3, option="II", average="all", eta_g=1.0,
-                                   steps=sched.num_steps(np.asarray(data.n_train)), lr=LR, batch_size=B,
-                                   dtype=np.float64)
-  diff = max(maxdiff(row0(state.params[0]), x[0]), maxdiff(row0(state.server_state), c[0]),
-             max(maxdiff(jax.tree.map(lambda a, k=k: a[k], state.client_state), c_i[k])
-                 for k in range(data.num_clients)))
+  parent = topo.parent(2)
+  x, c, c_i = bref.scaffold_rounds(model, data, bref.start(alg), parent, 4, key, cohort_size=2, option="II",
+                                   average="all", eta_g=1.0, steps=sched.num_steps(np.asarray(data.n_train)),
+                                   root_period=2, weights=[float(np.sum(parent == g)) for g in range(3)],
+                                   lr=LR, batch_size=B, dtype=np.float64)
+  diff = max([maxdiff(row0(state.params[0]), x[0])]
+             + [maxdiff(jax.tree.map(lambda a, g=g: a[g], state.server_state), c[g]) for g in range(3)]
+             + [maxdiff(jax.tree.map(lambda a, k=k: a[k], state.client_state), c_i[k])
+                for k in range(data.num_clients)])
   return {"maxdiff": diff, "dtypes": _dtypes((state.params, state.server_state, state.client_state))}
 
 
-def fednova_vs_reference(model, data):
+def fednova_vs_reference(model, data, groups):
   """FedNova with momentum (ρ^k, ‖a‖₁ and 1/‖a‖₁: issue 57 item 2), ``"scaled"`` (N/|S|), four rounds."""
   c = data.num_clients
   sched = LocalSchedule(batch_size=B, steps=tuple(1 + i % 4 for i in range(c)))
@@ -190,7 +195,7 @@ def _async_problem(data):
   return c, Systems(profile=make_profile(SPEEDS[:c], np.full(c, 1e12))), LocalSchedule(batch_size=B, steps=3)
 
 
-def fedasync_vs_reference(model, data):
+def fedasync_vs_reference(model, data, groups):
   """FedAsync, every client in flight, the polynomial staleness (1 + τ)^-a (issue 57 item 3), four
   server updates."""
   c, systems, sched = _async_problem(data)
@@ -206,7 +211,7 @@ def fedasync_vs_reference(model, data):
           "dtypes": _dtypes(states[-1][0].params)}
 
 
-def fedbuff_vs_reference(model, data):
+def fedbuff_vs_reference(model, data, groups):
   """FedBuff, buffers of 2, every client in flight, (1 + τ)^-½ (issue 57 item 3), four server updates."""
   c, systems, sched = _async_problem(data)
   alg = A.fedbuff(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched, buffer_size=2,
