@@ -58,3 +58,88 @@ def test_an_omniscient_attack_without_an_aggregator_is_named_as_the_attack(ctx, 
   with pytest.raises(ValueError, match=r"scaffold: a robust \(blockwise\) aggregator at level -1: .*; "
                                        r"use the mean aggregator$"):
     _build(ctx, "scaffold", aggregator={"name": "median"})
+
+
+def _with_local(ctx, **local):
+  """``ctx`` whose config's ``local`` section sets ``local`` (with the schedule and optimizer of it)."""
+  import dataclasses
+
+  from fedtree.experiment.builders import local_optimizer_from_config, schedule_from_config
+
+  config = ctx.config.copy_and_resolve_references()
+  with config.local.ignore_type():
+    for k, v in local.items():
+      config.local[k] = v
+  return dataclasses.replace(ctx, config=config, schedule=schedule_from_config(config.local),
+                             local_optimizer=local_optimizer_from_config(config.local))
+
+
+def test_poisson_sampling_runs_with_a_systems_section_and_privacy_refuses_the_pair(ctx):
+  """Item 12: Poisson sampling with a systems section trains (the DP-accounting reason applied only to
+  a run with a privacy section, which now refuses the pair itself); over-selection, a fixed-size draw,
+  is refused for Poisson sampling by its own reason, and no text reads "systems=:"."""
+  import jax
+
+  systems = {"speed": {"dist": "lognormal", "median": 2.0, "sigma": 1.0}}
+  alg = _build(ctx, "fedavg", sampling="poisson", poisson_q=0.5, systems=systems)
+  _, metrics = jax.jit(alg.round)(alg.init(jax.random.key(0)), ctx.data, jax.random.key(1))
+  assert float(metrics["round_seconds"]) > 0
+  with pytest.raises(ValueError, match=r"privacy: sampling='poisson' with a systems section: its round "
+                                       r"policy \(dropout, a deadline, availability\) changes who takes "
+                                       r"part, which the Poisson accounting does not model") as e:
+    _build(ctx, "fedavg", sampling="poisson", poisson_q=0.5, systems=systems, weighting="uniform",
+           privacy={"clip_norm": 1.0, "noise_multiplier": 1.0})
+  assert "systems=:" not in str(e.value)
+  with pytest.raises(ValueError, match=r"sampling='poisson' with the systems policy 'over_selection': "
+                                       r"over-selection samples ceil\(factor k\) clients"):
+    _build(ctx, "fedavg", sampling="poisson", poisson_q=0.5,
+           systems={**systems, "policy": {"kind": "over_selection", "factor": 1.5}})
+
+
+def test_fedasyncs_over_selection_refusal_names_fedasync(ctx):
+  with pytest.raises(ValueError, match=r"fedasync takes systems with the wait_for_all or deadline policy, "
+                                       r"got .*its concurrency \(the clients in flight") as e:
+    _build(ctx, "fedasync", systems={"policy": {"kind": "over_selection", "factor": 1.5}})
+  assert "fedbuff" not in str(e.value).lower().replace("algorithm='fedasync'", "")
+
+
+def test_values_derived_from_the_local_section_are_named_by_the_field_written(ctx):
+  """Item 12: FedKWS's ALT and APFL's α step take their defaults from ``local.steps`` and
+  ``local.learning_rate``: a bad one is named as the field the user wrote, not as ``base_steps`` or
+  ``alpha_lr``."""
+  with pytest.raises(ValueError, match=r"ALT scales a local step count E of at least 1: the schedule's "
+                                       r"steps=0 \(config.local.steps\)") as e:
+    _build(_with_local(ctx, steps=0), "fedkws")
+  assert "base_steps" not in str(e.value)
+  from fedtree.algorithms import apfl
+
+  with pytest.raises(ValueError, match=r"apfl: alpha_lr defaults to the local learning rate, "
+                                       r"local_learning_rate=0.0 \(from a config: local.learning_rate\), "
+                                       r"which must be > 0") as e:
+    apfl(model=ctx.model, data=ctx.data, local_optimizer=ctx.local_optimizer, schedule=ctx.schedule,
+         local_learning_rate=0.0)
+  assert "alpha_lr=0.0" not in str(e.value)
+  with pytest.raises(ValueError, match=r"config.runs.apfl \(algorithm='apfl'\): local_learning_rate=0.0 must "
+                                       r"be > 0 and finite$"):   # the run's field, not config.local's
+    _build(ctx, "apfl", local_learning_rate=0.0)
+
+
+def test_pld_with_fixed_size_cohorts_is_refused_before_anything_runs(ctx, tmp_path):
+  """Item 13: the privacy capability's plan refuses PLD accounting of fixed-size cohorts, through the
+  registry (the library's path) and before the runner writes anything (it was refused only when ε was
+  first computed, after config.json and metrics.jsonl)."""
+  from test_refusals import tiny
+
+  from fedtree import experiment
+
+  message = r"accountant='pld' accounts Poisson sampling only; use sampling='poisson' or accountant='rdp'"
+  with pytest.raises(ValueError, match=message):
+    _build(ctx, "fedavg", weighting="uniform", privacy={"clip_norm": 1.0, "noise_multiplier": 1.0,
+                                                         "accountant": "pld"})
+  c = tiny()
+  c.runs.fedavg.weighting = "uniform"
+  c.runs.fedavg.privacy = CD({"clip_norm": 1.0, "noise_multiplier": 1.0, "accountant": "pld"})
+  c.only = "fedavg"
+  with pytest.raises(ValueError, match=message):
+    experiment.train_and_evaluate(c, str(tmp_path / "w"))
+  assert not (tmp_path / "w").exists() or not list((tmp_path / "w").iterdir())

@@ -346,16 +346,17 @@ def _check_staleness(name: str, max_staleness, staleness_exponent, staleness, hi
     raise ValueError(f"{name}: update_from={update_from!r}; choose one of {UPDATE_FROM}")
 
 
-def _devices(systems: Systems | None, num_clients: int, depth: int) -> Systems:
-  """The systems model (default: one local step per second, free transfers, always on line)."""
+def _devices(systems: Systems | None, num_clients: int, depth: int, name: str = "fedbuff") -> Systems:
+  """The systems model (default: one local step per second, free transfers, always on line); ``name``
+  (the method's) in its refusal."""
   if systems is None:
     systems = Systems(profile=make_profile(np.ones(num_clients), np.ones(num_clients)), uplink_bytes=0.0,
                       downlink_bytes=0.0)
   systems.check(num_clients, depth)
   if systems.policy.kind == "over_selection":
-    raise ValueError(f"fedbuff takes systems with the wait_for_all or deadline policy, got "
-                     f"{systems.policy!r}: concurrency is FedBuff's over-selection (the first buffer_size of "
-                     f"it to finish count)")
+    raise ValueError(f"{name} takes systems with the wait_for_all or deadline policy, got "
+                     f"{systems.policy!r}: its concurrency (the clients in flight, of which the first to "
+                     f"finish count) is its over-selection")
   return systems
 
 
@@ -371,7 +372,7 @@ def _plan(*, model, data, local_optimizer, schedule, buffer_size, concurrency, t
                    update_from)
   check_weighting(weighting)
   periods = check_periods(periods, depth)
-  systems = _devices(systems, data.num_clients, depth)
+  systems = _devices(systems, data.num_clients, depth, name)
   ring = int(max_staleness) + 1
   server_optimizers = per_level(optax.sgd(1.0) if server_optimizer is None else server_optimizer, depth,
                                 "server_optimizer")

@@ -121,9 +121,10 @@ def _cohorts(topology: Topology, systems: Systems | None, sampling: str, cohort_
   depth = topology.depth
   keep = links = None   # over-selection: sample more, keep the first cohort_size to finish
   if systems is not None:
-    if sampling == "poisson":
-      raise ValueError("sampling='poisson' cannot run with systems=: a round policy changes who takes "
-                       "part, which Poisson sampling's accounting does not model; use sampling='uniform'")
+    if sampling == "poisson" and systems.policy.kind == "over_selection":
+      raise ValueError("sampling='poisson' with the systems policy 'over_selection': over-selection samples "
+                       "ceil(factor k) clients to keep the first k to finish, a cohort of fixed size; use "
+                       "sampling='uniform', or the policy wait_for_all or deadline")
     keep, cohort_size = systems.cohort_sizes(topology.parent(depth), cohort_size, depth)
     links = systems.server_links([topology.num_nodes(lv) for lv in range(depth)])
   sampler = build_sampler(topology.parent(depth), sampling=sampling, cohort_size=cohort_size,
