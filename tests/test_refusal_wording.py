@@ -143,3 +143,17 @@ def test_pld_with_fixed_size_cohorts_is_refused_before_anything_runs(ctx, tmp_pa
   with pytest.raises(ValueError, match=message):
     experiment.train_and_evaluate(c, str(tmp_path / "w"))
   assert not (tmp_path / "w").exists() or not list((tmp_path / "w").iterdir())
+
+
+def test_one_rule_for_one_field(ctx):
+  """Item 14: SCAFFOLD refuses a server learning rate that is not > 0 (gradient ascent), as Mime does;
+  FedRep's head phase trains whether counted in steps or in epochs (``head_steps=0`` was accepted,
+  ``head_epochs=0.0`` refused)."""
+  for name in ("scaffold", "mime"):
+    with pytest.raises(ValueError, match=rf"{name}: server_learning_rate=-1.0 must be a finite number > 0"):
+      _build(ctx, name, server_learning_rate=-1.0)
+  with pytest.raises(ValueError, match=r"fedrep: head_steps=0 must be an integer >= 1 \(as head_epochs "
+                                       r"must be > 0: the head phase trains\)"):
+    _build(ctx, "fedrep", head_steps=0)
+  with pytest.raises(ValueError, match=r"fedrep: head_epochs=0.0 must be a finite number > 0"):
+    _build(ctx, "fedrep", head_steps=None, head_epochs=0.0)

@@ -52,6 +52,7 @@ import optax
 
 from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
+from fedtree.core.checks import check_positive, named
 from fedtree.core.local import (
   ClientData,
   ClientRound,
@@ -158,8 +159,8 @@ def scaffold(
       (``local_learning_rate``: the local SGD rate ``η_l``, option ``"II"``).
 
   Raises:
-    ValueError: an option that does not exist, option ``"II"`` without ``local_learning_rate``, a
-      robust aggregator or personal parameters.
+    ValueError: an option that does not exist, ``server_learning_rate <= 0``, option ``"II"`` without
+      ``local_learning_rate``, a robust aggregator or personal parameters.
 
   Example:
     Two rounds of SCAFFOLD over 5 clients, 3 sampled a round:
@@ -179,6 +180,8 @@ def scaffold(
   """
   if option not in OPTIONS:
     raise ValueError(f"{name}: option={option!r}; choose one of {OPTIONS}")
+  with named(name):   # (a negative η_g ascends: Mime checks the same field)
+    check_positive(server_learning_rate=server_learning_rate)
   if option == "II" and host.get("local_learning_rate") is None:
     raise ValueError(f"{name}: option 'II' computes c_i from (x - y_i) / (K η_l) and needs the local "
                      f"learning rate η_l: pass local_learning_rate= (from a config: local.learning_rate), or "
