@@ -157,3 +157,39 @@ def test_one_rule_for_one_field(ctx):
     _build(ctx, "fedrep", head_steps=0)
   with pytest.raises(ValueError, match=r"fedrep: head_epochs=0.0 must be a finite number > 0"):
     _build(ctx, "fedrep", head_steps=None, head_epochs=0.0)
+
+
+def test_a_run_section_the_file_does_not_have_is_set_from_the_command_line():
+  """Item 15: ``--config.runs.fedavg.model.norm=batch`` (the run lists ``model``, the file's run has no
+  such section) failed as a bare ``'model'`` (ml_collections' KeyError): it is split from the flags and
+  added after the parse, as a new run is; a field of a section the run has stays ml_collections'."""
+  import os
+
+  from fedtree import main
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  argv = ["fedtree", f"--config={root}/configs/quickstart.py", "--config.runs.fedavg.model.norm=batch",
+          "--config.runs.fedavg.cohort_size=2", "--config.runs.fedadam.server.learning_rate=0.1"]
+  kept, new = main.split_new_runs(argv)
+  assert kept == [argv[0], argv[1], argv[3], argv[4]]
+  assert new == [(["fedavg", "model", "norm"], "batch")]
+  config = ml_collections.ConfigDict({"runs": {"fedavg": {"algorithm": "fedavg"}}})
+  main.add_new_runs(config, new)
+  assert config.runs.fedavg.to_dict() == {"algorithm": "fedavg", "model": {"norm": "batch"}}
+
+
+def test_fedbns_refusal_says_how_to_ask_for_batchnorm_from_the_command_line(ctx):
+  with pytest.raises(ValueError, match=r"fedbn: the model keeps no BatchNorm statistics \(its state: \[\]\); "
+                                       r"ask for one with BatchNorm .*--config.model.norm=batch .*"
+                                       r"--config.runs.<label>.model.norm=batch"):
+    registry.build_algorithm("fedbn", CD({"algorithm": "fedbn"}), ctx)
+
+
+def test_an_unknown_algorithm_names_the_closest_first(ctx):
+  """Item 16: the 41 names come after a did-you-mean, as the field errors' do."""
+  for typo, near in (("scafold", "'scaffold'"), ("FedProx", "'fedprox'"), ("hierfedavg", "'hierfavg'")):
+    with pytest.raises(ValueError, match=rf"config.runs.x.algorithm='{typo}' is unknown \(did you mean "
+                                         rf"{near}"):
+      registry.build_algorithm("x", CD({"algorithm": typo}), ctx)
+  with pytest.raises(ValueError, match=r"algorithm='zzz' is unknown; choose one of"):
+    registry.build_algorithm("x", CD({"algorithm": "zzz"}), ctx)
