@@ -255,3 +255,31 @@ def test_peer_behaviours_named_as_the_peers_run_them():
   assert "FLGo averages uniformly" not in text
   assert re.search(r"``1/\|S\|``, and FedLab 1\.3\.0's\)", text), "FedLab's SCAFFOLD: uniform"
   assert "FLGo weights by data size: ``weighting=\"examples\"``" in text
+
+
+def test_the_write_your_own_recipe_runs_from_the_users_own_folder(tmp_path, monkeypatch):
+  """Issue 57 item 17: Steps 1-3 saved as ``my_methods/scaffold.py`` and the page's ``my_config.py``,
+  in a folder outside the repository, load the shipped quickstart by :func:`shipped_config` (a path
+  relative to the repository's root failed there) and validate; the page's command runs the user's
+  run alone (``--config.only=mine``), lists every field of ``Inbox`` and says what a first run skips."""
+  from fedtree.core.server_rule import Inbox
+  from fedtree.experiment import runner
+  from fedtree.experiment.config_file import load_config
+
+  text = open(os.path.join(ROOT, "docs", "write-your-own.md")).read()
+  python = re.findall(r"```python\n(.*?)```", text, re.S)
+  (tmp_path / "my_methods").mkdir()
+  (tmp_path / "my_methods" / "__init__.py").write_text("")
+  (tmp_path / "my_methods" / "scaffold.py").write_text("\n".join(python[:3]))   # Steps 1-3
+  (tmp_path / "my_config.py").write_text(re.search(r"```py\n(# my_config.py\n.*?)```", text, re.S).group(1))
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  c = load_config("my_config.py")
+  assert c.runs.mine.algorithm == "my_methods.scaffold:my_scaffold"
+  command = re.search(r"python -m fedtree.main --config=my_config.py [^\n]*", text).group(0)
+  assert "--config.only=mine" in command
+  c.only = "mine"
+  runner.validate_config(runner.prepare_config(c))
+  table = re.search(r"\| field \| what it is \|\n\| --- \| --- \|\n((?:\|.*\n)+)", text).group(1)
+  assert {row.split("`")[1] for row in table.splitlines()} == set(Inbox._fields)
+  assert "A first run needs Steps 1-3 only" in text
