@@ -260,6 +260,9 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
   target = next((s["target_accuracy"] for models in results.values() for s in models.values()
                  if s.get("target_accuracy") is not None), None)
   header += [f"rounds to {target:g}"] if target is not None else []
+  hours = target is not None and any("hours_to_target" in s for models in results.values()
+                                     for s in models.values())
+  header += [f"hours to {target:g}"] if hours else []
   header += group_headers(num_groups, group_names)
   rows = [header]
   untrained = []
@@ -293,6 +296,9 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
       if target is not None:
         reached = s.get("rounds_to_target")
         row += [str(reached) if reached is not None else ("-" if "accuracy" in s else "")]
+        if hours:
+          h = s.get("hours_to_target")
+          row += [f"{h:.2f}" if h is not None else ("-" if "hours_to_target" in s else "")]
       ga = s.get("group_accuracy")
       row += [f"{a:.3f}" for a in ga] if ga is not None else []
       row += [""] * (len(header) - len(row))
@@ -316,6 +322,7 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
             "(perplexity for a language model)") if fair else ""
   title += (f"; rounds to {target:g} = the first evaluation round whose accuracy reached "
             f"{target:g} (- never)") if target is not None else ""
+  title += (f"; hours to {target:g} = the simulated hours at that round (systems)") if hours else ""
   title += ")"
   if untrained:
     lines.append(f"(left out, never trained within the run: its parameters are still the initial "

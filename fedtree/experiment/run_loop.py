@@ -69,7 +69,8 @@ def run_algorithm(
   ``should_stop()`` is polled after every compiled call; when it returns ``True`` the state
   reached is checkpointed and the run raises :class:`RunStopped` saying what is kept.
   ``target_accuracy``: every model's summary gets ``rounds_to_target``, the first evaluation round
-  whose accuracy reached it (``None``: never; a resumed run reads the rounds before from its rows).
+  whose accuracy reached it (``None``: never; a resumed run reads the rounds before from its rows),
+  and with a simulated clock (a systems model) ``hours_to_target``, the simulated hours then.
 
   With ``experiments``, ``run.algorithm`` is a sweep (:func:`fedtree.core.sweep.sweep`) of those
   experiments: every experiment's models are checked and logged as a row of its own (with
@@ -100,6 +101,7 @@ def run_algorithm(
     return {f"{name}/{m}{suffix}": v for name, s in sm.items() for m, v in round_metrics_of(s).items()}
 
   reached: dict[str, int] = {}   # model (``<model>@<e>`` in a sweep) -> first round at the target
+  reached_hours: dict[str, float] = {}   # and the simulated hours then (a run with a systems clock)
 
   def evaluate(s, r):
     nonlocal summaries
@@ -108,6 +110,9 @@ def run_algorithm(
       for name, sm in summaries.items():
         if name not in reached and sm.get("accuracy", -math.inf) >= target_accuracy:
           reached[name] = int(r)
+          clock = getattr(s, "clock", ())
+          if hasattr(clock, "shape") and clock.shape == ():   # simulated seconds (systems)
+            reached_hours[name] = float(clock) / 3600.0
     if experiments is None:
       check_summaries(label, r, summaries)
       return flat(summaries)
@@ -163,6 +168,9 @@ def run_algorithm(
                                      int(state.round), match)
         if first is not None:
           reached[name] = first
+          seconds = (reporter.row(label, first, match) or {}).get("sim_seconds")
+          if isinstance(seconds, (int, float)):
+            reached_hours[name] = float(seconds) / 3600.0
   try:
     state = loop.run(
       algorithm, ctx.run_data, num_rounds=num_rounds, key=key, rounds_per_call=rounds_per_call,
@@ -197,7 +205,9 @@ def run_algorithm(
   if round_metrics is not None:
     summaries = {name: {**s, **round_metrics(int(state.round))} for name, s in summaries.items()}
   if target_accuracy is not None:
-    summaries = {name: {**s, "target_accuracy": float(target_accuracy), "rounds_to_target": reached.get(name)}
+    summaries = {name: {**s, "target_accuracy": float(target_accuracy), "rounds_to_target": reached.get(name),
+                        **({"hours_to_target": reached_hours.get(name)} if name in reached_hours or
+                           hasattr(getattr(state, "clock", ()), "shape") else {})}
                  if "accuracy" in s else s for name, s in summaries.items()}
   if experiments is None and traffics[0].counted:   # every model of the run: the run's traffic
     summaries = {name: {**s, **traffics[0].summary()} for name, s in summaries.items()}
