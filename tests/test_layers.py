@@ -13,8 +13,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "fedtree")
 
 LAYERS = {
-  "core": 0, "models": 1, "objectives": 1, "datasets": 1, "toolbox": 1, "algorithms": 2, "evaluation": 3,
-  "experiment": 4, "main": 5,
+  "core": 0, "models": 1, "objectives": 1, "datasets": 1, "toolbox": 1, "population": 1, "algorithms": 2,
+  "evaluation": 3, "experiment": 4, "main": 5, "convert": 5,
 }
 """(``toolbox``: the capabilities' in-jit halves and the accountant, beside the engine, issue 35.)"""
 

@@ -375,16 +375,16 @@ def _chunk_data(data: FederatedData, ch: Cohort, cursor, *, cyclic: bool, batch_
   chunk = ch.clients.shape[0]
   per_client = constrain_clients(dict(
     n=jnp.take(data.n_train, ch.clients, axis=0),
-    cursor=jnp.take(cursor, ch.clients) if cyclic else jnp.zeros((chunk,), jnp.int32),
+    cursor=jnp.take(cursor, ch.row) if cyclic else jnp.zeros((chunk,), jnp.int32),
     shuffle=jnp.full((chunk,), batch_order == "shuffled"),
   ))
   if data.ragged:
     flat: Any = data   # (ragged: flat rows and offsets)
     axes: Any = ClientData(x=None, y=None, n=0, cursor=0, shuffle=0, offset=0)   # type: ignore[arg-type]  # vmap axes
-    return (ClientData(x=flat.x_train, y=flat.y_train, offset=jnp.take(flat.train_offset, ch.clients),
+    return (ClientData(x=flat.x_train, y=flat.y_train, offset=jnp.take(flat.train_offset, ch.row),
                        **per_client), axes)
-  return ClientData(x=constrain_clients(jnp.take(data.x_train, ch.clients, axis=0)),
-                    y=constrain_clients(jnp.take(data.y_train, ch.clients, axis=0)), **per_client), 0
+  return ClientData(x=constrain_clients(jnp.take(data.x_train, ch.row, axis=0)),
+                    y=constrain_clients(jnp.take(data.y_train, ch.row, axis=0)), **per_client), 0
 
 
 def _on_devices(tree: PyTree) -> PyTree:
@@ -409,7 +409,7 @@ def _train_chunk(tier: Tier, down: Down, data, clients: Clients, ch: Cohort, ch_
   else:   # every slot's own model, in place of its parent's
     start = constrain_clients(slot_start)
   if tier.has_personal:   # every client's own personal leaves, the parent's model elsewhere
-    own = _take(personal_params, ch.clients)
+    own = _take(personal_params, ch.row)
     start = constrain_clients(merge(shared_part(start, tier.personal), own, tier.personal))
   cdata, data_axes = _chunk_data(data, ch, clients.cursor, cyclic=tier.cyclic, batch_order=tier.batch_order)
   keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ch.clients)
@@ -419,7 +419,7 @@ def _train_chunk(tier: Tier, down: Down, data, clients: Clients, ch: Cohort, ch_
                     extra=own_rows)
   params, new_state, loss, message = jax.vmap(
     lambda *a: run_update(tier.update, *a), in_axes=(0, 0, data_axes, 0, 0, _ROUND_AXES))(
-    start, constrain_clients(_take(client_state, ch.clients)), cdata, ch_steps, keys, rnd)
+    start, constrain_clients(_take(client_state, ch.row)), cdata, ch_steps, keys, rnd)
   anchor = start if (down.anchor is None or slot_start is not None) else _rows_of(
     down.anchor, ch, tier.parent_aligned)
   return start, anchor, constrain_clients(params), new_state, loss, message, w
@@ -476,7 +476,8 @@ def _chunk_step(scan: _Scan, carry: _Carry, xs):
   if path is not None:   # the update path's client stage, on every slot's delta
     raw = delta
     delta, path_client, sums = transform_chunk(path, path_client, delta, ch.clients, ch.parent, w, trained,
-                                               scan.update_state.node, scan.update_key, scan.num_parents)
+                                               scan.update_state.node, scan.update_key, scan.num_parents,
+                                               rows=ch.row)
     stat_sums = {n: stat_sums[n] + v for n, v in sums.items()}
     if tier.keep_client_params and path.client is not None:   # what each client sent (its own, bitwise,
       # where unchanged)
@@ -488,7 +489,8 @@ def _chunk_step(scan: _Scan, carry: _Carry, xs):
     client_state=ch.scatter(carry.client_state, new_state, trained),  # padding/skipped: nowhere
     loss_sum=carry.loss_sum + jnp.sum(jnp.where(trained, loss, 0.0)).astype(fdtype),
     trained=carry.trained + jnp.sum(trained, dtype=jnp.int32), skipped=skipped, first_bad=first_bad,
-    reported=ch.scatter(carry.reported, True, trained), path_client=path_client, stat_sums=stat_sums,
+    reported=carry.reported.at[jnp.where(trained, ch.clients, scan.num_clients)].set(True, mode="drop"),
+    path_client=path_client, stat_sums=stat_sums,
     message_sum=jax.tree.map(
       lambda a, m, t: a + jax.ops.segment_sum(jnp.where(t, m, 0), ch.parent, num_segments=scan.num_parents),
       carry.message_sum, message, _rows(trained, message)),
@@ -572,6 +574,8 @@ def train_cohort(tier: Tier, down: Down, cohort: Cohort, data: FederatedData, cl
   """
   k = cohort.clients.shape[0]
   chunk = _check_tier(tier, clients, k)
+  if data.window is not None:   # every slot's row in the window the round holds
+    cohort = cohort._replace(rows=data.rows_of(cohort.clients))
   num_parents = jax.tree.leaves(down.params)[0].shape[0]
   # Weights and loss sums in the parameters' float dtype (float64 state keeps float64 sums).
   fdtype = jnp.result_type(jnp.float32, *jax.tree.leaves(down.params))
@@ -624,7 +628,7 @@ def _tier_result(scan: _Scan, out: _Carry, per_chunk, cohort: Cohort, clients: C
   cursor = clients.cursor
   if tier.cyclic:  # each trained client read ``num_steps`` more batches of its stream
     assert tier.batch_size is not None and not isinstance(cursor, tuple)  # checked on entry
-    moved = advance_cursor(jnp.take(cursor, cohort.clients), jnp.take(clients.num_steps, cohort.clients),
+    moved = advance_cursor(jnp.take(cursor, cohort.row), jnp.take(clients.num_steps, cohort.clients),
                            jnp.take(data.n_train, cohort.clients), tier.batch_size)
     cursor = cohort.scatter(cursor, moved)
   first_bad = jnp.where(out.first_bad < scan.num_clients, out.first_bad, -1).astype(jnp.int32)

@@ -119,7 +119,8 @@ def finish_variant(c: ml_collections.ConfigDict, config: str, flags: set[str]) -
   beside the preparation command); with ``quick``, :data:`QUICK_ROUNDS` rounds of the first run,
   scored at the end, no checkpoint (``:offline,quick``: the setup checked end to end)."""
   if "offline" not in flags:
-    c.without_data = f"configs/benchmarks/{config}.py:{','.join(sorted((flags - {'quick'}) | {'offline'}))}"
+    kept = flags - {"quick", "store"}   # the split's flags (iid, noniid); a store is data too
+    c.without_data = f"configs/benchmarks/{config}.py:{','.join(sorted(kept | {'offline'}))}"
   if "quick" in flags:
     c.rounds, c.eval_every, c.rounds_per_call, c.checkpoint_every = QUICK_ROUNDS, QUICK_ROUNDS, 1, 0
     c.only = c.run_order[0]

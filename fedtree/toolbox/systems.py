@@ -33,7 +33,6 @@ algorithm's state and decides which clients are on line at the start of a round.
 Example:
   Ten clients with heavy-tailed speeds under a 30-second deadline with partial work:
 
-  >>> import jax, jax.numpy as jnp
   >>> from fedtree.core.sampling import Cohort
   >>> profile = device_profile(jax.random.key(0), 10, speed=lognormal(2.0, 1.0))
   >>> systems = Systems(profile=profile, policy=deadline(30.0, partial=True))

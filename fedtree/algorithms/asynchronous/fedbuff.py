@@ -1,41 +1,12 @@
-"""FedBuff (Nguyen et al. 2022, "Federated learning with buffered asynchronous aggregation") on
-the simulated clock of :mod:`fedtree.toolbox.systems`.
+"""FedBuff (Nguyen et al. 2022): buffered asynchronous aggregation on the simulated clock of
+:mod:`fedtree.toolbox.systems`, on any tree.
 
-``concurrency`` clients train at once, each from the model version it downloaded when it
-started; the server applies an update as soon as ``buffer_size`` of them have reported (the
-earliest to finish in simulated time), each update weighted by its staleness ``τ`` (server
-versions since its client started) as ``s(τ) = (1 + τ)^-staleness_exponent`` (the paper's
-``1/sqrt(1 + τ)`` by default), and the freed slots start new clients from the new model.
+The staleness weights (:func:`staleness_factor`), the state (``FedBuffState``) and the method
+(:func:`fedbuff`). The slots, the ring of versions, the tree and the failures: :doc:`FedBuff on the
+asynchronous page <algorithms/asynchronous.md#fedbuff>`.
 
-Everything has static shapes: the in-flight clients are ``[concurrency]`` slots (client, start
-version, finish time), the models a slot may have started from are a ring of the last
-``max_staleness + 1`` versions, and one algorithm round is one server update. A round trains
-the reporting slots with :func:`fedtree.core.tier.train_cohort`, each from its version (the
-ring's rows are the tier's "parents"), so a client's whole local training is simulated in the
-round it reports. A client that would report more than ``max_staleness`` versions late is
-dropped (``clients_stale``).
-
-With ``buffer_size == concurrency`` every slot reports in every round, so every client starts
-from the current model (``τ = 0``): FedBuff is then FedAvg with ``cohort_size = buffer_size``,
-and with the same key draws the same clients and computes the same models (tested bitwise).
-
-On a tree, every one of the clients' parents runs the above on its own clients with its own
-slots, ring and clock (the ring's rows are ``G · S``: parent ``g``'s version ``v`` in row
-``g · S + v % S``); one round is one buffered update at every parent. The levels above
-aggregate as HierFAVG's every ``periods[l]`` rounds: such a level waits until its slowest
-descendant parent's clock (plus the transfers of its children's links,
-:meth:`fedtree.toolbox.systems.Systems.aggregation_seconds`), and its subtree's clocks meet there;
-the parents adopt its model as their new version. With ``buffer_size == concurrency`` and
-``max_staleness = 0`` this is HierFAVG with ``cohort_size = buffer_size`` (tested bitwise).
-
-Under a ``deadline`` policy a client that cannot report within ``seconds`` of its start fails
-at that moment (FLSim's timeout), or does the steps that fit (``partial``); with ``dropout`` a
-client fails with that probability. A failure takes its place among its round's
-``buffer_size`` reports and contributes nothing.
-
-FedAsync (:mod:`fedtree.algorithms.asynchronous.fedasync`) is this with a buffer of one, its reports taken
-against the current model (``update_from="current"``) and ``sgd(α)``; its staleness functions
-(``staleness``) and what reports arriving at the same moment do (``simultaneous``) are options here.
+References:
+  Nguyen et al., Federated learning with buffered asynchronous aggregation, AISTATS 2022.
 """
 
 from __future__ import annotations
@@ -237,14 +208,7 @@ def fedbuff(
     Two server updates of 2 buffered reports each, 3 of the 5 clients in flight, on devices of
     different speeds:
 
-    >>> import jax, numpy as np, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
     >>> from fedtree.toolbox.systems import Systems, make_profile
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> devices = Systems(profile=make_profile([1.0, 2.0, 4.0, 0.5, 8.0], np.full(5, 1e6)))
     >>> alg = fedbuff(model=model, data=data, local_optimizer=optax.sgd(0.1),
     ...               schedule=LocalSchedule(batch_size=8, steps=2), buffer_size=2, concurrency=3,

@@ -1,46 +1,13 @@
-"""Clustered FL as two independent choices: how clients are clustered, and what crosses
-between clusters (paper 004: Li & Yan 2023, "Inter-cluster optimization for clustered
-federated learning", Computer Science 50(11A); Figs. 5, 7, 8 apply its two optimizations to
-CFL and to IFCA).
+"""Clustered FL as two independent choices, how clients are clustered and what crosses between clusters
+(paper 004: Li & Yan 2023).
 
-``clustering`` (how a client's cluster is decided):
+The round (:func:`clustered`) and its steps (``mix_clusters``, ``cluster_losses``,
+``split_clusters``, ``select_clusters``). Every choice in detail: :doc:`the clustered-FL page
+<algorithms/clustered.md#two-choices>`.
 
-* ``"kmeans"``: clients train from their cluster's model; the server K-means-clusters the
-  trained weights (:func:`~fedtree.algorithms.clustering.ops.stable_kmeans`, ids matched to
-  the current cluster models by an optimal assignment); before round
-  ``cluster_start_round + 1`` all clients form one cluster and every slot gets their mean
-  (paper 004's AWCFL/MCFL, Algorithm 1).
-* ``"cfl"``: Sattler, Müller & Samek 2020 (IEEE TNNLS), recursive bipartition: all clients
-  start in one cluster; a cluster whose mean update is small (``‖Σ p_i Δθ_i‖ < eps1``) while
-  some member's is large (``max ‖Δθ_i‖ > eps2``) is split in two by complete-linkage
-  clustering of the cosine similarities of its members' updates, and (``similarity_check``,
-  Sattler's Algorithm 2) only when the split separates: ``γ_max < √((1 - α_max^cross)/2)``
-  with ``α_max^cross`` the largest cosine similarity across the two halves and ``γ_max`` the
-  largest ``‖Δθ_i - m_s‖ / ‖m_s‖`` over members (``m_s``: the weighted mean update of the
-  member's half; **(choice)** the estimate of Sattler's ``‖∇r_i‖/‖∇R_i‖`` from the round's
-  updates). ``num_clusters`` static slots, ``int32[]`` in use; no split before round
-  ``cluster_start_round + 1``; a new cluster starts from its origin's model and optimizer
-  state.
-* ``"ifca"``: Ghosh et al. 2020, every client picks the model with the lowest loss on its
-  training data before training (``init``: ``"random"`` independent models or ``"same"``).
-
-``inter_cluster`` (what crosses between clusters):
-
-* ``"none"``: each cluster model is its members' (weighted) mean.
-* ``"awcfl"``: ``c_k ← β/(n-1) · Σ_{i≠k} m_i + (1-β) · m_k`` over the ``n`` clusters in use
-  (paper 004 Eq. (2)); β = 0 is ``"none"``.
-* ``"mcfl"``: plain cluster means, but every model goes to every client: participating
-  clients upload the mean of ``feature_examples`` training inputs, each cluster keeps the
-  mean of its members' means, and a device uses the cluster model whose feature mean is
-  nearest (``metric``) to the mean of its test inputs (``models()["selected"]``).
-
-So AWCFL = (kmeans, awcfl), MCFL = (kmeans, mcfl), CFL = (cfl, none), IFCA = (ifca, none),
-and paper 004's AWCFL_CFL, MCFL_CFL, AWCFL_IFCA, MCFL_IFCA are the other pairs.
-
-Every cluster model is then a server-optimizer step on ``base_k - target_k`` (``base_k``:
-the model cluster ``k`` came from, ``target_k``: its mean after the inter-cluster step;
-default ``sgd(1.0)``: ``c_k ← target_k``). A cluster none of whose members reported keeps
-its model as its mean (and, with β > 0, is still mixed with the others).
+References:
+  Li and Yan, Inter-cluster optimization for clustered federated learning, Computer Science
+  50(11A), 2023 (Figs. 5, 7, 8).
 """
 
 from __future__ import annotations
@@ -145,7 +112,8 @@ def split_clusters(
   max_clusters: int, eps1: float, eps2: float, min_split_size: int, allow: jax.Array,
   similarity_check: bool = True,
 ):
-  """CFL's split decision for one round, as masked array operations (module docstring).
+  """CFL's split decision for one round, as masked array operations (:doc:`docs
+  <algorithms/clustered.md#two-choices>`).
 
   Args:
     updates: ``float32[S, D]`` flattened updates of the cohort slots.
@@ -258,7 +226,8 @@ def clustered(
   update_paths: UpdatePath | None = None,
   name: str = "clustered",
 ) -> FederatedAlgorithm:
-  """A clustered-FL algorithm (module docstring): ``clustering`` × ``inter_cluster``.
+  """A clustered-FL algorithm (:doc:`docs <algorithms/clustered.md#two-choices>`): ``clustering`` ×
+  ``inter_cluster``.
 
   Args:
     model, data, local_optimizer, schedule: as in :func:`fedtree.algorithms.fedavg`.
@@ -294,14 +263,6 @@ def clustered(
   Example:
     K-means clustering with AWCFL's inter-cluster mixing, from the first round:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.core.topology import Topology
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=2))
     >>> alg = clustered(num_clusters=2, inter_cluster="awcfl", beta=0.5,
     ...                 local_optimizer=optax.sgd(0.1), **common)

@@ -1,25 +1,12 @@
-"""MCFL: multi-distribution clustered FL (paper 004: Li & Yan 2023, "Inter-cluster
-optimization for clustered federated learning", Sec. 3.2, Algorithm 2).
+"""MCFL, multi-distribution clustered FL (paper 004: Li & Yan 2023): every cluster model goes to every
+client, which picks one by its inputs' feature mean.
 
-Training is plain K-means clustered FL (AWCFL with β = 0: clients train from their
-cluster's model, the server K-means-clusters their weights and averages every cluster), but
-every cluster model is sent to every client. To choose among them:
+The round and the choices where the paper is vague: :doc:`MCFL on the clustered-FL page
+<algorithms/clustered.md#mcfl>`.
 
-* each participating client uploads ``X̄_i``, the mean of ``n`` inputs sampled from its
-  training data (``feature_examples``; fresh samples whenever it takes part);
-* each cluster's feature is the mean of its members' ``X̄_i`` (over members that uploaded);
-* at inference a device computes ``μ``, the mean of ``n`` of its test inputs, and uses the
-  cluster model with the smallest ``t = |X̄ - μ|`` (``metric``: ``"l1"`` or ``"l2"``).
-
-``models(state)`` gives ``cluster`` (each client's own cluster model, plain clustered FL)
-and ``selected`` (the model each device picks from its test inputs; on another cluster's
-data a device picks from that data, so its inter-cluster accuracy uses the pick). Choices
-(marked): clusters none of whose members has uploaded are never picked; the test-input
-sample ``μ`` is drawn once per client at ``init`` from the run's key.
-
-``clustering="cfl"`` or ``"ifca"`` (paper 004's MCFL_CFL, MCFL_IFCA) trains CFL's or IFCA's
-clusters instead of K-means' and selects among them the same way
-(:mod:`fedtree.algorithms.clustering.clustered`).
+References:
+  Li and Yan, Inter-cluster optimization for clustered federated learning, Computer Science
+  50(11A), 2023 (Sec. 3.2, Algorithm 2).
 """
 
 from __future__ import annotations
@@ -35,7 +22,7 @@ __all__ = ["METRICS", "mcfl", "select_clusters"]
              drops=("beta",), bound=())
 def mcfl(host: Host, *, feature_examples: int = 10, metric: str = "l2",
          cluster_start_round: int | None = None, name: str = "mcfl") -> FederatedAlgorithm:
-  """MCFL (module docstring). Its clusters are never mixed (no ``beta``).
+  """MCFL (:doc:`docs <algorithms/clustered.md#mcfl>`). Its clusters are never mixed (no ``beta``).
 
   Args:
     model, data, local_optimizer, schedule: as in :func:`fedtree.algorithms.fedavg`.
@@ -54,14 +41,6 @@ def mcfl(host: Host, *, feature_examples: int = 10, metric: str = "l2",
     name: label for reports.
 
   Example:
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.core.topology import Topology
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=2))
     >>> alg = mcfl(num_clusters=2, cluster_start_round=0, local_optimizer=optax.sgd(0.1), **common)
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))

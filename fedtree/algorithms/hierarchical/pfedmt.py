@@ -1,46 +1,10 @@
-"""pFedMT: personalized multi-tier FL with Moreau envelopes (paper 003, Algorithm 1).
+"""pFedMT: personalized multi-tier FL with Moreau envelopes (paper 003, Algorithm 1; Umeå).
 
-Global server → M teams → devices. One call of ``round`` is one global iteration ``t``:
+The state (``PFedMTState``) and the method (:func:`pfedmt`). The round, the choices and the options
+that reproduce the authors' code: :doc:`the pFedMT page <algorithms/pfedmt.md#options>`.
 
-.. code-block:: text
-
-  w_i ← x                                            (teams restart from x)
-  for k in 0..K-1:                                   (team iterations, lax.scan)
-    θ_ij ← w_i                                       (devices restart from their team)
-    L × θ_ij ← θ_ij - α ∇f_ij(θ_ij) - α λ_d (θ_ij - w_i)  (every sampled device: one vmap)
-    θ̄_i ← Σ_j δ_j θ_ij                              (δ_j ∝ examples, over i's sampled devices)
-    w_i ← (1 - η λ - η γ) w_i + η γ x + η λ θ̄_i
-  w̄ ← Σ_i τ_i w_i                                   (τ_i ∝ examples of team i)
-  x ← (1 - β γ) x + β γ w̄                            (eq. (4), see below)
-
-**(choice)** The global step is the paper's eq. (4), ``x ← (1-βγ)x + βγ w̄`` (a gradient step
-on the Moreau envelope, as in the authors' code); the printed Algorithm 1 line 12 writes
-``β w̄``, which coincides only for γ = 1 (see ``ALGORITHMS.md``).
-
-**(choice)** As the paper's section 3.1 states, devices restart from their team model at
-every team iteration and teams from ``x`` at every global round. The device update is
-:func:`fedtree.objectives.moreau.moreau_step` on minibatches of the local schedule (``L`` =
-``schedule.steps``, or epochs). By default every device of every team trains in every team
-iteration (the paper samples no devices; ``cohort_size`` below). Weights ``δ`` and ``τ`` are
-by examples (the paper) or uniform (the authors' code): ``weighting=``.
-
-Options for reproducing other code exactly (the paper's form is every default):
-
-* ``device_lam``: the device step's proximal coefficient ``λ_d``, separate from the team
-  update's ``λ`` (default ``λ_d = λ``, the paper's one λ).
-* ``cohort_size``: devices sampled per team at every team iteration (default all, the
-  paper); ``δ`` is then normalized over the sampled devices, and unsampled devices keep their
-  personalized model.
-* ``team_weighting``: ``τ_i`` by the team's ``"examples"`` (paper), by its number of
-  ``"devices"``, or ``"uniform"`` ``1/M`` (default: ``"examples"`` with ``weighting="examples"``,
-  ``"devices"`` with ``weighting="uniform"``).
-* the schedule's ``batch_order`` (``"cyclic"``: a device's batch cursor persists across
-  team iterations and global rounds, ``PFedMTState.cursor``).
-* ``client_update`` with an ``init_state``: the device state is built by it (and ``personal``
-  is its ``.personal`` field when it has one) instead of a copy of ``x`` per device.
-
-Models: ``personal`` (PM: every device's model after its last local step of the last team
-iteration), ``team`` (``w_i`` after the last team iteration) and ``global`` (GM, ``x``).
+References:
+  Paper 003 (Umeå), Algorithm 1 and eq. (4).
 """
 
 from __future__ import annotations
@@ -175,14 +139,6 @@ def pfedmt(
   Example:
     2 teams (the groups) of 3 and 2 devices, 2 team iterations per global round:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.core.topology import Topology
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=2))
     >>> alg = pfedmt(topology=Topology.from_labels(groups), team_iters=2, **common)
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))

@@ -1,13 +1,11 @@
-"""HierFAVG (Liu et al. 2020, "Client-edge-cloud hierarchical federated learning") on trees
-of any depth, with FedAvg and FedOpt (Reddi et al. 2021) as its one-tier case.
+"""HierFAVG (Liu et al. 2020) on trees of any depth, with FedAvg and FedOpt (Reddi et al. 2021) as its
+one-tier case: the host every method of the family runs on.
 
-One round: the cohort of every leaf-parent node trains from that node's model; each
-leaf-parent applies its server optimizer to the mean pseudo-gradient of its cohort. Every
-``periods[l]`` rounds level ``l`` aggregates its children's models the same way (weighted by
-the examples under each child, or uniformly) and sends its model down its whole subtree,
-which adopts it. With ``sgd(1.0)`` at every level this is HierFAVG exactly: a client's
-``κ1`` local steps are the local schedule, the edge period is one round and the cloud
-period is ``κ2 = periods[0]``.
+The round in equations: :doc:`the HierFAVG page <algorithms/hierarchical.md>`.
+
+References:
+  Liu, Zhang, Song and Letaief, Client-edge-cloud hierarchical federated learning, 2020.
+  Reddi et al., Adaptive federated optimization, ICLR 2021.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ import optax
 
 from fedtree.algorithms.host import phases
 from fedtree.algorithms.host.plan import HostPlan, plan
-from fedtree.core.algorithm import FederatedAlgorithm, ObjectiveFactory, TreeState
+from fedtree.core.algorithm import FederatedAlgorithm, ObjectiveFactory, Reads, TreeState
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
@@ -61,7 +59,7 @@ def hierfavg(
   name: str = "hierfavg",
 ) -> FederatedAlgorithm:
   """HierFAVG / hierarchical FedOpt on ``topology``: the host every method of this family is a
-  composition over (see :func:`on_host`).
+  composition over (see :func:`~fedtree.algorithms.host.method.method_over`).
 
   Args:
     model: the model every node holds.
@@ -107,9 +105,9 @@ def hierfavg(
       control variate, FedDyn's ``h``, Mime's optimizer state; with a ``gather`` pass, from
       messages the clients send before training, Mime's control variate), in
       ``TreeState.server_state``; the levels above aggregate models as HierFAVG. A rule may send
-      every sampled child a parcel of its own before the round's training (``send_each``: FedAMP's
+      every sampled child a parcel of its own before the round's training (``down.parcels``: FedAMP's
       cloud models, FedFomo's candidates, pFedHN's generated weights) and receive every child's
-      sent model (``slots``). ``None``: nothing more than the model.
+      sent model (``up.slots``). ``None``: nothing more than the model.
     personal: parameters that stay with each client, or are shared only within the subtrees of a
       level (:mod:`fedtree.core.personal`, path patterns): never broadcast over nor aggregated
       above their level, not counted in bytes, kept in ``TreeState.personal``; each client is
@@ -151,15 +149,7 @@ def hierfavg(
   Example:
     A root over the 2 groups (edge servers) of 3 and 2 clients, one round:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=1))
-    >>> from fedtree.core.topology import Topology
     >>> alg = hierfavg(topology=Topology.from_labels(groups), local_optimizer=optax.sgd(0.1), **common)
     >>> state = loop.run(alg, data, num_rounds=1, key=jax.random.key(0))
     >>> sorted(alg.models(state))
@@ -172,9 +162,13 @@ def hierfavg(
     client_update=client_update, server_rule=server_rule, personal=personal,
     local_learning_rate=local_learning_rate, init_params=init_params, skip_nonfinite=skip_nonfinite,
     top_level=top_level, update_paths=update_paths, systems=systems, candidates=candidates, name=name)
+  reads = None
+  if host.rule is None or (host.rule.down.parcels is None and not host.rule.up.slots):
+    # (a rule's parcels and slots read other clients' state than the cohort's: no window)
+    reads = Reads(functools.partial(phases.reads, host), needs_state=host.strategy.needs_state)
   return FederatedAlgorithm(init=functools.partial(phases.init, host),
                             round=functools.partial(host_round, host),
-                            models=functools.partial(phases.models, host), name=name)
+                            models=functools.partial(phases.models, host), name=name, reads=reads)
 
 
 def host_round(plan: HostPlan, state: TreeState, data: FederatedData, key) -> tuple[TreeState, dict]:

@@ -84,7 +84,7 @@ def draw(plan: HostPlan, state: TreeState, data: FederatedData, down_stats: dict
   """The cohort of every leaf parent, and (with a systems model) who takes part, how much each does
   and how long it takes (the compressed bytes each way)."""
   leaf, wire = plan.leaf, plan.wire
-  cohort = plan.draw(stream(key, "cohort"), state.params[leaf], state.clock)
+  cohort = plan.strategy.draw(stream(key, "cohort"), state.params[leaf], state.clock, data)
   num_steps = plan.schedule.num_steps(data.n_train)
   if plan.systems is None:
     return Drawn(cohort, num_steps, None)
@@ -244,3 +244,8 @@ def models(plan: HostPlan, state: TreeState) -> dict[str, NodeModels]:
     own = merge(shared_part(parent, share.client_mask), share.unpack(state.personal), share.client_mask)
     out["personal"] = NodeModels(own, np.arange(topo.num_clients, dtype=np.int32))
   return {**out, **objective_models(plan.tier.update, state.client_state)}
+
+
+def reads(plan: HostPlan, state: TreeState, key) -> jax.Array:
+  """``int32[D]`` every client whose data and per-client state the round of ``key`` reads."""
+  return plan.strategy.reads(stream(key, "cohort"), state.params[plan.leaf], state.clock)

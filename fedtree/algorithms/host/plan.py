@@ -4,7 +4,6 @@ and turned into the fixed pieces its round's phases read (:mod:`~fedtree.algorit
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -19,7 +18,7 @@ from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.model import Model
 from fedtree.core.personal import Personal, Shares
-from fedtree.core.sampling import CohortSampler, sampling_strategy
+from fedtree.core.sampling import CohortSampler, Strategy, sampling_strategy
 from fedtree.core.server_rule import ServerRule, check_rule
 from fedtree.core.tier import Tier
 from fedtree.core.topology import Topology
@@ -44,7 +43,7 @@ class HostPlan:
     top_level: the highest level that aggregates.
     paths: the update path of every server level (``None``: the weighted mean).
     sampler: the clients' sampler (static cohort sizes per leaf parent).
-    draw: ``draw(key, leaf_params, clock) -> Cohort`` (the sampling strategy over ``sampler``).
+    strategy: the sampling strategy over ``sampler`` (its draw, and the clients a round reads).
     tier: how the clients' tier trains (:class:`~fedtree.core.tier.Tier`).
     rule: the clients' parents' server rule, or ``None``.
     share: which leaves every level shares (:class:`~fedtree.core.personal.Shares`).
@@ -66,7 +65,7 @@ class HostPlan:
   top_level: int
   paths: tuple
   sampler: CohortSampler
-  draw: Callable
+  strategy: Strategy
   tier: Tier
   rule: ServerRule | None
   share: Shares
@@ -149,8 +148,8 @@ def plan(
                                 "server_optimizers")
   check_weighting(weighting)
   sampler, keep, links = _cohorts(topology, systems, sampling, cohort_size, poisson_q, chunk_size)
-  draw = sampling_strategy(sampler, sampling, data=data, model=model, candidates=candidates,
-                           online=None if systems is None else systems.online)
+  strategy = sampling_strategy(sampler, sampling, data=data, model=model, candidates=candidates,
+                               online=None if systems is None else systems.online)
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
                                  compute_dtype=compute_dtype, name=name)
   rule = check_rule(server_rule, name)
@@ -168,7 +167,7 @@ def plan(
   population = np.bincount(topology.parent(depth), minlength=topology.num_nodes(depth - 1)).astype(np.float64)
   return HostPlan(
     name=name, model=model, topology=topology, schedule=schedule, weighting=weighting,
-    server_optimizers=server_optimizers, top_level=top_level, paths=paths, sampler=sampler, draw=draw,
+    server_optimizers=server_optimizers, top_level=top_level, paths=paths, sampler=sampler, strategy=strategy,
     tier=tier, rule=rule, share=share,
     wire=Extras.of(client_update, rule, template, topology, data, share, local_learning_rate),
     upper=UpperLevels(topology=topology, periods=periods, server_optimizers=server_optimizers, paths=paths,

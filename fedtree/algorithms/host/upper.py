@@ -60,10 +60,11 @@ def send_shared(share: Shares, path: UpdatePath | None, params: PyTree, level: i
 @dataclasses.dataclass(frozen=True)
 class UpperLevels:
   """HierFAVG's server levels above the clients' parents, as one schedule every host of the
-  family shares (:func:`hierfavg`, :func:`~fedtree.algorithms.asynchronous.fedbuff.fedbuff`): level ``l``
-  aggregates its children's models every ``periods[l]`` rounds through its update path
-  (:func:`aggregate`, bottom-up), then sends its model down its whole subtree (:func:`send_down`,
-  top-down), leaves personal to the levels below excepted (``share``)."""
+  family shares (:func:`~fedtree.algorithms.host.hierfavg.hierfavg`,
+  :func:`~fedtree.algorithms.asynchronous.fedbuff.fedbuff`): level ``l`` aggregates its children's
+  models every ``periods[l]`` rounds through its update path (:meth:`aggregate`, bottom-up), then
+  sends its model down its whole subtree (:meth:`send_down`, top-down), leaves personal to the levels
+  below excepted (``share``)."""
 
   topology: Topology
   periods: tuple[int, ...]

@@ -33,8 +33,9 @@ def _stacked(template, n: int):
 
 
 def parcel_shape(rule: ServerRule | None, update: ClientUpdate, template, topology: Topology) -> PyTree:
-  """The abstract ``[1, ...]`` extra of one slot's parcel (:attr:`Downlink.parcels`), from an
-  abstract trace of a one-slot cohort; ``()`` when the rule sends every child the same."""
+  """The abstract ``[1, ...]`` extra of one slot's parcel
+  (:attr:`~fedtree.core.server_rule.Downlink.parcels`), from an abstract trace of a one-slot cohort;
+  ``()`` when the rule sends every child the same."""
   if rule is None or rule.down.parcels is None:
     return ()
   parcels = rule.down.parcels

@@ -1,55 +1,13 @@
-"""AFL: agnostic federated learning (Mohri, Sivek and Suresh 2019, "Agnostic federated
-learning"), as FedJAX's ``agnostic_fed_avg``, on any tree.
+"""AFL, agnostic federated learning (Mohri, Sivek and Suresh 2019), as FedJAX's ``agnostic_fed_avg``,
+on any tree.
 
-AFL minimises the loss of the worst mixture of the clients' domains,
-``min_w max_{λ ∈ Δ} Σ_d λ_d L_d(w)`` (``L_d`` the mean loss over domain ``d``'s examples), by
-alternating a step on ``w`` and a projected gradient *ascent* step on the mixture weights ``λ``
-(the paper's Stochastic-AFL). One round at a server with the sampled clients ``S``:
+The domains (:func:`domain_layout`), the simplex steps (:func:`project_simplex`,
+:func:`exponentiated`), the client (:func:`afl_update`), the server rule (:func:`afl_server`) and the
+method (:func:`afl`). The equations and how FedJAX and FLGo differ: :doc:`AFL on the optimization page
+<algorithms/optimization.md#afl>`.
 
-1. every client ``k ∈ S`` (domain ``d(k)``) takes its mean loss ``F_k`` over all its ``n_k``
-   examples at the model ``w`` it receives (inference mode) and trains from ``w`` as FedAvg's
-   clients do; it sends its update and ``(n_k F_k, n_k)``;
-2. the server averages the updates with the weights ``p_k = λ_{d(k)} n_k / m_{d(k)}`` (``m_d`` the
-   examples of domain ``d`` over all its clients: the paper's ``L_λ = Σ_d λ_d L_d``), normalised over
-   the clients that answered, and applies the server optimizer (``sgd(1)``: FedAvg's step);
-3. the domain losses ``L_d`` (the sampled examples' mean loss in every domain with a sampled
-   client, 0 in the others) move ``λ``: ``domain_step="projected"`` (default, the paper):
-   ``λ ← Π_Δ(λ + γ_λ L)``, the Euclidean projection onto the simplex (Duchi et al. 2008);
-   ``"exponentiated"``: ``λ ← λ e^{γ_λ L} / Σ_d λ_d e^{γ_λ L_d}`` (FedJAX's default ``'eg'``);
-   ``"none"``: fixed ``λ`` (a weighted FedAvg).
-
-Domains the round did not sample get no ascent (gradient 0). Under uniform sampling every domain is
-sampled equally often, so this is the unbiased estimate of ``∇_λ`` times the sampling rate: a
-smaller effective ``γ_λ``, the same for every domain.
-
-**Domains.** ``domains=None`` (default): every client is its own domain (FLGo's AFL, FedJAX's
-experiments on clients). ``domains=(d_0, .., d_{C-1})``: an integer domain per client (from a
-config: ``domains: groups``, the data's group labels), so a domain's clients share one
-``λ_d`` and their examples one ``L_d``. ``init_weights``: ``"uniform"`` (``1/D``) or ``"examples"``
-(``m_d / Σ m``: FedAvg's example weights, so that with ``domain_step="none"`` or ``γ_λ = 0`` AFL is
-FedAvg with ``weighting="examples"``; tested).
-
-**Other implementations.** FedJAX (the 2021 version after Ro et al.) divides ``λ_d`` by the
-domain's examples among the clients sampled in the last ``domain_window_size`` rounds (a window
-mean) instead of ``m_d`` over all its clients; with full participation both are ``m_d``. FLGo's AFL
-samples every client, weighs each by ``λ_k`` (one client per domain: ``p_k = λ_k``, as here) and
-projects as here, and reports the running average of the iterates (Mohri et al.'s guarantee is for
-that average): ``output="average"``; fedtree reports the last iterate by default, as FedJAX does.
-FedJAX's ``'eg'`` step is ``domain_step="exponentiated"``.
-
-**On a tree** every parent of clients runs AFL over the domains of its own clients (``λ`` is its
-server state, ``[N, D]``, ``D`` the most domains under one parent, only the domains present under
-each parent taking part); the levels above aggregate as HierFAVG every ``periods[l]`` rounds, by the
-host's ``weighting`` (``"examples"`` by default). AFL at an edge protects the worst of that edge's
-domains; an edge is not a domain of the root.
-
-**Composition and bytes.** A client sends one model and two numbers (its loss sum and example
-count; the simulation spreads them into a one-hot row over its parent's domains so that the
-per-parent sum of messages is a per-domain sum, but the byte columns count the two scalars:
-:attr:`~fedtree.core.local.ClientUpdate.message_bytes`) and receives one model (the weights are the
-server's to apply). Compression, systems and Poisson or other sampling compose. Refused by name: a
-privacy stage (the losses reach the server unprotected and steer ``λ``, hence the weights), a robust
-aggregator (it would ignore the weights ``λ`` sets), personal parameters.
+References:
+  Mohri, Sivek and Suresh, Agnostic federated learning, ICML 2019.
 """
 
 from __future__ import annotations
@@ -170,7 +128,8 @@ def afl_update(
   compute_dtype=None,
 ) -> ClientUpdate:
   """AFL's client: FedAvg's local training, and its loss sum and example count at the received
-  model as its message (a one-hot row over its parent's domains: see the module docstring)."""
+  model as its message (a one-hot row over its parent's domains: see :doc:`docs
+  <algorithms/optimization.md#afl>`)."""
   train = sgd_client_update(model, optimizer, batch_size=batch_size, max_steps=max_steps,
                             compute_dtype=compute_dtype)
   column = jnp.asarray(domains.index)
@@ -262,7 +221,9 @@ def afl(
   output: str = "last",
   name: str = "afl",
 ) -> FederatedAlgorithm:
-  """AFL on ``topology`` (default flat): see the module docstring.
+  """AFL on ``topology`` (default flat): the clients' updates averaged with the weights of the worst
+  mixture ``λ`` of their domains, which every round moves by a projected ascent step on the domains'
+  losses (:doc:`the method's page <algorithms/optimization.md#afl>`).
 
   Args:
     domain_learning_rate: ``γ_λ >= 0``, the step on the mixture weights (FedJAX's default 0.1;
@@ -286,13 +247,6 @@ def afl(
   Example:
     Two rounds of AFL over 5 clients (each its own domain):
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = afl(model=model, data=data, local_optimizer=optax.sgd(0.1),
     ...           schedule=LocalSchedule(batch_size=8, steps=2), domain_learning_rate=0.5)
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))

@@ -1,4 +1,10 @@
-"""FedAvg (McMahan et al. 2017) and FedOpt (Reddi et al. 2021): the host on one server."""
+"""FedAvg (McMahan et al. 2017) and FedOpt (Reddi et al. 2021): the host on one server.
+
+References:
+  McMahan et al., Communication-efficient learning of deep networks from decentralized data,
+  AISTATS 2017.
+  Reddi et al., Adaptive federated optimization, ICLR 2021.
+"""
 
 from __future__ import annotations
 
@@ -31,13 +37,6 @@ def fedavg(
   Example:
     One round of FedAvg over 5 clients:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=1))
     >>> alg = fedavg(local_optimizer=optax.sgd(0.1), **common)
     >>> state = loop.run(alg, data, num_rounds=1, key=jax.random.key(0))

@@ -1,60 +1,12 @@
-"""FedDyn (Acar et al. 2021, "Federated learning based on dynamic regularization"), Algorithm 1,
-on any tree, built on the server-rule seam (:mod:`fedtree.core.server_rule`).
+"""FedDyn (Acar et al. 2021): a dynamic regularizer on every client's loss, on any tree.
 
-Every client ``i`` keeps ``∇L_i``, the gradient of its loss at its last local model
-(``TreeState.client_state [C, ...]``, zeros at the start), and every parent of clients keeps ``h``
-(``TreeState.server_state [N, ...]``, zeros). A sampled client starts from the model ``x`` it
-receives and minimizes its dynamically regularized loss
+The client (:func:`feddyn_update`, its regularizer :func:`dynamic`), the server rule
+(:func:`feddyn_server`) and the method (:func:`feddyn`). The equations, the choices and the bugs
+found in the peers' implementations: :doc:`FedDyn on the optimization page
+<algorithms/optimization.md#feddyn>`.
 
-  ``L_i(θ) − ⟨∇L_i, θ⟩ + (α/2) ‖θ − x‖²``
-
-by its local steps (any optax local optimizer; SGD in the paper), then updates
-``∇L_i ← ∇L_i − α (θ_i − x)`` and sends ``θ_i`` (one model, as FedAvg: nothing else travels, and
-the byte columns count one model each way). The server, over the clients ``P`` that answered:
-
-  ``h ← h − α (1/m) Σ_{i∈P} (θ_i − x)``,  ``x ← (1/|P|) Σ_{i∈P} θ_i − h/α``
-
-with ``m`` its number of clients. In fedtree's terms the pseudo-gradient ``x − mean θ_i`` goes on
-with ``h/α`` added, through the parent's optax server optimizer (``sgd(1.0)``: the paper's step).
-``h`` is moved by the update path's aggregate (``pseudo_gradient · weight_sum / population_weight``
-is ``(1/m) Σ_{i∈P} (x − θ_i)``), so clipping, noise and compression act on what it sees, as on the
-model; a client's own ``∇L_i`` uses its own ``θ_i``. With ``α = 0`` the regularizer and ``h``
-vanish and every round is FedAvg's (the paper's ``h/α`` is ``0/0`` there and is taken as 0; note
-that ``h/α = −(1/m) Σ_t Σ_{i∈P_t} (θ_i − x)`` does not vanish as ``α → 0``, so α = 0 is FedAvg by
-this definition, not as a limit). ``α`` is traced, so it can be a sweep axis.
-
-**On a tree** ``h`` lives at the clients' parents: every parent of clients (an edge server) runs
-FedDyn's server over its own clients (``m`` its clients), each client's regularizer pulls towards
-its own parent's model, and the levels above aggregate models as HierFAVG every ``periods[l]``
-rounds. The dynamic regularizer aligns a client's stationary point with its server's, which is
-where the local steps happen; the paper's analysis is for one server, and the edges above take
-one server step per round each, so the upper levels are left as HierFAVG.
-
-**Choices and other implementations.** The models are averaged uniformly by default
-(``weighting="uniform"``: the paper's ``1/|P|``, as FLGo's, FedLab's and PFLlib's FedDyn);
-``weighting="examples"`` averages them by data size and adds ``α Σ_{i∈P} n_i (x − θ_i) / Σ_j n_j``
-to ``h`` (the objective ``Σ_i (n_i/n) L_i``). ``alpha_by_data_size=True``
-gives client ``i`` the coefficient ``α_i = α · n̄ / n_i`` (``n̄`` the mean examples of its parent's
-clients) in its regularizer and its ``∇L_i`` update, the server keeping ``α``: FL-bench's
-``alpha / client_weights`` (the data-weighted objective with uniform averaging). FL-bench also
-clips the local gradients at ``max_grad_norm`` (10): chain ``optax.clip_by_global_norm`` before the
-local optimizer for that (it clips the regularized gradient, as FL-bench does).
-
-Implementations that differ from the paper by an evident bug (fedtree follows the paper):
-PFLlib's client (``clientdyn.py``) adds ``(α/2) ‖θ − x‖₂`` (the norm, not its square) and its
-server divides the models' sum by the number of clients meant to join (``join_clients``), not by
-the number that answered; FedLab's server (``feddyn.py`` at the version read) moves ``h`` by
-``Σ_{i∈P} θ_i − x`` (the server model subtracted once instead of ``|P|`` times); FL-bench's client
-(``src/client/feddyn.py``, at the versions read) keeps only the linear terms ``α ⟨θ, ∇_i − x⟩``
-(the quadratic's ``α θ`` is missing unless the optimizer's weight decay is set to ``α``), and its
-server adds each answer's ``θ_i − x`` to the state of the client at that answer's position in the
-list, not of the client that sent it. FLGo's FedDyn is the paper's.
-
-Refused by name: a robust (blockwise) aggregator (``h = (1/m) Σ_i ∇L_i``, the invariant that makes
-FedDyn's fixed point the global one, holds only when ``h`` moves by the mean of the updates that
-moved the clients' ``∇L_i``), personal parameters (the regularizer and ``h`` cover the whole
-model), a model with BatchNorm statistics (they are not trained by gradients, so neither ``∇L_i``
-nor ``h`` describes them), and a ``server_rule`` of the caller's (FedDyn keeps its own).
+References:
+  Acar et al., Federated learning based on dynamic regularization, ICLR 2021 (Algorithm 1).
 """
 
 from __future__ import annotations
@@ -100,8 +52,8 @@ def feddyn_update(
   model: Model, optimizer: optax.GradientTransformation, *, alpha, batch_size: int, max_steps: int,
   alpha_scale: np.ndarray | None = None, compute_dtype=None,
 ) -> ClientUpdate:
-  """FedDyn's client (see the module docstring): local steps on the dynamically regularized loss
-  from the received model, ``∇L_i`` kept as the client's state.
+  """FedDyn's client (:doc:`the method's page <algorithms/optimization.md#feddyn>`): local steps on the
+  dynamically regularized loss from the received model, ``∇L_i`` kept as the client's state.
 
   Args:
     model: the model.
@@ -173,7 +125,9 @@ def feddyn(
   weighting: str = "uniform",
   name: str = "feddyn",
 ) -> FederatedAlgorithm:
-  """FedDyn on ``topology`` (default flat): see the module docstring.
+  """FedDyn on ``topology`` (default flat): clients minimize ``L_i(θ) − ⟨∇L_i, θ⟩ + (α/2) ‖θ − x‖²``
+  and keep ``∇L_i``; their parent moves ``h`` and steps to ``mean θ_i − h/α`` (:doc:`the method's page
+  <algorithms/optimization.md#feddyn>`).
 
   Args:
     alpha: ``α >= 0``, the dynamic regularizer's coefficient (traced: a sweep axis).
@@ -189,13 +143,6 @@ def feddyn(
   Example:
     Two rounds of FedDyn over 5 clients, 3 sampled a round:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = feddyn(alpha=0.1, model=model, data=data, local_optimizer=optax.sgd(0.1),
     ...              schedule=LocalSchedule(batch_size=8, steps=2), cohort_size=3)
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))

@@ -1,11 +1,8 @@
-"""FedMMD (Yao et al. 2018, "Two-stream federated learning: reduce the communication costs";
-a baseline of FedKWS-UI, paper 002) on any tree.
+"""FedMMD (Yao et al. 2018): an MMD penalty between the features of the model trained and of the model
+received, on any tree (a baseline of FedKWS-UI, paper 002).
 
-Clients minimize ``f_i(θ) + λ MMD²(φ_θ(x), φ_Θ(x))``, an MMD penalty between the features of
-the model trained and of the downloaded ``Θ`` (:func:`fedtree.objectives.fedmmd_update`);
-everything above the clients is :func:`~fedtree.algorithms.host.hierfavg.hierfavg`, so FedMMD runs
-under any tree and any server optimizers (a flat tree and FedAvg servers give the original
-method). ``λ = 0`` is FedAvg.
+References:
+  Yao et al., Two-stream federated learning: reduce the communication costs, 2018.
 """
 
 from __future__ import annotations
@@ -43,12 +40,6 @@ def fedmmd(
   Example:
     One round of FedMMD (λ = 0.01) over 5 clients with an MLP (features: its hidden layer):
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
     >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(8,))
     >>> alg = fedmmd(model=model, data=data, local_optimizer=optax.sgd(0.1),
     ...              schedule=LocalSchedule(batch_size=8, steps=1), lam=0.01)

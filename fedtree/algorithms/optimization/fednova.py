@@ -1,58 +1,12 @@
-"""FedNova (Wang et al. 2020, "Tackling the objective inconsistency problem in heterogeneous
-federated optimization"), normalized averaging, on any tree, built on the server-rule seam
-(:mod:`fedtree.core.server_rule`).
+"""FedNova (Wang et al. 2020): clients' updates normalized by the steps they took, on any tree.
 
-Clients take different numbers of local steps ``τ_i``: epochs over unequal data, per-client step
-counts (``LocalSchedule(steps=(...))``), or the partial work of slow devices (``systems=``). FedAvg
-then weighs the clients that took more steps more, and converges to the stationary point of a
-different objective. FedNova writes a client's update as ``x − y_i = η G_i a_i`` (its stochastic
-gradients ``G_i`` combined by ``a_i``) and averages the normalized updates ``d_i = (x − y_i) /
-‖a_i‖₁`` instead, rescaled by the effective number of steps ``τ_eff``:
+The client (:func:`fednova_update`, :func:`effective_steps`), the server rule (:func:`fednova_server`)
+and the method (:func:`fednova`). The equations, ``aggregation`` and how FLGo and FedLab differ:
+:doc:`FedNova on the optimization page <algorithms/optimization.md#fednova>`.
 
-  ``x ← x − τ_eff Σ_i p_i d_i``,  ``τ_eff = Σ_i p_i ‖a_i‖₁``.
-
-``‖a_i‖₁`` comes from the steps the client actually took (after any partial work), for the local
-optimizer in use: ``τ_i`` for plain SGD, and ``Σ_{k=1}^{τ_i} (1 − ρ^k) / (1 − ρ)`` for SGD with
-heavy-ball momentum ``ρ`` (``optax.sgd(η, momentum=ρ)``, PyTorch's ``SGD(momentum=ρ)``: the
-paper's ``a_i`` for momentum; give the same ``ρ`` as ``momentum=``; from a config the registry
-reads it from ``config.local``). A client sends its normalized model ``x − d_i`` and
-``w_i ‖a_i‖₁`` beside it (4 bytes, which the byte columns count); the server rescales the
-aggregate of the ``d_i`` (after the update path: clipping, noise and compression act on the
-normalized updates) by ``τ_eff`` before its optax server optimizer (``sgd(1.0)``: the paper's
-step). With equal step counts and plain SGD every ``‖a_i‖₁`` is ``τ`` and FedNova is FedAvg.
-
-**On a tree** the normalization happens at the clients' parents, where the clients' step counts
-differ; the levels above aggregate models as HierFAVG every ``periods[l]`` rounds, where every
-child node took the same number of server steps (one a round) since the last aggregation, the
-case in which FedNova is FedAvg.
-
-**Choices and other implementations** (``p_i`` from the host's ``weighting``: ``"examples"``, the
-paper's ``n_i / n``, or ``"uniform"``), ``aggregation``:
-
-* ``"answered"`` (default, the paper's with full participation): ``p_i = w_i / Σ_{j∈S} w_j`` over the
-  clients ``S`` that answered. With ``weighting="examples"`` this is FLGo's default (its
-  ``aggregate='other'``); with ``weighting="uniform"`` FLGo's and FedLab's ``'uniform'``
-  (``τ_eff`` the mean ``τ_i``, the mean ``d_i``), and FedLab's ``'weighted_com'`` when every sampled
-  client answers.
-* ``"population"``: ``p_i = w_i / Σ_j w_j`` over all ``N`` clients of the parent, not renormalized over
-  those that answered (FLGo's ``'weighted_com'`` with ``weighting="examples"``).
-* ``"scaled"``: as ``"population"`` with ``Σ_i p_i d_i`` multiplied by ``N/|S|`` and ``τ_eff`` not (FLGo's
-  ``'weighted_scale'`` with ``weighting="examples"``; its step is ``|S|/N`` of ``"answered"``'s in
-  expectation).
-
-FedLab's ``'weighted_scale'`` sets ``p_i = 1/m`` (``m`` the clients per round) and then multiplies by
-``N/|S|``, so when every sampled client answers its step is ``N/m`` times the paper's (``"answered"``
-with uniform weights): weights that sum to ``N/m``, an evident bug, not reproduced. FedLab's
-clients report ``τ = len(loader) · epochs``, their nominal count; FLGo's report the steps they
-worked (``_working_amount``, under its systems' partial work), as fedtree's do.
-
-Refused by name: a robust (blockwise) aggregator (``τ_eff`` averages the clients' reported
-``‖a_i‖₁`` outside it, so one client's report would scale every step), personal parameters (the
-normalization covers the whole model), a model with BatchNorm statistics (they are set by the
-forward passes, not a sum of steps to normalize), and a ``server_rule`` of the caller's. Under
-differential privacy the ``‖a_i‖₁`` reach the server unprivatized: with a fixed ``steps`` schedule
-and no partial work they are public (``τ_eff`` is then a constant and scaling by it is
-post-processing); with epochs over unequal data they reveal the clients' data sizes.
+References:
+  Wang et al., Tackling the objective inconsistency problem in heterogeneous federated
+  optimization, NeurIPS 2020.
 """
 
 from __future__ import annotations
@@ -86,8 +40,8 @@ def fednova_update(
   model: Model, optimizer: optax.GradientTransformation, *, momentum=0.0, batch_size: int, max_steps: int,
   compute_dtype=None,
 ) -> ClientUpdate:
-  """FedNova's client (see the module docstring): local steps from the received model, the
-  normalized model ``x − (x − y_i)/‖a_i‖₁`` sent up and ``weight · ‖a_i‖₁`` beside it.
+  """FedNova's client (:doc:`docs <algorithms/optimization.md#fednova>`): local steps from the received model,
+  the normalized model ``x − (x − y_i)/‖a_i‖₁`` sent up and ``weight · ‖a_i‖₁`` beside it.
 
   Args:
     model: the model.
@@ -113,8 +67,8 @@ def fednova_update(
 
 
 def fednova_server(*, aggregation: str = "answered") -> ServerRule:
-  """FedNova's server: the aggregate of the normalized updates rescaled by ``τ_eff`` (see the
-  module docstring for ``aggregation``); reports ``tau_eff`` (its mean over the nodes)."""
+  """FedNova's server: the aggregate of the normalized updates rescaled by ``τ_eff`` (``aggregation``:
+  :doc:`docs <algorithms/optimization.md#fednova>`); reports ``tau_eff`` (its mean over the nodes)."""
   if aggregation not in AGGREGATIONS:
     raise ValueError(f"aggregation={aggregation!r}; choose one of {AGGREGATIONS}")
 
@@ -154,13 +108,15 @@ def fednova(
   aggregation: str = "answered",
   name: str = "fednova",
 ) -> FederatedAlgorithm:
-  """FedNova on ``topology`` (default flat): see the module docstring.
+  """FedNova on ``topology`` (default flat): the clients' updates normalized by ``‖a_i‖₁`` (their
+  steps), averaged and rescaled by ``τ_eff = Σ_i p_i ‖a_i‖₁`` (:doc:`the method's page
+  <algorithms/optimization.md#fednova>`).
 
   Args:
     momentum: the local optimizer's heavy-ball momentum ``ρ`` in ``[0, 1)`` (``‖a_i‖₁`` depends on
       it; give the ``ρ`` of ``local_optimizer``).
-    aggregation: ``"answered"`` (paper), ``"population"`` or ``"scaled"``: the weights ``p_i`` (see the
-      module docstring).
+    aggregation: ``"answered"`` (paper), ``"population"`` or ``"scaled"``: the weights ``p_i`` (:doc:`docs
+      <algorithms/optimization.md#fednova>`).
     name: label for reports.
     **host: every other argument of :func:`~fedtree.algorithms.host.hierfavg.hierfavg` (``weighting``:
       ``"examples"``, the paper's ``p_i ∝ n_i``, or ``"uniform"``).
@@ -172,13 +128,6 @@ def fednova(
   Example:
     Clients with unequal data take one epoch each (unequal step counts):
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = fednova(model=model, data=data, local_optimizer=optax.sgd(0.1),
     ...               schedule=LocalSchedule(batch_size=8, epochs=1))
     >>> state, metrics = jax.jit(alg.round)(alg.init(jax.random.key(0)), data, jax.random.key(1))

@@ -1,9 +1,8 @@
-"""FedProx (Li et al. 2020, "Federated optimization in heterogeneous networks") on any tree.
+"""FedProx (Li et al. 2020): FedAvg whose clients add a proximal term towards the model they receive,
+on any tree.
 
-Clients minimize ``f_i(θ) + (μ/2)‖θ - Θ‖²`` from the downloaded ``Θ``
-(:func:`fedtree.objectives.fedprox_update`); everything above the clients is
-:func:`~fedtree.algorithms.host.hierfavg.hierfavg`, so FedProx runs under any tree and any server
-optimizers (a flat tree and FedAvg servers give the original method). ``μ = 0`` is FedAvg.
+References:
+  Li et al., Federated optimization in heterogeneous networks, MLSys 2020.
 """
 
 from __future__ import annotations
@@ -28,13 +27,6 @@ def fedprox(host: Host, *, mu: float, name: str = "fedprox") -> FederatedAlgorit
   Example:
     One round of FedProx (μ = 0.01) over 5 clients:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=1))
     >>> alg = fedprox(mu=0.01, local_optimizer=optax.sgd(0.1), **common)
     >>> state = loop.run(alg, data, num_rounds=1, key=jax.random.key(0))

@@ -1,53 +1,13 @@
-"""Mime and MimeLite (Karimireddy et al. 2021, "Breaking the centralized barrier for cross-device
-federated learning", NeurIPS; arXiv 2008.03606, first titled "Mime: mimicking centralized
-stochastic algorithms in federated learning"; Algorithm 1), as FedJAX's ``mime`` and
-``mime_lite``, on any tree, built on the server-rule seam (:mod:`fedtree.core.server_rule`).
+"""Mime and MimeLite (Karimireddy et al. 2021): a base optimizer mimicked across clients, on any tree.
 
-A *base optimizer* ``B = (U, V)`` (here the local optax optimizer: SGD with momentum, Adam, ...)
-is mimicked across clients: every parent of clients keeps the base optimizer's statistics ``s``
-(``TreeState.server_state.statistics [N, ...]``: momentum, Adam's moments) and broadcasts them with
-its model ``x``; every local step of every client applies ``U`` with ``s`` *fixed* (the step's new
-statistics are dropped), and only the server moves ``s``, once a round, by the full-batch gradient
-of the round's clients at ``x``:
+:func:`mime` and :func:`mimelite` share the client (:func:`mime_update`), the server rule
+(:func:`mime_server`) and their refusals. The equations and how FedJAX's ``mime`` and ``mime_lite``
+compare: :doc:`Mime on the optimization page <algorithms/optimization.md#mime-and-mimelite>`.
 
-* **MimeLite**: a client takes ``K`` steps ``y ← U(y, ∇f_i(y; ζ), s)`` from ``y = x``, and sends
-  ``y`` and ``∇f_i(x)`` (its mean loss's gradient over all its examples at ``x``, one extra pass);
-* **Mime**: before training, the clients send ``∇f_i(x)`` and the server broadcasts their average
-  ``c`` (a second pass over the cohort: the server rule's ``gather``); each step is
-  ``y ← U(y, ∇f_i(y; ζ) − ∇f_i(x; ζ) + c, s)`` (SVRG's correction, both gradients on the same
-  minibatch and randomness), and the client sends ``y``;
-
-then ``s ← V(ḡ, s)`` with ``ḡ`` the average full-batch gradient (``c`` for Mime), and
-``x ← x − η_g · mean_i (x − y_i)`` (``server_learning_rate`` ``η_g``: ``sgd(η_g)`` at the clients'
-parents). With plain SGD (``s`` empty) MimeLite is FedAvg; Mime is FedAvg with SVRG-corrected local
-steps (FedAvg too when every client takes one full-batch step, where the correction is 0).
-Bytes: MimeLite's client receives ``x`` and ``s`` (one model for SGD with momentum, two for Adam's
-moments) and sends ``y`` and ``∇f_i(x)``; Mime's receives ``c`` too. The byte columns count them.
-The systems clock counts those bytes but not the time of Mime's extra pass.
-
-**On a tree** ``s`` (and ``c``) live at the clients' parents: every parent of clients (an edge
-server) mimics the base optimizer over its own clients, and the levels above aggregate models as
-HierFAVG every ``periods[l]`` rounds (``s`` and ``c`` stay with each edge). The statistics are
-applied in the clients' local steps, which happen below the edges; a momentum at the upper levels
-is a server optimizer there (``server_optimizers``), a different method.
-
-**Choices and other implementations.** The models and the full-batch gradients are averaged
-uniformly by default (``weighting="uniform"``: the paper's ``1/|S|``); ``weighting="examples"``
-averages both by data size, which is what FedJAX's ``mime`` and ``mime_lite`` do (their running
-means weight every client by its examples). ``delta_clip_norm`` clips every client's update
-``x − y`` to that global norm before it is sent (FedJAX's ``mime_lite`` ``client_delta_clip_norm``;
-the update path's clipping is refused, see below). FedJAX computes MimeLite's gradient after the
-local training and Mime's before it, both at the round's ``x``, as here.
-
-A model with BatchNorm statistics trains as under FedAvg: the statistics come from each step's
-forward pass at ``y`` (never from a gradient, so ``s`` holds nothing for them) and are averaged.
-
-Refused by name: a client transform or a node transform of the update path at the clients' tier
-(the full-batch gradients travel beside the update, outside the path, so clipping and noise would
-leave them raw, no privacy, and compression would shrink one of the two models a client sends), a
-robust (blockwise) aggregator (the gradients moving ``s`` would still be averaged, so an
-attacker's gradient would steer every client's steps), personal parameters (``s`` and ``c`` cover the
-whole model), and a ``server_rule`` of the caller's.
+References:
+  Karimireddy et al., Breaking the centralized barrier for cross-device federated learning,
+  NeurIPS 2021 (arXiv 2008.03606, first titled "Mime: mimicking centralized stochastic algorithms in
+  federated learning"; Algorithm 1).
 """
 
 from __future__ import annotations
@@ -113,8 +73,8 @@ def mime_update(
   model: Model, optimizer: optax.GradientTransformation, *, corrected: bool, batch_size: int,
   max_steps: int, delta_clip_norm: float | None = None, compute_dtype=None,
 ) -> ClientUpdate:
-  """Mime's (``corrected``) or MimeLite's client (see the module docstring): local steps of
-  ``optimizer`` with its state fixed to the broadcast statistics; MimeLite's also sends
+  """Mime's (``corrected``) or MimeLite's client (:doc:`docs <algorithms/optimization.md#mime-and-mimelite>`):
+  local steps of ``optimizer`` with its state fixed to the broadcast statistics; MimeLite's also sends
   ``weight · ∇f_i(x)``.
 
   Args:
@@ -205,12 +165,12 @@ REFUSALS = (
   cannot("client_transform", BESIDE),
   cannot("node_transform", BESIDE),
 )
-"""What Mime and MimeLite cannot compose with (see the module docstring)."""
+"""What Mime and MimeLite cannot compose with (:doc:`docs <algorithms/optimization.md#mime-and-mimelite>`)."""
 
 
 def _check(name: str, host, delta_clip_norm, server_learning_rate) -> dict:
-  """The refusals Mime and MimeLite share (see the module docstring); the host with the clients'
-  parents' server optimizer ``sgd(η_g)`` unless ``server_optimizers`` is given."""
+  """The refusals Mime and MimeLite share (:doc:`docs <algorithms/optimization.md#mime-and-mimelite>`); the
+  host with the clients' parents' server optimizer ``sgd(η_g)`` unless ``server_optimizers`` is given."""
   try:
     check_positive(server_learning_rate=server_learning_rate)
     if delta_clip_norm is not None:
@@ -238,7 +198,8 @@ def mimelite(
   name: str = "mimelite",
 ) -> FederatedAlgorithm:
   """MimeLite on ``topology`` (default flat): the base optimizer (``local_optimizer``) with its state
-  kept and moved by the server, fixed in every client step. See the module docstring.
+  kept and moved by the server, fixed in every client step (:doc:`the method's page
+  <algorithms/optimization.md#mime-and-mimelite>`).
 
   Args:
     server_learning_rate: ``η_g``, the server's step on the mean update (``sgd(η_g)`` at the clients'
@@ -258,13 +219,6 @@ def mimelite(
   Example:
     MimeLite with SGD momentum 0.9 as the base optimizer, 3 of 5 clients a round:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = mimelite(model=model, data=data, local_optimizer=optax.sgd(0.1, momentum=0.9),
     ...                schedule=LocalSchedule(batch_size=8, steps=2), cohort_size=3)
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))
@@ -292,8 +246,8 @@ def mime(
   name: str = "mime",
 ) -> FederatedAlgorithm:
   """Mime on ``topology`` (default flat): MimeLite's fixed base-optimizer statistics and SVRG's
-  correction with ``c``, the cohort's full-batch gradient at ``x`` gathered before training. See the
-  module docstring.
+  correction with ``c``, the cohort's full-batch gradient at ``x`` gathered before training
+  (:doc:`the method's page <algorithms/optimization.md#mime-and-mimelite>`).
 
   Args:
     server_learning_rate: ``η_g``, the server's step on the mean update.
@@ -307,13 +261,6 @@ def mime(
     ValueError: as :func:`mimelite`.
 
   Example:
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = mime(model=model, data=data, local_optimizer=optax.sgd(0.1, momentum=0.9),
     ...            schedule=LocalSchedule(batch_size=8, steps=2), cohort_size=3)
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))

@@ -1,48 +1,11 @@
-"""MOON (Li, He and Song 2021, "Model-contrastive federated learning") on any tree.
+"""MOON (Li, He and Song 2021): a model-contrastive term on the local loss, on any tree.
 
-A client trains from the model ``w`` it receives on the supervised loss plus ``μ`` times a
-model-contrastive loss that pulls the representation of its model towards that of ``w`` and pushes
-it away from that of its own previous local model ``w_prev``:
+The loss (:func:`contrastive`), the client (:func:`moon_update`) and the method (:func:`moon`). The
+equations and how the paper's code, FL-bench and PFLlib differ: :doc:`MOON on the optimization page
+<algorithms/optimization.md#moon>`.
 
-  ``ℓ(θ) = CE(θ; x, y) + μ · mean_x −log(e^{s_g/τ} / (e^{s_g/τ} + e^{s_p/τ}))``, ``s_g = sim(z, z_glob)``,
-  ``s_p = sim(z, z_prev)``
-
-with ``z``, ``z_glob``, ``z_prev`` the representations of ``x`` under ``θ``, ``w`` and ``w_prev``,
-``sim`` the cosine similarity and ``τ`` the temperature (the paper's Eq. 3, with one previous
-model: its ``model_buffer_size`` of 1). The term is ``softplus((sim(z, z_prev) − sim(z, z_glob)) / τ)``,
-computed so. After training the client keeps its model as its next ``w_prev``
-(``TreeState.client_state``: ``[C, ...]`` models, one per client, and a ``bool[C]`` "has trained":
-the memory of a personal model per client, e.g. 4 bytes x parameters x clients).
-
-**The representation** is the model's penultimate one: the input of the ``nn.Dense`` layer whose
-output is the logits, found by intercepting one forward pass
-(:func:`fedtree.objectives.fedmmd.penultimate`, FedMMD's; any flax classifier, no change to the
-model). The paper's networks add a projection head and take its output; a model whose logits are
-not a ``nn.Dense``'s output is refused by name. ``z_glob`` and ``z_prev`` are constants of the step
-(no gradient flows into ``w`` or ``w_prev``) computed in inference mode (BatchNorm's running
-statistics, as the paper's code puts those networks in ``eval()``); ``z`` in training mode, whose
-BatchNorm statistics the step keeps (``model_state``).
-
-**Before a client has trained** it has no previous model: ``first_previous="received"`` (the
-default) uses the model it receives, so that term's gradient is 0 and its first round is FedAvg's
-local training (FL-bench's MOON, and the paper's code in round 0, where the pool of previous
-models is empty); ``"initial"`` uses the run's initial model (PFLlib's, whose clients start with a
-copy of it). The paper's code also keeps, for clients never sampled, the randomly initialised
-networks of their slots as "previous" models (a different random network from the global one);
-that artifact is not reproduced.
-
-**Other implementations.** The loss and the default weights follow the paper; aggregation weights
-are the host's ``weighting`` (``"examples"``, the default: the paper's code, FL-bench's and
-PFLlib's FedAvg weights by data size over the sampled clients; ``"uniform"``: ``1/|S|``). FL-bench
-applies its classifier to ``relu(z)`` of a representation taken before the last activation; PFLlib
-splits its models into ``base`` and ``head``; both compare the representations the same way as here.
-
-**On a tree** the model a client receives is its parent's (an edge server's), so ``z_glob`` is
-that model's representation; the levels above aggregate as HierFAVG every ``periods[l]`` rounds.
-MOON changes nothing but the local objective, so this is the paper's method at every edge, with the
-edges themselves synchronised by HierFAVG. ``μ = 0`` is FedAvg (tested). Everything the host does
-composes (DP, robust aggregation, compression, systems, personal parameters): a client sends one
-model, as FedAvg's.
+References:
+  Li, He and Song, Model-contrastive federated learning, CVPR 2021.
 """
 
 from __future__ import annotations
@@ -95,8 +58,8 @@ def moon_update(
   model: Model, optimizer: optax.GradientTransformation, *, mu: float, temperature: float = 0.5,
   first_previous: str = "received", batch_size: int, max_steps: int, compute_dtype=None,
 ) -> ClientUpdate:
-  """MOON's client (see the module docstring): local steps on ``CE + μ · ℓ_con`` from the received
-  model, the trained model kept as the client's previous one.
+  """MOON's client (:doc:`docs <algorithms/optimization.md#moon>`): local steps on ``CE + μ · ℓ_con`` from the
+  received model, the trained model kept as the client's previous one.
 
   Args:
     model: a flax classifier whose logits come from an ``nn.Dense`` (its input is ``z``).
@@ -161,7 +124,9 @@ def moon(
   first_previous: str = "received",
   name: str = "moon",
 ) -> FederatedAlgorithm:
-  """MOON on ``topology`` (default flat): see the module docstring.
+  """MOON on ``topology`` (default flat): clients train on ``CE + μ · ℓ_con``, a model-contrastive
+  loss pulling their representation towards the received model's and away from their previous
+  model's (:doc:`the method's page <algorithms/optimization.md#moon>`).
 
   Args:
     mu: ``μ >= 0``, the weight of the model-contrastive loss (the paper's code defaults to 1, its
@@ -181,12 +146,6 @@ def moon(
   Example:
     Two rounds of MOON over 5 clients with an MLP (its hidden layer is the representation):
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
     >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(8,))
     >>> alg = moon(model=model, data=data, local_optimizer=optax.sgd(0.1),
     ...            schedule=LocalSchedule(batch_size=8, steps=2), mu=1.0)

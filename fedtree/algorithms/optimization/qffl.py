@@ -1,52 +1,12 @@
-"""q-FFL solved by q-FedAvg (Li, Sanjabi, Beirami and Smith 2020, "Fair resource allocation in
-federated learning", Algorithm 2) on any tree.
+"""q-FFL solved by q-FedAvg (Li, Sanjabi, Beirami and Smith 2020): fair resource allocation, on any tree.
 
-q-FFL minimises ``Σ_k p_k F_k^{q+1}(w) / (q + 1)``: ``q = 0`` is FedAvg's objective, and a larger
-``q`` weighs the clients with a high loss more, which evens out the accuracy across clients (the
-fairness statistics every evaluation reports: worst 10 %, Gini). q-FedAvg, one round at a server
-``w`` with the sampled clients ``S``: every ``k ∈ S`` takes its loss ``F_k`` (see ``loss_at``),
-runs the local epochs from ``w`` to ``w̄_k`` and sends
+The client (:func:`qffl_update`), the server rule (:func:`qffl_server`) and the method
+(:func:`qffl`). The equations, the weights, the loss and how the paper's code, FLGo and FedLab
+differ: :doc:`q-FFL on the optimization page <algorithms/optimization.md#q-ffl>`.
 
-  ``Δ_k = F_k^q · L(w − w̄_k)`` (as its update) and ``h_k = q F_k^{q−1} ‖L(w − w̄_k)‖² + L F_k^q``
-  (as its message, one scalar),
-
-and the server steps ``w ← w − Σ_k Δ_k / Σ_k h_k`` (``server_optimizers``: ``sgd(1)`` at the clients'
-parents by default; the pseudo-gradient it is given is that ratio). ``L`` is the Lipschitz
-constant of the gradients, ``1/η`` with ``η`` the local learning rate by default (the paper's code:
-``1.0 / learning_rate``). ``F_k`` gets ``+ loss_epsilon`` before the powers (``1e-10``, the paper's
-code; FLGo adds ``1e-8``), so a zero loss is no NaN at ``q = 0``. With ``q = 0``:
-``Δ_k = L(w − w̄_k)``, ``h_k = L`` and the step is the mean of the ``w̄_k``, FedAvg with uniform
-weights (tested).
-
-**Weights.** The paper's sums run over the clients unweighted (``weighting="uniform"``, the default).
-With ``weighting="examples"`` both sums are weighted by the clients' examples,
-``Σ n_k Δ_k / Σ n_k h_k`` (a client multiplies its ``h_k`` by its weight: the message is summed as it
-is). No implementation read does so.
-
-**The loss** ``F_k``: ``loss_at="received"`` (default) is the client's mean loss over all its
-examples at the model it receives, before training, in inference mode (the paper's code:
-``c.get_loss()`` at the global model; FLGo's ``test(global_model, 'train')``, which adds ``1e-8``
-instead of ``1e-10``: ``loss_epsilon=1e-8``); ``"last_epoch"`` is the mean of the minibatch losses
-of its last local epoch (no extra pass over the data: FedLab's ``qFedAvgClientTrainer``). FedLab
-*sums* those minibatch losses (``ret_loss +=`` over the epoch's batches), which scales ``F_k`` by the
-client's number of batches, so that a client with more data counts as one with a higher loss; the
-mean is the loss of the model on the epoch, and is what is taken here.
-
-**Other choices.** ``lipschitz`` sets ``L`` (the paper's code, FLGo and FedLab all use ``1/η``).
-``‖·‖²`` is over the whole model's trainable parameters (BatchNorm statistics, which are averaged
-like parameters, do not enter it).
-
-**On a tree** every parent of clients runs the q-FedAvg step over its own clients; the levels
-above aggregate as HierFAVG every ``periods[l]`` rounds (by the examples or the number of clients
-under each child, ``weighting``). The fairness q-FFL buys is among the clients that share a
-server; across edge servers, HierFAVG's average.
-
-**Composition.** Compression (the update ``Δ_k`` is compressed; ``h_k`` is one float),
-systems and Poisson or other sampling compose. Refused by name: a privacy stage (``h_k`` and the
-loss powers scaling ``Δ_k`` come from the client's data and reach the server unprotected, so no
-DP guarantee would hold), a robust aggregator (``h_k`` is still summed, so one client's message
-would set every step's length), personal parameters (``Δ_k`` is the whole model's). Bytes: one
-model and one scalar up, one model down.
+References:
+  Li, Sanjabi, Beirami and Smith, Fair resource allocation in federated learning, ICLR 2020
+  (Algorithm 2).
 """
 
 from __future__ import annotations
@@ -95,8 +55,8 @@ def qffl_update(
   loss_at: str = "received", loss_epsilon: float = LOSS_EPS, batch_size: int, max_steps: int,
   compute_dtype=None,
 ) -> ClientUpdate:
-  """q-FedAvg's client (see the module docstring): local SGD from the received ``w``, then
-  ``Δ_k`` as its update and ``h_k`` (times its aggregation weight) as its message.
+  """q-FedAvg's client (:doc:`docs <algorithms/optimization.md#q-ffl>`): local SGD from the received ``w``,
+  then ``Δ_k`` as its update and ``h_k`` (times its aggregation weight) as its message.
 
   Args:
     model: the model.
@@ -185,7 +145,9 @@ def qffl(
   weighting: str = "uniform",
   name: str = "qffl",
 ) -> FederatedAlgorithm:
-  """q-FFL by q-FedAvg on ``topology`` (default flat): see the module docstring.
+  """q-FFL by q-FedAvg on ``topology`` (default flat): every sampled client sends ``Δ_k = F_k^q L(w − w̄_k)``
+  and ``h_k``, and its parent steps ``w ← w − Σ_k Δ_k / Σ_k h_k`` (:doc:`the method's page
+  <algorithms/optimization.md#q-ffl>`).
 
   Args:
     q: ``q >= 0`` (0: FedAvg; the paper uses 1 to 15 by dataset; FLGo defaults to 1).
@@ -206,13 +168,6 @@ def qffl(
   Example:
     Two rounds of q-FedAvg (q = 2) over 5 clients:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = qffl(model=model, data=data, local_optimizer=optax.sgd(0.1), local_learning_rate=0.1,
     ...            schedule=LocalSchedule(batch_size=8, steps=2), q=2.0)
     >>> state, metrics = jax.jit(alg.round)(alg.init(jax.random.key(0)), data, jax.random.key(1))

@@ -1,47 +1,12 @@
-"""SCAFFOLD (Karimireddy et al. 2020, "SCAFFOLD: Stochastic controlled averaging for federated
-learning"), Algorithm 1, on any tree: the first method built on the server-rule seam
-(:mod:`fedtree.core.server_rule`).
+"""SCAFFOLD (Karimireddy et al. 2020): local steps corrected by control variates, on any tree.
 
-Every client ``i`` keeps a control variate ``c_i`` (``TreeState.client_state [C, ...]``, zeros at
-the start) and every parent of clients one, ``c`` (``TreeState.server_state [N, ...]``), which it
-broadcasts beside its model ``x``. A sampled client starts from ``y_i = x`` and takes ``K`` corrected
-steps ``y_i ← y_i − η_l (g_i(y_i) − c_i + c)`` (the correction enters as the gradient of the linear
-term ``⟨c − c_i, y⟩``, so any optax local optimizer applies it; with plain SGD this is the paper's
-step), then updates its variate
+The client (:func:`scaffold_update`), the server rule (:func:`scaffold_server`) and the method
+(:func:`scaffold`). The equations, the tree and how FLGo, FedLab, PFLlib and FL-bench differ:
+:doc:`SCAFFOLD on the optimization page <algorithms/optimization.md#scaffold>`.
 
-* option ``"II"`` (default, the paper's cheaper choice): ``c_i⁺ = c_i − c + (x − y_i) / (K η_l)``
-  with ``K`` the steps it took and ``η_l`` the local learning rate it is told
-  (:attr:`~fedtree.core.local.ClientRound.learning_rate`);
-* option ``"I"``: ``c_i⁺ = ∇f_i(x)``, the gradient of its loss over all its examples at the
-  received model (one extra pass over its data, in minibatches of the local batch size),
-
-and sends ``Δy_i = y_i − x`` (as its model) and ``Δc_i = c_i⁺ − c_i`` (as its message). The server:
-``x ← x + η_g · mean_i Δy_i`` (``server_learning_rate`` ``η_g``: ``sgd(η_g)`` at the clients'
-parents) and ``c ← c + (1/N) Σ_{i∈S} Δc_i`` over its ``N`` clients (``variate_average="all"``, the
-paper: ``(|S|/N) · mean``), or ``c ← c + mean_{i∈S} Δc_i`` (``"sampled"``).
-
-**On a tree** the control variates live at the clients' tier: every parent of clients (an edge
-server) runs SCAFFOLD's server with its own ``c`` over its own clients, and the levels above
-aggregate models as HierFAVG every ``periods[l]`` rounds. Variates correct the client drift
-inside an edge's cohort, which is where the local steps happen; a variate at an upper level would
-correct the edges' drift between aggregations, a different method (and the paper's analysis is
-for one server), so upper levels are left as HierFAVG.
-
-**Choices and other implementations.** The aggregation weights are uniform by default
-(``weighting="uniform"``: the paper's ``1/|S|``, and FedLab 1.3.0's); ``weighting="examples"`` weighs
-``Δy_i`` by data size, as PFLlib's SCAFFOLD does (the variate is always averaged unweighted).
-``variate_average="sampled"`` divides the variates' sum by the clients that answered instead of
-``N``: what FL-bench and PFLlib do (their global variate moves by the mean of the sampled changes);
-``"all"`` is the paper's and FedLab's. ``server_learning_rate`` is the paper's global step size
-``η_g`` (FL-bench's and PFLlib's ``global_lr``/``server_learning_rate``). Bytes: a client receives
-``x`` and ``c`` and sends ``Δy_i`` and ``Δc_i``, two models' worth each way, which the byte columns
-count.
-
-Refused by name: a robust (blockwise) aggregator (the variates would still be averaged, so an
-attacker's variate would steer every client), differential privacy at the clients' tier (``Δc_i``
-travels beside the update, outside the update path, so it would leave the client raw), and
-personal parameters (the variates cover the whole model). Compression of the update composes
-(``Δc_i`` is sent as it is, and counted).
+References:
+  Karimireddy et al., SCAFFOLD: Stochastic controlled averaging for federated learning, ICML 2020
+  (Algorithm 1).
 """
 
 from __future__ import annotations
@@ -74,8 +39,8 @@ def scaffold_update(
   model: Model, optimizer: optax.GradientTransformation, *, option: str = "II", batch_size: int,
   max_steps: int, compute_dtype=None,
 ) -> ClientUpdate:
-  """SCAFFOLD's client (see the module docstring): corrected local steps from the received model,
-  the variate ``c_i`` kept as the client's state, ``Δc_i`` sent as its message.
+  """SCAFFOLD's client (:doc:`docs <algorithms/optimization.md#scaffold>`): corrected local steps from the
+  received model, the variate ``c_i`` kept as the client's state, ``Δc_i`` sent as its message.
 
   Args:
     model: the model.
@@ -144,7 +109,9 @@ def scaffold(
   weighting: str = "uniform",
   name: str = "scaffold",
 ) -> FederatedAlgorithm:
-  """SCAFFOLD on ``topology`` (default flat): see the module docstring.
+  """SCAFFOLD on ``topology`` (default flat): clients take steps ``y ← y − η_l (g_i(y) − c_i + c)``
+  corrected by their control variate ``c_i`` and their parent's ``c`` (:doc:`the method's page
+  <algorithms/optimization.md#scaffold>`).
 
   Args:
     option: the client's new variate, ``"II"`` (paper's cheap choice; needs
@@ -165,13 +132,6 @@ def scaffold(
   Example:
     Two rounds of SCAFFOLD over 5 clients, 3 sampled a round:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = scaffold(model=model, data=data, local_optimizer=optax.sgd(0.1), local_learning_rate=0.1,
     ...                schedule=LocalSchedule(batch_size=8, steps=2), cohort_size=3)
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))

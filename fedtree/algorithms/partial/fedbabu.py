@@ -1,29 +1,13 @@
-"""FedBABU (Oh et al. 2022, "FedBABU: toward enhanced representation for federated image
-classification") on any tree.
+"""FedBABU (Oh et al. 2022): FedAvg of the body with the head frozen at its initialization, fine-tuned
+per client at evaluation, on any tree.
 
-FedAvg of the **body only**: the **head** (by default the model's last layer,
-:mod:`fedtree.algorithms.partial.split`) stays at its random initialization during the whole federated
-training (every client has the same one, from the run's seed, so it is never sent: the byte
-columns count the body), and the clients train and send the body (the local optimizer freezes the
-head exactly, :func:`fedtree.core.local.train_only`). At evaluation each client **fine-tunes** the
-global model on its own training data (the whole model by default, as the paper;
-``finetune_part="head"`` or ``"body"`` for the alternatives it also reports) for
-``finetune_epochs`` epochs (or ``finetune_steps`` steps) of SGD at ``finetune_learning_rate``
-(default the local rate). The run reports both models: ``global``, the generic model before
-fine-tuning, and ``global_ft``, each client's fine-tuned one (:mod:`fedtree.algorithms.partial.finetuned`).
-With no fine-tuning (both counts 0) FedBABU is FedAvg with a frozen head.
+The re-drawn head (``redrawn_head``) and the method (``fedbabu``). How it runs and how PFLlib,
+FL-bench and FLGo differ: :doc:`FedBABU on the partial-personalization page
+<algorithms/partial.md#fedbabu>`.
 
-**On a tree** the body is aggregated up to the root as HierFAVG (and every level's model is
-reported, its head the common one); the head is frozen everywhere, so it needs no level.
-
-**Other implementations.** PFLlib freezes ``model.head``, aggregates ``model.base`` weighted by
-data size and fine-tunes the whole model for ``fine_tuning_epochs`` after training: the defaults.
-FL-bench zeroes the classifier's gradient before each optimizer step and fine-tunes for
-``finetune_epoch`` (at least 1); with weight decay or momentum in its optimizer the "frozen" head
-still moves (the decay is added inside the step), which fedtree's exact freeze does not reproduce.
-FLGo re-draws the head's weight at the start (``head_init``: ``"he"`` by default, ``"xavier"``,
-``"orth"``): ``head_init="he_uniform"``, ``"xavier_uniform"``, ``"orthogonal"`` (the bias is kept);
-the default ``"model"`` keeps the model's own random initialization.
+References:
+  Oh, Kim and Yun, FedBABU: toward enhanced representation for federated image classification,
+  ICLR 2022.
 """
 
 from __future__ import annotations
@@ -90,7 +74,9 @@ def fedbabu(
   finetune_optimizer: str = "sgd",
   name: str = "fedbabu",
 ) -> FederatedAlgorithm:
-  """FedBABU on ``topology`` (default flat): see the module docstring.
+  """FedBABU on ``topology`` (default flat): FedAvg of the body, the head frozen at its initialization,
+  every client fine-tuning the global model at evaluation (:doc:`the method's page
+  <algorithms/partial.md#fedbabu>`).
 
   Args:
     head: the frozen head: the model's last ``head`` layers (an int) or path patterns.
@@ -114,12 +100,6 @@ def fedbabu(
   Example:
     Two rounds over 5 clients; each client then fine-tunes 3 steps:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
     >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(8,))
     >>> alg = fedbabu(model=model, data=data, local_optimizer=optax.sgd(0.1), local_learning_rate=0.1,
     ...               schedule=LocalSchedule(batch_size=8, steps=2), finetune_epochs=0, finetune_steps=3)

@@ -1,31 +1,11 @@
-"""FedBN (Li et al. 2021, "FedBN: federated learning on non-IID features via local batch
-normalization") on any tree.
+"""FedBN (Li et al. 2021): FedAvg in which every client keeps its BatchNorm layers, on any tree.
 
-FedAvg in which every client keeps its **BatchNorm layers** local: their affine parameters
-(``scale``, ``bias``) and their running statistics (``mean``, ``var``), the paper's choice. A
-sampled client starts from its parent's other parameters and its own BatchNorm layers, trains the
-whole model (its statistics come from the real rows of each batch,
-:func:`fedtree.core.model.forward_train`), sends everything else and keeps its BatchNorm layers;
-they are never sent, never aggregated (the servers' copies stay at their initial values) and not
-counted in bytes. Each client is scored with its own model, its running statistics included
-(``personal``). The model must have BatchNorm: ``build_model("mlp" | "cnn", ..., norm="batch")``.
+Which layers, on a tree, and how PFLlib, FLGo and FL-bench find them: :doc:`FedBN on the
+partial-personalization page <algorithms/partial.md#fedbn>`.
 
-The layers are found by a name pattern (``norm``, a regular expression searched in every
-parameter's path; flax names them ``BatchNorm_<i>``): the affine parameters are the ``params``
-collection's leaves under a matching layer, the statistics the ``batch_stats`` collection's.
-
-**On a tree** the other parameters are aggregated up to the root as HierFAVG; the BatchNorm layers
-are personal to each client (``personal_level=None``, the paper) or shared within each level-``l``
-subtree (``personal_level=l``: e.g. one normalization per site behind an edge server).
-
-**Other implementations** (all keep the statistics local; they differ in how they find the
-layers). PFLlib keeps the parameters whose name contains ``bn`` and never sends buffers (running
-statistics), so a model whose BatchNorm layers are not named ``bn...`` keeps its statistics
-local but averages its affine parameters: ``affine=False``. FLGo keeps every ``state_dict`` entry
-whose name contains ``bn`` (affine and statistics: the default, with ``norm="bn"`` for such names).
-FL-bench keeps the parameters of ``BatchNorm2d`` modules and every buffer: an MLP's
-``BatchNorm1d`` layers then share their affine parameters and keep their statistics
-(``affine=False``); a CNN's keep both (the default).
+References:
+  Li et al., FedBN: federated learning on non-IID features via local batch normalization,
+  ICLR 2021.
 """
 
 from __future__ import annotations
@@ -50,7 +30,8 @@ def fedbn(
   personal_level: int | None = None,
   name: str = "fedbn",
 ) -> FederatedAlgorithm:
-  """FedBN on ``topology`` (default flat): see the module docstring.
+  """FedBN on ``topology`` (default flat): FedAvg in which every client keeps its BatchNorm layers
+  (:doc:`the method's page <algorithms/partial.md#fedbn>`).
 
   Args:
     norm: a regular expression naming the normalization layers (searched in the path of every
@@ -71,12 +52,6 @@ def fedbn(
   Example:
     Two rounds over 5 clients of an MLP with BatchNorm:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
     >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(8,),
     ...                     norm="batch")
     >>> alg = fedbn(model=model, data=data, local_optimizer=optax.sgd(0.1),

@@ -1,39 +1,12 @@
-"""FedRep (Collins et al. 2021, "Exploiting shared representations for personalized federated
-learning"), Algorithm 1, on any tree.
+"""FedRep (Collins et al. 2021): every client trains its own head, then the shared body, on any tree.
 
-Every client keeps its own **head** (by default the model's last layer,
-:mod:`fedtree.algorithms.partial.split`) and shares the **body** (the representation). A sampled
-client starts from its parent's body and its own head and trains in two phases, each its own
-count of steps:
+The client (``fedrep_update``) and the method (``fedrep``). The two phases and how PFLlib, FL-bench
+and FLGo count their steps: :doc:`FedRep on the partial-personalization page
+<algorithms/partial.md#fedrep>`.
 
-1. the head alone, the body frozen: ``head_epochs`` epochs over its data (the paper's τ_h = 10),
-   or ``head_steps`` steps;
-2. the body alone, the head frozen: the run's local schedule (``config.local``: epochs or steps;
-   the paper's one epoch),
-
-each with a fresh state of the local optimizer (SGD in the paper; frozen parameters get exactly no
-update, :func:`fedtree.core.local.train_only`) and its own minibatch order. It then sends the body
-and keeps the head; the server averages the bodies, **uniformly** over the clients that answered
-by default (the paper's ``φ ← (1/|S|) Σ φ_i``; ``weighting="examples"`` weighs by data size).
-Each client is scored with its own model (``personal``). The reported ``train_loss`` is the mean
-over both phases' steps.
-
-**On a tree** the body is aggregated up to the root as HierFAVG; the head is personal to each
-client (``personal_level=None``, the paper) or shared within each level-``l`` subtree
-(``personal_level=l``: a head per edge server, trained by its clients' head phases and averaged
-by the edge).
-
-**Other implementations.** PFLlib trains ``model.head`` for ``plocal_epochs`` and then
-``model.base`` for ``local_epochs`` with two SGD optimizers, weighted by data size:
-``head_epochs=plocal_epochs``, ``local.epochs=local_epochs``, ``weighting="examples"``. FL-bench
-splits one ``local_epoch`` count, the last ``train_body_epoch`` epochs training the body and the
-ones before the head (one optimizer across both phases; with plain SGD it keeps no state):
-``head_epochs=local_epoch - train_body_epoch``, ``local.epochs=train_body_epoch``. FLGo trains the
-head for the local ``num_steps`` and then the body for **one** step, weighted uniformly:
-``head_steps=num_steps``, ``local.steps=1`` (the default weighting).
-
-Refused: a head covering every parameter (nothing shared), ``batch_order="cyclic"`` (the head
-phase would read batches the host's per-client cursor does not count), ``personal=``.
+References:
+  Collins, Hassani, Mokhtari and Shakkottai, Exploiting shared representations for personalized
+  federated learning, ICML 2021 (Algorithm 1).
 """
 
 from __future__ import annotations
@@ -70,8 +43,8 @@ def fedrep_update(
   model: Model, optimizer: optax.GradientTransformation, head_mask: PyTree, *, head_schedule: LocalSchedule,
   head_max_steps: int, batch_size: int, max_steps: int, compute_dtype=None,
 ) -> ClientUpdate:
-  """FedRep's client (see the module docstring): the head for ``head_schedule``'s steps (body
-  frozen), then the body for the round's steps (head frozen), from the model it is given.
+  """FedRep's client (:doc:`docs <algorithms/partial.md#fedrep>`): the head for ``head_schedule``'s steps
+  (body frozen), then the body for the round's steps (head frozen), from the model it is given.
 
   Args:
     model: the model.
@@ -116,7 +89,8 @@ def fedrep(
   weighting: str = "uniform",
   name: str = "fedrep",
 ) -> FederatedAlgorithm:
-  """FedRep on ``topology`` (default flat): see the module docstring.
+  """FedRep on ``topology`` (default flat): every client trains its own head with the body frozen, then
+  the shared body with the head frozen (:doc:`the method's page <algorithms/partial.md#fedrep>`).
 
   Args:
     head: the personal head: the model's last ``head`` layers (an int) or path patterns
@@ -138,12 +112,6 @@ def fedrep(
   Example:
     Two rounds over 5 clients: 3 head steps, then 1 body step:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
     >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(8,))
     >>> alg = fedrep(model=model, data=data, local_optimizer=optax.sgd(0.1), head_steps=3,
     ...              schedule=LocalSchedule(batch_size=8, steps=1))

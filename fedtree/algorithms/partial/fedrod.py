@@ -1,43 +1,13 @@
-"""FedRoD (Chen & Chao 2022, "On bridging generic and personalized federated learning for image
-classification") on any tree.
+"""FedRoD (Chen & Chao 2022): a generic model trained with a balanced loss and a personal head per
+client, on any tree.
 
-The model (a body and a **generic head**, by default its last layer,
-:mod:`fedtree.algorithms.partial.split`) is trained federatedly with a **balanced** loss, and every
-client also keeps a **personal head** of the generic head's shape, its additive correction:
+The balanced loss (``balanced_cross_entropy``), the personal model (``personal_head``), the client
+(``fedrod_update``) and the method (``fedrod``). The losses and how PFLlib, FL-bench and FLGo differ:
+:doc:`FedRoD on the partial-personalization page <algorithms/partial.md#fedrod>`.
 
-* generic: the body and the generic head minimize the balanced softmax loss (BSM) on the client's
-  data, the cross-entropy of ``logits + γ log n_c`` with ``n_c`` the client's examples of class
-  ``c`` (a class it lacks gets a logit of ``-1e9``: probability 0, as ``log 0`` in the papers'
-  code), an estimate of the class-balanced risk that makes the aggregated model generic;
-* personal: the personal head minimizes the cross-entropy of the personal prediction
-  ``g(z) + p(z)`` (generic head plus personal head on the representation ``z``), with the
-  representation and the generic head detached (they learn from the balanced loss only).
-
-Both are one step on the same minibatch (the sum of the two losses, the generic parameters by the
-local optimizer, the personal head by a fresh state of the same optimizer). A client sends the
-body and the generic head (aggregated as FedAvg, by examples) and keeps its personal head
-(``TreeState.client_state [C, ...]``; only the sampled clients move theirs). The reported
-``train_loss`` is the personal prediction's cross-entropy.
-
-Both models are scored per client on its own test data: ``global`` (the generic model: the
-body and the generic head) and ``personal`` (its parent's body, and the head whose parameters are
-the generic head's plus the personal head's: for an affine head, ``(W_g + W_p) z + (b_g + b_p) =
-g(z) + p(z)`` exactly; the personal head is trained through the same sum, so a deeper head is the
-natural generalization). The personal head starts as a copy of the initial generic head
-(``personal_init="copy"``: what PFLlib, FL-bench and FLGo do; the paper does not say) or at zero.
-
-**On a tree** the generic model is aggregated up to the root as HierFAVG (every level's generic
-model is reported); the personal head is per client (it corrects the model its client downloads).
-
-**Other implementations.** PFLlib follows the paper (BSM with ``sample_per_class``, the personal
-head on ``rep.detach()`` plus ``out_g.detach()``, two SGD optimizers): the defaults. FL-bench's
-personal prediction is the personal head alone, trained jointly with the body (no detach), and its
-BSM raises the counts to a power ``gamma``: ``add_generic=False, detach=False, gamma=gamma``
-(its hypernetwork variant is not reproduced). FLGo adds the personal head to the generic
-prediction without detaching (``detach=False``), but its ``br_loss`` returns the mean softmax
-probability of the true class, which its training then *minimizes*: an evident bug (the loss
-should be its negative logarithm); fedtree follows the paper's BSM, and FLGo's default
-hypernetwork is not reproduced.
+References:
+  Chen and Chao, On bridging generic and personalized federated learning for image classification,
+  ICLR 2022.
 """
 
 from __future__ import annotations
@@ -117,7 +87,7 @@ def fedrod_update(
   gamma: float = 1.0, detach: bool = True, add_generic: bool = True, personal_init: str = "copy",
   batch_size: int, max_steps: int, compute_dtype=None,
 ) -> ClientUpdate:
-  """FedRoD's client (see the module docstring): its state is its personal head.
+  """FedRoD's client (:doc:`docs <algorithms/partial.md#fedrod>`): its state is its personal head.
 
   Args:
     model: the model (a classifier).
@@ -192,7 +162,9 @@ def fedrod(
   personal_init: str = "copy",
   name: str = "fedrod",
 ) -> FederatedAlgorithm:
-  """FedRoD (BSM) on ``topology`` (default flat): see the module docstring.
+  """FedRoD (BSM) on ``topology`` (default flat): the generic model trained with the balanced softmax
+  loss, every client's personal head with the cross-entropy of generic + personal head
+  (:doc:`the method's page <algorithms/partial.md#fedrod>`).
 
   Args:
     head: the generic head (and the personal head's shape): the model's last ``head`` layers or
@@ -213,12 +185,6 @@ def fedrod(
   Example:
     Two rounds over 5 clients: the generic and the personal models:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
     >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(8,))
     >>> alg = fedrod(model=model, data=data, local_optimizer=optax.sgd(0.1),
     ...              schedule=LocalSchedule(batch_size=8, steps=2))

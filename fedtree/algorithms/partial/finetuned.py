@@ -1,30 +1,7 @@
-"""Any algorithm's models fine-tuned per client before evaluation: "X + FT".
+"""Any algorithm's models fine-tuned per client before evaluation: "X + FT" (:func:`finetuned`).
 
-:func:`finetuned` wraps an algorithm so that, wherever it is evaluated, each model it reports
-(``global``, ``personal``, a level's, ...) is also fine-tuned by every client on its own training
-data, from the row that scores that client, for a fixed number of local steps (or epochs), and
-scored as ``<model>_ft`` on the client's own test data: FedAvg + FT is FedAvg's ``global_ft``.
-Training itself is unchanged (the fine-tuned models are never sent nor kept), so the same run
-reports the model before and after fine-tuning. The fine-tune is the vectorized one of
-:mod:`fedtree.core.finetune` (every client in one program, clients in chunks), with the SGD-family
-optax optimizer named by ``optimizer`` at ``learning_rate``, the minibatches drawn from a fixed
-seed folded with the round (every evaluation of a run fine-tunes from its current models).
-
-From a config, every algorithm takes it as run fields (``finetune_steps``, ``finetune_epochs``,
-``finetune_learning_rate`` (default ``config.local.learning_rate``), ``finetune_params`` (patterns of
-the parameters fine-tuned; default all), ``finetune_models`` (default every model)):
-``runs.fedavg_ft = {algorithm: fedavg, finetune_steps: 20}`` is FedAvg + FT in one line
-(:mod:`fedtree.experiment.registry`).
-
-A model set that carries the model scoring it (:class:`~fedtree.core.algorithm.ScoredModels`:
-FedEM's mixtures, kNN-Per's memories) is not a model of the run's architecture a client could
-fine-tune: it is left out of the default ``models``; naming it in ``finetune_models``, or fine-tuning
-an algorithm that reports no other set (FedEM), is refused.
-
-Other implementations: FL-bench's ``finetune_epoch`` (a common option of every method) fine-tunes
-the whole model (FedPer's and FedRep's clients their head, set in code); FLGo's
-``fedavg_finetune`` fine-tunes ``ft_epochs`` and keeps the epoch of best validation loss (an early
-stop on a validation split, not reproduced here).
+What is fine-tuned, its run fields and how FL-bench and FLGo differ: :doc:`X + FT on the
+partial-personalization page <algorithms/partial.md#x-ft>`.
 """
 
 from __future__ import annotations
@@ -86,7 +63,7 @@ def finetuned(
 ) -> FederatedAlgorithm:
   """``algorithm`` whose ``models()`` adds ``<model>_ft``: each of ``models`` (default every one)
   fine-tuned by every client from its row for ``steps`` steps (or ``epochs`` epochs) of
-  ``optimizer`` at ``learning_rate`` (see the module docstring). ``steps = epochs = 0``: the
+  ``optimizer`` at ``learning_rate`` (:doc:`docs <algorithms/partial.md#x-ft>`). ``steps = epochs = 0``: the
   algorithm unchanged.
 
   Args:
@@ -112,14 +89,7 @@ def finetuned(
   Example:
     FedAvg and FedAvg + FT (5 steps) in one run:
 
-    >>> import jax, optax
     >>> from fedtree.algorithms import fedavg
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = finetuned(fedavg(model=model, data=data, local_optimizer=optax.sgd(0.1),
     ...                        schedule=LocalSchedule(batch_size=8, steps=2)),
     ...                 model=model, data=data, batch_size=8, learning_rate=0.1, steps=5)

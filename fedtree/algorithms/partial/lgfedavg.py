@@ -1,26 +1,12 @@
-"""LG-FedAvg (Liang et al. 2020, "Think locally, act globally: federated learning with local and
-global representations") on any tree.
+"""LG-FedAvg (Liang et al. 2020): every client keeps its own local representation and shares the
+global head, on any tree.
 
-Every client keeps its own **local representation** (the body: every layer below the head) and
-shares the **global head** (by default the model's last layer, :mod:`fedtree.algorithms.partial.split`):
-a sampled client starts from its own body and its parent's head, trains the whole model jointly
-for the local schedule, sends the head and keeps the body; the server averages the heads (weighted
-by examples; ``weighting="uniform"`` for the plain mean). Each client is scored with its own model
-(its body and the shared head: ``personal``). A model with BatchNorm keeps its statistics in the
-body, so they stay local too. The paper's code starts LG-FedAvg from a FedAvg-trained model; give
-it as ``init_params`` (``config.init_params``) to do the same.
+How it runs and how the paper's code, PFLlib, FLGo and FL-bench differ: :doc:`LG-FedAvg on the
+partial-personalization page <algorithms/partial.md#lg-fedavg>`.
 
-**On a tree** the head is aggregated up to the root as HierFAVG; the body is personal to each
-client (``personal_level=None``, the paper) or shared within each level-``l`` subtree
-(``personal_level=l``: a representation per edge server).
-
-**Other implementations.** The paper's code keeps the top ``num_layers_keep`` layers global;
-PFLlib's LG-FedAvg shares ``model.head`` (the last linear layer) and FLGo's the last ``p=2``
-tensors (the last linear layer's weight and bias): ``head=1``. **FL-bench differs:** its
-``num_global_layers`` first layers (Conv/BatchNorm/Linear, counted from the input) are the global
-ones and the rest personal, the reverse of the paper's local representation and global head;
-``head`` patterns naming those first layers reproduce it (``head=["Dense_0"]``), but the default
-follows the paper.
+References:
+  Liang et al., Think locally, act globally: federated learning with local and global
+  representations, 2020.
 """
 
 from __future__ import annotations
@@ -37,7 +23,8 @@ from fedtree.core.algorithm import FederatedAlgorithm
 @method_over(hierfavg, sets={"personal": "the local representation is every parameter outside head="})
 def lgfedavg(host: Host, *, head: Head = 1, personal_level: int | None = None,
              name: str = "lgfedavg") -> FederatedAlgorithm:
-  """LG-FedAvg on ``topology`` (default flat): see the module docstring.
+  """LG-FedAvg on ``topology`` (default flat): every client keeps its body (its local representation)
+  and shares the head (:doc:`the method's page <algorithms/partial.md#lg-fedavg>`).
 
   Args:
     head: the global (shared) head: the model's last ``head`` layers (an int) or path patterns;
@@ -54,12 +41,6 @@ def lgfedavg(host: Host, *, head: Head = 1, personal_level: int | None = None,
   Example:
     Two rounds over 5 clients, the MLP's last layer global:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
     >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(8,))
     >>> alg = lgfedavg(model=model, data=data, local_optimizer=optax.sgd(0.1),
     ...                schedule=LocalSchedule(batch_size=8, steps=2))

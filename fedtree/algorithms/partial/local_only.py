@@ -1,19 +1,8 @@
-"""Local training only: every client trains its own model on its own data and never
-communicates, the lower reference row of every personalized-FL table.
+"""Local training only: every client trains its own model and never communicates, the lower reference
+row of every personalized-FL table.
 
-Every client starts from the same initial model (``init_params`` or ``model.init``), and each
-round every sampled client (``cohort_size``; default every client) takes the local schedule's
-steps on its own model, which it keeps. It is the host with **every parameter personal**
-(:mod:`fedtree.core.personal`, ``personal(".*")``), so nothing is sent (0 bytes each way), no
-server ever moves, and the same options as every other method apply (sampling, systems, the local
-optimizer, mixed precision). Each client is scored with its own model (``personal``).
-
-**On a tree** nothing is shared at any level: the tree only groups the clients in reports.
-
-PFLlib's and FL-bench's ``Local`` train every client's own model for the same local epochs per
-round; FLGo's ``standalone`` trains each client once for ``num_epochs`` and keeps the epoch of best
-validation loss (an early stop on a validation split, not reproduced: fedtree scores the final
-model).
+How it runs and how PFLlib, FL-bench and FLGo differ: :doc:`the partial-personalization page
+<algorithms/partial.md#local-training-only>`.
 """
 
 from __future__ import annotations
@@ -28,7 +17,7 @@ from fedtree.core.personal import parameter_counts, personal
 
 @method_over(hierfavg, sets={"personal": "every parameter is personal"})
 def local(host: Host, *, name: str = "local") -> FederatedAlgorithm:
-  """Local training only (see the module docstring).
+  """Local training only (:doc:`docs <algorithms/partial.md#local-training-only>`).
 
   Args:
     name: label for reports.
@@ -41,13 +30,6 @@ def local(host: Host, *, name: str = "local") -> FederatedAlgorithm:
   Example:
     Two rounds of local training over 5 clients: nothing is sent:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = local(model=model, data=data, local_optimizer=optax.sgd(0.1),
     ...             schedule=LocalSchedule(batch_size=8, steps=2))
     >>> state, metrics = alg.round(alg.init(jax.random.key(0)), data, jax.random.key(1))

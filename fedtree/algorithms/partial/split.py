@@ -1,23 +1,8 @@
-"""Partial personalization: the pieces shared by the methods that keep some of a model's
-parameters with each client (FedPer, FedRep, LG-FedAvg, FedBN, FedRoD, FedBABU, local training).
+"""Partial personalization's shared part: which parameters are the head, checked once against the
+model, and the parameter counts every method of the family reports (:func:`split_model`).
 
-* **Which layers are the head.** ``head`` is an ``int`` ``k``, the model's last ``k`` top-level
-  layers in forward order (:func:`fedtree.core.model.layer_order`: for the MLP ``Dense_<last>``,
-  for the CNN ``Dense_1``; a BatchNorm layer counts as a layer, and a head layer's BatchNorm
-  statistics go with it), or path patterns (regular expressions searched in every parameter's
-  ``"a/b/kernel"`` path, :func:`fedtree.core.model.param_paths`, as personal parameters and LoRA
-  targets are given). The body is every other parameter. Resolved once against the model; a
-  pattern that matches no parameter is refused with the model's parameters listed.
-* **What the implementations call the head.** PFLlib's ``model.head`` (its ``BaseHeadSplit``
-  cuts the last linear layer off), FL-bench's ``classifier`` and FLGo's ``head`` module are the
-  last linear layer: ``head=1``. FLGo's FedPer and LG-FedAvg count *tensors* from the end of
-  ``model.parameters()`` (``Kp=2``, ``p=2``): the last two are the last linear layer's weight and
-  bias, again ``head=1`` for a model whose last layer has a bias.
-* **Parameter counts.** Every method of the family reports, in its run's summaries
-  (``parameters``: ``{"personal": ..., "shared": ...}``, FedBABU adds ``"frozen"``) and as a line
-  of text after the run, how many parameters of one model stay with a client (or its subtree)
-  and how many are shared; the byte columns count only what is sent (the host's personal
-  parameters are never sent).
+What the head is, and what PFLlib, FL-bench and FLGo call it: :doc:`the partial-personalization
+page <algorithms/partial.md#the-head>`.
 """
 
 from __future__ import annotations
@@ -47,7 +32,7 @@ def layer_pattern(model: Model, layer: str) -> str:
 
 
 def head_patterns(model: Model, head: Head, *, algorithm: str, what: str = "head") -> tuple[str, ...]:
-  """The path patterns of ``head`` (see the module docstring) on ``model``.
+  """The path patterns of ``head`` (:doc:`docs <algorithms/partial.md#the-head>`) on ``model``.
 
   Raises:
     ValueError: a count outside ``1 .. layers - 1`` (some layers must be left as the body), a

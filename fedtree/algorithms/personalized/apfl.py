@@ -1,53 +1,12 @@
-"""APFL (Deng, Kamani and Mahdavi 2020, "Adaptive personalized federated learning"), Algorithm 1,
-on any tree.
+"""APFL (Deng, Kamani and Mahdavi 2020): every client mixes a local model with the global one by a
+learned weight, on any tree.
 
-Every client ``i`` keeps a local model ``v_i`` and a mixing weight ``α_i`` (``TreeState.client_state``,
-:class:`APFLState`: ``v_i`` starts as the initial model, ``α_i`` as ``alpha``). A sampled client
-receives the global model ``w`` and, on the same minibatch ``ξ`` of every local step, updates from
-the same iterate
+The state (``APFLState``), the client (``apfl_update``) and the method (``apfl``). The equations and
+how FedTorch, PFLlib, FL-bench and FLGo differ: :doc:`APFL on the mixtures page
+<algorithms/mixtures.md#apfl>`.
 
-* ``w ← w − η ∇f_i(w; ξ)`` (the model sent up and averaged, as FedAvg's),
-* ``v_i ← v_i − η ∇_v f_i(v̄_i; ξ) = v_i − η α_i ∇f_i(v̄_i; ξ)``, with ``v̄_i = α_i v_i + (1 − α_i) w``,
-* ``α_i ← Π_[0,1](α_i − η_α ⟨v_i − w, ∇f_i(v̄_i; ξ)⟩)`` (``adaptive``; Eq. (9) of the paper, a
-  projected gradient step on ``α``; with ``adaptive=False`` ``α_i`` stays ``alpha``).
-
-``w`` and ``v_i`` step with the local optimizer (plain SGD in the paper; ``personal_optimizer``
-for ``v_i``), ``α_i`` with plain SGD at ``alpha_lr`` (default the local learning rate, the paper's
-one ``η``). The server averages the clients' ``w`` (uniformly by default: the paper's
-``1/K Σ_{j∈U_t}``). A client is scored with its personalized model ``v̄_i = α_i v_i + (1 − α_i) w``
-taken with its parent's current model ``w`` (``personal``), the tree's models as HierFAVG's
-(``global``, ``level<l>``).
-
-Reductions (tests): ``alpha=0, adaptive=False`` trains ``w`` exactly as FedAvg and scores every
-client with it (``v̄ = w``; ``v`` gets no gradient); ``alpha=1, adaptive=False`` makes ``v̄_i = v_i``
-plain local SGD on the client's own data over the rounds it is sampled.
-
-**On a tree** the clients mix with their leaf parent's model (an edge server's), which is what
-they receive; the levels above aggregate as HierFAVG every ``periods[l]`` rounds and send their
-model down, so after a root round every client mixes with the root's model.
-
-**Other implementations.** The authors' FedTorch code (``MLOPTPSU/FedTorch``) updates ``α`` once
-per round, at the first local step (``alpha_schedule="first_step"`` reproduces it), and adds
-``0.02 α`` to ``α``'s gradient, a weight decay that PFLlib and FL-bench copied
-(``alpha_decay=0.02`` reproduces it; the paper has none); in that gradient it stands
-``α g_v + (1 − α) g_w``, the two models' own gradients, for ``∇f(v̄)`` (we take ``∇f(v̄)``, Eq. (9)).
-Where the peers differ from the paper otherwise we follow the paper, and do not offer the
-difference:
-
-* PFLlib (``clientapfl.py``) trains ``v`` on its own loss ``f_i(v)`` instead of the mixture's,
-  estimates ``∇f(v̄)`` by ``α ∇f(v) + (1 − α) ∇f(w)``, and at the end of every round overwrites
-  ``v`` with ``v̄`` (so the local model stops being one); it weights the average by data size
-  (``weighting="examples"`` reproduces that part).
-* FL-bench (``src/client/apfl.py``) mixes the two models' outputs (logits) rather than their
-  parameters, steps ``α`` only during the first local epoch, and does not zero the global model's
-  gradient between its two optimizer steps of a batch, so ``w`` takes its step twice.
-* FLGo (``flgo/algorithm/apfl.py``) starts ``α`` at 0.01 (``alpha=0.01``), steps ``v`` by
-  ``∇f(v̄)`` without the factor ``α``, and never zeroes the mixed model's gradient, so the ``v``
-  step of a batch adds the previous batch's gradient.
-
-Refused by name: ``alpha`` outside ``[0, 1]``, an unknown ``alpha_schedule``, a model with BatchNorm
-statistics (``v̄`` would mix statistics), and personal parameters (``v_i`` is already a whole
-personal model).
+References:
+  Deng, Kamani and Mahdavi, Adaptive personalized federated learning, 2020 (Algorithm 1).
 """
 
 from __future__ import annotations
@@ -110,8 +69,8 @@ def apfl_update(
   alpha_lr: float, alpha_decay: float = 0.0, alpha_schedule: str = "every_step", batch_size: int,
   max_steps: int, personal_optimizer: optax.GradientTransformation | None = None, compute_dtype=None,
 ) -> ClientUpdate:
-  """APFL's client (see the module docstring): ``w``, ``v_i`` and ``α_i`` step on the same minibatch
-  from the same iterate; ``w`` is sent up, ``(v_i, α_i)`` kept (:class:`APFLState`).
+  """APFL's client (:doc:`docs <algorithms/mixtures.md#apfl>`): ``w``, ``v_i`` and ``α_i`` step on the same
+  minibatch from the same iterate; ``w`` is sent up, ``(v_i, α_i)`` kept (:class:`APFLState`).
 
   Args:
     model: the model.
@@ -182,7 +141,9 @@ def apfl(
   weighting: str = "uniform",
   name: str = "apfl",
 ) -> FederatedAlgorithm:
-  """APFL on ``topology`` (default flat): see the module docstring.
+  """APFL on ``topology`` (default flat): every client trains the global model ``w``, its local
+  model ``v_i`` and its mixing weight ``α_i``, and is scored with ``α_i v_i + (1 − α_i) w``
+  (:doc:`the method's page <algorithms/mixtures.md#apfl>`).
 
   Args:
     alpha: every client's ``α_i`` at the start (the fixed ``α`` with ``adaptive=False``), in
@@ -204,13 +165,6 @@ def apfl(
   Example:
     Two rounds of adaptive APFL over 5 clients: the global model and every client's mixture:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = apfl(model=model, data=data, local_optimizer=optax.sgd(0.1), local_learning_rate=0.1,
     ...            schedule=LocalSchedule(batch_size=8, steps=2))
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))

@@ -1,13 +1,9 @@
-"""Ditto (Li et al. 2021, "Ditto: fair and robust federated learning through
-personalization") on any tree.
+"""Ditto (Li et al. 2021): FedAvg plus a persistent personal model per client, regularized towards the
+model it receives, on any tree.
 
-Each sampled client trains the downloaded model as usual (sent up, aggregated by
-:func:`~fedtree.algorithms.host.hierfavg.hierfavg` under any tree and server optimizers) and its
-persistent personal model ``v_i`` on ``f_i(v) + (λ/2)‖v - Θ‖²``
-(:func:`fedtree.objectives.ditto_update`). ``v_i`` lives in ``TreeState.client_state`` as
-``DittoState.personal [C, ...]``; clients that are not sampled keep theirs untouched.
-Models evaluated: the tree's models and ``personal`` (client ``c`` scored with ``v_c``; the
-objective declares them, :attr:`fedtree.core.local.ClientUpdate.personal_models`).
+References:
+  Li, Hu, Beirami and Smith, Ditto: fair and robust federated learning through personalization,
+  ICML 2021.
 """
 
 from __future__ import annotations
@@ -39,13 +35,6 @@ def ditto(
   Example:
     One round of Ditto (λ = 0.1): a global model and a personal model per client:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=1))
     >>> alg = ditto(lam=0.1, local_optimizer=optax.sgd(0.1), **common)
     >>> state = loop.run(alg, data, num_rounds=1, key=jax.random.key(0))

@@ -1,45 +1,13 @@
-"""FedALA (Zhang et al. 2023, "FedALA: Adaptive local aggregation for personalized federated
-learning", AAAI), Algorithm 1, on any tree.
+"""FedALA (Zhang et al. 2023): every client aggregates the global model into its own by learned
+element-wise weights, on any tree.
 
-Every client ``i`` keeps its local model ``θ_i`` (``TreeState.client_state``, :class:`FedALAState`;
-the initial model at the start) and element-wise aggregation weights ``W_i`` over the ``p`` higher
-layers of the model (ones at the start). A sampled client receives the global model ``Θ`` and first
-aggregates it into its local model (ALA):
+The state (``FedALAState``), the layers adapted (``layer_order``, ``higher_mask``), the client
+(``fedala_update``) and the method (``fedala``). The equations and how PFLlib and FL-bench differ:
+:doc:`FedALA on the mixtures page <algorithms/mixtures.md#fedala>`.
 
-``θ̂_i = θ_i + (Θ − θ_i) ⊙ W_i`` on the higher layers, ``θ̂_i = Θ`` on the lower ones (overwritten),
-
-with ``W_i`` learned on a random fraction ``s`` (``sample_fraction``) of its training examples,
-drawn afresh every round, in minibatches of the local batch size:
-``W_i ← clip(W_i − η ∇_{θ̂} L(θ̂_i) ⊙ (Θ − θ_i), 0, 1)`` (``eta``), ``θ̂_i`` recomputed after every
-step. The first time a client aggregates (its first round where ``Θ ≠ θ_i``), ``W_i`` is trained epoch
-after epoch until the standard deviation of the last ``num_pre_loss`` epochs' mean losses falls below
-``threshold`` (at most ``max_ala_epochs``); afterwards one epoch a round. Then it trains ``θ̂_i``
-with the local optimizer for the local schedule, keeps the result as ``θ_i`` and sends it up; the
-server averages them by data size (the paper's FedAvg weights). A client is scored with its local
-model ``θ_i`` (``personal``), the tree's models as HierFAVG's (``global``, ``level<l>``).
-
-**Layers.** A layer is a module of the model: the parameters whose paths share all but their
-last name (``Dense_1/kernel`` and ``Dense_1/bias``). The higher layers are the last ``p``
-(``layers``) in the order the forward pass first reads them (found once from the model's
-``jaxpr``, whatever the names); ``layers=None`` adapts every layer. ``eta=0`` keeps ``W_i = 1``, so
-``θ̂_i = Θ`` and FedALA is FedAvg (a test).
-
-**On a tree** the clients aggregate their leaf parent's model into theirs (what they receive);
-the levels above aggregate as HierFAVG every ``periods[l]`` rounds.
-
-**Other implementations.** PFLlib (``utils/ALA.py``, by the paper's first author) counts ``p`` in
-parameter *tensors* (``layer_idx``; its default 2 is the last layer's weight and bias, our
-``layers=1``; its 0 is every layer, our ``layers=None``), samples a contiguous window of the
-client's examples rather than a random subset, drops the last partial batch, stops the first
-phase on the last batch's loss of each epoch (we use the epoch's mean loss) with no cap on its
-epochs, skips ALA in a round where ``Θ`` and ``θ_i`` agree on their first tensor (we compare every
-higher leaf), and runs ALA on every client every round, sampled or not, before evaluating it. FL-bench
-(``src/client/fedala.py``) keeps ``W`` and the first-phase flag on one client object reused for
-every client, so all clients share one ``W`` and only the first client ever trained runs the first
-phase; we keep both per client, as the paper does.
-
-Refused by name: ``layers`` < 1 or more than the model has, ``sample_fraction`` outside ``(0, 1]``,
-``num_pre_loss`` < 1, and a model with BatchNorm statistics.
+References:
+  Zhang et al., FedALA: Adaptive local aggregation for personalized federated learning, AAAI 2023
+  (Algorithm 1).
 """
 
 from __future__ import annotations
@@ -151,8 +119,8 @@ def fedala_update(
   sample_fraction: float, threshold: float, num_pre_loss: int, max_ala_epochs: int, batch_size: int,
   max_steps: int, max_examples: int, compute_dtype=None,
 ) -> ClientUpdate:
-  """FedALA's client (see the module docstring): ALA of the received model into the local one,
-  then local training of the result, kept and sent.
+  """FedALA's client (:doc:`docs <algorithms/mixtures.md#fedala>`): ALA of the received model into the local
+  one, then local training of the result, kept and sent.
 
   Args:
     model: the model.
@@ -262,7 +230,9 @@ def fedala(
   max_ala_epochs: int = 100,
   name: str = "fedala",
 ) -> FederatedAlgorithm:
-  """FedALA on ``topology`` (default flat): see the module docstring.
+  """FedALA on ``topology`` (default flat): every client aggregates the received model into its own by
+  learned element-wise weights on the higher layers, then trains (:doc:`the method's page
+  <algorithms/mixtures.md#fedala>`).
 
   Args:
     layers: ``p``, the higher layers ALA adapts (the rest take the received model); ``None``: every
@@ -286,12 +256,6 @@ def fedala(
   Example:
     Two rounds of FedALA over 5 clients, the last layer adapted:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
     >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(8,))
     >>> alg = fedala(model=model, data=data, local_optimizer=optax.sgd(0.1),
     ...              schedule=LocalSchedule(batch_size=8, steps=2))

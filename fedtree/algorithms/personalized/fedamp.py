@@ -1,58 +1,12 @@
-"""FedAMP and HeurFedAMP (Huang et al. 2021, "Personalized cross-silo federated learning on non-IID
-data", AAAI): attentive message passing between the clients' personal models, on any tree.
+"""FedAMP and HeurFedAMP (Huang et al. 2021): attentive message passing between the clients' personal
+models, on any tree.
 
-Every client ``i`` keeps a personal model ``w_i`` (``TreeState.client_state``, the run's start for
-all at first). In round ``k`` the server (a parent of clients, over its sampled clients ``S``) makes
-every one of them a **cloud model**, an attention-weighted combination of their models,
+The attention (``pairwise_sq_distances``, ``pairwise_cosines``, ``attention_weights``), the server
+rule (``fedamp_server``), the client (``fedamp_update``) and the method (``fedamp``). The equations
+and how PFLlib differs: :doc:`FedAMP on the peers page <algorithms/peers.md#fedamp>`.
 
-  ``u_i = Σ_{j∈S} ξ_ij w_j``,   ``Σ_j ξ_ij = 1``,
-
-and sends it; the client then takes the local schedule's steps on the proximal objective
-``F_i(w) + (λ / (2 α_k)) ‖w − u_i‖²`` (the paper's eq. (5), a proximal-point step towards its cloud
-model) from its own ``w_i`` (``start="own"``) or from ``u_i`` (``"cloud"``), keeps the result as its
-new ``w_i`` and sends it up. The attention (``attention=``):
-
-* ``"distance"`` (FedAMP, the paper's eq. (4): a gradient step of size ``α_k`` on the attention
-  function ``A(‖w_i − w_j‖²)`` with ``A(x) = 1 − e^{−x/σ}``): ``ξ_ij = α_k A'(‖w_i − w_j‖²) =
-  (α_k / σ) e^{−‖w_i − w_j‖² / σ}`` for ``j ≠ i`` and ``ξ_ii = 1 − Σ_{j≠i} ξ_ij`` (which the paper
-  keeps non-negative by a small ``α_k``; the round's mean ``ξ_ii`` is the ``fedamp_self_weight``
-  metric);
-* ``"cosine"`` (HeurFedAMP, the paper's heuristic for deep models): ``ξ_ii = self_attention`` and
-  ``ξ_ij = (1 − ξ_ii) e^{σ cos(w_i, w_j)} / Σ_{h≠i} e^{σ cos(w_i, w_h)}`` (a client with no peer this
-  round keeps ``ξ_ii = 1``);
-* ``"uniform"``: ``ξ_ij = 1 / |S|``, every cloud model the cohort's mean: with ``λ = 0`` and
-  ``start="cloud"`` every client starts from the mean of the cohort's models, which is FedAvg with
-  uniform weights (a test).
-
-Every client is scored with its personal model ``w_i`` (``personal``); the servers hold no model of
-FedAMP's (their rows are not reported). Bytes: a client receives ``u_i`` and sends ``w_i``, one
-model each way.
-
-**The pairing** is among each parent's sampled clients (with every client sampled, as in the
-paper's cross-silo setting, among all its clients): a parent's cohort is one block ``[B, ...]`` of
-its models, its attention ``[B, B]`` from their pairwise squared distances (computed exactly, one
-row of the block at a time) or cosine similarities, and ``U = ξ W`` one batched matrix product:
-``2 K`` models and ``N B²`` attention weights at once for ``K`` sampled clients in blocks of at most
-``B`` per parent, in the up-front memory estimate. **On a tree** a client is paired only with its
-parent's other clients (:mod:`fedtree.algorithms.personalized.peers`).
-
-**Other implementations.** PFLlib's FedAMP (``serveramp.py``/``clientamp.py``) makes a selected
-client's cloud model from the models uploaded in the *previous* round (we pair the round's own
-cohort, which with every client sampled is the paper's ``W^{k−1}``), trains the client's own model
-(``start="own"``, our default), and adds ``0.5 λ/α_k ‖w − u‖`` to the loss computed on ``.data``
-copies of the parameters: a norm, not its square, and detached from the graph, so the proximal
-term adds no gradient and its clients train as local training does. We take the paper's squared
-norm with its gradient. FL-bench has no FedAMP. The defaults ``α_k = 1``, ``σ = 1`` are PFLlib's
-(the paper decays ``α_k``; a constant ``alpha`` is the step here). ``ξ_ii`` stays non-negative
-whatever the models only for ``α_k <= σ / (B − 1)`` with ``B`` clients in a parent's cohort: with
-PFLlib's defaults and 20 clients, ``ξ_ii = 1 − Σ_{j≠i} e^{−‖w_i − w_j‖²}`` is −18 at equal models,
-and while the models are close every cloud model extrapolates away from the cohort
-(configs/personalized.py takes ``α_k = σ / 20``).
-
-Refused by name before anything compiles: an attention that is not one of :data:`ATTENTIONS`, a
-non-positive ``σ`` (the distance attention divides by it) or ``α_k``, a ``self_attention`` outside
-``[0, 1]``, a cohort of fewer than 2 clients per parent (nobody to pair), update paths, personal
-parameters, server optimizers and a model with BatchNorm statistics.
+References:
+  Huang et al., Personalized cross-silo federated learning on non-IID data, AAAI 2021.
 """
 
 from __future__ import annotations
@@ -111,7 +65,7 @@ def pairwise_cosines(blocks: PyTree) -> jax.Array:
 def attention_weights(blocks: PyTree, valid: jax.Array, *, attention: str, alpha, sigma,
                       self_attention) -> jax.Array:
   """``ξ [N, B, B]`` of every block's valid models (``valid [N, B]``): row ``i`` is slot ``i``'s
-  weights over its block's slots (0 at invalid ones; see the module docstring)."""
+  weights over its block's slots (0 at invalid ones; see :doc:`docs <algorithms/peers.md#fedamp>`)."""
   b = valid.shape[1]
   eye = jnp.eye(b, dtype=bool)[None]
   pair = valid[:, :, None] & valid[:, None, :]
@@ -136,8 +90,8 @@ def attention_weights(blocks: PyTree, valid: jax.Array, *, attention: str, alpha
 
 def fedamp_server(*, attention: str = "distance", alpha=1.0, sigma=1.0, self_attention=0.5,
                   num_parents: int) -> ServerRule:
-  """FedAMP's server: every sampled client's cloud model ``u_i`` as its parcel (its start; see the
-  module docstring), made from the round's start models of its parent's cohort."""
+  """FedAMP's server: every sampled client's cloud model ``u_i`` as its parcel (its start; :doc:`docs
+  <algorithms/peers.md#fedamp>`), made from the round's start models of its parent's cohort."""
   if attention not in ATTENTIONS:
     raise ValueError(f"attention={attention!r}; choose one of {ATTENTIONS}")
 
@@ -194,7 +148,9 @@ def fedamp(
   name: str = "fedamp",
 ) -> FederatedAlgorithm:
   """FedAMP (``attention="distance"``) or HeurFedAMP (``"cosine"``) on ``topology`` (default flat):
-  see the module docstring.
+  every sampled client receives its cloud model ``u_i = Σ_j ξ_ij w_j``, an attention-weighted
+  combination of its cohort's personal models, and trains towards it (:doc:`the method's page
+  <algorithms/peers.md#fedamp>`).
 
   Args:
     attention: ``"distance"`` (FedAMP), ``"cosine"`` (HeurFedAMP) or ``"uniform"``.
@@ -218,13 +174,6 @@ def fedamp(
   Example:
     Two rounds of HeurFedAMP over 5 clients; every client is scored with its own model:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = fedamp(model=model, data=data, local_optimizer=optax.sgd(0.1), attention="cosine",
     ...              schedule=LocalSchedule(batch_size=8, steps=2))
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))

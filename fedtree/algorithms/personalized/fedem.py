@@ -1,58 +1,13 @@
-"""FedEM (Marfoq et al. 2021, "Federated multi-task learning under a mixture of distributions",
-NeurIPS), Algorithm 1 (the client-server one), on any tree.
+"""FedEM (Marfoq et al. 2021): every client's data a mixture of shared components, learned by EM, on any
+tree.
 
-Every client's data distribution is a mixture of ``K`` shared components: ``K`` models
-``Θ_1..Θ_K`` live at the server (stacked ``[K, ...]`` at every node, the host's "model"), every
-client ``i`` keeps its own mixture weights ``π_i`` (``TreeState.client_state``, :class:`FedEMState`,
-``1/K`` at the start). A sampled client receives the ``K`` components and
+The state (``FedEMState``), the E-step (``responsibilities``), the client (``fedem_update``) and the
+method (``fedem``). The equations, IFCA as its hard special case and how the authors' code and
+FL-bench differ: :doc:`FedEM on the mixtures page <algorithms/mixtures.md#fedem>`.
 
-* **E-step**: for every one of its examples ``(x_j, y_j)``,
-  ``q_i(z_j = k) ∝ π_ik exp(−ℓ(h_k(x_j), y_j))`` (the loss is the cross-entropy, so this is
-  ``π_ik p_k(y_j | x_j)``; computed on log-probabilities, in evaluation mode, over all its data);
-* **M-step**: ``π_ik ← (1/n_i) Σ_j q_i(z_j = k)``, then every component takes the local schedule's
-  steps on its weighted loss ``(1/|B|) Σ_{j∈B} q_i(z_j = k) ℓ(h_k(x_j), y_j)`` (the same minibatches
-  for all ``K``, the local optimizer on the stacked components);
-
-and sends the ``K`` trained components; the server averages each by the clients' data sizes (the
-paper's ``ω_i = n_i / n``: ``weighting="examples"``). A client is scored with its mixture
-``p(y | x) = Σ_k π_ik p_k(y | x)`` (``personal``: a
-:class:`~fedtree.core.algorithm.ScoredModels`, its parent's components with its own ``π_i``);
-``global`` is the root's components mixed by the clients' mean weights ``π̄ = Σ_i n_i π_i / n``
-(the population's mixture: what a client that learned no weights of its own would use). With
-``K = 1``, ``q = π = 1`` and FedEM is FedAvg (a test).
-
-**IFCA and the clustered family** (:mod:`fedtree.algorithms.clustering`). IFCA is FedEM's
-hard-assignment special case: both keep ``K`` shared models averaged per model by the server, both
-score every model on every example of a client (IFCA's :func:`~fedtree.algorithms.clustering.
-ifca.cluster_losses` is the per-client mean of FedEM's E-step losses), and FedEM starts its
-components as IFCA's ``init="random"`` does (model ``k`` from ``fold_in(key, k)``:
-:func:`~fedtree.core.model.independent_models`). They differ where EM is soft: IFCA
-gives a client to the one model of lowest mean loss (a uniform prior and an argmax), trains and
-sends only that model, and is scored with it; FedEM weights every example by its posterior under a
-per-client prior ``π_i``, trains and sends all ``K`` (``K`` models each way, counted in the byte
-columns, where IFCA sends one up) and predicts with the mixture. The clustered family's
-AWCFL/MCFL strategies act on cluster models, not on mixtures, so they are not offered here.
-
-**On a tree** the components live at every node; a client mixes its leaf parent's components
-(what it receives), whose server averages them per component; the levels above aggregate the
-stacked components as HierFAVG every ``periods[l]`` rounds.
-
-**Memory.** Every node holds ``K`` models, every client trains ``K`` at once (``K`` times one
-model's local step per client of a chunk): both are in the up-front memory estimate
-(:mod:`fedtree.experiment.memory`), which refuses a run that does not fit, with the numbers.
-
-**Other implementations.** The authors' code (``omarfoq/FedEM``) is what this follows (its
-``MixtureClient``); it shuffles the data separately for every component (we give the ``K``
-components the same minibatches). FL-bench (``src/client/fedem.py``) predicts with ``Σ_k π_k
-logits_k``, a mixture of logits rather than of probabilities, and skips batches of one example;
-we mix probabilities, as the paper's model does. (PFLlib ships no FedEM; we found no FLGo one to
-compare.)
-
-``init_params`` (a pretrained start) is component 0's start; the others start from independent
-initializations, since ``K`` equal components would never separate (their posteriors stay equal).
-
-Refused by name: ``num_components`` < 1, personal parameters, and a model with BatchNorm statistics
-or token labels.
+References:
+  Marfoq et al., Federated multi-task learning under a mixture of distributions, NeurIPS 2021
+  (Algorithm 1).
 """
 
 from __future__ import annotations
@@ -154,8 +109,8 @@ def responsibilities(model: Model, components, weights, data: ClientData, *, bat
 
 def fedem_update(model: Model, optimizer: optax.GradientTransformation, *, num_components: int,
                  batch_size: int, max_steps: int, max_examples: int, compute_dtype=None) -> ClientUpdate:
-  """FedEM's client (see the module docstring): E-step, ``π_i`` update, then the ``K`` components'
-  weighted local steps; the components are sent up, ``π_i`` kept (:class:`FedEMState`).
+  """FedEM's client (:doc:`docs <algorithms/mixtures.md#fedem>`): E-step, ``π_i`` update, then the ``K``
+  components' weighted local steps; the components are sent up, ``π_i`` kept (:class:`FedEMState`).
 
   Args:
     model: one component's model.
@@ -220,8 +175,9 @@ def fedem(
   num_components: int = 3,
   name: str = "fedem",
 ) -> FederatedAlgorithm:
-  """FedEM with ``num_components`` components on ``topology`` (default flat): see the module
-  docstring.
+  """FedEM with ``num_components`` components on ``topology`` (default flat): every client keeps its
+  mixture weights ``π_i``, weighs its examples by their posteriors (E-step) and trains all ``K``
+  components on its weighted loss (:doc:`the method's page <algorithms/mixtures.md#fedem>`).
 
   Args:
     num_components: ``K >= 1`` (the paper's experiments use 3).
@@ -238,13 +194,6 @@ def fedem(
   Example:
     Two rounds of FedEM with 2 components over 5 clients:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = fedem(num_components=2, model=model, data=data, local_optimizer=optax.sgd(0.1),
     ...             schedule=LocalSchedule(batch_size=8, steps=2))
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))

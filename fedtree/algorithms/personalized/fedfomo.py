@@ -1,55 +1,13 @@
-"""FedFomo (Zhang et al. 2021, "Personalized federated learning with first order model optimization",
-ICLR): every client weights other clients' models by how much they lower its validation loss per
-unit of distance, on any tree.
+"""FedFomo (Zhang et al. 2021): every client weights other clients' models by how much they lower its
+validation loss per unit of distance, on any tree.
 
-Every client ``i`` keeps its model ``θ_i`` and its row ``P_i`` of the server's affinity matrix
-(``TreeState.client_state``: :class:`FomoState`). In round ``t`` the server (a parent of clients)
-sends every sampled client ``M`` of its other clients' latest models ``θ_n``: the ``M`` of highest
-affinity ``P_in`` (ties broken at random) or, with probability ``ε_t = max(ε − (t − 1) δ, 0)`` (the
-authors' ε-greedy exploration, ``epsilon`` and ``epsilon_decay``), ``M`` drawn uniformly; the pool is
-the clients that sent a model in the previous round (``pool="last_round"``, the authors' code and
-FL-bench) or every other client's latest model (``"all"``, PFLlib: a client that never trained
-offers the start model). The client then, on its validation split ``D_i^val`` (a fixed fraction of
-its training examples, never trained on),
+The state and parcel (``FomoState``, ``FomoParcel``), the weights and move (``fomo_weights``,
+``fomo_move``), the client (``fomo_update``), the server rule (``fomo_server``) and the method
+(``fedfomo``). The equations and how PFLlib and FL-bench differ: :doc:`FedFomo on the peers page
+<algorithms/peers.md#fedfomo>`.
 
-* weighs every candidate by the first-order improvement it offers (the paper's eq. (6)):
-  ``w_n = (L_i(θ_i) − L_i(θ_n)) / ‖θ_n − θ_i‖``, losses in evaluation mode over ``D_i^val``;
-* moves to ``θ_i ← θ_i + Σ_n ŵ_n (θ_n − θ_i)`` with ``ŵ_n = max(w_n, 0) / Σ_m max(w_m, 0)`` (it
-  keeps ``θ_i`` when no candidate improves on it);
-* adds every ``w_n`` to its affinities ``P_in`` (the server's ``P ← P + w``);
-
-and takes the local schedule's steps on the rest of its training data from there, keeps the result
-and sends it up. Every client is scored with its own model (``personal``); the servers hold no model
-of FedFomo's (their rows are not reported). Bytes: a client receives ``M`` models (and their ids)
-and sends one.
-
-With ``M = 0`` nobody receives a model and FedFomo is local training on the training split (a
-test); with every candidate's weight positive and one candidate, the client moves onto it.
-
-**The pairing** is among each parent's clients; the candidates of a round are one ``[K, M, ...]``
-array program over the cohort (``K`` sampled clients, ``M`` models each), in the up-front memory
-estimate. **On a tree** a client's candidates are its parent's other clients only
-(:mod:`fedtree.algorithms.personalized.peers`).
-
-**Validation split.** ``validation="random"`` (default): a fixed pseudo-random ``val_fraction`` of
-each client's examples (the same in every round; the authors' code holds out a random split,
-FL-bench the first indices of a shuffled partition); ``"last"``: the last ``⌊val_fraction · n⌋``
-examples as stored, PFLlib's (``train_data[-int(0.2 n):]``). The local steps read the remaining
-examples, for the schedule's step count of the client's ``n`` examples.
-
-**Other implementations.** PFLlib's ``clientfomo.py`` measures the improvement and the distance from
-the model the client *started* its previous round's training from (``old_model``), not from its
-current model ``θ_i^{t−1}`` as the paper's eq. (6) does, always offers the client its own model among
-the candidates (``P`` starts as the identity) and draws no exploration; FL-bench's offers the client
-its own model too (with weight 0) and the top ``M`` of the previous round's clients. Both pick the
-highest affinities, as the paper; both divide by ``‖θ_n − θ_i‖ + 10⁻⁵`` (a candidate equal to
-``θ_i`` has weight 0 here). Since ``Σ ŵ_n = 1``, their ``Σ ŵ_n θ_n`` is the paper's update.
-
-Refused by name before anything compiles: ``M`` < 0 or larger than a parent's cohort (pool
-``"last_round"``) or children (``"all"``) less the client itself, ``val_fraction`` outside
-``(0, 1)``, an unknown pool or split, ``batch_order="cyclic"`` (the stream's cursor would count the
-validation examples), update paths, personal parameters, server optimizers and a model with
-BatchNorm statistics.
+References:
+  Zhang et al., Personalized federated learning with first order model optimization, ICLR 2021.
 """
 
 from __future__ import annotations
@@ -127,7 +85,7 @@ class FomoParcel(struct.PyTreeNode):
 def validation_split(data: ClientData, *, fraction, how: str, rows: int,
                      key) -> tuple[ClientData, ClientData]:
   """``(train, val)`` of one client's examples: ``⌊fraction · n⌋`` for validation, the rest to train
-  on (see the module docstring); ``rows``: the most examples a client has (static)."""
+  on (:doc:`docs <algorithms/peers.md#fedfomo>`); ``rows``: the most examples a client has (static)."""
   n = data.n
   n_val = jnp.floor(fraction * n.astype(jnp.result_type(float))).astype(jnp.int32)
   base = jnp.zeros((), jnp.int32) if data.offset is None else data.offset
@@ -188,9 +146,9 @@ def fomo_move(own: PyTree, candidates: PyTree, w: jax.Array) -> PyTree:
 def fomo_update(model: Model, optimizer: optax.GradientTransformation, *, val_fraction, validation: str,
                 rows: int, width: int, batch_size: int, max_steps: int, compute_dtype=None,
                 validation_data: tuple | None = None) -> ClientUpdate:
-  """FedFomo's client (see the module docstring): weigh the candidates on the validation split, move,
-  add the weights to its affinities, train on the rest, keep and send the result. ``rows``: the most
-  examples a client has; ``width``: the most children a parent has (its affinity row);
+  """FedFomo's client (:doc:`docs <algorithms/peers.md#fedfomo>`): weigh the candidates on the validation
+  split, move, add the weights to its affinities, train on the rest, keep and send the result. ``rows``: the
+  most examples a client has; ``width``: the most children a parent has (its affinity row);
   ``validation_data``: ``(x [C, V, ...], y [C, V], n [C])``, every client's own validation examples
   (then it trains on all its training examples), else a split held out of them."""
   step = make_sgd_step(model, optimizer, compute_dtype=compute_dtype)
@@ -224,8 +182,8 @@ def fomo_update(model: Model, optimizer: optax.GradientTransformation, *, val_fr
 
 
 def fomo_server(*, num_candidates: int, epsilon, epsilon_decay, pool: str, table: np.ndarray) -> ServerRule:
-  """FedFomo's server: every sampled client's ``M`` candidates from its parent's other clients (see
-  the module docstring), as its parcel's extra."""
+  """FedFomo's server: every sampled client's ``M`` candidates from its parent's other clients
+  (:doc:`docs <algorithms/peers.md#fedfomo>`), as its parcel's extra."""
   if pool not in POOLS:
     raise ValueError(f"pool={pool!r}; choose one of {POOLS}")
   siblings = jnp.asarray(table)                       # [N, B] children, C where none
@@ -302,7 +260,9 @@ def fedfomo(
   validation_data: Any = None,
   name: str = "fedfomo",
 ) -> FederatedAlgorithm:
-  """FedFomo on ``topology`` (default flat): see the module docstring.
+  """FedFomo on ``topology`` (default flat): every sampled client receives ``M`` of its peers' models,
+  moves towards those that lower its validation loss, then trains (:doc:`the method's page
+  <algorithms/peers.md#fedfomo>`).
 
   Args:
     num_candidates: ``M`` >= 0, the models every sampled client receives (PFLlib's default 5).
@@ -330,13 +290,7 @@ def fedfomo(
   Example:
     Three rounds of FedFomo over 6 clients, each receiving 2 candidates:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
     >>> data, _ = grouped_synthetic(group_sizes=(3, 3), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = fedfomo(model=model, data=data, local_optimizer=optax.sgd(0.1), num_candidates=2,
     ...               schedule=LocalSchedule(batch_size=8, steps=2))
     >>> state = loop.run(alg, data, num_rounds=3, key=jax.random.key(0))

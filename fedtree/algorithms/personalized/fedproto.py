@@ -1,45 +1,12 @@
-"""FedProto (Tan et al. 2022, "FedProto: Federated prototype learning across heterogeneous clients",
-AAAI): clients exchange class prototypes, never models, on any tree.
+"""FedProto (Tan et al. 2022): clients exchange class prototypes, never models, on any tree.
 
-Every client keeps its own model (every parameter personal: :mod:`fedtree.core.personal`, as local
-training; it is scored with it, ``personal``). Its representation ``f(x)`` is the input of the
-model's last dense layer (:func:`fedtree.objectives.fedmmd.last_dense`). A client's prototype of
-class ``j`` is the mean representation of its examples of class ``j``,
-``C_i^(j) = (1/|D_ij|) Σ_{x∈D_ij} f_i(x)``; the server (a parent of clients) averages its reporting
-clients' prototypes into global ones,
+The representation (``representation``), the loss (``prototype_loss``), the client
+(``fedproto_update``), the server rule (``fedproto_server``) and the method (``fedproto``). The
+equations and how the authors' code, FL-bench and PFLlib differ: :doc:`FedProto on the peers page
+<algorithms/peers.md#fedproto>`.
 
-  ``C̄^(j) = Σ_i |D_ij| C_i^(j) / Σ_i |D_ij|``   (``weighting="examples"``, the paper's weights), or
-  ``C̄^(j) = (1/|N_j|) Σ_{i∈N_j} C_i^(j)``      (``"uniform"``: the clients that have class ``j``),
-
-and broadcasts them. A sampled client takes the local schedule's steps on
-
-  ``CE(F(x), y) + λ · mean_{x∈B, k} (f(x)_k − C̄^(y)_k)²``
-
-(the prototype term of every example whose class has a global prototype, averaged over the batch's
-examples and the representation's entries, as the authors' code computes it with ``nn.MSELoss``;
-an example of a class without one adds 0), then computes its prototypes with the trained model over
-all its training examples (evaluation mode) and sends them. The global prototypes of a round are
-those of its reporting clients (a class none of them has has no prototype until one does). With
-``λ = 0`` every client trains alone: FedProto is local training (a test).
-
-**Bytes**: a client sends its ``K x d`` prototypes and ``K`` counts and receives ``K x d`` global
-prototypes and ``K`` flags (the byte columns count the dense tables; the paper's clients send the
-rows of the classes they have): never a model.
-
-**On a tree** the prototypes are averaged within each parent of clients (the levels above hold
-nothing of FedProto's: :mod:`fedtree.algorithms.personalized.peers`).
-
-**Other implementations.** The authors' code (``lib/update.py``) and FL-bench's ``fedproto.py``
-average the representations seen during training over all the local epochs' batches instead of
-computing the prototypes with the trained model (PFLlib's ``collect_protos`` does as we do, after
-training); the authors' code and PFLlib average the clients' prototypes unweighted
-(``weighting="uniform"``); FL-bench skips batches of one example and takes the representation
-after a ReLU. PFLlib scores a client by the nearest global prototype of its test representations;
-fedtree scores its model's predictions.
-
-Refused by name before anything compiles: ``λ`` < 0, a model whose logits are not an ``nn.Dense``'s
-output or whose labels are sequences, a model with BatchNorm statistics, personal parameters (every
-parameter already is), update paths and server optimizers.
+References:
+  Tan et al., FedProto: Federated prototype learning across heterogeneous clients, AAAI 2022.
 """
 
 from __future__ import annotations
@@ -138,9 +105,9 @@ def class_sums(model: Model, params: PyTree, data: ClientData, *, num_classes: i
 
 def fedproto_update(model: Model, optimizer: optax.GradientTransformation, *, lam, weighting: str, width: int,
                     batch_size: int, max_steps: int, compute_dtype=None) -> ClientUpdate:
-  """FedProto's client (see the module docstring): local steps with the prototype term towards the
-  global prototypes it receives, then its prototypes (the message: class sums and counts, or
-  class means and presence flags for ``weighting="uniform"``)."""
+  """FedProto's client (:doc:`docs <algorithms/peers.md#fedproto>`): local steps with the prototype term
+  towards the global prototypes it receives, then its prototypes (the message: class sums and counts, or class
+  means and presence flags for ``weighting="uniform"``)."""
   if weighting not in WEIGHTINGS:
     raise ValueError(f"weighting={weighting!r}; choose one of {WEIGHTINGS}")
   dtype = check_compute_dtype(compute_dtype)
@@ -194,7 +161,9 @@ def fedproto_server(num_classes: int, width: int) -> ServerRule:
 @method_over(hierfavg, drops=("personal", "server_optimizers"), cannot=sends_whole(
   "FedProto's clients send prototypes, not models", personal=False))
 def fedproto(host: Host, *, lam: float = 1.0, name: str = "fedproto") -> FederatedAlgorithm:
-  """FedProto on ``topology`` (default flat): see the module docstring.
+  """FedProto on ``topology`` (default flat): clients train with a term pulling their representations
+  towards the global prototype of each example's class, and send their class prototypes
+  (:doc:`the method's page <algorithms/peers.md#fedproto>`).
 
   Args:
     lam: ``λ`` >= 0, the weight of the prototype term (the authors' ``ld``; 0: local training).
@@ -210,12 +179,6 @@ def fedproto(host: Host, *, lam: float = 1.0, name: str = "fedproto") -> Federat
   Example:
     Two rounds of FedProto over 5 clients: prototypes travel, models do not:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
     >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(16,))
     >>> alg = fedproto(model=model, data=data, local_optimizer=optax.sgd(0.1), lam=1.0,
     ...                schedule=LocalSchedule(batch_size=8, steps=2))

@@ -1,49 +1,12 @@
-"""kNN-Per (Marfoq et al. 2022, "Personalized federated learning through local memorization",
-ICML) on any tree.
+"""kNN-Per (Marfoq et al. 2022): the global model interpolated with a k-nearest-neighbours model over
+each client's memory of its features, on any tree.
 
-The clients train one global model ``h = ψ ∘ φ`` with FedAvg (HierFAVG on a tree: the host's plain
-local training). Every client ``m`` keeps a memory of its training examples: the pairs ``(φ(x_j),
-y_j)`` of their features under the model it holds (``TreeState.client_state``,
-:class:`KnnMemory`, ``[C, M, D]``; the features ``φ`` are the input of the model's last
-``nn.Dense`` layer, :func:`fedtree.objectives.fedmmd.penultimate`). The memory never leaves the
-client. A query ``x`` is answered by interpolating the model with a ``k``-nearest-neighbours model
-over the memory:
+The memory (``KnnMemory``, ``build_memory``), the kNN model (``knn_probabilities``, ``knn_model``),
+the client (``knnper_update``) and the method (``knnper``). The equations and how the authors' code
+and FL-bench differ: :doc:`kNN-Per on the mixtures page <algorithms/mixtures.md#knn-per>`.
 
-``p_m(y | x) = λ p_kNN(y | x) + (1 − λ) softmax(h(x))_y``,
-``p_kNN(y | x) = Σ_{j ∈ N_k(x)} 1[y_j = y] ω_j / Σ_{j ∈ N_k(x)} ω_j``, ``ω_j = exp(−‖φ(x) − φ(x_j)‖² / T)``,
-
-with ``N_k(x)`` the ``k`` memory entries nearest to ``φ(x)`` in squared Euclidean distance (all of
-them when the client has fewer), ``λ`` (``lam``) and the temperature ``T`` options. A client with no
-examples answers with the model alone. A client is scored with ``p_m`` (``personal``: a
-:class:`~fedtree.core.algorithm.ScoredModels`, its parent's model with its own memory; the loss is
-the negative log of ``p_m``, floored at ``1e-12``), the tree's models as HierFAVG's (``global``,
-``level<l>``). ``lam=0`` scores every client with the global model (a test).
-
-**When the memory is built.** The paper trains the global model first and has every client build
-its memory with the final model. Here every client's memory is rebuilt at the end of every round
-from the model its parent holds then (one forward pass over every client's training data per
-round, ``memory_chunk`` clients at a time), so that an evaluation at any round scores each client
-with features and a memory from the same model, as the paper's final evaluation does.
-
-**On a tree** the memory is built with the client's leaf parent's model, the model it receives and
-is scored with; the levels above aggregate as HierFAVG every ``periods[l]`` rounds.
-
-**Memory.** ``C x M x D`` features (``M`` the most examples of a client, ``D`` the feature width)
-and ``C x M`` labels in the state: the up-front memory estimate names them
-(:mod:`fedtree.experiment.memory`) and refuses a run they do not fit, with the numbers.
-
-**Other implementations.** The authors' code (``omarfoq/knn-per``, ``client.py``) uses a FAISS
-flat L2 index (squared distances, as here) and weighs a neighbour by ``exp(−d² / (D σ))``, its
-``scale`` ``σ`` divided by the feature width: ``temperature = D σ`` reproduces it; it can keep a
-random subset of the examples (``capacity``; here every example is kept) and reports the accuracy
-of a grid of ``λ`` (sweep ``lam`` for the same table). FL-bench (``src/client/knnper.py``) adds
-``λ p_kNN`` to ``(1 − λ)`` times the model's *logits* rather than its probabilities and takes its
-cross-entropy loss on that mixture as if it were logits, and its datastore's capacity check counts
-batches instead of examples; we interpolate probabilities, as the paper does.
-
-Refused by name: ``k`` < 1, ``lam`` outside ``[0, 1]``, a temperature that is not positive, and a
-model whose logits are not an ``nn.Dense`` layer's output (it has no features) or whose labels are
-tokens.
+References:
+  Marfoq et al., Personalized federated learning through local memorization, ICML 2022.
 """
 
 from __future__ import annotations
@@ -164,8 +127,8 @@ def knn_probabilities(query: jax.Array, memory: KnnMemory, *, k: int, temperatur
 
 
 def knn_model(model: Model, *, k: int, lam, temperature) -> Model:
-  """The model scoring a client: ``apply((params, memory), x)`` is ``log p_m(y | x)`` (see the module
-  docstring)."""
+  """The model scoring a client: ``apply((params, memory), x)`` is ``log p_m(y | x)``
+  (:doc:`docs <algorithms/mixtures.md#knn-per>`)."""
 
   def apply(params, x, *, train: bool = False, rng=None):
     w, memory = params
@@ -207,7 +170,9 @@ def knnper(
   memory_chunk: int | None = None,
   name: str = "knnper",
 ) -> FederatedAlgorithm:
-  """kNN-Per on ``topology`` (default flat): see the module docstring.
+  """kNN-Per on ``topology`` (default flat): FedAvg's model, every client scored with
+  ``λ p_kNN + (1 − λ) p_w`` over its memory of its examples' features (:doc:`the method's page
+  <algorithms/mixtures.md#knn-per>`).
 
   Args:
     k: neighbours of a query, ``>= 1`` (all of a client's memory when it holds fewer).
@@ -226,12 +191,6 @@ def knnper(
   Example:
     Two rounds of kNN-Per over 5 clients, 3 neighbours:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
     >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(4,))
     >>> alg = knnper(k=3, model=model, data=data, local_optimizer=optax.sgd(0.1),
     ...              schedule=LocalSchedule(batch_size=8, steps=2))

@@ -1,14 +1,8 @@
 """What the methods whose clients learn from each other's models share (FedAMP, FedFomo, pFedHN,
-FedProto): the host options they cannot take, refused by name before anything compiles; a
-parent's smallest cohort (for the refusals of a pairing larger than it); the children of every
-parent (static tables: who a client's peers are, and where it sits among them); and the
-personal models as the only model set a run reports.
+FedProto): the host options they refuse, a parent's smallest cohort, the children of every parent
+and the personal models as the only model set a run reports.
 
-**On a tree** every one of them pairs a client only with the other children of its parent (the
-clients' parents are the servers that hold their models): a parent's cohort is one block of the
-blocked array programs (:func:`fedtree.core.server_rule.cohort_blocks`), so the pairwise work and
-its memory grow with the largest cohort of a parent, not with the population. No peer simulator
-offers that restriction; on one server it is the papers' pairing over all (sampled) clients.
+How they pair clients on a tree: :doc:`the peers page <algorithms/peers.md#on-a-tree>`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""Per-FedAvg (Fallah et al. 2020, "Personalized federated learning with theoretical
-guarantees: a model-agnostic meta-learning approach") on any tree.
+"""Per-FedAvg (Fallah et al. 2020): MAML steps on the clients, each client scored after one adaptation
+step, on any tree.
 
-Clients take MAML steps ``w ← w - β ∇f(w - α∇f(w; D); D')`` (first-order ``"fo"``) or the
-Hessian-free variant ``"hf"`` (:func:`fedtree.objectives.perfedavg_update`); the server side
-is :func:`~fedtree.algorithms.host.hierfavg.hierfavg`. Evaluation follows the paper: each client
-adapts the model it would download (its leaf-parent's) with one step of SGD at rate ``α``
-on a minibatch of its own training data, vectorized over all clients
-(:func:`fedtree.core.finetune.finetune`), and is scored with the adapted model (``adapted``).
+References:
+  Fallah, Mokhtari and Ozdaglar, Personalized federated learning with theoretical guarantees: a
+  model-agnostic meta-learning approach, NeurIPS 2020.
 """
 
 from __future__ import annotations
@@ -49,13 +46,6 @@ def perfedavg(
   Example:
     One round of Per-FedAvg (α = 0.05, β = 0.1):
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=1))
     >>> alg = perfedavg(alpha=0.05, beta=0.1, **common)
     >>> state = loop.run(alg, data, num_rounds=1, key=jax.random.key(0))

@@ -1,52 +1,13 @@
-"""pFedHN and pFedHN-PC (Shamsian et al. 2021, "Personalized federated learning using
-hypernetworks", ICML): a hypernetwork at the server produces every client's model from a learned
-embedding of the client, on any tree.
+"""pFedHN and pFedHN-PC (Shamsian et al. 2021): a hypernetwork at the server makes every client's model
+from a learned embedding of the client, on any tree.
 
-The server (a parent of clients) keeps a hypernetwork ``h(·; φ)`` and an embedding ``v_i`` of each
-of its clients (``TreeState.server_state``: :class:`HNState`). In a round every sampled client
-receives ``θ_i = h(v_i; φ)`` (one ``[K, ...]`` array program over the cohort, its parcel:
-:attr:`fedtree.core.server_rule.ServerRule.send_each`), takes the local schedule's steps from it to
-``θ̃_i`` and sends ``Δθ_i = θ_i − θ̃_i``; the server moves ``φ`` and the ``v_i`` by the chain rule
-(the paper's Algorithm 1):
+The state (``HNState``), the hypernetwork (``init_hypernetwork``, ``generate``, ``hn_optimizer``),
+the server rule (``pfedhn_server``) and the method (``pfedhn``). The equations and how the authors'
+code and FL-bench differ: :doc:`pFedHN on the peers page <algorithms/peers.md#pfedhn>`.
 
-  ``∇_φ = (1/|S|) Σ_{i∈S} (∂θ_i/∂φ)ᵀ Δθ_i``,   ``∇_{v_i} = (∂θ_i/∂v_i)ᵀ Δθ_i``,
-
-one vector-Jacobian product of the hypernetwork over the round's cohort, then one step of the
-hypernetwork's optimizer (the authors': the global gradient norm clipped to ``clip_norm`` = 50,
-then SGD with momentum 0.9, weight decay 10⁻³ and rate 10⁻², on ``φ`` and every embedding). The
-paper trains one client per step: with ``cohort_size=1`` this is its Algorithm 1 step for step; a
-larger cohort averages the clients' hypernetwork gradients into one step (each embedding gets its
-own client's gradient). Every client is scored with the model the hypernetwork makes for it
-(``personal``, the paper's evaluation); the servers' own models are not FedHN's and are not
-reported. Bytes: ``θ_i`` down and ``Δθ_i`` up, one model each way.
-
-**The hypernetwork** (the authors' ``CNNHyper``, as FL-bench's ``HyperNetwork``): the embedding
-(``embed_dim``, default the authors' ``⌊1 + B/4⌋`` for ``B`` clients), a ``Dense(hidden)`` then
-``n_hidden`` times ``ReLU, Dense(hidden)``, and one ``Dense`` head per parameter of the target
-model emitting its entries; layers start as PyTorch's ``nn.Linear`` (uniform in ``±1/√fan_in``),
-embeddings as ``nn.Embedding`` (standard normal).
-
-**pFedHN-PC** (``personal_head=True``): every client keeps its own classifier head (the model's
-last dense layer, :func:`fedtree.objectives.fedmmd.last_dense`; or the layers ``personal=`` names),
-trained locally and never sent; the hypernetwork makes the rest. The authors' pFedHN-PC generates
-the feature extractor only, as here; FL-bench generates the head too, zeroes the head's part of the
-update (``diff.zero_()``) and lets every client train and keep its own head (FedPer's client), so
-the generated head is never used.
-
-``init_params`` (a pretrained start): every head's bias starts at its leaf and its kernel at zero,
-so that every client's first model is that start (the authors' code has no such option).
-
-**On a tree** every parent of clients has its own hypernetwork over its own clients' embeddings
-(:mod:`fedtree.algorithms.personalized.peers`); the levels above hold no model of pFedHN's.
-
-**Other implementations.** The authors' inner loop clips each local gradient's norm to 50 and uses
-SGD with momentum 0.9 and weight decay 5·10⁻⁵ (here: the run's local optimizer, as for every
-method). FL-bench's ``pfedhn.py`` steps the hypernetwork after every client (the paper's sequential
-order: ``cohort_size=1`` here) and defaults ``embed_dim`` to ``⌊(1 + C)/4⌋``.
-
-Refused by name before anything compiles: ``hidden``, ``n_hidden``, ``embed_dim`` or ``clip_norm``
-out of range, update paths, server optimizers (the hypernetwork's are the ``hn_*`` fields) and a
-model with BatchNorm statistics (a hypernetwork makes weights, not running statistics).
+References:
+  Shamsian, Navon, Fetaya and Chechik, Personalized federated learning using hypernetworks,
+  ICML 2021.
 """
 
 from __future__ import annotations
@@ -164,8 +125,8 @@ def pfedhn_server(template: PyTree, mask: PyTree | None, table: np.ndarray, rank
                   embed_dim: int, hidden: int, n_hidden: int, optimizer: optax.GradientTransformation,
                   num_parents: int, start: PyTree | None = None, hn_params: PyTree | None = None,
                   embeddings: np.ndarray | None = None, embedding_step: str = "own") -> ServerRule:
-  """pFedHN's server (see the module docstring): every parent's hypernetwork and embeddings, every
-  sampled client's generated model as its parcel, the hypernetwork step from the clients' updates.
+  """pFedHN's server (:doc:`docs <algorithms/peers.md#pfedhn>`): every parent's hypernetwork and embeddings,
+  every sampled client's generated model as its parcel, the hypernetwork step from the clients' updates.
   ``hn_params`` (every parent's ``φ`` at the start) and ``embeddings`` (``[C, E]`` every client's
   ``v_i`` at the start) replace the random start where given; ``embedding_step``:
   :data:`EMBEDDING_STEPS`."""
@@ -297,8 +258,9 @@ def pfedhn(
   embedding_step: str = "own",
   name: str = "pfedhn",
 ) -> FederatedAlgorithm:
-  """pFedHN (or pFedHN-PC with ``personal_head``) on ``topology`` (default flat): see the module
-  docstring.
+  """pFedHN (or pFedHN-PC with ``personal_head``) on ``topology`` (default flat): every parent's
+  hypernetwork makes each sampled client's model ``θ_i = h(v_i; φ)`` and learns from its update
+  (:doc:`the method's page <algorithms/peers.md#pfedhn>`).
 
   Args:
     embed_dim: the embeddings' width (-1: the authors' ``⌊1 + B/4⌋`` for a parent's ``B`` clients).
@@ -328,13 +290,6 @@ def pfedhn(
   Example:
     Two rounds of pFedHN over 5 clients, 2 sampled a round:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = pfedhn(model=model, data=data, local_optimizer=optax.sgd(0.1), cohort_size=2, hidden=16,
     ...              schedule=LocalSchedule(batch_size=8, steps=2))
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))

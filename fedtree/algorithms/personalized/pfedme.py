@@ -1,14 +1,10 @@
-"""pFedMe (Dinh et al. 2020, "Personalized federated learning with Moreau envelopes") on any
-tree.
+"""pFedMe (Dinh et al. 2020): personalized models by Moreau envelopes, on any tree.
 
-Client (:func:`fedtree.objectives.pfedme_update`): ``R`` local rounds (the local schedule's
-steps), each solving ``θ̂ ≈ argmin_θ f_i(θ; batch) + (λ/2)‖θ - w‖²`` by ``K`` inner steps
-of rate ``personal_lr`` and then ``w ← w - η λ (w - θ̂)``; ``w`` is sent up. Server:
-``Θ ← (1-β)Θ + β·mean(w_i)``, which is ``Θ - β·Δ`` with the pseudo-gradient
-``Δ = Θ - mean(w_i)``: exactly ``optax.sgd(β)`` as the leaf-parent server optimizer (upper
-levels of a deeper tree default to FedAvg). The personal models ``θ̂_i`` live in
-``TreeState.client_state`` (``PFedMeState.personal [C, ...]``). Models evaluated: the tree's
-models and ``personal``.
+The client is :func:`fedtree.objectives.pfedme_update`; the equations: :doc:`pFedMe on the
+personalization page <algorithms/personalization.md#pfedme>`.
+
+References:
+  Dinh, Tran and Nguyen, Personalized federated learning with Moreau envelopes, NeurIPS 2020.
 """
 
 from __future__ import annotations
@@ -49,13 +45,6 @@ def pfedme(
   Example:
     One round of pFedMe (λ = 15, K = 2 inner steps):
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=1))
     >>> alg = pfedme(lam=15.0, inner_steps=2, personal_lr=0.05, learning_rate=0.05, **common)
     >>> state = loop.run(alg, data, num_rounds=1, key=jax.random.key(0))

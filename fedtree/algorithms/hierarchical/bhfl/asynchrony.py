@@ -1,18 +1,8 @@
-"""Simulated latencies and buffered asynchronous aggregation, inside the vectorized program.
+"""Simulated latencies and buffered asynchronous aggregation inside the vectorized program, as B-HFL
+(paper 001) asks for every node of a tree, in the style of FedBuff (Nguyen et al. 2022).
 
-Buffered asynchronous aggregation in the style of FedBuff (Nguyen et al. 2022), as paper
-001 (B-HFL) asks for every node of a tree: a node aggregates as soon as ``b`` of its
-children's updates have arrived; the others wait in a per-child buffer and are used later
-with their *staleness* (how many times the node has aggregated since the update was made),
-optionally down-weighted by ``(1 + s)^-a``.
-
-Everything is deterministic for a seed and has static shapes:
-
-* time is measured in rounds; round ``r`` (1-based) covers the interval ``[r-1, r)``;
-* a :class:`Latency` draws every node's delay from the round's key (``fold_in`` of a stream
-  name and the level), so a run is a pure function of the seed;
-* "the first ``b`` arrivals of every node" is a per-segment rank of arrival times
-  (:func:`segment_rank`, one ``lexsort``), never a host loop.
+The latencies (:class:`Latency`) and the first arrivals of every node (:func:`segment_rank`,
+:func:`first_arrivals`): :doc:`asynchrony on the B-HFL page <algorithms/bhfl.md#asynchrony>`.
 """
 
 from __future__ import annotations

@@ -1,57 +1,12 @@
-"""B-HFL: bidirectional hierarchical FL on trees of any depth (paper 001, Cambridge).
+"""B-HFL: bidirectional hierarchical FL on trees of any depth (paper 001, Cambridge), every node of the
+tree keeping its own model and every merge partial.
 
-Every node of the tree, clients included, keeps its own model. A round:
+The method (:func:`bhfl`), its proxy data (``ProxyData``), state (``BHFLState``) and the table by level
+(``level_table``). The round step by step and every choice where the paper is vague: :doc:`the B-HFL
+page <algorithms/bhfl.md#the-round-in-detail>`.
 
-1. **Clients** of the sampled cohort train from their own persistent model (not from their
-   parent's) and send ``u_c = Θ_parent - θ_c``, the pseudo-gradient towards their parent.
-2. **Leaf-to-root.** Level by level, bottom-up, every node ``n`` whose period allows it
-   (``r % T_n == 0``) and whose buffer is full aggregates the updates ``u_i`` of the children
-   that reported, ``Δ_n = Σ p_i u_i`` (``p_i ∝`` examples under child i, times an optional
-   staleness discount), applies its **up** optimizer (``η↑``) to ``Δ_n``, trains on its
-   proxy data if it holds some, and sends ``u_n = Θ_parent(n) - Θ_n`` up.
-3. **Residual links** (optional): every edge server (a parent of clients) also forwards the
-   updates of its top-K clients by norm straight to the root, which keeps one optimizer
-   state per incoming link ``(edge, k)``.
-4. **Root-to-leaf.** Top-down, a node that aggregated (or that received from its parent in
-   this round) sends its model to all its children; a child does not replace its model but
-   applies its **down** optimizer (``η↓``) to ``Δ = θ_child - Θ_parent``, so that
-   ``optax.sgd(1.0)`` is full replacement. Optionally, edge servers also merge the root's
-   model directly (root→edge residual link, its own down state).
-
-Optimizer states: every server node keeps an up state and every non-root node (clients
-included) a down state, so every inner node runs two optax optimizers with separate states;
-the root also keeps one state per incoming residual link and, with direct links, every edge a
-second down state. All are stacked per level (``[N_l, ...]``) and updated with ``vmap``.
-
-With ``sgd(1.0)`` downwards, FedAvg (``sgd(1.0)``) upwards, no proxy data, no residual
-links and synchronous aggregation this is HierFAVG (:mod:`fedtree.algorithms.host.hierfavg`)
-exactly (to float rounding: the two sum their clients in different orders); a test checks it
-over several rounds on a 4-level tree with periods.
-
-Choices where the paper is vague, each marked **(choice)** below:
-
-* **(choice)** A node's update is sent as ``u = Θ_parent - θ`` with the parent's model *at
-  sending time*; a late update is therefore a stale pseudo-gradient (FedBuff semantics).
-  Its staleness is the number of aggregations the parent made since it was sent; weighting
-  ``(1 + s)^-a`` (``staleness_exponent=a``, default 0: none).
-* **(choice)** A child with an update still waiting at its parent replaces it by its newer
-  one (models are persistent, so the newer update contains the older progress).
-* **(choice)** Time is in rounds; round ``r`` covers ``[r-1, r)``. A client's latency is its
-  compute and upload time; a server sends when its buffer completes (at the latest
-  arrival it used) plus its own upload latency, so a child's "execution" is its whole
-  subtree. Updates arriving after the round's end wait for a later round. Downward messages
-  are instantaneous. Latencies are drawn from the round key: deterministic for a seed.
-* **(choice)** Synchronous mode (``buffer_sizes=None`` for a level) aggregates every child
-  update that arrived in the round; a node with none keeps its model.
-* **(choice)** Downward messages reach every child of a sending node (clients outside the
-  cohort included) and cascade: a node that received its parent's model forwards its own
-  (merged) model down in the same round.
-* **(choice)** Residual links carry the client's update ``u_c`` (towards its edge) and are
-  chosen among the updates the edge aggregated; the root applies, after its own up step,
-  the mean over the links that carried an update of each link optimizer's step.
-* **(choice)** Proxy data is held per node of a level (``ProxyData``), closed over as
-  constants (keep it small), and trained on with SGD right after the node's up step, in
-  one ``vmap`` over the data-holding nodes of the level.
+References:
+  Paper 001 (Cambridge; the paper's text is Romanian).
 """
 
 from __future__ import annotations
@@ -328,7 +283,7 @@ def bhfl(
   update_paths: UpdatePath | None = None,
   name: str = "bhfl",
 ) -> FederatedAlgorithm:
-  """B-HFL on ``topology`` (see the module docstring).
+  """B-HFL on ``topology`` (:doc:`docs <algorithms/bhfl.md#the-round-in-detail>`).
 
   Args:
     model: the model every node holds.
@@ -379,14 +334,6 @@ def bhfl(
   Example:
     Partial merges downwards (η↓ = 0.5) on root -> 2 edges -> 5 clients:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.core.topology import Topology
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=2))
     >>> alg = bhfl(topology=Topology.from_labels(groups), local_optimizer=optax.sgd(0.1),
     ...            down_optimizers=optax.sgd(0.5), **common)

@@ -1,19 +1,7 @@
-"""Per-client communication and computation cost, counted by the simulation as it runs.
+"""Per-client communication and computation cost, counted by the simulation as it runs (paper 000,
+Table 4): :func:`counting` wraps any client update.
 
-Paper 000 (Table 4) compares methods by what each client pays: communication in units of
-the model size, computation in units of local epochs. Rather than typing formulas in,
-:func:`counting` wraps any :class:`~fedtree.core.local.ClientUpdate` so that every time a client
-trains, its counters in the persistent client state grow by what it did: one model down and
-one model up, and ``steps / ceil(n / B)`` epochs (the steps it actually took). Clients that
-are not sampled, and padding slots, are never scattered back, so they pay nothing.
-
-Deploying the final model to a client (one download, the same for every method) is not
-counted, so a method that only fine-tunes locally after FL (PerFL) costs no extra
-communication, as in the paper's Table 4.
-
-The rule is the common counting's (:mod:`fedtree.toolbox.traffic`, which counts every run's bytes on
-every edge): a client that trains moves :data:`~fedtree.toolbox.traffic.ROUND_TRIP_MODELS` models,
-its parent's down and its update up; here kept per client, in model units.
+What is counted and why: :doc:`costs on the GroupPerFL page <algorithms/grouppfl.md#costs>`.
 """
 
 from __future__ import annotations

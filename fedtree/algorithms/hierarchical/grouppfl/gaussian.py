@@ -1,31 +1,8 @@
 """The Gaussian hierarchical model of paper 000 (section 4, "A Bayesian view"), solved exactly.
 
-The model: a flat prior on the global ``θ_0``; group parameters ``θ_m | θ_0 ~ N(θ_0, σ_0²)``
-(``m = 1..M``); client ``n`` of group ``m`` observes ``x_mn | θ_mn ~ N(θ_mn, σ_mn²)`` with, as
-in the paper, ``θ_mn = θ_m`` (clients of a group differ only in their noise). The posterior of
-the target client's parameter ``θ_11`` (group 0, client 0 here) under three levels of
-knowledge sharing:
-
-* no sharing: ``N(x_11, σ_11²)`` (:func:`posterior_local`);
-* group sharing: ``N(μ_g1, σ_g1²)``, the precision-weighted mean of group 1's data
-  (:func:`posterior_group`);
-* global sharing: ``N(μ_G1, σ_G1²)``, which adds the other groups' data through
-  ``θ_0`` (:func:`posterior_global`).
-
-**A correction to the paper (found by this test case).** The paper's global formula
-(:func:`posterior_global_paper`) summarizes the other groups by
-``μ_{G/1} = Σ w_mn x_mn / Σ w_mn`` with ``w_mn = (σ_0² + σ_mn²)^{-1}``, i.e. it treats
-every other client's ``x_mn`` as an independent ``N(θ_0, σ_0² + σ_mn²)`` draw. But clients of
-one group share ``θ_m``, so they are correlated; the exact posterior
-(:func:`posterior_global`) first pools each group into its precision-weighted mean
-``x̄_m`` with variance ``s_m² = 1/Σ_n σ_mn^{-2}``, then ``x̄_m ~ N(θ_0, σ_0² + s_m²)``
-independently, so ``w_m = (σ_0² + s_m²)^{-1}`` per *group*. The two agree when every other
-group has one client; otherwise the paper's ``σ_G1²`` is too small (over-confident).
-:func:`posterior_numeric` conditions the joint Gaussian directly (a proper prior of huge
-variance on ``θ_0``) as an independent check, and :func:`sample` draws data from the model
-for Monte-Carlo checks: because the model is a location family under a flat prior, the
-posterior ``N(μ(x), σ²)`` is also the sampling distribution of ``θ_11 - μ(x)`` for any fixed
-``θ_0``, so the derived means and variances can be tested by simulation.
+The posteriors under no, group and global sharing (:func:`posterior_local`, :func:`posterior_group`,
+:func:`posterior_global`), the paper's formula (:func:`posterior_global_paper`) and the correction to
+it: :doc:`the Gaussian model on the GroupPerFL page <algorithms/grouppfl.md#the-gaussian-model>`.
 """
 
 from __future__ import annotations
@@ -105,7 +82,8 @@ def posterior_global(x: Sequence, sigmas: Sequence[Sequence[float]], sigma0: flo
 
 def posterior_global_paper(x: Sequence, sigmas: Sequence[Sequence[float]], sigma0: float):
   """Global sharing as printed in paper 000 (per-client weights ``(σ_0² + σ_mn²)^{-1}``);
-  exact only when every other group has one client (see the module docstring)."""
+  exact only when every other group has one client (:doc:`docs
+  <algorithms/grouppfl.md#the-gaussian-model>`)."""
   groups = _groups(sigmas)
   if len(groups) < 2:
     return posterior_group(x[0], groups[0])

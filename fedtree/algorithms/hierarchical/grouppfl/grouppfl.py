@@ -1,35 +1,12 @@
-"""Group personalized FL (Liu, Hui, Peng 2022, "Group personalized federated learning",
-paper 000): global FL → group FL fine-tuning → local personalization.
+"""Group personalized FL (Liu, Hui, Peng 2022, paper 000): global FL, then group FL, then local
+personalization.
 
-A documented composition of algorithms, run by the ordinary round loop:
+The stages (:func:`group_fedopt`, :func:`start_from`, :func:`finetune_stage`), their composition
+(:class:`GroupPersonalizedFL`) and the method (:func:`grouppfl`): :doc:`the GroupPerFL page
+<algorithms/grouppfl.md#the-stages>`.
 
-1. Global stage (Algorithm 1): ``T`` rounds of FedAdam over all clients, cohorts of
-   ``|I_t|`` clients, ``K`` local epochs of SGD (the config's local schedule).
-2. Group stage (Algorithm 2): every group starts from the global model (:func:`start_from`)
-   and runs ``T_g`` rounds of the same process restricted to its clients, **all groups at
-   once**: the groups are the parents of one tier (:func:`group_fedopt`: HierFAVG on root ->
-   groups -> clients whose root never aggregates), each with its own FedAdam state, one
-   jitted step per round, and no cross-group mixing (a group's model only ever sees its own
-   clients' pseudo-gradients).
-3. Fine-tune stage (Algorithm 3, :func:`finetune_stage`): every client fine-tunes ``K_l``
-   epochs from a seed model at each rate of a sweep in one program (:mod:`fedtree.core.finetune`).
-
-Stages 1 and 2 are one :class:`~fedtree.core.algorithm.FederatedAlgorithm` built by
-:func:`fedtree.core.algorithm.sequential` (:meth:`GroupPersonalizedFL.algorithm`), so they
-share the loop's evaluation, checkpoints and exact resume; stage 3 is its ``report`` hook,
-which reads the four compared methods off the final state: FL (global model), PerFL (global
-+ fine-tune), GroupFL (group models) and GroupPerFL (group + fine-tune), each evaluated per
-client and per group. It returns the paper's per-group table (Tables 3/6), the histogram of
-per-client relative change GroupPerFL vs PerFL (Fig. 1) and the cost table (Table 4), which
-the experiment layer writes into the workdir; the costs are the counters the simulation kept
-(:mod:`fedtree.algorithms.hierarchical.grouppfl.costs`), not formulas.
-
-Global FL is :func:`group_fedopt` with a single group, so the stages share one code path.
-Cohorts: ``min(cohort_size, |g|)`` clients of every group per round (paper: 100).
-
-GroupPerFL cannot be swept (``config.sweep``, :mod:`fedtree.experiment.sweep`): it is a
-fixed-length composition of stages whose fine-tuning and selection report run on the host
-after the rounds, so a sweep of it is refused with a ``ValueError``; sweep it as separate runs.
+References:
+  Liu, Hui and Peng, Group personalized federated learning, 2022 (Meta AI).
 """
 
 from __future__ import annotations
@@ -201,7 +178,8 @@ def _paper_server() -> optax.GradientTransformation:
 
 @dataclasses.dataclass(frozen=True)
 class GroupPersonalizedFL:
-  """GroupPerFL's hyperparameters (see the module docstring); :meth:`algorithm` composes it.
+  """GroupPerFL's hyperparameters (:doc:`docs <algorithms/grouppfl.md#the-stages>`); :meth:`algorithm`
+  composes it.
 
   Attributes:
     global_rounds: T.
@@ -231,13 +209,6 @@ class GroupPersonalizedFL:
   Example:
     One global round (FL) then one round per group (GroupFL), 2 groups of 3 and 2 clients:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> schedule = LocalSchedule(batch_size=8, steps=1)
     >>> gp = GroupPersonalizedFL(
     ...   global_rounds=1, group_rounds=1, global_server=optax.adam(1e-3), group_server=optax.adam(1e-3),
@@ -399,17 +370,10 @@ def grouppfl(
     **hyperparameters: the other fields of :class:`GroupPersonalizedFL` (its schema:
       ``group_rounds``, ``global_server``, ``finetune_epochs``, ``compute_dtype``, ...).
 
-  Not sweepable (``config.sweep`` refuses it, see the module docstring): sweep it as separate
-  runs.
+  Not sweepable (``config.sweep`` refuses it, see :doc:`docs <algorithms/grouppfl.md#the-stages>`): sweep it
+  as separate runs.
 
   Example:
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = grouppfl(model=model, data=data, groups=groups, local_optimizer=optax.sgd(0.1),
     ...                schedule=LocalSchedule(batch_size=8, steps=2), global_rounds=1, group_rounds=1)
     >>> state = loop.run(alg, data, num_rounds=alg.rounds, key=jax.random.key(0))

@@ -1,17 +1,7 @@
-"""Reports of group personalized FL in the form of paper 000's tables and figure.
+"""Reports of group personalized FL in the form of paper 000's tables and figure, written by
+:func:`write_reports`.
 
-* :func:`data_table`: clients and examples per group (the paper's Tables 1 and 2).
-* :func:`group_table`: one row per group (and ``all``), one column per method, accuracy or
-  perplexity (Tables 3 and 6 report perplexity of a language model; for a classifier the
-  perplexity is ``exp`` of the mean cross-entropy, reported beside the accuracy).
-* :func:`relative_change`, :func:`save_histogram`: per-client relative change of GroupPerFL
-  vs PerFL and its histogram (Fig. 1), saved as a PNG (matplotlib, Agg backend).
-* :func:`cost_table`: per-client communication (model transfers) and computation (local
-  epochs) of every method, overall and per group (Table 4), from the counters the simulation
-  kept (:mod:`fedtree.algorithms.hierarchical.grouppfl.costs`), and in megabytes when the results give their
-  ``model_bytes`` (:func:`fedtree.toolbox.traffic.model_bytes`, the size every run's byte counts use).
-
-:func:`write_reports` writes all of them into a workdir and returns the text.
+Each table and figure: :doc:`reports on the GroupPerFL page <algorithms/grouppfl.md#reports>`.
 """
 
 from __future__ import annotations

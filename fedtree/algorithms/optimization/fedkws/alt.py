@@ -1,17 +1,12 @@
-"""ALT, adaptive local training (FedKWS-UI, paper 002: Li et al. 2022, "Avoid overfitting
-user specific information in federated keyword spotting"): clients with more data and more
-uniform labels take more local steps.
+"""ALT, FedKWS-UI's adaptive local training (paper 002): clients with more data and more uniform labels
+take more local steps.
 
-For client ``k`` with ``n_k`` examples and label distribution ``q_k`` over ``C`` classes:
-``n̄_k = n_k / max_j n_j``, ``ē_k = H(q_k) / log C`` (``H`` the entropy, ``0 log 0 = 0``),
-``r̄_k = 2 n̄_k ē_k / (n̄_k + ē_k)`` (0 when both are 0), and client ``k`` takes
-``round(r_0 · r̄_k · E)`` local steps, at least ``min_steps``, with
-``r_0 = K / Σ_k r̄_k`` by default so that ``Σ_k r_0 r̄_k E = K E`` (the total work of plain
-training with ``E`` steps is conserved, up to the rounding and the floor). The paper's
-experiments fix ``r_0`` (3.5 and 5.0) instead: pass ``r0``.
+The utility (:func:`label_entropy`, :func:`client_utility`) and the step counts (:func:`alt_steps`,
+:func:`alt_schedule`); the equations: :doc:`FedKWS-UI on the optimization page
+<algorithms/optimization.md#fedkws-ui>`.
 
-The counts plug into ``LocalSchedule(batch_size, steps=tuple(counts))``: heterogeneous
-step counts are masked inside one scan (:func:`fedtree.core.local.run_local_steps`).
+References:
+  Li et al., Avoid overfitting user specific information in federated keyword spotting, 2022.
 """
 
 from __future__ import annotations
@@ -51,7 +46,7 @@ def client_utility(n_train: np.ndarray, y_train: np.ndarray, num_classes: int,
 
 def alt_steps(data: FederatedData, base_steps: int, *, r0: float | None = None,
               min_steps: int = 1, n_max: float | None = None) -> tuple[int, ...]:
-  """Per-client local step counts of ALT (see the module docstring).
+  """Per-client local step counts of ALT (:doc:`docs <algorithms/optimization.md#fedkws-ui>`).
 
   Args:
     data: the federated data (its training labels and counts are read on the host).

@@ -1,21 +1,10 @@
-"""FedKWS-UI (paper 002: Li et al. 2022, "Avoid overfitting user specific information in
-federated keyword spotting") on any tree, with any server optimizers.
+"""FedKWS-UI (paper 002: Li et al. 2022): ALO and ALT as two switches on HierFAVG, on any tree.
 
-Two switches on top of :func:`~fedtree.algorithms.host.hierfavg.hierfavg`:
+The method's equations and the authors' code's differences: :doc:`FedKWS-UI <algorithms/fedkws.md>`
+and :doc:`the optimization page <algorithms/optimization.md#fedkws-ui>`.
 
-* ``alo``: the clients' local objective is ALO (:func:`fedtree.objectives.alo.alo_update`): label
-  smoothing μ plus λ × negative distillation from a persistent, overfitted private model
-  ``ψ_p`` per client (``TreeState.client_state.private [C, ...]``; the paper's form), or with
-  ``private="head"`` from a second classifier head of the global model (the authors' code:
-  the tree's params are then ``{"model": ..., "private_head": ...}``, averaged as one model,
-  and ``models()`` gives the ``"model"`` part, which evaluation scores).
-* ``alt``: the local step counts are ALT's
-  (:func:`fedtree.algorithms.optimization.fedkws.alt.alt_schedule`): clients with more data
-  and more uniform labels take more steps, the total conserved.
-
-Both on is FedKWS-UI; ``alo=False`` gives FedAvg+ALT and ``alt=False`` FedAvg+ALO; both off
-is plain HierFAVG/FedAvg. The model evaluated is the tree's (``global``, and ``levelN`` on
-deeper trees), as in the paper (the private models are not scored).
+References:
+  Li et al., Avoid overfitting user specific information in federated keyword spotting, 2022.
 """
 
 from __future__ import annotations
@@ -85,13 +74,6 @@ def fedkws(
   Example:
     One round of FedKWS-UI (ALO local objective, ALT step counts) over 5 clients:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=1))
     >>> alg = fedkws(local_optimizer=optax.sgd(0.1), **common)
     >>> state = loop.run(alg, data, num_rounds=1, key=jax.random.key(0))
