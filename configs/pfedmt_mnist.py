@@ -15,7 +15,9 @@ TFDS name); ``--config.data.data_dir=...`` points at a prepared TFDS directory.
 Without TFDS data, ``:digits`` (MLR) and ``:cnn+digits`` run the same four methods on
 scikit-learn's real handwritten digits (:mod:`fedtree.datasets.digits`, 1,797 images of 8×8,
 no download; the ``digits`` extra), over 20 devices by Dirichlet(α = 0.1) label skew, 75/25
-train/test split per device, two teams of 10:
+train/test split per device, two teams of 10 (a run of ``:mlr`` or ``:cnn`` without the TFDS data
+stops before anything compiles, naming the command that prepares it and ``:digits`` or
+``:cnn+digits``):
 
   python -m fedtree.main --config=configs/pfedmt_mnist.py:digits --workdir=/tmp/pfedmt_digits
 
@@ -61,6 +63,8 @@ def get_config(variant: str = "mlr") -> ml_collections.ConfigDict:
       name="sklearn_digits", num_clients=20, partition="dirichlet", alpha=0.1, test_fraction=0.25,
       team_size=10, seed=0,
     ))
+  else:   # a missing TFDS MNIST is refused naming this variant beside the preparation command
+    c.without_data = f"configs/pfedmt_mnist.py:{'digits' if convex else 'cnn+digits'}"
   c.topology = ml_collections.ConfigDict(dict(kind="groups"))   # root -> 2 teams -> 10 devices
   c.model = (ml_collections.ConfigDict(dict(name="logreg")) if convex
              else ml_collections.ConfigDict(dict(name="cnn", features=(32, 64), dense=128)))

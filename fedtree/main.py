@@ -211,10 +211,11 @@ def check_new_fields(argv: list[str]) -> None:
 
 def split_new_runs(argv: list[str]) -> tuple[list[str], list[tuple[list[str], str]]]:
   """``(argv without them, [(path, value)])`` of the ``--config.runs.<label>.<field>...=<value>``
-  flags whose ``<label>`` the config file has no run of: ml_collections cannot create the run's
-  ConfigDict, so :func:`add_new_runs` adds them after the parse (a new run from the command line:
-  ``--config.runs.permfl.algorithm=pfedmt --config.runs.permfl.lam=15``). ``path`` is
-  ``[label, field, ...]``."""
+  flags whose ``<label>`` the config file has no run of, or whose section the file's run does not
+  have (``--config.runs.fedavg.model.norm=batch`` on a run without a ``model`` section):
+  ml_collections cannot create the ConfigDict, so :func:`add_new_runs` adds them after the parse (a
+  new run from the command line: ``--config.runs.permfl.algorithm=pfedmt
+  --config.runs.permfl.lam=15``). ``path`` is ``[label, field, ...]``."""
   if not any(a.startswith("--config.runs.") for a in argv[1:]):
     return argv, []
   path = _config_arg(argv)
@@ -223,9 +224,18 @@ def split_new_runs(argv: list[str]) -> tuple[list[str], list[tuple[list[str], st
   from ml_collections.config_flags import config_flags as parsers
 
   try:
-    labels = set(parsers.ConfigFileFlagParser(name="config").parse(path).runs)
+    runs = parsers.ConfigFileFlagParser(name="config").parse(path).runs
   except Exception:  # noqa: BLE001 (a broken config file: absl's parse reports it)
     return argv, []
+
+  def missing(parts: list[str]) -> bool:   # a new run, or a section its run does not have
+    node = runs
+    for part in parts[:-1]:
+      if not hasattr(node, "keys") or part not in node:
+        return True
+      node = node[part]
+    return False
+
   kept, new = [argv[0]], []
   i = 1
   while i < len(argv):
@@ -233,7 +243,7 @@ def split_new_runs(argv: list[str]) -> tuple[list[str], list[tuple[list[str], st
     if a.startswith("--config.runs."):
       name, eq, value = a[len("--config.runs."):].partition("=")
       parts = name.split(".")
-      if len(parts) >= 2 and parts[0] not in labels:
+      if len(parts) >= 2 and missing(parts):
         if not eq:
           if i + 1 >= len(argv):
             refuse(f"{a} needs a value ({a}=<value>)")

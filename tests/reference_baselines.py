@@ -91,9 +91,11 @@ def full_gradient(model, params, data, c, batch_size):
   return jax.tree.map(lambda t: t / max(n, 1), total)
 
 
-def scaffold_client(model, x, c_server, c_own, data, client, num_steps, key, *, lr, batch_size, option):
+def scaffold_client(model, x, c_server, c_own, data, client, num_steps, key, *, lr, batch_size, option,
+                    dtype=np.float32):
   """SCAFFOLD's client (Karimireddy et al. 2020, Algorithm 1, lines 8-12), step by step:
-  ``y ← y − η (g(y) − c_i + c)`` for ``K`` steps, then ``c_i⁺`` by option I or II."""
+  ``y ← y − η (g(y) − c_i + c)`` for ``K`` steps, then ``c_i⁺`` by option I or II (the model in
+  ``dtype``: float64 under x64 for the float64 references)."""
   cd = client_data(data, client)
   batch_key, _ = jax.random.split(key)
   g = grad_fn(model)
@@ -102,7 +104,7 @@ def scaffold_client(model, x, c_server, c_own, data, client, num_steps, key, *, 
     b = batch_at(batch_key, cd, jnp.asarray(t), batch_size)
     gy = g(y, b)
     y = jax.tree.map(
-      lambda w, gw, ci, cs: np.asarray(w, np.float32) - lr * (np.asarray(gw) - ci + cs).astype(np.float32),
+      lambda w, gw, ci, cs: np.asarray(w, dtype) - lr * (np.asarray(gw) - ci + cs).astype(dtype),
       y,
       gy,
       c_own,
@@ -122,6 +124,79 @@ def scaffold_client(model, x, c_server, c_own, data, client, num_steps, key, *, 
       y,
     )
   return y, np64(c_new)
+
+
+def scaffold_rounds(
+  model,
+  data,
+  x0,
+  parent,
+  rounds,
+  key,
+  *,
+  cohort_size,
+  option,
+  average,
+  eta_g,
+  steps,
+  root_period=None,
+  weights=None,
+  lr,
+  batch_size,
+  dtype=np.float32,
+):
+  """SCAFFOLD's Algorithm 1 per parent of clients (its own x and c, kept in float64), the root (if any)
+  averaging the parents' models by ``weights`` every ``root_period`` rounds; the clients train in
+  ``dtype``. Returns ``(x, c, c_i)``."""
+  num_parents = int(parent.max()) + 1
+  x = [np64(x0) for _ in range(num_parents)]
+  c = [jax.tree.map(np.zeros_like, x[0]) for _ in range(num_parents)]
+  c_i = [jax.tree.map(np.zeros_like, x[0]) for _ in range(data.num_clients)]
+  sampler = cohort_sampler(parent, cohort_size)
+  population = np.bincount(parent, minlength=num_parents)
+  for r in range(rounds):
+    rk = jax.random.fold_in(key, r)
+    cohort = sampler(stream(rk, "cohort"))
+    slots = [
+      (int(k), int(p))
+      for k, p, v in zip(
+        np.asarray(cohort.clients), np.asarray(cohort.parent), np.asarray(cohort.valid), strict=True
+      )
+      if v
+    ]
+    dy = [[] for _ in range(num_parents)]
+    dc = [[] for _ in range(num_parents)]
+    for k, p in slots:
+      start = jax.tree.map(lambda a: jnp.asarray(a, dtype), x[p])
+      y, new_c = scaffold_client(
+        model,
+        start,
+        c[p],
+        c_i[k],
+        data,
+        k,
+        steps[k],
+        jax.random.fold_in(stream(rk, "train"), k),
+        lr=lr,
+        batch_size=batch_size,
+        option=option,
+        dtype=dtype,
+      )
+      dy[p].append(jax.tree.map(lambda yy, xx: np.asarray(yy, np.float64) - xx, y, x[p]))
+      dc[p].append(jax.tree.map(np.subtract, new_c, c_i[k]))
+      c_i[k] = new_c
+    for p in range(num_parents):
+      if not dy[p]:
+        continue
+      mean_dy = jax.tree.map(lambda *d: sum(d) / len(d), *dy[p])
+      x[p] = jax.tree.map(lambda xx, d: xx + eta_g * d, x[p], mean_dy)
+      count = population[p] if average == "all" else len(dc[p])
+      c[p] = jax.tree.map(lambda cc, *d, n=count: cc + sum(d) / n, c[p], *dc[p])
+    if root_period and (r + 1) % root_period == 0:
+      root = jax.tree.map(lambda *m: sum(w * a for w, a in zip(weights, m, strict=True)) / sum(weights), *x)
+      x = [root for _ in range(num_parents)]
+  return x, c, c_i
+
 
 
 def _f32(tree):
@@ -148,20 +223,20 @@ def feddyn_client(model, x, grad_l, data, client, num_steps, key, *, lr, batch_s
   return y, new
 
 
-def fednova_client(model, x, data, client, num_steps, key, *, lr, batch_size, momentum):
+def fednova_client(model, x, data, client, num_steps, key, *, lr, batch_size, momentum, dtype=np.float32):
   """FedNova's client (Wang et al. 2020): ``τ`` steps of SGD with heavy-ball momentum ``ρ``
   (``v ← ρ v + g``, ``y ← y − η v``) and ``‖a‖₁`` by the paper's recursion (``c ← ρ c + 1``,
-  ``‖a‖₁ += c`` per step). Returns ``(y, ‖a‖₁)``."""
+  ``‖a‖₁ += c`` per step, in Python floats). Returns ``(y, ‖a‖₁)``; the model in ``dtype``."""
   cd = client_data(data, client)
   batch_key, _ = jax.random.split(key)
   g = grad_fn(model)
-  y = _f32(x)
+  y = jax.tree.map(lambda a: np.asarray(a, dtype), x)
   v = jax.tree.map(np.zeros_like, y)
   counter = norm = 0.0
   for t in range(int(num_steps)):
     gy = g(y, batch_at(batch_key, cd, jnp.asarray(t), batch_size))
-    v = jax.tree.map(lambda vv, gw: np.float32(momentum) * vv + np.asarray(gw), v, gy)
-    y = jax.tree.map(lambda w, vv: w - np.float32(lr) * vv, y, v)
+    v = jax.tree.map(lambda vv, gw: dtype(momentum) * vv + np.asarray(gw), v, gy)
+    y = jax.tree.map(lambda w, vv: w - dtype(lr) * vv, y, v)
     counter = momentum * counter + 1.0
     norm += counter
   return y, norm
@@ -225,6 +300,64 @@ def run_rounds(data, x0, parent, rounds, key, *, cohort_size, client, server, ro
 def train_key(round_key, client):
   """Client ``client``'s key of the round (the engine's ``fold_in(stream(key, "train"), client)``)."""
   return jax.random.fold_in(stream(round_key, "train"), client)
+
+
+def fednova_rounds(
+  model,
+  data,
+  x0,
+  parent,
+  rounds,
+  key,
+  *,
+  cohort_size,
+  aggregation,
+  weights,
+  steps,
+  momentum,
+  root_period=None,
+  lr,
+  batch_size,
+  dtype=np.float32,
+):
+  """FedNova per parent of clients: ``x ← x − τ_eff Σ_i p_i (x − y_i)/‖a_i‖₁`` with ``p_i`` and
+  ``τ_eff = Σ_i p_i ‖a_i‖₁`` as ``aggregation`` says; the root (if any) averages the parents' models
+  by their clients' weights every ``root_period`` rounds (in float64; the clients train in ``dtype``)."""
+  parent = np.asarray(parent)
+  total = np.bincount(parent, weights=weights)
+  population = np.bincount(parent)
+
+  def client(rk, k, p, x):
+    return fednova_client(
+      model, x, data, k, steps[k], train_key(rk, k), lr=lr, batch_size=batch_size, momentum=momentum,
+      dtype=dtype)
+
+  def server(p, x, answers):
+    w = np.asarray([weights[k] for k, _ in answers])
+    a = np.asarray([norm for _, (_, norm) in answers])
+    d = [
+      jax.tree.map(lambda xx, yy, n=n: (xx - np.asarray(yy, np.float64)) / n if n > 0 else 0 * xx, x, y)
+      for (_, (y, _)), n in zip(answers, a, strict=True)
+    ]
+    pk = w / (w.sum() if aggregation == "answered" else total[p])
+    tau_eff = float(np.sum(pk * a))
+    scale = population[p] / len(answers) if aggregation == "scaled" else 1.0
+    step = jax.tree.map(lambda *di: tau_eff * scale * sum(q * dd for q, dd in zip(pk, di, strict=True)), *d)
+    return jax.tree.map(np.subtract, x, step)
+
+  return run_rounds(
+    data,
+    x0,
+    parent,
+    rounds,
+    key,
+    cohort_size=cohort_size,
+    client=client,
+    server=server,
+    root_period=root_period,
+    root_weights=list(total) if root_period else None,
+  )
+
 
 
 # ------------------------------------------------------------------------ issue 36, second half:
@@ -300,10 +433,10 @@ def sgd_client(model, x, data, client, num_steps, key, *, lr, batch_size):
 
 
 def qffedavg_round(model, x, data, cohort, keys, *, q, lr, lipschitz, batch_size, steps, loss_at,
-                   weights=None):
+                   weights=None, loss_epsilon=1e-10):
   """One round of q-FedAvg (Li et al. 2020, Algorithm 2) over ``cohort``: every client's ``F_k``,
   ``Δ_k = F_k^q L (w − w̄_k)``, ``h_k = q F_k^{q−1} ‖L (w − w̄_k)‖² + L F_k^q``; ``w − Σ Δ_k / Σ h_k``
-  (with ``weights``: ``w − Σ p_k Δ_k / Σ p_k h_k``)."""
+  (with ``weights``: ``w − Σ p_k Δ_k / Σ p_k h_k``); ``F_k`` gets ``+ loss_epsilon``."""
   big_l = 1.0 / lr if lipschitz is None else lipschitz
   deltas, hs = [], []
   for c, key in zip(cohort, keys, strict=True):
@@ -314,7 +447,7 @@ def qffedavg_round(model, x, data, cohort, keys, *, q, lr, lipschitz, batch_size
     else:
       per_epoch = max(-(-int(data.n_train[c]) // batch_size), 1)
       f = float(np.mean(losses[-per_epoch:]))
-    f += 1e-10
+    f += loss_epsilon
     dw = jax.tree.map(lambda a, b: big_l * (np.asarray(a, np.float64) - np.asarray(b, np.float64)), x, w)
     sq = sum(float(np.sum(d ** 2)) for d in jax.tree.leaves(dw))
     deltas.append(jax.tree.map(lambda d, f=f, p=p: p * f ** q * d, dw))
@@ -360,11 +493,13 @@ def afl_round(model, x, lam, domain, data, cohort, keys, *, lr, batch_size, step
   return new_x, new_lam
 
 
-def fedasync_event_loop(model, x0, data, speeds, steps, rounds, root, *, lr, batch_size, alpha, s):
+def fedasync_event_loop(model, x0, data, speeds, steps, rounds, root, *, lr, batch_size, alpha, s,
+                        dtype=np.float32):
   """FedAsync (Xie et al. 2019, Algorithm 1) with every client always in flight, as an event loop:
   the earliest to finish trains from the model of the version it started from (with the key of the
-  server update that applies it), ``x ← (1 − α s(t − τ)) x + α s(t − τ) y``, and starts again from
-  the new model. Returns the models and every update's staleness."""
+  server update that applies it), ``x ← (1 − α s(t − τ)) x + α s(t − τ) y`` (in float64, the model
+  kept in ``dtype``), and starts again from the new model. Returns the models and every update's
+  staleness."""
   import heapq
 
   models, stale = [x0], []
@@ -378,10 +513,44 @@ def fedasync_event_loop(model, x0, data, speeds, steps, rounds, root, *, lr, bat
                       batch_size=batch_size)
     a = alpha * s(r - v)
     def mix(p, q, a=a):
-      return jnp.asarray((1 - a) * np.asarray(p, np.float64) + a * np.asarray(q, np.float64), jnp.float32)
+      return jnp.asarray((1 - a) * np.asarray(p, np.float64) + a * np.asarray(q, np.float64), dtype)
 
     x = jax.tree.map(mix, x, y)
     models.append(x)
     stale.append(r - v)
     heapq.heappush(heap, (t + steps[c] / speeds[c], c, r + 1))
+  return models, stale
+
+
+def fedbuff_event_loop(model, x0, data, speeds, steps, weights, rounds, root, *, buffer, lr, batch_size,
+                       exponent):
+  """FedBuff (Nguyen et al. 2022, Algorithm 1) with every client always in flight, as an event loop in
+  float64: the ``buffer`` earliest to finish each train from the model of the version they started
+  from (with the key of the server update that applies them), the server steps
+  ``x ← x − Σ_i w_i (1 + τ_i)^-a (x_{τ_i} − y_i) / Σ_i w_i`` and they start again from the new model.
+  Returns the models and every update's stalenesses."""
+  import heapq
+
+  models, stale = [x0], []
+  heap = [(steps[c] / speeds[c], c, 0) for c in range(len(speeds))]
+  heapq.heapify(heap)
+  x = x0
+  for r in range(rounds):
+    done = [heapq.heappop(heap) for _ in range(buffer)]
+    rk = jax.random.fold_in(root, r)
+    delta, total = None, 0.0
+    for _, c, v in done:
+      y, _ = sgd_client(model, models[v], data, c, steps[c], jax.random.fold_in(stream(rk, "train"), c),
+                        lr=lr, batch_size=batch_size)
+      scale = float(weights[c]) * (1.0 + (r - v)) ** -exponent
+      d = jax.tree.map(lambda a, b, f=scale: f * (np.asarray(a, np.float64) - np.asarray(b, np.float64)),
+                       models[v], y)
+      delta = d if delta is None else jax.tree.map(np.add, delta, d)
+      total += float(weights[c])
+    x = jax.tree.map(lambda p, d, t=total: jnp.asarray(np.asarray(p, np.float64) - d / t), x, delta)
+    models.append(x)
+    stale.append([r - v for _, _, v in done])
+    clock = max(t for t, _, _ in done)
+    for _, c, _ in done:
+      heapq.heappush(heap, (clock + steps[c] / speeds[c], c, r + 1))
   return models, stale

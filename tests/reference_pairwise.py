@@ -232,11 +232,12 @@ def _hn_pullback(shapes):
 
 
 def pfedhn_reference(model, data, hnet, emb, treedef, shapes, rounds, key, *, cohort_size, lr, batch_size,
-                     steps, hn_lr, momentum, weight_decay, clip_norm):
+                     steps, hn_lr, momentum, weight_decay, clip_norm, embedding_step="own"):
   """Algorithm 1 of pFedHN on one server, its cohort's steps averaged (one client per round is the
   paper's): for every sampled client ``θ_i = h(v_i; φ)``, SGD to ``θ̃_i``, ``Δθ_i = θ_i − θ̃_i``;
   ``∇φ = mean_i J_φᵀ Δθ_i``, ``∇v_i = J_vᵀ Δθ_i``; the global norm of ``(∇φ, ∇v)`` clipped, then
-  PyTorch's SGD with weight decay and momentum on ``(φ, v)``. Returns ``(φ, v)``."""
+  PyTorch's SGD with weight decay and momentum on ``(φ, v)`` (``embedding_step="mean"``: ``∇v_i``
+  over the cohort too, FLGo's). Returns ``(φ, v)``."""
   parent = np.zeros(data.num_clients, int)
   hnet, emb = np64(hnet), np.asarray(emb, np.float64)
   buf = None
@@ -255,7 +256,7 @@ def pfedhn_reference(model, data, hnet, emb, treedef, shapes, rounds, key, *, co
       gh, gv = _hn_pullback(tuple(shapes))(h32, v32, [jnp.asarray(d, jnp.float32) for d in delta])
       share = 1.0 / len(members)
       g_h = jax.tree.map(lambda a, b, s=share: a + np.asarray(b, np.float64) * s, g_h, gh)
-      g_e[k] += np.asarray(gv, np.float64)
+      g_e[k] += np.asarray(gv, np.float64) * (share if embedding_step == "mean" else 1.0)
     grads = (g_h, g_e)
     norm = math.sqrt(sum(float(np.sum(np.square(g))) for g in jax.tree.leaves(grads)))
     scale = min(1.0, clip_norm / norm) if norm > 0 else 1.0

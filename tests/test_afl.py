@@ -146,6 +146,37 @@ def test_afl_sends_a_model_and_two_floats(problem):
   assert float(metrics["downlink_bytes"]) == size
 
 
+def test_afl_reports_the_average_of_its_iterates(problem):
+  """Issue 57 item 9: ``output="average"`` reports ``(1/T) Σ_{t=1}^T w_t`` (the paper's ``w^A``,
+  FLGo's evaluated model), the iterates those of ``output="last"`` (which it trains on), flat and on a
+  tree (the edges' models; the root's stays its last), and is a run field."""
+  data, groups, model = problem
+  key = jax.random.key(4)
+  for topo in (None, Topology.from_labels(groups)):
+    kw = dict(model=model, data=data, local_optimizer=optax.sgd(LR), cohort_size=4 if topo is None else 2,
+              schedule=LocalSchedule(batch_size=B, steps=2), domain_learning_rate=0.5, topology=topo)
+    last, avg = afl(output="last", **kw), afl(output="average", **kw)
+    leaf = 0 if topo is None else 1
+    name = "global" if topo is None else "level1"
+    s_last, s_avg, iterates = last.init(jax.random.key(7)), avg.init(jax.random.key(7)), []
+    step_last, step_avg = jax.jit(last.round), jax.jit(avg.round)
+    for r in range(3):
+      s_last, _ = step_last(s_last, data, jax.random.fold_in(key, r))
+      s_avg, _ = step_avg(s_avg, data, jax.random.fold_in(key, r))
+      iterates.append(s_last.params[leaf])
+    np.testing.assert_array_equal(np.asarray(s_avg.server_state.weights), np.asarray(s_last.server_state))
+    want = jax.tree.map(lambda *w: sum(np.asarray(a, np.float64) for a in w) / 3, *iterates)
+    got = avg.models(s_avg)[name].params
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+      np.testing.assert_allclose(np.asarray(a), b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(s_avg.params), jax.tree.leaves(s_last.params), strict=True):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))   # it trains on the last iterate
+  run = ml_collections.ConfigDict({"algorithm": "afl", "output": "average"})
+  assert registry.factory_kwargs("a", run, small_context())["output"] == "average"
+  with pytest.raises(ValueError, match=r"afl: output='best'; choose one of \('last', 'average'\)"):
+    afl(output="best", **kw)
+
+
 def test_afl_refusals(problem):
   data, groups, model = problem
   common = dict(model=model, data=data, local_optimizer=optax.sgd(LR),

@@ -57,7 +57,7 @@ def test_quickstart_end_to_end(tmp_path, capsys):
   assert "never trained" in table and "hierfavg global, edges_only global" in table
   # where everything is: the workdir first, every file it holds at the end, with full paths
   assert f"fedtree: workdir {tmp_path}" in err.splitlines()[0]
-  listing = err[err.index(f"the workdir {tmp_path} holds:"):]
+  listing = out[out.index(f"the workdir {tmp_path} holds:"):]   # stdout, after the table (issue 57)
   for name in ("summary.json", "metrics.jsonl", "config.json", "plot_accuracy.png",
                "plot_fairness_rounds.png"):
     assert f"  {tmp_path / name}\n" in listing, name

@@ -96,6 +96,34 @@ def test_no_candidate_is_local_training(problem):
   assert int(metrics["downlink_bytes"]) == 0
 
 
+def test_a_separate_validation_split_is_the_held_out_one_when_they_agree(problem):
+  """Issue 57 item 9: ``validation_data`` (the data's own validation split, FLGo's ``val_data``): the
+  clients weigh their candidates on it and train on all their training examples. Given exactly the
+  examples ``validation="last"`` holds out, and the training data without them, the run is the
+  held-out run's; shapes that do not fit are refused."""
+  data, _, model = problem
+  n = np.asarray(data.n_train)
+  n_val = np.floor(0.3 * n.astype(np.float32)).astype(int)
+  v = int(n_val.max())
+  x_val = np.zeros((data.num_clients, v) + data.example_shape, np.float32)
+  y_val = np.zeros((data.num_clients, v), np.int32)
+  for c in range(data.num_clients):
+    x_val[c, :n_val[c]] = np.asarray(data.x_train[c, n[c] - n_val[c]:n[c]])
+    y_val[c, :n_val[c]] = np.asarray(data.y_train[c, n[c] - n_val[c]:n[c]])
+  train_only = data.replace(n_train=data.n_train - n_val)   # the rows past n are padding
+  kw = dict(model=model, local_optimizer=optax.sgd(LR), schedule=LocalSchedule(batch_size=B, steps=3),
+            cohort_size=4, num_candidates=2, epsilon=0.5, epsilon_decay=0.2)
+  key = jax.random.key(3)
+  held, _ = _run(fedfomo(data=data, val_fraction=0.3, validation="last", **kw), data, 2, key)
+  given, _ = _run(fedfomo(data=train_only, validation_data=(x_val, y_val, n_val), **kw), train_only, 2, key)
+  chex.assert_trees_all_close(given.client_state, held.client_state, atol=1e-6)
+  with pytest.raises(ValueError, match=r"fedfomo: validation_data has shapes x \(6, 2, 6\), y \(6, 2\), "
+                                       r"n \(5,\); give one row per client \(6\)"):
+    fedfomo(data=data, validation_data=(x_val[:, :2], y_val[:, :2], n_val[:5]), **kw)
+  with pytest.raises(ValueError, match=r"fedfomo: validation_data's examples have shape \(3,\)"):
+    fedfomo(data=data, validation_data=(x_val[..., :3], y_val, n_val), **kw)
+
+
 def test_fedfomo_refusals_name_the_value(problem):
   data, _, model = problem
   common = dict(model=model, data=data, local_optimizer=optax.sgd(LR),

@@ -25,60 +25,6 @@ def problem():
   return ref.small_problem()
 
 
-def _reference(
-  model,
-  data,
-  x0,
-  parent,
-  rounds,
-  key,
-  *,
-  cohort_size,
-  aggregation,
-  weights,
-  steps,
-  momentum,
-  root_period=None,
-):
-  """FedNova per parent of clients: ``x ← x − τ_eff Σ_i p_i (x − y_i)/‖a_i‖₁`` with ``p_i`` and
-  ``τ_eff = Σ_i p_i ‖a_i‖₁`` as ``aggregation`` says; the root (if any) averages the parents' models
-  by their clients' weights every ``root_period`` rounds."""
-  parent = np.asarray(parent)
-  total = np.bincount(parent, weights=weights)
-  population = np.bincount(parent)
-
-  def client(rk, k, p, x):
-    return ref.fednova_client(
-      model, x, data, k, steps[k], ref.train_key(rk, k), lr=LR, batch_size=B, momentum=momentum
-    )
-
-  def server(p, x, answers):
-    w = np.asarray([weights[k] for k, _ in answers])
-    a = np.asarray([norm for _, (_, norm) in answers])
-    d = [
-      jax.tree.map(lambda xx, yy, n=n: (xx - np.asarray(yy, np.float64)) / n if n > 0 else 0 * xx, x, y)
-      for (_, (y, _)), n in zip(answers, a, strict=True)
-    ]
-    pk = w / (w.sum() if aggregation == "answered" else total[p])
-    tau_eff = float(np.sum(pk * a))
-    scale = population[p] / len(answers) if aggregation == "scaled" else 1.0
-    step = jax.tree.map(lambda *di: tau_eff * scale * sum(q * dd for q, dd in zip(pk, di, strict=True)), *d)
-    return jax.tree.map(np.subtract, x, step)
-
-  return ref.run_rounds(
-    data,
-    x0,
-    parent,
-    rounds,
-    key,
-    cohort_size=cohort_size,
-    client=client,
-    server=server,
-    root_period=root_period,
-    root_weights=list(total) if root_period else None,
-  )
-
-
 @pytest.mark.parametrize(
   "aggregation,weighting,momentum,per_client",
   [
@@ -111,7 +57,7 @@ def test_fednova_matches_the_papers_update_per_client(problem, aggregation, weig
   x0 = ref.start(alg)
   n = np.asarray(data.n_train, np.float64)
   weights = n if weighting == "examples" else np.ones_like(n)
-  x = _reference(
+  x = ref.fednova_rounds(
     model,
     data,
     x0,
@@ -123,6 +69,8 @@ def test_fednova_matches_the_papers_update_per_client(problem, aggregation, weig
     weights=weights,
     steps=sched.num_steps(np.asarray(data.n_train)),
     momentum=momentum,
+    lr=LR,
+    batch_size=B,
   )
   ref.close(ref.row(state.params[0], 0), x[0])
   assert float(metrics["tau_eff"]) > 0
@@ -152,7 +100,7 @@ def test_fednova_on_a_tree_normalizes_at_the_clients_parents(problem):
   key = jax.random.key(4)
   state, _ = ref.run_jit(alg, data, 4, key)
   x0 = ref.start(alg)
-  x = _reference(
+  x = ref.fednova_rounds(
     model,
     data,
     x0,
@@ -164,6 +112,8 @@ def test_fednova_on_a_tree_normalizes_at_the_clients_parents(problem):
     weights=np.asarray(data.n_train, np.float64),
     steps=sched.num_steps(np.asarray(data.n_train)),
     momentum=0.0,
+    lr=LR,
+    batch_size=B,
     root_period=2,
   )
   for g in range(3):

@@ -1,8 +1,11 @@
-"""float64 under ``jax_enable_x64`` (issue 14 item 12, issue 15 item 7): FedAvg, FedAdam and
-pFedMe match their reference loops to 1e-12 (float32 anywhere in the round would show as
-~1e-8), the x64 round compiles once, and every other algorithm runs a round in float64.
+"""float64 under ``jax_enable_x64`` (issue 14 item 12, issue 15 item 7, issue 57 items 1-3): FedAvg,
+FedAdam, pFedMe, SCAFFOLD, FedNova, FedAsync and FedBuff match their per-client reference loops to
+1e-12 (float32 anywhere in the round would show as ~1e-8), the x64 round compiles once, every
+other algorithm runs a round in float64, and the program of an x64 round holds no float32 value
+(``tests/float32_scan.py`` walks its jaxpr, every nested jaxpr included).
 
-x64 is process-global, so each test runs ``tests/x64_driver.py`` in a subprocess.
+The reference loops run ``tests/x64_driver.py`` in a subprocess (x64 for the whole process); the
+scans trace under ``jax.enable_x64(True)``, a context, as ``config.dtype="float64"`` runs do.
 """
 
 import json
@@ -11,7 +14,10 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import pytest
+from float32_scan import CAPABILITY_CASES, float32_sites, x64_round_sites
+from helpers import ALGORITHM_CASES
 
 HERE = pathlib.Path(__file__).parent
 ROOT = HERE.parent
@@ -63,3 +69,80 @@ def test_every_other_algorithm_runs_a_float64_round(others, name):
   assert "error" not in got, got.get("error")
   assert got["dtypes"] == ["float64"] and got["finite"], got
   assert got["loss_dtype"] == "float64", got
+
+
+# ------------------------------------------------------------------------ issue 57
+@pytest.mark.slow   # a fresh process, four algorithms and their loops
+def test_scaffold_fednova_fedasync_fedbuff_float64_match_per_client_loops():
+  """Issue 57 items 1-3: SCAFFOLD's 1/N (the population count), FedNova's ρ^k, ‖a‖₁ and 1/‖a‖₁, and
+  the staleness weight (1 + τ)^-a of FedAsync and FedBuff were float32 and put these 1e-9 to 9e-9
+  off their references after four rounds."""
+  names = ("scaffold_ref", "fednova_ref", "fedasync_ref", "fedbuff_ref")
+  out = _x64(*names)
+  for name in names:
+    assert out[name]["dtypes"] == ["float64"], (name, out[name])
+    assert out[name]["maxdiff"] < 1e-12, (name, out[name])
+  for name in ("fedasync_ref", "fedbuff_ref"):   # stale updates were weighted
+    got = out[name]
+    assert got["staleness"] == got["want_staleness"] and max(got["staleness"]) > 0, got
+
+
+def test_the_scan_finds_float32_in_every_nested_jaxpr():
+  """The checker itself: a float32 value inside a scan inside a cond inside a jit, a float32 literal
+  and a float32 constant are each listed with their primitive; a float64 program lists none."""
+  import jax.numpy as jnp
+  import numpy as np
+
+  with jax.enable_x64(True):
+    table = np.ones(2, np.float32)
+
+    def f(x):
+      def body(c, _):
+        return c * jnp.float32(2.0), None
+
+      inner = jax.jit(lambda y: jax.lax.cond(
+        y.sum() > 0, lambda: jax.lax.scan(body, y.astype(jnp.float32), None, length=2)[0].astype(y.dtype),
+        lambda: y))
+      return inner(x) + jnp.asarray(table).astype(x.dtype)
+
+    sites = float32_sites(jax.make_jaxpr(f)(jnp.ones(2)))
+    kinds = {(s.primitive, s.what) for s in sites}
+    assert {("convert_element_type", "out"), ("mul", "literal"), ("mul", "out"), ("scan", "out"),
+            ("const", "const")} <= kinds, kinds
+    assert float32_sites(jax.make_jaxpr(lambda x: jax.lax.scan(lambda c, _: (c * 2.0, None), x, None,
+                                                                length=2)[0])(jnp.ones(2))) == []
+
+
+@pytest.mark.parametrize("label", ["scaffold", "fedbuff_systems"])
+def test_an_x64_round_holds_no_float32(label):
+  """Issue 57 items 1 and 3, made impossible to regress: SCAFFOLD's population count, FedBuff's (and
+  FedAsync's) staleness weight and simulated clock are float64 in an x64 round with float64 state
+  (the fast cases; ``-m slow`` scans every registered algorithm)."""
+  with jax.enable_x64(True):
+    dtypes, sites = x64_round_sites(label)
+  assert dtypes == {"float64"}, dtypes
+  assert sites == [], sites
+
+
+def test_fednova_effective_steps_are_float64_under_x64():
+  """Issue 57 item 2: ‖a‖₁ = Σ_{k=1}^{τ} (1 − ρ^k)/(1 − ρ) in float64 (ρ and the cumulative sum were
+  float32, so 1/τ_i was)."""
+  import jax.numpy as jnp
+
+  from fedtree.algorithms.optimization.fednova import effective_steps
+
+  rho = 0.9
+  with jax.enable_x64(True):
+    a = jax.vmap(lambda t: effective_steps(t, rho, 8))(jnp.asarray([0, 1, 3, 7]))
+  want = [sum((1 - rho ** k) / (1 - rho) for k in range(1, t + 1)) for t in (0, 1, 3, 7)]
+  assert [str(x.dtype) for x in a] == ["float64"] * 4
+  assert max(abs(float(x) - w) for x, w in zip(a, want, strict=True)) < 1e-14
+
+
+@pytest.mark.slow   # every registered algorithm and a run of each capability: about a minute
+@pytest.mark.parametrize("label", sorted(ALGORITHM_CASES) + sorted(CAPABILITY_CASES))
+def test_every_algorithm_x64_round_holds_no_float32(label):
+  with jax.enable_x64(True):
+    dtypes, sites = x64_round_sites(label)
+  assert dtypes == {"float64"}, dtypes
+  assert sites == [], "\n".join(sites)

@@ -72,6 +72,52 @@ def test_pfedhn_matches_the_per_client_loop(problem, cohort):
   assert "uplink_bytes" not in metrics   # θ_i down, Δθ_i up: one model each way
 
 
+def test_pfedhn_starts_from_given_values_and_flgos_embedding_step(problem):
+  """Issue 57 item 8: the hypernetwork and the embeddings start from the values given (a reference's,
+  no state surgery), and ``embedding_step="mean"`` divides the embeddings' gradients by the cohort as
+  ``φ``'s (FLGo's): two rounds of two clients against the per-client loop; the run fields take the
+  step, and shapes that are not the hypernetwork's are refused naming the leaf."""
+  from fedtree.algorithms.personalized.pfedhn import init_hypernetwork
+
+  data, _, model = problem
+  sched = LocalSchedule(batch_size=B, steps=3)
+  template = model.init(jax.random.key(0))
+  hn0 = jax.tree.map(np.asarray, init_hypernetwork(jax.random.key(42), template, None, embed_dim=3, hidden=6,
+                                                   n_hidden=1))
+  emb0 = np.random.default_rng(0).normal(size=(data.num_clients, 3)).astype(np.float32)
+  common = dict(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched, cohort_size=2,
+                hidden=6, n_hidden=1, embed_dim=3, **HN)
+  alg = pfedhn(hn_params=hn0, embeddings=emb0, embedding_step="mean", **common)
+  start = jax.jit(alg.init)(jax.random.key(7)).server_state
+  chex.assert_trees_all_equal(jax.tree.map(lambda a: np.asarray(a[0]), start.hnet), hn0)
+  np.testing.assert_array_equal(np.asarray(start.embeddings[0]), emb0)
+  key = jax.random.key(9)
+  state, _ = _run(alg, data, 2, key)
+  leaves, treedef = jax.tree.flatten(template)
+  ref_kw = dict(cohort_size=2, lr=LR, batch_size=B, steps=np.full(data.num_clients, 3),
+                hn_lr=HN["hn_learning_rate"], momentum=HN["hn_momentum"], weight_decay=HN["hn_weight_decay"],
+                clip_norm=HN["clip_norm"])
+  hnet, emb = ref.pfedhn_reference(model, data, hn0, emb0, treedef, [a.shape for a in leaves], 2, key,
+                                   embedding_step="mean", **ref_kw)
+  got = ref.np64(jax.tree.map(lambda a: a[0], state.server_state.hnet))
+  chex.assert_trees_all_close(got, hnet, atol=3e-5, rtol=2e-4)
+  np.testing.assert_allclose(np.asarray(state.server_state.embeddings[0]), emb, atol=3e-5, rtol=2e-4)
+  _, own = ref.pfedhn_reference(model, data, hn0, emb0, treedef, [a.shape for a in leaves], 2, key, **ref_kw)
+  assert not np.allclose(np.asarray(state.server_state.embeddings[0]), own, atol=1e-4)   # the step differs
+  run = ml_collections.ConfigDict({"algorithm": "pfedhn", "embedding_step": "mean"})
+  kw = registry.factory_kwargs("hn", run, small_context())
+  assert kw["embedding_step"] == "mean"
+  bad = {**hn0, "mlp": [{"kernel": np.zeros((4, 6)), "bias": np.zeros(6)}, hn0["mlp"][1]]}
+  with pytest.raises(ValueError, match=r"pfedhn: hn_params\['mlp'\]\[0\]\['kernel'\] has shape \(4, 6\); "
+                                       r"the hypernetwork's is \(3, 6\)"):
+    pfedhn(hn_params=bad, **common)
+  with pytest.raises(ValueError, match=r"pfedhn: embeddings has shape \(6, 2\); give one row of embed_dim=3 "
+                                       r"per client: \(6, 3\)"):
+    pfedhn(embeddings=np.zeros((6, 2)), **common)
+  with pytest.raises(ValueError, match=r"pfedhn: embedding_step='flgo'; choose one of \('own', 'mean'\)"):
+    pfedhn(embedding_step="flgo", **common)
+
+
 def test_pfedhn_pc_keeps_each_clients_head(problem):
   data, _, model = problem
   alg = pfedhn(model=model, data=data, local_optimizer=optax.sgd(LR),

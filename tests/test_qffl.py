@@ -132,6 +132,34 @@ def test_qffl_sends_one_model_and_one_float(problem):
   assert float(metrics["uplink_bytes"]) == size // 2 + 4
 
 
+def test_loss_epsilon_is_an_option(problem):
+  """Issue 57 item 6: ``F_k + ε`` with the ε a run gives (FLGo's 1e-8; the paper's code's 1e-10 by
+  default), set from a run config as any field; a large one shows in a float32 round."""
+  data, _, model = problem
+  sched = LocalSchedule(batch_size=B, steps=2)
+  ctx = small_context()
+  run = ml_collections.ConfigDict({"algorithm": "qffl", "q": 2.0, "loss_epsilon": 0.25})
+  assert registry.factory_kwargs("fair", run, ctx)["loss_epsilon"] == 0.25
+  alg = qffl(model=model, data=data, local_optimizer=optax.sgd(LR), local_learning_rate=LR, schedule=sched,
+             cohort_size=4, q=2.0, loss_epsilon=0.25)
+  key = jax.random.key(5)
+  state, _ = _run(alg, data, 1, key)
+  rk = jax.random.fold_in(key, 0)
+  cohort = [k for k, _ in _slots(cohort_sampler(np.zeros(data.num_clients, int), 4), rk)]
+  keys = [jax.random.fold_in(stream(rk, "train"), k) for k in cohort]
+  kw = dict(q=2.0, lr=LR, lipschitz=None, batch_size=B, steps=sched.num_steps(np.asarray(data.n_train)),
+            loss_at="received")
+  want = ref.qffedavg_round(model, _start(alg), data, cohort, keys, loss_epsilon=0.25, **kw)
+  default = ref.qffedavg_round(model, _start(alg), data, cohort, keys, **kw)
+  got = jax.tree.map(lambda p: p[0], state.params[0])
+  ref.close(got, want)
+  with pytest.raises(AssertionError):
+    ref.close(got, default)
+  with pytest.raises(ValueError, match=r"qffl: loss_epsilon=-1e-08 must be a finite number >= 0"):
+    qffl(model=model, data=data, local_optimizer=optax.sgd(LR), local_learning_rate=LR, schedule=sched,
+         loss_epsilon=-1e-8)
+
+
 def test_qffl_refusals(problem):
   data, _, model = problem
   common = dict(model=model, data=data, local_optimizer=optax.sgd(LR),

@@ -19,3 +19,19 @@ def test_readme_test_command_is_what_ci_runs():
   assert blocks[0].startswith("pip install -e . && python -m fedtree.main --config=configs/quickstart.py")
   ci = open(os.path.join(ROOT, ".ci", "run")).read()
   assert blocks[1].replace('pip install -e', 'pip install -q -e') in ci
+
+
+def test_the_quickstart_prints_its_table_then_its_files_on_stdout(tmp_path, capsys):
+  """Issue 57 item 21: the README says the quickstart prints the final table, then every file it
+  wrote; both are on stdout (the listing went to stderr), progress and messages on stderr."""
+  from helpers import hierfavg_config
+
+  from fedtree import experiment
+
+  experiment.train_and_evaluate(hierfavg_config(rounds=2), str(tmp_path))
+  out, err = capsys.readouterr()
+  readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
+  assert "the final table, then every file it wrote, with full paths (both on stdout" in readme
+  table, listing = out.index("Final evaluation"), out.index(f"fedtree: the workdir {tmp_path} holds:")
+  assert table < listing and f"  {tmp_path / 'summary.json'}" in out[listing:]
+  assert "holds:" not in err and f"fedtree: workdir {tmp_path}" in err

@@ -3,7 +3,6 @@ and II, the variate averaged over all clients or the sampled ones, flat and on a
 reduction to FedAvg, the bytes it sends, and its refusals."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -12,8 +11,6 @@ import reference_baselines as ref
 from fedtree.algorithms import fedavg, scaffold
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
-from fedtree.core.rng import stream
-from fedtree.core.sampling import cohort_sampler
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
 from fedtree.toolbox.robust import median
@@ -24,73 +21,6 @@ LR, B = 0.1, 4
 @pytest.fixture(scope="module")
 def problem():
   return ref.small_problem()
-
-
-def _reference(
-  model,
-  data,
-  x0,
-  parent,
-  rounds,
-  key,
-  *,
-  cohort_size,
-  option,
-  average,
-  eta_g,
-  steps,
-  root_period=None,
-  weights=None,
-):
-  """Algorithm 1 per parent of clients (its own x and c), the root (if any) averaging the parents'
-  models by their examples every ``root_period`` rounds."""
-  num_parents = int(parent.max()) + 1
-  x = [ref.np64(x0) for _ in range(num_parents)]
-  c = [jax.tree.map(np.zeros_like, x[0]) for _ in range(num_parents)]
-  c_i = [jax.tree.map(np.zeros_like, x[0]) for _ in range(data.num_clients)]
-  sampler = cohort_sampler(parent, cohort_size)
-  population = np.bincount(parent, minlength=num_parents)
-  for r in range(rounds):
-    rk = jax.random.fold_in(key, r)
-    cohort = sampler(stream(rk, "cohort"))
-    slots = [
-      (int(k), int(p))
-      for k, p, v in zip(
-        np.asarray(cohort.clients), np.asarray(cohort.parent), np.asarray(cohort.valid), strict=True
-      )
-      if v
-    ]
-    dy = [[] for _ in range(num_parents)]
-    dc = [[] for _ in range(num_parents)]
-    for k, p in slots:
-      start = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), x[p])
-      y, new_c = ref.scaffold_client(
-        model,
-        start,
-        c[p],
-        c_i[k],
-        data,
-        k,
-        steps[k],
-        jax.random.fold_in(stream(rk, "train"), k),
-        lr=LR,
-        batch_size=B,
-        option=option,
-      )
-      dy[p].append(jax.tree.map(lambda yy, xx: np.asarray(yy, np.float64) - xx, y, x[p]))
-      dc[p].append(jax.tree.map(np.subtract, new_c, c_i[k]))
-      c_i[k] = new_c
-    for p in range(num_parents):
-      if not dy[p]:
-        continue
-      mean_dy = jax.tree.map(lambda *d: sum(d) / len(d), *dy[p])
-      x[p] = jax.tree.map(lambda xx, d: xx + eta_g * d, x[p], mean_dy)
-      count = population[p] if average == "all" else len(dc[p])
-      c[p] = jax.tree.map(lambda cc, *d, n=count: cc + sum(d) / n, c[p], *dc[p])
-    if root_period and (r + 1) % root_period == 0:
-      root = jax.tree.map(lambda *m: sum(w * a for w, a in zip(weights, m, strict=True)) / sum(weights), *x)
-      x = [root for _ in range(num_parents)]
-  return x, c, c_i
 
 
 @pytest.mark.parametrize(
@@ -115,7 +45,7 @@ def test_scaffold_matches_algorithm_1_per_client(problem, option, average, eta_g
   state, _ = ref.run_jit(alg, data, 3, key)
   x0 = ref.start(alg)
   steps = sched.num_steps(np.asarray(data.n_train))
-  x, c, c_i = _reference(
+  x, c, c_i = ref.scaffold_rounds(
     model,
     data,
     x0,
@@ -127,6 +57,8 @@ def test_scaffold_matches_algorithm_1_per_client(problem, option, average, eta_g
     average=average,
     eta_g=eta_g,
     steps=steps,
+    lr=LR,
+    batch_size=B,
   )
   ref.close(ref.row(state.params[0], 0), x[0])
   ref.close(ref.row(state.server_state, 0), c[0], atol=2e-4)
@@ -154,7 +86,7 @@ def test_scaffold_on_a_tree_keeps_variates_at_the_clients_parents(problem):
   x0 = ref.start(alg)
   parent = topo.parent(2)
   weights = [float(np.sum(parent == g)) for g in range(3)]   # uniform weighting: clients under each edge
-  x, c, c_i = _reference(
+  x, c, c_i = ref.scaffold_rounds(
     model,
     data,
     x0,
@@ -168,6 +100,8 @@ def test_scaffold_on_a_tree_keeps_variates_at_the_clients_parents(problem):
     steps=np.full(data.num_clients, 3),
     root_period=2,
     weights=weights,
+    lr=LR,
+    batch_size=B,
   )
   for g in range(3):
     ref.close(ref.row(state.params[1], g), x[g])

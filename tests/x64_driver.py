@@ -1,8 +1,9 @@
 """Run under ``JAX_ENABLE_X64=1`` by tests/test_float64.py (x64 is process-global, so it gets
 its own process): ``python x64_driver.py NAME...`` with NAME among ``fedavg``, ``fedadam``,
-``pfedme`` (largest deviation from the reference loop), ``compiles`` (traces of the fused x64
-round over three calls) and :data:`OTHERS` (dtypes after one round, or the error). Prints one
-JSON line."""
+``pfedme``, ``scaffold_ref``, ``fednova_ref``, ``fedasync_ref``, ``fedbuff_ref`` (largest deviation from
+the per-client reference loop, four rounds for the last four: issue 57), ``compiles`` (traces of the
+fused x64 round over three calls) and :data:`OTHERS` (dtypes after one round, or the error). Prints
+one JSON line."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import optax
 assert jax.config.jax_enable_x64, "run with JAX_ENABLE_X64=1"
 
 import reference as ref  # noqa: E402
+import reference_baselines as bref  # noqa: E402
 import reference_personalization as pref  # noqa: E402
 from helpers import count_traces  # noqa: E402
 
@@ -88,6 +90,9 @@ def main():
   # pFedMe: one round, every client.
   if "pfedme" in want:
     pfedme_vs_reference(model, data, key, sched, steps, out)
+  for name, check in REFERENCES.items():   # issue 57: four rounds against per-client loops in float64
+    if name in want:
+      out[name] = check(model, data, groups)
 
   # The x64 round compiles once over three calls of the fused loop.
   if "compiles" in want:
@@ -129,6 +134,100 @@ def pfedme_vs_reference(model, data, key, sched, steps, out):
   out["pfedme"] = {"maxdiff": maxdiff(row0(new.params[0]), want),
                    "dtypes": sorted({str(a.dtype) for a in jax.tree.leaves(new.params)})}
 
+
+
+def _dtypes(tree):
+  return sorted({str(a.dtype) for a in jax.tree.leaves(tree)})
+
+
+def scaffold_vs_reference(model, data, groups):
+  """SCAFFOLD (option II, the variate over all N clients: 1/N, issue 57 item 1) at 3 edges of 3, 2 and
+  3 clients under a root every 2 rounds, four rounds."""
+  topo = Topology.from_labels(groups)
+  sched = LocalSchedule(batch_size=B, epochs=1)
+  alg = A.scaffold(model=model, data=data, topology=topo, local_optimizer=optax.sgd(LR),
+                   local_learning_rate=LR, schedule=sched, cohort_size=2, chunk_size=2, option="II",
+                   variate_average="all", periods=(2,))
+  key = jax.random.key(11)
+  state, _ = bref.run_jit(alg, data, 4, key)
+  parent = topo.parent(2)
+  x, c, c_i = bref.scaffold_rounds(model, data, bref.start(alg), parent, 4, key, cohort_size=2, option="II",
+                                   average="all", eta_g=1.0, steps=sched.num_steps(np.asarray(data.n_train)),
+                                   root_period=2, weights=[float(np.sum(parent == g)) for g in range(3)],
+                                   lr=LR, batch_size=B, dtype=np.float64)
+  diff = max([maxdiff(row0(state.params[0]), x[0])]
+             + [maxdiff(jax.tree.map(lambda a, g=g: a[g], state.server_state), c[g]) for g in range(3)]
+             + [maxdiff(jax.tree.map(lambda a, k=k: a[k], state.client_state), c_i[k])
+                for k in range(data.num_clients)])
+  return {"maxdiff": diff, "dtypes": _dtypes((state.params, state.server_state, state.client_state))}
+
+
+def fednova_vs_reference(model, data, groups):
+  """FedNova with momentum (ρ^k, ‖a‖₁ and 1/‖a‖₁: issue 57 item 2), ``"scaled"`` (N/|S|), four rounds."""
+  c = data.num_clients
+  sched = LocalSchedule(batch_size=B, steps=tuple(1 + i % 4 for i in range(c)))
+  alg = A.fednova(model=model, data=data, local_optimizer=optax.sgd(LR, momentum=0.9), schedule=sched,
+                  cohort_size=3, chunk_size=2, momentum=0.9, aggregation="scaled", weighting="examples")
+  key = jax.random.key(11)
+  state, _ = bref.run_jit(alg, data, 4, key)
+  x = bref.fednova_rounds(model, data, bref.start(alg), np.zeros(c, int), 4, key, cohort_size=3,
+                          aggregation="scaled", weights=np.asarray(data.n_train, np.float64),
+                          steps=sched.num_steps(np.asarray(data.n_train)), momentum=0.9, lr=LR, batch_size=B,
+                          dtype=np.float64)
+  return {"maxdiff": maxdiff(row0(state.params[0]), x[0]), "dtypes": _dtypes(state.params)}
+
+
+SPEEDS = np.array([1.3, 0.7, 1.0, 1.9, 0.45, 0.83, 1.57, 0.61])   # steps per second, no ties
+
+
+def _async_rounds(alg, data, key, rounds=4):
+  state, step, states = alg.init(jax.random.key(7)), jax.jit(alg.round), []
+  for r in range(rounds):
+    state, m = step(state, data, jax.random.fold_in(key, r))
+    states.append((state, int(m["max_staleness"])))
+  return states
+
+
+def _async_problem(data):
+  from fedtree.toolbox.systems import Systems, make_profile
+
+  c = data.num_clients
+  return c, Systems(profile=make_profile(SPEEDS[:c], np.full(c, 1e12))), LocalSchedule(batch_size=B, steps=3)
+
+
+def fedasync_vs_reference(model, data, groups):
+  """FedAsync, every client in flight, the polynomial staleness (1 + τ)^-a (issue 57 item 3), four
+  server updates."""
+  c, systems, sched = _async_problem(data)
+  alg = A.fedasync(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched, concurrency=c,
+                   systems=systems, alpha=0.6, staleness_exponent=0.5, max_staleness=10)
+  key = jax.random.key(3)
+  states = _async_rounds(alg, data, key)
+  models, stale = bref.fedasync_event_loop(model, row0(alg.init(jax.random.key(7)).params), data, SPEEDS[:c],
+                                           np.full(c, 3), 4, key, lr=LR, batch_size=B, alpha=0.6,
+                                           s=lambda t: (1.0 + t) ** -0.5, dtype=np.float64)
+  return {"maxdiff": max(maxdiff(row0(s.params), x) for (s, _), x in zip(states, models[1:], strict=True)),
+          "staleness": [m for _, m in states], "want_staleness": stale,
+          "dtypes": _dtypes(states[-1][0].params)}
+
+
+def fedbuff_vs_reference(model, data, groups):
+  """FedBuff, buffers of 2, every client in flight, (1 + τ)^-½ (issue 57 item 3), four server updates."""
+  c, systems, sched = _async_problem(data)
+  alg = A.fedbuff(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched, buffer_size=2,
+                  concurrency=c, systems=systems, max_staleness=10, staleness_exponent=0.5)
+  key = jax.random.key(3)
+  states = _async_rounds(alg, data, key)
+  models, stale = bref.fedbuff_event_loop(model, row0(alg.init(jax.random.key(7)).params), data, SPEEDS[:c],
+                                          np.full(c, 3), np.asarray(data.n_train), 4, key, buffer=2, lr=LR,
+                                          batch_size=B, exponent=0.5)
+  return {"maxdiff": max(maxdiff(row0(s.params), x) for (s, _), x in zip(states, models[1:], strict=True)),
+          "staleness": [m for _, m in states], "want_staleness": [max(s) for s in stale],
+          "dtypes": _dtypes(states[-1][0].params)}
+
+
+REFERENCES = {"scaffold_ref": scaffold_vs_reference, "fednova_ref": fednova_vs_reference,
+              "fedasync_ref": fedasync_vs_reference, "fedbuff_ref": fedbuff_vs_reference}
 
 
 OTHERS = ("hierfavg", "fedprox", "ditto", "perfedavg", "perfedavg_hf", "pfedmt", "fedkws", "ifca",

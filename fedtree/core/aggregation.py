@@ -65,8 +65,9 @@ def pseudo_gradient_from_children(
 
 
 def staleness_weight(staleness: jax.Array, exponent: float) -> jax.Array:
-  """``(1 + s)^-a`` (FedBuff's polynomial staleness discount); 1 for ``a = 0``."""
+  """``(1 + s)^-a`` (FedBuff's polynomial staleness discount); 1 for ``a = 0``. In the default float
+  dtype (float64 under ``--config.dtype=float64``), the exponent included."""
+  dtype = jnp.result_type(float)
   if not is_traced(exponent) and exponent == 0:
-    return jnp.ones(staleness.shape, jnp.float32)
-  return jnp.power(1.0 + jnp.maximum(staleness, 0).astype(jnp.float32),
-                   -jnp.asarray(exponent, jnp.float32))
+    return jnp.ones(staleness.shape, dtype)
+  return jnp.power(1.0 + jnp.maximum(staleness, 0).astype(dtype), -jnp.asarray(exponent, dtype))

@@ -210,8 +210,8 @@ class TreeState:
       (:meth:`fedtree.core.local.LocalSchedule.init_cursor`; ``()`` for the other orders).
     update_state: per server level, the :class:`~fedtree.core.updates.UpdateState` of the update
       path it aggregates its children through (``()`` entries hold nothing: no path).
-    clock: ``float32[]`` simulated seconds since the start (:mod:`fedtree.toolbox.systems`; ``()``
-      without a systems model).
+    clock: ``float[]`` simulated seconds since the start, in the default float dtype
+      (:mod:`fedtree.toolbox.systems`; ``()`` without a systems model).
     server_state: the state of the clients' parents' server rule (:mod:`fedtree.core.server_rule`:
       SCAFFOLD's control variates, FedDyn's ``h``), ``[N, ...]``; ``()`` without a rule.
     personal: every client's personal parameters (:mod:`fedtree.core.personal`), a tuple of the
@@ -343,8 +343,8 @@ def client_weights(n_train: jax.Array, weighting: str) -> jax.Array:
   """Aggregation weight of every client: its number of examples (``"examples"``), or 1
   (``"uniform"``)."""
   if check_weighting(weighting) == "examples":
-    return n_train.astype(jnp.float32)
-  return jnp.ones(n_train.shape, jnp.float32)
+    return n_train.astype(jnp.result_type(float))
+  return jnp.ones(n_train.shape, jnp.result_type(float))
 
 
 # ------------------------------------------------------------------------ compositions

@@ -106,8 +106,8 @@ def _finetune_program(model, schedule, max_steps, optimizer, chunk_size, evaluat
             num_steps, keys, data.x_test, data.y_test, data.n_test)
     batch = num_clients if chunk_size is None else max(1, min(int(chunk_size), num_clients))
     out = jax.lax.map(client, args, batch_size=batch)  # leaves [C, L, ...]
-    epochs = num_steps.astype(jnp.float32) / jnp.maximum(
-      steps_per_epoch(data.n_train, schedule.batch_size), 1).astype(jnp.float32)
+    epochs = num_steps.astype(jnp.result_type(float)) / jnp.maximum(
+      steps_per_epoch(data.n_train, schedule.batch_size), 1).astype(jnp.result_type(float))
     if evaluate:
       loss, correct, count, *sentence = (a.T for a in out)     # + sentence sums of an LM
       return EvalStats(loss, correct, count, None, *sentence), epochs
@@ -152,7 +152,7 @@ def finetune(
   rates = check_finetune(schedule, learning_rates)
   run = make_finetuner(model, schedule, max_train=data.max_train, optimizer=optimizer,
                        chunk_size=chunk_size, evaluate=False)
-  return run(params, model_of_client, data, jnp.asarray(rates, jnp.float32), key)
+  return run(params, model_of_client, data, jnp.asarray(rates, jnp.result_type(float)), key)
 
 
 def finetune_evaluate(
@@ -164,7 +164,7 @@ def finetune_evaluate(
   rates = check_finetune(schedule, learning_rates)
   run = make_finetuner(model, schedule, max_train=data.max_train, optimizer=optimizer,
                        chunk_size=chunk_size, evaluate=True)
-  return run(params, model_of_client, data, jnp.asarray(rates, jnp.float32), key)
+  return run(params, model_of_client, data, jnp.asarray(rates, jnp.result_type(float)), key)
 
 
 SELECT_BY = ("loss", "accuracy")

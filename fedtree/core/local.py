@@ -416,12 +416,12 @@ def full_gradient(model: Model, params: PyTree, data: ClientData, *, batch_size:
     t, acc = state
     batch = batch_at(key, data, t, batch_size)
     g = jax.grad(loss_fn)(params, batch, jax.random.fold_in(key, t))
-    count = jnp.sum(batch.mask).astype(jnp.float32)
+    count = jnp.sum(batch.mask)
     return t + 1, jax.tree.map(lambda a, x: a + x * count.astype(x.dtype), acc, g)
 
   zero = jax.tree.map(jnp.zeros_like, params)
   _, total = jax.lax.while_loop(lambda st: st[0] < batches, body, (jnp.zeros((), jnp.int32), zero))
-  n = jnp.maximum(data.n, 1).astype(jnp.float32)
+  n = jnp.maximum(data.n, 1)
   return zero_state(model, jax.tree.map(lambda g: g / n.astype(g.dtype), total))
 
 

@@ -73,7 +73,9 @@ def client_sums(model: Model, params, x, y, n, *, confusion: bool = False, sente
   Raises:
     ValueError: ``sentences`` with class labels (``y: [M]``).
   """
-  logits = model.apply(params, x, train=False).astype(jnp.float32)
+  logits = model.apply(params, x, train=False)
+  dt = jnp.promote_types(logits.dtype, jnp.float32)   # float64 under --config.dtype=float64
+  logits = logits.astype(dt)
   mask = token_mask(y, jnp.arange(x.shape[0]) < n)
   for label in ignore_labels:
     mask = mask & (y != int(label))
@@ -83,27 +85,27 @@ def client_sums(model: Model, params, x, y, n, *, confusion: bool = False, sente
   correct = (pred == y) & mask
   out: tuple[jax.Array, ...] = (
     jnp.sum(jnp.where(mask, nll, 0.0)),
-    jnp.sum(correct.astype(jnp.float32)),
-    jnp.sum(mask.astype(jnp.float32)),
+    jnp.sum(correct.astype(dt)),
+    jnp.sum(mask.astype(dt)),
   )
   if confusion:
     k = logits.shape[-1]
-    true = jax.nn.one_hot(y, k, dtype=jnp.float32) * mask[..., None].astype(jnp.float32)
-    out = out + (true.reshape(-1, k).T @ jax.nn.one_hot(pred, k, dtype=jnp.float32).reshape(-1, k),)
+    true = jax.nn.one_hot(y, k, dtype=dt) * mask[..., None].astype(dt)
+    out = out + (true.reshape(-1, k).T @ jax.nn.one_hot(pred, k, dtype=dt).reshape(-1, k),)
   if sentences:
     if y.ndim < 2:
       raise ValueError(f"sentences=True needs token labels [M, T]; got labels of shape {y.shape}")
     axes = tuple(range(1, y.ndim))
-    tokens = jnp.sum(mask.astype(jnp.float32), axis=axes)                       # [M]
+    tokens = jnp.sum(mask.astype(dt), axis=axes)   # [M]
     per_sentence = jnp.sum(jnp.where(mask, nll, 0.0), axis=axes) / jnp.maximum(tokens, 1.0)
     real = tokens > 0
-    out = out + (jnp.sum(jnp.where(real, per_sentence, 0.0)), jnp.sum(real.astype(jnp.float32)))
+    out = out + (jnp.sum(jnp.where(real, per_sentence, 0.0)), jnp.sum(real.astype(dt)))
   if top_k is not None:
     k = min(int(top_k), logits.shape[-1])
     # the label is in the top k when fewer than k logits beat it (ties counted in its favour)
     label_logit = jnp.take_along_axis(logits, y[..., None].astype(jnp.int32), axis=-1)
     in_top = jnp.sum(logits > label_logit, axis=-1) < k
-    out = out + (jnp.sum((in_top & mask).astype(jnp.float32)),)
+    out = out + (jnp.sum((in_top & mask).astype(dt)),)
   return out
 
 

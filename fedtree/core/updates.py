@@ -147,11 +147,15 @@ class Aggregator(NamedTuple):
     name: names the aggregator in errors and refusals.
     pairwise: whether it keeps every parent's ``K x K`` distances between updates (Krum, Bulyan,
       min-max / min-sum attacks): what its memory estimate counts.
+    for_attack: the omniscient attack it exists for, where no blockwise aggregator was chosen (the
+      attack rewrites every parent's whole cohort in front of the blockwise mean,
+      :func:`fedtree.toolbox.attacks.omniscient`); ``None`` otherwise. Refusals name the attack.
   """
 
   aggregate: Callable[..., tuple[PyTree, jax.Array, Stats]] | None = None
   name: str = "mean"
   pairwise: bool = False
+  for_attack: str | None = None
 
   @property
   def blockwise(self) -> bool:
@@ -395,7 +399,8 @@ def path_metrics(client_sums: Stats, num_reported: jax.Array, node_stats: Stats,
 def path_stats(stats: Stats, prefix: str = "") -> dict[str, jax.Array]:
   """Per-node statistics ``{name: [P]}`` as round metrics: their mean over the nodes, named
   ``prefix + name``."""
-  return {prefix + k: jnp.mean(jnp.asarray(v, jnp.float32)) if jnp.ndim(v) else v for k, v in stats.items()}
+  dtype = jnp.result_type(float)   # (float64 under --config.dtype=float64)
+  return {prefix + k: jnp.mean(jnp.asarray(v, dtype)) if jnp.ndim(v) else v for k, v in stats.items()}
 
 
 def send_down(path: UpdatePath | None, params: PyTree, key: jax.Array) -> tuple[PyTree, Stats]:
@@ -630,22 +635,6 @@ def aggregate_children(
   return divide_by_weight(delta_sum, total), total, state, metrics
 
 
-def blockwise_levels(
-  paths: UpdatePath | Mapping[int, UpdatePath | None] | Sequence[UpdatePath | None] | None,
-) -> list[str]:
-  """The levels of ``paths`` (as :func:`per_level_paths` takes them) whose aggregator is blockwise
-  (a robust one), named for a refusal: ``"the clients' tier"`` for a single path, else the level."""
-  if paths is None:
-    return []
-  if isinstance(paths, UpdatePath):
-    return ["the clients' tier"] if paths.aggregator.blockwise else []
-  if isinstance(paths, Mapping):
-    items: list[tuple[Any, UpdatePath | None]] = list(paths.items())
-  else:
-    items = list(enumerate(paths))  # type: ignore[arg-type]  # a sequence (UpdatePath, a NamedTuple, is handled above)
-  return [str(lv) for lv, p in items if p is not None and p.aggregator.blockwise]
-
-
 def per_level_paths(
   paths: UpdatePath | Mapping[int, UpdatePath | None] | Sequence[UpdatePath | None] | None,
   depth: int,
@@ -691,6 +680,10 @@ def per_level_paths(
       raise ValueError(f"{algorithm} runs an update path only at server level(s) {list(supported_levels)} "
                        f"(got one at level {lv})")
     if p.aggregator.blockwise and not blockwise:
+      if p.aggregator.for_attack is not None:
+        raise ValueError(f"{algorithm} does not support the omniscient attack {p.aggregator.for_attack!r}: "
+                         f"the attack rewrites every parent's whole cohort in front of a blockwise mean, and "
+                         f"{algorithm} aggregates its clients by their streamed weighted mean only")
       raise ValueError(f"{algorithm} cannot use aggregator {p.aggregator.name!r}: it aggregates its "
                        f"clients by their weighted mean only")
     if p.node is not None and not node:

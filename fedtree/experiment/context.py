@@ -182,16 +182,31 @@ def _to_nested(v):
   return int(v)
 
 
+def _load_data(config: ml_collections.ConfigDict, data_config):
+  """``config.data`` loaded; data that are not prepared are refused naming, beside the command that
+  prepares them, the config's variant that runs without them (``config.without_data``)."""
+  from fedtree.experiment.data import load_with_info
+
+  try:
+    return load_with_info(data_config)
+  except (ValueError, FileNotFoundError) as e:
+    other = field(config, "without_data")
+    if other is None or "not prepared" not in str(e):
+      raise
+    raise type(e)(f"{e}; or run the same setup without the data files: python -m fedtree.main "
+                  f"--config={other}") from e
+
+
 def make_context(config: ml_collections.ConfigDict, *, data_config=None, model_config=None,
                  loaded=None) -> Context:
   """The context of ``config``: its data (``config.data``, or ``data_config``; ``loaded``: the
   ``(data, groups, central test, info)`` already loaded), tree, model (``config.model``, or
   ``model_config``), local optimizer and schedule, and initial parameters."""
-  from fedtree.experiment.data import load_with_info, model_options
+  from fedtree.experiment.data import model_options
 
   data_config = config.data if data_config is None else data_config
   model_config = config.model if model_config is None else model_config
-  data, groups, central, info = load_with_info(data_config) if loaded is None else loaded
+  data, groups, central, info = _load_data(config, data_config) if loaded is None else loaded
   population = None
   if info.store is not None:   # resident when it fits, streamed when it does not (config.population)
     from fedtree.experiment import population as pop

@@ -45,6 +45,7 @@ RUNNER_FIELDS: dict[str, tuple[type, object, str]] = {
   "dtype": (str, "float32", "float64"),
   "divergence_bound": (float, DIVERGENCE_BOUND, "1e10"),
   "target_accuracy": (float, None, "0.8"),
+  "without_data": (str, None, "configs/quickstart.py"),   # the variant a missing-data refusal names
 }
 """Top-level runner fields: their type, the default a config that omits them gets, and an example
 command-line value (tests/test_cli_fields.py sets each on every shipped config)."""

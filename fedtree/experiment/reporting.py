@@ -239,6 +239,7 @@ class _Columns(NamedTuple):
   traffic: bool             # megabytes up and down
   fair: bool                # per-client percentiles and Gini coefficient
   target: float | None      # the target accuracy whose first round is reported
+  hours: bool               # and the simulated hours then (a run with a systems clock)
 
 
 def _columns(results: dict[str, dict[str, dict[str, Any]]]) -> _Columns:
@@ -253,7 +254,9 @@ def _columns(results: dict[str, dict[str, dict[str, Any]]]) -> _Columns:
     topk=sorted({k for s in summaries for k in s if k.startswith("top") and k.endswith("_accuracy")}),
     clustered=has("intra_cluster_accuracy"), ari=has("adjusted_rand_index"), kws=has("false_accept_rate"),
     eps=has("epsilon"), asr=has("attack_success_rate"), traffic=has("uplink_MB"), fair=has("fairness"),
-    target=next((s["target_accuracy"] for s in summaries if s.get("target_accuracy") is not None), None))
+    target=(target := next((s["target_accuracy"] for s in summaries if s.get("target_accuracy") is not None),
+                           None)),
+    hours=target is not None and has("hours_to_target"))
 
 
 def _header(c: _Columns, group_names) -> list[str]:
@@ -270,6 +273,7 @@ def _header(c: _Columns, group_names) -> list[str]:
   header += ["up MB", "down MB"] if c.traffic else []
   header += ["clients p10/p50/p90 gini"] if c.fair else []
   header += [f"rounds to {c.target:g}"] if c.target is not None else []
+  header += [f"hours to {c.target:g}"] if c.hours else []
   return header + group_headers(c.num_groups, group_names)
 
 
@@ -300,6 +304,9 @@ def _row(label: str, name: str, s: dict[str, Any], c: _Columns) -> list[str]:
   if c.target is not None:
     reached = s.get("rounds_to_target")
     row += [str(reached) if reached is not None else ("-" if "accuracy" in s else "")]
+  if c.hours:
+    h = s.get("hours_to_target")
+    row += [f"{h:.2f}" if h is not None else ("-" if "hours_to_target" in s else "")]
   ga = s.get("group_accuracy")
   return row + ([f"{a:.3f}" for a in ga] if ga is not None else [])
 
@@ -321,6 +328,7 @@ def _title(c: _Columns) -> str:
             "(perplexity for a language model)") if c.fair else ""
   title += (f"; rounds to {c.target:g} = the first evaluation round whose accuracy reached "
             f"{c.target:g} (- never)") if c.target is not None else ""
+  title += f"; hours to {c.target:g} = the simulated hours at that round (systems)" if c.hours else ""
   return title + ")"
 
 

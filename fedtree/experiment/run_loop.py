@@ -69,7 +69,8 @@ def run_algorithm(
   ``should_stop()`` is polled after every compiled call; when it returns ``True`` the state
   reached is checkpointed and the run raises :class:`RunStopped` saying what is kept.
   ``target_accuracy``: every model's summary gets ``rounds_to_target``, the first evaluation round
-  whose accuracy reached it (``None``: never; a resumed run reads the rounds before from its rows).
+  whose accuracy reached it (``None``: never; a resumed run reads the rounds before from its rows),
+  and with a simulated clock (a systems model) ``hours_to_target``, the simulated hours then.
 
   With ``experiments``, ``run.algorithm`` is a sweep (:func:`fedtree.core.sweep.sweep`) of those
   experiments: every experiment's models are checked and logged as a row of its own (with
@@ -166,6 +167,8 @@ class _Hooks:
     self.run, self.reporter, self.experiments, self.target = run, reporter, experiments, target
     self.summaries: dict[str, dict[str, Any]] = {}   # the last evaluation's
     self.reached: dict[str, int] = {}   # model (``<model>@<e>`` in a sweep) -> first round at the target
+    self.reached_hours: dict[str, float] = {}   # and the simulated hours then (a run with a systems clock)
+    self.clocked = False   # the state has a simulated clock (systems): summaries report hours_to_target
     self.t0 = time.perf_counter()
     # bytes on every edge, per experiment of a sweep (each its own compressor settings)
     self.traffics = [Traffic(run.message_bytes) for _ in (experiments or [None])]
@@ -175,9 +178,12 @@ class _Hooks:
     run, experiments = self.run, self.experiments
     self.summaries = summaries = run.scoring.evaluate(run.algorithm, s, run.context, int(r))
     if self.target is not None:
+      clocked = self._clock(s)   # simulated seconds (systems)
       for name, sm in summaries.items():
         if name not in self.reached and sm.get("accuracy", -math.inf) >= self.target:
           self.reached[name] = int(r)
+          if clocked:
+            self.reached_hours[name] = float(s.clock) / 3600.0
     if experiments is None:
       check_summaries(run.label, r, summaries)
       return _flat(summaries)
@@ -214,6 +220,11 @@ class _Hooks:
     repeat its last)."""
     return self.experiments[min(e, len(self.experiments) - 1)].name
 
+  def _clock(self, state) -> bool:
+    clock = getattr(state, "clock", ())
+    self.clocked = self.clocked or (hasattr(clock, "shape") and clock.shape == ())
+    return self.clocked
+
   def resume(self, state) -> None:
     """A run resumed at ``state``'s round: the bytes of the rounds before and the rounds at which
     its models reached the target, from the rows written before."""
@@ -235,6 +246,9 @@ class _Hooks:
                                    int(state.round), match)
       if first is not None:
         self.reached[name] = first
+        seconds = (reporter.row(label, first, match) or {}).get("sim_seconds")
+        if self._clock(state) and isinstance(seconds, (int, float)):
+          self.reached_hours[name] = float(seconds) / 3600.0
 
   def final(self, summaries: dict[str, dict[str, Any]], rounds: int) -> dict[str, dict[str, Any]]:
     """The final ``summaries`` after ``rounds`` rounds with the run's per-round metrics, the round
@@ -243,7 +257,9 @@ class _Hooks:
     if round_metrics is not None:
       summaries = {name: {**s, **round_metrics(rounds)} for name, s in summaries.items()}
     if target is not None:
-      summaries = {name: {**s, "target_accuracy": float(target), "rounds_to_target": self.reached.get(name)}
+      hours = self.reached_hours
+      summaries = {name: {**s, "target_accuracy": float(target), "rounds_to_target": self.reached.get(name),
+                          **({"hours_to_target": hours.get(name)} if self.clocked else {})}
                    if "accuracy" in s else s for name, s in summaries.items()}
     if self.experiments is None and traffics[0].counted:   # every model of the run: the run's traffic
       summaries = {name: {**s, **traffics[0].summary()} for name, s in summaries.items()}

@@ -159,7 +159,7 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
       write_summary(workdir, results)
       write_plots(workdir, config, reporter)
     if workdir and primary:
-      reporter.print(workdir_listing(workdir))
+      reporter.result(workdir_listing(workdir))   # (a result: stdout, after the final table)
   finally:
     reporter.close()
   return results

@@ -107,3 +107,21 @@ def variant_flags(variant: str | None, allowed: tuple[str, ...], config: str) ->
     raise ValueError(f"configs/benchmarks/{config}.py:{variant}: unknown variant {bad[0]!r}; choose a "
                      f"comma-separated subset of {allowed}")
   return flags
+
+
+QUICK_ROUNDS = 3
+"""The rounds of a config's ``quick`` flag: the setup checked end to end."""
+
+
+def finish_variant(c: ml_collections.ConfigDict, config: str, flags: set[str]) -> ml_collections.ConfigDict:
+  """``c`` with what its variant ``flags`` add: without ``offline``, ``without_data`` names the variant
+  that runs without the data files (the same flags and ``offline``: a missing-data refusal names it
+  beside the preparation command); with ``quick``, :data:`QUICK_ROUNDS` rounds of the first run,
+  scored at the end, no checkpoint (``:offline,quick``: the setup checked end to end)."""
+  if "offline" not in flags:
+    kept = flags - {"quick", "store"}   # the split's flags (iid, noniid); a store is data too
+    c.without_data = f"configs/benchmarks/{config}.py:{','.join(sorted(kept | {'offline'}))}"
+  if "quick" in flags:
+    c.rounds, c.eval_every, c.rounds_per_call, c.checkpoint_every = QUICK_ROUNDS, QUICK_ROUNDS, 1, 0
+    c.only = c.run_order[0]
+  return c

@@ -20,15 +20,72 @@ class LogisticRegression(nn.Module):
 
 
 NORMS = ("none", "batch")
+RUNNING_VARS = ("biased", "unbiased")
+"""What a BatchNorm's running variance averages: the batches' biased variance (flax's) or their
+unbiased one, ``n / (n - 1)`` times it (PyTorch's ``running_var``, which every PyTorch peer evaluates
+with)."""
 
 
-def batch_norm(x: jax.Array, *, train: bool, mask: jax.Array | None, name: str | None = None) -> jax.Array:
-  """Flax's ``BatchNorm`` (momentum 0.9, as PyTorch's 0.1; statistics in the ``batch_stats``
-  collection) whose training statistics come from the rows of ``mask`` (``bool[B]``, the real
-  examples of a padded batch) only; evaluation uses the running averages. The running variance is
-  flax's biased one (PyTorch keeps the unbiased estimate)."""
+def _row(v: jax.Array, x: jax.Array) -> jax.Array:
+  """A per-feature ``[F]`` vector shaped to broadcast against ``x [..., F]``."""
+  return v.reshape((1,) * (x.ndim - 1) + v.shape)
+
+
+class UnbiasedBatchNorm(nn.Module):
+  """BatchNorm as PyTorch's ``nn.BatchNorm1d/2d`` keeps it: a batch is normalized by its biased
+  variance, and the running variance averages the unbiased one (``n / (n − 1)`` times it, ``n`` the
+  real entries per feature); otherwise flax's ``BatchNorm`` (momentum 0.9, as PyTorch's 0.1; the
+  same ``batch_stats`` mean and var, ``params`` scale and bias), statistics from the rows of
+  ``mask`` only."""
+
+  momentum: float = 0.9
+  epsilon: float = 1e-5
+
+  @nn.compact
+  def __call__(self, x, *, train: bool, mask=None):
+    features, axes = x.shape[-1], tuple(range(x.ndim - 1))
+    ra_mean = self.variable("batch_stats", "mean", lambda: jnp.zeros((features,), jnp.float32))
+    ra_var = self.variable("batch_stats", "var", lambda: jnp.ones((features,), jnp.float32))
+    scale = self.param("scale", nn.initializers.ones, (features,), jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros, (features,), jnp.float32)
+    dtype = jnp.promote_types(x.dtype, jnp.float32)
+    if train:
+      w = jnp.ones(x.shape, dtype) if mask is None else jnp.broadcast_to(mask, x.shape).astype(dtype)
+      n = jnp.sum(w, axis=axes)
+      xf = x.astype(dtype)
+      mean = jnp.sum(xf * w, axis=axes) / jnp.maximum(n, 1.0)
+      var = jnp.sum(w * jnp.square(xf - _row(mean, x)), axis=axes) / jnp.maximum(n, 1.0)
+      if not self.is_initializing():
+        m = self.momentum
+        unbiased = var * n / jnp.maximum(n - 1.0, 1.0)
+        ra_mean.value = m * ra_mean.value + (1 - m) * mean.astype(ra_mean.value.dtype)
+        ra_var.value = m * ra_var.value + (1 - m) * unbiased.astype(ra_var.value.dtype)
+    else:
+      mean, var = ra_mean.value, ra_var.value
+    y = (x.astype(dtype) - _row(mean, x)) * jax.lax.rsqrt(_row(var, x).astype(dtype) + self.epsilon)
+    y = y * _row(scale, x).astype(dtype) + _row(bias, x).astype(dtype)
+    return y.astype(x.dtype)
+
+
+def batch_norm(x: jax.Array, *, train: bool, mask: jax.Array | None, name: str | None = None,
+               running_var: str = "biased") -> jax.Array:
+  """A BatchNorm (momentum 0.9, as PyTorch's 0.1; statistics in the ``batch_stats`` collection)
+  whose training statistics come from the rows of ``mask`` (``bool[B]``, the real examples of a
+  padded batch) only; evaluation uses the running averages. ``running_var``: ``"biased"`` (flax's
+  ``BatchNorm``) or ``"unbiased"`` (PyTorch's running variance, :class:`UnbiasedBatchNorm`)."""
   m = None if mask is None else mask.reshape((mask.shape[0],) + (1,) * (x.ndim - 1))
+  if running_var == "unbiased":
+    return UnbiasedBatchNorm(momentum=0.9, epsilon=1e-5, name=name)(x, train=train, mask=m)
   return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, name=name)(x, mask=m)
+
+
+def check_running_var(running_var: str, norm: str, model: str) -> None:
+  """``running_var`` is one of :data:`RUNNING_VARS`, and ``"unbiased"`` only with ``norm="batch"``."""
+  if running_var not in RUNNING_VARS:
+    raise ValueError(f"{model} running_var={running_var!r}; choose one of {RUNNING_VARS}")
+  if running_var == "unbiased" and norm != "batch":
+    raise ValueError(f"{model} running_var='unbiased' is a BatchNorm's: it needs norm='batch' (got "
+                     f"norm={norm!r}; from the command line --config.model.norm=batch)")
 
 
 def _check_classifier_norm(norm: str) -> None:
@@ -38,20 +95,23 @@ def _check_classifier_norm(norm: str) -> None:
 
 class MLP(nn.Module):
   """ReLU MLP on flattened inputs; ``norm="batch"`` puts a BatchNorm before every hidden ReLU (a
-  model with state, :mod:`fedtree.core.model`)."""
+  model with state, :mod:`fedtree.core.model`), whose running variance is ``running_var``'s
+  (:data:`RUNNING_VARS`)."""
 
   num_classes: int
   hidden: Sequence[int] = (200, 200)
   norm: str = "none"
+  running_var: str = "biased"
 
   @nn.compact
   def __call__(self, x, train: bool = False, mask=None):
     _check_classifier_norm(self.norm)
+    check_running_var(self.running_var, self.norm, "mlp")
     x = x.reshape((x.shape[0], -1))
-    for h in self.hidden:
+    for i, h in enumerate(self.hidden):
       x = nn.Dense(h)(x)
       if self.norm == "batch":
-        x = batch_norm(x, train=train, mask=mask)
+        x = batch_norm(x, train=train, mask=mask, name=f"BatchNorm_{i}", running_var=self.running_var)
       x = nn.relu(x)
     return nn.Dense(self.num_classes)(x)
 
@@ -147,7 +207,8 @@ class CNN(nn.Module):
   With the defaults ``features=(32, 64)``, ``dense=128``, ``dropout=(0.25, 0.5)`` this is the
   CNN of the pfl-research cross-framework benchmark (and of the Keras MNIST example).
   ``conv_impl`` chooses how convolutions are computed (:class:`Conv`); ``norm="batch"`` puts a
-  BatchNorm after every convolution (a model with state, :mod:`fedtree.core.model`).
+  BatchNorm after every convolution (a model with state, :mod:`fedtree.core.model`), whose running
+  variance is ``running_var``'s (:data:`RUNNING_VARS`).
   """
 
   num_classes: int
@@ -157,16 +218,18 @@ class CNN(nn.Module):
   pool_every_conv: bool = False
   conv_impl: str = "auto"
   norm: str = "none"
+  running_var: str = "biased"
 
   @nn.compact
   def __call__(self, x, train: bool = False, mask=None):
     _check_classifier_norm(self.norm)
+    check_running_var(self.running_var, self.norm, "cnn")
     if x.ndim == 3:  # [B, H, W] grey images
       x = x[..., None]
     for i, f in enumerate(self.features):
       x = Conv(f, (3, 3), impl=self.conv_impl, name=f"Conv_{i}")(x)
       if self.norm == "batch":
-        x = batch_norm(x, train=train, mask=mask, name=f"BatchNorm_{i}")
+        x = batch_norm(x, train=train, mask=mask, name=f"BatchNorm_{i}", running_var=self.running_var)
       x = nn.relu(x)
       if self.pool_every_conv:
         x = max_pool(x, (2, 2))

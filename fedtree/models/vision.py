@@ -28,7 +28,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedtree.models.classifiers import Conv, max_pool
+from fedtree.models.classifiers import Conv, UnbiasedBatchNorm, check_running_var, max_pool
 
 
 def image_shape(model: str, example_shape: Sequence[int], *, min_size: int = 1,
@@ -197,8 +197,9 @@ class ResNet18(nn.Module):
   of decentralized machine learning", replace BatchNorm by GroupNorm for federated training; 2
   groups as in Reddi et al. 2021); ``"batch"``: BatchNorm, whose running statistics are the
   model's state (the variables' ``batch_stats`` collection; ``mask`` keeps padded rows out of
-  every batch statistic). Both have the same parameters: 11,173,962 for 10 classes, 11,220,132
-  for 100 (``width=64``).
+  every batch statistic; ``running_var="unbiased"``: PyTorch's running variance,
+  :class:`~fedtree.models.classifiers.UnbiasedBatchNorm`). Both have the same parameters: 11,173,962
+  for 10 classes, 11,220,132 for 100 (``width=64``).
   """
 
   num_classes: int
@@ -206,10 +207,14 @@ class ResNet18(nn.Module):
   groups: int = 2
   width: int = 64
   conv_impl: str = "auto"
+  running_var: str = "biased"
 
   def _norm(self, x, train, mask, name):
     if self.norm == "group":
       return nn.GroupNorm(num_groups=self.groups, epsilon=1e-5, name=name)(x)
+    if self.running_var == "unbiased":
+      return UnbiasedBatchNorm(momentum=0.9, epsilon=1e-5, name=name)(x, train=train,
+                                                                      mask=batch_mask(mask, x))
     return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, name=name)(
       x, mask=batch_mask(mask, x))
 
@@ -222,6 +227,7 @@ class ResNet18(nn.Module):
   def __call__(self, x, train: bool = False, mask=None):
     if self.norm not in NORMS:
       raise ValueError(f"ResNet18 norm={self.norm!r}; choose one of {NORMS}")
+    check_running_var(self.running_var, self.norm, "ResNet18")
     x = _channels_last(x)
     x = nn.relu(self._norm(self._conv(x, self.width, 3, 1, "stem"), train, mask, "stem_norm"))
     for s, mult in enumerate((1, 2, 4, 8)):

@@ -113,18 +113,27 @@ def default_adjacency(sampling: str) -> str:
   return "replace_one" if sampling == "fixed" else "add_remove"
 
 
-def _accountant(accountant: str, sampling: str, adjacency: str | None = None):
-  dpa = _dpa()
+def check_accountant(accountant: str, sampling: str) -> None:
+  """``accountant`` is one of :data:`ACCOUNTANTS` and accounts ``sampling`` (PLD: Poisson only).
+
+  Raises:
+    ValueError: an unknown accountant, or PLD with fixed-size cohorts.
+  """
   if accountant not in ACCOUNTANTS:
     raise ValueError(f"accountant={accountant!r}; choose one of {list(ACCOUNTANTS)}")
+  if accountant == "pld" and sampling == "fixed":
+    raise ValueError("accountant='pld' accounts Poisson sampling only; use sampling='poisson' or "
+                     "accountant='rdp' for fixed-size cohorts")
+
+
+def _accountant(accountant: str, sampling: str, adjacency: str | None = None):
+  dpa = _dpa()
+  check_accountant(accountant, sampling)
   adjacency = default_adjacency(sampling) if adjacency is None else adjacency
   if accountant == "rdp":
     rel = dpa.NeighboringRelation
     rel = rel.REPLACE_ONE if adjacency == "replace_one" else rel.ADD_OR_REMOVE_ONE
     return dpa.rdp.RdpAccountant(neighboring_relation=rel)
-  if sampling == "fixed":
-    raise ValueError("accountant='pld' accounts Poisson sampling only; use sampling='poisson' or "
-                     "accountant='rdp' for fixed-size cohorts")
   return dpa.pld.PLDAccountant()
 
 

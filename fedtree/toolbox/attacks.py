@@ -80,7 +80,7 @@ class Attackers(NamedTuple):
       draw = jax.vmap(lambda k: jax.random.uniform(k))(keys).reshape(client.shape)
       return (draw < self.fraction) & (client >= 0)
     table = self.fixed if not isinstance(self.fixed, tuple) else self.order < jnp.round(
-      jnp.asarray(self.fraction, jnp.float32) * self.order.shape[0]).astype(jnp.int32)
+      jnp.asarray(self.fraction, jnp.result_type(float)) * self.order.shape[0]).astype(jnp.int32)
     n = table.shape[0]
     return jnp.take(table, jnp.clip(client, 0, n - 1)) & (client >= 0) & (client < n)
 
@@ -130,7 +130,7 @@ def _replace_if(attacker: Attackers, name: str,
     bad = attacker.mask(ctx.client, jax.random.fold_in(key, 0))
     new = make(delta, jax.random.fold_in(key, 1))
     out = jax.tree.map(lambda n, d: jnp.where(bad, n.astype(d.dtype), d), new, delta)
-    return out, state, {"attackers": bad.astype(jnp.float32)}
+    return out, state, {"attackers": bad.astype(jnp.result_type(float))}
 
   return ClientTransform(apply, name=name)
 
@@ -226,12 +226,12 @@ def alie(*, z: float | None = None) -> OmniscientAttack:
   def malicious(block: Block, bad: jax.Array) -> PyTree:
     mu, sigma = _moments(block, block.valid & ~bad)
     if z is None:
-      n = jnp.sum(block.valid, axis=1).astype(jnp.float32)
-      m = jnp.sum(bad & block.valid, axis=1).astype(jnp.float32)
+      n = jnp.sum(block.valid, axis=1).astype(jnp.result_type(float))
+      m = jnp.sum(bad & block.valid, axis=1).astype(jnp.result_type(float))
       s = jnp.floor(n / 2 + 1) - m
       zz = ndtri(jnp.clip((n - s) / jnp.maximum(n, 1), 1e-6, 1 - 1e-6))
     else:
-      zz = jnp.broadcast_to(jnp.asarray(z, jnp.float32), bad.shape[:1])
+      zz = jnp.broadcast_to(jnp.asarray(z, jnp.result_type(float)), bad.shape[:1])
     return jax.tree.map(lambda m_, s_: m_ - _bcast(zz, m_).astype(m_.dtype) * s_, mu, sigma)
 
   return OmniscientAttack(malicious, "alie")
@@ -279,7 +279,7 @@ def _largest_shift(name: str, reduce, gamma_init, iterations, perturbation) -> O
       best = jnp.where(ok, gamma, best)
       return gamma + jnp.where(ok, stride, -stride), stride / 2, best
 
-    g0 = jnp.full(bad.shape[:1], gamma_init, jnp.float32)
+    g0 = jnp.full(bad.shape[:1], gamma_init, jnp.result_type(float))
     _, _, best = jax.lax.fori_loop(0, int(iterations), step, (g0, g0 / 2, jnp.zeros_like(g0)))
     return jax.tree.map(lambda m_, p_: m_ + _bcast(best, m_).astype(m_.dtype) * p_, mu, p)
 
@@ -333,10 +333,11 @@ def omniscient(aggregator: Aggregator, attacker: Attackers, attack: OmniscientAt
     assert inner.aggregate is not None
     watch = {"watch": bad} if robust.watches(inner) else {}
     s, w, stats = inner.aggregate(poisoned, node_state, jax.random.fold_in(key, 1), **watch)
-    return s, w, {**stats, "attackers": jnp.sum(bad, axis=1).astype(jnp.float32)}
+    return s, w, {**stats, "attackers": jnp.sum(bad, axis=1).astype(jnp.result_type(float))}
 
   return Aggregator(aggregate, name=f"{attack.name}+{aggregator.name}",
-                    pairwise=attack.pairwise or inner.pairwise)
+                    pairwise=attack.pairwise or inner.pairwise,
+                    for_attack=None if aggregator.blockwise else attack.name)
 
 
 def watch_kept(aggregator: Aggregator, attacker: Attackers) -> Aggregator:

@@ -80,9 +80,14 @@ def _dtype_bits(x) -> int:
   return jnp.dtype(x.dtype).itemsize * 8
 
 
+def _as_float(v) -> jax.Array:
+  """``v`` in the default float dtype (bit counts: float64 under ``--config.dtype=float64``)."""
+  return jnp.asarray(v, jnp.result_type(float))
+
+
 def _total(tree, per_leaf) -> jax.Array:
-  return sum((jnp.asarray(per_leaf(x), jnp.float32) for x in jax.tree.leaves(tree)),
-             jnp.zeros((), jnp.float32))
+  return sum((jnp.asarray(per_leaf(x), jnp.result_type(float)) for x in jax.tree.leaves(tree)),
+             jnp.zeros((), jnp.result_type(float)))
 
 
 def _leafwise(fn, tree, key):
@@ -100,12 +105,13 @@ def stochastic_quantize(x: jax.Array, key: jax.Array, bits) -> jax.Array:
   up or down with the probabilities that make it unbiased (each coordinate's variance is at most
   ``Δ²/4``, ``Δ = (max - min) / (2^bits - 1)``)."""
   lo, hi = jnp.min(x), jnp.max(x)
-  levels = jnp.exp2(jnp.asarray(bits, jnp.float32)) - 1
+  dtype = jnp.promote_types(x.dtype, jnp.float32)
+  levels = jnp.exp2(jnp.asarray(bits, dtype)) - 1
   step = (hi - lo) / levels
   safe = jnp.where(step > 0, step, 1)
   pos = (x - lo) / safe
   low = jnp.floor(pos)
-  up = jax.random.uniform(key, x.shape, jnp.float32) < (pos - low)
+  up = jax.random.uniform(key, x.shape, dtype) < (pos - low)
   q = lo + (low + up) * safe
   return jnp.where(step > 0, q, x).astype(x.dtype)
 
@@ -125,7 +131,8 @@ def _rotate(x, key):
   """``(R x, inverse)`` for the random rotation ``R = H D`` (``D`` random signs) of the padded leaf."""
   n = x.size
   m = _pow2(n)
-  v = jnp.zeros((m,), jnp.float32).at[:n].set(x.reshape(-1).astype(jnp.float32))
+  dtype = jnp.promote_types(x.dtype, jnp.float32)
+  v = jnp.zeros((m,), dtype).at[:n].set(x.reshape(-1).astype(dtype))
   signs = jnp.where(jax.random.bernoulli(key, 0.5, (m,)), 1.0, -1.0)
 
   def inverse(r):
@@ -214,7 +221,7 @@ def qsgd(bits: int | float) -> Compressor:
   """
   _check_bits("qsgd", bits)
   return Compressor(lambda t, key: _leafwise(lambda x, kk: stochastic_quantize(x, kk, bits), t, key),
-                    lambda t: _total(t, lambda x: jnp.asarray(bits, jnp.float32) * x.size + 64), "qsgd")
+                    lambda t: _total(t, lambda x: _as_float(bits) * x.size + 64), "qsgd")
 
 
 def rotated(bits: int | float) -> Compressor:
@@ -229,7 +236,7 @@ def rotated(bits: int | float) -> Compressor:
   """
   _check_bits("rotated", bits)
   return Compressor(lambda t, key: _leafwise(lambda x, kk: _rotated_quantize(x, kk, bits), t, key),
-                    lambda t: _total(t, lambda x: jnp.asarray(bits, jnp.float32) * _pow2(x.size) + 64),
+                    lambda t: _total(t, lambda x: _as_float(bits) * _pow2(x.size) + 64),
                     "rotated")
 
 
@@ -297,7 +304,7 @@ def topk(*, k: int | None = None, fraction: float | None = None) -> Compressor:
 
   def bits(t):
     index_bits = max(1, math.ceil(math.log2(max(2, sum(x.size for x in jax.tree.leaves(t))))))
-    return jnp.asarray(count(t) * (_value_bits(t) + index_bits), jnp.float32)
+    return jnp.asarray(count(t) * (_value_bits(t) + index_bits), jnp.result_type(float))
 
   return Compressor(apply, bits, "topk")
 
@@ -317,7 +324,7 @@ def randk(*, k: int | None = None, fraction: float | None = None) -> Compressor:
     _, idx = jax.lax.top_k(jax.random.uniform(key, flat.shape), count(t))   # k distinct, uniformly
     return unravel(jnp.zeros_like(flat).at[idx].set(flat[idx]))
 
-  return Compressor(apply, lambda t: jnp.asarray(count(t) * _value_bits(t), jnp.float32), "randk")
+  return Compressor(apply, lambda t: jnp.asarray(count(t) * _value_bits(t), jnp.result_type(float)), "randk")
 
 
 # ------------------------------------------------------------------------ edges

@@ -70,8 +70,9 @@ def check_clip_norm(c) -> None:
 
 
 def global_norm(tree: PyTree) -> jax.Array:
-  """The L2 norm of every leaf of ``tree`` together."""
-  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+  """The L2 norm of every leaf of ``tree`` together, in the default float dtype (float64 under
+  ``--config.dtype=float64``)."""
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.result_type(float)))) for x in jax.tree.leaves(tree)))
 
 
 def state_dtype(params: PyTree):
@@ -93,7 +94,7 @@ def clip_norm_of(ctx: ClientContext, clip_norm, node_name: str | None):
   """The clip norm a client uses: ``clip_norm``, or its parent's adaptive one
   (``ctx.node_state[node_name]["clip"]``)."""
   if node_name is None:
-    return jnp.asarray(clip_norm, jnp.float32)
+    return jnp.asarray(clip_norm, jnp.result_type(float))
   return ctx.node_state[node_name]["clip"]
 
 
@@ -120,7 +121,7 @@ def clip(clip_norm=None, *, per_layer: bool = False, adaptive_node: str | None =
     norm = global_norm(delta)
     if per_layer:
       leaves, treedef = jax.tree.flatten(delta)
-      c_leaf = c / jnp.sqrt(jnp.float32(len(leaves)))
+      c_leaf = c / jnp.sqrt(jnp.asarray(len(leaves), jnp.result_type(float)))
       norms = [global_norm(x) for x in leaves]
       leaves = [(x * _scale(n, c_leaf).astype(x.dtype)) for x, n in zip(leaves, norms, strict=True)]
       out = jax.tree.unflatten(treedef, leaves)
@@ -129,7 +130,7 @@ def clip(clip_norm=None, *, per_layer: bool = False, adaptive_node: str | None =
       s = _scale(norm, c)
       out = jax.tree.map(lambda x: x * s.astype(x.dtype), delta)
       unclipped = norm <= c
-    return out, state, {UNCLIPPED: unclipped.astype(jnp.float32), "dp_update_norm": norm}
+    return out, state, {UNCLIPPED: unclipped.astype(jnp.result_type(float)), "dp_update_norm": norm}
 
   return ClientTransform(apply, name=name)
 
@@ -138,19 +139,19 @@ def _gaussian_like(tree: PyTree, key: jax.Array, std) -> PyTree:
   """``N(0, std^2)`` noise shaped like ``tree`` (``std`` broadcast from the leading axes it has)."""
   leaves, treedef = jax.tree.flatten(tree)
   keys = jax.random.split(key, len(leaves))
-  std = jnp.asarray(std, jnp.float32)
+  std = jnp.asarray(std, jnp.result_type(float))
 
   def one(x, k):
     s = std.reshape(std.shape + (1,) * (x.ndim - std.ndim))
-    return x + (s * jax.random.normal(k, x.shape, jnp.float32)).astype(x.dtype)
+    return x + (s * jax.random.normal(k, x.shape, jnp.promote_types(x.dtype, jnp.float32))).astype(x.dtype)
 
   return jax.tree.unflatten(treedef, [one(x, k) for x, k in zip(leaves, keys, strict=True)])
 
 
 def _std(z, c, factor=1.0):
   """``factor * z * c``, and 0 where ``z`` is 0 (so ``z = 0`` with ``c = inf`` adds nothing)."""
-  z = jnp.asarray(z, jnp.float32)
-  return jnp.where(z > 0, factor * z * jnp.asarray(c, jnp.float32), 0.0)
+  z = jnp.asarray(z, jnp.result_type(float))
+  return jnp.where(z > 0, factor * z * jnp.asarray(c, jnp.result_type(float)), 0.0)
 
 
 def local_noise(noise_multiplier, clip_norm=None, *, adaptive_node: str | None = None,
@@ -262,9 +263,9 @@ def central(noise_multiplier, clip_norm=None, *, normalize: str = "count", expec
     if adaptive is not None:
       c = state["clip"]
     else:
-      c = jnp.broadcast_to(jnp.asarray(clip_norm, jnp.float32), (num,))
+      c = jnp.broadcast_to(jnp.asarray(clip_norm, jnp.result_type(float)), (num,))
     std = _std(noise_multiplier, c, factor) * sensitivity_scale
-    std = std if add_noise else jnp.zeros((num,), jnp.float32)
+    std = std if add_noise else jnp.zeros((num,), std.dtype)
     if add_noise:
       delta_sum = _gaussian_like(delta_sum, jax.random.fold_in(key, 0), std)
     if normalize == "fixed":
@@ -273,7 +274,7 @@ def central(noise_multiplier, clip_norm=None, *, normalize: str = "count", expec
     else:
       count = client_stats["reported"]
     if adaptive is not None:
-      noise = jax.random.normal(jax.random.fold_in(key, 1), (num,), jnp.float32)
+      noise = jax.random.normal(jax.random.fold_in(key, 1), (num,), jnp.result_type(float))
       new_clip = adaptive_step(c, client_stats[UNCLIPPED], count, adaptive, noise)
       state = {"clip": new_clip.astype(c.dtype)}   # a carried state keeps its dtype (scan, donation)
     return delta_sum, weight_sum, state, {"dp_clip_norm": c, "dp_noise_std": std}
@@ -320,8 +321,8 @@ def delta_noise_multiplier(noise_multiplier, adaptive: Adaptive | None, *, repla
   if adaptive is None:
     return noise_multiplier
   f = 1.0 if replace_one else 2.0
-  sb = jnp.asarray(adaptive.count_noise, jnp.float32)
-  z = jnp.asarray(noise_multiplier, jnp.float32)
+  sb = jnp.asarray(adaptive.count_noise, jnp.result_type(float))
+  z = jnp.asarray(noise_multiplier, jnp.result_type(float))
   if _is_concrete(noise_multiplier) and _is_concrete(adaptive.count_noise):
     zf, sbf = float(noise_multiplier), float(adaptive.count_noise)
     if zf > 0 and f * sbf <= zf:

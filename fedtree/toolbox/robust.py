@@ -193,7 +193,7 @@ def _kept(kept: jax.Array, watch: jax.Array | None) -> dict[str, jax.Array]:
   """Stat ``kept_attackers``: how many of the slots ``kept [P, K]`` are watched (attackers)."""
   if watch is None:
     return {}
-  return {"kept_attackers": jnp.sum(kept & watch, axis=1).astype(jnp.float32)}
+  return {"kept_attackers": jnp.sum(kept & watch, axis=1).astype(jnp.result_type(float))}
 
 
 def _watching(aggregate: Callable) -> Callable:
@@ -247,11 +247,12 @@ def trimmed_mean(*, beta: float) -> Aggregator:
 
   def aggregate(block, node_state, key):
     n = _count(block)
-    cut = jnp.floor(jnp.asarray(beta, jnp.float32) * n.astype(jnp.float32)).astype(jnp.int32)
+    fdtype = jnp.result_type(float)
+    cut = jnp.floor(jnp.asarray(beta, fdtype) * n.astype(fdtype)).astype(jnp.int32)
     rank = jnp.arange(block.valid.shape[1])[None, :]
     keep = (rank >= cut[:, None]) & (rank < (n - cut)[:, None])
     est = jax.tree.map(lambda d: _masked_mean(_masked_sort(d, block.valid), keep), block.deltas)
-    return (*_finish(est, block), {"trimmed": (2 * cut).astype(jnp.float32)})
+    return (*_finish(est, block), {"trimmed": (2 * cut).astype(jnp.result_type(float))})
 
   return Aggregator(aggregate, name="trimmed_mean")
 
@@ -299,7 +300,7 @@ def krum(*, f: int | jax.Array, m: int | jax.Array | None = None, weighted: bool
       est = _weighted_point(block, jnp.where(sel, block.weights, 0))
     else:
       est = jax.tree.map(lambda d: _masked_mean(d, sel), block.deltas)
-    stats = {"krum_selected": jnp.sum(sel, axis=1).astype(jnp.float32), **_kept(sel, watch)}
+    stats = {"krum_selected": jnp.sum(sel, axis=1).astype(jnp.result_type(float)), **_kept(sel, watch)}
     return (*_finish(est, block), stats)
 
   return Aggregator(_watching(aggregate), name="krum" if m == 1 else "multi_krum", pairwise=True)
@@ -345,7 +346,8 @@ def bulyan(*, f: int | jax.Array) -> Aggregator:
       return _masked_mean(vals, keep)
 
     est = jax.tree.map(leaf, block.deltas)
-    return (*_finish(est, block), {"bulyan_selected": theta.astype(jnp.float32), **_kept(sel, watch)})
+    stats = {"bulyan_selected": theta.astype(jnp.result_type(float)), **_kept(sel, watch)}
+    return (*_finish(est, block), stats)
 
   return Aggregator(_watching(aggregate), name="bulyan", pairwise=True)
 
@@ -409,7 +411,7 @@ def norm_bound(*, tau: float) -> Aggregator:
     norm = jnp.sqrt(_sq_norms(block.deltas))
     w = jnp.where(block.valid, block.weights, 0) * _clip_scale(norm, tau)
     s = jax.tree.map(lambda d: jnp.sum(_bcast(w, d).astype(d.dtype) * d, axis=1), block.deltas)
-    clipped = jnp.sum((norm > tau) & block.valid, axis=1).astype(jnp.float32)
+    clipped = jnp.sum((norm > tau) & block.valid, axis=1).astype(jnp.result_type(float))
     return s, _weight_total(block), {"norm_bounded": clipped}
 
   return Aggregator(aggregate, name="norm_bound")
@@ -444,9 +446,9 @@ def centered_clip(*, tau: float, iterations: int = 1, center: str = "zero") -> A
       c = jnp.where(block.valid, _clip_scale(dist, tau), 0)
       v = jax.tree.map(lambda d, z: z + jnp.sum(_bcast(c, d).astype(d.dtype) * (d - z[:, None]), axis=1)
                        / _bcast(jnp.maximum(n, 1), z).astype(d.dtype), block.deltas, v)
-      return v, jnp.sum((dist > tau) & block.valid, axis=1).astype(jnp.float32)
+      return v, jnp.sum((dist > tau) & block.valid, axis=1).astype(jnp.result_type(float))
 
-    v, clipped = jax.lax.fori_loop(0, int(iterations), step, (v, jnp.zeros(n.shape, jnp.float32)))
+    v, clipped = jax.lax.fori_loop(0, int(iterations), step, (v, jnp.zeros(n.shape, jnp.result_type(float))))
     return (*_finish(v, block), {"cclip_clipped": clipped})
 
   return Aggregator(aggregate, name="centered_clip")
@@ -492,7 +494,7 @@ def fltrust(*, trusted: Sequence[int]) -> Aggregator:
                        / _bcast(jnp.where(tot > 0, tot, 1), d[:, 0]).astype(d.dtype), block.deltas)
     weight = jnp.where(has_root, jnp.sum(jnp.where(others, block.weights, 0), axis=1), 0)
     s = jax.tree.map(lambda e: e * _bcast(weight, e).astype(e.dtype), est)
-    stats = {"fltrust_zeroed": jnp.sum(others & (score <= 0), axis=1).astype(jnp.float32),
+    stats = {"fltrust_zeroed": jnp.sum(others & (score <= 0), axis=1).astype(jnp.result_type(float)),
              **_kept(score > 0, watch)}
     return s, weight, stats
 

@@ -63,11 +63,17 @@ POLICIES = ("wait_for_all", "deadline", "over_selection")
 SECONDS_PER_HOUR = 3600.0
 
 
+def _float():
+  """The simulated clock's, latencies' and bandwidths' dtype: the default float dtype (float32, float64
+  under ``--config.dtype=float64``)."""
+  return jnp.result_type(float)
+
+
 # ------------------------------------------------------------------------ distributions
 
 
 class Distribution(NamedTuple):
-  """A positive random quantity: ``sample(key, shape) -> float32[shape]``; ``name`` for reports."""
+  """A positive random quantity: ``sample(key, shape) -> float[shape]``; ``name`` for reports."""
 
   sample: Callable[[jax.Array, tuple[int, ...]], jax.Array]
   name: str
@@ -83,7 +89,7 @@ def _positive(name: str, value) -> float:
 def constant(value: float) -> Distribution:
   """Every client the same ``value`` (> 0)."""
   value = _positive("value", value)
-  return Distribution(lambda key, shape: jnp.full(shape, value, jnp.float32), f"constant({value})")
+  return Distribution(lambda key, shape: jnp.full(shape, value, _float()), f"constant({value})")
 
 
 def lognormal(median: float, sigma: float) -> Distribution:
@@ -94,7 +100,7 @@ def lognormal(median: float, sigma: float) -> Distribution:
     raise ValueError(f"sigma={sigma!r} must be >= 0")
   sigma = float(sigma)
   return Distribution(
-    lambda key, shape: median * jnp.exp(sigma * jax.random.normal(key, shape, jnp.float32)),
+    lambda key, shape: median * jnp.exp(sigma * jax.random.normal(key, shape, _float())),
     f"lognormal({median}, {sigma})")
 
 
@@ -103,7 +109,7 @@ def pareto(minimum: float, shape_param: float) -> Distribution:
   minimum = _positive("minimum", minimum)
   alpha = _positive("shape_param", shape_param)
   return Distribution(
-    lambda key, shape: minimum * jax.random.pareto(key, alpha, shape, jnp.float32),
+    lambda key, shape: minimum * jax.random.pareto(key, alpha, shape, _float()),
     f"pareto({minimum}, {alpha})")
 
 
@@ -114,7 +120,7 @@ def uniform(low: float, high: float) -> Distribution:
     raise ValueError(f"high={high!r} must be >= low={low}")
   high = float(high)
   return Distribution(
-    lambda key, shape: jax.random.uniform(key, shape, jnp.float32, low, high), f"uniform({low}, {high})")
+    lambda key, shape: jax.random.uniform(key, shape, _float(), low, high), f"uniform({low}, {high})")
 
 
 # ------------------------------------------------------------------------ device profiles
@@ -124,9 +130,9 @@ class DeviceProfile(NamedTuple):
   """What every client's device can do.
 
   Attributes:
-    speed: ``float32[C]`` local steps per second.
-    up: ``float32[C]`` upload bandwidth, bytes per second.
-    down: ``float32[C]`` download bandwidth, bytes per second.
+    speed: ``float[C]`` local steps per second.
+    up: ``float[C]`` upload bandwidth, bytes per second.
+    down: ``float[C]`` download bandwidth, bytes per second.
   """
 
   speed: jax.Array
@@ -165,7 +171,7 @@ def make_profile(speed, up, down=None) -> DeviceProfile:
   speed = _check_rates("speed", speed, None)
   up = _check_rates("up", up, speed.shape[0])
   down = up if down is None else _check_rates("down", down, speed.shape[0])
-  return DeviceProfile(*(jnp.asarray(a, jnp.float32) for a in (speed, up, down)))
+  return DeviceProfile(*(jnp.asarray(a, _float()) for a in (speed, up, down)))
 
 
 def device_profile(
@@ -206,9 +212,9 @@ class Availability(NamedTuple):
   for some ``i``; unused intervals are empty (``start == end``).
 
   Attributes:
-    start: ``float32[C, I]`` interval starts, seconds into the period.
-    end: ``float32[C, I]`` interval ends.
-    period: ``float32[C]`` seconds after which the schedule repeats.
+    start: ``float[C, I]`` interval starts, seconds into the period.
+    end: ``float[C, I]`` interval ends.
+    period: ``float[C]`` seconds after which the schedule repeats.
   """
 
   start: jax.Array
@@ -221,7 +227,7 @@ class Availability(NamedTuple):
 
   def at(self, time: jax.Array) -> jax.Array:
     """``bool[C]``: who is on line at simulated second ``time``."""
-    t = jnp.mod(jnp.asarray(time, jnp.float32), self.period)[:, None]
+    t = jnp.mod(jnp.asarray(time, _float()), self.period)[:, None]
     return jnp.any((self.start <= t) & (t < self.end), axis=1)
 
   def fraction(self) -> np.ndarray:
@@ -254,8 +260,8 @@ def make_availability(intervals: Sequence[Sequence[tuple[float, float]]], period
         raise ValueError(f"client {c}'s interval ({s!r}, {e!r}) must satisfy 0 <= start <= end <= "
                          f"period={period[c]}")
       start[c, i], end[c, i] = s, e
-  return Availability(jnp.asarray(start, jnp.float32), jnp.asarray(end, jnp.float32),
-                      jnp.asarray(period, jnp.float32))
+  return Availability(jnp.asarray(start, _float()), jnp.asarray(end, _float()),
+                      jnp.asarray(period, _float()))
 
 
 def always_available(num_clients: int) -> Availability:
@@ -376,8 +382,8 @@ class Attempt(NamedTuple):
     steps: ``int32`` the local steps it does (partial work lowered; its wanted steps where late).
     dropped: ``bool`` it fails during its work (dropout).
     late: ``bool`` it cannot report within the deadline (and fails at it).
-    seconds: ``float32`` when it reports (or fails, at the deadline), from its start.
-    full: ``float32`` what its whole work would take.
+    seconds: ``float`` when it reports (or fails, at the deadline), from its start.
+    full: ``float`` what its whole work would take.
   """
 
   steps: jax.Array
@@ -393,7 +399,7 @@ class RoundOutcome(NamedTuple):
   Attributes:
     valid: ``bool[K]`` the cohort slots kept (``cohort.valid`` for :func:`train_cohort`).
     num_steps: ``int32[C]`` local steps of every client this round (partial work lowered).
-    seconds: ``float32[]`` simulated duration of the tier's round (the slowest parent).
+    seconds: ``float[]`` simulated duration of the tier's round (the slowest parent).
     stats: round metrics: ``clients_unavailable``, ``clients_dropped`` (sampled, on line, not
       kept: failures, deadline, over-selection), ``clients_partial``, ``round_seconds``.
   """
@@ -415,7 +421,7 @@ def _per_client(name: str, value, num_clients: int) -> jax.Array | None:
   if np.any(~np.isfinite(arr) | (arr < 0)):
     i = int(np.flatnonzero(~np.isfinite(arr) | (arr < 0))[0])
     raise ValueError(f"{name}[{i}]={float(arr[i])!r} must be a finite number of bytes >= 0")
-  return jnp.asarray(arr, jnp.float32)
+  return jnp.asarray(arr, _float())
 
 
 def uplink_bytes(path: UpdatePath | None, params: PyTree) -> jax.Array | None:
@@ -430,11 +436,11 @@ def uplink_bytes(path: UpdatePath | None, params: PyTree) -> jax.Array | None:
   state = init_update_state(path, params, 1, 1)
   row = jax.tree.map(lambda a: a[0], state.client)
   zero = jnp.zeros((), jnp.int32)
-  ctx = ClientContext(client=zero, parent=zero, weight=jnp.ones((), jnp.float32),
+  ctx = ClientContext(client=zero, parent=zero, weight=jnp.ones((), _float()),
                       node_state=parents_node_state(state, zero))
   _, _, stats = path.client.apply(jax.tree.map(jnp.zeros_like, params), row, jax.random.key(0), ctx)
   size = stats.get("uplink_bytes")
-  return None if size is None else jnp.asarray(size, jnp.float32)
+  return None if size is None else jnp.asarray(size, _float())
 
 
 def _links(name: str, value, num_nodes: Sequence[int]) -> list[np.ndarray]:
@@ -532,7 +538,7 @@ class Systems:
     return float(secs[0] if secs.size == 1 else secs[level])
 
   def server_links(self, num_nodes: Sequence[int]) -> tuple[tuple[jax.Array, jax.Array] | None, ...] | None:
-    """Every server level's ``(up, down)`` bandwidths per node, ``float32[N_l]`` at index ``l``
+    """Every server level's ``(up, down)`` bandwidths per node, ``float[N_l]`` at index ``l``
     (``None`` at the root), for a tree with ``num_nodes[l]`` nodes at server level ``l``
     (``0 .. depth-1``); ``None`` when :attr:`server_up` is not set.
 
@@ -546,24 +552,24 @@ class Systems:
       return None
     up = _links("server_up", self.server_up, num_nodes)
     down = up if self.server_down is None else _links("server_down", self.server_down, num_nodes)
-    return (None,) + tuple((jnp.asarray(u, jnp.float32), jnp.asarray(d, jnp.float32))
+    return (None,) + tuple((jnp.asarray(u, _float()), jnp.asarray(d, _float()))
                            for u, d in zip(up, down, strict=True))
 
   def aggregation_seconds(self, level: int, links, uplink_bytes, downlink_bytes) -> jax.Array:
-    """``float32[]`` seconds server level ``level`` adds to a round in which it aggregates: its
+    """``float[]`` seconds server level ``level`` adds to a round in which it aggregates: its
     fixed :meth:`level_time`, plus (with ``links`` from :meth:`server_links`) the slowest of its
     children (the nodes of level ``level + 1``) sending ``uplink_bytes`` and receiving
     ``downlink_bytes`` (scalars or one per child) over their own links."""
-    fixed = jnp.float32(self.level_time(level))
+    fixed = jnp.asarray(self.level_time(level), _float())
     if links is None:
       return fixed
     up, down = links[level + 1]
-    up_b, down_b = jnp.asarray(uplink_bytes, jnp.float32), jnp.asarray(downlink_bytes, jnp.float32)
+    up_b, down_b = jnp.asarray(uplink_bytes, _float()), jnp.asarray(downlink_bytes, _float())
     return fixed + jnp.max(up_b / up + down_b / down)
 
   def client_seconds(self, clients: jax.Array, steps: jax.Array, model_size: float, *,
                      uplink_bytes=None, downlink_bytes=None) -> jax.Array:
-    """``float32[K]`` simulated seconds of ``clients`` doing ``steps`` local steps:
+    """``float[K]`` simulated seconds of ``clients`` doing ``steps`` local steps:
     download, compute, upload (bytes as in :meth:`round`)."""
     comm = self._comm(clients, model_size, uplink_bytes, downlink_bytes)
     return comm + steps / jnp.take(self.profile.speed, clients)
@@ -572,7 +578,7 @@ class Systems:
     def size(own, reported):
       if own is not None:
         return jnp.take(own, clients)
-      return jnp.float32(model_size) if reported is None else jnp.asarray(reported, jnp.float32)
+      return jnp.asarray(model_size, _float()) if reported is None else jnp.asarray(reported, _float())
     up, down = size(self.uplink_bytes, uplink_bytes), size(self.downlink_bytes, downlink_bytes)
     return down / jnp.take(self.profile.down, clients) + up / jnp.take(self.profile.up, clients)
 
@@ -587,7 +593,7 @@ class Systems:
       dropped = jax.random.uniform(key, want.shape) < pol.dropout
     if pol.kind != "deadline":
       return Attempt(want, dropped, jnp.zeros(want.shape, bool), full, full)
-    limit = jnp.float32(pol.seconds)
+    limit = jnp.asarray(pol.seconds, _float())
     if not pol.partial:   # a client that cannot report in time fails at the deadline ...
       late = full > limit
       return Attempt(want, dropped, late, jnp.where(late, limit, full), full)
@@ -614,7 +620,7 @@ class Systems:
     Args:
       cohort: the sampled slots; for over-selection ``ceil(factor · k_g)`` per parent.
       num_steps: ``int32[C]`` the steps every client would do.
-      time: ``float32[]`` simulated seconds at the start of the round.
+      time: ``float[]`` simulated seconds at the start of the round.
       model_bytes: bytes of the model (the default ``uplink_bytes`` / ``downlink_bytes``).
       key: randomness of dropouts.
       keep: ``k_g`` clients kept per parent (over-selection only).
@@ -651,8 +657,8 @@ class Systems:
     kept_seconds = comm + new_steps / speed
     duration = jnp.max(jnp.where(kept, kept_seconds, 0.0), initial=0.0)
     if pol.kind == "deadline":   # someone on line was cut by the deadline: the server waited for it
-      duration = jnp.where(jnp.any(alive & (work.full > jnp.float32(pol.seconds))), jnp.float32(pol.seconds),
-                           duration)
+      limit = jnp.asarray(pol.seconds, _float())
+      duration = jnp.where(jnp.any(alive & (work.full > limit)), limit, duration)
     # Per client rows: the steps each one does (only the slots kept matter to train_cohort).
     client_steps = num_steps.at[jnp.where(cohort.valid, clients, num_steps.shape[0])].set(
       new_steps.astype(num_steps.dtype), mode="drop")
@@ -660,7 +666,7 @@ class Systems:
       "clients_unavailable": jnp.sum(cohort.valid & ~online, dtype=jnp.int32),
       "clients_dropped": jnp.sum(online & ~kept, dtype=jnp.int32),
       "clients_partial": jnp.sum(kept & (new_steps < steps), dtype=jnp.int32),
-      "round_seconds": duration.astype(jnp.float32),
+      "round_seconds": duration.astype(_float()),
     }
-    return RoundOutcome(valid=kept, num_steps=client_steps, seconds=duration.astype(jnp.float32),
+    return RoundOutcome(valid=kept, num_steps=client_steps, seconds=duration.astype(_float()),
                         stats=stats)

@@ -58,14 +58,15 @@ def staleness_factor(tau: jax.Array, kind: str = "polynomial", *, exponent=0.5, 
   """``s(τ)`` of FedAsync's staleness functions (Xie et al. 2019, Sec. 5.2): ``"polynomial"``
   ``(1 + τ)^-a`` (:func:`~fedtree.core.aggregation.staleness_weight`, FedBuff's),
   ``"constant"`` 1, ``"hinge"`` 1 for ``τ <= b`` else ``1 / (a (τ − b) + 1)``. Hyperparameters
-  may be traced (sweeps); float32 (the staleness of the simulated clock)."""
+  may be traced (sweeps); in the default float dtype (float64 under ``--config.dtype=float64``)."""
   if kind == "polynomial":
     return staleness_weight(tau, exponent)
+  dtype = jnp.result_type(float)
   if kind == "constant":
-    return jnp.ones(jnp.shape(tau), jnp.float32)
+    return jnp.ones(jnp.shape(tau), dtype)
   if kind == "hinge":
-    late = jnp.maximum(tau - int(hinge_b), 0).astype(jnp.float32)
-    return jnp.where(tau <= int(hinge_b), 1.0, 1.0 / (jnp.asarray(hinge_a, jnp.float32) * late + 1.0))
+    late = jnp.maximum(tau - int(hinge_b), 0).astype(dtype)
+    return jnp.where(tau <= int(hinge_b), 1.0, 1.0 / (jnp.asarray(hinge_a, dtype) * late + 1.0))
   raise ValueError(f"staleness={kind!r}; choose one of {STALENESS}")
 
 
@@ -84,12 +85,12 @@ class FedBuffState:
       ``g * S + v % S``.
     client: ``int32[G * M]`` the client in every slot (parent ``g``'s slots ``g * M ..``).
     version: ``int32[G * M]`` the version it started from.
-    finish: ``float32[G * M]`` the simulated second it reports (or fails).
+    finish: ``float[G * M]`` the simulated second it reports (or fails).
     busy: ``bool[G * M]`` whether the slot holds a client.
-    clock: ``float32[]`` simulated seconds (the latest of the parents' clocks).
+    clock: ``float[]`` simulated seconds (the latest of the parents' clocks).
     cursor: ``int32[C]`` batch cursors (``"cyclic"``), else ``()``.
     update_state: the :class:`~fedtree.core.updates.UpdateState` of the clients' update path.
-    node_clock: ``float32[G]`` every parent's simulated seconds.
+    node_clock: ``float[G]`` every parent's simulated seconds.
     steps: ``int32[G * M]`` the local steps of every slot's client (partial work lowers them).
     failed: ``bool[G * M]`` slots whose client fails (dropout, or a deadline it cannot meet).
     upper_params: the models of server levels ``0 .. depth-2`` (``[N_l, ...]`` each; ``()`` flat).
@@ -309,16 +310,17 @@ def _check_staleness(name: str, max_staleness, staleness_exponent, staleness, hi
     raise ValueError(f"{name}: update_from={update_from!r}; choose one of {UPDATE_FROM}")
 
 
-def _devices(systems: Systems | None, num_clients: int, depth: int) -> Systems:
-  """The systems model (default: one local step per second, free transfers, always on line)."""
+def _devices(systems: Systems | None, num_clients: int, depth: int, name: str = "fedbuff") -> Systems:
+  """The systems model (default: one local step per second, free transfers, always on line); ``name``
+  (the method's) in its refusal."""
   if systems is None:
     systems = Systems(profile=make_profile(np.ones(num_clients), np.ones(num_clients)), uplink_bytes=0.0,
                       downlink_bytes=0.0)
   systems.check(num_clients, depth)
   if systems.policy.kind == "over_selection":
-    raise ValueError(f"fedbuff takes systems with the wait_for_all or deadline policy, got "
-                     f"{systems.policy!r}: concurrency is FedBuff's over-selection (the first buffer_size of "
-                     f"it to finish count)")
+    raise ValueError(f"{name} takes systems with the wait_for_all or deadline policy, got "
+                     f"{systems.policy!r}: its concurrency (the clients in flight, of which the first to "
+                     f"finish count) is its over-selection")
   return systems
 
 
@@ -334,7 +336,7 @@ def _plan(*, model, data, local_optimizer, schedule, buffer_size, concurrency, t
                    update_from)
   check_weighting(weighting)
   periods = check_periods(periods, depth)
-  systems = _devices(systems, data.num_clients, depth)
+  systems = _devices(systems, data.num_clients, depth, name)
   ring = int(max_staleness) + 1
   server_optimizers = per_level(optax.sgd(1.0) if server_optimizer is None else server_optimizer, depth,
                                 "server_optimizer")
@@ -365,10 +367,10 @@ def _init(plan: _Plan, init_params, key) -> FedBuffState:
     round=jnp.zeros((), jnp.int32), params=params[leaf], opt_state=opt[leaf],
     history=jax.tree.map(lambda a: jnp.array(jnp.repeat(a, plan.ring, axis=0), copy=True), params[leaf]),
     client=jnp.zeros((slots,), jnp.int32), version=jnp.zeros((slots,), jnp.int32),
-    finish=jnp.zeros((slots,), jnp.float32), busy=jnp.zeros((slots,), bool),
-    clock=jnp.zeros((), jnp.float32), cursor=plan.schedule.init_cursor(plan.num_clients),
+    finish=jnp.zeros((slots,), jnp.result_type(float)), busy=jnp.zeros((slots,), bool),
+    clock=jnp.zeros((), jnp.result_type(float)), cursor=plan.schedule.init_cursor(plan.num_clients),
     update_state=init_update_state(plan.path, p0, plan.num_clients, plan.num_groups * plan.ring),
-    node_clock=jnp.zeros((plan.num_groups,), jnp.float32), steps=jnp.zeros((slots,), jnp.int32),
+    node_clock=jnp.zeros((plan.num_groups,), jnp.result_type(float)), steps=jnp.zeros((slots,), jnp.int32),
     failed=jnp.zeros((slots,), bool), upper_params=tuple(params[:leaf]), upper_opt_state=tuple(opt[:leaf]),
   )
 
@@ -378,7 +380,7 @@ class _Slots(NamedTuple):
 
   client: jax.Array     # int32: the client in the slot
   version: jax.Array    # int32: the version it started from
-  finish: jax.Array     # float32: the simulated second it reports (or fails)
+  finish: jax.Array     # float: the simulated second it reports (or fails)
   steps: jax.Array      # int32: its local steps (partial work lowered)
   failed: jax.Array     # bool: it fails (dropout, or a deadline it cannot meet)
   busy: jax.Array       # bool: the slot holds a client
@@ -407,7 +409,7 @@ def _start_clients(plan: _Plan, state: FedBuffState, num_steps, key) -> _Slots:
   client = jnp.where(start, new_client, state.client).astype(jnp.int32)
   want = jnp.take(num_steps, client)
   up_b = uplink_bytes(plan.path, jax.tree.map(lambda a: a[0], state.params))
-  comm = systems.client_seconds(client, jnp.zeros_like(want, jnp.float32),
+  comm = systems.client_seconds(client, jnp.zeros_like(want, jnp.result_type(float)),
                                 model_bytes(state.params, stacked=True), uplink_bytes=up_b)
   work = systems.attempt(want, jnp.take(systems.profile.speed, client), comm, stream(key, "systems"))
   return _Slots(
@@ -423,7 +425,7 @@ class _Reports(NamedTuple):
   fresh: jax.Array       # bool[G * M] reports within max_staleness
   ok: jax.Array          # bool[G * M] reports that are applied
   staleness: jax.Array   # int32[G * M] versions since each slot's client started
-  node_clock: jax.Array  # float32[G] every parent's clock at its buffer's last report
+  node_clock: jax.Array  # float[G] every parent's clock at its buffer's last report
 
 
 def _reports(plan: _Plan, state: FedBuffState, sl: _Slots) -> _Reports:

@@ -85,7 +85,7 @@ def mix_clusters(means, beta: float, num_clusters, in_use: jax.Array | None = No
     return means
   k = jax.tree.leaves(means)[0].shape[0]
   in_use = jnp.ones((k,), bool) if in_use is None else in_use
-  n = jnp.asarray(num_clusters, jnp.float32)
+  n = jnp.asarray(num_clusters, jnp.result_type(float))
 
   def mix(m):
     u = in_use.reshape((-1,) + (1,) * (m.ndim - 1))
@@ -189,7 +189,8 @@ def select_clusters(state: ClusterState, metric: str = "l2") -> jax.Array:
   (MCFL: the nearest cluster feature mean among clusters whose members have uploaded)."""
   f = state.features
   k = jax.tree.leaves(state.params)[0].shape[0]
-  cluster_mean, total = segment_mean_rows(f.client_mean, f.seen.astype(jnp.float32), state.cluster_of, k)
+  seen = f.seen.astype(f.client_mean.dtype)
+  cluster_mean, total = segment_mean_rows(f.client_mean, seen, state.cluster_of, k)
   dist = pairwise_distances(f.query_mean, cluster_mean, metric)
   dist = jnp.where(total[None, :] > 0, dist, jnp.inf)
   return jnp.argmin(dist, axis=1).astype(jnp.int32)
@@ -412,7 +413,7 @@ def _assign_kmeans(plan: _Plan, state, cohort, res, w, key, active_clustering) -
     active_clustering,
     lambda: stable_kmeans(stream(key, "kmeans"), points, previous, iters=plan.kmeans_iters,
                           mask=cohort.valid),
-    lambda: KMeansResult(previous, jnp.zeros(cohort.valid.shape, jnp.int32), jnp.zeros((), jnp.float32)),
+    lambda: KMeansResult(previous, jnp.zeros(cohort.valid.shape, jnp.int32), jnp.zeros((), previous.dtype)),
   )
   return Assignment(jnp.where(active_clustering, km.assignment, 0), jnp.arange(plan.k, dtype=jnp.int32),
                     state.num_clusters, {"kmeans_inertia": jnp.where(active_clustering, km.inertia, 0.0)})

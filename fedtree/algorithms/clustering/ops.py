@@ -24,10 +24,12 @@ PyTree = Any
 
 # ------------------------------------------------------------------------ vectors
 def flatten_rows(tree: PyTree) -> jax.Array:
-  """Stacked pytree ``[N, ...]`` -> ``float32[N, D]`` (leaves raveled and concatenated)."""
+  """Stacked pytree ``[N, ...]`` -> ``float32[N, D]`` (leaves raveled and concatenated; ``float64`` for
+  float64 leaves)."""
   leaves = jax.tree.leaves(tree)
   n = leaves[0].shape[0]
-  return jnp.concatenate([jnp.reshape(a, (n, -1)).astype(jnp.float32) for a in leaves], axis=1)
+  dtype = jnp.result_type(jnp.float32, *leaves)
+  return jnp.concatenate([jnp.reshape(a, (n, -1)).astype(dtype) for a in leaves], axis=1)
 
 
 def squared_distances(x: jax.Array, c: jax.Array) -> jax.Array:
@@ -97,11 +99,11 @@ def kmeans(
   """
   if k < 1:
     raise ValueError(f"kmeans: k={k} must be >= 1")
-  x = x.astype(jnp.float32)
+  x = x.astype(jnp.promote_types(x.dtype, jnp.float32))   # (float64 points stay float64)
   n = x.shape[0]
   mask = jnp.ones((n,), bool) if mask is None else mask.astype(bool)
-  cents = kmeans_plusplus(key, x, k, mask) if init is None else init.astype(jnp.float32)
-  w = mask.astype(jnp.float32)
+  cents = kmeans_plusplus(key, x, k, mask) if init is None else init.astype(x.dtype)
+  w = mask.astype(x.dtype)
 
   def assign(c):
     return jnp.argmin(squared_distances(x, c), axis=1).astype(jnp.int32)
@@ -162,7 +164,8 @@ def match_labels(new: jax.Array, previous: jax.Array) -> jax.Array:
   ``centroids[argsort(labels)]``. Invariant to relabelling: permuting ``previous`` permutes
   the labels the same way, so a permutation of centroids is undone exactly.
   """
-  cost = squared_distances(new.astype(jnp.float32), previous.astype(jnp.float32))
+  dtype = jnp.result_type(jnp.float32, new, previous)
+  cost = squared_distances(new.astype(dtype), previous.astype(dtype))
   return optimal_assignment(cost)
 
 
@@ -170,7 +173,8 @@ def greedy_match_labels(new: jax.Array, previous: jax.Array) -> jax.Array:
   """The earlier greedy matching (K times, the closest unmatched pair; ties: lowest index),
   kept for comparison: it is not optimal when centroids are close (:func:`match_labels`)."""
   k = new.shape[0]
-  cost = squared_distances(new.astype(jnp.float32), previous.astype(jnp.float32))
+  dtype = jnp.result_type(jnp.float32, new, previous)
+  cost = squared_distances(new.astype(dtype), previous.astype(dtype))
 
   def body(_, carry):
     cost, labels = carry
@@ -216,8 +220,9 @@ def cosine_bipartition(similarity: jax.Array, mask: jax.Array) -> jax.Array:
   """
   n = similarity.shape[0]
   mask = mask.astype(bool)
-  big = jnp.float32(1e9)
-  dist = -similarity.astype(jnp.float32)
+  dtype = jnp.promote_types(similarity.dtype, jnp.float32)
+  big = jnp.asarray(1e9, dtype)
+  dist = -similarity.astype(dtype)
   both = mask[:, None] & mask[None, :]
   eye = jnp.eye(n, dtype=bool)
   # group-to-group complete-linkage distances; rows of merged-away groups are inactive

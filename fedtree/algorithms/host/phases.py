@@ -68,7 +68,7 @@ def init(plan: HostPlan, key) -> TreeState:
     cursor=plan.schedule.init_cursor(topo.num_clients),
     update_state=tuple(init_update_state(plan.paths[lv], share.sent(p0, lv), topo.num_nodes(lv + 1),
                                          topo.num_nodes(lv)) for lv in range(plan.depth)),
-    clock=() if plan.systems is None else jnp.zeros((), jnp.float32),
+    clock=() if plan.systems is None else jnp.zeros((), jnp.result_type(float)),
     server_state=init_rule_state(plan.rule, p0, topo.num_nodes(leaf), stream(key, "server_rule")),
     personal=share.init_clients(p0, topo.num_clients),
   )
@@ -113,9 +113,10 @@ def inbox(plan: HostPlan, state: TreeState, drawn: Drawn, w: Weights, res: TierR
   cohort = drawn.cohort
   reported = jax.ops.segment_sum((jnp.take(res.reported, cohort.clients) & cohort.valid).astype(
     res.weight_sum.dtype), cohort.parent, num_segments=plan.num_parents)
+  dtype = res.weight_sum.dtype
   return Inbox(pseudo_gradient=pseudo_gradient, weight_sum=res.weight_sum, messages=res.message_sum,
-               reported=reported, sampled=res.sampled, population=jnp.asarray(plan.population),
-               params=state.params[plan.leaf], population_weight=w.population.astype(res.weight_sum.dtype),
+               reported=reported, sampled=res.sampled, population=jnp.asarray(plan.population, dtype),
+               params=state.params[plan.leaf], population_weight=w.population.astype(dtype),
                slots=slots)
 
 
@@ -223,7 +224,7 @@ def clock(plan: HostPlan, state: TreeState, drawn: Drawn, params: list, active: 
     level_secs.append(jnp.where(active[lv], plan.systems.aggregation_seconds(
       lv, plan.links, mb if up_b is None else up_b,
       mb if down_b is None else jnp.take(down_b, jnp.asarray(plan.topology.parent(lv + 1)))), 0.0))
-  seconds = drawn.outcome.seconds + sum(level_secs, jnp.zeros((), jnp.float32))
+  seconds = drawn.outcome.seconds + sum(level_secs, jnp.zeros((), jnp.result_type(float)))
   new = state.clock + seconds
   return new, {**drawn.outcome.stats, "round_seconds": seconds, "sim_seconds": new}
 

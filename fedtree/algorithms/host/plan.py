@@ -52,7 +52,7 @@ class HostPlan:
     systems: devices, availability and the round policy, or ``None``.
     keep: clients kept per leaf parent under over-selection (``None`` otherwise).
     links: the server levels' bandwidths (:meth:`~fedtree.toolbox.systems.Systems.server_links`).
-    population: ``float32[N]`` the clients under every leaf parent.
+    population: ``float64[N]`` the clients under every leaf parent (exact; read in the round's float dtype).
     init_params: the model every node starts from (``None``: ``model.init(key)``).
   """
 
@@ -120,9 +120,10 @@ def _cohorts(topology: Topology, systems: Systems | None, sampling: str, cohort_
   depth = topology.depth
   keep = links = None   # over-selection: sample more, keep the first cohort_size to finish
   if systems is not None:
-    if sampling == "poisson":
-      raise ValueError("sampling='poisson' cannot run with systems=: a round policy changes who takes "
-                       "part, which Poisson sampling's accounting does not model; use sampling='uniform'")
+    if sampling == "poisson" and systems.policy.kind == "over_selection":
+      raise ValueError("sampling='poisson' with the systems policy 'over_selection': over-selection samples "
+                       "ceil(factor k) clients to keep the first k to finish, a cohort of fixed size; use "
+                       "sampling='uniform', or the policy wait_for_all or deadline")
     keep, cohort_size = systems.cohort_sizes(topology.parent(depth), cohort_size, depth)
     links = systems.server_links([topology.num_nodes(lv) for lv in range(depth)])
   sampler = build_sampler(topology.parent(depth), sampling=sampling, cohort_size=cohort_size,
@@ -163,7 +164,7 @@ def plan(
               batch_size=schedule.batch_size, skip_nonfinite=skip_nonfinite, block_size=max(sampler.sizes),
               learning_rate=local_learning_rate, personal=share.client_mask,
               keep_client_params=rule is not None and rule.up.slots)
-  population = np.bincount(topology.parent(depth), minlength=topology.num_nodes(depth - 1)).astype(np.float32)
+  population = np.bincount(topology.parent(depth), minlength=topology.num_nodes(depth - 1)).astype(np.float64)
   return HostPlan(
     name=name, model=model, topology=topology, schedule=schedule, weighting=weighting,
     server_optimizers=server_optimizers, top_level=top_level, paths=paths, sampler=sampler, strategy=strategy,

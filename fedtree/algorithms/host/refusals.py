@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from fedtree.core.updates import UpdatePath, blockwise_levels, per_level_paths
+from fedtree.core.updates import UpdatePath, per_level_paths
 from fedtree.toolbox.privacy import private_stages, private_stages_where
 
 Host = Mapping[str, Any]
@@ -32,8 +32,20 @@ def _personal(host: Host) -> list[str]:
 
 
 def _blockwise(host: Host) -> list[str]:
-  levels = blockwise_levels(host.get("update_paths"))
-  return [f"a robust (blockwise) aggregator at level {lv}" for lv in levels]
+  paths = host.get("update_paths")
+  if paths is None:
+    return []
+  items = ([("the clients' tier", paths)] if isinstance(paths, UpdatePath) else
+           list(paths.items()) if isinstance(paths, Mapping) else list(enumerate(paths)))
+  out = []
+  for lv, p in items:
+    if p is None or not p.aggregator.blockwise:
+      continue
+    attack = p.aggregator.for_attack
+    out.append(f"the omniscient attack {attack!r} at level {lv} is not supported (it rewrites every "
+               f"parent's whole cohort in front of a blockwise mean)" if attack is not None else
+               f"a robust (blockwise) aggregator at level {lv}")
+  return out
 
 
 def _private_clients(host: Host) -> list[str]:
@@ -84,16 +96,23 @@ def _model_state(host: Host) -> list[str]:
 
 
 class Composition(NamedTuple):
-  """A composition a run may ask of a host: its name in the docs, and what in the host's arguments
-  asks for it (``present(host) -> [phrase]``, one phrase naming each instance, ``[]`` if none)."""
+  """A composition a run may ask of a host: its name in the docs, what in the host's arguments asks
+  for it (``present(host) -> [phrase]``, one phrase naming each instance, ``[]`` if none), and what
+  the run can do instead (``remedy(phrase)``, appended to the refusal; ``None``: nothing)."""
 
   label: str
   present: Callable[[Host], list[str]]
+  remedy: Callable[[str], str | None] = lambda phrase: None
+
+
+def _blockwise_remedy(phrase: str) -> str | None:
+  """A robust aggregator's refusal points to the weighted mean the method runs; an attack's has none."""
+  return None if phrase.startswith("the omniscient attack") else "use the mean aggregator"
 
 
 COMPOSITIONS: Mapping[str, Composition] = {
   "personal": Composition("personal parameters", _personal),
-  "blockwise": Composition("a robust (blockwise) aggregator", _blockwise),
+  "blockwise": Composition("a robust (blockwise) aggregator", _blockwise, _blockwise_remedy),
   "private_clients": Composition("differential privacy at the clients' tier", _private_clients),
   "private": Composition("differential privacy at any level", _private),
   "client_transform": Composition("a client transform at the clients' tier", _client_transform),
@@ -129,5 +148,7 @@ def check_refusals(method: str, refusals: Sequence[Refusal], host: Host) -> None
   """Raises the first declared refusal whose composition ``host`` asks for, as one line:
   ``"<method>: <what>: <why>"``."""
   for refusal in refusals:
-    for phrase in COMPOSITIONS[refusal.composition].present(host):
-      raise ValueError(f"{method}: {phrase}: {refusal.why}")
+    composition = COMPOSITIONS[refusal.composition]
+    for phrase in composition.present(host):
+      remedy = composition.remedy(phrase)
+      raise ValueError(f"{method}: {phrase}: {refusal.why}" + (f"; {remedy}" if remedy else ""))

@@ -13,12 +13,13 @@ References:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import struct
 
 from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.optimization.qffl import sent_beside
@@ -31,6 +32,23 @@ from fedtree.core.topology import Topology
 
 DOMAIN_STEPS = ("projected", "exponentiated", "none")
 INIT_WEIGHTS = ("uniform", "examples")
+OUTPUTS = ("last", "average")
+"""The model AFL reports at the clients' parents: the last iterate (FedJAX) or the average of the
+iterates ``(1/T) Σ_{t=1}^T w_t`` (the paper's ``w^A``, whose guarantee it states; FLGo's)."""
+
+
+@struct.dataclass
+class AFLState:
+  """AFL's server state with ``output="average"`` (``[N, ...]`` over the clients' parents).
+
+  Attributes:
+    weights: ``[N, D]`` the mixture weights ``λ``.
+    average: ``[N, ...]`` the average of the parent's models after each round so far (the start
+      model before the first).
+  """
+
+  weights: jax.Array
+  average: Any
 
 
 class Domains(NamedTuple):
@@ -131,21 +149,28 @@ def afl_update(
 
 
 def afl_server(domains: Domains, *, domain_learning_rate, domain_step: str = "projected",
-               init_weights: str = "uniform") -> ServerRule:
+               init_weights: str = "uniform", average: bool = False) -> ServerRule:
   """AFL's server state ``λ [N, D]``: the clients' weights ``λ_{d(k)} n_k / m_{d(k)}`` in their
-  parent's mean, and the ascent step on ``λ`` from the domain losses of the clients' messages."""
+  parent's mean, and the ascent step on ``λ`` from the domain losses of the clients' messages. With
+  ``average`` the state is an :class:`AFLState` whose average :func:`averaged` moves."""
   present = jnp.asarray(domains.present)
   parent, column, share = (jnp.asarray(a) for a in (domains.parent, domains.index, domains.share))
   start = domains.initial(init_weights)
 
   def init(params, num_nodes):
     dtype = jnp.result_type(jnp.float32, *jax.tree.leaves(params))
-    return jnp.asarray(start, dtype)
+    lam = jnp.asarray(start, dtype)
+    if not average:
+      return lam
+    return AFLState(weights=lam, average=jax.tree.map(lambda p: jnp.repeat(p[None], num_nodes, axis=0),
+                                                      params))
 
-  def weights(host_weights, lam):
+  def weights(host_weights, state):
+    lam = state.weights if average else state
     return lam[parent, column] * share.astype(lam.dtype)
 
-  def receive(inbox: Inbox, lam):
+  def receive(inbox: Inbox, state):
+    lam = state.weights if average else state
     count = inbox.messages["examples"]
     seen = count > 0
     loss = jnp.where(seen, inbox.messages["loss"] / jnp.where(seen, count, 1.0), 0.0).astype(lam.dtype)
@@ -158,11 +183,31 @@ def afl_server(domains: Domains, *, domain_learning_rate, domain_step: str = "pr
       new = lam
     stats = {"afl_weight_max": jnp.max(new, axis=-1),
              "afl_domain_loss_max": jnp.max(jnp.where(seen, loss, -jnp.inf), axis=-1, initial=0.0)}
-    return inbox.pseudo_gradient, new, stats
+    return inbox.pseudo_gradient, state.replace(weights=new) if average else new, stats
 
   # nothing is broadcast: the server applies the weights (send: ())
   return ServerRule(init=init, receive=receive, name="afl", down=Downlink(broadcast=lambda lam: ()),
                     up=Uplink(weights=weights))
+
+
+def averaged(alg: FederatedAlgorithm, leaf: int, key: str) -> FederatedAlgorithm:
+  """``alg`` (AFL with an :class:`AFLState`) whose round also moves the average of the clients'
+  parents' models, ``avg ← avg + (w_t − avg) / t`` after round ``t``, and whose model ``key`` (the
+  clients' parents' level) is that average."""
+  inner_round, inner_models = alg.round, alg.models
+
+  def round_fn(state, data, key_):
+    new, metrics = inner_round(state, data, key_)
+    s: AFLState = new.server_state
+    t = new.round.astype(jnp.result_type(float))
+    avg = jax.tree.map(lambda a, w: a + (w - a) / t.astype(a.dtype), s.average, new.params[leaf])
+    return new.replace(server_state=s.replace(average=avg)), metrics
+
+  def models(state):
+    out = inner_models(state)
+    return {**out, key: out[key]._replace(params=state.server_state.average)}
+
+  return alg._replace(round=round_fn, models=models)
 
 
 @method_over(hierfavg, cannot=sent_beside("their losses (which set the weights λ)"))
@@ -173,6 +218,7 @@ def afl(
   domain_step: str = "projected",
   domains: tuple[int, ...] | None = None,
   init_weights: str = "uniform",
+  output: str = "last",
   name: str = "afl",
 ) -> FederatedAlgorithm:
   """AFL on ``topology`` (default flat): the clients' updates averaged with the weights of the worst
@@ -187,12 +233,15 @@ def afl(
     domains: one integer domain per client (``None``: every client its own domain). From a
       config: ``domains: clients`` (the default), ``groups`` (the data's group labels) or a list.
     init_weights: ``"uniform"`` or ``"examples"``, the initial ``λ`` over each parent's domains.
+    output: the model reported at the clients' parents (:data:`OUTPUTS`): ``"last"`` (the last
+      iterate, FedJAX) or ``"average"`` (``(1/T) Σ_{t=1}^T w_t``, the paper's ``w^A``, FLGo's; the
+      server state is then an :class:`AFLState`). Training moves the last iterate either way.
     name: label for reports.
     **host: every other argument of :func:`~fedtree.algorithms.host.hierfavg.hierfavg` (``weighting``
       weighs the levels above the clients' parents only: the clients' weights are ``λ``'s).
 
   Raises:
-    ValueError: ``domain_learning_rate < 0``, an unknown ``domain_step`` or ``init_weights``,
+    ValueError: ``domain_learning_rate < 0``, an unknown ``domain_step``, ``init_weights`` or ``output``,
       ``domains`` not one per client, a privacy stage, a robust aggregator or personal parameters.
 
   Example:
@@ -210,6 +259,8 @@ def afl(
     raise ValueError(f"{name}: domain_step={domain_step!r}; choose one of {DOMAIN_STEPS}")
   if init_weights not in INIT_WEIGHTS:
     raise ValueError(f"{name}: init_weights={init_weights!r}; choose one of {INIT_WEIGHTS}")
+  if output not in OUTPUTS:
+    raise ValueError(f"{name}: output={output!r}; choose one of {OUTPUTS}")
   data = host["data"]
   if domains is not None and len(domains) != data.num_clients:
     raise ValueError(f"{name}: domains has {len(domains)} entries for {data.num_clients} clients; give one "
@@ -217,10 +268,14 @@ def afl(
   topology = host.get("topology") or Topology.flat(data.num_clients)
   layout = domain_layout(topology, np.asarray(data.n_train), domains)
   rule = afl_server(layout, domain_learning_rate=domain_learning_rate, domain_step=domain_step,
-                    init_weights=init_weights)
+                    init_weights=init_weights, average=output == "average")
 
   def objective(s: LocalSetup):
     return afl_update(s.model, s.optimizer, layout, batch_size=s.batch_size, max_steps=s.max_steps,
                       compute_dtype=s.compute_dtype)
 
-  return host.build(client_update=objective, server_rule=rule, name=name)
+  alg = host.build(client_update=objective, server_rule=rule, name=name)
+  if output == "last":
+    return alg
+  leaf = topology.depth - 1
+  return averaged(alg, leaf, "global" if leaf == 0 else f"level{leaf}")

@@ -113,7 +113,7 @@ def _alpha_scale(host) -> np.ndarray:
 @method_over(hierfavg, cannot=(
   cannot("personal", "the dynamic regularizer and h cover the whole model"),
   cannot("blockwise", "h must stay the mean of the clients' ∇L_i, (1/m) Σ_i ∇L_i, which only the mean of "
-                      "their updates keeps (each ∇L_i moves by its own update); use the mean aggregator"),
+                      "their updates keeps (each ∇L_i moves by its own update)"),
   cannot("model_state", "gradients do not train it, so neither a client's ∇L_i nor the server's h describes "
                         "it; use a model without BatchNorm (e.g. GroupNorm)"),
 ))

@@ -29,9 +29,10 @@ def effective_steps(steps: jax.Array, momentum, max_steps: int) -> jax.Array:
   """``‖a‖₁`` of ``steps`` local SGD steps with heavy-ball momentum ``ρ``: step ``k`` (from 1) moves the
   model by ``Σ_{j<k} ρ^j`` times its gradient's share, so ``‖a‖₁ = Σ_{k=1}^{τ} (1 − ρ^k)/(1 − ρ)``
   (``τ`` for ``ρ = 0``; 0 for no step)."""
-  rho = jnp.asarray(momentum, jnp.float32)
+  dtype = jnp.result_type(float)   # float64 under --config.dtype=float64
+  rho = jnp.asarray(momentum, dtype)
   k = jnp.arange(max(int(max_steps), 1))
-  per_step = jnp.cumsum(rho ** k.astype(jnp.float32))        # step k+1's coefficient Σ_{j<=k} ρ^j
+  per_step = jnp.cumsum(rho ** k.astype(dtype))        # step k+1's coefficient Σ_{j<=k} ρ^j
   return jnp.sum(jnp.where(k < steps, per_step, 0.0))
 
 
@@ -96,7 +97,7 @@ def _check_momentum(momentum) -> None:
 @method_over(hierfavg, cannot=(
   cannot("personal", "the normalization covers the whole model"),
   cannot("blockwise", "τ_eff averages the clients' reported step counts outside it, so one client's report "
-                      "would scale every step; use the mean aggregator"),
+                      "would scale every step"),
   cannot("model_state", "the forward passes set it rather than a sum of steps FedNova could normalize; use a "
                         "model without BatchNorm (e.g. GroupNorm)"),
 ))

@@ -161,8 +161,7 @@ BESIDE = ("the clients' full-batch gradients travel beside the update, outside t
 REFUSALS = (
   cannot("personal", "the server's optimizer statistics cover the whole model"),
   cannot("blockwise", "it would still average the clients' full-batch gradients into the server's "
-                      "statistics, so an attacker's gradient would steer every client's steps; use the mean "
-                      "aggregator"),
+                      "statistics, so an attacker's gradient would steer every client's steps"),
   cannot("client_transform", BESIDE),
   cannot("node_transform", BESIDE),
 )

@@ -33,7 +33,7 @@ from fedtree.core.server_rule import Inbox, ServerRule, per_node
 
 LOSS_AT = ("received", "last_epoch")
 LOSS_EPS = 1e-10
-"""Added to ``F_k`` before its powers (the paper's code)."""
+"""Added to ``F_k`` before its powers by default (the paper's code; FLGo's is ``1e-8``)."""
 
 
 def last_epoch_step(step):
@@ -52,7 +52,8 @@ def last_epoch_step(step):
 
 def qffl_update(
   model: Model, optimizer: optax.GradientTransformation, *, q: float, lipschitz: float | None = None,
-  loss_at: str = "received", batch_size: int, max_steps: int, compute_dtype=None,
+  loss_at: str = "received", loss_epsilon: float = LOSS_EPS, batch_size: int, max_steps: int,
+  compute_dtype=None,
 ) -> ClientUpdate:
   """q-FedAvg's client (:doc:`docs <algorithms/optimization.md#q-ffl>`): local SGD from the received ``w``,
   then ``Δ_k`` as its update and ``h_k`` (times its aggregation weight) as its message.
@@ -64,11 +65,12 @@ def qffl_update(
     lipschitz: ``L > 0``; ``None``: ``1/η`` from the local learning rate the client is told
       (:attr:`~fedtree.core.local.ClientRound.learning_rate`).
     loss_at: ``"received"`` or ``"last_epoch"``, where ``F_k`` is taken.
+    loss_epsilon: ``>= 0`` added to ``F_k`` before its powers.
     batch_size: minibatch size.
     max_steps: static scan length.
     compute_dtype: mixed-precision local steps (``None``: the params' dtype).
   """
-  check_nonnegative(q=q)
+  check_nonnegative(q=q, loss_epsilon=loss_epsilon)
   if lipschitz is not None:
     check_positive(lipschitz=lipschitz)
   if loss_at not in LOSS_AT:
@@ -96,7 +98,7 @@ def qffl_update(
       big_l = 1.0 / jnp.asarray(rnd.learning_rate, dtype)
     else:
       big_l = jnp.asarray(lipschitz, dtype)
-    f = jnp.asarray(f, dtype) + LOSS_EPS
+    f = jnp.asarray(f, dtype) + jnp.asarray(loss_epsilon, dtype)
     qq = jnp.asarray(q, dtype)
     dw = jax.tree.map(lambda a, y: (a - y) * big_l.astype(a.dtype), anchor, inner.params)
     sq = sum(jnp.sum(jnp.square(d.astype(dtype))) for d in jax.tree.leaves(zero_state(model, dw)))
@@ -127,7 +129,7 @@ def sent_beside(sent: str) -> tuple:
     cannot("private", f"the clients send {sent} beside their update, unclipped and unnoised, so no "
                       f"differential-privacy guarantee would hold; run it without the privacy section"),
     cannot("blockwise", f"it would still sum what the clients send beside their updates ({sent}), so one "
-                        f"client could steer every step; use the mean aggregator"),
+                        f"client could steer every step"),
     cannot("personal", "its clients send a rescaled update of the whole model"),
   )
 
@@ -139,6 +141,7 @@ def qffl(
   q: float = 1.0,
   lipschitz: float | None = None,
   loss_at: str = "received",
+  loss_epsilon: float = LOSS_EPS,
   weighting: str = "uniform",
   name: str = "qffl",
 ) -> FederatedAlgorithm:
@@ -152,13 +155,15 @@ def qffl(
       (``local_learning_rate``; from a config: ``local.learning_rate``).
     loss_at: ``"received"`` (the paper, FLGo: the loss at the received model over all the client's
       examples) or ``"last_epoch"`` (FedLab: the mean minibatch loss of the last local epoch).
+    loss_epsilon: ``>= 0`` added to ``F_k`` before its powers: ``1e-10`` (default, the paper's code) or
+      FLGo's ``1e-8``.
     weighting: ``"uniform"`` (the paper's unweighted sums) or ``"examples"``.
     name: label for reports.
     **host: every other argument of :func:`~fedtree.algorithms.host.hierfavg.hierfavg`.
 
   Raises:
-    ValueError: ``q < 0``, ``lipschitz <= 0``, an unknown ``loss_at``, no learning rate to take
-      ``L`` from, a privacy stage, a robust aggregator or personal parameters.
+    ValueError: ``q < 0``, ``loss_epsilon < 0``, ``lipschitz <= 0``, an unknown ``loss_at``, no learning
+      rate to take ``L`` from, a privacy stage, a robust aggregator or personal parameters.
 
   Example:
     Two rounds of q-FedAvg (q = 2) over 5 clients:
@@ -170,7 +175,7 @@ def qffl(
     True
   """
   with named(name):
-    check_nonnegative(q=q)
+    check_nonnegative(q=q, loss_epsilon=loss_epsilon)
     if lipschitz is not None:
       check_positive(lipschitz=lipschitz)
   if loss_at not in LOSS_AT:
@@ -181,6 +186,7 @@ def qffl(
 
   def objective(s: LocalSetup):
     return qffl_update(s.model, s.optimizer, q=q, lipschitz=lipschitz, loss_at=loss_at,
-                       batch_size=s.batch_size, max_steps=s.max_steps, compute_dtype=s.compute_dtype)
+                       loss_epsilon=loss_epsilon, batch_size=s.batch_size, max_steps=s.max_steps,
+                       compute_dtype=s.compute_dtype)
 
   return host.build(client_update=objective, server_rule=qffl_server(), weighting=weighting, name=name)

@@ -17,6 +17,7 @@ import optax
 
 from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
+from fedtree.core.checks import check_positive, named
 from fedtree.core.local import (
   ClientData,
   ClientRound,
@@ -97,7 +98,7 @@ def scaffold_server(*, variate_average: str = "all") -> ServerRule:
                             "the update path, so they would leave the clients unclipped and unnoised (no "
                             "privacy); run it without it"),
   cannot("blockwise", "it would still average the clients' control variates, so an attacker's variate would "
-                      "steer every client; use the mean aggregator"),
+                      "steer every client"),
 ))
 def scaffold(
   host: Host,
@@ -125,8 +126,8 @@ def scaffold(
       (``local_learning_rate``: the local SGD rate ``η_l``, option ``"II"``).
 
   Raises:
-    ValueError: an option that does not exist, option ``"II"`` without ``local_learning_rate``, a
-      robust aggregator or personal parameters.
+    ValueError: an option that does not exist, ``server_learning_rate <= 0``, option ``"II"`` without
+      ``local_learning_rate``, a robust aggregator or personal parameters.
 
   Example:
     Two rounds of SCAFFOLD over 5 clients, 3 sampled a round:
@@ -139,6 +140,8 @@ def scaffold(
   """
   if option not in OPTIONS:
     raise ValueError(f"{name}: option={option!r}; choose one of {OPTIONS}")
+  with named(name):   # (a negative η_g ascends: Mime checks the same field)
+    check_positive(server_learning_rate=server_learning_rate)
   if option == "II" and host.get("local_learning_rate") is None:
     raise ValueError(f"{name}: option 'II' computes c_i from (x - y_i) / (K η_l) and needs the local "
                      f"learning rate η_l: pass local_learning_rate= (from a config: local.learning_rate), or "

@@ -68,8 +68,11 @@ def fedbn(
     raise ValueError(f"{name}: affine=False and statistics=False keep nothing local: that is FedAvg")
   model = host["model"]
   if statistics and "batch_stats" not in model.state:
-    raise ValueError(f"{name}: the model keeps no BatchNorm statistics (its state: {list(model.state)}); "
-                     f"build it with norm='batch' (build_model('mlp' | 'cnn', ..., norm='batch'))")
+    raise ValueError(f"{name}: the model keeps no BatchNorm statistics (its state: {list(model.state)}); ask "
+                     f"for one with BatchNorm (mlp, cnn, resnet18): on the command line "
+                     f"--config.model.norm=batch (every run's model) or "
+                     f"--config.runs.<label>.model.norm=batch (this run's own), in a config "
+                     f"model=dict(..., norm='batch'), in Python build_model(..., norm='batch')")
   root = "params/" if model.state else ""
   patterns = ((f"^{root}(.*/)?[^/]*({norm})",) if affine else ()) + (
     (f"^batch_stats/(.*/)?[^/]*({norm})",) if statistics else ())

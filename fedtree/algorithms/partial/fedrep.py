@@ -24,7 +24,7 @@ from fedtree.algorithms.partial.split import (
   split_model,
 )
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
-from fedtree.core.checks import check_positive
+from fedtree.core.checks import check_positive, named
 from fedtree.core.local import (
   ClientData,
   ClientUpdate,
@@ -97,7 +97,7 @@ def fedrep(
       (:mod:`fedtree.algorithms.partial.split`).
     head_epochs: epochs of the head phase over each client's data (the paper: 10); ignored when
       ``head_steps`` is given.
-    head_steps: steps of the head phase instead (every client alike), ``>= 0``.
+    head_steps: steps of the head phase instead (every client alike), ``>= 1``.
     personal_level: ``None``: the head is personal to each client; ``l``: shared within each
       level-``l`` subtree.
     weighting: ``"uniform"`` (the paper) or ``"examples"`` weights of the bodies.
@@ -107,7 +107,7 @@ def fedrep(
 
   Raises:
     ValueError: a head covering every parameter, ``head_epochs <= 0`` without ``head_steps``,
-      negative ``head_steps``, ``batch_order="cyclic"``, ``personal=``.
+      ``head_steps < 1``, ``batch_order="cyclic"``, ``personal=``.
 
   Example:
     Two rounds over 5 clients: 3 head steps, then 1 body step:
@@ -125,14 +125,16 @@ def fedrep(
                      f"per-client cursor, advanced by the body phase's steps, would not count); use "
                      f"'shuffled' or 'fixed'")
   if head_steps is not None:
-    if int(head_steps) < 0:
-      raise ValueError(f"{name}: head_steps={head_steps} must be >= 0")
+    if int(head_steps) != head_steps or int(head_steps) < 1:   # as head_epochs > 0: the head phase trains
+      raise ValueError(f"{name}: head_steps={head_steps} must be an integer >= 1 (as head_epochs must be "
+                       f"> 0: the head phase trains)")
     head_schedule = LocalSchedule(batch_size=schedule.batch_size, steps=int(head_steps),
                                   batch_order=schedule.batch_order)
   else:
     if head_epochs is None:
       raise ValueError(f"{name}: give head_epochs (the paper: 10) or head_steps")
-    check_positive(head_epochs=head_epochs)
+    with named(name):
+      check_positive(head_epochs=head_epochs)
     head_schedule = LocalSchedule(batch_size=schedule.batch_size, epochs=float(head_epochs),
                                   batch_order=schedule.batch_order)
   split = split_model(host, head_patterns(host["model"], head, algorithm=name), algorithm=name, kept="head",

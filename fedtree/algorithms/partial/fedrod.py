@@ -47,12 +47,13 @@ PERSONAL_INITS = ("copy", "zeros")
 
 
 def label_counts(data: ClientData, num_classes: int) -> jax.Array:
-  """``float32[K]``: the client's training examples of every class (padding and, in flat storage,
+  """``float[K]``: the client's training examples of every class (padding and, in flat storage,
   other clients' rows excluded)."""
   rows = jnp.arange(data.y.shape[0])
   start = 0 if data.offset is None else data.offset
   real = (rows >= start) & (rows < start + data.n)
-  return jnp.zeros((num_classes,), jnp.float32).at[data.y.astype(jnp.int32)].add(real.astype(jnp.float32))
+  dtype = jnp.result_type(float)
+  return jnp.zeros((num_classes,), dtype).at[data.y.astype(jnp.int32)].add(real.astype(dtype))
 
 
 def balanced_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array, log_prior: jax.Array):
@@ -111,7 +112,7 @@ def fedrod_update(
     logits, updated = forward_train(model, cast_floating(params, low), cast_floating(batch.x, low), rng=rng,
                                     mask=batch.mask)
     updated = jax.tree.map(lambda u, p: u.astype(jnp.result_type(p)), updated, params)
-    return logits.astype(jnp.float32), updated
+    return logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), updated
 
   def losses(params, head, batch: Batch, rng, log_prior):
     logits_g, updated = forward(params, batch, rng)

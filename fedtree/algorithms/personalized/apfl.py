@@ -179,6 +179,10 @@ def apfl(
   if adaptive and rate is None:
     raise ValueError(f"{name}: adaptive=True steps α by η_α and needs a step size: pass alpha_lr= or "
                      f"local_learning_rate= (from a config: local.learning_rate), or adaptive=False")
+  if adaptive and alpha_lr is None and not is_traced(rate) and not float(rate) > 0:
+    raise ValueError(f"{name}: alpha_lr defaults to the local learning rate, local_learning_rate={rate!r} "
+                     f"(from a config: local.learning_rate), which must be > 0 to step α; set alpha_lr= "
+                     f"or adaptive=False")
   data = host["data"]
   topology = host.get("topology") or Topology.flat(data.num_clients)
 

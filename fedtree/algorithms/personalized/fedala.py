@@ -110,7 +110,7 @@ def _subset_batch(key, data: ClientData, j, size, batch_size: int):
 
 def subset_size(n, fraction):
   """``max(1, floor(s n))`` examples of a client with ``n >= 1`` (0 for none)."""
-  m = jnp.floor(jnp.asarray(n).astype(jnp.float32) * fraction).astype(jnp.int32)
+  m = jnp.floor(jnp.asarray(n).astype(jnp.result_type(float)) * fraction).astype(jnp.int32)
   return jnp.where(n > 0, jnp.maximum(m, 1), 0)
 
 
@@ -172,10 +172,10 @@ def fedala_update(
                for k, (i, wk) in enumerate(zip(hi, w, strict=True))]
         on = j < nb
         w = [jnp.where(on, a, b) for a, b in zip(new, w, strict=True)]
-        return w, total + jnp.where(on, loss, 0.0).astype(jnp.float32)
+        return w, total + jnp.where(on, loss, 0.0).astype(jnp.result_type(float))
 
-      w, total = jax.lax.fori_loop(0, batches, body, (list(w), jnp.zeros((), jnp.float32)))
-      return w, total / jnp.maximum(nb, 1).astype(jnp.float32)
+      w, total = jax.lax.fori_loop(0, batches, body, (list(w), jnp.zeros((), jnp.result_type(float))))
+      return w, total / jnp.maximum(nb, 1).astype(jnp.result_type(float))
 
     first = ~state.started
     limit = jnp.where(differs & (size > 0), jnp.where(first, max_ala_epochs, 1), 0)
@@ -195,7 +195,8 @@ def fedala_update(
       w, loss = epoch(w, e)
       return e + 1, w, losses.at[jnp.minimum(e, max_ala_epochs - 1)].set(loss)
 
-    init = (jnp.zeros((), jnp.int32), list(state.weights), jnp.zeros((max_ala_epochs,), jnp.float32))
+    init = (jnp.zeros((), jnp.int32), list(state.weights),
+            jnp.zeros((max_ala_epochs,), jnp.result_type(float)))
     epochs, w, _ = jax.lax.while_loop(cond, step, init)
     start = assemble(w)
     carry = SGDCarry(params=start, opt_state=optimizer.init(start), anchor=start)

@@ -87,7 +87,7 @@ def validation_split(data: ClientData, *, fraction, how: str, rows: int,
   """``(train, val)`` of one client's examples: ``⌊fraction · n⌋`` for validation, the rest to train
   on (:doc:`docs <algorithms/peers.md#fedfomo>`); ``rows``: the most examples a client has (static)."""
   n = data.n
-  n_val = jnp.floor(fraction * n.astype(jnp.float32)).astype(jnp.int32)
+  n_val = jnp.floor(fraction * n.astype(jnp.result_type(float))).astype(jnp.int32)
   base = jnp.zeros((), jnp.int32) if data.offset is None else data.offset
   if how == "last":
     val = data._replace(n=n_val, offset=base + n - n_val, cursor=0, shuffle=False)
@@ -144,17 +144,24 @@ def fomo_move(own: PyTree, candidates: PyTree, w: jax.Array) -> PyTree:
 
 
 def fomo_update(model: Model, optimizer: optax.GradientTransformation, *, val_fraction, validation: str,
-                rows: int, width: int, batch_size: int, max_steps: int, compute_dtype=None) -> ClientUpdate:
+                rows: int, width: int, batch_size: int, max_steps: int, compute_dtype=None,
+                validation_data: tuple | None = None) -> ClientUpdate:
   """FedFomo's client (:doc:`docs <algorithms/peers.md#fedfomo>`): weigh the candidates on the validation
   split, move, add the weights to its affinities, train on the rest, keep and send the result. ``rows``: the
-  most examples a client has; ``width``: the most children a parent has (its affinity row)."""
+  most examples a client has; ``width``: the most children a parent has (its affinity row);
+  ``validation_data``: ``(x [C, V, ...], y [C, V], n [C])``, every client's own validation examples
+  (then it trains on all its training examples), else a split held out of them."""
   step = make_sgd_step(model, optimizer, compute_dtype=compute_dtype)
   split_key = jax.random.key(SPLIT_SEED)
 
   def apply(anchor, state: FomoState, data: ClientData, num_steps, key, rnd: ClientRound):
     parcel: FomoParcel = rnd.extra
-    train, val = validation_split(data, fraction=val_fraction, how=validation, rows=rows,
-                                  key=jax.random.fold_in(split_key, rnd.client))
+    if validation_data is None:
+      train, val = validation_split(data, fraction=val_fraction, how=validation, rows=rows,
+                                    key=jax.random.fold_in(split_key, rnd.client))
+    else:   # the data's own validation split: every training example trains
+      vx, vy, vn = (jnp.take(a, rnd.client, axis=0) for a in validation_data)
+      train, val = data, ClientData(x=vx, y=vy, n=vn, cursor=0, shuffle=False, offset=None)
     w = fomo_weights(model, state.model, parcel.models, parcel.valid, val, batch_size=batch_size)
     begin = fomo_move(state.model, parcel.models, w)
     carry = SGDCarry(params=begin, opt_state=optimizer.init(begin), anchor=begin)
@@ -185,7 +192,7 @@ def fomo_server(*, num_candidates: int, epsilon, epsilon_decay, pool: str, table
   def send_each(out: Outbox) -> Parcels:
     state: FomoState = out.client_state
     c = state.last.shape[0]
-    eps = jnp.maximum(epsilon - (out.round - 1).astype(jnp.float32) * epsilon_decay, 0.0)
+    eps = jnp.maximum(epsilon - (out.round - 1).astype(jnp.result_type(float)) * epsilon_decay, 0.0)
 
     def pick(client, parent, key):
       mates = siblings[parent]                          # [B]
@@ -217,6 +224,28 @@ def fomo_server(*, num_candidates: int, epsilon, epsilon_decay, pool: str, table
                     down=Downlink(parcels=send_each, bytes=down_bytes), up=Uplink(bytes=lambda b: b))
 
 
+def _check_validation_data(name: str, validation_data, data) -> tuple | None:
+  """``validation_data`` as device arrays ``(x, y, n)``, checked against the training data (one
+  row per client, the examples' shape, ``n`` within the padding); ``None`` if not given."""
+  if validation_data is None:
+    return None
+  if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 3):
+    raise ValueError(f"{name}: validation_data must be (x [C, V, ...], y [C, V], n [C]), every client's "
+                     f"validation examples; got a {type(validation_data).__name__}")
+  x, y, n = (np.asarray(a) for a in validation_data)
+  c = data.num_clients
+  if x.shape[:1] != (c,) or y.shape[:2] != x.shape[:2] or n.shape != (c,):
+    raise ValueError(f"{name}: validation_data has shapes x {x.shape}, y {y.shape}, n {n.shape}; give one "
+                     f"row per client ({c}): x [C, V, ...], y [C, V], n [C]")
+  if tuple(x.shape[2:]) != tuple(data.example_shape):
+    raise ValueError(f"{name}: validation_data's examples have shape {tuple(x.shape[2:])}, the training "
+                     f"data's {tuple(data.example_shape)}")
+  if n.min() < 0 or n.max() > x.shape[1]:
+    raise ValueError(f"{name}: validation_data's counts n must be in [0, {x.shape[1]}] (its padding); got "
+                     f"{int(n.min())}..{int(n.max())}")
+  return jnp.asarray(x, data.x_train.dtype), jnp.asarray(y, data.y_train.dtype), jnp.asarray(n, jnp.int32)
+
+
 @method_over(hierfavg, drops=("server_optimizers",), cannot=sends_whole(
   "FedFomo's clients send their whole models, which other clients weigh as they are"))
 def fedfomo(
@@ -228,6 +257,7 @@ def fedfomo(
   val_fraction: float = 0.2,
   validation: str = "random",
   pool: str = "last_round",
+  validation_data: Any = None,
   name: str = "fedfomo",
 ) -> FederatedAlgorithm:
   """FedFomo on ``topology`` (default flat): every sampled client receives ``M`` of its peers' models,
@@ -244,6 +274,10 @@ def fedfomo(
       stored, PFLlib's).
     pool: the candidates: ``"last_round"`` (the clients that sent a model the previous round) or
       ``"all"`` (every other client's latest model, PFLlib's).
+    validation_data: a separate validation split where the data has one: ``(x [C, V, ...], y [C, V],
+      n [C])``, every client's validation examples (padded to ``V``; FLGo's ``val_data``); the clients
+      then train on all their training examples, and ``val_fraction`` and ``validation`` are not read.
+      ``None``: a split held out of the training examples.
     name: label for reports.
     **host: every other argument of :func:`~fedtree.algorithms.host.hierfavg.hierfavg` (``cohort_size``,
       ``topology``, ``sampling``, ``systems``, ``local_optimizer``, ...).
@@ -279,8 +313,10 @@ def fedfomo(
                      f"(0, 1)")
   if int(num_candidates) != num_candidates or int(num_candidates) < 0:
     raise ValueError(f"{name}: num_candidates={num_candidates} (M) must be an integer >= 0")
+  data = host["data"]
+  given = _check_validation_data(name, validation_data, data)
   schedule = host.get("schedule")
-  if schedule is not None and schedule.batch_order == "cyclic":
+  if given is None and schedule is not None and schedule.batch_order == "cyclic":
     raise ValueError(f"{name}: batch_order='cyclic' keeps a cursor over all of a client's examples, but "
                      f"FedFomo trains on the examples outside its validation split; use 'shuffled' or "
                      f"'fixed'")
@@ -293,7 +329,6 @@ def fedfomo(
   if int(num_candidates) > most:
     raise ValueError(f"{name}: num_candidates={num_candidates} (M) exceeds the {most} models a client can "
                      f"receive in the smallest pool ({what}, pool={pool!r}); choose M <= {most}")
-  data = host["data"]
   rows = int(data.max_train) if data.ragged else int(data.x_train.shape[1])
   width = table.shape[1]
   rule = fomo_server(num_candidates=int(num_candidates), epsilon=epsilon, epsilon_decay=epsilon_decay,
@@ -302,6 +337,6 @@ def fedfomo(
   def objective(s: LocalSetup):
     return fomo_update(s.model, s.optimizer, val_fraction=val_fraction, validation=validation, rows=rows,
                        width=width, batch_size=s.batch_size, max_steps=s.max_steps,
-                       compute_dtype=s.compute_dtype)
+                       compute_dtype=s.compute_dtype, validation_data=given)
 
   return personal_only(host.build(client_update=objective, server_rule=rule, name=name))

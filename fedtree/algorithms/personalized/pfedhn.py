@@ -115,25 +115,43 @@ def hn_optimizer(*, learning_rate, momentum, weight_decay, clip_norm) -> optax.G
                      optax.sgd(learning_rate, momentum=momentum))
 
 
+EMBEDDING_STEPS = ("own", "mean")
+"""How an embedding's gradient is taken: ``"own"``, its client's ``(∂θ_i/∂v_i)ᵀ Δθ_i`` (the paper's
+Algorithm 1), or ``"mean"``, that over the parent's clients that reported, ``1/|S|`` as ``φ``'s
+(FLGo's, whose embeddings are a layer of the hypernetwork)."""
+
+
 def pfedhn_server(template: PyTree, mask: PyTree | None, table: np.ndarray, rank: np.ndarray, *,
                   embed_dim: int, hidden: int, n_hidden: int, optimizer: optax.GradientTransformation,
-                  num_parents: int, start: PyTree | None = None) -> ServerRule:
+                  num_parents: int, start: PyTree | None = None, hn_params: PyTree | None = None,
+                  embeddings: np.ndarray | None = None, embedding_step: str = "own") -> ServerRule:
   """pFedHN's server (:doc:`docs <algorithms/peers.md#pfedhn>`): every parent's hypernetwork and embeddings,
-  every sampled client's generated model as its parcel, the hypernetwork step from the clients' updates."""
+  every sampled client's generated model as its parcel, the hypernetwork step from the clients' updates.
+  ``hn_params`` (every parent's ``φ`` at the start) and ``embeddings`` (``[C, E]`` every client's
+  ``v_i`` at the start) replace the random start where given; ``embedding_step``:
+  :data:`EMBEDDING_STEPS`."""
   width = table.shape[1]
   rank_of = jnp.asarray(rank)
+  # every parent's children's given embeddings, [N, B, E] (rows past a parent's children: zeros)
+  given_emb = None if embeddings is None else np.concatenate(
+    [np.asarray(embeddings, np.float64), np.zeros((1, embed_dim))])[table]
 
   def init(params, n, key):
     keys = jax.random.split(key, n)
 
-    def one(k):
+    def one(k, emb0):
       k_net, k_emb = jax.random.split(k)
       hnet = init_hypernetwork(k_net, template, mask, embed_dim=embed_dim, hidden=hidden, n_hidden=n_hidden,
                                start=start)
-      emb = jax.random.normal(k_emb, (width, embed_dim), jax.tree.leaves(hnet)[0].dtype)
+      dtype = jax.tree.leaves(hnet)[0].dtype
+      if hn_params is not None:
+        hnet = jax.tree.map(lambda a: jnp.asarray(a, dtype), hn_params)
+      emb = jax.random.normal(k_emb, (width, embed_dim), dtype) if emb0 is None else emb0.astype(dtype)
       return HNState(hnet=hnet, embeddings=emb, opt_state=optimizer.init((hnet, emb)))
 
-    return jax.vmap(one)(keys)
+    if given_emb is None:
+      return jax.vmap(lambda k: one(k, None))(keys)
+    return jax.vmap(one)(keys, jnp.asarray(given_emb))
 
   def make(hnet, embeddings):   # one parent's models for a [B, E] block of embeddings
     return jax.vmap(lambda v: generate(hnet, v, template, mask))(embeddings)
@@ -157,11 +175,13 @@ def pfedhn_server(template: PyTree, mask: PyTree | None, table: np.ndarray, rank
     emb = blocks_of_embeddings(state, slots)
     _, pullback = jax.vjp(lambda h, e: jax.vmap(make)(h, e), state.hnet, emb)
     g_hnet, g_emb = pullback(cohort_blocks(delta, slots, num_parents, slots.block_size))
-    count = jnp.maximum(jax.ops.segment_sum(ok.astype(jnp.float32), slots.parent, num_segments=num_parents),
-                        1.0)
+    count = jnp.maximum(jax.ops.segment_sum(ok.astype(jnp.result_type(float)), slots.parent,
+                                            num_segments=num_parents), 1.0)
     g_hnet = jax.tree.map(lambda g: g / count.reshape((-1,) + (1,) * (g.ndim - 1)).astype(g.dtype), g_hnet)
     g_rows = jnp.zeros_like(state.embeddings).at[
       slots.parent, jnp.take(rank_of, slots.clients)].add(slot_rows(g_emb, slots) * ok[:, None], mode="drop")
+    if embedding_step == "mean":
+      g_rows = g_rows / count.reshape((-1, 1, 1)).astype(g_rows.dtype)
 
     def step(hnet, emb, opt, gh, ge):
       updates, opt = optimizer.update((gh, ge), opt, (hnet, emb))
@@ -199,6 +219,27 @@ def head_pattern(model: Model, template: PyTree, example_shape) -> str:
   return pattern
 
 
+def _check_start(name: str, hn_params, embeddings, template, mask, *, embed: int, hidden: int, n_hidden: int,
+                 num_clients: int) -> None:
+  """``hn_params`` shaped as the hypernetwork :func:`init_hypernetwork` makes, ``embeddings`` as
+  ``[C, E]``; a ``ValueError`` naming the first leaf that is not."""
+  if hn_params is not None:
+    want = jax.eval_shape(lambda k: init_hypernetwork(k, template, mask, embed_dim=embed, hidden=hidden,
+                                                      n_hidden=n_hidden), jax.random.key(0))
+    if jax.tree.structure(hn_params) != jax.tree.structure(want):
+      raise ValueError(f"{name}: hn_params is laid out as {jax.tree.structure(hn_params)}; the "
+                       f"hypernetwork (embed_dim={embed}, hidden={hidden}, n_hidden={n_hidden}) is "
+                       f"{jax.tree.structure(want)}")
+    for (path, a), w in zip(jax.tree_util.tree_flatten_with_path(hn_params)[0], jax.tree.leaves(want),
+                            strict=True):
+      if tuple(np.shape(a)) != tuple(w.shape):
+        raise ValueError(f"{name}: hn_params{jax.tree_util.keystr(path)} has shape {tuple(np.shape(a))}; "
+                         f"the hypernetwork's is {tuple(w.shape)}")
+  if embeddings is not None and tuple(np.shape(embeddings)) != (num_clients, embed):
+    raise ValueError(f"{name}: embeddings has shape {tuple(np.shape(embeddings))}; give one row of "
+                     f"embed_dim={embed} per client: ({num_clients}, {embed})")
+
+
 @method_over(hierfavg, drops=("server_optimizers",), cannot=sends_whole(
   "pFedHN's clients send their updates to the hypernetwork as they are", personal=False))
 def pfedhn(
@@ -212,6 +253,9 @@ def pfedhn(
   hn_weight_decay: float = 1e-3,
   clip_norm: float = 50.0,
   personal_head: bool = False,
+  hn_params: PyTree | None = None,
+  embeddings: Any = None,
+  embedding_step: str = "own",
   name: str = "pfedhn",
 ) -> FederatedAlgorithm:
   """pFedHN (or pFedHN-PC with ``personal_head``) on ``topology`` (default flat): every parent's
@@ -228,13 +272,20 @@ def pfedhn(
     clip_norm: the global norm its gradient is clipped to (50).
     personal_head: pFedHN-PC: each client keeps its own classifier head (the model's last dense
       layer; ``personal=`` names other layers).
+    hn_params: the hypernetwork ``φ`` every parent starts from (a reference's, converted: ``{"mlp":
+      [{"kernel": [in, out], "bias": [out]}, ...], "heads": [...]}``, as :func:`init_hypernetwork`
+      lays it out); ``None``: PyTorch's ``nn.Linear`` start.
+    embeddings: ``[C, E]`` every client's embedding ``v_i`` at the start; ``None``: standard normal.
+    embedding_step: ``"own"`` (the paper: each embedding steps on its client's gradient) or
+      ``"mean"`` (FLGo: divided by the clients that reported, as ``φ``'s), :data:`EMBEDDING_STEPS`.
     name: label for reports.
     **host: every other argument of :func:`~fedtree.algorithms.host.hierfavg.hierfavg` (``cohort_size``,
       ``topology``, ``sampling``, ``systems``, ``local_optimizer``, ...).
 
   Raises:
-    ValueError: a size or rate out of range, update paths, server optimizers, personal parameters
-      shared within a subtree, or a model with BatchNorm statistics.
+    ValueError: a size or rate out of range, ``hn_params`` or ``embeddings`` not shaped as the
+      hypernetwork's, an unknown ``embedding_step``, update paths, server optimizers, personal
+      parameters shared within a subtree, or a model with BatchNorm statistics.
 
   Example:
     Two rounds of pFedHN over 5 clients, 2 sampled a round:
@@ -255,6 +306,8 @@ def pfedhn(
     check_nonnegative(hn_momentum=hn_momentum, hn_weight_decay=hn_weight_decay)
   except ValueError as e:
     raise ValueError(f"{name}: {e}") from e
+  if embedding_step not in EMBEDDING_STEPS:
+    raise ValueError(f"{name}: embedding_step={embedding_step!r}; choose one of {EMBEDDING_STEPS}")
   spec = host.get("personal")
   if spec is not None and spec.level is not None:
     raise ValueError(f"{name}: personal parameters shared within level-{spec.level} subtrees are not "
@@ -274,9 +327,12 @@ def pfedhn(
   num_parents = topology.num_nodes(depth - 1)
   optimizer = hn_optimizer(learning_rate=hn_learning_rate, momentum=hn_momentum, weight_decay=hn_weight_decay,
                            clip_norm=clip_norm)
+  _check_start(name, hn_params, embeddings, template, mask, embed=embed, hidden=int(hidden),
+               n_hidden=int(n_hidden), num_clients=topology.num_clients)
   rule = pfedhn_server(template, mask, table, rank, embed_dim=embed, hidden=int(hidden),
                        n_hidden=int(n_hidden), optimizer=optimizer, num_parents=num_parents,
-                       start=host.get("init_params"))
+                       start=host.get("init_params"), hn_params=hn_params, embeddings=embeddings,
+                       embedding_step=embedding_step)
   alg = host.replace(personal=spec).build(server_rule=rule, name=name)
   parent = jnp.asarray(topology.parent(depth))
   rank_of = jnp.asarray(rank)

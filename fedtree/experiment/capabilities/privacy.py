@@ -94,6 +94,7 @@ from fedtree.toolbox.accountant import (  # noqa: F401  (the accountant, as this
   ADJACENCIES,
   SAMPLINGS,
   calibrate,
+  check_accountant,
   check_adjacency,
   check_delta,
   check_delta_population,
@@ -312,6 +313,11 @@ def _sampling(section: dict, run) -> tuple[str, str, str]:
                      f"accounting must match the run's sampling (set the run's sampling and poisson_q)")
   if accountant not in ACCOUNTANTS:
     raise ValueError(f"accountant={accountant!r}; choose one of {list(ACCOUNTANTS)}")
+  check_accountant(accountant, sampling)
+  if sampling == "poisson" and run is not None and run.get("systems", None) is not None:
+    raise ValueError("sampling='poisson' with a systems section: its round policy (dropout, a deadline, "
+                     "availability) changes who takes part, which the Poisson accounting does not model; "
+                     "run without the systems section or with sampling='uniform'")
   return mechanism, accountant, sampling
 
 

@@ -5,6 +5,7 @@ converters live beside it, in :mod:`fedtree.experiment.families`."""
 
 from __future__ import annotations
 
+import jax
 import ml_collections
 import numpy as np
 
@@ -47,8 +48,11 @@ def rate_optimizer(field: str, target: str):
   def convert(v, ctx):
     if field not in v:
       return {}
+    rate = number(v[field])
+    if not isinstance(rate, jax.Array) and not (np.isfinite(rate) and rate > 0):   # (the field written)
+      raise ValueError(f"{field}={rate} must be > 0 and finite")
     local = ml_collections.ConfigDict(ctx.config.local.to_dict(), type_safe=False)
-    local.learning_rate = number(v[field])
+    local.learning_rate = rate
     return {target: local_optimizer_from_config(local)}
 
   return Fields((field,), convert)

@@ -4,6 +4,7 @@ algorithms that take a capability's section."""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 
 from fedtree import algorithms
@@ -100,8 +101,10 @@ def spec_named(label: str, run) -> AlgorithmSpec:
   try:
     return spec_of(run.algorithm)
   except KeyError:
+    near = difflib.get_close_matches(str(run.algorithm).lower(), sorted(SPECS), n=3, cutoff=0.5)
+    hint = f" (did you mean {' or '.join(repr(n) for n in near)}?)" if near else ""
     raise ValueError(
-      f"config.runs.{label}.algorithm={run.algorithm!r} is unknown; choose one of {sorted(SPECS)} or a "
+      f"config.runs.{label}.algorithm={run.algorithm!r} is unknown{hint}; choose one of {sorted(SPECS)} or a "
       f"factory of your own as 'module:function'") from None
   except ValueError as e:
     raise ValueError(f"config.runs.{label}.algorithm: {e}") from e

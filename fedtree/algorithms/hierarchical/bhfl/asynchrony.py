@@ -51,22 +51,22 @@ class Latency:
     return self.kind == "none" or (self.kind == "constant" and self.mean == 0)
 
   def sample(self, key: jax.Array, num: int) -> jax.Array:
-    """``float32[num]`` delays."""
+    """``float[num]`` delays (the default float dtype)."""
     if self.kind == "none":
-      d = jnp.zeros((num,), jnp.float32)
+      d = jnp.zeros((num,), jnp.result_type(float))
     elif self.kind == "constant":
-      d = jnp.full((num,), self.mean, jnp.float32)
+      d = jnp.full((num,), self.mean, jnp.result_type(float))
     elif self.kind == "exponential":
-      d = self.mean * jax.random.exponential(key, (num,), jnp.float32)
+      d = self.mean * jax.random.exponential(key, (num,), jnp.result_type(float))
     elif self.kind == "lognormal":
-      z = jax.random.normal(key, (num,), jnp.float32)
+      z = jax.random.normal(key, (num,), jnp.result_type(float))
       d = jnp.exp(np.log(max(self.mean, 1e-30)) - 0.5 * self.sigma**2 + self.sigma * z)
     else:
-      d = jax.random.uniform(key, (num,), jnp.float32, self.low, self.high)
+      d = jax.random.uniform(key, (num,), jnp.result_type(float), self.low, self.high)
     if self.scale is not None:
       if len(self.scale) != num:
         raise ValueError(f"latency scale has {len(self.scale)} entries for {num} nodes")
-      d = d * jnp.asarray(self.scale, jnp.float32)
+      d = d * jnp.asarray(self.scale, jnp.result_type(float))
     return d
 
 
@@ -127,6 +127,6 @@ def latency_from_systems(systems, num_steps, model_bytes: float, *, seconds_per_
   if not float(seconds_per_round) > 0:
     raise ValueError(f"seconds_per_round={seconds_per_round!r} must be > 0")
   clients = jnp.arange(systems.profile.num_clients, dtype=jnp.int32)
-  seconds = systems.client_seconds(clients, jnp.asarray(num_steps, jnp.float32), model_bytes)
+  seconds = systems.client_seconds(clients, jnp.asarray(num_steps, jnp.result_type(float)), model_bytes)
   return Latency(kind="constant", mean=1.0,
                  scale=tuple(float(s) / float(seconds_per_round) for s in np.asarray(seconds)))

@@ -122,7 +122,7 @@ class Pending:
   Attributes:
     update: ``[N, ...]`` the node's last update ``u = Θ_parent - θ`` (params-shaped).
     has: ``bool[N]`` an update is waiting (sent and not yet used).
-    arrival: ``float32[N]`` its arrival time (rounds).
+    arrival: ``float[N]`` its arrival time (rounds).
     version: ``int32[N]`` the parent's aggregation count when it was sent.
   """
 
@@ -481,7 +481,7 @@ def _init(plan: _Plan, key):
   params = tuple(stack(p0, plan.nums[lv]) for lv in range(plan.depth + 1))
   pending = tuple(
     Pending(update=jax.tree.map(jnp.zeros_like, params[lv]), has=jnp.zeros((plan.nums[lv],), bool),
-            arrival=jnp.zeros((plan.nums[lv],), jnp.float32),
+            arrival=jnp.zeros((plan.nums[lv],), jnp.result_type(float)),
             version=jnp.zeros((plan.nums[lv],), jnp.int32))
     for lv in range(1, plan.depth + 1)
   )
@@ -581,14 +581,15 @@ def _aggregate_level(plan: _Plan, levels: list[Level], lv: int, r, t0, w_child, 
   params, up = update_nodes(plan.up_opts[lv], node.params, node.up, delta, agg)
   send_time = jnp.maximum(
     jax.ops.segment_max(jnp.where(use, p.arrival, -jnp.inf), par, num_segments=plan.nums[lv]), t0)
-  n_used = jnp.maximum(jnp.sum(use.astype(jnp.int32)), 1).astype(jnp.float32)
+  fdtype = jnp.result_type(float)
+  n_used = jnp.maximum(jnp.sum(use.astype(jnp.int32)), 1).astype(fdtype)
   metrics[f"aggregated_l{lv}"] = jnp.sum(agg.astype(jnp.int32))
   if lv >= 1:   # every node that aggregated sends its update up (bytes: toolbox.traffic)
     metrics[f"level{lv - 1}_children_sent"] = metrics[f"aggregated_l{lv}"]
-  metrics[f"staleness_l{lv}"] = jnp.sum(jnp.where(use, stale, 0)).astype(jnp.float32) / n_used
+  metrics[f"staleness_l{lv}"] = jnp.sum(jnp.where(use, stale, 0)).astype(fdtype) / n_used
   if lv in plan.proxy:
     params, pl, pn = _proxy_train(plan, lv, params, agg, jax.random.fold_in(stream(key, "proxy"), lv))
-    metrics[f"proxy_loss_l{lv}"] = pl / jnp.maximum(pn, 1).astype(jnp.float32)
+    metrics[f"proxy_loss_l{lv}"] = pl / jnp.maximum(pn, 1).astype(fdtype)
   node = node._replace(params=params, up=up, version=node.version + agg.astype(jnp.int32),
                        aggregated=agg)
   if lv >= 1:
@@ -608,7 +609,7 @@ def _residual_links(plan: _Plan, p: Pending, use):
   rank = segment_rank(-sq, use, par, plan.nums[plan.depth - 1])
   link = jnp.where(use & (rank < plan.residual_k), jnp.asarray(par) * plan.residual_k + rank, plan.num_links)
   update = jax.tree.map(lambda a: a[:plan.num_links], weighted_segment_sum(
-    p.update, jnp.ones((plan.num_clients,), jnp.float32), link, plan.num_links + 1))
+    p.update, jnp.ones((plan.num_clients,), jnp.result_type(float)), link, plan.num_links + 1))
   has = jax.ops.segment_sum(jnp.ones((plan.num_clients,), jnp.int32), link,
                             num_segments=plan.num_links + 1)[:plan.num_links] > 0
   return update, has
@@ -633,7 +634,8 @@ def _residual_into_root(plan: _Plan, levels: list[Level], residual_state, residu
   steps, new_s = jax.vmap(plan.residual_opt.update)(res_update, residual_state,
                                                _take(root.params, np.zeros(plan.num_links, np.int32)))
   residual_state = select_nodes(res_has, new_s, residual_state)
-  mean_step, _ = weighted_mean(steps, res_has.astype(jnp.float32), jnp.zeros((plan.num_links,), jnp.int32), 1)
+  mean_step, _ = weighted_mean(steps, res_has.astype(jnp.result_type(float)),
+                               jnp.zeros((plan.num_links,), jnp.int32), 1)
   levels[0] = root._replace(params=jax.tree.map(jnp.add, root.params, mean_step))
   metrics["residual_links_used"] = jnp.sum(res_has.astype(jnp.int32))
   if plan.depth >= 2:   # a residual link is one more message into the root
@@ -669,7 +671,7 @@ def _merge_down(plan: _Plan, levels: list[Level], direct_state, metrics):
 
 def _round_fn(plan: _Plan, state: BHFLState, data: FederatedData, key):
   r = state.round + 1
-  t0 = state.round.astype(jnp.float32)
+  t0 = state.round.astype(jnp.result_type(float))
   w_client = client_weights(data.n_train, plan.weighting)
   w_nodes = [jax.ops.segment_sum(w_client, jnp.asarray(plan.ancestors[lv]), num_segments=plan.nums[lv])
              for lv in range(plan.depth)] + [w_client]

@@ -24,8 +24,8 @@ class ClientCosts:
   """Running totals per client.
 
   Attributes:
-    transfers: ``float32[C]`` models moved between the client and its server (down + up).
-    epochs: ``float32[C]`` local epochs trained.
+    transfers: ``float[C]`` models moved between the client and its server (down + up).
+    epochs: ``float[C]`` local epochs trained.
     rounds: ``int32[C]`` rounds the client took part in.
   """
 
@@ -36,8 +36,8 @@ class ClientCosts:
   @classmethod
   def zeros(cls, num_clients: int) -> ClientCosts:
     return cls(
-      transfers=jnp.zeros((num_clients,), jnp.float32),
-      epochs=jnp.zeros((num_clients,), jnp.float32),
+      transfers=jnp.zeros((num_clients,), jnp.result_type(float)),
+      epochs=jnp.zeros((num_clients,), jnp.result_type(float)),
       rounds=jnp.zeros((num_clients,), jnp.int32),
     )
 
@@ -71,8 +71,8 @@ def counting(update: ClientUpdate, *, batch_size: int, max_steps: int) -> Client
   def apply(anchor, state, data: ClientData, num_steps, key):
     inner, costs = state
     params, inner, loss = update.apply(anchor, inner, data, num_steps, key)
-    steps = jnp.minimum(num_steps, max_steps).astype(jnp.float32)
-    spe = jnp.maximum(steps_per_epoch(data.n, batch_size), 1).astype(jnp.float32)
+    steps = jnp.minimum(num_steps, max_steps).astype(jnp.result_type(float))
+    spe = jnp.maximum(steps_per_epoch(data.n, batch_size), 1).astype(jnp.result_type(float))
     costs = ClientCosts(
       transfers=costs.transfers + ROUND_TRIP_MODELS, epochs=costs.epochs + steps / spe,
       rounds=costs.rounds + 1,

@@ -144,7 +144,7 @@ def finetune_stage(model: Model, params, model_of_client, costs: ClientCosts, da
     key=stream(key, "finetune"), optimizer=optimizer, chunk_size=chunk_size,
   )
   c = data.num_clients
-  extra = ClientCosts(transfers=jnp.zeros((c,), jnp.float32), epochs=epochs,
+  extra = ClientCosts(transfers=jnp.zeros((c,), jnp.result_type(float)), epochs=epochs,
                       rounds=jnp.zeros((c,), jnp.int32))
   return stats, costs + extra
 

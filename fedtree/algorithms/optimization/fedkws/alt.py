@@ -73,11 +73,18 @@ def alt_steps(data: FederatedData, base_steps: int, *, r0: float | None = None,
 
 def alt_schedule(schedule: LocalSchedule, data: FederatedData, *, r0: float | None = None,
                  min_steps: int = 1, n_max: float | None = None) -> LocalSchedule:
-  """``schedule`` (a fixed ``steps`` count E) with ALT's per-client counts."""
+  """``schedule`` (a fixed ``steps`` count E >= 1) with ALT's per-client counts.
+
+  Raises:
+    ValueError: a schedule without a fixed step count of at least 1, naming the schedule's field
+      (``local.steps`` in a config) rather than ALT's ``base_steps``."""
   if not isinstance(schedule.steps, int) or isinstance(schedule.steps, bool):
     raise ValueError(
       f"ALT needs a fixed local step count E (config.local.steps), got steps={schedule.steps!r} "
       f"epochs={schedule.epochs!r}"
     )
+  if schedule.steps < 1:
+    raise ValueError(f"ALT scales a local step count E of at least 1: the schedule's steps={schedule.steps} "
+                     f"(config.local.steps) leaves nothing to scale")
   return LocalSchedule(batch_size=schedule.batch_size, epochs=None,
                        steps=alt_steps(data, schedule.steps, r0=r0, min_steps=min_steps, n_max=n_max))
