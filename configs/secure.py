@@ -77,25 +77,26 @@ def get_config() -> ml_collections.ConfigDict:
   c.rounds_per_call = 10
   c.chunk_size = None
   c.progress = True
-  c.data = ml_collections.ConfigDict(dict(name="sklearn_digits", num_clients=100, partition="iid",
+  c.data = ml_collections.ConfigDict(dict(name="sklearn_digits", num_clients=300, partition="iid",
                                           test_fraction=0.2, seed=0))
   c.model = ml_collections.ConfigDict(dict(name="mlp", hidden=(32,)))
-  c.topology = ml_collections.ConfigDict(dict(kind="sizes", sizes=(50,) * 2))
-  c.local = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=0.1, batch_size=10, epochs=1,
+  c.topology = ml_collections.ConfigDict(dict(kind="sizes", sizes=(150, 150)))
+  c.local = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=0.1, batch_size=10, epochs=5,
                                            steps=None))
 
   def run(**sections):
-    return ml_collections.ConfigDict(dict(algorithm="hierfavg", weighting="uniform", cohort_size=10,
+    return ml_collections.ConfigDict(dict(algorithm="hierfavg", weighting="uniform", cohort_size=30,
                                           periods=(1,), **sections))
 
   dp = dict(clip_norm=0.5, target_epsilon=10.0, delta=1e-5)
+  dropouts = dict(policy=dict(kind="wait_for_all", dropout=0.2))
   c.runs = ml_collections.ConfigDict()
   c.runs.plain = run()
   c.runs.secagg = run(secure=dict(mechanism="none"))   # Flower's defaults: clip range 8, 2^22 levels, 32 bits
-  for b in (12, 14, 16, 20):
+  for b in (12, 14, 16):
     c.runs[f"bits{b}"] = run(secure=field_at_grid(b))
-  c.runs.secagg_plus = run(secure=dict(neighbours=4, threshold=0.7),
-                           systems=dict(policy=dict(kind="wait_for_all", dropout=0.2)))
+  c.runs.secagg_drop = run(secure=dict(mechanism="none", threshold=0.5), systems=dropouts)
+  c.runs.secagg_plus_drop = run(secure=dict(mechanism="none", threshold=0.5, neighbours=8), systems=dropouts)
   c.runs.central_eps10 = run(privacy=dict(dp, noise_level=-1))
   c.runs.ddg16_eps10 = run(secure=dict(dp, mechanism="ddg", bits=16, threshold=1.0))
   c.runs.ddg12_eps10 = run(secure=dict(dp, mechanism="ddg", bits=12, threshold=1.0))

@@ -50,7 +50,8 @@ def neighbourhood(n: int, neighbours: int | None, order: list[int]) -> dict[int,
   if neighbours is None or neighbours >= n - 1:
     return {i: set(range(n)) - {i} for i in range(n)}
   pos = {c: p for p, c in enumerate(order)}
-  return {i: {order[(pos[i] + o) % n] for o in range(-(neighbours // 2), neighbours // 2 + 1) if o} for i in range(n)}
+  half = neighbours // 2
+  return {i: {order[(pos[i] + o) % n] for o in range(-half, half + 1) if o} for i in range(n)}
 
 
 def secure_sum(vectors: list[np.ndarray], dropped: set[int], bits: int, threshold: float,

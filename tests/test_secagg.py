@@ -56,7 +56,8 @@ def _encode_sum(enc, values, parents, num, key=0):
   k = values.shape[0]
   keys = jax.random.split(jax.random.key(key), k)
   rot = jax.random.key(7)
-  fields, _ = jax.vmap(lambda v, kk: enc.encode(v, kk, rot, jnp.int32(0)))(jnp.asarray(values, jnp.float32), keys)
+  fields, _ = jax.vmap(lambda v, kk: enc.encode(v, kk, rot, jnp.int32(0)))(
+    jnp.asarray(values, jnp.float32), keys)
   total = secagg.field_sum(fields, jnp.asarray(parents), num, enc.bits)
   return np.asarray(jax.vmap(lambda t: enc.decode(t, rot, 0, values.shape[1]))(total), np.float64)
 
@@ -89,7 +90,8 @@ def test_stochastic_fixed_point_is_unbiased():
 
   @jax.jit
   def one(key):
-    fields, _ = jax.vmap(lambda v, k: enc.encode(v, k, rot, 0))(jnp.asarray(x, jnp.float32), jax.random.split(key, 4))
+    fields, _ = jax.vmap(lambda v, k: enc.encode(v, k, rot, 0))(jnp.asarray(x, jnp.float32),
+                                                               jax.random.split(key, 4))
     return enc.decode(secagg.field_sum(fields, jnp.zeros(4, jnp.int32), 1, enc.bits)[0], rot, 0, 30)
 
   sums = np.asarray(jax.vmap(one)(jax.random.split(jax.random.key(0), n_keys)), np.float64)
@@ -107,9 +109,11 @@ def test_the_sum_wraps_at_the_bound():
   # and the accumulator reports the wrapped coordinates
   agg = secagg.secure_sum(enc)
   acc = agg.accumulate(1, None)
-  fields = jax.vmap(lambda v: enc.encode(v, jax.random.key(0), jax.random.key(0), 0)[0])(jnp.asarray(x, jnp.float32))
+  fields = jax.vmap(lambda v: enc.encode(v, jax.random.key(0), jax.random.key(0), 0)[0])(
+    jnp.asarray(x, jnp.float32))
   st = acc.add(acc.init({"w": jnp.zeros((1, 3))}, 1, jnp.float32),
-               Chunk(fields, jnp.ones(2), jnp.zeros(2, jnp.int32), jnp.arange(2), jnp.arange(2), jnp.ones(2, bool)))
+               Chunk(fields, jnp.ones(2), jnp.zeros(2, jnp.int32), jnp.arange(2), jnp.arange(2),
+                     jnp.ones(2, bool)))
   node = secagg.recovery().init(None, 1)
   delta, weight, stats = acc.finish(st, jax.random.key(0), node)
   np.testing.assert_array_equal(np.asarray(delta["w"][0]), [127.0, -128.0, -128.0])
@@ -168,8 +172,8 @@ def test_recovery_fails_a_parent_below_the_threshold():
   node = secagg.recovery(cohort=np.array([4, 4, 10]), threshold=0.5)
   state = node.init(None, 3)
   delta = {"w": jnp.ones((3, 2))}
-  out, weight, new, stats = node.apply(delta, jnp.asarray([1.0, 2.0, 5.0]), {"reported": jnp.asarray([1.0, 2.0, 5.0])},
-                                       state, jax.random.key(0))
+  reported = jnp.asarray([1.0, 2.0, 5.0])
+  out, weight, new, stats = node.apply(delta, reported, {"reported": reported}, state, jax.random.key(0))
   np.testing.assert_array_equal(np.asarray(stats["secagg_failed"]), [1, 0, 0])
   np.testing.assert_array_equal(np.asarray(weight), [0, 2, 5])
   np.testing.assert_array_equal(np.asarray(out["w"]), [[0, 0], [1, 1], [1, 1]])
@@ -182,7 +186,8 @@ def test_secagg_plus_random_placement_failure_rate():
   one place of each other's shareholders: the frequency over placements matches the count over every
   placement (a ring of 10, 3 dropped: 1 - P(no two of them at distance <= 2))."""
   n, k = 10, 2
-  fail1 = secagg.harary_failures(jax.random.key(0), jnp.full((200,), 9.0), np.full(200, n), k, np.full(200, 2))
+  fail1 = secagg.harary_failures(jax.random.key(0), jnp.full((200,), 9.0), np.full(200, n), k,
+                                 np.full(200, 2))
   assert not bool(jnp.any(fail1))
   trials = 4000
   fail = secagg.harary_failures(jax.random.key(1), jnp.full((trials,), 7.0), np.full(trials, n), k,
@@ -276,8 +281,8 @@ def test_fedavg_through_a_wide_field_equals_plain_fedavg_within_the_grid_and_com
     s0, _ = jax.jit(plain.round)(s0, data, jax.random.key(r))
     s1, m = step(s1, data, jax.random.key(r))
   assert len(traces) == 1
-  gap = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(s0.params), jax.tree.leaves(s1.params),
-                                                            strict=True))
+  pairs = zip(jax.tree.leaves(s0.params), jax.tree.leaves(s1.params), strict=True)
+  gap = max(float(jnp.max(jnp.abs(a - b))) for a, b in pairs)
   assert gap <= 3 * secagg.step(8.0, 22)   # each round's mean within γ/2 (losses differ a little after)
   assert float(m["secagg_overflow"]) == 0 and float(m["secagg_failed"]) == 0
   assert float(m["uplink_bytes"]) == secagg.masked_bytes(32, 27) + 0.0   # the client reports its vector
@@ -307,20 +312,21 @@ def test_compression_before_encoding_and_the_bytes_it_replaces():
   enc = secagg.fixed_point(bits=24, clip_range=4.0, quant_bits=20)
   q = compression.uplink(compression.qsgd(bits=4))
   path = _path(enc, client_first=q)
-  alg = fedavg(model=model, data=data, local_optimizer=optax.sgd(0.1), schedule=LocalSchedule(batch_size=8, steps=1),
-               weighting="uniform", update_paths=path)
+  alg = fedavg(model=model, data=data, local_optimizer=optax.sgd(0.1),
+               schedule=LocalSchedule(batch_size=8, steps=1), weighting="uniform", update_paths=path)
   _, m = jax.jit(alg.round)(alg.init(jax.random.key(0)), data, jax.random.key(1))
   assert float(m["uplink_bytes"]) == secagg.masked_bytes(24, 27)
   twice = ClientTransform(lambda d, s, k, c: (d, s, {"secagg_clipped": jnp.zeros(())}), name="other")
-  with pytest.raises(ValueError, match="statistic 'secagg_clipped' of transform 'secure' is already reported"):
+  with pytest.raises(ValueError,
+                     match="statistic 'secagg_clipped' of transform 'secure' is already reported"):
     chain(twice, secagg.client(enc)).apply(jnp.zeros(3), (), jax.random.key(0), ClientContext(
       jnp.int32(0), jnp.int32(0), jnp.float32(1), {"secure": secagg.recovery().init(None, 1)}))
 
 
 def test_a_robust_aggregator_is_refused_by_name():
   for agg in (robust.median(), robust.krum(f=1)):
-    with pytest.raises(ValueError, match=rf"cannot compose with aggregator '{agg.name}': it reads every update of a "
-                                         r"parent's cohort .* reveals only their sum"):
+    with pytest.raises(ValueError, match=rf"cannot compose with aggregator '{agg.name}': it reads every "
+                                         r"update of a parent's cohort .* reveals only their sum"):
       secagg.check_aggregator(agg)
   secagg.check_aggregator(Aggregator())   # the mean: replaced by the secure sum
 
@@ -337,15 +343,31 @@ def test_dropouts_fail_the_round_at_a_parent_and_the_row_says_so():
   systems = sysm.Systems(profile=sysm.device_profile(jax.random.key(0), data.num_clients),
                          policy=sysm.wait_for_all(dropout=0.5))
   alg = hierfavg(model=model, data=data, topology=topo, local_optimizer=optax.sgd(0.1),
-                 schedule=LocalSchedule(batch_size=8, steps=1), weighting="uniform", cohort_size=4, periods=(2,),
+                 schedule=LocalSchedule(batch_size=8, steps=1), weighting="uniform", cohort_size=4,
+                 periods=(2,),
                  update_paths=_path(enc, cohort=np.array([4, 4]), threshold=0.75), systems=systems)
   state = alg.init(jax.random.key(0))
   step = jax.jit(alg.round)
   failed = []
   for seed in range(8):
     new, m = step(state, data, jax.random.key(seed))
+    pairs = zip(jax.tree.leaves(new.params[1]), jax.tree.leaves(state.params[1]), strict=True)
     moved = sum(np.any(np.abs(np.asarray(a) - np.asarray(b)) > 0, axis=tuple(range(1, np.ndim(a))))
-                for a, b in zip(jax.tree.leaves(new.params[1]), jax.tree.leaves(state.params[1]), strict=True)) > 0
+                for a, b in pairs) > 0
     assert float(m["secagg_failed"]) * 2 == np.sum(~moved), seed
     failed.append(float(m["secagg_failed"]))
   assert 0 < np.mean(failed) < 1
+
+
+def test_a_host_that_only_averages_refuses_the_secure_sum_by_name():
+  """FedBuff aggregates its buffered clients by their weighted mean only: a path whose aggregator is
+  a secure sum is refused before anything compiles, naming it."""
+  from fedtree.algorithms import fedbuff
+
+  data, groups, model = _problem()
+  enc = secagg.fixed_point()
+  path = UpdatePath(client=secagg.client(enc), aggregator=secagg.secure_sum(enc))
+  with pytest.raises(ValueError, match=r"cannot use aggregator 'secure_sum\[fixed_point, 32 bits\]': it aggregates "
+                                       r"its clients by their weighted mean only"):
+    fedbuff(model=model, data=data, topology=Topology.from_labels(groups), local_optimizer=optax.sgd(0.1),
+            schedule=LocalSchedule(batch_size=8, steps=1), buffer_size=2, concurrency=2, update_paths=path)

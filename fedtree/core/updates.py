@@ -299,7 +299,8 @@ def chain(*transforms: ClientTransform | None) -> ClientTransform | None:
                                                                        [t.replaces for t in ts])
 
   replaces = tuple(dict.fromkeys(r for t in ts for r in t.replaces))
-  return ClientTransform(apply, init if stateful else None, name="+".join(t.name for t in ts), replaces=replaces)
+  return ClientTransform(apply, init if stateful else None, name="+".join(t.name for t in ts),
+                         replaces=replaces)
 
 
 def chain_nodes(*transforms: NodeTransform | None) -> NodeTransform | None:

@@ -196,8 +196,8 @@ def mechanism(name: str, *, bits: int, clip: float, noise_multiplier: float, coh
     if noise > MAX_SKELLAM_MU:
       raise ValueError(f"bits={bits}: each client's Skellam parameter would be {noise:.3g}, above the "
                        f"sampler's {MAX_SKELLAM_MU:.3g}; use fewer bits")
-  return Mechanism(name, int(bits), float(clip), int(dim), int(cohort), int(survivors), float(noise_multiplier),
-                   float(k_stddevs), float(beta), gamma, noise, l2, l1)
+  return Mechanism(name, int(bits), float(clip), int(dim), int(cohort), int(survivors),
+                   float(noise_multiplier), float(k_stddevs), float(beta), gamma, noise, l2, l1)
 
 
 def round_rdp(m: Mechanism, orders=ORDERS) -> np.ndarray:
@@ -303,9 +303,9 @@ def calibrate(name: str, parents, *, target_epsilon: float, rounds: int, delta: 
   while eps(hi) > t:
     hi *= 2
     if hi > 2 ** 12:
-      raise ValueError(f"target_epsilon={t!r} is unreachable with mechanism={name!r} at bits={bits} over {rounds} "
-                       f"rounds: ε stays at {eps(hi):.4g} or more whatever the noise (the rounding onto a "
-                       f"{bits}-bit grid costs as much privacy as the noise buys); use more bits")
+      raise ValueError(f"target_epsilon={t!r} is unreachable with mechanism={name!r} at bits={bits} over "
+                       f"{rounds} rounds: ε stays at {eps(hi):.4g} or more whatever the noise (the rounding "
+                       f"onto a {bits}-bit grid costs as much privacy as the noise buys); use more bits")
   lo = hi / 2
   while eps(lo) <= t:
     hi, lo = lo, lo / 2

@@ -166,9 +166,10 @@ def check_fixed_point(bits, clip_range, quant_bits, rounding) -> None:
     raise ValueError(f"clip_range={clip_range!r} must be a finite number > 0 (every coordinate is clipped "
                      f"to [-clip_range, clip_range])")
   top = min(b, MAX_QUANT_BITS)
-  if isinstance(quant_bits, bool) or not isinstance(quant_bits, (int, np.integer)) or not 2 <= int(quant_bits) <= top:
-    raise ValueError(f"quant_bits={quant_bits!r} must be an integer in [2, {top}] (a client's coordinate is a "
-                     f"signed quant_bits-bit integer of the {b}-bit field, and a float32 update carries "
+  q = quant_bits
+  if isinstance(q, bool) or not isinstance(q, (int, np.integer)) or not 2 <= int(q) <= top:
+    raise ValueError(f"quant_bits={quant_bits!r} must be an integer in [2, {top}] (a client's coordinate is "
+                     f"a signed quant_bits-bit integer of the {b}-bit field, and a float32 update carries "
                      f"{MAX_QUANT_BITS} bits)")
   if rounding not in ROUNDINGS:
     raise ValueError(f"rounding={rounding!r}; choose one of {list(ROUNDINGS)}")
@@ -378,7 +379,8 @@ def _node_row(node_state, name: str) -> Recovery:
   return node_state[name]
 
 
-def client(encoding: Encoding, *, exchange_up=0.0, masks=0.0, share_ops=0.0, name: str = NAME) -> ClientTransform:
+def client(encoding: Encoding, *, exchange_up=0.0, masks=0.0, share_ops=0.0,
+           name: str = NAME) -> ClientTransform:
   """Every child encodes ``w Δ`` (its weight times its update, flattened) into the field with
   ``encoding``, using its parent's rotation key (the node state of :func:`recovery` named
   ``name``).
@@ -596,8 +598,8 @@ def check_protocol(threshold, neighbours) -> None:
   """Named errors for a bad ``threshold`` (in (0, 1]) or ``neighbours`` (an even integer >= 2)."""
   if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.floating)) or not (
       0 < float(threshold) <= 1):
-    raise ValueError(f"threshold={threshold!r} must be in (0, 1]: the fraction of a parent's cohort (and of a "
-                     f"client's shareholders under SecAgg+) that must survive for its sum to be recovered")
+    raise ValueError(f"threshold={threshold!r} must be in (0, 1]: the fraction of a parent's cohort (and of "
+                     f"a client's shareholders under SecAgg+) that must survive for its sum to be recovered")
   if neighbours is not None and (isinstance(neighbours, bool) or not isinstance(neighbours, (int, np.integer))
                                  or int(neighbours) < 2 or int(neighbours) % 2):
     raise ValueError(f"neighbours={neighbours!r} must be an even integer >= 2 (SecAgg+'s neighbourhood on a "

@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from fedtree.algorithms.hierfavg import over_host
+from fedtree.algorithms import hierfavg
 from fedtree.experiment.capability import Capability, PathParts, RunContext, plain
 from fedtree.experiment.fields import run_field
 from fedtree.toolbox import distributed_dp as ddp
@@ -130,7 +130,8 @@ def plan(section: dict, ctx, *, verbose: bool = True) -> Plan:
     raise ValueError(f"{wrong} do not apply: {kind}; its fields are "
                      f"{sorted(COMMON + (PRIVATE if private else NUMERICS))}")
   bits = section.get("bits", DEFAULT_BITS[mechanism])
-  if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 2 <= int(bits) <= secagg.MAX_BITS:
+  if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not (
+      2 <= int(bits) <= secagg.MAX_BITS):
     raise ValueError(f"bits={bits!r} must be an integer in [2, {secagg.MAX_BITS}] (the field is the integers "
                      f"modulo 2^bits)")
   bits = int(bits)
@@ -151,14 +152,15 @@ def plan(section: dict, ctx, *, verbose: bool = True) -> Plan:
     expected = np.asarray(cohort, np.float64)
   fixed = {}
   if not private:
-    fixed = {k: section.get(k, d) for k, d in (("clip_range", 8.0), ("quant_bits", 22), ("rounding", "stochastic"))}
+    defaults = (("clip_range", 8.0), ("quant_bits", 22), ("rounding", "stochastic"))
+    fixed = {k: section.get(k, d) for k, d in defaults}
     secagg.check_fixed_point(bits, **fixed)
     return Plan(mechanism, bits, levels, float(threshold), neighbours, depth, cohort, expected, fixed)
   # distributed DP
   if levels != (depth - 1,):
     raise ValueError(f"levels={section.get('levels')!r} with mechanism={mechanism!r}: the clients add the "
-                     f"distributed noise, so it runs where they sum, at the clients' parents (levels=-1); the "
-                     f"levels above aggregate the parents' noised sums (post-processing)")
+                     f"distributed noise, so it runs where they sum, at the clients' parents (levels=-1); "
+                     f"the levels above aggregate the parents' noised sums (post-processing)")
   if run is not None and run.get("privacy", None):
     raise ValueError(f"mechanism={mechanism!r} with a 'privacy' section: two DP mechanisms on one update; "
                      f"distributed DP clips, noises and accounts by itself (drop the privacy section, or use "
@@ -210,12 +212,13 @@ def plan(section: dict, ctx, *, verbose: bool = True) -> Plan:
   mechs = tuple(ddp.mechanism(mechanism, noise_multiplier=float(z), cohort=p.cohort, survivors=p.survivors,
                               **common) for p in parents)
   rates = tuple(p.cohort / p.population for p in parents)
-  return Plan(mechanism, bits, levels, float(threshold), neighbours, depth, cohort, expected, {}, mechs, rates,
-              float(delta))
+  return Plan(mechanism, bits, levels, float(threshold), neighbours, depth, cohort, expected, {}, mechs,
+              rates, float(delta))
 
 
 def _children(topology, level: int) -> np.ndarray:
-  return np.bincount(np.asarray(topology.parent(level + 1)), minlength=topology.num_nodes(level)).astype(np.int64)
+  parent = np.asarray(topology.parent(level + 1))
+  return np.bincount(parent, minlength=topology.num_nodes(level)).astype(np.int64)
 
 
 def transforms(p: Plan, ctx) -> dict[int, PathParts]:
@@ -280,9 +283,15 @@ def hint(path, section) -> Any:
   return int
 
 
+def takes(spec) -> bool:
+  """Whether algorithm ``spec`` takes the section: HierFAVG and the methods over it (their factory's
+  ``host``), whose clients' updates reach their parents through the update path and nothing else."""
+  return spec.factory is hierfavg or getattr(spec.factory, "host", None) is hierfavg
+
+
 CAPABILITY = Capability(
   name="secure", about="secure aggregation (modular sums of encoded updates) and distributed DP",
   parts=parts, round_metrics=round_metrics, hint=hint,
-  algorithms=lambda spec: over_host(spec.factory),
+  algorithms=takes,
 )
 """The ``secure`` section (see the module docstring)."""
