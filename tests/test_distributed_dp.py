@@ -229,7 +229,7 @@ def test_decoded_noise_of_zero_updates_has_the_calibrated_variance(name):
     fields, _ = jax.vmap(lambda k: enc.encode(jnp.zeros(dim), k, rot, 0))(jax.random.split(key, n))
     return enc.decode(secagg.field_sum(fields, jnp.zeros(n, jnp.int32), 1, enc.bits)[0], rot, 0, dim)
 
-  x = np.asarray(jax.vmap(one)(jax.random.split(jax.random.key(0), 30)), np.float64).ravel()
+  x = np.asarray(jax.vmap(one)(jax.random.split(jax.random.key(0), 12)), np.float64).ravel()
   want = n * m.sigma ** 2 / t
   df = x.size
   lo, hi = stats.chi2.ppf(FALSE_ALARM / 2, df) / df, stats.chi2.isf(FALSE_ALARM / 2, df) / df

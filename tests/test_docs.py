@@ -26,6 +26,7 @@ DOCTEST_MODULES = [
   "fedtree.core.tier",         # train_cohort
   "fedtree.core.loop",         # loop.run
   "fedtree.toolbox.compression",  # qsgd
+  "fedtree.toolbox.secagg",       # a sum that wraps at the field's bound
   "fedtree.toolbox.systems",      # Systems.round (no compilation of a round)
   "fedtree.toolbox.traffic",      # Traffic
   "fedtree.experiment.plots",  # write_run_plots

@@ -367,7 +367,7 @@ def test_a_host_that_only_averages_refuses_the_secure_sum_by_name():
   data, groups, model = _problem()
   enc = secagg.fixed_point()
   path = UpdatePath(client=secagg.client(enc), aggregator=secagg.secure_sum(enc))
-  with pytest.raises(ValueError, match=r"cannot use aggregator 'secure_sum\[fixed_point, 32 bits\]': it aggregates "
-                                       r"its clients by their weighted mean only"):
+  with pytest.raises(ValueError, match=r"cannot use aggregator 'secure_sum\[fixed_point, 32 bits\]': it "
+                                       r"aggregates its clients by their weighted mean only"):
     fedbuff(model=model, data=data, topology=Topology.from_labels(groups), local_optimizer=optax.sgd(0.1),
             schedule=LocalSchedule(batch_size=8, steps=1), buffer_size=2, concurrency=2, update_paths=path)

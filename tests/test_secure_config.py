@@ -165,7 +165,7 @@ def test_the_shipped_config_builds_every_run():
   from fedtree.experiment.context import make_context
 
   c = load_config("secure")
-  assert len(c.runs) == 11
+  assert len(c.runs) == 12
   ctx = make_context(c)
   for label, run in c.runs.items():
     registry.validate_run(label, run)

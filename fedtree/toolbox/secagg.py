@@ -45,6 +45,18 @@ compression before encoding), and the secure sum replaces the level's aggregator
 (blockwise) aggregator, or anything that reads individual updates, cannot run on what SecAgg
 reveals (:func:`check_aggregator` refuses it by name).
 
+Example:
+  Two clients' values summed in an 8-bit field on the grid 1: 127 is the largest sum it holds, and
+  one more wraps to -128:
+
+  >>> import jax, jax.numpy as jnp
+  >>> enc = fixed_point(bits=8, clip_range=127.0, quant_bits=8, rounding="deterministic")
+  >>> sent = jnp.stack([enc.encode(jnp.asarray(v), jax.random.key(0), None, 0)[0]
+  ...                   for v in ([100.0, 100.0], [27.0, 28.0])])
+  >>> total = field_sum(sent, jnp.zeros(2, jnp.int32), 1, bits=8)
+  >>> enc.decode(total[0], None, 0, 2).tolist()
+  [127.0, -128.0]
+
 References:
   Bonawitz et al., "Practical secure aggregation for privacy-preserving machine learning", CCS 2017.
   Bell, Bonawitz, Gascón, Lepoint, Raykova, "Secure single-server aggregation with (poly)logarithmic
