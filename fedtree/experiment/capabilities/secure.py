@@ -285,7 +285,8 @@ def hint(path, section) -> Any:
 
 def takes(spec) -> bool:
   """Whether algorithm ``spec`` takes the section: HierFAVG and the methods over it (their factory's
-  ``host``), whose clients' updates reach their parents through the update path and nothing else."""
+  ``host``), whose clients' updates reach their parents through the update path (what a server rule
+  reads beside them, such as SCAFFOLD's control variates, is summed in the clear: docs/secure.md)."""
   return spec.factory is hierfavg or getattr(spec.factory, "host", None) is hierfavg
 
 
