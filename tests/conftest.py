@@ -123,7 +123,7 @@ MEASURED_SLOW = {  # each ran 15-87 s (the paper notebooks 18-80 s; the quicksta
   "tests/test_scaffold.py::test_scaffold_matches_algorithm_1_per_client[II-all-1.0]",
   "tests/test_pfedmt.py::test_reproduction_options_match_per_device_loop[opts0]",
   "tests/test_pfedmt.py::test_vectorized_matches_per_device_loop[examples-None]",
-  "tests/test_docs.py::test_docstring_examples_run[fedtree.algorithms.grouppfl.grouppfl]",
+  "tests/test_docs.py::test_docstring_examples_run[fedtree.algorithms.hierarchical.grouppfl.grouppfl]",
   "tests/test_conformance.py::test_conformance[pfedhn]",
   "tests/test_pairwise_configs.py::test_on_the_configs_tree_every_client_is_paired_within_its_parent[pfedhn]",
   "tests/test_fednova.py::test_fednova_matches_the_papers_update_per_client[population-examples-0.9-True]",

@@ -56,6 +56,8 @@ class Context:
     data_info: what the data loader said about the data (:mod:`fedtree.experiment.data`).
     run_overrides: ``None`` for the config's context; for a run that sets its own ``data`` or
       ``model`` (:func:`run_context`), the ``(data, model)`` fields it set.
+    population: how the runs read a population from a store (``config.data.name="store"``:
+      :class:`fedtree.experiment.population.Population`, resident or streamed), else ``None``.
   """
 
   config: ml_collections.ConfigDict
@@ -74,6 +76,12 @@ class Context:
   mesh: Any = None
   data_info: Any = None
   run_overrides: Any = None
+  population: Any = None
+
+  @property
+  def streamed(self) -> bool:
+    """Whether the runs read their clients' rows from a store round by round."""
+    return self.population is not None and self.population.streamed
 
   def for_run(self, run) -> Context:
     """The context run ``run`` (a ``config.runs.<label>``) builds and is evaluated in
@@ -184,6 +192,12 @@ def make_context(config: ml_collections.ConfigDict, *, data_config=None, model_c
   data_config = config.data if data_config is None else data_config
   model_config = config.model if model_config is None else model_config
   data, groups, central, info = load_with_info(data_config) if loaded is None else loaded
+  population = None
+  if info.store is not None:   # resident when it fits, streamed when it does not (config.population)
+    from fedtree.experiment import population as pop
+
+    data, population = pop.plan(config, data, info.store)
+    population = population.with_groups(np.asarray(groups))
   topology = build_topology(config.topology, groups, data.num_clients, info.label_columns)
   data.validate(topology).check_values()
   model_cfg = model_options(dict(model_config), info)  # e.g. the char table of embedding="chars"
@@ -208,6 +222,7 @@ def make_context(config: ml_collections.ConfigDict, *, data_config=None, model_c
     local_optimizer=local_optimizer, schedule=schedule, central_test=central,
     auto_chunk=tuning.chunk_policy(model, local_optimizer, data.example_shape, schedule.batch_size),
     init_params=init_params, group_names=info.group_names, vocab=info.vocab, data_info=info,
+    population=population,
   )
 
 

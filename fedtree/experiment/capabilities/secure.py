@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from fedtree.algorithms import hierfavg
+from fedtree.algorithms.host import hierfavg
 from fedtree.experiment.capability import Capability, PathParts, RunContext, plain
 from fedtree.experiment.fields import run_field
 from fedtree.toolbox import distributed_dp as ddp
