@@ -1,6 +1,7 @@
 """Distributed DP: the integer samplers against their exact pmfs (chi-square at a stated false-alarm
 rate), the mechanisms' RDP bounds against exact Rényi divergences and dp-accounting, the
-subsampling bound against dp-accounting's, calibration, and the noise a secure sum carries."""
+subsampling bound against dp-accounting's, the bounds, grid and rounding against TFF's expressions,
+calibration, and the noise a secure sum carries."""
 
 import math
 
@@ -167,6 +168,36 @@ def test_one_discrete_gaussian_against_dp_accountings_pld():
     ours = ddp.epsilon_of_rdp(rdp, 1e-5)
     exact = pld.from_discrete_gaussian_mechanism(sigma, sensitivity=1).get_epsilon_for_delta(1e-5)
     assert exact <= ours <= 1.4 * exact, (sigma, exact, ours)
+
+
+def test_the_bounds_grid_and_rounding_are_tffs():
+  """The expressions TFF's distributed DP aggregators are calibrated with (google-research/federated
+  ``distributed_dp/accounting_utils.py``: ``_skellam_rdp``, ``rounded_l2_norm_bound``,
+  ``rounded_l1_norm_bound``, ``heuristic_scale_factor`` with ``rho=1``; the discrete Gaussian's
+  ``compute_rdp_dgaussian`` where ``τ = 0``), written out here in TFF's units (unscaled norms and
+  the central variance, the scale ``s = 1/γ``): ours equal them."""
+  orders = np.array([2, 8, 32, 256])
+  cases = ((0.5, 1.3, 30, 30, 4096, 16), (1.0, 0.8, 100, 60, 1024, 20), (0.1, 2.0, 8, 8, 64, 12))
+  for c, z, n, t, d, bits in cases:
+    m = ddp.mechanism("skellam", bits=bits, clip=c, noise_multiplier=z, cohort=n, survivors=t, dim=d)
+    s, sigma = 1 / m.gamma, 2 * z * c
+    local = sigma / math.sqrt(t)
+    k = m.k_stddevs
+    spread = math.sqrt(c ** 2 * n ** 2 / d + n * local ** 2)
+    tff_scale = math.sqrt(2.0 ** (2 * bits) - n * k ** 2) / (2 * k * spread)
+    assert s == pytest.approx(tff_scale, rel=1e-12)
+    cs, root = c * s, math.sqrt(d)
+    slack = math.sqrt(2 * math.log(1 / m.beta)) * (cs + root / 2)
+    tff_l2 = min(cs + root, math.sqrt(cs ** 2 + d / 4 + slack))
+    tff_l1 = tff_l2 * min(math.sqrt(d), tff_l2)
+    assert (m.l2, m.l1) == pytest.approx((tff_l2, tff_l1), rel=1e-12)
+    l2, l1, var = 2 * tff_l2 / s, 2 * tff_l1 / s, sigma ** 2   # replace-one: twice the norms, unscaled
+    tff = orders / (2 * var) * l2 ** 2 + np.minimum(
+      ((2 * orders - 1) * s * l2 ** 2 + 6 * l1) / (4 * s ** 3 * var ** 2), 3 * l1 / (2 * s * var))
+    np.testing.assert_allclose(ddp.round_rdp(m, orders), tff, rtol=1e-12)
+    l2s = l2 * s / math.sqrt(m.total_variance)   # the discrete Gaussian's l2 scale; τ = 0: (α/2) l2s²
+    ddg = ddp.ddg_rdp(orders, l2=l2 * s, l1=l1 * s, variance=m.total_variance, tau=0.0, dim=d)
+    np.testing.assert_allclose(ddg, orders / 2 * l2s ** 2, rtol=1e-12)
 
 
 def test_the_field_holds_k_standard_deviations_of_the_sum():
