@@ -30,7 +30,7 @@ clients' sum; the root aggregates the edges' models in the clear).
 * ``central_eps10``: central DP (``privacy``: clip C = 0.5, Gaussian noise added by every edge,
   ε = 10 at δ = 1e-5, z = 1.3733); ``ddg16_eps10``, ``ddg12_eps10``, ``skellam16_eps10``: the same ε
   by distributed DP, each client adding a thirtieth of the noise in the integers (z = 1.3737 at 16
-  bits, 1.3986 at 12: the coarser grid raises the sensitivity). At this ε they land within the
+  bits, 1.3992 at 12: the coarser grid raises the sensitivity). At this ε they land within the
   seed-to-seed spread of central DP (a few points: with ``--config.seed=1`` central, ddg16 and
   skellam16 reach 76.7 %, 82.7 % and 86.0 %).
 
