@@ -82,3 +82,16 @@ def dp_path(noise_multiplier: float = 1.0, clip_norm: float = 0.5):
   from fedtree.toolbox import privacy
 
   return UpdatePath(client=privacy.clip(clip_norm), node=privacy.central(noise_multiplier, clip_norm))
+
+
+def secagg_path(cohort: int = 12):
+  """SecAgg's numerics at the clients' parents: Flower's defaults (clip range 8, 2^22 levels, a 32-bit
+  field, stochastic rounding), the sum modulo 2^32 and the recovery against a threshold of 0.5."""
+  import numpy as np
+
+  from fedtree.core.updates import UpdatePath
+  from fedtree.toolbox import secagg
+
+  enc = secagg.fixed_point()
+  return UpdatePath(client=secagg.client(enc), aggregator=secagg.secure_sum(enc),
+                    node=secagg.recovery(cohort=np.array([cohort]), threshold=0.5))

@@ -91,6 +91,27 @@ def test_privacy_benchmark_runs(tmp_path):
   assert json.load(open(out))["sweep"]["rounds"] == 1
 
 
+def test_secure_benchmark_reports_overheads_against_the_plain_round(tmp_path):
+  """SecAgg's round against the plain one, measured in the same run (no timing asserted); the
+  distributed DP round in the slow sibling."""
+  from benchmarks import secure
+
+  out = tmp_path / "secure.json"
+  res = secure.main(["--clients=4", "--rounds=1", "--repeats=1", "--paths=secagg", f"--out={out}"])
+  rounds = res["rounds"]
+  assert set(rounds) == {"plain", "secagg"} and rounds["plain"]["overhead"] == 0
+  assert all(r["s_per_round"] > 0 and r["cpu_s_per_round"] >= 0 for r in rounds.values())
+  assert json.load(open(out))["rounds"]["secagg"]["overhead"] == rounds["secagg"]["overhead"]
+
+
+@pytest.mark.slow
+def test_secure_benchmark_times_the_distributed_dp_round(tmp_path):
+  from benchmarks import secure
+
+  res = secure.main(["--clients=4", "--rounds=1", "--repeats=1", f"--out={tmp_path / 'secure.json'}"])
+  assert set(res["rounds"]) == {"plain", "secagg", "ddg"} and res["rounds"]["ddg"]["s_per_round"] > 0
+
+
 def test_population_report_prints_ratios_against_the_smallest_population_and_the_shuffle():
   """The population row (issue 43 item 4): its table holds, per population, the round's time and
   its ratio to the smallest population's, and the cohort draw against the shuffle's, both

@@ -41,6 +41,7 @@ DOCTEST_MODULES = [
   "fedtree.core.tier",         # train_cohort
   "fedtree.core.loop",         # loop.run
   "fedtree.toolbox.compression",  # qsgd
+  "fedtree.toolbox.secagg",       # a sum that wraps at the field's bound
   "fedtree.toolbox.systems",      # Systems.round (no compilation of a round)
   "fedtree.toolbox.traffic",      # Traffic
   "fedtree.experiment.plots",  # write_run_plots
@@ -188,6 +189,7 @@ def test_site_builds_in_strict_mode(tmp_path):
 CAPABILITIES = {   # docs page -> words the README's and the overview's line about it holds
   "docs/privacy.md": "privacy", "docs/robust.md": "robust aggregation",
   "docs/compression.md": "compression", "docs/lora.md": "LoRA", "docs/algorithms/systems.md": "systems",
+  "docs/secure.md": "secure aggregation",
 }
 
 
@@ -202,7 +204,7 @@ def test_every_capability_is_one_click_from_the_readme_and_in_the_navigation():
     assert f"]({page})" in toolbox and words in toolbox, page
     assert page.removeprefix("docs/") in nav, page
     assert os.path.exists(os.path.join(ROOT, page)), page
-  for name in ("privacy", "robust", "compression", "peft_lm", "systems"):
+  for name in ("privacy", "robust", "compression", "peft_lm", "systems", "secure"):
     assert f"(configs/{name}.py)" in toolbox, name
   assert "api/toolbox.md" in nav and "toolbox.md" in nav
 

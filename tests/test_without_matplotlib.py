@@ -42,6 +42,7 @@ CASES = [
   ("quickstart", None, "hierfavg"),             # a tree
   ("quickstart", "seeds", "fedavg"),            # a sweep over seeds: its table and plot
   ("robust", None, "backdoor_median_10"),       # attack success rate
+  ("secure", None, "ddg16_eps10"),              # distributed DP: epsilon per round, secure bytes
   ("systems", None, "fedbuff"),                 # a simulated clock
 ]
 FAST: set = set()

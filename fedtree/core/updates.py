@@ -112,11 +112,15 @@ class ClientTransform(NamedTuple):
       ``{name: scalar}`` statistics.
     init: ``init(params, num_children) -> state [C, ...]`` (``None``: stateless, ``()``).
     name: names the transform in errors and in :func:`chain`'s state.
+    replaces: statistics it reports in place of the same-named ones of the transforms before it in a
+      :func:`chain` (what travels after it: a secure sum's field vector replaces a compressor's
+      ``uplink_bytes``); any other name reported twice is refused.
   """
 
   apply: Callable[[PyTree, PyTree, jax.Array, ClientContext], tuple[PyTree, PyTree, Stats]]
   init: Callable[[PyTree, int], PyTree] | None = None
   name: str = "transform"
+  replaces: tuple[str, ...] = ()
 
 
 class Block(NamedTuple):
@@ -150,17 +154,27 @@ class Aggregator(NamedTuple):
     for_attack: the omniscient attack it exists for, where no blockwise aggregator was chosen (the
       attack rewrites every parent's whole cohort in front of the blockwise mean,
       :func:`fedtree.toolbox.attacks.omniscient`); ``None`` otherwise. Refusals name the attack.
+    accumulate: a streamed aggregator of its own (with ``aggregate`` ``None``): ``accumulate(devices,
+      constrain) -> Accumulator`` (as :func:`mean_accumulator`'s arguments), chunk by chunk like the
+      mean, e.g. a sum in a finite field (:func:`fedtree.toolbox.secagg.secure_sum`) whose
+      ``finish`` decodes it. ``None``: the weighted mean.
   """
 
   aggregate: Callable[..., tuple[PyTree, jax.Array, Stats]] | None = None
   name: str = "mean"
   pairwise: bool = False
   for_attack: str | None = None
+  accumulate: Callable[..., Accumulator] | None = None
 
   @property
   def blockwise(self) -> bool:
     """Whether this aggregator needs the parents' whole cohorts (:attr:`aggregate` is set)."""
     return self.aggregate is not None
+
+  @property
+  def is_mean(self) -> bool:
+    """Whether this is the engine's streamed weighted mean (no ``aggregate``, no ``accumulate``)."""
+    return self.aggregate is None and self.accumulate is None
 
 
 class NodeTransform(NamedTuple):
@@ -210,7 +224,7 @@ class UpdatePath(NamedTuple):
   @property
   def is_default(self) -> bool:
     """No stage set: the engine's own weighted mean, unchanged."""
-    return (self.client is None and not self.aggregator.blockwise and self.node is None
+    return (self.client is None and self.aggregator.is_mean and self.node is None
             and self.down is None)
 
 
@@ -232,11 +246,13 @@ def identity() -> ClientTransform:
   return ClientTransform(lambda delta, state, key, ctx: (delta, state, {}), name="identity")
 
 
-def _merge_stats(parts: Sequence[Stats], names: Sequence[str]) -> Stats:
+def _merge_stats(parts: Sequence[Stats], names: Sequence[str],
+                 replaces: Sequence[tuple[str, ...]] | None = None) -> Stats:
   out: Stats = {}
-  for stats, name in zip(parts, names, strict=True):
+  replaces = [()] * len(parts) if replaces is None else replaces
+  for stats, name, own in zip(parts, names, replaces, strict=True):
     for k, v in stats.items():
-      if k in out:
+      if k in out and k not in own:
         raise ValueError(f"statistic {k!r} of transform {name!r} is already reported by another "
                          f"transform of the chain; give it another name")
       out[k] = v
@@ -276,9 +292,12 @@ def chain(*transforms: ClientTransform | None) -> ClientTransform | None:
       delta, s, st = t.apply(delta, state[i] if stateful else (), jax.random.fold_in(key, i), ctx)
       new_states.append(s)
       stats.append(st)
-    return delta, tuple(new_states) if stateful else (), _merge_stats(stats, [t.name for t in ts])
+    return delta, tuple(new_states) if stateful else (), _merge_stats(stats, [t.name for t in ts],
+                                                                       [t.replaces for t in ts])
 
-  return ClientTransform(apply, init if stateful else None, name="+".join(t.name for t in ts))
+  replaces = tuple(dict.fromkeys(r for t in ts for r in t.replaces))
+  return ClientTransform(apply, init if stateful else None, name="+".join(t.name for t in ts),
+                         replaces=replaces)
 
 
 def chain_nodes(*transforms: NodeTransform | None) -> NodeTransform | None:
@@ -521,9 +540,17 @@ def accumulator(aggregator: Aggregator, *, block_size: int | None = None, device
   """The :class:`Accumulator` of ``aggregator``: the streamed weighted mean (:func:`mean_accumulator`)
   or its blocks (:func:`block_accumulator`, ``block_size`` the largest cohort of a parent).
 
+  An aggregator with its own streamed accumulator (:attr:`Aggregator.accumulate`) gets it.
+
   Raises:
-    ValueError: a blockwise aggregator without ``block_size``.
+    ValueError: a blockwise aggregator without ``block_size``, or one that is both blockwise and
+      streamed.
   """
+  if aggregator.accumulate is not None:
+    if aggregator.blockwise:
+      raise ValueError(f"aggregator {aggregator.name!r} sets both aggregate (blockwise) and accumulate "
+                       f"(streamed); it aggregates one way")
+    return aggregator.accumulate(devices, constrain)
   if not aggregator.blockwise:
     return mean_accumulator(devices, constrain)
   if block_size is None:
@@ -614,7 +641,7 @@ def aggregate_children(
   idx = jnp.asarray(parent_of_child)
   anchor = jax.tree.map(lambda p: p[idx], parent_params)
   diffs = jax.tree.map(jnp.subtract, anchor, child_params)
-  if path is None or (path.client is None and path.node is None and not path.aggregator.blockwise):
+  if path is None or (path.client is None and path.node is None and path.aggregator.is_mean):
     mean, total = weighted_mean(diffs, weights, idx, num)
     return mean, total, state, {}
   num_children = weights.shape[0]
@@ -653,7 +680,8 @@ def per_level_paths(
   from the clients' parents: ``-1`` is level ``depth-1``).
 
   ``algorithm`` names the caller in refusals: a path at a level not in ``supported_levels``
-  (default: all), or a stage the algorithm cannot run (``blockwise`` aggregators, ``node``
+  (default: all), or a stage the algorithm cannot run (``blockwise``: aggregators other than the
+  streamed weighted mean, blockwise or streamed; ``node``
   transforms, ``down`` transforms), is a ``ValueError`` that says which.
   """
   if paths is None:
@@ -679,7 +707,7 @@ def per_level_paths(
     if supported_levels is not None and lv not in supported_levels:
       raise ValueError(f"{algorithm} runs an update path only at server level(s) {list(supported_levels)} "
                        f"(got one at level {lv})")
-    if p.aggregator.blockwise and not blockwise:
+    if not p.aggregator.is_mean and not blockwise:
       if p.aggregator.for_attack is not None:
         raise ValueError(f"{algorithm} does not support the omniscient attack {p.aggregator.for_attack!r}: "
                          f"the attack rewrites every parent's whole cohort in front of a blockwise mean, and "

@@ -52,7 +52,9 @@ class PathParts(NamedTuple):
 
   ``wrap_aggregator``: functions of the level's aggregator (whichever capability chose it, or the
   streamed mean) returning the one it runs, applied in capability order (an omniscient attack
-  rewrites a parent's cohort before the defence sees it).
+  rewrites a parent's cohort before the defence sees it; a secure sum replaces the mean and
+  refuses anything else). ``wrap_down``: likewise of the level's downlink transform (``None``
+  when none is set): secure aggregation adds the protocol's download to what is sent down.
   """
 
   client: tuple[ClientTransform, ...] = ()
@@ -60,6 +62,7 @@ class PathParts(NamedTuple):
   node: tuple[NodeTransform, ...] = ()
   down: DownTransform | None = None
   wrap_aggregator: tuple[Callable[[Aggregator], Aggregator], ...] = ()
+  wrap_down: tuple[Callable[[DownTransform | None], DownTransform | None], ...] = ()
 
 
 class RunContext:
@@ -247,8 +250,8 @@ def compose(parts_by_section: Mapping[str, Mapping[int, PathParts]], order: Sequ
             ) -> dict[int, UpdatePath]:
   """One :class:`~fedtree.core.updates.UpdatePath` per level from every capability's parts:
   client transforms chained in ``order`` (capability names; names not in it first, as given),
-  node transforms likewise, the aggregators' wrappers in that order, at most one aggregator and one
-  downlink transform per level (two are refused naming both)."""
+  node transforms likewise, the aggregators' and downlinks' wrappers in that order, at most one
+  aggregator and one downlink transform per level (two are refused naming both)."""
   order = [s for s in parts_by_section if s not in order] + [s for s in order if s in parts_by_section]
   levels: dict[int, list[tuple[str, PathParts]]] = {}
   for name in order:
@@ -266,11 +269,14 @@ def compose(parts_by_section: Mapping[str, Mapping[int, PathParts]], order: Sequ
     aggregator = aggs[0][1] if aggs else Aggregator()
     for wrap in [w for _, p in items for w in p.wrap_aggregator]:
       aggregator = wrap(aggregator)
+    down = downs[0][1] if downs else None
+    for wrap_down in [w for _, p in items for w in p.wrap_down]:
+      down = wrap_down(down)
     out[lv] = UpdatePath(
       client=chain(*[t for _, p in items for t in p.client]),
       aggregator=aggregator,
       node=chain_nodes(*[t for _, p in items for t in p.node]),
-      down=downs[0][1] if downs else None,
+      down=down,
     )
   return out
 

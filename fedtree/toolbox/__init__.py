@@ -12,6 +12,10 @@ experiment layer declares each capability's run section, host half and table of 
   :mod:`~fedtree.toolbox.attacks`: Byzantine clients and what they send.
 * :mod:`~fedtree.toolbox.compression`: lossy encodings of what travels along an edge, with their
   sizes; :mod:`~fedtree.toolbox.traffic`: the bytes a run sends on every edge.
+* :mod:`~fedtree.toolbox.secagg`: secure aggregation (a ``b``-bit field, encodings, the modular sum,
+  dropout recovery, the protocol's bytes); :mod:`~fedtree.toolbox.distributed_dp`: the distributed
+  discrete Gaussian and Skellam mechanisms and their accounting; :mod:`~fedtree.toolbox.discrete_noise`:
+  their integer samplers.
 * :mod:`~fedtree.toolbox.systems`: devices, availability, deadlines and a simulated clock.
 * :mod:`~fedtree.toolbox.lora`: low-rank adapters on a frozen, shared base model.
 

@@ -5,6 +5,7 @@ each, listed once (:data:`CAPABILITIES`).
   or data) and ``aggregator`` (robust aggregation);
 * :mod:`~fedtree.experiment.capabilities.privacy`: ``privacy`` (clipping, noise, the ε spent);
 * :mod:`~fedtree.experiment.capabilities.compression`: ``compression`` (compressed edges);
+* :mod:`~fedtree.experiment.capabilities.secure`: ``secure`` (secure aggregation, distributed DP);
 * :mod:`~fedtree.experiment.capabilities.systems`: ``systems`` (devices, availability, deadlines);
 * :mod:`~fedtree.experiment.capabilities.adapters`: ``adapters`` (LoRA on a frozen base).
 
@@ -18,15 +19,16 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from fedtree.experiment.capabilities import adapters, compression, privacy, robust, systems
+from fedtree.experiment.capabilities import adapters, compression, privacy, robust, secure, systems
 from fedtree.experiment.capability import Capability, PathParts, RunContext, compose, plain
 
 CAPABILITIES: Mapping[str, Capability] = {c.name: c for c in (
-  robust.ATTACK, privacy.CAPABILITY, compression.CAPABILITY, robust.AGGREGATOR, systems.CAPABILITY,
-  adapters.CAPABILITY,
+  robust.ATTACK, privacy.CAPABILITY, compression.CAPABILITY, robust.AGGREGATOR, secure.CAPABILITY,
+  systems.CAPABILITY, adapters.CAPABILITY,
 )}
 """Every capability by its section's name, in the order their update-path stages compose (an
-attacker replaces its update before it is clipped or compressed; the defence aggregates last)."""
+attacker replaces its update before it is clipped or compressed; the defence aggregates last; a
+secure sum encodes what the others made of the update, and refuses a defence that reads it)."""
 
 
 def load(path: str) -> Any:
