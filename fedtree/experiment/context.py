@@ -202,6 +202,8 @@ def make_context(config: ml_collections.ConfigDict, *, data_config=None, model_c
     from fedtree.experiment.params import load_params
 
     init_params = load_params(_path(config.init_params, "config.init_params"), model)
+  elif name == "pretrained":   # the checkpoint's weights: where every run starts (a LoRA run: its base)
+    init_params = pretrained_params(model_cfg, data.example_shape[0])
   memory.check_data(data, config)   # a population too large is refused here, not killed in the copy
   return Context(
     config=config, data=as_device(data), groups=np.asarray(groups), topology=topology, model=model,
@@ -209,6 +211,15 @@ def make_context(config: ml_collections.ConfigDict, *, data_config=None, model_c
     auto_chunk=tuning.chunk_policy(model, local_optimizer, data.example_shape, schedule.batch_size),
     init_params=init_params, group_names=info.group_names, vocab=info.vocab, data_info=info,
   )
+
+
+def pretrained_params(model_cfg: dict[str, Any], seq_len: int):
+  """The weights of ``config.model``'s checkpoint (``name="pretrained"``, ``checkpoint=DIR``) in its
+  ``dtype`` (:func:`fedtree.models.load_pretrained`)."""
+  from fedtree.models.pretrained import load_pretrained
+
+  return load_pretrained(model_cfg["checkpoint"], seq_len=seq_len, dtype=model_cfg.get("dtype", "float32"),
+                         tokenizer=False).params
 
 
 RUN_OVERRIDES = ("data", "model")
