@@ -39,6 +39,7 @@ from fedtree.algorithms.grouppfl import grouppfl
 from fedtree.algorithms.hierfavg import fedavg, hierfavg
 from fedtree.algorithms.knnper import knnper
 from fedtree.algorithms.lgfedavg import lgfedavg
+from fedtree.algorithms.llm import fedsa_lora, ffa_lora, hetlora
 from fedtree.algorithms.local_only import local
 from fedtree.algorithms.mime import mime, mimelite
 from fedtree.algorithms.moon import moon
@@ -62,7 +63,9 @@ _FACTORIES = {"awcfl": awcfl, "bhfl": bhfl, "cfl": cfl, "ditto": ditto, "fedavg"
               "fedbabu": fedbabu, "local": local,
               # personalized aggregation and mixtures (issue 38)
               "apfl": apfl, "fedala": fedala, "fedem": fedem, "knnper": knnper,
-              "fedamp": fedamp, "fedfomo": fedfomo, "pfedhn": pfedhn, "fedproto": fedproto}
+              "fedamp": fedamp, "fedfomo": fedfomo, "pfedhn": pfedhn, "fedproto": fedproto,
+              # methods on LoRA adapters (issue 50)
+              "ffa_lora": ffa_lora, "fedsa_lora": fedsa_lora, "hetlora": hetlora}
 SYSTEMS_ALGORITHMS = tuple(n for n, f in _FACTORIES.items() if "systems" in inspect.signature(f).parameters)
 """The factories that take ``systems`` (:mod:`fedtree.toolbox.systems`); a run config that gives
 another algorithm a ``systems`` section is refused naming these."""
@@ -76,4 +79,5 @@ __all__ = [
   "fedbabu", "fedbn", "fedper", "fedrep", "fedrod", "finetuned", "lgfedavg", "local",
   "apfl", "fedala", "fedem", "knnper",
   "fedamp", "fedfomo", "pfedhn", "fedproto",
+  "ffa_lora", "fedsa_lora", "hetlora",
 ]

@@ -195,6 +195,71 @@ def init_adapters(spec: LoRA, params: PyTree, key: jax.Array) -> PyTree:
   return out
 
 
+def _is_pair(node) -> bool:
+  return isinstance(node, dict) and set(node) <= {"a", "b"} and bool(node)
+
+
+def adapter_half(adapters: PyTree, half: str) -> PyTree:
+  """The ``"a"`` or ``"b"`` matrices of ``adapters`` in the same nesting (``{..., "kernel": {"b": B}}``
+  for ``half="b"``): what a method trains or shares when the other half is frozen or kept."""
+  if half not in ("a", "b"):
+    raise ValueError(f"adapter half={half!r}; choose 'a' or 'b'")
+  if _is_pair(adapters):
+    return {half: adapters[half]} if half in adapters else {}
+  if isinstance(adapters, dict):
+    out = {k: adapter_half(v, half) for k, v in adapters.items()}
+    return {k: v for k, v in out.items() if v != {}}
+  raise ValueError(f"not LoRA adapters (a nested dict of {{'a': A, 'b': B}} pairs): found "
+                   f"{type(adapters).__name__}")
+
+
+def join_halves(a: PyTree, b: PyTree) -> PyTree:
+  """Adapters from their two halves (:func:`adapter_half`), e.g. a frozen ``A`` and a trained ``B``."""
+  if _is_pair(a) or _is_pair(b):
+    return {**a, **b}
+  return {k: join_halves(a.get(k, {}), b.get(k, {})) for k in sorted(set(a) | set(b))}
+
+
+def check_adapters(params: PyTree, algorithm: str) -> None:
+  """Refuses ``params`` that are not LoRA adapters (every leaf under a ``{"a": A, "b": B}`` pair),
+  naming ``algorithm``: a method defined on adapters needs a run with an ``adapters`` section.
+
+  Raises:
+    ValueError: a leaf whose path does not end in ``/a`` or ``/b``, or a pair without both halves.
+  """
+  paths = param_paths(params)
+  bad = [p for p in paths if not re.search(r"(^|/)(a|b)$", p)]
+  pairs = {p.rsplit("/", 1)[0] for p in paths} if not bad else set()
+  unpaired = sorted(q for q in pairs if f"{q}/a" not in paths or f"{q}/b" not in paths)
+  if bad or unpaired or not paths:
+    raise ValueError(f"{algorithm} trains LoRA adapters: give the run an adapters section (config.runs."
+                     f"<label>.adapters, or fedtree.toolbox.lora.frozen_base); the model's parameters are "
+                     f"{(bad or unpaired or paths)[:6]}")
+
+
+def adapter_rank(params: PyTree) -> int:
+  """The rank ``r`` of adapters (``A [d_in, r]``; abstract values work)."""
+  a = jax.tree.leaves(adapter_half(params, "a"))
+  return int(np.shape(a[0])[-1])
+
+
+def truncate(adapters: PyTree, rank: jax.Array) -> PyTree:
+  """``adapters`` with every rank component ``j >= rank`` zeroed (``A[:, j]`` and ``B[j, :]``): the
+  rank-``rank`` adapters a client of HetLoRA holds, zero-padded to the full rank. A component that is
+  zero in both halves gets zero gradients and stays zero under any optimizer without decay towards a
+  nonzero value. ``rank`` may be traced."""
+
+  def pair(node):
+    if _is_pair(node):
+      r = node["a"].shape[-1]
+      keep = jnp.arange(r) < rank
+      return {"a": jnp.where(keep[None, :], node["a"], 0).astype(node["a"].dtype),
+              "b": jnp.where(keep[:, None], node["b"], 0).astype(node["b"].dtype)}
+    return {k: pair(v) for k, v in node.items()}
+
+  return pair(adapters)
+
+
 def _adapter_of(adapters: PyTree, path: str):
   node = adapters
   for name in path.split("/"):

@@ -2,15 +2,17 @@
 base (:mod:`fedtree.toolbox.lora`): the run's ``init_params`` (e.g. a pretrained model), else
 ``model.init`` of the config's seed (stream ``"base"``).
 
-Section (``config.runs.<label>.adapters``): ``{kind: "lora", rank: 8, alpha: 16.0, targets:
-(regex, ...), forward: "factored" | "merged", base_dtype: None | "float32" | "bfloat16" | "int8"}``;
+Section (``config.runs.<label>.adapters``): ``{kind: "lora", rank: 8, alpha: 16.0, targets: (regex,
+...), forward: "factored" | "merged", base_dtype: None | "float32" | "bfloat16" | "int8"}``;
 ``base_dtype`` is how the frozen base is stored (:func:`fedtree.toolbox.quantize.store_base`; ``None``:
 as loaded; ``"int8"``: weight-only, per output channel, expanded to bfloat16 where it is used). An
-algorithm takes it where its spec says so (``AlgorithmSpec(..., takes=("adapters",))``: FedAvg, FedOpt, HierFAVG, FedProx, Ditto,
-GroupPerFL). Its in-jit half wraps the algorithm (:func:`fedtree.toolbox.lora.frozen_base`: the base
-is an argument of every compiled round, never a constant); its host half scores the adapters
-with the base as an argument (:func:`fedtree.toolbox.lora.base_evaluator`), and a message is the
-adapters alone (the base is on every client before round 0 and never sent).
+algorithm takes it where its spec says so (``AlgorithmSpec(..., takes=("adapters",))``: FedAvg, FedOpt
+(FedAvgM, FedAdam, FedYogi), HierFAVG, FedProx, SCAFFOLD, Ditto, GroupPerFL, and the methods defined on
+adapters, :mod:`fedtree.algorithms.llm`: FFA-LoRA, FedSA-LoRA, HetLoRA). Its in-jit half wraps the
+algorithm (:func:`fedtree.toolbox.lora.frozen_base`: the base is an argument of every compiled round,
+never a constant); its host half scores the adapters with the base as an argument
+(:func:`fedtree.toolbox.lora.base_evaluator`), and a message is the adapters alone (the base is on every
+client before round 0 and never sent).
 """
 
 from __future__ import annotations
