@@ -56,6 +56,8 @@ class Context:
     data_info: what the data loader said about the data (:mod:`fedtree.experiment.data`).
     run_overrides: ``None`` for the config's context; for a run that sets its own ``data`` or
       ``model`` (:func:`run_context`), the ``(data, model)`` fields it set.
+    tasks: ``{name: (task, tokenizer)}`` the language-model benchmarks of ``config.tasks``
+      (:func:`fedtree.experiment.llm.load_tasks`), scored on every run's global model.
   """
 
   config: ml_collections.ConfigDict
@@ -74,6 +76,7 @@ class Context:
   mesh: Any = None
   data_info: Any = None
   run_overrides: Any = None
+  tasks: Any = None
 
   def for_run(self, run) -> Context:
     """The context run ``run`` (a ``config.runs.<label>``) builds and is evaluated in
@@ -205,11 +208,14 @@ def make_context(config: ml_collections.ConfigDict, *, data_config=None, model_c
   elif name == "pretrained":   # the checkpoint's weights: where every run starts (a LoRA run: its base)
     init_params = pretrained_params(model_cfg, data.example_shape[0])
   memory.check_data(data, config)   # a population too large is refused here, not killed in the copy
+  from fedtree.experiment.llm import load_tasks
+
+  tasks = load_tasks(config)
   return Context(
     config=config, data=as_device(data), groups=np.asarray(groups), topology=topology, model=model,
     local_optimizer=local_optimizer, schedule=schedule, central_test=central,
     auto_chunk=tuning.chunk_policy(model, local_optimizer, data.example_shape, schedule.batch_size),
-    init_params=init_params, group_names=info.group_names, vocab=info.vocab, data_info=info,
+    init_params=init_params, group_names=info.group_names, vocab=info.vocab, data_info=info, tasks=tasks,
   )
 
 

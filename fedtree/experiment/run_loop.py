@@ -21,6 +21,7 @@ from fedtree.core.metrics import FAIRNESS_STATS
 from fedtree.core.sharding import local_copy
 from fedtree.core.sweep import by_experiment
 from fedtree.experiment.fields import field
+from fedtree.experiment.llm import budget_summary
 from fedtree.experiment.reporting import Reporter
 from fedtree.experiment.results import (
   SUMMARY_METRICS,
@@ -200,7 +201,11 @@ def run_algorithm(
     summaries = {name: {**s, "target_accuracy": float(target_accuracy), "rounds_to_target": reached.get(name)}
                  if "accuracy" in s else s for name, s in summaries.items()}
   if experiments is None and traffics[0].counted:   # every model of the run: the run's traffic
-    summaries = {name: {**s, **traffics[0].summary()} for name, s in summaries.items()}
+    total = traffics[0].summary()
+    budget, warning = budget_summary(label, total, field(ctx.config, "communication_budget_MB"))
+    if warning:
+      reporter.result(warning)
+    summaries = {name: {**s, **total, **budget} for name, s in summaries.items()}
   elif experiments is not None:   # "<model>@<e>": experiment e's traffic (padding rows: none)
     def with_bytes(name: str, s: dict[str, Any]) -> dict[str, Any]:
       _, sep, e = name.rpartition("@")

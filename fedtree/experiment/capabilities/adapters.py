@@ -86,8 +86,15 @@ def wrapping(section, ctx: RunContext) -> Wrapping:
     evaluator_for = lora.base_evaluator(model, spec, chunk_size, confusion=confusion, **scoring)
     return lambda state: evaluator_for(state.base)
 
+  def forward(bound, tokens):   # bound = (base, adapters): the base is an argument of the program
+    return lora.adapted_model(model, spec, bound[0]).apply(bound[1], tokens)
+
+  def bind(state):
+    return lambda params: (state.base, params)
+
   shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), base)
-  return Wrapping(model=lora.adapted_model(model, spec, shapes), build=build, evaluator=evaluator)
+  return Wrapping(model=lora.adapted_model(model, spec, shapes), build=build, evaluator=evaluator,
+                  forward=(forward, bind))
 
 
 CAPABILITY = Capability(name="adapters", about="LoRA adapters on a frozen base", wrap=wrapping)
