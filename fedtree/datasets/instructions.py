@@ -52,16 +52,31 @@ from fedtree.datasets.columns import dense_codes
 FORMATS = ("alpaca", "aya", "oasst", "messages")
 TEMPLATES = ("alpaca", "flowertune", "chat", "raw")
 PARTITIONERS = ("iid", "dirichlet", "poisson")
-_COLUMNS = {"alpaca": ("instruction", "output"), "aya": ("inputs", "targets"),
-            "oasst": ("message_id", "parent_id", "role", "text"), "messages": ("messages",)}
+USE_INPUT = ("keep", "drop", "as_instruction")
+"""What an ``alpaca`` row's ``input`` becomes: ``keep`` (the template renders it: Alpaca's own section,
+FlowerTune's appended to the instruction after a space, as its finance and code challenges do),
+``drop`` (FlowerTune's general NLP challenge trains on the instruction alone), ``as_instruction`` (its
+medical challenge: the flashcard's question, the ``input``, replaces the constant ``instruction``)."""
+_COLUMNS = {
+  "alpaca": ("instruction", "output"),
+  "aya": ("inputs", "targets"),
+  "oasst": ("message_id", "parent_id", "role", "text"),
+  "messages": ("messages",),
+}
 
-ALPACA = ("Below is an instruction that describes a task, paired with an input that provides further context. "
-          "Write a response that appropriately completes the request.\n\n"
-          "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:")
-ALPACA_NO_INPUT = ("Below is an instruction that describes a task. Write a response that appropriately "
-                   "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:")
-FLOWERTUNE = ("Below is an instruction that describes a task. Write a response that appropriately completes "
-              "the request.\n### Instruction:\n{instruction}\n### Response: ")
+ALPACA = (
+  "Below is an instruction that describes a task, paired with an input that provides further context. "
+  "Write a response that appropriately completes the request.\n\n"
+  "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:"
+)
+ALPACA_NO_INPUT = (
+  "Below is an instruction that describes a task. Write a response that appropriately "
+  "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:"
+)
+FLOWERTUNE = (
+  "Below is an instruction that describes a task. Write a response that appropriately completes "
+  "the request.\n### Instruction:\n{instruction}\n### Response: "
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,25 +96,33 @@ class Pair:
   history: tuple = ()
 
 
-def pairs(ds, fmt: str) -> tuple[list[Pair], np.ndarray]:
+def pairs(ds, fmt: str, use_input: str = "keep") -> tuple[list[Pair], np.ndarray]:
   """``(pairs, rows)`` of a dataset in format ``fmt``: every example and the dataset row its client
-  column is read from (OpenAssistant: the reply's row).
+  column is read from (OpenAssistant: the reply's row); ``use_input``: :data:`USE_INPUT`.
 
   Raises:
-    ValueError: an unknown format, or a column the format needs missing (listing the dataset's).
+    ValueError: an unknown format or ``use_input``, or a column the format needs missing (listing the
+      dataset's).
   """
   if fmt not in FORMATS:
     raise ValueError(f"instruction format={fmt!r}; choose one of {FORMATS}")
+  if use_input not in USE_INPUT:
+    raise ValueError(f"use_input={use_input!r}; choose one of {USE_INPUT}")
   missing = [c for c in _COLUMNS[fmt] if c not in ds.column_names]
   if missing:
     raise ValueError(f"format {fmt!r} needs column(s) {missing}; the dataset has {ds.column_names}")
   if fmt == "alpaca":
     inputs = ds["input"] if "input" in ds.column_names else [""] * len(ds)
-    return ([Pair(str(i), str(x or ""), str(o)) for i, x, o in zip(ds["instruction"], inputs, ds["output"],
-                                                                      strict=True)],
-            np.arange(len(ds)))
+    out = []
+    for i, x, o in zip(ds["instruction"], inputs, ds["output"], strict=True):
+      i, x = str(i), str(x or "")
+      i, x = {"keep": (i, x), "drop": (i, ""), "as_instruction": (x, "")}[use_input]
+      out.append(Pair(i, x, str(o)))
+    return out, np.arange(len(ds))
   if fmt == "aya":
-    return [Pair(str(i), "", str(t)) for i, t in zip(ds["inputs"], ds["targets"], strict=True)], np.arange(len(ds))
+    return [Pair(str(i), "", str(t)) for i, t in zip(ds["inputs"], ds["targets"], strict=True)], np.arange(
+      len(ds)
+    )
   if fmt == "oasst":
     text = {m: t for m, t, r in zip(ds["message_id"], ds["text"], ds["role"], strict=True) if r == "prompter"}
     out, rows = [], []
@@ -122,7 +145,7 @@ def pairs(ds, fmt: str) -> tuple[list[Pair], np.ndarray]:
 
 # ------------------------------------------------------------------------ rendering and tokens
 def _ids(tokenizer, text: str, special: bool) -> list[int]:
-  if hasattr(tokenizer, "encode") and not hasattr(tokenizer, "apply_chat_template"):   # tokenizers.Tokenizer
+  if hasattr(tokenizer, "encode") and not hasattr(tokenizer, "apply_chat_template"):  # tokenizers.Tokenizer
     return list(tokenizer.encode(text, add_special_tokens=special).ids)
   return list(tokenizer(text, add_special_tokens=special)["input_ids"])
 
@@ -144,11 +167,15 @@ def prompt_ids(tokenizer, pair: Pair, template: str) -> list[int]:
   if template not in TEMPLATES:
     raise ValueError(f"template={template!r}; choose one of {TEMPLATES}")
   if template == "raw":
-    return _ids(tokenizer, pair.instruction + (f"\n{pair.input}" if pair.input else ""), False) + [eos_id(tokenizer)]
+    return _ids(tokenizer, pair.instruction + (f"\n{pair.input}" if pair.input else ""), False) + [
+      eos_id(tokenizer)
+    ]
   if template == "chat":
     if not getattr(tokenizer, "chat_template", None):
-      raise ValueError("template='chat' needs a tokenizer with a chat_template (tokenizer_config.json); choose "
-                       f"one of {TEMPLATES} else")
+      raise ValueError(
+        "template='chat' needs a tokenizer with a chat_template (tokenizer_config.json); choose "
+        f"one of {TEMPLATES} else"
+      )
     user = pair.instruction + (f"\n\n{pair.input}" if pair.input else "")
     turns = list(pair.history) or [{"role": "user", "content": user}]
     text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
@@ -165,7 +192,9 @@ def response_ids(tokenizer, pair: Pair) -> list[int]:
   return _ids(tokenizer, pair.response, False) + [eos_id(tokenizer)]
 
 
-def encode(prompt: Sequence[int], response: Sequence[int], seq_len: int) -> tuple[np.ndarray, np.ndarray, int]:
+def encode(
+  prompt: Sequence[int], response: Sequence[int], seq_len: int
+) -> tuple[np.ndarray, np.ndarray, int]:
   """``(x int32[seq_len], y int32[seq_len], trained tokens)`` of one example: the prompt then the
   response, cut to ``seq_len + 1`` tokens; ``y[t]`` is token ``t + 1`` where it is a response token,
   else 0. Padding (after the sequence) is token 0 in ``x``: causal attention never lets a real
@@ -181,8 +210,15 @@ def encode(prompt: Sequence[int], response: Sequence[int], seq_len: int) -> tupl
 
 
 # ------------------------------------------------------------------------ clients
-def partition(n: int, *, partitioner: str | None, partitioner_args: dict[str, Any] | None,
-              ids: np.ndarray | None, labels: np.ndarray | None, rng: np.random.Generator) -> list[np.ndarray]:
+def partition(
+  n: int,
+  *,
+  partitioner: str | None,
+  partitioner_args: dict[str, Any] | None,
+  ids: np.ndarray | None,
+  labels: np.ndarray | None,
+  rng: np.random.Generator,
+) -> list[np.ndarray]:
   """The example indices of every client: a partitioner (:data:`PARTITIONERS`) or one client per value
   of ``ids`` (a natural id)."""
   args = dict(partitioner_args or {})
@@ -193,24 +229,38 @@ def partition(n: int, *, partitioner: str | None, partitioner_args: dict[str, An
     return [np.asarray(p, np.int64) for p in parts]
   if partitioner not in PARTITIONERS:
     raise ValueError(f"partitioner={partitioner!r}; choose one of {PARTITIONERS} or None (a client_column)")
-  allowed = {"iid": ("num_clients",), "dirichlet": ("num_clients", "alpha", "min_size"),
-             "poisson": ("mean",)}[partitioner]
-  if sorted(set(args) - set(allowed)) or (partitioner != "poisson" and "num_clients" not in args) or (
-      partitioner == "poisson" and "mean" not in args):
-    raise ValueError(f"partitioner={partitioner!r} takes partitioner_args {allowed} (the first required); got "
-                     f"{sorted(args)}")
+  allowed = {
+    "iid": ("num_clients",),
+    "dirichlet": ("num_clients", "alpha", "min_size"),
+    "poisson": ("mean",),
+  }[partitioner]
+  if (
+    sorted(set(args) - set(allowed))
+    or (partitioner != "poisson" and "num_clients" not in args)
+    or (partitioner == "poisson" and "mean" not in args)
+  ):
+    raise ValueError(
+      f"partitioner={partitioner!r} takes partitioner_args {allowed} (the first required); got {sorted(args)}"
+    )
   if partitioner == "iid":
     return partition_iid(n, int(args["num_clients"]), rng)
   if partitioner == "dirichlet":
     if labels is None:
-      raise ValueError("partitioner='dirichlet' needs label_column (a categorical column: language, category)")
-    return partition_dirichlet(dense_codes(labels)[0], int(args["num_clients"]), float(args.get("alpha", 0.5)),
-                               rng, min_size=int(args.get("min_size", 1)))
+      raise ValueError(
+        "partitioner='dirichlet' needs label_column (a categorical column: language, category)"
+      )
+    return partition_dirichlet(
+      dense_codes(labels)[0],
+      int(args["num_clients"]),
+      float(args.get("alpha", 0.5)),
+      rng,
+      min_size=int(args.get("min_size", 1)),
+    )
   order = rng.permutation(n)
   out, start = [], 0
   while start < n:
     size = max(1, int(rng.poisson(float(args["mean"]))))
-    out.append(np.sort(order[start:start + size]))
+    out.append(np.sort(order[start : start + size]))
     start += size
   return out
 
@@ -220,8 +270,11 @@ def split_users(parts: list[np.ndarray], max_per_client: int | None, min_per_cli
   that many (pfl-research's power users) and those below ``min_per_client`` dropped."""
   out = []
   for p in parts:
-    chunks = [p] if not max_per_client else [p[i:i + int(max_per_client)] for i in range(0, len(p),
-                                                                                          int(max_per_client))]
+    chunks = (
+      [p]
+      if not max_per_client
+      else [p[i : i + int(max_per_client)] for i in range(0, len(p), int(max_per_client))]
+    )
     out += [c for c in chunks if len(c) >= max(int(min_per_client), 1)]
   return out
 
@@ -239,8 +292,9 @@ class Stats:
   targets_id0: int
 
 
-def tokenize(pairs_: Sequence[Pair], tokenizer, *, template: str, seq_len: int) -> tuple[np.ndarray, np.ndarray,
-                                                                                        np.ndarray, Stats]:
+def tokenize(
+  pairs_: Sequence[Pair], tokenizer, *, template: str, seq_len: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, Stats]:
   """``(x int32[N, T], y int32[N, T], kept int[N'] indices of the pairs kept, Stats)``."""
   xs, ys, kept = [], [], []
   dropped = truncated = trained = zero = 0
@@ -258,17 +312,35 @@ def tokenize(pairs_: Sequence[Pair], tokenizer, *, template: str, seq_len: int) 
     ys.append(y)
     kept.append(i)
   if not xs:
-    raise ValueError(f"no example keeps a response token within seq_len={seq_len} ({len(pairs_)} examples); "
-                     f"raise seq_len")
-  return np.stack(xs), np.stack(ys), np.asarray(kept, np.int64), Stats(len(xs), dropped, truncated, trained, zero)
+    raise ValueError(
+      f"no example keeps a response token within seq_len={seq_len} ({len(pairs_)} examples); raise seq_len"
+    )
+  return (
+    np.stack(xs),
+    np.stack(ys),
+    np.asarray(kept, np.int64),
+    Stats(len(xs), dropped, truncated, trained, zero),
+  )
 
 
 def from_instructions(
-  train, tokenizer, *, format: str = "alpaca", template: str = "alpaca", seq_len: int = 512,
-  partitioner: str | None = "iid", partitioner_args: dict[str, Any] | None = None,
-  client_column: str | None = None, label_column: str | None = None, max_per_client: int | None = None,
-  min_per_client: int = 1, test_fraction: float = 0.1, max_examples: int | None = None, seed: int = 0,
+  train,
+  tokenizer,
+  *,
+  format: str = "alpaca",
+  template: str = "alpaca",
+  seq_len: int = 512,
+  partitioner: str | None = "iid",
+  partitioner_args: dict[str, Any] | None = None,
+  client_column: str | None = None,
+  label_column: str | None = None,
+  max_per_client: int | None = None,
+  min_per_client: int = 1,
+  test_fraction: float = 0.1,
+  max_examples: int | None = None,
+  seed: int = 0,
   vocab_size: int | None = None,
+  use_input: str = "keep",
 ) -> tuple[FederatedData, np.ndarray, None, dict[str, Any]]:
   """Federated next-token data of an instruction or chat dataset (see the module docstring).
 
@@ -289,6 +361,7 @@ def from_instructions(
     max_examples: use the first that many examples of the dataset (``None``: all).
     seed: the partition and the train/test split.
     vocab_size: the model's vocabulary (``num_classes``; default the tokenizer's length).
+    use_input: what an ``alpaca`` row's ``input`` becomes (:data:`USE_INPUT`).
 
   Returns:
     ``(data, groups int32[C] (zeros), None, extras)``; ``extras``: ``client_names`` (natural ids),
@@ -308,7 +381,7 @@ def from_instructions(
   if max_examples is not None:
     train = train.select(range(min(int(max_examples), len(train))))
   rng = np.random.default_rng(seed)
-  items, rows = pairs(train, format)
+  items, rows = pairs(train, format, use_input)
   for col in (client_column, label_column):
     if col is not None and col not in train.column_names:
       raise ValueError(f"column {col!r} is not in the dataset; it has {train.column_names}")
@@ -316,8 +389,9 @@ def from_instructions(
   rows = rows[kept]
   ids = None if client_column is None else np.asarray(train[client_column], dtype=object)[rows].astype(str)
   labels = None if label_column is None else np.asarray(train[label_column], dtype=object)[rows].astype(str)
-  parts = partition(len(x), partitioner=partitioner, partitioner_args=partitioner_args, ids=ids, labels=labels,
-                    rng=rng)
+  parts = partition(
+    len(x), partitioner=partitioner, partitioner_args=partitioner_args, ids=ids, labels=labels, rng=rng
+  )
   names = None
   if partitioner is None and ids is not None:
     names = [str(ids[p[0]]) for p in parts]
@@ -336,8 +410,9 @@ def from_instructions(
   vocab = int(vocab_size if vocab_size is not None else len(tokenizer))
   top = int(max(x.max(), y.max()))
   if top >= vocab:
-    raise ValueError(f"token id {top} is outside the model's vocabulary of {vocab}; tokenize with the model's "
-                     f"own tokenizer")
+    raise ValueError(
+      f"token id {top} is outside the model's vocabulary of {vocab}; tokenize with the model's own tokenizer"
+    )
   tr, te = [], []
   for p in split:
     p = p[rng.permutation(len(p))]
@@ -351,7 +426,9 @@ def from_instructions(
   return data, np.zeros(data.num_clients, np.int32), None, extras
 
 
-def load_dataset_dir(path: str, *, split: str | None = None, hub: str | None = None, where: str = "config.data"):
+def load_dataset_dir(
+  path: str, *, split: str | None = None, hub: str | None = None, where: str = "config.data"
+):
   """The ``datasets.Dataset`` saved at ``path`` (``save_to_disk``; a ``DatasetDict``: its ``split``).
 
   Raises:
@@ -360,29 +437,38 @@ def load_dataset_dir(path: str, *, split: str | None = None, hub: str | None = N
   """
   import datasets
 
-  how = (f"; prepare it where the Hub is reachable: python -c \"import datasets; datasets.load_dataset("
-         f"{hub}).save_to_disk('{path}')\"" if hub else "; write it with Dataset.save_to_disk")
+  how = (
+    f'; prepare it where the Hub is reachable: python -c "import datasets; datasets.load_dataset('
+    f"{hub}).save_to_disk('{path}')\""
+    if hub
+    else "; write it with Dataset.save_to_disk"
+  )
   if not path or not os.path.exists(path):
     raise FileNotFoundError(f"{where}.path={path!r} does not exist{how}")
   try:
     loaded = datasets.load_from_disk(path)
   except FileNotFoundError as e:
-    raise FileNotFoundError(f"{where}.path={path!r} holds no dataset written by save_to_disk ({e}){how}") from e
+    raise FileNotFoundError(
+      f"{where}.path={path!r} holds no dataset written by save_to_disk ({e}){how}"
+    ) from e
   if isinstance(loaded, datasets.DatasetDict):
     if split is None or split not in loaded:
-      raise ValueError(f"{where}.path={path!r} is a DatasetDict with splits {sorted(loaded)}; set {where}.split")
+      raise ValueError(
+        f"{where}.path={path!r} is a DatasetDict with splits {sorted(loaded)}; set {where}.split"
+      )
     return loaded[split]
   return loaded
 
 
-def load_instructions(*, path: str, tokenizer, hub: str | None = None, split: str | None = None,
-                      **kwargs) -> tuple[FederatedData, np.ndarray, None, dict[str, Any]]:
+def load_instructions(
+  *, path: str, tokenizer, hub: str | None = None, split: str | None = None, **kwargs
+) -> tuple[FederatedData, np.ndarray, None, dict[str, Any]]:
   """:func:`from_instructions` of the dataset saved at ``path`` (:func:`load_dataset_dir`)."""
   return from_instructions(load_dataset_dir(path, split=split, hub=hub), tokenizer, **kwargs)
 
 
 # ------------------------------------------------------------------------ evaluation tasks
-CHOICE_FORMATS = ("mmlu", "medmcqa")
+CHOICE_FORMATS = ("mmlu", "medmcqa", "medqa")
 GENERATION_FORMATS = ("alpaca",)
 LETTERS = "ABCDEFGHIJ"
 
@@ -425,7 +511,9 @@ class GenerationTask:
 
 def mmlu_prompt(question: str, choices: Sequence[str], subject: str | None = None) -> str:
   """MMLU's zero-shot prompt (Hendrycks et al. 2021): the question, its lettered choices, ``Answer:``."""
-  head = f"The following is a multiple choice question about {subject.replace('_', ' ')}.\n\n" if subject else ""
+  head = (
+    f"The following is a multiple choice question about {subject.replace('_', ' ')}.\n\n" if subject else ""
+  )
   lines = "".join(f"\n{LETTERS[i]}. {c}" for i, c in enumerate(choices))
   return f"{head}{question}{lines}\nAnswer:"
 
@@ -433,7 +521,11 @@ def mmlu_prompt(question: str, choices: Sequence[str], subject: str | None = Non
 def _choice_rows(ds, fmt: str) -> list[tuple[str, list[str], int]]:
   if fmt not in CHOICE_FORMATS:
     raise ValueError(f"choice format={fmt!r}; choose one of {CHOICE_FORMATS}")
-  need = {"mmlu": ("question", "choices", "answer"), "medmcqa": ("question", "opa", "opb", "opc", "opd", "cop")}
+  need = {
+    "mmlu": ("question", "choices", "answer"),
+    "medmcqa": ("question", "opa", "opb", "opc", "opd", "cop"),
+    "medqa": ("question", "options", "answer_idx"),
+  }
   missing = [c for c in need[fmt] if c not in ds.column_names]
   if missing:
     raise ValueError(f"choice format {fmt!r} needs column(s) {missing}; the dataset has {ds.column_names}")
@@ -441,23 +533,30 @@ def _choice_rows(ds, fmt: str) -> list[tuple[str, list[str], int]]:
   for row in ds:
     if fmt == "mmlu":
       choices = [str(c) for c in row["choices"]]
-      out.append((mmlu_prompt(str(row["question"]), choices, row.get("subject")), choices, int(row["answer"])))
-    else:
+      out.append(
+        (mmlu_prompt(str(row["question"]), choices, row.get("subject")), choices, int(row["answer"]))
+      )
+    elif fmt == "medmcqa":
       choices = [str(row[k]) for k in ("opa", "opb", "opc", "opd")]
       out.append((mmlu_prompt(str(row["question"]), choices), choices, int(row["cop"])))
+    else:  # MedQA (4 options): options {letter: text}, answer_idx the letter
+      letters = sorted(row["options"])
+      choices = [str(row["options"][k]) for k in letters]
+      out.append((mmlu_prompt(str(row["question"]), choices), choices, letters.index(str(row["answer_idx"]))))
   return out
 
 
-def choice_task(ds, tokenizer, *, format: str = "mmlu", template: str = "raw", seq_len: int = 512,
-                limit: int | None = None) -> ChoiceTask:
+def choice_task(
+  ds, tokenizer, *, format: str = "mmlu", template: str = "raw", seq_len: int = 512, limit: int | None = None
+) -> ChoiceTask:
   """A multiple-choice benchmark scored by log-likelihood: every question's prompt (rendered by
-  ``template``; ``raw``: the MMLU prompt as it is, after the tokenizer's BOS) followed by each choice's letter (`` A``, `` B``,
-  ...); the model's choice is the letter of highest log-likelihood.
+  ``template``; ``raw``: the MMLU prompt as it is, after the tokenizer's BOS) followed by each choice's
+  letter (`` A``, `` B``, ...); the model's choice is the letter of highest log-likelihood.
 
   Raises:
     ValueError: an unknown format, missing columns, a prompt longer than ``seq_len``.
   """
-  rows = _choice_rows(ds, format)[: limit]
+  rows = _choice_rows(ds, format)[:limit]
   k = max(len(c) for _, c, _ in rows)
   tokens, labels = [], []
   for prompt, choices, _ in rows:
@@ -468,15 +567,25 @@ def choice_task(ds, tokenizer, *, format: str = "mmlu", template: str = "raw", s
     for j in range(k):
       cont = _ids(tokenizer, f" {LETTERS[j]}", False)
       if len(pr) + len(cont) > seq_len + 1:
-        raise ValueError(f"a question of {len(pr)} tokens does not fit seq_len={seq_len}; raise it or use limit")
+        raise ValueError(
+          f"a question of {len(pr)} tokens does not fit seq_len={seq_len}; raise it or use limit"
+        )
       x, y, _ = encode(pr, cont, seq_len)
       tokens.append(x)
       labels.append(y)
   return ChoiceTask(np.stack(tokens), np.stack(labels), np.asarray([a for *_, a in rows], np.int32), k)
 
 
-def generation_task(ds, tokenizer, *, format: str = "alpaca", template: str = "alpaca", seq_len: int = 512,
-                    max_new_tokens: int = 8, limit: int | None = None) -> GenerationTask:
+def generation_task(
+  ds,
+  tokenizer,
+  *,
+  format: str = "alpaca",
+  template: str = "alpaca",
+  seq_len: int = 512,
+  max_new_tokens: int = 8,
+  limit: int | None = None,
+) -> GenerationTask:
   """A benchmark scored by greedy generation: every example's prompt (``template``) and its expected
   response (``output``), for exact match (FinGPT's sentiment tests FPB, FiQA, TFNS in their
   instruction form; PubMedQA's yes/no/maybe).
@@ -488,14 +597,18 @@ def generation_task(ds, tokenizer, *, format: str = "alpaca", template: str = "a
   if format not in GENERATION_FORMATS:
     raise ValueError(f"generation format={format!r}; choose one of {GENERATION_FORMATS}")
   items, _ = pairs(ds, format)
-  items = items[: limit]
+  items = items[:limit]
   prompts = np.zeros((len(items), seq_len), np.int32)
   lengths = np.zeros(len(items), np.int32)
   for i, p in enumerate(items):
     pr = prompt_ids(tokenizer, p, template)
     if len(pr) + max_new_tokens > seq_len:
-      raise ValueError(f"a prompt of {len(pr)} tokens leaves no room for {max_new_tokens} new tokens in "
-                       f"seq_len={seq_len}; raise seq_len")
-    prompts[i, :len(pr)] = pr
+      raise ValueError(
+        f"a prompt of {len(pr)} tokens leaves no room for {max_new_tokens} new tokens in "
+        f"seq_len={seq_len}; raise seq_len"
+      )
+    prompts[i, : len(pr)] = pr
     lengths[i] = len(pr)
-  return GenerationTask(prompts, lengths, tuple(p.response for p in items), int(max_new_tokens), eos_id(tokenizer))
+  return GenerationTask(
+    prompts, lengths, tuple(p.response for p in items), int(max_new_tokens), eos_id(tokenizer)
+  )

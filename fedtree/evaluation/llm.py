@@ -33,15 +33,16 @@ def sequence_logprob(logits: jax.Array, labels: jax.Array) -> jax.Array:
   return jnp.sum(jnp.where(labels != 0, picked, 0.0), axis=-1)
 
 
-def choice_scores(forward: Forward, params, tokens: np.ndarray, labels: np.ndarray, *,
-                  batch_size: int = 16) -> np.ndarray:
+def choice_scores(
+  forward: Forward, params, tokens: np.ndarray, labels: np.ndarray, *, batch_size: int = 16
+) -> np.ndarray:
   """``float32[N * K]`` the log-likelihood of every (question, choice) sequence, in batches of
   ``batch_size`` sequences (the last one padded)."""
   score = _scorer(forward)
   n = len(tokens)
   out = []
   for i in range(0, n, batch_size):
-    x, y = tokens[i:i + batch_size], labels[i:i + batch_size]
+    x, y = tokens[i : i + batch_size], labels[i : i + batch_size]
     pad = batch_size - len(x)
     if pad:
       x = np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)])
@@ -58,8 +59,9 @@ def choice_accuracy(forward: Forward, params, task, *, batch_size: int = 16) -> 
   return {"accuracy": float(np.mean(picked == task.answer)), "count": int(len(task.answer))}
 
 
-def greedy_generate(forward: Forward, params, prompts: np.ndarray, lengths: np.ndarray, *,
-                    max_new_tokens: int, eos: int) -> np.ndarray:
+def greedy_generate(
+  forward: Forward, params, prompts: np.ndarray, lengths: np.ndarray, *, max_new_tokens: int, eos: int
+) -> np.ndarray:
   """``int32[N, max_new_tokens]``: every right-padded prompt continued greedily, one token a step
   written after its own last token (a full forward per step over the fixed ``[N, T]`` buffer: no
   cache, one compiled program); after ``eos`` a row writes ``eos`` again.
@@ -69,8 +71,10 @@ def greedy_generate(forward: Forward, params, prompts: np.ndarray, lengths: np.n
   """
   n, t = prompts.shape
   if int(np.max(lengths)) + max_new_tokens > t:
-    raise ValueError(f"prompts of up to {int(np.max(lengths))} tokens leave no room for {max_new_tokens} new "
-                     f"tokens in {t} positions")
+    raise ValueError(
+      f"prompts of up to {int(np.max(lengths))} tokens leave no room for {max_new_tokens} new "
+      f"tokens in {t} positions"
+    )
 
   run = _generator(forward, n, int(max_new_tokens), int(eos))
   return np.asarray(run(params, jnp.asarray(prompts), jnp.asarray(lengths)))
@@ -127,8 +131,9 @@ def decode(tokenizer, generated: np.ndarray, eos: int) -> list[str]:
 
 def generation_exact_match(forward: Forward, params, task, tokenizer) -> dict[str, Any]:
   """``{"exact_match", "count"}`` of a generation task (greedy, :func:`exact_match`)."""
-  generated = greedy_generate(forward, params, task.prompts, task.lengths, max_new_tokens=task.max_new_tokens,
-                              eos=task.eos)
+  generated = greedy_generate(
+    forward, params, task.prompts, task.lengths, max_new_tokens=task.max_new_tokens, eos=task.eos
+  )
   predictions = decode(tokenizer, generated, task.eos)
   return {"exact_match": exact_match(predictions, task.references), "count": len(predictions)}
 
@@ -139,8 +144,14 @@ def _scorer(forward: Forward):
   return jax.jit(lambda p, x, y: sequence_logprob(forward(p, x), y))
 
 
-def score_tasks(models: Mapping[str, Any], bind: Callable[[Any], Any], forward: Forward,
-                tasks: Mapping[str, Any], *, batch_size: int = 16) -> dict[str, dict[str, float]]:
+def score_tasks(
+  models: Mapping[str, Any],
+  bind: Callable[[Any], Any],
+  forward: Forward,
+  tasks: Mapping[str, Any],
+  *,
+  batch_size: int = 16,
+) -> dict[str, dict[str, float]]:
   """``{model set: {"<task>_accuracy" | "<task>_exact_match": score}}`` of every model set of one row
   (the global model; a set of one model per node or client is left out: a benchmark per client is
   a benchmark times the clients) on every task.
@@ -161,8 +172,12 @@ def score_tasks(models: Mapping[str, Any], bind: Callable[[Any], Any], forward: 
     scores: dict[str, float] = {}
     for task_name, (task, tokenizer) in tasks.items():
       if hasattr(task, "answer"):
-        scores[f"{task_name}_accuracy"] = choice_accuracy(forward, params, task, batch_size=batch_size)["accuracy"]
+        scores[f"{task_name}_accuracy"] = choice_accuracy(forward, params, task, batch_size=batch_size)[
+          "accuracy"
+        ]
       else:
-        scores[f"{task_name}_exact_match"] = generation_exact_match(forward, params, task, tokenizer)["exact_match"]
+        scores[f"{task_name}_exact_match"] = generation_exact_match(forward, params, task, tokenizer)[
+          "exact_match"
+        ]
     out[name] = scores
   return out

@@ -45,7 +45,7 @@ RUNNER_FIELDS: dict[str, tuple[type, object, str]] = {
   "dtype": (str, "float32", "float64"),
   "divergence_bound": (float, DIVERGENCE_BOUND, "1e10"),
   "target_accuracy": (float, None, "0.8"),
-  "communication_budget_MB": (float, None, "200000.0"),   # a run sending more says so (fedtree.experiment.llm)
+  "communication_budget_MB": (float, None, "200000.0"),   # a run over it says so (fedtree.experiment.llm)
 }
 """Top-level runner fields: their type, the default a config that omits them gets, and an example
 command-line value (tests/test_cli_fields.py sets each on every shipped config)."""

@@ -8,8 +8,9 @@ template, seq_len, limit, max_new_tokens, tokenizer}}``: every benchmark, prepar
 (:func:`fedtree.evaluation.llm.score_tasks`): ``<name>_accuracy`` (multiple choice by
 log-likelihood, :func:`fedtree.datasets.instructions.choice_task`) or ``<name>_exact_match``
 (greedy generation, :func:`fedtree.datasets.instructions.generation_task`). ``tokenizer`` defaults
-to ``config.model.checkpoint``; a missing ``path`` is refused in one line naming the preparation
-(``hub``: the ``datasets.load_dataset`` arguments, e.g. ``"'cais/mmlu', 'all', split='test'"``).
+to ``config.model.checkpoint``. A task whose ``path`` is ``None`` is not scored; a ``path`` that holds no
+saved dataset is refused in one line naming the preparation (``hub``: the ``datasets.load_dataset``
+arguments, e.g. ``"'cais/mmlu', 'all', split='test'"``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,18 @@ from typing import Any
 import ml_collections
 
 TASK_KINDS = ("choice", "generation")
-TASK_FIELDS = ("kind", "path", "hub", "split", "format", "template", "seq_len", "limit", "max_new_tokens",
-               "tokenizer")
+TASK_FIELDS = (
+  "kind",
+  "path",
+  "hub",
+  "split",
+  "format",
+  "template",
+  "seq_len",
+  "limit",
+  "max_new_tokens",
+  "tokenizer",
+)
 
 
 def tokenizer_of(directory: str | None, where: str):
@@ -34,12 +45,15 @@ def tokenizer_of(directory: str | None, where: str):
   from fedtree.models.pretrained import load_tokenizer
 
   if not directory or not os.path.isdir(str(directory)):
-    raise FileNotFoundError(f"{where}={directory!r} is not a checkpoint directory with a tokenizer (a folder "
-                            f"written by save_pretrained; set config.model.checkpoint)")
+    raise FileNotFoundError(
+      f"{where}={directory!r} is not a checkpoint directory with a tokenizer (a folder "
+      f"written by save_pretrained; set config.model.checkpoint)"
+    )
   tok = load_tokenizer(str(directory))
   if tok is None:
-    raise FileNotFoundError(f"{where}={directory!r} holds no tokenizer files (tokenizer.json, "
-                            f"tokenizer_config.json)")
+    raise FileNotFoundError(
+      f"{where}={directory!r} holds no tokenizer files (tokenizer.json, tokenizer_config.json)"
+    )
   return tok
 
 
@@ -55,15 +69,19 @@ def vocab_size_of(directory: str) -> int | None:
 
 
 def load_instruction_data(kwargs: dict[str, Any]):
-  """``config.data.name="instructions"``: :func:`fedtree.datasets.instructions.load_instructions` with
-  the tokenizer of ``config.data.tokenizer`` (a checkpoint directory) and its model's vocabulary."""
-  from fedtree.datasets.instructions import load_instructions
+  """``config.data.name="instructions"``: :func:`fedtree.datasets.instructions.from_instructions` of the
+  dataset saved at ``config.data.path`` (refused in one line naming its preparation, ``hub``), tokenized
+  with the tokenizer of ``config.data.tokenizer`` (a checkpoint directory) for its model's vocabulary."""
+  from fedtree.datasets.instructions import from_instructions, load_dataset_dir
 
   kwargs = dict(kwargs)
+  ds = load_dataset_dir(
+    kwargs.pop("path", None), split=kwargs.pop("split", None), hub=kwargs.pop("hub", None)
+  )
   directory = kwargs.pop("tokenizer", None)
   tok = tokenizer_of(directory, "config.data.tokenizer")
   vocab = kwargs.pop("vocab_size", None) or vocab_size_of(directory)
-  return load_instructions(tokenizer=tok, vocab_size=vocab, **kwargs)
+  return from_instructions(ds, tok, vocab_size=vocab, **kwargs)
 
 
 def load_tasks(config: ml_collections.ConfigDict) -> dict[str, tuple[Any, Any]]:
@@ -87,9 +105,12 @@ def load_tasks(config: ml_collections.ConfigDict) -> dict[str, tuple[Any, Any]]:
     kind = cfg.pop("kind", None)
     if kind not in TASK_KINDS:
       raise ValueError(f"{where}.kind={kind!r}; choose one of {TASK_KINDS}")
+    if cfg.get("path", None) is None:  # not prepared: not scored (a path given and missing is refused)
+      continue
     tok_dir = cfg.pop("tokenizer", None) or default_tok
-    ds = load_dataset_dir(cfg.pop("path", None), split=cfg.pop("split", None), hub=cfg.pop("hub", None),
-                          where=where)
+    ds = load_dataset_dir(
+      cfg.pop("path", None), split=cfg.pop("split", None), hub=cfg.pop("hub", None), where=where
+    )
     tok = tokenizer_of(tok_dir, f"{where}.tokenizer")
     cfg = {k: v for k, v in cfg.items() if v is not None}
     if kind == "choice":
@@ -100,7 +121,9 @@ def load_tasks(config: ml_collections.ConfigDict) -> dict[str, tuple[Any, Any]]:
   return out
 
 
-def budget_summary(label: str, summary: Mapping[str, Any], budget_mb: float | None) -> tuple[dict[str, Any], str]:
+def budget_summary(
+  label: str, summary: Mapping[str, Any], budget_mb: float | None
+) -> tuple[dict[str, Any], str]:
   """``(fields, warning)``: the run's ``communication_MB`` (up and down, every edge, since round 0) and,
   with a budget (FlowerTune's 200,000 MB), ``communication_budget_MB`` and ``over_budget``; ``warning``
   is the line a run over its budget prints (``""`` otherwise)."""
@@ -112,6 +135,12 @@ def budget_summary(label: str, summary: Mapping[str, Any], budget_mb: float | No
     return out, ""
   over = total > float(budget_mb)
   out.update(communication_budget_MB=float(budget_mb), over_budget=bool(over))
-  warning = (f"warning: run {label!r} sent {total:,.1f} MB (up and down), over its communication budget of "
-             f"{float(budget_mb):,.1f} MB (config.communication_budget_MB)") if over else ""
+  warning = (
+    (
+      f"warning: run {label!r} sent {total:,.1f} MB (up and down), over its communication budget of "
+      f"{float(budget_mb):,.1f} MB (config.communication_budget_MB)"
+    )
+    if over
+    else ""
+  )
   return out, warning
