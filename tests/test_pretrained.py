@@ -103,6 +103,8 @@ def test_logits_equal_transformers(tmp_path, name):
   fm, params = pre
   out = np.asarray(jax.jit(fm.apply)(params, jnp.asarray(x)))
   assert out.shape == (2, 12, model.config.vocab_size) and out.dtype == np.float32
+  count = sum(int(np.size(a)) for a in jax.tree.leaves(params))
+  assert count == pre.config.parameter_count() == sum(p.numel() for p in model.parameters())
   assert np.abs(ref).max() > 1.0      # weights at a scale where differences show
   np.testing.assert_allclose(out, ref, atol=TOL, rtol=0)
   changed = _without(pre.config, name)
