@@ -43,7 +43,7 @@ import optax
 
 from benchmarks import workloads
 from benchmarks.jax_runners import federated_data, jax_model, time_fused
-from fedtree.algorithms.hierfavg import fedavg
+from fedtree.algorithms import fedavg
 from fedtree.core import tuning
 from fedtree.core.local import LocalSchedule
 from fedtree.core.loop import compile_rounds

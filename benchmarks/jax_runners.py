@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 from benchmarks.workloads import Workload, make_arrays
-from fedtree.algorithms.hierfavg import fedavg, hierfavg
+from fedtree.algorithms import fedavg, hierfavg
 from fedtree.core import sharding, tuning
 from fedtree.core.algorithm import TreeState
 from fedtree.core.data import FederatedData
@@ -89,7 +89,7 @@ def build_fedtree(w: Workload, data: FederatedData, *, chunk_size: Any = "auto",
                   conv_impl: str = "auto", **host):
   """The fedtree algorithm of ``w`` (FedAvg, or HierFAVG when ``w.edges``/``depth``) and chunk.
 
-  ``host``: further arguments of the host (:func:`~fedtree.algorithms.hierfavg.hierfavg`), e.g.
+  ``host``: further arguments of the host (:func:`~fedtree.algorithms.host.hierfavg.hierfavg`), e.g.
   ``init_params``, ``weighting``, ``personal`` or ``update_paths``.
   """
   model = jax_model(w, conv_impl)
@@ -144,7 +144,7 @@ def _with_client_state(alg, data, model, w, chunk_size, update):
   from fedtree.core.rng import stream
   from fedtree.core.sampling import cohort_sampler
   from fedtree.core.server import update_nodes
-  from fedtree.core.tier import train_cohort
+  from fedtree.core.tier import Clients, Down, Tier, train_cohort
 
   sampler = cohort_sampler(np.zeros(w.num_clients, np.int64), w.cohort, chunk_size=chunk_size)
   server = optax.sgd(w.server_lr)
@@ -152,9 +152,9 @@ def _with_client_state(alg, data, model, w, chunk_size, update):
 
   def round_fn(state: TreeState, data, key):
     cohort = sampler(stream(key, "cohort"))
-    res = train_cohort(update, state.params[0], cohort, data, num_steps=steps,
-                       weights=data.n_train.astype(jnp.float32), key=stream(key, "train"),
-                       client_state=state.client_state, chunk_size=sampler.chunk_size)
+    res = train_cohort(Tier(update, chunk_size=sampler.chunk_size), Down(state.params[0]), cohort, data,
+                       Clients(steps, data.n_train.astype(jnp.float32), state=state.client_state),
+                       stream(key, "train"))
     params, opt_state = update_nodes(server, state.params[0], state.opt_state[0],
                                      res.pseudo_gradient(), res.weight_sum > 0)
     metrics = {"train_loss": res.loss_sum / jnp.maximum(res.num_trained, 1),

@@ -9,7 +9,7 @@ Workload: ``clients`` clients of ``sentences`` random sentences of ``T`` tokens 
 in every round, ``steps`` local SGD steps of batch ``B``. Tokens per round = clients x steps x
 B x T.
 
-* fedtree: :func:`fedtree.algorithms.hierfavg.fedavg` with ``build_model("lstm_lm")``,
+* fedtree: :func:`fedtree.algorithms.optimization.fedavg.fedavg` with ``build_model("lstm_lm")``,
   ``rounds`` rounds fused into one call (:func:`fedtree.core.loop.compile_rounds`), chunk from
   the runner's ``"auto"`` policy; best of ``repeats`` calls.
 * central JAX bound: one LSTM trained with ``clients x B`` sentences per step, ``steps`` steps
@@ -33,7 +33,7 @@ import numpy as np
 import optax
 
 from benchmarks.jax_runners import time_fused
-from fedtree.algorithms.hierfavg import fedavg
+from fedtree.algorithms import fedavg
 from fedtree.core import sharding, tuning
 from fedtree.core.data import FederatedData
 from fedtree.core.local import LocalSchedule

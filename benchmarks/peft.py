@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedtree.algorithms.ditto import ditto
+from fedtree.algorithms.personalized.ditto import ditto
 from fedtree.core.data import FederatedData
 from fedtree.core.local import LocalSchedule
 from fedtree.core.loop import make_multi_round

@@ -32,7 +32,7 @@ import jax
 import optax
 
 from benchmarks import jax_runners, workloads
-from fedtree.algorithms.hierfavg import fedavg
+from fedtree.algorithms import fedavg
 from fedtree.core import loop, tuning
 from fedtree.core.local import LocalSchedule
 from fedtree.core.sweep import sweep as stacked_sweep

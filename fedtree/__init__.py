@@ -7,7 +7,8 @@ its own optax optimizer state. See README.md for a tour.
 The names below are imported on first use, so ``import fedtree.core.algorithm`` (or any
 engine module) imports no algorithm. The packages, from the bottom floor up: ``core`` (the
 engine), ``toolbox`` (the capabilities' in-jit halves: privacy, robust aggregation, attacks,
-compression, traffic, systems, LoRA), ``models`` / ``objectives`` / ``datasets``, ``algorithms``,
+compression, traffic, systems, LoRA), ``models`` / ``objectives`` / ``datasets`` / ``population`` (client
+data on disk, paged per-client state), ``algorithms``,
 ``evaluation``, ``experiment`` (configs, runs, the CLI).
 """
 
@@ -46,7 +47,8 @@ _EXPORTS = {
   "load_pretrained": "fedtree.models",
 }
 _SUBMODULES = (
-  "algorithms", "core", "datasets", "evaluation", "experiment", "models", "objectives", "toolbox",
+  "algorithms", "core", "datasets", "evaluation", "experiment", "models", "objectives", "population",
+  "toolbox",
 )
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])

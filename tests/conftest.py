@@ -43,7 +43,7 @@ MEASURED_SLOW = {  # each ran 15-87 s (the paper notebooks 18-80 s; the quicksta
   "tests/test_notebooks.py::test_notebook_runs[005_throughput_vs_pytorch.ipynb]",
   "tests/test_notebooks.py::test_notebook_runs[compression.ipynb]",
   "tests/test_notebooks.py::test_notebook_runs[peft_lm.ipynb]",
-  "tests/test_notebooks.py::test_notebook_runs[llm_finetune.ipynb]",   # a checkpoint written with transformers
+  "tests/test_notebooks.py::test_notebook_runs[llm_finetune.ipynb]",   # writes a checkpoint with transformers
   "tests/test_notebooks.py::test_notebook_runs[personalized.ipynb]",   # 43 s (three runs, two seeds)
   "tests/test_lm.py::test_lm_vectorized_over_clients[lstm_lm-kw0-344]",
   "tests/test_kws_models.py::test_a_few_sgd_steps_lower_the_loss[resnet15]",
@@ -124,7 +124,7 @@ MEASURED_SLOW = {  # each ran 15-87 s (the paper notebooks 18-80 s; the quicksta
   "tests/test_scaffold.py::test_scaffold_matches_algorithm_1_per_client[II-all-1.0]",
   "tests/test_pfedmt.py::test_reproduction_options_match_per_device_loop[opts0]",
   "tests/test_pfedmt.py::test_vectorized_matches_per_device_loop[examples-None]",
-  "tests/test_docs.py::test_docstring_examples_run[fedtree.algorithms.grouppfl.grouppfl]",
+  "tests/test_docs.py::test_docstring_examples_run[fedtree.algorithms.hierarchical.grouppfl.grouppfl]",
   "tests/test_conformance.py::test_conformance[pfedhn]",
   "tests/test_pairwise_configs.py::test_on_the_configs_tree_every_client_is_paired_within_its_parent[pfedhn]",
   "tests/test_fednova.py::test_fednova_matches_the_papers_update_per_client[population-examples-0.9-True]",

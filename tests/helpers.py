@@ -57,16 +57,36 @@ def client_data(data, c):
   return ClientData(data.x_train[c], data.y_train[c], data.n_train[c])
 
 
+_TIER = ("path", "chunk_size", "parent_aligned", "batch_order", "batch_size", "skip_nonfinite", "block_size",
+         "learning_rate", "personal", "keep_client_params")
+_DOWN = {"broadcast": "broadcast", "anchor_params": "anchor", "slot_start": "start", "slot_extra": "extra",
+         "population": "population"}
+_CLIENTS = {"num_steps": "num_steps", "weights": "weights", "client_state": "state", "cursor": "cursor",
+            "personal_params": "personal", "update_state": "update_state"}
+
+
+def tier_kw(update, parent_params, cohort, data, *, key, **kw):
+  """``train_cohort`` called with its inputs as keywords (the tests' spelling): each goes into the
+  record it belongs to (:class:`~fedtree.core.tier.Tier`, ``Down``, ``Clients``), an unknown one fails."""
+  from fedtree.core.tier import Clients, Down, Tier, train_cohort
+
+  unknown = set(kw) - set(_TIER) - set(_DOWN) - set(_CLIENTS)
+  assert not unknown, unknown
+  tier = Tier(update, **{k: v for k, v in kw.items() if k in _TIER})
+  down = Down(parent_params, **{_DOWN[k]: v for k, v in kw.items() if k in _DOWN})
+  clients = Clients(**{_CLIENTS[k]: v for k, v in kw.items() if k in _CLIENTS})
+  return train_cohort(tier, down, cohort, data, clients, key)
+
+
 def one_server_tier(update, data, start, key, schedule, client_state=()):
   """``train_cohort`` of every client of ``data`` from one server's model ``start``, weighted by
   examples, keeping every slot's trained model (slots in the order of the sampler's clients)."""
   import jax.numpy as jnp
 
   from fedtree.core.sampling import cohort_sampler
-  from fedtree.core.tier import train_cohort
 
   sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), None)
-  return train_cohort(update, jax.tree.map(lambda a: a[None], start), sampler(key), data,
+  return tier_kw(update, jax.tree.map(lambda a: a[None], start), sampler(key), data,
                       num_steps=schedule.num_steps(data.n_train),
                       weights=data.n_train.astype(jnp.float32), key=key,
                       client_state=client_state, keep_client_params=True)

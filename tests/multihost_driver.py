@@ -22,7 +22,7 @@ def main(argv):
   import numpy as np
   import optax
 
-  from fedtree.algorithms.hierfavg import fedavg
+  from fedtree.algorithms import fedavg
   from fedtree.core import loop
   from fedtree.core.data import as_device
   from fedtree.core.local import LocalSchedule

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedtree.algorithms.hierfavg import fedavg, hierfavg
+from fedtree.algorithms import fedavg, hierfavg
 from fedtree.core.data import FederatedData, as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.loop import compile_rounds

@@ -12,7 +12,7 @@ import reference_baselines as ref
 from helpers import small_context
 
 from fedtree.algorithms import afl, fedavg
-from fedtree.algorithms.afl import project_simplex
+from fedtree.algorithms.optimization.afl import project_simplex
 from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.rng import stream

@@ -12,16 +12,15 @@ import numpy as np
 import optax
 import pytest
 import reference_fedkws as ref
-from helpers import client_data, close, row, tiny_mlp_problem
+from helpers import client_data, close, row, tier_kw, tiny_mlp_problem
 
-from fedtree.algorithms.fedkws.fedkws import fedkws
-from fedtree.algorithms.hierfavg import fedavg
+from fedtree.algorithms import fedavg
+from fedtree.algorithms.optimization.fedkws.fedkws import fedkws
 from fedtree.core import loop
 from fedtree.core.local import LocalSchedule
 from fedtree.core.metrics import make_evaluator
 from fedtree.core.model import Model, from_flax
 from fedtree.core.sampling import cohort_sampler
-from fedtree.core.tier import train_cohort
 from fedtree.evaluation import evaluate_models
 from fedtree.objectives.alo import PRIVATE, alo_update, ratio_steps, with_private_head
 
@@ -70,7 +69,7 @@ def test_head_mode_cohort_matches_per_client_loop(setup):
   assert upd.init_state is None                    # no per-client state: the head is in the model
   key = jax.random.key(3)
   sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), None)
-  res = train_cohort(upd, jax.tree.map(lambda a: a[None], anchor), sampler(key), data,
+  res = tier_kw(upd, jax.tree.map(lambda a: a[None], anchor), sampler(key), data,
                      num_steps=schedule.num_steps(data.n_train), weights=data.n_train.astype(jnp.float32),
                      key=key, keep_client_params=True)
   steps = schedule.num_steps(np.asarray(data.n_train))
@@ -153,7 +152,7 @@ def test_ratio_under_alt_counts_the_base_steps(setup, monkeypatch):
   gives it; without ALT the ratio goes to the objective (the client's own count)."""
   import importlib
 
-  fedkws_module = importlib.import_module("fedtree.algorithms.fedkws.fedkws")
+  fedkws_module = importlib.import_module("fedtree.algorithms.optimization.fedkws.fedkws")
 
   seen = {}
 

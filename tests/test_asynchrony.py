@@ -1,17 +1,18 @@
-"""Simulated latencies and buffered asynchronous aggregation (fedtree.algorithms.bhfl.asynchrony, B-HFL)."""
+"""Simulated latencies and buffered asynchronous aggregation (B-HFL's
+fedtree.algorithms.hierarchical.bhfl.asynchrony)."""
 
 import jax
 import numpy as np
 import optax
 import pytest
 
-from fedtree.algorithms.bhfl.asynchrony import (
+from fedtree.algorithms.hierarchical.bhfl.asynchrony import (
   Latency,
   first_arrivals,
   latency_from_config,
   segment_rank,
-  staleness_weight,
 )
+from fedtree.core.aggregation import staleness_weight
 
 
 def _rank_reference(key, eligible, segment):
@@ -79,7 +80,7 @@ def test_latency_distributions():
 def _async_run(seed):
   from test_bhfl import _setup
 
-  from fedtree.algorithms.bhfl.bhfl import bhfl
+  from fedtree.algorithms.hierarchical.bhfl.bhfl import bhfl
   from fedtree.core.local import LocalSchedule
   from fedtree.core.loop import run
 

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import np_grad
+from helpers import np_grad, tier_kw
 
-from fedtree.algorithms.hierfavg import fedavg
-from fedtree.algorithms.pfedmt import pfedmt
+from fedtree.algorithms import fedavg
+from fedtree.algorithms.hierarchical.pfedmt import pfedmt
 from fedtree.core.data import as_device, from_client_arrays
 from fedtree.core.local import (
   BATCH_ORDERS,
@@ -21,7 +21,6 @@ from fedtree.core.local import (
   run_local_steps,
 )
 from fedtree.core.sampling import cohort_sampler
-from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
 from fedtree.models import build_model
 
@@ -97,7 +96,7 @@ def _probe_rounds(order, sizes, steps, rounds, cohort_size=None):
   for r in range(rounds):
     key = jax.random.key(r)
     cohort = sampler(key)
-    res = train_cohort(upd, params, cohort, data, num_steps=sched.num_steps(data.n_train),
+    res = tier_kw(upd, params, cohort, data, num_steps=sched.num_steps(data.n_train),
                        weights=jnp.ones(len(sizes)), key=key, client_state=state,
                        batch_order=order, batch_size=b, cursor=cursor)
     state, cursor = res.client_state, res.cursor
@@ -206,9 +205,9 @@ def test_pfedmt_cursor_persists_across_team_iterations_and_rounds():
 
 # ------------------------------------------------------------------------ the other hosts
 def _other_hosts():
-  from fedtree.algorithms.bhfl import bhfl
   from fedtree.algorithms.clustering import cfl
-  from fedtree.algorithms.grouppfl import group_fedopt
+  from fedtree.algorithms.hierarchical.bhfl import bhfl
+  from fedtree.algorithms.hierarchical.grouppfl import group_fedopt
 
   groups = np.array([0, 0, 1, 1])
   return {

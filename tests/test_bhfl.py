@@ -7,9 +7,9 @@ import optax
 import pytest
 from helpers import close, count_traces
 
-from fedtree.algorithms.bhfl.asynchrony import Latency
-from fedtree.algorithms.bhfl.bhfl import bhfl, level_table, proxy_from_clients
-from fedtree.algorithms.hierfavg import hierfavg
+from fedtree.algorithms.hierarchical.bhfl.asynchrony import Latency
+from fedtree.algorithms.hierarchical.bhfl.bhfl import bhfl, level_table, proxy_from_clients
+from fedtree.algorithms.host.hierfavg import hierfavg
 from fedtree.core.data import as_device, from_client_arrays
 from fedtree.core.local import LocalSchedule
 from fedtree.core.topology import Topology
@@ -82,7 +82,7 @@ def _pair(**kw):
              schedule=sched, up_optimizers=up, down_optimizers=down, cohort_size=cohort,
              proxy=proxy, proxy_schedule=LocalSchedule(batch_size=4, epochs=None, steps=2),
              latencies=lats, buffer_sizes=buffers, **kw)
-  from fedtree.algorithms.bhfl.bhfl import check_node_periods
+  from fedtree.algorithms.hierarchical.bhfl.bhfl import check_node_periods
 
   ref = ReferenceBHFL(
     model=model, topology=topo, schedule=sched, local_opt=optax.sgd(0.1), up_opts=up,
@@ -230,7 +230,7 @@ def test_level_report_reuses_the_runs_evaluation_of_the_levels():
   """The report's subtree columns are the run's own summaries of B-HFL's models (no second
   scoring), and equal what the table scores itself; only the central set is scored."""
   from fedtree import evaluation
-  from fedtree.algorithms.bhfl.bhfl import level_name
+  from fedtree.algorithms.hierarchical.bhfl.bhfl import level_name
 
   topo, data, model = _setup()
   alg = bhfl(model=model, topology=topo, data=data, local_optimizer=optax.sgd(0.1),

@@ -8,9 +8,9 @@ import numpy as np
 import optax
 import pytest
 import reference as ref
-from helpers import count_traces
+from helpers import count_traces, tier_kw
 
-from fedtree.algorithms.hierfavg import fedavg, hierfavg
+from fedtree.algorithms import fedavg, hierfavg
 from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.loop import compile_rounds
@@ -183,13 +183,12 @@ def test_fedavg_is_sgd_one_on_the_pseudo_gradient(problem):
   by_name = _run(fedavg(server_optimizer=server_optimizer("sgd", learning_rate=1.0), **common), data, 2, key)
   _params_close(default.params[0], by_name.params[0], atol=0)
   # And sgd(1.0) on Δ = Θ - mean θ lands exactly on the weighted mean of the client models.
-  from fedtree.core.tier import train_cohort
 
   alg = fedavg(**common)
   s0 = alg.init(jax.random.key(7))
   rk = jax.random.fold_in(key, 0)
   cohort = cohort_sampler(np.zeros(data.num_clients, int), 5)(stream(rk, "cohort"))
-  res = train_cohort(
+  res = tier_kw(
     __import__("fedtree.core.local", fromlist=["x"]).sgd_client_update(
       model, optax.sgd(LR), batch_size=B, max_steps=sched.max_steps(data.max_train)),
     s0.params[0], cohort, data, num_steps=sched.num_steps(data.n_train),

@@ -1,6 +1,6 @@
 """The documentation: the MkDocs site builds in strict mode (a broken reference, a page missing
 from the navigation or a bad docstring cross-reference fails), and the examples in the public
-entry points' docstrings run as doctests."""
+entry points' docstrings run as doctests, each in the names of ``docs/examples.py``."""
 
 import doctest
 import importlib
@@ -13,6 +13,21 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The names every docstring example may assume (jax, optax, loop, LocalSchedule, a tiny `data`,
+# `groups` and `model`, ...): one file, which the API reference shows and every example runs in, so an
+# example holds only its own lines.
+EXAMPLES = os.path.join(ROOT, "docs", "examples.py")
+
+
+def example_namespace() -> dict:
+  """The globals of ``docs/examples.py`` (imports and the tiny problem), fresh for each module."""
+  namespace: dict = {}
+  with open(EXAMPLES, encoding="utf-8") as f:
+    exec(compile(f.read(), EXAMPLES, "exec"), namespace)   # noqa: S102
+  namespace.pop("__builtins__", None)
+  return namespace
+
 
 # The public entry points whose docstrings carry a runnable example. Every algorithm factory's
 # example runs one round of one tiny problem (5 clients, logistic regression, 1 local step); its
@@ -29,51 +44,68 @@ DOCTEST_MODULES = [
   "fedtree.toolbox.systems",      # Systems.round (no compilation of a round)
   "fedtree.toolbox.traffic",      # Traffic
   "fedtree.experiment.plots",  # write_run_plots
-  "fedtree.algorithms.hierfavg",           # fedavg, hierfavg
-  "fedtree.algorithms.grouppfl.grouppfl",  # GroupPersonalizedFL
+  "fedtree.experiment.plots.panels",   # facets
+  "fedtree.experiment.plots.records",  # time_to_target
+  "fedtree.experiment.plots.table",    # grid_of
+  "fedtree.algorithms.host.hierfavg",           # hierfavg
+  "fedtree.algorithms.hierarchical.grouppfl.grouppfl",  # GroupPersonalizedFL
   "fedtree.experiment.runner",             # train_and_evaluate
   "fedtree.experiment.config_file",        # load_config (the docs' "From Python" snippet)
+  "fedtree.core.metrics",
+  "fedtree.core.server_rule",
+  "fedtree.core.personal",
+  "fedtree.experiment.fields",
+  "fedtree.models",
+  "fedtree.population.evaluation",   # sample_clients
+  "fedtree.population.paged",        # PagedState
+  "fedtree.population.reader",       # CohortReader
+  "fedtree.population.store",        # write_federated_data, open_store
 ]
 SLOW_DOCTEST_MODULES = [
-  "fedtree.algorithms.fedprox",
-  "fedtree.algorithms.fedmmd",
-  "fedtree.algorithms.ditto",
+  "fedtree.algorithms.optimization.fedavg",   # 11 examples, ~18 s
+  "fedtree.core.sampling",
+  "fedtree.core.updates",
+  "fedtree.datasets.hf",
+  "fedtree.toolbox.accountant",
+  "fedtree.algorithms.optimization.fedprox",
+  "fedtree.algorithms.optimization.fedmmd",
+  "fedtree.algorithms.personalized.ditto",
   "fedtree.toolbox.lora",
-  "fedtree.algorithms.pfedme",
-  "fedtree.algorithms.perfedavg",
-  "fedtree.algorithms.pfedmt",
-  "fedtree.algorithms.bhfl.bhfl",
+  "fedtree.algorithms.personalized.pfedme",
+  "fedtree.algorithms.personalized.perfedavg",
+  "fedtree.algorithms.hierarchical.pfedmt",
+  "fedtree.algorithms.hierarchical.bhfl.bhfl",
   "fedtree.algorithms.clustering.clustered",
   "fedtree.algorithms.clustering.cfl",
   "fedtree.algorithms.clustering.awcfl",
   "fedtree.algorithms.clustering.mcfl",
   "fedtree.algorithms.clustering.ifca",
-  "fedtree.algorithms.fedkws.fedkws",
-  "fedtree.algorithms.fedbuff",
-  "fedtree.algorithms.scaffold",
-  "fedtree.algorithms.feddyn",
-  "fedtree.algorithms.fednova",
-  "fedtree.algorithms.mime",
-  "fedtree.algorithms.fedamp",
-  "fedtree.algorithms.fedfomo",
-  "fedtree.algorithms.pfedhn",
-  "fedtree.algorithms.fedproto",
-  "fedtree.algorithms.local_only",
-  "fedtree.algorithms.fedper",
-  "fedtree.algorithms.fedrep",
-  "fedtree.algorithms.lgfedavg",
-  "fedtree.algorithms.fedbn",
-  "fedtree.algorithms.fedrod",
-  "fedtree.algorithms.fedbabu",
-  "fedtree.algorithms.finetuned",
-  "fedtree.algorithms.fedasync",
-  "fedtree.algorithms.moon",
-  "fedtree.algorithms.qffl",
-  "fedtree.algorithms.afl",
-  "fedtree.algorithms.apfl",
-  "fedtree.algorithms.fedala",
-  "fedtree.algorithms.fedem",
-  "fedtree.algorithms.knnper",
+  "fedtree.algorithms.optimization.fedkws.fedkws",
+  "fedtree.algorithms.asynchronous.fedbuff",
+  "fedtree.algorithms.optimization.scaffold",
+  "fedtree.algorithms.optimization.feddyn",
+  "fedtree.algorithms.optimization.fednova",
+  "fedtree.algorithms.optimization.mime",
+  "fedtree.algorithms.personalized.fedamp",
+  "fedtree.algorithms.personalized.fedfomo",
+  "fedtree.algorithms.personalized.pfedhn",
+  "fedtree.algorithms.personalized.fedproto",
+  "fedtree.algorithms.partial.local_only",
+  "fedtree.algorithms.partial.fedper",
+  "fedtree.algorithms.partial.fedrep",
+  "fedtree.algorithms.partial.lgfedavg",
+  "fedtree.algorithms.partial.fedbn",
+  "fedtree.algorithms.partial.fedrod",
+  "fedtree.algorithms.partial.fedbabu",
+  "fedtree.algorithms.partial.finetuned",
+  "fedtree.algorithms.asynchronous.fedasync",
+  "fedtree.algorithms.optimization.moon",
+  "fedtree.algorithms.optimization.qffl",
+  "fedtree.algorithms.optimization.afl",
+  "fedtree.algorithms.personalized.apfl",
+  "fedtree.algorithms.personalized.fedala",
+  "fedtree.algorithms.personalized.fedem",
+  "fedtree.algorithms.personalized.knnper",
 ]
 
 
@@ -81,13 +113,34 @@ def test_every_algorithm_factory_has_a_runnable_example():
   """Each factory exported by fedtree.algorithms (and GroupPersonalizedFL) carries an example
   in a module whose doctests run above."""
   import fedtree.algorithms as algorithms
-  from fedtree.algorithms.grouppfl.grouppfl import GroupPersonalizedFL
+  from fedtree.algorithms.hierarchical.grouppfl.grouppfl import GroupPersonalizedFL
 
   listed = set(DOCTEST_MODULES + SLOW_DOCTEST_MODULES)
   factories = [getattr(algorithms, n) for n in algorithms.__all__ if n[0].islower()]
   for f in factories + [GroupPersonalizedFL]:
     assert ">>>" in (f.__doc__ or ""), f"{f.__name__} has no docstring example"
     assert f.__module__ in listed, f"{f.__module__} ({f.__name__}) is not in the doctest lists"
+
+
+def test_every_docstring_example_runs_somewhere():
+  """Every module whose docstrings hold an example is in the doctest lists (here, or
+  tests/test_robust.py's), so no example goes stale unrun."""
+  import ast
+  import pathlib
+
+  listed = set(DOCTEST_MODULES + SLOW_DOCTEST_MODULES) | {"fedtree.toolbox.robust", "fedtree.toolbox.attacks"}
+  for path in sorted(pathlib.Path(ROOT, "fedtree").rglob("*.py")):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = [tree] + [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef)]
+    if any(re.search(r"^\s*>>> ", ast.get_docstring(n) or "", re.M) for n in nodes):
+      module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+      assert module in listed, f"{module} has docstring examples that no test runs"
+
+
+def test_examples_namespace_is_on_the_api_page():
+  """The names an example may assume are shown once, on the API reference's algorithms page."""
+  page = open(os.path.join(ROOT, "docs", "api", "algorithms.md"), encoding="utf-8").read()
+  assert "<!-- include docs/examples.py -->" in page
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None,
@@ -109,7 +162,8 @@ def test_site_builds_in_strict_mode(tmp_path):
     outside_code = re.sub(r"<pre.*?</pre>", "", html, flags=re.DOTALL)
     assert "&gt;&gt;&gt;" in html and "&gt;&gt;&gt;" not in outside_code, page
   # the modules the reference once missed, and FedMMD's page
-  assert 'id="fedtree.algorithms.fedmmd"' in (site / "api" / "algorithms" / "index.html").read_text()
+  api = (site / "api" / "algorithms" / "index.html").read_text()
+  assert 'id="fedtree.algorithms.optimization.fedmmd"' in api
   assert 'id="fedtree.objectives.fedmmd"' in (site / "api" / "objectives" / "index.html").read_text()
   assert 'id="fedtree.experiment.sweep"' in (site / "api" / "experiment" / "index.html").read_text()
   assert (site / "algorithms" / "fedmmd" / "index.html").exists()
@@ -215,22 +269,31 @@ def test_the_from_python_snippet_runs_as_a_script(tmp_path):
 
 
 def test_the_write_your_own_guide_runs():
-  """docs/write-your-own.md's code blocks, in order, as one script: the SCAFFOLD built there equals
-  the library's and its per-client loop, and FedPer's models are the personal ones."""
+  """docs/write-your-own.md's code blocks, in order, as one script: each method built there (FedProx,
+  FedPer, SCAFFOLD) equals the library's, SCAFFOLD its per-client loop too, FedPer's models are the
+  personal ones, and the declared refusal reads as the library's."""
   text = open(os.path.join(ROOT, "docs", "write-your-own.md")).read()
   blocks = re.findall(r"```python\n(.*?)```", text, re.S)
   assert len(blocks) >= 6
   namespace: dict = {}
   exec(compile("\n".join(blocks), "write-your-own.md", "exec"), namespace)   # noqa: S102
-  assert sorted(namespace["fedper"].models(namespace["state"])) == ["personal"]
+  assert sorted(namespace["my_per"].models(namespace["per_state"])) == ["personal"]
+  refusals = namespace["refusals"]
+  assert len(refusals) == 2 and "the control variates cover the whole model" in refusals[0]
+  text_order = [text.index(h) for h in ("## Step 1: a regularizer", "## Step 2: personal parameters",
+                                        "## Step 3: a server rule", "## Step 4: what a method cannot")]
+  assert text_order == sorted(text_order)   # the shortest method first (issue 48 item 6)
 
 
 @pytest.mark.parametrize("name", DOCTEST_MODULES + [pytest.param(m, marks=pytest.mark.slow)
                                                     for m in SLOW_DOCTEST_MODULES])
 def test_docstring_examples_run(name):
-  if name == "fedtree.experiment.plots":
+  if name.startswith("fedtree.experiment.plots"):
     pytest.importorskip("matplotlib")
   flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
-  result = doctest.testmod(importlib.import_module(name), optionflags=flags, verbose=False)
+  if name == "fedtree.datasets.hf":
+    pytest.importorskip("datasets")
+  result = doctest.testmod(importlib.import_module(name), optionflags=flags, verbose=False,
+                           extraglobs=example_namespace())
   assert result.attempted > 0, f"{name} has no docstring example"
   assert result.failed == 0, f"{result.failed} of {result.attempted} examples of {name} failed (output above)"

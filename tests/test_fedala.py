@@ -10,7 +10,7 @@ import reference_baselines as rb
 import reference_personalization as ref
 
 from fedtree.algorithms import fedala, fedavg
-from fedtree.algorithms.fedala import higher_mask, layer_order
+from fedtree.algorithms.personalized.fedala import higher_mask, layer_order
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
 from fedtree.core.rng import stream

@@ -13,7 +13,7 @@ import reference_pairwise as ref
 from helpers import small_context
 
 from fedtree.algorithms import fedamp, fedavg
-from fedtree.algorithms.fedamp import attention_weights
+from fedtree.algorithms.personalized.fedamp import attention_weights
 from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal

@@ -1,5 +1,5 @@
-"""FedAsync (fedtree.algorithms.fedasync, a spec over FedBuff): the models of an event loop written
-from Xie et al. 2019 on a simulated clock (three staleness functions), sequential SGD with one client
+"""FedAsync (fedtree.algorithms.asynchronous.fedasync, a spec over FedBuff): the models of an event loop
+written from Xie et al. 2019 on a simulated clock (three staleness functions), sequential SGD with one client
 in flight, what happens to simultaneous arrivals, and bad input."""
 
 import jax
@@ -11,7 +11,7 @@ import reference_baselines as ref
 from helpers import close, tiny_mlp_problem
 
 from fedtree.algorithms import fedasync
-from fedtree.algorithms.fedbuff import staleness_factor
+from fedtree.algorithms.asynchronous.fedbuff import staleness_factor
 from fedtree.core.local import LocalSchedule
 from fedtree.core.rng import stream
 from fedtree.toolbox.systems import Systems, make_profile

@@ -1,4 +1,4 @@
-"""FedBuff (fedtree.algorithms.fedbuff): the reduction to FedAvg, staleness on a simulated clock
+"""FedBuff (fedtree.algorithms.asynchronous.fedbuff): the reduction to FedAvg, staleness on a simulated clock
 against a plain event loop, and bad input."""
 
 import heapq
@@ -7,10 +7,10 @@ import jax
 import numpy as np
 import optax
 import pytest
-from helpers import tiny_mlp_problem, trees_equal
+from helpers import tier_kw, tiny_mlp_problem, trees_equal
 
-from fedtree.algorithms.fedbuff import fedbuff
-from fedtree.algorithms.hierfavg import fedavg
+from fedtree.algorithms import fedavg
+from fedtree.algorithms.asynchronous.fedbuff import fedbuff
 from fedtree.core import loop
 from fedtree.core.local import LocalSchedule
 from fedtree.core.topology import Topology
@@ -98,7 +98,6 @@ def test_server_update_is_the_staleness_weighted_mean(problem):
   from fedtree.core.algorithm import local_training
   from fedtree.core.rng import stream
   from fedtree.core.sampling import Cohort
-  from fedtree.core.tier import train_cohort
 
   data, model, schedule = problem
   speed = np.array([3.1, 0.53, 1.07, 2.03, 0.29])
@@ -107,7 +106,7 @@ def test_server_update_is_the_staleness_weighted_mean(problem):
                 concurrency=5, max_staleness=3, systems=devices)
 
   update = local_training(None, model, optax.sgd(0.1), schedule, data)
-  alone = jax.jit(lambda start, c, k: train_cohort(  # one client from one model
+  alone = jax.jit(lambda start, c, k: tier_kw(  # one client from one model
     update, start, Cohort(c[None], jnp.zeros(1, jnp.int32), jnp.ones(1, bool)), data,
     num_steps=schedule.num_steps(data.n_train), weights=data.n_train.astype(jnp.float32), key=k).delta_sum)
   step = jax.jit(alg.round)
@@ -197,7 +196,7 @@ def test_dropout_rate_matches_its_probability(problem):
 def test_tree_is_hierfavg_when_every_slot_reports(problem):
   """Buffer = concurrency = cohort, no staleness: every clients' parent is FedAvg on its group and
   the root aggregates every round, as HierFAVG with the same cohorts."""
-  from fedtree.algorithms.hierfavg import hierfavg
+  from fedtree.algorithms.host.hierfavg import hierfavg
 
   data, model, schedule = problem
   tree = Topology.from_labels(np.array([0, 0, 0, 1, 1]))

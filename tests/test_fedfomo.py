@@ -13,7 +13,7 @@ import reference_pairwise as ref
 from helpers import small_context
 
 from fedtree.algorithms import fedavg, fedfomo
-from fedtree.algorithms.fedfomo import SPLIT_SEED
+from fedtree.algorithms.personalized.fedfomo import SPLIT_SEED
 from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal

@@ -13,16 +13,15 @@ import optax
 import pytest
 import reference_fedkws as ref
 from config_files import load_config
-from helpers import client_data, close, count_traces, one_server_tier, row, tiny_mlp_problem
+from helpers import client_data, close, count_traces, one_server_tier, row, tier_kw, tiny_mlp_problem
 
-from fedtree.algorithms.fedkws.alt import alt_schedule, alt_steps, client_utility
-from fedtree.algorithms.fedkws.fedkws import fedkws
+from fedtree.algorithms.optimization.fedkws.alt import alt_schedule, alt_steps, client_utility
+from fedtree.algorithms.optimization.fedkws.fedkws import fedkws
 from fedtree.core import loop
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientData, LocalSchedule, sgd_client_update
 from fedtree.core.metrics import evaluate, keyword_rates, keyword_split, summarize
 from fedtree.core.sampling import cohort_sampler
-from fedtree.core.tier import train_cohort
 from fedtree.datasets import speech_commands as sc
 from fedtree.datasets.mfcc import MFCC
 from fedtree.datasets.synthetic_kws import synthetic_kws
@@ -94,7 +93,7 @@ def test_alo_private_models_of_unsampled_clients_are_untouched(setup):
   state0 = upd.init_state(start, data.num_clients)
   sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), 2)
   cohort = sampler(jax.random.key(2))
-  res = train_cohort(upd, jax.tree.map(lambda a: a[None], start), cohort, data,
+  res = tier_kw(upd, jax.tree.map(lambda a: a[None], start), cohort, data,
                      num_steps=schedule.num_steps(data.n_train),
                      weights=data.n_train.astype(jnp.float32), key=jax.random.key(2),
                      client_state=state0)
@@ -310,7 +309,7 @@ def test_fedkws_round_compiles_once(setup):
 
 
 def test_fedkws_without_alo_and_alt_is_fedavg(setup):
-  from fedtree.algorithms.hierfavg import fedavg
+  from fedtree.algorithms import fedavg
 
   data, model, _ = setup
   a = loop.run(fedkws(alo=False, alt=False, **_kws_kw(data, model)), data, num_rounds=2,

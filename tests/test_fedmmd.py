@@ -8,15 +8,14 @@ import numpy as np
 import optax
 import pytest
 import reference_fedkws as ref
-from helpers import tiny_mlp_problem
+from helpers import tier_kw, tiny_mlp_problem
 
-from fedtree.algorithms.fedmmd import fedmmd
-from fedtree.algorithms.hierfavg import fedavg
+from fedtree.algorithms import fedavg
+from fedtree.algorithms.optimization.fedmmd import fedmmd
 from fedtree.core import loop
 from fedtree.core.local import ClientData, LocalSchedule
 from fedtree.core.model import from_flax
 from fedtree.core.sampling import cohort_sampler
-from fedtree.core.tier import train_cohort
 from fedtree.models import build_model
 from fedtree.objectives.fedmmd import check_features, fedmmd_update, mmd2, penultimate
 
@@ -117,13 +116,13 @@ def test_client_update_matches_per_client_loop(setup):
                       max_steps=schedule.max_steps(data.max_train))
   key = jax.random.key(3)
   sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), None)
-  res = train_cohort(upd, jax.tree.map(lambda a: a[None], start), sampler(key), data,
+  res = tier_kw(upd, jax.tree.map(lambda a: a[None], start), sampler(key), data,
                      num_steps=schedule.num_steps(data.n_train), weights=data.n_train.astype(jnp.float32),
                      key=key, keep_client_params=True)
   steps = schedule.num_steps(np.asarray(data.n_train))
   plain = fedmmd_update(model, optax.sgd(LR), lam=0.0, batch_size=B,
                         max_steps=schedule.max_steps(data.max_train))
-  res0 = train_cohort(plain, jax.tree.map(lambda a: a[None], start), sampler(key), data,
+  res0 = tier_kw(plain, jax.tree.map(lambda a: a[None], start), sampler(key), data,
                       num_steps=schedule.num_steps(data.n_train), weights=data.n_train.astype(jnp.float32),
                       key=key, keep_client_params=True)
   cohort = [int(c) for c in np.asarray(sampler(key).clients)]

@@ -9,7 +9,7 @@ import pytest
 import reference_baselines as ref
 
 from fedtree.algorithms import fedavg, fednova
-from fedtree.algorithms.fednova import effective_steps
+from fedtree.algorithms.optimization.fednova import effective_steps
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
 from fedtree.core.topology import Topology

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedtree.algorithms.grouppfl import gaussian
+from fedtree.algorithms.hierarchical.grouppfl import gaussian
 
 SIGMAS = [[1.0, 0.5, 2.0], [1.0, 1.5, 0.7, 1.2], [0.8], [2.0, 0.6]]
 SIGMA0 = 0.9

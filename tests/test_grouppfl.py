@@ -12,7 +12,7 @@ from config_files import load_config
 from helpers import close, count_traces, row
 
 from fedtree import experiment
-from fedtree.algorithms.grouppfl.grouppfl import group_fedopt
+from fedtree.algorithms.hierarchical.grouppfl.grouppfl import group_fedopt
 from fedtree.core import finetune, loop
 from fedtree.core.data import as_device
 from fedtree.core.local import ClientData, LocalSchedule
@@ -255,7 +255,7 @@ def test_group_personalized_config_end_to_end(tmp_path):
 
 # ------------------------------------------------------------------------ reports
 def test_report_pieces(tmp_path):
-  from fedtree.algorithms.grouppfl import report as pr
+  from fedtree.algorithms.hierarchical.grouppfl import report as pr
 
   change = pr.relative_change(np.array([2.0, 0.0, np.nan, 4.0]), np.array([1.0, 1.0, 1.0, 5.0]))
   np.testing.assert_allclose(change, [-0.5, np.nan, np.nan, 0.25])

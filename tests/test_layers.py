@@ -13,8 +13,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "fedtree")
 
 LAYERS = {
-  "core": 0, "models": 1, "objectives": 1, "datasets": 1, "toolbox": 1, "algorithms": 2, "evaluation": 3,
-  "experiment": 4, "main": 5,
+  "core": 0, "models": 1, "objectives": 1, "datasets": 1, "toolbox": 1, "population": 1, "algorithms": 2,
+  "evaluation": 3, "experiment": 4, "main": 5, "convert": 5,
 }
 """(``toolbox``: the capabilities' in-jit halves and the accountant, beside the engine, issue 35.)"""
 
@@ -149,3 +149,40 @@ def test_core_algorithm_imports_no_algorithm():
   env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
   out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
   assert out.returncode == 0, out.stdout + out.stderr
+
+
+FAMILIES = ("optimization", "personalized", "partial", "clustering", "hierarchical", "asynchronous", "llm")
+"""The algorithms wing's family folders; ``host`` is below them all (every family may import it)."""
+
+
+def _family(module: str) -> str | None:
+  parts = module.split(".")
+  return parts[2] if len(parts) > 2 and parts[1] == "algorithms" else None
+
+
+def cross_family_imports(graph: dict[str, set[str]]) -> list[str]:
+  """Every import from one family folder into another (``host`` and the package root excepted)."""
+  bad = []
+  for module, targets in graph.items():
+    mine = _family(module)
+    if mine not in FAMILIES:
+      continue
+    bad += [f"{module} -> {t}" for t in targets if _family(t) in FAMILIES and _family(t) != mine]
+  return sorted(bad)
+
+
+def test_no_import_between_algorithm_families():
+  bad = cross_family_imports(_graph())
+  assert not bad, "imports between family folders:\n" + "\n".join(bad)
+
+
+def test_the_family_check_can_fail():
+  graph = {"fedtree.algorithms.partial.fedbn": {"fedtree.algorithms.host.hierfavg",
+                                                "fedtree.algorithms.optimization.fedprox"}}
+  assert cross_family_imports(graph) == [
+    "fedtree.algorithms.partial.fedbn -> fedtree.algorithms.optimization.fedprox"]
+
+
+def test_the_algorithms_top_level_is_the_host_and_the_families():
+  entries = sorted(e for e in os.listdir(os.path.join(PACKAGE, "algorithms")) if e != "__pycache__")
+  assert entries == sorted(("__init__.py", "host") + FAMILIES), entries

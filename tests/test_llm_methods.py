@@ -14,9 +14,11 @@ from fedtree.algorithms import fedsa_lora, ffa_lora, hetlora
 from fedtree.core import loop
 from fedtree.core.local import LocalSchedule
 from fedtree.core.model import masked_cross_entropy
+from fedtree.core.updates import UpdatePath
 from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.models import build_model
 from fedtree.toolbox import lora as L
+from fedtree.toolbox import privacy
 from fedtree.toolbox.traffic import model_bytes
 
 LR, STEPS = 0.3, 2
@@ -166,9 +168,9 @@ def test_methods_on_adapters_refuse_what_cannot_work():
     hetlora(model=adapted, ranks=(1, 4), **common)
   with pytest.raises(ValueError, match=r"hetlora: ranks=\[.*\] needs 1 to 6 \(the clients\) entries"):
     hetlora(model=adapted, ranks=(1,) * 7, **common)
-  with pytest.raises(ValueError, match=r"hetlora: update_paths= is refused: an update path would act on the "
-                                       r"zero-padded update"):
-    hetlora(model=adapted, update_paths=object(), **common)
+  with pytest.raises(ValueError, match=r"hetlora: update paths .* act on a model delta: an update path would "
+                                       r"act on the zero-padded update"):
+    hetlora(model=adapted, update_paths=UpdatePath(client=privacy.clip(1.0)), **common)
   with pytest.raises(ValueError, match=r"fedsa_lora: personal= is not an option"):
     fedsa_lora(model=adapted, personal=object(), **common)
 

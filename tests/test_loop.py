@@ -69,7 +69,7 @@ def test_divergence_names_the_client_whose_update_is_not_finite():
   names client 1 (train_cohort's ``first_nonfinite``), not only the server node."""
   import optax
 
-  from fedtree.algorithms.hierfavg import fedavg
+  from fedtree.algorithms import fedavg
   from fedtree.core.local import LocalSchedule
 
   model, _, bad = poisoned_problem()
@@ -88,8 +88,8 @@ def test_divergence_names_the_client_whose_update_is_not_finite():
 def test_states_name_their_rows_without_key_paths():
   """Each state declares what its rows are (RowName): B-HFL's last level is its clients, a
   cluster state's rows are clusters, a sweep's are experiments, a composition nests its stages'."""
-  from fedtree.algorithms.bhfl.bhfl import BHFLState
   from fedtree.algorithms.clustering.ops import ClusterState
+  from fedtree.algorithms.hierarchical.bhfl.bhfl import BHFLState
   from fedtree.core.algorithm import StagesState, state_row_names
   from fedtree.core.sweep import SweepState
 
@@ -118,7 +118,7 @@ def test_states_name_their_rows_without_key_paths():
 
 def test_a_bhfl_client_row_diverging_is_named_a_client():
   """B-HFL's client level (``params[depth]``) is named by its own row names, not as a server level."""
-  from fedtree.algorithms.bhfl.bhfl import BHFLState
+  from fedtree.algorithms.hierarchical.bhfl.bhfl import BHFLState
 
   def init(key):
     del key

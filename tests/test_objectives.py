@@ -7,19 +7,18 @@ import numpy as np
 import optax
 import pytest
 import reference_personalization as ref
-from helpers import close, count_traces, row
+from helpers import close, count_traces, row, tier_kw
 
 from fedtree import objectives
-from fedtree.algorithms.ditto import ditto
-from fedtree.algorithms.fedprox import fedprox
-from fedtree.algorithms.hierfavg import fedavg, hierfavg
-from fedtree.algorithms.perfedavg import perfedavg
-from fedtree.algorithms.pfedme import pfedme
+from fedtree.algorithms import fedavg, hierfavg
+from fedtree.algorithms.optimization.fedprox import fedprox
+from fedtree.algorithms.personalized.ditto import ditto
+from fedtree.algorithms.personalized.perfedavg import perfedavg
+from fedtree.algorithms.personalized.pfedme import pfedme
 from fedtree.core import loop
 from fedtree.core.data import as_device
 from fedtree.core.local import ClientData, LocalSchedule
 from fedtree.core.sampling import cohort_sampler
-from fedtree.core.tier import train_cohort
 from fedtree.core.topology import Topology
 from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.models import build_model
@@ -44,7 +43,7 @@ def _client(data, c):
 
 def _run_tier(update, data, start, key, schedule, client_state=()):
   sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), None)
-  return train_cohort(update, jax.tree.map(lambda a: a[None], start), sampler(key), data,
+  return tier_kw(update, jax.tree.map(lambda a: a[None], start), sampler(key), data,
                       num_steps=schedule.num_steps(data.n_train),
                       weights=data.n_train.astype(jnp.float32), key=key,
                       client_state=client_state, keep_client_params=True)

@@ -20,14 +20,14 @@ MODULE = '''
 """A researcher's FedProx, written over the library's host."""
 
 from fedtree.algorithms import fedprox
-from fedtree.algorithms.hierfavg import hierfavg_method
+from fedtree.algorithms.host import hierfavg, method_over
 from fedtree.experiment.capability import Capability
 
 NOT_A_FACTORY = 3
 
 
-@hierfavg_method()
-def my_prox(*, mu: float, name: str = "my_prox", **host):
+@method_over(hierfavg)
+def my_prox(host, *, mu: float, name: str = "my_prox"):
   """FedProx under another name: the library's, called with the run's arguments."""
   return fedprox(mu=mu, name=name, **host)
 

@@ -255,7 +255,7 @@ def test_the_head_is_the_last_layers_in_forward_order():
   """``head=k`` counts layers in the order the model creates them (not the sorted order of the
   params' keys, where Dense_10 comes before Dense_2), anchored (Dense_1 does not match Dense_10),
   also for a float64 model; a BatchNorm head layer takes its statistics along."""
-  from fedtree.algorithms.partial import head_patterns, mask_of
+  from fedtree.algorithms.partial.split import head_patterns, mask_of
   from fedtree.core.model import layer_order
   from fedtree.experiment.runner import as_float64
 

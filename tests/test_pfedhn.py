@@ -13,7 +13,7 @@ import reference_pairwise as ref
 from helpers import small_context
 
 from fedtree.algorithms import pfedhn
-from fedtree.algorithms.pfedhn import generate
+from fedtree.algorithms.personalized.pfedhn import generate
 from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal

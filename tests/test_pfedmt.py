@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from helpers import count_traces, np_grad
 
-from fedtree.algorithms.pfedmt import pfedmt
+from fedtree.algorithms.hierarchical.pfedmt import pfedmt
 from fedtree.core.data import as_device, from_client_arrays
 from fedtree.core.local import ClientData, LocalSchedule, run_local_steps
 from fedtree.core.rng import stream

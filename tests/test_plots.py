@@ -98,7 +98,7 @@ def test_fairness_over_rounds_from_the_rows(tmp_path, monkeypatch):
     fig_lines.extend(line.get_label() for ax in fig.axes for line in ax.lines)
     return real_save(fig, path)
 
-  monkeypatch.setattr(plots, "save", grab)
+  monkeypatch.setattr(plots.figure, "save", grab)
   plots.plot_fairness_over_rounds(records, str(tmp_path / "f.png"), skip={"hier"})
   assert fig_lines == ["fedavg: median client", "fedavg: worst 10 %"]
   assert _is_png(tmp_path / "f.png")
@@ -190,7 +190,20 @@ def test_a_language_model_run_gets_a_perplexity_picture(tmp_path):
 def _figures(monkeypatch):
   """Every figure a plot function draws, kept open instead of saved."""
   figs = []
-  monkeypatch.setattr(plots, "save", lambda fig, path: figs.append(fig) or path)
+  monkeypatch.setattr(plots.figure, "save", lambda fig, path: figs.append(fig) or path)
+  return figs
+
+
+def _figures_by_name(monkeypatch):
+  """Every figure a plot function draws, by the name of its file (the first of a name), kept open
+  instead of saved."""
+  figs = {}
+
+  def keep(fig, path):
+    figs.setdefault(os.path.basename(path), fig)
+    return path
+
+  monkeypatch.setattr(plots.figure, "save", keep)
   return figs
 
 
@@ -294,8 +307,7 @@ def test_many_runs_are_drawn_a_panel_per_family_with_the_legend_outside(monkeypa
 
   labels = _robust_like(tmp_path, attacks, defences)
   assert len(labels) == len(defences) * (2 * len(attacks) - 1)
-  figs = {}
-  monkeypatch.setattr(plots, "save", lambda fig, path: figs.setdefault(os.path.basename(path), fig) and path)
+  figs = _figures_by_name(monkeypatch)
   with warnings.catch_warnings():
     warnings.simplefilter("error")   # "Tight layout not applied", "legend ... too large", ...
     written = [os.path.basename(p) for p in plots.write_run_plots(str(tmp_path))]
@@ -343,8 +355,7 @@ def test_a_sweep_over_seeds_is_a_line_per_setting_and_its_untrained_model_is_not
                              "untrained": ["global"] if run == "edges_only" else []}}
              for run in ("fedavg", "edges_only")}
   (tmp_path / "summary.json").write_text(json.dumps(summary))
-  figs = {}
-  monkeypatch.setattr(plots, "save", lambda fig, path: figs.setdefault(os.path.basename(path), fig) and path)
+  figs = _figures_by_name(monkeypatch)
   plots.write_run_plots(str(tmp_path))
   acc = figs["plot_accuracy.png"].axes[0]
   assert [ln.get_label() for ln in acc.lines] == ["fedavg (mean of 8 seeds) · global",
@@ -364,8 +375,7 @@ def test_untrained_models_are_left_out_of_the_models_and_uplink_pictures(monkeyp
   summary = {"hier": {"global": {"trained": True}, "level1": {"trained": True}},
              "edges": {"global": {"trained": False}, "level1": {"trained": True}}}
   (tmp_path / "summary.json").write_text(json.dumps(summary))
-  figs = {}
-  monkeypatch.setattr(plots, "save", lambda fig, path: figs.setdefault(os.path.basename(path), fig) and path)
+  figs = _figures_by_name(monkeypatch)
   plots.write_run_plots(str(tmp_path))
   models = {ax.get_title(): [ln.get_label() for ln in ax.lines] for ax in figs["plot_models.png"].axes}
   assert models == {"hier": ["global", "level1"], "edges": ["level1"]}

@@ -411,7 +411,8 @@ def test_poisson_sampling_in_static_shapes():
   step = jax.jit(sampler)   # (not vmapped: the overflow check is one host callback per draw)
   hits, n = np.zeros(12), 600
   for i in range(n):
-    c, p, v = (np.asarray(a) for a in step(jax.random.key(i)))
+    d = step(jax.random.key(i))
+    c, p, v = (np.asarray(a) for a in (d.clients, d.parent, d.valid))
     got = c[v]
     assert len(set(got.tolist())) == len(got) and np.all(parent[got] == p[v])
     hits[got] += 1

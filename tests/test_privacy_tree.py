@@ -171,7 +171,7 @@ def test_poisson_sampling_in_hierfavg_inclusion_frequency():
   rounds, within 5 binomial standard errors), the valid slots hold distinct clients; the options
   are checked by name."""
   from fedtree.algorithms import hierfavg
-  from fedtree.algorithms.hierfavg import build_sampler
+  from fedtree.algorithms.host.sampler import build_sampler
   from fedtree.core.rng import stream
 
   ctx = _ctx()
@@ -180,7 +180,8 @@ def test_poisson_sampling_in_hierfavg_inclusion_frequency():
                           poisson_q=q, chunk_size=3)
   draw = jax.jit(jax.vmap(lambda k: sampler(stream(k, "cohort"))))
   n = 400
-  c, _, v = (np.asarray(a) for a in draw(jax.random.split(jax.random.key(0), n)))
+  d = draw(jax.random.split(jax.random.key(0), n))
+  c, v = np.asarray(d.clients), np.asarray(d.valid)
   hits = np.zeros(6)
   for i in range(n):
     assert len(set(c[i][v[i]].tolist())) == int(v[i].sum())
@@ -222,7 +223,7 @@ def test_poisson_rounds_train_the_sampled_clients_and_refuse_an_overflow(monkeyp
   with pytest.raises(ValueError, match=r"cohort_size=1 with sampling='poisson', poisson_q=0.4: parent 0's 3 "
                                        r"clients overflow its 1 slots with probability 0.352"):
     hierfavg(**registry.factory_kwargs("p", _poisson_run(0.4, cohort_size=1), ctx))
-  monkeypatch.setattr(sys.modules["fedtree.algorithms.hierfavg"], "POISSON_OVERFLOW", 1.0)
+  monkeypatch.setattr(sys.modules["fedtree.algorithms.host.sampler"], "POISSON_OVERFLOW", 1.0)
   small = hierfavg(**registry.factory_kwargs("p", _poisson_run(0.4, cohort_size=1), ctx))
   st, step = small.init(jax.random.key(0)), jax.jit(small.round)
   with pytest.raises(Exception, match=r"q=0.4 drew \d clients under parent \d, which has 1 slots; raise "

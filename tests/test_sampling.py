@@ -14,7 +14,7 @@ def test_cohort_sampler_static_shapes_and_membership():
   seen = set()
   for i in range(20):
     c = s(jax.random.key(i))
-    clients, par, valid = map(np.asarray, c)
+    clients, par, valid = map(np.asarray, (c.clients, c.parent, c.valid))
     assert clients.shape == (8,) and valid.sum() == 5
     np.testing.assert_array_equal(parent[clients[valid]], par[valid])
     for g in range(3):
@@ -82,7 +82,7 @@ def test_drawn_cohorts_are_uniform_ordered_samples_without_replacement(redraw):
   assert s._static["draw"] is not None
   draws = 60_000
   c = jax.jit(jax.vmap(s))(jax.random.split(jax.random.key(43), draws))
-  clients, par, valid = (np.asarray(a) for a in c)
+  clients, par, valid = (np.asarray(a) for a in (c.clients, c.parent, c.valid))
   assert clients.shape == (draws, 5) and valid.all() and (par == [0, 0, 0, 1, 1]).all()
   np.testing.assert_array_equal(parent[clients], par)
   local = np.searchsorted(np.flatnonzero(parent == 0), clients[:, :3]), \

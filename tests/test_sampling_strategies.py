@@ -10,7 +10,7 @@ import optax
 import pytest
 from helpers import tiny_mlp_problem
 
-from fedtree.algorithms.hierfavg import fedavg
+from fedtree.algorithms import fedavg
 from fedtree.core.sampling import Cohort, cohort_sampler, top_scores, weighted_cohort
 from fedtree.toolbox.systems import Systems, make_availability, make_profile
 
@@ -145,10 +145,10 @@ def test_power_of_choice_on_ragged_data_equals_padded(problem):
   for d, chunk in ((data, 2), (ragged, None), (ragged, 2)):
     np.testing.assert_allclose(losses(d, chunk), want, rtol=1e-6)
   sampler = cohort_sampler(np.zeros(5, np.int32), 2)
-  draws_ = [jax.jit(jax.vmap(sampling_strategy(sampler, "power_of_choice", data=d, model=model, candidates=4,
-                                                 chunk_size=c), in_axes=(0, None, None)))
+  draws_ = [(jax.jit(jax.vmap(sampling_strategy(sampler, "power_of_choice", data=d, model=model, candidates=4,
+                                                  chunk_size=c).draw, in_axes=(0, None, None, None))), d)
             for d, c in ((data, None), (ragged, 3))]
-  a, b = (f(jax.random.split(jax.random.key(0), 8), params, 0.0) for f in draws_)
+  a, b = (f(jax.random.split(jax.random.key(0), 8), params, 0.0, d) for f, d in draws_)
   np.testing.assert_array_equal(np.asarray(a.clients), np.asarray(b.clients))
   with pytest.raises(ValueError, match=r"chunk_size=0 must be >= 1"):
     sampling_strategy(sampler, "power_of_choice", data=ragged, model=model, chunk_size=0)

@@ -15,7 +15,7 @@ import reference_baselines as ref
 
 from fedtree import algorithms
 from fedtree.algorithms import ditto, fedavg, hierfavg
-from fedtree.algorithms.hierfavg import BOUND
+from fedtree.algorithms.host.method import BOUND
 from fedtree.core.data import as_device
 from fedtree.core.local import ClientData, LocalSchedule, batch_at, train_loss
 from fedtree.core.metrics import make_evaluator
@@ -448,7 +448,7 @@ def test_a_gather_pass_reaches_the_clients_in_the_same_round(problem):
   broadcasts, so each parent's ``receive`` sees ``reported · Σ w``; the inbox's population weight is
   every child's weight summed; both passes' messages count in the bytes; half a pass is refused."""
   from fedtree.core.local import ClientUpdate
-  from fedtree.core.server_rule import ServerRule
+  from fedtree.core.server_rule import Downlink, ServerRule
 
   data, groups = problem
   topo = Topology.from_labels(groups)
@@ -456,8 +456,8 @@ def test_a_gather_pass_reaches_the_clients_in_the_same_round(problem):
   zero = jnp.zeros((), jnp.float32)
   gather = ClientUpdate(apply=lambda a, s, d, n, k, rnd: (a, s, zero, rnd.weight), takes_round=True)
   echo = ClientUpdate(apply=lambda a, s, d, n, k, rnd: (a, s, zero, rnd.broadcast), takes_round=True)
-  rule = ServerRule(init=lambda p, n: jnp.zeros((n,), jnp.float32), name="echo", gather=gather,
-                    prepare=lambda inbox, state: inbox.messages,
+  rule = ServerRule(init=lambda p, n: jnp.zeros((n,), jnp.float32), name="echo",
+                    down=Downlink(gather=gather, prepare=lambda inbox, state: inbox.messages),
                     receive=lambda inbox, state: (inbox.pseudo_gradient, inbox.messages,
                                                   {"population_weight": inbox.population_weight}))
   alg = hierfavg(model=model, topology=topo, data=data, schedule=LocalSchedule(batch_size=B, steps=1),
@@ -476,7 +476,8 @@ def test_a_gather_pass_reaches_the_clients_in_the_same_round(problem):
   assert (float(metrics["uplink_bytes"]), float(metrics["downlink_bytes"])) == (size + 8, size + 4)
   with pytest.raises(ValueError, match="server rule 'echo' gives only one of gather and prepare"):
     hierfavg(model=model, topology=topo, data=data, schedule=LocalSchedule(batch_size=B, steps=1),
-             client_update=echo, server_rule=rule._replace(prepare=None))
+             client_update=echo, server_rule=rule._replace(down=rule.down._replace(prepare=None)))
   with pytest.raises(ValueError, match="gather pass must take the round"):
     hierfavg(model=model, topology=topo, data=data, schedule=LocalSchedule(batch_size=B, steps=1),
-             client_update=echo, server_rule=rule._replace(gather=gather._replace(takes_round=False)))
+             client_update=echo,
+             server_rule=rule._replace(down=rule.down._replace(gather=gather._replace(takes_round=False))))

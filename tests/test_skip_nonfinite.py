@@ -8,14 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import close, poisoned_problem
+from helpers import close, poisoned_problem, tier_kw
 
-from fedtree.algorithms.bhfl import bhfl
 from fedtree.algorithms.clustering import ifca
-from fedtree.algorithms.fedkws import fedkws
-from fedtree.algorithms.fedmmd import fedmmd
-from fedtree.algorithms.grouppfl import grouppfl
-from fedtree.algorithms.pfedmt import pfedmt
+from fedtree.algorithms.hierarchical.bhfl import bhfl
+from fedtree.algorithms.hierarchical.grouppfl import grouppfl
+from fedtree.algorithms.hierarchical.pfedmt import pfedmt
+from fedtree.algorithms.optimization.fedkws import fedkws
+from fedtree.algorithms.optimization.fedmmd import fedmmd
 from fedtree.core import loop
 from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
@@ -155,7 +155,6 @@ def test_skip_nonfinite_gives_a_bad_client_weight_zero():
   from fedtree.core.algorithm import local_training
   from fedtree.core.local import LocalSchedule
   from fedtree.core.sampling import cohort_sampler
-  from fedtree.core.tier import train_cohort
 
   model, data, bad = poisoned_problem()
   sched = LocalSchedule(batch_size=2, epochs=1)
@@ -164,8 +163,8 @@ def test_skip_nonfinite_gives_a_bad_client_weight_zero():
   cohort = cohort_sampler(np.zeros(data.num_clients, np.int32), None)(jax.random.key(1))
   kw = dict(num_steps=sched.num_steps(data.n_train), weights=data.n_train.astype(jnp.float32),
             key=jax.random.key(2), chunk_size=2)
-  clean = train_cohort(update, theta, cohort, data, keep_client_params=True, **kw)
-  skipped = train_cohort(update, theta, cohort, bad, skip_nonfinite=True, **kw)
+  clean = tier_kw(update, theta, cohort, data, keep_client_params=True, **kw)
+  skipped = tier_kw(update, theta, cohort, bad, skip_nonfinite=True, **kw)
   assert int(skipped.num_skipped) == 1 and int(skipped.num_trained) == data.num_clients - 1
   slot = {int(c): i for i, c in enumerate(np.asarray(cohort.clients))}
   w = np.asarray(data.n_train, np.float64)
@@ -175,14 +174,14 @@ def test_skip_nonfinite_gives_a_bad_client_weight_zero():
     / w.sum(), theta, clean.client_params)
   for a, b in zip(jax.tree.leaves(skipped.pseudo_gradient()), jax.tree.leaves(expect), strict=True):
     np.testing.assert_allclose(np.asarray(a)[0], b, atol=1e-6)
-  unskipped = train_cohort(update, theta, cohort, bad, **kw)
+  unskipped = tier_kw(update, theta, cohort, bad, **kw)
   assert not all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(unskipped.pseudo_gradient()))
 
 
 def test_fedavg_skip_nonfinite_counts_skipped_clients_and_stays_finite():
   import optax
 
-  from fedtree.algorithms.hierfavg import fedavg
+  from fedtree.algorithms import fedavg
   from fedtree.core.local import LocalSchedule
 
   model, _, bad = poisoned_problem()

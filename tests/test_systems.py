@@ -8,7 +8,7 @@ import optax
 import pytest
 from helpers import tiny_mlp_problem, trees_equal
 
-from fedtree.algorithms.hierfavg import fedavg, hierfavg
+from fedtree.algorithms import fedavg, hierfavg
 from fedtree.core import loop
 from fedtree.core.local import LocalSchedule
 from fedtree.core.sampling import Cohort
@@ -277,7 +277,7 @@ def test_deterministic_and_tree_levels_add_time(problem):
 
 
 def test_bhfl_latencies_from_the_same_profiles():
-  from fedtree.algorithms.bhfl.asynchrony import latency_from_systems
+  from fedtree.algorithms.hierarchical.bhfl.asynchrony import latency_from_systems
 
   speed = np.array([1.0, 2.0, 4.0, 0.5, 8.0])
   systems = Systems(profile=make_profile(speed, np.full(5, 1e3)))
@@ -290,8 +290,8 @@ def test_bhfl_latencies_from_the_same_profiles():
 
 @pytest.mark.slow
 def test_bhfl_runs_with_latencies_from_profiles(problem):
-  from fedtree.algorithms.bhfl import bhfl
-  from fedtree.algorithms.bhfl.asynchrony import Latency, latency_from_systems
+  from fedtree.algorithms.hierarchical.bhfl import bhfl
+  from fedtree.algorithms.hierarchical.bhfl.asynchrony import Latency, latency_from_systems
 
   data, model, schedule = problem
   systems = Systems(profile=make_profile([1.0, 2.0, 4.0, 0.5, 8.0], np.full(5, 1e3)))

@@ -43,6 +43,33 @@ def test_encode_shifts_targets_and_pads_with_zero():
   np.testing.assert_array_equal(y, [[a, b, text.EOS, 0], [c, a, b, c]])  # truncated at T
 
 
+def _encode_loop(token_lists, vocab, seq_len):
+  """A loop over sentences: the reference of the vectorized encode_sentences."""
+  x = np.zeros((len(token_lists), seq_len), np.int32)
+  y = np.zeros((len(token_lists), seq_len), np.int32)
+  for i, toks in enumerate(token_lists):
+    ids = [text.BOS] + vocab.encode(toks) + [text.EOS]
+    inp, tgt = ids[:-1][:seq_len], ids[1:][:seq_len]
+    x[i, : len(inp)], y[i, : len(tgt)] = inp, tgt
+  return x, y
+
+
+@pytest.mark.parametrize("seq_len", [1, 2, 5, 9])
+def test_encode_sentences_matches_a_loop_over_sentences(seq_len):
+  rng = np.random.default_rng(seq_len)
+  words = [f"w{i}" for i in range(30)]
+  vocab = text.build_vocabulary([words[:12]], vocab_size=10)   # some words out of vocabulary
+  lists = [list(rng.choice(words, int(n))) for n in rng.integers(0, 12, 40)] + [[]]
+  for got, want in zip(text.encode_sentences(lists, vocab, seq_len), _encode_loop(lists, vocab, seq_len),
+                       strict=True):
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, want)
+  x, y = text.encode_sentences([], vocab, seq_len)
+  assert x.shape == y.shape == (0, seq_len)
+  x, y = text.encode_sentences([[], []], vocab, seq_len)   # no token at all
+  np.testing.assert_array_equal(x, _encode_loop([[], []], vocab, seq_len)[0])
+
+
 def _corpus():
   sentences = tuple(tuple(f"common word{c} unique{c}x{i} ." for i in range(4 + c)) for c in range(5))
   return text.TextCorpus(clients=tuple(f"c{i}" for i in range(5)), sentences=sentences,

@@ -6,13 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import count_traces
+from helpers import count_traces, tier_kw
 from perf_problems import flat_params, make_fedavg, make_hierfavg, run_rounds, tiny_data
 
 from fedtree.core.local import ClientUpdate
 from fedtree.core.loop import compile_rounds
 from fedtree.core.sampling import cohort_sampler
-from fedtree.core.tier import train_cohort
 
 
 @pytest.mark.parametrize("cohort_size", [None, 7])
@@ -56,7 +55,7 @@ def test_persistent_state_scattered_back_by_client_for_any_chunk():
     sampler = cohort_sampler(np.zeros(9, np.int64), 5, chunk_size=chunk)
     cohort = sampler(jax.random.key(3))
     state0 = {"visits": jnp.zeros(9, jnp.int32), "n": jnp.full(9, -1, jnp.int32)}
-    res = train_cohort(ClientUpdate(apply), params, cohort, data, num_steps=data.n_train,
+    res = tier_kw(ClientUpdate(apply), params, cohort, data, num_steps=data.n_train,
                        weights=jnp.ones(9), key=jax.random.key(0), client_state=state0,
                        chunk_size=sampler.chunk_size)
     chosen = np.asarray(cohort.clients)[np.asarray(cohort.valid)]
@@ -103,8 +102,8 @@ def test_parent_aligned_chunks_train_like_gathered_ones():
   cohort = sampler(jax.random.key(0))
   kw = dict(num_steps=data.n_train, weights=jnp.arange(1.0, 9.0), key=jax.random.key(0),
             chunk_size=2, anchor_params={"w": jnp.ones((3, 2))})
-  a = train_cohort(ClientUpdate(apply), params, cohort, data, parent_aligned=True, **kw)
-  b = train_cohort(ClientUpdate(apply), params, cohort, data, parent_aligned=False, **kw)
+  a = tier_kw(ClientUpdate(apply), params, cohort, data, parent_aligned=True, **kw)
+  b = tier_kw(ClientUpdate(apply), params, cohort, data, parent_aligned=False, **kw)
   np.testing.assert_array_equal(a.delta_sum["w"], b.delta_sum["w"])
   np.testing.assert_array_equal(a.weight_sum, b.weight_sum)
   sizes = [[4, 4]]
@@ -123,7 +122,7 @@ def test_slots_sorted_by_steps_return_in_cohort_order_and_padding_takes_no_step(
   steps = jnp.asarray([5, 1, 4, 1, 3, 2, 0], jnp.int32)
   sampler = cohort_sampler(np.zeros(7, np.int64), None, chunk_size=3)  # 7 clients + 2 padding
   cohort = sampler(jax.random.key(0))
-  res = train_cohort(ClientUpdate(apply), params, cohort, data, num_steps=steps,
+  res = tier_kw(ClientUpdate(apply), params, cohort, data, num_steps=steps,
                      weights=jnp.ones(7), key=jax.random.key(0), chunk_size=3,
                      keep_client_params=True)
   got = np.asarray(res.client_params["w"])[:, 0]

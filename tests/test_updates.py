@@ -8,14 +8,13 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
-from helpers import ALGORITHM_CASES, count_traces, tiny_mlp_problem, trees_equal
+from helpers import ALGORITHM_CASES, count_traces, tier_kw, tiny_mlp_problem, trees_equal
 from helpers import small_context as _ctx  # noqa: F401  (also used as test_updates._ctx)
 from helpers import with_update_paths as _with_path
 
 from fedtree.algorithms import fedavg, hierfavg
 from fedtree.core.local import sgd_client_update
 from fedtree.core.sampling import cohort_sampler
-from fedtree.core.tier import train_cohort
 from fedtree.core.updates import (
   Aggregator,
   ClientTransform,
@@ -80,7 +79,7 @@ def _tier(problem, groups, cohort_size, chunk, **kw):
   start = jax.tree.map(lambda a: jnp.broadcast_to(a, (num_parents,) + a.shape),
                        model.init(jax.random.key(0)))
   cohort = sampler(jax.random.key(1))
-  res = train_cohort(update, start, cohort, data, num_steps=schedule.num_steps(data.n_train),
+  res = tier_kw(update, start, cohort, data, num_steps=schedule.num_steps(data.n_train),
                      weights=data.n_train.astype(jnp.float32), key=jax.random.key(2),
                      chunk_size=sampler.chunk_size, keep_client_params=True,
                      block_size=max(sampler.sizes), **kw)
@@ -154,7 +153,7 @@ def test_blockwise_aggregator_needs_block_size(problem):
   sampler = cohort_sampler(np.zeros(5, np.int32), None)
   start = jax.tree.map(lambda a: a[None], model.init(jax.random.key(0)))
   with pytest.raises(ValueError, match="aggregator 'block_sum' needs every parent's whole cohort"):
-    train_cohort(update, start, sampler(jax.random.key(1)), data, num_steps=schedule.num_steps(data.n_train),
+    tier_kw(update, start, sampler(jax.random.key(1)), data, num_steps=schedule.num_steps(data.n_train),
                  weights=data.n_train.astype(jnp.float32), key=jax.random.key(2),
                  path=UpdatePath(aggregator=_block_sum()))
 

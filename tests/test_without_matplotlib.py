@@ -137,7 +137,7 @@ def test_a_config_reports_without_matplotlib(tmp_path, capsys, no_matplotlib, na
 
 def test_the_group_report_keeps_its_tables_without_matplotlib(tmp_path, no_matplotlib):
   """Paper 000's report (GroupPerFL vs PerFL): what lost configs/group_personalized.py's run."""
-  from fedtree.algorithms.grouppfl import report
+  from fedtree.algorithms.hierarchical.grouppfl import report
 
   summary = {
     "accuracy": 0.5, "perplexity": 2.0, "group_accuracy": np.array([0.25, 1.0]),

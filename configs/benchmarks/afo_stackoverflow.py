@@ -4,6 +4,9 @@ AFO) run it: FedAvg, FedAvgM, FedAdam and FedYogi with the paper's tuned learnin
   python -m fedtree.main --config=configs/benchmarks/afo_stackoverflow.py --workdir=/tmp/afo_so \
       --config.data.train_path=DIR/stackoverflow_train.h5 --config.data.test_path=DIR/stackoverflow_test.h5
   python -m fedtree.main --config=configs/benchmarks/afo_stackoverflow.py:offline --workdir=/tmp/afo_so_off
+  python -m fedtree.convert --config=configs/benchmarks/afo_stackoverflow.py --out=STORE   # once
+  python -m fedtree.main --config=configs/benchmarks/afo_stackoverflow.py:store --workdir=/tmp/afo_so_st \
+      --config.data.path=STORE
 
 Source: google-research/federated ``optimization/`` (task ``stackoverflow_nwp``,
 ``optimization/tasks/stackoverflow_nwp.py``) and its ``docs/hyperparameters.md``: TFF's Stack
@@ -37,6 +40,10 @@ final round.
 ``:offline``: the same runs on the Python standard library's docstrings at word level
 (:func:`fedtree.datasets.text.stdlib_corpus`), no file needed: a check that the setup runs, not the
 benchmark.
+
+``:store``: the same runs over the h5 files converted once to a store (``python -m fedtree.convert``,
+:mod:`fedtree.population`): the device holds the cohort, never the population, and the run streams
+when the memory estimate says the population does not fit (``config.population``).
 """
 
 import os
@@ -53,8 +60,9 @@ OOV_BOS_EOS = (1, 2, 3)   # fedtree.datasets.text's ids of <oov>, <bos>, <eos>
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  """``variant``: ``None`` (TFF's h5 files) or ``"offline"`` (the stdlib docstring corpus)."""
-  flags = variant_flags(variant, ("offline",), "afo_stackoverflow")
+  """``variant``: ``None`` (TFF's h5 files), ``"offline"`` (the stdlib docstring corpus) or ``"store"``
+  (the h5 files converted to a store, ``config.data.path``)."""
+  flags = variant_flags(variant, ("offline", "store"), "afo_stackoverflow")
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.rounds = AFO_TASKS[TASK]["rounds"]
@@ -67,6 +75,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   if "offline" in flags:
     c.data = ml_collections.ConfigDict(dict(
       name="stdlib_text", level="word", seq_len=20, vocab_size=10_004, test_fraction=0.2, seed=0))
+  elif "store" in flags:
+    c.data = ml_collections.ConfigDict(dict(name="store", path="", dataset="tff_h5"))
   else:
     c.data = ml_collections.ConfigDict(dict(
       name="tff_h5", kind="stackoverflow", seq_len=20, vocab_size=10_004, max_examples_per_client=1000,

@@ -1,8 +1,10 @@
 """Every algorithm fedtree simulates, re-exported by function name.
 
-Each factory returns a :class:`~fedtree.core.algorithm.FederatedAlgorithm`. Algorithms with
-helpers of their own are packages (``bhfl``, ``fedkws``, ``grouppfl``, ``clustering``); the
-config -> algorithm path is the experiment layer's (:mod:`fedtree.experiment`).
+Each factory returns a :class:`~fedtree.core.algorithm.FederatedAlgorithm`. The host's parts are
+in :mod:`~fedtree.algorithms.host`; the methods are in one folder per family (``optimization``,
+``personalized``, ``partial``, ``clustering``, ``hierarchical``, ``asynchronous``, ``llm``), none
+importing another family; the config -> algorithm path is the experiment layer's
+(:mod:`fedtree.experiment`).
 
 Only the factories in :data:`SYSTEMS_ALGORITHMS` simulate devices, availability and round
 policies (:mod:`fedtree.toolbox.systems`).
@@ -12,43 +14,49 @@ from __future__ import annotations
 
 import inspect
 
-from fedtree.algorithms.afl import afl
-from fedtree.algorithms.apfl import apfl
-from fedtree.algorithms.bhfl import bhfl
+from fedtree.algorithms.asynchronous import fedasync, fedbuff
 from fedtree.algorithms.clustering import awcfl, cfl, ifca, mcfl
-from fedtree.algorithms.ditto import ditto
-from fedtree.algorithms.fedala import fedala
-from fedtree.algorithms.fedamp import fedamp
-from fedtree.algorithms.fedasync import fedasync
-from fedtree.algorithms.fedbabu import fedbabu
-from fedtree.algorithms.fedbn import fedbn
-from fedtree.algorithms.fedbuff import fedbuff
-from fedtree.algorithms.feddyn import feddyn
-from fedtree.algorithms.fedem import fedem
-from fedtree.algorithms.fedfomo import fedfomo
-from fedtree.algorithms.fedkws import fedkws
-from fedtree.algorithms.fedmmd import fedmmd
-from fedtree.algorithms.fednova import fednova
-from fedtree.algorithms.fedper import fedper
-from fedtree.algorithms.fedproto import fedproto
-from fedtree.algorithms.fedprox import fedprox
-from fedtree.algorithms.fedrep import fedrep
-from fedtree.algorithms.fedrod import fedrod
-from fedtree.algorithms.finetuned import finetuned
-from fedtree.algorithms.grouppfl import grouppfl
-from fedtree.algorithms.hierfavg import fedavg, hierfavg
-from fedtree.algorithms.knnper import knnper
-from fedtree.algorithms.lgfedavg import lgfedavg
-from fedtree.algorithms.llm import fedsa_lora, ffa_lora, hetlora
-from fedtree.algorithms.local_only import local
-from fedtree.algorithms.mime import mime, mimelite
-from fedtree.algorithms.moon import moon
-from fedtree.algorithms.perfedavg import perfedavg
-from fedtree.algorithms.pfedhn import pfedhn
-from fedtree.algorithms.pfedme import pfedme
-from fedtree.algorithms.pfedmt import pfedmt
-from fedtree.algorithms.qffl import qffl
-from fedtree.algorithms.scaffold import scaffold
+from fedtree.algorithms.hierarchical import bhfl, grouppfl, pfedmt
+from fedtree.algorithms.host import hierfavg
+from fedtree.algorithms.llm import ffa_lora, hetlora
+from fedtree.algorithms.optimization import (
+  afl,
+  fedavg,
+  feddyn,
+  fedkws,
+  fedmmd,
+  fednova,
+  fedprox,
+  mime,
+  mimelite,
+  moon,
+  qffl,
+  scaffold,
+)
+from fedtree.algorithms.partial import (
+  fedbabu,
+  fedbn,
+  fedper,
+  fedrep,
+  fedrod,
+  fedsa_lora,
+  finetuned,
+  lgfedavg,
+  local,
+)
+from fedtree.algorithms.personalized import (
+  apfl,
+  ditto,
+  fedala,
+  fedamp,
+  fedem,
+  fedfomo,
+  fedproto,
+  knnper,
+  perfedavg,
+  pfedhn,
+  pfedme,
+)
 from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, TreeState
 
 _FACTORIES = {"awcfl": awcfl, "bhfl": bhfl, "cfl": cfl, "ditto": ditto, "fedavg": fedavg, "fedbuff": fedbuff,

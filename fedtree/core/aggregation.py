@@ -11,6 +11,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from fedtree.core.checks import is_traced
+
 PyTree = Any
 
 
@@ -60,3 +62,11 @@ def pseudo_gradient_from_children(
   anchor = jax.tree.map(lambda p: p[parent_of_child], parent_params)
   diffs = jax.tree.map(jnp.subtract, anchor, child_params)
   return weighted_mean(diffs, weights, parent_of_child, num)
+
+
+def staleness_weight(staleness: jax.Array, exponent: float) -> jax.Array:
+  """``(1 + s)^-a`` (FedBuff's polynomial staleness discount); 1 for ``a = 0``."""
+  if not is_traced(exponent) and exponent == 0:
+    return jnp.ones(staleness.shape, jnp.float32)
+  return jnp.power(1.0 + jnp.maximum(staleness, 0).astype(jnp.float32),
+                   -jnp.asarray(exponent, jnp.float32))

@@ -86,9 +86,27 @@ class Report(NamedTuple):
   files: dict[str, str | bytes] = {}
 
 
+class Reads(NamedTuple):
+  """Which clients a round reads (their data and their per-client state), for a population held in a
+  window (:attr:`fedtree.core.data.FederatedData.window`, :mod:`fedtree.population`).
+
+  Attributes:
+    clients: ``clients(state, key) -> int32[D]`` every client the round of ``key`` (the round's key,
+      as the loop gives it) may read, repeats allowed.
+    needs_state: whether ``clients`` needs the state the round starts from (then a round's clients
+      are known only once the round before it has run); ``False``: any state of the run gives them.
+  """
+
+  clients: Callable[[Any, jax.Array], jax.Array]
+  needs_state: bool = False
+
+
 class FederatedAlgorithm(NamedTuple):
   """``init(key) -> state``; ``round(state, data, key) -> (state, metrics)``;
   ``models(state) -> {name: NodeModels}``. ``name`` labels reports.
+
+  ``reads`` (optional, :class:`Reads`): which clients a round reads, so that a population held on
+  disk streams their rows in before it; ``None``: the algorithm reads every client (it cannot stream).
 
   ``report`` (optional): ``report(state, data, key, summaries) -> Report``, called once on the
   final state with the run's root key and the standard summaries of ``models(state)``, for
@@ -99,9 +117,7 @@ class FederatedAlgorithm(NamedTuple):
   Example:
     The smallest algorithm: a round counter and one scalar, one gradient step a round:
 
-    >>> import jax, jax.numpy as jnp
     >>> from typing import NamedTuple
-    >>> from fedtree.core import loop
     >>> class Toy(NamedTuple):
     ...   round: jax.Array  # int32[]
     ...   w: jax.Array      # []
@@ -120,6 +136,7 @@ class FederatedAlgorithm(NamedTuple):
   name: str = "algorithm"
   report: Callable[[Any, FederatedData, jax.Array, dict], Report] | None = None
   rounds: int | None = None  # a composition of fixed length (sequential): its number of rounds
+  reads: Reads | None = None
 
 
 @dataclasses.dataclass(frozen=True)

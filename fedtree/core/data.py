@@ -46,9 +46,16 @@ class FederatedData:
       training (:func:`fedtree.core.tier.train_cohort`) gathers batches by index from the
       shared flat arrays; test splits stay padded.
     ragged_max_train: the largest client's training count (static; ragged layout only).
+    window: ``None`` (every client's rows are held), or ``int32[C]`` for a *window* of the
+      population (:mod:`fedtree.population`): the arrays with a row per client (``x_*``, ``y_*``,
+      ``train_offset``) then hold ``W`` rows, those of the clients a round reads, client ``c``'s
+      at row ``window[c]`` (clients outside the window: any row, never read), while ``n_train`` and
+      ``n_test`` keep every client's count. A round indexes a client's data, and its paged state,
+      by its row (:attr:`fedtree.core.sampling.Cohort.rows`, :meth:`windowed`); its randomness and
+      its aggregation by its index, so a round over a window computes bitwise what it computes over
+      the whole population.
 
   Example:
-    >>> import numpy as np
     >>> train = [(np.ones((n, 4)), np.zeros(n, np.int32)) for n in (3, 1)]   # 2 clients
     >>> data = from_client_arrays(train, [(x[:1], y[:1]) for x, y in train], num_classes=2)
     >>> data.x_train.shape, data.n_train.tolist(), data.num_clients
@@ -64,6 +71,7 @@ class FederatedData:
   num_classes: int = struct.field(pytree_node=False, default=0)
   train_offset: Array | None = None
   ragged_max_train: int = struct.field(pytree_node=False, default=0)
+  window: Array | None = None
 
   @property
   def ragged(self) -> bool:
@@ -73,6 +81,16 @@ class FederatedData:
   @property
   def num_clients(self) -> int:
     return int(self.n_train.shape[0])
+
+  @property
+  def windowed(self) -> bool:
+    """Whether the per-client rows hold a window of the population (see ``window``)."""
+    return self.window is not None
+
+  def rows_of(self, clients: jax.Array) -> jax.Array:
+    """Every client of ``clients`` (indices into the population) as its row in the per-client
+    arrays: itself, or its row of the window."""
+    return clients if self.window is None else jax.numpy.take(self.window, clients)
 
   @property
   def max_train(self) -> int:
@@ -97,13 +115,20 @@ class FederatedData:
   def validate(self, topology: Topology | None = None) -> FederatedData:
     """Checks shapes and counts (and agreement with ``topology``); returns ``self``."""
     c = self.n_train.shape[0]
-    names = ("n_train", "x_test", "y_test", "n_test") + (("train_offset",) if self.ragged else
-                                                          ("x_train", "y_train"))
-    for name in names:
-      if getattr(self, name).shape[0] != c:
+    rows = c if self.window is None else int(self.x_test.shape[0])
+    if self.window is not None and self.ragged:
+      raise ValueError("a window of the population holds padded rows (FederatedData.window with a ragged "
+                       "training split, train_offset, is not supported)")
+    if self.window is not None and tuple(self.window.shape) != (c,):
+      raise ValueError(f"FederatedData.window has shape {tuple(self.window.shape)}; it needs one row per "
+                       f"client ({c},)")
+    names = (("n_train", c), ("x_test", rows), ("y_test", rows), ("n_test", c)) + (
+      (("train_offset", rows),) if self.ragged else (("x_train", rows), ("y_train", rows)))
+    for name, want in names:
+      if getattr(self, name).shape[0] != want:
         raise ValueError(
           f"FederatedData.{name} has {getattr(self, name).shape[0]} clients, n_train has {c}"
-        )
+          + ("" if self.window is None else f" (and the window {rows} rows)"))
     # class labels [C, M] (flat: [N]), or next tokens [C, M, T] (flat: [N, T])
     lead = 1 if self.ragged else 2
     splits = (("y_train", self.y_train, self.x_train, lead), ("y_test", self.y_test, self.x_test, 2))
@@ -138,7 +163,8 @@ class FederatedData:
       raise ValueError(f"client(s) {empty[:10].tolist()} have no training examples (n_train == 0)")
     if self.num_classes <= 0:
       raise ValueError(f"num_classes={self.num_classes} must be positive")
-    self._check_labels()
+    if self.window is None:   # (a window's rows come from a store whose labels were checked when written)
+      self._check_labels()
     if topology is not None and topology.num_clients != c:
       raise ValueError(
         f"the tree has {topology.num_clients} clients but the data has {c}: "
@@ -191,6 +217,8 @@ class FederatedData:
       ValueError: naming the first client (and example) whose input holds a NaN or an infinity.
     """
     self.validate()
+    if self.window is not None:   # a window's rows come from a store that checked them when written
+      return self
     for split in ("train", "test"):
       x = getattr(self, f"x_{split}")
       if not np.issubdtype(x.dtype, np.floating) or (isinstance(x, jax.Array) and not x.is_fully_addressable):

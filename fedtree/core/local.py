@@ -457,15 +457,15 @@ class ClientRound(NamedTuple):
     client: ``int32[]`` the client's index.
     parent: ``int32[]`` its parent's index.
     broadcast: what its parent sends beside the model (its row of the server rule's
-      :attr:`~fedtree.core.server_rule.ServerRule.send`, e.g. SCAFFOLD's control variate ``c``;
+      :attr:`~fedtree.core.server_rule.Downlink.broadcast`, e.g. SCAFFOLD's control variate ``c``;
       ``()`` when the parent keeps nothing more).
     fraction: ``[]`` the fraction of its parent's clients sampled this round (``|S| / N``).
     weight: ``[]`` its aggregation weight.
     learning_rate: the local learning rate when the host knows it (a float, or a traced scalar in
       a sweep), else ``None``.
-    own: what its parent sends this client alone (the ``extra`` of its parcel,
-      :attr:`~fedtree.core.server_rule.ServerRule.send_each`: FedFomo's candidate models); ``()``
-      when the parent sends every child the same.
+    extra: what its parent sends this client alone (the ``extra`` of its parcel,
+      :attr:`~fedtree.core.server_rule.Downlink.parcels`: FedFomo's candidate models); ``()`` when
+      the parent sends every child the same.
   """
 
   client: jax.Array
@@ -474,7 +474,7 @@ class ClientRound(NamedTuple):
   fraction: jax.Array
   weight: jax.Array
   learning_rate: Any = None
-  own: PyTree = ()
+  extra: PyTree = ()
 
 
 class ClientUpdate(NamedTuple):

@@ -266,16 +266,9 @@ def run(
   Example:
     HierFAVG on root -> 2 groups -> 5 clients, 4 rounds fused 2 per compiled call:
 
-    >>> import jax, optax
     >>> from fedtree.algorithms import hierfavg
     >>> from fedtree.core.data import as_device
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.core.topology import Topology
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
     >>> data = as_device(data)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> alg = hierfavg(model=model, topology=Topology.from_labels(groups), data=data,
     ...                local_optimizer=optax.sgd(0.1), schedule=LocalSchedule(batch_size=8, steps=2))
     >>> rows = []

@@ -184,3 +184,9 @@ def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) 
   nll = -jnp.take_along_axis(logp, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
   m = token_mask(labels, mask).astype(logp.dtype)
   return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def independent_models(model, key: jax.Array, k: int) -> Any:
+  """``k`` independently initialized models ``[k, ...]``, model ``j`` from ``fold_in(key, j)``: IFCA's
+  random initialization of its cluster models, and FedEM's of its components."""
+  return jax.vmap(lambda j: model.init(jax.random.fold_in(key, j)))(jnp.arange(k))

@@ -25,8 +25,6 @@ where a part has none.
 Example:
   The head of a 2-layer MLP personal to each client:
 
-  >>> import jax
-  >>> from fedtree.models import build_model
   >>> model = build_model("mlp", example_shape=(8,), num_classes=3, hidden=(16,))
   >>> params = model.init(jax.random.key(0))
   >>> levels = share_levels(Personal(patterns=("Dense_1",)), params, depth=1)

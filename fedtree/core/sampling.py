@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -38,20 +39,29 @@ class Cohort(NamedTuple):
     clients: ``int32[K]`` child index of each slot (a valid index even in padding slots).
     parent: ``int32[K]`` parent node of each slot.
     valid: ``bool[K]``, false for padding slots.
+    rows: ``int32[K]`` each slot's row in the per-client arrays the round holds (its data and its
+      paged state) where they hold a window of the population rather than every client
+      (:meth:`fedtree.core.data.FederatedData.windowed`); ``None``: the client's own index.
   """
 
   clients: jax.Array
   parent: jax.Array
   valid: jax.Array
+  rows: jax.Array | None = None
+
+  @property
+  def row(self) -> jax.Array:
+    """``int32[K]`` each slot's row in the per-client arrays (its client's index when they hold
+    every client)."""
+    return self.clients if self.rows is None else self.rows
 
   def scatter(self, base, values, mask: jax.Array | None = None):
-    """``base`` (a pytree of ``[C, ...]`` per-client arrays) with client ``clients[s]``'s row
-    set to ``values[s]`` for every slot ``s`` of ``mask`` (default ``valid``: padding slots
-    write nowhere). ``values`` is a pytree like ``base`` of ``[K, ...]`` slot values, or a
-    scalar broadcast to every written row.
+    """``base`` (a pytree of ``[C, ...]`` per-client arrays, or of a window's rows) with slot ``s``'s
+    row (:attr:`row`) set to ``values[s]`` for every slot ``s`` of ``mask`` (default ``valid``:
+    padding slots write nowhere). ``values`` is a pytree like ``base`` of ``[K, ...]`` slot values,
+    or a scalar broadcast to every written row.
 
     Example:
-      >>> import jax.numpy as jnp
       >>> cohort = Cohort(clients=jnp.array([3, 1, 0]), parent=jnp.zeros(3, jnp.int32),
       ...                 valid=jnp.array([True, True, False]))
       >>> cohort.scatter(jnp.zeros(4), jnp.array([5.0, 7.0, 9.0])).tolist()
@@ -61,7 +71,7 @@ class Cohort(NamedTuple):
     if not leaves:
       return base
     mask = self.valid if mask is None else mask
-    idx = jnp.where(mask, self.clients, leaves[0].shape[0])
+    idx = jnp.where(mask, self.row, leaves[0].shape[0])
     return jax.tree.map(lambda b, v: b.at[idx].set(v, mode="drop"), base, values)
 
 
@@ -432,7 +442,7 @@ def poisson_sampler(parent, rate: float, *, max_slots=None, overflow_probability
 # slots by other rules; each returns a ``Cohort`` laid out exactly as ``sampler(key)`` would be.
 
 SAMPLING = ("uniform", "poisson", "data_size", "available", "power_of_choice")
-"""The strategies :func:`fedtree.algorithms.hierfavg.hierfavg` takes as ``sampling=``."""
+"""The strategies :func:`fedtree.algorithms.host.hierfavg.hierfavg` takes as ``sampling=``."""
 
 
 def check_sampling(sampling: str) -> str:
@@ -466,7 +476,6 @@ def weighted_cohort(sampler: CohortSampler, key: jax.Array, weights: jax.Array) 
   (less than proportional for the heaviest children).
 
   Example:
-    >>> import jax, jax.numpy as jnp
     >>> sampler = cohort_sampler([0, 0, 0, 1, 1], 1)
     >>> cohort = weighted_cohort(sampler, jax.random.key(0), jnp.array([0.0, 0.0, 5.0, 1.0, 0.0]))
     >>> cohort.clients.tolist(), cohort.valid.tolist()
@@ -530,11 +539,12 @@ def candidate_losses(model, parent_params, candidates: Cohort, data, *, chunk_si
     x_flat, y_flat, offset = (jnp.asarray(a) for a in (data.x_train, data.y_train, data.train_offset))
 
     def rows(c):
-      idx = jnp.minimum(jnp.take(offset, c) + width, last)
+      idx = jnp.minimum(jnp.take(offset, data.rows_of(c)) + width, last)
       return jnp.take(x_flat, idx, axis=0), jnp.take(y_flat, idx, axis=0)
   else:
     def rows(c):
-      return data.x_train[c], data.y_train[c]
+      r = data.rows_of(c)
+      return data.x_train[r], data.y_train[r]
 
   def one(cg):
     c, g = cg
@@ -549,6 +559,24 @@ def candidate_losses(model, parent_params, candidates: Cohort, data, *, chunk_si
   return jax.lax.map(one, pairs, batch_size=int(chunk_size))
 
 
+class Strategy(NamedTuple):
+  """A sampling strategy over a :class:`CohortSampler` (:func:`sampling_strategy`).
+
+  Attributes:
+    draw: ``draw(key, parent_params, time, data) -> Cohort``, the round's cohort (``data``: the round's
+      data, whose rows a strategy that scores its candidates reads).
+    reads: ``reads(key, parent_params, time) -> int32[D]``: every client whose data the draw and the
+      round may read (the cohort, or power of choice's candidates), so that a streamed population
+      holds their rows before the round.
+    needs_state: whether ``reads`` depends on the round's own ``parent_params`` or ``time`` (then the
+      clients of round ``t + 1`` are known only once round ``t`` has run).
+  """
+
+  draw: Callable
+  reads: Callable
+  needs_state: bool = False
+
+
 def sampling_strategy(
   sampler: CohortSampler,
   sampling: str,
@@ -558,10 +586,10 @@ def sampling_strategy(
   candidates: int | None = None,
   online=None,
   chunk_size: int | None = None,
-):
-  """``draw(key, parent_params, time) -> Cohort`` for a strategy of :data:`SAMPLING`, in
-  ``sampler``'s layout (``"uniform"`` is ``sampler(key)`` itself, and so is ``"poisson"``: a
-  :class:`PoissonSampler` draws its own cohorts).
+) -> Strategy:
+  """The :class:`Strategy` of :data:`SAMPLING`'s ``sampling`` in ``sampler``'s layout (``"uniform"``
+  draws ``sampler(key)`` itself, and so does ``"poisson"``: a :class:`PoissonSampler` draws its own
+  cohorts).
 
   Args:
     sampler: the cohort's sampler (``k_g`` per parent).
@@ -569,7 +597,7 @@ def sampling_strategy(
       ``"available"`` (uniform among ``online(time)``), ``"power_of_choice"`` (``candidates``
       per parent drawn by examples, default ``2 k_g`` at most the group; the ``k_g`` of highest
       :func:`candidate_losses` under ``parent_params`` kept).
-    data: the federated data (examples per client; power of choice: padded or ragged).
+    data: the federated data (examples per client).
     model: the model (power of choice).
     candidates: power-of-choice candidates per parent.
     online: ``online(time) -> bool[N]`` (``"available"``).
@@ -583,14 +611,23 @@ def sampling_strategy(
   check_sampling(sampling)
   if candidates is not None and sampling != "power_of_choice":
     raise ValueError(f"candidates={candidates!r} is for sampling='power_of_choice', not {sampling!r}")
-  if sampling in ("uniform", "poisson"):
-    return lambda key, parent_params, time: sampler(key)
-  if sampling == "data_size":
-    return lambda key, parent_params, time: weighted_cohort(sampler, key, data.n_train)
-  if sampling == "available":
-    if online is None:
-      raise ValueError("sampling='available' needs systems= with an availability schedule")
-    return lambda key, parent_params, time: weighted_cohort(sampler, key, online(time))
+  if sampling in ("uniform", "poisson", "data_size", "available"):
+    if sampling in ("uniform", "poisson"):
+      def draw(key, parent_params, time, data_):
+        return sampler(key)
+    elif sampling == "data_size":
+      n_train = data.n_train
+
+      def draw(key, parent_params, time, data_):
+        return weighted_cohort(sampler, key, n_train)
+    else:
+      if online is None:
+        raise ValueError("sampling='available' needs systems= with an availability schedule")
+
+      def draw(key, parent_params, time, data_):
+        return weighted_cohort(sampler, key, online(time))
+    return Strategy(draw, lambda key, parent_params, time: draw(key, parent_params, time, None).clients,
+                    needs_state=sampling == "available")
   if chunk_size is not None and int(chunk_size) < 1:
     raise ValueError(f"chunk_size={chunk_size!r} must be >= 1 (candidates scored at once) or None")
   if chunk_size is None and data.ragged:
@@ -601,10 +638,12 @@ def sampling_strategy(
     raise ValueError(f"candidates={candidates!r} must be >= the cohort of every leaf parent "
                      f"({max(sampler.sizes)})")
   candidate_sampler = cohort_sampler(np.asarray(sampler.parent), np.minimum(wanted, groups), chunk_size=None)
+  n_train = data.n_train
 
-  def power_of_choice(key, parent_params, time):
-    cand = weighted_cohort(candidate_sampler, key, data.n_train)
-    losses = candidate_losses(model, parent_params, cand, data, chunk_size=chunk_size)
+  def power_of_choice(key, parent_params, time, data_):
+    cand = weighted_cohort(candidate_sampler, key, n_train)
+    losses = candidate_losses(model, parent_params, cand, data_, chunk_size=chunk_size)
     return top_scores(sampler, cand, losses, jax.random.fold_in(key, 1))
 
-  return power_of_choice
+  return Strategy(power_of_choice,
+                  lambda key, parent_params, time: weighted_cohort(candidate_sampler, key, n_train).clients)

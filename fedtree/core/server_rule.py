@@ -3,38 +3,42 @@ updates from what they send back: the seam of SCAFFOLD's control variate, FedDyn
 normalisation, Mime's momentum and AFL's mixture weights.
 
 A :class:`ServerRule` is a pair of pure functions in the optax style, stacked over the nodes of
-the server level that runs it (the clients' parents, ``[N, ...]``):
+the server level that runs it (the clients' parents, ``[N, ...]``), and two typed records of what
+travels each way beside the model:
 
 * ``init(params, num_nodes) -> state [N, ...]`` (``params``: one model, the template);
-* ``send(state) -> broadcast [N, ...]``: what every child receives beside its parent's model, as
-  :attr:`fedtree.core.local.ClientRound.broadcast` (``None``: the state itself);
 * ``receive(inbox, state) -> (pseudo_gradient, state, stats)``: from the round's :class:`Inbox`
   (the mean pseudo-gradient of the reporting children after the update path, the sums of the
   messages they sent beside it, how many were sampled, reported and exist), the pseudo-gradient
   the node's optax server optimizer then applies, the new state and ``{name: [N]}`` statistics;
-* optionally ``gather`` and ``prepare``: a pass over the round's cohort *before* training (Mime's
-  full-batch gradients at the received model, from which the server forms the control variate
-  every client then uses): ``gather`` is a :class:`~fedtree.core.local.ClientUpdate` that
-  ``takes_round`` and keeps no state, run on every taking-part client from its parent's model
-  (its model output is ignored), whose messages, summed per parent in an :class:`Inbox`
-  (``pseudo_gradient`` ``()``), reach ``prepare(inbox, state) -> state`` before ``send``. It costs
-  one more vmapped pass over the cohort, and its messages count in the uplink bytes.
-* ``weights(host_weights [C], state) -> [C]`` (optional): the aggregation weight of every client in
-  this round's mean, from the rule's state (AFL's mixture weights ``λ``); ``None``: the host's
-  (``weighting``). The levels above keep the host's weights.
+* ``down`` (:class:`Downlink`), what goes down: ``broadcast(state) -> [N, ...]``, what every child
+  receives beside its parent's model (:attr:`fedtree.core.local.ClientRound.broadcast`; ``None``:
+  the state itself); every sampled child's own ``parcels`` (below); and ``gather`` / ``prepare``, a
+  pass over the round's cohort *before* training (Mime's full-batch gradients at the received
+  model, from which the server forms the control variate every client then uses): ``gather`` is a
+  :class:`~fedtree.core.local.ClientUpdate` that ``takes_round`` and keeps no state, run on every
+  taking-part client from its parent's model (its model output is ignored), whose messages,
+  summed per parent in an :class:`Inbox` (``pseudo_gradient`` ``()``), reach ``prepare(inbox,
+  state) -> state`` before ``broadcast``. It costs one more vmapped pass over the cohort, and its
+  messages count in the uplink bytes.
+* ``up`` (:class:`Uplink`), what comes up beyond the mean: ``weights(host_weights [C], state) ->
+  [C]``, the aggregation weight of every client in this round's mean, from the rule's state (AFL's
+  mixture weights ``λ``; ``None``: the host's ``weighting``; the levels above keep the host's
+  weights), and ``slots``, every slot's own exchange (below).
 
 **Each child its own parcel.** Where a server sends every sampled child something of its own rather
 than one model to all (FedAMP's per-client cloud model, FedFomo's candidate models, pFedHN's
-generated weights), ``send_each(outbox) -> Parcels`` makes every cohort slot's parcel before the
+generated weights), ``down.parcels(outbox) -> Parcels`` makes every cohort slot's parcel before the
 round's training, as one array program over the cohort (:class:`Outbox`: the rule's state, the
 nodes' models, the clients' persistent state at the round's start and each slot's client, parent
 and position among its parent's slots). A parcel's ``start`` (``[K, ...]``) is the model the slot
 receives *instead of* its parent's: it starts from it, and its update is taken against it; its
-``extra`` reaches the client's update as :attr:`~fedtree.core.local.ClientRound.own`. A rule with
-``slots=True`` receives every slot's sent model in :attr:`Inbox.slots` (pFedHN's hypernetwork needs
-each client's own update, not their mean). ``wire(model_bytes) -> (down, up)`` states one sampled
-client's bytes each way where they are not the host's count (a model each way, plus the broadcast,
-the parcel's extra and the message): FedFomo's clients receive ``M`` models and no parent's model.
+``extra`` reaches the client's update as :attr:`~fedtree.core.local.ClientRound.extra`. A rule with
+``up.slots=True`` receives every slot's sent model in :attr:`Inbox.slots` (pFedHN's hypernetwork
+needs each client's own update, not their mean). ``down.bytes`` / ``up.bytes`` (``model_bytes ->
+bytes``) state one sampled client's bytes each way where they are not the host's count (a model
+each way, plus the broadcast, the parcel's extra and the message): FedFomo's clients receive ``M``
+models and no parent's model.
 
 Only nodes whose children reported change their state (the engine keeps the others'). A client
 that sends something up beside its model returns it as its update's ``message``
@@ -87,7 +91,7 @@ class Inbox(NamedTuple):
       (``population`` under uniform weights, their examples under ``weighting="examples"``), so
       that ``pseudo_gradient * weight_sum / population_weight`` is the reporting children's share
       of a mean over every child (FedDyn's ``(1/m) Σ_{i∈P} Δ_i``); ``None`` where not given.
-    slots: every cohort slot's exchange (:class:`Slots`) for a rule with ``slots=True``, else
+    slots: every cohort slot's exchange (:class:`Slots`) for a rule with ``up.slots``, else
       ``None``.
   """
 
@@ -103,7 +107,7 @@ class Inbox(NamedTuple):
 
 
 class Slots(NamedTuple):
-  """Every cohort slot's exchange this round (:attr:`Inbox.slots`, for a rule with ``slots=True``), in
+  """Every cohort slot's exchange this round (:attr:`Inbox.slots`, for a rule with ``up.slots``), in
   the cohort's slot order.
 
   Attributes:
@@ -128,7 +132,7 @@ class Slots(NamedTuple):
 
 
 class Outbox(NamedTuple):
-  """What a server level holds when it makes every sampled child its own parcel (``send_each``),
+  """What a server level holds when it makes every sampled child its own parcel (``down.parcels``),
   before the round's training. Cohort fields are ``[K]`` in the cohort's slot order.
 
   Attributes:
@@ -161,13 +165,13 @@ class Outbox(NamedTuple):
 
 
 class Parcels(NamedTuple):
-  """Every cohort slot's parcel (``send_each``'s result), ``[K, ...]`` in the cohort's slot order.
+  """Every cohort slot's parcel (``down.parcels``' result), ``[K, ...]`` in the cohort's slot order.
 
   Attributes:
     start: the model each slot receives instead of its parent's (it starts from it and its update
       is taken against it); ``None``: its parent's.
     extra: what each slot's update receives beside it, as
-      :attr:`~fedtree.core.local.ClientRound.own` (``()``: nothing).
+      :attr:`~fedtree.core.local.ClientRound.extra` (``()``: nothing).
     stats: ``{name: []}`` round statistics (e.g. a mean attention weight), reported as metrics.
   """
 
@@ -176,47 +180,74 @@ class Parcels(NamedTuple):
   stats: Stats = {}
 
 
+class Downlink(NamedTuple):
+  """What a server rule sends its children beyond (or instead of) its model; every entry optional.
+
+  Attributes:
+    broadcast: ``broadcast(state) -> [N, ...]``: what every child receives beside its parent's model,
+      as :attr:`fedtree.core.local.ClientRound.broadcast` (``None``: the state itself).
+    parcels: ``parcels(outbox) -> Parcels``: every sampled child's own parcel, made before the
+      round's training (see the module docstring; ``None``: every child receives its parent's model
+      and broadcast alone).
+    gather: a client pass before training (see the module docstring; ``None``: none), whose messages
+      reach ``prepare``.
+    prepare: ``prepare(inbox, state) -> state`` from the messages of the ``gather`` pass.
+    bytes: ``bytes(model_bytes) -> int``: one sampled client's bytes down per round, given the bytes
+      of one model's shared leaves, where the host's count (a model, the broadcast and the parcel's
+      extra) is not what travels (``None``: the host's).
+  """
+
+  broadcast: Callable[[PyTree], PyTree] | None = None
+  parcels: Callable[[Outbox], Parcels] | None = None
+  gather: ClientUpdate | None = None
+  prepare: Callable[[Inbox, PyTree], PyTree] | None = None
+  bytes: Callable[[int], int] | None = None
+
+
+class Uplink(NamedTuple):
+  """What a server rule takes in from its children beyond their mean update; every entry optional.
+
+  Attributes:
+    slots: the rule receives every slot's exchange in :attr:`Inbox.slots` (``[K, ...]`` models held
+      at once; ``False``: ``None`` there).
+    weights: ``weights(host_weights [C], state) -> [C]``: the clients' aggregation weights this round
+      (``None``: the host's).
+    bytes: ``bytes(model_bytes) -> int``: one sampled client's bytes up per round, where the host's
+      count (a model and the message) is not what travels (``None``: the host's).
+  """
+
+  slots: bool = False
+  weights: Callable[[jax.Array, PyTree], jax.Array] | None = None
+  bytes: Callable[[int], int] | None = None
+
+
 class ServerRule(NamedTuple):
   """See the module docstring.
 
   Attributes:
     init: ``init(params, num_nodes) -> state [N, ...]``.
     receive: ``receive(inbox, state) -> (pseudo_gradient [N, ...], state [N, ...], stats {name: [N]})``.
-    send: ``send(state) -> [N, ...]`` what the children receive beside the model (``None``: the state).
     name: names the rule in errors and refusals.
-    gather: a client pass before training (see the module docstring; ``None``: none).
-    prepare: ``prepare(inbox, state) -> state`` from the gathered messages (with ``gather``).
-    weights: ``weights(host_weights [C], state) -> [C]`` the clients' aggregation weights this round
-      (``None``: the host's).
-    send_each: ``send_each(outbox) -> Parcels``, every sampled child's own parcel (see the module
-      docstring; ``None``: every child receives its parent's model and broadcast alone).
-    slots: the rule receives every slot's exchange in :attr:`Inbox.slots` (``[K, ...]`` models
-      held at once; ``False``: ``None`` there).
-    wire: ``wire(model_bytes) -> (down, up)``: one sampled client's bytes each way per round, given
-      the bytes of one model's shared leaves, where the host's count (a model each way, plus the
-      broadcast, the parcel's extra and the message) is not what travels (``None``: the host's).
+    down: what the rule sends its children beyond its model (:class:`Downlink`).
+    up: what it takes in from them beyond their mean update (:class:`Uplink`).
     init_key: ``init`` takes a third argument, a PRNG key from the run's (a random start: pFedHN's
       hypernetwork and client embeddings).
   """
 
   init: Callable[[PyTree, int], PyTree]
   receive: Callable[[Inbox, PyTree], tuple[PyTree, PyTree, Stats]]
-  send: Callable[[PyTree], PyTree] | None = None
   name: str = "server_rule"
-  gather: ClientUpdate | None = None
-  prepare: Callable[[Inbox, PyTree], PyTree] | None = None
-  weights: Callable[[jax.Array, PyTree], jax.Array] | None = None
-  send_each: Callable[[Outbox], Parcels] | None = None
-  slots: bool = False
-  wire: Callable[[int], tuple[int, int]] | None = None
+  down: Downlink = Downlink()
+  up: Uplink = Uplink()
   init_key: bool = False
 
 
 def broadcast_of(rule: ServerRule | None, state: PyTree) -> PyTree:
-  """What the children receive beside the model: ``rule.send(state)``, the state itself, or ``()``."""
+  """What the children receive beside the model: ``rule.down.broadcast(state)``, the state itself,
+  or ``()``."""
   if rule is None:
     return ()
-  return state if rule.send is None else rule.send(state)
+  return state if rule.down.broadcast is None else rule.down.broadcast(state)
 
 
 def receive(rule: ServerRule, inbox: Inbox, state: PyTree) -> tuple[PyTree, PyTree, Stats]:
@@ -226,20 +257,20 @@ def receive(rule: ServerRule, inbox: Inbox, state: PyTree) -> tuple[PyTree, PyTr
 
 
 def prepare(rule: ServerRule, inbox: Inbox, state: PyTree) -> PyTree:
-  """``rule.prepare`` on every node; nodes none of whose children took part keep their state."""
-  assert rule.prepare is not None
-  return select_nodes(inbox.reported > 0, rule.prepare(inbox, state), state)
+  """``rule.down.prepare`` on every node; nodes none of whose children took part keep their state."""
+  assert rule.down.prepare is not None
+  return select_nodes(inbox.reported > 0, rule.down.prepare(inbox, state), state)
 
 
 def check_rule(rule: ServerRule | None, algorithm: str) -> ServerRule | None:
-  """``rule`` if its ``gather`` pass is well formed (a stateless update that ``takes_round``,
+  """``rule`` if its pass before training is well formed (a stateless update that ``takes_round``,
   with a ``prepare``), else a ``ValueError`` naming the algorithm and the rule."""
-  if rule is None or (rule.gather is None and rule.prepare is None):
+  if rule is None or (rule.down.gather is None and rule.down.prepare is None):
     return rule
-  if rule.gather is None or rule.prepare is None:
+  if rule.down.gather is None or rule.down.prepare is None:
     raise ValueError(f"{algorithm}: server rule {rule.name!r} gives only one of gather and prepare; a pass "
                      f"before training needs both (the clients' messages and what the server makes of them)")
-  if not rule.gather.takes_round or rule.gather.init_state is not None:
+  if not rule.down.gather.takes_round or rule.down.gather.init_state is not None:
     raise ValueError(f"{algorithm}: server rule {rule.name!r}'s gather pass must take the round "
                      f"(takes_round=True, to send its message) and keep no client state")
   return rule

@@ -19,6 +19,7 @@ one per chunk (which would cost a tree with many parents more than a flat round)
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -55,6 +56,117 @@ from fedtree.core.updates import (
 )
 
 PyTree = Any
+
+
+class Tier(NamedTuple):
+  """How a tier of clients trains: fixed for a run (static under ``jit``).
+
+  Attributes:
+    update: the client update, vmapped over each chunk.
+    path: the update path between a client's training and its parent's aggregate
+      (:mod:`fedtree.core.updates`): a client transform on every delta (after the non-finite
+      check, before weighting), the aggregator (the streamed weighted mean, or a blockwise one
+      given every parent's cohort as a ``[P, block_size, ...]`` block) and the node transform on
+      every parent's ``(delta_sum, weight_sum)``. ``None``: the weighted mean. With
+      ``keep_client_params``, the kept models are what the clients sent: ``anchor - transformed
+      delta``. The path's ``down`` transform is the caller's to apply to the parents' models
+      (:func:`fedtree.core.updates.send_down`).
+    chunk_size: clients trained at once; ``None`` trains the whole cohort in one ``vmap``.
+    parent_aligned: every chunk holds children of one parent only (see
+      ``CohortSampler.parent_aligned``): each chunk then broadcasts that parent's model instead
+      of gathering one copy per client, which XLA fuses into its consumers.
+    batch_order: the order of local minibatches (``LocalSchedule.batch_order``): ``"shuffled"``,
+      ``"fixed"`` or ``"cyclic"``.
+    batch_size: the local batch size; needed by ``"cyclic"`` to wrap the cursors.
+    skip_nonfinite: a client whose update (model delta or loss) is not finite is left out
+      instead of poisoning its parent's mean, as production FL systems do: weight 0, its
+      persistent state unchanged, its loss not averaged, counted in ``num_skipped``. Off by
+      default, so that divergence stops a run (``fedtree.core.loop``) rather than hiding.
+    block_size: the largest cohort of a parent (``max(CohortSampler.sizes)``), needed by a
+      blockwise aggregator.
+    learning_rate: the local learning rate an update that ``takes_round`` is told (or ``None``).
+    personal: a pytree of bools shaped as the model, true at the leaves personal to each client
+      (:mod:`fedtree.core.personal`): a client starts from its own personal leaves there and from
+      its parent's model elsewhere, keeps what it trained there, and sends (and its parent
+      aggregates) the shared leaves only; the pseudo-gradient is 0 at the personal leaves.
+      ``None``: every leaf shared.
+    keep_client_params: also return every slot's trained model ``[K, ...]`` (a skipped slot's:
+      the model it started from, so that the rows stay finite).
+  """
+
+  update: ClientUpdate
+  path: UpdatePath | None = None
+  chunk_size: int | None = None
+  parent_aligned: bool = False
+  batch_order: str = "shuffled"
+  batch_size: int | None = None
+  skip_nonfinite: bool = False
+  block_size: int | None = None
+  learning_rate: Any = None
+  personal: PyTree | None = None
+  keep_client_params: bool = False
+
+  @property
+  def cyclic(self) -> bool:
+    return self.batch_order == "cyclic"
+
+  @property
+  def has_personal(self) -> bool:
+    return self.personal is not None and any(jax.tree.leaves(self.personal))
+
+  @property
+  def active_path(self) -> UpdatePath | None:
+    """The update path, ``None`` where it is the plain weighted mean."""
+    return None if self.path is None or self.path.is_default else self.path
+
+
+class Down(NamedTuple):
+  """What the parents send their sampled children in a round (every field traced).
+
+  Attributes:
+    params: ``[P, ...]`` the parents' models.
+    broadcast: ``[P, ...]`` what every parent sends beside its model (a server rule's, see
+      :mod:`fedtree.core.server_rule`), an update that ``takes_round`` reads as
+      :attr:`~fedtree.core.local.ClientRound.broadcast` (``()``: nothing).
+    anchor: ``[P, ...]`` the models the pseudo-gradient is taken against, where they differ from
+      ``params`` (``None``: ``params``).
+    start: ``[K, ...]`` the model every cohort slot starts from and takes its update against, in
+      place of its parent's (a server rule's parcels,
+      :attr:`~fedtree.core.server_rule.Downlink.parcels`); ``None``: its parent's.
+    extra: ``[K, ...]`` what every slot's update receives as
+      :attr:`~fedtree.core.local.ClientRound.extra` (``()``: nothing).
+    population: ``[P]`` the clients under every parent, for the round's sampled fraction
+      (:attr:`~fedtree.core.local.ClientRound.fraction`; ``None``: the sampled ones, fraction 1).
+  """
+
+  params: PyTree
+  broadcast: PyTree = ()
+  anchor: PyTree | None = None
+  start: PyTree = None
+  extra: PyTree = ()
+  population: jax.Array | None = None
+
+
+class Clients(NamedTuple):
+  """The clients' side of a round (every field traced; ``C`` the population).
+
+  Attributes:
+    num_steps: ``int32[C]`` local steps of every client.
+    weights: ``[C]`` aggregation weight of every client (examples or ones).
+    state: ``[C, ...]`` persistent per-client state of the update, or ``()``.
+    cursor: ``int32[C]`` every client's batch cursor (``"cyclic"`` only: from
+      ``LocalSchedule.init_cursor``, then the previous ``TierResult.cursor``); each trained
+      client's cursor advances by its ``num_steps``. ``()`` for the other orders.
+    personal: ``[C, ...]`` every client's personal leaves (``None`` at the shared ones).
+    update_state: the update path's state (:func:`fedtree.core.updates.init_update_state`).
+  """
+
+  num_steps: jax.Array
+  weights: jax.Array
+  state: PyTree = ()
+  cursor: jax.Array | tuple = ()
+  personal: PyTree = None
+  update_state: UpdateState | None = None
 
 
 class TierResult(NamedTuple):
@@ -226,7 +338,7 @@ def message_shape(update: ClientUpdate, parent_params, client_state, data: Feder
   fdtype = jnp.result_type(jnp.float32, *jax.tree.leaves(parent_params))
   real: Any = jax.ShapeDtypeStruct((), fdtype)
   rnd = ClientRound(client=scalar, parent=scalar, broadcast=_row(broadcast), fraction=real, weight=real,
-                    own=_row(own))
+                    extra=_row(own))
   out = jax.eval_shape(lambda a, st, d, n, k, r: run_update(update, a, st, d, n, k, r._replace(
     learning_rate=learning_rate)), _row(parent_params), _row(client_state), cd, scalar, key, rnd)
   return out[3]
@@ -263,16 +375,16 @@ def _chunk_data(data: FederatedData, ch: Cohort, cursor, *, cyclic: bool, batch_
   chunk = ch.clients.shape[0]
   per_client = constrain_clients(dict(
     n=jnp.take(data.n_train, ch.clients, axis=0),
-    cursor=jnp.take(cursor, ch.clients) if cyclic else jnp.zeros((chunk,), jnp.int32),
+    cursor=jnp.take(cursor, ch.row) if cyclic else jnp.zeros((chunk,), jnp.int32),
     shuffle=jnp.full((chunk,), batch_order == "shuffled"),
   ))
   if data.ragged:
     flat: Any = data   # (ragged: flat rows and offsets)
     axes: Any = ClientData(x=None, y=None, n=0, cursor=0, shuffle=0, offset=0)   # type: ignore[arg-type]  # vmap axes
-    return (ClientData(x=flat.x_train, y=flat.y_train, offset=jnp.take(flat.train_offset, ch.clients),
+    return (ClientData(x=flat.x_train, y=flat.y_train, offset=jnp.take(flat.train_offset, ch.row),
                        **per_client), axes)
-  return ClientData(x=constrain_clients(jnp.take(data.x_train, ch.clients, axis=0)),
-                    y=constrain_clients(jnp.take(data.y_train, ch.clients, axis=0)), **per_client), 0
+  return ClientData(x=constrain_clients(jnp.take(data.x_train, ch.row, axis=0)),
+                    y=constrain_clients(jnp.take(data.y_train, ch.row, axis=0)), **per_client), 0
 
 
 def _on_devices(tree: PyTree) -> PyTree:
@@ -281,36 +393,35 @@ def _on_devices(tree: PyTree) -> PyTree:
 
 
 _ROUND_AXES = ClientRound(client=0, parent=0, broadcast=0, fraction=0, weight=0,  # type: ignore[arg-type]
-                          learning_rate=None, own=0)   # vmap's axes of a ClientRound
+                          learning_rate=None, extra=0)   # vmap's axes of a ClientRound
 
 
-def _train_chunk(update: ClientUpdate, parent_params, anchor_params, data, ch: Cohort, ch_steps,
-                 client_state, personal_params, parcel, *, cursor, cyclic, batch_order, key, weights, fdtype,
-                 broadcast, fraction, learning_rate, parent_aligned, personal):
+def _train_chunk(tier: Tier, down: Down, data, clients: Clients, ch: Cohort, ch_steps, client_state,
+                 personal_params, parcel, *, key, fdtype, fraction):
   """One chunk of clients: broadcast down (each client's own personal leaves where it has them),
-  local training vmapped over the chunk. ``parcel``: the chunk's ``(start, own)`` rows of the
+  local training vmapped over the chunk. ``parcel``: the chunk's ``(start, extra)`` rows of the
   slots' parcels (``start`` ``None``: the parents' models). Returns ``(start, anchor, params,
   state, loss, message, weight)`` per slot. Under a ``jax.set_mesh`` with a ``clients`` axis, each
   device trains its slice of the chunk (identity otherwise; see :mod:`fedtree.core.sharding`)."""
   slot_start, own_rows = parcel
   if slot_start is None:
-    start = constrain_clients(_rows_of(parent_params, ch, parent_aligned))
+    start = constrain_clients(_rows_of(down.params, ch, tier.parent_aligned))
   else:   # every slot's own model, in place of its parent's
     start = constrain_clients(slot_start)
-  if personal is not None:   # every client's own personal leaves, the parent's model elsewhere
-    own = _take(personal_params, ch.clients)
-    start = constrain_clients(merge(shared_part(start, personal), own, personal))
-  cdata, data_axes = _chunk_data(data, ch, cursor, cyclic=cyclic, batch_order=batch_order)
+  if tier.has_personal:   # every client's own personal leaves, the parent's model elsewhere
+    own = _take(personal_params, ch.row)
+    start = constrain_clients(merge(shared_part(start, tier.personal), own, tier.personal))
+  cdata, data_axes = _chunk_data(data, ch, clients.cursor, cyclic=tier.cyclic, batch_order=tier.batch_order)
   keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ch.clients)
-  w = jnp.where(ch.valid, jnp.take(weights, ch.clients).astype(fdtype), 0.0)
-  rnd = ClientRound(client=ch.clients, parent=ch.parent, broadcast=_take(broadcast, ch.parent),
-                    fraction=jnp.take(fraction, ch.parent), weight=w, learning_rate=learning_rate,
-                    own=own_rows)
+  w = jnp.where(ch.valid, jnp.take(clients.weights, ch.clients).astype(fdtype), 0.0)
+  rnd = ClientRound(client=ch.clients, parent=ch.parent, broadcast=_take(down.broadcast, ch.parent),
+                    fraction=jnp.take(fraction, ch.parent), weight=w, learning_rate=tier.learning_rate,
+                    extra=own_rows)
   params, new_state, loss, message = jax.vmap(
-    lambda *a: run_update(update, *a), in_axes=(0, 0, data_axes, 0, 0, _ROUND_AXES))(
-    start, constrain_clients(_take(client_state, ch.clients)), cdata, ch_steps, keys, rnd)
-  anchor = start if (anchor_params is parent_params or slot_start is not None) else _rows_of(
-    anchor_params, ch, parent_aligned)
+    lambda *a: run_update(tier.update, *a), in_axes=(0, 0, data_axes, 0, 0, _ROUND_AXES))(
+    start, constrain_clients(_take(client_state, ch.row)), cdata, ch_steps, keys, rnd)
+  anchor = start if (down.anchor is None or slot_start is not None) else _rows_of(
+    down.anchor, ch, tier.parent_aligned)
   return start, anchor, constrain_clients(params), new_state, loss, message, w
 
 
@@ -327,93 +438,118 @@ def _stat_names(path: UpdatePath | None, update_state: UpdateState, template, fd
   return tuple(stats)
 
 
-def train_cohort(
-  update: ClientUpdate,
-  parent_params: PyTree,
-  cohort: Cohort,
-  data: FederatedData,
-  *,
-  num_steps: jax.Array,
-  weights: jax.Array,
-  key: jax.Array,
-  client_state: PyTree = (),
-  chunk_size: int | None = None,
-  anchor_params: PyTree | None = None,
-  keep_client_params: bool = False,
-  parent_aligned: bool = False,
-  batch_order: str = "shuffled",
-  batch_size: int | None = None,
-  cursor: jax.Array | tuple = (),
-  skip_nonfinite: bool = False,
-  path: UpdatePath | None = None,
-  update_state: UpdateState | None = None,
-  block_size: int | None = None,
-  broadcast: PyTree = (),
-  population: jax.Array | None = None,
-  learning_rate: Any = None,
-  personal: PyTree | None = None,
-  personal_params: PyTree = None,
-  slot_start: PyTree = None,
-  slot_extra: PyTree = (),
-) -> TierResult:
-  """Trains every client of ``cohort`` from its parent's model and aggregates per parent.
+class _Scan(NamedTuple):
+  """What every chunk of one :func:`train_cohort` call shares (its static plan and this round's values)."""
+
+  tier: Tier
+  train: Callable            # _train_chunk with this call's records bound
+  acc: Any                   # the aggregator's accumulator (fedtree.core.updates.accumulator)
+  update_state: UpdateState  # the path's state at the round's start
+  update_key: jax.Array
+  num_parents: int
+  num_clients: int
+
+
+def _shared(tier: Tier, tree: PyTree) -> PyTree:
+  """What a child sends up of ``tree``: its shared leaves."""
+  return shared_part(tree, tier.personal) if tier.has_personal else tree
+
+
+def _chunk_step(scan: _Scan, carry: _Carry, xs):
+  """One chunk of the cohort: train it, check it, send it through the client stage and add it up."""
+  tier, path = scan.tier, scan.tier.active_path
+  (ch, ch_steps, ch_pos), parcel = xs
+  start, anchor, params, new_state, loss, message, w = scan.train(ch, ch_steps, carry.client_state,
+                                                                  carry.personal, parcel)
+  delta = _shared(tier, jax.tree.map(jnp.subtract, anchor, params))   # what the client sends up
+  ok = nonfinite_slots((delta, message), loss)
+  trained, skipped, first_bad = ch.valid, carry.skipped, carry.first_bad
+  if tier.skip_nonfinite:   # left out: weight 0, state unchanged, loss not averaged
+    delta = jax.tree.map(lambda d, m: jnp.where(m, d, 0), delta, _rows(ok, delta))
+    loss, w, trained = jnp.where(ok, loss, 0.0), jnp.where(ok, w, 0.0), ch.valid & ok
+    skipped = skipped + jnp.sum((ch.valid & ~ok).astype(jnp.int32))
+    if tier.keep_client_params:
+      params = jax.tree.map(lambda p, s, m: jnp.where(m, p, s), params, start, _rows(ok, params))
+  else:
+    first_bad = jnp.minimum(first_bad, jnp.min(jnp.where(ch.valid & ~ok, ch.clients, scan.num_clients)))
+  path_client, stat_sums = carry.path_client, carry.stat_sums
+  if path is not None:   # the update path's client stage, on every slot's delta
+    raw = delta
+    delta, path_client, sums = transform_chunk(path, path_client, delta, ch.clients, ch.parent, w, trained,
+                                               scan.update_state.node, scan.update_key, scan.num_parents,
+                                               rows=ch.row)
+    stat_sums = {n: stat_sums[n] + v for n, v in sums.items()}
+    if tier.keep_client_params and path.client is not None:   # what each client sent (its own, bitwise,
+      # where unchanged)
+      assert not tier.has_personal   # (refused by the hosts that keep client models)
+      params = jax.tree.map(lambda p, a, d, r: jnp.where(d == r, p, a - d), params, anchor, delta, raw)
+  fdtype = carry.loss_sum.dtype
+  new = carry._replace(
+    acc=scan.acc.add(carry.acc, Chunk(delta, w, ch.parent, ch_pos, ch.clients, trained)),
+    client_state=ch.scatter(carry.client_state, new_state, trained),  # padding/skipped: nowhere
+    loss_sum=carry.loss_sum + jnp.sum(jnp.where(trained, loss, 0.0)).astype(fdtype),
+    trained=carry.trained + jnp.sum(trained, dtype=jnp.int32), skipped=skipped, first_bad=first_bad,
+    reported=carry.reported.at[jnp.where(trained, ch.clients, scan.num_clients)].set(True, mode="drop"),
+    path_client=path_client, stat_sums=stat_sums,
+    message_sum=jax.tree.map(
+      lambda a, m, t: a + jax.ops.segment_sum(jnp.where(t, m, 0), ch.parent, num_segments=scan.num_parents),
+      carry.message_sum, message, _rows(trained, message)),
+    personal=(ch.scatter(carry.personal, personal_part(params, tier.personal), trained) if tier.has_personal
+              else None),
+  )
+  return new, (params if tier.keep_client_params else None)
+
+
+def _init_carry(scan: _Scan, down: Down, clients: Clients, data: FederatedData, key, fdtype) -> _Carry:
+  """The scan's start: empty sums, the clients' state as it is."""
+  tier = scan.tier
+  template = _shared(tier, down.params)   # what a child sends up: the shared leaves
+  n = scan.num_parents
+  return _Carry(
+    acc=scan.acc.init(template, n, fdtype), client_state=clients.state, loss_sum=jnp.zeros((), fdtype),
+    trained=jnp.zeros((), jnp.int32), skipped=jnp.zeros((), jnp.int32),
+    first_bad=jnp.full((), scan.num_clients, jnp.int32), reported=jnp.zeros((scan.num_clients,), bool),
+    path_client=scan.update_state.client,
+    stat_sums={s: jnp.zeros((n,), fdtype)
+               for s in _stat_names(tier.active_path, scan.update_state, template, fdtype)},
+    message_sum=jax.tree.map(lambda m: jnp.zeros((n,) + m.shape, m.dtype), message_shape(
+      tier.update, down.params, clients.state, data, down.broadcast, tier.learning_rate, key, down.extra)),
+    personal=clients.personal if tier.has_personal else None,
+  )
+
+
+def _check_tier(tier: Tier, clients: Clients, k: int) -> int:
+  """The chunk size of a cohort of ``k`` slots, after checking the batch order and the chunking."""
+  check_batch_order(tier.batch_order)
+  if tier.cyclic and (tier.batch_size is None or isinstance(clients.cursor, tuple)):
+    raise ValueError(
+      "batch_order='cyclic' needs Tier(batch_size=) and Clients(cursor=) (int32[C], "
+      f"LocalSchedule.init_cursor); got batch_size={tier.batch_size!r}, cursor={clients.cursor!r}")
+  chunk = k if tier.chunk_size is None else min(int(tier.chunk_size), k)
+  if k % chunk:
+    raise ValueError(f"cohort of {k} slots is not a multiple of chunk_size={chunk}")
+  return chunk
+
+
+def train_cohort(tier: Tier, down: Down, cohort: Cohort, data: FederatedData, clients: Clients,
+                 key: jax.Array) -> TierResult:
+  """Trains every client of ``cohort`` from what its parent sends and aggregates per parent.
 
   Args:
-    update: the client update, vmapped over each chunk.
-    parent_params: stacked ``[P, ...]`` models of the parent nodes.
-    cohort: sampled slots (length a multiple of ``chunk_size``).
+    tier: how the tier trains, fixed for a run (:class:`Tier`: the client update, the update path,
+      the chunking, the batch order, what is personal).
+    down: what the parents send this round (:class:`Down`: their models, their broadcast, every
+      slot's parcel).
+    cohort: sampled slots (length a multiple of ``tier.chunk_size``).
     data: the federated data (training split is used).
-    num_steps: ``int32[C]`` local steps of every client.
-    weights: ``[C]`` aggregation weight of every client (examples or ones).
-    key: randomness of this tier's round; client ``c`` uses ``fold_in(key, c)``.
-    client_state: ``[C, ...]`` persistent per-client state, or ``()``.
-    chunk_size: clients trained at once; ``None`` trains the whole cohort in one ``vmap``.
-    anchor_params: ``[P, ...]`` models the pseudo-gradient is taken against, when they differ
-      from the models clients start from (default ``parent_params``).
-    keep_client_params: also return every slot's trained model ``[K, ...]`` (a skipped slot's,
-      ``skip_nonfinite``: the model it started from, so that the rows stay finite).
-    parent_aligned: every chunk holds children of one parent only (static; see
-      ``CohortSampler.parent_aligned``). Each chunk then broadcasts that parent's model
-      instead of gathering one copy per client, which XLA fuses into its consumers rather
-      than writing ``[chunk, ...]`` models to memory.
-    batch_order: the order of local minibatches (``LocalSchedule.batch_order``, see
-      :mod:`fedtree.core.local`): ``"shuffled"``, ``"fixed"`` or ``"cyclic"``.
-    batch_size: the local batch size; needed by ``"cyclic"`` to wrap the cursors.
-    cursor: ``int32[C]`` every client's batch cursor (``"cyclic"`` only: from
-      ``LocalSchedule.init_cursor``, then the previous ``TierResult.cursor``); each trained
-      client's cursor advances by its ``num_steps``.
-    skip_nonfinite: a client whose update (model delta or loss) is not finite is left out
-      instead of poisoning its parent's mean, as production FL systems do: weight 0, its
-      persistent state unchanged, its loss not averaged, counted in ``num_skipped``. Off by
-      default, so that divergence stops a run (``fedtree.core.loop``) rather than hiding.
-    path: the update path between a client's training and its parent's aggregate
-      (:mod:`fedtree.core.updates`): a client transform on every delta (after the non-finite
-      check, before weighting), the aggregator (the streamed weighted mean, or a blockwise one
-      given every parent's cohort as a ``[P, block_size, ...]`` block) and the node transform
-      on every parent's ``(delta_sum, weight_sum)``. ``None``: the weighted mean, as before.
-      With ``keep_client_params``, the kept models are what the clients sent:
-      ``anchor - transformed delta``. The path's ``down`` transform is the caller's to apply to
-      ``parent_params`` (:func:`fedtree.core.updates.send_down`).
-    update_state: the path's state (:func:`fedtree.core.updates.init_update_state`).
-    block_size: the largest cohort of a parent (static; ``max(CohortSampler.sizes)``), needed
-      by a blockwise aggregator.
-    broadcast: ``[P, ...]`` what every parent sends beside its model (a server rule's, see
-      :mod:`fedtree.core.server_rule`), given to an update that ``takes_round`` as its
-      :attr:`~fedtree.core.local.ClientRound.broadcast`.
-    population: ``[P]`` the clients under every parent, for the round's sampled fraction
-      (:attr:`~fedtree.core.local.ClientRound.fraction`; default: the sampled ones, fraction 1).
-    learning_rate: the local learning rate an update that ``takes_round`` is told (or ``None``).
-    personal: a pytree of bools shaped as the model, true at the leaves personal to each client
-      (:mod:`fedtree.core.personal`): a client starts from its own ``personal_params`` there and
-      from its parent's model elsewhere, keeps what it trained there, and sends (and its parent
-      aggregates, through ``path``) the shared leaves only; the pseudo-gradient is 0 at the
-      personal leaves. ``None``: every leaf shared, as before.
-    personal_params: ``[C, ...]`` every client's personal leaves (``None`` at the shared ones).
-    slot_start: ``[K, ...]`` the model every slot of ``cohort`` starts from and takes its update
-      against, in place of its parent's (a server rule's parcels,
-      :attr:`~fedtree.core.server_rule.ServerRule.send_each`); ``None``: its parent's.
-    slot_extra: ``[K, ...]`` what every slot's update receives as
-      :attr:`~fedtree.core.local.ClientRound.own` (``()``: nothing).
+    clients: the clients' side of the round (:class:`Clients`: step counts, aggregation weights,
+      persistent state, cursors, personal parameters, the path's state).
+    key: randomness of this tier's round; client ``c`` uses ``fold_in(key, c)``, so results do not
+      depend on the chunk size nor on where a client sits in the cohort.
+
+  Returns:
+    The :class:`TierResult`: every parent's summed pseudo-gradient and weight, and the clients'
+    new state.
 
   Example:
     Root -> 2 edges -> 5 clients; every client trains 2 steps of SGD from its edge's model
@@ -431,100 +567,47 @@ def train_cohort(
     >>> edges = stack(model.init(jax.random.key(0)), 2)                # [2, ...]
     >>> cohort = cohort_sampler(Topology.from_labels(groups).parent(2), None)(jax.random.key(1))
     >>> update = sgd_client_update(model, optax.sgd(0.1), batch_size=8, max_steps=2)
-    >>> out = train_cohort(update, edges, cohort, data, num_steps=jnp.full(5, 2),
-    ...                    weights=data.n_train.astype(jnp.float32), key=jax.random.key(2))
+    >>> clients = Clients(num_steps=jnp.full(5, 2), weights=data.n_train.astype(jnp.float32))
+    >>> out = train_cohort(Tier(update), Down(edges), cohort, data, clients, jax.random.key(2))
     >>> out.weight_sum.shape, int(out.num_trained)
     ((2,), 5)
   """
-  check_batch_order(batch_order)
-  cyclic = batch_order == "cyclic"
-  if cyclic and (batch_size is None or isinstance(cursor, tuple)):
-    raise ValueError(
-      "batch_order='cyclic' needs batch_size= and cursor= (int32[C], LocalSchedule.init_cursor); "
-      f"got batch_size={batch_size!r}, cursor={cursor!r}"
-    )
   k = cohort.clients.shape[0]
-  chunk = k if chunk_size is None else min(int(chunk_size), k)
-  if k % chunk:
-    raise ValueError(f"cohort of {k} slots is not a multiple of chunk_size={chunk}")
-  num_parents = jax.tree.leaves(parent_params)[0].shape[0]
-  num_clients = data.num_clients
-  anchor_params = parent_params if anchor_params is None else anchor_params
+  chunk = _check_tier(tier, clients, k)
+  if data.window is not None:   # every slot's row in the window the round holds
+    cohort = cohort._replace(rows=data.rows_of(cohort.clients))
+  num_parents = jax.tree.leaves(down.params)[0].shape[0]
   # Weights and loss sums in the parameters' float dtype (float64 state keeps float64 sums).
-  fdtype = jnp.result_type(jnp.float32, *jax.tree.leaves(parent_params))
-  path = None if path is None or path.is_default else path
-  update_state = UpdateState() if update_state is None else update_state
-  has_personal = personal is not None and any(jax.tree.leaves(personal))
-  shared = (lambda t: shared_part(t, personal)) if has_personal else (lambda t: t)
-  order, chunks = _sorted_chunks(cohort, num_steps, chunk, num_parents)
+  fdtype = jnp.result_type(jnp.float32, *jax.tree.leaves(down.params))
+  update_state = UpdateState() if clients.update_state is None else clients.update_state
+  order, chunks = _sorted_chunks(cohort, clients.num_steps, chunk, num_parents)
   parcels = jax.tree.map(lambda a: jnp.take(a, order, axis=0).reshape((k // chunk, chunk) + a.shape[1:]),
-                         (slot_start, slot_extra))
+                         (down.start, down.extra))
   devices = mesh_size()   # per-device partial sums, row d owned by device d (1 unsharded)
   devices = devices if devices > 1 and chunk % devices == 0 else 1
-  acc = accumulator(Aggregator() if path is None else path.aggregator, block_size=block_size, devices=devices,
-                    constrain=_on_devices)
-  update_key = stream(key, "update")
+  path = tier.active_path
+  acc = accumulator(Aggregator() if path is None else path.aggregator, block_size=tier.block_size,
+                    devices=devices, constrain=_on_devices)
   sampled = jax.ops.segment_sum(cohort.valid.astype(fdtype), cohort.parent, num_segments=num_parents)
-  population = sampled if population is None else jnp.asarray(population, fdtype)
+  population = sampled if down.population is None else jnp.asarray(down.population, fdtype)
   fraction = jnp.where(sampled > 0, sampled / population, 0.0)
-  train = functools.partial(
-    _train_chunk, update, parent_params, anchor_params, data, cursor=cursor, cyclic=cyclic,
-    batch_order=batch_order, key=key, weights=weights, fdtype=fdtype, broadcast=broadcast,
-    fraction=fraction, learning_rate=learning_rate, parent_aligned=parent_aligned,
-    personal=personal if has_personal else None)
+  train = functools.partial(_train_chunk, tier, down, data, clients, key=key, fdtype=fdtype,
+                            fraction=fraction)
+  scan = _Scan(tier, train, acc, update_state, stream(key, "update"), num_parents, data.num_clients)
+  out, per_chunk = jax.lax.scan(functools.partial(_chunk_step, scan),
+                                _init_carry(scan, down, clients, data, key, fdtype), (chunks, parcels))
+  return _tier_result(scan, out, per_chunk, cohort, clients, data, order, sampled, down, key)
 
-  def body(carry: _Carry, xs):
-    (ch, ch_steps, ch_pos), parcel = xs
-    start, anchor, params, new_state, loss, message, w = train(ch, ch_steps, carry.client_state,
-                                                               carry.personal, parcel)
-    delta = shared(jax.tree.map(jnp.subtract, anchor, params))   # what the client sends up
-    ok = nonfinite_slots((delta, message), loss)
-    trained, skipped, first_bad = ch.valid, carry.skipped, carry.first_bad
-    if skip_nonfinite:   # left out: weight 0, state unchanged, loss not averaged
-      delta = jax.tree.map(lambda d, m: jnp.where(m, d, 0), delta, _rows(ok, delta))
-      loss, w, trained = jnp.where(ok, loss, 0.0), jnp.where(ok, w, 0.0), ch.valid & ok
-      skipped = skipped + jnp.sum((ch.valid & ~ok).astype(jnp.int32))
-      if keep_client_params:
-        params = jax.tree.map(lambda p, s, m: jnp.where(m, p, s), params, start, _rows(ok, params))
-    else:
-      first_bad = jnp.minimum(first_bad, jnp.min(jnp.where(ch.valid & ~ok, ch.clients, num_clients)))
-    path_client, stat_sums = carry.path_client, carry.stat_sums
-    if path is not None:   # the update path's client stage, on every slot's delta
-      raw = delta
-      delta, path_client, sums = transform_chunk(path, path_client, delta, ch.clients, ch.parent, w, trained,
-                                                 update_state.node, update_key, num_parents)
-      stat_sums = {n: stat_sums[n] + v for n, v in sums.items()}
-      if keep_client_params and path.client is not None:   # what each client sent (its own, bitwise,
-        # where unchanged)
-        assert not has_personal   # (refused by the hosts that keep client models)
-        params = jax.tree.map(lambda p, a, d, r: jnp.where(d == r, p, a - d), params, anchor, delta, raw)
-    new = carry._replace(
-      acc=acc.add(carry.acc, Chunk(delta, w, ch.parent, ch_pos, ch.clients, trained)),
-      client_state=ch.scatter(carry.client_state, new_state, trained),  # padding/skipped: nowhere
-      loss_sum=carry.loss_sum + jnp.sum(jnp.where(trained, loss, 0.0)).astype(fdtype),
-      trained=carry.trained + jnp.sum(trained, dtype=jnp.int32), skipped=skipped, first_bad=first_bad,
-      reported=ch.scatter(carry.reported, True, trained), path_client=path_client, stat_sums=stat_sums,
-      message_sum=jax.tree.map(
-        lambda a, m, t: a + jax.ops.segment_sum(jnp.where(t, m, 0), ch.parent, num_segments=num_parents),
-        carry.message_sum, message, _rows(trained, message)),
-      personal=ch.scatter(carry.personal, personal_part(params, personal), trained) if has_personal else None,
-    )
-    return new, (params if keep_client_params else None)
 
-  template = shared(parent_params)   # what a child sends up: the shared leaves
-  init = _Carry(
-    acc=acc.init(template, num_parents, fdtype), client_state=client_state, loss_sum=jnp.zeros((), fdtype),
-    trained=jnp.zeros((), jnp.int32), skipped=jnp.zeros((), jnp.int32),
-    first_bad=jnp.full((), num_clients, jnp.int32), reported=jnp.zeros((num_clients,), bool),
-    path_client=update_state.client,
-    stat_sums={n: jnp.zeros((num_parents,), fdtype)
-               for n in _stat_names(path, update_state, template, fdtype)},
-    message_sum=jax.tree.map(lambda m: jnp.zeros((num_parents,) + m.shape, m.dtype), message_shape(
-      update, parent_params, client_state, data, broadcast, learning_rate, key, slot_extra)),
-    personal=personal_params if has_personal else None,
-  )
-  out, per_chunk = jax.lax.scan(body, init, (chunks, parcels))
-  delta_sum, weight_sum, agg_stats = acc.finish(
+def _tier_result(scan: _Scan, out: _Carry, per_chunk, cohort: Cohort, clients: Clients, data: FederatedData,
+                 order, sampled, down: Down, key) -> TierResult:
+  """The scan's sums finished: the aggregator's and the path's node stage, the slots' models back in
+  the cohort's order, the cursors advanced, the personal leaves' pseudo-gradient filled."""
+  tier, path, update_state, num_parents = (scan.tier, scan.tier.active_path, scan.update_state,
+                                          scan.num_parents)
+
+  fdtype = out.loss_sum.dtype
+  delta_sum, weight_sum, agg_stats = scan.acc.finish(
     out.acc, stream(key, "aggregate"), {} if path is None else node_state_of(path, update_state))
   update_stats: dict[str, jax.Array] = {}
   new_update_state = update_state._replace(client=out.path_client)
@@ -537,18 +620,20 @@ def train_cohort(
       path, new_update_state, delta_sum, weight_sum, stat_sums, stream(key, "node"))
     update_stats = path_metrics(stat_sums, out.trained, node_stats, agg_stats)
   client_params = None
-  if keep_client_params:   # back in the cohort's slot order
+  if tier.keep_client_params:   # back in the cohort's slot order
+    k = cohort.clients.shape[0]
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(k, dtype=order.dtype))
     client_params = jax.tree.map(lambda a: jnp.take(a.reshape((k,) + a.shape[2:]), inverse, axis=0),
                                  per_chunk)
-  if cyclic:  # each trained client read ``num_steps`` more batches of its stream
-    assert batch_size is not None and not isinstance(cursor, tuple)  # checked on entry
-    moved = advance_cursor(jnp.take(cursor, cohort.clients), jnp.take(num_steps, cohort.clients),
-                           jnp.take(data.n_train, cohort.clients), batch_size)
+  cursor = clients.cursor
+  if tier.cyclic:  # each trained client read ``num_steps`` more batches of its stream
+    assert tier.batch_size is not None and not isinstance(cursor, tuple)  # checked on entry
+    moved = advance_cursor(jnp.take(cursor, cohort.row), jnp.take(clients.num_steps, cohort.clients),
+                           jnp.take(data.n_train, cohort.clients), tier.batch_size)
     cursor = cohort.scatter(cursor, moved)
-  first_bad = jnp.where(out.first_bad < num_clients, out.first_bad, -1).astype(jnp.int32)
-  if has_personal:   # no pseudo-gradient at the personal leaves
-    delta_sum = fill(delta_sum, personal, parent_params)
+  first_bad = jnp.where(out.first_bad < scan.num_clients, out.first_bad, -1).astype(jnp.int32)
+  if tier.has_personal:   # no pseudo-gradient at the personal leaves
+    delta_sum = fill(delta_sum, tier.personal, down.params)
   return TierResult(delta_sum, weight_sum, out.client_state, client_params, out.loss_sum, out.trained,
                     cursor, out.skipped, first_bad, out.reported, new_update_state, update_stats,
-                    out.message_sum, sampled, out.personal if has_personal else None)
+                    out.message_sum, sampled, out.personal if tier.has_personal else None)

@@ -55,18 +55,11 @@ Example:
   Clip every client's update to norm 1 before FedAvg averages it (a plain transform written
   here; :mod:`fedtree.toolbox.privacy` ships the real ones):
 
-  >>> import jax, jax.numpy as jnp, optax
   >>> from fedtree.algorithms import fedavg
-  >>> from fedtree.core import loop
-  >>> from fedtree.core.local import LocalSchedule
-  >>> from fedtree.datasets.synthetic import grouped_synthetic
-  >>> from fedtree.models import build_model
   >>> def clip(delta, state, key, ctx):
   ...   norm = jnp.sqrt(sum(jnp.sum(d ** 2) for d in jax.tree.leaves(delta)))
   ...   scale = jnp.minimum(1.0, 1.0 / jnp.maximum(norm, 1e-12))
   ...   return jax.tree.map(lambda d: d * scale, delta), state, {"clipped": (norm > 1.0) * 1.0}
-  >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-  >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
   >>> alg = fedavg(model=model, data=data, local_optimizer=optax.sgd(0.1),
   ...              schedule=LocalSchedule(batch_size=8, steps=1),
   ...              update_paths=UpdatePath(client=ClientTransform(clip, name="clip")))
@@ -546,21 +539,25 @@ def slot_positions(parent: jax.Array, valid: jax.Array, num_parents: int) -> jax
 def transform_chunk(
   path: UpdatePath, client_state: PyTree, deltas: PyTree, ids: jax.Array, parent: jax.Array,
   weights: jax.Array, kept: jax.Array, node_state: PyTree, key: jax.Array, num_parents: int,
+  rows: jax.Array | None = None,
 ) -> tuple[PyTree, PyTree, Stats]:
   """The client stage of ``path`` on a chunk of children (``deltas [K, ...]``; child ``ids[k]``'s key
   is ``fold_in(key, ids[k])``, its state row ``client_state[ids[k]]``, its parent's node state row
   ``node_state[parent[k]]``): the transformed deltas, ``client_state [C, ...]`` with the rows of the
-  children in ``kept`` updated, and the statistics summed per parent over them (``{name: [P]}``)."""
+  children in ``kept`` updated, and the statistics summed per parent over them (``{name: [P]}``).
+  ``rows``: every child's row of ``client_state`` where it holds a window of the children
+  (:attr:`fedtree.core.sampling.Cohort.rows`; default ``ids``)."""
   if path.client is None:
     return deltas, client_state, {}
+  rows = ids if rows is None else rows
   ctx = ClientContext(client=ids, parent=parent, weight=weights,
                       node_state=jax.tree.map(lambda a: jnp.take(a, parent, axis=0), node_state))
   keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
-  rows = jax.tree.map(lambda a: jnp.take(a, ids, axis=0), client_state)
-  deltas, new_rows, stats = apply_client(path.client, deltas, rows, keys, ctx)
+  own = jax.tree.map(lambda a: jnp.take(a, rows, axis=0), client_state)
+  deltas, new_rows, stats = apply_client(path.client, deltas, own, keys, ctx)
   leaves = jax.tree.leaves(client_state)
   if leaves:
-    idx = jnp.where(kept, ids, leaves[0].shape[0])
+    idx = jnp.where(kept, rows, leaves[0].shape[0])
     client_state = jax.tree.map(lambda b, v: b.at[idx].set(v, mode="drop"), client_state, new_rows)
   sums = {n: jax.ops.segment_sum(jnp.where(kept, jnp.asarray(v, weights.dtype), 0.0), parent,
                                  num_segments=num_parents)

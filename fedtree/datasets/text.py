@@ -34,6 +34,7 @@ from __future__ import annotations
 import ast
 import collections
 import dataclasses
+import itertools
 import os
 import re
 import sysconfig
@@ -108,26 +109,43 @@ def build_vocabulary(token_lists: Sequence[Sequence[str]], *, vocab_size: int, l
                      min_count: int = 1) -> Vocabulary:
   """The ``vocab_size - 4`` most frequent tokens of ``token_lists`` (ties broken by the token)
   seen at least ``min_count`` times, after the 4 special tokens."""
+  counts = collections.Counter(t for toks in token_lists for t in toks)
+  return vocabulary_from_counts(counts, vocab_size=vocab_size, level=level, min_count=min_count)
+
+
+def vocabulary_from_counts(counts: collections.Counter, *, vocab_size: int, level: str = "word",
+                           min_count: int = 1) -> Vocabulary:
+  """:func:`build_vocabulary` from token counts gathered beforehand (a corpus read in a stream)."""
   if vocab_size < len(SPECIAL) + 1:
     raise ValueError(f"vocab_size={vocab_size} must be >= {len(SPECIAL) + 1} (4 special tokens + 1)")
-  counts = collections.Counter(t for toks in token_lists for t in toks)
   ranked = sorted((t for t, n in counts.items() if n >= min_count), key=lambda t: (-counts[t], t))
   return Vocabulary(SPECIAL + tuple(ranked[: vocab_size - len(SPECIAL)]), level)
 
 
-def encode_sentences(token_lists: Sequence[Sequence[str]], vocab: Vocabulary, seq_len: int,
-                     ) -> tuple[np.ndarray, np.ndarray]:
-  """``(x, y)`` each ``int32[M, seq_len]``: ``x = [BOS, t...]``, ``y = [t..., EOS]``, padded."""
-  index = vocab.index()
+def encode_sentences(token_lists: Sequence[Sequence[str]], vocab: Vocabulary, seq_len: int, *,
+                     index: dict[str, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """``(x, y)`` each ``int32[M, seq_len]``: ``x = [BOS, t...]``, ``y = [t..., EOS]``, padded
+  (``index``: ``vocab.index()``, built once by a caller encoding many clients).
+
+  Sentence ``i`` of ``L`` tokens is the sequence ``s = [BOS, t_1 .. t_L, EOS]``; ``x[i, p] = s[p]``
+  and ``y[i, p] = s[p + 1]`` for ``p < min(L + 1, seq_len)``, zero after. One lookup per token,
+  the rest in numpy (a loop over sentences is ``tests/test_text.py``'s reference).
+  """
+  index = vocab.index() if index is None else index
   m = len(token_lists)
-  x = np.zeros((m, seq_len), np.int32)
-  y = np.zeros((m, seq_len), np.int32)
-  for i, toks in enumerate(token_lists):
-    ids = [BOS] + vocab.encode(toks, index) + [EOS]
-    inp, tgt = ids[:-1][:seq_len], ids[1:][:seq_len]
-    x[i, : len(inp)] = inp
-    y[i, : len(tgt)] = tgt
-  return x, y
+  lengths = np.fromiter(map(len, token_lists), np.int64, count=m)
+  total = int(lengths.sum())
+  flat = np.fromiter(map(index.get, itertools.chain.from_iterable(token_lists), itertools.repeat(OOV)),
+                     np.int32, count=total)
+  flat = np.append(flat, np.int32(PAD))   # a valid index for clipped gathers, never kept
+  starts = (np.cumsum(lengths) - lengths)[:, None]
+  p = np.arange(seq_len)[None, :]
+  real = p < np.minimum(lengths + 1, seq_len)[:, None]
+  word_x = flat[np.clip(starts + p - 1, 0, total)]
+  x = np.where(p == 0, BOS, word_x)
+  word_y = flat[np.clip(starts + p, 0, total)]
+  y = np.where(p < lengths[:, None], word_y, EOS)
+  return np.where(real, x, PAD).astype(np.int32), np.where(real, y, PAD).astype(np.int32)
 
 
 # ------------------------------------------------------------------ corpora

@@ -32,6 +32,7 @@ group (TFF's splits have no group column).
 
 from __future__ import annotations
 
+import collections
 import os
 
 import numpy as np
@@ -138,6 +139,62 @@ def _images(image: np.ndarray, crop: int | None, normalize: str | None) -> np.nd
   return (x.astype(np.float32) / 255.0) if x.dtype == np.uint8 else x.astype(np.float32)
 
 
+def check_options(kind: str, *, crop: int | None = None, normalize: str | None = None,
+                  max_examples_per_client: int | None = None) -> None:
+  """Refuses options :func:`load_tff_h5` does not take, before anything is read.
+
+  Raises:
+    ValueError: unknown ``kind`` or ``normalize``, ``crop`` or ``normalize`` for a kind without
+      images, or ``max_examples_per_client < 1``.
+  """
+  if kind not in KINDS:
+    raise ValueError(f"TFF kind={kind!r}; choose one of {KINDS}")
+  if normalize not in NORMALIZE:
+    raise ValueError(f"TFF normalize={normalize!r}; choose one of {NORMALIZE}")
+  if (crop is not None or normalize is not None) and kind != "cifar100":
+    raise ValueError(f"crop={crop} / normalize={normalize!r} are options of kind='cifar100', not {kind!r}")
+  if max_examples_per_client is not None and int(max_examples_per_client) < 1:
+    raise ValueError(f"max_examples_per_client={max_examples_per_client} must be >= 1")
+
+
+def client_tokens(kind: str, d: dict[str, np.ndarray]) -> list:
+  """The tokens of one client's text (``kind`` ``"shakespeare"``: every snippet's characters;
+  ``"stackoverflow"``: every sentence's words) that the vocabulary counts."""
+  if kind == "shakespeare":
+    return [list(_text(s)) for s in d["snippets"]]
+  return [_text(s).split() for s in d["tokens"]]
+
+
+def count_tokens(kind: str, d: dict[str, np.ndarray], counts: collections.Counter) -> None:
+  """Adds the tokens of :func:`client_tokens` to ``counts``, in one pass over the client's text
+  joined (the same tokens: the words of sentences joined by a space are the sentences' words)."""
+  texts = [s.decode("utf-8") if isinstance(s, bytes) else str(s) for s in d[FEATURES[kind][0]]]
+  counts.update("".join(texts) if kind == "shakespeare" else " ".join(texts).split())
+
+
+def client_examples(kind: str, d: dict[str, np.ndarray] | None, *, seq_len: int = 80, crop: int | None = None,
+                    normalize: str | None = None, vocab=None, index: dict[str, int] | None = None,
+                    ) -> tuple[np.ndarray, np.ndarray]:
+  """``(x, y)`` of one client's features ``d`` (``None``: a client without examples in this file)
+  as :func:`load_tff_h5` stores them; ``vocab`` (and its ``index``) for the text kinds."""
+  if kind == "cifar100":
+    return _images(d["image"], crop, normalize), np.asarray(d["label"], np.int32).reshape(-1)
+  if kind == "emnist":
+    if d is None:
+      return np.zeros((0, 28, 28, 1), np.float32), np.zeros((0,), np.int32)
+    return (np.asarray(d["pixels"], np.float32).reshape((-1, 28, 28, 1)),
+            np.asarray(d["label"], np.int32).reshape(-1))
+  index = vocab.index() if index is None else index
+  if kind == "shakespeare":
+    if d is None or len(d["snippets"]) == 0:
+      return np.zeros((0, seq_len), np.int32), np.zeros((0, seq_len), np.int32)
+    w = np.concatenate([sequences_from_text(_text(s), index, seq_len) for s in d["snippets"]])
+    return w[:, :-1], w[:, 1:]
+  if d is None:
+    return np.zeros((0, seq_len), np.int32), np.zeros((0, seq_len), np.int32)
+  return encode_sentences(client_tokens(kind, d), vocab, seq_len, index=index)
+
+
 def load_tff_h5(train_path: str, test_path: str, *, kind: str, seq_len: int = 80,
                 vocab_size: int = 10_000, num_classes: int | None = None,
                 max_clients: int | None = None, max_examples_per_client: int | None = None,
@@ -152,14 +209,7 @@ def load_tff_h5(train_path: str, test_path: str, *, kind: str, seq_len: int = 80
       client, test ids missing from the training file (CIFAR-100's excepted), ``crop`` or
       ``normalize`` for a kind without images, or ``max_examples_per_client < 1``.
   """
-  if kind not in KINDS:
-    raise ValueError(f"TFF kind={kind!r}; choose one of {KINDS}")
-  if normalize not in NORMALIZE:
-    raise ValueError(f"TFF normalize={normalize!r}; choose one of {NORMALIZE}")
-  if (crop is not None or normalize is not None) and kind != "cifar100":
-    raise ValueError(f"crop={crop} / normalize={normalize!r} are options of kind='cifar100', not {kind!r}")
-  if max_examples_per_client is not None and int(max_examples_per_client) < 1:
-    raise ValueError(f"max_examples_per_client={max_examples_per_client} must be >= 1")
+  check_options(kind, crop=crop, normalize=normalize, max_examples_per_client=max_examples_per_client)
   check_prepared(kind, train_path, test_path)
   feats = FEATURES[kind]
   train = read_h5(train_path, feats, max_clients)
@@ -182,8 +232,7 @@ def load_tff_h5(train_path: str, test_path: str, *, kind: str, seq_len: int = 80
       return (np.concatenate([_images(split[c]["image"], crop, normalize) for c in sorted(split)]),
               np.concatenate([np.asarray(split[c]["label"], np.int32).reshape(-1) for c in sorted(split)]))
 
-    tr = [(_images(train[c]["image"], crop, normalize), np.asarray(train[c]["label"], np.int32).reshape(-1))
-          for c in clients]
+    tr = [client_examples(kind, train[c], crop=crop, normalize=normalize) for c in clients]
     extras["central_x"], extras["central_y"] = pooled(test)
     shape = tr[0][0].shape[1:]
     te = [(np.zeros((0,) + shape, np.float32), np.zeros((0,), np.int32)) for _ in clients]
@@ -193,37 +242,17 @@ def load_tff_h5(train_path: str, test_path: str, *, kind: str, seq_len: int = 80
       raise ValueError(f"label {top} in {train_path!r} / {test_path!r} >= num_classes={k}")
     return from_client_arrays(tr, te, num_classes=k), groups, extras
   if kind == "emnist":
-    def arrays(d):
-      if d is None:
-        return np.zeros((0, 28, 28, 1), np.float32), np.zeros((0,), np.int32)
-      return (np.asarray(d["pixels"], np.float32).reshape((-1, 28, 28, 1)),
-              np.asarray(d["label"], np.int32).reshape(-1))
-
-    tr = [arrays(train[c]) for c in clients]
-    te = [arrays(test.get(c)) for c in clients]
+    tr = [client_examples(kind, train[c]) for c in clients]
+    te = [client_examples(kind, test.get(c)) for c in clients]
     k = num_classes or int(max(int(y.max(initial=0)) for _, y in tr + te)) + 1
     return from_client_arrays(tr, te, num_classes=k), groups, extras
-  if kind == "shakespeare":
-    vocab = build_vocabulary([list(_text(s)) for c in clients for s in train[c]["snippets"]],
-                             vocab_size=vocab_size, level="char")
-    index = vocab.index()
-
-    def arrays(d):
-      if d is None or len(d["snippets"]) == 0:
-        return np.zeros((0, seq_len), np.int32), np.zeros((0, seq_len), np.int32)
-      w = np.concatenate([sequences_from_text(_text(s), index, seq_len) for s in d["snippets"]])
-      return w[:, :-1], w[:, 1:]
-  else:
-    vocab = build_vocabulary([_text(s).split() for c in clients for s in train[c]["tokens"]],
-                             vocab_size=vocab_size, level="word")
-
-    def arrays(d):
-      if d is None:
-        return np.zeros((0, seq_len), np.int32), np.zeros((0, seq_len), np.int32)
-      return encode_sentences([_text(s).split() for s in d["tokens"]], vocab, seq_len)
-
-  data = from_client_arrays([arrays(train[c]) for c in clients],
-                            [arrays(test.get(c)) for c in clients], num_classes=vocab.size,
-                            dtype=np.int32)
+  level = "char" if kind == "shakespeare" else "word"
+  vocab = build_vocabulary([t for c in clients for t in client_tokens(kind, train[c])], vocab_size=vocab_size,
+                           level=level)
+  index = vocab.index()
+  data = from_client_arrays([client_examples(kind, train[c], seq_len=seq_len, vocab=vocab, index=index)
+                             for c in clients],
+                            [client_examples(kind, test.get(c), seq_len=seq_len, vocab=vocab, index=index)
+                             for c in clients], num_classes=vocab.size, dtype=np.int32)
   extras["vocab"] = np.asarray(vocab.tokens)
   return data, groups, extras

@@ -72,7 +72,9 @@ class RunContext:
   algorithm, so they read :attr:`topology` and :attr:`cohort`, the run's: a one-server run in a
   config whose tree has groups accounts privacy at its own sampling rate, and an attack's
   ``level`` names a level of its own tree.
-  (:func:`fedtree.experiment.registry.run_context` makes the one of a configured run.)
+  (:func:`fedtree.experiment.registry.run_context` makes the one of a configured run, and
+  :func:`fedtree.experiment.registry.resolved_context` the one a run is built from, checked once:
+  every builder given it reads the run's capabilities, tree and factory from it.)
 
   Args:
     ctx: the shared context (:class:`fedtree.experiment.context.Context`), or a run context (its
@@ -83,13 +85,16 @@ class RunContext:
       ``weighting`` field only).
     topology: the run's tree.
     factory: the run's algorithm factory (``None``: unknown).
+    capabilities: the capabilities its config names, by section
+      (:func:`fedtree.experiment.capabilities.of_config`, read once; ``None``: not read).
   """
 
-  def __init__(self, ctx, label: str, run, params=None, *, topology, factory=None):
+  def __init__(self, ctx, label: str, run, params=None, *, topology, factory=None,
+               capabilities: Mapping[str, Capability] | None = None):
     if isinstance(ctx, RunContext):
       ctx = ctx.shared
     self.shared, self.label, self.run, self.params = ctx, label, run, params or {}
-    self.topology, self.factory = topology, factory
+    self.topology, self.factory, self.capabilities = topology, factory, capabilities
 
   @classmethod
   def of(cls, ctx) -> RunContext:
@@ -100,7 +105,14 @@ class RunContext:
 
   def on(self, ctx) -> RunContext:
     """This run on another shared context (``ctx``: e.g. the run's own data, a sweep's setting)."""
-    return RunContext(ctx, self.label, self.run, self.params, topology=self.topology, factory=self.factory)
+    return RunContext(ctx, self.label, self.run, self.params, topology=self.topology, factory=self.factory,
+                      capabilities=self.capabilities)
+
+  def with_run(self, run) -> RunContext:
+    """This run with another config of its fields (``run``: a sweep's setting, or the run without
+    the section of a capability that wraps it): the same algorithm, tree and capabilities."""
+    return RunContext(self.shared, self.label, run, self.params, topology=self.topology,
+                      factory=self.factory, capabilities=self.capabilities)
 
   def __getattr__(self, name):
     if name == "shared":   # (not set yet: no recursion)

@@ -58,6 +58,8 @@ class Context:
       ``model`` (:func:`run_context`), the ``(data, model)`` fields it set.
     tasks: ``{name: (task, tokenizer)}`` the language-model benchmarks of ``config.tasks``
       (:func:`fedtree.experiment.llm.load_tasks`), scored on every run's global model.
+    population: how the runs read a population from a store (``config.data.name="store"``:
+      :class:`fedtree.experiment.population.Population`, resident or streamed), else ``None``.
   """
 
   config: ml_collections.ConfigDict
@@ -77,6 +79,12 @@ class Context:
   data_info: Any = None
   run_overrides: Any = None
   tasks: Any = None
+  population: Any = None
+
+  @property
+  def streamed(self) -> bool:
+    """Whether the runs read their clients' rows from a store round by round."""
+    return self.population is not None and self.population.streamed
 
   def for_run(self, run) -> Context:
     """The context run ``run`` (a ``config.runs.<label>``) builds and is evaluated in
@@ -187,6 +195,12 @@ def make_context(config: ml_collections.ConfigDict, *, data_config=None, model_c
   data_config = config.data if data_config is None else data_config
   model_config = config.model if model_config is None else model_config
   data, groups, central, info = load_with_info(data_config) if loaded is None else loaded
+  population = None
+  if info.store is not None:   # resident when it fits, streamed when it does not (config.population)
+    from fedtree.experiment import population as pop
+
+    data, population = pop.plan(config, data, info.store)
+    population = population.with_groups(np.asarray(groups))
   topology = build_topology(config.topology, groups, data.num_clients, info.label_columns)
   data.validate(topology).check_values()
   model_cfg = model_options(dict(model_config), info)  # e.g. the char table of embedding="chars"
@@ -216,6 +230,7 @@ def make_context(config: ml_collections.ConfigDict, *, data_config=None, model_c
     local_optimizer=local_optimizer, schedule=schedule, central_test=central,
     auto_chunk=tuning.chunk_policy(model, local_optimizer, data.example_shape, schedule.batch_size),
     init_params=init_params, group_names=info.group_names, vocab=info.vocab, data_info=info, tasks=tasks,
+    population=population,
   )
 
 

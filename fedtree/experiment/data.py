@@ -18,7 +18,7 @@ from fedtree.datasets.synthetic import grouped_synthetic, synthetic_alpha_beta
 
 TEXT_DATASETS = ("stdlib_text", "text_dir", "tfds_text", "leaf", "tff_h5")
 DATASETS = ("grouped_synthetic", "synthetic", "tfds", "prototype_images", "sklearn_digits",
-            "synthetic_kws", "speech_commands", "arrays", "hf", "instructions") + TEXT_DATASETS
+            "synthetic_kws", "speech_commands", "arrays", "hf", "instructions", "store") + TEXT_DATASETS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,12 +35,16 @@ class DataInfo:
       builds it with :meth:`fedtree.core.topology.Topology.from_label_columns`); else ``None``.
     central: ``(x, y)`` of a central test set a natural split ships apart from its clients (TFF
       CIFAR-100's test clients), else ``None``.
+    store: the :class:`~fedtree.population.store.ClientStore` the population is read from
+      (``config.data.name="store"``; the data is then its :func:`fedtree.population.stream.skeleton`
+      until the run decides to hold it resident), else ``None``.
   """
 
   group_names: tuple[str, ...] | None = None
   vocab: tuple[str, ...] | None = None
   label_columns: np.ndarray | None = None
   central: tuple[np.ndarray, np.ndarray] | None = None
+  store: Any = None
 
   def char_table(self, max_chars: int = 16) -> np.ndarray:
     """``int32[V, max_chars]`` spelling of every vocabulary token
@@ -171,6 +175,8 @@ def _load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, An
   if name in TEXT_DATASETS:
     data, groups, info = load_natural(name, **kwargs)
     return data, groups, info.central, info
+  if name == "store":
+    return load_store(**kwargs)
   raise ValueError(f"config.data.name={name!r} is unknown; choose one of {DATASETS}")
 
 
@@ -295,3 +301,38 @@ def _plain(v):
   if isinstance(v, list):
     return tuple(v)
   return v
+
+
+def load_store(path: str | None = None, dataset: str | None = None, groups: str = "groups"):
+  """``config.data`` with ``name="store"``: a population converted to a store (``python -m
+  fedtree.convert``), opened, not read: ``(skeleton, group labels, central test, info)``.
+
+  Args:
+    path: the store's folder.
+    dataset: the dataset the config means (``config.data.dataset``): a store converted from another
+      source (its manifest's ``source.name``) is refused; ``None``: any.
+    groups: the store's index array of every client's group (absent: one group).
+
+  Raises:
+    ValueError: no path, a store that is not complete, or one of another dataset.
+  """
+  from fedtree.population import open_store
+  from fedtree.population.stream import skeleton
+
+  if not path:
+    raise ValueError("config.data.name='store' needs config.data.path, the folder written by "
+                     "python -m fedtree.convert")
+  store = open_store(str(path))
+  made_from = store.source.get("name")
+  if dataset is not None and made_from != dataset:
+    raise ValueError(f"config.data.dataset={dataset!r}, but the store {store.path} was converted from "
+                     f"{made_from!r} ({store.source}); convert {dataset!r} or name the store's dataset")
+  labels = store.extra(groups)
+  labels = np.zeros(store.num_clients, np.int32) if labels is None else np.asarray(labels, np.int32)
+  if labels.ndim == 2:   # several columns, coarsest first: the first is the groups
+    labels = labels[0]
+  central = None
+  if "central" in store.splits:
+    block = store.read(np.zeros(1, np.int64), "central")
+    central = (block.x[0, : int(block.n[0])], block.y[0, : int(block.n[0])])
+  return skeleton(store), labels, central, DataInfo(store=store)

@@ -81,6 +81,17 @@ def sweep_field(sw, name: str):
   return default if sw is None else sw.get(name, default)
 
 
+POPULATION_FIELDS: dict[str, tuple[type, object, str]] = {
+  "mode": (str, "auto", "streamed"),
+  "cache_bytes": (int, 0, "100000000"),
+  "prefetch": (int, 2, "1"),
+  "eval_clients": (int, 0, "500"),
+  "eval_chunk": (int, 1000, "200"),
+  "eval_seed": (int, 0, "1"),
+}
+"""``config.population``'s fields (a population read from a store, ``config.data.name="store"``:
+:mod:`fedtree.experiment.population`)."""
+
 RUN_FIELDS = ("rounds", "chunk_size", "compute_dtype")
 """Runner fields a run may set for itself (``config.runs.<label>.rounds``): :func:`run_field`."""
 
@@ -134,4 +145,7 @@ def declare_runner_fields(c: ml_collections.ConfigDict) -> ml_collections.Config
   _declare(c.local, LOCAL_FIELDS)
   if "sweep" not in c:
     c.sweep = default_sweep()
+  if "population" not in c:
+    c.population = ml_collections.ConfigDict()
+  _declare(c.population, POPULATION_FIELDS)
   return c

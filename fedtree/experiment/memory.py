@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
@@ -204,19 +204,12 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
   blocks = 0 if block is None else block_bytes(block[0], block[1], block[2], pairwise=block[3]) * experiments
   held = sum(int(n) for _, n in needs.cohort) * experiments   # the round's buffers over its cohort
   state = state_bytes * experiments + blocks + held
-  work = step_bytes * chunk * experiments
-  total = data_bytes + state + work
-  parts = ("" if not needs.parts else
-           " (of which " + ", ".join(f"{what} {_gib(n)}" for what, n in needs.parts) + ")")
-  line = (f"{label}: memory estimate {_gib(total)}: "
-          f"{f'clients data {_gib(data_bytes)} ({clients} clients) + ' if data_bytes else ''}"
-          f"state {_gib(state_bytes)}{parts}"
-          f"{f' x {experiments} experiments' if experiments > 1 else ''}"
-          f"{f' + cohort blocks {_gib(blocks)}' if block is not None else ''}"
-          f"{' + ' + ', '.join(f'{what} {_gib(n)}' for what, n in needs.cohort) if needs.cohort else ''}"
-          f" + chunk working set "
-          f"{chunk} x {_gib(step_bytes)} per client step{f' ({models} models)' if models > 1 else ''}"
-          f"{f' x {experiments}' if experiments > 1 else ''}")
+  e = _Estimate(label=label, limit=limit, source=source, data=data_bytes, clients=clients, state=state,
+                state_bytes=state_bytes, step=step_bytes, work=step_bytes * chunk * experiments,
+                evaluation=evaluation_bytes, eval_chunk=eval_chunk, experiments=experiments, chunk=chunk,
+                chunk_name=chunk_name, models=models, blocks=blocks, held=held, block=block, needs=needs)
+  total = data_bytes + state + e.work
+  line = _line(e, total)
   at_once = "every client" if eval_chunk is None else f"{eval_chunk} clients"
   evaluation = f"; evaluation {_gib(evaluation_bytes)} ({at_once} at once)" if evaluation_bytes else ""
   if limit is None:
@@ -224,66 +217,128 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
   line += f"{evaluation}, limit {_gib(limit)} ({source})"
   if total <= limit:
     if data_bytes + state + evaluation_bytes > limit:   # evaluating every client at once does not fit
-      room = limit - data_bytes - state
-      at_a_time = clients if eval_chunk is None else min(int(eval_chunk), clients)
-      per = evaluation_bytes / max(1, at_a_time)
-      fits = int(room // per) if room > 0 else 0
-      advice = (f"set config.eval_chunk_size <= {fits}" if fits >= 1 else
-                "even one client's evaluation does not fit: use a smaller model or population")
-      raise ValueError(
-        f"run {label!r} does not fit in memory when it evaluates: state {state} bytes{needs.describe()} "
-        f"+ evaluation "
-        f"working set {evaluation_bytes} bytes (config.eval_chunk_size={eval_chunk}: {at_once} at once) + "
-        f"clients data {data_bytes} bytes = {data_bytes + state + evaluation_bytes} bytes > limit {limit} "
-        f"bytes ({source}); {advice}")
+      raise _evaluation_refusal(e)
     return line
   if needs.cohort and data_bytes + state > limit:   # the method's work over the cohort does not fit
-    what = ", ".join(f"{w} {n} bytes" for w, n in needs.cohort)
-    raise ValueError(
-      f"run {label!r} does not fit in memory: its work over every parent's cohort holds {what}"
-      f"{f' x {experiments} experiments' if experiments > 1 else ''} + state {state - held} bytes"
-      f"{f' + clients data {data_bytes} bytes' if data_bytes else ''} = {data_bytes + state} bytes > limit "
-      f"{limit} bytes ({source}); sample fewer clients per parent a round (cohort_size)")
+    raise _cohort_refusal(e)
   if block is not None and data_bytes + state > limit:   # the cohort blocks do not fit: a smaller cohort
-    param_bytes, rows, size, pairwise = block
-    avail = limit - data_bytes - state_bytes * experiments - step_bytes * experiments
-    lo, hi = 0, rows   # the largest cohort (slots in all, a parent's at most as many) that fits
-    while lo < hi:
-      mid = (lo + hi + 1) // 2
-      if block_bytes(param_bytes, mid, min(mid, size), pairwise=pairwise) * experiments <= avail:
-        lo = mid
-      else:
-        hi = mid - 1
-    fits_rows = lo
-    raise ValueError(
-      f"run {label!r} does not fit in memory: its blockwise aggregator holds every parent's cohort "
-      f"({rows} slots of {param_bytes} bytes{', with pairwise distances' if pairwise else ''}): "
-      f"{blocks} bytes + state {state_bytes * experiments} bytes"
-      f"{f' + clients data {data_bytes} bytes' if data_bytes else ''} > limit {limit} bytes ({source}); "
-      f"sample at most {max(int(fits_rows), 0)} clients per round in all (cohort_size) or use the mean")
-  if experiments > 1:  # a sweep: fewer experiments at once (they share the clients' data)
-    fits = (limit - data_bytes) // max(1, state_bytes + step_bytes * chunk)
+    raise _block_refusal(e)
+  raise _chunk_refusal(e, total)
+
+
+class _Estimate(NamedTuple):
+  """The figures of one run's memory estimate (bytes) and what its refusals name
+  (:func:`check_memory`'s arguments, the client step's times the models it trains)."""
+
+  label: str
+  limit: int | None
+  source: str
+  data: int                  # the clients' data on the device
+  clients: int
+  state: int                 # every experiment's state, the cohort blocks and buffers
+  state_bytes: int           # one experiment's state
+  step: int                  # one client's step, its models included
+  work: int                  # the chunk's working set, every experiment's
+  evaluation: int            # the evaluator's working set
+  eval_chunk: int | None
+  experiments: int
+  chunk: int
+  chunk_name: str
+  models: int                # models a client step trains
+  blocks: int                # a blockwise aggregator's cohort blocks
+  held: int                  # the method's buffers over the round's cohort
+  block: tuple[int, int, int, bool] | None
+  needs: Needs
+
+
+def _line(e: _Estimate, total: int) -> str:
+  """The estimate's line, before its evaluation and limit."""
+  parts = ("" if not e.needs.parts else
+           " (of which " + ", ".join(f"{what} {_gib(n)}" for what, n in e.needs.parts) + ")")
+  cohort = ", ".join(f"{what} {_gib(n)}" for what, n in e.needs.cohort)
+  return (f"{e.label}: memory estimate {_gib(total)}: "
+          f"{f'clients data {_gib(e.data)} ({e.clients} clients) + ' if e.data else ''}"
+          f"state {_gib(e.state_bytes)}{parts}"
+          f"{f' x {e.experiments} experiments' if e.experiments > 1 else ''}"
+          f"{f' + cohort blocks {_gib(e.blocks)}' if e.block is not None else ''}"
+          f"{' + ' + cohort if e.needs.cohort else ''}"
+          f" + chunk working set "
+          f"{e.chunk} x {_gib(e.step)} per client step{f' ({e.models} models)' if e.models > 1 else ''}"
+          f"{f' x {e.experiments}' if e.experiments > 1 else ''}")
+
+
+def _evaluation_refusal(e: _Estimate) -> ValueError:
+  """Evaluating every client at once does not fit: the largest ``eval_chunk_size`` that does."""
+  room = e.limit - e.data - e.state
+  at_a_time = e.clients if e.eval_chunk is None else min(int(e.eval_chunk), e.clients)
+  per = e.evaluation / max(1, at_a_time)
+  fits = int(room // per) if room > 0 else 0
+  advice = (f"set config.eval_chunk_size <= {fits}" if fits >= 1 else
+            "even one client's evaluation does not fit: use a smaller model or population")
+  at_once = "every client" if e.eval_chunk is None else f"{e.eval_chunk} clients"
+  return ValueError(
+    f"run {e.label!r} does not fit in memory when it evaluates: state {e.state} bytes{e.needs.describe()} "
+    f"+ evaluation "
+    f"working set {e.evaluation} bytes (config.eval_chunk_size={e.eval_chunk}: {at_once} at once) + "
+    f"clients data {e.data} bytes = {e.data + e.state + e.evaluation} bytes > limit {e.limit} "
+    f"bytes ({e.source}); {advice}")
+
+
+def _cohort_refusal(e: _Estimate) -> ValueError:
+  """The method's buffers over every parent's cohort do not fit: a smaller cohort."""
+  what = ", ".join(f"{w} {n} bytes" for w, n in e.needs.cohort)
+  return ValueError(
+    f"run {e.label!r} does not fit in memory: its work over every parent's cohort holds {what}"
+    f"{f' x {e.experiments} experiments' if e.experiments > 1 else ''} + state {e.state - e.held} bytes"
+    f"{f' + clients data {e.data} bytes' if e.data else ''} = {e.data + e.state} bytes > limit "
+    f"{e.limit} bytes ({e.source}); sample fewer clients per parent a round (cohort_size)")
+
+
+def _block_refusal(e: _Estimate) -> ValueError:
+  """A blockwise aggregator's cohort blocks do not fit: the largest cohort whose blocks do."""
+  param_bytes, rows, size, pairwise = e.block
+  avail = e.limit - e.data - e.state_bytes * e.experiments - e.step * e.experiments
+  lo, hi = 0, rows   # the largest cohort (slots in all, a parent's at most as many) that fits
+  while lo < hi:
+    mid = (lo + hi + 1) // 2
+    if block_bytes(param_bytes, mid, min(mid, size), pairwise=pairwise) * e.experiments <= avail:
+      lo = mid
+    else:
+      hi = mid - 1
+  return ValueError(
+    f"run {e.label!r} does not fit in memory: its blockwise aggregator holds every parent's cohort "
+    f"({rows} slots of {param_bytes} bytes{', with pairwise distances' if pairwise else ''}): "
+    f"{e.blocks} bytes + state {e.state_bytes * e.experiments} bytes"
+    f"{f' + clients data {e.data} bytes' if e.data else ''} > limit {e.limit} bytes ({e.source}); "
+    f"sample at most {max(int(lo), 0)} clients per round in all (cohort_size) or use the mean")
+
+
+def _chunk_refusal(e: _Estimate, total: int) -> ValueError:
+  """A chunk's working set does not fit: the largest chunk (a sweep: experiments at once) that
+  does, or, when none does, about the clients that fit beside the state."""
+  if e.experiments > 1:  # a sweep: fewer experiments at once (they share the clients' data)
+    fits = (e.limit - e.data) // max(1, e.state_bytes + e.step * e.chunk)
   else:
-    fits = (limit - data_bytes - state) // max(1, step_bytes)
-  room = limit - state - step_bytes * experiments   # beside one client's step: for the clients' data
+    fits = (e.limit - e.data - e.state) // max(1, e.step)
+  room = e.limit - e.state - e.step * e.experiments   # beside one client's step: for the clients' data
   if fits >= 1:
-    advice = f"set {chunk_name} <= {int(fits)}"
-  elif data_bytes and clients and 0 < room < data_bytes:   # the population does not fit
-    per = data_bytes / clients
-    advice = (f"even the smallest chunk does not fit: the clients' data alone is {data_bytes} bytes "
-              f"({clients} clients x {per:.0f} bytes, kept on the device for the run), and about "
+    advice = f"set {e.chunk_name} <= {int(fits)}"
+  elif e.data and e.clients and 0 < room < e.data:   # the population does not fit
+    per = e.data / e.clients
+    advice = (f"even the smallest chunk does not fit: the clients' data alone is {e.data} bytes "
+              f"({e.clients} clients x {per:.0f} bytes, kept on the device for the run), and about "
               f"{int(room // per)} clients fit beside the state and one client's step; use fewer "
               f"clients, the ragged layout (config.data.layout='ragged': no padding rows), more devices "
               f"(config.mesh_shape) or a device with more memory")
   else:
     advice = "even the smallest chunk does not fit: use a smaller model or cohort, or more devices"
-  at_once = f", {experiments} experiments at once" if experiments > 1 else ""
-  per_step = f", {models} models per client step" if models > 1 else ""
-  data = f" + clients data {data_bytes} bytes ({clients} clients)" if data_bytes else ""
-  raise ValueError(
-    f"run {label!r} does not fit in memory: state {state} bytes{needs.describe()} + chunk working set "
-    f"{work} bytes (chunk_size={chunk}{at_once}{per_step}){data} = {total} bytes > limit {limit} bytes "
-    f"({source}); {advice}"
+  at_once = f", {e.experiments} experiments at once" if e.experiments > 1 else ""
+  per_step = f", {e.models} models per client step" if e.models > 1 else ""
+  data = f" + clients data {e.data} bytes ({e.clients} clients)" if e.data else ""
+  return ValueError(
+    f"run {e.label!r} does not fit in memory: state {e.state} bytes{e.needs.describe()} + chunk working set "
+    f"{e.work} bytes (chunk_size={e.chunk}{at_once}{per_step}){data} = {total} bytes > limit {e.limit} bytes "
+    f"({e.source}); {advice}"
   )
 
 

@@ -11,7 +11,7 @@ import json
 import math
 import os
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -95,18 +95,10 @@ class Reporter:
     """The last ``metrics.jsonl`` row of run ``label`` at ``round_`` whose fields include
     ``match`` (e.g. ``{"experiment": 3}``: one experiment of a sweep), ``None`` without a workdir
     or such a row: where a resumed run's cumulative counts continue from."""
-    if self._path is None or not os.path.exists(self._path):
-      return None
     found = None
-    with open(self._path) as f:
-      for line in f:
-        try:
-          row = json.loads(line)
-        except json.JSONDecodeError:
-          continue
-        if (row.get("run") == label and int(row.get("round", -1)) == int(round_)
-            and all(row.get(k) == v for k, v in (match or {}).items())):
-          found = row
+    for row in self._rows(label, match):
+      if int(row.get("round", -1)) == int(round_):
+        found = row
     return found
 
   def first_round(self, label: str, key: str, at_least: float, upto: int,
@@ -114,20 +106,26 @@ class Reporter:
     """The first round ``<= upto`` at which a ``metrics.jsonl`` row of run ``label`` (whose fields
     include ``match``) has ``key >= at_least``; ``None`` without a workdir or such a row: where a
     resumed run's rounds to a target accuracy continue from."""
-    if self._path is None or not os.path.exists(self._path):
-      return None
     found = None
+    for row in self._rows(label, match):
+      r, v = int(row.get("round", -1)), row.get(key)
+      if r <= int(upto) and isinstance(v, (int, float)) and v >= at_least:
+        found = r if found is None else min(found, r)
+    return found
+
+  def _rows(self, label: str, match: dict[str, Any] | None):
+    """The ``metrics.jsonl`` rows of run ``label`` whose fields include ``match``, in order (lines
+    that do not parse skipped; none without a workdir)."""
+    if self._path is None or not os.path.exists(self._path):
+      return
     with open(self._path) as f:
       for line in f:
         try:
           row = json.loads(line)
         except json.JSONDecodeError:
           continue
-        r, v = int(row.get("round", -1)), row.get(key)
-        if (row.get("run") == label and r <= int(upto) and isinstance(v, (int, float)) and v >= at_least
-            and all(row.get(k) == x for k, x in (match or {}).items())):
-          found = r if found is None else min(found, r)
-    return found
+        if row.get("run") == label and all(row.get(k) == v for k, v in (match or {}).items()):
+          yield row
 
   def log(self, label: str, round_: int, metrics: dict[str, Any], *, tensorboard_run: str | None = None
           ) -> None:
@@ -225,42 +223,112 @@ def _scalar(v):
   return v.tolist()
 
 
+class _Columns(NamedTuple):
+  """The optional columns of the final table: each shown when some model's summary reports it."""
+
+  num_groups: int           # accuracy per group: one column per group
+  ppl: bool                 # perplexity (token level)
+  sent: bool                # perplexity (sentence level)
+  central: bool             # accuracy on the central test split
+  topk: list[str]           # ``top{k}_accuracy`` fields, sorted
+  clustered: bool           # intra-/inter-cluster accuracy and the number of clusters
+  ari: bool                 # adjusted Rand index
+  kws: bool                 # false-accept and false-reject rates
+  eps: bool                 # the privacy spent
+  asr: bool                 # a backdoor's attack success rate
+  traffic: bool             # megabytes up and down
+  fair: bool                # per-client percentiles and Gini coefficient
+  target: float | None      # the target accuracy whose first round is reported
+
+
+def _columns(results: dict[str, dict[str, dict[str, Any]]]) -> _Columns:
+  summaries = [s for models in results.values() for s in models.values()]
+
+  def has(key: str) -> bool:
+    return any(key in s for s in summaries)
+
+  return _Columns(
+    num_groups=max((len(s["group_accuracy"]) for s in summaries if "group_accuracy" in s), default=0),
+    ppl=has("perplexity"), sent=has("sentence_perplexity"), central=has("central_accuracy"),
+    topk=sorted({k for s in summaries for k in s if k.startswith("top") and k.endswith("_accuracy")}),
+    clustered=has("intra_cluster_accuracy"), ari=has("adjusted_rand_index"), kws=has("false_accept_rate"),
+    eps=has("epsilon"), asr=has("attack_success_rate"), traffic=has("uplink_MB"), fair=has("fairness"),
+    target=next((s["target_accuracy"] for s in summaries if s.get("target_accuracy") is not None), None))
+
+
+def _header(c: _Columns, group_names) -> list[str]:
+  header = ["run", "model", "accuracy", "client mean", "loss"]
+  header += ["ppl"] if c.ppl else []
+  header += ["sent ppl"] if c.sent else []
+  header += ["central"] if c.central else []
+  header += [k.removesuffix("_accuracy") for k in c.topk]
+  header += ["intra", "inter", "clusters"] if c.clustered else []
+  header += ["ARI"] if c.ari else []
+  header += ["FA %", "FR %"] if c.kws else []
+  header += ["ε"] if c.eps else []
+  header += ["ASR"] if c.asr else []
+  header += ["up MB", "down MB"] if c.traffic else []
+  header += ["clients p10/p50/p90 gini"] if c.fair else []
+  header += [f"rounds to {c.target:g}"] if c.target is not None else []
+  return header + group_headers(c.num_groups, group_names)
+
+
+def _row(label: str, name: str, s: dict[str, Any], c: _Columns) -> list[str]:
+  """The cells of one model's row (those of the groups it has no accuracy for left out)."""
+  row = [label, name, f"{s.get('accuracy', float('nan')):.4f}",
+         f"{s.get('client_mean_accuracy', float('nan')):.4f}", f"{s.get('loss', float('nan')):.4f}"]
+  row += [f"{s.get('perplexity', float('nan')):.2f}"] if c.ppl else []
+  row += [f"{s.get('sentence_perplexity', float('nan')):.2f}"] if c.sent else []
+  row += [f"{s['central_accuracy']:.4f}" if "central_accuracy" in s else ""] if c.central else []
+  row += [f"{s[k]:.4f}" if k in s else "" for k in c.topk]
+  if c.clustered:
+    row += ([f"{s['intra_cluster_accuracy']:.4f}", f"{s['inter_cluster_accuracy']:.4f}",
+             str(s["num_clusters"])] if "intra_cluster_accuracy" in s else ["", "", ""])
+  if c.ari:
+    row += [f"{s['adjusted_rand_index']:.3f}" if "adjusted_rand_index" in s else ""]
+  if c.kws:
+    row += [f"{100 * s.get('false_accept_rate', float('nan')):.2f}",
+            f"{100 * s.get('false_reject_rate', float('nan')):.2f}"]
+  if c.eps:
+    row += [f"{s['epsilon']:.3f}" if "epsilon" in s else ""]
+  if c.asr:
+    row += [f"{s['attack_success_rate']:.4f}" if "attack_success_rate" in s else ""]
+  if c.traffic:
+    row += [f"{s['uplink_MB']:.3f}", f"{s['downlink_MB']:.3f}"] if "uplink_MB" in s else ["", ""]
+  if c.fair:
+    row += [fairness_cell(s["fairness"]) if "fairness" in s else ""]
+  if c.target is not None:
+    reached = s.get("rounds_to_target")
+    row += [str(reached) if reached is not None else ("-" if "accuracy" in s else "")]
+  ga = s.get("group_accuracy")
+  return row + ([f"{a:.3f}" for a in ga] if ga is not None else [])
+
+
+def _title(c: _Columns) -> str:
+  title = "Final evaluation (test data of every client"
+  title += "; a group's column = accuracy on that group" if c.num_groups else ""
+  title += "; ppl / sent ppl = perplexity at token / sentence level" if c.ppl else ""
+  title += "; central = accuracy on the central test split (global models)" if c.central else ""
+  title += "; topK = top-K accuracy" if c.topk else ""
+  title += "; intra/inter = intra-/inter-cluster accuracy" if c.clustered else ""
+  title += "; ARI = adjusted Rand index against the true clusters" if c.ari else ""
+  title += "; FA / FR = false-accept / false-reject rate in %" if c.kws else ""
+  title += "; ASR = the backdoor's attack success rate on triggered test data" if c.asr else ""
+  title += ("; ε = user-level privacy spent at the run's δ, replace-one adjacency with fixed-size cohorts "
+            "(about twice the add/remove ε of Opacus at the same noise multiplier), add/remove with Poisson "
+            "sampling or privacy.adjacency='add_remove'") if c.eps else ""
+  title += ("; clients = 10th/50th/90th percentile and Gini coefficient of per-client accuracy "
+            "(perplexity for a language model)") if c.fair else ""
+  title += (f"; rounds to {c.target:g} = the first evaluation round whose accuracy reached "
+            f"{c.target:g} (- never)") if c.target is not None else ""
+  return title + ")"
+
+
 def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=None) -> str:
   """The final table: a row per (run, model) that trained (a model whose ``trained`` is False
   is named below the table instead), a column per group (named by ``group_names``)."""
-  num_groups = 0
-  for models in results.values():
-    for s in models.values():
-      if "group_accuracy" in s:
-        num_groups = max(num_groups, len(s["group_accuracy"]))
-  clustered = any("intra_cluster_accuracy" in s for models in results.values() for s in models.values())
-  kws = any("false_accept_rate" in s for models in results.values() for s in models.values())
-  header = ["run", "model", "accuracy", "client mean", "loss"]
-  ppl = any("perplexity" in s for models in results.values() for s in models.values())
-  sent = any("sentence_perplexity" in s for models in results.values() for s in models.values())
-  header += ["ppl"] if ppl else []
-  header += ["sent ppl"] if sent else []
-  central = any("central_accuracy" in s for models in results.values() for s in models.values())
-  header += ["central"] if central else []
-  topk = sorted({k for models in results.values() for s in models.values() for k in s
-                 if k.startswith("top") and k.endswith("_accuracy")})
-  header += [k.removesuffix("_accuracy") for k in topk]
-  ari = any("adjusted_rand_index" in s for models in results.values() for s in models.values())
-  header += ["intra", "inter", "clusters"] if clustered else []
-  header += ["ARI"] if ari else []
-  header += ["FA %", "FR %"] if kws else []
-  eps = any("epsilon" in s for models in results.values() for s in models.values())
-  header += ["ε"] if eps else []
-  asr = any("attack_success_rate" in s for models in results.values() for s in models.values())
-  header += ["ASR"] if asr else []
-  traffic = any("uplink_MB" in s for models in results.values() for s in models.values())
-  header += ["up MB", "down MB"] if traffic else []
-  fair = any("fairness" in s for models in results.values() for s in models.values())
-  header += ["clients p10/p50/p90 gini"] if fair else []
-  target = next((s["target_accuracy"] for models in results.values() for s in models.values()
-                 if s.get("target_accuracy") is not None), None)
-  header += [f"rounds to {target:g}"] if target is not None else []
-  header += group_headers(num_groups, group_names)
+  columns = _columns(results)
+  header = _header(columns, group_names)
   rows = [header]
   untrained = []
   for label, models in results.items():
@@ -268,59 +336,15 @@ def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=No
       if s.get("trained") is False:  # still the initial parameters: not a result
         untrained.append(f"{label} {name}")
         continue
-      row = [label, name, f"{s.get('accuracy', float('nan')):.4f}",
-             f"{s.get('client_mean_accuracy', float('nan')):.4f}", f"{s.get('loss', float('nan')):.4f}"]
-      row += [f"{s.get('perplexity', float('nan')):.2f}"] if ppl else []
-      row += [f"{s.get('sentence_perplexity', float('nan')):.2f}"] if sent else []
-      row += [f"{s['central_accuracy']:.4f}" if "central_accuracy" in s else ""] if central else []
-      row += [f"{s[k]:.4f}" if k in s else "" for k in topk]
-      if clustered:
-        row += ([f"{s['intra_cluster_accuracy']:.4f}", f"{s['inter_cluster_accuracy']:.4f}",
-                 str(s["num_clusters"])] if "intra_cluster_accuracy" in s else ["", "", ""])
-      if ari:
-        row += [f"{s['adjusted_rand_index']:.3f}" if "adjusted_rand_index" in s else ""]
-      if kws:
-        row += [f"{100 * s.get('false_accept_rate', float('nan')):.2f}",
-                f"{100 * s.get('false_reject_rate', float('nan')):.2f}"]
-      if eps:
-        row += [f"{s['epsilon']:.3f}" if "epsilon" in s else ""]
-      if asr:
-        row += [f"{s['attack_success_rate']:.4f}" if "attack_success_rate" in s else ""]
-      if traffic:
-        row += [f"{s['uplink_MB']:.3f}", f"{s['downlink_MB']:.3f}"] if "uplink_MB" in s else ["", ""]
-      if fair:
-        row += [fairness_cell(s["fairness"]) if "fairness" in s else ""]
-      if target is not None:
-        reached = s.get("rounds_to_target")
-        row += [str(reached) if reached is not None else ("-" if "accuracy" in s else "")]
-      ga = s.get("group_accuracy")
-      row += [f"{a:.3f}" for a in ga] if ga is not None else []
-      row += [""] * (len(header) - len(row))
-      rows.append(row)
+      row = _row(label, name, s, columns)
+      rows.append(row + [""] * (len(header) - len(row)))
   widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
   lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
   lines.insert(1, "  ".join("-" * w for w in widths))
-  title = "Final evaluation (test data of every client"
-  title += "; a group's column = accuracy on that group" if num_groups else ""
-  title += "; ppl / sent ppl = perplexity at token / sentence level" if ppl else ""
-  title += "; central = accuracy on the central test split (global models)" if central else ""
-  title += "; topK = top-K accuracy" if topk else ""
-  title += "; intra/inter = intra-/inter-cluster accuracy" if clustered else ""
-  title += "; ARI = adjusted Rand index against the true clusters" if ari else ""
-  title += "; FA / FR = false-accept / false-reject rate in %" if kws else ""
-  title += "; ASR = the backdoor's attack success rate on triggered test data" if asr else ""
-  title += ("; ε = user-level privacy spent at the run's δ, replace-one adjacency with fixed-size cohorts "
-            "(about twice the add/remove ε of Opacus at the same noise multiplier), add/remove with Poisson "
-            "sampling or privacy.adjacency='add_remove'") if eps else ""
-  title += ("; clients = 10th/50th/90th percentile and Gini coefficient of per-client accuracy "
-            "(perplexity for a language model)") if fair else ""
-  title += (f"; rounds to {target:g} = the first evaluation round whose accuracy reached "
-            f"{target:g} (- never)") if target is not None else ""
-  title += ")"
   if untrained:
     lines.append(f"(left out, never trained within the run: its parameters are still the initial "
                  f"ones: {', '.join(untrained)})")
-  return "\n".join(["", title] + lines)
+  return "\n".join(["", _title(columns)] + lines)
 
 
 def group_headers(num_groups: int, group_names=None) -> list[str]:

@@ -27,7 +27,7 @@ from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.metrics import make_evaluator
 from fedtree.experiment import capabilities as caps
 from fedtree.experiment import memory, registry
-from fedtree.experiment.capability import Wrapping, blocks
+from fedtree.experiment.capability import Capability, RunContext, Wrapping, blocks
 from fedtree.experiment.context import Context
 from fedtree.experiment.fields import field, run_field
 from fedtree.experiment.results import evaluation_options, positive_classes_from_config
@@ -58,12 +58,21 @@ class Scoring(NamedTuple):
   tasks: Mapping[str, tuple] = {}
   forward: tuple[Callable, Callable] | None = None
 
-  def evaluate(self, algorithm: FederatedAlgorithm, state, ctx: Context) -> dict[str, dict[str, Any]]:
-    """Every model of ``state`` scored on the clients' test data of ``ctx`` (and on the tasks)."""
-    out = evaluation.evaluate_models(
-      algorithm, state, ctx.model, ctx.run_data, groups=ctx.groups,
-      chunk_size=field(ctx.config, "eval_chunk_size"), evaluator=self.evaluator(state),
-      positive_classes=self.positive_classes, splits=self.splits, top_k=self.top_k, central=self.central)
+  def evaluate(self, algorithm: FederatedAlgorithm, state, ctx: Context, round_: int = 0
+               ) -> dict[str, dict[str, Any]]:
+    """Every model of ``state`` scored on the clients' test data of ``ctx`` (a streamed population's:
+    the clients of the evaluation after round ``round_``, read from its store), and on the tasks."""
+    if ctx.streamed:
+      from fedtree.experiment.population import evaluate_streamed
+
+      out = evaluate_streamed(algorithm, state, ctx.population, round_, model=ctx.model,
+                              evaluator=self.evaluator(state), groups=ctx.groups,
+                              positive_classes=self.positive_classes, top_k=self.top_k, central=self.central)
+    else:
+      out = evaluation.evaluate_models(
+        algorithm, state, ctx.model, ctx.run_data, groups=ctx.groups,
+        chunk_size=field(ctx.config, "eval_chunk_size"), evaluator=self.evaluator(state),
+        positive_classes=self.positive_classes, splits=self.splits, top_k=self.top_k, central=self.central)
     if self.tasks and self.forward is not None:
       from fedtree.evaluation.llm import score_tasks
 
@@ -93,6 +102,9 @@ class Run:
     extra_data_bytes: bytes of the run's own copy of the clients' data beside the shared one.
     needs: what its method holds beyond one model's client step
       (:func:`fedtree.experiment.registry.memory_needs`: FedEM's components), or ``None``.
+    run_context: what its capabilities see and its builders read, resolved once
+      (:func:`fedtree.experiment.registry.resolved_context`: its config's capabilities, its tree,
+      factory and config, on :attr:`context`), or ``None`` for an algorithm built by hand.
   """
 
   label: str
@@ -106,6 +118,12 @@ class Run:
   block: tuple[int, int, int, bool] | None = None
   extra_data_bytes: int = 0
   needs: Any = None
+  run_context: RunContext | None = None
+
+  @property
+  def capabilities(self) -> Mapping[str, Capability]:
+    """The capabilities its config names, read once (``{}`` for an algorithm built by hand)."""
+    return {} if self.run_context is None else self.run_context.capabilities
 
   def memory(self, budget: memory.Budget, key: jax.Array) -> str:
     """The run's memory line (:meth:`fedtree.experiment.memory.Budget.check`), refused with the
@@ -159,71 +177,62 @@ def _merged(hooks: list[Callable[[int], dict[str, Any]]]) -> Callable[[int], dic
   return lambda r: {k: v for h in hooks for k, v in h(r).items()}
 
 
-def round_metrics(label: str, run_cfg, ctx: Context) -> Callable[[int], dict[str, Any]] | None:
+def round_metrics(label: str, run_cfg, ctx) -> Callable[[int], dict[str, Any]] | None:
   """``r -> {name: number}`` of every capability of run ``label`` that reports per-round
-  metrics (the privacy spent), or ``None``; ``ctx``: the run's own context (:func:`own_context`)."""
-  present = [(c, s) for c, s in caps.sections(run_cfg, caps.of_config(ctx.config))
-             if c.round_metrics is not None]
+  metrics (the privacy spent), or ``None``; ``ctx``: the run's context
+  (:func:`fedtree.experiment.registry.resolved_context`), or a shared one."""
+  rctx = registry.run_context(ctx, label, run_cfg)
+  present = [(c, s) for c, s in caps.sections(run_cfg, rctx.capabilities) if c.round_metrics is not None]
   if not present:
     return None
-  rctx = registry.run_context(ctx, label, run_cfg)
   hooks = [h for h in (c.round_metrics(s, rctx) for c, s in present) if h is not None]
   return _merged(hooks)
 
 
-def own_context(label: str, run_cfg, ctx: Context) -> Context:
-  """The context run ``label`` builds and is evaluated in: the shared one, or with the run's own
-  ``data``/``model`` (:meth:`fedtree.experiment.context.Context.for_run`), refused naming the run."""
-  try:
-    return ctx.for_run(run_cfg)
-  except ValueError as e:
-    raise ValueError(f"config.runs.{label}: {e}") from e
-
-
-def run_data(label: str, run_cfg, ctx: Context) -> tuple[Context, dict[str, tuple]]:
-  """``(ctx on the data run label trains on, {metric: test split})``: the data its capabilities
-  alter (a data attack's poisoned copy, on the device and over the context's mesh) and the test
-  splits they add (its backdoor's); ``ctx``: the run's own context (:func:`own_context`)."""
-  present = [(c, s) for c, s in caps.sections(run_cfg, caps.of_config(ctx.config)) if c.data is not None]
+def run_data(rctx: RunContext) -> tuple[RunContext, dict[str, tuple]]:
+  """``(the run on the data it trains on, {metric: test split})``: the data the capabilities of the
+  run of ``rctx`` (:func:`fedtree.experiment.registry.resolved_context`) alter (a data attack's
+  poisoned copy, on the device and over the context's mesh) and the test splits they add (its
+  backdoor's)."""
+  present = [(c, s) for c, s in caps.sections(rctx.run, rctx.capabilities) if c.data is not None]
   if not present:
-    return ctx, {}
-  rctx = registry.run_context(ctx, label, run_cfg)
-  data, splits = ctx.data, {}
+    return rctx, {}
+  own = rctx.shared
+  data, splits = own.data, {}
   for cap, section in present:
-    data, more = cap.data(section, rctx.on(dataclasses.replace(ctx, data=data)))
+    data, more = cap.data(section, rctx.on(dataclasses.replace(own, data=data)))
     splits.update(more)
-  return ctx.with_data(data), splits
+  return rctx.on(own.with_data(data)), splits
 
 
 def resolve(label: str, run_cfg, ctx: Context, *, build: bool = True) -> Run:
-  """Run ``label`` (``config.runs.<label>``) resolved on the shared context ``ctx``: its own
-  context (:func:`own_context`: its own data and model, when it sets them), its capabilities'
-  sections read once (the data they alter, their update-path parts and factory
-  arguments, the model they make it train, their metrics), its algorithm built (``build=False``:
-  left to a sweep, which builds one per setting), how it is scored, its rounds and memory."""
-  registry.validate_run(label, run_cfg, caps.of_config(ctx.config))
-  shared, ctx = ctx, own_context(label, run_cfg, ctx)
-  run_ctx, splits = run_data(label, run_cfg, ctx)
-  wrapped = registry.wrapping(label, run_cfg, run_ctx)
-  arguments = registry.capability_arguments(label, run_cfg, run_ctx)
+  """Run ``label`` (``config.runs.<label>``) resolved once on the shared context ``ctx``: checked,
+  on its own context (its own data and model, when it sets them) and tree, the capabilities of
+  the config read (:func:`fedtree.experiment.registry.resolved_context`), their sections read once
+  (the data they alter, their update-path parts and factory arguments, the model they make it
+  train, their metrics), its algorithm built (``build=False``: left to a sweep, which builds one per
+  setting), how it is scored, its rounds and memory."""
+  own = registry.resolved_context(label, run_cfg, ctx)
+  rctx, splits = run_data(own)
+  wrapped = registry.wrapping(label, run_cfg, rctx)
+  arguments = registry.capability_arguments(label, run_cfg, rctx)
   algorithm = None
   if build:
     if wrapped is None:
-      algorithm = registry.build_algorithm(label, run_cfg, run_ctx, arguments=arguments)
+      algorithm = registry.build_algorithm(label, run_cfg, rctx, arguments=arguments)
     else:
-      algorithm = registry.wrapped_algorithm(label, *wrapped, run_ctx, arguments)
+      algorithm = registry.wrapped_algorithm(label, *wrapped, rctx, arguments)
   fixed = algorithm.rounds if algorithm is not None else None
-  rounds = int(fixed if fixed is not None else run_field(ctx.config, run_cfg, "rounds"))
-  model = ctx.model if wrapped is None else wrapped[1].model
-  rctx = registry.run_context(run_ctx, label, run_cfg)
-  full_model = memory.tree_bytes(jax.eval_shape(ctx.model.init, jax.random.key(0)))
-  return Run(label=label, config=run_cfg, context=run_ctx, algorithm=algorithm, rounds=rounds,
-             scoring=scoring(run_ctx, None if wrapped is None else wrapped[1], splits),
-             round_metrics=round_metrics(label, run_cfg, ctx),
+  rounds = int(fixed if fixed is not None else run_field(own.config, run_cfg, "rounds"))
+  model = own.model if wrapped is None else wrapped[1].model
+  full_model = memory.tree_bytes(jax.eval_shape(own.model.init, jax.random.key(0)))
+  return Run(label=label, config=run_cfg, context=rctx.shared, algorithm=algorithm, rounds=rounds,
+             scoring=scoring(rctx.shared, None if wrapped is None else wrapped[1], splits),
+             round_metrics=round_metrics(label, run_cfg, own),
              message_bytes=model_bytes(jax.eval_shape(model.init, jax.random.key(0))),
              block=blocks(arguments.get("update_paths"), rctx, full_model),
-             extra_data_bytes=memory.copied_bytes(run_ctx.data, shared.data),
-             needs=registry.memory_needs(label, run_cfg, ctx))
+             extra_data_bytes=memory.copied_bytes(rctx.data, ctx.data),
+             needs=registry.memory_needs(label, run_cfg, own), run_context=rctx)
 
 
 def of_algorithm(label: str, algorithm: FederatedAlgorithm, ctx: Context, *,

@@ -83,7 +83,19 @@ def run_algorithm(
   if rounds_per_call < 1:
     raise ValueError(f"rounds_per_call={rounds_per_call} must be >= 1")
   algorithm, ctx, num_rounds, label = run.algorithm, run.context, run.rounds, run.label
-  round_metrics = run.round_metrics
+  if ctx.streamed:
+    from fedtree.experiment.population import run_streamed
+
+    if experiments is not None:
+      raise ValueError(f"{label}: a sweep over a streamed population is not supported (every setting would "
+                       f"page its own clients' state); run the settings one by one, or hold the population "
+                       f"resident (config.population.mode='resident')")
+    hooks = _Hooks(run, reporter, None, target_accuracy)
+    return run_streamed(run, key, reporter, hooks, eval_every=eval_every, rounds_per_call=rounds_per_call,
+                        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                        keep_checkpoints=keep_checkpoints, should_stop=should_stop, max_abs=max_abs)
+  if ctx.population is not None:   # a population from a store, held resident (it fits)
+    reporter.print(f"{label}: {ctx.population.note}")
   state = algorithm.init(loop.init_key(key))
   initial = model_fingerprints(algorithm.models(state))
   ckpt = None
@@ -95,82 +107,21 @@ def run_algorithm(
     if restored is not None:
       state = restored
       reporter.print(f"{label}: resumed from the checkpoint of round {int(state.round)} in {checkpoint_dir}")
-  summaries: dict[str, dict[str, Any]] = {}
-
-  def flat(sm: dict[str, dict[str, Any]], suffix: str = "") -> dict[str, Any]:
-    return {f"{name}/{m}{suffix}": v for name, s in sm.items() for m, v in round_metrics_of(s).items()}
-
-  reached: dict[str, int] = {}   # model (``<model>@<e>`` in a sweep) -> first round at the target
-
-  def evaluate(s, r):
-    nonlocal summaries
-    summaries = run.scoring.evaluate(algorithm, s, ctx)
-    if target_accuracy is not None:
-      for name, sm in summaries.items():
-        if name not in reached and sm.get("accuracy", -math.inf) >= target_accuracy:
-          reached[name] = int(r)
-    if experiments is None:
-      check_summaries(label, r, summaries)
-      return flat(summaries)
-    row = {}
-    for e, (exp, sm) in enumerate(zip(experiments, by_experiment(summaries, len(experiments)), strict=True)):
-      check_summaries(f"{label}[{exp.name}]", r, sm)
-      row.update(flat(sm, f"@{e}"))
-    return row
-
-  t0 = time.perf_counter()
-  # bytes on every edge, per experiment of a sweep (each its own compressor settings)
-  traffics = [Traffic(run.message_bytes) for _ in (experiments or [None])]
-
-  def count(first_round, metrics):
-    if experiments is None:
-      traffics[0].add_rounds(first_round, metrics)
-      return
-    for t, m in zip(traffics, by_experiment(metrics, len(experiments)), strict=True):
-      t.add_rounds(first_round, m)
-
-  def log(r, host):
-    host = {**host, "elapsed_s": time.perf_counter() - t0}
-    if experiments is None:
-      extra = round_metrics(r) if round_metrics is not None else {}
-      reporter.log(label, r, {**host, **extra, **traffics[0].row()})
-      return
-    for exp, t, row in zip(experiments, traffics, by_experiment(host, len(experiments)), strict=True):
-      extra = exp.round_metrics(r) if exp.round_metrics is not None else {}
-      reporter.log(label, r, {**row, "elapsed_s": host["elapsed_s"], **extra, **t.row(), **exp.row},
-                   tensorboard_run=exp.tensorboard_run)
-
-  def name_row(e):  # rows past the experiments pad the last chunk of a sweep: they repeat its last
-    return experiments[min(e, len(experiments) - 1)].name
+  hooks = _Hooks(run, reporter, experiments, target_accuracy)
 
   def save(s, r):
     ckpt.maybe_save(s, force=r == num_rounds)
 
   reporter.start_run(label, num_rounds, from_round=int(state.round))
-  if int(state.round):   # resumed: the bytes of the rounds before, from the row of that round
-    for e, t in enumerate(traffics):
-      row = reporter.row(label, int(state.round),
-                         None if experiments is None else {"experiment": experiments[e].row["experiment"]})
-      if row is not None:
-        t.restore(row)
-    if target_accuracy is not None:   # and the rounds at which the models reached the target
-      for name in algorithm.models(state):
-        model, _, e = name.rpartition("@")
-        exp = None
-        if experiments is not None and e.isdigit():
-          exp = experiments[min(int(e), len(experiments) - 1)]
-        match = None if exp is None else {"experiment": exp.row["experiment"]}
-        first = reporter.first_round(label, f"{model if exp else name}/accuracy", target_accuracy,
-                                     int(state.round), match)
-        if first is not None:
-          reached[name] = first
+  if int(state.round):   # resumed: the bytes of the rounds before, and the rounds at the target
+    hooks.resume(state)
   try:
     state = loop.run(
       algorithm, ctx.run_data, num_rounds=num_rounds, key=key, rounds_per_call=rounds_per_call,
-      state=state, eval_every=eval_every, on_eval=evaluate, on_metrics=log,
-      on_rounds=count,
+      state=state, eval_every=eval_every, on_eval=hooks.evaluate, on_metrics=hooks.log,
+      on_rounds=hooks.count,
       on_call=save if ckpt is not None else None, should_stop=should_stop, label=label,
-      name_row=name_row if experiments is not None else None,
+      name_row=hooks.name_row if experiments is not None else None,
       max_abs=max_abs,
     )
     if int(state.round) < num_rounds:
@@ -181,8 +132,9 @@ def run_algorithm(
     if ckpt is not None:
       ckpt.close()
     reporter.end_run(label)
-  if not summaries:  # resumed a finished run: evaluate once
-    evaluate(state, int(state.round))
+  if not hooks.summaries:  # resumed a finished run: evaluate once
+    hooks.evaluate(state, int(state.round))
+  summaries = hooks.summaries
   if algorithm.report is not None and experiments is None:
     # a report reads its state and data on the host: this process's copies (gathered when the
     # state spans processes)
@@ -195,25 +147,124 @@ def run_algorithm(
   for name, s in summaries.items():  # a model still at its initial parameters is not a result
     if name in initial and name in final:
       s["trained"] = bool(final[name] != initial[name])
-  if round_metrics is not None:
-    summaries = {name: {**s, **round_metrics(int(state.round))} for name, s in summaries.items()}
-  if target_accuracy is not None:
-    summaries = {name: {**s, "target_accuracy": float(target_accuracy), "rounds_to_target": reached.get(name)}
-                 if "accuracy" in s else s for name, s in summaries.items()}
-  if experiments is None and traffics[0].counted:   # every model of the run: the run's traffic
-    total = traffics[0].summary()
-    budget, warning = budget_summary(label, total, field(ctx.config, "communication_budget_MB"))
-    if warning:
-      reporter.result(warning)
-    summaries = {name: {**s, **total, **budget} for name, s in summaries.items()}
-  elif experiments is not None:   # "<model>@<e>": experiment e's traffic (padding rows: none)
-    def with_bytes(name: str, s: dict[str, Any]) -> dict[str, Any]:
-      _, sep, e = name.rpartition("@")
-      ok = sep and e.isdigit() and int(e) < len(traffics) and traffics[int(e)].counted
-      return {**s, **traffics[int(e)].summary()} if ok else s
+  return state, hooks.final(summaries, int(state.round))
 
-    summaries = {name: with_bytes(name, s) for name, s in summaries.items()}
-  return state, summaries
+
+class _Hooks:
+  """The host side of one run's loop (:func:`run_algorithm`): its evaluations (checked, logged as
+  rows, the first round every model reached the target accuracy), the bytes on every edge (per
+  experiment of a sweep) and its ``metrics.jsonl`` rows.
+
+  Args:
+    run: the run.
+    reporter: where its rows go.
+    experiments: a sweep's experiments, or ``None``.
+    target: the target accuracy, or ``None``.
+  """
+
+  def __init__(self, run: Run, reporter: Reporter, experiments: list[Experiment] | None,
+               target: float | None):
+    self.run, self.reporter, self.experiments, self.target = run, reporter, experiments, target
+    self.summaries: dict[str, dict[str, Any]] = {}   # the last evaluation's
+    self.reached: dict[str, int] = {}   # model (``<model>@<e>`` in a sweep) -> first round at the target
+    self.t0 = time.perf_counter()
+    # bytes on every edge, per experiment of a sweep (each its own compressor settings)
+    self.traffics = [Traffic(run.message_bytes) for _ in (experiments or [None])]
+
+  def evaluate(self, s, r) -> dict[str, Any]:
+    """Every model of state ``s`` scored after round ``r``, checked; its row's metrics."""
+    run, experiments = self.run, self.experiments
+    self.summaries = summaries = run.scoring.evaluate(run.algorithm, s, run.context, int(r))
+    if self.target is not None:
+      for name, sm in summaries.items():
+        if name not in self.reached and sm.get("accuracy", -math.inf) >= self.target:
+          self.reached[name] = int(r)
+    if experiments is None:
+      check_summaries(run.label, r, summaries)
+      return _flat(summaries)
+    row = {}
+    for e, (exp, sm) in enumerate(zip(experiments, by_experiment(summaries, len(experiments)), strict=True)):
+      check_summaries(f"{run.label}[{exp.name}]", r, sm)
+      row.update(_flat(sm, f"@{e}"))
+    return row
+
+  def count(self, first_round, metrics) -> None:
+    """The bytes of the rounds from ``first_round`` on, from their ``metrics``."""
+    if self.experiments is None:
+      self.traffics[0].add_rounds(first_round, metrics)
+      return
+    for t, m in zip(self.traffics, by_experiment(metrics, len(self.experiments)), strict=True):
+      t.add_rounds(first_round, m)
+
+  def log(self, r, host) -> None:
+    """Round ``r``'s row (``host``: its metrics), with the run's per-round metrics and bytes; a
+    sweep's: a row per experiment."""
+    host = {**host, "elapsed_s": time.perf_counter() - self.t0}
+    label, experiments, round_metrics = self.run.label, self.experiments, self.run.round_metrics
+    if experiments is None:
+      extra = round_metrics(r) if round_metrics is not None else {}
+      self.reporter.log(label, r, {**host, **extra, **self.traffics[0].row()})
+      return
+    for exp, t, row in zip(experiments, self.traffics, by_experiment(host, len(experiments)), strict=True):
+      extra = exp.round_metrics(r) if exp.round_metrics is not None else {}
+      self.reporter.log(label, r, {**row, "elapsed_s": host["elapsed_s"], **extra, **t.row(), **exp.row},
+                        tensorboard_run=exp.tensorboard_run)
+
+  def name_row(self, e) -> str:
+    """The experiment of row ``e`` (rows past the experiments pad the last chunk of a sweep: they
+    repeat its last)."""
+    return self.experiments[min(e, len(self.experiments) - 1)].name
+
+  def resume(self, state) -> None:
+    """A run resumed at ``state``'s round: the bytes of the rounds before and the rounds at which
+    its models reached the target, from the rows written before."""
+    label, experiments, reporter = self.run.label, self.experiments, self.reporter
+    for e, t in enumerate(self.traffics):
+      row = reporter.row(label, int(state.round),
+                         None if experiments is None else {"experiment": experiments[e].row["experiment"]})
+      if row is not None:
+        t.restore(row)
+    if self.target is None:
+      return
+    for name in self.run.algorithm.models(state):
+      model, _, e = name.rpartition("@")
+      exp = None
+      if experiments is not None and e.isdigit():
+        exp = experiments[min(int(e), len(experiments) - 1)]
+      match = None if exp is None else {"experiment": exp.row["experiment"]}
+      first = reporter.first_round(label, f"{model if exp else name}/accuracy", self.target,
+                                   int(state.round), match)
+      if first is not None:
+        self.reached[name] = first
+
+  def final(self, summaries: dict[str, dict[str, Any]], rounds: int) -> dict[str, dict[str, Any]]:
+    """The final ``summaries`` after ``rounds`` rounds with the run's per-round metrics, the round
+    each model reached the target, and the bytes (a sweep's ``<model>@<e>``: experiment ``e``'s)."""
+    round_metrics, target, traffics = self.run.round_metrics, self.target, self.traffics
+    if round_metrics is not None:
+      summaries = {name: {**s, **round_metrics(rounds)} for name, s in summaries.items()}
+    if target is not None:
+      summaries = {name: {**s, "target_accuracy": float(target), "rounds_to_target": self.reached.get(name)}
+                   if "accuracy" in s else s for name, s in summaries.items()}
+    if self.experiments is None and traffics[0].counted:   # every model of the run: the run's traffic
+      run, total = self.run, traffics[0].summary()
+      budget, warning = budget_summary(run.label, total, field(run.context.config, "communication_budget_MB"))
+      if warning:
+        self.reporter.result(warning)
+      summaries = {name: {**s, **total, **budget} for name, s in summaries.items()}
+    elif self.experiments is not None:   # "<model>@<e>": experiment e's traffic (padding rows: none)
+      def with_bytes(name: str, s: dict[str, Any]) -> dict[str, Any]:
+        _, sep, e = name.rpartition("@")
+        ok = sep and e.isdigit() and int(e) < len(traffics) and traffics[int(e)].counted
+        return {**s, **traffics[int(e)].summary()} if ok else s
+
+      summaries = {name: with_bytes(name, s) for name, s in summaries.items()}
+    return summaries
+
+
+def _flat(sm: dict[str, dict[str, Any]], suffix: str = "") -> dict[str, Any]:
+  """A row's metrics of the models' summaries ``sm``: ``<model>/<metric><suffix>``."""
+  return {f"{name}/{m}{suffix}": v for name, s in sm.items() for m, v in round_metrics_of(s).items()}
 
 
 _TOPK = re.compile(r"(central_)?top\d+_accuracy")

@@ -62,6 +62,7 @@ import numpy as np
 
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.local import LocalSchedule
+from fedtree.experiment.capability import RunContext
 from fedtree.experiment.fields import SWEEP_FIELDS, default_sweep, sweep_field  # noqa: F401  (declared there)
 
 MODES = ("product", "zip")
@@ -128,7 +129,7 @@ def _get_path(config, path: str):
   return node
 
 
-def _swept_field(config, path: str) -> tuple[Any, Any]:
+def _swept_field(config, path: str, capabilities) -> tuple[Any, Any]:
   """``(current value, annotation or None)`` of the swept field ``path``.
 
   The value is the config's; for ``runs.<label>.<name>`` naming a parameter of the run's
@@ -136,15 +137,17 @@ def _swept_field(config, path: str) -> tuple[Any, Any]:
   a parameter the run leaves at its default has the factory's default as its value; for a field
   of a capability's section (``runs.<label>.compression.uplink.bits``), the annotation is the
   one the capability reads from the factory its section names (its ``hint``), and a field it
-  calibrates may be swept in place of the one the run gives (a target ε)."""
-  from fedtree.experiment import capabilities, registry
+  calibrates may be swept in place of the one the run gives (a target ε); ``capabilities``: the
+  config's (:func:`fedtree.experiment.capabilities.of_config`)."""
+  from fedtree.experiment import registry
   from fedtree.experiment.capability import plain
+  from fedtree.experiment.registry.coercion import type_hints
 
   parts = path.split(".")
   runs = config.get("runs", None)
   of_run = len(parts) >= 3 and parts[0] == "runs" and runs is not None and parts[1] in runs
   run = runs[parts[1]] if of_run else None
-  cap = capabilities.of_config(config).get(parts[2]) if run is not None and len(parts) >= 4 else None
+  cap = capabilities.get(parts[2]) if run is not None and len(parts) >= 4 else None
   if cap is not None and run.get(cap.name, None):
     section = plain(run[cap.name])
     if cap.calibration is not None and parts[3:] == [cap.calibration.swept]:
@@ -167,7 +170,7 @@ def _swept_field(config, path: str) -> tuple[Any, Any]:
   if spec is None:
     return value, None
   sch = registry.schema(spec)
-  hint = registry._hints(spec.factory).get(parts[2], None) if parts[2] in sch.params else None
+  hint = type_hints(spec.factory).get(parts[2], None) if parts[2] in sch.params else None
   if value is inspect.Parameter.empty:
     if parts[2] not in sch.scalars:
       swept = sorted(n for n, h in sch.scalars.items() if _kind(None, h) == "float")
@@ -186,9 +189,9 @@ def _kind(value, hint) -> str:
   ``jax.Array``, such as Krum's ``f: int | jax.Array``), ``"shape"`` (an int: a count or a size,
   which changes array shapes or Python control flow), ``"other"`` (not a number)."""
   if hint is not None:
-    from fedtree.experiment.registry import _union_args
+    from fedtree.experiment.registry.coercion import union_args
 
-    args = _union_args(hint)
+    args = union_args(hint)
     return "float" if float in args or jax.Array in args else "shape" if int in args else "other"
   if isinstance(value, (float, np.floating)):
     return "float"
@@ -198,9 +201,9 @@ def _kind(value, hint) -> str:
 
 
 def _type_name(hint) -> str:
-  from fedtree.experiment.registry import _type_name
+  from fedtree.experiment.registry.coercion import type_name
 
-  return hint.__name__ if isinstance(hint, type) else _type_name(hint)
+  return hint.__name__ if isinstance(hint, type) else type_name(hint)
 
 
 def _set_path(config, path: str, value) -> None:
@@ -211,13 +214,23 @@ def _set_path(config, path: str, value) -> None:
   node[leaf] = value
 
 
-def _calibrations(config, label: str):
-  """``[(section name, Calibration, swept path, traced path)]`` of run ``label``'s capabilities."""
-  from fedtree.experiment import capabilities
-
+def _calibrations(capabilities, label: str):
+  """``[(section name, Calibration, swept path, traced path)]`` of run ``label``'s ``capabilities``."""
   return [(name, cap.calibration, f"runs.{label}.{name}.{cap.calibration.swept}",
            f"runs.{label}.{name}.{cap.calibration.traced}")
-          for name, cap in capabilities.of_config(config).items() if cap.calibration is not None]
+          for name, cap in capabilities.items() if cap.calibration is not None]
+
+
+def _setting_context(ctx, label: str, run, shared=None):
+  """The context run ``label``'s setting ``run`` (its config with the setting's values) is built
+  in: the run's resolved context (a :class:`~fedtree.experiment.capability.RunContext`) with the
+  setting's fields, on ``shared`` when given, its tree, factory and capabilities kept (a setting
+  changes no shape, section or algorithm); for a shared context, ``shared`` (else ``ctx``) as it is,
+  the run resolved on it by the builder."""
+  if not isinstance(ctx, RunContext):
+    return ctx if shared is None else shared
+  out = ctx.with_run(run)
+  return out if shared is None else out.on(shared)
 
 
 def calibrated(config: ml_collections.ConfigDict, label: str, settings: list[dict], ctx
@@ -227,10 +240,12 @@ def calibrated(config: ml_collections.ConfigDict, label: str, settings: list[dic
   ``target_epsilon``) becomes a swept field the builder traces (its ``noise_multiplier``), each
   setting's value computed on the host as a single run with that value computes it (the field
   the config gives in its place is replaced). Other settings pass through unchanged; the table
-  and rows keep the settings as given (:func:`calibration_notes` says what was chosen)."""
+  and rows keep the settings as given (:func:`calibration_notes` says what was chosen). ``ctx``:
+  the run's context (:func:`fedtree.experiment.registry.resolved_context`), or a shared one."""
   from fedtree.experiment import registry
 
-  for name, cal, path, traced in _calibrations(config, label):
+  rctx = registry.run_context(ctx, label, config.runs[label])
+  for name, cal, path, traced in _calibrations(rctx.capabilities, label):
     if not settings or path not in settings[0]:
       continue
     if traced in settings[0]:
@@ -246,7 +261,7 @@ def calibrated(config: ml_collections.ConfigDict, label: str, settings: list[dic
       for p, value in setting.items():
         _set_path(cfg, p, value)
       run = cfg.runs[label]
-      values.append(float(cal.value(run[name].to_dict(), registry.run_context(ctx, label, run))))
+      values.append(float(cal.value(run[name].to_dict(), rctx.with_run(run))))
     config = ml_collections.ConfigDict(base, type_safe=False)
     config.runs[label][name] = {**section, cal.traced: values[0]}
     settings = [{**{p: v for p, v in s.items() if p != path}, traced: v}
@@ -254,12 +269,12 @@ def calibrated(config: ml_collections.ConfigDict, label: str, settings: list[dic
   return config, settings
 
 
-def calibration_notes(config: ml_collections.ConfigDict, label: str, shown: list[dict],
-                      settings: list[dict]) -> list[str]:
-  """A line for every calibrated field of run ``label``'s sweep (:func:`calibrated`) naming each
-  setting's traced value (``privacy: dp's noise multipliers calibrated per setting: ...``)."""
+def calibration_notes(capabilities, label: str, shown: list[dict], settings: list[dict]) -> list[str]:
+  """A line for every field of run ``label``'s sweep that its ``capabilities`` calibrate
+  (:func:`calibrated`), naming each setting's traced value (``privacy: dp's noise multipliers
+  calibrated per setting: ...``)."""
   notes = []
-  for name, cal, path, traced in _calibrations(config, label):
+  for name, cal, path, traced in _calibrations(capabilities, label):
     if shown and path in shown[0] and traced in settings[0]:
       notes.append(f"{name}: {label}'s {cal.what} calibrated per setting: " + ", ".join(
         f"{setting_name(a)}: {cal.symbol}={b[traced]:.4f}" for a, b in zip(shown, settings, strict=True)))
@@ -270,23 +285,27 @@ def setting_metrics(config: ml_collections.ConfigDict, label: str, settings: lis
   """Per setting of run ``label``, its capabilities' per-round metrics ``r -> {name: number}``
   (:func:`fedtree.experiment.run.round_metrics` of the run with the setting's values, on the
   host: a swept ``noise_multiplier`` gives each setting its ε), or ``None`` when no capability of
-  the run reports any."""
+  the run reports any; ``ctx``: the run's context, or a shared one."""
   from fedtree.experiment.run import round_metrics
 
-  if round_metrics(label, config.runs[label], ctx) is None:
+  if round_metrics(label, config.runs[label], _setting_context(ctx, label, config.runs[label])) is None:
     return None
+  shared = ctx.shared if isinstance(ctx, RunContext) else ctx
   out = []
   for setting in settings:
     cfg = copy.deepcopy(config)
     for path, value in setting.items():
       _set_path(cfg, path, value)
-    out.append(round_metrics(label, cfg.runs[label], dataclasses.replace(ctx, config=cfg)))
+    own = _setting_context(ctx, label, cfg.runs[label], dataclasses.replace(shared, config=cfg))
+    out.append(round_metrics(label, cfg.runs[label], own))
   return out
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """Named errors for an unknown or non-numeric path, a shape-changing field, an empty list,
   a ``zip`` of lists of different lengths, an unknown mode, or fewer than one seed."""
+  from fedtree.experiment.capabilities import of_config
+
   sw = config.get("sweep", None)
   if sw is None:
     return
@@ -297,6 +316,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if mode not in MODES:
     raise ValueError(f"config.sweep.mode={mode!r}; choose one of {MODES}")
   params = params_of(sw)
+  capabilities = of_config(config) if params else {}   # (read once for every swept path)
   for path, values in params.items():
     leaf = path.rsplit(".", 1)[-1]
     parts = path.split(".")
@@ -309,7 +329,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if path.startswith("runs.") and path.count(".") < 2:
       raise ValueError(f"config.sweep.params[{path!r}] must name a field of a run, e.g. "
                        f"'runs.<label>.mu'")
-    current, hint = _swept_field(config, path)
+    current, hint = _swept_field(config, path, capabilities)
     kind = _kind(current, hint)
     if path.startswith("local.") and leaf in SCHEDULE_FIELDS:
       hint, kind = LocalSchedule.__annotations__[leaf], "shape"
@@ -384,22 +404,25 @@ def config_builder(config: ml_collections.ConfigDict, label: str, ctx,
                    build_algorithm: Callable) -> Callable[[dict], FederatedAlgorithm]:
   """``build(hparams) -> algorithm`` of run ``label`` with the swept fields set to ``hparams``
   (``{dotted path: value}``: traced scalars inside a trace, Python floats outside), through the
-  ordinary builder: the builder :func:`fedtree.core.sweep.sweep` stacks."""
+  ordinary builder: the builder :func:`fedtree.core.sweep.sweep` stacks. ``ctx``: the run's context
+  (:func:`fedtree.experiment.registry.resolved_context`: every setting keeps its tree, factory and
+  capabilities), or a shared one the builder resolves the run on."""
   from fedtree.experiment.builders import local_optimizer_from_config
 
   base = config.to_dict()
+  shared = ctx.shared if isinstance(ctx, RunContext) else ctx
 
   def build(hparams: dict) -> FederatedAlgorithm:
     if not hparams:
-      return build_algorithm(label, config.runs[label], ctx)
+      return build_algorithm(label, config.runs[label], _setting_context(ctx, label, config.runs[label]))
     cfg = ml_collections.ConfigDict(base, type_safe=False)
     for path, value in hparams.items():
       _set_path(cfg, path, value)
-    local_opt = ctx.local_optimizer
+    local_opt = shared.local_optimizer
     if any(p.startswith("local.") for p in hparams):
       local_opt = local_optimizer_from_config(cfg.local)
-    sub = dataclasses.replace(ctx, config=cfg, local_optimizer=local_opt)
-    return build_algorithm(label, cfg.runs[label], sub)
+    sub = dataclasses.replace(shared, config=cfg, local_optimizer=local_opt)
+    return build_algorithm(label, cfg.runs[label], _setting_context(ctx, label, cfg.runs[label], sub))
 
   return build
 

@@ -87,15 +87,15 @@ def plan_sweep(run: Run, *, budget: memory.Budget | None = None, trace: bool = T
   from fedtree.experiment import sweep
   from fedtree.experiment.registry import build_algorithm
 
-  label, run_cfg, ctx = run.label, run.config, run.context
+  label, run_cfg, ctx, rctx = run.label, run.config, run.context, run.run_context
   config = ctx.config
   shown = sweep.settings_of(config, label)   # as given: rows, names and the table
-  config, settings = sweep.calibrated(config, label, shown, ctx)   # what the builder traces
-  notes = sweep.calibration_notes(config, label, shown, settings)
+  config, settings = sweep.calibrated(config, label, shown, rctx)   # what the builder traces
+  notes = sweep.calibration_notes(run.capabilities, label, shown, settings)
   n_seeds = int(sweep.sweep_field(config.sweep, "seeds") or 1)
   seed0 = int(config.seed)
   exps = [(i, seed0 + j) for i in range(len(settings)) for j in range(n_seeds)]
-  build = sweep.config_builder(config, label, ctx, build_algorithm)
+  build = sweep.config_builder(config, label, rctx, build_algorithm)
   first = build(settings[0])  # Python values: early errors, before anything is traced
   for s in settings[1:]:
     build(s)
@@ -105,7 +105,7 @@ def plan_sweep(run: Run, *, budget: memory.Budget | None = None, trace: bool = T
       f"run {label!r} (algorithm {algo_name!r}) is a fixed-length composition of stages "
       "(fedtree.core.algorithm.sequential); a sweep cannot stack it yet: sweep it as separate runs"
     )
-  metrics = sweep.setting_metrics(config, label, settings, ctx)   # ε per setting (host), or None
+  metrics = sweep.setting_metrics(config, label, settings, rctx)   # ε per setting (host), or None
   size = sweep.chunk_size(config, len(exps), ctx)
   note = ""
   if budget is not None:  # the stacked state and working set of a chunk of experiments, before compiling

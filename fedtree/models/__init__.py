@@ -82,7 +82,7 @@ def model_fields(name: str) -> frozenset[str] | None:
 
   Example:
     >>> sorted(model_fields("logreg")), sorted(model_fields("mlp"))
-    (['views'], ['hidden', 'views'])
+    (['views'], ['hidden', 'norm', 'views'])
   """
   import dataclasses
 

@@ -46,7 +46,7 @@ option here (the defaults are the paper's form):
     ``L_ls + λ L_adv`` from the downloaded encoder and main head, the private logits being the
     trained private head applied to the *current* encoder's features of the same
     training-mode pass (detached), the private head fixed; and (3) sends up both heads and the
-    encoder. Such a model runs under :func:`fedtree.algorithms.fedkws.fedkws` (``private="head"``
+    encoder. Such a model runs under :func:`fedtree.algorithms.optimization.fedkws.fedkws` (``private="head"``
     wraps the model) or any host given :func:`with_private_head`'s model.
 (b) The private model trains for ``int(0.2 · E) + 1`` steps (``E`` the local step count before
     ALT's scaling): option ``private_steps_ratio`` (``int(ratio · n) + 1`` steps for a client
@@ -55,7 +55,7 @@ option here (the defaults are the paper's form):
 (c) μ is per client, ``μ (1 - w)``, and the global-model step count is scaled by ``ratio * w``,
     with ``w`` the harmonic mean of ``min(n / n_max, 1)`` and the normalized label entropy (the
     "user-specific information" weighting): option ``client_utility`` (the step scaling is ALT
-    with a fixed ``r0``, :mod:`fedtree.algorithms.fedkws.alt`).
+    with a fixed ``r0``, :mod:`fedtree.algorithms.optimization.fedkws.alt`).
 (d) Gradients are clipped by norm: option ``max_grad_norm``.
 """
 
@@ -338,10 +338,11 @@ def alo_update(
     private_steps: steps of ``ψ_p`` per round (default: the client's own step count).
     private_steps_ratio: ``None`` (paper form), or the private steps of a client with ``n``
       steps this round are ``int(ratio · n) + 1`` (0 if ``n = 0``); the authors' code: 0.2
-      of the step count before ALT's scaling (difference (b); :func:`fedtree.algorithms.fedkws.fedkws`
-      applies it so). At most one of ``private_steps`` and ``private_steps_ratio``.
+      of the step count before ALT's scaling (difference (b);
+      :func:`fedtree.algorithms.optimization.fedkws.fedkws` applies it so). At most one of
+      ``private_steps`` and ``private_steps_ratio``.
     client_utility: ``None`` (paper form: one μ for all), or every client's utility ``w_k``
-      in ``[0, 1]`` (``[C]``, e.g. :func:`fedtree.algorithms.fedkws.alt.client_utility`):
+      in ``[0, 1]`` (``[C]``, e.g. :func:`fedtree.algorithms.optimization.fedkws.alt.client_utility`):
       client ``k`` then smooths its labels with ``μ (1 - w_k)`` (the authors' code, difference
       (c)); kept in :class:`ALOState`.
     max_grad_norm: ``None`` (paper form), or clip the gradient of every local step, the

@@ -36,7 +36,6 @@ The rotations' and random-k's randomness comes from the key of the edge (in a de
 shared by sender and receiver), so it costs no bits.
 
 Example:
-  >>> import jax, jax.numpy as jnp
   >>> c = qsgd(bits=2)
   >>> x = {"w": jnp.arange(6.0)}
   >>> int(c.bits(x))   # 2 bits for each of 6 coordinates, plus the leaf's min and max

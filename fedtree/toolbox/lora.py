@@ -445,13 +445,7 @@ def frozen_base(
   Example:
     FedAvg of rank-2 adapters on a frozen MLP, one round:
 
-    >>> import jax, optax
     >>> from fedtree.algorithms import fedavg
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
     >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(16,))
     >>> base = model.init(jax.random.key(0))
     >>> alg = frozen_base(lambda m: fedavg(model=m, data=data, local_optimizer=optax.sgd(0.1),

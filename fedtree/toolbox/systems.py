@@ -33,7 +33,6 @@ algorithm's state and decides which clients are on line at the start of a round.
 Example:
   Ten clients with heavy-tailed speeds under a 30-second deadline with partial work:
 
-  >>> import jax, jax.numpy as jnp
   >>> from fedtree.core.sampling import Cohort
   >>> profile = device_profile(jax.random.key(0), 10, speed=lognormal(2.0, 1.0))
   >>> systems = Systems(profile=profile, policy=deadline(30.0, partial=True))
@@ -370,6 +369,24 @@ def over_selection(factor: float = 1.3, *, dropout: float = 0.0) -> RoundPolicy:
 # ------------------------------------------------------------------------ a round
 
 
+class Attempt(NamedTuple):
+  """What every slot's client manages in its round (:meth:`Systems.attempt`), ``[K]`` each.
+
+  Attributes:
+    steps: ``int32`` the local steps it does (partial work lowered; its wanted steps where late).
+    dropped: ``bool`` it fails during its work (dropout).
+    late: ``bool`` it cannot report within the deadline (and fails at it).
+    seconds: ``float32`` when it reports (or fails, at the deadline), from its start.
+    full: ``float32`` what its whole work would take.
+  """
+
+  steps: jax.Array
+  dropped: jax.Array
+  late: jax.Array
+  seconds: jax.Array
+  full: jax.Array
+
+
 class RoundOutcome(NamedTuple):
   """What the systems model decided about one round of a tier.
 
@@ -559,6 +576,27 @@ class Systems:
     up, down = size(self.uplink_bytes, uplink_bytes), size(self.downlink_bytes, downlink_bytes)
     return down / jnp.take(self.profile.down, clients) + up / jnp.take(self.profile.up, clients)
 
+  def attempt(self, want: jax.Array, speed: jax.Array, comm: jax.Array, key: jax.Array) -> Attempt:
+    """What every slot's client manages of ``want`` local steps at ``speed`` steps per second, after
+    ``comm`` seconds of transfers, under the policy's dropout and deadline (jittable; the shared part
+    of a synchronous round, :meth:`round`, and of an asynchronous client's work, FedBuff's)."""
+    pol = self.policy
+    full = comm + want / speed
+    dropped = jnp.zeros(want.shape, bool)
+    if pol.dropout > 0:   # fails during its work
+      dropped = jax.random.uniform(key, want.shape) < pol.dropout
+    if pol.kind != "deadline":
+      return Attempt(want, dropped, jnp.zeros(want.shape, bool), full, full)
+    limit = jnp.float32(pol.seconds)
+    if not pol.partial:   # a client that cannot report in time fails at the deadline ...
+      late = full > limit
+      return Attempt(want, dropped, late, jnp.where(late, limit, full), full)
+    # ... or does the steps that fit
+    steps = jnp.minimum(want, jnp.maximum(jnp.floor((limit - comm) * speed), 0).astype(want.dtype))
+    late = ((steps < 1) & (want > 0)) | (comm > limit)
+    steps = jnp.where(late, want, steps)
+    return Attempt(steps, dropped, late, jnp.where(late, limit, comm + steps / speed), full)
+
   def round(
     self,
     cohort: Cohort,
@@ -592,40 +630,29 @@ class Systems:
     steps = jnp.take(num_steps, clients)
     speed = jnp.take(self.profile.speed, clients)
     comm = self._comm(clients, model_bytes, uplink_bytes, downlink_bytes)
-    seconds = comm + steps / speed
+    work = self.attempt(steps, speed, comm, key)
     online = cohort.valid
     if self.availability is not None:
       online = online & jnp.take(self.availability.at(time), clients)
-    alive = online
-    if pol.dropout > 0:
-      alive = alive & (jax.random.uniform(key, clients.shape) >= pol.dropout)
-    kept = alive
-    new_steps = steps
-    limit = None
-    if pol.kind == "deadline":
-      limit = jnp.float32(pol.seconds)
-      if pol.partial:
-        fit = jnp.floor((limit - comm) * speed)
-        new_steps = jnp.minimum(steps, jnp.maximum(fit, 0).astype(steps.dtype))
-        kept = kept & ((new_steps >= 1) | (steps == 0)) & (comm <= limit)
-      else:
-        kept = kept & (seconds <= limit)
-    elif pol.kind == "over_selection":
+    alive = online & ~work.dropped
+    kept = alive & ~work.late
+    if pol.kind == "over_selection":
       if keep is None:
         raise ValueError("over_selection needs keep= (the k clients kept per parent)")
       num_parents = len(keep)
-      rank_key = jnp.where(alive, seconds, jnp.inf)
+      rank_key = jnp.where(alive, work.full, jnp.inf)
       order = jnp.lexsort((jnp.arange(clients.shape[0]), rank_key, cohort.parent))
       sorted_parent = jnp.take(cohort.parent, order)
       first = jnp.searchsorted(sorted_parent, jnp.arange(num_parents), side="left")
       pos_sorted = jnp.arange(clients.shape[0]) - jnp.take(first, sorted_parent)
       pos = jnp.zeros_like(pos_sorted).at[order].set(pos_sorted)
       kept = kept & (pos < jnp.take(jnp.asarray(keep, jnp.int32), cohort.parent))
-    new_steps = jnp.where(kept, new_steps, steps)
+    new_steps = jnp.where(kept, work.steps, steps)
     kept_seconds = comm + new_steps / speed
     duration = jnp.max(jnp.where(kept, kept_seconds, 0.0), initial=0.0)
-    if limit is not None:   # someone on line was cut by the deadline: the server waited for it
-      duration = jnp.where(jnp.any(alive & (seconds > limit)), limit, duration)
+    if pol.kind == "deadline":   # someone on line was cut by the deadline: the server waited for it
+      duration = jnp.where(jnp.any(alive & (work.full > jnp.float32(pol.seconds))), jnp.float32(pol.seconds),
+                           duration)
     # Per client rows: the steps each one does (only the slots kept matter to train_cohort).
     client_steps = num_steps.at[jnp.where(cohort.valid, clients, num_steps.shape[0])].set(
       new_steps.astype(num_steps.dtype), mode="drop")

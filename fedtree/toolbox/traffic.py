@@ -43,7 +43,7 @@ these metrics. The experiment runner counts every run
 round), a sweep's experiments each their own (its rows and its setting's line of the sweep
 table: ``uplink_MB``, ``downlink_MB``).
 
-GroupPerFL's per-client cost table (:mod:`fedtree.algorithms.grouppfl.costs`) counts a client's
+GroupPerFL's per-client cost table (:mod:`fedtree.algorithms.hierarchical.grouppfl.costs`) counts a client's
 round trip as :data:`ROUND_TRIP_MODELS` models, the same rule in model units.
 
 Example:

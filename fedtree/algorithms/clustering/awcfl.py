@@ -1,84 +1,28 @@
-"""AWCFL: adaptive weighted clustered FL (paper 004: Li & Yan 2023, "Inter-cluster
-optimization for clustered federated learning", Computer Science 50(11A), Algorithm 1).
+"""AWCFL, adaptive weighted clustered FL (paper 004: Li & Yan 2023): every cluster model mixes in the
+other clusters' means.
 
-One round (the paper's Algorithm 1, with a sampled cohort):
+The round and the choices where the paper is vague: :doc:`AWCFL on the clustered-FL page
+<algorithms/clustered.md#awcfl>`.
 
-1. every sampled client ``j`` trains locally from its cluster's model ``c_{m_j}``
-   (``m_j``: its cluster, persistent ``int32[C]``) and sends its weights ``w_j`` up;
-2. the server clusters the received weights by K-means into ``n = num_clusters`` clusters
-   (:func:`fedtree.algorithms.clustering.ops.stable_kmeans`: k-means++ from the round's key, fixed Lloyd
-   iterations, ids matched to the current cluster models so they do not permute);
-3. every cluster model becomes (Eq. (2) / line 3.3.1)
-
-   ``c_k ← β/(n-1) · Σ_{i≠k} m_i + (1-β) · m_k``,   ``m_k = mean(w_j : j in cluster k)``
-
-   i.e. its own members' mean mixed with the other clusters' means (β = 0: plain K-means
-   clustered FL; β = 1: the mean of the *other* clusters only);
-4. each client receives its cluster's model (step 3.4): its membership is updated.
-
-Before round ``cluster_start_round + 1`` there is no clustering: all clients form one
-cluster and every cluster model is set to their (FedAvg) mean, so clustering starts from a
-trained global model, as in the paper's experiments ("clustering starts after 20 rounds").
-
-Choices where the paper is silent or vague (marked):
-* the ``c_i`` of the other clusters in line 3.3.1 are read as this round's cluster means
-  ``m_i`` (the K-means centroids of step 3.2), updated simultaneously for all k;
-* a cluster none of whose members reported keeps its model as ``m_k``;
-* ``mean`` is weighted by ``weighting`` (``"uniform"`` is the paper's plain mean,
-  ``"examples"`` the FedAvg weighting);
-* the new cluster model is applied as a server-optimizer step on the pseudo-gradient
-  ``c_k - target_k`` (default ``sgd(1.0)``: exactly ``c_k ← target_k``), so FedAvgM/FedAdam
-  per cluster are one argument away;
-* with one cluster, β is irrelevant (there are no other clusters).
-
-``clustering="cfl"`` or ``"ifca"`` applies the same β-mixing to CFL's or IFCA's clusters
-(paper 004's AWCFL_CFL and AWCFL_IFCA, Figs. 5, 7, 8): see
-:mod:`fedtree.algorithms.clustering.clustered`, where the round lives.
+References:
+  Li and Yan, Inter-cluster optimization for clustered federated learning, Computer Science
+  50(11A), 2023 (Algorithm 1).
 """
 
 from __future__ import annotations
 
-import optax
-
 from fedtree.algorithms.clustering.clustered import check_beta, clustered, mix_clusters
-from fedtree.core.algorithm import FederatedAlgorithm, PyTree
-from fedtree.core.data import FederatedData
-from fedtree.core.local import ClientUpdate, LocalSchedule
-from fedtree.core.model import Model
-from fedtree.core.updates import UpdatePath
+from fedtree.algorithms.host.method import Host, method_over
+from fedtree.core.algorithm import FederatedAlgorithm
 
 __all__ = ["awcfl", "check_beta", "mix_clusters"]
 
 
-def awcfl(
-  *,
-  model: Model,
-  data: FederatedData,
-  local_optimizer: optax.GradientTransformation,
-  schedule: LocalSchedule,
-  num_clusters: int,
-  beta: float = 0.5,
-  cluster_start_round: int | None = None,
-  kmeans_iters: int = 20,
-  server_optimizer: optax.GradientTransformation | None = None,
-  cohort_size: int | None = None,
-  chunk_size: int | str | None = "auto",
-  weighting: str = "examples",
-  client_update: ClientUpdate | None = None,
-  compute_dtype: str | None = None,
-  init_params: PyTree | None = None,
-  feature_examples: int | None = None,
-  clustering: str = "kmeans",
-  eps1: float = 0.4,
-  eps2: float = 1.6,
-  min_split_size: int = 2,
-  similarity_check: bool = True,
-  init: str = "random",
-  skip_nonfinite: bool = False,
-  update_paths: UpdatePath | None = None,
-  name: str = "awcfl",
-) -> FederatedAlgorithm:
-  """AWCFL (module docstring); β = 0 is plain clustered FL.
+@method_over(clustered, sets={"inter_cluster": "AWCFL mixes its clusters' models by beta"},
+             drops=("metric",), bound=())
+def awcfl(host: Host, *, beta: float = 0.5, cluster_start_round: int | None = None,
+          name: str = "awcfl") -> FederatedAlgorithm:
+  """AWCFL (:doc:`docs <algorithms/clustered.md#awcfl>`); β = 0 is plain clustered FL.
 
   Args:
     model: the model every cluster holds.
@@ -112,14 +56,6 @@ def awcfl(
       ``cluster_start_round``, ``kmeans_iters < 1``, an unknown ``clustering``.
 
   Example:
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.core.topology import Topology
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=2))
     >>> alg = awcfl(num_clusters=2, beta=0.5, cluster_start_round=0, local_optimizer=optax.sgd(0.1), **common)
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))
@@ -127,13 +63,5 @@ def awcfl(
     True
   """
   if cluster_start_round is None:
-    cluster_start_round = 0 if clustering == "ifca" else 20
-  return clustered(
-    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, num_clusters=num_clusters,
-    clustering=clustering, inter_cluster="awcfl", beta=beta, cluster_start_round=cluster_start_round,
-    kmeans_iters=kmeans_iters, eps1=eps1, eps2=eps2, min_split_size=min_split_size,
-    similarity_check=similarity_check, init=init, feature_examples=feature_examples,
-    server_optimizer=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size, weighting=weighting,
-    client_update=client_update, compute_dtype=compute_dtype, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
-  )
+    cluster_start_round = 0 if host.get("clustering") == "ifca" else 20
+  return host.build(inter_cluster="awcfl", beta=beta, cluster_start_round=cluster_start_round, name=name)

@@ -1,77 +1,27 @@
-"""CFL: clustered federated learning by recursive bipartition (Sattler, Müller & Samek 2020,
-"Clustered federated learning: model-agnostic distributed multitask optimization under
-privacy constraints", IEEE TNNLS); a baseline of paper 004.
+"""CFL (Sattler, Müller & Samek 2020): clustered FL by recursive bipartition, a baseline of paper 004.
 
-All clients start in one cluster. One round: every sampled client trains from its cluster's
-model ``θ_c`` and reports its update ``Δθ_i = θ_i - θ_c`` (flattened). For every cluster
-with at least ``min_split_size`` reporting members,
+The split rule and the choices where the paper is vague: :doc:`CFL on the clustered-FL page
+<algorithms/clustered.md#cfl>`.
 
-* ``mean_norm = ‖Σ_i p_i Δθ_i‖`` (weighted by ``weighting``), ``max_norm = max_i ‖Δθ_i‖``;
-* if ``mean_norm < eps1`` and ``max_norm > eps2`` (the federation is near a stationary
-  point of the joint objective but some clients are not: their distributions disagree),
-  the cluster's reporting members are split in two by complete-linkage agglomerative
-  clustering of the cosine similarities of their updates
-  (:func:`fedtree.algorithms.clustering.ops.cosine_bipartition`); the second half moves to a fresh cluster
-  slot.
-
-Every cluster (old and new) then aggregates its members' updates onto the model they
-started from: ``θ_k ← θ_origin(k) - opt(Σ_i p_i (θ_origin - θ_i))`` (``sgd(1.0)``: FedAvg per
-cluster; a new cluster inherits its origin's model and server-optimizer state).
-
-Fixed shapes: there are ``max_clusters`` static slots and ``num_clusters`` (``int32[]``) are
-in use; a split is a masked array operation inside the jitted round, every eligible cluster
-splits in the same round (lowest ids first) while free slots remain. Choices (marked):
-members of a splitting cluster that did not report this round stay in the original cluster
-(Sattler et al. assume full participation); Sattler's check that the split separates,
-``γ_max < √((1 - α_max^cross)/2)`` (``similarity_check``, on by default; ``γ_max``
-estimated from the round's updates, see :mod:`fedtree.algorithms.clustering.clustered`);
-splitting only starts after ``split_start_round`` rounds. With ``inter_cluster`` the same
-clusters take AWCFL's mixing or MCFL's selection (paper 004's AWCFL_CFL / MCFL_CFL; or use
-``awcfl(clustering="cfl")`` / ``mcfl(clustering="cfl")``).
+References:
+  Sattler, Müller and Samek, Clustered federated learning: model-agnostic distributed multitask
+  optimization under privacy constraints, IEEE TNNLS 2020.
 """
 
 from __future__ import annotations
 
-import optax
-
 from fedtree.algorithms.clustering.clustered import clustered, split_clusters
-from fedtree.core.algorithm import FederatedAlgorithm, PyTree
-from fedtree.core.data import FederatedData
-from fedtree.core.local import ClientUpdate, LocalSchedule
-from fedtree.core.model import Model
-from fedtree.core.updates import UpdatePath
+from fedtree.algorithms.host.method import Host, method_over
+from fedtree.core.algorithm import FederatedAlgorithm
 
 __all__ = ["cfl", "split_clusters"]
 
 
-def cfl(
-  *,
-  model: Model,
-  data: FederatedData,
-  local_optimizer: optax.GradientTransformation,
-  schedule: LocalSchedule,
-  max_clusters: int = 4,
-  eps1: float = 0.4,
-  eps2: float = 1.6,
-  min_split_size: int = 2,
-  split_start_round: int = 0,
-  server_optimizer: optax.GradientTransformation | None = None,
-  cohort_size: int | None = None,
-  chunk_size: int | str | None = "auto",
-  weighting: str = "examples",
-  client_update: ClientUpdate | None = None,
-  compute_dtype: str | None = None,
-  init_params: PyTree | None = None,
-  similarity_check: bool = True,
-  inter_cluster: str = "none",
-  beta: float = 0.5,
-  feature_examples: int | None = None,
-  metric: str = "l2",
-  skip_nonfinite: bool = False,
-  update_paths: UpdatePath | None = None,
-  name: str = "cfl",
-) -> FederatedAlgorithm:
-  """CFL (module docstring).
+@method_over(clustered, sets={"clustering": "CFL splits clusters by the cosine similarity of their updates"},
+             drops=("num_clusters", "cluster_start_round", "kmeans_iters", "init"), bound=())
+def cfl(host: Host, *, max_clusters: int = 4, split_start_round: int = 0,
+        name: str = "cfl") -> FederatedAlgorithm:
+  """CFL (:doc:`docs <algorithms/clustered.md#cfl>`).
 
   Args:
     model, data, local_optimizer, schedule: as in :func:`fedtree.algorithms.fedavg`.
@@ -89,14 +39,6 @@ def cfl(
     beta, feature_examples, metric: AWCFL's β; MCFL's ``n`` and distance.
 
   Example:
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.core.topology import Topology
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=2))
     >>> alg = cfl(max_clusters=2, local_optimizer=optax.sgd(0.1), **common)
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))
@@ -105,12 +47,5 @@ def cfl(
   """
   if int(split_start_round) < 0:
     raise ValueError(f"split_start_round={split_start_round} must be >= 0")
-  return clustered(
-    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, num_clusters=max_clusters,
-    clustering="cfl", inter_cluster=inter_cluster, beta=beta, cluster_start_round=int(split_start_round),
-    eps1=eps1, eps2=eps2, min_split_size=min_split_size, similarity_check=similarity_check,
-    feature_examples=feature_examples, metric=metric, server_optimizer=server_optimizer,
-    cohort_size=cohort_size, chunk_size=chunk_size, weighting=weighting, client_update=client_update,
-    compute_dtype=compute_dtype, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
-  )
+  return host.build(clustering="cfl", num_clusters=max_clusters, cluster_start_round=int(split_start_round),
+                    name=name)

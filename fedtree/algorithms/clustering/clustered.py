@@ -1,51 +1,20 @@
-"""Clustered FL as two independent choices: how clients are clustered, and what crosses
-between clusters (paper 004: Li & Yan 2023, "Inter-cluster optimization for clustered
-federated learning", Computer Science 50(11A); Figs. 5, 7, 8 apply its two optimizations to
-CFL and to IFCA).
+"""Clustered FL as two independent choices, how clients are clustered and what crosses between clusters
+(paper 004: Li & Yan 2023).
 
-``clustering`` (how a client's cluster is decided):
+The round (:func:`clustered`) and its steps (``mix_clusters``, ``cluster_losses``,
+``split_clusters``, ``select_clusters``). Every choice in detail: :doc:`the clustered-FL page
+<algorithms/clustered.md#two-choices>`.
 
-* ``"kmeans"``: clients train from their cluster's model; the server K-means-clusters the
-  trained weights (:func:`~fedtree.algorithms.clustering.ops.stable_kmeans`, ids matched to
-  the current cluster models by an optimal assignment); before round
-  ``cluster_start_round + 1`` all clients form one cluster and every slot gets their mean
-  (paper 004's AWCFL/MCFL, Algorithm 1).
-* ``"cfl"``: Sattler, Müller & Samek 2020 (IEEE TNNLS), recursive bipartition: all clients
-  start in one cluster; a cluster whose mean update is small (``‖Σ p_i Δθ_i‖ < eps1``) while
-  some member's is large (``max ‖Δθ_i‖ > eps2``) is split in two by complete-linkage
-  clustering of the cosine similarities of its members' updates, and (``similarity_check``,
-  Sattler's Algorithm 2) only when the split separates: ``γ_max < √((1 - α_max^cross)/2)``
-  with ``α_max^cross`` the largest cosine similarity across the two halves and ``γ_max`` the
-  largest ``‖Δθ_i - m_s‖ / ‖m_s‖`` over members (``m_s``: the weighted mean update of the
-  member's half; **(choice)** the estimate of Sattler's ``‖∇r_i‖/‖∇R_i‖`` from the round's
-  updates). ``num_clusters`` static slots, ``int32[]`` in use; no split before round
-  ``cluster_start_round + 1``; a new cluster starts from its origin's model and optimizer
-  state.
-* ``"ifca"``: Ghosh et al. 2020, every client picks the model with the lowest loss on its
-  training data before training (``init``: ``"random"`` independent models or ``"same"``).
-
-``inter_cluster`` (what crosses between clusters):
-
-* ``"none"``: each cluster model is its members' (weighted) mean.
-* ``"awcfl"``: ``c_k ← β/(n-1) · Σ_{i≠k} m_i + (1-β) · m_k`` over the ``n`` clusters in use
-  (paper 004 Eq. (2)); β = 0 is ``"none"``.
-* ``"mcfl"``: plain cluster means, but every model goes to every client: participating
-  clients upload the mean of ``feature_examples`` training inputs, each cluster keeps the
-  mean of its members' means, and a device uses the cluster model whose feature mean is
-  nearest (``metric``) to the mean of its test inputs (``models()["selected"]``).
-
-So AWCFL = (kmeans, awcfl), MCFL = (kmeans, mcfl), CFL = (cfl, none), IFCA = (ifca, none),
-and paper 004's AWCFL_CFL, MCFL_CFL, AWCFL_IFCA, MCFL_IFCA are the other pairs.
-
-Every cluster model is then a server-optimizer step on ``base_k - target_k`` (``base_k``:
-the model cluster ``k`` came from, ``target_k``: its mean after the inter-cluster step;
-default ``sgd(1.0)``: ``c_k ← target_k``). A cluster none of whose members reported keeps
-its model as its mean (and, with β > 0, is still mixed with the others).
+References:
+  Li and Yan, Inter-cluster optimization for clustered federated learning, Computer Science
+  50(11A), 2023 (Figs. 5, 7, 8).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +30,6 @@ from fedtree.algorithms.clustering.ops import (
   cosine_bipartition,
   cosine_similarity_matrix,
   flatten_rows,
-  independent_models,
   pairwise_distances,
   sample_mean,
   segment_mean_rows,
@@ -80,11 +48,11 @@ from fedtree.core.checks import check_positive
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule, stack
 from fedtree.core.metrics import client_sums
-from fedtree.core.model import Model
+from fedtree.core.model import Model, independent_models
 from fedtree.core.rng import stream
-from fedtree.core.sampling import Cohort, cohort_sampler
+from fedtree.core.sampling import Cohort, CohortSampler, cohort_sampler
 from fedtree.core.server import init_nodes, select_nodes, update_nodes
-from fedtree.core.tier import edge_metrics, train_cohort
+from fedtree.core.tier import Clients, Down, Tier, edge_metrics, train_cohort
 from fedtree.core.updates import UpdatePath, init_update_state, per_level_paths
 from fedtree.toolbox.traffic import model_bytes
 
@@ -144,7 +112,8 @@ def split_clusters(
   max_clusters: int, eps1: float, eps2: float, min_split_size: int, allow: jax.Array,
   similarity_check: bool = True,
 ):
-  """CFL's split decision for one round, as masked array operations (module docstring).
+  """CFL's split decision for one round, as masked array operations (:doc:`docs
+  <algorithms/clustered.md#two-choices>`).
 
   Args:
     updates: ``float32[S, D]`` flattened updates of the cohort slots.
@@ -256,7 +225,8 @@ def clustered(
   update_paths: UpdatePath | None = None,
   name: str = "clustered",
 ) -> FederatedAlgorithm:
-  """A clustered-FL algorithm (module docstring): ``clustering`` × ``inter_cluster``.
+  """A clustered-FL algorithm (:doc:`docs <algorithms/clustered.md#two-choices>`): ``clustering`` ×
+  ``inter_cluster``.
 
   Args:
     model, data, local_optimizer, schedule: as in :func:`fedtree.algorithms.fedavg`.
@@ -292,14 +262,6 @@ def clustered(
   Example:
     K-means clustering with AWCFL's inter-cluster mixing, from the first round:
 
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.core.topology import Topology
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=2))
     >>> alg = clustered(num_clusters=2, inter_cluster="awcfl", beta=0.5,
     ...                 local_optimizer=optax.sgd(0.1), **common)
@@ -307,7 +269,54 @@ def clustered(
     >>> "cluster" in alg.models(state)
     True
   """
-  num_clients = data.num_clients
+  plan = _plan(
+    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, num_clusters=num_clusters,
+    clustering=clustering, inter_cluster=inter_cluster, beta=beta, cluster_start_round=cluster_start_round,
+    kmeans_iters=kmeans_iters, eps1=eps1, eps2=eps2, min_split_size=min_split_size,
+    similarity_check=similarity_check, init=init, feature_examples=feature_examples, metric=metric,
+    server_optimizer=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size, weighting=weighting,
+    client_update=client_update, compute_dtype=compute_dtype, init_params=init_params,
+    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name)
+  return FederatedAlgorithm(init=functools.partial(_init, plan), round=functools.partial(_round, plan),
+                            models=functools.partial(_models, plan), name=name)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """The family's fixed pieces, checked once (``k`` cluster slots)."""
+
+  model: Model
+  schedule: LocalSchedule
+  k: int
+  clustering: str
+  inter_cluster: str
+  beta: Any
+  start: int                      # rounds before clustering starts
+  kmeans_iters: int
+  eps1: Any
+  eps2: Any
+  min_split_size: int
+  similarity_check: bool
+  init: str
+  feature_examples: int | None
+  metric: str
+  weighting: str
+  server_optimizer: optax.GradientTransformation
+  sampler: CohortSampler
+  tier: Tier
+  init_params: PyTree | None
+  test_data: tuple                # (x_test, n_test) for MCFL's query means
+  num_clients: int
+
+  @property
+  def mixing(self) -> bool:
+    return (self.inter_cluster == "awcfl" and (isinstance(self.beta, jax.Array) or self.beta > 0.0)
+            and self.k > 1)
+
+
+def _check_clustering(clustering, inter_cluster, num_clusters, num_clients, beta, cluster_start_round,
+                      kmeans_iters, eps1, eps2, min_split_size, init, metric, feature_examples):
+  """``(k, beta, start, feature_examples)`` checked, every refusal naming its value."""
   if clustering not in CLUSTERINGS:
     raise ValueError(f"clustering={clustering!r}; choose one of {CLUSTERINGS}")
   if inter_cluster not in INTER_CLUSTER:
@@ -333,174 +342,194 @@ def clustered(
     feature_examples = 10
   if feature_examples is not None and int(feature_examples) < 1:
     raise ValueError(f"feature_examples={feature_examples} must be >= 1")
+  return k, beta, start, None if feature_examples is None else int(feature_examples)
+
+
+def _plan(*, model, data, local_optimizer, schedule, num_clusters, clustering, inter_cluster, beta,
+          cluster_start_round, kmeans_iters, eps1, eps2, min_split_size, similarity_check, init,
+          feature_examples, metric, server_optimizer, cohort_size, chunk_size, weighting, client_update,
+          compute_dtype, init_params, skip_nonfinite, update_paths, name) -> _Plan:
+  """:func:`clustered`'s arguments checked (every refusal raised here) into its :class:`_Plan`."""
+  num_clients = data.num_clients
+  k, beta, start, feature_examples = _check_clustering(
+    clustering, inter_cluster, num_clusters, num_clients, beta, cluster_start_round, kmeans_iters, eps1, eps2,
+    min_split_size, init, metric, feature_examples)
   check_weighting(weighting)
-  iters = int(kmeans_iters)
-  opt = optax.sgd(1.0) if server_optimizer is None else server_optimizer
   sampler = cohort_sampler(np.zeros(num_clients, np.int32), cohort_size, chunk_size=chunk_size)
   path = per_level_paths(update_paths, 1, algorithm=name, blockwise=False, node=False, down=False)[0]
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
                                  compute_dtype=compute_dtype, stateless_for=name)
-  test_data = (jnp.asarray(data.x_test), jnp.asarray(data.n_test))
-  mixing = inter_cluster == "awcfl" and (isinstance(beta, jax.Array) or beta > 0.0) and k > 1
+  tier = Tier(client_update, path=path, chunk_size=sampler.chunk_size, batch_order=schedule.batch_order,
+              batch_size=schedule.batch_size, skip_nonfinite=skip_nonfinite, keep_client_params=True)
+  return _Plan(
+    model=model, schedule=schedule, k=k, clustering=clustering, inter_cluster=inter_cluster, beta=beta,
+    start=start, kmeans_iters=int(kmeans_iters), eps1=eps1, eps2=eps2, min_split_size=int(min_split_size),
+    similarity_check=bool(similarity_check), init=init, feature_examples=feature_examples, metric=metric,
+    weighting=weighting, server_optimizer=optax.sgd(1.0) if server_optimizer is None else server_optimizer,
+    sampler=sampler, tier=tier, init_params=init_params,
+    test_data=(jnp.asarray(data.x_test), jnp.asarray(data.n_test)), num_clients=num_clients)
 
-  def init_fn(key):
-    if clustering == "ifca" and init == "random" and init_params is None:
-      params = independent_models(model, key, k)
-    else:
-      params = stack(initial_params(model, key, init_params), k)
-    features = ()
-    if feature_examples is not None:
-      keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(stream(key, "query"), jnp.arange(num_clients))
-      query = jax.vmap(sample_mean, in_axes=(0, 0, 0, None))(keys, *test_data, int(feature_examples))
-      features = ClusterFeatures(client_mean=jnp.zeros_like(query), seen=jnp.zeros((num_clients,), bool),
-                                 query_mean=query)
-    return ClusterState(
-      round=jnp.zeros((), jnp.int32), params=params, opt_state=init_nodes(opt, params),
-      cluster_of=jnp.zeros((num_clients,), jnp.int32),
-      num_clusters=jnp.asarray(1 if clustering == "cfl" else k, jnp.int32), features=features,
-      cursor=schedule.init_cursor(num_clients),
-      update_state=init_update_state(path, jax.tree.map(lambda p: p[0], params), num_clients, k),
-    )
 
-  # ---------------------------------------------------------------- strategies, chosen here
-  def pick_by_state(state: ClusterState, cohort: Cohort, data: FederatedData) -> Cohort:
-    """A slot trains in its client's current cluster."""
+def _init(plan: _Plan, key) -> ClusterState:
+  k, num_clients = plan.k, plan.num_clients
+  if plan.clustering == "ifca" and plan.init == "random" and plan.init_params is None:
+    params = independent_models(plan.model, key, k)
+  else:
+    params = stack(initial_params(plan.model, key, plan.init_params), k)
+  features = ()
+  if plan.feature_examples is not None:
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(stream(key, "query"), jnp.arange(num_clients))
+    query = jax.vmap(sample_mean, in_axes=(0, 0, 0, None))(keys, *plan.test_data, plan.feature_examples)
+    features = ClusterFeatures(client_mean=jnp.zeros_like(query), seen=jnp.zeros((num_clients,), bool),
+                               query_mean=query)
+  return ClusterState(
+    round=jnp.zeros((), jnp.int32), params=params, opt_state=init_nodes(plan.server_optimizer, params),
+    cluster_of=jnp.zeros((num_clients,), jnp.int32),
+    num_clusters=jnp.asarray(1 if plan.clustering == "cfl" else k, jnp.int32), features=features,
+    cursor=plan.schedule.init_cursor(num_clients),
+    update_state=init_update_state(plan.tier.path, jax.tree.map(lambda p: p[0], params), num_clients, k),
+  )
+
+
+# ------------------------------------------------------------------------ the round's phases
+def _pick(plan: _Plan, state: ClusterState, cohort: Cohort, data: FederatedData) -> Cohort:
+  """The cluster each slot trains in: its client's current one, or (IFCA) the one whose model has
+  the lowest loss on its data."""
+  if plan.clustering != "ifca":
     return cohort._replace(parent=jnp.take(state.cluster_of, cohort.clients))
+  losses = cluster_losses(
+    plan.model, state.params, jnp.take(data.x_train, cohort.clients, axis=0),
+    jnp.take(data.y_train, cohort.clients, axis=0), jnp.take(data.n_train, cohort.clients),
+    batch_size=plan.sampler.chunk_size,
+  )
+  return cohort._replace(parent=jnp.argmin(losses, axis=1).astype(jnp.int32))
 
-  def pick_by_loss(state: ClusterState, cohort: Cohort, data: FederatedData) -> Cohort:
-    """IFCA: a slot trains in the cluster whose model has the lowest loss on its data."""
-    losses = cluster_losses(
-      model, state.params, jnp.take(data.x_train, cohort.clients, axis=0),
-      jnp.take(data.y_train, cohort.clients, axis=0), jnp.take(data.n_train, cohort.clients),
-      batch_size=sampler.chunk_size,
-    )
-    return cohort._replace(parent=jnp.argmin(losses, axis=1).astype(jnp.int32))
 
-  def assign_kept(state, cohort, res, w, key, active_clustering) -> Assignment:
-    """IFCA: the cluster a slot trained in is its cluster."""
-    return Assignment(cohort.parent, jnp.arange(k, dtype=jnp.int32), state.num_clusters, {})
+def _assign_kmeans(plan: _Plan, state, cohort, res, w, key, active_clustering) -> Assignment:
+  """K-means of the trained models, labels matched to the previous clusters."""
+  points, previous = flatten_rows(res.client_params), flatten_rows(state.params)
+  km = jax.lax.cond(  # no K-means before clustering starts
+    active_clustering,
+    lambda: stable_kmeans(stream(key, "kmeans"), points, previous, iters=plan.kmeans_iters,
+                          mask=cohort.valid),
+    lambda: KMeansResult(previous, jnp.zeros(cohort.valid.shape, jnp.int32), jnp.zeros((), jnp.float32)),
+  )
+  return Assignment(jnp.where(active_clustering, km.assignment, 0), jnp.arange(plan.k, dtype=jnp.int32),
+                    state.num_clusters, {"kmeans_inertia": jnp.where(active_clustering, km.inertia, 0.0)})
 
-  def assign_kmeans(state, cohort, res, w, key, active_clustering) -> Assignment:
-    """K-means of the trained models, labels matched to the previous clusters."""
-    points, previous = flatten_rows(res.client_params), flatten_rows(state.params)
-    km = jax.lax.cond(  # no K-means before clustering starts
-      active_clustering,
-      lambda: stable_kmeans(stream(key, "kmeans"), points, previous, iters=iters, mask=cohort.valid),
-      lambda: KMeansResult(previous, jnp.zeros(cohort.valid.shape, jnp.int32), jnp.zeros((), jnp.float32)),
-    )
-    return Assignment(jnp.where(active_clustering, km.assignment, 0), jnp.arange(k, dtype=jnp.int32),
-                      state.num_clusters, {"kmeans_inertia": jnp.where(active_clustering, km.inertia, 0.0)})
 
-  def assign_cfl(state, cohort, res, w, key, active_clustering) -> Assignment:
-    """CFL: clusters whose updates are stationary but diverse split in two."""
-    start_params = jax.tree.map(lambda p: jnp.take(p, cohort.parent, axis=0), state.params)
-    delta = jax.tree.map(jnp.subtract, start_params, res.client_params)   # θ_c - θ_i = -Δθ_i
-    assign, origin, split, mean_norm, max_norm, cross = split_clusters(
-      flatten_rows(delta), w, cohort.parent, cohort.valid, state.num_clusters, max_clusters=k,
-      eps1=eps1, eps2=eps2, min_split_size=int(min_split_size), allow=active_clustering,
-      similarity_check=bool(similarity_check),
-    )
-    in_use_before = jnp.arange(k) < state.num_clusters
-    return Assignment(assign, origin, state.num_clusters + jnp.sum(split, dtype=jnp.int32), dict(
-      max_mean_update_norm=jnp.max(jnp.where(in_use_before, mean_norm, 0.0)),
-      max_update_norm=jnp.max(jnp.where(in_use_before, max_norm, 0.0)),
-      max_cross_similarity=jnp.max(jnp.where(in_use_before, cross, -1.0)),
-    ))
+def _assign_cfl(plan: _Plan, state, cohort, res, w, key, active_clustering) -> Assignment:
+  """CFL: clusters whose updates are stationary but diverse split in two."""
+  start_params = jax.tree.map(lambda p: jnp.take(p, cohort.parent, axis=0), state.params)
+  delta = jax.tree.map(jnp.subtract, start_params, res.client_params)   # θ_c - θ_i = -Δθ_i
+  assign, origin, split, mean_norm, max_norm, cross = split_clusters(
+    flatten_rows(delta), w, cohort.parent, cohort.valid, state.num_clusters, max_clusters=plan.k,
+    eps1=plan.eps1, eps2=plan.eps2, min_split_size=plan.min_split_size, allow=active_clustering,
+    similarity_check=plan.similarity_check,
+  )
+  in_use_before = jnp.arange(plan.k) < state.num_clusters
+  return Assignment(assign, origin, state.num_clusters + jnp.sum(split, dtype=jnp.int32), dict(
+    max_mean_update_norm=jnp.max(jnp.where(in_use_before, mean_norm, 0.0)),
+    max_update_norm=jnp.max(jnp.where(in_use_before, max_norm, 0.0)),
+    max_cross_similarity=jnp.max(jnp.where(in_use_before, cross, -1.0)),
+  ))
 
-  def finish_kept(target, means, total, active_clustering):
-    """A cluster with reports is updated."""
-    return target, total > 0
 
-  def finish_kmeans(target, means, total, active_clustering):
-    """Before clustering starts every slot gets the one cluster's mean, and all update."""
+def _assign(plan: _Plan, state, cohort, res, w, key, active_clustering) -> Assignment:
+  """Every slot's cluster after training (IFCA: the one it trained in)."""
+  if plan.clustering == "kmeans":
+    return _assign_kmeans(plan, state, cohort, res, w, key, active_clustering)
+  if plan.clustering == "cfl":
+    return _assign_cfl(plan, state, cohort, res, w, key, active_clustering)
+  return Assignment(cohort.parent, jnp.arange(plan.k, dtype=jnp.int32), state.num_clusters, {})
+
+
+def _aggregate(plan: _Plan, state: ClusterState, res, w, a: Assignment):
+  """Every cluster's weighted mean of its members' models (a cluster without reports keeps its
+  model), from the models and optimizer states the clusters come from."""
+  base = jax.tree.map(lambda p: jnp.take(p, a.origin, axis=0), state.params)
+  base_opt = jax.tree.map(lambda s: jnp.take(s, a.origin, axis=0), state.opt_state)
+  means, total = weighted_mean(res.client_params, w, a.assign, plan.k)
+  return select_nodes(total > 0, means, base), total, base, base_opt   # no report: keep the model
+
+
+def _targets(plan: _Plan, means, total, a: Assignment, active_clustering):
+  """``(target, active)``: what every cluster steps to (AWCFL: leaning towards the others by β; K-means
+  before clustering starts: the one cluster's mean everywhere), and which clusters step."""
+  k = plan.k
+  in_use = jnp.arange(k) < a.num_in_use
+  target = mix_clusters(means, plan.beta, a.num_in_use, in_use) if plan.mixing else means
+  if plan.clustering == "kmeans":
     global_mean = jax.tree.map(lambda m: jnp.broadcast_to(m[:1], m.shape), means)
     target = select_nodes(jnp.broadcast_to(active_clustering, (k,)), target, global_mean)
-    return target, jnp.where(active_clustering, total > 0, total.sum() > 0)
+    active = jnp.where(active_clustering, total > 0, total.sum() > 0)
+  else:
+    active = total > 0
+  if plan.mixing:
+    active = in_use & (total.sum() > 0)
+  return target, active
 
-  def mix_none(means, num_in_use, in_use):
-    return means
 
-  def mix_awcfl(means, num_in_use, in_use):
-    """AWCFL: every cluster's target leans towards the other clusters by β."""
-    return mix_clusters(means, beta, num_in_use, in_use)
+def _update_features(plan: _Plan, features, cohort: Cohort, data: FederatedData, key):
+  """MCFL's feature means of the clients that trained."""
+  keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(stream(key, "features"), cohort.clients)
+  xs = jnp.take(data.x_train, cohort.clients, axis=0)
+  ns = jnp.take(data.n_train, cohort.clients)
+  up = jax.vmap(sample_mean, in_axes=(0, 0, 0, None))(keys, xs, ns, plan.feature_examples)
+  return features.replace(client_mean=cohort.scatter(features.client_mean, up),
+                          seen=cohort.scatter(features.seen, True))
 
-  pick = pick_by_loss if clustering == "ifca" else pick_by_state
-  assign_clusters = {"kmeans": assign_kmeans, "cfl": assign_cfl, "ifca": assign_kept}[clustering]
-  finish = finish_kmeans if clustering == "kmeans" else finish_kept
-  mix = mix_awcfl if mixing else mix_none
 
-  # ---------------------------------------------------------------- the round: train, assign, aggregate, mix
-  def aggregate(state: ClusterState, res, w, a: Assignment):
-    """Every cluster's weighted mean of its members' models (a cluster without reports keeps
-    its model), from the models and optimizer states the clusters come from."""
-    base = jax.tree.map(lambda p: jnp.take(p, a.origin, axis=0), state.params)
-    base_opt = jax.tree.map(lambda s: jnp.take(s, a.origin, axis=0), state.opt_state)
-    means, total = weighted_mean(res.client_params, w, a.assign, k)
-    return select_nodes(total > 0, means, base), total, base, base_opt   # no report: keep the model
+def _metrics(plan: _Plan, state: ClusterState, res, a: Assignment, total, cluster_of) -> dict:
+  k = plan.k
+  metrics = {
+    **res.metrics(plan.tier.skip_nonfinite),
+    "num_clusters": a.num_in_use,
+    "clusters_nonempty": jnp.sum((jax.ops.segment_sum(jnp.ones_like(cluster_of), cluster_of,
+                                                      num_segments=k) > 0).astype(jnp.int32)),
+    "clusters_picked": jnp.sum((total > 0).astype(jnp.int32)),
+    **a.metrics,
+  }
+  if plan.clustering == "ifca":   # every sampled client receives all k models (one message: toolbox.traffic)
+    metrics["clients_received_models"] = jnp.asarray(k, jnp.int32)
+    metrics.update(edge_metrics("clients", res.messages(),
+                                downlink_bytes=model_bytes(state.params, stacked=True) * k))
+  return metrics
 
-  def update_features(features, cohort: Cohort, data: FederatedData, key):
-    """MCFL's feature means of the clients that trained."""
-    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(stream(key, "features"), cohort.clients)
-    xs = jnp.take(data.x_train, cohort.clients, axis=0)
-    ns = jnp.take(data.n_train, cohort.clients)
-    up = jax.vmap(sample_mean, in_axes=(0, 0, 0, None))(keys, xs, ns, int(feature_examples))
-    return features.replace(client_mean=cohort.scatter(features.client_mean, up),
-                            seen=cohort.scatter(features.seen, True))
 
-  def round_fn(state: ClusterState, data: FederatedData, key):
-    r = state.round + 1
-    active_clustering = r > start
-    if clustering == "ifca" or feature_examples is not None:
-      data.require_padded("IFCA's cluster losses and MCFL's feature means (clustered FL)")
-    w_client = client_weights(data.n_train, weighting)
-    cohort = pick(state, sampler(stream(key, "cohort")), data)
-    # train
-    res = train_cohort(
-      client_update, state.params, cohort, data, num_steps=schedule.num_steps(data.n_train),
-      weights=w_client, key=stream(key, "train"), chunk_size=sampler.chunk_size, keep_client_params=True,
-      batch_order=schedule.batch_order, batch_size=schedule.batch_size, cursor=state.cursor,
-      skip_nonfinite=skip_nonfinite, path=path, update_state=state.update_state,
-    )
-    # The slots whose update counts: the cohort, less the clients skipped for a non-finite one.
-    cohort = cohort._replace(valid=cohort.valid & jnp.take(res.reported, cohort.clients))
-    w = jnp.where(cohort.valid, jnp.take(w_client, cohort.clients), 0.0)
-    # assign
-    a = assign_clusters(state, cohort, res, w, key, active_clustering)
-    # aggregate
-    means, total, base, base_opt = aggregate(state, res, w, a)
-    # mix
-    in_use = jnp.arange(k) < a.num_in_use
-    target, active = finish(mix(means, a.num_in_use, in_use), means, total, active_clustering)
-    if mixing:
-      active = in_use & (total.sum() > 0)
-    pseudo_grad = jax.tree.map(jnp.subtract, base, target)
-    params, opt_state = update_nodes(opt, base, base_opt, pseudo_grad, active)
-    cluster_of = cohort.scatter(state.cluster_of, a.assign)
-    features = state.features
-    if feature_examples is not None:
-      features = update_features(features, cohort, data, key)
-    metrics = {
-      **res.metrics(skip_nonfinite),
-      "num_clusters": a.num_in_use,
-      "clusters_nonempty": jnp.sum((jax.ops.segment_sum(jnp.ones_like(cluster_of), cluster_of,
-                                                        num_segments=k) > 0).astype(jnp.int32)),
-      "clusters_picked": jnp.sum((total > 0).astype(jnp.int32)),
-      **a.metrics,
-    }
-    if clustering == "ifca":   # every sampled client receives all k models (one message: toolbox.traffic)
-      metrics["clients_received_models"] = jnp.asarray(k, jnp.int32)
-      metrics.update(edge_metrics("clients", res.messages(),
-                                  downlink_bytes=model_bytes(state.params, stacked=True) * k))
-    return state.replace(round=r, params=params, opt_state=opt_state, cluster_of=cluster_of,
-                         update_state=res.update_state,
-                         num_clusters=a.num_in_use, features=features, cursor=res.cursor), metrics
+def _round(plan: _Plan, state: ClusterState, data: FederatedData, key):
+  """Train, assign, aggregate, mix."""
+  r = state.round + 1
+  active_clustering = r > plan.start
+  if plan.clustering == "ifca" or plan.feature_examples is not None:
+    data.require_padded("IFCA's cluster losses and MCFL's feature means (clustered FL)")
+  w_client = client_weights(data.n_train, plan.weighting)
+  cohort = _pick(plan, state, plan.sampler(stream(key, "cohort")), data)
+  res = train_cohort(plan.tier, Down(state.params), cohort, data,
+                     Clients(plan.schedule.num_steps(data.n_train), w_client, cursor=state.cursor,
+                             update_state=state.update_state), stream(key, "train"))
+  # The slots whose update counts: the cohort, less the clients skipped for a non-finite one.
+  cohort = cohort._replace(valid=cohort.valid & jnp.take(res.reported, cohort.clients))
+  w = jnp.where(cohort.valid, jnp.take(w_client, cohort.clients), 0.0)
+  a = _assign(plan, state, cohort, res, w, key, active_clustering)
+  means, total, base, base_opt = _aggregate(plan, state, res, w, a)
+  target, active = _targets(plan, means, total, a, active_clustering)
+  pseudo_grad = jax.tree.map(jnp.subtract, base, target)
+  params, opt_state = update_nodes(plan.server_optimizer, base, base_opt, pseudo_grad, active)
+  cluster_of = cohort.scatter(state.cluster_of, a.assign)
+  features = state.features
+  if plan.feature_examples is not None:
+    features = _update_features(plan, features, cohort, data, key)
+  metrics = _metrics(plan, state, res, a, total, cluster_of)
+  return state.replace(round=r, params=params, opt_state=opt_state, cluster_of=cluster_of,
+                       update_state=res.update_state, num_clusters=a.num_in_use, features=features,
+                       cursor=res.cursor), metrics
 
-  def models(state: ClusterState):
-    cl = np.asarray(state.cluster_of)
-    out = {"cluster": ClusterModels(state.params, cl, cluster_of_client=cl)}
-    if inter_cluster == "mcfl":
-      picked = np.asarray(select_clusters(state, metric))
-      out["selected"] = ClusterModels(state.params, picked, cluster_of_client=cl, chosen_by_data=True)
-    return out
 
-  return FederatedAlgorithm(init=init_fn, round=round_fn, models=models, name=name)
+def _models(plan: _Plan, state: ClusterState):
+  cl = np.asarray(state.cluster_of)
+  out = {"cluster": ClusterModels(state.params, cl, cluster_of_client=cl)}
+  if plan.inter_cluster == "mcfl":
+    picked = np.asarray(select_clusters(state, plan.metric))
+    out["selected"] = ClusterModels(state.params, picked, cluster_of_client=cl, chosen_by_data=True)
+  return out

@@ -1,70 +1,28 @@
-"""MCFL: multi-distribution clustered FL (paper 004: Li & Yan 2023, "Inter-cluster
-optimization for clustered federated learning", Sec. 3.2, Algorithm 2).
+"""MCFL, multi-distribution clustered FL (paper 004: Li & Yan 2023): every cluster model goes to every
+client, which picks one by its inputs' feature mean.
 
-Training is plain K-means clustered FL (AWCFL with β = 0: clients train from their
-cluster's model, the server K-means-clusters their weights and averages every cluster), but
-every cluster model is sent to every client. To choose among them:
+The round and the choices where the paper is vague: :doc:`MCFL on the clustered-FL page
+<algorithms/clustered.md#mcfl>`.
 
-* each participating client uploads ``X̄_i``, the mean of ``n`` inputs sampled from its
-  training data (``feature_examples``; fresh samples whenever it takes part);
-* each cluster's feature is the mean of its members' ``X̄_i`` (over members that uploaded);
-* at inference a device computes ``μ``, the mean of ``n`` of its test inputs, and uses the
-  cluster model with the smallest ``t = |X̄ - μ|`` (``metric``: ``"l1"`` or ``"l2"``).
-
-``models(state)`` gives ``cluster`` (each client's own cluster model, plain clustered FL)
-and ``selected`` (the model each device picks from its test inputs; on another cluster's
-data a device picks from that data, so its inter-cluster accuracy uses the pick). Choices
-(marked): clusters none of whose members has uploaded are never picked; the test-input
-sample ``μ`` is drawn once per client at ``init`` from the run's key.
-
-``clustering="cfl"`` or ``"ifca"`` (paper 004's MCFL_CFL, MCFL_IFCA) trains CFL's or IFCA's
-clusters instead of K-means' and selects among them the same way
-(:mod:`fedtree.algorithms.clustering.clustered`).
+References:
+  Li and Yan, Inter-cluster optimization for clustered federated learning, Computer Science
+  50(11A), 2023 (Sec. 3.2, Algorithm 2).
 """
 
 from __future__ import annotations
 
-import optax
-
 from fedtree.algorithms.clustering.clustered import METRICS, clustered, select_clusters
-from fedtree.core.algorithm import FederatedAlgorithm, PyTree
-from fedtree.core.data import FederatedData
-from fedtree.core.local import ClientUpdate, LocalSchedule
-from fedtree.core.model import Model
-from fedtree.core.updates import UpdatePath
+from fedtree.algorithms.host.method import Host, method_over
+from fedtree.core.algorithm import FederatedAlgorithm
 
 __all__ = ["METRICS", "mcfl", "select_clusters"]
 
 
-def mcfl(
-  *,
-  model: Model,
-  data: FederatedData,
-  local_optimizer: optax.GradientTransformation,
-  schedule: LocalSchedule,
-  num_clusters: int,
-  feature_examples: int = 10,
-  metric: str = "l2",
-  clustering: str = "kmeans",
-  cluster_start_round: int | None = None,
-  kmeans_iters: int = 20,
-  eps1: float = 0.4,
-  eps2: float = 1.6,
-  min_split_size: int = 2,
-  similarity_check: bool = True,
-  init: str = "random",
-  server_optimizer: optax.GradientTransformation | None = None,
-  cohort_size: int | None = None,
-  chunk_size: int | str | None = "auto",
-  weighting: str = "examples",
-  client_update: ClientUpdate | None = None,
-  compute_dtype: str | None = None,
-  init_params: PyTree | None = None,
-  skip_nonfinite: bool = False,
-  update_paths: UpdatePath | None = None,
-  name: str = "mcfl",
-) -> FederatedAlgorithm:
-  """MCFL (module docstring). Its clusters are never mixed (no ``beta``).
+@method_over(clustered, sets={"inter_cluster": "MCFL selects each device's cluster by its feature mean"},
+             drops=("beta",), bound=())
+def mcfl(host: Host, *, feature_examples: int = 10, metric: str = "l2",
+         cluster_start_round: int | None = None, name: str = "mcfl") -> FederatedAlgorithm:
+  """MCFL (:doc:`docs <algorithms/clustered.md#mcfl>`). Its clusters are never mixed (no ``beta``).
 
   Args:
     model, data, local_optimizer, schedule: as in :func:`fedtree.algorithms.fedavg`.
@@ -83,14 +41,6 @@ def mcfl(
     name: label for reports.
 
   Example:
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.core.topology import Topology
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> common = dict(model=model, data=data, schedule=LocalSchedule(batch_size=8, steps=2))
     >>> alg = mcfl(num_clusters=2, cluster_start_round=0, local_optimizer=optax.sgd(0.1), **common)
     >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))
@@ -100,13 +50,6 @@ def mcfl(
   if metric not in METRICS:
     raise ValueError(f"metric={metric!r}; choose one of {METRICS}")
   if cluster_start_round is None:
-    cluster_start_round = 0 if clustering == "ifca" else 20
-  return clustered(
-    model=model, data=data, local_optimizer=local_optimizer, schedule=schedule, num_clusters=num_clusters,
-    clustering=clustering, inter_cluster="mcfl", feature_examples=int(feature_examples), metric=metric,
-    cluster_start_round=cluster_start_round, kmeans_iters=kmeans_iters, eps1=eps1, eps2=eps2,
-    min_split_size=min_split_size, similarity_check=similarity_check, init=init,
-    server_optimizer=server_optimizer, cohort_size=cohort_size, chunk_size=chunk_size, weighting=weighting,
-    client_update=client_update, compute_dtype=compute_dtype, init_params=init_params,
-    skip_nonfinite=skip_nonfinite, update_paths=update_paths, name=name,
-  )
+    cluster_start_round = 0 if host.get("clustering") == "ifca" else 20
+  return host.build(inter_cluster="mcfl", feature_examples=int(feature_examples), metric=metric,
+                    cluster_start_round=cluster_start_round, name=name)

@@ -1,26 +1,10 @@
-"""Clustering clients inside jit: K-means on flattened models, stable cluster labels,
-cosine bipartition, feature means, and the family's state and model sets.
+"""Clustering clients inside jit: K-means on flattened models, stable cluster labels, cosine
+bipartition, feature means, and the family's state and model sets.
 
-The shared layer of the clustered-FL family (paper 004, Li & Yan 2023, "Inter-cluster
-optimization for clustered federated learning", and its baselines CFL, Sattler et al. 2020,
-and IFCA, Ghosh et al. 2020). Cluster membership is a persistent ``int32[C]`` per-client
-array: a cluster is a *dynamic parent index*, so cluster models are aggregated with the same
-``segment_sum`` as any tree level (:mod:`fedtree.core.aggregation`).
-
-* :func:`kmeans`: Lloyd's algorithm with a fixed number of iterations after a k-means++
-  initialization drawn from an explicit key; masked points (padding slots of a cohort) are
-  ignored; a cluster that loses all its points keeps its centroid. Distances are one
-  ``[N, K]`` matrix (``‖x‖² - 2 x·c + ‖c‖²``), assignments an ``argmin`` (lowest index on ties).
-* :func:`match_labels`: relabels new centroids to the previous ones by an optimal
-  (Hungarian) assignment, so cluster ids do not permute between rounds.
-* :func:`cosine_bipartition`: CFL's split of one cluster's clients in two by complete-linkage
-  agglomerative clustering of the cosine similarities of their updates (fixed ``N - 2``
-  merge steps, masked).
-* :func:`sample_mean`: the mean of ``n`` inputs drawn without replacement from a client's
-  real examples (MCFL's feature mean).
-* :class:`ClusterState`, :class:`ClusterModels`: the family's state (naming its rows) and
-  its model sets, which the evaluation scores with the cluster metrics of
-  :mod:`fedtree.core.metrics` (``cluster_accuracy``, ``adjusted_rand_index``).
+K-means (:func:`kmeans`, :func:`stable_kmeans`), labels kept across rounds (:func:`match_labels`),
+CFL's split (:func:`cosine_bipartition`), MCFL's feature mean (:func:`sample_mean`), and
+:class:`ClusterState`, :class:`ClusterModels`. How each works: :doc:`the clustered-FL page
+<algorithms/clustered.md#in-jit-operations>`.
 """
 
 from __future__ import annotations
@@ -259,12 +243,6 @@ def cosine_bipartition(similarity: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 # ------------------------------------------------------------------------ initial models
-def independent_models(model, key: jax.Array, k: int) -> PyTree:
-  """``k`` independently initialized models ``[k, ...]``, model ``j`` from ``fold_in(key, j)``: IFCA's
-  random initialization of its cluster models, and FedEM's of its components."""
-  return jax.vmap(lambda j: model.init(jax.random.fold_in(key, j)))(jnp.arange(k))
-
-
 # ------------------------------------------------------------------------ feature means
 def sample_mean(key: jax.Array, x: jax.Array, count: jax.Array, n: int) -> jax.Array:
   """Mean of ``min(n, count)`` inputs drawn without replacement from the real rows

@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedtree.algorithms.hierfavg import hierfavg_method, on_host
+from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, NodeModels
 from fedtree.core.model import Model
 from fedtree.toolbox.lora import adapter_half, check_adapters, join_halves
@@ -39,14 +39,14 @@ def frozen_a(model: Model, seed: int) -> Model:
   return model._replace(init=init, apply=apply)
 
 
-@hierfavg_method()
-def ffa_lora(*, seed: int = 0, name: str = "ffa_lora", **host) -> FederatedAlgorithm:
+@method_over(hierfavg)
+def ffa_lora(host: Host, *, seed: int = 0, name: str = "ffa_lora") -> FederatedAlgorithm:
   """FFA-LoRA on ``topology`` (default flat): see the module docstring.
 
   Args:
     seed: the draw of the frozen ``A`` (the same for every client and node).
     name: label for reports.
-    **host: every other argument of :func:`~fedtree.algorithms.hierfavg.hierfavg`; ``model`` must be
+    **host: every other argument of :func:`~fedtree.algorithms.host.hierfavg.hierfavg`; ``model`` must be
       adapters on a frozen base (a run's ``adapters`` section), ``init_params`` full adapters (their
       ``B`` is the start; their ``A`` is replaced by the seed's).
 
@@ -74,8 +74,8 @@ def ffa_lora(*, seed: int = 0, name: str = "ffa_lora", **host) -> FederatedAlgor
   seed = int(seed)
   b_model = frozen_a(model, seed)
   init = host.get("init_params")
-  alg = on_host({**host, "model": b_model, "init_params": None if init is None else adapter_half(init, "b")},
-                name=name)
+  b_init = None if init is None else adapter_half(init, "b")
+  alg = host.replace(model=b_model, init_params=b_init).build(name=name)
   b_bytes = model_bytes(jax.eval_shape(b_model.init, jax.random.key(0)))
 
   def round_fn(state, data, key):   # a message is B (the host's sizes where it reports them: compressed)

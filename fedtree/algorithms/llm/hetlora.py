@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedtree.algorithms.hierfavg import hierfavg_method, on_host
-from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels
+from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
+from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels, ObjectiveFactory
 from fedtree.core.local import ClientUpdate, run_update, sgd_client_update
 from fedtree.toolbox.lora import adapter_half, adapter_rank, check_adapters, truncate
 
@@ -77,29 +77,30 @@ def truncating(inner: ClientUpdate, ranks: np.ndarray, algorithm: str) -> Client
   return inner._replace(apply=apply, init_state=init_state, takes_round=True, personal_models=personal)
 
 
-@hierfavg_method(drops=("update_paths", "personal"))
-def hetlora(*, ranks: tuple[int, ...] = (2, 4, 8), name: str = "hetlora", **host) -> FederatedAlgorithm:
+@method_over(hierfavg, cannot=(
+  cannot("update_paths", "an update path would act on the zero-padded update (components the client never "
+                         "held); run it without update_paths"),
+  cannot("personal", "every adapter is truncated and zero-padded, a personal part would not be; run it "
+                     "without personal"),
+))
+def hetlora(host: Host, *, ranks: tuple[int, ...] = (2, 4, 8),
+            client_update: ClientUpdate | ObjectiveFactory | None = None,
+            name: str = "hetlora") -> FederatedAlgorithm:
   """HetLoRA on ``topology`` (default flat): see the module docstring.
 
   Args:
     ranks: every client's rank, or a shorter list assigned in turn (``c % len``); each in ``1 .. r``,
       ``r`` the adapters' rank.
+    client_update: the local objective (as :func:`~fedtree.algorithms.host.hierfavg.hierfavg`'s, e.g.
+      FedProx's), run truncated.
     name: label for reports.
-    **host: every other argument of :func:`~fedtree.algorithms.hierfavg.hierfavg` but ``update_paths``
-      and ``personal``;
-      ``model`` must be adapters on a frozen base (a run's ``adapters`` section). A ``client_update``
-      (an objective, e.g. FedProx's) runs truncated.
+    **host: every other argument of :func:`~fedtree.algorithms.host.hierfavg.hierfavg`; ``model`` must be
+      adapters on a frozen base (a run's ``adapters`` section).
 
   Raises:
-    ValueError: a model whose parameters are not LoRA adapters, a rank outside ``1 .. r``,
-      ``update_paths=`` or ``personal=``.
+    ValueError: a model whose parameters are not LoRA adapters, a rank outside ``1 .. r``, an update
+      path or personal parameters.
   """
-  why = {"update_paths": "an update path would act on the zero-padded update (components the client never "
-                         "held)",
-         "personal": "every adapter is truncated and zero-padded; a personal part would not be"}
-  for given, reason in why.items():
-    if host.get(given) is not None:
-      raise ValueError(f"{name}: {given}= is refused: {reason}; run it without {given}")
   model, data = host["model"], host["data"]
   template = host.get("init_params")
   if template is None:
@@ -107,7 +108,7 @@ def hetlora(*, ranks: tuple[int, ...] = (2, 4, 8), name: str = "hetlora", **host
   check_adapters(template, name)
   full = adapter_rank(template)
   table = client_ranks(ranks, int(data.num_clients), full, name)
-  given = host.pop("client_update", None)
+  given = client_update
 
   def objective(s: LocalSetup) -> ClientUpdate:
     if given is None:
@@ -117,7 +118,7 @@ def hetlora(*, ranks: tuple[int, ...] = (2, 4, 8), name: str = "hetlora", **host
       inner = given if isinstance(given, ClientUpdate) else given(s)
     return truncating(inner, table, name)
 
-  alg = on_host(host, client_update=objective, name=name)
+  alg = host.build(client_update=objective, name=name)
   per_component = _component_bytes(template)
 
   def round_fn(state, data, key):

@@ -85,7 +85,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fedtree.algorithms.hierfavg import over_host
+from fedtree.algorithms.host import hierfavg
 from fedtree.experiment.capability import Calibration, Capability, PathParts, RunContext, cohort_of, plain
 from fedtree.experiment.fields import run_field
 from fedtree.toolbox import privacy as dp
@@ -159,13 +159,13 @@ stage that samples most (the data groups'), for every round: an upper bound."""
 
 def plain_upper_levels(run: RunContext) -> bool:
   """Whether noise above the clients' parents has the sensitivity derived in the module docstring
-  for ``run``'s algorithm: HierFAVG, or a method over it (:func:`fedtree.algorithms.hierfavg.over_host`),
+  for ``run``'s algorithm: HierFAVG, or a method over it (declared with ``method_over``),
   whose upper levels are HierFAVG's. A method that keeps a server rule at the clients' parents
   (SCAFFOLD's control variates, FedDyn's ``h``, Mime's optimizer state) carries one client's
-  update into later rounds: :func:`fedtree.algorithms.hierfavg.hierfavg` refuses noise above the
+  update into later rounds: :func:`fedtree.algorithms.host.hierfavg.hierfavg` refuses noise above the
   parents with a server rule, whoever sets it."""
   factory = getattr(run, "factory", None)
-  return factory is not None and over_host(factory)
+  return factory is not None and (factory is hierfavg or getattr(factory, "host", None) is hierfavg)
 
 
 def noise_level_of(level, depth: int) -> int:
@@ -236,7 +236,53 @@ def plan(section: dict, ctx: RunContext, *, verbose: bool = True) -> Plan:
   (:func:`fedtree.experiment.registry.run_context`), or a shared context (its tree, no run)."""
   _check_fields(section)
   ctx = RunContext.of(ctx)
-  run, params = ctx.run, ctx.params
+  run = ctx.run
+  _check_weighting(run, ctx.params)
+  mechanism, accountant, sampling = _sampling(section, run)
+  delta = check_delta(section.get("delta", 1e-5))
+  topology = getattr(ctx, "topology", None)
+  num_clients = ctx.data.num_clients
+  check_delta_population(delta, int(num_clients))
+  depth = 1 if topology is None else topology.depth
+  counts = (topology.leaf_counts(depth - 1) if topology is not None else np.asarray([num_clients]))
+  q, population, cohort, expected = _rate(sampling, run, counts)
+  rounds = int(run_field(ctx.config, run, "rounds"))
+  adjacency = section.get("adjacency", default_adjacency(sampling))
+  check_adjacency(adjacency, sampling, q if sampling == "poisson" else float(np.min(expected / counts)))
+  level = noise_level_of(section.get("noise_level", -1), depth)
+  mechanism_level_checks(section, ctx, level, depth)
+  # What one client can change of the noising node's delta_sum, in units of C (see the module
+  # docstring): at the clients' parents 1 (or 2: central's counted normalisation); above them,
+  # with uniform weights, sgd(1.0) and period 1 below, the node's sum is that of its leaf parents'
+  # sums, each weighted N_e / n_e (clients under e / its expected cohort).
+  adj = 2.0 if adjacency == "replace_one" else 1.0
+  sensitivity = adj * float(np.max(counts / expected))
+  node_weight = (topology.leaf_counts(level) if topology is not None else np.asarray([num_clients]))
+  ad = section.get("adaptive") or None
+  adaptive = None
+  if ad:
+    adaptive = dp.check_adaptive(dp.Adaptive(**{k: ad[k] for k in ADAPTIVE_FIELDS if k in ad}))
+  z = _noise_multiplier(section, verbose=verbose, sampling_rate=q, rounds=rounds, delta=delta,
+                        accountant=accountant, sampling=sampling, population=population, cohort=cohort,
+                        adjacency=adjacency)
+  clip_norm = section.get("clip_norm", None)
+  if adaptive is None:
+    if clip_norm is None:
+      raise ValueError("privacy needs clip_norm (or adaptive: {initial_clip, ...})")
+    dp.check_clip_norm(clip_norm)
+  normalize = _normalization(section, run, adjacency=adjacency, sampling=sampling)
+  if level != depth - 1 and adaptive is not None:
+    raise ValueError(f"noise_level={section.get('noise_level')!r} with adaptive clipping: each edge server "
+                     f"would adapt its own clip norm, and the noise above them needs one bound; use a "
+                     f"fixed clip_norm or noise_level=-1")
+  return Plan(z, clip_norm, delta, mechanism, level, bool(section.get("per_layer", False)), normalize,
+              adaptive, accountant, sampling, q, population, cohort, expected, depth, sensitivity,
+              node_weight.astype(np.float64), adjacency)
+
+
+def _check_weighting(run, params) -> None:
+  """Refuses a weighting of the clients' updates that privacy cannot bound: the run's ``weighting``
+  field, else its factory's default (``params``)."""
   weighting = None
   if run is not None and "weighting" in run:
     weighting = run["weighting"]
@@ -244,6 +290,11 @@ def plan(section: dict, ctx: RunContext, *, verbose: bool = True) -> Plan:
     weighting = params["weighting"].default
   if weighting is not None:
     dp.check_private_weighting(weighting)
+
+
+def _sampling(section: dict, run) -> tuple[str, str, str]:
+  """``(mechanism, accountant, sampling)`` of the section, checked against each other and against
+  the run's own sampling of its cohort."""
   mechanism = section.get("mechanism", "central")
   if mechanism not in MECHANISMS:
     raise ValueError(f"mechanism={mechanism!r}; choose one of {list(MECHANISMS)}")
@@ -261,57 +312,45 @@ def plan(section: dict, ctx: RunContext, *, verbose: bool = True) -> Plan:
                      f"accounting must match the run's sampling (set the run's sampling and poisson_q)")
   if accountant not in ACCOUNTANTS:
     raise ValueError(f"accountant={accountant!r}; choose one of {list(ACCOUNTANTS)}")
-  delta = check_delta(section.get("delta", 1e-5))
-  topology = getattr(ctx, "topology", None)
-  num_clients = ctx.data.num_clients
-  check_delta_population(delta, int(num_clients))
-  depth = 1 if topology is None else topology.depth
-  counts = (topology.leaf_counts(depth - 1) if topology is not None else np.asarray([num_clients]))
+  return mechanism, accountant, sampling
+
+
+def _rate(sampling: str, run, counts: np.ndarray) -> tuple[float, int, int | None, np.ndarray]:
+  """``(q, population, cohort, expected)``: the sampling rate accounted for, the population and
+  cohort it is the rate of (the parent that samples most; ``None``: Poisson), and the expected
+  cohort ``float[P]`` of every clients' parent (``counts``: its clients)."""
   if sampling == "poisson":
     q = float(run.get("poisson_q"))
     check_sampling(sampling, q)
-    expected = q * counts
-    population, cohort = int(counts.max()), None
-  else:
-    expected = cohort_of(None if run is None else run.get("cohort_size", None), counts)
-    rates = expected / counts
-    i = int(np.argmax(rates))
-    q, population, cohort = float(rates[i]), int(counts[i]), int(expected[i])
-  rounds = int(run_field(ctx.config, run, "rounds"))
-  adjacency = section.get("adjacency", default_adjacency(sampling))
-  check_adjacency(adjacency, sampling, q if sampling == "poisson" else float(np.min(expected / counts)))
-  level = noise_level_of(section.get("noise_level", -1), depth)
-  mechanism_level_checks(section, ctx, level, depth)
-  # What one client can change of the noising node's delta_sum, in units of C (see the module
-  # docstring): at the clients' parents 1 (or 2: central's counted normalisation); above them,
-  # with uniform weights, sgd(1.0) and period 1 below, the node's sum is that of its leaf parents'
-  # sums, each weighted N_e / n_e (clients under e / its expected cohort).
-  adj = 2.0 if adjacency == "replace_one" else 1.0
-  sensitivity = adj * float(np.max(counts / expected))
-  node_weight = (topology.leaf_counts(level) if topology is not None else np.asarray([num_clients]))
-  ad = section.get("adaptive") or None
-  adaptive = None
-  if ad:
-    adaptive = dp.check_adaptive(dp.Adaptive(**{k: ad[k] for k in ADAPTIVE_FIELDS if k in ad}))
+    return q, int(counts.max()), None, q * counts
+  expected = cohort_of(None if run is None else run.get("cohort_size", None), counts)
+  rates = expected / counts
+  i = int(np.argmax(rates))
+  return float(rates[i]), int(counts[i]), int(expected[i]), expected
+
+
+def _noise_multiplier(section: dict, *, verbose: bool, **accounting) -> float:
+  """The section's ``noise_multiplier``, or the one :func:`calibrate` finds for its
+  ``target_epsilon`` under ``accounting`` (printed with ``verbose``); exactly one of them given."""
   if ("noise_multiplier" in section) == ("target_epsilon" in section):
     raise ValueError("give exactly one of noise_multiplier and target_epsilon")
-  if "target_epsilon" in section:
-    z = calibrate(target_epsilon=section["target_epsilon"], sampling_rate=q, rounds=rounds, delta=delta,
-                  accountant=accountant, sampling=sampling, population=population, cohort=cohort,
-                  adjacency=adjacency)
-    if verbose:
-      relation = adjacency.replace("_", "-")
-      print(f"privacy: noise_multiplier z={z:.4f} calibrated to target_epsilon={section['target_epsilon']} "
-            f"at delta={delta:g} over {rounds} rounds (q={q:.4g}, {accountant}, {relation} adjacency)",
-            file=sys.stderr, flush=True)
-  else:
+  if "target_epsilon" not in section:
     z = section["noise_multiplier"]
     dp.check_noise_multiplier(z)
-  clip_norm = section.get("clip_norm", None)
-  if adaptive is None:
-    if clip_norm is None:
-      raise ValueError("privacy needs clip_norm (or adaptive: {initial_clip, ...})")
-    dp.check_clip_norm(clip_norm)
+    return z
+  z = calibrate(target_epsilon=section["target_epsilon"], **accounting)
+  if verbose:
+    a = accounting
+    print(f"privacy: noise_multiplier z={z:.4f} calibrated to target_epsilon={section['target_epsilon']} "
+          f"at delta={a['delta']:g} over {a['rounds']} rounds (q={a['sampling_rate']:.4g}, "
+          f"{a['accountant']}, {a['adjacency'].replace('_', '-')} adjacency)", file=sys.stderr, flush=True)
+  return z
+
+
+def _normalization(section: dict, run, *, adjacency: str, sampling: str) -> str:
+  """The section's ``normalize`` (default: ``"count"`` under replace-one adjacency, else
+  ``"fixed"``), refused where its sensitivity is unbounded (a fixed one across GroupPerFL's
+  stages, a count under Poisson sampling or add/remove adjacency)."""
   normalize = section.get("normalize", "count" if adjacency == "replace_one" else "fixed")
   if normalize not in dp.NORMALIZATIONS:
     raise ValueError(f"normalize={normalize!r}; choose one of {list(dp.NORMALIZATIONS)}")
@@ -327,13 +366,7 @@ def plan(section: dict, ctx: RunContext, *, verbose: bool = True) -> Plan:
     raise ValueError("normalize='count' with adjacency='add_remove': the count is the one thing an added or "
                      "removed client changes, and dividing by it has no bounded sensitivity; use "
                      "normalize='fixed'")
-  if level != depth - 1 and adaptive is not None:
-    raise ValueError(f"noise_level={section.get('noise_level')!r} with adaptive clipping: each edge server "
-                     f"would adapt its own clip norm, and the noise above them needs one bound; use a "
-                     f"fixed clip_norm or noise_level=-1")
-  return Plan(z, clip_norm, delta, mechanism, level, bool(section.get("per_layer", False)), normalize,
-              adaptive, accountant, sampling, q, population, cohort, expected, depth, sensitivity,
-              node_weight.astype(np.float64), adjacency)
+  return normalize
 
 
 def transforms(p: Plan) -> dict[int, dict[str, tuple]]:

@@ -1,6 +1,6 @@
 """B-HFL's run fields (paper 001): the converters of its config-only fields and its spec.
 
-Experiment layer (they read config values); the algorithm is :mod:`fedtree.algorithms.bhfl`.
+Experiment layer (they read config values); the algorithm is :mod:`fedtree.algorithms.hierarchical.bhfl`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import dataclasses
 import optax
 
 from fedtree import algorithms
-from fedtree.algorithms.bhfl import proxy_from_clients, with_level_report
-from fedtree.algorithms.bhfl.asynchrony import latency_from_config
+from fedtree.algorithms.hierarchical.bhfl import proxy_from_clients, with_level_report
+from fedtree.algorithms.hierarchical.bhfl.asynchrony import latency_from_config
 from fedtree.experiment.builders import server_from_config
 from fedtree.experiment.fields import field
 from fedtree.experiment.spec import AlgorithmSpec, Fields, number, per_level_servers

@@ -1,11 +1,11 @@
 """GroupPerFL's run fields (paper 000): its fine-tune and server converters, its stages, its spec.
 
-Experiment layer (they read config values); the algorithm is :mod:`fedtree.algorithms.grouppfl`.
+Experiment layer (they read config values); the algorithm is :mod:`fedtree.algorithms.hierarchical.grouppfl`.
 """
 
 from __future__ import annotations
 
-from fedtree.algorithms.grouppfl.grouppfl import GroupPersonalizedFL
+from fedtree.algorithms.hierarchical.grouppfl.grouppfl import GroupPersonalizedFL
 from fedtree.core.topology import Topology
 from fedtree.experiment.builders import server_from_config
 from fedtree.experiment.fields import field

@@ -1,6 +1,0 @@
-"""FedKWS-UI (paper 002) and its ALT schedule; its ALO objective is in :mod:`fedtree.objectives.alo`."""
-
-from fedtree.algorithms.fedkws.alt import alt_schedule, alt_steps, client_utility, label_entropy
-from fedtree.algorithms.fedkws.fedkws import fedkws
-
-__all__ = ["alt_schedule", "alt_steps", "client_utility", "fedkws", "label_entropy"]

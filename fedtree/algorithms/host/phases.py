@@ -1,0 +1,250 @@
+"""The phases of the host's round, each a pure function of the plan (:class:`HostPlan`) and the round's
+values: draw, downlink, exchange (a server rule's pass before training and its parcels), train,
+receive, server step, upper levels, clock. :func:`~fedtree.algorithms.host.hierfavg.hierfavg`'s round
+is their composition; other hosts reuse them."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedtree.algorithms.host.plan import HostPlan
+from fedtree.algorithms.host.upper import send_shared
+from fedtree.algorithms.host.wire import uplink
+from fedtree.core.algorithm import NodeModels, TreeState, broadcast_tree, client_weights, initial_params
+from fedtree.core.algorithm import personal_models as objective_models
+from fedtree.core.data import FederatedData
+from fedtree.core.personal import merge, shared_part
+from fedtree.core.rng import stream
+from fedtree.core.sampling import Cohort
+from fedtree.core.server import init_nodes, update_nodes
+from fedtree.core.server_rule import (
+  Inbox,
+  Outbox,
+  Parcels,
+  Slots,
+  broadcast_of,
+  init_rule_state,
+  prepare,
+  receive,
+)
+from fedtree.core.tier import Clients, Down, TierResult, train_cohort
+from fedtree.core.updates import block_positions, init_update_state, path_stats
+from fedtree.toolbox.systems import RoundOutcome
+from fedtree.toolbox.traffic import model_bytes
+
+PyTree = Any
+
+
+class Drawn(NamedTuple):
+  """The round's cohort and what its clients do."""
+
+  cohort: Cohort                   # [K] slots (valid: those that take part)
+  num_steps: jax.Array             # int32[C] every client's local steps
+  outcome: RoundOutcome | None     # the systems model's decision (None without one)
+
+
+class Weights(NamedTuple):
+  """The clients' aggregation weights this round."""
+
+  client: jax.Array                # [C] the host's (examples or ones): the levels above use them
+  tier: jax.Array                  # [C] in the parents' mean: the rule's, where it sets them (AFL)
+  population: jax.Array            # [N] every parent's children's ``tier`` weights summed
+
+
+def init(plan: HostPlan, key) -> TreeState:
+  """Every node starts from the same model; optimizer, rule and path states at their start."""
+  topo, share, leaf = plan.topology, plan.share, plan.leaf
+  p0 = initial_params(plan.model, key, plan.init_params)
+  params = broadcast_tree(p0, topo)
+  update = plan.tier.update
+  return TreeState(
+    round=jnp.zeros((), jnp.int32), params=params,
+    opt_state=tuple(init_nodes(opt, p) for opt, p in zip(plan.server_optimizers, params, strict=True)),
+    client_state=() if update.init_state is None else update.init_state(p0, topo.num_clients),
+    cursor=plan.schedule.init_cursor(topo.num_clients),
+    update_state=tuple(init_update_state(plan.paths[lv], share.sent(p0, lv), topo.num_nodes(lv + 1),
+                                         topo.num_nodes(lv)) for lv in range(plan.depth)),
+    clock=() if plan.systems is None else jnp.zeros((), jnp.float32),
+    server_state=init_rule_state(plan.rule, p0, topo.num_nodes(leaf), stream(key, "server_rule")),
+    personal=share.init_clients(p0, topo.num_clients),
+  )
+
+
+def downlink(plan: HostPlan, state: TreeState, key) -> tuple[PyTree, dict]:
+  """What the clients' parents send (their shared leaves, through the downlink transform)."""
+  leaf = plan.leaf
+  return send_shared(plan.share, plan.paths[leaf], state.params[leaf], leaf, stream(key, "down"))
+
+
+def draw(plan: HostPlan, state: TreeState, data: FederatedData, down_stats: dict, key) -> Drawn:
+  """The cohort of every leaf parent, and (with a systems model) who takes part, how much each does
+  and how long it takes (the compressed bytes each way)."""
+  leaf, wire = plan.leaf, plan.wire
+  cohort = plan.strategy.draw(stream(key, "cohort"), state.params[leaf], state.clock, data)
+  num_steps = plan.schedule.num_steps(data.n_train)
+  if plan.systems is None:
+    return Drawn(cohort, num_steps, None)
+  down_b = down_stats.get("bytes")
+  up_b = uplink(plan.paths[leaf], plan.share.sent(state.params[leaf], leaf))
+  outcome = plan.systems.round(
+    cohort, num_steps, time=state.clock, model_bytes=wire.model_bytes, key=stream(key, "systems"),
+    keep=plan.keep, uplink_bytes=wire.up(up_b),
+    downlink_bytes=wire.down(None if down_b is None else jnp.take(down_b, cohort.parent)))
+  return Drawn(cohort._replace(valid=outcome.valid), outcome.num_steps, outcome)
+
+
+def weights(plan: HostPlan, state: TreeState, data: FederatedData) -> Weights:
+  w_client = client_weights(data.n_train, plan.weighting)
+  w_tier = w_client
+  if plan.rule is not None and plan.rule.up.weights is not None:
+    w_tier = plan.rule.up.weights(w_client, state.server_state)
+  total = jax.ops.segment_sum(w_tier, jnp.asarray(plan.topology.parent(plan.depth)),
+                              num_segments=plan.num_parents)
+  return Weights(w_client, w_tier, total)
+
+
+def inbox(plan: HostPlan, state: TreeState, drawn: Drawn, w: Weights, res: TierResult, pseudo_gradient,
+          slots: Slots | None = None) -> Inbox:
+  """What the clients' parents receive from a pass over the cohort."""
+  cohort = drawn.cohort
+  reported = jax.ops.segment_sum((jnp.take(res.reported, cohort.clients) & cohort.valid).astype(
+    res.weight_sum.dtype), cohort.parent, num_segments=plan.num_parents)
+  return Inbox(pseudo_gradient=pseudo_gradient, weight_sum=res.weight_sum, messages=res.message_sum,
+               reported=reported, sampled=res.sampled, population=jnp.asarray(plan.population),
+               params=state.params[plan.leaf], population_weight=w.population.astype(res.weight_sum.dtype),
+               slots=slots)
+
+
+def slot_positions(cohort: Cohort, num_parents: int) -> jax.Array:
+  """Each valid slot's position among its parent's valid slots (``num_parents`` for the others),
+  whatever the order of the cohort's slots."""
+  order = jnp.argsort(cohort.parent, stable=True)
+  pos = block_positions(jnp.take(cohort.parent, order), jnp.take(cohort.valid, order), num_parents)
+  return jnp.zeros_like(pos).at[order].set(pos)
+
+
+def _clients(plan: HostPlan, state: TreeState, drawn: Drawn, w: Weights, *, own_state: bool) -> Clients:
+  return Clients(drawn.num_steps, w.tier, state=state.client_state if own_state else (), cursor=state.cursor,
+                 personal=plan.share.unpack(state.personal),
+                 update_state=state.update_state[plan.leaf] if own_state else None)
+
+
+def exchange(plan: HostPlan, state: TreeState, drawn: Drawn, w: Weights, sent, data: FederatedData,
+             key) -> tuple[Down, PyTree, Parcels, jax.Array | None]:
+  """What the parents send each child before it trains: the server rule's pass over the cohort
+  before training (``gather``: Mime's full-batch gradients), its broadcast, and every slot's own
+  parcel (``parcels``). Returns the :class:`~fedtree.core.tier.Down` of the round, the rule's state
+  after the pass, the parcels and every slot's position among its parent's (``None`` where unused)."""
+  rule, server_state = plan.rule, state.server_state
+  population = jnp.asarray(plan.population)
+  if rule is not None and rule.down.gather is not None:   # a pass before training (Mime's c)
+    t = plan.tier
+    gather = t._replace(update=rule.down.gather, path=None, skip_nonfinite=False, block_size=None,
+                        keep_client_params=False)
+    asked = train_cohort(gather, Down(sent, broadcast_of(rule, server_state), population=population),
+                         drawn.cohort, data, _clients(plan, state, drawn, w, own_state=False),
+                         stream(key, "gather"))
+    server_state = prepare(rule, inbox(plan, state, drawn, w, asked, ()), server_state)
+  parcels, position = Parcels(), None
+  if rule is not None and (rule.down.parcels is not None or rule.up.slots):
+    position = slot_positions(drawn.cohort, plan.num_parents)
+  if rule is not None and rule.down.parcels is not None:   # every child its own parcel
+    c = drawn.cohort
+    parcels = rule.down.parcels(Outbox(
+      state=server_state, params=sent, client_state=state.client_state, clients=c.clients, parent=c.parent,
+      valid=c.valid, position=position, block_size=max(plan.sampler.sizes), round=state.round + 1,
+      key=stream(key, "parcels")))
+  down = Down(sent, broadcast_of(rule, server_state), start=parcels.start, extra=parcels.extra,
+              population=population)
+  return down, server_state, parcels, position
+
+
+def train(plan: HostPlan, state: TreeState, drawn: Drawn, w: Weights, down: Down, data: FederatedData,
+          key) -> TierResult:
+  """The cohort trains from what its parents sent and sends its updates through the clients' path."""
+  return train_cohort(plan.tier, down, drawn.cohort, data, _clients(plan, state, drawn, w, own_state=True),
+                      stream(key, "train"))
+
+
+def take_in(plan: HostPlan, state: TreeState, drawn: Drawn, w: Weights, res: TierResult, down: Down,
+            position, server_state) -> tuple[PyTree, PyTree, dict]:
+  """What the clients' parents make of what their children sent: the pseudo-gradient their server
+  optimizers apply and the server rule's new state (``(pseudo_gradient, server_state, metrics)``)."""
+  rule, cohort = plan.rule, drawn.cohort
+  pseudo_gradient = res.pseudo_gradient()
+  if rule is None:
+    return pseudo_gradient, server_state, {}
+  slots = None
+  if rule.up.slots:   # every slot's own exchange
+    start = down.start if down.start is not None else jax.tree.map(
+      lambda a: jnp.take(a, cohort.parent, axis=0), down.params)
+    slots = Slots(clients=cohort.clients, parent=cohort.parent,
+                  reported=jnp.take(res.reported, cohort.clients) & cohort.valid, position=position,
+                  start=start, sent=res.client_params, block_size=max(plan.sampler.sizes))
+  got = inbox(plan, state, drawn, w, res, pseudo_gradient, slots)
+  pseudo_gradient, server_state, stats = receive(rule, got, server_state)
+  return pseudo_gradient, server_state, path_stats(stats)
+
+
+def server_step(plan: HostPlan, state: TreeState, pseudo_gradient, res: TierResult) -> tuple[list, list]:
+  """The clients' parents' optax step on their pseudo-gradients (nodes none of whose children
+  reported keep theirs); the levels above as they were."""
+  params, opt_state = list(state.params), list(state.opt_state)
+  leaf = plan.leaf
+  params[leaf], opt_state[leaf] = update_nodes(plan.server_optimizers[leaf], params[leaf], opt_state[leaf],
+                                               pseudo_gradient, res.weight_sum > 0)
+  return params, opt_state
+
+
+def upper_levels(plan: HostPlan, params: list, opt_state: list, update_state: list, w: Weights, r, key):
+  """The levels above the clients' parents aggregate in their rounds, then send down their subtrees.
+  Returns ``(params, opt_state, update_state, active, level_stats, metrics)``."""
+  params, opt_state, update_state, active, metrics = plan.upper.aggregate(
+    params, opt_state, update_state, w.client, r, key)
+  params, level_stats, down_metrics = plan.upper.send_down(params, active, key)
+  return params, opt_state, update_state, active, level_stats, {**metrics, **down_metrics}
+
+
+def clock(plan: HostPlan, state: TreeState, drawn: Drawn, params: list, active: list,
+          level_stats: dict) -> tuple[Any, dict]:
+  """The simulated clock: the leaf parents' rounds run side by side; a level aggregating adds its
+  own transfers. Returns ``(clock, metrics)`` (``((), {})`` without a systems model)."""
+  if plan.systems is None:
+    return state.clock, {}
+  assert drawn.outcome is not None
+  level_secs = []
+  for lv, st in level_stats.items():
+    mb = model_bytes(params[lv], stacked=True)
+    up_b, down_b = uplink(plan.paths[lv], params[lv]), st.get("bytes")
+    level_secs.append(jnp.where(active[lv], plan.systems.aggregation_seconds(
+      lv, plan.links, mb if up_b is None else up_b,
+      mb if down_b is None else jnp.take(down_b, jnp.asarray(plan.topology.parent(lv + 1)))), 0.0))
+  seconds = drawn.outcome.seconds + sum(level_secs, jnp.zeros((), jnp.float32))
+  new = state.clock + seconds
+  return new, {**drawn.outcome.stats, "round_seconds": seconds, "sim_seconds": new}
+
+
+def models(plan: HostPlan, state: TreeState) -> dict[str, NodeModels]:
+  """Every level that aggregates every leaf, and each client's own combination where some leaves are
+  personal."""
+  topo, share, leaf = plan.topology, plan.share, plan.leaf
+  out = {}
+  if plan.top_level == 0 and share.reported(0):
+    out["global"] = NodeModels(state.params[0], np.zeros(topo.num_clients, np.int32))
+  for lv in range(max(plan.top_level, 1), plan.depth):
+    if share.reported(lv):
+      out[f"level{lv}"] = NodeModels(state.params[lv], topo.ancestor(lv))
+  if share.has_client_personal:   # each client: its parent's shared leaves and its own personal ones
+    parent = jax.tree.map(lambda a: jnp.take(a, jnp.asarray(topo.ancestor(leaf)), axis=0), state.params[leaf])
+    own = merge(shared_part(parent, share.client_mask), share.unpack(state.personal), share.client_mask)
+    out["personal"] = NodeModels(own, np.arange(topo.num_clients, dtype=np.int32))
+  return {**out, **objective_models(plan.tier.update, state.client_state)}
+
+
+def reads(plan: HostPlan, state: TreeState, key) -> jax.Array:
+  """``int32[D]`` every client whose data and per-client state the round of ``key`` reads."""
+  return plan.strategy.reads(stream(key, "cohort"), state.params[plan.leaf], state.clock)

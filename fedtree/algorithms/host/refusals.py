@@ -1,0 +1,133 @@
+"""What a method cannot compose with, declared on its spec as data (:func:`cannot`) and checked once,
+before anything is built, in one format: ``"<method>: <what the run asks for>: <why not>"``.
+
+Each composition is named (:data:`COMPOSITIONS`) by what a run gives its host: personal parameters, a
+robust (blockwise) aggregator, differential privacy at the clients, a transform of the update path,
+a model with state, server optimizers. The docs' composition matrix reads the same declarations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from fedtree.core.updates import UpdatePath, blockwise_levels, per_level_paths
+from fedtree.toolbox.privacy import private_stages, private_stages_where
+
+Host = Mapping[str, Any]
+
+
+def _depth(host: Host) -> int:
+  topology = host.get("topology")
+  return 1 if topology is None else topology.depth
+
+
+def _clients_path(host: Host) -> UpdatePath | None:
+  """The update path of the clients' tier (the last server level)."""
+  return per_level_paths(host.get("update_paths"), _depth(host), algorithm="the method")[-1]
+
+
+def _personal(host: Host) -> list[str]:
+  return ["personal parameters are not supported"] if host.get("personal") is not None else []
+
+
+def _blockwise(host: Host) -> list[str]:
+  levels = blockwise_levels(host.get("update_paths"))
+  return [f"a robust (blockwise) aggregator at level {lv}" for lv in levels]
+
+
+def _private_clients(host: Host) -> list[str]:
+  return [f"differential privacy ({s!r}) at the clients' tier" for s in private_stages(_clients_path(host))]
+
+
+def _private(host: Host) -> list[str]:
+  return [f"privacy stage {s}" for s in private_stages_where(host.get("update_paths"))]
+
+
+def _client_transform(host: Host) -> list[str]:
+  path = _clients_path(host)
+  if path is None or path.client is None:
+    return []
+  return [f"the update path's client transform {path.client.name!r} at the clients' tier"]
+
+
+def _node_transform(host: Host) -> list[str]:
+  path = _clients_path(host)
+  if path is None or path.node is None:
+    return []
+  return [f"the update path's node transform {path.node.name!r} at the clients' tier"]
+
+
+def _update_paths(host: Host) -> list[str]:
+  paths = host.get("update_paths")
+  if isinstance(paths, Mapping):
+    items = list(paths.values())
+  elif isinstance(paths, (list, tuple)) and not isinstance(paths, UpdatePath):
+    items = list(paths)
+  else:
+    items = [paths]
+  if any(p is not None and not p.is_default for p in items):
+    return ["update paths (privacy, robust aggregation, compression) act on a model delta"]
+  return []
+
+
+def _server_optimizers(host: Host) -> list[str]:
+  given = host.get("server_optimizers") is not None
+  return ["server_optimizers has no shared model to step"] if given else []
+
+
+def _model_state(host: Host) -> list[str]:
+  model = host.get("model")
+  if model is None or not model.state:
+    return []
+  return [f"the model keeps state {list(model.state)} (BatchNorm statistics)"]
+
+
+class Composition(NamedTuple):
+  """A composition a run may ask of a host: its name in the docs, and what in the host's arguments
+  asks for it (``present(host) -> [phrase]``, one phrase naming each instance, ``[]`` if none)."""
+
+  label: str
+  present: Callable[[Host], list[str]]
+
+
+COMPOSITIONS: Mapping[str, Composition] = {
+  "personal": Composition("personal parameters", _personal),
+  "blockwise": Composition("a robust (blockwise) aggregator", _blockwise),
+  "private_clients": Composition("differential privacy at the clients' tier", _private_clients),
+  "private": Composition("differential privacy at any level", _private),
+  "client_transform": Composition("a client transform at the clients' tier", _client_transform),
+  "node_transform": Composition("a node transform at the clients' tier", _node_transform),
+  "update_paths": Composition("any update path (privacy, robust aggregation, compression)", _update_paths),
+  "server_optimizers": Composition("server optimizers", _server_optimizers),
+  "model_state": Composition("a model with state (BatchNorm statistics)", _model_state),
+}
+"""Every composition a method may declare it cannot run with, by name."""
+
+
+class Refusal(NamedTuple):
+  """A composition a method cannot run with (a key of :data:`COMPOSITIONS`), and why."""
+
+  composition: str
+  why: str
+
+
+def cannot(composition: str, why: str) -> Refusal:
+  """Declares that a method cannot run with ``composition`` (a key of :data:`COMPOSITIONS`), for the
+  reason ``why``.
+
+  Raises:
+    ValueError: an unknown composition, naming the known ones.
+  """
+  if composition not in COMPOSITIONS:
+    raise ValueError(f"cannot({composition!r}, ...): unknown composition; choose one of "
+                     f"{sorted(COMPOSITIONS)}")
+  return Refusal(composition, why)
+
+
+def check_refusals(method: str, refusals: Sequence[Refusal], host: Host) -> None:
+  """Raises the first declared refusal whose composition ``host`` asks for, as one line:
+  ``"<method>: <what>: <why>"``."""
+  for refusal in refusals:
+    for phrase in COMPOSITIONS[refusal.composition].present(host):
+      raise ValueError(f"{method}: {phrase}: {refusal.why}")

@@ -1,0 +1,82 @@
+"""What the methods whose clients learn from each other's models share (FedAMP, FedFomo, pFedHN,
+FedProto): the host options they refuse, a parent's smallest cohort, the children of every parent
+and the personal models as the only model set a run reports.
+
+How they pair clients on a tree: :doc:`the peers page <algorithms/peers.md#on-a-tree>`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from fedtree.algorithms.host import Refusal, cannot
+from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.topology import Topology
+
+PyTree = Any
+
+
+def topology_of(host: Mapping[str, Any]) -> Topology:
+  """The run's tree (``None`` or absent: one server over every client)."""
+  topology = host.get("topology")
+  return Topology.flat(host["data"].num_clients) if topology is None else topology
+
+
+def sends_whole(what: str, *, personal: bool = True) -> tuple[Refusal, ...]:
+  """The refusals of a method whose clients send ``what`` rather than a model delta: any update path
+  (privacy, robust aggregation, compression transform a delta), server optimizers (no shared model to
+  step), a model with state (BatchNorm statistics) and, where asked, personal parameters."""
+  out = (cannot("update_paths", f"{what}; run it without update_paths"),)
+  if personal:
+    out += (cannot("personal", what),)
+  return out + (cannot("server_optimizers", f"{what}; leave it unset"),
+                cannot("model_state", "the method does not train it; use a model without BatchNorm (e.g. "
+                                      "GroupNorm)"))
+
+
+def smallest_cohort(host: Mapping[str, Any]) -> int:
+  """The fewest clients a parent of the clients samples a round: its ``cohort_size`` (one or per
+  parent), at most its children, or all its children; Poisson sampling: its slots."""
+  topology = topology_of(host)
+  counts = np.bincount(topology.parent(topology.depth), minlength=topology.num_nodes(topology.depth - 1))
+  cohort = host.get("cohort_size")
+  if cohort is None or (np.isscalar(cohort) and int(cohort) == -1):
+    return int(counts.min())
+  sizes = np.broadcast_to(np.asarray(cohort, np.int64), counts.shape)
+  return int(np.minimum(sizes, counts).min())
+
+
+def children(topology: Topology) -> tuple[np.ndarray, np.ndarray]:
+  """``(table, rank)``: ``table[N, B]`` every parent's children in index order (padded with
+  ``C``, out of range) and ``rank[C]`` each client's position among its parent's children."""
+  parent = np.asarray(topology.parent(topology.depth))
+  n, c = topology.num_nodes(topology.depth - 1), topology.num_clients
+  counts = np.bincount(parent, minlength=n)
+  table = np.full((n, max(int(counts.max()), 1)), c, np.int32)
+  rank = np.zeros(c, np.int32)
+  seen = np.zeros(n, np.int64)
+  for i, p in enumerate(parent):
+    table[p, seen[p]] = i
+    rank[i] = seen[p]
+    seen[p] += 1
+  return table, rank
+
+
+def personal_only(alg: FederatedAlgorithm) -> FederatedAlgorithm:
+  """``alg`` reporting its ``personal`` models alone (the clients' parents hold no model of the
+  method's: their rows are never trained and would be scored as if they were)."""
+  models = alg.models
+
+  def only(state):
+    return {k: v for k, v in models(state).items() if k == "personal"}
+
+  return alg._replace(models=only)
+
+
+def tree_size(tree: PyTree) -> int:
+  """The number of entries of one (unstacked, possibly abstract) model."""
+  return int(sum(np.prod(np.shape(a), dtype=np.int64) for a in jax.tree.leaves(tree)))

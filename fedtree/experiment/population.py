@@ -1,0 +1,322 @@
+"""A population read from a store (``config.data.name="store"``): resident when it fits, streamed when
+it does not (``config.population``), and evaluated on a seeded sample of clients or every client in
+streamed chunks."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import ml_collections
+import numpy as np
+from flax import struct
+
+from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.data import FederatedData
+from fedtree.experiment import memory
+from fedtree.experiment.fields import POPULATION_FIELDS
+
+MODES = ("auto", "resident", "streamed")
+"""``config.population.mode``: decided by the memory limit (``"auto"``), or asked for."""
+
+
+class Population(NamedTuple):
+  """How a run reads a population from a store.
+
+  Attributes:
+    store: the :class:`~fedtree.population.store.ClientStore`.
+    streamed: whether rounds read their clients' rows from it (``False``: resident).
+    note: the one line that says which and why (with the numbers).
+    cache_bytes: the reader's LRU cache of clients' rows.
+    prefetch: calls read ahead.
+    eval_clients: clients scored per evaluation (0: every client, in chunks of ``eval_chunk``).
+    eval_chunk: clients scored at once.
+    eval_seed: the evaluation sample's seed.
+  """
+
+  store: Any
+  streamed: bool
+  note: str
+  cache_bytes: int = 0
+  prefetch: int = 2
+  eval_clients: int = 0
+  eval_chunk: int = 1000
+  eval_seed: int = 0
+  eval_plan: Any = None
+
+  def with_groups(self, groups: np.ndarray) -> Population:
+    """With the clients of every evaluation (:func:`eval_plan`) drawn over ``groups``."""
+    return self._replace(eval_plan=eval_plan(self, groups))
+
+
+def options(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """``config.population``'s fields (their declared defaults where absent), checked."""
+  sec = config.get("population", None)
+  out = {
+    name: (default if sec is None else sec.get(name, default))
+    for name, (_, default, _) in POPULATION_FIELDS.items()
+  }
+  if out["mode"] not in MODES:
+    raise ValueError(f"config.population.mode={out['mode']!r}; choose one of {MODES}")
+  for name in ("cache_bytes", "prefetch", "eval_clients", "eval_seed"):
+    if int(out[name]) < 0:
+      raise ValueError(f"config.population.{name}={out[name]} must be >= 0")
+  if int(out["eval_chunk"]) < 1:
+    raise ValueError(f"config.population.eval_chunk={out['eval_chunk']} must be >= 1")
+  return out
+
+
+def resident_bytes(store) -> int:
+  """The bytes of every client's padded train and test rows held resident (the layout
+  :meth:`~fedtree.population.store.ClientStore.to_federated_data` makes)."""
+  feats = store.features
+  per_row = sum(
+    int(np.prod(feats[k].shape, dtype=np.int64)) * np.dtype(feats[k].dtype).itemsize for k in ("x", "y")
+  )
+  return int(store.num_clients * (store.width("train") + store.width("test")) * per_row)
+
+
+def plan(
+  config: ml_collections.ConfigDict, skeleton: FederatedData, store
+) -> tuple[FederatedData, Population]:
+  """The data a config's runs are built on, and how they read the population: resident (every row
+  loaded now) when ``config.population.mode`` says so or, with ``"auto"``, when the population fits
+  the memory limit (:func:`fedtree.experiment.memory.memory_limit`) as
+  :func:`~fedtree.experiment.memory.check_data` counts it; streamed otherwise.
+
+  Raises:
+    ValueError: ``mode="resident"`` for a population that does not fit (naming the bytes).
+  """
+  opts = options(config)
+  size = resident_bytes(store)
+  limit, source = memory.memory_limit(config)
+  copies = 2 if jax.default_backend() == "cpu" else 1
+  fits = limit is None or copies * size <= limit
+  rest = dict(
+    cache_bytes=int(opts["cache_bytes"]),
+    prefetch=int(opts["prefetch"]),
+    eval_clients=int(opts["eval_clients"]),
+    eval_chunk=int(opts["eval_chunk"]),
+    eval_seed=int(opts["eval_seed"]),
+  )
+  where = f"{store.num_clients:,} clients, {size:,} bytes of rows ({copies}x: {copies * size:,})"
+  limit_s = "no limit" if limit is None else f"limit {limit:,} bytes ({source})"
+  if opts["mode"] == "resident" or (opts["mode"] == "auto" and fits):
+    data = store.to_federated_data()
+    memory.check_data(data, config)
+    return data, Population(store, False, f"population: resident, {where}; {limit_s}", **rest)
+  why = "asked for" if opts["mode"] == "streamed" else "it does not fit"
+  note = (
+    f"population: streamed from {store.path} ({why}: {where}; {limit_s}); the device holds each call's "
+    f"window of clients"
+  )
+  return skeleton, Population(store, True, note, **rest)
+
+
+def eval_plan(population: Population, groups: np.ndarray):
+  """The clients of every evaluation (:class:`fedtree.population.evaluation.EvalClients`): a seeded
+  sample of ``eval_clients`` per evaluation (per group where there are several), or every client."""
+  from fedtree.population.evaluation import every_client, sample_clients
+
+  num = population.store.num_clients
+  if population.eval_clients == 0:
+    return every_client(num, chunk_size=population.eval_chunk)
+  several = len(np.unique(groups)) > 1
+  return sample_clients(
+    size=population.eval_clients,
+    num_clients=None if several else num,
+    groups=groups if several else None,
+    seed=population.eval_seed,
+    chunk_size=population.eval_chunk,
+  )
+
+
+def node_models(models: dict[str, Any], num_clients: int) -> dict[str, Any]:
+  """The model sets whose rows are server nodes (a global, a level's, a cluster's), which a streamed
+  run scores on any client; the per-client sets (a row per client, kept in a paged state) and the
+  sets scored with per-client inputs are left out."""
+  out = {}
+  for name, nm in models.items():
+    leaves = jax.tree.leaves(nm.params)
+    per_client = bool(leaves) and np.array_equal(np.asarray(nm.model_of_client), np.arange(num_clients))
+    if getattr(nm, "client_params", None) is not None or (per_client and num_clients > 1):
+      continue
+    out[name] = nm
+  return out
+
+
+def evaluate_streamed(
+  algorithm: FederatedAlgorithm,
+  state,
+  population: Population,
+  round_: int,
+  *,
+  model,
+  evaluator,
+  groups: np.ndarray,
+  positive_classes=None,
+  top_k: int | None = None,
+  central=None,
+) -> dict[str, dict[str, Any]]:
+  """Every node-level model of ``state`` (:func:`node_models`) scored on the test rows of the clients of
+  the evaluation after round ``round_`` (:func:`eval_plan`), read from the store chunk by chunk and
+  summarized once over them (per client, per group, fairness), as the resident evaluation summarizes
+  every client; the summaries name the clients scored (``eval_clients``)."""
+  import jax.numpy as jnp
+
+  from fedtree.core.metrics import summarize
+  from fedtree.core.sharding import to_host
+
+  store = population.store
+  models = node_models(algorithm.models(state), store.num_clients)
+  stats: dict[str, list] = {name: [] for name in models}
+  ids = []
+  for chunk in population.eval_plan.chunks(int(round_)):
+    test = store.read(chunk, "test")
+    x, y, n = jnp.asarray(test.x), jnp.asarray(test.y), jnp.asarray(test.n)
+    for name, nm in models.items():
+      moc = jnp.asarray(np.asarray(nm.model_of_client)[chunk])
+      stats[name].append(to_host(evaluator(nm.params, x, y, n, moc)))
+    ids.append(chunk)
+  ids_ = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+  perplexity = bool(model.label_shape)
+  out = {}
+  for name, nm in models.items():
+    every = jax.tree.map(lambda *a: np.concatenate(a), *stats[name])
+    out[name] = summarize(
+      every, np.asarray(groups)[ids_], positive_classes=positive_classes, perplexity=perplexity, top_k=top_k
+    )
+    rows = np.unique(np.asarray(nm.model_of_client))
+    if central is not None and rows.size == 1:
+      cx, cy, cn = central
+      c = to_host(evaluator(nm.params, cx, cy, cn, jnp.full((cx.shape[0],), int(rows[0]), jnp.int32)))
+      pooled = summarize(c, prefix="central_", perplexity=perplexity, top_k=top_k)
+      keep = ("central_accuracy", "central_loss", "central_perplexity", f"central_top{top_k}_accuracy")
+      out[name].update({k: v for k, v in pooled.items() if k in keep})
+    out[name]["eval_clients"] = population.eval_plan.name
+  return out
+
+
+@struct.dataclass
+class StreamCheckpoint:
+  """What a streamed run's checkpoint keeps: its state's leaves that are not per-client (the
+  per-client rows are the paged state's, kept on disk) and the paged state's snapshot (which slot
+  holds every client's committed row)."""
+
+  round: jax.Array  # int32[] rounds done
+  others: Any  # [leaf] the state's leaves that are not per-client (their rows: the paged state's)
+  slots: Any  # uint8[C] the paged state's committed slots
+  generation: Any  # int64[] its commit count
+
+
+def run_streamed(
+  run,
+  key,
+  reporter,
+  hooks,
+  *,
+  eval_every: int,
+  rounds_per_call: int,
+  checkpoint_dir: str | None,
+  checkpoint_every: int,
+  keep_checkpoints: int,
+  should_stop,
+  max_abs,
+) -> tuple[Any, dict[str, dict[str, Any]]]:
+  """:func:`fedtree.experiment.run_loop.run_algorithm` for a run over a streamed population
+  (:func:`fedtree.population.stream.run`): its per-client state paged on disk under the checkpoint
+  folder (in host memory without checkpoints), checkpoints that keep the paged state's snapshot, and
+  evaluation on the clients of every evaluation read from the store."""
+  import os
+
+  from fedtree.core import loop
+  from fedtree.experiment.results import RunStopped, kept_on_stop
+  from fedtree.population.paged import PagedSnapshot, PagedState
+  from fedtree.population.stream import _split_of, paged_init
+  from fedtree.population.stream import run as stream_run
+
+  algorithm, ctx, num_rounds, label = run.algorithm, run.context, run.rounds, run.label
+  population: Population = ctx.population
+  if algorithm.reads is None:
+    raise ValueError(
+      f"{label}: {algorithm.name} reads clients beyond its cohort (every client, or other "
+      f"clients' state), so its population cannot stream; hold it resident "
+      f"(config.population.mode='resident') or use a smaller population"
+    )
+  reporter.print(f"{label}: {population.note}")
+  others, rows_of = paged_init(algorithm, loop.init_key(key), ctx.data.num_clients)
+  ckpt = None
+  directory = None
+  if checkpoint_dir and checkpoint_every:
+    from fedtree.experiment.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(checkpoint_dir, every=checkpoint_every, keep=keep_checkpoints)
+    directory = os.path.join(checkpoint_dir, "paged")
+  paged = PagedState(rows_of, ctx.data.num_clients, directory=directory)
+  split = _split_of(jax.eval_shape(algorithm.init, loop.init_key(key)))
+  start = 0
+  if ckpt is not None:
+    like = StreamCheckpoint(
+      round=jax.numpy.zeros((), jax.numpy.int32),
+      others=others,
+      slots=paged.snapshot_like().slots,
+      generation=paged.snapshot_like().generation,
+    )
+    restored = ckpt.restore(like, warn=reporter.print)
+    if restored is not None:
+      others = list(restored.others)
+      paged.restore(
+        PagedSnapshot(slots=np.asarray(restored.slots), generation=np.asarray(restored.generation))
+      )
+      start = int(restored.round)
+      reporter.print(f"{label}: resumed from the checkpoint of round {start} in {checkpoint_dir}")
+  reporter.start_run(label, num_rounds, from_round=start)
+  if start:  # resumed: the bytes of the rounds before, and the rounds at the target
+    shapes = split.parts(jax.eval_shape(algorithm.init, loop.init_key(key)))[0]
+    hooks.resume(split.join([np.zeros((1,) + a.shape[1:], a.dtype) for a in shapes], others))
+
+  def save(state, r):
+    if ckpt is None or (r % ckpt.every and r != num_rounds):
+      return
+    snap = paged.commit()
+    ckpt.maybe_save(
+      StreamCheckpoint(
+        round=state.round, others=split.parts(state)[1], slots=snap.slots, generation=snap.generation
+      ),
+      force=r == num_rounds,
+    )
+
+  try:
+    state, stats = stream_run(
+      algorithm,
+      ctx.data,
+      population.store,
+      num_rounds=num_rounds,
+      key=key,
+      paged=paged,
+      others=others,
+      rounds_per_call=rounds_per_call,
+      depth=population.prefetch,
+      cache_bytes=population.cache_bytes,
+      eval_every=eval_every,
+      on_eval=hooks.evaluate,
+      on_metrics=hooks.log,
+      on_rounds=hooks.count,
+      on_call=save,
+      should_stop=should_stop,
+      max_abs=max_abs,
+    )
+    if int(state.round) < num_rounds:
+      raise RunStopped(
+        f"run {label!r} stopped at round {int(state.round)} of {num_rounds}{kept_on_stop(ckpt, state)}"
+      )
+  finally:
+    if ckpt is not None:
+      ckpt.close()
+    reporter.end_run(label)
+  reporter.print(
+    f"{label}: {stats.calls} calls; waited {stats.wait_s:.2f} s for data "
+    f"({100 * stats.stall_fraction:.1f} % of the run), {stats.gather_s:.2f} s paging client "
+    f"state"
+  )
+  return state, hooks.final(hooks.summaries, int(state.round))

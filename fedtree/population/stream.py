@@ -1,0 +1,336 @@
+"""A run over a population held on disk: every compiled call reads a window of the clients its rounds
+read (:mod:`fedtree.core.window`), the next calls' windows are read while this one trains, and
+per-client state lives in a :class:`~fedtree.population.paged.PagedState`, gathered for the window
+before a call and scattered back after it.
+
+The device then holds a window (the clients of ``rounds_per_call`` rounds) and never the population;
+a population that fits gives bitwise the same run resident or streamed (tests/test_population_stream.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedtree.core import loop
+from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.data import FederatedData
+from fedtree.core.window import client_leaves, window_of
+from fedtree.population.paged import PagedState
+from fedtree.population.reader import CohortReader
+from fedtree.population.store import ClientStore
+
+PyTree = Any
+
+
+def skeleton(store: ClientStore, *, width: int | None = None) -> FederatedData:
+  """What an algorithm's factory is built on for a population in ``store``: every client's counts and
+  a one-row window of zeros in the store's layout (a round reads its clients through a window filled
+  by :func:`run`).
+
+  Raises:
+    ValueError: a store without a test split (every run scores its clients' test rows).
+  """
+  feats = store.features
+  w_train = store.width("train") if width is None else int(width)
+  if "test" not in store.splits:
+    raise ValueError(f"store {store.path} has no test split (its splits: {list(store.splits)})")
+  w_test = store.width("test")
+
+  def zeros(w, key):
+    return np.zeros((1, w) + feats[key].shape, feats[key].dtype)
+
+  return FederatedData(
+    x_train=zeros(w_train, "x"),
+    y_train=zeros(w_train, "y"),
+    n_train=store.counts("train").astype(np.int32),
+    x_test=zeros(w_test, "x"),
+    y_test=zeros(w_test, "y"),
+    n_test=store.counts("test").astype(np.int32),
+    num_classes=store.num_classes,
+    window=np.zeros(store.num_clients, np.int32),
+  )
+
+
+class _Split(NamedTuple):
+  """A state's leaves apart: its per-client leaves and the others (their places in ``treedef``)."""
+
+  treedef: Any
+  is_client: tuple[bool, ...]
+
+  def parts(self, state) -> tuple[list, list]:
+    leaves = jax.tree.leaves(state)
+    return (
+      [a for a, c in zip(leaves, self.is_client, strict=True) if c],
+      [a for a, c in zip(leaves, self.is_client, strict=True) if not c],
+    )
+
+  def join(self, clients: Sequence, others: Sequence):
+    it_c, it_o = iter(clients), iter(others)
+    return jax.tree.unflatten(self.treedef, [next(it_c) if c else next(it_o) for c in self.is_client])
+
+
+def _split_of(state) -> _Split:
+  marks = client_leaves(state)
+  return _Split(jax.tree.structure(state), tuple(bool(m) for m in jax.tree.leaves(marks)))
+
+
+def paged_init(algorithm: FederatedAlgorithm, key: jax.Array, num_clients: int) -> tuple[Any, Callable]:
+  """``(others, rows_of)``: the initial state's leaves that are not per-client (device arrays) and
+  ``rows_of(ids) -> [rows]``, the initial per-client rows of clients ``ids`` for a
+  :class:`~fedtree.population.paged.PagedState`, both without making the whole population's rows.
+
+  Raises:
+    ValueError: an algorithm whose clients start from different rows (they cannot be made lazily).
+  """
+  split = _split_of(jax.eval_shape(algorithm.init, key))
+
+  def edges(k):
+    clients, others = split.parts(algorithm.init(k))
+    return [a[0] for a in clients], [a[-1] for a in clients], others
+
+  first, last, others = jax.jit(edges)(key)
+  for a, b in zip(first, last, strict=True):
+    if not np.array_equal(np.asarray(a), np.asarray(b)):
+      raise ValueError(
+        f"{algorithm.name}: its clients start from different states, which a paged state "
+        f"cannot make for a client only when it is first read; run it resident"
+      )
+  first = [np.asarray(a) for a in first]
+
+  def rows_of(ids):
+    return [np.broadcast_to(a, (len(ids),) + a.shape).copy() for a in first]
+
+  return others, rows_of
+
+
+@dataclasses.dataclass
+class _Calls:
+  """The window rows of every call (a sequence indexed by call, computed when asked for)."""
+
+  starts: list[int]  # each call's first round done (the state's round before it)
+  lengths: list[int]  # its rounds
+  reads: Callable  # reads(state, round) -> int32[D]
+  size: int  # the window's rows
+  num_clients: int
+  state: Any = None  # the state the reads are computed from (any state of the run, or the current)
+  memo: dict = dataclasses.field(default_factory=dict)   # call -> its window (made once, by either thread)
+  lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+  def __len__(self) -> int:
+    return len(self.starts)
+
+  def window(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    with self.lock:
+      if i in self.memo:
+        return self.memo[i]
+    first = self.starts[i]
+    read = [np.asarray(self.reads(self.state, r)) for r in range(first, first + self.lengths[i])]
+    made = window_of(np.concatenate(read), self.num_clients, self.size)
+    with self.lock:
+      self.memo[i] = made
+      for old in [k for k in self.memo if k < i - 8]:   # the reader runs at most a few calls ahead
+        del self.memo[old]
+    return made
+
+  def __getitem__(self, i: int) -> np.ndarray:
+    return self.window(i)[0]
+
+
+class StreamStats(NamedTuple):
+  """Where a streamed run's time went.
+
+  Attributes:
+    calls: compiled calls run.
+    wait_s: seconds the loop waited for a window's rows (reads not done ahead).
+    gather_s: seconds gathering and scattering per-client state.
+    run_s: seconds in the compiled calls.
+  """
+
+  calls: int
+  wait_s: float
+  gather_s: float
+  run_s: float
+
+  @property
+  def stall_fraction(self) -> float:
+    """The share of the run spent waiting for data."""
+    total = self.wait_s + self.gather_s + self.run_s
+    return self.wait_s / total if total > 0 else 0.0
+
+
+def run(
+  algorithm: FederatedAlgorithm,
+  data: FederatedData,
+  store: ClientStore,
+  *,
+  num_rounds: int,
+  key: jax.Array,
+  paged: PagedState | None,
+  others=None,
+  rounds_per_call: int = 1,
+  depth: int = 2,
+  cache_bytes: int = 0,
+  eval_every: int | None = None,
+  on_rounds: Callable[[int, dict[str, np.ndarray]], None] | None = None,
+  on_metrics: Callable[[int, dict[str, float]], None] | None = None,
+  on_call: Callable[[Any, int], None] | None = None,
+  on_eval: Callable[[Any, int], dict[str, float] | None] | None = None,
+  should_stop: Callable[[], bool] | None = None,
+  check_finite: bool = True,
+  max_abs: float | None = loop.DIVERGENCE_BOUND,
+  cache: loop.CompileCache | None = loop.COMPILED,
+) -> tuple[Any, StreamStats]:
+  """Runs ``algorithm`` over the population of ``store`` until round ``num_rounds``, as
+  :func:`fedtree.core.loop.run` does over a resident one.
+
+  Args:
+    algorithm: what to run; it must say which clients a round reads (``algorithm.reads``).
+    data: :func:`skeleton` of ``store`` (the data the algorithm was built on).
+    store: the population's rows.
+    num_rounds: the round to stop at.
+    key: the run's root key (round ``r`` uses ``fold_in(key, r)``, as the resident loop).
+    paged: the per-client state (its ``init`` from :func:`paged_init`); ``None`` for an algorithm
+      that keeps none.
+    others: the state's other leaves to start from (default: :func:`paged_init`'s; a resumed run's).
+    rounds_per_call: rounds fused into one compiled call; the window holds the clients of all of them.
+    depth: calls whose windows are read ahead (0: each read when it is needed); an algorithm whose
+      round's clients depend on the state before it (``reads.needs_state``) reads synchronously.
+    cache_bytes: an LRU cache of clients' rows (0: none).
+    eval_every, on_rounds, on_metrics, on_call, on_eval, should_stop, check_finite, max_abs, cache: as
+      :func:`fedtree.core.loop.run`'s; hooks receive the state over the call's window.
+
+  Returns:
+    ``(state, stats)``: the state over the last call's window (the per-client rows are ``paged``'s) and
+    the :class:`StreamStats`.
+
+  Raises:
+    ValueError: an algorithm that does not say which clients a round reads.
+  """
+  if algorithm.reads is None:
+    raise ValueError(
+      f"{algorithm.name} reads clients beyond its cohort (every client, or other clients' "
+      f"state), so its population cannot stream; run it resident"
+    )
+  shapes = jax.eval_shape(algorithm.init, loop.init_key(key))
+  split = _split_of(shapes)
+  if others is None:
+    others, _ = paged_init(algorithm, loop.init_key(key), data.num_clients)
+  if any(split.is_client) and paged is None:
+    raise ValueError(f"{algorithm.name} keeps per-client state: give a PagedState (paged=)")
+  # the reads of a round need the state's other leaves (a strategy reads no client's row): one-row
+  # placeholders stand for the per-client leaves
+  probe = split.join([jnp.zeros((1,) + a.shape[1:], a.dtype) for a in split.parts(shapes)[0]], others)
+  fuse = 1 if algorithm.reads.needs_state else int(rounds_per_call)
+  starts, lengths = [], []
+  r = int(probe.round)
+  while r < num_rounds:
+    n = loop._call_lengths(r, num_rounds, fuse, eval_every)
+    starts.append(r)
+    lengths.append(n)
+    r += n
+  reads_fn = jax.jit(algorithm.reads.clients)
+  per_round = int(np.asarray(reads_fn(probe, jax.random.fold_in(key, 0))).shape[0])
+  calls = _Calls(
+    starts,
+    lengths,
+    lambda st, rnd: reads_fn(st, jax.random.fold_in(key, rnd)),
+    fuse * per_round,
+    data.num_clients,
+    state=probe,
+  )
+  width = int(data.x_train.shape[1])
+  reader = CohortReader(
+    store,
+    calls,
+    width=width,  # type: ignore[arg-type]  # (a lazy sequence)
+    depth=0 if algorithm.reads.needs_state else int(depth),
+    cache_bytes=int(cache_bytes),
+    transfer=lambda block: (jax.device_put(block.x), jax.device_put(block.y)),   # (on the device ahead)
+  )
+  rows_of_test = (calls.size,) + tuple(data.x_test.shape[1:])
+  test_x = jnp.zeros(rows_of_test, data.x_test.dtype)   # (a round reads no test row)
+  test_y = jnp.zeros((calls.size,) + tuple(data.y_test.shape[1:]), data.y_test.dtype)
+  wait = gather = running = 0.0
+  state = None
+  with reader:
+    for i, n in enumerate(lengths):
+      if algorithm.reads.needs_state and state is not None:
+        calls.state = state
+      rows, valid, window = calls.window(i)
+      t0 = time.perf_counter()
+      x_train, y_train = next(reader)
+      t1 = time.perf_counter()
+      wait += t1 - t0
+      wdata = data.replace(  # type: ignore[attr-defined]
+        x_train=x_train, y_train=y_train, x_test=test_x, y_test=test_y, window=jnp.asarray(window)
+      )
+      rows_now = [] if paged is None else [jnp.asarray(a) for a in paged.gather(rows)]
+      state = split.join(rows_now, others)
+      t2 = time.perf_counter()
+      gather += t2 - t1
+      step = loop.compile_rounds(algorithm, n, check_state=check_finite, cache=cache, max_abs=max_abs)
+      state, metrics = step(state, wdata, key)
+      jax.block_until_ready(state)
+      t3 = time.perf_counter()
+      running += t3 - t2
+      new_rows, others = split.parts(state)
+      if paged is not None:
+        keep = np.flatnonzero(valid)
+        paged.scatter(rows[keep], [np.asarray(a)[keep] for a in new_rows])
+      gather += time.perf_counter() - t3
+      done = starts[i] + n
+      _after_call(
+        algorithm,
+        state,
+        metrics,
+        done,
+        n,
+        num_rounds,
+        eval_every,
+        check_finite,
+        max_abs,
+        on_rounds,
+        on_metrics,
+        on_eval,
+        on_call,
+      )
+      if should_stop is not None and should_stop():
+        break
+  return state, StreamStats(len(lengths), wait, gather, running)
+
+
+def _after_call(
+  algorithm,
+  state,
+  metrics,
+  done,
+  n,
+  num_rounds,
+  eval_every,
+  check_finite,
+  max_abs,
+  on_rounds,
+  on_metrics,
+  on_eval,
+  on_call,
+) -> None:
+  if check_finite:
+    paths = [(p, name) for p, name, _ in loop._float_leaves(state)]
+    loop.check_metrics(metrics, done, algorithm.name, paths, None, max_abs)
+  if on_rounds is not None:
+    on_rounds(done - n + 1, {k: np.asarray(v) for k, v in metrics.items() if k not in loop.CHECK_KEYS})
+  host = {k: np.asarray(v)[-1].item() for k, v in metrics.items() if k not in loop.CHECK_KEYS}
+  if on_eval is not None and (done == num_rounds or (eval_every and done % eval_every == 0)):
+    host.update(on_eval(state, done) or {})
+  if on_metrics is not None:
+    on_metrics(done, host)
+  if on_call is not None:
+    on_call(state, done)

@@ -1,0 +1,106 @@
+"""A config over a population in a store (config.data.name="store"): resident when it fits, streamed when
+asked or when it does not, the same table either way; a streamed run checkpoints its paged state and
+resumes; what cannot stream is refused in one line naming the run."""
+
+import json
+
+import ml_collections
+import numpy as np
+import pytest
+from config_files import load_config
+
+from fedtree.experiment.data import load
+from fedtree.experiment.runner import train_and_evaluate
+from fedtree.population import write_federated_data
+
+CD = ml_collections.ConfigDict
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory):
+  c = _tiny()
+  data, groups, _ = load(c.data)
+  path = str(tmp_path_factory.mktemp("pop") / "store")
+  write_federated_data(path, data, source={"name": "grouped_synthetic"}, extras={"groups": groups})
+  return path
+
+
+def _tiny() -> ml_collections.ConfigDict:
+  c = load_config("quickstart")
+  c.rounds, c.eval_every, c.rounds_per_call, c.progress, c.plots = 4, 2, 2, False, False
+  c.checkpoint_every, c.run_order = 0, ()
+  c.data.group_sizes, c.data.dim, c.data.max_examples, c.data.test_examples = (5, 4, 3), 8, 24, 6
+  c.model.hidden = (8,)
+  c.runs = CD(
+    {
+      "fedavg": CD(dict(algorithm="fedavg", cohort_size=3)),
+      "hierfavg": CD(dict(algorithm="hierfavg", cohort_size=2, periods=(2,))),
+    }
+  )
+  return c
+
+
+def _config(store_path, mode, **population):
+  c = _tiny()
+  c.data = CD(dict(name="store", path=store_path, dataset="grouped_synthetic"))
+  c.population = CD(dict(mode=mode, eval_clients=0, eval_chunk=5, **population))
+  return c
+
+
+def _accuracies(result):
+  return {run: {m: s["accuracy"] for m, s in models.items()} for run, models in result.items()}
+
+
+def test_streamed_and_resident_runs_print_the_same_table(store_path, tmp_path, capsys):
+  resident = train_and_evaluate(_config(store_path, "resident"), str(tmp_path / "r"))
+  streamed = train_and_evaluate(_config(store_path, "streamed"), str(tmp_path / "s"))
+  cap = capsys.readouterr()
+  out = cap.out + cap.err
+  assert "population: resident" in out and "population: streamed from" in out
+  a, b = _accuracies(resident), _accuracies(streamed)
+  assert a.keys() == b.keys()
+  for run in a:
+    for m in a[run]:
+      np.testing.assert_allclose(b[run][m], a[run][m], atol=1e-6)
+  rows = [json.loads(line) for line in open(tmp_path / "s" / "metrics.jsonl")]
+  assert any("global/accuracy" in r for r in rows)
+
+
+def test_auto_holds_a_population_that_fits_and_streams_one_that_does_not(store_path, tmp_path, capsys):
+  train_and_evaluate(_config(store_path, "auto"), str(tmp_path / "a"))
+  assert "population: resident" in "".join(capsys.readouterr())
+  c = _config(store_path, "auto")
+  c.memory_limit_bytes = 20_000  # the rows need more, twice on CPU
+  c.runs = CD({"fedavg": c.runs.fedavg})
+  train_and_evaluate(c, str(tmp_path / "b"))
+  assert "population: streamed from" in "".join(capsys.readouterr())
+
+
+def test_a_streamed_run_resumes_its_paged_state(store_path, tmp_path):
+  c = _config(store_path, "streamed")
+  c.runs = CD({"scaffold": CD(dict(algorithm="scaffold", cohort_size=3))})
+  c.checkpoint_every = 2
+  straight = train_and_evaluate(c, str(tmp_path / "straight"))
+  half = ml_collections.ConfigDict(c.to_dict())
+  half.rounds = 2
+  train_and_evaluate(half, str(tmp_path / "resumed"))
+  resumed = train_and_evaluate(c, str(tmp_path / "resumed"))
+  assert _accuracies(resumed) == _accuracies(straight)
+
+
+def test_what_cannot_stream_is_refused_naming_the_run(store_path, tmp_path):
+  c = _config(store_path, "streamed")
+  c.runs = CD({"fomo": CD(dict(algorithm="fedfomo", cohort_size=3, num_candidates=2))})
+  with pytest.raises(ValueError, match=r"fomo: fedfomo reads clients beyond its cohort"):
+    train_and_evaluate(c, str(tmp_path / "f"))
+  c = _config(store_path, "streamed")
+  c.data.dataset = "synthetic"
+  with pytest.raises(
+    ValueError,
+    match=r"config.data.dataset='synthetic', but the store .* was converted "
+    r"from 'grouped_synthetic'",
+  ):
+    train_and_evaluate(c, str(tmp_path / "g"))
+  c = _config(store_path, "sometimes")
+  with pytest.raises(ValueError, match=r"config.population.mode='sometimes'; choose one of"):
+    train_and_evaluate(c, str(tmp_path / "h"))

@@ -1,0 +1,128 @@
+"""A run over a population on disk (fedtree.population.stream): every call's window of clients read from
+the store (ahead of time where the draw allows), per-client state paged; a population that fits gives
+bitwise the resident run (final state, every per-client row, every round's metrics)."""
+
+import functools
+import os
+import subprocess
+import sys
+
+import chex
+import jax
+import numpy as np
+import optax
+import pytest
+from helpers import trees_equal
+
+from fedtree import algorithms as A
+from fedtree.core import loop
+from fedtree.core.data import as_device
+from fedtree.core.local import LocalSchedule
+from fedtree.core.topology import Topology
+from fedtree.core.window import client_leaves
+from fedtree.datasets.synthetic import grouped_synthetic
+from fedtree.models import build_model
+from fedtree.population import PagedState, write_federated_data
+from fedtree.population.stream import paged_init, run, skeleton
+
+LR, B = 0.1, 4
+
+
+@pytest.fixture(scope="module")
+def population(tmp_path_factory):
+  data, groups = grouped_synthetic(group_sizes=(6, 5, 4), dim=6, num_classes=3, seed=2)
+  store = write_federated_data(
+    str(tmp_path_factory.mktemp("pop") / "store"), data, source={"name": "grouped_synthetic"}
+  )
+  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(5,))
+  return as_device(data), groups, store, model
+
+
+def _build(name, data, groups, model):
+  common = dict(
+    model=model,
+    data=data,
+    local_optimizer=optax.sgd(LR),
+    cohort_size=2,
+    schedule=LocalSchedule(batch_size=B, steps=2, batch_order="cyclic"),
+  )
+  tree = Topology.from_labels(groups)
+  return {
+    "fedavg": lambda: A.fedavg(**common),
+    "scaffold": lambda: A.scaffold(local_learning_rate=LR, topology=tree, **common),
+    "fedper": lambda: A.fedper(topology=tree, **common),
+    "power_of_choice": lambda: A.fedavg(sampling="power_of_choice", **common),
+  }[name]()
+
+
+def _resident(alg, data, key, rounds, per_call):
+  rows = []
+  state = loop.run(
+    alg, data, num_rounds=rounds, key=key, rounds_per_call=per_call, on_rounds=lambda r, m: rows.append(m)
+  )
+  return state, rows
+
+
+@pytest.mark.parametrize(
+  "name,per_call,depth", [("fedavg", 2, 2), ("scaffold", 2, 1), ("fedper", 1, 0), ("power_of_choice", 3, 2)]
+)
+def test_a_streamed_run_is_the_resident_run(population, name, per_call, depth):
+  data, groups, store, model = population
+  key = jax.random.key(4)
+  want, want_rows = _resident(_build(name, data, groups, model), data, key, 5, per_call)
+  skel = skeleton(store, width=int(data.x_train.shape[1]))
+  alg = _build(name, skel, groups, model)
+  others, rows_of = paged_init(alg, loop.init_key(key), skel.num_clients)
+  paged = PagedState(lambda ids: rows_of(ids), skel.num_clients)
+  got_rows = []
+  state, stats = run(
+    alg,
+    skel,
+    store,
+    num_rounds=5,
+    key=key,
+    paged=paged,
+    others=others,
+    rounds_per_call=per_call,
+    depth=depth,
+    on_rounds=lambda r, m: got_rows.append(m),
+  )
+  assert stats.calls == len(want_rows)
+  # Bitwise under XLA's default optimization (what a user's run compiles with). The tests' -O0
+  # flags (conftest.py) keep a window's reductions over fewer rows in another order, so methods
+  # that reduce per-client state (SCAFFOLD's control variates, FedPer's heads) then agree to
+  # float32 rounding only; test_bitwise_under_default_flags reruns these cases bitwise.
+  exact = name in ("fedavg", "power_of_choice") or os.environ.get("FEDTREE_TEST_XLA_OPT") == "1"
+  same = trees_equal if exact else functools.partial(chex.assert_trees_all_close, rtol=1e-4, atol=1e-6)
+  marks = jax.tree.leaves(client_leaves(want))
+  same([a for a, c in zip(jax.tree.leaves(want), marks, strict=True) if not c],
+       [b for b, c in zip(jax.tree.leaves(state), marks, strict=True) if not c])
+  every = paged.gather(np.arange(skel.num_clients))
+  same([a for a, c in zip(jax.tree.leaves(want), marks, strict=True) if c], every)
+  same(got_rows, want_rows)
+
+
+def test_bitwise_under_default_flags():
+  """The per-client-state cases above, bitwise, in a process compiled with XLA's default flags."""
+  env = dict(os.environ, FEDTREE_TEST_XLA_OPT="1")
+  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                              if "optimization_level" not in f and "expensive_passes" not in f)
+  cases = f"{__file__}::test_a_streamed_run_is_the_resident_run"
+  out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", cases,
+                        "-k", "scaffold or fedper"], env=env, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0 and "2 passed" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
+
+
+def test_an_algorithm_that_reads_every_client_cannot_stream(population):
+  data, groups, store, model = population
+  skel = skeleton(store, width=int(data.x_train.shape[1]))
+  alg = A.fedfomo(
+    model=model,
+    data=skel,
+    local_optimizer=optax.sgd(LR),
+    cohort_size=3,
+    num_candidates=2,
+    schedule=LocalSchedule(batch_size=B, steps=1),
+  )
+  with pytest.raises(ValueError, match="fedfomo reads clients beyond its cohort"):
+    run(alg, skel, store, num_rounds=1, key=jax.random.key(0), paged=None)
