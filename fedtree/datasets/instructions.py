@@ -372,11 +372,20 @@ def from_instructions(
       vocabulary, a client without examples.
 
   Example:
-    >>> import datasets                                                    # doctest: +SKIP
+    >>> import datasets
+    >>> from tokenizers import Tokenizer, models, pre_tokenizers
+    >>> from transformers import PreTrainedTokenizerFast
+    >>> words = ["<unk>", "<s>", "</s>", "<pad>", "Say", "hi", "###", "Instruction:", "Response:"]
+    >>> tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    >>> tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    >>> tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+    ...                                     unk_token="<unk>", pad_token="<pad>")
     >>> ds = datasets.Dataset.from_dict({"instruction": ["Say hi"] * 8, "input": [""] * 8,
-    ...                                  "output": ["hi"] * 8})            # doctest: +SKIP
+    ...                                  "output": ["hi"] * 8})
     >>> data, *_ = from_instructions(ds, tokenizer, seq_len=64,
-    ...                              partitioner_args={"num_clients": 2})  # doctest: +SKIP
+    ...                              partitioner_args={"num_clients": 2})
+    >>> data.num_clients
+    2
   """
   if max_examples is not None:
     train = train.select(range(min(int(max_examples), len(train))))

@@ -408,11 +408,13 @@ def load_pretrained(directory: str, *, seq_len: int | None = None, dtype: str = 
       give, a missing or foreign tensor, an unknown ``dtype``.
 
   Example:
-    >>> from transformers import LlamaConfig, LlamaForCausalLM       # doctest: +SKIP
+    >>> import tempfile
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> tiny = tempfile.mkdtemp()
     >>> LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
-    ...     num_hidden_layers=2, num_attention_heads=4)).save_pretrained("/tmp/tiny")  # doctest: +SKIP
-    >>> model, params = load_pretrained("/tmp/tiny")                  # doctest: +SKIP
-    >>> model.apply(params, jnp.ones((1, 5), jnp.int32)).shape      # doctest: +SKIP
+    ...     num_hidden_layers=2, num_attention_heads=4)).save_pretrained(tiny)
+    >>> model, params = load_pretrained(tiny)
+    >>> model.apply(params, jnp.ones((1, 5), jnp.int32)).shape
     (1, 5, 64)
   """
   if dtype not in DTYPES:

@@ -100,6 +100,23 @@ def hetlora(host: Host, *, ranks: tuple[int, ...] = (2, 4, 8),
   Raises:
     ValueError: a model whose parameters are not LoRA adapters, a rank outside ``1 .. r``, an update
       path or personal parameters.
+
+  Example:
+    >>> import jax, optax
+    >>> from fedtree.core import loop
+    >>> from fedtree.core.local import LocalSchedule
+    >>> from fedtree.datasets.synthetic import grouped_synthetic
+    >>> from fedtree.models import build_model
+    >>> from fedtree.toolbox import lora
+    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
+    >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(16,))
+    >>> alg = lora.frozen_base(lambda m: hetlora(model=m, data=data, ranks=(1, 2),
+    ...                                          local_optimizer=optax.sgd(0.1),
+    ...                                          schedule=LocalSchedule(batch_size=8, steps=2)),
+    ...                        model=model, spec=lora.lora(rank=2), base=model.init(jax.random.key(0)))
+    >>> state = loop.run(alg, data, num_rounds=1, key=jax.random.key(1))
+    >>> sorted(alg.models(state))      # the global adapters and each client's, truncated to its rank
+    ['global', 'truncated']
   """
   model, data = host["model"], host["data"]
   template = host.get("init_params")
