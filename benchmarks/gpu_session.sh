@@ -9,6 +9,11 @@
 #        on a lent GPU: device run `bash benchmarks/gpu_session.sh issue41 $OUT`, carry [".whl"],
 #        timeout_s 540; it prints and writes $OUT/issue41_summary.md, ratios to baselines measured
 #        in the same run)
+#      | llm (issue 50: federated LoRA on a TinyLlama-shaped base, 1.1 B parameters in bfloat16 with
+#        every layer rematerialized, K = 16 clients of 512-token sequences in one compiled round;
+#        transformers + peft's per-client loop on the same checkpoint where this python3 has them,
+#        else fedtree alone on the same shape; ~3 min on an H100, at most GPU_SESSION_BUDGET = 420 s;
+#        device run `bash benchmarks/gpu_session.sh llm $OUT`, timeout_s 480)
 #      | wheels (on the CPU machine, before a device call: fills .whl/ with what the GPU machine
 #        lacks, ~1 MB: ml_collections for fedtree; pfl-research 0.6.0 and its pure-Python
 #        dependencies for issue41, never torch and no CUDA build; the device call then names
@@ -114,6 +119,21 @@ elif [ "$stage" = issue41 ]; then
   echo "== summary ($((SECONDS - t0)) s of the budget of $budget s)"
   python3 -m benchmarks.gpu_report issue41 "$res" --seconds=$((SECONDS - t0)) --budget="$budget" \
     | tee "$out/issue41_summary.md"; pack
+elif [ "$stage" = llm ]; then
+  # benchmarks/llm.py: tokens/s, peak memory and MFU of one round (results/llm_tinyllama.json and the
+  # Markdown table at the end of llm.log). `tiny`: its 2-layer toy (a CPU dry run of the stage).
+  fw=fedtree; python3 -c "import transformers, peft" 2>/dev/null && fw=fedtree,torch
+  if [ -n "$tiny" ]; then
+    budget=${GPU_SESSION_BUDGET:-900}; L="--tiny"
+  else
+    budget=${GPU_SESSION_BUDGET:-420}
+    L="--hidden=2048 --layers=22 --heads=32 --kv_heads=4 --intermediate=5632 --vocab=32000 --seq_len=512
+       --clients=16 --batch_size=4 --steps=2 --dtype=bfloat16 --remat --repeats=3 --gemm=8192 --gemm_dtype=bfloat16"
+  fi
+  smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$res/llm_gpu.log"
+  echo "== llm: frameworks $fw (cap $budget s)"
+  timeout "$budget" python3 -m benchmarks.llm $L --frameworks=$fw --out_dir="$res" --tag=llm_tinyllama \
+    2>&1 | grep -v "Writing model shards" | tee "$res/llm.log"; pack
 fi
 smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
 pack && rm -rf "$res"

@@ -42,8 +42,9 @@ _EXPORTS = {
     "fedbn", "fedbuff", "feddyn", "fedem", "fedfomo", "fedkws", "fedmmd", "fednova", "fedper", "fedproto",
     "fedprox", "fedrep", "fedrod", "finetuned", "grouppfl", "hierfavg", "ifca", "knnper", "lgfedavg",
     "local", "mcfl", "mime", "mimelite", "moon", "perfedavg", "pfedhn", "pfedme", "pfedmt", "qffl",
-    "scaffold",
+    "scaffold", "ffa_lora", "fedsa_lora", "hetlora",
   )},
+  "load_pretrained": "fedtree.models",
 }
 _SUBMODULES = (
   "algorithms", "core", "datasets", "evaluation", "experiment", "models", "objectives", "population",

@@ -43,6 +43,7 @@ MEASURED_SLOW = {  # each ran 15-87 s (the paper notebooks 18-80 s; the quicksta
   "tests/test_notebooks.py::test_notebook_runs[005_throughput_vs_pytorch.ipynb]",
   "tests/test_notebooks.py::test_notebook_runs[compression.ipynb]",
   "tests/test_notebooks.py::test_notebook_runs[peft_lm.ipynb]",
+  "tests/test_notebooks.py::test_notebook_runs[llm_finetune.ipynb]",   # writes a checkpoint with transformers
   "tests/test_notebooks.py::test_notebook_runs[personalized.ipynb]",   # 43 s (three runs, two seeds)
   "tests/test_lm.py::test_lm_vectorized_over_clients[lstm_lm-kw0-344]",
   "tests/test_kws_models.py::test_a_few_sgd_steps_lower_the_loss[resnet15]",

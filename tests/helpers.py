@@ -131,6 +131,9 @@ ALGORITHM_CASES = {
   "fedem": {"num_components": 2}, "knnper": {"k": 3},
   "fedamp": {"attention": "cosine"}, "fedfomo": {"num_candidates": 1},
   "pfedhn": {"hidden": 8, "cohort_size": 2}, "fedproto": {"lam": 1.0},
+  # methods on LoRA adapters (issue 50): their runs need an adapters section
+  "ffa_lora": {"adapters": {"rank": 2}}, "fedsa_lora": {"adapters": {"rank": 2}},
+  "hetlora": {"adapters": {"rank": 2}, "ranks": (1, 2)},
 }
 """The smallest run config of every registered algorithm (its required fields; short
 warm-ups): test_conformance's cases and tests/multihost_config.py's runs."""
@@ -225,6 +228,18 @@ def with_update_paths(ctx, name, update_paths):
 
   run = ml_collections.ConfigDict({"algorithm": name, "chunk_size": 3, **ALGORITHM_CASES[name]})
   spec = registry.SPECS[name]
+  if "adapters" in run:   # a method on LoRA adapters: built on the adapters, the base frozen (issue 50)
+    import dataclasses
+
+    inner, wrap = registry.wrapping(name, run, ctx)
+
+    def make(model):
+      kw = registry.factory_kwargs(name, inner, dataclasses.replace(ctx, model=model, init_params=None))
+      if update_paths is not None:
+        kw["update_paths"] = update_paths
+      return spec.factory(**kw)
+
+    return wrap.build(make)
   kw = registry.factory_kwargs(name, run, ctx)
   if update_paths is not None:
     kw["update_paths"] = update_paths

@@ -352,3 +352,31 @@ def test_pfl_benchmark_runs_both_frameworks_on_the_same_data(tmp_path):
   for r in rows:
     assert "skipped" not in r, r["skipped"]
     assert r["iterations"] == 20 and r["steady_s"] > 0 and np.isfinite(r["train_loss"])
+
+
+def test_llm_benchmark_model_flops_and_the_fedtree_worker(tmp_path):
+  """``benchmarks.llm``: the model-FLOPs count of its docstring on a hand-checked shape, and one fedtree
+  worker round of its toy model in-process (no checkpoint: fedtree draws the shape)."""
+  from benchmarks import llm
+
+  a = llm.parse(["--tiny"])
+  hd = 64 // 4
+  matrices = 2 * (64 * (4 * hd + 2 * 2 * hd) + 4 * hd * 64 + 3 * 64 * 128) + 64 * 512
+  adapters = 2 * 8 * ((64 + 64) + (64 + 32))
+  assert llm.model_flops_per_token(a) == 4 * matrices + 8 * 2 * 64 * 64 + 6 * adapters
+  assert llm.model_params(a) == 2 * (64 * 128 + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 2 * 512 * 64 + 64
+  a.k, a.repeats = 2, 1
+  r = llm.run_fedtree(a)
+  assert r["round_s"] > 0 and r["compiled_MB"] > 0 and np.isfinite(r["loss"])
+
+
+@pytest.mark.slow
+def test_llm_benchmark_runs_both_sides_on_one_checkpoint(tmp_path):
+  """``python -m benchmarks.llm --tiny``: fedtree and transformers + peft, each K in its own process."""
+  pytest.importorskip("peft")
+  from benchmarks import llm
+
+  out = llm.main(["--tiny", "--clients=2", f"--out_dir={tmp_path}"])
+  assert {r["framework"] for r in out["rows"]} == {"fedtree", "torch"}
+  assert all(r["tokens_per_s"] > 0 and r["peak_rss_MB"] > 0 for r in out["rows"])
+  assert "| 2 |" in llm.table(out)

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # absl lo
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".py")) + sorted(
   f"benchmarks/{f[:-3]}" for f in os.listdir(os.path.join(ROOT, "configs", "benchmarks"))
-  if f.endswith(".py"))
+  if f.endswith(".py")) + sorted(f"llm/{f[:-3]}" for f in os.listdir(os.path.join(ROOT, "configs", "llm"))
+                                 if f.endswith(".py"))
 
 
 def parse(name: str, *overrides: str):

@@ -72,6 +72,11 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.optimization.fedmmd",
   "fedtree.algorithms.personalized.ditto",
   "fedtree.toolbox.lora",
+  "fedtree.algorithms.llm.ffa_lora",
+  "fedtree.algorithms.llm.hetlora",
+  "fedtree.algorithms.partial.fedsa_lora",
+  "fedtree.datasets.instructions",   # a word-level tokenizer built in the example (transformers)
+  "fedtree.models.pretrained",       # a tiny checkpoint written by transformers
   "fedtree.algorithms.personalized.pfedme",
   "fedtree.algorithms.personalized.perfedavg",
   "fedtree.algorithms.hierarchical.pfedmt",
@@ -295,6 +300,9 @@ def test_docstring_examples_run(name):
   flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
   if name == "fedtree.datasets.hf":
     pytest.importorskip("datasets")
+  if name in ("fedtree.datasets.instructions", "fedtree.models.pretrained"):
+    pytest.importorskip("transformers")
+    pytest.importorskip("torch" if name.endswith("pretrained") else "datasets")
   result = doctest.testmod(importlib.import_module(name), optionflags=flags, verbose=False,
                            extraglobs=example_namespace())
   assert result.attempted > 0, f"{name} has no docstring example"

@@ -261,6 +261,8 @@ def test_sections_compose_and_refuse_two_aggregators():
 # ------------------------------------------------------------------------ every algorithm
 def _drop_update_state(state):
   """The state without the update path's own rows (the only leaves a path may add)."""
+  if hasattr(state, "inner") and hasattr(state, "base"):   # adapters on a frozen base (FrozenBaseState)
+    return state.replace(inner=_drop_update_state(state.inner))
   if hasattr(state, "update_state"):
     return state.replace(update_state=()) if hasattr(state, "replace") else state._replace(update_state=())
   if hasattr(state, "stages"):
@@ -269,10 +271,11 @@ def _drop_update_state(state):
 
 
 FAST = ("fedavg", "hierfavg", "pfedmt", "bhfl", "cfl")
-REFUSE_A_CLIENT_TRANSFORM = ("fedamp", "fedfomo", "fedproto", "mime", "mimelite", "pfedhn")
-"""Methods that refuse a client transform (issues 36 and 38): what their clients send is not the model
+REFUSE_A_CLIENT_TRANSFORM = ("fedamp", "fedfomo", "fedproto", "mime", "mimelite", "pfedhn", "hetlora")
+"""Methods that refuse a client transform (issues 36, 38 and 50): what their clients send is not the model
 delta an update path acts on (FedAMP's and FedFomo's whole personal models, FedProto's prototypes,
-pFedHN's embedding), or travels beside it unprocessed (Mime's full-batch gradients)."""
+pFedHN's embedding, HetLoRA's zero-padded low-rank update), or travels beside it unprocessed (Mime's
+full-batch gradients)."""
 
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow)

@@ -2,8 +2,9 @@
 
 Each factory returns a :class:`~fedtree.core.algorithm.FederatedAlgorithm`. The host's parts are
 in :mod:`~fedtree.algorithms.host`; the methods are in one folder per family (``optimization``,
-``personalized``, ``partial``, ``clustering``, ``hierarchical``, ``asynchronous``), none importing
-another family; the config -> algorithm path is the experiment layer's (:mod:`fedtree.experiment`).
+``personalized``, ``partial``, ``clustering``, ``hierarchical``, ``asynchronous``, ``llm``), none
+importing another family; the config -> algorithm path is the experiment layer's
+(:mod:`fedtree.experiment`).
 
 Only the factories in :data:`SYSTEMS_ALGORITHMS` simulate devices, availability and round
 policies (:mod:`fedtree.toolbox.systems`).
@@ -17,6 +18,7 @@ from fedtree.algorithms.asynchronous import fedasync, fedbuff
 from fedtree.algorithms.clustering import awcfl, cfl, ifca, mcfl
 from fedtree.algorithms.hierarchical import bhfl, grouppfl, pfedmt
 from fedtree.algorithms.host import hierfavg
+from fedtree.algorithms.llm import ffa_lora, hetlora
 from fedtree.algorithms.optimization import (
   afl,
   fedavg,
@@ -31,7 +33,17 @@ from fedtree.algorithms.optimization import (
   qffl,
   scaffold,
 )
-from fedtree.algorithms.partial import fedbabu, fedbn, fedper, fedrep, fedrod, finetuned, lgfedavg, local
+from fedtree.algorithms.partial import (
+  fedbabu,
+  fedbn,
+  fedper,
+  fedrep,
+  fedrod,
+  fedsa_lora,
+  finetuned,
+  lgfedavg,
+  local,
+)
 from fedtree.algorithms.personalized import (
   apfl,
   ditto,
@@ -59,7 +71,9 @@ _FACTORIES = {"awcfl": awcfl, "bhfl": bhfl, "cfl": cfl, "ditto": ditto, "fedavg"
               "fedbabu": fedbabu, "local": local,
               # personalized aggregation and mixtures (issue 38)
               "apfl": apfl, "fedala": fedala, "fedem": fedem, "knnper": knnper,
-              "fedamp": fedamp, "fedfomo": fedfomo, "pfedhn": pfedhn, "fedproto": fedproto}
+              "fedamp": fedamp, "fedfomo": fedfomo, "pfedhn": pfedhn, "fedproto": fedproto,
+              # methods on LoRA adapters (issue 50)
+              "ffa_lora": ffa_lora, "fedsa_lora": fedsa_lora, "hetlora": hetlora}
 SYSTEMS_ALGORITHMS = tuple(n for n, f in _FACTORIES.items() if "systems" in inspect.signature(f).parameters)
 """The factories that take ``systems`` (:mod:`fedtree.toolbox.systems`); a run config that gives
 another algorithm a ``systems`` section is refused naming these."""
@@ -73,4 +87,5 @@ __all__ = [
   "fedbabu", "fedbn", "fedper", "fedrep", "fedrod", "finetuned", "lgfedavg", "local",
   "apfl", "fedala", "fedem", "knnper",
   "fedamp", "fedfomo", "pfedhn", "fedproto",
+  "ffa_lora", "fedsa_lora", "hetlora",
 ]

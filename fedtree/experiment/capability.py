@@ -157,11 +157,16 @@ class Wrapping(NamedTuple):
       run's algorithm on a given model (its capabilities' parts included).
     evaluator: ``evaluator(chunk_size, *, confusion, **scoring) -> (state -> evaluator)``: how
       the run's models are scored from a state.
+    forward: ``forward(bound, tokens) -> logits`` and ``bind(state) -> (row params -> bound)``: one
+      model of a state applied as it trains (adapters with the state's base, an argument of the
+      compiled program), for benchmarks beside the evaluator's scores (:mod:`fedtree.experiment.llm`);
+      ``None``: the model as it is.
   """
 
   model: Any
   build: Callable[[Callable[[Any], Any]], Any]
   evaluator: Callable[..., Callable[[Any], Callable]]
+  forward: tuple[Callable, Callable] | None = None
 
 
 class Calibration(NamedTuple):

@@ -56,6 +56,8 @@ class Context:
     data_info: what the data loader said about the data (:mod:`fedtree.experiment.data`).
     run_overrides: ``None`` for the config's context; for a run that sets its own ``data`` or
       ``model`` (:func:`run_context`), the ``(data, model)`` fields it set.
+    tasks: ``{name: (task, tokenizer)}`` the language-model benchmarks of ``config.tasks``
+      (:func:`fedtree.experiment.llm.load_tasks`), scored on every run's global model.
     population: how the runs read a population from a store (``config.data.name="store"``:
       :class:`fedtree.experiment.population.Population`, resident or streamed), else ``None``.
   """
@@ -76,6 +78,7 @@ class Context:
   mesh: Any = None
   data_info: Any = None
   run_overrides: Any = None
+  tasks: Any = None
   population: Any = None
 
   @property
@@ -231,14 +234,28 @@ def make_context(config: ml_collections.ConfigDict, *, data_config=None, model_c
     from fedtree.experiment.params import load_params
 
     init_params = load_params(_path(config.init_params, "config.init_params"), model)
+  elif name == "pretrained":   # the checkpoint's weights: where every run starts (a LoRA run: its base)
+    init_params = pretrained_params(model_cfg, data.example_shape[0])
   memory.check_data(data, config)   # a population too large is refused here, not killed in the copy
+  from fedtree.experiment.llm import load_tasks
+
+  tasks = load_tasks(config)
   return Context(
     config=config, data=as_device(data), groups=np.asarray(groups), topology=topology, model=model,
     local_optimizer=local_optimizer, schedule=schedule, central_test=central,
     auto_chunk=tuning.chunk_policy(model, local_optimizer, data.example_shape, schedule.batch_size),
-    init_params=init_params, group_names=info.group_names, vocab=info.vocab, data_info=info,
+    init_params=init_params, group_names=info.group_names, vocab=info.vocab, data_info=info, tasks=tasks,
     population=population,
   )
+
+
+def pretrained_params(model_cfg: dict[str, Any], seq_len: int):
+  """The weights of ``config.model``'s checkpoint (``name="pretrained"``, ``checkpoint=DIR``) in its
+  ``dtype`` (:func:`fedtree.models.load_pretrained`)."""
+  from fedtree.models.pretrained import load_pretrained
+
+  return load_pretrained(model_cfg["checkpoint"], seq_len=seq_len, dtype=model_cfg.get("dtype", "float32"),
+                         tokenizer=False).params
 
 
 RUN_OVERRIDES = ("data", "model")

@@ -18,7 +18,7 @@ from fedtree.datasets.synthetic import grouped_synthetic, synthetic_alpha_beta
 
 TEXT_DATASETS = ("stdlib_text", "text_dir", "tfds_text", "leaf", "tff_h5")
 DATASETS = ("grouped_synthetic", "synthetic", "tfds", "prototype_images", "sklearn_digits",
-            "synthetic_kws", "speech_commands", "arrays", "hf", "store") + TEXT_DATASETS
+            "synthetic_kws", "speech_commands", "arrays", "hf", "instructions", "store") + TEXT_DATASETS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +121,11 @@ def _load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, An
   """
   kwargs = {k: _plain(v) for k, v in cfg.items() if k not in ("name", "team_size")}
   name = cfg.name
+  if name == "instructions":   # a pretrained model's instruction or chat data (fedtree.experiment.llm)
+    from fedtree.experiment.llm import load_instruction_data
+
+    data, groups, central, extras = load_instruction_data(kwargs)
+    return data, groups, central, DataInfo()
   if name == "grouped_synthetic":
     data, groups = grouped_synthetic(**kwargs)
     return data, groups, None, DataInfo()

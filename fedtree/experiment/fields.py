@@ -46,6 +46,7 @@ RUNNER_FIELDS: dict[str, tuple[type, object, str]] = {
   "divergence_bound": (float, DIVERGENCE_BOUND, "1e10"),
   "target_accuracy": (float, None, "0.8"),
   "without_data": (str, None, "configs/quickstart.py"),   # the variant a missing-data refusal names
+  "communication_budget_MB": (float, None, "200000.0"),   # a run over it says so (fedtree.experiment.llm)
 }
 """Top-level runner fields: their type, the default a config that omits them gets, and an example
 command-line value (tests/test_cli_fields.py sets each on every shipped config)."""

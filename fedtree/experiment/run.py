@@ -14,6 +14,7 @@ alone, without knowing any capability by name.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -44,6 +45,9 @@ class Scoring(NamedTuple):
     top_k: also report ``top{k}_accuracy``, or ``None``.
     central: ``(x, y, n)`` of the central test set in blocks, or ``None``.
     splits: ``{metric: (x, y, n)}`` further test splits scored as ``metric`` (a backdoor's).
+    tasks: ``{name: (task, tokenizer)}`` language-model benchmarks (``config.tasks``,
+      :func:`fedtree.experiment.llm.load_tasks`) every one-row model set is also scored on.
+    forward: ``(forward, bind)`` applying one model of a state (:class:`Wrapping`'s ``forward``).
   """
 
   evaluator: Callable[[Any], Callable]
@@ -51,21 +55,31 @@ class Scoring(NamedTuple):
   top_k: int | None = None
   central: tuple | None = None
   splits: Mapping[str, tuple] = {}
+  tasks: Mapping[str, tuple] = {}
+  forward: tuple[Callable, Callable] | None = None
 
   def evaluate(self, algorithm: FederatedAlgorithm, state, ctx: Context, round_: int = 0
                ) -> dict[str, dict[str, Any]]:
     """Every model of ``state`` scored on the clients' test data of ``ctx`` (a streamed population's:
-    the clients of the evaluation after round ``round_``, read from its store)."""
+    the clients of the evaluation after round ``round_``, read from its store), and on the tasks."""
     if ctx.streamed:
       from fedtree.experiment.population import evaluate_streamed
 
-      return evaluate_streamed(algorithm, state, ctx.population, round_, model=ctx.model,
-                               evaluator=self.evaluator(state), groups=ctx.groups,
-                               positive_classes=self.positive_classes, top_k=self.top_k, central=self.central)
-    return evaluation.evaluate_models(
-      algorithm, state, ctx.model, ctx.run_data, groups=ctx.groups,
-      chunk_size=field(ctx.config, "eval_chunk_size"), evaluator=self.evaluator(state),
-      positive_classes=self.positive_classes, splits=self.splits, top_k=self.top_k, central=self.central)
+      out = evaluate_streamed(algorithm, state, ctx.population, round_, model=ctx.model,
+                              evaluator=self.evaluator(state), groups=ctx.groups,
+                              positive_classes=self.positive_classes, top_k=self.top_k, central=self.central)
+    else:
+      out = evaluation.evaluate_models(
+        algorithm, state, ctx.model, ctx.run_data, groups=ctx.groups,
+        chunk_size=field(ctx.config, "eval_chunk_size"), evaluator=self.evaluator(state),
+        positive_classes=self.positive_classes, splits=self.splits, top_k=self.top_k, central=self.central)
+    if self.tasks and self.forward is not None:
+      from fedtree.evaluation.llm import score_tasks
+
+      apply, bind = self.forward
+      scores = score_tasks(algorithm.models(state), bind(state), apply, self.tasks)
+      out = {name: {**s, **scores.get(name, {})} for name, s in out.items()}
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,13 +150,23 @@ def scoring(ctx: Context, wrapped: Wrapping | None = None,
 
     def evaluator(state):
       return one
+
+    forward = (_plain_forward(ctx.model), lambda state: lambda params: params)
   else:
     evaluator = wrapped.evaluator(chunk, confusion=positive is not None, **options)
+    forward = wrapped.forward
   central = None
   if opts.central:
     assert ctx.central_test is not None  # evaluation_options checked it
     central = tuple(jnp.asarray(a) for a in evaluation.central_blocks(*ctx.central_test))
-  return Scoring(evaluator, positive, opts.top_k, central, dict(splits or {}))
+  return Scoring(evaluator, positive, opts.top_k, central, dict(splits or {}), tasks=dict(ctx.tasks or {}),
+                 forward=forward)
+
+
+@functools.lru_cache(maxsize=32)
+def _plain_forward(model) -> Callable:
+  """``forward(params, tokens)`` of a model, one object per model (benchmarks compile it once)."""
+  return lambda params, tokens: model.apply(params, tokens)
 
 
 def _merged(hooks: list[Callable[[int], dict[str, Any]]]) -> Callable[[int], dict[str, Any]] | None:

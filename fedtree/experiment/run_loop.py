@@ -21,6 +21,7 @@ from fedtree.core.metrics import FAIRNESS_STATS
 from fedtree.core.sharding import local_copy
 from fedtree.core.sweep import by_experiment
 from fedtree.experiment.fields import field
+from fedtree.experiment.llm import budget_summary
 from fedtree.experiment.reporting import Reporter
 from fedtree.experiment.results import (
   SUMMARY_METRICS,
@@ -262,7 +263,11 @@ class _Hooks:
                           **({"hours_to_target": hours.get(name)} if self.clocked else {})}
                    if "accuracy" in s else s for name, s in summaries.items()}
     if self.experiments is None and traffics[0].counted:   # every model of the run: the run's traffic
-      summaries = {name: {**s, **traffics[0].summary()} for name, s in summaries.items()}
+      run, total = self.run, traffics[0].summary()
+      budget, warning = budget_summary(run.label, total, field(run.context.config, "communication_budget_MB"))
+      if warning:
+        self.reporter.result(warning)
+      summaries = {name: {**s, **total, **budget} for name, s in summaries.items()}
     elif self.experiments is not None:   # "<model>@<e>": experiment e's traffic (padding rows: none)
       def with_bytes(name: str, s: dict[str, Any]) -> dict[str, Any]:
         _, sep, e = name.rpartition("@")

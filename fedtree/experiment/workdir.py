@@ -57,7 +57,8 @@ def workdir_listing(workdir: str) -> str:
 
 FINGERPRINT_IGNORES = ("rounds", "progress", "checkpoint_every", "keep_checkpoints", "eval_chunk_size",
                        "rounds_per_call", "run_order", "plots", "memory_limit_bytes", "mesh_shape",
-                       "only", "divergence_bound", "target_accuracy", "without_data")
+                       "only", "divergence_bound", "target_accuracy", "without_data",
+                       "communication_budget_MB")
 """Top-level config fields that do not change a run's results (left out of its fingerprint)."""
 
 

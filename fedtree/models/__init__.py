@@ -5,6 +5,9 @@
 * :mod:`fedtree.models.kws`: DS-CNN, MHAttRNN, ResNet-15 and KWT for keyword spotting (paper 002).
 * :mod:`fedtree.models.lm`: LSTM (optionally character-aware) and causal Transformer language
   models (paper 000), and the standard tasks' LSTMs (``shakespeare_lstm``, ``stackoverflow_lstm``).
+* :mod:`fedtree.models.decoder` and :mod:`fedtree.models.pretrained`: a decoder-only Transformer
+  holding Hugging Face checkpoints of the Llama family and GPT-2 (:func:`load_pretrained`;
+  ``build_model("pretrained", checkpoint=DIR)``, ``--config.model.checkpoint=DIR``).
 * :mod:`fedtree.models.vision`: the standard benchmarks' image models (McMahan's CNN, LeNet-5,
   FLGo's CIFAR CNN, ResNet-18 with GroupNorm or BatchNorm, Reddi et al.'s ResNet-18, VGG-11).
 
@@ -17,6 +20,7 @@ from collections.abc import Sequence
 
 from fedtree.core.model import Model, from_flax, masked_cross_entropy
 from fedtree.models.classifiers import CNN, MLP, Conv, LogisticRegression, im2col_conv, max_pool
+from fedtree.models.decoder import Decoder, DecoderConfig, decoder_model
 from fedtree.models.kws import (
   DSCNN,
   KWT,
@@ -29,6 +33,7 @@ from fedtree.models.kws import (
   with_views,
 )
 from fedtree.models.lm import LSTMLM, NAMED_LMS, TransformerLM, build_lm, lm_model
+from fedtree.models.pretrained import Pretrained, load_pretrained, load_tokenizer, pretrained_model
 from fedtree.models.vision import (
   VGG11,
   CifarCNN,
@@ -43,7 +48,10 @@ STANDARD_MODELS = ("fedavg_cnn", "leaf_cnn", "emnist_cnn", "lenet5", "flgo_cnn",
                    "vgg11") + tuple(NAMED_LMS)
 """The models of the standard federated tasks, each as its paper or reference code lists it."""
 MODELS = ("logreg", "mlp", "cnn", "dscnn", "kwt", "mhattrnn", "resnet15", "lstm_lm",
-          "transformer_lm") + STANDARD_MODELS
+          "transformer_lm", "pretrained") + STANDARD_MODELS
+PRETRAINED_FIELDS = frozenset({"checkpoint", "dtype", "remat"})
+"""``config.model`` fields of ``name="pretrained"``: the checkpoint directory, the dtype its
+weights are loaded in (:data:`fedtree.models.pretrained.DTYPES`) and layer rematerialization."""
 
 _IMAGE_MODELS = {
   # name: (module, fixed fields, smallest side, largest side)
@@ -78,6 +86,8 @@ def model_fields(name: str) -> frozenset[str] | None:
   """
   import dataclasses
 
+  if name == "pretrained":
+    return PRETRAINED_FIELDS
   module = _MODULES.get(name)
   if name in _IMAGE_MODELS:
     module = _IMAGE_MODELS[name][0]
@@ -92,6 +102,29 @@ def model_fields(name: str) -> frozenset[str] | None:
   return frozenset(fields | extra | {"views"})
 
 
+def _pretrained(example_shape: Sequence[int], num_classes: int, *, checkpoint: str | None = None,
+                dtype: str = "float32", remat: bool = False) -> Model:
+  """The decoder of a Hugging Face checkpoint (its ``config.json``; the weights are the context's
+  initial parameters, :func:`load_pretrained`) over sentences of ``example_shape = (T,)`` tokens."""
+  from fedtree.models.pretrained import DTYPES
+
+  if not checkpoint:
+    raise ValueError("model 'pretrained' needs checkpoint=DIR (--config.model.checkpoint=DIR: a folder "
+                     "written by save_pretrained, with config.json and *.safetensors)")
+  if dtype not in DTYPES:
+    raise ValueError(f"model 'pretrained' dtype={dtype!r}; choose one of {DTYPES}")
+  example_shape = tuple(int(s) for s in example_shape)
+  if len(example_shape) != 1:
+    raise ValueError(f"model 'pretrained' takes sentences of T token ids, example_shape=(T,); the data's "
+                     f"examples have shape {example_shape}")
+  model, config = pretrained_model(checkpoint, seq_len=example_shape[0], remat=remat)
+  if config.vocab_size != int(num_classes):
+    raise ValueError(f"model 'pretrained' vocabulary of {config.vocab_size} tokens but the data has "
+                     f"{num_classes} classes; tokenize the data with the checkpoint's tokenizer "
+                     f"(num_classes = its vocab_size)")
+  return model
+
+
 def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **kwargs) -> Model:
   """A model by name: ``logreg``, ``mlp`` (``hidden=``) or ``cnn`` (``features=``, ``dense=``,
   ``dropout=``, ``pool_every_conv=``) or ``dscnn`` (``width=``, ``blocks=``, ``first_kernel=``,
@@ -99,7 +132,8 @@ def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **
   ``mlp_dim=``, ``dropout=``; :class:`KWT`) or ``mhattrnn`` (``hidden=``, ``heads=``,
   ``layers=``, ``cell=``, ``conv_channels=``, ``norm=``; :class:`MHAttRNN`) or ``resnet15``
   (``width=``, ``blocks=``, ``norm=``, ``conv_impl=``; :class:`ResNet15`), or a language model ``lstm_lm`` /
-  ``transformer_lm`` (:func:`fedtree.models.lm.build_lm`).
+  ``transformer_lm`` (:func:`fedtree.models.lm.build_lm`), or ``pretrained`` (``checkpoint=DIR``,
+  ``dtype=``, ``remat=``: a Hugging Face checkpoint's decoder, :func:`load_pretrained`).
 
   ``views=V`` (any classifier): the inputs are ``[B, V, *example]``, ``V`` pre-drawn
   augmentations per example, and each training step reads one per example
@@ -112,6 +146,8 @@ def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **
     return with_views(inner, int(views))
   if name in ("lstm_lm", "transformer_lm") or name in NAMED_LMS:
     return build_lm(name, example_shape=example_shape, num_classes=num_classes, **kwargs)
+  if name == "pretrained":
+    return _pretrained(example_shape, num_classes, **kwargs)
   if name in _IMAGE_MODELS:
     return _standard_image_model(name, example_shape, num_classes, **kwargs)
   if name == "logreg":
@@ -137,10 +173,10 @@ def build_model(name: str, *, example_shape: Sequence[int], num_classes: int, **
 
 
 __all__ = [
-  "CNN", "DSCNN", "KWT", "LSTMLM", "MLP", "MODELS", "NAMED_LMS", "STANDARD_MODELS", "VGG11", "CifarCNN",
-  "Conv", "FedAvgCNN", "LeNet5", "LogisticRegression", "MHAttRNN", "Model", "ResNet15", "ResNet18",
-  "ResNet18AFO", "TransformerLM", "build_lm", "build_model", "depthwise_conv", "dilated_conv", "from_flax",
-  "im2col_conv", "image_shape", "lm_model", "masked_cross_entropy", "max_pool", "model_fields",
-  "same_padding",
-  "view_indices", "with_views",
+  "CNN", "CifarCNN", "Conv", "DSCNN", "Decoder", "DecoderConfig", "FedAvgCNN", "KWT", "LSTMLM", "LeNet5",
+  "LogisticRegression", "MHAttRNN", "MLP", "MODELS", "Model", "NAMED_LMS", "Pretrained", "ResNet15",
+  "ResNet18", "ResNet18AFO", "STANDARD_MODELS", "TransformerLM", "VGG11", "build_lm", "build_model",
+  "decoder_model", "depthwise_conv", "dilated_conv", "from_flax", "im2col_conv", "image_shape", "lm_model",
+  "load_pretrained", "load_tokenizer", "masked_cross_entropy", "max_pool", "model_fields",
+  "pretrained_model", "same_padding", "view_indices", "with_views",
 ]

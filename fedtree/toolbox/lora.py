@@ -55,6 +55,7 @@ from flax import struct
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.metrics import make_evaluator
 from fedtree.core.model import Model, param_paths  # noqa: F401  (re-exported: the adapters' paths)
+from fedtree.toolbox.quantize import dequantize, dequantized_shapes
 
 PyTree = Any
 
@@ -176,7 +177,9 @@ def init_adapters(spec: LoRA, params: PyTree, key: jax.Array) -> PyTree:
   """Fresh adapters for ``params``: a nested dict mirroring the parameters' nesting, with
   ``{"a": A [d_in, r], "b": B [r, d_out]}`` in place of every adapted kernel and nothing
   elsewhere. ``A ~ N(0, 1/d_in)``, ``B = 0`` (so the adapted model starts as the base); the
-  kernel's dtype. Only shapes of ``params`` are read (abstract values work)."""
+  kernel's dtype, at least float32 (a bfloat16 or int8 base gets float32 masters: the forward
+  casts them to the compute dtype, the optimizer updates them in float32). Only shapes of
+  ``params`` are read (abstract values work)."""
   targets = lora_targets(spec, params)
   dtypes = {jax.tree_util.keystr(p, simple=True, separator="/"): jnp.result_type(leaf)
             for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
@@ -186,10 +189,75 @@ def init_adapters(spec: LoRA, params: PyTree, key: jax.Array) -> PyTree:
     *parents, last = path.split("/")
     for name in parents:
       node = node.setdefault(name, {})
-    dtype = dtypes[path]
+    dtype = jnp.promote_types(dtypes[path], jnp.float32)
     a = jax.random.normal(jax.random.fold_in(key, i), (d_in, spec.rank), jnp.float32) / math.sqrt(d_in)
     node[last] = {"a": a.astype(dtype), "b": jnp.zeros((spec.rank, d_out), dtype)}
   return out
+
+
+def _is_pair(node) -> bool:
+  return isinstance(node, dict) and set(node) <= {"a", "b"} and bool(node)
+
+
+def adapter_half(adapters: PyTree, half: str) -> PyTree:
+  """The ``"a"`` or ``"b"`` matrices of ``adapters`` in the same nesting (``{..., "kernel": {"b": B}}``
+  for ``half="b"``): what a method trains or shares when the other half is frozen or kept."""
+  if half not in ("a", "b"):
+    raise ValueError(f"adapter half={half!r}; choose 'a' or 'b'")
+  if _is_pair(adapters):
+    return {half: adapters[half]} if half in adapters else {}
+  if isinstance(adapters, dict):
+    out = {k: adapter_half(v, half) for k, v in adapters.items()}
+    return {k: v for k, v in out.items() if v != {}}
+  raise ValueError(f"not LoRA adapters (a nested dict of {{'a': A, 'b': B}} pairs): found "
+                   f"{type(adapters).__name__}")
+
+
+def join_halves(a: PyTree, b: PyTree) -> PyTree:
+  """Adapters from their two halves (:func:`adapter_half`), e.g. a frozen ``A`` and a trained ``B``."""
+  if _is_pair(a) or _is_pair(b):
+    return {**a, **b}
+  return {k: join_halves(a.get(k, {}), b.get(k, {})) for k in sorted(set(a) | set(b))}
+
+
+def check_adapters(params: PyTree, algorithm: str) -> None:
+  """Refuses ``params`` that are not LoRA adapters (every leaf under a ``{"a": A, "b": B}`` pair),
+  naming ``algorithm``: a method defined on adapters needs a run with an ``adapters`` section.
+
+  Raises:
+    ValueError: a leaf whose path does not end in ``/a`` or ``/b``, or a pair without both halves.
+  """
+  paths = param_paths(params)
+  bad = [p for p in paths if not re.search(r"(^|/)(a|b)$", p)]
+  pairs = {p.rsplit("/", 1)[0] for p in paths} if not bad else set()
+  unpaired = sorted(q for q in pairs if f"{q}/a" not in paths or f"{q}/b" not in paths)
+  if bad or unpaired or not paths:
+    raise ValueError(f"{algorithm} trains LoRA adapters: give the run an adapters section (config.runs."
+                     f"<label>.adapters, or fedtree.toolbox.lora.frozen_base); the model's parameters are "
+                     f"{(bad or unpaired or paths)[:6]}")
+
+
+def adapter_rank(params: PyTree) -> int:
+  """The rank ``r`` of adapters (``A [d_in, r]``; abstract values work)."""
+  a = jax.tree.leaves(adapter_half(params, "a"))
+  return int(np.shape(a[0])[-1])
+
+
+def truncate(adapters: PyTree, rank: jax.Array) -> PyTree:
+  """``adapters`` with every rank component ``j >= rank`` zeroed (``A[:, j]`` and ``B[j, :]``): the
+  rank-``rank`` adapters a client of HetLoRA holds, zero-padded to the full rank. A component that is
+  zero in both halves gets zero gradients and stays zero under any optimizer without decay towards a
+  nonzero value. ``rank`` may be traced."""
+
+  def pair(node):
+    if _is_pair(node):
+      r = node["a"].shape[-1]
+      keep = jnp.arange(r) < rank
+      return {"a": jnp.where(keep[None, :], node["a"], 0).astype(node["a"].dtype),
+              "b": jnp.where(keep[:, None], node["b"], 0).astype(node["b"].dtype)}
+    return {k: pair(v) for k, v in node.items()}
+
+  return pair(adapters)
 
 
 def _adapter_of(adapters: PyTree, path: str):
@@ -290,6 +358,9 @@ def adapted_model(model: Model, spec: LoRA, base: PyTree) -> Model:
   be the round's argument (a tracer; see :func:`frozen_base`), so that it is not embedded in
   the program.
 
+  A base stored quantized (:func:`fedtree.toolbox.quantize.store_base`, ``"int8"``) is expanded
+  where the model uses it (:func:`fedtree.toolbox.quantize.dequantize`), inside the forward.
+
   Raises:
     ValueError: as :func:`lora_targets` (checked now, before anything compiles), or a model with
       state (BatchNorm statistics: adapters on such a model are not supported).
@@ -297,18 +368,20 @@ def adapted_model(model: Model, spec: LoRA, base: PyTree) -> Model:
   if model.state:
     raise ValueError(f"LoRA adapters on a model with state {list(model.state)} (BatchNorm statistics) are "
                      f"not supported: train the full model, or use a model without BatchNorm")
-  lora_targets(spec, base)
+  view = dequantized_shapes(base)      # the base as the model sees it, shapes only
+  lora_targets(spec, view)
   plans: dict[tuple, dict[str, int]] = {}    # input shape -> factored kernels; host-side, per trace
 
   def init(key):
-    return init_adapters(spec, base, key)
+    return init_adapters(spec, view, key)
 
   def apply(adapters, x, *, train: bool = False, rng: jax.Array | None = None):
+    full = dequantize(base)
     if spec.forward == "merged":
-      return model.apply(merge(spec, base, adapters), x, train=train, rng=rng)
+      return model.apply(merge(spec, full, adapters), x, train=train, rng=rng)
     key = (tuple(np.shape(x)), str(jnp.result_type(x)), bool(train), rng is None)
     if key not in plans:
-      plans[key] = factored_kernels(model, spec, base, x, train=train, rng=rng)
+      plans[key] = factored_kernels(model, spec, view, x, train=train, rng=rng)
     factored = plans[key]
 
     def add_adapter(next_fun, args, kwargs, context):
@@ -323,7 +396,7 @@ def adapted_model(model: Model, spec: LoRA, base: PyTree) -> Model:
       low = (flat @ pair["a"].astype(out.dtype)) @ pair["b"].astype(out.dtype)
       return out + (low * jnp.asarray(spec.scale, out.dtype)).reshape(out.shape)
 
-    params = merge(spec, base, adapters, skip=frozenset(factored))
+    params = merge(spec, full, adapters, skip=frozenset(factored))
     with nn.intercept_methods(add_adapter):
       return model.apply(params, x, train=train, rng=rng)
 

@@ -38,7 +38,7 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "ifca": AlgorithmSpec(algorithms.ifca),
   "awcfl": AlgorithmSpec(algorithms.awcfl),
   "mcfl": AlgorithmSpec(algorithms.mcfl),
-  "scaffold": AlgorithmSpec(algorithms.scaffold),
+  "scaffold": AlgorithmSpec(algorithms.scaffold, takes=("adapters",)),
   "feddyn": AlgorithmSpec(algorithms.feddyn),
   "fednova": AlgorithmSpec(algorithms.fednova, defaults=default_momentum),
   "mime": AlgorithmSpec(algorithms.mime),
@@ -67,6 +67,10 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "fedrod": AlgorithmSpec(algorithms.fedrod),
   "fedbabu": AlgorithmSpec(algorithms.fedbabu),
   "local": AlgorithmSpec(algorithms.local),
+  # methods on LoRA adapters (issue 50): they need the run's adapters section
+  "ffa_lora": AlgorithmSpec(algorithms.ffa_lora, takes=("adapters",)),
+  "fedsa_lora": AlgorithmSpec(algorithms.fedsa_lora, takes=("adapters",)),
+  "hetlora": AlgorithmSpec(algorithms.hetlora, takes=("adapters",)),
 }
 
 
