@@ -112,3 +112,53 @@ def test_the_clients_data_is_counted_and_a_population_that_does_not_fit_is_refus
       rf"about 5 clients fit")):
     experiment.train_and_evaluate(c, None)
   assert "fedtree: workdir" not in capsys.readouterr().out   # refused before the run started
+
+
+def _fake_files(monkeypatch, files):
+  from fedtree.experiment import memory
+
+  monkeypatch.setattr(memory, "_read", files.get)
+  monkeypatch.setattr(memory.os, "sysconf", lambda name: 4096 if name == "SC_PAGE_SIZE" else 1000)
+
+
+def test_the_default_limit_is_the_memory_available_to_the_process(monkeypatch):
+  """Issue 58 item 4: the default limit on CPU was the host's physical memory, not what is free. It is
+  now what the process holds (its RSS) plus the least of the machine's MemAvailable and what its cgroup
+  (v2 memory.max, v1 memory.limit_in_bytes, less the usage that is not reclaimable file cache) has
+  left, and the estimate's line names it."""
+  from fedtree.experiment import memory
+
+  rss = 100 * 4096
+  base = {"/proc/self/statm": "500 100 20 1 0 80 0\n", "/proc/meminfo": "MemTotal: 64000000 kB\n"
+          "MemFree: 1000 kB\nMemAvailable:    8388608 kB\n"}
+  _fake_files(monkeypatch, base)   # no cgroup: MemAvailable (8 GiB) + the process's RSS
+  assert memory.available_memory() == (8 * 2**30 + rss,
+                                       f"available: MemAvailable 8 GiB + this process's {memory._gib(rss)}")
+  v2 = {**base, "/proc/self/cgroup": "0::/job\n", "/sys/fs/cgroup/job/memory.max": "3221225472\n",
+        "/sys/fs/cgroup/job/memory.current": str(2**30 + 2**28) + "\n",
+        "/sys/fs/cgroup/job/memory.stat": f"anon 5\ninactive_file {2**28}\n"}
+  _fake_files(monkeypatch, v2)   # 3 GiB, 1.25 GiB used of which 0.25 GiB reclaimable cache: 2 GiB left
+  limit, source = memory.available_memory()
+  assert limit == 2 * 2**30 + rss
+  assert source.startswith("available: cgroup v2 memory.max 3 GiB less 1 GiB used")
+  _fake_files(monkeypatch, {**v2, "/sys/fs/cgroup/job/memory.max": "max\n"})   # v2 without a limit
+  assert memory.available_memory()[0] == 8 * 2**30 + rss
+  v1 = {**base, "/proc/self/cgroup": "4:memory:/a/b\n1:cpu:/\n0::/\n",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes": str(2**31),
+        "/sys/fs/cgroup/memory/memory.usage_in_bytes": str(2**30),
+        "/sys/fs/cgroup/memory/memory.stat": "total_inactive_file 0\n"}
+  _fake_files(monkeypatch, v1)   # v1, its files at the namespace's root (the process's folder absent)
+  assert memory.available_memory() == (2**30 + rss, f"available: cgroup v1 memory.limit_in_bytes 2 GiB less "
+                                                    f"1 GiB used + this process's {memory._gib(rss)}")
+  _fake_files(monkeypatch, {**v1, "/sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712"})
+  assert memory.available_memory()[0] == 8 * 2**30 + rss   # v1's "no limit"
+  _fake_files(monkeypatch, {})   # not Linux: the physical memory (4096 x 1000 pages here)
+  assert memory.available_memory() == (4096 * 1000, "host physical memory")
+
+  monkeypatch.setattr(memory.tuning, "device_memory_bytes", lambda: None)
+  _fake_files(monkeypatch, v2)
+  c = hierfavg_config(rounds=1)
+  limit, source = memory.memory_limit(c)
+  assert limit == 2 * 2**30 + rss and "cgroup v2 memory.max" in source
+  line = memory.check_memory("x", state_bytes=10, step_bytes=10, chunk=1, limit=limit, source=source)
+  assert line.endswith(f"limit {memory._gib(limit)} ({source})")

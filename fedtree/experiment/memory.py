@@ -8,7 +8,8 @@ split: :func:`data_bytes`), so it is what grows with the population; the state i
 without allocating (``jax.eval_shape`` of ``init``); a chunk's working set is the clients trained
 at once times the bytes one client's local step touches (:func:`fedtree.core.tuning.client_step_bytes`,
 one small compile). The limit is ``config.memory_limit_bytes`` when set (tests force a small
-one), else the accelerator's ``bytes_limit``, else the host's physical memory on CPU.
+one), else the accelerator's ``bytes_limit``, else on CPU the memory available to the process
+(:func:`available_memory`: its cgroup's limit and the machine's ``MemAvailable``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def tree_bytes(tree) -> int:
 
 def memory_limit(config: ml_collections.ConfigDict) -> tuple[int | None, str]:
   """``(bytes, where from)``: ``config.memory_limit_bytes`` when set, else the device's
-  ``bytes_limit`` (accelerators), else the host's physical memory (CPU), else ``None``."""
+  ``bytes_limit`` (accelerators), else on CPU the memory available to this process
+  (:func:`available_memory`: what it holds now plus what its cgroup and the machine still have free),
+  else ``None``."""
   value = field(config, "memory_limit_bytes")
   if value is not None:
     return int(value), "config.memory_limit_bytes"
@@ -42,11 +45,91 @@ def memory_limit(config: ml_collections.ConfigDict) -> tuple[int | None, str]:
   if device is not None:
     return device, f"{jax.devices()[0].platform} device bytes_limit"
   if jax.default_backend() == "cpu":
-    try:
-      return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "host memory"
-    except (ValueError, OSError, AttributeError):
-      pass
+    return available_memory()
   return None, "unknown"
+
+
+def _read(path: str) -> str | None:
+  """The text of ``path``, or ``None`` where it cannot be read (the one reader :func:`available_memory`
+  uses, replaced in tests)."""
+  try:
+    with open(path) as f:
+      return f.read()
+  except OSError:
+    return None
+
+
+_UNLIMITED = 2**60   # a cgroup v1 limit this large (9223372036854771712 when unset) means none
+
+
+def _stat(text: str | None, key: str) -> int:
+  """The value of ``key`` in a ``memory.stat`` or ``/proc/meminfo`` text (0 where absent; meminfo's kB
+  as bytes)."""
+  for line in (text or "").splitlines():
+    parts = line.replace(":", " ").split()
+    if len(parts) >= 2 and parts[0] == key and parts[1].isdigit():
+      return int(parts[1]) * (1024 if len(parts) > 2 and parts[2] == "kB" else 1)
+  return 0
+
+
+def _cgroup_free() -> tuple[int, str] | None:
+  """``(bytes, what)`` this process's memory cgroup has left below its limit (the limit less the
+  usage that cannot be reclaimed: less its inactive file cache), or ``None`` without a limit. cgroup v2
+  (``memory.max``, ``memory.current``) and v1 (``memory.limit_in_bytes``, ``memory.usage_in_bytes``),
+  in the process's own cgroup (``/proc/self/cgroup``) or the namespace's root."""
+  paths = {"v2": "", "v1": ""}
+  for line in (_read("/proc/self/cgroup") or "").splitlines():
+    _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+    if controllers == "":
+      paths["v2"] = path.strip()
+    elif "memory" in controllers.split(","):
+      paths["v1"] = path.strip()
+  layouts = (("v2", "/sys/fs/cgroup", "memory.max", "memory.current", "inactive_file"),
+             ("v1", "/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes",
+              "total_inactive_file"))
+  for version, root, limit_name, usage_name, inactive in layouts:
+    for folder in dict.fromkeys((root + paths[version].rstrip("/"), root)):
+      text = _read(f"{folder}/{limit_name}")
+      if text is None:
+        continue
+      text = text.strip()
+      if not text.isdigit() or int(text) >= _UNLIMITED:
+        break   # "max" (v2) or the v1 sentinel: no limit here
+      usage = int((_read(f"{folder}/{usage_name}") or "0").strip() or 0)
+      used = max(0, usage - _stat(_read(f"{folder}/memory.stat"), inactive))
+      what = f"cgroup {version} {limit_name} {_gib(int(text))} less {_gib(used)} used"
+      return max(0, int(text) - used), what
+  return None
+
+
+def _rss() -> int:
+  """Bytes this process holds now (its resident set, ``/proc/self/statm``), 0 where unknown."""
+  try:
+    return int((_read("/proc/self/statm") or "0 0").split()[1]) * os.sysconf("SC_PAGE_SIZE")
+  except (ValueError, IndexError, OSError):
+    return 0
+
+
+def available_memory() -> tuple[int | None, str]:
+  """``(bytes, where from)``: the memory this process may hold in all: what it holds now (its RSS)
+  plus the least of what the machine has available (``MemAvailable`` of ``/proc/meminfo``) and what
+  its cgroup has left below ``memory.max`` / ``memory.limit_in_bytes``; the host's physical memory
+  where neither is known (not Linux); ``None`` where nothing is."""
+  free = []
+  available = _stat(_read("/proc/meminfo"), "MemAvailable")
+  if available:
+    free.append((available, f"MemAvailable {_gib(available)}"))
+  cgroup = _cgroup_free()
+  if cgroup is not None:
+    free.append(cgroup)
+  if free:
+    n, what = min(free)
+    own = _rss()
+    return own + n, f"available: {what} + this process's {_gib(own)}"
+  try:
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "host physical memory"
+  except (ValueError, OSError, AttributeError):
+    return None, "unknown"
 
 
 def _gib(n: int) -> str:
