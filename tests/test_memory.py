@@ -94,15 +94,22 @@ def test_the_clients_data_is_counted_and_a_population_that_does_not_fit_is_refus
       rf"clients x {per:.0f} bytes, kept on the device for the run\), and about 3 clients fit")):
     budget.check("h", shapes, 2)
 
-  # evaluating every client at once (config.eval_chunk_size=None) does not fit, one client's step does
+  # evaluating every client at once (config.eval_chunk_size=None) does not fit, one client's step does:
+  # the check chooses a chunk that fits (issue 58 item 2); a chunk the config gives is refused
   evaluation = budget.eval_bytes()
   assert evaluation > step
   budget.limit = data + state + (step + evaluation) // 2
   room = budget.limit - data - state
+  fits = int(room // (evaluation / clients))
+  line = budget.check("h", shapes, 1)
+  assert 1 <= budget.chosen_eval_chunk == budget.eval_chunk <= fits
+  assert line.endswith(f"does not fit: {budget.eval_chunk} clients at a time (config.eval_chunk_size chosen)")
+  assert budget.eval_bytes() <= room
+  budget.eval_chunk, budget.chosen_eval_chunk, budget._eval_bytes = clients, None, None
   with pytest.raises(ValueError, match=(
       rf"run 'h' does not fit in memory when it evaluates: state {state} bytes \+ evaluation working set "
-      rf"{evaluation} bytes \(config.eval_chunk_size=None: every client at once\) .*; set "
-      rf"config.eval_chunk_size <= {int(room // (evaluation / clients))}")):
+      rf"{evaluation} bytes \(config.eval_chunk_size={clients}: {clients} clients at once\) .*; set "
+      rf"config.eval_chunk_size <= {fits}")):
     budget.check("h", shapes, 1)
 
   c.memory_limit_bytes = int(2 * 5.5 * per)   # on CPU the host arrays and their copy: 5 clients fit
@@ -162,3 +169,36 @@ def test_the_default_limit_is_the_memory_available_to_the_process(monkeypatch):
   assert limit == 2 * 2**30 + rss and "cgroup v2 memory.max" in source
   line = memory.check_memory("x", state_bytes=10, step_bytes=10, chunk=1, limit=limit, source=source)
   assert line.endswith(f"limit {memory._gib(limit)} ({source})")
+
+
+def test_a_run_whose_evaluation_of_every_client_does_not_fit_chooses_a_chunk_that_does(capsys):
+  """Issue 58 item 2: a run accepted for its rounds used to fail at its first evaluation (every client
+  at once, the default), with no hint that config.eval_chunk_size exists. The check now picks the
+  largest evaluation chunk that fits beside the data and the state, says so in the run's memory line,
+  and the run evaluates with it; the caller's config is left as it was."""
+  from fedtree.experiment import memory, runner
+
+  c = hierfavg_config(rounds=1)
+  c.checkpoint_every = 0
+  c.data.group_sizes, c.model.hidden = (40, 20, 20), (256,)   # an evaluation far larger than the data
+  c.runs.hierfavg.chunk_size = 2
+  ctx = runner.make_context(c)
+  alg = experiment.registry.build_algorithm("hierfavg", c.runs.hierfavg, ctx)
+  budget = memory.Budget.of(ctx)
+  state = memory.tree_bytes(jax.eval_shape(alg.init, loop.init_key(jax.random.key(0))))
+  every = budget.eval_bytes()
+  twenty = memory.eval_bytes(ctx.model, ctx.data, 20)
+  assert twenty < every / 3
+  c.memory_limit_bytes = budget.data_bytes + state + twenty + 1000   # 20 clients' evaluation fits, all 80 not
+  data, step = budget.data_bytes, budget.step_bytes()
+  assert c.memory_limit_bytes > max(2 * data, data + state + 2 * step)   # the data's copy and a chunk fit
+  planned = runner._plan(["hierfavg"], ctx, jax.random.key(0), False)   # ctx.config is c
+  run, note = planned["hierfavg"]
+  chosen = run.context.config.eval_chunk_size
+  assert 1 <= chosen <= 20 and note.endswith(
+    f"evaluating every client at once ({memory._gib(every)}) does not fit: {chosen} clients at a time "
+    f"(config.eval_chunk_size chosen)")
+  results = experiment.train_and_evaluate(c, None)
+  assert results["hierfavg"] and c.get("eval_chunk_size", None) is None
+  printed = capsys.readouterr()
+  assert f"{chosen} clients at a time (config.eval_chunk_size chosen)" in printed.out + printed.err

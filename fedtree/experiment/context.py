@@ -5,6 +5,7 @@ parameters, read once from the config (:func:`make_context`), and the precision 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import os
 from typing import Any
@@ -103,6 +104,15 @@ class Context:
     data = as_device(data)
     sharded = shard_data(data, self.mesh) if self.mesh is not None else None
     return dataclasses.replace(self, data=data, sharded_data=sharded)
+
+  def with_eval_chunk(self, chunk: int) -> Context:
+    """This context evaluating ``chunk`` clients at once (``config.eval_chunk_size``, in a copy of
+    the config): what a run chooses when evaluating every client at once does not fit
+    (:class:`fedtree.experiment.memory.Budget`)."""
+    config = copy.deepcopy(self.config)
+    with config.unlocked(), config.ignore_type():
+      config.eval_chunk_size = int(chunk)
+    return dataclasses.replace(self, config=config)
 
   @property
   def run_data(self) -> FederatedData:

@@ -350,7 +350,16 @@ def _line(e: _Estimate, total: int) -> str:
           f"{f' x {e.experiments}' if e.experiments > 1 else ''}")
 
 
-def _evaluation_refusal(e: _Estimate) -> ValueError:
+class EvaluationDoesNotFit(ValueError):
+  """Evaluating ``config.eval_chunk_size`` clients at once (every client: ``None``) does not fit;
+  ``fits``: the largest number of clients at once that would (0: not even one)."""
+
+  def __init__(self, message: str, fits: int):
+    super().__init__(message)
+    self.fits = fits
+
+
+def _evaluation_refusal(e: _Estimate) -> EvaluationDoesNotFit:
   """Evaluating every client at once does not fit: the largest ``eval_chunk_size`` that does."""
   room = e.limit - e.data - e.state
   at_a_time = e.clients if e.eval_chunk is None else min(int(e.eval_chunk), e.clients)
@@ -359,12 +368,12 @@ def _evaluation_refusal(e: _Estimate) -> ValueError:
   advice = (f"set config.eval_chunk_size <= {fits}" if fits >= 1 else
             "even one client's evaluation does not fit: use a smaller model or population")
   at_once = "every client" if e.eval_chunk is None else f"{e.eval_chunk} clients"
-  return ValueError(
+  return EvaluationDoesNotFit(
     f"run {e.label!r} does not fit in memory when it evaluates: state {e.state} bytes{e.needs.describe()} "
     f"+ evaluation "
     f"working set {e.evaluation} bytes (config.eval_chunk_size={e.eval_chunk}: {at_once} at once) + "
     f"clients data {e.data} bytes = {e.data + e.state + e.evaluation} bytes > limit {e.limit} "
-    f"bytes ({e.source}); {advice}")
+    f"bytes ({e.source}); {advice}", fits)
 
 
 def _cohort_refusal(e: _Estimate) -> ValueError:
@@ -438,7 +447,9 @@ def estimate_chunk(value, num_clients: int) -> int:
 @dataclasses.dataclass
 class Budget:
   """The memory check of every run of a config: its limit, and the bytes of a client step
-  (measured once, on first use)."""
+  (measured once, on first use). When evaluating every client at once (``config.eval_chunk_size``
+  unset) does not fit beside a run, the check picks the largest chunk that does (:attr:`eval_chunk`,
+  said in :attr:`eval_note`) rather than let the run fail at its first evaluation."""
 
   limit: int | None
   source: str
@@ -446,9 +457,12 @@ class Budget:
   step: Any  # () -> bytes of one client's local step
   _step_bytes: int | None = None
   data_bytes: int = 0   # the clients' data on the device (data_bytes)
-  evaluation: Any = None   # () -> the evaluator's scratch (eval_bytes)
-  eval_chunk: int | None = None   # config.eval_chunk_size
+  evaluation: Any = None   # (eval chunk) -> the evaluator's scratch (eval_bytes)
+  eval_chunk: int | None = None   # config.eval_chunk_size, or the chunk the check chose
   _eval_bytes: int | None = None
+  chosen_eval_chunk: int | None = None   # the chunk the check chose (None: config.eval_chunk_size's)
+  eval_note: str = ""   # what it chose and why, added to every line
+  _every_eval_bytes: int = 0
 
   @classmethod
   def of(cls, ctx) -> Budget:
@@ -464,7 +478,7 @@ class Budget:
     eval_chunk = field(ctx.config, "eval_chunk_size")
     eval_chunk = int(eval_chunk) if isinstance(eval_chunk, (int, np.integer)) else None
     return cls(limit=limit, source=source, num_clients=int(ctx.data.num_clients), step=step,
-               data_bytes=data_bytes(ctx), evaluation=lambda: eval_bytes(ctx.model, ctx.data, eval_chunk),
+               data_bytes=data_bytes(ctx), evaluation=lambda chunk: eval_bytes(ctx.model, ctx.data, chunk),
                eval_chunk=eval_chunk)
 
   def step_bytes(self) -> int:
@@ -474,7 +488,7 @@ class Budget:
 
   def eval_bytes(self) -> int:
     if self._eval_bytes is None:
-      self._eval_bytes = int(self.evaluation()) if self.evaluation is not None else 0
+      self._eval_bytes = int(self.evaluation(self.eval_chunk)) if self.evaluation is not None else 0
     return self._eval_bytes
 
   def check(self, label: str, state_shapes, chunk_size, *, experiments: int = 1,
@@ -482,9 +496,27 @@ class Budget:
             extra_data_bytes: int = 0, needs: Needs | None = None) -> str:
     """:func:`check_memory` of run ``label`` with state ``state_shapes`` (one experiment's);
     ``extra_data_bytes``: a copy of the data the run keeps besides (a data attack's poisoned
-    copy); ``needs``: the method's (:class:`Needs`)."""
-    return check_memory(label, state_bytes=tree_bytes(state_shapes), step_bytes=self.step_bytes(),
-                        chunk=estimate_chunk(chunk_size, self.num_clients), limit=self.limit,
-                        source=self.source, experiments=experiments, chunk_name=chunk_name, block=block,
-                        data_bytes=self.data_bytes + int(extra_data_bytes), clients=self.num_clients,
-                        evaluation_bytes=self.eval_bytes(), eval_chunk=self.eval_chunk, needs=needs)
+    copy); ``needs``: the method's (:class:`Needs`). Where evaluating every client at once does not
+    fit (and ``config.eval_chunk_size`` is unset), the largest chunk that fits is chosen
+    (:attr:`chosen_eval_chunk`: the runner plans the runs again with it) and the line says so."""
+    while True:
+      try:
+        line = check_memory(label, state_bytes=tree_bytes(state_shapes), step_bytes=self.step_bytes(),
+                            chunk=estimate_chunk(chunk_size, self.num_clients), limit=self.limit,
+                            source=self.source, experiments=experiments, chunk_name=chunk_name, block=block,
+                            data_bytes=self.data_bytes + int(extra_data_bytes), clients=self.num_clients,
+                            evaluation_bytes=self.eval_bytes(), eval_chunk=self.eval_chunk, needs=needs)
+        return line + self.eval_note
+      except EvaluationDoesNotFit as e:
+        if self.eval_chunk is not None and self.chosen_eval_chunk is None:
+          raise   # the config's own chunk: its refusal names the one that fits
+        current = self.num_clients if self.eval_chunk is None else self.eval_chunk
+        fits = min(e.fits, current - 1)   # smaller every time: the scratch is not quite linear in the chunk
+        if fits < 1:
+          raise
+        if self.chosen_eval_chunk is None:
+          self._every_eval_bytes = self.eval_bytes()
+        self.chosen_eval_chunk = self.eval_chunk = fits
+        self._eval_bytes = None
+        self.eval_note = (f"; evaluating every client at once ({_gib(self._every_eval_bytes)}) does not fit: "
+                          f"{fits} clients at a time (config.eval_chunk_size chosen)")
