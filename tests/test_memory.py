@@ -202,3 +202,50 @@ def test_a_run_whose_evaluation_of_every_client_does_not_fit_chooses_a_chunk_tha
   assert results["hierfavg"] and c.get("eval_chunk_size", None) is None
   printed = capsys.readouterr()
   assert f"{chosen} clients at a time (config.eval_chunk_size chosen)" in printed.out + printed.err
+
+
+def test_a_generated_population_too_large_is_refused_before_it_is_generated(monkeypatch):
+  """Issue 58 item 3: the data's size was checked only once the data were generated (35 s and a 3.1 GB
+  peak before a clean refusal at 10^6 clients). Its size is now computed from the config's fields, a
+  lower bound (the padded length the longest client reaches but with chance 1e-9), and a population
+  that cannot fit is refused before any array is made."""
+  import time
+
+  import ml_collections
+
+  from fedtree.experiment import data as data_mod
+  from fedtree.experiment import memory, runner
+
+  def made(cfg):
+    return memory.tree_bytes(data_mod.load(ml_collections.ConfigDict(cfg))[0])
+
+  for cfg in (dict(name="grouped_synthetic", group_sizes=(4, 2, 2), dim=8, max_examples=20, test_examples=8),
+              dict(name="grouped_synthetic", group_sizes=(300, 200), dim=5, min_examples=2, max_examples=8,
+                   mean_examples=4.0, test_examples=3),
+              dict(name="grouped_synthetic", group_sizes=(50,), dim=5, layout="ragged"),
+              dict(name="synthetic", num_clients=40, dim=6, max_examples=60),
+              dict(name="synthetic", num_clients=30, dim=4, samples_scale=2)):
+    planned = data_mod.planned_size(ml_collections.ConfigDict(cfg))
+    actual = made(cfg)
+    assert planned.bytes <= actual, (cfg, planned, actual)
+    if cfg.get("max_examples") in (8, 60):   # enough clients that the longest reaches the cap: exact
+      assert planned.bytes == actual, (cfg, planned, actual)
+  assert data_mod.planned_size(ml_collections.ConfigDict(dict(name="sklearn_digits"))) is None
+
+  c = hierfavg_config(rounds=1)   # the issue's population: 10^6 clients of 2-8 examples
+  c.data.group_sizes, c.data.min_examples, c.data.max_examples, c.data.mean_examples = (10**6,), 2, 8, 4.0
+  c.data.dim, c.data.test_examples = 32, 4
+  c.memory_limit_bytes = 2 * 2**30
+
+  def never(**kwargs):
+    raise AssertionError("generated")
+
+  monkeypatch.setattr(data_mod, "grouped_synthetic", never)
+  start = time.perf_counter()
+  per = (8 + 4) * (32 * 4 + 4) + 8   # padded to 8 train and 4 test rows of 32 float32 and a label, 2 counts
+  with pytest.raises(ValueError, match=(
+      rf"the clients' data would not fit in memory \(refused before generating it\): at least {10**6 * per} "
+      rf"bytes \(1000000 clients x \(8 train \+ 4 test examples x 132 bytes\)\) held twice: .* > limit "
+      rf"{2 * 2**30} bytes \(config.memory_limit_bytes\); about {2**31 // (2 * per)} clients fit")):
+    runner.make_context(c)
+  assert time.perf_counter() - start < 5

@@ -201,6 +201,8 @@ def make_context(config: ml_collections.ConfigDict, *, data_config=None, model_c
 
   data_config = config.data if data_config is None else data_config
   model_config = config.model if model_config is None else model_config
+  if loaded is None:   # a generated population too large is refused before it is generated
+    memory.check_planned(config, data_config)
   data, groups, central, info = load_with_info(data_config) if loaded is None else loaded
   population = None
   if info.store is not None:   # resident when it fits, streamed when it does not (config.population)

@@ -181,6 +181,38 @@ def check_data(data, config: ml_collections.ConfigDict) -> None:
     f"no padding rows), a device with more memory, or config.memory_limit_bytes if the limit is wrong")
 
 
+def check_planned(config: ml_collections.ConfigDict, data_config=None) -> None:
+  """Refuses, before any array is generated, a generated population (``config.data``, or
+  ``data_config``) whose data cannot fit (:func:`fedtree.experiment.data.planned_size`: a lower bound
+  from the config's fields), by :func:`check_data`'s rule: what the generation would spend (seconds to
+  minutes and the memory) is not spent on a run that is refused once it is done.
+
+  Raises:
+    ValueError: with the bytes, how they are counted, the limit and about how many clients fit.
+  """
+  from fedtree.experiment.data import planned_size
+
+  try:
+    planned = planned_size(config.data if data_config is None else data_config)
+  except (ValueError, TypeError, ArithmeticError):   # a bad field: the generator's own error names it
+    return
+  if planned is None:
+    return
+  limit, source = memory_limit(config)
+  copies = 2 if jax.default_backend() == "cpu" else 1
+  if limit is None or copies * planned.bytes <= limit:
+    return
+  per = planned.bytes / max(1, planned.clients)
+  how = ("twice: the host arrays and the device's copy, both in host memory while it is made"
+         if copies == 2 else "once, on the device, for the whole run")
+  raise ValueError(
+    f"the clients' data would not fit in memory (refused before generating it): at least {planned.bytes} "
+    f"bytes ({planned.how}) held {how}: {copies * planned.bytes} bytes > limit {limit} bytes ({source}); "
+    f"about {int(limit // (copies * per))} clients fit with nothing else; use fewer clients or examples, the "
+    f"ragged layout (config.data.layout='ragged': no padding rows), a device with more memory, or "
+    f"config.memory_limit_bytes if the limit is wrong")
+
+
 def copied_bytes(tree, original) -> int:
   """Bytes of the leaves of ``tree`` that are not those of ``original`` (same structure): what a
   modified copy holds besides it (a data attack's poisoned training split)."""
