@@ -87,6 +87,7 @@ def test_the_clients_data_is_counted_and_a_population_that_does_not_fit_is_refus
   data, clients, step = budget.data_bytes, ctx.data.num_clients, budget.step_bytes()
   per = data / clients
   assert f"clients data {memory._gib(data)} ({clients} clients) + state" in budget.check("h", shapes, 2)
+  budget.source = "a test's limit"   # not the memory available: the process's peak is not refused
   budget.limit = state + step + int(3.5 * per)   # the state, one step and 3 clients' data fit
   with pytest.raises(ValueError, match=(
       rf"run 'h' does not fit in memory: .* \+ clients data {data} bytes \({clients} clients\) = "
@@ -249,3 +250,25 @@ def test_a_generated_population_too_large_is_refused_before_it_is_generated(monk
       rf"{2 * 2**30} bytes \(config.memory_limit_bytes\); about {2**31 // (2 * per)} clients fit")):
     runner.make_context(c)
   assert time.perf_counter() - start < 5
+
+
+def test_the_line_states_the_process_peak_and_the_available_memory_refuses_what_exceeds_it():
+  """Issue 58 item 1: on CPU the line adds what the process holds at peak (its RSS now, the runtime
+  reserve, the state and the larger working set), checked against the memory available (a config's
+  own limit keeps bounding the run's arrays alone); where the evaluation makes the excess, a smaller
+  evaluation chunk is named."""
+  from fedtree.experiment import memory
+
+  mib = 2**20
+  kw = dict(state_bytes=mib, step_bytes=mib, chunk=2, data_bytes=10 * mib, clients=100,
+            evaluation_bytes=50 * mib, process_bytes=300 * mib)
+  peak = 300 * mib + memory.RUNTIME_RESERVE + mib + 50 * mib
+  line = memory.check_memory("x", limit=peak, source="available: MemAvailable", **kw)
+  assert f"this process at peak {memory._gib(peak)} (now 0.293 GiB" in line
+  assert memory.check_memory("x", limit=peak - 1, source="config.memory_limit_bytes", **kw)
+  with pytest.raises(memory.EvaluationDoesNotFit, match="does not fit in the memory available") as e:
+    memory.check_memory("x", limit=peak - 25 * mib, source="available: MemAvailable", **kw)
+  assert e.value.fits == 50   # half the evaluation's 50 MiB fits: 50 of its 100 clients
+  with pytest.raises(ValueError, match="does not fit in the memory available"):
+    memory.check_memory("x", limit=300 * mib + memory.RUNTIME_RESERVE, source="available: MemAvailable",
+                        **{**kw, "evaluation_bytes": 0})   # the state and the chunk's 2 MiB do not fit

@@ -281,7 +281,7 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
                  source: str, experiments: int = 1, chunk_name: str = "chunk_size",
                  block: tuple[int, int, int, bool] | None = None, data_bytes: int = 0,
                  clients: int = 0, evaluation_bytes: int = 0, eval_chunk: int | None = None,
-                 needs: Needs | None = None) -> str:
+                 needs: Needs | None = None, process_bytes: int = 0) -> str:
   """The one-line estimate printed before a run compiles; a ``ValueError`` with the numbers and
   the largest chunk that fits when it cannot fit in ``limit``.
 
@@ -306,6 +306,11 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
     eval_chunk: ``config.eval_chunk_size`` (``None``: every client at once), named in the error.
     needs: the method's :class:`Needs` (models per client step and per evaluation, named parts of
       the state), or ``None``.
+    process_bytes: on CPU, this process's resident bytes now (the runtime and the clients' data as
+      held, host and device copies alike): the line adds what the process holds at peak, this plus
+      :data:`RUNTIME_RESERVE`, the state and the larger working set (the rounds' or the
+      evaluation's), and with the default limit (the memory available) refuses a run it exceeds;
+      0: not counted (accelerators, whose arrays are the device's).
 
   Returns:
     The line (the caller prints it).
@@ -329,16 +334,36 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
   evaluation = f"; evaluation {_gib(evaluation_bytes)} ({at_once} at once)" if evaluation_bytes else ""
   if limit is None:
     return line + evaluation + " (no memory limit known)"
+  peak = process_bytes + RUNTIME_RESERVE + state + max(e.work, evaluation_bytes) if process_bytes else 0
+  if peak:
+    evaluation += (f"; this process at peak {_gib(peak)} (now {_gib(process_bytes)}: the runtime and the "
+                   f"clients' data as held, + {_gib(RUNTIME_RESERVE)} compiling and running + state + the "
+                   f"larger of the chunk's and the evaluation's working sets)")
   line += f"{evaluation}, limit {_gib(limit)} ({source})"
   if total <= limit:
     if data_bytes + state + evaluation_bytes > limit:   # evaluating every client at once does not fit
       raise _evaluation_refusal(e)
+    if peak > limit and source.startswith("available"):   # what the process would hold: more than is free
+      message = (f"run {label!r} does not fit in the memory available: {line}; free memory, or use fewer "
+                 f"clients or a smaller chunk_size / config.eval_chunk_size")
+      if evaluation_bytes > e.work:   # the evaluation is the larger: a smaller chunk of it may fit
+        room = limit - peak + evaluation_bytes   # beside the runtime, the data and the state
+        at_a_time = max(1, clients if eval_chunk is None else min(int(eval_chunk), clients))
+        raise EvaluationDoesNotFit(message, max(0, int(room // (evaluation_bytes / at_a_time))))
+      raise ValueError(message)
     return line
   if needs.cohort and data_bytes + state > limit:   # the method's work over the cohort does not fit
     raise _cohort_refusal(e)
   if block is not None and data_bytes + state > limit:   # the cohort blocks do not fit: a smaller cohort
     raise _block_refusal(e)
   raise _chunk_refusal(e, total)
+
+
+RUNTIME_RESERVE = 320 * 2**20
+"""Bytes a CPU process gains, beyond the arrays the estimate counts, compiling and running a run's
+rounds and evaluator (XLA's compiler, the executables, the host's copies of the metrics): measured
+for the quickstart's MLP at 187-253 MiB (10^3 to 10^5 clients, padded and ragged,
+``tests/test_memory_peak.py``), with room for a run's variation."""
 
 
 class _Estimate(NamedTuple):
@@ -495,6 +520,7 @@ class Budget:
   chosen_eval_chunk: int | None = None   # the chunk the check chose (None: config.eval_chunk_size's)
   eval_note: str = ""   # what it chose and why, added to every line
   _every_eval_bytes: int = 0
+  process: int = 0   # on CPU, this process's resident bytes when the budget was made (_rss)
 
   @classmethod
   def of(cls, ctx) -> Budget:
@@ -511,7 +537,7 @@ class Budget:
     eval_chunk = int(eval_chunk) if isinstance(eval_chunk, (int, np.integer)) else None
     return cls(limit=limit, source=source, num_clients=int(ctx.data.num_clients), step=step,
                data_bytes=data_bytes(ctx), evaluation=lambda chunk: eval_bytes(ctx.model, ctx.data, chunk),
-               eval_chunk=eval_chunk)
+               eval_chunk=eval_chunk, process=_rss() if jax.default_backend() == "cpu" else 0)
 
   def step_bytes(self) -> int:
     if self._step_bytes is None:
@@ -537,7 +563,8 @@ class Budget:
                             chunk=estimate_chunk(chunk_size, self.num_clients), limit=self.limit,
                             source=self.source, experiments=experiments, chunk_name=chunk_name, block=block,
                             data_bytes=self.data_bytes + int(extra_data_bytes), clients=self.num_clients,
-                            evaluation_bytes=self.eval_bytes(), eval_chunk=self.eval_chunk, needs=needs)
+                            evaluation_bytes=self.eval_bytes(), eval_chunk=self.eval_chunk, needs=needs,
+                            process_bytes=self.process)
         return line + self.eval_note
       except EvaluationDoesNotFit as e:
         if self.eval_chunk is not None and self.chosen_eval_chunk is None:
