@@ -3,6 +3,7 @@ r"""Scaling report: fedtree's time per round against cohort size, tree depth and
   python -m benchmarks.scaling             # cohorts 10 .. 100,000 of 100,000 clients; depth 1..4
   python -m benchmarks.scaling --quick     # cohorts 10 .. 1,000 of 1,000 clients
   python -m benchmarks.scaling --sweeps=population   # a cohort of 100 of 1,000 .. 300,000 clients
+  python -m benchmarks.scaling --sweeps=memory --memory-populations=10000,100000   # estimate vs peak RSS
 
 Workload (a) (MLP 60-200-200-10, 64 examples per client, batch 16, 4 local steps). The cohort
 sweep samples ``K`` of the same population every round (FedAvg, default chunk); the depth
@@ -15,6 +16,9 @@ and the cohort draw alone, fedtree's sampler (``method="auto"``: a large populat
 cohort without touching the others) against the shuffle that sorts a key of every client (the
 sampler before issue 43, ``method="shuffle"``), all measured in the same run, every population
 timed in turn and its best call kept (a busy machine slows them alike).
+The memory sweep (issue 58) runs the quickstart's FedAvg (2-8 examples per client, a cohort of 100,
+2 rounds and an evaluation of every client) in a child process per population and sets the process's
+peak its memory line states beside the peak resident set the child measured (``ru_maxrss``).
 Writes ``benchmarks/results/scaling.json`` and ``scaling.png``.
 """
 
@@ -130,7 +134,61 @@ def population_table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
-SWEEPS = ("cohort", "depth", "population")
+MEMORY_CHILD = r"""
+import contextlib, importlib.util, io, json, re, resource, sys, time
+import ml_collections
+from fedtree import experiment
+root, clients, layout, eval_chunk = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+spec = importlib.util.spec_from_file_location("quickstart", root + "/configs/quickstart.py")
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+c = mod.get_config()
+c.rounds, c.eval_every, c.rounds_per_call, c.checkpoint_every, c.progress = 2, 2, 2, 0, False
+c.data.group_sizes, c.data.layout = (clients,), layout
+c.data.min_examples, c.data.max_examples, c.data.mean_examples, c.data.test_examples = 2, 8, 5.0, 4
+c.runs = ml_collections.ConfigDict({"fedavg": c.runs.fedavg})
+c.run_order, c.runs.fedavg.cohort_size = ("fedavg",), 100
+if eval_chunk != "None":
+  c.eval_chunk_size = eval_chunk
+err, start = io.StringIO(), time.perf_counter()
+with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+  experiment.train_and_evaluate(c, None)
+line = next(x for x in err.getvalue().splitlines() if "memory estimate" in x)
+n, unit = re.search(r"this process at peak ([\d.]+) (GiB|MiB)", line).groups()
+estimate, seconds = float(n) * (2**30 if unit == "GiB" else 2**20), time.perf_counter() - start
+print(json.dumps(dict(clients=clients, layout=layout, eval_chunk=eval_chunk, line=line, estimate=estimate,
+                      seconds=seconds, peak=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
+"""
+
+
+def memory_peak(clients: int, layout: str = "padded", eval_chunk=None, timeout: float = 1800) -> dict:
+  """One child's run (:data:`MEMORY_CHILD`): the process peak its memory line states (``estimate``,
+  bytes), the peak resident set it measured (``peak``), its line and seconds."""
+  import subprocess
+  import sys
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  out = subprocess.run([sys.executable, "-c", MEMORY_CHILD, root, str(clients), layout, str(eval_chunk)],
+                       capture_output=True, text=True, env=env, cwd=root, timeout=timeout)
+  if out.returncode:
+    raise RuntimeError(f"the child at {clients} clients failed:\n{out.stderr[-3000:]}")
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def memory_table(rows: list[dict]) -> str:
+  """The memory sweep as the report prints it."""
+  head = (f"{'clients':>10}  {'layout':>7}  {'eval chunk':>10}  {'estimate MiB':>12}  {'peak MiB':>9}  "
+          f"{'ratio':>6}")
+  lines = [head, "-" * len(head)]
+  for r in rows:
+    est, peak = r["estimate"] / 2**20, r["peak"] / 2**20
+    lines.append(f"{r['clients']:>10,}  {r['layout']:>7}  {r['eval_chunk']:>10}  {est:>12.0f}  {peak:>9.0f}  "
+                 f"{est / peak:>6.3f}")
+  return "\n".join(lines)
+
+
+SWEEPS = ("cohort", "depth", "population", "memory")
 
 
 def main(argv=None) -> dict:
@@ -142,6 +200,7 @@ def main(argv=None) -> dict:
   p.add_argument("--sweeps", default=",".join(SWEEPS), help=f"comma-separated, of {SWEEPS}")
   p.add_argument("--populations", default=None, help="comma-separated (default 1,000 .. 300,000)")
   p.add_argument("--population-cohort", type=int, default=100)
+  p.add_argument("--memory-populations", default="10000,100000", help="comma-separated (memory sweep)")
   p.add_argument("--tag", default=None)
   p.add_argument("--out-dir", default=RESULTS)
   args = p.parse_args(argv)
@@ -179,6 +238,11 @@ def main(argv=None) -> dict:
     print(f"a cohort of {args.population_cohort} against the population (FedAvg, workload (a), 16 examples "
           f"per client; draws: one jitted cohort draw, the shuffle is the sampler before issue 43):")
     print(population_table(out["population_sweep"]), flush=True)
+  if "memory" in sweeps:
+    out["memory_sweep"] = [memory_peak(int(n)) for n in args.memory_populations.split(",") if n]
+    print("the process's peak as its memory line states it (estimate) against its measured ru_maxrss "
+          "(quickstart FedAvg, 2-8 examples per client, resident):")
+    print(memory_table(out["memory_sweep"]), flush=True)
   tag = args.tag or ("scaling_quick" if args.quick else "scaling")
   os.makedirs(args.out_dir, exist_ok=True)
   with open(os.path.join(args.out_dir, f"{tag}.json"), "w") as f:

@@ -130,6 +130,16 @@ def test_population_report_prints_ratios_against_the_smallest_population_and_the
   assert table[3].split() == ["300,000", "12.00", "1.20x", "0.300", "1200.000", "4000.0x"]
 
 
+def test_memory_report_sets_the_estimated_peak_beside_the_measured_one():
+  """The memory sweep (issue 58): per population, the process's peak as its memory line states it, the
+  child's measured ru_maxrss, and their ratio (tests/test_memory_peak.py runs the children)."""
+  from benchmarks import scaling
+
+  rows = [dict(clients=10_000, layout="padded", eval_chunk="None", estimate=694 * 2**20, peak=647 * 2**20)]
+  table = scaling.memory_table(rows).splitlines()
+  assert table[2].split() == ["10,000", "padded", "None", "694", "647", "1.073"]
+
+
 @pytest.mark.slow
 def test_population_sweep_runs(tmp_path):
   from benchmarks import scaling

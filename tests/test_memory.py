@@ -87,6 +87,7 @@ def test_the_clients_data_is_counted_and_a_population_that_does_not_fit_is_refus
   data, clients, step = budget.data_bytes, ctx.data.num_clients, budget.step_bytes()
   per = data / clients
   assert f"clients data {memory._gib(data)} ({clients} clients) + state" in budget.check("h", shapes, 2)
+  budget.source = "a test's limit"   # not the memory available: the process's peak is not refused
   budget.limit = state + step + int(3.5 * per)   # the state, one step and 3 clients' data fit
   with pytest.raises(ValueError, match=(
       rf"run 'h' does not fit in memory: .* \+ clients data {data} bytes \({clients} clients\) = "
@@ -94,15 +95,22 @@ def test_the_clients_data_is_counted_and_a_population_that_does_not_fit_is_refus
       rf"clients x {per:.0f} bytes, kept on the device for the run\), and about 3 clients fit")):
     budget.check("h", shapes, 2)
 
-  # evaluating every client at once (config.eval_chunk_size=None) does not fit, one client's step does
+  # evaluating every client at once (config.eval_chunk_size=None) does not fit, one client's step does:
+  # the check chooses a chunk that fits (issue 58 item 2); a chunk the config gives is refused
   evaluation = budget.eval_bytes()
   assert evaluation > step
   budget.limit = data + state + (step + evaluation) // 2
   room = budget.limit - data - state
+  fits = int(room // (evaluation / clients))
+  line = budget.check("h", shapes, 1)
+  assert 1 <= budget.chosen_eval_chunk == budget.eval_chunk <= fits
+  assert line.endswith(f"does not fit: {budget.eval_chunk} clients at a time (config.eval_chunk_size chosen)")
+  assert budget.eval_bytes() <= room
+  budget.eval_chunk, budget.chosen_eval_chunk, budget._eval_bytes = clients, None, None
   with pytest.raises(ValueError, match=(
       rf"run 'h' does not fit in memory when it evaluates: state {state} bytes \+ evaluation working set "
-      rf"{evaluation} bytes \(config.eval_chunk_size=None: every client at once\) .*; set "
-      rf"config.eval_chunk_size <= {int(room // (evaluation / clients))}")):
+      rf"{evaluation} bytes \(config.eval_chunk_size={clients}: {clients} clients at once\) .*; set "
+      rf"config.eval_chunk_size <= {fits}")):
     budget.check("h", shapes, 1)
 
   c.memory_limit_bytes = int(2 * 5.5 * per)   # on CPU the host arrays and their copy: 5 clients fit
@@ -112,3 +120,155 @@ def test_the_clients_data_is_counted_and_a_population_that_does_not_fit_is_refus
       rf"about 5 clients fit")):
     experiment.train_and_evaluate(c, None)
   assert "fedtree: workdir" not in capsys.readouterr().out   # refused before the run started
+
+
+def _fake_files(monkeypatch, files):
+  from fedtree.experiment import memory
+
+  monkeypatch.setattr(memory, "_read", files.get)
+  monkeypatch.setattr(memory.os, "sysconf", lambda name: 4096 if name == "SC_PAGE_SIZE" else 1000)
+
+
+def test_the_default_limit_is_the_memory_available_to_the_process(monkeypatch):
+  """Issue 58 item 4: the default limit on CPU was the host's physical memory, not what is free. It is
+  now what the process holds (its RSS) plus the least of the machine's MemAvailable and what its cgroup
+  (v2 memory.max, v1 memory.limit_in_bytes, less the usage that is not reclaimable file cache) has
+  left, and the estimate's line names it."""
+  from fedtree.experiment import memory
+
+  rss = 100 * 4096
+  base = {"/proc/self/statm": "500 100 20 1 0 80 0\n", "/proc/meminfo": "MemTotal: 64000000 kB\n"
+          "MemFree: 1000 kB\nMemAvailable:    8388608 kB\n"}
+  _fake_files(monkeypatch, base)   # no cgroup: MemAvailable (8 GiB) + the process's RSS
+  assert memory.available_memory() == (8 * 2**30 + rss,
+                                       f"available: MemAvailable 8 GiB + this process's {memory._gib(rss)}")
+  v2 = {**base, "/proc/self/cgroup": "0::/job\n", "/sys/fs/cgroup/job/memory.max": "3221225472\n",
+        "/sys/fs/cgroup/job/memory.current": str(2**30 + 2**28) + "\n",
+        "/sys/fs/cgroup/job/memory.stat": f"anon 5\ninactive_file {2**28}\n"}
+  _fake_files(monkeypatch, v2)   # 3 GiB, 1.25 GiB used of which 0.25 GiB reclaimable cache: 2 GiB left
+  limit, source = memory.available_memory()
+  assert limit == 2 * 2**30 + rss
+  assert source.startswith("available: cgroup v2 memory.max 3 GiB less 1 GiB used")
+  _fake_files(monkeypatch, {**v2, "/sys/fs/cgroup/job/memory.max": "max\n"})   # v2 without a limit
+  assert memory.available_memory()[0] == 8 * 2**30 + rss
+  v1 = {**base, "/proc/self/cgroup": "4:memory:/a/b\n1:cpu:/\n0::/\n",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes": str(2**31),
+        "/sys/fs/cgroup/memory/memory.usage_in_bytes": str(2**30),
+        "/sys/fs/cgroup/memory/memory.stat": "total_inactive_file 0\n"}
+  _fake_files(monkeypatch, v1)   # v1, its files at the namespace's root (the process's folder absent)
+  assert memory.available_memory() == (2**30 + rss, f"available: cgroup v1 memory.limit_in_bytes 2 GiB less "
+                                                    f"1 GiB used + this process's {memory._gib(rss)}")
+  _fake_files(monkeypatch, {**v1, "/sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712"})
+  assert memory.available_memory()[0] == 8 * 2**30 + rss   # v1's "no limit"
+  _fake_files(monkeypatch, {})   # not Linux: the physical memory (4096 x 1000 pages here)
+  assert memory.available_memory() == (4096 * 1000, "host physical memory")
+
+  monkeypatch.setattr(memory.tuning, "device_memory_bytes", lambda: None)
+  _fake_files(monkeypatch, v2)
+  c = hierfavg_config(rounds=1)
+  limit, source = memory.memory_limit(c)
+  assert limit == 2 * 2**30 + rss and "cgroup v2 memory.max" in source
+  line = memory.check_memory("x", state_bytes=10, step_bytes=10, chunk=1, limit=limit, source=source)
+  assert line.endswith(f"limit {memory._gib(limit)} ({source})")
+
+
+def test_a_run_whose_evaluation_of_every_client_does_not_fit_chooses_a_chunk_that_does(capsys):
+  """Issue 58 item 2: a run accepted for its rounds used to fail at its first evaluation (every client
+  at once, the default), with no hint that config.eval_chunk_size exists. The check now picks the
+  largest evaluation chunk that fits beside the data and the state, says so in the run's memory line,
+  and the run evaluates with it; the caller's config is left as it was."""
+  from fedtree.experiment import memory, runner
+
+  c = hierfavg_config(rounds=1)
+  c.checkpoint_every = 0
+  c.data.group_sizes, c.model.hidden = (40, 20, 20), (256,)   # an evaluation far larger than the data
+  c.runs.hierfavg.chunk_size = 2
+  ctx = runner.make_context(c)
+  alg = experiment.registry.build_algorithm("hierfavg", c.runs.hierfavg, ctx)
+  budget = memory.Budget.of(ctx)
+  state = memory.tree_bytes(jax.eval_shape(alg.init, loop.init_key(jax.random.key(0))))
+  every = budget.eval_bytes()
+  twenty = memory.eval_bytes(ctx.model, ctx.data, 20)
+  assert twenty < every / 3
+  c.memory_limit_bytes = budget.data_bytes + state + twenty + 1000   # 20 clients' evaluation fits, all 80 not
+  data, step = budget.data_bytes, budget.step_bytes()
+  assert c.memory_limit_bytes > max(2 * data, data + state + 2 * step)   # the data's copy and a chunk fit
+  planned = runner._plan(["hierfavg"], ctx, jax.random.key(0), False)   # ctx.config is c
+  run, note = planned["hierfavg"]
+  chosen = run.context.config.eval_chunk_size
+  assert 1 <= chosen <= 20 and note.endswith(
+    f"evaluating every client at once ({memory._gib(every)}) does not fit: {chosen} clients at a time "
+    f"(config.eval_chunk_size chosen)")
+  results = experiment.train_and_evaluate(c, None)
+  assert results["hierfavg"] and c.get("eval_chunk_size", None) is None
+  printed = capsys.readouterr()
+  assert f"{chosen} clients at a time (config.eval_chunk_size chosen)" in printed.out + printed.err
+
+
+def test_a_generated_population_too_large_is_refused_before_it_is_generated(monkeypatch):
+  """Issue 58 item 3: the data's size was checked only once the data were generated (35 s and a 3.1 GB
+  peak before a clean refusal at 10^6 clients). Its size is now computed from the config's fields, a
+  lower bound (the padded length the longest client reaches but with chance 1e-9), and a population
+  that cannot fit is refused before any array is made."""
+  import time
+
+  import ml_collections
+
+  from fedtree.experiment import data as data_mod
+  from fedtree.experiment import memory, runner
+
+  def made(cfg):
+    return memory.tree_bytes(data_mod.load(ml_collections.ConfigDict(cfg))[0])
+
+  for cfg in (dict(name="grouped_synthetic", group_sizes=(4, 2, 2), dim=8, max_examples=20, test_examples=8),
+              dict(name="grouped_synthetic", group_sizes=(300, 200), dim=5, min_examples=2, max_examples=8,
+                   mean_examples=4.0, test_examples=3),
+              dict(name="grouped_synthetic", group_sizes=(50,), dim=5, layout="ragged"),
+              dict(name="synthetic", num_clients=40, dim=6, max_examples=60),
+              dict(name="synthetic", num_clients=30, dim=4, samples_scale=2)):
+    planned = data_mod.planned_size(ml_collections.ConfigDict(cfg))
+    actual = made(cfg)
+    assert planned.bytes <= actual, (cfg, planned, actual)
+    if cfg.get("max_examples") in (8, 60):   # enough clients that the longest reaches the cap: exact
+      assert planned.bytes == actual, (cfg, planned, actual)
+  assert data_mod.planned_size(ml_collections.ConfigDict(dict(name="sklearn_digits"))) is None
+
+  c = hierfavg_config(rounds=1)   # the issue's population: 10^6 clients of 2-8 examples
+  c.data.group_sizes, c.data.min_examples, c.data.max_examples, c.data.mean_examples = (10**6,), 2, 8, 4.0
+  c.data.dim, c.data.test_examples = 32, 4
+  c.memory_limit_bytes = 2 * 2**30
+
+  def never(**kwargs):
+    raise AssertionError("generated")
+
+  monkeypatch.setattr(data_mod, "grouped_synthetic", never)
+  start = time.perf_counter()
+  per = (8 + 4) * (32 * 4 + 4) + 8   # padded to 8 train and 4 test rows of 32 float32 and a label, 2 counts
+  with pytest.raises(ValueError, match=(
+      rf"the clients' data would not fit in memory \(refused before generating it\): at least {10**6 * per} "
+      rf"bytes \(1000000 clients x \(8 train \+ 4 test examples x 132 bytes\)\) held twice: .* > limit "
+      rf"{2 * 2**30} bytes \(config.memory_limit_bytes\); about {2**31 // (2 * per)} clients fit")):
+    runner.make_context(c)
+  assert time.perf_counter() - start < 5
+
+
+def test_the_line_states_the_process_peak_and_the_available_memory_refuses_what_exceeds_it():
+  """Issue 58 item 1: on CPU the line adds what the process holds at peak (its RSS now, the runtime
+  reserve, the state and the larger working set), checked against the memory available (a config's
+  own limit keeps bounding the run's arrays alone); where the evaluation makes the excess, a smaller
+  evaluation chunk is named."""
+  from fedtree.experiment import memory
+
+  mib = 2**20
+  kw = dict(state_bytes=mib, step_bytes=mib, chunk=2, data_bytes=10 * mib, clients=100,
+            evaluation_bytes=50 * mib, process_bytes=300 * mib)
+  peak = 300 * mib + memory.RUNTIME_RESERVE + mib + 50 * mib
+  line = memory.check_memory("x", limit=peak, source="available: MemAvailable", **kw)
+  assert f"this process at peak {memory._gib(peak)} (now 0.293 GiB" in line
+  assert memory.check_memory("x", limit=peak - 1, source="config.memory_limit_bytes", **kw)
+  with pytest.raises(memory.EvaluationDoesNotFit, match="does not fit in the memory available") as e:
+    memory.check_memory("x", limit=peak - 25 * mib, source="available: MemAvailable", **kw)
+  assert e.value.fits == 50   # half the evaluation's 50 MiB fits: 50 of its 100 clients
+  with pytest.raises(ValueError, match="does not fit in the memory available"):
+    memory.check_memory("x", limit=300 * mib + memory.RUNTIME_RESERVE, source="available: MemAvailable",
+                        **{**kw, "evaluation_bytes": 0})   # the state and the chunk's 2 MiB do not fit

@@ -5,6 +5,7 @@ parameters, read once from the config (:func:`make_context`), and the precision 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import os
 from typing import Any
@@ -106,6 +107,15 @@ class Context:
     data = as_device(data)
     sharded = shard_data(data, self.mesh) if self.mesh is not None else None
     return dataclasses.replace(self, data=data, sharded_data=sharded)
+
+  def with_eval_chunk(self, chunk: int) -> Context:
+    """This context evaluating ``chunk`` clients at once (``config.eval_chunk_size``, in a copy of
+    the config): what a run chooses when evaluating every client at once does not fit
+    (:class:`fedtree.experiment.memory.Budget`)."""
+    config = copy.deepcopy(self.config)
+    with config.unlocked(), config.ignore_type():
+      config.eval_chunk_size = int(chunk)
+    return dataclasses.replace(self, config=config)
 
   @property
   def run_data(self) -> FederatedData:
@@ -209,6 +219,8 @@ def make_context(config: ml_collections.ConfigDict, *, data_config=None, model_c
 
   data_config = config.data if data_config is None else data_config
   model_config = config.model if model_config is None else model_config
+  if loaded is None:   # a generated population too large is refused before it is generated
+    memory.check_planned(config, data_config)
   data, groups, central, info = _load_data(config, data_config) if loaded is None else loaded
   population = None
   if info.store is not None:   # resident when it fits, streamed when it does not (config.population)

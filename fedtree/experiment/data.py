@@ -8,12 +8,15 @@ complete ``config.model`` (the character table of ``lstm_lm``'s ``embedding="cha
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import inspect
+import math
+from typing import Any, NamedTuple
 
 import ml_collections
 import numpy as np
 
 from fedtree.core.data import FederatedData
+from fedtree.datasets import synthetic
 from fedtree.datasets.synthetic import grouped_synthetic, synthetic_alpha_beta
 
 TEXT_DATASETS = ("stdlib_text", "text_dir", "tfds_text", "leaf", "tff_h5")
@@ -178,6 +181,88 @@ def _load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, An
   if name == "store":
     return load_store(**kwargs)
   raise ValueError(f"config.data.name={name!r} is unknown; choose one of {DATASETS}")
+
+
+class PlannedSize(NamedTuple):
+  """The clients' data a generated dataset's config will make, known before any array is
+  (:func:`planned_size`).
+
+  Attributes:
+    bytes: a lower bound of the bytes of the data (:func:`fedtree.experiment.memory.tree_bytes` of it):
+      exact but for the padded length, which is the longest client's.
+    clients: the clients.
+    how: how it is counted (examples x feature bytes), for a refusal.
+  """
+
+  bytes: int
+  clients: int
+  how: str
+
+
+SURE = 1e-9
+"""The chance that :func:`planned_size`'s padded length is larger than the data's own."""
+
+
+def _max_draw(clients: int, mu: float, sigma: float, lo: float, hi: float) -> float:
+  """A value the largest of ``clients`` draws of ``lognormal(mu, sigma)`` reaches but with chance
+  :data:`SURE` (``lo`` where none is that sure), at most ``hi``: the largest ``m`` with
+  ``P(every draw < m) = Phi((ln m - mu) / sigma) ** clients < SURE`` (bisection on ``ln m``)."""
+  def log_all_below(m):
+    p = 0.5 * math.erfc(-(math.log(m) - mu) / (sigma * math.sqrt(2)))
+    return clients * math.log(p) if p > 0 else -math.inf
+
+  if hi <= lo or log_all_below(lo) >= math.log(SURE):
+    return lo
+  if log_all_below(hi) < math.log(SURE):
+    return hi
+  a, b = math.log(lo), math.log(hi)
+  for _ in range(60):
+    mid = (a + b) / 2
+    a, b = (mid, b) if log_all_below(math.exp(mid)) < math.log(SURE) else (a, mid)
+  return math.exp(a)
+
+
+def _defaults(generator) -> dict[str, Any]:
+  """The keyword arguments of ``generator`` with their defaults."""
+  return {k: v.default for k, v in inspect.signature(generator).parameters.items()}
+
+
+def planned_size(cfg: ml_collections.ConfigDict) -> PlannedSize | None:
+  """The size of the data ``config.data`` generates, from its fields alone (nothing generated):
+  ``grouped_synthetic`` and ``synthetic`` (whose populations grow to millions); ``None`` for the
+  others (read from files, or bounded: the digits' 1,797 examples). The padded length is the one the
+  longest client reaches but with chance :data:`SURE` (the examples per client are lognormal
+  draws), so the bytes are a lower bound: a config refused on them cannot fit."""
+  name = cfg.get("name", None)
+  layout = cfg.get("layout", "padded")
+  if name == "grouped_synthetic":
+    d = _defaults(synthetic.grouped_synthetic)
+    d.update({k: _plain(v) for k, v in cfg.items() if k in d})
+    clients, dim = sum(int(g) for g in d["group_sizes"]), int(d["dim"])
+    lo, hi, test = int(d["min_examples"]), int(d["max_examples"]), int(d["test_examples"])
+    mu = math.log(float(d["mean_examples"])) - 0.5   # the generator's lognormal, sigma 1
+    longest = lo if layout == "ragged" else int(_max_draw(clients, mu, 1.0, lo, hi))
+  elif name == "synthetic":
+    d = _defaults(synthetic.synthetic_alpha_beta)
+    d.update({k: _plain(v) for k, v in cfg.items() if k in d})
+    clients, dim, scale = int(d["num_clients"]), int(d["dim"]), int(d["samples_scale"])
+    cap = math.inf if d["max_examples"] is None else int(d["max_examples"])
+    fraction = float(d["test_fraction"])
+    base = min(50 * scale, cap)   # every client's examples: (int(lognormal(4, 2)) + 50) x samples_scale
+    if layout == "padded" and base < cap:
+      top = _max_draw(clients, 4.0, 2.0, 1.0, max(1.0, cap / scale - 50) if cap < math.inf else 1e12)
+      base = int(min((int(top) + 50 if top > 1 else 50) * scale, cap))
+    test = min(int(round(fraction * base)), base - 1)
+    longest = base - test
+  else:
+    return None
+  row = dim * 4 + 4   # a float32 example and its int32 label
+  per_client = (longest + test) * row + 8   # padded train and test rows, and their two counts
+  if layout == "ragged":
+    per_client += 4   # the training rows' offsets
+  least = " at least" if layout == "ragged" else ""
+  how = f"{clients} clients x ({longest} train + {test} test examples{least} x {row} bytes)"
+  return PlannedSize(clients * per_client, clients, how)
 
 
 _CORPUS_OPTIONS = ("seq_len", "vocab_size", "level", "lowercase", "test_fraction", "min_count", "seed")

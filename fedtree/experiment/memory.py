@@ -8,7 +8,8 @@ split: :func:`data_bytes`), so it is what grows with the population; the state i
 without allocating (``jax.eval_shape`` of ``init``); a chunk's working set is the clients trained
 at once times the bytes one client's local step touches (:func:`fedtree.core.tuning.client_step_bytes`,
 one small compile). The limit is ``config.memory_limit_bytes`` when set (tests force a small
-one), else the accelerator's ``bytes_limit``, else the host's physical memory on CPU.
+one), else the accelerator's ``bytes_limit``, else on CPU the memory available to the process
+(:func:`available_memory`: its cgroup's limit and the machine's ``MemAvailable``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def tree_bytes(tree) -> int:
 
 def memory_limit(config: ml_collections.ConfigDict) -> tuple[int | None, str]:
   """``(bytes, where from)``: ``config.memory_limit_bytes`` when set, else the device's
-  ``bytes_limit`` (accelerators), else the host's physical memory (CPU), else ``None``."""
+  ``bytes_limit`` (accelerators), else on CPU the memory available to this process
+  (:func:`available_memory`: what it holds now plus what its cgroup and the machine still have free),
+  else ``None``."""
   value = field(config, "memory_limit_bytes")
   if value is not None:
     return int(value), "config.memory_limit_bytes"
@@ -42,11 +45,91 @@ def memory_limit(config: ml_collections.ConfigDict) -> tuple[int | None, str]:
   if device is not None:
     return device, f"{jax.devices()[0].platform} device bytes_limit"
   if jax.default_backend() == "cpu":
-    try:
-      return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "host memory"
-    except (ValueError, OSError, AttributeError):
-      pass
+    return available_memory()
   return None, "unknown"
+
+
+def _read(path: str) -> str | None:
+  """The text of ``path``, or ``None`` where it cannot be read (the one reader :func:`available_memory`
+  uses, replaced in tests)."""
+  try:
+    with open(path) as f:
+      return f.read()
+  except OSError:
+    return None
+
+
+_UNLIMITED = 2**60   # a cgroup v1 limit this large (9223372036854771712 when unset) means none
+
+
+def _stat(text: str | None, key: str) -> int:
+  """The value of ``key`` in a ``memory.stat`` or ``/proc/meminfo`` text (0 where absent; meminfo's kB
+  as bytes)."""
+  for line in (text or "").splitlines():
+    parts = line.replace(":", " ").split()
+    if len(parts) >= 2 and parts[0] == key and parts[1].isdigit():
+      return int(parts[1]) * (1024 if len(parts) > 2 and parts[2] == "kB" else 1)
+  return 0
+
+
+def _cgroup_free() -> tuple[int, str] | None:
+  """``(bytes, what)`` this process's memory cgroup has left below its limit (the limit less the
+  usage that cannot be reclaimed: less its inactive file cache), or ``None`` without a limit. cgroup v2
+  (``memory.max``, ``memory.current``) and v1 (``memory.limit_in_bytes``, ``memory.usage_in_bytes``),
+  in the process's own cgroup (``/proc/self/cgroup``) or the namespace's root."""
+  paths = {"v2": "", "v1": ""}
+  for line in (_read("/proc/self/cgroup") or "").splitlines():
+    _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+    if controllers == "":
+      paths["v2"] = path.strip()
+    elif "memory" in controllers.split(","):
+      paths["v1"] = path.strip()
+  layouts = (("v2", "/sys/fs/cgroup", "memory.max", "memory.current", "inactive_file"),
+             ("v1", "/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes",
+              "total_inactive_file"))
+  for version, root, limit_name, usage_name, inactive in layouts:
+    for folder in dict.fromkeys((root + paths[version].rstrip("/"), root)):
+      text = _read(f"{folder}/{limit_name}")
+      if text is None:
+        continue
+      text = text.strip()
+      if not text.isdigit() or int(text) >= _UNLIMITED:
+        break   # "max" (v2) or the v1 sentinel: no limit here
+      usage = int((_read(f"{folder}/{usage_name}") or "0").strip() or 0)
+      used = max(0, usage - _stat(_read(f"{folder}/memory.stat"), inactive))
+      what = f"cgroup {version} {limit_name} {_gib(int(text))} less {_gib(used)} used"
+      return max(0, int(text) - used), what
+  return None
+
+
+def _rss() -> int:
+  """Bytes this process holds now (its resident set, ``/proc/self/statm``), 0 where unknown."""
+  try:
+    return int((_read("/proc/self/statm") or "0 0").split()[1]) * os.sysconf("SC_PAGE_SIZE")
+  except (ValueError, IndexError, OSError):
+    return 0
+
+
+def available_memory() -> tuple[int | None, str]:
+  """``(bytes, where from)``: the memory this process may hold in all: what it holds now (its RSS)
+  plus the least of what the machine has available (``MemAvailable`` of ``/proc/meminfo``) and what
+  its cgroup has left below ``memory.max`` / ``memory.limit_in_bytes``; the host's physical memory
+  where neither is known (not Linux); ``None`` where nothing is."""
+  free = []
+  available = _stat(_read("/proc/meminfo"), "MemAvailable")
+  if available:
+    free.append((available, f"MemAvailable {_gib(available)}"))
+  cgroup = _cgroup_free()
+  if cgroup is not None:
+    free.append(cgroup)
+  if free:
+    n, what = min(free)
+    own = _rss()
+    return own + n, f"available: {what} + this process's {_gib(own)}"
+  try:
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "host physical memory"
+  except (ValueError, OSError, AttributeError):
+    return None, "unknown"
 
 
 def _gib(n: int) -> str:
@@ -96,6 +179,38 @@ def check_data(data, config: ml_collections.ConfigDict) -> None:
     f"{how}: {copies * size} bytes > limit {limit} bytes ({source}); about {int(limit // (copies * per))} "
     f"clients fit with nothing else; use fewer clients, the ragged layout (config.data.layout='ragged': "
     f"no padding rows), a device with more memory, or config.memory_limit_bytes if the limit is wrong")
+
+
+def check_planned(config: ml_collections.ConfigDict, data_config=None) -> None:
+  """Refuses, before any array is generated, a generated population (``config.data``, or
+  ``data_config``) whose data cannot fit (:func:`fedtree.experiment.data.planned_size`: a lower bound
+  from the config's fields), by :func:`check_data`'s rule: what the generation would spend (seconds to
+  minutes and the memory) is not spent on a run that is refused once it is done.
+
+  Raises:
+    ValueError: with the bytes, how they are counted, the limit and about how many clients fit.
+  """
+  from fedtree.experiment.data import planned_size
+
+  try:
+    planned = planned_size(config.data if data_config is None else data_config)
+  except (ValueError, TypeError, ArithmeticError):   # a bad field: the generator's own error names it
+    return
+  if planned is None:
+    return
+  limit, source = memory_limit(config)
+  copies = 2 if jax.default_backend() == "cpu" else 1
+  if limit is None or copies * planned.bytes <= limit:
+    return
+  per = planned.bytes / max(1, planned.clients)
+  how = ("twice: the host arrays and the device's copy, both in host memory while it is made"
+         if copies == 2 else "once, on the device, for the whole run")
+  raise ValueError(
+    f"the clients' data would not fit in memory (refused before generating it): at least {planned.bytes} "
+    f"bytes ({planned.how}) held {how}: {copies * planned.bytes} bytes > limit {limit} bytes ({source}); "
+    f"about {int(limit // (copies * per))} clients fit with nothing else; use fewer clients or examples, the "
+    f"ragged layout (config.data.layout='ragged': no padding rows), a device with more memory, or "
+    f"config.memory_limit_bytes if the limit is wrong")
 
 
 def copied_bytes(tree, original) -> int:
@@ -166,7 +281,7 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
                  source: str, experiments: int = 1, chunk_name: str = "chunk_size",
                  block: tuple[int, int, int, bool] | None = None, data_bytes: int = 0,
                  clients: int = 0, evaluation_bytes: int = 0, eval_chunk: int | None = None,
-                 needs: Needs | None = None) -> str:
+                 needs: Needs | None = None, process_bytes: int = 0) -> str:
   """The one-line estimate printed before a run compiles; a ``ValueError`` with the numbers and
   the largest chunk that fits when it cannot fit in ``limit``.
 
@@ -191,6 +306,11 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
     eval_chunk: ``config.eval_chunk_size`` (``None``: every client at once), named in the error.
     needs: the method's :class:`Needs` (models per client step and per evaluation, named parts of
       the state), or ``None``.
+    process_bytes: on CPU, this process's resident bytes now (the runtime and the clients' data as
+      held, host and device copies alike): the line adds what the process holds at peak, this plus
+      :data:`RUNTIME_RESERVE`, the state and the larger working set (the rounds' or the
+      evaluation's), and with the default limit (the memory available) refuses a run it exceeds;
+      0: not counted (accelerators, whose arrays are the device's).
 
   Returns:
     The line (the caller prints it).
@@ -214,16 +334,36 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
   evaluation = f"; evaluation {_gib(evaluation_bytes)} ({at_once} at once)" if evaluation_bytes else ""
   if limit is None:
     return line + evaluation + " (no memory limit known)"
+  peak = process_bytes + RUNTIME_RESERVE + state + max(e.work, evaluation_bytes) if process_bytes else 0
+  if peak:
+    evaluation += (f"; this process at peak {_gib(peak)} (now {_gib(process_bytes)}: the runtime and the "
+                   f"clients' data as held, + {_gib(RUNTIME_RESERVE)} compiling and running + state + the "
+                   f"larger of the chunk's and the evaluation's working sets)")
   line += f"{evaluation}, limit {_gib(limit)} ({source})"
   if total <= limit:
     if data_bytes + state + evaluation_bytes > limit:   # evaluating every client at once does not fit
       raise _evaluation_refusal(e)
+    if peak > limit and source.startswith("available"):   # what the process would hold: more than is free
+      message = (f"run {label!r} does not fit in the memory available: {line}; free memory, or use fewer "
+                 f"clients or a smaller chunk_size / config.eval_chunk_size")
+      if evaluation_bytes > e.work:   # the evaluation is the larger: a smaller chunk of it may fit
+        room = limit - peak + evaluation_bytes   # beside the runtime, the data and the state
+        at_a_time = max(1, clients if eval_chunk is None else min(int(eval_chunk), clients))
+        raise EvaluationDoesNotFit(message, max(0, int(room // (evaluation_bytes / at_a_time))))
+      raise ValueError(message)
     return line
   if needs.cohort and data_bytes + state > limit:   # the method's work over the cohort does not fit
     raise _cohort_refusal(e)
   if block is not None and data_bytes + state > limit:   # the cohort blocks do not fit: a smaller cohort
     raise _block_refusal(e)
   raise _chunk_refusal(e, total)
+
+
+RUNTIME_RESERVE = 320 * 2**20
+"""Bytes a CPU process gains, beyond the arrays the estimate counts, compiling and running a run's
+rounds and evaluator (XLA's compiler, the executables, the host's copies of the metrics): measured
+for the quickstart's MLP at 187-253 MiB (10^3 to 10^5 clients, padded and ragged,
+``tests/test_memory_peak.py``), with room for a run's variation."""
 
 
 class _Estimate(NamedTuple):
@@ -267,7 +407,16 @@ def _line(e: _Estimate, total: int) -> str:
           f"{f' x {e.experiments}' if e.experiments > 1 else ''}")
 
 
-def _evaluation_refusal(e: _Estimate) -> ValueError:
+class EvaluationDoesNotFit(ValueError):
+  """Evaluating ``config.eval_chunk_size`` clients at once (every client: ``None``) does not fit;
+  ``fits``: the largest number of clients at once that would (0: not even one)."""
+
+  def __init__(self, message: str, fits: int):
+    super().__init__(message)
+    self.fits = fits
+
+
+def _evaluation_refusal(e: _Estimate) -> EvaluationDoesNotFit:
   """Evaluating every client at once does not fit: the largest ``eval_chunk_size`` that does."""
   room = e.limit - e.data - e.state
   at_a_time = e.clients if e.eval_chunk is None else min(int(e.eval_chunk), e.clients)
@@ -276,12 +425,12 @@ def _evaluation_refusal(e: _Estimate) -> ValueError:
   advice = (f"set config.eval_chunk_size <= {fits}" if fits >= 1 else
             "even one client's evaluation does not fit: use a smaller model or population")
   at_once = "every client" if e.eval_chunk is None else f"{e.eval_chunk} clients"
-  return ValueError(
+  return EvaluationDoesNotFit(
     f"run {e.label!r} does not fit in memory when it evaluates: state {e.state} bytes{e.needs.describe()} "
     f"+ evaluation "
     f"working set {e.evaluation} bytes (config.eval_chunk_size={e.eval_chunk}: {at_once} at once) + "
     f"clients data {e.data} bytes = {e.data + e.state + e.evaluation} bytes > limit {e.limit} "
-    f"bytes ({e.source}); {advice}")
+    f"bytes ({e.source}); {advice}", fits)
 
 
 def _cohort_refusal(e: _Estimate) -> ValueError:
@@ -355,7 +504,9 @@ def estimate_chunk(value, num_clients: int) -> int:
 @dataclasses.dataclass
 class Budget:
   """The memory check of every run of a config: its limit, and the bytes of a client step
-  (measured once, on first use)."""
+  (measured once, on first use). When evaluating every client at once (``config.eval_chunk_size``
+  unset) does not fit beside a run, the check picks the largest chunk that does (:attr:`eval_chunk`,
+  said in :attr:`eval_note`) rather than let the run fail at its first evaluation."""
 
   limit: int | None
   source: str
@@ -363,9 +514,13 @@ class Budget:
   step: Any  # () -> bytes of one client's local step
   _step_bytes: int | None = None
   data_bytes: int = 0   # the clients' data on the device (data_bytes)
-  evaluation: Any = None   # () -> the evaluator's scratch (eval_bytes)
-  eval_chunk: int | None = None   # config.eval_chunk_size
+  evaluation: Any = None   # (eval chunk) -> the evaluator's scratch (eval_bytes)
+  eval_chunk: int | None = None   # config.eval_chunk_size, or the chunk the check chose
   _eval_bytes: int | None = None
+  chosen_eval_chunk: int | None = None   # the chunk the check chose (None: config.eval_chunk_size's)
+  eval_note: str = ""   # what it chose and why, added to every line
+  _every_eval_bytes: int = 0
+  process: int = 0   # on CPU, this process's resident bytes when the budget was made (_rss)
 
   @classmethod
   def of(cls, ctx) -> Budget:
@@ -381,8 +536,8 @@ class Budget:
     eval_chunk = field(ctx.config, "eval_chunk_size")
     eval_chunk = int(eval_chunk) if isinstance(eval_chunk, (int, np.integer)) else None
     return cls(limit=limit, source=source, num_clients=int(ctx.data.num_clients), step=step,
-               data_bytes=data_bytes(ctx), evaluation=lambda: eval_bytes(ctx.model, ctx.data, eval_chunk),
-               eval_chunk=eval_chunk)
+               data_bytes=data_bytes(ctx), evaluation=lambda chunk: eval_bytes(ctx.model, ctx.data, chunk),
+               eval_chunk=eval_chunk, process=_rss() if jax.default_backend() == "cpu" else 0)
 
   def step_bytes(self) -> int:
     if self._step_bytes is None:
@@ -391,7 +546,7 @@ class Budget:
 
   def eval_bytes(self) -> int:
     if self._eval_bytes is None:
-      self._eval_bytes = int(self.evaluation()) if self.evaluation is not None else 0
+      self._eval_bytes = int(self.evaluation(self.eval_chunk)) if self.evaluation is not None else 0
     return self._eval_bytes
 
   def check(self, label: str, state_shapes, chunk_size, *, experiments: int = 1,
@@ -399,9 +554,28 @@ class Budget:
             extra_data_bytes: int = 0, needs: Needs | None = None) -> str:
     """:func:`check_memory` of run ``label`` with state ``state_shapes`` (one experiment's);
     ``extra_data_bytes``: a copy of the data the run keeps besides (a data attack's poisoned
-    copy); ``needs``: the method's (:class:`Needs`)."""
-    return check_memory(label, state_bytes=tree_bytes(state_shapes), step_bytes=self.step_bytes(),
-                        chunk=estimate_chunk(chunk_size, self.num_clients), limit=self.limit,
-                        source=self.source, experiments=experiments, chunk_name=chunk_name, block=block,
-                        data_bytes=self.data_bytes + int(extra_data_bytes), clients=self.num_clients,
-                        evaluation_bytes=self.eval_bytes(), eval_chunk=self.eval_chunk, needs=needs)
+    copy); ``needs``: the method's (:class:`Needs`). Where evaluating every client at once does not
+    fit (and ``config.eval_chunk_size`` is unset), the largest chunk that fits is chosen
+    (:attr:`chosen_eval_chunk`: the runner plans the runs again with it) and the line says so."""
+    while True:
+      try:
+        line = check_memory(label, state_bytes=tree_bytes(state_shapes), step_bytes=self.step_bytes(),
+                            chunk=estimate_chunk(chunk_size, self.num_clients), limit=self.limit,
+                            source=self.source, experiments=experiments, chunk_name=chunk_name, block=block,
+                            data_bytes=self.data_bytes + int(extra_data_bytes), clients=self.num_clients,
+                            evaluation_bytes=self.eval_bytes(), eval_chunk=self.eval_chunk, needs=needs,
+                            process_bytes=self.process)
+        return line + self.eval_note
+      except EvaluationDoesNotFit as e:
+        if self.eval_chunk is not None and self.chosen_eval_chunk is None:
+          raise   # the config's own chunk: its refusal names the one that fits
+        current = self.num_clients if self.eval_chunk is None else self.eval_chunk
+        fits = min(e.fits, current - 1)   # smaller every time: the scratch is not quite linear in the chunk
+        if fits < 1:
+          raise
+        if self.chosen_eval_chunk is None:
+          self._every_eval_bytes = self.eval_bytes()
+        self.chosen_eval_chunk = self.eval_chunk = fits
+        self._eval_bytes = None
+        self.eval_note = (f"; evaluating every client at once ({_gib(self._every_eval_bytes)}) does not fit: "
+                          f"{fits} clients at a time (config.eval_chunk_size chosen)")

@@ -166,20 +166,29 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
 
 
 def _plan(labels: list[str], ctx: Context, root: jax.Array, swept: bool, *,
-          trace: bool = True) -> dict[str, Any]:
+          trace: bool = True, eval_note: str = "") -> dict[str, Any]:
   """Every run of ``labels`` resolved (:func:`fedtree.experiment.run.resolve`) and checked: a
   single run's memory line and its first compiled call traced (``trace``), a sweep planned
-  (:func:`fedtree.experiment.sweep_driver.plan_sweep`); ``{label: (Run, memory line) | SweepPlan}``."""
+  (:func:`fedtree.experiment.sweep_driver.plan_sweep`); ``{label: (Run, memory line) | SweepPlan}``.
+  Where evaluating every client at once does not fit beside some run, every run is planned again
+  evaluating the chunk the check chose (:attr:`fedtree.experiment.memory.Budget.chosen_eval_chunk`),
+  each line saying so (``eval_note``)."""
   budget = memory.Budget.of(ctx)
+  budget.eval_note = eval_note
   out: dict[str, Any] = {}
   for label in labels:
     run_cfg = ctx.config.runs[label]
+    settled = budget.chosen_eval_chunk is None   # else planned again below: traced then
     if swept:
-      out[label] = plan_sweep(resolve(label, run_cfg, ctx, build=False), budget=budget, trace=trace)
+      run = resolve(label, run_cfg, ctx, build=False)
+      out[label] = plan_sweep(run, budget=budget, trace=trace and settled)
       continue
     run = resolve(label, run_cfg, ctx)
     note = run.memory(budget, root)
-    if trace:
+    if trace and budget.chosen_eval_chunk is None:
       trace_rounds(run.algorithm, run.context.run_data, root, num_rounds=run.rounds, config=ctx.config)
     out[label] = (run, note)
+  if budget.chosen_eval_chunk is not None:
+    return _plan(labels, ctx.with_eval_chunk(budget.chosen_eval_chunk), root, swept, trace=trace,
+                 eval_note=budget.eval_note)
   return out

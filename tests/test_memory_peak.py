@@ -1,0 +1,19 @@
+"""Issue 58 item 1: the memory a run says its process holds at peak is what it holds. A child process runs
+the quickstart's FedAvg over a grid of populations, layouts and evaluation settings; its peak resident set
+(``ru_maxrss``) must lie under the estimate's "this process at peak" figure, and the figure within 1.3x
+of it. The child is :func:`benchmarks.scaling.memory_peak` (the memory sweep's)."""
+
+import pytest
+
+from benchmarks.scaling import memory_peak
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("clients,layout,eval_chunk", [
+  (1_000, "padded", None),       # the runtime dominates
+  (30_000, "padded", None),      # the evaluation of every client at once dominates
+  (30_000, "ragged", 1_000),     # the data and the runtime, evaluated in chunks
+])
+def test_the_estimated_peak_holds_within_1_3x(clients, layout, eval_chunk):
+  m = memory_peak(clients, layout, eval_chunk, timeout=600)
+  assert m["peak"] <= m["estimate"] <= 1.3 * m["peak"], m
