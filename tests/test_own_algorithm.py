@@ -113,8 +113,8 @@ def test_an_own_factory_checks_its_fields_as_a_built_in_one(own_module):
   ("{m}:missing", r"module 'my_methods_.*' has no attribute 'missing'"),
   ("{m}:NOT_A_FACTORY", r"is a int, not an algorithm factory"),
   ("{m}:", r"is not 'module:attribute'"),
-  ("fedavgg", r"algorithm='fedavgg' is unknown; choose one of \[.*\] or a factory of your own as "
-              r"'module:function'"),
+  ("fedavgg", r"algorithm='fedavgg' is unknown \(did you mean 'fedavg' or .*\); choose one of \[.*\] "
+              r"or a factory of your own as 'module:function'"),
 ])
 def test_a_bad_algorithm_path_is_refused_by_name(own_module, path, message):
   run = ml_collections.ConfigDict(dict(algorithm=path.format(m=own_module)))

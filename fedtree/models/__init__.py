@@ -82,7 +82,7 @@ def model_fields(name: str) -> frozenset[str] | None:
 
   Example:
     >>> sorted(model_fields("logreg")), sorted(model_fields("mlp"))
-    (['views'], ['hidden', 'norm', 'views'])
+    (['views'], ['hidden', 'norm', 'running_var', 'views'])
   """
   import dataclasses
 
