@@ -73,6 +73,7 @@ def test_the_systems_docstring_quotes_the_columns_its_command_prints():
   assert "hours to 0.72" not in doc
 
 
+@pytest.mark.slow   # (10 s: the systems config's run)
 def test_hours_to_target_is_the_simulated_clock_at_the_first_round_at_the_target(tmp_path, capsys):
   """The summary's ``hours_to_target`` is ``sim_seconds`` / 3600 of the first evaluation at the
   target (metrics.jsonl), printed as the final table's "hours to" column."""

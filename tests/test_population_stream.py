@@ -64,7 +64,9 @@ def _resident(alg, data, key, rounds, per_call):
 
 
 @pytest.mark.parametrize(
-  "name,per_call,depth", [("fedavg", 2, 2), ("scaffold", 2, 1), ("fedper", 1, 0), ("power_of_choice", 3, 2)]
+  "name,per_call,depth",
+  [("fedavg", 2, 2), pytest.param("scaffold", 2, 1, marks=pytest.mark.slow), ("fedper", 1, 0),
+   pytest.param("power_of_choice", 3, 2, marks=pytest.mark.slow)],   # (tests/test_window.py has both)
 )
 def test_a_streamed_run_is_the_resident_run(population, name, per_call, depth):
   data, groups, store, model = population
@@ -102,6 +104,7 @@ def test_a_streamed_run_is_the_resident_run(population, name, per_call, depth):
   same(got_rows, want_rows)
 
 
+@pytest.mark.slow   # (40 s: compiles at XLA's default optimization; the cases above run in the default set)
 def test_bitwise_under_default_flags():
   """The per-client-state cases above, bitwise, in a process compiled with XLA's default flags."""
   env = dict(os.environ, FEDTREE_TEST_XLA_OPT="1")
