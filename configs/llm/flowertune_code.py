@@ -21,53 +21,13 @@ rounds to 1e-6 is not modelled: local optimizers restart every round).
 """
 
 import ml_collections
-from ml_collections import config_dict
 
-from fedtree.experiment.fields import declare_runner_fields
-from fedtree.experiment.sweep import default_sweep
+from fedtree.experiment.llm import flowertune_config
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  c.rounds = 200
-  c.eval_every = 200
-  c.rounds_per_call = 1
-  c.chunk_size = "None"  # the cohort (2 clients) in one vmapped step over the shared base
-  c.eval_chunk_size = "4"
-  c.progress = True
-  c.communication_budget_MB = 200000.0
-  c.model = ml_collections.ConfigDict(
-    dict(name="pretrained", checkpoint=config_dict.placeholder(str), dtype="bfloat16", remat=True)
+  return flowertune_config(
+    "'flwrlabs/code-alpaca-20k', split='train'",
+    num_clients=10,
+    cohort_size=2,
   )
-  c.data = ml_collections.ConfigDict(
-    dict(
-      name="instructions",
-      path=config_dict.placeholder(str),
-      hub="'flwrlabs/code-alpaca-20k', split='train'",
-      tokenizer=c.model.get_ref("checkpoint"),
-      format="alpaca",
-      template="flowertune",
-      seq_len=512,
-      partitioner="iid",
-      partitioner_args=dict(num_clients=10),
-      test_fraction=0.01,
-      seed=0,
-    )
-  )
-  c.topology = ml_collections.ConfigDict(dict(kind="flat"))
-  c.local = ml_collections.ConfigDict(dict(optimizer="adamw", learning_rate=5e-5, batch_size=16, steps=10))
-  c.runs = ml_collections.ConfigDict(
-    dict(
-      fedavg=dict(
-        algorithm="fedavg",
-        cohort_size=2,
-        adapters=dict(
-          kind="lora", rank=32, alpha=64.0, targets=(r"(q_proj|v_proj)/kernel$",), base_dtype="int8"
-        ),
-      )
-    )
-  )
-  c.mesh_shape = config_dict.placeholder(int)
-  c.sweep = default_sweep()
-  return declare_runner_fields(c)

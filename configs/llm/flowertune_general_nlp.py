@@ -25,65 +25,25 @@ round).
 import ml_collections
 from ml_collections import config_dict
 
-from fedtree.experiment.fields import declare_runner_fields
-from fedtree.experiment.sweep import default_sweep
+from fedtree.experiment.llm import flowertune_config
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  c.rounds = 200
-  c.eval_every = 200
-  c.rounds_per_call = 1
-  c.chunk_size = "None"  # the cohort (2 clients) in one vmapped step over the shared base
-  c.eval_chunk_size = "4"
-  c.progress = True
-  c.communication_budget_MB = 200000.0
-  c.model = ml_collections.ConfigDict(
-    dict(name="pretrained", checkpoint=config_dict.placeholder(str), dtype="bfloat16", remat=True)
-  )
-  c.data = ml_collections.ConfigDict(
-    dict(
-      name="instructions",
+  tasks = dict(
+    mmlu=dict(
+      kind="choice",
       path=config_dict.placeholder(str),
-      hub="'flwrlabs/alpaca-gpt4', split='train'",
-      tokenizer=c.model.get_ref("checkpoint"),
-      format="alpaca",
-      template="flowertune",
-      use_input="drop",
+      hub="'cais/mmlu', 'all', split='test'",
+      format="mmlu",
+      template="raw",
       seq_len=512,
-      partitioner="iid",
-      partitioner_args=dict(num_clients=20),
-      test_fraction=0.01,
-      seed=0,
+      limit=config_dict.placeholder(int),
     )
   )
-  c.topology = ml_collections.ConfigDict(dict(kind="flat"))
-  c.local = ml_collections.ConfigDict(dict(optimizer="adamw", learning_rate=5e-5, batch_size=16, steps=10))
-  c.tasks = ml_collections.ConfigDict(
-    dict(
-      mmlu=dict(
-        kind="choice",
-        path=config_dict.placeholder(str),
-        hub="'cais/mmlu', 'all', split='test'",
-        format="mmlu",
-        template="raw",
-        seq_len=512,
-        limit=config_dict.placeholder(int),
-      )
-    )
+  return flowertune_config(
+    "'flwrlabs/alpaca-gpt4', split='train'",
+    num_clients=20,
+    cohort_size=2,
+    use_input="drop",
+    tasks=tasks,
   )
-  c.runs = ml_collections.ConfigDict(
-    dict(
-      fedavg=dict(
-        algorithm="fedavg",
-        cohort_size=2,
-        adapters=dict(
-          kind="lora", rank=32, alpha=64.0, targets=(r"(q_proj|v_proj)/kernel$",), base_dtype="int8"
-        ),
-      )
-    )
-  )
-  c.mesh_shape = config_dict.placeholder(int)
-  c.sweep = default_sweep()
-  return declare_runner_fields(c)
