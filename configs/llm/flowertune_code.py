@@ -22,7 +22,7 @@ rounds to 1e-6 is not modelled: local optimizers restart every round).
 
 import ml_collections
 
-from fedtree.experiment.llm import flowertune_config
+from fedtree.experiment.standard_tasks import flowertune_config
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -27,7 +27,7 @@ modelled: local optimizers restart every round).
 import ml_collections
 from ml_collections import config_dict
 
-from fedtree.experiment.llm import flowertune_config
+from fedtree.experiment.standard_tasks import flowertune_config
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -25,7 +25,7 @@ round).
 import ml_collections
 from ml_collections import config_dict
 
-from fedtree.experiment.llm import flowertune_config
+from fedtree.experiment.standard_tasks import flowertune_config
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -6,6 +6,7 @@
   cross-task setup (clients per round, client batch size, total rounds; one client epoch) and, for
   every task and method, the best client learning rate, server learning rate and adaptivity
   epsilon, in base-10 logs. :func:`afo_runs` makes one run per method.
+* :func:`flowertune_config`: a FlowerTune LLM challenge's published setting (``configs/llm/``).
 * The methods' server optimizers as the reference code builds them (its README and
   ``hyperparameters.md``): FedAvg is server SGD, FedAvgM server SGD with momentum 0.9, FedAdam
   Keras' Adam and FedYogi the repository's Yogi (``utils/optimizers/yogi.py``), both with
@@ -125,3 +126,40 @@ def finish_variant(c: ml_collections.ConfigDict, config: str, flags: set[str]) -
     c.rounds, c.eval_every, c.rounds_per_call, c.checkpoint_every = QUICK_ROUNDS, QUICK_ROUNDS, 1, 0
     c.only = c.run_order[0]
   return c
+
+
+def flowertune_config(hub: str, *, num_clients: int, cohort_size: int, tasks: dict | None = None,
+                      **data) -> ml_collections.ConfigDict:
+  """A FlowerTune challenge's published setting (``configs/llm/flowertune_*.py``): a pretrained checkpoint
+  (``config.model.checkpoint``) fine-tuned by FedAvg on LoRA r = 32, alpha = 64 over ``q_proj`` and
+  ``v_proj`` (an int8 base), ``num_clients`` IID clients of the instruction data ``hub`` names
+  (``config.data.path``, saved once), ``cohort_size`` of them a round (one vmapped step), 200 rounds of
+  10 AdamW steps of batch 16 at 5e-5, sequences of 512 tokens in FlowerTune's Alpaca prompt, a 200,000 MB
+  budget; ``tasks`` its benchmarks (``config.tasks``), ``data`` further ``config.data`` fields."""
+  from ml_collections import config_dict
+
+  from fedtree.experiment.fields import declare_runner_fields
+  from fedtree.experiment.sweep import default_sweep
+
+  c = ml_collections.ConfigDict()
+  c.seed, c.rounds, c.eval_every, c.rounds_per_call = 0, 200, 200, 1
+  c.chunk_size = "None"   # the cohort in one vmapped step over the shared base
+  c.eval_chunk_size = "4"
+  c.progress = True
+  c.communication_budget_MB = 200000.0
+  c.model = ml_collections.ConfigDict(
+    dict(name="pretrained", checkpoint=config_dict.placeholder(str), dtype="bfloat16", remat=True))
+  c.data = ml_collections.ConfigDict(dict(
+    name="instructions", path=config_dict.placeholder(str), hub=hub, tokenizer=c.model.get_ref("checkpoint"),
+    format="alpaca", template="flowertune", **data, seq_len=512, partitioner="iid",
+    partitioner_args=dict(num_clients=num_clients), test_fraction=0.01, seed=0))
+  c.topology = ml_collections.ConfigDict(dict(kind="flat"))
+  c.local = ml_collections.ConfigDict(dict(optimizer="adamw", learning_rate=5e-5, batch_size=16, steps=10))
+  if tasks is not None:
+    c.tasks = ml_collections.ConfigDict(tasks)
+  lora = dict(kind="lora", rank=32, alpha=64.0, targets=(r"(q_proj|v_proj)/kernel$",), base_dtype="int8")
+  fedavg = dict(algorithm="fedavg", cohort_size=cohort_size, adapters=lora)
+  c.runs = ml_collections.ConfigDict(dict(fedavg=fedavg))
+  c.mesh_shape = config_dict.placeholder(int)
+  c.sweep = default_sweep()
+  return declare_runner_fields(c)
