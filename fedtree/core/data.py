@@ -21,6 +21,8 @@ from flax import struct
 
 from fedtree.core.topology import Topology
 
+WINDOW_END = np.iinfo(np.int32).max   # FederatedData.window past its clients (above every client id)
+
 Array = jax.Array | np.ndarray  # host (numpy) arrays until as_device
 
 
@@ -46,10 +48,12 @@ class FederatedData:
       training (:func:`fedtree.core.tier.train_cohort`) gathers batches by index from the
       shared flat arrays; test splits stay padded.
     ragged_max_train: the largest client's training count (static; ragged layout only).
-    window: ``None`` (every client's rows are held), or ``int32[C]`` for a *window* of the
+    window: ``None`` (every client's rows are held), or ``int32[W]`` for a *window* of the
       population (:mod:`fedtree.population`): the arrays with a row per client (``x_*``, ``y_*``,
-      ``train_offset``) then hold ``W`` rows, those of the clients a round reads, client ``c``'s
-      at row ``window[c]`` (clients outside the window: any row, never read), while ``n_train`` and
+      ``train_offset``) then hold ``W`` rows, those of the clients a round reads, ``window`` the
+      client at each row in ascending order (rows past the window's clients: :data:`WINDOW_END`),
+      so client ``c`` is at row ``searchsorted(window, c)`` (clients outside the window: any row,
+      never read); nothing of the window grows with the population. ``n_train`` and
       ``n_test`` keep every client's count. A round indexes a client's data, and its paged state,
       by its row (:attr:`fedtree.core.sampling.Cohort.rows`, :meth:`windowed`); its randomness and
       its aggregation by its index, so a round over a window computes bitwise what it computes over
@@ -90,7 +94,10 @@ class FederatedData:
   def rows_of(self, clients: jax.Array) -> jax.Array:
     """Every client of ``clients`` (indices into the population) as its row in the per-client
     arrays: itself, or its row of the window."""
-    return clients if self.window is None else jax.numpy.take(self.window, clients)
+    if self.window is None:
+      return clients
+    rows = jax.numpy.searchsorted(self.window, clients, side="left").astype(jax.numpy.int32)
+    return jax.numpy.minimum(rows, self.window.shape[0] - 1)
 
   @property
   def max_train(self) -> int:
@@ -119,9 +126,9 @@ class FederatedData:
     if self.window is not None and self.ragged:
       raise ValueError("a window of the population holds padded rows (FederatedData.window with a ragged "
                        "training split, train_offset, is not supported)")
-    if self.window is not None and tuple(self.window.shape) != (c,):
-      raise ValueError(f"FederatedData.window has shape {tuple(self.window.shape)}; it needs one row per "
-                       f"client ({c},)")
+    if self.window is not None and tuple(self.window.shape) != (rows,):
+      raise ValueError(f"FederatedData.window has shape {tuple(self.window.shape)}; it needs the client of "
+                       f"every row of the window ({rows},)")
     names = (("n_train", c), ("x_test", rows), ("y_test", rows), ("n_test", c)) + (
       (("train_offset", rows),) if self.ragged else (("x_train", rows), ("y_train", rows)))
     for name, want in names:

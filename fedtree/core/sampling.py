@@ -156,7 +156,8 @@ class CohortSampler:
     padded = -(-total // self.chunk_size) * self.chunk_size
     pad = padded - total
     full = bool(np.all(k == counts))
-    return dict(order=order, slot_parent=slot_parent, slot_pos=slot_pos, total=total, pad=pad, full=full,
+    return dict(order=order, identity=bool(np.array_equal(order, np.arange(order.size))),
+                slot_parent=slot_parent, slot_pos=slot_pos, total=total, pad=pad, full=full,
                 draw=None if full else self._draw_plan(counts, start, k))
 
   def _draw_plan(self, counts: np.ndarray, start: np.ndarray, k: np.ndarray) -> dict | None:
@@ -210,12 +211,13 @@ class CohortSampler:
       kept = jnp.zeros((num,), bool).at[by_pos].set(first)
       # grouped by parent, its distinct children first, in draw (or random) order
       chosen = jnp.take(jnp.lexsort((rank, jnp.logical_not(kept), entry_parent)), slot_pos)
-      return jnp.take(order, jnp.take(pos, chosen)), jnp.all(jnp.take(kept, chosen))
+      return jnp.take(pos, chosen), jnp.all(jnp.take(kept, chosen))
 
-    clients, ok = attempt(0)
-    clients, _, _ = jax.lax.while_loop(lambda c: jnp.logical_not(c[1]),
-                                       lambda c: (*attempt(c[2]), c[2] + 1), (clients, ok, jnp.int32(1)))
-    return clients
+    picked, ok = attempt(0)
+    picked, _, _ = jax.lax.while_loop(lambda c: jnp.logical_not(c[1]),
+                                      lambda c: (*attempt(c[2]), c[2] + 1), (picked, ok, jnp.int32(1)))
+    # (``order`` read once, after the loop: inside it the whole int32[C] array would be made every round)
+    return picked if s["identity"] else jnp.take(order, picked)
 
   @property
   def parent_aligned(self) -> bool:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedtree.core.algorithm import CLIENT_ROWS, RowName, row_names_of
-from fedtree.core.data import FederatedData
+from fedtree.core.data import WINDOW_END, FederatedData
 
 PyTree = Any
 
@@ -62,9 +62,11 @@ def window_of(
   clients, num_clients: int, size: int | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """``(rows, valid, window)`` for a window holding ``clients`` (repeats allowed): ``rows``
-  (``int32[W]``) the distinct clients in the window's rows, padded to ``size`` rows with client 0
-  (never read, ``valid`` false there: never written back), and ``window`` (``int32[C]``) every
-  client's row (0 for the clients outside the window).
+  (``int32[W]``) the distinct clients in the window's rows in ascending order, padded to ``size``
+  rows with client 0 (never read, ``valid`` false there: never written back), and ``window``
+  (``int32[W]``, :attr:`fedtree.core.data.FederatedData.window`) the same with
+  :data:`~fedtree.core.data.WINDOW_END` at the padding rows. Nothing here grows with
+  ``num_clients``.
 
   Raises:
     ValueError: a client outside ``0 .. num_clients - 1``, or more distinct clients than ``size``.
@@ -78,8 +80,8 @@ def window_of(
     raise ValueError(f"{clients.size} distinct clients do not fit a window of {size} rows")
   rows = np.zeros(size, np.int32)
   rows[: clients.size] = clients
-  window = np.zeros(num_clients, np.int32)
-  window[clients] = np.arange(clients.size, dtype=np.int32)
+  window = np.full(size, WINDOW_END, np.int32)
+  window[: clients.size] = clients
   return rows, np.arange(size) < clients.size, window
 
 

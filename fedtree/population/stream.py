@@ -21,7 +21,7 @@ import numpy as np
 
 from fedtree.core import loop
 from fedtree.core.algorithm import FederatedAlgorithm
-from fedtree.core.data import FederatedData
+from fedtree.core.data import WINDOW_END, FederatedData
 from fedtree.core.window import client_leaves, window_of
 from fedtree.population.paged import PagedState
 from fedtree.population.reader import CohortReader
@@ -55,7 +55,7 @@ def skeleton(store: ClientStore, *, width: int | None = None) -> FederatedData:
     y_test=zeros(w_test, "y"),
     n_test=store.counts("test").astype(np.int32),
     num_classes=store.num_classes,
-    window=np.zeros(store.num_clients, np.int32),
+    window=np.full(1, WINDOW_END, np.int32),
   )
 
 
@@ -255,6 +255,8 @@ def run(
     cache_bytes=int(cache_bytes),
     transfer=lambda block: (jax.device_put(block.x), jax.device_put(block.y)),   # (on the device ahead)
   )
+  # every client's counts moved to the device once (as numpy they would be copied in every call)
+  data = data.replace(n_train=jnp.asarray(data.n_train), n_test=jnp.asarray(data.n_test))  # type: ignore[attr-defined]
   rows_of_test = (calls.size,) + tuple(data.x_test.shape[1:])
   test_x = jnp.zeros(rows_of_test, data.x_test.dtype)   # (a round reads no test row)
   test_y = jnp.zeros((calls.size,) + tuple(data.y_test.shape[1:]), data.y_test.dtype)
