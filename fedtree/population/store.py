@@ -118,15 +118,24 @@ class _Split:
     self.rows = int(table.num_rows)
     self._table = table   # keeps the mapping alive
 
-  def copy_rows(self, key: str, start: int, stop: int, out: np.ndarray) -> None:
-    """``out[: stop - start] = rows start:stop`` of column ``key``."""
-    b = int(np.searchsorted(self.starts, start, side="right")) - 1
-    at = 0
-    while start < stop:   # a client's rows lie in one batch when the writer wrote them; any span reads
-      end = min(stop, int(self.starts[b + 1]))
-      base = int(self.starts[b])
-      out[at:at + end - start] = self.views[key][b][start - base:end - base]
-      at, start, b = at + end - start, end, b + 1
+  def take(self, key: str, rows: np.ndarray, out: np.ndarray) -> None:
+    """``out[i] = row rows[i]`` of column ``key`` (``int64[R]``, any order): one fancy index per record
+    batch the rows fall in, no Python loop over clients or rows."""
+    batch = np.searchsorted(self.starts, rows, side="right") - 1
+    for b in np.unique(batch):
+      at = np.flatnonzero(batch == b)
+      out[at] = self.views[key][b][rows[at] - self.starts[b]]
+
+
+def _client_rows(offsets: np.ndarray, ids: np.ndarray, counts: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """``(rows, slot, pos)``: the store rows of clients ``ids`` (``counts`` each) back to back, and for
+  each the client's place in ``ids`` and the row's place in its client."""
+  total = int(counts.sum())
+  slot = np.repeat(np.arange(ids.size), counts)
+  first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+  pos = np.arange(total, dtype=np.int64) - np.repeat(first, counts)
+  return np.asarray(offsets, np.int64)[ids][slot] + pos, slot, pos
 
 
 def _column_view(chunk, feature: Feature) -> np.ndarray:
@@ -260,10 +269,11 @@ class ClientStore:
                        f"width >= {int(counts.max())} (the store's widest client: {self.width(split)})")
     feats = self.features
     out = {k: np.zeros((len(ids), w) + feats[k].shape, feats[k].dtype) for k in ("x", "y")}
-    data, off = self._splits[split], self._offsets[split]
-    for i, c in enumerate(ids):
-      for k in ("x", "y"):
-        data.copy_rows(k, int(off[c]), int(off[c + 1]), out[k][i])
+    rows, slot, pos = _client_rows(self._offsets[split], ids, counts)
+    for k in ("x", "y"):
+      got = np.empty((rows.size,) + feats[k].shape, feats[k].dtype)
+      self._splits[split].take(k, rows, got)
+      out[k][slot, pos] = got
     return ClientBlock(x=out["x"], y=out["y"], n=counts.astype(np.int32))
 
   def read_ragged(self, clients, split: str = "train", *, rows: int | None = None) -> RaggedData:
@@ -288,10 +298,9 @@ class ClientStore:
     feats = self.features
     out = {k: np.zeros((r,) + feats[k].shape, feats[k].dtype) for k in ("x", "y")}
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    data, off = self._splits[split], self._offsets[split]
-    for i, c in enumerate(ids):
-      for k in ("x", "y"):
-        data.copy_rows(k, int(off[c]), int(off[c + 1]), out[k][offsets[i]:offsets[i + 1]])
+    rows, _, _ = _client_rows(self._offsets[split], ids, counts)
+    for k in ("x", "y"):
+      self._splits[split].take(k, rows, out[k][:total])
     return RaggedData(x=out["x"], y=out["y"], offsets=offsets, num_classes=self.num_classes)
 
   def to_federated_data(self) -> FederatedData:
