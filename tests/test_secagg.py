@@ -359,6 +359,37 @@ def test_dropouts_fail_the_round_at_a_parent_and_the_row_says_so():
   assert 0 < np.mean(failed) < 1
 
 
+def test_the_protocols_compute_is_in_the_systems_clock_at_each_parents_cohort():
+  """Two edges of 4 and 6 clients, every device alike: a round takes the plain round's seconds plus the
+  protocol's field elements (masks of the vector's length, shares) at ``field_ops_per_second``, the
+  larger edge's, the second (its clients are the slowest), as :func:`secagg.client_ops` counts them."""
+  from fedtree.toolbox import systems as sysm
+
+  data, groups, model = _problem()
+  groups = 1 - groups   # the edge of 6 clients second
+  topo = Topology.from_labels(groups)
+  enc = secagg.fixed_point(bits=32)
+  n = np.bincount(groups)
+  masks, shares = n.astype(float), secagg.client_ops(n, 0)
+  path = UpdatePath(client=secagg.client(enc, masks=masks, share_ops=shares),
+                    aggregator=secagg.secure_sum(enc), node=secagg.recovery(cohort=n))
+  profile = sysm.make_profile(np.full(data.num_clients, 5.0), np.full(data.num_clients, 1e3))
+
+  def seconds(rate):
+    systems = sysm.Systems(profile=profile, field_ops_per_second=rate)
+    alg = hierfavg(model=model, data=data, topology=topo, local_optimizer=optax.sgd(0.1),
+                   schedule=LocalSchedule(batch_size=8, steps=2), update_paths=path, systems=systems)
+    _, m = jax.jit(alg.round)(alg.init(jax.random.key(0)), data, jax.random.key(1))
+    return float(m["round_seconds"])
+
+  length = enc.length(27)   # the logistic regression's 8 x 3 + 3 parameters
+  want = secagg.client_ops(n, length)[1]
+  assert n.tolist() == [4, 6] and want == np.max(masks * length + shares)
+  np.testing.assert_allclose(seconds(1e3) - seconds(1e30), want / 1e3, rtol=1e-5)
+  with pytest.raises(ValueError, match=r"field_ops_per_second=0.0 must be a finite number > 0"):
+    sysm.Systems(profile=profile, field_ops_per_second=0.0)
+
+
 def test_a_host_that_only_averages_refuses_the_secure_sum_by_name():
   """FedBuff aggregates its buffered clients by their weighted mean only: a path whose aggregator is
   a secure sum is refused before anything compiles, naming it."""

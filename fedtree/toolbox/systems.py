@@ -433,14 +433,31 @@ def uplink_bytes(path: UpdatePath | None, params: PyTree) -> jax.Array | None:
   dead code."""
   if path is None or path.client is None:
     return None
+  size = _client_stats(path, params, jnp.zeros((), jnp.int32)).get("uplink_bytes")
+  return None if size is None else jnp.asarray(size, _float())
+
+
+def client_ops(path: UpdatePath | None, params: PyTree, parents: jax.Array) -> jax.Array | None:
+  """``float[K]`` the field elements every slot's client computes for the protocol of ``path``'s
+  client transform (the ``secagg_client_ops`` statistic of :func:`fedtree.toolbox.secagg.client`,
+  which depends on the slot's parent, ``parents[k]``), or ``None`` when it reports none; jittable,
+  everything but the count dead code under ``jit``."""
+  if path is None or path.client is None:
+    return None
+  ops = jax.vmap(lambda g: _client_stats(path, params, g).get("secagg_client_ops"))(parents)
+  return None if ops is None else jnp.asarray(ops, _float())
+
+
+def _client_stats(path: UpdatePath, params: PyTree, parent: jax.Array) -> dict:
+  """The statistics ``path``'s client transform reports for a zero update shaped like ``params`` sent to
+  ``parent`` (the node state of one parent: what sizes and counts read is the hyperparameters)."""
   state = init_update_state(path, params, 1, 1)
   row = jax.tree.map(lambda a: a[0], state.client)
   zero = jnp.zeros((), jnp.int32)
-  ctx = ClientContext(client=zero, parent=zero, weight=jnp.ones((), _float()),
+  ctx = ClientContext(client=zero, parent=parent, weight=jnp.ones((), _float()),
                       node_state=parents_node_state(state, zero))
   _, _, stats = path.client.apply(jax.tree.map(jnp.zeros_like, params), row, jax.random.key(0), ctx)
-  size = stats.get("uplink_bytes")
-  return None if size is None else jnp.asarray(size, _float())
+  return stats
 
 
 def _links(name: str, value, num_nodes: Sequence[int]) -> list[np.ndarray]:
@@ -484,6 +501,10 @@ class Systems:
       link to its parent: one number for all, or one entry per level ``1 .. depth-1``, each a
       number or one value per node of that level. ``None``: server transfers take no time.
     server_down: download bandwidth of the same links (default ``server_up``).
+    field_ops_per_second: the field elements a client's secure aggregation computes per second
+      (its masks expanded from a PRG and its shares: :func:`fedtree.toolbox.secagg.client_ops`),
+      added to its work where an update path runs the protocol. The default, 10^8, is a PRG
+      expanding 4-byte elements at 400 MB/s, the order of one phone core's AES-CTR throughput.
   """
 
   profile: DeviceProfile
@@ -494,9 +515,13 @@ class Systems:
   level_seconds: float | Sequence[float] = 0.0
   server_up: Any = None
   server_down: Any = None
+  field_ops_per_second: float = 1e8
 
   def __post_init__(self):
     c = self.profile.num_clients
+    rate = self.field_ops_per_second
+    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+      raise ValueError(f"field_ops_per_second={rate!r} must be a finite number > 0")
     if self.availability is not None and self.availability.num_clients != c:
       raise ValueError(f"availability has {self.availability.num_clients} clients, the device "
                        f"profile {c}")
@@ -614,6 +639,7 @@ class Systems:
     keep: Sequence[int] | None = None,
     uplink_bytes: jax.Array | float | None = None,
     downlink_bytes: jax.Array | float | None = None,
+    field_ops: jax.Array | None = None,
   ) -> RoundOutcome:
     """Applies availability, dropout and the policy to a sampled ``cohort`` (jittable).
 
@@ -627,6 +653,8 @@ class Systems:
       uplink_bytes: what every slot sends (a scalar or ``[K]``) where the update path compresses it
         (:func:`uplink_bytes`); ``None``: ``model_bytes``. :attr:`Systems.uplink_bytes` wins when set.
       downlink_bytes: what every slot receives (the downlink's ``bytes`` at its parent), likewise.
+      field_ops: ``[K]`` field elements every slot's client computes for secure aggregation
+      (:func:`client_ops`), at :attr:`field_ops_per_second` besides its transfers and local steps.
 
     Returns:
       The :class:`RoundOutcome`.
@@ -636,6 +664,8 @@ class Systems:
     steps = jnp.take(num_steps, clients)
     speed = jnp.take(self.profile.speed, clients)
     comm = self._comm(clients, model_bytes, uplink_bytes, downlink_bytes)
+    if field_ops is not None:   # the protocol's compute, before the masked vector goes up
+      comm = comm + jnp.asarray(field_ops, _float()) / jnp.asarray(self.field_ops_per_second, _float())
     work = self.attempt(steps, speed, comm, key)
     online = cohort.valid
     if self.availability is not None:

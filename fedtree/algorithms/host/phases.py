@@ -33,7 +33,7 @@ from fedtree.core.server_rule import (
 )
 from fedtree.core.tier import Clients, Down, TierResult, train_cohort
 from fedtree.core.updates import block_positions, init_update_state, path_stats
-from fedtree.toolbox.systems import RoundOutcome
+from fedtree.toolbox.systems import RoundOutcome, client_ops
 from fedtree.toolbox.traffic import model_bytes
 
 PyTree = Any
@@ -89,11 +89,13 @@ def draw(plan: HostPlan, state: TreeState, data: FederatedData, down_stats: dict
   if plan.systems is None:
     return Drawn(cohort, num_steps, None)
   down_b = down_stats.get("bytes")
-  up_b = uplink(plan.paths[leaf], plan.share.sent(state.params[leaf], leaf))
+  sent = plan.share.sent(state.params[leaf], leaf)
+  up_b = uplink(plan.paths[leaf], sent)
   outcome = plan.systems.round(
     cohort, num_steps, time=state.clock, model_bytes=wire.model_bytes, key=stream(key, "systems"),
     keep=plan.keep, uplink_bytes=wire.up(up_b),
-    downlink_bytes=wire.down(None if down_b is None else jnp.take(down_b, cohort.parent)))
+    downlink_bytes=wire.down(None if down_b is None else jnp.take(down_b, cohort.parent)),
+    field_ops=client_ops(plan.paths[leaf], jax.tree.map(lambda a: a[0], sent), cohort.parent))
   return Drawn(cohort._replace(valid=outcome.valid), outcome.num_steps, outcome)
 
 

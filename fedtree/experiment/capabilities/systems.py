@@ -20,6 +20,7 @@ The section::
                                      # number, or one entry per level below the root (a number or a list
                                      # over its nodes); None: server transfers are free
     "level_seconds": 0.0,            # fixed seconds a server level adds when it aggregates
+    "field_ops_per_second": 1e8,     # a client's secure-aggregation compute rate (config.secure)
   }
 """
 
@@ -35,7 +36,7 @@ from fedtree.experiment.fields import field
 from fedtree.toolbox import systems as sysm
 
 FIELDS = ("seed", "speed", "up", "down", "capacity_trace", "availability", "policy", "uplink_bytes",
-          "downlink_bytes", "level_seconds", "server_up", "server_down")
+          "downlink_bytes", "level_seconds", "server_up", "server_down", "field_ops_per_second")
 DISTRIBUTIONS = {"lognormal": sysm.lognormal, "pareto": sysm.pareto, "uniform": sysm.uniform,
                  "constant": sysm.constant}
 AVAILABILITY = ("diurnal", "trace", "always")
@@ -118,7 +119,8 @@ def _systems(cfg: dict, ctx, num: int) -> sysm.Systems:
                       downlink_bytes=cfg.get("downlink_bytes", None),
                       level_seconds=cfg.get("level_seconds", 0.0),
                       server_up=_plain(cfg.get("server_up", None)),
-                      server_down=_plain(cfg.get("server_down", None)))
+                      server_down=_plain(cfg.get("server_down", None)),
+                      field_ops_per_second=float(cfg.get("field_ops_per_second", 1e8)))
 
 
 CAPABILITY = Capability(name="systems", about="device speeds, availability, round policies",
