@@ -79,11 +79,16 @@ def _algorithm(name: str, data, model, cohort: int, steps: int):
 
 
 def _timed_rounds(run_fn, rounds: int, warm: int) -> tuple[float, object]:
-  """Seconds per round after ``warm`` rounds (compilation) of ``run_fn(num_rounds) -> state``."""
-  run_fn(warm)
-  t0 = time.perf_counter()
-  state = run_fn(warm + rounds)
-  return (time.perf_counter() - t0) / rounds, state
+  """Seconds per round of ``run_fn(num_rounds, on_call) -> state`` over its last ``rounds`` rounds, timed
+  between the hook calls ``on_call(state, round)`` after round ``warm`` (compilation, the first read)
+  and after the last round: the rounds' steady cost, not a run's one-time setup."""
+  marks = {}
+
+  def on_call(state, r):
+    marks[int(r)] = time.perf_counter()
+
+  state = run_fn(warm + rounds, on_call)
+  return (marks[warm + rounds] - marks[warm]) / rounds, state
 
 
 def measure(
@@ -104,7 +109,7 @@ def measure(
   from fedtree.core.data import as_device
   from fedtree.models import build_model
   from fedtree.population import PagedState, open_store, write_federated_data
-  from fedtree.population.stream import _split_of, paged_init, run, skeleton
+  from fedtree.population.stream import paged_init, run, skeleton
 
   path = os.path.join(store_dir, f"store_{num_clients}")
   if not os.path.isdir(path):
@@ -122,12 +127,9 @@ def measure(
   if mode == "resident":
     data = as_device(store.to_federated_data())
     alg = _algorithm(algorithm, data, model, cohort, steps)
-    state = None
 
-    def go(n):
-      nonlocal state
-      state = loop.run(alg, data, num_rounds=n, key=key, rounds_per_call=per_call, state=state)
-      return state
+    def go(n, on_call):
+      return loop.run(alg, data, num_rounds=n, key=key, rounds_per_call=per_call, on_call=on_call)
   else:
     skel = skeleton(store)
     alg = _algorithm(algorithm, skel, model, cohort, steps)
@@ -135,10 +137,8 @@ def measure(
     paged = PagedState(
       rows_of, skel.num_clients, directory=os.path.join(store_dir, f"paged_{mode}_{num_clients}")
     )
-    carried = {"others": others}
-    split = _split_of(jax.eval_shape(alg.init, loop.init_key(key)))
 
-    def go(n):
+    def go(n, on_call):
       nonlocal stats
       state, stats = run(
         alg,
@@ -147,11 +147,11 @@ def measure(
         num_rounds=n,
         key=key,
         paged=paged,
-        others=carried["others"],
+        others=others,
         rounds_per_call=per_call,
         depth=2,
+        on_call=on_call,
       )
-      carried["others"] = split.parts(state)[1]
       return state
 
   per_round, state = _timed_rounds(go, rounds, warm=per_call)
@@ -200,15 +200,30 @@ def fits(a) -> dict:
     "--steps",
     str(a.steps),
   ]
-  res = _child(["--mode", "resident", *common])
-  st = _child(["--mode", "streamed", *common])
+  runs = _interleaved({m: ["--mode", m, *common] for m in ("resident", "streamed")}, a.repeats)
+  res, st = _median(runs["resident"]), _median(runs["streamed"])
   return dict(
     what="fits",
     resident=res,
     streamed=st,
+    repeats=a.repeats,
     throughput_ratio=res["seconds_per_round"] / st["seconds_per_round"],
-    same_model=res["model_sha"] == st["model_sha"],
+    same_model=all(r["model_sha"] == res["model_sha"] for r in runs["resident"] + runs["streamed"]),
+    all_seconds={m: [r["seconds_per_round"] for r in rs] for m, rs in runs.items()},
   )
+
+
+def _interleaved(children: dict[str, list[str]], repeats: int) -> dict[str, list[dict]]:
+  """Every child ``repeats`` times, one of each in turn (the machine's noise hits them alike)."""
+  runs: dict[str, list[dict]] = {name: [] for name in children}
+  for _ in range(repeats):
+    for name, args in children.items():
+      runs[name].append(_child(args))
+  return runs
+
+
+def _median(runs: list[dict]) -> dict:
+  return sorted(runs, key=lambda r: r["seconds_per_round"])[len(runs) // 2]
 
 
 def million(a) -> dict:
@@ -225,9 +240,11 @@ def million(a) -> dict:
     "--mode",
     "streamed",
   ]
-  s = _child(["--clients", str(small), *common])
-  b = _child(["--clients", str(big), *common])
-  return dict(what="million", small=s, big=b, seconds_ratio=b["seconds_per_round"] / s["seconds_per_round"])
+  runs = _interleaved({str(n): ["--clients", str(n), *common] for n in (small, big)}, a.repeats)
+  s, b = _median(runs[str(small)]), _median(runs[str(big)])
+  return dict(what="million", small=s, big=b, repeats=a.repeats,
+              seconds_ratio=b["seconds_per_round"] / s["seconds_per_round"],
+              all_seconds={n: [r["seconds_per_round"] for r in rs] for n, rs in runs.items()})
 
 
 def paged(a) -> dict:
@@ -263,11 +280,12 @@ def paged(a) -> dict:
   )
 
 
-def main(argv=None) -> None:
+def _args(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--what", choices=("fits", "million", "paged", "stackoverflow"), default="fits")
   p.add_argument("--tiny", action="store_true")
-  p.add_argument("--rounds", type=int, default=5)
+  p.add_argument("--repeats", type=int, default=5, help="fits, million: runs of each (the median)")
+  p.add_argument("--rounds", type=int, default=200, help="rounds timed after the first call (compilation)")
   p.add_argument("--cohort", type=int, default=100)
   p.add_argument("--per-call", type=int, default=5)
   p.add_argument("--store-dir", default=None)
@@ -279,6 +297,12 @@ def main(argv=None) -> None:
   p.add_argument("--steps", type=int, default=2)
   p.add_argument("--store", default=None)
   a = p.parse_args(argv)
+  a.store_dir = a.store_dir or tempfile.mkdtemp(prefix="fedtree_population_")
+  return a
+
+
+def main(argv=None) -> None:
+  a = _args(argv)
   if a.child:
     print(
       json.dumps(
@@ -288,7 +312,6 @@ def main(argv=None) -> None:
       )
     )
     return
-  a.store_dir = a.store_dir or tempfile.mkdtemp(prefix="fedtree_population_")
   if a.what == "stackoverflow":
     print(json.dumps(stackoverflow(a)))
     return

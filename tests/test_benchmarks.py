@@ -390,3 +390,16 @@ def test_llm_benchmark_runs_both_sides_on_one_checkpoint(tmp_path):
   assert {r["framework"] for r in out["rows"]} == {"fedtree", "torch"}
   assert all(r["tokens_per_s"] > 0 and r["peak_rss_MB"] > 0 for r in out["rows"])
   assert "| 2 |" in llm.table(out)
+
+
+@pytest.mark.slow
+def test_population_benchmark_runs_tiny(tmp_path):
+  """benchmarks/population.py cannot rot: --what=fits and --what=million at --tiny sizes, one run each,
+  print their ratios, and the streamed run's model is the resident one's, bitwise."""
+  from benchmarks import population
+
+  common = ["--tiny", "--rounds=5", "--repeats=1", f"--store-dir={tmp_path}"]
+  fits = population.fits(population._args(["--what=fits", *common]))
+  assert fits["same_model"] and fits["throughput_ratio"] > 0
+  million = population.million(population._args(["--what=million", *common]))
+  assert million["seconds_ratio"] > 0 and million["big"]["clients"] == 20_000

@@ -10,6 +10,7 @@ a population that fits gives bitwise the same run resident or streamed (tests/te
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -117,7 +118,7 @@ class _Calls:
 
   starts: list[int]  # each call's first round done (the state's round before it)
   lengths: list[int]  # its rounds
-  reads: Callable  # reads(state, round) -> int32[D]
+  reads: Callable  # reads(state, rounds) -> int32[len(rounds), D]
   size: int  # the window's rows
   num_clients: int
   state: Any = None  # the state the reads are computed from (any state of the run, or the current)
@@ -132,8 +133,8 @@ class _Calls:
       if i in self.memo:
         return self.memo[i]
     first = self.starts[i]
-    read = [np.asarray(self.reads(self.state, r)) for r in range(first, first + self.lengths[i])]
-    made = window_of(np.concatenate(read), self.num_clients, self.size)
+    read = np.asarray(self.reads(self.state, np.arange(first, first + self.lengths[i], dtype=np.int32)))
+    made = window_of(read.reshape(-1), self.num_clients, self.size)
     with self.lock:
       self.memo[i] = made
       for old in [k for k in self.memo if k < i - 8]:   # the reader runs at most a few calls ahead
@@ -142,6 +143,13 @@ class _Calls:
 
   def __getitem__(self, i: int) -> np.ndarray:
     return self.window(i)[0]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _call_reads(clients: Callable, state, rounds, *, key):
+  """``int32[R, D]``: the clients every round of ``rounds`` reads (``clients(state, fold_in(key, r))``),
+  a call's rounds in one compiled call (one dispatch, not one a round; compiled once per algorithm)."""
+  return jax.vmap(lambda r: clients(state, jax.random.fold_in(key, r)))(rounds)
 
 
 class StreamStats(NamedTuple):
@@ -236,12 +244,12 @@ def run(
     starts.append(r)
     lengths.append(n)
     r += n
-  reads_fn = jax.jit(algorithm.reads.clients)
-  per_round = int(np.asarray(reads_fn(probe, jax.random.fold_in(key, 0))).shape[0])
+  reads_fn = functools.partial(_call_reads, algorithm.reads.clients, key=key)
+  per_round = int(jax.eval_shape(reads_fn, probe, np.zeros(1, np.int32)).shape[1])
   calls = _Calls(
     starts,
     lengths,
-    lambda st, rnd: reads_fn(st, jax.random.fold_in(key, rnd)),
+    reads_fn,
     fuse * per_round,
     data.num_clients,
     state=probe,

@@ -53,6 +53,8 @@ class Weights(NamedTuple):
   client: jax.Array                # [C] the host's (examples or ones): the levels above use them
   tier: jax.Array                  # [C] in the parents' mean: the rule's, where it sets them (AFL)
   population: jax.Array            # [N] every parent's children's ``tier`` weights summed
+  slots: jax.Array                 # [C] ``tier`` as the cohort reads it: the counts themselves for
+  # example weights (cast once its rows are read: no float copy of every client's is made a call)
 
 
 def init(plan: HostPlan, key) -> TreeState:
@@ -106,7 +108,8 @@ def weights(plan: HostPlan, state: TreeState, data: FederatedData) -> Weights:
     w_tier = plan.rule.up.weights(w_client, state.server_state)
   total = jax.ops.segment_sum(w_tier, jnp.asarray(plan.topology.parent(plan.depth)),
                               num_segments=plan.num_parents)
-  return Weights(w_client, w_tier, total)
+  slots = data.n_train if w_tier is w_client and plan.weighting == "examples" else w_tier
+  return Weights(w_client, w_tier, total, slots)
 
 
 def inbox(plan: HostPlan, state: TreeState, drawn: Drawn, w: Weights, res: TierResult, pseudo_gradient,
@@ -131,7 +134,7 @@ def slot_positions(cohort: Cohort, num_parents: int) -> jax.Array:
 
 
 def _clients(plan: HostPlan, state: TreeState, drawn: Drawn, w: Weights, *, own_state: bool) -> Clients:
-  return Clients(drawn.num_steps, w.tier, state=state.client_state if own_state else (), cursor=state.cursor,
+  return Clients(drawn.num_steps, w.slots, state=state.client_state if own_state else (), cursor=state.cursor,
                  personal=plan.share.unpack(state.personal),
                  update_state=state.update_state[plan.leaf] if own_state else None)
 
