@@ -29,6 +29,7 @@ import dataclasses
 import json
 import os
 import resource
+import tempfile
 import time
 
 import jax
@@ -139,6 +140,7 @@ import contextlib, importlib.util, io, json, re, resource, sys, time
 import ml_collections
 from fedtree import experiment
 root, clients, layout, eval_chunk = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+store = sys.argv[5] if len(sys.argv) > 5 else "None"
 spec = importlib.util.spec_from_file_location("quickstart", root + "/configs/quickstart.py")
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
@@ -150,27 +152,71 @@ c.runs = ml_collections.ConfigDict({"fedavg": c.runs.fedavg})
 c.run_order, c.runs.fedavg.cohort_size = ("fedavg",), 100
 if eval_chunk != "None":
   c.eval_chunk_size = eval_chunk
+if store != "None":   # the same population, streamed from the store written beforehand (STORE_CHILD)
+  c.data = ml_collections.ConfigDict(dict(name="store", path=store, dataset=c.data.name))
+  c.population = ml_collections.ConfigDict(dict(mode="streamed", eval_clients=1000, eval_chunk=1000))
+own = [0]   # the peak resident set less the store's pages mapped (a streamed run's reads: the page
+def sample():   # cache's, shared and reclaimed when memory is short), sampled from /proc/self/smaps
+  import threading
+  def loop():
+    while True:
+      total = mapped = 0
+      in_store = False
+      with open("/proc/self/smaps") as f:
+        for x in f:
+          if x[0] in "0123456789abcdef" and "-" in x.split(" ", 1)[0]:
+            in_store = store != "None" and store in x
+          elif x.startswith("Rss:"):
+            kb = int(x.split()[1]) * 1024
+            total += kb
+            mapped += kb if in_store else 0
+      own[0] = max(own[0], total - mapped)
+      time.sleep(0.1)
+  threading.Thread(target=loop, daemon=True).start()
+sample()
 err, start = io.StringIO(), time.perf_counter()
 with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
   experiment.train_and_evaluate(c, None)
 line = next(x for x in err.getvalue().splitlines() if "memory estimate" in x)
 n, unit = re.search(r"this process at peak ([\d.]+) (GiB|MiB)", line).groups()
 estimate, seconds = float(n) * (2**30 if unit == "GiB" else 2**20), time.perf_counter() - start
-print(json.dumps(dict(clients=clients, layout=layout, eval_chunk=eval_chunk, line=line, estimate=estimate,
-                      seconds=seconds, peak=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
+kind = layout if store == "None" else "streamed"
+print(json.dumps(dict(clients=clients, layout=kind, eval_chunk=eval_chunk, line=line, estimate=estimate,
+                      seconds=seconds, peak=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                      peak_own=own[0])))
+"""
+
+STORE_CHILD = r"""
+import importlib.util, sys
+from fedtree.experiment.data import load
+from fedtree.population import write_federated_data
+root, clients, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+spec = importlib.util.spec_from_file_location("quickstart", root + "/configs/quickstart.py")
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+c = mod.get_config()
+c.data.group_sizes = (clients,)
+c.data.min_examples, c.data.max_examples, c.data.mean_examples, c.data.test_examples = 2, 8, 5.0, 4
+data, groups, _ = load(c.data)
+write_federated_data(path, data, source={"name": c.data.name}, extras={"groups": groups})
 """
 
 
-def memory_peak(clients: int, layout: str = "padded", eval_chunk=None, timeout: float = 1800) -> dict:
+def memory_peak(clients: int, layout: str = "padded", eval_chunk=None, timeout: float = 1800,
+                store: str | None = None) -> dict:
   """One child's run (:data:`MEMORY_CHILD`): the process peak its memory line states (``estimate``,
-  bytes), the peak resident set it measured (``peak``), its line and seconds."""
+  bytes), the peak resident set it measured (``peak``), its line and seconds. ``store``: the same
+  population streamed from a store at this path (written first, in a process of its own, when absent)."""
   import subprocess
   import sys
 
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-  out = subprocess.run([sys.executable, "-c", MEMORY_CHILD, root, str(clients), layout, str(eval_chunk)],
-                       capture_output=True, text=True, env=env, cwd=root, timeout=timeout)
+  if store is not None and not os.path.isdir(store):
+    subprocess.run([sys.executable, "-c", STORE_CHILD, root, str(clients), store], check=True, env=env,
+                   cwd=root, timeout=timeout, capture_output=True)
+  out = subprocess.run([sys.executable, "-c", MEMORY_CHILD, root, str(clients), layout, str(eval_chunk),
+                        str(store)], capture_output=True, text=True, env=env, cwd=root, timeout=timeout)
   if out.returncode:
     raise RuntimeError(f"the child at {clients} clients failed:\n{out.stderr[-3000:]}")
   return json.loads(out.stdout.strip().splitlines()[-1])
@@ -178,13 +224,14 @@ def memory_peak(clients: int, layout: str = "padded", eval_chunk=None, timeout: 
 
 def memory_table(rows: list[dict]) -> str:
   """The memory sweep as the report prints it."""
-  head = (f"{'clients':>10}  {'layout':>7}  {'eval chunk':>10}  {'estimate MiB':>12}  {'peak MiB':>9}  "
-          f"{'ratio':>6}")
+  head = (f"{'clients':>10}  {'layout':>8}  {'eval chunk':>10}  {'estimate MiB':>12}  {'peak MiB':>9}  "
+          f"{'ratio':>6}  {'own MiB':>9}  {'ratio':>6}")
   lines = [head, "-" * len(head)]
   for r in rows:
-    est, peak = r["estimate"] / 2**20, r["peak"] / 2**20
-    lines.append(f"{r['clients']:>10,}  {r['layout']:>7}  {r['eval_chunk']:>10}  {est:>12.0f}  {peak:>9.0f}  "
-                 f"{est / peak:>6.3f}")
+    est, peak, own = r["estimate"] / 2**20, r["peak"] / 2**20, r.get("peak_own", 0) / 2**20
+    anon_s = f"{own:>9.0f}  {est / own:>6.3f}" if own else f"{'-':>9}  {'-':>6}"
+    lines.append(f"{r['clients']:>10,}  {r['layout']:>8}  {r['eval_chunk']:>10}  {est:>12.0f}  {peak:>9.0f}  "
+                 f"{est / peak:>6.3f}  {anon_s}")
   return "\n".join(lines)
 
 
@@ -201,6 +248,7 @@ def main(argv=None) -> dict:
   p.add_argument("--populations", default=None, help="comma-separated (default 1,000 .. 300,000)")
   p.add_argument("--population-cohort", type=int, default=100)
   p.add_argument("--memory-populations", default="10000,100000", help="comma-separated (memory sweep)")
+  p.add_argument("--memory-stores", default=None, help="the memory sweep's stores' folder")
   p.add_argument("--tag", default=None)
   p.add_argument("--out-dir", default=RESULTS)
   args = p.parse_args(argv)
@@ -239,9 +287,12 @@ def main(argv=None) -> dict:
           f"per client; draws: one jitted cohort draw, the shuffle is the sampler before issue 43):")
     print(population_table(out["population_sweep"]), flush=True)
   if "memory" in sweeps:
-    out["memory_sweep"] = [memory_peak(int(n)) for n in args.memory_populations.split(",") if n]
+    pops = [int(n) for n in args.memory_populations.split(",") if n]
+    stores = args.memory_stores or tempfile.mkdtemp(prefix="fedtree_memory_")
+    out["memory_sweep"] = [memory_peak(n) for n in pops] + [
+      memory_peak(n, store=os.path.join(stores, f"quickstart_{n}")) for n in pops]
     print("the process's peak as its memory line states it (estimate) against its measured ru_maxrss "
-          "(quickstart FedAvg, 2-8 examples per client, resident):")
+          "(quickstart FedAvg, 2-8 examples per client, resident, then streamed from a store):")
     print(memory_table(out["memory_sweep"]), flush=True)
   tag = args.tag or ("scaling_quick" if args.quick else "scaling")
   os.makedirs(args.out_dir, exist_ok=True)

@@ -135,9 +135,12 @@ def test_memory_report_sets_the_estimated_peak_beside_the_measured_one():
   child's measured ru_maxrss, and their ratio (tests/test_memory_peak.py runs the children)."""
   from benchmarks import scaling
 
-  rows = [dict(clients=10_000, layout="padded", eval_chunk="None", estimate=694 * 2**20, peak=647 * 2**20)]
+  rows = [dict(clients=10_000, layout="padded", eval_chunk="None", estimate=694 * 2**20, peak=647 * 2**20),
+          dict(clients=10_000, layout="streamed", eval_chunk="None", estimate=600 * 2**20, peak=700 * 2**20,
+               peak_own=500 * 2**20)]
   table = scaling.memory_table(rows).splitlines()
-  assert table[2].split() == ["10,000", "padded", "None", "694", "647", "1.073"]
+  assert table[2].split() == ["10,000", "padded", "None", "694", "647", "1.073", "-", "-"]
+  assert table[3].split() == ["10,000", "streamed", "None", "600", "700", "0.857", "500", "1.200"]
 
 
 @pytest.mark.slow

@@ -275,6 +275,7 @@ def test_the_from_python_snippet_runs_as_a_script(tmp_path):
   assert 0.0 <= float(out.stdout.strip().splitlines()[-1]) <= 1.0
 
 
+@pytest.mark.slow   # 40 s: the guide's three methods, each against the library's and a per-client loop
 def test_the_write_your_own_guide_runs():
   """docs/write-your-own.md's code blocks, in order, as one script: each method built there (FedProx,
   FedPer, SCAFFOLD) equals the library's, SCAFFOLD its per-client loop too, FedPer's models are the

@@ -76,6 +76,42 @@ def resident_bytes(store) -> int:
   return int(store.num_clients * (store.width("train") + store.width("test")) * per_row)
 
 
+READER_RESERVE = 64 * 2**20
+"""Bytes a streamed run adds for its reader: the compiled read plan (measured at 41-60 MiB for FedAvg's
+cohort draw, 10^4 to 10^6 clients) and the reader's thread and libraries."""
+
+PER_CLIENT_STREAMED = 32
+"""Bytes per client of the population a streamed run makes beside what is held when its estimate is
+made: every client's counts moved to the device (8), the paged state's marks (2), the sampler's client
+order and its sort (16), rounded up."""
+
+
+def stream_bytes(algorithm: FederatedAlgorithm, data: FederatedData, population: Population,
+                 rounds_per_call: int, key) -> int:
+  """Host bytes a streamed run holds beside its state (:func:`fedtree.population.stream.run`): the rows of
+  a call's window (the clients its rounds read, train and test at the store's widths) for the
+  ``prefetch`` calls read ahead, each on the host and moved to the device, and the one training; the
+  reader's cache; an evaluation chunk's test rows; :data:`READER_RESERVE`; and
+  :data:`PER_CLIENT_STREAMED` per client. (The store's pages a run touches are mapped
+  from the page cache: counted in the resident set, reclaimed by the system when memory is short,
+  and not counted here.)"""
+  from fedtree.core import loop
+
+  feats = population.store.features
+  per_row = sum(int(np.prod(feats[k].shape, dtype=np.int64)) * np.dtype(feats[k].dtype).itemsize
+                for k in ("x", "y"))
+  reads = 0
+  if algorithm.reads is not None:
+    shapes = jax.eval_shape(algorithm.init, loop.init_key(key))
+    reads = int(np.prod(jax.eval_shape(algorithm.reads.clients, shapes, key).shape))
+  fuse = 1 if algorithm.reads is None or algorithm.reads.needs_state else int(rounds_per_call)
+  width = int(data.x_train.shape[1]) + int(data.x_test.shape[1])
+  window = fuse * reads * width * per_row
+  evaluation = int(population.eval_chunk) * int(data.x_test.shape[1]) * per_row * 2
+  return (2 * (int(population.prefetch) + 1) * window + int(population.cache_bytes) + evaluation
+          + READER_RESERVE + PER_CLIENT_STREAMED * int(data.num_clients))
+
+
 def plan(
   config: ml_collections.ConfigDict, skeleton: FederatedData, store
 ) -> tuple[FederatedData, Population]:

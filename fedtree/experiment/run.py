@@ -130,9 +130,15 @@ class Run:
     numbers when it cannot fit."""
     from fedtree.core import loop
 
+    streamed = 0
+    if self.context.streamed:   # the windows read ahead, the reader's cache, an evaluation chunk's rows
+      from fedtree.experiment.population import stream_bytes
+
+      streamed = stream_bytes(self.algorithm, self.context.data, self.context.population,
+                              int(field(self.context.config, "rounds_per_call")), key)
     return budget.check(self.label, jax.eval_shape(self.algorithm.init, loop.init_key(key)),
                         self.context.chunk_size(self.config), block=self.block,
-                        extra_data_bytes=self.extra_data_bytes, needs=self.needs)
+                        extra_data_bytes=self.extra_data_bytes, needs=self.needs, streamed_bytes=streamed)
 
 
 def scoring(ctx: Context, wrapped: Wrapping | None = None,
