@@ -35,7 +35,7 @@ def test_a_published_setup_names_its_offline_variant_and_its_quick_mode(name):
   assert f"configs/benchmarks/{name}.py:offline,quick" in doc, name
 
 
-UNMEASURED = ("afo_cifar100", "afo_shakespeare", "afo_stackoverflow", "leaf_femnist")
+UNMEASURED = ("afo_shakespeare", "afo_stackoverflow")
 """The configs whose ``:offline,quick`` CPU time is not measured yet (their docstrings say so)."""
 
 

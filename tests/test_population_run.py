@@ -11,8 +11,9 @@ import pytest
 from config_files import load_config
 
 from fedtree.experiment.data import load
+from fedtree.experiment.population import resident_bytes
 from fedtree.experiment.runner import train_and_evaluate
-from fedtree.population import write_federated_data
+from fedtree.population import open_store, write_federated_data
 
 CD = ml_collections.ConfigDict
 
@@ -70,8 +71,11 @@ def test_streamed_and_resident_runs_print_the_same_table(store_path, tmp_path, c
 def test_auto_holds_a_population_that_fits_and_streams_one_that_does_not(store_path, tmp_path, capsys):
   train_and_evaluate(_config(store_path, "auto"), str(tmp_path / "a"))
   assert "population: resident" in "".join(capsys.readouterr())
-  c = _config(store_path, "auto")
-  c.memory_limit_bytes = 20_000  # the rows need more, twice on CPU
+  c = _config(store_path, "auto", prefetch=0)
+  c.population.eval_chunk = 1
+  rows = resident_bytes(open_store(store_path))
+  c.memory_limit_bytes = 2 * rows - 1   # the rows need more, twice on CPU; one client at a time, one window
+  c.chunk_size, c.rounds_per_call = "1", 1
   c.runs = CD({"fedavg": c.runs.fedavg})
   train_and_evaluate(c, str(tmp_path / "b"))
   assert "population: streamed from" in "".join(capsys.readouterr())

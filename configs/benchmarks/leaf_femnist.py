@@ -37,8 +37,8 @@ LEAF's clients take their last, smaller batch like fedtree's.
 not the benchmark.
 
 ``quick`` (added to any variant; ``:offline,quick`` above) runs the first run, ``fedavg_c3``, for 3
-rounds scored once at the end, no checkpoint: the setup checked end to end. Its CPU time is not
-measured yet (the measuring run was stopped on a shared 2-core machine under a load of about 20).
+rounds scored once at the end, no checkpoint: the setup checked end to end. Measured
+(``:offline,quick``, seed 0): 51 s CPU, 34 s wall on the shared 2-core CPU under a load of about 2.
 The whole ``:offline`` runs 2,000 rounds of each of its two runs; its cost is not measured here.
 """
 

@@ -281,7 +281,8 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
                  source: str, experiments: int = 1, chunk_name: str = "chunk_size",
                  block: tuple[int, int, int, bool] | None = None, data_bytes: int = 0,
                  clients: int = 0, evaluation_bytes: int = 0, eval_chunk: int | None = None,
-                 needs: Needs | None = None, process_bytes: int = 0, streamed_bytes: int = 0) -> str:
+                 needs: Needs | None = None, process_bytes: int = 0,
+                 streamed_bytes: tuple[int, int] = (0, 0)) -> str:
   """The one-line estimate printed before a run compiles; a ``ValueError`` with the numbers and
   the largest chunk that fits when it cannot fit in ``limit``.
 
@@ -311,8 +312,9 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
       :data:`RUNTIME_RESERVE`, the state and the larger working set (the rounds' or the
       evaluation's), and with the default limit (the memory available) refuses a run it exceeds;
       0: not counted (accelerators, whose arrays are the device's).
-    streamed_bytes: what a streamed run reads into host memory as it runs
-      (:func:`fedtree.experiment.population.stream_bytes`), beside the data and in the peak.
+    streamed_bytes: ``(device, process)``, what a streamed run reads as it runs
+      (:func:`fedtree.experiment.population.stream_bytes`): on the device beside the data, and in
+      the process's peak.
 
   Returns:
     The line (the caller prints it).
@@ -330,20 +332,21 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
                 state_bytes=state_bytes, step=step_bytes, work=step_bytes * chunk * experiments,
                 evaluation=evaluation_bytes, eval_chunk=eval_chunk, experiments=experiments, chunk=chunk,
                 chunk_name=chunk_name, models=models, blocks=blocks, held=held, block=block, needs=needs)
-  total = data_bytes + streamed_bytes + state + e.work
+  on_device, in_process = (int(n) for n in streamed_bytes)
+  total = data_bytes + on_device + state + e.work
   line = _line(e, total)
-  if streamed_bytes:
-    line += f" + streamed windows {_gib(streamed_bytes)}"
+  if on_device:
+    line += f" + streamed windows {_gib(on_device)}"
   at_once = "every client" if eval_chunk is None else f"{eval_chunk} clients"
   evaluation = f"; evaluation {_gib(evaluation_bytes)} ({at_once} at once)" if evaluation_bytes else ""
   if limit is None:
     return line + evaluation + " (no memory limit known)"
-  peak = (process_bytes + RUNTIME_RESERVE + streamed_bytes + state + max(e.work, evaluation_bytes)
+  peak = (process_bytes + RUNTIME_RESERVE + in_process + state + max(e.work, evaluation_bytes)
           if process_bytes else 0)
   if peak:
     evaluation += (f"; this process at peak {_gib(peak)} (now {_gib(process_bytes)}: the runtime and the "
                    f"clients' data as held, + {_gib(RUNTIME_RESERVE)} compiling and running + "
-                   f"{'the streamed windows + ' if streamed_bytes else ''}state + the "
+                   f"{'the streamed windows and reader + ' if in_process else ''}state + the "
                    f"larger of the chunk's and the evaluation's working sets)")
   line += f"{evaluation}, limit {_gib(limit)} ({source})"
   if total <= limit:
@@ -557,7 +560,8 @@ class Budget:
 
   def check(self, label: str, state_shapes, chunk_size, *, experiments: int = 1,
             chunk_name: str = "chunk_size", block: tuple[int, int, int, bool] | None = None,
-            extra_data_bytes: int = 0, needs: Needs | None = None, streamed_bytes: int = 0) -> str:
+            extra_data_bytes: int = 0, needs: Needs | None = None,
+            streamed_bytes: tuple[int, int] = (0, 0)) -> str:
     """:func:`check_memory` of run ``label`` with state ``state_shapes`` (one experiment's);
     ``extra_data_bytes``: a copy of the data the run keeps besides (a data attack's poisoned
     copy); ``needs``: the method's (:class:`Needs`); ``streamed_bytes``: a streamed run's windows
@@ -571,7 +575,7 @@ class Budget:
                             source=self.source, experiments=experiments, chunk_name=chunk_name, block=block,
                             data_bytes=self.data_bytes + int(extra_data_bytes), clients=self.num_clients,
                             evaluation_bytes=self.eval_bytes(), eval_chunk=self.eval_chunk, needs=needs,
-                            process_bytes=self.process, streamed_bytes=int(streamed_bytes))
+                            process_bytes=self.process, streamed_bytes=streamed_bytes)
         return line + self.eval_note
       except EvaluationDoesNotFit as e:
         if self.eval_chunk is not None and self.chosen_eval_chunk is None:

@@ -87,14 +87,14 @@ order and its sort (16), rounded up."""
 
 
 def stream_bytes(algorithm: FederatedAlgorithm, data: FederatedData, population: Population,
-                 rounds_per_call: int, key) -> int:
-  """Host bytes a streamed run holds beside its state (:func:`fedtree.population.stream.run`): the rows of
-  a call's window (the clients its rounds read, train and test at the store's widths) for the
-  ``prefetch`` calls read ahead, each on the host and moved to the device, and the one training; the
-  reader's cache; an evaluation chunk's test rows; :data:`READER_RESERVE`; and
-  :data:`PER_CLIENT_STREAMED` per client. (The store's pages a run touches are mapped
-  from the page cache: counted in the resident set, reclaimed by the system when memory is short,
-  and not counted here.)"""
+                 rounds_per_call: int, key) -> tuple[int, int]:
+  """``(device, process)``: the bytes a streamed run holds on the device beside its state (the rows of
+  a call's window, the clients its rounds read, train and test at the store's widths, for the
+  ``prefetch`` calls moved ahead and the one training; an evaluation chunk's test rows) and what its
+  process holds besides at peak (those windows' host copies, the reader's cache,
+  :data:`READER_RESERVE` and :data:`PER_CLIENT_STREAMED` per client). The store's pages a run
+  touches are mapped from the page cache: counted in the resident set, reclaimed by the system when
+  memory is short, and not counted here."""
   from fedtree.core import loop
 
   feats = population.store.features
@@ -106,10 +106,11 @@ def stream_bytes(algorithm: FederatedAlgorithm, data: FederatedData, population:
     reads = int(np.prod(jax.eval_shape(algorithm.reads.clients, shapes, key).shape))
   fuse = 1 if algorithm.reads is None or algorithm.reads.needs_state else int(rounds_per_call)
   width = int(data.x_train.shape[1]) + int(data.x_test.shape[1])
-  window = fuse * reads * width * per_row
-  evaluation = int(population.eval_chunk) * int(data.x_test.shape[1]) * per_row * 2
-  return (2 * (int(population.prefetch) + 1) * window + int(population.cache_bytes) + evaluation
-          + READER_RESERVE + PER_CLIENT_STREAMED * int(data.num_clients))
+  windows = (int(population.prefetch) + 1) * fuse * reads * width * per_row
+  device = windows + int(population.eval_chunk) * int(data.x_test.shape[1]) * per_row
+  process = (device + windows + int(population.cache_bytes) + READER_RESERVE
+             + PER_CLIENT_STREAMED * int(data.num_clients))
+  return device, process
 
 
 def plan(

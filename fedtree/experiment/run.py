@@ -130,7 +130,7 @@ class Run:
     numbers when it cannot fit."""
     from fedtree.core import loop
 
-    streamed = 0
+    streamed = (0, 0)
     if self.context.streamed:   # the windows read ahead, the reader's cache, an evaluation chunk's rows
       from fedtree.experiment.population import stream_bytes
 
