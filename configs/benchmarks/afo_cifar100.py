@@ -38,7 +38,7 @@ needed: a check that the setup runs, not the benchmark.
 
 ``quick`` (added to any variant; ``:offline,quick`` above) runs the first run, FedAvg, for 3 rounds
 scored once at the end, no checkpoint: the setup checked end to end. Measured (``:offline,quick``,
-seed 0): 237 s CPU, 3 min 23 s wall on the shared 2-core CPU under a load of about 2. The whole
+seed 0): 237 s CPU, 3 min 23 s wall on the shared 2-core CPU under a load of 2 to 3.5. The whole
 ``:offline`` runs 4,000 rounds of each of the four methods; its cost is not measured here.
 """
 
