@@ -1,7 +1,6 @@
 """What a newcomer reads in the configs (issue 57 items 19-20): a published setup without its data
 names the preparation command and the variant that runs without it; every ``:offline`` variant
-offers a quick mode and states its cost (the machine and the CPU time; those not measured yet are
-marked); the systems config's quoted columns are the ones its command prints; the personalized table
+offers a quick mode and states its measured cost (the machine and the CPU time); the systems config's quoted columns are the ones its command prints; the personalized table
 has a quick variant."""
 
 import ast
@@ -35,13 +34,7 @@ def test_a_published_setup_names_its_offline_variant_and_its_quick_mode(name):
   assert f"configs/benchmarks/{name}.py:offline,quick" in doc, name
 
 
-UNMEASURED = ("afo_shakespeare", "afo_stackoverflow")
-"""The configs whose ``:offline,quick`` CPU time is not measured yet (their docstrings say so)."""
-
-
-@pytest.mark.parametrize("name", [
-  pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="cost not measured yet")) if n in UNMEASURED
-  else n for n in BENCHMARKS])
+@pytest.mark.parametrize("name", BENCHMARKS)
 def test_a_quick_mode_states_its_measured_cost(name):
   doc = _doc(f"benchmarks/{name}")
   quick = doc[doc.index(":offline,quick"):]

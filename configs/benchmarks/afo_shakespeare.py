@@ -35,8 +35,8 @@ reports the final round's accuracy (AFO: the mean of the last 100 rounds).
 file needed: a check that the setup runs, not the benchmark.
 
 ``quick`` (added to any variant; ``:offline,quick`` above) runs the first run, FedAvg, for 3 rounds
-scored once at the end, no checkpoint: the setup checked end to end. Its CPU time is not measured
-yet (the measuring run was stopped on a shared 2-core machine under a load of about 20). The whole
+scored once at the end, no checkpoint: the setup checked end to end. Measured (``:offline,quick``,
+seed 0): 137 s CPU, 2 min 2 s wall on the shared 2-core CPU under a load of 2 to 3. The whole
 ``:offline`` runs 1,200 rounds of each of the four methods; its cost is not measured here.
 """
 

@@ -48,8 +48,8 @@ benchmark.
 when the memory estimate says the population does not fit (``config.population``).
 
 ``quick`` (added to any variant; ``:offline,quick`` above) runs the first run, FedAvg, for 3 rounds
-scored once at the end, no checkpoint: the setup checked end to end. Its CPU time is not measured
-yet (the measuring run was stopped on a shared 2-core machine under a load of about 20). The whole
+scored once at the end, no checkpoint: the setup checked end to end. Measured (``:offline,quick``,
+seed 0): 182 s CPU, 2 min 33 s wall on the shared 2-core CPU under a load of about 3. The whole
 ``:offline`` runs 1,500 rounds of each of the four methods; its cost is not measured here.
 """
 
