@@ -1,7 +1,7 @@
 """What a newcomer reads in the configs (issue 57 items 19-20): a published setup without its data
 names the preparation command and the variant that runs without it; every ``:offline`` variant
-offers a quick mode and states its measured cost (the machine and the CPU time); the systems config's quoted columns are the ones its command prints; the personalized table
-has a quick variant."""
+offers a quick mode and states its measured cost (the machine and the CPU time); the systems config's
+quoted columns are the ones its command prints; the personalized table has a quick variant."""
 
 import ast
 import os
