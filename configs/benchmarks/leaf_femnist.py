@@ -5,6 +5,10 @@ runs FedAvg on it: LEAF's CNN, 3 or 35 clients per round, 2,000 rounds.
       --config.data.root=/path/to/leaf/data/femnist/data
   python -m fedtree.main --config=configs/benchmarks/leaf_femnist.py --workdir=/tmp/leaf_femnist_e100 \
       --config.data.root=/path/to/leaf/data/femnist/data --config.only=fedavg_c3 --config.local.epochs=100
+  python -m fedtree.convert --config=configs/benchmarks/leaf_femnist.py --out=/tmp/femnist_store \
+      --config.data.root=/path/to/leaf/data/femnist/data
+  python -m fedtree.main --config=configs/benchmarks/leaf_femnist.py:store --workdir=/tmp/leaf_store \
+      --config.data.path=/tmp/femnist_store
   python -m fedtree.main --config=configs/benchmarks/leaf_femnist.py:offline --workdir=/tmp/leaf_off
   python -m fedtree.main --config=configs/benchmarks/leaf_femnist.py:offline,quick --workdir=/tmp/leaf_quick
 
@@ -32,6 +36,10 @@ compiles, naming that command and the ``:offline`` variant that runs without the
 Differences from LEAF: fedtree reports the final round (LEAF: every ``eval_every`` rounds, as here);
 LEAF's clients take their last, smaller batch like fedtree's.
 
+``:store``: the same runs over LEAF's JSON converted once to a store (``python -m fedtree.convert``,
+:mod:`fedtree.population`): the device holds the cohort, never the population, and the run streams
+when the memory estimate says the population does not fit (``config.population``).
+
 ``:offline``: the same runs on generated 28x28x1 images of 62 classes (200 clients of
 :func:`fedtree.datasets.prototypes.prototype_images`), no file needed: a check that the setup runs,
 not the benchmark.
@@ -55,9 +63,10 @@ LEAF_FEMNIST = {"learning_rate": 0.004, "batch_size": 10, "rounds": 2000, "clien
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  """``variant``: ``None`` (LEAF's JSON) or ``"offline"`` (generated images);
-  ``quick`` added to any: 3 rounds of the first run (module docstring)."""
-  flags = variant_flags(variant, ("offline", "quick"), "leaf_femnist")
+  """``variant``: ``None`` (LEAF's JSON), ``"store"`` (the JSON converted to a store,
+  ``config.data.path``) or ``"offline"`` (generated images); ``quick`` added to any: 3 rounds of the
+  first run (module docstring)."""
+  flags = variant_flags(variant, ("offline", "store", "quick"), "leaf_femnist")
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.rounds = LEAF_FEMNIST["rounds"]
@@ -71,6 +80,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.data = ml_collections.ConfigDict(dict(
       name="prototype_images", num_clients=200, num_examples=20_000, num_classes=62, image_size=28,
       partition="dirichlet", alpha=0.5, test_fraction=0.1, seed=0))
+  elif "store" in flags:
+    c.data = ml_collections.ConfigDict(dict(name="store", path="", dataset="leaf"))
   else:
     c.data = ml_collections.ConfigDict(dict(
       name="leaf", kind="femnist", root=os.path.expanduser("~/leaf/data/femnist/data"),
