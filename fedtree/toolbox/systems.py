@@ -451,6 +451,7 @@ def client_ops(path: UpdatePath | None, params: PyTree, parents: jax.Array) -> j
 def _client_stats(path: UpdatePath, params: PyTree, parent: jax.Array) -> dict:
   """The statistics ``path``'s client transform reports for a zero update shaped like ``params`` sent to
   ``parent`` (the node state of one parent: what sizes and counts read is the hyperparameters)."""
+  assert path.client is not None   # (the callers return None without a client transform)
   state = init_update_state(path, params, 1, 1)
   row = jax.tree.map(lambda a: a[0], state.client)
   zero = jnp.zeros((), jnp.int32)
