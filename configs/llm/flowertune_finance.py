@@ -25,24 +25,13 @@ modelled: local optimizers restart every round).
 """
 
 import ml_collections
-from ml_collections import config_dict
 
-from fedtree.experiment.standard_tasks import flowertune_config
+from fedtree.experiment.standard_tasks import flowertune_config, flowertune_task
 
 
 def get_config() -> ml_collections.ConfigDict:
-  tasks = {
-    name: dict(
-      kind="generation",
-      path=config_dict.placeholder(str),
-      format="alpaca",
-      template="flowertune",
-      seq_len=512,
-      max_new_tokens=4,
-      limit=config_dict.placeholder(int),
-    )
-    for name in ("fpb", "fiqa", "tfns")
-  }
+  tasks = {name: flowertune_task("generation", "alpaca", max_new_tokens=4)   # each its own path and limit
+           for name in ("fpb", "fiqa", "tfns")}
   return flowertune_config(
     "'flwrlabs/fingpt-sentiment-train', split='train'",
     num_clients=50,

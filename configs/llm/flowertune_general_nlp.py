@@ -23,23 +23,12 @@ round).
 """
 
 import ml_collections
-from ml_collections import config_dict
 
-from fedtree.experiment.standard_tasks import flowertune_config
+from fedtree.experiment.standard_tasks import flowertune_config, flowertune_task
 
 
 def get_config() -> ml_collections.ConfigDict:
-  tasks = dict(
-    mmlu=dict(
-      kind="choice",
-      path=config_dict.placeholder(str),
-      hub="'cais/mmlu', 'all', split='test'",
-      format="mmlu",
-      template="raw",
-      seq_len=512,
-      limit=config_dict.placeholder(int),
-    )
-  )
+  tasks = dict(mmlu=flowertune_task("choice", "mmlu", hub="'cais/mmlu', 'all', split='test'"))
   return flowertune_config(
     "'flwrlabs/alpaca-gpt4', split='train'",
     num_clients=20,

@@ -24,40 +24,15 @@ round).
 """
 
 import ml_collections
-from ml_collections import config_dict
 
-from fedtree.experiment.standard_tasks import flowertune_config
+from fedtree.experiment.standard_tasks import flowertune_config, flowertune_task
 
 
 def get_config() -> ml_collections.ConfigDict:
   tasks = dict(
-    pubmedqa=dict(
-      kind="generation",
-      path=config_dict.placeholder(str),
-      format="alpaca",
-      template="flowertune",
-      seq_len=512,
-      max_new_tokens=3,
-      limit=config_dict.placeholder(int),
-    ),
-    medmcqa=dict(
-      kind="choice",
-      path=config_dict.placeholder(str),
-      hub="'openlifescienceai/medmcqa', split='validation'",
-      format="medmcqa",
-      template="raw",
-      seq_len=512,
-      limit=config_dict.placeholder(int),
-    ),
-    medqa=dict(
-      kind="choice",
-      path=config_dict.placeholder(str),
-      hub="'GBaker/MedQA-USMLE-4-options', split='test'",
-      format="medqa",
-      template="raw",
-      seq_len=512,
-      limit=config_dict.placeholder(int),
-    ),
+    pubmedqa=flowertune_task("generation", "alpaca", max_new_tokens=3),
+    medmcqa=flowertune_task("choice", "medmcqa", hub="'openlifescienceai/medmcqa', split='validation'"),
+    medqa=flowertune_task("choice", "medqa", hub="'GBaker/MedQA-USMLE-4-options', split='test'"),
   )
   return flowertune_config(
     "'flwrlabs/medical-meadow-medical-flashcards', split='train'",

@@ -6,7 +6,8 @@
   cross-task setup (clients per round, client batch size, total rounds; one client epoch) and, for
   every task and method, the best client learning rate, server learning rate and adaptivity
   epsilon, in base-10 logs. :func:`afo_runs` makes one run per method.
-* :func:`flowertune_config`: a FlowerTune LLM challenge's published setting (``configs/llm/``).
+* :func:`flowertune_config`, :func:`flowertune_task`: a FlowerTune LLM challenge's published setting
+  and its benchmarks (``configs/llm/``).
 * The methods' server optimizers as the reference code builds them (its README and
   ``hyperparameters.md``): FedAvg is server SGD, FedAvgM server SGD with momentum 0.9, FedAdam
   Keras' Adam and FedYogi the repository's Yogi (``utils/optimizers/yogi.py``), both with
@@ -126,6 +127,18 @@ def finish_variant(c: ml_collections.ConfigDict, config: str, flags: set[str]) -
     c.rounds, c.eval_every, c.rounds_per_call, c.checkpoint_every = QUICK_ROUNDS, QUICK_ROUNDS, 1, 0
     c.only = c.run_order[0]
   return c
+
+
+def flowertune_task(kind: str, format: str, *, hub: str | None = None, **fields) -> dict:
+  """One benchmark of a FlowerTune config (``config.tasks.<name>``): ``"generation"`` (FlowerTune's
+  Alpaca prompt) or ``"choice"`` (the raw question) over sequences of 512 tokens, its file
+  (``path``) and a cap on its rows (``limit``) set from the command line; ``hub`` the Hugging Face
+  dataset it is read from, ``fields`` further ones (``max_new_tokens``)."""
+  from ml_collections import config_dict
+
+  template = "flowertune" if kind == "generation" else "raw"
+  return dict(kind=kind, path=config_dict.placeholder(str), **({} if hub is None else {"hub": hub}),
+              format=format, template=template, seq_len=512, **fields, limit=config_dict.placeholder(int))
 
 
 def flowertune_config(hub: str, *, num_clients: int, cohort_size: int, tasks: dict | None = None,
