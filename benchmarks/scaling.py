@@ -141,15 +141,21 @@ import ml_collections
 from fedtree import experiment
 root, clients, layout, eval_chunk = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 store = sys.argv[5] if len(sys.argv) > 5 else "None"
-spec = importlib.util.spec_from_file_location("quickstart", root + "/configs/quickstart.py")
+config = sys.argv[6] if len(sys.argv) > 6 else "None"   # "<path under configs/>[:variant]": its first run
+name, _, variant = ("quickstart" if config == "None" else config).partition(":")
+spec = importlib.util.spec_from_file_location("config", root + f"/configs/{name}.py")
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
-c = mod.get_config()
+c = mod.get_config(variant) if variant else mod.get_config()
 c.rounds, c.eval_every, c.rounds_per_call, c.checkpoint_every, c.progress = 2, 2, 2, 0, False
-c.data.group_sizes, c.data.layout = (clients,), layout
-c.data.min_examples, c.data.max_examples, c.data.mean_examples, c.data.test_examples = 2, 8, 5.0, 4
-c.runs = ml_collections.ConfigDict({"fedavg": c.runs.fedavg})
-c.run_order, c.runs.fedavg.cohort_size = ("fedavg",), 100
+first = c.get("only", None) or list(c.run_order)[0]
+c.runs = ml_collections.ConfigDict({first: c.runs[first]})
+c.run_order = (first,)
+c.plots = False
+if config == "None":   # the quickstart's task at this population
+  c.data.group_sizes, c.data.layout = (clients,), layout
+  c.data.min_examples, c.data.max_examples, c.data.mean_examples, c.data.test_examples = 2, 8, 5.0, 4
+  c.runs.fedavg.cohort_size = 100
 if eval_chunk != "None":
   c.eval_chunk_size = eval_chunk
 if store != "None":   # the same population, streamed from the store written beforehand (STORE_CHILD)
@@ -180,7 +186,7 @@ with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
 line = next(x for x in err.getvalue().splitlines() if "memory estimate" in x)
 n, unit = re.search(r"this process at peak ([\d.]+) (GiB|MiB)", line).groups()
 estimate, seconds = float(n) * (2**30 if unit == "GiB" else 2**20), time.perf_counter() - start
-kind = layout if store == "None" else "streamed"
+kind = (layout if config == "None" else config) if store == "None" else "streamed"
 print(json.dumps(dict(clients=clients, layout=kind, eval_chunk=eval_chunk, line=line, estimate=estimate,
                       seconds=seconds, peak=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                       peak_own=own[0])))
@@ -203,10 +209,12 @@ write_federated_data(path, data, source={"name": c.data.name}, extras={"groups":
 
 
 def memory_peak(clients: int, layout: str = "padded", eval_chunk=None, timeout: float = 1800,
-                store: str | None = None) -> dict:
+                store: str | None = None, config: str | None = None) -> dict:
   """One child's run (:data:`MEMORY_CHILD`): the process peak its memory line states (``estimate``,
   bytes), the peak resident set it measured (``peak``), its line and seconds. ``store``: the same
-  population streamed from a store at this path (written first, in a process of its own, when absent)."""
+  population streamed from a store at this path (written first, in a process of its own, when absent).
+  ``config``: another config's first run (``"benchmarks/afo_stackoverflow:offline,quick"``, a path under
+  ``configs/`` and its variant) for 2 rounds, in place of the quickstart's task at ``clients``."""
   import subprocess
   import sys
 
@@ -216,7 +224,8 @@ def memory_peak(clients: int, layout: str = "padded", eval_chunk=None, timeout: 
     subprocess.run([sys.executable, "-c", STORE_CHILD, root, str(clients), store], check=True, env=env,
                    cwd=root, timeout=timeout, capture_output=True)
   out = subprocess.run([sys.executable, "-c", MEMORY_CHILD, root, str(clients), layout, str(eval_chunk),
-                        str(store)], capture_output=True, text=True, env=env, cwd=root, timeout=timeout)
+                        str(store), str(config)], capture_output=True, text=True, env=env, cwd=root,
+                       timeout=timeout)
   if out.returncode:
     raise RuntimeError(f"the child at {clients} clients failed:\n{out.stderr[-3000:]}")
   return json.loads(out.stdout.strip().splitlines()[-1])

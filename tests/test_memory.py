@@ -193,7 +193,7 @@ def test_a_run_whose_evaluation_of_every_client_does_not_fit_chooses_a_chunk_tha
   c.memory_limit_bytes = budget.data_bytes + state + twenty + 1000   # 20 clients' evaluation fits, all 80 not
   data, step = budget.data_bytes, budget.step_bytes()
   assert c.memory_limit_bytes > max(2 * data, data + state + 2 * step)   # the data's copy and a chunk fit
-  planned = runner._plan(["hierfavg"], ctx, jax.random.key(0), False)   # ctx.config is c
+  planned, _ = runner._plan(["hierfavg"], ctx, jax.random.key(0), False)   # ctx.config is c
   run, note = planned["hierfavg"]
   chosen = run.context.config.eval_chunk_size
   assert 1 <= chosen <= 20 and note.endswith(
@@ -272,3 +272,50 @@ def test_the_line_states_the_process_peak_and_the_available_memory_refuses_what_
   with pytest.raises(ValueError, match="does not fit in the memory available"):
     memory.check_memory("x", limit=300 * mib + memory.RUNTIME_RESERVE, source="available: MemAvailable",
                         **{**kw, "evaluation_bytes": 0})   # the state and the chunk's 2 MiB do not fit
+  # a model's own reserve (its step's program measured) replaces the default
+  big = memory.runtime_reserve(1448)
+  line = memory.check_memory("x", limit=None, source="", **kw, reserve=big)
+  assert "no memory limit known" in line
+  line = memory.check_memory("x", limit=10 * peak, source="available: MemAvailable", **kw, reserve=big)
+  assert f"this process at peak {memory._gib(300 * mib + big + mib + 50 * mib)}" in line
+  assert f"+ {memory._gib(big)} compiling and running" in line
+
+
+def test_the_reserve_grows_with_the_models_program():
+  """Issue 58: what compiling a run's rounds costs the process grows with the model's program: the
+  reserve follows the lines of its optimized client step (an LSTM's three times the MLP's), and the
+  budget measures them with the step's bytes in one compile."""
+  import optax
+
+  from fedtree.core import tuning
+  from fedtree.experiment import memory
+  from fedtree.models import build_model
+
+  mlp = tuning.client_step_program(build_model("mlp", example_shape=(8,), num_classes=4, hidden=(16,)),
+                                   optax.sgd(0.1), (8,), 4)
+  lm = build_model("lstm_lm", example_shape=(6,), num_classes=50, embed=8, hidden=16, layers=2)
+  lstm = tuning.client_step_program(lm, optax.sgd(0.1), (6,), 4)
+  assert 0 < mlp.lines < lstm.lines and mlp.bytes > 0 and lstm.bytes > 0
+  assert memory.runtime_reserve(mlp.lines) < memory.runtime_reserve(lstm.lines)
+  assert memory.runtime_reserve(0) == memory.RUNTIME_RESERVE   # a step not measured: the default
+  assert memory.runtime_reserve(484) <= memory.RUNTIME_RESERVE   # the quickstart's MLP's step
+
+
+def test_tensorboard_is_written_without_importing_torch(tmp_path):
+  """tensorboardX imports PyTorch where it is installed (to accept its tensors), which cost a run 1.5 s
+  and 190 MiB resident before its first round; fedtree's writer leaves it out, and torch imports
+  normally afterwards."""
+  import subprocess
+  import sys
+
+  code = ("import sys\n"
+          "from fedtree.experiment.reporting import _summary_writer\n"
+          f"w = _summary_writer()({str(tmp_path)!r})\n"
+          "w.add_scalar('a', 1.0, 0)\n"
+          "w.close()\n"
+          "assert 'torch' not in sys.modules\n"
+          "import importlib.util\n"
+          "if importlib.util.find_spec('torch'):\n"
+          "  import torch\n")
+  subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+  assert any(p.name.startswith("events.out.tfevents") for p in tmp_path.iterdir())

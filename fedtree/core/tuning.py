@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 
@@ -112,10 +112,24 @@ def default_chunk_size(
   return chunk
 
 
-def client_step_bytes(model, optimizer, example_shape: Sequence[int], batch_size: int) -> int:
-  """Bytes one client's local step touches: the scratch XLA allocates for one compiled SGD
-  step of ``model`` with ``optimizer`` on a batch, plus the params and optimizer state it
-  writes (``Compiled.memory_analysis()``)."""
+class StepProgram(NamedTuple):
+  """One client's compiled local step, measured (:func:`client_step_program`).
+
+  Attributes:
+    bytes: the scratch XLA allocates for it plus the params and optimizer state it writes
+      (``Compiled.memory_analysis()``); 0 on a backend without memory analysis.
+    lines: the lines of its optimized HLO (``Compiled.as_text()``): how large a program the
+      model makes, which is what compiling a run's rounds costs in host memory
+      (:func:`fedtree.experiment.memory.runtime_reserve`).
+  """
+
+  bytes: int
+  lines: int
+
+
+def client_step_program(model, optimizer, example_shape: Sequence[int], batch_size: int) -> StepProgram:
+  """One compiled SGD step of ``model`` with ``optimizer`` on a batch, measured: its bytes and the
+  size of its program (:class:`StepProgram`)."""
   import jax.numpy as jnp
 
   from fedtree.core.local import Batch, SGDCarry, make_sgd_step
@@ -133,10 +147,21 @@ def client_step_bytes(model, optimizer, example_shape: Sequence[int], batch_size
   )
   key = jax.eval_shape(lambda: jax.random.key(0))
   compiled = jax.jit(make_sgd_step(model, optimizer)).lower(carry, batch, key).compile()
+  try:
+    lines = compiled.as_text().count("\n")
+  except Exception:  # noqa: BLE001  (a backend that cannot print its program)
+    lines = 0
   analysis = compiled.memory_analysis()
   if analysis is None:  # a backend without memory analysis: assume it is small
-    return 0
-  return int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
+    return StepProgram(0, lines)
+  return StepProgram(int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes), lines)
+
+
+def client_step_bytes(model, optimizer, example_shape: Sequence[int], batch_size: int) -> int:
+  """Bytes one client's local step touches: the scratch XLA allocates for one compiled SGD
+  step of ``model`` with ``optimizer`` on a batch, plus the params and optimizer state it
+  writes (``Compiled.memory_analysis()``; :func:`client_step_program`)."""
+  return client_step_program(model, optimizer, example_shape, batch_size).bytes
 
 
 def device_memory_bytes(device=None) -> int | None:

@@ -222,11 +222,13 @@ def copied_bytes(tree, original) -> int:
              if a is not b)
 
 
-def eval_bytes(model, data, chunk_size) -> int:
+def eval_bytes(model, data, chunk_size, rows: int | None = None) -> int:
   """Scratch XLA allocates to evaluate one model on every client's test split
   (``Compiled.memory_analysis()`` of the evaluator at the data's shapes; nothing allocated):
   ``chunk_size`` clients at once (``config.eval_chunk_size``), every client with ``None``, so
-  it grows with the population. 0 where it cannot be measured."""
+  it grows with the population. ``rows``: the clients scored in one call instead of every client
+  (a streamed run's evaluation chunk, read from its store: ``config.population.eval_chunk``).
+  0 where it cannot be measured."""
   import jax.numpy as jnp
 
   from fedtree.core.metrics import make_evaluator
@@ -234,8 +236,8 @@ def eval_bytes(model, data, chunk_size) -> int:
   try:
     params = jax.eval_shape(lambda: jax.tree.map(lambda a: a[None], model.init(jax.random.key(0))))
     shape = jax.ShapeDtypeStruct
-    c = int(data.num_clients)
-    x, y = (shape(tuple(a.shape), a.dtype) for a in (data.x_test, data.y_test))
+    c = int(data.num_clients) if rows is None else int(rows)
+    x, y = (shape((c,) + tuple(a.shape[1:]), a.dtype) for a in (data.x_test, data.y_test))
     args = (x, y, shape((c,), jnp.int32), shape((c,), jnp.int32))
     analysis = make_evaluator(model, chunk_size).lower(params, *args).compile().memory_analysis()
   except Exception:  # noqa: BLE001  (a model the estimate cannot compile alone: not counted)
@@ -282,7 +284,7 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
                  block: tuple[int, int, int, bool] | None = None, data_bytes: int = 0,
                  clients: int = 0, evaluation_bytes: int = 0, eval_chunk: int | None = None,
                  needs: Needs | None = None, process_bytes: int = 0,
-                 streamed_bytes: tuple[int, int] = (0, 0)) -> str:
+                 streamed_bytes: tuple[int, int] = (0, 0), reserve: int | None = None) -> str:
   """The one-line estimate printed before a run compiles; a ``ValueError`` with the numbers and
   the largest chunk that fits when it cannot fit in ``limit``.
 
@@ -309,16 +311,19 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
       the state), or ``None``.
     process_bytes: on CPU, this process's resident bytes now (the runtime and the clients' data as
       held, host and device copies alike): the line adds what the process holds at peak, this plus
-      :data:`RUNTIME_RESERVE`, the state and the larger working set (the rounds' or the
-      evaluation's), and with the default limit (the memory available) refuses a run it exceeds;
-      0: not counted (accelerators, whose arrays are the device's).
+      ``reserve``, the state and the larger working set (the rounds' or the evaluation's), and with
+      the default limit (the memory available) refuses a run it exceeds; 0: not counted
+      (accelerators, whose arrays are the device's).
     streamed_bytes: ``(device, process)``, what a streamed run reads as it runs
       (:func:`fedtree.experiment.population.stream_bytes`): on the device beside the data, and in
       the process's peak.
+    reserve: what compiling and running the rounds adds to the process (:func:`runtime_reserve` of
+      the model's step; ``None``: :data:`RUNTIME_RESERVE`).
 
   Returns:
     The line (the caller prints it).
   """
+  reserve = RUNTIME_RESERVE if reserve is None else int(reserve)
   needs = Needs() if needs is None else needs
   models = max(1, int(needs.step_models))
   step_bytes = step_bytes * models   # a client trains ``models`` models at once
@@ -341,11 +346,11 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
   evaluation = f"; evaluation {_gib(evaluation_bytes)} ({at_once} at once)" if evaluation_bytes else ""
   if limit is None:
     return line + evaluation + " (no memory limit known)"
-  peak = (process_bytes + RUNTIME_RESERVE + in_process + state + max(e.work, evaluation_bytes)
+  peak = (process_bytes + reserve + in_process + state + max(e.work, evaluation_bytes)
           if process_bytes else 0)
   if peak:
     evaluation += (f"; this process at peak {_gib(peak)} (now {_gib(process_bytes)}: the runtime and the "
-                   f"clients' data as held, + {_gib(RUNTIME_RESERVE)} compiling and running + "
+                   f"clients' data as held, + {_gib(reserve)} compiling and running + "
                    f"{'the streamed windows and reader + ' if in_process else ''}state + the "
                    f"larger of the chunk's and the evaluation's working sets)")
   line += f"{evaluation}, limit {_gib(limit)} ({source})"
@@ -369,10 +374,42 @@ def check_memory(label: str, *, state_bytes: int, step_bytes: int, chunk: int, l
 
 
 RUNTIME_RESERVE = 320 * 2**20
+"""What compiling and running a run's rounds adds where the model's program was not measured
+(:func:`runtime_reserve` of a step of the quickstart's MLP, rounded up)."""
+
+RESERVE_BASE = 160 * 2**20
+RESERVE_PER_LINE = 270 * 2**10
 """Bytes a CPU process gains, beyond the arrays the estimate counts, compiling and running a run's
-rounds and evaluator (XLA's compiler, the executables, the host's copies of the metrics): measured
-for the quickstart's MLP at 187-253 MiB (10^3 to 10^5 clients, padded and ragged,
-``tests/test_memory_peak.py``), with room for a run's variation."""
+rounds and evaluator (XLA's compiler and its heap, the executables, the host's copies of the
+metrics): ``RESERVE_BASE + RESERVE_PER_LINE x`` the lines of the model's optimized client step
+(:func:`runtime_reserve`). Measured from the RSS at a run's start to its peak less the working sets
+(``tests/test_memory_peak.py``, with the heap released between runs, :func:`release_heap`): 187-253
+MiB for the quickstart's MLP (a 484-line step; 10^3 to 10^5 clients, padded and ragged) and 494 MiB for
+AFO's StackOverflow LSTM (1,448 lines); what compiling costs grows with the program XLA compiles."""
+
+
+def runtime_reserve(step_lines: int) -> int:
+  """What compiling and running the rounds of a model whose client step compiles to ``step_lines``
+  lines of HLO adds to the process (:data:`RESERVE_PER_LINE`); :data:`RUNTIME_RESERVE` where the step
+  was not measured (0 lines)."""
+  if step_lines <= 0:
+    return RUNTIME_RESERVE
+  return RESERVE_BASE + RESERVE_PER_LINE * int(step_lines)
+
+
+def release_heap() -> None:
+  """Returns the memory the process has freed to the system (``gc.collect()``, then glibc's
+  ``malloc_trim(0)`` where the C library has it): XLA's compiler frees most of what it used, but the
+  allocator keeps it, so a config's later runs would start from the earlier runs' high-water mark.
+  The runner calls it between runs; a no-op where there is no glibc."""
+  import ctypes
+  import gc
+
+  gc.collect()
+  try:
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+  except (OSError, AttributeError):   # not glibc (macOS, musl): the allocator keeps its own policy
+    pass
 
 
 class _Estimate(NamedTuple):
@@ -520,8 +557,8 @@ class Budget:
   limit: int | None
   source: str
   num_clients: int
-  step: Any  # () -> bytes of one client's local step
-  _step_bytes: int | None = None
+  step: Any  # () -> one client's local step, measured (tuning.StepProgram)
+  _step: tuning.StepProgram | None = None
   data_bytes: int = 0   # the clients' data on the device (data_bytes)
   evaluation: Any = None   # (eval chunk) -> the evaluator's scratch (eval_bytes)
   eval_chunk: int | None = None   # config.eval_chunk_size, or the chunk the check chose
@@ -529,7 +566,7 @@ class Budget:
   chosen_eval_chunk: int | None = None   # the chunk the check chose (None: config.eval_chunk_size's)
   eval_note: str = ""   # what it chose and why, added to every line
   _every_eval_bytes: int = 0
-  process: int = 0   # on CPU, this process's resident bytes when the budget was made (_rss)
+  process: int = 0   # on CPU, this process's resident bytes at the last check (_rss; 0: not counted)
 
   @classmethod
   def of(cls, ctx) -> Budget:
@@ -537,21 +574,36 @@ class Budget:
 
     def step():
       try:
-        return tuning.client_step_bytes(ctx.model, ctx.local_optimizer, ctx.data.example_shape,
-                                        ctx.schedule.batch_size)
+        return tuning.client_step_program(ctx.model, ctx.local_optimizer, ctx.data.example_shape,
+                                          ctx.schedule.batch_size)
       except Exception:  # noqa: BLE001  (a model the estimate cannot compile alone: state only)
-        return 0
+        return tuning.StepProgram(0, 0)
 
     eval_chunk = field(ctx.config, "eval_chunk_size")
     eval_chunk = int(eval_chunk) if isinstance(eval_chunk, (int, np.integer)) else None
+    # a streamed run scores its evaluation clients a chunk of the population at a time, read from the store
+    rows = None
+    if getattr(ctx, "streamed", False):
+      population = ctx.population
+      rows = int(population.eval_chunk)
+      if population.eval_clients:   # a sample per evaluation: never more at once than it scores
+        rows = min(rows, int(population.eval_clients))
     return cls(limit=limit, source=source, num_clients=int(ctx.data.num_clients), step=step,
-               data_bytes=data_bytes(ctx), evaluation=lambda chunk: eval_bytes(ctx.model, ctx.data, chunk),
+               data_bytes=data_bytes(ctx),
+               evaluation=lambda chunk: eval_bytes(ctx.model, ctx.data, chunk, rows),
                eval_chunk=eval_chunk, process=_rss() if jax.default_backend() == "cpu" else 0)
 
   def step_bytes(self) -> int:
-    if self._step_bytes is None:
-      self._step_bytes = int(self.step())
-    return self._step_bytes
+    return self._program().bytes
+
+  def reserve(self) -> int:
+    """What compiling and running this model's rounds adds to the process (:func:`runtime_reserve`)."""
+    return runtime_reserve(self._program().lines)
+
+  def _program(self) -> tuning.StepProgram:
+    if self._step is None:
+      self._step = self.step()
+    return self._step
 
   def eval_bytes(self) -> int:
     if self._eval_bytes is None:
@@ -568,14 +620,19 @@ class Budget:
     (:func:`fedtree.experiment.population.stream_bytes`). Where evaluating every client at once does not
     fit (and ``config.eval_chunk_size`` is unset), the largest chunk that fits is chosen
     (:attr:`chosen_eval_chunk`: the runner plans the runs again with it) and the line says so."""
+    step_bytes = self.step_bytes()
+    self.eval_bytes()   # (both compiled first: their compiles are in what the process holds)
+    if self.process:   # what the process holds now, the estimate's own compiles and earlier runs' included
+      self.process = _rss() or self.process
     while True:
       try:
-        line = check_memory(label, state_bytes=tree_bytes(state_shapes), step_bytes=self.step_bytes(),
+        line = check_memory(label, state_bytes=tree_bytes(state_shapes), step_bytes=step_bytes,
                             chunk=estimate_chunk(chunk_size, self.num_clients), limit=self.limit,
                             source=self.source, experiments=experiments, chunk_name=chunk_name, block=block,
                             data_bytes=self.data_bytes + int(extra_data_bytes), clients=self.num_clients,
                             evaluation_bytes=self.eval_bytes(), eval_chunk=self.eval_chunk, needs=needs,
-                            process_bytes=self.process, streamed_bytes=streamed_bytes)
+                            process_bytes=self.process, streamed_bytes=streamed_bytes,
+                            reserve=self.reserve())
         return line + self.eval_note
       except EvaluationDoesNotFit as e:
         if self.eval_chunk is not None and self.chosen_eval_chunk is None:

@@ -112,7 +112,7 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
 
     pretraining = prepare_pretrain(ctx)
   with on_mesh():
-    planned = _plan(labels, ctx, root, swept)
+    planned, budget = _plan(labels, ctx, root, swept)
   if workdir:
     # every process reads the workdir before process 0 writes it (all refuse alike), and
     # none opens it before process 0 has prepared it
@@ -132,15 +132,19 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
 
     ctx, results["pretrained"] = pretrain_context(ctx, reporter.print, prepared=pretraining)
     with on_mesh():   # the runs start from the pretrained base: resolved again on it
-      planned = _plan(labels, ctx, root, swept, trace=False)
+      planned, budget = _plan(labels, ctx, root, swept, trace=False)
   try:
-    for label in labels:
+    for i, label in enumerate(labels):
       plan = planned.pop(label)
+      if i:   # what the earlier runs' compiles freed, back to the system before this one compiles
+        memory.release_heap()
       with on_mesh():
         if swept:  # settings x seeds of this run as one program (fedtree.experiment.sweep)
           results[label] = run_sweep(plan, reporter, workdir=workdir, should_stop=should_stop)
           continue
         run, note = plan
+        if i and budget.process:   # its line again from what the process holds now (earlier runs included)
+          note = run.memory(budget, root)
         reporter.print(note)
         _, results[label] = run_algorithm(
           run, root, reporter, eval_every=int(config.eval_every), rounds_per_call=int(config.rounds_per_call),
@@ -166,10 +170,11 @@ def _train_and_evaluate(config, workdir, *, overwrite, should_stop) -> dict[str,
 
 
 def _plan(labels: list[str], ctx: Context, root: jax.Array, swept: bool, *,
-          trace: bool = True, eval_note: str = "") -> dict[str, Any]:
+          trace: bool = True, eval_note: str = "") -> tuple[dict[str, Any], memory.Budget]:
   """Every run of ``labels`` resolved (:func:`fedtree.experiment.run.resolve`) and checked: a
   single run's memory line and its first compiled call traced (``trace``), a sweep planned
-  (:func:`fedtree.experiment.sweep_driver.plan_sweep`); ``{label: (Run, memory line) | SweepPlan}``.
+  (:func:`fedtree.experiment.sweep_driver.plan_sweep`); ``({label: (Run, memory line) | SweepPlan},
+  the budget they were checked against)``.
   Where evaluating every client at once does not fit beside some run, every run is planned again
   evaluating the chunk the check chose (:attr:`fedtree.experiment.memory.Budget.chosen_eval_chunk`),
   each line saying so (``eval_note``)."""
@@ -191,4 +196,4 @@ def _plan(labels: list[str], ctx: Context, root: jax.Array, swept: bool, *,
   if budget.chosen_eval_chunk is not None:
     return _plan(labels, ctx.with_eval_chunk(budget.chosen_eval_chunk), root, swept, trace=trace,
                  eval_note=budget.eval_note)
-  return out
+  return out, budget
