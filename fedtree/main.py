@@ -11,7 +11,8 @@ Results (the final table, reports) go to stdout; progress and messages to stderr
 ``--workdir`` nothing is saved (a warning says so). Re-running the same command resumes from
 the workdir's checkpoints; a workdir of a different config is refused (``--overwrite`` starts
 fresh). A refused input prints one line (``--verbose``: the traceback too). SIGINT/SIGTERM
-stop after the current compiled call, checkpointing the state reached (when the config
+stop after the round in progress (inside a call of fused rounds; over several processes after the
+current call), checkpointing the state reached (when the config
 checkpoints: ``--config.checkpoint_every``) and saying what a re-run resumes from; a second
 signal aborts at once (one line; the rounds since the last checkpoint are lost).
 
@@ -60,8 +61,9 @@ EXIT_STOPPED = 130
 
 
 class _StopFlag:
-  """Set by SIGINT/SIGTERM: the run stops after its current compiled call (a second signal
-  interrupts at once)."""
+  """Set by SIGINT/SIGTERM: the run stops after the round in progress, inside a call of fused
+  rounds too (:func:`fedtree.core.loop.make_multi_round`; over several processes, after the
+  current call), checkpointing where it stopped; a second signal interrupts at once."""
 
   def __init__(self):
     self.signal = None
@@ -73,7 +75,10 @@ class _StopFlag:
     if self.signal is not None:
       raise KeyboardInterrupt
     self.signal = signal.Signals(signum).name
-    print(f"fedtree: {self.signal} received: stopping after the current call (again to abort)",
+    import jax
+
+    when = "the round in progress" if jax.process_count() == 1 else "the current call of fused rounds"
+    print(f"fedtree: {self.signal} received: stopping after {when} (again to abort)",
           file=sys.stderr, flush=True)
 
   def install(self) -> None:

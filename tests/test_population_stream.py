@@ -129,3 +129,24 @@ def test_an_algorithm_that_reads_every_client_cannot_stream(population):
   )
   with pytest.raises(ValueError, match="fedfomo reads clients beyond its cohort"):
     run(alg, skel, store, num_rounds=1, key=jax.random.key(0), paged=None)
+
+
+def test_a_stop_inside_a_streamed_call_ends_it_after_the_round_in_progress(population):
+  """Issue 59 item 2: a streamed call of 5 fused rounds asked to stop before its third round ends at
+  round 2, with the rows of the rounds it ran and the state of a resident run of 2 rounds."""
+  data, groups, store, model = population
+  key = jax.random.key(4)
+  want, want_rows = _resident(_build("fedavg", data, groups, model), data, key, 2, 2)
+  skel = skeleton(store, width=int(data.x_train.shape[1]))
+  alg = _build("fedavg", skel, groups, model)
+  others, rows_of = paged_init(alg, loop.init_key(key), skel.num_clients)
+  asked, rows = [], []
+  state, stats = run(alg, skel, store, num_rounds=5, key=key, paged=PagedState(rows_of, skel.num_clients),
+                     others=others, rounds_per_call=5, depth=0,
+                     on_rounds=lambda r, m: rows.append((r, m)),
+                     should_stop=lambda: asked.append(1) or len(asked) >= 2)
+  assert int(state.round) == 2 and stats.calls == 1
+  assert [r for r, _ in rows] == [1] and all(len(v) == 2 for v in rows[0][1].values())
+  resident = _build("fedavg", data, groups, model).models(want)["global"].params
+  trees_equal(alg.models(state)["global"].params, resident)
+  trees_equal(rows[0][1], want_rows[0])

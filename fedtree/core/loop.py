@@ -131,25 +131,77 @@ def describe_leaf(path: str, name: RowName, row: int, name_row: Callable[[int], 
 
 # ------------------------------------------------------------------------ compiled rounds
 def make_multi_round(algorithm: FederatedAlgorithm, rounds_per_call: int,
-                     check_state: bool = True, max_abs: float | None = DIVERGENCE_BOUND) -> Callable:
+                     check_state: bool = True, max_abs: float | None = DIVERGENCE_BOUND,
+                     poll: Callable[[], Any] | None = None) -> Callable:
   """``(state, data, key) -> (state, metrics stacked [rounds_per_call])``, for ``jax.jit``.
 
   With ``check_state`` the metrics also hold :func:`finite_flags` of every round's new state
-  (with the bound ``max_abs``; ``None``: finiteness only).
+  (with the bound ``max_abs``; ``None``: finiteness only). With ``poll`` (a host function returning
+  whether to stop: :class:`StopPoll`), every :func:`poll_every` rounds after the first the call asks
+  it (``jax.experimental.io_callback``) and, once it says stop, the call's remaining rounds leave the
+  state as it is (``lax.cond``): a stop request ends a call of many fused rounds after the round in
+  progress (or within :func:`poll_every` rounds) instead of after the call. The rounds not run are
+  those past ``state.round``; their metrics are zeros, which :func:`run` drops.
   """
   if int(rounds_per_call) < 1:
     raise ValueError(f"rounds_per_call={rounds_per_call} must be >= 1")
 
   def multi(state, data, key):
-    def body(s, _):
+    def one(s):
       new, metrics = algorithm.round(s, data, jax.random.fold_in(key, s.round))
       if check_state:
         metrics = {**metrics, **finite_flags(new, max_abs)}
       return new, metrics
 
-    return jax.lax.scan(body, state, None, length=int(rounds_per_call))
+    if poll is None:
+      return jax.lax.scan(lambda s, _: one(s), state, None, length=int(rounds_per_call))
+    from jax.experimental import io_callback
+
+    every = poll_every(int(rounds_per_call))
+    shapes = jax.eval_shape(one, state)[1]
+
+    def skip(s):
+      return s, jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+
+    def ask():
+      return io_callback(poll, jax.ShapeDtypeStruct((), jnp.bool_), ordered=False)
+
+    def body(carry, i):
+      s, stopped = carry
+      due = jnp.logical_and(i > 0, i % every == 0)   # the call's first round always runs
+      stopped = jnp.logical_or(stopped, jax.lax.cond(jnp.logical_and(due, ~stopped), ask,
+                                                     lambda: jnp.zeros((), jnp.bool_)))
+      s, metrics = jax.lax.cond(stopped, skip, one, s)
+      return (s, stopped), metrics
+
+    (state, _), metrics = jax.lax.scan(body, (state, jnp.zeros((), jnp.bool_)),
+                                       jnp.arange(int(rounds_per_call)))
+    return state, metrics
 
   return multi
+
+
+POLLS_PER_CALL = 25
+"""At most about this many stop polls in a call (:func:`poll_every`): each is a host callback (~0.1 ms
+on a loaded 2-core CPU), so a call of many tiny fused rounds asks every few rounds, not every one."""
+
+
+def poll_every(rounds_per_call: int) -> int:
+  """Rounds between a stoppable call's polls: 1 up to :data:`POLLS_PER_CALL` rounds a call (a stop
+  ends it after the round in progress), then ``rounds_per_call // POLLS_PER_CALL``."""
+  return max(1, int(rounds_per_call) // POLLS_PER_CALL)
+
+
+class StopPoll:
+  """The host side of a stoppable call (:func:`make_multi_round`'s ``poll``): ``should_stop`` (the
+  loop's, set before every call by :func:`compile_rounds`) asked every :func:`poll_every` rounds."""
+
+  def __init__(self) -> None:
+    self.should_stop: Callable[[], bool] | None = None
+
+  def __call__(self) -> np.ndarray:
+    ask = self.should_stop
+    return np.asarray(bool(ask is not None and ask()))
 
 
 class CompileCache:
@@ -164,15 +216,18 @@ class CompileCache:
     self._lock = threading.Lock()
 
   def get(self, algorithm: FederatedAlgorithm, rounds_per_call: int, donate: bool = True,
-          check_state: bool = True, max_abs: float | None = DIVERGENCE_BOUND):
-    key = (algorithm.round, int(rounds_per_call), bool(donate), bool(check_state), max_abs)
+          check_state: bool = True, max_abs: float | None = DIVERGENCE_BOUND,
+          poll: StopPoll | None = None):
+    """The jitted function; with ``poll`` the stoppable one, ``(fn, its StopPoll)`` (``poll`` is used
+    when the function is made: a cached one keeps its own)."""
+    key = (algorithm.round, int(rounds_per_call), bool(donate), bool(check_state), max_abs, poll is not None)
     with self._lock:
       try:
         fn = self._fns.pop(key)
       except TypeError:  # an unhashable round (a callable object): no caching
-        return _jit(algorithm, rounds_per_call, donate, check_state, max_abs)
+        return _jit(algorithm, rounds_per_call, donate, check_state, max_abs, poll)
       except KeyError:
-        fn = _jit(algorithm, rounds_per_call, donate, check_state, max_abs)
+        fn = _jit(algorithm, rounds_per_call, donate, check_state, max_abs, poll)
       self._fns[key] = fn
       while len(self._fns) > self.maxsize:
         self._fns.popitem(last=False)
@@ -183,9 +238,10 @@ class CompileCache:
       self._fns.clear()
 
 
-def _jit(algorithm, rounds_per_call, donate, check_state, max_abs=DIVERGENCE_BOUND):
-  return jax.jit(make_multi_round(algorithm, rounds_per_call, check_state, max_abs),
-                 donate_argnums=(0,) if donate else ())
+def _jit(algorithm, rounds_per_call, donate, check_state, max_abs=DIVERGENCE_BOUND, poll=None):
+  fn = jax.jit(make_multi_round(algorithm, rounds_per_call, check_state, max_abs, poll),
+               donate_argnums=(0,) if donate else ())
+  return fn if poll is None else (fn, poll)
 
 
 COMPILED = CompileCache()
@@ -195,11 +251,24 @@ frees it)."""
 
 def compile_rounds(algorithm: FederatedAlgorithm, rounds_per_call: int = 1, *, donate: bool = True,
                    check_state: bool = False, cache: CompileCache | None = COMPILED,
-                   max_abs: float | None = DIVERGENCE_BOUND):
-  """The jitted fused-round function (state buffers donated), from ``cache`` when given."""
-  if cache is None:
-    return _jit(algorithm, rounds_per_call, donate, check_state, max_abs)
-  return cache.get(algorithm, rounds_per_call, donate, check_state, max_abs)
+                   max_abs: float | None = DIVERGENCE_BOUND, should_stop: Callable[[], bool] | None = None):
+  """The jitted fused-round function (state buffers donated), from ``cache`` when given.
+
+  With ``should_stop`` and several rounds a call in one process, the stoppable program
+  (:func:`make_multi_round`'s ``poll``) asking ``should_stop`` once a round: a stop ends the call
+  after the round in progress. Over several processes the call runs whole (they agree on stopping
+  between calls, :func:`fedtree.core.sharding.agreed`: a round one process skipped alone would
+  leave the others in its collectives)."""
+  poll = None
+  if should_stop is not None and int(rounds_per_call) > 1 and jax.process_count() == 1:
+    poll = StopPoll()
+  got = _jit(algorithm, rounds_per_call, donate, check_state, max_abs, poll) if cache is None else cache.get(
+    algorithm, rounds_per_call, donate, check_state, max_abs, poll)
+  if poll is None:
+    return got
+  fn, held = got
+  held.should_stop = should_stop
+  return fn
 
 
 # ------------------------------------------------------------------------ the loop
@@ -253,8 +322,9 @@ def run(
     eval_every: calls end at every multiple of this round (and at ``num_rounds``), where
       ``on_eval(state, round)`` is called; its dict joins the metrics.
     on_call: ``on_call(state, round)`` after every call and its checks (a checkpoint hook).
-    should_stop: polled after every call; ``True`` ends the loop there (a signal handler's
-      flag), returning the state reached.
+    should_stop: polled after every round (in one process; after every call over several):
+      ``True`` ends the loop after the round in progress (a signal handler's flag), returning the
+      state reached; a call of fused rounds then runs only its rounds up to there.
     label: names the run in errors (default ``algorithm.name``).
     cache: the compiled-function cache (``None``: compile afresh).
     name_row: names row ``e`` of every state leaf in divergence errors (a sweep's stacked state:
@@ -292,9 +362,14 @@ def run(
   done = int(state.round)
   while done < num_rounds:
     todo = _call_lengths(done, num_rounds, int(rounds_per_call), eval_every)
-    step = compile_rounds(algorithm, todo, check_state=check_finite, cache=cache, max_abs=max_abs)
+    step = compile_rounds(algorithm, todo, check_state=check_finite, cache=cache, max_abs=max_abs,
+                          should_stop=should_stop)
+    before = done
     state, metrics = step(state, data, key)
     done = int(state.round)
+    if done - before < todo:   # asked to stop inside the call: the rounds it did not run are dropped
+      todo = done - before
+      metrics = {k: v[:todo] for k, v in metrics.items()}
     if check_finite:
       if paths is None:
         paths = [(p, name) for p, name, _ in _float_leaves(state)]

@@ -148,7 +148,7 @@ def client_step_program(model, optimizer, example_shape: Sequence[int], batch_si
   key = jax.eval_shape(lambda: jax.random.key(0))
   compiled = jax.jit(make_sgd_step(model, optimizer)).lower(carry, batch, key).compile()
   try:
-    lines = compiled.as_text().count("\n")
+    lines = (compiled.as_text() or "").count("\n")
   except Exception:  # noqa: BLE001  (a backend that cannot print its program)
     lines = 0
   analysis = compiled.memory_analysis()

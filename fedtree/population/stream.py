@@ -213,7 +213,8 @@ def run(
       round's clients depend on the state before it (``reads.needs_state``) reads synchronously.
     cache_bytes: an LRU cache of clients' rows (0: none).
     eval_every, on_rounds, on_metrics, on_call, on_eval, should_stop, check_finite, max_abs, cache: as
-      :func:`fedtree.core.loop.run`'s; hooks receive the state over the call's window.
+      :func:`fedtree.core.loop.run`'s (a stop ends a call after the round in progress); hooks receive
+      the state over the call's window.
 
   Returns:
     ``(state, stats)``: the state over the last call's window (the per-client rows are ``paged``'s) and
@@ -286,9 +287,13 @@ def run(
       state = split.join(rows_now, others)
       t2 = time.perf_counter()
       gather += t2 - t1
-      step = loop.compile_rounds(algorithm, n, check_state=check_finite, cache=cache, max_abs=max_abs)
+      step = loop.compile_rounds(algorithm, n, check_state=check_finite, cache=cache, max_abs=max_abs,
+                                 should_stop=should_stop)
       state, metrics = step(state, wdata, key)
       jax.block_until_ready(state)
+      if int(state.round) - starts[i] < n:   # asked to stop inside the call: its rounds not run are dropped
+        n = int(state.round) - starts[i]
+        metrics = {k: v[:n] for k, v in metrics.items()}
       t3 = time.perf_counter()
       running += t3 - t2
       new_rows, others = split.parts(state)
