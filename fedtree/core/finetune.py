@@ -85,7 +85,7 @@ def _finetune_program(model, schedule, max_steps, optimizer, chunk_size, evaluat
   (every fine-tuner of the same model and schedule, e.g. one per experiment of a sweep or per
   evaluation, reuses its compiled program; the cache holds functions, never data)."""
   one = _finetune_one(model, optimizer, schedule, max_steps, trainable)
-  lm = bool(model.label_shape)  # token labels: also the sentence sums (sentence-level perplexity)
+  lm = model.token_labels  # token labels: also the sentence sums (sentence-level perplexity)
   over_rates = jax.vmap(one, in_axes=(None, None, None, None, 0))
 
   def run(params, model_of_client, data: FederatedData, rates, key):
