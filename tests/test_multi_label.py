@@ -31,10 +31,11 @@ def test_the_loss_is_the_mean_binary_cross_entropy_over_labels_and_real_examples
   labels = (rng.random((6, K)) < 0.4).astype(np.uint8)
   mask = np.asarray([True, True, False, True, True, False])
   want = _bce(logits, labels)[mask].mean()
-  got = masked_sigmoid_cross_entropy(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(mask))
+  logits, labels = jnp.asarray(logits), jnp.asarray(labels)
+  got = masked_sigmoid_cross_entropy(logits, labels, jnp.asarray(mask))
   np.testing.assert_allclose(float(got), want, rtol=1e-5)
-  assert float(masked_loss(_model(), jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(mask))) == float(got)
-  assert float(masked_sigmoid_cross_entropy(jnp.asarray(logits), jnp.asarray(labels), jnp.zeros(6, bool))) == 0.0
+  assert float(masked_loss(_model(), logits, labels, jnp.asarray(mask))) == float(got)
+  assert float(masked_sigmoid_cross_entropy(logits, labels, jnp.zeros(6, bool))) == 0.0
 
 
 def _scored(rng, clients=3, rows=40):
@@ -105,7 +106,7 @@ def test_a_label_without_positives_counts_zero_as_pfl_research_counts_it():
 
 def test_counts_that_need_one_class_are_refused():
   with pytest.raises(ValueError, match="multi-label model .* no single class per example, so no top_k"):
-    make_evaluator(_model(), top_k=3)(None, None, None, None, None)
+    make_evaluator(_model(), top_k=3)
   lm = build_model("lstm_lm", example_shape=(8,), num_classes=20, hidden=4, layers=1)
   with pytest.raises(ValueError, match=r"label_shape=\(8,\) \(a sequence model\)"):
     as_multi_label(lm)

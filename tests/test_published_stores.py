@@ -1,14 +1,14 @@
 """Issue 49 item 7: the published setups run through the streamed store. Each config's own data block is
 converted (``fedtree.convert.convert``) from mock data of the real schema the test writes (LEAF's FEMNIST
-JSON, TFF's StackOverflow h5, TFDS CIFAR-10 under ``tfds.testing.mock_data``), then its ``:store,quick``
-variant runs streamed over it, end to end."""
+JSON, TFF's StackOverflow h5, TFDS CIFAR-10 under ``tfds.testing.mock_data``, FLAIR in pfl-research's
+HDF5 layout), then its ``:store,quick`` variant runs streamed over it, end to end."""
 
 import json
 
 import numpy as np
 import pytest
 from config_files import load_config
-from test_population_store import write_tff
+from test_population_store import write_flair, write_tff
 
 from fedtree.convert import convert
 from fedtree.experiment.runner import train_and_evaluate
@@ -78,3 +78,16 @@ def test_pfl_cifar10_runs_streamed_from_its_converted_tfds_data(tmp_path, capsys
                     model=dict(features=(4, 8), dense=8), key="central_accuracy")
   assert 0.0 <= s["central_accuracy"] <= 1.0
 
+
+@pytest.mark.slow   # pfl-research's ResNet-18 (width shrunk) compiled on CPU: 43 s
+def test_pfl_flair_runs_streamed_from_its_converted_hdf5(tmp_path, capsys):
+  write_flair(tmp_path / "flair.hdf5")
+  source = load_config("benchmarks/pfl_flair").data
+  source.path = str(tmp_path / "flair.hdf5")
+  store = convert(source.to_dict(), str(tmp_path / "store"), progress=False)
+  assert store.label_kind == "multi_hot" and store.source["name"] == "flair"
+  assert store.counts("central").sum() == 1   # the val user (pfl-research scores on val)
+  s = _run_streamed("pfl_flair", str(tmp_path / "store"), tmp_path / "run", 2, capsys,
+                    model=dict(width=8, groups=4), key="central_loss")
+  for m in ("central_macro_ap", "central_micro_ap", "central_macro_precision", "central_micro_recall"):
+    assert 0.0 <= s[m] <= 1.0, m

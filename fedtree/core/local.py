@@ -275,8 +275,9 @@ class SGDCarry:
 
 
 def data_loss(model: Model, params: PyTree, batch: Batch, rng: jax.Array) -> jax.Array:
-  """Masked loss of ``model`` on ``batch`` (:func:`fedtree.core.model.masked_loss`) (training mode: dropout on; a model with state
-  computes its statistics on the batch's real rows, :func:`fedtree.core.model.forward_train`)."""
+  """Masked loss of ``model`` on ``batch`` (:func:`fedtree.core.model.masked_loss`), in training mode
+  (dropout on; a model with state computes its statistics on the batch's real rows,
+  :func:`fedtree.core.model.forward_train`)."""
   return train_loss(model, params, batch, rng)[0]
 
 

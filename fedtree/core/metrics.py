@@ -264,8 +264,8 @@ def check_multi_label(model: Model, *, confusion: bool, sentences: bool, ignore_
   """
   if not model.multi_label:
     return
-  asked = {"confusion": bool(confusion), "sentences": bool(sentences), "ignore_labels": bool(tuple(ignore_labels)),
-           "top_k": top_k is not None}
+  asked = {"confusion": bool(confusion), "sentences": bool(sentences),
+           "ignore_labels": bool(tuple(ignore_labels)), "top_k": top_k is not None}
   bad = [k for k, v in asked.items() if v]
   if bad:
     raise ValueError(f"a multi-label model (multi-hot labels) has no single class per example, so no "
@@ -509,6 +509,7 @@ def make_evaluator(model: Model, chunk_size: int | None = None, *, confusion: bo
   ignore_labels = tuple(int(v) for v in ignore_labels)
   if top_k is not None and int(top_k) < 1:
     raise ValueError(f"top_k={top_k} must be >= 1")
+  check_multi_label(model, confusion=confusion, sentences=sentences, ignore_labels=ignore_labels, top_k=top_k)
 
   @jax.jit
   def run(params, x, y, n, moc, client_params=None) -> EvalStats:

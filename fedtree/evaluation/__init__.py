@@ -18,7 +18,13 @@ import numpy as np
 
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.data import FederatedData
-from fedtree.core.metrics import adjusted_rand_index, central_keys, cluster_accuracy, make_evaluator, summarize
+from fedtree.core.metrics import (
+  adjusted_rand_index,
+  central_keys,
+  cluster_accuracy,
+  make_evaluator,
+  summarize,
+)
 from fedtree.core.model import Model
 from fedtree.core.sharding import to_host
 

@@ -184,6 +184,11 @@ def _load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, An
     return data, groups, info.central, info
   if name == "store":
     return load_store(**kwargs)
+  if name == "flair":   # pfl-research's HDF5 file: read through a store (fedtree.convert), never whole
+    raise ValueError(f"FLAIR (pfl-research's HDF5 file, config.data.path={kwargs.get('path')!r}) streams "
+                     "from a store, which is not prepared: convert it once (python -m fedtree.convert "
+                     "--config=FILE --out=DIR, FILE the config whose data block names it) and run the config "
+                     "with config.data.name='store' (a benchmark's :store variant), --config.data.path=DIR")
   raise ValueError(f"config.data.name={name!r} is unknown; choose one of {DATASETS}")
 
 

@@ -248,7 +248,9 @@ class ResNet18(nn.Module):
     if x.dtype == jnp.uint8:   # pixels as stored
       x = x.astype(jnp.float32) / 255.0
     if self.standardize == "imagenet":
-      x = (x - jnp.asarray(IMAGENET_MEAN, x.dtype)) / jnp.asarray(IMAGENET_STD, x.dtype)
+      shape = (1,) * (x.ndim - 1) + (3,)
+      mean, std = (jnp.asarray(v, x.dtype).reshape(shape) for v in (IMAGENET_MEAN, IMAGENET_STD))
+      x = (x - mean) / std
     if self.stem == "imagenet":
       x = nn.relu(self._norm(self._conv(x, self.width, 7, 2, "stem"), train, mask, "stem_norm"))
       x = max_pool_strided(jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=-jnp.inf), 3, 2)
