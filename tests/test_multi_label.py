@@ -113,6 +113,18 @@ def test_counts_that_need_one_class_are_refused():
   assert _model().label_shape == (K,) and not _model().token_labels and lm.token_labels
 
 
+def test_methods_of_one_class_per_example_refuse_a_multi_label_model_by_name():
+  import optax
+
+  from fedtree.objectives.alo import alo_update
+  from fedtree.objectives.fedmmd import check_features
+
+  with pytest.raises(ValueError, match=r"ALO .* labels are multi-hot \(a multi-label model\)"):
+    alo_update(_model(), optax.sgd(0.1), mu=0.1, lam=0.1, batch_size=2, max_steps=1)
+  with pytest.raises(ValueError, match=r"shape \(5,\) \(multi-hot \(a multi-label model\)\)"):
+    check_features(_model(), (3,), "FedMMD")
+
+
 def test_generated_multi_label_images():
   data = prototype_images(num_clients=4, num_examples=80, num_classes=6, max_labels=3, seed=0)
   y = np.asarray(data.y_train)[np.arange(data.y_train.shape[1])[None] < np.asarray(data.n_train)[:, None]]

@@ -63,6 +63,14 @@ class Model(NamedTuple):
     return bool(self.label_shape) and not self.multi_label
 
 
+def label_kind(model: Model) -> str:
+  """What ``model``'s labels are, as a refusal names them: ``"one class per example"``, ``"token
+  sequences (a sequence model)"`` or ``"multi-hot (a multi-label model)"``."""
+  if model.multi_label:
+    return "multi-hot (a multi-label model)"
+  return "token sequences (a sequence model)" if model.label_shape else "one class per example"
+
+
 def as_multi_label(model: Model) -> Model:
   """``model`` (a classifier of ``num_classes`` outputs, ``label_shape=()``) scoring multi-hot labels
   ``[num_classes]`` with the sigmoid binary cross-entropy.
