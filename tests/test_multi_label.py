@@ -132,3 +132,21 @@ def test_generated_multi_label_images():
   assert y.sum(-1).min() >= 1 and y.sum(-1).max() == 3
   with pytest.raises(ValueError, match="max_labels=7 must be None or between 1 and num_classes=6"):
     prototype_images(num_classes=6, max_labels=7)
+
+
+def test_fine_tuning_and_per_client_losses_score_a_multi_label_model():
+  from fedtree.algorithms.clustering.clustered import cluster_losses
+  from fedtree.core.finetune import finetune_evaluate
+  from fedtree.core.local import LocalSchedule
+
+  data = prototype_images(num_clients=3, num_examples=60, num_classes=K, image_size=4, max_labels=2,
+                          partition="iid", seed=0)
+  model = as_multi_label(build_model("logreg", example_shape=data.example_shape, num_classes=K))
+  params = jax.tree.map(lambda a: a[None], model.init(jax.random.key(0)))
+  stats, _ = finetune_evaluate(model, params, np.zeros(3, np.int32), data, learning_rates=[0.1, 0.5],
+                               schedule=LocalSchedule(batch_size=4, epochs=1), key=jax.random.key(1))
+  assert np.asarray(stats.label_scores).shape == (2, 3, 2, SCORE_BUCKETS, K)
+  per_rate = summarize(jax.tree.map(lambda a: a[0], stats))
+  assert 0.0 <= per_rate["macro_ap"] <= 1.0 and np.isfinite(per_rate["loss"])
+  losses = cluster_losses(model, params, data.x_test, data.y_test, data.n_test)
+  assert losses.shape == (3, 1) and np.all(np.isfinite(np.asarray(losses)))

@@ -42,8 +42,10 @@ BatchNorm statistics frozen) and fedtree has none: the model starts from scratch
 learning rate warms up over 30 iterations and decays linearly to 0.02 (``CentralLRDecay``), fedtree's
 stays 0.1; it clips every local gradient to norm 10, fedtree does not; it trains on random 224x224
 crops (flipped at random) and scores 224x224 resizes, fedtree on the stored 256x256 images as they
-are; it keeps at most 512 images of a user (``max_num_user_images``), fedtree keeps all. Its IID
-variant (``flair_iid``) and central-DP runs are not here.
+are; it keeps at most 512 images of a user (``max_num_user_images``), fedtree keeps all. Its
+precision-recall curve is cut at the scores 0, 1/199, ..., 1 and a label predicted at score > 0.5;
+fedtree's at t/200 (t = 0..199, :data:`fedtree.core.metrics.SCORE_BUCKETS`) and at score >= 0.5.
+Its IID variant (``flair_iid``) and central-DP runs are not here.
 
 ``:store``: the run above over the converted HDF5 file (``config.data.path``, the store's folder).
 

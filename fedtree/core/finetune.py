@@ -108,6 +108,9 @@ def _finetune_program(model, schedule, max_steps, optimizer, chunk_size, evaluat
     out = jax.lax.map(client, args, batch_size=batch)  # leaves [C, L, ...]
     epochs = num_steps.astype(jnp.result_type(float)) / jnp.maximum(
       steps_per_epoch(data.n_train, schedule.batch_size), 1).astype(jnp.result_type(float))
+    if evaluate and model.multi_label:   # + the label score buckets [C, L, 2, B, K]
+      loss, correct, count = (a.T for a in out[:3])
+      return EvalStats(loss, correct, count, label_scores=jnp.swapaxes(out[3], 0, 1)), epochs
     if evaluate:
       loss, correct, count, *sentence = (a.T for a in out)     # + sentence sums of an LM
       return EvalStats(loss, correct, count, None, *sentence), epochs
