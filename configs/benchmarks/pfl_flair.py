@@ -56,10 +56,10 @@ check that the setup runs, not the benchmark.
 
 ``quick`` (added to any variant; ``:offline,quick`` above) runs the first run, FedAvg, for 3 rounds
 scored once at the end, no checkpoint: the setup checked end to end. Measured (``:offline,quick``,
-seed 0): 326 s CPU, 5 min 4 s wall on the shared 2-core CPU under a load of about 3; it prints
-accuracy 0.8811 (labels predicted right), macro AP 0.1353 and micro AP 0.1228 (about the share of
-positive labels: 3 rounds learn little). The whole ``:offline`` runs 5,000 rounds; its cost is not
-measured here.
+seed 0): 326 s CPU, 5 min 4 s wall on the shared 2-core CPU under a load of about 3 (a second run:
+400 s CPU, 6 min 43 s wall, load about 3.4); it prints accuracy 0.8811 (labels predicted right),
+macro AP 0.1353 and micro AP 0.1228 (about the share of positive labels: 3 rounds learn little).
+The whole ``:offline`` runs 5,000 rounds; its cost is not measured here.
 """
 
 import ml_collections
