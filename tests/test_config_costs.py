@@ -15,7 +15,7 @@ from fedtree.experiment.standard_tasks import QUICK_ROUNDS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = ("afo_cifar100", "afo_emnist", "afo_shakespeare", "afo_stackoverflow", "flgo_cifar10",
-              "leaf_femnist", "pfl_cifar10")
+              "leaf_femnist", "pfl_cifar10", "pfl_flair")
 
 
 def _doc(name: str) -> str:

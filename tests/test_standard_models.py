@@ -61,6 +61,10 @@ def resnet18_cifar(k):           # kuangliu/pytorch-cifar ResNet18: bias-free co
   return total + dense(512, k)
 
 
+def resnet18_imagenet(k):        # torchvision resnet18 (pfl-research's FLAIR model): a 7x7 stem
+  return resnet18_cifar(k) - conv(3, 3, 64, False) + conv(7, 3, 64, False)
+
+
 def resnet18_afo(k):             # resnet_models.create_resnet18: v2 blocks, no stride in the stages
   total = conv(7, 3, 64, False) + norm(64)
   cin = 64
@@ -98,6 +102,8 @@ REFERENCE = [
   ("flgo_cnn", (32, 32, 3), 10, {}, flgo_cnn(10), None),
   ("resnet18", (32, 32, 3), 10, {}, resnet18_cifar(10), None),
   ("resnet18", (32, 32, 3), 100, {}, resnet18_cifar(100), None),
+  ("resnet18", (64, 64, 3), 17, {"stem": "imagenet", "groups": 32}, resnet18_imagenet(17), None),
+  ("resnet18", (64, 64, 3), 1000, {"stem": "imagenet"}, resnet18_imagenet(1000), 11_689_512),  # torchvision's
   ("resnet18_afo", (24, 24, 3), 100, {}, resnet18_afo(100), None),
   ("vgg11", (32, 32, 3), 10, {}, vgg11(10), None),
   ("shakespeare_lstm", (80,), 90, {}, char_lstm(90), None),
@@ -123,6 +129,7 @@ def test_the_counts_stated_in_the_docstrings():
     1_690_046, 6_603_710, 1_206_590, 61_706, 62_006)
   assert (flgo_cnn(10), resnet18_cifar(10), resnet18_cifar(100), resnet18_afo(100), vgg11(10)) == (
     797_962, 11_173_962, 11_220_132, 11_227_812, 9_750_922)
+  assert resnet18_imagenet(17) == 11_185_233
   assert (char_lstm(90), char_lstm(80), so_lstm(10_004)) == (820_522, 817_872, 4_050_748)
 
 

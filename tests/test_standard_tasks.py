@@ -140,6 +140,28 @@ def test_pfl_config_equals_pfl_research(variant, rounds, partition):
   assert (c.model.name, c.data.test_fraction, c.metrics.central) == ("cnn", 0.0, True)
 
 
+def test_pfl_flair_config_equals_pfl_research():
+  # apple/pfl-research benchmarks/flair/configs/baseline.yaml and train.py
+  c = load_config("benchmarks/pfl_flair")
+  assert (c.data.name, c.data.labels, c.data.central) == ("flair", "coarse", "val")
+  assert (c.rounds, c.eval_every) == (5000, 20)
+  assert (c.local.optimizer, c.local.learning_rate, c.local.batch_size) == ("sgd", 0.01, 16)
+  assert c.local.epochs == 2
+  run = c.runs.fedavg
+  assert (run.algorithm, run.cohort_size, run.weighting) == ("fedavg", 200, "uniform")
+  assert run.server.to_dict() == dict(name="adam", learning_rate=0.1, b1=0.9, b2=0.99, eps=0.01)
+  assert c.model.to_dict() == dict(name="resnet18", stem="imagenet", groups=32, standardize="imagenet")
+  assert c.metrics.central and load_config("benchmarks/pfl_flair", "store").data.dataset == "flair"
+
+
+def test_flair_without_its_store_is_refused_naming_the_conversion_and_the_offline_variant():
+  c = load_config("benchmarks/pfl_flair")
+  c.data.path = "/nowhere/flair_federated.hdf5"
+  with pytest.raises(ValueError, match=r"FLAIR .* streams from a store, which is not prepared: .*python -m "
+                                       r"fedtree.convert .*configs/benchmarks/pfl_flair.py:offline"):
+    make_context(c)
+
+
 # ------------------------------------------------------------------ docstrings
 @pytest.mark.parametrize("name", BENCHMARKS)
 def test_every_benchmark_docstring_cites_its_source_data_and_command(name):
@@ -193,6 +215,7 @@ TINY_MODEL = {   # the benchmark's model, with fewer channels or units
   "afo_cifar100": {"width": 4}, "afo_emnist": {"features": (4, 8), "dense": 8},
   "afo_shakespeare": {"hidden": 8}, "afo_stackoverflow": {"hidden": 8, "embed": 4, "projection": 4},
   "leaf_femnist": {"dense": 8}, "flgo_cifar10": {}, "pfl_cifar10": {"features": (4, 8), "dense": 8},
+  "pfl_flair": {"width": 8, "groups": 4},
 }
 
 
@@ -220,6 +243,16 @@ def shrunk(name, variant, tmp_path):
   elif c.data.name == "leaf":
     write_leaf_femnist(tmp_path / "leaf", {"w0": 6, "w1": 4, "w2": 8, "w3": 5})
     c.data.root, c.data.cache_dir = str(tmp_path / "leaf"), None
+  elif c.data.name == "store":   # the config's own data block, written and converted (FLAIR's HDF5)
+    from test_population_store import write_flair
+
+    from fedtree.convert import convert
+
+    source = load_config(f"benchmarks/{name}").data
+    write_flair(tmp_path / "flair.hdf5")
+    source.path = str(tmp_path / "flair.hdf5")
+    c.data.path = str(tmp_path / "store")
+    convert(source.to_dict(), c.data.path, progress=False)
   elif c.data.name == "tfds":
     c.data.num_clients = 6
     if c.data.partition == "dirichlet_balanced":
@@ -257,7 +290,7 @@ def test_a_benchmark_runs_shrunk_on_files_of_its_schema(name, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,variant", [(n, None) for n in BENCHMARKS]
+@pytest.mark.parametrize("name,variant", [(n, "store" if n == "pfl_flair" else None) for n in BENCHMARKS]
                          + [("flgo_cifar10", "iid"), ("pfl_cifar10", "noniid")])
 def test_every_benchmark_runs_shrunk_on_files_of_its_schema(name, variant, tmp_path):
   """Every run of every config (its model with fewer channels), one round on written or mocked data

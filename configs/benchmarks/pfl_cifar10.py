@@ -4,6 +4,10 @@ simulation framework for accelerating research in private federated learning"; a
 
   python -m fedtree.main --config=configs/benchmarks/pfl_cifar10.py --workdir=/tmp/pfl_iid
   python -m fedtree.main --config=configs/benchmarks/pfl_cifar10.py:noniid --workdir=/tmp/pfl_noniid
+  python -m fedtree.convert --config=configs/benchmarks/pfl_cifar10.py --out=/tmp/cifar10_store \
+      --config.data.data_dir=DIR
+  python -m fedtree.main --config=configs/benchmarks/pfl_cifar10.py:store --workdir=/tmp/pfl_store \
+      --config.data.path=/tmp/cifar10_store
   python -m fedtree.main --config=configs/benchmarks/pfl_cifar10.py:offline --workdir=/tmp/pfl_off
   python -m fedtree.main --config=configs/benchmarks/pfl_cifar10.py:offline,quick --workdir=/tmp/pfl_quick
 
@@ -33,6 +37,14 @@ Differences from pfl-research: pfl-research draws a fresh IID user for every sam
 whole training set; fedtree deals the 50,000 images into 1,000 fixed users once. pfl-research also
 evaluates federated validation users made of test images; fedtree scores the central test split only.
 
+``:store``: the same run over the TFDS data converted once to a store (``python -m fedtree.convert``
+above, :mod:`fedtree.population`: the users dealt, the images standardized and the test split kept
+as the central test set when it is written): the device holds the cohort, never the population, and
+the run streams when the memory estimate says the population does not fit (``config.population``).
+The store holds the users of the variant it was converted from: convert with ``:noniid`` (``--config=
+configs/benchmarks/pfl_cifar10.py:noniid``) for Dirichlet(0.1) users; ``:store,noniid`` then runs
+3,000 iterations over them.
+
 ``:offline``: the same run on generated 32x32x3 images of 10 classes
 (:func:`fedtree.datasets.prototypes.prototype_images`, 20 % of each user held out and scored), no
 file needed: a check that the setup runs, not the benchmark.
@@ -56,9 +68,10 @@ PFL_CIFAR10 = {"users": 1000, "examples_per_user": 50, "alpha": 0.1, "cohort_siz
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  """``variant``: comma-separated ``noniid`` (Dirichlet(0.1) users; default IID) and ``offline``
-  (generated images), and ``quick`` (3 rounds of the first run: module docstring)."""
-  flags = variant_flags(variant, ("noniid", "offline", "quick"), "pfl_cifar10")
+  """``variant``: comma-separated ``noniid`` (Dirichlet(0.1) users; default IID), ``store`` (the TFDS
+  data converted to a store, ``config.data.path``) or ``offline`` (generated images), and ``quick``
+  (3 rounds of the first run: module docstring)."""
+  flags = variant_flags(variant, ("noniid", "store", "offline", "quick"), "pfl_cifar10")
   s = PFL_CIFAR10
   c = ml_collections.ConfigDict()
   c.seed = 0
@@ -74,6 +87,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
       name="prototype_images", num_clients=s["users"], num_examples=s["users"] * s["examples_per_user"],
       num_classes=10, image_size=32, channels=3, partition="dirichlet" if "noniid" in flags else "iid",
       alpha=s["alpha"], test_fraction=0.2, seed=0))
+  elif "store" in flags:
+    c.data = ml_collections.ConfigDict(dict(name="store", path="", dataset="tfds"))
   else:
     c.data = ml_collections.ConfigDict(dict(
       name="tfds", dataset="cifar10", num_clients=s["users"],

@@ -136,13 +136,15 @@ class FederatedData:
         raise ValueError(
           f"FederatedData.{name} has {getattr(self, name).shape[0]} clients, n_train has {c}"
           + ("" if self.window is None else f" (and the window {rows} rows)"))
-    # class labels [C, M] (flat: [N]), or next tokens [C, M, T] (flat: [N, T])
+    # class labels [C, M] (flat: [N]), next tokens [C, M, T] (flat: [N, T]), or multi-hot labels
+    # [C, M, K] (flat: [N, K])
     lead = 1 if self.ragged else 2
     splits = (("y_train", self.y_train, self.x_train, lead), ("y_test", self.y_test, self.x_test, 2))
     for name, y, x, k in splits:
-      if y.shape != x.shape[:k] and y.shape != x.shape:
-        raise ValueError(f"{name} shape {y.shape} is neither x.shape[:{k}] {x.shape[:k]} (class "
-                         f"labels) nor x.shape {x.shape} (next tokens)")
+      if y.shape not in (x.shape[:k], x.shape, x.shape[:k] + (self.num_classes,)):
+        raise ValueError(f"{name} shape {y.shape} is neither x.shape[:{k}] {x.shape[:k]} (class labels) "
+                         f"nor x.shape {x.shape} (next tokens) nor {x.shape[:k] + (self.num_classes,)} "
+                         "(multi-hot labels)")
     if self.x_train.shape[lead:] != self.x_test.shape[2:]:
       raise ValueError(
         f"train examples have shape {self.x_train.shape[lead:]}, test {self.x_test.shape[2:]}"

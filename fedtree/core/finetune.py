@@ -85,7 +85,7 @@ def _finetune_program(model, schedule, max_steps, optimizer, chunk_size, evaluat
   (every fine-tuner of the same model and schedule, e.g. one per experiment of a sweep or per
   evaluation, reuses its compiled program; the cache holds functions, never data)."""
   one = _finetune_one(model, optimizer, schedule, max_steps, trainable)
-  lm = bool(model.label_shape)  # token labels: also the sentence sums (sentence-level perplexity)
+  lm = model.token_labels  # token labels: also the sentence sums (sentence-level perplexity)
   over_rates = jax.vmap(one, in_axes=(None, None, None, None, 0))
 
   def run(params, model_of_client, data: FederatedData, rates, key):
@@ -108,6 +108,9 @@ def _finetune_program(model, schedule, max_steps, optimizer, chunk_size, evaluat
     out = jax.lax.map(client, args, batch_size=batch)  # leaves [C, L, ...]
     epochs = num_steps.astype(jnp.result_type(float)) / jnp.maximum(
       steps_per_epoch(data.n_train, schedule.batch_size), 1).astype(jnp.result_type(float))
+    if evaluate and model.multi_label:   # + the label score buckets [C, L, 2, B, K]
+      loss, correct, count = (a.T for a in out[:3])
+      return EvalStats(loss, correct, count, label_scores=jnp.swapaxes(out[3], 0, 1)), epochs
     if evaluate:
       loss, correct, count, *sentence = (a.T for a in out)     # + sentence sums of an LM
       return EvalStats(loss, correct, count, None, *sentence), epochs

@@ -40,7 +40,7 @@ import optax
 from flax import struct
 
 from fedtree.core.checks import check_nonnegative
-from fedtree.core.model import Model, forward_train, masked_cross_entropy, take_state, zero_state
+from fedtree.core.model import Model, forward_train, masked_loss, take_state, zero_state
 
 PyTree = Any
 
@@ -275,8 +275,9 @@ class SGDCarry:
 
 
 def data_loss(model: Model, params: PyTree, batch: Batch, rng: jax.Array) -> jax.Array:
-  """Masked cross-entropy of ``model`` on ``batch`` (training mode: dropout on; a model with state
-  computes its statistics on the batch's real rows, :func:`fedtree.core.model.forward_train`)."""
+  """Masked loss of ``model`` on ``batch`` (:func:`fedtree.core.model.masked_loss`), in training mode
+  (dropout on; a model with state computes its statistics on the batch's real rows,
+  :func:`fedtree.core.model.forward_train`)."""
   return train_loss(model, params, batch, rng)[0]
 
 
@@ -284,7 +285,7 @@ def train_loss(model: Model, params: PyTree, batch: Batch, rng: jax.Array) -> tu
   """``(loss, params')``: :func:`data_loss` and ``params`` with the model's non-trainable
   collections updated from the batch's real rows (a model without state: ``params``)."""
   logits, updated = forward_train(model, params, batch.x, rng=rng, mask=batch.mask)
-  return masked_cross_entropy(logits, batch.y, batch.mask), updated
+  return masked_loss(model, logits, batch.y, batch.mask), updated
 
 
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
@@ -440,7 +441,7 @@ def full_loss(model: Model, params: PyTree, data: ClientData, *, batch_size: int
     batch = batch_at(key, data, t, batch_size)
     logits = model.apply(params, batch.x, train=False)
     count = jnp.sum(batch.mask).astype(dtype)
-    return t + 1, acc + masked_cross_entropy(logits, batch.y, batch.mask).astype(dtype) * count
+    return t + 1, acc + masked_loss(model, logits, batch.y, batch.mask).astype(dtype) * count
 
   start = (jnp.zeros((), jnp.int32), jnp.zeros((), dtype))
   _, total = jax.lax.while_loop(lambda st: st[0] < batches, body, start)

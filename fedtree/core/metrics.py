@@ -21,6 +21,13 @@ al. 2021's Stack Overflow next-word accuracy counts no OOV, BOS or EOS token, fe
 padding, id 0, never counts), and ``top_k`` also counts the examples whose label is among the
 ``k`` highest logits (``EvalStats.topk_correct``; ``summarize(..., top_k=k)`` reports
 ``top{k}_accuracy``).
+
+For a multi-label model (:attr:`fedtree.core.model.Model.multi_label`: multi-hot labels ``y: [M, K]``,
+FLAIR) ``loss`` is the sigmoid binary cross-entropy averaged over labels, ``correct`` counts the labels
+predicted right (score ``sigmoid(logit) >= 0.5``) as a fraction of the ``K`` per example, and
+``EvalStats.label_scores`` (``[C, 2, B, K]``) counts every label's negative and positive examples per
+score bucket, from which :func:`summarize` reports pfl-research's FLAIR metrics
+(:func:`multi_label_metrics`): macro and micro averaged precision, precision and recall.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from fedtree.core.model import Model, token_mask
 
@@ -44,6 +52,9 @@ class EvalStats(NamedTuple):
   else ``None``): the sum over the client's sentences of each sentence's mean token NLL, and
   the number of sentences (rows with at least one real token). ``topk_correct``: the examples
   (tokens) whose label is among the ``top_k`` highest logits, or ``None`` (not requested).
+  ``label_scores``: a multi-label model's ``[C, 2, B, K]`` counts of the examples whose label ``k`` is
+  negative (``[:, 0]``) or positive (``[:, 1]``) with score ``sigmoid(logit)`` in bucket ``b`` of
+  ``[b / B, (b + 1) / B)`` (:data:`SCORE_BUCKETS`), else ``None``.
   """
 
   loss_sum: jax.Array
@@ -53,6 +64,72 @@ class EvalStats(NamedTuple):
   sentence_loss: jax.Array | None = None
   sentences: jax.Array | None = None
   topk_correct: jax.Array | None = None
+  label_scores: jax.Array | None = None
+
+
+SCORE_BUCKETS = 200
+"""Score buckets of a multi-label model's precision-recall curve (pfl-research's ``AveragedPrecision``
+also cuts it at 200 thresholds)."""
+
+MULTI_LABEL_METRICS = ("macro_ap", "micro_ap", "macro_precision", "micro_precision", "macro_recall",
+                       "micro_recall")
+"""What :func:`summarize` adds for a multi-label model (:func:`multi_label_metrics`)."""
+
+
+def multi_label_sums(logits: jax.Array, y: jax.Array, mask: jax.Array) -> tuple[jax.Array, ...]:
+  """``(loss sum, correct, count, label_scores [2, B, K])`` of multi-hot labels ``y [M, K]`` under
+  ``logits [M, K]`` over the examples of ``mask`` (``bool[M]``): the loss and the right predictions
+  (score >= 0.5) are means over the ``K`` labels of an example, ``count`` the examples, and
+  ``label_scores`` counts the negative and positive labels per score bucket (:class:`EvalStats`)."""
+  dt = logits.dtype
+  k = logits.shape[-1]
+  m = mask.astype(dt)
+  truth = y.astype(dt)
+  bce = jnp.mean(optax.sigmoid_binary_cross_entropy(logits, truth), axis=-1)
+  right = jnp.mean(((logits >= 0) == (y > 0)).astype(dt), axis=-1)
+  bucket = jnp.clip(jnp.floor(jax.nn.sigmoid(logits) * SCORE_BUCKETS), 0, SCORE_BUCKETS - 1).astype(jnp.int32)
+  label = jnp.broadcast_to(jnp.arange(k), bucket.shape)
+  scores = jnp.zeros((2, SCORE_BUCKETS, k), dt).at[(y > 0).astype(jnp.int32), bucket, label].add(
+    jnp.broadcast_to(m[:, None], bucket.shape))
+  return jnp.sum(bce * m), jnp.sum(right * m), jnp.sum(m), scores
+
+
+def multi_label_metrics(label_scores, prefix: str = "") -> dict[str, float]:
+  """pfl-research's FLAIR metrics from ``label_scores`` (``[..., 2, B, K]``, summed over the leading
+  axes): per label ``k``, precision and recall at score >= 0.5 and the averaged precision (AP) of its
+  precision-recall curve at the ``B`` thresholds ``t / B``, ``sum_t (R_t - R_{t+1}) P_t`` (equal to
+  ``sklearn.metrics.average_precision_score`` on scores rounded down to a multiple of ``1 / B``);
+  ``macro_*`` their mean over the labels, ``micro_*`` the same with every label's examples pooled.
+  A 0 / 0 precision or recall (no predicted positive, no positive label) counts 0, as pfl-research's
+  ``MacroWeighted`` and ``AveragedPrecision`` count it."""
+  h = np.asarray(label_scores, np.float64)
+  h = h.reshape((-1,) + h.shape[-3:]).sum(axis=0)                       # [2, B, K]
+  above = np.cumsum(h[:, ::-1], axis=1)[:, ::-1]                          # [2, B, K]: score >= t / B
+  half = h.shape[1] // 2
+
+  def ratio(a, b):
+    with np.errstate(divide="ignore", invalid="ignore"):
+      return np.where(b > 0, a / np.where(b > 0, b, 1.0), 0.0)
+
+  def ap(neg, pos):    # [B, ...] counts at score >= t / B
+    precision, recall = ratio(pos, pos + neg), ratio(pos, pos[:1])
+    drop = recall - np.concatenate([recall[1:], np.zeros_like(recall[:1])])
+    return np.sum(drop * precision, axis=0)
+
+  neg, pos = above[0], above[1]
+  tp, fp, fn = pos[half], neg[half], pos[0] - pos[half]
+  out = {"macro_ap": float(np.mean(ap(neg, pos))), "micro_ap": float(ap(neg.sum(-1), pos.sum(-1))),
+         "macro_precision": float(np.mean(ratio(tp, tp + fp))),
+         "micro_precision": float(ratio(tp.sum(), tp.sum() + fp.sum())),
+         "macro_recall": float(np.mean(ratio(tp, tp + fn))),
+         "micro_recall": float(ratio(tp.sum(), tp.sum() + fn.sum()))}
+  return {f"{prefix}{k}": v for k, v in out.items()}
+
+
+def central_keys(top_k: int | None = None) -> tuple[str, ...]:
+  """The pooled summaries a central test set reports (``central_accuracy``, ``central_loss``, ...)."""
+  return ("central_accuracy", "central_loss", "central_perplexity", f"central_top{top_k}_accuracy",
+          *(f"central_{m}" for m in MULTI_LABEL_METRICS))
 
 
 def client_sums(model: Model, params, x, y, n, *, confusion: bool = False, sentences: bool = False,
@@ -70,12 +147,16 @@ def client_sums(model: Model, params, x, y, n, *, confusion: bool = False, sente
   more entries follow: the sum over sentences (rows ``m < n`` with a real token) of the
   sentence's mean NLL ``sum_t nll[m, t] / n_tokens[m]``, and the number of such sentences.
 
+  A multi-label model (``y: [M, K]`` multi-hot) gives :func:`multi_label_sums`.
+
   Raises:
     ValueError: ``sentences`` with class labels (``y: [M]``).
   """
   logits = model.apply(params, x, train=False)
   dt = jnp.promote_types(logits.dtype, jnp.float32)   # float64 under --config.dtype=float64
   logits = logits.astype(dt)
+  if model.multi_label:
+    return multi_label_sums(logits, y, jnp.arange(x.shape[0]) < n)
   mask = token_mask(y, jnp.arange(x.shape[0]) < n)
   for label in ignore_labels:
     mask = mask & (y != int(label))
@@ -144,6 +225,7 @@ def evaluate(
   """
   if top_k is not None and int(top_k) < 1:
     raise ValueError(f"top_k={top_k} must be >= 1")
+  check_multi_label(model, confusion=confusion, sentences=sentences, ignore_labels=ignore_labels, top_k=top_k)
   num_clients = x.shape[0]
   if model_of_client is None:
     num_models = jax.tree.leaves(params)[0].shape[0]
@@ -166,10 +248,28 @@ def evaluate(
   batch = num_clients if chunk_size is None else max(1, min(int(chunk_size), num_clients))
   own = () if client_params is None else client_params
   out = list(jax.lax.map(one, (x, y, n, model_of_client, own), batch_size=batch))
+  if model.multi_label:
+    return EvalStats(out[0], out[1], out[2], label_scores=out[3])
   topk = out.pop() if top_k is not None else None
   return EvalStats(out[0], out[1], out[2], confusion=out[3] if confusion else None,
                    sentence_loss=out[-2] if sentences else None,
                    sentences=out[-1] if sentences else None, topk_correct=topk)
+
+
+def check_multi_label(model: Model, *, confusion: bool, sentences: bool, ignore_labels, top_k) -> None:
+  """Refuses, for a multi-label model, the counts that need one class per example.
+
+  Raises:
+    ValueError: naming the option.
+  """
+  if not model.multi_label:
+    return
+  asked = {"confusion": bool(confusion), "sentences": bool(sentences),
+           "ignore_labels": bool(tuple(ignore_labels)), "top_k": top_k is not None}
+  bad = [k for k, v in asked.items() if v]
+  if bad:
+    raise ValueError(f"a multi-label model (multi-hot labels) has no single class per example, so no "
+                     f"{', '.join(bad)}; leave them unset (its metrics: {MULTI_LABEL_METRICS})")
 
 
 PERPLEXITY_LEVELS = ("token", "sentence")
@@ -270,7 +370,9 @@ def summarize(stats: EvalStats, groups: np.ndarray | None = None, prefix: str = 
   also ``sentence_perplexity`` overall, per client and per group (:func:`perplexities`,
   ``level="sentence"``). With
   ``top_k`` and ``stats.topk_correct``, also ``top{k}_accuracy`` (pooled) and
-  ``client_mean_top{k}_accuracy``. With
+  ``client_mean_top{k}_accuracy``. With ``stats.label_scores`` (a multi-label model), also
+  :func:`multi_label_metrics` (``macro_ap``, ...; ``accuracy`` is then the share of labels predicted
+  right). With
   ``positive_classes`` (a ``bool[K]`` mask or class indices) and ``stats.confusion``, also
   the keyword-spotting rates of :func:`keyword_rates` over all clients. Always ``fairness``,
   the spread of per-client accuracy (perplexity for a language model) across clients
@@ -296,6 +398,8 @@ def summarize(stats: EvalStats, groups: np.ndarray | None = None, prefix: str = 
   if stats.sentences is not None:
     out[f"{prefix}sentence_perplexity"], out[f"{prefix}client_sentence_perplexity"] = perplexities(
       stats, "sentence")
+  if stats.label_scores is not None:
+    out.update(multi_label_metrics(stats.label_scores, prefix))
   if stats.topk_correct is not None:
     if top_k is None:
       raise ValueError("stats carry top-k counts: pass summarize(..., top_k=k) to name them")
@@ -399,12 +503,13 @@ def make_evaluator(model: Model, chunk_size: int | None = None, *, confusion: bo
                    top_k: int | None = None):
   """A jitted ``(params, x, y, n, model_of_client[, client_params]) -> EvalStats`` (with
   per-client confusion matrices when ``confusion``; with sentence sums when ``sentences``, by
-  default for a model with token labels, ``model.label_shape`` non-empty; without the labels
+  default for a model with token labels, :attr:`~fedtree.core.model.Model.token_labels`; without the labels
   ``ignore_labels``; with top-``k`` counts when ``top_k``; ``client_params``: see :func:`evaluate`)."""
-  sentences = bool(model.label_shape) if sentences is None else sentences
+  sentences = model.token_labels if sentences is None else sentences
   ignore_labels = tuple(int(v) for v in ignore_labels)
   if top_k is not None and int(top_k) < 1:
     raise ValueError(f"top_k={top_k} must be >= 1")
+  check_multi_label(model, confusion=confusion, sentences=sentences, ignore_labels=ignore_labels, top_k=top_k)
 
   @jax.jit
   def run(params, x, y, n, moc, client_params=None) -> EvalStats:

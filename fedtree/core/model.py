@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import optax
 
 Params = Any
 
@@ -40,6 +41,10 @@ class Model(NamedTuple):
   ``apply_train(params, x, *, rng, mask) -> (logits, updates)`` runs such a model in training
   mode on the rows of ``mask`` and returns ``{collection: new value}`` (see the module
   docstring; :func:`forward_train` is what training calls).
+
+  ``multi_label``: every example carries a multi-hot ``label_shape=(K,)`` label (FLAIR's 17 coarse
+  labels) and the ``K`` logits are independent binary scores: the loss is the sigmoid binary
+  cross-entropy (:func:`masked_loss`), not a softmax over classes (:func:`as_multi_label`).
   """
 
   init: Callable[[jax.Array], Params]
@@ -49,6 +54,34 @@ class Model(NamedTuple):
   label_shape: tuple[int, ...] = ()
   state: tuple[str, ...] = ()
   apply_train: Callable[..., tuple[jax.Array, dict]] | None = None
+  multi_label: bool = False
+
+  @property
+  def token_labels(self) -> bool:
+    """Whether a label is a sequence of next tokens (a language model): ``label_shape`` non-empty and
+    not multi-hot."""
+    return bool(self.label_shape) and not self.multi_label
+
+
+def label_kind(model: Model) -> str:
+  """What ``model``'s labels are, as a refusal names them: ``"one class per example"``, ``"token
+  sequences (a sequence model)"`` or ``"multi-hot (a multi-label model)"``."""
+  if model.multi_label:
+    return "multi-hot (a multi-label model)"
+  return "token sequences (a sequence model)" if model.label_shape else "one class per example"
+
+
+def as_multi_label(model: Model) -> Model:
+  """``model`` (a classifier of ``num_classes`` outputs, ``label_shape=()``) scoring multi-hot labels
+  ``[num_classes]`` with the sigmoid binary cross-entropy.
+
+  Raises:
+    ValueError: a model whose labels are token sequences.
+  """
+  if model.label_shape not in ((), (model.num_classes,)):
+    raise ValueError(f"a multi-label model needs a classifier (label_shape=()); this one has label_shape="
+                     f"{tuple(model.label_shape)} (a sequence model)")
+  return model._replace(multi_label=True, label_shape=(int(model.num_classes),))
 
 
 def _takes_mask(module: nn.Module) -> bool:
@@ -184,6 +217,25 @@ def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) 
   nll = -jnp.take_along_axis(logp, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
   m = token_mask(labels, mask).astype(logp.dtype)
   return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def masked_sigmoid_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
+  """Mean over the examples where ``mask`` (``bool[B]``) is true (0 if none) of the mean over the ``K``
+  labels of the sigmoid binary cross-entropy (:func:`optax.sigmoid_binary_cross_entropy`) of
+  ``logits [B, K]`` against multi-hot ``labels [B, K]``: PyTorch's ``BCEWithLogitsLoss()``, which
+  pfl-research trains FLAIR with."""
+  dt = jnp.promote_types(logits.dtype, jnp.float32)
+  bce = jnp.mean(optax.sigmoid_binary_cross_entropy(logits.astype(dt), labels.astype(dt)), axis=-1)
+  m = mask.astype(dt)
+  return jnp.sum(bce * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def masked_loss(model: Model, logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
+  """The training loss of ``model``: :func:`masked_sigmoid_cross_entropy` for a multi-label model,
+  else :func:`masked_cross_entropy`."""
+  if model.multi_label:
+    return masked_sigmoid_cross_entropy(logits, labels, mask)
+  return masked_cross_entropy(logits, labels, mask)
 
 
 def independent_models(model, key: jax.Array, k: int) -> Any:

@@ -552,7 +552,7 @@ def candidate_losses(model, parent_params, candidates: Cohort, data, *, chunk_si
     c, g = cg
     p = jax.tree.map(lambda a: a[g], parent_params)
     x, y = rows(c)
-    loss, _, count = client_sums(model, p, x, y, jnp.take(jnp.asarray(data.n_train), c))
+    loss, _, count = client_sums(model, p, x, y, jnp.take(jnp.asarray(data.n_train), c))[:3]
     return loss / jnp.maximum(count, 1.0)
 
   pairs = (candidates.clients, candidates.parent)

@@ -8,6 +8,10 @@ An example of class ``k`` is ``clip(P_k shifted by up to ``max_shift`` pixels + 
 with shape ``[H, W, 1]`` (``[H, W, C]`` with ``channels=C``: one prototype per class and
 channel, e.g. a CIFAR-shaped stand-in with ``image_size=32, channels=3``). Examples are dealt to clients by
 :func:`fedtree.core.data.partition_dirichlet` and each client's are split into train and test.
+
+With ``max_labels=L`` the images are multi-label (a FLAIR-shaped stand-in): an example shows between
+1 and ``L`` distinct classes (the pixelwise maximum of their shifted prototypes) and its label is
+multi-hot, ``[num_classes]`` of 0 and 1; the Dirichlet partition deals examples by their first class.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ def prototype_images(
   alpha: float = 0.1,
   test_fraction: float = 0.2,
   channels: int = 1,
+  max_labels: int | None = None,
   seed: int = 0,
 ) -> FederatedData:
   """MNIST-like generated images over ``num_clients`` clients (module docstring).
@@ -50,6 +55,8 @@ def prototype_images(
     num_examples: examples in all (before the split into clients).
     partition: ``"dirichlet"`` (label skew with ``alpha``) or ``"iid"``.
     test_fraction: share of every client's examples kept as its test data.
+    max_labels: ``None`` (one class per example, ``int32`` labels) or the most classes an example
+      shows (multi-hot labels ``[num_classes]``; module docstring).
   """
   if image_size < 2 or num_classes < 2:
     raise ValueError(f"image_size={image_size} and num_classes={num_classes} must be >= 2")
@@ -57,14 +64,24 @@ def prototype_images(
     raise ValueError(f"channels={channels} must be >= 1")
   if partition not in ("dirichlet", "iid"):
     raise ValueError(f"partition={partition!r}; choose 'dirichlet' or 'iid'")
+  if max_labels is not None and not 1 <= int(max_labels) <= num_classes:
+    raise ValueError(f"max_labels={max_labels} must be None or between 1 and num_classes={num_classes}")
   rng = np.random.default_rng(seed)
   protos = _prototypes(rng, num_classes, image_size, blobs, channels)
   y = rng.integers(0, num_classes, num_examples).astype(np.int32)
   shifts = rng.integers(-max_shift, max_shift + 1, (num_examples, 2))
   x = np.stack([np.roll(protos[k], tuple(s), axis=(0, 1)) for k, s in zip(y, shifts, strict=True)])
+  labels = y
+  if max_labels is not None:   # further classes beside the first, overlaid
+    labels = np.zeros((num_examples, num_classes), np.uint8)
+    labels[np.arange(num_examples), y] = 1
+    for i, extra in enumerate(rng.integers(0, int(max_labels), num_examples)):
+      for k in rng.choice(np.flatnonzero(labels[i] == 0), int(extra), replace=False):
+        labels[i, k] = 1
+        x[i] = np.maximum(x[i], np.roll(protos[k], tuple(shifts[i]), axis=(0, 1)))
   x = np.clip(x + noise * rng.normal(size=x.shape), 0.0, 1.0).astype(np.float32)
   if partition == "dirichlet":
     parts = partition_dirichlet(y, num_clients, alpha, rng, min_size=4)
   else:
     parts = partition_iid(num_examples, num_clients, rng)
-  return split_train_test(x, y, parts, test_fraction=test_fraction, rng=rng, num_classes=num_classes)
+  return split_train_test(x, labels, parts, test_fraction=test_fraction, rng=rng, num_classes=num_classes)

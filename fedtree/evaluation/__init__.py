@@ -18,7 +18,13 @@ import numpy as np
 
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.data import FederatedData
-from fedtree.core.metrics import adjusted_rand_index, cluster_accuracy, make_evaluator, summarize
+from fedtree.core.metrics import (
+  adjusted_rand_index,
+  central_keys,
+  cluster_accuracy,
+  make_evaluator,
+  summarize,
+)
 from fedtree.core.model import Model
 from fedtree.core.sharding import to_host
 
@@ -48,7 +54,7 @@ def evaluate_models(
   """
   evaluator = evaluator or make_evaluator(model, chunk_size, confusion=positive_classes is not None,
                                           top_k=top_k)
-  perplexity = bool(model.label_shape)
+  perplexity = model.token_labels
   local = int(np.asarray(to_host(data.n_test)).sum()) > 0
   out = {}
   for name, nm in algorithm.models(state).items():
@@ -72,8 +78,7 @@ def evaluate_models(
       x, y, n = central
       c = score(x, y, n, jnp.full((x.shape[0],), int(rows[0]), jnp.int32))
       pooled = summarize(c, prefix="central_", perplexity=perplexity, top_k=top_k)
-      keep = ("central_accuracy", "central_loss", "central_perplexity", f"central_top{top_k}_accuracy")
-      out[name].update({k: v for k, v in pooled.items() if k in keep})
+      out[name].update({k: v for k, v in pooled.items() if k in central_keys(top_k)})
     if not local:
       continue
     for metric, split in (splits or {}).items():

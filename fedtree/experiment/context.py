@@ -19,6 +19,7 @@ import optax
 from fedtree.core import tuning
 from fedtree.core.data import FederatedData, as_device, check_model_inputs, check_model_outputs
 from fedtree.core.local import LocalSchedule
+from fedtree.core.model import as_multi_label
 from fedtree.core.sharding import shard_data
 from fedtree.core.topology import Topology
 from fedtree.experiment import memory
@@ -233,6 +234,8 @@ def make_context(config: ml_collections.ConfigDict, *, data_config=None, model_c
   model_cfg = model_options(dict(model_config), info)  # e.g. the char table of embedding="chars"
   name = model_cfg.pop("name")
   model = build_model(name, example_shape=data.example_shape, num_classes=data.num_classes, **model_cfg)
+  if info.label_kind == "multi_hot":   # multi-hot labels [K]: K binary scores, the sigmoid cross-entropy
+    model = as_multi_label(model)
   if str(field(config, "dtype")) == "float64":
     data, central, model = as_float64(data, central, model)
   check_model_inputs(model, data)

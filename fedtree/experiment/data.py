@@ -41,6 +41,8 @@ class DataInfo:
     store: the :class:`~fedtree.population.store.ClientStore` the population is read from
       (``config.data.name="store"``; the data is then its :func:`fedtree.population.stream.skeleton`
       until the run decides to hold it resident), else ``None``.
+    label_kind: ``"class"``, ``"tokens"`` or ``"multi_hot"`` (multi-hot labels ``[K]``: the model
+      scores them with the sigmoid cross-entropy, :func:`fedtree.core.model.as_multi_label`).
   """
 
   group_names: tuple[str, ...] | None = None
@@ -48,6 +50,7 @@ class DataInfo:
   label_columns: np.ndarray | None = None
   central: tuple[np.ndarray, np.ndarray] | None = None
   store: Any = None
+  label_kind: str = "class"
 
   def char_table(self, max_chars: int = 16) -> np.ndarray:
     """``int32[V, max_chars]`` spelling of every vocabulary token
@@ -141,7 +144,8 @@ def _load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, An
     from fedtree.datasets.prototypes import prototype_images
 
     data = prototype_images(**kwargs)
-    return data, np.zeros(data.num_clients, np.int32), None, DataInfo()
+    kind = "multi_hot" if kwargs.get("max_labels") is not None else "class"
+    return data, np.zeros(data.num_clients, np.int32), None, DataInfo(label_kind=kind)
   if name == "sklearn_digits":
     from fedtree.datasets.digits import sklearn_digits
 
@@ -180,6 +184,11 @@ def _load(cfg: ml_collections.ConfigDict) -> tuple[FederatedData, np.ndarray, An
     return data, groups, info.central, info
   if name == "store":
     return load_store(**kwargs)
+  if name == "flair":   # pfl-research's HDF5 file: read through a store (fedtree.convert), never whole
+    raise ValueError(f"FLAIR (pfl-research's HDF5 file, config.data.path={kwargs.get('path')!r}) streams "
+                     "from a store, which is not prepared: convert it once (python -m fedtree.convert "
+                     "--config=FILE --out=DIR, FILE the config whose data block names it) and run the config "
+                     "with config.data.name='store' (a benchmark's :store variant), --config.data.path=DIR")
   raise ValueError(f"config.data.name={name!r} is unknown; choose one of {DATASETS}")
 
 
@@ -420,4 +429,4 @@ def load_store(path: str | None = None, dataset: str | None = None, groups: str 
   if "central" in store.splits:
     block = store.read(np.zeros(1, np.int64), "central")
     central = (block.x[0, : int(block.n[0])], block.y[0, : int(block.n[0])])
-  return skeleton(store), labels, central, DataInfo(store=store)
+  return skeleton(store), labels, central, DataInfo(store=store, label_kind=store.label_kind)

@@ -210,7 +210,7 @@ def evaluate_streamed(
   every client; the summaries name the clients scored (``eval_clients``)."""
   import jax.numpy as jnp
 
-  from fedtree.core.metrics import summarize
+  from fedtree.core.metrics import central_keys, summarize
   from fedtree.core.sharding import to_host
 
   store = population.store
@@ -225,7 +225,7 @@ def evaluate_streamed(
       stats[name].append(to_host(evaluator(nm.params, x, y, n, moc)))
     ids.append(chunk)
   ids_ = np.concatenate(ids) if ids else np.zeros(0, np.int64)
-  perplexity = bool(model.label_shape)
+  perplexity = model.token_labels
   out = {}
   for name, nm in models.items():
     every = jax.tree.map(lambda *a: np.concatenate(a), *stats[name])
@@ -237,8 +237,7 @@ def evaluate_streamed(
       cx, cy, cn = central
       c = to_host(evaluator(nm.params, cx, cy, cn, jnp.full((cx.shape[0],), int(rows[0]), jnp.int32)))
       pooled = summarize(c, prefix="central_", perplexity=perplexity, top_k=top_k)
-      keep = ("central_accuracy", "central_loss", "central_perplexity", f"central_top{top_k}_accuracy")
-      out[name].update({k: v for k, v in pooled.items() if k in keep})
+      out[name].update({k: v for k, v in pooled.items() if k in central_keys(top_k)})
     out[name]["eval_clients"] = population.eval_plan.name
   return out
 

@@ -29,7 +29,7 @@ import optax
 
 from fedtree.core.local import stack
 from fedtree.core.metrics import make_evaluator, summarize
-from fedtree.core.model import Model, masked_cross_entropy
+from fedtree.core.model import Model, masked_loss
 from fedtree.core.server import optimizer_by_name
 from fedtree.experiment.fields import field
 
@@ -52,7 +52,7 @@ def train_central(model: Model, optimizer: optax.GradientTransformation, x: np.n
       xb, yb = x[idx], y[idx]
 
       def loss_fn(p):
-        return masked_cross_entropy(model.apply(p, xb, train=True, rng=k), yb, jnp.ones((batch_size,), bool))
+        return masked_loss(model, model.apply(p, xb, train=True, rng=k), yb, jnp.ones((batch_size,), bool))
 
       loss, grads = jax.value_and_grad(loss_fn)(p)
       updates, opt = optimizer.update(grads, opt, p)

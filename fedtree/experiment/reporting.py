@@ -241,6 +241,11 @@ def _scalar(v):
   return v.tolist()
 
 
+AP_COLUMNS = {"macro_ap": "macro AP", "micro_ap": "micro AP", "central_macro_ap": "central macro AP",
+              "central_micro_ap": "central micro AP"}
+"""A multi-label model's averaged precisions and their column headers in the final table."""
+
+
 class _Columns(NamedTuple):
   """The optional columns of the final table: each shown when some model's summary reports it."""
 
@@ -249,6 +254,7 @@ class _Columns(NamedTuple):
   sent: bool                # perplexity (sentence level)
   central: bool             # accuracy on the central test split
   topk: list[str]           # ``top{k}_accuracy`` fields, sorted
+  ap: list[str]             # a multi-label model's averaged precisions (macro, micro; central ones)
   clustered: bool           # intra-/inter-cluster accuracy and the number of clusters
   ari: bool                 # adjusted Rand index
   kws: bool                 # false-accept and false-reject rates
@@ -270,6 +276,7 @@ def _columns(results: dict[str, dict[str, dict[str, Any]]]) -> _Columns:
     num_groups=max((len(s["group_accuracy"]) for s in summaries if "group_accuracy" in s), default=0),
     ppl=has("perplexity"), sent=has("sentence_perplexity"), central=has("central_accuracy"),
     topk=sorted({k for s in summaries for k in s if k.startswith("top") and k.endswith("_accuracy")}),
+    ap=[k for k in AP_COLUMNS if has(k)],
     clustered=has("intra_cluster_accuracy"), ari=has("adjusted_rand_index"), kws=has("false_accept_rate"),
     eps=has("epsilon"), asr=has("attack_success_rate"), traffic=has("uplink_MB"), fair=has("fairness"),
     target=(target := next((s["target_accuracy"] for s in summaries if s.get("target_accuracy") is not None),
@@ -283,6 +290,7 @@ def _header(c: _Columns, group_names) -> list[str]:
   header += ["sent ppl"] if c.sent else []
   header += ["central"] if c.central else []
   header += [k.removesuffix("_accuracy") for k in c.topk]
+  header += [AP_COLUMNS[k] for k in c.ap]
   header += ["intra", "inter", "clusters"] if c.clustered else []
   header += ["ARI"] if c.ari else []
   header += ["FA %", "FR %"] if c.kws else []
@@ -303,6 +311,7 @@ def _row(label: str, name: str, s: dict[str, Any], c: _Columns) -> list[str]:
   row += [f"{s.get('sentence_perplexity', float('nan')):.2f}"] if c.sent else []
   row += [f"{s['central_accuracy']:.4f}" if "central_accuracy" in s else ""] if c.central else []
   row += [f"{s[k]:.4f}" if k in s else "" for k in c.topk]
+  row += [f"{s[k]:.4f}" if k in s else "" for k in c.ap]
   if c.clustered:
     row += ([f"{s['intra_cluster_accuracy']:.4f}", f"{s['inter_cluster_accuracy']:.4f}",
              str(s["num_clusters"])] if "intra_cluster_accuracy" in s else ["", "", ""])
@@ -335,6 +344,8 @@ def _title(c: _Columns) -> str:
   title += "; ppl / sent ppl = perplexity at token / sentence level" if c.ppl else ""
   title += "; central = accuracy on the central test split (global models)" if c.central else ""
   title += "; topK = top-K accuracy" if c.topk else ""
+  title += ("; AP = averaged precision of a multi-label model, macro (mean over labels) or micro (every "
+            "label pooled); accuracy and loss = means over labels") if c.ap else ""
   title += "; intra/inter = intra-/inter-cluster accuracy" if c.clustered else ""
   title += "; ARI = adjusted Rand index against the true clusters" if c.ari else ""
   title += "; FA / FR = false-accept / false-reject rate in %" if c.kws else ""

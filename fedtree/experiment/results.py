@@ -12,6 +12,8 @@ from typing import Any, NamedTuple
 import ml_collections
 import numpy as np
 
+from fedtree.core.metrics import MULTI_LABEL_METRICS
+
 
 class RunStopped(RuntimeError):
   """A run was asked to stop (SIGINT/SIGTERM) and did so after a compiled call."""
@@ -38,7 +40,8 @@ class DivergedError(FloatingPointError):
 SUMMARY_METRICS = ("accuracy", "loss", "perplexity", "sentence_perplexity", "false_accept_rate",
                    "false_reject_rate", "intra_cluster_accuracy", "inter_cluster_accuracy", "num_clusters",
                    "adjusted_rand_index", "attack_success_rate", "central_accuracy", "central_loss",
-                   "central_perplexity")
+                   "central_perplexity") + MULTI_LABEL_METRICS + tuple(
+                     f"central_{m}" for m in MULTI_LABEL_METRICS)
 
 
 def check_summaries(label: str, round_: int, summaries: dict[str, dict[str, Any]]) -> None:

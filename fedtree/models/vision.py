@@ -174,6 +174,9 @@ class CifarCNN(nn.Module):
 
 
 NORMS = ("group", "batch")
+RESNET_STEMS = ("cifar", "imagenet")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def batch_mask(mask: jax.Array | None, x: jax.Array) -> jax.Array | None:
@@ -200,6 +203,13 @@ class ResNet18(nn.Module):
   every batch statistic; ``running_var="unbiased"``: PyTorch's running variance,
   :class:`~fedtree.models.classifiers.UnbiasedBatchNorm`). Both have the same parameters: 11,173,962
   for 10 classes, 11,220,132 for 100 (``width=64``).
+
+  ``stem="imagenet"``: torchvision's ``resnet18`` (ImageNet inputs, pfl-research's FLAIR model):
+  ``conv 7x7 64 stride 2 (padding 3) - norm - ReLU - maxpool 3x3 stride 2 (padding 1)`` in place of
+  the CIFAR stem; 11,185,233 parameters for FLAIR's 17 labels. Images stored as ``uint8`` pixels
+  (FLAIR's store) are scaled to ``[0, 1]``; ``standardize="imagenet"`` then subtracts ImageNet's
+  channel means and divides by its standard deviations (:data:`IMAGENET_MEAN`, :data:`IMAGENET_STD`:
+  pfl-research's ``get_channel_mean_stddevs`` default).
   """
 
   num_classes: int
@@ -208,6 +218,8 @@ class ResNet18(nn.Module):
   width: int = 64
   conv_impl: str = "auto"
   running_var: str = "biased"
+  stem: str = "cifar"
+  standardize: str | None = None
 
   def _norm(self, x, train, mask, name):
     if self.norm == "group":
@@ -228,8 +240,22 @@ class ResNet18(nn.Module):
     if self.norm not in NORMS:
       raise ValueError(f"ResNet18 norm={self.norm!r}; choose one of {NORMS}")
     check_running_var(self.running_var, self.norm, "ResNet18")
+    if self.stem not in RESNET_STEMS:
+      raise ValueError(f"ResNet18 stem={self.stem!r}; choose one of {RESNET_STEMS}")
+    if self.standardize not in (None, "imagenet"):
+      raise ValueError(f"ResNet18 standardize={self.standardize!r}; choose None or 'imagenet'")
     x = _channels_last(x)
-    x = nn.relu(self._norm(self._conv(x, self.width, 3, 1, "stem"), train, mask, "stem_norm"))
+    if x.dtype == jnp.uint8:   # pixels as stored
+      x = x.astype(jnp.float32) / 255.0
+    if self.standardize == "imagenet":
+      shape = (1,) * (x.ndim - 1) + (3,)
+      mean, std = (jnp.asarray(v, x.dtype).reshape(shape) for v in (IMAGENET_MEAN, IMAGENET_STD))
+      x = (x - mean) / std
+    if self.stem == "imagenet":
+      x = nn.relu(self._norm(self._conv(x, self.width, 7, 2, "stem"), train, mask, "stem_norm"))
+      x = max_pool_strided(jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=-jnp.inf), 3, 2)
+    else:
+      x = nn.relu(self._norm(self._conv(x, self.width, 3, 1, "stem"), train, mask, "stem_norm"))
     for s, mult in enumerate((1, 2, 4, 8)):
       f = self.width * mult
       for b in range(2):

@@ -83,7 +83,7 @@ from fedtree.core.local import (
   run_local_steps,
   stack,
 )
-from fedtree.core.model import Model, masked_cross_entropy
+from fedtree.core.model import Model, label_kind, masked_cross_entropy
 from fedtree.core.rng import stream
 from fedtree.objectives.fedmmd import last_dense
 
@@ -158,7 +158,7 @@ def head_layer(model: Model, example_shape: Sequence[int]) -> tuple[nn.Dense, ja
   """
   if tuple(model.label_shape) != ():
     raise ValueError(f"ALO private='head' adds a second classifier head; this model's labels have shape "
-                     f"{tuple(model.label_shape)} (a sequence model), choose a classifier or "
+                     f"{tuple(model.label_shape)} ({label_kind(model)}), choose a classifier or "
                      f"private='persistent'")
   found = {}
 
@@ -359,6 +359,9 @@ def alo_update(
   """
   check_alo(mu, lam)
   check_private(private, private_steps, private_steps_ratio)
+  if model.multi_label:
+    raise ValueError("ALO smooths and distills one class posterior (softmax) per example; this model's "
+                     f"labels are {label_kind(model)}, choose a classifier of one class per example")
   if max_grad_norm is not None:
     check_positive(max_grad_norm=max_grad_norm)
   if client_utility is not None:

@@ -51,7 +51,7 @@ from fedtree.core.local import (
   run_local_steps,
   stack,
 )
-from fedtree.core.model import Model, forward_train, masked_cross_entropy
+from fedtree.core.model import Model, forward_train, label_kind, masked_cross_entropy
 
 KERNELS = ("gaussian", "linear")
 MIN_BANDWIDTH = 1e-12
@@ -129,7 +129,7 @@ def check_features(model: Model, example_shape: Sequence[int], method: str = "Fe
   abstractly), or a ``ValueError`` saying why ``method`` cannot run on it."""
   if tuple(model.label_shape) != ():
     raise ValueError(f"{method} compares per-example features; this model's labels have shape "
-                     f"{tuple(model.label_shape)} (a sequence model), choose a classifier")
+                     f"{tuple(model.label_shape)} ({label_kind(model)}), choose a classifier")
   params = jax.eval_shape(model.init, jax.random.key(0))
   x = jax.ShapeDtypeStruct((2,) + tuple(example_shape), jnp.dtype(model.input_dtype))
   feats, _ = jax.eval_shape(lambda p, v: penultimate(model, p, v, method=method), params, x)

@@ -101,7 +101,7 @@ def cluster_losses(model: Model, params, x, y, n, *, batch_size: int | None = No
 
   def one(args):
     xc, yc, nc = args
-    loss, _, count = jax.vmap(lambda p: client_sums(model, p, xc, yc, nc))(params)
+    loss, _, count = jax.vmap(lambda p: client_sums(model, p, xc, yc, nc))(params)[:3]
     return loss / jnp.maximum(count, 1.0)
 
   return jax.lax.map(one, (x, y, n), batch_size=batch_size)

@@ -27,7 +27,7 @@ from fedtree.core.local import (
   run_local_steps,
   stack,
 )
-from fedtree.core.model import Model, masked_cross_entropy, take_state, zero_state
+from fedtree.core.model import Model, masked_loss, take_state, zero_state
 from fedtree.objectives.fedmmd import check_features, penultimate, penultimate_train
 
 FIRST_PREVIOUS = ("received", "initial")
@@ -87,7 +87,7 @@ def moon_update(
     z, logits, updated = penultimate_train(model, params, batch.x, rng=rng, mask=batch.mask, method="MOON")
     z_glob, _ = penultimate(model, glob, batch.x, method="MOON")
     z_prev, _ = penultimate(model, prev, batch.x, method="MOON")
-    loss = masked_cross_entropy(logits, batch.y, batch.mask)
+    loss = masked_loss(model, logits, batch.y, batch.mask)
     con = contrastive(z, jax.lax.stop_gradient(z_glob), jax.lax.stop_gradient(z_prev), batch.mask,
                       temperature)
     return loss + jnp.asarray(mu, loss.dtype) * con.astype(loss.dtype), (loss, updated)

@@ -36,7 +36,7 @@ from fedtree.core.local import (
   check_compute_dtype,
   run_local_steps,
 )
-from fedtree.core.model import Model, forward_train, masked_cross_entropy, take_state, zero_state
+from fedtree.core.model import Model, forward_train, label_kind, masked_cross_entropy, take_state, zero_state
 from fedtree.core.personal import merge, parameter_counts, personal_part, shared_part
 from fedtree.core.topology import Topology
 
@@ -195,7 +195,7 @@ def fedrod(
   model: Model = host["model"]
   if model.label_shape:
     raise ValueError(f"{name}: the balanced loss is a classifier's; this model's labels have shape "
-                     f"{model.label_shape} (a language model)")
+                     f"{model.label_shape} ({label_kind(model)})")
   if personal_init not in PERSONAL_INITS:
     raise ValueError(f"{name}: personal_init={personal_init!r}; choose one of {PERSONAL_INITS}")
   check_nonnegative(gamma=gamma)

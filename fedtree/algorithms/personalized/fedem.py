@@ -24,7 +24,7 @@ from flax import struct
 from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, ScoredModels
 from fedtree.core.local import ClientData, ClientUpdate, cast_floating, check_compute_dtype, run_local_steps
-from fedtree.core.model import Model, independent_models
+from fedtree.core.model import Model, independent_models, label_kind
 from fedtree.core.topology import Topology
 from fedtree.toolbox.traffic import model_bytes
 
@@ -206,8 +206,8 @@ def fedem(
   k = int(num_components)
   model, data = host["model"], host["data"]
   if model.label_shape:
-    raise ValueError(f"{name}: FedEM's E-step weighs examples by their class posteriors; a model with "
-                     f"token labels (label_shape={model.label_shape}) is not supported")
+    raise ValueError(f"{name}: FedEM's E-step weighs examples by their class posteriors; a model whose "
+                     f"labels are {label_kind(model)} (label_shape={model.label_shape}) is not supported")
   first = host.get("init_params")   # component 0's start; the others' are independent (equal
   host = host.replace(init_params=None)  # components would never separate: equal posteriors)
   topology = host.get("topology") or Topology.flat(data.num_clients)

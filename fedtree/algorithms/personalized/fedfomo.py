@@ -41,7 +41,7 @@ from fedtree.core.local import (
   shuffled_positions,
   steps_per_epoch,
 )
-from fedtree.core.model import Model, masked_cross_entropy
+from fedtree.core.model import Model, masked_loss
 from fedtree.core.server_rule import Downlink, Inbox, Outbox, Parcels, ServerRule, Uplink
 
 PyTree = Any
@@ -114,7 +114,7 @@ def mean_loss(model: Model, params: PyTree, data: ClientData, *, batch_size: int
     batch = batch_at(key, data, t, batch_size)
     logits = model.apply(params, batch.x, train=False)
     count = jnp.sum(batch.mask).astype(dtype)
-    return t + 1, total + masked_cross_entropy(logits, batch.y, batch.mask).astype(dtype) * count
+    return t + 1, total + masked_loss(model, logits, batch.y, batch.mask).astype(dtype) * count
 
   start = (jnp.zeros((), jnp.int32), jnp.zeros((), dtype))
   _, total = jax.lax.while_loop(lambda st: st[0] < batches, body, start)

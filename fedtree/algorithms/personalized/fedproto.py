@@ -33,7 +33,7 @@ from fedtree.core.local import (
   run_local_steps,
   steps_per_epoch,
 )
-from fedtree.core.model import Model, masked_cross_entropy
+from fedtree.core.model import Model, label_kind, masked_cross_entropy
 from fedtree.core.personal import personal
 from fedtree.core.server_rule import Inbox, ServerRule
 from fedtree.objectives.fedmmd import last_dense
@@ -54,7 +54,7 @@ def feature_width(model: Model, example_shape, name: str = "fedproto") -> int:
   take the model."""
   if tuple(model.label_shape) != ():
     raise ValueError(f"{name}: prototypes are per class; this model's labels have shape "
-                     f"{tuple(model.label_shape)} (a sequence model), choose a classifier")
+                     f"{tuple(model.label_shape)} ({label_kind(model)}), choose a classifier")
   params = jax.eval_shape(model.init, jax.random.key(0))
   x = jax.ShapeDtypeStruct((2,) + tuple(example_shape), jnp.dtype(model.input_dtype))
   found = {}

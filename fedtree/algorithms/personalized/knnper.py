@@ -24,7 +24,7 @@ from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, ScoredModels
 from fedtree.core.checks import check_positive
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientData, ClientUpdate, sgd_client_update
-from fedtree.core.model import Model
+from fedtree.core.model import Model, label_kind
 from fedtree.core.topology import Topology
 from fedtree.core.tuning import default_chunk_size
 from fedtree.objectives.fedmmd import last_dense, penultimate
@@ -206,8 +206,8 @@ def knnper(
     raise ValueError(f"memory_chunk={memory_chunk} must be >= 1 or None")
   model, data = host["model"], host["data"]
   if model.label_shape:
-    raise ValueError(f"{name}: kNN-Per's memory holds one label per example; a model with token labels "
-                     f"(label_shape={model.label_shape}) is not supported")
+    raise ValueError(f"{name}: kNN-Per's memory holds one label per example; a model whose labels are "
+                     f"{label_kind(model)} (label_shape={model.label_shape}) is not supported")
   shapes = memory_shapes(model, data)
   topology = host.get("topology") or Topology.flat(data.num_clients)
   leaf = topology.depth - 1
