@@ -406,3 +406,11 @@ def test_population_benchmark_runs_tiny(tmp_path):
   assert fits["same_model"] and fits["throughput_ratio"] > 0
   million = population.million(population._args(["--what=million", *common]))
   assert million["seconds_ratio"] > 0 and million["big"]["clients"] == 20_000
+
+
+def test_stop_poll_benchmark_runs_tiny():
+  """benchmarks/stop_poll.py cannot rot: the plain and the stoppable program timed side by side."""
+  from benchmarks import stop_poll
+
+  rows = stop_poll.main(["--tiny"])
+  assert len(rows) == 1 and rows[0]["ratio"] > 0 and rows[0]["poll_every"] == 1
