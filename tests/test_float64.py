@@ -113,10 +113,11 @@ def test_the_scan_finds_float32_in_every_nested_jaxpr():
                                                                 length=2)[0])(jnp.ones(2))) == []
 
 
-@pytest.mark.parametrize("label", ["scaffold", "fedbuff_systems"])
+@pytest.mark.parametrize("label", ["scaffold", "fedbuff_systems", "feddyn_by_size"])
 def test_an_x64_round_holds_no_float32(label):
   """Issue 57 items 1 and 3, made impossible to regress: SCAFFOLD's population count, FedBuff's (and
-  FedAsync's) staleness weight and simulated clock are float64 in an x64 round with float64 state
+  FedAsync's) staleness weight and simulated clock, and FedDyn's per-client coefficients α n̄ / n_i
+  (float32, they put FedDyn 5e-9 off its reference) are float64 in an x64 round with float64 state
   (the fast cases; ``-m slow`` scans every registered algorithm)."""
   with jax.enable_x64(True):
     dtypes, sites = x64_round_sites(label)
