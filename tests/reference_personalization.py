@@ -192,7 +192,7 @@ def fedrod_client(model, params, own_head, head, cdata, num_steps, key, *, lr, b
   the same parameters. ``own_head``: the personal head's leaves (those ``head`` flags)."""
   n = int(cdata.n)
   counts = np.bincount(np.asarray(cdata.y[:n]), minlength=num_classes).astype(np.float64)
-  log_prior = jnp.asarray(np.where(counts > 0, np.log(np.maximum(counts, 1.0)), -1e9), jnp.float32)
+  log_prior = jnp.asarray(np.where(counts > 0, np.log(np.maximum(counts, 1.0)), -1e9))   # float32 but in x64
   generic_grad, personal_loss = _rod_grads(model)
   treedef = jax.tree.structure(params)
   batch_key, _ = jax.random.split(key)

@@ -424,9 +424,10 @@ def mcfl_vs_reference(model, data, groups):
 
 
 # ------------------------------------------------------------------------ partial personalization
-def _partial(method, keep_of, client_of, weighting="examples", norm="none", **kw):
+def _partial(method, keep_of, client_of, weighting="examples", norm="none", personal=None, **kw):
   """test_partial's loop for ``method`` (``keep_of(start)``: the leaves a client keeps), three rounds of
-  3 sampled clients: the server's model and every client's personal model."""
+  3 sampled clients: the server's model and every client's personal model (``personal(state, server,
+  own, keep)``: the deviations of the method's own personal models instead)."""
   from test_partial import LR as PLR
   from test_partial import STEPS, _common
 
@@ -446,9 +447,13 @@ def _partial(method, keep_of, client_of, weighting="examples", norm="none", **kw
     state, _ = jax.jit(alg.round)(state, data, jax.random.fold_in(key, r))
   start = bref.start(alg)
   keep = keep_of(start)
-  client = client_of(model, data, keep, lambda c, rk: jax.random.fold_in(stream(rk, "train"), c), PLR, STEPS)
+  client = client_of(model, data, keep, lambda c, rk: jax.random.fold_in(stream(rk, "train"), c), PLR, STEPS,
+                     start)
   server, own = pref.partial_rounds(model, data, start, 3, key, keep=keep, client=client, cohort_size=3,
                                     weighting=weighting, dtype=jnp.float64)
+  if personal is not None:
+    return _out([maxdiff(row(state.params[0], 0), server)] + personal(alg, state, server, own, keep),
+                state.params, state.client_state)
   mine = alg.models(state)["personal"].params
   return _out([maxdiff(row(state.params[0], 0), server)]
               + [maxdiff(row(mine, c), pref.own_model(server, own[c], keep))
@@ -460,7 +465,7 @@ def _head(params):
   return pref.flags(params, lambda p: p.split("/")[-2] == "Dense_1")
 
 
-def _plain(model, data, keep, key_of, lr, steps):
+def _plain(model, data, keep, key_of, lr, steps, start):
   return lambda params, c, rk: pref.sgd_steps(model, params, pref.client_cdata(data, c), steps, key_of(c, rk),
                                               lr=lr, batch_size=B)
 
@@ -482,11 +487,51 @@ def fedbn_vs_reference(model, data, groups):
 
 def fedrep_vs_reference(model, data, groups):
   """test_partial's FedRep loop (3 head steps, then the body), uniform weighting."""
-  def client_of(model, data, keep, key_of, lr, steps):
+  def client_of(model, data, keep, key_of, lr, steps, start):
     return lambda params, c, rk: pref.fedrep_client(model, params, keep, pref.client_cdata(data, c), 3, steps,
                                                     key_of(c, rk), lr=lr, batch_size=B)
 
   return _partial(A.fedrep, _head, client_of, weighting="uniform", head_steps=3)
+
+
+def fedbabu_vs_reference(model, data, groups):
+  """test_partial's FedBABU loop (the head frozen at its start, the body trained and averaged): the
+  server's model."""
+  def client_of(model, data, keep, key_of, lr, steps, start):
+    return lambda params, c, rk: pref.sgd_steps(model, params, pref.client_cdata(data, c), steps,
+                                                key_of(c, rk), lr=lr, batch_size=B,
+                                                trainable=[not h for h in keep])
+
+  return _partial(A.fedbabu, _head, client_of, personal=lambda *_: [], finetune_epochs=0, finetune_steps=3)
+
+
+def fedrod_vs_reference(model, data, groups):
+  """test_partial's FedRoD loop (the generic model on the balanced softmax loss, a personal head per
+  client): the server's model, every client's personal model and head."""
+  heads: dict = {}
+
+  def client_of(model, data, keep, key_of, lr, steps, start):
+    head = _head(start)
+    heads.update({c: [np.asarray(a) for a, h in zip(jax.tree.leaves(start), head, strict=True) if h]
+                  for c in range(data.num_clients)})   # a copy of the initial generic head
+
+    def client(params, c, rk):
+      p, heads[c] = pref.fedrod_client(model, params, heads[c], head, pref.client_cdata(data, c), steps,
+                                       key_of(c, rk), lr=lr, batch_size=B, num_classes=3)
+      return p
+
+    return client
+
+  def personal(alg, state, server, own, keep):
+    mine, out = alg.models(state)["personal"].params, []
+    for c, h in heads.items():
+      it = iter(h)
+      want = jax.tree.unflatten(jax.tree.structure(server), [w + next(it) if k else w for w, k in zip(
+        jax.tree.leaves(server), _head(server), strict=True)])
+      out += [maxdiff(row(mine, c), want), maxdiff(jax.tree.leaves(row(state.client_state, c)), h)]
+    return out
+
+  return _partial(A.fedrod, lambda s: [False] * len(jax.tree.leaves(s)), client_of, personal=personal)
 
 
 # ------------------------------------------------------------------------ B-HFL
@@ -536,4 +581,5 @@ REFERENCES = {
   "mcfl_ref": mcfl_vs_reference, "fedper_ref": fedper_vs_reference, "lgfedavg_ref": lgfedavg_vs_reference,
   "fedbn_ref": fedbn_vs_reference, "fedrep_ref": fedrep_vs_reference, "bhfl_ref": bhfl_vs_reference,
   "bhfl_async_ref": bhfl_async_vs_reference, "fedkws_ref": fedkws_vs_reference,
+  "fedbabu_ref": fedbabu_vs_reference, "fedrod_ref": fedrod_vs_reference,
 }
