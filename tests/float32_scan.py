@@ -86,9 +86,11 @@ CAPABILITY_CASES = {
   "systems": ("hierfavg", dict(systems=dict(speed=dict(dist="lognormal", median=2.0, sigma=1.0),
                                             policy=dict(kind="deadline", seconds=3.0)))),
   "fedbuff_systems": ("fedbuff", dict(systems=dict(speed=dict(dist="lognormal", median=2.0, sigma=1.0)))),
+  "feddyn_by_size": ("feddyn", dict(alpha_by_data_size=True)),
 }
-"""Runs with a capability (privacy, compression, a robust aggregator, a systems model) beside the
-registered algorithms' own cases: ``label: (algorithm, fields)``."""
+"""Runs with a capability (privacy, compression, a robust aggregator, a systems model) or an option
+that brings its own constants (FedDyn's α n̄ / n_i) beside the registered algorithms' own cases:
+``label: (algorithm, fields)``."""
 
 
 def x64_round_sites(label: str) -> tuple[set[str], list[str]]:

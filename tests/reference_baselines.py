@@ -199,25 +199,25 @@ def scaffold_rounds(
 
 
 
-def _f32(tree):
-  return jax.tree.map(lambda a: np.asarray(a, np.float32), tree)
+def _cast(tree, dtype):
+  return jax.tree.map(lambda a: np.asarray(a, dtype), tree)
 
 
-def feddyn_client(model, x, grad_l, data, client, num_steps, key, *, lr, batch_size, alpha):
+def feddyn_client(model, x, grad_l, data, client, num_steps, key, *, lr, batch_size, alpha, dtype=np.float32):
   """FedDyn's client (Acar et al. 2021, Algorithm 1), plain SGD step by step on
   ``L_i(θ) − ⟨∇L_i, θ⟩ + (α/2)‖θ − x‖²``: ``θ ← θ − η (g(θ) − ∇L_i + α (θ − x))`` for ``K`` steps,
-  then ``∇L_i ← ∇L_i − α (θ − x)``. Returns ``(θ, ∇L_i⁺)``."""
+  then ``∇L_i ← ∇L_i − α (θ − x)``. Returns ``(θ, ∇L_i⁺)``; the model in ``dtype``."""
   cd = client_data(data, client)
   batch_key, _ = jax.random.split(key)
   g = grad_fn(model)
-  y = _f32(x)
+  y = _cast(x, dtype)
   for t in range(int(num_steps)):
     gy = g(y, batch_at(batch_key, cd, jnp.asarray(t), batch_size))
 
     def step(w, gw, gl, xx):
-      return w - np.float32(lr) * (np.asarray(gw) - np.float32(gl) + np.float32(alpha) * (w - xx))
+      return w - dtype(lr) * (np.asarray(gw) - dtype(gl) + dtype(alpha) * (w - xx))
 
-    y = jax.tree.map(step, y, gy, grad_l, _f32(x))
+    y = jax.tree.map(step, y, gy, grad_l, _cast(x, dtype))
   new = jax.tree.map(lambda gl, w, xx: gl - alpha * (np.asarray(w, np.float64) - np.asarray(xx, np.float64)),
                      np64(grad_l), y, x)
   return y, new
@@ -243,20 +243,21 @@ def fednova_client(model, x, data, client, num_steps, key, *, lr, batch_size, mo
 
 
 def mime_client(model, x, momentum_state, c, data, client, num_steps, key, *, lr, batch_size, momentum,
-                corrected):
+                corrected, dtype=np.float32):
   """Mime's (``corrected``) or MimeLite's client (Karimireddy et al. 2021, Algorithm 1) with SGD and
   heavy-ball momentum ``ρ`` as the base optimizer, written out: the server's momentum ``m`` fixed,
-  ``y ← y − η (g + ρ m)`` with ``g = ∇f(y; ζ)`` (MimeLite) or ``∇f(y; ζ) − ∇f(x; ζ) + c`` (Mime)."""
+  ``y ← y − η (g + ρ m)`` with ``g = ∇f(y; ζ)`` (MimeLite) or ``∇f(y; ζ) − ∇f(x; ζ) + c`` (Mime); the
+  model in ``dtype``."""
   cd = client_data(data, client)
   batch_key, _ = jax.random.split(key)
   grad = grad_fn(model)
-  y = _f32(x)
+  y = _cast(x, dtype)
   for t in range(int(num_steps)):
     b = batch_at(batch_key, cd, jnp.asarray(t), batch_size)
     gy = jax.tree.map(np.asarray, grad(y, b))
     if corrected:
-      gy = jax.tree.map(lambda a, bb, cc: a - np.asarray(bb) + np.float32(cc), gy, grad(_f32(x), b), c)
-    y = jax.tree.map(lambda w, gw, m: w - np.float32(lr) * (gw + np.float32(momentum) * np.float32(m)),
+      gy = jax.tree.map(lambda a, bb, cc: a - np.asarray(bb) + dtype(cc), gy, grad(_cast(x, dtype), b), c)
+    y = jax.tree.map(lambda w, gw, m: w - dtype(lr) * (gw + dtype(momentum) * dtype(m)),
                      y, gy, momentum_state)
   return y
 

@@ -152,7 +152,7 @@ def awcfl_round(model, cluster_params, cluster_of, data, round_key, *, r, beta, 
     g = wavg(trained, weights)
     return [g] * k, np.zeros(c, np.int64)
   x = np.stack([flat(t) for t in trained])
-  init = np.asarray(kmeans_plusplus(stream(round_key, "kmeans"), jnp.asarray(x, jnp.float32), k))
+  init = np.asarray(kmeans_plusplus(stream(round_key, "kmeans"), jnp.asarray(x), k))   # float32 but under x64
   cents, assign = lloyd(x, init, iters)
   labels = optimal_match(cents, np.stack([flat(p) for p in cluster_params]))
   assign = labels[assign]

@@ -123,8 +123,13 @@ def client_cdata(data, c):
                     n=jnp.asarray(data.n_train[c]))
 
 
+def _at_least_f32(a):
+  """``a`` in float32, or wider if it is (float64 under x64)."""
+  return a.astype(jnp.promote_types(a.dtype, jnp.float32))
+
+
 def _ce(logits, y, mask):
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+  logp = jax.nn.log_softmax(_at_least_f32(logits))
   nll = -jnp.take_along_axis(logp, y[:, None], axis=-1)[:, 0]
   return jnp.sum(jnp.where(mask, nll, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
 
@@ -187,7 +192,7 @@ def fedrod_client(model, params, own_head, head, cdata, num_steps, key, *, lr, b
   the same parameters. ``own_head``: the personal head's leaves (those ``head`` flags)."""
   n = int(cdata.n)
   counts = np.bincount(np.asarray(cdata.y[:n]), minlength=num_classes).astype(np.float64)
-  log_prior = jnp.asarray(np.where(counts > 0, np.log(np.maximum(counts, 1.0)), -1e9), jnp.float32)
+  log_prior = jnp.asarray(np.where(counts > 0, np.log(np.maximum(counts, 1.0)), -1e9))   # float32 but in x64
   generic_grad, personal_loss = _rod_grads(model)
   treedef = jax.tree.structure(params)
   batch_key, _ = jax.random.split(key)
@@ -209,11 +214,12 @@ def fedrod_client(model, params, own_head, head, cdata, num_steps, key, *, lr, b
 
 
 def partial_rounds(model, data, start, rounds, key, *, keep, client, cohort_size, weighting="examples",
-                   own=None):
+                   own=None, dtype=jnp.float32):
   """One server, ``rounds`` rounds: every sampled client starts from the server's leaves where
   ``keep`` is False and its own where True, runs ``client(params, c, round_key) -> params``, keeps
   the ``keep`` leaves and sends the others; the server takes the weighted mean of what it received
-  (data sizes, or uniform). Returns the server's model and every client's own leaves."""
+  (data sizes, or uniform); the clients train in ``dtype``. Returns the server's model and every
+  client's own leaves."""
   treedef = jax.tree.structure(start)
   server = [np.asarray(a, np.float64) for a in jax.tree.leaves(start)]
   mine = own if own is not None else [[np.asarray(a, np.float64) for a in jax.tree.leaves(start)]
@@ -226,7 +232,7 @@ def partial_rounds(model, data, start, rounds, key, *, keep, client, cohort_size
     sent, weights = [], []
     for c in cohort:
       start_c = [mine[c][i] if keep[i] else server[i] for i in range(len(server))]
-      p = client(jax.tree.unflatten(treedef, [jnp.asarray(a, jnp.float32) for a in start_c]), c, rk)
+      p = client(jax.tree.unflatten(treedef, [jnp.asarray(a, dtype) for a in start_c]), c, rk)
       leaves = [np.asarray(a, np.float64) for a in jax.tree.leaves(p)]
       mine[c] = [leaves[i] if keep[i] else mine[c][i] for i in range(len(leaves))]
       sent.append(leaves)
@@ -323,7 +329,7 @@ def fedala(model, glob, local, weights, started, cdata, num_steps, key, *, highe
 
 def example_nll(model, params, x, y):
   """``[B]`` per-example cross-entropy of one model (evaluation mode)."""
-  logp = jax.nn.log_softmax(model.apply(params, jnp.asarray(x), train=False).astype(jnp.float32))
+  logp = jax.nn.log_softmax(_at_least_f32(model.apply(params, jnp.asarray(x), train=False)))
   return np.asarray(-jnp.take_along_axis(logp, jnp.asarray(y)[:, None], axis=-1)[:, 0], np.float64)
 
 
@@ -354,9 +360,9 @@ def fedem(model, components, pi, cdata, num_steps, key, *, lr, batch_size):
       qb = np.where(mask, q[c][np.minimum(idx, max(n - 1, 0))] if n else 0.0, 0.0)
 
       def weighted(p, b=b, qb=qb, count=count):
-        logp = jax.nn.log_softmax(model.apply(p, b.x, train=True).astype(jnp.float32))
+        logp = jax.nn.log_softmax(_at_least_f32(model.apply(p, b.x, train=True)))
         nll = -jnp.take_along_axis(logp, b.y[:, None], axis=-1)[:, 0]
-        return jnp.sum(jnp.asarray(qb, jnp.float32) * nll) / count
+        return jnp.sum(jnp.asarray(qb, nll.dtype) * nll) / count
 
       out[c] = axpy(-lr, jax.grad(weighted)(out[c]), out[c])
   return out, pi

@@ -27,10 +27,12 @@ def problem():
 
 
 def _reference(
-  model, data, x0, parent, rounds, key, *, cohort_size, alpha, steps, weights, alpha_scale, root_period=None
+  model, data, x0, parent, rounds, key, *, cohort_size, alpha, steps, weights, alpha_scale, root_period=None,
+  dtype=np.float32,
 ):
   """Algorithm 1 per parent of clients (its own x and h; m its clients), the root (if any)
-  averaging the parents' models by their clients' weights every ``root_period`` rounds."""
+  averaging the parents' models by their clients' weights every ``root_period`` rounds (the clients
+  train in ``dtype``: float64 in tests/x64_references.py)."""
   parent = np.asarray(parent)
   zeros = jax.tree.map(np.zeros_like, ref.np64(x0))
   grad_l = [zeros for _ in range(data.num_clients)]
@@ -49,6 +51,7 @@ def _reference(
       lr=LR,
       batch_size=B,
       alpha=alpha * alpha_scale[k],
+      dtype=dtype,
     )
     return theta
 

@@ -41,11 +41,13 @@ def _reference(
   weights,
   steps,
   root_period=None,
+  dtype=np.float32,
 ):
   """Algorithm 1 per parent of clients with SGD + momentum ``ρ`` as the base optimizer: the parent's
   momentum ``m`` fixed in every client step, ``m ← ḡ + ρ m`` with ``ḡ`` the weighted mean full-batch
   gradient at ``x`` of the round's clients (Mime: ``c = ḡ`` computed before they train), and
-  ``x ← x − η_g mean (x − y_i)``; the root (if any) averages the parents every ``root_period`` rounds."""
+  ``x ← x − η_g mean (x − y_i)``; the root (if any) averages the parents every ``root_period`` rounds
+  (the clients in ``dtype``: float64 in tests/x64_references.py)."""
   parent = np.asarray(parent)
   zeros = jax.tree.map(np.zeros_like, ref.np64(x0))
   num_parents = int(parent.max()) + 1
@@ -54,7 +56,7 @@ def _reference(
 
   def mean_gradient(x, clients):
     w = [weights[k] for k in clients]
-    gs = [ref.full_gradient(model, jax.tree.map(np.float32, x), data, k, B) for k in clients]
+    gs = [ref.full_gradient(model, jax.tree.map(dtype, x), data, k, B) for k in clients]
     return jax.tree.map(lambda *g: sum(wi * gi for wi, gi in zip(w, g, strict=True)) / sum(w), *gs)
 
   def before(p, x, clients):
@@ -75,6 +77,7 @@ def _reference(
       batch_size=B,
       momentum=momentum,
       corrected=corrected,
+      dtype=dtype,
     )
 
   def server(p, x, answers):

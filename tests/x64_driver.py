@@ -1,9 +1,12 @@
 """Run under ``JAX_ENABLE_X64=1`` by tests/test_float64.py (x64 is process-global, so it gets
 its own process): ``python x64_driver.py NAME...`` with NAME among ``fedavg``, ``fedadam``,
 ``pfedme``, ``scaffold_ref``, ``fednova_ref``, ``fedasync_ref``, ``fedbuff_ref`` (largest deviation from
-the per-client reference loop, four rounds for the last four: issue 57), ``compiles`` (traces of the
-fused x64 round over three calls) and :data:`OTHERS` (dtypes after one round, or the error). Prints
-one JSON line."""
+the per-client reference loop, four rounds for the last four: issue 57), the ``<algorithm>_ref`` of
+tests/x64_references.py (every other algorithm with a per-client loop: FedDyn, Mime, q-FFL, AFL, MOON,
+HierFAVG, FedProx, Ditto, Per-FedAvg, FedKWS, APFL, FedALA, FedEM, the clustered (IFCA, CFL, AWCFL,
+MCFL), the partially personalized (FedPer, LG-FedAvg, FedBN, FedRep, FedBABU, FedRoD), B-HFL; the
+deviation, or the error), ``compiles`` (traces of the fused x64 round over three calls) and
+:data:`OTHERS` (dtypes after one round, or the error). Prints one JSON line."""
 
 from __future__ import annotations
 
@@ -20,7 +23,9 @@ assert jax.config.jax_enable_x64, "run with JAX_ENABLE_X64=1"
 import reference as ref  # noqa: E402
 import reference_baselines as bref  # noqa: E402
 import reference_personalization as pref  # noqa: E402
+import x64_references  # noqa: E402
 from helpers import count_traces  # noqa: E402
+from x64_references import f64_data, f64_model  # noqa: E402
 
 from fedtree import algorithms as A  # noqa: E402
 from fedtree.core import loop  # noqa: E402
@@ -36,11 +41,6 @@ from fedtree.models import build_model  # noqa: E402
 LR, B = 0.1, 4
 
 
-def f64_model(model):
-  """``model`` whose parameters start in float64 (the state of every algorithm follows)."""
-  return model._replace(init=lambda k: jax.tree.map(lambda p: p.astype(jnp.float64), model.init(k)))
-
-
 def maxdiff(a, b):
   return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
              for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
@@ -54,7 +54,7 @@ def main():
   data, groups = grouped_synthetic(group_sizes=(3, 2, 3), dim=5, num_classes=3, mean_examples=8,
                                    min_examples=3, max_examples=11, test_examples=3, seed=3)
   data = as_device(data)
-  data = data.replace(x_train=data.x_train.astype(jnp.float64), x_test=data.x_test.astype(jnp.float64))
+  data = f64_data(data)
   model = f64_model(build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(4,)))
   out = {}
   key = jax.random.key(11)
@@ -90,9 +90,12 @@ def main():
   # pFedMe: one round, every client.
   if "pfedme" in want:
     pfedme_vs_reference(model, data, key, sched, steps, out)
-  for name, check in REFERENCES.items():   # issue 57: four rounds against per-client loops in float64
+  for name, check in REFERENCES.items():   # issue 57: rounds against per-client loops in float64
     if name in want:
-      out[name] = check(model, data, groups)
+      try:
+        out[name] = check(model, data, groups)
+      except Exception as e:  # noqa: BLE001 -- reported to the test, which names the algorithm
+        out[name] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"}
 
   # The x64 round compiles once over three calls of the fused loop.
   if "compiles" in want:
@@ -227,7 +230,8 @@ def fedbuff_vs_reference(model, data, groups):
 
 
 REFERENCES = {"scaffold_ref": scaffold_vs_reference, "fednova_ref": fednova_vs_reference,
-              "fedasync_ref": fedasync_vs_reference, "fedbuff_ref": fedbuff_vs_reference}
+              "fedasync_ref": fedasync_vs_reference, "fedbuff_ref": fedbuff_vs_reference,
+              **x64_references.REFERENCES}
 
 
 OTHERS = ("hierfavg", "fedprox", "ditto", "perfedavg", "perfedavg_hf", "pfedmt", "fedkws", "ifca",

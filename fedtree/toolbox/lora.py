@@ -190,8 +190,8 @@ def init_adapters(spec: LoRA, params: PyTree, key: jax.Array) -> PyTree:
     for name in parents:
       node = node.setdefault(name, {})
     dtype = jnp.promote_types(dtypes[path], jnp.float32)
-    a = jax.random.normal(jax.random.fold_in(key, i), (d_in, spec.rank), jnp.float32) / math.sqrt(d_in)
-    node[last] = {"a": a.astype(dtype), "b": jnp.zeros((spec.rank, d_out), dtype)}
+    a = jax.random.normal(jax.random.fold_in(key, i), (d_in, spec.rank), dtype) / math.sqrt(d_in)
+    node[last] = {"a": a, "b": jnp.zeros((spec.rank, d_out), dtype)}
   return out
 
 

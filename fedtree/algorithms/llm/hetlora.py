@@ -140,8 +140,9 @@ def hetlora(host: Host, *, ranks: tuple[int, ...] = (2, 4, 8),
 
   def round_fn(state, data, key):
     new, metrics = alg.round(state, data, key)
-    sent = (new.client_state[0] - state.client_state[0]).astype(jnp.float32)   # 1: trained and sent
-    mean_rank = jnp.sum(sent * jnp.asarray(table, jnp.float32)) / jnp.maximum(jnp.sum(sent), 1.0)
+    real = jnp.result_type(float)   # float64 under x64
+    sent = (new.client_state[0] - state.client_state[0]).astype(real)   # 1: trained and sent
+    mean_rank = jnp.sum(sent * jnp.asarray(table, real)) / jnp.maximum(jnp.sum(sent), 1.0)
     size = mean_rank * per_component
     return new, {**metrics, "uplink_bytes": size, "downlink_bytes": size}
 

@@ -66,10 +66,11 @@ def feddyn_update(
   """
   check_nonnegative(alpha=alpha)
   step = make_sgd_step(model, optimizer, dynamic(), compute_dtype=compute_dtype)
-  scale = None if alpha_scale is None else jnp.asarray(alpha_scale, jnp.float32)
+  scale = None if alpha_scale is None else np.asarray(alpha_scale, np.float64)
 
   def apply(anchor, grad_l, data: ClientData, num_steps, key, rnd: ClientRound):
-    a = alpha if scale is None else alpha * scale[rnd.client]
+    dtype = jax.tree.leaves(anchor)[0].dtype   # float64 under x64: a float32 scale put α_i 5e-9 off
+    a = alpha if scale is None else alpha * jnp.asarray(scale, dtype)[rnd.client]
     b = jax.tree.map(lambda x, g: jnp.asarray(a, x.dtype) * x + g, anchor, grad_l)
     carry = SGDCarry(params=anchor, opt_state=optimizer.init(anchor), anchor=(b, a))
     carry, loss = run_local_steps(step, carry, data, num_steps, key, batch_size=batch_size,
@@ -107,7 +108,7 @@ def _alpha_scale(host) -> np.ndarray:
   parent = (np.zeros(n.shape[0], np.int64) if topology is None
             else np.asarray(topology.parent(topology.depth), np.int64))
   mean = np.bincount(parent, weights=n) / np.maximum(np.bincount(parent), 1)
-  return (mean[parent] / np.maximum(n, 1.0)).astype(np.float32)
+  return mean[parent] / np.maximum(n, 1.0)
 
 
 @method_over(hierfavg, cannot=(
