@@ -13,6 +13,7 @@ same process (the median of ``--repeats``), and their ratio.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 
@@ -66,12 +67,13 @@ def main(argv=None) -> list[dict]:
     alg, data = _problem(clients, hidden, dim)
     for per_call in calls:
       rounds = 2 * per_call
-      pairs = [(per_round(alg, data, rounds=rounds, per_call=per_call, stoppable=False),
-                per_round(alg, data, rounds=rounds, per_call=per_call, stoppable=True)) for _ in range(a.repeats)]
+      timed = functools.partial(per_round, alg, data, rounds=rounds, per_call=per_call)
+      pairs = [(timed(stoppable=False), timed(stoppable=True)) for _ in range(a.repeats)]
       plain, asked = (float(np.median([x[i] for x in pairs])) for i in (0, 1))
-      rows.append(dict(model=name, rounds_per_call=per_call, poll_every=poll_every(per_call), plain_ms=plain * 1e3,
-                       stoppable_ms=asked * 1e3, ratio=asked / plain))
-  head = f"{'model':<28} {'rounds/call':>11} {'poll every':>10} {'plain ms':>9} {'stoppable ms':>12} {'ratio':>6}"
+      rows.append(dict(model=name, rounds_per_call=per_call, poll_every=poll_every(per_call),
+                       plain_ms=plain * 1e3, stoppable_ms=asked * 1e3, ratio=asked / plain))
+  head = (f"{'model':<28} {'rounds/call':>11} {'poll every':>10} {'plain ms':>9} {'stoppable ms':>12} "
+          f"{'ratio':>6}")
   print(head)
   print("-" * len(head))
   for r in rows:
