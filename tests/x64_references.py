@@ -49,6 +49,13 @@ def _out(diffs, *states):
                                                    if jnp.issubdtype(a.dtype, jnp.floating)})}
 
 
+def _global_and_own(state, theta, own, refs):
+  """:func:`_out` of the global model against ``theta`` and every client's own model (rows of ``own``)
+  against ``refs[c]``."""
+  diffs = [maxdiff(row(own, c), r) for c, r in enumerate(refs)]
+  return _out([maxdiff(row(state.params[0], 0), theta), *diffs], state.params, own)
+
+
 def _cohort(sampler, rk):
   drawn = sampler(stream(rk, "cohort"))
   return [(int(k), int(p)) for k, p, v in zip(np.asarray(drawn.clients), np.asarray(drawn.parent),
@@ -254,9 +261,7 @@ def ditto_vs_reference(model, data, groups):
     return sent
 
   state, theta = _every_client(alg, model, data, 2, client)
-  own = state.client_state.personal
-  return _out([maxdiff(row(state.params[0], 0), theta)]
-              + [maxdiff(row(own, c), personal[c]) for c in range(data.num_clients)], state.params, own)
+  return _global_and_own(state, theta, state.client_state.personal, personal)
 
 
 def fedkws_vs_reference(model, data, groups):
@@ -279,9 +284,7 @@ def fedkws_vs_reference(model, data, groups):
     return sent
 
   state, theta = _every_client(alg, model, data, 2, client)
-  own = state.client_state.private
-  return _out([maxdiff(row(state.params[0], 0), theta)]
-              + [maxdiff(row(own, c), private[c]) for c in range(data.num_clients)], state.params, own)
+  return _global_and_own(state, theta, state.client_state.private, private)
 
 
 # ------------------------------------------------------------------------ mixtures and memories

@@ -368,9 +368,7 @@ def run(
     before = done
     state, metrics = step(state, data, key)
     done = int(state.round)
-    if done - before < todo:   # asked to stop inside the call: the rounds it did not run are dropped
-      todo = done - before
-      metrics = {k: v[:todo] for k, v in metrics.items()}
+    todo, metrics = rounds_run(metrics, done - before)
     if check_finite:
       if paths is None:
         paths = [(p, name) for p, name, _ in _float_leaves(state)]
@@ -380,6 +378,14 @@ def run(
     if should_stop is not None and should_stop():
       break
   return state
+
+
+def rounds_run(metrics: dict[str, Any], ran: int) -> tuple[int, dict[str, Any]]:
+  """``(ran, metrics of those rounds)``: a call's metrics (stacked over its rounds) cut to the ``ran``
+  rounds it ran (fewer than it holds where a stop request ended it inside, :func:`make_multi_round`)."""
+  if all(int(np.shape(v)[0]) == ran for v in metrics.values()):
+    return ran, metrics
+  return ran, {k: v[:ran] for k, v in metrics.items()}
 
 
 def after_call(state, metrics, done: int, todo: int, num_rounds: int, eval_every: int | None, *, on_rounds,

@@ -291,9 +291,7 @@ def run(
                                  should_stop=should_stop)
       state, metrics = step(state, wdata, key)
       jax.block_until_ready(state)
-      if int(state.round) - starts[i] < n:   # asked to stop inside the call: its rounds not run are dropped
-        n = int(state.round) - starts[i]
-        metrics = {k: v[:n] for k, v in metrics.items()}
+      n, metrics = loop.rounds_run(metrics, int(state.round) - starts[i])   # (fewer where a stop ended it)
       t3 = time.perf_counter()
       running += t3 - t2
       new_rows, others = split.parts(state)
