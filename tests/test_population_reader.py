@@ -123,6 +123,39 @@ def test_the_cache_stays_within_its_bytes(store):
 
 
 # ------------------------------------------------------------------------ evaluation plans
+def test_a_client_two_threads_want_at_once_is_read_once():
+  """The read-ahead threads can miss the same client together (CI saw 32 misses for 31 clients):
+  the second waits for the first's read, and a failed read reaches both and is not cached."""
+  from fedtree.population.reader import _LRU
+
+  lru, started, release, reads = _LRU(10 ** 6), threading.Event(), threading.Event(), []
+
+  def read(key):
+    reads.append(key)
+    started.set()
+    release.wait(5)
+    return np.zeros(3), np.ones(3)
+
+  got = []
+  first = threading.Thread(target=lambda: got.append(lru.get_or_read(7, read)))
+  first.start()
+  started.wait(5)
+  second = threading.Thread(target=lambda: got.append(lru.get_or_read(7, read)))
+  second.start()
+  time.sleep(0.05)   # the second thread is now waiting on the first's read
+  release.set()
+  first.join(5), second.join(5)
+  assert reads == [7] and len(got) == 2 and got[0] is got[1]
+  assert (lru.misses, lru.hits) == (1, 1)
+
+  def fail(key):
+    raise OSError(f"client {key} unreadable")
+
+  with pytest.raises(OSError, match="client 8"):
+    lru.get_or_read(8, fail)
+  assert lru.get_or_read(8, read)[1].sum() == 3   # the failure was not cached
+
+
 def test_a_seeded_sample_is_uniform_and_reproducible():
   plan = sample_clients(size=20, num_clients=100, seed=3, chunk_size=8)
   assert plan.name == "a seeded sample of 20 of 100 clients per evaluation (seed 3)" and plan.num_scored == 20

@@ -15,6 +15,7 @@ which numpy makes without holding the GIL, and a worker process would pickle eve
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -50,36 +51,59 @@ class ReaderStats(NamedTuple):
 
 
 class _LRU:
-  """Clients' rows by client id, least recently used evicted first, at most ``capacity`` bytes."""
+  """Clients' rows by client id, least recently used evicted first, at most ``capacity`` bytes.
+
+  Safe for the reader's threads: a client that two cohorts read ahead at once is read from the
+  store once; the second thread waits for the first thread's read (a hit, not a miss).
+  """
 
   def __init__(self, capacity: int):
     self.capacity = int(capacity)
     self.bytes = 0
     self._items: collections.OrderedDict[int, tuple[np.ndarray, np.ndarray]] = collections.OrderedDict()
+    self._reading: dict[int, concurrent.futures.Future] = {}
     self._lock = threading.Lock()
     self.hits = 0
     self.misses = 0
 
-  def get(self, key: int):
+  def get_or_read(self, key: int, read: Callable[[int], tuple[np.ndarray, np.ndarray]]):
+    """The rows of ``key``: from the cache, from another thread's read of it, or ``read(key)``."""
     with self._lock:
       rows = self._items.get(key)
-      if rows is None:
+      if rows is not None:
+        self._items.move_to_end(key)
+        self.hits += 1
+        return rows
+      pending = self._reading.get(key)
+      if pending is not None:
+        self.hits += 1
+      else:
         self.misses += 1
-        return None
-      self._items.move_to_end(key)
-      self.hits += 1
-      return rows
-
-  def put(self, key: int, rows: tuple[np.ndarray, np.ndarray]) -> None:
-    size = rows[0].nbytes + rows[1].nbytes
+        self._reading[key] = mine = concurrent.futures.Future()
+    if pending is not None:
+      return pending.result()
+    try:
+      rows = read(key)
+    except BaseException as e:
+      with self._lock:
+        del self._reading[key]
+      mine.set_exception(e)
+      raise
     with self._lock:
-      if key in self._items or size > self.capacity:
-        return
-      self._items[key] = rows
-      self.bytes += size
-      while self.bytes > self.capacity:
-        _, old = self._items.popitem(last=False)
-        self.bytes -= old[0].nbytes + old[1].nbytes
+      del self._reading[key]
+      self._put(key, rows)
+    mine.set_result(rows)
+    return rows
+
+  def _put(self, key: int, rows: tuple[np.ndarray, np.ndarray]) -> None:
+    size = rows[0].nbytes + rows[1].nbytes
+    if key in self._items or size > self.capacity:
+      return
+    self._items[key] = rows
+    self.bytes += size
+    while self.bytes > self.capacity:
+      _, old = self._items.popitem(last=False)
+      self.bytes -= old[0].nbytes + old[1].nbytes
 
 
 def cohort_bytes(store: ClientStore, cohort_size: int, split: str = "train") -> int:
@@ -163,13 +187,13 @@ class CohortReader:
     x = np.zeros((len(ids), self.width) + feats["x"].shape, feats["x"].dtype)
     y = np.zeros((len(ids), self.width) + feats["y"].shape, feats["y"].dtype)
     for i, c in enumerate(ids):
-      rows = self._cache.get(int(c))
-      if rows is None:
-        flat = self.store.read_ragged([c], self.split)
-        rows = (flat.x, flat.y)
-        self._cache.put(int(c), rows)
+      rows = self._cache.get_or_read(int(c), self._read_client)
       x[i, : len(rows[0])], y[i, : len(rows[1])] = rows
     return ClientBlock(x=x, y=y, n=counts.astype(np.int32))
+
+  def _read_client(self, client: int) -> tuple[np.ndarray, np.ndarray]:
+    flat = self.store.read_ragged([client], self.split)
+    return flat.x, flat.y
 
   def __iter__(self) -> CohortReader:
     return self
