@@ -134,6 +134,8 @@ ALGORITHM_CASES = {
   # methods on LoRA adapters (issue 50): their runs need an adapters section
   "ffa_lora": {"adapters": {"rank": 2}}, "fedsa_lora": {"adapters": {"rank": 2}},
   "hetlora": {"adapters": {"rank": 2}, "ranks": (1, 2)},
+  # clients of different widths (issue 51)
+  "heterofl": {"rates": (1.0, 0.5)}, "fedrolex": {"rates": (1.0, 0.5)},
 }
 """The smallest run config of every registered algorithm (its required fields; short
 warm-ups): test_conformance's cases and tests/multihost_config.py's runs."""

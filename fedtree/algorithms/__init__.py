@@ -2,7 +2,8 @@
 
 Each factory returns a :class:`~fedtree.core.algorithm.FederatedAlgorithm`. The host's parts are
 in :mod:`~fedtree.algorithms.host`; the methods are in one folder per family (``optimization``,
-``personalized``, ``partial``, ``clustering``, ``hierarchical``, ``asynchronous``, ``llm``), none
+``personalized``, ``partial``, ``clustering``, ``hierarchical``, ``asynchronous``, ``llm``,
+``heterogeneous``), none
 importing another family; the config -> algorithm path is the experiment layer's
 (:mod:`fedtree.experiment`).
 
@@ -16,6 +17,7 @@ import inspect
 
 from fedtree.algorithms.asynchronous import fedasync, fedbuff
 from fedtree.algorithms.clustering import awcfl, cfl, ifca, mcfl
+from fedtree.algorithms.heterogeneous import fedrolex, heterofl
 from fedtree.algorithms.hierarchical import bhfl, grouppfl, pfedmt
 from fedtree.algorithms.host import hierfavg
 from fedtree.algorithms.llm import ffa_lora, hetlora
@@ -73,7 +75,9 @@ _FACTORIES = {"awcfl": awcfl, "bhfl": bhfl, "cfl": cfl, "ditto": ditto, "fedavg"
               "apfl": apfl, "fedala": fedala, "fedem": fedem, "knnper": knnper,
               "fedamp": fedamp, "fedfomo": fedfomo, "pfedhn": pfedhn, "fedproto": fedproto,
               # methods on LoRA adapters (issue 50)
-              "ffa_lora": ffa_lora, "fedsa_lora": fedsa_lora, "hetlora": hetlora}
+              "ffa_lora": ffa_lora, "fedsa_lora": fedsa_lora, "hetlora": hetlora,
+              # clients with different model widths (issue 51)
+              "heterofl": heterofl, "fedrolex": fedrolex}
 SYSTEMS_ALGORITHMS = tuple(n for n, f in _FACTORIES.items() if "systems" in inspect.signature(f).parameters)
 """The factories that take ``systems`` (:mod:`fedtree.toolbox.systems`); a run config that gives
 another algorithm a ``systems`` section is refused naming these."""
@@ -88,4 +92,5 @@ __all__ = [
   "apfl", "fedala", "fedem", "knnper",
   "fedamp", "fedfomo", "pfedhn", "fedproto",
   "ffa_lora", "fedsa_lora", "hetlora",
+  "heterofl", "fedrolex",
 ]

@@ -71,6 +71,8 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "ffa_lora": AlgorithmSpec(algorithms.ffa_lora, takes=("adapters",)),
   "fedsa_lora": AlgorithmSpec(algorithms.fedsa_lora, takes=("adapters",)),
   "hetlora": AlgorithmSpec(algorithms.hetlora, takes=("adapters",)),
+  "heterofl": AlgorithmSpec(algorithms.heterofl),
+  "fedrolex": AlgorithmSpec(algorithms.fedrolex),
 }
 
 

@@ -1,0 +1,6 @@
+"""Clients with different model sizes in one vmapped tier: width sub-models as masks over the full
+model's shapes (HeteroFL, FedRolex)."""
+
+from fedtree.algorithms.heterogeneous.heterofl import fedrolex, heterofl
+
+__all__ = ["fedrolex", "heterofl"]

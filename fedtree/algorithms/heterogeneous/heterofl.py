@@ -1,0 +1,224 @@
+"""HeteroFL (Diao et al. 2021) and FedRolex (Alam et al. 2022) on any tree: clients of different widths
+in one vmapped tier, every sub-model a mask over the full model's shapes, every coordinate averaged over
+the clients holding it (:doc:`the page <algorithms/heterogeneous.md>`).
+
+References:
+  Diao, Ding and Tarokh, HeteroFL: Computation and communication efficient federated learning for
+  heterogeneous clients, ICLR 2021.
+  Alam, Liu, Yan and Zhang, FedRolex: Model-heterogeneous federated learning with rolling sub-model
+  extraction, NeurIPS 2022.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedtree.algorithms.heterogeneous.width import (
+  WidthPlan,
+  check_rates,
+  client_levels,
+  level_name,
+  width_plan,
+)
+from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
+from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels, ObjectiveFactory
+from fedtree.core.local import ClientUpdate, run_update, sgd_client_update
+from fedtree.core.model import Model
+from fedtree.core.server_rule import Downlink, Inbox, ServerRule, Uplink
+
+REFUSALS = (
+  cannot("update_paths", "clipping, noise, compression and robust aggregators would act on the full-shaped "
+                         "update, over coordinates the client never held; run it without update_paths"),
+  cannot("personal", "every parameter is sliced by width and averaged over its holders; run it without "
+                     "personal"),
+  cannot("model_state", "HeteroFL's static batch normalization is not built; use a model without "
+                        "BatchNorm (norm='none')"),
+)
+
+HOLDERS = "the clients' parents average each coordinate over the clients holding it"
+
+
+def masked_model(model: Model, factors) -> Model:
+  """``model`` computing with its parameters times ``factors`` (a sub-model's mask and scaler): the
+  gradient outside the mask is exactly zero."""
+  def apply(params, *args, **kwargs):
+    return model.apply(jax.tree.map(jnp.multiply, params, factors), *args, **kwargs)
+  return model._replace(apply=apply)
+
+
+def width_update(setup: LocalSetup, given: ObjectiveFactory | None, plan: WidthPlan, levels: np.ndarray,
+                 rates: np.ndarray, *, rolling: bool, scaler: bool, algorithm: str) -> ClientUpdate:
+  """The local objective (``given``, default plain SGD) run by every client on its sub-model. Its state
+  is ``(rounds trained int32[C], the objective's state)``; its message, ``weight × mask``, tells the
+  parent who holds each coordinate (free on the wire: the parent knows its clients' levels).
+
+  Raises:
+    ValueError: an objective that starts from the client's own model or sends a message of its own.
+  """
+  def build(model: Model) -> ClientUpdate:
+    if given is None:
+      return sgd_client_update(model, setup.optimizer, batch_size=setup.batch_size, max_steps=setup.max_steps,
+                               compute_dtype=setup.compute_dtype)
+    return given(setup._replace(model=model))
+
+  probe = build(setup.model)
+  if probe.starts_from_own_model or probe.takes_round:
+    does = ("trains from each client's own model" if probe.starts_from_own_model
+            else "sends a message of its own")
+    raise ValueError(f"{algorithm}: the local objective {does}, "
+                     f"which a width sub-model cannot carry; use one that starts from the parent's model "
+                     f"(plain SGD, FedProx)")
+  level_of, kept, rate_of = tables(plan, levels, rates)
+
+  def init_state(p0, num_clients):
+    own = probe.init_state(p0, num_clients) if probe.init_state is not None else ()
+    return (jnp.zeros((num_clients,), jnp.int32), own)
+
+  def apply(anchor, state, data, num_steps, key, rnd):
+    count, own = state
+    level = level_of[rnd.client]
+    offset = rnd.broadcast if rolling else 0
+    mask, factors = plan.factors(anchor, kept[level], rate_of[level], offset=offset, scaler=scaler)
+    params, own, loss, _ = run_update(build(masked_model(setup.model, factors)), anchor, own, data, num_steps,
+                                      key, rnd)
+    params = jax.tree.map(lambda a, p, m: a + (p - a) * m, anchor, params, mask)
+    message = jax.tree.map(lambda m: rnd.weight.astype(m.dtype) * m, mask)
+    return params, (count + 1, own), loss, message
+
+  personal = None if probe.personal_models is None else (lambda state: probe.personal_models(state[1]))
+  return probe._replace(apply=apply, init_state=init_state, takes_round=True, message_bytes=0,
+                        personal_models=personal)
+
+
+def tables(plan: WidthPlan, levels: np.ndarray, rates: np.ndarray):
+  """Device tables: every client's level ``int32[C]``, every level's kept channels ``int32[L, layers]``
+  and its rate ``[L]``."""
+  return (jnp.asarray(levels), jnp.asarray([plan.kept(r) for r in rates], jnp.int32),
+          jnp.asarray(rates, jnp.result_type(float)))   # float64 under x64
+
+
+def holders_mean(inbox: Inbox, state):
+  """The parent's pseudo-gradient averaged per coordinate over the clients that hold it (the host's
+  mean over all reporting clients, rescaled by the share of their weight that holds the coordinate;
+  0 where none does); ``state``, the rounds so far, counts one more."""
+  def one(g, held):
+    total = inbox.weight_sum.reshape((-1,) + (1,) * (g.ndim - 1)).astype(g.dtype)
+    return jnp.where(held > 0, g * total / jnp.where(held > 0, held, 1), 0)
+  return jax.tree.map(one, inbox.pseudo_gradient, inbox.messages), state + 1, {}
+
+
+def _width_method(host: Host, *, rates, proportions, capacity_seed, rolling, scaler, client_update, name):
+  model, data = host["model"], host["data"]
+  template = host.get("init_params")
+  if template is None:
+    template = jax.eval_shape(model.init, jax.random.key(0))
+  if isinstance(client_update, ClientUpdate):
+    raise ValueError(f"{name}: client_update is a built ClientUpdate, whose model {name} cannot slice; give "
+                     f"an objective factory (setup -> ClientUpdate), as fedprox's")
+  plan = width_plan(template, name)
+  rate, share = check_rates(rates, proportions, name)
+  levels = client_levels(share, int(data.num_clients), capacity_seed)
+  itemsize = max(jnp.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(template))
+  level_bytes = np.asarray([plan.parameters(r) * itemsize for r in rate], np.float64)
+  mean_bytes = int(round(float(level_bytes[levels].mean())))
+  rule = ServerRule(init=lambda params, n: jnp.zeros((n,), jnp.int32), receive=holders_mean, name=name,
+                    down=Downlink(broadcast=lambda rounds: rounds, bytes=lambda _: mean_bytes),
+                    up=Uplink(bytes=lambda _: mean_bytes))
+
+  def objective(s: LocalSetup) -> ClientUpdate:
+    return width_update(s, client_update, plan, levels, rate, rolling=rolling, scaler=scaler, algorithm=name)
+
+  alg = host.build(client_update=objective, server_rule=rule, name=name)
+  real = jnp.result_type(float)   # float64 under x64
+  _, kept, rate_of = tables(plan, levels, rate)
+
+  def round_fn(state, data, key):
+    new, metrics = alg.round(state, data, key)
+    sent = (new.client_state[0] - state.client_state[0]).astype(real)   # 1: trained and sent
+    size = jnp.sum(sent * jnp.asarray(level_bytes[levels], real)) / jnp.maximum(jnp.sum(sent), 1.0)
+    return new, {**metrics, "uplink_bytes": size, "downlink_bytes": size}
+
+  def models(state):
+    out = dict(alg.models(state))
+    if rolling:
+      return out
+    top = out[[k for k in out if k == "global" or k.startswith("level")][-1]]   # the clients' parents
+
+    def sub_model(params, level):   # the sub-model of a level, as it trained (with its scaler)
+      _, factors = plan.factors(template, kept[level], rate_of[level], scaler=scaler)
+      return jax.tree.map(jnp.multiply, params, factors)
+
+    for level, r in enumerate(rate):
+      out[level_name(r)] = NodeModels(jax.vmap(sub_model, (0, None))(top.params, level), top.model_of_client)
+    rows = jax.tree.map(lambda a: jnp.take(a, jnp.asarray(top.model_of_client), axis=0), top.params)
+    out["own_width"] = NodeModels(jax.vmap(sub_model)(rows, jnp.asarray(levels)),
+                                  np.arange(levels.size, dtype=np.int32))
+    return out
+
+  return alg._replace(round=round_fn, models=models)
+
+
+@method_over(hierfavg, cannot=REFUSALS, sets={"server_rule": HOLDERS})
+def heterofl(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0625),
+             proportions: Sequence[float] | None = None, capacity_seed: int = 0, scaler: bool = True,
+             client_update: ObjectiveFactory | None = None, name: str = "heterofl") -> FederatedAlgorithm:
+  """HeteroFL: static width slices of every layer, averaged per coordinate over the clients holding it.
+
+  Every client has a capacity level fixed for the run; it trains the first ``ceil(r · n)`` channels of
+  every layer (``r`` its level's rate), its outputs divided by ``r`` in training (the scaler). Models:
+  ``global``, every level's sub-model (``width_1``, ``width_1_2``, ...) and each client's own
+  (``own_width``); ``uplink_bytes``/``downlink_bytes``: the sampled clients' mean sub-model. HeteroFL's
+  code averages by count: ``weighting="uniform"``. Not built: static batch normalization, the output
+  layer masked to a client's labels (its code's ``label_split``), per-round capacity draws.
+
+  Args:
+    rates: the capacity levels' width rates, each in (0, 1] (HeteroFL's a-e: 1, 1/2, 1/4, 1/8, 1/16).
+    proportions: the share of clients at each level (``None``: equal), summing to 1.
+    capacity_seed: the seed that places the levels on the clients (fixed for the run).
+    scaler: divide every sliced layer's output by the rate in training (HeteroFL's scaler module).
+    client_update: the local objective as a factory (default plain SGD; e.g. FedProx's), run on the
+      client's sub-model.
+    name: label for reports.
+    **host: every other argument of :func:`~fedtree.algorithms.host.hierfavg.hierfavg`.
+
+  Raises:
+    ValueError: a rate outside (0, 1], proportions that are not one per rate summing to 1, a model whose
+      layers cannot be sliced (named), update paths, personal parameters or BatchNorm.
+
+  Example:
+    Five clients at widths 1 and 1/2 of an MLP with a hidden layer of 8:
+
+    >>> mlp = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(8,))
+    >>> alg = heterofl(model=mlp, data=data, rates=(1.0, 0.5), local_optimizer=optax.sgd(0.1),
+    ...                schedule=LocalSchedule(batch_size=8, steps=2))
+    >>> state = loop.run(alg, data, num_rounds=2, key=jax.random.key(0))
+    >>> sorted(alg.models(state))
+    ['global', 'own_width', 'width_1', 'width_1_2']
+  """
+  return _width_method(host, rates=rates, proportions=proportions, capacity_seed=capacity_seed, rolling=False,
+                       scaler=scaler, client_update=client_update, name=name)
+
+
+@method_over(hierfavg, cannot=REFUSALS, sets={"server_rule": HOLDERS})
+def fedrolex(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0625),
+             proportions: Sequence[float] | None = None, capacity_seed: int = 0, scaler: bool = True,
+             client_update: ObjectiveFactory | None = None, name: str = "fedrolex") -> FederatedAlgorithm:
+  """FedRolex: HeteroFL with every client's channel window rolling by one channel a round (round ``t``'s
+  window starts at channel ``t mod n`` of every layer of ``n`` channels), so every channel is trained.
+
+  Args: as :func:`heterofl`'s. Only the global model is scored (the paper's evaluation).
+
+  Example:
+    >>> mlp = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(8,))
+    >>> alg = fedrolex(model=mlp, data=data, rates=(1.0, 0.25), local_optimizer=optax.sgd(0.1),
+    ...                schedule=LocalSchedule(batch_size=8, steps=2))
+    >>> state = loop.run(alg, data, num_rounds=3, key=jax.random.key(0))
+    >>> int(state.server_state[0])   # the window's offset: one channel a round
+    3
+  """
+  return _width_method(host, rates=rates, proportions=proportions, capacity_seed=capacity_seed, rolling=True,
+                       scaler=scaler, client_update=client_update, name=name)

@@ -1,0 +1,165 @@
+"""Issue 51, clients of different widths in one vmapped tier (HeteroFL, FedRolex): against a
+per-client loop that trains each client's real sliced sub-model (a smaller MLP built with its
+widths, its parameters cut out of the parent's by hand), the per-coordinate mean over holders in
+numpy; the sub-models' sizes against the small networks' own counts; the refusals."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedtree.algorithms import fedavg, fedrolex, heterofl
+from fedtree.algorithms.heterogeneous.width import check_rates, client_levels, width_plan
+from fedtree.core.local import LocalSchedule, batch_at
+from fedtree.core.rng import stream
+from fedtree.core.sampling import cohort_sampler
+from fedtree.core.topology import Topology
+from fedtree.core.updates import UpdatePath
+from fedtree.models import build_model, masked_cross_entropy
+from fedtree.toolbox.robust import median
+from tests.reference_baselines import client_data, close, run_jit, small_problem, start
+
+RATES, SHARES, LR, STEPS, BS = (1.0, 0.5, 0.25), (0.4, 0.3, 0.3), 0.1, 3, 4
+
+
+@pytest.fixture(scope="module")
+def problem():
+  data, _, _ = small_problem()
+  model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(6, 4))
+  return data, model
+
+
+def common(problem, **kw):
+  data, model = problem
+  return dict(model=model, data=data, local_optimizer=optax.sgd(LR),
+              schedule=LocalSchedule(batch_size=BS, steps=STEPS), rates=RATES, proportions=SHARES,
+              capacity_seed=1, **kw)
+
+
+@functools.cache
+def sub_model_gradient(example_shape, widths, scale):
+  """The gradient of the small MLP of ``widths`` whose hidden layers' outputs are multiplied by ``scale``."""
+  small = build_model("mlp", example_shape=example_shape, num_classes=3, hidden=widths)
+
+  def loss(p, b):
+    scaled = {n: jax.tree.map(lambda v, n=n: v * (1.0 if n == "Dense_2" else scale), layer)
+              for n, layer in p.items()}
+    return masked_cross_entropy(small.apply(scaled, b.x), b.y, b.mask)
+
+  return jax.jit(jax.grad(loss))
+
+
+def reference(data, x0, rounds, key, *, cohort_size, rolling, scaler=True):
+  """HeteroFL / FedRolex as a peer runs them: every sampled client cuts its channels out of the
+  server's MLP, trains that smaller MLP (its hidden outputs divided by its rate), and the server
+  averages each coordinate over the clients that hold it, weighted by their examples."""
+  levels = client_levels(np.asarray(SHARES), data.num_clients, 1)
+  x = {k: {f: np.asarray(v, np.float64) for f, v in layer.items()} for k, layer in x0.items()}
+  names = ["Dense_0", "Dense_1", "Dense_2"]
+  sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), cohort_size)
+  for r in range(rounds):
+    rk = jax.random.fold_in(key, r)
+    cohort = sampler(stream(rk, "cohort"))
+    total = {k: {f: np.zeros_like(v) for f, v in layer.items()} for k, layer in x.items()}
+    held = {k: {f: np.zeros_like(v) for f, v in layer.items()} for k, layer in x.items()}
+    for c, valid in zip(np.asarray(cohort.clients), np.asarray(cohort.valid), strict=True):
+      if not valid:
+        continue
+      rate = RATES[levels[c]]
+      widths = [int(np.ceil(rate * x[n]["bias"].size)) for n in names[:2]]
+      outs = [(r * rolling + np.arange(k)) % x[n]["bias"].size
+              for n, k in zip(names[:2], widths, strict=True)]
+      outs.append(np.arange(x["Dense_2"]["bias"].size))
+      ins = [np.arange(x["Dense_0"]["kernel"].shape[0]), outs[0], outs[1]]
+      sub = {n: {"kernel": x[n]["kernel"][np.ix_(i, o)].astype(np.float32),
+                 "bias": x[n]["bias"][o].astype(np.float32)}
+             for n, i, o in zip(names, ins, outs, strict=True)}
+      grad = sub_model_gradient(data.example_shape, tuple(widths), 1.0 / rate if scaler else 1.0)
+      batch_key, _ = jax.random.split(jax.random.fold_in(stream(rk, "train"), int(c)))
+      cd = client_data(data, int(c))
+      for t in range(STEPS):
+        g = grad(sub, batch_at(batch_key, cd, jnp.asarray(t), BS))
+        sub = jax.tree.map(lambda p, gp: p - LR * gp, sub, g)
+      w = float(data.n_train[c])
+      for n, i, o in zip(names, ins, outs, strict=True):
+        total[n]["kernel"][np.ix_(i, o)] += w * np.asarray(sub[n]["kernel"], np.float64)
+        held[n]["kernel"][np.ix_(i, o)] += w
+        total[n]["bias"][o] += w * np.asarray(sub[n]["bias"], np.float64)
+        held[n]["bias"][o] += w
+    x = {n: {f: np.where(held[n][f] > 0, total[n][f] / np.maximum(held[n][f], 1e-30), x[n][f]) for f in x[n]}
+         for n in x}
+  return x
+
+
+@pytest.mark.parametrize("method,rolling", [(heterofl, False), (fedrolex, True)])
+def test_the_masked_tier_is_the_per_client_loop_of_sliced_sub_models(problem, method, rolling):
+  data, _ = problem
+  alg = method(cohort_size=5, **common(problem))
+  key = jax.random.key(3)
+  state, metrics = run_jit(alg, data, 3, key)
+  x = jax.tree.map(lambda p: p[0], state.params[0])
+  close(x, reference(data, start(alg), 3, key, cohort_size=5, rolling=rolling))
+  # bytes: the mean size of the sampled clients' sub-models, counted on the small networks themselves
+  levels = client_levels(np.asarray(SHARES), data.num_clients, 1)
+  sizes = [sum(a.size for a in jax.tree.leaves(jax.eval_shape(
+    build_model("mlp", example_shape=data.example_shape, num_classes=3,
+                hidden=(int(np.ceil(r * 6)), int(np.ceil(r * 4)))).init, jax.random.key(0)))) * 4
+    for r in RATES]
+  sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), 5)
+  last = np.asarray(sampler(stream(jax.random.fold_in(key, 2), "cohort")).clients)
+  assert float(metrics["uplink_bytes"]) == pytest.approx(np.mean([sizes[levels[c]] for c in last]))
+
+
+def test_every_level_is_scored_at_its_width_and_one_level_is_fedavg(problem):
+  data, model = problem
+  alg = heterofl(**common(problem))
+  state, _ = run_jit(alg, data, 1, jax.random.key(0))
+  models = alg.models(state)
+  assert sorted(models) == ["global", "own_width", "width_1", "width_1_2", "width_1_4"]
+  half = jax.tree.map(lambda p: np.asarray(p[0]), models["width_1_2"].params)
+  assert np.all(half["Dense_0"]["kernel"][:, 3:] == 0) and np.all(half["Dense_1"]["kernel"][3:, :] == 0)
+  assert np.all(half["Dense_1"]["kernel"][:3, 2:] == 0) and np.all(half["Dense_2"]["kernel"][2:] == 0)
+  levels = client_levels(np.asarray(SHARES), data.num_clients, 1)
+  for c in range(data.num_clients):   # each client at its own level's width
+    own = jax.tree.map(lambda p, c=c: np.asarray(p[c]), models["own_width"].params)
+    name = ["width_1", "width_1_2", "width_1_4"][levels[c]]
+    want = jax.tree.map(lambda p: np.asarray(p[0]), models[name].params)
+    jax.tree.map(np.testing.assert_array_equal, own, want)
+  # every client at width 1: the per-coordinate mean is FedAvg's mean
+  kw = {k: v for k, v in common(problem).items() if k not in ("rates", "proportions", "capacity_seed")}
+  one, _ = run_jit(heterofl(rates=(1.0,), **kw), data, 2, jax.random.key(0))
+  avg, _ = run_jit(fedavg(**kw), data, 2, jax.random.key(0))
+  close(one.params, avg.params, atol=1e-6)
+
+
+def test_capacities_are_placed_by_their_shares():
+  levels = client_levels(np.asarray([0.5, 0.25, 0.25]), 10, seed=0)
+  assert np.bincount(levels).tolist() == [5, 3, 2] or np.bincount(levels).tolist() == [5, 2, 3]
+  assert np.array_equal(levels, client_levels(np.asarray([0.5, 0.25, 0.25]), 10, seed=0))
+
+
+def test_refusals(problem):
+  data, _ = problem
+  with pytest.raises(ValueError, match=r"rates=\[1.0, 0.0\] must be width ratios in \(0, 1\]"):
+    check_rates((1.0, 0.0), None, "heterofl")
+  with pytest.raises(ValueError, match=r"proportions=\[0.5, 0.2\] must be 2 non-negative shares .* to 0.7"):
+    check_rates((1.0, 0.5), (0.5, 0.2), "heterofl")
+  logreg = build_model("logreg", example_shape=data.example_shape, num_classes=3)
+  with pytest.raises(ValueError, match="heterofl needs at least one hidden layer to slice"):
+    heterofl(**{**common(problem), "model": logreg})
+  lm = build_model("transformer_lm", example_shape=(8,), num_classes=11, dim=8, depth=1, heads=2)
+  with pytest.raises(ValueError, match="heterofl cannot slice the model's parameter"):
+    width_plan(jax.eval_shape(lm.init, jax.random.key(0)), "heterofl")
+  bn = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(4,), norm="batch")
+  with pytest.raises(ValueError, match="static batch normalization is not built"):
+    fedrolex(**{**common(problem), "model": bn})
+  with pytest.raises(ValueError, match="update_paths"):
+    heterofl(update_paths=UpdatePath(aggregator=median()), **common(problem))
+  with pytest.raises(ValueError, match="server_rule= is not an option"):
+    heterofl(server_rule=object(), **common(problem))
+  tree = Topology.from_labels(np.arange(data.num_clients) % 2)
+  assert "width_1_4" in heterofl(topology=tree, **common(problem)).models(
+    run_jit(heterofl(topology=tree, **common(problem)), data, 1, jax.random.key(0))[0])
