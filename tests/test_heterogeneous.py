@@ -163,3 +163,37 @@ def test_refusals(problem):
   tree = Topology.from_labels(np.arange(data.num_clients) % 2)
   assert "width_1_4" in heterofl(topology=tree, **common(problem)).models(
     run_jit(heterofl(topology=tree, **common(problem)), data, 1, jax.random.key(0))[0])
+
+
+@pytest.mark.parametrize("offset", [0, 5])
+def test_a_masked_cnn_computes_what_its_sliced_cnn_computes(offset):
+  """The CNN's chain: convolutions sliced by output channels, the flatten's rows by the last
+  convolution's channels at every spatial position, the hidden dense layer by its units; the masked
+  full CNN (with the scaler) gives the logits of the small CNN built with those widths, its
+  parameters cut out by hand, at a prefix and at a rolled window."""
+  from fedtree.algorithms.heterogeneous.heterofl import masked_model
+
+  kw = dict(example_shape=(8, 8), num_classes=3, dropout=(0.0, 0.0))
+  full = build_model("cnn", features=(6, 8), dense=10, **kw)
+  params = full.init(jax.random.key(0))
+  plan = width_plan(params, "heterofl")
+  rate = 0.5
+  kept = plan.kept(rate)
+  assert kept == (3, 4, 5, 3)
+  _, factors = plan.factors(params, jnp.asarray(kept), rate, offset=offset)
+  x = jax.random.normal(jax.random.key(1), (4, 8, 8))
+  idx = [(offset + np.arange(k)) % n for k, n in zip(kept[:3], (6, 8, 10), strict=True)]
+  p = jax.tree.map(np.asarray, params)
+  spatial = p["Dense_0"]["kernel"].shape[0] // 8
+  rows = (np.arange(spatial)[:, None] * 8 + idx[1][None, :]).ravel()
+  sub = {"Conv_0": {"kernel": p["Conv_0"]["kernel"][..., idx[0]] / rate,
+                    "bias": p["Conv_0"]["bias"][idx[0]] / rate},
+         "Conv_1": {"kernel": p["Conv_1"]["kernel"][:, :, idx[0]][..., idx[1]] / rate,
+                    "bias": p["Conv_1"]["bias"][idx[1]] / rate},
+         "Dense_0": {"kernel": p["Dense_0"]["kernel"][rows][:, idx[2]] / rate,
+                     "bias": p["Dense_0"]["bias"][idx[2]] / rate},
+         "Dense_1": {"kernel": p["Dense_1"]["kernel"][idx[2]], "bias": p["Dense_1"]["bias"]}}
+  small = build_model("cnn", features=(3, 4), dense=5, **kw)
+  np.testing.assert_allclose(masked_model(full, factors).apply(params, x), small.apply(sub, x), rtol=1e-5,
+                             atol=1e-5)
+  assert plan.parameters(rate) == sum(a.size for a in jax.tree.leaves(sub))
