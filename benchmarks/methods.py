@@ -25,7 +25,7 @@ full-batch gradient, Mime's gradient pass, doubly-evaluated corrected steps and 
 statistics (its base optimizer is SGD with momentum 0.9, the others' plain SGD); MOON's
 contrastive steps (three forward passes a step) and its previous models per client; q-FFL's loss
 at the received model, ``Δ_k`` and ``h_k``; AFL's losses per domain and the ascent on ``λ``;
-HeteroFL's and FedRolex's masked steps at five widths (:data:`WIDTHS`: every client computes on the
+HeteroFL's, FedRolex's and FjORD's masked steps at five widths (:data:`WIDTHS`: every client computes on the
 full shapes) and their per-coordinate mean.
 FedAsync's round is one server update that applies one client's model (:data:`ONE_CLIENT_A_ROUND`,
 10 clients in flight, FedBuff's ring of versions): its calls fuse ``cohort × --rounds`` rounds, as
@@ -88,13 +88,14 @@ METHODS: dict[str, Callable[[dict, workloads.Workload], algorithms.FederatedAlgo
   "afl": lambda c, w: algorithms.afl(domain_learning_rate=0.01, **c),
   "heterofl": lambda c, w: algorithms.heterofl(rates=WIDTHS, **c),
   "fedrolex": lambda c, w: algorithms.fedrolex(rates=WIDTHS, **c),
+  "fjord": lambda c, w: algorithms.fjord(rates=WIDTHS, **c),
   "fedasync": lambda c, w: algorithms.fedasync(
     concurrency=min(ASYNC_IN_FLIGHT, w.cohort_size), **{k: v for k, v in c.items()
                                                         if k not in ("cohort_size", "chunk_size")}),
 }
 """``name -> builder(common arguments, workload)``: the methods this benchmark times."""
 WIDTHS = (1.0, 0.5, 0.25, 0.125, 0.0625)
-"""HeteroFL's and FedRolex's levels a-e, a fifth of the clients each."""
+"""HeteroFL's, FedRolex's and FjORD's levels (HeteroFL's a-e), a fifth of the clients each."""
 ASYNC_IN_FLIGHT = 10
 """FedAsync's clients in flight (``concurrency``), as in ``configs/baselines.py``."""
 ONE_CLIENT_A_ROUND = ("fedasync",)

@@ -136,6 +136,7 @@ ALGORITHM_CASES = {
   "hetlora": {"adapters": {"rank": 2}, "ranks": (1, 2)},
   # clients of different widths (issue 51)
   "heterofl": {"rates": (1.0, 0.5)}, "fedrolex": {"rates": (1.0, 0.5)},
+  "fjord": {"rates": (0.5, 1.0)},
 }
 """The smallest run config of every registered algorithm (its required fields; short
 warm-ups): test_conformance's cases and tests/multihost_config.py's runs."""

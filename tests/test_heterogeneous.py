@@ -11,7 +11,8 @@ import numpy as np
 import optax
 import pytest
 
-from fedtree.algorithms import fedavg, fedrolex, heterofl
+from fedtree.algorithms import fedavg, fedrolex, fjord, heterofl
+from fedtree.algorithms.heterogeneous.heterofl import ordered_width
 from fedtree.algorithms.heterogeneous.width import check_rates, client_levels, width_plan
 from fedtree.core.local import LocalSchedule, batch_at
 from fedtree.core.rng import stream
@@ -52,13 +53,23 @@ def sub_model_gradient(example_shape, widths, scale):
   return jax.jit(jax.grad(loss))
 
 
-def reference(data, x0, rounds, key, *, cohort_size, rolling, scaler=True):
-  """HeteroFL / FedRolex as a peer runs them: every sampled client cuts its channels out of the
-  server's MLP, trains that smaller MLP (its hidden outputs divided by its rate), and the server
-  averages each coordinate over the clients that hold it, weighted by their examples."""
+def channels(x, rate, offset):
+  """The MLP's held rows and columns at ``rate`` (a window from ``offset``), and its hidden widths."""
+  names = ["Dense_0", "Dense_1", "Dense_2"]
+  widths = [int(np.ceil(rate * x[n]["bias"].size)) for n in names[:2]]
+  outs = [(offset + np.arange(k)) % x[n]["bias"].size for n, k in zip(names[:2], widths, strict=True)]
+  outs.append(np.arange(x["Dense_2"]["bias"].size))
+  ins = [np.arange(x["Dense_0"]["kernel"].shape[0]), outs[0], outs[1]]
+  return list(zip(names, ins, outs, strict=True)), tuple(widths)
+
+
+def reference(data, x0, rounds, key, *, cohort_size, mode, scaler=True):
+  """HeteroFL / FedRolex / FjORD as a peer runs them: every local step of a sampled client cuts its
+  channels out of its model (its own width; FjORD's, a width drawn up to its own), trains that smaller
+  MLP (its hidden outputs divided by the rate with the scaler) and writes them back; the server averages
+  each coordinate over the clients that hold it, weighted by their examples."""
   levels = client_levels(np.asarray(SHARES), data.num_clients, 1)
   x = {k: {f: np.asarray(v, np.float64) for f, v in layer.items()} for k, layer in x0.items()}
-  names = ["Dense_0", "Dense_1", "Dense_2"]
   sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), cohort_size)
   for r in range(rounds):
     rk = jax.random.fold_in(key, r)
@@ -68,40 +79,41 @@ def reference(data, x0, rounds, key, *, cohort_size, rolling, scaler=True):
     for c, valid in zip(np.asarray(cohort.clients), np.asarray(cohort.valid), strict=True):
       if not valid:
         continue
-      rate = RATES[levels[c]]
-      widths = [int(np.ceil(rate * x[n]["bias"].size)) for n in names[:2]]
-      outs = [(r * rolling + np.arange(k)) % x[n]["bias"].size
-              for n, k in zip(names[:2], widths, strict=True)]
-      outs.append(np.arange(x["Dense_2"]["bias"].size))
-      ins = [np.arange(x["Dense_0"]["kernel"].shape[0]), outs[0], outs[1]]
-      sub = {n: {"kernel": x[n]["kernel"][np.ix_(i, o)].astype(np.float32),
-                 "bias": x[n]["bias"][o].astype(np.float32)}
-             for n, i, o in zip(names, ins, outs, strict=True)}
-      grad = sub_model_gradient(data.example_shape, tuple(widths), 1.0 / rate if scaler else 1.0)
-      batch_key, _ = jax.random.split(jax.random.fold_in(stream(rk, "train"), int(c)))
+      own, offset = RATES[levels[c]], (r if mode == "rolling" else 0)
+      batch_key, step_key = jax.random.split(jax.random.fold_in(stream(rk, "train"), int(c)))
       cd = client_data(data, int(c))
+      y = {n: {f: v.astype(np.float32) for f, v in layer.items()} for n, layer in x.items()}
       for t in range(STEPS):
+        rate = own
+        if mode == "ordered":
+          choices = sorted(q for q in RATES if q <= own)
+          rate = choices[int(ordered_width(jax.random.fold_in(step_key, t), len(choices)))]
+        layers, widths = channels(x, rate, offset)
+        sub = {n: {"kernel": y[n]["kernel"][np.ix_(i, o)], "bias": y[n]["bias"][o]} for n, i, o in layers}
+        grad = sub_model_gradient(data.example_shape, widths, 1.0 / rate if scaler else 1.0)
         g = grad(sub, batch_at(batch_key, cd, jnp.asarray(t), BS))
-        sub = jax.tree.map(lambda p, gp: p - LR * gp, sub, g)
+        for n, i, o in layers:
+          y[n]["kernel"][np.ix_(i, o)] = sub[n]["kernel"] - LR * np.asarray(g[n]["kernel"])
+          y[n]["bias"][o] = sub[n]["bias"] - LR * np.asarray(g[n]["bias"])
       w = float(data.n_train[c])
-      for n, i, o in zip(names, ins, outs, strict=True):
-        total[n]["kernel"][np.ix_(i, o)] += w * np.asarray(sub[n]["kernel"], np.float64)
+      for n, i, o in channels(x, own, offset)[0]:   # the coordinates the client holds
+        total[n]["kernel"][np.ix_(i, o)] += w * y[n]["kernel"][np.ix_(i, o)].astype(np.float64)
         held[n]["kernel"][np.ix_(i, o)] += w
-        total[n]["bias"][o] += w * np.asarray(sub[n]["bias"], np.float64)
+        total[n]["bias"][o] += w * y[n]["bias"][o].astype(np.float64)
         held[n]["bias"][o] += w
     x = {n: {f: np.where(held[n][f] > 0, total[n][f] / np.maximum(held[n][f], 1e-30), x[n][f]) for f in x[n]}
          for n in x}
   return x
 
 
-@pytest.mark.parametrize("method,rolling", [(heterofl, False), (fedrolex, True)])
-def test_the_masked_tier_is_the_per_client_loop_of_sliced_sub_models(problem, method, rolling):
+@pytest.mark.parametrize("method,mode", [(heterofl, "static"), (fedrolex, "rolling"), (fjord, "ordered")])
+def test_the_masked_tier_is_the_per_client_loop_of_sliced_sub_models(problem, method, mode):
   data, _ = problem
   alg = method(cohort_size=5, **common(problem))
   key = jax.random.key(3)
   state, metrics = run_jit(alg, data, 3, key)
   x = jax.tree.map(lambda p: p[0], state.params[0])
-  close(x, reference(data, start(alg), 3, key, cohort_size=5, rolling=rolling))
+  close(x, reference(data, start(alg), 3, key, cohort_size=5, mode=mode, scaler=method is not fjord))
   # bytes: the mean size of the sampled clients' sub-models, counted on the small networks themselves
   levels = client_levels(np.asarray(SHARES), data.num_clients, 1)
   sizes = [sum(a.size for a in jax.tree.leaves(jax.eval_shape(
@@ -133,6 +145,14 @@ def test_every_level_is_scored_at_its_width_and_one_level_is_fedavg(problem):
   one, _ = run_jit(heterofl(rates=(1.0,), **kw), data, 2, jax.random.key(0))
   avg, _ = run_jit(fedavg(**kw), data, 2, jax.random.key(0))
   close(one.params, avg.params, atol=1e-6)
+
+
+def test_fjords_width_is_uniform_up_to_the_clients_own():
+  """4,000 seeded draws among 3 allowed widths: each within 5 binomial standard deviations of a third,
+  none beyond the client's own."""
+  draws = np.asarray(jax.vmap(lambda k: ordered_width(k, 3))(jax.random.split(jax.random.key(0), 4000)))
+  counts = np.bincount(draws, minlength=4)
+  assert counts[3] == 0 and np.all(np.abs(counts[:3] - 4000 / 3) < 5 * np.sqrt(4000 * (1 / 3) * (2 / 3)))
 
 
 def test_capacities_are_placed_by_their_shares():

@@ -51,8 +51,10 @@ def masked_model(model: Model, factors) -> Model:
 
 
 def width_update(setup: LocalSetup, given: ObjectiveFactory | None, plan: WidthPlan, levels: np.ndarray,
-                 rates: np.ndarray, *, rolling: bool, scaler: bool, algorithm: str) -> ClientUpdate:
-  """The local objective (``given``, default plain SGD) run by every client on its sub-model. Its state
+                 rates: np.ndarray, *, mode: str, scaler: bool, algorithm: str) -> ClientUpdate:
+  """The local objective (``given``, default plain SGD) run by every client on its sub-model (``mode``:
+  ``"static"``, the first channels; ``"rolling"``, FedRolex's window; ``"ordered"``, FjORD's width
+  drawn every step up to the client's own, :func:`ordered_model`). Its state
   is ``(rounds trained int32[C], the objective's state)``; its message, ``weight × mask``, tells the
   parent who holds each coordinate (free on the wire: the parent knows its clients' levels).
 
@@ -73,6 +75,8 @@ def width_update(setup: LocalSetup, given: ObjectiveFactory | None, plan: WidthP
                      f"which a width sub-model cannot carry; use one that starts from the parent's model "
                      f"(plain SGD, FedProx)")
   level_of, kept, rate_of = tables(plan, levels, rates)
+  order = jnp.asarray(np.argsort(rates, kind="stable"))   # the levels by rate, narrowest first
+  allowed = jnp.asarray([int(np.sum(rates <= r)) for r in rates], jnp.int32)   # levels at most each one
 
   def init_state(p0, num_clients):
     own = probe.init_state(p0, num_clients) if probe.init_state is not None else ()
@@ -81,10 +85,11 @@ def width_update(setup: LocalSetup, given: ObjectiveFactory | None, plan: WidthP
   def apply(anchor, state, data, num_steps, key, rnd):
     count, own = state
     level = level_of[rnd.client]
-    offset = rnd.broadcast if rolling else 0
+    offset = rnd.broadcast if mode == "rolling" else 0
     mask, factors = plan.factors(anchor, kept[level], rate_of[level], offset=offset, scaler=scaler)
-    params, own, loss, _ = run_update(build(masked_model(setup.model, factors)), anchor, own, data, num_steps,
-                                      key, rnd)
+    model = (ordered_model(setup.model, plan, anchor, kept[order], allowed[level]) if mode == "ordered"
+             else masked_model(setup.model, factors))
+    params, own, loss, _ = run_update(build(model), anchor, own, data, num_steps, key, rnd)
     params = jax.tree.map(lambda a, p, m: a + (p - a) * m, anchor, params, mask)
     message = jax.tree.map(lambda m: rnd.weight.astype(m.dtype) * m, mask)
     return params, (count + 1, own), loss, message
@@ -92,6 +97,28 @@ def width_update(setup: LocalSetup, given: ObjectiveFactory | None, plan: WidthP
   personal = None if probe.personal_models is None else (lambda state: probe.personal_models(state[1]))
   return probe._replace(apply=apply, init_state=init_state, takes_round=True, message_bytes=0,
                         personal_models=personal)
+
+
+ORDERED_DRAW = 0x6f64
+"""Folded into a training step's PRNG key to draw FjORD's width (the model's own uses, dropout, keep the
+key as it is)."""
+
+
+def ordered_width(rng, allowed):
+  """The index, among the levels sorted by rate, of a training step's width: uniform over the first
+  ``allowed`` (FjORD's ``p ~ U(D_P)`` up to the client's ``p_max``)."""
+  return jax.random.randint(jax.random.fold_in(rng, ORDERED_DRAW), (), 0, allowed)
+
+
+def ordered_model(model: Model, plan: WidthPlan, template, kept, allowed) -> Model:
+  """``model`` computing, in every training step, with the sub-model of a width drawn from the step's
+  key (:func:`ordered_width` over the rows of ``kept``, the levels' kept channels narrowest first), and
+  outside training with the widest it allows (FjORD's ordered dropout)."""
+  def apply(params, x, *args, train: bool = False, rng=None, **kwargs):
+    index = ordered_width(rng, allowed) if train and rng is not None else allowed - 1
+    mask = plan.masks(template, kept[index])
+    return model.apply(jax.tree.map(jnp.multiply, params, mask), x, *args, train=train, rng=rng, **kwargs)
+  return model._replace(apply=apply)
 
 
 def tables(plan: WidthPlan, levels: np.ndarray, rates: np.ndarray):
@@ -111,7 +138,10 @@ def holders_mean(inbox: Inbox, state):
   return jax.tree.map(one, inbox.pseudo_gradient, inbox.messages), state + 1, {}
 
 
-def _width_method(host: Host, *, rates, proportions, capacity_seed, rolling, scaler, client_update, name):
+def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler, client_update, name,
+                 per_level: bool = True) -> FederatedAlgorithm:
+  """The method of width sub-models on ``host`` (:func:`width_update`'s ``mode``), its bytes, and its
+  models: every level's sub-model and each client's own when ``per_level``."""
   model, data = host["model"], host["data"]
   template = host.get("init_params")
   if template is None:
@@ -130,7 +160,7 @@ def _width_method(host: Host, *, rates, proportions, capacity_seed, rolling, sca
                     up=Uplink(bytes=lambda _: mean_bytes))
 
   def objective(s: LocalSetup) -> ClientUpdate:
-    return width_update(s, client_update, plan, levels, rate, rolling=rolling, scaler=scaler, algorithm=name)
+    return width_update(s, client_update, plan, levels, rate, mode=mode, scaler=scaler, algorithm=name)
 
   alg = host.build(client_update=objective, server_rule=rule, name=name)
   real = jnp.result_type(float)   # float64 under x64
@@ -144,7 +174,7 @@ def _width_method(host: Host, *, rates, proportions, capacity_seed, rolling, sca
 
   def models(state):
     out = dict(alg.models(state))
-    if rolling:
+    if not per_level:
       return out
     top = out[[k for k in out if k == "global" or k.startswith("level")][-1]]   # the clients' parents
 
@@ -199,8 +229,8 @@ def heterofl(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0
     >>> sorted(alg.models(state))
     ['global', 'own_width', 'width_1', 'width_1_2']
   """
-  return _width_method(host, rates=rates, proportions=proportions, capacity_seed=capacity_seed, rolling=False,
-                       scaler=scaler, client_update=client_update, name=name)
+  return width_method(host, rates=rates, proportions=proportions, capacity_seed=capacity_seed, mode="static",
+                      scaler=scaler, client_update=client_update, name=name)
 
 
 @method_over(hierfavg, cannot=REFUSALS, sets={"server_rule": HOLDERS})
@@ -220,5 +250,5 @@ def fedrolex(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0
     >>> int(state.server_state[0])   # the window's offset: one channel a round
     3
   """
-  return _width_method(host, rates=rates, proportions=proportions, capacity_seed=capacity_seed, rolling=True,
-                       scaler=scaler, client_update=client_update, name=name)
+  return width_method(host, rates=rates, proportions=proportions, capacity_seed=capacity_seed, mode="rolling",
+                      scaler=scaler, client_update=client_update, name=name, per_level=False)

@@ -73,6 +73,7 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "hetlora": AlgorithmSpec(algorithms.hetlora, takes=("adapters",)),
   "heterofl": AlgorithmSpec(algorithms.heterofl),
   "fedrolex": AlgorithmSpec(algorithms.fedrolex),
+  "fjord": AlgorithmSpec(algorithms.fjord),
 }
 
 
