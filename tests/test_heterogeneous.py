@@ -217,3 +217,30 @@ def test_a_masked_cnn_computes_what_its_sliced_cnn_computes(offset):
   np.testing.assert_allclose(masked_model(full, factors).apply(params, x), small.apply(sub, x), rtol=1e-5,
                              atol=1e-5)
   assert plan.parameters(rate) == sum(a.size for a in jax.tree.leaves(sub))
+
+
+def test_the_systems_clock_runs_each_client_at_its_sub_models_cost(problem):
+  """One step per second for the full MLP, 10^4 bytes per second each way: a client's round takes its
+  sub-model's bytes down and up plus its steps times the sub-model's share of the multiply-adds (the
+  hidden layers' kept rows x columns over the full ones); the round waits for the slowest sampled one."""
+  from fedtree.toolbox.systems import Systems, make_profile
+
+  data, _ = problem
+  c = data.num_clients
+  systems = Systems(make_profile(np.ones(c), np.full(c, 1e4)))
+  alg = heterofl(cohort_size=5, systems=systems, **common(problem))
+  key = jax.random.key(3)
+  _, metrics = run_jit(alg, data, 1, key)
+  levels = client_levels(np.asarray(SHARES), c, 1)
+  dims = [data.example_shape[0], 6, 4, 3]
+
+  def cost(r):   # (multiply-adds of the kernels, parameters) of the MLP of rate r
+    w = [dims[0], int(np.ceil(r * 6)), int(np.ceil(r * 4)), 3]
+    pairs = list(zip(w[:-1], w[1:], strict=True))
+    return sum(a * b for a, b in pairs), sum(a * b + b for a, b in pairs)
+
+  sampler = cohort_sampler(np.zeros(c, np.int32), 5)
+  drawn = np.asarray(sampler(stream(jax.random.fold_in(key, 0), "cohort")).clients)
+  seconds = [STEPS * cost(RATES[levels[k]])[0] / cost(1.0)[0] + 2 * 4 * cost(RATES[levels[k]])[1] / 1e4
+             for k in drawn]
+  assert float(metrics["round_seconds"]) == pytest.approx(max(seconds), rel=1e-5)

@@ -11,6 +11,7 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import jax
@@ -29,6 +30,7 @@ from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels, O
 from fedtree.core.local import ClientUpdate, run_update, sgd_client_update
 from fedtree.core.model import Model
 from fedtree.core.server_rule import Downlink, Inbox, ServerRule, Uplink
+from fedtree.toolbox.systems import Systems
 
 REFUSALS = (
   cannot("update_paths", "clipping, noise, compression and robust aggregators would act on the full-shaped "
@@ -128,6 +130,21 @@ def tables(plan: WidthPlan, levels: np.ndarray, rates: np.ndarray):
           jnp.asarray(rates, jnp.result_type(float)))   # float64 under x64
 
 
+def sized_systems(systems: Systems, plan: WidthPlan, rates: np.ndarray, levels: np.ndarray,
+                  level_bytes: np.ndarray) -> Systems:
+  """``systems`` for clients of these levels: a client's steps per second divided by its sub-model's
+  share of the full model's multiply-adds (:meth:`~fedtree.algorithms.heterogeneous.width.WidthPlan.
+  compute_share`), and its bytes each way its sub-model's (where ``systems`` does not set them)."""
+  share = np.asarray([plan.compute_share(r) for r in rates])[levels]
+  dtype = systems.profile.speed.dtype
+  profile = systems.profile._replace(speed=systems.profile.speed / jnp.asarray(share, dtype))
+  sizes = jnp.asarray(level_bytes[levels], dtype)
+  return dataclasses.replace(
+    systems, profile=profile,
+    uplink_bytes=sizes if systems.uplink_bytes is None else systems.uplink_bytes,
+    downlink_bytes=sizes if systems.downlink_bytes is None else systems.downlink_bytes)
+
+
 def holders_mean(inbox: Inbox, state):
   """The parent's pseudo-gradient averaged per coordinate over the clients that hold it (the host's
   mean over all reporting clients, rescaled by the share of their weight that holds the coordinate;
@@ -155,6 +172,8 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
   itemsize = max(jnp.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(template))
   level_bytes = np.asarray([plan.parameters(r) * itemsize for r in rate], np.float64)
   mean_bytes = int(round(float(level_bytes[levels].mean())))
+  if host.get("systems") is not None:
+    host = host.replace(systems=sized_systems(host["systems"], plan, rate, levels, level_bytes))
   rule = ServerRule(init=lambda params, n: jnp.zeros((n,), jnp.int32), receive=holders_mean, name=name,
                     down=Downlink(broadcast=lambda rounds: rounds, bytes=lambda _: mean_bytes),
                     up=Uplink(bytes=lambda _: mean_bytes))
@@ -201,7 +220,8 @@ def heterofl(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0
   Every client has a capacity level fixed for the run; it trains the first ``ceil(r · n)`` channels of
   every layer (``r`` its level's rate), its outputs divided by ``r`` in training (the scaler). Models:
   ``global``, every level's sub-model (``width_1``, ``width_1_2``, ...) and each client's own
-  (``own_width``); ``uplink_bytes``/``downlink_bytes``: the sampled clients' mean sub-model. HeteroFL's
+  (``own_width``); ``uplink_bytes``/``downlink_bytes``: the sampled clients' mean sub-model; under
+  ``systems`` each client computes and transfers at its sub-model's cost (:func:`sized_systems`). HeteroFL's
   code averages by count: ``weighting="uniform"``. Not built: static batch normalization, the output
   layer masked to a client's labels (its code's ``label_split``), per-round capacity draws.
 

@@ -80,6 +80,16 @@ class WidthPlan(NamedTuple):
     mask = self.masks(template, kept, offset)
     return mask, (jax.tree.map(jnp.multiply, mask, self.scales(template, rate)) if scaler else mask)
 
+  def compute_share(self, rate: float) -> float:
+    """The sub-model's multiply-adds over the full model's, from the kernels' kept rows and columns (exact
+    for dense layers; a convolution's counted once per kernel, not per output position)."""
+    kept, total, full = self.kept(rate), 0, 0
+    for i, (lay, k) in enumerate(zip(self.layers, kept, strict=True)):
+      rows = lay.fan_in if lay.first else kept[i - 1] * lay.repeat
+      total += rows * lay.window * k
+      full += lay.fan_in * lay.window * lay.width
+    return total / full
+
   def parameters(self, rate: float) -> int:
     """Parameters of the sub-model of ``rate`` (what a client of that rate holds and sends)."""
     kept, total = self.kept(rate), 0
