@@ -3,25 +3,25 @@ per-client loop that trains each client's real sliced sub-model (a smaller MLP b
 widths, its parameters cut out of the parent's by hand), the per-coordinate mean over holders in
 numpy; the sub-models' sizes against the small networks' own counts; the refusals."""
 
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from reference_baselines import close, run_jit, small_problem, start
+from reference_heterogeneous import reference
 
 from fedtree.algorithms import fedavg, fedrolex, fjord, heterofl
 from fedtree.algorithms.heterogeneous.heterofl import ordered_width
 from fedtree.algorithms.heterogeneous.width import check_rates, client_levels, width_plan
-from fedtree.core.local import LocalSchedule, batch_at
+from fedtree.core.local import LocalSchedule
 from fedtree.core.rng import stream
 from fedtree.core.sampling import cohort_sampler
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
-from fedtree.models import build_model, masked_cross_entropy
+from fedtree.models import build_model
 from fedtree.toolbox.robust import median
-from tests.reference_baselines import client_data, close, run_jit, small_problem, start
 
 RATES, SHARES, LR, STEPS, BS = (1.0, 0.5, 0.25), (0.4, 0.3, 0.3), 0.1, 3, 4
 
@@ -40,72 +40,6 @@ def common(problem, **kw):
               capacity_seed=1, **kw)
 
 
-@functools.cache
-def sub_model_gradient(example_shape, widths, scale):
-  """The gradient of the small MLP of ``widths`` whose hidden layers' outputs are multiplied by ``scale``."""
-  small = build_model("mlp", example_shape=example_shape, num_classes=3, hidden=widths)
-
-  def loss(p, b):
-    scaled = {n: jax.tree.map(lambda v, n=n: v * (1.0 if n == "Dense_2" else scale), layer)
-              for n, layer in p.items()}
-    return masked_cross_entropy(small.apply(scaled, b.x), b.y, b.mask)
-
-  return jax.jit(jax.grad(loss))
-
-
-def channels(x, rate, offset):
-  """The MLP's held rows and columns at ``rate`` (a window from ``offset``), and its hidden widths."""
-  names = ["Dense_0", "Dense_1", "Dense_2"]
-  widths = [int(np.ceil(rate * x[n]["bias"].size)) for n in names[:2]]
-  outs = [(offset + np.arange(k)) % x[n]["bias"].size for n, k in zip(names[:2], widths, strict=True)]
-  outs.append(np.arange(x["Dense_2"]["bias"].size))
-  ins = [np.arange(x["Dense_0"]["kernel"].shape[0]), outs[0], outs[1]]
-  return list(zip(names, ins, outs, strict=True)), tuple(widths)
-
-
-def reference(data, x0, rounds, key, *, cohort_size, mode, scaler=True):
-  """HeteroFL / FedRolex / FjORD as a peer runs them: every local step of a sampled client cuts its
-  channels out of its model (its own width; FjORD's, a width drawn up to its own), trains that smaller
-  MLP (its hidden outputs divided by the rate with the scaler) and writes them back; the server averages
-  each coordinate over the clients that hold it, weighted by their examples."""
-  levels = client_levels(np.asarray(SHARES), data.num_clients, 1)
-  x = {k: {f: np.asarray(v, np.float64) for f, v in layer.items()} for k, layer in x0.items()}
-  sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), cohort_size)
-  for r in range(rounds):
-    rk = jax.random.fold_in(key, r)
-    cohort = sampler(stream(rk, "cohort"))
-    total = {k: {f: np.zeros_like(v) for f, v in layer.items()} for k, layer in x.items()}
-    held = {k: {f: np.zeros_like(v) for f, v in layer.items()} for k, layer in x.items()}
-    for c, valid in zip(np.asarray(cohort.clients), np.asarray(cohort.valid), strict=True):
-      if not valid:
-        continue
-      own, offset = RATES[levels[c]], (r if mode == "rolling" else 0)
-      batch_key, step_key = jax.random.split(jax.random.fold_in(stream(rk, "train"), int(c)))
-      cd = client_data(data, int(c))
-      y = {n: {f: v.astype(np.float32) for f, v in layer.items()} for n, layer in x.items()}
-      for t in range(STEPS):
-        rate = own
-        if mode == "ordered":
-          choices = sorted(q for q in RATES if q <= own)
-          rate = choices[int(ordered_width(jax.random.fold_in(step_key, t), len(choices)))]
-        layers, widths = channels(x, rate, offset)
-        sub = {n: {"kernel": y[n]["kernel"][np.ix_(i, o)], "bias": y[n]["bias"][o]} for n, i, o in layers}
-        grad = sub_model_gradient(data.example_shape, widths, 1.0 / rate if scaler else 1.0)
-        g = grad(sub, batch_at(batch_key, cd, jnp.asarray(t), BS))
-        for n, i, o in layers:
-          y[n]["kernel"][np.ix_(i, o)] = sub[n]["kernel"] - LR * np.asarray(g[n]["kernel"])
-          y[n]["bias"][o] = sub[n]["bias"] - LR * np.asarray(g[n]["bias"])
-      w = float(data.n_train[c])
-      for n, i, o in channels(x, own, offset)[0]:   # the coordinates the client holds
-        total[n]["kernel"][np.ix_(i, o)] += w * y[n]["kernel"][np.ix_(i, o)].astype(np.float64)
-        held[n]["kernel"][np.ix_(i, o)] += w
-        total[n]["bias"][o] += w * y[n]["bias"][o].astype(np.float64)
-        held[n]["bias"][o] += w
-    x = {n: {f: np.where(held[n][f] > 0, total[n][f] / np.maximum(held[n][f], 1e-30), x[n][f]) for f in x[n]}
-         for n in x}
-  return x
-
-
 @pytest.mark.parametrize("method,mode", [(heterofl, "static"), (fedrolex, "rolling"), (fjord, "ordered")])
 def test_the_masked_tier_is_the_per_client_loop_of_sliced_sub_models(problem, method, mode):
   data, _ = problem
@@ -113,7 +47,8 @@ def test_the_masked_tier_is_the_per_client_loop_of_sliced_sub_models(problem, me
   key = jax.random.key(3)
   state, metrics = run_jit(alg, data, 3, key)
   x = jax.tree.map(lambda p: p[0], state.params[0])
-  close(x, reference(data, start(alg), 3, key, cohort_size=5, mode=mode, scaler=method is not fjord))
+  close(x, reference(data, start(alg), 3, key, cohort_size=5, mode=mode, scaler=method is not fjord,
+                     rates=RATES, shares=SHARES, seed=1, lr=LR, steps=STEPS, batch_size=BS))
   # bytes: the mean size of the sampled clients' sub-models, counted on the small networks themselves
   levels = client_levels(np.asarray(SHARES), data.num_clients, 1)
   sizes = [sum(a.size for a in jax.tree.leaves(jax.eval_shape(

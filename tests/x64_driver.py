@@ -4,7 +4,8 @@ its own process): ``python x64_driver.py NAME...`` with NAME among ``fedavg``, `
 the per-client reference loop, four rounds for the last four: issue 57), the ``<algorithm>_ref`` of
 tests/x64_references.py (every other algorithm with a per-client loop: FedDyn, Mime, q-FFL, AFL, MOON,
 HierFAVG, FedProx, Ditto, Per-FedAvg, FedKWS, APFL, FedALA, FedEM, the clustered (IFCA, CFL, AWCFL,
-MCFL), the partially personalized (FedPer, LG-FedAvg, FedBN, FedRep, FedBABU, FedRoD), B-HFL; the
+MCFL), the partially personalized (FedPer, LG-FedAvg, FedBN, FedRep, FedBABU, FedRoD), B-HFL, the width
+methods (HeteroFL, FedRolex, FjORD); the
 deviation, or the error), ``compiles`` (traces of the fused x64 round over three calls) and
 :data:`OTHERS` (dtypes after one round, or the error). Prints one JSON line."""
 

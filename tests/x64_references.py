@@ -574,6 +574,28 @@ def bhfl_async_vs_reference(model, data, groups):
                buffers=(None, 1, 2), staleness_exponent=0.5, residual_k=1, cohort=[2, 2, 2])
 
 
+# ------------------------------------------------------------------------ width sub-models (issue 51)
+def _width(method, mode, scaler):
+  """tests/test_heterogeneous.py's problem in float64: an MLP of two hidden layers (6, 4), three widths
+  on the driver's 8 clients, 5 a round, three rounds; the per-client loop of sliced sub-models."""
+  import reference_heterogeneous as href
+
+  from fedtree.models import build_model
+
+  def compare(model, data, groups):
+    mlp = f64_model(build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(6, 4)))
+    rates, shares = (1.0, 0.5, 0.25), (0.4, 0.3, 0.3)
+    alg = method(model=mlp, data=data, local_optimizer=optax.sgd(LR), rates=rates, proportions=shares,
+                 schedule=LocalSchedule(batch_size=B, steps=3), capacity_seed=1, cohort_size=5)
+    key = jax.random.key(3)
+    state, _ = bref.run_jit(alg, data, 3, key)
+    theta = href.reference(data, bref.start(alg), 3, key, cohort_size=5, mode=mode, scaler=scaler,
+                           rates=rates, shares=shares, seed=1, lr=LR, steps=3, batch_size=B)
+    return _out([maxdiff(row(state.params[0], 0), theta)], state.params)
+
+  return compare
+
+
 REFERENCES = {
   "feddyn_ref": feddyn_vs_reference, "mime_ref": mime_vs_reference, "mimelite_ref": mimelite_vs_reference,
   "qffl_ref": qffl_vs_reference, "afl_ref": afl_vs_reference, "moon_ref": moon_vs_reference,
@@ -585,4 +607,6 @@ REFERENCES = {
   "fedbn_ref": fedbn_vs_reference, "fedrep_ref": fedrep_vs_reference, "bhfl_ref": bhfl_vs_reference,
   "bhfl_async_ref": bhfl_async_vs_reference, "fedkws_ref": fedkws_vs_reference,
   "fedbabu_ref": fedbabu_vs_reference, "fedrod_ref": fedrod_vs_reference,
+  "heterofl_ref": _width(A.heterofl, "static", True), "fedrolex_ref": _width(A.fedrolex, "rolling", True),
+  "fjord_ref": _width(A.fjord, "ordered", False),
 }

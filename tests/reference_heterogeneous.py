@@ -1,0 +1,90 @@
+"""A per-client reference loop of the width methods (HeteroFL, FedRolex, FjORD), written from the papers:
+every local step cuts the client's channels out of its MLP (two hidden layers), trains that smaller MLP
+built with its own widths, and writes them back; the server averages each coordinate over its holders in
+numpy. It shares nothing with the vectorized engine but the minibatch order (``batch_at``), the cohort
+draw, the capacity placement (``client_levels``) and FjORD's width draw (``ordered_width``), each tested
+on its own. Used by tests/test_heterogeneous.py (float32) and tests/x64_references.py (float64)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from reference_baselines import client_data
+
+from fedtree.algorithms.heterogeneous.heterofl import ordered_width
+from fedtree.algorithms.heterogeneous.width import client_levels
+from fedtree.core.local import batch_at
+from fedtree.core.rng import stream
+from fedtree.core.sampling import cohort_sampler
+from fedtree.models import build_model, masked_cross_entropy
+
+
+@functools.cache
+def sub_model_gradient(example_shape, widths, scale):
+  """The gradient of the small MLP of ``widths`` whose hidden layers' outputs are multiplied by ``scale``."""
+  small = build_model("mlp", example_shape=example_shape, num_classes=3, hidden=widths)
+
+  def loss(p, b):
+    scaled = {n: jax.tree.map(lambda v, n=n: v * (1.0 if n == "Dense_2" else scale), layer)
+              for n, layer in p.items()}
+    return masked_cross_entropy(small.apply(scaled, b.x), b.y, b.mask)
+
+  return jax.jit(jax.grad(loss))
+
+
+def channels(x, rate, offset):
+  """The MLP's held rows and columns at ``rate`` (a window from ``offset``), and its hidden widths."""
+  names = ["Dense_0", "Dense_1", "Dense_2"]
+  widths = [int(np.ceil(rate * x[n]["bias"].size)) for n in names[:2]]
+  outs = [(offset + np.arange(k)) % x[n]["bias"].size for n, k in zip(names[:2], widths, strict=True)]
+  outs.append(np.arange(x["Dense_2"]["bias"].size))
+  ins = [np.arange(x["Dense_0"]["kernel"].shape[0]), outs[0], outs[1]]
+  return list(zip(names, ins, outs, strict=True)), tuple(widths)
+
+
+def reference(data, x0, rounds, key, *, cohort_size, mode, scaler, rates, shares, seed, lr, steps,
+              batch_size):
+  """HeteroFL / FedRolex / FjORD as a peer runs them: every local step of a sampled client cuts its
+  channels out of its model (its own width; FjORD's, a width drawn up to its own), trains that smaller
+  MLP (its hidden outputs divided by the rate with the scaler) and writes them back; the server averages
+  each coordinate over the clients that hold it, weighted by their examples."""
+  levels = client_levels(np.asarray(shares), data.num_clients, seed)
+  dtype = np.asarray(jax.tree.leaves(x0)[0]).dtype   # the clients train in the model's dtype
+  x = {k: {f: np.asarray(v, np.float64) for f, v in layer.items()} for k, layer in x0.items()}
+  sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), cohort_size)
+  for r in range(rounds):
+    rk = jax.random.fold_in(key, r)
+    cohort = sampler(stream(rk, "cohort"))
+    total = {k: {f: np.zeros_like(v) for f, v in layer.items()} for k, layer in x.items()}
+    held = {k: {f: np.zeros_like(v) for f, v in layer.items()} for k, layer in x.items()}
+    for c, valid in zip(np.asarray(cohort.clients), np.asarray(cohort.valid), strict=True):
+      if not valid:
+        continue
+      own, offset = rates[levels[c]], (r if mode == "rolling" else 0)
+      batch_key, step_key = jax.random.split(jax.random.fold_in(stream(rk, "train"), int(c)))
+      cd = client_data(data, int(c))
+      y = {n: {f: v.astype(dtype) for f, v in layer.items()} for n, layer in x.items()}
+      for t in range(steps):
+        rate = own
+        if mode == "ordered":
+          choices = sorted(q for q in rates if q <= own)
+          rate = choices[int(ordered_width(jax.random.fold_in(step_key, t), len(choices)))]
+        layers, widths = channels(x, rate, offset)
+        sub = {n: {"kernel": y[n]["kernel"][np.ix_(i, o)], "bias": y[n]["bias"][o]} for n, i, o in layers}
+        grad = sub_model_gradient(data.example_shape, widths, 1.0 / rate if scaler else 1.0)
+        g = grad(sub, batch_at(batch_key, cd, jnp.asarray(t), batch_size))
+        for n, i, o in layers:
+          y[n]["kernel"][np.ix_(i, o)] = sub[n]["kernel"] - lr * np.asarray(g[n]["kernel"])
+          y[n]["bias"][o] = sub[n]["bias"] - lr * np.asarray(g[n]["bias"])
+      w = float(data.n_train[c])
+      for n, i, o in channels(x, own, offset)[0]:   # the coordinates the client holds
+        total[n]["kernel"][np.ix_(i, o)] += w * y[n]["kernel"][np.ix_(i, o)].astype(np.float64)
+        held[n]["kernel"][np.ix_(i, o)] += w
+        total[n]["bias"][o] += w * y[n]["bias"][o].astype(np.float64)
+        held[n]["bias"][o] += w
+    x = {n: {f: np.where(held[n][f] > 0, total[n][f] / np.maximum(held[n][f], 1e-30), x[n][f]) for f in x[n]}
+         for n in x}
+  return x
