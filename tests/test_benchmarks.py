@@ -414,3 +414,13 @@ def test_stop_poll_benchmark_runs_tiny():
 
   rows = stop_poll.main(["--tiny"])
   assert len(rows) == 1 and rows[0]["ratio"] > 0 and rows[0]["poll_every"] == 1
+
+
+@pytest.mark.slow   # two rounds of each side on 10 clients (the default run has HeteroFL's own tests)
+def test_masked_against_sliced_benchmark_reaches_equal_results():
+  """benchmarks/heterogeneous.py cannot rot: the masked tier and the per-client loop of sliced sub-models
+  end the timed rounds at the same global model (float32 rounding apart)."""
+  from benchmarks import heterogeneous
+
+  out = heterogeneous.main(["--clients=10", "--rounds=1", "--repeats=1"])
+  assert out["max_abs_diff"] < 1e-5 and out["masked_s"] > 0 and out["loop_s"] > 0
