@@ -137,6 +137,7 @@ ALGORITHM_CASES = {
   # clients of different widths (issue 51)
   "heterofl": {"rates": (1.0, 0.5)}, "fedrolex": {"rates": (1.0, 0.5)},
   "fjord": {"rates": (0.5, 1.0)},
+  "feddf": {"public_examples": 16, "distill_steps": 3, "distill_batch_size": 4},
 }
 """The smallest run config of every registered algorithm (its required fields; short
 warm-ups): test_conformance's cases and tests/multihost_config.py's runs."""

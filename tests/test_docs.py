@@ -76,6 +76,7 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.llm.hetlora",
   "fedtree.algorithms.heterogeneous.heterofl",
   "fedtree.algorithms.heterogeneous.fjord",
+  "fedtree.algorithms.heterogeneous.feddf",
   "fedtree.algorithms.partial.fedsa_lora",
   "fedtree.datasets.instructions",   # a word-level tokenizer built in the example (transformers)
   "fedtree.models.pretrained",       # a tiny checkpoint written by transformers

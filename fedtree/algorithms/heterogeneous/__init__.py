@@ -1,7 +1,9 @@
 """Clients with different model sizes in one vmapped tier: width sub-models as masks over the full
-model's shapes (HeteroFL, FedRolex, FjORD)."""
+model's shapes (HeteroFL, FedRolex, FjORD), and distillation of the clients' ensemble
+(FedDF)."""
 
+from fedtree.algorithms.heterogeneous.feddf import feddf
 from fedtree.algorithms.heterogeneous.fjord import fjord
 from fedtree.algorithms.heterogeneous.heterofl import fedrolex, heterofl
 
-__all__ = ["fedrolex", "fjord", "heterofl"]
+__all__ = ["feddf", "fedrolex", "fjord", "heterofl"]

@@ -115,3 +115,23 @@ def convert_domains(v, ctx):
   if isinstance(d, str):
     raise ValueError(f"domains={d!r}; choose 'clients', 'groups' or one integer per client")
   return {"domains": coerce(d, tuple[int, ...], "domains")}
+
+
+PUBLIC_EXAMPLES = 256
+"""FedDF's stand-in public inputs by default (``public_examples``)."""
+
+
+def convert_public(v, ctx):
+  """FedDF's ``public``: ``public_examples`` inputs (default :data:`PUBLIC_EXAMPLES`) drawn with
+  ``public_seed`` (default 0), without replacement where there are enough, from every client's training
+  inputs pooled: a stand-in for a public set, whose labels are never read."""
+  n = coerce(v.get("public_examples", PUBLIC_EXAMPLES), int, "public_examples")
+  seed = coerce(v.get("public_seed", 0), int, "public_seed")
+  if n < 1:
+    raise ValueError(f"public_examples={n} must be >= 1 (the unlabeled inputs FedDF distills on)")
+  data = ctx.data.require_padded("FedDF's stand-in public inputs (public_examples)")
+  counts = np.asarray(data.n_train)
+  rows = np.concatenate([np.stack([np.full(k, c), np.arange(k)], 1) for c, k in enumerate(counts) if k])
+  pick = np.random.default_rng(seed).choice(len(rows), size=n, replace=n > len(rows))
+  x = np.asarray(data.x_train)
+  return {"public": x[rows[pick, 0], rows[pick, 1]]}

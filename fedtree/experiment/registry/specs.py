@@ -14,6 +14,7 @@ from fedtree.experiment.families import bhfl as bhfl_family
 from fedtree.experiment.families import grouppfl as grouppfl_family
 from fedtree.experiment.registry.converters import (
   convert_domains,
+  convert_public,
   default_learning_rate,
   default_momentum,
   rate_optimizer,
@@ -74,6 +75,8 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "heterofl": AlgorithmSpec(algorithms.heterofl),
   "fedrolex": AlgorithmSpec(algorithms.fedrolex),
   "fjord": AlgorithmSpec(algorithms.fjord),
+  "feddf": AlgorithmSpec(algorithms.feddf, fields=(Fields(("public_examples", "public_seed"), convert_public,
+                                                          targets=("public",)),)),
 }
 
 
