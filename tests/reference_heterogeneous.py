@@ -23,30 +23,35 @@ from fedtree.models import build_model, masked_cross_entropy
 
 
 @functools.cache
-def sub_model_gradient(example_shape, widths, scale):
-  """The gradient of the small MLP of ``widths`` whose hidden layers' outputs are multiplied by ``scale``."""
+def sub_model_gradient(example_shape, widths, scale, classes=None):
+  """The gradient of the small MLP of ``widths`` whose hidden layers' outputs are multiplied by ``scale``
+  and, with ``classes`` (a tuple of bools), whose other classes' logits are 0 (HeteroFL's masked_fill)."""
   small = build_model("mlp", example_shape=example_shape, num_classes=3, hidden=widths)
 
   def loss(p, b):
     scaled = {n: jax.tree.map(lambda v, n=n: v * (1.0 if n == "Dense_2" else scale), layer)
               for n, layer in p.items()}
-    return masked_cross_entropy(small.apply(scaled, b.x), b.y, b.mask)
+    logits = small.apply(scaled, b.x)
+    if classes is not None:
+      logits = jnp.where(jnp.asarray(classes), logits, 0.0)
+    return masked_cross_entropy(logits, b.y, b.mask)
 
   return jax.jit(jax.grad(loss))
 
 
-def channels(x, rate, offset):
-  """The MLP's held rows and columns at ``rate`` (a window from ``offset``), and its hidden widths."""
+def channels(x, rate, offset, classes=None):
+  """The MLP's held rows and columns at ``rate`` (a window from ``offset``; of the output layer the
+  ``classes``, default all), and its hidden widths."""
   names = ["Dense_0", "Dense_1", "Dense_2"]
   widths = [int(np.ceil(rate * x[n]["bias"].size)) for n in names[:2]]
   outs = [(offset + np.arange(k)) % x[n]["bias"].size for n, k in zip(names[:2], widths, strict=True)]
-  outs.append(np.arange(x["Dense_2"]["bias"].size))
+  outs.append(np.arange(x["Dense_2"]["bias"].size) if classes is None else np.flatnonzero(classes))
   ins = [np.arange(x["Dense_0"]["kernel"].shape[0]), outs[0], outs[1]]
   return list(zip(names, ins, outs, strict=True)), tuple(widths)
 
 
 def reference(data, x0, rounds, key, *, cohort_size, mode, scaler, rates, shares, seed, lr, steps,
-              batch_size):
+              batch_size, label_split=False):
   """HeteroFL / FedRolex / FjORD as a peer runs them: every local step of a sampled client cuts its
   channels out of its model (its own width; FjORD's, a width drawn up to its own), trains that smaller
   MLP (its hidden outputs divided by the rate with the scaler) and writes them back; the server averages
@@ -64,6 +69,10 @@ def reference(data, x0, rounds, key, *, cohort_size, mode, scaler, rates, shares
       if not valid:
         continue
       own, offset = rates[levels[c]], (r if mode == "rolling" else 0)
+      classes = None
+      if label_split:   # the classes in the client's training rows
+        classes = tuple(bool(k in set(np.asarray(data.y_train[c, : int(data.n_train[c])]).tolist()))
+                        for k in range(3))
       batch_key, step_key = jax.random.split(jax.random.fold_in(stream(rk, "train"), int(c)))
       cd = client_data(data, int(c))
       y = {n: {f: v.astype(dtype) for f, v in layer.items()} for n, layer in x.items()}
@@ -74,13 +83,13 @@ def reference(data, x0, rounds, key, *, cohort_size, mode, scaler, rates, shares
           rate = choices[int(ordered_width(jax.random.fold_in(step_key, t), len(choices)))]
         layers, widths = channels(x, rate, offset)
         sub = {n: {"kernel": y[n]["kernel"][np.ix_(i, o)], "bias": y[n]["bias"][o]} for n, i, o in layers}
-        grad = sub_model_gradient(data.example_shape, widths, 1.0 / rate if scaler else 1.0)
+        grad = sub_model_gradient(data.example_shape, widths, 1.0 / rate if scaler else 1.0, classes)
         g = grad(sub, batch_at(batch_key, cd, jnp.asarray(t), batch_size))
         for n, i, o in layers:
           y[n]["kernel"][np.ix_(i, o)] = sub[n]["kernel"] - lr * np.asarray(g[n]["kernel"])
           y[n]["bias"][o] = sub[n]["bias"] - lr * np.asarray(g[n]["bias"])
       w = float(data.n_train[c])
-      for n, i, o in channels(x, own, offset)[0]:   # the coordinates the client holds
+      for n, i, o in channels(x, own, offset, classes)[0]:   # the coordinates the client holds
         total[n]["kernel"][np.ix_(i, o)] += w * y[n]["kernel"][np.ix_(i, o)].astype(np.float64)
         held[n]["kernel"][np.ix_(i, o)] += w
         total[n]["bias"][o] += w * y[n]["bias"][o].astype(np.float64)

@@ -60,6 +60,23 @@ def test_the_masked_tier_is_the_per_client_loop_of_sliced_sub_models(problem, me
   assert float(metrics["uplink_bytes"]) == pytest.approx(np.mean([sizes[levels[c]] for c in last]))
 
 
+def test_label_split_cuts_each_clients_output_layer_to_its_classes(problem):
+  """HeteroFL's code's option: a client's other classes' logits are 0 and get no gradient, and each
+  class's output weights are averaged over the clients that hold it; the data gives two clients one
+  class missing."""
+  data, _ = problem
+  y = np.asarray(data.y_train).copy()
+  for c in (0, 4):   # clients 0 and 4 have no example of class 2
+    y[c] = np.where(y[c] == 2, 1, y[c])
+  skewed = data.replace(y_train=jnp.asarray(y))
+  alg = heterofl(cohort_size=5, label_split=True, **{**common(problem), "data": skewed})
+  key = jax.random.key(3)
+  state, _ = run_jit(alg, skewed, 2, key)
+  close(jax.tree.map(lambda p: p[0], state.params[0]),
+        reference(skewed, start(alg), 2, key, cohort_size=5, mode="static", scaler=True, rates=RATES,
+                  shares=SHARES, seed=1, lr=LR, steps=STEPS, batch_size=BS, label_split=True))
+
+
 def test_every_level_is_scored_at_its_width_and_one_level_is_fedavg(problem):
   data, model = problem
   alg = heterofl(**common(problem))

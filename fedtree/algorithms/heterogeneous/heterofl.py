@@ -21,6 +21,7 @@ import numpy as np
 from fedtree.algorithms.heterogeneous.width import (
   WidthPlan,
   check_rates,
+  client_classes,
   client_levels,
   level_name,
   width_plan,
@@ -53,10 +54,12 @@ def masked_model(model: Model, factors) -> Model:
 
 
 def width_update(setup: LocalSetup, given: ObjectiveFactory | None, plan: WidthPlan, levels: np.ndarray,
-                 rates: np.ndarray, *, mode: str, scaler: bool, algorithm: str) -> ClientUpdate:
+                 rates: np.ndarray, *, mode: str, scaler: bool, algorithm: str,
+                 classes: np.ndarray | None = None) -> ClientUpdate:
   """The local objective (``given``, default plain SGD) run by every client on its sub-model (``mode``:
   ``"static"``, the first channels; ``"rolling"``, FedRolex's window; ``"ordered"``, FjORD's width
-  drawn every step up to the client's own, :func:`ordered_model`). Its state
+  drawn every step up to the client's own, :func:`ordered_model`); with ``classes`` (``bool[C, K]``)
+  the output layer is cut to each client's classes too (HeteroFL's ``label_split``). Its state
   is ``(rounds trained int32[C], the objective's state)``; its message, ``weight × mask``, tells the
   parent who holds each coordinate (free on the wire: the parent knows its clients' levels).
 
@@ -88,7 +91,9 @@ def width_update(setup: LocalSetup, given: ObjectiveFactory | None, plan: WidthP
     count, own = state
     level = level_of[rnd.client]
     offset = rnd.broadcast if mode == "rolling" else 0
-    mask, factors = plan.factors(anchor, kept[level], rate_of[level], offset=offset, scaler=scaler)
+    labels = None if classes is None else jnp.asarray(classes)[rnd.client]
+    mask, factors = plan.factors(anchor, kept[level], rate_of[level], offset=offset, scaler=scaler,
+                                 classes=labels)
     model = (ordered_model(setup.model, plan, anchor, kept[order], allowed[level]) if mode == "ordered"
              else masked_model(setup.model, factors))
     params, own, loss, _ = run_update(build(model), anchor, own, data, num_steps, key, rnd)
@@ -156,7 +161,7 @@ def holders_mean(inbox: Inbox, state):
 
 
 def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler, client_update, name,
-                 per_level: bool = True) -> FederatedAlgorithm:
+                 per_level: bool = True, label_split: bool = False) -> FederatedAlgorithm:
   """The method of width sub-models on ``host`` (:func:`width_update`'s ``mode``), its bytes, and its
   models: every level's sub-model and each client's own when ``per_level``."""
   model, data = host["model"], host["data"]
@@ -179,7 +184,8 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
                     up=Uplink(bytes=lambda _: mean_bytes))
 
   def objective(s: LocalSetup) -> ClientUpdate:
-    return width_update(s, client_update, plan, levels, rate, mode=mode, scaler=scaler, algorithm=name)
+    return width_update(s, client_update, plan, levels, rate, mode=mode, scaler=scaler, algorithm=name,
+                        classes=client_classes(data, name) if label_split else None)
 
   alg = host.build(client_update=objective, server_rule=rule, name=name)
   real = jnp.result_type(float)   # float64 under x64
@@ -214,7 +220,8 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
 @method_over(hierfavg, cannot=REFUSALS, sets={"server_rule": HOLDERS})
 def heterofl(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0625),
              proportions: Sequence[float] | None = None, capacity_seed: int = 0, scaler: bool = True,
-             client_update: ObjectiveFactory | None = None, name: str = "heterofl") -> FederatedAlgorithm:
+             label_split: bool = False, client_update: ObjectiveFactory | None = None,
+             name: str = "heterofl") -> FederatedAlgorithm:
   """HeteroFL: static width slices of every layer, averaged per coordinate over the clients holding it.
 
   Every client has a capacity level fixed for the run; it trains the first ``ceil(r · n)`` channels of
@@ -222,14 +229,17 @@ def heterofl(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0
   ``global``, every level's sub-model (``width_1``, ``width_1_2``, ...) and each client's own
   (``own_width``); ``uplink_bytes``/``downlink_bytes``: the sampled clients' mean sub-model; under
   ``systems`` each client computes and transfers at its sub-model's cost (:func:`sized_systems`). HeteroFL's
-  code averages by count: ``weighting="uniform"``. Not built: static batch normalization, the output
-  layer masked to a client's labels (its code's ``label_split``), per-round capacity draws.
+  code averages by count: ``weighting="uniform"``. Not built: static batch normalization, per-round
+  capacity draws.
 
   Args:
     rates: the capacity levels' width rates, each in (0, 1] (HeteroFL's a-e: 1, 1/2, 1/4, 1/8, 1/16).
     proportions: the share of clients at each level (``None``: equal), summing to 1.
     capacity_seed: the seed that places the levels on the clients (fixed for the run).
     scaler: divide every sliced layer's output by the rate in training (HeteroFL's scaler module).
+    label_split: cut the output layer to the classes in each client's training rows too (HeteroFL's
+      code's masked cross-entropy: the other classes' logits are 0 and get no gradient, and each
+      class's output weights are averaged over the clients holding it).
     client_update: the local objective as a factory (default plain SGD; e.g. FedProx's), run on the
       client's sub-model.
     name: label for reports.
@@ -250,13 +260,14 @@ def heterofl(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0
     ['global', 'own_width', 'width_1', 'width_1_2']
   """
   return width_method(host, rates=rates, proportions=proportions, capacity_seed=capacity_seed, mode="static",
-                      scaler=scaler, client_update=client_update, name=name)
+                      scaler=scaler, client_update=client_update, name=name, label_split=label_split)
 
 
 @method_over(hierfavg, cannot=REFUSALS, sets={"server_rule": HOLDERS})
 def fedrolex(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0625),
              proportions: Sequence[float] | None = None, capacity_seed: int = 0, scaler: bool = True,
-             client_update: ObjectiveFactory | None = None, name: str = "fedrolex") -> FederatedAlgorithm:
+             label_split: bool = False, client_update: ObjectiveFactory | None = None,
+             name: str = "fedrolex") -> FederatedAlgorithm:
   """FedRolex: HeteroFL with every client's channel window rolling by one channel a round (round ``t``'s
   window starts at channel ``t mod n`` of every layer of ``n`` channels), so every channel is trained.
 
@@ -271,4 +282,5 @@ def fedrolex(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0
     3
   """
   return width_method(host, rates=rates, proportions=proportions, capacity_seed=capacity_seed, mode="rolling",
-                      scaler=scaler, client_update=client_update, name=name, per_level=False)
+                      scaler=scaler, client_update=client_update, name=name, per_level=False,
+                      label_split=label_split)

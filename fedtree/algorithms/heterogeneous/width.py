@@ -41,18 +41,22 @@ class WidthPlan(NamedTuple):
     """Channels of every layer a client of ``rate`` holds (``ceil(rate · n)``; the last layer whole)."""
     return tuple(lay.width if lay.last else math.ceil(rate * lay.width) for lay in self.layers)
 
-  def channel_masks(self, kept, offset=0) -> list[jax.Array]:
+  def channel_masks(self, kept, offset=0, classes=None) -> list[jax.Array]:
     """Every layer's output-channel mask: channels ``offset, offset+1, ... (mod n)``, ``kept[l]`` of
-    them (``kept`` and ``offset`` may be traced)."""
+    them (``kept`` and ``offset`` may be traced); the last layer's ``classes`` (``bool[K]``; ``None``:
+    every class)."""
     out = []
     for lay, k in zip(self.layers, kept, strict=True):
       idx = jnp.arange(lay.width)
-      out.append(jnp.ones((lay.width,), bool) if lay.last else ((idx - offset) % lay.width) < k)
+      if lay.last:
+        out.append(jnp.ones((lay.width,), bool) if classes is None else jnp.asarray(classes, bool))
+      else:
+        out.append(((idx - offset) % lay.width) < k)
     return out
 
-  def masks(self, template: PyTree, kept, offset=0) -> PyTree:
+  def masks(self, template: PyTree, kept, offset=0, classes=None) -> PyTree:
     """``float`` masks shaped as ``template``: 1 on the coordinates the sub-model holds."""
-    outs = self.channel_masks(kept, offset)
+    outs = self.channel_masks(kept, offset, classes)
     by_name = {}
     for i, lay in enumerate(self.layers):
       ins = None if lay.first else jnp.tile(outs[i - 1], lay.repeat)
@@ -74,10 +78,11 @@ class WidthPlan(NamedTuple):
       lambda path, p: jnp.asarray(1.0 if _names(path)[-2] in last else 1.0 / rate, jnp.result_type(p)),
       template)
 
-  def factors(self, template: PyTree, kept, rate, *, offset=0, scaler: bool = True) -> tuple[PyTree, PyTree]:
+  def factors(self, template: PyTree, kept, rate, *, offset=0, scaler: bool = True,
+              classes=None) -> tuple[PyTree, PyTree]:
     """``(mask, factors)``: a sub-model's mask, and what the full parameters are multiplied by to
     compute as it does (the mask, times the scaler's ``1 / rate`` with ``scaler``)."""
-    mask = self.masks(template, kept, offset)
+    mask = self.masks(template, kept, offset, classes)
     return mask, (jax.tree.map(jnp.multiply, mask, self.scales(template, rate)) if scaler else mask)
 
   def compute_share(self, rate: float) -> float:
@@ -179,6 +184,23 @@ def client_levels(proportions: np.ndarray, num_clients: int, seed: int) -> np.nd
   counts[np.argsort(-(exact - counts), kind="stable")[:short]] += 1
   levels = np.repeat(np.arange(proportions.size), counts)
   return np.random.default_rng(seed).permutation(levels).astype(np.int32)
+
+
+def client_classes(data, algorithm: str) -> np.ndarray:
+  """``bool[C, K]``: the classes present in every client's training rows (HeteroFL's ``label_split``).
+
+  Raises:
+    ValueError: a ragged training split, or labels that are not one class per example.
+  """
+  data = data.require_padded(f"{algorithm}'s label_split")
+  y, n = np.asarray(data.y_train), np.asarray(data.n_train)
+  if y.ndim != 2:
+    raise ValueError(f"{algorithm}: label_split=True needs one class per example; the labels have shape "
+                     f"{y.shape[2:]} per example")
+  present = np.zeros((y.shape[0], int(data.num_classes)), bool)
+  for c in range(y.shape[0]):
+    present[c, y[c, : n[c]]] = True
+  return present
 
 
 def level_name(rate: float) -> str:
