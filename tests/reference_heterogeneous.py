@@ -97,3 +97,47 @@ def reference(data, x0, rounds, key, *, cohort_size, mode, scaler, rates, shares
     x = {n: {f: np.where(held[n][f] > 0, total[n][f] / np.maximum(held[n][f], 1e-30), x[n][f]) for f in x[n]}
          for n in x}
   return x
+
+
+def _weighted_mean(arrays, weights):
+  return sum(w * np.asarray(a, np.float64) for w, a in zip(weights, arrays, strict=True)) / weights.sum()
+
+
+def feddf_reference(model, data, x0, rounds, key, *, cohort_size, lr, steps, batch_size, public,
+                    distill_steps, distill_batch_size, distill_lr, temperature):
+  """FedDF (Lin et al. 2020, Algorithm 1) on one server: every sampled client's SGD by hand, the mean by
+  examples, then Adam steps of the student on ``T² KL(softmax(mean teacher logits / T) ‖ softmax(student
+  / T))``, the teacher a Python loop over the clients' models; the public batches are FedDF's
+  (``public_batch``)."""
+  import optax
+  import reference_personalization as pref
+
+  from fedtree.algorithms.heterogeneous.feddf import public_batch
+
+  theta, t = x0, temperature
+  dtype = np.asarray(jax.tree.leaves(x0)[0]).dtype
+  sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), cohort_size)
+  for r in range(rounds):
+    rk = jax.random.fold_in(key, r)
+    drawn = sampler(stream(rk, "cohort"))
+    clients = [int(c) for c, v in zip(np.asarray(drawn.clients), np.asarray(drawn.valid), strict=True) if v]
+    keys = [jax.random.fold_in(stream(rk, "train"), c) for c in clients]
+    sent = [pref.sgd(model, theta, pref.client_cdata(data, c), steps, k, lr=lr, batch_size=batch_size)
+            for c, k in zip(clients, keys, strict=True)]
+    n = np.asarray([float(data.n_train[c]) for c in clients])
+    student = jax.tree.map(lambda *m, n=n: jnp.asarray(_weighted_mean(m, n), dtype), *sent)
+    adam = optax.adam(distill_lr)
+    opt = adam.init(student)
+    for j in range(distill_steps):
+      x = public[np.asarray(public_batch(0, r, j, len(public), distill_batch_size))]
+      teacher = sum(model.apply(m, x) for m in sent) / len(sent)
+
+      def kl(p, x=x, teacher=teacher):
+        q = jax.nn.softmax(teacher / t)
+        log_s = jax.nn.log_softmax(model.apply(p, x) / t)
+        return t * t * jnp.mean(jnp.sum(q * (jnp.log(q) - log_s), axis=-1))
+
+      updates, opt = adam.update(jax.grad(kl)(student), opt, student)
+      student = optax.apply_updates(student, updates)
+    theta = student
+  return theta

@@ -4,18 +4,14 @@ every sampled client's SGD by hand, the server's mean by examples, then Adam ste
 Python loop over the clients' models; its refusals; the run's stand-in public inputs."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import reference_personalization as pref
 from reference_baselines import close, np64, run_jit, small_problem, start
+from reference_heterogeneous import feddf_reference
 
 from fedtree.algorithms import feddf
-from fedtree.algorithms.heterogeneous.feddf import public_batch
 from fedtree.core.local import LocalSchedule
-from fedtree.core.rng import stream
-from fedtree.core.sampling import cohort_sampler
 
 LR, STEPS, BS, DISTILL, DBS, DLR, T = 0.1, 3, 4, 4, 5, 0.01, 2.0
 
@@ -39,32 +35,9 @@ def test_feddf_is_fedavg_then_distillation_from_the_clients_ensemble(problem):
   alg = feddf(cohort_size=4, **common(problem))
   key = jax.random.key(2)
   state, metrics = run_jit(alg, data, 2, key)
-  theta = start(alg)
-  sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), 4)
-  for r in range(2):
-    rk = jax.random.fold_in(key, r)
-    drawn = sampler(stream(rk, "cohort"))
-    clients = [int(c) for c, v in zip(np.asarray(drawn.clients), np.asarray(drawn.valid), strict=True) if v]
-    sent = [pref.sgd(model, theta, pref.client_cdata(data, c), STEPS,
-                     jax.random.fold_in(stream(rk, "train"), c), lr=LR, batch_size=BS) for c in clients]
-    n = np.asarray([float(data.n_train[c]) for c in clients])
-    student = jax.tree.map(
-      lambda *m, n=n: sum(w * np.asarray(a, np.float64) for w, a in zip(n, m, strict=True)) / n.sum(), *sent)
-    student = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), student)
-    adam = optax.adam(DLR)
-    opt = adam.init(student)
-    for j in range(DISTILL):
-      x = public[np.asarray(public_batch(0, r, j, len(public), DBS))]
-      teacher = sum(model.apply(m, x) for m in sent) / len(sent)
-
-      def kl(p, x=x, teacher=teacher):
-        q = jax.nn.softmax(teacher / T)
-        log_s = jax.nn.log_softmax(model.apply(p, x) / T)
-        return T * T * jnp.mean(jnp.sum(q * (jnp.log(q) - log_s), axis=-1))
-
-      updates, opt = adam.update(jax.grad(kl)(student), opt, student)
-      student = optax.apply_updates(student, updates)
-    theta = student
+  theta = feddf_reference(model, data, start(alg), 2, key, cohort_size=4, lr=LR, steps=STEPS, batch_size=BS,
+                          public=public, distill_steps=DISTILL, distill_batch_size=DBS, distill_lr=DLR,
+                          temperature=T)
   close(jax.tree.map(lambda p: p[0], state.params[0]), np64(theta), atol=5e-5)
   assert float(metrics["distill_loss"]) > 0
 

@@ -596,6 +596,22 @@ def _width(method, mode, scaler):
   return compare
 
 
+def feddf_vs_reference(model, data, groups):
+  """test_feddf's FedAvg and distillation in float64: 5 of 8 clients a round, 4 Adam steps on 12 public
+  inputs, two rounds."""
+  import reference_heterogeneous as href
+
+  public = np.asarray(jax.random.normal(jax.random.key(5), (12,) + tuple(data.example_shape)), np.float64)
+  distill = dict(distill_steps=4, distill_batch_size=5, temperature=2.0)
+  alg = A.feddf(model=model, data=data, local_optimizer=optax.sgd(LR), public=public, cohort_size=5,
+                schedule=LocalSchedule(batch_size=B, steps=3), distill_learning_rate=0.01, **distill)
+  key = jax.random.key(2)
+  state, _ = bref.run_jit(alg, data, 2, key)
+  theta = href.feddf_reference(model, data, bref.start(alg), 2, key, cohort_size=5, lr=LR, steps=3,
+                               batch_size=B, public=public, distill_lr=0.01, **distill)
+  return _out([maxdiff(row(state.params[0], 0), theta)], state.params)
+
+
 REFERENCES = {
   "feddyn_ref": feddyn_vs_reference, "mime_ref": mime_vs_reference, "mimelite_ref": mimelite_vs_reference,
   "qffl_ref": qffl_vs_reference, "afl_ref": afl_vs_reference, "moon_ref": moon_vs_reference,
@@ -608,5 +624,5 @@ REFERENCES = {
   "bhfl_async_ref": bhfl_async_vs_reference, "fedkws_ref": fedkws_vs_reference,
   "fedbabu_ref": fedbabu_vs_reference, "fedrod_ref": fedrod_vs_reference,
   "heterofl_ref": _width(A.heterofl, "static", True), "fedrolex_ref": _width(A.fedrolex, "rolling", True),
-  "fjord_ref": _width(A.fjord, "ordered", False),
+  "fjord_ref": _width(A.fjord, "ordered", False), "feddf_ref": feddf_vs_reference,
 }
