@@ -141,3 +141,41 @@ def feddf_reference(model, data, x0, rounds, key, *, cohort_size, lr, steps, bat
       student = optax.apply_updates(student, updates)
     theta = student
   return theta
+
+
+def fedmd_reference(model, data, x0, rounds, key, *, cohort_size, lr, steps, batch_size, public, subset,
+                    digest_steps, digest_lr):
+  """FedMD (Li and Wang 2019, Algorithm 1) on one server, every client its own model: each sampled
+  client digests the consensus (full-batch Adam on the mean absolute error of its logits, from the
+  second round), revisits its data (SGD by hand) and scores the next round's public inputs; the server
+  averages the scores of the round's clients. Returns every client's model."""
+  import optax
+  import reference_personalization as pref
+
+  from fedtree.algorithms.heterogeneous.feddf import public_batch
+
+  own = [x0 for _ in range(data.num_clients)]
+  consensus = None
+  sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), cohort_size)
+  for r in range(rounds):
+    rk = jax.random.fold_in(key, r)
+    drawn = sampler(stream(rk, "cohort"))
+    clients = [int(c) for c, v in zip(np.asarray(drawn.clients), np.asarray(drawn.valid), strict=True) if v]
+    x_now = public[np.asarray(public_batch(0, r, 0, len(public), subset))]
+    x_next = public[np.asarray(public_batch(0, r + 1, 0, len(public), subset))]
+    scores = []
+    for c in clients:
+      p = own[c]
+      if consensus is not None:
+        adam = optax.adam(digest_lr)
+        opt = adam.init(p)
+        for _ in range(digest_steps):
+          g = jax.grad(lambda q, x=x_now, t=consensus: jnp.mean(jnp.abs(model.apply(q, x) - t)))(p)
+          updates, opt = adam.update(g, opt, p)
+          p = optax.apply_updates(p, updates)
+      p = pref.sgd(model, p, pref.client_cdata(data, c), steps, jax.random.fold_in(stream(rk, "train"), c),
+                   lr=lr, batch_size=batch_size)
+      own[c] = p
+      scores.append(np.asarray(model.apply(p, x_next), np.float64))
+    consensus = sum(scores) / len(scores)
+  return own

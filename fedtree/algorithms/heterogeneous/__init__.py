@@ -1,9 +1,10 @@
 """Clients with different model sizes in one vmapped tier: width sub-models as masks over the full
 model's shapes (HeteroFL, FedRolex, FjORD), and distillation of the clients' ensemble
-(FedDF)."""
+(FedDF) or consensus on public inputs (FedMD)."""
 
 from fedtree.algorithms.heterogeneous.feddf import feddf
+from fedtree.algorithms.heterogeneous.fedmd import fedmd
 from fedtree.algorithms.heterogeneous.fjord import fjord
 from fedtree.algorithms.heterogeneous.heterofl import fedrolex, heterofl
 
-__all__ = ["feddf", "fedrolex", "fjord", "heterofl"]
+__all__ = ["feddf", "fedmd", "fedrolex", "fjord", "heterofl"]

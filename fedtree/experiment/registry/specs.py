@@ -77,6 +77,8 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "fjord": AlgorithmSpec(algorithms.fjord),
   "feddf": AlgorithmSpec(algorithms.feddf, fields=(Fields(("public_examples", "public_seed"), convert_public,
                                                           targets=("public",)),)),
+  "fedmd": AlgorithmSpec(algorithms.fedmd, fields=(Fields(("public_examples", "public_seed"), convert_public,
+                                                          targets=("public",)),)),
 }
 
 
