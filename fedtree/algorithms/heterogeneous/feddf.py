@@ -28,6 +28,23 @@ REFUSALS = (
 )
 
 
+def public_inputs(public, data, name: str, why: str) -> np.ndarray:
+  """``public`` checked against the data's examples, in the data's dtype.
+
+  Raises:
+    ValueError: ``None`` (``why`` says what the method needs them for), or a shape that is not
+      ``[P, *example_shape]`` with ``P >= 1``.
+  """
+  if public is None:
+    raise ValueError(f"{name}: public=None; {why}: give public= (an array [P, *example_shape]) or a run's "
+                     f"public_examples")
+  public = np.asarray(public)
+  if public.ndim < 1 or public.shape[0] < 1 or tuple(public.shape[1:]) != tuple(data.example_shape):
+    raise ValueError(f"{name}: public has shape {public.shape}; it must be [P, *example_shape] with P >= 1 "
+                     f"and example_shape={tuple(data.example_shape)}")
+  return public.astype(np.dtype(data.x_train.dtype))
+
+
 def public_batch(seed: int, rounds, step, size: int, batch_size: int):
   """The indices of distillation step ``step``'s batch in round ``rounds`` (uniform, with replacement),
   the same at every parent."""
@@ -125,17 +142,11 @@ def feddf(host: Host, *, public: np.ndarray | jax.Array | None = None, distill_s
     (2, True)
   """
   model, data = host["model"], host["data"]
-  if public is None:
-    raise ValueError(f"{name}: public=None; FedDF distills on unlabeled public inputs: give public= "
-                     f"(an array [P, *example_shape]) or a run's public_examples")
-  public = np.asarray(public)
-  if public.ndim < 1 or public.shape[0] < 1 or tuple(public.shape[1:]) != tuple(data.example_shape):
-    raise ValueError(f"{name}: public has shape {public.shape}; it must be [P, *example_shape] with P >= 1 "
-                     f"and example_shape={tuple(data.example_shape)}")
+  public = public_inputs(public, data, name, "FedDF distills on unlabeled public inputs")
   with named(name):
     check_positive(distill_steps=distill_steps, distill_batch_size=distill_batch_size,
                    distill_learning_rate=distill_learning_rate, temperature=temperature)
-  rule = ensemble_distillation(model, public.astype(np.dtype(data.x_train.dtype)), steps=int(distill_steps),
+  rule = ensemble_distillation(model, public, steps=int(distill_steps),
                                batch_size=int(distill_batch_size), learning_rate=float(distill_learning_rate),
                                temperature=float(temperature), seed=int(distill_seed), name=name)
   return host.build(server_rule=rule, name=name)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedtree.algorithms.heterogeneous.feddf import public_batch
+from fedtree.algorithms.heterogeneous.feddf import public_batch, public_inputs
 from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_positive, named
@@ -138,17 +138,10 @@ def fedmd(host: Host, *, public: np.ndarray | jax.Array | None = None, public_su
     (['personal'], True)
   """
   model, data = host["model"], host["data"]
-  if public is None:
-    raise ValueError(f"{name}: public=None; FedMD's clients score public inputs: give public= (an array "
-                     f"[P, *example_shape]) or a run's public_examples")
-  public = np.asarray(public)
-  if public.ndim < 1 or public.shape[0] < 1 or tuple(public.shape[1:]) != tuple(data.example_shape):
-    raise ValueError(f"{name}: public has shape {public.shape}; it must be [P, *example_shape] with P >= 1 "
-                     f"and example_shape={tuple(data.example_shape)}")
+  inputs = jnp.asarray(public_inputs(public, data, name, "FedMD's clients score public inputs"))
   with named(name):
     check_positive(public_subset=public_subset, digest_steps=digest_steps,
                    digest_learning_rate=digest_learning_rate)
-  inputs = jnp.asarray(public.astype(np.dtype(data.x_train.dtype)))
 
   def objective(s: LocalSetup) -> ClientUpdate:
     return fedmd_update(s, inputs, subset=int(public_subset), digest_steps=int(digest_steps),
