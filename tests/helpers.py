@@ -138,7 +138,7 @@ ALGORITHM_CASES = {
   "heterofl": {"rates": (1.0, 0.5)}, "fedrolex": {"rates": (1.0, 0.5)},
   "fjord": {"rates": (0.5, 1.0)},
   "feddf": {"public_examples": 16, "distill_steps": 3, "distill_batch_size": 4},
-  "fedmd": {"public_examples": 16, "public_subset": 6, "digest_steps": 2},
+  "fedmd": {"public_examples": 16, "public_subset": 6, "digest_steps": 2}, "depthfl": {},
 }
 """The smallest run config of every registered algorithm (its required fields; short
 warm-ups): test_conformance's cases and tests/multihost_config.py's runs."""

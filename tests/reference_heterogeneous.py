@@ -179,3 +179,63 @@ def fedmd_reference(model, data, x0, rounds, key, *, cohort_size, lr, steps, bat
       scores.append(np.asarray(model.apply(p, x_next), np.float64))
     consensus = sum(scores) / len(scores)
   return own
+
+
+def truncated_loss(sub, depth, x, y, mask):
+  """The loss of a client of ``depth``: its network stops after block ``depth`` (written out, no exit
+  model): ``Σ_i CE_i + (1 / (d - 1)) Σ_i Σ_{j ≠ i} KL(p_j ‖ p_i)``, ``p_j`` held fixed."""
+  h, logits = x.reshape((x.shape[0], -1)), []
+  for i in range(depth):
+    h = h @ sub[f"Dense_{i}"]["kernel"] + sub[f"Dense_{i}"]["bias"][None, :]
+    if i == 2:   # the MLP's output layer is the last exit
+      logits.append(h)
+    else:
+      h = jax.nn.relu(h)
+      logits.append(h @ sub[f"Exit_{i}"]["kernel"] + sub[f"Exit_{i}"]["bias"][None, :])
+  real = mask.astype(x.dtype)
+  n = jnp.maximum(real.sum(), 1.0)
+  total = 0.0
+  for z in logits:
+    total += -jnp.sum(real * jnp.take_along_axis(jax.nn.log_softmax(z), y[:, None], axis=1)[:, 0]) / n
+  for i, zi in enumerate(logits):
+    for j, zj in enumerate(logits):
+      if i != j:
+        p = jax.lax.stop_gradient(jax.nn.softmax(zj))
+        kl = jnp.sum(p * (jnp.log(p) - jax.nn.log_softmax(zi)), axis=1)
+        total += jnp.sum(real * kl) / n / (depth - 1)
+  return total
+
+
+def depthfl_reference(data, x0, rounds, key, *, cohort_size, shares, lr, steps, batch_size):
+  """DepthFL (Kim et al. 2023) on one server with an MLP of two hidden layers: each sampled client of depth
+  ``d`` trains its truncated network (:func:`truncated_loss`), the server averages every block and exit
+  over its holders by examples."""
+  levels = client_levels(np.asarray(shares), data.num_clients, 0)
+  dtype = np.asarray(jax.tree.leaves(x0)[0]).dtype
+  names = lambda d: [f"Dense_{i}" for i in range(d)] + [f"Exit_{i}" for i in range(min(d, 2))]   # noqa: E731
+  flat = {**x0["body"], **x0["exits"]}
+  x = {n: {f: np.asarray(v, np.float64) for f, v in layer.items()} for n, layer in flat.items()}
+  sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), cohort_size)
+  grad = jax.jit(jax.grad(truncated_loss), static_argnums=1)
+  for r in range(rounds):
+    rk = jax.random.fold_in(key, r)
+    drawn = sampler(stream(rk, "cohort"))
+    total = {n: {f: np.zeros_like(v) for f, v in layer.items()} for n, layer in x.items()}
+    held = {n: {f: np.zeros_like(v) for f, v in layer.items()} for n, layer in x.items()}
+    for c in np.asarray(drawn.clients)[np.asarray(drawn.valid)]:
+      depth = int(levels[c]) + 1
+      sub = {n: {f: jnp.asarray(v, dtype) for f, v in x[n].items()} for n in names(depth)}
+      batch_key, _ = jax.random.split(jax.random.fold_in(stream(rk, "train"), int(c)))
+      cd = client_data(data, int(c))
+      for t in range(steps):
+        b = batch_at(batch_key, cd, jnp.asarray(t), batch_size)
+        g = grad(sub, depth, b.x, b.y, b.mask)
+        sub = jax.tree.map(lambda p, gp: p - lr * gp, sub, g)
+      w = float(data.n_train[c])
+      for n in names(depth):
+        for f in sub[n]:
+          total[n][f] += w * np.asarray(sub[n][f], np.float64)
+          held[n][f] += w
+    x = {n: {f: np.where(held[n][f] > 0, total[n][f] / np.maximum(held[n][f], 1e-30), x[n][f]) for f in x[n]}
+         for n in x}
+  return x

@@ -258,6 +258,8 @@ def test_init_params_is_the_start(ctx, name):
     return
   first = next(iter(alg.models(alg.init(jax.random.key(0))).values())).params
   row = jax.tree.map(lambda a: a[0], first)
+  if isinstance(row, dict) and "body" in row:   # DepthFL: the model with exit heads; its body is the model
+    row = row["body"]
   if jax.tree.leaves(row)[0].ndim > jax.tree.leaves(p)[0].ndim:   # a row of stacked components (FedEM):
     row = jax.tree.map(lambda a: a[0], row)                        # the first one starts from p
   trees_equal(row, p)

@@ -78,6 +78,7 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.heterogeneous.fjord",
   "fedtree.algorithms.heterogeneous.feddf",
   "fedtree.algorithms.heterogeneous.fedmd",
+  "fedtree.algorithms.heterogeneous.depthfl",
   "fedtree.algorithms.partial.fedsa_lora",
   "fedtree.datasets.instructions",   # a word-level tokenizer built in the example (transformers)
   "fedtree.models.pretrained",       # a tiny checkpoint written by transformers

@@ -629,6 +629,25 @@ def fedmd_vs_reference(model, data, groups):
   return _out([maxdiff(row(personal, c), own[c]) for c in range(data.num_clients)], personal)
 
 
+def depthfl_vs_reference(model, data, groups):
+  """test_depthfl's DepthFL in float64: an MLP of two hidden layers (6, 4), depths 1-3, 5 of 8 clients a
+  round, three rounds; the blocks and exits."""
+  import reference_heterogeneous as href
+
+  from fedtree.models import build_model
+
+  mlp = f64_model(build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(6, 4)))
+  shares = (0.3, 0.3, 0.4)
+  alg = A.depthfl(model=mlp, data=data, local_optimizer=optax.sgd(LR), proportions=shares, cohort_size=5,
+                  schedule=LocalSchedule(batch_size=B, steps=3))
+  key = jax.random.key(1)
+  state, _ = bref.run_jit(alg, data, 3, key)
+  want = href.depthfl_reference(data, bref.start(alg), 3, key, cohort_size=5, shares=shares, lr=LR, steps=3,
+                                batch_size=B)
+  got = row(state.params[0], 0)
+  return _out([maxdiff({**got["body"], **got["exits"]}, want)], state.params)
+
+
 REFERENCES = {
   "feddyn_ref": feddyn_vs_reference, "mime_ref": mime_vs_reference, "mimelite_ref": mimelite_vs_reference,
   "qffl_ref": qffl_vs_reference, "afl_ref": afl_vs_reference, "moon_ref": moon_vs_reference,
@@ -642,5 +661,5 @@ REFERENCES = {
   "fedbabu_ref": fedbabu_vs_reference, "fedrod_ref": fedrod_vs_reference,
   "heterofl_ref": _width(A.heterofl, "static", True), "fedrolex_ref": _width(A.fedrolex, "rolling", True),
   "fjord_ref": _width(A.fjord, "ordered", False), "feddf_ref": feddf_vs_reference,
-  "fedmd_ref": fedmd_vs_reference,
+  "fedmd_ref": fedmd_vs_reference, "depthfl_ref": depthfl_vs_reference,
 }

@@ -17,7 +17,7 @@ import inspect
 
 from fedtree.algorithms.asynchronous import fedasync, fedbuff
 from fedtree.algorithms.clustering import awcfl, cfl, ifca, mcfl
-from fedtree.algorithms.heterogeneous import feddf, fedmd, fedrolex, fjord, heterofl
+from fedtree.algorithms.heterogeneous import depthfl, feddf, fedmd, fedrolex, fjord, heterofl
 from fedtree.algorithms.hierarchical import bhfl, grouppfl, pfedmt
 from fedtree.algorithms.host import hierfavg
 from fedtree.algorithms.llm import ffa_lora, hetlora
@@ -78,7 +78,7 @@ _FACTORIES = {"awcfl": awcfl, "bhfl": bhfl, "cfl": cfl, "ditto": ditto, "fedavg"
               "ffa_lora": ffa_lora, "fedsa_lora": fedsa_lora, "hetlora": hetlora,
               # clients with different model widths (issue 51)
               "heterofl": heterofl, "fedrolex": fedrolex, "fjord": fjord, "feddf": feddf,
-              "fedmd": fedmd}
+              "fedmd": fedmd, "depthfl": depthfl}
 SYSTEMS_ALGORITHMS = tuple(n for n, f in _FACTORIES.items() if "systems" in inspect.signature(f).parameters)
 """The factories that take ``systems`` (:mod:`fedtree.toolbox.systems`); a run config that gives
 another algorithm a ``systems`` section is refused naming these."""
@@ -93,5 +93,5 @@ __all__ = [
   "apfl", "fedala", "fedem", "knnper",
   "fedamp", "fedfomo", "pfedhn", "fedproto",
   "ffa_lora", "fedsa_lora", "hetlora",
-  "heterofl", "fedrolex", "fjord", "feddf", "fedmd",
+  "heterofl", "fedrolex", "fjord", "feddf", "fedmd", "depthfl",
 ]

@@ -1,10 +1,11 @@
 """Clients with different model sizes in one vmapped tier: width sub-models as masks over the full
-model's shapes (HeteroFL, FedRolex, FjORD), and distillation of the clients' ensemble
-(FedDF) or consensus on public inputs (FedMD)."""
+model's shapes (HeteroFL, FedRolex, FjORD) or depths with exits (DepthFL), and distillation of the
+clients' ensemble (FedDF) or consensus on public inputs (FedMD)."""
 
+from fedtree.algorithms.heterogeneous.depthfl import depthfl
 from fedtree.algorithms.heterogeneous.feddf import feddf
 from fedtree.algorithms.heterogeneous.fedmd import fedmd
 from fedtree.algorithms.heterogeneous.fjord import fjord
 from fedtree.algorithms.heterogeneous.heterofl import fedrolex, heterofl
 
-__all__ = ["feddf", "fedmd", "fedrolex", "fjord", "heterofl"]
+__all__ = ["depthfl", "feddf", "fedmd", "fedrolex", "fjord", "heterofl"]

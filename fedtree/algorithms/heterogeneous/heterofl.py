@@ -135,15 +135,14 @@ def tables(plan: WidthPlan, levels: np.ndarray, rates: np.ndarray):
           jnp.asarray(rates, jnp.result_type(float)))   # float64 under x64
 
 
-def sized_systems(systems: Systems, plan: WidthPlan, rates: np.ndarray, levels: np.ndarray,
-                  level_bytes: np.ndarray) -> Systems:
-  """``systems`` for clients of these levels: a client's steps per second divided by its sub-model's
-  share of the full model's multiply-adds (:meth:`~fedtree.algorithms.heterogeneous.width.WidthPlan.
-  compute_share`), and its bytes each way its sub-model's (where ``systems`` does not set them)."""
-  share = np.asarray([plan.compute_share(r) for r in rates])[levels]
+def sized_systems(systems: Systems, share: np.ndarray, sizes: np.ndarray) -> Systems:
+  """``systems`` for clients of sub-models: a client's steps per second divided by its sub-model's share
+  of the full model's multiply-adds (``share [C]``, e.g. :meth:`~fedtree.algorithms.heterogeneous.width.
+  WidthPlan.compute_share`), and its bytes each way its sub-model's (``sizes [C]``, where ``systems``
+  does not set them)."""
   dtype = systems.profile.speed.dtype
   profile = systems.profile._replace(speed=systems.profile.speed / jnp.asarray(share, dtype))
-  sizes = jnp.asarray(level_bytes[levels], dtype)
+  sizes = jnp.asarray(sizes, dtype)
   return dataclasses.replace(
     systems, profile=profile,
     uplink_bytes=sizes if systems.uplink_bytes is None else systems.uplink_bytes,
@@ -178,7 +177,8 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
   level_bytes = np.asarray([plan.parameters(r) * itemsize for r in rate], np.float64)
   mean_bytes = int(round(float(level_bytes[levels].mean())))
   if host.get("systems") is not None:
-    host = host.replace(systems=sized_systems(host["systems"], plan, rate, levels, level_bytes))
+    share = np.asarray([plan.compute_share(r) for r in rate])[levels]
+    host = host.replace(systems=sized_systems(host["systems"], share, level_bytes[levels]))
   rule = ServerRule(init=lambda params, n: jnp.zeros((n,), jnp.int32), receive=holders_mean, name=name,
                     down=Downlink(broadcast=lambda rounds: rounds, bytes=lambda _: mean_bytes),
                     up=Uplink(bytes=lambda _: mean_bytes))

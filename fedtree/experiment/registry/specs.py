@@ -75,6 +75,7 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "heterofl": AlgorithmSpec(algorithms.heterofl),
   "fedrolex": AlgorithmSpec(algorithms.fedrolex),
   "fjord": AlgorithmSpec(algorithms.fjord),
+  "depthfl": AlgorithmSpec(algorithms.depthfl),
   "feddf": AlgorithmSpec(algorithms.feddf, fields=(Fields(("public_examples", "public_seed"), convert_public,
                                                           targets=("public",)),)),
   "fedmd": AlgorithmSpec(algorithms.fedmd, fields=(Fields(("public_examples", "public_seed"), convert_public,
