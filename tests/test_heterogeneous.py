@@ -196,3 +196,25 @@ def test_the_systems_clock_runs_each_client_at_its_sub_models_cost(problem):
   seconds = [STEPS * cost(RATES[levels[k]])[0] / cost(1.0)[0] + 2 * 4 * cost(RATES[levels[k]])[1] / 1e4
              for k in drawn]
   assert float(metrics["round_seconds"]) == pytest.approx(max(seconds), rel=1e-5)
+
+
+def test_capacities_by_speed_give_the_fastest_devices_the_largest_sub_models(problem):
+  """``capacities="speed"``: the levels follow the run's systems profile (FedScale's device traces, say):
+  with speeds rising by client, the slowest clients get the narrowest rate; without systems it is
+  refused by name."""
+  from fedtree.toolbox.systems import Systems, make_profile
+
+  data, _ = problem
+  c = data.num_clients
+  speed = np.arange(1, c + 1, dtype=np.float64)[::-1].copy()   # client 0 the fastest
+  levels = client_levels(np.asarray(SHARES), c, 0, sizes=np.asarray(RATES), speed=speed)
+  order = np.asarray(RATES)[levels][np.argsort(speed)]   # the clients' rates from the slowest up
+  assert np.all(np.diff(order) >= 0) and order[0] == min(RATES) and order[-1] == max(RATES)
+  assert np.bincount(levels, minlength=3).tolist() == np.bincount(client_levels(np.asarray(SHARES), c, 0),
+                                                                  minlength=3).tolist()
+  systems = Systems(make_profile(speed, np.full(c, 1e6)))
+  assert heterofl(capacities="speed", systems=systems, **common(problem)) is not None
+  with pytest.raises(ValueError, match="heterofl: capacities=.speed. places the levels by the devices"):
+    heterofl(capacities="speed", **common(problem))
+  with pytest.raises(ValueError, match=r"capacities='fast'; choose one of \('seeded', 'speed'\)"):
+    heterofl(capacities="fast", **common(problem))

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedtree.algorithms.heterogeneous.heterofl import HOLDERS, holders_mean, sized_systems
-from fedtree.algorithms.heterogeneous.width import check_rates, client_levels, width_plan
+from fedtree.algorithms.heterogeneous.heterofl import HOLDERS, capacity_levels, holders_mean, sized_systems
+from fedtree.algorithms.heterogeneous.width import check_rates, width_plan
 from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, ScoredModels
 from fedtree.core.local import ClientUpdate, SGDCarry, run_local_steps
@@ -129,8 +129,8 @@ def depthfl_update(setup: LocalSetup, blocks: int, levels: np.ndarray, depths: n
 
 @method_over(hierfavg, cannot=REFUSALS, sets={"server_rule": HOLDERS})
 def depthfl(host: Host, *, depths: Sequence[int] | None = None, proportions: Sequence[float] | None = None,
-            capacity_seed: int = 0, distill: bool = True, temperature: float = 1.0,
-            name: str = "depthfl") -> FederatedAlgorithm:
+            capacity_seed: int = 0, capacities: str = "seeded", distill: bool = True,
+            temperature: float = 1.0, name: str = "depthfl") -> FederatedAlgorithm:
   """DepthFL: a client of depth ``d`` trains the MLP's first ``d`` blocks (a hidden layer each, the last
   block the output layer) and an exit classifier after each, on the sum of its exits' cross-entropies and,
   with ``distill``, their mutual self-distillation; every block and exit is averaged over the clients
@@ -147,6 +147,8 @@ def depthfl(host: Host, *, depths: Sequence[int] | None = None, proportions: Seq
     depths: the capacity levels' depths, each in ``1 .. L+1`` (default every depth).
     proportions: the share of clients at each depth (``None``: equal), summing to 1.
     capacity_seed: the seed that places the levels on the clients (fixed for the run).
+    capacities: ``"seeded"`` or ``"speed"`` (by the devices' speeds: the fastest clients the deepest), as
+      HeteroFL's.
     distill: mutual self-distillation among a client's exits (the paper's; ``False``: the exits'
       cross-entropies alone).
     temperature: the softmax temperature of the distillation (scaled by its square; the paper's 1).
@@ -165,7 +167,7 @@ def depthfl(host: Host, *, depths: Sequence[int] | None = None, proportions: Seq
     >>> sorted(alg.models(state))
     ['depth_1', 'depth_2', 'depth_3', 'global', 'own_depth']
   """
-  model, data = host["model"], host["data"]
+  model = host["model"]
   template = jax.eval_shape(model.init, jax.random.key(0))
   plan = width_plan(template, name)
   if any(not lay.name.startswith("Dense_") for lay in plan.layers):
@@ -178,7 +180,7 @@ def depthfl(host: Host, *, depths: Sequence[int] | None = None, proportions: Seq
     raise ValueError(f"{name}: depths={depths.tolist()} must be distinct block counts in 1..{blocks} (the "
                      f"model's {blocks - 1} hidden layers and its output layer)")
   _, share = check_rates(depths / blocks, proportions, name)
-  levels = client_levels(share, int(data.num_clients), capacity_seed)
+  levels = capacity_levels(host, share, depths, capacity_seed, capacities, name)
   wrapped = exit_model(model, blocks)
   full = jax.eval_shape(wrapped.init, jax.random.key(0))
   if host.get("init_params") is not None:   # the model's start, its exit heads drawn from capacity_seed

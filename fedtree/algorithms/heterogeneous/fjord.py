@@ -18,7 +18,7 @@ from fedtree.core.algorithm import FederatedAlgorithm, ObjectiveFactory
 
 @method_over(hierfavg, cannot=REFUSALS, sets={"server_rule": HOLDERS})
 def fjord(host: Host, *, rates: Sequence[float] = (0.2, 0.4, 0.6, 0.8, 1.0),
-          proportions: Sequence[float] | None = None, capacity_seed: int = 0,
+          proportions: Sequence[float] | None = None, capacity_seed: int = 0, capacities: str = "seeded",
           client_update: ObjectiveFactory | None = None, name: str = "fjord") -> FederatedAlgorithm:
   """FjORD: every local step trains the first ``ceil(p · n)`` channels of every layer, ``p`` drawn
   uniformly among the ``rates`` up to the client's own (ordered dropout); no scaler.
@@ -32,6 +32,7 @@ def fjord(host: Host, *, rates: Sequence[float] = (0.2, 0.4, 0.6, 0.8, 1.0),
     rates: the widths ``D_P``, each in (0, 1] (the paper's 0.2, 0.4, ..., 1).
     proportions: the share of clients whose ``p_max`` is each rate (``None``: equal), summing to 1.
     capacity_seed: the seed that places the levels on the clients (fixed for the run).
+    capacities: ``"seeded"`` or ``"speed"`` (by the devices' speeds), as HeteroFL's.
     client_update: the local objective as a factory (default plain SGD), run on each step's width.
     name: label for reports.
     **host: every other argument of :func:`~fedtree.algorithms.host.hierfavg.hierfavg`.
@@ -48,4 +49,4 @@ def fjord(host: Host, *, rates: Sequence[float] = (0.2, 0.4, 0.6, 0.8, 1.0),
     ['global', 'own_width', 'width_1', 'width_1_2']
   """
   return width_method(host, rates=rates, proportions=proportions, capacity_seed=capacity_seed, mode="ordered",
-                      scaler=False, client_update=client_update, name=name)
+                      scaler=False, client_update=client_update, name=name, capacities=capacities)

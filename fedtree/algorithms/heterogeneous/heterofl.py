@@ -128,6 +128,29 @@ def ordered_model(model: Model, plan: WidthPlan, template, kept, allowed) -> Mod
   return model._replace(apply=apply)
 
 
+CAPACITIES = ("seeded", "speed")
+
+
+def capacity_levels(host: Host, share: np.ndarray, sizes: np.ndarray, seed: int, capacities: str,
+                    name: str) -> np.ndarray:
+  """Every client's level (:func:`~fedtree.algorithms.heterogeneous.width.client_levels`): ``"seeded"``,
+  a seeded placement; ``"speed"``, by the speed of the client's device in the run's ``systems`` profile
+  (the fastest clients the largest sub-models).
+
+  Raises:
+    ValueError: an unknown ``capacities``, or ``"speed"`` without ``systems``.
+  """
+  if capacities not in CAPACITIES:
+    raise ValueError(f"{name}: capacities={capacities!r}; choose one of {CAPACITIES}")
+  num_clients = int(host["data"].num_clients)
+  if capacities == "seeded":
+    return client_levels(share, num_clients, seed)
+  if host.get("systems") is None:
+    raise ValueError(f"{name}: capacities='speed' places the levels by the devices' speeds: give systems= "
+                     f"(a run's systems section, e.g. FedScale's device traces), or capacities='seeded'")
+  return client_levels(share, num_clients, seed, sizes=sizes, speed=np.asarray(host["systems"].profile.speed))
+
+
 def tables(plan: WidthPlan, levels: np.ndarray, rates: np.ndarray):
   """Device tables: every client's level ``int32[C]``, every level's kept channels ``int32[L, layers]``
   and its rate ``[L]``."""
@@ -160,7 +183,8 @@ def holders_mean(inbox: Inbox, state):
 
 
 def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler, client_update, name,
-                 per_level: bool = True, label_split: bool = False) -> FederatedAlgorithm:
+                 per_level: bool = True, label_split: bool = False,
+                 capacities: str = "seeded") -> FederatedAlgorithm:
   """The method of width sub-models on ``host`` (:func:`width_update`'s ``mode``), its bytes, and its
   models: every level's sub-model and each client's own when ``per_level``."""
   model, data = host["model"], host["data"]
@@ -172,7 +196,7 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
                      f"an objective factory (setup -> ClientUpdate), as fedprox's")
   plan = width_plan(template, name)
   rate, share = check_rates(rates, proportions, name)
-  levels = client_levels(share, int(data.num_clients), capacity_seed)
+  levels = capacity_levels(host, share, rate, capacity_seed, capacities, name)
   itemsize = max(jnp.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(template))
   level_bytes = np.asarray([plan.parameters(r) * itemsize for r in rate], np.float64)
   mean_bytes = int(round(float(level_bytes[levels].mean())))
@@ -220,8 +244,8 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
 @method_over(hierfavg, cannot=REFUSALS, sets={"server_rule": HOLDERS})
 def heterofl(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0625),
              proportions: Sequence[float] | None = None, capacity_seed: int = 0, scaler: bool = True,
-             label_split: bool = False, client_update: ObjectiveFactory | None = None,
-             name: str = "heterofl") -> FederatedAlgorithm:
+             label_split: bool = False, capacities: str = "seeded",
+             client_update: ObjectiveFactory | None = None, name: str = "heterofl") -> FederatedAlgorithm:
   """HeteroFL: static width slices of every layer, averaged per coordinate over the clients holding it.
 
   Every client has a capacity level fixed for the run; it trains the first ``ceil(r · n)`` channels of
@@ -236,6 +260,8 @@ def heterofl(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0
     rates: the capacity levels' width rates, each in (0, 1] (HeteroFL's a-e: 1, 1/2, 1/4, 1/8, 1/16).
     proportions: the share of clients at each level (``None``: equal), summing to 1.
     capacity_seed: the seed that places the levels on the clients (fixed for the run).
+    capacities: ``"seeded"`` (that placement) or ``"speed"``: by the speed of each client's device in the
+      run's ``systems`` profile (FedScale's device traces, say), the fastest clients the widest.
     scaler: divide every sliced layer's output by the rate in training (HeteroFL's scaler module).
     label_split: cut the output layer to the classes in each client's training rows too (HeteroFL's
       code's masked cross-entropy: the other classes' logits are 0 and get no gradient, and each
@@ -260,14 +286,15 @@ def heterofl(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0
     ['global', 'own_width', 'width_1', 'width_1_2']
   """
   return width_method(host, rates=rates, proportions=proportions, capacity_seed=capacity_seed, mode="static",
-                      scaler=scaler, client_update=client_update, name=name, label_split=label_split)
+                      scaler=scaler, client_update=client_update, name=name, label_split=label_split,
+                      capacities=capacities)
 
 
 @method_over(hierfavg, cannot=REFUSALS, sets={"server_rule": HOLDERS})
 def fedrolex(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0625),
              proportions: Sequence[float] | None = None, capacity_seed: int = 0, scaler: bool = True,
-             label_split: bool = False, client_update: ObjectiveFactory | None = None,
-             name: str = "fedrolex") -> FederatedAlgorithm:
+             label_split: bool = False, capacities: str = "seeded",
+             client_update: ObjectiveFactory | None = None, name: str = "fedrolex") -> FederatedAlgorithm:
   """FedRolex: HeteroFL with every client's channel window rolling by one channel a round (round ``t``'s
   window starts at channel ``t mod n`` of every layer of ``n`` channels), so every channel is trained.
 
@@ -283,4 +310,4 @@ def fedrolex(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0
   """
   return width_method(host, rates=rates, proportions=proportions, capacity_seed=capacity_seed, mode="rolling",
                       scaler=scaler, client_update=client_update, name=name, per_level=False,
-                      label_split=label_split)
+                      label_split=label_split, capacities=capacities)

@@ -175,15 +175,23 @@ def check_rates(rates: Sequence[float], proportions: Sequence[float] | None, alg
   return r, p
 
 
-def client_levels(proportions: np.ndarray, num_clients: int, seed: int) -> np.ndarray:
+def client_levels(proportions: np.ndarray, num_clients: int, seed: int, *, sizes: np.ndarray | None = None,
+                  speed: np.ndarray | None = None) -> np.ndarray:
   """``int32[C]``: every client's capacity level, fixed for the run: ``round(p · C)`` clients per level
-  (largest remainders), placed by a seeded permutation."""
+  (largest remainders), placed by a seeded permutation; with ``speed`` (``[C]``, e.g. a systems profile's
+  steps per second, FedScale's device traces) by it instead: the slowest clients get the levels of the
+  smallest ``sizes`` (``[L]``, the levels' rates or depths), the fastest the largest (ties by client)."""
   exact = proportions * num_clients
   counts = np.floor(exact).astype(np.int64)
   short = num_clients - counts.sum()
   counts[np.argsort(-(exact - counts), kind="stable")[:short]] += 1
-  levels = np.repeat(np.arange(proportions.size), counts)
-  return np.random.default_rng(seed).permutation(levels).astype(np.int32)
+  if speed is None:
+    levels = np.repeat(np.arange(proportions.size), counts)
+    return np.random.default_rng(seed).permutation(levels).astype(np.int32)
+  by_size = np.argsort(np.asarray(sizes), kind="stable")
+  out = np.empty(num_clients, np.int32)
+  out[np.argsort(np.asarray(speed), kind="stable")] = np.repeat(by_size, counts[by_size])
+  return out
 
 
 def client_classes(data, algorithm: str) -> np.ndarray:
