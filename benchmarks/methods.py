@@ -26,7 +26,9 @@ statistics (its base optimizer is SGD with momentum 0.9, the others' plain SGD);
 contrastive steps (three forward passes a step) and its previous models per client; q-FFL's loss
 at the received model, ``Δ_k`` and ``h_k``; AFL's losses per domain and the ascent on ``λ``;
 HeteroFL's, FedRolex's and FjORD's masked steps at five widths (:data:`WIDTHS`: every client computes on the
-full shapes) and their per-coordinate mean.
+full shapes) and their per-coordinate mean; DepthFL's exits and their mutual distillation at three depths;
+FedDF's 10 distillation steps on 32 of 256 public inputs at the server; FedMD's 10 digest steps on 64 of
+them and its scores (its clients keep their own models).
 FedAsync's round is one server update that applies one client's model (:data:`ONE_CLIENT_A_ROUND`,
 10 clients in flight, FedBuff's ring of versions): its calls fuse ``cohort × --rounds`` rounds, as
 many client updates as the others' calls, and its ratio is the cost of a client update simulated
@@ -89,11 +91,20 @@ METHODS: dict[str, Callable[[dict, workloads.Workload], algorithms.FederatedAlgo
   "heterofl": lambda c, w: algorithms.heterofl(rates=WIDTHS, **c),
   "fedrolex": lambda c, w: algorithms.fedrolex(rates=WIDTHS, **c),
   "fjord": lambda c, w: algorithms.fjord(rates=WIDTHS, **c),
+  "depthfl": lambda c, w: algorithms.depthfl(**c),
+  "feddf": lambda c, w: algorithms.feddf(public=_public(w), distill_steps=10, **c),
+  "fedmd": lambda c, w: algorithms.fedmd(public=_public(w), public_subset=64, digest_steps=10, **c),
   "fedasync": lambda c, w: algorithms.fedasync(
     concurrency=min(ASYNC_IN_FLIGHT, w.cohort_size), **{k: v for k, v in c.items()
                                                         if k not in ("cohort_size", "chunk_size")}),
 }
 """``name -> builder(common arguments, workload)``: the methods this benchmark times."""
+def _public(w: workloads.Workload) -> np.ndarray:
+  """256 unlabeled public inputs for FedDF and FedMD, drawn as the workload's own inputs are."""
+  key = jax.random.key(w.seed + 1)
+  return np.asarray(jax.random.normal(key, (256,) + tuple(w.example_shape)), np.float32)
+
+
 WIDTHS = (1.0, 0.5, 0.25, 0.125, 0.0625)
 """HeteroFL's, FedRolex's and FjORD's levels (HeteroFL's a-e), a fifth of the clients each."""
 ASYNC_IN_FLIGHT = 10
