@@ -46,7 +46,8 @@ clustering after 20, a point every 5 rounds:
       --config.data.data_dir=/path/to/tensorflow_datasets
 
 MEASURED (seed 0, the shared 2-core CPU under a load of ~10, so wall times are ~4× an idle
-machine's). Default: 9 runs in 389 s wall / 102 s CPU; the previous default (9 runs: FedAvg,
+machine's; on the quiet one on 2026-12-07 the default took 66 s wall, 94 s CPU). Default: 9 runs in 389 s
+wall / 102 s CPU; the previous default (9 runs: FedAvg,
 CFL, IFCA, 5 AWCFL β, MCFL; one evaluation) took 354 s / 108 s measured alongside, so the
 wall time is unchanged while 4 runs replace the 4 extra β runs and every run reports 15
 points:

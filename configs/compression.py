@@ -36,7 +36,8 @@ uncompressed: 4 group servers x 10 root rounds x 11,048 bytes = 0.442 MB each wa
 server-edge share is the same 0.442 MB.)
 
 Error feedback recovers most of what top-1 % loses (0.68 -> 0.74 flat); 2-bit quantization
-costs nothing measurable here at 1/15 of the bytes.
+costs nothing measurable here at 1/15 of the bytes. The flat command took 47 s wall, 67 s of CPU time
+(measured on 2026-12-07 on the project's quiet 2-core machine).
 """
 
 import ml_collections

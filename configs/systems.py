@@ -13,9 +13,10 @@ the simulated hours to reach ``TARGET`` (as ``fedtree.experiment.plots.time_to_t
 
 Measured (the command above, CPU, seed 0; 150 server updates each, evaluated every 10, so a time to
 accuracy is the first evaluation at or above it; 7 min 57 s wall, 56 s CPU on the shared 2-core CPU
-under a load of ~10; ``docs/images/systems_time_accuracy.png``). ``target_accuracy`` is ``TARGET``,
-so the final table it prints has "rounds to 0.7" and "hours to 0.7" (simulated) columns; these are
-its columns run, accuracy, rounds to 0.7, hours to 0.7 and g3 (the smallest group):
+under a load of ~10, 32 s wall and 44 s CPU on the quiet one on 2026-12-07;
+``docs/images/systems_time_accuracy.png``). ``target_accuracy`` is ``TARGET``, so the final table it
+prints has "rounds to 0.7" and "hours to 0.7" (simulated) columns; these are its columns run,
+accuracy, rounds to 0.7, hours to 0.7 and g3 (the smallest group):
 
   run               accuracy  rounds to 0.7  hours to 0.7  g3
   wait_for_all      0.7234    50             1.79          0.756
