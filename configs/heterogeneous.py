@@ -20,8 +20,8 @@ their start). The three methods run with the papers' count mean over each coordi
 (``weighting="uniform"``), HeteroFL and FedRolex without the scaler: these models have no BatchNorm
 after it to absorb the 1/rate scale. With it (the methods' default, the paper's,
 ``--config.runs.heterofl.scaler=True``) HeteroFL's global model reached 67.6 % and FedRolex's collapsed
-to 31.0 % (a rate-1/16 client's window scales every channel it rolls over by 16). About 40 s on a
-2-core CPU (52 s of CPU time), measured on 2026-12-07.
+to 31.0 % (a rate-1/16 client's window scales every channel it rolls over by 16). The command took
+60 s wall, 80 s of CPU time (measured on 2026-12-07 on the project's quiet 2-core machine).
 
 Figures (seed 0; ``up MB``/``down MB``: the clients' bytes over the run, each client its own
 sub-model; checked within the FIGURES tolerances by
