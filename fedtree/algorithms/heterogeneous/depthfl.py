@@ -15,13 +15,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedtree.algorithms.heterogeneous.heterofl import HOLDERS, capacity_levels, holders_mean, sized_systems
+from fedtree.algorithms.heterogeneous.heterofl import (
+  HOLDERS,
+  capacity_levels,
+  holders_rule,
+  parents_models,
+  sized_systems,
+)
 from fedtree.algorithms.heterogeneous.width import check_rates, width_plan
 from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, ScoredModels
 from fedtree.core.local import ClientUpdate, SGDCarry, run_local_steps
 from fedtree.core.model import Model, masked_loss
-from fedtree.core.server_rule import Downlink, ServerRule, Uplink
 
 REFUSALS = (
   cannot("update_paths", "clipping, noise, compression and robust aggregators would act on the full model's "
@@ -194,10 +199,7 @@ def depthfl(host: Host, *, depths: Sequence[int] | None = None, proportions: Seq
   if host.get("systems") is not None:
     host = host.replace(systems=sized_systems(host["systems"], macs[levels] / _macs(plan, blocks),
                                               level_bytes[levels]))
-  rule = ServerRule(init=lambda params, n: jnp.zeros((n,), jnp.int32),
-                    receive=lambda inbox, rounds: holders_mean(inbox, rounds), name=name,
-                    down=Downlink(broadcast=lambda rounds: (), bytes=lambda _: mean_bytes),
-                    up=Uplink(bytes=lambda _: mean_bytes))
+  rule = holders_rule(name, mean_bytes)
 
   def objective(s: LocalSetup) -> ClientUpdate:
     return depthfl_update(s, blocks, levels, depths, distill=distill, temperature=float(temperature))
@@ -207,7 +209,7 @@ def depthfl(host: Host, *, depths: Sequence[int] | None = None, proportions: Seq
   def models(state):   # scored by the model with exits (ScoredModels), not the run's MLP
     out = {k: ScoredModels(params=v.params, model_of_client=v.model_of_client, model=wrapped)
            for k, v in alg.models(state).items()}
-    top = out[[k for k in out if k == "global" or k.startswith("level")][-1]]
+    top = parents_models(out)
     for d in range(1, blocks + 1):
       one = jax.nn.one_hot(d - 1, blocks, dtype=top.params["ensemble"].dtype)
       weights = jnp.broadcast_to(one, top.params["ensemble"].shape)

@@ -182,6 +182,21 @@ def holders_mean(inbox: Inbox, state):
   return jax.tree.map(one, inbox.pseudo_gradient, inbox.messages), state + 1, {}
 
 
+def holders_rule(name: str, mean_bytes: int, *, send_rounds: bool = False) -> ServerRule:
+  """The parents' rule of the sub-model methods: :func:`holders_mean`, its state the rounds so far (sent
+  to the clients with ``send_rounds``: FedRolex's window), ``mean_bytes`` each way per client."""
+  return ServerRule(init=lambda params, n: jnp.zeros((n,), jnp.int32), receive=holders_mean, name=name,
+                    down=Downlink(broadcast=(lambda rounds: rounds) if send_rounds else (lambda rounds: ()),
+                                  bytes=lambda _: mean_bytes),
+                    up=Uplink(bytes=lambda _: mean_bytes))
+
+
+def parents_models(models: dict):
+  """The model set of the clients' parents among a host's ``models`` (the deepest level that
+  aggregates)."""
+  return models[[k for k in models if k == "global" or k.startswith("level")][-1]]
+
+
 def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler, client_update, name,
                  per_level: bool = True, label_split: bool = False,
                  capacities: str = "seeded") -> FederatedAlgorithm:
@@ -203,9 +218,7 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
   if host.get("systems") is not None:
     share = np.asarray([plan.compute_share(r) for r in rate])[levels]
     host = host.replace(systems=sized_systems(host["systems"], share, level_bytes[levels]))
-  rule = ServerRule(init=lambda params, n: jnp.zeros((n,), jnp.int32), receive=holders_mean, name=name,
-                    down=Downlink(broadcast=lambda rounds: rounds, bytes=lambda _: mean_bytes),
-                    up=Uplink(bytes=lambda _: mean_bytes))
+  rule = holders_rule(name, mean_bytes, send_rounds=mode == "rolling")
 
   def objective(s: LocalSetup) -> ClientUpdate:
     return width_update(s, client_update, plan, levels, rate, mode=mode, scaler=scaler, algorithm=name,
@@ -225,7 +238,7 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
     out = dict(alg.models(state))
     if not per_level:
       return out
-    top = out[[k for k in out if k == "global" or k.startswith("level")][-1]]   # the clients' parents
+    top = parents_models(out)
 
     def sub_model(params, level):   # the sub-model of a level, as it trained (with its scaler)
       _, factors = plan.factors(template, kept[level], rate_of[level], scaler=scaler)
