@@ -265,12 +265,14 @@ def test_resume_after_a_stop_mid_sweep_gives_the_same_table(tmp_path):
   c.eval_every, c.rounds_per_call, c.checkpoint_every = 2, 2, 2
   c.sweep.seeds = 2
   full = experiment.train_and_evaluate(c, str(tmp_path / "a"))["fedavg"]["sweep"]["settings"]
-  with pytest.raises(runner.RunStopped):  # stops after round 2, its checkpoint kept
+  with pytest.raises(runner.RunStopped):  # stops after round 1 (the call asks between its rounds)
     experiment.train_and_evaluate(c, str(tmp_path / "b"), should_stop=lambda: True)
   resumed = experiment.train_and_evaluate(c, str(tmp_path / "b"))["fedavg"]["sweep"]["settings"]
   assert resumed == full
   rows = [json.loads(x) for x in open(tmp_path / "b" / "metrics.jsonl")]
-  assert sorted((r["round"], r["seed"]) for r in rows) == [(2, 0), (2, 1), (4, 0), (4, 1)]
+  # the round the stop reached has its row (the resumed run's byte totals go on from it), then the
+  # evaluation rounds
+  assert sorted((r["round"], r["seed"]) for r in rows) == [(1, 0), (1, 1), (2, 0), (2, 1), (4, 0), (4, 1)]
 
 
 def trace_sweep(c, label):

@@ -195,6 +195,54 @@ def experiment(st: SweepState, e: int):
   return jax.tree.map(lambda x: x[e], st.inner)
 
 
+def compact(st: SweepState, keep: Sequence[int]) -> SweepState:
+  """The experiments ``keep`` (row indices, in the order given) of ``st`` alone: every leaf of
+  their state, their keys and settings, at the same round. A stopped experiment's compute is
+  reclaimed (successive halving, :mod:`fedtree.experiment.search`); each kept experiment goes on
+  exactly as it would have among the others, its own key folded with the round.
+
+  Raises:
+    ValueError: no experiment kept, or an index outside ``[0, E)``.
+  """
+  rows = np.asarray(list(keep), np.int64)
+  num = st.keys.shape[0]
+  if rows.size == 0 or rows.min() < 0 or rows.max() >= num:
+    raise ValueError(f"compact keeps {list(keep)} of {num} experiments: give at least one index in "
+                     f"[0, {num})")
+  take = lambda x: x[rows]   # noqa: E731
+  return SweepState(round=jnp.array(st.round, copy=True), inner=jax.tree.map(take, st.inner),
+                    keys=take(st.keys),
+                    hparams={p: take(v) for p, v in st.hparams.items()})
+
+
+def exploit(st: SweepState, sources: Sequence[int], hparams: Mapping[str, Sequence[float]]) -> SweepState:
+  """Population-based training's exploit and explore step (Jaderberg et al. 2017): experiment ``e``
+  takes the whole state of experiment ``sources[e]`` (the model, the optimizers' and the
+  algorithm's state: every leaf) and the values ``hparams[p][e]``, and keeps its own key, so a copy
+  goes on with its own randomness. ``sources[e] == e`` with its values unchanged leaves ``e`` as it
+  was. The shapes do not change, so the round's compiled program is reused.
+
+  Raises:
+    ValueError: ``sources`` or a value list not of one entry per experiment, an index outside
+      ``[0, E)``, or ``hparams`` naming other values than the state's.
+  """
+  num = st.keys.shape[0]
+  rows = np.asarray(list(sources), np.int64)
+  if rows.shape != (num,) or rows.min() < 0 or rows.max() >= num:
+    raise ValueError(f"exploit takes a source in [0, {num}) for each of the {num} experiments; "
+                     f"got {list(sources)}")
+  if set(hparams) != set(st.hparams):
+    raise ValueError(f"exploit sets {sorted(hparams)}; the experiments' values are {sorted(st.hparams)}")
+  values = {}
+  for p, vals in hparams.items():
+    if len(vals) != num:
+      raise ValueError(f"exploit: hparams[{p!r}] has {len(vals)} values for {num} experiments")
+    values[p] = jnp.asarray(np.asarray(vals, np.float64), st.hparams[p].dtype)
+  # (new buffers throughout: the loop donates the state it is given, and ``st`` stays usable)
+  return SweepState(round=jnp.array(st.round, copy=True), inner=jax.tree.map(lambda x: x[rows], st.inner),
+                    keys=jnp.array(st.keys, copy=True), hparams=values)
+
+
 def by_experiment(named: Mapping[str, T], num_experiments: int) -> list[dict[str, T]]:
   """``{"global@0": a, "train_loss@1": b, "train_loss": c}`` -> ``[{"global": a}, {"train_loss": b}]``:
   a sweep's models or metrics per experiment (names without ``@<e>`` are the sweep's own)."""

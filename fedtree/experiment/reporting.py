@@ -113,6 +113,10 @@ class Reporter:
         found = r if found is None else min(found, r)
     return found
 
+  def rows(self, label: str) -> list[dict[str, Any]]:
+    """Every ``metrics.jsonl`` row of run ``label``, in order (none without a workdir)."""
+    return list(self._rows(label, None))
+
   def _rows(self, label: str, match: dict[str, Any] | None):
     """The ``metrics.jsonl`` rows of run ``label`` whose fields include ``match``, in order (lines
     that do not parse skipped; none without a workdir)."""

@@ -49,11 +49,26 @@ class Experiment(NamedTuple):
   round_metrics: Callable[[int], dict[str, Any]] | None = None
 
 
+class Start(NamedTuple):
+  """Where a sweep's experiments go on from (successive halving's next stretch, after the stopped
+  ones were taken out: :func:`fedtree.core.sweep.compact`).
+
+  Attributes:
+    state: their state at the round reached.
+    summaries: per experiment (in ``state``'s order), its models' final summaries of the stretch
+      before: the bytes, client updates, rounds to the target and ``trained`` go on from there.
+  """
+
+  state: Any
+  summaries: list[dict[str, dict[str, Any]]]
+
+
 def run_algorithm(
   run: Run, key: jax.Array, reporter: Reporter, *, eval_every: int, rounds_per_call: int,
   checkpoint_dir: str | None = None, checkpoint_every: int = 0, keep_checkpoints: int = 2,
   should_stop=None, experiments: list[Experiment] | None = None,
   max_abs: float | None = loop.DIVERGENCE_BOUND, target_accuracy: float | None = None,
+  start: Start | None = None,
 ) -> tuple[Any, dict[str, dict[str, Any]]]:
   """``run.rounds`` rounds of ``run.algorithm`` (a :class:`~fedtree.experiment.run.Run`) with
   evaluation every ``eval_every`` rounds (:func:`fedtree.core.loop.run`); returns (state, final
@@ -77,7 +92,8 @@ def run_algorithm(
   experiments: every experiment's models are checked and logged as a row of its own (with
   its ``row`` fields, under its TensorBoard run, its own ``round_metrics``), divergence errors
   name the experiment, the summaries are keyed ``"<model>@<e>"``
-  (:func:`fedtree.core.sweep.by_experiment` splits them) and no ``report`` is made.
+  (:func:`fedtree.core.sweep.by_experiment` splits them) and no ``report`` is made. ``start``: the
+  sweep's experiments go on from a state reached before (:class:`Start`), not from ``init``.
   """
   if eval_every < 1:
     raise ValueError(f"eval_every={eval_every} must be >= 1")
@@ -97,7 +113,7 @@ def run_algorithm(
                         keep_checkpoints=keep_checkpoints, should_stop=should_stop, max_abs=max_abs)
   if ctx.population is not None:   # a population from a store, held resident (it fits)
     reporter.print(f"{label}: {ctx.population.note}")
-  state = algorithm.init(loop.init_key(key))
+  state = algorithm.init(loop.init_key(key)) if start is None else start.state
   initial = model_fingerprints(algorithm.models(state))
   ckpt = None
   if checkpoint_dir and checkpoint_every:
@@ -114,7 +130,9 @@ def run_algorithm(
     ckpt.maybe_save(s, force=r == num_rounds)
 
   reporter.start_run(label, num_rounds, from_round=int(state.round))
-  if int(state.round):   # resumed: the bytes of the rounds before, and the rounds at the target
+  if start is not None and state is start.state:   # goes on: the counts of the stretch before
+    hooks.carry(start.summaries)
+  elif int(state.round):   # resumed: the bytes of the rounds before, and the rounds at the target
     hooks.resume(state)
   try:
     state = loop.run(
@@ -145,9 +163,11 @@ def run_algorithm(
     reporter.write_files(rep.files)
     summaries = rep.summaries
   final = model_fingerprints(algorithm.models(state))
+  before = {} if start is None else {f"{m}@{e}": sm.get("trained", False)
+                                     for e, sms in enumerate(start.summaries) for m, sm in sms.items()}
   for name, s in summaries.items():  # a model still at its initial parameters is not a result
     if name in initial and name in final:
-      s["trained"] = bool(final[name] != initial[name])
+      s["trained"] = bool(final[name] != initial[name]) or bool(before.get(name, False))
   return state, hooks.final(summaries, int(state.round))
 
 
@@ -213,7 +233,8 @@ class _Hooks:
       return
     for exp, t, row in zip(experiments, self.traffics, by_experiment(host, len(experiments)), strict=True):
       extra = exp.round_metrics(r) if exp.round_metrics is not None else {}
-      self.reporter.log(label, r, {**row, "elapsed_s": host["elapsed_s"], **extra, **t.row(), **exp.row},
+      self.reporter.log(label, r, {**row, "elapsed_s": host["elapsed_s"], **extra, **t.row(),
+                                   "client_updates": t.updates, **exp.row},
                         tensorboard_run=exp.tensorboard_run)
 
   def name_row(self, e) -> str:
@@ -225,6 +246,19 @@ class _Hooks:
     clock = getattr(state, "clock", ())
     self.clocked = self.clocked or (hasattr(clock, "shape") and clock.shape == ())
     return self.clocked
+
+  def carry(self, summaries: list[dict[str, dict[str, Any]]]) -> None:
+    """A sweep's experiments go on from ``summaries`` (:class:`Start`): the bytes and client updates
+    counted so far, and the rounds at which their models reached the target."""
+    for e, (t, sms) in enumerate(zip(self.traffics, summaries, strict=True)):
+      first = next(iter(sms.values()), {})
+      t.restore(first)
+      for model, sm in sms.items():
+        if sm.get("rounds_to_target") is not None:
+          self.reached[f"{model}@{e}"] = int(sm["rounds_to_target"])
+        if sm.get("hours_to_target") is not None:
+          self.clocked = True
+          self.reached_hours[f"{model}@{e}"] = float(sm["hours_to_target"])
 
   def resume(self, state) -> None:
     """A run resumed at ``state``'s round: the bytes of the rounds before and the rounds at which
@@ -272,7 +306,7 @@ class _Hooks:
       def with_bytes(name: str, s: dict[str, Any]) -> dict[str, Any]:
         _, sep, e = name.rpartition("@")
         ok = sep and e.isdigit() and int(e) < len(traffics) and traffics[int(e)].counted
-        return {**s, **traffics[int(e)].summary()} if ok else s
+        return {**s, **traffics[int(e)].summary(), "client_updates": traffics[int(e)].updates} if ok else s
 
       summaries = {name: with_bytes(name, s) for name, s in summaries.items()}
     return summaries

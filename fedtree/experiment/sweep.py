@@ -62,6 +62,7 @@ import numpy as np
 
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.local import LocalSchedule
+from fedtree.experiment import search
 from fedtree.experiment.capability import RunContext
 from fedtree.experiment.fields import SWEEP_FIELDS, default_sweep, sweep_field  # noqa: F401  (declared there)
 
@@ -73,10 +74,12 @@ SCHEDULE_FIELDS = frozenset(f.name for f in dataclasses.fields(LocalSchedule))
 
 
 # ------------------------------------------------------------------------ config -> settings
-def params_of(sw) -> dict[str, list]:
+def params_of(sw) -> dict[str, Any]:
   """``config.sweep.params`` as ``{dotted path: [values]}``, from a string
   ``"local.learning_rate=0.01,0.1;runs.fedprox.mu=0,0.1"`` (the command-line form) or a
-  (nested) dict ``{"local": {"learning_rate": (0.01, 0.1)}}`` (ConfigDict keys cannot hold dots)."""
+  (nested) dict ``{"local": {"learning_rate": (0.01, 0.1)}}`` (ConfigDict keys cannot hold dots);
+  a value ``loguniform(a,b)``, ``uniform(a,b)`` or ``choice(...)`` is a distribution for random
+  search (:class:`fedtree.experiment.search.Distribution`, drawn ``config.sweep.samples`` times)."""
   raw = sweep_field(sw, "params")
   if raw is None or (isinstance(raw, str) and not raw.strip()):
     return {}
@@ -88,6 +91,10 @@ def params_of(sw) -> dict[str, list]:
       if "=" not in part:
         raise ValueError(f"config.sweep.params: {part!r} is not 'path=v1,v2,...'")
       path, vals = part.split("=", 1)
+      dist = search.parse_distribution(vals, path.strip())
+      if dist is not None:
+        out[path.strip()] = dist
+        continue
       items = [v.strip() for v in vals.strip().strip("()[]").split(",") if v.strip()]
       try:
         out[path.strip()] = [float(v) for v in items]
@@ -101,6 +108,8 @@ def params_of(sw) -> dict[str, list]:
       path = f"{prefix}{k}"
       if hasattr(v, "items"):
         walk(v, path + ".")
+      elif isinstance(v, str) and search.parse_distribution(v, path) is not None:
+        out[path] = search.parse_distribution(v, path)
       else:
         out[path] = [v] if isinstance(v, (int, float, str)) else list(v)
 
@@ -316,6 +325,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if mode not in MODES:
     raise ValueError(f"config.sweep.mode={mode!r}; choose one of {MODES}")
   params = params_of(sw)
+  samples = sweep_field(sw, "samples")
+  if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 0:
+    raise ValueError(f"config.sweep.samples={samples!r} must be an int >= 0 (0: the grid of the listed "
+                     "values)")
+  seed = sweep_field(sw, "sample_seed")
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+    raise ValueError(f"config.sweep.sample_seed={seed!r} must be an int")
   capabilities = of_config(config) if params else {}   # (read once for every swept path)
   for path, values in params.items():
     leaf = path.rsplit(".", 1)[-1]
@@ -348,11 +364,27 @@ def validate(config: ml_collections.ConfigDict) -> None:
                          f"{_type_name(hint)}, not a number; only numeric fields can be swept")
       raise ValueError(f"config.sweep.params[{path!r}]: the field is {current!r}, not a number; "
                        "only numeric fields can be swept")
+    if isinstance(values, search.Distribution):
+      values.check(path)
+      if not samples:
+        raise ValueError(f"config.sweep.params[{path!r}]={values} is a distribution: set "
+                         f"config.sweep.samples to the number of settings to draw from it (random search), "
+                         f"or list its values")
+      continue
     if not values:
       raise ValueError(f"config.sweep.params[{path!r}] is empty: give at least one value")
     bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float, np.number))]
     if bad:
       raise ValueError(f"config.sweep.params[{path!r}] holds non-numeric values {bad}")
+  if samples and mode == "zip":
+    raise ValueError("config.sweep.mode='zip' takes lists of values together; random search "
+                     f"(config.sweep.samples={samples}) draws every setting: choose mode='product' or "
+                     "samples=0")
+  if samples and not params:
+    raise ValueError(f"config.sweep.samples={samples} draws settings from config.sweep.params, which is "
+                     "empty")
+  search.halving_of(sw)   # the rungs' and the rate's syntax (the rounds: each run's, in its plan)
+  search.pbt_of(sw, eval_every=int(config.get("eval_every", 1)))
   if mode == "zip":
     lengths = {p: len(v) for p, v in params.items()}
     if len(set(lengths.values())) > 1:
@@ -374,7 +406,9 @@ def _chunk_value(sw):
 
 def settings_of(config: ml_collections.ConfigDict, label: str) -> list[dict[str, float]]:
   """The settings (``{path: value}``) of run ``label``: its swept paths combined by
-  ``config.sweep.mode`` (``[{}]`` when nothing concerns it)."""
+  ``config.sweep.mode``, or with ``config.sweep.samples`` drawn at random from every swept path's
+  distribution (:func:`fedtree.experiment.search.draw`; a setting drawn twice runs once);
+  ``[{}]`` when nothing concerns it."""
   sw = config.get("sweep", None)
   params = params_of(sw)
   mine = {p: v for p, v in params.items()
@@ -382,6 +416,15 @@ def settings_of(config: ml_collections.ConfigDict, label: str) -> list[dict[str,
   if not mine:
     return [{}]
   paths = sorted(mine)
+  samples = int(sweep_field(sw, "samples") or 0)
+  if samples:   # random search: drawn over every swept path, then this run's (so each run sees one draw)
+    drawn = search.draw(params, samples, int(sweep_field(sw, "sample_seed") or 0))
+    out: list[dict[str, float]] = []
+    for setting in drawn:
+      own = {p: setting[p] for p in paths}
+      if own not in out:
+        out.append(own)
+    return out
   if sweep_field(sw, "mode") == "zip":
     combos = zip(*(mine[p] for p in paths), strict=True)
   else:
@@ -572,16 +615,23 @@ def best(rows: list[dict], select: str) -> dict | None:
 
 def format_table(label: str, rows: list[dict], metrics: Sequence[str] | None = None) -> str:
   """One row per setting, ``mean ± std`` over seeds of every final metric (the value alone for a
-  setting run with one seed: it has no spread)."""
+  setting run with one seed: it has no spread); with successive halving, the round each setting
+  reached (``rounds``), its metrics those of that round."""
   metrics = list(metrics or sorted({k for r in rows for k in r["mean"]}))
   head = ["setting", "seeds", *metrics]
 
   def cell(r: dict, m: str) -> str:
     if m not in r["mean"]:
       return "-"
-    return f"{r['mean'][m]:.4f}" if r["seeds"] == 1 else f"{r['mean'][m]:.4f} ± {r['std'][m]:.4f}"
+    digits = 0 if m == "client_updates" else 4   # a count
+    mean, std = r["mean"][m], r["std"][m]
+    return f"{mean:.{digits}f}" if r["seeds"] == 1 or std == 0 else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
-  body = [[r["name"], str(r["seeds"]), *(cell(r, m) for m in metrics)] for r in rows]
+  halving = any("rounds" in r for r in rows)   # successive halving: the round each setting reached
+  if halving:
+    head.insert(2, "rounds")
+  body = [[r["name"], str(r["seeds"]), *([str(r.get("rounds", "-"))] if halving else []),
+           *(cell(r, m) for m in metrics)] for r in rows]
   widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
   line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
   sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
@@ -590,9 +640,24 @@ def format_table(label: str, rows: list[dict], metrics: Sequence[str] | None = N
                     *(line(b) for b in body)])
 
 
-def write_outputs(workdir: str | None, label: str, rows: list[dict], select: str) -> dict:
-  """``summary`` entry of the run (rows and the best setting), and its PNG in the workdir."""
-  b = best(rows, select)
+def write_outputs(workdir: str | None, label: str, rows: list[dict], select: str, *, config=None,
+                  paths: Sequence[str] = (), records: Sequence[dict] = ()) -> dict:
+  """``summary`` entry of the run (rows and the best setting), and in the workdir its PNG and, given
+  the ``config``, what a study keeps (:mod:`fedtree.experiment.search`): ``tuning_<label>.csv``
+  (``records``: the run's ``metrics.jsonl`` rows; ``paths``: the swept paths) and
+  ``best_<label>.py``. With successive halving the best is among the settings that reached the
+  last round."""
+  finished = [r for r in rows if r.get("rounds", None) in (None, max(x.get("rounds", 0) for x in rows))]
+  b = best(finished, select)
+  if workdir and config is not None:
+    search.write_tabular(os.path.join(workdir, f"tuning_{label}.csv"), search.tabular(records, paths), paths)
+    if b is not None and paths:   # (a sweep of seeds alone has no setting to choose)
+      spread = f" ± {b['std'][select]:.4f}" if b["seeds"] > 1 else ""
+      why = (f"The best setting of sweep run {label!r} by {select}: {b['name']} "
+             f"({b['mean'][select]:.4f}{spread} "
+             f"over {b['seeds']} seed{'s' if b['seeds'] > 1 else ''}), written by fedtree.")
+      with open(os.path.join(workdir, f"best_{label}.py"), "w") as f:
+        f.write(search.best_config_text(config, label, b["setting"], why))
   out = {"select": select, "best": None if b is None else {"setting": b["setting"], "name": b["name"],
                                                            "mean": b["mean"][select],
                                                            "std": b["std"][select]},

@@ -11,10 +11,11 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 
 from fedtree.core import loop
 from fedtree.core.algorithm import FederatedAlgorithm
-from fedtree.core.sweep import by_experiment
+from fedtree.core.sweep import by_experiment, compact, exploit
 from fedtree.core.sweep import sweep as stacked_sweep
 from fedtree.experiment import memory
 from fedtree.experiment.fields import field
@@ -23,15 +24,18 @@ from fedtree.experiment.results import SUMMARY_METRICS
 from fedtree.experiment.run import Run
 from fedtree.experiment.run_loop import (
   Experiment,
+  Start,
   divergence_bound,
   run_algorithm,
   target_accuracy,
   trace_rounds,
 )
+from fedtree.experiment.search import PBT, Halving
 
-SWEEP_BYTES = ("uplink_MB", "downlink_MB")
+SWEEP_BYTES = ("uplink_MB", "downlink_MB", "client_updates")
 """The byte totals (:mod:`fedtree.toolbox.traffic`) a sweep's table reports per setting (every edge
-of the tree; the per-edge totals are in each experiment's ``metrics.jsonl`` rows)."""
+of the tree; the per-edge totals are in each experiment's ``metrics.jsonl`` rows), and the client
+updates trained and sent: what the setting cost."""
 
 
 class SweepPlan(NamedTuple):
@@ -51,6 +55,9 @@ class SweepPlan(NamedTuple):
       ``r`` rounds, on the host), or ``None`` when none reports any.
     size: experiments per compiled call (``config.sweep.chunk``).
     note: the memory line of a chunk (:meth:`fedtree.experiment.memory.Budget.check`), or ``""``.
+    halving: the successive-halving schedule (``config.sweep.rungs``), or ``None``: every
+      experiment to the last round.
+    pbt: the population-based training schedule (``config.sweep.pbt_interval``), or ``None``.
   """
 
   run: Run
@@ -63,6 +70,12 @@ class SweepPlan(NamedTuple):
   metrics: list | None
   size: int
   note: str
+  halving: Halving | None = None
+  pbt: PBT | None = None
+
+  def setting_metrics(self, x: int):
+    """Experiment ``x``'s setting's per-round metrics (its ε), or ``None``."""
+    return None if self.metrics is None else self.metrics[self.exps[x][0]]
 
   @property
   def chunks(self) -> list[list[int]]:
@@ -70,12 +83,13 @@ class SweepPlan(NamedTuple):
     n = len(self.exps)
     return [list(range(k, min(k + self.size, n))) for k in range(0, n, self.size)]
 
-  def stacked(self, chunk: list[int]) -> FederatedAlgorithm:
-    """The experiments ``chunk`` as one algorithm (:func:`fedtree.core.sweep.sweep`)."""
+  def stacked(self, chunk: list[int], pad: bool = True) -> FederatedAlgorithm:
+    """The experiments ``chunk`` as one algorithm (:func:`fedtree.core.sweep.sweep`), padded to
+    the chunk size with ``pad`` (so every chunk shares one compiled program)."""
     paths = sorted(self.settings[0])
     return stacked_sweep(self.build, {p: [self.settings[self.exps[x][0]][p] for x in chunk] for p in paths},
                          [self.exps[x][1] for x in chunk], name=f"{self.run.config.algorithm}[sweep]",
-                         explain=self.explain, pad_to=self.size)
+                         explain=self.explain, pad_to=self.size if pad else None)
 
 
 def plan_sweep(run: Run, *, budget: memory.Budget | None = None, trace: bool = True) -> SweepPlan:
@@ -84,7 +98,7 @@ def plan_sweep(run: Run, *, budget: memory.Budget | None = None, trace: bool = T
   composition refused, the memory of a chunk checked against ``budget`` and, with ``trace``, the
   first chunk's stacked program traced (:func:`trace_rounds`: what a builder refuses only for a
   traced value, such as a swept top-k fraction). Nothing is compiled or written."""
-  from fedtree.experiment import sweep
+  from fedtree.experiment import search, sweep
   from fedtree.experiment.registry import build_algorithm
 
   label, run_cfg, ctx, rctx = run.label, run.config, run.context, run.run_context
@@ -107,6 +121,29 @@ def plan_sweep(run: Run, *, budget: memory.Budget | None = None, trace: bool = T
     )
   metrics = sweep.setting_metrics(config, label, settings, rctx)   # ε per setting (host), or None
   size = sweep.chunk_size(config, len(exps), ctx)
+  halving = search.halving_of(config.sweep, run.rounds, label)
+  if halving is not None and size < len(exps):
+    raise ValueError(f"run {label!r}: successive halving (config.sweep.rungs) compares every setting at a "
+                     f"rung, so its {len(exps)} experiments train as one program; config.sweep.chunk={size} "
+                     f"splits them: set config.sweep.chunk='all'")
+  pbt = search.pbt_of(config.sweep, run.rounds, int(config.eval_every), label)
+  what = "successive halving (config.sweep.rungs)" if halving is not None else "population-based training"
+  if pbt is not None and size < len(exps):
+    raise ValueError(f"run {label!r}: population-based training ranks every experiment at an exploit step, "
+                     f"so its {len(exps)} experiments train as one program; config.sweep.chunk={size} splits "
+                     f"them: set config.sweep.chunk='all'")
+  if pbt is not None and not settings[0]:
+    raise ValueError(f"run {label!r}: population-based training explores swept values, and "
+                     f"config.sweep.params sweeps none of this run's")
+  if pbt is not None and (metrics is not None or settings != shown):
+    raise ValueError(f"run {label!r}: population-based training changes a setting mid-run, but this run's "
+                     f"capabilities read its swept values on the host (a privacy budget's accounting or a "
+                     f"calibrated noise multiplier), which would then be wrong; tune it with a grid, random "
+                     f"search or successive halving")
+  if (halving is not None or pbt is not None) and int(field(config, "checkpoint_every") or 0):
+    raise ValueError(f"run {label!r}: {what} does not checkpoint yet "
+                     f"(config.checkpoint_every={field(config, 'checkpoint_every')}): a stopped run restarts "
+                     f"from round 0; set config.checkpoint_every=0")
   note = ""
   if budget is not None:  # the stacked state and working set of a chunk of experiments, before compiling
     shapes = jax.eval_shape(first.init, loop.init_key(jax.random.key(seed0)))
@@ -114,7 +151,7 @@ def plan_sweep(run: Run, *, budget: memory.Budget | None = None, trace: bool = T
                         chunk_name="sweep.chunk" if size > 1 else "chunk_size", needs=run.needs)
   plan = SweepPlan(run=run, shown=shown, settings=settings, notes=notes, exps=exps, build=build,
                    explain=sweep.explain(label, algo_name, sorted(settings[0])), metrics=metrics,
-                   size=size, note=note)
+                   size=size, note=note, halving=halving, pbt=pbt)
   if trace:
     trace_rounds(plan.stacked(plan.chunks[0]), ctx.run_data, jax.random.key(seed0),
                  num_rounds=run.rounds, config=config)
@@ -129,54 +166,208 @@ def run_sweep(plan: SweepPlan, reporter: Reporter, *, workdir: str | None,
   in every experiment's rows). Logs a ``metrics.jsonl`` row per experiment and evaluation round
   (with ``setting`` and ``seed``), prints the mean ± std table, writes the PNG and returns the
   run's ``summary.json`` entry (rows per setting and the best by ``config.sweep.select``)."""
-  from fedtree.experiment import sweep
-
   run = plan.run
   label, config = run.label, run.context.config
-  shown, settings, exps = plan.shown, plan.settings, plan.exps
   for line in plan.notes:
     reporter.print(line)
   if plan.note:
     reporter.print(plan.note)
-  seed0 = int(config.seed)
+  if plan.halving is not None:
+    return _run_halving(plan, reporter, should_stop=should_stop)
+  if plan.pbt is not None:
+    return _run_pbt(plan, reporter, should_stop=should_stop)
   every = int(field(config, "checkpoint_every") or 0)
   chunks = plan.chunks
   finals: dict[int, dict[str, float]] = {}
   untrained: set[str] = set()
-  metrics = plan.metrics
   for k, chunk in enumerate(chunks):
     name = label if len(chunks) == 1 else f"{label}#chunk{k}"
-    experiments = [Experiment(
-      name=f"experiment {x} (setting {sweep.setting_name(shown[exps[x][0]])}, seed {exps[x][1]})",
-      row={"setting": shown[exps[x][0]], "seed": exps[x][1], "experiment": x},
-      tensorboard_run=f"{label}/{sweep.setting_name(shown[exps[x][0]])}/seed{exps[x][1]}",
-      round_metrics=None if metrics is None else metrics[exps[x][0]],
-    ) for x in chunk]
-    _, summaries = run_algorithm(
-      dataclasses.replace(run, label=name, algorithm=plan.stacked(chunk), round_metrics=None),
-      jax.random.key(seed0), reporter, eval_every=int(config.eval_every),
-      rounds_per_call=int(config.rounds_per_call),
-      checkpoint_dir=os.path.join(workdir, "checkpoints", name) if workdir and every else None,
-      checkpoint_every=every, keep_checkpoints=int(field(config, "keep_checkpoints")),
-      should_stop=should_stop, experiments=experiments, max_abs=divergence_bound(config),
-      target_accuracy=target_accuracy(config),
-    )
+    ckpt = os.path.join(workdir, "checkpoints", name) if workdir and every else None
+    summaries = _train(plan, reporter, chunk, name, rounds=run.rounds, should_stop=should_stop,
+                       checkpoint_dir=ckpt)[1]
     for x, sm in zip(chunk, by_experiment(summaries, len(chunk)), strict=True):
       untrained.update(m for m, v in sm.items() if v.get("trained") is False)   # not a result
-      finals[x] = {f"{m}/{s}": v[s] for m, v in sm.items() if v.get("trained") is not False
-                   for s in SUMMARY_METRICS if s in v}
-      finals[x].update(sweep.final_extras({m: v for m, v in sm.items() if v.get("trained") is not False}))
-      finals[x].update({k: v for k, v in next(iter(sm.values()), {}).items() if k in SWEEP_BYTES})
-      if metrics is not None and metrics[exps[x][0]] is not None:   # ε of this setting (host)
-        finals[x].update(metrics[exps[x][0]](run.rounds))
-  per_setting = [[finals[x] for x, (i, _) in enumerate(exps) if i == s] for s in range(len(settings))]
-  rows = sweep.aggregate(shown, per_setting)
+      finals[x] = _final(sm, plan.setting_metrics(x), run.rounds)
+  names = [label] if len(chunks) == 1 else [f"{label}#chunk{k}" for k in range(len(chunks))]
+  return _results(plan, reporter, finals, untrained, names)
+
+
+def _train(plan: SweepPlan, reporter: Reporter, chunk: list[int], name: str, *, rounds: int, should_stop,
+           checkpoint_dir: str | None = None, start: Start | None = None, values: list[dict] | None = None):
+  """The experiments ``chunk`` trained to round ``rounds`` as one stacked program under the run name
+  ``name`` (:func:`run_algorithm`); ``start``: where they go on from; ``values``: each one's
+  setting now, where it is no longer its own (population-based training: the values it explores).
+  Returns (state, summaries)."""
+  from fedtree.experiment import sweep
+
+  run, exps = plan.run, plan.exps
+  config = run.context.config
+  shown = [plan.shown[exps[x][0]] for x in chunk] if values is None else values
+  experiments = [Experiment(
+    name=f"experiment {x} (setting {sweep.setting_name(s)}, seed {exps[x][1]})",
+    row={"setting": s, "seed": exps[x][1], "experiment": x},
+    tensorboard_run=f"{run.label}/" + (sweep.setting_name(s) if values is None else f"experiment{x}")
+                    + f"/seed{exps[x][1]}",
+    round_metrics=plan.setting_metrics(x),
+  ) for x, s in zip(chunk, shown, strict=True)]
+  if values is None:
+    algorithm = plan.stacked(chunk, pad=start is None)
+  else:
+    algorithm = stacked_sweep(plan.build, {p: [v[p] for v in values] for p in sorted(values[0])},
+                              [exps[x][1] for x in chunk], name=f"{run.config.algorithm}[sweep]",
+                              explain=plan.explain)
+  return run_algorithm(
+    dataclasses.replace(run, label=name, algorithm=algorithm, rounds=int(rounds), round_metrics=None),
+    jax.random.key(int(config.seed)), reporter, eval_every=int(config.eval_every),
+    rounds_per_call=int(config.rounds_per_call), checkpoint_dir=checkpoint_dir,
+    checkpoint_every=int(field(config, "checkpoint_every") or 0) if checkpoint_dir else 0,
+    keep_checkpoints=int(field(config, "keep_checkpoints")),
+    should_stop=should_stop, experiments=experiments, max_abs=divergence_bound(config),
+    target_accuracy=target_accuracy(config), start=start,
+  )
+
+
+def _run_halving(plan: SweepPlan, reporter: Reporter, *, should_stop) -> dict[str, Any]:
+  """Successive halving (:mod:`fedtree.experiment.search`): every experiment trains to the first
+  rung; there the settings are scored by the mean of ``config.sweep.select`` over their seeds, the
+  best go on (their state compacted, :func:`fedtree.core.sweep.compact`) and the others stop, rung
+  after rung, the survivors to the run's last round. Every experiment's final metrics are those of
+  the round its setting stopped at."""
+  from fedtree.experiment import search, sweep
+
+  run, exps, halving = plan.run, plan.exps, plan.halving
+  select = str(sweep.sweep_field(run.context.config.sweep, "select"))
+  lower = sweep.lower_is_better(select)
+  active = list(range(len(exps)))   # experiments still training, in the state's order
+  reached = [0] * len(plan.shown)
+  finals: dict[int, dict[str, float]] = {}
+  untrained: set[str] = set()
+  start = None
+  for end in halving.segments(run.rounds):
+    state, summaries = _train(plan, reporter, active, run.label, rounds=end, should_stop=should_stop,
+                              start=start)
+    per_exp = by_experiment(summaries, len(active))
+    for x, sm in zip(active, per_exp, strict=True):
+      untrained.update(m for m, v in sm.items() if v.get("trained") is False)
+      finals[x] = _final(sm, plan.setting_metrics(x), end)
+      reached[exps[x][0]] = end
+    if end == run.rounds:
+      break
+    alive = sorted({exps[x][0] for x in active})
+    scores = [float(np.mean([finals[x].get(select, np.nan) for x in active if exps[x][0] == i]))
+              for i in alive]
+    kept = {alive[p] for p in search.survivors(scores, halving.rate, lower_is_better=lower)}
+    rows = [p for p, x in enumerate(active) if exps[x][0] in kept]
+    ranked = sorted((p for p in range(len(alive)) if alive[p] in kept),
+                    key=lambda p: scores[p] if lower else -scores[p])
+    shown = [f"{sweep.setting_name(plan.shown[alive[p]])}: {scores[p]:.4f}" for p in ranked][:3]
+    reporter.print(f"{run.label}: rung at round {end}: {len(kept)} of {len(alive)} settings go on by "
+                   f"{select} (the best: {'; '.join(shown)}{'; ...' if len(kept) > 3 else ''})")
+    start = Start(compact(state, rows), [per_exp[p] for p in rows])
+    active = [active[p] for p in rows]
+  spent = sum(finals[x].get("client_updates", 0) for x in finals)
+  full = [finals[x].get("client_updates", 0) for x in active]   # the experiments that reached the last round
+  if spent and full:
+    grid = len(exps) * float(np.mean(full))
+    reporter.result(f"successive halving of {run.label!r}: {spent:.0f} client updates in all, "
+                    f"{spent / grid:.0%} of the {grid:.0f} that every setting trained to round {run.rounds} "
+                    f"would take (at the rate of those that reached it)")
+  return _results(plan, reporter, finals, untrained, [run.label], reached)
+
+
+def _run_pbt(plan: SweepPlan, reporter: Reporter, *, should_stop) -> dict[str, Any]:
+  """Population-based training (:mod:`fedtree.experiment.search`): the experiments train together;
+  every ``pbt_interval`` rounds they are ranked by ``config.sweep.select``, the bottom fraction
+  copies the whole state of a top one (:func:`fedtree.core.sweep.exploit`: the same shapes, the
+  same compiled program) and explores its values; each experiment's lineage (the round, whom it
+  copied, its new values) is kept. The table has a row per experiment with its final values."""
+  from fedtree.experiment import search, sweep
+
+  run, exps, pbt = plan.run, plan.exps, plan.pbt
+  config = run.context.config
+  select = str(sweep.sweep_field(config.sweep, "select"))
+  lower = sweep.lower_is_better(select)
+  params = sweep.params_of(config.sweep)
+  rng = np.random.default_rng(int(sweep.sweep_field(config.sweep, "sample_seed") or 0))
+  everyone = list(range(len(exps)))
+  values = [dict(plan.settings[i]) for i, _ in exps]
+  lineage: list[list[dict]] = [[{"round": 0, "from": x, "setting": dict(v)}] for x, v in enumerate(values)]
+  finals: dict[int, dict[str, float]] = {}
+  untrained: set[str] = set()
+  start = None
+  for end in pbt.segments(run.rounds):
+    state, summaries = _train(plan, reporter, everyone, run.label, rounds=end, should_stop=should_stop,
+                              start=start, values=values)
+    per_exp = by_experiment(summaries, len(everyone))
+    for x, sm in enumerate(per_exp):
+      untrained.update(m for m, v in sm.items() if v.get("trained") is False)
+      finals[x] = _final(sm, None, end)
+    if end == run.rounds:
+      break
+    scores = [finals[x].get(select, np.nan) for x in everyone]
+    sources = search.exploit_sources(scores, pbt.fraction, rng, lower_is_better=lower)
+    copied = [x for x in everyone if sources[x] != x]
+    for x in copied:
+      values[x] = search.explore(values[sources[x]], params, pbt, rng)
+      lineage[x].append({"round": end, "from": sources[x], "setting": dict(values[x])})
+    steps = "; ".join(f"#{x} <- #{sources[x]}: {sweep.setting_name(values[x])}" for x in copied[:3])
+    reporter.print(f"{run.label}: exploit at round {end}: {len(copied)} of {len(everyone)} experiments copy "
+                   f"a better one and explore ({steps}{'; ...' if len(copied) > 3 else ''})")
+    # (each slot's bytes and client updates go on from its own count: the study's cost is their sum)
+    start = Start(exploit(state, sources, {p: [v[p] for v in values] for p in sorted(values[0])}), per_exp)
+  out = _results(plan, reporter, finals, untrained, [run.label], members=values)
+  out["sweep"]["lineage"] = lineage
+  if reporter.workdir:
+    import json
+
+    with open(os.path.join(reporter.workdir, f"pbt_{run.label}.json"), "w") as f:
+      json.dump({"select": select, "pbt": plan.pbt._asdict(), "lineage": lineage}, f, indent=1)
+  return out
+
+
+def _final(sm: dict[str, dict[str, Any]], metrics, rounds: int) -> dict[str, float]:
+  """An experiment's final metrics for the table, from its models' summaries ``sm`` after
+  ``rounds`` rounds (``metrics``: its setting's per-round metrics, its ε, or ``None``)."""
+  from fedtree.experiment import sweep
+
+  trained = {m: v for m, v in sm.items() if v.get("trained") is not False}
+  out = {f"{m}/{s}": v[s] for m, v in trained.items() for s in SUMMARY_METRICS if s in v}
+  out.update(sweep.final_extras(trained))
+  out.update({k: v for k, v in next(iter(sm.values()), {}).items() if k in SWEEP_BYTES})
+  if metrics is not None:   # ε of this setting (host)
+    out.update(metrics(rounds))
+  return out
+
+
+def _results(plan: SweepPlan, reporter: Reporter, finals: dict[int, dict[str, float]], untrained: set[str],
+             names: list[str], reached: list[int] | None = None,
+             members: list[dict] | None = None) -> dict[str, Any]:
+  """The table of a sweep's ``finals`` (per experiment), its outputs and ``summary.json`` entry;
+  ``names``: the run names its rows were logged under (one per chunk); ``reached``: per setting,
+  the round it stopped at (successive halving); ``members``: per experiment, its final setting
+  (population-based training: a row per experiment, not per setting)."""
+  from fedtree.experiment import sweep
+
+  run, shown, exps = plan.run, plan.shown, plan.exps
+  label, config = run.label, run.context.config
+  if members is None:
+    per_setting = [[finals[x] for x, (i, _) in enumerate(exps) if i == s] for s in range(len(shown))]
+    rows = sweep.aggregate(shown, per_setting)
+  else:
+    rows = sweep.aggregate(members, [[finals[x]] for x in range(len(exps))])
+    for x, row in enumerate(rows):
+      row["name"] = f"#{x} {row['name']}"
+  if reached is not None:
+    for row, r in zip(rows, reached, strict=True):
+      row["rounds"] = r
   select = str(sweep.sweep_field(config.sweep, "select"))
   reporter.result(sweep.format_table(label, rows))
   if untrained:
     reporter.result(f"(left out, never trained within the run: its parameters are still the initial "
                     f"ones: {', '.join(f'{label} {m}' for m in sorted(untrained))})")
-  out = sweep.write_outputs(reporter.workdir, label, rows, select)  # None off process 0
+  records = [r for name in names for r in reporter.rows(name)]
+  out = sweep.write_outputs(reporter.workdir, label, rows, select, config=config,
+                            paths=sorted(shown[0]), records=records)  # None off process 0
   out["untrained"] = sorted(untrained)
   if out["best"] is not None:
     spread = f" ± {out['best']['std']:.4f}" if int(sweep.sweep_field(config.sweep, "seeds") or 1) > 1 else ""

@@ -119,10 +119,12 @@ class Traffic:
     self.model_bytes = int(model_bytes)
     self.totals: dict[str, list[float]] = {}   # edge -> [uplink, downlink] bytes since round 0
     self.last: dict[str, Edge] = {}
+    self.updates = 0   # the clients' uplink messages since round 0: client updates trained and sent
 
   def add(self, metrics: Mapping[str, Any]) -> None:
     """Counts one round from its metrics (host numbers)."""
     edges = self._edges(metrics)
+    self.updates += int(metrics.get("clients_uplink_messages", 0))
     for e, (up, down, _, _) in edges.items():
       t = self.totals.setdefault(e, [0.0, 0.0])
       t[0] += up
@@ -188,6 +190,7 @@ class Traffic:
     """Continues from the cumulative totals of a logged row (a resumed run: the row of the round
     its checkpoint holds). Bytes are recovered to the nearest bit (exact below ~10^14 bytes)."""
     back = lambda mb: round(float(mb) * MB * 8) / 8   # noqa: E731
+    self.updates = int(row.get("client_updates", 0))   # (a sweep's rows and summaries carry it)
     per_edge = [e for _, e in sorted(filter(None, (_edge(k, "_uplink_MB") for k in row)))]
     if per_edge:
       self.totals = {e: [back(row[f"{e}_uplink_MB"]), back(row[f"{e}_downlink_MB"])] for e in per_edge}
