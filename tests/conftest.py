@@ -43,6 +43,8 @@ MEASURED_SLOW = {  # each ran 15-87 s (the paper notebooks 18-80 s; the quicksta
   "tests/test_notebooks.py::test_notebook_runs[005_throughput_vs_pytorch.ipynb]",
   "tests/test_notebooks.py::test_notebook_runs[compression.ipynb]",
   "tests/test_notebooks.py::test_notebook_runs[peft_lm.ipynb]",
+  # 2026-12-07: the tuning notebook's smoke run, 25-30 s (its pieces: tests/test_search.py)
+  "tests/test_notebooks.py::test_notebook_runs[tuning.ipynb]",
   "tests/test_notebooks.py::test_notebook_runs[llm_finetune.ipynb]",   # writes a checkpoint with transformers
   "tests/test_notebooks.py::test_notebook_runs[personalized.ipynb]",   # 43 s (three runs, two seeds)
   "tests/test_lm.py::test_lm_vectorized_over_clients[lstm_lm-kw0-344]",

@@ -227,6 +227,8 @@ def test_pbt_copies_states_and_records_the_lineage(tmp_path):
                          for r in after)
   assert len(out["settings"]) == 4 and all(r["mean"]["client_updates"] == 18 for r in out["settings"])
   assert [r["setting"] for r in out["settings"]] == [steps_[-1]["setting"] for steps_ in lineage]
+  with open(tmp_path / "tuning_fedavg.csv") as f:   # every experiment's every round, one seed for all
+    assert len(list(csv.DictReader(f))) == 4 * 6
 
 
 @pytest.mark.parametrize("fields,match", [

@@ -199,7 +199,8 @@ def compact(st: SweepState, keep: Sequence[int]) -> SweepState:
   """The experiments ``keep`` (row indices, in the order given) of ``st`` alone: every leaf of
   their state, their keys and settings, at the same round. A stopped experiment's compute is
   reclaimed (successive halving, :mod:`fedtree.experiment.search`); each kept experiment goes on
-  exactly as it would have among the others, its own key folded with the round.
+  with the computation it would have had among the others, its own key folded with the round (to
+  float rounding: XLA may order a sum differently for a narrower batch of experiments).
 
   Raises:
     ValueError: no experiment kept, or an index outside ``[0, E)``.

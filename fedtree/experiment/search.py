@@ -23,8 +23,9 @@ experiments train together as one program (:func:`fedtree.core.sweep.sweep`) up 
 there every setting is scored by the mean of ``sweep.select`` over its seeds, the best
 ``max(1, floor(n / halving_rate))`` go on and the others stop (:func:`survivors`); the experiment
 axis is compacted to the survivors (:func:`fedtree.core.sweep.compact`), so the compute of the
-stopped ones is reclaimed, and a survivor goes on exactly as it would have alone (its key, state
-and setting are its own). The sweep table gives every setting the round it reached and its
+stopped ones is reclaimed, and a survivor goes on with the computation it would have had among all
+(its key, state and setting are its own; to float rounding, since XLA may order a narrower batch's
+sums differently). The sweep table gives every setting the round it reached and its
 metrics there; the client updates column (every client that trained and sent an update, summed
 over rounds) is the study's cost. Hyperband's brackets are successive halving runs with different
 rungs: one config each (``--config.sweep.rungs=...``).
@@ -303,7 +304,8 @@ def tabular(rows: Iterable[Mapping[str, Any]], paths: Sequence[str]) -> list[dic
   """One record per (setting, seed, evaluation round) of a sweep's ``metrics.jsonl`` ``rows`` (one
   run's): the setting's value of every swept ``paths`` (columns named by the path), ``seed``,
   ``round`` (the fidelity), and every numeric metric of the row (``client_updates`` the cost so
-  far). Rows without a setting (a single run's) are skipped; a round logged twice keeps the last."""
+  far), and ``experiment`` (its index in the sweep: after PBT two experiments may share values and a
+  seed). Rows without a setting (a single run's) are skipped; a round logged twice keeps the last."""
   out: dict[tuple, dict[str, Any]] = {}
   for row in rows:
     setting = row.get("setting", None)
@@ -311,18 +313,21 @@ def tabular(rows: Iterable[Mapping[str, Any]], paths: Sequence[str]) -> list[dic
       continue
     rec: dict[str, Any] = {p: setting.get(p) for p in paths}
     rec["seed"], rec["round"] = int(row["seed"]), int(row["round"])
+    rec["experiment"] = int(row.get("experiment", -1))
     rec.update({k: v for k, v in row.items() if k not in ("run", "round", "seed", "setting", "experiment")
                 and isinstance(v, (int, float)) and not isinstance(v, bool)})
-    out[(tuple(rec[p] for p in paths), rec["seed"], rec["round"])] = rec
-  return sorted(out.values(), key=lambda r: (tuple(r[p] for p in paths), r["seed"], r["round"]))
+    out[(rec["experiment"], rec["round"])] = rec
+  return sorted(out.values(),
+                key=lambda r: (tuple(r[p] for p in paths), r["seed"], r["experiment"], r["round"]))
 
 
 def write_tabular(path: str, records: Sequence[Mapping[str, Any]], paths: Sequence[str]) -> None:
-  """``records`` (:func:`tabular`) as a CSV with the swept paths, ``seed`` and ``round`` first and
-  the metrics after, sorted by name (an empty cell where a round has no such metric)."""
-  metrics = sorted({k for r in records for k in r} - {*paths, "seed", "round"})
+  """``records`` (:func:`tabular`) as a CSV with the swept paths, ``seed``, ``round`` and
+  ``experiment`` first and the metrics after, sorted by name (an empty cell where a round has no such
+  metric)."""
+  metrics = sorted({k for r in records for k in r} - {*paths, "seed", "round", "experiment"})
   with open(path, "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=[*paths, "seed", "round", *metrics], restval="")
+    w = csv.DictWriter(f, fieldnames=[*paths, "seed", "round", "experiment", *metrics], restval="")
     w.writeheader()
     w.writerows(records)
 
