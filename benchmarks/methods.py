@@ -28,7 +28,9 @@ at the received model, ``Δ_k`` and ``h_k``; AFL's losses per domain and the asc
 HeteroFL's, FedRolex's and FjORD's masked steps at five widths (:data:`WIDTHS`: every client computes on the
 full shapes) and their per-coordinate mean; DepthFL's exits and their mutual distillation at three depths;
 FedDF's 10 distillation steps on 32 of 256 public inputs at the server; FedMD's 10 digest steps on 64 of
-them and its scores (its clients keep their own models).
+them and its scores (its clients keep their own models); FedEx's draw of a scale among five, its steps
+on 80 % of each client's examples and two evaluation passes over its validation rows (the received and
+the trained model), and the server's exponentiated-gradient step.
 FedAsync's round is one server update that applies one client's model (:data:`ONE_CLIENT_A_ROUND`,
 10 clients in flight, FedBuff's ring of versions): its calls fuse ``cohort × --rounds`` rounds, as
 many client updates as the others' calls, and its ratio is the cost of a client update simulated
@@ -83,6 +85,7 @@ METHODS: dict[str, Callable[[dict, workloads.Workload], algorithms.FederatedAlgo
                                                **c),
   "feddyn": lambda c, w: algorithms.feddyn(alpha=0.01, **c),
   "fednova": lambda c, w: algorithms.fednova(**c),
+  "fedex": lambda c, w: algorithms.fedex(lr_scales=(0.25, 0.5, 1.0, 2.0, 4.0), **c),
   "mimelite": lambda c, w: algorithms.mimelite(**{**c, "local_optimizer": optax.sgd(w.lr, momentum=0.9)}),
   "mime": lambda c, w: algorithms.mime(**{**c, "local_optimizer": optax.sgd(w.lr, momentum=0.9)}),
   "moon": lambda c, w: algorithms.moon(mu=1.0, **c),

@@ -39,7 +39,8 @@ _EXPORTS = {
   # every algorithm factory of fedtree.algorithms (its __all__ less the engine's types)
   **{name: "fedtree.algorithms" for name in (
     "afl", "apfl", "awcfl", "bhfl", "cfl", "ditto", "fedala", "fedamp", "fedasync", "fedavg", "fedbabu",
-    "fedbn", "fedbuff", "feddyn", "fedem", "fedfomo", "fedkws", "fedmmd", "fednova", "fedper", "fedproto",
+    "fedbn", "fedbuff", "feddyn", "fedem", "fedex", "fedfomo", "fedkws", "fedmmd", "fednova", "fedper",
+    "fedproto",
     "fedprox", "fedrep", "fedrod", "finetuned", "grouppfl", "hierfavg", "ifca", "knnper", "lgfedavg",
     "local", "mcfl", "mime", "mimelite", "moon", "perfedavg", "pfedhn", "pfedme", "pfedmt", "qffl",
     "scaffold", "ffa_lora", "fedsa_lora", "hetlora",

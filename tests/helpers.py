@@ -121,6 +121,7 @@ ALGORITHM_CASES = {
   "grouppfl": {"global_rounds": 2, "group_rounds": 2},
   "scaffold": {"cohort_size": 4},
   "feddyn": {"alpha": 0.1, "cohort_size": 4}, "fednova": {"cohort_size": 4},
+  "fedex": {"cohort_size": 4, "lr_scales": (0.5, 1.0, 2.0)},
   "mime": {"cohort_size": 4}, "mimelite": {"cohort_size": 4},
   "moon": {"mu": 1.0, "cohort_size": 4}, "qffl": {"q": 1.0, "cohort_size": 4},
   "afl": {"domain_learning_rate": 0.1, "cohort_size": 4}, "fedasync": {"concurrency": 3},

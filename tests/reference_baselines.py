@@ -555,3 +555,69 @@ def fedbuff_event_loop(model, x0, data, speeds, steps, weights, rounds, root, *,
     for _, c, _ in done:
       heapq.heappush(heap, (clock + steps[c] / speeds[c], c, r + 1))
   return models, stale
+
+
+# ------------------------------------------------------------------------ issue 53: FedEx
+def fedex_rounds(model, data, x0, parent, rounds, key, *, cohort_size, weights, steps, lr, batch_size, scales,
+                 val_fraction, discount):
+  """FedEx (Khodak et al. 2021) per parent of clients, written from the authors' ``FedEx.step``: every
+  sampled client draws ``j ~ θ_p`` (the engine's draw: ``categorical`` on the first half of its train
+  key), runs ``steps[k]`` SGD steps at ``lr · scales[j]`` on its first ``n − v`` rows and scores the
+  mean loss of the model it trained and of the one it received on its last ``v`` rows; the parent
+  averages the models by ``weights`` (FedAvg) and steps ``log θ_p`` by the exponentiated gradient with
+  the ``aggressive`` size and the discounted baseline (in float64). Returns ``(models, log θ)`` per
+  parent."""
+  scales = np.asarray(scales, np.float64)
+  k_all = len(scales)
+  eta0 = np.sqrt(2.0 * np.log(k_all))
+  num_parents = int(np.max(parent)) + 1
+  log_theta = [np.full(k_all, -np.log(k_all)) for _ in range(num_parents)]
+  trace, count = [0.0] * num_parents, [0.0] * num_parents
+  f = _value_and_grad(model)
+
+  def mean_loss(params, k, first):
+    n = int(data.n_train[k])
+    logits = np.asarray(model.apply(params, jnp.asarray(data.x_train[k][first:n]), train=False, rng=None),
+                        np.float64)
+    y = np.asarray(data.y_train[k][first:n])
+    logp = logits - np.log(np.sum(np.exp(logits - logits.max(1, keepdims=True)), 1, keepdims=True)) \
+      - logits.max(1, keepdims=True)
+    return float(-np.mean(logp[np.arange(len(y)), y]))
+
+  def client(rk, k, p, x):
+    pick, train = jax.random.split(train_key(rk, k))
+    theta = np.exp(log_theta[p])
+    j = int(jax.random.categorical(pick, jnp.log(jnp.asarray(theta, jnp.float32))))
+    n = int(data.n_train[k])
+    v = 0 if n < 2 else min(max(int(np.floor(n * val_fraction)), 1), n - 1)
+    first = n - v
+    cd = client_data(data, k)._replace(n=jnp.asarray(first))
+    batch_key, _ = jax.random.split(train)
+    w = jax.tree.map(lambda a: np.asarray(a, np.float32), x)
+    for t in range(int(steps[k])):
+      _, g = f(w, batch_at(batch_key, cd, jnp.asarray(t), batch_size))
+      w = jax.tree.map(lambda a, d: a - np.float32(lr * scales[j]) * np.asarray(d), w, g)
+    after = mean_loss(w, k, first) if v else 0.0
+    before = mean_loss(jax.tree.map(lambda a: np.asarray(a, np.float32), x), k, first) if v else 0.0
+    return w, j, v, after, before, theta
+
+  def server(p, x, answers):
+    wk = np.asarray([weights[k] for k, _ in answers], np.float64)
+    new = jax.tree.map(lambda *ys: sum(q * np.asarray(y, np.float64) for q, y in zip(wk, ys, strict=True))
+                       / wk.sum(), *[a[0] for _, a in answers])
+    rows = sum(a[2] for _, a in answers)
+    if rows > 0:
+      baseline = trace[p] / count[p] if count[p] > 0 else 0.0
+      grad = np.zeros(k_all)
+      for _, (_, j, v, after, _, theta) in answers:
+        grad[j] += v * (after - baseline) / theta[j] / rows
+      norm = np.max(np.abs(grad))
+      z = log_theta[p] - eta0 / (norm if norm > 0 else 1.0) * grad
+      m = z.max()
+      log_theta[p] = z - (m + np.log(np.sum(np.exp(z - m))))
+      trace[p] = discount * trace[p] + sum(a[2] * a[3] for _, a in answers) / rows
+      count[p] = discount * count[p] + 1.0
+    return new
+
+  models = run_rounds(data, x0, parent, rounds, key, cohort_size=cohort_size, client=client, server=server)
+  return models, log_theta

@@ -96,6 +96,7 @@ SLOW_DOCTEST_MODULES = [
   "fedtree.algorithms.optimization.scaffold",
   "fedtree.algorithms.optimization.feddyn",
   "fedtree.algorithms.optimization.fednova",
+  "fedtree.algorithms.optimization.fedex",
   "fedtree.algorithms.optimization.mime",
   "fedtree.algorithms.personalized.fedamp",
   "fedtree.algorithms.personalized.fedfomo",

@@ -154,12 +154,12 @@ def test_halving_with_checkpoints_is_refused_by_name(tmp_path):
   assert not (tmp_path / "wd").exists()
 
 
-@pytest.mark.parametrize("variant", [None, "halving", "random", "pbt"])
+@pytest.mark.parametrize("variant", [None, "halving", "random", "pbt", "fedex"])
 def test_the_tuning_config_sweeps_81_settings_per_run(variant):
   c = load_config("tuning", variant) if variant else load_config("tuning")
   runner.validate_config(c)
   for label in c.run_order:
-    assert len(sweep.settings_of(c, label)) == 81
+    assert len(sweep.settings_of(c, label)) == (9 if variant == "fedex" else 81)
   assert (search.halving_of(c.sweep, c.rounds) is not None) == (variant == "halving")
 
 

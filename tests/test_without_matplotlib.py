@@ -45,6 +45,7 @@ CASES = [
   ("robust", None, "backdoor_median_10"),       # attack success rate
   ("secure", None, "ddg16_eps10"),              # distributed DP: epsilon per round, secure bytes
   ("systems", None, "fedbuff"),                 # a simulated clock
+  ("tuning", None, "fedavg"),                   # a study: its table, tuning_fedavg.csv, best_fedavg.py
 ]
 FAST: set = set()
 """Cases of the default run: none, each takes 15-60 s; the three pieces that skip a picture

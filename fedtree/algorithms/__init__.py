@@ -25,6 +25,7 @@ from fedtree.algorithms.optimization import (
   afl,
   fedavg,
   feddyn,
+  fedex,
   fedkws,
   fedmmd,
   fednova,
@@ -78,7 +79,9 @@ _FACTORIES = {"awcfl": awcfl, "bhfl": bhfl, "cfl": cfl, "ditto": ditto, "fedavg"
               "ffa_lora": ffa_lora, "fedsa_lora": fedsa_lora, "hetlora": hetlora,
               # clients with different model widths (issue 51)
               "heterofl": heterofl, "fedrolex": fedrolex, "fjord": fjord, "feddf": feddf,
-              "fedmd": fedmd, "depthfl": depthfl}
+              "fedmd": fedmd, "depthfl": depthfl,
+              # tuning the local learning rate while training (issue 53)
+              "fedex": fedex}
 SYSTEMS_ALGORITHMS = tuple(n for n, f in _FACTORIES.items() if "systems" in inspect.signature(f).parameters)
 """The factories that take ``systems`` (:mod:`fedtree.toolbox.systems`); a run config that gives
 another algorithm a ``systems`` section is refused naming these."""
@@ -93,5 +96,5 @@ __all__ = [
   "apfl", "fedala", "fedem", "knnper",
   "fedamp", "fedfomo", "pfedhn", "fedproto",
   "ffa_lora", "fedsa_lora", "hetlora",
-  "heterofl", "fedrolex", "fjord", "feddf", "fedmd", "depthfl",
+  "heterofl", "fedrolex", "fjord", "feddf", "fedmd", "depthfl", "fedex",
 ]

@@ -42,6 +42,7 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "scaffold": AlgorithmSpec(algorithms.scaffold, takes=("adapters",)),
   "feddyn": AlgorithmSpec(algorithms.feddyn),
   "fednova": AlgorithmSpec(algorithms.fednova, defaults=default_momentum),
+  "fedex": AlgorithmSpec(algorithms.fedex),
   "mime": AlgorithmSpec(algorithms.mime),
   "mimelite": AlgorithmSpec(algorithms.mimelite),
   "moon": AlgorithmSpec(algorithms.moon),
