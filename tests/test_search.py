@@ -146,12 +146,29 @@ def test_quickstart_keeps_the_new_sweep_fields():
   assert os.path.basename(search.__file__) == "search.py"
 
 
-def test_halving_with_checkpoints_is_refused_by_name(tmp_path):
-  c = tiny(rounds=6)
-  c.sweep.params, c.sweep.rungs, c.checkpoint_every = "local.learning_rate=0.01,0.1", "2", 2
-  with pytest.raises(ValueError, match="does not checkpoint yet"):
-    experiment.train_and_evaluate(c, str(tmp_path / "wd"))
-  assert not (tmp_path / "wd").exists()
+@pytest.mark.parametrize("schedule", ["halving", pytest.param("pbt", marks=pytest.mark.slow)])
+def test_a_stopped_study_resumes_to_the_same_table(tmp_path, schedule):
+  """A halving or PBT study stopped after its first boundary (round 3 of 6, checkpoints every round)
+  resumes from that boundary and its stretch's checkpoint to the table of the study run through."""
+  def study():
+    c = tiny(rounds=6)
+    c.eval_every, c.rounds_per_call, c.checkpoint_every = 2, 1, 1
+    c.sweep.params = "local.learning_rate=" + ",".join(map(str, LRS))
+    if schedule == "halving":
+      c.sweep.rungs, c.sweep.halving_rate = "2,4", 2.0
+    else:
+      c.sweep.pbt_interval = 2
+    return c
+
+  through = experiment.train_and_evaluate(study(), str(tmp_path / "a"))["fedavg"]["sweep"]
+  calls = iter(range(100))
+  with pytest.raises(runner.RunStopped):   # the third compiled call ends round 3
+    experiment.train_and_evaluate(study(), str(tmp_path / "b"), should_stop=lambda: next(calls) >= 2)
+  resumed = experiment.train_and_evaluate(study(), str(tmp_path / "b"))["fedavg"]["sweep"]
+  assert resumed["settings"] == through["settings"]
+  assert resumed.get("lineage") == through.get("lineage")
+  rows = [json.loads(x) for x in open(tmp_path / "b" / "metrics.jsonl")]
+  assert max(r["round"] for r in rows) == 6 and len({(r["experiment"], r["round"]) for r in rows}) == len(rows)
 
 
 @pytest.mark.parametrize("variant", [None, "halving", "random", "pbt", "fedex"])

@@ -40,6 +40,10 @@ whom it copied, its new values) is in the summary and ``pbt_<run>.json``; the ta
 experiment with its final values. A run whose capabilities read the swept values on the host (a
 privacy budget's accounting) is refused: its ε would no longer be the setting's.
 
+A halving or PBT study with ``checkpoint_every`` keeps every boundary (the compacted or exploited
+state and the driver's record) and checkpoints each stretch between them, so a stopped or killed
+study resumes exactly (:mod:`fedtree.experiment.sweep_driver`).
+
 **What a study keeps** (with a workdir): ``tuning_<run>.csv``, one row per (setting, seed,
 evaluation round) with the setting's values, ``seed``, the fidelity ``round``, ``client_updates``
 and every metric of the row (:func:`tabular`: the layout of FedHPO-Bench's tabular benchmarks, Wang

@@ -127,7 +127,6 @@ def plan_sweep(run: Run, *, budget: memory.Budget | None = None, trace: bool = T
                      f"rung, so its {len(exps)} experiments train as one program; config.sweep.chunk={size} "
                      f"splits them: set config.sweep.chunk='all'")
   pbt = search.pbt_of(config.sweep, run.rounds, int(config.eval_every), label)
-  what = "successive halving (config.sweep.rungs)" if halving is not None else "population-based training"
   if pbt is not None and size < len(exps):
     raise ValueError(f"run {label!r}: population-based training ranks every experiment at an exploit step, "
                      f"so its {len(exps)} experiments train as one program; config.sweep.chunk={size} splits "
@@ -140,10 +139,6 @@ def plan_sweep(run: Run, *, budget: memory.Budget | None = None, trace: bool = T
                      f"capabilities read its swept values on the host (a privacy budget's accounting or a "
                      f"calibrated noise multiplier), which would then be wrong; tune it with a grid, random "
                      f"search or successive halving")
-  if (halving is not None or pbt is not None) and int(field(config, "checkpoint_every") or 0):
-    raise ValueError(f"run {label!r}: {what} does not checkpoint yet "
-                     f"(config.checkpoint_every={field(config, 'checkpoint_every')}): a stopped run restarts "
-                     f"from round 0; set config.checkpoint_every=0")
   note = ""
   if budget is not None:  # the stacked state and working set of a chunk of experiments, before compiling
     shapes = jax.eval_shape(first.init, loop.init_key(jax.random.key(seed0)))
@@ -173,9 +168,9 @@ def run_sweep(plan: SweepPlan, reporter: Reporter, *, workdir: str | None,
   if plan.note:
     reporter.print(plan.note)
   if plan.halving is not None:
-    return _run_halving(plan, reporter, should_stop=should_stop)
+    return _run_halving(plan, reporter, should_stop=should_stop, workdir=workdir)
   if plan.pbt is not None:
-    return _run_pbt(plan, reporter, should_stop=should_stop)
+    return _run_pbt(plan, reporter, should_stop=should_stop, workdir=workdir)
   every = int(field(config, "checkpoint_every") or 0)
   chunks = plan.chunks
   finals: dict[int, dict[str, float]] = {}
@@ -210,12 +205,7 @@ def _train(plan: SweepPlan, reporter: Reporter, chunk: list[int], name: str, *, 
                     + f"/seed{exps[x][1]}",
     round_metrics=plan.setting_metrics(x),
   ) for x, s in zip(chunk, shown, strict=True)]
-  if values is None:
-    algorithm = plan.stacked(chunk, pad=start is None)
-  else:
-    algorithm = stacked_sweep(plan.build, {p: [v[p] for v in values] for p in sorted(values[0])},
-                              [exps[x][1] for x in chunk], name=f"{run.config.algorithm}[sweep]",
-                              explain=plan.explain)
+  algorithm = _stacked(plan, chunk, values, pad=start is None)
   return run_algorithm(
     dataclasses.replace(run, label=name, algorithm=algorithm, rounds=int(rounds), round_metrics=None),
     jax.random.key(int(config.seed)), reporter, eval_every=int(config.eval_every),
@@ -227,7 +217,88 @@ def _train(plan: SweepPlan, reporter: Reporter, chunk: list[int], name: str, *, 
   )
 
 
-def _run_halving(plan: SweepPlan, reporter: Reporter, *, should_stop) -> dict[str, Any]:
+def _stacked(plan: SweepPlan, chunk: list[int], values: list[dict] | None, *,
+             pad: bool) -> FederatedAlgorithm:
+  """The experiments ``chunk`` as one algorithm, with ``values`` in place of their settings (PBT)."""
+  if values is None:
+    return plan.stacked(chunk, pad=pad)
+  return stacked_sweep(plan.build, {p: [v[p] for v in values] for p in sorted(values[0])},
+                       [plan.exps[x][1] for x in chunk], name=f"{plan.run.config.algorithm}[sweep]",
+                       explain=plan.explain)
+
+
+CARRIED = ("trained", "rounds_to_target", "hours_to_target", "client_updates")
+"""What of an experiment's summaries goes on into its next stretch (:class:`Start`), beside its byte
+totals (the ``*_MB`` fields): the same whether the study went on in memory or from its checkpoint."""
+
+
+def _carried(summaries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+  def plain(v):
+    return v if v is None or isinstance(v, (bool, str)) else float(v)
+
+  return {m: {k: plain(v) for k, v in s.items() if k in CARRIED or k.endswith("_MB")}
+          for m, s in summaries.items()}
+
+
+class _Study:
+  """Where a halving or PBT study keeps its boundaries (``<workdir>/checkpoints/<run>#at<round>``: the
+  compacted or exploited state at a rung or exploit step, and ``<run>#study.json``: what the driver
+  knew there) and its stretches' own checkpoints (``<run>#to<round>``), so that a stopped or killed
+  study resumes exactly: from its newest boundary, then from its stretch's newest checkpoint. ``None``
+  root: no checkpoints (no workdir or ``checkpoint_every=0``)."""
+
+  def __init__(self, plan: SweepPlan, workdir: str | None):
+    every = int(field(plan.run.context.config, "checkpoint_every") or 0)
+    self.root = os.path.join(workdir, "checkpoints", plan.run.label) if workdir and every else None
+
+  def stretch(self, end: int) -> str | None:
+    return None if self.root is None else f"{self.root}#to{end}"
+
+  def load(self) -> dict | None:
+    import json
+
+    path = f"{self.root}#study.json" if self.root else None
+    if path is None or not os.path.exists(path):
+      return None
+    with open(path) as f:
+      return json.load(f)
+
+  def restore(self, meta: dict, algorithm: FederatedAlgorithm):
+    from fedtree.experiment.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(f"{self.root}#at{meta['round']}", every=1, keep=1)
+    try:
+      state = ckpt.restore(jax.eval_shape(algorithm.init, jax.random.key(0)))
+    finally:
+      ckpt.close()
+    if state is None:
+      raise ValueError(f"{self.root}#study.json names the boundary at round {meta['round']}, whose "
+                       f"checkpoint is missing; delete {os.path.dirname(self.root)} (or run with "
+                       f"--overwrite) to start the study fresh")
+    return state
+
+  def save(self, state, meta: dict) -> None:
+    """The boundary ``state`` first, then the record naming it (a kill between the two resumes from the
+    boundary before)."""
+    if self.root is None:
+      return
+    import json
+
+    from fedtree.experiment.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(f"{self.root}#at{int(state.round)}", every=1, keep=1)
+    try:
+      ckpt.maybe_save(state, force=True)
+    finally:
+      ckpt.close()
+    tmp = f"{self.root}#study.json.tmp"
+    with open(tmp, "w") as f:
+      json.dump({**meta, "round": int(state.round)}, f)
+    os.replace(tmp, f"{self.root}#study.json")
+
+
+def _run_halving(plan: SweepPlan, reporter: Reporter, *, should_stop, workdir: str | None = None
+                 ) -> dict[str, Any]:
   """Successive halving (:mod:`fedtree.experiment.search`): every experiment trains to the first
   rung; there the settings are scored by the mean of ``config.sweep.select`` over their seeds, the
   best go on (their state compacted, :func:`fedtree.core.sweep.compact`) and the others stop, rung
@@ -242,10 +313,17 @@ def _run_halving(plan: SweepPlan, reporter: Reporter, *, should_stop) -> dict[st
   reached = [0] * len(plan.shown)
   finals: dict[int, dict[str, float]] = {}
   untrained: set[str] = set()
-  start = None
-  for end in halving.segments(run.rounds):
+  start, study = None, _Study(plan, workdir)
+  meta = study.load()
+  if meta is not None:   # resumed at a rung
+    active, reached, untrained = meta["active"], meta["reached"], set(meta["untrained"])
+    finals = {int(x): v for x, v in meta["finals"].items()}
+    start = Start(study.restore(meta, _stacked(plan, active, None, pad=False)), meta["summaries"])
+    reporter.print(f"{run.label}: resumed the study at its rung of round {meta['round']} ({len(active)} "
+                   f"experiments go on)")
+  for end in [e for e in halving.segments(run.rounds) if meta is None or e > meta["round"]]:
     state, summaries = _train(plan, reporter, active, run.label, rounds=end, should_stop=should_stop,
-                              start=start)
+                              start=start, checkpoint_dir=study.stretch(end))
     per_exp = by_experiment(summaries, len(active))
     for x, sm in zip(active, per_exp, strict=True):
       untrained.update(m for m, v in sm.items() if v.get("trained") is False)
@@ -263,8 +341,10 @@ def _run_halving(plan: SweepPlan, reporter: Reporter, *, should_stop) -> dict[st
     shown = [f"{sweep.setting_name(plan.shown[alive[p]])}: {scores[p]:.4f}" for p in ranked][:3]
     reporter.print(f"{run.label}: rung at round {end}: {len(kept)} of {len(alive)} settings go on by "
                    f"{select} (the best: {'; '.join(shown)}{'; ...' if len(kept) > 3 else ''})")
-    start = Start(compact(state, rows), [per_exp[p] for p in rows])
+    start = Start(compact(state, rows), [_carried(per_exp[p]) for p in rows])
     active = [active[p] for p in rows]
+    study.save(start.state, {"active": active, "reached": reached, "finals": finals,
+                             "untrained": sorted(untrained), "summaries": start.summaries})
   spent = sum(finals[x].get("client_updates", 0) for x in finals)
   full = [finals[x].get("client_updates", 0) for x in active]   # the experiments that reached the last round
   if spent and full:
@@ -275,7 +355,8 @@ def _run_halving(plan: SweepPlan, reporter: Reporter, *, should_stop) -> dict[st
   return _results(plan, reporter, finals, untrained, [run.label], reached)
 
 
-def _run_pbt(plan: SweepPlan, reporter: Reporter, *, should_stop) -> dict[str, Any]:
+def _run_pbt(plan: SweepPlan, reporter: Reporter, *, should_stop,
+             workdir: str | None = None) -> dict[str, Any]:
   """Population-based training (:mod:`fedtree.experiment.search`): the experiments train together;
   every ``pbt_interval`` rounds they are ranked by ``config.sweep.select``, the bottom fraction
   copies the whole state of a top one (:func:`fedtree.core.sweep.exploit`: the same shapes, the
@@ -294,10 +375,17 @@ def _run_pbt(plan: SweepPlan, reporter: Reporter, *, should_stop) -> dict[str, A
   lineage: list[list[dict]] = [[{"round": 0, "from": x, "setting": dict(v)}] for x, v in enumerate(values)]
   finals: dict[int, dict[str, float]] = {}
   untrained: set[str] = set()
-  start = None
-  for end in pbt.segments(run.rounds):
+  start, study = None, _Study(plan, workdir)
+  meta = study.load()
+  if meta is not None:   # resumed at an exploit step
+    values, lineage, untrained = meta["values"], meta["lineage"], set(meta["untrained"])
+    finals = {int(x): v for x, v in meta["finals"].items()}
+    rng.bit_generator.state = meta["rng"]
+    start = Start(study.restore(meta, _stacked(plan, everyone, values, pad=False)), meta["summaries"])
+    reporter.print(f"{run.label}: resumed the study at its exploit step of round {meta['round']}")
+  for end in [e for e in pbt.segments(run.rounds) if meta is None or e > meta["round"]]:
     state, summaries = _train(plan, reporter, everyone, run.label, rounds=end, should_stop=should_stop,
-                              start=start, values=values)
+                              start=start, values=values, checkpoint_dir=study.stretch(end))
     per_exp = by_experiment(summaries, len(everyone))
     for x, sm in enumerate(per_exp):
       untrained.update(m for m, v in sm.items() if v.get("trained") is False)
@@ -314,7 +402,11 @@ def _run_pbt(plan: SweepPlan, reporter: Reporter, *, should_stop) -> dict[str, A
     reporter.print(f"{run.label}: exploit at round {end}: {len(copied)} of {len(everyone)} experiments copy "
                    f"a better one and explore ({steps}{'; ...' if len(copied) > 3 else ''})")
     # (each slot's bytes and client updates go on from its own count: the study's cost is their sum)
-    start = Start(exploit(state, sources, {p: [v[p] for v in values] for p in sorted(values[0])}), per_exp)
+    start = Start(exploit(state, sources, {p: [v[p] for v in values] for p in sorted(values[0])}),
+                  [_carried(s) for s in per_exp])
+    study.save(start.state, {"values": values, "lineage": lineage, "finals": finals,
+                             "untrained": sorted(untrained), "summaries": start.summaries,
+                             "rng": rng.bit_generator.state})
   out = _results(plan, reporter, finals, untrained, [run.label], members=values)
   out["sweep"]["lineage"] = lineage
   if reporter.workdir:
