@@ -168,15 +168,16 @@ def test_a_stopped_study_resumes_to_the_same_table(tmp_path, schedule):
   assert resumed["settings"] == through["settings"]
   assert resumed.get("lineage") == through.get("lineage")
   rows = [json.loads(x) for x in open(tmp_path / "b" / "metrics.jsonl")]
-  assert max(r["round"] for r in rows) == 6 and len({(r["experiment"], r["round"]) for r in rows}) == len(rows)
+  assert max(r["round"] for r in rows) == 6
+  assert len({(r["experiment"], r["round"]) for r in rows}) == len(rows)   # no round logged twice
 
 
-@pytest.mark.parametrize("variant", [None, "halving", "random", "pbt", "fedex"])
+@pytest.mark.parametrize("variant", [None, "halving", "random", "pbt", "fedex", "hyperband"])
 def test_the_tuning_config_sweeps_81_settings_per_run(variant):
   c = load_config("tuning", variant) if variant else load_config("tuning")
   runner.validate_config(c)
   for label in c.run_order:
-    assert len(sweep.settings_of(c, label)) == (9 if variant == "fedex" else 81)
+    assert len(sweep.settings_of(c, label)) == {"fedex": 9, "hyperband": 17}.get(variant, 81)
   assert (search.halving_of(c.sweep, c.rounds) is not None) == (variant == "halving")
 
 
@@ -265,6 +266,53 @@ def test_bad_pbt_input_is_refused_before_anything_runs(tmp_path, fields, match):
     c.sweep[k] = v
   if not c.sweep.params:
     c.sweep.seeds = 2
+  with pytest.raises(ValueError, match=match):
+    experiment.train_and_evaluate(c, str(tmp_path / "wd"))
+  assert not (tmp_path / "wd").exists()
+
+
+# ------------------------------------------------------------------------ Hyperband
+def test_hyperbands_brackets_are_li_et_als():
+  """Li et al. 2018, Table 1 (R = 81, η = 3): the brackets' settings and first rungs."""
+  brackets = search.hyperband(81, 3, 1)
+  assert [(b.s, b.settings) for b in brackets] == [(4, 81), (3, 34), (2, 15), (1, 8), (0, 5)]
+  assert [b.rungs for b in brackets] == [(1, 3, 9, 27), (3, 9, 27), (9, 27), (27,), ()]
+
+
+def test_hyperband_runs_its_brackets_and_names_the_best(tmp_path):
+  c = tiny(rounds=6)
+  c.eval_every = 1
+  c.sweep.params = "local.learning_rate=loguniform(0.01,0.5)"
+  c.sweep.hyperband_min_rounds, c.sweep.halving_rate = 1, 2.0
+  out = experiment.train_and_evaluate(c, str(tmp_path))["fedavg"]["sweep"]
+  brackets = search.hyperband(6, 2.0, 1)
+  assert [b["settings"] for b in out["brackets"]] == [b.settings for b in brackets] == [4, 3, 3]
+  for b in brackets:   # every bracket halves its own draws: at each rung the kept share, to round 6
+    reached = sorted(r["rounds"] for r in out["settings"] if r["bracket"] == b.s)
+    n, expected = b.settings, []
+    for rung in b.rungs:
+      keep = max(1, n // 2)
+      expected += [rung] * (n - keep)
+      n = keep
+    assert reached == sorted(expected + [6] * n), (b, reached)
+  assert out["client_updates"] == sum(r["mean"]["client_updates"] for r in out["settings"])
+  assert out["best"]["name"] in {r["name"] for r in out["settings"] if r["rounds"] == 6}
+  cfg = load_file(str(tmp_path / "best_fedavg.py"))
+  assert cfg.local.learning_rate == out["best"]["setting"]["local.learning_rate"]
+  assert cfg.run_order == ("fedavg",)
+
+
+@pytest.mark.parametrize("fields,match", [
+  (dict(hyperband_min_rounds=6), r"hyperband_min_rounds=6 is not before the last round \(6\)"),
+  (dict(hyperband_min_rounds=1, rungs="2"), "leave config.sweep.rungs unset"),
+  (dict(hyperband_min_rounds=1, samples=4), "leave config.sweep.samples unset"),
+  (dict(hyperband_min_rounds=1, halving_rate=1.5), "Hyperband's rate must be >= 2"),
+])
+def test_bad_hyperband_input_is_refused_before_anything_runs(tmp_path, fields, match):
+  c = tiny(rounds=6)
+  c.sweep.params = "local.learning_rate=loguniform(0.01,0.5)"
+  for k, v in fields.items():
+    c.sweep[k] = v
   with pytest.raises(ValueError, match=match):
     experiment.train_and_evaluate(c, str(tmp_path / "wd"))
   assert not (tmp_path / "wd").exists()

@@ -65,7 +65,8 @@ NUMBER_OR_NAME = ("chunk_size", "eval_chunk_size")
 
 SWEEP_FIELDS = {"seeds": 1, "params": "", "mode": "product", "select": "global/accuracy", "chunk": "all",
                 "samples": 0, "sample_seed": 0, "rungs": "", "halving_rate": 3.0,
-                "pbt_interval": 0, "pbt_fraction": 0.25, "pbt_perturb": 0.2, "pbt_resample": 0.0}
+                "pbt_interval": 0, "pbt_fraction": 0.25, "pbt_perturb": 0.2, "pbt_resample": 0.0,
+                "hyperband_min_rounds": 0}
 """``config.sweep``'s fields and their defaults: one seed, nothing swept, a grid of the listed
 values run to the last round (a plain run; :mod:`fedtree.experiment.sweep` reads them, and
 :mod:`fedtree.experiment.search` the random draws and the rungs)."""

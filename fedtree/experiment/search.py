@@ -28,7 +28,13 @@ stopped ones is reclaimed, and a survivor goes on with the computation it would 
 sums differently). The sweep table gives every setting the round it reached and its
 metrics there; the client updates column (every client that trained and sent an update, summed
 over rounds) is the study's cost. Hyperband's brackets are successive halving runs with different
-rungs: one config each (``--config.sweep.rungs=...``).
+rungs: ``sweep.hyperband_min_rounds`` runs them all (:func:`hyperband`, below).
+
+**Hyperband** (Li et al. 2018): ``sweep.hyperband_min_rounds = r`` (with ``halving_rate`` η and the
+distributions of ``sweep.params``) runs the brackets ``s = s_max .. 0`` one after another, each a
+successive-halving study of ``ceil((s_max + 1)/(s + 1) η^s)`` settings of its own draws (seed
+``sample_seed + s``) halved from ``r η^{s_max − s}`` rounds, under the run name ``<run>_bracket<s>``;
+then one summary of every setting and the best of those that reached the last round.
 
 **Population-based training** (Jaderberg et al. 2017): the experiments train together; every
 ``pbt_interval`` rounds (a multiple of ``eval_every``) they are ranked by ``sweep.select``, and each
@@ -194,11 +200,16 @@ def halving_of(sw, rounds: int | None = None, label: str = "") -> Halving | None
   if not rate >= 2:
     raise ValueError(f"config.sweep.halving_rate={rate:g}: a rate below 2 keeps more than half the settings "
                      f"at every rung; give a rate >= 2 (3 keeps the best third)")
-  if rounds is not None and rungs[-1] >= int(rounds):
-    run = f" of run {label!r}" if label else ""
-    raise ValueError(f"config.sweep.rungs={','.join(map(str, rungs))}: rung {rungs[-1]} is not before "
-                     f"the last round ({int(rounds)}){run}; every rung must be in [1, {int(rounds) - 1}]")
+  _before_last(f"rungs={','.join(map(str, rungs))}: rung {rungs[-1]}", rungs[-1], rounds, label,
+               f"every rung must be in [1, {int(rounds or 2) - 1}]")
   return Halving(rungs, rate)
+
+
+def _before_last(what: str, value: int, rounds: int | None, label: str, why: str) -> None:
+  """``config.sweep.<what>`` refused when ``value`` is not before the run's last round ``rounds``."""
+  if rounds is not None and int(value) >= int(rounds):
+    run = f" of run {label!r}" if label else ""
+    raise ValueError(f"config.sweep.{what} is not before the last round ({int(rounds)}){run}: {why}")
 
 
 def survivors(scores: Sequence[float], rate: float, *, lower_is_better: bool = False) -> list[int]:
@@ -209,6 +220,74 @@ def survivors(scores: Sequence[float], rate: float, *, lower_is_better: bool = F
   sign = 1.0 if lower_is_better else -1.0
   key = [(math.inf if not np.isfinite(s) else sign * float(s), i) for i, s in enumerate(scores)]
   return sorted(i for _, i in sorted(key)[:keep])
+
+
+# ------------------------------------------------------------------------ Hyperband
+class Bracket(NamedTuple):
+  """One bracket of Hyperband: ``settings`` drawn anew, halved at ``rungs`` by ``rate``.
+
+  Attributes:
+    s: the bracket's index (``s_max`` down to 0: the most settings and the earliest first rung first).
+    settings: how many settings it draws.
+    rungs: its successive-halving rungs (none for ``s = 0``: every setting to the last round).
+  """
+
+  s: int
+  settings: int
+  rungs: tuple[int, ...]
+
+
+def hyperband(rounds: int, rate: float, min_rounds: int) -> list[Bracket]:
+  """Hyperband's brackets (Li et al. 2018, Algorithm 1) with the resource in rounds:
+  ``s_max = floor(log_rate(rounds / min_rounds))``; bracket ``s`` draws
+  ``n = ceil((s_max + 1) / (s + 1) · rate^s)`` settings and halves them at
+  ``r · rate^i`` rounds (``i < s``, ``r = rounds · rate^−s``), the survivors to ``rounds``."""
+  s_max = int(math.floor(math.log(rounds / min_rounds) / math.log(rate) + 1e-9))
+  out = []
+  for s in range(s_max, -1, -1):
+    n = int(math.ceil((s_max + 1) / (s + 1) * rate ** s - 1e-9))
+    r = rounds * rate ** (-s)
+    rungs = tuple(sorted({max(1, int(round(r * rate ** i))) for i in range(s)} - {int(rounds)}))
+    out.append(Bracket(s, n, tuple(x for x in rungs if x < rounds)))
+  return out
+
+
+def hyperband_of(sw, rounds: int | None = None, label: str = "") -> list[Bracket] | None:
+  """``config.sweep``'s Hyperband brackets (``None``: ``hyperband_min_rounds`` 0), checked: a minimum
+  at or past the run's rounds, a rate below 2, and Hyperband beside rungs, PBT or ``samples`` (each
+  bracket draws its own) are refused."""
+  from fedtree.experiment.fields import sweep_field
+
+  low = sweep_field(sw, "hyperband_min_rounds")
+  if isinstance(low, bool) or not isinstance(low, (int, np.integer)) or low < 0:
+    raise ValueError(f"config.sweep.hyperband_min_rounds={low!r} must be an int >= 0 (0: no Hyperband)")
+  if not low:
+    return None
+  rate = float(sweep_field(sw, "halving_rate"))
+  if not rate >= 2:
+    raise ValueError(f"config.sweep.halving_rate={rate:g}: Hyperband's rate must be >= 2")
+  for name in ("rungs", "pbt_interval", "samples"):
+    if sweep_field(sw, name):
+      raise ValueError(f"config.sweep.hyperband_min_rounds={low} sets every bracket's rungs and draws: leave "
+                       f"config.sweep.{name} unset")
+  _before_last(f"hyperband_min_rounds={low}", low, rounds, label,
+               "Hyperband halves from the minimum up to the last round")
+  return None if rounds is None else hyperband(int(rounds), rate, int(low))
+
+
+def bracket_settings(params: Mapping[str, Any], paths: Sequence[str], brackets: Sequence[Bracket],
+                     seed: int) -> list[list[dict[str, float]]]:
+  """Every bracket's settings: ``bracket.settings`` drawn from ``params`` with seed ``seed + s``,
+  each restricted to ``paths`` (a setting drawn twice within a bracket runs once)."""
+  out = []
+  for b in brackets:
+    own: list[dict[str, float]] = []
+    for setting in draw(params, b.settings, int(seed) + b.s):
+      mine = {p: setting[p] for p in paths}
+      if mine not in own:
+        own.append(mine)
+    out.append(own)
+  return out
 
 
 # ------------------------------------------------------------------------ population-based training
@@ -260,10 +339,7 @@ def pbt_of(sw, rounds: int | None = None, eval_every: int | None = None, label: 
   if eval_every is not None and interval % int(eval_every):
     raise ValueError(f"config.sweep.pbt_interval={interval} is not a multiple of config.eval_every="
                      f"{eval_every}: every exploit step ranks the experiments by an evaluation of that round")
-  if rounds is not None and interval >= int(rounds):
-    run = f" of run {label!r}" if label else ""
-    raise ValueError(f"config.sweep.pbt_interval={interval} is not before the last round "
-                     f"({int(rounds)}){run}: no exploit step would happen")
+  _before_last(f"pbt_interval={interval}", interval, rounds, label, "no exploit step would happen")
   return PBT(int(interval), fraction, perturb, resample)
 
 

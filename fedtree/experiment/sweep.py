@@ -366,7 +366,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                        "only numeric fields can be swept")
     if isinstance(values, search.Distribution):
       values.check(path)
-      if not samples:
+      if not samples and not sweep_field(sw, "hyperband_min_rounds"):
         raise ValueError(f"config.sweep.params[{path!r}]={values} is a distribution: set "
                          f"config.sweep.samples to the number of settings to draw from it (random search), "
                          f"or list its values")
@@ -385,6 +385,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                      "empty")
   search.halving_of(sw)   # the rungs' and the rate's syntax (the rounds: each run's, in its plan)
   search.pbt_of(sw, eval_every=int(config.get("eval_every", 1)))
+  search.hyperband_of(sw)
   if mode == "zip":
     lengths = {p: len(v) for p, v in params.items()}
     if len(set(lengths.values())) > 1:
@@ -407,7 +408,9 @@ def _chunk_value(sw):
 def settings_of(config: ml_collections.ConfigDict, label: str) -> list[dict[str, float]]:
   """The settings (``{path: value}``) of run ``label``: its swept paths combined by
   ``config.sweep.mode``, or with ``config.sweep.samples`` drawn at random from every swept path's
-  distribution (:func:`fedtree.experiment.search.draw`; a setting drawn twice runs once);
+  distribution (:func:`fedtree.experiment.search.draw`; a setting drawn twice runs once), or with
+  ``config.sweep.hyperband_min_rounds`` every Hyperband bracket's draws, one bracket after another
+  (:func:`fedtree.experiment.search.bracket_settings`);
   ``[{}]`` when nothing concerns it."""
   sw = config.get("sweep", None)
   params = params_of(sw)
@@ -416,6 +419,13 @@ def settings_of(config: ml_collections.ConfigDict, label: str) -> list[dict[str,
   if not mine:
     return [{}]
   paths = sorted(mine)
+  if sweep_field(sw, "hyperband_min_rounds"):   # every bracket's draws, bracket after bracket
+    from fedtree.experiment.fields import run_field
+
+    rounds = int(run_field(config, config.runs[label], "rounds"))
+    brackets = search.hyperband_of(sw, rounds, label) or []
+    per = search.bracket_settings(params, paths, brackets, int(sweep_field(sw, "sample_seed") or 0))
+    return [s for settings in per for s in settings]
   samples = int(sweep_field(sw, "samples") or 0)
   if samples:   # random search: drawn over every swept path, then this run's (so each run sees one draw)
     drawn = search.draw(params, samples, int(sweep_field(sw, "sample_seed") or 0))
@@ -641,12 +651,14 @@ def format_table(label: str, rows: list[dict], metrics: Sequence[str] | None = N
 
 
 def write_outputs(workdir: str | None, label: str, rows: list[dict], select: str, *, config=None,
-                  paths: Sequence[str] = (), records: Sequence[dict] = ()) -> dict:
+                  paths: Sequence[str] = (), records: Sequence[dict] = (),
+                  run_label: str | None = None) -> dict:
   """``summary`` entry of the run (rows and the best setting), and in the workdir its PNG and, given
   the ``config``, what a study keeps (:mod:`fedtree.experiment.search`): ``tuning_<label>.csv``
   (``records``: the run's ``metrics.jsonl`` rows; ``paths``: the swept paths) and
   ``best_<label>.py``. With successive halving the best is among the settings that reached the
-  last round."""
+  last round. ``run_label``: the run's label in the config when ``label`` names a part of it (a
+  Hyperband bracket's files)."""
   finished = [r for r in rows if r.get("rounds", None) in (None, max(x.get("rounds", 0) for x in rows))]
   b = best(finished, select)
   if workdir and config is not None:
@@ -657,7 +669,7 @@ def write_outputs(workdir: str | None, label: str, rows: list[dict], select: str
              f"({b['mean'][select]:.4f}{spread} "
              f"over {b['seeds']} seed{'s' if b['seeds'] > 1 else ''}), written by fedtree.")
       with open(os.path.join(workdir, f"best_{label}.py"), "w") as f:
-        f.write(search.best_config_text(config, label, b["setting"], why))
+        f.write(search.best_config_text(config, run_label or label, b["setting"], why))
   out = {"select": select, "best": None if b is None else {"setting": b["setting"], "name": b["name"],
                                                            "mean": b["mean"][select],
                                                            "std": b["std"][select]},

@@ -58,6 +58,10 @@ class SweepPlan(NamedTuple):
     halving: the successive-halving schedule (``config.sweep.rungs``), or ``None``: every
       experiment to the last round.
     pbt: the population-based training schedule (``config.sweep.pbt_interval``), or ``None``.
+    brackets: Hyperband's brackets (``config.sweep.hyperband_min_rounds``), each
+      ``(Bracket, indices of its settings)``, or ``None``.
+    config_label: the run's label in the config where ``run.label`` names one of its parts (a
+      Hyperband bracket); ``None``: ``run.label``.
   """
 
   run: Run
@@ -72,6 +76,8 @@ class SweepPlan(NamedTuple):
   note: str
   halving: Halving | None = None
   pbt: PBT | None = None
+  brackets: list | None = None
+  config_label: str | None = None
 
   def setting_metrics(self, x: int):
     """Experiment ``x``'s setting's per-round metrics (its ε), or ``None``."""
@@ -127,6 +133,18 @@ def plan_sweep(run: Run, *, budget: memory.Budget | None = None, trace: bool = T
                      f"rung, so its {len(exps)} experiments train as one program; config.sweep.chunk={size} "
                      f"splits them: set config.sweep.chunk='all'")
   pbt = search.pbt_of(config.sweep, run.rounds, int(config.eval_every), label)
+  brackets = None
+  bands = search.hyperband_of(config.sweep, run.rounds, label)
+  if bands is not None:
+    params = sweep.params_of(config.sweep)
+    seed = int(sweep.sweep_field(config.sweep, "sample_seed"))
+    per = search.bracket_settings(params, sorted(shown[0]), bands, seed)
+    offsets = [sum(len(p) for p in per[:k]) for k in range(len(per))]
+    brackets = [(b, list(range(f, f + len(p)))) for b, p, f in zip(bands, per, offsets, strict=True)]
+    if metrics is not None or settings != shown:
+      raise ValueError(f"run {label!r}: Hyperband draws its settings per bracket, but this run's "
+                       f"capabilities read the swept values on the host (a privacy budget's accounting or a "
+                       f"calibrated noise multiplier); tune it with a grid or successive halving")
   if pbt is not None and size < len(exps):
     raise ValueError(f"run {label!r}: population-based training ranks every experiment at an exploit step, "
                      f"so its {len(exps)} experiments train as one program; config.sweep.chunk={size} splits "
@@ -146,7 +164,7 @@ def plan_sweep(run: Run, *, budget: memory.Budget | None = None, trace: bool = T
                         chunk_name="sweep.chunk" if size > 1 else "chunk_size", needs=run.needs)
   plan = SweepPlan(run=run, shown=shown, settings=settings, notes=notes, exps=exps, build=build,
                    explain=sweep.explain(label, algo_name, sorted(settings[0])), metrics=metrics,
-                   size=size, note=note, halving=halving, pbt=pbt)
+                   size=size, note=note, halving=halving, pbt=pbt, brackets=brackets)
   if trace:
     trace_rounds(plan.stacked(plan.chunks[0]), ctx.run_data, jax.random.key(seed0),
                  num_rounds=run.rounds, config=config)
@@ -171,6 +189,8 @@ def run_sweep(plan: SweepPlan, reporter: Reporter, *, workdir: str | None,
     return _run_halving(plan, reporter, should_stop=should_stop, workdir=workdir)
   if plan.pbt is not None:
     return _run_pbt(plan, reporter, should_stop=should_stop, workdir=workdir)
+  if plan.brackets is not None:
+    return _run_hyperband(plan, reporter, should_stop=should_stop, workdir=workdir)
   every = int(field(config, "checkpoint_every") or 0)
   chunks = plan.chunks
   finals: dict[int, dict[str, float]] = {}
@@ -355,6 +375,52 @@ def _run_halving(plan: SweepPlan, reporter: Reporter, *, should_stop, workdir: s
   return _results(plan, reporter, finals, untrained, [run.label], reached)
 
 
+def _run_hyperband(plan: SweepPlan, reporter: Reporter, *, should_stop,
+                   workdir: str | None) -> dict[str, Any]:
+  """Hyperband (:func:`fedtree.experiment.search.hyperband`): its brackets one after another, each a
+  successive-halving study of its own draws under the run name ``<run>_bracket<s>`` (its table, rows,
+  ``tuning_`` and ``best_`` files); then every setting of every bracket in one summary, the best among
+  those that reached the last round, and its config as ``best_<run>.py``."""
+  from fedtree.experiment import search, sweep
+
+  run = plan.run
+  config = run.context.config
+  select = str(sweep.sweep_field(config.sweep, "select"))
+  rate = float(sweep.sweep_field(config.sweep, "halving_rate"))
+  seeds = sorted({seed for _, seed in plan.exps})
+  rows, spent = [], 0.0
+  for bracket, idx in plan.brackets or []:
+    exps = [(j, seed) for j in range(len(idx)) for seed in seeds]
+    reporter.print(f"{run.label}: Hyperband bracket {bracket.s}: {len(idx)} settings, rungs "
+                   f"{', '.join(map(str, bracket.rungs)) or 'none'}")
+    sub = plan._replace(run=dataclasses.replace(run, label=f"{run.label}_bracket{bracket.s}"),
+                        shown=[plan.shown[i] for i in idx], settings=[plan.settings[i] for i in idx],
+                        exps=exps,
+                        size=len(exps), halving=search.Halving(bracket.rungs, rate), brackets=None,
+                        config_label=run.label)
+    out = _run_halving(sub, reporter, should_stop=should_stop, workdir=workdir)["sweep"]
+    for row in out["settings"]:
+      rows.append({**row, "bracket": bracket.s, "name": f"[{bracket.s}] {row['name']}"})
+      spent += row["mean"].get("client_updates", 0.0) * row["seeds"]
+  finished = [r for r in rows if r.get("rounds") == run.rounds]
+  best = sweep.best(finished, select)
+  out = {"select": select, "settings": rows, "client_updates": spent,
+         "brackets": [{"s": b.s, "settings": len(i), "rungs": list(b.rungs)} for b, i in plan.brackets or []],
+         "best": None if best is None else {"setting": best["setting"], "name": best["name"],
+                                           "mean": best["mean"][select], "std": best["std"][select],
+                                           "bracket": best["bracket"]}}
+  if best is not None:
+    reporter.result(f"Hyperband of {run.label!r}: {len(rows)} settings in {len(plan.brackets or [])} "
+                    f"brackets, {spent:.0f} client updates; best by {select}: {best['name']} "
+                    f"({best['mean'][select]:.4f})")
+    if reporter.workdir:
+      why = (f"The best setting of the Hyperband study of run {run.label!r} by {select}: {best['name']} "
+             f"({best['mean'][select]:.4f}), written by fedtree.")
+      with open(os.path.join(reporter.workdir, f"best_{run.label}.py"), "w") as f:
+        f.write(search.best_config_text(config, run.label, best["setting"], why))
+  return {"sweep": out}
+
+
 def _run_pbt(plan: SweepPlan, reporter: Reporter, *, should_stop,
              workdir: str | None = None) -> dict[str, Any]:
   """Population-based training (:mod:`fedtree.experiment.search`): the experiments train together;
@@ -458,8 +524,8 @@ def _results(plan: SweepPlan, reporter: Reporter, finals: dict[int, dict[str, fl
     reporter.result(f"(left out, never trained within the run: its parameters are still the initial "
                     f"ones: {', '.join(f'{label} {m}' for m in sorted(untrained))})")
   records = [r for name in names for r in reporter.rows(name)]
-  out = sweep.write_outputs(reporter.workdir, label, rows, select, config=config,
-                            paths=sorted(shown[0]), records=records)  # None off process 0
+  out = sweep.write_outputs(reporter.workdir, label, rows, select, config=config, paths=sorted(shown[0]),
+                            records=records, run_label=plan.config_label)  # None off process 0
   out["untrained"] = sorted(untrained)
   if out["best"] is not None:
     spread = f" ± {out['best']['std']:.4f}" if int(sweep.sweep_field(config.sweep, "seeds") or 1) > 1 else ""
