@@ -18,8 +18,9 @@ it took; the workdir keeps ``tuning_<run>.csv`` (every setting, seed and round: 
 and ``best_<run>.py`` (the best setting's config, ready to run).
 
 What the variants print today (one seed; the best setting by global accuracy after 90 rounds, and the
-client updates of the study; 2-core machine, 2026-12-07, each about 2 min wall and 63-83 s of CPU
-time with a test run beside it; FedEx 33 s wall and 32 s CPU, Hyperband 43 s and 60 s)::
+client updates of the study). The grid costs 38 s wall and 50 s of CPU time (measured on 2026-12-07 on
+the project's quiet 2-core machine); halving 49 s and 69 s, random 45 s and 57 s, PBT 58 s and 70 s,
+FedEx 24 s and 33 s, Hyperband 41 s and 60 s::
 
   variant   run      best setting                                   accuracy  client updates
   grid      fedavg   client lr 0.05, server lr 2                    0.7625    72,900

@@ -559,14 +559,14 @@ def fedbuff_event_loop(model, x0, data, speeds, steps, weights, rounds, root, *,
 
 # ------------------------------------------------------------------------ issue 53: FedEx
 def fedex_rounds(model, data, x0, parent, rounds, key, *, cohort_size, weights, steps, lr, batch_size, scales,
-                 val_fraction, discount):
+                 val_fraction, discount, dtype=np.float32):
   """FedEx (Khodak et al. 2021) per parent of clients, written from the authors' ``FedEx.step``: every
   sampled client draws ``j ~ θ_p`` (the engine's draw: ``categorical`` on the first half of its train
   key), runs ``steps[k]`` SGD steps at ``lr · scales[j]`` on its first ``n − v`` rows and scores the
   mean loss of the model it trained and of the one it received on its last ``v`` rows; the parent
   averages the models by ``weights`` (FedAvg) and steps ``log θ_p`` by the exponentiated gradient with
-  the ``aggressive`` size and the discounted baseline (in float64). Returns ``(models, log θ)`` per
-  parent."""
+  the ``aggressive`` size and the discounted baseline (in float64; the clients in ``dtype``). Returns
+  ``(models, log θ)`` per parent."""
   scales = np.asarray(scales, np.float64)
   k_all = len(scales)
   eta0 = np.sqrt(2.0 * np.log(k_all))
@@ -587,18 +587,18 @@ def fedex_rounds(model, data, x0, parent, rounds, key, *, cohort_size, weights, 
   def client(rk, k, p, x):
     pick, train = jax.random.split(train_key(rk, k))
     theta = np.exp(log_theta[p])
-    j = int(jax.random.categorical(pick, jnp.log(jnp.asarray(theta, jnp.float32))))
+    j = int(jax.random.categorical(pick, jnp.log(jnp.asarray(theta, jnp.result_type(float)))))
     n = int(data.n_train[k])
     v = 0 if n < 2 else min(max(int(np.floor(n * val_fraction)), 1), n - 1)
     first = n - v
     cd = client_data(data, k)._replace(n=jnp.asarray(first))
     batch_key, _ = jax.random.split(train)
-    w = jax.tree.map(lambda a: np.asarray(a, np.float32), x)
+    w = jax.tree.map(lambda a: np.asarray(a, dtype), x)
     for t in range(int(steps[k])):
       _, g = f(w, batch_at(batch_key, cd, jnp.asarray(t), batch_size))
-      w = jax.tree.map(lambda a, d: a - np.float32(lr * scales[j]) * np.asarray(d), w, g)
+      w = jax.tree.map(lambda a, d: a - dtype(lr * scales[j]) * np.asarray(d, dtype), w, g)
     after = mean_loss(w, k, first) if v else 0.0
-    before = mean_loss(jax.tree.map(lambda a: np.asarray(a, np.float32), x), k, first) if v else 0.0
+    before = mean_loss(jax.tree.map(lambda a: np.asarray(a, dtype), x), k, first) if v else 0.0
     return w, j, v, after, before, theta
 
   def server(p, x, answers):

@@ -89,6 +89,23 @@ def feddyn_vs_reference(model, data, groups):
               state.params, state.server_state, state.client_state)
 
 
+def fedex_vs_reference(model, data, groups):
+  """test_fedex's flat loop (three scales, a held-out 30 %), θ too, three rounds."""
+  scales = (0.25, 1.0, 4.0)
+  alg = A.fedex(model=model, data=data, local_optimizer=optax.sgd(LR),
+                schedule=LocalSchedule(batch_size=B, steps=3), cohort_size=4, chunk_size=2, lr_scales=scales,
+                val_fraction=0.3, baseline_discount=0.5)
+  key = jax.random.key(5)
+  state, _ = bref.run_jit(alg, data, 3, key)
+  c = data.num_clients
+  models, log_theta = bref.fedex_rounds(model, data, bref.start(alg), np.zeros(c, np.int64), 3, key,
+                                        cohort_size=4, weights=np.asarray(data.n_train, np.float64),
+                                        steps=[3] * c, lr=LR, batch_size=B, scales=scales, val_fraction=0.3,
+                                        discount=0.5, dtype=np.float64)
+  return _out([maxdiff(row(state.params[0], 0), models[0]),
+               maxdiff(state.server_state["log_theta"][0], log_theta[0])], state.params, state.server_state)
+
+
 def _mime(method, model, data, weighting, eta_g):
   from test_mime import _reference, _trace
 
@@ -661,5 +678,5 @@ REFERENCES = {
   "fedbabu_ref": fedbabu_vs_reference, "fedrod_ref": fedrod_vs_reference,
   "heterofl_ref": _width(A.heterofl, "static", True), "fedrolex_ref": _width(A.fedrolex, "rolling", True),
   "fjord_ref": _width(A.fjord, "ordered", False), "feddf_ref": feddf_vs_reference,
-  "fedmd_ref": fedmd_vs_reference, "depthfl_ref": depthfl_vs_reference,
+  "fedmd_ref": fedmd_vs_reference, "depthfl_ref": depthfl_vs_reference, "fedex_ref": fedex_vs_reference,
 }
