@@ -22,26 +22,34 @@ from fedtree.experiment.registry import build_algorithm
 LRS = [0.01, 0.03, 0.1, 0.3]
 
 
-def test_compacted_survivors_go_on_bitwise():
-  """Experiments 1 and 3 taken out of four after 2 rounds and run 2 more alone equal, bit for bit,
-  the same experiments run 4 rounds among the four."""
+def _four(seeds):
+  """Four learning rates of the tiny FedAvg stacked with ``seeds``: ``(context, builder, algorithm)``."""
   c = tiny(rounds=4)
   c.sweep.params = "local.learning_rate=" + ",".join(map(str, LRS))
   ctx = runner.make_context(c)
   build = sweep.config_builder(c, "fedavg", ctx, build_algorithm)
-  four = stacked.sweep(build, {"local.learning_rate": LRS}, [0, 1, 0, 1])
+  return ctx, build, stacked.sweep(build, {"local.learning_rate": LRS}, seeds)
+
+
+def _leaves_equal(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x, y = jax.random.key_data(x), jax.random.key_data(y)
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_compacted_survivors_go_on_bitwise():
+  """Experiments 1 and 3 taken out of four after 2 rounds and run 2 more alone equal, bit for bit,
+  the same experiments run 4 rounds among the four."""
+  ctx, build, four = _four([0, 1, 0, 1])
   full = loop.run(four, ctx.data, num_rounds=4, key=jax.random.key(0), cache=None)
   half = loop.run(four, ctx.data, num_rounds=2, key=jax.random.key(0), cache=None)
   keep = [1, 3]
   two = stacked.sweep(build, {"local.learning_rate": [LRS[k] for k in keep]}, [1, 1])
   went_on = loop.run(two, ctx.data, num_rounds=4, key=jax.random.key(0), state=stacked.compact(half, keep),
                      cache=None)
-  expected = stacked.compact(full, keep)
   assert int(went_on.round) == 4
-  for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(went_on), strict=True):
-    if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
-      a, b = jax.random.key_data(a), jax.random.key_data(b)
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  _leaves_equal(stacked.compact(full, keep), went_on)
   with pytest.raises(ValueError, match=r"keeps \[\] of 4 experiments"):
     stacked.compact(full, [])
 
@@ -137,7 +145,15 @@ def test_successive_halving_stops_the_worse_settings_and_keeps_the_study(tmp_pat
   assert cfg.local.learning_rate == best["setting"]["local.learning_rate"]
   assert cfg.sweep.params == "" and cfg.sweep.rungs == "" and cfg.sweep.seeds == 2
   assert cfg.run_order == ("fedavg",) and list(cfg.runs) == ["fedavg"]
+  _searches_nothing(cfg)
+
+
+def _searches_nothing(cfg):
+  """A best setting's config runs its setting alone: nothing swept, drawn, halved or exploited."""
   runner.validate_config(cfg)
+  assert sweep.sweep_config(cfg) is None or not sweep.params_of(cfg.sweep)
+  assert search.halving_of(cfg.sweep) is None and search.pbt_of(cfg.sweep) is None
+  assert search.hyperband_of(cfg.sweep) is None and not cfg.sweep.samples
 
 
 def test_quickstart_keeps_the_new_sweep_fields():
@@ -186,11 +202,8 @@ def test_an_exploited_experiment_goes_on_from_its_sources_state_with_its_own_key
   """After 2 rounds experiment 3 takes experiment 1's whole state and a new learning rate; at round
   4 it equals, bit for bit, a run of that learning rate with experiment 3's key started from
   experiment 1's round-2 state; the experiments that copied nobody are unchanged by the step."""
-  c = tiny(rounds=4)
-  c.sweep.params = "local.learning_rate=" + ",".join(map(str, LRS))
-  ctx = runner.make_context(c)
-  build = sweep.config_builder(c, "fedavg", ctx, build_algorithm)
-  four = stacked.sweep(build, {"local.learning_rate": LRS}, [0, 1, 2, 3])
+  ctx, build, four = _four([0, 1, 2, 3])
+  full = loop.run(four, ctx.data, num_rounds=4, key=jax.random.key(0), cache=None)
   at2 = loop.run(four, ctx.data, num_rounds=2, key=jax.random.key(0), cache=None)
   new = [*LRS[:3], 0.07]
   pbt = stacked.exploit(at2, [0, 1, 2, 1], {"local.learning_rate": new})
@@ -202,10 +215,8 @@ def test_an_exploited_experiment_goes_on_from_its_sources_state_with_its_own_key
                            keys=at2.keys[3:4], hparams={"local.learning_rate": lr[:1] * 0 + np.float32(0.07)})
   alone = loop.run(stacked.sweep(build, {"local.learning_rate": [0.07]}, [3]), ctx.data, num_rounds=4,
                    key=jax.random.key(0), state=one, cache=None)
-  mine = stacked.compact(went_on, [3]).inner
-  for a, b in zip(jax.tree.leaves(mine), jax.tree.leaves(alone.inner), strict=True):
-    if not jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
-      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  _leaves_equal(stacked.compact(went_on, [3]).inner, alone.inner)
+  _leaves_equal(stacked.compact(went_on, [0, 1, 2]).inner, stacked.compact(full, [0, 1, 2]).inner)
   with pytest.raises(ValueError, match="a source in"):
     stacked.exploit(at2, [0, 1, 2], {"local.learning_rate": new})
 
@@ -247,6 +258,7 @@ def test_pbt_copies_states_and_records_the_lineage(tmp_path):
   assert [r["setting"] for r in out["settings"]] == [steps_[-1]["setting"] for steps_ in lineage]
   with open(tmp_path / "tuning_fedavg.csv") as f:   # every experiment's every round, one seed for all
     assert len(list(csv.DictReader(f))) == 4 * 6
+  _searches_nothing(load_file(str(tmp_path / "best_fedavg.py")))
 
 
 @pytest.mark.parametrize("fields,match", [
@@ -300,6 +312,7 @@ def test_hyperband_runs_its_brackets_and_names_the_best(tmp_path):
   cfg = load_file(str(tmp_path / "best_fedavg.py"))
   assert cfg.local.learning_rate == out["best"]["setting"]["local.learning_rate"]
   assert cfg.run_order == ("fedavg",)
+  _searches_nothing(cfg)
 
 
 @pytest.mark.parametrize("fields,match", [

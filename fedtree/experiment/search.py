@@ -134,6 +134,11 @@ def parse_distribution(text: str, path: str) -> Distribution | None:
   return Distribution(kind, args)
 
 
+def as_distribution(spec: Sequence[float] | Distribution) -> Distribution:
+  """A swept path's values as a :class:`Distribution` (a list of values: a choice among them)."""
+  return spec if isinstance(spec, Distribution) else Distribution("choice", tuple(float(v) for v in spec))
+
+
 def draw(params: Mapping[str, Sequence[float] | Distribution], samples: int, seed: int
          ) -> list[dict[str, float]]:
   """``samples`` settings drawn from ``params`` (``{path: Distribution or list}``, a list a
@@ -142,10 +147,7 @@ def draw(params: Mapping[str, Sequence[float] | Distribution], samples: int, see
   rng = np.random.default_rng(int(seed))
   values = {}
   for path in sorted(params):
-    dist = params[path]
-    if not isinstance(dist, Distribution):
-      dist = Distribution("choice", tuple(float(v) for v in dist))
-    values[path] = dist.sample(rng, int(samples))
+    values[path] = as_distribution(params[path]).sample(rng, int(samples))
   return [{p: float(values[p][i]) for p in sorted(params)} for i in range(int(samples))]
 
 
@@ -212,14 +214,18 @@ def _before_last(what: str, value: int, rounds: int | None, label: str, why: str
     raise ValueError(f"config.sweep.{what} is not before the last round ({int(rounds)}){run}: {why}")
 
 
+def ranked(scores: Sequence[float], *, lower_is_better: bool = False) -> list[int]:
+  """The positions of ``scores``, best first (a NaN last; ties kept in order)."""
+  sign = 1.0 if lower_is_better else -1.0
+  return [i for _, i in sorted((math.inf if not np.isfinite(s) else sign * float(s), i)
+                               for i, s in enumerate(scores))]
+
+
 def survivors(scores: Sequence[float], rate: float, *, lower_is_better: bool = False) -> list[int]:
   """The positions of the settings that go on at a rung: the best ``max(1, floor(n / rate))`` of
-  ``scores`` (a NaN last; ties kept in order), ascending."""
-  n = len(scores)
-  keep = max(1, int(math.floor(n / float(rate))))
-  sign = 1.0 if lower_is_better else -1.0
-  key = [(math.inf if not np.isfinite(s) else sign * float(s), i) for i, s in enumerate(scores)]
-  return sorted(i for _, i in sorted(key)[:keep])
+  ``scores`` (:func:`ranked`), ascending."""
+  keep = max(1, int(math.floor(len(scores) / float(rate))))
+  return sorted(ranked(scores, lower_is_better=lower_is_better)[:keep])
 
 
 # ------------------------------------------------------------------------ Hyperband
@@ -350,9 +356,7 @@ def exploit_sources(scores: Sequence[float], fraction: float, rng: np.random.Gen
   themselves."""
   n = len(scores)
   k = max(1, int(math.floor(n * float(fraction))))
-  sign = 1.0 if lower_is_better else -1.0
-  order = [i for _, i in sorted((math.inf if not np.isfinite(s) else sign * float(s), i)
-                                for i, s in enumerate(scores))]
+  order = ranked(scores, lower_is_better=lower_is_better)
   top, bottom = order[:k], order[n - k:]
   sources = list(range(n))
   for b in bottom:
@@ -368,8 +372,7 @@ def explore(setting: Mapping[str, float], params: Mapping[str, Any], pbt: PBT,
   ``1 + perturb``; kept within the distribution's bounds (the listed values' range)."""
   out = {}
   for path in sorted(setting):
-    spec = params[path]
-    dist = spec if isinstance(spec, Distribution) else Distribution("choice", tuple(float(v) for v in spec))
+    dist = as_distribution(params[path])
     low, high = (min(dist.args), max(dist.args))
     if rng.uniform() < pbt.resample:
       value = float(dist.sample(rng, 1)[0])
@@ -412,26 +415,26 @@ def write_tabular(path: str, records: Sequence[Mapping[str, Any]], paths: Sequen
     w.writerows(records)
 
 
+KEPT_SWEEP_FIELDS = ("seeds", "select", "mode", "chunk")
+"""What a best setting's config keeps of its study's ``config.sweep`` (every search field, the swept
+values, the draws and the schedules, goes back to its default: nothing is swept or searched)."""
+
+
 def best_config_text(config, label: str, setting: Mapping[str, float], why: str) -> str:
   """A config file (``get_config()``) of run ``label`` alone with ``setting`` applied and nothing
   swept (its seeds kept): the best setting of a study, ready to run. ``why`` heads its docstring."""
   import ml_collections
 
   from fedtree.experiment.fields import SWEEP_FIELDS
+  from fedtree.experiment.sweep import _set_path
 
   cfg = ml_collections.ConfigDict(config.to_dict(), type_safe=False)
-  node = cfg
   for path, value in setting.items():
-    *parents, leaf = path.split(".")
-    node = cfg
-    for part in parents:
-      node = node[part]
-    node[leaf] = value
+    _set_path(cfg, path, value)
   cfg.runs = {label: cfg.runs[label].to_dict()}
   cfg.run_order = (label,)
-  seeds = cfg.sweep.get("seeds", 1) if "sweep" in cfg else 1
-  cfg.sweep = {**{k: v for k, v in (cfg.sweep.to_dict() if "sweep" in cfg else {}).items()},
-               **{k: SWEEP_FIELDS[k] for k in ("params", "samples", "rungs")}, "seeds": seeds}
+  kept = {k: v for k, v in (cfg.sweep.to_dict() if "sweep" in cfg else {}).items() if k in KEPT_SWEEP_FIELDS}
+  cfg.sweep = {**{k: v for k, v in SWEEP_FIELDS.items() if k not in KEPT_SWEEP_FIELDS}, **kept}
   body = pprint.pformat(cfg.to_dict(), indent=1, width=100, sort_dicts=True)
   return "\n".join([
     f'"""{why}',

@@ -650,6 +650,19 @@ def format_table(label: str, rows: list[dict], metrics: Sequence[str] | None = N
                     *(line(b) for b in body)])
 
 
+def write_best(workdir: str, label: str, row: dict, select: str, config, study: str,
+               run_label: str | None = None) -> None:
+  """``best_<label>.py`` in ``workdir``: the config of run ``run_label`` (default ``label``) with the
+  setting of ``row`` (a row of :func:`aggregate`) applied
+  (:func:`fedtree.experiment.search.best_config_text`), its docstring naming the ``study`` and the
+  row's ``select`` figure."""
+  spread = f" ± {row['std'][select]:.4f}" if row["seeds"] > 1 else ""
+  why = (f"The best setting of {study} by {select}: {row['name']} ({row['mean'][select]:.4f}{spread} over "
+         f"{row['seeds']} seed{'s' if row['seeds'] > 1 else ''}), written by fedtree.")
+  with open(os.path.join(workdir, f"best_{label}.py"), "w") as f:
+    f.write(search.best_config_text(config, run_label or label, row["setting"], why))
+
+
 def write_outputs(workdir: str | None, label: str, rows: list[dict], select: str, *, config=None,
                   paths: Sequence[str] = (), records: Sequence[dict] = (),
                   run_label: str | None = None) -> dict:
@@ -659,17 +672,12 @@ def write_outputs(workdir: str | None, label: str, rows: list[dict], select: str
   ``best_<label>.py``. With successive halving the best is among the settings that reached the
   last round. ``run_label``: the run's label in the config when ``label`` names a part of it (a
   Hyperband bracket's files)."""
-  finished = [r for r in rows if r.get("rounds", None) in (None, max(x.get("rounds", 0) for x in rows))]
-  b = best(finished, select)
+  last = max((x.get("rounds", 0) for x in rows), default=0)
+  b = best([r for r in rows if r.get("rounds", None) in (None, last)], select)
   if workdir and config is not None:
     search.write_tabular(os.path.join(workdir, f"tuning_{label}.csv"), search.tabular(records, paths), paths)
     if b is not None and paths:   # (a sweep of seeds alone has no setting to choose)
-      spread = f" ± {b['std'][select]:.4f}" if b["seeds"] > 1 else ""
-      why = (f"The best setting of sweep run {label!r} by {select}: {b['name']} "
-             f"({b['mean'][select]:.4f}{spread} "
-             f"over {b['seeds']} seed{'s' if b['seeds'] > 1 else ''}), written by fedtree.")
-      with open(os.path.join(workdir, f"best_{label}.py"), "w") as f:
-        f.write(search.best_config_text(config, run_label or label, b["setting"], why))
+      write_best(workdir, label, b, select, config, f"sweep run {label!r}", run_label)
   out = {"select": select, "best": None if b is None else {"setting": b["setting"], "name": b["name"],
                                                            "mean": b["mean"][select],
                                                            "std": b["std"][select]},

@@ -356,9 +356,8 @@ def _run_halving(plan: SweepPlan, reporter: Reporter, *, should_stop, workdir: s
               for i in alive]
     kept = {alive[p] for p in search.survivors(scores, halving.rate, lower_is_better=lower)}
     rows = [p for p, x in enumerate(active) if exps[x][0] in kept]
-    ranked = sorted((p for p in range(len(alive)) if alive[p] in kept),
-                    key=lambda p: scores[p] if lower else -scores[p])
-    shown = [f"{sweep.setting_name(plan.shown[alive[p]])}: {scores[p]:.4f}" for p in ranked][:3]
+    best = [p for p in search.ranked(scores, lower_is_better=lower) if alive[p] in kept]
+    shown = [f"{sweep.setting_name(plan.shown[alive[p]])}: {scores[p]:.4f}" for p in best][:3]
     reporter.print(f"{run.label}: rung at round {end}: {len(kept)} of {len(alive)} settings go on by "
                    f"{select} (the best: {'; '.join(shown)}{'; ...' if len(kept) > 3 else ''})")
     start = Start(compact(state, rows), [_carried(per_exp[p]) for p in rows])
@@ -414,10 +413,8 @@ def _run_hyperband(plan: SweepPlan, reporter: Reporter, *, should_stop,
                     f"brackets, {spent:.0f} client updates; best by {select}: {best['name']} "
                     f"({best['mean'][select]:.4f})")
     if reporter.workdir:
-      why = (f"The best setting of the Hyperband study of run {run.label!r} by {select}: {best['name']} "
-             f"({best['mean'][select]:.4f}), written by fedtree.")
-      with open(os.path.join(reporter.workdir, f"best_{run.label}.py"), "w") as f:
-        f.write(search.best_config_text(config, run.label, best["setting"], why))
+      sweep.write_best(reporter.workdir, run.label, best, select, config,
+                       f"the Hyperband study of run {run.label!r}")
   return {"sweep": out}
 
 
