@@ -79,6 +79,15 @@ def default_sweep(select: str = "global/accuracy") -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({**SWEEP_FIELDS, "select": select})
 
 
+def set_path(config, path: str, value) -> None:
+  """``config.<path> = value`` for a dotted ``path`` (``"runs.fedprox.mu"``)."""
+  *parents, leaf = path.split(".")
+  node = config
+  for part in parents:
+    node = node[part]
+  node[leaf] = value
+
+
 def sweep_field(sw, name: str):
   """``config.sweep.<name>`` (``sw``: the section, or ``None``), else its declared default
   (:data:`SWEEP_FIELDS`)."""

@@ -425,12 +425,11 @@ def best_config_text(config, label: str, setting: Mapping[str, float], why: str)
   swept (its seeds kept): the best setting of a study, ready to run. ``why`` heads its docstring."""
   import ml_collections
 
-  from fedtree.experiment.fields import SWEEP_FIELDS
-  from fedtree.experiment.sweep import _set_path
+  from fedtree.experiment.fields import SWEEP_FIELDS, set_path
 
   cfg = ml_collections.ConfigDict(config.to_dict(), type_safe=False)
   for path, value in setting.items():
-    _set_path(cfg, path, value)
+    set_path(cfg, path, value)
   cfg.runs = {label: cfg.runs[label].to_dict()}
   cfg.run_order = (label,)
   kept = {k: v for k, v in (cfg.sweep.to_dict() if "sweep" in cfg else {}).items() if k in KEPT_SWEEP_FIELDS}

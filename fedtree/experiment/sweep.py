@@ -64,7 +64,7 @@ from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.local import LocalSchedule
 from fedtree.experiment import search
 from fedtree.experiment.capability import RunContext
-from fedtree.experiment.fields import SWEEP_FIELDS, default_sweep, sweep_field  # noqa: F401  (declared there)
+from fedtree.experiment.fields import SWEEP_FIELDS, default_sweep, set_path, sweep_field  # noqa: F401  (declared there)
 
 MODES = ("product", "zip")
 SHAPE_PREFIXES = ("data.", "topology.", "model.", "sweep.", "mesh_shape")
@@ -215,12 +215,7 @@ def _type_name(hint) -> str:
   return hint.__name__ if isinstance(hint, type) else type_name(hint)
 
 
-def _set_path(config, path: str, value) -> None:
-  *parents, leaf = path.split(".")
-  node = config
-  for part in parents:
-    node = node[part]
-  node[leaf] = value
+_set_path = set_path   # (the name this module's callers and tests use)
 
 
 def _calibrations(capabilities, label: str):
