@@ -43,6 +43,7 @@ DOCTEST_MODULES = [
   "fedtree.toolbox.compression",  # qsgd
   "fedtree.toolbox.secagg",       # a sum that wraps at the field's bound
   "fedtree.toolbox.systems",      # Systems.round (no compilation of a round)
+  "fedtree.core.membership", "fedtree.toolbox.mobility",
   "fedtree.toolbox.traffic",      # Traffic
   "fedtree.experiment.plots",  # write_run_plots
   "fedtree.experiment.plots.panels",   # facets

@@ -232,6 +232,12 @@ class ServerRule(NamedTuple):
     up: what it takes in from them beyond their mean update (:class:`Uplink`).
     init_key: ``init`` takes a third argument, a PRNG key from the run's (a random start: pFedHN's
       hypernetwork and client embeddings).
+    moves: the rule runs under a moving membership (:mod:`fedtree.core.membership`): what it keeps
+      stays with its node and holds for whichever clients it takes in this round (FedEx's
+      categorical, q-FFL's and the sub-model methods' means of their round's cohort). ``False`` (the
+      default): its state or messages are defined over a node's fixed clients (SCAFFOLD's and
+      FedDyn's sums over the population, FedFomo's and FedAMP's per-client models at the parent, a
+      client's domain under AFL), and the host refuses it under one, by name.
   """
 
   init: Callable[[PyTree, int], PyTree]
@@ -240,6 +246,7 @@ class ServerRule(NamedTuple):
   down: Downlink = Downlink()
   up: Uplink = Uplink()
   init_key: bool = False
+  moves: bool = False
 
 
 def broadcast_of(rule: ServerRule | None, state: PyTree) -> PyTree:

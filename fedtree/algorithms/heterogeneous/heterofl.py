@@ -188,7 +188,7 @@ def holders_rule(name: str, mean_bytes: int, *, send_rounds: bool = False) -> Se
   return ServerRule(init=lambda params, n: jnp.zeros((n,), jnp.int32), receive=holders_mean, name=name,
                     down=Downlink(broadcast=(lambda rounds: rounds) if send_rounds else (lambda rounds: ()),
                                   bytes=lambda _: mean_bytes),
-                    up=Uplink(bytes=lambda _: mean_bytes))
+                    up=Uplink(bytes=lambda _: mean_bytes), moves=True)
 
 
 def parents_models(models: dict):

@@ -21,6 +21,7 @@ from fedtree.algorithms.host.plan import HostPlan, plan
 from fedtree.core.algorithm import FederatedAlgorithm, ObjectiveFactory, Reads, TreeState
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
+from fedtree.core.membership import Membership
 from fedtree.core.model import Model
 from fedtree.core.personal import Personal
 from fedtree.core.server_rule import ServerRule
@@ -56,6 +57,7 @@ def hierfavg(
   update_paths: UpdatePath | Mapping[int, UpdatePath | None] | Sequence[UpdatePath | None] | None = None,
   systems: Systems | None = None,
   candidates: int | None = None,
+  membership: Membership | None = None,
   name: str = "hierfavg",
 ) -> FederatedAlgorithm:
   """HierFAVG / hierarchical FedOpt on ``topology``: the host every method of this family is a
@@ -144,6 +146,16 @@ def hierfavg(
       every sampled client finishes, no clock.
     candidates: power-of-choice candidates per leaf parent (default twice the cohort, at most
       the group).
+    membership: the clients' edges (the clients' parents) round by round, and which edges are up
+      (:class:`~fedtree.core.membership.Membership`; built by :mod:`fedtree.toolbox.mobility`'s
+      mobility models, traces, failures and association policies): aggregation, every edge's cohort
+      (``cohort_size`` among its members of the round, at most that many), its update path and the
+      weights above it follow the round's membership, inside the compiled round (no recompile); a
+      client's own state travels with it, an edge's model and optimizer state stay; a client of a
+      down edge waits, a down edge neither aggregates nor receives. The rounds report
+      ``handovers``, ``edges_down`` and ``edge_clients_max`` (the most clients an edge took in).
+      Refused with another sampling than ``"uniform"``, a systems model, a server rule or
+      differential privacy (each calibrated on fixed members). ``None``: the tree's, fixed.
     name: label for reports.
 
   Example:
@@ -161,11 +173,13 @@ def hierfavg(
     poisson_q=poisson_q, chunk_size=chunk_size, weighting=weighting, compute_dtype=compute_dtype,
     client_update=client_update, server_rule=server_rule, personal=personal,
     local_learning_rate=local_learning_rate, init_params=init_params, skip_nonfinite=skip_nonfinite,
-    top_level=top_level, update_paths=update_paths, systems=systems, candidates=candidates, name=name)
+    top_level=top_level, update_paths=update_paths, systems=systems, candidates=candidates, name=name,
+    membership=membership)
   reads = None
   if host.rule is None or (host.rule.down.parcels is None and not host.rule.up.slots):
     # (a rule's parcels and slots read other clients' state than the cohort's: no window)
-    reads = Reads(functools.partial(phases.reads, host), needs_state=host.strategy.needs_state)
+    needs_state = host.strategy is not None and host.strategy.needs_state
+    reads = Reads(functools.partial(phases.reads, host), needs_state=needs_state)
   return FederatedAlgorithm(init=functools.partial(phases.init, host),
                             round=functools.partial(host_round, host),
                             models=functools.partial(phases.models, host), name=name, reads=reads)
@@ -176,7 +190,7 @@ def host_round(plan: HostPlan, state: TreeState, data: FederatedData, key) -> tu
   r = state.round + 1
   sent, down_stats = phases.downlink(plan, state, key)
   drawn = phases.draw(plan, state, data, down_stats, key)
-  w = phases.weights(plan, state, data)
+  w = phases.weights(plan, state, data, drawn)
   down, server_state, parcels, position = phases.exchange(plan, state, drawn, w, sent, data, key)
   res = phases.train(plan, state, drawn, w, down, data, key)
   metrics = {**res.metrics(plan.tier.skip_nonfinite), **path_stats(down_stats, "downlink_"), **parcels.stats}
@@ -187,7 +201,9 @@ def host_round(plan: HostPlan, state: TreeState, data: FederatedData, key) -> tu
   update_state = list(state.update_state)
   update_state[plan.leaf] = res.update_state
   params, opt_state, update_state, active, level_stats, up_metrics = phases.upper_levels(
-    plan, params, opt_state, update_state, w, r, key)
+    plan, params, opt_state, update_state, w, r, key, drawn)
+  if plan.membership is not None:
+    metrics.update(phases.membership_metrics(plan, drawn, r))
   clock, clock_metrics = phases.clock(plan, state, drawn, params, active, level_stats)
   new = state.replace(round=r, params=tuple(params), opt_state=tuple(opt_state),
                       client_state=res.client_state, cursor=res.cursor, update_state=tuple(update_state),

@@ -17,6 +17,7 @@ from fedtree.algorithms.host.wire import uplink
 from fedtree.core.algorithm import NodeModels, TreeState, broadcast_tree, client_weights, initial_params
 from fedtree.core.algorithm import personal_models as objective_models
 from fedtree.core.data import FederatedData
+from fedtree.core.membership import clients_node
 from fedtree.core.personal import merge, shared_part
 from fedtree.core.rng import stream
 from fedtree.core.sampling import Cohort
@@ -45,6 +46,23 @@ class Drawn(NamedTuple):
   cohort: Cohort                   # [K] slots (valid: those that take part)
   num_steps: jax.Array             # int32[C] every client's local steps
   outcome: RoundOutcome | None     # the systems model's decision (None without one)
+  member: jax.Array | None = None  # int32[C] every client's edge this round (a moving membership)
+  live: jax.Array | None = None    # bool[E] the edges up this round (a moving membership)
+
+
+def leaf_parent(plan: HostPlan, drawn: Drawn | None = None) -> jax.Array:
+  """``int32[C]`` every client's parent this round: the round's membership, or the tree's."""
+  if drawn is not None and drawn.member is not None:
+    return drawn.member
+  return jnp.asarray(plan.topology.parent(plan.depth))
+
+
+def population(plan: HostPlan, drawn: Drawn | None = None) -> jax.Array:
+  """``[P]`` the clients under every leaf parent this round (float: the sampled fraction's base)."""
+  if drawn is None or drawn.member is None:
+    return jnp.asarray(plan.population)
+  return jax.ops.segment_sum(jnp.ones(drawn.member.shape, jnp.asarray(plan.population).dtype), drawn.member,
+                             num_segments=plan.num_parents)
 
 
 class Weights(NamedTuple):
@@ -86,8 +104,12 @@ def draw(plan: HostPlan, state: TreeState, data: FederatedData, down_stats: dict
   """The cohort of every leaf parent, and (with a systems model) who takes part, how much each does
   and how long it takes (the compressed bytes each way)."""
   leaf, wire = plan.leaf, plan.wire
-  cohort = plan.strategy.draw(stream(key, "cohort"), state.params[leaf], state.clock, data)
   num_steps = plan.schedule.num_steps(data.n_train)
+  if plan.membership is not None:   # every edge's cohort among its members of the round
+    member, live = plan.membership.of_round(state.round + 1)
+    return Drawn(plan.sampler(stream(key, "cohort"), member, live), num_steps, None, member, live)
+  assert plan.strategy is not None
+  cohort = plan.strategy.draw(stream(key, "cohort"), state.params[leaf], state.clock, data)
   if plan.systems is None:
     return Drawn(cohort, num_steps, None)
   down_b = down_stats.get("bytes")
@@ -101,13 +123,12 @@ def draw(plan: HostPlan, state: TreeState, data: FederatedData, down_stats: dict
   return Drawn(cohort._replace(valid=outcome.valid), outcome.num_steps, outcome)
 
 
-def weights(plan: HostPlan, state: TreeState, data: FederatedData) -> Weights:
+def weights(plan: HostPlan, state: TreeState, data: FederatedData, drawn: Drawn | None = None) -> Weights:
   w_client = client_weights(data.n_train, plan.weighting)
   w_tier = w_client
   if plan.rule is not None and plan.rule.up.weights is not None:
     w_tier = plan.rule.up.weights(w_client, state.server_state)
-  total = jax.ops.segment_sum(w_tier, jnp.asarray(plan.topology.parent(plan.depth)),
-                              num_segments=plan.num_parents)
+  total = jax.ops.segment_sum(w_tier, leaf_parent(plan, drawn), num_segments=plan.num_parents)
   slots = data.n_train if w_tier is w_client and plan.weighting == "examples" else w_tier
   return Weights(w_client, w_tier, total, slots)
 
@@ -120,7 +141,7 @@ def inbox(plan: HostPlan, state: TreeState, drawn: Drawn, w: Weights, res: TierR
     res.weight_sum.dtype), cohort.parent, num_segments=plan.num_parents)
   dtype = res.weight_sum.dtype
   return Inbox(pseudo_gradient=pseudo_gradient, weight_sum=res.weight_sum, messages=res.message_sum,
-               reported=reported, sampled=res.sampled, population=jnp.asarray(plan.population, dtype),
+               reported=reported, sampled=res.sampled, population=population(plan, drawn).astype(dtype),
                params=state.params[plan.leaf], population_weight=w.population.astype(dtype),
                slots=slots)
 
@@ -146,12 +167,12 @@ def exchange(plan: HostPlan, state: TreeState, drawn: Drawn, w: Weights, sent, d
   parcel (``parcels``). Returns the :class:`~fedtree.core.tier.Down` of the round, the rule's state
   after the pass, the parcels and every slot's position among its parent's (``None`` where unused)."""
   rule, server_state = plan.rule, state.server_state
-  population = jnp.asarray(plan.population)
+  clients = population(plan, drawn)
   if rule is not None and rule.down.gather is not None:   # a pass before training (Mime's c)
     t = plan.tier
     gather = t._replace(update=rule.down.gather, path=None, skip_nonfinite=False, block_size=None,
                         keep_client_params=False)
-    asked = train_cohort(gather, Down(sent, broadcast_of(rule, server_state), population=population),
+    asked = train_cohort(gather, Down(sent, broadcast_of(rule, server_state), population=clients),
                          drawn.cohort, data, _clients(plan, state, drawn, w, own_state=False),
                          stream(key, "gather"))
     server_state = prepare(rule, inbox(plan, state, drawn, w, asked, ()), server_state)
@@ -165,7 +186,7 @@ def exchange(plan: HostPlan, state: TreeState, drawn: Drawn, w: Weights, sent, d
       valid=c.valid, position=position, block_size=max(plan.sampler.sizes), round=state.round + 1,
       key=stream(key, "parcels")))
   down = Down(sent, broadcast_of(rule, server_state), start=parcels.start, extra=parcels.extra,
-              population=population)
+              population=clients)
   return down, server_state, parcels, position
 
 
@@ -206,12 +227,20 @@ def server_step(plan: HostPlan, state: TreeState, pseudo_gradient, res: TierResu
   return params, opt_state
 
 
-def upper_levels(plan: HostPlan, params: list, opt_state: list, update_state: list, w: Weights, r, key):
-  """The levels above the clients' parents aggregate in their rounds, then send down their subtrees.
-  Returns ``(params, opt_state, update_state, active, level_stats, metrics)``."""
+def upper_levels(plan: HostPlan, params: list, opt_state: list, update_state: list, w: Weights, r, key,
+                 drawn: Drawn | None = None):
+  """The levels above the clients' parents aggregate in their rounds, then send down their subtrees
+  (under a moving membership, each edge weighs its clients of the round; a down edge weighs nothing
+  above and receives nothing). Returns ``(params, opt_state, update_state, active, level_stats,
+  metrics)``."""
+  member = live = None
+  w_client = w.client
+  if drawn is not None and drawn.member is not None:
+    member, live = drawn.member, drawn.live
+    w_client = w_client * jnp.take(live, member).astype(w_client.dtype)
   params, opt_state, update_state, active, metrics = plan.upper.aggregate(
-    params, opt_state, update_state, w.client, r, key)
-  params, level_stats, down_metrics = plan.upper.send_down(params, active, key)
+    params, opt_state, update_state, w_client, r, key, leaf_parent=member)
+  params, level_stats, down_metrics = plan.upper.send_down(params, active, key, live=live)
   return params, opt_state, update_state, active, level_stats, {**metrics, **down_metrics}
 
 
@@ -243,14 +272,28 @@ def models(plan: HostPlan, state: TreeState) -> dict[str, NodeModels]:
     out["global"] = NodeModels(state.params[0], np.zeros(topo.num_clients, np.int32))
   for lv in range(max(plan.top_level, 1), plan.depth):
     if share.reported(lv):
-      out[f"level{lv}"] = NodeModels(state.params[lv], topo.ancestor(lv))
+      out[f"level{lv}"] = NodeModels(state.params[lv], clients_node(topo, lv, plan.membership, state.round))
   if share.has_client_personal:   # each client: its parent's shared leaves and its own personal ones
-    parent = jax.tree.map(lambda a: jnp.take(a, jnp.asarray(topo.ancestor(leaf)), axis=0), state.params[leaf])
+    edge = jnp.asarray(clients_node(topo, leaf, plan.membership, state.round))
+    parent = jax.tree.map(lambda a: jnp.take(a, edge, axis=0), state.params[leaf])
     own = merge(shared_part(parent, share.client_mask), share.unpack(state.personal), share.client_mask)
     out["personal"] = NodeModels(own, np.arange(topo.num_clients, dtype=np.int32))
   return {**out, **objective_models(plan.tier.update, state.client_state)}
 
 
+def membership_metrics(plan: HostPlan, drawn: Drawn, r) -> dict[str, jax.Array]:
+  """A moving membership's round: ``handovers`` (clients on another edge than the round before),
+  ``edges_down`` and ``edge_clients_max`` (the most clients of the cohort an edge took in)."""
+  assert plan.membership is not None and drawn.live is not None
+  took = jax.ops.segment_sum(drawn.cohort.valid.astype(jnp.int32), drawn.cohort.parent,
+                             num_segments=plan.num_parents)
+  return {"handovers": plan.membership.moved(r), "edges_down": jnp.sum(~drawn.live).astype(jnp.int32),
+          "edge_clients_max": jnp.max(took).astype(jnp.int32)}
+
+
 def reads(plan: HostPlan, state: TreeState, key) -> jax.Array:
   """``int32[D]`` every client whose data and per-client state the round of ``key`` reads."""
+  if plan.membership is not None:
+    return plan.sampler(stream(key, "cohort"), *plan.membership.of_round(state.round + 1)).clients
+  assert plan.strategy is not None
   return plan.strategy.reads(stream(key, "cohort"), state.params[plan.leaf], state.clock)

@@ -16,6 +16,7 @@ from fedtree.algorithms.host.wire import Extras
 from fedtree.core.algorithm import ObjectiveFactory, check_weighting, local_training, per_level
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
+from fedtree.core.membership import Membership, MobileSampler, mobile_sampler
 from fedtree.core.model import Model
 from fedtree.core.personal import Personal, Shares
 from fedtree.core.sampling import CohortSampler, Strategy, sampling_strategy
@@ -23,7 +24,7 @@ from fedtree.core.server_rule import ServerRule, check_rule
 from fedtree.core.tier import Tier
 from fedtree.core.topology import Topology
 from fedtree.core.updates import per_level_paths
-from fedtree.toolbox.privacy import private_stages
+from fedtree.toolbox.privacy import private_stages, private_stages_where
 from fedtree.toolbox.systems import Systems
 
 PyTree = Any
@@ -54,6 +55,8 @@ class HostPlan:
     links: the server levels' bandwidths (:meth:`~fedtree.toolbox.systems.Systems.server_links`).
     population: ``float64[N]`` the clients under every leaf parent (exact; read in the round's float dtype).
     init_params: the model every node starts from (``None``: ``model.init(key)``).
+    membership: the clients' edges round by round (:class:`~fedtree.core.membership.Membership`), or
+      ``None``: the tree's, fixed; ``sampler`` is then a :class:`~fedtree.core.membership.MobileSampler`.
   """
 
   name: str
@@ -64,8 +67,8 @@ class HostPlan:
   server_optimizers: tuple
   top_level: int
   paths: tuple
-  sampler: CohortSampler
-  strategy: Strategy
+  sampler: CohortSampler | MobileSampler
+  strategy: Strategy | None
   tier: Tier
   rule: ServerRule | None
   share: Shares
@@ -76,6 +79,7 @@ class HostPlan:
   links: Any
   population: np.ndarray
   init_params: PyTree | None
+  membership: Membership | None = None
 
   @property
   def depth(self) -> int:
@@ -131,6 +135,27 @@ def _cohorts(topology: Topology, systems: Systems | None, sampling: str, cohort_
   return sampler, keep, links
 
 
+def _check_membership(membership: Membership, topology: Topology, *, sampling: str, systems, server_rule,
+                      update_paths, name: str) -> None:
+  """Refuses, before anything compiles, what a moving membership cannot run with, by name."""
+  membership.check(topology.num_clients, topology.num_nodes(topology.depth - 1))
+  if sampling != "uniform":
+    raise ValueError(f"{name}: sampling={sampling!r} under a moving membership: only a uniform draw among an "
+                     f"edge's members of the round is defined (the others weigh or size every parent's "
+                     f"fixed clients); use sampling='uniform'")
+  if systems is not None:
+    raise ValueError(f"{name}: a systems model (devices, deadlines, the clock) under a moving membership: "
+                     f"its over-selection and its levels' links read every edge's fixed clients; run one or "
+                     f"the other")
+  if server_rule is not None and not server_rule.moves:
+    raise ValueError(f"{name}: the server rule {server_rule.name!r} keeps its state, parcels or weights "
+                     f"over every edge's fixed clients (fedtree.core.server_rule.ServerRule.moves), which a "
+                     f"moving membership would hand clients it never counted; run {name} on a fixed tree")
+  for stage in private_stages_where(update_paths):
+    raise ValueError(f"{name}: differential privacy ({stage}) under a moving membership: its noise and its "
+                     f"accounting are calibrated on every edge's fixed clients; run it on a fixed tree")
+
+
 def plan(
   *, model: Model, topology: Topology, data: FederatedData,
   local_optimizer: optax.GradientTransformation | None,
@@ -138,6 +163,7 @@ def plan(
   weighting: str, compute_dtype, client_update: ClientUpdate | ObjectiveFactory | None,
   server_rule: ServerRule | None, personal: Personal | None, local_learning_rate, init_params,
   skip_nonfinite: bool, top_level: int, update_paths, systems: Systems | None, candidates, name: str,
+  membership: Membership | None = None,
 ) -> HostPlan:
   """:func:`~fedtree.algorithms.host.hierfavg.hierfavg`'s arguments (see its docstring) checked and
   turned into a :class:`HostPlan`; every refusal is raised here, before anything compiles."""
@@ -147,9 +173,21 @@ def plan(
   server_optimizers = per_level(optax.sgd(1.0) if server_optimizers is None else server_optimizers, depth,
                                 "server_optimizers")
   check_weighting(weighting)
-  sampler, keep, links = _cohorts(topology, systems, sampling, cohort_size, poisson_q, chunk_size)
-  strategy = sampling_strategy(sampler, sampling, data=data, model=model, candidates=candidates,
-                               online=None if systems is None else systems.online)
+  strategy: Strategy | None = None
+  sampler: CohortSampler | MobileSampler
+  if membership is None:
+    sampler, keep, links = _cohorts(topology, systems, sampling, cohort_size, poisson_q, chunk_size)
+    strategy = sampling_strategy(sampler, sampling, data=data, model=model, candidates=candidates,
+                                 online=None if systems is None else systems.online)
+    aligned, block = sampler.parent_aligned, max(sampler.sizes)
+  else:
+    _check_membership(membership, topology, sampling=sampling, systems=systems, server_rule=server_rule,
+                      update_paths=update_paths, name=name)
+    if poisson_q is not None:
+      raise ValueError(f"poisson_q={poisson_q!r} is only read with sampling='poisson' "
+                       f"(got sampling={sampling!r})")
+    sampler, keep, links = mobile_sampler(membership, cohort_size, chunk_size=chunk_size), None, None
+    aligned, block = False, min(max(sampler.sizes), membership.max_load)
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
                                  compute_dtype=compute_dtype, name=name)
   rule = check_rule(server_rule, name)
@@ -160,8 +198,8 @@ def plan(
     raise ValueError(f"{name}: the local objective keeps personal models of its own, and personal "
                      f"parameters would be scored under the same name ('personal'); use one or the other")
   tier = Tier(client_update, path=paths[depth - 1], chunk_size=sampler.chunk_size,
-              parent_aligned=sampler.parent_aligned, batch_order=schedule.batch_order,
-              batch_size=schedule.batch_size, skip_nonfinite=skip_nonfinite, block_size=max(sampler.sizes),
+              parent_aligned=aligned, batch_order=schedule.batch_order,
+              batch_size=schedule.batch_size, skip_nonfinite=skip_nonfinite, block_size=block,
               learning_rate=local_learning_rate, personal=share.client_mask,
               keep_client_params=rule is not None and rule.up.slots)
   population = np.bincount(topology.parent(depth), minlength=topology.num_nodes(depth - 1)).astype(np.float64)
@@ -172,5 +210,6 @@ def plan(
     wire=Extras.of(client_update, rule, template, topology, data, share, local_learning_rate),
     upper=UpperLevels(topology=topology, periods=periods, server_optimizers=server_optimizers, paths=paths,
                       top_level=top_level, share=share),
-    systems=systems, keep=keep, links=links, population=population, init_params=init_params)
+    systems=systems, keep=keep, links=links, population=population, init_params=init_params,
+    membership=membership)
 

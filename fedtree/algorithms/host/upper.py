@@ -76,10 +76,13 @@ class UpperLevels:
   def _share(self) -> Shares:
     return Shares(None, self.topology.depth) if self.share is None else self.share
 
-  def aggregate(self, params: list, opt_state: list, update_state: list, w_client, r, key):
+  def aggregate(self, params: list, opt_state: list, update_state: list, w_client, r, key, *,
+                leaf_parent=None):
     """Levels ``depth-2 .. top_level``, bottom-up, in the rounds their period says. Returns the
     updated ``(params, opt_state, update_state)`` lists, ``active`` (per level: a traced bool, or
-    ``None`` for the clients' parents and the levels above ``top_level``) and the metrics."""
+    ``None`` for the clients' parents and the levels above ``top_level``) and the metrics.
+    ``leaf_parent``: every client's parent this round (``int32[C]``, a moving membership: a node
+    weighs the clients under it this round), or ``None``: the tree's."""
     topo, share = self.topology, self._share()
     depth = topo.depth
     active: list = [None] * depth
@@ -89,7 +92,9 @@ class UpperLevels:
         continue
       active[lv] = (r % self.periods[lv]) == 0
       n = topo.num_nodes(lv + 1)
-      w_child = jax.ops.segment_sum(w_client, jnp.asarray(topo.ancestor(lv + 1)), num_segments=n)
+      anc = (topo.ancestor(lv + 1) if leaf_parent is None else
+             jnp.take(jnp.asarray(topo.ancestor(lv + 1, depth - 1)), leaf_parent))
+      w_child = jax.ops.segment_sum(w_client, jnp.asarray(anc), num_segments=n)
       delta, total, new_path, stats = aggregate_children(
         self.paths[lv], update_state[lv], share.sent(params[lv], lv), share.sent(params[lv + 1], lv), w_child,
         topo.parent(lv + 1), jax.random.fold_in(stream(key, "update"), lv))   # (static: numpy)
@@ -111,9 +116,10 @@ class UpperLevels:
           metrics.setdefault(k, jnp.where(active[lv], size, 0))
     return params, opt_state, update_state, active, metrics
 
-  def send_down(self, params: list, active: list, key):
-    """Top-down: a level that aggregated sends its model to its whole subtree. Returns the params,
-    ``{level: its downlink transform's stats}`` of the levels that may send, and the metrics."""
+  def send_down(self, params: list, active: list, key, *, live=None):
+    """Top-down: a level that aggregated sends its model to its whole subtree (``live``: ``bool[P]``
+    the clients' parents up this round; a down one receives nothing and keeps its model). Returns the
+    params, ``{level: its downlink transform's stats}`` of the levels that may send, and the metrics."""
     topo, share = self.topology, self._share()
     down_stats, metrics = {}, {}
     for lv in range(topo.depth - 1):
@@ -129,6 +135,8 @@ class UpperLevels:
       mask = share.mask(lv)
       if mask is not None:   # the children keep what this level does not aggregate
         down = keep_where(mask, params[lv + 1], down)
-      params[lv + 1] = select_nodes(jnp.broadcast_to(active[lv], (topo.num_nodes(lv + 1),)), down,
-                                    params[lv + 1])
+      on = jnp.broadcast_to(active[lv], (topo.num_nodes(lv + 1),))
+      if live is not None and lv + 1 == topo.depth - 1:
+        on = on & live
+      params[lv + 1] = select_nodes(on, down, params[lv + 1])
     return params, down_stats, metrics

@@ -142,7 +142,7 @@ def fedex_server(lr_scales: Sequence[float], *, baseline_discount: float = 0.0) 
     return inbox.pseudo_gradient, new, stats
 
   return ServerRule(init=init, receive=receive, name="fedex",
-                    down=Downlink(broadcast=lambda state: jnp.exp(state["log_theta"])))
+                    down=Downlink(broadcast=lambda state: jnp.exp(state["log_theta"])), moves=True)
 
 
 def check_fedex(lr_scales, val_fraction, baseline_discount, name: str = "fedex") -> None:

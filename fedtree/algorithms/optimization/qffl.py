@@ -119,7 +119,7 @@ def qffl_server() -> ServerRule:
     factor = jnp.where(h > 0, inbox.weight_sum / jnp.where(h > 0, h, 1.0), 0.0)
     return per_node(factor, inbox.pseudo_gradient), state, {"qffl_h": h}
 
-  return ServerRule(init=lambda params, num_nodes: (), receive=receive, name="qffl")
+  return ServerRule(init=lambda params, num_nodes: (), receive=receive, name="qffl", moves=True)
 
 
 def sent_beside(sent: str) -> tuple:

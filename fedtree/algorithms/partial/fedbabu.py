@@ -27,6 +27,7 @@ from fedtree.algorithms.partial.split import (
 )
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels, TreeState
 from fedtree.core.local import sgd_client_update, train_only
+from fedtree.core.membership import clients_node
 from fedtree.core.model import Model, param_paths
 from fedtree.core.personal import parameter_counts, personal
 from fedtree.core.rng import stream
@@ -143,7 +144,8 @@ def fedbabu(
     if top == 0:
       out["global"] = NodeModels(state.params[0], np.zeros(topology.num_clients, np.int32))
     for lv in range(max(top, 1), topology.depth):
-      out[f"level{lv}"] = NodeModels(state.params[lv], topology.ancestor(lv))
+      out[f"level{lv}"] = NodeModels(state.params[lv], clients_node(topology, lv, host.get("membership"),
+                                                                    state.round))
     return out
 
   alg = inner._replace(models=models)

@@ -36,6 +36,7 @@ from fedtree.core.local import (
   check_compute_dtype,
   run_local_steps,
 )
+from fedtree.core.membership import clients_node
 from fedtree.core.model import Model, forward_train, label_kind, masked_cross_entropy, take_state, zero_state
 from fedtree.core.personal import merge, parameter_counts, personal_part, shared_part
 from fedtree.core.topology import Topology
@@ -212,11 +213,11 @@ def fedrod(
   inner = host.build(client_update=objective, name=name)
   topology = host.get("topology") or Topology.flat(host["data"].num_clients)
   leaf = topology.depth - 1
-  parent_of = jnp.asarray(topology.ancestor(leaf), jnp.int32)
   clients = np.arange(topology.num_clients, dtype=np.int32)
 
   def models(state: TreeState):
     out = dict(inner.models(state))
+    parent_of = jnp.asarray(clients_node(topology, leaf, host.get("membership"), state.round), jnp.int32)
     parent = jax.tree.map(lambda a: jnp.take(a, parent_of, axis=0), state.params[leaf])
     out["personal"] = NodeModels(personal_head(parent, state.client_state, mask, add_generic), clients)
     return out

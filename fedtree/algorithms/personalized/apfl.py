@@ -23,6 +23,7 @@ from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels
 from fedtree.core.checks import check_nonnegative, check_positive, is_traced
 from fedtree.core.local import ClientData, ClientUpdate, make_data_loss, run_local_steps, stack
+from fedtree.core.membership import clients_node
 from fedtree.core.model import Model
 from fedtree.core.topology import Topology
 
@@ -193,9 +194,8 @@ def apfl(
                        personal_optimizer=personal_optimizer, compute_dtype=s.compute_dtype)
 
   alg = host.replace(topology=topology).build(client_update=objective, weighting=weighting, name=name)
-  owner = jnp.asarray(topology.ancestor(topology.depth - 1))
-
   def models(state):
+    owner = jnp.asarray(clients_node(topology, topology.depth - 1, host.get("membership"), state.round))
     w = jax.tree.map(lambda a: jnp.take(a, owner, axis=0), state.params[-1])
     own = mix(state.client_state.alpha, state.client_state.personal, w)
     return {**alg.models(state),

@@ -24,6 +24,7 @@ from flax import struct
 from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, ScoredModels
 from fedtree.core.local import ClientData, ClientUpdate, cast_floating, check_compute_dtype, run_local_steps
+from fedtree.core.membership import clients_node
 from fedtree.core.model import Model, independent_models, label_kind
 from fedtree.core.topology import Topology
 from fedtree.toolbox.traffic import model_bytes
@@ -223,7 +224,6 @@ def fedem(
   alg = host.replace(model=stacked, topology=topology).build(client_update=objective, name=name)
   scorer = mixture_model(model)
   leaf = topology.depth - 1
-  owner = np.asarray(topology.ancestor(leaf), np.int32)
   n = np.asarray(data.n_train, np.float64)
   share = n / max(n.sum(), 1.0)
   one = jax.eval_shape(model.init, jax.random.key(0))
@@ -231,6 +231,7 @@ def fedem(
 
   def models(state):
     pi = state.client_state.weights
+    owner = clients_node(topology, leaf, host.get("membership"), state.round)
     out = {"personal": ScoredModels(params=state.params[leaf], model_of_client=owner, client_params=pi,
                                     model=scorer)}
     if host.get("top_level", 0) == 0:

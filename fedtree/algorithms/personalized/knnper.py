@@ -24,6 +24,7 @@ from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, ScoredModels
 from fedtree.core.checks import check_positive
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientData, ClientUpdate, sgd_client_update
+from fedtree.core.membership import clients_node
 from fedtree.core.model import Model, label_kind
 from fedtree.core.topology import Topology
 from fedtree.core.tuning import default_chunk_size
@@ -211,7 +212,7 @@ def knnper(
   shapes = memory_shapes(model, data)
   topology = host.get("topology") or Topology.flat(data.num_clients)
   leaf = topology.depth - 1
-  owner = jnp.asarray(topology.ancestor(leaf), jnp.int32)
+  membership = host.get("membership")
   chunk = int(memory_chunk) if memory_chunk is not None else default_chunk_size(data.num_clients)
   scorer = knn_model(model, k=int(k), lam=lam, temperature=temperature)
 
@@ -225,12 +226,14 @@ def knnper(
 
   def round_fn(state, data, key):
     state, metrics = alg.round(state, data, key)
+    owner = jnp.asarray(clients_node(topology, leaf, membership, state.round), jnp.int32)
     memory = build_memory(model, state.params[leaf], owner, data, chunk=min(chunk, data.num_clients))
     return state.replace(client_state=memory), metrics
 
   def models(state):
     out = alg.models(state)
-    out["personal"] = ScoredModels(params=state.params[leaf], model_of_client=np.asarray(owner),
+    owner = clients_node(topology, leaf, membership, state.round)
+    out["personal"] = ScoredModels(params=state.params[leaf], model_of_client=owner,
                                    client_params=state.client_state, model=scorer)
     return out
 

@@ -16,6 +16,7 @@ from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels
 from fedtree.core.finetune import make_finetuner
 from fedtree.core.local import LocalSchedule
+from fedtree.core.membership import clients_node
 from fedtree.core.rng import stream
 from fedtree.core.topology import Topology
 from fedtree.objectives import perfedavg_update
@@ -62,13 +63,14 @@ def perfedavg(
   topology = host.get("topology") or Topology.flat(data.num_clients)
   adapt = make_finetuner(model, LocalSchedule(batch_size=schedule.batch_size, epochs=None, steps=1),
                          max_train=data.max_train, evaluate=False)
-  leaf_parent = jnp.asarray(topology.ancestor(topology.depth - 1), jnp.int32)
   clients = np.arange(topology.num_clients, dtype=np.int32)
   rates = jnp.asarray([alpha])  # the default float dtype: alpha is not rounded to float32 under x64
 
   def models(state):
     out = dict(inner.models(state))
     key = jax.random.fold_in(stream(jax.random.key(adapt_seed), "perfedavg_adapt"), state.round)
+    leaf_parent = jnp.asarray(clients_node(topology, topology.depth - 1, host.get("membership"), state.round),
+                              jnp.int32)
     adapted, _ = adapt(state.params[topology.depth - 1], leaf_parent, data, rates, key)
     out["adapted"] = NodeModels(jax.tree.map(lambda a: a[0], adapted), clients)
     return out

@@ -7,6 +7,8 @@ each, listed once (:data:`CAPABILITIES`).
 * :mod:`~fedtree.experiment.capabilities.compression`: ``compression`` (compressed edges);
 * :mod:`~fedtree.experiment.capabilities.secure`: ``secure`` (secure aggregation, distributed DP);
 * :mod:`~fedtree.experiment.capabilities.systems`: ``systems`` (devices, availability, deadlines);
+* :mod:`~fedtree.experiment.capabilities.mobility`: ``mobility`` (clients moving between edges, edge
+  failures, association policies);
 * :mod:`~fedtree.experiment.capabilities.adapters`: ``adapters`` (LoRA on a frozen base).
 
 A config may add its own (``config.capabilities = ("my_module:my_capability",)``, each a
@@ -19,12 +21,12 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from fedtree.experiment.capabilities import adapters, compression, privacy, robust, secure, systems
+from fedtree.experiment.capabilities import adapters, compression, mobility, privacy, robust, secure, systems
 from fedtree.experiment.capability import Capability, PathParts, RunContext, compose, plain
 
 CAPABILITIES: Mapping[str, Capability] = {c.name: c for c in (
   robust.ATTACK, privacy.CAPABILITY, compression.CAPABILITY, robust.AGGREGATOR, secure.CAPABILITY,
-  systems.CAPABILITY, adapters.CAPABILITY,
+  systems.CAPABILITY, mobility.CAPABILITY, adapters.CAPABILITY,
 )}
 """Every capability by its section's name, in the order their update-path stages compose (an
 attacker replaces its update before it is clipped or compressed; the defence aggregates last; a

@@ -1,0 +1,200 @@
+"""The mobility capability: a run's ``mobility`` section -> a :class:`fedtree.core.membership.Membership`
+(the clients' edges round by round, and the edges up), the argument of every algorithm whose factory
+takes ``membership`` (HierFAVG and the methods over it; the registry refuses the section elsewhere,
+naming the algorithms that take it, and the host refuses a server rule, differential privacy, a
+systems model or another sampling than uniform by name).
+
+The section (every field optional)::
+
+  mobility = {
+    "model": "static",         # static | markov | waypoint | trace: how clients move between edges
+    "association": "tree",     # tree (the config's) | nearest | balanced | label_mix: the clients'
+                               # edges in round 1 (static, markov, trace) or every round (waypoint)
+    "placement": "tree",       # tree: clients start near their tree edge; uniform: anywhere
+    "spread": 0.1,             # the standard deviation of a client's start around its tree edge
+    "dwell": 10.0,             # markov: the mean rounds a client stays on an edge (>= 1)
+    "speed": 0.05, "pause": 0, # waypoint: the distance a client covers a round, its rest at a waypoint
+    "trace": "handovers.csv",  # trace: client, round (or time), edge: a client's edge from then on
+    "seconds_per_round": None, # trace: the simulated seconds of a round (a trace in time)
+    "latency": None,           # a .npy [clients, edges] latency matrix for the association (default:
+                               # the distance of every client to every edge, edges on a grid)
+    "failures": {"rate": 0.05, "repair": 3, "rule": "wait"},   # or {"trace": "outages.csv", ...}
+                               # (edge, first, last: rounds down); rule wait | reassociate
+    "seed": None,              # default: the config's seed
+  }
+
+Edges sit on a grid of the unit square (:func:`fedtree.toolbox.mobility.grid_positions`); the rows
+report ``handovers``, ``edges_down`` and ``edge_clients_max`` (in the round) and ``edge<e>_down`` for
+every edge that fails in the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from fedtree.core.membership import Membership
+from fedtree.experiment.capability import Capability, plain
+from fedtree.experiment.fields import field
+from fedtree.toolbox import mobility as mob
+
+FIELDS = ("model", "association", "placement", "spread", "dwell", "speed", "pause", "trace",
+          "seconds_per_round", "latency", "failures", "seed")
+MODELS = ("static", "markov", "waypoint", "trace")
+ASSOCIATIONS = ("tree",) + mob.POLICIES
+PLACEMENTS = ("tree", "uniform")
+FAILURE_FIELDS = ("rate", "repair", "rule", "trace")
+MODEL_FIELDS = {"static": (), "markov": ("dwell",), "waypoint": ("speed", "pause"),
+                "trace": ("trace", "seconds_per_round")}
+
+
+def _unknown(what: str, given, allowed) -> None:
+  bad = sorted(set(given) - set(allowed))
+  if bad:
+    raise ValueError(f"{what}: unknown field {bad[0]!r}; allowed fields: {sorted(allowed)}")
+
+
+def _concrete(cfg: dict, where: str = "mobility") -> None:
+  for k, v in cfg.items():
+    if isinstance(v, dict):
+      _concrete(v, f"{where}.{k}")
+    elif isinstance(v, jax.core.Tracer):
+      raise ValueError(f"{where}.{k} cannot be swept in one program: the membership is built on the host "
+                       f"before the round compiles; give each value its own run")
+
+
+def label_counts(data) -> np.ndarray:
+  """``int[C, L]`` every client's training examples of every label."""
+  y = np.asarray(data.y_train)
+  n = np.asarray(data.n_train)
+  valid = np.arange(y.shape[1])[None, :] < n[:, None]
+  num_labels = int(y[valid].max()) + 1 if valid.any() else 1
+  out = np.zeros((y.shape[0], num_labels), np.int64)
+  np.add.at(out, (np.broadcast_to(np.arange(y.shape[0])[:, None], y.shape)[valid], y[valid]), 1)
+  return out
+
+
+def _check(cfg: dict) -> tuple[str, str, str]:
+  _unknown("mobility", cfg, FIELDS)
+  _concrete(cfg)
+  model = cfg.get("model", "static")
+  if model not in MODELS:
+    raise ValueError(f"mobility.model={model!r}; choose one of {MODELS}")
+  stray = sorted(f for m, fs in MODEL_FIELDS.items() if m != model for f in fs if f in cfg)
+  if stray:
+    raise ValueError(f"mobility.{stray[0]} is read by another model than model={model!r}: "
+                     f"{ {m: list(fs) for m, fs in MODEL_FIELDS.items() if fs} }")
+  association = cfg.get("association", "nearest" if model == "waypoint" else "tree")
+  if association not in ASSOCIATIONS:
+    raise ValueError(f"mobility.association={association!r}; choose one of {ASSOCIATIONS}")
+  if model == "waypoint" and association == "tree":
+    raise ValueError(f"mobility.association='tree' with model='waypoint': a moving client's edge is chosen "
+                     f"every round by a policy; choose one of {mob.POLICIES}")
+  placement = cfg.get("placement", "tree")
+  if placement not in PLACEMENTS:
+    raise ValueError(f"mobility.placement={placement!r}; choose one of {PLACEMENTS}")
+  if model == "trace" and "trace" not in cfg:
+    raise ValueError("mobility.model='trace' needs mobility.trace, the path of a CSV of client, round (or "
+                     "time), edge")
+  return model, association, placement
+
+
+def membership_from_config(section, ctx) -> Membership:
+  """The :class:`~fedtree.core.membership.Membership` of a run's ``mobility`` section (the module)."""
+  cfg = {k: plain(v) for k, v in dict(plain(section)).items()}
+  model, association, placement = _check(cfg)
+  if ctx.run is not None and "secure" in ctx.run:
+    raise ValueError("a secure section under a moving membership: secure aggregation's groups are every "
+                     "edge's fixed clients; run it on a fixed tree")
+  topo = ctx.topology
+  if topo is None:
+    raise ValueError("a mobility section needs a run on a tree (its clients' parents are the edges)")
+  leaf = topo.depth - 1
+  num_edges, n = topo.num_nodes(leaf), topo.num_clients
+  rounds = int(field(ctx.config, "rounds"))
+  seed = int(cfg.get("seed", field(ctx.config, "seed")))
+  rng = np.random.default_rng(seed)
+  tree = np.asarray(topo.parent(topo.depth), np.int64)
+  edge_pos = mob.grid_positions(num_edges)
+  spread = float(cfg.get("spread", 0.1))
+  if not spread >= 0:
+    raise ValueError(f"mobility.spread={spread!r} must be >= 0")
+  start = (edge_pos[tree] + rng.normal(0.0, spread, (n, 2)) if placement == "tree" else rng.random((n, 2)))
+  start = np.clip(start, 0.0, 1.0)
+  labels = label_counts(ctx.data) if association == "label_mix" else None
+  if model == "waypoint":
+    membership, _ = mob.random_waypoint(start, edge_pos, num_rounds=rounds,
+                                        speed=float(cfg.get("speed", 0.05)), seed=seed,
+                                        pause=int(cfg.get("pause", 0)), policy=association,
+                                        label_counts=labels)
+  else:
+    initial = tree
+    if association != "tree":
+      latency = mob.distances(start, edge_pos) if cfg.get("latency") is None else _latency(cfg["latency"], n,
+                                                                                            num_edges)
+      initial = mob.associate(association, latency, label_counts=labels, seed=seed)
+    if model == "static":
+      membership = Membership.static(initial, num_edges)
+    elif model == "markov":
+      membership = mob.markov(initial, num_edges=num_edges, num_rounds=rounds,
+                              dwell=float(cfg.get("dwell", 10.0)), seed=seed)
+    else:
+      rows = mob.read_trace(str(cfg["trace"]), seconds_per_round=cfg.get("seconds_per_round"))
+      membership = mob.from_trace(rows, initial=initial, num_edges=num_edges, num_rounds=rounds)
+  failures = cfg.get("failures")
+  if failures:
+    membership = _failures(dict(failures), membership, num_edges, rounds, seed, edge_pos)
+  return membership
+
+
+def _latency(path: str, n: int, num_edges: int) -> np.ndarray:
+  lat = np.load(str(path))
+  if lat.shape != (n, num_edges):
+    raise ValueError(f"mobility.latency {path!r} has shape {lat.shape}; the run needs [{n}, {num_edges}] "
+                     f"(clients, edges)")
+  return lat
+
+
+def _failures(cfg: dict, membership: Membership, num_edges: int, rounds: int, seed: int,
+              edge_pos) -> Membership:
+  _unknown("mobility.failures", cfg, FAILURE_FIELDS)
+  rule = cfg.get("rule", "wait")
+  if rule not in mob.RULES:
+    raise ValueError(f"mobility.failures.rule={rule!r}; choose one of {mob.RULES}")
+  if "trace" in cfg:
+    clash = [f for f in ("rate", "repair") if f in cfg]
+    if clash:
+      raise ValueError(f"mobility.failures: trace replaces {clash}; give one or the other")
+    rows = np.loadtxt(str(cfg["trace"]), delimiter=",", skiprows=1, ndmin=2, dtype=np.int64)
+    up = mob.outage_trace(rows, num_edges, rounds)
+  else:
+    if "rate" not in cfg:
+      raise ValueError("mobility.failures needs rate (an edge's probability of failing a round) and repair "
+                       "(rounds down), or trace")
+    up = mob.outages(num_edges, rounds, rate=float(cfg["rate"]), repair=int(cfg.get("repair", 1)),
+                     seed=seed + 1)
+  return mob.fail_edges(membership, up, rule=rule, edge_positions=edge_pos)
+
+
+def round_metrics(section, ctx):
+  """``r -> {edge<e>_down: 0 or 1}`` for every edge that fails in the run (none: ``None``)."""
+  failures = plain(dict(plain(section)).get("failures"))
+  if not failures:
+    return None
+  membership = membership_from_config(section, ctx)
+  down = np.flatnonzero(~membership.up.all(axis=0))
+  if not down.size:
+    return None
+
+  def metrics(r: int) -> dict[str, Any]:
+    row = membership.up[min(max(int(r), 1), membership.num_rounds) - 1]
+    return {f"edge{int(g)}_down": int(not row[g]) for g in down}
+
+  return metrics
+
+
+CAPABILITY = Capability(name="mobility", about="clients moving between edges, edge failures, association",
+                        argument="membership", value=membership_from_config, round_metrics=round_metrics)
+"""The ``mobility`` section (see the module docstring)."""

@@ -1,0 +1,372 @@
+"""A tree that moves (issue 54): memberships built by traces, mobility models, failures and association
+policies; the host under a moving membership against a plain per-round loop; a membership that never
+moves is the run without one, bit for bit; what cannot move is refused by name."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from helpers import ALGORITHM_CASES, count_traces, small_context, trees_equal
+from reference_baselines import close, np64, run_jit, sgd_client, small_problem, start, train_key
+
+from fedtree.algorithms.host.hierfavg import hierfavg
+from fedtree.core.local import LocalSchedule
+from fedtree.core.membership import Membership, MobileSampler, mobile_sampler
+from fedtree.core.rng import stream
+from fedtree.core.sampling import cohort_sampler
+from fedtree.core.topology import Topology
+from fedtree.core.updates import UpdatePath
+from fedtree.experiment import registry
+from fedtree.toolbox import mobility as mob
+from fedtree.toolbox.robust import median
+
+LR, B, STEPS = 0.1, 4, 2
+
+
+# ------------------------------------------------------------------ memberships on the host
+def test_a_trace_puts_each_client_on_its_edge_from_its_round_on(tmp_path):
+  m = mob.from_trace([(0, 2, 1), (1, 3, 0), (0, 4, 0)], initial=[0, 1, 1], num_edges=2, num_rounds=4)
+  assert m.edges.tolist() == [[0, 1, 1], [1, 1, 1], [1, 0, 1], [0, 0, 1]]
+  assert m.handovers.tolist() == [0, 1, 1, 1] and m.up.all()
+  path = tmp_path / "t.csv"
+  path.write_text("client,time,edge\n0,15.0,1\n1,29.9,0\n")
+  rows = mob.read_trace(str(path), seconds_per_round=10.0)
+  assert rows.tolist() == [[0, 2, 1], [1, 3, 0]]
+  with pytest.raises(ValueError, match="needs seconds_per_round"):
+    mob.read_trace(str(path))
+
+
+@pytest.mark.parametrize("row, message", [
+  ((7, 2, 1), r"trace row 0: client 7 is not a client of the run \(ids 0..2\)"),
+  ((0, 2, 5), r"trace row 0: edge 5 is past the tree's edges \(0..1\)"),
+  ((0, 9, 1), r"trace row 0: round 9 is outside the run's rounds 1..4"),
+])
+def test_a_trace_naming_what_the_run_lacks_is_refused(row, message):
+  with pytest.raises(ValueError, match=message):
+    mob.from_trace([row], initial=[0, 1, 1], num_edges=2, num_rounds=4)
+
+
+@pytest.mark.parametrize("dwell", [0.0, 0.5, -3.0])
+def test_a_dwell_below_one_round_is_refused(dwell):
+  with pytest.raises(ValueError, match=rf"dwell={dwell!r} must be >= 1 round"):
+    mob.markov([0, 1], num_edges=2, num_rounds=3, dwell=dwell, seed=0)
+
+
+def test_markov_clients_stay_a_geometric_time_of_mean_dwell_and_move_uniformly():
+  n, rounds, e, dwell = 2000, 40, 4, 4.0
+  m = mob.markov(np.arange(n) % e, num_edges=e, num_rounds=rounds, dwell=dwell, seed=3)
+  moved = m.edges[1:] != m.edges[:-1]
+  trials, p = moved.size, 1 / dwell
+  assert abs(moved.mean() - p) < 5 * np.sqrt(p * (1 - p) / trials)   # (5 sigma of the sample)
+  # a move goes to each of the other three edges with probability 1/3
+  src, dst = m.edges[:-1][moved], m.edges[1:][moved]
+  step = (dst - src) % e
+  for s in (1, 2, 3):
+    frac = np.mean(step == s)
+    assert abs(frac - 1 / 3) < 5 * np.sqrt(2 / 9 / step.size)
+  assert not (step == 0).any()
+
+
+def test_random_waypoint_moves_at_its_speed_and_associates_to_the_nearest_edge():
+  rng = np.random.default_rng(0)
+  edges = mob.grid_positions(4)
+  m, pos = mob.random_waypoint(rng.random((30, 2)), edges, num_rounds=25, speed=0.07, seed=1, pause=2)
+  step = np.linalg.norm(pos[1:] - pos[:-1], axis=-1)
+  assert step.max() <= 0.07 + 1e-12 and (step == 0).any() and (np.abs(step - 0.07) < 1e-9).any()
+  for r in (0, 10, 24):
+    assert m.edges[r].tolist() == np.argmin(mob.distances(pos[r], edges), axis=1).tolist()
+  with pytest.raises(ValueError, match="speed=0.0 must be > 0"):
+    mob.random_waypoint(pos[0], edges, num_rounds=2, speed=0.0, seed=0)
+
+
+def test_association_policies():
+  rng = np.random.default_rng(1)
+  n, e = 24, 4
+  lat = mob.distances(rng.random((n, 2)), mob.grid_positions(e))
+  assert mob.nearest(lat).tolist() == np.argmin(lat, axis=1).tolist()
+  live = np.array([True, False, True, True])
+  assert 1 not in mob.nearest(lat, live)
+  bal = mob.balanced(lat)
+  assert np.bincount(bal, minlength=e).max() == n // e
+  assert np.bincount(mob.balanced(lat, live), minlength=e).tolist()[1] == 0
+  # label_mix: 16 clients of one label each, 4 of every label; every edge ends with the global mix
+  n, lat = 16, lat[:16]
+  counts = np.zeros((n, 4), np.int64)
+  counts[np.arange(n), np.arange(n) % 4] = 10
+  mix = mob.label_mix(counts, lat)
+  per_edge = np.stack([counts[mix == g].sum(0) for g in range(e)])
+  assert (per_edge == per_edge[0]).all()
+  near = mob.nearest(lat)
+
+  def divergence(assign):
+    g = counts.sum(0) / counts.sum()
+    out = 0.0
+    for edge in range(e):
+      c = counts[assign == edge].sum(0)
+      if c.sum():
+        p = c / c.sum()
+        out += float(np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1) / g), 0)))
+    return out
+
+  assert divergence(mix) < 1e-12 < divergence(near)
+  with pytest.raises(ValueError, match="association policy 'closest'; choose one of"):
+    mob.associate("closest", lat)
+
+
+def test_outages_last_their_repair_time_and_come_at_their_rate():
+  up = mob.outages(50, 400, rate=0.05, repair=3, seed=0)
+  assert up[0].all()
+  starts = 0
+  for g in range(50):
+    down = ~up[:, g]
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], down.astype(int), [0]])))
+    for a, b in zip(edges[::2], edges[1::2], strict=True):
+      assert b - a == 3 or b == 400   # (cut by the end of the run)
+      starts += 1
+  # an up edge fails with p = 0.05 a round: the up rounds that could fail, and the failures
+  trials = int(up[:-1].sum())
+  assert abs(starts / trials - 0.05) < 5 * np.sqrt(0.05 * 0.95 / trials)
+  assert mob.outages(5, 10, rate=0.0, repair=1, seed=0).all()
+  with pytest.raises(ValueError, match="repair=0 must be >= 1 round"):
+    mob.outages(5, 10, rate=0.1, repair=0, seed=0)
+
+
+def test_a_down_edges_clients_wait_or_move_to_the_nearest_live_edge():
+  m = Membership.static([0, 0, 1, 2, 3], 4)
+  up = mob.outage_trace([(0, 2, 3)], 4, 4)
+  wait = mob.fail_edges(m, up, rule="wait")
+  assert (wait.edges == [0, 0, 1, 2, 3]).all() and wait.up[:, 0].tolist() == [True, False, False, True]
+  pos = np.array([[0.0, 0.0], [0.9, 0.0], [0.0, 0.2], [0.5, 0.5]])
+  moved = mob.fail_edges(m, up, rule="reassociate", edge_positions=pos)
+  assert moved.edges[:, :2].tolist() == [[0, 0], [2, 2], [2, 2], [0, 0]]   # edge 2 is nearest edge 0
+  assert moved.handovers.tolist() == [0, 2, 0, 2]
+  with pytest.raises(ValueError, match=r"outage row 0: edge 4 is past the tree's edges \(0..3\)"):
+    mob.outage_trace([(4, 1, 2)], 4, 4)
+  with pytest.raises(ValueError, match="rule='stay'; choose one of"):
+    mob.fail_edges(m, up, rule="stay")
+
+
+def test_a_membership_outside_the_tree_is_refused():
+  with pytest.raises(ValueError, match=r"round 2 puts client 1 on edge 3, outside \[0, 2\)"):
+    Membership(edges=np.array([[0, 1], [0, 3]]), up=np.ones((2, 2), bool))
+
+
+# ------------------------------------------------------------------ the sampler
+@pytest.mark.parametrize("cohort_size", [None, 2])
+def test_under_a_fixed_tree_the_mobile_sampler_draws_the_cohort_samplers_cohorts(cohort_size):
+  parent = np.array([0, 1, 0, 2, 1, 2, 2, 0, 1])
+  static = cohort_sampler(parent, cohort_size, chunk_size=4)
+  mobile = mobile_sampler(Membership.static(parent), cohort_size, chunk_size=4)
+  assert mobile.padded_size == static.padded_size and mobile.chunk_size == static.chunk_size
+  member, live = jnp.asarray(parent, jnp.int32), jnp.ones(3, bool)
+  for i in range(5):
+    a, b = static(jax.random.key(i)), mobile(jax.random.key(i), member, live)
+    for x, y in zip(a[:3], b[:3], strict=True):
+      assert np.array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_the_mobile_sampler_draws_each_edge_uniformly_among_its_members_of_the_round():
+  member = jnp.asarray([0, 0, 0, 0, 1, 2, 2, 0, 2], jnp.int32)   # edge 0: 5 members, 1: 1, 2: 3, 3: none
+  live = jnp.asarray([True, True, True, True])
+  sampler = MobileSampler(num_clients=9, num_edges=4, per_edge=2, chunk_size=8)
+  draw = jax.jit(lambda k: sampler(k, member, live))
+  hits = np.zeros(9)
+  trials = 4000
+  for i in range(trials):
+    c = draw(jax.random.key(i))
+    clients, parent, valid = (np.asarray(v) for v in c[:3])
+    assert np.bincount(parent[valid], minlength=4).tolist() == [2, 1, 2, 0]
+    assert (np.asarray(member)[clients[valid]] == parent[valid]).all()
+    assert len(set(clients[valid].tolist())) == int(valid.sum())
+    hits[clients[valid]] += 1
+  expect = np.array([2 / 5] * 4 + [1.0] + [2 / 3] * 2 + [2 / 5] + [2 / 3])
+  assert np.all(np.abs(hits / trials - expect) < 5 * np.sqrt(expect * (1 - expect) / trials) + 1e-12)
+  c = sampler(jax.random.key(0), member, jnp.asarray([False, True, True, True]))
+  assert not np.asarray(c.valid)[np.asarray(c.parent) == 0].any()
+
+
+# ------------------------------------------------------------------ the host against a plain loop
+def _moving_problem(rounds=5):
+  data, groups, model = small_problem()   # 9 clients in groups of 3, 2, 4
+  topo = Topology.from_label_columns([np.asarray(groups)])
+  m = mob.markov(np.asarray(groups), num_edges=3, num_rounds=rounds, dwell=2.0, seed=4)
+  up = mob.outage_trace([(1, 2, 3)] + [(0, 4, rounds)] * (rounds >= 4), 3, rounds)
+  return data, topo, model, mob.fail_edges(m, up, rule="wait")
+
+
+def _reference(model, data, membership, x0, rounds, key, *, period, cohort=None, aggregate=None):
+  """HierFAVG under a moving membership, by hand: every edge's live members of the round train from
+  its model and it takes their weighted mean (``aggregate(x_e, [(client, model)])`` if given), every
+  ``period`` rounds the root takes the live edges' mean weighted by their round's examples and sends
+  it to the live edges."""
+  n = np.asarray(data.n_train, np.float64)
+  e = membership.num_edges
+  x = [np64(x0) for _ in range(e)]
+  for r in range(1, rounds + 1):
+    rk = jax.random.fold_in(key, r - 1)
+    member, live = membership.edges[r - 1], membership.up[r - 1]
+    if cohort is None:
+      chosen = [[c for c in range(len(member)) if member[c] == g and live[g]] for g in range(e)]
+    else:   # the engine's draw (tested on its own above)
+      draw = cohort(stream(rk, "cohort"), jnp.asarray(member), jnp.asarray(live))
+      chosen = [[int(c) for c, p, v in zip(*(np.asarray(a) for a in draw[:3]), strict=True) if v and p == g]
+                for g in range(e)]
+    for g in range(e):
+      if not chosen[g]:
+        continue
+      trained = [(c, np64(sgd_client(model, x[g], data, c, STEPS, train_key(rk, c), lr=LR, batch_size=B)[0]))
+                 for c in chosen[g]]
+      if aggregate is not None:
+        x[g] = aggregate(x[g], trained)
+      else:
+        w = np.array([n[c] for c, _ in trained])
+        x[g] = jax.tree.map(lambda *ms, w=w: sum(wi * mi for wi, mi in zip(w, ms, strict=True)) / w.sum(),
+                            *[t for _, t in trained])
+    if r % period == 0:
+      wg = np.array([n[member == g].sum() if live[g] else 0.0 for g in range(e)])
+      if wg.sum() > 0:
+        root = jax.tree.map(lambda *ms, wg=wg: sum(wi * mi for wi, mi in zip(wg, ms, strict=True)) / wg.sum(),
+                            *x)
+        x = [root if live[g] else x[g] for g in range(e)]
+  return x
+
+
+@pytest.mark.parametrize("cohort_size", [None, 2])
+def test_hierfavg_under_a_moving_membership_with_failures_matches_a_plain_loop(cohort_size):
+  data, topo, model, membership = _moving_problem()
+  alg = hierfavg(model=model, topology=topo, data=data, local_optimizer=optax.sgd(LR),
+                 schedule=LocalSchedule(batch_size=B, steps=STEPS), periods=(2,), cohort_size=cohort_size,
+                 chunk_size=4, membership=membership)
+  key = jax.random.key(11)
+  counted, traces = count_traces(alg)
+  state, metrics = run_jit(counted, data, 5, key)
+  assert len(traces) == 1   # the membership moved every round: one compile
+  sampler = mobile_sampler(membership, cohort_size, chunk_size=4)
+  want = _reference(model, data, membership, start(alg), 5, key, period=2,
+                    cohort=None if cohort_size is None else sampler)
+  for g in range(3):
+    close(jax.tree.map(lambda a, g=g: a[g], state.params[1]), want[g])
+  assert int(metrics["handovers"]) == int(membership.handovers[4])
+  assert int(metrics["edges_down"]) == 1
+  # every client is scored with its edge of the last round
+  assert np.asarray(alg.models(state)["level1"].model_of_client).tolist() == membership.edges[4].tolist()
+
+
+def test_a_down_edge_keeps_its_model_and_takes_no_part_above():
+  data, topo, model, _ = _moving_problem()
+  membership = mob.fail_edges(Membership.static(topo.parent(2), 3), mob.outage_trace([(2, 1, 2)], 3, 2))
+  alg = hierfavg(model=model, topology=topo, data=data, local_optimizer=optax.sgd(LR),
+                 schedule=LocalSchedule(batch_size=B, steps=STEPS), periods=(1,), chunk_size=9,
+                 membership=membership)
+  state, metrics = run_jit(alg, data, 2, jax.random.key(0))
+  x0 = start(alg)
+  trees_equal(jax.tree.map(lambda a: a[2], state.params[1]), x0)   # down both rounds: untouched
+  up_edges = jax.tree.map(lambda a: a[:2], state.params[1])
+  trees_equal(up_edges, jax.tree.map(lambda a: jnp.stack([a[0], a[0]]), state.params[0]))
+  assert int(metrics["edges_down"]) == 1 and int(metrics["edge_clients_max"]) == 3
+
+
+def test_a_median_at_the_edges_follows_the_membership():
+  data, topo, model, membership = _moving_problem(rounds=3)
+  agg = median()
+  alg = hierfavg(model=model, topology=topo, data=data, local_optimizer=optax.sgd(LR),
+                 schedule=LocalSchedule(batch_size=B, steps=STEPS), periods=(3,), chunk_size=4,
+                 membership=membership, update_paths=UpdatePath(aggregator=agg))
+  key = jax.random.key(5)
+  state, _ = run_jit(alg, data, 3, key)
+
+  def by_hand(x, trained):   # the coordinate-wise median of the members' updates, by hand
+    deltas = [jax.tree.map(lambda a, b: a - b, t, x) for _, t in trained]
+    return jax.tree.map(lambda a, *d: a + np.median(np.stack(d), axis=0), x, *deltas)
+
+  want = _reference(model, data, membership, start(alg), 3, key, period=3, aggregate=by_hand)
+  for g in range(3):
+    close(jax.tree.map(lambda a, g=g: a[g], state.params[1]), want[g])
+
+
+def test_what_cannot_move_is_refused_by_name():
+  data, topo, model, membership = _moving_problem()
+  common = dict(model=model, topology=topo, data=data, local_optimizer=optax.sgd(LR),
+                schedule=LocalSchedule(batch_size=B, steps=STEPS), membership=membership)
+  with pytest.raises(ValueError, match="hierfavg: sampling='data_size' under a moving membership"):
+    hierfavg(**common, sampling="data_size", cohort_size=1)
+  with pytest.raises(ValueError, match=r"cohort_size=\[1, 1, 1\] under a moving membership must be one int"):
+    hierfavg(**common, cohort_size=[1, 1, 1])
+  with pytest.raises(ValueError, match="the membership has 4 edges; the run's tree has 3 clients' parents"):
+    hierfavg(**{**common, "membership": Membership.static(np.arange(9) % 4)})
+
+
+# ------------------------------------------------------------------ every algorithm, through the registry
+@pytest.fixture(scope="module")
+def ctx():
+  return small_context()
+
+
+def _run_config(name, **fields):
+  return ml_collections.ConfigDict({"algorithm": name, "chunk_size": 3, **ALGORITHM_CASES[name], **fields})
+
+
+def _build(ctx, name, **fields):
+  """``(fixed, moving)``: ``name`` on the config's tree where it runs on it (``tree="config"``), else on
+  its own, without and with ``fields``."""
+  tree = {"tree": "config"}
+  try:
+    fixed = registry.build_algorithm(name, _run_config(name, **tree), ctx)
+  except ValueError:   # (no tree field, or a case's cohort larger than the config's groups)
+    tree = {}
+    fixed = registry.build_algorithm(name, _run_config(name), ctx)
+  return fixed, registry.build_algorithm(name, _run_config(name, **tree, **fields), ctx)
+
+
+def _rounds(ctx, alg, n=3):
+  state, step = alg.init(jax.random.key(0)), jax.jit(alg.round)
+  for r in range(n):
+    state, metrics = step(state, ctx.data, jax.random.fold_in(jax.random.key(3), r))
+  return state, metrics
+
+
+FAST = ("hierfavg", "fedper", "knnper", "heterofl", "perfedavg", "fedex", "scaffold", "ifca")
+"""The algorithms checked in the default run: the host, an edge-personal part, the methods that score a
+client with its edge's model, a rule that moves, one refused, a family without the host."""
+
+
+@pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(ALGORITHM_CASES)])
+def test_a_membership_that_never_moves_is_the_run_without_one_or_a_refusal(ctx, name):
+  try:
+    fixed, moving = _build(ctx, name, mobility={"model": "static"})
+  except ValueError as e:
+    msg = str(e)
+    assert f"config.runs.{name}" in msg and ("cannot run a 'mobility' section" in msg or (
+      "under a moving membership" in msg or "ServerRule.moves" in msg)), msg
+    return
+  a, _ = _rounds(ctx, fixed)
+  counted, traces = count_traces(moving)
+  b, metrics = _rounds(ctx, counted)
+  trees_equal(a, b)
+  assert len(traces) == 1 and int(metrics["handovers"]) == 0
+
+
+def test_the_mobility_section(ctx):
+  build = registry.build_algorithm
+  alg = build("h", ml_collections.ConfigDict({"algorithm": "hierfavg", "mobility": {
+    "model": "markov", "dwell": 2.0, "failures": {"rate": 0.3, "repair": 2}}}), ctx)
+  _, metrics = _rounds(ctx, alg, 2)
+  assert {"handovers", "edges_down", "edge_clients_max"} <= set(metrics)
+  bad = [({"model": "walk"}, r"mobility.model='walk'; choose one of"),
+         ({"model": "markov", "dwell": 0.0}, r"dwell=0.0 must be >= 1 round"),
+         ({"model": "markov", "speed": 0.1}, r"mobility.speed is read by another model than model='markov'"),
+         ({"model": "waypoint", "association": "tree"}, r"association='tree' with model='waypoint'"),
+         ({"model": "trace"}, r"model='trace' needs mobility.trace"),
+         ({"failures": {"rate": 0.1, "rule": "stay"}}, r"failures.rule='stay'; choose one of"),
+         ({"speeed": 1.0}, r"mobility: unknown field 'speeed'")]
+  for section, message in bad:
+    with pytest.raises(ValueError, match=message):
+      build("h", ml_collections.ConfigDict({"algorithm": "hierfavg", "mobility": section}), ctx)
+  with pytest.raises(ValueError, match="algorithm 'bhfl' cannot run a 'mobility' section"):
+    build("b", _run_config("bhfl", mobility={}), ctx)
+  with pytest.raises(ValueError, match=r"differential privacy .* under a moving membership"):
+    build("p", ml_collections.ConfigDict({"algorithm": "hierfavg", "mobility": {}, "weighting": "uniform",
+                                          "privacy": {"clip_norm": 1.0, "noise_multiplier": 1.0}}), ctx)
