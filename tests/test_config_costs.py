@@ -99,7 +99,7 @@ def test_the_personalized_table_has_a_quick_variant_with_its_cost():
 
 
 MEASURED_COSTS = ["quickstart", "personalization", "compression", "systems", "pfedmt_synthetic", "bhfl",
-                  "clustered", "heterogeneous", "tuning"]
+                  "clustered", "heterogeneous", "tuning", "mobility"]
 """The configs whose docstrings state a cost measured on 2026-12-07 (the others still read 'about ...')."""
 
 

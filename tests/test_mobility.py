@@ -370,3 +370,40 @@ def test_the_mobility_section(ctx):
   with pytest.raises(ValueError, match=r"differential privacy .* under a moving membership"):
     build("p", ml_collections.ConfigDict({"algorithm": "hierfavg", "mobility": {}, "weighting": "uniform",
                                           "privacy": {"clip_norm": 1.0, "noise_multiplier": 1.0}}), ctx)
+
+
+def test_the_mobility_config_end_to_end(tmp_path):
+  """A shrunk configs/mobility.py: its runs write their memberships (drawn), the rows say which edges
+  were down and how many clients moved, the final table the busiest edge's megabytes."""
+  import json
+
+  from config_files import load_config
+
+  from fedtree.experiment.runner import train_and_evaluate
+
+  c = load_config("mobility")
+  c.rounds, c.eval_every, c.rounds_per_call, c.progress = 6, 3, 3, False
+  c.data.group_sizes, c.data.test_examples, c.model.hidden = (6, 4), 8, (8,)
+  keep = ("static", "markov_fast", "fail_wait")
+  c.runs = ml_collections.ConfigDict({k: c.runs[k] for k in keep})
+  c.run_order = keep
+  c.runs.fail_wait.mobility.failures = dict(rate=0.5, repair=2, rule="wait")
+  results = train_and_evaluate(c, str(tmp_path))
+  assert set(results) == set(keep)
+  for run in keep:
+    with np.load(tmp_path / f"membership_{run}.npz") as m:
+      assert m["edges"].shape[1] == 10 and m["up"].shape[1] == 2
+    assert (tmp_path / f"plot_membership_{run}.png").stat().st_size > 0
+    assert "edge_peak_uplink_MB" in results[run]["global"]
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  fails = [r for r in rows if r["run"] == "fail_wait" and "handovers" in r]
+  with np.load(tmp_path / "membership_fail_wait.npz") as m:
+    up = m["up"]
+  assert fails and all(r["edges_down"] == int((~up[r["round"] - 1]).sum()) for r in fails)
+  assert all(r[f"edge{g}_down"] == int(not up[r["round"] - 1, g]) for r in fails for g in range(2)
+             if not up[:, g].all())
+  static = [r for r in rows if r["run"] == "static" and "handovers" in r]
+  assert static and all(r["handovers"] == 0 for r in static)
+  # the busiest edge's clients of a static tree: its 6 clients every round, one model each
+  s = results["static"]["global"]
+  assert np.isclose(s["edge_peak_uplink_MB"], s["clients_uplink_MB"] * 6 / 10)

@@ -32,6 +32,7 @@ CASES = [
   ("group_personalized", None, "grouppfl"),     # paper 000's report and its Fig. 1 histogram
   ("group_personalized_lm", None, "grouppfl"),  # the same for a language model
   ("heterogeneous", None, "heterofl"),          # a model per width (width_1 ... own_width)
+  ("mobility", None, "fail_reassociate"),       # membership_<run>.npz and its picture, peak edge MB
   ("own_data", None, "fedavg"),                 # per-client fairness from .npz arrays
   ("peft_lm", None, "lora"),                    # pretraining, then LoRA adapters
   ("personalization", None, "ditto"),           # personal models

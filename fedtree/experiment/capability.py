@@ -12,7 +12,8 @@ section does, every hook a function ``hook(section, run)`` of the section (a dic
   model the algorithm trains (``wrap``: LoRA's adapters on a frozen base, :class:`Wrapping`);
 * **on the host**: the data it alters and the extra test splits its runs are scored on
   (``data``: a data attack's poisoned copy and its backdoor split), per-round metrics
-  (``round_metrics``: the privacy spent), a sweep's calibration of a field no trace can drive
+  (``round_metrics``: the privacy spent), files beside the run's (``files``: the membership a
+  mobility section made), a sweep's calibration of a field no trace can drive
   (``calibration``: a target ε to the noise multiplier that reaches it), and the annotation of a
   section's field a sweep may trace (``hint``: read from the factory the section names).
 
@@ -209,6 +210,9 @@ class Capability(NamedTuple):
       reported as ``metric``).
     round_metrics: ``round_metrics(section, run) -> (r -> {name: number})`` added to round
       ``r``'s row and every final summary, or ``None``.
+    files: ``files(section, run) -> {file name: str | bytes}`` written into the workdir when the
+      run starts (the membership a mobility section made, drawn by
+      :func:`fedtree.experiment.plots.write_run_plots`).
     calibration: a field a sweep sets on the host (:class:`Calibration`), or ``None``.
     hint: ``hint(path, section) -> annotation`` of the section's field at ``path`` (a tuple of
       keys), from the factory the section names; ``None``: unknown (a sweep then goes by the
@@ -227,6 +231,7 @@ class Capability(NamedTuple):
   wrap: Hook | None = None
   data: Hook | None = None
   round_metrics: Hook | None = None
+  files: Hook | None = None
   calibration: Calibration | None = None
   hint: Callable[[Sequence[str], Any], Any] | None = None
   algorithms: Callable[[Any], bool] | None = None

@@ -265,6 +265,7 @@ class _Columns(NamedTuple):
   eps: bool                 # the privacy spent
   asr: bool                 # a backdoor's attack success rate
   traffic: bool             # megabytes up and down
+  peak: bool                # the busiest edge's megabytes in (a moving membership)
   fair: bool                # per-client percentiles and Gini coefficient
   target: float | None      # the target accuracy whose first round is reported
   hours: bool               # and the simulated hours then (a run with a systems clock)
@@ -282,7 +283,8 @@ def _columns(results: dict[str, dict[str, dict[str, Any]]]) -> _Columns:
     topk=sorted({k for s in summaries for k in s if k.startswith("top") and k.endswith("_accuracy")}),
     ap=[k for k in AP_COLUMNS if has(k)],
     clustered=has("intra_cluster_accuracy"), ari=has("adjusted_rand_index"), kws=has("false_accept_rate"),
-    eps=has("epsilon"), asr=has("attack_success_rate"), traffic=has("uplink_MB"), fair=has("fairness"),
+    eps=has("epsilon"), asr=has("attack_success_rate"), traffic=has("uplink_MB"),
+    peak=has("edge_peak_uplink_MB"), fair=has("fairness"),
     target=(target := next((s["target_accuracy"] for s in summaries if s.get("target_accuracy") is not None),
                            None)),
     hours=target is not None and has("hours_to_target"))
@@ -301,6 +303,7 @@ def _header(c: _Columns, group_names) -> list[str]:
   header += ["ε"] if c.eps else []
   header += ["ASR"] if c.asr else []
   header += ["up MB", "down MB"] if c.traffic else []
+  header += ["peak edge MB"] if c.peak else []
   header += ["clients p10/p50/p90 gini"] if c.fair else []
   header += [f"rounds to {c.target:g}"] if c.target is not None else []
   header += [f"hours to {c.target:g}"] if c.hours else []
@@ -330,6 +333,8 @@ def _row(label: str, name: str, s: dict[str, Any], c: _Columns) -> list[str]:
     row += [f"{s['attack_success_rate']:.4f}" if "attack_success_rate" in s else ""]
   if c.traffic:
     row += [f"{s['uplink_MB']:.3f}", f"{s['downlink_MB']:.3f}"] if "uplink_MB" in s else ["", ""]
+  if c.peak:
+    row += [f"{s['edge_peak_uplink_MB']:.3f}" if "edge_peak_uplink_MB" in s else ""]
   if c.fair:
     row += [fairness_cell(s["fairness"]) if "fairness" in s else ""]
   if c.target is not None:
@@ -354,6 +359,8 @@ def _title(c: _Columns) -> str:
   title += "; ARI = adjusted Rand index against the true clusters" if c.ari else ""
   title += "; FA / FR = false-accept / false-reject rate in %" if c.kws else ""
   title += "; ASR = the backdoor's attack success rate on triggered test data" if c.asr else ""
+  title += ("; peak edge MB = what the busiest edge of every round took in from its clients, summed "
+            "(a moving membership)") if c.peak else ""
   title += ("; ε = user-level privacy spent at the run's δ, replace-one adjacency with fixed-size cohorts "
             "(about twice the add/remove ε of Opacus at the same noise multiplier), add/remove with Poisson "
             "sampling or privacy.adjacency='add_remove'") if c.eps else ""

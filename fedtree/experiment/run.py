@@ -119,6 +119,7 @@ class Run:
   extra_data_bytes: int = 0
   needs: Any = None
   run_context: RunContext | None = None
+  files: Mapping[str, str | bytes] = dataclasses.field(default_factory=dict)
 
   @property
   def capabilities(self) -> Mapping[str, Capability]:
@@ -195,6 +196,17 @@ def round_metrics(label: str, run_cfg, ctx) -> Callable[[int], dict[str, Any]] |
   return _merged(hooks)
 
 
+def run_files(label: str, run_cfg, ctx) -> dict[str, str | bytes]:
+  """``{file name: content}`` the capabilities of run ``label`` write into the workdir when it starts
+  (a mobility section's membership); ``ctx``: the run's context, or a shared one."""
+  rctx = registry.run_context(ctx, label, run_cfg)
+  out: dict[str, str | bytes] = {}
+  for cap, section in caps.sections(run_cfg, rctx.capabilities):
+    if cap.files is not None:
+      out.update(cap.files(section, rctx))
+  return out
+
+
 def run_data(rctx: RunContext) -> tuple[RunContext, dict[str, tuple]]:
   """``(the run on the data it trains on, {metric: test split})``: the data the capabilities of the
   run of ``rctx`` (:func:`fedtree.experiment.registry.resolved_context`) alter (a data attack's
@@ -238,7 +250,8 @@ def resolve(label: str, run_cfg, ctx: Context, *, build: bool = True) -> Run:
              message_bytes=model_bytes(jax.eval_shape(model.init, jax.random.key(0))),
              block=blocks(arguments.get("update_paths"), rctx, full_model),
              extra_data_bytes=memory.copied_bytes(rctx.data, ctx.data),
-             needs=registry.memory_needs(label, run_cfg, own), run_context=rctx)
+             needs=registry.memory_needs(label, run_cfg, own), run_context=rctx,
+             files=run_files(label, run_cfg, own))
 
 
 def of_algorithm(label: str, algorithm: FederatedAlgorithm, ctx: Context, *,

@@ -130,6 +130,7 @@ def run_algorithm(
     ckpt.maybe_save(s, force=r == num_rounds)
 
   reporter.start_run(label, num_rounds, from_round=int(state.round))
+  reporter.write_files(dict(run.files))
   if start is not None and state is start.state:   # goes on: the counts of the stretch before
     hooks.carry(start.summaries)
   elif int(state.round):   # resumed: the bytes of the rounds before, and the rounds at the target

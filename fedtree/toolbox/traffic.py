@@ -23,6 +23,9 @@ counted one by one):
 * ``uplink_bytes`` / ``downlink_bytes``: one client's message in the latest round;
 * ``round_uplink_MB`` / ``round_downlink_MB``: the latest round's total over every edge;
 * ``uplink_MB`` / ``downlink_MB``: cumulative since round 0, over every edge;
+* under a moving membership (a round reporting ``edge_clients_max``, the most clients one edge took in):
+  ``edge_peak_uplink_MB``, what the busiest edge of every round took in from its clients, summed over
+  the rounds (what an edge server must be provisioned for, beside the mean ``clients_uplink_MB / E``);
 * with server-to-server edges, per edge: ``clients_uplink_MB`` / ``clients_downlink_MB`` (the
   clients' edge) and ``level{l}_uplink_MB`` / ``level{l}_downlink_MB`` (level ``l`` and its child
   nodes), cumulative, and ``level{l}_round_uplink_MB`` / ``level{l}_round_downlink_MB``.
@@ -120,11 +123,14 @@ class Traffic:
     self.totals: dict[str, list[float]] = {}   # edge -> [uplink, downlink] bytes since round 0
     self.last: dict[str, Edge] = {}
     self.updates = 0   # the clients' uplink messages since round 0: client updates trained and sent
+    self.peak: float | None = None   # the busiest edge's uplink bytes of every round, summed
 
   def add(self, metrics: Mapping[str, Any]) -> None:
     """Counts one round from its metrics (host numbers)."""
     edges = self._edges(metrics)
     self.updates += int(metrics.get("clients_uplink_messages", 0))
+    if "edge_clients_max" in metrics and "clients" in edges:
+      self.peak = (self.peak or 0.0) + float(metrics["edge_clients_max"]) * edges["clients"][2]
     for e, (up, down, _, _) in edges.items():
       t = self.totals.setdefault(e, [0.0, 0.0])
       t[0] += up
@@ -181,6 +187,8 @@ class Traffic:
       return {}
     out = {"uplink_MB": sum(t[0] for t in self.totals.values()) / MB,
            "downlink_MB": sum(t[1] for t in self.totals.values()) / MB}
+    if self.peak is not None:
+      out["edge_peak_uplink_MB"] = self.peak / MB
     if len(self.totals) > 1:
       for e, (up, down) in self.totals.items():
         out[f"{e}_uplink_MB"], out[f"{e}_downlink_MB"] = up / MB, down / MB
@@ -191,6 +199,8 @@ class Traffic:
     its checkpoint holds). Bytes are recovered to the nearest bit (exact below ~10^14 bytes)."""
     back = lambda mb: round(float(mb) * MB * 8) / 8   # noqa: E731
     self.updates = int(row.get("client_updates", 0))   # (a sweep's rows and summaries carry it)
+    if "edge_peak_uplink_MB" in row:
+      self.peak = back(row["edge_peak_uplink_MB"])
     per_edge = [e for _, e in sorted(filter(None, (_edge(k, "_uplink_MB") for k in row)))]
     if per_edge:
       self.totals = {e: [back(row[f"{e}_uplink_MB"]), back(row[f"{e}_downlink_MB"])] for e in per_edge}

@@ -30,6 +30,8 @@ every edge that fails in the run.
 
 from __future__ import annotations
 
+import io
+import json
 from typing import Any
 
 import jax
@@ -101,9 +103,24 @@ def _check(cfg: dict) -> tuple[str, str, str]:
   return model, association, placement
 
 
+_MADE: dict[tuple, Membership] = {}
+"""The memberships made lately (a run's section is read for its argument, its rows and its files)."""
+
+
 def membership_from_config(section, ctx) -> Membership:
   """The :class:`~fedtree.core.membership.Membership` of a run's ``mobility`` section (the module)."""
   cfg = {k: plain(v) for k, v in dict(plain(section)).items()}
+  _check(cfg)
+  key = (json.dumps(cfg, sort_keys=True, default=str), ctx.topology, int(field(ctx.config, "rounds")),
+         int(field(ctx.config, "seed")), id(ctx.data), ctx.run is not None and "secure" in ctx.run)
+  if key not in _MADE:
+    if len(_MADE) >= 8:
+      _MADE.pop(next(iter(_MADE)))
+    _MADE[key] = _membership(cfg, ctx)
+  return _MADE[key]
+
+
+def _membership(cfg: dict, ctx) -> Membership:
   model, association, placement = _check(cfg)
   if ctx.run is not None and "secure" in ctx.run:
     raise ValueError("a secure section under a moving membership: secure aggregation's groups are every "
@@ -195,6 +212,17 @@ def round_metrics(section, ctx):
   return metrics
 
 
+def files(section, ctx) -> dict[str, bytes]:
+  """``membership_<run>.npz``: the membership the run follows (``edges`` ``int32[R, C]``, ``up``
+  ``bool[R, E]``), drawn as ``plot_membership_<run>.png`` by
+  :func:`fedtree.experiment.plots.write_run_plots`."""
+  membership = membership_from_config(section, ctx)
+  buf = io.BytesIO()
+  np.savez_compressed(buf, edges=membership.edges, up=membership.up)
+  return {f"membership_{ctx.label}.npz": buf.getvalue()}
+
+
 CAPABILITY = Capability(name="mobility", about="clients moving between edges, edge failures, association",
-                        argument="membership", value=membership_from_config, round_metrics=round_metrics)
+                        argument="membership", value=membership_from_config, round_metrics=round_metrics,
+                        files=files)
 """The ``mobility`` section (see the module docstring)."""

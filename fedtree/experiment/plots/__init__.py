@@ -51,6 +51,7 @@ from fedtree.experiment.plots.curves import (
 from fedtree.experiment.plots.fairness import plot_client_fairness, plot_fairness_over_rounds
 from fedtree.experiment.plots.figure import pyplot, save
 from fedtree.experiment.plots.groups import plot_group_bars, plot_relative_change
+from fedtree.experiment.plots.mobility import plot_membership
 from fedtree.experiment.plots.panels import FACET_ABOVE, facets
 from fedtree.experiment.plots.records import (
   Curve,
@@ -81,7 +82,8 @@ __all__ = [
   "fairness_keys", "fairness_series", "frozen_models", "grid_of", "models_of", "plot_accuracy_vs_uplink",
   "plot_benchmark_file", "plot_client_boxes", "plot_client_fairness", "plot_client_histograms",
   "plot_cluster_tradeoff", "plot_clusters", "plot_fairness_over_rounds", "plot_final_table",
-  "plot_group_bars", "plot_keyword_rates", "plot_models_per_run", "plot_perplexity", "plot_privacy_utility",
+  "plot_group_bars", "plot_keyword_rates", "plot_membership", "plot_models_per_run", "plot_perplexity",
+  "plot_privacy_utility",
   "plot_relative_change", "plot_runs", "plot_scaling", "plot_sweep", "plot_throughput",
   "plot_time_to_accuracy", "pyplot", "read_metrics", "run_colors", "runs", "save", "seed_means",
   "setting_label", "time_curve", "time_to_target", "trained_models", "untrained_models", "write_run_plots",

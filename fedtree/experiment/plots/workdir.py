@@ -8,6 +8,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from fedtree.experiment.plots.clients import plot_client_boxes, plot_client_histograms
 from fedtree.experiment.plots.clusters import plot_clusters
 from fedtree.experiment.plots.curves import (
@@ -19,6 +21,7 @@ from fedtree.experiment.plots.curves import (
   plot_time_to_accuracy,
 )
 from fedtree.experiment.plots.fairness import plot_client_fairness, plot_fairness_over_rounds
+from fedtree.experiment.plots.mobility import plot_membership
 from fedtree.experiment.plots.panels import FACET_ABOVE
 from fedtree.experiment.plots.records import (
   curve,
@@ -61,6 +64,8 @@ def write_run_plots(workdir: str) -> list[str]:
     report them;
   * ``plot_time_accuracy.png``: the global model's accuracy against simulated hours, when runs
     report a simulated clock (``sim_seconds``, :mod:`fedtree.toolbox.systems`);
+  * ``plot_membership_<run>.png``: every client's edge over rounds and every edge's load, for every
+    ``membership_<run>.npz`` a mobility section wrote (:func:`plot_membership`);
   * ``plot_final_table.png``: for more than :data:`FACET_ABOVE` runs whose labels form a table
     (:func:`grid_of`, e.g. ``{attack}_{defence}_{percent}``), the global model's final accuracy
     (and attack success rate) as heatmaps (:func:`plot_final_table`).
@@ -87,6 +92,13 @@ def write_run_plots(workdir: str) -> list[str]:
   untrained |= {(str(r["run"]), m) for r in records if "sweep_run" in r
                 for run, m in list(untrained) if run == r["sweep_run"]}
   written = _round_pictures(workdir, records, summary, untrained)
+  for name in sorted(os.listdir(workdir)):
+    if name.startswith("membership_") and name.endswith(".npz"):
+      with np.load(os.path.join(workdir, name)) as m:
+        run = name[len("membership_"):-len(".npz")]
+        out = os.path.join(workdir, f"plot_membership_{run}.png")
+        written.append(plot_membership(m["edges"], m["up"], out, title=f"{run}: membership over rounds "
+                                                                        f"(black: waiting for a down edge)"))
   if summary:
     written += _client_pictures(workdir, records, summary, untrained)
   return written
