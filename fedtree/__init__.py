@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
   "FederatedAlgorithm": "fedtree.core.algorithm", "NodeModels": "fedtree.core.algorithm",
   "TreeState": "fedtree.core.algorithm",
-  "Topology": "fedtree.core.topology",
+  "Topology": "fedtree.core.topology", "Membership": "fedtree.core.membership",
   "FederatedData": "fedtree.core.data", "as_device": "fedtree.core.data",
   "from_client_arrays": "fedtree.core.data",
   "ClientUpdate": "fedtree.core.local", "LocalSchedule": "fedtree.core.local",

@@ -365,11 +365,21 @@ def test_the_mobility_section(ctx):
   for section, message in bad:
     with pytest.raises(ValueError, match=message):
       build("h", ml_collections.ConfigDict({"algorithm": "hierfavg", "mobility": section}), ctx)
+  # compression (its per-client state travels with the client) and a robust aggregator at the edges
+  for extra in ({"compression": {"uplink": {"name": "qsgd", "bits": 4}}}, {"aggregator": {"name": "median"}}):
+    counted, traces = count_traces(build("h", ml_collections.ConfigDict(
+      {"algorithm": "hierfavg", "mobility": {"model": "markov", "dwell": 2.0}, **extra}), ctx))
+    _, metrics = _rounds(ctx, counted, 3)
+    assert len(traces) == 1 and np.isfinite(float(metrics["train_loss"])), extra
   with pytest.raises(ValueError, match="algorithm 'bhfl' cannot run a 'mobility' section"):
     build("b", _run_config("bhfl", mobility={}), ctx)
-  with pytest.raises(ValueError, match=r"differential privacy .* under a moving membership"):
-    build("p", ml_collections.ConfigDict({"algorithm": "hierfavg", "mobility": {}, "weighting": "uniform",
-                                          "privacy": {"clip_norm": 1.0, "noise_multiplier": 1.0}}), ctx)
+  with pytest.raises(ValueError, match=r"hierfavg: a systems model .* under a moving membership"):
+    build("s", ml_collections.ConfigDict({"algorithm": "hierfavg", "mobility": {}, "systems": {}}), ctx)
+  with pytest.raises(ValueError, match=r"a secure section under a moving membership"):
+    build("q", ml_collections.ConfigDict({"algorithm": "hierfavg", "mobility": {},
+                                          "secure": {"mechanism": "none"}}), ctx)
+  with pytest.raises(ValueError, match=r"scaffold: the server rule 'scaffold' keeps its state"):
+    build("c", _run_config("scaffold", mobility={}), ctx)
 
 
 def test_the_mobility_config_end_to_end(tmp_path):
@@ -407,3 +417,56 @@ def test_the_mobility_config_end_to_end(tmp_path):
   # the busiest edge's clients of a static tree: its 6 clients every round, one model each
   s = results["static"]["global"]
   assert np.isclose(s["edge_peak_uplink_MB"], s["clients_uplink_MB"] * 6 / 10)
+
+
+def test_privacy_at_the_edges_accounts_the_largest_rate_of_the_moving_membership(ctx):
+  """Every round each edge's noised sum is one sampled Gaussian over its members of the round, and a
+  client is under one edge: ε is the composition, at the largest rate any edge samples in any round
+  (dp-accounting's own), and every run under it compiles once."""
+  import dp_accounting
+
+  from fedtree.experiment.capabilities import mobility as mobility_section
+  from fedtree.experiment.capabilities import privacy
+
+  run = ml_collections.ConfigDict({
+    "algorithm": "hierfavg", "weighting": "uniform", "cohort_size": 2,
+    "mobility": {"model": "markov", "dwell": 3.0}, "privacy": {"clip_norm": 1.0, "noise_multiplier": 1.3}})
+  rctx = registry.run_context(ctx, "p", run)
+  plan = privacy.plan(dict(run.privacy), rctx, verbose=False)
+  loads = mobility_section.membership_of(rctx).loads
+  assert loads.tolist() == [[3, 3], [2, 4], [2, 4], [2, 4]]   # (the fixed tree's rate is 2/3)
+  smallest = 2
+  assert (plan.sampling_rate, plan.population, plan.cohort) == (1.0, 2, 2)
+  # an edge of 2 members takes both: every round is a Gaussian mechanism without amplification
+  run.cohort_size = 1
+  plan = privacy.plan(dict(run.privacy), rctx.with_run(run), verbose=False)
+  assert (plan.sampling_rate, plan.population, plan.cohort) == (1 / smallest, smallest, 1)
+  acc = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+  acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
+    smallest, 1, dp_accounting.GaussianDpEvent(1.3)), 4))
+  assert privacy.epsilon_after(plan, 4) == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
+  counted, traces = count_traces(registry.build_algorithm("p", run, ctx))
+  _, metrics = _rounds(ctx, counted, 3)
+  assert len(traces) == 1 and np.isfinite(float(metrics["train_loss"]))
+  # what the accounting cannot bound is refused by name
+  bad = [({"noise_level": 0}, r"noise_level=0 under a moving membership"),
+         ({"normalize": "fixed"}, r"normalize='fixed' under a moving membership")]
+  for extra, message in bad:
+    with pytest.raises(ValueError, match=message):
+      registry.build_algorithm("p", ml_collections.ConfigDict({**run.to_dict(), "privacy": {
+        **run.privacy.to_dict(), **extra}}), ctx)
+  with pytest.raises(ValueError, match=r"association='label_mix' \(it reads the clients' labels\)"):
+    registry.build_algorithm("p", ml_collections.ConfigDict({**run.to_dict(), "mobility": {
+      "association": "label_mix"}}), ctx)
+
+
+def test_without_noise_privacy_at_the_edges_is_the_clipped_mean_of_the_round(ctx):
+  """z = 0 and a clip no update reaches: the edges' counted mean is the uniform mean of their members of
+  the round (the run without a privacy section, to float rounding)."""
+  base = {"algorithm": "hierfavg", "weighting": "uniform", "mobility": {"model": "markov", "dwell": 1.5}}
+  plain_run = registry.build_algorithm("a", ml_collections.ConfigDict(base), ctx)
+  private = registry.build_algorithm("b", ml_collections.ConfigDict(
+    {**base, "privacy": {"clip_norm": 1e6, "noise_multiplier": 0.0}}), ctx)
+  a, _ = _rounds(ctx, plain_run, 3)
+  b, _ = _rounds(ctx, private, 3)
+  close(a.params, b.params, atol=1e-6)

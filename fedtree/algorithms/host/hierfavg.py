@@ -154,8 +154,9 @@ def hierfavg(
       client's own state travels with it, an edge's model and optimizer state stay; a client of a
       down edge waits, a down edge neither aggregates nor receives. The rounds report
       ``handovers``, ``edges_down`` and ``edge_clients_max`` (the most clients an edge took in).
-      Refused with another sampling than ``"uniform"``, a systems model, a server rule or
-      differential privacy (each calibrated on fixed members). ``None``: the tree's, fixed.
+      Refused with another sampling than ``"uniform"``, a systems model, a server rule that does not
+      move (:attr:`~fedtree.core.server_rule.ServerRule.moves`) or differential privacy above the
+      edges (each calibrated on fixed members). ``None``: the tree's, fixed.
     name: label for reports.
 
   Example:

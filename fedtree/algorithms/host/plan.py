@@ -24,7 +24,7 @@ from fedtree.core.server_rule import ServerRule, check_rule
 from fedtree.core.tier import Tier
 from fedtree.core.topology import Topology
 from fedtree.core.updates import per_level_paths
-from fedtree.toolbox.privacy import private_stages, private_stages_where
+from fedtree.toolbox.privacy import private_stages
 from fedtree.toolbox.systems import Systems
 
 PyTree = Any
@@ -136,7 +136,7 @@ def _cohorts(topology: Topology, systems: Systems | None, sampling: str, cohort_
 
 
 def _check_membership(membership: Membership, topology: Topology, *, sampling: str, systems, server_rule,
-                      update_paths, name: str) -> None:
+                      paths: tuple, name: str) -> None:
   """Refuses, before anything compiles, what a moving membership cannot run with, by name."""
   membership.check(topology.num_clients, topology.num_nodes(topology.depth - 1))
   if sampling != "uniform":
@@ -151,9 +151,11 @@ def _check_membership(membership: Membership, topology: Topology, *, sampling: s
     raise ValueError(f"{name}: the server rule {server_rule.name!r} keeps its state, parcels or weights "
                      f"over every edge's fixed clients (fedtree.core.server_rule.ServerRule.moves), which a "
                      f"moving membership would hand clients it never counted; run {name} on a fixed tree")
-  for stage in private_stages_where(update_paths):
-    raise ValueError(f"{name}: differential privacy ({stage}) under a moving membership: its noise and its "
-                     f"accounting are calibrated on every edge's fixed clients; run it on a fixed tree")
+  for lv in range(topology.depth - 1):   # (at the edges: each round one sampled Gaussian over its members)
+    for stage in private_stages(paths[lv]):
+      raise ValueError(f"{name}: differential privacy ({stage!r}) at level {lv}, above the edges, under a "
+                       f"moving membership: its sensitivity weighs every edge by its fixed clients; add "
+                       f"the noise at the edges (noise_level=-1)")
 
 
 def plan(
@@ -182,7 +184,7 @@ def plan(
     aligned, block = sampler.parent_aligned, max(sampler.sizes)
   else:
     _check_membership(membership, topology, sampling=sampling, systems=systems, server_rule=server_rule,
-                      update_paths=update_paths, name=name)
+                      paths=paths, name=name)
     if poisson_q is not None:
       raise ValueError(f"poisson_q={poisson_q!r} is only read with sampling='poisson' "
                        f"(got sampling={sampling!r})")

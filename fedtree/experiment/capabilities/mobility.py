@@ -1,8 +1,10 @@
 """The mobility capability: a run's ``mobility`` section -> a :class:`fedtree.core.membership.Membership`
 (the clients' edges round by round, and the edges up), the argument of every algorithm whose factory
 takes ``membership`` (HierFAVG and the methods over it; the registry refuses the section elsewhere,
-naming the algorithms that take it, and the host refuses a server rule, differential privacy, a
-systems model or another sampling than uniform by name).
+naming the algorithms that take it, and the host refuses a server rule that does not move, a systems
+model or another sampling than uniform by name). A privacy section adds its noise at the edges and is
+accounted at the largest rate the membership samples (:func:`sampling_rate`); noise above them, a
+fixed normalisation and a ``label_mix`` association (which reads the clients' labels) are refused.
 
 The section (every field optional)::
 
@@ -193,6 +195,43 @@ def _failures(cfg: dict, membership: Membership, num_edges: int, rounds: int, se
     up = mob.outages(num_edges, rounds, rate=float(cfg["rate"]), repair=int(cfg.get("repair", 1)),
                      seed=seed + 1)
   return mob.fail_edges(membership, up, rule=rule, edge_positions=edge_pos)
+
+
+def membership_of(ctx) -> Membership | None:
+  """The membership run ``ctx``'s ``mobility`` section makes (``None``: it has none)."""
+  run = getattr(ctx, "run", None)
+  if run is None or "mobility" not in run:
+    return None
+  capabilities = getattr(ctx, "capabilities", None)
+  if capabilities is not None and "mobility" not in capabilities:
+    return None
+  return membership_from_config(run["mobility"], ctx)
+
+
+def data_dependent(ctx) -> str | None:
+  """What makes run ``ctx``'s membership depend on the clients' data (its ``label_mix`` association
+  reads their labels), or ``None``: it is public (traces, mobility models, latency, failures)."""
+  section = plain(dict(plain(ctx.run["mobility"]))) if getattr(ctx, "run", None) is not None and (
+    "mobility" in ctx.run) else {}
+  if section.get("association") == "label_mix":
+    return "association='label_mix' (it reads the clients' labels)"
+  return None
+
+
+def sampling_rate(membership: Membership, cohort_size) -> tuple[float, int, int]:
+  """``(q, population, cohort)``: the largest rate at which a client is sampled in any round under
+  ``membership`` (``cohort_size`` of its edge's live members, ``None``: all of them), and the edge's
+  members and cohort at it (an upper bound on every round's: a sampled Gaussian's privacy loss grows
+  with its rate)."""
+  loads = membership.loads
+  live = (loads > 0) & membership.up
+  if not live.any():
+    return 1.0, 1, 1
+  n = loads[live].astype(np.int64)
+  k = n if cohort_size is None or int(cohort_size) == -1 else np.minimum(int(cohort_size), n)
+  rates = k / n
+  i = int(np.argmax(rates))
+  return float(rates[i]), int(n[i]), int(k[i])
 
 
 def round_metrics(section, ctx):

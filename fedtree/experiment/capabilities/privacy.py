@@ -86,6 +86,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fedtree.algorithms.host import hierfavg
+from fedtree.experiment.capabilities import mobility
 from fedtree.experiment.capability import Calibration, Capability, PathParts, RunContext, cohort_of, plain
 from fedtree.experiment.fields import run_field
 from fedtree.toolbox import privacy as dp
@@ -252,6 +253,10 @@ def plan(section: dict, ctx: RunContext, *, verbose: bool = True) -> Plan:
   check_adjacency(adjacency, sampling, q if sampling == "poisson" else float(np.min(expected / counts)))
   level = noise_level_of(section.get("noise_level", -1), depth)
   mechanism_level_checks(section, ctx, level, depth)
+  moving = mobility.membership_of(ctx)
+  if moving is not None:   # every round one sampled Gaussian at each edge over its members of the round
+    _check_moving(section, ctx, level, depth, adjacency, sampling)
+    q, population, cohort = mobility.sampling_rate(moving, None if run is None else run.get("cohort_size"))
   # What one client can change of the noising node's delta_sum, in units of C (see the module
   # docstring): at the clients' parents 1 (or 2: central's counted normalisation); above them,
   # with uniform weights, sgd(1.0) and period 1 below, the node's sum is that of its leaf parents'
@@ -279,6 +284,24 @@ def plan(section: dict, ctx: RunContext, *, verbose: bool = True) -> Plan:
   return Plan(z, clip_norm, delta, mechanism, level, bool(section.get("per_layer", False)), normalize,
               adaptive, accountant, sampling, q, population, cohort, expected, depth, sensitivity,
               node_weight.astype(np.float64), adjacency)
+
+
+def _check_moving(section: dict, ctx, level: int, depth: int, adjacency: str, sampling: str) -> None:
+  """Refuses what a moving membership's accounting does not bound, by name: noise above the edges
+  (its sensitivity weighs every edge by its fixed clients), a fixed normalisation (an edge's expected
+  cohort changes with its members), a membership that reads the clients' data."""
+  if level != depth - 1:
+    raise ValueError(f"noise_level={section.get('noise_level')!r} under a moving membership (mobility): "
+                     f"the noise above the edges is calibrated on every edge's fixed clients; add it at the "
+                     f"edges (noise_level=-1)")
+  normalize = section.get("normalize", "count" if adjacency == "replace_one" else "fixed")
+  if normalize == "fixed":
+    raise ValueError("normalize='fixed' under a moving membership (mobility): an edge's expected cohort "
+                     "changes with its members; use normalize='count'")
+  reads = mobility.data_dependent(ctx)
+  if reads is not None:
+    raise ValueError(f"a moving membership whose {reads}: who shares an edge with whom would publish the "
+                     f"clients' data beside the noised sums; associate by latency or load")
 
 
 def _check_weighting(run, params) -> None:
