@@ -394,7 +394,7 @@ def test_the_mobility_config_end_to_end(tmp_path):
   c = load_config("mobility")
   c.rounds, c.eval_every, c.rounds_per_call, c.progress = 6, 3, 3, False
   c.data.group_sizes, c.data.test_examples, c.model.hidden = (6, 4), 8, (8,)
-  keep = ("static", "markov_fast", "fail_wait")
+  keep = ("static", "fail_wait")
   c.runs = ml_collections.ConfigDict({k: c.runs[k] for k in keep})
   c.run_order = keep
   c.runs.fail_wait.mobility.failures = dict(rate=0.5, repair=2, rule="wait")
