@@ -113,8 +113,9 @@ def membership_from_config(section, ctx) -> Membership:
   """The :class:`~fedtree.core.membership.Membership` of a run's ``mobility`` section (the module)."""
   cfg = {k: plain(v) for k, v in dict(plain(section)).items()}
   _check(cfg)
+  reads = label_counts(ctx.data).tobytes() if cfg.get("association") == "label_mix" else b""
   key = (json.dumps(cfg, sort_keys=True, default=str), ctx.topology, int(field(ctx.config, "rounds")),
-         int(field(ctx.config, "seed")), id(ctx.data), ctx.run is not None and "secure" in ctx.run)
+         int(field(ctx.config, "seed")), reads, ctx.run is not None and "secure" in ctx.run)
   if key not in _MADE:
     if len(_MADE) >= 8:
       _MADE.pop(next(iter(_MADE)))
