@@ -3,6 +3,8 @@
   python -m benchmarks.config_figures --config=configs/fedkws.py           # check
   python -m benchmarks.config_figures --config=configs/fedkws.py --write   # rewrite the table
   python -m benchmarks.config_figures --config=configs/privacy.py:tree     # a variant's table
+  python -m benchmarks.config_figures --all                                # every config that states figures
+  python -m benchmarks.config_figures --all --quick                        # those of a minute or less
 
 A config file that states figures declares them in a module-level ``FIGURES``: a tuple of
 columns ``(header, key, scale, decimals, tolerance)``, where ``key`` is a field of a model's
@@ -201,11 +203,62 @@ def check(path: str, *, write: bool = False, results=None) -> tuple[list[str], s
   return compare(parse_table(source[start:end], columns), printed, columns), table
 
 
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+QUICK = ("compression", "heterogeneous", "mobility", "personalization", "pfedmt_synthetic", "systems")
+"""The configs ``--all --quick`` checks: each states figures a quiet 2-core machine reproduces in about
+a minute or less (their variants too)."""
+
+
+def with_figures(quick: bool = False) -> list[str]:
+  """Every config file (``configs/<name>.py``) that states figures (a module-level ``FIGURES``), and
+  each of its variants with a table of its own (``FIGURE_VARIANTS``: ``configs/<name>.py:<variant>``);
+  with ``quick`` only those of :data:`QUICK`."""
+  out = []
+  for name in sorted(os.listdir(CONFIGS)):
+    path = os.path.join(CONFIGS, name)
+    if not name.endswith(".py") or (quick and name[:-3] not in QUICK):
+      continue
+    with open(path, encoding="utf-8") as f:
+      if "\nFIGURES = (" not in f.read():
+        continue
+    out.append(path)
+    out += [f"{path}:{v}" for v in getattr(load_module(path), "FIGURE_VARIANTS", ())]
+  return out
+
+
+def check_all(paths: Sequence[str]) -> int:
+  """Checks every config of ``paths`` in turn, printing one line each; the configs whose figures
+  moved (0: none)."""
+  moved = 0
+  for path in paths:
+    problems, _ = check(path)
+    for p in problems:
+      print(f"differs: {os.path.relpath(path)}: {p}")
+    said = "figures hold" if not problems else f"{len(problems)} figure(s) differ"
+    print(f"{os.path.relpath(path)}: {said}", flush=True)
+    moved += bool(problems)
+  return moved
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--config", required=True, help="a config file, e.g. configs/fedkws.py")
+  parser.add_argument("--config", help="a config file, e.g. configs/fedkws.py")
+  parser.add_argument("--all", action="store_true", help="check every config that states figures")
+  parser.add_argument("--quick", action="store_true", help="with --all: only the quick ones (QUICK)")
   parser.add_argument("--write", action="store_true", help="rewrite the docstring's table")
   args = parser.parse_args(argv)
+  if args.all == (args.config is not None):
+    parser.error("give --config=<file> or --all")
+  if args.all:
+    if args.write:
+      parser.error("--write rewrites one config's table: give --config=<file>")
+    paths = with_figures(quick=args.quick)
+    moved = check_all(paths)
+    print(f"{len(paths) - moved} of {len(paths)} configs hold their figures")
+    return 1 if moved else 0
+  if args.quick:
+    parser.error("--quick is for --all")
   columns = columns_of(load_module(args.config))  # refuses a config without FIGURES before running it
   problems, table = check(args.config, write=args.write)
   print(table)

@@ -14,26 +14,45 @@ between the clients and their group servers. Every run reports ``uplink_MB`` (th
 ``up MB`` column, metrics.jsonl per round) and ``plot_accuracy_uplink.png`` draws accuracy
 against it.
 
-Measured with the commands above (100 rounds, seed 0; test accuracy of the global model, the
-cumulative uplink and downlink megabytes over every edge; the downlink is not compressed). The
-clients send the same in both variants (16 a round); the tree adds its edge -> root edge,
-uncompressed: 4 group servers x 10 root rounds x 11,048 bytes = 0.442 MB each way
-(``level0_uplink_MB``; ``clients_uplink_MB`` is the clients' share):
+Measured with the commands above (100 rounds, seed 0; test accuracy of every model, the cumulative
+uplink and downlink megabytes over every edge; the downlink is not compressed; the tables written by
+``python -m benchmarks.config_figures --config=configs/compression.py --write`` and checked against a
+fresh run, within the tolerances of ``FIGURES``, by the slow ``tests/test_config_figures.py``). One
+server:
 
-  ========  =========  =======  =======  ===========  =======  =======  ==================
-  run       flat acc.  up MB    down MB  tree acc.    up MB    down MB  bytes/client/round
-  ========  =========  =======  =======  ===========  =======  =======  ==================
-  none      0.7578     17.677   17.677   0.7255       18.119   18.119   11,048
-  qsgd8     0.7578      4.470   17.677   0.7255        4.912   18.119   2,794
-  qsgd2     0.7562      1.156   17.677   0.7276        1.598   18.119   722.5
-  rotated1  0.7552      0.682   17.677   0.7151        1.124   18.119   426
-  top1      0.6818      0.238   17.677   0.6776        0.680   18.119   148.5
-  top1_ef   0.7375      0.238   17.677   0.7188        0.680   18.119   148.5
-  ef_sign   0.7458      0.559   17.677   0.7245        1.001   18.119   349.25
-  ========  =========  =======  =======  ===========  =======  =======  ==================
+  run       model   accuracy  up MB   down MB
+  none      global  0.7578    17.677  17.677
+  qsgd8     global  0.7578    4.470   17.677
+  qsgd2     global  0.7562    1.156   17.677
+  rotated1  global  0.7552    0.682   17.677
+  top1      global  0.6818    0.238   17.677
+  top1_ef   global  0.7375    0.238   17.677
+  ef_sign   global  0.7458    0.559   17.677
 
-(3-level none, qsgd8 and top1_ef re-measured after the server edges were counted; the others'
-server-edge share is the same 0.442 MB.)
+The tree (``python -m benchmarks.config_figures --config=configs/compression.py:tree``; ``level1``
+the group servers' models, equal to the root's after its last aggregation in round 100):
+
+  run       model   accuracy  up MB   down MB
+  none      global  0.7255    18.119  18.119
+  none      level1  0.7255    18.119  18.119
+  qsgd8     global  0.7255    4.912   18.119
+  qsgd8     level1  0.7255    4.912   18.119
+  qsgd2     global  0.7276    1.598   18.119
+  qsgd2     level1  0.7276    1.598   18.119
+  rotated1  global  0.7151    1.124   18.119
+  rotated1  level1  0.7151    1.124   18.119
+  top1      global  0.6776    0.680   18.119
+  top1      level1  0.6776    0.680   18.119
+  top1_ef   global  0.7188    0.680   18.119
+  top1_ef   level1  0.7188    0.680   18.119
+  ef_sign   global  0.7245    1.001   18.119
+  ef_sign   level1  0.7245    1.001   18.119
+
+The clients send the same in both variants (16 a round), a client's uplink a round: 11,048 bytes
+uncompressed, 2,794 (``qsgd8``), 722.5 (``qsgd2``), 426 (``rotated1``), 148.5 (``top1``,
+``top1_ef``), 349.25 (``ef_sign``); the tree adds its edge -> root edge, uncompressed: 4 group
+servers x 10 root rounds x 11,048 bytes = 0.442 MB each way (``level0_uplink_MB``;
+``clients_uplink_MB`` is the clients' share).
 
 Error feedback recovers most of what top-1 % loses (0.68 -> 0.74 flat); 2-bit quantization
 costs nothing measurable here at 1/15 of the bytes. The flat command took 47 s wall, 67 s of CPU time
@@ -44,6 +63,15 @@ import ml_collections
 
 from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
+
+# The docstring's figures (benchmarks/config_figures.py): (header, summary field, scale, decimals,
+# tolerance in the printed unit). Bytes are exact; accuracy moves with another CPU's summation order.
+FIGURES = (
+  ("accuracy", "accuracy", 1, 4, 0.02),
+  ("up MB", "uplink_MB", 1, 3, 0.001),
+  ("down MB", "downlink_MB", 1, 3, 0.001),
+)
+FIGURE_VARIANTS = ("tree",)
 
 COMPRESSORS = {
   "none": None,

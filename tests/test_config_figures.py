@@ -31,6 +31,19 @@ def test_the_configs_with_figures_are_found():
   assert {os.path.basename(p) for p in WITH_FIGURES} >= {"fedkws.py", "group_personalized.py"}
 
 
+def test_all_finds_every_config_with_figures_and_quick_a_subset_of_them(capsys):
+  every = cf.with_figures()
+  assert sorted(every) == sorted(WITH_FIGURES)
+  quick = cf.with_figures(quick=True)
+  assert quick and set(quick) < set(every)
+  assert {os.path.basename(cf.split_variant(p)[0])[:-3] for p in quick} == set(cf.QUICK)
+  for argv, message in [([], "give --config=<file> or --all"), (["--all", "--write"], "--write rewrites one"),
+                        (["--config=configs/quickstart.py", "--quick"], "--quick is for --all")]:
+    with pytest.raises(SystemExit):
+      cf.main(argv)
+    assert message in capsys.readouterr().err
+
+
 def test_a_table_is_written_as_printed_and_read_back():
   rows = cf.measure(RESULTS, COLUMNS)
   assert rows[("fedavg", "global")] == [51.23, 9.2, 1.0]  # scaled, rounded as printed
