@@ -87,6 +87,9 @@ CAPABILITY_CASES = {
                                             policy=dict(kind="deadline", seconds=3.0)))),
   "fedbuff_systems": ("fedbuff", dict(systems=dict(speed=dict(dist="lognormal", median=2.0, sigma=1.0)))),
   "feddyn_by_size": ("feddyn", dict(alpha_by_data_size=True)),
+  "mobility": ("hierfavg", dict(cohort_size=2, weighting="uniform", mobility=dict(
+    model="markov", dwell=2.0, failures=dict(rate=0.3, repair=1)),
+    privacy=dict(clip_norm=1.0, noise_multiplier=1.0))),
 }
 """Runs with a capability (privacy, compression, a robust aggregator, a systems model) or an option
 that brings its own constants (FedDyn's α n̄ / n_i) beside the registered algorithms' own cases:

@@ -93,7 +93,7 @@ def test_scaffold_fednova_fedasync_fedbuff_float64_match_per_client_loops():
 COMPARED = ("feddyn", "mime", "mimelite", "qffl", "afl", "moon", "hierfavg", "fedprox", "ditto", "perfedavg",
             "perfedavg_hf", "fedkws", "apfl", "fedala", "fedem", "ifca", "cfl", "awcfl", "mcfl", "fedper",
             "lgfedavg", "fedbn", "fedrep", "fedbabu", "fedrod", "bhfl", "bhfl_async", "heterofl", "fedrolex",
-            "fjord", "feddf", "fedmd", "depthfl", "fedex")
+            "fjord", "feddf", "fedmd", "depthfl", "fedex", "mobile_hierfavg")
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,8 @@ def test_every_algorithm_with_a_per_client_loop_matches_it_in_float64(references
   IFCA, CFL, AWCFL and MCFL (their assignments too), FedPer, LG-FedAvg, FedBN, FedRep, FedBABU, FedRoD
   (its personal heads too), B-HFL synchronous and asynchronous, HeteroFL, FedRolex and FjORD (against
   loops of sliced sub-models), DepthFL (of truncated networks), FedDF (its distillation too), FedMD
-  (every client's own model) and FedEx (its θ too), beside
+  (every client's own model), FedEx (its θ too) and HierFAVG under a moving membership with an edge
+  down (issue 54), beside
   FedAvg, FedAdam, pFedMe, SCAFFOLD, FedNova, FedAsync and FedBuff above.
 
   Not compared: FedAMP, FedFomo, pFedHN and FedProto (their loops in ``reference_pairwise.py`` compute
