@@ -254,6 +254,26 @@ def test_hierfavg_under_a_moving_membership_with_failures_matches_a_plain_loop(c
   assert np.asarray(alg.models(state)["level1"].model_of_client).tolist() == membership.edges[4].tolist()
 
 
+def test_a_moving_run_resumed_from_a_host_copy_equals_an_unbroken_one():
+  """A checkpoint holds the state; the membership of a round is read from its index, so a run resumed in
+  the middle of handovers and an outage goes on bit for bit."""
+  from helpers import host_copy
+
+  data, topo, model, membership = _moving_problem()
+  alg = hierfavg(model=model, topology=topo, data=data, local_optimizer=optax.sgd(LR),
+                 schedule=LocalSchedule(batch_size=B, steps=STEPS), periods=(2,), cohort_size=2, chunk_size=4,
+                 membership=membership)
+  step, key = jax.jit(alg.round), jax.random.key(1)
+
+  def run(state, rounds):
+    for _ in range(rounds):
+      state, _ = step(state, data, jax.random.fold_in(key, state.round))
+    return state
+
+  straight = run(alg.init(jax.random.key(0)), 5)
+  trees_equal(run(host_copy(run(alg.init(jax.random.key(0)), 3)), 2), straight)
+
+
 def test_a_down_edge_keeps_its_model_and_takes_no_part_above():
   data, topo, model, _ = _moving_problem()
   membership = mob.fail_edges(Membership.static(topo.parent(2), 3), mob.outage_trace([(2, 1, 2)], 3, 2))

@@ -115,3 +115,18 @@ def test_what_cannot_stream_is_refused_naming_the_run(store_path, tmp_path):
                                        r"not over config.mesh_shape=-1"):
     train_and_evaluate(c, str(tmp_path / "m"))
   assert not os.path.exists(tmp_path / "m" / "metrics.jsonl")
+
+
+def test_a_moving_membership_streams_as_it_runs_resident(store_path, tmp_path):
+  """Issue 54 over a streamed population: the round reads the cohort its membership draws (every edge's
+  members of the round), so the streamed run prints the resident run's table."""
+  results = []
+  for mode in ("resident", "streamed"):
+    c = _config(store_path, mode)
+    c.runs = CD({"mobile": CD(dict(algorithm="hierfavg", cohort_size=2, periods=(2,), mobility=dict(
+      model="markov", dwell=2.0, failures=dict(rate=0.3, repair=1))))})
+    results.append(_accuracies(train_and_evaluate(c, str(tmp_path / mode))))
+  a, b = results
+  assert a.keys() == b.keys() == {"mobile"}
+  for m in a["mobile"]:
+    np.testing.assert_allclose(b["mobile"][m], a["mobile"][m], atol=1e-6)
