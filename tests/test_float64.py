@@ -1,11 +1,9 @@
 """float64 under ``jax_enable_x64`` (issue 14 item 12, issue 15 item 7, issue 57 items 1-3): every
-registered algorithm with a per-client reference loop (34 runs of 32 algorithms: FedAvg, FedAdam,
-pFedMe, SCAFFOLD, FedNova, FedAsync, FedBuff, FedDyn, Mime, MimeLite, q-FFL, AFL, MOON, HierFAVG,
-FedProx, Ditto, Per-FedAvg, FedKWS, APFL, FedALA, FedEM, IFCA, CFL, AWCFL, MCFL, FedPer, LG-FedAvg,
-FedBN, FedRep, FedBABU, FedRoD, B-HFL) matches it to 1e-12 (float32 anywhere in the round would show
-as ~1e-8), the x64 round compiles once, every other algorithm runs a round in float64, and the program
-of an x64 round holds no float32 value (``tests/float32_scan.py`` walks its jaxpr, every nested jaxpr
-included).
+registered algorithm with a per-client reference loop (FedAvg, FedAdam, pFedMe, SCAFFOLD, FedNova,
+FedAsync and FedBuff, then every run of ``COMPARED``: 44 runs of 41 algorithms) matches it to 1e-12
+(float32 anywhere in the round would show as ~1e-8), the x64 round compiles once, every other algorithm
+runs a round in float64, and the program of an x64 round holds no float32 value
+(``tests/float32_scan.py`` walks its jaxpr, every nested jaxpr included).
 
 The reference loops run ``tests/x64_driver.py`` in a subprocess (x64 for the whole process); the
 scans trace under ``jax.enable_x64(True)``, a context, as ``config.dtype="float64"`` runs do.
@@ -93,7 +91,7 @@ def test_scaffold_fednova_fedasync_fedbuff_float64_match_per_client_loops():
 COMPARED = ("feddyn", "mime", "mimelite", "qffl", "afl", "moon", "hierfavg", "fedprox", "ditto", "perfedavg",
             "perfedavg_hf", "fedkws", "apfl", "fedala", "fedem", "ifca", "cfl", "awcfl", "mcfl", "fedper",
             "lgfedavg", "fedbn", "fedrep", "fedbabu", "fedrod", "bhfl", "bhfl_async", "heterofl", "fedrolex",
-            "fjord", "feddf", "fedmd", "depthfl", "fedex", "mobile_hierfavg")
+            "fjord", "feddf", "fedmd", "depthfl", "fedex", "mobile_hierfavg", "local", "fedmmd")
 
 
 @pytest.fixture(scope="module")
@@ -112,12 +110,12 @@ def test_every_algorithm_with_a_per_client_loop_matches_it_in_float64(references
   IFCA, CFL, AWCFL and MCFL (their assignments too), FedPer, LG-FedAvg, FedBN, FedRep, FedBABU, FedRoD
   (its personal heads too), B-HFL synchronous and asynchronous, HeteroFL, FedRolex and FjORD (against
   loops of sliced sub-models), DepthFL (of truncated networks), FedDF (its distillation too), FedMD
-  (every client's own model), FedEx (its θ too) and HierFAVG under a moving membership with an edge
-  down (issue 54), beside
+  (every client's own model), FedEx (its θ too), HierFAVG under a moving membership with an edge
+  down (issue 54), local training and FedMMD (λ = 2), beside
   FedAvg, FedAdam, pFedMe, SCAFFOLD, FedNova, FedAsync and FedBuff above.
 
   Not compared: FedAMP, FedFomo, pFedHN and FedProto (their loops in ``reference_pairwise.py`` compute
-  in float32 by construction), local training, GroupPFL, FedMMD, pFedMT and the LoRA methods (FFA-LoRA,
+  in float32 by construction), GroupPFL, pFedMT and the LoRA methods (FFA-LoRA,
   FedSA-LoRA, HetLoRA: their loops are not wired here yet), and kNN-Per (its loop is of the kNN scores
   at evaluation; it trains as FedAvg): those only run a float64 round and pass the float32 scan."""
   got = references[name + "_ref"]

@@ -527,6 +527,34 @@ def fedper_vs_reference(model, data, groups):
   return _partial(A.fedper, _head, _plain)
 
 
+def fedmmd_vs_reference(model, data, groups):
+  """test_fedmmd's per-client loop (λ = 2: the penalty shows) under FedAvg's mean by examples, every
+  client, two rounds."""
+  import reference_fedkws as kref
+
+  from fedtree.core.local import ClientData
+
+  sched, steps = _epochs(data)
+  alg = A.fedmmd(lam=2.0, model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched)
+  key = jax.random.key(11)
+  state, _ = bref.run_jit(alg, data, 2, key)
+  theta, n = bref.start(alg), np.asarray(data.n_train, np.float64)
+  clients = [ClientData(data.x_train[c], data.y_train[c], data.n_train[c]) for c in range(data.num_clients)]
+  for r in range(2):
+    rk = jax.random.fold_in(key, r)
+    trained = kref.fedmmd_clients(model, theta, clients, list(steps), [bref.train_key(rk, c) for c in
+                                                                      range(data.num_clients)],
+                                  lr=LR, lam=2.0, batch_size=B)
+    theta = ref.weighted_average(trained, list(n))
+  return _out([maxdiff(row(state.params[0], 0), theta)], state.params)
+
+
+def local_vs_reference(model, data, groups):
+  """test_partial's loop with every leaf personal: local training only (the server's model stays the
+  start, every sampled client trains its own)."""
+  return _partial(A.local, lambda s: pref.flags(s, lambda p: True), _plain)
+
+
 def lgfedavg_vs_reference(model, data, groups):
   """test_partial's LG-FedAvg loop (the representation personal)."""
   return _partial(A.lgfedavg, lambda s: [not h for h in _head(s)], _plain)
@@ -711,5 +739,6 @@ REFERENCES = {
   "heterofl_ref": _width(A.heterofl, "static", True), "fedrolex_ref": _width(A.fedrolex, "rolling", True),
   "fjord_ref": _width(A.fjord, "ordered", False), "feddf_ref": feddf_vs_reference,
   "fedmd_ref": fedmd_vs_reference, "depthfl_ref": depthfl_vs_reference, "fedex_ref": fedex_vs_reference,
-  "mobile_hierfavg_ref": mobile_hierfavg_vs_reference,
+  "mobile_hierfavg_ref": mobile_hierfavg_vs_reference, "local_ref": local_vs_reference,
+  "fedmmd_ref": fedmmd_vs_reference,
 }
