@@ -549,6 +549,30 @@ def fedmmd_vs_reference(model, data, groups):
   return _out([maxdiff(row(state.params[0], 0), theta)], state.params)
 
 
+def pfedmt_vs_reference(model, data, groups):
+  """test_pfedmt's per-device loop of a global round (two teams, K = 2 team iterations of L = 3 Moreau
+  steps, examples weighting), two global rounds: the global model, every team's and every device's."""
+  from test_pfedmt import HP, _data, _reference_round, _sched
+
+  from fedtree.models import build_model
+
+  data = f64_data(_data([6, 9, 4, 11, 5], dim=4, classes=3, seed=3))
+  labels = np.array([0, 0, 0, 1, 1])
+  model = f64_model(build_model("mlp", example_shape=(4,), num_classes=3, hidden=(5,)))
+  alg = A.pfedmt(model=model, topology=Topology.from_labels(labels), data=data, schedule=_sched(B, 3),
+                 team_iters=2, weighting="examples", **HP)
+  state = alg.init(jax.random.key(0))
+  x, pm = state.params, None
+  for r in range(2):
+    key = jax.random.key(7 + r)
+    x, w, pm = _reference_round(model, x, data, labels, key, L=3, K=2, B=B, weighting="examples", hp=HP,
+                                pm=pm)
+    state, _ = jax.jit(alg.round)(state, data, key)
+  return _out([maxdiff(state.params, x)] + [maxdiff(row(state.team_params, i), w[i]) for i in range(2)]
+              + [maxdiff(row(state.client_state, c), pm[c]) for c in range(5)],
+              state.params, state.team_params, state.client_state)
+
+
 def local_vs_reference(model, data, groups):
   """test_partial's loop with every leaf personal: local training only (the server's model stays the
   start, every sampled client trains its own)."""
@@ -740,5 +764,5 @@ REFERENCES = {
   "fjord_ref": _width(A.fjord, "ordered", False), "feddf_ref": feddf_vs_reference,
   "fedmd_ref": fedmd_vs_reference, "depthfl_ref": depthfl_vs_reference, "fedex_ref": fedex_vs_reference,
   "mobile_hierfavg_ref": mobile_hierfavg_vs_reference, "local_ref": local_vs_reference,
-  "fedmmd_ref": fedmmd_vs_reference,
+  "fedmmd_ref": fedmmd_vs_reference, "pfedmt_ref": pfedmt_vs_reference,
 }
