@@ -58,17 +58,18 @@ def ce_grad(model):
   return jax.jit(jax.grad(lambda p, b: masked_cross_entropy(model.apply(p, b.x), b.y, b.mask)))
 
 
-def sgd_steps(model, start, cd, num_steps, key, *, lr, batch_size, extra_grad=None):
+def sgd_steps(model, start, cd, num_steps, key, *, lr, batch_size, extra_grad=None, dtype=np.float32):
   """Plain SGD on the masked cross-entropy from ``start`` (``extra_grad(w)``: a regularizer's
-  gradient added to every step's)."""
+  gradient added to every step's), the model held in ``dtype`` (float64 under x64 for the float64
+  comparisons)."""
   grad = ce_grad(model)
   batch_key, _ = jax.random.split(key)
-  w = f32(start)
+  w = jax.tree.map(lambda a: jnp.asarray(a, dtype), start)
   for t in range(int(num_steps)):
     g = np64(grad(w, batch_at(batch_key, cd, jnp.asarray(t), batch_size)))
     if extra_grad is not None:
       g = jax.tree.map(np.add, g, extra_grad(np64(w)))
-    w = jax.tree.map(lambda a, d: (np.asarray(a, np.float64) - lr * d).astype(np.float32), w, g)
+    w = jax.tree.map(lambda a, d: (np.asarray(a, np.float64) - lr * d).astype(dtype), w, g)
   return np64(w)
 
 
@@ -102,7 +103,7 @@ def fedamp_weights(models, *, attention, alpha, sigma, self_attention):
 
 
 def fedamp_reference(model, data, w0, parent, rounds, key, *, cohort_size, attention, alpha, lam, sigma,
-                     self_attention, start, lr, batch_size, steps):
+                     self_attention, start, lr, batch_size, steps, dtype=np.float32):
   """Algorithm 1 of FedAMP per parent of clients: every round its cohort's cloud models ``u_i = Σ_j
   ξ_ij w_j`` from their current models, then every client's SGD on ``F_i(w) + λ/(2α) ‖w − u_i‖²``
   from its own model (or ``u_i``). Returns every client's personal model."""
@@ -121,7 +122,8 @@ def fedamp_reference(model, data, w0, parent, rounds, key, *, cohort_size, atten
         begin = w[k] if start == "own" else u
         new[k] = sgd_steps(model, begin, client_data(data, k), steps[k],
                            jax.random.fold_in(stream(rk, "train"), k), lr=lr, batch_size=batch_size,
-                           extra_grad=lambda ww, u=u: jax.tree.map(lambda a, b: mu * (a - b), ww, u))
+                           extra_grad=lambda ww, u=u: jax.tree.map(lambda a, b: mu * (a - b), ww, u),
+                           dtype=dtype)
       for k, v in new.items():
         w[k] = v
   return w

@@ -573,6 +573,24 @@ def pfedmt_vs_reference(model, data, groups):
               state.params, state.team_params, state.client_state)
 
 
+def fedamp_vs_reference(model, data, groups):
+  """test_fedamp's per-client loop (Algorithm 1, attention by distance, α = 0.2, λ = 0.5, σ = 2, each
+  client from its own model, a cohort of 4), two rounds: every client's personal model."""
+  import reference_pairwise as pw
+
+  sched, steps = _epochs(data)
+  kw = dict(attention="distance", alpha=0.2, lam=0.5, sigma=2.0, self_attention=0.4, start="own")
+  alg = A.fedamp(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched, cohort_size=4,
+                 chunk_size=2, **kw)
+  key = jax.random.key(11)
+  state, _ = bref.run_jit(alg, data, 2, key)
+  w0 = jax.tree.map(lambda a: a[0], alg.init(jax.random.key(7)).client_state)
+  w = pw.fedamp_reference(model, data, w0, _flat(data), 2, key, cohort_size=4, lr=LR, batch_size=B,
+                          steps=steps, dtype=np.float64, **kw)
+  return _out([maxdiff(row(state.client_state, c), w[c]) for c in range(data.num_clients)],
+              state.client_state)
+
+
 def local_vs_reference(model, data, groups):
   """test_partial's loop with every leaf personal: local training only (the server's model stays the
   start, every sampled client trains its own)."""
@@ -765,4 +783,5 @@ REFERENCES = {
   "fedmd_ref": fedmd_vs_reference, "depthfl_ref": depthfl_vs_reference, "fedex_ref": fedex_vs_reference,
   "mobile_hierfavg_ref": mobile_hierfavg_vs_reference, "local_ref": local_vs_reference,
   "fedmmd_ref": fedmmd_vs_reference, "pfedmt_ref": pfedmt_vs_reference,
+  "fedamp_ref": fedamp_vs_reference,
 }
