@@ -138,11 +138,13 @@ def _eval_loss(model):
   return jax.jit(loss)
 
 
-def mean_loss(model, params, x, y):
-  """Mean cross-entropy of ``params`` over ``x, y`` (all at once, evaluation mode); 0 for none."""
+def mean_loss(model, params, x, y, dtype=np.float32):
+  """Mean cross-entropy of ``params`` (in ``dtype``) over ``x, y`` (all at once, evaluation mode); 0 for
+  none."""
   if len(y) == 0:
     return 0.0
-  return float(_eval_loss(model)(f32(params), jnp.asarray(x), jnp.asarray(y)))
+  return float(_eval_loss(model)(jax.tree.map(lambda a: jnp.asarray(a, dtype), params), jnp.asarray(x),
+                                 jnp.asarray(y)))
 
 
 def fomo_split(data, k, *, fraction, how, seed):
@@ -156,7 +158,7 @@ def fomo_split(data, k, *, fraction, how, seed):
 
 
 def fedfomo_reference(model, data, w0, parent, rounds, key, *, cohort_size, num_candidates, epsilon,
-                      epsilon_decay, fraction, how, pool, lr, batch_size, steps, seed):
+                      epsilon_decay, fraction, how, pool, lr, batch_size, steps, seed, dtype=np.float32):
   """FedFomo per parent of clients (Zhang et al. 2021, Algorithm 1 with the authors' ε-greedy
   choice): every sampled client receives the ``M`` other clients' models of highest affinity (or
   ``M`` at random), weighs them on its validation rows by ``(L(θ_i) − L(θ_n)) / ‖θ_n − θ_i‖``,
@@ -188,11 +190,11 @@ def fedfomo_reference(model, data, w0, parent, rounds, key, *, cohort_size, num_
       tr, va = fomo_split(data, i, fraction=fraction, how=how, seed=seed)
       x, y = np.asarray(data.x_train[i]), np.asarray(data.y_train[i])
       own = theta[i]
-      base = mean_loss(model, own, x[va], y[va])
+      base = mean_loss(model, own, x[va], y[va], dtype)
       w = []
       for j in cands:
         dist = float(np.linalg.norm(flat(theta[j]) - flat(own)))
-        better = base - mean_loss(model, theta[j], x[va], y[va])
+        better = base - mean_loss(model, theta[j], x[va], y[va], dtype)
         w.append(0.0 if dist == 0 or len(va) == 0 else better / dist)
       pos = np.maximum(np.asarray(w), 0.0)
       begin = own
@@ -206,7 +208,7 @@ def fedfomo_reference(model, data, w0, parent, rounds, key, *, cohort_size, num_
       rows = np.concatenate([tr, np.zeros(x.shape[0] - len(tr), int)])
       cd = ClientData(x=jnp.asarray(x[rows]), y=jnp.asarray(y[rows]), n=jnp.asarray(len(tr)), shuffle=True)
       new[i] = sgd_steps(model, begin, cd, steps[i], jax.random.fold_in(stream(rk, "train"), i), lr=lr,
-                         batch_size=batch_size)
+                         batch_size=batch_size, dtype=dtype)
       last[i] = t
     for i, v in new.items():
       theta[i] = v

@@ -591,6 +591,29 @@ def fedamp_vs_reference(model, data, groups):
               state.client_state)
 
 
+def fedfomo_vs_reference(model, data, groups):
+  """test_fedfomo's per-client loop (Algorithm 1 with the authors' ε-greedy choice: two candidates, ε = 0.5
+  decaying by 0.2, the last 30 % of a client's rows for validation, a cohort of 4), two rounds: every
+  client's model and the affinities."""
+  import reference_pairwise as pw
+
+  from fedtree.algorithms.personalized.fedfomo import SPLIT_SEED
+
+  sched = LocalSchedule(batch_size=B, steps=3)
+  kw = dict(num_candidates=2, epsilon=0.5, epsilon_decay=0.2)
+  alg = A.fedfomo(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched, cohort_size=4,
+                  chunk_size=2, val_fraction=0.3, validation="last", pool="last_round", **kw)
+  key = jax.random.key(3)
+  state, _ = bref.run_jit(alg, data, 2, key)
+  w0 = jax.tree.map(lambda a: a[0], alg.init(jax.random.key(7)).client_state.model)
+  theta, affinity, _ = pw.fedfomo_reference(
+    model, data, w0, _flat(data), 2, key, cohort_size=4, fraction=0.3, how="last", pool="last_round", lr=LR,
+    batch_size=B, steps=np.full(data.num_clients, 3), seed=SPLIT_SEED, dtype=np.float64, **kw)
+  assert np.any(affinity != 0)
+  return _out([maxdiff(row(state.client_state.model, c), theta[c]) for c in range(data.num_clients)]
+              + [maxdiff(state.client_state.affinity, affinity)], state.client_state)
+
+
 def local_vs_reference(model, data, groups):
   """test_partial's loop with every leaf personal: local training only (the server's model stays the
   start, every sampled client trains its own)."""
@@ -783,5 +806,5 @@ REFERENCES = {
   "fedmd_ref": fedmd_vs_reference, "depthfl_ref": depthfl_vs_reference, "fedex_ref": fedex_vs_reference,
   "mobile_hierfavg_ref": mobile_hierfavg_vs_reference, "local_ref": local_vs_reference,
   "fedmmd_ref": fedmmd_vs_reference, "pfedmt_ref": pfedmt_vs_reference,
-  "fedamp_ref": fedamp_vs_reference,
+  "fedamp_ref": fedamp_vs_reference, "fedfomo_ref": fedfomo_vs_reference,
 }
