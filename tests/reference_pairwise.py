@@ -236,7 +236,7 @@ def _hn_pullback(shapes):
 
 
 def pfedhn_reference(model, data, hnet, emb, treedef, shapes, rounds, key, *, cohort_size, lr, batch_size,
-                     steps, hn_lr, momentum, weight_decay, clip_norm, embedding_step="own"):
+                     steps, hn_lr, momentum, weight_decay, clip_norm, embedding_step="own", dtype=np.float32):
   """Algorithm 1 of pFedHN on one server, its cohort's steps averaged (one client per round is the
   paper's): for every sampled client ``θ_i = h(v_i; φ)``, SGD to ``θ̃_i``, ``Δθ_i = θ_i − θ̃_i``;
   ``∇φ = mean_i J_φᵀ Δθ_i``, ``∇v_i = J_vᵀ Δθ_i``; the global norm of ``(∇φ, ∇v)`` clipped, then
@@ -251,13 +251,14 @@ def pfedhn_reference(model, data, hnet, emb, treedef, shapes, rounds, key, *, co
     g_h = jax.tree.map(np.zeros_like, hnet)
     g_e = np.zeros_like(emb)
     for k in members:
-      h32, v32 = f32(hnet), jnp.asarray(emb[k], jnp.float32)
+      h32, v32 = jax.tree.map(lambda a: jnp.asarray(a, dtype), hnet), jnp.asarray(emb[k], dtype)
       theta = _hn_forward(tuple(shapes))(h32, v32)
       start = jax.tree.unflatten(treedef, theta)
       trained = sgd_steps(model, start, client_data(data, k), steps[k],
-                          jax.random.fold_in(stream(rk, "train"), k), lr=lr, batch_size=batch_size)
+                          jax.random.fold_in(stream(rk, "train"), k), lr=lr, batch_size=batch_size,
+                          dtype=dtype)
       delta = [np.asarray(a, np.float64) - b for a, b in zip(theta, jax.tree.leaves(trained), strict=True)]
-      gh, gv = _hn_pullback(tuple(shapes))(h32, v32, [jnp.asarray(d, jnp.float32) for d in delta])
+      gh, gv = _hn_pullback(tuple(shapes))(h32, v32, [jnp.asarray(d, dtype) for d in delta])
       share = 1.0 / len(members)
       g_h = jax.tree.map(lambda a, b, s=share: a + np.asarray(b, np.float64) * s, g_h, gh)
       g_e[k] += np.asarray(gv, np.float64) * (share if embedding_step == "mean" else 1.0)
@@ -280,7 +281,7 @@ def mlp_forward(params, x):
 
 
 def fedproto_reference(data, w0, parent, rounds, key, *, cohort_size, lam, weighting, lr, batch_size, steps,
-                       num_classes):
+                       num_classes, dtype=np.float32):
   """FedProto per parent of clients (Tan et al. 2022): every sampled client takes SGD steps on
   ``CE + λ · mean (f(x) − C̄^(y))²`` (rows of a class without a global prototype adding 0), then
   sends its class prototypes of its trained model over all its examples; the parent averages them
@@ -306,9 +307,9 @@ def fedproto_reference(data, w0, parent, rounds, key, *, cohort_size, lam, weigh
       for k in members:
         cd = client_data(data, k)
         batch_key, _ = jax.random.split(jax.random.fold_in(stream(rk, "train"), k))
-        p32 = f32(w[k])
+        p32 = jax.tree.map(lambda a: jnp.asarray(a, dtype), w[k])
         for t in range(int(steps[k])):
-          g = grad(p32, batch_at(batch_key, cd, jnp.asarray(t), batch_size), jnp.asarray(protos, jnp.float32),
+          g = grad(p32, batch_at(batch_key, cd, jnp.asarray(t), batch_size), jnp.asarray(protos, dtype),
                    jnp.asarray(present))
           p32 = jax.tree.map(lambda a, d: a - lr * d, p32, g)
         w[k] = np64(p32)

@@ -614,6 +614,48 @@ def fedfomo_vs_reference(model, data, groups):
               + [maxdiff(state.client_state.affinity, affinity)], state.client_state)
 
 
+def pfedhn_vs_reference(model, data, groups):
+  """test_pfedhn's per-client loop (Algorithm 1, a cohort of 2, 3 local steps, the hypernetwork's SGD with
+  momentum, weight decay and clipping), three rounds: the hypernetwork and every embedding."""
+  import reference_pairwise as pw
+  from test_pfedhn import HN
+
+  sched = LocalSchedule(batch_size=B, steps=3)
+  alg = A.pfedhn(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched, cohort_size=2,
+                 hidden=6, n_hidden=1, embed_dim=3, **HN)
+  key = jax.random.key(9)
+  start = alg.init(jax.random.key(7)).server_state
+  state, _ = bref.run_jit(alg, data, 3, key)
+  leaves, treedef = jax.tree.flatten(model.init(jax.random.key(0)))
+  hnet, emb = pw.pfedhn_reference(
+    model, data, row(start.hnet, 0), start.embeddings[0], treedef, [a.shape for a in leaves], 3, key,
+    cohort_size=2, lr=LR, batch_size=B, steps=np.full(data.num_clients, 3), hn_lr=HN["hn_learning_rate"],
+    momentum=HN["hn_momentum"], weight_decay=HN["hn_weight_decay"], clip_norm=HN["clip_norm"],
+    dtype=np.float64)
+  return _out([maxdiff(row(state.server_state.hnet, 0), hnet),
+               maxdiff(state.server_state.embeddings[0], emb)],
+              state.server_state.hnet, state.server_state.embeddings)
+
+
+def fedproto_vs_reference(model, data, groups):
+  """test_fedproto's per-client loop (λ = 2, prototypes averaged by class counts, a cohort of 4, 3 local
+  steps), three rounds: every client's model and the prototypes."""
+  import reference_pairwise as pw
+
+  alg = A.fedproto(model=model, data=data, local_optimizer=optax.sgd(LR), lam=2.0, weighting="examples",
+                   schedule=LocalSchedule(batch_size=B, steps=3), cohort_size=4, chunk_size=2)
+  key = jax.random.key(4)
+  state, _ = bref.run_jit(alg, data, 3, key)
+  own = alg.models(state)["personal"].params
+  w0 = row(alg.models(alg.init(jax.random.key(7)))["personal"].params, 0)
+  w, protos = pw.fedproto_reference(data, w0, _flat(data), 3, key, cohort_size=4, lam=2.0,
+                                    weighting="examples", lr=LR, batch_size=B,
+                                    steps=np.full(data.num_clients, 3), num_classes=3, dtype=np.float64)
+  return _out([maxdiff(row(own, c), w[c]) for c in range(data.num_clients)]
+              + [maxdiff(state.server_state[0][p], c) for p, (c, _) in protos.items()],
+              own, state.server_state)
+
+
 def local_vs_reference(model, data, groups):
   """test_partial's loop with every leaf personal: local training only (the server's model stays the
   start, every sampled client trains its own)."""
@@ -807,4 +849,5 @@ REFERENCES = {
   "mobile_hierfavg_ref": mobile_hierfavg_vs_reference, "local_ref": local_vs_reference,
   "fedmmd_ref": fedmmd_vs_reference, "pfedmt_ref": pfedmt_vs_reference,
   "fedamp_ref": fedamp_vs_reference, "fedfomo_ref": fedfomo_vs_reference,
+  "pfedhn_ref": pfedhn_vs_reference, "fedproto_ref": fedproto_vs_reference,
 }
