@@ -656,6 +656,30 @@ def fedproto_vs_reference(model, data, groups):
               own, state.server_state)
 
 
+def knnper_vs_reference(model, data, groups):
+  """test_knnper's scoring (k = 3, λ = 0.5, T = 1) after two rounds of its training (FedAvg's, a cohort of
+  4): the memory (every client's penultimate features) and the personal models' mean loss against the
+  numpy interpolation of kNN and model scores."""
+  from test_knnper import _reference_scores
+
+  from fedtree.evaluation import evaluate_models
+  from fedtree.objectives.fedmmd import penultimate
+
+  alg = A.knnper(k=3, lam=0.5, temperature=1.0, memory_chunk=4, model=model, data=data,
+                 local_optimizer=optax.sgd(LR), schedule=LocalSchedule(batch_size=B, steps=3), cohort_size=4)
+  state, _ = bref.run_jit(alg, data, 2, jax.random.key(3))
+  owner = np.zeros(data.num_clients, int)
+  diffs = []
+  for c in range(data.num_clients):
+    n = int(data.n_train[c])
+    feats, _ = penultimate(model, row(state.params[-1], 0), data.x_train[c][:n])
+    diffs.append(maxdiff(state.client_state.features[c][:n], feats))
+  out = evaluate_models(alg, state, model, data)
+  acc, loss = _reference_scores(model, state, data, owner, k=3, lam=0.5, temperature=1.0)
+  diffs += [abs(out["personal"]["accuracy"] - acc), abs(out["personal"]["loss"] - loss)]
+  return _out(diffs, state.params, state.client_state.features)
+
+
 def local_vs_reference(model, data, groups):
   """test_partial's loop with every leaf personal: local training only (the server's model stays the
   start, every sampled client trains its own)."""
@@ -850,4 +874,5 @@ REFERENCES = {
   "fedmmd_ref": fedmmd_vs_reference, "pfedmt_ref": pfedmt_vs_reference,
   "fedamp_ref": fedamp_vs_reference, "fedfomo_ref": fedfomo_vs_reference,
   "pfedhn_ref": pfedhn_vs_reference, "fedproto_ref": fedproto_vs_reference,
+  "knnper_ref": knnper_vs_reference,
 }
