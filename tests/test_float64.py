@@ -1,6 +1,6 @@
 """float64 under ``jax_enable_x64`` (issue 14 item 12, issue 15 item 7, issue 57 items 1-3): every
 registered algorithm with a per-client reference loop (FedAvg, FedAdam, pFedMe, SCAFFOLD, FedNova,
-FedAsync and FedBuff, then every run of ``COMPARED``: 50 runs of 47 algorithms) matches it to 1e-12
+FedAsync and FedBuff, then every run of ``COMPARED``: 51 runs of 48 algorithms) matches it to 1e-12
 (float32 anywhere in the round would show as ~1e-8), the x64 round compiles once, every other algorithm
 runs a round in float64, and the program of an x64 round holds no float32 value
 (``tests/float32_scan.py`` walks its jaxpr, every nested jaxpr included).
@@ -92,7 +92,7 @@ COMPARED = ("feddyn", "mime", "mimelite", "qffl", "afl", "moon", "hierfavg", "fe
             "perfedavg_hf", "fedkws", "apfl", "fedala", "fedem", "ifca", "cfl", "awcfl", "mcfl", "fedper",
             "lgfedavg", "fedbn", "fedrep", "fedbabu", "fedrod", "bhfl", "bhfl_async", "heterofl", "fedrolex",
             "fjord", "feddf", "fedmd", "depthfl", "fedex", "mobile_hierfavg", "local", "fedmmd",
-            "pfedmt", "fedamp", "fedfomo", "pfedhn", "fedproto", "knnper")
+            "pfedmt", "fedamp", "fedfomo", "pfedhn", "fedproto", "knnper", "grouppfl")
 
 
 @pytest.fixture(scope="module")
@@ -114,12 +114,13 @@ def test_every_algorithm_with_a_per_client_loop_matches_it_in_float64(references
   (every client's own model), FedEx (its θ too), HierFAVG under a moving membership with an edge
   down (issue 54), local training, FedMMD (λ = 2), pFedMT (its teams' and devices' models too),
   FedAMP and FedFomo (every client's model, FedFomo's affinities too), pFedHN (its hypernetwork and
-  embeddings), FedProto (every client's model and the prototypes) and kNN-Per (its memory and its
-  personal models' scores), beside
+  embeddings), FedProto (every client's model and the prototypes), kNN-Per (its memory and its
+  personal models' scores) and GroupPerFL (its group stage's FedAdam per group and its fine-tuning
+  sweep's every personal model), beside
   FedAvg, FedAdam, pFedMe, SCAFFOLD, FedNova, FedAsync and FedBuff above.
 
-  Not compared: GroupPFL and the LoRA methods (FFA-LoRA, FedSA-LoRA, HetLoRA: their loops are not wired
-  here yet): those only run a float64 round and pass the float32 scan."""
+  Not compared: the LoRA methods (FFA-LoRA, FedSA-LoRA, HetLoRA: their loops are not wired here yet):
+  those only run a float64 round and pass the float32 scan."""
   got = references[name + "_ref"]
   assert "error" not in got, got.get("error")
   assert got["dtypes"] == ["float64"], got

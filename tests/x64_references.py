@@ -680,6 +680,50 @@ def knnper_vs_reference(model, data, groups):
   return _out(diffs, state.params, state.client_state.features)
 
 
+def grouppfl_vs_reference(model, data, groups):
+  """GroupPerFL's two pieces against test_grouppfl's loops: its group stage (FedAdam per data group on
+  its own clients' updates, one round, every group's model) and its fine-tuning sweep (every client
+  from its group's model at three rates, two epochs, every personal model)."""
+  from fedtree.algorithms.hierarchical.grouppfl.grouppfl import group_fedopt
+  from fedtree.core import finetune
+  from fedtree.core.local import ClientData
+  from fedtree.core.server import fedopt
+
+  groups = np.asarray(groups)
+  schedule = LocalSchedule(batch_size=B, epochs=1)
+  server = fedopt("adam", learning_rate=0.05)
+  start = model.init(jax.random.key(1))
+  alg = group_fedopt(model=model, groups=groups, data=data, local_optimizer=optax.sgd(0.1), schedule=schedule,
+                     server_optimizer=server, start_params=start)
+  key = jax.random.key(5)
+  new, _ = jax.jit(alg.round)(alg.init(jax.random.key(0)), data, key)
+  steps = schedule.num_steps(np.asarray(data.n_train))
+  n = np.asarray(data.n_train, np.float64)
+  cdata = [ClientData(data.x_train[c], data.y_train[c], data.n_train[c]) for c in range(data.num_clients)]
+  diffs = []
+  for g in range(int(groups.max()) + 1):
+    members = np.flatnonzero(groups == g)
+    thetas = [pref.sgd(model, start, cdata[c], int(steps[c]), jax.random.fold_in(stream(key, "train"), c),
+                       lr=0.1, batch_size=B) for c in members]
+    w = n[members] / n[members].sum()
+    delta = jax.tree.map(lambda s, *t, w=w: s - sum(wi * ti for wi, ti in zip(w, t, strict=True)), start,
+                         *thetas)
+    upd, _ = server.update(delta, server.init(start), start)
+    diffs.append(maxdiff(row(new.params[1], g), optax.apply_updates(start, upd)))
+  params = new.params[1]
+  sweep = LocalSchedule(batch_size=B, epochs=2)
+  rates = (0.01, 0.5, 1.0)
+  fkey = jax.random.key(3)
+  personal, _ = finetune.finetune(model, params, groups, data, learning_rates=rates, schedule=sweep, key=fkey)
+  fsteps = sweep.num_steps(np.asarray(data.n_train))
+  for c in range(data.num_clients):
+    for i, lr in enumerate(rates):
+      want = pref.sgd(model, row(params, int(groups[c])), cdata[c], int(fsteps[c]),
+                      jax.random.fold_in(fkey, c), lr=lr, batch_size=B)
+      diffs.append(maxdiff(jax.tree.map(lambda a, i=i, c=c: a[i, c], personal), want))
+  return _out(diffs, new.params, personal)
+
+
 def local_vs_reference(model, data, groups):
   """test_partial's loop with every leaf personal: local training only (the server's model stays the
   start, every sampled client trains its own)."""
@@ -874,5 +918,5 @@ REFERENCES = {
   "fedmmd_ref": fedmmd_vs_reference, "pfedmt_ref": pfedmt_vs_reference,
   "fedamp_ref": fedamp_vs_reference, "fedfomo_ref": fedfomo_vs_reference,
   "pfedhn_ref": pfedhn_vs_reference, "fedproto_ref": fedproto_vs_reference,
-  "knnper_ref": knnper_vs_reference,
+  "knnper_ref": knnper_vs_reference, "grouppfl_ref": grouppfl_vs_reference,
 }
