@@ -1,9 +1,9 @@
 """float64 under ``jax_enable_x64`` (issue 14 item 12, issue 15 item 7, issue 57 items 1-3): every
-registered algorithm with a per-client reference loop (FedAvg, FedAdam, pFedMe, SCAFFOLD, FedNova,
-FedAsync and FedBuff, then every run of ``COMPARED``: 51 runs of 48 algorithms) matches it to 1e-12
-(float32 anywhere in the round would show as ~1e-8), the x64 round compiles once, every other algorithm
-runs a round in float64, and the program of an x64 round holds no float32 value
-(``tests/float32_scan.py`` walks its jaxpr, every nested jaxpr included).
+registered algorithm matches its per-client reference loop (FedAvg, FedAdam, pFedMe, SCAFFOLD, FedNova,
+FedAsync and FedBuff, then every run of ``COMPARED``: 54 runs, all 51 algorithms) to 1e-12 (float32
+anywhere in the round would show as ~1e-8), the x64 round compiles once, every other algorithm runs a
+round in float64, and the program of an x64 round holds no float32 value (``tests/float32_scan.py``
+walks its jaxpr, every nested jaxpr included).
 
 The reference loops run ``tests/x64_driver.py`` in a subprocess (x64 for the whole process); the
 scans trace under ``jax.enable_x64(True)``, a context, as ``config.dtype="float64"`` runs do.
@@ -92,7 +92,8 @@ COMPARED = ("feddyn", "mime", "mimelite", "qffl", "afl", "moon", "hierfavg", "fe
             "perfedavg_hf", "fedkws", "apfl", "fedala", "fedem", "ifca", "cfl", "awcfl", "mcfl", "fedper",
             "lgfedavg", "fedbn", "fedrep", "fedbabu", "fedrod", "bhfl", "bhfl_async", "heterofl", "fedrolex",
             "fjord", "feddf", "fedmd", "depthfl", "fedex", "mobile_hierfavg", "local", "fedmmd",
-            "pfedmt", "fedamp", "fedfomo", "pfedhn", "fedproto", "knnper", "grouppfl")
+            "pfedmt", "fedamp", "fedfomo", "pfedhn", "fedproto", "knnper", "grouppfl", "ffa_lora",
+            "fedsa_lora", "hetlora")
 
 
 @pytest.fixture(scope="module")
@@ -115,16 +116,24 @@ def test_every_algorithm_with_a_per_client_loop_matches_it_in_float64(references
   down (issue 54), local training, FedMMD (λ = 2), pFedMT (its teams' and devices' models too),
   FedAMP and FedFomo (every client's model, FedFomo's affinities too), pFedHN (its hypernetwork and
   embeddings), FedProto (every client's model and the prototypes), kNN-Per (its memory and its
-  personal models' scores) and GroupPerFL (its group stage's FedAdam per group and its fine-tuning
-  sweep's every personal model), beside
-  FedAvg, FedAdam, pFedMe, SCAFFOLD, FedNova, FedAsync and FedBuff above.
-
-  Not compared: the LoRA methods (FFA-LoRA, FedSA-LoRA, HetLoRA: their loops are not wired here yet):
-  those only run a float64 round and pass the float32 scan."""
+  personal models' scores), GroupPerFL (its group stage's FedAdam per group and its fine-tuning
+  sweep's every personal model) and the LoRA methods on a float64 base (FFA-LoRA's ``B``, FedSA-LoRA's
+  personal adapters, HetLoRA's global and truncated adapters), beside
+  FedAvg, FedAdam, pFedMe, SCAFFOLD, FedNova, FedAsync and FedBuff above."""
   got = references[name + "_ref"]
   assert "error" not in got, got.get("error")
   assert got["dtypes"] == ["float64"], got
   assert got["maxdiff"] < 1e-12, got
+
+
+def test_every_registered_algorithm_is_compared_in_float64():
+  """Issue 57: no registered algorithm is left without a float64 comparison to its per-client loop."""
+  from fedtree.experiment import registry
+
+  variants = {"perfedavg_hf": "perfedavg", "bhfl_async": "bhfl", "mobile_hierfavg": "hierfavg"}
+  compared = {variants.get(n, n) for n in COMPARED}
+  compared |= {"fedavg", "fedopt", "pfedme", "scaffold", "fednova", "fedasync", "fedbuff"}   # (above)
+  assert sorted(set(registry.SPECS) - compared) == []
 
 
 def test_the_scan_finds_float32_in_every_nested_jaxpr():
