@@ -490,3 +490,19 @@ def test_without_noise_privacy_at_the_edges_is_the_clipped_mean_of_the_round(ctx
   a, _ = _rounds(ctx, plain_run, 3)
   b, _ = _rounds(ctx, private, 3)
   close(a.params, b.params, atol=1e-6)
+
+
+def test_the_memory_estimate_holds_the_blocks_of_the_busiest_edge_of_any_round(ctx):
+  """A blockwise aggregator holds every edge's cohort as a block: under a moving membership the block is
+  the largest any edge holds in any round, not the tree's largest parent."""
+  from fedtree.experiment import run as runs
+  from fedtree.experiment.capabilities import mobility as mobility_section
+
+  cfg = ml_collections.ConfigDict({"algorithm": "hierfavg", "aggregator": {"name": "median"},
+                                   "mobility": {"model": "markov", "dwell": 1.5}})
+  resolved = runs.resolve("m", cfg, ctx, build=False)
+  loads = mobility_section.membership_of(registry.run_context(ctx, "m", cfg)).loads
+  assert loads.max() > 3   # (the tree's parents hold 3 each)
+  assert resolved.block[1:] == (6, int(loads.max()), False)
+  cfg.cohort_size = 2
+  assert runs.resolve("m", cfg, ctx, build=False).block[1:] == (4, 2, False)

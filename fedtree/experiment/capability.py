@@ -291,15 +291,22 @@ def compose(parts_by_section: Mapping[str, Mapping[int, PathParts]], order: Sequ
   return out
 
 
-def blocks(paths: Mapping[int, UpdatePath] | None, run: RunContext, param_bytes: int
+def blocks(paths: Mapping[int, UpdatePath] | None, run: RunContext, param_bytes: int, membership=None
            ) -> tuple[int, int, int, bool] | None:
   """``(param_bytes, rows, block_size, pairwise)`` of the cohort blocks a blockwise aggregator
   of ``paths`` holds at the clients' tier (:func:`fedtree.experiment.memory.block_bytes`): ``rows``
-  the run's cohort over every clients' parent of its tree, ``block_size`` the largest parent's,
-  ``pairwise`` when an aggregator keeps ``K x K`` distances; ``None`` when every level aggregates
-  by the streamed mean."""
+  the run's cohort over every clients' parent of its tree, ``block_size`` the largest parent's (under
+  a moving ``membership``, :class:`~fedtree.core.membership.Membership`: the largest any edge holds in
+  any round), ``pairwise`` when an aggregator keeps ``K x K`` distances; ``None`` when every level
+  aggregates by the streamed mean."""
   if not paths or not any(p.aggregator.blockwise for p in paths.values()):
     return None
-  cohort = run.cohort
   pairwise = any(p.aggregator.pairwise for p in paths.values())
+  if membership is not None:
+    k = None if run.run is None else run.run.get("cohort_size", None)
+    every = k is None or int(k) == -1
+    rows = membership.num_clients if every else membership.num_edges * int(k)
+    block = membership.max_load if every else min(int(k), membership.max_load)
+    return int(param_bytes), int(rows), int(block), bool(pairwise)
+  cohort = run.cohort
   return int(param_bytes), int(cohort.sum()), int(cohort.max()), bool(pairwise)

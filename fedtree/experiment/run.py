@@ -248,7 +248,7 @@ def resolve(label: str, run_cfg, ctx: Context, *, build: bool = True) -> Run:
              scoring=scoring(rctx.shared, None if wrapped is None else wrapped[1], splits),
              round_metrics=round_metrics(label, run_cfg, own),
              message_bytes=model_bytes(jax.eval_shape(model.init, jax.random.key(0))),
-             block=blocks(arguments.get("update_paths"), rctx, full_model),
+             block=blocks(arguments.get("update_paths"), rctx, full_model, arguments.get("membership")),
              extra_data_bytes=memory.copied_bytes(rctx.data, ctx.data),
              needs=registry.memory_needs(label, run_cfg, own), run_context=rctx,
              files=run_files(label, run_cfg, own))
