@@ -305,8 +305,7 @@ def blocks(paths: Mapping[int, UpdatePath] | None, run: RunContext, param_bytes:
   if membership is not None:
     k = None if run.run is None else run.run.get("cohort_size", None)
     every = k is None or int(k) == -1
-    rows = membership.num_clients if every else membership.num_edges * int(k)
     block = membership.max_load if every else min(int(k), membership.max_load)
-    return int(param_bytes), int(rows), int(block), bool(pairwise)
+    return int(param_bytes), membership.num_edges * int(block), int(block), bool(pairwise)   # [E, block]
   cohort = run.cohort
   return int(param_bytes), int(cohort.sum()), int(cohort.max()), bool(pairwise)
