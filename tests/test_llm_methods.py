@@ -70,10 +70,9 @@ def _row(tree, i=0):
   return jax.tree.map(lambda a: a[i], tree)
 
 
-def test_ffa_lora_trains_b_on_the_seeds_frozen_a_like_a_per_client_loop():
-  """FFA-LoRA: every client trains ``B`` alone from the global ``B`` with the seed's ``A``; the global
-  ``B`` is the example-weighted mean, ``A`` is exactly the seed's draw, and a message is ``B``'s bytes."""
-  data, model, base = _problem()
+def ffa_lora_case(data, model, base):
+  """FFA-LoRA, one round, and its per-client loop: every client trains ``B`` alone from the global ``B``
+  with the seed's ``A``. Returns ``(alg, state, metrics, global adapters, the loop's B, A, B0)``."""
   spec = L.lora(rank=2, alpha=4.0)
   alg = _wrapped(ffa_lora, data, model, base, spec, seed=3)
   adapted = L.adapted_model(model, spec, base)
@@ -89,19 +88,13 @@ def test_ffa_lora_trains_b_on_the_seeds_frozen_a_like_a_per_client_loop():
     sent.append(L.adapter_half(b, "b"))
     weights.append(n)
   glob = _row(alg.models(state)["global"].params)
-  close(L.adapter_half(glob, "b"), _mean(sent, weights), tol=2e-5)
-  for x, y in zip(jax.tree.leaves(L.adapter_half(glob, "a")), jax.tree.leaves(a0), strict=True):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  b_bytes = model_bytes(jax.eval_shape(lambda: b0))
-  assert float(metrics["uplink_bytes"]) == float(metrics["downlink_bytes"]) == b_bytes
-  assert b_bytes == 4 * (2 * 8 + 2 * 3)                 # B [2, 8] and [2, 3], float32: A is never sent
+  return alg, state, metrics, glob, _mean(sent, weights), a0, b0
 
 
-def test_fedsa_lora_shares_a_and_keeps_b_like_a_per_client_loop():
-  """FedSA-LoRA, two rounds of every client: a client starts from the global ``A`` and its own ``B``
-  (the initial, zero, in round 1), trains both; the server averages ``A``; the client keeps its ``B``;
-  each client is scored with the global ``A`` and its ``B``."""
-  data, model, base = _problem()
+def fedsa_lora_case(data, model, base):
+  """FedSA-LoRA, two rounds of every client, and its per-client loop: a client starts from the global
+  ``A`` and its own ``B`` (the initial, zero, in round 1), trains both; the server averages ``A``; the
+  client keeps its ``B``. Returns ``(alg, state, [(client's model, the loop's)])``."""
   spec = L.lora(rank=2, alpha=4.0)
   alg = _wrapped(fedsa_lora, data, model, base, spec)
   adapted = L.adapted_model(model, spec, base)
@@ -109,6 +102,7 @@ def test_fedsa_lora_shares_a_and_keeps_b_like_a_per_client_loop():
   glob = _row(state.inner.params[0])
   own = [L.adapter_half(glob, "b")] * data.num_clients
   step = jax.jit(alg.round)
+  a = None
   for r in range(2):
     state, _ = step(state, data, jax.random.key(10 + r))
     trained, weights = [], []
@@ -120,9 +114,52 @@ def test_fedsa_lora_shares_a_and_keeps_b_like_a_per_client_loop():
     own = [L.adapter_half(p, "b") for p in trained]
     glob = L.join_halves(a, own[0])
   personal = alg.models(state)["personal"].params
-  assert "global" not in alg.models(state)
+  return alg, state, [(_row(personal, c), L.join_halves(a, own[c])) for c in range(data.num_clients)]
+
+
+RANKS = (1, 2, 3, 1, 2, 3)
+
+
+def hetlora_case(data, model, base):
+  """HetLoRA with ranks 1, 2, 3 in turn (adapters of rank 3, ``B`` made nonzero so that truncation
+  matters), one round, and its per-client loop. Returns ``(alg, state, metrics, global adapters, the
+  loop's mean)``."""
+  spec = L.lora(rank=3, alpha=6.0)
+  alg = _wrapped(hetlora, data, model, base, spec, ranks=(1, 2, 3))
+  adapted = L.adapted_model(model, spec, base)
+  state = alg.init(jax.random.key(0))
+  start = _row(state.inner.params[0])
+  start = jax.tree.map(lambda a: a + 0.05, start)
+  state = state.replace(inner=state.inner.replace(params=(jax.tree.map(lambda a: a[None], start),)))
+  state, metrics = jax.jit(alg.round)(state, data, jax.random.key(5))
+  sent, weights = [], []
   for c in range(data.num_clients):
-    close(_row(personal, c), L.join_halves(a, own[c]), tol=5e-5)
+    p, n = _local(adapted, data, c, L.truncate(start, RANKS[c]))
+    sent.append(L.truncate(p, RANKS[c]))
+    weights.append(n)
+  return alg, state, metrics, _row(alg.models(state)["global"].params), _mean(sent, weights)
+
+
+def test_ffa_lora_trains_b_on_the_seeds_frozen_a_like_a_per_client_loop():
+  """FFA-LoRA: every client trains ``B`` alone from the global ``B`` with the seed's ``A``; the global
+  ``B`` is the example-weighted mean, ``A`` is exactly the seed's draw, and a message is ``B``'s bytes."""
+  data, model, base = _problem()
+  _, _, metrics, glob, want, a0, b0 = ffa_lora_case(data, model, base)
+  close(L.adapter_half(glob, "b"), want, tol=2e-5)
+  for x, y in zip(jax.tree.leaves(L.adapter_half(glob, "a")), jax.tree.leaves(a0), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  b_bytes = model_bytes(jax.eval_shape(lambda: b0))
+  assert float(metrics["uplink_bytes"]) == float(metrics["downlink_bytes"]) == b_bytes
+  assert b_bytes == 4 * (2 * 8 + 2 * 3)                 # B [2, 8] and [2, 3], float32: A is never sent
+
+
+def test_fedsa_lora_shares_a_and_keeps_b_like_a_per_client_loop():
+  """FedSA-LoRA: each client is scored with the global ``A`` and its own ``B`` (:func:`fedsa_lora_case`)."""
+  data, model, base = _problem()
+  alg, state, pairs = fedsa_lora_case(data, model, base)
+  assert "global" not in alg.models(state)
+  for got, want in pairs:
+    close(got, want, tol=5e-5)
 
 
 def test_hetlora_truncates_down_and_zero_pads_up_like_a_per_client_loop():
@@ -131,28 +168,14 @@ def test_hetlora_truncates_down_and_zero_pads_up_like_a_per_client_loop():
   clients' component ``j`` with those of rank ``<= j`` counting zero; the bytes are each client's
   ``r_i`` components; every client is also scored truncated to its rank."""
   data, model, base = _problem()
-  spec = L.lora(rank=3, alpha=6.0)
-  alg = _wrapped(hetlora, data, model, base, spec, ranks=(1, 2, 3))
-  adapted = L.adapted_model(model, spec, base)
-  state = alg.init(jax.random.key(0))
-  start = _row(state.inner.params[0])
-  start = jax.tree.map(lambda a: a + 0.05, start)          # B nonzero, so that truncation matters
-  state = state.replace(inner=state.inner.replace(params=(jax.tree.map(lambda a: a[None], start),)))
-  state, metrics = jax.jit(alg.round)(state, data, jax.random.key(5))
-  ranks = [1, 2, 3, 1, 2, 3]
-  sent, weights = [], []
-  for c in range(data.num_clients):
-    p, n = _local(adapted, data, c, L.truncate(start, ranks[c]))
-    sent.append(L.truncate(p, ranks[c]))
-    weights.append(n)
-  glob = _row(alg.models(state)["global"].params)
-  close(glob, _mean(sent, weights), tol=2e-5)
+  alg, state, metrics, glob, want = hetlora_case(data, model, base)
+  close(glob, want, tol=2e-5)
   truncated = alg.models(state)["truncated"].params
   for c in range(data.num_clients):
-    close(_row(truncated, c), L.truncate(glob, ranks[c]), tol=0)
+    close(_row(truncated, c), L.truncate(glob, RANKS[c]), tol=0)
   # bytes: one rank component is a column of A and a row of B of every kernel, float32
   component = 4 * (6 + 8 + 8 + 3)
-  assert abs(float(metrics["uplink_bytes"]) - np.mean(ranks) * component) < 1e-3
+  assert abs(float(metrics["uplink_bytes"]) - np.mean(RANKS) * component) < 1e-3
 
 
 def test_methods_on_adapters_refuse_what_cannot_work():

@@ -734,91 +734,36 @@ def _lora_problem():
 
 
 def ffa_lora_vs_reference(model, data, groups):
-  """test_llm_methods' FFA-LoRA loop: every client trains ``B`` alone from the global ``B`` with the seed's
-  ``A`` (two full-batch steps), the global ``B`` their mean by examples, one round."""
-  from test_llm_methods import _local, _mean, _row, _wrapped
+  """test_llm_methods' FFA-LoRA loop (:func:`test_llm_methods.ffa_lora_case`) on a float64 base: the
+  global ``B``."""
+  from test_llm_methods import ffa_lora_case
 
-  from fedtree.algorithms import ffa_lora
   from fedtree.toolbox import lora as L
 
-  data, model, base = _lora_problem()
-  spec = L.lora(rank=2, alpha=4.0)
-  alg = _wrapped(ffa_lora, data, model, base, spec, seed=3)
-  adapted = L.adapted_model(model, spec, base)
-  a0 = L.adapter_half(adapted.init(jax.random.key(3)), "a")
-  b0 = L.adapter_half(adapted.init(jax.random.key(9)), "b")
-  state, _ = jax.jit(alg.round)(alg.init(jax.random.key(0)), data, jax.random.key(5))
-  sent, weights = [], []
-  for c in range(data.num_clients):
-    b, n = _local(adapted, data, c, L.join_halves(a0, b0), lambda a: L.adapter_half(a, "b"),
-                  lambda part, full: L.join_halves(L.adapter_half(full, "a"), part))
-    sent.append(L.adapter_half(b, "b"))
-    weights.append(n)
-  glob = _row(alg.models(state)["global"].params)
-  return _out([maxdiff(L.adapter_half(glob, "b"), _mean(sent, weights))], glob)
+  _, _, _, glob, want, _, _ = ffa_lora_case(*_lora_problem())
+  return _out([maxdiff(L.adapter_half(glob, "b"), want)], glob)
 
 
 def fedsa_lora_vs_reference(model, data, groups):
-  """test_llm_methods' FedSA-LoRA loop: a client starts from the global ``A`` and its own ``B``, trains both,
-  the server averages ``A``, the client keeps ``B``; two rounds, every client's model."""
-  from test_llm_methods import _local, _mean, _row, _wrapped
+  """test_llm_methods' FedSA-LoRA loop (:func:`test_llm_methods.fedsa_lora_case`) on a float64 base:
+  every client's model after two rounds."""
+  from test_llm_methods import fedsa_lora_case
 
-  from fedtree.algorithms import fedsa_lora
-  from fedtree.toolbox import lora as L
-
-  data, model, base = _lora_problem()
-  spec = L.lora(rank=2, alpha=4.0)
-  alg = _wrapped(fedsa_lora, data, model, base, spec)
-  adapted = L.adapted_model(model, spec, base)
-  state = alg.init(jax.random.key(0))
-  glob = _row(state.inner.params[0])
-  own = [L.adapter_half(glob, "b")] * data.num_clients
-  step = jax.jit(alg.round)
-  a = None
-  for r in range(2):
-    state, _ = step(state, data, jax.random.key(10 + r))
-    trained, weights = [], []
-    for c in range(data.num_clients):
-      p, n = _local(adapted, data, c, L.join_halves(L.adapter_half(glob, "a"), own[c]))
-      trained.append(p)
-      weights.append(n)
-    a = _mean([L.adapter_half(p, "a") for p in trained], weights)
-    own = [L.adapter_half(p, "b") for p in trained]
-    glob = L.join_halves(a, own[0])
-  personal = alg.models(state)["personal"].params
-  return _out([maxdiff(_row(personal, c), L.join_halves(a, own[c])) for c in range(data.num_clients)],
-              personal)
+  _, _, pairs = fedsa_lora_case(*_lora_problem())
+  return _out([maxdiff(got, want) for got, want in pairs], [got for got, _ in pairs])
 
 
 def hetlora_vs_reference(model, data, groups):
-  """test_llm_methods' HetLoRA loop (ranks 1, 2, 3 in turn over 6 clients, adapters of rank 3, ``B`` made
-  nonzero): every client trains its parent's adapters truncated to its rank, the server's component
-  ``j`` the mean of the clients' with those of lower rank counting zero; one round, the global adapters
-  and every client's truncated ones."""
-  from test_llm_methods import _local, _mean, _row, _wrapped
+  """test_llm_methods' HetLoRA loop (:func:`test_llm_methods.hetlora_case`) on a float64 base: the
+  global adapters and every client's truncated ones."""
+  from test_llm_methods import RANKS, _row, hetlora_case
 
-  from fedtree.algorithms import hetlora
   from fedtree.toolbox import lora as L
 
-  data, model, base = _lora_problem()
-  spec = L.lora(rank=3, alpha=6.0)
-  alg = _wrapped(hetlora, data, model, base, spec, ranks=(1, 2, 3))
-  adapted = L.adapted_model(model, spec, base)
-  state = alg.init(jax.random.key(0))
-  start = jax.tree.map(lambda a: a + 0.05, _row(state.inner.params[0]))
-  state = state.replace(inner=state.inner.replace(params=(jax.tree.map(lambda a: a[None], start),)))
-  state, _ = jax.jit(alg.round)(state, data, jax.random.key(5))
-  ranks = [1, 2, 3, 1, 2, 3]
-  sent, weights = [], []
-  for c in range(data.num_clients):
-    p, n = _local(adapted, data, c, L.truncate(start, ranks[c]))
-    sent.append(L.truncate(p, ranks[c]))
-    weights.append(n)
-  glob = _row(alg.models(state)["global"].params)
-  want = _mean(sent, weights)
+  alg, state, _, glob, want = hetlora_case(*_lora_problem())
   truncated = alg.models(state)["truncated"].params
-  return _out([maxdiff(glob, want)] + [maxdiff(_row(truncated, c), L.truncate(want, ranks[c]))
-                                       for c in range(data.num_clients)], glob, truncated)
+  return _out([maxdiff(glob, want)] + [maxdiff(_row(truncated, c), L.truncate(want, RANKS[c]))
+                                       for c in range(len(RANKS))], glob, truncated)
 
 
 def local_vs_reference(model, data, groups):
