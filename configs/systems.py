@@ -16,8 +16,9 @@ accuracy is the first evaluation at or above it; 7 min 57 s wall, 56 s CPU on th
 under a load of ~10, 32 s wall and 44 s CPU on the quiet one on 2026-12-07;
 ``docs/images/systems_time_accuracy.png``). ``target_accuracy`` is ``TARGET``, so the final table it
 prints has "rounds to 0.7" and "hours to 0.7" (simulated) columns; these are its columns accuracy,
-rounds to 0.7, hours to 0.7 and g3 (the smallest group), the table written by ``python -m benchmarks.config_figures --config=configs/systems.py --write`` and checked
-against a fresh run, within the tolerances of ``FIGURES``, by the slow ``tests/test_config_figures.py``:
+rounds to 0.7, hours to 0.7 and g3 (the smallest group), the table written by ``python -m
+benchmarks.config_figures --config=configs/systems.py --write`` and checked against a fresh run,
+within the tolerances of ``FIGURES``, by the slow ``tests/test_config_figures.py``:
 
   run               model   accuracy  rounds to 0.7  hours to 0.7  g3
   wait_for_all      global  0.7234    50             1.79          0.756
