@@ -50,31 +50,49 @@ machine's; on the quiet one on 2026-12-07 the default took 66 s wall, 94 s CPU).
 wall / 102 s CPU; the previous default (9 runs: FedAvg,
 CFL, IFCA, 5 AWCFL β, MCFL; one evaluation) took 354 s / 108 s measured alongside, so the
 wall time is unchanged while 4 runs replace the 4 extra β runs and every run reports 15
-points:
+points. Every model's accuracy, intra- and inter-cluster accuracy and clusters, the table written by
+``python -m benchmarks.config_figures --config=configs/clustered.py --write`` and checked against a
+fresh run, within the tolerances of ``FIGURES``, by the slow ``tests/test_config_figures.py``:
 
-  run         model     accuracy  intra   inter   clusters  (g0 / g1)
-  fedavg      global    0.503                               (0.473 / 0.512)
-  cfl         cluster   0.821     0.821   0.112   4         Fig. 5: inter 0.04 at round 12 -> 0.11
-  awcfl_cfl   cluster   0.763     0.763   0.163   4         inter 0.11 -> 0.16
-  mcfl_cfl    selected  0.826     0.821   0.826   4         inter 0.40 -> 0.83 (= CFL's intra)
-  ifca        cluster   0.677     0.677   0.149   2         Figs. 7-8: inter 0.03 -> 0.15
-  awcfl_ifca  cluster   0.631     0.631   0.263   2         inter 0.06 -> 0.26
-  mcfl_ifca   selected  0.432     0.677   0.432   2         inter 0.14 -> 0.43 (noisy: 0.24-0.54)
-  awcfl_b050  cluster   0.457     0.457   0.457   2         Table 2
-  mcfl        selected  0.619     0.619   0.619   2         Table 2
+  run         model     accuracy  intra  inter  clusters
+  fedavg      global    0.503     -      -      -
+  cfl         cluster   0.821     0.821  0.112  4
+  awcfl_cfl   cluster   0.763     0.763  0.162  4
+  mcfl_cfl    cluster   0.821     0.821  0.112  4
+  mcfl_cfl    selected  0.826     0.821  0.826  4
+  ifca        cluster   0.677     0.677  0.149  2
+  awcfl_ifca  cluster   0.631     0.631  0.263  2
+  mcfl_ifca   cluster   0.677     0.677  0.149  2
+  mcfl_ifca   selected  0.432     0.677  0.432  2
+  awcfl_b050  cluster   0.457     0.457  0.457  2
+  mcfl        cluster   0.619     0.619  0.058  2
+  mcfl        selected  0.619     0.619  0.619  2
 
-``:digits`` (real digits; 9 runs in 826 s wall / 111 s CPU under a load of ~15):
+Over rounds (``plot_clusters.png``): CFL's inter-cluster accuracy 0.04 at round 12 -> 0.11 (Fig. 5),
+AWCFL_CFL's 0.11 -> 0.16, MCFL_CFL's 0.40 -> 0.83 (= CFL's intra); IFCA's 0.03 -> 0.15 (Figs. 7-8),
+AWCFL_IFCA's 0.06 -> 0.26, MCFL_IFCA's 0.14 -> 0.43 (noisy: 0.24-0.54 over the last rounds); FedAvg's
+global model 0.473 on the unflipped clients, 0.512 on the flipped. (An MCFL run's ``cluster`` rows are
+the cluster models its clients choose among; ``selected`` scores each client with the one it picks.)
 
-  run         model     accuracy  intra   inter   clusters
-  fedavg      global    0.798                               Table 2
-  cfl         cluster   0.899     0.899   0.272   4         Fig. 5: inter 0.14 at round 12 -> 0.27
-  awcfl_cfl   cluster   0.919     0.919   0.433   4         inter 0.28 -> 0.43
-  mcfl_cfl    selected  0.840     0.899   0.840   4         inter 0.60 -> 0.84
-  ifca        cluster   0.848     0.848   0.233   2         Figs. 7-8: inter 0.06 -> 0.23
-  awcfl_ifca  cluster   0.784     0.784   0.508   2         inter 0.16 -> 0.51
-  mcfl_ifca   selected  0.848     0.848   0.848   2         inter 0.36 -> 0.85
-  awcfl_b050  cluster   0.775     0.775   0.775   2         Table 2
-  mcfl        selected  0.834     0.868   0.834   2         Table 2
+``:digits`` (real digits; 9 runs in 826 s wall / 111 s CPU under a load of ~15; ``python -m
+benchmarks.config_figures --config=configs/clustered.py:digits``):
+
+  run         model     accuracy  intra  inter  clusters
+  fedavg      global    0.798     -      -      -
+  cfl         cluster   0.899     0.899  0.272  4
+  awcfl_cfl   cluster   0.919     0.919  0.433  4
+  mcfl_cfl    cluster   0.899     0.899  0.272  4
+  mcfl_cfl    selected  0.840     0.899  0.840  4
+  ifca        cluster   0.848     0.848  0.233  2
+  awcfl_ifca  cluster   0.784     0.784  0.508  2
+  mcfl_ifca   cluster   0.848     0.848  0.233  2
+  mcfl_ifca   selected  0.848     0.848  0.848  2
+  awcfl_b050  cluster   0.775     0.775  0.775  2
+  mcfl        cluster   0.868     0.868  0.202  2
+  mcfl        selected  0.834     0.868  0.834  2
+
+Over rounds: CFL's inter 0.14 at round 12 -> 0.27, AWCFL_CFL's 0.28 -> 0.43, MCFL_CFL's 0.60 -> 0.84;
+IFCA's 0.06 -> 0.23, AWCFL_IFCA's 0.16 -> 0.51, MCFL_IFCA's 0.36 -> 0.85.
 
 ``:digits+beta_sweep`` (Table 1; 5 β × 3 seeds in one program, 354 s wall / 28 s CPU under a
 load of ~15), mean ± std over seeds 0-2:
@@ -104,6 +122,17 @@ import ml_collections
 
 from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
+
+# The docstring's figures (benchmarks/config_figures.py): (header, summary field, scale, decimals,
+# tolerance in the printed unit). Clusters move with a split decided on a threshold: exact here, and
+# accuracy within 0.02 across CPUs' summation orders.
+FIGURES = (
+  ("accuracy", "accuracy", 1, 3, 0.02),
+  ("intra", "intra_cluster_accuracy", 1, 3, 0.02),
+  ("inter", "inter_cluster_accuracy", 1, 3, 0.02),
+  ("clusters", "num_clusters", 1, 0, 0),
+)
+FIGURE_VARIANTS = ("digits",)
 
 BETAS = (("awcfl_b0", 0.0), ("awcfl_b010", 0.1), ("awcfl_b025", 0.25), ("awcfl_b050", 0.5),
          ("awcfl_b100", 1.0))
