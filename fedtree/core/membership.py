@@ -206,14 +206,20 @@ def mobile_sampler(membership: Membership, cohort_size, *, chunk_size) -> Mobile
   return MobileSampler(num_clients=n, num_edges=e, per_edge=per_edge, chunk_size=_chunk(chunk_size, sizes))
 
 
-def clients_node(topology, level: int, membership: Membership | None, r):
-  """Every client's node at ``level`` (at most the clients' parents' level) in round ``r``: the tree's
-  (``topology.ancestor(level)``, numpy) without a membership, else through the client's edge of the
-  round (traced): what scores a client with its edge's model, or its region's, follows it."""
-  if membership is None:
+def ancestor_through(topology, level: int, member):
+  """Every client's node at ``level`` (at most the clients' parents' level): the tree's
+  (``topology.ancestor(level)``, numpy) where ``member`` is ``None``, else through every client's edge
+  ``member`` (``int32[C]``, traced)."""
+  if member is None:
     return topology.ancestor(level)
   leaf = topology.depth - 1
   if not 0 <= level <= leaf:
     raise ValueError(f"level={level}: a client's node under a membership is at a server level 0..{leaf}")
-  member, _ = membership.of_round(r)
   return jnp.take(jnp.asarray(topology.ancestor(level, leaf)), member)
+
+
+def clients_node(topology, level: int, membership: Membership | None, r):
+  """Every client's node at ``level`` in round ``r`` (:func:`ancestor_through` its edge of the round;
+  the tree's without a membership): what scores a client with its edge's model, or its region's,
+  follows it."""
+  return ancestor_through(topology, level, None if membership is None else membership.of_round(r)[0])

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import optax
 
-from fedtree.algorithms.host.sampler import build_sampler
+from fedtree.algorithms.host.sampler import build_sampler, check_poisson_q
 from fedtree.algorithms.host.upper import UpperLevels, check_periods
 from fedtree.algorithms.host.wire import Extras
 from fedtree.core.algorithm import ObjectiveFactory, check_weighting, local_training, per_level
@@ -185,9 +185,7 @@ def plan(
   else:
     _check_membership(membership, topology, sampling=sampling, systems=systems, server_rule=server_rule,
                       paths=paths, name=name)
-    if poisson_q is not None:
-      raise ValueError(f"poisson_q={poisson_q!r} is only read with sampling='poisson' "
-                       f"(got sampling={sampling!r})")
+    check_poisson_q(sampling, poisson_q)
     sampler, keep, links = mobile_sampler(membership, cohort_size, chunk_size=chunk_size), None, None
     aligned, block = False, min(max(sampler.sizes), membership.max_load)
   client_update = local_training(client_update, model, local_optimizer, schedule, data,

@@ -13,9 +13,7 @@ def build_sampler(parent, *, sampling: str, cohort_size, poisson_q, chunk_size):
   slots per parent are ``cohort_size``, default from the overflow probability)."""
   if sampling != "poisson":
     check_sampling(sampling)
-    if poisson_q is not None:
-      raise ValueError(f"poisson_q={poisson_q!r} is only read with sampling='poisson' "
-                       f"(got sampling={sampling!r})")
+    check_poisson_q(sampling, poisson_q)
     return cohort_sampler(parent, cohort_size, chunk_size=chunk_size)
   if poisson_q is None:
     raise ValueError("sampling='poisson' needs poisson_q, every client's probability of taking part")
@@ -26,6 +24,13 @@ def build_sampler(parent, *, sampling: str, cohort_size, poisson_q, chunk_size):
   if not every:
     check_poisson_slots(parent, poisson_q, sampler.sizes)
   return sampler
+
+
+def check_poisson_q(sampling: str, poisson_q) -> None:
+  """Refuses ``poisson_q`` with another sampling than ``"poisson"``, which never reads it."""
+  if sampling != "poisson" and poisson_q is not None:
+    raise ValueError(f"poisson_q={poisson_q!r} is only read with sampling='poisson' "
+                     f"(got sampling={sampling!r})")
 
 
 POISSON_OVERFLOW = 1e-6

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from fedtree.core.membership import ancestor_through
 from fedtree.core.personal import Shares, fill, keep_where, merge, personal_part, shared_part
 from fedtree.core.rng import stream
 from fedtree.core.server import select_nodes, update_nodes
@@ -92,9 +93,8 @@ class UpperLevels:
         continue
       active[lv] = (r % self.periods[lv]) == 0
       n = topo.num_nodes(lv + 1)
-      anc = (topo.ancestor(lv + 1) if leaf_parent is None else
-             jnp.take(jnp.asarray(topo.ancestor(lv + 1, depth - 1)), leaf_parent))
-      w_child = jax.ops.segment_sum(w_client, jnp.asarray(anc), num_segments=n)
+      w_child = jax.ops.segment_sum(w_client, jnp.asarray(ancestor_through(topo, lv + 1, leaf_parent)),
+                                    num_segments=n)
       delta, total, new_path, stats = aggregate_children(
         self.paths[lv], update_state[lv], share.sent(params[lv], lv), share.sent(params[lv + 1], lv), w_child,
         topo.parent(lv + 1), jax.random.fold_in(stream(key, "update"), lv))   # (static: numpy)
