@@ -506,3 +506,17 @@ def test_the_memory_estimate_holds_the_blocks_of_the_busiest_edge_of_any_round(c
   assert resolved.block[1:] == (2 * int(loads.max()), int(loads.max()), False)   # [edges, block] rows
   cfg.cohort_size = 2
   assert runs.resolve("m", cfg, ctx, build=False).block[1:] == (4, 2, False)
+
+
+def test_label_counts_read_padded_and_ragged_rows_alike(ctx):
+  """The label_mix association reads every client's label counts, from the padded layout or the ragged
+  one (a flat train split with offsets) alike."""
+  from fedtree.core.ragged import to_ragged_train
+  from fedtree.experiment.capabilities.mobility import label_counts
+
+  padded = label_counts(ctx.data)
+  assert padded.sum(axis=1).tolist() == np.asarray(ctx.data.n_train).tolist()
+  for c in range(ctx.data.num_clients):
+    y = np.asarray(ctx.data.y_train[c][:int(ctx.data.n_train[c])])
+    assert padded[c].tolist() == np.bincount(y, minlength=padded.shape[1]).tolist()
+  assert np.array_equal(label_counts(to_ragged_train(ctx.data)), padded)

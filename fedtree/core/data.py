@@ -192,7 +192,7 @@ class FederatedData:
     m = getattr(self, f"x_{split}").shape[1]
     return np.arange(m)[None, :] < n[:, None]
 
-  def _client_of_row(self, split: str, rows: tuple[np.ndarray, ...]) -> np.ndarray:
+  def client_of_row(self, split: str, rows: tuple[np.ndarray, ...]) -> np.ndarray:
     """The client owning each index of ``rows`` (``np.nonzero`` of :meth:`real_rows`)."""
     if split == "train" and self.ragged:
       return np.searchsorted(np.asarray(self.train_offset) + np.asarray(self.n_train), rows[0], side="right")
@@ -210,7 +210,7 @@ class FederatedData:
       real = real.reshape(real.shape + (1,) * (y.ndim - real.ndim))
       bad = np.nonzero(((y < 0) | (y >= k)) & real)
       if bad[0].size:
-        c = int(self._client_of_row(split, bad)[0])
+        c = int(self.client_of_row(split, bad)[0])
         value = int(y[tuple(b[0] for b in bad)])
         raise ValueError(
           f"client {c}: label {value} in y_{split} is outside [0, {k}) (num_classes={k}); "
@@ -242,7 +242,7 @@ class FederatedData:
         for i in range(0, max(x.shape[0], 1), step)])
       bad = np.nonzero(real & ~finite)
       if bad[0].size:
-        c = int(self._client_of_row(split, bad)[0])
+        c = int(self.client_of_row(split, bad)[0])
         row = x[tuple(b[0] for b in bad)]
         value = float(row[~np.isfinite(row)].reshape(-1)[0])
         where = f"example {int(bad[-1][0])}" if not (split == "train" and self.ragged) else \

@@ -42,6 +42,7 @@ import numpy as np
 from fedtree.core.membership import Membership
 from fedtree.experiment.capability import Capability, plain
 from fedtree.experiment.fields import field
+from fedtree.experiment.spec import check_fields
 from fedtree.toolbox import mobility as mob
 
 FIELDS = ("model", "association", "placement", "spread", "dwell", "speed", "pause", "trace",
@@ -54,12 +55,6 @@ MODEL_FIELDS = {"static": (), "markov": ("dwell",), "waypoint": ("speed", "pause
                 "trace": ("trace", "seconds_per_round")}
 
 
-def _unknown(what: str, given, allowed) -> None:
-  bad = sorted(set(given) - set(allowed))
-  if bad:
-    raise ValueError(f"{what}: unknown field {bad[0]!r}; allowed fields: {sorted(allowed)}")
-
-
 def _concrete(cfg: dict, where: str = "mobility") -> None:
   for k, v in cfg.items():
     if isinstance(v, dict):
@@ -70,18 +65,17 @@ def _concrete(cfg: dict, where: str = "mobility") -> None:
 
 
 def label_counts(data) -> np.ndarray:
-  """``int[C, L]`` every client's training examples of every label."""
-  y = np.asarray(data.y_train)
-  n = np.asarray(data.n_train)
-  valid = np.arange(y.shape[1])[None, :] < n[:, None]
-  num_labels = int(y[valid].max()) + 1 if valid.any() else 1
-  out = np.zeros((y.shape[0], num_labels), np.int64)
-  np.add.at(out, (np.broadcast_to(np.arange(y.shape[0])[:, None], y.shape)[valid], y[valid]), 1)
+  """``int[C, L]`` every client's training examples of every label (padded or ragged rows)."""
+  rows = np.nonzero(data.real_rows("train"))
+  owner = data.client_of_row("train", rows)
+  y = np.asarray(data.y_train)[rows].astype(np.int64)
+  out = np.zeros((data.num_clients, int(y.max()) + 1 if y.size else 1), np.int64)
+  np.add.at(out, (owner, y), 1)
   return out
 
 
 def _check(cfg: dict) -> tuple[str, str, str]:
-  _unknown("mobility", cfg, FIELDS)
+  check_fields("mobility", cfg, FIELDS)
   _concrete(cfg)
   model = cfg.get("model", "static")
   if model not in MODELS:
@@ -112,19 +106,18 @@ _MADE: dict[tuple, Membership] = {}
 def membership_from_config(section, ctx) -> Membership:
   """The :class:`~fedtree.core.membership.Membership` of a run's ``mobility`` section (the module)."""
   cfg = {k: plain(v) for k, v in dict(plain(section)).items()}
-  _check(cfg)
+  checked = _check(cfg)
   reads = label_counts(ctx.data).tobytes() if cfg.get("association") == "label_mix" else b""
   key = (json.dumps(cfg, sort_keys=True, default=str), ctx.topology, int(field(ctx.config, "rounds")),
          int(field(ctx.config, "seed")), reads, ctx.run is not None and "secure" in ctx.run)
   if key not in _MADE:
     if len(_MADE) >= 8:
       _MADE.pop(next(iter(_MADE)))
-    _MADE[key] = _membership(cfg, ctx)
+    _MADE[key] = _membership(cfg, ctx, *checked)
   return _MADE[key]
 
 
-def _membership(cfg: dict, ctx) -> Membership:
-  model, association, placement = _check(cfg)
+def _membership(cfg: dict, ctx, model: str, association: str, placement: str) -> Membership:
   if ctx.run is not None and "secure" in ctx.run:
     raise ValueError("a secure section under a moving membership: secure aggregation's groups are every "
                      "edge's fixed clients; run it on a fixed tree")
@@ -179,7 +172,7 @@ def _latency(path: str, n: int, num_edges: int) -> np.ndarray:
 
 def _failures(cfg: dict, membership: Membership, num_edges: int, rounds: int, seed: int,
               edge_pos) -> Membership:
-  _unknown("mobility.failures", cfg, FAILURE_FIELDS)
+  check_fields("mobility.failures", cfg, FAILURE_FIELDS)
   rule = cfg.get("rule", "wait")
   if rule not in mob.RULES:
     raise ValueError(f"mobility.failures.rule={rule!r}; choose one of {mob.RULES}")
