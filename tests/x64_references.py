@@ -226,34 +226,22 @@ def hierfavg_vs_reference(model, data, groups):
 
 
 def mobile_hierfavg_vs_reference(model, data, groups):
-  """test_mobility's moving HierFAVG (issue 54): a Markov membership over the three groups' edges with an
-  edge down two rounds (its clients wait), edges every round, the root every second, every member of a
-  live edge trains (four rounds); every node's model against the per-edge loop."""
+  """test_mobility's moving HierFAVG against its per-edge loop (``test_mobility._reference``), issue 54:
+  a Markov membership over the three groups' edges with an edge down two rounds (its clients wait),
+  edges every round, the root every second, every member of a live edge trains; four rounds."""
+  from test_mobility import STEPS, _reference
+
   from fedtree.toolbox import mobility
 
   groups = np.asarray(groups)
-  topo = Topology.from_labels(groups)
   membership = mobility.fail_edges(mobility.markov(groups, num_edges=3, num_rounds=4, dwell=2.0, seed=4),
                                    mobility.outage_trace([(1, 2, 3)], 3, 4), rule="wait")
-  sched, steps = _epochs(data)
-  alg = A.hierfavg(model=model, topology=topo, data=data, local_optimizer=optax.sgd(LR), schedule=sched,
+  alg = A.hierfavg(model=model, topology=Topology.from_labels(groups), data=data,
+                   local_optimizer=optax.sgd(LR), schedule=LocalSchedule(batch_size=B, steps=STEPS),
                    periods=(2,), chunk_size=3, membership=membership)
   key = jax.random.key(2)
   state, _ = bref.run_jit(alg, data, 4, key)
-  n = np.asarray(data.n_train, np.float64)
-  edges = [bref.start(alg)] * 3
-  for r in range(4):
-    rk = jax.random.fold_in(key, r)
-    member, live = membership.edges[r], membership.up[r]
-    slots = [(c, int(member[c])) for c in range(len(member)) if live[member[c]]]
-    trained = ref.client_models(model, edges, data, slots, rk, lr=LR, batch_size=B, num_steps=steps)
-    kids = [[c for c, p in slots if p == g] for g in range(3)]
-    edges = [ref.weighted_average([trained[c] for c in kids[g]], [n[c] for c in kids[g]]) if kids[g]
-             else edges[g] for g in range(3)]
-    if (r + 1) % 2 == 0:
-      w = [n[member == g].sum() if live[g] else 0.0 for g in range(3)]
-      root = ref.weighted_average(edges, w)
-      edges = [root if live[g] else edges[g] for g in range(3)]
+  edges = _reference(model, data, membership, bref.start(alg), 4, key, period=2)
   return _out([maxdiff(row(state.params[1], g), edges[g]) for g in range(3)], state.params)
 
 
