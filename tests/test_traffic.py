@@ -185,3 +185,44 @@ def test_an_edge_is_its_messages_times_one_message():
   assert not t.counted
   with pytest.raises(ValueError, match=r"edge='level' must be 'clients' or 'level<l>'"):
     edge_metrics("level", 1)
+
+
+def test_the_busiest_edge_of_every_round_is_summed_and_restored():
+  """Under a moving membership a round reports ``edge_clients_max``: the busiest edge took in that many
+  clients' messages; ``edge_peak_uplink_MB`` sums them over rounds and comes back from a logged row."""
+  from fedtree.core.tier import edge_metrics
+  from fedtree.toolbox.traffic import Traffic
+
+  def round_(sent, busiest):
+    m = {**edge_metrics("clients", sent), "edge_clients_max": busiest}
+    return {k: (v.item() if hasattr(v, "item") else v) for k, v in m.items()}
+
+  t = Traffic(100)
+  t.add(round_(6, 4))
+  t.add(round_(6, 5))
+  assert t.summary()["edge_peak_uplink_MB"] * 1e6 == pytest.approx(900.0)
+  assert t.summary()["uplink_MB"] * 1e6 == pytest.approx(1200.0)
+  back = Traffic(100)
+  back.restore(t.row())
+  back.add(round_(6, 3))
+  assert back.summary()["edge_peak_uplink_MB"] * 1e6 == pytest.approx(1200.0)
+  assert "edge_peak_uplink_MB" not in Traffic(100).summary() and "edge_peak_uplink_MB" not in _plain_summary()
+
+
+def _plain_summary():
+  from fedtree.core.tier import edge_metrics
+  from fedtree.toolbox.traffic import Traffic
+
+  t = Traffic(100)
+  t.add({k: v.item() for k, v in edge_metrics("clients", 3).items()})
+  return t.summary()
+
+
+def test_the_final_table_shows_the_busiest_edge_only_where_a_run_reports_it():
+  from fedtree.experiment.reporting import format_summary
+
+  moving = {"accuracy": 0.5, "uplink_MB": 2.0, "downlink_MB": 2.0, "edge_peak_uplink_MB": 1.25}
+  fixed = {"accuracy": 0.5, "uplink_MB": 2.0, "downlink_MB": 2.0}
+  table = format_summary({"mobile": {"global": moving}, "tree": {"global": fixed}})
+  assert "peak edge MB" in table and "1.250" in table
+  assert "peak edge MB" not in format_summary({"tree": {"global": fixed}})
