@@ -134,6 +134,12 @@ def complete_linkage_bipartition(sim: np.ndarray, members: list[int]) -> set[int
   return {m for g in groups if g is not first for m in g}
 
 
+def median(trees, weights):
+  """Every coordinate's median of the members' models (unweighted): a cluster's median aggregate
+  (its model minus the median of the members' updates against it)."""
+  return jax.tree.map(lambda *a: np.median(np.stack([np.asarray(x, np.float64) for x in a]), axis=0), *trees)
+
+
 def train_all(model, params_of_client, data, round_key, *, lr, batch_size, num_steps):
   """Every client's trained model from ``params_of_client[c]``."""
   train_key = stream(round_key, "train")
@@ -142,14 +148,15 @@ def train_all(model, params_of_client, data, round_key, *, lr, batch_size, num_s
 
 
 def awcfl_round(model, cluster_params, cluster_of, data, round_key, *, r, beta, start, iters, weights,
-                lr, batch_size, num_steps):
-  """One AWCFL round, every client taking part. Returns (new cluster params, new cluster_of)."""
+                lr, batch_size, num_steps, combine=wavg):
+  """One AWCFL round, every client taking part; ``combine(models, weights)`` aggregates a cluster
+  (the weighted mean, or :func:`median`). Returns (new cluster params, new cluster_of)."""
   k = len(cluster_params)
   c = data.num_clients
   trained = train_all(model, [cluster_params[cluster_of[i]] for i in range(c)], data, round_key,
                       lr=lr, batch_size=batch_size, num_steps=num_steps)
   if r <= start:
-    g = wavg(trained, weights)
+    g = combine(trained, weights)
     return [g] * k, np.zeros(c, np.int64)
   x = np.stack([flat(t) for t in trained])
   init = np.asarray(kmeans_plusplus(stream(round_key, "kmeans"), jnp.asarray(x), k))   # float32 but under x64
@@ -159,7 +166,7 @@ def awcfl_round(model, cluster_params, cluster_of, data, round_key, *, r, beta, 
   means = []
   for j in range(k):
     members = [i for i in range(c) if assign[i] == j]
-    means.append(wavg([trained[i] for i in members], [weights[i] for i in members]) if members
+    means.append(combine([trained[i] for i in members], [weights[i] for i in members]) if members
                  else cluster_params[j])
   if k == 1:
     return means, assign
@@ -179,24 +186,29 @@ def cluster_loss(model, params, data, c) -> float:
   return float(-np.mean([logp[i, int(data.y_train[c][i])] for i in range(n)]))
 
 
-def ifca_round(model, cluster_params, data, round_key, *, weights, lr, batch_size, num_steps):
-  """One IFCA round, every client taking part. Returns (new params, picks, losses [C, K])."""
+def ifca_round(model, cluster_params, data, round_key, *, weights, lr, batch_size, num_steps, combine=wavg,
+               received=None):
+  """One IFCA round, every client taking part; ``combine`` aggregates a cluster (as in
+  :func:`awcfl_round`), ``received(model)`` is what a client receives of a cluster's model (default:
+  the model). Returns (new params, picks, losses [C, K])."""
   k, c = len(cluster_params), data.num_clients
-  losses = np.array([[cluster_loss(model, cluster_params[j], data, i) for j in range(k)] for i in range(c)])
+  sent = [p if received is None else received(p) for p in cluster_params]
+  losses = np.array([[cluster_loss(model, sent[j], data, i) for j in range(k)] for i in range(c)])
   picks = losses.argmin(1)
-  trained = train_all(model, [cluster_params[picks[i]] for i in range(c)], data, round_key,
+  trained = train_all(model, [sent[picks[i]] for i in range(c)], data, round_key,
                       lr=lr, batch_size=batch_size, num_steps=num_steps)
   new = []
   for j in range(k):
     members = [i for i in range(c) if picks[i] == j]
-    new.append(wavg([trained[i] for i in members], [weights[i] for i in members]) if members
+    new.append(combine([trained[i] for i in members], [weights[i] for i in members]) if members
                else cluster_params[j])
   return new, picks, losses
 
 
 def cfl_round(model, cluster_params, cluster_of, num_clusters, data, round_key, *, eps1, eps2, weights,
-              lr, batch_size, num_steps, min_split_size=2, similarity_check=False):
-  """One CFL round, every client taking part. Returns (params, cluster_of, num_clusters)."""
+              lr, batch_size, num_steps, min_split_size=2, similarity_check=False, combine=wavg):
+  """One CFL round, every client taking part; ``combine`` aggregates a cluster (as in
+  :func:`awcfl_round`). Returns (params, cluster_of, num_clusters)."""
   k, c = len(cluster_params), data.num_clients
   trained = train_all(model, [cluster_params[cluster_of[i]] for i in range(c)], data, round_key,
                       lr=lr, batch_size=batch_size, num_steps=num_steps)
@@ -233,7 +245,7 @@ def cfl_round(model, cluster_params, cluster_of, num_clusters, data, round_key, 
   new = []
   for j in range(k):
     members = [i for i in range(c) if new_of[i] == j]
-    new.append(wavg([trained[i] for i in members], [weights[i] for i in members]) if members
+    new.append(combine([trained[i] for i in members], [weights[i] for i in members]) if members
                else cluster_params[origin[j]])
   return new, new_of, n_used
 

@@ -466,6 +466,7 @@ def test_cfl_with_similarity_check_matches_reference(problem):
     np.testing.assert_array_equal(np.asarray(state.cluster_of), cluster_of)
     assert int(state.num_clusters) == used
     close(state.params, ref.stack(params), tol=2e-5)
+  assert used > 1   # a split cluster's median from its own members
 
 
 def test_awcfl_ifca_beta0_is_ifca_and_beta_mixes_ifca_clusters(problem):
@@ -554,3 +555,148 @@ def test_composition_errors_name_the_value(problem):
     mcfl(num_clusters=2, clustering="ifca", cluster_start_round=3, **kw)
   with pytest.raises(ValueError, match="inter_cluster='both'"):
     cfl(max_clusters=2, inter_cluster="both", **kw)
+
+
+# -------------------------------------------------------------- the update path within clusters (issue 55)
+def _median_path():
+  from fedtree.core.updates import UpdatePath
+  from fedtree.toolbox import robust
+
+  return UpdatePath(aggregator=robust.median())
+
+
+def test_a_robust_aggregator_runs_within_each_cluster_as_the_loops_do(problem):
+  """IFCA (the clusters the clients pick), AWCFL (K-means after training, then β-mixing) and CFL
+  (splits) with the coordinate-wise median of each cluster's members: the loops' median of the
+  members' models, two rounds each, one compile."""
+  p, path = problem, _median_path()
+  alg, traces = count_traces(ifca(num_clusters=2, update_paths=path, **p["kw"]))
+  step, state = jax.jit(alg.round), alg.init(jax.random.key(1))
+  params = _rows(state.params, 2)
+  for r in (1, 2):
+    key = jax.random.key(40 + r)
+    state, _ = step(state, p["data"], key)
+    params, picks, _ = ref.ifca_round(p["model"], params, p["data"], key, weights=p["weights"], lr=LR,
+                                      batch_size=BATCH, num_steps=p["steps"], combine=ref.median)
+    np.testing.assert_array_equal(np.asarray(state.cluster_of), picks)
+    close(state.params, ref.stack(params), tol=2e-5)
+  assert len(traces) == 1
+
+  alg = awcfl(num_clusters=2, beta=0.3, cluster_start_round=1, kmeans_iters=5, update_paths=path, **p["kw"])
+  step, state = jax.jit(alg.round), alg.init(jax.random.key(0))
+  params, cluster_of = _rows(state.params, 2), np.zeros(6, np.int64)
+  for r in (1, 2):
+    key = jax.random.key(50 + r)
+    state, _ = step(state, p["data"], key)
+    params, cluster_of = ref.awcfl_round(p["model"], params, cluster_of, p["data"], key, r=r, beta=0.3,
+                                         start=1, iters=5, weights=p["weights"], lr=LR, batch_size=BATCH,
+                                         num_steps=p["steps"], combine=ref.median)
+    np.testing.assert_array_equal(np.asarray(state.cluster_of), cluster_of)
+    close(state.params, ref.stack(params), tol=2e-5)
+
+  alg = cfl(max_clusters=3, eps1=1e3, eps2=1e-4, similarity_check=False, update_paths=path, **p["kw"])
+  step, state = jax.jit(alg.round), alg.init(jax.random.key(0))
+  params, cluster_of, used = _rows(state.params, 3), np.zeros(6, np.int64), 1
+  for r in (1, 2):
+    key = jax.random.key(60 + r)
+    state, _ = step(state, p["data"], key)
+    params, cluster_of, used = ref.cfl_round(p["model"], params, cluster_of, used, p["data"], key, eps1=1e3,
+                                             eps2=1e-4, weights=p["weights"], lr=LR, batch_size=BATCH,
+                                             num_steps=p["steps"], combine=ref.median)
+    np.testing.assert_array_equal(np.asarray(state.cluster_of), cluster_of)
+    assert int(state.num_clusters) == used
+    close(state.params, ref.stack(params), tol=2e-5)
+  assert used > 1   # a split cluster's median from its own members
+
+
+def test_the_mean_aggregator_and_no_noise_within_clusters_are_todays_runs(problem):
+  """The path's aggregator taken per cluster reduces to today's mean of models: the blockwise mean
+  (a robust aggregator's machinery with the mean's estimate) and central DP with no noise and an
+  unreachable clip give today's IFCA."""
+  from fedtree.core.updates import UpdatePath
+  from fedtree.toolbox import privacy as dp
+  from fedtree.toolbox import robust
+
+  p = dict(problem)
+  kw = dict(p["kw"], weighting="uniform")
+  plain = loop.run(ifca(num_clusters=2, **kw), p["data"], num_rounds=2, key=jax.random.key(3))
+  for path in (UpdatePath(aggregator=robust.trimmed_mean(beta=0.0)),
+               UpdatePath(client=dp.clip(1e9), node=dp.central(0.0, 1e9))):
+    other = loop.run(ifca(num_clusters=2, update_paths=path, **kw), p["data"], num_rounds=2,
+                     key=jax.random.key(3))
+    np.testing.assert_array_equal(np.asarray(other.cluster_of), np.asarray(plain.cluster_of))
+    close(other.params, plain.params, tol=2e-5)
+
+
+def test_central_noise_is_added_once_to_every_clusters_sum(problem):
+  """IFCA with central DP: against the same run without noise, every picked cluster's model moves by
+  its noise over its members' count, N(0, (2 z C)^2) per coordinate (the counted normalisation's
+  std); the tolerance is 5 standard errors of a std estimated from D coordinates."""
+  from fedtree.core.updates import UpdatePath
+  from fedtree.toolbox import privacy as dp
+
+  p = problem
+  kw = dict(p["kw"], weighting="uniform")
+  z, c = 0.7, 0.5
+  runs = {}
+  for noise in (0.0, z):
+    alg = ifca(num_clusters=2, update_paths=UpdatePath(client=dp.clip(c), node=dp.central(noise, c)), **kw)
+    state = alg.init(jax.random.key(1))
+    runs[noise], metrics_ = jax.jit(alg.round)(state, p["data"], jax.random.key(7))
+  picks = np.asarray(runs[z].cluster_of)
+  np.testing.assert_array_equal(picks, np.asarray(runs[0.0].cluster_of))
+  for j in np.unique(picks):
+    count = int((picks == j).sum())
+    diff = ref.flat(ref.row(runs[z].params, j)) - ref.flat(ref.row(runs[0.0].params, j))
+    std = np.std(diff * count) / (2 * z * c)
+    assert abs(std - 1.0) < 5 / np.sqrt(2 * diff.size), (j, std, diff.size)
+  assert float(metrics_["dp_noise_std"]) == pytest.approx(2 * z * c)
+
+
+def test_ifca_with_a_compressed_downlink_picks_and_trains_from_what_it_received(problem):
+  """Every client receives the clusters' models cast to float16 (the downlink), picks by its loss on
+  them and trains from them; the clusters average the models sent back (the loop's), and each
+  client's downlink is the k models at 2 bytes a coordinate."""
+  from fedtree.core.updates import UpdatePath
+  from fedtree.toolbox import compression
+
+  p = problem
+  path = UpdatePath(down=compression.downlink(compression.fp16()))
+  alg = ifca(num_clusters=2, update_paths=path, **p["kw"])
+  step, state = jax.jit(alg.round), alg.init(jax.random.key(1))
+  params = _rows(state.params, 2)
+  half = lambda m: jax.tree.map(lambda a: np.asarray(a, np.float16).astype(np.float32), m)   # noqa: E731
+  for r in (1, 2):
+    key = jax.random.key(70 + r)
+    state, metrics_ = step(state, p["data"], key)
+    params, picks, _ = ref.ifca_round(p["model"], params, p["data"], key, weights=p["weights"], lr=LR,
+                                      batch_size=BATCH, num_steps=p["steps"], received=half)
+    np.testing.assert_array_equal(np.asarray(state.cluster_of), picks)
+    close(state.params, ref.stack(params), tol=2e-5)
+  size = sum(np.size(a) for a in jax.tree.leaves(ref.row(state.params, 0)))
+  assert int(metrics_["downlink_bytes"]) == 2 * 2 * size
+
+
+def test_privacy_within_clusters_is_refused_where_the_clustering_reads_what_it_does_not_cover(problem):
+  from fedtree.core.updates import UpdatePath, chain
+  from fedtree.toolbox import privacy as dp
+
+  kw = dict(problem["kw"], weighting="uniform")
+  central = UpdatePath(client=dp.clip(0.5), node=dp.central(0.5, 0.5))
+  local = UpdatePath(client=chain(dp.clip(0.5), dp.local_noise(0.5, 0.5)))
+  with pytest.raises(ValueError, match=r"cfl: central differential privacy .* clustering='cfl': .* no "
+                                       r"cluster's sum has a bounded sensitivity"):
+    cfl(max_clusters=2, update_paths=central, **kw)
+  with pytest.raises(ValueError, match=r"awcfl: central differential privacy .* clustering='kmeans'"):
+    awcfl(num_clusters=2, update_paths=central, **kw)
+  with pytest.raises(ValueError, match=r"ifca: local differential privacy .* reveals the pick"):
+    ifca(num_clusters=2, update_paths=local, **kw)
+  with pytest.raises(ValueError, match=r"mcfl: differential privacy .* feature means "
+                                       r"\(feature_examples=10\)"):
+    mcfl(num_clusters=2, clustering="ifca", update_paths=central, **kw)
+  adaptive = dp.Adaptive(initial_clip=0.5, target_quantile=0.5, learning_rate=0.2, count_noise=0.5)
+  with pytest.raises(ValueError, match=r"ifca: the node transform 'dp' keeps a state per cluster"):
+    ifca(num_clusters=2, update_paths=UpdatePath(client=dp.clip(adaptive_node="dp"),
+                                                 node=dp.central(0.5, adaptive=adaptive)), **kw)
+  ifca(num_clusters=2, update_paths=central, **kw)   # IFCA: each client moves one cluster's sum
+  cfl(max_clusters=2, update_paths=local, **kw)      # K-means and CFL read noised updates only

@@ -350,12 +350,20 @@ def test_every_algorithm_runs_with_privacy_on(name):
     with pytest.raises(ValueError, match=r"scaffold: differential privacy .* Δc_i"):
       spec.factory(**registry.factory_kwargs(name, run, ctx))
     return
+  if name in ("cfl", "ifca", "awcfl", "mcfl"):   # what each clustering covers (test_clustering)
+    with pytest.raises(ValueError, match=f"{name}: (central differential privacy|the node transform 'dp' "
+                                         f"keeps a state per cluster|differential privacy .* feature means)"):
+      spec.factory(**registry.factory_kwargs(name, run, ctx))
+    if name == "mcfl":   # its feature means travel unnoised
+      return
+    run.privacy = {"clip_norm": 0.5, "noise_multiplier": 0.3,
+                   **({} if name == "ifca" else {"mechanism": "local"})}
   try:
     if "adapters" in run:   # a method on LoRA adapters (issue 50): built on adapters of a frozen base
       built = registry.build_algorithm(name, run, ctx)
     else:
       built = spec.factory(**registry.factory_kwargs(name, run, ctx))
-  except ValueError as e:   # client stage only (B-HFL, the clustered family): local DP, fixed clip
+  except ValueError as e:   # client stage only (B-HFL): local DP, fixed clip
     assert "cannot run node transform 'dp'" in str(e), e
     run.privacy = {"clip_norm": 0.5, "noise_multiplier": 0.3, "mechanism": "local"}
     built = spec.factory(**registry.factory_kwargs(name, run, ctx))

@@ -308,4 +308,20 @@ def blocks(paths: Mapping[int, UpdatePath] | None, run: RunContext, param_bytes:
     block = membership.max_load if every else min(int(k), membership.max_load)
     return int(param_bytes), membership.num_edges * int(block), int(block), bool(pairwise)   # [E, block]
   cohort = run.cohort
+  clusters = _clusters(run)
+  if clusters:   # [K, S]: every cluster's block may hold the whole cohort (clustered FL)
+    return int(param_bytes), clusters * int(cohort.sum()), int(cohort.sum()), bool(pairwise)
   return int(param_bytes), int(cohort.sum()), int(cohort.max()), bool(pairwise)
+
+
+def _clusters(run: RunContext) -> int:
+  """The cluster slots of a clustered-FL run (its factory's ``num_clusters`` or ``max_clusters``),
+  0 for any other."""
+  import inspect
+
+  for name in ("num_clusters", "max_clusters"):
+    if name in run.params:
+      given = None if run.run is None else run.run.get(name, None)
+      value = run.params[name].default if given is None else given
+      return 0 if value is inspect.Parameter.empty else int(value)
+  return 0

@@ -35,7 +35,7 @@ from fedtree.algorithms.clustering.ops import (
   segment_mean_rows,
   stable_kmeans,
 )
-from fedtree.core.aggregation import weighted_mean
+from fedtree.core.aggregation import divide_by_weight, weighted_mean
 from fedtree.core.algorithm import (
   FederatedAlgorithm,
   PyTree,
@@ -53,7 +53,19 @@ from fedtree.core.rng import stream
 from fedtree.core.sampling import Cohort, CohortSampler, cohort_sampler
 from fedtree.core.server import init_nodes, select_nodes, update_nodes
 from fedtree.core.tier import Clients, Down, Tier, edge_metrics, train_cohort
-from fedtree.core.updates import UpdatePath, init_update_state, per_level_paths
+from fedtree.core.updates import (
+  Chunk,
+  UpdatePath,
+  accumulator,
+  finish,
+  init_update_state,
+  node_state_of,
+  path_stats,
+  per_level_paths,
+  send_down,
+  slot_positions,
+)
+from fedtree.toolbox.privacy import private_stages
 from fedtree.toolbox.traffic import model_bytes
 
 CLUSTERINGS = ("kmeans", "cfl", "ifca")
@@ -252,10 +264,15 @@ def clustered(
       sampled: no weight in its cluster's mean, no part in K-means or CFL's split, its
       cluster assignment (and MCFL feature mean) unchanged; counted in the
       ``clients_skipped`` metric (see :func:`fedtree.core.tier.train_cohort`).
-    update_paths: a client transform on every client's update (:mod:`fedtree.core.updates`):
-      the clusters aggregate the models the clients sent. The cluster means, K-means and CFL's
-      split are the family's own, so a blockwise aggregator, a node or a downlink transform is
-      refused by name.
+    update_paths: the clients' update path (:mod:`fedtree.core.updates`), run within each cluster:
+      the client transform on every client's update (the clusters aggregate, K-means and CFL's split
+      read, the models the clients sent); the aggregator (a robust one, an omniscient attack in front
+      of it) over each cluster's members after the round's assignment, on their updates against the
+      cluster's model (a mean of models, unchanged); the node transform on every cluster's aggregate
+      (central DP at the cluster servers); the downlink transform on the models sent (IFCA's losses
+      read what was received). Differential privacy is refused where the clustering reads what it
+      does not cover (:func:`check_private`), and a node transform with a state per cluster
+      (adaptive clipping) by name.
 
   Raises:
     ValueError: naming the bad value, for each argument above.
@@ -305,6 +322,7 @@ class _Plan:
   server_optimizer: optax.GradientTransformation
   sampler: CohortSampler
   tier: Tier
+  path: UpdatePath | None         # the clients' whole update path (the tier runs its client stage)
   init_params: PyTree | None
   test_data: tuple                # (x_test, n_test) for MCFL's query means
   num_clients: int
@@ -313,6 +331,12 @@ class _Plan:
   def mixing(self) -> bool:
     return (self.inter_cluster == "awcfl" and (isinstance(self.beta, jax.Array) or self.beta > 0.0)
             and self.k > 1)
+
+  @property
+  def per_cluster(self) -> bool:
+    """Whether the clusters aggregate through the path's aggregator and node stage (else: the
+    weighted mean of their members' models, as without a path)."""
+    return self.path is not None and not (self.path.aggregator.is_mean and self.path.node is None)
 
 
 def _check_clustering(clustering, inter_cluster, num_clusters, num_clients, beta, cluster_start_round,
@@ -346,6 +370,52 @@ def _check_clustering(clustering, inter_cluster, num_clusters, num_clients, beta
   return k, beta, start, None if feature_examples is None else int(feature_examples)
 
 
+def check_private(path: UpdatePath | None, clustering: str, feature_examples: int | None, name: str) -> None:
+  """Refuses differential privacy where the clustering reads what no privacy stage covers, by name:
+
+  * central noise at the clusters (a ``dp`` node transform) needs each client to move one cluster's
+    sum only, and by at most its clipped update: true of IFCA, whose clients each pick a cluster
+    from their own data and the (private) cluster models, not of K-means or CFL, which assign every
+    client from the raw updates of all (one client's update can move the others between clusters);
+  * local noise (the clients' privacy stage alone) covers what the server reads with K-means or
+    CFL (post-processing of noised updates), not IFCA's pick, which each client makes from its raw
+    data and reveals by the cluster its update joins;
+  * MCFL's feature means (of every client's own inputs) travel beside the update, unnoised.
+  """
+  stages = private_stages(path)
+  if not stages:
+    return
+  assert path is not None
+  central = path.node is not None and bool(private_stages(UpdatePath(node=path.node)))
+  if feature_examples is not None:
+    raise ValueError(f"{name}: differential privacy ({stages}) with MCFL's feature means "
+                     f"(feature_examples={feature_examples}): each client's mean of its own inputs travels "
+                     f"beside its update, unnoised; run it without the privacy section")
+  if central and clustering != "ifca":
+    raise ValueError(f"{name}: central differential privacy ({stages}) with clustering={clustering!r}: the "
+                     f"clusters are formed from every client's raw update, so one client can move others "
+                     f"between clusters and no cluster's sum has a bounded sensitivity; use "
+                     f"clustering='ifca' (each client picks its cluster itself) or mechanism='local'")
+  if not central and clustering == "ifca":
+    raise ValueError(f"{name}: local differential privacy ({stages}) with clustering='ifca': each client "
+                     f"picks its cluster by its raw loss and the cluster its update joins reveals the pick, "
+                     f"which no local noise covers; use central noise (the server is trusted with the picks)")
+
+
+def _check_node_state(path: UpdatePath | None, model: Model, k: int, name: str) -> None:
+  """Refuses a node transform that keeps a state per cluster (adaptive clipping's clip norm): it
+  would adapt to the clipped counts of the cluster each client trained in, summed before the
+  round's assignment."""
+  if path is None or path.node is None or path.node.init is None:
+    return
+  node = path.node
+  shapes = jax.eval_shape(lambda key: node.init(model.init(key), k), jax.random.key(0))
+  if jax.tree.leaves(shapes):
+    raise ValueError(f"{name}: the node transform {node.name!r} keeps a state per cluster (adaptive "
+                     f"clipping's clip norm), which would follow the clients' statistics of the cluster "
+                     f"they trained in, not the one the round assigns them to; use a fixed clip_norm")
+
+
 def _plan(*, model, data, local_optimizer, schedule, num_clusters, clustering, inter_cluster, beta,
           cluster_start_round, kmeans_iters, eps1, eps2, min_split_size, similarity_check, init,
           feature_examples, metric, server_optimizer, cohort_size, chunk_size, weighting, client_update,
@@ -357,17 +427,21 @@ def _plan(*, model, data, local_optimizer, schedule, num_clusters, clustering, i
     min_split_size, init, metric, feature_examples)
   check_weighting(weighting)
   sampler = cohort_sampler(np.zeros(num_clients, np.int32), cohort_size, chunk_size=chunk_size)
-  path = per_level_paths(update_paths, 1, algorithm=name, blockwise=False, node=False, down=False)[0]
+  path = per_level_paths(update_paths, 1, algorithm=name)[0]
+  check_private(path, clustering, feature_examples, name)
+  _check_node_state(path, model, k, name)
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
                                  compute_dtype=compute_dtype, stateless_for=name)
-  tier = Tier(client_update, path=path, chunk_size=sampler.chunk_size, batch_order=schedule.batch_order,
-              batch_size=schedule.batch_size, skip_nonfinite=skip_nonfinite, keep_client_params=True)
+  # The tier runs the path's client stage; the clusters, known after training, aggregate (_aggregate).
+  tier = Tier(client_update, path=None if path is None else UpdatePath(client=path.client),
+              chunk_size=sampler.chunk_size, batch_order=schedule.batch_order, batch_size=schedule.batch_size,
+              skip_nonfinite=skip_nonfinite, keep_client_params=True)
   return _Plan(
     model=model, schedule=schedule, k=k, clustering=clustering, inter_cluster=inter_cluster, beta=beta,
     start=start, kmeans_iters=int(kmeans_iters), eps1=eps1, eps2=eps2, min_split_size=int(min_split_size),
     similarity_check=bool(similarity_check), init=init, feature_examples=feature_examples, metric=metric,
     weighting=weighting, server_optimizer=optax.sgd(1.0) if server_optimizer is None else server_optimizer,
-    sampler=sampler, tier=tier, init_params=init_params,
+    sampler=sampler, tier=tier, path=path, init_params=init_params,
     test_data=(jnp.asarray(data.x_test), jnp.asarray(data.n_test)), num_clients=num_clients)
 
 
@@ -388,18 +462,18 @@ def _init(plan: _Plan, key) -> ClusterState:
     cluster_of=jnp.zeros((num_clients,), jnp.int32),
     num_clusters=jnp.asarray(1 if plan.clustering == "cfl" else k, jnp.int32), features=features,
     cursor=plan.schedule.init_cursor(num_clients),
-    update_state=init_update_state(plan.tier.path, jax.tree.map(lambda p: p[0], params), num_clients, k),
+    update_state=init_update_state(plan.path, jax.tree.map(lambda p: p[0], params), num_clients, k),
   )
 
 
 # ------------------------------------------------------------------------ the round's phases
-def _pick(plan: _Plan, state: ClusterState, cohort: Cohort, data: FederatedData) -> Cohort:
-  """The cluster each slot trains in: its client's current one, or (IFCA) the one whose model has
-  the lowest loss on its data."""
+def _pick(plan: _Plan, state: ClusterState, sent, cohort: Cohort, data: FederatedData) -> Cohort:
+  """The cluster each slot trains in: its client's current one, or (IFCA) the one whose model (as
+  received, ``sent``) has the lowest loss on its data."""
   if plan.clustering != "ifca":
     return cohort._replace(parent=jnp.take(state.cluster_of, cohort.clients))
   losses = cluster_losses(
-    plan.model, state.params, jnp.take(data.x_train, cohort.clients, axis=0),
+    plan.model, sent, jnp.take(data.x_train, cohort.clients, axis=0),
     jnp.take(data.y_train, cohort.clients, axis=0), jnp.take(data.n_train, cohort.clients),
     batch_size=plan.sampler.chunk_size,
   )
@@ -419,9 +493,10 @@ def _assign_kmeans(plan: _Plan, state, cohort, res, w, key, active_clustering) -
                     state.num_clusters, {"kmeans_inertia": jnp.where(active_clustering, km.inertia, 0.0)})
 
 
-def _assign_cfl(plan: _Plan, state, cohort, res, w, key, active_clustering) -> Assignment:
-  """CFL: clusters whose updates are stationary but diverse split in two."""
-  start_params = jax.tree.map(lambda p: jnp.take(p, cohort.parent, axis=0), state.params)
+def _assign_cfl(plan: _Plan, state, sent, cohort, res, w, key, active_clustering) -> Assignment:
+  """CFL: clusters whose updates are stationary but diverse split in two (every update against the
+  model its client received, ``sent``)."""
+  start_params = jax.tree.map(lambda p: jnp.take(p, cohort.parent, axis=0), sent)
   delta = jax.tree.map(jnp.subtract, start_params, res.client_params)   # θ_c - θ_i = -Δθ_i
   assign, origin, split, mean_norm, max_norm, cross = split_clusters(
     flatten_rows(delta), w, cohort.parent, cohort.valid, state.num_clusters, max_clusters=plan.k,
@@ -436,22 +511,44 @@ def _assign_cfl(plan: _Plan, state, cohort, res, w, key, active_clustering) -> A
   ))
 
 
-def _assign(plan: _Plan, state, cohort, res, w, key, active_clustering) -> Assignment:
+def _assign(plan: _Plan, state, sent, cohort, res, w, key, active_clustering) -> Assignment:
   """Every slot's cluster after training (IFCA: the one it trained in)."""
   if plan.clustering == "kmeans":
     return _assign_kmeans(plan, state, cohort, res, w, key, active_clustering)
   if plan.clustering == "cfl":
-    return _assign_cfl(plan, state, cohort, res, w, key, active_clustering)
+    return _assign_cfl(plan, state, sent, cohort, res, w, key, active_clustering)
   return Assignment(cohort.parent, jnp.arange(plan.k, dtype=jnp.int32), state.num_clusters, {})
 
 
-def _aggregate(plan: _Plan, state: ClusterState, res, w, a: Assignment):
-  """Every cluster's weighted mean of its members' models (a cluster without reports keeps its
-  model), from the models and optimizer states the clusters come from."""
-  base = jax.tree.map(lambda p: jnp.take(p, a.origin, axis=0), state.params)
-  base_opt = jax.tree.map(lambda s: jnp.take(s, a.origin, axis=0), state.opt_state)
-  means, total = weighted_mean(res.client_params, w, a.assign, plan.k)
-  return select_nodes(total > 0, means, base), total, base, base_opt   # no report: keep the model
+def _aggregate(plan: _Plan, state: ClusterState, res, w, cohort: Cohort, a: Assignment, key):
+  """Every cluster's aggregate of its members (a cluster without reports keeps its model), from the
+  models, optimizer and path states the clusters come from: the weighted mean of their models, or
+  (:attr:`_Plan.per_cluster`) the path's aggregator over their updates against the cluster's model
+  and its node stage on each cluster's sum. Returns ``(means, total, base, base_opt, update_state,
+  metrics)``."""
+  take = lambda t: jax.tree.map(lambda x: jnp.take(x, a.origin, axis=0), t)   # noqa: E731
+  base, base_opt = take(state.params), take(state.opt_state)
+  update_state = res.update_state
+  if not plan.per_cluster:
+    means, total = weighted_mean(res.client_params, w, a.assign, plan.k)
+    return select_nodes(total > 0, means, base), total, base, base_opt, update_state, {}
+  path, k = plan.path, plan.k
+  assert path is not None
+  update_state = update_state._replace(node=take(update_state.node))   # a split cluster's from its origin
+  anchor = jax.tree.map(lambda b: jnp.take(b, a.assign, axis=0), base)
+  deltas = jax.tree.map(jnp.subtract, anchor, res.client_params)
+  valid = cohort.valid
+  acc = accumulator(path.aggregator, block_size=int(sum(plan.sampler.sizes)))   # one cluster may get all
+  summed = acc.add(acc.init(base, k, w.dtype),
+                   Chunk(deltas, w, a.assign, slot_positions(a.assign, valid, k), cohort.clients, valid))
+  delta_sum, total, agg_stats = acc.finish(summed, stream(key, "aggregate"),
+                                           node_state_of(path, update_state))
+  reported = {"reported": jax.ops.segment_sum(valid.astype(w.dtype), a.assign, num_segments=k)}
+  delta_sum, total, update_state, node_stats = finish(path, update_state, delta_sum, total, reported,
+                                                      stream(key, "node"))
+  means = jax.tree.map(jnp.subtract, base, divide_by_weight(delta_sum, total))
+  metrics = path_stats({**agg_stats, **node_stats})
+  return select_nodes(total > 0, means, base), total, base, base_opt, update_state, metrics
 
 
 def _targets(plan: _Plan, means, total, a: Assignment, active_clustering):
@@ -481,7 +578,7 @@ def _update_features(plan: _Plan, features, cohort: Cohort, data: FederatedData,
                           seen=cohort.scatter(features.seen, True))
 
 
-def _metrics(plan: _Plan, state: ClusterState, res, a: Assignment, total, cluster_of) -> dict:
+def _metrics(plan: _Plan, state: ClusterState, res, a: Assignment, total, cluster_of, down_stats) -> dict:
   k = plan.k
   metrics = {
     **res.metrics(plan.tier.skip_nonfinite),
@@ -491,10 +588,12 @@ def _metrics(plan: _Plan, state: ClusterState, res, a: Assignment, total, cluste
     "clusters_picked": jnp.sum((total > 0).astype(jnp.int32)),
     **a.metrics,
   }
+  metrics.update(path_stats(down_stats, "downlink_"))
   if plan.clustering == "ifca":   # every sampled client receives all k models (one message: toolbox.traffic)
     metrics["clients_received_models"] = jnp.asarray(k, jnp.int32)
-    metrics.update(edge_metrics("clients", res.messages(),
-                                downlink_bytes=model_bytes(state.params, stacked=True) * k))
+    each = down_stats.get("bytes")
+    metrics.update(edge_metrics("clients", res.messages(), downlink_bytes=(
+      model_bytes(state.params, stacked=True) * k if each is None else jnp.sum(each))))
   return metrics
 
 
@@ -505,15 +604,16 @@ def _round(plan: _Plan, state: ClusterState, data: FederatedData, key):
   if plan.clustering == "ifca" or plan.feature_examples is not None:
     data.require_padded("IFCA's cluster losses and MCFL's feature means (clustered FL)")
   w_client = client_weights(data.n_train, plan.weighting)
-  cohort = _pick(plan, state, plan.sampler(stream(key, "cohort")), data)
-  res = train_cohort(plan.tier, Down(state.params), cohort, data,
+  sent, down_stats = send_down(plan.path, state.params, stream(key, "down"))   # the clusters' models received
+  cohort = _pick(plan, state, sent, plan.sampler(stream(key, "cohort")), data)
+  res = train_cohort(plan.tier, Down(sent), cohort, data,
                      Clients(plan.schedule.num_steps(data.n_train), w_client, cursor=state.cursor,
                              update_state=state.update_state), stream(key, "train"))
   # The slots whose update counts: the cohort, less the clients skipped for a non-finite one.
   cohort = cohort._replace(valid=cohort.valid & jnp.take(res.reported, cohort.clients))
   w = jnp.where(cohort.valid, jnp.take(w_client, cohort.clients), 0.0)
-  a = _assign(plan, state, cohort, res, w, key, active_clustering)
-  means, total, base, base_opt = _aggregate(plan, state, res, w, a)
+  a = _assign(plan, state, sent, cohort, res, w, key, active_clustering)
+  means, total, base, base_opt, update_state, path_metrics = _aggregate(plan, state, res, w, cohort, a, key)
   target, active = _targets(plan, means, total, a, active_clustering)
   pseudo_grad = jax.tree.map(jnp.subtract, base, target)
   params, opt_state = update_nodes(plan.server_optimizer, base, base_opt, pseudo_grad, active)
@@ -521,9 +621,9 @@ def _round(plan: _Plan, state: ClusterState, data: FederatedData, key):
   features = state.features
   if plan.feature_examples is not None:
     features = _update_features(plan, features, cohort, data, key)
-  metrics = _metrics(plan, state, res, a, total, cluster_of)
+  metrics = {**_metrics(plan, state, res, a, total, cluster_of, down_stats), **path_metrics}
   return state.replace(round=r, params=params, opt_state=opt_state, cluster_of=cluster_of,
-                       update_state=res.update_state, num_clusters=a.num_in_use, features=features,
+                       update_state=update_state, num_clusters=a.num_in_use, features=features,
                        cursor=res.cursor), metrics
 
 

@@ -158,6 +158,11 @@ client under one group, then under its data group). The expected cohort of a fix
 is per parent, so ``normalize="fixed"`` is refused for them; ε is accounted at the rate of the
 stage that samples most (the data groups'), for every round: an upper bound."""
 
+CLUSTERED = ("cfl", "ifca", "awcfl", "mcfl")
+"""Algorithms whose parents are clusters: a cluster's expected cohort depends on which clients join
+it in the round, so ``normalize="fixed"`` is refused for them (the counted one divides by the
+members' noised count)."""
+
 
 def plain_upper_levels(run: RunContext) -> bool:
   """Whether noise above the clients' parents has the sensitivity derived in the module docstring
@@ -388,6 +393,10 @@ def _normalization(section: dict, run, *, adjacency: str, sampling: str) -> str:
     raise ValueError(f"normalize='fixed' with algorithm={algorithm!r}: its stages aggregate the same clients "
                      f"under different parents (one group, then the data groups), and a fixed normalisation "
                      f"needs one expected cohort per parent; use normalize='count'")
+  if normalize == "fixed" and algorithm in CLUSTERED:
+    raise ValueError(f"normalize='fixed' with algorithm={algorithm!r}: its parents are clusters, and a "
+                     f"cluster's expected cohort depends on which clients join it in the round; use "
+                     f"normalize='count'")
   if sampling == "poisson" and normalize == "count":
     raise ValueError("normalize='count' with sampling='poisson': the actual count of a Poisson cohort is "
                      "private and dividing by it has no bounded sensitivity; use normalize='fixed'")
