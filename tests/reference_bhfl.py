@@ -37,7 +37,10 @@ class ReferenceBHFL:
 
   def __init__(self, *, model, topology, schedule, local_opt, up_opts, down_opts, periods,
                sampler, weighting, buffers, latencies, exponent, proxy, proxy_opt, proxy_sched,
-               residual_k, residual_opt, residual_down, direct_opt, init_params):
+               residual_k, residual_opt, residual_down, direct_opt, init_params, edge_combine=None,
+               received=None):
+    """``edge_combine(updates, weights)``: an edge's aggregate of the updates it takes (default their
+    weighted mean); ``received(model)``: what a client receives of its edge's model (default: it)."""
     self.__dict__.update(locals())
     d = topology.depth
     self.depth = d
@@ -118,8 +121,11 @@ class ReferenceBHFL:
         agg[n] = True
         ws = [w_node[lv + 1][i] * (1 + self.version[lv][n] - self.pending[lv + 1][i]["version"])
               ** (-self.exponent) for i in used]
-        delta = tmap(lambda *us, ws=ws: sum(w * u for w, u in zip(ws, us, strict=True)) / sum(ws),
-                     *[self.pending[lv + 1][i]["u"] for i in used])
+        us = [self.pending[lv + 1][i]["u"] for i in used]
+        if lv == d - 1 and self.edge_combine is not None:
+          delta = self.edge_combine(us, ws)
+        else:
+          delta = tmap(lambda *us, ws=ws: sum(w * u for w, u in zip(ws, us, strict=True)) / sum(ws), *us)
         upd, self.up_state[lv][n] = self.up_opts[lv].update(delta, self.up_state[lv][n],
                                                             self.params[lv][n])
         self.params[lv][n] = optax.apply_updates(self.params[lv][n], upd)
@@ -164,9 +170,11 @@ class ReferenceBHFL:
       recv = [sent[par[i]] for i in range(len(par))]
       for i in range(len(par)):
         if recv[i]:
+          source = self.params[lv][par[i]]
+          if lv + 1 == d and self.received is not None:
+            source = self.received(source)
           self.params[lv + 1][i], self.down_state[lv + 1][i] = self._down(
-            self.down_opts[lv], self.params[lv + 1][i], self.down_state[lv + 1][i],
-            self.params[lv][par[i]])
+            self.down_opts[lv], self.params[lv + 1][i], self.down_state[lv + 1][i], source)
       if self.residual_down and lv + 1 == d - 1 and aggregated[0][0]:
         for i in range(len(par)):
           self.params[lv + 1][i], self.direct_state[i] = self._down(

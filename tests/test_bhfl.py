@@ -78,6 +78,7 @@ def _pair(**kw):
   proxy = {lv: proxy_from_clients(data, topo, lv, n, seed=lv) for lv, n in proxy.items()}
   lats = kw.pop("latencies", (Latency(),) * d)
   buffers = kw.pop("buffers", (None,) * d)
+  edge_combine, received = kw.pop("edge_combine", None), kw.pop("received", None)
   alg = bhfl(model=model, topology=topo, data=data, local_optimizer=optax.sgd(0.1),
              schedule=sched, up_optimizers=up, down_optimizers=down, cohort_size=cohort,
              proxy=proxy, proxy_schedule=LocalSchedule(batch_size=4, epochs=None, steps=2),
@@ -93,7 +94,7 @@ def _pair(**kw):
     residual_k=kw.get("residual_k", 0), residual_opt=kw.get("residual_optimizer") or optax.sgd(1.0),
     residual_down=kw.get("residual_down", False),
     direct_opt=kw.get("residual_down_optimizer") or optax.sgd(0.5),
-    init_params=model.init(jax.random.key(0)),
+    init_params=model.init(jax.random.key(0)), edge_combine=edge_combine, received=received,
   )
   return topo, data, alg, ref
 
@@ -248,3 +249,47 @@ def test_level_report_reuses_the_runs_evaluation_of_the_levels():
           for lv in range(topo.depth + 1)}
   rows = level_table(model, state.params, topo, data, summaries=fake)
   assert all(r["subtree_accuracy"] == 0.25 and r["subtree_client_mean"] == 0.5 for r in rows)
+
+
+def _median(updates, weights):
+  """An edge's coordinate-wise median of the updates it takes (unweighted, as the aggregator's)."""
+  return jax.tree.map(lambda *a: jnp.asarray(np.median(np.stack([np.asarray(x) for x in a]), axis=0)),
+                      *updates)
+
+
+@pytest.mark.parametrize("cohort,buffers", [([2, 2, 2], (None, None, None)), ([2, 2, 2], (None, 1, 2))])
+def test_a_robust_aggregator_at_the_edges_takes_what_each_edge_takes_from_its_buffer(cohort, buffers):
+  """Issue 55: the median at B-HFL's edge servers, over the updates each edge takes from its buffer
+  (asynchronous, stale ones included), against the per-node loop with the median at the edges."""
+  from fedtree.core.updates import UpdatePath
+  from fedtree.toolbox import robust
+
+  topo, data, alg, ref = _pair(
+    latencies=(Latency("uniform", low=0.0, high=1.5), Latency("constant", mean=0.4),
+               Latency("exponential", mean=0.7)),
+    buffers=buffers, staleness_exponent=0.5, cohort=cohort,
+    update_paths=UpdatePath(aggregator=robust.median()), edge_combine=_median)
+  _compare(topo, data, alg, ref, rounds=4)
+
+
+def test_a_compressed_downlink_reaches_the_clients_through_their_down_merge():
+  """Issue 55: the edges send their clients float16 models, which the clients merge through their
+  down optimizer; the clients' downlink counts 2 bytes a coordinate."""
+  from fedtree.core.updates import UpdatePath
+  from fedtree.toolbox import compression
+
+  half = lambda m: jax.tree.map(lambda a: jnp.asarray(a, jnp.float16).astype(a.dtype), m)   # noqa: E731
+  topo, data, alg, ref = _pair(update_paths=UpdatePath(down=compression.downlink(compression.fp16())),
+                               received=half)
+  state, metrics = _compare(topo, data, alg, ref, rounds=3)
+  size = sum(np.size(a) for a in jax.tree.leaves(ref.params[0][0]))
+  assert int(metrics[-1]["downlink_bytes"]) == 2 * size
+
+
+def test_central_noise_at_the_edges_is_refused_by_name():
+  from fedtree.core.updates import UpdatePath
+  from fedtree.toolbox import privacy as dp
+
+  with pytest.raises(ValueError, match=r"bhfl: central differential privacy \('dp'\) at the edge servers: .* "
+                                       r"staleness"):
+    _pair(update_paths=UpdatePath(client=dp.clip(0.5), node=dp.central(0.5, 0.5)))

@@ -24,7 +24,7 @@ import optax
 from flax import struct
 
 from fedtree.algorithms.hierarchical.bhfl.asynchrony import Latency, first_arrivals, segment_rank
-from fedtree.core.aggregation import staleness_weight, weighted_mean, weighted_segment_sum
+from fedtree.core.aggregation import divide_by_weight, staleness_weight, weighted_mean, weighted_segment_sum
 from fedtree.core.algorithm import (
   CLIENT_ROWS,
   UNNAMED,
@@ -60,12 +60,20 @@ from fedtree.core.server import down_nodes, init_nodes, select_nodes, update_nod
 from fedtree.core.tier import Clients, Down, Tier, edge_metrics, train_cohort
 from fedtree.core.topology import Topology
 from fedtree.core.updates import (
+  Chunk,
   UpdatePath,
+  accumulator,
+  finish,
   init_update_state,
+  node_state_of,
   path_metrics,
+  path_stats,
   per_level_paths,
+  send_down,
+  slot_positions,
   transform_children,
 )
+from fedtree.toolbox.privacy import private_stages
 
 PyTree = Any
 
@@ -321,10 +329,13 @@ def bhfl(
       if not sampled (its examples still weigh its ancestors at the levels above, as
       HierFAVG's do); counted in the ``clients_skipped`` metric (see
       :func:`fedtree.core.tier.train_cohort`).
-    update_paths: a client transform on the update every client sends to its edge server
-      (:mod:`fedtree.core.updates`); the client keeps its own untransformed model. The servers
-      merge what arrives, asynchronously, by their own rule, so a blockwise aggregator, a node
-      or a downlink transform is refused by name.
+    update_paths: the update path at the edge servers (:mod:`fedtree.core.updates`): a client
+      transform on the update every client sends (the client keeps its own untransformed model); the
+      aggregator (a robust one, an omniscient attack in front of it) over the updates each edge takes
+      from its buffer, weighted by staleness as the mean is; a node transform on each edge's
+      aggregate; a downlink transform on the models the edges send their clients. Central noise at
+      the edges is refused by name (an edge's sum mixes updates of earlier rounds, scaled by their
+      staleness, which the per-round accounting does not bound); local noise runs.
     name: label for reports.
 
   Raises:
@@ -367,16 +378,17 @@ def bhfl(
   check_client_update(client_update, "bhfl", own_model=True)
   tier = Tier(client_update, chunk_size=sampler.chunk_size, parent_aligned=sampler.parent_aligned,
               batch_order=schedule.batch_order, batch_size=schedule.batch_size, skip_nonfinite=skip_nonfinite)
-  path = per_level_paths(update_paths, depth, algorithm=name, supported_levels=(depth - 1,),
-                         blockwise=False, node=False, down=False)[depth - 1]
+  path = per_level_paths(update_paths, depth, algorithm=name, supported_levels=(depth - 1,))[depth - 1]
+  _check_edge_path(path, name)
   parents = [None] + [np.asarray(topology.parent(lv)) for lv in range(1, depth + 1)]
   ancestors = [np.asarray(topology.ancestor(lv)) for lv in range(depth + 1)]
   nums = [topology.num_nodes(lv) for lv in range(depth + 1)]
   num_clients = topology.num_clients
   num_links = num_edges * residual_k
+  edge_block = int(np.bincount(np.asarray(topology.parent(depth)), minlength=num_edges).max())
   plan = _Plan(
     depth=depth, parents=parents, ancestors=ancestors, nums=nums, sampler=sampler, schedule=schedule,
-    tier=tier, path=path, lats=lats, periods=periods, buffers=buffers,
+    tier=tier, path=path, edge_block=edge_block, lats=lats, periods=periods, buffers=buffers,
     staleness_exponent=staleness_exponent, proxy=proxy, proxy_sched=proxy_sched, proxy_opt=proxy_opt,
     proxy_step=proxy_step, residual_k=residual_k, num_links=num_links, residual_opt=residual_opt,
     direct_opt=direct_opt, residual_down=residual_down, down_opts=down_opts, up_opts=up_opts, model=model,
@@ -384,6 +396,14 @@ def bhfl(
     topology=topology)
   return FederatedAlgorithm(init=functools.partial(_init, plan), round=functools.partial(_round_fn, plan),
                             models=functools.partial(_models, plan), name=name)
+
+
+def _check_edge_path(path: UpdatePath | None, name: str) -> None:
+  """Refuses central noise at the edge servers by name (see :func:`bhfl`'s ``update_paths``)."""
+  if path is not None and path.node is not None and private_stages(UpdatePath(node=path.node)):
+    raise ValueError(f"{name}: central differential privacy ({path.node.name!r}) at the edge servers: an "
+                     f"edge's sum mixes updates trained in earlier rounds, each scaled by its staleness, "
+                     f"which the per-round accounting does not bound; use mechanism='local'")
 
 
 def _check_residual(residual_k, residual_down, buffers, cohort_per_edge, depth: int) -> int:
@@ -453,6 +473,7 @@ class _Plan:
   schedule: Any
   tier: Any
   path: Any
+  edge_block: Any    # the most clients under one edge: an edge's buffer holds at most one update of each
   lats: Any
   periods: Any
   buffers: Any
@@ -562,10 +583,37 @@ def _train_clients(plan: _Plan, levels: list[Level], cursor, update_state, data:
   return levels, res, update_state
 
 
-def _aggregate_level(plan: _Plan, levels: list[Level], lv: int, r, t0, w_child, lat_key, key, metrics):
+def _edge_path(plan: _Plan) -> UpdatePath | None:
+  """The update path when the edges aggregate through its aggregator or node stage, else ``None``."""
+  path = plan.path
+  return None if path is None or (path.aggregator.is_mean and path.node is None) else path
+
+
+def _edge_aggregate(plan: _Plan, edge_params, update, wt, use, update_state, key, metrics):
+  """Every edge's aggregate of the updates it takes (``use``) through the path's aggregator and node
+  stage, the staleness-scaled weights ``wt`` as the mean's. Returns ``(delta [E, ...], update_state)``."""
+  path, n = _edge_path(plan), plan.nums[plan.depth - 1]
+  assert path is not None
+  par = jnp.asarray(plan.parents[plan.depth])
+  acc = accumulator(path.aggregator, block_size=plan.edge_block)
+  ids = jnp.arange(plan.num_clients, dtype=jnp.int32)
+  summed = acc.add(acc.init(edge_params, n, wt.dtype),
+                   Chunk(update, wt, par, slot_positions(par, use, n), ids, use))
+  delta_sum, total, agg_stats = acc.finish(summed, stream(key, "aggregate"),
+                                           node_state_of(path, update_state))
+  reported = {"reported": jax.ops.segment_sum(use.astype(wt.dtype), par, num_segments=n)}
+  delta_sum, total, update_state, node_stats = finish(path, update_state, delta_sum, total, reported,
+                                                      stream(key, "node"))
+  metrics.update(path_stats({**agg_stats, **node_stats}))
+  return divide_by_weight(delta_sum, total), update_state
+
+
+def _aggregate_level(plan: _Plan, levels: list[Level], lv: int, r, t0, w_child, lat_key, key, metrics,
+                     update_state):
   """Server level ``lv`` aggregates the updates of its children that arrived (period,
-  buffer and staleness rules), steps its up optimizer, trains on its proxy data, and sends
-  its own update to its parent. Returns the levels and the children's updates it used."""
+  buffer and staleness rules; the edges through the update path's aggregator and node stage),
+  steps its up optimizer, trains on its proxy data, and sends its own update to its parent.
+  Returns the levels, the children's updates it used and the path's state."""
   node, child = levels[lv], levels[lv + 1]
   par = jnp.asarray(plan.parents[lv + 1])
   p = child.pending
@@ -577,7 +625,10 @@ def _aggregate_level(plan: _Plan, levels: list[Level], lv: int, r, t0, w_child, 
   use = sel & jnp.take(agg, par)
   stale = jnp.take(node.version, par) - p.version
   wt = jnp.where(use, w_child * staleness_weight(stale, plan.staleness_exponent), 0.0)
-  delta, _ = weighted_mean(p.update, wt, par, plan.nums[lv])
+  if lv == plan.depth - 1 and _edge_path(plan) is not None:
+    delta, update_state = _edge_aggregate(plan, node.params, p.update, wt, use, update_state, key, metrics)
+  else:
+    delta, _ = weighted_mean(p.update, wt, par, plan.nums[lv])
   params, up = update_nodes(plan.up_opts[lv], node.params, node.up, delta, agg)
   send_time = jnp.maximum(
     jax.ops.segment_max(jnp.where(use, p.arrival, -jnp.inf), par, num_segments=plan.nums[lv]), t0)
@@ -599,7 +650,7 @@ def _aggregate_level(plan: _Plan, levels: list[Level], lv: int, r, t0, w_child, 
     node = node._replace(pending=_send(node.pending, agg, u, arrival,
                                       jnp.take(parent.version, jnp.asarray(plan.parents[lv]))))
   levels[lv], levels[lv + 1] = node, child._replace(pending=p.replace(has=p.has & ~use))
-  return levels, p, use
+  return levels, p, use, update_state
 
 
 def _residual_links(plan: _Plan, p: Pending, use):
@@ -615,14 +666,15 @@ def _residual_links(plan: _Plan, p: Pending, use):
   return update, has
 
 
-def _aggregate_up(plan: _Plan, levels: list[Level], r, t0, w_nodes, lat_key, key, metrics):
+def _aggregate_up(plan: _Plan, levels: list[Level], r, t0, w_nodes, lat_key, key, metrics, update_state):
   """Leaf-to-root: every server level aggregates, the edges first."""
   residual = None
   for lv in range(plan.depth - 1, -1, -1):
-    levels, used, use = _aggregate_level(plan, levels, lv, r, t0, w_nodes[lv + 1], lat_key, key, metrics)
+    levels, used, use, update_state = _aggregate_level(plan, levels, lv, r, t0, w_nodes[lv + 1], lat_key, key,
+                                                       metrics, update_state)
     if plan.residual_k and lv == plan.depth - 1:
       residual = _residual_links(plan, used, use)
-  return levels, residual
+  return levels, residual, update_state
 
 
 def _residual_into_root(plan: _Plan, levels: list[Level], residual_state, residual, metrics):
@@ -643,16 +695,21 @@ def _residual_into_root(plan: _Plan, levels: list[Level], residual_state, residu
   return levels, residual_state
 
 
-def _merge_down(plan: _Plan, levels: list[Level], direct_state, metrics):
+def _merge_down(plan: _Plan, levels: list[Level], direct_state, metrics, key):
   """Root-to-leaf: every node that received its parent's new model merges it through its
-  down optimizer (a node receives when its parent aggregated or received this round); the
-  models sent down every edge are counted (:mod:`fedtree.toolbox.traffic`)."""
+  down optimizer (a node receives when its parent aggregated or received this round; a client, its
+  edge's model through the update path's downlink transform); the models sent down every edge are
+  counted (:mod:`fedtree.toolbox.traffic`)."""
   sent = levels[0].aggregated
   for lv in range(plan.depth):
     child, node = lv + 1, levels[lv + 1]
     recv = jnp.take(sent, jnp.asarray(plan.parents[child]))
+    source = levels[lv].params
+    if child == plan.depth:   # what the edges send their clients
+      source, down_stats = send_down(plan.path, source, stream(key, "down"))
+      metrics.update(path_stats(down_stats, "downlink_"))
     params, down = down_nodes(plan.down_opts[lv], node.params, node.down,
-                              _take(levels[lv].params, plan.parents[child]), recv)
+                              _take(source, plan.parents[child]), recv)
     received = jnp.sum(recv.astype(jnp.int32))   # models sent down this edge (toolbox.traffic)
     metrics["clients_received" if child == plan.depth else f"level{lv}_children_received"] = received
     if plan.residual_down and child == plan.depth - 1:
@@ -680,9 +737,10 @@ def _round_fn(plan: _Plan, state: BHFLState, data: FederatedData, key):
   levels = _levels_of(plan, state)
   levels, res, update_state = _train_clients(plan, levels, state.cursor, state.update_state, data, w_client,
                                             t0, lat_key, key, metrics)
-  levels, residual = _aggregate_up(plan, levels, r, t0, w_nodes, lat_key, key, metrics)
+  levels, residual, update_state = _aggregate_up(plan, levels, r, t0, w_nodes, lat_key, key, metrics,
+                                                 update_state)
   levels, residual_state = _residual_into_root(plan, levels, state.residual_state, residual, metrics)
-  levels, direct_state = _merge_down(plan, levels, state.direct_state, metrics)
+  levels, direct_state = _merge_down(plan, levels, state.direct_state, metrics, key)
   metrics.update(res.metrics(plan.skip_nonfinite))
   # the models that went up and down every edge (toolbox.traffic): a level's children sent what
   # aggregated (and the residual links), received what its down-merges delivered
