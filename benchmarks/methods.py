@@ -129,7 +129,34 @@ CAPABILITIES: dict[str, Callable[[dict, workloads.Workload], algorithms.Federate
 }
 """FedAvg with one capability each (module docstring), timed when named in ``--methods``."""
 
-ROWS = {**METHODS, **CAPABILITIES}
+
+
+def _edges(c: dict) -> dict:
+  """``c`` on a tree of 4 edge servers under a root (B-HFL's, which needs one), clients dealt round-robin."""
+  from fedtree.core.topology import Topology
+
+  n = c["data"].num_clients
+  return {**c, "topology": Topology.from_labels(np.arange(n) % 4),
+          "cohort_size": None if c["cohort_size"] is None else max(c["cohort_size"] // 4, 1)}
+
+
+_MEDIAN = UpdatePath(aggregator=robust.median())
+COMPOSED: dict[str, Callable[[dict, workloads.Workload], algorithms.FederatedAlgorithm]] = {
+  "ifca": lambda c, w: algorithms.ifca(num_clusters=2, **c),
+  "ifca_median": lambda c, w: algorithms.ifca(num_clusters=2, update_paths=_MEDIAN, **c),
+  "ifca_dp": lambda c, w: algorithms.ifca(num_clusters=2, update_paths=dp_path(1.0, 1.0),
+                                          **{**c, "weighting": "uniform"}),
+  "cfl": lambda c, w: algorithms.cfl(max_clusters=2, **c),
+  "cfl_median": lambda c, w: algorithms.cfl(max_clusters=2, update_paths=_MEDIAN, **c),
+  "bhfl": lambda c, w: algorithms.bhfl(**_edges(c)),
+  "bhfl_median": lambda c, w: algorithms.bhfl(update_paths=_MEDIAN, **_edges(c)),
+}
+"""The compositions issue 55 opened (named with ``--methods``, never run by default): the robust
+aggregator within IFCA's and CFL's clusters and at B-HFL's edges, central DP at IFCA's clusters, beside
+each method's plain round; ``x plain`` is a composed row's time per client update over its plain
+method's (the name before ``_``) in the same turn."""
+
+ROWS = {**METHODS, **CAPABILITIES, **COMPOSED}
 
 
 def measure(w: workloads.Workload, names: list[str], *, rounds: int, repeats: int,
@@ -182,6 +209,11 @@ def _rows(out: dict[str, dict], names: list[str]) -> list[dict]:
         r[f"{clock}_vs_fedavg"] = statistics.median(paired)
         r[f"{clock}_vs_fedavg_range"] = (min(paired), max(paired))
     rows.append(r)
+  for r in rows:   # a composition over its plain method's round (COMPOSED), paired by turn
+    plain = out.get(r["method"].split("_")[0]) if "_" in r["method"] else None
+    if plain is not None and plain is not out[r["method"]]:
+      paired = [m / f for m, f in zip(r["cpu"], plain["cpu"], strict=True)]
+      r["cpu_vs_plain"] = statistics.median(paired)
   return rows
 
 
@@ -200,6 +232,8 @@ def table(w: workloads.Workload, rows: list[dict], load: tuple[float, float, flo
     lines.append(f"{r['method']:{width}s} {r['cpu_s_per_round']:12.4f} {r['client_updates_per_cpu_s']:10.0f} "
                  f"{_ratio(r, 'cpu'):>19s} {r['wall_s_per_round']:13.4f} "
                  f"{r['client_updates_per_wall_s']:11.0f} {_ratio(r, 'wall'):>19s} {r['compile_s']:10.1f}")
+  lines += [f"{r['method']}: {r['cpu_vs_plain']:.2f}x {r['method'].split('_')[0]}'s round (CPU time)"
+            for r in rows if "cpu_vs_plain" in r]
   return "\n".join(lines)
 
 
@@ -208,7 +242,8 @@ def main(argv=None) -> list[dict]:
   p.add_argument("--workload", choices=("a", "b"), default="a")
   p.add_argument("--clients", type=int, default=100)
   p.add_argument("--methods", default=",".join(METHODS),
-                 help=f"comma-separated (default: every method); also {', '.join(CAPABILITIES)}")
+                 help=f"comma-separated (default: every method); also "
+                      f"{', '.join({**CAPABILITIES, **COMPOSED})}")
   p.add_argument("--rounds", type=int, default=5, help="rounds fused per timed call")
   p.add_argument("--repeats", type=int, default=5, help="timed calls per method (interleaved)")
   p.add_argument("--tag", default="methods")

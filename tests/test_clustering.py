@@ -700,3 +700,25 @@ def test_privacy_within_clusters_is_refused_where_the_clustering_reads_what_it_d
                                                  node=dp.central(0.5, adaptive=adaptive)), **kw)
   ifca(num_clusters=2, update_paths=central, **kw)   # IFCA: each client moves one cluster's sum
   cfl(max_clusters=2, update_paths=local, **kw)      # K-means and CFL read noised updates only
+
+
+def test_the_robust_variant_attacks_every_run_but_one_and_builds_them():
+  """``configs/clustered.py:robust`` (issue 55): FedAvg without the attack, FedAvg, IFCA and CFL under
+  the sign flip with the mean and with the median; every run is resolved as the runner resolves it
+  (its figures: the slow tests/test_config_figures.py)."""
+  from fedtree.experiment import runner
+  from fedtree.experiment.run import resolve
+
+  c = runner.prepare_config(load_config("clustered", "robust"))
+  runner.validate_config(c)
+  attacked = [label for label, run in c.runs.items() if "attack" in run]
+  assert sorted(attacked) == sorted(set(c.run_order) - {"fedavg"})
+  assert {label for label, run in c.runs.items() if "aggregator" in run} == {
+    "fedavg_flip_median", "ifca_flip_median", "cfl_flip_median"}
+  c.data.num_examples = 300
+  ctx = runner.make_context(c)
+  for label in c.run_order:
+    run = resolve(label, c.runs[label], ctx)
+    assert run.block is None or run.block[1] >= run.block[2]   # a median's cohort blocks are counted
+  with pytest.raises(ValueError, match="variant 'robst' after the data; choose one of"):
+    load_config("clustered", "digits+robst")
