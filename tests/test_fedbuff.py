@@ -222,3 +222,63 @@ def test_tree_clocks_meet_where_a_level_aggregates(problem):
   np.testing.assert_allclose([m["sim_seconds"] for m in rows], [6.0, 12.0 + t, 18.0 + t], rtol=1e-5)
   np.testing.assert_allclose(np.asarray(state.node_clock), [15.0 + t, 18.0 + t], rtol=1e-5)
   assert sorted(alg.models(state)) == ["global", "level1"]
+
+
+@pytest.mark.parametrize("update_from", ["start", "current"])
+def test_a_robust_aggregator_takes_each_parents_buffer_of_staleness_scaled_updates(problem, update_from):
+  """Issue 55: the coordinate-wise median over each server step's buffer, every applied report's
+  update ``s(τ)(x_i − θ_i)`` from the model it started from (``"start"``) or the current one
+  (``"current"``), against clients trained one at a time as in the mean's reference above."""
+  import jax.numpy as jnp
+
+  from fedtree.core.algorithm import local_training
+  from fedtree.core.rng import stream
+  from fedtree.core.sampling import Cohort
+  from fedtree.core.updates import UpdatePath
+  from fedtree.toolbox import robust
+
+  data, model, schedule = problem
+  speed = np.array([3.1, 0.53, 1.07, 2.03, 0.29])
+  devices = Systems(profile=make_profile(speed, np.full(5, 1e12)))
+  alg = fedbuff(model=model, data=data, local_optimizer=optax.sgd(0.1), schedule=schedule, buffer_size=3,
+                concurrency=5, max_staleness=3, systems=devices, update_from=update_from,
+                update_paths=UpdatePath(aggregator=robust.median()))
+  update = local_training(None, model, optax.sgd(0.1), schedule, data)
+  alone = jax.jit(lambda start, c, k: tier_kw(  # one client's trained model, from one model
+    update, start, Cohort(c[None], jnp.zeros(1, jnp.int32), jnp.ones(1, bool)), data,
+    num_steps=schedule.num_steps(data.n_train), weights=data.n_train.astype(jnp.float32), key=k).delta_sum)
+  step = jax.jit(alg.round)
+  state, root, stale_seen = alg.init(jax.random.key(0)), jax.random.key(1), 0
+  for _ in range(6):
+    key = jax.random.fold_in(root, state.round)
+    new, _ = step(state, data, key)
+    report = ~np.asarray(new.busy)
+    clients, versions = np.asarray(new.client)[report], np.asarray(new.version)[report]
+    stale = int(state.round) - versions
+    ok = stale <= 3
+    updates = []
+    for c, v, s in zip(clients[ok], versions[ok], stale[ok], strict=True):
+      start = jax.tree.map(lambda h, v=v: h[v % 4][None], state.history)
+      delta = alone(start, jnp.int32(c), stream(key, "train"))   # x_v - θ_i (one client, weight n_i)
+      delta = jax.tree.map(lambda d, c=c: np.asarray(d[0], np.float64) / float(data.n_train[c]), delta)
+      if update_from == "current":
+        delta = jax.tree.map(lambda d, p, h, v=v: d + np.asarray(p[0], np.float64) - np.asarray(h[v % 4]),
+                             delta, state.params, state.history)
+      updates.append(jax.tree.map(lambda d, s=s: d * (1.0 + s) ** -0.5, delta))
+    median = jax.tree.map(lambda *u: np.median(np.stack(u), axis=0), *updates)
+    want = jax.tree.map(lambda p, m: np.asarray(p, np.float64) - m[None], state.params, median)
+    for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(want), strict=True):
+      np.testing.assert_allclose(np.asarray(a), b, rtol=2e-5, atol=2e-6)
+    stale_seen += int((stale[ok] > 0).any())
+    state = new
+  assert stale_seen >= 2
+
+
+def test_central_noise_and_a_downlink_stay_refused_by_name(problem):
+  from fedtree.core.updates import UpdatePath
+  from fedtree.toolbox import privacy as dp
+
+  data, model, schedule = problem
+  with pytest.raises(ValueError, match="fedbuff cannot run node transform 'dp' on its aggregates"):
+    fedbuff(model=model, data=data, local_optimizer=optax.sgd(0.1), schedule=schedule, buffer_size=2,
+            update_paths=UpdatePath(client=dp.clip(0.5), node=dp.central(0.5, 0.5)))

@@ -60,13 +60,15 @@ def test_bad_sections_are_refused(section, match):
     sections.update_paths_from_config(section, _ctx())
 
 
-@pytest.mark.parametrize("name", ["cfl", "bhfl"])
-def test_algorithms_without_blockwise_aggregation_refuse_robust_aggregators(name):
+def test_an_algorithm_without_a_cohort_to_compare_refuses_a_robust_aggregator():
+  """FedAsync applies one update a server step (clustered FL and B-HFL aggregate robustly within a
+  cluster or an edge since issue 55: tests/test_clustering.py, tests/test_bhfl.py)."""
   ctx = _ctx()
-  run = ml_collections.ConfigDict({"algorithm": name, "chunk_size": 3, "aggregator": {"name": "median"}})
-  with pytest.raises(ValueError, match=f"{name} cannot use aggregator 'median'"):
-    kw = registry.factory_kwargs(name, run, ctx)
-    registry.SPECS[name].factory(**kw)
+  run = ml_collections.ConfigDict({"algorithm": "fedasync", "chunk_size": 3,
+                                   "aggregator": {"name": "median"}})
+  with pytest.raises(ValueError, match=r"fedasync: a robust \(blockwise\) aggregator at level -1: each "
+                                       r"server step applies one client's update alone"):
+    registry.SPECS["fedasync"].factory(**registry.factory_kwargs("fedasync", run, ctx))
 
 
 def test_attack_and_defence_through_hierfavg_at_two_levels():

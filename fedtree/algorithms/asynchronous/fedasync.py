@@ -13,14 +13,21 @@ from __future__ import annotations
 import optax
 
 from fedtree.algorithms.asynchronous.fedbuff import fedbuff
-from fedtree.algorithms.host import Host, method_over
+from fedtree.algorithms.host import Host, cannot, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_nonnegative, is_traced, named
 from fedtree.core.topology import Topology
 from fedtree.objectives.fedprox import fedprox_update
 
 
-@method_over(fedbuff, drops=("buffer_size", "server_optimizer", "update_from"), bound=())
+@method_over(fedbuff, drops=("buffer_size", "server_optimizer", "update_from"), bound=(), cannot=(
+  cannot("blockwise", "each server step applies one client's update alone (a buffer of one), so a "
+                      "robust aggregator has no cohort to compare; FedAsync bounds a stale update by "
+                      "s(t - τ) instead (Xie et al. 2019, Sec. 5)"),
+  cannot("node_transform", "each server step applies one client's update alone, and which client's "
+                           "depends on the devices' simulated speeds, not on a uniform draw the accountant "
+                           "could amplify by; privatize at the clients (privacy.mechanism='local')"),
+))
 def fedasync(
   host: Host,
   *,

@@ -43,7 +43,16 @@ from fedtree.core.sampling import Cohort
 from fedtree.core.server import init_nodes, update_nodes
 from fedtree.core.tier import Clients, Down, Tier, TierResult, edge_metrics, train_cohort
 from fedtree.core.topology import Topology
-from fedtree.core.updates import UpdatePath, UpdateState, init_update_state, per_level_paths
+from fedtree.core.updates import (
+  Chunk,
+  UpdatePath,
+  UpdateState,
+  accumulator,
+  init_update_state,
+  path_stats,
+  per_level_paths,
+  slot_positions,
+)
 from fedtree.toolbox.systems import Systems, make_profile, uplink_bytes
 from fedtree.toolbox.traffic import model_bytes
 
@@ -195,9 +204,12 @@ def fedbuff(
     compute_dtype: mixed-precision local training.
     client_update: a stateless local objective (default plain SGD by ``local_optimizer``).
     init_params: the model to start from (default ``model.init(key)``).
-    update_paths: the clients' update path (:mod:`fedtree.core.updates`), client transforms only
-      (each update is aggregated as it arrives: no blockwise aggregator, node or downlink stage),
-      at the clients' parents only (the levels above take the weighted mean).
+    update_paths: the clients' update path (:mod:`fedtree.core.updates`) at the clients' parents (the
+      levels above take the weighted mean): client transforms on every update, and an aggregator (a
+      robust one, or an omniscient attack in front of it) over each parent's buffer, every applied
+      report's staleness-scaled update ``s(τ_i)(x_i − θ_i)`` weighted as the mean weighs it. No node
+      or downlink stage (central noise would be added per server step to reports chosen by the
+      devices' speeds, which no sampling accountant bounds).
     name: label for reports.
 
   Raises:
@@ -342,16 +354,18 @@ def _plan(*, model, data, local_optimizer, schedule, buffer_size, concurrency, t
                                 "server_optimizer")
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
                                  compute_dtype=compute_dtype, stateless_for=name)
-  path = per_level_paths(update_paths, depth, algorithm=name, supported_levels=(leaf,), blockwise=False,
-                         node=False, down=False)[leaf]
+  path = per_level_paths(update_paths, depth, algorithm=name, supported_levels=(leaf,), node=False,
+                         down=False)[leaf]
   num_groups = topology.num_nodes(leaf)
+  robust = path is not None and not path.aggregator.is_mean   # over each parent's buffer (_robust_update)
   return _Plan(
     model=model, schedule=schedule, topology=topology, buffer_size=buffer_size, concurrency=concurrency,
     ring=ring, max_staleness=int(max_staleness), staleness=staleness, staleness_exponent=staleness_exponent,
     hinge_a=hinge_a, hinge_b=int(hinge_b), simultaneous=simultaneous, update_from=update_from,
     systems=systems, weighting=weighting, server_optimizers=server_optimizers,
-    tier=Tier(client_update, path=path, parent_aligned=ring == 1 and num_groups == 1,
-              batch_order=schedule.batch_order, batch_size=schedule.batch_size),
+    tier=Tier(client_update, path=UpdatePath(client=path.client) if robust else path,
+              parent_aligned=ring == 1 and num_groups == 1, batch_order=schedule.batch_order,
+              batch_size=schedule.batch_size, keep_client_params=robust),
     path=path,
     upper=UpperLevels(topology=topology, periods=periods, server_optimizers=server_optimizers,
                       paths=(None,) * depth),
@@ -487,6 +501,34 @@ def _buffered_update(plan: _Plan, state: FedBuffState, res: TierResult):
                       divide_by_weight(delta, total), total > 0)
 
 
+def _robust_update(plan: _Plan, state: FedBuffState, res: TierResult, sl: _Slots, rep: _Reports, w, key):
+  """Every parent's server step on its buffer through the path's aggregator: each applied report's
+  update ``s(τ_i) (x_i − θ_i)`` (``x_i`` the version it started from, or the current model with
+  ``update_from="current"``) weighted ``w_i``, as :func:`_buffered_update`'s mean takes them.
+  Returns the new params and optimizer state, and the aggregator's statistics."""
+  path, g = plan.path, plan.num_groups
+  assert path is not None and res.client_params is not None
+  slot_group = jnp.asarray(plan.slot_group)
+  if plan.update_from == "current":
+    base = jax.tree.map(lambda p: jnp.take(p, slot_group, axis=0), state.params)
+  else:
+    row = slot_group * plan.ring + jnp.mod(sl.version, plan.ring)
+    base = jax.tree.map(lambda h: jnp.take(h, row, axis=0), state.history)
+  scale = staleness_factor(rep.staleness, plan.staleness, exponent=plan.staleness_exponent,
+                           hinge_a=plan.hinge_a, hinge_b=plan.hinge_b)
+  updates = jax.tree.map(lambda b, t: (b - t) * scale.reshape((-1,) + (1,) * (b.ndim - 1)).astype(b.dtype),
+                         base, res.client_params)
+  weights = jnp.where(rep.ok, jnp.take(w, sl.client), 0.0)
+  acc = accumulator(path.aggregator, block_size=plan.concurrency)
+  summed = acc.add(acc.init(state.params, g, weights.dtype),
+                   Chunk(updates, weights, slot_group, slot_positions(slot_group, rep.ok, g), sl.client,
+                         rep.ok))
+  delta_sum, total, stats = acc.finish(summed, stream(key, "aggregate"), {})
+  params, opt_state = update_nodes(plan.server_optimizers[plan.leaf], state.params, state.opt_state,
+                                   divide_by_weight(delta_sum, total), total > 0)
+  return params, opt_state, path_stats(stats)
+
+
 def _metrics(res: TierResult, sl: _Slots, rep: _Reports, num_steps) -> dict:
   fresh, report = rep.fresh, rep.report
   metrics = {
@@ -528,8 +570,12 @@ def _round(plan: _Plan, state: FedBuffState, data: FederatedData, key):
   rep = _reports(plan, state, sl)
   w = client_weights(data.n_train, plan.weighting)
   res = _train(plan, state, sl, rep, num_steps, w, data, key)
-  leaf_params, leaf_opt = _buffered_update(plan, state, res)
   metrics = _metrics(res, sl, rep, num_steps)
+  if plan.tier.keep_client_params:   # a robust aggregator over every parent's buffer
+    leaf_params, leaf_opt, agg_metrics = _robust_update(plan, state, res, sl, rep, w, key)
+    metrics.update(agg_metrics)
+  else:
+    leaf_params, leaf_opt = _buffered_update(plan, state, res)
   params, opt_state, node_clock, up_metrics = _upper(plan, state, leaf_params, leaf_opt, rep.node_clock, w, r,
                                                      key)
   leaf = plan.leaf
