@@ -144,10 +144,13 @@ def scaffold_rounds(
   lr,
   batch_size,
   dtype=np.float32,
+  combine=None,
 ):
   """SCAFFOLD's Algorithm 1 per parent of clients (its own x and c, kept in float64), the root (if any)
   averaging the parents' models by ``weights`` every ``root_period`` rounds; the clients train in
-  ``dtype``. Returns ``(x, c, c_i)``."""
+  ``dtype``. ``combine(list of trees)``: a parent's estimate of its clients' ``Δy`` and ``Δc`` alike
+  (default their mean; a robust rule, the variates' sum then the estimate times their count).
+  Returns ``(x, c, c_i)``."""
   num_parents = int(parent.max()) + 1
   x = [np64(x0) for _ in range(num_parents)]
   c = [jax.tree.map(np.zeros_like, x[0]) for _ in range(num_parents)]
@@ -188,10 +191,15 @@ def scaffold_rounds(
     for p in range(num_parents):
       if not dy[p]:
         continue
-      mean_dy = jax.tree.map(lambda *d: sum(d) / len(d), *dy[p])
-      x[p] = jax.tree.map(lambda xx, d: xx + eta_g * d, x[p], mean_dy)
       count = population[p] if average == "all" else len(dc[p])
-      c[p] = jax.tree.map(lambda cc, *d, n=count: cc + sum(d) / n, c[p], *dc[p])
+      if combine is None:
+        mean_dy = jax.tree.map(lambda *d: sum(d) / len(d), *dy[p])
+        c[p] = jax.tree.map(lambda cc, *d, n=count: cc + sum(d) / n, c[p], *dc[p])
+      else:
+        mean_dy = combine(dy[p])
+        m = len(dc[p])
+        c[p] = jax.tree.map(lambda cc, e, n=count, m=m: cc + e * m / n, c[p], combine(dc[p]))
+      x[p] = jax.tree.map(lambda xx, d: xx + eta_g * d, x[p], mean_dy)
     if root_period and (r + 1) % root_period == 0:
       root = jax.tree.map(lambda *m: sum(w * a for w, a in zip(weights, m, strict=True)) / sum(weights), *x)
       x = [root for _ in range(num_parents)]

@@ -158,8 +158,6 @@ def test_scaffold_refusals(problem):
     scaffold(**common)
   with pytest.raises(ValueError, match=r"variate_average='most'; choose one of"):
     scaffold(variate_average="most", local_learning_rate=LR, **common)
-  with pytest.raises(ValueError, match="robust .* aggregator .*control variates"):
-    scaffold(local_learning_rate=LR, update_paths=UpdatePath(aggregator=median()), cohort_size=4, **common)
   from fedtree.toolbox.privacy import central, clip
 
   with pytest.raises(ValueError, match=r"differential privacy \('dp_clip'\) at the clients' tier: .*Δc_i"):
@@ -168,3 +166,26 @@ def test_scaffold_refusals(problem):
     scaffold(local_learning_rate=LR, update_paths=UpdatePath(node=central(1.0, 1.0)), **common)
   with pytest.raises(ValueError, match="personal parameters are not supported"):
     scaffold(local_learning_rate=LR, personal=personal("Dense_1"), **common)
+
+
+@pytest.mark.parametrize("average", ["all", "sampled"])
+def test_a_robust_aggregator_takes_the_variates_by_the_same_rule(problem, average):
+  """Issue 55: the coordinate-wise median at the clients' parent over the updates and over the
+  variates' changes alike (each parent's ``c`` moves by the median of ``Δc_i`` times the clients that
+  reported, over ``N`` or over them), against Algorithm 1 with the median in both places."""
+  data, _, model = problem
+  sched = LocalSchedule(batch_size=B, epochs=1)
+  alg = scaffold(model=model, data=data, local_optimizer=optax.sgd(LR), local_learning_rate=LR,
+                 schedule=sched, cohort_size=5, chunk_size=2, variate_average=average,
+                 update_paths=UpdatePath(aggregator=median()))
+  key = jax.random.key(12)
+  state, _ = ref.run_jit(alg, data, 3, key)
+  med = lambda trees: jax.tree.map(lambda *a: np.median(np.stack(a), axis=0), *trees)   # noqa: E731
+  x, c, c_i = ref.scaffold_rounds(model, data, ref.start(alg), np.zeros(data.num_clients, int), 3, key,
+                                  cohort_size=5, option="II", average=average, eta_g=1.0,
+                                  steps=sched.num_steps(np.asarray(data.n_train)), lr=LR, batch_size=B,
+                                  combine=med)
+  ref.close(ref.row(state.params[0], 0), x[0])
+  ref.close(ref.row(state.server_state, 0), c[0], atol=2e-4)
+  for k in range(data.num_clients):
+    ref.close(ref.row(state.client_state, k), c_i[k], atol=2e-4)

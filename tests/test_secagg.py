@@ -391,14 +391,14 @@ def test_the_protocols_compute_is_in_the_systems_clock_at_each_parents_cohort():
 
 
 def test_a_host_that_only_averages_refuses_the_secure_sum_by_name():
-  """FedBuff aggregates its buffered clients by their weighted mean only: a path whose aggregator is
-  a secure sum is refused before anything compiles, naming it."""
+  """FedBuff scales its buffered clients' updates by staleness before summing them: a path whose
+  aggregator is a secure sum is refused before anything compiles, naming it."""
   from fedtree.algorithms import fedbuff
 
   data, groups, model = _problem()
   enc = secagg.fixed_point()
   path = UpdatePath(client=secagg.client(enc), aggregator=secagg.secure_sum(enc))
-  with pytest.raises(ValueError, match=r"cannot use aggregator 'secure_sum\[fixed_point, 32 bits\]': it "
-                                       r"aggregates its clients by their weighted mean only"):
+  with pytest.raises(ValueError, match=r"fedbuff cannot use aggregator 'secure_sum\[fixed_point, 32 bits\]': "
+                                       r"it scales every update by its staleness before the sum"):
     fedbuff(model=model, data=data, topology=Topology.from_labels(groups), local_optimizer=optax.sgd(0.1),
             schedule=LocalSchedule(batch_size=8, steps=1), buffer_size=2, concurrency=2, update_paths=path)

@@ -214,11 +214,17 @@ class Uplink(NamedTuple):
       (``None``: the host's).
     bytes: ``bytes(model_bytes) -> int``: one sampled client's bytes up per round, where the host's
       count (a model and the message) is not what travels (``None``: the host's).
+    robust: the clients' messages go through the clients' tier's blockwise aggregator as their
+      updates do (:attr:`fedtree.core.tier.Tier.robust_messages`): under a robust aggregator
+      :attr:`Inbox.messages` is its estimate times the reporting children (the sum's scale), so one
+      rule covers what travels beside the update (SCAFFOLD's variates, Mime's gradients). ``False``:
+      the plain sum, and a method declares the blockwise composition it cannot run.
   """
 
   slots: bool = False
   weights: Callable[[jax.Array, PyTree], jax.Array] | None = None
   bytes: Callable[[int], int] | None = None
+  robust: bool = False
 
 
 class ServerRule(NamedTuple):

@@ -92,6 +92,12 @@ class Tier(NamedTuple):
       ``None``: every leaf shared.
     keep_client_params: also return every slot's trained model ``[K, ...]`` (a skipped slot's:
       the model it started from, so that the rows stay finite).
+    robust_messages: the clients' messages (what the update sends beside its delta) go through the
+      path's blockwise aggregator as the deltas do, with unit weights: every parent's
+      :attr:`TierResult.message_sum` is then the aggregator's estimate times its reporting children
+      (the sum's scale; the plain sum under the mean). A server rule asks for it
+      (:attr:`fedtree.core.server_rule.Uplink.robust`); without a blockwise aggregator it changes
+      nothing.
   """
 
   update: ClientUpdate
@@ -105,6 +111,7 @@ class Tier(NamedTuple):
   learning_rate: Any = None
   personal: PyTree | None = None
   keep_client_params: bool = False
+  robust_messages: bool = False
 
   @property
   def cyclic(self) -> bool:
@@ -448,6 +455,7 @@ class _Scan(NamedTuple):
   update_key: jax.Array
   num_parents: int
   num_clients: int
+  messages: Any = None       # the messages' block accumulator (Tier.robust_messages), else None
 
 
 def _shared(tier: Tier, tree: PyTree) -> PyTree:
@@ -491,9 +499,11 @@ def _chunk_step(scan: _Scan, carry: _Carry, xs):
     trained=carry.trained + jnp.sum(trained, dtype=jnp.int32), skipped=skipped, first_bad=first_bad,
     reported=carry.reported.at[jnp.where(trained, ch.clients, scan.num_clients)].set(True, mode="drop"),
     path_client=path_client, stat_sums=stat_sums,
-    message_sum=jax.tree.map(
+    message_sum=(scan.messages.add(carry.message_sum, Chunk(message, trained.astype(fdtype), ch.parent,
+                                                            ch_pos, ch.clients, trained))
+                 if scan.messages is not None else jax.tree.map(
       lambda a, m, t: a + jax.ops.segment_sum(jnp.where(t, m, 0), ch.parent, num_segments=scan.num_parents),
-      carry.message_sum, message, _rows(trained, message)),
+      carry.message_sum, message, _rows(trained, message))),
     personal=(ch.scatter(carry.personal, personal_part(params, tier.personal), trained) if tier.has_personal
               else None),
   )
@@ -504,6 +514,8 @@ def _init_carry(scan: _Scan, down: Down, clients: Clients, data: FederatedData, 
   """The scan's start: empty sums, the clients' state as it is."""
   tier = scan.tier
   template = _shared(tier, down.params)   # what a child sends up: the shared leaves
+  one_message = message_shape(tier.update, down.params, clients.state, data, down.broadcast,
+                              tier.learning_rate, key, down.extra)
   n = scan.num_parents
   return _Carry(
     acc=scan.acc.init(template, n, fdtype), client_state=clients.state, loss_sum=jnp.zeros((), fdtype),
@@ -512,10 +524,24 @@ def _init_carry(scan: _Scan, down: Down, clients: Clients, data: FederatedData, 
     path_client=scan.update_state.client,
     stat_sums={s: jnp.zeros((n,), fdtype)
                for s in _stat_names(tier.active_path, scan.update_state, template, fdtype)},
-    message_sum=jax.tree.map(lambda m: jnp.zeros((n,) + m.shape, m.dtype), message_shape(
-      tier.update, down.params, clients.state, data, down.broadcast, tier.learning_rate, key, down.extra)),
+    message_sum=_message_carry(scan, one_message, fdtype),
     personal=clients.personal if tier.has_personal else None,
   )
+
+
+def _message_carry(scan: _Scan, one: PyTree, fdtype) -> PyTree:
+  """The messages' sums ``[P, ...]`` (zeros), or their blocks (:attr:`Tier.robust_messages`), from one
+  message's shapes ``one``."""
+  n = scan.num_parents
+  stacked = jax.tree.map(lambda m: jnp.zeros((n,) + m.shape, m.dtype), one)
+  return stacked if scan.messages is None else scan.messages.init(stacked, n, fdtype)
+
+
+def _robust_messages(tier: Tier, path: UpdatePath | None) -> Any:
+  """The block accumulator of the clients' messages under :attr:`Tier.robust_messages`, else None."""
+  if not tier.robust_messages or path is None or not path.aggregator.blockwise:
+    return None
+  return accumulator(path.aggregator, block_size=tier.block_size)
 
 
 def _check_tier(tier: Tier, clients: Clients, k: int) -> int:
@@ -593,7 +619,8 @@ def train_cohort(tier: Tier, down: Down, cohort: Cohort, data: FederatedData, cl
   fraction = jnp.where(sampled > 0, sampled / population, 0.0)
   train = functools.partial(_train_chunk, tier, down, data, clients, key=key, fdtype=fdtype,
                             fraction=fraction)
-  scan = _Scan(tier, train, acc, update_state, stream(key, "update"), num_parents, data.num_clients)
+  scan = _Scan(tier, train, acc, update_state, stream(key, "update"), num_parents, data.num_clients,
+               _robust_messages(tier, path))
   out, per_chunk = jax.lax.scan(functools.partial(_chunk_step, scan),
                                 _init_carry(scan, down, clients, data, key, fdtype), (chunks, parcels))
   return _tier_result(scan, out, per_chunk, cohort, clients, data, order, sampled, down, key)
@@ -634,6 +661,13 @@ def _tier_result(scan: _Scan, out: _Carry, per_chunk, cohort: Cohort, clients: C
   first_bad = jnp.where(out.first_bad < scan.num_clients, out.first_bad, -1).astype(jnp.int32)
   if tier.has_personal:   # no pseudo-gradient at the personal leaves
     delta_sum = fill(delta_sum, tier.personal, down.params)
+  message_sum = out.message_sum
+  if scan.messages is not None:   # the aggregator's estimate of the messages, at the sum's scale
+    m_sum, m_weight, _ = scan.messages.finish(message_sum, stream(key, "messages"), {})
+    count = jax.ops.segment_sum(jnp.take(out.reported, cohort.clients).astype(fdtype) * cohort.valid,
+                                cohort.parent, num_segments=num_parents)
+    message_sum = jax.tree.map(lambda e: e * count.reshape((-1,) + (1,) * (e.ndim - 1)).astype(e.dtype),
+                               divide_by_weight(m_sum, m_weight))
   return TierResult(delta_sum, weight_sum, out.client_state, client_params, out.loss_sum, out.trained,
                     cursor, out.skipped, first_bad, out.reported, new_update_state, update_stats,
-                    out.message_sum, sampled, out.personal if tier.has_personal else None)
+                    message_sum, sampled, out.personal if tier.has_personal else None)

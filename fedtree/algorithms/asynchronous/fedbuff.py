@@ -357,7 +357,11 @@ def _plan(*, model, data, local_optimizer, schedule, buffer_size, concurrency, t
   path = per_level_paths(update_paths, depth, algorithm=name, supported_levels=(leaf,), node=False,
                          down=False)[leaf]
   num_groups = topology.num_nodes(leaf)
-  robust = path is not None and not path.aggregator.is_mean   # over each parent's buffer (_robust_update)
+  if path is not None and path.aggregator.accumulate is not None:
+    raise ValueError(f"{name} cannot use aggregator {path.aggregator.name!r}: it scales every update by its "
+                     f"staleness before the sum, which a sum of encoded updates cannot do; it aggregates its "
+                     f"clients by their weighted mean or a blockwise aggregator")
+  robust = path is not None and path.aggregator.blockwise   # over each parent's buffer (_robust_update)
   return _Plan(
     model=model, schedule=schedule, topology=topology, buffer_size=buffer_size, concurrency=concurrency,
     ring=ring, max_staleness=int(max_staleness), staleness=staleness, staleness_exponent=staleness_exponent,

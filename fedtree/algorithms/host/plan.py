@@ -201,7 +201,8 @@ def plan(
               parent_aligned=aligned, batch_order=schedule.batch_order,
               batch_size=schedule.batch_size, skip_nonfinite=skip_nonfinite, block_size=block,
               learning_rate=local_learning_rate, personal=share.client_mask,
-              keep_client_params=rule is not None and rule.up.slots)
+              keep_client_params=rule is not None and rule.up.slots,
+              robust_messages=rule is not None and rule.up.robust)
   population = np.bincount(topology.parent(depth), minlength=topology.num_nodes(depth - 1)).astype(np.float64)
   return HostPlan(
     name=name, model=model, topology=topology, schedule=schedule, weighting=weighting,

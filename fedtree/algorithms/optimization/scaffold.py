@@ -29,7 +29,7 @@ from fedtree.core.local import (
   run_local_steps,
 )
 from fedtree.core.model import Model
-from fedtree.core.server_rule import Inbox, ServerRule, per_node, zeros_like_stacked
+from fedtree.core.server_rule import Inbox, ServerRule, Uplink, per_node, zeros_like_stacked
 
 OPTIONS = ("I", "II")
 VARIATE_AVERAGES = ("all", "sampled")
@@ -89,7 +89,9 @@ def scaffold_server(*, variate_average: str = "all") -> ServerRule:
     c = jax.tree.map(jnp.add, c, per_node(1.0 / jnp.maximum(count, 1.0), inbox.messages))
     return inbox.pseudo_gradient, c, {}
 
-  return ServerRule(init=zeros_like_stacked, receive=receive, name="scaffold")
+  # Under a robust aggregator the variates' changes take the same rule as the updates (Uplink.robust):
+  # c moves by the rule's estimate of Δc_i times the clients that reported, over N (or over them).
+  return ServerRule(init=zeros_like_stacked, receive=receive, name="scaffold", up=Uplink(robust=True))
 
 
 @method_over(hierfavg, cannot=(
@@ -97,8 +99,6 @@ def scaffold_server(*, variate_average: str = "all") -> ServerRule:
   cannot("private_clients", "the clients' control-variate changes Δc_i travel beside the update, outside "
                             "the update path, so they would leave the clients unclipped and unnoised (no "
                             "privacy); run it without it"),
-  cannot("blockwise", "it would still average the clients' control variates, so an attacker's variate would "
-                      "steer every client"),
 ))
 def scaffold(
   host: Host,
@@ -127,7 +127,10 @@ def scaffold(
 
   Raises:
     ValueError: an option that does not exist, ``server_learning_rate <= 0``, option ``"II"`` without
-      ``local_learning_rate``, a robust aggregator or personal parameters.
+      ``local_learning_rate``, personal parameters, or differential privacy at the clients (the
+      variates' changes travel outside the update path). A robust aggregator takes the variates'
+      changes too, by the same rule (each parent's ``c`` moves by its estimate of ``Δc_i`` times the
+      clients that reported).
 
   Example:
     Two rounds of SCAFFOLD over 5 clients, 3 sampled a round:
