@@ -90,36 +90,52 @@ def test_bad_input(problem):
     fedbuff(buffer_size=2, topology=tree, update_paths={0: UpdatePath(client=identity())}, **common)
 
 
+def _one_client(model, schedule, data):
+  """``(start [1, ...], client, key) -> n_c (x − θ_c)``: one client trained alone from one model."""
+  import jax.numpy as jnp
+
+  from fedtree.core.algorithm import local_training
+  from fedtree.core.sampling import Cohort
+
+  update = local_training(None, model, optax.sgd(0.1), schedule, data)
+  return jax.jit(lambda start, c, k: tier_kw(
+    update, start, Cohort(c[None], jnp.zeros(1, jnp.int32), jnp.ones(1, bool)), data,
+    num_steps=schedule.num_steps(data.n_train), weights=data.n_train.astype(jnp.float32), key=k).delta_sum)
+
+
+def _server_steps(alg, data, steps=6, max_staleness=3):
+  """Every server step of ``alg``: ``(state before, state after, its key, the applied reports as
+  (client, version, staleness))``."""
+  step = jax.jit(alg.round)
+  state, root = alg.init(jax.random.key(0)), jax.random.key(1)
+  for _ in range(steps):
+    key = jax.random.fold_in(root, state.round)
+    new, _ = step(state, data, key)
+    report = ~np.asarray(new.busy)
+    clients, versions = np.asarray(new.client)[report], np.asarray(new.version)[report]
+    stale = int(state.round) - versions
+    ok = stale <= max_staleness
+    yield state, new, key, list(zip(clients[ok], versions[ok], stale[ok], strict=True))
+    state = new
+
+
 def test_server_update_is_the_staleness_weighted_mean(problem):
   """One server update against a client-by-client reference: every reporting client trained
   alone from the ring's model of its start version, Δ = Σ w_i (1+τ_i)^-½ Δ_i / Σ w_i."""
   import jax.numpy as jnp
 
-  from fedtree.core.algorithm import local_training
   from fedtree.core.rng import stream
-  from fedtree.core.sampling import Cohort
 
   data, model, schedule = problem
   speed = np.array([3.1, 0.53, 1.07, 2.03, 0.29])
   devices = Systems(profile=make_profile(speed, np.full(5, 1e12)))
   alg = fedbuff(model=model, data=data, local_optimizer=optax.sgd(0.1), schedule=schedule, buffer_size=2,
                 concurrency=5, max_staleness=3, systems=devices)
-
-  update = local_training(None, model, optax.sgd(0.1), schedule, data)
-  alone = jax.jit(lambda start, c, k: tier_kw(  # one client from one model
-    update, start, Cohort(c[None], jnp.zeros(1, jnp.int32), jnp.ones(1, bool)), data,
-    num_steps=schedule.num_steps(data.n_train), weights=data.n_train.astype(jnp.float32), key=k).delta_sum)
-  step = jax.jit(alg.round)
-  state, root, checked = alg.init(jax.random.key(0)), jax.random.key(1), 0
-  for _ in range(6):
-    key = jax.random.fold_in(root, state.round)
-    new, m = step(state, data, key)
-    report = ~np.asarray(new.busy)
-    clients, versions = np.asarray(new.client)[report], np.asarray(new.version)[report]
-    stale = int(state.round) - versions
-    ok = stale <= 3
+  alone = _one_client(model, schedule, data)
+  checked = 0
+  for state, new, key, applied in _server_steps(alg, data):
     delta, total = None, 0.0
-    for c, v, s in zip(clients[ok], versions[ok], stale[ok], strict=True):
+    for c, v, s in applied:
       start = jax.tree.map(lambda h, v=v: h[v % 4][None], state.history)
       trained = alone(start, jnp.int32(c), stream(key, "train"))
       contrib = jax.tree.map(lambda d, s=s: d[0] * (1.0 + s) ** -0.5, trained)
@@ -128,8 +144,7 @@ def test_server_update_is_the_staleness_weighted_mean(problem):
     want = jax.tree.map(lambda p, d, t=total: p - d / t, state.params, jax.tree.map(lambda d: d[None], delta))
     for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(want), strict=True):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6)
-    checked += int((stale[ok] > 0).any())
-    state = new
+    checked += int(any(s > 0 for _, _, s in applied))
   assert checked >= 2   # rounds in which stale updates were weighted
 
 
@@ -231,9 +246,7 @@ def test_a_robust_aggregator_takes_each_parents_buffer_of_staleness_scaled_updat
   (``"current"``), against clients trained one at a time as in the mean's reference above."""
   import jax.numpy as jnp
 
-  from fedtree.core.algorithm import local_training
   from fedtree.core.rng import stream
-  from fedtree.core.sampling import Cohort
   from fedtree.core.updates import UpdatePath
   from fedtree.toolbox import robust
 
@@ -243,23 +256,13 @@ def test_a_robust_aggregator_takes_each_parents_buffer_of_staleness_scaled_updat
   alg = fedbuff(model=model, data=data, local_optimizer=optax.sgd(0.1), schedule=schedule, buffer_size=3,
                 concurrency=5, max_staleness=3, systems=devices, update_from=update_from,
                 update_paths=UpdatePath(aggregator=robust.median()))
-  update = local_training(None, model, optax.sgd(0.1), schedule, data)
-  alone = jax.jit(lambda start, c, k: tier_kw(  # one client's trained model, from one model
-    update, start, Cohort(c[None], jnp.zeros(1, jnp.int32), jnp.ones(1, bool)), data,
-    num_steps=schedule.num_steps(data.n_train), weights=data.n_train.astype(jnp.float32), key=k).delta_sum)
-  step = jax.jit(alg.round)
-  state, root, stale_seen = alg.init(jax.random.key(0)), jax.random.key(1), 0
-  for _ in range(6):
-    key = jax.random.fold_in(root, state.round)
-    new, _ = step(state, data, key)
-    report = ~np.asarray(new.busy)
-    clients, versions = np.asarray(new.client)[report], np.asarray(new.version)[report]
-    stale = int(state.round) - versions
-    ok = stale <= 3
+  alone = _one_client(model, schedule, data)
+  stale_seen = 0
+  for state, new, key, applied in _server_steps(alg, data):
     updates = []
-    for c, v, s in zip(clients[ok], versions[ok], stale[ok], strict=True):
+    for c, v, s in applied:
       start = jax.tree.map(lambda h, v=v: h[v % 4][None], state.history)
-      delta = alone(start, jnp.int32(c), stream(key, "train"))   # x_v - θ_i (one client, weight n_i)
+      delta = alone(start, jnp.int32(c), stream(key, "train"))   # n_c (x_v − θ_c)
       delta = jax.tree.map(lambda d, c=c: np.asarray(d[0], np.float64) / float(data.n_train[c]), delta)
       if update_from == "current":
         delta = jax.tree.map(lambda d, p, h, v=v: d + np.asarray(p[0], np.float64) - np.asarray(h[v % 4]),
@@ -269,8 +272,7 @@ def test_a_robust_aggregator_takes_each_parents_buffer_of_staleness_scaled_updat
     want = jax.tree.map(lambda p, m: np.asarray(p, np.float64) - m[None], state.params, median)
     for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(want), strict=True):
       np.testing.assert_allclose(np.asarray(a), b, rtol=2e-5, atol=2e-6)
-    stale_seen += int((stale[ok] > 0).any())
-    state = new
+    stale_seen += int(any(s > 0 for _, _, s in applied))
   assert stale_seen >= 2
 
 

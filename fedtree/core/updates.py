@@ -620,6 +620,35 @@ def transform_children(
   return deltas, state._replace(client=client), sums
 
 
+def aggregate_slots(
+  path: UpdatePath,
+  state: UpdateState,
+  template: PyTree,
+  deltas: PyTree,
+  weights: jax.Array,
+  parent: jax.Array,
+  valid: jax.Array,
+  clients: jax.Array,
+  block_size: int,
+  key: jax.Array,
+) -> tuple[PyTree, jax.Array, UpdateState, Stats]:
+  """Slots whose parents are known only after training (a cluster, an edge's buffer, a parent's
+  buffer of stale reports) aggregated through ``path``'s aggregator and node stage, their client
+  stage already run: ``deltas [K, ...]`` (already transformed) weighted ``weights [K]`` into
+  ``parent [K]`` of the ``[P, ...]`` rows of ``template``, the ``valid`` ones only, every parent's
+  block ``block_size`` slots. Returns ``(delta_sum [P, ...], weight_sum [P], state, statistics
+  {name: [P]})``, the node stage told each parent's ``"reported"`` slots."""
+  num = jax.tree.leaves(template)[0].shape[0]
+  acc = accumulator(path.aggregator, block_size=int(block_size))
+  summed = acc.add(acc.init(template, num, weights.dtype),
+                   Chunk(deltas, weights, parent, slot_positions(parent, valid, num), clients, valid))
+  delta_sum, total, agg_stats = acc.finish(summed, jax.random.fold_in(key, 0), node_state_of(path, state))
+  reported = {"reported": jax.ops.segment_sum(valid.astype(weights.dtype), parent, num_segments=num)}
+  delta_sum, total, state, node_stats = finish(path, state, delta_sum, total, reported,
+                                               jax.random.fold_in(key, 1))
+  return delta_sum, total, state, {**agg_stats, **node_stats}
+
+
 def aggregate_children(
   path: UpdatePath | None,
   state: UpdateState,

@@ -44,14 +44,12 @@ from fedtree.core.server import init_nodes, update_nodes
 from fedtree.core.tier import Clients, Down, Tier, TierResult, edge_metrics, train_cohort
 from fedtree.core.topology import Topology
 from fedtree.core.updates import (
-  Chunk,
   UpdatePath,
   UpdateState,
-  accumulator,
+  aggregate_slots,
   init_update_state,
   path_stats,
   per_level_paths,
-  slot_positions,
 )
 from fedtree.toolbox.systems import Systems, make_profile, uplink_bytes
 from fedtree.toolbox.traffic import model_bytes
@@ -510,7 +508,7 @@ def _robust_update(plan: _Plan, state: FedBuffState, res: TierResult, sl: _Slots
   update ``s(τ_i) (x_i − θ_i)`` (``x_i`` the version it started from, or the current model with
   ``update_from="current"``) weighted ``w_i``, as :func:`_buffered_update`'s mean takes them.
   Returns the new params and optimizer state, and the aggregator's statistics."""
-  path, g = plan.path, plan.num_groups
+  path = plan.path
   assert path is not None and res.client_params is not None
   slot_group = jnp.asarray(plan.slot_group)
   if plan.update_from == "current":
@@ -523,11 +521,9 @@ def _robust_update(plan: _Plan, state: FedBuffState, res: TierResult, sl: _Slots
   updates = jax.tree.map(lambda b, t: (b - t) * scale.reshape((-1,) + (1,) * (b.ndim - 1)).astype(b.dtype),
                          base, res.client_params)
   weights = jnp.where(rep.ok, jnp.take(w, sl.client), 0.0)
-  acc = accumulator(path.aggregator, block_size=plan.concurrency)
-  summed = acc.add(acc.init(state.params, g, weights.dtype),
-                   Chunk(updates, weights, slot_group, slot_positions(slot_group, rep.ok, g), sl.client,
-                         rep.ok))
-  delta_sum, total, stats = acc.finish(summed, stream(key, "aggregate"), {})
+  delta_sum, total, _, stats = aggregate_slots(path, UpdateState(), state.params, updates, weights,
+                                               slot_group, rep.ok, sl.client, plan.concurrency,
+                                               stream(key, "aggregate"))
   params, opt_state = update_nodes(plan.server_optimizers[plan.leaf], state.params, state.opt_state,
                                    divide_by_weight(delta_sum, total), total > 0)
   return params, opt_state, path_stats(stats)

@@ -54,16 +54,12 @@ from fedtree.core.sampling import Cohort, CohortSampler, cohort_sampler
 from fedtree.core.server import init_nodes, select_nodes, update_nodes
 from fedtree.core.tier import Clients, Down, Tier, edge_metrics, train_cohort
 from fedtree.core.updates import (
-  Chunk,
   UpdatePath,
-  accumulator,
-  finish,
+  aggregate_slots,
   init_update_state,
-  node_state_of,
   path_stats,
   per_level_paths,
   send_down,
-  slot_positions,
 )
 from fedtree.toolbox.privacy import private_stages
 from fedtree.toolbox.traffic import model_bytes
@@ -532,22 +528,16 @@ def _aggregate(plan: _Plan, state: ClusterState, res, w, cohort: Cohort, a: Assi
   if not plan.per_cluster:
     means, total = weighted_mean(res.client_params, w, a.assign, plan.k)
     return select_nodes(total > 0, means, base), total, base, base_opt, update_state, {}
-  path, k = plan.path, plan.k
+  path = plan.path
   assert path is not None
   update_state = update_state._replace(node=take(update_state.node))   # a split cluster's from its origin
   anchor = jax.tree.map(lambda b: jnp.take(b, a.assign, axis=0), base)
   deltas = jax.tree.map(jnp.subtract, anchor, res.client_params)
-  valid = cohort.valid
-  acc = accumulator(path.aggregator, block_size=int(sum(plan.sampler.sizes)))   # one cluster may get all
-  summed = acc.add(acc.init(base, k, w.dtype),
-                   Chunk(deltas, w, a.assign, slot_positions(a.assign, valid, k), cohort.clients, valid))
-  delta_sum, total, agg_stats = acc.finish(summed, stream(key, "aggregate"),
-                                           node_state_of(path, update_state))
-  reported = {"reported": jax.ops.segment_sum(valid.astype(w.dtype), a.assign, num_segments=k)}
-  delta_sum, total, update_state, node_stats = finish(path, update_state, delta_sum, total, reported,
-                                                      stream(key, "node"))
+  delta_sum, total, update_state, stats = aggregate_slots(   # (one cluster may get the whole cohort)
+    path, update_state, base, deltas, w, a.assign, cohort.valid, cohort.clients, sum(plan.sampler.sizes),
+    stream(key, "aggregate"))
   means = jax.tree.map(jnp.subtract, base, divide_by_weight(delta_sum, total))
-  metrics = path_stats({**agg_stats, **node_stats})
+  metrics = path_stats(stats)
   return select_nodes(total > 0, means, base), total, base, base_opt, update_state, metrics
 
 

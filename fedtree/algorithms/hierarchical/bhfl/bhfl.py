@@ -60,17 +60,13 @@ from fedtree.core.server import down_nodes, init_nodes, select_nodes, update_nod
 from fedtree.core.tier import Clients, Down, Tier, edge_metrics, train_cohort
 from fedtree.core.topology import Topology
 from fedtree.core.updates import (
-  Chunk,
   UpdatePath,
-  accumulator,
-  finish,
+  aggregate_slots,
   init_update_state,
-  node_state_of,
   path_metrics,
   path_stats,
   per_level_paths,
   send_down,
-  slot_positions,
   transform_children,
 )
 from fedtree.toolbox.privacy import private_stages
@@ -592,19 +588,12 @@ def _edge_path(plan: _Plan) -> UpdatePath | None:
 def _edge_aggregate(plan: _Plan, edge_params, update, wt, use, update_state, key, metrics):
   """Every edge's aggregate of the updates it takes (``use``) through the path's aggregator and node
   stage, the staleness-scaled weights ``wt`` as the mean's. Returns ``(delta [E, ...], update_state)``."""
-  path, n = _edge_path(plan), plan.nums[plan.depth - 1]
+  path = _edge_path(plan)
   assert path is not None
-  par = jnp.asarray(plan.parents[plan.depth])
-  acc = accumulator(path.aggregator, block_size=plan.edge_block)
-  ids = jnp.arange(plan.num_clients, dtype=jnp.int32)
-  summed = acc.add(acc.init(edge_params, n, wt.dtype),
-                   Chunk(update, wt, par, slot_positions(par, use, n), ids, use))
-  delta_sum, total, agg_stats = acc.finish(summed, stream(key, "aggregate"),
-                                           node_state_of(path, update_state))
-  reported = {"reported": jax.ops.segment_sum(use.astype(wt.dtype), par, num_segments=n)}
-  delta_sum, total, update_state, node_stats = finish(path, update_state, delta_sum, total, reported,
-                                                      stream(key, "node"))
-  metrics.update(path_stats({**agg_stats, **node_stats}))
+  delta_sum, total, update_state, stats = aggregate_slots(
+    path, update_state, edge_params, update, wt, jnp.asarray(plan.parents[plan.depth]), use,
+    jnp.arange(plan.num_clients, dtype=jnp.int32), plan.edge_block, stream(key, "aggregate"))
+  metrics.update(path_stats(stats))
   return divide_by_weight(delta_sum, total), update_state
 
 
