@@ -281,6 +281,7 @@ def test_central_noise_and_a_downlink_stay_refused_by_name(problem):
   from fedtree.toolbox import privacy as dp
 
   data, model, schedule = problem
-  with pytest.raises(ValueError, match="fedbuff cannot run node transform 'dp' on its aggregates"):
+  with pytest.raises(ValueError, match="fedbuff cannot run node transform 'dp' on its buffers: which reports "
+                                       "a server step applies depends on the devices' simulated speeds"):
     fedbuff(model=model, data=data, local_optimizer=optax.sgd(0.1), schedule=schedule, buffer_size=2,
             update_paths=UpdatePath(client=dp.clip(0.5), node=dp.central(0.5, 0.5)))

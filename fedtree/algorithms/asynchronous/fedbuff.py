@@ -352,8 +352,12 @@ def _plan(*, model, data, local_optimizer, schedule, buffer_size, concurrency, t
                                 "server_optimizer")
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
                                  compute_dtype=compute_dtype, stateless_for=name)
-  path = per_level_paths(update_paths, depth, algorithm=name, supported_levels=(leaf,), node=False,
-                         down=False)[leaf]
+  path = per_level_paths(update_paths, depth, algorithm=name, supported_levels=(leaf,), down=False)[leaf]
+  if path is not None and path.node is not None:
+    raise ValueError(f"{name} cannot run node transform {path.node.name!r} on its buffers: which reports a "
+                     f"server step applies depends on the devices' simulated speeds, not on a uniform draw a "
+                     f"sampling accountant could amplify by, and each is scaled by its staleness; privatize "
+                     f"at the clients (privacy.mechanism='local')")
   num_groups = topology.num_nodes(leaf)
   if path is not None and path.aggregator.accumulate is not None:
     raise ValueError(f"{name} cannot use aggregator {path.aggregator.name!r}: it scales every update by its "

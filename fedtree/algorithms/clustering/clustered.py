@@ -409,7 +409,8 @@ def _check_node_state(path: UpdatePath | None, model: Model, k: int, name: str) 
   if jax.tree.leaves(shapes):
     raise ValueError(f"{name}: the node transform {node.name!r} keeps a state per cluster (adaptive "
                      f"clipping's clip norm), which would follow the clients' statistics of the cluster "
-                     f"they trained in, not the one the round assigns them to; use a fixed clip_norm")
+                     f"they trained in, not the one the round assigns them to; use a fixed clip "
+                     f"(privacy.clip_norm=C without adaptive)")
 
 
 def _plan(*, model, data, local_optimizer, schedule, num_clusters, clustering, inter_cluster, beta,
