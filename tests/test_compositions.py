@@ -86,3 +86,12 @@ def test_the_page_is_what_the_code_does():
     moved = sorted(k for k in new if old.get(k) != new[k])
     pytest.fail(f"docs/compositions.md differs from the code at {moved or 'the reasons only'}; "
                 f"regenerate it: python -m fedtree.experiment.compositions --write")
+
+
+def test_the_readme_states_the_pages_count():
+  """The README quotes how many cells run: the page's count (which the slow test ties to the code)."""
+  import re
+
+  page = re.search(r"\*\*(\d+) of (\d+)\*\* cells are ✓", _page())
+  readme = (PAGE.parent.parent / "README.md").read_text()
+  assert page and f"{page.group(1)} of {page.group(2)} cells run" in readme
