@@ -67,6 +67,7 @@ from fedtree import algorithms
 from fedtree.core.local import LocalSchedule
 from fedtree.core.loop import compile_rounds
 from fedtree.core.personal import personal
+from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
 from fedtree.toolbox import compression, robust
 
@@ -133,8 +134,6 @@ CAPABILITIES: dict[str, Callable[[dict, workloads.Workload], algorithms.Federate
 
 def _edges(c: dict) -> dict:
   """``c`` on a tree of 4 edge servers under a root (B-HFL's, which needs one), clients dealt round-robin."""
-  from fedtree.core.topology import Topology
-
   n = c["data"].num_clients
   return {**c, "topology": Topology.from_labels(np.arange(n) % 4),
           "cohort_size": None if c["cohort_size"] is None else max(c["cohort_size"] // 4, 1)}

@@ -222,6 +222,12 @@ class UpdatePath(NamedTuple):
   down: DownTransform | None = None
 
   @property
+  def sums_by_mean(self) -> bool:
+    """The parents take the streamed weighted mean with no node stage (a client or downlink stage
+    aside): what a host that aggregates slots itself (:func:`aggregate_slots`) can do without the path."""
+    return self.aggregator.is_mean and self.node is None
+
+  @property
   def is_default(self) -> bool:
     """No stage set: the engine's own weighted mean, unchanged."""
     return (self.client is None and self.aggregator.is_mean and self.node is None

@@ -317,8 +317,6 @@ def blocks(paths: Mapping[int, UpdatePath] | None, run: RunContext, param_bytes:
 def _clusters(run: RunContext) -> int:
   """The cluster slots of a clustered-FL run (its factory's ``num_clusters`` or ``max_clusters``),
   0 for any other."""
-  import inspect
-
   for name in ("num_clusters", "max_clusters"):
     if name in run.params:
       given = None if run.run is None else run.run.get(name, None)

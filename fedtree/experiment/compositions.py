@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import pathlib
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -249,8 +250,6 @@ def read_page(text: str) -> dict[tuple[str, str], str]:
 def main(argv: list[str]) -> int:
   """``--write``: probe every cell and write :data:`PAGE`; ``--check``: probe and compare (exit 1 on a
   difference, naming the cells); ``--cells=name:column,...``: print those cells' verdicts."""
-  import pathlib
-
   args = argv[1:]
   cells_arg = [a.split("=", 1)[1] for a in args if a.startswith("--cells=")]
   if cells_arg:

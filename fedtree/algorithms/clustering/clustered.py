@@ -332,7 +332,7 @@ class _Plan:
   def per_cluster(self) -> bool:
     """Whether the clusters aggregate through the path's aggregator and node stage (else: the
     weighted mean of their members' models, as without a path)."""
-    return self.path is not None and not (self.path.aggregator.is_mean and self.path.node is None)
+    return self.path is not None and not self.path.sums_by_mean
 
 
 def _check_clustering(clustering, inter_cluster, num_clusters, num_clients, beta, cluster_start_round,

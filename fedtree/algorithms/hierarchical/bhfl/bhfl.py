@@ -582,7 +582,7 @@ def _train_clients(plan: _Plan, levels: list[Level], cursor, update_state, data:
 def _edge_path(plan: _Plan) -> UpdatePath | None:
   """The update path when the edges aggregate through its aggregator or node stage, else ``None``."""
   path = plan.path
-  return None if path is None or (path.aggregator.is_mean and path.node is None) else path
+  return None if path is None or path.sums_by_mean else path
 
 
 def _edge_aggregate(plan: _Plan, edge_params, update, wt, use, update_state, key, metrics):
