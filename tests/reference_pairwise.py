@@ -236,12 +236,14 @@ def _hn_pullback(shapes):
 
 
 def pfedhn_reference(model, data, hnet, emb, treedef, shapes, rounds, key, *, cohort_size, lr, batch_size,
-                     steps, hn_lr, momentum, weight_decay, clip_norm, embedding_step="own", dtype=np.float32):
+                     steps, hn_lr, momentum, weight_decay, clip_norm, embedding_step="own", dtype=np.float32,
+                     transform=None):
   """Algorithm 1 of pFedHN on one server, its cohort's steps averaged (one client per round is the
   paper's): for every sampled client ``θ_i = h(v_i; φ)``, SGD to ``θ̃_i``, ``Δθ_i = θ_i − θ̃_i``;
   ``∇φ = mean_i J_φᵀ Δθ_i``, ``∇v_i = J_vᵀ Δθ_i``; the global norm of ``(∇φ, ∇v)`` clipped, then
   PyTorch's SGD with weight decay and momentum on ``(φ, v)`` (``embedding_step="mean"``: ``∇v_i``
-  over the cohort too, FLGo's). Returns ``(φ, v)``."""
+  over the cohort too, FLGo's). ``transform(list of Δθ_i leaves) -> leaves``: what the client's update
+  path makes of its update before it leaves (``None``: nothing). Returns ``(φ, v)``."""
   parent = np.zeros(data.num_clients, int)
   hnet, emb = np64(hnet), np.asarray(emb, np.float64)
   buf = None
@@ -258,6 +260,8 @@ def pfedhn_reference(model, data, hnet, emb, treedef, shapes, rounds, key, *, co
                           jax.random.fold_in(stream(rk, "train"), k), lr=lr, batch_size=batch_size,
                           dtype=dtype)
       delta = [np.asarray(a, np.float64) - b for a, b in zip(theta, jax.tree.leaves(trained), strict=True)]
+      if transform is not None:
+        delta = transform(delta)
       gh, gv = _hn_pullback(tuple(shapes))(h32, v32, [jnp.asarray(d, dtype) for d in delta])
       share = 1.0 / len(members)
       g_h = jax.tree.map(lambda a, b, s=share: a + np.asarray(b, np.float64) * s, g_h, gh)

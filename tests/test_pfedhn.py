@@ -22,7 +22,9 @@ from fedtree.core.updates import UpdatePath
 from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.experiment import registry
 from fedtree.models import build_model
-from fedtree.toolbox.privacy import clip
+from fedtree.toolbox.compression import downlink, qsgd, uplink
+from fedtree.toolbox.privacy import central, clip
+from fedtree.toolbox.robust import median
 
 LR, B = 0.1, 4
 HN = dict(hn_learning_rate=0.05, hn_momentum=0.9, hn_weight_decay=1e-3, clip_norm=0.5)   # the clip bites
@@ -147,6 +149,43 @@ def test_pfedhn_on_a_tree_keeps_a_hypernetwork_per_parent(problem):
                            np.asarray(before.hnet["mlp"][0]["kernel"][p]))
 
 
+def test_pfedhn_takes_each_update_after_its_clients_path(problem):
+  """The update path's client stage acts on every Δθ_i as it leaves its client (clipped here, as local
+  DP clips before its noise), and the hypernetwork's step takes the clipped updates: the per-client loop
+  with each Δθ_i clipped to the same norm; QSGD's bytes are counted up."""
+  data, _, model = problem
+  sched = LocalSchedule(batch_size=B, steps=3)
+  c = 0.05
+  alg = pfedhn(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched, cohort_size=2,
+               hidden=6, n_hidden=1, embed_dim=3, update_paths=UpdatePath(client=clip(c)), **HN)
+  key = jax.random.key(9)
+  start = jax.jit(alg.init)(jax.random.key(7)).server_state
+  state, metrics = _run(alg, data, 2, key)
+  assert float(metrics["dp_unclipped"]) < 1.0   # the clip bites
+
+  def clip_each(delta):
+    norm = np.sqrt(sum(float(np.sum(np.square(d))) for d in delta))
+    return [d * min(1.0, c / norm) for d in delta]
+
+  template = model.init(jax.random.key(0))
+  leaves, treedef = jax.tree.flatten(template)
+  hnet, emb = ref.pfedhn_reference(
+    model, data, jax.tree.map(lambda a: a[0], start.hnet), start.embeddings[0], treedef,
+    [a.shape for a in leaves], 2, key, cohort_size=2, lr=LR, batch_size=B,
+    steps=np.full(data.num_clients, 3), hn_lr=HN["hn_learning_rate"], momentum=HN["hn_momentum"],
+    weight_decay=HN["hn_weight_decay"], clip_norm=HN["clip_norm"], transform=clip_each)
+  got = ref.np64(jax.tree.map(lambda a: a[0], state.server_state.hnet))
+  chex.assert_trees_all_close(got, hnet, atol=3e-5, rtol=2e-4)
+  np.testing.assert_allclose(np.asarray(state.server_state.embeddings[0]), emb, atol=3e-5, rtol=2e-4)
+  _, plain = _run(pfedhn(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched, cohort_size=2,
+                         hidden=6, n_hidden=1, embed_dim=3, **HN), data, 1, key)
+  _, quantized = _run(pfedhn(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched,
+                             cohort_size=2, hidden=6, n_hidden=1, embed_dim=3,
+                             update_paths=UpdatePath(client=uplink(qsgd(bits=4))), **HN), data, 1, key)
+  whole = 4 * sum(a.size for a in leaves)   # one float32 model
+  assert "uplink_bytes" not in plain and 0 < float(quantized["uplink_bytes"]) < whole / 3   # 4 bits an entry, a norm a leaf
+
+
 def test_pfedhn_refusals_name_the_value(problem):
   data, _, model = problem
   common = dict(model=model, data=data, local_optimizer=optax.sgd(LR),
@@ -155,7 +194,10 @@ def test_pfedhn_refusals_name_the_value(problem):
     (dict(hidden=0), r"hidden=0 must be an integer >= 1"),
     (dict(embed_dim=0), r"embed_dim=0 must be an integer >= 1, or -1"),
     (dict(clip_norm=0.0), r"clip_norm=0.0 must be a finite number > 0"),
-    (dict(update_paths=UpdatePath(client=clip(1.0))), r"update paths .* act on a model delta"),
+    (dict(update_paths=UpdatePath(node=central(0.5, 1.0))),
+     r"node transform 'dp' .* own Jacobian, never their sum"),
+    (dict(update_paths=UpdatePath(aggregator=median())), r"robust \(blockwise\) .* no mean for a robust rule"),
+    (dict(update_paths=UpdatePath(down=downlink(qsgd(bits=6)))), r"downlink transform .* a parcel"),
     (dict(personal=personal("Dense_1", level=1), topology=Topology.from_labels(np.array([0, 0, 0, 1, 1, 1]))),
      r"shared within level-1 subtrees are not supported"),
   ]:

@@ -271,11 +271,11 @@ def _drop_update_state(state):
 
 
 FAST = ("fedavg", "hierfavg", "pfedmt", "bhfl", "cfl")
-REFUSE_A_CLIENT_TRANSFORM = ("fedamp", "fedfomo", "fedproto", "mime", "mimelite", "pfedhn", "hetlora")
+REFUSE_A_CLIENT_TRANSFORM = ("fedamp", "fedfomo", "fedproto", "mime", "mimelite", "hetlora")
 """Methods that refuse a client transform (issues 36, 38 and 50): what their clients send is not the model
 delta an update path acts on (FedAMP's and FedFomo's whole personal models, FedProto's prototypes,
-pFedHN's embedding, HetLoRA's zero-padded low-rank update), or travels beside it unprocessed (Mime's
-full-batch gradients)."""
+HetLoRA's zero-padded low-rank update), or travels beside it unprocessed (Mime's full-batch gradients).
+pFedHN's Δθ_i takes one since issue 55."""
 
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow)
@@ -284,7 +284,7 @@ def test_identity_path_is_bitwise_today_for_every_algorithm(name):
   """A stateful identity client transform (with statistics) changes no number of any algorithm,
   its state counts every client's reports, and the round still compiles once; a method whose
   clients send something a client transform cannot act on (a whole personal model, prototypes,
-  a hypernetwork's embedding, gradients beside the update) refuses it by name instead."""
+  gradients beside the update) refuses it by name instead."""
   ctx = _ctx()
   if name in REFUSE_A_CLIENT_TRANSFORM:
     with pytest.raises(ValueError, match=rf"^{name}: .*run (it |{name} )?without"):

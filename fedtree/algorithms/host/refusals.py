@@ -2,8 +2,8 @@
 before anything is built, in one format: ``"<method>: <what the run asks for>: <why not>"``.
 
 Each composition is named (:data:`COMPOSITIONS`) by what a run gives its host: personal parameters, a
-robust (blockwise) aggregator, differential privacy at the clients, a transform of the update path,
-a model with state, server optimizers. The docs' composition matrix reads the same declarations.
+robust (blockwise) aggregator, differential privacy at the clients, a transform of the update path (at
+the clients, at their parents, on the downlink), a model with state, server optimizers. The docs' composition matrix reads the same declarations.
 """
 
 from __future__ import annotations
@@ -70,6 +70,13 @@ def _node_transform(host: Host) -> list[str]:
   return [f"the update path's node transform {path.node.name!r} at the clients' tier"]
 
 
+def _down_transform(host: Host) -> list[str]:
+  path = _clients_path(host)
+  if path is None or path.down is None:
+    return []
+  return [f"the update path's downlink transform {path.down.name!r} at the clients' tier"]
+
+
 def _update_paths(host: Host) -> list[str]:
   paths = host.get("update_paths")
   if isinstance(paths, Mapping):
@@ -117,6 +124,7 @@ COMPOSITIONS: Mapping[str, Composition] = {
   "private": Composition("differential privacy at any level", _private),
   "client_transform": Composition("a client transform at the clients' tier", _client_transform),
   "node_transform": Composition("a node transform at the clients' tier", _node_transform),
+  "down_transform": Composition("a downlink transform at the clients' tier", _down_transform),
   "update_paths": Composition("any update path (privacy, robust aggregation, compression)", _update_paths),
   "server_optimizers": Composition("server optimizers", _server_optimizers),
   "model_state": Composition("a model with state (BatchNorm statistics)", _model_state),

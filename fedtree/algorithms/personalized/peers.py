@@ -38,6 +38,23 @@ def sends_whole(what: str, *, personal: bool = True) -> tuple[Refusal, ...]:
                                       "GroupNorm)"))
 
 
+def uses_each(what: str, *, personal: bool = True) -> tuple[Refusal, ...]:
+  """The refusals of a method whose server uses each client's update on its own (``what`` says how),
+  never their sum: the update path's client stage (clipping and noise, compression, attacks) acts on
+  every update as it leaves its client, but a stage on the parents' sum (central DP's noise, SecAgg's
+  unmasking), a robust rule replacing the mean and a downlink transform of the parents' models (each
+  client receives a parcel of its own) are refused, as are :func:`sends_whole`'s server optimizers, a
+  model with state and, where asked, personal parameters."""
+  out = (cannot("node_transform", f"{what}, never their sum, so a stage on the sum (central DP's noise, "
+                                  f"SecAgg's unmasking) would not reach what it uses; for privacy, clip and "
+                                  f"noise at the clients (privacy mechanism='local')"),
+         cannot("blockwise", f"{what}, so there is no mean for a robust rule to replace"),
+         cannot("down_transform", "every client receives a model of its own (a parcel), not its parent's, "
+                                  "which is what a downlink transform compresses; leave compression.downlink "
+                                  "unset"))
+  return out + sends_whole(what, personal=personal)[1:]
+
+
 def smallest_cohort(host: Mapping[str, Any]) -> int:
   """The fewest clients a parent of the clients samples a round: its ``cohort_size`` (one or per
   parent), at most its children, or all its children; Poisson sampling: its slots."""

@@ -23,7 +23,7 @@ import optax
 from flax import struct
 
 from fedtree.algorithms.host import Host, hierfavg, method_over
-from fedtree.algorithms.personalized.peers import children, sends_whole, topology_of
+from fedtree.algorithms.personalized.peers import children, topology_of, uses_each
 from fedtree.core.algorithm import FederatedAlgorithm, NodeModels
 from fedtree.core.checks import check_nonnegative, check_positive
 from fedtree.core.model import Model, param_paths
@@ -240,8 +240,8 @@ def _check_start(name: str, hn_params, embeddings, template, mask, *, embed: int
                      f"embed_dim={embed} per client: ({num_clients}, {embed})")
 
 
-@method_over(hierfavg, drops=("server_optimizers",), cannot=sends_whole(
-  "pFedHN's clients send their updates to the hypernetwork as they are", personal=False))
+@method_over(hierfavg, drops=("server_optimizers",), cannot=uses_each(
+  "the hypernetwork takes each client's update Δθ_i through that client's own Jacobian", personal=False))
 def pfedhn(
   host: Host,
   *,
@@ -284,8 +284,10 @@ def pfedhn(
 
   Raises:
     ValueError: a size or rate out of range, ``hn_params`` or ``embeddings`` not shaped as the
-      hypernetwork's, an unknown ``embedding_step``, update paths, server optimizers, personal
-      parameters shared within a subtree, or a model with BatchNorm statistics.
+      hypernetwork's, an unknown ``embedding_step``, an update path's stage on the parents' sum
+      (central DP's noise, SecAgg), a robust aggregator or a downlink transform (the client stage,
+      local DP and compression, acts on every ``Δθ_i``), server optimizers, personal parameters
+      shared within a subtree, or a model with BatchNorm statistics.
 
   Example:
     Two rounds of pFedHN over 5 clients, 2 sampled a round:
