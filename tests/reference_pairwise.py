@@ -103,19 +103,23 @@ def fedamp_weights(models, *, attention, alpha, sigma, self_attention):
 
 
 def fedamp_reference(model, data, w0, parent, rounds, key, *, cohort_size, attention, alpha, lam, sigma,
-                     self_attention, start, lr, batch_size, steps, dtype=np.float32):
+                     self_attention, start, lr, batch_size, steps, dtype=np.float32, transform=None):
   """Algorithm 1 of FedAMP per parent of clients: every round its cohort's cloud models ``u_i = Σ_j
   ξ_ij w_j`` from their current models, then every client's SGD on ``F_i(w) + λ/(2α) ‖w − u_i‖²``
-  from its own model (or ``u_i``). Returns every client's personal model."""
+  from its own model (or ``u_i``). ``transform(Δ leaves) -> leaves`` (a client stage): the server
+  keeps ``u_i − transform(u_i − w_i)`` of every client, not ``w_i``, and pairs those. Returns every
+  client's personal model (and, with ``transform``, the server's copies too)."""
   w = [np64(w0) for _ in range(data.num_clients)]
+  held = [np64(w0) for _ in range(data.num_clients)]   # what the server holds of each client
   mu = lam / alpha
   for r in range(rounds):
     rk = jax.random.fold_in(key, r)
     for _, members in cohorts(parent, cohort_size, rk).items():
-      xi = fedamp_weights([w[k] for k in members], attention=attention, alpha=alpha, sigma=sigma,
+      seen = held if transform is not None else w
+      xi = fedamp_weights([seen[k] for k in members], attention=attention, alpha=alpha, sigma=sigma,
                           self_attention=self_attention)
       cloud = [jax.tree.map(lambda *ms, row=xi[i]: sum(c * m for c, m in zip(row, ms, strict=True)),
-                            *[w[k] for k in members]) for i in range(len(members))]
+                            *[seen[k] for k in members]) for i in range(len(members))]
       new = {}
       for i, k in enumerate(members):
         u = cloud[i]
@@ -124,9 +128,14 @@ def fedamp_reference(model, data, w0, parent, rounds, key, *, cohort_size, atten
                            jax.random.fold_in(stream(rk, "train"), k), lr=lr, batch_size=batch_size,
                            extra_grad=lambda ww, u=u: jax.tree.map(lambda a, b: mu * (a - b), ww, u),
                            dtype=dtype)
+        if transform is not None:
+          leaves, treedef = jax.tree.flatten(u)
+          delta = transform([np.asarray(a, np.float64) - np.asarray(b, np.float64)
+                             for a, b in zip(leaves, jax.tree.leaves(new[k]), strict=True)])
+          held[k] = jax.tree.unflatten(treedef, [a - d for a, d in zip(leaves, delta, strict=True)])
       for k, v in new.items():
         w[k] = v
-  return w
+  return w if transform is None else (w, held)
 
 
 # ------------------------------------------------------------------------ FedFomo

@@ -22,7 +22,7 @@ from fedtree.core.updates import UpdatePath
 from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.experiment import registry
 from fedtree.models import build_model
-from fedtree.toolbox.privacy import clip
+from fedtree.toolbox.privacy import central, clip
 
 LR, B = 0.1, 4
 
@@ -70,6 +70,34 @@ def test_fedamp_matches_the_per_client_loop(problem, attention, start, alpha, si
                            cohort_size=4, lr=LR, batch_size=B, steps=steps, **kw)
   _same_models(state.client_state, w)
   assert "uplink_bytes" not in metrics   # one model each way: the host's count (cloud model down, w_i up)
+
+
+def test_fedamp_pairs_what_its_clients_sent_through_their_path(problem):
+  """With a client stage (a clip here: local DP's first half) every client sends ``u_i − clip(u_i − w_i)``,
+  its update against the cloud model it received; the server keeps that copy of each client and pairs
+  the copies, while every client keeps its own model: the per-client loop with the same server copies."""
+  data, _, model = problem
+  sched = LocalSchedule(batch_size=B, epochs=1)
+  c = 0.05
+  kw = dict(attention="distance", alpha=0.2, lam=0.5, sigma=2.0, self_attention=0.4, start="own")
+  alg = fedamp(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched, cohort_size=4,
+               chunk_size=2, update_paths=UpdatePath(client=clip(c)), **kw)
+  key = jax.random.key(11)
+  state, metrics = _run(alg, data, 3, key)
+  assert float(metrics["dp_unclipped"]) < 1.0   # the clip bites
+
+  def clip_each(delta):
+    norm = np.sqrt(sum(float(np.sum(np.square(d))) for d in delta))
+    return [d * min(1.0, c / norm) for d in delta]
+
+  w, held = ref.fedamp_reference(model, data, _start(alg), np.zeros(data.num_clients, int), 3, key,
+                                 cohort_size=4, lr=LR, batch_size=B,
+                                 steps=sched.num_steps(np.asarray(data.n_train)), transform=clip_each, **kw)
+  _same_models(state.client_state, w)
+  _same_models(jax.tree.map(lambda a: a[0], state.server_state), held)   # one parent: rows = clients
+  gap = max(float(jnp.max(jnp.abs(a[0] - b))) for a, b in zip(jax.tree.leaves(state.server_state),
+                                                               jax.tree.leaves(state.client_state)))
+  assert gap > 1e-3   # the server pairs the clipped copies, not the clients' own models
 
 
 @pytest.mark.slow
@@ -128,7 +156,7 @@ def test_fedamp_refusals_name_the_value(problem):
     (dict(self_attention=1.5), r"self_attention=1.5 is HeurFedAMP's ξ_ii, a weight in \[0, 1\]"),
     (dict(start="global"), r"start='global'; choose one of \('own', 'cloud'\)"),
     (dict(cohort_size=1), r"as few as 1 client a round \(cohort_size\)"),
-    (dict(update_paths=UpdatePath(client=clip(1.0))), r"update paths .* act on a model delta"),
+    (dict(update_paths=UpdatePath(node=central(0.5, 1.0))), r"node transform 'dp' .* never their sum"),
     (dict(personal=personal("Dense_1")), r"personal parameters are not supported"),
   ]:
     with pytest.raises(ValueError, match=match) as err:

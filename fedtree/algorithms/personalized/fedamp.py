@@ -15,10 +15,21 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedtree.algorithms.host import Host, hierfavg, method_over
-from fedtree.algorithms.personalized.peers import personal_only, sends_whole, smallest_cohort, topology_of
+from fedtree.algorithms.personalized.peers import (
+  children,
+  client_stage,
+  held_receive,
+  held_rows,
+  held_start,
+  personal_only,
+  smallest_cohort,
+  topology_of,
+  uses_each,
+)
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_nonnegative, check_positive, is_traced
 from fedtree.core.local import (
@@ -32,7 +43,16 @@ from fedtree.core.local import (
   stack,
 )
 from fedtree.core.model import Model
-from fedtree.core.server_rule import Downlink, Inbox, Outbox, Parcels, ServerRule, cohort_blocks, slot_rows
+from fedtree.core.server_rule import (
+  Downlink,
+  Inbox,
+  Outbox,
+  Parcels,
+  ServerRule,
+  Uplink,
+  cohort_blocks,
+  slot_rows,
+)
 
 PyTree = Any
 ATTENTIONS = ("distance", "cosine", "uniform")
@@ -89,14 +109,24 @@ def attention_weights(blocks: PyTree, valid: jax.Array, *, attention: str, alpha
 
 
 def fedamp_server(*, attention: str = "distance", alpha=1.0, sigma=1.0, self_attention=0.5,
-                  num_parents: int) -> ServerRule:
-  """FedAMP's server: every sampled client's cloud model ``u_i`` as its parcel (its start; :doc:`docs
-  <algorithms/peers.md#fedamp>`), made from the round's start models of its parent's cohort."""
+                  num_parents: int, table: np.ndarray | None = None,
+                  rank: np.ndarray | None = None) -> ServerRule:
+  """FedAMP's server: every sampled client's cloud model ``u_i`` as its parent (its start; :doc:`docs
+  <algorithms/peers.md#fedamp>`), made from the round's start models of its parent's cohort. With
+  ``table`` and ``rank`` (:func:`~fedtree.algorithms.personalized.peers.children`) every parent keeps
+  the models its children sent (``[N, B, ...]``: what an update path's client stage made of them) and
+  pairs those; without, it reads the clients' own models (no client stage: the same models)."""
   if attention not in ATTENTIONS:
     raise ValueError(f"attention={attention!r}; choose one of {ATTENTIONS}")
+  holds = table is not None
+  if holds and rank is None:
+    raise ValueError("fedamp_server: table is given without rank (both: peers.children(topology))")
 
   def send_each(out: Outbox) -> Parcels:
-    w = jax.tree.map(lambda a: jnp.take(a, out.clients, axis=0), out.client_state)   # [K, ...]
+    if holds:
+      w = held_rows(out.state, out.parent, out.clients, rank)                         # [K, ...]
+    else:
+      w = jax.tree.map(lambda a: jnp.take(a, out.clients, axis=0), out.client_state)
     blocks = cohort_blocks(w, out, num_parents, out.block_size)                      # [N, B, ...]
     valid = cohort_blocks(out.valid, out, num_parents, out.block_size)
     xi = attention_weights(blocks, valid, attention=attention, alpha=alpha, sigma=sigma,
@@ -109,10 +139,16 @@ def fedamp_server(*, attention: str = "distance", alpha=1.0, sigma=1.0, self_att
     return Parcels(start=u, stats={"fedamp_self_weight": jnp.sum(jnp.where(out.valid, own, 0.0)) / count})
 
   def receive(inbox: Inbox, state):   # the servers hold no model of FedAMP's: theirs stays as it is
+    if holds:
+      assert inbox.slots is not None
+      state = held_receive(state, inbox.slots, rank)
     return jax.tree.map(jnp.zeros_like, inbox.pseudo_gradient), state, {}
 
-  return ServerRule(init=lambda params, n: (), receive=receive, name="fedamp",
-                    down=Downlink(parcels=send_each))
+  def init(params, n):
+    return held_start(params, table) if holds else ()
+
+  return ServerRule(init=init, receive=receive, name="fedamp",
+                    down=Downlink(parcels=send_each), up=Uplink(slots=holds))
 
 
 def fedamp_update(model: Model, optimizer: optax.GradientTransformation, *, lam, alpha, start: str = "own",
@@ -134,8 +170,8 @@ def fedamp_update(model: Model, optimizer: optax.GradientTransformation, *, lam,
                       personal_models=lambda state: state, takes_round=True)
 
 
-@method_over(hierfavg, drops=("server_optimizers",), cannot=sends_whole(
-  "FedAMP's clients send their whole personal models, which the server pairs as they are"))
+@method_over(hierfavg, drops=("server_optimizers",), cannot=uses_each(
+  "the server pairs each client's model with every other's (the attention ξ_ij)"))
 def fedamp(
   host: Host,
   *,
@@ -196,8 +232,9 @@ def fedamp(
     raise ValueError(f"{name}: a parent samples as few as {cohort} client a round (cohort_size), so FedAMP "
                      f"has no pair to pass messages between; sample at least 2 per parent")
   num_parents = topology_of(host).num_nodes(topology_of(host).depth - 1)
+  table, rank = children(topology_of(host)) if client_stage(host) else (None, None)
   rule = fedamp_server(attention=attention, alpha=alpha, sigma=sigma, self_attention=self_attention,
-                       num_parents=num_parents)
+                       num_parents=num_parents, table=table, rank=rank)
 
   def objective(s: LocalSetup):
     return fedamp_update(s.model, s.optimizer, lam=lam, alpha=alpha, start=start, batch_size=s.batch_size,

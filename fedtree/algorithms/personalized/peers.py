@@ -11,11 +11,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedtree.algorithms.host import Refusal, cannot
 from fedtree.core.algorithm import FederatedAlgorithm
+from fedtree.core.server_rule import Slots
 from fedtree.core.topology import Topology
+from fedtree.core.updates import per_level_paths
 
 PyTree = Any
 
@@ -81,6 +84,37 @@ def children(topology: Topology) -> tuple[np.ndarray, np.ndarray]:
     rank[i] = seen[p]
     seen[p] += 1
   return table, rank
+
+
+def client_stage(host: Mapping[str, Any]) -> bool:
+  """The clients' update path has a client stage (privacy, compression, an attack): what a client
+  sends is then not its model as it is, and its parent must keep the copy it received."""
+  topology = topology_of(host)
+  path = per_level_paths(host.get("update_paths"), topology.depth, algorithm="the method")[-1]
+  return path is not None and path.client is not None
+
+
+def held_start(params: PyTree, table: np.ndarray) -> PyTree:
+  """``[N, B, ...]``: every parent's copy of its ``B`` children's models (in their index order,
+  :func:`children`) before any has sent one: the run's start model (every client's first)."""
+  n, b = table.shape
+  return jax.tree.map(lambda p: jnp.broadcast_to(p, (n, b) + jnp.shape(p)), params)
+
+
+def held_rows(held: PyTree, parent: jax.Array, clients: jax.Array, rank: np.ndarray) -> PyTree:
+  """``[K, ...]`` what each slot's parent holds of the client ``clients[k]`` (a child of ``parent[k]``)."""
+  n = jax.tree.leaves(held)[0].shape[0]
+  row = jnp.take(jnp.asarray(rank), clients)
+  return jax.tree.map(lambda a: a[jnp.clip(parent, 0, n - 1), row], held)
+
+
+def held_receive(held: PyTree, slots: Slots, rank: np.ndarray) -> PyTree:
+  """``held`` with every reporting slot's row replaced by what it sent (``slots.sent``: its update
+  after the update path's client stage, taken from what it started from); the others keep theirs."""
+  n = jax.tree.leaves(held)[0].shape[0]
+  parent = jnp.where(slots.reported, slots.parent, n)   # not reported: out of range, dropped
+  row = jnp.take(jnp.asarray(rank), slots.clients)
+  return jax.tree.map(lambda h, s: h.at[parent, row].set(s.astype(h.dtype), mode="drop"), held, slots.sent)
 
 
 def personal_only(alg: FederatedAlgorithm) -> FederatedAlgorithm:
