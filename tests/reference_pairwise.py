@@ -126,7 +126,7 @@ def fedamp_reference(model, data, w0, parent, rounds, key, *, cohort_size, atten
         begin = w[k] if start == "own" else u
         new[k] = sgd_steps(model, begin, client_data(data, k), steps[k],
                            jax.random.fold_in(stream(rk, "train"), k), lr=lr, batch_size=batch_size,
-                           extra_grad=lambda ww, u=u: jax.tree.map(lambda a, b: mu * (a - b), ww, u),
+                           extra_grad=lambda ww, u=u: jax.tree.map(lambda x, z: mu * (x - z), ww, u),
                            dtype=dtype)
         if transform is not None:
           leaves, treedef = jax.tree.flatten(u)
@@ -167,14 +167,19 @@ def fomo_split(data, k, *, fraction, how, seed):
 
 
 def fedfomo_reference(model, data, w0, parent, rounds, key, *, cohort_size, num_candidates, epsilon,
-                      epsilon_decay, fraction, how, pool, lr, batch_size, steps, seed, dtype=np.float32):
+                      epsilon_decay, fraction, how, pool, lr, batch_size, steps, seed, dtype=np.float32,
+                      transform=None):
   """FedFomo per parent of clients (Zhang et al. 2021, Algorithm 1 with the authors' ε-greedy
   choice): every sampled client receives the ``M`` other clients' models of highest affinity (or
   ``M`` at random), weighs them on its validation rows by ``(L(θ_i) − L(θ_n)) / ‖θ_n − θ_i‖``,
   moves by the normalized positive weights, adds the weights to its affinities and trains on its
-  other rows. Returns ``(models, affinities [C, C], last round)``."""
+  other rows. ``transform(Δ leaves) -> leaves`` (a client stage): the server keeps ``h_i −
+  transform(h_i − θ_i)`` of every client (``h_i`` its previous copy) and sends those as candidates.
+  Returns ``(models, affinities [C, C], last round)`` (and the server's copies, with ``transform``)."""
   c = data.num_clients
   theta = [np64(w0) for _ in range(c)]
+  held = [np64(w0) for _ in range(c)]
+  seen = held if transform is not None else theta
   affinity = np.zeros((c, c))
   last = np.zeros(c, int)
   siblings = {p: [i for i in range(c) if parent[i] == p] for p in set(parent.tolist())}
@@ -202,8 +207,8 @@ def fedfomo_reference(model, data, w0, parent, rounds, key, *, cohort_size, num_
       base = mean_loss(model, own, x[va], y[va], dtype)
       w = []
       for j in cands:
-        dist = float(np.linalg.norm(flat(theta[j]) - flat(own)))
-        better = base - mean_loss(model, theta[j], x[va], y[va], dtype)
+        dist = float(np.linalg.norm(flat(seen[j]) - flat(own)))
+        better = base - mean_loss(model, seen[j], x[va], y[va], dtype)
         w.append(0.0 if dist == 0 or len(va) == 0 else better / dist)
       pos = np.maximum(np.asarray(w), 0.0)
       begin = own
@@ -211,7 +216,7 @@ def fedfomo_reference(model, data, w0, parent, rounds, key, *, cohort_size, num_
         share = pos / pos.sum()
         begin = jax.tree.map(
           lambda o, *ms, share=share: o + sum(s * (m - o) for s, m in zip(share, ms, strict=True)), own,
-          *[theta[j] for j in cands])
+          *[seen[j] for j in cands])
       for j, v in zip(cands, w, strict=True):
         affinity[i, j] += v
       rows = np.concatenate([tr, np.zeros(x.shape[0] - len(tr), int)])
@@ -221,7 +226,12 @@ def fedfomo_reference(model, data, w0, parent, rounds, key, *, cohort_size, num_
       last[i] = t
     for i, v in new.items():
       theta[i] = v
-  return theta, affinity, last
+      if transform is not None:
+        leaves, treedef = jax.tree.flatten(held[i])
+        delta = transform([np.asarray(a, np.float64) - np.asarray(b, np.float64)
+                           for a, b in zip(leaves, jax.tree.leaves(v), strict=True)])
+        held[i] = jax.tree.unflatten(treedef, [a - d for a, d in zip(leaves, delta, strict=True)])
+  return (theta, affinity, last) if transform is None else (theta, affinity, last, held)
 
 
 # ------------------------------------------------------------------------ pFedHN

@@ -95,8 +95,8 @@ def test_fedamp_pairs_what_its_clients_sent_through_their_path(problem):
                                  steps=sched.num_steps(np.asarray(data.n_train)), transform=clip_each, **kw)
   _same_models(state.client_state, w)
   _same_models(jax.tree.map(lambda a: a[0], state.server_state), held)   # one parent: rows = clients
-  gap = max(float(jnp.max(jnp.abs(a[0] - b))) for a, b in zip(jax.tree.leaves(state.server_state),
-                                                               jax.tree.leaves(state.client_state)))
+  pairs = zip(jax.tree.leaves(state.server_state), jax.tree.leaves(state.client_state), strict=True)
+  gap = max(float(jnp.max(jnp.abs(a[0] - b))) for a, b in pairs)
   assert gap > 1e-3   # the server pairs the clipped copies, not the clients' own models
 
 

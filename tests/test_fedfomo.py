@@ -18,9 +18,12 @@ from fedtree.core.data import as_device
 from fedtree.core.local import LocalSchedule
 from fedtree.core.personal import personal
 from fedtree.core.topology import Topology
+from fedtree.core.updates import UpdatePath
 from fedtree.datasets.synthetic import grouped_synthetic
 from fedtree.experiment import registry
 from fedtree.models import build_model
+from fedtree.toolbox.compression import qsgd, uplink
+from fedtree.toolbox.privacy import clip
 
 LR, B = 0.1, 4
 
@@ -79,6 +82,43 @@ def test_fedfomo_matches_the_per_client_loop(problem, validation, pool, groups_a
   m = kw["num_candidates"]
   assert int(metrics["downlink_bytes"]) == m * mb + 4 * m and int(metrics["uplink_bytes"]) == mb
   assert sorted(alg.models(state)) == ["personal"]
+
+
+def test_fedfomo_sends_the_copies_its_clients_sent_through_their_path(problem):
+  """With a client stage (a clip here: local DP's first half) every client's update is taken against
+  the copy its parent holds of it, and the parent keeps ``h_i − clip(h_i − θ_i)`` and sends those as
+  candidates, while each client moves and trains its own model: the per-client loop with the same copies;
+  a compressor's bytes are counted up."""
+  data, _, model = problem
+  c = 0.05
+  kw = dict(num_candidates=2, epsilon=0.5, epsilon_decay=0.2)
+  sched = LocalSchedule(batch_size=B, steps=3)
+  alg = fedfomo(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched, cohort_size=4,
+                chunk_size=2, val_fraction=0.3, validation="last", pool="all",
+                update_paths=UpdatePath(client=clip(c)), **kw)
+  key = jax.random.key(3)
+  state, metrics = _run(alg, data, 3, key)
+  assert float(metrics["dp_unclipped"]) < 1.0   # the clip bites
+
+  def clip_each(delta):
+    norm = np.sqrt(sum(float(np.sum(np.square(d))) for d in delta))
+    return [d * min(1.0, c / norm) for d in delta]
+
+  w0 = jax.tree.map(lambda a: a[0], jax.jit(alg.init)(jax.random.key(7)).client_state.model)
+  parent = np.zeros(data.num_clients, int)
+  theta, affinity, last, held = ref.fedfomo_reference(
+    model, data, w0, parent, 3, key, cohort_size=4, fraction=0.3, how="last", pool="all", lr=LR,
+    batch_size=B, steps=np.full(data.num_clients, 3), seed=SPLIT_SEED, transform=clip_each, **kw)
+  _check(state, theta, affinity, last, [list(range(data.num_clients))] * data.num_clients)
+  for k, want in enumerate(held):   # one parent: its rows are the clients
+    chex.assert_trees_all_close(ref.np64(jax.tree.map(lambda a, k=k: a[0, k], state.server_state)), want,
+                                atol=3e-5, rtol=2e-4)
+  _, quantized = _run(fedfomo(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=sched,
+                              cohort_size=4, chunk_size=2,
+                              update_paths=UpdatePath(client=uplink(qsgd(4))), **kw),
+                      data, 1, key)
+  mb = 4 * sum(int(np.prod(np.shape(a))) for a in jax.tree.leaves(w0))
+  assert 0 < int(quantized["uplink_bytes"]) < mb / 3   # 4 bits an entry, a norm a leaf
 
 
 def test_no_candidate_is_local_training(problem):

@@ -183,7 +183,8 @@ def test_pfedhn_takes_each_update_after_its_clients_path(problem):
                              cohort_size=2, hidden=6, n_hidden=1, embed_dim=3,
                              update_paths=UpdatePath(client=uplink(qsgd(bits=4))), **HN), data, 1, key)
   whole = 4 * sum(a.size for a in leaves)   # one float32 model
-  assert "uplink_bytes" not in plain and 0 < float(quantized["uplink_bytes"]) < whole / 3   # 4 bits an entry, a norm a leaf
+  # 4 bits an entry, a norm a leaf
+  assert "uplink_bytes" not in plain and 0 < float(quantized["uplink_bytes"]) < whole / 3
 
 
 def test_pfedhn_refusals_name_the_value(problem):
@@ -196,8 +197,9 @@ def test_pfedhn_refusals_name_the_value(problem):
     (dict(clip_norm=0.0), r"clip_norm=0.0 must be a finite number > 0"),
     (dict(update_paths=UpdatePath(node=central(0.5, 1.0))),
      r"node transform 'dp' .* own Jacobian, never their sum"),
-    (dict(update_paths=UpdatePath(aggregator=median())), r"robust \(blockwise\) .* no mean for a robust rule"),
-    (dict(update_paths=UpdatePath(down=downlink(qsgd(bits=6)))), r"downlink transform .* a parcel"),
+    (dict(update_paths=UpdatePath(aggregator=median())),
+     r"robust \(blockwise\) .* no mean for a robust rule"),
+    (dict(update_paths=UpdatePath(down=downlink(qsgd(bits=6)))), r"downlink transform .* \(a parcel\)"),
     (dict(personal=personal("Dense_1", level=1), topology=Topology.from_labels(np.array([0, 0, 0, 1, 1, 1]))),
      r"shared within level-1 subtrees are not supported"),
   ]:

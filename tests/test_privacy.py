@@ -338,11 +338,11 @@ def test_every_algorithm_runs_with_privacy_on(name):
     with pytest.raises(ValueError, match=f"{name}: the update path's client transform .* full-batch"):
       spec.factory(**registry.factory_kwargs(name, run, ctx))
     return
-  if name == "pfedhn":   # its hypernetwork takes each update on its own: no sum to noise (local DP runs)
-    with pytest.raises(ValueError, match=r"pfedhn: the update path's node transform 'dp' .* never their sum"):
+  if name in ("pfedhn", "fedamp", "fedfomo"):   # each update used on its own: no sum to noise (local DP runs)
+    with pytest.raises(ValueError, match=rf"{name}: the update path's node transform 'dp' .* never their"):
       spec.factory(**registry.factory_kwargs(name, run, ctx))
     run.privacy = {"clip_norm": 0.5, "noise_multiplier": 0.3, "mechanism": "local"}
-  if name in ("fedamp", "fedfomo", "fedproto"):   # whole models or prototypes travel
+  if name == "fedproto":   # prototypes travel
     with pytest.raises(ValueError, match=f"{name}: update paths .* act on a model delta"):
       spec.factory(**registry.factory_kwargs(name, run, ctx))
     return

@@ -3,7 +3,8 @@ before anything is built, in one format: ``"<method>: <what the run asks for>: <
 
 Each composition is named (:data:`COMPOSITIONS`) by what a run gives its host: personal parameters, a
 robust (blockwise) aggregator, differential privacy at the clients, a transform of the update path (at
-the clients, at their parents, on the downlink), a model with state, server optimizers. The docs' composition matrix reads the same declarations.
+the clients, at their parents, on the downlink), a model with state, server optimizers. The docs'
+composition matrix reads the same declarations.
 """
 
 from __future__ import annotations

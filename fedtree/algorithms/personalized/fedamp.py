@@ -204,8 +204,10 @@ def fedamp(
 
   Raises:
     ValueError: an option that does not exist, a hyperparameter out of range, a cohort of fewer than
-      2 clients per parent, update paths, personal parameters, server optimizers or a model with
-      BatchNorm statistics.
+      2 clients per parent, an update path's stage on the parents' sum (central DP's noise, SecAgg),
+      a robust aggregator or a downlink transform (the client stage, local DP and compression, acts
+      on every ``u_i − w_i``, :doc:`docs <algorithms/peers.md#fedamp>`), personal parameters, server
+      optimizers or a model with BatchNorm statistics.
 
   Example:
     Two rounds of HeurFedAMP over 5 clients; every client is scored with its own model:

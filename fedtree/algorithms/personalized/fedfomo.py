@@ -23,10 +23,14 @@ from flax import struct
 from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.personalized.peers import (
   children,
+  client_stage,
+  held_receive,
+  held_rows,
+  held_start,
   personal_only,
-  sends_whole,
   smallest_cohort,
   topology_of,
+  uses_each,
 )
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_nonnegative, check_positive, is_traced
@@ -181,13 +185,19 @@ def fomo_update(model: Model, optimizer: optax.GradientTransformation, *, val_fr
                       takes_round=True)
 
 
-def fomo_server(*, num_candidates: int, epsilon, epsilon_decay, pool: str, table: np.ndarray) -> ServerRule:
+def fomo_server(*, num_candidates: int, epsilon, epsilon_decay, pool: str, table: np.ndarray,
+                rank: np.ndarray | None = None) -> ServerRule:
   """FedFomo's server: every sampled client's ``M`` candidates from its parent's other clients
-  (:doc:`docs <algorithms/peers.md#fedfomo>`), as its parcel's extra."""
+  (:doc:`docs <algorithms/peers.md#fedfomo>`), as its parcel's extra. With ``rank``
+  (:func:`~fedtree.algorithms.personalized.peers.children`) every parent keeps the models its children
+  sent (``[N, B, ...]``: what an update path's client stage made of them), sends those as candidates
+  and takes each client's update against its own copy (the parcel's start); without, the candidates
+  are the clients' own models (no client stage: the same models)."""
   if pool not in POOLS:
     raise ValueError(f"pool={pool!r}; choose one of {POOLS}")
   siblings = jnp.asarray(table)                       # [N, B] children, C where none
   m = int(num_candidates)
+  holds = rank is not None
 
   def send_each(out: Outbox) -> Parcels:
     state: FomoState = out.client_state
@@ -208,20 +218,34 @@ def fomo_server(*, num_candidates: int, epsilon, epsilon_decay, pool: str, table
 
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(out.key, out.clients)
     position, valid, ids = jax.vmap(pick)(out.clients, out.parent, keys)   # [K, M]
-    models = jax.tree.map(lambda a: jnp.take(a, ids, axis=0), state.model)  # [K, M, ...]
+    if holds:   # the parent's copies: a candidate's row at its position among the siblings
+      rows = jnp.clip(out.parent, 0, jax.tree.leaves(out.state)[0].shape[0] - 1)[:, None]
+      models = jax.tree.map(lambda a: a[rows, position], out.state)       # [K, M, ...]
+    else:
+      models = jax.tree.map(lambda a: jnp.take(a, ids, axis=0), state.model)  # [K, M, ...]
     rnd = jnp.broadcast_to(out.round, out.clients.shape).astype(jnp.int32)
     parcel = FomoParcel(models=models, position=position, valid=valid & out.valid[:, None], round=rnd)
     shown = jnp.sum(jnp.where(out.valid[:, None], valid, False))
-    return Parcels(extra=parcel, stats={"fedfomo_candidates": shown / jnp.maximum(jnp.sum(out.valid), 1)})
+    start = held_rows(out.state, out.parent, out.clients, rank) if holds else None
+    return Parcels(start=start, extra=parcel,
+                   stats={"fedfomo_candidates": shown / jnp.maximum(jnp.sum(out.valid), 1)})
 
   def receive(inbox: Inbox, state):   # the servers hold no model of FedFomo's
+    if holds:
+      assert inbox.slots is not None
+      state = held_receive(state, inbox.slots, rank)
     return jax.tree.map(jnp.zeros_like, inbox.pseudo_gradient), state, {}
 
   def down_bytes(model_bytes: int) -> int:   # M models and their ids down (one model up)
     return m * model_bytes + 4 * m
 
-  return ServerRule(init=lambda params, n: (), receive=receive, name="fedfomo",
-                    down=Downlink(parcels=send_each, bytes=down_bytes), up=Uplink(bytes=lambda b: b))
+  def init(params, n):
+    return held_start(params, table) if holds else ()
+
+  # (with a client stage its compressors count the bytes up; else one model)
+  return ServerRule(init=init, receive=receive, name="fedfomo",
+                    down=Downlink(parcels=send_each, bytes=down_bytes),
+                    up=Uplink(slots=holds, bytes=None if holds else (lambda b: b)))
 
 
 def _check_validation_data(name: str, validation_data, data) -> tuple | None:
@@ -246,8 +270,8 @@ def _check_validation_data(name: str, validation_data, data) -> tuple | None:
   return jnp.asarray(x, data.x_train.dtype), jnp.asarray(y, data.y_train.dtype), jnp.asarray(n, jnp.int32)
 
 
-@method_over(hierfavg, drops=("server_optimizers",), cannot=sends_whole(
-  "FedFomo's clients send their whole models, which other clients weigh as they are"))
+@method_over(hierfavg, drops=("server_optimizers",), cannot=uses_each(
+  "every client weighs each candidate model on its own (its validation loss per distance)"))
 def fedfomo(
   host: Host,
   *,
@@ -284,8 +308,11 @@ def fedfomo(
 
   Raises:
     ValueError: an option that does not exist, a hyperparameter out of range, ``M`` larger than a
-      parent's pool, ``batch_order="cyclic"``, update paths, personal parameters, server optimizers
-      or a model with BatchNorm statistics.
+      parent's pool, ``batch_order="cyclic"``, an update path's stage on the parents' sum (central
+      DP's noise, SecAgg), a robust aggregator or a downlink transform (the client stage, local DP
+      and compression, acts on every client's update against its parent's copy, :doc:`docs
+      <algorithms/peers.md#fedfomo>`), personal parameters, server optimizers or a model with
+      BatchNorm statistics.
 
   Example:
     Three rounds of FedFomo over 6 clients, each receiving 2 candidates:
@@ -321,7 +348,7 @@ def fedfomo(
                      f"FedFomo trains on the examples outside its validation split; use 'shuffled' or "
                      f"'fixed'")
   topology = topology_of(host)
-  table, _ = children(topology)
+  table, rank = children(topology)
   if pool == "last_round":
     most, what = smallest_cohort(host) - 1, "its parent's cohort (cohort_size) less itself"
   else:
@@ -332,7 +359,7 @@ def fedfomo(
   rows = int(data.max_train) if data.ragged else int(data.x_train.shape[1])
   width = table.shape[1]
   rule = fomo_server(num_candidates=int(num_candidates), epsilon=epsilon, epsilon_decay=epsilon_decay,
-                     pool=pool, table=table)
+                     pool=pool, table=table, rank=rank if client_stage(host) else None)
 
   def objective(s: LocalSetup):
     return fomo_update(s.model, s.optimizer, val_fraction=val_fraction, validation=validation, rows=rows,

@@ -52,9 +52,9 @@ def uses_each(what: str, *, personal: bool = True) -> tuple[Refusal, ...]:
                                   f"SecAgg's unmasking) would not reach what it uses; for privacy, clip and "
                                   f"noise at the clients (privacy mechanism='local')"),
          cannot("blockwise", f"{what}, so there is no mean for a robust rule to replace"),
-         cannot("down_transform", "every client receives a model of its own (a parcel), not its parent's, "
-                                  "which is what a downlink transform compresses; leave compression.downlink "
-                                  "unset"))
+         cannot("down_transform", "every client receives what its parent makes for it alone (a parcel), "
+                                  "not the parent's model, which is what a downlink transform compresses; "
+                                  "leave compression.downlink unset"))
   return out + sends_whole(what, personal=personal)[1:]
 
 
