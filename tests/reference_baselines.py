@@ -145,12 +145,14 @@ def scaffold_rounds(
   batch_size,
   dtype=np.float32,
   combine=None,
+  transform=None,
 ):
   """SCAFFOLD's Algorithm 1 per parent of clients (its own x and c, kept in float64), the root (if any)
   averaging the parents' models by ``weights`` every ``root_period`` rounds; the clients train in
   ``dtype``. ``combine(list of trees)``: a parent's estimate of its clients' ``Δy`` and ``Δc`` alike
   (default their mean; a robust rule, the variates' sum then the estimate times their count).
-  Returns ``(x, c, c_i)``."""
+  ``transform((Δy, Δc)) -> (Δy, Δc)``: what a client's update path makes of the pair it sends (a joint
+  clip), the client keeping its own ``c_i``. Returns ``(x, c, c_i)``."""
   num_parents = int(parent.max()) + 1
   x = [np64(x0) for _ in range(num_parents)]
   c = [jax.tree.map(np.zeros_like, x[0]) for _ in range(num_parents)]
@@ -185,8 +187,12 @@ def scaffold_rounds(
         option=option,
         dtype=dtype,
       )
-      dy[p].append(jax.tree.map(lambda yy, xx: np.asarray(yy, np.float64) - xx, y, x[p]))
-      dc[p].append(jax.tree.map(np.subtract, new_c, c_i[k]))
+      pair = (jax.tree.map(lambda yy, xx: np.asarray(yy, np.float64) - xx, y, x[p]),
+              jax.tree.map(np.subtract, new_c, c_i[k]))
+      if transform is not None:
+        pair = transform(pair)
+      dy[p].append(pair[0])
+      dc[p].append(pair[1])
       c_i[k] = new_c
     for p in range(num_parents):
       if not dy[p]:

@@ -158,12 +158,6 @@ def test_scaffold_refusals(problem):
     scaffold(**common)
   with pytest.raises(ValueError, match=r"variate_average='most'; choose one of"):
     scaffold(variate_average="most", local_learning_rate=LR, **common)
-  from fedtree.toolbox.privacy import central, clip
-
-  with pytest.raises(ValueError, match=r"differential privacy \('dp_clip'\) at the clients' tier: .*Δc_i"):
-    scaffold(local_learning_rate=LR, update_paths=UpdatePath(client=clip(1.0)), **common)
-  with pytest.raises(ValueError, match=r"differential privacy \('dp'\)"):
-    scaffold(local_learning_rate=LR, update_paths=UpdatePath(node=central(1.0, 1.0)), **common)
   with pytest.raises(ValueError, match="personal parameters are not supported"):
     scaffold(local_learning_rate=LR, personal=personal("Dense_1"), **common)
 
@@ -189,3 +183,70 @@ def test_a_robust_aggregator_takes_the_variates_by_the_same_rule(problem, averag
   ref.close(ref.row(state.server_state, 0), c[0], atol=2e-4)
   for k in range(data.num_clients):
     ref.close(ref.row(state.client_state, k), c_i[k], atol=2e-4)
+
+
+def _joint_clip(c):
+  """One clip over the pair ``(Δy_i, Δc_i)``: their joint L2 norm bounded by ``c``."""
+  def clip_pair(pair):
+    norm = np.sqrt(sum(float(np.sum(np.square(a))) for a in jax.tree.leaves(pair)))
+    return jax.tree.map(lambda a: a * min(1.0, c / norm), pair)
+  return clip_pair
+
+
+def test_dp_scaffold_clips_the_update_and_the_variates_as_one(problem):
+  """Issue 55, user-level DP-SCAFFOLD: the client stage bounds the joint norm of ``(Δy_i, Δc_i)``
+  (the variates' changes are privatized with the update, not left raw), the parent's ``c`` moves by the
+  clipped changes' sum: Algorithm 1 with each client's pair clipped; the clients keep their own
+  ``c_i``. The bytes up count both."""
+  from fedtree.toolbox.compression import qsgd, uplink
+  from fedtree.toolbox.privacy import clip
+
+  data, _, model = problem
+  sched = LocalSchedule(batch_size=B, epochs=1)
+  c = 0.05
+  alg = scaffold(model=model, data=data, local_optimizer=optax.sgd(LR), local_learning_rate=LR,
+                 schedule=sched, cohort_size=5, chunk_size=2, update_paths=UpdatePath(client=clip(c)))
+  key = jax.random.key(12)
+  state, metrics = ref.run_jit(alg, data, 3, key)
+  assert float(metrics["dp_unclipped"]) < 1.0   # the clip bites
+  x, cs, c_i = ref.scaffold_rounds(model, data, ref.start(alg), np.zeros(data.num_clients, int), 3, key,
+                                   cohort_size=5, option="II", average="all", eta_g=1.0,
+                                   steps=sched.num_steps(np.asarray(data.n_train)), lr=LR, batch_size=B,
+                                   transform=_joint_clip(c))
+  ref.close(ref.row(state.params[0], 0), x[0])
+  ref.close(ref.row(state.server_state, 0), cs[0], atol=2e-4)
+  for k in range(data.num_clients):
+    ref.close(ref.row(state.client_state, k), c_i[k], atol=2e-4)
+  size = sum(int(np.prod(np.shape(p))) * 4 for p in jax.tree.leaves(model.init(jax.random.key(0))))
+  assert float(metrics["uplink_bytes"]) == 2 * size   # (Δy_i, Δc_i), as without a path
+  quantized = scaffold(model=model, data=data, local_optimizer=optax.sgd(LR), local_learning_rate=LR,
+                       schedule=sched, cohort_size=5, chunk_size=2,
+                       update_paths=UpdatePath(client=uplink(qsgd(4))))
+  up = float(ref.run_jit(quantized, data, 1, key)[1]["uplink_bytes"])
+  assert 0 < up < 2 * size / 3   # both quantized: 4 bits an entry, a norm a leaf
+
+
+def test_dp_scaffold_noises_the_variates_sum(problem):
+  """Central DP's noise covers the variates' sum too: one round from the same start, with and without
+  noise (z = 2, clip C), ``c`` differs by the noise over ``N``: its standard deviation over the model's
+  D coordinates is ``2 z C / N`` (normalize="count": sensitivity ``2C``, replace-one) within 5 standard
+  errors (``2 z C / (N √(2D))``)."""
+  from fedtree.toolbox.privacy import central, clip
+
+  data, _, model = problem
+  sched = LocalSchedule(batch_size=B, steps=2)
+  cn, z = 0.5, 2.0
+
+  def run(noise):
+    alg = scaffold(model=model, data=data, local_optimizer=optax.sgd(LR), local_learning_rate=LR,
+                   schedule=sched, weighting="uniform",
+                   update_paths=UpdatePath(client=clip(cn), node=central(noise, cn)))
+    return ref.run_jit(alg, data, 1, jax.random.key(4))[0]
+
+  noisy, clean = run(z), run(0.0)
+  diff = np.concatenate([np.ravel(np.asarray(a) - np.asarray(b)) for a, b in
+                         zip(jax.tree.leaves(noisy.server_state), jax.tree.leaves(clean.server_state),
+                             strict=True)])
+  n = data.num_clients
+  want = 2 * z * cn / n
+  assert abs(float(np.std(diff)) - want) < 5 * want / np.sqrt(2 * diff.size), (np.std(diff), want)

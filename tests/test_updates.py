@@ -272,10 +272,12 @@ def _drop_update_state(state):
 
 
 FAST = ("fedavg", "hierfavg", "pfedmt", "bhfl", "cfl")
-REFUSE_A_CLIENT_TRANSFORM = ("fedproto", "mime", "mimelite", "hetlora")
-"""Methods that refuse a client transform (issues 36, 38 and 50): what their clients send is not the model
-delta an update path acts on (FedProto's prototypes, HetLoRA's zero-padded low-rank update), or travels
-beside it unprocessed (Mime's full-batch gradients). pFedHN's Δθ_i, FedAMP's and FedFomo's models (as
+REFUSE_A_CLIENT_TRANSFORM = ("fedproto", "mime", "mimelite", "hetlora", "depthfl", "fedmd", "fedrolex",
+                             "fjord", "heterofl")
+"""Methods that refuse a client transform (issues 36, 38, 50 and 51): what their clients send is not the
+model delta an update path acts on (FedProto's prototypes, HetLoRA's zero-padded low-rank update, the
+masked sub-models of HeteroFL, FjORD, FedRolex and DepthFL, FedMD's logits), or travels beside it
+unprocessed (Mime's full-batch gradients). pFedHN's Δθ_i, FedAMP's and FedFomo's models (as
 updates against what the client received) take one since issue 55."""
 KEEP_WHAT_IS_SENT = ("fedamp", "fedfomo")
 """With a client stage their parents keep what each client sent, ``start − (start − w_i)``: ``w_i`` to

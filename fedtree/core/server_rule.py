@@ -219,12 +219,18 @@ class Uplink(NamedTuple):
       :attr:`Inbox.messages` is its estimate times the reporting children (the sum's scale), so one
       rule covers what travels beside the update (SCAFFOLD's variates, Mime's gradients). ``False``:
       the plain sum, and a method declares the blockwise composition it cannot run.
+    with_update: the clients' messages travel the update path with their updates, as one message
+      (:attr:`fedtree.core.tier.Tier.messages_with_update`) wherever the path has a client or node
+      stage: one clip over both, noise on both, both compressed, one aggregator over both, the node
+      stage on both sums (SCAFFOLD's ``(Δy_i, Δc_i)`` under DP: its variates are privatized with the
+      model). :attr:`Inbox.messages` is then the aggregate's estimate times the reporting children.
   """
 
   slots: bool = False
   weights: Callable[[jax.Array, PyTree], jax.Array] | None = None
   bytes: Callable[[int], int] | None = None
   robust: bool = False
+  with_update: bool = False
 
 
 class ServerRule(NamedTuple):

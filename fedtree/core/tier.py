@@ -98,6 +98,12 @@ class Tier(NamedTuple):
       (the sum's scale; the plain sum under the mean). A server rule asks for it
       (:attr:`fedtree.core.server_rule.Uplink.robust`); without a blockwise aggregator it changes
       nothing.
+    messages_with_update: where the path has a client or a node stage (:attr:`joint`), every client's
+      message travels the path with its delta as one pytree ``(delta, message)``: one client stage
+      over both (a clip bounds their joint norm; noise and compression cover both), one aggregator
+      over both with the deltas' weights, the node stage on both sums. :attr:`TierResult.message_sum`
+      is then the aggregate's message estimate times the reporting children (their sum under
+      uniform weights). A server rule asks for it (:attr:`fedtree.core.server_rule.Uplink.with_update`).
   """
 
   update: ClientUpdate
@@ -112,6 +118,7 @@ class Tier(NamedTuple):
   personal: PyTree | None = None
   keep_client_params: bool = False
   robust_messages: bool = False
+  messages_with_update: bool = False
 
   @property
   def cyclic(self) -> bool:
@@ -125,6 +132,14 @@ class Tier(NamedTuple):
   def active_path(self) -> UpdatePath | None:
     """The update path, ``None`` where it is the plain weighted mean."""
     return None if self.path is None or self.path.is_default else self.path
+
+  @property
+  def joint(self) -> bool:
+    """The messages travel the path with the deltas (:attr:`messages_with_update` and a client or a
+    node stage)."""
+    path = self.active_path
+    return self.messages_with_update and path is not None and (path.client is not None
+                                                                or path.node is not None)
 
 
 class Down(NamedTuple):
@@ -472,6 +487,8 @@ def _chunk_step(scan: _Scan, carry: _Carry, xs):
   delta = _shared(tier, jax.tree.map(jnp.subtract, anchor, params))   # what the client sends up
   ok = nonfinite_slots((delta, message), loss)
   trained, skipped, first_bad = ch.valid, carry.skipped, carry.first_bad
+  if tier.joint:   # the message travels the path with the delta
+    delta = (delta, message)
   if tier.skip_nonfinite:   # left out: weight 0, state unchanged, loss not averaged
     delta = jax.tree.map(lambda d, m: jnp.where(m, d, 0), delta, _rows(ok, delta))
     loss, w, trained = jnp.where(ok, loss, 0.0), jnp.where(ok, w, 0.0), ch.valid & ok
@@ -490,7 +507,8 @@ def _chunk_step(scan: _Scan, carry: _Carry, xs):
     if tier.keep_client_params and path.client is not None:   # what each client sent (its own, bitwise,
       # where unchanged)
       assert not tier.has_personal   # (refused by the hosts that keep client models)
-      params = jax.tree.map(lambda p, a, d, r: jnp.where(d == r, p, a - d), params, anchor, delta, raw)
+      sent, before = (delta[0], raw[0]) if tier.joint else (delta, raw)
+      params = jax.tree.map(lambda p, a, d, r: jnp.where(d == r, p, a - d), params, anchor, sent, before)
   fdtype = carry.loss_sum.dtype
   new = carry._replace(
     acc=scan.acc.add(carry.acc, Chunk(delta, w, ch.parent, ch_pos, ch.clients, trained)),
@@ -499,7 +517,8 @@ def _chunk_step(scan: _Scan, carry: _Carry, xs):
     trained=carry.trained + jnp.sum(trained, dtype=jnp.int32), skipped=skipped, first_bad=first_bad,
     reported=carry.reported.at[jnp.where(trained, ch.clients, scan.num_clients)].set(True, mode="drop"),
     path_client=path_client, stat_sums=stat_sums,
-    message_sum=(scan.messages.add(carry.message_sum, Chunk(message, trained.astype(fdtype), ch.parent,
+    message_sum=(carry.message_sum if tier.joint else
+                 scan.messages.add(carry.message_sum, Chunk(message, trained.astype(fdtype), ch.parent,
                                                             ch_pos, ch.clients, trained))
                  if scan.messages is not None else jax.tree.map(
       lambda a, m, t: a + jax.ops.segment_sum(jnp.where(t, m, 0), ch.parent, num_segments=scan.num_parents),
@@ -517,6 +536,8 @@ def _init_carry(scan: _Scan, down: Down, clients: Clients, data: FederatedData, 
   one_message = message_shape(tier.update, down.params, clients.state, data, down.broadcast,
                               tier.learning_rate, key, down.extra)
   n = scan.num_parents
+  if tier.joint:   # (delta, message) through the path as one
+    template = (template, jax.tree.map(lambda m: jax.ShapeDtypeStruct((n,) + m.shape, m.dtype), one_message))
   return _Carry(
     acc=scan.acc.init(template, n, fdtype), client_state=clients.state, loss_sum=jnp.zeros((), fdtype),
     trained=jnp.zeros((), jnp.int32), skipped=jnp.zeros((), jnp.int32),
@@ -659,10 +680,16 @@ def _tier_result(scan: _Scan, out: _Carry, per_chunk, cohort: Cohort, clients: C
                            jnp.take(data.n_train, cohort.clients), tier.batch_size)
     cursor = cohort.scatter(cursor, moved)
   first_bad = jnp.where(out.first_bad < scan.num_clients, out.first_bad, -1).astype(jnp.int32)
+  message_sum = out.message_sum
+  if tier.joint:   # the aggregate's estimate of the messages, at the sum's scale
+    delta_sum, m_sum = delta_sum
+    count = jax.ops.segment_sum(jnp.take(out.reported, cohort.clients).astype(fdtype) * cohort.valid,
+                                cohort.parent, num_segments=num_parents)
+    message_sum = jax.tree.map(lambda e: e * count.reshape((-1,) + (1,) * (e.ndim - 1)).astype(e.dtype),
+                               divide_by_weight(m_sum, weight_sum))
   if tier.has_personal:   # no pseudo-gradient at the personal leaves
     delta_sum = fill(delta_sum, tier.personal, down.params)
-  message_sum = out.message_sum
-  if scan.messages is not None:   # the aggregator's estimate of the messages, at the sum's scale
+  if scan.messages is not None and not tier.joint:   # the aggregator's estimate, at the sum's scale
     m_sum, m_weight, _ = scan.messages.finish(message_sum, stream(key, "messages"), {})
     count = jax.ops.segment_sum(jnp.take(out.reported, cohort.clients).astype(fdtype) * cohort.valid,
                                 cohort.parent, num_segments=num_parents)

@@ -86,12 +86,21 @@ def init(plan: HostPlan, key) -> TreeState:
     opt_state=tuple(init_nodes(opt, p) for opt, p in zip(plan.server_optimizers, params, strict=True)),
     client_state=() if update.init_state is None else update.init_state(p0, topo.num_clients),
     cursor=plan.schedule.init_cursor(topo.num_clients),
-    update_state=tuple(init_update_state(plan.paths[lv], share.sent(p0, lv), topo.num_nodes(lv + 1),
+    update_state=tuple(init_update_state(plan.paths[lv], _sent(plan, p0, lv), topo.num_nodes(lv + 1),
                                          topo.num_nodes(lv)) for lv in range(plan.depth)),
     clock=() if plan.systems is None else jnp.zeros((), jnp.result_type(float)),
     server_state=init_rule_state(plan.rule, p0, topo.num_nodes(leaf), stream(key, "server_rule")),
     personal=share.init_clients(p0, topo.num_clients),
   )
+
+
+def _sent(plan: HostPlan, p0: PyTree, lv: int) -> PyTree:
+  """What a child of level ``lv`` sends through its path, one unstacked model's worth: the shared leaves
+  (and, at the clients' parents, the message where it travels with them: ``Extras.joint``)."""
+  shared = plan.share.sent(p0, lv)
+  if lv != plan.leaf or not plan.wire.joint:
+    return shared
+  return jax.tree.map(lambda a: a[0], plan.wire.sent(jax.tree.map(lambda a: jnp.asarray(a)[None], shared)))
 
 
 def downlink(plan: HostPlan, state: TreeState, key) -> tuple[PyTree, dict]:
@@ -113,7 +122,7 @@ def draw(plan: HostPlan, state: TreeState, data: FederatedData, down_stats: dict
   if plan.systems is None:
     return Drawn(cohort, num_steps, None)
   down_b = down_stats.get("bytes")
-  sent = plan.share.sent(state.params[leaf], leaf)
+  sent = plan.wire.sent(plan.share.sent(state.params[leaf], leaf))
   up_b = uplink(plan.paths[leaf], sent)
   outcome = plan.systems.round(
     cohort, num_steps, time=state.clock, model_bytes=wire.model_bytes, key=stream(key, "systems"),

@@ -202,13 +202,15 @@ def plan(
               batch_size=schedule.batch_size, skip_nonfinite=skip_nonfinite, block_size=block,
               learning_rate=local_learning_rate, personal=share.client_mask,
               keep_client_params=rule is not None and rule.up.slots,
-              robust_messages=rule is not None and rule.up.robust)
+              robust_messages=rule is not None and rule.up.robust,
+              messages_with_update=rule is not None and rule.up.with_update)
   population = np.bincount(topology.parent(depth), minlength=topology.num_nodes(depth - 1)).astype(np.float64)
   return HostPlan(
     name=name, model=model, topology=topology, schedule=schedule, weighting=weighting,
     server_optimizers=server_optimizers, top_level=top_level, paths=paths, sampler=sampler, strategy=strategy,
     tier=tier, rule=rule, share=share,
-    wire=Extras.of(client_update, rule, template, topology, data, share, local_learning_rate),
+    wire=Extras.of(client_update, rule, template, topology, data, share, local_learning_rate,
+                   joint=tier.joint),
     upper=UpperLevels(topology=topology, periods=periods, server_optimizers=server_optimizers, paths=paths,
                       top_level=top_level, share=share),
     systems=systems, keep=keep, links=links, population=population, init_params=init_params,

@@ -67,10 +67,13 @@ class Extras:
   active: bool
   down_bytes: int | None = None   # one client's bytes down as the server rule states them
   up_bytes: int | None = None     # ... and up
+  message: PyTree = ()            # the abstract message of one client's update (unstacked)
+  joint: bool = False             # it travels the update path with the update (Tier.joint): the
+  # path's compressed size then counts both
 
   @classmethod
   def of(cls, update: ClientUpdate, rule: ServerRule | None, template, topology: Topology, data,
-         share: Shares, learning_rate) -> Extras:
+         share: Shares, learning_rate, joint: bool = False) -> Extras:
     leaf = topology.depth - 1
     shared = model_bytes(_stacked(share.sent(template, leaf), 1), stacked=True)
     bcast = () if rule is None else jax.eval_shape(lambda p: broadcast_of(rule, init_rule_state(rule, p, 1)),
@@ -78,9 +81,11 @@ class Extras:
     own = parcel_shape(rule, update, template, topology)
     params = _stacked(template, 1)
     messages = []
+    sent_message: PyTree = ()
     if update.takes_round and update.message_bytes is None:
-      messages.append(message_shape(update, params, () if update.init_state is None else jax.eval_shape(
-        lambda p: update.init_state(p, 1), template), data, bcast, learning_rate, jax.random.key(0), own))
+      sent_message = message_shape(update, params, () if update.init_state is None else jax.eval_shape(
+        lambda p: update.init_state(p, 1), template), data, bcast, learning_rate, jax.random.key(0), own)
+      messages.append(sent_message)
     if rule is not None and rule.down.gather is not None:   # what a client sends before training
       messages.append(message_shape(rule.down.gather, params, (), data, bcast, learning_rate,
                                     jax.random.key(0)))
@@ -91,13 +96,23 @@ class Extras:
     down = None if rule is None or rule.down.bytes is None else int(rule.down.bytes(shared))
     up = None if rule is None or rule.up.bytes is None else int(rule.up.bytes(shared))
     active = share.client_mask is not None or msg > 0 or bc > 0 or down is not None or up is not None
-    return cls(shared, msg, bc, active, down, up)
+    return cls(shared, msg, bc, active, down, up, sent_message, joint)
+
+  def sent(self, shared: PyTree) -> PyTree:
+    """What a child sends up through the update path: its ``[N, ...]`` shared leaves, with its message
+    (zeros ``[N, ...]``) where that travels the path too (:attr:`joint`)."""
+    if not self.joint:
+      return shared
+    n = jax.tree.leaves(shared)[0].shape[0]
+    return shared, jax.tree.map(lambda m: jnp.zeros((n,) + tuple(m.shape), m.dtype), self.message)
 
   def up(self, compressed):
     """A client's uplink bytes for the systems clock (``compressed``: the path's size, or ``None``)."""
     if self.up_bytes is not None:
       return self.up_bytes
     if not self.active:
+      return compressed
+    if self.joint and compressed is not None:   # the path's size counts the message too
       return compressed
     return (self.model_bytes if compressed is None else compressed) + self.message_bytes
 
@@ -114,7 +129,10 @@ class Extras:
     compressed sizes where it reports them), when they differ from one whole model."""
     if not self.active:
       return {}
-    up = metrics.get("uplink_bytes", self.model_bytes) + self.message_bytes
+    if self.joint and "uplink_bytes" in metrics:   # the path's size counts the message too
+      up = metrics["uplink_bytes"]
+    else:
+      up = metrics.get("uplink_bytes", self.model_bytes) + self.message_bytes
     down = metrics.get("downlink_bytes", self.model_bytes) + self.broadcast_bytes
     return {"uplink_bytes": up if self.up_bytes is None else jnp.asarray(self.up_bytes, jnp.int32),
             "downlink_bytes": down if self.down_bytes is None else jnp.asarray(self.down_bytes, jnp.int32)}

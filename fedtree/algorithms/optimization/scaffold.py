@@ -89,16 +89,16 @@ def scaffold_server(*, variate_average: str = "all") -> ServerRule:
     c = jax.tree.map(jnp.add, c, per_node(1.0 / jnp.maximum(count, 1.0), inbox.messages))
     return inbox.pseudo_gradient, c, {}
 
-  # Under a robust aggregator the variates' changes take the same rule as the updates (Uplink.robust):
-  # c moves by the rule's estimate of Δc_i times the clients that reported, over N (or over them).
-  return ServerRule(init=zeros_like_stacked, receive=receive, name="scaffold", up=Uplink(robust=True))
+  # Under a robust aggregator the variates' changes take the same rule as the updates (Uplink.robust);
+  # under a client or node stage they travel the path with the updates, as one (Uplink.with_update: one
+  # clip over (Δy_i, Δc_i), noise on both, both compressed). c then moves by the aggregate's estimate of
+  # Δc_i times the clients that reported (their sum under uniform weights), over N (or over them).
+  return ServerRule(init=zeros_like_stacked, receive=receive, name="scaffold",
+                    up=Uplink(robust=True, with_update=True))
 
 
 @method_over(hierfavg, cannot=(
   cannot("personal", "the control variates cover the whole model"),
-  cannot("private_clients", "the clients' control-variate changes Δc_i travel beside the update, outside "
-                            "the update path, so they would leave the clients unclipped and unnoised (no "
-                            "privacy); run it without it"),
 ))
 def scaffold(
   host: Host,
@@ -127,10 +127,11 @@ def scaffold(
 
   Raises:
     ValueError: an option that does not exist, ``server_learning_rate <= 0``, option ``"II"`` without
-      ``local_learning_rate``, personal parameters, or differential privacy at the clients (the
-      variates' changes travel outside the update path). A robust aggregator takes the variates'
+      ``local_learning_rate``, or personal parameters. A robust aggregator takes the variates'
       changes too, by the same rule (each parent's ``c`` moves by its estimate of ``Δc_i`` times the
-      clients that reported).
+      clients that reported); a client or node stage (DP, compression, SecAgg) takes the pair
+      ``(Δy_i, Δc_i)`` as one message: one clip bounds their joint norm, the noise covers both sums
+      (user-level DP-SCAFFOLD, :doc:`docs <algorithms/optimization.md#scaffold>`).
 
   Example:
     Two rounds of SCAFFOLD over 5 clients, 3 sampled a round:
