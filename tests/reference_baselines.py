@@ -334,10 +334,13 @@ def fednova_rounds(
   lr,
   batch_size,
   dtype=np.float32,
+  combine=None,
 ):
   """FedNova per parent of clients: ``x ← x − τ_eff Σ_i p_i (x − y_i)/‖a_i‖₁`` with ``p_i`` and
   ``τ_eff = Σ_i p_i ‖a_i‖₁`` as ``aggregation`` says; the root (if any) averages the parents' models
-  by their clients' weights every ``root_period`` rounds (in float64; the clients train in ``dtype``)."""
+  by their clients' weights every ``root_period`` rounds (in float64; the clients train in ``dtype``).
+  ``combine(list of trees)``: a robust estimate of the ``d_i`` in place of their ``p``-weighted mean
+  (``Σ_i p_i`` times it)."""
   parent = np.asarray(parent)
   total = np.bincount(parent, weights=weights)
   population = np.bincount(parent)
@@ -357,6 +360,10 @@ def fednova_rounds(
     pk = w / (w.sum() if aggregation == "answered" else total[p])
     tau_eff = float(np.sum(pk * a))
     scale = population[p] / len(answers) if aggregation == "scaled" else 1.0
+    if combine is not None:
+      est = combine(d)
+      step = jax.tree.map(lambda e: tau_eff * scale * float(np.sum(pk)) * e, est)
+      return jax.tree.map(np.subtract, x, step)
     step = jax.tree.map(lambda *di: tau_eff * scale * sum(q * dd for q, dd in zip(pk, di, strict=True)), *d)
     return jax.tree.map(np.subtract, x, step)
 

@@ -113,8 +113,6 @@ def _alpha_scale(host) -> np.ndarray:
 
 @method_over(hierfavg, cannot=(
   cannot("personal", "the dynamic regularizer and h cover the whole model"),
-  cannot("blockwise", "h must stay the mean of the clients' ∇L_i, (1/m) Σ_i ∇L_i, which only the mean of "
-                      "their updates keeps (each ∇L_i moves by its own update)"),
   cannot("model_state", "gradients do not train it, so neither a client's ∇L_i nor the server's h describes "
                         "it; use a model without BatchNorm (e.g. GroupNorm)"),
 ))
@@ -138,8 +136,9 @@ def feddyn(
     **host: every other argument of :func:`~fedtree.algorithms.host.hierfavg.hierfavg`.
 
   Raises:
-    ValueError: a negative or non-finite ``α``, a robust aggregator, personal parameters, a model
-      with BatchNorm statistics, or a ``server_rule``.
+    ValueError: a negative or non-finite ``α``, personal parameters, a model with BatchNorm
+      statistics, or a ``server_rule``. A robust aggregator replaces the mean of the models, and ``h``
+      moves by the same estimate (a stated rule: :doc:`docs <algorithms/optimization.md#feddyn>`).
 
   Example:
     Two rounds of FedDyn over 5 clients, 3 sampled a round:

@@ -96,8 +96,6 @@ def _check_momentum(momentum) -> None:
 
 @method_over(hierfavg, cannot=(
   cannot("personal", "the normalization covers the whole model"),
-  cannot("blockwise", "τ_eff averages the clients' reported step counts outside it, so one client's report "
-                      "would scale every step"),
   cannot("model_state", "the forward passes set it rather than a sum of steps FedNova could normalize; use a "
                         "model without BatchNorm (e.g. GroupNorm)"),
 ))
@@ -122,8 +120,10 @@ def fednova(
       ``"examples"``, the paper's ``p_i ∝ n_i``, or ``"uniform"``).
 
   Raises:
-    ValueError: an ``aggregation`` that does not exist, ``momentum`` outside ``[0, 1)``, a robust
-      aggregator, personal parameters, a model with BatchNorm statistics, or a ``server_rule``.
+    ValueError: an ``aggregation`` that does not exist, ``momentum`` outside ``[0, 1)``, personal
+      parameters, a model with BatchNorm statistics, or a ``server_rule``. A robust aggregator takes
+      the normalized updates ``d_i``; ``τ_eff`` stays the weighted mean of the ``‖a_i‖₁``, which follow
+      from the steps the server assigned (:doc:`docs <algorithms/optimization.md#fednova>`).
 
   Example:
     Clients with unequal data take one epoch each (unequal step counts):
