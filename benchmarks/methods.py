@@ -68,8 +68,8 @@ from fedtree.core.local import LocalSchedule
 from fedtree.core.loop import compile_rounds
 from fedtree.core.personal import personal
 from fedtree.core.topology import Topology
-from fedtree.core.updates import UpdatePath
-from fedtree.toolbox import compression, robust
+from fedtree.core.updates import UpdatePath, chain
+from fedtree.toolbox import compression, privacy, robust
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -140,6 +140,9 @@ def _edges(c: dict) -> dict:
 
 
 _MEDIAN = UpdatePath(aggregator=robust.median())
+_QSGD8 = UpdatePath(client=compression.uplink(compression.qsgd(bits=8)))
+_LOCAL_DP = UpdatePath(client=chain(privacy.clip(1.0), privacy.local_noise(1.0, 1.0)))
+
 COMPOSED: dict[str, Callable[[dict, workloads.Workload], algorithms.FederatedAlgorithm]] = {
   "ifca": lambda c, w: algorithms.ifca(num_clusters=2, **c),
   "ifca_median": lambda c, w: algorithms.ifca(num_clusters=2, update_paths=_MEDIAN, **c),
@@ -149,11 +152,24 @@ COMPOSED: dict[str, Callable[[dict, workloads.Workload], algorithms.FederatedAlg
   "cfl_median": lambda c, w: algorithms.cfl(max_clusters=2, update_paths=_MEDIAN, **c),
   "bhfl": lambda c, w: algorithms.bhfl(**_edges(c)),
   "bhfl_median": lambda c, w: algorithms.bhfl(update_paths=_MEDIAN, **_edges(c)),
+  "scaffold_dp": lambda c, w: algorithms.scaffold(local_learning_rate=w.lr, server_learning_rate=w.server_lr,
+                                                  update_paths=dp_path(1.0, 1.0), **c),
+  "feddyn_median": lambda c, w: algorithms.feddyn(alpha=0.01, update_paths=_MEDIAN, **c),
+  "fednova_median": lambda c, w: algorithms.fednova(update_paths=_MEDIAN, **c),
+  "pfedhn": lambda c, w: algorithms.pfedhn(**c),
+  "pfedhn_ldp": lambda c, w: algorithms.pfedhn(update_paths=_LOCAL_DP, **c),
+  "fedamp": lambda c, w: algorithms.fedamp(**c),
+  "fedamp_qsgd": lambda c, w: algorithms.fedamp(update_paths=_QSGD8, **c),
+  "fedfomo": lambda c, w: algorithms.fedfomo(**c),
+  "fedfomo_ldp": lambda c, w: algorithms.fedfomo(update_paths=_LOCAL_DP, **c),
 }
 """The compositions issue 55 opened (named with ``--methods``, never run by default): the robust
 aggregator within IFCA's and CFL's clusters and at B-HFL's edges, central DP at IFCA's clusters, beside
-each method's plain round; ``x plain`` is a composed row's time per client update over its plain
-method's (the name before ``_``) in the same turn."""
+each method's plain round; then user-level DP-SCAFFOLD (its ``(Δy_i, Δc_i)`` clipped and noised as one),
+FedDyn and FedNova under the median, and the peer methods with the update path's client stage (local DP:
+clip 1, z = 1, at pFedHN's ``Δθ_i`` and FedFomo's updates; 8-bit QSGD on FedAMP's, with the parents'
+held copies); ``x plain`` is a composed row's time per client update over its plain method's (the name
+before ``_``) in the same turn."""
 
 ROWS = {**METHODS, **CAPABILITIES, **COMPOSED}
 
