@@ -354,6 +354,21 @@ def test_methods_benchmark_times_the_capabilities_against_fedavg(tmp_path):
 
 
 @pytest.mark.slow
+def test_methods_benchmark_times_every_composition_beside_its_plain_round(tmp_path):
+  """Issue 55's COMPOSED rows of ``benchmarks.methods``: each runs, and each composition's row has its
+  ratio to its plain method's round (the name before ``_``)."""
+  from benchmarks import methods
+
+  names = list(methods.COMPOSED)
+  plain = sorted({n.split("_")[0] for n in names} - set(names))
+  rows = methods.main(["--clients=8", f"--methods=fedavg,{','.join(plain + names)}", "--rounds=1",
+                       "--repeats=1", "--tag=k", f"--out-dir={tmp_path}"])
+  by = {r["method"]: r for r in rows}
+  assert set(names) <= set(by)
+  assert all(by[n]["cpu_vs_plain"] > 0 for n in names if "_" in n)
+
+
+@pytest.mark.slow
 def test_pfl_benchmark_runs_both_frameworks_on_the_same_data(tmp_path):
   pytest.importorskip("torch")
   pytest.importorskip("pfl")
