@@ -42,12 +42,16 @@ def _reference(
   steps,
   root_period=None,
   dtype=np.float32,
+  combine=None,
+  transform=None,
 ):
   """Algorithm 1 per parent of clients with SGD + momentum ``ρ`` as the base optimizer: the parent's
   momentum ``m`` fixed in every client step, ``m ← ḡ + ρ m`` with ``ḡ`` the weighted mean full-batch
   gradient at ``x`` of the round's clients (Mime: ``c = ḡ`` computed before they train), and
   ``x ← x − η_g mean (x − y_i)``; the root (if any) averages the parents every ``root_period`` rounds
-  (the clients in ``dtype``: float64 in tests/x64_references.py)."""
+  (the clients in ``dtype``: float64 in tests/x64_references.py). MimeLite under uniform weights:
+  ``transform((x − y_i, g_i))`` each client's pair as its path leaves it (a joint clip), ``combine(list
+  of trees)`` the parent's estimate of the updates and of the gradients alike (default the mean)."""
   parent = np.asarray(parent)
   zeros = jax.tree.map(np.zeros_like, ref.np64(x0))
   num_parents = int(parent.max()) + 1
@@ -82,6 +86,14 @@ def _reference(
 
   def server(p, x, answers):
     w = [weights[k] for k, _ in answers]
+    if combine is not None or transform is not None:
+      pairs = [(jax.tree.map(lambda xx, yy: xx - np.asarray(yy, np.float64), x, y),
+                ref.full_gradient(model, jax.tree.map(dtype, x), data, k, B)) for k, y in answers]
+      pairs = [transform(pr) if transform is not None else pr for pr in pairs]
+      est = combine or (lambda trees: jax.tree.map(lambda *a: sum(a) / len(a), *trees))
+      step, g = est([d for d, _ in pairs]), est([gg for _, gg in pairs])
+      m[p] = jax.tree.map(lambda gg, mm: gg + momentum * mm, g, m[p])
+      return jax.tree.map(lambda xx, d: xx - eta_g * d, x, step)
     step = jax.tree.map(
       lambda xx, *y: (
         sum(wi * (xx - np.asarray(yi, np.float64)) for wi, yi in zip(w, y, strict=True)) / sum(w)
@@ -263,25 +275,63 @@ def test_delta_clip_norm_bounds_every_update_and_systems_compose(problem):
   )
 
 
+def _joint_clip(c):
+  def clip_pair(pair):
+    norm = np.sqrt(sum(float(np.sum(np.square(a))) for a in jax.tree.leaves(pair)))
+    return jax.tree.map(lambda a: a * min(1.0, c / norm), pair)
+  return clip_pair
+
+
+@pytest.mark.parametrize("what", ["median", "joint clip"])
+def test_mimelite_sends_its_gradient_through_the_updates_path(problem, what):
+  """Issue 55: MimeLite's full-batch gradients take the update's robust rule (the median of the
+  ``g_i`` moves the statistics) or its client stage (one clip over the pair ``(x − y_i, g_i)``, as
+  local and central DP clip): Algorithm 1 with the same rule on both."""
+  data, _, model = problem
+  sched = LocalSchedule(batch_size=B, epochs=1)
+  rho, c = 0.9, 0.2
+  path = UpdatePath(aggregator=median()) if what == "median" else UpdatePath(client=clip(c))
+  alg = mimelite(model=model, data=data, local_optimizer=optax.sgd(LR, momentum=rho), schedule=sched,
+                 cohort_size=5, chunk_size=2, update_paths=path)
+  key = jax.random.key(11)
+  state, metrics = ref.run_jit(alg, data, 3, key)
+  if what != "median":
+    assert float(metrics["dp_unclipped"]) < 1.0   # the clip bites
+  med = lambda trees: jax.tree.map(lambda *a: np.median(np.stack(a), axis=0), *trees)   # noqa: E731
+  n = np.asarray(data.n_train, np.float64)
+  x, m, _ = _reference(model, data, ref.start(alg), np.zeros(data.num_clients, int), 3, key, cohort_size=5,
+                       corrected=False, momentum=rho, eta_g=1.0, weights=np.ones_like(n),
+                       steps=sched.num_steps(np.asarray(data.n_train)),
+                       combine=med if what == "median" else None,
+                       transform=None if what == "median" else _joint_clip(c))
+  ref.close(ref.row(state.params[0], 0), x[0])
+  ref.close(ref.row(_trace(state), 0), m[0], atol=2e-4)
+
+
 def test_mime_refusals(problem):
   data, _, model = problem
   common = dict(
     model=model, data=data, local_optimizer=optax.sgd(LR), schedule=LocalSchedule(batch_size=B, steps=1)
   )
+  with pytest.raises(ValueError, match=r"mimelite: weighting='examples' with an update path's robust "
+                                       r"aggregator .* weighted a second time; use weighting='uniform'"):
+    mimelite(update_paths=UpdatePath(client=clip(1.0)), weighting="examples", **common)
+  mimelite(update_paths=UpdatePath(client=clip(1.0)), **common)   # uniform (the default): runs
   for method in (mime, mimelite):
     name = method.__name__
-    with pytest.raises(
-      ValueError,
-      match=rf"{name}: the update path's client transform 'dp_clip' at the clients' "
-      r"tier: the clients' full-batch gradients travel beside the update",
-    ):
-      method(update_paths=UpdatePath(client=clip(1.0)), **common)
-    with pytest.raises(ValueError, match=r"node transform 'dp' at the clients' tier"):
-      method(update_paths=UpdatePath(node=central(1.0, 1.0)), **common)
-    with pytest.raises(ValueError, match=r"client transform 'compression'"):
-      method(update_paths=UpdatePath(client=uplink(qsgd(bits=4))), **common)
-    with pytest.raises(ValueError, match=r"robust .* aggregator .* full-batch gradients into the server's"):
-      method(update_paths=UpdatePath(aggregator=median()), cohort_size=4, **common)
+    if method is mime:   # its gradients are sent before training, beside the update
+      with pytest.raises(
+        ValueError,
+        match=r"mime: the update path's client transform 'dp_clip' at the clients' "
+        r"tier: the clients' full-batch gradients travel beside the update",
+      ):
+        method(update_paths=UpdatePath(client=clip(1.0)), **common)
+      with pytest.raises(ValueError, match=r"node transform 'dp' at the clients' tier"):
+        method(update_paths=UpdatePath(node=central(1.0, 1.0)), **common)
+      with pytest.raises(ValueError, match=r"client transform 'compression'"):
+        method(update_paths=UpdatePath(client=uplink(qsgd(bits=4))), **common)
+      with pytest.raises(ValueError, match=r"robust .* aggregator .* full-batch gradients, sent before"):
+        method(update_paths=UpdatePath(aggregator=median()), cohort_size=4, **common)
     with pytest.raises(ValueError, match="personal parameters are not supported"):
       method(personal=personal("Dense_1"), **common)
     with pytest.raises(ValueError, match=rf"{name}: server_learning_rate=0.0 must be a finite number > 0"):

@@ -334,7 +334,7 @@ def test_every_algorithm_runs_with_privacy_on(name):
                                          f"send .* beside their update, unclipped and unnoised"):
       spec.factory(**registry.factory_kwargs(name, run, ctx))
     return
-  if name in ("mime", "mimelite"):   # their full-batch gradients would leave the clients unprivatized
+  if name == "mime":   # its full-batch gradients, sent before training, would leave the clients unprivatized
     with pytest.raises(ValueError, match=f"{name}: the update path's client transform .* full-batch"):
       spec.factory(**registry.factory_kwargs(name, run, ctx))
     return

@@ -34,7 +34,8 @@ from fedtree.core.local import (
   stack,
 )
 from fedtree.core.model import Model, take_state, zero_state
-from fedtree.core.server_rule import Downlink, Inbox, ServerRule, per_node, zeros_like_stacked
+from fedtree.core.server_rule import Downlink, Inbox, ServerRule, Uplink, per_node, zeros_like_stacked
+from fedtree.core.updates import per_level_paths
 from fedtree.toolbox.privacy import global_norm
 
 PyTree = Any
@@ -152,7 +153,10 @@ def mime_server(optimizer: optax.GradientTransformation, *, corrected: bool,
 
   if corrected:
     return ServerRule(init=init, receive=receive, name="mime", down=Downlink(gather=gather, prepare=prepare))
-  return ServerRule(init=init, receive=receive, name="mimelite")
+  # MimeLite's gradients travel with the updates: the same robust rule, the same client stage (one clip
+  # over both, noise on both, both compressed) and node stage; under uniform weights their average is
+  # then the rule's estimate (mimelite refuses those with weighting="examples": _check_weighted_paths)
+  return ServerRule(init=init, receive=receive, name="mimelite", up=Uplink(robust=True, with_update=True))
 
 
 BESIDE = ("the clients' full-batch gradients travel beside the update, outside the path, so clipping or "
@@ -160,12 +164,32 @@ BESIDE = ("the clients' full-batch gradients travel beside the update, outside t
           "client sends; run without it (delta_clip_norm= clips the update, as FedJAX)")
 REFUSALS = (
   cannot("personal", "the server's optimizer statistics cover the whole model"),
-  cannot("blockwise", "it would still average the clients' full-batch gradients into the server's "
-                      "statistics, so an attacker's gradient would steer every client's steps"),
+  cannot("blockwise", "it would still average the clients' full-batch gradients, sent before training, into "
+                      "the server's variate and statistics, so an attacker's gradient would steer every "
+                      "client's steps"),
   cannot("client_transform", BESIDE),
   cannot("node_transform", BESIDE),
 )
-"""What Mime and MimeLite cannot compose with (:doc:`docs <algorithms/optimization.md#mime-and-mimelite>`)."""
+"""What Mime cannot compose with (:doc:`docs <algorithms/optimization.md#mime-and-mimelite>`); MimeLite's
+gradients travel with its updates and refuses personal parameters only (and, under example weights,
+a path that would weigh its gradients twice: :func:`_check_weighted_paths`)."""
+LITE_REFUSALS = REFUSALS[:1]
+
+
+def _check_weighted_paths(name: str, host, weighting: str) -> None:
+  """MimeLite's clients send ``w_i ∇f_i(x)``, weighted as the server's mean needs; a robust rule, or a
+  client or node stage (the gradients then travel the path with the update, weighted there again), is
+  refused with ``weighting="examples"``."""
+  if weighting != "examples":
+    return
+  topology = host.get("topology")
+  depth = 1 if topology is None else topology.depth
+  path = per_level_paths(host.get("update_paths"), depth, algorithm=name)[-1]
+  if path is not None and (path.aggregator.blockwise or path.client is not None or path.node is not None):
+    raise ValueError(f"{name}: weighting='examples' with an update path's robust aggregator or client or "
+                     f"node stage at the clients' tier: the clients' gradients, sent weighted by their "
+                     f"examples, travel the path with the update and would be weighted a second time; use "
+                     f"weighting='uniform' (the paper's)")
 
 
 def _check(name: str, host, delta_clip_norm, server_learning_rate) -> dict:
@@ -188,7 +212,7 @@ def _check(name: str, host, delta_clip_norm, server_learning_rate) -> dict:
   return host
 
 
-@method_over(hierfavg, cannot=REFUSALS)
+@method_over(hierfavg, cannot=LITE_REFUSALS)
 def mimelite(
   host: Host,
   *,
@@ -212,9 +236,11 @@ def mimelite(
       (``local_optimizer``: the base optimizer, e.g. ``optax.sgd(η, momentum=0.9)``).
 
   Raises:
-    ValueError: ``server_learning_rate`` or ``delta_clip_norm`` not > 0, no ``local_optimizer``, an
-      update path's client or node transform at the clients' tier, a robust aggregator, personal
-      parameters, or a ``server_rule``.
+    ValueError: ``server_learning_rate`` or ``delta_clip_norm`` not > 0, no ``local_optimizer``,
+      personal parameters, a ``server_rule``, or ``weighting="examples"`` with a robust aggregator or
+      an update path's client or node stage. Those take the full-batch gradients with the updates:
+      the same robust rule, one clip over both, noise on both, both compressed (:doc:`docs
+      <algorithms/optimization.md#mime-and-mimelite>`).
 
   Example:
     MimeLite with SGD momentum 0.9 as the base optimizer, 3 of 5 clients a round:
@@ -226,6 +252,7 @@ def mimelite(
     (1, 3)
   """
   host = _check(name, host, delta_clip_norm, server_learning_rate)
+  _check_weighted_paths(name, host, weighting)
   optimizer = host["local_optimizer"]
 
   def objective(s: LocalSetup):
