@@ -319,3 +319,28 @@ def test_tensorboard_is_written_without_importing_torch(tmp_path):
           "  import torch\n")
   subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
   assert any(p.name.startswith("events.out.tfevents") for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name,what", [("scaffold", "the clients' variate changes Δc_i"),
+                                       ("mimelite", "the clients' gradients ∇f_i\\(x\\)")])
+def test_the_messages_a_robust_aggregator_holds_are_in_the_estimate(name, what):
+  """Issue 55: SCAFFOLD's variates and MimeLite's gradients go through the robust rule's blocks beside
+  the updates (a model's worth a slot): named in the estimate under a blockwise aggregator, absent
+  under the mean."""
+  import ml_collections
+  from test_sweep import tiny
+
+  from fedtree.experiment import memory, registry, runner
+
+  c = tiny(runs=("fedavg",), rounds=1)
+  c.runs = ml_collections.ConfigDict({"m": {"algorithm": name, "cohort_size": 4,
+                                            "aggregator": {"name": "median"}}})
+  c.run_order = ("m",)
+  ctx = runner.make_context(c)
+  rctx = registry.run_context(ctx, "m", c.runs.m)
+  paths = registry.capability_arguments("m", c.runs.m, rctx).get("update_paths")
+  needs = registry.memory_needs("m", c.runs.m, ctx, paths)
+  one = memory.tree_bytes(jax.eval_shape(ctx.model.init, jax.random.key(0)))
+  (label, held), = needs.cohort
+  assert label.startswith(what.replace("\\", "")) and held == memory.block_bytes(one, 4, 4, pairwise=False)
+  assert not registry.memory_needs("m", c.runs.m, ctx, None).cohort

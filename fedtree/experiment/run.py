@@ -250,7 +250,8 @@ def resolve(label: str, run_cfg, ctx: Context, *, build: bool = True) -> Run:
              message_bytes=model_bytes(jax.eval_shape(model.init, jax.random.key(0))),
              block=blocks(arguments.get("update_paths"), rctx, full_model, arguments.get("membership")),
              extra_data_bytes=memory.copied_bytes(rctx.data, ctx.data),
-             needs=registry.memory_needs(label, run_cfg, own), run_context=rctx,
+             needs=registry.memory_needs(label, run_cfg, own, arguments.get("update_paths")),
+             run_context=rctx,
              files=run_files(label, run_cfg, own))
 
 

@@ -66,3 +66,24 @@ def pairwise_needs(method: str):
     return Needs(cohort=parts)
 
   return needs
+
+
+def message_block_needs(what: str):
+  """SCAFFOLD's and MimeLite's messages (a model's worth a client: ``Δc_i``, ``∇f_i(x)``) under a robust
+  (blockwise) aggregator at the clients' tier: held in blocks beside the updates'
+  (:attr:`fedtree.core.server_rule.Uplink.robust`), as :func:`fedtree.experiment.memory.block_bytes`
+  counts the updates' (``what`` names them)."""
+  def needs(kw: dict, ctx):
+    from fedtree.core.updates import per_level_paths
+    from fedtree.experiment.memory import Needs, block_bytes, tree_bytes
+
+    topology = kw["topology"]
+    path = per_level_paths(kw.get("update_paths"), topology.depth, algorithm="the method")[-1]
+    if path is None or not path.aggregator.blockwise:
+      return Needs()
+    k, n, b = _cohort_shape(kw)
+    one = tree_bytes(jax.eval_shape(ctx.model.init, jax.random.key(0)))
+    return Needs(cohort=((f"{what} in the robust aggregator's blocks ({n} x {b})",
+                          block_bytes(one, k, b, pairwise=False)),))
+
+  return needs

@@ -113,10 +113,11 @@ def resolved_context(label: str, run, ctx) -> RunContext:
     raise ValueError(f"config.runs.{label} (algorithm={run.algorithm!r}): {e}") from e
 
 
-def memory_needs(label: str, run, ctx):
+def memory_needs(label: str, run, ctx, update_paths=None):
   """What run ``label``'s method holds beyond one model's client step
   (:class:`fedtree.experiment.memory.Needs`, from its spec's ``memory``), or ``None``: its factory's
-  defaults, the run's scalar fields and its tree (``ctx``: the run's context, or a shared one)."""
+  defaults, the run's scalar fields, its tree (``ctx``: the run's context, or a shared one) and the
+  update paths its capability sections make (``update_paths``)."""
   spec = spec_named(label, run)
   if spec.memory is None:
     return None
@@ -129,4 +130,6 @@ def memory_needs(label: str, run, ctx):
   if "cohort_size" in params:   # (a field of its own, one size or one per parent, not a scalar)
     kw.update(convert_cohort(run, ctx))
   kw["topology"] = rctx.topology
+  if update_paths is not None:
+    kw["update_paths"] = update_paths
   return spec.memory(kw, rctx.shared)

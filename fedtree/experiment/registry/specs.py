@@ -19,7 +19,12 @@ from fedtree.experiment.registry.converters import (
   default_momentum,
   rate_optimizer,
 )
-from fedtree.experiment.registry.method_memory import fedem_needs, knnper_needs, pairwise_needs
+from fedtree.experiment.registry.method_memory import (
+  fedem_needs,
+  knnper_needs,
+  message_block_needs,
+  pairwise_needs,
+)
 from fedtree.experiment.spec import AlgorithmSpec, Fields
 
 SPECS: Mapping[str, AlgorithmSpec] = {
@@ -39,12 +44,13 @@ SPECS: Mapping[str, AlgorithmSpec] = {
   "ifca": AlgorithmSpec(algorithms.ifca),
   "awcfl": AlgorithmSpec(algorithms.awcfl),
   "mcfl": AlgorithmSpec(algorithms.mcfl),
-  "scaffold": AlgorithmSpec(algorithms.scaffold, takes=("adapters",)),
+  "scaffold": AlgorithmSpec(algorithms.scaffold, takes=("adapters",),
+                            memory=message_block_needs("the clients' variate changes Δc_i")),
   "feddyn": AlgorithmSpec(algorithms.feddyn),
   "fednova": AlgorithmSpec(algorithms.fednova, defaults=default_momentum),
   "fedex": AlgorithmSpec(algorithms.fedex),
   "mime": AlgorithmSpec(algorithms.mime),
-  "mimelite": AlgorithmSpec(algorithms.mimelite),
+  "mimelite": AlgorithmSpec(algorithms.mimelite, memory=message_block_needs("the clients' gradients ∇f_i(x)")),
   "moon": AlgorithmSpec(algorithms.moon),
   "qffl": AlgorithmSpec(algorithms.qffl),
   "afl": AlgorithmSpec(algorithms.afl, fields=(Fields(("domains",), convert_domains),)),
