@@ -10,7 +10,10 @@ r"""Throughput of fedtree against PyTorch simulators, side by side in one run.
 Every (workload, framework) pair runs in its own subprocess, so peak memory (RSS of the
 process and its children, e.g. Ray workers) is per framework; the parent prints a table of
 rounds/s, client-updates/s, examples/s, peak memory and the ratio of fedtree to each peer,
-and writes ``benchmarks/results/<tag>.json`` and ``.png``. Frameworks:
+and writes ``benchmarks/results/<tag>.json`` and ``.png``. How far from the hardware: the device's
+peaks are measured first (:mod:`benchmarks.hardware`: a float32 GEMM and a copy, on this machine),
+and every JAX row (fedtree, the central bound) states its achieved FLOP/s and bytes/s as a fraction
+of them, the round's work costed by XLA on one compiled client step. Frameworks:
 
 * ``fedtree``: this library (chunked, fused, donated rounds; ``--chunk-size``,
   ``--compute-dtype``, ``--cpu-devices`` to shard clients over N host devices);
@@ -139,10 +142,39 @@ def run_job(job: Job) -> dict:
     return {**out, "skipped": f"{type(e).__name__}: {e}"[:400],
             "traceback": traceback.format_exc()[-2000:]}
   sec = res["seconds_per_round"]
+  if job.framework in ("fedtree", "central"):   # the round's work, from one compiled client step
+    res = {**res, **round_work(w)}
   return {**out, **res, "rounds_per_s": 1.0 / sec,
           "client_updates_per_s": w.cohort_size / sec,
           "examples_per_s": w.examples_per_round / sec,
           "peak_rss_mb": mem.peak / 2**20}
+
+
+def round_work(w: Workload) -> dict:
+  """``round_flops`` and ``round_bytes``: ``cohort x local_steps`` client steps of ``w``, each costed by
+  XLA on its own compiled program (:func:`benchmarks.hardware.client_step_cost`)."""
+  import optax
+
+  from benchmarks.hardware import client_step_cost
+  from benchmarks.jax_runners import jax_model
+
+  step = client_step_cost(jax_model(w), optax.sgd(w.lr), w.example_shape, w.batch_size)
+  n = w.cohort_size * w.local_steps
+  return dict(round_flops=step["flops"] * n, round_bytes=step["bytes"] * n)
+
+
+def with_fractions(results: list[dict], peak: dict) -> list[dict]:
+  """Every timed JAX row with its achieved FLOP/s and bytes/s as fractions of ``peak``
+  (:func:`benchmarks.hardware.peaks`)."""
+  from benchmarks.hardware import fractions
+
+  out = []
+  for r in results:
+    if "round_flops" in r and "skipped" not in r:
+      step = dict(flops=r["round_flops"], bytes=r["round_bytes"])
+      r = {**r, **fractions(step, 1, r["seconds_per_round"], peak)}
+    out.append(r)
+  return out
 
 
 def run_job_subprocess(job: Job, timeout: float) -> dict:
@@ -303,6 +335,9 @@ def table(results: list[dict]) -> str:
         if r["variant"] == "3-tier":
           ratio = (f"3-tier round = {r['seconds_per_round'] / base['seconds_per_round']:.2f}x "
                    "the flat round")
+      if "flops_fraction" in r:   # how far from the hardware (benchmarks.hardware)
+        ratio = (f"{100 * r['flops_fraction']:.1f}% peak FLOP/s, {100 * r['bytes_fraction']:.0f}% peak B/s"
+                 + (f"; {ratio}" if ratio else ""))
       comp = f"{r['compile_s']:.1f}" if "compile_s" in r else "-"
       cu = r["client_updates_per_s"]
       lines.append(f"{r['label']:<22}{r['rounds_per_s']:>10.3f}{cu:>14.{0 if cu >= 10 else 2}f}"
@@ -432,6 +467,10 @@ def main(argv=None) -> list[dict]:
   if args.rounds or args.repeats:
     jobs = [dataclasses.replace(j, rounds=args.rounds or j.rounds,
                                 repeats=args.repeats or j.repeats) for j in jobs]
+  from benchmarks.hardware import describe, peaks
+
+  peak = peaks()   # before the jobs, on the machine as they find it
+  print(f"peaks: {describe(peak)}", flush=True)
   results = []
   t0 = time.perf_counter()
   for job in jobs:
@@ -450,13 +489,14 @@ def main(argv=None) -> list[dict]:
       print(f"    {res['client_updates_per_s']:.0f} client-updates/s, "
             f"{res['peak_rss_mb']:.0f} MB peak", flush=True)
     results.append(res)
-  text = table(results)
+  results = with_fractions(results, peak)
+  text = f"peaks: {describe(peak)}\n" + table(results)
   print(text)
   tag = args.tag or ("quick" if args.quick else "all" if args.all else
                      f"{args.workload}_{args.clients or 'default'}")
   os.makedirs(args.out_dir, exist_ok=True)
   with open(os.path.join(args.out_dir, f"{tag}.json"), "w") as f:
-    json.dump(dict(machine=machine(), argv=sys.argv[1:] if argv is None else list(argv),
+    json.dump(dict(machine=machine(), peaks=peak, argv=sys.argv[1:] if argv is None else list(argv),
                    results=results, table=text), f, indent=1)
   try:
     plot(results, os.path.join(args.out_dir, f"{tag}.png"))

@@ -20,8 +20,12 @@ def test_throughput_smallest_setting_runs(tmp_path):
   for r in results:
     assert "skipped" not in r, r.get("traceback", r.get("skipped"))
     assert r["client_updates_per_s"] > 0 and r["peak_rss_mb"] > 0
+  for name in ("fedtree", "central"):   # how far from the hardware (benchmarks.hardware)
+    assert by[name]["round_flops"] > 0 and by[name]["flops_fraction"] > 0 and by[name]["bytes_fraction"] > 0
+  assert "flops_fraction" not in by["torch"]
   saved = json.load(open(tmp_path / "smoke.json"))
   assert "fedtree/this" in saved["table"] and len(saved["results"]) == 3
+  assert saved["peaks"]["flops_per_s"] > 0 and "% peak FLOP/s" in saved["table"]
   assert os.path.getsize(tmp_path / "smoke.png") > 0
 
 
@@ -439,3 +443,34 @@ def test_masked_against_sliced_benchmark_reaches_equal_results():
 
   out = heterogeneous.main(["--clients=10", "--rounds=1", "--repeats=1"])
   assert out["max_abs_diff"] < 1e-5 and out["masked_s"] > 0 and out["loop_s"] > 0
+
+
+def test_hardware_costs_a_client_step_from_its_loop_free_program():
+  """benchmarks.hardware: XLA's cost analysis counts a loop's body once (why a round is costed from
+  one client step, not from the fused program); a logistic regression's step costs its two
+  products (forward ``2bdk``, the weights' gradient ``2bdk``) and little else; the peaks are positive
+  and a fraction is the achieved rate over them."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  from benchmarks import hardware
+  from fedtree.models import build_model
+
+  a = jnp.ones((64, 64))
+  scan = jax.jit(lambda x: jax.lax.scan(lambda c, _: (c @ a, None), x, None, length=10)[0])
+  once = jax.jit(lambda x: x @ a)
+  flops = [(f.lower(a).compile().cost_analysis() or {}) for f in (scan, once)]
+  flops = [(c[0] if isinstance(c, list) else c)["flops"] for c in flops]
+  assert flops[1] == 2 * 64 ** 3 and flops[0] < 1.01 * flops[1]   # ten products counted as one (and the
+  # loop counter's increment)
+  b, d, k = 16, 32, 10
+  model = build_model("logreg", example_shape=(d,), num_classes=k)
+  cost = hardware.client_step_cost(model, optax.sgd(0.1), (d,), b)
+  assert 4 * b * d * k <= cost["flops"] <= 1.5 * 4 * b * d * k, cost
+  assert cost["bytes"] >= 4 * (b * d + 2 * d * k)   # at least the batch and the weights read and written
+  peak = hardware.peaks(sizes=(64,), copy_mib=4, calls=2)
+  assert peak["flops_per_s"] > 0 and peak["bytes_per_s"] > 0 and peak["device"]
+  got = hardware.fractions(cost, 10, 0.5, peak)
+  assert np.isclose(got["flops_fraction"], cost["flops"] * 10 / 0.5 / peak["flops_per_s"])
+  assert "GFLOP/s" in hardware.describe(peak)
