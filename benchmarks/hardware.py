@@ -5,12 +5,15 @@ workload's achieved FLOP/s and bytes/s as fractions of them.
 
 **Peaks.** ``gemm``: the best FLOP/s of a jitted float32 matrix product (``n x n`` by ``n x n``,
 ``2 n³`` FLOPs, the largest of a few sizes); ``copy``: the best bytes/s of a jitted ``y = a x`` over a
-256 MiB float32 array (one read and one write of every byte; XLA cannot elide it). Both on this
+256 MiB float32 array (one read and one write of every byte; XLA cannot elide it: main memory's
+bandwidth), and ``cache copy`` the best of the same over 1 to 16 MiB (what the caches give: a small
+model's step mostly hits them, so its bytes/s can pass main memory's). Both on this
 device, timed as the benchmarks are (compiled first, best of several calls), so a fraction is of what
 this machine reaches, whatever its load when measured (the JSON records the load). On a GPU the
-same programs run; the datasheet figures of the devices named in :data:`DATASHEETS` are listed
-beside them (dense float32 / bfloat16 tensor-core FLOP/s and memory bandwidth), never used in place
-of the measured ones.
+same programs run (a float32 product at the backend's default precision: TF32 tensor cores on an
+H100, the rate the workloads' own float32 products get); the datasheet figures of the devices named
+in :data:`DATASHEETS` are listed beside them (dense float32 / bfloat16 tensor-core FLOP/s and memory
+bandwidth), never used in place of the measured ones.
 
 **A workload's figures.** XLA's cost analysis of a compiled program counts a loop's body once,
 whatever its trip count (a ``lax.scan`` of 10 products reports one), so the fused round's own count
@@ -52,25 +55,32 @@ def _best(fn, *args, calls: int) -> float:
   return best
 
 
-def peaks(*, sizes=(512, 1024, 2048), copy_mib: int = 256, calls: int = 5) -> dict[str, Any]:
-  """This device's measured peaks: ``flops_per_s`` (float32 GEMM, the best of ``sizes``) and
-  ``bytes_per_s`` (a scaled copy of ``copy_mib`` MiB, read and write), with the device's kind, its
-  datasheet figures where :data:`DATASHEETS` has them, and the load average when measured."""
+def peaks(*, sizes=(512, 1024, 2048), copy_mib: int = 256, cache_mib=(1, 4, 16),
+          calls: int = 5) -> dict[str, Any]:
+  """This device's measured peaks: ``flops_per_s`` (float32 GEMM, the best of ``sizes``),
+  ``bytes_per_s`` (a scaled copy of ``copy_mib`` MiB, read and write) and ``cache_bytes_per_s`` (the
+  best copy of ``cache_mib`` MiB), with the device's kind, its datasheet figures where
+  :data:`DATASHEETS` has them, and the load average when measured."""
   gemm = jax.jit(lambda a, b: a @ b)
   flops = 0.0
   for n in sizes:
     a = jnp.ones((n, n), jnp.float32)
     flops = max(flops, 2.0 * n ** 3 / _best(gemm, a, a, calls=calls))
   scale = jax.jit(lambda x: x * jnp.float32(1.000001))
-  x = jnp.ones((copy_mib * 2 ** 20 // 4,), jnp.float32)
-  bandwidth = 2.0 * x.nbytes / _best(scale, x, calls=calls)
+
+  def copy(mib):
+    x = jnp.ones((int(mib * 2 ** 20) // 4,), jnp.float32)
+    return 2.0 * x.nbytes / _best(scale, x, calls=calls)
+
+  bandwidth = copy(copy_mib)
+  cached = max([bandwidth] + [copy(m) for m in cache_mib])
   kind = jax.devices()[0].device_kind
   try:
     load = list(os.getloadavg())
   except OSError:
     load = None
   return dict(device=kind, backend=jax.default_backend(), flops_per_s=flops, bytes_per_s=bandwidth,
-              datasheet=DATASHEETS.get(kind), load_average=load)
+              cache_bytes_per_s=cached, datasheet=DATASHEETS.get(kind), load_average=load)
 
 
 def client_step_cost(model, optimizer, example_shape, batch_size: int) -> dict[str, float]:
@@ -93,17 +103,20 @@ def client_step_cost(model, optimizer, example_shape, batch_size: int) -> dict[s
 def fractions(step: dict[str, float], steps_per_round: int, seconds_per_round: float,
               peak: dict[str, Any]) -> dict[str, float]:
   """A round's achieved ``flops_per_s`` and ``bytes_per_s`` (``steps_per_round`` client steps of cost
-  ``step`` in ``seconds_per_round``) and their fractions of ``peak`` (:func:`peaks`)."""
+  ``step`` in ``seconds_per_round``) and their fractions of ``peak`` (:func:`peaks`): of the GEMM's
+  FLOP/s, of the in-cache copy's bytes/s (``bytes_fraction``) and of main memory's
+  (``dram_fraction``, above 1 where the step runs from the caches)."""
   flops = step["flops"] * steps_per_round / seconds_per_round
   moved = step["bytes"] * steps_per_round / seconds_per_round
   return dict(flops_per_s=flops, bytes_per_s=moved, flops_fraction=flops / peak["flops_per_s"],
-              bytes_fraction=moved / peak["bytes_per_s"])
+              bytes_fraction=moved / peak["cache_bytes_per_s"], dram_fraction=moved / peak["bytes_per_s"])
 
 
 def describe(peak: dict[str, Any]) -> str:
   """One line naming the peaks (and the datasheet's, where known)."""
   line = (f"{peak['device']} ({peak['backend']}): measured {peak['flops_per_s'] / 1e9:.1f} GFLOP/s "
-          f"float32 GEMM, {peak['bytes_per_s'] / 1e9:.1f} GB/s copy")
+          f"float32 GEMM, {peak['cache_bytes_per_s'] / 1e9:.1f} GB/s in-cache copy, "
+          f"{peak['bytes_per_s'] / 1e9:.1f} GB/s main-memory copy")
   sheet = peak.get("datasheet")
   if sheet:
     line += (f"; datasheet {sheet['fp32_flops'] / 1e12:.1f} TFLOP/s float32, "

@@ -336,7 +336,7 @@ def table(results: list[dict]) -> str:
           ratio = (f"3-tier round = {r['seconds_per_round'] / base['seconds_per_round']:.2f}x "
                    "the flat round")
       if "flops_fraction" in r:   # how far from the hardware (benchmarks.hardware)
-        ratio = (f"{100 * r['flops_fraction']:.1f}% peak FLOP/s, {100 * r['bytes_fraction']:.0f}% peak B/s"
+        ratio = (f"{100 * r['flops_fraction']:.1f}% peak FLOP/s, {100 * r['bytes_fraction']:.0f}% cache B/s"
                  + (f"; {ratio}" if ratio else ""))
       comp = f"{r['compile_s']:.1f}" if "compile_s" in r else "-"
       cu = r["client_updates_per_s"]
