@@ -38,6 +38,15 @@ def row(tree, *idx):
   return jax.tree.map(lambda a: a[idx], tree)
 
 
+def clipped(c):
+  """``f(tree) -> tree`` scaled by ``min(1, c / ‖tree‖)``, the L2 norm over all its leaves: a client
+  stage's clip in numpy, of one update or of a pair sent as one (SCAFFOLD's, MimeLite's)."""
+  def clip(tree):
+    norm = np.sqrt(sum(float(np.sum(np.square(np.asarray(a, np.float64)))) for a in jax.tree.leaves(tree)))
+    return jax.tree.map(lambda a: a * min(1.0, c / norm), tree)
+  return clip
+
+
 def count_traces(alg):
   """``(alg with a counting round, traces)``: ``len(traces)`` is how often ``round`` was traced."""
   traces = []

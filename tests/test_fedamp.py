@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 import reference_pairwise as ref
-from helpers import small_context
+from helpers import clipped, small_context
 
 from fedtree.algorithms import fedamp, fedavg
 from fedtree.algorithms.personalized.fedamp import attention_weights
@@ -86,13 +86,9 @@ def test_fedamp_pairs_what_its_clients_sent_through_their_path(problem):
   state, metrics = _run(alg, data, 3, key)
   assert float(metrics["dp_unclipped"]) < 1.0   # the clip bites
 
-  def clip_each(delta):
-    norm = np.sqrt(sum(float(np.sum(np.square(d))) for d in delta))
-    return [d * min(1.0, c / norm) for d in delta]
-
   w, held = ref.fedamp_reference(model, data, _start(alg), np.zeros(data.num_clients, int), 3, key,
                                  cohort_size=4, lr=LR, batch_size=B,
-                                 steps=sched.num_steps(np.asarray(data.n_train)), transform=clip_each, **kw)
+                                 steps=sched.num_steps(np.asarray(data.n_train)), transform=clipped(c), **kw)
   _same_models(state.client_state, w)
   _same_models(jax.tree.map(lambda a: a[0], state.server_state), held)   # one parent: rows = clients
   pairs = zip(jax.tree.leaves(state.server_state), jax.tree.leaves(state.client_state), strict=True)

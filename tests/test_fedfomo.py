@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 import reference_pairwise as ref
-from helpers import small_context
+from helpers import clipped, small_context
 
 from fedtree.algorithms import fedavg, fedfomo
 from fedtree.algorithms.personalized.fedfomo import SPLIT_SEED
@@ -100,15 +100,11 @@ def test_fedfomo_sends_the_copies_its_clients_sent_through_their_path(problem):
   state, metrics = _run(alg, data, 3, key)
   assert float(metrics["dp_unclipped"]) < 1.0   # the clip bites
 
-  def clip_each(delta):
-    norm = np.sqrt(sum(float(np.sum(np.square(d))) for d in delta))
-    return [d * min(1.0, c / norm) for d in delta]
-
   w0 = jax.tree.map(lambda a: a[0], jax.jit(alg.init)(jax.random.key(7)).client_state.model)
   parent = np.zeros(data.num_clients, int)
   theta, affinity, last, held = ref.fedfomo_reference(
     model, data, w0, parent, 3, key, cohort_size=4, fraction=0.3, how="last", pool="all", lr=LR,
-    batch_size=B, steps=np.full(data.num_clients, 3), seed=SPLIT_SEED, transform=clip_each, **kw)
+    batch_size=B, steps=np.full(data.num_clients, 3), seed=SPLIT_SEED, transform=clipped(c), **kw)
   _check(state, theta, affinity, last, [list(range(data.num_clients))] * data.num_clients)
   for k, want in enumerate(held):   # one parent: its rows are the clients
     chex.assert_trees_all_close(ref.np64(jax.tree.map(lambda a, k=k: a[0, k], state.server_state)), want,

@@ -7,6 +7,7 @@ import numpy as np
 import optax
 import pytest
 import reference_baselines as ref
+from helpers import clipped
 
 from fedtree.algorithms import fedavg, mime, mimelite
 from fedtree.core.local import LocalSchedule
@@ -275,12 +276,6 @@ def test_delta_clip_norm_bounds_every_update_and_systems_compose(problem):
   )
 
 
-def _joint_clip(c):
-  def clip_pair(pair):
-    norm = np.sqrt(sum(float(np.sum(np.square(a))) for a in jax.tree.leaves(pair)))
-    return jax.tree.map(lambda a: a * min(1.0, c / norm), pair)
-  return clip_pair
-
 
 @pytest.mark.parametrize("what", ["median", "joint clip"])
 def test_mimelite_sends_its_gradient_through_the_updates_path(problem, what):
@@ -303,7 +298,7 @@ def test_mimelite_sends_its_gradient_through_the_updates_path(problem, what):
                        corrected=False, momentum=rho, eta_g=1.0, weights=np.ones_like(n),
                        steps=sched.num_steps(np.asarray(data.n_train)),
                        combine=med if what == "median" else None,
-                       transform=None if what == "median" else _joint_clip(c))
+                       transform=None if what == "median" else clipped(c))
   ref.close(ref.row(state.params[0], 0), x[0])
   ref.close(ref.row(_trace(state), 0), m[0], atol=2e-4)
 

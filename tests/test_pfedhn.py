@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 import reference_pairwise as ref
-from helpers import small_context
+from helpers import clipped, small_context
 
 from fedtree.algorithms import pfedhn
 from fedtree.algorithms.personalized.pfedhn import generate
@@ -163,17 +163,13 @@ def test_pfedhn_takes_each_update_after_its_clients_path(problem):
   state, metrics = _run(alg, data, 2, key)
   assert float(metrics["dp_unclipped"]) < 1.0   # the clip bites
 
-  def clip_each(delta):
-    norm = np.sqrt(sum(float(np.sum(np.square(d))) for d in delta))
-    return [d * min(1.0, c / norm) for d in delta]
-
   template = model.init(jax.random.key(0))
   leaves, treedef = jax.tree.flatten(template)
   hnet, emb = ref.pfedhn_reference(
     model, data, jax.tree.map(lambda a: a[0], start.hnet), start.embeddings[0], treedef,
     [a.shape for a in leaves], 2, key, cohort_size=2, lr=LR, batch_size=B,
     steps=np.full(data.num_clients, 3), hn_lr=HN["hn_learning_rate"], momentum=HN["hn_momentum"],
-    weight_decay=HN["hn_weight_decay"], clip_norm=HN["clip_norm"], transform=clip_each)
+    weight_decay=HN["hn_weight_decay"], clip_norm=HN["clip_norm"], transform=clipped(c))
   got = ref.np64(jax.tree.map(lambda a: a[0], state.server_state.hnet))
   chex.assert_trees_all_close(got, hnet, atol=3e-5, rtol=2e-4)
   np.testing.assert_allclose(np.asarray(state.server_state.embeddings[0]), emb, atol=3e-5, rtol=2e-4)

@@ -7,6 +7,7 @@ import numpy as np
 import optax
 import pytest
 import reference_baselines as ref
+from helpers import clipped
 
 from fedtree.algorithms import fedavg, scaffold
 from fedtree.core.local import LocalSchedule
@@ -185,13 +186,6 @@ def test_a_robust_aggregator_takes_the_variates_by_the_same_rule(problem, averag
     ref.close(ref.row(state.client_state, k), c_i[k], atol=2e-4)
 
 
-def _joint_clip(c):
-  """One clip over the pair ``(Δy_i, Δc_i)``: their joint L2 norm bounded by ``c``."""
-  def clip_pair(pair):
-    norm = np.sqrt(sum(float(np.sum(np.square(a))) for a in jax.tree.leaves(pair)))
-    return jax.tree.map(lambda a: a * min(1.0, c / norm), pair)
-  return clip_pair
-
 
 def test_dp_scaffold_clips_the_update_and_the_variates_as_one(problem):
   """Issue 55, user-level DP-SCAFFOLD: the client stage bounds the joint norm of ``(Δy_i, Δc_i)``
@@ -212,7 +206,7 @@ def test_dp_scaffold_clips_the_update_and_the_variates_as_one(problem):
   x, cs, c_i = ref.scaffold_rounds(model, data, ref.start(alg), np.zeros(data.num_clients, int), 3, key,
                                    cohort_size=5, option="II", average="all", eta_g=1.0,
                                    steps=sched.num_steps(np.asarray(data.n_train)), lr=LR, batch_size=B,
-                                   transform=_joint_clip(c))
+                                   transform=clipped(c))
   ref.close(ref.row(state.params[0], 0), x[0])
   ref.close(ref.row(state.server_state, 0), cs[0], atol=2e-4)
   for k in range(data.num_clients):
