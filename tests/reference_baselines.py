@@ -516,12 +516,12 @@ def afl_round(model, x, lam, domain, data, cohort, keys, *, lr, batch_size, step
 
 
 def fedasync_event_loop(model, x0, data, speeds, steps, rounds, root, *, lr, batch_size, alpha, s,
-                        dtype=np.float32):
+                        dtype=np.float32, receive=None):
   """FedAsync (Xie et al. 2019, Algorithm 1) with every client always in flight, as an event loop:
   the earliest to finish trains from the model of the version it started from (with the key of the
-  server update that applies it), ``x ← (1 − α s(t − τ)) x + α s(t − τ) y`` (in float64, the model
-  kept in ``dtype``), and starts again from the new model. Returns the models and every update's
-  staleness."""
+  server update that applies it; ``receive(model)``: as a downlink transform delivers it), ``x ← (1 −
+  α s(t − τ)) x + α s(t − τ) y`` (in float64, the model kept in ``dtype``), and starts again from the
+  new model. Returns the models and every update's staleness."""
   import heapq
 
   models, stale = [x0], []
@@ -531,7 +531,8 @@ def fedasync_event_loop(model, x0, data, speeds, steps, rounds, root, *, lr, bat
   for r in range(rounds):
     t, c, v = heapq.heappop(heap)
     rk = jax.random.fold_in(root, r)
-    y, _ = sgd_client(model, models[v], data, c, steps[c], jax.random.fold_in(stream(rk, "train"), c), lr=lr,
+    start = models[v] if receive is None else receive(models[v])
+    y, _ = sgd_client(model, start, data, c, steps[c], jax.random.fold_in(stream(rk, "train"), c), lr=lr,
                       batch_size=batch_size)
     a = alpha * s(r - v)
     def mix(p, q, a=a):

@@ -57,6 +57,29 @@ def test_fedasync_matches_an_event_loop(problem, kind, want):
     close(jax.tree.map(lambda p: p[0], state.params), x, tol=3e-5)
 
 
+def test_a_downlink_transform_delivers_every_version_as_received(problem):
+  """Issue 55: a downlink compressor at the asynchronous server (bfloat16 here, deterministic): every
+  client trains from the version it started from as it was delivered, and the server mixes in its
+  model; the event loop with the same delivery. The bytes down are the compressed model's."""
+  from fedtree.core.updates import UpdatePath
+  from fedtree.toolbox.compression import bf16, downlink
+
+  data, model, schedule = problem
+  systems = Systems(profile=make_profile(SPEED, np.full(5, 1e12)))
+  alg = fedasync(model=model, data=data, local_optimizer=optax.sgd(LR), schedule=schedule, concurrency=5,
+                 systems=systems, alpha=0.6, update_paths=UpdatePath(down=downlink(bf16())))
+  key = jax.random.key(3)
+  states, rows = _rows(alg, data, 6, key)
+  x0 = jax.tree.map(lambda p: p[0], states[0].params)
+  half = lambda tree: jax.tree.map(lambda a: jnp.asarray(a, jnp.bfloat16).astype(jnp.float32), tree)  # noqa: E731
+  models, _ = ref.fedasync_event_loop(model, x0, data, SPEED, np.full(5, 3), 6, key, lr=LR, batch_size=B,
+                                      alpha=0.6, s=lambda t: (t + 1.0) ** -0.5, receive=half)
+  for state, x in zip(states[1:], models[1:], strict=True):
+    close(jax.tree.map(lambda p: p[0], state.params), x, tol=3e-5)
+  size = sum(int(np.size(a)) for a in jax.tree.leaves(x0))
+  assert float(rows[-1]["downlink_bytes"]) == 2 * size   # two bytes an entry
+
+
 def test_one_client_in_flight_is_sequential_sgd(problem):
   """concurrency=1, α = 1, one local step: every server update is one SGD step of one client on
   the server's model, x ← x − η ∇f_c(x; its batch)."""

@@ -154,7 +154,7 @@ def reason(name: str, refusal: str) -> str:
   section = re.match(r"unknown field '(\w+)': algorithm '[^']*' cannot run a '\w+' section", text)
   if section:
     return f"takes no {section.group(1)!r} section"
-  field = re.match(r"unknown field '(\w+)'; allowed fields", text)
+  field = re.match(r"unknown field '(\w+)'(?: \(did you mean '\w+'\?\))?; allowed fields", text)
   if field:
     return f"takes no {field.group(1)!r} field"
   for prefix in (f"{name}: ", f"{name}/global: ", f"{name} "):

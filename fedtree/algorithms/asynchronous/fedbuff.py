@@ -50,6 +50,7 @@ from fedtree.core.updates import (
   init_update_state,
   path_stats,
   per_level_paths,
+  send_down,
 )
 from fedtree.toolbox.systems import Systems, make_profile, uplink_bytes
 from fedtree.toolbox.traffic import model_bytes
@@ -205,9 +206,10 @@ def fedbuff(
     update_paths: the clients' update path (:mod:`fedtree.core.updates`) at the clients' parents (the
       levels above take the weighted mean): client transforms on every update, and an aggregator (a
       robust one, or an omniscient attack in front of it) over each parent's buffer, every applied
-      report's staleness-scaled update ``s(τ_i)(x_i − θ_i)`` weighted as the mean weighs it. No node
-      or downlink stage (central noise would be added per server step to reports chosen by the
-      devices' speeds, which no sampling accountant bounds).
+      report's staleness-scaled update ``s(τ_i)(x_i − θ_i)`` weighted as the mean weighs it, and a
+      downlink transform (every version delivered through it, each update taken against what its
+      client received). No node stage (central noise would be added per server step to reports
+      chosen by the devices' speeds, which no sampling accountant bounds).
     name: label for reports.
 
   Raises:
@@ -352,7 +354,7 @@ def _plan(*, model, data, local_optimizer, schedule, buffer_size, concurrency, t
                                 "server_optimizer")
   client_update = local_training(client_update, model, local_optimizer, schedule, data,
                                  compute_dtype=compute_dtype, stateless_for=name)
-  path = per_level_paths(update_paths, depth, algorithm=name, supported_levels=(leaf,), down=False)[leaf]
+  path = per_level_paths(update_paths, depth, algorithm=name, supported_levels=(leaf,))[leaf]
   if path is not None and path.node is not None:
     raise ValueError(f"{name} cannot run node transform {path.node.name!r} on its buffers: which reports a "
                      f"server step applies depends on the devices' simulated speeds, not on a uniform draw a "
@@ -430,7 +432,8 @@ def _start_clients(plan: _Plan, state: FedBuffState, num_steps, key) -> _Slots:
   want = jnp.take(num_steps, client)
   up_b = uplink_bytes(plan.path, jax.tree.map(lambda a: a[0], state.params))
   comm = systems.client_seconds(client, jnp.zeros_like(want, jnp.result_type(float)),
-                                model_bytes(state.params, stacked=True), uplink_bytes=up_b)
+                                model_bytes(state.params, stacked=True), uplink_bytes=up_b,
+                                downlink_bytes=_down_bytes(plan, state.params))
   work = systems.attempt(want, jnp.take(systems.profile.speed, client), comm, stream(key, "systems"))
   return _Slots(
     client=client, version=jnp.where(start, state.round, state.version),
@@ -468,23 +471,33 @@ def _reports(plan: _Plan, state: FedBuffState, sl: _Slots) -> _Reports:
                   jnp.maximum(state.node_clock, reached))
 
 
-def _train(plan: _Plan, state: FedBuffState, sl: _Slots, rep: _Reports, num_steps, w, data,
+def _down_bytes(plan: _Plan, params):
+  """The bytes of one model through the downlink transform (``None``: no transform, a whole model)."""
+  if plan.path is None or plan.path.down is None:
+    return None
+  _, stats = plan.path.down.apply(jax.tree.map(lambda a: a[:1], params), jax.random.key(0))
+  size = stats.get("bytes")
+  return None if size is None else jnp.asarray(size, jnp.result_type(float))[0]
+
+
+def _train(plan: _Plan, state: FedBuffState, sent, sl: _Slots, rep: _Reports, num_steps, w, data,
            key) -> TierResult:
-  """The reporting slots train from the versions they started from (the ring's rows are the tier's
-  parents)."""
+  """The reporting slots train from the versions they started from as they received them (``sent``:
+  the ring through the downlink transform; the ring's rows are the tier's parents)."""
   row = jnp.asarray(plan.slot_group) * plan.ring + jnp.mod(sl.version, plan.ring)
   cohort = Cohort(clients=sl.client, parent=row.astype(jnp.int32), valid=rep.ok)
   client_steps = num_steps.at[jnp.where(rep.ok, sl.client, plan.num_clients)].set(
     sl.steps.astype(num_steps.dtype), mode="drop")
-  return train_cohort(plan.tier, Down(state.history), cohort, data,
+  return train_cohort(plan.tier, Down(sent), cohort, data,
                       Clients(client_steps, w, cursor=state.cursor, update_state=state.update_state),
                       stream(key, "train"))
 
 
-def _buffered_update(plan: _Plan, state: FedBuffState, res: TierResult):
+def _buffered_update(plan: _Plan, state: FedBuffState, sent, res: TierResult):
   """Every parent's server step on its buffer: ``Σ_v s(round - v) Σ_{i started at v} w_i Δ_i`` over
   ``Σ_i w_i`` (staleness is per version; with ``update_from="current"`` every update is taken against
-  the current model, ``+ Σ_v s(τ_v) W_v (x_t − x_v)``)."""
+  the current model, ``+ Σ_v s(τ_v) W_v (x_t − x̂_v)``, ``x̂_v`` version ``v`` as its clients received
+  it: ``sent``)."""
   ring, num_groups = plan.ring, plan.num_groups
   row_version = state.round - jnp.mod(state.round - jnp.arange(ring), ring)
   scale = staleness_factor(state.round - row_version, plan.staleness, exponent=plan.staleness_exponent,
@@ -499,7 +512,7 @@ def _buffered_update(plan: _Plan, state: FedBuffState, res: TierResult):
   delta = jax.tree.map(per_parent, res.delta_sum)
   if plan.update_from == "current":
     drift = jax.tree.map(lambda h, p: (jnp.repeat(p, ring, axis=0) - h) * res.weight_sum.reshape(
-      (-1,) + (1,) * (h.ndim - 1)).astype(h.dtype), state.history, state.params)
+      (-1,) + (1,) * (h.ndim - 1)).astype(h.dtype), sent, state.params)
     delta = jax.tree.map(jnp.add, delta, jax.tree.map(per_parent, drift))
   total = (jnp.sum(res.weight_sum, axis=0, keepdims=True) if num_groups == 1
            else jnp.sum(res.weight_sum.reshape(num_groups, ring), axis=1))
@@ -507,7 +520,8 @@ def _buffered_update(plan: _Plan, state: FedBuffState, res: TierResult):
                       divide_by_weight(delta, total), total > 0)
 
 
-def _robust_update(plan: _Plan, state: FedBuffState, res: TierResult, sl: _Slots, rep: _Reports, w, key):
+def _robust_update(plan: _Plan, state: FedBuffState, sent, res: TierResult, sl: _Slots, rep: _Reports, w,
+                   key):
   """Every parent's server step on its buffer through the path's aggregator: each applied report's
   update ``s(τ_i) (x_i − θ_i)`` (``x_i`` the version it started from, or the current model with
   ``update_from="current"``) weighted ``w_i``, as :func:`_buffered_update`'s mean takes them.
@@ -515,11 +529,11 @@ def _robust_update(plan: _Plan, state: FedBuffState, res: TierResult, sl: _Slots
   path = plan.path
   assert path is not None and res.client_params is not None
   slot_group = jnp.asarray(plan.slot_group)
-  if plan.update_from == "current":
+  if plan.update_from == "current":   # (θ_i as the server reconstructs it from what it sent: the mix)
     base = jax.tree.map(lambda p: jnp.take(p, slot_group, axis=0), state.params)
   else:
     row = slot_group * plan.ring + jnp.mod(sl.version, plan.ring)
-    base = jax.tree.map(lambda h: jnp.take(h, row, axis=0), state.history)
+    base = jax.tree.map(lambda h: jnp.take(h, row, axis=0), sent)   # the version as its client received it
   scale = staleness_factor(rep.staleness, plan.staleness, exponent=plan.staleness_exponent,
                            hinge_a=plan.hinge_a, hinge_b=plan.hinge_b)
   updates = jax.tree.map(lambda b, t: (b - t) * scale.reshape((-1,) + (1,) * (b.ndim - 1)).astype(b.dtype),
@@ -573,13 +587,14 @@ def _round(plan: _Plan, state: FedBuffState, data: FederatedData, key):
   sl = _start_clients(plan, state, num_steps, key)
   rep = _reports(plan, state, sl)
   w = client_weights(data.n_train, plan.weighting)
-  res = _train(plan, state, sl, rep, num_steps, w, data, key)
-  metrics = _metrics(res, sl, rep, num_steps)
+  sent, down_stats = send_down(plan.path, state.history, stream(key, "down"))   # each version as received
+  res = _train(plan, state, sent, sl, rep, num_steps, w, data, key)
+  metrics = {**_metrics(res, sl, rep, num_steps), **path_stats(down_stats, "downlink_")}
   if plan.tier.keep_client_params:   # a robust aggregator over every parent's buffer
-    leaf_params, leaf_opt, agg_metrics = _robust_update(plan, state, res, sl, rep, w, key)
+    leaf_params, leaf_opt, agg_metrics = _robust_update(plan, state, sent, res, sl, rep, w, key)
     metrics.update(agg_metrics)
   else:
-    leaf_params, leaf_opt = _buffered_update(plan, state, res)
+    leaf_params, leaf_opt = _buffered_update(plan, state, sent, res)
   params, opt_state, node_clock, up_metrics = _upper(plan, state, leaf_params, leaf_opt, rep.node_clock, w, r,
                                                      key)
   leaf = plan.leaf
