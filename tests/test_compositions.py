@@ -69,8 +69,9 @@ def test_a_reason_loses_the_label_and_the_method_name_only():
     "takes no 'systems' section")
   assert compositions.reason("cfl", "config.runs.cell (algorithm='cfl'): unknown field 'poisson_q'; "
                                     "allowed fields: ['a']") == "takes no 'poisson_q' field"
-  assert compositions.reason("fedasync", "config.runs.cell (algorithm='fedasync'): unknown field 'cohort_size' "
-                                         "(did you mean 'chunk_size'?); allowed fields: ['a']") == (
+  assert compositions.reason("fedasync", "config.runs.cell (algorithm='fedasync'): unknown field "
+                                         "'cohort_size' (did you mean 'chunk_size'?); allowed fields: "
+                                         "['a']") == (
     "takes no 'cohort_size' field")   # (a suggestion does not make it a refusal)
 
 
