@@ -244,3 +244,26 @@ def test_dp_scaffold_noises_the_variates_sum(problem):
   n = data.num_clients
   want = 2 * z * cn / n
   assert abs(float(np.std(diff)) - want) < 5 * want / np.sqrt(2 * diff.size), (np.std(diff), want)
+
+
+def test_dp_scaffold_under_a_robust_rule_takes_the_clipped_pairs_blockwise(problem):
+  """A client stage and a robust aggregator together: the clipped pairs ``(Δy_i, Δc_i)`` in the
+  aggregator's blocks as one (no separate block of variates), the median of each against Algorithm 1
+  with the pairs clipped jointly and the median in both places."""
+  from fedtree.toolbox.privacy import clip
+
+  data, _, model = problem
+  sched = LocalSchedule(batch_size=B, epochs=1)
+  c = 0.05
+  alg = scaffold(model=model, data=data, local_optimizer=optax.sgd(LR), local_learning_rate=LR,
+                 schedule=sched, cohort_size=5, chunk_size=2,
+                 update_paths=UpdatePath(client=clip(c), aggregator=median()))
+  key = jax.random.key(12)
+  state, _ = ref.run_jit(alg, data, 3, key)
+  med = lambda trees: jax.tree.map(lambda *a: np.median(np.stack(a), axis=0), *trees)   # noqa: E731
+  x, cs, _ = ref.scaffold_rounds(model, data, ref.start(alg), np.zeros(data.num_clients, int), 3, key,
+                                 cohort_size=5, option="II", average="all", eta_g=1.0,
+                                 steps=sched.num_steps(np.asarray(data.n_train)), lr=LR, batch_size=B,
+                                 transform=clipped(c), combine=med)
+  ref.close(ref.row(state.params[0], 0), x[0])
+  ref.close(ref.row(state.server_state, 0), cs[0], atol=2e-4)

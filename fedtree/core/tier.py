@@ -517,7 +517,7 @@ def _chunk_step(scan: _Scan, carry: _Carry, xs):
     trained=carry.trained + jnp.sum(trained, dtype=jnp.int32), skipped=skipped, first_bad=first_bad,
     reported=carry.reported.at[jnp.where(trained, ch.clients, scan.num_clients)].set(True, mode="drop"),
     path_client=path_client, stat_sums=stat_sums,
-    message_sum=(carry.message_sum if tier.joint else
+    message_sum=(carry.message_sum if tier.joint else   # (joint: in the deltas' aggregate)
                  scan.messages.add(carry.message_sum, Chunk(message, trained.astype(fdtype), ch.parent,
                                                             ch_pos, ch.clients, trained))
                  if scan.messages is not None else jax.tree.map(
@@ -559,8 +559,9 @@ def _message_carry(scan: _Scan, one: PyTree, fdtype) -> PyTree:
 
 
 def _robust_messages(tier: Tier, path: UpdatePath | None) -> Any:
-  """The block accumulator of the clients' messages under :attr:`Tier.robust_messages`, else None."""
-  if not tier.robust_messages or path is None or not path.aggregator.blockwise:
+  """The block accumulator of the clients' messages under :attr:`Tier.robust_messages`, else None (also
+  where they travel the path with the deltas, :attr:`Tier.joint`: the deltas' blocks hold them)."""
+  if not tier.robust_messages or tier.joint or path is None or not path.aggregator.blockwise:
     return None
   return accumulator(path.aggregator, block_size=tier.block_size)
 
@@ -689,7 +690,7 @@ def _tier_result(scan: _Scan, out: _Carry, per_chunk, cohort: Cohort, clients: C
                                divide_by_weight(m_sum, weight_sum))
   if tier.has_personal:   # no pseudo-gradient at the personal leaves
     delta_sum = fill(delta_sum, tier.personal, down.params)
-  if scan.messages is not None and not tier.joint:   # the aggregator's estimate, at the sum's scale
+  if scan.messages is not None:   # the aggregator's estimate of the messages, at the sum's scale
     m_sum, m_weight, _ = scan.messages.finish(message_sum, stream(key, "messages"), {})
     count = jax.ops.segment_sum(jnp.take(out.reported, cohort.clients).astype(fdtype) * cohort.valid,
                                 cohort.parent, num_segments=num_parents)
