@@ -660,11 +660,16 @@ def _tier_result(scan: _Scan, out: _Carry, per_chunk, cohort: Cohort, clients: C
     out.acc, stream(key, "aggregate"), {} if path is None else node_state_of(path, update_state))
   update_stats: dict[str, jax.Array] = {}
   new_update_state = update_state._replace(client=out.path_client)
+  reported = jax.ops.segment_sum(jnp.take(out.reported, cohort.clients).astype(fdtype) * cohort.valid,
+                                 cohort.parent, num_segments=num_parents)   # [P] children that reported
+
+  def at_sum_scale(total, weight):   # an aggregate's estimate times the reporting children
+    return jax.tree.map(lambda e: e * reported.reshape((-1,) + (1,) * (e.ndim - 1)).astype(e.dtype),
+                        divide_by_weight(total, weight))
+
   if path is not None:
     stat_sums = dict(out.stat_sums)
-    stat_sums["reported"] = jax.ops.segment_sum(
-      jnp.take(out.reported, cohort.clients).astype(fdtype) * cohort.valid, cohort.parent,
-      num_segments=num_parents)
+    stat_sums["reported"] = reported
     delta_sum, weight_sum, new_update_state, node_stats = finish(
       path, new_update_state, delta_sum, weight_sum, stat_sums, stream(key, "node"))
     update_stats = path_metrics(stat_sums, out.trained, node_stats, agg_stats)
@@ -684,18 +689,12 @@ def _tier_result(scan: _Scan, out: _Carry, per_chunk, cohort: Cohort, clients: C
   message_sum = out.message_sum
   if tier.joint:   # the aggregate's estimate of the messages, at the sum's scale
     delta_sum, m_sum = delta_sum
-    count = jax.ops.segment_sum(jnp.take(out.reported, cohort.clients).astype(fdtype) * cohort.valid,
-                                cohort.parent, num_segments=num_parents)
-    message_sum = jax.tree.map(lambda e: e * count.reshape((-1,) + (1,) * (e.ndim - 1)).astype(e.dtype),
-                               divide_by_weight(m_sum, weight_sum))
+    message_sum = at_sum_scale(m_sum, weight_sum)
   if tier.has_personal:   # no pseudo-gradient at the personal leaves
     delta_sum = fill(delta_sum, tier.personal, down.params)
   if scan.messages is not None:   # the aggregator's estimate of the messages, at the sum's scale
     m_sum, m_weight, _ = scan.messages.finish(message_sum, stream(key, "messages"), {})
-    count = jax.ops.segment_sum(jnp.take(out.reported, cohort.clients).astype(fdtype) * cohort.valid,
-                                cohort.parent, num_segments=num_parents)
-    message_sum = jax.tree.map(lambda e: e * count.reshape((-1,) + (1,) * (e.ndim - 1)).astype(e.dtype),
-                               divide_by_weight(m_sum, m_weight))
+    message_sum = at_sum_scale(m_sum, m_weight)
   return TierResult(delta_sum, weight_sum, out.client_state, client_params, out.loss_sum, out.trained,
                     cursor, out.skipped, first_bad, out.reported, new_update_state, update_stats,
                     message_sum, sampled, out.personal if tier.has_personal else None)

@@ -98,9 +98,7 @@ def _sent(plan: HostPlan, p0: PyTree, lv: int) -> PyTree:
   """What a child of level ``lv`` sends through its path, one unstacked model's worth: the shared leaves
   (and, at the clients' parents, the message where it travels with them: ``Extras.joint``)."""
   shared = plan.share.sent(p0, lv)
-  if lv != plan.leaf or not plan.wire.joint:
-    return shared
-  return jax.tree.map(lambda a: a[0], plan.wire.sent(jax.tree.map(lambda a: jnp.asarray(a)[None], shared)))
+  return plan.wire.sent(shared, stacked=False) if lv == plan.leaf else shared
 
 
 def downlink(plan: HostPlan, state: TreeState, key) -> tuple[PyTree, dict]:

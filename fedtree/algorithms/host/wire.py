@@ -98,13 +98,14 @@ class Extras:
     active = share.client_mask is not None or msg > 0 or bc > 0 or down is not None or up is not None
     return cls(shared, msg, bc, active, down, up, sent_message, joint)
 
-  def sent(self, shared: PyTree) -> PyTree:
-    """What a child sends up through the update path: its ``[N, ...]`` shared leaves, with its message
-    (zeros ``[N, ...]``) where that travels the path too (:attr:`joint`)."""
+  def sent(self, shared: PyTree, *, stacked: bool = True) -> PyTree:
+    """What a child sends up through the update path: its shared leaves (``[N, ...]``; one model's
+    without ``stacked``), with its message (zeros, shaped alike) where that travels the path too
+    (:attr:`joint`)."""
     if not self.joint:
       return shared
-    n = jax.tree.leaves(shared)[0].shape[0]
-    return shared, jax.tree.map(lambda m: jnp.zeros((n,) + tuple(m.shape), m.dtype), self.message)
+    lead = (jax.tree.leaves(shared)[0].shape[0],) if stacked else ()
+    return shared, jax.tree.map(lambda m: jnp.zeros(lead + tuple(m.shape), m.dtype), self.message)
 
   def up(self, compressed):
     """A client's uplink bytes for the systems clock (``compressed``: the path's size, or ``None``)."""
