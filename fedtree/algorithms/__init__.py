@@ -2,9 +2,8 @@
 
 Each factory returns a :class:`~fedtree.core.algorithm.FederatedAlgorithm`. The host's parts are
 in :mod:`~fedtree.algorithms.host`; the methods are in one folder per family (``optimization``,
-``personalized``, ``partial``, ``clustering``, ``hierarchical``, ``asynchronous``, ``llm``,
-``heterogeneous``), none
-importing another family; the config -> algorithm path is the experiment layer's
+``personalized``, ``partial``, ``clustering``, ``hierarchical``, ``asynchronous``,
+``heterogeneous``), none importing another family; the config -> algorithm path is the experiment layer's
 (:mod:`fedtree.experiment`).
 
 Only the factories in :data:`SYSTEMS_ALGORITHMS` simulate devices, availability and round
@@ -17,10 +16,9 @@ import inspect
 
 from fedtree.algorithms.asynchronous import fedasync, fedbuff
 from fedtree.algorithms.clustering import awcfl, cfl, ifca, mcfl
-from fedtree.algorithms.heterogeneous import depthfl, feddf, fedmd, fedrolex, fjord, heterofl
+from fedtree.algorithms.heterogeneous import depthfl, feddf, fedmd, fedrolex, fjord, heterofl, hetlora
 from fedtree.algorithms.hierarchical import bhfl, grouppfl, pfedmt
 from fedtree.algorithms.host import hierfavg
-from fedtree.algorithms.llm import ffa_lora, hetlora
 from fedtree.algorithms.optimization import (
   afl,
   fedavg,
@@ -30,6 +28,7 @@ from fedtree.algorithms.optimization import (
   fedmmd,
   fednova,
   fedprox,
+  ffa_lora,
   mime,
   mimelite,
   moon,

@@ -530,6 +530,34 @@ def run_update(update: ClientUpdate, anchor, state, data, num_steps, key, round:
   return params, state, loss, ()
 
 
+def counting(inner: ClientUpdate, step: Callable) -> ClientUpdate:
+  """``inner`` run as ``step(anchor, inner_state, data, num_steps, key, round) -> (params, inner_state,
+  loss, message)`` (a method's wrapping of it), its state ``(rounds trained int32[C], inner's state)``:
+  the count tells which clients trained, so a round can report what they sent
+  (:func:`mean_over_trained`)."""
+  def init_state(params, num_clients):
+    own = inner.init_state(params, num_clients) if inner.init_state is not None else ()
+    return (jnp.zeros((num_clients,), jnp.int32), own)
+
+  def apply(anchor, state, data, num_steps, key, round):
+    count, own = state
+    params, own, loss, message = step(anchor, own, data, num_steps, key, round)
+    return params, (count + 1, own), loss, message
+
+  personal, inner_personal = None, inner.personal_models
+  if inner_personal is not None:
+    personal = lambda state: inner_personal(state[1])   # noqa: E731
+  return inner._replace(apply=apply, init_state=init_state, takes_round=True, personal_models=personal)
+
+
+def mean_over_trained(before, after, values) -> jax.Array:
+  """The mean of ``values [C]`` over the clients that trained between two client states of a
+  :func:`counting` update (0 where none did), in the default float dtype (float64 under x64)."""
+  real = jnp.result_type(float)
+  trained = (after[0] - before[0]).astype(real)
+  return jnp.sum(trained * jnp.asarray(values, real)) / jnp.maximum(jnp.sum(trained), 1.0)
+
+
 def check_model_state(update: ClientUpdate, model: Model, algorithm: str) -> ClientUpdate:
   """``update`` unless ``model`` has state (BatchNorm statistics) that ``update`` does not
   train (:attr:`ClientUpdate.model_state`), else a ``ValueError`` naming both."""

@@ -28,7 +28,7 @@ from fedtree.algorithms.heterogeneous.width import (
 )
 from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels, ObjectiveFactory
-from fedtree.core.local import ClientUpdate, run_update, sgd_client_update
+from fedtree.core.local import ClientUpdate, counting, mean_over_trained, run_update, sgd_client_update
 from fedtree.core.model import Model
 from fedtree.core.server_rule import Downlink, Inbox, ServerRule, Uplink
 from fedtree.toolbox.systems import Systems
@@ -83,12 +83,7 @@ def width_update(setup: LocalSetup, given: ObjectiveFactory | None, plan: WidthP
   order = jnp.asarray(np.argsort(rates, kind="stable"))   # the levels by rate, narrowest first
   allowed = jnp.asarray([int(np.sum(rates <= r)) for r in rates], jnp.int32)   # levels at most each one
 
-  def init_state(p0, num_clients):
-    own = probe.init_state(p0, num_clients) if probe.init_state is not None else ()
-    return (jnp.zeros((num_clients,), jnp.int32), own)
-
-  def apply(anchor, state, data, num_steps, key, rnd):
-    count, own = state
+  def step(anchor, own, data, num_steps, key, rnd):
     level = level_of[rnd.client]
     offset = rnd.broadcast if mode == "rolling" else 0
     labels = None if classes is None else jnp.asarray(classes)[rnd.client]
@@ -99,11 +94,9 @@ def width_update(setup: LocalSetup, given: ObjectiveFactory | None, plan: WidthP
     params, own, loss, _ = run_update(build(model), anchor, own, data, num_steps, key, rnd)
     params = jax.tree.map(lambda a, p, m: a + (p - a) * m, anchor, params, mask)
     message = jax.tree.map(lambda m: rnd.weight.astype(m.dtype) * m, mask)
-    return params, (count + 1, own), loss, message
+    return params, own, loss, message
 
-  personal = None if probe.personal_models is None else (lambda state: probe.personal_models(state[1]))
-  return probe._replace(apply=apply, init_state=init_state, takes_round=True, message_bytes=0,
-                        personal_models=personal)
+  return counting(probe, step)._replace(message_bytes=0)
 
 
 ORDERED_DRAW = 0x6f64
@@ -225,13 +218,11 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
                         classes=client_classes(data, name) if label_split else None)
 
   alg = host.build(client_update=objective, server_rule=rule, name=name)
-  real = jnp.result_type(float)   # float64 under x64
   _, kept, rate_of = tables(plan, levels, rate)
 
   def round_fn(state, data, key):
     new, metrics = alg.round(state, data, key)
-    sent = (new.client_state[0] - state.client_state[0]).astype(real)   # 1: trained and sent
-    size = jnp.sum(sent * jnp.asarray(level_bytes[levels], real)) / jnp.maximum(jnp.sum(sent), 1.0)
+    size = mean_over_trained(state.client_state, new.client_state, level_bytes[levels])
     return new, {**metrics, "uplink_bytes": size, "downlink_bytes": size}
 
   def models(state):

@@ -9,6 +9,8 @@ import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import optax
+
 from fedtree.algorithms.host.refusals import Refusal, check_refusals
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.topology import Topology
@@ -36,6 +38,15 @@ class Host(Mapping[str, Any]):
   def replace(self, **arguments) -> Host:
     """The same host with ``arguments`` set (a method's defaults for the host's own arguments)."""
     return Host(self._factory, {**self._arguments, **arguments}, self._method)
+
+  def stepping(self, learning_rate: float) -> Host:
+    """The host whose clients' parents step ``sgd(learning_rate)`` (a method's global step size
+    ``η_g``) and every level above them ``sgd(1)``, unless the caller gave ``server_optimizers``."""
+    if self.get("server_optimizers") is not None:
+      return self
+    topology = self.get("topology")
+    depth = 1 if topology is None else topology.depth
+    return self.replace(server_optimizers=(optax.sgd(1.0),) * (depth - 1) + (optax.sgd(learning_rate),))
 
   def build(self, **fixed) -> FederatedAlgorithm:
     """The host on the given arguments and the method's ``fixed`` ones (its objective, its rule,

@@ -204,12 +204,7 @@ def _check(name: str, host, delta_clip_norm, server_learning_rate) -> dict:
   if host.get("local_optimizer") is None:
     raise ValueError(f"{name}: needs local_optimizer=, the base optimizer whose state the server keeps and "
                      f"every local step applies")
-  topology = host.get("topology")
-  depth = 1 if topology is None else topology.depth
-  if host.get("server_optimizers") is None:
-    servers = (optax.sgd(1.0),) * (depth - 1) + (optax.sgd(server_learning_rate),)
-    host = host.replace(server_optimizers=servers)
-  return host
+  return host.stepping(server_learning_rate)
 
 
 @method_over(hierfavg, cannot=LITE_REFUSALS)

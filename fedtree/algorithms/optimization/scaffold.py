@@ -150,11 +150,7 @@ def scaffold(
     raise ValueError(f"{name}: option 'II' computes c_i from (x - y_i) / (K η_l) and needs the local "
                      f"learning rate η_l: pass local_learning_rate= (from a config: local.learning_rate), or "
                      f"use option='I'")
-  topology = host.get("topology")
-  depth = 1 if topology is None else topology.depth
-  if host.get("server_optimizers") is None:
-    servers = (optax.sgd(1.0),) * (depth - 1) + (optax.sgd(server_learning_rate),)
-    host = host.replace(server_optimizers=servers)
+  host = host.stepping(server_learning_rate)
 
   def objective(s: LocalSetup):
     return scaffold_update(s.model, s.optimizer, option=option, batch_size=s.batch_size,

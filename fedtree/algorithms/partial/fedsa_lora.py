@@ -37,13 +37,7 @@ def fedsa_lora(host: Host, *, personal_level: int | None = None,
     ValueError: a model whose parameters are not LoRA adapters, ``personal=``.
 
   Example:
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
     >>> from fedtree.toolbox import lora
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
     >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(16,))
     >>> alg = lora.frozen_base(lambda m: fedsa_lora(model=m, data=data, local_optimizer=optax.sgd(0.1),
     ...                                             schedule=LocalSchedule(batch_size=8, steps=2)),

@@ -19,17 +19,7 @@ import numpy as np
 import optax
 
 from fedtree.algorithms.host import Host, hierfavg, method_over
-from fedtree.algorithms.personalized.peers import (
-  children,
-  client_stage,
-  held_receive,
-  held_rows,
-  held_start,
-  personal_only,
-  smallest_cohort,
-  topology_of,
-  uses_each,
-)
+from fedtree.algorithms.personalized import peers
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_nonnegative, check_positive, is_traced
 from fedtree.core.local import (
@@ -124,7 +114,7 @@ def fedamp_server(*, attention: str = "distance", alpha=1.0, sigma=1.0, self_att
 
   def send_each(out: Outbox) -> Parcels:
     if holds:
-      w = held_rows(out.state, out.parent, out.clients, rank)                         # [K, ...]
+      w = peers.held_rows(out.state, out.parent, out.clients, rank)                   # [K, ...]
     else:
       w = jax.tree.map(lambda a: jnp.take(a, out.clients, axis=0), out.client_state)
     blocks = cohort_blocks(w, out, num_parents, out.block_size)                      # [N, B, ...]
@@ -141,11 +131,11 @@ def fedamp_server(*, attention: str = "distance", alpha=1.0, sigma=1.0, self_att
   def receive(inbox: Inbox, state):   # the servers hold no model of FedAMP's: theirs stays as it is
     if holds:
       assert inbox.slots is not None
-      state = held_receive(state, inbox.slots, rank)
+      state = peers.held_receive(state, inbox.slots, rank)
     return jax.tree.map(jnp.zeros_like, inbox.pseudo_gradient), state, {}
 
   def init(params, n):
-    return held_start(params, table) if holds else ()
+    return peers.held_start(params, table) if holds else ()
 
   return ServerRule(init=init, receive=receive, name="fedamp",
                     down=Downlink(parcels=send_each), up=Uplink(slots=holds))
@@ -170,7 +160,7 @@ def fedamp_update(model: Model, optimizer: optax.GradientTransformation, *, lam,
                       personal_models=lambda state: state, takes_round=True)
 
 
-@method_over(hierfavg, drops=("server_optimizers",), cannot=uses_each(
+@method_over(hierfavg, drops=("server_optimizers",), cannot=peers.uses_each(
   "the server pairs each client's model with every other's (the attention ξ_ij)"))
 def fedamp(
   host: Host,
@@ -229,12 +219,13 @@ def fedamp(
     raise ValueError(f"{name}: {e}") from e
   if not is_traced(self_attention) and float(self_attention) > 1:
     raise ValueError(f"{name}: self_attention={self_attention} is HeurFedAMP's ξ_ii, a weight in [0, 1]")
-  cohort = smallest_cohort(host)
+  cohort = peers.smallest_cohort(host)
   if cohort < 2:
     raise ValueError(f"{name}: a parent samples as few as {cohort} client a round (cohort_size), so FedAMP "
                      f"has no pair to pass messages between; sample at least 2 per parent")
-  num_parents = topology_of(host).num_nodes(topology_of(host).depth - 1)
-  table, rank = children(topology_of(host)) if client_stage(host) else (None, None)
+  topology = peers.topology_of(host)
+  num_parents = topology.num_nodes(topology.depth - 1)
+  table, rank = peers.children(topology) if peers.client_stage(host) else (None, None)
   rule = fedamp_server(attention=attention, alpha=alpha, sigma=sigma, self_attention=self_attention,
                        num_parents=num_parents, table=table, rank=rank)
 
@@ -242,4 +233,4 @@ def fedamp(
     return fedamp_update(s.model, s.optimizer, lam=lam, alpha=alpha, start=start, batch_size=s.batch_size,
                          max_steps=s.max_steps, compute_dtype=s.compute_dtype)
 
-  return personal_only(host.build(client_update=objective, server_rule=rule, name=name))
+  return peers.personal_only(host.build(client_update=objective, server_rule=rule, name=name))

@@ -21,17 +21,7 @@ import optax
 from flax import struct
 
 from fedtree.algorithms.host import Host, hierfavg, method_over
-from fedtree.algorithms.personalized.peers import (
-  children,
-  client_stage,
-  held_receive,
-  held_rows,
-  held_start,
-  personal_only,
-  smallest_cohort,
-  topology_of,
-  uses_each,
-)
+from fedtree.algorithms.personalized import peers
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_nonnegative, check_positive, is_traced
 from fedtree.core.local import (
@@ -39,13 +29,12 @@ from fedtree.core.local import (
   ClientRound,
   ClientUpdate,
   SGDCarry,
-  batch_at,
+  full_loss,
   make_sgd_step,
   run_local_steps,
   shuffled_positions,
-  steps_per_epoch,
 )
-from fedtree.core.model import Model, masked_loss
+from fedtree.core.model import Model
 from fedtree.core.server_rule import Downlink, Inbox, Outbox, Parcels, ServerRule, Uplink
 
 PyTree = Any
@@ -105,32 +94,12 @@ def validation_split(data: ClientData, *, fraction, how: str, rows: int,
   return train, val
 
 
-def mean_loss(model: Model, params: PyTree, data: ClientData, *, batch_size: int) -> jax.Array:
-  """The mean cross-entropy of ``params`` over a client's ``n`` examples in evaluation mode (in
-  stored order, minibatches of ``batch_size``; 0 when it has none)."""
-  data = data._replace(cursor=0, shuffle=False)
-  batches = jnp.maximum(steps_per_epoch(data.n, batch_size), 0)
-  dtype = jnp.result_type(jnp.float32, *jax.tree.leaves(params))
-  key = jax.random.key(0)
-
-  def body(state):
-    t, total = state
-    batch = batch_at(key, data, t, batch_size)
-    logits = model.apply(params, batch.x, train=False)
-    count = jnp.sum(batch.mask).astype(dtype)
-    return t + 1, total + masked_loss(model, logits, batch.y, batch.mask).astype(dtype) * count
-
-  start = (jnp.zeros((), jnp.int32), jnp.zeros((), dtype))
-  _, total = jax.lax.while_loop(lambda st: st[0] < batches, body, start)
-  return total / jnp.maximum(data.n, 1).astype(dtype)
-
-
 def fomo_weights(model: Model, own: PyTree, candidates: PyTree, valid: jax.Array, val: ClientData, *,
                  batch_size: int) -> jax.Array:
   """``w [M]``: every valid candidate's ``(L(θ_i) − L(θ_n)) / ‖θ_n − θ_i‖`` on ``val`` (0 for a
   candidate equal to ``θ_i``, an invalid one, or no validation example)."""
-  loss_own = mean_loss(model, own, val, batch_size=batch_size)
-  losses = jax.vmap(lambda p: mean_loss(model, p, val, batch_size=batch_size))(candidates)
+  loss_own = full_loss(model, own, val, batch_size=batch_size)
+  losses = jax.vmap(lambda p: full_loss(model, p, val, batch_size=batch_size))(candidates)
   sq = sum(jnp.sum(jnp.square(c - o[None]).reshape(c.shape[0], int(np.prod(c.shape[1:]))), axis=1)
            for c, o in zip(jax.tree.leaves(candidates), jax.tree.leaves(own), strict=True))
   dist = jnp.sqrt(sq).astype(losses.dtype)
@@ -226,21 +195,21 @@ def fomo_server(*, num_candidates: int, epsilon, epsilon_decay, pool: str, table
     rnd = jnp.broadcast_to(out.round, out.clients.shape).astype(jnp.int32)
     parcel = FomoParcel(models=models, position=position, valid=valid & out.valid[:, None], round=rnd)
     shown = jnp.sum(jnp.where(out.valid[:, None], valid, False))
-    start = held_rows(out.state, out.parent, out.clients, rank) if holds else None
+    start = peers.held_rows(out.state, out.parent, out.clients, rank) if holds else None
     return Parcels(start=start, extra=parcel,
                    stats={"fedfomo_candidates": shown / jnp.maximum(jnp.sum(out.valid), 1)})
 
   def receive(inbox: Inbox, state):   # the servers hold no model of FedFomo's
     if holds:
       assert inbox.slots is not None
-      state = held_receive(state, inbox.slots, rank)
+      state = peers.held_receive(state, inbox.slots, rank)
     return jax.tree.map(jnp.zeros_like, inbox.pseudo_gradient), state, {}
 
   def down_bytes(model_bytes: int) -> int:   # M models and their ids down (one model up)
     return m * model_bytes + 4 * m
 
   def init(params, n):
-    return held_start(params, table) if holds else ()
+    return peers.held_start(params, table) if holds else ()
 
   # (with a client stage its compressors count the bytes up; else one model)
   return ServerRule(init=init, receive=receive, name="fedfomo",
@@ -270,7 +239,7 @@ def _check_validation_data(name: str, validation_data, data) -> tuple | None:
   return jnp.asarray(x, data.x_train.dtype), jnp.asarray(y, data.y_train.dtype), jnp.asarray(n, jnp.int32)
 
 
-@method_over(hierfavg, drops=("server_optimizers",), cannot=uses_each(
+@method_over(hierfavg, drops=("server_optimizers",), cannot=peers.uses_each(
   "every client weighs each candidate model on its own (its validation loss per distance)"))
 def fedfomo(
   host: Host,
@@ -347,10 +316,10 @@ def fedfomo(
     raise ValueError(f"{name}: batch_order='cyclic' keeps a cursor over all of a client's examples, but "
                      f"FedFomo trains on the examples outside its validation split; use 'shuffled' or "
                      f"'fixed'")
-  topology = topology_of(host)
-  table, rank = children(topology)
+  topology = peers.topology_of(host)
+  table, rank = peers.children(topology)
   if pool == "last_round":
-    most, what = smallest_cohort(host) - 1, "its parent's cohort (cohort_size) less itself"
+    most, what = peers.smallest_cohort(host) - 1, "its parent's cohort (cohort_size) less itself"
   else:
     most, what = int(np.bincount(topology.parent(topology.depth)).min()) - 1, "its parent's other clients"
   if int(num_candidates) > most:
@@ -359,11 +328,11 @@ def fedfomo(
   rows = int(data.max_train) if data.ragged else int(data.x_train.shape[1])
   width = table.shape[1]
   rule = fomo_server(num_candidates=int(num_candidates), epsilon=epsilon, epsilon_decay=epsilon_decay,
-                     pool=pool, table=table, rank=rank if client_stage(host) else None)
+                     pool=pool, table=table, rank=rank if peers.client_stage(host) else None)
 
   def objective(s: LocalSetup):
     return fomo_update(s.model, s.optimizer, val_fraction=val_fraction, validation=validation, rows=rows,
                        width=width, batch_size=s.batch_size, max_steps=s.max_steps,
                        compute_dtype=s.compute_dtype, validation_data=given)
 
-  return personal_only(host.build(client_update=objective, server_rule=rule, name=name))
+  return peers.personal_only(host.build(client_update=objective, server_rule=rule, name=name))

@@ -9,8 +9,6 @@ References:
 
 from __future__ import annotations
 
-import optax
-
 from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_positive
@@ -52,10 +50,7 @@ def pfedme(
     [...]
   """
   check_positive(beta=beta)
-  if host.get("server_optimizers") is None:
-    topology = host.get("topology")
-    depth = 1 if topology is None else topology.depth
-    host = host.replace(server_optimizers=(optax.sgd(1.0),) * (depth - 1) + (optax.sgd(beta),))
+  host = host.stepping(beta)
 
   def objective(s: LocalSetup):
     return pfedme_update(s.model, lam=lam, inner_steps=inner_steps, personal_lr=personal_lr,

@@ -8,7 +8,7 @@ Section (``config.runs.<label>.adapters``): ``{kind: "lora", rank: 8, alpha: 16.
 as loaded; ``"int8"``: weight-only, per output channel, expanded to bfloat16 where it is used). An
 algorithm takes it where its spec says so (``AlgorithmSpec(..., takes=("adapters",))``: FedAvg, FedOpt
 (FedAvgM, FedAdam, FedYogi), HierFAVG, FedProx, SCAFFOLD, Ditto, GroupPerFL, and the methods defined on
-adapters, :mod:`fedtree.algorithms.llm`: FFA-LoRA, FedSA-LoRA, HetLoRA). Its in-jit half wraps the
+adapters: FFA-LoRA, FedSA-LoRA, HetLoRA). Its in-jit half wraps the
 algorithm (:func:`fedtree.toolbox.lora.frozen_base`: the base is an argument of every compiled round,
 never a constant); its host half scores the adapters with the base as an argument
 (:func:`fedtree.toolbox.lora.base_evaluator`), and a message is the adapters alone (the base is on every

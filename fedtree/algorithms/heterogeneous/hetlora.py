@@ -27,7 +27,7 @@ import numpy as np
 
 from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels, ObjectiveFactory
-from fedtree.core.local import ClientUpdate, run_update, sgd_client_update
+from fedtree.core.local import ClientUpdate, counting, mean_over_trained, run_update, sgd_client_update
 from fedtree.toolbox.lora import adapter_half, adapter_rank, check_adapters, truncate
 
 
@@ -60,21 +60,12 @@ def truncating(inner: ClientUpdate, ranks: np.ndarray, algorithm: str) -> Client
                      f"cannot truncate to the client's rank; use one that starts from the parent's model")
   table = jnp.asarray(ranks)
 
-  def init_state(p0, num_clients):
-    own = inner.init_state(p0, num_clients) if inner.init_state is not None else ()
-    return (jnp.zeros((num_clients,), jnp.int32), own)
-
-  def apply(anchor, state, data, num_steps, key, round):
-    count, own = state
+  def step(anchor, own, data, num_steps, key, round):
     r = table[round.client]
     params, own, loss, message = run_update(inner, truncate(anchor, r), own, data, num_steps, key, round)
-    return truncate(params, r), (count + 1, own), loss, message
+    return truncate(params, r), own, loss, message
 
-  personal = None
-  if inner.personal_models is not None:
-    personal = lambda state: inner.personal_models(state[1])   # noqa: E731
-
-  return inner._replace(apply=apply, init_state=init_state, takes_round=True, personal_models=personal)
+  return counting(inner, step)
 
 
 @method_over(hierfavg, cannot=(
@@ -102,13 +93,7 @@ def hetlora(host: Host, *, ranks: tuple[int, ...] = (2, 4, 8),
       path or personal parameters.
 
   Example:
-    >>> import jax, optax
-    >>> from fedtree.core import loop
-    >>> from fedtree.core.local import LocalSchedule
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
     >>> from fedtree.toolbox import lora
-    >>> data, _ = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
     >>> model = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(16,))
     >>> alg = lora.frozen_base(lambda m: hetlora(model=m, data=data, ranks=(1, 2),
     ...                                          local_optimizer=optax.sgd(0.1),
@@ -140,10 +125,7 @@ def hetlora(host: Host, *, ranks: tuple[int, ...] = (2, 4, 8),
 
   def round_fn(state, data, key):
     new, metrics = alg.round(state, data, key)
-    real = jnp.result_type(float)   # float64 under x64
-    sent = (new.client_state[0] - state.client_state[0]).astype(real)   # 1: trained and sent
-    mean_rank = jnp.sum(sent * jnp.asarray(table, real)) / jnp.maximum(jnp.sum(sent), 1.0)
-    size = mean_rank * per_component
+    size = mean_over_trained(state.client_state, new.client_state, table) * per_component
     return new, {**metrics, "uplink_bytes": size, "downlink_bytes": size}
 
   def models(state):
