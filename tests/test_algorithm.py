@@ -3,9 +3,7 @@
 import numpy as np
 import pytest
 
-from fedtree.core.data import (
-  FederatedData,
-)
+from fedtree.core.data import FederatedData
 from fedtree.core.local import LocalSchedule
 from fedtree.models import build_model
 

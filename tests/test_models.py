@@ -5,9 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedtree.core.data import (
-  FederatedData,
-)
+from fedtree.core.data import FederatedData
 from fedtree.models import build_model
 
 

@@ -273,6 +273,13 @@ def _unique(names: Sequence[str], what: str) -> None:
     seen.add(n)
 
 
+def _links(transforms: tuple, what: str) -> tuple:
+  """The transforms of a chain, ``None`` entries skipped; two sharing a name refused."""
+  ts = tuple(t for t in transforms if t is not None)
+  _unique([t.name for t in ts], what)
+  return ts
+
+
 def chain(*transforms: ClientTransform | None) -> ClientTransform | None:
   """The client transforms applied in order (each to the previous one's output); their states
   are a tuple in the same order. ``None`` entries are skipped; no transform at all is ``None``.
@@ -280,12 +287,9 @@ def chain(*transforms: ClientTransform | None) -> ClientTransform | None:
   Raises:
     ValueError: two transforms share a name or a statistic's name.
   """
-  ts = tuple(t for t in transforms if t is not None)
-  if not ts:
-    return None
-  if len(ts) == 1:
-    return ts[0]
-  _unique([t.name for t in ts], "chain")
+  ts = _links(transforms, "chain")
+  if len(ts) < 2:
+    return ts[0] if ts else None
 
   def init(params, num):
     return tuple(() if t.init is None else t.init(params, num) for t in ts)
@@ -308,12 +312,9 @@ def chain(*transforms: ClientTransform | None) -> ClientTransform | None:
 
 def chain_nodes(*transforms: NodeTransform | None) -> NodeTransform | None:
   """Node transforms applied in order; the state is ``{name: state}`` of every transform."""
-  ts = tuple(t for t in transforms if t is not None)
-  if not ts:
-    return None
-  if len(ts) == 1:
-    return ts[0]
-  _unique([t.name for t in ts], "chain_nodes")
+  ts = _links(transforms, "chain_nodes")
+  if len(ts) < 2:
+    return ts[0] if ts else None
 
   def init(params, num):
     return {t.name: (() if t.init is None else t.init(params, num)) for t in ts}

@@ -79,6 +79,26 @@ def check_prepared(kind: str, train_path: str, test_path: str) -> None:
         f"config.data.test_path={os.path.join(directory, test)!r}")
 
 
+def open_h5(path: str, *, tff: bool = True):
+  """``path`` opened for reading with ``h5py`` (a context manager).
+
+  Raises:
+    ValueError: the file is missing, not h5, or (``tff``) has no ``examples`` group.
+  """
+  import h5py
+
+  if not os.path.isfile(path):
+    raise ValueError(f"h5 file {path!r} does not exist")
+  try:
+    f = h5py.File(path, "r")
+  except OSError as e:
+    raise ValueError(f"{path!r} is not an h5 file ({e})") from e
+  if tff and "examples" not in f:
+    f.close()
+    raise ValueError(f"{path!r} has no 'examples' group (TFF layout: examples/<client>/<feature>)")
+  return f
+
+
 def read_h5(path: str, features: tuple[str, ...], max_clients: int | None = None,
             ) -> dict[str, dict[str, np.ndarray]]:
   """``{client id: {feature: array}}`` of ``path``'s ``examples`` group, ids sorted.
@@ -87,17 +107,7 @@ def read_h5(path: str, features: tuple[str, ...], max_clients: int | None = None
     ValueError: the file is missing, not h5, has no ``examples`` group, or a client lacks
       a feature.
   """
-  import h5py
-
-  if not os.path.isfile(path):
-    raise ValueError(f"TFF h5 file {path!r} does not exist")
-  try:
-    f = h5py.File(path, "r")
-  except OSError as e:
-    raise ValueError(f"{path!r} is not an h5 file ({e})") from e
-  with f:
-    if "examples" not in f:
-      raise ValueError(f"{path!r} has no 'examples' group (TFF layout: examples/<client>/<feature>)")
+  with open_h5(path) as f:
     ids = sorted(f["examples"].keys())
     if max_clients is not None:
       ids = ids[: int(max_clients)]

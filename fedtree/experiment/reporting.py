@@ -347,29 +347,35 @@ def _row(label: str, name: str, s: dict[str, Any], c: _Columns) -> list[str]:
   return row + ([f"{a:.3f}" for a in ga] if ga is not None else [])
 
 
+_LEGENDS = (   # (a column of _Columns, what the title says of it when the table shows it), in order
+  ("num_groups", "a group's column = accuracy on that group"),
+  ("ppl", "ppl / sent ppl = perplexity at token / sentence level"),
+  ("central", "central = accuracy on the central test split (global models)"),
+  ("topk", "topK = top-K accuracy"),
+  ("ap", "AP = averaged precision of a multi-label model, macro (mean over labels) or micro (every label "
+         "pooled); accuracy and loss = means over labels"),
+  ("clustered", "intra/inter = intra-/inter-cluster accuracy"),
+  ("ari", "ARI = adjusted Rand index against the true clusters"),
+  ("kws", "FA / FR = false-accept / false-reject rate in %"),
+  ("asr", "ASR = the backdoor's attack success rate on triggered test data"),
+  ("peak", "peak edge MB = what the busiest edge of every round took in from its clients, summed (a moving "
+           "membership)"),
+  ("eps", "ε = user-level privacy spent at the run's δ, replace-one adjacency with fixed-size cohorts "
+          "(about twice the add/remove ε of Opacus at the same noise multiplier), add/remove with Poisson "
+          "sampling or privacy.adjacency='add_remove'"),
+  ("fair", "clients = 10th/50th/90th percentile and Gini coefficient of per-client accuracy (perplexity for "
+           "a language model)"),
+)
+
+
 def _title(c: _Columns) -> str:
-  title = "Final evaluation (test data of every client"
-  title += "; a group's column = accuracy on that group" if c.num_groups else ""
-  title += "; ppl / sent ppl = perplexity at token / sentence level" if c.ppl else ""
-  title += "; central = accuracy on the central test split (global models)" if c.central else ""
-  title += "; topK = top-K accuracy" if c.topk else ""
-  title += ("; AP = averaged precision of a multi-label model, macro (mean over labels) or micro (every "
-            "label pooled); accuracy and loss = means over labels") if c.ap else ""
-  title += "; intra/inter = intra-/inter-cluster accuracy" if c.clustered else ""
-  title += "; ARI = adjusted Rand index against the true clusters" if c.ari else ""
-  title += "; FA / FR = false-accept / false-reject rate in %" if c.kws else ""
-  title += "; ASR = the backdoor's attack success rate on triggered test data" if c.asr else ""
-  title += ("; peak edge MB = what the busiest edge of every round took in from its clients, summed "
-            "(a moving membership)") if c.peak else ""
-  title += ("; ε = user-level privacy spent at the run's δ, replace-one adjacency with fixed-size cohorts "
-            "(about twice the add/remove ε of Opacus at the same noise multiplier), add/remove with Poisson "
-            "sampling or privacy.adjacency='add_remove'") if c.eps else ""
-  title += ("; clients = 10th/50th/90th percentile and Gini coefficient of per-client accuracy "
-            "(perplexity for a language model)") if c.fair else ""
-  title += (f"; rounds to {c.target:g} = the first evaluation round whose accuracy reached "
-            f"{c.target:g} (- never)") if c.target is not None else ""
-  title += f"; hours to {c.target:g} = the simulated hours at that round (systems)" if c.hours else ""
-  return title + ")"
+  parts = [legend for column, legend in _LEGENDS if getattr(c, column)]
+  if c.target is not None:
+    parts.append(f"rounds to {c.target:g} = the first evaluation round whose accuracy reached {c.target:g} "
+                 f"(- never)")
+    if c.hours:
+      parts.append(f"hours to {c.target:g} = the simulated hours at that round (systems)")
+  return "Final evaluation (test data of every client" + "".join(f"; {p}" for p in parts) + ")"
 
 
 def format_summary(results: dict[str, dict[str, dict[str, Any]]], group_names=None) -> str:

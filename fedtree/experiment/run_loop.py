@@ -23,12 +23,7 @@ from fedtree.core.sweep import by_experiment
 from fedtree.experiment.fields import field
 from fedtree.experiment.llm import budget_summary
 from fedtree.experiment.reporting import Reporter
-from fedtree.experiment.results import (
-  SUMMARY_METRICS,
-  RunStopped,
-  check_summaries,
-  kept_on_stop,
-)
+from fedtree.experiment.results import SUMMARY_METRICS, RunStopped, check_summaries, kept_on_stop
 from fedtree.experiment.run import Run
 from fedtree.toolbox.traffic import Traffic
 

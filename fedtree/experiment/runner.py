@@ -27,13 +27,7 @@ import ml_collections
 
 from fedtree.core.sharding import agreed, barrier, client_mesh
 from fedtree.experiment import memory
-from fedtree.experiment.context import (  # noqa: F401  (runner.make_context, .run_context, .as_float64)
-  Context,
-  as_float64,
-  make_context,
-  precision,
-  run_context,
-)
+from fedtree.experiment.context import Context, as_float64, make_context, precision, run_context  # noqa: F401  (runner.make_context, .run_context, .as_float64)
 from fedtree.experiment.fields import field
 from fedtree.experiment.reporting import Reporter
 from fedtree.experiment.results import RunStopped, positive_classes_from_config  # noqa: F401  (runner.*)

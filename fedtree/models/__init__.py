@@ -34,15 +34,7 @@ from fedtree.models.kws import (
 )
 from fedtree.models.lm import LSTMLM, NAMED_LMS, TransformerLM, build_lm, lm_model
 from fedtree.models.pretrained import Pretrained, load_pretrained, load_tokenizer, pretrained_model
-from fedtree.models.vision import (
-  VGG11,
-  CifarCNN,
-  FedAvgCNN,
-  LeNet5,
-  ResNet18,
-  ResNet18AFO,
-  image_shape,
-)
+from fedtree.models.vision import VGG11, CifarCNN, FedAvgCNN, LeNet5, ResNet18, ResNet18AFO, image_shape
 
 STANDARD_MODELS = ("fedavg_cnn", "leaf_cnn", "emnist_cnn", "lenet5", "flgo_cnn", "resnet18", "resnet18_afo",
                    "vgg11") + tuple(NAMED_LMS)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 from typing import Any
 
 import numpy as np
@@ -79,7 +78,7 @@ def convert_tff_h5(path: str, *, train_path: str, test_path: str, kind: str, seq
                                 client_names=[str(c) for c in extras["clients"]], overwrite=overwrite,
                                 progress=progress)
   feats = tff_h5.FEATURES[kind]
-  with _open_h5(train_path) as train, _open_h5(test_path) as test:
+  with tff_h5.open_h5(train_path) as train, tff_h5.open_h5(test_path) as test:
     ids = sorted(train["examples"].keys())
     if max_clients is not None:
       ids = ids[: int(max_clients)]
@@ -130,21 +129,6 @@ def convert_tff_h5(path: str, *, train_path: str, test_path: str, kind: str, seq
       return w.finish(num_classes=int(k), groups=np.zeros(len(ids), np.int32), extras=extras)
 
 
-def _open_h5(path: str, *, tff: bool = True):
-  import h5py
-
-  if not os.path.isfile(path):
-    raise ValueError(f"h5 file {path!r} does not exist")
-  try:
-    f = h5py.File(path, "r")
-  except OSError as e:
-    raise ValueError(f"{path!r} is not an h5 file ({e})") from e
-  if tff and "examples" not in f:
-    f.close()
-    raise ValueError(f"{path!r} has no 'examples' group (TFF layout: examples/<client>/<feature>)")
-  return f
-
-
 FLAIR_LABELS = ("coarse", "fine")
 FLAIR_PARTITIONS = ("train", "val", "test")
 
@@ -185,7 +169,7 @@ def convert_flair(path: str, *, h5_path: str, labels: str = "coarse", central: s
   source = dict(name="flair", path=h5_path, labels=labels, central=central, max_clients=max_clients) \
     if source is None else source
   prefix = "labels" if labels == "coarse" else "fine_grained_labels"
-  with _open_h5(h5_path, tff=False) as f:
+  with tff_h5.open_h5(h5_path, tff=False) as f:
     mapping_key = "label_mapping" if labels == "coarse" else "fine_grained_label_mapping"
     if "train" not in f or "metadata" not in f or mapping_key not in f["metadata"]:
       raise ValueError(f"{h5_path!r} is not FLAIR in pfl-research's layout: it needs /train/<user>/images "

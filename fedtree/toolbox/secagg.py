@@ -76,14 +76,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from fedtree.core.updates import (
-  Accumulator,
-  Aggregator,
-  Chunk,
-  ClientTransform,
-  DownTransform,
-  NodeTransform,
-)
+from fedtree.core.updates import Accumulator, Aggregator, Chunk, ClientTransform, DownTransform, NodeTransform
 from fedtree.toolbox.compression import hadamard
 from fedtree.toolbox.discrete_noise import discrete_gaussian, skellam
 from fedtree.toolbox.distributed_dp import Mechanism

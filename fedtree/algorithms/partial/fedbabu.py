@@ -19,12 +19,7 @@ import numpy as np
 
 from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.partial.finetuned import finetune_schedule, finetuned
-from fedtree.algorithms.partial.split import (
-  Head,
-  head_patterns,
-  split_model,
-  with_parameter_counts,
-)
+from fedtree.algorithms.partial.split import Head, head_patterns, split_model, with_parameter_counts
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels, TreeState
 from fedtree.core.local import sgd_client_update, train_only
 from fedtree.core.membership import clients_node

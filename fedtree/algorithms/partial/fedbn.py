@@ -13,9 +13,7 @@ from __future__ import annotations
 import re
 
 from fedtree.algorithms.host import Host, hierfavg, method_over
-from fedtree.algorithms.partial.split import (
-  split_model,
-)
+from fedtree.algorithms.partial.split import split_model
 from fedtree.core.algorithm import FederatedAlgorithm
 
 

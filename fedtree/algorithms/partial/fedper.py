@@ -10,11 +10,7 @@ References:
 from __future__ import annotations
 
 from fedtree.algorithms.host import Host, hierfavg, method_over
-from fedtree.algorithms.partial.split import (
-  Head,
-  head_patterns,
-  split_model,
-)
+from fedtree.algorithms.partial.split import Head, head_patterns, split_model
 from fedtree.core.algorithm import FederatedAlgorithm
 
 

@@ -18,11 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from fedtree.algorithms.host import Host, hierfavg, method_over
-from fedtree.algorithms.partial.split import (
-  Head,
-  head_patterns,
-  split_model,
-)
+from fedtree.algorithms.partial.split import Head, head_patterns, split_model
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_positive, named
 from fedtree.core.local import (

@@ -20,12 +20,7 @@ import numpy as np
 import optax
 
 from fedtree.algorithms.host import Host, hierfavg, method_over
-from fedtree.algorithms.partial.split import (
-  Head,
-  head_patterns,
-  split_model,
-  with_parameter_counts,
-)
+from fedtree.algorithms.partial.split import Head, head_patterns, split_model, with_parameter_counts
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels, TreeState
 from fedtree.core.checks import check_nonnegative
 from fedtree.core.local import (

@@ -23,13 +23,7 @@ import optax
 from fedtree.algorithms.hierarchical.grouppfl.costs import ClientCosts, counting
 from fedtree.algorithms.host.hierfavg import hierfavg
 from fedtree.core import metrics
-from fedtree.core.algorithm import (
-  FederatedAlgorithm,
-  NodeModels,
-  Report,
-  TreeState,
-  sequential,
-)
+from fedtree.core.algorithm import FederatedAlgorithm, NodeModels, Report, TreeState, sequential
 from fedtree.core.data import FederatedData
 from fedtree.core.finetune import best_rate, check_finetune, finetune_evaluate, take_rate
 from fedtree.core.local import LocalSchedule, sgd_client_update, stack
