@@ -23,6 +23,17 @@ is reported and the exit status is 1. ``--write`` puts the new table into the co
 instead. ``tests/test_config_figures.py`` (slow) runs the check for every config with
 ``FIGURES``. A variant (``--config=configs/<name>.py:<variant>``, ``get_config(variant)``) has its
 own table: the first indented paragraph after the line naming this command with that variant.
+
+A config whose runs are sweeps over seeds (:mod:`fedtree.experiment.sweep`) states the figures of
+each model of each run's setting as their means over the seeds (a key's value is the mean of
+``<model>/<key>``, or of the run's own ``<key>``, e.g. ``uplink_MB``); with ``FIGURES_TABLE = "runs"``
+(configs/baselines.py, whose ``config.sweep.columns`` name the metrics) it states instead the table
+the command prints last, a row per run, ``mean ± std`` over seeds in every cell
+(:func:`fedtree.experiment.sweep.format_runs_table`); its ``FIGURES`` keys are those columns' metrics
+(``"global/accuracy"``) and each column's ``tolerance`` bounds the change of both the mean and the
+std; the seeds that reached a target, where the table names them, must not change. A config whose
+plain run states no figures (it needs data this machine lacks, or runs too long) sets
+``PLAIN_FIGURES = False`` and names the variants that do in ``FIGURE_VARIANTS``.
 """
 
 from __future__ import annotations
@@ -68,6 +79,18 @@ def load_module(path: str):
   return mod
 
 
+TABLES = ("models", "runs")
+
+
+def table_of(module) -> str:
+  """The kind of figures table a config states (``FIGURES_TABLE``: :data:`TABLES`, default
+  ``"models"``)."""
+  kind = getattr(module, "FIGURES_TABLE", "models")
+  if kind not in TABLES:
+    raise ValueError(f"{module.__file__}: FIGURES_TABLE={kind!r}; choose one of {TABLES}")
+  return kind
+
+
 def columns_of(module) -> list[Column]:
   figures = getattr(module, "FIGURES", None)
   if not figures:
@@ -86,11 +109,32 @@ def _value(models: Mapping[str, Any], model: str, key) -> float:
   return math.nan if v is None else float(v)
 
 
+def seed_means(results: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+  """Swept results as ``{run: {model: {metric: mean over seeds}}}``: a run per setting (``run`` for
+  the default one, ``run[setting]`` for another), a model per ``<model>/`` prefix of the setting's
+  metrics, the run's own metrics (``uplink_MB``) in every model's."""
+  out: dict[str, dict[str, dict[str, float]]] = {}
+  for label, entry in results.items():
+    for row in entry.get("sweep", {}).get("settings", []):
+      run = label if row["name"] == "default" else f"{label}[{row['name'].replace(' ', '')}]"
+      shared = {k: v for k, v in row["mean"].items() if "/" not in k}
+      models: dict[str, dict[str, float]] = {}
+      for key, value in row["mean"].items():
+        if "/" in key:
+          model, metric = key.split("/", 1)
+          models.setdefault(model, dict(shared))[metric] = value
+      out[run] = dict(sorted(models.items()))
+  return out
+
+
 def measure(results: Mapping[str, Mapping[str, Any]], columns: Sequence[Column]
             ) -> dict[tuple[str, str], list[float]]:
   """``{(run, model): [value per column]}`` (scaled, rounded as printed) of a run's results
-  (:func:`fedtree.experiment.runner.train_and_evaluate`'s return); models that never trained
-  (``"trained": false``, left out of the final table too) are left out."""
+  (:func:`fedtree.experiment.runner.train_and_evaluate`'s return; swept runs: the means over their
+  seeds, :func:`seed_means`); models that never trained (``"trained": false``, left out of the final
+  table too) are left out."""
+  if is_sweep(results):
+    results = seed_means(results)
   out = {}
   for run, models in results.items():
     for model, summary in models.items():
@@ -187,25 +231,101 @@ def check(path: str, *, write: bool = False, results=None) -> tuple[list[str], s
   """Runs the config at ``path`` (unless its ``results`` are given) and compares its figures with
   its docstring's; returns the differences (:func:`compare`) and the table of the figures
   printed. With ``write`` the docstring's table is replaced by that table (no differences)."""
-  columns = columns_of(load_module(path))
+  module = load_module(path)
+  columns = columns_of(module)
   if results is None:
     results = run_config(path)
-  printed = measure(results, columns)
+  swept = table_of(module) == "runs"
+  if swept and not is_sweep(results):
+    raise ValueError(f"{path}: FIGURES_TABLE='runs' is the table of swept runs, and its runs are not swept")
+  table = sweep_table(results, columns) if swept else format_table(measure(results, columns), columns)
   file, variant = split_variant(path)
   with open(file, encoding="utf-8") as f:
     source = f.read()
   start, end = find_table(source, variant)
-  table = format_table(printed, columns)
   if write:
     with open(file, "w", encoding="utf-8") as f:
       f.write(source[:start] + table + "\n" + source[end:])
     return [], table
-  return compare(parse_table(source[start:end], columns), printed, columns), table
+  if swept:
+    return compare_sweeps(parse_sweep_table(source[start:end], columns), parse_sweep_table(table, columns),
+                          columns), table
+  return compare(parse_table(source[start:end], columns), measure(results, columns), columns), table
+
+
+SWEPT_CELL = re.compile(r"^(-?[\d.]+) ± (-?[\d.]+)(?: \((\d+)/\d+ seeds\))?$")
+
+
+def is_sweep(results: Mapping[str, Any]) -> bool:
+  """Whether ``results`` are a config's sweeps over seeds (every run's has a ``"sweep"``)."""
+  return bool(results) and all(isinstance(r, Mapping) and "sweep" in r for r in results.values())
+
+
+def sweep_table(results: Mapping[str, Any], columns: Sequence[Column]) -> str:
+  """The runs table a swept config prints last (:func:`fedtree.experiment.sweep.format_runs_table`
+  of the columns' metrics), two-space indented as the docstring holds it."""
+  from fedtree.experiment.sweep import format_runs_table
+
+  keys = [c.key for c in columns]
+  if not all(isinstance(k, str) for k in keys):
+    raise ValueError("a swept config's FIGURES keys are the metrics of its runs table (strings)")
+  lines = format_runs_table(dict(results), keys).split("\n")[2:]   # (a blank line and the title first)
+  return "\n".join(f"  {line}".rstrip() for line in lines)
+
+
+def parse_sweep_table(text: str, columns: Sequence[Column]) -> dict[str, list[tuple | None]]:
+  """``{run: [(mean, std, seeds that reached | None) | None per column]}`` of a runs table (its
+  second line the dashes that mark the columns; ``-``: no value)."""
+  lines = [line for line in text.strip("\n").split("\n") if line.strip()]
+  if len(lines) < 2 or set(lines[1].strip()) - {"-", " "}:
+    raise ValueError("a runs table is a header, a line of dashes, then a row per run")
+  spans = [(m.start(), m.end()) for m in re.finditer(r"-+", lines[1])]
+  if len(spans) != 2 + len(columns):
+    raise ValueError(f"the runs table has {len(spans)} columns, expected {2 + len(columns)} (run, seeds, "
+                     f"{', '.join(str(c.key) for c in columns)})")
+  rows = {}
+  for line in lines[2:]:
+    ends = [start for start, _ in spans[1:]] + [len(line)]
+    cells = [line[start:end].strip() for (start, _), end in zip(spans, ends, strict=True)]
+    values: list[tuple | None] = []
+    for cell in cells[2:]:
+      m = SWEPT_CELL.match(cell)
+      if cell != "-" and m is None:
+        raise ValueError(f"runs table cell {cell!r} is not 'mean ± std [(k/n seeds)]' or '-'")
+      values.append(None if m is None else (float(m[1]), float(m[2]), None if m[3] is None else int(m[3])))
+    rows[cells[0]] = values
+  return rows
+
+
+def _shown(cell: tuple | None) -> str:
+  if cell is None:
+    return "-"
+  return f"{cell[0]} ± {cell[1]}" + ("" if cell[2] is None else f" ({cell[2]} seeds reached)")
+
+
+def compare_sweeps(stated: Mapping[str, list], printed: Mapping[str, list], columns: Sequence[Column]
+                   ) -> list[str]:
+  """:func:`compare` for runs tables: the mean and the std of every cell within the column's
+  tolerance, the same seeds reaching a target, the same cells empty."""
+  problems = [f"{run}: in the docstring, not printed" for run in stated if run not in printed]
+  for run, values in printed.items():
+    if run not in stated:
+      problems.append(f"{run}: printed, not in the docstring")
+      continue
+    for c, new, old in zip(columns, values, stated[run], strict=True):
+      if new is None and old is None:
+        continue
+      if (new is None or old is None or abs(new[0] - old[0]) > c.tolerance + 1e-9
+          or abs(new[1] - old[1]) > c.tolerance + 1e-9 or new[2] != old[2]):
+        problems.append(f"{run} {c.header}: docstring {_shown(old)}, printed {_shown(new)} "
+                        f"(tolerance {c.tolerance})")
+  return problems
 
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
-QUICK = ("compression", "heterogeneous", "mobility", "personalization", "pfedmt_synthetic", "systems")
+QUICK = ("compression", "heterogeneous", "mobility", "personalization", "personalized", "pfedmt_mnist",
+         "pfedmt_synthetic", "systems")
 """The configs ``--all --quick`` checks: each states figures a quiet 2-core machine reproduces in about
 a minute or less (their variants too)."""
 
@@ -222,8 +342,9 @@ def with_figures(quick: bool = False) -> list[str]:
     with open(path, encoding="utf-8") as f:
       if "\nFIGURES = (" not in f.read():
         continue
-    out.append(path)
-    out += [f"{path}:{v}" for v in getattr(load_module(path), "FIGURE_VARIANTS", ())]
+    module = load_module(path)
+    out += [path] if getattr(module, "PLAIN_FIGURES", True) else []
+    out += [f"{path}:{v}" for v in getattr(module, "FIGURE_VARIANTS", ())]
   return out
 
 

@@ -6,9 +6,9 @@ non-IID split of real data, each over 3 seeds in one compiled program (issue 36)
 Data: scikit-learn's real 8x8 handwritten digits (:mod:`fedtree.datasets.digits`, shipped, no
 download) over 20 clients with Dirichlet(0.3) label skew (the split fixed by ``data.seed``), an MLP
 (32 hidden), one local epoch of SGD (lr 0.1, batch 16), 10 of the 20 clients a round, 40 rounds;
-seeds 0-2 (the sweep's seed axis: the initial model and the sampling) of every run. Expected cost:
-3.0 CPU-minutes (14 runs, one compile each); 14 min 46 s of wall time on the shared 2-core machine
-under a load of ~16.
+seeds 0-2 (the sweep's seed axis: the initial model and the sampling) of every run. 14 runs, one
+compile each: 1 min 55 s wall and 2 min 53 s of CPU time (measured on 2026-12-07 on the project's
+quiet 2-core machine).
 
 The runs (the client updates are the same for all: FedAsync applies one client's model a server
 update, so it runs 400 of them, 10 times the others' rounds):
@@ -30,7 +30,7 @@ Columns: the global model's accuracy on every client's test data, the mean accur
 every evaluation), the megabytes every client sent up in the run, and the first round whose
 accuracy reached 0.85 (``target_accuracy``; evaluations every 2 rounds; FedAsync's rounds are server
 updates of one client each). Measured (the table the command prints last, mean ± std over the 3
-seeds):
+seeds; ``python -m benchmarks.config_figures --config=configs/baselines.py`` checks it):
 
   run       seeds  accuracy       worst 10%      gini           up MB        rounds to target
   --------  -----  -------------  -------------  -------------  -----------  -----------------------
@@ -102,6 +102,14 @@ RUNS = {
 }
 COLUMNS = ("global/accuracy", "global/accuracy_worst10_mean", "global/accuracy_gini", "uplink_MB",
            "global/rounds_to_target")
+FIGURES_TABLE = "runs"   # the docstring states the table of swept runs the command prints last
+FIGURES = (   # the runs table's columns, each with its tolerance on the mean and the std (config_figures)
+  ("accuracy", "global/accuracy", 1, 3, 0.01),
+  ("worst 10%", "global/accuracy_worst10_mean", 1, 3, 0.03),
+  ("gini", "global/accuracy_gini", 1, 3, 0.01),
+  ("up MB", "uplink_MB", 1, 2, 0.0),
+  ("rounds to target", "global/rounds_to_target", 1, 1, 2.0),
+)
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -16,11 +16,11 @@ import pytest
 from benchmarks import config_figures as cf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WITH_FIGURES = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))
-                      if "\nFIGURES = (" in open(p, encoding="utf-8").read())
-# a config's variants with tables of their own (its module-level FIGURE_VARIANTS)
-WITH_FIGURES += [f"{p}:{v}" for p in list(WITH_FIGURES)
-                 for v in getattr(cf.load_module(p), "FIGURE_VARIANTS", ())]
+STATING = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))
+                 if "\nFIGURES = (" in open(p, encoding="utf-8").read())
+# a config's plain run (unless PLAIN_FIGURES = False), its variants with tables of their own (FIGURE_VARIANTS)
+WITH_FIGURES = [p for p in STATING if getattr(cf.load_module(p), "PLAIN_FIGURES", True)]
+WITH_FIGURES += [f"{p}:{v}" for p in STATING for v in getattr(cf.load_module(p), "FIGURE_VARIANTS", ())]
 COLUMNS = [cf.Column("acc%", "accuracy", 100, 2, 0.5), cf.Column("epochs", "costs.epochs", 1, 1, 0.0),
            cf.Column("n", lambda models, m: len(models), 1, 0, 0)]
 RESULTS = {"fedavg": {"global": {"accuracy": 0.51234, "costs": {"epochs": 9.25}}},
@@ -111,6 +111,69 @@ def test_a_variant_has_its_own_table(tmp_path):
   assert "  a    global  50.00\n" in text and "  c    global  70.00\n" in text and "  b  " not in text
   with pytest.raises(ValueError, match="names no `benchmarks.config_figures --config=...:deep`"):
     cf.check(f"{path}:deep", results={})
+
+
+SWEPT_COLUMNS = [cf.Column("accuracy", "global/accuracy", 1, 3, 0.01),
+                 cf.Column("rounds", "global/rounds_to_target", 1, 1, 2.0)]
+
+
+def swept(accuracy: float, std: float, reached: int) -> dict:
+  """The results of a config of swept runs (``fedtree.experiment.sweep``), two runs of 3 seeds."""
+  def row(name, mean):
+    return {"name": name, "seeds": 3, "mean": {"global/accuracy": mean, "global/rounds_to_target": 20.0},
+            "std": {"global/accuracy": std, "global/rounds_to_target": 1.5},
+            "reached": {"global/rounds_to_target": reached}}
+  return {"fedavg": {"sweep": {"settings": [row("default", accuracy)]}},
+          "qffl": {"sweep": {"settings": [row("q=2", 0.5)]}}}
+
+
+def test_a_swept_configs_table_is_the_runs_table_it_prints(tmp_path):
+  """A config of swept runs states the table it prints last (mean ± std over seeds, the seeds that
+  reached the target where not all did); the check reads it back, cell by cell within the columns'
+  tolerances on both the mean and the std."""
+  results = swept(0.9, 0.008, 3)
+  assert cf.is_sweep(results) and not cf.is_sweep(RESULTS)
+  table = cf.sweep_table(results, SWEPT_COLUMNS)
+  assert table.splitlines()[0].split() == ["run", "seeds", "accuracy", "rounds", "to", "target"]
+  assert "  qffl [q=2]  3      0.500 ± 0.008  20.0 ± 1.5" in table
+  rows = cf.parse_sweep_table(table, SWEPT_COLUMNS)
+  assert rows == {"fedavg": [(0.9, 0.008, None), (20.0, 1.5, None)],
+                  "qffl [q=2]": [(0.5, 0.008, None), (20.0, 1.5, None)]}
+  path = tmp_path / "cfg.py"
+  figures = [tuple(c) for c in SWEPT_COLUMNS]
+  path.write_text(f'"""Doc (`python -m benchmarks.config_figures`):\n\n{table}\n"""\nFIGURES = {figures!r}\n'
+                  'FIGURES_TABLE = "runs"\n')
+  assert cf.check(str(path), results=swept(0.905, 0.012, 3))[0] == []   # within 0.01 of both
+  assert cf.check(str(path), results=swept(0.92, 0.008, 3))[0] == [
+    "fedavg accuracy: docstring 0.9 ± 0.008, printed 0.92 ± 0.008 (tolerance 0.01)"]
+  assert cf.check(str(path), results=swept(0.9, 0.008, 2))[0] == [   # a seed that no longer reaches it
+    "fedavg rounds: docstring 20.0 ± 1.5, printed 20.0 ± 1.5 (2 seeds reached) (tolerance 2.0)",
+    "qffl [q=2] rounds: docstring 20.0 ± 1.5, printed 20.0 ± 1.5 (2 seeds reached) (tolerance 2.0)"]
+  cf.check(str(path), write=True, results=swept(0.7, 0.0, 0))
+  assert cf.check(str(path), results=swept(0.7, 0.0, 0))[0] == []
+  assert "  fedavg      3      0.700 ± 0.000  -" in path.read_text()   # no seed reached the target: "-"
+
+
+def test_swept_runs_state_their_models_means_over_seeds():
+  """Without FIGURES_TABLE = "runs" a swept config's table is the (run, model) one, of each model's
+  means over the seeds (the run's own metrics, its megabytes, in every model's row)."""
+  results = swept(0.9, 0.008, 3)
+  results["fedavg"]["sweep"]["settings"][0]["mean"].update({"uplink_MB": 11.5, "personal/accuracy": 0.97})
+  rows = cf.measure(results, [cf.Column("accuracy", "accuracy", 1, 4), cf.Column("up MB", "uplink_MB", 1, 3)])
+  assert list(rows) == [("fedavg", "global"), ("fedavg", "personal"), ("qffl[q=2]", "global")]
+  assert rows[("fedavg", "global")] == [0.9, 11.5] and rows[("fedavg", "personal")] == [0.97, 11.5]
+  assert rows[("qffl[q=2]", "global")][0] == 0.5 and math.isnan(rows[("qffl[q=2]", "global")][1])
+
+
+def test_a_runs_table_needs_swept_runs_and_a_known_kind(tmp_path):
+  path = tmp_path / "cfg.py"
+  path.write_text('"""Doc (`python -m benchmarks.config_figures`):\n\n  run  model  acc\n  a    b      1.0\n'
+                  '"""\nFIGURES = (("acc", "accuracy", 1, 1, 0.0),)\nFIGURES_TABLE = "runs"\n')
+  with pytest.raises(ValueError, match="FIGURES_TABLE='runs' is the table of swept runs"):
+    cf.check(str(path), results=RESULTS)
+  path.write_text(path.read_text().replace('"runs"', '"seeds"'))
+  with pytest.raises(ValueError, match=r"FIGURES_TABLE='seeds'; choose one of \('models', 'runs'\)"):
+    cf.check(str(path), results=RESULTS)
 
 
 def test_a_config_without_figures_is_refused():
