@@ -31,9 +31,17 @@ each model of each run's setting as their means over the seeds (a key's value is
 the command prints last, a row per run, ``mean ± std`` over seeds in every cell
 (:func:`fedtree.experiment.sweep.format_runs_table`); its ``FIGURES`` keys are those columns' metrics
 (``"global/accuracy"``) and each column's ``tolerance`` bounds the change of both the mean and the
-std; the seeds that reached a target, where the table names them, must not change. A config whose
+std; the seeds that reached a target, where the table names them, must not change. With
+``FIGURES_TABLE = "swept"`` (configs/personalized.py) it states the table of every run's models the
+command prints last without ``sweep.columns`` (:func:`fedtree.experiment.sweep.runs_table`), its
+``FIGURES`` the tolerances of that table's four figure columns (:data:`SWEPT_MODELS`). With
+``FIGURES_TABLE = "best"`` (configs/tuning.py) it states each run's best setting, that setting's
+mean of the study's metric and the client updates the study took (:func:`best_table`; ``FIGURES``:
+those two columns). A config whose
 plain run states no figures (it needs data this machine lacks, or runs too long) sets
-``PLAIN_FIGURES = False`` and names the variants that do in ``FIGURE_VARIANTS``.
+``PLAIN_FIGURES = False`` and names the variants that do in ``FIGURE_VARIANTS``; a variant whose
+table is of another kind than the plain run's has its own in ``VARIANT_FIGURES``
+(``{variant: (kind, figures)}``: configs/personalized.py's quick variant is not swept).
 """
 
 from __future__ import annotations
@@ -79,20 +87,23 @@ def load_module(path: str):
   return mod
 
 
-TABLES = ("models", "runs")
+TABLES = ("models", "runs", "swept", "best")
 
 
-def table_of(module) -> str:
-  """The kind of figures table a config states (``FIGURES_TABLE``: :data:`TABLES`, default
-  ``"models"``)."""
-  kind = getattr(module, "FIGURES_TABLE", "models")
+def table_of(module, variant: str | None = None) -> str:
+  """The kind of figures table a config (or its ``variant``) states: ``FIGURES_TABLE`` (:data:`TABLES`,
+  default ``"models"``), or the variant's own in ``VARIANT_FIGURES``."""
+  kind = getattr(module, "VARIANT_FIGURES", {}).get(variant, (getattr(module, "FIGURES_TABLE", "models"),))[0]
   if kind not in TABLES:
     raise ValueError(f"{module.__file__}: FIGURES_TABLE={kind!r}; choose one of {TABLES}")
   return kind
 
 
-def columns_of(module) -> list[Column]:
-  figures = getattr(module, "FIGURES", None)
+def columns_of(module, variant: str | None = None) -> list[Column]:
+  """A config's ``FIGURES`` as columns, or its ``variant``'s where ``VARIANT_FIGURES`` gives that
+  variant a table of another kind, ``{variant: (kind, figures)}``."""
+  own = getattr(module, "VARIANT_FIGURES", {}).get(variant)
+  figures = own[1] if own is not None else getattr(module, "FIGURES", None)
   if not figures:
     raise ValueError(f"{module.__file__} declares no FIGURES: it states no figures to check")
   return [Column(*c) for c in figures]
@@ -175,8 +186,9 @@ def find_table(source: str, variant: str | None = None) -> tuple[int, int]:
   """``(start, end)`` offsets in a config file's ``source`` of its figures table: the first
   paragraph of indented lines after the line naming this command (with ``--config=...:variant``
   for a variant)."""
-  if variant is None:
-    at = source.find(COMMAND)
+  if variant is None:   # the first line naming the command without a variant
+    found = re.compile(re.escape(COMMAND) + r"(?!\s+--config=\S*:\w)").search(source)
+    at = -1 if found is None else found.start()
   else:
     found = re.compile(re.escape(COMMAND) + r"\s+--config=\S*:" + re.escape(variant) + r"\b").search(source)
     at = -1 if found is None else found.start()
@@ -232,14 +244,21 @@ def check(path: str, *, write: bool = False, results=None) -> tuple[list[str], s
   its docstring's; returns the differences (:func:`compare`) and the table of the figures
   printed. With ``write`` the docstring's table is replaced by that table (no differences)."""
   module = load_module(path)
-  columns = columns_of(module)
+  file, variant = split_variant(path)
+  columns = columns_of(module, variant)
   if results is None:
     results = run_config(path)
-  swept = table_of(module) == "runs"
-  if swept and not is_sweep(results):
-    raise ValueError(f"{path}: FIGURES_TABLE='runs' is the table of swept runs, and its runs are not swept")
-  table = sweep_table(results, columns) if swept else format_table(measure(results, columns), columns)
-  file, variant = split_variant(path)
+  kind = table_of(module, variant)
+  if kind != "models" and not is_sweep(results):
+    raise ValueError(f"{path}: FIGURES_TABLE={kind!r} is a table of swept runs, and its runs are not swept")
+  if kind == "runs":
+    table, parse = sweep_table(results, columns), parse_sweep_table
+  elif kind == "swept":
+    table, parse = swept_models_table(results), parse_swept_models
+  elif kind == "best":
+    table, parse = best_table(results, columns), parse_best
+  else:
+    table = format_table(measure(results, columns), columns)
   with open(file, encoding="utf-8") as f:
     source = f.read()
   start, end = find_table(source, variant)
@@ -247,9 +266,9 @@ def check(path: str, *, write: bool = False, results=None) -> tuple[list[str], s
     with open(file, "w", encoding="utf-8") as f:
       f.write(source[:start] + table + "\n" + source[end:])
     return [], table
-  if swept:
-    return compare_sweeps(parse_sweep_table(source[start:end], columns), parse_sweep_table(table, columns),
-                          columns), table
+  if kind != "models":
+    diff = compare_best if kind == "best" else compare_sweeps
+    return diff(parse(source[start:end], columns), parse(table, columns), columns), table
   return compare(parse_table(source[start:end], columns), measure(results, columns), columns), table
 
 
@@ -287,19 +306,110 @@ def parse_sweep_table(text: str, columns: Sequence[Column]) -> dict[str, list[tu
   for line in lines[2:]:
     ends = [start for start, _ in spans[1:]] + [len(line)]
     cells = [line[start:end].strip() for (start, _), end in zip(spans, ends, strict=True)]
-    values: list[tuple | None] = []
-    for cell in cells[2:]:
-      m = SWEPT_CELL.match(cell)
-      if cell != "-" and m is None:
-        raise ValueError(f"runs table cell {cell!r} is not 'mean ± std [(k/n seeds)]' or '-'")
-      values.append(None if m is None else (float(m[1]), float(m[2]), None if m[3] is None else int(m[3])))
-    rows[cells[0]] = values
+    rows[cells[0]] = [_cell(cell) for cell in cells[2:]]
+  return rows
+
+
+def _cell(text: str) -> tuple | None:
+  """A swept table's cell: ``(mean, std, seeds that reached | None)``, ``(value, None, None)`` for a
+  plain number, ``None`` for ``-``."""
+  if text == "-":
+    return None
+  m = SWEPT_CELL.match(text)
+  if m is not None:
+    return float(m[1]), float(m[2]), None if m[3] is None else int(m[3])
+  try:
+    return float(text), None, None
+  except ValueError:
+    raise ValueError(f"swept table cell {text!r}: not 'mean ± std [(k/n seeds)]', a number or '-'") from None
+
+
+def study_updates(out: Mapping[str, Any]) -> float:
+  """The client updates a swept run's study took: every setting's seeds (Hyperband: its brackets')."""
+  if "client_updates" in out:
+    return float(out["client_updates"])
+  return float(sum(r["mean"].get("client_updates", 0.0) * r["seeds"] for r in out["settings"]))
+
+
+def best_table(results: Mapping[str, Any], columns: Sequence[Column]) -> str:
+  """A tuning study's table (``FIGURES_TABLE = "best"``): a row per run, its best setting (as the
+  command names it), that setting's mean of the study's metric and the client updates of the
+  study; ``columns``: the metric's and the updates' (headers, decimals, tolerances)."""
+  if len(columns) != 2:
+    raise ValueError(f"FIGURES_TABLE='best' has two figure columns, the best setting's metric and the "
+                     f"study's client updates ({len(columns)} given)")
+  body = []
+  for label, entry in results.items():
+    out = entry["sweep"]
+    best = out.get("best") or {}
+    value = "-" if not best else f"{best['mean']:.{columns[0].decimals}f}"
+    body.append([label, best.get("name", "-"), value, f"{study_updates(out):.{columns[1].decimals}f}"])
+  head = ["run", "best setting", columns[0].header, columns[1].header]
+  widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+  return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                   for r in [head, *body])
+
+
+def parse_best(text: str, columns: Sequence[Column]) -> dict[str, list]:
+  """``{run: [best setting, (metric,), (updates,)]}`` of a :func:`best_table` (cells two or more
+  spaces apart)."""
+  rows = {}
+  for line in [line.strip() for line in text.strip("\n").split("\n") if line.strip()][1:]:
+    cells = re.split(r"\s{2,}", line)
+    if len(cells) != 4:
+      raise ValueError(f"a best-setting row has {len(cells)} cells, expected 4 (run, setting, "
+                       f"{columns[0].header}, {columns[1].header}): {line!r}")
+    rows[cells[0]] = [cells[1], _cell(cells[2]), _cell(cells[3])]
+  return rows
+
+
+def compare_best(stated: Mapping[str, list], printed: Mapping[str, list], columns: Sequence[Column]
+                 ) -> list[str]:
+  """:func:`compare_sweeps` for a study's best settings: the same setting, the figures within their
+  tolerances."""
+  problems = [f"{run} best setting: docstring {stated[run][0]}, printed {row[0]}"
+              for run, row in printed.items() if run in stated and stated[run][0] != row[0]]
+  return problems + compare_sweeps({k: v[1:] for k, v in stated.items()},
+                                   {k: v[1:] for k, v in printed.items()}, columns)
+
+
+SWEPT_MODELS = ("mean ± std", "worst 10 % mean ± std", "up MB", "down MB")
+"""The figure columns of :func:`fedtree.experiment.sweep.runs_table` (``FIGURES_TABLE = "swept"``)."""
+
+
+def swept_models_table(results: Mapping[str, Any]) -> str:
+  """The table of every swept run's models a config prints last without ``sweep.columns``
+  (:func:`fedtree.experiment.sweep.runs_table`), two-space indented."""
+  from fedtree.experiment.sweep import runs_table
+
+  return "\n".join(f"  {line}".rstrip() for line in runs_table(dict(results)).split("\n"))
+
+
+def parse_swept_models(text: str, columns: Sequence[Column]) -> dict[str, list[tuple | None]]:
+  """``{"run setting model metric": [cell per figure column]}`` of a :func:`swept_models_table` (a
+  title line, a header, a row per run, setting and model; cells two or more spaces apart)."""
+  lines = [line.strip() for line in text.strip("\n").split("\n") if line.strip()]
+  if len(columns) != len(SWEPT_MODELS):
+    raise ValueError(f"FIGURES_TABLE='swept' has the columns {SWEPT_MODELS}: FIGURES gives their tolerances "
+                     f"in that order ({len(columns)} given)")
+  if len(lines) < 2 or re.split(r"\s{2,}", lines[1])[4:] != list(SWEPT_MODELS):
+    raise ValueError(f"a swept table is a title, the header run setting model metric "
+                     f"{' '.join(SWEPT_MODELS)}, then a row per run's model")
+  rows = {}
+  for line in lines[2:]:
+    cells = re.split(r"\s{2,}", line)
+    if len(cells) != 4 + len(SWEPT_MODELS):
+      raise ValueError(f"a swept table's row has {len(cells)} cells, expected {4 + len(SWEPT_MODELS)}: "
+                       f"{line!r}")
+    rows[" ".join(cells[:4])] = [_cell(c) for c in cells[4:]]
   return rows
 
 
 def _shown(cell: tuple | None) -> str:
   if cell is None:
     return "-"
+  if cell[1] is None:
+    return f"{cell[0]}"
   return f"{cell[0]} ± {cell[1]}" + ("" if cell[2] is None else f" ({cell[2]} seeds reached)")
 
 
@@ -315,8 +425,9 @@ def compare_sweeps(stated: Mapping[str, list], printed: Mapping[str, list], colu
     for c, new, old in zip(columns, values, stated[run], strict=True):
       if new is None and old is None:
         continue
-      if (new is None or old is None or abs(new[0] - old[0]) > c.tolerance + 1e-9
-          or abs(new[1] - old[1]) > c.tolerance + 1e-9 or new[2] != old[2]):
+      if (new is None or old is None or abs(new[0] - old[0]) > c.tolerance + 1e-9 or new[2] != old[2]
+          or (new[1] is None) != (old[1] is None)
+          or (new[1] is not None and abs(new[1] - old[1]) > c.tolerance + 1e-9)):
         problems.append(f"{run} {c.header}: docstring {_shown(old)}, printed {_shown(new)} "
                         f"(tolerance {c.tolerance})")
   return problems
@@ -380,7 +491,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if moved else 0
   if args.quick:
     parser.error("--quick is for --all")
-  columns = columns_of(load_module(args.config))  # refuses a config without FIGURES before running it
+  # (refuses a config without FIGURES before running it)
+  columns = columns_of(load_module(args.config), split_variant(args.config)[1])
   problems, table = check(args.config, write=args.write)
   print(table)
   if args.write:

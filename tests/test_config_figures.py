@@ -169,11 +169,70 @@ def test_a_runs_table_needs_swept_runs_and_a_known_kind(tmp_path):
   path = tmp_path / "cfg.py"
   path.write_text('"""Doc (`python -m benchmarks.config_figures`):\n\n  run  model  acc\n  a    b      1.0\n'
                   '"""\nFIGURES = (("acc", "accuracy", 1, 1, 0.0),)\nFIGURES_TABLE = "runs"\n')
-  with pytest.raises(ValueError, match="FIGURES_TABLE='runs' is the table of swept runs"):
+  with pytest.raises(ValueError, match="FIGURES_TABLE='runs' is a table of swept runs"):
     cf.check(str(path), results=RESULTS)
   path.write_text(path.read_text().replace('"runs"', '"seeds"'))
-  with pytest.raises(ValueError, match=r"FIGURES_TABLE='seeds'; choose one of \('models', 'runs'\)"):
+  with pytest.raises(ValueError, match=r"FIGURES_TABLE='seeds'; choose one of \('models', 'runs', 'swept', "):
     cf.check(str(path), results=RESULTS)
+
+
+FOUR = [cf.Column("accuracy", "accuracy", 1, 4, 0.01),
+        cf.Column("worst", "accuracy_worst10_mean", 1, 4, 0.03),
+        cf.Column("up MB", "uplink_MB", 1, 3, 0.0), cf.Column("down MB", "downlink_MB", 1, 3, 0.0)]
+
+
+def test_a_swept_models_table_is_checked_cell_by_cell_and_a_variant_keeps_its_own_kind(tmp_path):
+  """FIGURES_TABLE = "swept": the table of every swept run's models (sweep.runs_table) as printed,
+  FIGURES its four columns' tolerances; VARIANT_FIGURES gives a variant that is not swept its own."""
+  def results(worst):
+    out = swept(0.9, 0.008, 3)
+    for run in out.values():
+      row = run["sweep"]["settings"][0]
+      row["mean"].update({"global/accuracy_worst10_mean": worst, "uplink_MB": 3.5, "downlink_MB": 3.5})
+      row["std"]["global/accuracy_worst10_mean"] = 0.01
+    return out
+
+  table = cf.swept_models_table(results(0.7))
+  rows = cf.parse_swept_models(table, FOUR)
+  assert rows["fedavg default global accuracy"] == [(0.9, 0.008, None), (0.7, 0.01, None), (3.5, None, None),
+                                                    (3.5, None, None)]
+  assert list(rows) == ["fedavg default global accuracy", "qffl q=2 global accuracy"]
+  path = tmp_path / "cfg.py"
+  path.write_text(f'"""Doc.\n\n`python -m benchmarks.config_figures --config=cfg.py:quick`:\n\n'
+                  f'  run  model  acc\n  a    global  50.00\n\n'
+                  f'`python -m benchmarks.config_figures --config=cfg.py`:\n\n{table}\n"""\n'
+                  f'FIGURES_TABLE = "swept"\nFIGURES = {[tuple(c) for c in FOUR]!r}\n'
+                  'VARIANT_FIGURES = {"quick": ("models", (("acc", "accuracy", 100, 2, 0.5),))}\n')
+  assert cf.check(str(path), results=results(0.72))[0] == []          # the plain run's table, within 0.03
+  assert cf.check(str(path), results=results(0.75))[0] == [
+    "fedavg default global accuracy worst: docstring 0.7 ± 0.01, printed 0.75 ± 0.01 (tolerance 0.03)",
+    "qffl q=2 global accuracy worst: docstring 0.7 ± 0.01, printed 0.75 ± 0.01 (tolerance 0.03)"]
+  assert cf.check(f"{path}:quick", results={"a": {"global": {"accuracy": 0.5}}})[0] == []   # its own kind
+  with pytest.raises(ValueError, match="FIGURES_TABLE='swept' has the columns"):
+    cf.parse_swept_models(table, FOUR[:2])
+
+
+def test_a_studys_best_setting_is_checked_by_name_and_figures(tmp_path):
+  """FIGURES_TABLE = "best" (a tuning study): each run's best setting by name, its mean of the study's
+  metric and the client updates of every setting's seeds (Hyperband: the study's own count)."""
+  def study(name, mean):
+    rows = [{"name": n, "seeds": 2, "mean": {"client_updates": 100.0}} for n in ("lr=0.1", "lr=1")]
+    return {"fedavg": {"sweep": {"settings": rows, "best": {"name": name, "mean": mean}}},
+            "hyperband": {"sweep": {"settings": rows, "client_updates": 150.0,
+                                    "best": {"name": "[2] lr=1", "mean": 0.5}}}}
+
+  columns = [cf.Column("accuracy", "accuracy", 1, 4, 0.01), cf.Column("client updates", "updates", 1, 0, 0)]
+  table = cf.best_table(study("lr=0.1", 0.7625), columns)
+  assert table.splitlines() == ["  run        best setting  accuracy  client updates",
+                                "  fedavg     lr=0.1        0.7625    400",
+                                "  hyperband  [2] lr=1      0.5000    150"]
+  path = tmp_path / "cfg.py"
+  path.write_text(f'"""Doc (`python -m benchmarks.config_figures`):\n\n{table}\n"""\n'
+                  f'FIGURES_TABLE = "best"\nFIGURES = {[tuple(c) for c in columns]!r}\n')
+  assert cf.check(str(path), results=study("lr=0.1", 0.77))[0] == []
+  assert cf.check(str(path), results=study("lr=1", 0.79))[0] == [
+    "fedavg best setting: docstring lr=0.1, printed lr=1",
+    "fedavg accuracy: docstring 0.7625, printed 0.79 (tolerance 0.01)"]
 
 
 def test_a_config_without_figures_is_refused():
