@@ -9,12 +9,12 @@
 A config file that states figures declares them in a module-level ``FIGURES``: a tuple of
 columns ``(header, key, scale, decimals, tolerance)``, where ``key`` is a field of a model's
 summary (``summary.json``: ``"accuracy"``, ``"perplexity"``, ``"costs.epochs"`` for a nested
-one) or a function ``(models, model) -> float`` of the run's ``{model: summary}`` (a figure
-derived from several models, e.g. the number of groups where a model is best; NaN: no value
-for that model). The figures are a table in the docstring, with a row per ``(run, model)``
-that the config's final table prints (models that never trained left out), the values scaled
-(``100``: percent) and rounded to ``decimals``; the table is the first indented paragraph after
-the line that names this command.
+one, ``"group_perplexity.0"`` for an entry of a list) or a function ``(models, model) -> float``
+of the run's ``{model: summary}`` (a figure derived from several models, e.g. the number of groups
+where a model is best; NaN: no value for that model). The figures are a table in the docstring,
+with a row per ``(run, model)`` that the config's final table prints (models that never trained
+left out), the values scaled (``100``: percent) and rounded to ``decimals``; the table is the
+first indented paragraph after the line that names this command.
 
 The command runs the config as ``python -m fedtree.main`` does (same seed, same data, in a
 temporary workdir), builds the table and compares it with the docstring's: a figure that moved
@@ -113,10 +113,13 @@ def _value(models: Mapping[str, Any], model: str, key) -> float:
   if callable(key):
     return float(key(models, model))
   v: Any = models[model]
-  for part in key.split("."):
-    if not isinstance(v, Mapping) or part not in v:
+  for part in key.split("."):   # a field of a mapping, or an index of a list ("group_perplexity.0")
+    if isinstance(v, Mapping) and part in v:
+      v = v[part]
+    elif not isinstance(v, Mapping | str) and hasattr(v, "__len__") and part.isdigit() and int(part) < len(v):
+      v = v[int(part)]
+    else:
       return math.nan
-    v = v[part]
   return math.nan if v is None else float(v)
 
 
@@ -333,8 +336,9 @@ def study_updates(out: Mapping[str, Any]) -> float:
 
 def best_table(results: Mapping[str, Any], columns: Sequence[Column]) -> str:
   """A tuning study's table (``FIGURES_TABLE = "best"``): a row per run, its best setting (as the
-  command names it), that setting's mean of the study's metric and the client updates of the
-  study; ``columns``: the metric's and the updates' (headers, decimals, tolerances)."""
+  command names it, without the ``runs.<run>.`` of the run's own fields), that setting's mean of the
+  study's metric and the client updates of the study; ``columns``: the metric's and the updates'
+  (headers, decimals, tolerances)."""
   if len(columns) != 2:
     raise ValueError(f"FIGURES_TABLE='best' has two figure columns, the best setting's metric and the "
                      f"study's client updates ({len(columns)} given)")
@@ -343,7 +347,8 @@ def best_table(results: Mapping[str, Any], columns: Sequence[Column]) -> str:
     out = entry["sweep"]
     best = out.get("best") or {}
     value = "-" if not best else f"{best['mean']:.{columns[0].decimals}f}"
-    body.append([label, best.get("name", "-"), value, f"{study_updates(out):.{columns[1].decimals}f}"])
+    name = best.get("name", "-").replace(f"runs.{label}.", "")   # (the row names the run)
+    body.append([label, name, value, f"{study_updates(out):.{columns[1].decimals}f}"])
   head = ["run", "best setting", columns[0].header, columns[1].header]
   widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
   return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
@@ -451,7 +456,7 @@ def with_figures(quick: bool = False) -> list[str]:
     if not name.endswith(".py") or (quick and name[:-3] not in QUICK):
       continue
     with open(path, encoding="utf-8") as f:
-      if "\nFIGURES = (" not in f.read():
+      if "\nFIGURES = " not in f.read():
         continue
     module = load_module(path)
     out += [path] if getattr(module, "PLAIN_FIGURES", True) else []

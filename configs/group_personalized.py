@@ -41,30 +41,12 @@ A real dataset: set ``config.data`` to a TFDS loader config (``name="tfds"``, se
 accordingly; nothing else changes.
 """
 
-import math
 
 import ml_collections
-import numpy as np
 
+from fedtree.algorithms.hierarchical.grouppfl.report import best_groups, lower_perplexity_than_perfl
 from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
-
-
-def best_groups(models, model) -> float:
-  """The groups where ``model`` has the highest accuracy of the run's models."""
-  acc = np.asarray([models[m]["group_accuracy"] for m in models], np.float64)
-  return float(np.sum(acc[list(models).index(model)] >= acc.max(axis=0)))
-
-
-def lower_perplexity_than_perfl(models, model) -> float:
-  """The share of clients whose perplexity is lower with ``model`` than with PerFL."""
-  if model == "PerFL" or "PerFL" not in models:
-    return math.nan
-  base = np.asarray(models["PerFL"]["client_perplexity"], np.float64)
-  new = np.asarray(models[model]["client_perplexity"], np.float64)
-  ok = np.isfinite(base) & np.isfinite(new)
-  return float(np.mean(new[ok] < base[ok]))
-
 
 # The docstring's figures (benchmarks/config_figures.py): (header, summary field or function,
 # scale, decimals, tolerance in the printed unit).

@@ -35,20 +35,17 @@ the groups as the data does (packages, ``<group>`` folders, plays). ``model.embe
 (with ``model.char_len``, default 16) builds the character table from the data's vocabulary.
 
 Measured (default variant, Python 3.11 stdlib: 88 clients, 1,953 train / 615 evaluation
-sentences; 13 min 19 s wall for the 30 rounds + fine-tuning on the shared 2-core machine at
-load ~15-19, niced; expect a few minutes on a quiet one). Token-level word perplexity per group (Table 3/6
-style; lower is better):
+sentences; 1 min 40 s wall and 2 min 25 s of CPU time for the 20 rounds and the fine-tuning, measured on
+2026-12-07 on the project's quiet 2-core machine without the plots). Token-level word perplexity per
+group (Table 3/6 style; lower is better; ``mproc``: multiprocessing) and the share of clients whose
+perplexity is lower than with PerFL (Fig. 1; ``python -m benchmarks.config_figures
+--config=configs/group_personalized_lm.py`` checks the table):
 
-| group | #clients | FL | PerFL | GroupFL | GroupPerFL |
-|---|---|---|---|---|---|
-| asyncio | 18 | 221.0 | 150.7 | 153.8 | 123.4 |
-| email | 21 | 280.9 | 218.8 | 194.2 | 172.2 |
-| multiprocessing | 10 | 273.7 | 196.9 | 174.5 | 155.1 |
-| xml | 11 | 256.5 | 192.5 | 188.0 | 163.4 |
-| importlib | 11 | 229.4 | 165.9 | 141.8 | 126.7 |
-| tkinter | 9 | 247.6 | 161.6 | 173.6 | 131.0 |
-| unittest | 8 | 273.2 | 210.0 | 193.6 | 170.8 |
-| all | 88 | 252.0 | 182.9 | 173.1 | 146.9 |
+  run       model       asyncio  email  mproc  xml    importlib  tkinter  unittest  all    ppl<PerFL%
+  grouppfl  FL          221.0    280.9  273.7  256.5  229.4      247.6    273.2     252.0  0.0
+  grouppfl  PerFL       150.7    218.8  196.9  192.5  165.9      161.6    210.0     182.9  -
+  grouppfl  GroupFL     153.8    194.2  174.5  188.0  141.8      173.6    193.6     173.1  65.9
+  grouppfl  GroupPerFL  123.4    172.2  155.1  163.4  126.7      131.0    170.8     146.9  94.3
 
 GroupPerFL beats PerFL on all 7 groups and GroupFL beats FL on all 7 (the paper's expected
 result holds here). Fig. 1: 94.3% of the 88 clients have lower perplexity with GroupPerFL
@@ -60,10 +57,13 @@ local epochs. The selected fine-tuning rate was 0.5 for both PerFL and GroupPerF
 
 import ml_collections
 
+from fedtree.algorithms.hierarchical.grouppfl.report import perplexity_figures
 from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
 
 STDLIB_PACKAGES = ("asyncio", "email", "multiprocessing", "xml", "importlib", "tkinter", "unittest")
+FIGURES = perplexity_figures(tuple("mproc" if g == "multiprocessing" else g for g in STDLIB_PACKAGES))
+"""The docstring's figures (benchmarks/config_figures.py): each group's perplexity, all clients', Fig. 1's."""
 
 
 def get_config(variant: str = "stdlib") -> ml_collections.ConfigDict:

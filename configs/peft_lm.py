@@ -20,27 +20,27 @@ perplexity per group for FL, PerFL, GroupFL and GroupPerFL; the run ``pretrained
 the GroupPerFL report: with adapters a "model" is the adapters, so bytes sent per client = that
 count x the adapter bytes (below).
 
-Measured (Python 3.11 stdlib; the notebook ``colab/peft_lm.ipynb`` runs the same config):
-86-102 s wall for pretraining + both pipelines in the notebook on the quiet 2-core machine (86 s
-in the committed notebook; 138 s with the test suite running beside it; 22 min 41 s when the
-machine was shared at load ~15-17). The adapters use the factored forward where a
-dense layer uses the kernel (the output layer; the LSTM's ``w_x``/``w_h`` are merged,
-:mod:`fedtree.toolbox.lora`); the numbers below are the same with the merged forward, which the
-figures were first measured with. Pretraining: 5,436 sentences, 400 steps of 32,
-training loss 5.531 -> 3.930. Token-level word perplexity per group on the held-out packages
-(lower is better; PerFL in the notebook and the reports); ``base`` is the pretrained model
-before any federated fine-tuning:
+Measured (Python 3.11 stdlib; the notebook ``colab/peft_lm.ipynb`` runs the same config): 3 min 16 s
+wall and 4 min 53 s of CPU time for pretraining and both pipelines (measured on 2026-12-07 on the
+project's quiet 2-core machine, by the command that checks the table below). The adapters use the
+factored forward where a dense layer uses the kernel (the output layer; the LSTM's ``w_x``/``w_h``
+are merged, :mod:`fedtree.toolbox.lora`); the numbers below are the same with the merged forward,
+which the figures were first measured with. Pretraining: 5,436 sentences, 400 steps of 32, training
+loss 5.531 -> 3.930. Token-level word perplexity per group on the held-out packages (lower is
+better; ``mproc``: multiprocessing), and the share of clients whose perplexity is lower than with
+PerFL (Fig. 1); ``pretrained``/``base`` is the pretrained model before any federated fine-tuning
+(``python -m benchmarks.config_figures --config=configs/peft_lm.py`` checks the table):
 
-| group | #cl | base | LoRA FL | LoRA GroupFL | LoRA GroupPerFL | full FL | full GroupFL | full GroupPerFL |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| asyncio | 18 | 121.0 | 109.7 | 82.9 | 65.1 | 98.2 | 85.7 | 71.6 |
-| email | 21 | 141.8 | 137.1 | 104.6 | 91.3 | 125.5 | 109.3 | 96.9 |
-| multiprocessing | 10 | 170.2 | 148.9 | 104.2 | 90.8 | 138.5 | 105.5 | 87.3 |
-| xml | 11 | 123.1 | 123.5 | 97.0 | 84.2 | 112.7 | 98.6 | 86.4 |
-| importlib | 11 | 108.6 | 107.4 | 77.4 | 68.3 | 94.7 | 80.7 | 72.2 |
-| tkinter | 9 | 109.3 | 118.0 | 86.5 | 70.4 | 104.2 | 86.4 | 67.4 |
-| unittest | 8 | 138.1 | 143.9 | 107.4 | 93.6 | 128.4 | 105.4 | 92.7 |
-| all | 88 | 127.6 | 124.0 | 92.9 | 78.5 | 111.8 | 95.3 | 81.7 |
+  run         model       asyncio  email  mproc  xml    importlib  tkinter  unittest  all    ppl<PerFL%
+  pretrained  base        121.0    141.8  170.2  123.1  108.6      109.3    138.1     127.6  -
+  lora        FL          109.7    137.1  148.9  123.5  107.4      118.0    143.9     124.0  1.1
+  lora        PerFL       83.0     111.8  113.3  99.3   84.6       83.1     111.7     96.3   -
+  lora        GroupFL     82.9     104.6  104.2  97.0   77.4       86.5     107.4     92.9   69.3
+  lora        GroupPerFL  65.1     91.3   90.8   84.2   68.3       70.4     93.6      78.5   96.6
+  full        FL          98.2     125.5  138.5  112.7  94.7       104.2    128.4     111.8  2.3
+  full        PerFL       78.0     106.3  99.0   93.7   79.3       73.7     102.1     89.5   -
+  full        GroupFL     85.7     109.3  105.5  98.6   80.7       86.4     105.4     95.3   26.1
+  full        GroupPerFL  71.6     96.9   87.3   86.4   72.2       67.4     92.7      81.7   94.3
 
 Fine-tuning lowers perplexity 127.6 -> 78.5 with adapters and 127.6 -> 81.7 with the full model
 (GroupPerFL, all clients). Global FL alone moves the base less with adapters (124.0 vs 111.8 in
@@ -59,6 +59,7 @@ adapters of the root, 7 groups and their FedAdam states) against 44.4 MiB (full)
 
 import ml_collections
 
+from fedtree.algorithms.hierarchical.grouppfl.report import perplexity_figures
 from fedtree.experiment.fields import declare_runner_fields
 from fedtree.experiment.sweep import default_sweep
 
@@ -67,6 +68,11 @@ PRETRAIN_PACKAGES = ("concurrent", "http", "json", "logging", "urllib", "collect
                      "html", "wsgiref", "xmlrpc", "zoneinfo", "idlelib", "lib2to3", "distutils", "curses",
                      "dbm", "encodings", "venv", "re", "tomllib")
 LORA_TARGETS = (r"(^|/)w_[xh]$", r"^out/kernel$")
+
+
+GROUPS = ("asyncio", "email", "mproc", "xml", "importlib", "tkinter", "unittest")
+"""The federated data's groups in their order (headers of the figures; ``mproc``: multiprocessing)."""
+FIGURES = perplexity_figures(GROUPS)   # (config_figures) each group's perplexity, all clients', Fig. 1's
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -17,24 +17,50 @@ the grid's. Each prints a table of every setting, the best by global accuracy, a
 it took; the workdir keeps ``tuning_<run>.csv`` (every setting, seed and round: a tabular benchmark)
 and ``best_<run>.py`` (the best setting's config, ready to run).
 
-What the variants print today (one seed; the best setting by global accuracy after 90 rounds, and the
-client updates of the study). The grid costs 38 s wall and 50 s of CPU time (measured on 2026-12-07 on
-the project's quiet 2-core machine); halving 49 s and 69 s, random 45 s and 57 s, PBT 58 s and 70 s,
-FedEx 24 s and 33 s, Hyperband 41 s and 60 s::
+What the variants print today (one seed; each run's best setting by global accuracy after 90 rounds,
+as the command names it without the ``runs.<run>.`` of the run's own fields, and the client updates
+of the whole study; each table is checked by the command that heads it). The grid costs 38 s wall
+and 50 s of CPU time (measured on 2026-12-07 on the project's quiet 2-core machine); halving 49 s
+and 69 s, random 45 s and 57 s, PBT 58 s and 70 s, FedEx 24 s and 33 s, Hyperband 41 s and 60 s.
 
-  variant   run      best setting                                   accuracy  client updates
-  grid      fedavg   client lr 0.05, server lr 2                    0.7625    72,900
-  grid      fedprox  client lr 0.1, mu 0.1, server lr 2             0.7635    72,900
-  halving   fedavg   client lr 0.05, server lr 2 (the grid's best)  0.7625    18,900 (26 %)
-  halving   fedprox  client lr 0.1, mu 0.1, server lr 2 (the same)  0.7635    18,900 (26 %)
-  random    fedavg   client lr 0.0547, server lr 1.56               0.7604    72,900
-  random    fedprox  client lr 0.161, mu 0.00244, server lr 1.63    0.7656    72,900
-  pbt       fedavg   #75 ends at client lr 0.0737, server lr 0.983     0.7818    72,900
-  pbt       fedprox  #26 ends at client lr 0.0819, mu 0.0012, s. 1.54 0.7797    72,900
-  fedex     fedex    server lr 2 (FedEx tunes the client lr)        0.7583     8,100 (11 %)
-  fedex     fedex_prox  mu 0.001, server lr 2                       0.7505     8,100 (11 %)
-  hyperband fedavg   client lr 0.098, server lr 1.37 (bracket 2)    0.7568     6,900 (9.5 %)
-  hyperband fedprox  client lr 0.121, mu 0.0163, s. 1.83 (bracket 0) 0.7641    6,900 (9.5 %)
+The grid (``python -m benchmarks.config_figures --config=configs/tuning.py``):
+
+  run      best setting                                           accuracy  updates
+  fedavg   local.learning_rate=0.05,server.learning_rate=2        0.7625    72900
+  fedprox  local.learning_rate=0.1,mu=0.1,server.learning_rate=2  0.7635    72900
+
+Successive halving (``python -m benchmarks.config_figures --config=configs/tuning.py:halving``):
+
+  run      best setting                                           accuracy  updates
+  fedavg   local.learning_rate=0.05,server.learning_rate=2        0.7625    18900
+  fedprox  local.learning_rate=0.1,mu=0.1,server.learning_rate=2  0.7635    18900
+
+Random search (``python -m benchmarks.config_figures --config=configs/tuning.py:random``):
+
+  run      best setting                                                             accuracy  updates
+  fedavg   local.learning_rate=0.0547391,server.learning_rate=1.56237               0.7604    72900
+  fedprox  local.learning_rate=0.160939,mu=0.00244489,server.learning_rate=1.62873  0.7656    72900
+
+PBT, the best member and the values it ends at (``python -m benchmarks.config_figures
+--config=configs/tuning.py:pbt``):
+
+  run      best setting                                                          accuracy  updates
+  fedavg   #75 local.learning_rate=0.073728,server.learning_rate=0.98304         0.7818    72900
+  fedprox  #26 local.learning_rate=0.08192,mu=0.0012,server.learning_rate=1.536  0.7797    72900
+
+FedEx, which tunes the client learning rate itself (``python -m benchmarks.config_figures
+--config=configs/tuning.py:fedex``):
+
+  run         best setting              accuracy  updates
+  fedex       learning_rate=2           0.7583    8100
+  fedex_prox  mu=0.001,learning_rate=2  0.7505    8100
+
+Hyperband, the bracket in brackets (``python -m benchmarks.config_figures
+--config=configs/tuning.py:hyperband``):
+
+  run      best setting                                                                accuracy  updates
+  fedavg   [2] local.learning_rate=0.097972,server.learning_rate=1.37125               0.7568    6900
+  fedprox  [0] local.learning_rate=0.121366,mu=0.0163407,server.learning_rate=1.82785  0.7641    6900
 
 Successive halving finds the grid's best setting of both runs for a quarter of the client updates;
 on this small task its wall time is not lower (each rung compiles the compacted program anew: three
@@ -55,6 +81,9 @@ from fedtree.experiment.sweep import default_sweep
 LOCAL = "0.003,0.01,0.02,0.03,0.05,0.1,0.2,0.3,1.0"
 SERVER = "0.1,0.3,0.5,0.7,1.0,1.5,2.0,3.0,5.0"
 VARIANTS = (None, "halving", "random", "pbt", "fedex", "hyperband")
+FIGURES_TABLE = "best"   # each run's best setting, its global accuracy, the study's client updates
+FIGURES = (("accuracy", "global/accuracy", 1, 4, 0.005), ("updates", "client_updates", 1, 0, 0))
+FIGURE_VARIANTS = VARIANTS[1:]
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:

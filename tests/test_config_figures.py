@@ -17,7 +17,7 @@ from benchmarks import config_figures as cf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATING = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))
-                 if "\nFIGURES = (" in open(p, encoding="utf-8").read())
+                 if "\nFIGURES = " in open(p, encoding="utf-8").read())
 # a config's plain run (unless PLAIN_FIGURES = False), its variants with tables of their own (FIGURE_VARIANTS)
 WITH_FIGURES = [p for p in STATING if getattr(cf.load_module(p), "PLAIN_FIGURES", True)]
 WITH_FIGURES += [f"{p}:{v}" for p in STATING for v in getattr(cf.load_module(p), "FIGURE_VARIANTS", ())]

@@ -71,6 +71,33 @@ def relative_change(before: np.ndarray, after: np.ndarray) -> np.ndarray:
   return np.where(ok, (after - np.where(ok, before, 1.0)) / np.where(ok, before, 1.0), np.nan)
 
 
+def best_groups(models: dict[str, dict[str, Any]], model: str) -> float:
+  """The groups where ``model`` has the highest accuracy of a run's ``models`` (``{model: summary}``;
+  a figure of the configs' tables, :mod:`benchmarks.config_figures`)."""
+  acc = np.asarray([models[m]["group_accuracy"] for m in models], np.float64)
+  return float(np.sum(acc[list(models).index(model)] >= acc.max(axis=0)))
+
+
+def lower_perplexity_than_perfl(models: dict[str, dict[str, Any]], model: str) -> float:
+  """The share of clients whose perplexity is lower with ``model`` than with PerFL (over the clients
+  with both; NaN for PerFL itself or a run without it): Fig. 1's count, a figure of the configs'
+  tables."""
+  if model == "PerFL" or "PerFL" not in models:
+    return float("nan")
+  base = np.asarray(models["PerFL"]["client_perplexity"], np.float64)
+  new = np.asarray(models[model]["client_perplexity"], np.float64)
+  ok = np.isfinite(base) & np.isfinite(new)
+  return float(np.mean(new[ok] < base[ok]))
+
+
+def perplexity_figures(groups: Sequence[str], tolerance: float = 1.0) -> tuple[tuple, ...]:
+  """A config's ``FIGURES`` (:mod:`benchmarks.config_figures`) for a language model's table: the
+  perplexity of every group (headed by ``groups``, in the data's order) and of all clients, to one
+  decimal within ``tolerance``, and :func:`lower_perplexity_than_perfl` in percent."""
+  return (*((name, f"group_perplexity.{g}", 1, 1, tolerance) for g, name in enumerate(groups)),
+          ("all", "perplexity", 1, 1, tolerance), ("ppl<PerFL%", lower_perplexity_than_perfl, 100, 1, 2.0))
+
+
 def save_histogram(
   path, values: np.ndarray, *, title: str, xlabel: str, bins: int = 30
 ) -> None:
