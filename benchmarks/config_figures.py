@@ -47,6 +47,7 @@ table is of another kind than the plain run's has its own in ``VARIANT_FIGURES``
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib.util
 import math
 import os
@@ -440,27 +441,27 @@ def compare_sweeps(stated: Mapping[str, list], printed: Mapping[str, list], colu
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
-QUICK = ("compression", "heterogeneous", "mobility", "personalization", "personalized", "pfedmt_mnist",
+QUICK = ("compression", "heterogeneous", "mobility", "personalization", "personalized:quick", "pfedmt_mnist",
          "pfedmt_synthetic", "systems")
 """The configs ``--all --quick`` checks: each states figures a quiet 2-core machine reproduces in about
-a minute or less (their variants too)."""
+a minute or less (a name: its plain run and its variants; ``name:variant``: that variant alone)."""
 
 
 def with_figures(quick: bool = False) -> list[str]:
-  """Every config file (``configs/<name>.py``) that states figures (a module-level ``FIGURES``), and
-  each of its variants with a table of its own (``FIGURE_VARIANTS``: ``configs/<name>.py:<variant>``);
-  with ``quick`` only those of :data:`QUICK`."""
+  """Every config file (``configs/<name>.py``, ``configs/<folder>/<name>.py``) that states figures (a
+  module-level ``FIGURES``): its plain run unless ``PLAIN_FIGURES = False``, and each of its variants
+  with a table of its own (``FIGURE_VARIANTS``: ``configs/<name>.py:<variant>``); with ``quick`` only
+  those of :data:`QUICK`."""
   out = []
-  for name in sorted(os.listdir(CONFIGS)):
-    path = os.path.join(CONFIGS, name)
-    if not name.endswith(".py") or (quick and name[:-3] not in QUICK):
-      continue
+  files = glob.glob(os.path.join(CONFIGS, "*.py")) + glob.glob(os.path.join(CONFIGS, "*", "*.py"))
+  for path in sorted(files):
     with open(path, encoding="utf-8") as f:
       if "\nFIGURES = " not in f.read():
         continue
-    module = load_module(path)
-    out += [path] if getattr(module, "PLAIN_FIGURES", True) else []
-    out += [f"{path}:{v}" for v in getattr(module, "FIGURE_VARIANTS", ())]
+    module, name = load_module(path), os.path.basename(path)[:-3]
+    runs = [(path, name)] if getattr(module, "PLAIN_FIGURES", True) else []
+    runs += [(f"{path}:{v}", f"{name}:{v}") for v in getattr(module, "FIGURE_VARIANTS", ())]
+    out += [run for run, short in runs if not quick or name in QUICK or short in QUICK]
   return out
 
 

@@ -17,6 +17,7 @@ from benchmarks import config_figures as cf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATING = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))
+                 + glob.glob(os.path.join(ROOT, "configs", "*", "*.py"))
                  if "\nFIGURES = " in open(p, encoding="utf-8").read())
 # a config's plain run (unless PLAIN_FIGURES = False), its variants with tables of their own (FIGURE_VARIANTS)
 WITH_FIGURES = [p for p in STATING if getattr(cf.load_module(p), "PLAIN_FIGURES", True)]
@@ -36,7 +37,8 @@ def test_all_finds_every_config_with_figures_and_quick_a_subset_of_them(capsys):
   assert sorted(every) == sorted(WITH_FIGURES)
   quick = cf.with_figures(quick=True)
   assert quick and set(quick) < set(every)
-  assert {os.path.basename(cf.split_variant(p)[0])[:-3] for p in quick} == set(cf.QUICK)
+  assert {os.path.basename(cf.split_variant(p)[0])[:-3] for p in quick} == {q.split(":")[0] for q in cf.QUICK}
+  assert not any(p.endswith("personalized.py") for p in quick)   # its quick variant alone
   for argv, message in [([], "give --config=<file> or --all"), (["--all", "--write"], "--write rewrites one"),
                         (["--config=configs/quickstart.py", "--quick"], "--quick is for --all")]:
     with pytest.raises(SystemExit):

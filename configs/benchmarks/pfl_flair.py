@@ -56,9 +56,14 @@ check that the setup runs, not the benchmark.
 
 ``quick`` (added to any variant; ``:offline,quick`` above) runs the first run, FedAvg, for 3 rounds
 scored once at the end, no checkpoint: the setup checked end to end. Measured (``:offline,quick``,
-seed 0): 326 s CPU, 5 min 4 s wall on the shared 2-core CPU under a load of about 3 (a second run:
-400 s CPU, 6 min 43 s wall, load about 3.4); it prints accuracy 0.8811 (labels predicted right),
-macro AP 0.1353 and micro AP 0.1228 (about the share of positive labels: 3 rounds learn little).
+seed 0): 2 min 46 s wall and 4 min 24 s of CPU time (on 2026-12-07 on the project's quiet 2-core
+machine); it prints the accuracy (labels predicted right) and the macro and micro AP (about the
+share of positive labels: 3 rounds learn little; ``python -m benchmarks.config_figures
+--config=configs/benchmarks/pfl_flair.py:offline,quick`` checks them):
+
+  run     model   accuracy  macro AP  micro AP
+  fedavg  global  0.8811    0.1354    0.1228
+
 The whole ``:offline`` runs 5,000 rounds; its cost is not measured here.
 """
 
@@ -72,6 +77,12 @@ PFL_FLAIR = {"cohort_size": 200, "local_lr": 0.01, "batch_size": 16, "epochs": 2
              "adam_b1": 0.9, "adam_b2": 0.99, "adam_eps": 0.01, "iterations": 5000, "eval_every": 20,
              "labels": 17, "gn_groups": 32}
 """pfl-research's FLAIR baseline (``benchmarks/flair/configs/baseline.yaml``, ``train.py``)."""
+
+
+FIGURES = (("accuracy", "accuracy", 1, 4, 0.01), ("macro AP", "macro_ap", 1, 4, 0.01),
+           ("micro AP", "micro_ap", 1, 4, 0.01))
+PLAIN_FIGURES = False   # the benchmark needs FLAIR's data; the offline check states the figures
+FIGURE_VARIANTS = ("offline,quick",)
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
