@@ -603,15 +603,9 @@ def train_cohort(tier: Tier, down: Down, cohort: Cohort, data: FederatedData, cl
     Root -> 2 edges -> 5 clients; every client trains 2 steps of SGD from its edge's model
     and each edge receives the weighted sum of its children's pseudo-gradients:
 
-    >>> import jax, jax.numpy as jnp, optax
     >>> from fedtree.core.algorithm import stack
     >>> from fedtree.core.local import sgd_client_update
     >>> from fedtree.core.sampling import cohort_sampler
-    >>> from fedtree.core.topology import Topology
-    >>> from fedtree.datasets.synthetic import grouped_synthetic
-    >>> from fedtree.models import build_model
-    >>> data, groups = grouped_synthetic(group_sizes=(3, 2), dim=8, num_classes=3)
-    >>> model = build_model("logreg", example_shape=data.example_shape, num_classes=3)
     >>> edges = stack(model.init(jax.random.key(0)), 2)                # [2, ...]
     >>> cohort = cohort_sampler(Topology.from_labels(groups).parent(2), None)(jax.random.key(1))
     >>> update = sgd_client_update(model, optax.sgd(0.1), batch_size=8, max_steps=2)
