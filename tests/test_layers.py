@@ -151,7 +151,7 @@ def test_core_algorithm_imports_no_algorithm():
   assert out.returncode == 0, out.stdout + out.stderr
 
 
-FAMILIES = ("optimization", "personalized", "partial", "clustering", "hierarchical", "asynchronous", "llm",
+FAMILIES = ("optimization", "personalized", "partial", "clustering", "hierarchical", "asynchronous",
             "heterogeneous")
 """The algorithms wing's family folders; ``host`` is below them all (every family may import it)."""
 
