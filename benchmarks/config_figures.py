@@ -127,14 +127,16 @@ def _value(models: Mapping[str, Any], model: str, key) -> float:
 def seed_means(results: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
   """Swept results as ``{run: {model: {metric: mean over seeds}}}``: a run per setting (``run`` for
   the default one, ``run[setting]`` for another), a model per ``<model>/`` prefix of the setting's
-  metrics, the run's own metrics (``uplink_MB``) in every model's."""
+  metrics, the run's own metrics (``uplink_MB``) in every model's; ``<metric>@std`` is the metric's
+  standard deviation over the seeds."""
   out: dict[str, dict[str, dict[str, float]]] = {}
   for label, entry in results.items():
     for row in entry.get("sweep", {}).get("settings", []):
       run = label if row["name"] == "default" else f"{label}[{row['name'].replace(' ', '')}]"
-      shared = {k: v for k, v in row["mean"].items() if "/" not in k}
+      values = {**row["mean"], **{f"{k}@std": v for k, v in row.get("std", {}).items()}}
+      shared = {k: v for k, v in values.items() if "/" not in k}
       models: dict[str, dict[str, float]] = {}
-      for key, value in row["mean"].items():
+      for key, value in values.items():
         if "/" in key:
           model, metric = key.split("/", 1)
           models.setdefault(model, dict(shared))[metric] = value
@@ -441,8 +443,8 @@ def compare_sweeps(stated: Mapping[str, list], printed: Mapping[str, list], colu
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
-QUICK = ("compression", "heterogeneous", "mobility", "personalization", "personalized:quick", "pfedmt_mnist",
-         "pfedmt_synthetic", "systems")
+QUICK = ("clustered:digits+beta_sweep", "compression", "heterogeneous", "mobility", "personalization",
+         "personalized:quick", "pfedmt_mnist", "pfedmt_synthetic", "systems")
 """The configs ``--all --quick`` checks: each states figures a quiet 2-core machine reproduces in about
 a minute or less (a name: its plain run and its variants; ``name:variant``: that variant alone)."""
 

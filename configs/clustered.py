@@ -94,15 +94,16 @@ benchmarks.config_figures --config=configs/clustered.py:digits``):
 Over rounds: CFL's inter 0.14 at round 12 -> 0.27, AWCFL_CFL's 0.28 -> 0.43, MCFL_CFL's 0.60 -> 0.84;
 IFCA's 0.06 -> 0.23, AWCFL_IFCA's 0.16 -> 0.51, MCFL_IFCA's 0.36 -> 0.85.
 
-``:digits+beta_sweep`` (Table 1; 5 β × 3 seeds in one program, 354 s wall / 28 s CPU under a
-load of ~15), mean ± std over seeds 0-2:
+``:digits+beta_sweep`` (Table 1; 5 β × 3 seeds in one program: 21 s wall and 27 s of CPU time on
+2026-12-07 on the project's quiet 2-core machine), the mean and the std over seeds 0-2 (``python -m
+benchmarks.config_figures --config=configs/clustered.py:digits+beta_sweep``):
 
-  β      intra           inter
-  0      0.836 ± 0.036   0.127 ± 0.054
-  0.1    0.802 ± 0.027   0.351 ± 0.047
-  0.25   0.823 ± 0.020   0.551 ± 0.073
-  0.5    0.746 ± 0.028   0.746 ± 0.028
-  1      0.581 ± 0.029   0.812 ± 0.009
+  run               model    intra  ± std  inter  ± std
+  awcfl[beta=0]     cluster  0.836  0.036  0.127  0.054
+  awcfl[beta=0.1]   cluster  0.802  0.027  0.351  0.047
+  awcfl[beta=0.25]  cluster  0.823  0.020  0.551  0.073
+  awcfl[beta=0.5]   cluster  0.746  0.028  0.746  0.028
+  awcfl[beta=1]     cluster  0.581  0.029  0.812  0.009
 
 (the paper's MNIST row: inter 0.43 → 0.86, intra 0.95 → 0.43 from β = 0 to 1.)
 
@@ -156,7 +157,13 @@ FIGURES = (
   ("inter", "inter_cluster_accuracy", 1, 3, 0.02),
   ("clusters", "num_clusters", 1, 0, 0),
 )
-FIGURE_VARIANTS = ("digits", "robust")
+FIGURE_VARIANTS = ("digits", "robust", "digits+beta_sweep")
+VARIANT_FIGURES = {   # Table 1's β sweep: each β's mean and std over the seeds
+  "digits+beta_sweep": ("models", (("intra", "intra_cluster_accuracy", 1, 3, 0.02),
+                                   ("± std", "intra_cluster_accuracy@std", 1, 3, 0.02),
+                                   ("inter", "inter_cluster_accuracy", 1, 3, 0.02),
+                                   ("± std", "inter_cluster_accuracy@std", 1, 3, 0.02))),
+}
 
 BETAS = (("awcfl_b0", 0.0), ("awcfl_b010", 0.1), ("awcfl_b025", 0.25), ("awcfl_b050", 0.5),
          ("awcfl_b100", 1.0))

@@ -165,6 +165,8 @@ def test_swept_runs_state_their_models_means_over_seeds():
   assert list(rows) == [("fedavg", "global"), ("fedavg", "personal"), ("qffl[q=2]", "global")]
   assert rows[("fedavg", "global")] == [0.9, 11.5] and rows[("fedavg", "personal")] == [0.97, 11.5]
   assert rows[("qffl[q=2]", "global")][0] == 0.5 and math.isnan(rows[("qffl[q=2]", "global")][1])
+  stds = cf.measure(results, [cf.Column("accuracy std", "accuracy@std", 1, 4)])   # "<metric>@std"
+  assert stds[("fedavg", "global")] == [0.008]
 
 
 def test_a_runs_table_needs_swept_runs_and_a_known_kind(tmp_path):
