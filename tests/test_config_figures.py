@@ -239,6 +239,20 @@ def test_a_studys_best_setting_is_checked_by_name_and_figures(tmp_path):
     "fedavg accuracy: docstring 0.7625, printed 0.79 (tolerance 0.01)"]
 
 
+def test_a_key_may_index_a_list_and_a_missing_entry_is_no_value():
+  models = {"grouppfl": {"group_perplexity": [120.0, 140.0], "costs": {"epochs": 2.0}}}
+  rows = cf.measure({"run": models}, [cf.Column("g1", "group_perplexity.1", 1, 1),
+                                      cf.Column("g5", "group_perplexity.5", 1, 1),
+                                      cf.Column("e0", "costs.epochs.0", 1, 1)])
+  assert rows[("run", "grouppfl")][0] == 140.0
+  assert math.isnan(rows[("run", "grouppfl")][1]) and math.isnan(rows[("run", "grouppfl")][2])
+
+
+def test_a_best_table_takes_two_columns():
+  with pytest.raises(ValueError, match=r"FIGURES_TABLE='best' has two figure columns.*\(1 given\)"):
+    cf.best_table({"a": {"sweep": {"settings": [], "best": None}}}, [cf.Column("accuracy", "accuracy")])
+
+
 def test_a_config_without_figures_is_refused():
   with pytest.raises(ValueError, match="declares no FIGURES"):
     cf.columns_of(cf.load_module(os.path.join(ROOT, "configs", "quickstart.py")))
