@@ -31,6 +31,13 @@ def check_positive(**values) -> None:
       raise ValueError(f"{name}={v} must be a finite number > 0")
 
 
+def check_unit_interval(**values) -> None:
+  """``ValueError`` naming the first hyperparameter outside ``[0, 1]`` (a weight, a probability)."""
+  for name, v in values.items():
+    if not is_traced(v) and not 0.0 <= float(v) <= 1.0:
+      raise ValueError(f"{name}={v} must be in [0, 1]")
+
+
 @contextlib.contextmanager
 def named(name: str):
   """A ``ValueError`` raised inside is raised again prefixed with ``name`` (the algorithm or run

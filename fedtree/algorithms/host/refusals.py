@@ -57,25 +57,13 @@ def _private(host: Host) -> list[str]:
   return [f"privacy stage {s}" for s in private_stages_where(host.get("update_paths"))]
 
 
-def _client_transform(host: Host) -> list[str]:
-  path = _clients_path(host)
-  if path is None or path.client is None:
-    return []
-  return [f"the update path's client transform {path.client.name!r} at the clients' tier"]
-
-
-def _node_transform(host: Host) -> list[str]:
-  path = _clients_path(host)
-  if path is None or path.node is None:
-    return []
-  return [f"the update path's node transform {path.node.name!r} at the clients' tier"]
-
-
-def _down_transform(host: Host) -> list[str]:
-  path = _clients_path(host)
-  if path is None or path.down is None:
-    return []
-  return [f"the update path's downlink transform {path.down.name!r} at the clients' tier"]
+def _stage(field: str, what: str) -> Callable[[Host], list[str]]:
+  """The probe of one stage of the clients' tier's update path (``field`` of :class:`UpdatePath`)."""
+  def probe(host: Host) -> list[str]:
+    path = _clients_path(host)
+    stage = None if path is None else getattr(path, field)
+    return [] if stage is None else [f"the update path's {what} {stage.name!r} at the clients' tier"]
+  return probe
 
 
 def _update_paths(host: Host) -> list[str]:
@@ -123,9 +111,11 @@ COMPOSITIONS: Mapping[str, Composition] = {
   "blockwise": Composition("a robust (blockwise) aggregator", _blockwise, _blockwise_remedy),
   "private_clients": Composition("differential privacy at the clients' tier", _private_clients),
   "private": Composition("differential privacy at any level", _private),
-  "client_transform": Composition("a client transform at the clients' tier", _client_transform),
-  "node_transform": Composition("a node transform at the clients' tier", _node_transform),
-  "down_transform": Composition("a downlink transform at the clients' tier", _down_transform),
+  "client_transform": Composition("a client transform at the clients' tier",
+                                 _stage("client", "client transform")),
+  "node_transform": Composition("a node transform at the clients' tier", _stage("node", "node transform")),
+  "down_transform": Composition("a downlink transform at the clients' tier",
+                                 _stage("down", "downlink transform")),
   "update_paths": Composition("any update path (privacy, robust aggregation, compression)", _update_paths),
   "server_optimizers": Composition("server optimizers", _server_optimizers),
   "model_state": Composition("a model with state (BatchNorm statistics)", _model_state),

@@ -137,8 +137,7 @@ def feddyn(
 
   Raises:
     ValueError: a negative or non-finite ``α``, personal parameters, a model with BatchNorm
-      statistics, or a ``server_rule``. A robust aggregator replaces the mean of the models, and ``h``
-      moves by the same estimate (a stated rule: :doc:`docs <algorithms/optimization.md#feddyn>`).
+      statistics, or a ``server_rule``.
 
   Example:
     Two rounds of FedDyn over 5 clients, 3 sampled a round:

@@ -89,10 +89,7 @@ def scaffold_server(*, variate_average: str = "all") -> ServerRule:
     c = jax.tree.map(jnp.add, c, per_node(1.0 / jnp.maximum(count, 1.0), inbox.messages))
     return inbox.pseudo_gradient, c, {}
 
-  # Under a robust aggregator the variates' changes take the same rule as the updates (Uplink.robust);
-  # under a client or node stage they travel the path with the updates, as one (Uplink.with_update: one
-  # clip over (Δy_i, Δc_i), noise on both, both compressed). c then moves by the aggregate's estimate of
-  # Δc_i times the clients that reported (their sum under uniform weights), over N (or over them).
+  # Δc_i takes the updates' robust rule and travels their path (one clip over both: docs, "Privacy").
   return ServerRule(init=zeros_like_stacked, receive=receive, name="scaffold",
                     up=Uplink(robust=True, with_update=True))
 
@@ -127,11 +124,7 @@ def scaffold(
 
   Raises:
     ValueError: an option that does not exist, ``server_learning_rate <= 0``, option ``"II"`` without
-      ``local_learning_rate``, or personal parameters. A robust aggregator takes the variates'
-      changes too, by the same rule (each parent's ``c`` moves by its estimate of ``Δc_i`` times the
-      clients that reported); a client or node stage (DP, compression, SecAgg) takes the pair
-      ``(Δy_i, Δc_i)`` as one message: one clip bounds their joint norm, the noise covers both sums
-      (user-level DP-SCAFFOLD, :doc:`docs <algorithms/optimization.md#scaffold>`).
+      ``local_learning_rate``, or personal parameters.
 
   Example:
     Two rounds of SCAFFOLD over 5 clients, 3 sampled a round:

@@ -21,7 +21,7 @@ from flax import struct
 
 from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels
-from fedtree.core.checks import check_nonnegative, check_positive, is_traced
+from fedtree.core.checks import check_nonnegative, check_positive, check_unit_interval, is_traced
 from fedtree.core.local import ClientData, ClientUpdate, make_data_loss, run_local_steps, stack
 from fedtree.core.membership import clients_node
 from fedtree.core.model import Model
@@ -44,14 +44,6 @@ class APFLState:
   alpha: jax.Array
 
 
-def check_unit(name: str, value) -> None:
-  """``ValueError`` unless ``value`` (concrete) lies in ``[0, 1]``; a traced value is skipped."""
-  if is_traced(value):
-    return
-  if not 0.0 <= float(value) <= 1.0:
-    raise ValueError(f"{name}={value} must be in [0, 1]")
-
-
 def mix(alpha, v: PyTree, w: PyTree) -> PyTree:
   """``α v + (1 − α) w`` leaf by leaf (``alpha`` a scalar, or ``[C]`` over stacked ``[C, ...]``
   models), in the models' dtypes."""
@@ -59,10 +51,6 @@ def mix(alpha, v: PyTree, w: PyTree) -> PyTree:
     al = jnp.asarray(alpha).astype(a.dtype).reshape(jnp.shape(alpha) + (1,) * (a.ndim - jnp.ndim(alpha)))
     return al * a + (1 - al) * b
   return jax.tree.map(one, v, w)
-
-
-def _inner(a: PyTree, b: PyTree):
-  return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
 
 
 def apfl_update(
@@ -88,7 +76,7 @@ def apfl_update(
     personal_optimizer: optimizer of ``v_i`` (default ``optimizer``).
     compute_dtype: mixed-precision forward and backward passes (``None``: the params' dtype).
   """
-  check_unit("alpha", alpha)
+  check_unit_interval(alpha=alpha)
   check_nonnegative(alpha_decay=alpha_decay)
   if adaptive:
     check_positive(alpha_lr=alpha_lr)
@@ -106,7 +94,7 @@ def apfl_update(
     uw, ow = optimizer.update(gw, ow, w)
     uv, ov = personal_optimizer.update(gv, ov, v)
     if adaptive:
-      ga = _inner(jax.tree.map(jnp.subtract, v, w), gbar) + alpha_decay * a
+      ga = optax.tree.vdot(jax.tree.map(jnp.subtract, v, w), gbar) + alpha_decay * a
       stepped = jnp.clip(a - alpha_lr * ga.astype(a.dtype), 0.0, 1.0).astype(a.dtype)
       a = stepped if alpha_schedule == "every_step" else jnp.where(t == 0, stepped, a)
     return (t + 1, optax.apply_updates(w, uw), ow, optax.apply_updates(v, uv), ov, a), loss
@@ -172,10 +160,6 @@ def apfl(
     >>> sorted(alg.models(state)), state.client_state.alpha.shape
     (['global', 'personal'], (5,))
   """
-  check_unit("alpha", alpha)
-  if alpha_schedule not in ALPHA_SCHEDULES:
-    raise ValueError(f"alpha_schedule={alpha_schedule!r}; choose one of {ALPHA_SCHEDULES}")
-  check_nonnegative(alpha_decay=alpha_decay)
   rate = host.get("local_learning_rate") if alpha_lr is None else alpha_lr
   if adaptive and rate is None:
     raise ValueError(f"{name}: adaptive=True steps α by η_α and needs a step size: pass alpha_lr= or "

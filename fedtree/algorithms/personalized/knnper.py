@@ -19,9 +19,8 @@ import numpy as np
 from flax import struct
 
 from fedtree.algorithms.host import Host, hierfavg, method_over
-from fedtree.algorithms.personalized.apfl import check_unit
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, ScoredModels
-from fedtree.core.checks import check_positive
+from fedtree.core.checks import check_positive, check_unit_interval
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientData, ClientUpdate, sgd_client_update
 from fedtree.core.membership import clients_node
@@ -201,7 +200,7 @@ def knnper(
   """
   if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or int(k) < 1:
     raise ValueError(f"k={k!r} must be an int >= 1 (the neighbours of a query)")
-  check_unit("lam", lam)
+  check_unit_interval(lam=lam)
   check_positive(temperature=temperature)
   if memory_chunk is not None and int(memory_chunk) < 1:
     raise ValueError(f"memory_chunk={memory_chunk} must be >= 1 or None")
