@@ -39,6 +39,30 @@ def sub_model_gradient(example_shape, widths, scale, classes=None):
   return jax.jit(jax.grad(loss))
 
 
+@functools.cache
+def distilled_gradients(example_shape, wide, narrow, weight, temperature):
+  """FjORD's self-distillation by hand: the gradients of the teacher (the small MLP of widths ``wide``)
+  on its cross-entropy and of the student (``narrow``) on ``(1 − α) CE + α T² KL(softmax(teacher / T) ‖
+  softmax(student / T))``, the teacher's logits a constant, each mean over the batch's real rows."""
+  teacher, student = (build_model("mlp", example_shape=example_shape, num_classes=3, hidden=w)
+                      for w in (wide, narrow))
+
+  def student_loss(p, b, z):
+    zs, t = student.apply(p, b.x), temperature
+    q = jax.nn.softmax(z / t)
+    kl = jnp.sum(q * (jnp.log(q) - jax.nn.log_softmax(zs / t)), axis=-1)
+    m = b.mask.astype(kl.dtype)
+    mean_kl = jnp.sum(kl * m) / jnp.maximum(jnp.sum(m), 1.0)
+    return (1 - weight) * masked_cross_entropy(zs, b.y, b.mask) + weight * t * t * mean_kl
+
+  @jax.jit
+  def grads(pt, ps, b):
+    g_t = jax.grad(lambda p: masked_cross_entropy(teacher.apply(p, b.x), b.y, b.mask))(pt)
+    return g_t, jax.grad(student_loss)(ps, b, teacher.apply(pt, b.x))
+
+  return grads
+
+
 def channels(x, rate, offset, classes=None):
   """The MLP's held rows and columns at ``rate`` (a window from ``offset``; of the output layer the
   ``classes``, default all), and its hidden widths."""
@@ -51,11 +75,13 @@ def channels(x, rate, offset, classes=None):
 
 
 def reference(data, x0, rounds, key, *, cohort_size, mode, scaler, rates, shares, seed, lr, steps,
-              batch_size, label_split=False):
+              batch_size, label_split=False, distill=None):
   """HeteroFL / FedRolex / FjORD as a peer runs them: every local step of a sampled client cuts its
   channels out of its model (its own width; FjORD's, a width drawn up to its own), trains that smaller
   MLP (its hidden outputs divided by the rate with the scaler) and writes them back; the server averages
-  each coordinate over the clients that hold it, weighted by their examples."""
+  each coordinate over the clients that hold it, weighted by their examples. With ``distill`` (``(α, T)``,
+  FjORD) every step also cuts the client's own width as the teacher (:func:`distilled_gradients`), and
+  both sub-models' gradients, taken at the same point, step the coordinates each holds."""
   levels = client_levels(np.asarray(shares), data.num_clients, seed)
   dtype = np.asarray(jax.tree.leaves(x0)[0]).dtype   # the clients train in the model's dtype
   x = {k: {f: np.asarray(v, np.float64) for f, v in layer.items()} for k, layer in x0.items()}
@@ -83,8 +109,20 @@ def reference(data, x0, rounds, key, *, cohort_size, mode, scaler, rates, shares
           rate = choices[int(ordered_width(jax.random.fold_in(step_key, t), len(choices)))]
         layers, widths = channels(x, rate, offset)
         sub = {n: {"kernel": y[n]["kernel"][np.ix_(i, o)], "bias": y[n]["bias"][o]} for n, i, o in layers}
+        batch = batch_at(batch_key, cd, jnp.asarray(t), batch_size)
+        if distill is not None:
+          wide, wide_widths = channels(x, own, offset)
+          top = {n: {"kernel": y[n]["kernel"][np.ix_(i, o)], "bias": y[n]["bias"][o]} for n, i, o in wide}
+          g_t, g = distilled_gradients(data.example_shape, wide_widths, widths, *distill)(top, sub, batch)
+          for n, i, o in wide:
+            y[n]["kernel"][np.ix_(i, o)] = top[n]["kernel"] - lr * np.asarray(g_t[n]["kernel"])
+            y[n]["bias"][o] = top[n]["bias"] - lr * np.asarray(g_t[n]["bias"])
+          for n, i, o in layers:   # the student's coordinates, from the same point
+            y[n]["kernel"][np.ix_(i, o)] -= lr * np.asarray(g[n]["kernel"])
+            y[n]["bias"][o] -= lr * np.asarray(g[n]["bias"])
+          continue
         grad = sub_model_gradient(data.example_shape, widths, 1.0 / rate if scaler else 1.0, classes)
-        g = grad(sub, batch_at(batch_key, cd, jnp.asarray(t), batch_size))
+        g = grad(sub, batch)
         for n, i, o in layers:
           y[n]["kernel"][np.ix_(i, o)] = sub[n]["kernel"] - lr * np.asarray(g[n]["kernel"])
           y[n]["bias"][o] = sub[n]["bias"] - lr * np.asarray(g[n]["bias"])

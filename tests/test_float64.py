@@ -91,8 +91,8 @@ def test_scaffold_fednova_fedasync_fedbuff_float64_match_per_client_loops():
 COMPARED = ("feddyn", "mime", "mimelite", "qffl", "afl", "moon", "hierfavg", "fedprox", "ditto", "perfedavg",
             "perfedavg_hf", "fedkws", "apfl", "fedala", "fedem", "ifca", "cfl", "awcfl", "mcfl", "fedper",
             "lgfedavg", "fedbn", "fedrep", "fedbabu", "fedrod", "bhfl", "bhfl_async", "heterofl", "fedrolex",
-            "fjord", "feddf", "fedmd", "depthfl", "fedex", "mobile_hierfavg", "local", "fedmmd",
-            "pfedmt", "fedamp", "fedfomo", "pfedhn", "fedproto", "knnper", "grouppfl", "ffa_lora",
+            "fjord", "fjord_distill", "feddf", "fedmd", "depthfl", "fedex", "mobile_hierfavg", "local",
+            "fedmmd", "pfedmt", "fedamp", "fedfomo", "pfedhn", "fedproto", "knnper", "grouppfl", "ffa_lora",
             "fedsa_lora", "hetlora")
 
 
@@ -111,7 +111,8 @@ def test_every_algorithm_with_a_per_client_loop_matches_it_in_float64(references
   (first order and Hessian-free), FedKWS-UI (ALO and ALT), APFL (its α too), FedALA, FedEM (its π too),
   IFCA, CFL, AWCFL and MCFL (their assignments too), FedPer, LG-FedAvg, FedBN, FedRep, FedBABU, FedRoD
   (its personal heads too), B-HFL synchronous and asynchronous, HeteroFL, FedRolex and FjORD (against
-  loops of sliced sub-models), DepthFL (of truncated networks), FedDF (its distillation too), FedMD
+  loops of sliced sub-models; FjORD's self-distillation too), DepthFL (of truncated networks), FedDF (its
+  distillation too), FedMD
   (every client's own model), FedEx (its θ too), HierFAVG under a moving membership with an edge
   down (issue 54), local training, FedMMD (λ = 2), pFedMT (its teams' and devices' models too),
   FedAMP and FedFomo (every client's model, FedFomo's affinities too), pFedHN (its hypernetwork and
@@ -130,7 +131,8 @@ def test_every_registered_algorithm_is_compared_in_float64():
   """Issue 57: no registered algorithm is left without a float64 comparison to its per-client loop."""
   from fedtree.experiment import registry
 
-  variants = {"perfedavg_hf": "perfedavg", "bhfl_async": "bhfl", "mobile_hierfavg": "hierfavg"}
+  variants = {"perfedavg_hf": "perfedavg", "bhfl_async": "bhfl", "mobile_hierfavg": "hierfavg",
+              "fjord_distill": "fjord"}
   compared = {variants.get(n, n) for n in COMPARED}
   compared |= {"fedavg", "fedopt", "pfedme", "scaffold", "fednova", "fedasync", "fedbuff"}   # (above)
   assert sorted(set(registry.SPECS) - compared) == []

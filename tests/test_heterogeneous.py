@@ -21,6 +21,7 @@ from fedtree.core.sampling import cohort_sampler
 from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
 from fedtree.models import build_model
+from fedtree.objectives.fedprox import fedprox_update
 from fedtree.toolbox.robust import median
 
 RATES, SHARES, LR, STEPS, BS = (1.0, 0.5, 0.25), (0.4, 0.3, 0.3), 0.1, 3, 4
@@ -58,6 +59,37 @@ def test_the_masked_tier_is_the_per_client_loop_of_sliced_sub_models(problem, me
   sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), 5)
   last = np.asarray(sampler(stream(jax.random.fold_in(key, 2), "cohort")).clients)
   assert float(metrics["uplink_bytes"]) == pytest.approx(np.mean([sizes[levels[c]] for c in last]))
+
+
+def test_fjords_self_distillation_is_the_per_client_loop_of_teacher_and_student(problem):
+  """FjORD with ``distill``: every step the client's widest sub-model on the labels and the drawn width on
+  ``(1 − α) CE + α T² KL``, against the loop that cuts both out of the client's model and steps each
+  sub-model's coordinates by its gradient; α = 1, T = 1 (Flower's) changes the run."""
+  data, _ = problem
+  key = jax.random.key(3)
+  alg = fjord(cohort_size=5, distill=True, distill_weight=0.5, temperature=2.0, **common(problem))
+  state, _ = run_jit(alg, data, 2, key)
+  x = jax.tree.map(lambda p: p[0], state.params[0])
+  close(x, reference(data, start(alg), 2, key, cohort_size=5, mode="ordered", scaler=False, rates=RATES,
+                     shares=SHARES, seed=1, lr=LR, steps=STEPS, batch_size=BS, distill=(0.5, 2.0)))
+  flower, _ = run_jit(fjord(cohort_size=5, distill=True, **common(problem)), data, 2, key)
+  plain, _ = run_jit(fjord(cohort_size=5, **common(problem)), data, 2, key)
+  gap = lambda a, b: max(float(jnp.max(jnp.abs(u - v))) for u, v in zip(   # noqa: E731
+    jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True))
+  assert gap(flower, state) > 1e-4 and gap(flower, plain) > 1e-4
+
+
+def test_fjords_self_distillation_refusals(problem):
+  with pytest.raises(ValueError, match=r"fjord: distill_weight=1.5 must be in \[0, 1\]"):
+    fjord(distill=True, distill_weight=1.5, **common(problem))
+  with pytest.raises(ValueError, match="fjord: temperature=0.0 must be a finite number > 0"):
+    fjord(distill=True, temperature=0.0, **common(problem))
+  def prox(s):
+    return fedprox_update(s.model, s.optimizer, mu=0.1, batch_size=s.batch_size, max_steps=s.max_steps)
+
+  with pytest.raises(ValueError, match="fjord: distill=True trains on its own loss .* not a client_update's"):
+    fjord(distill=True, client_update=prox, **common(problem))
+  fjord(distill_weight=1.5, **common(problem))   # (ignored without distill, as the paper's FjORD)
 
 
 def test_label_split_cuts_each_clients_output_layer_to_its_classes(problem):
@@ -196,6 +228,11 @@ def test_the_systems_clock_runs_each_client_at_its_sub_models_cost(problem):
   seconds = [STEPS * cost(RATES[levels[k]])[0] / cost(1.0)[0] + 2 * 4 * cost(RATES[levels[k]])[1] / 1e4
              for k in drawn]
   assert float(metrics["round_seconds"]) == pytest.approx(max(seconds), rel=1e-5)
+  # FjORD's self-distillation: a step runs the client's widest sub-model and a width drawn up to it
+  _, metrics = run_jit(fjord(cohort_size=5, systems=systems, distill=True, **common(problem)), data, 1, key)
+  both = [STEPS * (cost(RATES[levels[k]])[0] + np.mean([cost(q)[0] for q in RATES if q <= RATES[levels[k]]]))
+          / cost(1.0)[0] + 2 * 4 * cost(RATES[levels[k]])[1] / 1e4 for k in drawn]
+  assert float(metrics["round_seconds"]) == pytest.approx(max(both), rel=1e-5)
 
 
 def test_capacities_by_speed_give_the_fastest_devices_the_largest_sub_models(problem):

@@ -238,6 +238,16 @@ def masked_loss(model: Model, logits: jax.Array, labels: jax.Array, mask: jax.Ar
   return masked_cross_entropy(logits, labels, mask)
 
 
+def masked_kl(teacher: jax.Array, student: jax.Array, mask: jax.Array, temperature: float = 1.0) -> jax.Array:
+  """Mean over the entries where ``mask`` is true (0 if none) of ``KL(softmax(teacher / T) ‖
+  softmax(student / T))`` over the last axis of the logits (distillation's loss, before its ``T²``)."""
+  dt = jnp.promote_types(student.dtype, jnp.float32)
+  t = jax.nn.log_softmax(teacher.astype(dt) / temperature)
+  s = jax.nn.log_softmax(student.astype(dt) / temperature)
+  m = mask.astype(dt)
+  return jnp.sum(jnp.sum(jnp.exp(t) * (t - s), axis=-1) * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
 def independent_models(model, key: jax.Array, k: int) -> Any:
   """``k`` independently initialized models ``[k, ...]``, model ``j`` from ``fold_in(key, j)``: IFCA's
   random initialization of its cluster models, and FedEM's of its components."""

@@ -16,7 +16,7 @@ import optax
 from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm
 from fedtree.core.checks import check_positive, named
-from fedtree.core.model import Model
+from fedtree.core.model import Model, masked_kl
 from fedtree.core.server_rule import Downlink, Inbox, ServerRule, Uplink
 
 REFUSALS = (
@@ -54,9 +54,8 @@ def public_batch(seed: int, rounds, step, size: int, batch_size: int):
 
 def distillation_loss(student_logits, teacher_logits, temperature: float):
   """``T² · KL(softmax(teacher / T) ‖ softmax(student / T))``, averaged over the batch."""
-  t = jax.nn.log_softmax(teacher_logits / temperature)
-  s = jax.nn.log_softmax(student_logits / temperature)
-  return temperature ** 2 * jnp.mean(jnp.sum(jnp.exp(t) * (t - s), axis=-1))
+  rows = jnp.ones(jnp.shape(student_logits)[:-1], bool)
+  return temperature ** 2 * masked_kl(teacher_logits, student_logits, rows, temperature)
 
 
 def ensemble_distillation(model: Model, public, *, steps: int, batch_size: int, learning_rate: float,

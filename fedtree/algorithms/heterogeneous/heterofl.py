@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from fedtree.algorithms.heterogeneous.width import (
   WidthPlan,
@@ -28,8 +29,18 @@ from fedtree.algorithms.heterogeneous.width import (
 )
 from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels, ObjectiveFactory
-from fedtree.core.local import ClientUpdate, counting, mean_over_trained, run_update, sgd_client_update
-from fedtree.core.model import Model
+from fedtree.core.local import (
+  ClientUpdate,
+  SGDCarry,
+  cast_floating,
+  check_compute_dtype,
+  counting,
+  mean_over_trained,
+  run_local_steps,
+  run_update,
+  sgd_client_update,
+)
+from fedtree.core.model import Model, masked_kl, masked_loss, token_mask
 from fedtree.core.server_rule import Downlink, Inbox, ServerRule, Uplink
 from fedtree.toolbox.systems import Systems
 
@@ -55,12 +66,14 @@ def masked_model(model: Model, factors) -> Model:
 
 def width_update(setup: LocalSetup, given: ObjectiveFactory | None, plan: WidthPlan, levels: np.ndarray,
                  rates: np.ndarray, *, mode: str, scaler: bool, algorithm: str,
-                 classes: np.ndarray | None = None) -> ClientUpdate:
+                 classes: np.ndarray | None = None,
+                 distill: tuple[float, float] | None = None) -> ClientUpdate:
   """The local objective (``given``, default plain SGD) run by every client on its sub-model (``mode``:
   ``"static"``, the first channels; ``"rolling"``, FedRolex's window; ``"ordered"``, FjORD's width
   drawn every step up to the client's own, :func:`ordered_model`); with ``classes`` (``bool[C, K]``)
-  the output layer is cut to each client's classes too (HeteroFL's ``label_split``). Its state
-  is ``(rounds trained int32[C], the objective's state)``; its message, ``weight × mask``, tells the
+  the output layer is cut to each client's classes too (HeteroFL's ``label_split``); with ``distill``
+  (``(α, T)``, ``"ordered"`` only) every step is FjORD's self-distillation (:func:`distilled_update`).
+  Its state is ``(rounds trained int32[C], the objective's state)``; its message, ``weight × mask``, tells the
   parent who holds each coordinate (free on the wire: the parent knows its clients' levels).
 
   Raises:
@@ -89,9 +102,13 @@ def width_update(setup: LocalSetup, given: ObjectiveFactory | None, plan: WidthP
     labels = None if classes is None else jnp.asarray(classes)[rnd.client]
     mask, factors = plan.factors(anchor, kept[level], rate_of[level], offset=offset, scaler=scaler,
                                  classes=labels)
-    model = (ordered_model(setup.model, plan, anchor, kept[order], allowed[level]) if mode == "ordered"
-             else masked_model(setup.model, factors))
-    params, own, loss, _ = run_update(build(model), anchor, own, data, num_steps, key, rnd)
+    if distill is not None:
+      update = distilled_update(setup, plan, anchor, kept[order], allowed[level], *distill)
+    else:
+      model = (ordered_model(setup.model, plan, anchor, kept[order], allowed[level]) if mode == "ordered"
+               else masked_model(setup.model, factors))
+      update = build(model)
+    params, own, loss, _ = run_update(update, anchor, own, data, num_steps, key, rnd)
     params = jax.tree.map(lambda a, p, m: a + (p - a) * m, anchor, params, mask)
     message = jax.tree.map(lambda m: rnd.weight.astype(m.dtype) * m, mask)
     return params, own, loss, message
@@ -119,6 +136,38 @@ def ordered_model(model: Model, plan: WidthPlan, template, kept, allowed) -> Mod
     mask = plan.masks(template, kept[index])
     return model.apply(jax.tree.map(jnp.multiply, params, mask), x, *args, train=train, rng=rng, **kwargs)
   return model._replace(apply=apply)
+
+
+def distilled_update(setup: LocalSetup, plan: WidthPlan, template, kept, allowed, weight: float,
+                     temperature: float) -> ClientUpdate:
+  """FjORD's local steps with self-distillation (Sec. 3.3): every step trains the client's widest
+  sub-model (the teacher, ``p_max``: the ``allowed``-th row of ``kept``) on the labels and a width drawn
+  up to it (:func:`ordered_width`, the student) on ``(1 − α) CE + α T² KL(sg(teacher) ‖ student)`` at
+  temperature ``T``; one step of the host's optimizer on the sum, from the parent's model."""
+  model, optimizer, dtype = setup.model, setup.optimizer, check_compute_dtype(setup.compute_dtype)
+  wide = plan.masks(template, kept[allowed - 1])
+
+  def loss_fn(params, batch, rng):
+    narrow = plan.masks(template, kept[ordered_width(rng, allowed)])
+    x = cast_floating(batch.x, dtype)
+    teacher, student = (model.apply(cast_floating(jax.tree.map(jnp.multiply, params, m), dtype), x,
+                                    train=True, rng=rng) for m in (wide, narrow))
+    hard, soft = (masked_loss(model, z, batch.y, batch.mask) for z in (teacher, student))
+    kl = masked_kl(jax.lax.stop_gradient(teacher), student, token_mask(batch.y, batch.mask), temperature)
+    return hard + (1.0 - weight) * soft + weight * temperature ** 2 * kl
+
+  def step(carry: SGDCarry, batch, rng):
+    loss, grads = jax.value_and_grad(loss_fn)(carry.params, batch, rng)
+    updates, opt_state = optimizer.update(grads, carry.opt_state, carry.params)
+    return carry.replace(params=optax.apply_updates(carry.params, updates), opt_state=opt_state), loss
+
+  def apply(anchor, state, data, num_steps, key):
+    carry = SGDCarry(params=anchor, opt_state=optimizer.init(anchor), anchor=anchor)
+    carry, loss = run_local_steps(step, carry, data, num_steps, key, batch_size=setup.batch_size,
+                                  max_steps=setup.max_steps)
+    return carry.params, state, loss
+
+  return ClientUpdate(apply=apply)
 
 
 CAPACITIES = ("seeded", "speed")
@@ -191,8 +240,8 @@ def parents_models(models: dict):
 
 
 def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler, client_update, name,
-                 per_level: bool = True, label_split: bool = False,
-                 capacities: str = "seeded") -> FederatedAlgorithm:
+                 per_level: bool = True, label_split: bool = False, capacities: str = "seeded",
+                 distill: tuple[float, float] | None = None) -> FederatedAlgorithm:
   """The method of width sub-models on ``host`` (:func:`width_update`'s ``mode``), its bytes, and its
   models: every level's sub-model and each client's own when ``per_level``."""
   model, data = host["model"], host["data"]
@@ -209,13 +258,16 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
   level_bytes = np.asarray([plan.parameters(r) * itemsize for r in rate], np.float64)
   mean_bytes = int(round(float(level_bytes[levels].mean())))
   if host.get("systems") is not None:
-    share = np.asarray([plan.compute_share(r) for r in rate])[levels]
+    shares = np.asarray([plan.compute_share(r) for r in rate])
+    share = shares[levels]
+    if distill is not None:   # a step runs the widest sub-model and a width drawn up to it
+      share = share + np.asarray([shares[rate <= r].mean() for r in rate])[levels]
     host = host.replace(systems=sized_systems(host["systems"], share, level_bytes[levels]))
   rule = holders_rule(name, mean_bytes, send_rounds=mode == "rolling")
 
   def objective(s: LocalSetup) -> ClientUpdate:
     return width_update(s, client_update, plan, levels, rate, mode=mode, scaler=scaler, algorithm=name,
-                        classes=client_classes(data, name) if label_split else None)
+                        classes=client_classes(data, name) if label_split else None, distill=distill)
 
   alg = host.build(client_update=objective, server_rule=rule, name=name)
   _, kept, rate_of = tables(plan, levels, rate)
