@@ -143,7 +143,8 @@ def distilled_update(setup: LocalSetup, plan: WidthPlan, template, kept, allowed
   """FjORD's local steps with self-distillation (Sec. 3.3): every step trains the client's widest
   sub-model (the teacher, ``p_max``: the ``allowed``-th row of ``kept``) on the labels and a width drawn
   up to it (:func:`ordered_width`, the student) on ``(1 − α) CE + α T² KL(sg(teacher) ‖ student)`` at
-  temperature ``T``; one step of the host's optimizer on the sum, from the parent's model."""
+  temperature ``T``; one step of the host's optimizer on the sum, from the parent's model. The loss
+  reported is the drawn width's cross-entropy, as without distillation."""
   model, optimizer, dtype = setup.model, setup.optimizer, check_compute_dtype(setup.compute_dtype)
   wide = plan.masks(template, kept[allowed - 1])
 
@@ -154,10 +155,10 @@ def distilled_update(setup: LocalSetup, plan: WidthPlan, template, kept, allowed
                                     train=True, rng=rng) for m in (wide, narrow))
     hard, soft = (masked_loss(model, z, batch.y, batch.mask) for z in (teacher, student))
     kl = masked_kl(jax.lax.stop_gradient(teacher), student, token_mask(batch.y, batch.mask), temperature)
-    return hard + (1.0 - weight) * soft + weight * temperature ** 2 * kl
+    return hard + (1.0 - weight) * soft + weight * temperature ** 2 * kl, soft
 
   def step(carry: SGDCarry, batch, rng):
-    loss, grads = jax.value_and_grad(loss_fn)(carry.params, batch, rng)
+    grads, loss = jax.grad(loss_fn, has_aux=True)(carry.params, batch, rng)
     updates, opt_state = optimizer.update(grads, carry.opt_state, carry.params)
     return carry.replace(params=optax.apply_updates(carry.params, updates), opt_state=opt_state), loss
 
