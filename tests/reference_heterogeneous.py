@@ -75,13 +75,16 @@ def channels(x, rate, offset, classes=None):
 
 
 def reference(data, x0, rounds, key, *, cohort_size, mode, scaler, rates, shares, seed, lr, steps,
-              batch_size, label_split=False, distill=None):
+              batch_size, label_split=False, distill=None, clip=None, expected_weight=None):
   """HeteroFL / FedRolex / FjORD as a peer runs them: every local step of a sampled client cuts its
   channels out of its model (its own width; FjORD's, a width drawn up to its own), trains that smaller
   MLP (its hidden outputs divided by the rate with the scaler) and writes them back; the server averages
   each coordinate over the clients that hold it, weighted by their examples. With ``distill`` (``(α, T)``,
   FjORD) every step also cuts the client's own width as the teacher (:func:`distilled_gradients`), and
-  both sub-models' gradients, taken at the same point, step the coordinates each holds."""
+  both sub-models' gradients, taken at the same point, step the coordinates each holds. With ``clip``
+  (central differential privacy without noise, uniform weights): every client's update ``x − y`` (zero
+  where it holds nothing) scaled to norm at most ``clip``, summed, and each coordinate's sum divided by
+  its expected reporting holders, ``expected_weight`` times the population's share holding it."""
   levels = client_levels(np.asarray(shares), data.num_clients, seed)
   dtype = np.asarray(jax.tree.leaves(x0)[0]).dtype   # the clients train in the model's dtype
   x = {k: {f: np.asarray(v, np.float64) for f, v in layer.items()} for k, layer in x0.items()}
@@ -126,12 +129,33 @@ def reference(data, x0, rounds, key, *, cohort_size, mode, scaler, rates, shares
         for n, i, o in layers:
           y[n]["kernel"][np.ix_(i, o)] = sub[n]["kernel"] - lr * np.asarray(g[n]["kernel"])
           y[n]["bias"][o] = sub[n]["bias"] - lr * np.asarray(g[n]["bias"])
+      if clip is not None:
+        delta = {n: {f: np.zeros_like(v) for f, v in layer.items()} for n, layer in x.items()}
+        for n, i, o in channels(x, own, offset)[0]:
+          delta[n]["kernel"][np.ix_(i, o)] = x[n]["kernel"][np.ix_(i, o)] - y[n]["kernel"][np.ix_(i, o)]
+          delta[n]["bias"][o] = x[n]["bias"][o] - y[n]["bias"][o]
+        norm = np.sqrt(sum(np.sum(v ** 2) for layer in delta.values() for v in layer.values()))
+        scale = min(1.0, clip / norm) if norm > 0 else 1.0
+        for n in x:
+          for f in x[n]:
+            total[n][f] += scale * delta[n][f]
+        continue
       w = float(data.n_train[c])
       for n, i, o in channels(x, own, offset, classes)[0]:   # the coordinates the client holds
         total[n]["kernel"][np.ix_(i, o)] += w * y[n]["kernel"][np.ix_(i, o)].astype(np.float64)
         held[n]["kernel"][np.ix_(i, o)] += w
         total[n]["bias"][o] += w * y[n]["bias"][o].astype(np.float64)
         held[n]["bias"][o] += w
+    if clip is not None:   # the population's holders of every coordinate at this round's offset
+      for c in range(data.num_clients):
+        for n, i, o in channels(x, rates[levels[c]], r if mode == "rolling" else 0)[0]:
+          held[n]["kernel"][np.ix_(i, o)] += 1.0
+          held[n]["bias"][o] += 1.0
+      expected = {n: {f: expected_weight * h / data.num_clients for f, h in layer.items()}
+                  for n, layer in held.items()}
+      x = {n: {f: np.where(held[n][f] > 0, x[n][f] - total[n][f] / np.maximum(expected[n][f], 1e-30), x[n][f])
+               for f in x[n]} for n in x}
+      continue
     x = {n: {f: np.where(held[n][f] > 0, total[n][f] / np.maximum(held[n][f], 1e-30), x[n][f]) for f in x[n]}
          for n in x}
   return x

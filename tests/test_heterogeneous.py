@@ -22,6 +22,7 @@ from fedtree.core.topology import Topology
 from fedtree.core.updates import UpdatePath
 from fedtree.models import build_model
 from fedtree.objectives.fedprox import fedprox_update
+from fedtree.toolbox import privacy as dp
 from fedtree.toolbox.robust import median
 
 RATES, SHARES, LR, STEPS, BS = (1.0, 0.5, 0.25), (0.4, 0.3, 0.3), 0.1, 3, 4
@@ -92,6 +93,47 @@ def test_fjords_self_distillation_refusals(problem):
   fjord(distill_weight=1.5, **common(problem))   # (ignored without distill, as the paper's FjORD)
 
 
+@pytest.mark.parametrize("method,mode", [(heterofl, "static"), (fedrolex, "rolling"), (fjord, "ordered")])
+def test_central_privacy_divides_each_coordinate_by_its_expected_holders(problem, method, mode):
+  """Item 4: differential privacy's clipping at the clients and central noise at their parent, without
+  noise, against the loop of sliced sub-models whose clipped updates are summed and each coordinate
+  divided by its expected reporting holders (the cohort times the population's share holding it: a
+  public number, where the holders that reported are not)."""
+  data, _ = problem
+  path = UpdatePath(client=dp.clip(0.05), node=dp.central(0.0, 0.05, normalize="fixed", expected_weight=5.0))
+  alg = method(cohort_size=5, update_paths=path, **{**common(problem), "weighting": "uniform"})
+  key = jax.random.key(3)
+  state, _ = run_jit(alg, data, 3, key)
+  close(jax.tree.map(lambda p: p[0], state.params[0]),
+        reference(data, start(alg), 3, key, cohort_size=5, mode=mode, scaler=method is not fjord, rates=RATES,
+                  shares=SHARES, seed=1, lr=LR, steps=STEPS, batch_size=BS, clip=0.05, expected_weight=5.0))
+
+
+def test_central_noise_on_sub_models_has_the_stated_std_per_coordinate(problem):
+  """With no training (a zero learning rate) a round moves coordinate j by the noise over its expected
+  holders: ``(x − x') E_j`` is ``N(0, (z C)²)``; its std over every held coordinate of five rounds within 5
+  standard errors (``σ / sqrt(2n)``)."""
+  data, model = problem
+  z, c = 2.0, 0.5
+  path = UpdatePath(client=dp.clip(c), node=dp.central(z, c, normalize="fixed", expected_weight=5.0))
+  kw = {**common(problem), "local_optimizer": optax.sgd(0.0), "weighting": "uniform"}
+  alg = heterofl(cohort_size=5, update_paths=path, **kw)
+  levels = client_levels(np.asarray(SHARES), data.num_clients, 1)
+  plan = width_plan(start(alg), "heterofl")
+  held = sum(np.asarray(jax.tree.leaves(plan.masks(start(alg), jnp.asarray(plan.kept(RATES[lv]))))[0])
+             for lv in levels)   # the first leaf (Dense_0's bias): how many clients hold each coordinate
+  moves = []
+  state = alg.init(jax.random.key(0))
+  step = jax.jit(alg.round)
+  for r in range(5):
+    new, _ = step(state, data, jax.random.key(r))
+    before, after = (np.asarray(jax.tree.leaves(s.params[0])[0][0]) for s in (state, new))
+    moves.append(((before - after) * 5.0 * held / data.num_clients)[held > 0])
+    state = new
+  sample = np.concatenate(moves)
+  assert abs(np.std(sample) - z * c) < 5 * z * c / np.sqrt(2 * sample.size), (np.std(sample), sample.size)
+
+
 def test_label_split_cuts_each_clients_output_layer_to_its_classes(problem):
   """HeteroFL's code's option: a client's other classes' logits are 0 and get no gradient, and each
   class's output weights are averaged over the clients that hold it; the data gives two clients one
@@ -160,8 +202,28 @@ def test_refusals(problem):
   bn = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(4,), norm="batch")
   with pytest.raises(ValueError, match="static batch normalization is not built"):
     fedrolex(**{**common(problem), "model": bn})
-  with pytest.raises(ValueError, match="update_paths"):
-    heterofl(update_paths=UpdatePath(aggregator=median()), **common(problem))
+  # on sub-models, differential privacy's clipping and central noise run; what would act on coordinates a
+  # client never held is refused by name (item 4)
+  from fedtree.core.updates import chain
+  from fedtree.toolbox.compression import qsgd, uplink
+
+  uniform = {**common(problem), "weighting": "uniform"}
+  central = dp.central(1.0, 1.0, normalize="fixed", expected_weight=5.0)
+  for path, said in (
+    (UpdatePath(aggregator=median()), "robust .* compare a holder's value with the zeros"),
+    (UpdatePath(client=chain(dp.clip(1.0), dp.local_noise(1.0, 1.0))),
+     r"local differential privacy \('dp_local_noise'\) .* use central noise"),
+    (UpdatePath(client=chain(dp.clip(1.0), uplink(qsgd(4))), node=central),
+     r"client transform 'compression' .* over coordinates the client never held"),
+  ):
+    with pytest.raises(ValueError, match=f"heterofl: .*{said}"):
+      heterofl(update_paths=path, **uniform)
+  with pytest.raises(ValueError, match="heterofl: differential privacy with label_split=True: .* reveals"):
+    heterofl(update_paths=UpdatePath(client=dp.clip(1.0), node=central), label_split=True, **uniform)
+  tree = Topology.from_labels([0, 0, 0, 0, 1, 1, 1, 1, 1])
+  with pytest.raises(ValueError, match=r"fjord: an update path at level 0 \(above the clients' parents\)"):
+    fjord(topology=tree, update_paths={0: UpdatePath(node=central), 1: UpdatePath(client=dp.clip(1.0))},
+          **uniform)
   with pytest.raises(ValueError, match="server_rule= is not an option"):
     heterofl(server_rule=object(), **common(problem))
   tree = Topology.from_labels(np.arange(data.num_clients) % 2)

@@ -12,7 +12,8 @@ References:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -42,17 +43,33 @@ from fedtree.core.local import (
 )
 from fedtree.core.model import Model, masked_kl, masked_loss, token_mask
 from fedtree.core.server_rule import Downlink, Inbox, ServerRule, Uplink
+from fedtree.core.updates import per_level_paths
+from fedtree.toolbox.privacy import private_stages
 from fedtree.toolbox.systems import Systems
 
+HELD = "over coordinates the client never held"
 REFUSALS = (
-  cannot("update_paths", "clipping, noise, compression and robust aggregators would act on the full-shaped "
-                         "update, over coordinates the client never held; run it without update_paths"),
+  cannot("client_coding", f"a compressor, an attack or secure aggregation's encoding would rewrite the "
+                          f"full-shaped update, {HELD}; run it without them (differential privacy's clipping "
+                          f"runs)"),
+  cannot("local_noise", f"noise at a client would land {HELD}, which the holders' means would average in; "
+                        f"use central noise (privacy.mechanism='central')"),
+  cannot("node_coding", f"it would act on the parents' sums {HELD}; run it without (differential "
+                        f"privacy's central noise runs)"),
+  cannot("blockwise", "a robust aggregator would compare a holder's value with the zeros of the clients "
+                      "that never held the coordinate"),
+  cannot("down_transform", "a compressed downlink would send the full-shaped model, not the client's "
+                           "sub-model; run it without"),
+  cannot("upper_paths", "the holders' means rescale a client's part of a coordinate by its parent's clients "
+                        "over the coordinate's holders, so a level above would sum more than its noise "
+                        "covers; add the noise at the clients' parents"),
   cannot("personal", "every parameter is sliced by width and averaged over its holders; run it without "
                      "personal"),
   cannot("model_state", "HeteroFL's static batch normalization is not built; use a model without "
                         "BatchNorm (norm='none')"),
 )
 
+PyTree = Any
 HOLDERS = "the clients' parents average each coordinate over the clients holding it"
 
 
@@ -225,10 +242,27 @@ def holders_mean(inbox: Inbox, state):
   return jax.tree.map(one, inbox.pseudo_gradient, inbox.messages), state + 1, {}
 
 
-def holders_rule(name: str, mean_bytes: int, *, send_rounds: bool = False) -> ServerRule:
-  """The parents' rule of the sub-model methods: :func:`holders_mean`, its state the rounds so far (sent
-  to the clients with ``send_rounds``: FedRolex's window), ``mean_bytes`` each way per client."""
-  return ServerRule(init=lambda params, n: jnp.zeros((n,), jnp.int32), receive=holders_mean, name=name,
+def expected_holders_mean(holders: Callable[[jax.Array], PyTree]):
+  """Under differential privacy: the parent's pseudo-gradient (its noised sum over its normalizer)
+  rescaled per coordinate by the parent's clients over the coordinate's holders among them
+  (``holders(rounds) -> [P, ...]``, public: the levels are fixed), so the sum is divided by the
+  coordinate's expected reporting holders: post-processing of the Gaussian mechanism, where dividing
+  by the holders that reported would reveal them."""
+  def receive(inbox: Inbox, state):
+    def one(g, held):
+      clients = inbox.population.reshape((-1,) + (1,) * (g.ndim - 1)).astype(g.dtype)
+      return jnp.where(held > 0, g * clients / jnp.where(held > 0, held, 1), 0)
+    return jax.tree.map(one, inbox.pseudo_gradient, holders(state)), state + 1, {}
+  return receive
+
+
+def holders_rule(name: str, mean_bytes: int, *, send_rounds: bool = False,
+                 holders: Callable[[jax.Array], PyTree] | None = None) -> ServerRule:
+  """The parents' rule of the sub-model methods: :func:`holders_mean` (with ``holders``, the
+  population's: :func:`expected_holders_mean`), its state the rounds so far (sent to the clients with
+  ``send_rounds``: FedRolex's window), ``mean_bytes`` each way per client."""
+  receive = holders_mean if holders is None else expected_holders_mean(holders)
+  return ServerRule(init=lambda params, n: jnp.zeros((n,), jnp.int32), receive=receive, name=name,
                     down=Downlink(broadcast=(lambda rounds: rounds) if send_rounds else (lambda rounds: ()),
                                   bytes=lambda _: mean_bytes),
                     up=Uplink(bytes=lambda _: mean_bytes), moves=True)
@@ -238,6 +272,42 @@ def parents_models(models: dict):
   """The model set of the clients' parents among a host's ``models`` (the deepest level that
   aggregates)."""
   return models[[k for k in models if k == "global" or k.startswith("level")][-1]]
+
+
+def private_width(host: Host, name: str, label_split: bool) -> bool:
+  """Whether differential privacy's stages run at the clients' tier (the declared refusals leave its
+  clipping and central noise only); refused with them: ``label_split`` and a moving membership."""
+  topology = host.get("topology")
+  path = per_level_paths(host.get("update_paths"), 1 if topology is None else topology.depth,
+                         algorithm=name)[-1]
+  if not private_stages(path):
+    return False
+  if label_split:
+    raise ValueError(f"{name}: differential privacy with label_split=True: each client's output layer is cut "
+                     f"to the classes of its data, which its mask reveals; run it with label_split=False")
+  if host.get("membership") is not None:
+    raise ValueError(f"{name}: differential privacy with a membership: the holders' means divide by the "
+                     f"holders of the fixed tree; run it on a fixed tree")
+  return True
+
+
+def population_holders(host: Host, plan: WidthPlan, template, levels: np.ndarray, rates: np.ndarray,
+                       mode: str) -> Callable[[jax.Array], PyTree]:
+  """``holders(rounds) -> [P, ...]``: how many of each parent's clients hold every coordinate (each
+  level's mask times its clients under the parent; FedRolex's windows at the round's offset)."""
+  topology = host.get("topology")
+  parent = (np.zeros(levels.size, np.int64) if topology is None
+            else np.asarray(topology.parent(topology.depth), np.int64))
+  counts = np.zeros((1 if topology is None else topology.num_nodes(topology.depth - 1), rates.size))
+  np.add.at(counts, (parent, levels), 1.0)
+  kept = jnp.asarray([plan.kept(r) for r in rates], jnp.int32)
+
+  def holders(rounds):
+    offset = rounds[0] if mode == "rolling" else 0
+    masks = jax.vmap(lambda k: plan.masks(template, k, offset=offset))(kept)   # [L, ...]
+    return jax.tree.map(lambda m: jnp.einsum("pl,l...->p...", jnp.asarray(counts, m.dtype), m), masks)
+
+  return holders
 
 
 def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler, client_update, name,
@@ -264,7 +334,9 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
     if distill is not None:   # a step runs the widest sub-model and a width drawn up to it
       share = share + np.asarray([shares[rate <= r].mean() for r in rate])[levels]
     host = host.replace(systems=sized_systems(host["systems"], share, level_bytes[levels]))
-  rule = holders_rule(name, mean_bytes, send_rounds=mode == "rolling")
+  private = private_width(host, name, label_split)
+  holders = population_holders(host, plan, template, levels, rate, mode) if private else None
+  rule = holders_rule(name, mean_bytes, send_rounds=mode == "rolling", holders=holders)
 
   def objective(s: LocalSetup) -> ClientUpdate:
     return width_update(s, client_update, plan, levels, rate, mode=mode, scaler=scaler, algorithm=name,
@@ -330,7 +402,9 @@ def heterofl(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0
 
   Raises:
     ValueError: a rate outside (0, 1], proportions that are not one per rate summing to 1, a model whose
-      layers cannot be sliced (named), update paths, personal parameters or BatchNorm.
+      layers cannot be sliced (named), an update path beyond differential privacy's clipping and central
+      noise at the clients' parents (:doc:`docs
+      <algorithms/heterogeneous.md#differential-privacy-on-sub-models>`), personal parameters or BatchNorm.
 
   Example:
     Five clients at widths 1 and 1/2 of an MLP with a hidden layer of 8:

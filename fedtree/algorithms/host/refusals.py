@@ -66,6 +66,32 @@ def _stage(field: str, what: str) -> Callable[[Host], list[str]]:
   return probe
 
 
+def _parts(host: Host, field: str) -> list[str]:
+  """The names of the parts of one stage of the clients' tier's path (a chain's, split at ``+``)."""
+  path = _clients_path(host)
+  stage = None if path is None else getattr(path, field)
+  return [] if stage is None else stage.name.split("+")
+
+
+def _beyond_privacy(field: str, what: str) -> Callable[[Host], list[str]]:
+  """The probe of the parts of a stage of the clients' tier that are not differential privacy's."""
+  def probe(host: Host) -> list[str]:
+    return [f"the update path's {what} {p!r} at the clients' tier" for p in _parts(host, field)
+            if not p.startswith("dp")]
+  return probe
+
+
+def _local_noise(host: Host) -> list[str]:
+  return [f"local differential privacy ({p!r}) at the clients' tier" for p in _parts(host, "client")
+          if p.startswith("dp") and p != "dp_clip"]
+
+
+def _upper_paths(host: Host) -> list[str]:
+  paths = per_level_paths(host.get("update_paths"), _depth(host), algorithm="the method")[:-1]
+  return [f"an update path at level {lv} (above the clients' parents)" for lv, p in enumerate(paths)
+          if p is not None and not p.is_default]
+
+
 def _update_paths(host: Host) -> list[str]:
   paths = host.get("update_paths")
   if isinstance(paths, Mapping):
@@ -116,6 +142,12 @@ COMPOSITIONS: Mapping[str, Composition] = {
   "node_transform": Composition("a node transform at the clients' tier", _stage("node", "node transform")),
   "down_transform": Composition("a downlink transform at the clients' tier",
                                  _stage("down", "downlink transform")),
+  "client_coding": Composition("a client stage other than differential privacy's (compression, an attack)",
+                               _beyond_privacy("client", "client transform")),
+  "node_coding": Composition("a node stage other than differential privacy's (secure aggregation)",
+                             _beyond_privacy("node", "node transform")),
+  "local_noise": Composition("noise at the clients (local differential privacy)", _local_noise),
+  "upper_paths": Composition("an update path above the clients' parents", _upper_paths),
   "update_paths": Composition("any update path (privacy, robust aggregation, compression)", _update_paths),
   "server_optimizers": Composition("server optimizers", _server_optimizers),
   "model_state": Composition("a model with state (BatchNorm statistics)", _model_state),
