@@ -268,10 +268,12 @@ def truncated_loss(sub, depth, x, y, mask):
   return total
 
 
-def depthfl_reference(data, x0, rounds, key, *, cohort_size, shares, lr, steps, batch_size):
+def depthfl_reference(data, x0, rounds, key, *, cohort_size, shares, lr, steps, batch_size, clip=None,
+                      expected_weight=None):
   """DepthFL (Kim et al. 2023) on one server with an MLP of two hidden layers: each sampled client of depth
   ``d`` trains its truncated network (:func:`truncated_loss`), the server averages every block and exit
-  over its holders by examples."""
+  over its holders by examples; with ``clip``, as :func:`reference`'s: clipped updates summed, each block
+  divided by its expected reporting holders."""
   levels = client_levels(np.asarray(shares), data.num_clients, 0)
   dtype = np.asarray(jax.tree.leaves(x0)[0]).dtype
   names = lambda d: [f"Dense_{i}" for i in range(d)] + [f"Exit_{i}" for i in range(min(d, 2))]   # noqa: E731
@@ -293,11 +295,26 @@ def depthfl_reference(data, x0, rounds, key, *, cohort_size, shares, lr, steps, 
         b = batch_at(batch_key, cd, jnp.asarray(t), batch_size)
         g = grad(sub, depth, b.x, b.y, b.mask)
         sub = jax.tree.map(lambda p, gp: p - lr * gp, sub, g)
+      if clip is not None:
+        delta = {n: {f: x[n][f] - np.asarray(sub[n][f], np.float64) for f in sub[n]} for n in names(depth)}
+        norm = np.sqrt(sum(np.sum(v ** 2) for layer in delta.values() for v in layer.values()))
+        for n in delta:
+          for f in delta[n]:
+            total[n][f] += min(1.0, clip / norm) * delta[n][f]
+        continue
       w = float(data.n_train[c])
       for n in names(depth):
         for f in sub[n]:
           total[n][f] += w * np.asarray(sub[n][f], np.float64)
           held[n][f] += w
+    if clip is not None:   # the population's holders of every block
+      for c in range(data.num_clients):
+        for n in names(int(levels[c]) + 1):
+          for f in held[n]:
+            held[n][f] += 1.0
+      x = {n: {f: np.where(held[n][f] > 0, x[n][f] - total[n][f] * data.num_clients / np.maximum(
+        expected_weight * held[n][f], 1e-30), x[n][f]) for f in x[n]} for n in x}
+      continue
     x = {n: {f: np.where(held[n][f] > 0, total[n][f] / np.maximum(held[n][f], 1e-30), x[n][f]) for f in x[n]}
          for n in x}
   return x

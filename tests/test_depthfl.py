@@ -41,6 +41,28 @@ def test_depthfl_is_the_per_client_loop_of_truncated_networks(problem):
   assert float(metrics["uplink_bytes"]) > 0
 
 
+def test_central_privacy_divides_each_block_by_its_expected_holders(problem):
+  """Differential privacy's clipping and central noise (without noise) as the width methods take them:
+  the loop of truncated networks whose clipped updates are summed and each block divided by its expected
+  reporting holders; local noise is refused."""
+  from fedtree.core.updates import UpdatePath, chain
+  from fedtree.toolbox import privacy as dp
+
+  data, model = problem
+  path = UpdatePath(client=dp.clip(0.05), node=dp.central(0.0, 0.05, normalize="fixed", expected_weight=5.0))
+  kw = dict(model=model, data=data, local_optimizer=optax.sgd(LR), proportions=SHARES, cohort_size=5,
+            schedule=LocalSchedule(batch_size=BS, steps=STEPS), weighting="uniform")
+  alg = depthfl(update_paths=path, **kw)
+  key = jax.random.key(1)
+  state, _ = run_jit(alg, data, 3, key)
+  got = jax.tree.map(lambda p: p[0], state.params[0])
+  want = depthfl_reference(data, start(alg), 3, key, cohort_size=5, shares=SHARES, lr=LR, steps=STEPS,
+                           batch_size=BS, clip=0.05, expected_weight=5.0)
+  close({**got["body"], **got["exits"]}, want, atol=5e-5)
+  with pytest.raises(ValueError, match=r"depthfl: local differential privacy .* use central noise"):
+    depthfl(update_paths=UpdatePath(client=chain(dp.clip(1.0), dp.local_noise(1.0, 1.0))), **kw)
+
+
 def test_the_exits_and_the_evaluation_views(problem):
   data, model = problem
   wrapped = exit_model(model, 3)

@@ -342,8 +342,8 @@ def test_every_algorithm_runs_with_privacy_on(name):
     with pytest.raises(ValueError, match=rf"{name}: the update path's node transform 'dp' .* never their"):
       spec.factory(**registry.factory_kwargs(name, run, ctx))
     run.privacy = {"clip_norm": 0.5, "noise_multiplier": 0.3, "mechanism": "local"}
-  if name in ("fedproto", "depthfl", "fedmd"):   # prototypes, scores, or blocks travel (issue 51; the
-    # width methods take clipping and central noise: test_heterogeneous)
+  if name in ("fedproto", "fedmd"):   # prototypes or scores travel (issue 51; the sub-model methods take
+    # clipping and central noise: test_heterogeneous, test_depthfl)
     with pytest.raises(ValueError, match=f"{name}: update paths .* act on a model delta"):
       spec.factory(**registry.factory_kwargs(name, run, ctx))
     return

@@ -17,9 +17,12 @@ import optax
 
 from fedtree.algorithms.heterogeneous.heterofl import (
   HOLDERS,
+  PATH_REFUSALS,
   capacity_levels,
   holders_rule,
   parents_models,
+  population_holders,
+  private_width,
   sized_systems,
 )
 from fedtree.algorithms.heterogeneous.width import check_rates, width_plan
@@ -28,9 +31,7 @@ from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, ScoredModels
 from fedtree.core.local import ClientUpdate, SGDCarry, run_local_steps
 from fedtree.core.model import Model, masked_loss
 
-REFUSALS = (
-  cannot("update_paths", "clipping, noise, compression and robust aggregators would act on the full model's "
-                         "update, over blocks the client never held; run it without update_paths"),
+REFUSALS = PATH_REFUSALS + (
   cannot("personal", "every block is averaged over its holders; run it without personal"),
   cannot("model_state", "the exits' forward pass has no BatchNorm; use a model without BatchNorm"),
 )
@@ -162,7 +163,8 @@ def depthfl(host: Host, *, depths: Sequence[int] | None = None, proportions: Seq
 
   Raises:
     ValueError: a model that is not an MLP with a hidden layer, a depth outside ``1 .. L+1``, proportions
-      that are not one per depth summing to 1, update paths, personal parameters or BatchNorm.
+      that are not one per depth summing to 1, an update path beyond differential privacy's clipping and
+      central noise (as the width methods'), personal parameters or BatchNorm.
 
   Example:
     >>> mlp = build_model("mlp", example_shape=data.example_shape, num_classes=3, hidden=(8, 6))
@@ -199,7 +201,11 @@ def depthfl(host: Host, *, depths: Sequence[int] | None = None, proportions: Seq
   if host.get("systems") is not None:
     host = host.replace(systems=sized_systems(host["systems"], macs[levels] / _macs(plan, blocks),
                                               level_bytes[levels]))
-  rule = holders_rule(name, mean_bytes)
+  holders = None
+  if private_width(host, name, label_split=False):   # a client holds its first blocks and their exits
+    masks = jax.tree.map(lambda *m: jnp.stack(m), *[depth_mask(full, int(d), blocks) for d in depths])
+    holders = population_holders(host, levels, depths.size, lambda rounds: masks)
+  rule = holders_rule(name, mean_bytes, holders=holders)
 
   def objective(s: LocalSetup) -> ClientUpdate:
     return depthfl_update(s, blocks, levels, depths, distill=distill, temperature=float(temperature))

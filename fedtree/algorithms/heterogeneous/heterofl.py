@@ -48,7 +48,7 @@ from fedtree.toolbox.privacy import private_stages
 from fedtree.toolbox.systems import Systems
 
 HELD = "over coordinates the client never held"
-REFUSALS = (
+PATH_REFUSALS = (
   cannot("client_coding", f"a compressor, an attack or secure aggregation's encoding would rewrite the "
                           f"full-shaped update, {HELD}; run it without them (differential privacy's clipping "
                           f"runs)"),
@@ -63,6 +63,9 @@ REFUSALS = (
   cannot("upper_paths", "the holders' means rescale a client's part of a coordinate by its parent's clients "
                         "over the coordinate's holders, so a level above would sum more than its noise "
                         "covers; add the noise at the clients' parents"),
+)
+"""The update paths a sub-model method refuses: differential privacy's clipping and central noise run."""
+REFUSALS = PATH_REFUSALS + (
   cannot("personal", "every parameter is sliced by width and averaged over its holders; run it without "
                      "personal"),
   cannot("model_state", "HeteroFL's static batch normalization is not built; use a model without "
@@ -291,21 +294,20 @@ def private_width(host: Host, name: str, label_split: bool) -> bool:
   return True
 
 
-def population_holders(host: Host, plan: WidthPlan, template, levels: np.ndarray, rates: np.ndarray,
-                       mode: str) -> Callable[[jax.Array], PyTree]:
-  """``holders(rounds) -> [P, ...]``: how many of each parent's clients hold every coordinate (each
-  level's mask times its clients under the parent; FedRolex's windows at the round's offset)."""
+def population_holders(host: Host, levels: np.ndarray, num_levels: int,
+                       level_masks: Callable[[jax.Array], PyTree]) -> Callable[[jax.Array], PyTree]:
+  """``holders(rounds) -> [P, ...]``: how many of each parent's clients hold every coordinate, from every
+  level's mask (``level_masks(rounds) -> [L, ...]``: FedRolex's windows at the round's offset) times the
+  level's clients under the parent."""
   topology = host.get("topology")
   parent = (np.zeros(levels.size, np.int64) if topology is None
             else np.asarray(topology.parent(topology.depth), np.int64))
-  counts = np.zeros((1 if topology is None else topology.num_nodes(topology.depth - 1), rates.size))
+  counts = np.zeros((1 if topology is None else topology.num_nodes(topology.depth - 1), num_levels))
   np.add.at(counts, (parent, levels), 1.0)
-  kept = jnp.asarray([plan.kept(r) for r in rates], jnp.int32)
 
   def holders(rounds):
-    offset = rounds[0] if mode == "rolling" else 0
-    masks = jax.vmap(lambda k: plan.masks(template, k, offset=offset))(kept)   # [L, ...]
-    return jax.tree.map(lambda m: jnp.einsum("pl,l...->p...", jnp.asarray(counts, m.dtype), m), masks)
+    return jax.tree.map(lambda m: jnp.einsum("pl,l...->p...", jnp.asarray(counts, m.dtype), m),
+                        level_masks(rounds))
 
   return holders
 
@@ -335,7 +337,13 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
       share = share + np.asarray([shares[rate <= r].mean() for r in rate])[levels]
     host = host.replace(systems=sized_systems(host["systems"], share, level_bytes[levels]))
   private = private_width(host, name, label_split)
-  holders = population_holders(host, plan, template, levels, rate, mode) if private else None
+  kept_of = jnp.asarray([plan.kept(r) for r in rate], jnp.int32)
+
+  def level_masks(rounds):
+    offset = rounds[0] if mode == "rolling" else 0
+    return jax.vmap(lambda k: plan.masks(template, k, offset=offset))(kept_of)
+
+  holders = population_holders(host, levels, rate.size, level_masks) if private else None
   rule = holders_rule(name, mean_bytes, send_rounds=mode == "rolling", holders=holders)
 
   def objective(s: LocalSetup) -> ClientUpdate:
