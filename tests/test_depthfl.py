@@ -59,8 +59,26 @@ def test_central_privacy_divides_each_block_by_its_expected_holders(problem):
   want = depthfl_reference(data, start(alg), 3, key, cohort_size=5, shares=SHARES, lr=LR, steps=STEPS,
                            batch_size=BS, clip=0.05, expected_weight=5.0)
   close({**got["body"], **got["exits"]}, want, atol=5e-5)
-  with pytest.raises(ValueError, match=r"depthfl: local differential privacy .* use central noise"):
-    depthfl(update_paths=UpdatePath(client=chain(dp.clip(1.0), dp.local_noise(1.0, 1.0))), **kw)
+  # local noise stays on the blocks a client holds: with no training the last block moves exactly in the
+  # rounds that drew a client deep enough to hold it
+  from fedtree.algorithms.heterogeneous.width import client_levels
+  from fedtree.core.rng import stream
+  from fedtree.core.sampling import cohort_sampler
+
+  noisy = UpdatePath(client=chain(dp.clip(0.5), dp.local_noise(2.0, 0.5)))
+  alg = depthfl(update_paths=noisy, **{**kw, "local_optimizer": optax.sgd(0.0), "cohort_size": 2})
+  deep = client_levels(np.asarray(SHARES), data.num_clients, 0) == 2
+  sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), 2)
+  state, step, seen = alg.init(jax.random.key(0)), jax.jit(alg.round), set()
+  for r in range(10):
+    new, _ = step(state, data, jax.random.key(r))
+    moved = bool(np.any(np.asarray(new.params[0]["body"]["Dense_2"]["kernel"] !=
+                                   state.params[0]["body"]["Dense_2"]["kernel"])))
+    drew = bool(deep[np.asarray(sampler(stream(jax.random.key(r), "cohort")).clients)].any())
+    assert moved == drew, r
+    seen.add(drew)
+    state = new
+  assert seen == {True, False}
 
 
 def test_the_exits_and_the_evaluation_views(problem):

@@ -134,6 +134,43 @@ def test_central_noise_on_sub_models_has_the_stated_std_per_coordinate(problem):
   assert abs(np.std(sample) - z * c) < 5 * z * c / np.sqrt(2 * sample.size), (np.std(sample), sample.size)
 
 
+@pytest.mark.parametrize("method", [heterofl, fjord])
+def test_local_noise_stays_on_the_coordinates_a_client_holds(problem, method):
+  """Local noise on sub-models: with no training, a coordinate moves by its reporting holders' noise over
+  its expected holders, so one no reporting client holds stays put, and ``(x − x') E_j / sqrt(h_j)`` (``h_j``
+  the reporting holders) is ``N(0, (z C)²)``: its std over ten rounds of 2 clients within 5 standard
+  errors."""
+  from fedtree.core.updates import chain
+
+  data, _ = problem
+  z, c = 2.0, 0.5
+  path = UpdatePath(client=chain(dp.clip(c), dp.local_noise(z, c)),
+                    node=dp.central(z, c, normalize="fixed", expected_weight=2.0, add_noise=False))
+  kw = {**common(problem), "local_optimizer": optax.sgd(0.0), "weighting": "uniform"}
+  alg = method(cohort_size=2, update_paths=path, **kw)
+  levels = client_levels(np.asarray(SHARES), data.num_clients, 1)
+  plan = width_plan(start(alg), method.__name__)
+
+  def flat(tree):
+    return np.concatenate([np.ravel(np.asarray(a)) for a in jax.tree.leaves(tree)])
+
+  held = [flat(plan.masks(start(alg), jnp.asarray(plan.kept(r)))) for r in RATES]
+  population = sum(held[lv] for lv in levels)
+  sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), 2)
+  state, step, sample, still = alg.init(jax.random.key(0)), jax.jit(alg.round), [], []
+  for r in range(10):
+    new, _ = step(state, data, jax.random.key(r))
+    move = flat(jax.tree.map(lambda a, b: a[0] - b[0], state.params[0], new.params[0]))
+    reporting = sum(held[levels[k]] for k in np.asarray(sampler(stream(jax.random.key(r), "cohort")).clients))
+    still.append(move[reporting == 0])
+    scale = 2.0 * population / data.num_clients / np.sqrt(np.maximum(reporting, 1))
+    sample.append((move * scale)[reporting > 0])
+    state = new
+  still, sample = np.concatenate(still), np.concatenate(sample)
+  assert still.size > 0 and np.all(still == 0)
+  assert abs(np.std(sample) - z * c) < 5 * z * c / np.sqrt(2 * sample.size), (np.std(sample), sample.size)
+
+
 def test_label_split_cuts_each_clients_output_layer_to_its_classes(problem):
   """HeteroFL's code's option: a client's other classes' logits are 0 and get no gradient, and each
   class's output weights are averaged over the clients that hold it; the data gives two clients one
@@ -211,13 +248,14 @@ def test_refusals(problem):
   central = dp.central(1.0, 1.0, normalize="fixed", expected_weight=5.0)
   for path, said in (
     (UpdatePath(aggregator=median()), "robust .* compare a holder's value with the zeros"),
-    (UpdatePath(client=chain(dp.clip(1.0), dp.local_noise(1.0, 1.0))),
-     r"local differential privacy \('dp_local_noise'\) .* use central noise"),
     (UpdatePath(client=chain(dp.clip(1.0), uplink(qsgd(4))), node=central),
      r"client transform 'compression' .* over coordinates the client never held"),
   ):
     with pytest.raises(ValueError, match=f"heterofl: .*{said}"):
       heterofl(update_paths=path, **uniform)
+  with pytest.raises(ValueError, match=r"fedrolex: local differential privacy \('dp_local_noise'\) .* window "
+                                       r"moves every round"):
+    fedrolex(update_paths=UpdatePath(client=chain(dp.clip(1.0), dp.local_noise(1.0, 1.0))), **uniform)
   with pytest.raises(ValueError, match="heterofl: differential privacy with label_split=True: .* reveals"):
     heterofl(update_paths=UpdatePath(client=dp.clip(1.0), node=central), label_split=True, **uniform)
   tree = Topology.from_labels([0, 0, 0, 0, 1, 1, 1, 1, 1])

@@ -277,7 +277,7 @@ REFUSE_A_CLIENT_TRANSFORM = ("fedproto", "mime", "hetlora", "depthfl", "fedmd", 
 """Methods that refuse a client transform (issues 36, 38, 50 and 51): what their clients send is not the
 model delta an update path acts on (FedProto's prototypes, HetLoRA's zero-padded low-rank update, the
 masked sub-models of HeteroFL, FjORD, FedRolex and DepthFL, FedMD's logits; the width methods take
-differential privacy's clipping alone), or travels beside it
+differential privacy's stages alone), or travels beside it
 unprocessed (Mime's full-batch gradients). pFedHN's Δθ_i, FedAMP's and FedFomo's models (as
 updates against what the client received) take one since issue 55."""
 KEEP_WHAT_IS_SENT = ("fedamp", "fedfomo", "scaffold", "mimelite")

@@ -19,6 +19,7 @@ from fedtree.algorithms.heterogeneous.heterofl import (
   HOLDERS,
   PATH_REFUSALS,
   capacity_levels,
+  held_noise,
   holders_rule,
   parents_models,
   population_holders,
@@ -205,6 +206,8 @@ def depthfl(host: Host, *, depths: Sequence[int] | None = None, proportions: Seq
   if private_width(host, name, label_split=False):   # a client holds its first blocks and their exits
     masks = jax.tree.map(lambda *m: jnp.stack(m), *[depth_mask(full, int(d), blocks) for d in depths])
     holders = population_holders(host, levels, depths.size, lambda rounds: masks)
+    level_of = jnp.asarray(levels)
+    host = held_noise(host, name, lambda c: jax.tree.map(lambda m: m[level_of[c]], masks))
   rule = holders_rule(name, mean_bytes, holders=holders)
 
   def objective(s: LocalSetup) -> ClientUpdate:

@@ -52,8 +52,6 @@ PATH_REFUSALS = (
   cannot("client_coding", f"a compressor, an attack or secure aggregation's encoding would rewrite the "
                           f"full-shaped update, {HELD}; run it without them (differential privacy's clipping "
                           f"runs)"),
-  cannot("local_noise", f"noise at a client would land {HELD}, which the holders' means would average in; "
-                        f"use central noise (privacy.mechanism='central')"),
   cannot("node_coding", f"it would act on the parents' sums {HELD}; run it without (differential "
                         f"privacy's central noise runs)"),
   cannot("blockwise", "a robust aggregator would compare a holder's value with the zeros of the clients "
@@ -294,6 +292,25 @@ def private_width(host: Host, name: str, label_split: bool) -> bool:
   return True
 
 
+def held_noise(host: Host, name: str, mask_of: Callable[[jax.Array], PyTree]) -> Host:
+  """``host`` whose clients' stage, where it adds local noise, keeps what it sends on the coordinates the
+  client holds (``mask_of(client) -> masks``, public: its level's): the noise never lands where the client
+  trained nothing, which the holders' means would average in."""
+  topology = host.get("topology")
+  paths = list(per_level_paths(host.get("update_paths"), 1 if topology is None else topology.depth,
+                               algorithm=name))
+  stage = None if paths[-1] is None else paths[-1].client
+  if stage is None or not any(p.startswith("dp") and p != "dp_clip" for p in stage.name.split("+")):
+    return host
+
+  def apply(delta, state, key, ctx):
+    out, state, stats = stage.apply(delta, state, key, ctx)
+    return jax.tree.map(jnp.multiply, out, mask_of(ctx.client)), state, stats
+
+  paths[-1] = paths[-1]._replace(client=stage._replace(apply=apply))
+  return host.replace(update_paths=tuple(paths))
+
+
 def population_holders(host: Host, levels: np.ndarray, num_levels: int,
                        level_masks: Callable[[jax.Array], PyTree]) -> Callable[[jax.Array], PyTree]:
   """``holders(rounds) -> [P, ...]``: how many of each parent's clients hold every coordinate, from every
@@ -338,6 +355,8 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
     host = host.replace(systems=sized_systems(host["systems"], share, level_bytes[levels]))
   private = private_width(host, name, label_split)
   kept_of = jnp.asarray([plan.kept(r) for r in rate], jnp.int32)
+  if private and mode != "rolling":   # (FedRolex refuses local noise: a client's window moves every round)
+    host = held_noise(host, name, lambda c: plan.masks(template, kept_of[jnp.asarray(levels)[c]]))
 
   def level_masks(rounds):
     offset = rounds[0] if mode == "rolling" else 0
@@ -429,7 +448,10 @@ def heterofl(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0
                       capacities=capacities)
 
 
-@method_over(hierfavg, cannot=REFUSALS, sets={"server_rule": HOLDERS})
+@method_over(hierfavg, cannot=REFUSALS + (
+  cannot("local_noise", "a client's window moves every round, beyond what its stage sees, so its noise would "
+                        "land on coordinates it never held; use central noise (privacy.mechanism='central')"),
+), sets={"server_rule": HOLDERS})
 def fedrolex(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0625),
              proportions: Sequence[float] | None = None, capacity_seed: int = 0, scaler: bool = True,
              label_split: bool = False, capacities: str = "seeded",
