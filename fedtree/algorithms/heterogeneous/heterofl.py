@@ -62,7 +62,8 @@ PATH_REFUSALS = (
                         "over the coordinate's holders, so a level above would sum more than its noise "
                         "covers; add the noise at the clients' parents"),
 )
-"""The update paths a sub-model method refuses: differential privacy's clipping and central noise run."""
+"""The update paths a sub-model method refuses: differential privacy's clipping and noise run (local noise
+kept on the coordinates a client holds: :func:`held_noise`)."""
 REFUSALS = PATH_REFUSALS + (
   cannot("personal", "every parameter is sliced by width and averaged over its holders; run it without "
                      "personal"),
@@ -277,7 +278,8 @@ def parents_models(models: dict):
 
 def private_width(host: Host, name: str, label_split: bool) -> bool:
   """Whether differential privacy's stages run at the clients' tier (the declared refusals leave its
-  clipping and central noise only); refused with them: ``label_split`` and a moving membership."""
+  clipping and its noise, central or local, only); refused with them: ``label_split`` and a moving
+  membership."""
   topology = host.get("topology")
   path = per_level_paths(host.get("update_paths"), 1 if topology is None else topology.depth,
                          algorithm=name)[-1]
