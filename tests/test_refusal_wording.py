@@ -42,14 +42,14 @@ def test_an_explicit_mean_aggregator_is_the_weighted_mean_every_method_takes(ctx
 
 
 @pytest.mark.parametrize("name,message", [
-  ("qffl", r"qffl: the omniscient attack 'alie' at level -1 is not supported \(it rewrites every "
+  ("qffl", r"qffl: the omniscient attack 'alie' at the clients' tier is not supported \(it rewrites every "
            r"parent's whole cohort in front of a blockwise mean\): it would still sum what the clients send "
            r"beside their updates \(h_k and the loss powers that scale Δ_k\), so one client could steer "
            r"every step$"),
-  ("fedasync", r"fedasync: the omniscient attack 'alie' at level -1 is not supported \(it rewrites every "
-               r"parent's whole cohort in front of a blockwise mean\): each server step applies one "
-               r"client's update alone \(a buffer of one\), so a robust aggregator has no cohort to "
-               r"compare; .*Sec. 5\)$"),
+  ("fedasync", r"fedasync: the omniscient attack 'alie' at the clients' tier is not supported \(it "
+               r"rewrites every parent's whole cohort in front of a blockwise mean\): each server step "
+               r"applies one client's update alone \(a buffer of one\), so a robust aggregator has no cohort "
+               r"to compare; .*Sec. 5\)$"),
 ])
 def test_an_omniscient_attack_without_an_aggregator_is_named_as_the_attack(ctx, name, message):
   """Item 11: the run chose no aggregator: the refusal names the attack as unsupported for the method,
@@ -57,8 +57,8 @@ def test_an_omniscient_attack_without_an_aggregator_is_named_as_the_attack(ctx, 
   with the mean as the way out."""
   with pytest.raises(ValueError, match=message):
     _build(ctx, name, attack={"name": "alie", "fraction": 0.3})
-  with pytest.raises(ValueError, match=f"{name}: a robust \\(blockwise\\) aggregator at level -1: .*; "
-                                       f"use the mean aggregator$"):
+  with pytest.raises(ValueError, match=f"{name}: a robust \\(blockwise\\) aggregator at the clients' tier: "
+                                       f".*; use the mean aggregator$"):
     _build(ctx, name, aggregator={"name": "median"})
   # SCAFFOLD, FedDyn and FedNova take both since issue 55 (their tests): the same rule on what they send
   for other in ("scaffold", "feddyn", "fednova"):

@@ -66,8 +66,8 @@ def test_an_algorithm_without_a_cohort_to_compare_refuses_a_robust_aggregator():
   ctx = _ctx()
   run = ml_collections.ConfigDict({"algorithm": "fedasync", "chunk_size": 3,
                                    "aggregator": {"name": "median"}})
-  with pytest.raises(ValueError, match=r"fedasync: a robust \(blockwise\) aggregator at level -1: each "
-                                       r"server step applies one client's update alone"):
+  with pytest.raises(ValueError, match=r"fedasync: a robust \(blockwise\) aggregator at the clients' tier: "
+                                       r"each server step applies one client's update alone"):
     registry.SPECS["fedasync"].factory(**registry.factory_kwargs("fedasync", run, ctx))
 
 

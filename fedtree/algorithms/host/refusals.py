@@ -38,14 +38,17 @@ def _blockwise(host: Host) -> list[str]:
     return []
   items = ([("the clients' tier", paths)] if isinstance(paths, UpdatePath) else
            list(paths.items()) if isinstance(paths, Mapping) else list(enumerate(paths)))
+  depth = _depth(host)
   out = []
   for lv, p in items:
     if p is None or not p.aggregator.blockwise:
       continue
+    where = ("at the clients' tier" if isinstance(lv, str) or lv in (-1, depth - 1)
+             else f"at level {lv % depth}")   # (a config's paths are keyed from the clients' tier, -1)
     attack = p.aggregator.for_attack
-    out.append(f"the omniscient attack {attack!r} at level {lv} is not supported (it rewrites every "
+    out.append(f"the omniscient attack {attack!r} {where} is not supported (it rewrites every "
                f"parent's whole cohort in front of a blockwise mean)" if attack is not None else
-               f"a robust (blockwise) aggregator at level {lv}")
+               f"a robust (blockwise) aggregator {where}")
   return out
 
 
