@@ -258,6 +258,11 @@ def test_refusals(problem):
     fedrolex(update_paths=UpdatePath(client=chain(dp.clip(1.0), dp.local_noise(1.0, 1.0))), **uniform)
   with pytest.raises(ValueError, match="heterofl: differential privacy with label_split=True: .* reveals"):
     heterofl(update_paths=UpdatePath(client=dp.clip(1.0), node=central), label_split=True, **uniform)
+  from fedtree.core.membership import Membership
+
+  with pytest.raises(ValueError, match="heterofl: differential privacy with a membership: .* fixed tree"):
+    heterofl(update_paths=UpdatePath(client=dp.clip(1.0), node=central),
+             membership=Membership.static(np.zeros(9, np.int32)), **uniform)
   tree = Topology.from_labels([0, 0, 0, 0, 1, 1, 1, 1, 1])
   with pytest.raises(ValueError, match=r"fjord: an update path at level 0 \(above the clients' parents\)"):
     fjord(topology=tree, update_paths={0: UpdatePath(node=central), 1: UpdatePath(client=dp.clip(1.0))},

@@ -369,6 +369,20 @@ def make_sgd_step(
   return step
 
 
+def loss_step(loss_fn: Callable[[PyTree, Batch, jax.Array], tuple[jax.Array, jax.Array]],
+              optimizer: optax.GradientTransformation) -> StepFn:
+  """A step of ``optimizer`` on ``loss_fn(params, batch, rng) -> (objective, reported loss)``, for an
+  objective that is not a model's loss plus a regularizer (DepthFL's exits, FjORD's self-distillation;
+  :func:`make_sgd_step` for the rest): the step returns the reported loss."""
+  def step(carry: SGDCarry, batch: Batch, rng: jax.Array):
+    grads, loss = jax.grad(loss_fn, has_aux=True)(carry.params, batch, rng)
+    updates, opt_state = optimizer.update(grads, carry.opt_state, carry.params)
+    params = optax.apply_updates(carry.params, updates)
+    return dataclasses.replace(carry, params=params, opt_state=opt_state), loss
+
+  return step
+
+
 def train_only(optimizer: optax.GradientTransformation, trainable: PyTree) -> optax.GradientTransformation:
   """``optimizer`` on the leaves where ``trainable`` (a pytree of bools shaped as the params) holds;
   every other leaf is frozen: its update is exactly zero whatever the optimizer (weight decay and

@@ -13,23 +13,21 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from fedtree.algorithms.heterogeneous.heterofl import (
   HOLDERS,
   PATH_REFUSALS,
   capacity_levels,
-  held_noise,
   holders_rule,
   parents_models,
-  population_holders,
+  private_holders,
   private_width,
   sized_systems,
 )
 from fedtree.algorithms.heterogeneous.width import check_rates, width_plan
 from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, ScoredModels
-from fedtree.core.local import ClientUpdate, SGDCarry, run_local_steps
+from fedtree.core.local import ClientUpdate, SGDCarry, loss_step, run_local_steps
 from fedtree.core.model import Model, masked_loss
 
 REFUSALS = PATH_REFUSALS + (
@@ -119,14 +117,9 @@ def depthfl_update(setup: LocalSetup, blocks: int, levels: np.ndarray, depths: n
         total = total + temperature ** 2 * jnp.sum(jnp.where(pair, kl, 0.0)) / others
       return total, jnp.sum(jnp.where(on, ce, 0.0))
 
-    def local_step(carry, batch, rng):
-      grads, loss = jax.grad(loss_fn, has_aux=True)(carry.params, batch, rng)
-      updates, opt_state = setup.optimizer.update(grads, carry.opt_state, carry.params)
-      return carry.replace(params=optax.apply_updates(carry.params, updates), opt_state=opt_state), loss
-
     carry = SGDCarry(params=anchor, opt_state=setup.optimizer.init(anchor), anchor=anchor)
-    carry, loss = run_local_steps(local_step, carry, data, num_steps, key, batch_size=setup.batch_size,
-                                  max_steps=setup.max_steps)
+    carry, loss = run_local_steps(loss_step(loss_fn, setup.optimizer), carry, data, num_steps, key,
+                                  batch_size=setup.batch_size, max_steps=setup.max_steps)
     mask = depth_mask(anchor, depth, blocks)
     params = jax.tree.map(lambda a, p, m: a + (p - a) * m, anchor, carry.params, mask)
     return params, state, loss, jax.tree.map(lambda m: rnd.weight.astype(m.dtype) * m, mask)
@@ -205,9 +198,7 @@ def depthfl(host: Host, *, depths: Sequence[int] | None = None, proportions: Seq
   holders = None
   if private_width(host, name, label_split=False):   # a client holds its first blocks and their exits
     masks = jax.tree.map(lambda *m: jnp.stack(m), *[depth_mask(full, int(d), blocks) for d in depths])
-    holders = population_holders(host, levels, depths.size, lambda rounds: masks)
-    level_of = jnp.asarray(levels)
-    host = held_noise(host, name, lambda c: jax.tree.map(lambda m: m[level_of[c]], masks))
+    host, holders = private_holders(host, name, levels, masks)
   rule = holders_rule(name, mean_bytes, holders=holders)
 
   def objective(s: LocalSetup) -> ClientUpdate:

@@ -18,7 +18,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from fedtree.algorithms.heterogeneous.width import (
   WidthPlan,
@@ -28,7 +27,8 @@ from fedtree.algorithms.heterogeneous.width import (
   level_name,
   width_plan,
 )
-from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
+from fedtree.algorithms.host import COMPOSITIONS, Host, cannot, hierfavg, method_over
+from fedtree.algorithms.host.refusals import clients_path, tree_depth
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels, ObjectiveFactory
 from fedtree.core.local import (
   ClientUpdate,
@@ -36,6 +36,7 @@ from fedtree.core.local import (
   cast_floating,
   check_compute_dtype,
   counting,
+  loss_step,
   mean_over_trained,
   run_local_steps,
   run_update,
@@ -63,7 +64,7 @@ PATH_REFUSALS = (
                         "covers; add the noise at the clients' parents"),
 )
 """The update paths a sub-model method refuses: differential privacy's clipping and noise run (local noise
-kept on the coordinates a client holds: :func:`held_noise`)."""
+kept on the coordinates a client holds: :func:`private_holders`)."""
 REFUSALS = PATH_REFUSALS + (
   cannot("personal", "every parameter is sliced by width and averaged over its holders; run it without "
                      "personal"),
@@ -176,15 +177,10 @@ def distilled_update(setup: LocalSetup, plan: WidthPlan, template, kept, allowed
     kl = masked_kl(jax.lax.stop_gradient(teacher), student, token_mask(batch.y, batch.mask), temperature)
     return hard + (1.0 - weight) * soft + weight * temperature ** 2 * kl, soft
 
-  def step(carry: SGDCarry, batch, rng):
-    grads, loss = jax.grad(loss_fn, has_aux=True)(carry.params, batch, rng)
-    updates, opt_state = optimizer.update(grads, carry.opt_state, carry.params)
-    return carry.replace(params=optax.apply_updates(carry.params, updates), opt_state=opt_state), loss
-
   def apply(anchor, state, data, num_steps, key):
     carry = SGDCarry(params=anchor, opt_state=optimizer.init(anchor), anchor=anchor)
-    carry, loss = run_local_steps(step, carry, data, num_steps, key, batch_size=setup.batch_size,
-                                  max_steps=setup.max_steps)
+    carry, loss = run_local_steps(loss_step(loss_fn, optimizer), carry, data, num_steps, key,
+                                  batch_size=setup.batch_size, max_steps=setup.max_steps)
     return carry.params, state, loss
 
   return ClientUpdate(apply=apply)
@@ -234,14 +230,20 @@ def sized_systems(systems: Systems, share: np.ndarray, sizes: np.ndarray) -> Sys
     downlink_bytes=sizes if systems.downlink_bytes is None else systems.downlink_bytes)
 
 
+def _over_holders(pseudo_gradient, total, held):
+  """Each coordinate of ``pseudo_gradient`` (a mean over ``total [P]``) rescaled to a mean over ``held``
+  (``[P, ...]`` per coordinate); 0 where none holds it."""
+  def one(g, h):
+    t = total.reshape((-1,) + (1,) * (g.ndim - 1)).astype(g.dtype)
+    return jnp.where(h > 0, g * t / jnp.where(h > 0, h, 1), 0)
+  return jax.tree.map(one, pseudo_gradient, held)
+
+
 def holders_mean(inbox: Inbox, state):
   """The parent's pseudo-gradient averaged per coordinate over the clients that hold it (the host's
   mean over all reporting clients, rescaled by the share of their weight that holds the coordinate;
   0 where none does); ``state``, the rounds so far, counts one more."""
-  def one(g, held):
-    total = inbox.weight_sum.reshape((-1,) + (1,) * (g.ndim - 1)).astype(g.dtype)
-    return jnp.where(held > 0, g * total / jnp.where(held > 0, held, 1), 0)
-  return jax.tree.map(one, inbox.pseudo_gradient, inbox.messages), state + 1, {}
+  return _over_holders(inbox.pseudo_gradient, inbox.weight_sum, inbox.messages), state + 1, {}
 
 
 def expected_holders_mean(holders: Callable[[jax.Array], PyTree]):
@@ -251,10 +253,7 @@ def expected_holders_mean(holders: Callable[[jax.Array], PyTree]):
   coordinate's expected reporting holders: post-processing of the Gaussian mechanism, where dividing
   by the holders that reported would reveal them."""
   def receive(inbox: Inbox, state):
-    def one(g, held):
-      clients = inbox.population.reshape((-1,) + (1,) * (g.ndim - 1)).astype(g.dtype)
-      return jnp.where(held > 0, g * clients / jnp.where(held > 0, held, 1), 0)
-    return jax.tree.map(one, inbox.pseudo_gradient, holders(state)), state + 1, {}
+    return _over_holders(inbox.pseudo_gradient, inbox.population, holders(state)), state + 1, {}
   return receive
 
 
@@ -280,10 +279,7 @@ def private_width(host: Host, name: str, label_split: bool) -> bool:
   """Whether differential privacy's stages run at the clients' tier (the declared refusals leave its
   clipping and its noise, central or local, only); refused with them: ``label_split`` and a moving
   membership."""
-  topology = host.get("topology")
-  path = per_level_paths(host.get("update_paths"), 1 if topology is None else topology.depth,
-                         algorithm=name)[-1]
-  if not private_stages(path):
+  if not private_stages(clients_path(host, name)):
     return False
   if label_split:
     raise ValueError(f"{name}: differential privacy with label_split=True: each client's output layer is cut "
@@ -294,41 +290,35 @@ def private_width(host: Host, name: str, label_split: bool) -> bool:
   return True
 
 
-def held_noise(host: Host, name: str, mask_of: Callable[[jax.Array], PyTree]) -> Host:
-  """``host`` whose clients' stage, where it adds local noise, keeps what it sends on the coordinates the
-  client holds (``mask_of(client) -> masks``, public: its level's): the noise never lands where the client
-  trained nothing, which the holders' means would average in."""
-  topology = host.get("topology")
-  paths = list(per_level_paths(host.get("update_paths"), 1 if topology is None else topology.depth,
-                               algorithm=name))
-  stage = None if paths[-1] is None else paths[-1].client
-  if stage is None or not any(p.startswith("dp") and p != "dp_clip" for p in stage.name.split("+")):
-    return host
-
-  def apply(delta, state, key, ctx):
-    out, state, stats = stage.apply(delta, state, key, ctx)
-    return jax.tree.map(jnp.multiply, out, mask_of(ctx.client)), state, stats
-
-  paths[-1] = paths[-1]._replace(client=stage._replace(apply=apply))
-  return host.replace(update_paths=tuple(paths))
-
-
-def population_holders(host: Host, levels: np.ndarray, num_levels: int,
-                       level_masks: Callable[[jax.Array], PyTree]) -> Callable[[jax.Array], PyTree]:
-  """``holders(rounds) -> [P, ...]``: how many of each parent's clients hold every coordinate, from every
-  level's mask (``level_masks(rounds) -> [L, ...]``: FedRolex's windows at the round's offset) times the
-  level's clients under the parent."""
-  topology = host.get("topology")
-  parent = (np.zeros(levels.size, np.int64) if topology is None
-            else np.asarray(topology.parent(topology.depth), np.int64))
-  counts = np.zeros((1 if topology is None else topology.num_nodes(topology.depth - 1), num_levels))
+def private_holders(host: Host, name: str, levels: np.ndarray, masks: PyTree,
+                    moving: Callable[[jax.Array], PyTree] | None = None) -> tuple[Host, Callable]:
+  """Under differential privacy, the host whose clients' local noise (if any) stays on the coordinates
+  each client's level holds (``masks``, ``[L, ...]``: every level's), and ``holders(rounds) -> [P, ...]``:
+  how many of each parent's clients hold every coordinate, each level's mask times its clients under the
+  parent. ``moving(rounds) -> [L, ...]``: masks that change every round (FedRolex's windows; its
+  local noise is refused by name)."""
+  topology, depth = host.get("topology"), tree_depth(host)
+  parent = np.zeros(levels.size, np.int64) if topology is None else np.asarray(topology.parent(depth))
+  parents = 1 if topology is None else topology.num_nodes(depth - 1)
+  counts = np.zeros((parents, jax.tree.leaves(masks)[0].shape[0]))
   np.add.at(counts, (parent, levels), 1.0)
 
   def holders(rounds):
-    return jax.tree.map(lambda m: jnp.einsum("pl,l...->p...", jnp.asarray(counts, m.dtype), m),
-                        level_masks(rounds))
+    at = masks if moving is None else moving(rounds)
+    return jax.tree.map(lambda m: jnp.einsum("pl,l...->p...", jnp.asarray(counts, m.dtype), m), at)
 
-  return holders
+  if moving is None and COMPOSITIONS["local_noise"].present(host):
+    level_of = jnp.asarray(levels)
+    paths = list(per_level_paths(host["update_paths"], depth, algorithm=name))
+    stage = paths[-1].client
+
+    def apply(delta, state, key, ctx):   # the noise never lands where the client trained nothing
+      out, state, stats = stage.apply(delta, state, key, ctx)
+      return jax.tree.map(lambda o, m: o * m[level_of[ctx.client]], out, masks), state, stats
+
+    paths[-1] = paths[-1]._replace(client=stage._replace(apply=apply))
+    host = host.replace(update_paths=tuple(paths))
+  return host, holders
 
 
 def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler, client_update, name,
@@ -355,16 +345,15 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
     if distill is not None:   # a step runs the widest sub-model and a width drawn up to it
       share = share + np.asarray([shares[rate <= r].mean() for r in rate])[levels]
     host = host.replace(systems=sized_systems(host["systems"], share, level_bytes[levels]))
-  private = private_width(host, name, label_split)
-  kept_of = jnp.asarray([plan.kept(r) for r in rate], jnp.int32)
-  if private and mode != "rolling":   # (FedRolex refuses local noise: a client's window moves every round)
-    host = held_noise(host, name, lambda c: plan.masks(template, kept_of[jnp.asarray(levels)[c]]))
+  holders = None
+  if private_width(host, name, label_split):
+    kept_of = jnp.asarray([plan.kept(r) for r in rate], jnp.int32)
 
-  def level_masks(rounds):
-    offset = rounds[0] if mode == "rolling" else 0
-    return jax.vmap(lambda k: plan.masks(template, k, offset=offset))(kept_of)
+    def level_masks(offset):
+      return jax.vmap(lambda k: plan.masks(template, k, offset=offset))(kept_of)
 
-  holders = population_holders(host, levels, rate.size, level_masks) if private else None
+    moving = (lambda rounds: level_masks(rounds[0])) if mode == "rolling" else None
+    host, holders = private_holders(host, name, levels, level_masks(0), moving)
   rule = holders_rule(name, mean_bytes, send_rounds=mode == "rolling", holders=holders)
 
   def objective(s: LocalSetup) -> ClientUpdate:

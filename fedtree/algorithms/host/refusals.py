@@ -18,14 +18,21 @@ from fedtree.toolbox.privacy import private_stages, private_stages_where
 Host = Mapping[str, Any]
 
 
-def _depth(host: Host) -> int:
+def tree_depth(host: Host) -> int:
+  """The depth of the host's tree (1: one server over the clients, where ``topology`` is absent)."""
   topology = host.get("topology")
   return 1 if topology is None else topology.depth
 
 
-def _clients_path(host: Host) -> UpdatePath | None:
+def clients_path(host: Host, algorithm: str = "the method") -> UpdatePath | None:
   """The update path of the clients' tier (the last server level)."""
-  return per_level_paths(host.get("update_paths"), _depth(host), algorithm="the method")[-1]
+  return per_level_paths(host.get("update_paths"), tree_depth(host), algorithm=algorithm)[-1]
+
+
+def _stage_of(host: Host, field: str):
+  """One stage (``field`` of :class:`UpdatePath`) of the clients' tier's path, or ``None``."""
+  path = clients_path(host)
+  return None if path is None else getattr(path, field)
 
 
 def _personal(host: Host) -> list[str]:
@@ -38,7 +45,7 @@ def _blockwise(host: Host) -> list[str]:
     return []
   items = ([("the clients' tier", paths)] if isinstance(paths, UpdatePath) else
            list(paths.items()) if isinstance(paths, Mapping) else list(enumerate(paths)))
-  depth = _depth(host)
+  depth = tree_depth(host)
   out = []
   for lv, p in items:
     if p is None or not p.aggregator.blockwise:
@@ -53,7 +60,7 @@ def _blockwise(host: Host) -> list[str]:
 
 
 def _private_clients(host: Host) -> list[str]:
-  return [f"differential privacy ({s!r}) at the clients' tier" for s in private_stages(_clients_path(host))]
+  return [f"differential privacy ({s!r}) at the clients' tier" for s in private_stages(clients_path(host))]
 
 
 def _private(host: Host) -> list[str]:
@@ -63,16 +70,14 @@ def _private(host: Host) -> list[str]:
 def _stage(field: str, what: str) -> Callable[[Host], list[str]]:
   """The probe of one stage of the clients' tier's update path (``field`` of :class:`UpdatePath`)."""
   def probe(host: Host) -> list[str]:
-    path = _clients_path(host)
-    stage = None if path is None else getattr(path, field)
+    stage = _stage_of(host, field)
     return [] if stage is None else [f"the update path's {what} {stage.name!r} at the clients' tier"]
   return probe
 
 
 def _parts(host: Host, field: str) -> list[str]:
   """The names of the parts of one stage of the clients' tier's path (a chain's, split at ``+``)."""
-  path = _clients_path(host)
-  stage = None if path is None else getattr(path, field)
+  stage = _stage_of(host, field)
   return [] if stage is None else stage.name.split("+")
 
 
@@ -90,7 +95,7 @@ def _local_noise(host: Host) -> list[str]:
 
 
 def _upper_paths(host: Host) -> list[str]:
-  paths = per_level_paths(host.get("update_paths"), _depth(host), algorithm="the method")[:-1]
+  paths = per_level_paths(host.get("update_paths"), tree_depth(host), algorithm="the method")[:-1]
   return [f"an update path at level {lv} (above the clients' parents)" for lv, p in enumerate(paths)
           if p is not None and not p.is_default]
 
