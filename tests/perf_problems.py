@@ -95,3 +95,32 @@ def secagg_path(cohort: int = 12):
   enc = secagg.fixed_point()
   return UpdatePath(client=secagg.client(enc), aggregator=secagg.secure_sum(enc),
                     node=secagg.recovery(cohort=np.array([cohort]), threshold=0.5))
+
+
+def stream_scaffold(directory: str, mesh=None) -> tuple[np.ndarray, np.ndarray]:
+  """SCAFFOLD streamed from a store written into ``directory`` (16 clients in two groups, cohort 4, two
+  rounds a call, five rounds) on one device or over ``mesh`` (call under ``jax.set_mesh``): its final
+  model and every client's paged control variate, flat."""
+  import os
+
+  from fedtree.algorithms import scaffold
+  from fedtree.core import loop
+  from fedtree.core.sharding import shard_data
+  from fedtree.datasets.synthetic import grouped_synthetic
+  from fedtree.population import PagedState, open_store, write_federated_data
+  from fedtree.population.stream import paged_init, run, skeleton
+
+  data, groups = grouped_synthetic(group_sizes=(8, 8), dim=6, num_classes=3, seed=2)
+  path = os.path.join(directory, "store")
+  store = open_store(path) if os.path.isdir(path) else write_federated_data(path, data, source={"name": "g"})
+  skel = skeleton(store, width=int(data.x_train.shape[1]))
+  alg = scaffold(model=tiny_model(), data=skel, local_optimizer=optax.sgd(0.1), local_learning_rate=0.1,
+                 topology=Topology.from_labels(groups), cohort_size=4,
+                 schedule=LocalSchedule(batch_size=4, steps=2, batch_order="cyclic"))
+  key = jax.random.key(4)
+  others, rows_of = paged_init(alg, loop.init_key(key), skel.num_clients)
+  paged = PagedState(rows_of, skel.num_clients)
+  state, _ = run(alg, skel if mesh is None else shard_data(skel, mesh), store, num_rounds=5, key=key,
+                 paged=paged, others=others, rounds_per_call=2, mesh=mesh)
+  rows = jax.tree.leaves(paged.gather(np.arange(skel.num_clients)))
+  return flat_params(state), np.concatenate([np.ravel(a) for a in rows])

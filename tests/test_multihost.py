@@ -162,3 +162,36 @@ def test_a_signal_to_one_process_stops_every_process_at_the_same_round(tmp_path)
                  config=config) for i in range(2)]
   outs = _finish(again)
   assert f"resumed from the checkpoint of round {stopped[0]}" in outs[0], outs[0][-3000:]
+
+
+@pytest.mark.slow
+def test_a_streamed_population_over_two_processes_is_the_one_process_run(tmp_path):
+  """Issue 49 item 6: ``--multihost`` over a population streamed from a store (SCAFFOLD's control
+  variates paged): each process reads, pages (its own folder) and scores the clients it owns, and the
+  run, and its resumption from the checkpoints both processes wrote, end with the one-process
+  ``summary.json`` and rows."""
+  import json
+
+  store = tmp_path / "store"
+  conv = subprocess.run([sys.executable, "-m", "fedtree.convert", "--config=tests/multihost_config.py:fedavg",
+                         f"--out={store}"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+  assert conv.returncode == 0, conv.stdout[-2000:] + conv.stderr[-2000:]
+  config = f"tests/multihost_store_config.py:{store}"
+
+  def rows(workdir):
+    with open(workdir / "metrics.jsonl") as f:
+      return sorted((r["run"], r["round"]) for r in map(json.loads, f))
+
+  one, two = tmp_path / "one", tmp_path / "two"
+  for rounds in (2, 3):
+    port = _free_port()
+    procs = [_main(tmp_path, two, f"--config.rounds={rounds}", process_id=i, port=port, config=config)
+             for i in range(2)]
+    procs.append(_main(tmp_path, one, f"--config.rounds={rounds}", config=config))
+    outs = _finish(procs)
+    assert "each of 2 processes reads its own clients" in outs[0], outs[0][-3000:]
+    if rounds == 3:
+      assert "scaffold: resumed from the checkpoint of round 2" in outs[0], outs[0][-3000:]
+    _close_summaries(json.load(open(two / "summary.json")), json.load(open(one / "summary.json")))
+    assert rows(two) == rows(one) and {run for run, _ in rows(one)} == {"fedavg", "scaffold"}
+  assert sorted(os.listdir(two / "checkpoints" / "scaffold" / "paged")) == ["process_0", "process_1"]

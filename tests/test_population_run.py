@@ -3,7 +3,6 @@ asked or when it does not, the same table either way; a streamed run checkpoints
 resumes; what cannot stream is refused in one line naming the run."""
 
 import json
-import os
 
 import ml_collections
 import numpy as np
@@ -109,12 +108,27 @@ def test_what_cannot_stream_is_refused_naming_the_run(store_path, tmp_path):
   c = _config(store_path, "sometimes")
   with pytest.raises(ValueError, match=r"config.population.mode='sometimes'; choose one of"):
     train_and_evaluate(c, str(tmp_path / "h"))
+
+
+def test_a_streamed_run_over_processes_needs_every_device(store_path, monkeypatch):
+  """Over several processes each reads its own clients onto its own devices (tests/test_multihost.py
+  runs it): a mesh that leaves some devices out is refused before anything is read or written."""
+  import jax
+
+  from fedtree.experiment import population
+  from fedtree.population.stream import skeleton
+
   c = _config(store_path, "streamed")
+  c.mesh_shape = 1
+  store = open_store(store_path)
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jax, "device_count", lambda: 2)
+  with pytest.raises(ValueError, match=r"streams .* over 2 processes, each reading its own clients "
+                                       r"onto its own devices: config.mesh_shape=1 leaves some"):
+    population.plan(c, skeleton(store), store)
   c.mesh_shape = -1
-  with pytest.raises(ValueError, match=r"a streamed run holds its window on one device of one process: "
-                                       r"not over config.mesh_shape=-1"):
-    train_and_evaluate(c, str(tmp_path / "m"))
-  assert not os.path.exists(tmp_path / "m" / "metrics.jsonl")
+  _, pop = population.plan(c, skeleton(store), store)
+  assert pop.streamed and "each of 2 processes reads its own clients of each call's window" in pop.note
 
 
 def test_a_moving_membership_streams_as_it_runs_resident(store_path, tmp_path):

@@ -134,3 +134,20 @@ def test_window_refusals():
     window_of([0, 12], 12)
   with pytest.raises(ValueError, match="3 distinct clients do not fit a window of 2 rows"):
     window_of([0, 1, 2, 1], 12, size=2)
+
+
+def test_a_window_in_segments_keeps_each_range_in_its_own_rows():
+  """window_of with bounds (a streamed run over several processes): segment q holds the clients of
+  bounds[q]..bounds[q+1]-1 and pads with its last id, so the window stays ascending and searchsorted
+  finds every held client at its row; the padding is never valid (never written back)."""
+  rows, valid, window = window_of([9, 1, 5, 3, 3, 7, 8], 12, 4, bounds=[0, 4, 8, 12])
+  assert rows.tolist() == [1, 3, 3, 3, 5, 7, 7, 7, 8, 9, 11, 11]
+  assert valid.tolist() == [True, True, False, False, True, True, False, False, True, True, False, False]
+  assert window.tolist() == rows.tolist()
+  held = np.array([1, 3, 5, 7, 8, 9])
+  found = np.searchsorted(window, held, side="left")
+  assert (rows[found] == held).all() and valid[found].all()
+  rows, valid, _ = window_of([2], 12, 2, bounds=[0, 0, 12])   # an empty range pads with an id >= 0
+  assert rows.tolist() == [0, 0, 2, 11] and valid.tolist() == [False, False, True, False]
+  with pytest.raises(ValueError, match=r"3 distinct clients of 0..3 do not fit a segment of 2 rows"):
+    window_of([0, 1, 2, 9], 12, 2, bounds=[0, 4, 12])

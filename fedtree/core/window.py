@@ -59,7 +59,7 @@ def unwindow_state(full: PyTree, windowed: PyTree, rows, valid=None) -> PyTree:
 
 
 def window_of(
-  clients, num_clients: int, size: int | None = None
+  clients, num_clients: int, size: int | None = None, *, bounds=None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """``(rows, valid, window)`` for a window holding ``clients`` (repeats allowed): ``rows``
   (``int32[W]``) the distinct clients in the window's rows in ascending order, padded to ``size``
@@ -68,13 +68,22 @@ def window_of(
   :data:`~fedtree.core.data.WINDOW_END` at the padding rows. Nothing here grows with
   ``num_clients``.
 
+  With ``bounds`` (``int[P + 1]`` ascending from 0 to ``num_clients``: the clients each of ``P``
+  processes owns), the window is ``P`` segments of ``size`` rows, segment ``q`` holding the window's
+  clients of ``bounds[q] .. bounds[q + 1] - 1`` padded with ``bounds[q + 1] - 1`` (``valid`` false):
+  a run over several processes, each reading and paging its own clients' rows only
+  (:mod:`fedtree.population.stream`).
+
   Raises:
-    ValueError: a client outside ``0 .. num_clients - 1``, or more distinct clients than ``size``.
+    ValueError: a client outside ``0 .. num_clients - 1``, or more distinct clients than ``size`` (than
+      ``size`` of one range, with ``bounds``).
   """
   clients = np.unique(np.asarray(clients, np.int64))
   if clients.size and (clients[0] < 0 or clients[-1] >= num_clients):
     bad = int(clients[0] if clients[0] < 0 else clients[-1])
     raise ValueError(f"client {bad} is outside the population (0..{num_clients - 1})")
+  if bounds is not None:
+    return _segments(clients, clients.size if size is None else int(size), np.asarray(bounds, np.int64))
   size = clients.size if size is None else int(size)
   if clients.size > size:
     raise ValueError(f"{clients.size} distinct clients do not fit a window of {size} rows")
@@ -83,6 +92,24 @@ def window_of(
   window = np.full(size, WINDOW_END, np.int32)
   window[: clients.size] = clients
   return rows, np.arange(size) < clients.size, window
+
+
+def _segments(clients: np.ndarray, size: int, bounds: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """:func:`window_of` in segments of ``size`` rows, the ``q``-th holding the clients in
+  ``bounds[q] .. bounds[q + 1] - 1`` and padded with ``bounds[q + 1] - 1``: still ascending, so every
+  held client is found where it is (the first of equal ids), and each segment's rows belong to its range."""
+  parts = np.searchsorted(clients, bounds)
+  rows = np.repeat(np.maximum(bounds[1:] - 1, 0), size).astype(np.int32)
+  valid = np.zeros(rows.size, bool)
+  for q in range(bounds.size - 1):
+    held = clients[parts[q]:parts[q + 1]]
+    if held.size > size:
+      raise ValueError(f"{held.size} distinct clients of {bounds[q]}..{bounds[q + 1] - 1} do not fit a "
+                       f"segment of {size} rows")
+    rows[q * size: q * size + held.size] = held
+    valid[q * size: q * size + held.size] = True
+  return rows, valid, rows.copy()
 
 
 def window_data(data: FederatedData, rows, window) -> FederatedData:

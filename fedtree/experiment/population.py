@@ -123,7 +123,7 @@ def plan(
 
   Raises:
     ValueError: ``mode="resident"`` for a population that does not fit (naming the bytes); a streamed
-      one over a mesh or several processes.
+      one over several processes with a mesh that leaves some of their devices out.
   """
   opts = options(config)
   size = resident_bytes(store)
@@ -145,17 +145,17 @@ def plan(
     return data, Population(store, False, f"population: resident, {where}; {limit_s}", **rest)
   why = "asked for" if opts["mode"] == "streamed" else "it does not fit"
   mesh = config.get("mesh_shape", None)
-  if jax.process_count() > 1 or mesh:
+  procs = jax.process_count()
+  if procs > 1 and mesh not in (None, -1, jax.device_count()):
     raise ValueError(
-      f"the population of {store.path} streams ({why}: {where}; {limit_s}), and a streamed run holds "
-      f"its window on one device of one process: not over config.mesh_shape={mesh!r}"
-      f" or {jax.process_count()} processes (yet); run it on one device, or resident "
-      f"(config.population.mode='resident') where the population fits"
+      f"the population of {store.path} streams ({why}: {where}; {limit_s}) over {procs} processes, each "
+      f"reading its own clients onto its own devices: config.mesh_shape={mesh!r} leaves some processes' "
+      f"devices out; use every device (config.mesh_shape=-1)"
     )
-  note = (
-    f"population: streamed from {store.path} ({why}: {where}; {limit_s}); the device holds each call's "
-    f"window of clients"
-  )
+  holds = "the device holds" if not mesh and procs == 1 else (
+    f"each of {procs} processes reads its own clients of" if procs > 1 else "the mesh's devices hold")
+  note = (f"population: streamed from {store.path} ({why}: {where}; {limit_s}); {holds} each call's "
+          f"window of clients")
   return skeleton, Population(store, True, note, **rest)
 
 
@@ -203,27 +203,36 @@ def evaluate_streamed(
   positive_classes=None,
   top_k: int | None = None,
   central=None,
+  mesh=None,
 ) -> dict[str, dict[str, Any]]:
   """Every node-level model of ``state`` (:func:`node_models`) scored on the test rows of the clients of
   the evaluation after round ``round_`` (:func:`eval_plan`), read from the store chunk by chunk and
   summarized once over them (per client, per group, fairness), as the resident evaluation summarizes
-  every client; the summaries name the clients scored (``eval_clients``)."""
+  every client; the summaries name the clients scored (``eval_clients``). Over a ``mesh`` (of one
+  process or several) each process reads the test rows of its own clients of a chunk
+  (:func:`fedtree.population.stream.layout`) and every process gets every score."""
   import jax.numpy as jnp
 
   from fedtree.core.metrics import central_keys, summarize
   from fedtree.core.sharding import to_host
+  from fedtree.population.stream import layout
 
   store = population.store
   models = node_models(algorithm.models(state), store.num_clients)
   stats: dict[str, list] = {name: [] for name in models}
   ids = []
+  spread = None if mesh is None else layout(mesh, store.num_clients, population.eval_chunk)
   for chunk in population.eval_plan.chunks(int(round_)):
-    test = store.read(chunk, "test")
-    x, y, n = jnp.asarray(test.x), jnp.asarray(test.y), jnp.asarray(test.n)
+    rows, keep = np.asarray(chunk), slice(None)
+    if spread is not None:   # each process's clients of the chunk, in its segment of the rows
+      rows, keep, _ = spread.window(chunk, store.num_clients)
+    test = store.read(rows if spread is None else spread.local(rows), "test")
+    place = jnp.asarray if spread is None else spread.place
+    x, y, n = place(test.x), place(test.y), place(test.n)
     for name, nm in models.items():
-      moc = jnp.asarray(np.asarray(nm.model_of_client)[chunk])
-      stats[name].append(to_host(evaluator(nm.params, x, y, n, moc)))
-    ids.append(chunk)
+      moc = jnp.asarray(np.asarray(nm.model_of_client)[rows])
+      stats[name].append(jax.tree.map(lambda a: a[keep], to_host(evaluator(nm.params, x, y, n, moc))))  # noqa: B023
+    ids.append(rows[keep])
   ids_ = np.concatenate(ids) if ids else np.zeros(0, np.int64)
   perplexity = model.token_labels
   out = {}
@@ -252,6 +261,43 @@ class StreamCheckpoint:
   others: Any  # [leaf] the state's leaves that are not per-client (their rows: the paged state's)
   slots: Any  # uint8[C] the paged state's committed slots
   generation: Any  # int64[] its commit count
+
+
+class _Slots:
+  """A paged state's snapshot of slots as a checkpoint keeps it: as it is in one process; over several
+  (each paging the clients it owns, :func:`fedtree.population.stream.layout`), one array over the mesh
+  whose shards on a process's devices are that process's clients' slots, so each process saves and
+  restores its own."""
+
+  def __init__(self, mesh, num_clients: int):
+    from fedtree.population.stream import layout
+
+    self.num_clients = int(num_clients)
+    self.layout = None
+    if mesh is not None and jax.process_count() > 1:
+      devices = int(np.asarray(mesh.devices).size)
+      span = devices // jax.process_count() * -(-self.num_clients // devices)   # a process's devices' rows
+      self.layout = layout(mesh, self.num_clients, 1)._replace(segment=span)
+
+  def out(self, slots: np.ndarray):
+    if self.layout is None:
+      return slots
+    from fedtree.population.paged import NEVER
+
+    mine = np.full(self.layout.segment, NEVER, np.uint8)
+    lo, hi = (int(b) for b in self.layout.bounds[self.layout.process: self.layout.process + 2])
+    mine[: hi - lo] = slots[lo:hi]
+    return self.layout.place(mine)
+
+  def back(self, saved) -> np.ndarray:
+    if self.layout is None:
+      return np.asarray(saved)
+    from fedtree.population.paged import NEVER
+
+    slots = np.full(self.num_clients, NEVER, np.uint8)
+    lo, hi = (int(b) for b in self.layout.bounds[self.layout.process: self.layout.process + 2])
+    slots[lo:hi] = self.layout.fetch(saved)[: hi - lo]
+    return slots
 
 
 def run_streamed(
@@ -297,22 +343,24 @@ def run_streamed(
 
     ckpt = Checkpointer(checkpoint_dir, every=checkpoint_every, keep=keep_checkpoints)
     directory = os.path.join(checkpoint_dir, "paged")
+    if jax.process_count() > 1:   # each process pages the clients it owns (fedtree.population.stream.layout)
+      directory = os.path.join(directory, f"process_{jax.process_index()}")
   paged = PagedState(rows_of, ctx.data.num_clients, directory=directory)
+  slots = _Slots(ctx.mesh, ctx.data.num_clients)
   split = _split_of(jax.eval_shape(algorithm.init, loop.init_key(key)))
   start = 0
   if ckpt is not None:
     like = StreamCheckpoint(
       round=jax.numpy.zeros((), jax.numpy.int32),
       others=others,
-      slots=paged.snapshot_like().slots,
+      slots=slots.out(paged.snapshot_like().slots),
       generation=paged.snapshot_like().generation,
     )
     restored = ckpt.restore(like, warn=reporter.print)
     if restored is not None:
       others = list(restored.others)
-      paged.restore(
-        PagedSnapshot(slots=np.asarray(restored.slots), generation=np.asarray(restored.generation))
-      )
+      paged.restore(PagedSnapshot(slots=slots.back(restored.slots),
+                                  generation=np.asarray(restored.generation)))
       start = int(restored.round)
       reporter.print(f"{label}: resumed from the checkpoint of round {start} in {checkpoint_dir}")
   reporter.start_run(label, num_rounds, from_round=start)
@@ -326,7 +374,8 @@ def run_streamed(
     snap = paged.commit()
     ckpt.maybe_save(
       StreamCheckpoint(
-        round=state.round, others=split.parts(state)[1], slots=snap.slots, generation=snap.generation
+        round=state.round, others=split.parts(state)[1], slots=slots.out(snap.slots),
+        generation=snap.generation,
       ),
       force=r == num_rounds,
     )
@@ -350,6 +399,7 @@ def run_streamed(
       on_call=save,
       should_stop=should_stop,
       max_abs=max_abs,
+      mesh=ctx.mesh,
     )
     if int(state.round) < num_rounds:
       raise RunStopped(

@@ -67,7 +67,8 @@ class Scoring(NamedTuple):
 
       out = evaluate_streamed(algorithm, state, ctx.population, round_, model=ctx.model,
                               evaluator=self.evaluator(state), groups=ctx.groups,
-                              positive_classes=self.positive_classes, top_k=self.top_k, central=self.central)
+                              positive_classes=self.positive_classes, top_k=self.top_k, central=self.central,
+                              mesh=ctx.mesh)
     else:
       out = evaluation.evaluate_models(
         algorithm, state, ctx.model, ctx.run_data, groups=ctx.groups,

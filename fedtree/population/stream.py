@@ -112,6 +112,101 @@ def paged_init(algorithm: FederatedAlgorithm, key: jax.Array, num_clients: int) 
   return others, rows_of
 
 
+class Layout(NamedTuple):
+  """Where a window's rows live: on one device (``mesh`` ``None``), or over the client axis of
+  ``mesh`` (:func:`fedtree.core.sharding.client_mesh`), where process ``q`` owns the clients
+  ``bounds[q] .. bounds[q + 1] - 1`` and holds the window's segment of them
+  (:func:`fedtree.core.window.window_of` with ``bounds``): it reads their rows from the store, pages
+  their state and scores them, and no other process touches them.
+
+  Attributes:
+    mesh: the devices the window's rows are spread over, or ``None``.
+    bounds: ``int64[P + 1]`` the clients each process owns (``None`` without a mesh).
+    segment: rows of each process's segment (of the whole window without a mesh).
+    process: this process's index.
+  """
+
+  mesh: Any
+  bounds: np.ndarray | None
+  segment: int
+  process: int = 0
+
+  @property
+  def size(self) -> int:
+    """Rows of the whole window (every process's segment)."""
+    return self.segment * (1 if self.bounds is None else len(self.bounds) - 1)
+
+  def window(self, clients, num_clients: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`fedtree.core.window.window_of` for this layout: ``(rows, valid, window)`` of every process."""
+    return window_of(clients, num_clients, self.segment, bounds=self.bounds)
+
+  def local(self, a: np.ndarray) -> np.ndarray:
+    """This process's segment of ``a`` (a host array over the whole window)."""
+    if self.bounds is None:
+      return a
+    return a[self.process * self.segment: (self.process + 1) * self.segment]
+
+  def place(self, rows: np.ndarray) -> jax.Array:
+    """This process's rows (``[segment, ...]``) as the window's array: on the device, or over the mesh's
+    client axis with every process's segment (a collective-free construction: each process gives its own)."""
+    if self.mesh is None:
+      return jax.device_put(rows)
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from fedtree.core.sharding import CLIENT_AXIS
+
+    rows = np.asarray(rows)
+    return jax.make_array_from_process_local_data(
+      NamedSharding(self.mesh, P(CLIENT_AXIS)), rows, (self.size,) + rows.shape[1:])
+
+  def fetch(self, a) -> np.ndarray:
+    """This process's segment of ``a`` (an array over the window, as :meth:`place` made it or a round
+    returned it) as numpy, read from this process's devices only."""
+    if self.mesh is None or a.is_fully_addressable:
+      return self.local(np.asarray(a))
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from fedtree.core.sharding import CLIENT_AXIS
+
+    want = NamedSharding(self.mesh, P(CLIENT_AXIS))
+    if not a.sharding.is_equivalent_to(want, a.ndim):
+      a = jax.jit(lambda v: v, out_shardings=want)(a)
+    shards = {s.index[0].start or 0: s.data for s in a.addressable_shards}
+    local = np.concatenate([np.asarray(shards[k]) for k in sorted(shards)])
+    if local.shape[0] != self.segment:
+      raise AssertionError(f"process {self.process} holds {local.shape[0]} rows of the window, not its "
+                           f"segment of {self.segment}")
+    return local
+
+
+def layout(mesh, num_clients: int, size: int) -> Layout:
+  """The :class:`Layout` of a window of ``size`` distinct clients over ``mesh`` (``None``: one device).
+
+  Each process's segment holds ``size`` rows (every client of a call may be one process's), rounded up
+  to a multiple of its devices; process ``q`` owns the clients whose rows the checkpoint's per-client
+  arrays keep on its devices (``bounds[q] = q * k * ceil(C / (P k))``, ``k`` devices a process).
+
+  Raises:
+    ValueError: a mesh whose processes hold different numbers of its devices, or are not in order
+      along it (process 0's devices first).
+  """
+  if mesh is None:
+    return Layout(None, None, int(size))
+  owners = [int(d.process_index) for d in np.asarray(mesh.devices).reshape(-1)]
+  procs = sorted(set(owners))
+  k = owners.count(procs[0])
+  if owners != sorted(owners) or any(owners.count(q) != k for q in procs) or procs != list(range(len(procs))):
+    raise ValueError(
+      f"a streamed run spreads each process's clients over its own devices of the mesh; this mesh's "
+      f"devices belong to processes {owners}: give every process the same number of devices, in process "
+      f"order (config.mesh_shape=-1 over every device does)")
+  per = -(-int(num_clients) // (k * len(procs)))  # clients a device's shard of a per-client array holds
+  bounds = np.minimum(np.arange(len(procs) + 1, dtype=np.int64) * k * per, int(num_clients))
+  return Layout(mesh, bounds, -(-int(size) // k) * k, jax.process_index())
+
+
 @dataclasses.dataclass
 class _Calls:
   """The window rows of every call (a sequence indexed by call, computed when asked for)."""
@@ -119,7 +214,7 @@ class _Calls:
   starts: list[int]  # each call's first round done (the state's round before it)
   lengths: list[int]  # its rounds
   reads: Callable  # reads(state, rounds) -> int32[len(rounds), D]
-  size: int  # the window's rows
+  layout: Layout  # where the window's rows live
   num_clients: int
   state: Any = None  # the state the reads are computed from (any state of the run, or the current)
   memo: dict = dataclasses.field(default_factory=dict)   # call -> its window (made once, by either thread)
@@ -134,7 +229,7 @@ class _Calls:
         return self.memo[i]
     first = self.starts[i]
     read = np.asarray(self.reads(self.state, np.arange(first, first + self.lengths[i], dtype=np.int32)))
-    made = window_of(read.reshape(-1), self.num_clients, self.size)
+    made = self.layout.window(read.reshape(-1), self.num_clients)
     with self.lock:
       self.memo[i] = made
       for old in [k for k in self.memo if k < i - 8]:   # the reader runs at most a few calls ahead
@@ -142,7 +237,7 @@ class _Calls:
     return made
 
   def __getitem__(self, i: int) -> np.ndarray:
-    return self.window(i)[0]
+    return self.layout.local(self.window(i)[0])   # (the rows this process reads)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -195,6 +290,7 @@ def run(
   check_finite: bool = True,
   max_abs: float | None = loop.DIVERGENCE_BOUND,
   cache: loop.CompileCache | None = loop.COMPILED,
+  mesh=None,
 ) -> tuple[Any, StreamStats]:
   """Runs ``algorithm`` over the population of ``store`` until round ``num_rounds``, as
   :func:`fedtree.core.loop.run` does over a resident one.
@@ -215,6 +311,9 @@ def run(
     eval_every, on_rounds, on_metrics, on_call, on_eval, should_stop, check_finite, max_abs, cache: as
       :func:`fedtree.core.loop.run`'s (a stop ends a call after the round in progress); hooks receive
       the state over the call's window.
+    mesh: the client axis over several devices, of one process or several (``jax.distributed``;
+      call under ``jax.set_mesh(mesh)``): each process reads, pages and holds the rows of the clients
+      it owns only (:func:`layout`); ``paged`` is then this process's, written for its clients only.
 
   Returns:
     ``(state, stats)``: the state over the last call's window (the per-client rows are ``paged``'s) and
@@ -247,14 +346,8 @@ def run(
     r += n
   reads_fn = functools.partial(_call_reads, algorithm.reads.clients, key=key)
   per_round = int(jax.eval_shape(reads_fn, probe, np.zeros(1, np.int32)).shape[1])
-  calls = _Calls(
-    starts,
-    lengths,
-    reads_fn,
-    fuse * per_round,
-    data.num_clients,
-    state=probe,
-  )
+  where = layout(mesh, data.num_clients, fuse * per_round)
+  calls = _Calls(starts, lengths, reads_fn, where, data.num_clients, state=probe)
   width = int(data.x_train.shape[1])
   reader = CohortReader(
     store,
@@ -262,13 +355,13 @@ def run(
     width=width,  # type: ignore[arg-type]  # (a lazy sequence)
     depth=0 if algorithm.reads.needs_state else int(depth),
     cache_bytes=int(cache_bytes),
-    transfer=lambda block: (jax.device_put(block.x), jax.device_put(block.y)),   # (on the device ahead)
+    transfer=lambda block: (where.place(block.x), where.place(block.y)),   # (on the devices ahead)
   )
   # every client's counts moved to the device once (as numpy they would be copied in every call)
-  data = data.replace(n_train=jnp.asarray(data.n_train), n_test=jnp.asarray(data.n_test))  # type: ignore[attr-defined]
-  rows_of_test = (calls.size,) + tuple(data.x_test.shape[1:])
-  test_x = jnp.zeros(rows_of_test, data.x_test.dtype)   # (a round reads no test row)
-  test_y = jnp.zeros((calls.size,) + tuple(data.y_test.shape[1:]), data.y_test.dtype)
+  on_device = lambda a: jnp.asarray(a) if isinstance(a, np.ndarray) else a  # noqa: E731  # (over a mesh: placed)
+  data = data.replace(n_train=on_device(data.n_train), n_test=on_device(data.n_test))  # type: ignore[attr-defined]
+  test_x = where.place(np.zeros((where.segment,) + tuple(data.x_test.shape[1:]), data.x_test.dtype))
+  test_y = where.place(np.zeros((where.segment,) + tuple(data.y_test.shape[1:]), data.y_test.dtype))
   wait = gather = running = 0.0
   state = None
   with reader:
@@ -283,7 +376,8 @@ def run(
       wdata = data.replace(  # type: ignore[attr-defined]
         x_train=x_train, y_train=y_train, x_test=test_x, y_test=test_y, window=jnp.asarray(window)
       )
-      rows_now = [] if paged is None else [jnp.asarray(a) for a in paged.gather(rows)]
+      mine = where.local(rows)
+      rows_now = [] if paged is None else [where.place(a) for a in paged.gather(mine)]
       state = split.join(rows_now, others)
       t2 = time.perf_counter()
       gather += t2 - t1
@@ -296,8 +390,8 @@ def run(
       running += t3 - t2
       new_rows, others = split.parts(state)
       if paged is not None:
-        keep = np.flatnonzero(valid)
-        paged.scatter(rows[keep], [np.asarray(a)[keep] for a in new_rows])
+        keep = np.flatnonzero(where.local(valid))
+        paged.scatter(mine[keep], [where.fetch(a)[keep] for a in new_rows])
       gather += time.perf_counter() - t3
       done = starts[i] + n
       if check_finite:
