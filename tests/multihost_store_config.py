@@ -13,7 +13,7 @@ from multihost_config import get_config as resident  # noqa: E402
 
 def get_config(path: str = "") -> ml_collections.ConfigDict:
   """``path``: the store (``python -m fedtree.convert --config=tests/multihost_config.py:fedavg``)."""
-  c = resident("fedavg,scaffold")
+  c = resident("fedavg,scaffold,ditto")
   c.data = ml_collections.ConfigDict(dict(name="store", path=path, dataset="grouped_synthetic"))
   c.population = ml_collections.ConfigDict(dict(mode="streamed", eval_clients=0, eval_chunk=3))
   for run in c.runs.values():

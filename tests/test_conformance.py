@@ -88,6 +88,52 @@ def test_conformance(ctx, name):
       assert np.all(np.isfinite(np.asarray(p))), f"{name}/{model_name}: non-finite params"
 
 
+STREAMS = {"fedavg", "hierfavg", "scaffold", "ditto", "fedper", "apfl", "fedrod", "heterofl", "depthfl"}
+"""Algorithms a streamed population must serve (issue 49): the test below checks they still say which
+clients a round reads."""
+
+
+@pytest.mark.slow   # (47 algorithms, each round compiled over the population and over a window: 2 min)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_round_over_a_window_of_its_clients_is_the_resident_round(ctx, name):
+  """Issue 49 over the harness: every registered algorithm either says it cannot stream (``reads`` None:
+  it reads clients beyond its cohort), or computes over a window holding only the clients its rounds
+  read (in rows that are not their ids, with padding) bitwise the resident rounds, its per-client rows
+  outside the window untouched; and the per-client model sets it makes for those clients
+  (``ClientModels``) are the resident sets' rows of those clients."""
+  from fedtree.core.window import unwindow_state, window_data, window_of, window_state
+
+  alg = _build(ctx, name)
+  if alg.reads is None:
+    assert name not in STREAMS, f"{name} no longer says which clients a round reads"
+    return
+  data, c = ctx.data, ctx.data.num_clients
+  step = jax.jit(alg.round)
+  root = jax.random.key(7)
+  full = resident = alg.init(jax.random.key(0))
+  for _ in range(2):
+    key = jax.random.fold_in(root, full.round)
+    read = np.unique(np.asarray(alg.reads.clients(full, key)))
+    rows, valid, window = window_of(read, c, size=len(read) + 2)
+    new, metrics = step(window_state(full, rows), window_data(data, rows, window), key)
+    full = unwindow_state(full, new, rows, valid)
+    resident, want = step(resident, data, key)
+    trees_equal(full, resident)
+    trees_equal(metrics, want)
+  cm = alg.client_sets()
+  if cm is None:
+    return
+  every = alg.models(resident)
+  made = cm.sets(window_state(resident, rows[valid]), rows[valid])
+  for set_name, got in made.items():
+    ref = every[set_name]
+    at = np.asarray(ref.model_of_client)[rows[valid]]
+    trees_equal(jax.tree.map(lambda a: np.asarray(a)[np.asarray(got.model_of_client)], got.params),  # noqa: B023
+                jax.tree.map(lambda a: np.asarray(a)[at], ref.params))  # noqa: B023
+    if getattr(ref, "client_params", None) is not None:
+      trees_equal(got.client_params, jax.tree.map(lambda a: np.asarray(a)[rows[valid]], ref.client_params))  # noqa: B023
+
+
 def test_misspelled_field_names_the_run_and_the_allowed_fields(ctx):
   run = ml_collections.ConfigDict({"algorithm": "fedprox", "mu": 0.1, "cohrt_size": 2})
   with pytest.raises(ValueError, match=r"config.runs.prox \(algorithm='fedprox'\): unknown field "

@@ -167,9 +167,9 @@ def test_a_signal_to_one_process_stops_every_process_at_the_same_round(tmp_path)
 @pytest.mark.slow
 def test_a_streamed_population_over_two_processes_is_the_one_process_run(tmp_path):
   """Issue 49 item 6: ``--multihost`` over a population streamed from a store (SCAFFOLD's control
-  variates paged): each process reads, pages (its own folder) and scores the clients it owns, and the
-  run, and its resumption from the checkpoints both processes wrote, end with the one-process
-  ``summary.json`` and rows."""
+  variates and Ditto's personal models paged, Ditto's scored from the pages): each process reads, pages
+  (its own folder) and scores the clients it owns, and the run, and its resumption from the checkpoints
+  both processes wrote, end with the one-process ``summary.json`` and rows."""
   import json
 
   store = tmp_path / "store"
@@ -193,5 +193,5 @@ def test_a_streamed_population_over_two_processes_is_the_one_process_run(tmp_pat
     if rounds == 3:
       assert "scaffold: resumed from the checkpoint of round 2" in outs[0], outs[0][-3000:]
     _close_summaries(json.load(open(two / "summary.json")), json.load(open(one / "summary.json")))
-    assert rows(two) == rows(one) and {run for run, _ in rows(one)} == {"fedavg", "scaffold"}
+    assert rows(two) == rows(one) and {run for run, _ in rows(one)} == {"fedavg", "scaffold", "ditto"}
   assert sorted(os.listdir(two / "checkpoints" / "scaffold" / "paged")) == ["process_0", "process_1"]

@@ -110,6 +110,48 @@ def test_what_cannot_stream_is_refused_naming_the_run(store_path, tmp_path):
     train_and_evaluate(c, str(tmp_path / "h"))
 
 
+def test_a_streamed_run_scores_personal_models_as_the_resident_run(store_path, tmp_path, capsys):
+  """The per-client model sets (issue 49): a streamed run pages each evaluation chunk's rows in and scores
+  every client's own model (ClientModels), as the resident run does over every client: the host's
+  personal leaves (FedPer), an objective's personal models (Ditto), a wrapper's mixture (APFL) and a
+  width method's own sub-model (HeteroFL), beside their global models."""
+  runs = CD({
+    "fedper": CD(dict(algorithm="fedper", cohort_size=3)),
+    "ditto": CD(dict(algorithm="ditto", cohort_size=3, lam=0.1)),
+    "apfl": CD(dict(algorithm="apfl", cohort_size=3)),
+    "heterofl": CD(dict(algorithm="heterofl", cohort_size=3, rates=(1.0, 0.5))),
+  })
+  results = []
+  for mode in ("resident", "streamed"):
+    c = _config(store_path, mode)
+    c.runs = runs
+    results.append(train_and_evaluate(c, str(tmp_path / mode)))
+  assert "not scored in a streamed run" not in "".join(capsys.readouterr())
+  a, b = (_accuracies(r) for r in results)
+  assert a.keys() == b.keys() and {"personal", "global"} <= set(a["ditto"]) and "own_width" in a["heterofl"]
+  for run in a:
+    assert a[run].keys() == b[run].keys(), run
+    for m in a[run]:
+      np.testing.assert_allclose(b[run][m], a[run][m], atol=1e-6, err_msg=f"{run}/{m}")
+      assert results[1][run][m]["eval_clients"].startswith("every client (12)")
+
+
+def test_a_streamed_run_refuses_models_it_cannot_score(store_path, tmp_path):
+  """Models made from every client's rows (Per-FedAvg's fine-tuning), or only per-client sets it cannot
+  make for a chunk (FedMD's), are refused naming the run, before anything is written."""
+  for run, fields, match in [
+    ("pfa", dict(algorithm="perfedavg", alpha=0.05, beta=0.05),
+     r"pfa: perfedavg's models are made from every client's rows"),
+    ("md", dict(algorithm="fedmd", public_examples=8),
+     r"md: a streamed run scores none of fedmd's models \('personal'"),
+  ]:
+    c = _config(store_path, "streamed")
+    c.runs = CD({run: CD(dict(cohort_size=3, **fields))})
+    with pytest.raises(ValueError, match=match):
+      train_and_evaluate(c, str(tmp_path / run))
+    assert not (tmp_path / run).exists()
+
+
 def test_a_streamed_run_over_processes_needs_every_device(store_path, monkeypatch):
   """Over several processes each reads its own clients onto its own devices (tests/test_multihost.py
   runs it): a mesh that leaves some devices out is refused before anything is read or written."""

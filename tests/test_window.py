@@ -101,7 +101,8 @@ def test_the_clients_a_round_reads_are_its_cohort(problem):
 
 
 def test_methods_that_read_other_clients_cannot_stream(problem):
-  """FedAMP's parcels mix a parent's cohort, FedFomo's read other clients' models: no window."""
+  """FedAMP's parcels mix a parent's cohort, FedFomo's read other clients' models, kNN-Per rebuilds every
+  client's memory: no window."""
   data, _, model = problem
   common = dict(
     model=model,
@@ -112,6 +113,7 @@ def test_methods_that_read_other_clients_cannot_stream(problem):
   )
   assert A.fedamp(**common).reads is None
   assert A.fedfomo(num_candidates=2, **common).reads is None
+  assert A.knnper(**common).reads is None   # (every round rebuilds every client's memory)
 
 
 def test_client_leaves_are_the_states_client_rows(problem):

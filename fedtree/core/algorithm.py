@@ -101,12 +101,36 @@ class Reads(NamedTuple):
   needs_state: bool = False
 
 
+class ClientModels(NamedTuple):
+  """An algorithm's per-client model sets (a row per client: personal models) for some clients only,
+  so that a population held on disk scores them chunk by chunk with their rows paged in
+  (:mod:`fedtree.population`) instead of holding every client's row.
+
+  Attributes:
+    of: the ``models`` these sets belong to; a wrapper that replaces an algorithm's ``models`` leaves
+      them stale, and they are then not used (:meth:`FederatedAlgorithm.client_sets`).
+    sets: ``sets(state, clients) -> {name: NodeModels}`` over a state whose per-client leaves hold the
+      rows of the clients ``clients`` (``int32[K]``) in that order: each set's ``model_of_client`` has
+      ``K`` entries, the ``k``-th scoring client ``clients[k]`` as ``of(state)`` scores it over every
+      client (per-client inputs, ``ScoredModels.client_params``, ``K`` rows too).
+    nodes: ``nodes(state) -> {name: NodeModels}``: the other sets of ``of(state)`` (a row per server
+      node), which a state over a window of clients makes too.
+  """
+
+  of: Callable[[Any], dict[str, NodeModels]]
+  sets: Callable[[Any, jax.Array], dict[str, NodeModels]]
+  nodes: Callable[[Any], dict[str, NodeModels]]
+
+
 class FederatedAlgorithm(NamedTuple):
   """``init(key) -> state``; ``round(state, data, key) -> (state, metrics)``;
   ``models(state) -> {name: NodeModels}``. ``name`` labels reports.
 
   ``reads`` (optional, :class:`Reads`): which clients a round reads, so that a population held on
   disk streams their rows in before it; ``None``: the algorithm reads every client (it cannot stream).
+
+  ``client_models`` (optional, :class:`ClientModels`): the per-client sets of ``models`` for some
+  clients only (a streamed population scores them chunk by chunk).
 
   ``report`` (optional): ``report(state, data, key, summaries) -> Report``, called once on the
   final state with the run's root key and the standard summaries of ``models(state)``, for
@@ -137,6 +161,12 @@ class FederatedAlgorithm(NamedTuple):
   report: Callable[[Any, FederatedData, jax.Array, dict], Report] | None = None
   rounds: int | None = None  # a composition of fixed length (sequential): its number of rounds
   reads: Reads | None = None
+  client_models: ClientModels | None = None
+
+  def client_sets(self) -> ClientModels | None:
+    """``client_models`` where they belong to this algorithm's ``models``, else ``None``."""
+    cm = self.client_models
+    return cm if cm is not None and cm.of is self.models else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -564,12 +564,17 @@ def counting(inner: ClientUpdate, step: Callable) -> ClientUpdate:
   return inner._replace(apply=apply, init_state=init_state, takes_round=True, personal_models=personal)
 
 
-def mean_over_trained(before, after, values) -> jax.Array:
+def mean_over_trained(before, after, values, window=None) -> jax.Array:
   """The mean of ``values [C]`` over the clients that trained between two client states of a
-  :func:`counting` update (0 where none did), in the default float dtype (float64 under x64)."""
+  :func:`counting` update (0 where none did), in the default float dtype (float64 under x64). Over a
+  window of the population (``window``: :attr:`fedtree.core.data.FederatedData.window`, the client of
+  each of the states' rows) each row takes its client's value."""
   real = jnp.result_type(float)
   trained = (after[0] - before[0]).astype(real)
-  return jnp.sum(trained * jnp.asarray(values, real)) / jnp.maximum(jnp.sum(trained), 1.0)
+  values = jnp.asarray(values, real)
+  if window is not None:   # (rows past the window's clients never train)
+    values = jnp.take(values, jnp.minimum(jnp.asarray(window), values.shape[0] - 1))
+  return jnp.sum(trained * values) / jnp.maximum(jnp.sum(trained), 1.0)
 
 
 def check_model_state(update: ClientUpdate, model: Model, algorithm: str) -> ClientUpdate:

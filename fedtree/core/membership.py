@@ -218,6 +218,15 @@ def ancestor_through(topology, level: int, member):
   return jnp.take(jnp.asarray(topology.ancestor(level, leaf)), member)
 
 
+def clients_parent_rows(topology, level: int, membership: Membership | None, r, params, clients=None):
+  """The rows of ``params`` (a level's ``[N, ...]`` node models) of every client's node at ``level`` in
+  round ``r`` (:func:`clients_node`), or of the clients ``clients`` (``int[K]``) only: what a client's
+  personal model combines with its own rows."""
+  node = jnp.asarray(clients_node(topology, level, membership, r), jnp.int32)
+  node = node if clients is None else jnp.take(node, jnp.asarray(clients))
+  return jax.tree.map(lambda a: jnp.take(a, node, axis=0), params)
+
+
 def clients_node(topology, level: int, membership: Membership | None, r):
   """Every client's node at ``level`` in round ``r`` (:func:`ancestor_through` its edge of the round;
   the tree's without a membership): what scores a client with its edge's model, or its region's,

@@ -60,14 +60,7 @@ def evaluate_models(
   for name, nm in algorithm.models(state).items():
     moc = jnp.asarray(nm.model_of_client)
     own = getattr(nm, "model", None)
-    if own is None:
-      def score(x, y, n, moc, nm=nm):
-        return to_host(evaluator(nm.params, x, y, n, moc))
-    else:
-      scorer = own_evaluator(own, chunk_size, positive_classes is not None, top_k)
-
-      def score(x, y, n, moc, nm=nm, scorer=scorer):
-        return to_host(scorer(nm.params, x, y, n, moc, nm.client_params))
+    score = set_scorer(nm, evaluator, chunk_size, positive_classes is not None, top_k)
     out[name] = {}
     if local:
       stats = score(data.x_test, data.y_test, data.n_test, moc)
@@ -87,6 +80,17 @@ def evaluate_models(
     if getattr(nm, "cluster_of_client", None) is not None:
       out[name].update(cluster_summary(nm, data, evaluator, true_clusters=groups))
   return out
+
+
+def set_scorer(nm, evaluator, chunk_size: int | None, confusion: bool, top_k: int | None):
+  """``score(x, y, n, model_of_client) -> EvalStats`` (on the host) of the model set ``nm``: with the
+  run's ``evaluator``, or with the set's own model and its clients' inputs
+  (:class:`~fedtree.core.algorithm.ScoredModels`, :func:`own_evaluator`)."""
+  own = getattr(nm, "model", None)
+  if own is None:
+    return lambda x, y, n, moc: to_host(evaluator(nm.params, x, y, n, moc))
+  scorer = own_evaluator(own, chunk_size, confusion, top_k)
+  return lambda x, y, n, moc: to_host(scorer(nm.params, x, y, n, moc, nm.client_params))
 
 
 @functools.lru_cache(maxsize=32)

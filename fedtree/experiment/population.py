@@ -4,6 +4,7 @@ streamed chunks."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -43,6 +44,7 @@ class Population(NamedTuple):
   eval_chunk: int = 1000
   eval_seed: int = 0
   eval_plan: Any = None
+  paged: Any = None   # the run's PagedState (set by run_streamed): per-client sets are scored from it
 
   def with_groups(self, groups: np.ndarray) -> Population:
     """With the clients of every evaluation (:func:`eval_plan`) drawn over ``groups``."""
@@ -87,14 +89,16 @@ order and its sort (16), rounded up."""
 
 
 def stream_bytes(algorithm: FederatedAlgorithm, data: FederatedData, population: Population,
-                 rounds_per_call: int, key) -> tuple[int, int]:
+                 rounds_per_call: int, key, mesh=None) -> tuple[int, int]:
   """``(device, process)``: the bytes a streamed run holds on the device beside its state (the rows of
   a call's window, the clients its rounds read, train and test at the store's widths, for the
   ``prefetch`` calls moved ahead and the one training; an evaluation chunk's test rows) and what its
   process holds besides at peak (those windows' host copies, the reader's cache,
   :data:`READER_RESERVE` and :data:`PER_CLIENT_STREAMED` per client). The store's pages a run
   touches are mapped from the page cache: counted in the resident set, reclaimed by the system when
-  memory is short, and not counted here."""
+  memory is short, and not counted here. Over a ``mesh`` a process holds a segment of every window as
+  large as one device's window (:func:`fedtree.population.stream.layout`), spread over its devices: a
+  device holds its share."""
   from fedtree.core import loop
 
   feats = population.store.features
@@ -107,8 +111,9 @@ def stream_bytes(algorithm: FederatedAlgorithm, data: FederatedData, population:
   fuse = 1 if algorithm.reads is None or algorithm.reads.needs_state else int(rounds_per_call)
   width = int(data.x_train.shape[1]) + int(data.x_test.shape[1])
   windows = (int(population.prefetch) + 1) * fuse * reads * width * per_row
-  device = windows + int(population.eval_chunk) * int(data.x_test.shape[1]) * per_row
-  process = (device + windows + int(population.cache_bytes) + READER_RESERVE
+  per_process = 1 if mesh is None else int(np.asarray(mesh.devices).size) // jax.process_count()
+  device = -(-(windows + int(population.eval_chunk) * int(data.x_test.shape[1]) * per_row) // per_process)
+  process = (device * per_process + windows + int(population.cache_bytes) + READER_RESERVE
              + PER_CLIENT_STREAMED * int(data.num_clients))
   return device, process
 
@@ -179,16 +184,38 @@ def eval_plan(population: Population, groups: np.ndarray):
 
 def node_models(models: dict[str, Any], num_clients: int) -> dict[str, Any]:
   """The model sets whose rows are server nodes (a global, a level's, a cluster's), which a streamed
-  run scores on any client; the per-client sets (a row per client, kept in a paged state) and the
-  sets scored with per-client inputs are left out."""
+  run scores on any client; the per-client sets (a row per client, kept in a paged state: over a
+  window, ``model_of_client`` names the window's rows, not every client) and the sets scored with
+  per-client inputs are left out."""
   out = {}
   for name, nm in models.items():
     leaves = jax.tree.leaves(nm.params)
-    per_client = bool(leaves) and np.array_equal(np.asarray(nm.model_of_client), np.arange(num_clients))
+    moc = np.asarray(nm.model_of_client)
+    per_client = bool(leaves) and (moc.shape != (num_clients,) or np.array_equal(moc, np.arange(num_clients)))
     if getattr(nm, "client_params", None) is not None or (per_client and num_clients > 1):
       continue
     out[name] = nm
   return out
+
+
+def scored_sets(algorithm: FederatedAlgorithm, state, num_clients: int
+                ) -> tuple[dict[str, Any], list[str], list[str]]:
+  """``(node, per_client, not_scored)`` of the model sets of ``algorithm.models(state)`` (a state over a
+  window): those a streamed run scores on any client (:func:`node_models`, by name), the names of those
+  it scores with each client's rows paged in (:class:`fedtree.core.algorithm.ClientModels`), and the
+  names of those it cannot score."""
+  cm = algorithm.client_sets()
+  if cm is None:
+    every = algorithm.models(state)
+    node = node_models(every, num_clients)
+    return node, [], [n for n in every if n not in node]
+  from fedtree.population.stream import _split_of
+
+  nodes = cm.nodes(state)
+  node = node_models(nodes, num_clients)
+  held = [a.shape[0] for a in _split_of(state).parts(state)[0]]   # (any clients of its rows: for the names)
+  per_client = list(jax.eval_shape(cm.sets, state, jax.numpy.zeros(held[0] if held else 1, jax.numpy.int32)))
+  return node, per_client, [n for n in nodes if n not in node]
 
 
 def evaluate_streamed(
@@ -215,34 +242,48 @@ def evaluate_streamed(
 
   from fedtree.core.metrics import central_keys, summarize
   from fedtree.core.sharding import to_host
-  from fedtree.population.stream import layout
+  from fedtree.evaluation import set_scorer
+  from fedtree.population.stream import _split_of, layout
 
   store = population.store
-  models = node_models(algorithm.models(state), store.num_clients)
-  stats: dict[str, list] = {name: [] for name in models}
+  cm = algorithm.client_sets()
+  node, per_client, _ = scored_sets(algorithm, state, store.num_clients)
+  if population.paged is None or cm is None:
+    per_client = []
+  split = _split_of(state)
+  others = split.parts(state)[1]
+  stats: dict[str, list] = {name: [] for name in [*node, *per_client]}
   ids = []
   spread = None if mesh is None else layout(mesh, store.num_clients, population.eval_chunk)
   for chunk in population.eval_plan.chunks(int(round_)):
     rows, keep = np.asarray(chunk), slice(None)
     if spread is not None:   # each process's clients of the chunk, in its segment of the rows
       rows, keep, _ = spread.window(chunk, store.num_clients)
-    test = store.read(rows if spread is None else spread.local(rows), "test")
+    mine = rows if spread is None else spread.local(rows)
+    test = store.read(mine, "test")
     place = jnp.asarray if spread is None else spread.place
     x, y, n = place(test.x), place(test.y), place(test.n)
-    for name, nm in models.items():
-      moc = jnp.asarray(np.asarray(nm.model_of_client)[rows])
-      stats[name].append(jax.tree.map(lambda a: a[keep], to_host(evaluator(nm.params, x, y, n, moc))))  # noqa: B023
+    sets = dict(node)
+    if per_client:   # the chunk's clients' rows paged in: row k is client rows[k]'s
+      over = split.join([place(a) for a in population.paged.gather(mine)], others)
+      made = cm.sets(over, jnp.asarray(rows))   # (each set's model_of_client: a row per client of rows)
+      sets |= {k: made[k] for k in per_client}
+    for name, nm in sets.items():
+      moc = jnp.asarray(np.asarray(nm.model_of_client)[rows] if name in node else nm.model_of_client)
+      score = set_scorer(nm, evaluator, None, positive_classes is not None, top_k)
+      stats[name].append(jax.tree.map(lambda a: a[keep], score(x, y, n, moc)))  # noqa: B023
     ids.append(rows[keep])
   ids_ = np.concatenate(ids) if ids else np.zeros(0, np.int64)
   perplexity = model.token_labels
   out = {}
-  for name, nm in models.items():
-    every = jax.tree.map(lambda *a: np.concatenate(a), *stats[name])
+  for name in stats:
+    scores = jax.tree.map(lambda *a: np.concatenate(a), *stats[name])
     out[name] = summarize(
-      every, np.asarray(groups)[ids_], positive_classes=positive_classes, perplexity=perplexity, top_k=top_k
+      scores, np.asarray(groups)[ids_], positive_classes=positive_classes, perplexity=perplexity, top_k=top_k
     )
-    rows = np.unique(np.asarray(nm.model_of_client))
-    if central is not None and rows.size == 1:
+    nm = node.get(name)   # (a node set: a global model is also scored on the central test set)
+    rows = np.unique(np.asarray(nm.model_of_client)) if nm is not None else np.zeros(0)
+    if central is not None and rows.size == 1 and getattr(nm, "model", None) is None:
       cx, cy, cn = central
       c = to_host(evaluator(nm.params, cx, cy, cn, jnp.full((cx.shape[0],), int(rows[0]), jnp.int32)))
       pooled = summarize(c, prefix="central_", perplexity=perplexity, top_k=top_k)
@@ -300,6 +341,51 @@ class _Slots:
     return slots
 
 
+def check_streamed(run, key, others=None) -> list[str]:
+  """The model sets of ``run`` (a :class:`~fedtree.experiment.run.Run` over a streamed population) its
+  evaluations cannot score (per-client sets its algorithm does not make for a chunk of clients).
+
+  ``others``: the initial state's leaves that are not per-client, where the caller has them
+  (:func:`fedtree.population.stream.paged_init`).
+
+  Raises:
+    ValueError: an algorithm that reads clients beyond its cohort, one whose models are made from every
+      client's rows (they fail over a window), or one none of whose sets a streamed run scores (its
+      table would be empty), each naming the run.
+  """
+  from fedtree.core import loop
+  from fedtree.population.stream import _split_of, paged_init
+
+  algorithm, label = run.algorithm, run.label
+  if algorithm.reads is None:
+    raise ValueError(
+      f"{label}: {algorithm.name} reads clients beyond its cohort (every client, or other "
+      f"clients' state), so its population cannot stream; hold it resident "
+      f"(config.population.mode='resident') or use a smaller population"
+    )
+  shapes = jax.eval_shape(algorithm.init, loop.init_key(key))
+  split = _split_of(shapes)
+  if others is None:
+    others, _ = paged_init(algorithm, loop.init_key(key), run.context.data.num_clients)
+  probe = split.join([np.zeros((1,) + a.shape[1:], a.dtype) for a in split.parts(shapes)[0]], others)
+  try:
+    node, per_client, not_scored = scored_sets(algorithm, probe, run.context.data.num_clients)
+  except (TypeError, ValueError, IndexError) as err:   # its models need every client's rows
+    raise ValueError(
+      f"{label}: {algorithm.name}'s models are made from every client's rows, which a streamed run never "
+      f"holds ({type(err).__name__}: {str(err)[:200]}); hold the population resident "
+      f"(config.population.mode='resident')"
+    ) from err
+  if not node and not per_client:
+    raise ValueError(
+      f"{label}: a streamed run scores none of {algorithm.name}'s models "
+      f"({', '.join(map(repr, not_scored))}: per-client sets it does not make for a chunk of clients); "
+      f"hold the population resident "
+      f"(config.population.mode='resident')"
+    )
+  return not_scored
+
+
 def run_streamed(
   run,
   key,
@@ -328,14 +414,13 @@ def run_streamed(
 
   algorithm, ctx, num_rounds, label = run.algorithm, run.context, run.rounds, run.label
   population: Population = ctx.population
-  if algorithm.reads is None:
-    raise ValueError(
-      f"{label}: {algorithm.name} reads clients beyond its cohort (every client, or other "
-      f"clients' state), so its population cannot stream; hold it resident "
-      f"(config.population.mode='resident') or use a smaller population"
-    )
-  reporter.print(f"{label}: {population.note}")
   others, rows_of = paged_init(algorithm, loop.init_key(key), ctx.data.num_clients)
+  not_scored = check_streamed(run, key, others)
+  reporter.print(f"{label}: {population.note}")
+  if not_scored:
+    reporter.print(f"{label}: not scored in a streamed run: {', '.join(map(repr, not_scored))} (per-client "
+                   f"sets {algorithm.name} does not make for a chunk of clients; hold the population "
+                   f"resident to score them)")
   ckpt = None
   directory = None
   if checkpoint_dir and checkpoint_every:
@@ -346,6 +431,10 @@ def run_streamed(
     if jax.process_count() > 1:   # each process pages the clients it owns (fedtree.population.stream.layout)
       directory = os.path.join(directory, f"process_{jax.process_index()}")
   paged = PagedState(rows_of, ctx.data.num_clients, directory=directory)
+  # the evaluations score the per-client sets from the paged rows
+  ctx = dataclasses.replace(ctx, population=population._replace(paged=paged))
+  run = dataclasses.replace(run, context=ctx)
+  hooks.run = run
   slots = _Slots(ctx.mesh, ctx.data.num_clients)
   split = _split_of(jax.eval_shape(algorithm.init, loop.init_key(key)))
   start = 0

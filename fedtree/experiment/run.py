@@ -137,7 +137,7 @@ class Run:
       from fedtree.experiment.population import stream_bytes
 
       streamed = stream_bytes(self.algorithm, self.context.data, self.context.population,
-                              int(field(self.context.config, "rounds_per_call")), key)
+                              int(field(self.context.config, "rounds_per_call")), key, mesh=self.context.mesh)
     return budget.check(self.label, jax.eval_shape(self.algorithm.init, loop.init_key(key)),
                         self.context.chunk_size(self.config), block=self.block,
                         extra_data_bytes=self.extra_data_bytes, needs=self.needs, streamed_bytes=streamed)

@@ -183,6 +183,10 @@ def _plan(labels: list[str], ctx: Context, root: jax.Array, swept: bool, *,
       out[label] = plan_sweep(run, budget=budget, trace=trace and settled)
       continue
     run = resolve(label, run_cfg, ctx)
+    if run.context.streamed:   # what cannot stream, or scores nothing: refused before anything is written
+      from fedtree.experiment.population import check_streamed
+
+      check_streamed(run, root)
     note = run.memory(budget, root)
     if trace and budget.chosen_eval_chunk is None:
       trace_rounds(run.algorithm, run.context.run_data, root, num_rounds=run.rounds, config=ctx.config)

@@ -20,13 +20,14 @@ from fedtree.algorithms.heterogeneous.heterofl import (
   capacity_levels,
   holders_rule,
   parents_models,
+  parents_rows,
   private_holders,
   private_width,
   sized_systems,
 )
 from fedtree.algorithms.heterogeneous.width import check_rates, width_plan
 from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
-from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, ScoredModels
+from fedtree.core.algorithm import ClientModels, FederatedAlgorithm, LocalSetup, ScoredModels
 from fedtree.core.local import ClientUpdate, SGDCarry, loss_step, run_local_steps
 from fedtree.core.model import Model, masked_loss
 
@@ -206,22 +207,35 @@ def depthfl(host: Host, *, depths: Sequence[int] | None = None, proportions: Seq
 
   alg = host.replace(model=wrapped).build(client_update=objective, server_rule=rule, name=name)
 
-  def models(state):   # scored by the model with exits (ScoredModels), not the run's MLP
-    out = {k: ScoredModels(params=v.params, model_of_client=v.model_of_client, model=wrapped)
-           for k, v in alg.models(state).items()}
+  host_sets = alg.client_sets()
+
+  def scored(made):   # scored by the model with exits (ScoredModels), not the run's MLP
+    return {k: ScoredModels(params=v.params, model_of_client=v.model_of_client, model=wrapped)
+            for k, v in made.items()}
+
+  def own_depth(state, clients):   # every client's (clients None) or those clients' own depth
+    rows, ids = parents_rows(host_sets.nodes(state), clients, levels.size)
+    own = (jnp.arange(blocks)[None, :] < jnp.take(jnp.asarray(depths[levels]), ids)[:, None])
+    return ScoredModels(params={**rows, "ensemble": own.astype(rows["ensemble"].dtype)},
+                        model_of_client=np.arange(ids.shape[0], dtype=np.int32), model=wrapped)
+
+  def nodes(state):
+    out = scored(host_sets.nodes(state))
     top = parents_models(out)
     for d in range(1, blocks + 1):
       one = jax.nn.one_hot(d - 1, blocks, dtype=top.params["ensemble"].dtype)
       weights = jnp.broadcast_to(one, top.params["ensemble"].shape)
       out[f"depth_{d}"] = ScoredModels(params={**top.params, "ensemble": weights},
                                        model_of_client=top.model_of_client, model=wrapped)
-    rows = jax.tree.map(lambda a: jnp.take(a, jnp.asarray(top.model_of_client), axis=0), top.params)
-    own = (jnp.arange(blocks)[None, :] < jnp.asarray(depths[levels])[:, None]).astype(rows["ensemble"].dtype)
-    out["own_depth"] = ScoredModels(params={**rows, "ensemble": own},
-                                    model_of_client=np.arange(levels.size, dtype=np.int32), model=wrapped)
     return out
 
-  return alg._replace(models=models)
+  def sets(state, clients):
+    return {**scored(host_sets.sets(state, clients)), "own_depth": own_depth(state, clients)}
+
+  def models(state):
+    return {**nodes(state), **sets(state, None)}
+
+  return alg._replace(models=models, client_models=ClientModels(models, sets, nodes))
 
 
 def _parameters(full, depth: int, blocks: int) -> int:

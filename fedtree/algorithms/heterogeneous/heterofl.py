@@ -29,7 +29,7 @@ from fedtree.algorithms.heterogeneous.width import (
 )
 from fedtree.algorithms.host import COMPOSITIONS, Host, cannot, hierfavg, method_over
 from fedtree.algorithms.host.refusals import clients_path, tree_depth
-from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels, ObjectiveFactory
+from fedtree.core.algorithm import ClientModels, FederatedAlgorithm, LocalSetup, NodeModels, ObjectiveFactory
 from fedtree.core.local import (
   ClientUpdate,
   SGDCarry,
@@ -275,6 +275,15 @@ def parents_models(models: dict):
   return models[[k for k in models if k == "global" or k.startswith("level")][-1]]
 
 
+def parents_rows(models: dict, clients, num_clients: int):
+  """``(rows, ids)``: the model of each client's parent (:func:`parents_models`), a row for every client
+  (``clients`` ``None``) or for the clients ``clients``, and those clients' ids."""
+  top = parents_models(models)
+  ids = np.arange(num_clients) if clients is None else jnp.asarray(clients)
+  moc = jnp.take(jnp.asarray(top.model_of_client), ids)
+  return jax.tree.map(lambda a: jnp.take(a, moc, axis=0), top.params), ids
+
+
 def private_width(host: Host, name: str, label_split: bool) -> bool:
   """Whether differential privacy's stages run at the clients' tier (the declared refusals leave its
   clipping and its noise, central or local, only); refused with them: ``label_split`` and a moving
@@ -365,27 +374,37 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
 
   def round_fn(state, data, key):
     new, metrics = alg.round(state, data, key)
-    size = mean_over_trained(state.client_state, new.client_state, level_bytes[levels])
+    size = mean_over_trained(state.client_state, new.client_state, level_bytes[levels], data.window)
     return new, {**metrics, "uplink_bytes": size, "downlink_bytes": size}
 
-  def models(state):
-    out = dict(alg.models(state))
-    if not per_level:
-      return out
-    top = parents_models(out)
+  def sub_model(params, level):   # the sub-model of a level, as it trained (with its scaler)
+    _, factors = plan.factors(template, kept[level], rate_of[level], scaler=scaler)
+    return jax.tree.map(jnp.multiply, params, factors)
 
-    def sub_model(params, level):   # the sub-model of a level, as it trained (with its scaler)
-      _, factors = plan.factors(template, kept[level], rate_of[level], scaler=scaler)
-      return jax.tree.map(jnp.multiply, params, factors)
+  def own_width(state, clients):   # every client's (clients None) or those clients' own sub-model
+    rows, ids = parents_rows(host_sets.nodes(state), clients, levels.size)
+    return NodeModels(jax.vmap(sub_model)(rows, jnp.take(jnp.asarray(levels), ids)),
+                      np.arange(ids.shape[0], dtype=np.int32))
 
-    for level, r in enumerate(rate):
-      out[level_name(r)] = NodeModels(jax.vmap(sub_model, (0, None))(top.params, level), top.model_of_client)
-    rows = jax.tree.map(lambda a: jnp.take(a, jnp.asarray(top.model_of_client), axis=0), top.params)
-    out["own_width"] = NodeModels(jax.vmap(sub_model)(rows, jnp.asarray(levels)),
-                                  np.arange(levels.size, dtype=np.int32))
+  host_sets = alg.client_sets()
+
+  def nodes(state):
+    out = dict(host_sets.nodes(state))
+    if per_level:
+      top = parents_models(out)
+      for level, r in enumerate(rate):
+        sub = jax.vmap(sub_model, (0, None))(top.params, level)
+        out[level_name(r)] = NodeModels(sub, top.model_of_client)
     return out
 
-  return alg._replace(round=round_fn, models=models)
+  def sets(state, clients):
+    own = {"own_width": own_width(state, clients)} if per_level else {}
+    return {**host_sets.sets(state, clients), **own}
+
+  def models(state):
+    return {**nodes(state), **sets(state, None)}
+
+  return alg._replace(round=round_fn, models=models, client_models=ClientModels(models, sets, nodes))
 
 
 @method_over(hierfavg, cannot=REFUSALS, sets={"server_rule": HOLDERS})

@@ -125,7 +125,7 @@ def hetlora(host: Host, *, ranks: tuple[int, ...] = (2, 4, 8),
 
   def round_fn(state, data, key):
     new, metrics = alg.round(state, data, key)
-    size = mean_over_trained(state.client_state, new.client_state, table) * per_component
+    size = mean_over_trained(state.client_state, new.client_state, table, data.window) * per_component
     return new, {**metrics, "uplink_bytes": size, "downlink_bytes": size}
 
   def models(state):

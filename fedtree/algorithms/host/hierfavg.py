@@ -18,7 +18,7 @@ import optax
 
 from fedtree.algorithms.host import phases
 from fedtree.algorithms.host.plan import HostPlan, plan
-from fedtree.core.algorithm import FederatedAlgorithm, ObjectiveFactory, Reads, TreeState
+from fedtree.core.algorithm import ClientModels, FederatedAlgorithm, ObjectiveFactory, Reads, TreeState
 from fedtree.core.data import FederatedData
 from fedtree.core.local import ClientUpdate, LocalSchedule
 from fedtree.core.membership import Membership
@@ -181,9 +181,11 @@ def hierfavg(
     # (a rule's parcels and slots read other clients' state than the cohort's: no window)
     needs_state = host.strategy is not None and host.strategy.needs_state
     reads = Reads(functools.partial(phases.reads, host), needs_state=needs_state)
+  models = functools.partial(phases.models, host)
   return FederatedAlgorithm(init=functools.partial(phases.init, host),
-                            round=functools.partial(host_round, host),
-                            models=functools.partial(phases.models, host), name=name, reads=reads)
+                            round=functools.partial(host_round, host), models=models, name=name, reads=reads,
+                            client_models=ClientModels(models, functools.partial(phases.client_models, host),
+                                                         functools.partial(phases.node_models, host)))
 
 
 def host_round(plan: HostPlan, state: TreeState, data: FederatedData, key) -> tuple[TreeState, dict]:

@@ -17,7 +17,7 @@ from fedtree.algorithms.host.wire import uplink
 from fedtree.core.algorithm import NodeModels, TreeState, broadcast_tree, client_weights, initial_params
 from fedtree.core.algorithm import personal_models as objective_models
 from fedtree.core.data import FederatedData
-from fedtree.core.membership import clients_node
+from fedtree.core.membership import clients_node, clients_parent_rows
 from fedtree.core.personal import merge, shared_part
 from fedtree.core.rng import stream
 from fedtree.core.sampling import Cohort
@@ -273,18 +273,33 @@ def clock(plan: HostPlan, state: TreeState, drawn: Drawn, params: list, active: 
 def models(plan: HostPlan, state: TreeState) -> dict[str, NodeModels]:
   """Every level that aggregates every leaf, and each client's own combination where some leaves are
   personal."""
-  topo, share, leaf = plan.topology, plan.share, plan.leaf
+  return {**node_models(plan, state), **client_models(plan, state, None)}
+
+
+def node_models(plan: HostPlan, state: TreeState) -> dict[str, NodeModels]:
+  """The sets of :func:`models` whose rows are server nodes: every level that aggregates every leaf."""
+  topo, share = plan.topology, plan.share
   out = {}
   if plan.top_level == 0 and share.reported(0):
     out["global"] = NodeModels(state.params[0], np.zeros(topo.num_clients, np.int32))
   for lv in range(max(plan.top_level, 1), plan.depth):
     if share.reported(lv):
       out[f"level{lv}"] = NodeModels(state.params[lv], clients_node(topo, lv, plan.membership, state.round))
-  if share.has_client_personal:   # each client: its parent's shared leaves and its own personal ones
-    edge = jnp.asarray(clients_node(topo, leaf, plan.membership, state.round))
-    parent = jax.tree.map(lambda a: jnp.take(a, edge, axis=0), state.params[leaf])
+  return out
+
+
+def client_models(plan: HostPlan, state: TreeState, clients) -> dict[str, NodeModels]:
+  """The per-client sets of :func:`models` (each client: its parent's shared leaves and its own personal
+  ones; an objective's personal models), over every client (``clients`` ``None``) or over a state whose
+  per-client leaves hold the rows of ``clients`` (``int32[K]``), row ``k`` being client ``clients[k]``'s
+  (:class:`fedtree.core.algorithm.ClientModels`)."""
+  share, leaf = plan.share, plan.leaf
+  out = {}
+  if share.has_client_personal:
+    parent = clients_parent_rows(plan.topology, leaf, plan.membership, state.round, state.params[leaf],
+                                 clients)
     own = merge(shared_part(parent, share.client_mask), share.unpack(state.personal), share.client_mask)
-    out["personal"] = NodeModels(own, np.arange(topo.num_clients, dtype=np.int32))
+    out["personal"] = NodeModels(own, np.arange(jax.tree.leaves(parent)[0].shape[0], dtype=np.int32))
   return {**out, **objective_models(plan.tier.update, state.client_state)}
 
 

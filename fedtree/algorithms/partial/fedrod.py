@@ -21,7 +21,7 @@ import optax
 
 from fedtree.algorithms.host import Host, hierfavg, method_over
 from fedtree.algorithms.partial.split import Head, head_patterns, split_model, with_parameter_counts
-from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels, TreeState
+from fedtree.core.algorithm import ClientModels, FederatedAlgorithm, LocalSetup, NodeModels, TreeState
 from fedtree.core.checks import check_nonnegative
 from fedtree.core.local import (
   Batch,
@@ -31,7 +31,7 @@ from fedtree.core.local import (
   check_compute_dtype,
   run_local_steps,
 )
-from fedtree.core.membership import clients_node
+from fedtree.core.membership import clients_parent_rows
 from fedtree.core.model import Model, forward_train, label_kind, masked_cross_entropy, take_state, zero_state
 from fedtree.core.personal import merge, parameter_counts, personal_part, shared_part
 from fedtree.core.topology import Topology
@@ -208,16 +208,24 @@ def fedrod(
   inner = host.build(client_update=objective, name=name)
   topology = host.get("topology") or Topology.flat(host["data"].num_clients)
   leaf = topology.depth - 1
-  clients = np.arange(topology.num_clients, dtype=np.int32)
+
+  def personal(state: TreeState, clients):   # every client's (clients None) or those clients' heads
+    parent = clients_parent_rows(topology, leaf, host.get("membership"), state.round, state.params[leaf],
+                                 clients)
+    rows = np.arange(jax.tree.leaves(parent)[0].shape[0], dtype=np.int32)
+    return {"personal": NodeModels(personal_head(parent, state.client_state, mask, add_generic), rows)}
+
+  host_sets = inner.client_sets()
+
+  def sets(state: TreeState, clients):
+    return {**host_sets.sets(state, clients), **personal(state, clients)}
 
   def models(state: TreeState):
-    out = dict(inner.models(state))
-    parent_of = jnp.asarray(clients_node(topology, leaf, host.get("membership"), state.round), jnp.int32)
-    parent = jax.tree.map(lambda a: jnp.take(a, parent_of, axis=0), state.params[leaf])
-    out["personal"] = NodeModels(personal_head(parent, state.client_state, mask, add_generic), clients)
-    return out
+    return {**host_sets.nodes(state), **sets(state, None)}
 
   p, _ = parameter_counts(template, mask)
   total = sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(template))
-  return with_parameter_counts(inner._replace(models=models), {"personal": p, "shared": total},
+  client_models = ClientModels(models, sets, host_sets.nodes)
+  return with_parameter_counts(inner._replace(models=models, client_models=client_models),
+                               {"personal": p, "shared": total},
                                "personal: a head per client beside the shared model")

@@ -20,10 +20,10 @@ import optax
 from flax import struct
 
 from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
-from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup, NodeModels
+from fedtree.core.algorithm import ClientModels, FederatedAlgorithm, LocalSetup, NodeModels
 from fedtree.core.checks import check_nonnegative, check_positive, check_unit_interval, is_traced
 from fedtree.core.local import ClientData, ClientUpdate, make_data_loss, run_local_steps, stack
-from fedtree.core.membership import clients_node
+from fedtree.core.membership import clients_parent_rows
 from fedtree.core.model import Model
 from fedtree.core.topology import Topology
 
@@ -178,11 +178,19 @@ def apfl(
                        personal_optimizer=personal_optimizer, compute_dtype=s.compute_dtype)
 
   alg = host.replace(topology=topology).build(client_update=objective, weighting=weighting, name=name)
-  def models(state):
-    owner = jnp.asarray(clients_node(topology, topology.depth - 1, host.get("membership"), state.round))
-    w = jax.tree.map(lambda a: jnp.take(a, owner, axis=0), state.params[-1])
-    own = mix(state.client_state.alpha, state.client_state.personal, w)
-    return {**alg.models(state),
-            "personal": NodeModels(own, np.arange(topology.num_clients, dtype=np.int32))}
 
-  return alg._replace(models=models)
+  def personal(state, clients):   # every client's (clients None) or those clients' mixture
+    w = clients_parent_rows(topology, topology.depth - 1, host.get("membership"), state.round,
+                            state.params[-1], clients)
+    own = mix(state.client_state.alpha, state.client_state.personal, w)
+    return {"personal": NodeModels(own, np.arange(jax.tree.leaves(w)[0].shape[0], dtype=np.int32))}
+
+  inner = alg.client_sets()
+
+  def sets(state, clients):
+    return {**inner.sets(state, clients), **personal(state, clients)}
+
+  def models(state):
+    return {**inner.nodes(state), **sets(state, None)}
+
+  return alg._replace(models=models, client_models=ClientModels(models, sets, inner.nodes))

@@ -236,4 +236,5 @@ def knnper(
                                    client_params=state.client_state, model=scorer)
     return out
 
-  return alg._replace(round=round_fn, models=models)
+  # every round rebuilds every client's memory from its training rows: it reads beyond its cohort
+  return alg._replace(round=round_fn, models=models, reads=None)

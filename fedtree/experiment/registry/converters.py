@@ -124,14 +124,20 @@ PUBLIC_EXAMPLES = 256
 def convert_public(v, ctx):
   """FedDF's ``public``: ``public_examples`` inputs (default :data:`PUBLIC_EXAMPLES`) drawn with
   ``public_seed`` (default 0), without replacement where there are enough, from every client's training
-  inputs pooled: a stand-in for a public set, whose labels are never read."""
+  inputs pooled: a stand-in for a public set, whose labels are never read (read from the store where
+  the population streams)."""
   n = coerce(v.get("public_examples", PUBLIC_EXAMPLES), int, "public_examples")
   seed = coerce(v.get("public_seed", 0), int, "public_seed")
   if n < 1:
     raise ValueError(f"public_examples={n} must be >= 1 (the unlabeled inputs FedDF distills on)")
   data = ctx.data.require_padded("FedDF's stand-in public inputs (public_examples)")
-  counts = np.asarray(data.n_train)
-  rows = np.concatenate([np.stack([np.full(k, c), np.arange(k)], 1) for c, k in enumerate(counts) if k])
-  pick = np.random.default_rng(seed).choice(len(rows), size=n, replace=n > len(rows))
-  x = np.asarray(data.x_train)
-  return {"public": x[rows[pick, 0], rows[pick, 1]]}
+  counts = np.asarray(data.n_train, np.int64)
+  ends = np.cumsum(counts)   # the pooled rows, client by client: row i is client c's row i - ends[c - 1]
+  pick = np.random.default_rng(seed).choice(int(ends[-1]), size=n, replace=n > int(ends[-1]))
+  client = np.searchsorted(ends, pick, side="right")
+  row = pick - (ends[client] - counts[client])
+  if data.window is None:
+    return {"public": np.asarray(data.x_train)[client, row]}
+  held, at = np.unique(client, return_inverse=True)   # a streamed population: the picked clients' rows
+  block = ctx.population.store.read(held, "train", width=int(counts[held].max()))
+  return {"public": block.x[at, row]}
