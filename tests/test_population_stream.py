@@ -150,3 +150,17 @@ def test_a_stop_inside_a_streamed_call_ends_it_after_the_round_in_progress(popul
   resident = _build("fedavg", data, groups, model).models(want)["global"].params
   trees_equal(alg.models(state)["global"].params, resident)
   trees_equal(rows[0][1], want_rows[0])
+
+
+def test_evaluation_chunks_spread_every_process_s_clients():
+  """Over several processes (Layout with bounds) an evaluation's clients are cut so that each chunk holds
+  at most a segment of every process's clients: every client once, each chunk's window fits."""
+  from fedtree.population.stream import Layout
+
+  where = Layout(None, np.array([0, 5, 10]), 2, 1)
+  chunks = where.chunks([8, 0, 3, 1, 2, 6, 7])
+  assert [c.tolist() for c in chunks] == [[0, 1, 6, 7], [2, 3, 8]]
+  for c in chunks:
+    rows, valid, _ = where.window(c, 10)
+    assert sorted(rows[valid].tolist()) == c.tolist() and where.local(rows).tolist() in ([6, 7], [8, 9])
+  assert [c.tolist() for c in Layout(None, None, 3).chunks([4, 1, 2, 0])] == [[0, 1, 2], [4]]

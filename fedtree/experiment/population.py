@@ -254,8 +254,12 @@ def evaluate_streamed(
   others = split.parts(state)[1]
   stats: dict[str, list] = {name: [] for name in [*node, *per_client]}
   ids = []
-  spread = None if mesh is None else layout(mesh, store.num_clients, population.eval_chunk)
-  for chunk in population.eval_plan.chunks(int(round_)):
+  chunks = population.eval_plan.chunks(int(round_))
+  spread = None
+  if mesh is not None:   # a chunk of eval_chunk clients, each process holding about its share of them
+    spread = layout(mesh, store.num_clients, -(-int(population.eval_chunk) // jax.process_count()))
+    chunks = spread.chunks(np.concatenate(list(chunks)) if chunks else np.zeros(0, np.int64))
+  for chunk in chunks:
     rows, keep = np.asarray(chunk), slice(None)
     if spread is not None:   # each process's clients of the chunk, in its segment of the rows
       rows, keep, _ = spread.window(chunk, store.num_clients)

@@ -140,6 +140,19 @@ class Layout(NamedTuple):
     """:func:`fedtree.core.window.window_of` for this layout: ``(rows, valid, window)`` of every process."""
     return window_of(clients, num_clients, self.segment, bounds=self.bounds)
 
+  def chunks(self, clients) -> list[np.ndarray]:
+    """``clients`` (distinct ids) cut into chunks that each hold at most :attr:`segment` of every
+    process's clients, in ascending order: with every process's clients spread over the chunks, no
+    process's segment is padding while another's is full (an evaluation over every client, whose ids
+    come in ranges, would otherwise give each chunk to one process)."""
+    clients = np.sort(np.asarray(clients, np.int64))
+    if self.bounds is None:
+      return [clients[i: i + self.segment] for i in range(0, clients.size, self.segment)]
+    own = np.split(clients, np.searchsorted(clients, self.bounds[1:-1]))
+    count = max(-(-part.size // self.segment) for part in own)
+    return [np.concatenate([part[j * self.segment: (j + 1) * self.segment] for part in own])
+            for j in range(count)]
+
   def local(self, a: np.ndarray) -> np.ndarray:
     """This process's segment of ``a`` (a host array over the whole window)."""
     if self.bounds is None:
