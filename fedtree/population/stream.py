@@ -159,31 +159,28 @@ class Layout(NamedTuple):
       return a
     return a[self.process * self.segment: (self.process + 1) * self.segment]
 
-  def place(self, rows: np.ndarray) -> jax.Array:
-    """This process's rows (``[segment, ...]``) as the window's array: on the device, or over the mesh's
-    client axis with every process's segment (a collective-free construction: each process gives its own)."""
-    if self.mesh is None:
-      return jax.device_put(rows)
+  def _over_clients(self):
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     from fedtree.core.sharding import CLIENT_AXIS
 
+    return NamedSharding(self.mesh, P(CLIENT_AXIS))
+
+  def place(self, rows: np.ndarray) -> jax.Array:
+    """This process's rows (``[segment, ...]``) as the window's array: on the device, or over the mesh's
+    client axis with every process's segment (a collective-free construction: each process gives its own)."""
+    if self.mesh is None:
+      return jax.device_put(rows)
     rows = np.asarray(rows)
-    return jax.make_array_from_process_local_data(
-      NamedSharding(self.mesh, P(CLIENT_AXIS)), rows, (self.size,) + rows.shape[1:])
+    return jax.make_array_from_process_local_data(self._over_clients(), rows, (self.size,) + rows.shape[1:])
 
   def fetch(self, a) -> np.ndarray:
     """This process's segment of ``a`` (an array over the window, as :meth:`place` made it or a round
     returned it) as numpy, read from this process's devices only."""
     if self.mesh is None or a.is_fully_addressable:
       return self.local(np.asarray(a))
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    from fedtree.core.sharding import CLIENT_AXIS
-
-    want = NamedSharding(self.mesh, P(CLIENT_AXIS))
+    want = self._over_clients()
     if not a.sharding.is_equivalent_to(want, a.ndim):
       a = jax.jit(lambda v: v, out_shardings=want)(a)
     shards = {s.index[0].start or 0: s.data for s in a.addressable_shards}
