@@ -84,6 +84,24 @@ def _close_summaries(a, b):
           np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5, err_msg=f"{run}/{model}/{k}")
 
 
+def _rows(workdir):
+  """The ``(run, round)`` of every row of a workdir's ``metrics.jsonl``, sorted."""
+  import json
+
+  with open(workdir / "metrics.jsonl") as f:
+    return sorted((r["run"], r["round"]) for r in map(json.loads, f))
+
+
+def _two_and_one(tmp_path, config, rounds):
+  """``config`` for ``rounds`` rounds as two ``--multihost`` processes (workdir ``two``) and as one
+  process (``one``), side by side: their outputs (process 0's, process 1's, the one process's)."""
+  port = _free_port()
+  procs = [_main(tmp_path, tmp_path / "two", f"--config.rounds={rounds}", process_id=i, port=port,
+                 config=config) for i in range(2)]
+  procs.append(_main(tmp_path, tmp_path / "one", f"--config.rounds={rounds}", config=config))
+  return _finish(procs)
+
+
 GROUPS = 4
 """The registered algorithms in this many launches (47 in one ran past the 900-s limit under load)."""
 
@@ -103,24 +121,16 @@ def test_main_multihost_runs_every_algorithm_as_one_process_does(tmp_path, group
   names = sorted(ALGORITHM_CASES)[group::GROUPS]
   config = f"tests/multihost_config.py:{','.join(names)}"
 
-  def rows(workdir):
-    with open(workdir / "metrics.jsonl") as f:
-      return [(r["run"], r["round"]) for r in map(json.loads, f)]
-
   one, two = tmp_path / "one", tmp_path / "two"
   for rounds in (2, 3):
-    port = _free_port()
-    procs = [_main(tmp_path, two, f"--config.rounds={rounds}", process_id=i, port=port, config=config)
-             for i in range(2)]
-    procs.append(_main(tmp_path, one, f"--config.rounds={rounds}", config=config))
-    outs = _finish(procs)
+    outs = _two_and_one(tmp_path, config, rounds)
     assert "Final evaluation" in outs[0] and "Final evaluation" not in outs[1], outs[1][-2000:]
     if rounds == 3:
       assert "resumed from the checkpoint of round 2" in outs[0], outs[0][-3000:]
     _close_summaries(json.load(open(two / "summary.json")), json.load(open(one / "summary.json")))
-    assert {run for run, _ in rows(one)} == set(names)
-    assert sorted(rows(two)) == sorted(rows(one))
-    assert len(rows(two)) == len(set(rows(two)))  # no row twice
+    assert {run for run, _ in _rows(one)} == set(names)
+    assert _rows(two) == _rows(one)
+    assert len(_rows(two)) == len(set(_rows(two)))  # no row twice
 
 
 @pytest.mark.slow
@@ -178,20 +188,12 @@ def test_a_streamed_population_over_two_processes_is_the_one_process_run(tmp_pat
   assert conv.returncode == 0, conv.stdout[-2000:] + conv.stderr[-2000:]
   config = f"tests/multihost_store_config.py:{store}"
 
-  def rows(workdir):
-    with open(workdir / "metrics.jsonl") as f:
-      return sorted((r["run"], r["round"]) for r in map(json.loads, f))
-
   one, two = tmp_path / "one", tmp_path / "two"
   for rounds in (2, 3):
-    port = _free_port()
-    procs = [_main(tmp_path, two, f"--config.rounds={rounds}", process_id=i, port=port, config=config)
-             for i in range(2)]
-    procs.append(_main(tmp_path, one, f"--config.rounds={rounds}", config=config))
-    outs = _finish(procs)
+    outs = _two_and_one(tmp_path, config, rounds)
     assert "each of 2 processes reads its own clients" in outs[0], outs[0][-3000:]
     if rounds == 3:
       assert "scaffold: resumed from the checkpoint of round 2" in outs[0], outs[0][-3000:]
     _close_summaries(json.load(open(two / "summary.json")), json.load(open(one / "summary.json")))
-    assert rows(two) == rows(one) and {run for run, _ in rows(one)} == {"fedavg", "scaffold", "ditto"}
+    assert _rows(two) == _rows(one) and {run for run, _ in _rows(one)} == {"fedavg", "scaffold", "ditto"}
   assert sorted(os.listdir(two / "checkpoints" / "scaffold" / "paged")) == ["process_0", "process_1"]

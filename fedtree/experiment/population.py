@@ -45,6 +45,7 @@ class Population(NamedTuple):
   eval_seed: int = 0
   eval_plan: Any = None
   paged: Any = None   # the run's PagedState (set by run_streamed): per-client sets are scored from it
+  client_sets: tuple[str, ...] = ()   # the per-client sets scored from it (set by run_streamed)
 
   def with_groups(self, groups: np.ndarray) -> Population:
     """With the clients of every evaluation (:func:`eval_plan`) drawn over ``groups``."""
@@ -247,9 +248,8 @@ def evaluate_streamed(
 
   store = population.store
   cm = algorithm.client_sets()
-  node, per_client, _ = scored_sets(algorithm, state, store.num_clients)
-  if population.paged is None or cm is None:
-    per_client = []
+  node = node_models(algorithm.models(state) if cm is None else cm.nodes(state), store.num_clients)
+  per_client = list(population.client_sets) if population.paged is not None and cm is not None else []
   split = _split_of(state)
   others = split.parts(state)[1]
   stats: dict[str, list] = {name: [] for name in [*node, *per_client]}
@@ -315,14 +315,12 @@ class _Slots:
   restores its own."""
 
   def __init__(self, mesh, num_clients: int):
-    from fedtree.population.stream import layout
+    from fedtree.population.stream import layout, owned_rows
 
     self.num_clients = int(num_clients)
     self.layout = None
     if mesh is not None and jax.process_count() > 1:
-      devices = int(np.asarray(mesh.devices).size)
-      span = devices // jax.process_count() * -(-self.num_clients // devices)   # a process's devices' rows
-      self.layout = layout(mesh, self.num_clients, 1)._replace(segment=span)
+      self.layout = layout(mesh, self.num_clients, 1)._replace(segment=owned_rows(mesh, self.num_clients))
 
   def out(self, slots: np.ndarray):
     if self.layout is None:
@@ -345,9 +343,11 @@ class _Slots:
     return slots
 
 
-def check_streamed(run, key, others=None) -> list[str]:
-  """The model sets of ``run`` (a :class:`~fedtree.experiment.run.Run` over a streamed population) its
-  evaluations cannot score (per-client sets its algorithm does not make for a chunk of clients).
+def check_streamed(run, key, others=None) -> tuple[list[str], list[str]]:
+  """``(per_client, not_scored)``: the names of the per-client model sets of ``run`` (a
+  :class:`~fedtree.experiment.run.Run` over a streamed population) its evaluations score with each chunk's
+  rows paged in, and of those they cannot score (per-client sets its algorithm does not make for a chunk
+  of clients).
 
   ``others``: the initial state's leaves that are not per-client, where the caller has them
   (:func:`fedtree.population.stream.paged_init`).
@@ -387,7 +387,7 @@ def check_streamed(run, key, others=None) -> list[str]:
       f"hold the population resident "
       f"(config.population.mode='resident')"
     )
-  return not_scored
+  return per_client, not_scored
 
 
 def run_streamed(
@@ -419,7 +419,7 @@ def run_streamed(
   algorithm, ctx, num_rounds, label = run.algorithm, run.context, run.rounds, run.label
   population: Population = ctx.population
   others, rows_of = paged_init(algorithm, loop.init_key(key), ctx.data.num_clients)
-  not_scored = check_streamed(run, key, others)
+  per_client, not_scored = check_streamed(run, key, others)
   reporter.print(f"{label}: {population.note}")
   if not_scored:
     reporter.print(f"{label}: not scored in a streamed run: {', '.join(map(repr, not_scored))} (per-client "
@@ -436,7 +436,8 @@ def run_streamed(
       directory = os.path.join(directory, f"process_{jax.process_index()}")
   paged = PagedState(rows_of, ctx.data.num_clients, directory=directory)
   # the evaluations score the per-client sets from the paged rows
-  ctx = dataclasses.replace(ctx, population=population._replace(paged=paged))
+  population = population._replace(paged=paged, client_sets=tuple(per_client))
+  ctx = dataclasses.replace(ctx, population=population)
   run = dataclasses.replace(run, context=ctx)
   hooks.run = run
   slots = _Slots(ctx.mesh, ctx.data.num_clients)

@@ -145,9 +145,11 @@ class Layout(NamedTuple):
     process's clients, in ascending order: with every process's clients spread over the chunks, no
     process's segment is padding while another's is full (an evaluation over every client, whose ids
     come in ranges, would otherwise give each chunk to one process)."""
+    from fedtree.population.evaluation import _in_chunks
+
     clients = np.sort(np.asarray(clients, np.int64))
     if self.bounds is None:
-      return [clients[i: i + self.segment] for i in range(0, clients.size, self.segment)]
+      return _in_chunks(clients, self.segment)
     own = np.split(clients, np.searchsorted(clients, self.bounds[1:-1]))
     count = max(-(-part.size // self.segment) for part in own)
     return [np.concatenate([part[j * self.segment: (j + 1) * self.segment] for part in own])
@@ -191,6 +193,14 @@ class Layout(NamedTuple):
     return local
 
 
+def owned_rows(mesh, num_clients: int) -> int:
+  """Rows of a ``[C, ...]`` array over ``mesh``'s client axis on one process's devices: ``k *
+  ceil(C / (P k))``, ``k`` devices a process (the clients a process owns in a :func:`layout`)."""
+  devices = np.asarray(mesh.devices).reshape(-1)
+  processes = len({int(d.process_index) for d in devices})
+  return devices.size // processes * -(-int(num_clients) // devices.size)
+
+
 def layout(mesh, num_clients: int, size: int) -> Layout:
   """The :class:`Layout` of a window of ``size`` distinct clients over ``mesh`` (``None``: one device).
 
@@ -212,8 +222,8 @@ def layout(mesh, num_clients: int, size: int) -> Layout:
       f"a streamed run spreads each process's clients over its own devices of the mesh; this mesh's "
       f"devices belong to processes {owners}: give every process the same number of devices, in process "
       f"order (config.mesh_shape=-1 over every device does)")
-  per = -(-int(num_clients) // (k * len(procs)))  # clients a device's shard of a per-client array holds
-  bounds = np.minimum(np.arange(len(procs) + 1, dtype=np.int64) * k * per, int(num_clients))
+  span = owned_rows(mesh, num_clients)
+  bounds = np.minimum(np.arange(len(procs) + 1, dtype=np.int64) * span, int(num_clients))
   return Layout(mesh, bounds, -(-int(size) // k) * k, jax.process_index())
 
 
