@@ -186,3 +186,26 @@ def test_a_moving_membership_streams_as_it_runs_resident(store_path, tmp_path):
   assert a.keys() == b.keys() == {"mobile"}
   for m in a["mobile"]:
     np.testing.assert_allclose(b["mobile"][m], a["mobile"][m], atol=1e-6)
+
+
+def test_a_streamed_window_over_a_mesh_is_counted_per_device(store_path):
+  """The memory estimate of a streamed run over a mesh (stream_bytes): a device holds its share of a
+  window (a process's segment spread over its devices), the process every device's share and its host
+  copies, so only the device's bytes shrink with the devices."""
+  import types
+
+  import jax
+
+  from fedtree.experiment.context import make_context
+  from fedtree.experiment.population import stream_bytes
+  from fedtree.experiment.run import resolve
+
+  c = _config(store_path, "streamed")
+  ctx = make_context(c)
+  run = resolve("fedavg", c.runs.fedavg, ctx)
+  key = jax.random.key(0)
+  one = stream_bytes(run.algorithm, ctx.data, ctx.population, 2, key)
+  four = stream_bytes(run.algorithm, ctx.data, ctx.population, 2, key,
+                      mesh=types.SimpleNamespace(devices=np.empty(4, object)))
+  assert one[0] > 0 and four[0] == -(-one[0] // 4)
+  assert four[1] == one[1] - one[0] + 4 * four[0]
