@@ -74,7 +74,7 @@ def parse_hlo(text: str) -> dict[str, list[dict]]:
     if m and current is not None:
       shape, opcode, rest = m.group(3), m.group(4), m.group(5)
       args, _, attrs = rest.partition(")")
-      comps[current].append(dict(name=m.group(2), shape=shape, opcode=opcode, rest=attrs,
+      comps[current].append(dict(name=m.group(2), shape=shape, opcode=opcode, rest=attrs, args=args,
                                  operands=re.findall(r"%([\w.\-]+)", args)))
   return comps
 
@@ -88,6 +88,33 @@ def fused(comps: dict[str, list[dict]]) -> set[str]:
       for key in ("calls", "to_apply", "comparator"):
         inner.update(re.findall(rf"{key}=%([\w.\-]+)", i["rest"]))
   return inner
+
+
+def sliced_operands(body: list[dict]) -> dict[int, list[tuple[str, int]]]:
+  """``{operand index: arrays it reads}`` of the operands a fusion's ``body`` reads only through slices
+  (after bitcasts or reshapes): such an operand moves its slices' bytes, not its own (e.g. one entry of
+  each gradient, :func:`fedtree.core.local.after_backward`)."""
+  users = collections.defaultdict(list)
+  for i in body:
+    for o in i["operands"]:
+      users[o].append(i)
+
+  def slices(name: str) -> list[dict] | None:
+    out: list[dict] = []
+    for u in users.get(name, []):
+      if u["opcode"] in ("slice", "dynamic-slice"):
+        out.append(u)
+      elif u["opcode"] in ("bitcast", "reshape") and (inner := slices(u["name"])) is not None:
+        out.extend(inner)
+      else:
+        return None
+    return out or None
+
+  found = {}
+  for i in body:
+    if i["opcode"] == "parameter" and (cut := slices(i["name"])) is not None:
+      found[int(i["args"])] = [a for u in cut for a in arrays(u["shape"])]
+  return found
 
 
 def loop_bodies(comps: dict[str, list[dict]]) -> dict[str, str]:
@@ -149,7 +176,10 @@ def passes(comps: dict[str, list[dict]], sizes: set[int]) -> list[dict]:
     for i in instrs:
       if i["opcode"] in FREE:
         continue
-      reads = [(n, d, e) for n in i["operands"] for d, e in arrays(shapes.get(n, "")) if e in sizes]
+      body = re.search(r"calls=%([\w.\-]+)", i["rest"]) if i["opcode"] == "fusion" else None
+      through = sliced_operands(comps.get(body.group(1), [])) if body else {}
+      reads = [(n, d, e) for j, n in enumerate(i["operands"])
+               for d, e in through.get(j, arrays(shapes.get(n, ""))) if e in sizes]
       writes = [(d, e) for d, e in arrays(i["shape"]) if e in sizes]
       if not reads and not writes:
         continue

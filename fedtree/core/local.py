@@ -147,6 +147,12 @@ class LocalSchedule:
       return xp.asarray(self.steps, dtype=xp.int32)
     return xp.full(xp.shape(n_train), int(self.steps), dtype=xp.int32)
 
+  @property
+  def same_for_all(self) -> bool:
+    """Every client takes the same number of steps whatever its data: one fixed ``steps`` count (or
+    per-client counts that are all equal)."""
+    return self.steps is not None and (not isinstance(self.steps, tuple) or len(set(self.steps)) == 1)
+
   def init_cursor(self, num_clients: int) -> jax.Array | tuple:
     """The stacked ``int32[C]`` stream cursors of ``"cyclic"`` order (all 0), else ``()``."""
     if self.batch_order == "cyclic":
@@ -339,6 +345,29 @@ def make_train_loss(model: Model, compute_dtype=None) -> Callable[[PyTree, Batch
   return loss
 
 
+def after_backward(grads: PyTree) -> PyTree:
+  """``grads``, unchanged in value, with every leaf made to depend on every other leaf's gradient.
+
+  An update ``W - lr ∇W`` that reads nothing but ``W`` and ``∇W`` may run before the backward pass's
+  other reads of ``W`` (``δ Wᵀ``, the gradient passed to the layer below), as far as XLA's data
+  dependencies tell: to update ``W`` in place it then copies ``W`` first, in every local step (one
+  more read and write of every weight read by the backward pass; ``benchmarks/param_traffic.py``).
+  Scaling every leaf by ``1 + 0 · s``, where ``s`` reads one entry of each gradient leaf (the layer
+  below's gradient comes last in the backward pass), orders each update after the whole backward
+  pass, so the update runs in place. The scale is exactly 1 (``s`` is zeroed first where it is not
+  a small finite number, so no NaN or infinity spreads to another leaf): the result is the same
+  bits.
+  """
+  leaves = [a for a in jax.tree.leaves(grads) if jnp.issubdtype(jnp.result_type(a), jnp.floating) and a.size]
+  if len(leaves) < 2:
+    return grads
+  dtype = jnp.result_type(*leaves)
+  s = sum(jnp.ravel(a)[0].astype(dtype) for a in leaves)
+  one = 1.0 + 0.0 * jnp.where(jnp.abs(s) < 1.0, s, 0.0)
+  return jax.tree.map(lambda a: a * one.astype(a.dtype)
+                      if jnp.issubdtype(jnp.result_type(a), jnp.floating) else a, grads)
+
+
 def make_sgd_step(
   model: Model, optimizer: optax.GradientTransformation, regularizer: Regularizer | None = None,
   *, compute_dtype=None,
@@ -362,6 +391,7 @@ def make_sgd_step(
 
   def step(carry: SGDCarry, batch: Batch, rng: jax.Array):
     grads, (loss, updated) = jax.grad(objective, has_aux=True)(carry.params, carry.anchor, batch, rng)
+    grads = after_backward(grads)
     updates, opt_state = optimizer.update(zero_state(model, grads), carry.opt_state, carry.params)
     params = take_state(model, optax.apply_updates(carry.params, updates), updated)
     return dataclasses.replace(carry, params=params, opt_state=opt_state), loss
@@ -376,6 +406,7 @@ def loss_step(loss_fn: Callable[[PyTree, Batch, jax.Array], tuple[jax.Array, jax
   :func:`make_sgd_step` for the rest): the step returns the reported loss."""
   def step(carry: SGDCarry, batch: Batch, rng: jax.Array):
     grads, loss = jax.grad(loss_fn, has_aux=True)(carry.params, batch, rng)
+    grads = after_backward(grads)
     updates, opt_state = optimizer.update(grads, carry.opt_state, carry.params)
     params = optax.apply_updates(carry.params, updates)
     return dataclasses.replace(carry, params=params, opt_state=opt_state), loss

@@ -104,6 +104,15 @@ class Tier(NamedTuple):
       over both with the deltas' weights, the node stage on both sums. :attr:`TierResult.message_sum`
       is then the aggregate's message estimate times the reporting children (their sum under
       uniform weights). A server rule asks for it (:attr:`fedtree.core.server_rule.Uplink.with_update`).
+    uniform_steps: every client of the tier takes the same number of local steps (a fixed
+      ``LocalSchedule.steps``, no systems model that cuts them short): each chunk's local loop then
+      runs that count, one count for the chunk, instead of a ``while_loop`` vmapped over the slots'
+      own counts, whose every step selects, per slot, between the new parameters and the old (a
+      client done keeps its own): the step updates its parameters in place with nothing else to
+      read. A padding slot then trains too, and what it trained is dropped: its model is the one it
+      started from, its message and loss zero, its state (as any untrained slot's) left in place. A
+      chunk whose valid slots' counts differ would be trained wrong: set it only where the counts are
+      equal by construction.
   """
 
   update: ClientUpdate
@@ -119,6 +128,7 @@ class Tier(NamedTuple):
   keep_client_params: bool = False
   robust_messages: bool = False
   messages_with_update: bool = False
+  uniform_steps: bool = False
 
   @property
   def cyclic(self) -> bool:
@@ -439,9 +449,14 @@ def _train_chunk(tier: Tier, down: Down, data, clients: Clients, ch: Cohort, ch_
   rnd = ClientRound(client=ch.clients, parent=ch.parent, broadcast=_take(down.broadcast, ch.parent),
                     fraction=jnp.take(fraction, ch.parent), weight=w, learning_rate=tier.learning_rate,
                     extra=own_rows)
+  steps, steps_axis = (jnp.max(ch_steps), None) if tier.uniform_steps else (ch_steps, 0)
   params, new_state, loss, message = jax.vmap(
-    lambda *a: run_update(tier.update, *a), in_axes=(0, 0, data_axes, 0, 0, _ROUND_AXES))(
-    start, constrain_clients(_take(client_state, ch.row)), cdata, ch_steps, keys, rnd)
+    lambda *a: run_update(tier.update, *a), in_axes=(0, 0, data_axes, steps_axis, 0, _ROUND_AXES))(
+    start, constrain_clients(_take(client_state, ch.row)), cdata, steps, keys, rnd)
+  if tier.uniform_steps:   # (padding slots trained too: they send nothing, as if they had not)
+    params = jax.tree.map(lambda p, s, m: jnp.where(m, p, s), params, start, _rows(ch.valid, params))
+    message = jax.tree.map(lambda a: jnp.where(_rows(ch.valid, a), a, 0), message)
+    loss = jnp.where(ch.valid, loss, 0.0)
   anchor = start if (down.anchor is None or slot_start is not None) else _rows_of(
     down.anchor, ch, tier.parent_aligned)
   return start, anchor, constrain_clients(params), new_state, loss, message, w

@@ -203,7 +203,8 @@ def plan(
               learning_rate=local_learning_rate, personal=share.client_mask,
               keep_client_params=rule is not None and rule.up.slots,
               robust_messages=rule is not None and rule.up.robust,
-              messages_with_update=rule is not None and rule.up.with_update)
+              messages_with_update=rule is not None and rule.up.with_update,
+              uniform_steps=schedule.same_for_all and systems is None)
   population = np.bincount(topology.parent(depth), minlength=topology.num_nodes(depth - 1)).astype(np.float64)
   return HostPlan(
     name=name, model=model, topology=topology, schedule=schedule, weighting=weighting,
