@@ -318,8 +318,8 @@ def report(result: dict) -> str:
               f"{s['times_the_floor']:.2f}x the floor; "
               if s["moved_bytes_per_client_step"] is not None else "")
            + f"{100 * s['step_share_of_device_time']:.1f} % of the traced op time",
-           "leaves written once per local step (the floor; for a weight matrix, its SGD update folded into its "
-           "gradient's GEMM, which XLA:CPU never emits): "
+           "leaves written once per local step (the floor; for a weight matrix, its SGD update folded into "
+           "its gradient's GEMM, which XLA:CPU never emits): "
            f"{sum(v['writes'] <= 1 for v in s['per_leaf'].values())} of {len(s['per_leaf'])}",
            "per local step, passes reading / writing each stacked leaf (the floor: 1 / 1): "
            + ", ".join(f"{shape} {v['reads']:g}/{v['writes']:g}" for shape, v in s["per_leaf"].items()),

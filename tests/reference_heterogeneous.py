@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from reference_baselines import client_data
 
-from fedtree.algorithms.heterogeneous.heterofl import ordered_width
+from fedtree.algorithms.heterogeneous.heterofl import drawn_level, ordered_width
 from fedtree.algorithms.heterogeneous.width import client_levels
 from fedtree.core.local import batch_at
 from fedtree.core.rng import stream
@@ -75,7 +75,7 @@ def channels(x, rate, offset, classes=None):
 
 
 def reference(data, x0, rounds, key, *, cohort_size, mode, scaler, rates, shares, seed, lr, steps,
-              batch_size, label_split=False, distill=None, clip=None, expected_weight=None):
+              batch_size, label_split=False, distill=None, clip=None, expected_weight=None, dynamic=False):
   """HeteroFL / FedRolex / FjORD as a peer runs them: every local step of a sampled client cuts its
   channels out of its model (its own width; FjORD's, a width drawn up to its own), trains that smaller
   MLP (its hidden outputs divided by the rate with the scaler) and writes them back; the server averages
@@ -84,7 +84,9 @@ def reference(data, x0, rounds, key, *, cohort_size, mode, scaler, rates, shares
   both sub-models' gradients, taken at the same point, step the coordinates each holds. With ``clip``
   (central differential privacy without noise, uniform weights): every client's update ``x − y`` (zero
   where it holds nothing) scaled to norm at most ``clip``, summed, and each coordinate's sum divided by
-  its expected reporting holders, ``expected_weight`` times the population's share holding it."""
+  its expected reporting holders, ``expected_weight`` times the population's share holding it. With
+  ``dynamic`` every sampled client's level is drawn anew every round from ``shares``
+  (:func:`~fedtree.algorithms.heterogeneous.heterofl.drawn_level` on its key of the round)."""
   levels = client_levels(np.asarray(shares), data.num_clients, seed)
   dtype = np.asarray(jax.tree.leaves(x0)[0]).dtype   # the clients train in the model's dtype
   x = {k: {f: np.asarray(v, np.float64) for f, v in layer.items()} for k, layer in x0.items()}
@@ -97,12 +99,14 @@ def reference(data, x0, rounds, key, *, cohort_size, mode, scaler, rates, shares
     for c, valid in zip(np.asarray(cohort.clients), np.asarray(cohort.valid), strict=True):
       if not valid:
         continue
-      own, offset = rates[levels[c]], (r if mode == "rolling" else 0)
+      client_key = jax.random.fold_in(stream(rk, "train"), int(c))
+      level = int(drawn_level(client_key, np.asarray(shares))) if dynamic else levels[c]
+      own, offset = rates[level], (r if mode == "rolling" else 0)
       classes = None
       if label_split:   # the classes in the client's training rows
         classes = tuple(bool(k in set(np.asarray(data.y_train[c, : int(data.n_train[c])]).tolist()))
                         for k in range(3))
-      batch_key, step_key = jax.random.split(jax.random.fold_in(stream(rk, "train"), int(c)))
+      batch_key, step_key = jax.random.split(client_key)
       cd = client_data(data, int(c))
       y = {n: {f: v.astype(dtype) for f, v in layer.items()} for n, layer in x.items()}
       for t in range(steps):
@@ -147,10 +151,11 @@ def reference(data, x0, rounds, key, *, cohort_size, mode, scaler, rates, shares
         total[n]["bias"][o] += w * y[n]["bias"][o].astype(np.float64)
         held[n]["bias"][o] += w
     if clip is not None:   # the population's holders of every coordinate at this round's offset
-      for c in range(data.num_clients):
-        for n, i, o in channels(x, rates[levels[c]], r if mode == "rolling" else 0)[0]:
-          held[n]["kernel"][np.ix_(i, o)] += 1.0
-          held[n]["bias"][o] += 1.0
+      for c in range(data.num_clients):   # (levels drawn every round: each level's share of a client)
+        for level, part in (enumerate(shares) if dynamic else [(levels[c], 1.0)]):
+          for n, i, o in channels(x, rates[level], r if mode == "rolling" else 0)[0]:
+            held[n]["kernel"][np.ix_(i, o)] += part
+            held[n]["bias"][o] += part
       expected = {n: {f: expected_weight * h / data.num_clients for f, h in layer.items()}
                   for n, layer in held.items()}
       x = {n: {f: np.where(held[n][f] > 0, x[n][f] - total[n][f] / np.maximum(expected[n][f], 1e-30), x[n][f])

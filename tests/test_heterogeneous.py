@@ -12,8 +12,8 @@ import pytest
 from reference_baselines import close, run_jit, small_problem, start
 from reference_heterogeneous import reference
 
-from fedtree.algorithms import fedavg, fedrolex, fjord, heterofl
-from fedtree.algorithms.heterogeneous.heterofl import ordered_width
+from fedtree.algorithms import depthfl, fedavg, fedrolex, fjord, heterofl
+from fedtree.algorithms.heterogeneous.heterofl import drawn_level, ordered_width
 from fedtree.algorithms.heterogeneous.width import check_rates, client_levels, width_plan
 from fedtree.core.local import LocalSchedule
 from fedtree.core.rng import stream
@@ -24,6 +24,7 @@ from fedtree.models import build_model
 from fedtree.objectives.fedprox import fedprox_update
 from fedtree.toolbox import privacy as dp
 from fedtree.toolbox.robust import median
+from fedtree.toolbox.systems import Systems, make_profile
 
 RATES, SHARES, LR, STEPS, BS = (1.0, 0.5, 0.25), (0.4, 0.3, 0.3), 0.1, 3, 4
 
@@ -93,20 +94,24 @@ def test_fjords_self_distillation_refusals(problem):
   fjord(distill_weight=1.5, **common(problem))   # (ignored without distill, as the paper's FjORD)
 
 
-@pytest.mark.parametrize("method,mode", [(heterofl, "static"), (fedrolex, "rolling"), (fjord, "ordered")])
-def test_central_privacy_divides_each_coordinate_by_its_expected_holders(problem, method, mode):
+@pytest.mark.parametrize("method,mode,dynamic", [(heterofl, "static", False), (fedrolex, "rolling", False),
+                                                 (fjord, "ordered", False), (heterofl, "static", True)])
+def test_central_privacy_divides_each_coordinate_by_its_expected_holders(problem, method, mode, dynamic):
   """Item 4: differential privacy's clipping at the clients and central noise at their parent, without
   noise, against the loop of sliced sub-models whose clipped updates are summed and each coordinate
   divided by its expected reporting holders (the cohort times the population's share holding it: a
-  public number, where the holders that reported are not)."""
+  public number, where the holders that reported are not; with levels drawn every round, the levels'
+  shares of the population)."""
   data, _ = problem
   path = UpdatePath(client=dp.clip(0.05), node=dp.central(0.0, 0.05, normalize="fixed", expected_weight=5.0))
-  alg = method(cohort_size=5, update_paths=path, **{**common(problem), "weighting": "uniform"})
+  alg = method(cohort_size=5, update_paths=path, capacities="dynamic" if dynamic else "seeded",
+               **{**common(problem), "weighting": "uniform"})
   key = jax.random.key(3)
   state, _ = run_jit(alg, data, 3, key)
   close(jax.tree.map(lambda p: p[0], state.params[0]),
         reference(data, start(alg), 3, key, cohort_size=5, mode=mode, scaler=method is not fjord, rates=RATES,
-                  shares=SHARES, seed=1, lr=LR, steps=STEPS, batch_size=BS, clip=0.05, expected_weight=5.0))
+                  shares=SHARES, seed=1, lr=LR, steps=STEPS, batch_size=BS, clip=0.05, expected_weight=5.0,
+                  dynamic=dynamic))
 
 
 def test_central_noise_on_sub_models_has_the_stated_std_per_coordinate(problem):
@@ -216,6 +221,57 @@ def test_fjords_width_is_uniform_up_to_the_clients_own():
   draws = np.asarray(jax.vmap(lambda k: ordered_width(k, 3))(jax.random.split(jax.random.key(0), 4000)))
   counts = np.bincount(draws, minlength=4)
   assert counts[3] == 0 and np.all(np.abs(counts[:3] - 4000 / 3) < 5 * np.sqrt(4000 * (1 / 3) * (2 / 3)))
+
+
+@pytest.mark.parametrize("method,mode", [(heterofl, "static"), (fjord, "ordered")])
+def test_levels_drawn_every_round_are_the_per_client_loop_with_the_same_draws(problem, method, mode):
+  """HeteroFL's dynamic mode: every sampled client trains the sub-model of a level drawn in its round (the
+  reference draws it from the same key), the coordinates averaged over that round's holders; the byte
+  columns are the drawn sub-models' mean, and no client has a width of its own to score."""
+  data, _ = problem
+  alg = method(cohort_size=5, capacities="dynamic", **common(problem))
+  key = jax.random.key(3)
+  state, metrics = run_jit(alg, data, 3, key)
+  close(jax.tree.map(lambda p: p[0], state.params[0]),
+        reference(data, start(alg), 3, key, cohort_size=5, mode=mode, scaler=method is not fjord, rates=RATES,
+                  shares=SHARES, seed=1, lr=LR, steps=STEPS, batch_size=BS, dynamic=True))
+  sampler = cohort_sampler(np.zeros(data.num_clients, np.int32), 5)
+  rk = jax.random.fold_in(key, 2)
+  last = np.asarray(sampler(stream(rk, "cohort")).clients)
+  drawn = [int(drawn_level(jax.random.fold_in(stream(rk, "train"), int(c)), np.asarray(SHARES)))
+           for c in last]
+  assert len(set(drawn)) > 1   # (the round's draws differ: the check below can tell them apart)
+  plan = width_plan(start(alg), "heterofl")
+  sizes = [plan.parameters(RATES[v]) * 4 for v in drawn]
+  assert float(metrics["uplink_bytes"]) == pytest.approx(np.mean(sizes))
+  assert "own_width" not in alg.models(state)
+  assert np.asarray(state.client_state[1][0])[last].tolist() == drawn   # each client's level of its round
+
+
+def test_levels_drawn_every_round_follow_the_proportions():
+  """6,000 seeded draws: each level's count within 5 binomial standard deviations of its share."""
+  keys = jax.random.split(jax.random.key(1), 6000)
+  draws = np.asarray(jax.vmap(lambda k: drawn_level(k, np.asarray(SHARES)))(keys))
+  for level, p in enumerate(SHARES):
+    within = 5 * np.sqrt(6000 * p * (1 - p))
+    assert abs(np.sum(draws == level) - 6000 * p) < within, (level, np.bincount(draws))
+
+
+def test_levels_drawn_every_round_refusals(problem):
+  from fedtree.core.updates import chain
+
+  data, model = problem
+  with pytest.raises(ValueError, match=r"capacities='dynamic' with systems: the clock runs each client"):
+    heterofl(capacities="dynamic", systems=Systems(profile=make_profile(np.ones(data.num_clients),
+                                                                         np.full(data.num_clients, 1e9))),
+             **common(problem))
+  with pytest.raises(ValueError, match=r"local noise with capacities='dynamic'"):
+    heterofl(capacities="dynamic", update_paths=UpdatePath(
+      client=chain(dp.clip(0.5), dp.local_noise(2.0, 0.5)),
+      node=dp.central(2.0, 0.5, normalize="fixed", expected_weight=2.0, add_noise=False)),
+      **{**common(problem), "weighting": "uniform"})
+  with pytest.raises(ValueError, match=r"capacities='dynamic'; choose one of \('seeded', 'speed'\)"):
+    depthfl(capacities="dynamic", **{k: v for k, v in common(problem).items() if k != "rates"})
 
 
 def test_capacities_are_placed_by_their_shares():
@@ -358,5 +414,5 @@ def test_capacities_by_speed_give_the_fastest_devices_the_largest_sub_models(pro
   assert heterofl(capacities="speed", systems=systems, **common(problem)) is not None
   with pytest.raises(ValueError, match="heterofl: capacities=.speed. places the levels by the devices"):
     heterofl(capacities="speed", **common(problem))
-  with pytest.raises(ValueError, match=r"capacities='fast'; choose one of \('seeded', 'speed'\)"):
+  with pytest.raises(ValueError, match=r"capacities='fast'; choose one of \('seeded', 'speed', 'dynamic'\)"):
     heterofl(capacities="fast", **common(problem))

@@ -182,7 +182,8 @@ def depthfl(host: Host, *, depths: Sequence[int] | None = None, proportions: Seq
     raise ValueError(f"{name}: depths={depths.tolist()} must be distinct block counts in 1..{blocks} (the "
                      f"model's {blocks - 1} hidden layers and its output layer)")
   _, share = check_rates(depths / blocks, proportions, name)
-  levels = capacity_levels(host, share, depths, capacity_seed, capacities, name)
+  levels = capacity_levels(host, share, depths, capacity_seed, capacities, name, ("seeded", "speed"))
+  assert levels is not None   # (fixed: DepthFL's exits are scored at each client's own depth)
   wrapped = exit_model(model, blocks)
   full = jax.eval_shape(wrapped.init, jax.random.key(0))
   if host.get("init_params") is not None:   # the model's start, its exit heads drawn from capacity_seed

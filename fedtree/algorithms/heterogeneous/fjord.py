@@ -37,7 +37,8 @@ def fjord(host: Host, *, rates: Sequence[float] = (0.2, 0.4, 0.6, 0.8, 1.0),
     rates: the widths ``D_P``, each in (0, 1] (the paper's 0.2, 0.4, ..., 1).
     proportions: the share of clients whose ``p_max`` is each rate (``None``: equal), summing to 1.
     capacity_seed: the seed that places the levels on the clients (fixed for the run).
-    capacities: ``"seeded"`` or ``"speed"`` (by the devices' speeds), as HeteroFL's.
+    capacities: ``"seeded"``, ``"speed"`` (by the devices' speeds) or ``"dynamic"`` (drawn every round), as
+      HeteroFL's.
     distill: self-distillation from the client's ``p_max`` sub-model (each step then costs both widths:
       the systems clock counts it).
     distill_weight: ``α`` in ``[0, 1]``, the drawn width's loss ``(1 − α) CE + α T² KL(teacher ‖ it)``

@@ -84,17 +84,20 @@ def masked_model(model: Model, factors) -> Model:
   return model._replace(apply=apply)
 
 
-def width_update(setup: LocalSetup, given: ObjectiveFactory | None, plan: WidthPlan, levels: np.ndarray,
-                 rates: np.ndarray, *, mode: str, scaler: bool, algorithm: str,
-                 classes: np.ndarray | None = None,
-                 distill: tuple[float, float] | None = None) -> ClientUpdate:
+def width_update(setup: LocalSetup, given: ObjectiveFactory | None, plan: WidthPlan,
+                 levels: np.ndarray | None, rates: np.ndarray, *, mode: str, scaler: bool, algorithm: str,
+                 classes: np.ndarray | None = None, distill: tuple[float, float] | None = None,
+                 shares: np.ndarray | None = None) -> ClientUpdate:
   """The local objective (``given``, default plain SGD) run by every client on its sub-model (``mode``:
   ``"static"``, the first channels; ``"rolling"``, FedRolex's window; ``"ordered"``, FjORD's width
   drawn every step up to the client's own, :func:`ordered_model`); with ``classes`` (``bool[C, K]``)
   the output layer is cut to each client's classes too (HeteroFL's ``label_split``); with ``distill``
   (``(α, T)``, ``"ordered"`` only) every step is FjORD's self-distillation (:func:`distilled_update`).
   Its state is ``(rounds trained int32[C], the objective's state)``; its message, ``weight × mask``, tells the
-  parent who holds each coordinate (free on the wire: the parent knows its clients' levels).
+  parent who holds each coordinate (free on the wire: the parent knows its clients' levels). With
+  ``levels`` ``None`` a client's level is drawn every round from ``shares`` (:func:`drawn_level`, HeteroFL's
+  dynamic mode) and its state is ``(rounds trained, (level of its last round int32[C], the objective's
+  state))``.
 
   Raises:
     ValueError: an objective that starts from the client's own model or sends a message of its own.
@@ -112,12 +115,15 @@ def width_update(setup: LocalSetup, given: ObjectiveFactory | None, plan: WidthP
     raise ValueError(f"{algorithm}: the local objective {does}, "
                      f"which a width sub-model cannot carry; use one that starts from the parent's model "
                      f"(plain SGD, FedProx)")
-  level_of, kept, rate_of = tables(plan, levels, rates)
+  level_of, kept, rate_of = tables(plan, np.zeros(1, np.int32) if levels is None else levels, rates)
   order = jnp.asarray(np.argsort(rates, kind="stable"))   # the levels by rate, narrowest first
   allowed = jnp.asarray([int(np.sum(rates <= r)) for r in rates], jnp.int32)   # levels at most each one
 
   def step(anchor, own, data, num_steps, key, rnd):
-    level = level_of[rnd.client]
+    if levels is None:   # (the level of this round, kept beside the objective's state)
+      level, (_, own) = drawn_level(key, shares), own
+    else:
+      level = level_of[rnd.client]
     offset = rnd.broadcast if mode == "rolling" else 0
     labels = None if classes is None else jnp.asarray(classes)[rnd.client]
     mask, factors = plan.factors(anchor, kept[level], rate_of[level], offset=offset, scaler=scaler,
@@ -131,9 +137,30 @@ def width_update(setup: LocalSetup, given: ObjectiveFactory | None, plan: WidthP
     params, own, loss, _ = run_update(update, anchor, own, data, num_steps, key, rnd)
     params = jax.tree.map(lambda a, p, m: a + (p - a) * m, anchor, params, mask)
     message = jax.tree.map(lambda m: rnd.weight.astype(m.dtype) * m, mask)
-    return params, own, loss, message
+    return params, own if levels is not None else (level, own), loss, message
 
-  return counting(probe, step)._replace(message_bytes=0)
+  if levels is not None:
+    return counting(probe, step)._replace(message_bytes=0)
+  inner = probe.init_state
+
+  def init_state(params, num_clients):   # (every client's level of its last round, the objective's)
+    return (jnp.zeros((num_clients,), jnp.int32), () if inner is None else inner(params, num_clients))
+
+  drawn = probe._replace(init_state=init_state,
+                         personal_models=None if probe.personal_models is None else
+                         (lambda state: probe.personal_models(state[1])))   # type: ignore[misc]
+  return counting(drawn, step)._replace(message_bytes=0)
+
+
+LEVEL_DRAW = 0x6c76
+"""Folded into a client's key of the round to draw its level (HeteroFL's dynamic mode); its training keeps
+the key as it is."""
+
+
+def drawn_level(key, shares) -> jax.Array:
+  """A client's level for the round, drawn from its key with probabilities ``shares`` (HeteroFL's
+  ``model_split_mode='dynamic'``: every round every client's capacity is drawn anew)."""
+  return jax.random.choice(jax.random.fold_in(key, LEVEL_DRAW), len(shares), p=jnp.asarray(shares))
 
 
 ORDERED_DRAW = 0x6f64
@@ -186,23 +213,30 @@ def distilled_update(setup: LocalSetup, plan: WidthPlan, template, kept, allowed
   return ClientUpdate(apply=apply)
 
 
-CAPACITIES = ("seeded", "speed")
+CAPACITIES = ("seeded", "speed", "dynamic")
 
 
 def capacity_levels(host: Host, share: np.ndarray, sizes: np.ndarray, seed: int, capacities: str,
-                    name: str) -> np.ndarray:
+                    name: str, allowed: tuple[str, ...] = CAPACITIES) -> np.ndarray | None:
   """Every client's level (:func:`~fedtree.algorithms.heterogeneous.width.client_levels`): ``"seeded"``,
   a seeded placement; ``"speed"``, by the speed of the client's device in the run's ``systems`` profile
-  (the fastest clients the largest sub-models).
+  (the fastest clients the largest sub-models); ``"dynamic"``: none, a client's level is drawn every round
+  (:func:`drawn_level`).
 
   Raises:
-    ValueError: an unknown ``capacities``, or ``"speed"`` without ``systems``.
+    ValueError: a ``capacities`` not in ``allowed``, ``"speed"`` without ``systems``, or ``"dynamic"`` with
+      them (the clock sizes each client's sub-model once for the run).
   """
-  if capacities not in CAPACITIES:
-    raise ValueError(f"{name}: capacities={capacities!r}; choose one of {CAPACITIES}")
+  if capacities not in allowed:
+    raise ValueError(f"{name}: capacities={capacities!r}; choose one of {allowed}")
   num_clients = int(host["data"].num_clients)
   if capacities == "seeded":
     return client_levels(share, num_clients, seed)
+  if capacities == "dynamic":
+    if host.get("systems") is not None:
+      raise ValueError(f"{name}: capacities='dynamic' with systems: the clock runs each client at the cost "
+                       f"of one sub-model for the whole run; use capacities='seeded' or 'speed' with systems")
+    return None
   if host.get("systems") is None:
     raise ValueError(f"{name}: capacities='speed' places the levels by the devices' speeds: give systems= "
                      f"(a run's systems section, e.g. FedScale's device traces), or capacities='seeded'")
@@ -299,18 +333,25 @@ def private_width(host: Host, name: str, label_split: bool) -> bool:
   return True
 
 
-def private_holders(host: Host, name: str, levels: np.ndarray, masks: PyTree,
-                    moving: Callable[[jax.Array], PyTree] | None = None) -> tuple[Host, Callable]:
+def private_holders(host: Host, name: str, levels: np.ndarray | None, masks: PyTree,
+                    moving: Callable[[jax.Array], PyTree] | None = None,
+                    shares: np.ndarray | None = None) -> tuple[Host, Callable]:
   """Under differential privacy, the host whose clients' local noise (if any) stays on the coordinates
   each client's level holds (``masks``, ``[L, ...]``: every level's), and ``holders(rounds) -> [P, ...]``:
   how many of each parent's clients hold every coordinate, each level's mask times its clients under the
-  parent. ``moving(rounds) -> [L, ...]``: masks that change every round (FedRolex's windows; its
-  local noise is refused by name)."""
+  parent (``levels`` ``None``: levels drawn every round with probabilities ``shares``, so each parent's
+  clients times each level's share, the expected holders). ``moving(rounds) -> [L, ...]``: masks that
+  change every round (FedRolex's windows; its local noise is refused by name)."""
   topology, depth = host.get("topology"), tree_depth(host)
-  parent = np.zeros(levels.size, np.int64) if topology is None else np.asarray(topology.parent(depth))
+  num_clients = int(host["data"].num_clients)
+  parent = np.zeros(num_clients, np.int64) if topology is None else np.asarray(topology.parent(depth))
   parents = 1 if topology is None else topology.num_nodes(depth - 1)
   counts = np.zeros((parents, jax.tree.leaves(masks)[0].shape[0]))
-  np.add.at(counts, (parent, levels), 1.0)
+  if levels is None:
+    assert shares is not None
+    counts += np.bincount(parent, minlength=parents)[:, None] * np.asarray(shares, np.float64)[None, :]
+  else:
+    np.add.at(counts, (parent, levels), 1.0)
 
   def holders(rounds):
     at = masks if moving is None else moving(rounds)
@@ -345,10 +386,12 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
   plan = width_plan(template, name)
   rate, share = check_rates(rates, proportions, name)
   levels = capacity_levels(host, share, rate, capacity_seed, capacities, name)
+  dynamic = levels is None
   itemsize = max(jnp.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(template))
   level_bytes = np.asarray([plan.parameters(r) * itemsize for r in rate], np.float64)
-  mean_bytes = int(round(float(level_bytes[levels].mean())))
+  mean_bytes = int(round(float(share @ level_bytes if dynamic else level_bytes[levels].mean())))
   if host.get("systems") is not None:
+    assert levels is not None   # (capacity_levels refuses dynamic draws under systems)
     shares = np.asarray([plan.compute_share(r) for r in rate])
     share = shares[levels]
     if distill is not None:   # a step runs the widest sub-model and a width drawn up to it
@@ -362,19 +405,28 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
       return jax.vmap(lambda k: plan.masks(template, k, offset=offset))(kept_of)
 
     moving = (lambda rounds: level_masks(rounds[0])) if mode == "rolling" else None
-    host, holders = private_holders(host, name, levels, level_masks(0), moving)
+    if dynamic and COMPOSITIONS["local_noise"].present(host):
+      raise ValueError(f"{name}: local noise with capacities='dynamic': a client's level is drawn in its "
+                       f"round, beyond what its privacy stage sees, so its noise would land on coordinates "
+                       f"it never held; use central noise (privacy.mechanism='central') or fixed capacities")
+    host, holders = private_holders(host, name, levels, level_masks(0), moving, share)
   rule = holders_rule(name, mean_bytes, send_rounds=mode == "rolling", holders=holders)
 
   def objective(s: LocalSetup) -> ClientUpdate:
     return width_update(s, client_update, plan, levels, rate, mode=mode, scaler=scaler, algorithm=name,
-                        classes=client_classes(data, name) if label_split else None, distill=distill)
+                        classes=client_classes(data, name) if label_split else None, distill=distill,
+                        shares=share if dynamic else None)
 
   alg = host.build(client_update=objective, server_rule=rule, name=name)
-  _, kept, rate_of = tables(plan, levels, rate)
+  _, kept, rate_of = tables(plan, np.zeros(1, np.int32) if dynamic else levels, rate)
 
   def round_fn(state, data, key):
     new, metrics = alg.round(state, data, key)
-    size = mean_over_trained(state.client_state, new.client_state, level_bytes[levels], data.window)
+    if dynamic:   # each trained client's sub-model of the round (its level kept in its state's rows)
+      drawn = jnp.take(jnp.asarray(level_bytes), new.client_state[1][0])
+      size = mean_over_trained(state.client_state, new.client_state, drawn)
+    else:
+      size = mean_over_trained(state.client_state, new.client_state, level_bytes[levels], data.window)
     return new, {**metrics, "uplink_bytes": size, "downlink_bytes": size}
 
   def sub_model(params, level):   # the sub-model of a level, as it trained (with its scaler)
@@ -397,8 +449,8 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
         out[level_name(r)] = NodeModels(sub, top.model_of_client)
     return out
 
-  def sets(state, clients):
-    own = {"own_width": own_width(state, clients)} if per_level else {}
+  def sets(state, clients):   # (a client has no width of its own when its level is drawn every round)
+    own = {"own_width": own_width(state, clients)} if per_level and not dynamic else {}
     return {**host_sets.sets(state, clients), **own}
 
   def models(state):
@@ -419,15 +471,17 @@ def heterofl(host: Host, *, rates: Sequence[float] = (1.0, 0.5, 0.25, 0.125, 0.0
   ``global``, every level's sub-model (``width_1``, ``width_1_2``, ...) and each client's own
   (``own_width``); ``uplink_bytes``/``downlink_bytes``: the sampled clients' mean sub-model; under
   ``systems`` each client computes and transfers at its sub-model's cost (:func:`sized_systems`). HeteroFL's
-  code averages by count: ``weighting="uniform"``. Not built: static batch normalization, per-round
-  capacity draws.
+  code averages by count: ``weighting="uniform"``. Not built: static batch normalization.
 
   Args:
     rates: the capacity levels' width rates, each in (0, 1] (HeteroFL's a-e: 1, 1/2, 1/4, 1/8, 1/16).
     proportions: the share of clients at each level (``None``: equal), summing to 1.
     capacity_seed: the seed that places the levels on the clients (fixed for the run).
-    capacities: ``"seeded"`` (that placement) or ``"speed"``: by the speed of each client's device in the
-      run's ``systems`` profile (FedScale's device traces, say), the fastest clients the widest.
+    capacities: ``"seeded"`` (that placement), ``"speed"``: by the speed of each client's device in the
+      run's ``systems`` profile (FedScale's device traces, say), the fastest clients the widest, or
+      ``"dynamic"``: every sampled client's level drawn anew every round with probabilities
+      ``proportions`` (HeteroFL's ``model_split_mode='dynamic'``; no ``own_width`` model then, and the
+      byte columns count each round's drawn sub-models).
     scaler: divide every sliced layer's output by the rate in training (HeteroFL's scaler module).
     label_split: cut the output layer to the classes in each client's training rows too (HeteroFL's
       code's masked cross-entropy: the other classes' logits are 0 and get no gradient, and each
