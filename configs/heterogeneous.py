@@ -25,7 +25,7 @@ their start). The three methods run with the papers' count mean over each coordi
 after it to absorb the 1/rate scale. With it (the methods' default, the paper's,
 ``--config.runs.heterofl.scaler=True``) HeteroFL's global model reached 67.6 % and FedRolex's collapsed
 to 31.0 % (a rate-1/16 client's window scales every channel it rolls over by 16). The command took
-56 s wall, 75 s of CPU time (measured on 2026-12-07 on the project's quiet 2-core machine).
+83 s wall, 111 s of CPU time (measured on 2026-12-08 on the project's quiet 2-core machine).
 
 Figures (seed 0; ``up MB``/``down MB``: the clients' bytes over the run, each client its own
 sub-model; checked within the FIGURES tolerances by

@@ -104,15 +104,16 @@ MEASURED_COSTS = ["quickstart", "personalization", "compression", "systems", "pf
                   "clustered", "heterogeneous", "tuning", "mobility", "baselines", "personalized",
                   "pfedmt_mnist", "peft_lm", "group_personalized", "group_personalized_lm", "privacy",
                   "robust"]
-"""The configs whose docstrings state a cost measured on 2026-12-07 (the others still read 'about ...')."""
+"""The configs whose docstrings state a cost measured on 2026-12-07 or later (the others still read 'about
+...')."""
 
 
 @pytest.mark.parametrize("name", MEASURED_COSTS)
 def test_a_config_states_its_cost_as_wall_and_cpu_time_and_the_date(name):
   """Issue 59 item 3: a config's docstring gives its CPU time beside its wall time, and when it was
-  measured (2026-12-07, the project's quiet 2-core machine)."""
+  measured (2026-12-07 or later, the project's quiet 2-core machine)."""
   doc = _doc(name)
   stated = (re.search(r"\d+ s wall(,| and) (\d+ min )?\d+ s (of )?CPU", doc)
             or re.search(r"\d+ s on a 2-core CPU \(\d+ s of CPU", doc))
   assert stated, name
-  assert "2026-12-07" in doc, name
+  assert max(re.findall(r"20\d\d-\d\d-\d\d", doc), default="") >= "2026-12-07", name
