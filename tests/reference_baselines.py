@@ -455,10 +455,12 @@ def sgd_client(model, x, data, client, num_steps, key, *, lr, batch_size):
 
 
 def qffedavg_round(model, x, data, cohort, keys, *, q, lr, lipschitz, batch_size, steps, loss_at,
-                   weights=None, loss_epsilon=1e-10):
+                   weights=None, loss_epsilon=1e-10, transform=None, combine=None):
   """One round of q-FedAvg (Li et al. 2020, Algorithm 2) over ``cohort``: every client's ``F_k``,
   ``Δ_k = F_k^q L (w − w̄_k)``, ``h_k = q F_k^{q−1} ‖L (w − w̄_k)‖² + L F_k^q``; ``w − Σ Δ_k / Σ h_k``
-  (with ``weights``: ``w − Σ p_k Δ_k / Σ p_k h_k``); ``F_k`` gets ``+ loss_epsilon``."""
+  (with ``weights``: ``w − Σ p_k Δ_k / Σ p_k h_k``); ``F_k`` gets ``+ loss_epsilon``. ``transform((Δ_k,
+  h_k))``: each client's pair as its path leaves it (a joint clip); ``combine(list)``: a robust rule in
+  place of both sums (the step ``combine(Δ) / combine(h)``)."""
   big_l = 1.0 / lr if lipschitz is None else lipschitz
   deltas, hs = [], []
   for c, key in zip(cohort, keys, strict=True):
@@ -472,8 +474,15 @@ def qffedavg_round(model, x, data, cohort, keys, *, q, lr, lipschitz, batch_size
     f += loss_epsilon
     dw = jax.tree.map(lambda a, b: big_l * (np.asarray(a, np.float64) - np.asarray(b, np.float64)), x, w)
     sq = sum(float(np.sum(d ** 2)) for d in jax.tree.leaves(dw))
-    deltas.append(jax.tree.map(lambda d, f=f, p=p: p * f ** q * d, dw))
-    hs.append(p * (q * f ** (q - 1) * sq + big_l * f ** q))
+    delta = jax.tree.map(lambda d, f=f, p=p: p * f ** q * d, dw)
+    h = p * (q * f ** (q - 1) * sq + big_l * f ** q)
+    if transform is not None:
+      delta, h = transform((delta, np.asarray(h)))
+    deltas.append(delta)
+    hs.append(float(h))
+  if combine is not None:
+    step, h_all = combine(deltas), float(combine([np.asarray(h) for h in hs]))
+    return jax.tree.map(lambda a, d: np.asarray(a, np.float64) - np.asarray(d) / h_all, x, step)
   return jax.tree.map(lambda a, *d: np.asarray(a, np.float64) - sum(d) / sum(hs), x, *deltas)
 
 

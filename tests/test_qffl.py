@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 import reference_baselines as ref
-from helpers import small_context
+from helpers import clipped, small_context
 
 from fedtree.algorithms import fedavg, qffl
 from fedtree.core.local import LocalSchedule
@@ -73,6 +73,36 @@ def test_qffl_matches_algorithm_2_per_client(problem, loss_at, q, lipschitz, wei
   ref.close(jax.tree.map(lambda p: p[0], state.params[0]), x)
 
 
+@pytest.mark.parametrize("what", ["median", "joint clip"])
+def test_qffl_sends_h_k_through_the_updates_path(problem, what):
+  """Issue 55: the ``h_k`` take the update's robust rule (the step ``med Δ / med h``) or its client stage
+  (one clip over the pair ``(Δ_k, h_k)``, as local and central DP clip): Algorithm 2 with the same rule on
+  both."""
+  data, _, model = problem
+  sched = LocalSchedule(batch_size=B, epochs=1)
+  c = 2.0
+  path = UpdatePath(aggregator=median()) if what == "median" else UpdatePath(client=dp.clip(c))
+  alg = qffl(model=model, data=data, local_optimizer=optax.sgd(LR), local_learning_rate=LR, schedule=sched,
+             cohort_size=5, chunk_size=2, q=1.0, update_paths=path)
+  key = jax.random.key(11)
+  state, metrics = _run(alg, data, 2, key)
+  if what != "median":
+    assert float(metrics["dp_unclipped"]) < 1.0   # the clip bites
+  med = lambda trees: jax.tree.map(lambda *a: np.median(np.stack(a), axis=0), *trees)   # noqa: E731
+  steps = sched.num_steps(np.asarray(data.n_train))
+  sampler = cohort_sampler(np.zeros(data.num_clients, int), 5)
+  x = _start(alg)
+  for r in range(2):
+    rk = jax.random.fold_in(key, r)
+    cohort = [k for k, _ in _slots(sampler, rk)]
+    keys = [jax.random.fold_in(stream(rk, "train"), k) for k in cohort]
+    new = ref.qffedavg_round(model, x, data, cohort, keys, q=1.0, lr=LR, lipschitz=None, batch_size=B,
+                             steps=steps, loss_at="received", combine=med if what == "median" else None,
+                             transform=None if what == "median" else clipped(c))
+    x = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), new)
+  ref.close(jax.tree.map(lambda p: p[0], state.params[0]), x)
+
+
 @pytest.mark.slow   # (the flat reference test is its fast sibling)
 def test_qffl_on_a_tree_runs_q_fedavg_at_every_edge(problem):
   """Round 1: every edge's q-FedAvg step over its own clients (the root waits: periods=(2,));
@@ -117,7 +147,8 @@ def test_q_zero_is_fedavg(problem):
 
 
 def test_qffl_sends_one_model_and_one_float(problem):
-  """Δ_k travels as a model (compressed where the path compresses it), h_k as one float32."""
+  """Δ_k travels as a model, h_k as one float32; where the path compresses, both are compressed (fp16:
+  half the model's bytes and 2 for h_k)."""
   from fedtree.toolbox.compression import fp16, uplink
 
   data, _, model = problem
@@ -129,7 +160,7 @@ def test_qffl_sends_one_model_and_one_float(problem):
   assert float(metrics["downlink_bytes"]) == size
   _, metrics = _run(qffl(update_paths=UpdatePath(client=uplink(fp16())), **common), data, 1,
                     jax.random.key(0))
-  assert float(metrics["uplink_bytes"]) == size // 2 + 4
+  assert float(metrics["uplink_bytes"]) == size // 2 + 2
 
 
 def test_loss_epsilon_is_an_option(problem):
@@ -173,17 +204,17 @@ def test_qffl_refusals(problem):
   with pytest.raises(ValueError, match=r"lipschitz=None takes L = 1/η from the local learning rate"):
     qffl(**{**common, "local_learning_rate": None})
   private = UpdatePath(client=dp.clip(1.0), node=dp.central(1.0, 1.0))
-  with pytest.raises(ValueError, match=r"qffl: privacy stage 'dp_clip' at the clients' tier: the clients "
-                                       r"send h_k"):
-    qffl(update_paths=private, weighting="uniform", **common)
-  with pytest.raises(ValueError, match=r"qffl: a robust \(blockwise\) aggregator"):
-    qffl(update_paths=UpdatePath(aggregator=median()), cohort_size=4, **common)
+  qffl(update_paths=private, weighting="uniform", **common)   # (the h_k travel the path: issue 55)
+  with pytest.raises(ValueError, match=r"qffl: weighting='examples' with an update path's robust aggregator "
+                                       r"or client or node stage at the clients' tier: the clients' h_k"):
+    qffl(update_paths=private, weighting="examples", **common)
+  with pytest.raises(ValueError, match=r"qffl: weighting='examples' with an update path's robust"):
+    qffl(update_paths=UpdatePath(aggregator=median()), cohort_size=4, weighting="examples", **common)
   with pytest.raises(ValueError, match=r"qffl: personal parameters are not supported"):
     qffl(personal=personal("Dense_1"), **common)
   ctx = small_context()
   with pytest.raises(ValueError, match=r"config.runs.fair \(algorithm='qffl'\): qffl: q=-2.0 must be"):
     registry.build_algorithm("fair", ml_collections.ConfigDict({"algorithm": "qffl", "q": -2.0}), ctx)
-  with pytest.raises(ValueError, match=r"config.runs.fair \(algorithm='qffl'\): qffl: privacy stage"):
-    registry.build_algorithm("fair", ml_collections.ConfigDict({
-      "algorithm": "qffl", "weighting": "uniform", "privacy": {"clip_norm": 1.0, "noise_multiplier": 0.5}}),
-      ctx)
+  private_run = {"algorithm": "qffl", "weighting": "uniform",
+                 "privacy": {"clip_norm": 1.0, "noise_multiplier": 0.5}}
+  registry.build_algorithm("fair", ml_collections.ConfigDict(private_run), ctx)   # (was refused: issue 55)

@@ -42,10 +42,10 @@ def test_an_explicit_mean_aggregator_is_the_weighted_mean_every_method_takes(ctx
 
 
 @pytest.mark.parametrize("name,message", [
-  ("qffl", r"qffl: the omniscient attack 'alie' at the clients' tier is not supported \(it rewrites every "
-           r"parent's whole cohort in front of a blockwise mean\): it would still sum what the clients send "
-           r"beside their updates \(h_k and the loss powers that scale Δ_k\), so one client could steer "
-           r"every step$"),
+  ("afl", r"afl: the omniscient attack 'alie' at the clients' tier is not supported \(it rewrites every "
+          r"parent's whole cohort in front of a blockwise mean\): it would still sum what the clients send "
+          r"beside their updates \(their losses \(which set the weights λ\)\), so one client could steer "
+          r"every step$"),
   ("fedasync", r"fedasync: the omniscient attack 'alie' at the clients' tier is not supported \(it "
                r"rewrites every parent's whole cohort in front of a blockwise mean\): each server step "
                r"applies one client's update alone \(a buffer of one\), so a robust aggregator has no cohort "

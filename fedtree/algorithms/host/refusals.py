@@ -29,6 +29,22 @@ def clients_path(host: Host, algorithm: str = "the method") -> UpdatePath | None
   return per_level_paths(host.get("update_paths"), tree_depth(host), algorithm=algorithm)[-1]
 
 
+def weighted_messages(name: str, host: Host, weighting: str, sent: str) -> None:
+  """For a method whose clients send ``w_i m_i`` beside their update (``sent``: what ``m_i`` is; MimeLite's
+  gradients, q-FFL's ``h_k``), weighted as the server's rule needs, and whose messages take the update's
+  path (:attr:`fedtree.core.server_rule.Uplink.robust` and ``with_update``): a robust rule, or a client
+  or node stage (the messages then travel the path with the update, weighted there again) is refused with
+  ``weighting="examples"``."""
+  if weighting != "examples":
+    return
+  path = clients_path(host, name)
+  if path is not None and (path.aggregator.blockwise or path.client is not None or path.node is not None):
+    raise ValueError(f"{name}: weighting='examples' with an update path's robust aggregator or client or "
+                     f"node stage at the clients' tier: the clients' {sent}, sent weighted by their "
+                     f"examples, travel the path with the update and would be weighted a second time; use "
+                     f"weighting='uniform' (the paper's)")
+
+
 def _stage_of(host: Host, field: str):
   """One stage (``field`` of :class:`UpdatePath`) of the clients' tier's path, or ``None``."""
   path = clients_path(host)

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
+from fedtree.algorithms.host.refusals import weighted_messages
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_positive
 from fedtree.core.local import (
@@ -35,7 +36,6 @@ from fedtree.core.local import (
 )
 from fedtree.core.model import Model, take_state, zero_state
 from fedtree.core.server_rule import Downlink, Inbox, ServerRule, Uplink, per_node, zeros_like_stacked
-from fedtree.core.updates import per_level_paths
 from fedtree.toolbox.privacy import global_norm
 
 PyTree = Any
@@ -155,7 +155,7 @@ def mime_server(optimizer: optax.GradientTransformation, *, corrected: bool,
     return ServerRule(init=init, receive=receive, name="mime", down=Downlink(gather=gather, prepare=prepare))
   # MimeLite's gradients travel with the updates: the same robust rule, the same client stage (one clip
   # over both, noise on both, both compressed) and node stage; under uniform weights their average is
-  # then the rule's estimate (mimelite refuses those with weighting="examples": _check_weighted_paths)
+  # then the rule's estimate (mimelite refuses those with weighting="examples": weighted_messages)
   return ServerRule(init=init, receive=receive, name="mimelite", up=Uplink(robust=True, with_update=True))
 
 
@@ -172,24 +172,9 @@ REFUSALS = (
 )
 """What Mime cannot compose with (:doc:`docs <algorithms/optimization.md#mime-and-mimelite>`); MimeLite's
 gradients travel with its updates and refuses personal parameters only (and, under example weights,
-a path that would weigh its gradients twice: :func:`_check_weighted_paths`)."""
+a path that would weigh its gradients twice:
+:func:`~fedtree.algorithms.host.refusals.weighted_messages`)."""
 LITE_REFUSALS = REFUSALS[:1]
-
-
-def _check_weighted_paths(name: str, host, weighting: str) -> None:
-  """MimeLite's clients send ``w_i ∇f_i(x)``, weighted as the server's mean needs; a robust rule, or a
-  client or node stage (the gradients then travel the path with the update, weighted there again), is
-  refused with ``weighting="examples"``."""
-  if weighting != "examples":
-    return
-  topology = host.get("topology")
-  depth = 1 if topology is None else topology.depth
-  path = per_level_paths(host.get("update_paths"), depth, algorithm=name)[-1]
-  if path is not None and (path.aggregator.blockwise or path.client is not None or path.node is not None):
-    raise ValueError(f"{name}: weighting='examples' with an update path's robust aggregator or client or "
-                     f"node stage at the clients' tier: the clients' gradients, sent weighted by their "
-                     f"examples, travel the path with the update and would be weighted a second time; use "
-                     f"weighting='uniform' (the paper's)")
 
 
 def _check(name: str, host, delta_clip_norm, server_learning_rate) -> dict:
@@ -247,7 +232,7 @@ def mimelite(
     (1, 3)
   """
   host = _check(name, host, delta_clip_norm, server_learning_rate)
-  _check_weighted_paths(name, host, weighting)
+  weighted_messages(name, host, weighting, "gradients")
   optimizer = host["local_optimizer"]
 
   def objective(s: LocalSetup):

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from fedtree.algorithms.host import Host, cannot, hierfavg, method_over
+from fedtree.algorithms.host.refusals import weighted_messages
 from fedtree.core.algorithm import FederatedAlgorithm, LocalSetup
 from fedtree.core.checks import check_nonnegative, check_positive, named
 from fedtree.core.local import (
@@ -29,7 +30,7 @@ from fedtree.core.local import (
   steps_per_epoch,
 )
 from fedtree.core.model import Model, zero_state
-from fedtree.core.server_rule import Inbox, ServerRule, per_node
+from fedtree.core.server_rule import Inbox, ServerRule, Uplink, per_node
 
 LOSS_AT = ("received", "last_epoch")
 LOSS_EPS = 1e-10
@@ -112,19 +113,26 @@ def qffl_update(
 
 def qffl_server() -> ServerRule:
   """q-FedAvg's server step: the host's mean ``Σ w_k Δ_k / Σ w_k`` times ``Σ w_k / Σ w_k h_k`` is
-  ``Σ w_k Δ_k / Σ w_k h_k`` (the messages are the ``w_k h_k``). It keeps no state."""
+  ``Σ w_k Δ_k / Σ w_k h_k`` (the messages are the ``w_k h_k``). It keeps no state.
+
+  The ``h_k`` take the updates' path (:class:`~fedtree.core.server_rule.Uplink` ``robust`` and
+  ``with_update``): a robust aggregator's estimate of them beside its estimate of the ``Δ_k`` (the median
+  step ``med Δ / med h``), one clip over each pair ``(Δ_k, h_k)`` (which scales both, so a clipped
+  client's step keeps its direction and its own ratio), noise and compression on both."""
 
   def receive(inbox: Inbox, state):
     h = inbox.messages
     factor = jnp.where(h > 0, inbox.weight_sum / jnp.where(h > 0, h, 1.0), 0.0)
     return per_node(factor, inbox.pseudo_gradient), state, {"qffl_h": h}
 
-  return ServerRule(init=lambda params, num_nodes: (), receive=receive, name="qffl", moves=True)
+  return ServerRule(init=lambda params, num_nodes: (), receive=receive, name="qffl", moves=True,
+                    up=Uplink(robust=True, with_update=True))
 
 
 def sent_beside(sent: str) -> tuple:
-  """The refusals of a method whose clients send ``sent`` in the clear beside a scaled update (q-FFL,
-  AFL): a privacy stage, a robust (blockwise) aggregator, personal parameters."""
+  """The refusals of a method whose clients send ``sent`` in the clear beside a scaled update (AFL; q-FFL's
+  ``h_k`` take the update's path, :func:`qffl_server`): a privacy stage, a robust (blockwise)
+  aggregator, personal parameters."""
   return (
     cannot("private", f"the clients send {sent} beside their update, unclipped and unnoised, so no "
                       f"differential-privacy guarantee would hold; run it without the privacy section"),
@@ -134,7 +142,7 @@ def sent_beside(sent: str) -> tuple:
   )
 
 
-@method_over(hierfavg, cannot=sent_beside("h_k and the loss powers that scale Δ_k"))
+@method_over(hierfavg, cannot=(cannot("personal", "its clients send a rescaled update of the whole model"),))
 def qffl(
   host: Host,
   *,
@@ -163,7 +171,9 @@ def qffl(
 
   Raises:
     ValueError: ``q < 0``, ``loss_epsilon < 0``, ``lipschitz <= 0``, an unknown ``loss_at``, no learning
-      rate to take ``L`` from, a privacy stage, a robust aggregator or personal parameters.
+      rate to take ``L`` from, personal parameters, or ``weighting="examples"`` with a robust aggregator
+      or a client or node stage (the ``w_k h_k`` would be weighted a second time on the path they take with
+      the updates, :func:`qffl_server`).
 
   Example:
     Two rounds of q-FedAvg (q = 2) over 5 clients:
@@ -180,6 +190,7 @@ def qffl(
       check_positive(lipschitz=lipschitz)
   if loss_at not in LOSS_AT:
     raise ValueError(f"{name}: loss_at={loss_at!r}; choose one of {LOSS_AT}")
+  weighted_messages(name, host, weighting, "h_k")
   if lipschitz is None and host.get("local_learning_rate") is None:
     raise ValueError(f"{name}: lipschitz=None takes L = 1/η from the local learning rate η: pass "
                      f"local_learning_rate= (from a config: local.learning_rate), or lipschitz=")
