@@ -166,15 +166,18 @@ COMPOSED: dict[str, Callable[[dict, workloads.Workload], algorithms.FederatedAlg
     **{**c, "local_optimizer": optax.sgd(w.lr, momentum=0.9)}, update_paths=_MEDIAN),
   "mimelite_dp": lambda c, w: algorithms.mimelite(
     **{**c, "local_optimizer": optax.sgd(w.lr, momentum=0.9)}, update_paths=dp_path(1.0, 1.0)),
+  "qffl_median": lambda c, w: algorithms.qffl(q=1.0, local_learning_rate=w.lr, update_paths=_MEDIAN, **c),
+  "qffl_dp": lambda c, w: algorithms.qffl(q=1.0, local_learning_rate=w.lr, update_paths=dp_path(1.0, 1.0),
+                                          **{**c, "weighting": "uniform"}),
 }
 """The compositions issue 55 opened (named with ``--methods``, never run by default): the robust
 aggregator within IFCA's and CFL's clusters and at B-HFL's edges, central DP at IFCA's clusters, beside
 each method's plain round; then user-level DP-SCAFFOLD (its ``(Δy_i, Δc_i)`` clipped and noised as one),
 FedDyn and FedNova under the median, and the peer methods with the update path's client stage (local DP:
 clip 1, z = 1, at pFedHN's ``Δθ_i`` and FedFomo's updates; 8-bit QSGD on FedAMP's, with the parents'
-held copies), and MimeLite with its gradients through the median and through central DP (one clip over
-the pair); ``x plain`` is a composed row's time per client update over its plain method's (the name
-before ``_``) in the same turn."""
+held copies), MimeLite with its gradients through the median and through central DP (one clip over
+the pair), and q-FFL with its ``h_k`` the same way; ``x plain`` is a composed row's time per client
+update over its plain method's (the name before ``_``) in the same turn."""
 
 ROWS = {**METHODS, **CAPABILITIES, **COMPOSED}
 
