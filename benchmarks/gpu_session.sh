@@ -14,6 +14,11 @@
 #        transformers + peft's per-client loop on the same checkpoint where this python3 has them,
 #        else fedtree alone on the same shape; ~3 min on an H100, at most GPU_SESSION_BUDGET = 420 s;
 #        device run `bash benchmarks/gpu_session.sh llm $OUT`, timeout_s 480)
+#      | issue56 (issue 56: workload (a) against the central bound and the GPU's peaks, the local step's
+#        profile, a streamed population's data stall, the LLM round at TinyLlama's shape; ~6 min on an
+#        H100 (estimated, not yet run), at most GPU_SESSION_BUDGET = 450 s; device run `bash
+#        benchmarks/gpu_session.sh issue56 $OUT`, carry [".whl"], timeout_s 500; it prints and writes
+#        $OUT/issue56_summary.md)
 #      | wheels (on the CPU machine, before a device call: fills .whl/ with what the GPU machine
 #        lacks, ~1 MB: ml_collections for fedtree; pfl-research 0.6.0 and its pure-Python
 #        dependencies for issue41, never torch and no CUDA build; the device call then names
@@ -53,6 +58,15 @@ export PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
 pack() { tar czf "$out/results.tgz" -C "$out" results; }   # after every command: partial runs come back
 smi() { command -v nvidia-smi >/dev/null && nvidia-smi "$@"; }
 T="python3 -m benchmarks.throughput --frameworks=fedtree,central,torch --timeout=300 --out-dir=$res"
+cap() {   # cap SECONDS [SECONDS KEPT FOR LATER STEPS]: a step's timeout within the stage's $budget
+  local c=$1 l=$((budget - (SECONDS - t0) - ${2:-0})); [ "$l" -lt "$c" ] && c=$l; [ "$c" -lt 5 ] && c=5
+  echo "$c"
+}
+# The LLM round at TinyLlama's shape (1.1 B parameters in bfloat16, every layer rematerialized, K = 16
+# clients of 512-token sequences), or its 2-layer toy at CPU sizes.
+LLM_FULL="--hidden=2048 --layers=22 --heads=32 --kv_heads=4 --intermediate=5632 --vocab=32000 --seq_len=512
+  --clients=16 --batch_size=4 --steps=2 --dtype=bfloat16 --remat --repeats=3 --gemm=8192 --gemm_dtype=bfloat16"
+llm_frameworks() { python3 -c "import transformers, peft" 2>/dev/null && echo fedtree,torch || echo fedtree; }
 if [ "$stage" = check ]; then
   nvidia-smi -L; nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
   python3 -c "import jax, jaxlib, flax, optax, torch; print('jax', jax.__version__, jax.devices(),
@@ -87,10 +101,6 @@ elif [ "$stage" = issue41 ]; then
     P="--procs=1,3,5 --iterations=200 --time-limit=30 --timeout=60"
     B="--clients=10000 --rounds=5 --repeats=3"; C="--clients=10000 --rounds=2 --calls=2"
   fi
-  cap() {   # cap SECONDS [SECONDS KEPT FOR LATER STEPS]: the step's timeout within the budget
-    local c=$1 l=$((budget - (SECONDS - t0) - ${2:-0})); [ "$l" -lt "$c" ] && c=$l; [ "$c" -lt 5 ] && c=5
-    echo "$c"
-  }
   data=$tmp/data   # the generated CIFAR-shaped data (~740 MB at the benchmark's size)
   smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$res/issue41_gpu.log"
   python3 -c "import jax, torch, pfl; print('jax', jax.__version__, jax.devices(), 'torch', torch.__version__,
@@ -122,18 +132,64 @@ elif [ "$stage" = issue41 ]; then
 elif [ "$stage" = llm ]; then
   # benchmarks/llm.py: tokens/s, peak memory and MFU of one round (results/llm_tinyllama.json and the
   # Markdown table at the end of llm.log). `tiny`: its 2-layer toy (a CPU dry run of the stage).
-  fw=fedtree; python3 -c "import transformers, peft" 2>/dev/null && fw=fedtree,torch
+  fw=$(llm_frameworks)
   if [ -n "$tiny" ]; then
     budget=${GPU_SESSION_BUDGET:-900}; L="--tiny"
   else
-    budget=${GPU_SESSION_BUDGET:-420}
-    L="--hidden=2048 --layers=22 --heads=32 --kv_heads=4 --intermediate=5632 --vocab=32000 --seq_len=512
-       --clients=16 --batch_size=4 --steps=2 --dtype=bfloat16 --remat --repeats=3 --gemm=8192 --gemm_dtype=bfloat16"
+    budget=${GPU_SESSION_BUDGET:-420}; L=$LLM_FULL
   fi
   smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$res/llm_gpu.log"
   echo "== llm: frameworks $fw (cap $budget s)"
   timeout "$budget" python3 -m benchmarks.llm $L --frameworks=$fw --out_dir="$res" --tag=llm_tinyllama \
     2>&1 | grep -v "Writing model shards" | tee "$res/llm.log"; pack
+elif [ "$stage" = issue56 ]; then
+  # Issue 56's measurements and those it asks of the populations and LLM issues, in one budget
+  # (GPU_SESSION_BUDGET, default 450 s on a GPU; every step's timeout cut to fit, as issue41's):
+  #  1. workload (a) at 10,000 clients, fedtree against the central bound, each as a fraction of the
+  #     GPU's peaks (benchmarks.hardware), after the local step's passes were cut (one step count per
+  #     chunk: no per-slot select; the update ordered after the backward pass: no copy of a weight);
+  #  2. the profile of that round: passes per local step against the memory floor, and how many leaves a
+  #     step writes once (its SGD update folded into the gradient's GEMM, item 1: XLA:GPU's to do);
+  #  3. a streamed population against the same run resident on the GPU, and the share of the run spent
+  #     waiting for data (benchmarks.population --what=fits; a StackOverflow-sized store, 16 GB converted
+  #     in over an hour, cannot be written inside a lease, so the stall is measured at this size);
+  #  4. the batched-adapter LLM round at TinyLlama's shape against transformers + peft's sequential
+  #     loop where this python3 has them (else fedtree alone).
+  # Results: $out/issue56_summary.md (each step's lines), $out/results.tgz. H100 estimate: ~6 minutes
+  # (not yet run on one).
+  if [ -n "$tiny" ]; then
+    budget=${GPU_SESSION_BUDGET:-1500}; ta=300; tp=200; ts=400; tl=500
+    A="--clients=100 --repeats=2 --fused-rounds=2"; C="--tiny"; S="--tiny --repeats=1"; L="--tiny"
+  else
+    budget=${GPU_SESSION_BUDGET:-450}; ta=60; tp=45; ts=100; tl=230
+    A="--clients=10000 --repeats=3 --fused-rounds=5"; C="--clients=10000 --rounds=2 --calls=2"
+    S="--repeats=2"; L=$LLM_FULL
+  fi
+  smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$res/issue56_gpu.log"
+  echo "== 1/4 workload (a): fedtree against the central bound (cap $(cap $ta $((tp + ts + tl))) s)"
+  timeout "$(cap $ta $((tp + ts + tl)))" python3 -m benchmarks.throughput --workload=a $A \
+    --frameworks=fedtree,central --timeout=$ta --out-dir="$res" --tag=issue56_a 2>&1 | tee "$res/issue56_a.log"
+  pack
+  echo "== 2/4 the profile of the local step (cap $(cap $tp $((ts + tl))) s)"
+  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" timeout "$(cap $tp $((ts + tl)))" \
+    python3 -m benchmarks.param_traffic $C --out-dir="$res" > "$res/issue56_profile.log" 2>&1
+  head -6 "$res/issue56_profile.log"; rm -rf "$res/param_traffic/plugins"; pack
+  echo "== 3/4 a streamed population against the same run resident (cap $(cap $ts $tl) s)"
+  timeout "$(cap $ts $tl)" python3 -m benchmarks.population --what=fits $S 2>&1 \
+    | tee "$res/issue56_population.log"; pack
+  echo "== 4/4 the LLM round at TinyLlama's shape (cap $(cap $tl) s)"
+  timeout "$(cap $tl)" python3 -m benchmarks.llm $L --frameworks="$(llm_frameworks)" --out_dir="$res" \
+    --tag=issue56_llm 2>&1 | grep -v "Writing model shards" | tee "$res/issue56_llm.log"; pack
+  {
+    echo "# Issue 56 on $(smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "this machine")"
+    echo "($((SECONDS - t0)) s of the budget of $budget s; every ratio against a baseline of the same run)"
+    for f in a profile population llm; do
+      echo; echo "## $f"; echo '```'
+      if [ -s "$res/issue56_$f.log" ]; then grep -v "^ *$" "$res/issue56_$f.log" | tail -14
+      else echo "**missing** (issue56_$f.log: the step did not run or was cut)"; fi
+      echo '```'
+    done
+  } | tee "$out/issue56_summary.md"; pack
 fi
 smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
 pack && rm -rf "$res"

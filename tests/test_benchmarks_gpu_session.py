@@ -43,21 +43,28 @@ shift; exec "$@"
     os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
 
 
-@pytest.mark.parametrize("budget", [420, 300])
-def test_issue41_stage_runs_its_steps_within_the_budget(tmp_path, budget):
-  """The stage's commands in order, each under a timeout, the caps adding up to no more than the
-  budget (the pfl command's own --budget under its cap), the data outside $OUT and removed, the
-  summary page and results.tgz written (the summary names the files the stand-ins did not write)."""
+def _stage(tmp_path, stage: str, budget: int):
+  """``(process, $OUT, the logged calls, the benchmarks they ran)`` of ``stage`` run with stand-ins under
+  ``budget`` seconds."""
   log, out = tmp_path / "log", tmp_path / "out"
   _stand_ins(str(tmp_path / "bin"), log)
   env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", GPU_SESSION_BUDGET=str(budget),
              JAX_PLATFORMS="cpu")
   env.pop("GPU_SESSION_TINY", None)
-  proc = subprocess.run(["bash", SCRIPT, "issue41", str(out)], cwd=ROOT, env=env, capture_output=True,
+  proc = subprocess.run(["bash", SCRIPT, stage, str(out)], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr
   calls = [ln for ln in log.read_text().splitlines() if "-m pip" not in ln]
-  steps = [re.search(r"-m (benchmarks\.\w+)", ln).group(1) for ln in calls if "-m benchmarks." in ln]
+  return proc, out, calls, [re.search(r"-m (benchmarks\.\w+)", ln).group(1) for ln in calls
+                            if "-m benchmarks." in ln]
+
+
+@pytest.mark.parametrize("budget", [420, 300])
+def test_issue41_stage_runs_its_steps_within_the_budget(tmp_path, budget):
+  """The stage's commands in order, each under a timeout, the caps adding up to no more than the
+  budget (the pfl command's own --budget under its cap), the data outside $OUT and removed, the
+  summary page and results.tgz written (the summary names the files the stand-ins did not write)."""
+  proc, out, calls, steps = _stage(tmp_path, "issue41", budget)
   assert steps == ["benchmarks.pfl_cifar10", "benchmarks.methods", "benchmarks.param_traffic",
                    "benchmarks.gpu_report"]
   caps = [int(ln.split()[1]) for ln in calls if ln.startswith("timeout ")]
@@ -76,6 +83,28 @@ def test_issue41_stage_runs_its_steps_within_the_budget(tmp_path, budget):
   with tarfile.open(out / "results.tgz") as tar:
     assert "results/issue41_env.log" in tar.getnames()
   assert not (out / "results").exists()       # packed, then removed: $OUT holds the files that come back
+
+
+@pytest.mark.parametrize("budget", [450, 400])
+def test_issue56_stage_runs_its_steps_within_the_budget(tmp_path, budget):
+  """Issue 56 item 6: workload (a) against the central bound, the profile, the population's stall and the
+  LLM round, in order, each under a timeout, the caps adding up to no more than the budget; the summary
+  names each step whose log is missing, and results.tgz holds what ran."""
+  proc, out, calls, steps = _stage(tmp_path, "issue56", budget)
+  assert steps == ["benchmarks.throughput", "benchmarks.param_traffic", "benchmarks.population",
+                   "benchmarks.llm"]
+  caps = [int(ln.split()[1]) for ln in calls if ln.startswith("timeout ")]
+  assert len(caps) == 4 and sum(caps) <= budget
+  assert "--clients=10000" in next(ln for ln in calls if "benchmarks.throughput" in ln)
+  assert "--frameworks=fedtree,central" in next(ln for ln in calls if "benchmarks.throughput" in ln)
+  assert "--what=fits" in next(ln for ln in calls if "benchmarks.population" in ln)
+  assert "--layers=22" in next(ln for ln in calls if "benchmarks.llm" in ln)   # TinyLlama's shape
+  summary = (out / "issue56_summary.md").read_text()
+  assert summary.count("**missing**") == 4 and f"budget of {budget} s" in summary
+  assert summary in proc.stdout
+  with tarfile.open(out / "results.tgz") as tar:
+    assert "results/issue56_gpu.log" in tar.getnames()
+  assert not (out / "results").exists()
 
 
 def test_pfl_benchmark_skips_the_runs_its_budget_cannot_fit(tmp_path):
