@@ -185,7 +185,8 @@ elif [ "$stage" = issue56 ]; then
     echo "($((SECONDS - t0)) s of the budget of $budget s; every ratio against a baseline of the same run)"
     for f in a profile population llm; do
       echo; echo "## $f"; echo '```'
-      if [ -s "$res/issue56_$f.log" ]; then grep -v "^ *$" "$res/issue56_$f.log" | tail -14
+      if [ -s "$res/issue56_$f.log" ] && [ $f = profile ]; then head -5 "$res/issue56_$f.log"
+      elif [ -s "$res/issue56_$f.log" ]; then grep -v "^ *$" "$res/issue56_$f.log" | tail -14
       else echo "**missing** (issue56_$f.log: the step did not run or was cut)"; fi
       echo '```'
     done
