@@ -90,7 +90,8 @@ def test_scaffold_fednova_fedasync_fedbuff_float64_match_per_client_loops():
 
 COMPARED = ("feddyn", "mime", "mimelite", "qffl", "afl", "moon", "hierfavg", "fedprox", "ditto", "perfedavg",
             "perfedavg_hf", "fedkws", "apfl", "fedala", "fedem", "ifca", "cfl", "awcfl", "mcfl", "fedper",
-            "lgfedavg", "fedbn", "fedrep", "fedbabu", "fedrod", "bhfl", "bhfl_async", "heterofl", "fedrolex",
+            "lgfedavg", "fedbn", "fedrep", "fedbabu", "fedrod", "bhfl", "bhfl_async", "heterofl",
+            "heterofl_dynamic", "fedrolex",
             "fjord", "fjord_distill", "feddf", "fedmd", "depthfl", "fedex", "mobile_hierfavg", "local",
             "fedmmd", "pfedmt", "fedamp", "fedfomo", "pfedhn", "fedproto", "knnper", "grouppfl", "ffa_lora",
             "fedsa_lora", "hetlora")
@@ -110,7 +111,8 @@ def test_every_algorithm_with_a_per_client_loop_matches_it_in_float64(references
   size), Mime and MimeLite, q-FFL, AFL (its λ too), MOON, HierFAVG on a tree, FedProx, Ditto, Per-FedAvg
   (first order and Hessian-free), FedKWS-UI (ALO and ALT), APFL (its α too), FedALA, FedEM (its π too),
   IFCA, CFL, AWCFL and MCFL (their assignments too), FedPer, LG-FedAvg, FedBN, FedRep, FedBABU, FedRoD
-  (its personal heads too), B-HFL synchronous and asynchronous, HeteroFL, FedRolex and FjORD (against
+  (its personal heads too), B-HFL synchronous and asynchronous, HeteroFL (its levels fixed, and drawn every
+  round), FedRolex and FjORD (against
   loops of sliced sub-models; FjORD's self-distillation too), DepthFL (of truncated networks), FedDF (its
   distillation too), FedMD
   (every client's own model), FedEx (its θ too), HierFAVG under a moving membership with an edge

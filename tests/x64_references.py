@@ -857,10 +857,11 @@ def bhfl_async_vs_reference(model, data, groups):
 
 
 # ------------------------------------------------------------------------ width sub-models (issue 51)
-def _width(method, mode, scaler, **distill):
+def _width(method, mode, scaler, dynamic=False, **distill):
   """tests/test_heterogeneous.py's problem in float64: an MLP of two hidden layers (6, 4), three widths
   on the driver's 8 clients, 5 a round, three rounds; the per-client loop of sliced sub-models (FjORD's
-  self-distillation with ``distill_weight`` and ``temperature``)."""
+  self-distillation with ``distill_weight`` and ``temperature``; ``dynamic``: every client's level drawn
+  every round)."""
   import reference_heterogeneous as href
 
   from fedtree.models import build_model
@@ -870,12 +871,14 @@ def _width(method, mode, scaler, **distill):
     rates, shares = (1.0, 0.5, 0.25), (0.4, 0.3, 0.3)
     alg = method(model=mlp, data=data, local_optimizer=optax.sgd(LR), rates=rates, proportions=shares,
                  schedule=LocalSchedule(batch_size=B, steps=3), capacity_seed=1, cohort_size=5,
+                 capacities="dynamic" if dynamic else "seeded",
                  **({"distill": True, **distill} if distill else {}))
     key = jax.random.key(3)
     state, _ = bref.run_jit(alg, data, 3, key)
     theta = href.reference(data, bref.start(alg), 3, key, cohort_size=5, mode=mode, scaler=scaler,
                            rates=rates, shares=shares, seed=1, lr=LR, steps=3, batch_size=B,
-                           distill=(distill["distill_weight"], distill["temperature"]) if distill else None)
+                           distill=(distill["distill_weight"], distill["temperature"]) if distill else None,
+                           dynamic=dynamic)
     return _out([maxdiff(row(state.params[0], 0), theta)], state.params)
 
   return compare
@@ -946,6 +949,7 @@ REFERENCES = {
   "fedbabu_ref": fedbabu_vs_reference, "fedrod_ref": fedrod_vs_reference,
   "heterofl_ref": _width(A.heterofl, "static", True), "fedrolex_ref": _width(A.fedrolex, "rolling", True),
   "fjord_ref": _width(A.fjord, "ordered", False), "feddf_ref": feddf_vs_reference,
+  "heterofl_dynamic_ref": _width(A.heterofl, "static", True, dynamic=True),
   "fjord_distill_ref": _width(A.fjord, "ordered", False, distill_weight=0.5, temperature=2.0),
   "fedmd_ref": fedmd_vs_reference, "depthfl_ref": depthfl_vs_reference, "fedex_ref": fedex_vs_reference,
   "mobile_hierfavg_ref": mobile_hierfavg_vs_reference, "local_ref": local_vs_reference,

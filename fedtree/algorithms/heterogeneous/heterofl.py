@@ -160,7 +160,8 @@ the key as it is."""
 def drawn_level(key, shares) -> jax.Array:
   """A client's level for the round, drawn from its key with probabilities ``shares`` (HeteroFL's
   ``model_split_mode='dynamic'``: every round every client's capacity is drawn anew)."""
-  return jax.random.choice(jax.random.fold_in(key, LEVEL_DRAW), len(shares), p=jnp.asarray(shares))
+  return jax.random.choice(jax.random.fold_in(key, LEVEL_DRAW), len(shares), p=jnp.asarray(shares)).astype(
+    jnp.int32)
 
 
 ORDERED_DRAW = 0x6f64
