@@ -223,7 +223,7 @@ def test_fjords_width_is_uniform_up_to_the_clients_own():
   assert counts[3] == 0 and np.all(np.abs(counts[:3] - 4000 / 3) < 5 * np.sqrt(4000 * (1 / 3) * (2 / 3)))
 
 
-@pytest.mark.parametrize("method,mode", [(heterofl, "static"), (fjord, "ordered")])
+@pytest.mark.parametrize("method,mode", [(heterofl, "static"), (fjord, "ordered"), (fedrolex, "rolling")])
 def test_levels_drawn_every_round_are_the_per_client_loop_with_the_same_draws(problem, method, mode):
   """HeteroFL's dynamic mode: every sampled client trains the sub-model of a level drawn in its round (the
   reference draws it from the same key), the coordinates averaged over that round's holders; the byte
