@@ -115,12 +115,12 @@ def width_update(setup: LocalSetup, given: ObjectiveFactory | None, plan: WidthP
     raise ValueError(f"{algorithm}: the local objective {does}, "
                      f"which a width sub-model cannot carry; use one that starts from the parent's model "
                      f"(plain SGD, FedProx)")
-  level_of, kept, rate_of = tables(plan, np.zeros(1, np.int32) if levels is None else levels, rates)
+  level_of, kept, rate_of = tables(plan, levels, rates)
   order = jnp.asarray(np.argsort(rates, kind="stable"))   # the levels by rate, narrowest first
   allowed = jnp.asarray([int(np.sum(rates <= r)) for r in rates], jnp.int32)   # levels at most each one
 
   def step(anchor, own, data, num_steps, key, rnd):
-    if levels is None:   # (the level of this round, kept beside the objective's state)
+    if level_of is None:   # (the level of this round, kept beside the objective's state)
       level, (_, own) = drawn_level(key, shares), own
     else:
       level = level_of[rnd.client]
@@ -244,10 +244,11 @@ def capacity_levels(host: Host, share: np.ndarray, sizes: np.ndarray, seed: int,
   return client_levels(share, num_clients, seed, sizes=sizes, speed=np.asarray(host["systems"].profile.speed))
 
 
-def tables(plan: WidthPlan, levels: np.ndarray, rates: np.ndarray):
-  """Device tables: every client's level ``int32[C]``, every level's kept channels ``int32[L, layers]``
-  and its rate ``[L]``."""
-  return (jnp.asarray(levels), jnp.asarray([plan.kept(r) for r in rates], jnp.int32),
+def tables(plan: WidthPlan, levels: np.ndarray | None, rates: np.ndarray):
+  """Device tables: every client's level ``int32[C]`` (``None`` where the levels are drawn every round),
+  every level's kept channels ``int32[L, layers]`` and its rate ``[L]``."""
+  level_of = None if levels is None else jnp.asarray(levels)
+  return (level_of, jnp.asarray([plan.kept(r) for r in rates], jnp.int32),
           jnp.asarray(rates, jnp.result_type(float)))   # float64 under x64
 
 
@@ -419,7 +420,7 @@ def width_method(host: Host, *, rates, proportions, capacity_seed, mode, scaler,
                         shares=share if dynamic else None)
 
   alg = host.build(client_update=objective, server_rule=rule, name=name)
-  _, kept, rate_of = tables(plan, np.zeros(1, np.int32) if dynamic else levels, rate)
+  _, kept, rate_of = tables(plan, levels, rate)
 
   def round_fn(state, data, key):
     new, metrics = alg.round(state, data, key)
