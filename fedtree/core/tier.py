@@ -110,7 +110,7 @@ class Tier(NamedTuple):
       own counts, whose every step selects, per slot, between the new parameters and the old (a
       client done keeps its own): the step updates its parameters in place with nothing else to
       read. A padding slot then trains too, and what it trained is dropped: its model is the one it
-      started from, its message and loss zero, its state (as any untrained slot's) left in place. A
+      started from, its message zero, its loss and state (as any untrained slot's) left out. A
       chunk whose valid slots' counts differ would be trained wrong: set it only where the counts are
       equal by construction.
   """
@@ -455,8 +455,7 @@ def _train_chunk(tier: Tier, down: Down, data, clients: Clients, ch: Cohort, ch_
     start, constrain_clients(_take(client_state, ch.row)), cdata, steps, keys, rnd)
   if tier.uniform_steps:   # (padding slots trained too: they send nothing, as if they had not)
     params = jax.tree.map(lambda p, s, m: jnp.where(m, p, s), params, start, _rows(ch.valid, params))
-    message = jax.tree.map(lambda a: jnp.where(_rows(ch.valid, a), a, 0), message)
-    loss = jnp.where(ch.valid, loss, 0.0)
+    message = jax.tree.map(lambda a: jnp.where(_rows(ch.valid, a), a, 0), message)   # (no NaN to weigh by 0)
   anchor = start if (down.anchor is None or slot_start is not None) else _rows_of(
     down.anchor, ch, tier.parent_aligned)
   return start, anchor, constrain_clients(params), new_state, loss, message, w
